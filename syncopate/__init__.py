@@ -1,0 +1,40 @@
+"""Syncopate: schedule-search autotuner for chunk-centric compute-communication overlap.
+
+Public API (torch-dependent names are imported on first use, so `import syncopate` stays light):
+
+- :func:`lookup` — the best known configuration for a shape and topology, at job start;
+- :class:`Topology` (with :meth:`Topology.detect`), :class:`Shape`, :class:`Workload`, :class:`Candidate`;
+- the fused ops :func:`all_gather_matmul`, :func:`matmul_reduce_scatter`, :func:`matmul_all_reduce`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from syncopate.errors import ConfigError, DatabaseError, SchemaError, SyncopateError
+from syncopate.search_space import Candidate, Shape, Topology, Workload
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Candidate",
+    "ConfigError",
+    "DatabaseError",
+    "SchemaError",
+    "Shape",
+    "SyncopateError",
+    "Topology",
+    "Workload",
+    "__version__",
+]
+
+_LAZY: dict[str, str] = {}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'syncopate' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

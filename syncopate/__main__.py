@@ -1,0 +1,5 @@
+import sys
+
+from syncopate.cli import main
+
+sys.exit(main())

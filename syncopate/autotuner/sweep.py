@@ -1,0 +1,273 @@
+"""Sweep configs: YAML files that say what to tune, where, how, and where results go.
+
+```yaml
+name: llama_tp2
+topology: H200x2-nvlink        # a key, or "detect"
+dtype: bf16
+tokens: 8192                   # M for the model entries
+workloads:
+  - kind: ag_gemm
+    models: [llama-7b, llama-3.1-70b]
+    shapes: [[8192, 4096, 8192]]   # (M, N, K), global dims
+strategy: {name: grid, max_trials: 200, time_budget_s: 3600, seed: 0}
+space: {backends: [copy_engine, nccl], num_splits: [1, 2, 4]}
+runner: gpu                    # gpu | model | replay | cpu-fixture
+db: sqlite:///results/h200.db  # optional; else --db, SYNCOPATE_DB, or the per-user default
+timing: {warmup: 5, repetitions: 20, deadline_s: 120}
+```
+
+Loading validates everything: a bad file gives one ConfigError naming the file, the field, the
+value and what is accepted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from syncopate.errors import ConfigError
+from syncopate.search_space import (
+    BACKENDS,
+    KINDS,
+    TEMPLATES,
+    TILE_ORDERS,
+    SpaceOptions,
+    TileConfig,
+    Topology,
+    Workload,
+    canonical_dtype,
+    model_shape,
+)
+
+__all__ = ["STRATEGIES", "RUNNERS", "Sweep", "StrategyConfig", "TimingConfig", "load_sweep", "parse_sweep"]
+
+STRATEGIES: tuple[str, ...] = ("grid", "random", "optuna-tpe", "model-guided")
+RUNNERS: tuple[str, ...] = ("gpu", "model", "replay", "cpu-fixture")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorkloadEntry(_Strict):
+    kind: str
+    models: list[str] = Field(default_factory=list)
+    shapes: list[tuple[int, int, int]] = Field(default_factory=list)
+    dtype: str | None = None
+    tokens: int | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if v not in KINDS:
+            raise ValueError(f"unknown kind {v!r}: accepted are {', '.join(KINDS)}")
+        return v
+
+
+class StrategyConfig(_Strict):
+    name: str = "grid"
+    max_trials: int | None = Field(default=None, description="Trials per workload; None: the whole space (grid).")
+    time_budget_s: float | None = None
+    seed: int = 0
+    top_k_remeasure: int = 3
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if v not in STRATEGIES:
+            raise ValueError(f"unknown strategy {v!r}: accepted are {', '.join(STRATEGIES)}")
+        return v
+
+    @field_validator("max_trials")
+    @classmethod
+    def _max_trials(cls, v: int | None) -> int | None:
+        if v is not None and v <= 0:
+            raise ValueError(f"max_trials={v} must be positive")
+        return v
+
+    @field_validator("time_budget_s")
+    @classmethod
+    def _budget(cls, v: float | None) -> float | None:
+        if v is not None and v <= 0:
+            raise ValueError(f"time_budget_s={v} must be positive")
+        return v
+
+
+class TimingConfig(_Strict):
+    warmup: int = Field(default=5, ge=0)
+    repetitions: int = Field(default=20, ge=1)
+    deadline_s: float = Field(default=120.0, gt=0)
+    flush_l2: bool = True
+
+
+class SpaceEntry(_Strict):
+    backends: list[str] | None = None
+    templates: list[str] | None = None
+    num_splits: list[int] | None = None
+    tile_orders: list[str] | None = None
+    comm_sms: dict[str, list[int]] | None = None
+    tile_configs: list[str] | None = None
+    group_m: list[int] | None = None
+
+    @field_validator("backends")
+    @classmethod
+    def _backends(cls, v):
+        for b in v or []:
+            if b not in BACKENDS:
+                raise ValueError(f"unknown backend {b!r}: accepted are {', '.join(BACKENDS)}")
+        return v
+
+    @field_validator("templates")
+    @classmethod
+    def _templates(cls, v):
+        for t in v or []:
+            if t not in TEMPLATES:
+                raise ValueError(f"unknown plan template {t!r}: accepted are {', '.join(TEMPLATES)}")
+        return v
+
+    @field_validator("tile_orders")
+    @classmethod
+    def _orders(cls, v):
+        for o in v or []:
+            if o not in TILE_ORDERS:
+                raise ValueError(f"unknown tile order {o!r}: accepted are {', '.join(TILE_ORDERS)}")
+        return v
+
+    def options(self) -> SpaceOptions:
+        kw: dict[str, Any] = {}
+        for name in ("backends", "templates", "num_splits", "tile_orders", "group_m"):
+            value = getattr(self, name)
+            if value is not None:
+                kw[name] = tuple(value)
+        if self.comm_sms is not None:
+            kw["comm_sms"] = {b: tuple(v) for b, v in self.comm_sms.items()}
+        if self.tile_configs is not None:
+            kw["tile_configs"] = tuple(TileConfig.from_key(k) for k in self.tile_configs)
+        return SpaceOptions(**kw)
+
+
+class SweepFile(_Strict):
+    name: str
+    description: str = ""
+    topology: str = "detect"
+    dtype: str = "bf16"
+    tokens: int = 8192
+    workloads: list[WorkloadEntry]
+    strategy: StrategyConfig = StrategyConfig()
+    space: SpaceEntry = SpaceEntry()
+    runner: str = "gpu"
+    db: str | None = None
+    timing: TimingConfig = TimingConfig()
+    ray_address: str | None = None
+
+    @field_validator("runner")
+    @classmethod
+    def _runner(cls, v: str) -> str:
+        if v not in RUNNERS:
+            raise ValueError(f"unknown runner {v!r}: accepted are {', '.join(RUNNERS)}")
+        return v
+
+    @field_validator("workloads")
+    @classmethod
+    def _nonempty(cls, v):
+        if not v:
+            raise ValueError("workloads is empty: list at least one")
+        return v
+
+
+class Sweep(BaseModel):
+    """A validated sweep: the file's settings with workloads expanded and checked."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    name: str
+    description: str
+    source: str
+    raw: dict[str, Any]
+    topology_key: str
+    workloads: tuple[Workload, ...]
+    strategy: StrategyConfig
+    space: SpaceOptions
+    runner: Literal["gpu", "model", "replay", "cpu-fixture"]
+    db: str | None
+    timing: TimingConfig
+    ray_address: str | None
+
+    @property
+    def detect_topology(self) -> bool:
+        return self.topology_key == "detect"
+
+    def topology(self) -> Topology:
+        """The configured topology (detected on the current machine when the config says `detect`)."""
+        return Topology.detect() if self.detect_topology else Topology.from_key(self.topology_key)
+
+
+def _format_validation(source: str, e: ValidationError) -> str:
+    err = e.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field"
+    elif err["type"] == "missing":
+        msg = "required field is missing"
+    got = f" (got {err['input']!r})" if err["type"] not in ("missing", "value_error") and "input" in err else ""
+    more = f" (and {len(e.errors()) - 1} more problem(s))" if len(e.errors()) > 1 else ""
+    return f"{source}: {where}: {msg}{got}{more}"
+
+
+def parse_sweep(data: Any, source: str = "<config>") -> Sweep:
+    """Validate a sweep given as a parsed YAML mapping."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a sweep config must be a mapping of fields, got {type(data).__name__}")
+    try:
+        f = SweepFile.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(source, e)) from None
+    try:
+        if f.topology != "detect":
+            topology: Topology | None = Topology.from_key(f.topology)
+        else:
+            topology = None
+        dtype = canonical_dtype(f.dtype)
+        workloads: list[Workload] = []
+        for i, entry in enumerate(f.workloads):
+            shapes = [model_shape(m, entry.kind, entry.tokens or f.tokens) for m in entry.models]
+            shapes += [tuple(s) for s in entry.shapes]
+            if not shapes:
+                raise ConfigError(f"workloads.{i}: give models or shapes for kind {entry.kind}")
+            for shape in shapes:
+                w = Workload(kind=entry.kind, shape=shape, dtype=entry.dtype or dtype)
+                if topology is not None:
+                    w.check_world_size(topology.world_size)
+                if w not in workloads:
+                    workloads.append(w)
+        options = f.space.options()
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    return Sweep(
+        name=f.name, description=f.description, source=source, raw=data, topology_key=f.topology,
+        workloads=tuple(workloads), strategy=f.strategy, space=options, runner=f.runner, db=f.db,
+        timing=f.timing, ray_address=f.ray_address,
+    )
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and validate the sweep config at `path`."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(p)!r} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"config file {str(p)!r} cannot be read: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{p}: malformed YAML{where}: {problem}") from None
+    return parse_sweep(data, str(p))

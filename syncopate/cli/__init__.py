@@ -1,0 +1,81 @@
+"""The `syncopate` command line.
+
+Every command has `--help`. User errors print one line on stderr, `syncopate: error: …`, and exit
+with code 2; nothing is written by a command that fails that way.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from syncopate.errors import SyncopateError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="syncopate",
+    help="Schedule-search autotuner for fine-grained compute-communication overlap on multi-GPU machines.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+db_app = typer.Typer(help="Manage the results database.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+
+def _register() -> None:
+    from syncopate.cli import commands  # noqa: F401  (registers the commands on `app`)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print one error line on stderr and exit with `code`."""
+    print(f"syncopate: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def _click_error_kind(e: BaseException) -> str | None:
+    """Classify an exception raised by the CLI framework (click, or the copy typer carries)."""
+    names = {cls.__name__ for cls in type(e).__mro__}
+    for kind in ("NoArgsIsHelpError", "UsageError", "Abort", "Exit", "ClickException"):
+        if kind in names:
+            return kind
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `syncopate` script."""
+    _register()
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=argv, prog_name="syncopate", standalone_mode=False)
+    except SyncopateError as e:
+        print(f"syncopate: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
+    except KeyboardInterrupt:
+        print("syncopate: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        kind = _click_error_kind(e)
+        if kind is None:
+            raise
+        if kind == "NoArgsIsHelpError":
+            ctx = getattr(e, "ctx", None)
+            print(ctx.get_help() if ctx else str(e))
+            return 0
+        if kind == "Abort":
+            print("syncopate: aborted", file=sys.stderr)
+            return 130
+        if kind == "Exit":
+            return int(getattr(e, "exit_code", 0) or 0)
+        ctx = getattr(e, "ctx", None)
+        path = getattr(ctx, "command_path", "") or ""
+        hint = f"see '{path} --help'" if " " in path else "see 'syncopate --help'"
+        message = e.format_message() if hasattr(e, "format_message") else str(e)
+        print(f"syncopate: error: {message} ({hint})", file=sys.stderr)
+        return int(getattr(e, "exit_code", 2) or 2)
+    return 0

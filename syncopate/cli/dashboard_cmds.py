@@ -1,0 +1,18 @@
+"""Commands filled in by later work; each says it is not implemented yet and exits 1."""
+
+from __future__ import annotations
+
+import typer
+
+from syncopate.cli import app, fail
+
+
+@app.command("dashboard", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def dashboard_cmd(ctx: typer.Context) -> None:
+    """Not implemented yet."""
+    fail("'syncopate dashboard' is not implemented yet", code=1)
+
+@app.command("report", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def report_cmd(ctx: typer.Context) -> None:
+    """Not implemented yet."""
+    fail("'syncopate report' is not implemented yet", code=1)

@@ -1,0 +1,46 @@
+"""The one exception hierarchy of Syncopate.
+
+Every error a user can cause derives from :class:`SyncopateError`. Messages name the values involved,
+what is accepted, and where useful the command that fixes it. The CLI turns these into one line on
+stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SyncopateError",
+    "ConfigError",
+    "DatabaseError",
+    "SchemaError",
+    "LookupFailedError",
+    "RuntimeUnavailableError",
+    "CandidateTimeoutError",
+]
+
+
+class SyncopateError(Exception):
+    """Base class of every error Syncopate raises on purpose."""
+
+
+class ConfigError(SyncopateError, ValueError):
+    """A value given by the user (shape, dtype, key, config file, candidate) is invalid."""
+
+
+class DatabaseError(SyncopateError):
+    """The results database cannot be opened, read or written."""
+
+
+class SchemaError(DatabaseError):
+    """The database has no tables, or a schema older or newer than this version of Syncopate."""
+
+
+class LookupFailedError(SyncopateError, LookupError):
+    """A lookup could not be answered (for instance a corrupt export file)."""
+
+
+class RuntimeUnavailableError(SyncopateError):
+    """What the command needs is not present here: GPUs, a Ray cluster, a backend."""
+
+
+class CandidateTimeoutError(SyncopateError, TimeoutError):
+    """A fused kernel waited longer than its deadline for a signal that never arrived."""

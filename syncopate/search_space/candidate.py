@@ -1,0 +1,133 @@
+"""The candidate configuration: one point of the search space.
+
+A candidate is a frozen value that checks itself, round-trips through JSON and has a stable hash
+(its `key()`), used by the database and the caches. Rules that depend on the workload or the
+hardware (shared memory, SM budget, divisibility) are in :mod:`syncopate.search_space.space`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from syncopate.errors import ConfigError
+from syncopate.search_space.chunk_plan import TEMPLATES
+from syncopate.search_space.tile_order import TILE_ORDERS
+
+__all__ = ["BACKENDS", "Candidate"]
+
+BACKENDS: tuple[str, ...] = ("copy_engine", "nvshmem", "nccl")
+"""How chunks move: copy-engine copies on a side stream; SM-driven peer stores by `comm_sms`
+communication programs inside the fused kernel; chunked NCCL transfers on a side stream."""
+
+_POW2 = {
+    "block_m": (16, 256),
+    "block_n": (16, 256),
+    "block_k": (16, 256),
+    "group_m": (1, 64),
+    "num_warps": (1, 16),
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Candidate:
+    """Backend, chunk plan, tile order and tile configuration of one fused-kernel launch."""
+
+    backend: str = "copy_engine"
+    """One of :data:`BACKENDS`."""
+    template: str = "direct"
+    """Chunk-plan template, one of :data:`~syncopate.search_space.chunk_plan.TEMPLATES`."""
+    num_splits: int = 1
+    """Chunks per rank's block."""
+    tile_order: str = "arrival"
+    """One of :data:`~syncopate.search_space.tile_order.TILE_ORDERS`."""
+    comm_sms: int = 0
+    """SMs given to communication: the communication programs (`nvshmem`), the SMs left free for
+    NCCL's kernels (`nccl`); always 0 for `copy_engine`, which spends no SM."""
+    block_m: int = 128
+    """Output tile rows."""
+    block_n: int = 128
+    """Output tile columns."""
+    block_k: int = 64
+    """Reduction step."""
+    group_m: int = 8
+    """m-tiles that walk one column block together (L2 swizzle)."""
+    num_warps: int = 8
+    """Warps per program."""
+    num_stages: int = 3
+    """Software-pipelining depth of the K loop."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"unknown backend {self.backend!r}: accepted are {', '.join(BACKENDS)}")
+        if self.template not in TEMPLATES:
+            raise ConfigError(f"unknown plan template {self.template!r}: accepted are {', '.join(TEMPLATES)}")
+        if self.tile_order not in TILE_ORDERS:
+            raise ConfigError(f"unknown tile order {self.tile_order!r}: accepted are {', '.join(TILE_ORDERS)}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"candidate field {f.name}={value!r} must be an integer")
+        for name, (lo, hi) in _POW2.items():
+            value = getattr(self, name)
+            if not (lo <= value <= hi) or value & (value - 1):
+                raise ConfigError(f"candidate field {name}={value} must be a power of two in [{lo}, {hi}]")
+        if not 1 <= self.num_splits <= 64:
+            raise ConfigError(f"candidate field num_splits={self.num_splits} must be in [1, 64]")
+        if not 1 <= self.num_stages <= 8:
+            raise ConfigError(f"candidate field num_stages={self.num_stages} must be in [1, 8]")
+        if self.template == "bidirectional_ring" and self.num_splits < 2:
+            raise ConfigError(
+                f"template bidirectional_ring needs num_splits >= 2 (got {self.num_splits}): half of "
+                f"the chunks go each way round"
+            )
+        if self.backend == "copy_engine" and self.comm_sms != 0:
+            raise ConfigError(f"backend copy_engine spends no SM: comm_sms must be 0, got {self.comm_sms}")
+        if self.backend != "copy_engine" and self.comm_sms < 1:
+            raise ConfigError(
+                f"backend {self.backend} needs comm_sms >= 1 (SMs for communication), got {self.comm_sms}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Candidate:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown candidate field(s) {', '.join(unknown)}: accepted are {', '.join(sorted(known))}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        """Canonical JSON: sorted keys, no spaces; the input of :meth:`key`."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Candidate:
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"candidate JSON does not parse: {e}") from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"candidate JSON must be an object, got {type(d).__name__}")
+        return cls.from_dict(d)
+
+    def key(self) -> str:
+        """Stable hash: the first 16 hex digits of SHA-256 over the canonical JSON."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    def replace(self, **changes: Any) -> Candidate:
+        d = self.to_dict()
+        d.update(changes)
+        return Candidate.from_dict(d)
+
+    def short(self) -> str:
+        """A one-line summary for tables."""
+        sms = f" sms={self.comm_sms}" if self.comm_sms else ""
+        return (
+            f"{self.backend}/{self.template}/s{self.num_splits}/{self.tile_order}{sms} "
+            f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} st{self.num_stages}"
+        )

@@ -1,0 +1,299 @@
+"""Chunk plans: which rows move from which rank to which, at which step, raising which signal.
+
+The communicated tensor has `total_rows` rows (A for `ag_gemm`, the partial output for `gemm_rs`
+and `gemm_ar`), split into `world_size` blocks of near-equal size: block b is owned by rank b (its
+shard for a gather, the rows it reduces for a reduce-scatter). Each block is cut into `num_splits`
+chunks. A plan is the list of every :class:`Transfer` of one call; the kernels only see small
+integer tables derived from it (:meth:`ChunkPlan.recvs`, :meth:`ChunkPlan.sends`,
+:meth:`ChunkPlan.chunk_signals`).
+
+Phases:
+- `gather`: the destination receives the final rows of the block (a copy).
+- `reduce`: the destination receives a partial sum of the block's rows and adds its own partial.
+
+Templates (steps are numbered from 1; `bidirectional_ring` sends the first half of each block's
+chunks clockwise on stream 0 and the rest counter-clockwise on stream 1):
+
+| template             | gather at step s, rank r receives        | reduce at step s, rank r sends        |
+|----------------------|------------------------------------------|---------------------------------------|
+| `direct`             | block (r+s) from its owner (r+s)         | its partial of block (r+s) to (r+s)   |
+| `ring`               | block (r-s) from its left neighbour      | partial sum of block (r-s) to (r+1)   |
+| `bidirectional_ring` | as ring, half from each neighbour        | as ring, half to each neighbour       |
+
+`all_reduce` is a `reduce` phase followed by a `gather` phase of the reduced blocks (steps go on).
+Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from syncopate.errors import ConfigError
+
+__all__ = ["TEMPLATES", "COLLECTIVES", "Transfer", "ChunkPlan", "build_plan", "block_bounds"]
+
+TEMPLATES: tuple[str, ...] = ("direct", "ring", "bidirectional_ring")
+"""Chunk-plan templates."""
+
+COLLECTIVES: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
+"""Collectives a plan can carry."""
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """One chunk moving from `src` to `dst`."""
+
+    phase: str
+    """`gather` (copy of final rows) or `reduce` (partial sum, added at the destination)."""
+    src: int
+    """Rank the data leaves."""
+    dst: int
+    """Rank the data arrives at."""
+    block: int
+    """Owner of the rows: the rank whose shard they are (gather) or who reduces them (reduce)."""
+    split: int
+    """Index of the chunk inside its block, 0 … num_splits-1."""
+    row_start: int
+    """First row of the chunk in the communicated tensor."""
+    row_end: int
+    """One past the last row."""
+    step: int
+    """Step at which it moves, from 1; a rank forwards only what it held at an earlier step."""
+    stream: int
+    """Communication stream of the sender and receiver (0, or 1 for counter-clockwise traffic)."""
+    signal: int = -1
+    """Signal slot on `dst` raised when the chunk has arrived; unique per destination rank."""
+
+    @property
+    def rows(self) -> int:
+        return self.row_end - self.row_start
+
+    @property
+    def chunk(self) -> tuple[int, int]:
+        """(block, split): the chunk's identity, independent of the step that moves it."""
+        return (self.block, self.split)
+
+
+def block_bounds(total_rows: int, world_size: int, block: int) -> tuple[int, int]:
+    """Rows [start, end) of `block` when `total_rows` are split into `world_size` near-equal blocks."""
+    return (block * total_rows // world_size, (block + 1) * total_rows // world_size)
+
+
+def _split_bounds(start: int, end: int, num_splits: int, align: int) -> list[tuple[int, int]]:
+    rows = end - start
+    cuts = [start + (j * rows // num_splits + align // 2) // align * align for j in range(num_splits)] + [end]
+    bounds = list(zip(cuts[:-1], cuts[1:]))
+    if any(hi <= lo for lo, hi in bounds):
+        raise ConfigError(
+            f"num_splits={num_splits} is too many for a block of {rows} rows aligned to {align}: "
+            f"use at most {max(1, rows // align)}"
+        )
+    return bounds
+
+
+def _clockwise_splits(template: str, num_splits: int) -> int:
+    """How many of a block's chunks travel clockwise (on stream 0)."""
+    return (num_splits + 1) // 2 if template == "bidirectional_ring" else num_splits
+
+
+def _gather(template: str, ws: int, chunks: dict, step0: int) -> list[Transfer]:
+    out = []
+    n = len(chunks[0])
+    cw = _clockwise_splits(template, n)
+    for s in range(1, ws):
+        for r in range(ws):
+            for j in range(n):
+                if template == "direct":
+                    src, block, stream = (r + s) % ws, (r + s) % ws, 0
+                elif j < cw:
+                    src, block, stream = (r - 1) % ws, (r - s) % ws, 0
+                else:
+                    src, block, stream = (r + 1) % ws, (r + s) % ws, 1
+                lo, hi = chunks[block][j]
+                out.append(Transfer("gather", src, r, block, j, lo, hi, step0 + s, stream))
+    return out
+
+
+def _reduce(template: str, ws: int, chunks: dict) -> list[Transfer]:
+    out = []
+    n = len(chunks[0])
+    cw = _clockwise_splits(template, n)
+    for s in range(1, ws):
+        for r in range(ws):
+            for j in range(n):
+                if template == "direct":
+                    dst, block, stream = (r + s) % ws, (r + s) % ws, 0
+                elif j < cw:
+                    dst, block, stream = (r + 1) % ws, (r - s) % ws, 0
+                else:
+                    dst, block, stream = (r - 1) % ws, (r + s) % ws, 1
+                lo, hi = chunks[block][j]
+                out.append(Transfer("reduce", r, dst, block, j, lo, hi, s, stream))
+    return out
+
+
+def build_plan(
+    template: str,
+    collective: str,
+    world_size: int,
+    total_rows: int,
+    num_splits: int = 1,
+    align: int = 1,
+) -> ChunkPlan:
+    """Build the plan of `collective` over `total_rows` rows with a template.
+
+    `align` rounds chunk boundaries inside a block to the nearest multiple of it (a kernel passes its
+    BLOCK_M so that few tiles straddle two chunks).
+    """
+    if template not in TEMPLATES:
+        raise ConfigError(f"unknown plan template {template!r}: accepted are {', '.join(TEMPLATES)}")
+    if collective not in COLLECTIVES:
+        raise ConfigError(f"unknown collective {collective!r}: accepted are {', '.join(COLLECTIVES)}")
+    if world_size < 1:
+        raise ConfigError(f"world size {world_size} must be at least 1")
+    if num_splits < 1:
+        raise ConfigError(f"num_splits={num_splits} must be at least 1")
+    if template == "bidirectional_ring" and num_splits < 2 and world_size > 1:
+        raise ConfigError("template bidirectional_ring needs num_splits >= 2 (half of the chunks go each way)")
+    if align < 1:
+        raise ConfigError(f"align={align} must be at least 1")
+    if total_rows < world_size:
+        raise ConfigError(f"{total_rows} rows cannot be split over world size {world_size}")
+    chunks = {
+        b: _split_bounds(*block_bounds(total_rows, world_size, b), num_splits, align) for b in range(world_size)
+    }
+    transfers: list[Transfer] = []
+    if collective in ("reduce_scatter", "all_reduce"):
+        transfers += _reduce(template, world_size, chunks)
+    if collective in ("all_gather", "all_reduce"):
+        step0 = world_size - 1 if collective == "all_reduce" else 0
+        transfers += _gather(template, world_size, chunks, step0)
+    return ChunkPlan(
+        template=template,
+        collective=collective,
+        world_size=world_size,
+        total_rows=total_rows,
+        num_splits=num_splits,
+        chunk_bounds=tuple(tuple(chunks[b]) for b in range(world_size)),
+        transfers=tuple(_assign_signals(transfers, world_size)),
+    )
+
+
+def _arrival_key(t: Transfer) -> tuple:
+    return (0 if t.phase == "reduce" else 1, t.step, t.stream, t.split, t.block, t.src)
+
+
+def _assign_signals(transfers: list[Transfer], world_size: int) -> list[Transfer]:
+    """Number the chunks arriving at each rank in arrival order: slot i is the i-th arrival."""
+    by_dst: dict[int, list[Transfer]] = {r: [] for r in range(world_size)}
+    for t in transfers:
+        by_dst[t.dst].append(t)
+    out = []
+    for r in range(world_size):
+        for slot, t in enumerate(sorted(by_dst[r], key=_arrival_key)):
+            out.append(Transfer(t.phase, t.src, t.dst, t.block, t.split, t.row_start, t.row_end, t.step, t.stream, slot))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPlan:
+    """Every transfer of one call of a collective, with per-rank views for the kernels."""
+
+    template: str
+    collective: str
+    world_size: int
+    total_rows: int
+    num_splits: int
+    chunk_bounds: tuple[tuple[tuple[int, int], ...], ...]
+    """chunk_bounds[block][split] = (row_start, row_end)."""
+    transfers: tuple[Transfer, ...]
+    _recvs: dict[int, tuple[Transfer, ...]] = field(init=False, repr=False, compare=False)
+    _sends: dict[int, tuple[Transfer, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        recvs: dict[int, list[Transfer]] = {r: [] for r in range(self.world_size)}
+        sends: dict[int, list[Transfer]] = {r: [] for r in range(self.world_size)}
+        for t in self.transfers:
+            recvs[t.dst].append(t)
+            sends[t.src].append(t)
+        object.__setattr__(self, "_recvs", {r: tuple(sorted(v, key=lambda t: t.signal)) for r, v in recvs.items()})
+        object.__setattr__(self, "_sends", {r: tuple(sorted(v, key=_arrival_key)) for r, v in sends.items()})
+
+    @property
+    def num_steps(self) -> int:
+        return max((t.step for t in self.transfers), default=0)
+
+    @property
+    def num_streams(self) -> int:
+        return 1 + max((t.stream for t in self.transfers), default=0)
+
+    @property
+    def num_chunks(self) -> int:
+        """Chunks of the whole tensor (world_size × num_splits)."""
+        return self.world_size * self.num_splits
+
+    def recvs(self, rank: int, phase: str | None = None) -> list[Transfer]:
+        """Chunks arriving at `rank`, in arrival order (signal slot order)."""
+        return [t for t in self._recvs[rank] if phase is None or t.phase == phase]
+
+    def sends(self, rank: int, phase: str | None = None) -> list[Transfer]:
+        """Chunks leaving `rank`, in the order it issues them (by phase, step, stream, split)."""
+        return [t for t in self._sends[rank] if phase is None or t.phase == phase]
+
+    def num_signals(self, rank: int) -> int:
+        return len(self.recvs(rank))
+
+    def chunk_index(self, block: int, split: int) -> int:
+        """Index of chunk (block, split) in row order."""
+        return block * self.num_splits + split
+
+    def chunk_rows(self) -> list[tuple[int, int]]:
+        """(row_start, row_end) of every chunk, in row order."""
+        return [bounds for block in self.chunk_bounds for bounds in block]
+
+    def chunk_signals(self, rank: int, phase: str = "gather") -> list[list[int]]:
+        """For each chunk in row order, the signal slots on `rank` that say it is complete there.
+
+        For a gather: the slot of its single arrival, or none for the rank's own block. For a
+        reduce: one slot per partial that `rank` receives for that chunk.
+        """
+        table: list[list[int]] = [[] for _ in range(self.num_chunks)]
+        for t in self.recvs(rank, phase):
+            table[self.chunk_index(t.block, t.split)].append(t.signal)
+        return table
+
+    def chunk_of_row(self, row: int) -> int:
+        """Index (row order) of the chunk holding `row`."""
+        for c, (lo, hi) in enumerate(self.chunk_rows()):
+            if lo <= row < hi:
+                return c
+        raise IndexError(f"row {row} is outside [0, {self.total_rows})")
+
+    def chunks_of_rows(self, lo: int, hi: int) -> range:
+        """Row-order indices of the chunks overlapping rows [lo, hi)."""
+        return range(self.chunk_of_row(lo), self.chunk_of_row(min(hi, self.total_rows) - 1) + 1)
+
+    def arrival_rank(self, rank: int, phase: str = "gather") -> list[int]:
+        """For each chunk in row order, its arrival position on `rank` (-1: never arrives there).
+
+        For a reduce, the position of the last partial of that chunk to arrive.
+        """
+        pos = [-1] * self.num_chunks
+        for i, t in enumerate(self.recvs(rank, phase)):
+            c = self.chunk_index(t.block, t.split)
+            pos[c] = max(pos[c], i)
+        return pos
+
+    def describe(self, rank: int) -> str:
+        """A human-readable listing of what `rank` receives and sends."""
+        lines = [f"plan {self.template}/{self.collective} ws={self.world_size} splits={self.num_splits} rank {rank}"]
+        for t in self.recvs(rank):
+            lines.append(
+                f"  recv step {t.step} stream {t.stream}: {t.phase} block {t.block}.{t.split} "
+                f"rows [{t.row_start}, {t.row_end}) from {t.src} -> slot {t.signal}"
+            )
+        for t in self.sends(rank):
+            lines.append(
+                f"  send step {t.step} stream {t.stream}: {t.phase} block {t.block}.{t.split} to {t.dst}"
+            )
+        return "\n".join(lines)

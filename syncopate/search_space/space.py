@@ -1,0 +1,260 @@
+"""The search space of a workload on a topology: valid candidates, enumerated or as distributions.
+
+Constraints are solved before anything is sampled: the dims the kind shards divide by the world
+size, chunks are at least one tile tall, the tile configuration fits the GPU's shared memory and
+register file, and communication leaves SMs for the GEMM. `check_candidate` applies the same rules
+to one candidate and says which one fails.
+
+Pure Python: Optuna is imported only by :func:`optuna_distributions`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from syncopate.errors import ConfigError
+from syncopate.search_space.candidate import BACKENDS, Candidate
+from syncopate.search_space.chunk_plan import TEMPLATES, block_bounds
+from syncopate.search_space.tile_order import CONSUMER_ORDERS, PRODUCER_ORDERS
+from syncopate.search_space.topology import Topology
+from syncopate.search_space.workload import Workload
+
+__all__ = [
+    "TileConfig",
+    "TILE_CONFIGS",
+    "SpaceOptions",
+    "space",
+    "space_size",
+    "check_candidate",
+    "optuna_distributions",
+    "candidate_from_params",
+    "default_candidate",
+    "tile_orders_for",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TileConfig:
+    """BLOCK_M × BLOCK_N × BLOCK_K with its warps and pipeline depth."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+    def key(self) -> str:
+        return f"{self.block_m}x{self.block_n}x{self.block_k}w{self.num_warps}s{self.num_stages}"
+
+    @classmethod
+    def from_key(cls, key: str) -> TileConfig:
+        try:
+            dims, rest = key.split("w")
+            warps, stages = rest.split("s")
+            bm, bn, bk = (int(x) for x in dims.split("x"))
+            return cls(bm, bn, bk, int(warps), int(stages))
+        except ValueError:
+            raise ConfigError(f"tile config {key!r} does not parse: expected BMxBNxBKwWARPSsSTAGES such as 128x256x64w8s3") from None
+
+    @classmethod
+    def of(cls, c: Candidate) -> TileConfig:
+        return cls(c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages)
+
+
+TILE_CONFIGS: tuple[TileConfig, ...] = (
+    TileConfig(128, 256, 64, 8, 3),
+    TileConfig(128, 256, 64, 8, 4),
+    TileConfig(256, 128, 64, 8, 3),
+    TileConfig(128, 128, 64, 8, 4),
+    TileConfig(128, 128, 64, 4, 4),
+    TileConfig(128, 128, 64, 8, 5),
+    TileConfig(128, 128, 128, 8, 3),
+    TileConfig(128, 64, 64, 4, 4),
+    TileConfig(64, 128, 64, 4, 4),
+)
+"""Tile configurations searched by default: shapes that keep Hopper's tensor cores busy."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SpaceOptions:
+    """Restrictions of the search space (the `space:` section of a sweep config)."""
+
+    backends: tuple[str, ...] = BACKENDS
+    """Backends to search."""
+    templates: tuple[str, ...] = TEMPLATES
+    """Plan templates to search (`ring` is the same plan as `direct` on two GPUs and is skipped there)."""
+    num_splits: tuple[int, ...] = (1, 2, 4, 8)
+    """Chunks per block."""
+    tile_orders: tuple[str, ...] = ("arrival", "arrival_colmajor", "swizzle", "row_major")
+    """Tile orders (those that fit the kind's role are kept)."""
+    comm_sms: dict[str, tuple[int, ...]] = field(
+        default_factory=lambda: {"copy_engine": (0,), "nvshmem": (8, 16, 32), "nccl": (8, 16)}
+    )
+    """SMs given to communication, per backend."""
+    tile_configs: tuple[TileConfig, ...] = TILE_CONFIGS
+    """Tile configurations."""
+    group_m: tuple[int, ...] = (4, 8)
+    """GROUP_M values for the swizzled orders (the others use 1)."""
+
+    def __post_init__(self) -> None:
+        for b in self.backends:
+            if b not in BACKENDS:
+                raise ConfigError(f"unknown backend {b!r} in space.backends: accepted are {', '.join(BACKENDS)}")
+        for t in self.templates:
+            if t not in TEMPLATES:
+                raise ConfigError(f"unknown plan template {t!r} in space.templates: accepted are {', '.join(TEMPLATES)}")
+        known_orders = set(CONSUMER_ORDERS) | set(PRODUCER_ORDERS)
+        for o in self.tile_orders:
+            if o not in known_orders:
+                raise ConfigError(f"unknown tile order {o!r} in space.tile_orders: accepted are {', '.join(sorted(known_orders))}")
+        for n in self.num_splits:
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
+                raise ConfigError(f"space.num_splits value {n!r} must be an integer in [1, 64]")
+        for b in self.comm_sms:
+            if b not in BACKENDS:
+                raise ConfigError(f"unknown backend {b!r} in space.comm_sms: accepted are {', '.join(BACKENDS)}")
+        if not self.tile_configs:
+            raise ConfigError("space.tile_configs is empty: give at least one tile configuration")
+
+
+def tile_orders_for(kind: str) -> tuple[str, ...]:
+    """Tile orders that make sense for the kind's role (consumer for ag_gemm, producer otherwise)."""
+    return CONSUMER_ORDERS if kind == "ag_gemm" else PRODUCER_ORDERS
+
+
+def _smem_bytes(tc: TileConfig, elem: int) -> int:
+    pipeline = tc.num_stages * (tc.block_m + tc.block_n) * tc.block_k * elem
+    epilogue = tc.block_m * tc.block_n * elem
+    return pipeline + epilogue
+
+
+def _rows_per_block(workload: Workload, world_size: int) -> int:
+    """The smallest block of the communicated tensor (rows per rank)."""
+    return min(
+        hi - lo for lo, hi in (block_bounds(workload.shape.m, world_size, b) for b in range(world_size))
+    )
+
+
+def check_candidate(candidate: Candidate, workload: Workload, topology: Topology) -> None:
+    """Raise ConfigError naming the first rule `candidate` breaks for this workload and topology."""
+    ws = topology.world_size
+    workload.check_world_size(ws)
+    c = candidate
+    rows = _rows_per_block(workload, ws)
+    if c.num_splits > rows:
+        raise ConfigError(f"num_splits={c.num_splits} exceeds the {rows} rows each rank's block has")
+    tc = TileConfig.of(c)
+    smem = _smem_bytes(tc, workload.element_bytes)
+    limit = topology.spec.smem_per_block_kb * 1024
+    if smem > limit:
+        raise ConfigError(
+            f"tile {tc.key()} needs {smem // 1024} KiB of shared memory in {workload.dtype}; "
+            f"{topology.gpu_model} allows {limit // 1024} KiB per block"
+        )
+    acc_regs = c.block_m * c.block_n // (c.num_warps * 32)
+    if acc_regs > 128:
+        raise ConfigError(
+            f"tile {c.block_m}x{c.block_n} with {c.num_warps} warps keeps {acc_regs} accumulator registers "
+            f"per thread; at most 128 fit beside the rest"
+        )
+    if c.comm_sms > topology.sm_count // 2:
+        raise ConfigError(
+            f"comm_sms={c.comm_sms} leaves too few of {topology.sm_count} SMs for the GEMM: "
+            f"use at most {topology.sm_count // 2}"
+        )
+    if c.tile_order not in tile_orders_for(workload.kind):
+        raise ConfigError(
+            f"tile order {c.tile_order!r} does not fit {workload.kind}: accepted are "
+            f"{', '.join(tile_orders_for(workload.kind))}"
+        )
+
+
+def _templates_for(options: SpaceOptions, world_size: int) -> list[str]:
+    out = list(options.templates)
+    if world_size <= 2 and "ring" in out and "direct" in out:
+        out.remove("ring")
+    return out
+
+
+def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
+    ws = topology.world_size
+    workload.check_world_size(ws)
+    rows = _rows_per_block(workload, ws)
+    orders = [o for o in options.tile_orders if o in tile_orders_for(workload.kind)]
+    limit = topology.spec.smem_per_block_kb * 1024
+    tile_configs = [
+        tc for tc in options.tile_configs
+        if _smem_bytes(tc, workload.element_bytes) <= limit and tc.block_m * tc.block_n // (tc.num_warps * 32) <= 128
+    ]
+    for backend in options.backends:
+        sms = options.comm_sms.get(backend, (0,) if backend == "copy_engine" else (8,))
+        sms = [s for s in sms if (s == 0) == (backend == "copy_engine") and s <= topology.sm_count // 2]
+        for template, splits, order, tc, comm_sms in itertools.product(
+            _templates_for(options, ws), options.num_splits, orders, tile_configs, sms
+        ):
+            if template == "bidirectional_ring" and splits < 2:
+                continue
+            if rows // splits < tc.block_m:
+                continue
+            groups = options.group_m if order in ("arrival", "swizzle") else (1,)
+            for group_m in groups:
+                yield Candidate(
+                    backend=backend, template=template, num_splits=splits, tile_order=order, comm_sms=comm_sms,
+                    block_m=tc.block_m, block_n=tc.block_n, block_k=tc.block_k, group_m=group_m,
+                    num_warps=tc.num_warps, num_stages=tc.num_stages,
+                )
+
+
+def space(workload: Workload, topology: Topology, options: SpaceOptions | None = None) -> list[Candidate]:
+    """Every valid candidate for `workload` on `topology`, in a deterministic order."""
+    return list(_iter_space(workload, topology, options or SpaceOptions()))
+
+
+def space_size(workload: Workload, topology: Topology, options: SpaceOptions | None = None) -> int:
+    return sum(1 for _ in _iter_space(workload, topology, options or SpaceOptions()))
+
+
+def default_candidate(workload: Workload, topology: Topology) -> Candidate:
+    """The documented default: copy engine, direct plan, 4 splits (fewer if the block is short),
+    arrival order, 128×256×64 tiles with 8 warps and 3 stages (128×128 where N is narrow)."""
+    rows = _rows_per_block(workload, topology.world_size)
+    n_cols = workload.local_gemm(topology.world_size)[1]
+    block_n = 256 if n_cols >= 2048 else 128
+    splits = 4
+    while splits > 1 and rows // splits < 128:
+        splits //= 2
+    return Candidate(
+        backend="copy_engine", template="direct", num_splits=splits, tile_order="arrival", comm_sms=0,
+        block_m=128, block_n=block_n, block_k=64, group_m=8, num_warps=8, num_stages=3 if block_n == 256 else 4,
+    )
+
+
+def optuna_distributions(workload: Workload, topology: Topology, options: SpaceOptions | None = None) -> dict[str, Any]:
+    """Optuna distributions over the space's fields (categorical; combinations are checked by
+    :func:`candidate_from_params`)."""
+    from optuna.distributions import CategoricalDistribution
+
+    cands = space(workload, topology, options)
+    if not cands:
+        raise ConfigError(f"the search space of {workload} on {topology} is empty")
+    values: dict[str, set] = {}
+    for c in cands:
+        for name, v in (
+            ("backend", c.backend), ("template", c.template), ("num_splits", c.num_splits),
+            ("tile_order", c.tile_order), ("comm_sms", c.comm_sms), ("tile_config", TileConfig.of(c).key()),
+            ("group_m", c.group_m),
+        ):
+            values.setdefault(name, set()).add(v)
+    return {name: CategoricalDistribution(sorted(v, key=str)) for name, v in values.items()}
+
+
+def candidate_from_params(params: dict[str, Any]) -> Candidate:
+    """The candidate named by a parameter dict as produced from :func:`optuna_distributions`."""
+    tc = TileConfig.from_key(params["tile_config"])
+    return Candidate(
+        backend=params["backend"], template=params["template"], num_splits=int(params["num_splits"]),
+        tile_order=params["tile_order"], comm_sms=int(params["comm_sms"]), block_m=tc.block_m, block_n=tc.block_n,
+        block_k=tc.block_k, group_m=int(params["group_m"]), num_warps=tc.num_warps, num_stages=tc.num_stages,
+    )

@@ -1,0 +1,199 @@
+"""Workloads: an op kind, global GEMM dims and a dtype, with the sharding rule of each kind.
+
+| kind      | each rank holds                  | communication                       | each rank returns |
+|-----------|----------------------------------|-------------------------------------|-------------------|
+| `ag_gemm` | A[M/ws, K], B[K, N/ws]           | A all-gathered along M              | out[M, N/ws]      |
+| `gemm_rs` | A[M, K/ws], B[K/ws, N]           | partial out reduce-scattered on M   | out[M/ws, N]      |
+| `gemm_ar` | A[M, K/ws], B[K/ws, N]           | partial out all-reduced             | out[M, N]         |
+
+Pure Python: nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from syncopate.errors import ConfigError
+
+__all__ = ["KINDS", "DTYPES", "Shape", "Workload", "canonical_dtype", "dtype_bytes"]
+
+KINDS: tuple[str, ...] = ("ag_gemm", "gemm_rs", "gemm_ar")
+"""Op kinds Syncopate tunes."""
+
+DTYPES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+"""Canonical dtype names and their size in bytes."""
+
+_DTYPE_ALIASES: dict[str, str] = {
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "torch.bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "torch.float16": "fp16",
+    "torch.half": "fp16",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "torch.float32": "fp32",
+    "torch.float": "fp32",
+}
+
+
+def canonical_dtype(dtype: Any) -> str:
+    """Return the canonical name (`bf16`, `fp16`, `fp32`) of a dtype name or a torch dtype."""
+    name = str(dtype).strip().lower()
+    try:
+        return _DTYPE_ALIASES[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown dtype {dtype!r}: accepted are {', '.join(DTYPES)} "
+            f"(or bfloat16, float16, float32, or the torch dtypes)"
+        ) from None
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Size in bytes of one element of the canonical dtype `dtype`."""
+    return DTYPES[canonical_dtype(dtype)]
+
+
+def _check_kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise ConfigError(f"unknown kind {kind!r}: accepted are {', '.join(KINDS)}")
+    return kind
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Shape:
+    """Global GEMM dims: out[M, N] = A[M, K] @ B[K, N], before any sharding."""
+
+    m: int
+    """Rows of A and of the output (tokens)."""
+    n: int
+    """Columns of B and of the output."""
+    k: int
+    """The reduction dim."""
+
+    def __post_init__(self) -> None:
+        for name in ("m", "n", "k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"shape dim {name.upper()}={value!r} must be an integer")
+            if value <= 0:
+                raise ConfigError(f"shape dim {name.upper()}={value} must be positive")
+
+    @classmethod
+    def of(cls, value: Shape | tuple[int, int, int] | list[int] | dict[str, int]) -> Shape:
+        """Build a shape from a `Shape`, an `(M, N, K)` tuple or list, or a dict with keys m, n, k."""
+        if isinstance(value, Shape):
+            return value
+        if isinstance(value, dict):
+            try:
+                return cls(m=value["m"], n=value["n"], k=value["k"])
+            except KeyError as e:
+                raise ConfigError(f"shape {value!r} lacks key {e.args[0]!r}: give m, n and k") from None
+        if isinstance(value, (tuple, list)) and len(value) == 3:
+            return cls(m=value[0], n=value[1], k=value[2])
+        raise ConfigError(f"shape {value!r} is not understood: give (M, N, K) or a Shape")
+
+    def as_tuple(self) -> tuple[int, int, int]:
+        return (self.m, self.n, self.k)
+
+    def key(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}"
+
+    @classmethod
+    def from_key(cls, key: str) -> Shape:
+        parts = key.lower().split("x")
+        try:
+            m, n, k = (int(p) for p in parts)
+        except ValueError:
+            raise ConfigError(f"shape key {key!r} does not parse: expected MxNxK such as 8192x4096x8192") from None
+        return cls(m=m, n=n, k=k)
+
+    def __str__(self) -> str:
+        return f"(M={self.m}, N={self.n}, K={self.k})"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Workload:
+    """An op kind applied to a global shape in one dtype."""
+
+    kind: str
+    """One of :data:`KINDS`."""
+    shape: Shape
+    """Global GEMM dims."""
+    dtype: str = "bf16"
+    """Element type of A, B and the output; canonicalised to `bf16`, `fp16` or `fp32`."""
+
+    def __post_init__(self) -> None:
+        _check_kind(self.kind)
+        object.__setattr__(self, "shape", Shape.of(self.shape))
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+
+    @property
+    def flops(self) -> int:
+        """Floating-point operations of the whole (unsharded) GEMM."""
+        return 2 * self.shape.m * self.shape.n * self.shape.k
+
+    @property
+    def element_bytes(self) -> int:
+        return DTYPES[self.dtype]
+
+    def check_world_size(self, world_size: int) -> None:
+        """Raise ConfigError unless the dims this kind shards divide by `world_size`."""
+        if world_size < 1:
+            raise ConfigError(f"world size {world_size} must be at least 1")
+        s = self.shape
+        sharded = {"ag_gemm": ("m", "n"), "gemm_rs": ("m", "k"), "gemm_ar": ("k",)}[self.kind]
+        for dim in sharded:
+            value = getattr(s, dim)
+            if value % world_size:
+                raise ConfigError(
+                    f"{self.kind} shards {dim.upper()}: {dim.upper()}={value} is not divisible by "
+                    f"world size {world_size}"
+                )
+
+    def local_shapes(self, world_size: int) -> dict[str, tuple[int, int]]:
+        """Per-rank shapes of `a`, `b` and `out` under this kind's sharding."""
+        self.check_world_size(world_size)
+        m, n, k, ws = self.shape.m, self.shape.n, self.shape.k, world_size
+        if self.kind == "ag_gemm":
+            return {"a": (m // ws, k), "b": (k, n // ws), "out": (m, n // ws)}
+        if self.kind == "gemm_rs":
+            return {"a": (m, k // ws), "b": (k // ws, n), "out": (m // ws, n)}
+        return {"a": (m, k // ws), "b": (k // ws, n), "out": (m, n)}
+
+    def local_gemm(self, world_size: int) -> tuple[int, int, int]:
+        """(M, N, K) of the GEMM each rank computes."""
+        self.check_world_size(world_size)
+        m, n, k, ws = self.shape.m, self.shape.n, self.shape.k, world_size
+        if self.kind == "ag_gemm":
+            return (m, n // ws, k)
+        return (m, n, k // ws)
+
+    def comm_row_bytes(self) -> int:
+        """Bytes of one row of the communicated tensor (A for ag_gemm, the partial output otherwise)."""
+        width = self.shape.k if self.kind == "ag_gemm" else self.shape.n
+        return width * self.element_bytes
+
+    def key(self) -> str:
+        return f"{self.kind}/{self.shape.key()}/{self.dtype}"
+
+    @classmethod
+    def from_key(cls, key: str) -> Workload:
+        parts = key.split("/")
+        if len(parts) != 3:
+            raise ConfigError(f"workload key {key!r} does not parse: expected KIND/MxNxK/DTYPE")
+        return cls(kind=parts[0], shape=Shape.from_key(parts[1]), dtype=parts[2])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "m": self.shape.m, "n": self.shape.n, "k": self.shape.k, "dtype": self.dtype}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Workload:
+        return cls(kind=d["kind"], shape=Shape(m=d["m"], n=d["n"], k=d["k"]), dtype=d.get("dtype", "bf16"))
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.shape} {self.dtype}"

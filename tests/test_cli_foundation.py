@@ -1,0 +1,59 @@
+"""Layer: CLI on the CPU. `syncopate space`, `validate`, `--help` everywhere, and one-line errors
+with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from syncopate.search_space import Candidate
+
+
+def run(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "syncopate", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_space_json_lists_valid_candidates():
+    r = run("space", "--kind", "ag_gemm", "--m", "8192", "--n", "28672", "--k", "8192", "--dtype", "bf16",
+            "--topology", "H200x2-nvlink", "--json")
+    assert r.returncode == 0, r.stderr
+    cands = [Candidate.from_dict(d) for d in json.loads(r.stdout)]
+    assert len(cands) > 100
+
+
+def test_validate_prints_the_workloads():
+    r = run("validate", "configs/llama_tp2.yaml")
+    assert r.returncode == 0, r.stderr
+    assert "ag_gemm/8192x28672x8192/bf16" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["space", "--kind", "mm", "--m", "8", "--n", "8", "--k", "8", "--topology", "H200x2-nvlink"], "unknown kind 'mm'"),
+        (["space", "--m", "9", "--n", "8", "--k", "8", "--topology", "H200x2-nvlink"], "M=9 is not divisible by world size 2"),
+        (["space", "--m", "8", "--n", "8", "--k", "8", "--topology", "H9x2-nvlink"], "unknown GPU 'H9'"),
+        (["space", "--m", "8", "--n", "8", "--k", "8", "--dtype", "e5m2", "--topology", "H200x2-nvlink"], "unknown dtype 'e5m2'"),
+        (["space", "--m", "0", "--n", "8", "--k", "8", "--topology", "H200x2-nvlink"], "M=0 must be positive"),
+        (["space", "--m", "x", "--n", "8", "--k", "8", "--topology", "H200x2-nvlink"], "Invalid value for '--m'"),
+        (["validate", "configs/none.yaml"], "does not exist"),
+        (["frobnicate"], "No such command 'frobnicate'"),
+    ],
+)
+def test_bad_input_gives_one_line_and_exit_2(args, message, tmp_path):
+    r = run(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert message in lines[0]
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("command", ["space", "validate", "tune", "lookup", "best", "export", "bench", "dashboard", "db"])
+def test_every_command_has_help(command):
+    r = run(command, "--help")
+    assert r.returncode == 0, r.stderr
+    assert "Usage" in r.stdout

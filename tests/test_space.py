@@ -1,0 +1,97 @@
+"""Layer: pure CPU logic. The search space: every enumerated candidate is valid, unique and
+deterministic; hardware and shape rules prune; Optuna distributions cover it."""
+
+from __future__ import annotations
+
+import pytest
+
+from syncopate.errors import ConfigError
+from syncopate.search_space import (
+    Candidate,
+    SpaceOptions,
+    TileConfig,
+    Topology,
+    Workload,
+    candidate_from_params,
+    check_candidate,
+    default_candidate,
+    optuna_distributions,
+    space,
+)
+from syncopate.autotuner.sweep import load_sweep
+
+H200x2 = Topology.from_key("H200x2-nvlink")
+
+
+@pytest.fixture(scope="module")
+def suite():
+    return load_sweep("configs/llama_tp2.yaml").workloads
+
+
+def test_every_candidate_of_the_suite_is_valid_and_unique(suite):
+    for w in suite:
+        cands = space(w, H200x2)
+        assert cands, w
+        keys = [c.key() for c in cands]
+        assert len(keys) == len(set(keys))
+        for c in cands:
+            check_candidate(c, w, H200x2)
+        assert {c.backend for c in cands} == {"copy_engine", "nvshmem", "nccl"}
+
+
+def test_space_is_deterministic():
+    w = Workload(kind="ag_gemm", shape=(8192, 2048, 8192))
+    assert [c.key() for c in space(w, H200x2)] == [c.key() for c in space(w, H200x2)]
+
+
+def test_ring_is_skipped_on_two_gpus_but_searched_on_eight():
+    w = Workload(kind="ag_gemm", shape=(8192, 4096, 8192))
+    assert "ring" not in {c.template for c in space(w, H200x2)}
+    assert "ring" in {c.template for c in space(w, Topology.from_key("H200x8-nvswitch"))}
+
+
+def test_chunks_are_never_shorter_than_a_tile():
+    w = Workload(kind="ag_gemm", shape=(1024, 2048, 1024))
+    for c in space(w, H200x2):
+        assert 512 // c.num_splits >= c.block_m
+
+
+def test_shared_memory_and_registers_prune_tile_configs():
+    big = TileConfig(256, 256, 128, 8, 4)
+    opts = SpaceOptions(tile_configs=(big, TileConfig(128, 128, 64, 8, 3)))
+    w = Workload(kind="ag_gemm", shape=(8192, 4096, 4096))
+    assert {TileConfig.of(c) for c in space(w, H200x2, opts)} == {TileConfig(128, 128, 64, 8, 3)}
+    with pytest.raises(ConfigError, match="KiB of shared memory"):
+        check_candidate(Candidate(block_m=256, block_n=256, block_k=128, num_stages=4), w, H200x2)
+    with pytest.raises(ConfigError, match="accumulator registers"):
+        check_candidate(Candidate(block_m=256, block_n=256, block_k=32, num_stages=2, num_warps=4), w, H200x2)
+
+
+def test_comm_sms_must_leave_sms_for_the_gemm():
+    w = Workload(kind="ag_gemm", shape=(8192, 4096, 4096))
+    with pytest.raises(ConfigError, match="comm_sms=100 leaves too few of 132 SMs"):
+        check_candidate(Candidate(backend="nvshmem", comm_sms=100), w, H200x2)
+
+
+def test_a_shape_the_world_size_does_not_divide_has_no_space():
+    with pytest.raises(ConfigError, match="not divisible by world size 2"):
+        space(Workload(kind="gemm_rs", shape=(8192, 4096, 4095)), H200x2)
+
+
+def test_default_candidate_is_valid_for_the_suite(suite):
+    for w in suite:
+        check_candidate(default_candidate(w, H200x2), w, H200x2)
+
+
+def test_optuna_distributions_cover_the_space():
+    w = Workload(kind="ag_gemm", shape=(8192, 4096, 8192))
+    dists = optuna_distributions(w, H200x2)
+    cands = space(w, H200x2)
+    for c in cands[:: max(1, len(cands) // 50)]:
+        params = {
+            "backend": c.backend, "template": c.template, "num_splits": c.num_splits, "tile_order": c.tile_order,
+            "comm_sms": c.comm_sms, "tile_config": TileConfig.of(c).key(), "group_m": c.group_m,
+        }
+        for name, value in params.items():
+            assert value in dists[name].choices
+        assert candidate_from_params(params) == c

@@ -1,0 +1,82 @@
+"""Layer: pure CPU logic. Sweep configs load and validate; bad ones fail with one line naming the
+file, field and value."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from syncopate.autotuner.sweep import load_sweep, parse_sweep
+from syncopate.errors import ConfigError
+
+
+def test_shipped_configs_are_valid():
+    suite = load_sweep("configs/llama_tp2.yaml")
+    assert suite.topology_key == "H200x2-nvlink"
+    by_kind = {}
+    for w in suite.workloads:
+        by_kind.setdefault(w.kind, []).append((w.shape.n, w.shape.k))
+    assert by_kind["ag_gemm"] == [(11008, 4096), (14336, 4096), (28672, 8192), (29568, 8192), (4096, 8192), (2048, 8192)]
+    assert by_kind["gemm_rs"] == [(4096, 11008), (4096, 14336), (8192, 28672), (8192, 29568), (8192, 4096), (8192, 2048)]
+    assert by_kind["gemm_ar"] == by_kind["gemm_rs"]
+    assert all(w.shape.m == 8192 and w.dtype == "bf16" for w in suite.workloads)
+    quick = load_sweep("configs/quickstart.yaml")
+    assert quick.detect_topology and quick.workloads
+
+
+BASE = {"name": "t", "topology": "H200x2-nvlink", "workloads": [{"kind": "ag_gemm", "shapes": [[1024, 1024, 1024]]}]}
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"workloads": [{"kind": "conv", "shapes": [[1, 1, 1]]}]}, "workloads.0.kind: unknown kind 'conv'"),
+        ({"workloads": [{"kind": "ag_gemm", "shapes": [[1023, 1024, 1024]]}]}, "M=1023 is not divisible by world size 2"),
+        ({"workloads": [{"kind": "ag_gemm", "shapes": [[0, 1024, 1024]]}]}, "M=0 must be positive"),
+        ({"workloads": [{"kind": "ag_gemm", "models": ["gpt-9"]}]}, "unknown model 'gpt-9'"),
+        ({"workloads": [{"kind": "ag_gemm"}]}, "give models or shapes"),
+        ({"workloads": []}, "workloads is empty"),
+        ({"dtype": "int4"}, "unknown dtype 'int4'"),
+        ({"topology": "H200x2"}, "topology key 'H200x2' does not parse"),
+        ({"strategy": {"name": "annealing"}}, "strategy.name: unknown strategy 'annealing'"),
+        ({"strategy": {"max_trials": 0}}, "max_trials=0 must be positive"),
+        ({"runner": "tpu"}, "runner: unknown runner 'tpu'"),
+        ({"space": {"backends": ["gloo"]}}, "unknown backend 'gloo'"),
+        ({"colour": "red"}, "colour: unknown field"),
+    ],
+)
+def test_bad_configs_name_the_problem(change, message):
+    data = {**BASE, **change}
+    with pytest.raises(ConfigError, match=message) as info:
+        parse_sweep(data, "sweep.yaml")
+    assert str(info.value).startswith("sweep.yaml")
+    assert "\n" not in str(info.value)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_sweep(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="malformed YAML at line"):
+        load_sweep(bad)
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_sweep(listy)
+
+
+def test_space_restrictions_apply(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text(textwrap.dedent("""
+        name: small
+        topology: H200x2-nvlink
+        workloads: [{kind: gemm_rs, shapes: [[8192, 4096, 4096]]}]
+        space: {backends: [nccl], comm_sms: {nccl: [8]}, num_splits: [2], tile_configs: [128x128x64w8s4]}
+    """))
+    sweep = load_sweep(f)
+    from syncopate.search_space import space
+
+    cands = space(sweep.workloads[0], sweep.topology(), sweep.space)
+    assert cands and all(c.backend == "nccl" and c.num_splits == 2 and c.block_n == 128 for c in cands)
