@@ -1,0 +1,88 @@
+"""The environment fingerprint of the running process, and the provenance stamp of a measurement."""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+from syncopate.records import Environment
+
+__all__ = ["current_environment", "git_revision", "provenance"]
+
+
+def _gpu_model_name(raw: str) -> str:
+    """`NVIDIA H200` → `H200`; `NVIDIA H100 80GB HBM3` → `H100`."""
+    words = raw.replace("NVIDIA", "").split()
+    return words[0] if words else "unknown"
+
+
+@functools.cache
+def current_environment() -> Environment:
+    """Versions of syncopate, torch, triton, CUDA, NCCL, the driver and the GPU model."""
+    import torch
+
+    from syncopate import __version__
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    cuda = torch.version.cuda or "none"
+    nccl = "none"
+    driver = "none"
+    gpu = "cpu"
+    if torch.cuda.is_available():
+        gpu = _gpu_model_name(torch.cuda.get_device_name(0))
+        try:
+            nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
+        except Exception:
+            nccl = "unknown"
+        driver = _driver_version()
+    return Environment(
+        syncopate=__version__, torch=torch.__version__, triton=triton_version, cuda=cuda, nccl=nccl,
+        driver=driver, gpu_model=gpu,
+    )
+
+
+def _driver_version() -> str:
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        try:
+            v = pynvml.nvmlSystemGetDriverVersion()
+            return v.decode() if isinstance(v, bytes) else str(v)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        pass
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10,
+        )
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+@functools.cache
+def git_revision() -> str:
+    """The git revision of the syncopate checkout, or `unknown` outside one."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def provenance(**extra: object) -> dict[str, object]:
+    """Host, process, git revision and library versions, plus whatever the caller adds."""
+    env = current_environment()
+    return {"host": socket.gethostname(), "pid": os.getpid(), "git": git_revision(), **env.to_dict(), **extra}
