@@ -20,7 +20,9 @@ chunks clockwise on stream 0 and the rest counter-clockwise on stream 1):
 | `ring`               | block (r-s) from its left neighbour      | partial sum of block (r-s) to (r+1)   |
 | `bidirectional_ring` | as ring, half from each neighbour        | as ring, half to each neighbour       |
 
-`all_reduce` is a `reduce` phase followed by a `gather` phase of the reduced blocks (steps go on).
+`all_reduce` is a `reduce` phase with the template followed by a `direct` gather phase of the
+reduced blocks (steps go on): every rank takes each reduced block straight from its owner, so the
+reduced rows are written once into each rank's output.
 Pure Python.
 """
 
@@ -167,7 +169,7 @@ def build_plan(
         transfers += _reduce(template, world_size, chunks)
     if collective in ("all_gather", "all_reduce"):
         step0 = world_size - 1 if collective == "all_reduce" else 0
-        transfers += _gather(template, world_size, chunks, step0)
+        transfers += _gather(template if collective == "all_gather" else "direct", world_size, chunks, step0)
     return ChunkPlan(
         template=template,
         collective=collective,

@@ -1,0 +1,294 @@
+"""Communication backends: how chunks move while the fused GEMM runs.
+
+A backend enqueues the communication of one call on side streams forked from the caller's stream
+and returns them; the op then launches its kernel on the caller's stream and joins the side
+streams. Three backends, chosen by the candidate's `backend`:
+
+- `copy_engine`: copy-engine copies (`cuMemcpyDtoDAsync`) straight into the peers' symmetric
+  buffers, each followed by a stream write of the epoch into the receiver's signal word. Only
+  copies and stream memory operations go on the side streams, so no SM is needed.
+- `nvshmem` (SM-driven): `comm_sms` programs of `chunk_copy_kernel` store chunks into the peers'
+  symmetric buffers and raise the receivers' signals from the GPU threads.
+- `nccl`: NCCL send/receive pairs per (step, split) on a side stream, each arrival followed by a
+  stream write of its signal; the fused kernel leaves `comm_sms` SMs free for NCCL's kernels.
+
+Before a rank writes into a peer's buffer it waits until that peer has entered the same call
+(`ENTERED_BASE + peer` of its own pad reaches the epoch): the peer's previous call has then
+finished reading its buffers. Each rank announces its entry into every pad when a call starts.
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from syncopate.kernels import streamops
+from syncopate.kernels.context import OverlapContext
+from syncopate.kernels.launch import launch_chunk_copy
+from syncopate.kernels.tables import ENTERED_BASE, READY_BASE, recv_offset
+from syncopate.search_space import Candidate, ChunkPlan, Transfer
+
+__all__ = ["CommBackend", "GatherCall", "ScatterCall", "BACKEND_IMPLS", "backend_for", "nccl_exchange"]
+
+@dataclass
+class GatherCall:
+    """One all-gather of rows of A: this rank's shard `a_local` (rows [r0, r1)) into `a_full` everywhere."""
+
+    ctx: OverlapContext
+    plan: ChunkPlan
+    candidate: Candidate
+    epoch: int
+    main: torch.cuda.Stream
+    a_local: torch.Tensor
+    a_full: Any  # SymmetricBuffer
+    r0: int
+    row_bytes: int
+    spin_limit: int = 0
+
+
+@dataclass
+class ScatterCall:
+    """The communication of one reduce-scatter (and, for all-reduce, the gather of reduced rows)."""
+
+    ctx: OverlapContext
+    plan: ChunkPlan
+    candidate: Candidate
+    epoch: int
+    main: torch.cuda.Stream
+    send: torch.Tensor
+    recv: Any  # SymmetricBuffer
+    n_cols: int
+    elem: int
+    out: torch.Tensor | None = None
+    reduced: Any = None  # SymmetricBuffer, all-reduce only
+    num_ready_sends: int = 0
+    spin_limit: int = 0
+
+
+class CommBackend(abc.ABC):
+    """How chunks move. Implementations enqueue work on side streams and return those streams."""
+
+    name: str
+
+    def reserved_sms(self, candidate: Candidate) -> int:
+        """SMs the fused kernel must leave free for this backend's communication."""
+        return candidate.comm_sms
+
+    @abc.abstractmethod
+    def start_gather(self, call: GatherCall) -> list[torch.cuda.Stream]:
+        """Enqueue the all-gather of `call`; return the side streams to join."""
+
+    @abc.abstractmethod
+    def start_scatter(self, call: ScatterCall) -> list[torch.cuda.Stream]:
+        """Enqueue the reduce-scatter (and all-reduce gather) of `call`; return the side streams."""
+
+
+def _announce_entry(stream: torch.cuda.Stream, ctx: OverlapContext, epoch: int) -> None:
+    for p in range(ctx.world_size):
+        streamops.write_value(stream.cuda_stream, ctx.signal_address(p, ENTERED_BASE + ctx.rank), epoch)
+
+
+def _arrival_slot(plan: ChunkPlan, rank: int, phase: str) -> dict[tuple[int, int], int]:
+    return {t.chunk: t.signal for t in plan.recvs(rank, phase)}
+
+
+class CopyEngineBackend(CommBackend):
+    name = "copy_engine"
+
+    def reserved_sms(self, candidate: Candidate) -> int:
+        return 0
+
+    def start_gather(self, call: GatherCall) -> list[torch.cuda.Stream]:
+        ctx, plan, e = call.ctx, call.plan, call.epoch
+        streams = ctx.fork(call.main, plan.num_streams)
+        _announce_entry(streams[0], ctx, e)
+        arrived = _arrival_slot(plan, ctx.rank, "gather")
+        waited: set[tuple[int, int]] = set()
+        for t in plan.sends(ctx.rank, "gather"):
+            s = streams[t.stream].cuda_stream
+            if (t.stream, t.dst) not in waited:
+                streamops.wait_value(s, ctx.signal_address(ctx.rank, ENTERED_BASE + t.dst), e)
+                waited.add((t.stream, t.dst))
+            if t.block == ctx.rank:
+                src = call.a_local.data_ptr() + (t.row_start - call.r0) * call.row_bytes
+            else:  # forwarding a chunk received earlier in this call
+                streamops.wait_value(s, ctx.signal_address(ctx.rank, arrived[t.chunk]), e)
+                src = call.a_full.peer_ptrs[ctx.rank] + t.row_start * call.row_bytes
+            dst = call.a_full.peer_ptrs[t.dst] + t.row_start * call.row_bytes
+            streamops.copy_async(s, dst, src, t.rows * call.row_bytes)
+            streamops.write_value(s, ctx.signal_address(t.dst, t.signal), e)
+        return streams
+
+    def start_scatter(self, call: ScatterCall) -> list[torch.cuda.Stream]:
+        ctx, plan, e = call.ctx, call.plan, call.epoch
+        row_bytes = call.n_cols * call.elem
+        streams = ctx.fork(call.main, 3 if call.reduced is not None else plan.num_streams)
+        _announce_entry(streams[0], ctx, e)
+        waited: set[tuple[int, int]] = set()
+        for i, t in enumerate(plan.sends(ctx.rank, "reduce")):
+            s = streams[t.stream].cuda_stream
+            if (t.stream, t.dst) not in waited:
+                streamops.wait_value(s, ctx.signal_address(ctx.rank, ENTERED_BASE + t.dst), e)
+                waited.add((t.stream, t.dst))
+            streamops.wait_value(s, ctx.signal_address(ctx.rank, READY_BASE + i), e)
+            src = call.send.data_ptr() + t.row_start * row_bytes
+            dst = call.recv.peer_ptrs[t.dst] + (recv_offset(plan, ctx.rank, t.block, call.n_cols) + t.row_start * call.n_cols) * call.elem
+            streamops.copy_async(s, dst, src, t.rows * row_bytes)
+            streamops.write_value(s, ctx.signal_address(t.dst, t.signal), e)
+        if call.reduced is not None:
+            s = streams[2].cuda_stream
+            for t in plan.recvs(ctx.rank, "gather"):
+                streamops.wait_value(s, ctx.signal_address(ctx.rank, t.signal), e)
+                src = call.reduced.peer_ptrs[t.src] + t.row_start * row_bytes
+                streamops.copy_async(s, call.out.data_ptr() + t.row_start * row_bytes, src, t.rows * row_bytes)
+        return streams
+
+
+class SmCopyBackend(CommBackend):
+    """SM-driven copies by `comm_sms` programs of the chunk-copy kernel (the `nvshmem` backend)."""
+
+    name = "nvshmem"
+
+    def start_gather(self, call: GatherCall) -> list[torch.cuda.Stream]:
+        ctx, plan, e = call.ctx, call.plan, call.epoch
+        streams = ctx.fork(call.main, 1)
+        _announce_entry(streams[0], ctx, e)
+        arrived = _arrival_slot(plan, ctx.rank, "gather")
+        elem = call.a_local.element_size()
+        jobs = []
+        for t in plan.sends(ctx.rank, "gather"):
+            if t.block == ctx.rank:
+                src, wait = call.a_local.data_ptr() + (t.row_start - call.r0) * call.row_bytes, -1
+            else:
+                src, wait = call.a_full.peer_ptrs[ctx.rank] + t.row_start * call.row_bytes, arrived[t.chunk]
+            dst = call.a_full.peer_ptrs[t.dst] + t.row_start * call.row_bytes
+            jobs.append((src, dst, t.rows * call.row_bytes // elem, wait, t.signal, t.dst))
+        launch_chunk_copy(ctx, streams[0], jobs, call.candidate.comm_sms, e, call.a_local.dtype, call.spin_limit)
+        return streams
+
+    def start_scatter(self, call: ScatterCall) -> list[torch.cuda.Stream]:
+        ctx, plan, e = call.ctx, call.plan, call.epoch
+        streams = ctx.fork(call.main, 1)
+        _announce_entry(streams[0], ctx, e)
+        row_bytes = call.n_cols * call.elem
+        jobs = []
+        for i, t in enumerate(plan.sends(ctx.rank, "reduce")):
+            src = call.send.data_ptr() + t.row_start * row_bytes
+            dst = call.recv.peer_ptrs[t.dst] + (recv_offset(plan, ctx.rank, t.block, call.n_cols) + t.row_start * call.n_cols) * call.elem
+            jobs.append((src, dst, t.rows * call.n_cols, READY_BASE + i, t.signal, t.dst))
+        if call.reduced is not None:
+            for t in plan.recvs(ctx.rank, "gather"):
+                src = call.reduced.peer_ptrs[t.src] + t.row_start * row_bytes
+                jobs.append((src, call.out.data_ptr() + t.row_start * row_bytes, t.rows * call.n_cols, t.signal, -1, ctx.rank))
+        launch_chunk_copy(ctx, streams[0], jobs, call.candidate.comm_sms, e, call.send.dtype, call.spin_limit)
+        return streams
+
+
+def nccl_exchange(
+    plan: ChunkPlan,
+    rank: int,
+    phase: str,
+    group,
+    send_view: Callable[[Transfer], torch.Tensor],
+    recv_view: Callable[[Transfer], torch.Tensor],
+    before_send: Callable[[Transfer], None],
+    on_arrival: Callable[[Transfer], None],
+) -> None:
+    """Run `phase` of the plan as NCCL (or gloo) send/receive pairs, one batch per (step, split).
+
+    Each batch posts this rank's sends and receives of that step and split together (so that
+    every pair matches on both sides), waits for them on the current stream, then calls
+    `on_arrival` for each chunk received. `before_send` runs before a chunk is sent (a backend
+    makes the stream wait there for the chunk to be ready).
+    """
+    def key(t: Transfer) -> tuple[int, int]:
+        return (t.step, t.split)
+
+    sends = sorted(plan.sends(rank, phase), key=key)
+    recvs = sorted(plan.recvs(rank, phase), key=key)
+    batches: dict[tuple[int, int], tuple[list[Transfer], list[Transfer]]] = {}
+    for k, ts in itertools.groupby(sends, key=key):
+        batches.setdefault(k, ([], []))[0].extend(ts)
+    for k, ts in itertools.groupby(recvs, key=key):
+        batches.setdefault(k, ([], []))[1].extend(ts)
+    for k in sorted(batches):
+        out_ts, in_ts = batches[k]
+        ops = []
+        for t in out_ts:
+            before_send(t)
+            ops.append(dist.P2POp(dist.isend, send_view(t), dist.get_global_rank(group, t.dst), group))
+        for t in in_ts:
+            ops.append(dist.P2POp(dist.irecv, recv_view(t), dist.get_global_rank(group, t.src), group))
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        for t in in_ts:
+            on_arrival(t)
+
+
+class NcclBackend(CommBackend):
+    name = "nccl"
+
+    def start_gather(self, call: GatherCall) -> list[torch.cuda.Stream]:
+        ctx, plan, e = call.ctx, call.plan, call.epoch
+        streams = ctx.fork(call.main, 1)
+        s = streams[0]
+        a_full = call.a_full.local
+
+        def send_view(t: Transfer) -> torch.Tensor:
+            if t.block == ctx.rank:
+                return call.a_local[t.row_start - call.r0 : t.row_end - call.r0]
+            return a_full[t.row_start : t.row_end]
+
+        def arrived(t: Transfer) -> None:
+            streamops.write_value(s.cuda_stream, ctx.signal_address(ctx.rank, t.signal), e)
+
+        with torch.cuda.stream(s):
+            nccl_exchange(plan, ctx.rank, "gather", ctx.group, send_view, lambda t: a_full[t.row_start : t.row_end],
+                          lambda t: None, arrived)
+        return streams
+
+    def start_scatter(self, call: ScatterCall) -> list[torch.cuda.Stream]:
+        ctx, plan, e = call.ctx, call.plan, call.epoch
+        streams = ctx.fork(call.main, 1)
+        s = streams[0]
+        recv = call.recv.local.view(-1)
+        n = call.n_cols
+        send_index = {(t.chunk, t.step): i for i, t in enumerate(plan.sends(ctx.rank, "reduce"))}
+
+        def recv_view(t: Transfer) -> torch.Tensor:
+            start = recv_offset(plan, t.src, t.block, n) + t.row_start * n
+            return recv[start : start + t.rows * n]
+
+        def ready(word: int) -> None:
+            streamops.wait_value(s.cuda_stream, ctx.signal_address(ctx.rank, word), e)
+
+        def arrived(t: Transfer) -> None:
+            streamops.write_value(s.cuda_stream, ctx.signal_address(ctx.rank, t.signal), e)
+
+        with torch.cuda.stream(s):
+            nccl_exchange(
+                plan, ctx.rank, "reduce", ctx.group, lambda t: call.send[t.row_start : t.row_end], recv_view,
+                lambda t: ready(READY_BASE + send_index[(t.chunk, t.step)]), arrived,
+            )
+            if call.reduced is not None:
+                kept = [c for c in range(plan.num_chunks) if c // plan.num_splits == ctx.rank]
+                ready_of = {c: call.num_ready_sends + i for i, c in enumerate(kept)}
+                nccl_exchange(
+                    plan, ctx.rank, "gather", ctx.group, lambda t: call.out[t.row_start : t.row_end],
+                    lambda t: call.out[t.row_start : t.row_end],
+                    lambda t: ready(READY_BASE + ready_of[plan.chunk_index(*t.chunk)]), lambda t: None,
+                )
+        return streams
+
+
+BACKEND_IMPLS: dict[str, CommBackend] = {b.name: b for b in (CopyEngineBackend(), SmCopyBackend(), NcclBackend())}
+
+
+def backend_for(candidate: Candidate) -> CommBackend:
+    return BACKEND_IMPLS[candidate.backend]

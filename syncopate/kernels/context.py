@@ -1,0 +1,147 @@
+"""Runtime state of the fused ops: symmetric buffers, signal pads, side streams and the call epoch.
+
+A context belongs to one process group and one set of buffer shapes. It is made by a factory
+(`OverlapContext.create`, or the per-op caches in `syncopate.kernels.ops`), used by every call with
+those shapes, and closed explicitly. Each call takes the next epoch with `begin_call()`; signals
+only grow, so no call resets anything. Symmetric memory comes from torch's
+`torch.distributed._symmetric_memory` (CUDA backend); every rank maps every peer's buffers.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from syncopate.errors import CandidateTimeoutError, RuntimeUnavailableError
+from syncopate.kernels.tables import PAD_WORDS
+
+__all__ = ["OverlapContext", "SymmetricBuffer"]
+
+log = logging.getLogger(__name__)
+
+
+def _symm_mem():
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+    except ImportError:
+        raise RuntimeUnavailableError(
+            f"torch {torch.__version__} has no symmetric memory; Syncopate's fused ops need torch >= 2.5 with CUDA"
+        ) from None
+    return symm_mem
+
+
+@dataclass
+class SymmetricBuffer:
+    """A tensor in symmetric memory with the base address of every rank's copy."""
+
+    local: torch.Tensor
+    peer_ptrs: list[int]
+    handle: Any
+
+    def peer_view(self, rank: int) -> torch.Tensor:
+        """This buffer as seen on `rank` (a tensor on the local device aliasing the peer's memory)."""
+        return self.handle.get_buffer(rank, tuple(self.local.shape), self.local.dtype)
+
+
+@dataclass
+class OverlapContext:
+    """Symmetric buffers, the signal pad, counters, side streams and the epoch of one group."""
+
+    group: Any
+    rank: int
+    world_size: int
+    device: torch.device
+    buffers: dict[str, SymmetricBuffer]
+    signals: SymmetricBuffer
+    counters: torch.Tensor
+    error: torch.Tensor
+    streams: list[torch.cuda.Stream]
+    peer_signal_ptrs: torch.Tensor
+    sm_count: int
+    epoch: int = 0
+    closed: bool = False
+    cache: dict = field(default_factory=dict)
+    """Per-context caches of the ops: device tables per candidate, the send buffer."""
+
+    @classmethod
+    def create(cls, group, buffers: dict[str, tuple[tuple[int, ...], torch.dtype]], num_streams: int = 3) -> OverlapContext:
+        """Allocate the named symmetric buffers and a signal pad on every rank of `group` (collective)."""
+        if not torch.cuda.is_available():
+            raise RuntimeUnavailableError("the fused ops need a CUDA GPU; none is visible")
+        symm_mem = _symm_mem()
+        group = group or dist.group.WORLD
+        device = torch.device("cuda", torch.cuda.current_device())
+        name = group.group_name
+        try:
+            symm_mem.enable_symm_mem_for_group(name)
+        except Exception:  # newer torch enables every group by itself
+            pass
+
+        def alloc(shape, dtype) -> SymmetricBuffer:
+            t = symm_mem.empty(shape, dtype=dtype, device=device)
+            h = symm_mem.rendezvous(t, group=name)
+            return SymmetricBuffer(local=t, peer_ptrs=list(h.buffer_ptrs), handle=h)
+
+        bufs = {k: alloc(shape, dtype) for k, (shape, dtype) in buffers.items()}
+        signals = alloc((PAD_WORDS,), torch.int32)
+        signals.local.zero_()
+        torch.cuda.synchronize()
+        dist.barrier(group=group)
+        ctx = cls(
+            group=group, rank=dist.get_rank(group), world_size=dist.get_world_size(group), device=device,
+            buffers=bufs, signals=signals, counters=torch.zeros(4096, dtype=torch.int64, device=device),
+            error=torch.zeros(1, dtype=torch.int32, device=device),
+            streams=[torch.cuda.Stream(device=device) for _ in range(num_streams)],
+            peer_signal_ptrs=torch.tensor(signals.peer_ptrs, dtype=torch.int64, device=device),
+            sm_count=torch.cuda.get_device_properties(device).multi_processor_count,
+        )
+        log.debug("context on rank %d: buffers %s", ctx.rank, {k: tuple(v.local.shape) for k, v in bufs.items()})
+        return ctx
+
+    def begin_call(self) -> int:
+        """Take the epoch of the next call (1, 2, …); every rank makes the same calls in the same order."""
+        if self.closed:
+            raise RuntimeError("this context was closed; make a new one")
+        self.epoch += 1
+        return self.epoch
+
+    def signal_address(self, rank: int, word: int) -> int:
+        """Address of int32 word `word` of `rank`'s signal pad, mapped in this process."""
+        return self.signals.peer_ptrs[rank] + 4 * word
+
+    def fork(self, main: torch.cuda.Stream, count: int) -> list[torch.cuda.Stream]:
+        """Make `count` side streams wait for everything enqueued on `main` so far."""
+        event = torch.cuda.Event()
+        event.record(main)
+        streams = self.streams[:count]
+        for s in streams:
+            s.wait_event(event)
+        return streams
+
+    def join(self, main: torch.cuda.Stream, streams: list[torch.cuda.Stream]) -> None:
+        """Make `main` wait for the work enqueued on `streams`."""
+        for s in streams:
+            event = torch.cuda.Event()
+            event.record(s)
+            main.wait_event(event)
+
+    def check_error(self) -> None:
+        """Raise CandidateTimeoutError if a bounded wait ran out (synchronises the device)."""
+        if int(self.error.item()):
+            self.error.zero_()
+            raise CandidateTimeoutError(
+                "a fused kernel waited longer than its spin limit for a chunk that never arrived"
+            )
+
+    def close(self) -> None:
+        """Release the buffers (collective: every rank closes its context)."""
+        if self.closed:
+            return
+        torch.cuda.synchronize(self.device)
+        self.buffers.clear()
+        self.cache.clear()
+        self.closed = True

@@ -1,0 +1,141 @@
+"""Thin launchers of the Triton kernels: pick the TMA or pointer path, size the persistent grid,
+pass the tables. Callers have validated shapes and candidates already."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from syncopate.kernels.triton_kernels import (
+    chunk_copy_kernel,
+    consumer_ptr_kernel,
+    consumer_tma_kernel,
+    producer_kernel,
+)
+from syncopate.kernels.tables import ENTERED_BASE, READY_BASE
+from syncopate.search_space import Candidate
+
+__all__ = ["interpreting", "use_tma", "launch_consumer", "launch_producer", "launch_chunk_copy", "TL_DTYPES"]
+
+TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+COPY_BLOCK = 4096
+COPY_COUNTER_BASE = 2048
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _tma_aligned(t: torch.Tensor) -> bool:
+    if t.stride(-1) != 1 or t.data_ptr() % 16:
+        return False
+    return all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1])
+
+
+def use_tma(*tensors: torch.Tensor) -> bool:
+    """TMA descriptors on Hopper and newer, unless interpreting or SYNCOPATE_TMA=0, for aligned tensors."""
+    if interpreting() or os.environ.get("SYNCOPATE_TMA", "1") == "0":
+        return False
+    if not tensors[0].is_cuda or torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+        return False
+    return all(_tma_aligned(t) for t in tensors)
+
+
+def b_is_kmajor(b: torch.Tensor) -> bool:
+    """True when B[K, N] is a transposed view of a row-major [N, K] matrix (an nn.Linear weight)."""
+    return b.stride(0) == 1 and b.stride(1) == b.shape[0] and b.shape[0] > 1
+
+
+def _descriptor(t: torch.Tensor, block: list[int]):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t, block)
+
+
+def launch_consumer(
+    a_full: torch.Tensor, a_local: torch.Tensor, b: torch.Tensor, out: torch.Tensor, r0: int, r1: int,
+    tables, c: Candidate, epoch: int, signals: torch.Tensor, error: torch.Tensor, num_programs: int,
+    spin_limit: int = 0,
+) -> None:
+    """out[M, N] = gather(A)[M, K] @ B[K, N], tiles in `tables.order`, waiting for remote rows."""
+    M, K = a_full.shape
+    N = out.shape[1]
+    kmajor = b_is_kmajor(b)
+    b_mat = b.t() if kmajor else b
+    tiles = triton.cdiv(M, c.block_m) * triton.cdiv(N, c.block_n)
+    grid = (max(1, min(num_programs, tiles)),)
+    common = dict(
+        NUM_PROGRAMS=grid[0], BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, NUM_STAGES=c.num_stages,
+        MAX_SPIN=spin_limit, num_warps=c.num_warps, num_stages=c.num_stages,
+    )
+    if use_tma(a_full, a_local, b_mat, out):
+        consumer_tma_kernel[grid](
+            _descriptor(a_full, [c.block_m, c.block_k]), _descriptor(a_local, [c.block_m, c.block_k]),
+            _descriptor(b_mat, [c.block_n, c.block_k] if kmajor else [c.block_k, c.block_n]),
+            _descriptor(out, [c.block_m, c.block_n]),
+            M, N, K, r0, r1, tables.order, tables.mtile_lo, tables.mtile_hi, tables.chunk_slot, signals, epoch, error,
+            B_KMAJOR=kmajor, OUT_DTYPE=TL_DTYPES[out.dtype], **common,
+        )
+    else:
+        consumer_ptr_kernel[grid](
+            a_full, a_local, b, out, M, N, K, r0, r1,
+            a_full.stride(0), a_full.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
+            tables.order, tables.mtile_lo, tables.mtile_hi, tables.chunk_slot, signals, epoch, error, **common,
+        )
+
+
+def launch_producer(
+    a: torch.Tensor, b: torch.Tensor, send: torch.Tensor, out: torch.Tensor, reduced: torch.Tensor | None,
+    recv: torch.Tensor, out_row0: int, tables, c: Candidate, epoch: int, signals: torch.Tensor,
+    counters: torch.Tensor, peer_signal_ptrs: torch.Tensor, world: int, rank: int, error: torch.Tensor,
+    num_programs: int, spin_limit: int = 0,
+) -> None:
+    """Partial products of A[M, K] @ B[K, N] in send order; received partials added in the epilogue."""
+    M, K = a.shape
+    N = b.shape[1]
+    kmajor = b_is_kmajor(b)
+    b_mat = b.t() if kmajor else b
+    tiles = triton.cdiv(M, c.block_m) * triton.cdiv(N, c.block_n)
+    grid = (max(1, min(num_programs, tiles)),)
+    tma = use_tma(a, b_mat)
+    a_desc = _descriptor(a, [c.block_m, c.block_k]) if tma else None
+    b_desc = (_descriptor(b_mat, [c.block_n, c.block_k] if kmajor else [c.block_k, c.block_n])) if tma else None
+    producer_kernel[grid](
+        a, b, a_desc, b_desc, send, out, reduced if reduced is not None else out, recv,
+        M, N, K, out_row0, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        tables.order, tables.mtile_lo, tables.mtile_hi, tables.chunk_row,
+        tables.inc_start, tables.inc_slot, tables.inc_offset,
+        tables.chunk_ready, tables.chunk_tiles, counters, signals[READY_BASE:],
+        tables.keep, peer_signal_ptrs, tables.gather_slot, signals[ENTERED_BASE:], world, rank,
+        signals, epoch, error,
+        NUM_PROGRAMS=grid[0], BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, NUM_STAGES=c.num_stages,
+        USE_TMA=tma, B_KMAJOR=kmajor, ALL_REDUCE=reduced is not None, MAX_SPIN=spin_limit,
+        num_warps=c.num_warps, num_stages=c.num_stages,
+    )
+
+
+def launch_chunk_copy(ctx, stream: torch.cuda.Stream, jobs, programs: int, epoch: int, dtype: torch.dtype,
+                      spin_limit: int = 0) -> None:
+    """Run SM-driven chunk copies on `stream` with `programs` programs (see `chunk_copy_kernel`)."""
+    if not jobs:
+        return
+    cols = list(zip(*jobs))
+    device = ctx.device
+    table = torch.tensor([list(cols[0]), list(cols[1]), list(cols[2])], dtype=torch.int64)
+    small = torch.tensor([list(cols[3]), list(cols[4]), list(cols[5])], dtype=torch.int32)
+    if device.type == "cuda":
+        table, small = table.pin_memory(), small.pin_memory()
+    with torch.cuda.stream(stream) if device.type == "cuda" else contextlib.nullcontext():
+        table = table.to(device, non_blocking=True)
+        small = small.to(device, non_blocking=True)
+        chunk_copy_kernel[(programs,)](
+            table[0], table[1], table[2], small[0], small[1], small[2], len(jobs),
+            ctx.signals.local, ctx.peer_signal_ptrs, ctx.signals.local[ENTERED_BASE:], ctx.counters[COPY_COUNTER_BASE:],
+            epoch, ctx.error, NUM_PROGRAMS=programs, BLOCK=COPY_BLOCK, ELEM=TL_DTYPES[dtype], MAX_SPIN=spin_limit,
+            num_warps=4,
+        )

@@ -1,0 +1,275 @@
+"""The public fused ops: all-gather + GEMM, GEMM + reduce-scatter, GEMM + all-reduce.
+
+| op                       | a (per rank)   | b (per rank)    | returns            |
+|--------------------------|----------------|-----------------|--------------------|
+| `all_gather_matmul`      | A[M/ws, K]     | B[K, N/ws]      | out[M, N/ws]       |
+| `matmul_reduce_scatter`  | A[M, K/ws]     | B[K/ws, N]      | out[M/ws, N]       |
+| `matmul_all_reduce`      | A[M, K/ws]     | B[K/ws, N]      | out[M, N]          |
+
+`b` may be row-major or the transpose of a row-major [N, K] matrix (`weight.t()` of an
+nn.Linear). With `config=None` an op asks `syncopate.lookup` once per (workload, group) and keeps
+the answer. Contexts (symmetric buffers, signals, streams) are kept per (group, kind, shape,
+dtype) in a `ContextRegistry` until `close_contexts()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from syncopate.errors import ConfigError
+from syncopate.kernels.backends import GatherCall, ScatterCall, backend_for
+from syncopate.kernels.context import OverlapContext
+from syncopate.kernels.launch import launch_consumer, launch_producer
+from syncopate.kernels.tables import consumer_tables, plan_for, producer_tables
+from syncopate.search_space import Candidate, Topology, Workload, block_bounds, canonical_dtype, check_candidate
+
+__all__ = [
+    "all_gather_matmul",
+    "matmul_reduce_scatter",
+    "matmul_all_reduce",
+    "ContextRegistry",
+    "close_contexts",
+    "get_context",
+]
+
+log = logging.getLogger(__name__)
+
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class ContextRegistry:
+    """Contexts and looked-up configurations, per group and shape. One per process by default."""
+
+    def __init__(self) -> None:
+        self._contexts: dict[tuple, OverlapContext] = {}
+        self._configs: dict[tuple, Candidate] = {}
+        self._topologies: dict[str, Topology] = {}
+        self._lock = threading.Lock()
+
+    def context(self, group, key: tuple, buffers: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> OverlapContext:
+        full = (group.group_name,) + key
+        ctx = self._contexts.get(full)
+        if ctx is None or ctx.closed:
+            ctx = OverlapContext.create(group, buffers)
+            self._contexts[full] = ctx
+        return ctx
+
+    def topology(self, group) -> Topology:
+        topo = self._topologies.get(group.group_name)
+        if topo is None:
+            topo = Topology.detect(group)
+            self._topologies[group.group_name] = topo
+        return topo
+
+    def config(self, workload: Workload, group) -> Candidate:
+        key = (group.group_name, workload.key())
+        cand = self._configs.get(key)
+        if cand is None:
+            import syncopate
+
+            result = syncopate.lookup(workload.shape, self.topology(group), kind=workload.kind, dtype=workload.dtype)
+            cand = result.candidate
+            self._configs[key] = cand
+            log.info("using %s for %s (%s)", cand.short(), workload, result.match)
+        return cand
+
+    def close(self, group=None) -> None:
+        with self._lock:
+            for key in list(self._contexts):
+                if group is None or key[0] == group.group_name:
+                    self._contexts.pop(key).close()
+
+
+_REGISTRY = ContextRegistry()
+
+
+def close_contexts(group=None) -> None:
+    """Free the symmetric buffers of every context (of `group` only, if given). Collective."""
+    _REGISTRY.close(group)
+
+
+def get_context(kind: str, group, shape: tuple[int, ...], dtype: torch.dtype) -> OverlapContext:
+    """The context the ops use for `kind` on `group` (created on first use)."""
+    return _REGISTRY.context(group, (kind,) + tuple(shape) + (str(dtype),), _buffers(kind, shape, dtype, dist.get_world_size(group)))
+
+
+def _buffers(kind: str, shape: tuple[int, ...], dtype: torch.dtype, ws: int) -> dict:
+    if kind == "ag_gemm":
+        m, k = shape
+        return {"a_full": ((m, k), dtype)}
+    m, n = shape
+    rows = ws * -(-m // ws)
+    bufs = {"recv": ((rows, n), dtype)}
+    if kind == "gemm_ar":
+        bufs["reduced"] = ((m, n), dtype)
+    return bufs
+
+
+def _check_tensor(name: str, t: Any, device: torch.device | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ConfigError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 2:
+        raise ConfigError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+    if t.dtype not in _DTYPES:
+        raise ConfigError(f"{name} has dtype {t.dtype}: accepted are bfloat16, float16, float32")
+    if not t.is_cuda:
+        raise ConfigError(f"{name} is on {t.device}: the fused ops need CUDA tensors")
+    if device is not None and t.device != device:
+        raise ConfigError(f"{name} is on {t.device} but this rank's device is {device}")
+
+
+def _check_inputs(a: torch.Tensor, b: torch.Tensor, group) -> tuple[Any, int, int]:
+    if not dist.is_initialized():
+        raise ConfigError("torch.distributed is not initialised: call init_process_group first")
+    group = group or dist.group.WORLD
+    device = torch.device("cuda", torch.cuda.current_device())
+    _check_tensor("a", a, device)
+    _check_tensor("b", b, device)
+    if a.dtype != b.dtype:
+        raise ConfigError(f"a has dtype {a.dtype} but b has {b.dtype}: they must match")
+    if not a.is_contiguous():
+        raise ConfigError(f"a must be contiguous (row-major); got strides {a.stride()} for shape {tuple(a.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ConfigError(f"a is {tuple(a.shape)} and b is {tuple(b.shape)}: a's columns must equal b's rows")
+    if not (b.is_contiguous() or (b.stride(0) == 1 and b.stride(1) == b.shape[0])):
+        raise ConfigError(
+            f"b must be row-major or the transpose of a row-major matrix; got strides {b.stride()} for {tuple(b.shape)}"
+        )
+    return group, dist.get_rank(group), dist.get_world_size(group)
+
+
+def _candidate(config: Candidate | dict | None, workload: Workload, group) -> Candidate:
+    if config is None:
+        cand = _REGISTRY.config(workload, group)
+    elif isinstance(config, dict):
+        cand = Candidate.from_dict(config)
+    elif isinstance(config, Candidate):
+        cand = config
+    else:
+        raise ConfigError(f"config must be a Candidate, a dict or None, got {type(config).__name__}")
+    check_candidate(cand, workload, _REGISTRY.topology(group))
+    return cand
+
+
+def all_gather_matmul(
+    a_shard: torch.Tensor,
+    b: torch.Tensor,
+    group=None,
+    config: Candidate | dict | None = None,
+    *,
+    return_gathered: bool = False,
+    out: torch.Tensor | None = None,
+    spin_limit: int = 0,
+):
+    """out = all_gather(a_shard, dim 0) @ b, with the GEMM consuming rows of A as their chunks arrive.
+
+    Returns the local output [M, N/ws] (and the gathered A [M, K] too with `return_gathered`).
+    `spin_limit` > 0 bounds every wait (a tuning run's guard against hangs; the context then raises
+    a timeout on `check_error()`).
+    """
+    group, rank, ws = _check_inputs(a_shard, b, group)
+    m_local, k = a_shard.shape
+    m, n_local = m_local * ws, b.shape[1]
+    workload = Workload(kind="ag_gemm", shape=(m, n_local * ws, k), dtype=canonical_dtype(a_shard.dtype))
+    cand = _candidate(config, workload, group)
+    if out is None:
+        out = torch.empty((m, n_local), dtype=a_shard.dtype, device=a_shard.device)
+    elif out.shape != (m, n_local) or out.dtype != a_shard.dtype or not out.is_contiguous():
+        raise ConfigError(f"out must be a contiguous {a_shard.dtype} tensor of shape {(m, n_local)}, got {tuple(out.shape)}")
+    ctx = get_context("ag_gemm", group, (m, k), a_shard.dtype)
+    plan = plan_for("ag_gemm", cand.template, ws, m, cand.num_splits, cand.block_m)
+    tables = _tables(ctx, ("c", n_local, cand), lambda: consumer_tables(plan, rank, n_local, cand, ctx.device))
+    epoch = ctx.begin_call()
+    main = torch.cuda.current_stream()
+    a_full = ctx.buffers["a_full"]
+    r0, r1 = rank * m_local, (rank + 1) * m_local
+    _copy_straddling_rows(a_full.local, a_shard, r0, r1, cand.block_m)
+    backend = backend_for(cand)
+    streams = backend.start_gather(GatherCall(
+        ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, a_local=a_shard, a_full=a_full, r0=r0,
+        row_bytes=k * a_shard.element_size(), spin_limit=spin_limit,
+    ))
+    launch_consumer(
+        a_full.local, a_shard, b, out, r0, r1, tables, cand, epoch, ctx.signals.local, ctx.error,
+        ctx.sm_count - backend.reserved_sms(cand), spin_limit,
+    )
+    ctx.join(main, streams)
+    if not return_gathered:
+        return out
+    gathered = a_full.local.clone()
+    gathered[r0:r1].copy_(a_shard)
+    return out, gathered
+
+
+def _copy_straddling_rows(a_full: torch.Tensor, a_shard: torch.Tensor, r0: int, r1: int, block_m: int) -> None:
+    """Tiles that hold both own and remote rows read `a_full`: put the own rows of those tiles there."""
+    spans = []
+    if r0 % block_m:
+        spans.append((r0, min(r1, (r0 // block_m + 1) * block_m)))
+    if r1 % block_m and r1 < a_full.shape[0]:
+        spans.append((max(r0, r1 // block_m * block_m), r1))
+    for lo, hi in spans:
+        a_full[lo:hi].copy_(a_shard[lo - r0 : hi - r0])
+
+
+def _tables(ctx: OverlapContext, key: tuple, build):
+    tables = ctx.cache.get(key)
+    if tables is None:
+        tables = ctx.cache[key] = build()
+    return tables
+
+
+def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
+    group, rank, ws = _check_inputs(a, b, group)
+    m, k_local = a.shape
+    n = b.shape[1]
+    workload = Workload(kind=kind, shape=(m, n, k_local * ws), dtype=canonical_dtype(a.dtype))
+    workload.check_world_size(ws)
+    cand = _candidate(config, workload, group)
+    all_reduce = kind == "gemm_ar"
+    out_rows = m if all_reduce else m // ws
+    if out is None:
+        out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
+    elif out.shape != (out_rows, n) or out.dtype != a.dtype or not out.is_contiguous():
+        raise ConfigError(f"out must be a contiguous {a.dtype} tensor of shape {(out_rows, n)}, got {tuple(out.shape)}")
+    ctx = get_context(kind, group, (m, n), a.dtype)
+    plan = plan_for(kind, cand.template, ws, m, cand.num_splits, cand.block_m)
+    tables = _tables(ctx, ("p", n, cand), lambda: producer_tables(plan, rank, n, cand, all_reduce, ctx.device))
+    send = _tables(ctx, ("send",), lambda: torch.empty((m, n), dtype=a.dtype, device=a.device))
+    epoch = ctx.begin_call()
+    main = torch.cuda.current_stream()
+    reduced = ctx.buffers.get("reduced")
+    backend = backend_for(cand)
+    streams = backend.start_scatter(ScatterCall(
+        ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, send=send, recv=ctx.buffers["recv"],
+        n_cols=n, elem=a.element_size(), out=out, reduced=reduced,
+        num_ready_sends=len(plan.sends(rank, "reduce")), spin_limit=spin_limit,
+    ))
+    launch_producer(
+        a, b, send, out, reduced.local if reduced is not None else None, ctx.buffers["recv"].local,
+        0 if all_reduce else block_bounds(m, ws, rank)[0], tables, cand, epoch, ctx.signals.local, ctx.counters,
+        ctx.peer_signal_ptrs, ws, rank, ctx.error, ctx.sm_count - backend.reserved_sms(cand), spin_limit,
+    )
+    ctx.join(main, streams)
+    return out
+
+
+def matmul_reduce_scatter(a, b, group=None, config: Candidate | dict | None = None, *, out=None, spin_limit: int = 0):
+    """out = reduce_scatter(a @ b, dim 0): partial tiles leave for their owner as soon as they are done.
+
+    a: A[M, K/ws], b: B[K/ws, N]; returns this rank's rows [M/ws, N] of the sum over ranks.
+    """
+    return _gemm_scatter("gemm_rs", a, b, group, config, out, spin_limit)
+
+
+def matmul_all_reduce(a, b, group=None, config: Candidate | dict | None = None, *, out=None, spin_limit: int = 0):
+    """out = all_reduce(a @ b): reduce-scatter of partial tiles, then every rank takes each reduced block.
+
+    a: A[M, K/ws], b: B[K/ws, N]; returns [M, N], the sum over ranks.
+    """
+    return _gemm_scatter("gemm_ar", a, b, group, config, out, spin_limit)

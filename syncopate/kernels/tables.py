@@ -1,0 +1,174 @@
+"""The small integer tables a fused kernel receives, built from a chunk plan and a tile schedule.
+
+Signal pad layout (int32 words, one pad per rank, in symmetric memory):
+
+| words                          | meaning                                                      |
+|--------------------------------|--------------------------------------------------------------|
+| [0, ARRIVAL_SLOTS)             | chunk arrivals on this rank, numbered by the plan            |
+| ARRIVAL_SLOTS + r              | the epoch rank r has entered (written by r into every pad)   |
+| [READY_BASE, READY_BASE + …)   | producer: chunks of this rank ready to leave, in send order  |
+
+Partials received by a reduce-scatter land in the receiver's `recv` buffer. When every partial a
+rank receives is for a distinct chunk (ring templates), row `row` of the partial sits at
+`recv[row]` ("by row"); when several ranks send partials of the same rows (`direct`), the partial
+from rank s sits at `recv[s * block_rows + row - block_start]` ("by source").
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from syncopate.errors import ConfigError
+from syncopate.search_space import (
+    Candidate,
+    ChunkPlan,
+    block_bounds,
+    build_plan,
+    consumer_schedule,
+    producer_schedule,
+)
+
+__all__ = [
+    "ARRIVAL_SLOTS",
+    "ENTERED_BASE",
+    "READY_BASE",
+    "PAD_WORDS",
+    "ConsumerTables",
+    "ProducerTables",
+    "plan_for",
+    "consumer_tables",
+    "producer_tables",
+    "recv_layout",
+    "recv_offset",
+    "recv_rows",
+]
+
+ARRIVAL_SLOTS = 1024
+ENTERED_BASE = ARRIVAL_SLOTS
+READY_BASE = ARRIVAL_SLOTS + 128
+PAD_WORDS = READY_BASE + 1024
+
+
+@functools.lru_cache(maxsize=256)
+def plan_for(kind: str, candidate_template: str, world_size: int, rows: int, num_splits: int, align: int) -> ChunkPlan:
+    collective = {"ag_gemm": "all_gather", "gemm_rs": "reduce_scatter", "gemm_ar": "all_reduce"}[kind]
+    plan = build_plan(candidate_template, collective, world_size, rows, num_splits, align=align)
+    for r in range(world_size):
+        if plan.num_signals(r) > ARRIVAL_SLOTS or len(plan.sends(r)) > PAD_WORDS - READY_BASE:
+            raise ConfigError(f"plan with {plan.num_chunks} chunks needs more than {ARRIVAL_SLOTS} signal slots")
+    if world_size > READY_BASE - ENTERED_BASE:
+        raise ConfigError(f"world size {world_size} exceeds the {READY_BASE - ENTERED_BASE} ranks a signal pad holds")
+    return plan
+
+
+def recv_layout(plan: ChunkPlan) -> str:
+    """`by_row` or `by_source`: where a receiver keeps the partials it gets (see module docstring)."""
+    for r in range(plan.world_size):
+        seen = set()
+        for t in plan.recvs(r, "reduce"):
+            if t.chunk in seen:
+                return "by_source"
+            seen.add(t.chunk)
+    return "by_row"
+
+
+def recv_rows(plan: ChunkPlan) -> int:
+    """Rows of the receive buffer each rank needs."""
+    block_rows = max(hi - lo for lo, hi in (block_bounds(plan.total_rows, plan.world_size, b) for b in range(plan.world_size)))
+    return plan.world_size * block_rows if recv_layout(plan) == "by_source" else plan.total_rows
+
+
+def recv_offset(plan: ChunkPlan, src: int, block: int, n_cols: int) -> int:
+    """Element offset such that row `row` of the partial from `src` is at `recv + offset + row * n_cols`."""
+    if recv_layout(plan) == "by_row":
+        return 0
+    block_rows = max(hi - lo for lo, hi in (block_bounds(plan.total_rows, plan.world_size, b) for b in range(plan.world_size)))
+    start = block_bounds(plan.total_rows, plan.world_size, block)[0]
+    return (src * block_rows - start) * n_cols
+
+
+@dataclass(frozen=True)
+class ConsumerTables:
+    """Device tables of an all-gather consumer (int32 tensors)."""
+
+    order: Any
+    mtile_lo: Any
+    mtile_hi: Any
+    chunk_slot: Any
+
+
+@dataclass(frozen=True)
+class ProducerTables:
+    """Device tables of a reduce-scatter / all-reduce producer."""
+
+    order: Any
+    mtile_lo: Any
+    mtile_hi: Any
+    chunk_row: Any
+    inc_start: Any
+    inc_slot: Any
+    inc_offset: Any
+    chunk_ready: Any
+    chunk_tiles: Any
+    keep: Any
+    gather_slot: Any
+    num_ready: int
+
+
+def _i32(values, device):
+    import torch
+
+    return torch.tensor(list(values), dtype=torch.int32, device=device)
+
+
+def consumer_tables(plan: ChunkPlan, rank: int, n_cols: int, c: Candidate, device) -> ConsumerTables:
+    s = consumer_schedule(plan, rank, n_cols, c.block_m, c.block_n, c.group_m, c.tile_order)
+    slots = []
+    for waits in s.chunk_wait:
+        if len(waits) > 1:
+            raise ConfigError("an all-gather chunk arrives once per rank; the plan says otherwise")
+        slots.append(waits[0] if waits else -1)
+    return ConsumerTables(
+        order=_i32(s.order, device), mtile_lo=_i32(s.mtile_chunk_lo, device),
+        mtile_hi=_i32(s.mtile_chunk_hi, device), chunk_slot=_i32(slots, device),
+    )
+
+
+def producer_tables(plan: ChunkPlan, rank: int, n_cols: int, c: Candidate, all_reduce: bool, device) -> ProducerTables:
+    import torch
+
+    s = producer_schedule(plan, rank, n_cols, c.block_m, c.block_n, c.group_m, c.tile_order)
+    ready = list(s.chunk_ready)
+    keep = [1 if r < 0 else 0 for r in ready]
+    num_ready = sum(1 for r in ready if r >= 0)
+    if all_reduce:
+        # Kept (reduced) chunks get ready slots too: a backend that sends them itself waits on them.
+        for ci in range(plan.num_chunks):
+            if keep[ci]:
+                ready[ci] = num_ready
+                num_ready += 1
+    by_chunk: list[list[tuple[int, int]]] = [[] for _ in range(plan.num_chunks)]
+    for t in plan.recvs(rank, "reduce"):
+        by_chunk[plan.chunk_index(*t.chunk)].append((t.signal, recv_offset(plan, t.src, t.block, n_cols)))
+    inc_start, inc_slot, inc_offset = [0], [], []
+    for entries in by_chunk:
+        for slot, off in entries:
+            inc_slot.append(slot)
+            inc_offset.append(off)
+        inc_start.append(len(inc_slot))
+    gather = [-1] * (plan.num_chunks * plan.world_size)
+    if all_reduce:
+        for p in range(plan.world_size):
+            for t in plan.recvs(p, "gather"):
+                if t.src == rank:
+                    gather[plan.chunk_index(*t.chunk) * plan.world_size + p] = t.signal
+    rows = [lo for lo, _ in plan.chunk_rows()] + [plan.total_rows]
+    return ProducerTables(
+        order=_i32(s.order, device), mtile_lo=_i32(s.mtile_chunk_lo, device), mtile_hi=_i32(s.mtile_chunk_hi, device),
+        chunk_row=_i32(rows, device), inc_start=_i32(inc_start, device), inc_slot=_i32(inc_slot or [0], device),
+        inc_offset=torch.tensor(inc_offset or [0], dtype=torch.int64, device=device), chunk_ready=_i32(ready, device),
+        chunk_tiles=_i32(s.chunk_tiles, device), keep=_i32(keep, device), gather_slot=_i32(gather, device),
+        num_ready=num_ready,
+    )

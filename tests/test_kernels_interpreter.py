@@ -1,0 +1,207 @@
+"""Layer: Triton interpreter on the CPU (TRITON_INTERPRET=1), communication already complete.
+
+The fused kernels run on CPU tensors with every signal the plan needs already raised: each tile
+order computes every tile, rows come from the right buffer (the shard for own rows, the gathered
+buffer for the rest, which is poisoned where it must not be read), producers add the received
+partials, store each chunk where it goes, raise its ready signal and reset their counters, and a
+chunk that never arrives makes a bounded wait report an error instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest
+import torch
+
+from syncopate.kernels.launch import launch_chunk_copy, launch_consumer, launch_producer
+from syncopate.kernels.ops import _copy_straddling_rows
+from syncopate.kernels.tables import (
+    ENTERED_BASE,
+    PAD_WORDS,
+    READY_BASE,
+    consumer_tables,
+    plan_for,
+    producer_tables,
+    recv_offset,
+    recv_rows,
+)
+from syncopate.search_space import Candidate, block_bounds
+
+CPU = torch.device("cpu")
+
+
+def cand(**kw) -> Candidate:
+    base = dict(block_m=32, block_n=32, block_k=32, group_m=2, num_warps=4, num_stages=2)
+    base.update(kw)
+    return Candidate(**base)
+
+
+def rand(*shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) / 4).to(torch.float16)
+
+
+def run_consumer(ws, rank, m, n, k, c, epoch=3, missing_slot=None, spin_limit=0, b_kmajor=False, seed=0):
+    plan = plan_for("ag_gemm", c.template, ws, m, c.num_splits, c.block_m)
+    a = rand(m, k, seed=seed)
+    b = rand(n, k, seed=seed + 1).t() if b_kmajor else rand(k, n, seed=seed + 1)
+    r0, r1 = block_bounds(m, ws, rank)
+    a_local = a[r0:r1].clone()
+    a_full = a.clone()
+    a_full[r0:r1] = float("nan")  # own rows must come from the shard
+    _copy_straddling_rows(a_full, a_local, r0, r1, c.block_m)
+    signals = torch.zeros(PAD_WORDS, dtype=torch.int32)
+    for t in plan.recvs(rank, "gather"):
+        signals[t.signal] = epoch if t.signal != missing_slot else epoch - 1
+    error = torch.zeros(1, dtype=torch.int32)
+    out = torch.full((m, n), float("nan"), dtype=torch.float16)
+    tables = consumer_tables(plan, rank, n, c, CPU)
+    launch_consumer(a_full, a_local, b, out, r0, r1, tables, c, epoch, signals, error, 3, spin_limit)
+    return out, (a.float() @ b.float()), int(error.item())
+
+
+@pytest.mark.parametrize("order", ["arrival", "arrival_colmajor", "swizzle", "row_major"])
+@pytest.mark.parametrize("template, ws, splits", [("direct", 2, 2), ("ring", 4, 1), ("bidirectional_ring", 3, 2)])
+def test_consumer_computes_every_tile_from_the_right_rows(order, template, ws, splits):
+    c = cand(template=template, num_splits=splits, tile_order=order)
+    for rank in range(ws):
+        out, ref, err = run_consumer(ws, rank, 192, 64, 64, c, seed=rank)
+        assert err == 0
+        assert torch.isfinite(out).all(), "a tile was not written, or own rows were read from the poisoned buffer"
+        assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_consumer_with_shards_not_a_multiple_of_block_m_and_kmajor_b():
+    # 3 ranks of 40 rows, tiles of 32: tiles straddle own and remote rows.
+    c = cand(template="direct", num_splits=1, tile_order="arrival", block_m=32)
+    for rank in range(3):
+        out, ref, err = run_consumer(3, rank, 120, 48, 40, c, b_kmajor=True, seed=10 + rank)
+        assert err == 0 and torch.isfinite(out).all()
+        assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_a_chunk_that_never_arrives_times_out_instead_of_hanging():
+    c = cand(template="direct", num_splits=2, tile_order="arrival")
+    plan = plan_for("ag_gemm", "direct", 2, 128, 2, 32)
+    slot = plan.recvs(0, "gather")[-1].signal
+    _, _, err = run_consumer(2, 0, 128, 32, 32, c, missing_slot=slot, spin_limit=20)
+    assert err == 1
+    _, _, err = run_consumer(2, 0, 128, 32, 32, c, spin_limit=20)
+    assert err == 0
+
+
+def run_producer(kind, template, ws, m, n, k, splits, order="arrival", epoch=5):
+    """Run every rank's producer with the partials it would receive already in place."""
+    c = cand(template=template, num_splits=splits, tile_order=order)
+    plan = plan_for(kind, template, ws, m, splits, c.block_m)
+    all_reduce = kind == "gemm_ar"
+    a = [rand(m, k, seed=100 + r) for r in range(ws)]
+    b = [rand(k, n, seed=200 + r) for r in range(ws)]
+    partial = [(a[r].float() @ b[r].float()) for r in range(ws)]
+    total = sum(partial)
+    pads = [torch.zeros(PAD_WORDS, dtype=torch.int32) for _ in range(ws)]
+    peer_ptrs = torch.tensor([p.data_ptr() for p in pads], dtype=torch.int64)
+    results = []
+    for r in range(ws):
+        # What rank r receives: for a ring, the running sum of the ranks before it; for direct, each partial.
+        recv = torch.full((recv_rows(plan), n), float("nan"), dtype=torch.float16)
+        held = {(q, ci): {q} for q in range(ws) for ci in range(plan.num_chunks)}
+        for step in range(1, plan.num_steps + 1):
+            moves = [t for t in plan.transfers if t.phase == "reduce" and t.step == step]
+            payloads = [(t, set(held[(t.src, plan.chunk_index(*t.chunk))])) for t in moves]
+            for t, contributors in payloads:
+                held[(t.dst, plan.chunk_index(*t.chunk))] |= contributors
+                if t.dst == r:
+                    rows = slice(t.row_start, t.row_end)
+                    flat = recv.view(-1)
+                    off = recv_offset(plan, t.src, t.block, n) + t.row_start * n
+                    flat[off : off + t.rows * n] = sum(partial[q][rows] for q in contributors).half().reshape(-1)
+        pad = pads[r]
+        for t in plan.recvs(r, "reduce"):
+            pad[t.signal] = epoch
+        pad[ENTERED_BASE : ENTERED_BASE + ws] = epoch
+        tables = producer_tables(plan, r, n, c, all_reduce, CPU)
+        lo, hi = block_bounds(m, ws, r)
+        out = torch.full((m if all_reduce else hi - lo, n), float("nan"), dtype=torch.float16)
+        send = torch.full((m, n), float("nan"), dtype=torch.float16)
+        reduced = torch.full((m, n), float("nan"), dtype=torch.float16) if all_reduce else None
+        counters = torch.zeros(4096, dtype=torch.int64)
+        error = torch.zeros(1, dtype=torch.int32)
+        launch_producer(a[r], b[r], send, out, reduced, recv, 0 if all_reduce else lo, tables, c, epoch, pad, counters,
+                        peer_ptrs, ws, r, error, 4)
+        results.append(dict(plan=plan, tables=tables, out=out, send=send, reduced=reduced, counters=counters,
+                            error=int(error.item()), lo=lo, hi=hi, held=held))
+    return results, partial, total, pads, plan
+
+
+@pytest.mark.parametrize("template, ws, splits", [("direct", 2, 2), ("direct", 3, 1), ("ring", 4, 1), ("bidirectional_ring", 3, 2)])
+@pytest.mark.parametrize("order", ["arrival", "swizzle"])
+def test_reduce_scatter_producer(template, ws, splits, order):
+    results, partial, total, pads, plan = run_producer("gemm_rs", template, ws, 64 * ws, 48, 32, splits, order)
+    for r, res in enumerate(results):
+        assert res["error"] == 0
+        lo, hi = res["lo"], res["hi"]
+        assert torch.allclose(res["out"].float(), total[lo:hi], rtol=3e-2, atol=3e-2), "own rows hold the full sum"
+        sends = plan.sends(r, "reduce")
+        for i, t in enumerate(sends):
+            rows = slice(t.row_start, t.row_end)
+            # What r sends at step s is its own partial plus what it received for those rows before.
+            expected = sum(partial[q][rows] for q in _received_before(plan, r, t))
+            assert torch.allclose(res["send"][rows].float(), expected, rtol=3e-2, atol=3e-2)
+            assert pads[r][READY_BASE + i] == 5, "ready signal raised for every chunk that leaves"
+        assert int(res["counters"].abs().sum()) == 0, "counters are reset for the next call"
+
+
+def _received_before(plan, r, t):
+    """Contributors of the partial rank r holds for chunk t.chunk just before step t.step."""
+    held = {(q, ci): {q} for q in range(plan.world_size) for ci in range(plan.num_chunks)}
+    for step in range(1, t.step):
+        moves = [x for x in plan.transfers if x.phase == "reduce" and x.step == step]
+        payloads = [(x, set(held[(x.src, plan.chunk_index(*x.chunk))])) for x in moves]
+        for x, contributors in payloads:
+            held[(x.dst, plan.chunk_index(*x.chunk))] |= contributors
+    return held[(r, plan.chunk_index(*t.chunk))]
+
+
+def test_all_reduce_producer_stores_reduced_rows_and_raises_peer_signals():
+    results, partial, total, pads, plan = run_producer("gemm_ar", "direct", 2, 128, 64, 32, 2)
+    for r, res in enumerate(results):
+        assert res["error"] == 0
+        lo, hi = res["lo"], res["hi"]
+        assert torch.allclose(res["out"][lo:hi].float(), total[lo:hi], rtol=3e-2, atol=3e-2)
+        assert torch.equal(res["reduced"][lo:hi], res["out"][lo:hi])
+        peer = 1 - r
+        for t in plan.recvs(peer, "gather"):
+            if t.src == r:
+                assert pads[peer][t.signal] == 5, "the peer is told each reduced chunk is ready"
+        assert res["tables"].num_ready == len(plan.sends(r, "reduce")) + plan.num_splits
+
+
+def test_chunk_copy_moves_each_job_and_raises_its_signal():
+    from types import SimpleNamespace
+
+    src = [torch.arange(1000, dtype=torch.float16) + 1000 * i for i in range(3)]
+    dst = [torch.zeros(1000, dtype=torch.float16) for _ in range(3)]
+    pads = [torch.zeros(PAD_WORDS, dtype=torch.int32) for _ in range(2)]
+    for p in pads:
+        p[ENTERED_BASE : ENTERED_BASE + 2] = 7
+    pads[0][11] = 7  # job 1 waits for local slot 11
+    ctx = SimpleNamespace(
+        device=CPU, signals=SimpleNamespace(local=pads[0]), peer_signal_ptrs=torch.tensor([p.data_ptr() for p in pads]),
+        counters=torch.zeros(4096, dtype=torch.int64), error=torch.zeros(1, dtype=torch.int32),
+    )
+    elem = 2
+    jobs = [
+        (src[0].data_ptr(), dst[0].data_ptr(), 1000, -1, 3, 1),
+        (src[1].data_ptr() + 10 * elem, dst[1].data_ptr(), 500, 11, 4, 1),
+        (src[2].data_ptr(), dst[2].data_ptr(), 999, -1, -1, 0),
+    ]
+    launch_chunk_copy(ctx, None, jobs, 3, 7, torch.float16)
+    assert torch.equal(dst[0], src[0])
+    assert torch.equal(dst[1][:500], src[1][10:510]) and int(dst[1][500:].abs().sum()) == 0
+    assert torch.equal(dst[2][:999], src[2][:999]) and dst[2][999] == 0
+    assert pads[1][3] == 7 and pads[1][4] == 7
+    assert int(ctx.counters.abs().sum()) == 0 and int(ctx.error.item()) == 0
