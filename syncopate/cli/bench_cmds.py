@@ -1,13 +1,64 @@
-"""Commands filled in by later work; each says it is not implemented yet and exits 1."""
+"""`syncopate bench`: the fused ops against torch's paths and the overlap bound, on the GPUs at hand."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
-from syncopate.cli import app, fail
+from syncopate.cli import app
+from syncopate.errors import ConfigError, RuntimeUnavailableError
+from syncopate.search_space import KINDS, BACKENDS, Shape, Workload
 
 
-@app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def bench_cmd(ctx: typer.Context) -> None:
-    """Not implemented yet."""
-    fail("'syncopate bench' is not implemented yet", code=1)
+@app.command("bench")
+def bench_cmd(
+    kind: str = typer.Argument(None, help="ag_gemm, gemm_rs or gemm_ar (with --m/--n/--k), or omit with --suite."),
+    m: int = typer.Option(None, help="Global M."),
+    n: int = typer.Option(None, help="Global N."),
+    k: int = typer.Option(None, help="Global K."),
+    dtype: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
+    suite: Path = typer.Option(None, help="A sweep config whose workloads to benchmark (e.g. configs/llama_tp2.yaml)."),
+    kinds: str = typer.Option(None, help="With --suite: only these kinds, comma-separated."),
+    backends: str = typer.Option(",".join(BACKENDS), help="Backends to try, comma-separated."),
+    grid: str = typer.Option("small", help="Candidate grid per backend: small or tiny."),
+    repetitions: int = typer.Option(20, min=1, help="Timed repetitions per measurement."),
+    warmup: int = typer.Option(5, min=0, help="Untimed calls first."),
+    json_out: Path = typer.Option(None, "--json", help="Write every number to this JSON file."),
+    gpus: int = typer.Option(None, help="GPUs to use (default: all visible)."),
+) -> None:
+    """Time torch_seq, torch async-TP, GEMM alone, collective alone, the bound and the best candidate per backend."""
+    from syncopate.autotuner.sweep import load_sweep
+
+    if suite is not None:
+        workloads = list(load_sweep(suite).workloads)
+        if kinds:
+            wanted = [x.strip() for x in kinds.split(",")]
+            for x in wanted:
+                if x not in KINDS:
+                    raise ConfigError(f"unknown kind {x!r} in --kinds: accepted are {', '.join(KINDS)}")
+            workloads = [w for w in workloads if w.kind in wanted]
+    else:
+        if kind is None or None in (m, n, k):
+            raise ConfigError("give KIND with --m, --n and --k, or --suite CONFIG")
+        workloads = [Workload(kind=kind, shape=Shape(m=m, n=n, k=k), dtype=dtype)]
+    chosen = tuple(x.strip() for x in backends.split(","))
+    for b in chosen:
+        if b not in BACKENDS:
+            raise ConfigError(f"unknown backend {b!r} in --backends: accepted are {', '.join(BACKENDS)}")
+    if grid not in ("small", "tiny"):
+        raise ConfigError(f"unknown grid {grid!r}: accepted are small, tiny")
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    world = gpus or count
+    if count < 2 or world < 2 or world > count:
+        raise RuntimeUnavailableError(f"syncopate bench needs at least two CUDA GPUs on this host; {count} visible")
+    for w in workloads:
+        w.check_world_size(world)
+    from syncopate.kernels.bench import BenchOptions, format_table, run_bench
+
+    result = run_bench(BenchOptions(workloads=workloads, out_json=json_out, warmup=warmup, repetitions=repetitions,
+                                    grid=grid, backends=chosen), world)
+    print(f"\n{result['gpu']} x{world} on {result['host']}, torch {result['torch']}, {result['date']} (times in us)")
+    print(format_table(result))

@@ -1,0 +1,212 @@
+"""One GPU: the fused kernels' compute path with communication emulated on the same device.
+
+Checks (against torch in float32, outputs poisoned) and times, beside torch.matmul:
+- the consumer GEMM of a two-rank all-gather, remote chunks already there, per tile config;
+- the same with the remote chunks arriving from a side stream (copy-engine copies + stream writes of
+  the signals) while the kernel runs, which is the copy-engine backend's protocol;
+- the producer GEMM of a two-rank reduce-scatter with the peer's partial already there;
+- the SM chunk copier's bandwidth.
+Prints a table last; writes the details as JSON to $OUT/gpu_single.json when OUT is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import traceback
+
+import torch
+import triton
+
+from syncopate.kernels import streamops
+from syncopate.kernels.launch import launch_chunk_copy, launch_consumer, launch_producer, use_tma
+from syncopate.kernels.tables import ENTERED_BASE, PAD_WORDS, consumer_tables, plan_for, producer_tables
+from syncopate.search_space import Candidate, block_bounds
+
+DEV = torch.device("cuda", 0)
+rows = []
+
+
+def bench(fn, reps=30):
+    return triton.testing.do_bench(fn, warmup=25, rep=reps * 5, return_mode="median") * 1000.0
+
+
+def rel(out, ref):
+    o = out.double()
+    if not torch.isfinite(o).all():
+        return float("inf")
+    return float((o - ref.double()).norm() / ref.double().norm())
+
+
+def consumer_case(m, n, k, cfg, splits=4, live=False):
+    bm, bn, bk, w, st = cfg
+    c = Candidate(num_splits=splits, block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st)
+    plan = plan_for("ag_gemm", "direct", 2, m, splits, bm)
+    a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    b = (torch.randn(k, n, device=DEV) / k**0.5).to(torch.bfloat16)
+    r0, r1 = block_bounds(m, 2, 0)
+    a_local = a[r0:r1].clone()
+    a_full = a.clone()
+    a_full[r0:r1] = float("nan")
+    signals = torch.zeros(PAD_WORDS, dtype=torch.int32, device=DEV)
+    err = torch.zeros(1, dtype=torch.int32, device=DEV)
+    tables = consumer_tables(plan, 0, n, c, DEV)
+    out = torch.full((m, n), float("nan"), device=DEV, dtype=torch.bfloat16)
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    state = {"epoch": 0}
+    source = a.clone()
+    side = torch.cuda.Stream()
+
+    def call():
+        state["epoch"] += 1
+        e = state["epoch"]
+        if live:
+            main = torch.cuda.current_stream()
+            ev = torch.cuda.Event()
+            ev.record(main)
+            side.wait_event(ev)
+            for t in plan.recvs(0, "gather"):
+                nbytes = t.rows * k * 2
+                streamops.copy_async(side.cuda_stream, a_full.data_ptr() + t.row_start * k * 2,
+                                     source.data_ptr() + t.row_start * k * 2, nbytes)
+                streamops.write_value(side.cuda_stream, signals.data_ptr() + 4 * t.signal, e)
+        else:
+            for t in plan.recvs(0, "gather"):
+                signals[t.signal] = e
+        launch_consumer(a_full, a_local, b, out, r0, r1, tables, c, e, signals, err, sms, 1 << 24 if live else 0)
+        if live:
+            ev2 = torch.cuda.Event()
+            ev2.record(side)
+            torch.cuda.current_stream().wait_event(ev2)
+
+    if live:
+        a_full.fill_(float("nan"))
+    call()
+    torch.cuda.synchronize()
+    ref = a.float() @ b.float()
+    e1 = rel(out, ref)
+    # back-to-back calls with the gathered buffer poisoned in between must stay right
+    worst = e1
+    for _ in range(5):
+        if live:
+            a_full.fill_(float("nan"))
+        out.fill_(float("nan"))
+        call()
+        torch.cuda.synchronize()
+        worst = max(worst, rel(out, ref))
+    t_ours = bench(call)
+    t_torch = bench(lambda: a @ b)
+    return {"case": f"consumer{' live' if live else ''} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits}",
+            "rel_err": worst, "error_flag": int(err.item()), "ours_us": t_ours, "torch_us": t_torch,
+            "tflops": 2 * m * n * k / t_ours / 1e6, "tma": use_tma(a_full, a_local, b, out)}
+
+
+def producer_case(m, n, k, cfg, splits=4):
+    bm, bn, bk, w, st = cfg
+    c = Candidate(num_splits=splits, block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st)
+    plan = plan_for("gemm_rs", "direct", 2, m, splits, bm)
+    a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    b = (torch.randn(k, n, device=DEV) / k**0.5).to(torch.bfloat16)
+    peer_partial = torch.randn(m, n, device=DEV).to(torch.bfloat16)
+    recv = torch.full((m, n), float("nan"), device=DEV, dtype=torch.bfloat16)
+    lo, hi = block_bounds(m, 2, 0)
+    # direct: the partial from rank 1 for rank 0's block sits at recv[1 * block_rows + row - 0]
+    recv[hi : hi + (hi - lo)] = peer_partial[lo:hi]
+    send = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
+    out = torch.full((hi - lo, n), float("nan"), device=DEV, dtype=torch.bfloat16)
+    pad = torch.zeros(PAD_WORDS, dtype=torch.int32, device=DEV)
+    counters = torch.zeros(4096, dtype=torch.int64, device=DEV)
+    err = torch.zeros(1, dtype=torch.int32, device=DEV)
+    peer_ptrs = torch.tensor([pad.data_ptr(), pad.data_ptr()], dtype=torch.int64, device=DEV)
+    tables = producer_tables(plan, 0, n, c, False, DEV)
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    state = {"epoch": 0}
+
+    def call():
+        state["epoch"] += 1
+        e = state["epoch"]
+        for t in plan.recvs(0, "reduce"):
+            pad[t.signal] = e
+        pad[ENTERED_BASE : ENTERED_BASE + 2] = e
+        launch_producer(a, b, send, out, None, recv, lo, tables, c, e, pad, counters, peer_ptrs, 2, 0, err, sms)
+
+    call()
+    torch.cuda.synchronize()
+    full = a.float() @ b.float()
+    e_out = rel(out, full[lo:hi] + peer_partial[lo:hi].float())
+    e_send = rel(send[hi:], full[hi:])
+    t_ours = bench(call)
+    t_torch = bench(lambda: a @ b)
+    return {"case": f"producer {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits}", "rel_err": max(e_out, e_send),
+            "error_flag": int(err.item()), "ours_us": t_ours, "torch_us": t_torch, "tflops": 2 * m * n * k / t_ours / 1e6,
+            "counters_zero": int(counters.abs().sum().item()) == 0, "tma": use_tma(a, b)}
+
+
+def copy_case(nbytes=256 << 20, programs=32):
+    from types import SimpleNamespace
+
+    src = torch.randn(nbytes // 2, device=DEV).to(torch.bfloat16)
+    dst = torch.zeros_like(src)
+    pad = torch.zeros(PAD_WORDS, dtype=torch.int32, device=DEV)
+    ctx = SimpleNamespace(device=DEV, signals=SimpleNamespace(local=pad),
+                          peer_signal_ptrs=torch.tensor([pad.data_ptr()], dtype=torch.int64, device=DEV),
+                          counters=torch.zeros(4096, dtype=torch.int64, device=DEV),
+                          error=torch.zeros(1, dtype=torch.int32, device=DEV))
+    state = {"epoch": 0}
+    chunks = 8
+    per = src.numel() // chunks
+
+    def call():
+        state["epoch"] += 1
+        pad[ENTERED_BASE] = state["epoch"]
+        jobs = [(src.data_ptr() + i * per * 2, dst.data_ptr() + i * per * 2, per, -1, i, 0) for i in range(chunks)]
+        launch_chunk_copy(ctx, torch.cuda.current_stream(), jobs, programs, state["epoch"], torch.bfloat16)
+
+    call()
+    torch.cuda.synchronize()
+    ok = torch.equal(dst, src) and all(int(pad[i]) == state["epoch"] for i in range(chunks))
+    t = bench(call)
+    return {"case": f"chunk copy {nbytes >> 20} MiB, {programs} programs", "ok": ok, "ours_us": t,
+            "GBps": 2 * nbytes / t / 1e3}
+
+
+def main():
+    cfgs = [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3)]
+    cases = []
+    for (m, n, k) in [(8192, 5504, 4096), (8192, 14336, 8192), (8192, 1024, 8192), (8192, 2048, 8192)]:
+        for cfg in cfgs:
+            cases.append(lambda m=m, n=n, k=k, cfg=cfg: consumer_case(m, n, k, cfg))
+    for (m, n, k) in [(8192, 5504, 4096), (8192, 1024, 8192)]:
+        cases.append(lambda m=m, n=n, k=k: consumer_case(m, n, k, (128, 256, 64, 8, 3), splits=8, live=True))
+    for (m, n, k) in [(8192, 4096, 5504), (8192, 8192, 14336), (8192, 8192, 1024)]:
+        for cfg in cfgs[:3]:
+            cases.append(lambda m=m, n=n, k=k, cfg=cfg: producer_case(m, n, k, cfg))
+    for p in (16, 32, 64):
+        cases.append(lambda p=p: copy_case(programs=p))
+    for case in cases:
+        try:
+            r = case()
+        except Exception as e:
+            r = {"case": "failed", "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
+            print(r["trace"], file=sys.stderr)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "gpu_single.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+    print("\ncase | rel_err | ours_us | torch_us | torch/ours | TFLOP/s | tma")
+    for r in rows:
+        if "torch_us" in r:
+            print(f"{r['case']} | {r['rel_err']:.2e} | {r['ours_us']:.1f} | {r['torch_us']:.1f} | "
+                  f"{r['torch_us'] / r['ours_us']:.3f} | {r['tflops']:.0f} | {r['tma']}")
+        elif "GBps" in r:
+            print(f"{r['case']} | ok={r['ok']} | {r['ours_us']:.1f} us | {r['GBps']:.0f} GB/s")
+        else:
+            print(f"{r['case']} | {r.get('error')}")
+
+
+if __name__ == "__main__":
+    main()

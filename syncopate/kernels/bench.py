@@ -1,0 +1,193 @@
+"""`syncopate bench`: baselines and the best candidate per backend, side by side, in one run.
+
+One process per GPU (spawned here, NCCL process group). For each workload: torch_seq,
+torch async-TP, the GEMM alone, the collective alone (NCCL and copy engine), the overlap bound
+max(GEMM alone, fastest collective alone), and every candidate of a small grid per backend, each
+verified then timed by the one method of `syncopate.kernels.timing`. Rank 0 prints the table and
+writes every number as JSON.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import socket
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from syncopate.search_space import Candidate, Topology, Workload, check_candidate
+
+__all__ = ["BenchOptions", "bench_grid", "run_bench", "format_table"]
+
+log = logging.getLogger(__name__)
+
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+"""Set in every process Syncopate starts: NVLink multicast stays off."""
+
+
+@dataclass
+class BenchOptions:
+    workloads: list[Workload]
+    out_json: Path | None = None
+    warmup: int = 5
+    repetitions: int = 20
+    flush_l2: bool = True
+    grid: str = "small"
+    backends: tuple[str, ...] = ("copy_engine", "nvshmem", "nccl")
+    extra: list[Candidate] = field(default_factory=list)
+
+
+def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> list[Candidate]:
+    """The candidates `syncopate bench` tries per workload: a small grid per backend."""
+    ws = topology.world_size
+    templates = ["direct"] if ws <= 2 else ["direct", "ring"]
+    splits = [1, 2, 4, 8] if grid != "tiny" else [2, 4]
+    tiles = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4)] if grid != "tiny" else [(128, 256, 64, 8, 3)]
+    comm = {"copy_engine": [0], "nvshmem": [16, 32], "nccl": [16]}
+    out = []
+    for backend, template, s, (bm, bn, bk, w, st) in itertools.product(backends, templates, splits, tiles):
+        for sms in comm[backend]:
+            c = Candidate(backend=backend, template=template, num_splits=s, tile_order="arrival", comm_sms=sms,
+                          block_m=bm, block_n=bn, block_k=bk, group_m=8, num_warps=w, num_stages=st)
+            try:
+                check_candidate(c, workload, topology)
+            except Exception:
+                continue
+            if workload.shape.m // ws // s < bm:
+                continue
+            out.append(c)
+    return out
+
+
+def _worker(rank: int, world: int, port: int, options: BenchOptions, queue) -> None:
+    os.environ.update(SAFE_ENV)
+    import torch
+    import torch.distributed as dist
+
+    from syncopate.autotuner.sweep import TimingConfig
+    from syncopate.kernels.harness import Harness
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            device_id=torch.device("cuda", rank))
+    group = dist.group.WORLD
+    timing = TimingConfig(warmup=options.warmup, repetitions=options.repetitions, flush_l2=options.flush_l2)
+    from syncopate.kernels.topology_detect import detect_topology
+
+    topology = detect_topology(group)
+    rows = []
+    try:
+        for workload in options.workloads:
+            t0 = time.time()
+            h = Harness(workload, group, timing)
+            base = {b.name: {"median_us": statistics.median(b.samples_us), "samples_us": list(b.samples_us), "detail": b.detail}
+                    for b in h.measure_baselines()}
+            trials = []
+            for c in bench_grid(workload, topology, options.grid, options.backends) + options.extra:
+                r = h.run_candidate(c)
+                trials.append({
+                    "candidate": c.to_dict(), "short": c.short(), "status": r.status, "error": r.error,
+                    "max_rel_error": r.max_rel_error, "host_us": r.host_us,
+                    "median_us": statistics.median(r.samples_us) if r.samples_us else None,
+                    "samples_us": list(r.samples_us),
+                })
+            h.close()
+            rows.append({"workload": workload.to_dict(), "key": workload.key(), "baselines": base, "trials": trials,
+                         "seconds": time.time() - t0})
+            if rank == 0:
+                print(format_row_progress(rows[-1]), flush=True)
+        if rank == 0:
+            queue.put({"topology": topology.to_dict(), "rows": rows, "host": socket.gethostname(),
+                       "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                       "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    finally:
+        dist.destroy_process_group()
+
+
+def format_row_progress(row: dict) -> str:
+    ok = [t for t in row["trials"] if t["status"] == "ok"]
+    best = min(ok, key=lambda t: t["median_us"]) if ok else None
+    return (f"{row['key']}: {len(ok)}/{len(row['trials'])} candidates ok, best "
+            f"{best['median_us']:.1f} us {best['short']}" if best else f"{row['key']}: no candidate ran")
+
+
+def summarize_row(row: dict) -> dict[str, Any]:
+    base = {k: v["median_us"] for k, v in row["baselines"].items()}
+    comm = min(v for k, v in base.items() if k.startswith("comm_alone"))
+    bound = max(base["gemm_alone"], comm)
+    per_backend = {}
+    for t in row["trials"]:
+        if t["status"] == "ok":
+            b = t["candidate"]["backend"]
+            if b not in per_backend or t["median_us"] < per_backend[b]["median_us"]:
+                per_backend[b] = t
+    ours = min((t["median_us"] for t in per_backend.values()), default=None)
+    return {"base": base, "bound": bound, "per_backend": per_backend, "ours": ours}
+
+
+def format_table(result: dict) -> str:
+    """The benchmark table: times in µs and the ratios bound/ours, async-TP/ours, seq/ours."""
+    head = ("kind", "N", "K", "seq", "asyncTP", "gemm", "nccl", "ce", "bound", "CE", "SM", "NCCL", "ours",
+            "bound/ours", "async/ours", "seq/ours")
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for row in result["rows"]:
+        w = row["workload"]
+        s = summarize_row(row)
+        b, pb, ours = s["base"], s["per_backend"], s["ours"]
+
+        def f(x):
+            return f"{x:.1f}" if isinstance(x, (int, float)) else "–"
+
+        def ratio(x):
+            return f"{x / ours:.3f}" if (ours and isinstance(x, (int, float))) else "–"
+
+        lines.append(" | ".join([
+            w["kind"], str(w["n"]), str(w["k"]), f(b.get("torch_seq")), f(b.get("torch_async_tp")), f(b.get("gemm_alone")),
+            f(b.get("comm_alone")), f(b.get("comm_alone_copy_engine")), f(s["bound"]),
+            f(pb.get("copy_engine", {}).get("median_us")), f(pb.get("nvshmem", {}).get("median_us")),
+            f(pb.get("nccl", {}).get("median_us")), f(ours), ratio(s["bound"]), ratio(b.get("torch_async_tp")),
+            ratio(b.get("torch_seq")),
+        ]))
+    return "\n".join(lines)
+
+
+def run_bench(options: BenchOptions, world_size: int | None = None) -> dict:
+    """Spawn one process per GPU, run the benchmark, return rank 0's result (and write the JSON)."""
+    import torch
+    import torch.multiprocessing as mp
+
+    os.environ.update(SAFE_ENV)
+    world = world_size or torch.cuda.device_count()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, options, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    result = None
+    while result is None:
+        try:
+            result = queue.get(timeout=5)
+        except Exception:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    p.kill()
+                raise RuntimeError("a benchmark process failed; see its output above") from None
+    for p in procs:
+        p.join()
+    if options.out_json:
+        options.out_json.parent.mkdir(parents=True, exist_ok=True)
+        options.out_json.write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":  # pragma: no cover - a convenience for `python -m syncopate.kernels.bench`
+    sys.exit("use `syncopate bench`")

@@ -1,0 +1,287 @@
+"""Verify and time fused-op candidates and the baselines on the GPUs of one process group.
+
+Used by the Ray GPU workers (one `Harness` per rank, the same calls on every rank) and by
+`syncopate bench`. Every result is already agreed across ranks: times are the max over ranks per
+repetition, a failure on any rank is a failure everywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from syncopate.errors import CandidateTimeoutError, ConfigError
+from syncopate.kernels import ops
+from syncopate.kernels.reference import reference, relative_error
+from syncopate.kernels.timing import barrier, time_collective
+from syncopate.search_space import Candidate, Workload
+
+__all__ = ["Harness", "BaselineResult", "CandidateResult", "TOLERANCE", "SPIN_LIMIT"]
+
+log = logging.getLogger(__name__)
+
+TOLERANCE = {"bf16": 1e-2, "fp16": 5e-3, "fp32": 2e-3}
+"""Largest accepted ‖out − ref‖/‖ref‖ against the float32 reference."""
+
+SPIN_LIMIT = 1 << 24
+"""Polls a wait may spend while tuning before it reports a timeout (seconds, not forever)."""
+
+_STATUS_CODES = {"ok": 0, "wrong_result": 1, "timeout": 2, "compile_error": 3, "oom": 4, "crash": 5}
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class BaselineResult:
+    name: str
+    samples_us: tuple[float, ...]
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    status: str
+    samples_us: tuple[float, ...] = ()
+    max_rel_error: float | None = None
+    error: str = ""
+    host_us: float | None = None
+
+
+def classify(e: BaseException) -> str:
+    """Trial status of an exception raised while building, checking or timing a candidate."""
+    name = type(e).__name__
+    if isinstance(e, CandidateTimeoutError):
+        return "timeout"
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return "oom"
+    if isinstance(e, ConfigError) or name in ("CompilationError", "OutOfResources", "CompileTimeAssertionFailure"):
+        return "compile_error"
+    if "out of resource" in str(e).lower() or "compil" in name.lower():
+        return "compile_error"
+    return "crash"
+
+
+class Harness:
+    """Inputs, baselines, verification and timing of one workload on this rank's GPU."""
+
+    def __init__(self, workload: Workload, group, timing) -> None:
+        self.workload = workload
+        self.group = group
+        self.timing = timing
+        self.rank = dist.get_rank(group)
+        self.ws = dist.get_world_size(group)
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.dtype = _DTYPES[workload.dtype]
+        workload.check_world_size(self.ws)
+        self.shapes = workload.local_shapes(self.ws)
+        self._gen = torch.Generator(device=self.device)
+        self._gen.manual_seed(1234 + self.rank)
+        self.a, self.b = self.fresh_inputs()
+
+    def fresh_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """New random inputs (scaled so that outputs are O(1)); never zeros."""
+        (ma, ka), (kb, nb) = self.shapes["a"], self.shapes["b"]
+        a = torch.randn((ma, ka), generator=self._gen, device=self.device, dtype=torch.float32)
+        b = torch.randn((kb, nb), generator=self._gen, device=self.device, dtype=torch.float32)
+        return a.to(self.dtype), (b / (self.workload.shape.k ** 0.5)).to(self.dtype)
+
+    def op(self, candidate: Candidate, spin_limit: int = 0) -> Callable[..., torch.Tensor]:
+        kind = self.workload.kind
+        fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter,
+                 "gemm_ar": ops.matmul_all_reduce}[kind]
+        return lambda a, b, out=None: fused(a, b, self.group, candidate, out=out, spin_limit=spin_limit)
+
+    # Baselines ---------------------------------------------------------------------------------
+
+    def _time(self, fn) -> tuple[float, ...]:
+        t = time_collective(fn, self.group, warmup=self.timing.warmup, repetitions=self.timing.repetitions,
+                            flush_l2=self.timing.flush_l2)
+        return t.samples_us
+
+    def measure_baselines(self) -> list[BaselineResult]:
+        """torch_seq, torch_async_tp, gemm_alone, comm_alone (NCCL) and comm_alone_copy_engine."""
+        kind, a, b, g = self.workload.kind, self.a, self.b, self.group
+        results = []
+        m_full = self.workload.shape.m
+        if kind == "ag_gemm":
+            gathered = torch.empty((m_full, a.shape[1]), dtype=self.dtype, device=self.device)
+
+            def comm():
+                dist.all_gather_into_tensor(gathered, a, group=g)
+
+            def seq():
+                comm()
+                return gathered @ b
+
+            gemm_a = gathered
+        else:
+            out_rs = torch.empty((m_full // self.ws, b.shape[1]), dtype=self.dtype, device=self.device)
+            partial = torch.empty((m_full, b.shape[1]), dtype=self.dtype, device=self.device)
+
+            def comm():
+                if kind == "gemm_rs":
+                    dist.reduce_scatter_tensor(out_rs, partial, group=g)
+                else:
+                    dist.all_reduce(partial, group=g)
+
+            def seq():
+                torch.matmul(a, b, out=partial)
+                comm()
+
+            gemm_a = a
+        results.append(BaselineResult("torch_seq", self._time(seq), "NCCL collective and torch.matmul in sequence"))
+        results.append(BaselineResult("gemm_alone", self._time(lambda: torch.matmul(gemm_a, b)), "torch.matmul (cuBLAS)"))
+        results.append(BaselineResult("comm_alone", self._time(comm), "NCCL collective alone"))
+        async_tp = self._async_tp()
+        if async_tp is not None:
+            results.append(async_tp)
+        ce = self._copy_engine_alone()
+        if ce is not None:
+            results.append(ce)
+        return results
+
+    def _async_tp(self) -> BaselineResult | None:
+        kind, a, b, g = self.workload.kind, self.a, self.b, self.group
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+
+            try:
+                symm_mem.enable_symm_mem_for_group(g.group_name)
+            except Exception:
+                pass
+            if kind == "ag_gemm":
+                fn = lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], gather_dim=0, group_name=g.group_name)
+                detail = "torch.ops.symm_mem.fused_all_gather_matmul"
+            elif kind == "gemm_rs":
+                fn = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", scatter_dim=0, group_name=g.group_name)
+                detail = "torch.ops.symm_mem.fused_matmul_reduce_scatter"
+            else:
+                buf = symm_mem.empty((a.shape[0], b.shape[1]), dtype=self.dtype, device=self.device)
+                symm_mem.rendezvous(buf, group=g.group_name)
+
+                def fn():
+                    torch.matmul(a, b, out=buf)
+                    return torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", g.group_name)
+
+                detail = "torch.matmul into symmetric memory, then torch.ops.symm_mem.one_shot_all_reduce"
+            return BaselineResult("torch_async_tp", self._time(fn), detail)
+        except Exception as e:  # an older torch, or an op this build lacks
+            log.warning("torch async-TP baseline unavailable for %s: %s", self.workload, e)
+            return None
+
+    def _copy_engine_alone(self) -> BaselineResult | None:
+        """The copy engine moving this kind's chunks with no GEMM (one chunk per block, direct plan)."""
+        from syncopate.kernels import streamops
+        from syncopate.kernels.backends import GatherCall, ScatterCall, backend_for
+        from syncopate.kernels.tables import READY_BASE, plan_for
+
+        if not streamops.available() or self.workload.kind == "gemm_ar":
+            return None
+        cand = Candidate(backend="copy_engine", template="direct", num_splits=1)
+        kind, a, b = self.workload.kind, self.a, self.b
+        m = self.workload.shape.m
+        plan = plan_for(kind, "direct", self.ws, m, 1, 1)
+        backend = backend_for(cand)
+        if kind == "ag_gemm":
+            ctx = ops.get_context(kind, self.group, (m, a.shape[1]), self.dtype)
+
+            def fn():
+                e = ctx.begin_call()
+                main = torch.cuda.current_stream()
+                streams = backend.start_gather(GatherCall(
+                    ctx=ctx, plan=plan, candidate=cand, epoch=e, main=main, a_local=a, a_full=ctx.buffers["a_full"],
+                    r0=self.rank * a.shape[0], row_bytes=a.shape[1] * a.element_size()))
+                ctx.join(main, streams)
+        else:
+            n = b.shape[1]
+            ctx = ops.get_context(kind, self.group, (m, n), self.dtype)
+            send = torch.randn((m, n), device=self.device).to(self.dtype)
+
+            def fn():
+                e = ctx.begin_call()
+                main = torch.cuda.current_stream()
+                for i in range(len(plan.sends(self.rank, "reduce"))):
+                    streamops.write_value(main.cuda_stream, ctx.signal_address(self.rank, READY_BASE + i), e)
+                streams = backend.start_scatter(ScatterCall(
+                    ctx=ctx, plan=plan, candidate=cand, epoch=e, main=main, send=send, recv=ctx.buffers["recv"],
+                    n_cols=n, elem=send.element_size()))
+                ctx.join(main, streams)
+        return BaselineResult("comm_alone_copy_engine", self._time(fn), "copy-engine transfers of the direct plan, no GEMM")
+
+    # Candidates --------------------------------------------------------------------------------
+
+    def _poison(self) -> None:
+        """Fill this workload's symmetric buffers with NaN so that a stale read shows."""
+        kind, m = self.workload.kind, self.workload.shape.m
+        shape = (m, self.a.shape[1]) if kind == "ag_gemm" else (m, self.b.shape[1])
+        ctx = ops.get_context(kind, self.group, shape, self.dtype)
+        for buf in ctx.buffers.values():
+            buf.local.fill_(float("nan"))
+        send = ctx.cache.get(("send",))
+        if send is not None:
+            send.fill_(float("nan"))
+        barrier(self.group, self.device)
+
+    def verify(self, candidate: Candidate, calls: int = 3) -> float:
+        """Worst relative error over `calls` back-to-back calls on fresh inputs, outputs poisoned."""
+        fused = self.op(candidate, SPIN_LIMIT)
+        self._poison()
+        worst = 0.0
+        pending = []
+        for _ in range(calls):
+            a, b = self.fresh_inputs()
+            out_shape = self.shapes["out"]
+            out = torch.full(out_shape, float("nan"), dtype=self.dtype, device=self.device)
+            pending.append((fused(a, b, out), a, b))
+        for out, a, b in pending:
+            worst = max(worst, relative_error(out, reference(self.workload.kind, a, b, self.group)))
+        ctx_error = self._context().error
+        if int(ctx_error.item()):
+            ctx_error.zero_()
+            raise CandidateTimeoutError("a wait ran out of its spin limit during verification")
+        return worst
+
+    def _context(self):
+        kind, m = self.workload.kind, self.workload.shape.m
+        shape = (m, self.a.shape[1]) if kind == "ag_gemm" else (m, self.b.shape[1])
+        return ops.get_context(kind, self.group, shape, self.dtype)
+
+    def _agree(self, status: str) -> str:
+        """The worst status over the ranks."""
+        code = torch.tensor([_STATUS_CODES[status]], device=self.device)
+        dist.all_reduce(code, op=dist.ReduceOp.MAX, group=self.group)
+        return {v: k for k, v in _STATUS_CODES.items()}[int(code.item())]
+
+    def run_candidate(self, candidate: Candidate, deadline_s: float | None = None) -> CandidateResult:
+        """Build, verify against the float32 reference, then time one candidate."""
+        status, error, rel = "ok", "", None
+        try:
+            rel = self.verify(candidate)
+            if not rel <= TOLERANCE[self.workload.dtype]:
+                status, error = "wrong_result", f"relative error {rel:.3g} exceeds {TOLERANCE[self.workload.dtype]}"
+        except Exception as e:
+            status, error = classify(e), f"{type(e).__name__}: {e}"
+            log.info("candidate %s: %s", candidate.short(), error)
+        status = self._agree(status)
+        if status != "ok":
+            return CandidateResult(status=status, max_rel_error=rel, error=error or "failed on another rank")
+        fused = self.op(candidate, SPIN_LIMIT)
+        a, b = self.a, self.b
+        try:
+            timing = time_collective(lambda: fused(a, b), self.group, warmup=self.timing.warmup,
+                                     repetitions=self.timing.repetitions, flush_l2=self.timing.flush_l2)
+            self._context().check_error()
+        except Exception as e:
+            status, error = classify(e), f"{type(e).__name__}: {e}"
+            status = self._agree(status)
+            return CandidateResult(status=status, max_rel_error=rel, error=error)
+        status = self._agree("ok")
+        if status != "ok":
+            return CandidateResult(status=status, max_rel_error=rel, error="failed on another rank")
+        return CandidateResult(status="ok", samples_us=timing.samples_us, max_rel_error=rel, host_us=timing.host_us)
+
+    def close(self) -> None:
+        ops.close_contexts(self.group)
