@@ -22,7 +22,7 @@ import triton
 
 from syncopate.kernels import streamops
 from syncopate.kernels.launch import launch_chunk_copy, launch_consumer, launch_producer, use_tma
-from syncopate.kernels.tables import ENTERED_BASE, PAD_WORDS, consumer_tables, plan_for, producer_tables
+from syncopate.kernels.tables import ENTERED_BASE, LOCAL_BASE, PAD_WORDS, consumer_tables, plan_for, producer_tables
 from syncopate.search_space import Candidate, block_bounds
 
 DEV = torch.device("cuda", 0)
@@ -46,10 +46,7 @@ def consumer_case(m, n, k, cfg, splits=4, live=False):
     plan = plan_for("ag_gemm", "direct", 2, m, splits, bm)
     a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
     b = (torch.randn(k, n, device=DEV) / k**0.5).to(torch.bfloat16)
-    r0, r1 = block_bounds(m, 2, 0)
-    a_local = a[r0:r1].clone()
     a_full = a.clone()
-    a_full[r0:r1] = float("nan")
     signals = torch.zeros(PAD_WORDS, dtype=torch.int32, device=DEV)
     err = torch.zeros(1, dtype=torch.int32, device=DEV)
     tables = consumer_tables(plan, 0, n, c, DEV)
@@ -58,6 +55,8 @@ def consumer_case(m, n, k, cfg, splits=4, live=False):
     state = {"epoch": 0}
     source = a.clone()
     side = torch.cuda.Stream()
+    arrivals = [(t.row_start, t.row_end, t.signal) for t in plan.recvs(0, "gather")]
+    arrivals = [(lo, hi, LOCAL_BASE + j) for j, (lo, hi) in enumerate(plan.chunk_bounds[0])] + arrivals
 
     def call():
         state["epoch"] += 1
@@ -67,15 +66,14 @@ def consumer_case(m, n, k, cfg, splits=4, live=False):
             ev = torch.cuda.Event()
             ev.record(main)
             side.wait_event(ev)
-            for t in plan.recvs(0, "gather"):
-                nbytes = t.rows * k * 2
-                streamops.copy_async(side.cuda_stream, a_full.data_ptr() + t.row_start * k * 2,
-                                     source.data_ptr() + t.row_start * k * 2, nbytes)
-                streamops.write_value(side.cuda_stream, signals.data_ptr() + 4 * t.signal, e)
+            for lo, hi, slot in arrivals:
+                streamops.copy_async(side.cuda_stream, a_full.data_ptr() + lo * k * 2, source.data_ptr() + lo * k * 2,
+                                     (hi - lo) * k * 2)
+                streamops.write_value(side.cuda_stream, signals.data_ptr() + 4 * slot, e)
         else:
-            for t in plan.recvs(0, "gather"):
-                signals[t.signal] = e
-        launch_consumer(a_full, a_local, b, out, r0, r1, tables, c, e, signals, err, sms, 1 << 24 if live else 0)
+            for _, _, slot in arrivals:
+                signals[slot] = e
+        launch_consumer(a_full, b, out, tables, c, e, signals, err, sms, 1 << 24 if live else 0)
         if live:
             ev2 = torch.cuda.Event()
             ev2.record(side)
@@ -100,7 +98,7 @@ def consumer_case(m, n, k, cfg, splits=4, live=False):
     t_torch = bench(lambda: a @ b)
     return {"case": f"consumer{' live' if live else ''} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits}",
             "rel_err": worst, "error_flag": int(err.item()), "ours_us": t_ours, "torch_us": t_torch,
-            "tflops": 2 * m * n * k / t_ours / 1e6, "tma": use_tma(a_full, a_local, b, out)}
+            "tflops": 2 * m * n * k / t_ours / 1e6, "tma": use_tma(a_full, b, out)}
 
 
 def producer_case(m, n, k, cfg, splits=4):
@@ -137,9 +135,12 @@ def producer_case(m, n, k, cfg, splits=4):
     full = a.float() @ b.float()
     e_out = rel(out, full[lo:hi] + peer_partial[lo:hi].float())
     e_send = rel(send[hi:], full[hi:])
+    nan_out = int((~torch.isfinite(out)).sum())
+    nan_send = int((~torch.isfinite(send[hi:])).sum())
     t_ours = bench(call)
     t_torch = bench(lambda: a @ b)
-    return {"case": f"producer {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits}", "rel_err": max(e_out, e_send),
+    return {"case": f"producer {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits}{' ptr' if not use_tma(a, b) else ''}",
+            "rel_err": max(e_out, e_send), "err_out": e_out, "err_send": e_send, "nan_out": nan_out, "nan_send": nan_send,
             "error_flag": int(err.item()), "ours_us": t_ours, "torch_us": t_torch, "tflops": 2 * m * n * k / t_ours / 1e6,
             "counters_zero": int(counters.abs().sum().item()) == 0, "tma": use_tma(a, b)}
 
@@ -183,6 +184,15 @@ def main():
     for (m, n, k) in [(8192, 4096, 5504), (8192, 8192, 14336), (8192, 8192, 1024)]:
         for cfg in cfgs[:3]:
             cases.append(lambda m=m, n=n, k=k, cfg=cfg: producer_case(m, n, k, cfg))
+
+    def pointer_producer():
+        os.environ["SYNCOPATE_TMA"] = "0"
+        try:
+            return producer_case(2048, 1024, 512, (128, 128, 64, 8, 3))
+        finally:
+            os.environ["SYNCOPATE_TMA"] = "1"
+
+    cases.append(pointer_producer)
     for p in (16, 32, 64):
         cases.append(lambda p=p: copy_case(programs=p))
     for case in cases:
@@ -200,8 +210,9 @@ def main():
     print("\ncase | rel_err | ours_us | torch_us | torch/ours | TFLOP/s | tma")
     for r in rows:
         if "torch_us" in r:
+            extra = f" | out {r['err_out']:.1e} send {r['err_send']:.1e} nan {r['nan_out']}/{r['nan_send']}" if "err_out" in r else ""
             print(f"{r['case']} | {r['rel_err']:.2e} | {r['ours_us']:.1f} | {r['torch_us']:.1f} | "
-                  f"{r['torch_us'] / r['ours_us']:.3f} | {r['tflops']:.0f} | {r['tma']}")
+                  f"{r['torch_us'] / r['ours_us']:.3f} | {r['tflops']:.0f} | {r['tma']} | flag {r['error_flag']}{extra}")
         elif "GBps" in r:
             print(f"{r['case']} | ok={r['ok']} | {r['ours_us']:.1f} us | {r['GBps']:.0f} GB/s")
         else:

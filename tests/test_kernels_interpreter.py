@@ -1,10 +1,9 @@
 """Layer: Triton interpreter on the CPU (TRITON_INTERPRET=1), communication already complete.
 
 The fused kernels run on CPU tensors with every signal the plan needs already raised: each tile
-order computes every tile, rows come from the right buffer (the shard for own rows, the gathered
-buffer for the rest, which is poisoned where it must not be read), producers add the received
-partials, store each chunk where it goes, raise its ready signal and reset their counters, and a
-chunk that never arrives makes a bounded wait report an error instead of hanging.
+order computes every tile of the right rows, producers add the received partials, store each chunk
+where it goes, raise its ready signal and reset their counters, and a chunk (remote or own) that
+never arrives makes a bounded wait report an error instead of hanging.
 """
 
 from __future__ import annotations
@@ -17,9 +16,9 @@ import pytest
 import torch
 
 from syncopate.kernels.launch import launch_chunk_copy, launch_consumer, launch_producer
-from syncopate.kernels.ops import _copy_straddling_rows
 from syncopate.kernels.tables import (
     ENTERED_BASE,
+    LOCAL_BASE,
     PAD_WORDS,
     READY_BASE,
     consumer_tables,
@@ -48,18 +47,15 @@ def run_consumer(ws, rank, m, n, k, c, epoch=3, missing_slot=None, spin_limit=0,
     plan = plan_for("ag_gemm", c.template, ws, m, c.num_splits, c.block_m)
     a = rand(m, k, seed=seed)
     b = rand(n, k, seed=seed + 1).t() if b_kmajor else rand(k, n, seed=seed + 1)
-    r0, r1 = block_bounds(m, ws, rank)
-    a_local = a[r0:r1].clone()
-    a_full = a.clone()
-    a_full[r0:r1] = float("nan")  # own rows must come from the shard
-    _copy_straddling_rows(a_full, a_local, r0, r1, c.block_m)
+    a_full = a.clone()  # every chunk, own ones included, has arrived
     signals = torch.zeros(PAD_WORDS, dtype=torch.int32)
-    for t in plan.recvs(rank, "gather"):
-        signals[t.signal] = epoch if t.signal != missing_slot else epoch - 1
+    slots = [t.signal for t in plan.recvs(rank, "gather")] + [LOCAL_BASE + j for j in range(plan.num_splits)]
+    for slot in slots:
+        signals[slot] = epoch if slot != missing_slot else epoch - 1
     error = torch.zeros(1, dtype=torch.int32)
     out = torch.full((m, n), float("nan"), dtype=torch.float16)
     tables = consumer_tables(plan, rank, n, c, CPU)
-    launch_consumer(a_full, a_local, b, out, r0, r1, tables, c, epoch, signals, error, 3, spin_limit)
+    launch_consumer(a_full, b, out, tables, c, epoch, signals, error, 3, spin_limit)
     return out, (a.float() @ b.float()), int(error.item())
 
 
@@ -70,7 +66,7 @@ def test_consumer_computes_every_tile_from_the_right_rows(order, template, ws, s
     for rank in range(ws):
         out, ref, err = run_consumer(ws, rank, 192, 64, 64, c, seed=rank)
         assert err == 0
-        assert torch.isfinite(out).all(), "a tile was not written, or own rows were read from the poisoned buffer"
+        assert torch.isfinite(out).all(), "a tile was not written"
         assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2)
 
 
@@ -83,10 +79,11 @@ def test_consumer_with_shards_not_a_multiple_of_block_m_and_kmajor_b():
         assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2)
 
 
-def test_a_chunk_that_never_arrives_times_out_instead_of_hanging():
+@pytest.mark.parametrize("which", ["remote", "own"])
+def test_a_chunk_that_never_arrives_times_out_instead_of_hanging(which):
     c = cand(template="direct", num_splits=2, tile_order="arrival")
     plan = plan_for("ag_gemm", "direct", 2, 128, 2, 32)
-    slot = plan.recvs(0, "gather")[-1].signal
+    slot = plan.recvs(0, "gather")[-1].signal if which == "remote" else LOCAL_BASE + 1
     _, _, err = run_consumer(2, 0, 128, 32, 32, c, missing_slot=slot, spin_limit=20)
     assert err == 1
     _, _, err = run_consumer(2, 0, 128, 32, 32, c, spin_limit=20)

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from syncopate.kernels import streamops
 from syncopate.kernels.context import OverlapContext
 from syncopate.kernels.launch import launch_chunk_copy
-from syncopate.kernels.tables import ENTERED_BASE, READY_BASE, recv_offset
+from syncopate.kernels.tables import ENTERED_BASE, LOCAL_BASE, READY_BASE, recv_offset
 from syncopate.search_space import Candidate, ChunkPlan, Transfer
 
 __all__ = ["CommBackend", "GatherCall", "ScatterCall", "BACKEND_IMPLS", "backend_for", "nccl_exchange"]
@@ -94,6 +94,19 @@ def _announce_entry(stream: torch.cuda.Stream, ctx: OverlapContext, epoch: int) 
         streamops.write_value(stream.cuda_stream, ctx.signal_address(p, ENTERED_BASE + ctx.rank), epoch)
 
 
+def _copy_own_chunks(call: GatherCall, stream: torch.cuda.Stream) -> None:
+    """Put this rank's shard into its gathered buffer chunk by chunk (copy engine), raising
+    `LOCAL_BASE + split` after each; a shard already in place only has its words raised."""
+    ctx, rank = call.ctx, call.ctx.rank
+    base = call.a_full.peer_ptrs[rank]
+    in_place = call.a_local.data_ptr() == base + call.r0 * call.row_bytes
+    for j, (lo, hi) in enumerate(call.plan.chunk_bounds[rank]):
+        if not in_place:
+            src = call.a_local.data_ptr() + (lo - call.r0) * call.row_bytes
+            streamops.copy_async(stream.cuda_stream, base + lo * call.row_bytes, src, (hi - lo) * call.row_bytes)
+        streamops.write_value(stream.cuda_stream, ctx.signal_address(rank, LOCAL_BASE + j), call.epoch)
+
+
 def _arrival_slot(plan: ChunkPlan, rank: int, phase: str) -> dict[tuple[int, int], int]:
     return {t.chunk: t.signal for t in plan.recvs(rank, phase)}
 
@@ -106,7 +119,8 @@ class CopyEngineBackend(CommBackend):
 
     def start_gather(self, call: GatherCall) -> list[torch.cuda.Stream]:
         ctx, plan, e = call.ctx, call.plan, call.epoch
-        streams = ctx.fork(call.main, plan.num_streams)
+        streams = ctx.fork(call.main, 3)
+        _copy_own_chunks(call, streams[2])
         _announce_entry(streams[0], ctx, e)
         arrived = _arrival_slot(plan, ctx.rank, "gather")
         waited: set[tuple[int, int]] = set()
@@ -157,7 +171,8 @@ class SmCopyBackend(CommBackend):
 
     def start_gather(self, call: GatherCall) -> list[torch.cuda.Stream]:
         ctx, plan, e = call.ctx, call.plan, call.epoch
-        streams = ctx.fork(call.main, 1)
+        streams = ctx.fork(call.main, 3)
+        _copy_own_chunks(call, streams[2])
         _announce_entry(streams[0], ctx, e)
         arrived = _arrival_slot(plan, ctx.rank, "gather")
         elem = call.a_local.element_size()
@@ -236,7 +251,8 @@ class NcclBackend(CommBackend):
 
     def start_gather(self, call: GatherCall) -> list[torch.cuda.Stream]:
         ctx, plan, e = call.ctx, call.plan, call.epoch
-        streams = ctx.fork(call.main, 1)
+        streams = ctx.fork(call.main, 3)
+        _copy_own_chunks(call, streams[2])
         s = streams[0]
         a_full = call.a_full.local
 

@@ -10,12 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from syncopate.kernels.triton_kernels import (
-    chunk_copy_kernel,
-    consumer_ptr_kernel,
-    consumer_tma_kernel,
-    producer_kernel,
-)
+from syncopate.kernels.triton_kernels import chunk_copy_kernel, consumer_kernel, producer_kernel
 from syncopate.kernels.tables import ENTERED_BASE, READY_BASE
 from syncopate.search_space import Candidate
 
@@ -57,36 +52,39 @@ def _descriptor(t: torch.Tensor, block: list[int]):
     return TensorDescriptor.from_tensor(t, block)
 
 
+def _grid(m: int, n: int, c: Candidate, programs: int) -> tuple[int]:
+    tiles = triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n)
+    return (max(1, min(programs, tiles)),)
+
+
+def _spin(spin_limit: int) -> int:
+    """Poll bound as the kernels take it: -1 (all ones as an unsigned count) for no bound."""
+    return spin_limit if spin_limit > 0 else -1
+
+
 def launch_consumer(
-    a_full: torch.Tensor, a_local: torch.Tensor, b: torch.Tensor, out: torch.Tensor, r0: int, r1: int,
-    tables, c: Candidate, epoch: int, signals: torch.Tensor, error: torch.Tensor, num_programs: int,
-    spin_limit: int = 0,
+    a_full: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tables, c: Candidate, epoch: int,
+    signals: torch.Tensor, error: torch.Tensor, num_programs: int, spin_limit: int = 0,
 ) -> None:
-    """out[M, N] = gather(A)[M, K] @ B[K, N], tiles in `tables.order`, waiting for remote rows."""
+    """out[M, N] = A[M, K] @ B[K, N] with A from the gathered buffer, tiles in `tables.order`."""
     M, K = a_full.shape
     N = out.shape[1]
     kmajor = b_is_kmajor(b)
     b_mat = b.t() if kmajor else b
-    tiles = triton.cdiv(M, c.block_m) * triton.cdiv(N, c.block_n)
-    grid = (max(1, min(num_programs, tiles)),)
-    common = dict(
-        NUM_PROGRAMS=grid[0], BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, NUM_STAGES=c.num_stages,
-        MAX_SPIN=spin_limit, num_warps=c.num_warps, num_stages=c.num_stages,
+    grid = _grid(M, N, c, num_programs)
+    tma = use_tma(a_full, b_mat, out)
+    consumer_kernel[grid](
+        a_full, b, out,
+        _descriptor(a_full, [c.block_m, c.block_k]) if tma else None,
+        (_descriptor(b_mat, [c.block_n, c.block_k] if kmajor else [c.block_k, c.block_n])) if tma else None,
+        _descriptor(out, [c.block_m, c.block_n]) if tma else None,
+        M, N, K, a_full.stride(0), a_full.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
+        tables.order, tables.mtile_lo, tables.mtile_hi, tables.chunk_slot, signals, epoch, error, _spin(spin_limit),
+        grid[0],
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_TMA=tma, B_KMAJOR=kmajor,
+        ASM_WAIT=out.is_cuda and not interpreting(), OUT_DTYPE=TL_DTYPES[out.dtype],
+        num_warps=c.num_warps, num_stages=c.num_stages,
     )
-    if use_tma(a_full, a_local, b_mat, out):
-        consumer_tma_kernel[grid](
-            _descriptor(a_full, [c.block_m, c.block_k]), _descriptor(a_local, [c.block_m, c.block_k]),
-            _descriptor(b_mat, [c.block_n, c.block_k] if kmajor else [c.block_k, c.block_n]),
-            _descriptor(out, [c.block_m, c.block_n]),
-            M, N, K, r0, r1, tables.order, tables.mtile_lo, tables.mtile_hi, tables.chunk_slot, signals, epoch, error,
-            B_KMAJOR=kmajor, OUT_DTYPE=TL_DTYPES[out.dtype], **common,
-        )
-    else:
-        consumer_ptr_kernel[grid](
-            a_full, a_local, b, out, M, N, K, r0, r1,
-            a_full.stride(0), a_full.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
-            tables.order, tables.mtile_lo, tables.mtile_hi, tables.chunk_slot, signals, epoch, error, **common,
-        )
 
 
 def launch_producer(
@@ -100,21 +98,22 @@ def launch_producer(
     N = b.shape[1]
     kmajor = b_is_kmajor(b)
     b_mat = b.t() if kmajor else b
-    tiles = triton.cdiv(M, c.block_m) * triton.cdiv(N, c.block_n)
-    grid = (max(1, min(num_programs, tiles)),)
+    grid = _grid(M, N, c, num_programs)
     tma = use_tma(a, b_mat)
-    a_desc = _descriptor(a, [c.block_m, c.block_k]) if tma else None
-    b_desc = (_descriptor(b_mat, [c.block_n, c.block_k] if kmajor else [c.block_k, c.block_n])) if tma else None
     producer_kernel[grid](
-        a, b, a_desc, b_desc, send, out, reduced if reduced is not None else out, recv,
+        a, b,
+        _descriptor(a, [c.block_m, c.block_k]) if tma else None,
+        (_descriptor(b_mat, [c.block_n, c.block_k] if kmajor else [c.block_k, c.block_n])) if tma else None,
+        send, out, reduced if reduced is not None else out, recv,
         M, N, K, out_row0, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         tables.order, tables.mtile_lo, tables.mtile_hi, tables.chunk_row,
         tables.inc_start, tables.inc_slot, tables.inc_offset,
         tables.chunk_ready, tables.chunk_tiles, counters, signals[READY_BASE:],
-        tables.keep, peer_signal_ptrs, tables.gather_slot, signals[ENTERED_BASE:], world, rank,
-        signals, epoch, error,
-        NUM_PROGRAMS=grid[0], BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, NUM_STAGES=c.num_stages,
-        USE_TMA=tma, B_KMAJOR=kmajor, ALL_REDUCE=reduced is not None, MAX_SPIN=spin_limit,
+        tables.keep, peer_signal_ptrs, tables.gather_slot, signals[ENTERED_BASE:], rank,
+        signals, epoch, error, _spin(spin_limit), grid[0],
+        WORLD=world, INC_MAX=max(1, tables.inc_max),
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_TMA=tma, B_KMAJOR=kmajor,
+        ALL_REDUCE=reduced is not None, ASM_WAIT=a.is_cuda and not interpreting(),
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
 

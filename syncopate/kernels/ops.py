@@ -30,6 +30,7 @@ from syncopate.search_space import Candidate, Topology, Workload, block_bounds, 
 
 __all__ = [
     "all_gather_matmul",
+    "gather_buffer",
     "matmul_reduce_scatter",
     "matmul_all_reduce",
     "ContextRegistry",
@@ -169,6 +170,8 @@ def all_gather_matmul(
     """out = all_gather(a_shard, dim 0) @ b, with the GEMM consuming rows of A as their chunks arrive.
 
     Returns the local output [M, N/ws] (and the gathered A [M, K] too with `return_gathered`).
+    A shard that already lives in this rank's rows of the gathered buffer (`gather_buffer`) is
+    not copied.
     `spin_limit` > 0 bounds every wait (a tuning run's guard against hangs; the context then raises
     a timeout on `check_error()`).
     """
@@ -188,33 +191,19 @@ def all_gather_matmul(
     main = torch.cuda.current_stream()
     a_full = ctx.buffers["a_full"]
     r0, r1 = rank * m_local, (rank + 1) * m_local
-    _copy_straddling_rows(a_full.local, a_shard, r0, r1, cand.block_m)
     backend = backend_for(cand)
     streams = backend.start_gather(GatherCall(
         ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, a_local=a_shard, a_full=a_full, r0=r0,
         row_bytes=k * a_shard.element_size(), spin_limit=spin_limit,
     ))
     launch_consumer(
-        a_full.local, a_shard, b, out, r0, r1, tables, cand, epoch, ctx.signals.local, ctx.error,
+        a_full.local, b, out, tables, cand, epoch, ctx.signals.local, ctx.error,
         ctx.sm_count - backend.reserved_sms(cand), spin_limit,
     )
     ctx.join(main, streams)
     if not return_gathered:
         return out
-    gathered = a_full.local.clone()
-    gathered[r0:r1].copy_(a_shard)
-    return out, gathered
-
-
-def _copy_straddling_rows(a_full: torch.Tensor, a_shard: torch.Tensor, r0: int, r1: int, block_m: int) -> None:
-    """Tiles that hold both own and remote rows read `a_full`: put the own rows of those tiles there."""
-    spans = []
-    if r0 % block_m:
-        spans.append((r0, min(r1, (r0 // block_m + 1) * block_m)))
-    if r1 % block_m and r1 < a_full.shape[0]:
-        spans.append((max(r0, r1 // block_m * block_m), r1))
-    for lo, hi in spans:
-        a_full[lo:hi].copy_(a_shard[lo - r0 : hi - r0])
+    return out, a_full.local.clone()
 
 
 def _tables(ctx: OverlapContext, key: tuple, build):
@@ -222,6 +211,19 @@ def _tables(ctx: OverlapContext, key: tuple, build):
     if tables is None:
         tables = ctx.cache[key] = build()
     return tables
+
+
+def gather_buffer(a_shard_shape: tuple[int, int], dtype: torch.dtype, group=None) -> torch.Tensor:
+    """This rank's rows of the gathered buffer `all_gather_matmul` uses for shards of this shape.
+
+    Write the next shard there (e.g. as the `out=` of the op producing it) and the op skips copying
+    it. The view stays valid until `close_contexts()`.
+    """
+    group = group or dist.group.WORLD
+    ws, rank = dist.get_world_size(group), dist.get_rank(group)
+    m_local, k = a_shard_shape
+    ctx = get_context("ag_gemm", group, (m_local * ws, k), dtype)
+    return ctx.buffers["a_full"].local[rank * m_local : (rank + 1) * m_local]
 
 
 def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):

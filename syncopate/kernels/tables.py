@@ -7,6 +7,7 @@ Signal pad layout (int32 words, one pad per rank, in symmetric memory):
 | [0, ARRIVAL_SLOTS)             | chunk arrivals on this rank, numbered by the plan            |
 | ARRIVAL_SLOTS + r              | the epoch rank r has entered (written by r into every pad)   |
 | [READY_BASE, READY_BASE + …)   | producer: chunks of this rank ready to leave, in send order  |
+| [LOCAL_BASE, LOCAL_BASE + …)   | consumer: this rank's own chunks copied into the gathered buffer |
 
 Partials received by a reduce-scatter land in the receiver's `recv` buffer. When every partial a
 rank receives is for a distinct chunk (ring templates), row `row` of the partial sits at
@@ -34,6 +35,7 @@ __all__ = [
     "ARRIVAL_SLOTS",
     "ENTERED_BASE",
     "READY_BASE",
+    "LOCAL_BASE",
     "PAD_WORDS",
     "ConsumerTables",
     "ProducerTables",
@@ -48,6 +50,8 @@ __all__ = [
 ARRIVAL_SLOTS = 1024
 ENTERED_BASE = ARRIVAL_SLOTS
 READY_BASE = ARRIVAL_SLOTS + 128
+LOCAL_BASE = READY_BASE
+"""A consumer has no ready words: its own chunks' words take their place."""
 PAD_WORDS = READY_BASE + 1024
 
 
@@ -99,6 +103,14 @@ class ConsumerTables:
     chunk_slot: Any
 
 
+def _check_two_chunks(s, what: str) -> None:
+    if max(hi - lo for lo, hi in zip(s.mtile_chunk_lo, s.mtile_chunk_hi)) > 2:
+        raise ConfigError(
+            f"a tile of {what} overlaps more than two chunks: use fewer splits or a smaller block_m "
+            f"(every chunk must hold at least block_m rows)"
+        )
+
+
 @dataclass(frozen=True)
 class ProducerTables:
     """Device tables of a reduce-scatter / all-reduce producer."""
@@ -115,6 +127,8 @@ class ProducerTables:
     keep: Any
     gather_slot: Any
     num_ready: int
+    inc_max: int
+    """Most partials received for one chunk."""
 
 
 def _i32(values, device):
@@ -125,11 +139,13 @@ def _i32(values, device):
 
 def consumer_tables(plan: ChunkPlan, rank: int, n_cols: int, c: Candidate, device) -> ConsumerTables:
     s = consumer_schedule(plan, rank, n_cols, c.block_m, c.block_n, c.group_m, c.tile_order)
+    _check_two_chunks(s, "the all-gather")
     slots = []
-    for waits in s.chunk_wait:
+    for ci, waits in enumerate(s.chunk_wait):
         if len(waits) > 1:
             raise ConfigError("an all-gather chunk arrives once per rank; the plan says otherwise")
-        slots.append(waits[0] if waits else -1)
+        own = ci // plan.num_splits == rank
+        slots.append(LOCAL_BASE + ci % plan.num_splits if own else waits[0])
     return ConsumerTables(
         order=_i32(s.order, device), mtile_lo=_i32(s.mtile_chunk_lo, device),
         mtile_hi=_i32(s.mtile_chunk_hi, device), chunk_slot=_i32(slots, device),
@@ -140,6 +156,7 @@ def producer_tables(plan: ChunkPlan, rank: int, n_cols: int, c: Candidate, all_r
     import torch
 
     s = producer_schedule(plan, rank, n_cols, c.block_m, c.block_n, c.group_m, c.tile_order)
+    _check_two_chunks(s, "the reduce-scatter")
     ready = list(s.chunk_ready)
     keep = [1 if r < 0 else 0 for r in ready]
     num_ready = sum(1 for r in ready if r >= 0)
@@ -170,5 +187,5 @@ def producer_tables(plan: ChunkPlan, rank: int, n_cols: int, c: Candidate, all_r
         chunk_row=_i32(rows, device), inc_start=_i32(inc_start, device), inc_slot=_i32(inc_slot or [0], device),
         inc_offset=torch.tensor(inc_offset or [0], dtype=torch.int64, device=device), chunk_ready=_i32(ready, device),
         chunk_tiles=_i32(s.chunk_tiles, device), keep=_i32(keep, device), gather_slot=_i32(gather, device),
-        num_ready=num_ready,
+        num_ready=num_ready, inc_max=max((len(e) for e in by_chunk), default=0),
     )

@@ -12,11 +12,19 @@ Shape symbols
 
 Signals are int32 words that only grow: a chunk of call `epoch` is there when its word is >= epoch
 (compared wrap-safe as a signed difference). Nothing resets them between calls. Waits are bounded
-by MAX_SPIN polls when MAX_SPIN > 0; a wait that runs out sets `error_ptr[0] = 1` and goes on, and
-the launcher reports a timeout.
+by `max_spin` polls when it is positive (MAX_SPIN for the copier); a wait that runs out sets
+`error_ptr[0] = 1` and goes on, and the caller reports a timeout.
 
-Consumer (`ag_gemm`): program p walks positions p, p+P, … of the tile order; before a tile that
-reads rows outside [R0, R1) (rows past M do not count) it waits once for each chunk those rows lie in, then runs the K loop.
+Both GEMMs are persistent and flattened by hand: program p runs one loop over (tile, k-step)
+pairs of positions p, p+P, … of the tile order, so the compiler's software pipeline keeps loading
+the next tile's operands while the current tile finishes. Waits contain no loop the compiler can
+see (on the GPU they are a PTX polling loop, `ld.acquire.sys` then `fence.proxy.async.global` so
+that TMA reads see what the wait saw), which keeps the main loop pipelineable. Chunks are at
+least BLOCK_M rows, so a tile overlaps at most two chunks (`lo` and `hi - 1`).
+
+Consumer (`ag_gemm`): all rows of A are read from the gathered buffer; when a tile starts, the
+program waits for the chunk(s) its rows lie in (the rank's own chunks are signalled too, by the
+local copy).
 Producer (`gemm_rs`, `gemm_ar`): tiles in the order their chunks leave; the epilogue adds the
 partials received for the tile's rows (waiting for them first), stores the tile where its rows go
 (the send buffer, or the output for rows this rank keeps), and the last tile of a chunk raises the
@@ -28,17 +36,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = [
-    "consumer_ptr_kernel",
-    "consumer_tma_kernel",
-    "producer_kernel",
-    "chunk_copy_kernel",
-]
+__all__ = ["consumer_kernel", "producer_kernel", "chunk_copy_kernel"]
 
 
 @triton.jit
 def _wait_at_least(ptr, epoch, error_ptr, MAX_SPIN: tl.constexpr):
-    """Poll an int32 signal (acquire, system scope) until it reaches `epoch`."""
+    """Poll an int32 signal (acquire, system scope) until it reaches `epoch`; loops (interpreter, copier)."""
     value = tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
     spins = 0
     if MAX_SPIN > 0:
@@ -50,132 +53,200 @@ def _wait_at_least(ptr, epoch, error_ptr, MAX_SPIN: tl.constexpr):
     else:
         while (value - epoch) < 0:
             value = tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
+    return value
 
 
 @triton.jit
-def _wait_rows(tm, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, epoch, error_ptr, MAX_SPIN: tl.constexpr):
-    """Wait for every chunk that the rows of m-tile `tm` lie in (slot -1: nothing to wait for)."""
-    lo = tl.load(mtile_lo_ptr + tm)
-    hi = tl.load(mtile_hi_ptr + tm)
-    for c in range(lo, hi):
-        slot = tl.load(chunk_slot_ptr + c)
-        if slot >= 0:
-            _wait_at_least(signal_ptr + slot, epoch, error_ptr, MAX_SPIN)
+def _poll_asm(ptr, epoch, max_spin):
+    """Poll until `(int)(*ptr - epoch) >= 0` or `max_spin` polls; returns the last value read.
 
-
-@triton.jit
-def _tile_coords(order_ptr, i, tiles_n):
-    tile = tl.load(order_ptr + i)
-    tm = tile // tiles_n
-    return tm, tile - tm * tiles_n
-
-
-@triton.jit
-def _mma_ptr(a_ptr, stride_am, stride_ak, rows_a, b_ptr, stride_bk, stride_bn, N, K, off_n,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
-    """acc[BM, BN] = A[rows_a, :] @ B[:, off_n:off_n+BN] with pointer loads (rows_a: BM row indices,
-    negative or out-of-range rows masked to zero by the caller through `a_ptr`'s mask)."""
-    offs_n = off_n + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    row_ok = rows_a >= 0
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kk in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=NUM_STAGES):
-        k = kk * BLOCK_K + offs_k
-        a = tl.load(a_ptr + rows_a[:, None] * stride_am + k[None, :] * stride_ak,
-                    mask=row_ok[:, None] & (k[None, :] < K), other=0.0)
-        b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
-                    mask=(k[:, None] < K) & (offs_n[None, :] < N), other=0.0)
-        acc = tl.dot(a, b, acc)
-    return acc
-
-
-@triton.jit
-def consumer_ptr_kernel(
-    a_full_ptr, a_local_ptr, b_ptr, c_ptr,
-    M, N, K, R0, R1,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-    order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, epoch, error_ptr,
-    NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    NUM_STAGES: tl.constexpr, MAX_SPIN: tl.constexpr,
-):
-    """All-gather consumer, pointer loads (any GPU, and the Triton interpreter).
-
-    Rows in [R0, R1) come from `a_local` (this rank's shard, row r at r - R0); the others from
-    `a_full` (the gathered buffer, row r at r) once their chunk has arrived.
+    One inline-PTX instruction for the compiler: no loop in the IR, so the enclosing loop stays
+    software-pipelined. Ends with a proxy fence so that later TMA reads are ordered after it.
     """
-    pid = tl.program_id(0)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = tl.cdiv(M, BLOCK_M) * tiles_n
-    for i in range(pid, num_tiles, NUM_PROGRAMS):
-        tm, tn = _tile_coords(order_ptr, i, tiles_n)
-        rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
-        local = (tm * BLOCK_M >= R0) & (tl.minimum(tm * BLOCK_M + BLOCK_M, M) <= R1)
-        if local:
-            acc = _mma_ptr(a_local_ptr, stride_am, stride_ak, rows - R0, b_ptr, stride_bk, stride_bn, N, K,
-                           tn * BLOCK_N, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES)
-        else:
-            _wait_rows(tm, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, epoch, error_ptr, MAX_SPIN)
-            acc = _mma_ptr(a_full_ptr, stride_am, stride_ak, tl.where(rows < M, rows, -1), b_ptr, stride_bk,
-                           stride_bn, N, K, tn * BLOCK_N, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES)
-        cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-        tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn,
-                 acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .pred %p;
+        .reg .s32 %d;
+        .reg .u32 %n;
+        mov.u32 %n, 0;
+        WAIT:
+        ld.global.acquire.sys.b32 $0, [$1];
+        sub.s32 %d, $0, $2;
+        setp.ge.s32 %p, %d, 0;
+        @%p bra DONE;
+        add.u32 %n, %n, 1;
+        setp.lt.u32 %p, %n, $3;
+        @%p bra WAIT;
+        DONE:
+        fence.proxy.async.global;
+        }
+        """,
+        constraints="=r,l,r,r",
+        args=[ptr, epoch, max_spin],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
-def consumer_tma_kernel(
-    a_full_desc, a_local_desc, b_desc, c_desc,
-    M, N, K, R0, R1,
-    order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, epoch, error_ptr,
-    NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    NUM_STAGES: tl.constexpr, B_KMAJOR: tl.constexpr, OUT_DTYPE: tl.constexpr, MAX_SPIN: tl.constexpr,
-):
-    """All-gather consumer with TMA tensor descriptors (Hopper and newer).
+def _poll_loop(ptr, epoch, max_spin):
+    """The same poll as `_poll_asm` written as a loop (the Triton interpreter); max_spin <= 0: no bound."""
+    value = tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
+    spins = 1
+    while ((value - epoch) < 0) & ((spins < max_spin) | (max_spin <= 0)):
+        value = tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
+        spins += 1
+    return value
 
-    `b_desc` is over B[K, N] or, with B_KMAJOR, over Bᵀ[N, K] (a transposed nn.Linear weight).
-    Tiles wholly inside [R0, R1) read `a_local_desc`; the others wait, then read `a_full_desc`.
+
+@triton.jit
+def _wait_slot(signal_ptr, slot, epoch, error_ptr, max_spin, ASM_WAIT: tl.constexpr):
+    """Wait for signal word `slot` (nothing when slot < 0); returns 0 once it arrived, -1 on timeout.
+
+    The result is data-dependent on what was read, so callers add it to load coordinates: the
+    compiler then cannot issue those loads before the wait.
+    """
+    value = epoch
+    if slot >= 0:
+        if ASM_WAIT:
+            value = _poll_asm(signal_ptr + slot, epoch, max_spin)
+        else:
+            value = _poll_loop(signal_ptr + slot, epoch, max_spin)
+        if (value - epoch) < 0:
+            tl.atomic_xchg(error_ptr, 1)
+    return (value - epoch) >> 31
+
+
+@triton.jit
+def _load_ab(a_ptr, b_ptr, a_desc, b_desc, off_m, off_n, k, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
+             B_KMAJOR: tl.constexpr):
+    if USE_TMA:
+        a = a_desc.load([off_m, k])
+        if B_KMAJOR:
+            b = b_desc.load([off_n, k]).T
+        else:
+            b = b_desc.load([k, off_n])
+    else:
+        rows = off_m + tl.arange(0, BLOCK_M)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        ks = k + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + rows[:, None] * stride_am + ks[None, :] * stride_ak,
+                    mask=(rows[:, None] < M) & (rows[:, None] >= 0) & (ks[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + ks[:, None] * stride_bk + cols[None, :] * stride_bn,
+                    mask=(ks[:, None] < K) & (cols[None, :] < N), other=0.0)
+    return a, b
+
+
+@triton.jit
+def consumer_kernel(
+    a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc,
+    M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, epoch, error_ptr, max_spin, num_programs,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
+    B_KMAJOR: tl.constexpr, ASM_WAIT: tl.constexpr, OUT_DTYPE: tl.constexpr,
+):
+    """All-gather consumer: out[M, N] = A[M, K] @ B[K, N], A read from the gathered buffer.
+
+    Chunk c of A is there once `signal[chunk_slot[c]] >= epoch`. With USE_TMA, `a_desc`, `b_desc`
+    (over B, or Bᵀ with B_KMAJOR) and `c_desc` are TMA descriptors; otherwise pointers and strides.
     """
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
     num_tiles = tl.cdiv(M, BLOCK_M) * tiles_n
     k_tiles = tl.cdiv(K, BLOCK_K)
-    for i in range(pid, num_tiles, NUM_PROGRAMS):
-        tm, tn = _tile_coords(order_ptr, i, tiles_n)
-        off_m = tm * BLOCK_M
-        off_n = tn * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if (off_m >= R0) & (tl.minimum(off_m + BLOCK_M, M) <= R1):
-            for kk in tl.range(0, k_tiles, num_stages=NUM_STAGES):
-                a = a_local_desc.load([off_m - R0, kk * BLOCK_K])
-                if B_KMAJOR:
-                    b = b_desc.load([off_n, kk * BLOCK_K]).T
-                else:
-                    b = b_desc.load([kk * BLOCK_K, off_n])
-                acc = tl.dot(a, b, acc)
-        else:
-            _wait_rows(tm, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, epoch, error_ptr, MAX_SPIN)
-            for kk in tl.range(0, k_tiles, num_stages=NUM_STAGES):
-                a = a_full_desc.load([off_m, kk * BLOCK_K])
-                if B_KMAJOR:
-                    b = b_desc.load([off_n, kk * BLOCK_K]).T
-                else:
-                    b = b_desc.load([kk * BLOCK_K, off_n])
-                acc = tl.dot(a, b, acc)
-        c_desc.store([off_m, off_n], acc.to(OUT_DTYPE))
+    my_tiles = tl.cdiv(num_tiles - pid, num_programs)
+    i = pid - num_programs
+    ki = -1
+    off_m = 0
+    off_n = 0
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, my_tiles * k_tiles):
+        ki = tl.where(ki == k_tiles - 1, 0, ki + 1)
+        if ki == 0:
+            i += num_programs
+            tile = tl.load(order_ptr + i)
+            tm = tile // tiles_n
+            lo = tl.load(mtile_lo_ptr + tm)
+            hi = tl.load(mtile_hi_ptr + tm)
+            gate = _wait_slot(signal_ptr, tl.load(chunk_slot_ptr + lo), epoch, error_ptr, max_spin, ASM_WAIT)
+            if hi - 1 != lo:
+                gate += _wait_slot(signal_ptr, tl.load(chunk_slot_ptr + hi - 1), epoch, error_ptr, max_spin, ASM_WAIT)
+            off_m = tm * BLOCK_M + gate
+            off_n = (tile - tm * tiles_n) * BLOCK_N
+        a, b = _load_ab(a_ptr, b_ptr, a_desc, b_desc, off_m, off_n, ki * BLOCK_K, M, N, K, stride_am, stride_ak,
+                        stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR)
+        acc = tl.dot(a, b, acc)
+        if ki == k_tiles - 1:
+            if USE_TMA:
+                c_desc.store([off_m, off_n], acc.to(OUT_DTYPE))
+            else:
+                rows = off_m + tl.arange(0, BLOCK_M)
+                cols = off_n + tl.arange(0, BLOCK_N)
+                tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn, acc.to(OUT_DTYPE),
+                         mask=(rows[:, None] < M) & (cols[None, :] < N))
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
 
 @triton.jit
-def _mma_tma(a_desc, b_desc, off_m, off_n, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, B_KMAJOR: tl.constexpr):
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kk in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=NUM_STAGES):
-        a = a_desc.load([off_m, kk * BLOCK_K])
-        if B_KMAJOR:
-            b = b_desc.load([off_n, kk * BLOCK_K]).T
-        else:
-            b = b_desc.load([kk * BLOCK_K, off_n])
-        acc = tl.dot(a, b, acc)
+def _epilogue_chunk(acc, c, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
+                    inc_offset_ptr, recv_ptr, recv_signal_ptr, epoch, error_ptr, max_spin,
+                    INC_MAX: tl.constexpr, ASM_WAIT: tl.constexpr):
+    """Add the partials received for the rows of chunk c in this tile."""
+    r0 = tl.load(chunk_row_ptr + c)
+    r1 = tl.load(chunk_row_ptr + c + 1)
+    in_chunk = (rows >= r0) & (rows < r1)
+    first = tl.load(inc_start_ptr + c)
+    count = tl.load(inc_start_ptr + c + 1) - first
+    for j in tl.static_range(INC_MAX):
+        if j < count:
+            gate = _wait_slot(recv_signal_ptr, tl.load(inc_slot_ptr + first + j), epoch, error_ptr, max_spin, ASM_WAIT)
+            base = recv_ptr + tl.load(inc_offset_ptr + first + j) + gate
+            part = tl.load(base + rows[:, None] * N + cols[None, :], mask=in_chunk[:, None] & col_ok, other=0.0)
+            acc += part.to(tl.float32)
     return acc
+
+
+@triton.jit
+def _store_chunk(acc, c, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr,
+                 free_ptr, epoch, error_ptr, max_spin, RANK, WORLD: tl.constexpr, ALL_REDUCE: tl.constexpr,
+                 ASM_WAIT: tl.constexpr):
+    """Store the rows of chunk c in this tile where they go: kept rows to out (and reduced), others to send."""
+    r0 = tl.load(chunk_row_ptr + c)
+    r1 = tl.load(chunk_row_ptr + c + 1)
+    mask = ((rows >= r0) & (rows < r1))[:, None] & col_ok
+    if tl.load(keep_ptr + c) != 0:
+        tl.store(out_ptr + (rows[:, None] - OUT_ROW0) * N + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+        if ALL_REDUCE:
+            gate = 0
+            for p in tl.static_range(WORLD):
+                if p != RANK:
+                    gate += _wait_slot(free_ptr, p, epoch, error_ptr, max_spin, ASM_WAIT)
+            tl.store(reduced_ptr + gate + rows[:, None] * N + cols[None, :], acc.to(reduced_ptr.dtype.element_ty),
+                     mask=mask)
+    else:
+        tl.store(send_ptr + rows[:, None] * N + cols[None, :], acc.to(send_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _count_chunk(c, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
+                 peer_signal_ptrs, epoch, WORLD: tl.constexpr, ALL_REDUCE: tl.constexpr):
+    """Count this tile in chunk c; the chunk's last tile resets the counter and raises its signals."""
+    done = tl.atomic_add(counter_ptr + c, 1, sem="acq_rel", scope="sys") + 1
+    if done == tl.load(chunk_tiles_ptr + c).to(tl.int64):
+        tl.atomic_xchg(counter_ptr + c, 0, sem="relaxed", scope="gpu")
+        ready = tl.load(chunk_ready_ptr + c)
+        if ready >= 0:
+            tl.atomic_xchg(ready_ptr + ready, epoch, sem="release", scope="sys")
+        if ALL_REDUCE:
+            if tl.load(keep_ptr + c) != 0:
+                for p in tl.static_range(WORLD):
+                    slot = tl.load(gather_slot_ptr + c * WORLD + p)
+                    if slot >= 0:
+                        sig = tl.load(peer_signal_ptrs + p).to(tl.pointer_type(tl.int32))
+                        tl.atomic_xchg(sig + slot, epoch, sem="release", scope="sys")
 
 
 @triton.jit
@@ -186,83 +257,66 @@ def producer_kernel(
     order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_row_ptr,
     inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
     chunk_ready_ptr, chunk_tiles_ptr, counter_ptr, ready_ptr,
-    keep_ptr, peer_signal_ptrs, gather_slot_ptr, free_ptr, WORLD, RANK,
-    recv_signal_ptr, epoch, error_ptr,
-    NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr, B_KMAJOR: tl.constexpr, ALL_REDUCE: tl.constexpr,
-    MAX_SPIN: tl.constexpr,
+    keep_ptr, peer_signal_ptrs, gather_slot_ptr, free_ptr, RANK,
+    recv_signal_ptr, epoch, error_ptr, max_spin, num_programs,
+    WORLD: tl.constexpr, INC_MAX: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_TMA: tl.constexpr, B_KMAJOR: tl.constexpr, ALL_REDUCE: tl.constexpr, ASM_WAIT: tl.constexpr,
 ):
     """Reduce-scatter / all-reduce producer.
 
     Per chunk c (row order): rows [chunk_row[c], chunk_row[c+1]); incoming partials j in
-    [inc_start[c], inc_start[c+1]) wait for `recv_signal[inc_slot[j]]` and live at
+    [inc_start[c], inc_start[c+1]) (at most INC_MAX) wait for `recv_signal[inc_slot[j]]` and live at
     `recv + inc_offset[j] + row * N`; `keep[c]` says the rows stay here (stored to
-    `out[row - OUT_ROW0]`, and for an all-reduce also to `reduced[row]`), otherwise they go to
-    `send[row]`. When the last of the chunk's `chunk_tiles[c]` tiles is stored (its counter, which
-    it resets to 0 for the next call, reaches the count), `ready[chunk_ready[c]]` is raised (no
-    signal where -1). For an all-reduce the last tile of a kept chunk raises, on every peer p,
-    `peer_signal[p][gather_slot[c * WORLD + p]]`, once p has entered this call (`free[p] >= epoch`).
+    `out[row - OUT_ROW0]`, and for an all-reduce also to `reduced[row]` once every peer p has entered
+    this call, `free[p] >= epoch`), otherwise they go to `send[row]`. When the last of the chunk's
+    `chunk_tiles[c]` tiles is stored (its counter, which it resets to 0 for the next call, reaches
+    the count), `ready[chunk_ready[c]]` is raised (none where -1); for an all-reduce a kept chunk also
+    raises, on every peer p, `peer_signal[p][gather_slot[c * WORLD + p]]`.
     """
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
     num_tiles = tl.cdiv(M, BLOCK_M) * tiles_n
-    for i in range(pid, num_tiles, NUM_PROGRAMS):
-        tm, tn = _tile_coords(order_ptr, i, tiles_n)
-        off_m = tm * BLOCK_M
-        off_n = tn * BLOCK_N
-        rows = off_m + tl.arange(0, BLOCK_M)
-        cols = off_n + tl.arange(0, BLOCK_N)
-        if USE_TMA:
-            acc = _mma_tma(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, B_KMAJOR)
-        else:
-            acc = _mma_ptr(a_ptr, stride_am, stride_ak, tl.where(rows < M, rows, -1), b_ptr, stride_bk, stride_bn,
-                           N, K, off_n, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES)
-        col_ok = cols[None, :] < N
-        lo = tl.load(mtile_lo_ptr + tm)
-        hi = tl.load(mtile_hi_ptr + tm)
-        # Add the partials received for these rows.
-        for c in range(lo, hi):
-            r0 = tl.load(chunk_row_ptr + c)
-            r1 = tl.load(chunk_row_ptr + c + 1)
-            in_chunk = (rows >= r0) & (rows < r1)
-            for j in range(tl.load(inc_start_ptr + c), tl.load(inc_start_ptr + c + 1)):
-                _wait_at_least(recv_signal_ptr + tl.load(inc_slot_ptr + j), epoch, error_ptr, MAX_SPIN)
-                base = recv_ptr + tl.load(inc_offset_ptr + j)
-                part = tl.load(base + rows[:, None] * N + cols[None, :], mask=in_chunk[:, None] & col_ok, other=0.0)
-                acc += part.to(tl.float32)
-        # Store each chunk's rows where they go.
-        for c in range(lo, hi):
-            r0 = tl.load(chunk_row_ptr + c)
-            r1 = tl.load(chunk_row_ptr + c + 1)
-            mask = ((rows >= r0) & (rows < r1))[:, None] & col_ok
-            keep = tl.load(keep_ptr + c)
-            if keep != 0:
-                tl.store(out_ptr + (rows[:, None] - OUT_ROW0) * N + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-                         mask=mask)
-                if ALL_REDUCE:
-                    for p in range(0, WORLD):
-                        if p != RANK:
-                            _wait_at_least(free_ptr + p, epoch, error_ptr, MAX_SPIN)
-                    tl.store(reduced_ptr + rows[:, None] * N + cols[None, :], acc.to(reduced_ptr.dtype.element_ty),
-                             mask=mask)
-            else:
-                tl.store(send_ptr + rows[:, None] * N + cols[None, :], acc.to(send_ptr.dtype.element_ty), mask=mask)
-        # Count the tile in each chunk it touches; the chunk's last tile raises its signal(s).
-        for c in range(lo, hi):
-            target = tl.load(chunk_tiles_ptr + c).to(tl.int64)
-            done = tl.atomic_add(counter_ptr + c, 1, sem="acq_rel", scope="sys") + 1
-            if done == target:
-                tl.atomic_xchg(counter_ptr + c, 0, sem="relaxed", scope="gpu")
-                ready = tl.load(chunk_ready_ptr + c)
-                if ready >= 0:
-                    tl.atomic_xchg(ready_ptr + ready, epoch, sem="release", scope="sys")
-                if ALL_REDUCE:
-                    if tl.load(keep_ptr + c) != 0:
-                        for p in range(0, WORLD):
-                            slot = tl.load(gather_slot_ptr + c * WORLD + p)
-                            if slot >= 0:
-                                sig = tl.load(peer_signal_ptrs + p).to(tl.pointer_type(tl.int32))
-                                tl.atomic_xchg(sig + slot, epoch, sem="release", scope="sys")
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    my_tiles = tl.cdiv(num_tiles - pid, num_programs)
+    i = pid - num_programs
+    ki = -1
+    tm = 0
+    off_n = 0
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, my_tiles * k_tiles):
+        ki = tl.where(ki == k_tiles - 1, 0, ki + 1)
+        if ki == 0:
+            i += num_programs
+            tile = tl.load(order_ptr + i)
+            tm = tile // tiles_n
+            off_n = (tile - tm * tiles_n) * BLOCK_N
+        a, b = _load_ab(a_ptr, b_ptr, a_desc, b_desc, tm * BLOCK_M, off_n, ki * BLOCK_K, M, N, K, stride_am,
+                        stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR)
+        acc = tl.dot(a, b, acc)
+        if ki == k_tiles - 1:
+            rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
+            cols = off_n + tl.arange(0, BLOCK_N)
+            col_ok = cols[None, :] < N
+            lo = tl.load(mtile_lo_ptr + tm)
+            last = tl.load(mtile_hi_ptr + tm) - 1
+            acc = _epilogue_chunk(acc, lo, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
+                                  inc_offset_ptr, recv_ptr, recv_signal_ptr, epoch, error_ptr, max_spin, INC_MAX, ASM_WAIT)
+            if last != lo:
+                acc = _epilogue_chunk(acc, last, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr,
+                                      inc_slot_ptr, inc_offset_ptr, recv_ptr, recv_signal_ptr, epoch, error_ptr, max_spin,
+                                      INC_MAX, ASM_WAIT)
+            _store_chunk(acc, lo, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, keep_ptr, send_ptr, out_ptr,
+                         reduced_ptr, free_ptr, epoch, error_ptr, max_spin, RANK, WORLD, ALL_REDUCE, ASM_WAIT)
+            if last != lo:
+                _store_chunk(acc, last, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, keep_ptr, send_ptr, out_ptr,
+                             reduced_ptr, free_ptr, epoch, error_ptr, max_spin, RANK, WORLD, ALL_REDUCE, ASM_WAIT)
+            _count_chunk(lo, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
+                         peer_signal_ptrs, epoch, WORLD, ALL_REDUCE)
+            if last != lo:
+                _count_chunk(last, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
+                             peer_signal_ptrs, epoch, WORLD, ALL_REDUCE)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
 
 @triton.jit

@@ -82,8 +82,14 @@ def block_bounds(total_rows: int, world_size: int, block: int) -> tuple[int, int
 
 
 def _split_bounds(start: int, end: int, num_splits: int, align: int) -> list[tuple[int, int]]:
+    """Cut [start, end) into `num_splits` chunks at rows that are multiples of `align` (absolute row
+    numbers, so that inner chunk boundaries fall on tile boundaries)."""
     rows = end - start
-    cuts = [start + (j * rows // num_splits + align // 2) // align * align for j in range(num_splits)] + [end]
+    inner = [
+        min(end, max(start, (2 * (start + j * rows // num_splits) + align) // (2 * align) * align))
+        for j in range(1, num_splits)
+    ]
+    cuts = [start] + inner + [end]
     bounds = list(zip(cuts[:-1], cuts[1:]))
     if any(hi <= lo for lo, hi in bounds):
         raise ConfigError(
@@ -145,7 +151,8 @@ def build_plan(
     """Build the plan of `collective` over `total_rows` rows with a template.
 
     `align` rounds chunk boundaries inside a block to the nearest multiple of it (a kernel passes its
-    BLOCK_M so that few tiles straddle two chunks).
+    BLOCK_M: then no tile straddles two chunks of one block, and with blocks of at least BLOCK_M rows
+    no tile overlaps more than two chunks).
     """
     if template not in TEMPLATES:
         raise ConfigError(f"unknown plan template {template!r}: accepted are {', '.join(TEMPLATES)}")
