@@ -29,8 +29,30 @@ DEV = torch.device("cuda", 0)
 rows = []
 
 
-def bench(fn, reps=30):
-    return triton.testing.do_bench(fn, warmup=25, rep=reps * 5, return_mode="median") * 1000.0
+def bench(fn, reps=20):
+    """Median µs of `fn` by events, with a device sleep first so host enqueue time is not counted."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        torch.cuda._sleep(1_000_000)
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) * 1000.0)
+    return statistics.median(times)
+
+
+def stats(handle):
+    try:
+        return {"regs": handle.n_regs, "spills": handle.n_spills, "smem": handle.metadata.shared}
+    except Exception as e:
+        return {"stats_error": str(e)}
 
 
 def rel(out, ref):
@@ -110,8 +132,10 @@ def producer_case(m, n, k, cfg, splits=4):
     peer_partial = torch.randn(m, n, device=DEV).to(torch.bfloat16)
     recv = torch.full((m, n), float("nan"), device=DEV, dtype=torch.bfloat16)
     lo, hi = block_bounds(m, 2, 0)
-    # direct: the partial from rank 1 for rank 0's block sits at recv[1 * block_rows + row - 0]
-    recv[hi : hi + (hi - lo)] = peer_partial[lo:hi]
+    from syncopate.kernels.tables import recv_offset
+
+    off = recv_offset(plan, 1, 0, n)
+    recv.view(-1)[off + lo * n : off + hi * n] = peer_partial[lo:hi].reshape(-1)
     send = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
     out = torch.full((hi - lo, n), float("nan"), device=DEV, dtype=torch.bfloat16)
     pad = torch.zeros(PAD_WORDS, dtype=torch.int32, device=DEV)
@@ -173,8 +197,41 @@ def copy_case(nbytes=256 << 20, programs=32):
             "GBps": 2 * nbytes / t / 1e3}
 
 
+def kernel_stats():
+    """Registers, spills and shared memory of the most recently compiled consumer/producer."""
+    from syncopate.kernels.triton_kernels import consumer_kernel, producer_kernel
+
+    out = {}
+    for name, k in (("consumer", consumer_kernel), ("producer", producer_kernel)):
+        try:
+            caches = k.device_caches if hasattr(k, "device_caches") else None
+            kernels = list(caches[0][0].values()) if caches else list(getattr(k, "cache", {}).get(0, {}).values())
+            if kernels:
+                h = kernels[-1]
+                out[name] = {"regs": h.n_regs, "spills": h.n_spills, "smem": h.metadata.shared, "count": len(kernels)}
+        except Exception as e:
+            out[name] = {"error": str(e)[:200]}
+    return {"kernels": out}
+
+
+def with_env(name, value, fn):
+    def run():
+        old = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            r = fn()
+            r["case"] += f" {name}={value}"
+            return r
+        finally:
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+    return run
+
+
 def main():
-    cfgs = [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3)]
+    cfgs = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (128, 256, 64, 8, 2), (128, 128, 64, 4, 4)]
     cases = []
     for (m, n, k) in [(8192, 5504, 4096), (8192, 14336, 8192), (8192, 1024, 8192), (8192, 2048, 8192)]:
         for cfg in cfgs:
@@ -182,8 +239,9 @@ def main():
     for (m, n, k) in [(8192, 5504, 4096), (8192, 1024, 8192)]:
         cases.append(lambda m=m, n=n, k=k: consumer_case(m, n, k, (128, 256, 64, 8, 3), splits=8, live=True))
     for (m, n, k) in [(8192, 4096, 5504), (8192, 8192, 14336), (8192, 8192, 1024)]:
-        for cfg in cfgs[:3]:
+        for cfg in [cfgs[0], cfgs[1], cfgs[3]]:
             cases.append(lambda m=m, n=n, k=k, cfg=cfg: producer_case(m, n, k, cfg))
+        cases.append(with_env("SYNCOPATE_EPI_SPLIT", "1", lambda m=m, n=n, k=k: producer_case(m, n, k, cfgs[0])))
 
     def pointer_producer():
         os.environ["SYNCOPATE_TMA"] = "0"
@@ -198,6 +256,7 @@ def main():
     for case in cases:
         try:
             r = case()
+            r.update(kernel_stats())
         except Exception as e:
             r = {"case": "failed", "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
             print(r["trace"], file=sys.stderr)
@@ -211,8 +270,10 @@ def main():
     for r in rows:
         if "torch_us" in r:
             extra = f" | out {r['err_out']:.1e} send {r['err_send']:.1e} nan {r['nan_out']}/{r['nan_send']}" if "err_out" in r else ""
+            ks = r.get("kernels", {}).get("producer" if r["case"].startswith("producer") else "consumer", {})
             print(f"{r['case']} | {r['rel_err']:.2e} | {r['ours_us']:.1f} | {r['torch_us']:.1f} | "
-                  f"{r['torch_us'] / r['ours_us']:.3f} | {r['tflops']:.0f} | {r['tma']} | flag {r['error_flag']}{extra}")
+                  f"{r['torch_us'] / r['ours_us']:.3f} | {r['tflops']:.0f} | {r['tma']} | flag {r['error_flag']}{extra} | "
+                  f"regs {ks.get('regs')} spills {ks.get('spills')} smem {ks.get('smem')}")
         elif "GBps" in r:
             print(f"{r['case']} | ok={r['ok']} | {r['ours_us']:.1f} us | {r['GBps']:.0f} GB/s")
         else:

@@ -202,3 +202,11 @@ def test_chunk_copy_moves_each_job_and_raises_its_signal():
     assert torch.equal(dst[2][:999], src[2][:999]) and dst[2][999] == 0
     assert pads[1][3] == 7 and pads[1][4] == 7
     assert int(ctx.counters.abs().sum()) == 0 and int(ctx.error.item()) == 0
+
+
+def test_producer_with_the_epilogue_split_in_column_halves(monkeypatch):
+    monkeypatch.setenv("SYNCOPATE_EPI_SPLIT", "2")
+    results, partial, total, pads, plan = run_producer("gemm_rs", "direct", 2, 128, 64, 32, 2)
+    for r, res in enumerate(results):
+        assert res["error"] == 0
+        assert torch.allclose(res["out"].float(), total[res["lo"] : res["hi"]], rtol=3e-2, atol=3e-2)

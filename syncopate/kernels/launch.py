@@ -113,9 +113,18 @@ def launch_producer(
         signals, epoch, error, _spin(spin_limit), grid[0],
         WORLD=world, INC_MAX=max(1, tables.inc_max),
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_TMA=tma, B_KMAJOR=kmajor,
-        ALL_REDUCE=reduced is not None, ASM_WAIT=a.is_cuda and not interpreting(),
+        ALL_REDUCE=reduced is not None, ASM_WAIT=a.is_cuda and not interpreting(), EPI_SPLIT=epilogue_split(c),
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
+
+
+def epilogue_split(c: Candidate) -> int:
+    """Column halves the producer's epilogue works on: 2 where a whole tile's accumulator takes 128
+    registers a thread or more (SYNCOPATE_EPI_SPLIT overrides, for measurements)."""
+    forced = os.environ.get("SYNCOPATE_EPI_SPLIT")
+    if forced in ("1", "2"):
+        return int(forced)
+    return 2 if c.block_m * c.block_n // (c.num_warps * 32) >= 128 and c.block_n >= 32 else 1
 
 
 def launch_chunk_copy(ctx, stream: torch.cuda.Stream, jobs, programs: int, epoch: int, dtype: torch.dtype,

@@ -262,6 +262,7 @@ def producer_kernel(
     WORLD: tl.constexpr, INC_MAX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_TMA: tl.constexpr, B_KMAJOR: tl.constexpr, ALL_REDUCE: tl.constexpr, ASM_WAIT: tl.constexpr,
+    EPI_SPLIT: tl.constexpr,
 ):
     """Reduce-scatter / all-reduce producer.
 
@@ -272,7 +273,8 @@ def producer_kernel(
     this call, `free[p] >= epoch`), otherwise they go to `send[row]`. When the last of the chunk's
     `chunk_tiles[c]` tiles is stored (its counter, which it resets to 0 for the next call, reaches
     the count), `ready[chunk_ready[c]]` is raised (none where -1); for an all-reduce a kept chunk also
-    raises, on every peer p, `peer_signal[p][gather_slot[c * WORLD + p]]`.
+    raises, on every peer p, `peer_signal[p][gather_slot[c * WORLD + p]]`. With EPI_SPLIT=2 the
+    epilogue works on the two column halves of the tile in turn (half the registers).
     """
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -296,27 +298,48 @@ def producer_kernel(
         acc = tl.dot(a, b, acc)
         if ki == k_tiles - 1:
             rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
-            cols = off_n + tl.arange(0, BLOCK_N)
-            col_ok = cols[None, :] < N
             lo = tl.load(mtile_lo_ptr + tm)
             last = tl.load(mtile_hi_ptr + tm) - 1
-            acc = _epilogue_chunk(acc, lo, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
-                                  inc_offset_ptr, recv_ptr, recv_signal_ptr, epoch, error_ptr, max_spin, INC_MAX, ASM_WAIT)
-            if last != lo:
-                acc = _epilogue_chunk(acc, last, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr,
-                                      inc_slot_ptr, inc_offset_ptr, recv_ptr, recv_signal_ptr, epoch, error_ptr, max_spin,
-                                      INC_MAX, ASM_WAIT)
-            _store_chunk(acc, lo, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, keep_ptr, send_ptr, out_ptr,
-                         reduced_ptr, free_ptr, epoch, error_ptr, max_spin, RANK, WORLD, ALL_REDUCE, ASM_WAIT)
-            if last != lo:
-                _store_chunk(acc, last, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, keep_ptr, send_ptr, out_ptr,
-                             reduced_ptr, free_ptr, epoch, error_ptr, max_spin, RANK, WORLD, ALL_REDUCE, ASM_WAIT)
+            if EPI_SPLIT == 2:
+                halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+                acc0, acc1 = tl.split(halves)
+                _finish_tile(acc0, rows, off_n, lo, last, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
+                             inc_offset_ptr, recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr,
+                             epoch, error_ptr, max_spin, RANK, BLOCK_N // 2, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT)
+                _finish_tile(acc1, rows, off_n + BLOCK_N // 2, lo, last, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr,
+                             inc_slot_ptr, inc_offset_ptr, recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr,
+                             reduced_ptr, free_ptr, epoch, error_ptr, max_spin, RANK, BLOCK_N // 2, WORLD, INC_MAX,
+                             ALL_REDUCE, ASM_WAIT)
+            else:
+                _finish_tile(acc, rows, off_n, lo, last, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
+                             inc_offset_ptr, recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr,
+                             epoch, error_ptr, max_spin, RANK, BLOCK_N, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT)
             _count_chunk(lo, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
                          peer_signal_ptrs, epoch, WORLD, ALL_REDUCE)
             if last != lo:
                 _count_chunk(last, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
                              peer_signal_ptrs, epoch, WORLD, ALL_REDUCE)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+
+@triton.jit
+def _finish_tile(acc, rows, col0, lo, last, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
+                 recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr, epoch, error_ptr,
+                 max_spin, RANK, WIDTH: tl.constexpr, WORLD: tl.constexpr, INC_MAX: tl.constexpr,
+                 ALL_REDUCE: tl.constexpr, ASM_WAIT: tl.constexpr):
+    """Epilogue of `WIDTH` columns of a tile: add received partials, store rows where they go."""
+    cols = col0 + tl.arange(0, WIDTH)
+    col_ok = cols[None, :] < N
+    acc = _epilogue_chunk(acc, lo, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
+                          inc_offset_ptr, recv_ptr, recv_signal_ptr, epoch, error_ptr, max_spin, INC_MAX, ASM_WAIT)
+    if last != lo:
+        acc = _epilogue_chunk(acc, last, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
+                              inc_offset_ptr, recv_ptr, recv_signal_ptr, epoch, error_ptr, max_spin, INC_MAX, ASM_WAIT)
+    _store_chunk(acc, lo, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr,
+                 free_ptr, epoch, error_ptr, max_spin, RANK, WORLD, ALL_REDUCE, ASM_WAIT)
+    if last != lo:
+        _store_chunk(acc, last, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, keep_ptr, send_ptr, out_ptr,
+                     reduced_ptr, free_ptr, epoch, error_ptr, max_spin, RANK, WORLD, ALL_REDUCE, ASM_WAIT)
 
 
 @triton.jit
