@@ -91,7 +91,7 @@ class CommBackend(abc.ABC):
 
 def _announce_entry(stream: torch.cuda.Stream, ctx: OverlapContext, epoch: int) -> None:
     for p in range(ctx.world_size):
-        streamops.write_value(stream.cuda_stream, ctx.signal_address(p, ENTERED_BASE + ctx.rank), epoch)
+        ctx.write_signal(stream, p, ENTERED_BASE + ctx.rank, epoch)
 
 
 def _copy_own_chunks(call: GatherCall, stream: torch.cuda.Stream) -> None:
@@ -104,7 +104,7 @@ def _copy_own_chunks(call: GatherCall, stream: torch.cuda.Stream) -> None:
         if not in_place:
             src = call.a_local.data_ptr() + (lo - call.r0) * call.row_bytes
             streamops.copy_async(stream.cuda_stream, base + lo * call.row_bytes, src, (hi - lo) * call.row_bytes)
-        streamops.write_value(stream.cuda_stream, ctx.signal_address(rank, LOCAL_BASE + j), call.epoch)
+        ctx.write_signal(stream, rank, LOCAL_BASE + j, call.epoch)
 
 
 def _arrival_slot(plan: ChunkPlan, rank: int, phase: str) -> dict[tuple[int, int], int]:
@@ -136,7 +136,7 @@ class CopyEngineBackend(CommBackend):
                 src = call.a_full.peer_ptrs[ctx.rank] + t.row_start * call.row_bytes
             dst = call.a_full.peer_ptrs[t.dst] + t.row_start * call.row_bytes
             streamops.copy_async(s, dst, src, t.rows * call.row_bytes)
-            streamops.write_value(s, ctx.signal_address(t.dst, t.signal), e)
+            ctx.write_signal(streams[t.stream], t.dst, t.signal, e)
         return streams
 
     def start_scatter(self, call: ScatterCall) -> list[torch.cuda.Stream]:
@@ -154,7 +154,7 @@ class CopyEngineBackend(CommBackend):
             src = call.send.data_ptr() + t.row_start * row_bytes
             dst = call.recv.peer_ptrs[t.dst] + (recv_offset(plan, ctx.rank, t.block, call.n_cols) + t.row_start * call.n_cols) * call.elem
             streamops.copy_async(s, dst, src, t.rows * row_bytes)
-            streamops.write_value(s, ctx.signal_address(t.dst, t.signal), e)
+            ctx.write_signal(streams[t.stream], t.dst, t.signal, e)
         if call.reduced is not None:
             s = streams[2].cuda_stream
             for t in plan.recvs(ctx.rank, "gather"):
@@ -262,7 +262,7 @@ class NcclBackend(CommBackend):
             return a_full[t.row_start : t.row_end]
 
         def arrived(t: Transfer) -> None:
-            streamops.write_value(s.cuda_stream, ctx.signal_address(ctx.rank, t.signal), e)
+            ctx.write_signal(s, ctx.rank, t.signal, e)
 
         with torch.cuda.stream(s):
             nccl_exchange(plan, ctx.rank, "gather", ctx.group, send_view, lambda t: a_full[t.row_start : t.row_end],
@@ -285,7 +285,7 @@ class NcclBackend(CommBackend):
             streamops.wait_value(s.cuda_stream, ctx.signal_address(ctx.rank, word), e)
 
         def arrived(t: Transfer) -> None:
-            streamops.write_value(s.cuda_stream, ctx.signal_address(ctx.rank, t.signal), e)
+            ctx.write_signal(s, ctx.rank, t.signal, e)
 
         with torch.cuda.stream(s):
             nccl_exchange(

@@ -66,6 +66,9 @@ class OverlapContext:
     closed: bool = False
     cache: dict = field(default_factory=dict)
     """Per-context caches of the ops: device tables per candidate, the send buffer."""
+    remote_writes: bool = True
+    """Whether a stream can write a peer's signal word directly; else through a local word and a copy."""
+    scratch: torch.Tensor | None = None
 
     @classmethod
     def create(cls, group, buffers: dict[str, tuple[tuple[int, ...], torch.dtype]], num_streams: int = 3) -> OverlapContext:
@@ -99,8 +102,38 @@ class OverlapContext:
             peer_signal_ptrs=torch.tensor(signals.peer_ptrs, dtype=torch.int64, device=device),
             sm_count=torch.cuda.get_device_properties(device).multi_processor_count,
         )
-        log.debug("context on rank %d: buffers %s", ctx.rank, {k: tuple(v.local.shape) for k, v in bufs.items()})
+        ctx.scratch = torch.zeros(64, dtype=torch.int32, device=device)
+        ctx.remote_writes = ctx._probe_remote_writes()
+        log.debug("context on rank %d: buffers %s, remote stream writes %s", ctx.rank,
+                  {k: tuple(v.local.shape) for k, v in bufs.items()}, ctx.remote_writes)
         return ctx
+
+    def _probe_remote_writes(self) -> bool:
+        """Try one stream write into the next rank's pad (a word nobody reads) and see if it works."""
+        from syncopate.kernels import streamops
+
+        if self.world_size == 1:
+            return True
+        peer = (self.rank + 1) % self.world_size
+        try:
+            streamops.write_value(self.streams[0].cuda_stream, self.signal_address(peer, PAD_WORDS - 1), 0)
+            self.streams[0].synchronize()
+            return True
+        except Exception as e:
+            log.info("stream writes to peer memory fail here (%s); signals go through a copy", e)
+            return False
+
+    def write_signal(self, stream: torch.cuda.Stream, rank: int, word: int, value: int) -> None:
+        """Enqueue on `stream` (one of this context's) a write of `value` into `rank`'s pad word."""
+        from syncopate.kernels import streamops
+
+        address = self.signal_address(rank, word)
+        if rank == self.rank or self.remote_writes:
+            streamops.write_value(stream.cuda_stream, address, value)
+            return
+        slot = self.scratch.data_ptr() + 4 * self.streams.index(stream)
+        streamops.write_value(stream.cuda_stream, slot, value)
+        streamops.copy_async(stream.cuda_stream, address, slot, 4)
 
     def begin_call(self) -> int:
         """Take the epoch of the next call (1, 2, …); every rank makes the same calls in the same order."""

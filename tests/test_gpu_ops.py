@@ -1,0 +1,122 @@
+"""Layer: two GPUs on one host (multigpu). The fused ops against the float32 reference.
+
+Every backend × plan template × num_splits {1, 2, 4, 8} × tile order, in bf16 and fp16, with M/ws
+not a multiple of BLOCK_M; outputs and symmetric buffers poisoned with NaN before each call, fresh
+random inputs every call, and 100 back-to-back calls with changing inputs for each backend and kind.
+The cases run in one pair of processes (spawning is slow); a failure names every case that failed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+
+import pytest
+
+pytestmark = pytest.mark.multigpu
+
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+TOL = {"bf16": 1e-2, "fp16": 5e-3}
+
+
+def matrix(quick: bool = False):
+    """(kind, dtype, (M, N, K), candidate dict, calls) for every case."""
+    from syncopate.search_space import Candidate
+
+    cases = []
+    orders = ["arrival"] if quick else ["arrival", "arrival_colmajor", "swizzle", "row_major"]
+    splits = [2] if quick else [1, 2, 4, 8]
+    templates = ["direct"] if quick else ["direct", "ring", "bidirectional_ring"]
+    dtypes = ["bf16"] if quick else ["bf16", "fp16"]
+    shapes = {"ag_gemm": (4160, 1536, 1024), "gemm_rs": (4160, 1024, 1536), "gemm_ar": (4160, 1024, 1536)}
+    for kind, backend, template, s, order, dtype in itertools.product(
+        shapes, ["copy_engine", "nvshmem", "nccl"], templates, splits, orders, dtypes
+    ):
+        if template == "bidirectional_ring" and s < 2:
+            continue
+        c = Candidate(backend=backend, template=template, num_splits=s, tile_order=order,
+                      comm_sms=0 if backend == "copy_engine" else 16, block_m=128, block_n=128, block_k=64,
+                      group_m=4, num_warps=8, num_stages=3)
+        cases.append((kind, dtype, shapes[kind], c.to_dict(), 1))
+    for kind, backend in itertools.product(shapes, ["copy_engine", "nvshmem", "nccl"]):
+        c = Candidate(backend=backend, num_splits=4, comm_sms=0 if backend == "copy_engine" else 16,
+                      block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
+        cases.append((kind, "bf16", shapes[kind], c.to_dict(), 10 if quick else 100))
+    return cases
+
+
+def _worker(rank, world, port, cases, queue):
+    os.environ.update(SAFE_ENV)
+    import torch
+    import torch.distributed as dist
+
+    from syncopate.kernels import ops
+    from syncopate.kernels.reference import reference, relative_error
+    from syncopate.kernels.timing import barrier
+    from syncopate.search_space import Candidate, Workload
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            device_id=torch.device("cuda", rank))
+    g = dist.group.WORLD
+    dev = torch.device("cuda", rank)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(7 + rank)
+    failures = []
+    fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter, "gemm_ar": ops.matmul_all_reduce}
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    for index, (kind, dtype, (m, n, k), cand, calls) in enumerate(cases):
+        c = Candidate.from_dict(cand)
+        if rank == 0:
+            print(f"[{index + 1}/{len(cases)}] {kind} {dtype} {c.short()} x{calls}", flush=True)
+        w = Workload(kind=kind, shape=(m, n, k), dtype=dtype)
+        shapes = w.local_shapes(world)
+        dt = dtypes[dtype]
+        try:
+            worst = 0.0
+            for i in range(calls):
+                a = torch.randn(shapes["a"], generator=gen, device=dev).to(dt)
+                b = (torch.randn(shapes["b"], generator=gen, device=dev) / k**0.5).to(dt)
+                if i == 0:
+                    ctx_shape = (m, k) if kind == "ag_gemm" else (m, n)
+                    ctx = ops.get_context(kind, g, ctx_shape, dt)
+                    for buf in ctx.buffers.values():
+                        buf.local.fill_(float("nan"))
+                    barrier(g, dev)
+                out = torch.full(shapes["out"], float("nan"), dtype=dt, device=dev)
+                fused[kind](a, b, g, c, out=out, spin_limit=1 << 24)
+                worst = max(worst, relative_error(out, reference(kind, a, b, g)))
+            ctx_error = int(ctx.error.item())
+            if ctx_error or not worst <= TOL[dtype]:
+                failures.append(f"{kind} {dtype} {c.short()} calls={calls}: rel err {worst:.3g}, timeout flag {ctx_error}")
+        except Exception as e:
+            failures.append(f"{kind} {dtype} {c.short()}: {type(e).__name__}: {e}")
+            torch.cuda.synchronize()
+    ops.close_contexts()
+    queue.put((rank, failures))
+    dist.destroy_process_group()
+
+
+def run_cases(cases, world=2):
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, cases, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = dict(q.get(timeout=1800) for _ in range(world))
+    for p in procs:
+        p.join(timeout=120)
+    return results
+
+
+@pytest.mark.parametrize("quick", [True, False], ids=["smoke", "full"])
+def test_fused_ops_match_the_reference_on_two_gpus(quick):
+    results = run_cases(matrix(quick))
+    failures = sorted(set(results[0]) | set(results[1]))
+    assert not failures, f"{len(failures)} failing case(s):\n" + "\n".join(failures)
