@@ -36,7 +36,7 @@ def matrix(quick: bool = False):
         if template == "bidirectional_ring" and s < 2:
             continue
         c = Candidate(backend=backend, template=template, num_splits=s, tile_order=order,
-                      comm_sms=0 if backend == "copy_engine" else 16, block_m=128, block_n=128, block_k=64,
+                      comm_sms=0 if backend == "copy_engine" else 32, block_m=128, block_n=128, block_k=64,
                       group_m=4, num_warps=8, num_stages=3)
         cases.append((kind, dtype, shapes[kind], c.to_dict(), 1))
     for kind, backend in itertools.product(shapes, ["copy_engine", "nvshmem", "nccl"]):

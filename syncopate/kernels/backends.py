@@ -1,8 +1,9 @@
 """Communication backends: how chunks move while the fused GEMM runs.
 
-A backend enqueues the communication of one call on side streams forked from the caller's stream
-and returns them; the op then launches its kernel on the caller's stream and joins the side
-streams. Three backends, chosen by the candidate's `backend`:
+The op forks side streams from the caller's stream, launches its kernel on the caller's stream,
+then lets the backend enqueue the communication of the call on the side streams, and joins them.
+The kernel goes first on purpose: a stream wait for a signal the kernel raises, enqueued before
+the kernel, could otherwise hold the kernel back where two streams share one hardware queue. Three backends, chosen by the candidate's `backend`:
 
 - `copy_engine`: copy-engine copies (`cuMemcpyDtoDAsync`) straight into the peers' symmetric
   buffers, each followed by a stream write of the epoch into the receiver's signal word. Only
@@ -72,7 +73,7 @@ class ScatterCall:
 
 
 class CommBackend(abc.ABC):
-    """How chunks move. Implementations enqueue work on side streams and return those streams."""
+    """How chunks move. Implementations enqueue work on the side streams they are given."""
 
     name: str
 
@@ -81,12 +82,12 @@ class CommBackend(abc.ABC):
         return candidate.comm_sms
 
     @abc.abstractmethod
-    def start_gather(self, call: GatherCall) -> list[torch.cuda.Stream]:
-        """Enqueue the all-gather of `call`; return the side streams to join."""
+    def start_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> None:
+        """Enqueue the all-gather of `call` on `streams` (three, forked from the caller's stream)."""
 
     @abc.abstractmethod
-    def start_scatter(self, call: ScatterCall) -> list[torch.cuda.Stream]:
-        """Enqueue the reduce-scatter (and all-reduce gather) of `call`; return the side streams."""
+    def start_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> None:
+        """Enqueue the reduce-scatter (and all-reduce gather) of `call` on `streams` (three)."""
 
 
 def _announce_entry(stream: torch.cuda.Stream, ctx: OverlapContext, epoch: int) -> None:
@@ -117,9 +118,8 @@ class CopyEngineBackend(CommBackend):
     def reserved_sms(self, candidate: Candidate) -> int:
         return 0
 
-    def start_gather(self, call: GatherCall) -> list[torch.cuda.Stream]:
+    def start_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> None:
         ctx, plan, e = call.ctx, call.plan, call.epoch
-        streams = ctx.fork(call.main, 3)
         _copy_own_chunks(call, streams[2])
         _announce_entry(streams[0], ctx, e)
         arrived = _arrival_slot(plan, ctx.rank, "gather")
@@ -137,12 +137,10 @@ class CopyEngineBackend(CommBackend):
             dst = call.a_full.peer_ptrs[t.dst] + t.row_start * call.row_bytes
             streamops.copy_async(s, dst, src, t.rows * call.row_bytes)
             ctx.write_signal(streams[t.stream], t.dst, t.signal, e)
-        return streams
 
-    def start_scatter(self, call: ScatterCall) -> list[torch.cuda.Stream]:
+    def start_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> None:
         ctx, plan, e = call.ctx, call.plan, call.epoch
         row_bytes = call.n_cols * call.elem
-        streams = ctx.fork(call.main, 3 if call.reduced is not None else plan.num_streams)
         _announce_entry(streams[0], ctx, e)
         waited: set[tuple[int, int]] = set()
         for i, t in enumerate(plan.sends(ctx.rank, "reduce")):
@@ -161,7 +159,6 @@ class CopyEngineBackend(CommBackend):
                 streamops.wait_value(s, ctx.signal_address(ctx.rank, t.signal), e)
                 src = call.reduced.peer_ptrs[t.src] + t.row_start * row_bytes
                 streamops.copy_async(s, call.out.data_ptr() + t.row_start * row_bytes, src, t.rows * row_bytes)
-        return streams
 
 
 class SmCopyBackend(CommBackend):
@@ -169,9 +166,8 @@ class SmCopyBackend(CommBackend):
 
     name = "nvshmem"
 
-    def start_gather(self, call: GatherCall) -> list[torch.cuda.Stream]:
+    def start_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> None:
         ctx, plan, e = call.ctx, call.plan, call.epoch
-        streams = ctx.fork(call.main, 3)
         _copy_own_chunks(call, streams[2])
         _announce_entry(streams[0], ctx, e)
         arrived = _arrival_slot(plan, ctx.rank, "gather")
@@ -185,11 +181,9 @@ class SmCopyBackend(CommBackend):
             dst = call.a_full.peer_ptrs[t.dst] + t.row_start * call.row_bytes
             jobs.append((src, dst, t.rows * call.row_bytes // elem, wait, t.signal, t.dst))
         launch_chunk_copy(ctx, streams[0], jobs, call.candidate.comm_sms, e, call.a_local.dtype, call.spin_limit)
-        return streams
 
-    def start_scatter(self, call: ScatterCall) -> list[torch.cuda.Stream]:
+    def start_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> None:
         ctx, plan, e = call.ctx, call.plan, call.epoch
-        streams = ctx.fork(call.main, 1)
         _announce_entry(streams[0], ctx, e)
         row_bytes = call.n_cols * call.elem
         jobs = []
@@ -202,7 +196,6 @@ class SmCopyBackend(CommBackend):
                 src = call.reduced.peer_ptrs[t.src] + t.row_start * row_bytes
                 jobs.append((src, call.out.data_ptr() + t.row_start * row_bytes, t.rows * call.n_cols, t.signal, -1, ctx.rank))
         launch_chunk_copy(ctx, streams[0], jobs, call.candidate.comm_sms, e, call.send.dtype, call.spin_limit)
-        return streams
 
 
 def nccl_exchange(
@@ -249,9 +242,8 @@ def nccl_exchange(
 class NcclBackend(CommBackend):
     name = "nccl"
 
-    def start_gather(self, call: GatherCall) -> list[torch.cuda.Stream]:
+    def start_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> None:
         ctx, plan, e = call.ctx, call.plan, call.epoch
-        streams = ctx.fork(call.main, 3)
         _copy_own_chunks(call, streams[2])
         s = streams[0]
         a_full = call.a_full.local
@@ -267,11 +259,9 @@ class NcclBackend(CommBackend):
         with torch.cuda.stream(s):
             nccl_exchange(plan, ctx.rank, "gather", ctx.group, send_view, lambda t: a_full[t.row_start : t.row_end],
                           lambda t: None, arrived)
-        return streams
 
-    def start_scatter(self, call: ScatterCall) -> list[torch.cuda.Stream]:
+    def start_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> None:
         ctx, plan, e = call.ctx, call.plan, call.epoch
-        streams = ctx.fork(call.main, 1)
         s = streams[0]
         recv = call.recv.local.view(-1)
         n = call.n_cols
@@ -300,7 +290,6 @@ class NcclBackend(CommBackend):
                     lambda t: call.out[t.row_start : t.row_end],
                     lambda t: ready(READY_BASE + ready_of[plan.chunk_index(*t.chunk)]), lambda t: None,
                 )
-        return streams
 
 
 BACKEND_IMPLS: dict[str, CommBackend] = {b.name: b for b in (CopyEngineBackend(), SmCopyBackend(), NcclBackend())}

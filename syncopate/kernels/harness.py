@@ -191,9 +191,10 @@ class Harness:
             def fn():
                 e = ctx.begin_call()
                 main = torch.cuda.current_stream()
-                streams = backend.start_gather(GatherCall(
+                streams = ctx.fork(main, 3)
+                backend.start_gather(GatherCall(
                     ctx=ctx, plan=plan, candidate=cand, epoch=e, main=main, a_local=a, a_full=ctx.buffers["a_full"],
-                    r0=self.rank * a.shape[0], row_bytes=a.shape[1] * a.element_size()))
+                    r0=self.rank * a.shape[0], row_bytes=a.shape[1] * a.element_size()), streams)
                 ctx.join(main, streams)
         else:
             n = b.shape[1]
@@ -205,9 +206,10 @@ class Harness:
                 main = torch.cuda.current_stream()
                 for i in range(len(plan.sends(self.rank, "reduce"))):
                     streamops.write_value(main.cuda_stream, ctx.signal_address(self.rank, READY_BASE + i), e)
-                streams = backend.start_scatter(ScatterCall(
+                streams = ctx.fork(main, 3)
+                backend.start_scatter(ScatterCall(
                     ctx=ctx, plan=plan, candidate=cand, epoch=e, main=main, send=send, recv=ctx.buffers["recv"],
-                    n_cols=n, elem=send.element_size()))
+                    n_cols=n, elem=send.element_size()), streams)
                 ctx.join(main, streams)
         return BaselineResult("comm_alone_copy_engine", self._time(fn), "copy-engine transfers of the direct plan, no GEMM")
 

@@ -50,6 +50,8 @@ class ContextRegistry:
         self._contexts: dict[tuple, OverlapContext] = {}
         self._configs: dict[tuple, Candidate] = {}
         self._topologies: dict[str, Topology] = {}
+        self.prepared: dict[tuple, Any] = {}
+        """Validated calls: (group, kind, shapes, strides, dtype, device, config) → what a call needs."""
         self._lock = threading.Lock()
 
     def context(self, group, key: tuple, buffers: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> OverlapContext:
@@ -84,6 +86,7 @@ class ContextRegistry:
             for key in list(self._contexts):
                 if group is None or key[0] == group.group_name:
                     self._contexts.pop(key).close()
+            self.prepared.clear()
 
 
 _REGISTRY = ContextRegistry()
@@ -175,35 +178,56 @@ def all_gather_matmul(
     `spin_limit` > 0 bounds every wait (a tuning run's guard against hangs; the context then raises
     a timeout on `check_error()`).
     """
+    key = ("ag_gemm", _group_name(group), a_shard.shape, a_shard.dtype, a_shard.device, b.shape, b.stride(),
+           b.dtype, _config_key(config))
+    prep = _REGISTRY.prepared.get(key) if a_shard.is_contiguous() else None
+    if prep is None:
+        prep = _REGISTRY.prepared[key] = _prepare_gather(a_shard, b, group, config)
+    ctx, plan, cand, tables, backend, rank, m_local, k, n_local = prep
+    m = plan.total_rows
+    if out is None:
+        out = torch.empty((m, n_local), dtype=a_shard.dtype, device=a_shard.device)
+    elif out.shape != (m, n_local) or out.dtype != a_shard.dtype or not out.is_contiguous():
+        raise ConfigError(f"out must be a contiguous {a_shard.dtype} tensor of shape {(m, n_local)}, got {tuple(out.shape)}")
+    epoch = ctx.begin_call()
+    main = torch.cuda.current_stream()
+    a_full = ctx.buffers["a_full"]
+    streams = ctx.fork(main, 3)
+    launch_consumer(
+        a_full.local, b, out, tables, cand, epoch, ctx.signals.local, ctx.error,
+        ctx.sm_count - backend.reserved_sms(cand), spin_limit,
+    )
+    backend.start_gather(GatherCall(
+        ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, a_local=a_shard, a_full=a_full,
+        r0=rank * m_local, row_bytes=k * a_shard.element_size(), spin_limit=spin_limit,
+    ), streams)
+    ctx.join(main, streams)
+    if not return_gathered:
+        return out
+    return out, a_full.local.clone()
+
+
+def _group_name(group) -> str:
+    return (group or dist.group.WORLD).group_name
+
+
+def _config_key(config) -> Any:
+    if isinstance(config, dict):
+        return tuple(sorted(config.items()))
+    return config
+
+
+def _prepare_gather(a_shard, b, group, config):
+    """Validate an all-gather call once per (shapes, dtype, group, config): what every call needs."""
     group, rank, ws = _check_inputs(a_shard, b, group)
     m_local, k = a_shard.shape
     m, n_local = m_local * ws, b.shape[1]
     workload = Workload(kind="ag_gemm", shape=(m, n_local * ws, k), dtype=canonical_dtype(a_shard.dtype))
     cand = _candidate(config, workload, group)
-    if out is None:
-        out = torch.empty((m, n_local), dtype=a_shard.dtype, device=a_shard.device)
-    elif out.shape != (m, n_local) or out.dtype != a_shard.dtype or not out.is_contiguous():
-        raise ConfigError(f"out must be a contiguous {a_shard.dtype} tensor of shape {(m, n_local)}, got {tuple(out.shape)}")
     ctx = get_context("ag_gemm", group, (m, k), a_shard.dtype)
     plan = plan_for("ag_gemm", cand.template, ws, m, cand.num_splits, cand.block_m)
     tables = _tables(ctx, ("c", n_local, cand), lambda: consumer_tables(plan, rank, n_local, cand, ctx.device))
-    epoch = ctx.begin_call()
-    main = torch.cuda.current_stream()
-    a_full = ctx.buffers["a_full"]
-    r0, r1 = rank * m_local, (rank + 1) * m_local
-    backend = backend_for(cand)
-    streams = backend.start_gather(GatherCall(
-        ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, a_local=a_shard, a_full=a_full, r0=r0,
-        row_bytes=k * a_shard.element_size(), spin_limit=spin_limit,
-    ))
-    launch_consumer(
-        a_full.local, b, out, tables, cand, epoch, ctx.signals.local, ctx.error,
-        ctx.sm_count - backend.reserved_sms(cand), spin_limit,
-    )
-    ctx.join(main, streams)
-    if not return_gathered:
-        return out
-    return out, a_full.local.clone()
+    return ctx, plan, cand, tables, backend_for(cand), rank, m_local, k, n_local
 
 
 def _tables(ctx: OverlapContext, key: tuple, build):
@@ -226,7 +250,8 @@ def gather_buffer(a_shard_shape: tuple[int, int], dtype: torch.dtype, group=None
     return ctx.buffers["a_full"].local[rank * m_local : (rank + 1) * m_local]
 
 
-def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
+def _prepare_scatter(kind: str, a, b, group, config):
+    """Validate a reduce-scatter / all-reduce call once: what every call with these shapes needs."""
     group, rank, ws = _check_inputs(a, b, group)
     m, k_local = a.shape
     n = b.shape[1]
@@ -234,29 +259,40 @@ def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
     workload.check_world_size(ws)
     cand = _candidate(config, workload, group)
     all_reduce = kind == "gemm_ar"
-    out_rows = m if all_reduce else m // ws
-    if out is None:
-        out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
-    elif out.shape != (out_rows, n) or out.dtype != a.dtype or not out.is_contiguous():
-        raise ConfigError(f"out must be a contiguous {a.dtype} tensor of shape {(out_rows, n)}, got {tuple(out.shape)}")
     ctx = get_context(kind, group, (m, n), a.dtype)
     plan = plan_for(kind, cand.template, ws, m, cand.num_splits, cand.block_m)
     tables = _tables(ctx, ("p", n, cand), lambda: producer_tables(plan, rank, n, cand, all_reduce, ctx.device))
     send = _tables(ctx, ("send",), lambda: torch.empty((m, n), dtype=a.dtype, device=a.device))
+    out_rows = m if all_reduce else m // ws
+    return ctx, plan, cand, tables, backend_for(cand), rank, ws, send, out_rows
+
+
+def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
+    key = (kind, _group_name(group), a.shape, a.dtype, a.device, b.shape, b.stride(), b.dtype, _config_key(config))
+    prep = _REGISTRY.prepared.get(key) if a.is_contiguous() else None
+    if prep is None:
+        prep = _REGISTRY.prepared[key] = _prepare_scatter(kind, a, b, group, config)
+    ctx, plan, cand, tables, backend, rank, ws, send, out_rows = prep
+    m, n = plan.total_rows, b.shape[1]
+    all_reduce = kind == "gemm_ar"
+    if out is None:
+        out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
+    elif out.shape != (out_rows, n) or out.dtype != a.dtype or not out.is_contiguous():
+        raise ConfigError(f"out must be a contiguous {a.dtype} tensor of shape {(out_rows, n)}, got {tuple(out.shape)}")
     epoch = ctx.begin_call()
     main = torch.cuda.current_stream()
     reduced = ctx.buffers.get("reduced")
-    backend = backend_for(cand)
-    streams = backend.start_scatter(ScatterCall(
-        ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, send=send, recv=ctx.buffers["recv"],
-        n_cols=n, elem=a.element_size(), out=out, reduced=reduced,
-        num_ready_sends=len(plan.sends(rank, "reduce")), spin_limit=spin_limit,
-    ))
+    streams = ctx.fork(main, 3)
     launch_producer(
         a, b, send, out, reduced.local if reduced is not None else None, ctx.buffers["recv"].local,
         0 if all_reduce else block_bounds(m, ws, rank)[0], tables, cand, epoch, ctx.signals.local, ctx.counters,
         ctx.peer_signal_ptrs, ws, rank, ctx.error, ctx.sm_count - backend.reserved_sms(cand), spin_limit,
     )
+    backend.start_scatter(ScatterCall(
+        ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, send=send, recv=ctx.buffers["recv"],
+        n_cols=n, elem=a.element_size(), out=out, reduced=reduced,
+        num_ready_sends=len(plan.sends(rank, "reduce")), spin_limit=spin_limit,
+    ), streams)
     ctx.join(main, streams)
     return out
 

@@ -79,7 +79,7 @@ def time_collective(
     warmup: int = 5,
     repetitions: int = 20,
     flush_l2: bool = True,
-    sleep_us: float = 300.0,
+    sleep_us: float = 1500.0,
 ) -> Timing:
     """Time `fn` (a collective every rank calls) by DESIGN's method; samples are max over ranks."""
     device = torch.device("cuda", torch.cuda.current_device())

@@ -90,7 +90,7 @@ class SpaceOptions:
     tile_orders: tuple[str, ...] = ("arrival", "arrival_colmajor", "swizzle", "row_major")
     """Tile orders (those that fit the kind's role are kept)."""
     comm_sms: dict[str, tuple[int, ...]] = field(
-        default_factory=lambda: {"copy_engine": (0,), "nvshmem": (8, 16, 32), "nccl": (8, 16)}
+        default_factory=lambda: {"copy_engine": (0,), "nvshmem": (16, 32, 64), "nccl": (8, 16)}
     )
     """SMs given to communication, per backend."""
     tile_configs: tuple[TileConfig, ...] = TILE_CONFIGS
