@@ -15,6 +15,7 @@ dtype) in a `ContextRegistry` until `close_contexts()`.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any
 
@@ -90,6 +91,9 @@ class ContextRegistry:
 
 
 _REGISTRY = ContextRegistry()
+
+_COMM_FIRST = os.environ.get("SYNCOPATE_COMM_FIRST") == "1"
+"""Enqueue the all-gather's side-stream work before its kernel (for comparing the two orders)."""
 
 
 def close_contexts(group=None) -> None:
@@ -193,14 +197,18 @@ def all_gather_matmul(
     main = torch.cuda.current_stream()
     a_full = ctx.buffers["a_full"]
     streams = ctx.fork(main, 3)
+    call = GatherCall(
+        ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, a_local=a_shard, a_full=a_full,
+        r0=rank * m_local, row_bytes=k * a_shard.element_size(), spin_limit=spin_limit,
+    )
+    if _COMM_FIRST:
+        backend.start_gather(call, streams)
     launch_consumer(
         a_full.local, b, out, tables, cand, epoch, ctx.signals.local, ctx.error,
         ctx.sm_count - backend.reserved_sms(cand), spin_limit,
     )
-    backend.start_gather(GatherCall(
-        ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, a_local=a_shard, a_full=a_full,
-        r0=rank * m_local, row_bytes=k * a_shard.element_size(), spin_limit=spin_limit,
-    ), streams)
+    if not _COMM_FIRST:
+        backend.start_gather(call, streams)
     ctx.join(main, streams)
     if not return_gathered:
         return out
