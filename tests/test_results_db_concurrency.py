@@ -83,12 +83,14 @@ def _hammer(url: str) -> None:
         assert t.record == dataclasses.replace(_trial(key, candidates), created_at=t.record.created_at)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_eight_sqlite_writers(tmp_path):
     _hammer(f"sqlite:///{tmp_path / 'results.db'}")
 
 
 @pytest.mark.postgres
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_eight_postgresql_writers(pg_url):
     _hammer(pg_url)

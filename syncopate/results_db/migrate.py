@@ -80,7 +80,10 @@ def upgrade(location: DbLocation, engine: Engine | None = None) -> tuple[str | N
                     command.upgrade(alembic_config(connection), "head")
             return before, HEAD
     except SQLAlchemyError as e:
-        raise DatabaseError(f"cannot upgrade database {location.shown()}: {describe(e)}") from e
+        hint = ""
+        if location.dialect == "postgresql":
+            hint = " (a PostgreSQL database must exist first: `createdb NAME`)"
+        raise DatabaseError(f"cannot upgrade database {location.shown()}: {describe(e)}{hint}") from e
     finally:
         if own:
             engine.dispose()

@@ -28,7 +28,14 @@ from urllib.parse import quote
 from syncopate.errors import DatabaseError
 from syncopate.records import Environment
 from syncopate.results_db import codec
-from syncopate.results_db.schema import TABLES, VERSION_TABLE, check_revision, missing_error, no_tables_error
+from syncopate.results_db.schema import (
+    TABLES,
+    VERSION_TABLE,
+    check_revision,
+    missing_error,
+    no_tables_error,
+    unreachable_error,
+)
 from syncopate.results_db.urls import DbLocation, locate
 from syncopate.search_space import Candidate, Shape
 
@@ -158,7 +165,7 @@ class SqliteSource(_SqlSource):
             self._conn = sqlite3.connect(uri, uri=True, timeout=30.0, check_same_thread=False)
             self._conn.execute("PRAGMA query_only = ON")
         except sqlite3.Error as e:
-            raise DatabaseError(f"cannot open database {shown}: {e}") from e
+            raise unreachable_error(shown, str(e), "sqlite") from e
 
     def _rows(self, sql: str, params: dict[str, Any]) -> list[tuple]:
         try:
@@ -199,10 +206,7 @@ class SqlAlchemySource(_SqlSource):
                 revision = read_revision(connection)
         except SQLAlchemyError as e:
             self._engine.dispose()
-            raise DatabaseError(
-                f"cannot open database {self.shown}: {describe(e)} (check the URL; a new database is made "
-                f"with `syncopate db upgrade --db {self.shown}`)"
-            ) from e
+            raise unreachable_error(self.shown, describe(e), location.dialect) from e
         check_revision(revision, self.shown)
 
     def _rows(self, sql: str, params: dict[str, Any]) -> list[tuple]:

@@ -42,7 +42,7 @@ from syncopate.results_db import codec, migrate, queries, writes
 from syncopate.results_db.engine import WRITE_OPTION, describe, is_transient, make_engine
 from syncopate.results_db.migrate import read_revision
 from syncopate.results_db.models import SWEEP_STATUSES, SweepModel
-from syncopate.results_db.schema import check_revision, missing_error
+from syncopate.results_db.schema import check_revision, missing_error, unreachable_error
 from syncopate.results_db.urls import DbLocation, locate
 from syncopate.results_db.values import StoredBaseline, StoredCalibration, StoredTrial, SweepInfo
 from syncopate.search_space import Topology, Workload
@@ -331,8 +331,5 @@ def _check_schema(location: DbLocation, engine: Engine) -> None:
         with engine.connect() as connection:
             revision = read_revision(connection)
     except SQLAlchemyError as e:
-        raise DatabaseError(
-            f"cannot open database {location.shown()}: {describe(e)} (check the URL; a new database is "
-            f"made with `syncopate db upgrade --db {location.shown()}`)"
-        ) from e
+        raise unreachable_error(location.shown(), describe(e), location.dialect) from e
     check_revision(revision, location.shown())

@@ -10,7 +10,7 @@ library's sqlite3 and these constants.
 
 from __future__ import annotations
 
-from syncopate.errors import SchemaError
+from syncopate.errors import DatabaseError, SchemaError
 
 __all__ = [
     "BEST_VIEW",
@@ -22,6 +22,7 @@ __all__ = [
     "include_object",
     "missing_error",
     "no_tables_error",
+    "unreachable_error",
 ]
 
 VERSION_TABLE = "syncopate_alembic_version"
@@ -58,6 +59,16 @@ def missing_error(shown_url: str) -> SchemaError:
         f"database {shown_url} does not exist: check the path, or create it with "
         f"`syncopate db upgrade --db {shown_url}`"
     )
+
+
+def unreachable_error(shown_url: str, reason: str, dialect: str) -> DatabaseError:
+    """The database cannot be opened at all: the driver's reason, and what to check or run."""
+    if dialect == "postgresql":
+        fix = (f"check the URL and that the server runs; a new database is made with `createdb NAME` "
+               f"then `syncopate db upgrade --db {shown_url}`")
+    else:
+        fix = f"check the path; a new database is made with `syncopate db upgrade --db {shown_url}`"
+    return DatabaseError(f"cannot open database {shown_url}: {reason} ({fix})")
 
 
 def check_revision(revision: str | None, shown_url: str) -> None:
