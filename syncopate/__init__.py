@@ -20,15 +20,20 @@ __all__ = [
     "Candidate",
     "ConfigError",
     "DatabaseError",
+    "LookupResult",
     "SchemaError",
     "Shape",
     "SyncopateError",
     "Topology",
     "Workload",
     "__version__",
+    "lookup",
 ]
 
-_LAZY: dict[str, str] = {}
+_LAZY: dict[str, str] = {
+    "lookup": "syncopate.results_db.lookups",
+    "LookupResult": "syncopate.results_db.lookups",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -37,4 +42,6 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'syncopate' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later accesses skip this function
+    return value

@@ -12,6 +12,7 @@ __all__ = [
     "ConfigError",
     "DatabaseError",
     "SchemaError",
+    "NotFoundError",
     "LookupFailedError",
     "RuntimeUnavailableError",
     "CandidateTimeoutError",
@@ -32,6 +33,10 @@ class DatabaseError(SyncopateError):
 
 class SchemaError(DatabaseError):
     """The database has no tables, or a schema older or newer than this version of Syncopate."""
+
+
+class NotFoundError(DatabaseError):
+    """A row asked for by id or key (a sweep, a trial) does not exist; the message names it."""
 
 
 class LookupFailedError(SyncopateError, LookupError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -22,6 +23,7 @@ __all__ = [
     "Environment",
     "TrialRecord",
     "BaselineRecord",
+    "CalibrationRecord",
     "utcnow",
 ]
 
@@ -149,3 +151,37 @@ class BaselineRecord:
             raise ConfigError(f"baseline source {self.source!r} is unknown: accepted are {', '.join(SOURCES)}")
         _check_times(self.median_us, self.p20_us, self.p80_us)
         object.__setattr__(self, "samples_us", tuple(float(x) for x in self.samples_us))
+
+
+_CALIBRATION_KIND = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CalibrationRecord:
+    """A measured curve for the cost model (bandwidth against message size per backend, GEMM
+    throughput per tile config, …) on one topology and environment."""
+
+    kind: str
+    """What was calibrated, a lowercase identifier such as `bandwidth` or `gemm_throughput`."""
+    topology: Topology
+    environment: Environment
+    key: str
+    """Which curve of that kind, e.g. the backend (`copy_engine`) or a tile config key."""
+    payload: dict[str, Any]
+    """The curve as JSON-able data (lists of sizes and rates, fitted parameters, …)."""
+    source: str = "measured"
+    """One of :data:`SOURCES`."""
+    created_at: datetime = field(default_factory=utcnow)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, str) or not _CALIBRATION_KIND.fullmatch(self.kind):
+            raise ConfigError(
+                f"calibration kind {self.kind!r} must be a lowercase identifier (letters, digits, _), "
+                f"such as bandwidth or gemm_throughput"
+            )
+        if not isinstance(self.key, str) or not self.key.strip() or len(self.key) > 200:
+            raise ConfigError(f"calibration key {self.key!r} must be a non-empty string of at most 200 characters")
+        if not isinstance(self.payload, dict):
+            raise ConfigError(f"calibration payload must be a dict, got {type(self.payload).__name__}")
+        if self.source not in SOURCES:
+            raise ConfigError(f"calibration source {self.source!r} is unknown: accepted are {', '.join(SOURCES)}")

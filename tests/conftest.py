@@ -25,3 +25,72 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; none is present"))
         if "multigpu" in item.keywords and gpus < 2:
             item.add_marker(pytest.mark.skip(reason=f"needs two CUDA GPUs on one host; {gpus} present"))
+
+
+# ---- databases ---------------------------------------------------------------------------------
+
+PG_DEFAULT_URL = "postgresql+psycopg:///syncopate_test"
+"""The server and maintenance database the PostgreSQL tests use unless SYNCOPATE_TEST_PG says
+otherwise (a Unix-socket URL; see .ci/run for how the cluster is started)."""
+
+
+@pytest.fixture(scope="session")
+def pg_database_url():
+    """A fresh PostgreSQL database for this test session, dropped at its end.
+
+    Skips with the reason where no server answers; in CI (CI=true) fails instead.
+    """
+    import uuid
+
+    import sqlalchemy as sa
+
+    base = os.environ.get("SYNCOPATE_TEST_PG", PG_DEFAULT_URL)
+    engine = sa.create_engine(base, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5})
+    try:
+        with engine.connect() as connection:
+            connection.execute(sa.text("SELECT 1"))
+    except Exception as e:  # any failure to reach the server means the same: no server here
+        engine.dispose()
+        reason = str(getattr(e, "orig", e)).strip().splitlines()[0]
+        message = (f"no PostgreSQL server answers at {base} ({reason}); start one as .ci/run does, "
+                   f"or point SYNCOPATE_TEST_PG at one")
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    name = f"syncopate_t{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with engine.connect() as connection:
+        connection.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield engine.url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with engine.connect() as connection:
+            connection.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        engine.dispose()
+
+
+@pytest.fixture
+def pg_url(pg_database_url):
+    """A fresh, empty schema in the session's PostgreSQL database: a URL whose search_path is it."""
+    import uuid
+
+    import sqlalchemy as sa
+
+    schema = f"t_{uuid.uuid4().hex[:10]}"
+    engine = sa.create_engine(pg_database_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as connection:
+        connection.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    url = sa.engine.make_url(pg_database_url).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with engine.connect() as connection:
+            connection.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request, tmp_path):
+    """An empty database of each kind: a SQLite file, then a PostgreSQL schema."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'results.db'}"
+    return request.getfixturevalue("pg_url")

@@ -1,29 +1,145 @@
-"""Commands filled in by later work; each says it is not implemented yet and exits 1."""
+"""`syncopate lookup`, `best`, `export` and `db upgrade`: the results database from the shell.
+
+`--db` takes a URL (`sqlite:///PATH`, `postgresql+psycopg://…`) or a SQLite path; without it,
+SYNCOPATE_DB, else the per-user default. `lookup` also takes an export file.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import typer
+from rich.console import Console
+from rich.table import Table
 
-from syncopate.cli import app, db_app, fail
+from syncopate.cli import app, db_app
 
+_out = Console()
 
-@app.command("lookup", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def lookup_cmd(ctx: typer.Context) -> None:
-    """Not implemented yet."""
-    fail("'syncopate lookup' is not implemented yet", code=1)
-
-@app.command("best", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def best_cmd(ctx: typer.Context) -> None:
-    """Not implemented yet."""
-    fail("'syncopate best' is not implemented yet", code=1)
-
-@app.command("export", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def export_cmd(ctx: typer.Context) -> None:
-    """Not implemented yet."""
-    fail("'syncopate export' is not implemented yet", code=1)
+_DB_HELP = "Database URL or SQLite path (default: $SYNCOPATE_DB, else the per-user database)."
 
 
-@db_app.command("upgrade", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def db_upgrade_cmd(ctx: typer.Context) -> None:
-    """Not implemented yet."""
-    fail("'syncopate db upgrade' is not implemented yet", code=1)
+@app.command("lookup")
+def lookup_cmd(
+    kind: str = typer.Option("ag_gemm", help="Op kind: ag_gemm, gemm_rs or gemm_ar."),
+    m: int = typer.Option(..., help="Global M (rows of A and of the output)."),
+    n: int = typer.Option(..., help="Global N."),
+    k: int = typer.Option(..., help="Global K."),
+    dtype: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
+    topology: str = typer.Option(None, help="Topology key such as H200x2-nvlink (default: detect this machine's)."),
+    db: str = typer.Option(None, help=_DB_HELP + " An export file (syncopate export) works too."),
+    as_json: bool = typer.Option(False, "--json", help="Print {candidate, match, trial_id, time_us} as JSON."),
+) -> None:
+    """The best known configuration for one workload, and the rung of the ladder it came from
+    (exact, nearest_shape, other_environment, default)."""
+    from syncopate.results_db.lookups import lookup
+    from syncopate.search_space import Shape
+
+    result = lookup(Shape(m=m, n=n, k=k), topology, kind=kind, dtype=dtype, db=db)
+    if as_json:
+        print(json.dumps(result.to_dict()))
+        return
+    where = f" from trial {result.trial_id} ({result.time_us:.1f} µs" if result.trial_id is not None else ""
+    if where:
+        where += f" on {result.measured_on.shape}" if result.match == "nearest_shape" else ""
+        where += f", under {result.environment.short()}" if result.match == "other_environment" else ""
+        where += ")"
+    print(f"{result.workload} on {result.topology.key()}: {result.match}{where}")
+    print(result.candidate.short())
+
+
+def _bound(names: dict[str, float]) -> float | None:
+    comm = [v for k, v in names.items() if k.startswith("comm_alone")]
+    if "gemm_alone" not in names or not comm:
+        return None
+    return max(names["gemm_alone"], min(comm))
+
+
+@app.command("best")
+def best_cmd(
+    db: str = typer.Option(None, help=_DB_HELP),
+    kind: str = typer.Option(None, help="Only this op kind."),
+    topology: str = typer.Option(None, help="Only this topology key."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+) -> None:
+    """The best configuration of every stored workload, topology and environment, with its speedup
+    over each baseline measured in the same sweep (baseline time / best time)."""
+    from syncopate.results_db.repository import ResultsDB
+    from syncopate.results_db.urls import locate
+
+    location = locate(db)
+    if location.is_default and location.sqlite_path is not None and not location.sqlite_path.exists():
+        _out.print(f"no results stored yet in {location.shown()}", highlight=False)
+        return
+    with ResultsDB.open(db, upgrade=False) as rdb:
+        best = rdb.best_configs(kind=kind, topology=topology)
+        index: dict[tuple[str, str, str, int], dict[str, float]] = {}
+        for b in rdb.baselines(topology=topology):
+            r = b.record
+            index.setdefault((r.workload.key(), r.topology.key(), r.environment.key(), b.sweep_id), {})[r.name] = r.median_us
+    rows: list[dict[str, Any]] = []
+    for t in best:
+        found = index.get((t.workload.key(), t.topology.key(), t.environment.key(), t.sweep_id), {})
+        speedups = {name: base / t.median_us for name, base in sorted(found.items()) if t.median_us}
+        bound = _bound(found)
+        rows.append({
+            "workload": t.workload.key(), "topology": t.topology.key(), "environment": t.environment.to_dict(),
+            "candidate": t.candidate.to_dict(), "trial_id": t.trial_id, "sweep_id": t.sweep_id,
+            "median_us": t.median_us, "speedups": speedups,
+            "of_bound": (bound / t.median_us) if bound and t.median_us else None, "_row": t,
+        })
+    if as_json:
+        print(json.dumps([{k: v for k, v in row.items() if k != "_row"} for row in rows], indent=1))
+        return
+    if not rows:
+        _out.print(f"no ok measured trials in {location.shown()}" + (" matching the filters" if kind or topology else ""),
+                   highlight=False)
+        return
+    names = sorted({name for row in rows for name in row["speedups"]})
+    table = Table("workload", "topology", "environment", "best configuration", "median µs", "trial",
+                  *(f"× {name}" for name in names), "bound/best", title=f"best configurations in {location.shown()}")
+    for row in rows:
+        t = row["_row"]
+        table.add_row(
+            row["workload"], row["topology"], f"torch {t.environment.torch}, {t.environment.gpu_model}",
+            t.candidate.short(), f"{t.median_us:.1f}", str(t.trial_id),
+            *(f"{row['speedups'][name]:.2f}" if name in row["speedups"] else "–" for name in names),
+            f"{row['of_bound']:.2f}" if row["of_bound"] else "–",
+        )
+    console = _out if _out.is_terminal else Console(width=240)  # piped: no wrapping to 80 columns
+    console.print(table)
+
+
+@app.command("export")
+def export_cmd(
+    out: Path = typer.Option(..., "--out", help="The JSON file to write (replaced atomically)."),
+    db: str = typer.Option(None, help=_DB_HELP),
+    kind: str = typer.Option(None, help="Only this op kind."),
+    topology: str = typer.Option(None, help="Only this topology key."),
+) -> None:
+    """Write the best configurations to a JSON file that `lookup` (and syncopate.lookup) accept
+    as --db / db=, for jobs that cannot reach the database."""
+    from syncopate.results_db.repository import ResultsDB
+
+    with ResultsDB.open(db, upgrade=False) as rdb:
+        count = rdb.export_best(out, kind=kind, topology=topology)
+        shown = rdb.url
+    _out.print(f"wrote {count} best configuration{'s' if count != 1 else ''} from {shown} to {out}", highlight=False)
+
+
+@db_app.command("upgrade")
+def db_upgrade_cmd(db: str = typer.Option(None, help=_DB_HELP)) -> None:
+    """Create the results database, or bring its schema to this version's (Optuna's tables in the
+    same database are left alone). A database from a newer Syncopate is refused, untouched."""
+    from syncopate.results_db.migrate import upgrade
+    from syncopate.results_db.urls import locate
+
+    location = locate(db)
+    before, after = upgrade(location)
+    if before == after:
+        _out.print(f"{location.shown()}: schema at revision {after}, nothing to do", highlight=False)
+    else:
+        _out.print(f"{location.shown()}: schema upgraded from {before or 'nothing'} to revision {after}",
+                   highlight=False)

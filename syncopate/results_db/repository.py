@@ -1,0 +1,335 @@
+"""The repository: :class:`ResultsDB`, the one way in to the results database.
+
+```python
+from syncopate.results_db import ResultsDB
+
+with ResultsDB.open("postgresql+psycopg://tuner@db/syncopate") as db:   # or a path, or None
+    sweep_id = db.start_sweep("llama_tp2", config_dict)
+    done = db.measured_keys(workload, topology, environment, sweep_id=sweep_id)   # resume
+    trial_id = db.record_trial(sweep_id, trial_record)       # idempotent: once per identity
+    db.record_baseline(sweep_id, baseline_record)
+    db.finish_sweep(sweep_id)
+    db.best(workload, topology, environment)                 # StoredTrial | None
+```
+
+Every method runs in :meth:`ResultsDB.session_scope`, which commits, or rolls back and re-raises a
+driver error as :class:`~syncopate.errors.DatabaseError` naming the URL. Writes are retried on lock
+contention ("database is locked", deadlocks) for up to :data:`RETRY_S` seconds. A trial's identity is
+(workload, topology, environment, sweep, candidate hash): recording it again keeps the first row
+and returns its id. Failed trials are stored like any other.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from os import PathLike
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from syncopate.errors import ConfigError, DatabaseError
+from syncopate.records import BaselineRecord, CalibrationRecord, Environment, TrialRecord, utcnow
+from syncopate.results_db import codec, migrate, queries, writes
+from syncopate.results_db.engine import WRITE_OPTION, describe, is_transient, make_engine
+from syncopate.results_db.migrate import read_revision
+from syncopate.results_db.models import SWEEP_STATUSES, SweepModel
+from syncopate.results_db.schema import check_revision, missing_error, unreachable_error
+from syncopate.results_db.urls import DbLocation, locate
+from syncopate.results_db.values import StoredBaseline, StoredCalibration, StoredTrial, SweepInfo
+from syncopate.search_space import Topology, Workload
+
+__all__ = ["RETRY_S", "ResultsDB"]
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 120.0
+"""How long a write keeps retrying on lock contention before the error surfaces."""
+
+T = TypeVar("T")
+
+
+class ResultsDB:
+    """An open results database. Make one with :meth:`open`; close it (or use `with`)."""
+
+    def __init__(self, location: DbLocation, engine: Engine) -> None:
+        self.location = location
+        self.engine = engine
+        """The SQLAlchemy engine (for pandas' `read_sql` and the like); read-only use, please."""
+        self._write_engine = engine.execution_options(**{WRITE_OPTION: True})
+        self._dims = writes.DimensionIds()
+
+    # ---- opening -------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, db: str | PathLike[str] | None = None, *, upgrade: bool | None = None) -> ResultsDB:
+        """Open the database `db` (URL or SQLite path; None: SYNCOPATE_DB, else the per-user default).
+
+        upgrade: True creates or upgrades the schema (as `syncopate db upgrade`); False never does;
+        None (the default) does so only for the per-user default database. A database without our
+        tables, or at an older or newer schema revision, raises SchemaError saying what to run.
+        """
+        location = locate(db)
+        if upgrade is None:
+            upgrade = location.is_default
+        if not upgrade and location.sqlite_path is not None and not location.sqlite_path.exists():
+            raise missing_error(location.shown())
+        engine = make_engine(location)
+        try:
+            if upgrade:
+                migrate.upgrade(location, engine)
+            _check_schema(location, engine)
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(location, engine)
+
+    @property
+    def url(self) -> str:
+        """The database URL as shown in messages (password hidden)."""
+        return self.location.shown()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> ResultsDB:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ResultsDB({self.url!r})"
+
+    # ---- sessions ------------------------------------------------------------------------------
+
+    @contextmanager
+    def session_scope(self, *, write: bool = True) -> Iterator[Session]:
+        """A session that commits at the end, or rolls back and re-raises.
+
+        Driver errors become DatabaseError (`from` the original); any other error (Syncopate's own
+        included) passes as it is. `write=True` takes SQLite's write lock when the transaction begins.
+        """
+        session = Session(bind=self._write_engine if write else self.engine, expire_on_commit=False)
+        try:
+            yield session
+            session.commit()
+        except SQLAlchemyError as e:
+            session.rollback()
+            raise DatabaseError(f"database {self.url}: {describe(e)}") from e
+        except BaseException:
+            session.rollback()
+            raise
+        else:
+            self._dims.committed(session)
+        finally:
+            session.close()
+
+    def _run(self, work: Callable[[Session], T], *, write: bool = True) -> T:
+        """`work(session)` in one session scope, retried on lock contention."""
+        deadline = time.monotonic() + RETRY_S
+        delay = 0.02
+        while True:
+            try:
+                with self.session_scope(write=write) as session:
+                    return work(session)
+            except DatabaseError as e:
+                if not is_transient(e.__cause__) or time.monotonic() > deadline:
+                    raise
+                log.debug("%s: %s; retrying in %.2f s", self.url, e, delay)
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 1.0)
+
+    def _read(self, work: Callable[[Session], T]) -> T:
+        return self._run(work, write=False)
+
+    # ---- sweeps --------------------------------------------------------------------------------
+
+    def start_sweep(self, name: str, config: dict[str, Any] | None = None, *, host: str | None = None) -> int:
+        """Record the start of a sweep (status `running`); its id."""
+        if not isinstance(name, str) or not name.strip() or len(name) > 200:
+            raise ConfigError(f"sweep name {name!r} must be a non-empty string of at most 200 characters")
+        doc = codec.encode(dict(config or {}), "sweep config")
+        host = host or socket.gethostname()
+
+        def work(session: Session) -> int:
+            row = SweepModel(name=name, config=doc, status="running", host=host, started_at=utcnow(),
+                             finished_at=None)
+            session.add(row)
+            session.flush()
+            return row.id
+
+        return self._run(work)
+
+    def finish_sweep(self, sweep_id: int, status: str = "done") -> None:
+        """Mark a sweep finished: `done`, `failed` or `interrupted` (stamps the end time)."""
+        if status not in SWEEP_STATUSES or status == "running":
+            raise ConfigError(f"sweep status {status!r} cannot finish a sweep: accepted are done, failed, interrupted")
+        self._set_sweep(sweep_id, status=status, finished_at=utcnow())
+
+    def resume_sweep(self, sweep_id: int) -> SweepInfo:
+        """Mark a finished or interrupted sweep `running` again (its end time cleared)."""
+        self._set_sweep(sweep_id, status="running", finished_at=None)
+        return self.sweep(sweep_id)
+
+    def _set_sweep(self, sweep_id: int, **values: Any) -> None:
+        def work(session: Session) -> None:
+            SweepModel.find_or_raise_by_id(session, sweep_id)
+            session.execute(update(SweepModel).where(SweepModel.id == sweep_id).values(**values))
+
+        self._run(work)
+
+    def sweep(self, sweep_id: int) -> SweepInfo:
+        """The sweep `sweep_id` (NotFoundError if there is none)."""
+        return self._read(lambda s: queries.sweep_info(SweepModel.find_or_raise_by_id(s, sweep_id)))
+
+    def sweeps(self, *, name: str | None = None, status: str | None = None) -> list[SweepInfo]:
+        """Sweeps, oldest first, optionally of one name and status."""
+
+        def work(session: Session) -> list[SweepInfo]:
+            stmt = select(SweepModel).order_by(SweepModel.id)
+            if name is not None:
+                stmt = stmt.where(SweepModel.name == name)
+            if status is not None:
+                stmt = stmt.where(SweepModel.status == status)
+            return [queries.sweep_info(row) for row in session.scalars(stmt)]
+
+        return self._read(work)
+
+    def latest_sweep(self, name: str) -> SweepInfo | None:
+        """The most recently started sweep called `name`, or None."""
+        found = self.sweeps(name=name)
+        return found[-1] if found else None
+
+    # ---- writes --------------------------------------------------------------------------------
+
+    def record_trial(self, sweep_id: int, trial: TrialRecord) -> int:
+        """Store one trial of sweep `sweep_id` (any status); its row id (the existing one if stored)."""
+        return self.record_trials(sweep_id, [trial])[0]
+
+    def record_trials(self, sweep_id: int, trials: Iterable[TrialRecord]) -> list[int]:
+        """Store many trials of sweep `sweep_id` in one transaction; their row ids, in order."""
+        batch = list(trials)
+        for i, t in enumerate(batch):
+            if not isinstance(t, TrialRecord):
+                raise ConfigError(f"trial {i} is a {type(t).__name__}, not a TrialRecord")
+
+        def work(session: Session) -> list[int]:
+            SweepModel.find_or_raise_by_id(session, sweep_id)
+            return writes.insert_trials(session, self._dims, sweep_id, batch)
+
+        return self._run(work)
+
+    def record_baseline(self, sweep_id: int, baseline: BaselineRecord) -> int:
+        """Store one baseline of sweep `sweep_id` (kept once per workload, topology, environment, name)."""
+        if not isinstance(baseline, BaselineRecord):
+            raise ConfigError(f"baseline is a {type(baseline).__name__}, not a BaselineRecord")
+
+        def work(session: Session) -> int:
+            SweepModel.find_or_raise_by_id(session, sweep_id)
+            return writes.insert_baseline(session, self._dims, sweep_id, baseline)
+
+        return self._run(work)
+
+    def record_calibration(self, calibration: CalibrationRecord, *, sweep_id: int | None = None) -> int:
+        """Store a calibration curve; one with the same kind, topology, environment and key is replaced."""
+        if not isinstance(calibration, CalibrationRecord):
+            raise ConfigError(f"calibration is a {type(calibration).__name__}, not a CalibrationRecord")
+
+        def work(session: Session) -> int:
+            if sweep_id is not None:
+                SweepModel.find_or_raise_by_id(session, sweep_id)
+            return writes.upsert_calibration(session, self._dims, calibration, sweep_id)
+
+        return self._run(work)
+
+    # ---- reads ---------------------------------------------------------------------------------
+
+    def trial(self, trial_id: int) -> StoredTrial:
+        """The trial `trial_id` (NotFoundError if there is none)."""
+        return self._read(lambda s: queries.trial(s, trial_id))
+
+    def trials(self, *, workload: Workload | None = None, topology: Topology | str | None = None,
+               environment: Environment | None = None, sweep_id: int | None = None,
+               status: str | Iterable[str] | None = None, source: str | None = None,
+               kind: str | None = None, limit: int | None = None) -> list[StoredTrial]:
+        """Stored trials matching every filter given, in the order they were stored."""
+        return self._read(lambda s: queries.trials(
+            s, queries.Filters(s, workload=workload, topology=topology, environment=environment, kind=kind),
+            sweep_id=sweep_id, status=status, source=source, limit=limit))
+
+    def measured_keys(self, workload: Workload, topology: Topology | str, environment: Environment, *,
+                      sweep_id: int | None = None, source: str | None = "measured") -> frozenset[str]:
+        """Candidate hashes (:meth:`Candidate.key`) already stored for this workload, topology and
+        environment, whatever their status: what a resumed sweep need not measure again.
+
+        sweep_id limits it to one sweep; source (default `measured`; None for any) to one source.
+        """
+        return self._read(lambda s: queries.stored_keys(
+            s, queries.Filters(s, workload=workload, topology=topology, environment=environment),
+            sweep_id=sweep_id, source=source))
+
+    def best(self, workload: Workload, topology: Topology | str, environment: Environment) -> StoredTrial | None:
+        """The fastest `ok` trial of source `measured` for this workload, topology and environment."""
+        return self._read(lambda s: queries.best(
+            s, queries.Filters(s, workload=workload, topology=topology, environment=environment)))
+
+    def best_configs(self, *, kind: str | None = None, topology: Topology | str | None = None,
+                     environment: Environment | None = None) -> list[StoredTrial]:
+        """The best trial of every stored (workload, topology, environment), optionally filtered."""
+        return self._read(lambda s: queries.best_configs(
+            s, queries.Filters(s, topology=topology, environment=environment, kind=kind)))
+
+    def baselines(self, *, workload: Workload | None = None, topology: Topology | str | None = None,
+                  environment: Environment | None = None, sweep_id: int | None = None,
+                  name: str | None = None) -> list[StoredBaseline]:
+        """Stored baselines matching every filter given, in the order they were stored."""
+        return self._read(lambda s: queries.baselines(
+            s, queries.Filters(s, workload=workload, topology=topology, environment=environment),
+            sweep_id=sweep_id, name=name))
+
+    def calibration(self, kind: str, topology: Topology | str, environment: Environment,
+                    key: str) -> StoredCalibration | None:
+        """The calibration of this kind and key on this topology and environment, or None."""
+        found = self.calibrations(kind=kind, topology=topology, environment=environment, key=key)
+        return found[0] if found else None
+
+    def calibrations(self, *, kind: str | None = None, topology: Topology | str | None = None,
+                     environment: Environment | None = None, key: str | None = None) -> list[StoredCalibration]:
+        """Stored calibrations matching every filter given."""
+        return self._read(lambda s: queries.calibrations(
+            s, queries.Filters(s, topology=topology, environment=environment), kind=kind, key=key))
+
+    # ---- export / import -----------------------------------------------------------------------
+
+    def export_best(self, path: str | PathLike[str], *, kind: str | None = None,
+                    topology: Topology | str | None = None, environment: Environment | None = None) -> int:
+        """Write the best configurations to the JSON file `path` atomically; how many were written."""
+        from syncopate.results_db.transfer import write_export
+
+        return write_export(Path(path), self.best_configs(kind=kind, topology=topology, environment=environment),
+                            database=self.url)
+
+    def import_best(self, path: str | PathLike[str]) -> int:
+        """Store the entries of an export file as trials of a sweep named after the file's content
+        (importing the same file again adds nothing); how many entries were read."""
+        from syncopate.results_db.transfer import import_export
+
+        return import_export(self, Path(path))
+
+
+def _check_schema(location: DbLocation, engine: Engine) -> None:
+    try:
+        with engine.connect() as connection:
+            revision = read_revision(connection)
+    except SQLAlchemyError as e:
+        raise unreachable_error(location.shown(), describe(e), location.dialect) from e
+    check_revision(revision, location.shown())

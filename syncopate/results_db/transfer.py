@@ -1,0 +1,177 @@
+"""The export file: the best configurations as JSON, for jobs that cannot reach the database.
+
+```json
+{"format": "syncopate-best", "version": 1, "exported_at": "2026-11-21T12:00:00+00:00",
+ "database": "sqlite:////home/me/.local/share/syncopate/results.db",
+ "entries": [{"workload": {"kind": "ag_gemm", "m": 8192, "n": 4096, "k": 8192, "dtype": "bf16"},
+              "topology": {"key": "H200x2-nvlink", "world_size": 2, …},
+              "environment": {"syncopate": "0.1.0", "torch": "2.11.0", …},
+              "candidate": {"backend": "copy_engine", …},
+              "trial_id": 17, "sweep_id": 2, "median_us": 1523.4, "p20_us": 1519.0, "p80_us": 1530.2,
+              "created_at": "2026-11-21T11:58:03+00:00"}]}
+```
+
+:func:`write_export` writes through a temporary file in the target folder renamed over the target,
+so a failure leaves nothing behind and a reader never sees half a file. :func:`read_export`
+checks every field and raises LookupFailedError naming the file and the entry. Non-finite floats are
+tagged as in :mod:`~syncopate.results_db.codec`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from syncopate.errors import ConfigError, LookupFailedError
+from syncopate.records import Environment, TrialRecord, utcnow
+from syncopate.results_db import codec
+from syncopate.search_space import Candidate, Topology, Workload
+
+if TYPE_CHECKING:
+    from syncopate.results_db.repository import ResultsDB
+    from syncopate.results_db.values import StoredTrial
+
+__all__ = ["FORMAT", "VERSION", "ExportEntry", "import_export", "read_export", "write_export"]
+
+FORMAT = "syncopate-best"
+VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExportEntry:
+    """One best configuration read from an export file."""
+
+    workload: Workload
+    topology: Topology
+    environment: Environment
+    candidate: Candidate
+    trial_id: int
+    sweep_id: int | None
+    median_us: float
+    p20_us: float | None
+    p80_us: float | None
+    created_at: datetime | None
+
+
+def _entry_dict(t: StoredTrial) -> dict[str, Any]:
+    r = t.record
+    return {
+        "workload": r.workload.to_dict(), "topology": r.topology.to_dict(), "environment": r.environment.to_dict(),
+        "candidate": r.candidate.to_dict(), "trial_id": t.trial_id, "sweep_id": t.sweep_id,
+        "median_us": r.median_us, "p20_us": r.p20_us, "p80_us": r.p80_us, "created_at": r.created_at.isoformat(),
+    }
+
+
+def write_export(path: Path, best: list[StoredTrial], *, database: str) -> int:
+    """Write `best` to `path` atomically; the number of entries."""
+    doc = {
+        "format": FORMAT, "version": VERSION, "exported_at": utcnow().isoformat(), "database": database,
+        "entries": [_entry_dict(t) for t in best],
+    }
+    text = codec.dumps(doc, "export", indent=1) + "\n"
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ConfigError(f"cannot write {path}: folder {folder} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return len(best)
+
+
+def _field(d: dict[str, Any], name: str, types: type | tuple[type, ...], optional: bool = False) -> Any:
+    value = d.get(name)
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"lacks {name!r}")
+    if isinstance(value, bool) or not isinstance(value, types):
+        raise ConfigError(f"field {name!r}={value!r} has the wrong type")
+    return value
+
+
+def _entry(d: Any) -> ExportEntry:
+    if not isinstance(d, dict):
+        raise ConfigError("is not an object")
+    created = _field(d, "created_at", str, optional=True)
+    return ExportEntry(
+        workload=Workload.from_dict(_field(d, "workload", dict)),
+        topology=Topology.from_dict(_field(d, "topology", dict)),
+        environment=Environment.from_dict(_field(d, "environment", dict)),
+        candidate=Candidate.from_dict(_field(d, "candidate", dict)),
+        trial_id=_field(d, "trial_id", int),
+        sweep_id=_field(d, "sweep_id", int, optional=True),
+        median_us=float(_field(d, "median_us", (int, float))),
+        p20_us=_field(d, "p20_us", (int, float), optional=True),
+        p80_us=_field(d, "p80_us", (int, float), optional=True),
+        created_at=datetime.fromisoformat(created) if created else None,
+    )
+
+
+def read_export(path: Path) -> list[ExportEntry]:
+    """The entries of the export file `path`; LookupFailedError naming what is wrong with it."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise LookupFailedError(f"export file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise LookupFailedError(f"cannot read export file {path}: {e}") from None
+    try:
+        doc = codec.loads(text)
+    except json.JSONDecodeError as e:
+        raise LookupFailedError(
+            f"export file {path} is not valid JSON ({e}): write it again with `syncopate export`"
+        ) from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise LookupFailedError(f"{path} is not a Syncopate export file (no \"format\": \"{FORMAT}\")")
+    if doc.get("version") != VERSION:
+        raise LookupFailedError(
+            f"export file {path} has version {doc.get('version')!r}; this Syncopate reads version {VERSION}"
+        )
+    entries = doc.get("entries")
+    if not isinstance(entries, list):
+        raise LookupFailedError(f"export file {path} has no list of \"entries\"")
+    out = []
+    for i, d in enumerate(entries):
+        try:
+            out.append(_entry(d))
+        except KeyError as e:
+            raise LookupFailedError(f"export file {path} is corrupt: entry {i} lacks {e.args[0]!r}") from None
+        except (ConfigError, TypeError, ValueError) as e:
+            raise LookupFailedError(f"export file {path} is corrupt: entry {i}: {e}") from None
+    return out
+
+
+def import_export(db: ResultsDB, path: Path) -> int:
+    """Store the entries of export file `path` in `db` as `ok` measured trials of a sweep
+    `import:<first 12 hex digits of the file's SHA-256>`; a second import of the same file adds
+    nothing. The number of entries."""
+    entries = read_export(path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    name = f"import:{digest}"
+    existing = db.latest_sweep(name)
+    sweep_id = existing.sweep_id if existing else db.start_sweep(name, {"imported_from": str(path), "sha256": digest})
+    db.record_trials(sweep_id, [
+        TrialRecord(
+            workload=e.workload, topology=e.topology, environment=e.environment, candidate=e.candidate,
+            status="ok", source="measured", median_us=e.median_us, p20_us=e.p20_us, p80_us=e.p80_us,
+            worker={"imported_from": str(path), "trial_id": e.trial_id, "sweep_id": e.sweep_id},
+            strategy="import", created_at=e.created_at or utcnow(),
+        )
+        for e in entries
+    ])
+    if existing is None:
+        db.finish_sweep(sweep_id)
+    return len(entries)

@@ -1,0 +1,163 @@
+"""Layer: CLI on the CPU. `syncopate lookup`, `best`, `export` and `db upgrade` against SQLite files:
+answers, tables, atomic export, and one-line errors with exit code 2 that write nothing.
+
+Most commands run in this process (`syncopate.cli.main`), which keeps torch imported once; one test
+runs the real `python -m syncopate` end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import sqlalchemy as sa
+
+from db_data import TOPO, W, baseline, trial, workload
+from syncopate.cli import main
+from syncopate.records import Environment
+from syncopate.results_db import ResultsDB
+from syncopate.results_db.lookups import clear_cache
+from syncopate.results_db.schema import VERSION_TABLE
+
+TOPOLOGY = ["--topology", "H200x2-nvlink"]
+SHAPE = ["--m", "8192", "--n", "4096", "--k", "8192"]
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch, tmp_path):
+    monkeypatch.delenv("SYNCOPATE_DB", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    clear_cache()
+    yield
+    clear_cache()
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def populated(tmp_path):
+    """A database with this machine's environment: two shapes, baselines in the same sweep."""
+    env = Environment.current()
+    path = tmp_path / "results.db"
+    with ResultsDB.open(path, upgrade=True) as db:
+        sweep = db.start_sweep("s")
+        db.record_trials(sweep, [trial(0, env=env, median_us=1600.0), trial(1, env=env, median_us=1500.0),
+                                 trial(2, env=env, status="oom")])
+        db.record_trial(sweep, trial(4, env=env, w=workload(n=2048), median_us=400.0))
+        db.record_baseline(sweep, baseline("torch_seq", 1770.0, env=env))
+        db.record_baseline(sweep, baseline("gemm_alone", 1531.0, env=env))
+        db.record_baseline(sweep, baseline("comm_alone", 336.0, env=env))
+    return path
+
+
+def test_lookup_json_end_to_end(tmp_path, populated):
+    empty = tmp_path / "empty.db"
+    with ResultsDB.open(empty, upgrade=True):
+        pass
+    for db, match in ((empty, "default"), (populated, "exact")):
+        r = subprocess.run([sys.executable, "-m", "syncopate", "lookup", "--kind", "ag_gemm", *SHAPE, "--dtype", "bf16",
+                            *TOPOLOGY, "--db", str(db), "--json"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert list(doc) == ["candidate", "match", "trial_id", "time_us"]
+        assert doc["match"] == match
+    assert (doc["time_us"], doc["candidate"]["block_m"]) == (1500.0, 128)
+
+
+def test_lookup_nearest_shape_and_export_file(capsys, populated, tmp_path):
+    code, out, _ = cli(capsys, "lookup", "--m", "8192", "--n", "3072", "--k", "8192", *TOPOLOGY, "--db",
+                       str(populated), "--json")
+    assert code == 0 and json.loads(out)["match"] == "nearest_shape"
+    code, out, _ = cli(capsys, "export", "--db", f"sqlite:///{populated}", "--out", str(tmp_path / "best.json"))
+    assert code == 0 and "wrote 2 best configurations" in out
+    code, out, _ = cli(capsys, "lookup", *SHAPE, *TOPOLOGY, "--db", str(tmp_path / "best.json"), "--json")
+    assert code == 0 and json.loads(out)["time_us"] == 1500.0
+    code, out, _ = cli(capsys, "lookup", *SHAPE, *TOPOLOGY, "--db", str(populated))
+    assert code == 0 and "exact from trial 2 (1500.0 µs)" in out
+
+
+def test_best_shows_speedups_over_the_sweeps_baselines(capsys, populated):
+    code, out, _ = cli(capsys, "best", "--db", str(populated), "--json")
+    assert code == 0
+    rows = {row["workload"]: row for row in json.loads(out)}
+    row = rows[W.key()]
+    assert row["median_us"] == 1500.0 and row["topology"] == TOPO.key()
+    assert row["speedups"] == pytest.approx({"comm_alone": 336 / 1500, "gemm_alone": 1531 / 1500,
+                                             "torch_seq": 1770 / 1500})
+    assert row["of_bound"] == pytest.approx(1531 / 1500)
+    assert rows[workload(n=2048).key()]["speedups"] == {}
+    code, out, _ = cli(capsys, "best", "--db", str(populated))
+    assert code == 0
+    assert "× torch_seq" in out and "1.18" in out and "ag_gemm/8192x2048x8192/bf16" in out
+
+
+def test_best_on_an_unused_default_database_says_so_and_creates_nothing(capsys, tmp_path):
+    code, out, _ = cli(capsys, "best")
+    assert code == 0 and "no results stored yet" in out
+    assert not (tmp_path / "xdg").exists()
+
+
+def test_db_upgrade_creates_then_has_nothing_to_do(capsys, tmp_path):
+    path = tmp_path / "sub" / "new.db"
+    code, out, _ = cli(capsys, "db", "upgrade", "--db", str(path))
+    assert code == 0 and "upgraded from nothing to revision 0001" in out
+    code, out, _ = cli(capsys, "db", "upgrade", "--db", f"sqlite:///{path}")
+    assert code == 0 and "nothing to do" in out
+
+
+def test_export_replaces_atomically_and_a_failed_export_writes_nothing(capsys, populated, tmp_path):
+    out_file = tmp_path / "best.json"
+    out_file.write_text("previous")
+    assert cli(capsys, "export", "--db", str(populated), "--out", str(out_file))[0] == 0
+    assert json.loads(out_file.read_text())["format"] == "syncopate-best"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    (tmp_path / "empty.db").touch()
+    code, _, err = cli(capsys, "export", "--db", str(tmp_path / "empty.db"), "--out", str(tmp_path / "new.json"))
+    assert code == 2 and "syncopate db upgrade --db" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["empty.db"])
+    code, _, err = cli(capsys, "export", "--db", str(populated), "--out", str(tmp_path / "no" / "best.json"))
+    assert code == 2 and "folder" in err and "does not exist" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["empty.db"])
+
+
+def _newer(path):
+    with ResultsDB.open(path, upgrade=True):
+        pass
+    engine = sa.create_engine(f"sqlite:///{path}")
+    with engine.begin() as c:
+        c.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = 'abc123'"))
+    engine.dispose()
+    return path
+
+
+@pytest.mark.parametrize("args, message", [
+    (["lookup", "--kind", "mm", *SHAPE, *TOPOLOGY], "unknown kind 'mm'"),
+    (["lookup", "--m", "0", "--n", "8", "--k", "8", *TOPOLOGY], "M=0 must be positive"),
+    (["lookup", *SHAPE, "--dtype", "int8", *TOPOLOGY], "unknown dtype 'int8'"),
+    (["lookup", *SHAPE, "--topology", "H200x3-wifi"], "unknown interconnect 'wifi'"),
+    (["lookup", *SHAPE, *TOPOLOGY, "--db", "{tmp}/absent.db"], "absent.db does not exist: check the path"),
+    (["lookup", *SHAPE, *TOPOLOGY, "--db", "{tmp}/bad.json"], "is not valid JSON"),
+    (["lookup", *SHAPE, *TOPOLOGY, "--db", "mysql://u@h/db"], "is not supported"),
+    (["best", "--db", "{tmp}/empty.db"], "has no Syncopate tables: run `syncopate db upgrade --db"),
+    (["best", "--db", "postgresql+psycopg://nobody:secret@127.0.0.1:1/none"], "cannot open database"),
+    (["db", "upgrade", "--db", "{newer}"], "newer than this version of Syncopate"),
+    (["export", "--db", "{tmp}/absent.db", "--out", "{tmp}/x.json"], "does not exist"),
+])
+def test_bad_input_gives_one_line_and_exit_2(capsys, tmp_path, args, message):
+    (tmp_path / "bad.json").write_text("{oops")
+    (tmp_path / "empty.db").touch()
+    newer = _newer(tmp_path / "newer.db") if "{newer}" in args else None
+    args = [a.format(tmp=tmp_path, newer=newer) for a in args]
+    listing = sorted(p.name for p in tmp_path.iterdir())
+    code, _, err = cli(capsys, *args)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("syncopate: error: "), err
+    assert message in lines[0]
+    assert "secret" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == listing  # nothing written

@@ -1,0 +1,206 @@
+"""Layer: `syncopate.lookup` on the CPU, over SQLite files and export files: the ladder, the cache,
+argument checking before any database is touched, and the errors a job can meet at start."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import syncopate
+from db_data import ENV, OTHER_ENV, TOPO, W, trial, workload
+from syncopate.errors import ConfigError, DatabaseError, LookupFailedError, RuntimeUnavailableError, SchemaError
+from syncopate.records import TrialRecord
+from syncopate.results_db import ResultsDB
+from syncopate.results_db.lookups import clear_cache, lookup, shape_distance
+from syncopate.search_space import Candidate, Shape, default_candidate
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("SYNCOPATE_DB", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    clear_cache()
+    yield
+    clear_cache()
+
+
+@pytest.fixture
+def populated(tmp_path):
+    path = tmp_path / "results.db"
+    with ResultsDB.open(path, upgrade=True) as db:
+        sweep = db.start_sweep("s")
+        db.record_trials(sweep, [trial(0, median_us=300.0), trial(1, median_us=200.0),
+                                 trial(2, status="wrong_result", median_us=1.0)])
+        db.record_trial(sweep, trial(3, w=workload(m=4096), median_us=150.0))
+    return path
+
+
+def test_public_names():
+    assert syncopate.lookup is lookup
+    assert syncopate.LookupResult.__name__ == "LookupResult"
+    assert {"lookup", "LookupResult"} <= set(syncopate.__all__)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"shape": (8192, 4096, 0)}, "K=0 must be positive"),
+    ({"shape": (8192, 4096)}, "is not understood"),
+    ({"shape": "8192x4096x8192"}, "is not understood"),
+    ({"kind": "mm"}, "unknown kind 'mm'"),
+    ({"dtype": "e5m2"}, "unknown dtype 'e5m2'"),
+    ({"dtype": "torch.int8"}, "unknown dtype"),
+    ({"topology": "H9x2-nvlink"}, "unknown GPU 'H9'"),
+    ({"topology": 7}, "neither a Topology nor a key"),
+    ({"shape": (8191, 4096, 8192)}, "M=8191 is not divisible by world size 2"),
+])
+def test_bad_arguments_fail_before_the_database_is_touched(tmp_path, kwargs, message):
+    args = {"shape": (8192, 4096, 8192), "topology": "H200x2-nvlink", "db": tmp_path / "absent.db", **kwargs}
+    with pytest.raises(ConfigError, match=message):
+        lookup(args.pop("shape"), args.pop("topology"), environment=ENV, **args)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_torch_dtypes_and_names_are_the_same_lookup(populated):
+    import torch
+
+    a = lookup(W.shape, TOPO, dtype=torch.bfloat16, db=populated, environment=ENV)
+    b = lookup((8192, 4096, 8192), "H200x2-nvlink", dtype="bfloat16", db=str(populated), environment=ENV)
+    assert a.match == b.match == "exact" and a.trial_id == b.trial_id
+    assert lookup(W.shape, TOPO, dtype=torch.float16, db=populated, environment=ENV).match == "default"
+
+
+def test_the_ladder(populated, caplog):
+    exact = lookup(W.shape, TOPO, db=populated, environment=ENV)
+    assert (exact.match, exact.time_us, exact.environment) == ("exact", 200.0, ENV)
+    assert exact.to_dict() == {"candidate": exact.candidate.to_dict(), "match": "exact",
+                               "trial_id": exact.trial_id, "time_us": 200.0}
+    near = lookup((7000 // 8 * 8, 4096, 8192), TOPO, db=populated, environment=ENV)
+    assert near.match == "nearest_shape" and near.measured_on == W  # ln(8192/7000) < ln(7000/4096)
+    near = lookup((4000, 4096, 8192), TOPO, db=populated, environment=ENV)
+    assert near.measured_on == workload(m=4096) and near.time_us == 150.0
+    with caplog.at_level(logging.WARNING, logger="syncopate.results_db.lookups"):
+        other = lookup(W.shape, TOPO, db=populated, environment=OTHER_ENV)
+    assert (other.match, other.environment, other.time_us) == ("other_environment", ENV, 200.0)
+    assert "measured under another" in caplog.text and "torch 2.11.0" in caplog.text
+    default = lookup(W.shape, "H100x2-nvlink", db=populated, environment=ENV)
+    assert (default.match, default.trial_id, default.time_us) == ("default", None, None)
+    assert default.candidate == default_candidate(W, default.topology)
+
+
+def test_nearest_shape_is_by_log_distance():
+    assert shape_distance(Shape(m=1024, n=1, k=1), Shape(m=2048, n=1, k=1)) == pytest.approx(0.693147, rel=1e-5)
+    assert shape_distance(Shape(m=4, n=4, k=4), Shape(m=4, n=4, k=4)) == 0.0
+
+
+def test_a_stored_configuration_invalid_for_the_shape_asked_is_passed_over(tmp_path):
+    path = tmp_path / "r.db"
+    many_splits = Candidate(num_splits=64, block_n=128)
+    with ResultsDB.open(path, upgrade=True) as db:
+        sweep = db.start_sweep("s")
+        db.record_trial(sweep, TrialRecord(workload=workload(m=256), topology=TOPO, environment=ENV,
+                                           candidate=many_splits, status="ok", median_us=10.0))
+        far = db.record_trial(sweep, trial(0, w=workload(m=65536), median_us=900.0))
+    result = lookup((64, 4096, 8192), TOPO, db=path, environment=ENV)  # 32 rows per rank: 64 splits do not fit
+    assert (result.match, result.trial_id) == ("nearest_shape", far)
+
+
+def test_cache_answers_repeats_and_a_new_process_sees_changes(populated):
+    first = lookup(W.shape, TOPO, db=populated, environment=ENV)
+    assert lookup(W.shape, TOPO, db=populated, environment=ENV) is first
+    with ResultsDB.open(populated) as db:
+        db.record_trial(db.start_sweep("faster"), trial(9, median_us=5.0))
+    assert lookup(W.shape, TOPO, db=populated, environment=ENV).time_us == 200.0  # cached in this process
+    script = textwrap.dedent(f"""
+        import json, sys
+        from syncopate.records import Environment
+        from syncopate.results_db.lookups import lookup
+        env = Environment.from_dict({ENV.to_dict()!r})
+        r = lookup((8192, 4096, 8192), "H200x2-nvlink", db={str(populated)!r}, environment=env)
+        print(json.dumps({{"time_us": r.time_us, "sqlalchemy": "sqlalchemy" in sys.modules}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == {"time_us": 5.0, "sqlalchemy": False}
+    clear_cache()
+    assert lookup(W.shape, TOPO, db=populated, environment=ENV).time_us == 5.0
+
+
+def test_a_missing_default_database_answers_default_and_creates_nothing(tmp_path):
+    result = lookup(W.shape, TOPO, environment=ENV)
+    assert result.match == "default"
+    assert not (tmp_path / "xdg").exists()
+
+
+def test_an_empty_default_database_file_answers_default(tmp_path):
+    (tmp_path / "xdg" / "syncopate").mkdir(parents=True)
+    (tmp_path / "xdg" / "syncopate" / "results.db").touch()
+    assert lookup(W.shape, TOPO, environment=ENV).match == "default"
+
+
+def test_syncopate_db_names_the_database(monkeypatch, populated):
+    monkeypatch.setenv("SYNCOPATE_DB", f"sqlite:///{populated}")
+    assert lookup(W.shape, TOPO, environment=ENV).match == "exact"
+
+
+def test_an_explicit_path_that_does_not_exist_is_an_error(tmp_path):
+    with pytest.raises(DatabaseError, match=r"absent\.db does not exist: .*syncopate db upgrade --db"):
+        lookup(W.shape, TOPO, db=tmp_path / "absent.db", environment=ENV)
+    assert not (tmp_path / "absent.db").exists()
+
+
+def test_an_explicit_database_without_tables_says_what_to_run(tmp_path):
+    (tmp_path / "empty.db").touch()
+    with pytest.raises(SchemaError, match="has no Syncopate tables: run `syncopate db upgrade --db"):
+        lookup(W.shape, TOPO, db=tmp_path / "empty.db", environment=ENV)
+
+
+def test_a_file_that_is_not_a_database(tmp_path):
+    (tmp_path / "junk.db").write_bytes(b"\x00\x01 not sqlite at all" * 100)
+    with pytest.raises(DatabaseError, match="junk.db"):
+        lookup(W.shape, TOPO, db=tmp_path / "junk.db", environment=ENV)
+
+
+def test_an_export_file_answers_like_its_database(populated, tmp_path):
+    with ResultsDB.open(populated) as db:
+        db.export_best(tmp_path / "best.json")
+    from_db = lookup((4000, 4096, 8192), TOPO, db=populated, environment=ENV)
+    from_file = lookup((4000, 4096, 8192), TOPO, db=tmp_path / "best.json", environment=ENV)
+    assert (from_file.match, from_file.candidate, from_file.trial_id, from_file.time_us) == (
+        from_db.match, from_db.candidate, from_db.trial_id, from_db.time_us)
+    (tmp_path / "best.export").write_text((tmp_path / "best.json").read_text())  # any name will do
+    assert lookup(W.shape, TOPO, db=tmp_path / "best.export", environment=OTHER_ENV).match == "other_environment"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "is not valid JSON"),
+    ('{"entries": []}', "is not a Syncopate export file"),
+    ('{"format": "syncopate-best", "version": 7, "entries": []}', "has version 7"),
+    ('{"format": "syncopate-best", "version": 1, "entries": {}}', "no list of \"entries\""),
+    ('{"format": "syncopate-best", "version": 1, "entries": [{"workload": {}}]}', "entry 0"),
+])
+def test_a_corrupt_export_file_is_named(tmp_path, text, message):
+    (tmp_path / "best.json").write_text(text)
+    with pytest.raises(LookupFailedError, match=message):
+        lookup(W.shape, TOPO, db=tmp_path / "best.json", environment=ENV)
+
+
+def test_a_bad_candidate_in_an_export_file_is_named(populated, tmp_path):
+    with ResultsDB.open(populated) as db:
+        db.export_best(tmp_path / "best.json")
+    doc = json.loads((tmp_path / "best.json").read_text())
+    doc["entries"][1]["candidate"]["block_m"] = 100
+    (tmp_path / "best.json").write_text(json.dumps(doc))
+    with pytest.raises(LookupFailedError, match=r"entry 1.*block_m=100"):
+        lookup(W.shape, TOPO, db=tmp_path / "best.json", environment=ENV)
+
+
+def test_without_a_topology_it_is_detected_or_the_reason_is_given(populated):
+    try:
+        result = lookup(W.shape, None, db=populated, environment=ENV)
+    except RuntimeUnavailableError as e:
+        assert "cannot detect the topology here" in str(e) and "topology='H200x2-nvlink'" in str(e)
+    else:
+        assert result.topology == syncopate.Topology.detect()
