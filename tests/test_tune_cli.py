@@ -31,13 +31,13 @@ def env() -> dict[str, str]:
     return e
 
 
-def tune(*args, timeout: float = 240) -> subprocess.CompletedProcess:
+def tune(*args, timeout: float = 240, **extra_env: str) -> subprocess.CompletedProcess:
     """`syncopate tune ARGS` with the tests' SQLite store."""
     return subprocess.run(
         [sys.executable, str(LAUNCHER), *map(str, args)],
         capture_output=True,
         text=True,
-        env=env(),
+        env={**env(), **extra_env},
         cwd=REPO,
         timeout=timeout,
     )
@@ -74,6 +74,15 @@ def test_unreachable_ray_address_fails_fast_and_writes_nothing(tmp_path):
     )
     assert time.monotonic() - started < 30
     assert "cannot reach the Ray cluster at 127.0.0.1:" in line and "ray start --head" in line
+    assert count(db, "SELECT count(*) FROM sweeps") == [(0,)]
+
+
+def test_gpu_runner_on_a_machine_without_gpus(tmp_path):
+    config = fixture_sweep(tmp_path, runner="gpu")
+    db = tmp_path / "t.db"
+    # no GPU visible to Ray's detection, on any machine
+    line = one_error_line(tune(config, "--db", f"sqlite:///{db}", CUDA_VISIBLE_DEVICES=""))
+    assert "no GPUs on this machine (Ray found none): runner gpu needs 2" in line
     assert count(db, "SELECT count(*) FROM sweeps") == [(0,)]
 
 

@@ -258,6 +258,13 @@ def test_gpus_of_mixed_models(tmp_path, monkeypatch, capsys):
     assert rows(tmp_path / "t.db", "SELECT count(*) FROM sweeps") == [(0,)]
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(_cuda(), reason="torch sees a CUDA device here: the gpu runner would bind it")
 def test_gpu_runner_where_torch_has_no_cuda(tmp_path, monkeypatch, capsys):
     config = fixture_sweep(tmp_path, runner="gpu")
     code, err = run_cli(monkeypatch, capsys, config, "--db", f"sqlite:///{tmp_path / 't.db'}")
