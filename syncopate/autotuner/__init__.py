@@ -1,5 +1,60 @@
-"""The coordinator: sweep configs, strategies, the cost model, dispatch to gangs, resume."""
+"""The coordinator: sweep configs, strategies, the store seam, dispatch to gangs, resume.
 
-from syncopate.autotuner.sweep import RUNNERS, STRATEGIES, Sweep, load_sweep, parse_sweep
+Importing this package imports neither torch nor ray; the coordinator imports ray when it connects.
+"""
 
-__all__ = ["RUNNERS", "STRATEGIES", "Sweep", "load_sweep", "parse_sweep"]
+from syncopate.autotuner.cluster import Cluster, check_reachable, connect, gang_capacity, gang_shape
+from syncopate.autotuner.coordinator import Coordinator, SweepProgress, WorkloadRun, check_gang_members
+from syncopate.autotuner.store import SWEEP_STATUSES, ResultsDBStore, TrialStore, open_store
+from syncopate.autotuner.strategies import (
+    AVAILABLE_STRATEGIES,
+    GridStrategy,
+    RandomStrategy,
+    SearchProblem,
+    Strategy,
+    make_strategy,
+    strategy_class,
+)
+from syncopate.autotuner.sweep import (
+    RUNNERS,
+    STRATEGIES,
+    FixtureConfig,
+    Sweep,
+    TimingConfig,
+    load_sweep,
+    parse_sweep,
+)
+from syncopate.autotuner.tune import TuneOptions, TuneResult, run_tune
+
+__all__ = [
+    "AVAILABLE_STRATEGIES",
+    "RUNNERS",
+    "STRATEGIES",
+    "SWEEP_STATUSES",
+    "Cluster",
+    "Coordinator",
+    "FixtureConfig",
+    "GridStrategy",
+    "RandomStrategy",
+    "ResultsDBStore",
+    "SearchProblem",
+    "Strategy",
+    "Sweep",
+    "SweepProgress",
+    "TimingConfig",
+    "TrialStore",
+    "TuneOptions",
+    "TuneResult",
+    "WorkloadRun",
+    "check_gang_members",
+    "check_reachable",
+    "connect",
+    "gang_capacity",
+    "gang_shape",
+    "load_sweep",
+    "make_strategy",
+    "open_store",
+    "parse_sweep",
+    "run_tune",
+    "strategy_class",
+]

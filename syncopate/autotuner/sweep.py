@@ -14,6 +14,7 @@ space: {backends: [copy_engine, nccl], num_splits: [1, 2, 4]}
 runner: gpu                    # gpu | model | replay | cpu-fixture
 db: sqlite:///results/h200.db  # optional; else --db, SYNCOPATE_DB, or the per-user default
 timing: {warmup: 5, repetitions: 20, deadline_s: 120}
+fixture: {hang: [KEY], crash: [KEY], fail: {KEY: oom}}   # cpu-fixture runner only: planted faults
 ```
 
 Loading validates everything: a bad file gives one ConfigError naming the file, the field, the
@@ -42,7 +43,16 @@ from syncopate.search_space import (
     model_shape,
 )
 
-__all__ = ["STRATEGIES", "RUNNERS", "Sweep", "StrategyConfig", "TimingConfig", "load_sweep", "parse_sweep"]
+__all__ = [
+    "STRATEGIES",
+    "RUNNERS",
+    "FixtureConfig",
+    "Sweep",
+    "StrategyConfig",
+    "TimingConfig",
+    "load_sweep",
+    "parse_sweep",
+]
 
 STRATEGIES: tuple[str, ...] = ("grid", "random", "optuna-tpe", "model-guided")
 RUNNERS: tuple[str, ...] = ("gpu", "model", "replay", "cpu-fixture")
@@ -101,6 +111,52 @@ class TimingConfig(_Strict):
     repetitions: int = Field(default=20, ge=1)
     deadline_s: float = Field(default=120.0, gt=0)
     flush_l2: bool = True
+
+
+PLANTED_FAILURES: tuple[str, ...] = ("wrong_result", "compile_error", "oom", "error")
+"""What the fixture can make a candidate do besides hang and crash: return a wrong result, raise a
+compilation error, run out of memory, or raise an unexpected exception."""
+
+
+def _check_keys(keys) -> None:
+    for k in keys:
+        if not (isinstance(k, str) and len(k) == 16 and all(c in "0123456789abcdef" for c in k)):
+            raise ValueError(f"{k!r} is not a candidate key (16 hex digits, as `Candidate.key()` gives)")
+
+
+class FixtureConfig(_Strict):
+    """Settings of the `cpu-fixture` runner, a deterministic stand-in for tests: synthetic times,
+    and faults planted on chosen candidates (named by their key)."""
+
+    hang: list[str] = Field(default_factory=list)
+    """Candidates that sleep forever on every rank."""
+    crash: list[str] = Field(default_factory=list)
+    """Candidates whose last rank ends its own process."""
+    fail: dict[str, str] = Field(default_factory=dict)
+    """Candidate key → one of :data:`PLANTED_FAILURES`."""
+    delay_s: float = Field(default=0.0, ge=0)
+    """Seconds each candidate takes."""
+    gpu_models: list[str] = Field(default_factory=list)
+    """GPU models the ranks report, by rank, cycled; empty: the topology's model."""
+    gpus: int | None = Field(default=None, ge=1)
+    """GPUs a local Ray cluster started for the fixture declares (default: the topology's world size)."""
+
+    @field_validator("hang", "crash")
+    @classmethod
+    def _keys(cls, v):
+        _check_keys(v)
+        return v
+
+    @field_validator("fail")
+    @classmethod
+    def _fail(cls, v):
+        _check_keys(v)
+        for key, what in v.items():
+            if what not in PLANTED_FAILURES:
+                raise ValueError(
+                    f"candidate {key}: unknown failure {what!r}: accepted are {', '.join(PLANTED_FAILURES)}"
+                )
+        return v
 
 
 class SpaceEntry(_Strict):
@@ -162,6 +218,7 @@ class SweepFile(_Strict):
     db: str | None = None
     timing: TimingConfig = TimingConfig()
     ray_address: str | None = None
+    fixture: FixtureConfig | None = None
 
     @field_validator("runner")
     @classmethod
@@ -195,6 +252,8 @@ class Sweep(BaseModel):
     db: str | None
     timing: TimingConfig
     ray_address: str | None
+    fixture: FixtureConfig | None = None
+    """Planted faults and settings of the cpu-fixture runner; None elsewhere."""
 
     @property
     def detect_topology(self) -> bool:
@@ -250,7 +309,7 @@ def parse_sweep(data: Any, source: str = "<config>") -> Sweep:
     return Sweep(
         name=f.name, description=f.description, source=source, raw=data, topology_key=f.topology,
         workloads=tuple(workloads), strategy=f.strategy, space=options, runner=f.runner, db=f.db,
-        timing=f.timing, ray_address=f.ray_address,
+        timing=f.timing, ray_address=f.ray_address, fixture=f.fixture,
     )
 
 

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     _register()
     command = typer.main.get_command(app)
     try:
-        command.main(args=argv, prog_name="syncopate", standalone_mode=False)
+        code = command.main(args=argv, prog_name="syncopate", standalone_mode=False)
     except SyncopateError as e:
         print(f"syncopate: error: {e}", file=sys.stderr)
         return 2
@@ -78,4 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         message = e.format_message() if hasattr(e, "format_message") else str(e)
         print(f"syncopate: error: {message} ({hint})", file=sys.stderr)
         return int(getattr(e, "exit_code", 2) or 2)
-    return 0
+    # Without standalone mode the framework returns the code of an `Exit` instead of exiting; it
+    # turns Ctrl-C into Exit(130).
+    if code == 130:
+        print("syncopate: interrupted", file=sys.stderr)
+    return code if isinstance(code, int) else 0

@@ -1,16 +1,97 @@
-"""Commands filled in by later work; each says it is not implemented yet and exits 1."""
+"""`syncopate tune`: run a sweep on Ray gangs and store every trial. (`calibrate` comes later.)"""
 
 from __future__ import annotations
 
+import logging
+import sys
+from pathlib import Path
+
 import typer
+from rich.console import Console
+from rich.logging import RichHandler
 
 from syncopate.cli import app, fail
 
 
-@app.command("tune", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def tune_cmd(ctx: typer.Context) -> None:
-    """Not implemented yet."""
-    fail("'syncopate tune' is not implemented yet", code=1)
+def _setup_logging(console: Console, verbose: bool) -> None:
+    root = logging.getLogger()
+    if not any(isinstance(h, RichHandler) for h in root.handlers):
+        handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        root.addHandler(handler)
+    root.setLevel(logging.INFO if verbose else logging.WARNING)
+    logging.getLogger("syncopate").setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+@app.command("tune")
+def tune_cmd(
+    config: Path = typer.Argument(..., help="Sweep config (YAML)."),
+    db: str | None = typer.Option(
+        None,
+        "--db",
+        help="Database URL (default: the config's db, SYNCOPATE_DB, or the per-user SQLite file).",
+    ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue the latest sweep of this name; stored trials are not measured again.",
+    ),
+    max_trials: int | None = typer.Option(
+        None, "--max-trials", help="Trials per workload (overrides strategy.max_trials)."
+    ),
+    time_budget: float | None = typer.Option(
+        None,
+        "--time-budget",
+        help="Seconds after which no new trial starts (overrides strategy.time_budget_s).",
+    ),
+    ray_address: str | None = typer.Option(
+        None,
+        "--ray-address",
+        help="Ray cluster to join: HOST:PORT, ray://HOST:PORT or auto (default: the config's, RAY_ADDRESS, "
+        "or a local cluster).",
+    ),
+    runner: str | None = typer.Option(
+        None, "--runner", help="gpu or cpu-fixture (overrides the config's runner)."
+    ),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Log at INFO and forward the workers' output."
+    ),
+) -> None:
+    """Tune the workloads of CONFIG on Ray GPU gangs; every trial, failures too, lands in the database."""
+    from syncopate.autotuner.progress import overhead_line, summary_table
+    from syncopate.autotuner.tune import TuneOptions, run_tune
+
+    err = Console(stderr=True)
+    out = Console() if sys.stdout.isatty() else Console(width=200)
+    _setup_logging(err, verbose)
+    options = TuneOptions(
+        config=config,
+        db=db,
+        resume=resume,
+        max_trials=max_trials,
+        time_budget_s=time_budget,
+        ray_address=ray_address,
+        runner=runner,
+        verbose=verbose,
+    )
+    result = run_tune(options, console=err)
+    label = " (cpu-fixture: synthetic times, stored as source fixture)" if result.source == "fixture" else ""
+    out.print(
+        summary_table(
+            result.summaries,
+            f"sweep {result.sweep_name!r} (id {result.sweep_id}) on {result.topology}: "
+            f"{result.status}{label}",
+        )
+    )
+    if result.progress is not None:
+        line = overhead_line(result.progress)
+        if line:
+            out.print(line)
+        if result.progress.rebuilds:
+            out.print(f"gangs rebuilt: {result.progress.rebuilds}")
+    if result.status == "stopped":
+        out.print("the time budget ran out: run the same command with --resume to continue")
+
 
 @app.command("calibrate", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def calibrate_cmd(ctx: typer.Context) -> None:

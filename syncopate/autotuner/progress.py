@@ -1,0 +1,175 @@
+"""The live progress display of `syncopate tune` and its closing summary (rich; user-facing only)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from syncopate.autotuner.coordinator import SweepProgress, WorkloadRun
+from syncopate.records import TrialRecord
+
+__all__ = ["LiveProgress", "WorkloadSummary", "summary_table", "overhead_line", "fmt_duration"]
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    s = int(round(seconds))
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+def _speedup(x: float | None) -> str:
+    return f"{x:.2f}×" if x is not None else "–"
+
+
+class _View:
+    """Renders the current state each time rich refreshes."""
+
+    def __init__(self, progress: SweepProgress) -> None:
+        self.progress = progress
+
+    def __rich__(self) -> Table:
+        p = self.progress
+        failures = p.failures
+        head = Text.assemble(
+            ("tuning ", "bold"),
+            (p.sweep_name, "bold cyan"),
+            f" on {p.topology} · {p.gangs} gang(s)",
+            f" · elapsed {fmt_duration(p.elapsed_s)} · ETA {fmt_duration(p.eta_s())}",
+            (f" · stopping: {p.stopping}", "yellow") if p.stopping else "",
+        )
+        counts = Text.assemble(
+            f" {p.done}/{p.total} trials · ",
+            (f"{sum(failures.values())} failed", "red" if failures else "green"),
+            f" ({', '.join(f'{s} {n}' for s, n in sorted(failures.items()))})" if failures else "",
+        )
+        bar = Table.grid()
+        bar.add_row(ProgressBar(total=max(p.total, 1), completed=p.done, width=40), counts)
+        run = p.latest
+        if run is not None and run.best is not None:
+            best = Text.assemble(
+                "best so far: ",
+                (str(run.workload), "cyan"),
+                f"  {run.best.median_us:.1f} µs  ",
+                (_speedup(run.speedup()), "bold green"),
+                " over torch_seq  ",
+                run.best.candidate.short(),
+            )
+        else:
+            best = Text("best so far: –")
+        grid = Table.grid()
+        for row in (head, bar, best):
+            grid.add_row(row)
+        return grid
+
+
+class LiveProgress:
+    """A rich Live display of a :class:`SweepProgress`, redrawn four times a second from rich's own
+    thread (the coordinator only updates the state); a context manager."""
+
+    def __init__(self, progress: SweepProgress, console: Console) -> None:
+        self._live = Live(_View(progress), console=console, refresh_per_second=4, transient=False)
+
+    def __enter__(self) -> LiveProgress:
+        self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._live.__exit__(*exc)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkloadSummary:
+    """One workload at the end of a run."""
+
+    workload: str
+    planned: int
+    stored_before: int
+    measured: int
+    failures: dict[str, int]
+    best: TrialRecord | None
+    """Fastest ok trial stored for the workload in this environment (this sweep's or earlier)."""
+    torch_seq_us: float | None
+    bound_us: float | None
+
+    @classmethod
+    def of(cls, run: WorkloadRun, best: TrialRecord | None) -> WorkloadSummary:
+        seq = run.baselines.get("torch_seq")
+        return cls(
+            workload=run.workload.key(),
+            planned=run.strategy.planned,
+            stored_before=run.stored_before,
+            measured=run.measured,
+            failures={s: n for s, n in run.statuses.items() if s != "ok"},
+            best=best,
+            torch_seq_us=seq.median_us if seq else None,
+            bound_us=run.bound_us(),
+        )
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best is None or self.torch_seq_us is None or not self.best.median_us:
+            return None
+        return self.torch_seq_us / self.best.median_us
+
+
+def summary_table(summaries: list[WorkloadSummary], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in (
+        "workload",
+        "trials",
+        "failed",
+        "best µs",
+        "torch_seq µs",
+        "speedup",
+        "bound µs",
+        "best candidate",
+    ):
+        table.add_column(col, justify="left" if col in ("workload", "best candidate", "failed") else "right")
+    for s in summaries:
+        failed = ", ".join(f"{k} {v}" for k, v in sorted(s.failures.items())) or "0"
+        trials = f"{s.stored_before + s.measured}/{s.planned}" + (
+            f" ({s.stored_before} resumed)" if s.stored_before else ""
+        )
+        table.add_row(
+            s.workload,
+            trials,
+            failed,
+            f"{s.best.median_us:.1f}" if s.best else "–",
+            f"{s.torch_seq_us:.1f}" if s.torch_seq_us is not None else "–",
+            _speedup(s.speedup),
+            f"{s.bound_us:.1f}" if s.bound_us is not None else "–",
+            s.best.candidate.short() if s.best else "–",
+        )
+    return table
+
+
+def overhead_line(progress: SweepProgress) -> str:
+    """Throughput, the coordinator's overhead per trial, and the gangs' idle time between trials."""
+    parts = []
+    if progress.measured:
+        elapsed = progress.elapsed_s
+        parts.append(
+            f"{progress.measured} trial(s) in {fmt_duration(elapsed)} "
+            f"({progress.measured / max(elapsed, 1e-9) * 60:.0f} per minute)"
+        )
+    if progress.handling_ms:
+        h = sorted(progress.handling_ms)
+        parts.append(
+            f"coordinator overhead per trial: median {statistics.median(h):.2f} ms, "
+            f"p95 {h[min(len(h) - 1, int(0.95 * len(h)))]:.2f} ms, max {h[-1]:.2f} ms"
+        )
+    if progress.idle_gap_ms:
+        g = sorted(progress.idle_gap_ms)
+        parts.append(
+            f"gang idle between trials (Ray round trip included): median {statistics.median(g):.2f} ms"
+        )
+    return "; ".join(parts)

@@ -1,0 +1,158 @@
+"""Search strategies: what to measure next, per workload.
+
+A strategy is built for one :class:`SearchProblem` (a workload on a topology, the space's
+restrictions, and the candidates already stored for it) and asked for candidates until it has
+none left. `grid` and `random` fix their plan up front from the seed, so a resumed sweep proposes
+the same candidates and skips the stored ones; Optuna-based strategies plug in through
+:meth:`Strategy.tell`.
+
+Pure Python: nothing here imports torch or ray.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from syncopate.errors import ConfigError, RuntimeUnavailableError
+from syncopate.records import TrialRecord
+from syncopate.search_space import Candidate, SpaceOptions, Topology, Workload, space
+
+__all__ = [
+    "AVAILABLE_STRATEGIES",
+    "GridStrategy",
+    "RandomStrategy",
+    "SearchProblem",
+    "Strategy",
+    "make_strategy",
+    "strategy_class",
+]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchProblem:
+    """One workload on one topology, the space's restrictions, and what is already stored."""
+
+    workload: Workload
+    topology: Topology
+    options: SpaceOptions = field(default_factory=SpaceOptions)
+    done: frozenset[str] = frozenset()
+    """Keys of candidates already measured for this workload in this sweep (a resumed sweep)."""
+
+    def candidates(self) -> list[Candidate]:
+        """The valid candidates, in the space's deterministic order."""
+        return space(self.workload, self.topology, self.options)
+
+
+class Strategy(ABC):
+    """Proposes candidates of one workload; learns from every finished trial."""
+
+    name: ClassVar[str]
+
+    def __init__(self, problem: SearchProblem, *, max_trials: int | None, seed: int) -> None:
+        self.problem = problem
+        self.max_trials = max_trials
+        self.seed = seed
+
+    @abstractmethod
+    def ask(self, n: int = 1) -> list[Candidate]:
+        """Up to `n` candidates never proposed before and not in `problem.done`; an empty list
+        when the strategy has nothing left to propose."""
+
+    def tell(self, trial: TrialRecord) -> None:
+        """Called with every finished trial of this workload (failures too), in arrival order."""
+
+    @property
+    @abstractmethod
+    def planned(self) -> int:
+        """How many trials this strategy stands for in all, the stored ones included (for progress)."""
+
+    @property
+    @abstractmethod
+    def remaining(self) -> int:
+        """How many of those are still to be proposed."""
+
+
+class _PlannedStrategy(Strategy):
+    """A strategy whose whole plan is fixed at construction; stored candidates are skipped."""
+
+    def __init__(self, problem: SearchProblem, *, max_trials: int | None, seed: int) -> None:
+        super().__init__(problem, max_trials=max_trials, seed=seed)
+        candidates = problem.candidates()
+        if not candidates:
+            raise ConfigError(
+                f"the search space of {problem.workload} on {problem.topology} is empty: "
+                f"widen the `space:` section"
+            )
+        self._plan = self._make_plan(candidates)
+        self._todo = [c for c in self._plan if c.key() not in problem.done]
+        self._next = 0
+
+    @abstractmethod
+    def _make_plan(self, candidates: list[Candidate]) -> list[Candidate]: ...
+
+    def ask(self, n: int = 1) -> list[Candidate]:
+        out = self._todo[self._next : self._next + n]
+        self._next += len(out)
+        return out
+
+    @property
+    def planned(self) -> int:
+        return len(self._plan)
+
+    @property
+    def remaining(self) -> int:
+        return len(self._todo) - self._next
+
+
+class GridStrategy(_PlannedStrategy):
+    """Every candidate in the space's order; with `max_trials` below the space's size, that many
+    evenly spaced over it (so a short grid still covers every backend)."""
+
+    name = "grid"
+
+    def _make_plan(self, candidates: list[Candidate]) -> list[Candidate]:
+        n = len(candidates)
+        if self.max_trials is None or self.max_trials >= n:
+            return candidates
+        return [candidates[i * n // self.max_trials] for i in range(self.max_trials)]
+
+
+class RandomStrategy(_PlannedStrategy):
+    """`max_trials` candidates drawn without replacement, seeded by the seed and the workload."""
+
+    name = "random"
+
+    def _make_plan(self, candidates: list[Candidate]) -> list[Candidate]:
+        rng = random.Random(f"{self.seed}/{self.problem.workload.key()}/{self.problem.topology.key()}")
+        k = len(candidates) if self.max_trials is None else min(self.max_trials, len(candidates))
+        return rng.sample(candidates, k)
+
+
+AVAILABLE_STRATEGIES: dict[str, type[Strategy]] = {"grid": GridStrategy, "random": RandomStrategy}
+
+_LATER = {
+    "optuna-tpe": "Optuna TPE arrives with the strategies work",
+    "model-guided": "the model-guided search arrives with the cost model",
+}
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    """The strategy class `name`; a clear error for strategies that do not exist yet."""
+    if name in _LATER:
+        raise RuntimeUnavailableError(
+            f"strategy {name!r} is not available yet ({_LATER[name]}): use grid or random"
+        )
+    try:
+        return AVAILABLE_STRATEGIES[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown strategy {name!r}: accepted are {', '.join([*AVAILABLE_STRATEGIES, *_LATER])}"
+        ) from None
+
+
+def make_strategy(name: str, problem: SearchProblem, *, max_trials: int | None, seed: int) -> Strategy:
+    """Build strategy `name` for `problem`."""
+    return strategy_class(name)(problem, max_trials=max_trials, seed=seed)

@@ -1,0 +1,293 @@
+"""`syncopate tune`: a sweep config in, every trial stored, a summary out.
+
+Order of work, so that bad input fails before anything is written:
+
+1. read and check the config and the options (runner, strategy, topology);
+2. open the store (nothing written yet);
+3. connect to Ray (or start a local cluster), count GPUs, reserve one placement group per gang and
+   form the gangs (one model of GPU, one environment);
+4. only then start (or resume) the sweep in the store, and run the coordinator.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from syncopate.autotuner import store as store_module
+from syncopate.autotuner.cluster import Cluster, connect, gang_capacity, gang_shape
+from syncopate.autotuner.coordinator import Coordinator, SweepProgress, WorkloadRun, check_gang_members
+from syncopate.autotuner.progress import LiveProgress, WorkloadSummary
+from syncopate.autotuner.store import TrialStore
+from syncopate.autotuner.strategies import SearchProblem, make_strategy, strategy_class
+from syncopate.autotuner.sweep import RUNNERS, Sweep, load_sweep
+from syncopate.errors import ConfigError, RuntimeUnavailableError, SyncopateError
+from syncopate.records import Environment
+from syncopate.search_space import Topology
+from syncopate.workers import Gang, RunnerSpec, TaskBoard, failure_text, runner_class
+
+__all__ = ["TuneOptions", "TuneResult", "run_tune"]
+
+log = logging.getLogger(__name__)
+
+RESERVE_TIMEOUT_S = 60.0
+"""How long Ray may take to reserve a gang's GPUs at start."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TuneOptions:
+    """The command line of `syncopate tune`; None means: as the config says."""
+
+    config: Path
+    """The sweep config (YAML)."""
+    db: str | None = None
+    """Database URL; overrides the config's `db`."""
+    resume: bool = False
+    """Continue the most recent sweep of the config's name, skipping stored trials."""
+    max_trials: int | None = None
+    """Trials per workload; overrides `strategy.max_trials`."""
+    time_budget_s: float | None = None
+    """Wall-clock budget of the run; overrides `strategy.time_budget_s`."""
+    ray_address: str | None = None
+    """Ray cluster to join; overrides `ray_address` (none: start a local cluster)."""
+    runner: str | None = None
+    """Overrides `runner`."""
+    verbose: bool = False
+    """Forward the workers' logs and log at INFO."""
+    form_timeout_s: float = 300.0
+    """How long a gang may take to start its actors and form its process group."""
+
+    def __post_init__(self) -> None:
+        if self.max_trials is not None and self.max_trials <= 0:
+            raise ConfigError(f"--max-trials {self.max_trials} must be positive")
+        if self.time_budget_s is not None and self.time_budget_s <= 0:
+            raise ConfigError(f"--time-budget {self.time_budget_s} must be a positive number of seconds")
+        if self.runner is not None and self.runner not in RUNNERS:
+            raise ConfigError(f"--runner {self.runner!r} is unknown: accepted are {', '.join(RUNNERS)}")
+        if self.form_timeout_s <= 0:
+            raise ConfigError(f"form_timeout_s={self.form_timeout_s} must be positive")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Plan:
+    """The checked settings of one run, before anything is started."""
+
+    sweep: Sweep
+    runner: str
+    source: str
+    max_trials: int | None
+    time_budget_s: float | None
+    topology: Topology | None
+    db: str | None
+    ray_address: str | None
+    declared_gpus: int | None
+
+
+@dataclass(kw_only=True, slots=True)
+class TuneResult:
+    """What a run did."""
+
+    sweep_id: int
+    sweep_name: str
+    status: str
+    resumed: bool
+    topology: str
+    environment: Environment
+    source: str
+    summaries: list[WorkloadSummary] = field(default_factory=list)
+    progress: SweepProgress | None = None
+
+
+def _plan(options: TuneOptions) -> _Plan:
+    sweep = load_sweep(options.config)
+    runner = options.runner or sweep.runner
+    runner_cls = runner_class(runner)
+    strategy_class(sweep.strategy.name)
+    topology = None if sweep.detect_topology else Topology.from_key(sweep.topology_key)
+    declared = None
+    if runner == "cpu-fixture":
+        fixture_gpus = sweep.fixture.gpus if sweep.fixture is not None else None
+        declared = fixture_gpus or (topology.world_size if topology is not None else 2)
+    return _Plan(
+        sweep=sweep,
+        runner=runner,
+        source=runner_cls.source,
+        max_trials=options.max_trials or sweep.strategy.max_trials,
+        time_budget_s=options.time_budget_s or sweep.strategy.time_budget_s,
+        topology=topology,
+        db=options.db or sweep.db,
+        ray_address=options.ray_address or sweep.ray_address,
+        declared_gpus=declared,
+    )
+
+
+def run_tune(
+    options: TuneOptions,
+    *,
+    open_store: Callable[[str | None], TrialStore] | None = None,
+    console: Console | None = None,
+) -> TuneResult:
+    """Run the sweep `options` describes; see the module docstring. `open_store` defaults to
+    :func:`syncopate.autotuner.store.open_store`; the live display goes to `console`."""
+    plan = _plan(options)
+    store = (open_store or store_module.open_store)(plan.db)
+    try:
+        cluster = connect(plan.ray_address, declared_gpus=plan.declared_gpus, verbose=options.verbose)
+        try:
+            return _tune_on(cluster, plan, options, store, console or Console(stderr=True))
+        finally:
+            cluster.disconnect()
+    finally:
+        store.close()
+
+
+def _form(gangs: list[Gang], timeout_s: float) -> None:
+    """Reserve and form every gang; at the first failure raise one error naming the gang and the
+    rank (the caller shuts every gang down)."""
+    for gang in gangs:
+        gang.reserve(RESERVE_TIMEOUT_S)
+    board = TaskBoard()
+    for gang in gangs:
+        board.add(gang.start())
+    while len(board):
+        for task in board.wait(max_wait_s=timeout_s):
+            index = task.gang.index
+            if task.errors:
+                rank, exc = min(task.errors.items())
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, SyncopateError):
+                    raise type(cause)(f"gang {index} could not start: {cause}")
+                raise RuntimeUnavailableError(
+                    f"gang {index} could not start: rank {rank}: {failure_text(exc)}"
+                )
+            if task.expired:
+                raise RuntimeUnavailableError(
+                    f"gang {index} could not start: ranks {task.pending_ranks} did not form a process group "
+                    f"within {timeout_s:.0f} s"
+                )
+            task.gang.formed(list(task.values.values()))
+
+
+def _environment(gangs: list[Gang]) -> Environment:
+    envs = {Environment.from_dict(m["environment"]) for g in gangs for m in g.members}
+    if len(envs) > 1:
+        raise RuntimeUnavailableError(
+            "the gangs run different environments (" + "; ".join(e.short() for e in envs) + "): "
+            "results must come from one environment; run the workers from one image"
+        )
+    return envs.pop()
+
+
+def _tune_on(
+    cluster: Cluster, plan: _Plan, options: TuneOptions, store: TrialStore, console: Console
+) -> TuneResult:
+    ws, nodes = gang_shape(plan.topology, cluster, plan.runner)
+    spec = RunnerSpec(
+        name=plan.runner, timing=plan.sweep.timing, topology=plan.topology, options=plan.sweep.fixture
+    )
+    count = gang_capacity(ws, nodes, cluster.gpus_by_node)
+    gangs = [Gang(i, ws, spec, nodes=nodes, setup_timeout_s=options.form_timeout_s) for i in range(count)]
+    idle = False
+    try:
+        _form(gangs, options.form_timeout_s)
+        check_gang_members(gangs, plan.topology.gpu_model if plan.topology else None)
+        environment = _environment(gangs)
+        topology = plan.topology or gangs[0].detect_topology(options.form_timeout_s)
+        for w in plan.sweep.workloads:
+            w.check_world_size(topology.world_size)
+        log.info("%d gang(s) of %s formed on %s", len(gangs), topology.key(), cluster.describe())
+        result = _sweep(plan, store, gangs, topology, environment, options.resume, console)
+        idle = True
+        return result
+    finally:
+        for gang in gangs:
+            gang.shutdown(close_timeout_s=10.0 if idle else 0.0)
+
+
+def _sweep(
+    plan: _Plan,
+    store: TrialStore,
+    gangs: list[Gang],
+    topology: Topology,
+    environment: Environment,
+    resume: bool,
+    console: Console,
+) -> TuneResult:
+    sweep = plan.sweep
+    sweep_id = store.resume_sweep(sweep.name) if resume else None
+    resumed = sweep_id is not None
+    if resume and not resumed:
+        log.warning("no sweep named %r to resume: starting a new one", sweep.name)
+    if sweep_id is None:
+        config = {
+            **sweep.raw,
+            "runner": plan.runner,
+            "topology": topology.key(),
+            "environment": environment.to_dict(),
+            "strategy": {
+                **sweep.strategy.model_dump(),
+                "max_trials": plan.max_trials,
+                "time_budget_s": plan.time_budget_s,
+            },
+        }
+        sweep_id = store.start_sweep(sweep.name, config)
+    runs = []
+    for w in sweep.workloads:
+        done = frozenset(store.stored_keys(sweep_id, w, topology, environment)) if resumed else frozenset()
+        baselines = store.stored_baselines(sweep_id, w, topology, environment) if resumed else []
+        problem = SearchProblem(workload=w, topology=topology, options=sweep.space, done=done)
+        strategy = make_strategy(
+            sweep.strategy.name, problem, max_trials=plan.max_trials, seed=sweep.strategy.seed
+        )
+        run = WorkloadRun(workload=w, strategy=strategy, stored_before=strategy.planned - strategy.remaining)
+        if baselines:
+            run.baselines = {b.name: b for b in baselines}
+            run.baselines_state = "done"
+        runs.append(run)
+    if resumed:
+        stored = sum(r.stored_before for r in runs)
+        console.print(
+            f"resuming sweep {sweep.name!r} (id {sweep_id}): {stored} trial(s) stored, "
+            f"{sum(r.strategy.remaining for r in runs)} to go",
+            highlight=False,
+        )
+    progress = SweepProgress(sweep_name=sweep.name, topology=topology.key(), runs=runs, gangs=len(gangs))
+    coordinator = Coordinator(
+        sweep_id=sweep_id,
+        gangs=gangs,
+        store=store,
+        runs=runs,
+        topology=topology,
+        environment=environment,
+        deadline_s=sweep.timing.deadline_s,
+        source=plan.source,
+        strategy_name=sweep.strategy.name,
+        time_budget_s=plan.time_budget_s,
+        progress=progress,
+    )
+    status = "failed"
+    try:
+        with LiveProgress(progress, console):
+            status = coordinator.run()
+    except KeyboardInterrupt:
+        status = "interrupted"
+        coordinator.abort()
+        raise
+    finally:
+        store.finish_sweep(sweep_id, status)
+    summaries = [WorkloadSummary.of(r, store.best(r.workload, topology, environment)) for r in runs]
+    return TuneResult(
+        sweep_id=sweep_id,
+        sweep_name=sweep.name,
+        status=status,
+        resumed=resumed,
+        topology=topology.key(),
+        environment=environment,
+        source=plan.source,
+        summaries=summaries,
+        progress=progress,
+    )

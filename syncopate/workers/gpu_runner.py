@@ -1,0 +1,138 @@
+"""The GPU runner: one rank of a gang timing fused kernels through the kernels' harness.
+
+Runs inside a gang actor whose environment carries `RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1`
+(see :mod:`syncopate.workers.env`): every GPU of the node stays visible, and the rank selects the
+one Ray assigned with `torch.cuda.set_device(ray.get_gpu_ids()[0])` before NCCL starts.
+
+The harness (:class:`syncopate.kernels.harness.Harness`) allocates one workload's inputs, measures
+its baselines and runs candidates (build, verify against the reference, time); it reduces across
+the group itself, so every rank returns the same result. One harness is kept per gang for the
+current workload and replaced when the workload changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from syncopate.environment import _gpu_model_name
+from syncopate.errors import RuntimeUnavailableError
+from syncopate.search_space import Candidate, Topology, Workload
+from syncopate.workers.outcomes import BaselineOutcome, CandidateOutcome, DeviceInfo
+from syncopate.workers.runner import Runner, RunnerSpec
+
+__all__ = ["GpuRunner"]
+
+log = logging.getLogger(__name__)
+
+
+def _device_uuid(torch: Any, index: int) -> str:
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    if uuid:
+        text = str(uuid)
+        return text if text.startswith("GPU-") else f"GPU-{text}"
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        try:
+            value = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
+            return value.decode() if isinstance(value, bytes) else str(value)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return "unknown"
+
+
+class GpuRunner(Runner):
+    """Times candidates on this rank's GPU with :class:`syncopate.kernels.harness.Harness`."""
+
+    name = "gpu"
+    source = "measured"
+    dist_backend = "nccl"
+    cpus_per_rank = 1.0
+
+    def __init__(self, spec: RunnerSpec) -> None:
+        super().__init__(spec)
+        self._group: Any = None
+        self._harness_cls: Any = None
+        self._harness: Any = None
+        self._workload: Workload | None = None
+
+    def bind_device(self, rank: int, gpu_ids: Sequence[int]) -> DeviceInfo:
+        import torch
+
+        host = socket.gethostname()
+        if not gpu_ids:
+            raise RuntimeUnavailableError(f"rank {rank} on {host}: Ray assigned this actor no GPU")
+        if not torch.cuda.is_available():
+            raise RuntimeUnavailableError(
+                f"rank {rank} on {host}: Ray assigned GPU {gpu_ids[0]}, "
+                f"but torch {torch.__version__} sees no "
+                f"CUDA device there: run the workers on GPU nodes with a CUDA build of torch"
+            )
+        index = int(gpu_ids[0])
+        if index >= torch.cuda.device_count():
+            raise RuntimeUnavailableError(
+                f"rank {rank} on {host}: Ray assigned GPU {index}, "
+                f"but torch sees {torch.cuda.device_count()} device(s): "
+                f"start the Ray node with RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1 in its environment"
+            )
+        torch.cuda.set_device(index)
+        props = torch.cuda.get_device_properties(index)
+        return DeviceInfo(
+            model=_gpu_model_name(props.name), uuid=_device_uuid(torch, index), index=index, name=props.name
+        )
+
+    def setup(self, rank: int, world_size: int, group: Any) -> None:
+        try:
+            from syncopate.kernels.harness import Harness
+        except ImportError as e:
+            raise RuntimeUnavailableError(
+                f"runner gpu needs syncopate.kernels.harness, which this installation lacks ({e}): "
+                f"install a build of syncopate that includes the kernels"
+            ) from None
+        self._harness_cls = Harness
+        self._group = group
+
+    def _harness_for(self, workload: Workload) -> Any:
+        if self._workload != workload:
+            self._close_harness()
+            self._harness = self._harness_cls(workload, self._group, self.spec.timing)
+            self._workload = workload
+        return self._harness
+
+    def baselines(self, workload: Workload) -> list[BaselineOutcome]:
+        return [
+            BaselineOutcome(
+                name=b.name, samples_us=tuple(float(x) for x in b.samples_us), detail=str(b.detail or "")
+            )
+            for b in self._harness_for(workload).measure_baselines()
+        ]
+
+    def run(self, workload: Workload, candidate: Candidate, deadline_s: float) -> CandidateOutcome:
+        result = self._harness_for(workload).run_candidate(candidate, deadline_s)
+        return CandidateOutcome(
+            status=result.status,
+            samples_us=tuple(float(x) for x in result.samples_us),
+            max_rel_error=result.max_rel_error,
+            error=str(result.error or ""),
+            healthy=result.status != "crash",
+        )
+
+    def topology(self) -> Topology:
+        return Topology.detect(self._group)
+
+    def _close_harness(self) -> None:
+        if self._harness is not None:
+            try:
+                self._harness.close()
+            except Exception:
+                log.exception("closing the harness of %s failed", self._workload)
+        self._harness = None
+        self._workload = None
+
+    def close(self) -> None:
+        self._close_harness()
