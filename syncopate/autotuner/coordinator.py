@@ -219,7 +219,7 @@ class Coordinator:
                 "every gang was lost (killed after hangs or crashes and could not be rebuilt); "
                 "the trials so far are stored: fix the workers and run again with --resume"
             )
-        return "finished"
+        return "done"
 
     def abort(self) -> None:
         """Stop watching everything in flight (Ctrl-C); the caller shuts the gangs down."""

@@ -17,8 +17,8 @@ from syncopate.search_space import Topology, Workload
 
 __all__ = ["SWEEP_STATUSES", "TrialStore", "ResultsDBStore", "open_store"]
 
-SWEEP_STATUSES: tuple[str, ...] = ("running", "finished", "stopped", "interrupted", "failed")
-"""A sweep is `running` until it ends: `finished` (every planned trial stored), `stopped` (its time
+SWEEP_STATUSES: tuple[str, ...] = ("running", "done", "stopped", "interrupted", "failed")
+"""A sweep is `running` until it ends: `done` (every planned trial stored), `stopped` (its time
 budget ran out), `interrupted` (Ctrl-C) or `failed` (no gang left). A sweep killed outright stays
 `running`; `--resume` continues any of them."""
 
@@ -92,15 +92,20 @@ class ResultsDBStore(TrialStore):
         return self._db.start_sweep(name, config)
 
     def resume_sweep(self, name: str) -> int | None:
-        return self._db.resume_sweep(name)
+        info = self._db.latest_sweep(name)
+        if info is None:
+            return None
+        self._db.resume_sweep(info.sweep_id)
+        return info.sweep_id
 
     def stored_keys(
         self, sweep_id: int, workload: Workload, topology: Topology, environment: Environment
     ) -> set[str]:
-        return set(self._db.measured_keys(workload, topology, environment, sweep_id=sweep_id))
+        return set(self._db.measured_keys(workload, topology, environment, sweep_id=sweep_id, source=None))
 
     def stored_baselines(self, sweep_id, workload, topology, environment) -> list[BaselineRecord]:
-        return list(self._db.baselines(workload, topology, environment, sweep_id=sweep_id))
+        stored = self._db.baselines(workload=workload, topology=topology, environment=environment, sweep_id=sweep_id)
+        return [b.record for b in stored]
 
     def record_trial(self, sweep_id: int, trial: TrialRecord) -> None:
         self._db.record_trial(sweep_id, trial)
@@ -110,7 +115,8 @@ class ResultsDBStore(TrialStore):
             self._db.record_baseline(sweep_id, b)
 
     def best(self, workload: Workload, topology: Topology, environment: Environment) -> TrialRecord | None:
-        return self._db.best(workload, topology, environment)
+        stored = self._db.best(workload, topology, environment)
+        return stored.record if stored is not None else None
 
     def finish_sweep(self, sweep_id: int, status: str) -> None:
         self._db.finish_sweep(sweep_id, status)

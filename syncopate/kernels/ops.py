@@ -92,8 +92,14 @@ class ContextRegistry:
 
 _REGISTRY = ContextRegistry()
 
-_COMM_FIRST = os.environ.get("SYNCOPATE_COMM_FIRST") == "1"
-"""Enqueue the all-gather's side-stream work before its kernel (for comparing the two orders)."""
+_COMM_FIRST = os.environ.get("SYNCOPATE_COMM_FIRST", "1") == "1"
+"""The all-gather enqueues its side-stream work before its kernel (SYNCOPATE_COMM_FIRST=0: after).
+
+Both orders are deadlock-free for a consumer, whose side streams wait only on peers. On two H200s
+the kernel-first order met an illegal-instruction fault in two runs whose grids held 128x128 tiles
+or SM-driven copies, and the side-work-first order ran clean in every run; it stays the default
+until that fault is understood. Producers (reduce-scatter, all-reduce) always launch the kernel
+first: their side streams wait for signals the kernel raises."""
 
 
 def close_contexts(group=None) -> None:

@@ -39,8 +39,9 @@ __all__ = [
     "WorkloadModel",
 ]
 
-SWEEP_STATUSES: tuple[str, ...] = ("running", "done", "failed", "interrupted")
-"""A sweep is `running` from :meth:`ResultsDB.start_sweep` until it is finished with one of the others."""
+SWEEP_STATUSES: tuple[str, ...] = ("running", "done", "stopped", "failed", "interrupted")
+"""A sweep is `running` from :meth:`ResultsDB.start_sweep` until it is finished with one of the others:
+`done` (every planned trial stored), `stopped` (its time budget ran out), `failed`, `interrupted`."""
 
 _NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",

@@ -170,9 +170,11 @@ class ResultsDB:
         return self._run(work)
 
     def finish_sweep(self, sweep_id: int, status: str = "done") -> None:
-        """Mark a sweep finished: `done`, `failed` or `interrupted` (stamps the end time)."""
+        """Mark a sweep finished: `done`, `stopped`, `failed` or `interrupted` (stamps the end time)."""
         if status not in SWEEP_STATUSES or status == "running":
-            raise ConfigError(f"sweep status {status!r} cannot finish a sweep: accepted are done, failed, interrupted")
+            raise ConfigError(
+                f"sweep status {status!r} cannot finish a sweep: accepted are done, stopped, failed, interrupted"
+            )
         self._set_sweep(sweep_id, status=status, finished_at=utcnow())
 
     def resume_sweep(self, sweep_id: int) -> SweepInfo:

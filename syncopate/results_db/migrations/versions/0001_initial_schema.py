@@ -112,7 +112,7 @@ def upgrade() -> None:
         sa.Column("finished_at", _TIME, nullable=True),
         sa.PrimaryKeyConstraint("id", name="pk_syncopate_sweeps"),
         sa.CheckConstraint(
-            "status IN ('running', 'done', 'failed', 'interrupted')", name="ck_syncopate_sweeps_status"
+            "status IN ('running', 'done', 'stopped', 'failed', 'interrupted')", name="ck_syncopate_sweeps_status"
         ),
     )
     op.create_index("ix_syncopate_sweeps_name", "syncopate_sweeps", ["name"])
