@@ -16,6 +16,8 @@ __all__ = [
     "LookupFailedError",
     "RuntimeUnavailableError",
     "CandidateTimeoutError",
+    "CalibrationError",
+    "StudyMismatchError",
 ]
 
 
@@ -49,3 +51,13 @@ class RuntimeUnavailableError(SyncopateError):
 
 class CandidateTimeoutError(SyncopateError, TimeoutError):
     """A fused kernel waited longer than its deadline for a signal that never arrived."""
+
+
+class CalibrationError(SyncopateError):
+    """The cost model has no calibration it may use for a topology; the message names the command
+    that measures one (`syncopate calibrate`)."""
+
+
+class StudyMismatchError(ConfigError):
+    """An Optuna study stored for a workload was made over another search space; nothing in it is
+    changed, and the message says how to go on."""

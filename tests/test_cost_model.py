@@ -1,0 +1,185 @@
+"""Layer: pure CPU logic. The cost model's simulator (the closed-form program scan against a
+step-by-step one, transfers along a plan) and its predictions for the three kinds: what faster
+links, tile orders, splits, SMs and nodes do to them."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from syncopate.autotuner.calibration_defaults import default_calibration
+from syncopate.autotuner.cost_model import CostModel
+from syncopate.autotuner.simulate import CommContext, TransferTable, own_chunks_ready, padded, run_programs
+from syncopate.errors import ConfigError
+from syncopate.search_space import Candidate, Topology, Workload, build_plan, default_candidate, space
+
+TOPO = Topology.from_key("H200x2-nvlink")
+CAL = default_calibration(TOPO)
+AG = Workload(kind="ag_gemm", shape=(4096, 2048, 4096))
+RS = Workload(kind="gemm_rs", shape=(4096, 4096, 2048))
+AR = Workload(kind="gemm_ar", shape=(4096, 4096, 2048))
+
+
+def _naive(programs, start, need, dur, partial, epi):
+    """The persistent programs one position at a time."""
+    n = len(dur)
+    clock = [start] * programs
+    end = [0.0] * n
+    for i in range(n):
+        p = i % programs
+        begin = max(clock[p], need[i])
+        done = max(begin + dur[i], partial[i]) + epi[i]
+        clock[p] = end[i] = done
+    return max(clock), end
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_closed_form_scan_equals_the_program_by_program_run(seed):
+    rng = random.Random(seed)
+    programs, n = rng.randint(1, 9), rng.randint(1, 60)
+    need = [rng.choice([-math.inf, rng.uniform(0, 50)]) for _ in range(n)]
+    dur = [rng.uniform(0.5, 5) for _ in range(n)]
+    partial = [rng.choice([-math.inf, rng.uniform(0, 80)]) for _ in range(n)]
+    epi = [rng.uniform(0, 1) for _ in range(n)]
+    end, tiles = _naive(programs, 2.0, need, dur, partial, epi)
+    p = min(programs, n)
+
+    def pad(x, fill):
+        return padded(np.array([x]), p, fill)
+
+    run = run_programs(p, 2.0, pad(need, -np.inf), pad(dur, 0.0), partial=pad(partial, -np.inf),
+                       epilogue=pad(epi, 0.0), positions=n)
+    assert run.end[0] == pytest.approx(end)
+    assert run.tile_end[0] == pytest.approx(tiles)
+
+
+def test_a_ring_forwards_each_chunk_after_it_arrived():
+    topo = Topology.from_key("H200x4-nvswitch")
+    plan = build_plan("ring", "all_gather", 4, 4096, 2, align=128)
+    ctx = CommContext(CAL, topo, Candidate(backend="copy_engine", template="ring", num_splits=2), 4096 * 2)
+    arrival = own_chunks_ready(plan, ctx, 0.0)
+    TransferTable(plan, "gather", ctx).run(None, arrival, 0.0)
+    assert np.isfinite(arrival).all()
+    for t in plan.transfers:
+        if t.block != t.src:  # forwarded: leaves src only once it arrived there
+            c = plan.chunk_index(t.block, t.split)
+            assert arrival[t.dst, c] > arrival[t.src, c]
+
+
+@pytest.mark.parametrize("workload", [AG, RS, AR], ids=lambda w: w.kind)
+def test_every_candidate_gets_a_finite_positive_prediction(workload):
+    model = CostModel(CAL)
+    ranked = model.rank(workload, TOPO, space(workload, TOPO)[::7])
+    assert all(p.feasible and 0 < p.time_us < math.inf for p in ranked)
+    assert [p.time_us for p in ranked] == sorted(p.time_us for p in ranked)
+    best = ranked[0]
+    assert best.programs <= TOPO.sm_count and best.waves >= 1 and best.kernel_us <= best.time_us
+
+
+def test_a_prediction_is_at_least_the_gemm_and_the_communication():
+    model = CostModel(CAL)
+    for w in (AG, RS, AR):
+        base = model.baselines(w, TOPO)
+        for p in model.rank(w, TOPO, space(w, TOPO)[::11]):
+            assert p.time_us >= 0.9 * base["gemm_alone"]
+            assert p.comm_us > 0
+
+
+def test_all_reduce_costs_more_than_reduce_scatter():
+    model = CostModel(CAL)
+    c = default_candidate(RS, TOPO)
+    assert model.predict(AR, TOPO, c).time_us > model.predict(RS, TOPO, c).time_us
+
+
+def test_faster_links_never_slow_a_candidate_down():
+    fast = replace(CAL, transfers={k: replace(t, curves={s: c.scaled(0.5) for s, c in t.curves.items()})
+                                   for k, t in CAL.transfers.items()})
+    slow, quick = CostModel(CAL), CostModel(fast)
+    for w in (AG, RS, AR):
+        for c in space(w, TOPO)[::29]:
+            assert quick.predict(w, TOPO, c).time_us <= slow.predict(w, TOPO, c).time_us + 1e-6
+
+
+def test_arrival_order_beats_row_major_where_communication_dominates():
+    """On rank 1, row-major starts with rows that have not arrived; the arrival order starts with
+    its own shard."""
+    w = Workload(kind="ag_gemm", shape=(8192, 2048, 8192))
+    model = CostModel(CAL)
+    base = Candidate(backend="copy_engine", template="direct", num_splits=4, tile_order="arrival", group_m=8,
+                     block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)
+    arrival = model.predict(w, TOPO, base)
+    row_major = model.predict(w, TOPO, base.replace(tile_order="row_major", group_m=1))
+    assert arrival.time_us < row_major.time_us
+    assert arrival.stall_us < row_major.stall_us
+
+
+def test_chunks_let_compute_start_before_the_whole_shard_arrives():
+    w = Workload(kind="ag_gemm", shape=(8192, 2048, 8192))
+    model = CostModel(CAL)
+    one = Candidate(backend="copy_engine", num_splits=1, block_m=128, block_n=128, num_warps=8, num_stages=4)
+    four = one.replace(num_splits=4)
+    assert model.predict(w, TOPO, four).time_us < model.predict(w, TOPO, one).time_us
+
+
+def test_sms_given_to_communication_are_taken_from_the_gemm():
+    w = Workload(kind="ag_gemm", shape=(8192, 28672, 8192))
+    model = CostModel(CAL)
+    few = Candidate(backend="nvshmem", comm_sms=16, num_splits=4, block_n=256, num_stages=3)
+    many = few.replace(comm_sms=64)
+    assert model.predict(w, TOPO, few).programs == TOPO.sm_count - 16
+    assert model.predict(w, TOPO, many).programs == TOPO.sm_count - 64
+    assert model.predict(w, TOPO, many).kernel_us > model.predict(w, TOPO, few).kernel_us
+
+
+def test_the_copy_engine_cannot_cross_nodes():
+    topo = Topology.from_key("H200x4-nvswitch-2n")
+    model = CostModel(default_calibration(topo))
+    w = Workload(kind="gemm_rs", shape=(4096, 4096, 2048))
+    ce = model.predict(w, topo, Candidate(backend="copy_engine", num_splits=2))
+    nccl = model.predict(w, topo, Candidate(backend="nccl", comm_sms=16, num_splits=2))
+    assert not ce.feasible and ce.time_us == math.inf and "another node" in ce.reason
+    assert nccl.feasible and math.isfinite(nccl.time_us)
+    ranked = model.rank(w, topo, [Candidate(backend="copy_engine", num_splits=2),
+                                  Candidate(backend="nccl", comm_sms=16, num_splits=2)])
+    assert ranked[-1].candidate.backend == "copy_engine"
+
+
+def test_predicting_for_topologies_not_at_hand():
+    """A GEMM-bound shape gets faster as the GEMM is shared by more GPUs."""
+    w = Workload(kind="ag_gemm", shape=(8192, 28672, 8192))
+    times = {}
+    for key in ("H200x2-nvlink", "H200x4-nvswitch", "H200x8-nvswitch"):
+        topo = Topology.from_key(key)
+        model = CostModel(default_calibration(topo))
+        times[key] = model.predict(w, topo, default_candidate(w, topo)).time_us
+    assert times["H200x8-nvswitch"] < times["H200x4-nvswitch"] < times["H200x2-nvlink"]
+
+
+def test_prune_keeps_the_fastest_and_drops_the_hopeless():
+    model = CostModel(CAL)
+    cands = space(AG, TOPO)
+    kept = model.prune(AG, TOPO, cands, keep=0.1, within=1.0)
+    ranked = model.rank(AG, TOPO, cands)
+    assert ranked[0].candidate in kept and ranked[-1].candidate not in kept
+    assert len(kept) == math.ceil(0.1 * len(cands))
+    with pytest.raises(ConfigError, match="fraction"):
+        model.prune(AG, TOPO, cands, keep=0)
+
+
+def test_an_invalid_candidate_is_refused():
+    with pytest.raises(ConfigError, match="comm_sms"):
+        CostModel(CAL).predict(AG, TOPO, Candidate(backend="nvshmem", comm_sms=100))
+
+
+def test_a_single_gpu_is_just_the_gemm():
+    topo = Topology.from_key("H200x1-nvlink")
+    model = CostModel(default_calibration(topo))
+    w = Workload(kind="ag_gemm", shape=(4096, 4096, 4096))
+    c = default_candidate(w, topo)
+    p = model.predict(w, topo, c)
+    assert p.comm_us <= CAL.costs.launch_us + 100 and p.time_us == pytest.approx(
+        model.baselines(w, topo)["gemm_alone"], rel=0.15)
