@@ -22,7 +22,7 @@ def test_shipped_configs_are_valid():
     assert by_kind["gemm_ar"] == by_kind["gemm_rs"]
     assert all(w.shape.m == 8192 and w.dtype == "bf16" for w in suite.workloads)
     quick = load_sweep("configs/quickstart.yaml")
-    assert quick.detect_topology and quick.workloads
+    assert quick.runner == "model" and quick.topology_key == "H200x2-nvlink" and quick.workloads
 
 
 BASE = {"name": "t", "topology": "H200x2-nvlink", "workloads": [{"kind": "ag_gemm", "shapes": [[1024, 1024, 1024]]}]}

@@ -1,10 +1,15 @@
 """The coordinator: sweep configs, strategies, the store seam, dispatch to gangs, resume.
 
 Importing this package imports neither torch nor ray; the coordinator imports ray when it connects.
+The cost model (numpy) predicts from calibrations; the Optuna strategies import Optuna when built.
 """
 
+from syncopate.autotuner.calibration import Calibration, resolve_calibration
+from syncopate.autotuner.calibration_defaults import default_calibration
 from syncopate.autotuner.cluster import Cluster, check_reachable, connect, gang_capacity, gang_shape
+from syncopate.autotuner.confirm import Confirmation, Verdict
 from syncopate.autotuner.coordinator import Coordinator, SweepProgress, WorkloadRun, check_gang_members
+from syncopate.autotuner.cost_model import CostModel, Prediction
 from syncopate.autotuner.store import SWEEP_STATUSES, ResultsDBStore, TrialStore, open_store
 from syncopate.autotuner.strategies import (
     AVAILABLE_STRATEGIES,
@@ -31,10 +36,14 @@ __all__ = [
     "RUNNERS",
     "STRATEGIES",
     "SWEEP_STATUSES",
+    "Calibration",
     "Cluster",
+    "Confirmation",
     "Coordinator",
+    "CostModel",
     "FixtureConfig",
     "GridStrategy",
+    "Prediction",
     "RandomStrategy",
     "ResultsDBStore",
     "SearchProblem",
@@ -45,16 +54,19 @@ __all__ = [
     "TrialStore",
     "TuneOptions",
     "TuneResult",
+    "Verdict",
     "WorkloadRun",
     "check_gang_members",
     "check_reachable",
     "connect",
+    "default_calibration",
     "gang_capacity",
     "gang_shape",
     "load_sweep",
     "make_strategy",
     "open_store",
     "parse_sweep",
+    "resolve_calibration",
     "run_tune",
     "strategy_class",
 ]

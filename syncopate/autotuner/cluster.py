@@ -152,7 +152,8 @@ def gang_shape(topology: Topology | None, cluster: Cluster, runner: str) -> tupl
     if cluster.gpus == 0:
         need = topology.world_size if topology is not None else "at least one"
         raise RuntimeUnavailableError(
-            f"no GPUs {where}: runner {runner} needs {need}; run on GPU nodes, "
+            f"no GPUs {where}: runner {runner} needs {need}; run on GPU nodes, or let the cost model "
+            f"predict instead with --runner model (no GPU needed; its numbers are predictions), "
             f"or use --runner cpu-fixture for a test run"
         )
     if topology is None:

@@ -2,7 +2,8 @@
 
 One :class:`Coordinator` drives one sweep on formed gangs. Each idle gang gets the next piece of
 work, workloads in config order: the workload's baselines first (once; stored baselines of a
-resumed sweep are reused), then candidates from the workload's strategy. Every finished trial,
+resumed sweep are reused), then candidates from the workload's strategy, then the re-measurements
+of the best few (:mod:`syncopate.autotuner.confirm`; stored in the companion sweep). Every finished trial,
 failures included, is stored at once and told to the strategy. A gang that misses its deadline,
 loses a process, or reports a process it no longer trusts is killed and rebuilt in its placement
 group; the sweep goes on. A gang that fails to rebuild `max_rebuild_failures` times in a row is
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from syncopate.autotuner.confirm import CONFIRM_SUFFIX, Confirmation
 from syncopate.autotuner.store import TrialStore
 from syncopate.autotuner.strategies import Strategy
 from syncopate.errors import ConfigError, RuntimeUnavailableError
@@ -51,6 +53,10 @@ class WorkloadRun:
     best: TrialRecord | None = None
     """Fastest `ok` trial of this run."""
     exhausted: bool = False
+    confirm: Confirmation | None = None
+    """Re-measures the best few once the strategy is done (None: no re-measuring)."""
+    remeasured: int = 0
+    """Re-measurements finished in this run."""
 
     @property
     def finished(self) -> bool:
@@ -100,6 +106,8 @@ class SweepProgress:
     """Why no new work is dispatched, once that is so (`time budget`)."""
     ended: float | None = None
     """`time.monotonic()` when the coordinator returned."""
+    where: str = ""
+    """What measures, when it is not gangs (`the cost model, in this process`)."""
 
     @property
     def total(self) -> int:
@@ -170,6 +178,8 @@ class Coordinator:
         time_budget_s: float | None = None,
         progress: SweepProgress,
         max_rebuild_failures: int = 3,
+        sweep_name: str = "",
+        resumed: bool = False,
     ) -> None:
         self.sweep_id = sweep_id
         self.gangs = list(gangs)
@@ -188,6 +198,11 @@ class Coordinator:
         self._rebuild_failures: Counter = Counter()
         self._last_finish: dict[Gang, float] = {}
         self._coordinator = {"host": socket.gethostname(), "pid": os.getpid()}
+        self.sweep_name = sweep_name
+        self.resumed = resumed
+        self.confirm_sweep_id: int | None = None
+        """The companion sweep holding re-measurements, once one was stored."""
+        self._confirming: set[GangTask] = set()
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -260,11 +275,28 @@ class Coordinator:
                 continue
             asked = run.strategy.ask(1)
             if not asked:
-                run.exhausted = True
-                continue
+                again = run.confirm.next() if run.confirm is not None and run.in_flight == 0 else None
+                if again is None:
+                    if run.confirm is None or run.in_flight == 0:
+                        run.exhausted = True
+                    continue
+                run.in_flight += 1
+                task = gang.submit_trial(run.workload, again, self.deadline_s)
+                self._confirming.add(task)
+                return task
             run.in_flight += 1
             return gang.submit_trial(run.workload, asked[0], self.deadline_s)
         return None
+
+    def confirm_sweep(self) -> int:
+        """The companion sweep re-measurements are stored in (made, or resumed, on first use)."""
+        if self.confirm_sweep_id is None:
+            name = self.sweep_name + CONFIRM_SUFFIX
+            found = self.store.resume_sweep(name) if self.resumed else None
+            self.confirm_sweep_id = found if found is not None else self.store.start_sweep(
+                name, {"confirms": self.sweep_id, "sweep": self.sweep_name}
+            )
+        return self.confirm_sweep_id
 
     def _run_of(self, workload: Workload) -> WorkloadRun:
         return next(r for r in self.runs if r.workload == workload)
@@ -434,8 +466,18 @@ class Coordinator:
         run = self._run_of(task.workload)
         run.in_flight -= 1
         trial, rebuild = self._trial_record(task)
+        if task in self._confirming:
+            self._confirming.discard(task)
+            self.store.record_trial(self.confirm_sweep(), trial)
+            run.confirm.record(trial)
+            run.remeasured += 1
+            if rebuild is not None:
+                self._rebuild(task.gang, rebuild)
+            return
         self.store.record_trial(self.sweep_id, trial)
         run.strategy.tell(trial)
+        if run.confirm is not None:
+            run.confirm.observe(trial)
         run.measured += 1
         run.statuses[trial.status] += 1
         if trial.status == "ok" and (run.best is None or trial.median_us < run.best.median_us):

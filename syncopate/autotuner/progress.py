@@ -11,6 +11,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from syncopate.autotuner.confirm import Verdict
 from syncopate.autotuner.coordinator import SweepProgress, WorkloadRun
 from syncopate.records import TrialRecord
 
@@ -42,7 +43,7 @@ class _View:
         head = Text.assemble(
             ("tuning ", "bold"),
             (p.sweep_name, "bold cyan"),
-            f" on {p.topology} · {p.gangs} gang(s)",
+            f" on {p.topology} · {p.where or f'{p.gangs} gang(s)'}",
             f" · elapsed {fmt_duration(p.elapsed_s)} · ETA {fmt_duration(p.eta_s())}",
             (f" · stopping: {p.stopping}", "yellow") if p.stopping else "",
         )
@@ -96,13 +97,19 @@ class WorkloadSummary:
     measured: int
     failures: dict[str, int]
     best: TrialRecord | None
-    """Fastest ok trial stored for the workload in this environment (this sweep's or earlier)."""
+    """The winner: the declared one after re-measuring where that ran, else the fastest ok trial
+    stored for the workload in this environment (this sweep's or earlier; this run's own for
+    predicted and replayed trials, which are never served as measurements)."""
     torch_seq_us: float | None
     bound_us: float | None
+    verdict: Verdict | None = None
+    """The noise-aware verdict, where the best few were measured again."""
 
     @classmethod
-    def of(cls, run: WorkloadRun, best: TrialRecord | None) -> WorkloadSummary:
+    def of(cls, run: WorkloadRun, best: TrialRecord | None, verdict: Verdict | None = None) -> WorkloadSummary:
         seq = run.baselines.get("torch_seq")
+        if verdict is not None and verdict.contenders:
+            best = verdict.trial
         return cls(
             workload=run.workload.key(),
             planned=run.strategy.planned,
@@ -112,43 +119,61 @@ class WorkloadSummary:
             best=best,
             torch_seq_us=seq.median_us if seq else None,
             bound_us=run.bound_us(),
+            verdict=verdict if verdict is not None and verdict.contenders else None,
         )
 
     @property
+    def best_us(self) -> float | None:
+        """The winner's time: pooled over its re-measurements where there were any."""
+        if self.verdict is not None:
+            return self.verdict.pooled_median_us
+        return self.best.median_us if self.best is not None else None
+
+    @property
     def speedup(self) -> float | None:
-        if self.best is None or self.torch_seq_us is None or not self.best.median_us:
+        if self.best_us is None or self.torch_seq_us is None or not self.best_us:
             return None
-        return self.torch_seq_us / self.best.median_us
+        return self.torch_seq_us / self.best_us
 
 
-def summary_table(summaries: list[WorkloadSummary], title: str) -> Table:
+def summary_table(summaries: list[WorkloadSummary], title: str, *, predicted: bool = False) -> Table:
+    """The closing table; `predicted` labels every time a prediction of the cost model."""
     table = Table(title=title, title_justify="left")
+    when = "predicted " if predicted else ""
+    confirmed = any(s.verdict is not None for s in summaries)
     for col in (
         "workload",
         "trials",
         "failed",
-        "best µs",
-        "torch_seq µs",
-        "speedup",
-        "bound µs",
+        f"{when}best µs",
+        f"{when}torch_seq µs",
+        f"{when}speedup",
+        f"{when}bound µs",
         "best candidate",
+        *(("re-measured",) if confirmed else ()),
     ):
-        table.add_column(col, justify="left" if col in ("workload", "best candidate", "failed") else "right")
+        table.add_column(col, justify="left" if col in ("workload", "best candidate", "failed", "re-measured") else "right")
     for s in summaries:
         failed = ", ".join(f"{k} {v}" for k, v in sorted(s.failures.items())) or "0"
         trials = f"{s.stored_before + s.measured}/{s.planned}" + (
             f" ({s.stored_before} resumed)" if s.stored_before else ""
         )
-        table.add_row(
+        row = [
             s.workload,
             trials,
             failed,
-            f"{s.best.median_us:.1f}" if s.best else "–",
+            f"{s.best_us:.1f}" if s.best_us is not None else "–",
             f"{s.torch_seq_us:.1f}" if s.torch_seq_us is not None else "–",
             _speedup(s.speedup),
             f"{s.bound_us:.1f}" if s.bound_us is not None else "–",
             s.best.candidate.short() if s.best else "–",
-        )
+        ]
+        if confirmed:
+            v = s.verdict
+            row.append(
+                "–" if v is None else f"{v.contenders} again, {v.samples} samples" + (" (winner changed)" if v.changed else "")
+            )
+        table.add_row(*row)
     return table
 
 

@@ -3,21 +3,23 @@
 A strategy is built for one :class:`SearchProblem` (a workload on a topology, the space's
 restrictions, and the candidates already stored for it) and asked for candidates until it has
 none left. `grid` and `random` fix their plan up front from the seed, so a resumed sweep proposes
-the same candidates and skips the stored ones; Optuna-based strategies plug in through
-:meth:`Strategy.tell`.
+the same candidates and skips the stored ones; the Optuna-based ones (`optuna-tpe`,
+`model-guided`, in :mod:`syncopate.autotuner.optuna_strategies`) learn through
+:meth:`Strategy.tell` and keep their study in the results database.
 
 Pure Python: nothing here imports torch or ray.
 """
 
 from __future__ import annotations
 
+import importlib
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from syncopate.errors import ConfigError, RuntimeUnavailableError
-from syncopate.records import TrialRecord
+from syncopate.records import Environment, TrialRecord
 from syncopate.search_space import Candidate, SpaceOptions, Topology, Workload, space
 
 __all__ = [
@@ -40,6 +42,15 @@ class SearchProblem:
     options: SpaceOptions = field(default_factory=SpaceOptions)
     done: frozenset[str] = frozenset()
     """Keys of candidates already measured for this workload in this sweep (a resumed sweep)."""
+    environment: Environment | None = None
+    """The environment the trials are measured under (names the Optuna study)."""
+    storage: str | None = None
+    """Database URL of the Optuna study (the results database); None keeps the study in memory."""
+    calibration: Any = None
+    """The cost model's :class:`~syncopate.autotuner.calibration.Calibration` (model-guided), or a
+    :class:`~syncopate.autotuner.cost_model.CostModel` to share its predictions between problems."""
+    model_top_k: int | None = None
+    """How many of the cost model's best candidates model-guided measures first (None: its default)."""
 
     def candidates(self) -> list[Candidate]:
         """The valid candidates, in the space's deterministic order."""
@@ -63,6 +74,9 @@ class Strategy(ABC):
 
     def tell(self, trial: TrialRecord) -> None:
         """Called with every finished trial of this workload (failures too), in arrival order."""
+
+    def close(self) -> None:
+        """Called once when the sweep ends (releases a study's database connections)."""
 
     @property
     @abstractmethod
@@ -131,28 +145,31 @@ class RandomStrategy(_PlannedStrategy):
         return rng.sample(candidates, k)
 
 
-AVAILABLE_STRATEGIES: dict[str, type[Strategy]] = {"grid": GridStrategy, "random": RandomStrategy}
-
-_LATER = {
-    "optuna-tpe": "Optuna TPE arrives with the strategies work",
-    "model-guided": "the model-guided search arrives with the cost model",
+AVAILABLE_STRATEGIES: dict[str, str] = {
+    "grid": "syncopate.autotuner.strategies:GridStrategy",
+    "random": "syncopate.autotuner.strategies:RandomStrategy",
+    "optuna-tpe": "syncopate.autotuner.optuna_strategies:OptunaTPEStrategy",
+    "model-guided": "syncopate.autotuner.optuna_strategies:ModelGuidedStrategy",
 }
+"""Strategy name → `module:Class`; the Optuna-based ones are imported on first use."""
 
 
 def strategy_class(name: str) -> type[Strategy]:
-    """The strategy class `name`; a clear error for strategies that do not exist yet."""
-    if name in _LATER:
-        raise RuntimeUnavailableError(
-            f"strategy {name!r} is not available yet ({_LATER[name]}): use grid or random"
-        )
+    """The strategy class `name`; ConfigError naming the accepted ones for any other name."""
+    target = AVAILABLE_STRATEGIES.get(name)
+    if target is None:
+        raise ConfigError(f"unknown strategy {name!r}: accepted are {', '.join(AVAILABLE_STRATEGIES)}")
+    module, cls = target.split(":")
     try:
-        return AVAILABLE_STRATEGIES[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown strategy {name!r}: accepted are {', '.join([*AVAILABLE_STRATEGIES, *_LATER])}"
+        return getattr(importlib.import_module(module), cls)
+    except ImportError as e:
+        raise RuntimeUnavailableError(
+            f"strategy {name!r} needs a package this installation lacks ({e}): pip install optuna"
         ) from None
 
 
 def make_strategy(name: str, problem: SearchProblem, *, max_trials: int | None, seed: int) -> Strategy:
-    """Build strategy `name` for `problem`."""
+    """Build strategy `name` for `problem`; ConfigError for a budget of zero or less."""
+    if max_trials is not None and (isinstance(max_trials, bool) or max_trials <= 0):
+        raise ConfigError(f"max_trials={max_trials!r} must be a positive number of trials")
     return strategy_class(name)(problem, max_trials=max_trials, seed=seed)

@@ -9,9 +9,11 @@ workloads:
   - kind: ag_gemm
     models: [llama-7b, llama-3.1-70b]
     shapes: [[8192, 4096, 8192]]   # (M, N, K), global dims
-strategy: {name: grid, max_trials: 200, time_budget_s: 3600, seed: 0}
+strategy: {name: grid, max_trials: 200, time_budget_s: 3600, seed: 0}   # grid | random | optuna-tpe | model-guided
 space: {backends: [copy_engine, nccl], num_splits: [1, 2, 4]}
 runner: gpu                    # gpu | model | replay | cpu-fixture
+calibration: auto              # the cost model's: auto (measured where stored) | measured | default
+replay: {source: results/sweep.json.gz, sweep: NAME, noise: 0.0}   # replay runner only
 db: sqlite:///results/h200.db  # optional; else --db, SYNCOPATE_DB, or the per-user default
 timing: {warmup: 5, repetitions: 20, deadline_s: 120}
 fixture: {hang: [KEY], crash: [KEY], fail: {KEY: oom}}   # cpu-fixture runner only: planted faults
@@ -46,7 +48,9 @@ from syncopate.search_space import (
 __all__ = [
     "STRATEGIES",
     "RUNNERS",
+    "CALIBRATIONS",
     "FixtureConfig",
+    "ReplayConfig",
     "Sweep",
     "StrategyConfig",
     "TimingConfig",
@@ -82,7 +86,12 @@ class StrategyConfig(_Strict):
     max_trials: int | None = Field(default=None, description="Trials per workload; None: the whole space (grid).")
     time_budget_s: float | None = None
     seed: int = 0
-    top_k_remeasure: int = 3
+    top_k_remeasure: int = Field(default=3, ge=0)
+    """How many of the best candidates are measured once more before a winner is declared
+    (those within noise of the best; 0: none). Applies to GPU runs and to replays with noise;
+    cpu-fixture runs re-measure only when the config sets it; predictions never do."""
+    model_top_k: int | None = Field(default=None, ge=1)
+    """model-guided: how many of the cost model's best candidates are measured first."""
 
     @field_validator("name")
     @classmethod
@@ -159,6 +168,26 @@ class FixtureConfig(_Strict):
         return v
 
 
+class ReplayConfig(_Strict):
+    """Settings of the `replay` runner: the stored sweep it answers from."""
+
+    source: str
+    """A sweep file (JSON, optionally gzip) or a results database URL."""
+    sweep: str | None = None
+    """In a database: the sweep's name (its latest run) or id."""
+    noise: float = Field(default=0.0, ge=0)
+    """Sigma of a fresh log-normal factor on every replayed sample."""
+    seed: int = 0
+
+    def options(self) -> Any:
+        from syncopate.workers.replay_runner import ReplayOptions
+
+        return ReplayOptions(source=self.source, sweep=self.sweep, noise=self.noise, seed=self.seed)
+
+
+CALIBRATIONS: tuple[str, ...] = ("auto", "measured", "default")
+
+
 class SpaceEntry(_Strict):
     backends: list[str] | None = None
     templates: list[str] | None = None
@@ -219,6 +248,15 @@ class SweepFile(_Strict):
     timing: TimingConfig = TimingConfig()
     ray_address: str | None = None
     fixture: FixtureConfig | None = None
+    replay: ReplayConfig | None = None
+    calibration: str = "auto"
+
+    @field_validator("calibration")
+    @classmethod
+    def _calibration(cls, v: str) -> str:
+        if v not in CALIBRATIONS:
+            raise ValueError(f"unknown calibration policy {v!r}: accepted are {', '.join(CALIBRATIONS)}")
+        return v
 
     @field_validator("runner")
     @classmethod
@@ -254,6 +292,10 @@ class Sweep(BaseModel):
     ray_address: str | None
     fixture: FixtureConfig | None = None
     """Planted faults and settings of the cpu-fixture runner; None elsewhere."""
+    replay: ReplayConfig | None = None
+    """The stored sweep of the replay runner; None elsewhere."""
+    calibration: str = "auto"
+    """Which calibrations the cost model may use: `auto`, `measured` or `default`."""
 
     @property
     def detect_topology(self) -> bool:
@@ -309,7 +351,7 @@ def parse_sweep(data: Any, source: str = "<config>") -> Sweep:
     return Sweep(
         name=f.name, description=f.description, source=source, raw=data, topology_key=f.topology,
         workloads=tuple(workloads), strategy=f.strategy, space=options, runner=f.runner, db=f.db,
-        timing=f.timing, ray_address=f.ray_address, fixture=f.fixture,
+        timing=f.timing, ray_address=f.ray_address, fixture=f.fixture, replay=f.replay, calibration=f.calibration,
     )
 
 

@@ -6,7 +6,11 @@ Order of work, so that bad input fails before anything is written:
 2. open the store (nothing written yet);
 3. connect to Ray (or start a local cluster), count GPUs, reserve one placement group per gang and
    form the gangs (one model of GPU, one environment);
-4. only then start (or resume) the sweep in the store, and run the coordinator.
+4. build every workload's strategy (an Optuna study made over another space fails here);
+5. only then start (or resume) the sweep in the store, and run the coordinator.
+
+The `model` and `replay` runners need neither GPUs nor Ray: their sweeps run in this process
+(:mod:`syncopate.autotuner.in_process`), in the same order.
 """
 
 from __future__ import annotations
@@ -23,12 +27,13 @@ from syncopate.autotuner.cluster import Cluster, connect, gang_capacity, gang_sh
 from syncopate.autotuner.coordinator import Coordinator, SweepProgress, WorkloadRun, check_gang_members
 from syncopate.autotuner.progress import LiveProgress, WorkloadSummary
 from syncopate.autotuner.store import TrialStore
-from syncopate.autotuner.strategies import SearchProblem, make_strategy, strategy_class
+from syncopate.autotuner.runs import build_runs, close_runs
+from syncopate.autotuner.strategies import strategy_class
 from syncopate.autotuner.sweep import RUNNERS, Sweep, load_sweep
 from syncopate.errors import ConfigError, RuntimeUnavailableError, SyncopateError
 from syncopate.records import Environment
 from syncopate.search_space import Topology
-from syncopate.workers import Gang, RunnerSpec, TaskBoard, failure_text, runner_class
+from syncopate.workers import IN_PROCESS_RUNNERS, Gang, RunnerSpec, TaskBoard, failure_text, runner_class
 
 __all__ = ["TuneOptions", "TuneResult", "run_tune"]
 
@@ -60,6 +65,8 @@ class TuneOptions:
     """Forward the workers' logs and log at INFO."""
     form_timeout_s: float = 300.0
     """How long a gang may take to start its actors and form its process group."""
+    topology: str | None = None
+    """A topology key overriding the config's `topology` (e.g. to predict for one not at hand)."""
 
     def __post_init__(self) -> None:
         if self.max_trials is not None and self.max_trials <= 0:
@@ -100,6 +107,8 @@ class TuneResult:
     source: str
     summaries: list[WorkloadSummary] = field(default_factory=list)
     progress: SweepProgress | None = None
+    note: str = ""
+    """What the numbers are, where they are not measurements (the model's and replay's runs)."""
 
 
 def _plan(options: TuneOptions) -> _Plan:
@@ -107,7 +116,13 @@ def _plan(options: TuneOptions) -> _Plan:
     runner = options.runner or sweep.runner
     runner_cls = runner_class(runner)
     strategy_class(sweep.strategy.name)
-    topology = None if sweep.detect_topology else Topology.from_key(sweep.topology_key)
+    if options.topology is not None:
+        topology = None if options.topology == "detect" else Topology.from_key(options.topology)
+    else:
+        topology = None if sweep.detect_topology else Topology.from_key(sweep.topology_key)
+    if topology is not None:
+        for w in sweep.workloads:
+            w.check_world_size(topology.world_size)
     declared = None
     if runner == "cpu-fixture":
         fixture_gpus = sweep.fixture.gpus if sweep.fixture is not None else None
@@ -135,6 +150,13 @@ def run_tune(
     :func:`syncopate.autotuner.store.open_store`; the live display goes to `console`."""
     plan = _plan(options)
     store = (open_store or store_module.open_store)(plan.db)
+    if plan.runner in IN_PROCESS_RUNNERS:
+        from syncopate.autotuner.in_process import run_in_process
+
+        try:
+            return run_in_process(plan, options.resume, store, console or Console(stderr=True))
+        finally:
+            store.close()
     try:
         cluster = connect(plan.ray_address, declared_gpus=plan.declared_gpus, verbose=options.verbose)
         try:
@@ -222,6 +244,36 @@ def _sweep(
     resumed = sweep_id is not None
     if resume and not resumed:
         log.warning("no sweep named %r to resume: starting a new one", sweep.name)
+    done = [
+        frozenset(store.stored_keys(sweep_id, w, topology, environment)) if resumed else frozenset()
+        for w in sweep.workloads
+    ]
+    # GPU times are noisy: re-measure the best few; the fixture does so only when the config asks
+    confirm = plan.runner == "gpu" or "top_k_remeasure" in sweep.strategy.model_fields_set
+    runs = build_runs(sweep, topology, environment, max_trials=plan.max_trials, db=plan.db, done=done, confirm=confirm)
+    try:
+        return _measure(plan, store, gangs, topology, environment, console, runs, sweep_id, resumed)
+    finally:
+        close_runs(runs)
+
+
+def _measure(
+    plan: _Plan,
+    store: TrialStore,
+    gangs: list[Gang],
+    topology: Topology,
+    environment: Environment,
+    console: Console,
+    runs: list[WorkloadRun],
+    sweep_id: int | None,
+    resumed: bool,
+) -> TuneResult:
+    sweep = plan.sweep
+    for run in runs:
+        baselines = store.stored_baselines(sweep_id, run.workload, topology, environment) if resumed else []
+        if baselines:
+            run.baselines = {b.name: b for b in baselines}
+            run.baselines_state = "done"
     if sweep_id is None:
         config = {
             **sweep.raw,
@@ -235,19 +287,6 @@ def _sweep(
             },
         }
         sweep_id = store.start_sweep(sweep.name, config)
-    runs = []
-    for w in sweep.workloads:
-        done = frozenset(store.stored_keys(sweep_id, w, topology, environment)) if resumed else frozenset()
-        baselines = store.stored_baselines(sweep_id, w, topology, environment) if resumed else []
-        problem = SearchProblem(workload=w, topology=topology, options=sweep.space, done=done)
-        strategy = make_strategy(
-            sweep.strategy.name, problem, max_trials=plan.max_trials, seed=sweep.strategy.seed
-        )
-        run = WorkloadRun(workload=w, strategy=strategy, stored_before=strategy.planned - strategy.remaining)
-        if baselines:
-            run.baselines = {b.name: b for b in baselines}
-            run.baselines_state = "done"
-        runs.append(run)
     if resumed:
         stored = sum(r.stored_before for r in runs)
         console.print(
@@ -268,6 +307,8 @@ def _sweep(
         strategy_name=sweep.strategy.name,
         time_budget_s=plan.time_budget_s,
         progress=progress,
+        sweep_name=sweep.name,
+        resumed=resumed,
     )
     status = "failed"
     try:
@@ -279,7 +320,15 @@ def _sweep(
         raise
     finally:
         store.finish_sweep(sweep_id, status)
-    summaries = [WorkloadSummary.of(r, store.best(r.workload, topology, environment)) for r in runs]
+        if coordinator.confirm_sweep_id is not None:
+            store.finish_sweep(coordinator.confirm_sweep_id, status)
+    summaries = [
+        WorkloadSummary.of(
+            r, store.best(r.workload, topology, environment) or r.best,
+            verdict=r.confirm.verdict() if r.confirm is not None else None,
+        )
+        for r in runs
+    ]
     return TuneResult(
         sweep_id=sweep_id,
         sweep_name=sweep.name,

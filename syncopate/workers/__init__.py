@@ -13,12 +13,20 @@ from syncopate.workers.outcomes import (
     classify_exception,
     summarize,
 )
-from syncopate.workers.runner import AVAILABLE_RUNNERS, Runner, RunnerSpec, make_runner, runner_class
+from syncopate.workers.runner import (
+    AVAILABLE_RUNNERS,
+    IN_PROCESS_RUNNERS,
+    Runner,
+    RunnerSpec,
+    make_runner,
+    runner_class,
+)
 from syncopate.workers.tasks import GangTask, TaskBoard, failure_text
 
 __all__ = [
     "ACTOR_ENV",
     "AVAILABLE_RUNNERS",
+    "IN_PROCESS_RUNNERS",
     "MULTICAST_OFF",
     "BaselineOutcome",
     "CandidateOutcome",

@@ -9,8 +9,10 @@ A runner lives inside one gang actor (one rank). The actor calls, in this order:
    number of times, in any workload order;
 4. :meth:`Runner.close` when the gang is shut down (not when it is killed).
 
-Implementations: `gpu` (:mod:`syncopate.workers.gpu_runner`, the kernels' timing harness) and
-`cpu-fixture` (:mod:`syncopate.workers.fixture_runner`, a deterministic stand-in for tests).
+Implementations: `gpu` (:mod:`syncopate.workers.gpu_runner`, the kernels' timing harness),
+`cpu-fixture` (:mod:`syncopate.workers.fixture_runner`, a deterministic stand-in for tests),
+`model` (:mod:`syncopate.workers.model_runner`, the cost model's predictions) and `replay`
+(:mod:`syncopate.workers.replay_runner`, a stored sweep answering again).
 """
 
 from __future__ import annotations
@@ -21,23 +23,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from syncopate.errors import ConfigError, RuntimeUnavailableError
+from syncopate.errors import ConfigError
 from syncopate.records import Environment
 from syncopate.search_space import Candidate, Topology, Workload
 from syncopate.workers.outcomes import BaselineOutcome, CandidateOutcome, DeviceInfo
 
-__all__ = ["Runner", "RunnerSpec", "AVAILABLE_RUNNERS", "runner_class", "make_runner"]
+__all__ = ["Runner", "RunnerSpec", "AVAILABLE_RUNNERS", "IN_PROCESS_RUNNERS", "runner_class", "make_runner"]
 
 AVAILABLE_RUNNERS: dict[str, str] = {
     "gpu": "syncopate.workers.gpu_runner:GpuRunner",
     "cpu-fixture": "syncopate.workers.fixture_runner:FixtureRunner",
+    "model": "syncopate.workers.model_runner:ModelRunner",
+    "replay": "syncopate.workers.replay_runner:ReplayRunner",
 }
 """Runner name → `module:Class`. Modules are imported on first use (the GPU one needs the kernels)."""
 
-_LATER: dict[str, str] = {
-    "model": "the cost-model runner arrives with the cost model",
-    "replay": "the replay runner arrives with the strategies",
-}
+IN_PROCESS_RUNNERS: tuple[str, ...] = ("model", "replay")
+"""Runners that need neither GPUs nor Ray: `syncopate tune` runs them in its own process."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -109,15 +111,10 @@ class Runner(ABC):
 
 
 def runner_class(name: str) -> type[Runner]:
-    """The runner class registered as `name`; a clear error for runners that do not exist yet."""
-    if name in _LATER:
-        raise RuntimeUnavailableError(
-            f"runner {name!r} is not available yet ({_LATER[name]}): "
-            f"use runner gpu, or cpu-fixture for a test run"
-        )
+    """The runner class registered as `name`; ConfigError naming the accepted ones otherwise."""
     target = AVAILABLE_RUNNERS.get(name)
     if target is None:
-        raise ConfigError(f"unknown runner {name!r}: accepted are {', '.join([*AVAILABLE_RUNNERS, *_LATER])}")
+        raise ConfigError(f"unknown runner {name!r}: accepted are {', '.join(AVAILABLE_RUNNERS)}")
     module, cls = target.split(":")
     return getattr(importlib.import_module(module), cls)
 

@@ -1,0 +1,241 @@
+"""`syncopate tune` with a runner that needs neither GPUs nor Ray (`model`, `replay`): the sweep
+runs in this process, one trial after another, with the same strategies, store, progress display
+and summary as a sweep on gangs.
+
+Order of work, as on gangs: check everything and build the strategies (a study made over another
+space fails here), then start or resume the sweep, then ask, run, store and tell, workload by
+workload; the best few are measured again where the runner can measure again (a replay with
+noise; predictions are deterministic and are not).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from rich.console import Console
+
+from syncopate.autotuner.confirm import CONFIRM_SUFFIX
+from syncopate.autotuner.coordinator import SweepProgress, WorkloadRun
+from syncopate.autotuner.progress import LiveProgress, WorkloadSummary
+from syncopate.autotuner.runs import build_runs, close_runs, load_calibration
+from syncopate.autotuner.store import TrialStore
+from syncopate.errors import ConfigError
+from syncopate.records import TRIAL_STATUSES, BaselineRecord, Environment, TrialRecord
+from syncopate.search_space import Topology
+from syncopate.workers import RunnerSpec, classify_exception, make_runner, summarize
+
+__all__ = ["run_in_process"]
+
+log = logging.getLogger(__name__)
+
+
+def _runner_and_topology(plan: Any) -> tuple[Any, Topology, str]:
+    """The runner, the topology it answers for, and a sentence saying what its numbers are."""
+    sweep = plan.sweep
+    if plan.runner == "model":
+        if plan.topology is None:
+            raise ConfigError(
+                f"{sweep.source}: runner model predicts for a topology named in the config: set `topology:` to a "
+                f"key such as H200x2-nvlink (or pass --topology KEY), not `detect`"
+            )
+        calibration = load_calibration(plan.topology, None, plan.db, sweep.calibration)
+        runner = make_runner(RunnerSpec(name="model", timing=sweep.timing, topology=plan.topology, options=calibration))
+        note = (
+            f"runner model: no GPU is used; every time is a PREDICTION of the cost model, stored as "
+            f"source `predicted` (never served as a measurement). {calibration.describe()}."
+        )
+        if calibration.source != "measured":
+            note += " Measure one with `syncopate calibrate` on the GPUs."
+        return runner, plan.topology, note
+    if sweep.replay is None:
+        raise ConfigError(
+            f"{sweep.source}: runner replay needs a `replay:` section naming the stored sweep, e.g. "
+            f"replay: {{source: results/sweep.json.gz}}"
+        )
+    runner = make_runner(RunnerSpec(name="replay", timing=sweep.timing, topology=plan.topology,
+                                    options=sweep.replay.options()))
+    stored = runner.stored
+    kind = "a SYNTHETIC sweep" if stored.synthetic else "a stored sweep"
+    note = (
+        f"runner replay: no GPU is used; every time is replayed from {kind} ({stored.label}), stored as "
+        f"source `fixture` (never served as a measurement)."
+    )
+    return runner, plan.topology or stored.topology, note
+
+
+def run_in_process(plan: Any, resume: bool, store: TrialStore, console: Console) -> Any:
+    """Run the sweep `plan` describes with an in-process runner; a :class:`~syncopate.autotuner.tune.TuneResult`."""
+    from syncopate.autotuner.tune import TuneResult
+
+    sweep = plan.sweep
+    runner, topology, note = _runner_and_topology(plan)
+    for w in sweep.workloads:
+        w.check_world_size(topology.world_size)
+    device = runner.bind_device(0, [0])
+    runner.setup(0, 1, None)
+    environment = _environment(runner, device)
+    sweep_id = store.resume_sweep(sweep.name) if resume else None
+    resumed = sweep_id is not None
+    if resume and not resumed:
+        log.warning("no sweep named %r to resume: starting a new one", sweep.name)
+    done = [
+        frozenset(store.stored_keys(sweep_id, w, topology, environment)) if resumed else frozenset()
+        for w in sweep.workloads
+    ]
+    calibration = getattr(runner, "calibration", None)
+    repeatable = plan.runner == "replay" and bool(getattr(runner, "noise", 0.0))
+    runs = build_runs(sweep, topology, environment, max_trials=plan.max_trials, db=plan.db, done=done,
+                      calibration=calibration, confirm=repeatable)
+    try:
+        if sweep_id is None:
+            sweep_id = store.start_sweep(sweep.name, {
+                **sweep.raw, "runner": plan.runner, "topology": topology.key(), "environment": environment.to_dict(),
+                "strategy": {**sweep.strategy.model_dump(), "max_trials": plan.max_trials,
+                             "time_budget_s": plan.time_budget_s},
+                "note": note,
+            })
+        console.print(note, highlight=False)
+        if resumed:
+            console.print(
+                f"resuming sweep {sweep.name!r} (id {sweep_id}): {sum(r.stored_before for r in runs)} trial(s) stored, "
+                f"{sum(r.strategy.remaining for r in runs)} to go", highlight=False,
+            )
+        where = "predicted by the cost model" if plan.runner == "model" else "replayed"
+        progress = SweepProgress(sweep_name=sweep.name, topology=topology.key(), runs=runs, gangs=1, where=where)
+        loop = _Loop(plan, store, runner, topology, environment, sweep_id, resumed, progress)
+        status = "failed"
+        try:
+            with LiveProgress(progress, console):
+                status = loop.run()
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            progress.ended = time.monotonic()
+            store.finish_sweep(sweep_id, status)
+            if loop.confirm_id is not None:
+                store.finish_sweep(loop.confirm_id, status)
+    finally:
+        close_runs(runs)
+        runner.close()
+    summaries = []
+    for r in runs:
+        stored_best = store.best(r.workload, topology, environment)
+        verdict = r.confirm.verdict() if r.confirm is not None else None
+        summaries.append(WorkloadSummary.of(r, stored_best or r.best, verdict=verdict))
+    return TuneResult(
+        sweep_id=sweep_id, sweep_name=sweep.name, status=status, resumed=resumed, topology=topology.key(),
+        environment=environment, source=runner.source, summaries=summaries, progress=progress, note=note,
+    )
+
+
+def _environment(runner: Any, device: Any) -> Environment:
+    stored = getattr(getattr(runner, "stored", None), "environment", None)
+    if stored is not None:
+        return stored
+    return runner.environment(device)
+
+
+class _Loop:
+    """Ask, run, store, tell: one trial at a time, workloads in config order."""
+
+    def __init__(self, plan, store, runner, topology, environment, sweep_id, resumed, progress) -> None:
+        self.plan, self.store, self.runner = plan, store, runner
+        self.topology, self.environment = topology, environment
+        self.sweep_id, self.resumed, self.progress = sweep_id, resumed, progress
+        self.confirm_id: int | None = None
+        self.worker = {"runner": runner.name, "host": socket.gethostname(), "pid": os.getpid()}
+
+    def run(self) -> str:
+        deadline = self.plan.time_budget_s
+        for run in self.progress.runs:
+            self._baselines(run)
+            while True:
+                if deadline is not None and self.progress.elapsed_s >= deadline:
+                    self.progress.stopping = "time budget"
+                    log.warning("time budget of %.0f s spent: no new trials", deadline)
+                    return "stopped"
+                asked = run.strategy.ask(1)
+                if asked:
+                    trial = self._trial(run, asked[0])
+                    self.store.record_trial(self.sweep_id, trial)
+                    run.strategy.tell(trial)
+                    if run.confirm is not None:
+                        run.confirm.observe(trial)
+                    self._count(run, trial)
+                    continue
+                again = run.confirm.next() if run.confirm is not None else None
+                if again is None:
+                    run.exhausted = True
+                    break
+                trial = self._trial(run, again)
+                self.store.record_trial(self._confirm_sweep(), trial)
+                run.confirm.record(trial)
+                run.remeasured += 1
+        return "done"
+
+    def _confirm_sweep(self) -> int:
+        if self.confirm_id is None:
+            name = self.plan.sweep.name + CONFIRM_SUFFIX
+            found = self.store.resume_sweep(name) if self.resumed else None
+            self.confirm_id = found if found is not None else self.store.start_sweep(
+                name, {"confirms": self.sweep_id, "sweep": self.plan.sweep.name}
+            )
+        return self.confirm_id
+
+    def _baselines(self, run: WorkloadRun) -> None:
+        if self.resumed:
+            stored = self.store.stored_baselines(self.sweep_id, run.workload, self.topology, self.environment)
+            if stored:
+                run.baselines = {b.name: b for b in stored}
+                run.baselines_state = "done"
+                return
+        records = []
+        for b in self.runner.baselines(run.workload):
+            stats = summarize(b.samples_us)
+            if stats is None:
+                continue
+            records.append(BaselineRecord(
+                workload=run.workload, topology=self.topology, environment=self.environment, name=b.name,
+                median_us=stats[0], p20_us=stats[1], p80_us=stats[2], samples_us=b.samples_us,
+                source=self.runner.source, detail=b.detail,
+            ))
+        self.store.record_baselines(self.sweep_id, records)
+        run.baselines = {b.name: b for b in records}
+        run.baselines_state = "done"
+
+    def _trial(self, run: WorkloadRun, candidate) -> TrialRecord:
+        started = time.perf_counter()
+        try:
+            outcome = self.runner.run(run.workload, candidate, self.plan.sweep.timing.deadline_s)
+            status, error, samples = outcome.status, outcome.error, outcome.samples_us
+            extra, rel = outcome.extra, outcome.max_rel_error
+        except Exception as e:  # a runner's failure is the trial's outcome, as on a gang
+            status, _ = classify_exception(e)
+            error, samples, extra, rel = f"{type(e).__name__}: {e}", (), {}, None
+        if status not in TRIAL_STATUSES:
+            status, error = "crash", f"the runner reported an unknown status {status!r}: {error}"
+        stats = summarize(samples) if status == "ok" else None
+        if status == "ok" and stats is None:
+            status, error = "crash", "the runner reported ok without a time"
+        median, p20, p80 = stats if stats else (None, None, None)
+        self.progress.trial_seconds.append(time.perf_counter() - started)
+        return TrialRecord(
+            workload=run.workload, topology=self.topology, environment=self.environment, candidate=candidate,
+            status=status, source=self.runner.source, median_us=median, p20_us=p20, p80_us=p80,
+            samples_us=samples if status == "ok" else (), max_rel_error=rel, error=error,
+            worker={**self.worker, "finished_at": datetime.now(timezone.utc).isoformat(), **extra},
+            strategy=self.plan.sweep.strategy.name,
+        )
+
+    def _count(self, run: WorkloadRun, trial: TrialRecord) -> None:
+        run.measured += 1
+        run.statuses[trial.status] += 1
+        if trial.status == "ok" and (run.best is None or trial.median_us < run.best.median_us):
+            run.best = trial
+        self.progress.latest = run

@@ -1,0 +1,98 @@
+"""What every `syncopate tune` run sets up per workload, whatever measures it: the search problem
+(with the Optuna study's storage and the cost model's calibration where the strategy needs them),
+the strategy, and the noise-aware confirmation.
+
+Strategies are built before the sweep's first write, so that a bad strategy, an empty space or a
+study made over another space fails with nothing stored.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from syncopate.autotuner.calibration import Calibration, resolve_calibration
+from syncopate.autotuner.confirm import Confirmation
+from syncopate.autotuner.coordinator import WorkloadRun
+from syncopate.autotuner.strategies import SearchProblem, make_strategy
+from syncopate.autotuner.sweep import Sweep
+from syncopate.errors import CalibrationError, DatabaseError, SchemaError
+from syncopate.records import Environment
+from syncopate.search_space import Topology
+
+__all__ = ["OPTUNA_STRATEGIES", "build_runs", "close_runs", "load_calibration", "study_storage"]
+
+log = logging.getLogger(__name__)
+
+OPTUNA_STRATEGIES: tuple[str, ...] = ("optuna-tpe", "model-guided")
+"""Strategies that keep an Optuna study in the results database."""
+
+
+def study_storage(db: str | None) -> str:
+    """The database URL an Optuna study lives in: the results database's."""
+    from syncopate.results_db.urls import locate
+
+    return locate(db).url
+
+
+def load_calibration(topology: Topology, environment: Environment | None, db: str | None, policy: str) -> Calibration:
+    """The calibration the cost model uses here (see :func:`resolve_calibration`), read from the
+    results database `db` where it can be opened; the defaults otherwise (policy `auto`)."""
+    if policy == "default":
+        return resolve_calibration(topology, environment, None, "default")
+    try:
+        from syncopate.results_db import ResultsDB
+
+        opened = ResultsDB.open(db)
+    except (DatabaseError, SchemaError, ImportError) as e:
+        if policy == "measured":
+            raise CalibrationError(
+                f"calibrations cannot be read ({e}); run `syncopate calibrate --db URL` on a machine with "
+                f"{topology.key()}, then tune with that --db"
+            ) from None
+        log.warning("calibrations cannot be read (%s): the cost model uses its defaults", e)
+        return resolve_calibration(topology, environment, None, "auto")
+    with opened:
+        return resolve_calibration(topology, environment, opened, policy)
+
+
+def build_runs(
+    sweep: Sweep,
+    topology: Topology,
+    environment: Environment,
+    *,
+    max_trials: int | None,
+    db: str | None,
+    done: Sequence[frozenset[str]] | None = None,
+    calibration: Calibration | None = None,
+    confirm: bool = True,
+) -> list[WorkloadRun]:
+    """One :class:`WorkloadRun` per workload, its strategy built (`done[i]`: keys already stored for
+    workload i). `calibration`: the cost model's, for model-guided (loaded here when None)."""
+    name = sweep.strategy.name
+    storage = study_storage(db) if name in OPTUNA_STRATEGIES else None
+    if name == "model-guided" and calibration is None:
+        calibration = load_calibration(topology, environment, db, sweep.calibration)
+    runs = []
+    for i, w in enumerate(sweep.workloads):
+        problem = SearchProblem(
+            workload=w, topology=topology, options=sweep.space, done=done[i] if done else frozenset(),
+            environment=environment, storage=storage, calibration=calibration,
+            model_top_k=sweep.strategy.model_top_k,
+        )
+        strategy = make_strategy(name, problem, max_trials=max_trials, seed=sweep.strategy.seed)
+        run = WorkloadRun(workload=w, strategy=strategy, stored_before=strategy.planned - strategy.remaining)
+        if confirm and sweep.strategy.top_k_remeasure > 0:
+            run.confirm = Confirmation(top_k=sweep.strategy.top_k_remeasure)
+        runs.append(run)
+    return runs
+
+
+def close_runs(runs: Sequence[WorkloadRun]) -> None:
+    """Release what the strategies hold (their studies' connections)."""
+    for run in runs:
+        try:
+            run.strategy.close()
+        except Exception as e:  # closing must not hide the sweep's own outcome
+            log.debug("closing the strategy of %s failed: %s", run.workload, e)
+

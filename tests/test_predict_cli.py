@@ -1,0 +1,177 @@
+"""Layer: the command line on the CPU, with the results database on SQLite. `syncopate tune` with
+the `model` and `replay` runners (no GPU, no Ray): the quickstart, predictions for topologies not
+at hand, Optuna studies that resume and refuse a changed space, and bad input that fails with
+one line and nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from syncopate.autotuner.synthetic import synthetic_sweep
+from syncopate.cli import main
+from syncopate.results_db import ResultsDB
+from syncopate.search_space import SpaceOptions, TileConfig, Topology, Workload
+from syncopate.workers.replay_runner import write_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL_SPACE = {"backends": ["copy_engine", "nccl"], "templates": ["direct"], "num_splits": [1, 2],
+               "tile_orders": ["arrival", "row_major"], "tile_configs": ["128x256x64w8s3", "128x128x64w8s4"],
+               "group_m": [8]}
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("SYNCOPATE_DB", raising=False)
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    assert main(["db", "upgrade", "--db", url]) == 0
+    return url
+
+
+def config(tmp_path: Path, name: str = "predict", **fields) -> Path:
+    data = {
+        "name": name, "topology": "H200x2-nvlink", "workloads": [{"kind": "ag_gemm", "shapes": [[4096, 4096, 4096]]}],
+        "strategy": {"name": "random", "max_trials": 5, "seed": 0}, "space": SMALL_SPACE, "runner": "model",
+        **fields,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("syncopate: error: "), err
+    return err[0]
+
+
+def sweeps(url: str) -> list:
+    with ResultsDB.open(url) as d:
+        return d.sweeps()
+
+
+def test_the_quickstart_predicts_on_a_cpu_machine_and_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("SYNCOPATE_DB", raising=False)
+    monkeypatch.chdir(REPO)
+    assert main(["tune", "configs/quickstart.yaml"]) == 0
+    out = capsys.readouterr()
+    text = " ".join((out.out + out.err).split())
+    assert "PREDICTED by the cost model, not measured" in text and "predicted best µs" in text
+    assert "no GPU is used" in text and "default calibration for H200x2-nvlink" in text
+    assert "syncopate calibrate" in text
+    with ResultsDB.open(None) as d:
+        trials = d.trials()
+        assert trials and {t.record.source for t in trials} == {"predicted"}
+        assert {b.record.source for b in d.baselines()} == {"predicted"}
+        w = trials[0].workload
+        assert d.best(w, trials[0].topology, trials[0].record.environment) is None
+
+
+def test_predicting_for_eight_gpus_not_at_hand(tmp_path, db, capsys):
+    path = config(tmp_path, workloads=[{"kind": "gemm_rs", "shapes": [[4096, 4096, 2048]]}])
+    assert main(["tune", str(path), "--db", db, "--topology", "H200x8-nvswitch"]) == 0
+    with ResultsDB.open(db) as d:
+        trials = d.trials()
+    assert len(trials) == 5 and {t.topology.key() for t in trials} == {"H200x8-nvswitch"}
+    assert all(t.record.source == "predicted" and t.record.worker["runner"] == "model" for t in trials)
+    assert all("prediction" in t.record.worker for t in trials)
+
+
+def test_the_model_needs_a_named_topology(tmp_path, db, capsys):
+    path = config(tmp_path, topology="detect")
+    assert main(["tune", str(path), "--db", db]) == 2
+    assert "runner model predicts for a topology named in the config" in error_line(capsys)
+    assert sweeps(db) == []
+
+
+def test_measured_calibrations_missing_name_the_command_and_write_nothing(tmp_path, db, capsys):
+    path = config(tmp_path, calibration="measured")
+    assert main(["tune", str(path), "--db", db]) == 2
+    line = error_line(capsys)
+    assert "calibrations missing for H200x2-nvlink" in line or "no measured calibration" in line
+    assert "syncopate calibrate" in line
+    assert sweeps(db) == []
+
+
+def test_an_optuna_sweep_resumes_and_refuses_a_changed_space(tmp_path, db, capsys):
+    import optuna
+
+    path = config(tmp_path, name="tpe", strategy={"name": "optuna-tpe", "max_trials": 6, "seed": 0})
+    assert main(["tune", str(path), "--db", db]) == 0
+    assert main(["tune", str(path), "--db", db, "--resume", "--max-trials", "10"]) == 0
+    capsys.readouterr()
+    with ResultsDB.open(db) as d:
+        keys = [t.candidate.key() for t in d.trials()]
+    assert len(keys) == 10 == len(set(keys)) and len(sweeps(db)) == 1
+    studies = optuna.get_all_study_summaries(storage=db)
+    assert len(studies) == 1 and studies[0].study_name.startswith("syncopate/ag_gemm/4096x4096x4096/bf16/H200x2-nvlink/")
+    n_trials = studies[0].n_trials
+
+    changed = config(tmp_path, name="tpe", strategy={"name": "optuna-tpe", "max_trials": 6, "seed": 0},
+                     space={**SMALL_SPACE, "num_splits": [1, 2, 4]})
+    assert main(["tune", str(changed), "--db", db]) == 2
+    line = error_line(capsys)
+    assert "made over another search space" in line and "Nothing was changed" in line
+    assert len(sweeps(db)) == 1
+    assert optuna.get_all_study_summaries(storage=db)[0].n_trials == n_trials
+
+
+def test_model_guided_through_tune_measures_the_models_pick(tmp_path, db, capsys):
+    path = config(tmp_path, name="mg", strategy={"name": "model-guided", "max_trials": 4, "seed": 0, "model_top_k": 2})
+    assert main(["tune", str(path), "--db", db]) == 0
+    with ResultsDB.open(db) as d:
+        trials = d.trials()
+    assert len(trials) == 4 and trials[0].record.strategy == "model-guided"
+    assert trials[0].median_us == min(t.median_us for t in trials)
+
+
+def test_replaying_a_synthetic_sweep(tmp_path, db, capsys):
+    topo = Topology.from_key("H200x2-nvlink")
+    w = Workload(kind="ag_gemm", shape=(4096, 4096, 4096))
+    options = SpaceOptions(backends=("copy_engine", "nccl"), templates=("direct",), num_splits=(1, 2),
+                           tile_orders=("arrival", "row_major"), group_m=(8,),
+                           tile_configs=tuple(TileConfig.from_key(k) for k in SMALL_SPACE["tile_configs"]))
+    stored = synthetic_sweep([w], topo, seed=1, options=options)
+    sweep_file = tmp_path / "sweep.json.gz"
+    write_sweep(sweep_file, stored)
+    path = config(tmp_path, name="replayed", runner="replay", replay={"source": str(sweep_file), "noise": 0.01},
+                  strategy={"name": "grid", "seed": 0})
+    assert main(["tune", str(path), "--db", db]) == 0
+    out = capsys.readouterr()
+    text = " ".join((out.out + out.err).split())
+    assert "replayed from a SYNTHETIC sweep" in text and "not measured" in text and "re-measured" in text
+    with ResultsDB.open(db) as d:
+        trials = d.trials()
+        names = [s.name for s in d.sweeps()]
+    assert names == ["replayed", "replayed+confirm"]
+    main_trials = [t for t in trials if t.sweep_id == 1]
+    assert len(main_trials) == len(stored.trials[w.key()]) and {t.record.source for t in trials} == {"fixture"}
+    best = min(t.median_us for t in stored.trials[w.key()].values() if t.status == "ok")
+    assert min(t.median_us for t in main_trials if t.status == "ok") == pytest.approx(best, rel=0.05)  # noise 1 %
+    assert 1 <= len(trials) - len(main_trials) <= 3
+
+
+def test_replay_without_a_source_is_refused(tmp_path, db, capsys):
+    path = config(tmp_path, runner="replay")
+    assert main(["tune", str(path), "--db", db]) == 2
+    assert "runner replay needs a `replay:` section" in error_line(capsys)
+    assert sweeps(db) == []
+
+
+@pytest.mark.parametrize("strategy", ["annealing"])
+def test_an_unknown_strategy_fails_before_anything_is_written(tmp_path, db, capsys, strategy):
+    path = config(tmp_path, strategy={"name": strategy, "max_trials": 3})
+    assert main(["tune", str(path), "--db", db]) == 2
+    assert "unknown strategy 'annealing'" in error_line(capsys)
+    assert sweeps(db) == []
+
+
+def test_a_budget_of_zero_fails_before_anything_is_written(tmp_path, db, capsys):
+    path = config(tmp_path)
+    assert main(["tune", str(path), "--db", db, "--max-trials", "0"]) == 2
+    assert "--max-trials 0 must be positive" in error_line(capsys)
+    assert sweeps(db) == []
