@@ -1,4 +1,5 @@
-"""`syncopate tune`: run a sweep on Ray gangs and store every trial. (`calibrate` comes later.)"""
+"""`syncopate tune`: run a sweep on Ray gangs (or, with the model and replay runners, in this
+process) and store every trial."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 
-from syncopate.cli import app, fail
+from syncopate.cli import app
 
 
 def _setup_logging(console: Console, verbose: bool) -> None:
@@ -51,7 +52,14 @@ def tune_cmd(
         "or a local cluster).",
     ),
     runner: str | None = typer.Option(
-        None, "--runner", help="gpu or cpu-fixture (overrides the config's runner)."
+        None,
+        "--runner",
+        help="gpu, model (the cost model predicts; no GPU needed), replay (a stored sweep answers) or "
+        "cpu-fixture (overrides the config's runner).",
+    ),
+    topology: str | None = typer.Option(
+        None, "--topology", help="Topology key overriding the config's, e.g. H200x8-nvswitch (with --runner model: "
+        "predict for GPUs not at hand)."
     ),
     verbose: bool = typer.Option(
         False, "--verbose", "-v", help="Log at INFO and forward the workers' output."
@@ -73,16 +81,23 @@ def tune_cmd(
         ray_address=ray_address,
         runner=runner,
         verbose=verbose,
+        topology=topology,
     )
     result = run_tune(options, console=err)
-    label = " (cpu-fixture: synthetic times, stored as source fixture)" if result.source == "fixture" else ""
+    labels = {
+        "fixture": " (not measured: synthetic or replayed times, stored as source fixture)",
+        "predicted": " (PREDICTED by the cost model, not measured: stored as source predicted)",
+    }
     out.print(
         summary_table(
             result.summaries,
             f"sweep {result.sweep_name!r} (id {result.sweep_id}) on {result.topology}: "
-            f"{result.status}{label}",
+            f"{result.status}{labels.get(result.source, '')}",
+            predicted=result.source == "predicted",
         )
     )
+    if result.note:
+        out.print(result.note, highlight=False)
     if result.progress is not None:
         line = overhead_line(result.progress)
         if line:
@@ -91,9 +106,3 @@ def tune_cmd(
             out.print(f"gangs rebuilt: {result.progress.rebuilds}")
     if result.status == "stopped":
         out.print("the time budget ran out: run the same command with --resume to continue")
-
-
-@app.command("calibrate", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def calibrate_cmd(ctx: typer.Context) -> None:
-    """Not implemented yet."""
-    fail("'syncopate calibrate' is not implemented yet", code=1)
