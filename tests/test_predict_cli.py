@@ -175,3 +175,12 @@ def test_a_budget_of_zero_fails_before_anything_is_written(tmp_path, db, capsys)
     assert main(["tune", str(path), "--db", db, "--max-trials", "0"]) == 2
     assert "--max-trials 0 must be positive" in error_line(capsys)
     assert sweeps(db) == []
+
+
+def test_space_ranks_with_the_cost_model_and_says_it_predicts(db, capsys):
+    args = ["space", "--kind", "gemm_ar", "--m", "4096", "--n", "4096", "--k", "2048", "--topology", "H200x4-nvswitch",
+            "--predict", "3", "--db", db]
+    assert main(args) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "PREDICTED by the cost model, not measured" in text and "worth measuring" in text
+    assert "default calibration for H200x4-nvswitch" in text

@@ -278,22 +278,24 @@ def _producer(model: CostModel, w, plan, ctx, group, programs, durations):
     slowdown = costs.overlap_slowdown.get(ctx.backend, 0.0) if ws > 1 else 0.0
     tile_bytes = ctx.candidate.block_m * ctx.candidate.block_n * w.element_bytes
     epilogue = padded(group.incoming_per_position * tile_bytes / (costs.hbm_gbps * 1e3 / programs), programs, 0.0)
-    no_wait = np.full(durations.shape, -np.inf)
     partials = np.zeros((ws, group.slots))
     table = model._table(plan, "reduce", ctx) if ws > 1 else None
     free: dict = {}
     comm_end = start
-    for _ in range(ws + 2):
+    slowed = None
+    for _ in range(ws + 4):
         partial = padded(group.per_position(group.chunk_wait_time(partials)) + costs.wait_us, programs, -np.inf)
-        run = run_programs(programs, start, no_wait, durations, comm_end=comm_end, slowdown=slowdown,
-                           partial=partial, epilogue=epilogue, positions=group.positions)
+        run = run_programs(programs, start, None, durations, comm_end=comm_end, slowdown=slowdown,
+                           partial=partial, epilogue=epilogue, positions=group.positions, slowed=slowed)
+        settled = slowed is None or run.slowed is None or np.array_equal(slowed, run.slowed)
+        slowed = run.slowed
         ready = group.chunk_max(run.tile_end, plan.num_chunks, start)
         if table is None:
             break
         new = np.zeros_like(partials)
         free = table.run(ready, new, start)
         comm_end = max([start, *free.values()])
-        converged = float(np.max(np.abs(new - partials))) < 1e-6
+        converged = float(np.max(np.abs(new - partials))) < 1e-6 and settled
         partials = new
         if converged:
             break

@@ -231,6 +231,8 @@ class ProgramRun:
     """[rank, position]: when that tile was stored."""
     stall: np.ndarray
     """[rank]: program-µs spent waiting for chunks or partials, summed over programs."""
+    slowed: np.ndarray | None = None
+    """[rank, wave, program]: the tiles that started while communication ran (slowed down)."""
 
 
 def _scan(t0: float, a: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -241,16 +243,17 @@ def _scan(t0: float, a: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 
 def run_programs(
-    programs: int, start: float, need: np.ndarray, duration: np.ndarray, *, comm_end: float = 0.0,
+    programs: int, start: float, need: np.ndarray | None, duration: np.ndarray, *, comm_end: float = 0.0,
     slowdown: float = 0.0, partial: np.ndarray | None = None, epilogue: np.ndarray | None = None,
-    positions: int,
+    positions: int, slowed: np.ndarray | None = None,
 ) -> ProgramRun:
     """Run every rank's tiles on `programs` persistent programs (see the module docstring).
 
     All arrays are [rank, wave, program] (see :func:`padded`): need: when a position's inputs are
-    there, wait included (-inf: no wait); duration: its compute time (0 past the end);
+    there, wait included (-inf or None: no wait); duration: its compute time (0 past the end);
     partial / epilogue (producers): when the partials it adds are there, and the time to read and
-    add them. Tiles that start before `comm_end` take `1 + slowdown` times as long.
+    add them. Tiles that start before `comm_end` take `1 + slowdown` times as long: found by a
+    first pass without slowdown, or given as `slowed` (a previous run's, when iterating).
 
     Per program: begin = max(clock, need); done = max(begin + d, partial) + epilogue; the clock
     moves to done: t[w+1] = max(t[w] + a[w], c[w]) with a = d + epilogue and
@@ -262,18 +265,29 @@ def run_programs(
 
     def clocks(d: np.ndarray) -> np.ndarray:
         a = d + epi
-        c = need + a
-        if bound is not None:
-            c = np.maximum(c, bound)
+        if need is None:
+            c = bound if bound is not None else np.full_like(a, -np.inf)
+        else:
+            c = need + a
+            if bound is not None:
+                c = np.maximum(c, bound)
         return _scan(start, a, c)
 
+    def slowed_of(done: np.ndarray) -> np.ndarray:
+        before = np.concatenate([np.full((ranks, 1, p), start), done[:, :-1]], axis=1)
+        begin = before if need is None else np.maximum(before, need)
+        return begin < comm_end
+
+    mask = None
+    if slowdown:
+        if slowed is None:
+            slowed = slowed_of(clocks(duration))
+        duration = np.where(slowed, duration * (1.0 + slowdown), duration)
     done = clocks(duration)
     if slowdown:
-        before = np.concatenate([np.full((ranks, 1, p), start), done[:, :-1]], axis=1)
-        begin = np.maximum(before, need)
-        duration = np.where(begin < comm_end, duration * (1.0 + slowdown), duration)
-        done = clocks(duration)
+        mask = slowed_of(done)
     final = done[:, -1]
     busy = duration.sum(axis=(1, 2)) + (epilogue.sum(axis=(1, 2)) if epilogue is not None else 0.0)
     stall = np.maximum(final.sum(axis=1) - p * start - busy, 0.0)
-    return ProgramRun(end=final.max(axis=1), tile_end=done.reshape(ranks, -1)[:, :positions], stall=stall)
+    return ProgramRun(end=final.max(axis=1), tile_end=done.reshape(ranks, -1)[:, :positions], stall=stall,
+                      slowed=mask)

@@ -25,11 +25,18 @@ def space_cmd(
     dtype: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
     topology: str = typer.Option(..., help="Topology key such as H200x2-nvlink."),
     as_json: bool = typer.Option(False, "--json", help="Print the candidates as a JSON list."),
+    predict: int = typer.Option(
+        0, "--predict", min=0, help="Also rank the space with the cost model and show its best N (predictions)."
+    ),
+    db: str | None = typer.Option(None, "--db", help="Where stored calibrations are read (with --predict)."),
 ) -> None:
     """Count (or list, with --json) the valid candidates of one workload on one topology."""
     workload = Workload(kind=kind, shape=Shape(m=m, n=n, k=k), dtype=dtype)
     topo = Topology.from_key(topology)
     candidates = space(workload, topo, SpaceOptions())
+    if predict:
+        _predict(workload, topo, candidates, predict, db)
+        return
     if as_json:
         print(json.dumps([c.to_dict() for c in candidates], indent=1))
         return
@@ -55,4 +62,27 @@ def validate_cmd(config: Path = typer.Argument(..., help="Sweep config (YAML).")
     table = Table("workload", "candidates")
     for w in sweep.workloads:
         table.add_row(w.key(), str(len(space(w, topo, sweep.space))) if topo else "(topology detected at run time)")
+    _out.print(table)
+
+
+def _predict(workload: Workload, topo: Topology, candidates: list, top: int, db: str | None) -> None:
+    from syncopate.autotuner.cost_model import CostModel
+    from syncopate.autotuner.runs import load_calibration
+
+    calibration = load_calibration(topo, None, db, "auto")
+    model = CostModel(calibration)
+    ranked = model.rank(workload, topo, candidates)
+    feasible = [p for p in ranked if p.feasible]
+    kept = model.prune(workload, topo, candidates)
+    base = model.baselines(workload, topo)
+    _out.print(
+        f"{workload} on {topo.key()}: {len(candidates)} valid candidates, {len(ranked) - len(feasible)} cannot run "
+        f"here, {len(kept)} worth measuring. PREDICTED by the cost model, not measured ({calibration.describe()})."
+    )
+    table = Table("rank", "predicted µs", "vs torch_seq", "waves", "stall µs")
+    table.add_column("candidate", no_wrap=True)
+    seq = base.get("torch_seq")
+    for i, p in enumerate(feasible[:top], 1):
+        table.add_row(str(i), f"{p.time_us:.1f}", f"{seq / p.time_us:.2f}×" if seq else "–", str(p.waves),
+                      f"{p.stall_us:.1f}", p.candidate.short())
     _out.print(table)
