@@ -41,8 +41,10 @@ from syncopate.search_space import Candidate, ChunkPlan, Topology, Transfer
 __all__ = [
     "CommContext",
     "Infeasible",
+    "ProgramRun",
     "TransferTable",
     "own_chunks_ready",
+    "padded",
     "run_programs",
     "wave_memory_us",
 ]
