@@ -49,7 +49,7 @@ class WorkloadRun:
     """Trials finished in this run."""
     statuses: Counter = field(default_factory=Counter)
     best: TrialRecord | None = None
-    """Fastest `ok` trial of this run."""
+    """Fastest `ok` trial of the sweep so far: stored before a resume, or finished in this run."""
     exhausted: bool = False
 
     @property
@@ -61,7 +61,8 @@ class WorkloadRun:
         return sum(n for s, n in self.statuses.items() if s != "ok")
 
     def speedup(self, trial: TrialRecord | None = None) -> float | None:
-        """torch_seq's median over the trial's (default: this run's best)."""
+        """torch_seq's median over the trial's (default: the sweep's best so far); both come from one
+        sweep."""
         trial = trial or self.best
         seq = self.baselines.get("torch_seq")
         if trial is None or seq is None or not trial.median_us:
@@ -85,6 +86,8 @@ class SweepProgress:
     topology: str
     runs: list[WorkloadRun]
     gangs: int
+    source: str = "measured"
+    """The source label of the runner's results (`fixture`: synthetic times)."""
     started: float = field(default_factory=time.monotonic)
     latest: WorkloadRun | None = None
     """The workload whose trial arrived last."""
@@ -192,8 +195,8 @@ class Coordinator:
     # -- the loop ---------------------------------------------------------------------------
 
     def run(self) -> str:
-        """Run until every workload is finished (`finished`), the time budget ran out
-        (`stopped`), or no gang is left (raises RuntimeUnavailableError)."""
+        """Run until every workload is finished (`done`), the time budget ran out (`stopped`), or
+        no gang is left (raises RuntimeUnavailableError)."""
         try:
             return self._loop()
         finally:

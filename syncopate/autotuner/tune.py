@@ -3,10 +3,16 @@
 Order of work, so that bad input fails before anything is written:
 
 1. read and check the config and the options (runner, strategy, topology);
-2. open the store (nothing written yet);
+2. open the store (a new SQLite file gets its schema; no sweep is written) and, for `--resume`,
+   find the sweep to continue and check that the same runner measured it;
 3. connect to Ray (or start a local cluster), count GPUs, reserve one placement group per gang and
    form the gangs (one model of GPU, one environment);
 4. only then start (or resume) the sweep in the store, and run the coordinator.
+
+The closing summary gives, per workload, the fastest `ok` trial of this sweep (trials stored before
+a resume included) and its speedup over the baselines of the same sweep. A `cpu-fixture` sweep's
+numbers are synthetic and stored with source `fixture`: `syncopate best` and `lookup` never serve
+them.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from syncopate.autotuner import store as store_module
 from syncopate.autotuner.cluster import Cluster, connect, gang_capacity, gang_shape
 from syncopate.autotuner.coordinator import Coordinator, SweepProgress, WorkloadRun, check_gang_members
 from syncopate.autotuner.progress import LiveProgress, WorkloadSummary
-from syncopate.autotuner.store import TrialStore
+from syncopate.autotuner.store import StoredSweep, TrialStore
 from syncopate.autotuner.strategies import SearchProblem, make_strategy, strategy_class
 from syncopate.autotuner.sweep import RUNNERS, Sweep, load_sweep
 from syncopate.errors import ConfigError, RuntimeUnavailableError, SyncopateError
@@ -101,6 +107,11 @@ class TuneResult:
     summaries: list[WorkloadSummary] = field(default_factory=list)
     progress: SweepProgress | None = None
 
+    @property
+    def served(self) -> bool:
+        """Whether `lookup` and `syncopate best` serve this sweep's results (measured ones only)."""
+        return self.source == "measured"
+
 
 def _plan(options: TuneOptions) -> _Plan:
     sweep = load_sweep(options.config)
@@ -136,13 +147,31 @@ def run_tune(
     plan = _plan(options)
     store = (open_store or store_module.open_store)(plan.db)
     try:
+        previous = _sweep_to_resume(store, plan) if options.resume else None
         cluster = connect(plan.ray_address, declared_gpus=plan.declared_gpus, verbose=options.verbose)
         try:
-            return _tune_on(cluster, plan, options, store, console or Console(stderr=True))
+            return _tune_on(cluster, plan, options, store, previous, console or Console(stderr=True))
         finally:
             cluster.disconnect()
     finally:
         store.close()
+
+
+def _sweep_to_resume(store: TrialStore, plan: _Plan) -> StoredSweep | None:
+    """The sweep `--resume` continues (None: there is none, a new one starts); raises ConfigError
+    where another runner measured it, since one sweep holds one runner's results."""
+    name = plan.sweep.name
+    previous = store.latest_sweep(name)
+    if previous is None:
+        log.warning("no sweep named %r to resume: starting a new one", name)
+        return None
+    if previous.runner is not None and previous.runner != plan.runner:
+        raise ConfigError(
+            f"sweep {name!r} (id {previous.sweep_id}) was run with runner {previous.runner}, not "
+            f"{plan.runner}: one sweep holds one runner's results; resume it with --runner "
+            f"{previous.runner}, or leave out --resume to start a new sweep"
+        )
+    return previous
 
 
 def _form(gangs: list[Gang], timeout_s: float) -> None:
@@ -183,7 +212,12 @@ def _environment(gangs: list[Gang]) -> Environment:
 
 
 def _tune_on(
-    cluster: Cluster, plan: _Plan, options: TuneOptions, store: TrialStore, console: Console
+    cluster: Cluster,
+    plan: _Plan,
+    options: TuneOptions,
+    store: TrialStore,
+    previous: StoredSweep | None,
+    console: Console,
 ) -> TuneResult:
     ws, nodes = gang_shape(plan.topology, cluster, plan.runner)
     spec = RunnerSpec(
@@ -200,7 +234,7 @@ def _tune_on(
         for w in plan.sweep.workloads:
             w.check_world_size(topology.world_size)
         log.info("%d gang(s) of %s formed on %s", len(gangs), topology.key(), cluster.describe())
-        result = _sweep(plan, store, gangs, topology, environment, options.resume, console)
+        result = _sweep(plan, store, gangs, topology, environment, previous, console)
         idle = True
         return result
     finally:
@@ -214,15 +248,15 @@ def _sweep(
     gangs: list[Gang],
     topology: Topology,
     environment: Environment,
-    resume: bool,
+    previous: StoredSweep | None,
     console: Console,
 ) -> TuneResult:
     sweep = plan.sweep
-    sweep_id = store.resume_sweep(sweep.name) if resume else None
-    resumed = sweep_id is not None
-    if resume and not resumed:
-        log.warning("no sweep named %r to resume: starting a new one", sweep.name)
-    if sweep_id is None:
+    resumed = previous is not None
+    if previous is not None:
+        sweep_id = previous.sweep_id
+        store.resume_sweep(sweep_id)
+    else:
         config = {
             **sweep.raw,
             "runner": plan.runner,
@@ -247,6 +281,8 @@ def _sweep(
         if baselines:
             run.baselines = {b.name: b for b in baselines}
             run.baselines_state = "done"
+        if resumed:
+            run.best = store.sweep_best(sweep_id, w, topology, environment)
         runs.append(run)
     if resumed:
         stored = sum(r.stored_before for r in runs)
@@ -255,7 +291,9 @@ def _sweep(
             f"{sum(r.strategy.remaining for r in runs)} to go",
             highlight=False,
         )
-    progress = SweepProgress(sweep_name=sweep.name, topology=topology.key(), runs=runs, gangs=len(gangs))
+    progress = SweepProgress(
+        sweep_name=sweep.name, topology=topology.key(), runs=runs, gangs=len(gangs), source=plan.source
+    )
     coordinator = Coordinator(
         sweep_id=sweep_id,
         gangs=gangs,
@@ -279,7 +317,9 @@ def _sweep(
         raise
     finally:
         store.finish_sweep(sweep_id, status)
-    summaries = [WorkloadSummary.of(r, store.best(r.workload, topology, environment)) for r in runs]
+    summaries = [
+        WorkloadSummary.of(r, store.sweep_best(sweep_id, r.workload, topology, environment)) for r in runs
+    ]
     return TuneResult(
         sweep_id=sweep_id,
         sweep_name=sweep.name,

@@ -29,7 +29,8 @@ def tune_cmd(
     db: str | None = typer.Option(
         None,
         "--db",
-        help="Database URL (default: the config's db, SYNCOPATE_DB, or the per-user SQLite file).",
+        help="Database URL or SQLite path (default: the config's db, SYNCOPATE_DB, or the per-user SQLite "
+        "file); a SQLite file that does not exist yet is created.",
     ),
     resume: bool = typer.Option(
         False,
@@ -89,6 +90,12 @@ def tune_cmd(
             out.print(line)
         if result.progress.rebuilds:
             out.print(f"gangs rebuilt: {result.progress.rebuilds}")
+    if not result.served:
+        out.print(
+            f"these {result.source} times are not measurements: `syncopate best` and `syncopate lookup` "
+            f"serve only measured trials",
+            highlight=False,
+        )
     if result.status == "stopped":
         out.print("the time budget ran out: run the same command with --resume to continue")
 

@@ -7,7 +7,7 @@ with ResultsDB.open("postgresql+psycopg://tuner@db/syncopate") as db:   # or a p
     sweep_id = db.start_sweep("llama_tp2", config_dict)
     done = db.measured_keys(workload, topology, environment, sweep_id=sweep_id)   # resume
     trial_id = db.record_trial(sweep_id, trial_record)       # idempotent: once per identity
-    db.record_baseline(sweep_id, baseline_record)
+    db.record_baseline(sweep_id, baseline_record)       # or record_baselines: all or none
     db.finish_sweep(sweep_id)
     db.best(workload, topology, environment)                 # StoredTrial | None
 ```
@@ -241,6 +241,19 @@ class ResultsDB:
 
         return self._run(work)
 
+    def record_baselines(self, sweep_id: int, baselines: Iterable[BaselineRecord]) -> list[int]:
+        """Store the baselines of sweep `sweep_id` in one transaction, all or none; their row ids."""
+        batch = list(baselines)
+        for i, b in enumerate(batch):
+            if not isinstance(b, BaselineRecord):
+                raise ConfigError(f"baseline {i} is a {type(b).__name__}, not a BaselineRecord")
+
+        def work(session: Session) -> list[int]:
+            SweepModel.find_or_raise_by_id(session, sweep_id)
+            return [writes.insert_baseline(session, self._dims, sweep_id, b) for b in batch]
+
+        return self._run(work)
+
     def record_calibration(self, calibration: CalibrationRecord, *, sweep_id: int | None = None) -> int:
         """Store a calibration curve; one with the same kind, topology, environment and key is replaced."""
         if not isinstance(calibration, CalibrationRecord):
@@ -283,6 +296,14 @@ class ResultsDB:
         """The fastest `ok` trial of source `measured` for this workload, topology and environment."""
         return self._read(lambda s: queries.best(
             s, queries.Filters(s, workload=workload, topology=topology, environment=environment)))
+
+    def sweep_best(self, sweep_id: int, workload: Workload, topology: Topology | str,
+                   environment: Environment) -> StoredTrial | None:
+        """The fastest `ok` trial of sweep `sweep_id` for this workload, topology and environment,
+        whatever its source: what that sweep found (a `fixture` sweep's is synthetic). Not what
+        lookup serves: that is :meth:`best`, from `measured` trials only."""
+        return self._read(lambda s: queries.sweep_best(
+            s, queries.Filters(s, workload=workload, topology=topology, environment=environment), sweep_id))
 
     def best_configs(self, *, kind: str | None = None, topology: Topology | str | None = None,
                      environment: Environment | None = None) -> list[StoredTrial]:
