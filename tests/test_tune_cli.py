@@ -172,4 +172,4 @@ def test_resume_after_sigkill_loses_nothing_and_measures_nothing_twice(tmp_path)
     )
     assert written == []
     assert count(db, "SELECT count(*) FROM writes WHERE kind = 'baseline'") == [(4,)]
-    assert count(db, "SELECT id, status FROM sweeps") == [(1, "finished")]
+    assert count(db, "SELECT id, status FROM sweeps") == [(1, "done")]

@@ -75,7 +75,7 @@ def pipeline(tmp_path_factory):
 
 def test_every_planned_trial_is_stored_once_as_fixture(pipeline):
     config, db, result = pipeline
-    assert result.status == "finished" and not result.resumed
+    assert result.status == "done" and not result.resumed
     stored = rows(db, "SELECT workload_key, candidate_key, status, source FROM trials")
     assert len(stored) == 12 and len({(w, c) for w, c, _, _ in stored}) == 12
     assert {(w, c) for w, c, _, _ in stored} == {
@@ -84,7 +84,7 @@ def test_every_planned_trial_is_stored_once_as_fixture(pipeline):
         for k in planned_keys(config, i)
     }
     assert {s for _, _, s, _ in stored} == {"ok"} and {src for _, _, _, src in stored} == {"fixture"}
-    assert rows(db, "SELECT status FROM sweeps") == [("finished",)]
+    assert rows(db, "SELECT status FROM sweeps") == [("done",)]
 
 
 def test_times_are_the_fixture_model_measured_through_the_gang(pipeline):
@@ -175,7 +175,7 @@ def faults(tmp_path_factory):
 
 def test_faulty_sweep_completes_with_every_trial_stored(faults):
     keys, db, result = faults
-    assert result.status == "finished"
+    assert result.status == "done"
     assert [k for k, _ in rows(db, "SELECT candidate_key, status FROM trials ORDER BY id")] == keys
     statuses = dict(rows(db, "SELECT candidate_key, status FROM trials"))
     assert [statuses[k] for k in keys] == [
