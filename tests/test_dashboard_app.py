@@ -114,11 +114,15 @@ def test_workload_drill_down(monkeypatch, url):
     at = start(monkeypatch, url)
     at.sidebar.radio(key="page").set_value("Workload").run()
     wanted = f"ag_gemm 8192×2048×8192 bf16 · H200x2-nvlink · {fx.ENV.key()[:8]} · measured"
-    assert wanted in at.selectbox(key="selection").options
+    assert at.selectbox(key="selection").value == wanted  # the first shape with an ok trial
+    failed_only = next(o for o in at.selectbox(key="selection").options if "H100x8-nvswitch" in o)
+    at.selectbox(key="selection").set_value(failed_only).run()
+    assert "2 trial(s), 2 failed; no ok trial" in at.markdown[0].value
+    assert list(at.dataframe[-1].value["error text"]) == ["illegal memory access"]
     at.selectbox(key="selection").set_value(wanted).run()
     assert not at.exception
     assert [m.value for m in at.metric] == ["400.0", "1.500", "1.200", "0.750"]
-    titles = [s["title"] for s in charts(at)]
+    titles = [s["title"] if isinstance(s["title"], str) else s["title"]["text"] for s in charts(at)]
     assert titles[0].startswith("Convergence") and "Failures by status" in titles
     assert any(t.startswith("Best time per backend × num_splits") for t in titles)
     assert "Tile orders compared" in titles

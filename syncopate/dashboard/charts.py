@@ -216,15 +216,23 @@ def convergence_chart(trials: pd.DataFrame, source: str = "measured") -> alt.Lay
     ok = trials[trials["status"] == "ok"].dropna(subset=["median_us"])
     if ok.empty:
         return None
+    last = int(ok["order"].max())
     data = _values(
         ok, ["order", "median_us", "best_so_far", "series", "backend", "num_splits", "tile_order", "trial_id"]
     )
     base = alt.Chart(data).encode(
-        x=alt.X("order:Q", title="trial (order within sweep and strategy)"),
+        x=alt.X(
+            "order:Q",
+            title="trial (order within sweep and strategy)",
+            scale=alt.Scale(domainMin=1, nice=False, padding=8),
+            axis=alt.Axis(format="d", values=list(range(1, last + 1)))
+            if last <= 12
+            else alt.Axis(format="d", tickMinStep=1),
+        ),
         color=alt.Color("series:N", title="sweep · strategy"),
     )
     points = base.mark_circle(size=28, opacity=0.55).encode(
-        y=alt.Y("median_us:Q", title="median time (µs)", scale=alt.Scale(type="log")),
+        y=alt.Y("median_us:Q", title="median time (µs)", scale=alt.Scale(type="log", nice=False, padding=8)),
         tooltip=[
             "trial_id:Q",
             "series:N",
@@ -262,9 +270,9 @@ def backend_splits_chart(cells: pd.DataFrame) -> alt.LayerChart | None:
         color=alt.condition(alt.datum.best_us < middle, alt.value("white"), alt.value("black")),
     )
     return alt.layer(rect, text).properties(
-        width=320,
-        height=40 * cells["backend"].nunique() + 20,
-        title="Best time per backend × num_splits (µs, darker: faster)",
+        width=alt.Step(56),
+        height=alt.Step(40),
+        title=alt.Title("Best time per backend × num_splits", subtitle="µs; darker is faster"),
     )
 
 
@@ -287,9 +295,7 @@ def tile_order_chart(orders: pd.DataFrame) -> alt.LayerChart | None:
         ],
     )
     ticks = base.mark_tick(color="black", thickness=2, size=18).encode(x="mean_us:Q")
-    return alt.layer(bars, ticks).properties(
-        width=320, height=36 * len(orders) + 20, title="Tile orders compared"
-    )
+    return alt.layer(bars, ticks).properties(width=320, height=alt.Step(32), title="Tile orders compared")
 
 
 def failure_chart(failed: pd.DataFrame) -> alt.Chart | None:
@@ -306,7 +312,7 @@ def failure_chart(failed: pd.DataFrame) -> alt.Chart | None:
             y=alt.Y("status:N", title=None),
             tooltip=["status:N", "trials:Q"],
         )
-        .properties(width=320, height=30 * len(per) + 20, title="Failures by status")
+        .properties(width=320, height=alt.Step(28), title="Failures by status")
     )
 
 
@@ -344,7 +350,7 @@ def compare_chart(compared: pd.DataFrame, a: int, b: int) -> alt.LayerChart | No
     )
     rule = alt.Chart(data).mark_rule(color="black", strokeDash=[4, 3]).encode(x=alt.datum(1.0))
     return alt.layer(bars, rule).properties(
-        width=420, height=24 * len(both) + 20, title=f"Sweep {b} against sweep {a}"
+        width=420, height=alt.Step(24), title=f"Sweep {b} against sweep {a}"
     )
 
 

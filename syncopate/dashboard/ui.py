@@ -155,7 +155,8 @@ def _workload_page(url: str, filters: data.Filters) -> None:
         st.warning("No trials match these filters.")
         return
     labels = [views.selection_label(row) for _, row in frame.iterrows()]
-    chosen = st.selectbox("Shape · topology · environment · source", labels, key="selection")
+    first_ok = next((i for i, v in enumerate(frame["best_us"]) if not pd.isna(v)), 0)
+    chosen = st.selectbox("Shape · topology · environment · source", labels, index=first_ok, key="selection")
     row = frame.iloc[labels.index(chosen) if chosen in labels else 0]
     sel = data.Selection.of(row)
     cols = st.columns(4)
@@ -165,11 +166,11 @@ def _workload_page(url: str, filters: data.Filters) -> None:
         "× async-TP", "–" if pd.isna(row["speedup_async_tp"]) else f"{row['speedup_async_tp']:.3f}"
     )
     cols[3].metric("of bound", "–" if pd.isna(row["of_bound"]) else f"{row['of_bound']:.3f}")
-    st.markdown(
-        f"Best configuration: `{row['config'] or '–'}` (trial {row['best_trial_id']}, sweep "
-        f"{row['sweep_id']}); {row['trials']} trial(s), {row['failed']} failed. Environment: "
-        f"{row['env_label']}."
-    )
+    if pd.isna(row["best_trial_id"]):
+        best = "no ok trial"
+    else:
+        best = f"best configuration `{row['config']}` (trial {row['best_trial_id']}, sweep {row['sweep_id']})"
+    st.markdown(f"{row['trials']} trial(s), {row['failed']} failed; {best}. Environment: {row['env_label']}.")
     trials, cells, orders, failed = _drill(url, sel)
     if trials.attrs.get("thinned"):
         st.caption(f"{trials.attrs['total']} trials: the chart shows every n-th and each new best.")
