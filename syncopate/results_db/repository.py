@@ -27,6 +27,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from os import PathLike
 from pathlib import Path
 from typing import Any, TypeVar
@@ -153,15 +154,21 @@ class ResultsDB:
 
     # ---- sweeps --------------------------------------------------------------------------------
 
-    def start_sweep(self, name: str, config: dict[str, Any] | None = None, *, host: str | None = None) -> int:
-        """Record the start of a sweep (status `running`); its id."""
+    def start_sweep(self, name: str, config: dict[str, Any] | None = None, *, host: str | None = None,
+                    started_at: datetime | None = None) -> int:
+        """Record the start of a sweep (status `running`); its id.
+
+        host defaults to this machine's name and started_at to now; an import of results measured
+        elsewhere gives both.
+        """
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise ConfigError(f"sweep name {name!r} must be a non-empty string of at most 200 characters")
         doc = codec.encode(dict(config or {}), "sweep config")
         host = host or socket.gethostname()
+        started_at = started_at or utcnow()
 
         def work(session: Session) -> int:
-            row = SweepModel(name=name, config=doc, status="running", host=host, started_at=utcnow(),
+            row = SweepModel(name=name, config=doc, status="running", host=host, started_at=started_at,
                              finished_at=None)
             session.add(row)
             session.flush()
@@ -169,13 +176,14 @@ class ResultsDB:
 
         return self._run(work)
 
-    def finish_sweep(self, sweep_id: int, status: str = "done") -> None:
-        """Mark a sweep finished: `done`, `stopped`, `failed` or `interrupted` (stamps the end time)."""
+    def finish_sweep(self, sweep_id: int, status: str = "done", *, finished_at: datetime | None = None) -> None:
+        """Mark a sweep finished: `done`, `stopped`, `failed` or `interrupted`, stamping the end time
+        (now unless finished_at is given)."""
         if status not in SWEEP_STATUSES or status == "running":
             raise ConfigError(
                 f"sweep status {status!r} cannot finish a sweep: accepted are done, stopped, failed, interrupted"
             )
-        self._set_sweep(sweep_id, status=status, finished_at=utcnow())
+        self._set_sweep(sweep_id, status=status, finished_at=finished_at or utcnow())
 
     def resume_sweep(self, sweep_id: int) -> SweepInfo:
         """Mark a finished or interrupted sweep `running` again (its end time cleared)."""
