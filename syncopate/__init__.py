@@ -27,12 +27,22 @@ __all__ = [
     "Topology",
     "Workload",
     "__version__",
+    "all_gather_matmul",
+    "close_contexts",
+    "gather_buffer",
     "lookup",
+    "matmul_all_reduce",
+    "matmul_reduce_scatter",
 ]
 
 _LAZY: dict[str, str] = {
     "lookup": "syncopate.results_db.lookups",
     "LookupResult": "syncopate.results_db.lookups",
+    "all_gather_matmul": "syncopate.kernels.ops",
+    "matmul_reduce_scatter": "syncopate.kernels.ops",
+    "matmul_all_reduce": "syncopate.kernels.ops",
+    "gather_buffer": "syncopate.kernels.ops",
+    "close_contexts": "syncopate.kernels.ops",
 }
 
 

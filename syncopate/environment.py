@@ -8,15 +8,20 @@ import socket
 import subprocess
 from pathlib import Path
 
+from syncopate.kernels.topology_detect import gpu_model_of
 from syncopate.records import Environment
 
 __all__ = ["current_environment", "git_revision", "provenance"]
 
 
-def _gpu_model_name(raw: str) -> str:
-    """`NVIDIA H200` → `H200`; `NVIDIA H100 80GB HBM3` → `H100`."""
-    words = raw.replace("NVIDIA", "").split()
-    return words[0] if words else "unknown"
+def _package_version(name: str) -> str:
+    """A package's version without importing it (importing triton alone costs a quarter second)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "none"
 
 
 @functools.cache
@@ -26,18 +31,15 @@ def current_environment() -> Environment:
 
     from syncopate import __version__
 
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = "none"
+    triton_version = _package_version("triton")
+    if triton_version == "none":
+        triton_version = _package_version("pytorch-triton")
     cuda = torch.version.cuda or "none"
     nccl = "none"
     driver = "none"
     gpu = "cpu"
     if torch.cuda.is_available():
-        gpu = _gpu_model_name(torch.cuda.get_device_name(0))
+        gpu = gpu_model_of(torch.cuda.get_device_name(0))
         try:
             nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
         except Exception:

@@ -29,6 +29,17 @@ def pytest_collection_modifyitems(config, items):
 
 # ---- databases ---------------------------------------------------------------------------------
 
+
+@pytest.fixture(scope="session", autouse=True)
+def no_database_in_the_real_home(tmp_path_factory):
+    """The per-user default database of every test, and of every process a test starts, is under a
+    temporary XDG_DATA_HOME; SYNCOPATE_DB is unset. Tests that use the default set their own."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("xdg-data-home")))
+        mp.delenv("SYNCOPATE_DB", raising=False)
+        yield
+
+
 PG_DEFAULT_URL = "postgresql+psycopg:///syncopate_test"
 """The server and maintenance database the PostgreSQL tests use unless SYNCOPATE_TEST_PG says
 otherwise (a Unix-socket URL; see .ci/run for how the cluster is started)."""

@@ -103,6 +103,7 @@ def _all_cases(rank, ws, init, q):
         _reduce_worker(rank, ws, init + f"-r-{template}-{splits}", template, splits, q)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ws", sorted(CASES))
 def test_nccl_chunking_on_gloo(ws):
     ctx = mp.get_context("spawn")

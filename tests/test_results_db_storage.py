@@ -127,6 +127,22 @@ class TestStorageConformance:
         assert db.best(W, TOPO, OTHER_ENV) is None
         assert db.best(workload(n=1024), TOPO, ENV) is None
 
+    def test_sweep_best_is_what_one_sweep_found_whatever_its_source(self, db):
+        fixture, measured = db.start_sweep("fixture"), db.start_sweep("measured")
+        db.record_trials(fixture, [
+            trial(0, median_us=500.0, source="fixture"),
+            trial(1, median_us=2.0, status="wrong_result", source="fixture"),
+            trial(2, median_us=300.0, source="fixture"),
+            trial(3, median_us=1.0, env=OTHER_ENV, source="fixture"),
+        ])
+        db.record_trial(measured, trial(4, median_us=400.0))
+        found = db.sweep_best(fixture, W, TOPO, ENV)
+        assert (found.candidate, found.record.source, found.sweep_id) == (CANDIDATES[2], "fixture", fixture)
+        assert db.sweep_best(measured, W, TOPO, ENV).candidate == CANDIDATES[4]
+        assert db.best(W, TOPO, ENV).candidate == CANDIDATES[4]  # what lookup serves: measured only
+        assert db.sweep_best(measured, W, TOPO, OTHER_ENV) is None
+        assert db.sweep_best(fixture, workload(n=1024), TOPO, ENV) is None
+
     def test_best_breaks_ties_by_the_earliest_trial(self, db):
         sweep = db.start_sweep("s")
         ids = db.record_trials(sweep, [trial(7, median_us=5.0), trial(3, median_us=5.0)])
@@ -163,6 +179,17 @@ class TestStorageConformance:
         got = {b.name: b.median_us for b in db.baselines(workload=W, topology=TOPO, environment=ENV)}
         assert got == {"torch_seq": 1770.0, "gemm_alone": 1531.0}
         assert db.baselines(sweep_id=sweep, name="gemm_alone")[0].record.median_us == 1531.0
+
+    def test_baselines_of_a_workload_are_stored_all_or_none(self, db):
+        sweep = db.start_sweep("s")
+        ids = db.record_baselines(sweep, [baseline("torch_seq", 1770.0), baseline("gemm_alone", 1531.0)])
+        assert db.record_baselines(sweep, [baseline("torch_seq", 1.0)]) == ids[:1]
+        with pytest.raises(ConfigError, match="baseline 1 is a str, not a BaselineRecord"):
+            db.record_baselines(sweep, [baseline("comm_alone", 336.0), "torch_async_tp"])
+        with pytest.raises(NotFoundError, match="sweep 999 does not exist"):
+            db.record_baselines(999, [baseline("comm_alone", 336.0)])
+        assert [b.name for b in db.baselines(sweep_id=sweep)] == ["torch_seq", "gemm_alone"]
+        assert count(db, "syncopate_baselines") == 2
 
     def test_a_calibration_is_replaced_by_a_newer_one(self, db):
         curve = {"bytes": [1 << 20, 1 << 28], "gbps": [120.0, math.inf]}

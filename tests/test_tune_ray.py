@@ -1,6 +1,7 @@
 """Layer: Ray on the CPU. `syncopate tune` end to end on one local Ray instance with declared GPU
 resources (`num_gpus=2`): gangs of actors with a gloo group, the cpu-fixture runner, the
-coordinator, its watchdog and the tests' SQLite store. Planted hangs, crashes and errors."""
+coordinator, its watchdog and the results database (SQLite files). Planted hangs, crashes and
+errors; what `syncopate best` and `lookup` serve afterwards."""
 
 from __future__ import annotations
 
@@ -11,19 +12,23 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from support.sqlite_store import SqliteTrialStore
+from support.stored import BASELINES, TRIALS, by_candidate, rows, stored_trials
 from support.sweeps import fixture_sweep, planned_keys
 
-from syncopate.autotuner import store as store_module
 from syncopate.autotuner.tune import TuneOptions, run_tune
 from syncopate.cli import main
 from syncopate.errors import RuntimeUnavailableError
-from syncopate.search_space import Candidate, Workload
-from syncopate.workers.fixture_runner import candidate_time
+from syncopate.records import Environment
+from syncopate.results_db import ResultsDB
+from syncopate.results_db.lookups import clear_cache, lookup
+from syncopate.search_space import Workload
+from syncopate.workers.fixture_runner import FixtureRunner, candidate_time
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # one Ray cluster; most tests form gangs
 
 REPO = Path(__file__).resolve().parents[1]
+W_AG = "ag_gemm/4096x4096x4096/bf16"
+W_RS = "gemm_rs/4096x8192x4096/bf16"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,24 +41,28 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.fixture(autouse=True)
+def fresh_lookups():
+    clear_cache()
+    yield
+    clear_cache()
+
+
+def url_of(db: Path) -> str:
+    return f"sqlite:///{db}"
+
+
 def tune(config: Path, db: Path, **options):
     return run_tune(
-        TuneOptions(config=config, db=f"sqlite:///{db}", form_timeout_s=120, **options),
-        open_store=SqliteTrialStore.open,
+        TuneOptions(config=config, db=url_of(db), form_timeout_s=120, **options),
         console=Console(file=io.StringIO()),
     )
 
 
-def rows(db: Path, sql: str, *args):
-    store = SqliteTrialStore(str(db))
-    try:
-        return store.rows(sql, args)
-    finally:
-        store.close()
-
-
-def trials(db: Path) -> dict[str, dict]:
-    return {k: json.loads(r) for k, r in rows(db, "SELECT candidate_key, record FROM trials ORDER BY id")}
+def cli(capsys, *args) -> tuple[int, str, list[str]]:
+    code = main([*map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err.strip().splitlines()
 
 
 # -- the pipeline -----------------------------------------------------------------------------
@@ -75,57 +84,65 @@ def pipeline(tmp_path_factory):
 
 def test_every_planned_trial_is_stored_once_as_fixture(pipeline):
     config, db, result = pipeline
-    assert result.status == "done" and not result.resumed
-    stored = rows(db, "SELECT workload_key, candidate_key, status, source FROM trials")
+    assert result.status == "done" and not result.resumed and not result.served
+    stored = rows(url_of(db), TRIALS)
     assert len(stored) == 12 and len({(w, c) for w, c, _, _ in stored}) == 12
     assert {(w, c) for w, c, _, _ in stored} == {
-        (w, k)
-        for i, w in enumerate(["ag_gemm/4096x4096x4096/bf16", "gemm_rs/4096x8192x4096/bf16"])
-        for k in planned_keys(config, i)
+        (w, k) for i, w in enumerate([W_AG, W_RS]) for k in planned_keys(config, i)
     }
     assert {s for _, _, s, _ in stored} == {"ok"} and {src for _, _, _, src in stored} == {"fixture"}
-    assert rows(db, "SELECT status FROM sweeps") == [("done",)]
+    assert rows(url_of(db), "SELECT id, name, status FROM syncopate_sweeps") == [
+        (result.sweep_id, "pipeline", "done")
+    ]
 
 
 def test_times_are_the_fixture_model_measured_through_the_gang(pipeline):
     _, db, _ = pipeline
-    for rec in trials(db).values():
-        workload = Workload.from_dict(rec["workload"])
-        expected = candidate_time(workload, Candidate.from_dict(rec["candidate"]), 2)
-        assert rec["median_us"] == pytest.approx(expected, rel=0.011)
-        assert len(rec["samples_us"]) == 5 and rec["p20_us"] <= rec["median_us"] <= rec["p80_us"]
+    for t in stored_trials(url_of(db)):
+        rec = t.record
+        expected = candidate_time(rec.workload, rec.candidate, 2)
+        assert rec.median_us == pytest.approx(expected, rel=0.011)
+        assert len(rec.samples_us) == 5 and rec.p20_us <= rec.median_us <= rec.p80_us
 
 
 def test_baselines_are_stored_once_per_workload(pipeline):
     _, db, _ = pipeline
-    names = rows(db, "SELECT workload_key, name, source FROM baselines ORDER BY workload_key, name")
+    names = [(w, n, src) for w, n, src, _ in rows(url_of(db), BASELINES)]
     assert names == [
         (w, n, "fixture")
-        for w in ("ag_gemm/4096x4096x4096/bf16", "gemm_rs/4096x8192x4096/bf16")
+        for w in (W_AG, W_RS)
         for n in ("comm_alone", "gemm_alone", "torch_async_tp", "torch_seq")
     ]
 
 
-def test_best_is_the_fastest_stored_trial_with_its_speedup(pipeline):
+def test_the_summary_best_is_the_sweeps_fastest_trial_with_its_speedup(pipeline):
     _, db, result = pipeline
     for summary in result.summaries:
         medians = rows(
-            db, "SELECT candidate_key, median_us FROM trials WHERE workload_key = ?", summary.workload
+            url_of(db),
+            "SELECT t.candidate_hash, t.median_us FROM syncopate_trials t "
+            "JOIN syncopate_workloads w ON w.id = t.workload_id WHERE w.key = :w",
+            w=summary.workload,
         )
         fastest = min(medians, key=lambda r: r[1])
-        assert summary.best.candidate.key() == fastest[0]
-        seq = rows(
-            db,
-            "SELECT median_us FROM baselines WHERE workload_key = ? AND name = 'torch_seq'",
-            summary.workload,
-        )
-        assert summary.speedup == pytest.approx(seq[0][0] / fastest[1])
+        assert summary.best.candidate.key() == fastest[0] and summary.best.source == "fixture"
+        seq = [m for w, n, _, m in rows(url_of(db), BASELINES) if w == summary.workload and n == "torch_seq"]
+        assert summary.speedup == pytest.approx(seq[0] / fastest[1])
         assert summary.bound_us is not None and summary.bound_us <= summary.torch_seq_us
+
+
+def test_fixture_trials_never_become_the_databases_best(pipeline):
+    _, db, result = pipeline
+    with ResultsDB.open(url_of(db)) as rdb:
+        for summary in result.summaries:
+            workload = Workload.from_key(summary.workload)
+            assert rdb.best(workload, result.topology, result.environment) is None
+        assert rdb.best_configs() == []
 
 
 def test_trials_carry_provenance(pipeline):
     _, db, result = pipeline
-    worker = next(iter(trials(db).values()))["worker"]
+    worker = stored_trials(url_of(db))[0].record.worker
     assert worker["runner"] == "cpu-fixture" and worker["gang"] == 0
     assert (
         len(worker["gpu_uuids"]) == 2 and len(set(worker["actor_ids"])) == 2 and len(set(worker["pids"])) == 2
@@ -135,22 +152,37 @@ def test_trials_carry_provenance(pipeline):
     assert result.progress.handling_ms and result.progress.idle_gap_ms
 
 
-def test_as_many_gangs_as_the_gpus_allow_until_the_time_budget(tmp_path):
+# -- time budget, then --resume ---------------------------------------------------------------
+
+
+def test_gangs_fill_the_gpus_until_the_time_budget_and_resume_finishes_the_sweep(tmp_path):
     config = fixture_sweep(
         tmp_path,
         name="two-gangs",
         topology="H200x1-nvlink",
         strategy="grid",
-        max_trials=40,
+        max_trials=30,
         fixture={"delay_s": 0.3, "gpus": 2},
     )
     db = tmp_path / "trials.db"
     result = tune(config, db, time_budget_s=2.0)
     assert result.status == "stopped" and result.progress.gangs == 2
-    stored = trials(db)
-    assert 4 <= len(stored) < 40
-    assert {rec["worker"]["gang"] for rec in stored.values()} == {0, 1}
-    assert rows(db, "SELECT status FROM sweeps") == [("stopped",)]
+    first = stored_trials(url_of(db))
+    assert 4 <= len(first) < 30
+    assert {t.record.worker["gang"] for t in first} == {0, 1}
+    assert rows(url_of(db), "SELECT status FROM syncopate_sweeps") == [("stopped",)]
+
+    resumed = tune(config, db, resume=True)
+    assert resumed.status == "done" and resumed.resumed and resumed.sweep_id == result.sweep_id
+    (summary,) = resumed.summaries
+    assert (summary.stored_before, summary.measured) == (len(first), 30 - len(first))
+    after = stored_trials(url_of(db))
+    assert after[: len(first)] == first
+    assert sorted(t.candidate.key() for t in after) == sorted(planned_keys(config))
+    fastest = min(after, key=lambda t: t.median_us)
+    assert summary.best == fastest.record  # over both runs of the sweep
+    assert rows(url_of(db), "SELECT id, status FROM syncopate_sweeps") == [(result.sweep_id, "done")]
+    assert len(rows(url_of(db), BASELINES)) == 4
 
 
 # -- faults -----------------------------------------------------------------------------------
@@ -176,9 +208,9 @@ def faults(tmp_path_factory):
 def test_faulty_sweep_completes_with_every_trial_stored(faults):
     keys, db, result = faults
     assert result.status == "done"
-    assert [k for k, _ in rows(db, "SELECT candidate_key, status FROM trials ORDER BY id")] == keys
-    statuses = dict(rows(db, "SELECT candidate_key, status FROM trials"))
-    assert [statuses[k] for k in keys] == [
+    stored = rows(url_of(db), TRIALS)
+    assert [c for _, c, _, _ in stored] == keys
+    assert [s for _, _, s, _ in stored] == [
         "ok",
         "timeout",
         "ok",
@@ -194,34 +226,34 @@ def test_faulty_sweep_completes_with_every_trial_stored(faults):
 
 def test_hang_is_stopped_at_its_deadline_and_the_gang_rebuilt(faults):
     keys, db, result = faults
-    recs = trials(db)
+    recs = {k: t.record for k, t in by_candidate(url_of(db)).items()}
     hung = recs[keys[1]]
-    assert "deadline" in hung["error"] and hung["median_us"] is None
-    assert DEADLINE_S <= hung["worker"]["elapsed_s"] < DEADLINE_S + 1.5
-    before, after = recs[keys[0]]["worker"], recs[keys[2]]["worker"]
+    assert "deadline" in hung.error and hung.median_us is None and hung.status == "timeout"
+    assert DEADLINE_S <= hung.worker["elapsed_s"] < DEADLINE_S + 1.5
+    before, after = recs[keys[0]].worker, recs[keys[2]].worker
     assert after["build"] == before["build"] + 1
     assert set(after["actor_ids"]).isdisjoint(before["actor_ids"])
-    assert recs[keys[2]]["status"] == "ok"
+    assert recs[keys[2]].status == "ok"
 
 
 def test_crash_is_stored_with_the_dead_rank_and_the_gang_rebuilt(faults):
     keys, db, _ = faults
-    recs = trials(db)
+    recs = {k: t.record for k, t in by_candidate(url_of(db)).items()}
     crashed = recs[keys[3]]
-    assert crashed["error"].startswith("rank 1: the worker process died")
-    assert recs[keys[4]]["worker"]["build"] == crashed["worker"]["build"] + 1
+    assert crashed.status == "crash" and crashed.error.startswith("rank 1: the worker process died")
+    assert recs[keys[4]].worker["build"] == crashed.worker["build"] + 1
 
 
 def test_runner_exceptions_get_their_classified_status(faults):
     keys, db, result = faults
-    recs = trials(db)
-    assert recs[keys[4]]["error"].startswith("MemoryError: fixture")
-    assert recs[keys[5]]["error"].startswith("RuntimeError: fixture")
-    assert recs[keys[7]]["error"].startswith("PlantedFault: fixture")
-    assert recs[keys[6]]["max_rel_error"] == 0.5
+    recs = {k: t.record for k, t in by_candidate(url_of(db)).items()}
+    assert recs[keys[4]].error.startswith("MemoryError: fixture")
+    assert recs[keys[5]].error.startswith("RuntimeError: fixture")
+    assert recs[keys[7]].error.startswith("PlantedFault: fixture")
+    assert recs[keys[6]].max_rel_error == 0.5
     # an unexpected exception leaves the process untrusted: rebuilt; an oom does not
-    assert recs[keys[5]]["worker"]["build"] == recs[keys[4]]["worker"]["build"]
-    assert recs[keys[6]]["worker"]["build"] == recs[keys[5]]["worker"]["build"] + 1
+    assert recs[keys[5]].worker["build"] == recs[keys[4]].worker["build"]
+    assert recs[keys[6]].worker["build"] == recs[keys[5]].worker["build"] + 1
     assert result.progress.rebuilds == 3
 
 
@@ -233,29 +265,89 @@ def test_a_wrong_result_never_becomes_best(faults):
     assert summary.failures == {"timeout": 1, "crash": 2, "oom": 1, "wrong_result": 1, "compile_error": 1}
 
 
-# -- bad input that needs the cluster: one line, exit 2, nothing written -------------------------
+# -- what best and lookup serve afterwards ----------------------------------------------------
+
+LOOKUP = ["lookup", "--m", "4096", "--n", "4096", "--k", "4096", "--topology", "H200x2-nvlink"]
 
 
-def run_cli(monkeypatch, capsys, *args) -> tuple[int, list[str]]:
-    monkeypatch.setattr(store_module, "open_store", SqliteTrialStore.open)
-    code = main(["tune", *map(str, args)])
-    return code, capsys.readouterr().err.strip().splitlines()
+def test_a_fixture_sweep_in_the_default_database_is_never_served(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    config = fixture_sweep(tmp_path, name="default-db", max_trials=4)
+    code, out, err = cli(capsys, "tune", config, "--runner", "cpu-fixture")
+    assert code == 0, err
+    assert "sweep 'default-db' (id 1) on H200x2-nvlink: done (cpu-fixture: synthetic times" in out
+    assert "these fixture times are not measurements" in " ".join(out.split())
+    default = tmp_path / "xdg" / "syncopate" / "results.db"
+    assert rows(url_of(default), "SELECT name, status FROM syncopate_sweeps") == [("default-db", "done")]
+    assert {(s, src) for _, _, s, src in rows(url_of(default), TRIALS)} == {("ok", "fixture")}
+    assert len(rows(url_of(default), TRIALS)) == 4
+
+    code, out, _ = cli(capsys, "best")
+    assert code == 0 and "no ok measured trials in" in out and "fixture trials are not measurements" in out
+    code, out, _ = cli(capsys, "best", "--json")
+    assert code == 0 and json.loads(out) == []
+    code, out, _ = cli(capsys, *LOOKUP, "--json")
+    assert code == 0
+    answer = json.loads(out)
+    assert (answer["match"], answer["trial_id"], answer["time_us"]) == ("default", None, None)
 
 
-def test_fewer_gpus_than_the_topology_asks(tmp_path, monkeypatch, capsys):
+def test_a_measured_sweep_is_what_best_and_lookup_serve(tmp_path, monkeypatch, capsys):
+    # The fixture's trials labelled `measured`, as the gpu runner's are: the one thing changed.
+    monkeypatch.setattr(FixtureRunner, "source", "measured")
+    config = fixture_sweep(tmp_path, name="measured", strategy="grid", max_trials=6)
+    db = tmp_path / "measured.db"
+    code, out, err = cli(capsys, "tune", config, "--db", url_of(db))
+    assert code == 0, err
+    assert "not measurements" not in out
+    workload = Workload.from_key(W_AG)
+    with ResultsDB.open(url_of(db)) as rdb:
+        (sweep,) = rdb.sweeps()
+        environment = Environment.from_dict(sweep.config["environment"])
+        trial = rdb.sweep_best(sweep.sweep_id, workload, "H200x2-nvlink", environment)
+        assert trial is not None and trial.record.source == "measured"
+        assert rdb.best(workload, "H200x2-nvlink", environment) == trial
+    assert f"{trial.median_us:.1f}" in out and trial.candidate.short() in out
+
+    code, out, _ = cli(capsys, "best", "--db", url_of(db), "--json")
+    assert code == 0
+    (row,) = json.loads(out)
+    assert (row["trial_id"], row["sweep_id"]) == (trial.trial_id, sweep.sweep_id)
+    assert row["median_us"] == trial.median_us
+    seq = [m for w, n, _, m in rows(url_of(db), BASELINES) if w == W_AG and n == "torch_seq"]
+    assert row["speedups"]["torch_seq"] == pytest.approx(seq[0] / trial.median_us)
+
+    code, out, _ = cli(capsys, *LOOKUP, "--db", url_of(db), "--json")
+    assert code == 0
+    answer = json.loads(out)
+    # this process's fingerprint is not the gang's on a machine without GPUs: the next rung serves it
+    assert answer["match"] in ("exact", "other_environment")
+    assert (answer["trial_id"], answer["time_us"]) == (trial.trial_id, trial.median_us)
+    exact = lookup((4096, 4096, 4096), "H200x2-nvlink", db=url_of(db), environment=trial.environment)
+    assert (exact.match, exact.trial_id, exact.candidate) == ("exact", trial.trial_id, trial.candidate)
+
+
+# -- bad input that needs the cluster: one line, exit 2, no sweep written -----------------------
+
+
+def no_sweeps(db: Path) -> bool:
+    return rows(url_of(db), "SELECT count(*) FROM syncopate_sweeps") == [(0,)]
+
+
+def test_fewer_gpus_than_the_topology_asks(tmp_path, capsys):
     config = fixture_sweep(tmp_path, topology="H200x4-nvlink")
-    code, err = run_cli(monkeypatch, capsys, config, "--db", f"sqlite:///{tmp_path / 't.db'}")
+    code, _, err = cli(capsys, "tune", config, "--db", url_of(tmp_path / "t.db"))
     assert code == 2 and len(err) == 1, err
     assert "topology H200x4-nvlink needs 4 GPUs on one node; the cluster has 2 GPU(s)" in err[0]
-    assert rows(tmp_path / "t.db", "SELECT count(*) FROM sweeps") == [(0,)]
+    assert no_sweeps(tmp_path / "t.db")
 
 
-def test_gpus_of_mixed_models(tmp_path, monkeypatch, capsys):
+def test_gpus_of_mixed_models(tmp_path, capsys):
     config = fixture_sweep(tmp_path, fixture={"gpu_models": ["H200", "H100"]})
-    code, err = run_cli(monkeypatch, capsys, config, "--db", f"sqlite:///{tmp_path / 't.db'}")
+    code, _, err = cli(capsys, "tune", config, "--db", url_of(tmp_path / "t.db"))
     assert code == 2 and len(err) == 1, err
     assert "GPUs of mixed models (H100, H200): gang 0 rank 0: H200 (FIXTURE-" in err[0]
-    assert rows(tmp_path / "t.db", "SELECT count(*) FROM sweeps") == [(0,)]
+    assert no_sweeps(tmp_path / "t.db")
 
 
 def _cuda() -> bool:
@@ -265,12 +357,12 @@ def _cuda() -> bool:
 
 
 @pytest.mark.skipif(_cuda(), reason="torch sees a CUDA device here: the gpu runner would bind it")
-def test_gpu_runner_where_torch_has_no_cuda(tmp_path, monkeypatch, capsys):
+def test_gpu_runner_where_torch_has_no_cuda(tmp_path, capsys):
     config = fixture_sweep(tmp_path, runner="gpu")
-    code, err = run_cli(monkeypatch, capsys, config, "--db", f"sqlite:///{tmp_path / 't.db'}")
+    code, _, err = cli(capsys, "tune", config, "--db", url_of(tmp_path / "t.db"))
     assert code == 2 and len(err) == 1, err
     assert "gang 0 could not start" in err[0] and "sees no CUDA device" in err[0]
-    assert rows(tmp_path / "t.db", "SELECT count(*) FROM sweeps") == [(0,)]
+    assert no_sweeps(tmp_path / "t.db")
 
 
 def test_run_tune_raises_the_error_classes(tmp_path):

@@ -244,3 +244,28 @@ def test_ctrl_c_in_tune_exits_130(monkeypatch, capsys):
     monkeypatch.setattr(tune_module, "run_tune", interrupted)
     assert main(["tune", "configs/quickstart.yaml"]) == 130
     assert capsys.readouterr().err.strip().splitlines()[-1] == "syncopate: interrupted"
+
+
+@pytest.mark.parametrize("source, label", [("fixture", "best so far (fixture, not measured):"),
+                                           ("measured", "best so far:")])
+def test_the_live_display_says_when_its_best_is_not_measured(source, label):
+    import io
+
+    from rich.console import Console
+
+    from syncopate.autotuner.coordinator import SweepProgress, WorkloadRun
+    from syncopate.autotuner.progress import _View
+    from syncopate.records import Environment, TrialRecord
+
+    strategy = GridStrategy(SearchProblem(workload=W, topology=TOPO), max_trials=2, seed=0)
+    run = WorkloadRun(workload=W, strategy=strategy)
+    env = Environment(syncopate="0", torch="0", triton="0", cuda="0", nccl="0", driver="0", gpu_model="H200")
+    run.best = TrialRecord(
+        workload=W, topology=TOPO, environment=env, candidate=space(W, TOPO)[0], status="ok", source=source,
+        median_us=100.0,
+    )
+    progress = SweepProgress(sweep_name="s", topology=TOPO.key(), runs=[run], gangs=1, source=source)
+    progress.latest = run
+    console = Console(file=io.StringIO(), width=200)
+    console.print(_View(progress))
+    assert label in console.file.getvalue() and "100.0 µs" in console.file.getvalue()

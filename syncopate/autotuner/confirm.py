@@ -8,7 +8,7 @@ re-measurement pooled. A single lucky measurement thus cannot win alone.
 
 Re-measurements are stored as trials of a companion sweep, named after the sweep with
 :data:`CONFIRM_SUFFIX` (a trial's identity includes its sweep, so the first measurement stays as it
-was).
+was); :func:`companion_sweep` makes or resumes it.
 
 Pure Python.
 """
@@ -17,14 +17,31 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from syncopate.records import TrialRecord
 from syncopate.search_space import Candidate
 
-__all__ = ["CONFIRM_SUFFIX", "Confirmation", "Verdict"]
+if TYPE_CHECKING:
+    from syncopate.autotuner.store import TrialStore
+
+__all__ = ["CONFIRM_SUFFIX", "Confirmation", "Verdict", "companion_sweep"]
 
 CONFIRM_SUFFIX = "+confirm"
 """The companion sweep of sweep NAME that holds its re-measurements is NAME+confirm."""
+
+
+def companion_sweep(store: TrialStore, name: str, sweep_id: int, resumed: bool) -> int:
+    """The id of the companion sweep of sweep `sweep_id` (named `name`): on a resumed sweep the
+    companion it already has, marked `running` again; else a new one (never the companion of an
+    older sweep of the same name)."""
+    companion = name + CONFIRM_SUFFIX
+    if resumed:
+        found = store.latest_sweep(companion)
+        if found is not None and found.config.get("confirms") == sweep_id:
+            store.resume_sweep(found.sweep_id)
+            return found.sweep_id
+    return store.start_sweep(companion, {"confirms": sweep_id, "sweep": name})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

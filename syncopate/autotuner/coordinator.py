@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from syncopate.autotuner.confirm import CONFIRM_SUFFIX, Confirmation
+from syncopate.autotuner.confirm import Confirmation, companion_sweep
 from syncopate.autotuner.store import TrialStore
 from syncopate.autotuner.strategies import Strategy
 from syncopate.errors import ConfigError, RuntimeUnavailableError
@@ -51,7 +51,7 @@ class WorkloadRun:
     """Trials finished in this run."""
     statuses: Counter = field(default_factory=Counter)
     best: TrialRecord | None = None
-    """Fastest `ok` trial of this run."""
+    """Fastest `ok` trial of the sweep so far: stored before a resume, or finished in this run."""
     exhausted: bool = False
     confirm: Confirmation | None = None
     """Re-measures the best few once the strategy is done (None: no re-measuring)."""
@@ -67,7 +67,8 @@ class WorkloadRun:
         return sum(n for s, n in self.statuses.items() if s != "ok")
 
     def speedup(self, trial: TrialRecord | None = None) -> float | None:
-        """torch_seq's median over the trial's (default: this run's best)."""
+        """torch_seq's median over the trial's (default: the sweep's best so far); both come from one
+        sweep."""
         trial = trial or self.best
         seq = self.baselines.get("torch_seq")
         if trial is None or seq is None or not trial.median_us:
@@ -91,6 +92,8 @@ class SweepProgress:
     topology: str
     runs: list[WorkloadRun]
     gangs: int
+    source: str = "measured"
+    """The source label of the runner's results (`fixture`: synthetic times)."""
     started: float = field(default_factory=time.monotonic)
     latest: WorkloadRun | None = None
     """The workload whose trial arrived last."""
@@ -207,8 +210,8 @@ class Coordinator:
     # -- the loop ---------------------------------------------------------------------------
 
     def run(self) -> str:
-        """Run until every workload is finished (`finished`), the time budget ran out
-        (`stopped`), or no gang is left (raises RuntimeUnavailableError)."""
+        """Run until every workload is finished (`done`), the time budget ran out (`stopped`), or
+        no gang is left (raises RuntimeUnavailableError)."""
         try:
             return self._loop()
         finally:
@@ -291,11 +294,7 @@ class Coordinator:
     def confirm_sweep(self) -> int:
         """The companion sweep re-measurements are stored in (made, or resumed, on first use)."""
         if self.confirm_sweep_id is None:
-            name = self.sweep_name + CONFIRM_SUFFIX
-            found = self.store.resume_sweep(name) if self.resumed else None
-            self.confirm_sweep_id = found if found is not None else self.store.start_sweep(
-                name, {"confirms": self.sweep_id, "sweep": self.sweep_name}
-            )
+            self.confirm_sweep_id = companion_sweep(self.store, self.sweep_name, self.sweep_id, self.resumed)
         return self.confirm_sweep_id
 
     def _run_of(self, workload: Workload) -> WorkloadRun:

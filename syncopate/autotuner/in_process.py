@@ -2,10 +2,12 @@
 runs in this process, one trial after another, with the same strategies, store, progress display
 and summary as a sweep on gangs.
 
-Order of work, as on gangs: check everything and build the strategies (a study made over another
-space fails here), then start or resume the sweep, then ask, run, store and tell, workload by
-workload; the best few are measured again where the runner can measure again (a replay with
-noise; predictions are deterministic and are not).
+Order of work, as on gangs: :func:`~syncopate.autotuner.tune.run_tune` opens the store and checks
+a `--resume` (the same runner) before anything else; then everything is checked and the
+strategies are built (a study made over another space fails here), then the sweep is started or
+resumed, then ask, run, store and tell, workload by workload; the best few are measured again
+where the runner can measure again (a replay with noise; predictions are deterministic and are
+not).
 """
 
 from __future__ import annotations
@@ -19,11 +21,18 @@ from typing import Any
 
 from rich.console import Console
 
-from syncopate.autotuner.confirm import CONFIRM_SUFFIX
+from syncopate.autotuner.confirm import companion_sweep
 from syncopate.autotuner.coordinator import SweepProgress, WorkloadRun
-from syncopate.autotuner.progress import LiveProgress, WorkloadSummary
-from syncopate.autotuner.runs import build_runs, close_runs, load_calibration
-from syncopate.autotuner.store import TrialStore
+from syncopate.autotuner.progress import LiveProgress
+from syncopate.autotuner.runs import (
+    build_runs,
+    close_runs,
+    load_calibration,
+    restore_runs,
+    stored_done,
+    summarize_runs,
+)
+from syncopate.autotuner.store import StoredSweep, TrialStore
 from syncopate.errors import ConfigError
 from syncopate.records import TRIAL_STATUSES, BaselineRecord, Environment, TrialRecord
 from syncopate.search_space import Topology
@@ -68,69 +77,60 @@ def _runner_and_topology(plan: Any) -> tuple[Any, Topology, str]:
     return runner, plan.topology or stored.topology, note
 
 
-def run_in_process(plan: Any, resume: bool, store: TrialStore, console: Console) -> Any:
-    """Run the sweep `plan` describes with an in-process runner; a :class:`~syncopate.autotuner.tune.TuneResult`."""
-    from syncopate.autotuner.tune import TuneResult
+def run_in_process(plan: Any, previous: StoredSweep | None, store: TrialStore, console: Console) -> Any:
+    """Run the sweep `plan` describes with an in-process runner, continuing `previous` where
+    `--resume` found one (the caller has opened `store` and checked that `previous` was run by the
+    same runner); a :class:`~syncopate.autotuner.tune.TuneResult`."""
+    from syncopate.autotuner.tune import TuneResult, open_sweep
 
     sweep = plan.sweep
     runner, topology, note = _runner_and_topology(plan)
-    for w in sweep.workloads:
-        w.check_world_size(topology.world_size)
-    device = runner.bind_device(0, [0])
-    runner.setup(0, 1, None)
-    environment = _environment(runner, device)
-    sweep_id = store.resume_sweep(sweep.name) if resume else None
-    resumed = sweep_id is not None
-    if resume and not resumed:
-        log.warning("no sweep named %r to resume: starting a new one", sweep.name)
-    done = [
-        frozenset(store.stored_keys(sweep_id, w, topology, environment)) if resumed else frozenset()
-        for w in sweep.workloads
-    ]
-    calibration = getattr(runner, "calibration", None)
-    repeatable = plan.runner == "replay" and bool(getattr(runner, "noise", 0.0))
-    runs = build_runs(sweep, topology, environment, max_trials=plan.max_trials, db=plan.db, done=done,
-                      calibration=calibration, confirm=repeatable)
     try:
-        if sweep_id is None:
-            sweep_id = store.start_sweep(sweep.name, {
-                **sweep.raw, "runner": plan.runner, "topology": topology.key(), "environment": environment.to_dict(),
-                "strategy": {**sweep.strategy.model_dump(), "max_trials": plan.max_trials,
-                             "time_budget_s": plan.time_budget_s},
-                "note": note,
-            })
-        console.print(note, highlight=False)
-        if resumed:
-            console.print(
-                f"resuming sweep {sweep.name!r} (id {sweep_id}): {sum(r.stored_before for r in runs)} trial(s) stored, "
-                f"{sum(r.strategy.remaining for r in runs)} to go", highlight=False,
-            )
-        where = "predicted by the cost model" if plan.runner == "model" else "replayed"
-        progress = SweepProgress(sweep_name=sweep.name, topology=topology.key(), runs=runs, gangs=1, where=where)
-        loop = _Loop(plan, store, runner, topology, environment, sweep_id, resumed, progress)
-        status = "failed"
+        for w in sweep.workloads:
+            w.check_world_size(topology.world_size)
+        device = runner.bind_device(0, [0])
+        runner.setup(0, 1, None)
+        environment = _environment(runner, device)
+        resumed = previous is not None
+        done = stored_done(store, previous, sweep, topology, environment)
+        calibration = getattr(runner, "calibration", None)
+        repeatable = plan.runner == "replay" and bool(getattr(runner, "noise", 0.0))
+        runs = build_runs(sweep, topology, environment, max_trials=plan.max_trials, db=plan.db, done=done,
+                          calibration=calibration, confirm=repeatable)
         try:
-            with LiveProgress(progress, console):
-                status = loop.run()
-        except KeyboardInterrupt:
-            status = "interrupted"
-            raise
+            sweep_id = open_sweep(plan, store, previous, topology, environment, note)
+            if resumed:
+                restore_runs(store, sweep_id, runs, topology, environment)
+            console.print(note, highlight=False)
+            if resumed:
+                console.print(
+                    f"resuming sweep {sweep.name!r} (id {sweep_id}): {sum(r.stored_before for r in runs)} trial(s) "
+                    f"stored, {sum(r.strategy.remaining for r in runs)} to go", highlight=False,
+                )
+            where = "predicted by the cost model" if plan.runner == "model" else "replayed"
+            progress = SweepProgress(sweep_name=sweep.name, topology=topology.key(), runs=runs, gangs=1, where=where,
+                                     source=runner.source)
+            loop = _Loop(plan, store, runner, topology, environment, sweep_id, resumed, progress)
+            status = "failed"
+            try:
+                with LiveProgress(progress, console):
+                    status = loop.run()
+            except KeyboardInterrupt:
+                status = "interrupted"
+                raise
+            finally:
+                progress.ended = time.monotonic()
+                store.finish_sweep(sweep_id, status)
+                if loop.confirm_id is not None:
+                    store.finish_sweep(loop.confirm_id, status)
+            summaries = summarize_runs(store, sweep_id, runs, topology, environment)
         finally:
-            progress.ended = time.monotonic()
-            store.finish_sweep(sweep_id, status)
-            if loop.confirm_id is not None:
-                store.finish_sweep(loop.confirm_id, status)
+            close_runs(runs)
     finally:
-        close_runs(runs)
         runner.close()
-    summaries = []
-    for r in runs:
-        stored_best = store.best(r.workload, topology, environment)
-        verdict = r.confirm.verdict() if r.confirm is not None else None
-        summaries.append(WorkloadSummary.of(r, stored_best or r.best, verdict=verdict))
     return TuneResult(
         sweep_id=sweep_id, sweep_name=sweep.name, status=status, resumed=resumed, topology=topology.key(),
-        environment=environment, source=runner.source, summaries=summaries, progress=progress, note=note,
+        environment=environment, runner=plan.runner, source=runner.source, summaries=summaries, progress=progress, note=note,
     )
 
 
@@ -181,20 +181,12 @@ class _Loop:
 
     def _confirm_sweep(self) -> int:
         if self.confirm_id is None:
-            name = self.plan.sweep.name + CONFIRM_SUFFIX
-            found = self.store.resume_sweep(name) if self.resumed else None
-            self.confirm_id = found if found is not None else self.store.start_sweep(
-                name, {"confirms": self.sweep_id, "sweep": self.plan.sweep.name}
-            )
+            self.confirm_id = companion_sweep(self.store, self.plan.sweep.name, self.sweep_id, self.resumed)
         return self.confirm_id
 
     def _baselines(self, run: WorkloadRun) -> None:
-        if self.resumed:
-            stored = self.store.stored_baselines(self.sweep_id, run.workload, self.topology, self.environment)
-            if stored:
-                run.baselines = {b.name: b for b in stored}
-                run.baselines_state = "done"
-                return
+        if run.baselines_state == "done":  # stored before a resume
+            return
         records = []
         for b in self.runner.baselines(run.workload):
             stats = summarize(b.samples_us)

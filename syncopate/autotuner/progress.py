@@ -55,9 +55,10 @@ class _View:
         bar = Table.grid()
         bar.add_row(ProgressBar(total=max(p.total, 1), completed=p.done, width=40), counts)
         run = p.latest
+        label = "best so far" if p.source == "measured" else f"best so far ({p.source}, not measured)"
         if run is not None and run.best is not None:
             best = Text.assemble(
-                "best so far: ",
+                f"{label}: ",
                 (str(run.workload), "cyan"),
                 f"  {run.best.median_us:.1f} µs  ",
                 (_speedup(run.speedup()), "bold green"),
@@ -65,7 +66,7 @@ class _View:
                 run.best.candidate.short(),
             )
         else:
-            best = Text("best so far: –")
+            best = Text(f"{label}: –")
         grid = Table.grid()
         for row in (head, bar, best):
             grid.add_row(row)
@@ -97,9 +98,9 @@ class WorkloadSummary:
     measured: int
     failures: dict[str, int]
     best: TrialRecord | None
-    """The winner: the declared one after re-measuring where that ran, else the fastest ok trial
-    stored for the workload in this environment (this sweep's or earlier; this run's own for
-    predicted and replayed trials, which are never served as measurements)."""
+    """The winner: the declared one where the best few were measured again, else the fastest ok
+    trial of the sweep for the workload in this environment (trials stored before a resume
+    included), of the sweep's source; its speedup is over the same sweep's baselines."""
     torch_seq_us: float | None
     bound_us: float | None
     verdict: Verdict | None = None

@@ -1,6 +1,7 @@
 """What every `syncopate tune` run sets up per workload, whatever measures it: the search problem
 (with the Optuna study's storage and the cost model's calibration where the strategy needs them),
-the strategy, and the noise-aware confirmation.
+the strategy, and the noise-aware confirmation; on `--resume`, what the sweep already holds; at the
+end, the summary.
 
 Strategies are built before the sweep's first write, so that a bad strategy, an empty space or a
 study made over another space fails with nothing stored.
@@ -14,13 +15,24 @@ from collections.abc import Sequence
 from syncopate.autotuner.calibration import Calibration, resolve_calibration
 from syncopate.autotuner.confirm import Confirmation
 from syncopate.autotuner.coordinator import WorkloadRun
+from syncopate.autotuner.progress import WorkloadSummary
+from syncopate.autotuner.store import StoredSweep, TrialStore
 from syncopate.autotuner.strategies import SearchProblem, make_strategy
 from syncopate.autotuner.sweep import Sweep
 from syncopate.errors import CalibrationError, DatabaseError, SchemaError
 from syncopate.records import Environment
 from syncopate.search_space import Topology
 
-__all__ = ["OPTUNA_STRATEGIES", "build_runs", "close_runs", "load_calibration", "study_storage"]
+__all__ = [
+    "OPTUNA_STRATEGIES",
+    "build_runs",
+    "close_runs",
+    "load_calibration",
+    "restore_runs",
+    "stored_done",
+    "study_storage",
+    "summarize_runs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +68,22 @@ def load_calibration(topology: Topology, environment: Environment | None, db: st
         return resolve_calibration(topology, environment, opened, policy)
 
 
+def stored_done(
+    store: TrialStore,
+    previous: StoredSweep | None,
+    sweep: Sweep,
+    topology: Topology,
+    environment: Environment,
+) -> list[frozenset[str]]:
+    """Per workload of `sweep`, the keys of the candidates the resumed sweep `previous` already
+    stored (any status): what is not measured again. Empty for a new sweep. Reads only."""
+    if previous is None:
+        return [frozenset() for _ in sweep.workloads]
+    return [
+        frozenset(store.stored_keys(previous.sweep_id, w, topology, environment)) for w in sweep.workloads
+    ]
+
+
 def build_runs(
     sweep: Sweep,
     topology: Topology,
@@ -86,6 +114,38 @@ def build_runs(
             run.confirm = Confirmation(top_k=sweep.strategy.top_k_remeasure)
         runs.append(run)
     return runs
+
+
+def restore_runs(
+    store: TrialStore, sweep_id: int, runs: Sequence[WorkloadRun], topology: Topology, environment: Environment
+) -> None:
+    """What a resumed sweep already holds, into its runs: the stored baselines (not measured again)
+    and the sweep's fastest ok trial so far (the best to beat, and a contender when the best few
+    are measured again)."""
+    for run in runs:
+        baselines = store.stored_baselines(sweep_id, run.workload, topology, environment)
+        if baselines:
+            run.baselines = {b.name: b for b in baselines}
+            run.baselines_state = "done"
+        run.best = store.sweep_best(sweep_id, run.workload, topology, environment)
+        if run.best is not None and run.confirm is not None:
+            run.confirm.observe(run.best)
+
+
+def summarize_runs(
+    store: TrialStore, sweep_id: int, runs: Sequence[WorkloadRun], topology: Topology, environment: Environment
+) -> list[WorkloadSummary]:
+    """The closing summary: per workload, the sweep's own fastest ok trial (whatever its source;
+    trials stored before a resume included), or the declared winner where the best few were
+    measured again."""
+    return [
+        WorkloadSummary.of(
+            run,
+            store.sweep_best(sweep_id, run.workload, topology, environment),
+            verdict=run.confirm.verdict() if run.confirm is not None else None,
+        )
+        for run in runs
+    ]
 
 
 def close_runs(runs: Sequence[WorkloadRun]) -> None:

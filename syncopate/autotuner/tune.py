@@ -3,14 +3,21 @@
 Order of work, so that bad input fails before anything is written:
 
 1. read and check the config and the options (runner, strategy, topology);
-2. open the store (nothing written yet);
+2. open the store (a new SQLite file gets its schema; no sweep is written) and, for `--resume`,
+   find the sweep to continue and check that the same runner measured it;
 3. connect to Ray (or start a local cluster), count GPUs, reserve one placement group per gang and
    form the gangs (one model of GPU, one environment);
 4. build every workload's strategy (an Optuna study made over another space fails here);
 5. only then start (or resume) the sweep in the store, and run the coordinator.
 
 The `model` and `replay` runners need neither GPUs nor Ray: their sweeps run in this process
-(:mod:`syncopate.autotuner.in_process`), in the same order.
+(:mod:`syncopate.autotuner.in_process`), in the same order, steps 1 and 2 included.
+
+The closing summary gives, per workload, the fastest `ok` trial of this sweep (trials stored before
+a resume included) and its speedup over the baselines of the same sweep; where the best few were
+measured again, the winner on the pooled samples instead. A `cpu-fixture` sweep's numbers are
+synthetic and stored with source `fixture`, a `model` sweep's are predictions (source
+`predicted`): `syncopate best` and `lookup` never serve them.
 """
 
 from __future__ import annotations
@@ -26,8 +33,8 @@ from syncopate.autotuner import store as store_module
 from syncopate.autotuner.cluster import Cluster, connect, gang_capacity, gang_shape
 from syncopate.autotuner.coordinator import Coordinator, SweepProgress, WorkloadRun, check_gang_members
 from syncopate.autotuner.progress import LiveProgress, WorkloadSummary
-from syncopate.autotuner.store import TrialStore
-from syncopate.autotuner.runs import build_runs, close_runs
+from syncopate.autotuner.runs import build_runs, close_runs, restore_runs, stored_done, summarize_runs
+from syncopate.autotuner.store import StoredSweep, TrialStore
 from syncopate.autotuner.strategies import strategy_class
 from syncopate.autotuner.sweep import RUNNERS, Sweep, load_sweep
 from syncopate.errors import ConfigError, RuntimeUnavailableError, SyncopateError
@@ -104,11 +111,17 @@ class TuneResult:
     resumed: bool
     topology: str
     environment: Environment
+    runner: str
     source: str
     summaries: list[WorkloadSummary] = field(default_factory=list)
     progress: SweepProgress | None = None
     note: str = ""
     """What the numbers are, where they are not measurements (the model's and replay's runs)."""
+
+    @property
+    def served(self) -> bool:
+        """Whether `lookup` and `syncopate best` serve this sweep's results (measured ones only)."""
+        return self.source == "measured"
 
 
 def _plan(options: TuneOptions) -> _Plan:
@@ -150,21 +163,36 @@ def run_tune(
     :func:`syncopate.autotuner.store.open_store`; the live display goes to `console`."""
     plan = _plan(options)
     store = (open_store or store_module.open_store)(plan.db)
-    if plan.runner in IN_PROCESS_RUNNERS:
-        from syncopate.autotuner.in_process import run_in_process
-
-        try:
-            return run_in_process(plan, options.resume, store, console or Console(stderr=True))
-        finally:
-            store.close()
     try:
+        previous = _sweep_to_resume(store, plan) if options.resume else None
+        if plan.runner in IN_PROCESS_RUNNERS:
+            from syncopate.autotuner.in_process import run_in_process
+
+            return run_in_process(plan, previous, store, console or Console(stderr=True))
         cluster = connect(plan.ray_address, declared_gpus=plan.declared_gpus, verbose=options.verbose)
         try:
-            return _tune_on(cluster, plan, options, store, console or Console(stderr=True))
+            return _tune_on(cluster, plan, options, store, previous, console or Console(stderr=True))
         finally:
             cluster.disconnect()
     finally:
         store.close()
+
+
+def _sweep_to_resume(store: TrialStore, plan: _Plan) -> StoredSweep | None:
+    """The sweep `--resume` continues (None: there is none, a new one starts); raises ConfigError
+    where another runner measured it, since one sweep holds one runner's results."""
+    name = plan.sweep.name
+    previous = store.latest_sweep(name)
+    if previous is None:
+        log.warning("no sweep named %r to resume: starting a new one", name)
+        return None
+    if previous.runner is not None and previous.runner != plan.runner:
+        raise ConfigError(
+            f"sweep {name!r} (id {previous.sweep_id}) was run with runner {previous.runner}, not "
+            f"{plan.runner}: one sweep holds one runner's results; resume it with --runner "
+            f"{previous.runner}, or leave out --resume to start a new sweep"
+        )
+    return previous
 
 
 def _form(gangs: list[Gang], timeout_s: float) -> None:
@@ -205,7 +233,12 @@ def _environment(gangs: list[Gang]) -> Environment:
 
 
 def _tune_on(
-    cluster: Cluster, plan: _Plan, options: TuneOptions, store: TrialStore, console: Console
+    cluster: Cluster,
+    plan: _Plan,
+    options: TuneOptions,
+    store: TrialStore,
+    previous: StoredSweep | None,
+    console: Console,
 ) -> TuneResult:
     ws, nodes = gang_shape(plan.topology, cluster, plan.runner)
     spec = RunnerSpec(
@@ -222,7 +255,7 @@ def _tune_on(
         for w in plan.sweep.workloads:
             w.check_world_size(topology.world_size)
         log.info("%d gang(s) of %s formed on %s", len(gangs), topology.key(), cluster.describe())
-        result = _sweep(plan, store, gangs, topology, environment, options.resume, console)
+        result = _sweep(plan, store, gangs, topology, environment, previous, console)
         idle = True
         return result
     finally:
@@ -236,25 +269,52 @@ def _sweep(
     gangs: list[Gang],
     topology: Topology,
     environment: Environment,
-    resume: bool,
+    previous: StoredSweep | None,
     console: Console,
 ) -> TuneResult:
     sweep = plan.sweep
-    sweep_id = store.resume_sweep(sweep.name) if resume else None
-    resumed = sweep_id is not None
-    if resume and not resumed:
-        log.warning("no sweep named %r to resume: starting a new one", sweep.name)
-    done = [
-        frozenset(store.stored_keys(sweep_id, w, topology, environment)) if resumed else frozenset()
-        for w in sweep.workloads
-    ]
+    resumed = previous is not None
+    done = stored_done(store, previous, sweep, topology, environment)
     # GPU times are noisy: re-measure the best few; the fixture does so only when the config asks
     confirm = plan.runner == "gpu" or "top_k_remeasure" in sweep.strategy.model_fields_set
     runs = build_runs(sweep, topology, environment, max_trials=plan.max_trials, db=plan.db, done=done, confirm=confirm)
     try:
+        sweep_id = open_sweep(plan, store, previous, topology, environment)
+        if previous is not None:
+            restore_runs(store, sweep_id, runs, topology, environment)
         return _measure(plan, store, gangs, topology, environment, console, runs, sweep_id, resumed)
     finally:
         close_runs(runs)
+
+
+def open_sweep(
+    plan: _Plan,
+    store: TrialStore,
+    previous: StoredSweep | None,
+    topology: Topology,
+    environment: Environment,
+    note: str = "",
+) -> int:
+    """The first write of a run, on gangs or in process: resume `previous`, or start a new sweep
+    whose config records the runner, the topology, the environment and the effective budgets (and
+    `note`, what its numbers are, where they are not measurements); its id."""
+    if previous is not None:
+        store.resume_sweep(previous.sweep_id)
+        return previous.sweep_id
+    sweep = plan.sweep
+    config = {
+        **sweep.raw,
+        "runner": plan.runner,
+        "topology": topology.key(),
+        "environment": environment.to_dict(),
+        "strategy": {
+            **sweep.strategy.model_dump(),
+            "max_trials": plan.max_trials,
+            "time_budget_s": plan.time_budget_s,
+        },
+        **({"note": note} if note else {}),
+    }
+    return store.start_sweep(sweep.name, config)
 
 
 def _measure(
@@ -265,28 +325,10 @@ def _measure(
     environment: Environment,
     console: Console,
     runs: list[WorkloadRun],
-    sweep_id: int | None,
+    sweep_id: int,
     resumed: bool,
 ) -> TuneResult:
     sweep = plan.sweep
-    for run in runs:
-        baselines = store.stored_baselines(sweep_id, run.workload, topology, environment) if resumed else []
-        if baselines:
-            run.baselines = {b.name: b for b in baselines}
-            run.baselines_state = "done"
-    if sweep_id is None:
-        config = {
-            **sweep.raw,
-            "runner": plan.runner,
-            "topology": topology.key(),
-            "environment": environment.to_dict(),
-            "strategy": {
-                **sweep.strategy.model_dump(),
-                "max_trials": plan.max_trials,
-                "time_budget_s": plan.time_budget_s,
-            },
-        }
-        sweep_id = store.start_sweep(sweep.name, config)
     if resumed:
         stored = sum(r.stored_before for r in runs)
         console.print(
@@ -294,7 +336,9 @@ def _measure(
             f"{sum(r.strategy.remaining for r in runs)} to go",
             highlight=False,
         )
-    progress = SweepProgress(sweep_name=sweep.name, topology=topology.key(), runs=runs, gangs=len(gangs))
+    progress = SweepProgress(
+        sweep_name=sweep.name, topology=topology.key(), runs=runs, gangs=len(gangs), source=plan.source
+    )
     coordinator = Coordinator(
         sweep_id=sweep_id,
         gangs=gangs,
@@ -322,13 +366,7 @@ def _measure(
         store.finish_sweep(sweep_id, status)
         if coordinator.confirm_sweep_id is not None:
             store.finish_sweep(coordinator.confirm_sweep_id, status)
-    summaries = [
-        WorkloadSummary.of(
-            r, store.best(r.workload, topology, environment) or r.best,
-            verdict=r.confirm.verdict() if r.confirm is not None else None,
-        )
-        for r in runs
-    ]
+    summaries = summarize_runs(store, sweep_id, runs, topology, environment)
     return TuneResult(
         sweep_id=sweep_id,
         sweep_name=sweep.name,
@@ -336,6 +374,7 @@ def _measure(
         resumed=resumed,
         topology=topology.key(),
         environment=environment,
+        runner=plan.runner,
         source=plan.source,
         summaries=summaries,
         progress=progress,

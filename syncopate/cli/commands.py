@@ -1,3 +1,11 @@
 """Imports every command module so that each registers its commands on the app."""
 
-from syncopate.cli import bench_cmds, calibrate_cmds, dashboard_cmds, db_cmds, space_cmds, tune_cmds  # noqa: F401
+from syncopate.cli import (  # noqa: F401
+    bench_cmds,
+    calibrate_cmds,
+    dashboard_cmds,
+    db_cmds,
+    import_cmds,
+    space_cmds,
+    tune_cmds,
+)

@@ -75,6 +75,11 @@ def best_cmd(
         return
     with ResultsDB.open(db, upgrade=False) as rdb:
         best = rdb.best_configs(kind=kind, topology=topology)
+        # sources stored but never served, named where nothing measured is there to show
+        others = [] if best else [
+            src for src in ("fixture", "predicted")
+            if rdb.trials(kind=kind, topology=topology, source=src, status="ok", limit=1)
+        ]
         index: dict[tuple[str, str, str, int], dict[str, float]] = {}
         for b in rdb.baselines(topology=topology):
             r = b.record
@@ -94,8 +99,11 @@ def best_cmd(
         print(json.dumps([{k: v for k, v in row.items() if k != "_row"} for row in rows], indent=1))
         return
     if not rows:
-        _out.print(f"no ok measured trials in {location.shown()}" + (" matching the filters" if kind or topology else ""),
-                   highlight=False)
+        filtered = " matching the filters" if kind or topology else ""
+        unserved = ""
+        if others:
+            unserved = f" (its {' and '.join(others)} trials are not measurements and are never served)"
+        _out.print(f"no ok measured trials in {location.shown()}{filtered}{unserved}", highlight=False)
         return
     names = sorted({name for row in rows for name in row["speedups"]})
     table = Table("workload", "topology", "environment", "best configuration", "median µs", "trial",

@@ -30,7 +30,8 @@ def tune_cmd(
     db: str | None = typer.Option(
         None,
         "--db",
-        help="Database URL (default: the config's db, SYNCOPATE_DB, or the per-user SQLite file).",
+        help="Database URL or SQLite path (default: the config's db, SYNCOPATE_DB, or the per-user SQLite "
+        "file); a SQLite file that does not exist yet is created.",
     ),
     resume: bool = typer.Option(
         False,
@@ -85,14 +86,15 @@ def tune_cmd(
     )
     result = run_tune(options, console=err)
     labels = {
-        "fixture": " (not measured: synthetic or replayed times, stored as source fixture)",
-        "predicted": " (PREDICTED by the cost model, not measured: stored as source predicted)",
+        "cpu-fixture": " (cpu-fixture: synthetic times, not measured, stored as source fixture)",
+        "replay": " (replay: replayed times, not measured, stored as source fixture)",
+        "model": " (PREDICTED by the cost model, not measured: stored as source predicted)",
     }
     out.print(
         summary_table(
             result.summaries,
             f"sweep {result.sweep_name!r} (id {result.sweep_id}) on {result.topology}: "
-            f"{result.status}{labels.get(result.source, '')}",
+            f"{result.status}{'' if result.served else labels.get(result.runner, '')}",
             predicted=result.source == "predicted",
         )
     )
@@ -104,5 +106,11 @@ def tune_cmd(
             out.print(line)
         if result.progress.rebuilds:
             out.print(f"gangs rebuilt: {result.progress.rebuilds}")
+    if not result.served:
+        out.print(
+            f"these {result.source} times are not measurements: `syncopate best` and `syncopate lookup` "
+            f"serve only measured trials",
+            highlight=False,
+        )
     if result.status == "stopped":
         out.print("the time budget ran out: run the same command with --resume to continue")

@@ -124,26 +124,19 @@ def _buffers(kind: str, shape: tuple[int, ...], dtype: torch.dtype, ws: int) -> 
     return bufs
 
 
-def _check_tensor(name: str, t: Any, device: torch.device | None = None) -> None:
+def _check_tensor(name: str, t: Any) -> None:
     if not isinstance(t, torch.Tensor):
         raise ConfigError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != 2:
         raise ConfigError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
     if t.dtype not in _DTYPES:
         raise ConfigError(f"{name} has dtype {t.dtype}: accepted are bfloat16, float16, float32")
-    if not t.is_cuda:
-        raise ConfigError(f"{name} is on {t.device}: the fused ops need CUDA tensors")
-    if device is not None and t.device != device:
-        raise ConfigError(f"{name} is on {t.device} but this rank's device is {device}")
 
 
 def _check_inputs(a: torch.Tensor, b: torch.Tensor, group) -> tuple[Any, int, int]:
-    if not dist.is_initialized():
-        raise ConfigError("torch.distributed is not initialised: call init_process_group first")
-    group = group or dist.group.WORLD
-    device = torch.device("cuda", torch.cuda.current_device())
-    _check_tensor("a", a, device)
-    _check_tensor("b", b, device)
+    """Shapes, dtypes, layouts and devices of a call, checked before anything is launched."""
+    _check_tensor("a", a)
+    _check_tensor("b", b)
     if a.dtype != b.dtype:
         raise ConfigError(f"a has dtype {a.dtype} but b has {b.dtype}: they must match")
     if not a.is_contiguous():
@@ -154,6 +147,16 @@ def _check_inputs(a: torch.Tensor, b: torch.Tensor, group) -> tuple[Any, int, in
         raise ConfigError(
             f"b must be row-major or the transpose of a row-major matrix; got strides {b.stride()} for {tuple(b.shape)}"
         )
+    if not dist.is_initialized():
+        raise ConfigError("torch.distributed is not initialised: call init_process_group first")
+    for name, t in (("a", a), ("b", b)):
+        if not t.is_cuda:
+            raise ConfigError(f"{name} is on {t.device}: the fused ops need CUDA tensors")
+    device = torch.device("cuda", torch.cuda.current_device())
+    for name, t in (("a", a), ("b", b)):
+        if t.device != device:
+            raise ConfigError(f"{name} is on {t.device} but this rank's device is {device}: call torch.cuda.set_device")
+    group = group or dist.group.WORLD
     return group, dist.get_rank(group), dist.get_world_size(group)
 
 
@@ -188,11 +191,11 @@ def all_gather_matmul(
     `spin_limit` > 0 bounds every wait (a tuning run's guard against hangs; the context then raises
     a timeout on `check_error()`).
     """
-    key = ("ag_gemm", _group_name(group), a_shard.shape, a_shard.dtype, a_shard.device, b.shape, b.stride(),
-           b.dtype, _config_key(config))
-    prep = _REGISTRY.prepared.get(key) if a_shard.is_contiguous() else None
+    key = _call_key("ag_gemm", a_shard, b, group, config)
+    prep = _REGISTRY.prepared.get(key) if key is not None else None
     if prep is None:
-        prep = _REGISTRY.prepared[key] = _prepare_gather(a_shard, b, group, config)
+        prep = _prepare_gather(a_shard, b, group, config)
+        _REGISTRY.prepared[key] = prep
     ctx, plan, cand, tables, backend, rank, m_local, k, n_local = prep
     m = plan.total_rows
     if out is None:
@@ -221,14 +224,15 @@ def all_gather_matmul(
     return out, a_full.local.clone()
 
 
-def _group_name(group) -> str:
-    return (group or dist.group.WORLD).group_name
-
-
-def _config_key(config) -> Any:
-    if isinstance(config, dict):
-        return tuple(sorted(config.items()))
-    return config
+def _call_key(kind: str, a, b, group, config) -> tuple | None:
+    """What makes two calls the same once validated; None where the inputs need checking anyway."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and dist.is_initialized()):
+        return None
+    if not a.is_contiguous():
+        return None
+    name = (group or dist.group.WORLD).group_name
+    conf = tuple(sorted(config.items())) if isinstance(config, dict) else config
+    return (kind, name, a.shape, a.dtype, a.device, b.shape, b.stride(), b.dtype, conf)
 
 
 def _prepare_gather(a_shard, b, group, config):
@@ -282,10 +286,11 @@ def _prepare_scatter(kind: str, a, b, group, config):
 
 
 def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
-    key = (kind, _group_name(group), a.shape, a.dtype, a.device, b.shape, b.stride(), b.dtype, _config_key(config))
-    prep = _REGISTRY.prepared.get(key) if a.is_contiguous() else None
+    key = _call_key(kind, a, b, group, config)
+    prep = _REGISTRY.prepared.get(key) if key is not None else None
     if prep is None:
-        prep = _REGISTRY.prepared[key] = _prepare_scatter(kind, a, b, group, config)
+        prep = _prepare_scatter(kind, a, b, group, config)
+        _REGISTRY.prepared[key] = prep
     ctx, plan, cand, tables, backend, rank, ws, send, out_rows = prep
     m, n = plan.total_rows, b.shape[1]
     all_reduce = kind == "gemm_ar"

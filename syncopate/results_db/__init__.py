@@ -3,8 +3,8 @@
 Public names (imported on first use, so `import syncopate.results_db` stays light and a lookup on
 SQLite never imports SQLAlchemy):
 
-- :class:`ResultsDB` (:mod:`.repository`): open, sweeps, `record_trial(s)`, `record_baseline`,
-  `record_calibration`, `trials`, `measured_keys`, `best`, `best_configs`, `baselines`,
+- :class:`ResultsDB` (:mod:`.repository`): open, sweeps, `record_trial(s)`, `record_baseline(s)`,
+  `record_calibration`, `trials`, `measured_keys`, `best`, `sweep_best`, `best_configs`, `baselines`,
   `calibration(s)`, `export_best`, `import_best`;
 - :func:`lookup`, :class:`LookupResult`, :func:`clear_cache`, :data:`MATCHES` (:mod:`.lookups`);
 - :class:`StoredTrial`, :class:`StoredBaseline`, :class:`StoredCalibration`, :class:`SweepInfo`

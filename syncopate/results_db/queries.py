@@ -36,6 +36,7 @@ __all__ = [
     "best_configs",
     "calibrations",
     "stored_keys",
+    "sweep_best",
     "sweep_info",
     "trial",
     "trials",
@@ -178,6 +179,21 @@ def best(session: Session, filters: Filters) -> StoredTrial | None:
     stmt = (
         filters.apply(select(TrialModel), TrialModel)
         .where(TrialModel.source == "measured", TrialModel.status == "ok")
+        .order_by(TrialModel.median_us, TrialModel.id)
+        .limit(1)
+    )
+    row = session.scalars(stmt).first()
+    return None if row is None else _stored_trial(row, _Dims(session))
+
+
+def sweep_best(session: Session, filters: Filters, sweep_id: int) -> StoredTrial | None:
+    """The fastest `ok` trial of one sweep for the filters' workload, topology and environment, any
+    source (ties: the lowest id); None where the sweep has none."""
+    if filters.nothing:
+        return None
+    stmt = (
+        filters.apply(select(TrialModel), TrialModel)
+        .where(TrialModel.sweep_id == sweep_id, TrialModel.status == "ok")
         .order_by(TrialModel.median_us, TrialModel.id)
         .limit(1)
     )

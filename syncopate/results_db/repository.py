@@ -7,7 +7,7 @@ with ResultsDB.open("postgresql+psycopg://tuner@db/syncopate") as db:   # or a p
     sweep_id = db.start_sweep("llama_tp2", config_dict)
     done = db.measured_keys(workload, topology, environment, sweep_id=sweep_id)   # resume
     trial_id = db.record_trial(sweep_id, trial_record)       # idempotent: once per identity
-    db.record_baseline(sweep_id, baseline_record)
+    db.record_baseline(sweep_id, baseline_record)       # or record_baselines: all or none
     db.finish_sweep(sweep_id)
     db.best(workload, topology, environment)                 # StoredTrial | None
 ```
@@ -27,6 +27,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from os import PathLike
 from pathlib import Path
 from typing import Any, TypeVar
@@ -153,15 +154,21 @@ class ResultsDB:
 
     # ---- sweeps --------------------------------------------------------------------------------
 
-    def start_sweep(self, name: str, config: dict[str, Any] | None = None, *, host: str | None = None) -> int:
-        """Record the start of a sweep (status `running`); its id."""
+    def start_sweep(self, name: str, config: dict[str, Any] | None = None, *, host: str | None = None,
+                    started_at: datetime | None = None) -> int:
+        """Record the start of a sweep (status `running`); its id.
+
+        host defaults to this machine's name and started_at to now; an import of results measured
+        elsewhere gives both.
+        """
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise ConfigError(f"sweep name {name!r} must be a non-empty string of at most 200 characters")
         doc = codec.encode(dict(config or {}), "sweep config")
         host = host or socket.gethostname()
+        started_at = started_at or utcnow()
 
         def work(session: Session) -> int:
-            row = SweepModel(name=name, config=doc, status="running", host=host, started_at=utcnow(),
+            row = SweepModel(name=name, config=doc, status="running", host=host, started_at=started_at,
                              finished_at=None)
             session.add(row)
             session.flush()
@@ -169,13 +176,14 @@ class ResultsDB:
 
         return self._run(work)
 
-    def finish_sweep(self, sweep_id: int, status: str = "done") -> None:
-        """Mark a sweep finished: `done`, `stopped`, `failed` or `interrupted` (stamps the end time)."""
+    def finish_sweep(self, sweep_id: int, status: str = "done", *, finished_at: datetime | None = None) -> None:
+        """Mark a sweep finished: `done`, `stopped`, `failed` or `interrupted`, stamping the end time
+        (now unless finished_at is given)."""
         if status not in SWEEP_STATUSES or status == "running":
             raise ConfigError(
                 f"sweep status {status!r} cannot finish a sweep: accepted are done, stopped, failed, interrupted"
             )
-        self._set_sweep(sweep_id, status=status, finished_at=utcnow())
+        self._set_sweep(sweep_id, status=status, finished_at=finished_at or utcnow())
 
     def resume_sweep(self, sweep_id: int) -> SweepInfo:
         """Mark a finished or interrupted sweep `running` again (its end time cleared)."""
@@ -241,6 +249,19 @@ class ResultsDB:
 
         return self._run(work)
 
+    def record_baselines(self, sweep_id: int, baselines: Iterable[BaselineRecord]) -> list[int]:
+        """Store the baselines of sweep `sweep_id` in one transaction, all or none; their row ids."""
+        batch = list(baselines)
+        for i, b in enumerate(batch):
+            if not isinstance(b, BaselineRecord):
+                raise ConfigError(f"baseline {i} is a {type(b).__name__}, not a BaselineRecord")
+
+        def work(session: Session) -> list[int]:
+            SweepModel.find_or_raise_by_id(session, sweep_id)
+            return [writes.insert_baseline(session, self._dims, sweep_id, b) for b in batch]
+
+        return self._run(work)
+
     def record_calibration(self, calibration: CalibrationRecord, *, sweep_id: int | None = None) -> int:
         """Store a calibration curve; one with the same kind, topology, environment and key is replaced."""
         if not isinstance(calibration, CalibrationRecord):
@@ -283,6 +304,14 @@ class ResultsDB:
         """The fastest `ok` trial of source `measured` for this workload, topology and environment."""
         return self._read(lambda s: queries.best(
             s, queries.Filters(s, workload=workload, topology=topology, environment=environment)))
+
+    def sweep_best(self, sweep_id: int, workload: Workload, topology: Topology | str,
+                   environment: Environment) -> StoredTrial | None:
+        """The fastest `ok` trial of sweep `sweep_id` for this workload, topology and environment,
+        whatever its source: what that sweep found (a `fixture` sweep's is synthetic). Not what
+        lookup serves: that is :meth:`best`, from `measured` trials only."""
+        return self._read(lambda s: queries.sweep_best(
+            s, queries.Filters(s, workload=workload, topology=topology, environment=environment), sweep_id))
 
     def best_configs(self, *, kind: str | None = None, topology: Topology | str | None = None,
                      environment: Environment | None = None) -> list[StoredTrial]:

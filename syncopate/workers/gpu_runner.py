@@ -17,7 +17,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from syncopate.environment import _gpu_model_name
+from syncopate.kernels.topology_detect import gpu_model_of
 from syncopate.errors import RuntimeUnavailableError
 from syncopate.search_space import Candidate, Topology, Workload
 from syncopate.workers.outcomes import BaselineOutcome, CandidateOutcome, DeviceInfo
@@ -83,7 +83,7 @@ class GpuRunner(Runner):
         torch.cuda.set_device(index)
         props = torch.cuda.get_device_properties(index)
         return DeviceInfo(
-            model=_gpu_model_name(props.name), uuid=_device_uuid(torch, index), index=index, name=props.name
+            model=gpu_model_of(props.name), uuid=_device_uuid(torch, index), index=index, name=props.name
         )
 
     def setup(self, rank: int, world_size: int, group: Any) -> None:

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from syncopate.autotuner.store import SWEEP_STATUSES, TrialStore
+from syncopate.errors import SyncopateError
 from syncopate.records import BaselineRecord, Environment, TrialRecord
 from syncopate.search_space import Candidate, Topology, Workload
 
@@ -30,6 +31,7 @@ def trial(
     status: str = "ok",
     workload: Workload = W1,
     environment: Environment = ENV,
+    source: str = "fixture",
 ) -> TrialRecord:
     samples = (median * 0.99, median, median * 1.01) if median is not None else ()
     return TrialRecord(
@@ -38,7 +40,7 @@ def trial(
         environment=environment,
         candidate=candidate,
         status=status,
-        source="fixture",
+        source=source,
         median_us=median,
         p20_us=median,
         p80_us=median,
@@ -61,14 +63,16 @@ class TrialStoreSuite:
     def store(self) -> TrialStore:  # pragma: no cover - every subclass overrides it
         raise NotImplementedError
 
-    def test_sweeps_get_distinct_ids_and_resume_finds_the_latest(self, store):
-        a = store.start_sweep("s", {"name": "s"})
-        b = store.start_sweep("s", {"name": "s"})
+    def test_sweeps_get_distinct_ids_and_the_latest_is_found_by_name(self, store):
+        a = store.start_sweep("s", {"name": "s", "runner": "cpu-fixture"})
+        b = store.start_sweep("s", {"name": "s", "runner": "gpu"})
         other = store.start_sweep("t", {"name": "t"})
         assert len({a, b, other}) == 3
-        assert store.resume_sweep("s") == b
-        assert store.resume_sweep("t") == other
-        assert store.resume_sweep("nothing") is None
+        latest = store.latest_sweep("s")
+        assert (latest.sweep_id, latest.name, latest.status, latest.runner) == (b, "s", "running", "gpu")
+        assert latest.config == {"name": "s", "runner": "gpu"}
+        assert store.latest_sweep("t").sweep_id == other and store.latest_sweep("t").runner is None
+        assert store.latest_sweep("nothing") is None
 
     def test_stored_keys_are_per_sweep_workload_and_environment(self, store):
         s1 = store.start_sweep("s", {})
@@ -89,16 +93,20 @@ class TrialStoreSuite:
         store.record_trial(s, trial(C1, 10.0))
         assert store.stored_keys(s, W1, TOPO, ENV) == {C1.key()}
 
-    def test_best_is_the_fastest_ok_trial_of_its_environment(self, store):
+    @pytest.mark.parametrize("source", ["fixture", "measured"])
+    def test_sweep_best_is_the_fastest_ok_trial_of_its_sweep_and_environment(self, store, source):
         s = store.start_sweep("s", {})
-        store.record_trial(s, trial(C1, 10.0))
-        store.record_trial(s, trial(C2, 5.0, status="wrong_result"))
-        store.record_trial(s, trial(C3, 7.5))
-        store.record_trial(s, trial(Candidate(num_splits=8), 1.0, environment=OTHER_ENV))
-        best = store.best(W1, TOPO, ENV)
+        other = store.start_sweep("other", {})
+        store.record_trial(s, trial(C1, 10.0, source=source))
+        store.record_trial(s, trial(C2, 5.0, status="wrong_result", source=source))
+        store.record_trial(s, trial(C3, 7.5, source=source))
+        store.record_trial(s, trial(Candidate(num_splits=8), 1.0, environment=OTHER_ENV, source=source))
+        store.record_trial(other, trial(C2, 2.0, source=source))
+        best = store.sweep_best(s, W1, TOPO, ENV)
         assert best is not None and best.candidate == C3 and best.median_us == pytest.approx(7.5)
-        assert best.status == "ok" and best.worker["host"] == "h"
-        assert store.best(W2, TOPO, ENV) is None
+        assert best.status == "ok" and best.source == source and best.worker["host"] == "h"
+        assert store.sweep_best(other, W1, TOPO, ENV).candidate == C2
+        assert store.sweep_best(s, W2, TOPO, ENV) is None
 
     def test_baselines_round_trip(self, store):
         s = store.start_sweep("s", {})
@@ -109,8 +117,16 @@ class TrialStoreSuite:
         assert [b.median_us for b in store.stored_baselines(s, W2, TOPO, ENV)] == [pytest.approx(30.0)]
         assert store.stored_baselines(s, W1, TOPO, OTHER_ENV) == []
 
-    @pytest.mark.parametrize("status", SWEEP_STATUSES)
-    def test_every_sweep_status_is_accepted(self, store, status):
+    def test_baselines_are_stored_all_or_none(self, store):
+        s = store.start_sweep("s", {})
+        with pytest.raises(SyncopateError):
+            store.record_baselines(s, [baseline("torch_seq", 20.0), "not a baseline"])
+        assert store.stored_baselines(s, W1, TOPO, ENV) == []
+
+    @pytest.mark.parametrize("status", [s for s in SWEEP_STATUSES if s != "running"])
+    def test_a_sweep_ends_with_any_final_status_and_resumes(self, store, status):
         s = store.start_sweep("s", {})
         store.finish_sweep(s, status)
-        assert store.resume_sweep("s") == s
+        assert store.latest_sweep("s").status == status
+        store.resume_sweep(s)
+        assert store.latest_sweep("s").status == "running"

@@ -1,0 +1,153 @@
+"""Layer: pure CPU logic. `syncopate import-bench` and `results_db.bench_import` on the bench file
+measured on two H200s (results/bench-2026-11-22-h200x2-ag2048.json): what is stored, idempotence,
+the environment it is stored under, files it refuses; and `results/h200x2.db` holds exactly that
+import."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from syncopate.cli import main
+from syncopate.dashboard import data
+from syncopate.errors import ConfigError
+from syncopate.records import Environment
+from syncopate.results_db import ResultsDB
+from syncopate.results_db.bench_import import import_bench, quantile
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "results" / "bench-2026-11-22-h200x2-ag2048.json"
+H200X2_DB = ROOT / "results" / "h200x2.db"
+VERSIONS = {"triton": "3.6.0", "cuda": "13.0", "nccl": "2.28.3", "driver": "580.159.04"}
+FLAGS = [x for k, v in VERSIONS.items() for x in (f"--{k}", v)]
+ENV = Environment(syncopate="0.1.0", torch="2.11.0+cu130", gpu_model="H200", **VERSIONS)
+
+
+@pytest.fixture
+def db(tmp_path):
+    with ResultsDB.open(tmp_path / "r.db", upgrade=True) as rdb:
+        yield rdb
+
+
+def test_quantile_matches_the_timing_rule():
+    assert quantile([4.0, 1.0, 3.0, 2.0, 5.0], 0.2) == pytest.approx(1.8)
+    assert quantile([7.0], 0.8) == 7.0
+    with pytest.raises(ConfigError):
+        quantile([], 0.5)
+
+
+def test_import_stores_every_candidate_and_baseline(db):
+    result = import_bench(db, BENCH, syncopate="0.1.0", **VERSIONS)
+    assert result.created and (result.workloads, result.trials, result.baselines) == (1, 8, 5)
+    assert result.environment == ENV and result.topology.key() == "H200x2-nvlink"
+    sweep = db.sweep(result.sweep_id)
+    assert sweep.name.startswith("bench:") and sweep.host == "vm" and sweep.status == "done"
+    assert sweep.finished_at == datetime(2026, 11, 22, 0, 23, 30, tzinfo=timezone.utc)
+    assert (sweep.finished_at - sweep.started_at).total_seconds() == pytest.approx(6.890334844589233)
+
+    doc = json.loads(BENCH.read_text())
+    trials = db.trials()
+    assert [t.record.candidate.to_dict() for t in trials] == [
+        t["candidate"] for t in doc["rows"][0]["trials"]
+    ]
+    first = trials[0].record
+    assert first.source == "measured" and first.strategy == "bench" and first.status == "ok"
+    assert first.median_us == doc["rows"][0]["trials"][0]["median_us"]
+    assert first.p20_us == pytest.approx(quantile(doc["rows"][0]["trials"][0]["samples_us"], 0.2))
+    assert first.worker["host"] == "vm" and first.worker["imported_from"] == BENCH.name
+    base = {b.record.name: b.record for b in db.baselines()}
+    assert base["torch_seq"].median_us == doc["rows"][0]["baselines"]["torch_seq"]["median_us"]
+    assert base["torch_async_tp"].detail == "torch.ops.symm_mem.fused_all_gather_matmul"
+    assert len(base["comm_alone_copy_engine"].samples_us) == 10
+
+    again = import_bench(db, BENCH, syncopate="0.1.0", **VERSIONS)
+    assert not again.created and again.sweep_id == result.sweep_id and len(db.trials()) == 8
+
+
+def test_imported_rows_reach_the_overview(db):
+    import_bench(db, BENCH, syncopate="0.1.0", **VERSIONS)
+    row = data.overview(db).iloc[0]
+    assert row["config"] == "copy_engine/direct/s2/arrival 128x256x64 g8 w8 st3"
+    assert row["best_us"] == pytest.approx(426.576, abs=1e-3)
+    assert row["speedup_seq"] == pytest.approx(464.976 / 426.576, rel=1e-4)
+    assert row["bound_us"] == pytest.approx(210.256, abs=1e-3)  # the copy engine's all-gather beats NCCL's
+
+
+def test_environment_must_be_complete_and_agree_with_the_file(db, tmp_path):
+    with pytest.raises(ConfigError, match="does not say which triton, cuda, nccl, driver"):
+        import_bench(db, BENCH, syncopate="0.1.0")
+    with pytest.raises(ConfigError, match=r"says torch '2.11.0\+cu130' but '2.10.0' was given"):
+        import_bench(db, BENCH, syncopate="0.1.0", torch="2.10.0", **VERSIONS)
+    with_env = tmp_path / "with-env.json"
+    doc = json.loads(BENCH.read_text())
+    doc["environment"] = ENV.to_dict()
+    with_env.write_text(json.dumps(doc))
+    assert import_bench(db, with_env).environment == ENV  # a file that says it all needs no flags
+    assert db.trials()[0].record.environment == ENV
+
+
+def test_bad_files_are_refused(db, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="is not valid JSON"):
+        import_bench(db, bad, **VERSIONS)
+    bad.write_text(json.dumps({"rows": []}))
+    with pytest.raises(ConfigError, match="not a `syncopate bench --json` file: it has no 'topology'"):
+        import_bench(db, bad, **VERSIONS)
+    doc = json.loads(BENCH.read_text())
+    doc["rows"][0]["trials"][0]["candidate"]["backend"] = "carrier_pigeon"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="workload 0: unknown backend 'carrier_pigeon'"):
+        import_bench(db, bad, syncopate="0.1.0", **VERSIONS)
+    with pytest.raises(ConfigError, match="has world size 8"):
+        import_bench(db, BENCH, syncopate="0.1.0", topology="H100x8-nvswitch", **VERSIONS)
+    assert db.trials() == [] and db.sweeps() == []
+
+
+def test_cli_import_bench(tmp_path, capsys):
+    path = tmp_path / "cli.db"
+    assert main(["import-bench", str(BENCH), "--db", str(path), *FLAGS]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["db", "upgrade", "--db", str(path)]) == 0
+    assert main(["import-bench", str(BENCH), "--db", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "give --triton, --cuda, --nccl, --driver" in err
+    assert main(["import-bench", str(BENCH), "--db", str(path), *FLAGS]) == 0
+    out = capsys.readouterr().out
+    assert "stored:" in out and "8 trial(s), 5 baseline(s) on H200x2-nvlink" in out
+    assert main(["import-bench", str(BENCH), "--db", str(path), *FLAGS]) == 0
+    assert "already stored" in capsys.readouterr().out
+
+
+def test_committed_database_is_this_import(tmp_path):
+    """results/h200x2.db holds the bench file's import and nothing else (the dashboard's real data)."""
+    copy = tmp_path / "h200x2.db"
+    shutil.copy(H200X2_DB, copy)  # opening a SQLite file may touch it: never the committed one
+    with (
+        ResultsDB.open(copy, upgrade=False) as committed,
+        ResultsDB.open(tmp_path / "fresh.db", upgrade=True) as fresh,
+    ):
+        import_bench(fresh, BENCH, syncopate="0.1.0", **VERSIONS)
+
+        def content(rdb):
+            trials = [
+                (
+                    t.record.candidate.key(),
+                    t.record.status,
+                    t.record.median_us,
+                    t.record.p20_us,
+                    t.record.samples_us,
+                    t.record.environment,
+                    t.record.created_at,
+                )
+                for t in rdb.trials()
+            ]
+            baselines = [(b.record.name, b.record.median_us, b.record.samples_us) for b in rdb.baselines()]
+            sweeps = [(s.name, s.host, s.status, s.started_at, s.finished_at) for s in rdb.sweeps()]
+            return trials, baselines, sweeps
+
+        assert content(committed) == content(fresh)
