@@ -30,6 +30,9 @@ def matrix(quick: bool = False):
     templates = ["direct"] if quick else ["direct", "ring", "bidirectional_ring"]
     dtypes = ["bf16"] if quick else ["bf16", "fp16"]
     shapes = {"ag_gemm": (4160, 1536, 1024), "gemm_rs": (4160, 1024, 1536), "gemm_ar": (4160, 1024, 1536)}
+    only = os.environ.get("SYNCOPATE_GPU_TEST_KINDS")  # e.g. gemm_rs,gemm_ar: re-run part of the matrix
+    if only:
+        shapes = {k: v for k, v in shapes.items() if k in only.split(",")}
     for kind, backend, template, s, order, dtype in itertools.product(
         shapes, ["copy_engine", "nvshmem", "nccl"], templates, splits, orders, dtypes
     ):
@@ -93,6 +96,8 @@ def _worker(rank, world, port, cases, queue):
         except Exception as e:
             failures.append(f"{kind} {dtype} {c.short()}: {type(e).__name__}: {e}")
             torch.cuda.synchronize()
+        if failures and failures[-1].startswith(f"{kind} {dtype} {c.short()}"):
+            print(f"rank {rank} FAILED {failures[-1]}", flush=True)
     ops.close_contexts()
     queue.put((rank, failures))
     dist.destroy_process_group()

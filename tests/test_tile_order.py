@@ -79,8 +79,9 @@ def test_consumer_waits_cover_exactly_the_remote_chunks_of_a_tile():
 
 @pytest.mark.parametrize("order", ["arrival", "arrival_colmajor"])
 def test_producer_arrival_orders_finish_chunks_in_send_order(order):
-    """The first i chunks to leave are complete after exactly the tiles that overlap them, and the
-    tiles of rows that never leave come last."""
+    """Tiles of rows that only leave come first, then tiles with rows that leave and rows that stay,
+    then tiles of rows that never leave; a prefix of the send order made of chunks with no such
+    mixed tile is complete after exactly the tiles that overlap it."""
     for plan, n_cols, bm, bn in _plans("reduce_scatter"):
         for r in range(plan.world_size):
             s = producer_schedule(plan, r, n_cols, bm, bn, 4, order)
@@ -90,13 +91,41 @@ def test_producer_arrival_orders_finish_chunks_in_send_order(order):
                 for c in chunks_of[tile]:
                     done_at[c] = i
             sent = [plan.chunk_index(*t.chunk) for t in plan.sends(r, "reduce")]
+            group = [
+                0 if set(chunks_of[t]) <= set(sent) else 1 if set(chunks_of[t]) & set(sent) else 2 for t in s.order
+            ]
+            assert group == sorted(group), (plan.template, plan.world_size, r)
+            mixed = {c for t, g in zip(s.order, group) if g == 1 for c in chunks_of[t]}
             for i in range(len(sent)):
                 prefix = set(sent[: i + 1])
+                if prefix & mixed:
+                    break
                 needed = sum(1 for t in s.order if prefix & set(chunks_of[t]))
                 assert max(done_at[c] for c in prefix) == needed - 1, (plan.template, plan.world_size, r, i)
-            touches_sent = [i for i, t in enumerate(s.order) if set(chunks_of[t]) & set(sent)]
-            if touches_sent:
-                assert touches_sent == list(range(len(touches_sent))), "tiles of rows that leave come first"
+
+
+def test_a_program_blocked_on_partials_holds_no_tile_of_a_leaving_chunk():
+    """On two ranks (direct plan), with M/ws not a multiple of BLOCK_M, any persistent grid: a tile
+    whose epilogue waits for partials is never followed, in its program, by a tile of rows that
+    only leave. (The s=1 case once deadlocked: the boundary tile waited first.)"""
+    from syncopate.search_space import build_plan
+
+    for splits, rows, bm in itertools.product([1, 2, 4], [4160, 4096 + 2 * 96], [64, 128]):
+        plan = build_plan("direct", "reduce_scatter", 2, rows, splits, align=bm)
+        for r in range(2):
+            s = producer_schedule(plan, r, 1024, bm, 128, 4, "arrival")
+            sent = {plan.chunk_index(*t.chunk) for t in plan.sends(r, "reduce")}
+            waits = [any(s.chunk_wait[c] for c in range(s.mtile_chunk_lo[t // s.tiles_n], s.mtile_chunk_hi[t // s.tiles_n]))
+                     for t in s.order]
+            only_sent = [set(range(s.mtile_chunk_lo[t // s.tiles_n], s.mtile_chunk_hi[t // s.tiles_n])) <= sent
+                         for t in s.order]
+            for programs in (7, 64, 132):
+                for p in range(programs):
+                    mine = range(p, len(s.order), programs)
+                    blocked = False
+                    for i in mine:
+                        assert not (blocked and only_sent[i]), (splits, rows, bm, r, programs, p, i)
+                        blocked |= waits[i]
 
 
 def test_producer_counters_and_ready_slots():

@@ -334,6 +334,12 @@ def no_sweeps(db: Path) -> bool:
     return rows(url_of(db), "SELECT count(*) FROM syncopate_sweeps") == [(0,)]
 
 
+def test_a_detected_topology_is_read_by_every_rank_of_the_gang(tmp_path):
+    """`topology: detect` asks the gang; detection is a collective, so all ranks must answer."""
+    result = tune(fixture_sweep(tmp_path, topology="detect", max_trials=2), tmp_path / "t.db")
+    assert result.status == "done" and result.topology == "H200x2-nvlink"
+
+
 def test_fewer_gpus_than_the_topology_asks(tmp_path, capsys):
     config = fixture_sweep(tmp_path, topology="H200x4-nvlink")
     code, _, err = cli(capsys, "tune", config, "--db", url_of(tmp_path / "t.db"))

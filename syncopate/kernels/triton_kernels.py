@@ -11,7 +11,9 @@ Shape symbols
 | C         | chunks of the communicated tensor, in row order                          |
 
 Signals are int32 words that only grow: a chunk of call `epoch` is there when its word is >= epoch
-(compared wrap-safe as a signed difference). Nothing resets them between calls. Waits are bounded
+(compared wrap-safe as a signed difference). Nothing resets them between calls. `epoch` is not
+specialized on: otherwise the epochs 1 and 16k would each compile a variant of their own, in the
+middle of a run, while the peers' waits run down. Waits are bounded
 by `max_spin` polls when it is positive (MAX_SPIN for the copier); a wait that runs out sets
 `error_ptr[0] = 1` and goes on, and the caller reports a timeout.
 
@@ -140,7 +142,7 @@ def _load_ab(a_ptr, b_ptr, a_desc, b_desc, off_m, off_n, k, M, N, K, stride_am, 
     return a, b
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch"])
 def consumer_kernel(
     a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc,
     M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
@@ -249,7 +251,7 @@ def _count_chunk(c, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, ke
                         tl.atomic_xchg(sig + slot, epoch, sem="release", scope="sys")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch"])
 def producer_kernel(
     a_ptr, b_ptr, a_desc, b_desc,
     send_ptr, out_ptr, reduced_ptr, recv_ptr,
@@ -273,8 +275,10 @@ def producer_kernel(
     this call, `free[p] >= epoch`), otherwise they go to `send[row]`. When the last of the chunk's
     `chunk_tiles[c]` tiles is stored (its counter, which it resets to 0 for the next call, reaches
     the count), `ready[chunk_ready[c]]` is raised (none where -1); for an all-reduce a kept chunk also
-    raises, on every peer p, `peer_signal[p][gather_slot[c * WORLD + p]]`. With EPI_SPLIT=2 the
-    epilogue works on the two column halves of the tile in turn (half the registers).
+    raises, on every peer p, `peer_signal[p][gather_slot[c * WORLD + p]]`. A tile with rows of two
+    chunks finishes and counts the one that leaves first (a sent chunk before a kept one) before it
+    waits for the other's partials, so that a chunk's departure never waits on a peer. With
+    EPI_SPLIT=2 the epilogue works on the two column halves of the tile in turn (half the registers).
     """
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -298,51 +302,66 @@ def producer_kernel(
         acc = tl.dot(a, b, acc)
         if ki == k_tiles - 1:
             rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
-            lo = tl.load(mtile_lo_ptr + tm)
-            last = tl.load(mtile_hi_ptr + tm) - 1
-            if EPI_SPLIT == 2:
-                halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-                acc0, acc1 = tl.split(halves)
-                _finish_tile(acc0, rows, off_n, lo, last, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
-                             inc_offset_ptr, recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr,
-                             epoch, error_ptr, max_spin, RANK, BLOCK_N // 2, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT)
-                _finish_tile(acc1, rows, off_n + BLOCK_N // 2, lo, last, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr,
-                             inc_slot_ptr, inc_offset_ptr, recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr,
-                             reduced_ptr, free_ptr, epoch, error_ptr, max_spin, RANK, BLOCK_N // 2, WORLD, INC_MAX,
-                             ALL_REDUCE, ASM_WAIT)
-            else:
-                _finish_tile(acc, rows, off_n, lo, last, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
-                             inc_offset_ptr, recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr,
-                             epoch, error_ptr, max_spin, RANK, BLOCK_N, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT)
-            _count_chunk(lo, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
-                         peer_signal_ptrs, epoch, WORLD, ALL_REDUCE)
-            if last != lo:
-                _count_chunk(last, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
-                             peer_signal_ptrs, epoch, WORLD, ALL_REDUCE)
+            c0 = tl.load(mtile_lo_ptr + tm)
+            c1 = tl.load(mtile_hi_ptr + tm) - 1
+            if c1 != c0:  # the chunk that leaves first is finished (stored, counted) first
+                ready0 = tl.load(chunk_ready_ptr + c0)
+                ready1 = tl.load(chunk_ready_ptr + c1)
+                swap = (ready1 >= 0) & ((ready0 < 0) | (ready1 < ready0))
+                first = tl.where(swap, c1, c0)
+                c1 = tl.where(swap, c0, c1)
+                c0 = first
+            _close_chunk(acc, rows, off_n, c0, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
+                         recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr, counter_ptr,
+                         chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, peer_signal_ptrs, gather_slot_ptr, epoch,
+                         error_ptr, max_spin, RANK, BLOCK_M, BLOCK_N, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT, EPI_SPLIT)
+            if c1 != c0:
+                _close_chunk(acc, rows, off_n, c1, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
+                             recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr, counter_ptr,
+                             chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, peer_signal_ptrs, gather_slot_ptr, epoch,
+                             error_ptr, max_spin, RANK, BLOCK_M, BLOCK_N, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT, EPI_SPLIT)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
 
 @triton.jit
-def _finish_tile(acc, rows, col0, lo, last, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
-                 recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr, epoch, error_ptr,
-                 max_spin, RANK, WIDTH: tl.constexpr, WORLD: tl.constexpr, INC_MAX: tl.constexpr,
-                 ALL_REDUCE: tl.constexpr, ASM_WAIT: tl.constexpr):
-    """Epilogue of `WIDTH` columns of a tile: add received partials, store rows where they go."""
-    cols = col0 + tl.arange(0, WIDTH)
-    col_ok = cols[None, :] < N
-    acc = _epilogue_chunk(acc, lo, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
-                          inc_offset_ptr, recv_ptr, recv_signal_ptr, epoch, error_ptr, max_spin, INC_MAX, ASM_WAIT)
-    if last != lo:
-        acc = _epilogue_chunk(acc, last, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
-                              inc_offset_ptr, recv_ptr, recv_signal_ptr, epoch, error_ptr, max_spin, INC_MAX, ASM_WAIT)
-    _store_chunk(acc, lo, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr,
-                 free_ptr, epoch, error_ptr, max_spin, RANK, WORLD, ALL_REDUCE, ASM_WAIT)
-    if last != lo:
-        _store_chunk(acc, last, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, keep_ptr, send_ptr, out_ptr,
-                     reduced_ptr, free_ptr, epoch, error_ptr, max_spin, RANK, WORLD, ALL_REDUCE, ASM_WAIT)
+def _close_chunk(acc, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
+                 recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr, counter_ptr,
+                 chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, peer_signal_ptrs, gather_slot_ptr, epoch, error_ptr,
+                 max_spin, RANK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WORLD: tl.constexpr,
+                 INC_MAX: tl.constexpr, ALL_REDUCE: tl.constexpr, ASM_WAIT: tl.constexpr, EPI_SPLIT: tl.constexpr):
+    """Finish the rows of chunk c in a tile (both column halves with EPI_SPLIT=2), then count the tile in c."""
+    if EPI_SPLIT == 2:
+        acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        _finish_chunk(acc0, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
+                      recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr, epoch, error_ptr,
+                      max_spin, RANK, BLOCK_N // 2, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT)
+        _finish_chunk(acc1, rows, off_n + BLOCK_N // 2, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
+                      inc_offset_ptr, recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr,
+                      epoch, error_ptr, max_spin, RANK, BLOCK_N // 2, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT)
+    else:
+        _finish_chunk(acc, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
+                      recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr, epoch, error_ptr,
+                      max_spin, RANK, BLOCK_N, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT)
+    _count_chunk(c, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
+                 peer_signal_ptrs, epoch, WORLD, ALL_REDUCE)
 
 
 @triton.jit
+def _finish_chunk(acc, rows, col0, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
+                  recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr, epoch, error_ptr,
+                  max_spin, RANK, WIDTH: tl.constexpr, WORLD: tl.constexpr, INC_MAX: tl.constexpr,
+                  ALL_REDUCE: tl.constexpr, ASM_WAIT: tl.constexpr):
+    """Epilogue of the rows of chunk c in `WIDTH` columns of a tile: add its received partials (the
+    other chunk's rows are untouched), store the rows where they go."""
+    cols = col0 + tl.arange(0, WIDTH)
+    col_ok = cols[None, :] < N
+    acc = _epilogue_chunk(acc, c, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
+                          inc_offset_ptr, recv_ptr, recv_signal_ptr, epoch, error_ptr, max_spin, INC_MAX, ASM_WAIT)
+    _store_chunk(acc, c, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr,
+                 free_ptr, epoch, error_ptr, max_spin, RANK, WORLD, ALL_REDUCE, ASM_WAIT)
+
+
+@triton.jit(do_not_specialize=["epoch", "NUM_JOBS"])
 def chunk_copy_kernel(
     job_src_ptr, job_dst_ptr, job_elems_ptr, job_wait_ptr, job_signal_ptr, job_peer_ptr,
     NUM_JOBS, local_signal_ptr, peer_signal_ptrs, free_ptr, counter_ptr, epoch, error_ptr,

@@ -153,9 +153,20 @@ def producer_schedule(
     arrival = plan.arrival_rank(rank, "reduce")
     n_sent = len(plan.sends(rank, "reduce"))
     # A chunk that leaves ranks by its send position; a chunk kept here ranks after every sent one,
-    # in the order of its last incoming partial.
+    # in the order of its last incoming partial. An m-tile with rows of both (where a block
+    # boundary is not a multiple of BLOCK_M) goes between the two groups: its epilogue waits for
+    # partials, and a program blocked there must hold no tile of a chunk that still has to leave,
+    # or two ranks can each wait for the other's chunk (the kernel stores and counts the tile's
+    # leaving rows before it waits for the kept ones).
     chunk_key = [ready[c] if ready[c] >= 0 else n_sent + 1 + arrival[c] for c in range(plan.num_chunks)]
-    keys = [min(chunk_key[c] for c in range(lo[tm], hi[tm])) for tm in range(tiles_m)]
+
+    def key(tm: int) -> float:
+        chunks = range(lo[tm], hi[tm])
+        if any(ready[c] >= 0 for c in chunks) and any(ready[c] < 0 for c in chunks):
+            return n_sent - 0.5
+        return min(chunk_key[c] for c in chunks)
+
+    keys = [key(tm) for tm in range(tiles_m)]
     counts = [0] * plan.num_chunks
     for tm in range(tiles_m):
         for c in range(lo[tm], hi[tm]):

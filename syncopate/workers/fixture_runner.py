@@ -124,8 +124,15 @@ class FixtureRunner(Runner):
         self._rank, self._world_size, self._group = rank, world_size, group
 
     def topology(self) -> Topology:
+        """As the GPU runner detects it, with a collective over the gang: every rank's host name
+        (so that a caller asking only some ranks hangs here as it would on GPUs)."""
+        import torch.distributed as dist
+
+        hosts: list[str | None] = [None] * self._world_size
+        dist.all_gather_object(hosts, socket.gethostname())
         model = self._device.model if self._device else self._models()[0]
-        return Topology(world_size=self._world_size, gpu_model=model, interconnect="nvlink")
+        nodes = len(set(hosts))
+        return Topology(world_size=self._world_size, nodes=nodes, gpu_model=model, interconnect="nvlink")
 
     def _samples(self, base_us: float, *salt: object) -> tuple[float, ...]:
         import torch

@@ -153,10 +153,18 @@ class Gang:
         )
 
     def detect_topology(self, timeout_s: float) -> Topology:
-        """The topology rank 0 reads off the hardware."""
+        """The topology rank 0 reads off the hardware. Every rank is asked: detection gathers the
+        ranks' host names, a collective that waits for all of them."""
         import ray
 
-        return Topology.from_dict(ray.get(self.actors[0].topology.remote(), timeout=timeout_s))
+        try:
+            answers = ray.get([actor.topology.remote() for actor in self.actors], timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeUnavailableError(
+                f"gang {self.index} did not report its topology within {timeout_s:.0f} s; "
+                f"give the topology key in the sweep config (e.g. topology: H200x2-nvlink) instead of detect"
+            ) from None
+        return Topology.from_dict(answers[0])
 
     def provenance(self) -> dict[str, Any]:
         """Who measures on this gang: hosts, GPU UUIDs, actor ids, git revision, library versions."""
