@@ -89,8 +89,15 @@ def _worker(rank: int, world: int, port: int, options: BenchOptions, queue) -> N
             base = {b.name: {"median_us": statistics.median(b.samples_us), "samples_us": list(b.samples_us), "detail": b.detail}
                     for b in h.measure_baselines()}
             trials = []
-            for c in bench_grid(workload, topology, options.grid, options.backends) + options.extra:
+            grid = bench_grid(workload, topology, options.grid, options.backends) + options.extra
+            if rank == 0:
+                print(f"{workload.key()}: baselines " + ", ".join(f"{k} {v['median_us']:.1f} us" for k, v in base.items())
+                      + f"; {len(grid)} candidates", flush=True)
+            for i, c in enumerate(grid):
                 r = h.run_candidate(c)
+                if rank == 0:
+                    median = f"{statistics.median(r.samples_us):.1f} us" if r.samples_us else r.error[:120]
+                    print(f"  [{i + 1}/{len(grid)}] {c.short()}: {r.status} {median}", flush=True)
                 trials.append({
                     "candidate": c.to_dict(), "short": c.short(), "status": r.status, "error": r.error,
                     "max_rel_error": r.max_rel_error, "host_us": r.host_us,
