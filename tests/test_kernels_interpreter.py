@@ -137,7 +137,21 @@ def run_producer(kind, template, ws, m, n, k, splits, order="arrival", epoch=5):
 @pytest.mark.parametrize("template, ws, splits", [("direct", 2, 2), ("direct", 3, 1), ("ring", 4, 1), ("bidirectional_ring", 3, 2)])
 @pytest.mark.parametrize("order", ["arrival", "swizzle"])
 def test_reduce_scatter_producer(template, ws, splits, order):
-    results, partial, total, pads, plan = run_producer("gemm_rs", template, ws, 64 * ws, 48, 32, splits, order)
+    _check_reduce_scatter(*run_producer("gemm_rs", template, ws, 64 * ws, 48, 32, splits, order))
+
+
+@pytest.mark.parametrize("template, ws, splits, order", [
+    ("direct", 3, 1, "arrival"), ("ring", 3, 1, "arrival_colmajor"), ("bidirectional_ring", 2, 2, "row_major"),
+])
+def test_reduce_scatter_producer_with_blocks_not_a_multiple_of_block_m(template, ws, splits, order):
+    """Blocks of 48 rows, tiles of 32: a tile with rows of two chunks is two entries, each storing
+    its chunk's rows (with that chunk's partials) and counting the tile in that chunk only."""
+    results, partial, total, pads, plan = run_producer("gemm_rs", template, ws, 48 * ws, 40, 32, splits, order)
+    assert len(results[0]["tables"].order) > -(-48 * ws // 32) * 2, "the boundary tiles are two entries"
+    _check_reduce_scatter(results, partial, total, pads, plan)
+
+
+def _check_reduce_scatter(results, partial, total, pads, plan):
     for r, res in enumerate(results):
         assert res["error"] == 0
         lo, hi = res["lo"], res["hi"]
@@ -163,17 +177,18 @@ def _received_before(plan, r, t):
     return held[(r, plan.chunk_index(*t.chunk))]
 
 
-def test_all_reduce_producer_stores_reduced_rows_and_raises_peer_signals():
-    results, partial, total, pads, plan = run_producer("gemm_ar", "direct", 2, 128, 64, 32, 2)
+@pytest.mark.parametrize("ws, m, splits", [(2, 128, 2), (3, 144, 1)], ids=["aligned", "blocks-of-48-rows"])
+def test_all_reduce_producer_stores_reduced_rows_and_raises_peer_signals(ws, m, splits):
+    results, partial, total, pads, plan = run_producer("gemm_ar", "direct", ws, m, 64, 32, splits)
     for r, res in enumerate(results):
         assert res["error"] == 0
         lo, hi = res["lo"], res["hi"]
         assert torch.allclose(res["out"][lo:hi].float(), total[lo:hi], rtol=3e-2, atol=3e-2)
         assert torch.equal(res["reduced"][lo:hi], res["out"][lo:hi])
-        peer = 1 - r
-        for t in plan.recvs(peer, "gather"):
-            if t.src == r:
-                assert pads[peer][t.signal] == 5, "the peer is told each reduced chunk is ready"
+        for peer in range(ws):
+            for t in plan.recvs(peer, "gather"):
+                if t.src == r:
+                    assert pads[peer][t.signal] == 5, "the peer is told each reduced chunk is ready"
         assert res["tables"].num_ready == len(plan.sends(r, "reduce")) + plan.num_splits
 
 

@@ -1,5 +1,6 @@
-"""Layer: pure CPU logic. Tile orders are permutations; consumer orders put the local shard first
-and never need a chunk before it arrives; producer orders finish the chunk that leaves first, first."""
+"""Layer: pure CPU logic. Consumer orders are permutations of the tiles, put the local shard first
+and never need a chunk before it arrives; a producer order finishes every (tile, chunk) pair once,
+the chunk that leaves first, first."""
 
 from __future__ import annotations
 
@@ -37,11 +38,19 @@ def test_consumer_order_is_a_permutation_of_all_tiles(order):
 
 
 @pytest.mark.parametrize("order", PRODUCER_ORDERS)
-def test_producer_order_is_a_permutation_of_all_tiles(order):
+def test_producer_entries_finish_every_rows_of_every_tile_once(order):
+    """Each (tile, chunk its rows overlap) pair is one entry; a tile with rows of two chunks is two
+    entries, and every rank has as many entries (the kernels' grids and the cost model rely on it)."""
     for plan, n_cols, bm, bn in _plans("reduce_scatter"):
+        lengths = set()
         for r in range(plan.world_size):
             s = producer_schedule(plan, r, n_cols, bm, bn, 4, order)
-            assert sorted(s.order) == list(range(s.tiles_m * s.tiles_n))
+            pairs = sorted(zip(s.order, s.entry_chunk))
+            expected = [(tm * s.tiles_n + tn, c) for tm in range(s.tiles_m) for tn in range(s.tiles_n)
+                        for c in range(s.mtile_chunk_lo[tm], s.mtile_chunk_hi[tm])]
+            assert pairs == expected
+            lengths.add(len(s.order))
+        assert len(lengths) == 1
 
 
 def _needed_arrival(plan, s, rank, tile):
@@ -79,52 +88,39 @@ def test_consumer_waits_cover_exactly_the_remote_chunks_of_a_tile():
 
 @pytest.mark.parametrize("order", ["arrival", "arrival_colmajor"])
 def test_producer_arrival_orders_finish_chunks_in_send_order(order):
-    """Tiles of rows that only leave come first, then tiles with rows that leave and rows that stay,
-    then tiles of rows that never leave; a prefix of the send order made of chunks with no such
-    mixed tile is complete after exactly the tiles that overlap it."""
+    """Entries come chunk by chunk: the chunks this rank sends in send order, then the chunks it
+    keeps in the order their last partial arrives; so a prefix of the send order is complete after
+    exactly the entries of its chunks."""
     for plan, n_cols, bm, bn in _plans("reduce_scatter"):
         for r in range(plan.world_size):
             s = producer_schedule(plan, r, n_cols, bm, bn, 4, order)
-            chunks_of = {t: range(s.mtile_chunk_lo[t // s.tiles_n], s.mtile_chunk_hi[t // s.tiles_n]) for t in s.order}
-            done_at = {}
-            for i, tile in enumerate(s.order):
-                for c in chunks_of[tile]:
-                    done_at[c] = i
             sent = [plan.chunk_index(*t.chunk) for t in plan.sends(r, "reduce")]
-            group = [
-                0 if set(chunks_of[t]) <= set(sent) else 1 if set(chunks_of[t]) & set(sent) else 2 for t in s.order
-            ]
-            assert group == sorted(group), (plan.template, plan.world_size, r)
-            mixed = {c for t, g in zip(s.order, group) if g == 1 for c in chunks_of[t]}
+            arrival = plan.arrival_rank(r, "reduce")
+            kept = sorted((c for c in range(plan.num_chunks) if c not in sent), key=arrival.__getitem__)
+            runs = [c for i, c in enumerate(s.entry_chunk) if i == 0 or s.entry_chunk[i - 1] != c]
+            assert runs == sent + kept, (plan.template, plan.world_size, r)
             for i in range(len(sent)):
-                prefix = set(sent[: i + 1])
-                if prefix & mixed:
-                    break
-                needed = sum(1 for t in s.order if prefix & set(chunks_of[t]))
-                assert max(done_at[c] for c in prefix) == needed - 1, (plan.template, plan.world_size, r, i)
+                assert set(s.entry_chunk[: sum(s.chunk_tiles[c] for c in sent[: i + 1])]) == set(sent[: i + 1])
 
 
-def test_a_program_blocked_on_partials_holds_no_tile_of_a_leaving_chunk():
-    """On two ranks (direct plan), with M/ws not a multiple of BLOCK_M, any persistent grid: a tile
-    whose epilogue waits for partials is never followed, in its program, by a tile of rows that
-    only leave. (The s=1 case once deadlocked: the boundary tile waited first.)"""
-    from syncopate.search_space import build_plan
-
+def test_a_program_blocked_on_partials_holds_no_entry_of_a_leaving_chunk():
+    """On two ranks (direct plan), with M/ws not a multiple of BLOCK_M, any persistent grid: an entry
+    that waits for partials is never followed, in its program, by an entry of rows that leave, and a
+    tile with rows of both is two entries. (The s=1 case once deadlocked: the boundary tile waited
+    for partials before its leaving rows were counted, then, fixed that way, still did whenever a
+    program held two such tiles.) tests/test_liveness.py checks every template and grid."""
     for splits, rows, bm in itertools.product([1, 2, 4], [4160, 4096 + 2 * 96], [64, 128]):
         plan = build_plan("direct", "reduce_scatter", 2, rows, splits, align=bm)
         for r in range(2):
             s = producer_schedule(plan, r, 1024, bm, 128, 4, "arrival")
             sent = {plan.chunk_index(*t.chunk) for t in plan.sends(r, "reduce")}
-            waits = [any(s.chunk_wait[c] for c in range(s.mtile_chunk_lo[t // s.tiles_n], s.mtile_chunk_hi[t // s.tiles_n]))
-                     for t in s.order]
-            only_sent = [set(range(s.mtile_chunk_lo[t // s.tiles_n], s.mtile_chunk_hi[t // s.tiles_n])) <= sent
-                         for t in s.order]
-            for programs in (7, 64, 132):
+            waits = [bool(s.chunk_wait[c]) for c in s.entry_chunk]
+            leaves = [c in sent for c in s.entry_chunk]
+            for programs in (1, 7, 64, 132):
                 for p in range(programs):
-                    mine = range(p, len(s.order), programs)
                     blocked = False
-                    for i in mine:
-                        assert not (blocked and only_sent[i]), (splits, rows, bm, r, programs, p, i)
+                    for i in range(p, len(s.order), programs):
+                        assert not (blocked and leaves[i]), (splits, rows, bm, r, programs, p, i)
                         blocked |= waits[i]
 
 

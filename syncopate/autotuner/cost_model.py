@@ -322,8 +322,12 @@ class _Group:
         self.order = np.array([s.order for s in scheds], dtype=np.int64)
         ranks, self.positions = self.order.shape
         tm = self.order // self.tiles_n
-        self.pos_lo = np.take_along_axis(np.array([s.mtile_chunk_lo for s in scheds], dtype=np.int64), tm, axis=1)
-        self.pos_hi = np.take_along_axis(np.array([s.mtile_chunk_hi for s in scheds], dtype=np.int64), tm, axis=1) - 1
+        if first.entry_chunk:  # a producer entry finishes the rows of one chunk
+            self.pos_lo = np.array([s.entry_chunk for s in scheds], dtype=np.int64)
+            self.pos_hi = self.pos_lo
+        else:
+            self.pos_lo = np.take_along_axis(np.array([s.mtile_chunk_lo for s in scheds], dtype=np.int64), tm, axis=1)
+            self.pos_hi = np.take_along_axis(np.array([s.mtile_chunk_hi for s in scheds], dtype=np.int64), tm, axis=1) - 1
         self.rank_index = np.arange(ranks)[:, None]
         chunks = len(first.chunk_wait)
         self._flat_lo = (self.rank_index * chunks + self.pos_lo).reshape(-1)

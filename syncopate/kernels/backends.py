@@ -246,6 +246,7 @@ class NcclBackend(CommBackend):
         ctx, plan, e = call.ctx, call.plan, call.epoch
         _copy_own_chunks(call, streams[2])
         s = streams[0]
+        _announce_entry(s, ctx, e)
         a_full = call.a_full.local
 
         def send_view(t: Transfer) -> torch.Tensor:
@@ -263,6 +264,7 @@ class NcclBackend(CommBackend):
     def start_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> None:
         ctx, plan, e = call.ctx, call.plan, call.epoch
         s = streams[0]
+        _announce_entry(s, ctx, e)  # an all-reduce producer stores kept rows once every peer has entered
         recv = call.recv.local.view(-1)
         n = call.n_cols
         send_index = {(t.chunk, t.step): i for i, t in enumerate(plan.sends(ctx.rank, "reduce"))}

@@ -7,7 +7,6 @@ import contextlib
 import os
 
 import torch
-import triton
 import triton.language as tl
 
 from syncopate.kernels.triton_kernels import chunk_copy_kernel, consumer_kernel, producer_kernel
@@ -52,9 +51,8 @@ def _descriptor(t: torch.Tensor, block: list[int]):
     return TensorDescriptor.from_tensor(t, block)
 
 
-def _grid(m: int, n: int, c: Candidate, programs: int) -> tuple[int]:
-    tiles = triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n)
-    return (max(1, min(programs, tiles)),)
+def _grid(entries: int, programs: int) -> tuple[int]:
+    return (max(1, min(programs, entries)),)
 
 
 def _spin(spin_limit: int) -> int:
@@ -71,7 +69,7 @@ def launch_consumer(
     N = out.shape[1]
     kmajor = b_is_kmajor(b)
     b_mat = b.t() if kmajor else b
-    grid = _grid(M, N, c, num_programs)
+    grid = _grid(tables.order.numel(), num_programs)
     tma = use_tma(a_full, b_mat, out)
     consumer_kernel[grid](
         a_full, b, out,
@@ -98,7 +96,8 @@ def launch_producer(
     N = b.shape[1]
     kmajor = b_is_kmajor(b)
     b_mat = b.t() if kmajor else b
-    grid = _grid(M, N, c, num_programs)
+    entries = tables.order.numel()
+    grid = _grid(entries, num_programs)
     tma = use_tma(a, b_mat)
     producer_kernel[grid](
         a, b,
@@ -106,7 +105,7 @@ def launch_producer(
         (_descriptor(b_mat, [c.block_n, c.block_k] if kmajor else [c.block_k, c.block_n])) if tma else None,
         send, out, reduced if reduced is not None else out, recv,
         M, N, K, out_row0, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-        tables.order, tables.mtile_lo, tables.mtile_hi, tables.chunk_row,
+        tables.order, tables.entry_chunk, entries, tables.chunk_row,
         tables.inc_start, tables.inc_slot, tables.inc_offset,
         tables.chunk_ready, tables.chunk_tiles, counters, signals[READY_BASE:],
         tables.keep, peer_signal_ptrs, tables.gather_slot, signals[ENTERED_BASE:], rank,

@@ -116,8 +116,8 @@ class ProducerTables:
     """Device tables of a reduce-scatter / all-reduce producer."""
 
     order: Any
-    mtile_lo: Any
-    mtile_hi: Any
+    entry_chunk: Any
+    """For each entry of `order`, the chunk whose rows it finishes."""
     chunk_row: Any
     inc_start: Any
     inc_slot: Any
@@ -183,7 +183,7 @@ def producer_tables(plan: ChunkPlan, rank: int, n_cols: int, c: Candidate, all_r
                     gather[plan.chunk_index(*t.chunk) * plan.world_size + p] = t.signal
     rows = [lo for lo, _ in plan.chunk_rows()] + [plan.total_rows]
     return ProducerTables(
-        order=_i32(s.order, device), mtile_lo=_i32(s.mtile_chunk_lo, device), mtile_hi=_i32(s.mtile_chunk_hi, device),
+        order=_i32(s.order, device), entry_chunk=_i32(s.entry_chunk, device),
         chunk_row=_i32(rows, device), inc_start=_i32(inc_start, device), inc_slot=_i32(inc_slot or [0], device),
         inc_offset=torch.tensor(inc_offset or [0], dtype=torch.int64, device=device), chunk_ready=_i32(ready, device),
         chunk_tiles=_i32(s.chunk_tiles, device), keep=_i32(keep, device), gather_slot=_i32(gather, device),

@@ -27,10 +27,12 @@ least BLOCK_M rows, so a tile overlaps at most two chunks (`lo` and `hi - 1`).
 Consumer (`ag_gemm`): all rows of A are read from the gathered buffer; when a tile starts, the
 program waits for the chunk(s) its rows lie in (the rank's own chunks are signalled too, by the
 local copy).
-Producer (`gemm_rs`, `gemm_ar`): tiles in the order their chunks leave; the epilogue adds the
-partials received for the tile's rows (waiting for them first), stores the tile where its rows go
-(the send buffer, or the output for rows this rank keeps), and the last tile of a chunk raises the
-chunk's ready signal with release semantics.
+Producer (`gemm_rs`, `gemm_ar`): entries (a tile and the one chunk whose rows it finishes) in the
+order their chunks leave; the epilogue adds the partials received for the chunk's rows of the tile
+(waiting for them first), stores them where they go (the send buffer, or the output for rows this
+rank keeps), and the last tile of a chunk raises the chunk's ready signal with release semantics.
+A tile with rows of two chunks is two entries, each computing the tile, so that no entry waits for
+one chunk's partials while it holds a count that another rank waits for.
 """
 
 from __future__ import annotations
@@ -256,7 +258,7 @@ def producer_kernel(
     a_ptr, b_ptr, a_desc, b_desc,
     send_ptr, out_ptr, reduced_ptr, recv_ptr,
     M, N, K, OUT_ROW0, stride_am, stride_ak, stride_bk, stride_bn,
-    order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_row_ptr,
+    order_ptr, entry_chunk_ptr, num_entries, chunk_row_ptr,
     inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
     chunk_ready_ptr, chunk_tiles_ptr, counter_ptr, ready_ptr,
     keep_ptr, peer_signal_ptrs, gather_slot_ptr, free_ptr, RANK,
@@ -268,33 +270,34 @@ def producer_kernel(
 ):
     """Reduce-scatter / all-reduce producer.
 
-    Per chunk c (row order): rows [chunk_row[c], chunk_row[c+1]); incoming partials j in
-    [inc_start[c], inc_start[c+1]) (at most INC_MAX) wait for `recv_signal[inc_slot[j]]` and live at
-    `recv + inc_offset[j] + row * N`; `keep[c]` says the rows stay here (stored to
+    Entry i (of `num_entries`) computes tile `order[i]` and finishes its rows of chunk
+    `entry_chunk[i]`. Per chunk c (row order): rows [chunk_row[c], chunk_row[c+1]); incoming
+    partials j in [inc_start[c], inc_start[c+1]) (at most INC_MAX) wait for
+    `recv_signal[inc_slot[j]]` and live at `recv + inc_offset[j] + row * N`; `keep[c]` says the
+    rows stay here (stored to
     `out[row - OUT_ROW0]`, and for an all-reduce also to `reduced[row]` once every peer p has entered
     this call, `free[p] >= epoch`), otherwise they go to `send[row]`. When the last of the chunk's
     `chunk_tiles[c]` tiles is stored (its counter, which it resets to 0 for the next call, reaches
     the count), `ready[chunk_ready[c]]` is raised (none where -1); for an all-reduce a kept chunk also
-    raises, on every peer p, `peer_signal[p][gather_slot[c * WORLD + p]]`. A tile with rows of two
-    chunks finishes and counts the one that leaves first (a sent chunk before a kept one) before it
-    waits for the other's partials, so that a chunk's departure never waits on a peer. With
-    EPI_SPLIT=2 the epilogue works on the two column halves of the tile in turn (half the registers).
+    raises, on every peer p, `peer_signal[p][gather_slot[c * WORLD + p]]`. With EPI_SPLIT=2 the
+    epilogue works on the two column halves of the tile in turn (half the registers).
     """
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = tl.cdiv(M, BLOCK_M) * tiles_n
     k_tiles = tl.cdiv(K, BLOCK_K)
-    my_tiles = tl.cdiv(num_tiles - pid, num_programs)
+    my_entries = tl.cdiv(num_entries - pid, num_programs)
     i = pid - num_programs
     ki = -1
     tm = 0
     off_n = 0
+    c = 0
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(0, my_tiles * k_tiles):
+    for _ in range(0, my_entries * k_tiles):
         ki = tl.where(ki == k_tiles - 1, 0, ki + 1)
         if ki == 0:
             i += num_programs
             tile = tl.load(order_ptr + i)
+            c = tl.load(entry_chunk_ptr + i)
             tm = tile // tiles_n
             off_n = (tile - tm * tiles_n) * BLOCK_N
         a, b = _load_ab(a_ptr, b_ptr, a_desc, b_desc, tm * BLOCK_M, off_n, ki * BLOCK_K, M, N, K, stride_am,
@@ -302,24 +305,10 @@ def producer_kernel(
         acc = tl.dot(a, b, acc)
         if ki == k_tiles - 1:
             rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
-            c0 = tl.load(mtile_lo_ptr + tm)
-            c1 = tl.load(mtile_hi_ptr + tm) - 1
-            if c1 != c0:  # the chunk that leaves first is finished (stored, counted) first
-                ready0 = tl.load(chunk_ready_ptr + c0)
-                ready1 = tl.load(chunk_ready_ptr + c1)
-                swap = (ready1 >= 0) & ((ready0 < 0) | (ready1 < ready0))
-                first = tl.where(swap, c1, c0)
-                c1 = tl.where(swap, c0, c1)
-                c0 = first
-            _close_chunk(acc, rows, off_n, c0, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
+            _close_chunk(acc, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
                          recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr, counter_ptr,
                          chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, peer_signal_ptrs, gather_slot_ptr, epoch,
                          error_ptr, max_spin, RANK, BLOCK_M, BLOCK_N, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT, EPI_SPLIT)
-            if c1 != c0:
-                _close_chunk(acc, rows, off_n, c1, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
-                             recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr, counter_ptr,
-                             chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, peer_signal_ptrs, gather_slot_ptr, epoch,
-                             error_ptr, max_spin, RANK, BLOCK_M, BLOCK_N, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT, EPI_SPLIT)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
 

@@ -5,6 +5,7 @@ Pure Python: importing this package imports neither torch nor triton.
 
 from syncopate.search_space.candidate import BACKENDS, Candidate
 from syncopate.search_space.chunk_plan import COLLECTIVES, TEMPLATES, ChunkPlan, Transfer, block_bounds, build_plan
+from syncopate.search_space.liveness import LivenessReport, check_liveness
 from syncopate.search_space.models import MODELS, model_shape
 from syncopate.search_space.space import (
     TILE_CONFIGS,
@@ -45,6 +46,7 @@ __all__ = [
     "Candidate",
     "ChunkPlan",
     "GpuSpec",
+    "LivenessReport",
     "Shape",
     "SpaceOptions",
     "TileConfig",
@@ -57,6 +59,7 @@ __all__ = [
     "candidate_from_params",
     "canonical_dtype",
     "check_candidate",
+    "check_liveness",
     "consumer_schedule",
     "default_candidate",
     "dtype_bytes",

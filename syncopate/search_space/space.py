@@ -2,7 +2,9 @@
 
 Constraints are solved before anything is sampled: the dims the kind shards divide by the world
 size, chunks are at least one tile tall, the tile configuration fits the GPU's shared memory and
-register file, and communication leaves SMs for the GEMM. `check_candidate` applies the same rules
+register file, communication leaves SMs for the GEMM, and no tile order that can deadlock the call
+(:mod:`syncopate.search_space.liveness` models one call; tests/test_liveness.py runs it over the
+space's kinds, templates, splits, orders, world sizes, shapes, grids and backends). `check_candidate` applies the same rules
 to one candidate and says which one fails.
 
 Pure Python: Optuna is imported only by :func:`optuna_distributions`.
@@ -137,6 +139,29 @@ def _rows_per_block(workload: Workload, world_size: int) -> int:
     )
 
 
+_ROW_ORDERS = ("row_major", "swizzle")
+
+
+def _deadlocking_order(kind: str, order: str, world_size: int, backend: str) -> str | None:
+    """Why `order` can deadlock a `kind` call here (None: it cannot).
+
+    A producer order that ignores when chunks leave puts the rows a rank keeps among the rows it
+    sends, so a program waits for partials while later entries of it hold chunks that peers wait
+    for. On two ranks with queues that send each chunk once it is ready the peer finishes first and
+    it ends (tests/test_liveness.py checks every grid); with more ranks a rank's in-order send queue
+    waits for a chunk such a program holds, and NCCL pairs each send with the receive of the same
+    step, so the receive waits for the send.
+    """
+    if kind == "ag_gemm" or order not in _ROW_ORDERS or (world_size == 2 and backend != "nccl"):
+        return None
+    why = f"world size {world_size}" if world_size != 2 else "backend nccl pairs each send with a receive"
+    return (
+        f"tile order {order!r} can deadlock {kind} ({why}): a program waits for partials while it "
+        f"holds rows a peer waits for; accepted for {kind} are 'arrival' and 'arrival_colmajor', and "
+        f"{' and '.join(repr(o) for o in _ROW_ORDERS)} only on two ranks with backend copy_engine or nvshmem"
+    )
+
+
 def check_candidate(candidate: Candidate, workload: Workload, topology: Topology) -> None:
     """Raise ConfigError naming the first rule `candidate` breaks for this workload and topology."""
     ws = topology.world_size
@@ -169,6 +194,9 @@ def check_candidate(candidate: Candidate, workload: Workload, topology: Topology
             f"tile order {c.tile_order!r} does not fit {workload.kind}: accepted are "
             f"{', '.join(tile_orders_for(workload.kind))}"
         )
+    refusal = _deadlocking_order(workload.kind, c.tile_order, ws, c.backend)
+    if refusal:
+        raise ConfigError(refusal)
 
 
 def _templates_for(options: SpaceOptions, world_size: int) -> list[str]:
@@ -197,6 +225,8 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
             if template == "bidirectional_ring" and splits < 2:
                 continue
             if rows // splits < tc.block_m:
+                continue
+            if _deadlocking_order(workload.kind, order, ws, backend):
                 continue
             groups = options.group_m if order in ("arrival", "swizzle") else (1,)
             for group_m in groups:

@@ -13,16 +13,28 @@ Consumer orders (`ag_gemm`: tiles read rows of A that arrive in chunks):
   block of B before the next (the most reuse of B when chunks are short).
 
 Producer orders (`gemm_rs`, `gemm_ar`: tiles write partial rows that leave in chunks):
-- `row_major`, `swizzle`: as above, ignoring when chunks leave.
+- `row_major`, `swizzle`: as above, ignoring when chunks leave (a swizzle group stays inside one
+  rank's block). With more than two ranks, or NCCL's paired batches, they can deadlock:
+  `check_candidate` accepts them for producers only on two ranks with the copy engine or nvshmem.
 - `arrival`: tiles of the chunk that leaves first, first, GROUP_M swizzle inside a chunk; the rows
   the rank keeps come last, in the order their incoming partials arrive.
 - `arrival_colmajor`: the same chunk order, column-major inside a chunk.
+
+A producer's order is a list of *entries*, each a tile and the one chunk whose rows it finishes
+(adds the partials received for them, stores them, counts the tile in the chunk). A tile with rows
+of two chunks (where a block boundary is not a multiple of BLOCK_M) has two entries, one per chunk,
+each computing the tile: with the arrival orders each sits among the tiles of its own chunk, so an
+entry never waits for one chunk's partials while holding back a chunk that has to leave earlier
+(a program blocked there would hold every later entry of its program too; two ranks could then
+each wait for the other's chunk). The row-major orders walk such an m-tile as two rows of entries,
+the chunk that leaves first first.
 
 Pure Python.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from syncopate.errors import ConfigError
@@ -63,7 +75,8 @@ class TileSchedule:
     """A tile order plus the per-tile chunk bookkeeping that a kernel needs, for one rank."""
 
     order: tuple[int, ...]
-    """Tile ids (tm·tiles_n + tn) in the order the persistent programs take them."""
+    """Tile ids (tm·tiles_n + tn) in the order the persistent programs take them (for a producer, a
+    tile with rows of two chunks appears twice: see `entry_chunk`)."""
     tiles_m: int
     tiles_n: int
     mtile_chunk_lo: tuple[int, ...]
@@ -78,6 +91,9 @@ class TileSchedule:
     stored, or -1 when the chunk does not leave this rank."""
     chunk_tiles: tuple[int, ...]
     """Producer only: how many tiles overlap each chunk (the counter's target)."""
+    entry_chunk: tuple[int, ...] = ()
+    """Producer only: for each position of `order`, the chunk whose rows that entry finishes (a tile
+    with rows of two chunks appears twice); empty for a consumer, whose tiles read all their rows."""
 
     def position_of(self) -> dict[int, int]:
         return {tile: i for i, tile in enumerate(self.order)}
@@ -92,14 +108,18 @@ def _mtile_chunks(plan: ChunkPlan, tiles_m: int, block_m: int) -> tuple[list[int
     return lo, hi
 
 
-def _ordered(
-    order: str, keys: list[float], tiles_m: int, tiles_n: int, group_m: int, allowed: tuple[str, ...]
-) -> list[int]:
-    """Tile ids in `order`; `keys[tm]` ranks m-tiles for the arrival orders (ties in row order)."""
+def _check_order(order: str, group_m: int, allowed: tuple[str, ...]) -> None:
     if order not in allowed:
         raise ConfigError(f"unknown tile order {order!r}: accepted are {', '.join(allowed)}")
     if group_m < 1:
         raise ConfigError(f"group_m={group_m} must be at least 1")
+
+
+def _ordered(
+    order: str, keys: list[float], tiles_m: int, tiles_n: int, group_m: int, allowed: tuple[str, ...]
+) -> list[int]:
+    """Tile ids in `order`; `keys[tm]` ranks m-tiles for the arrival orders (ties in row order)."""
+    _check_order(order, group_m, allowed)
     all_tms = list(range(tiles_m))
     if order == "row_major":
         pairs = [(tm, tn) for tm in all_tms for tn in range(tiles_n)]
@@ -138,11 +158,11 @@ def consumer_schedule(
 def producer_schedule(
     plan: ChunkPlan, rank: int, n_cols: int, block_m: int, block_n: int, group_m: int, order: str
 ) -> TileSchedule:
-    """Schedule of a reduce-scatter producer on `rank`: tiles of partial rows, in send order.
+    """Schedule of a reduce-scatter producer on `rank`: entries (tile, chunk) in send order.
 
     A chunk that `rank` sends gets a ready slot (its position in the rank's send order); a chunk
-    that `rank` receives partials for lists their signal slots in `chunk_wait`; the epilogue of its
-    tiles adds them before storing.
+    that `rank` receives partials for lists their signal slots in `chunk_wait`; the entries that
+    finish its rows add them before storing.
     """
     tiles_m = -(-plan.total_rows // block_m)
     tiles_n = -(-n_cols // block_n)
@@ -153,27 +173,32 @@ def producer_schedule(
     arrival = plan.arrival_rank(rank, "reduce")
     n_sent = len(plan.sends(rank, "reduce"))
     # A chunk that leaves ranks by its send position; a chunk kept here ranks after every sent one,
-    # in the order of its last incoming partial. An m-tile with rows of both (where a block
-    # boundary is not a multiple of BLOCK_M) goes between the two groups: its epilogue waits for
-    # partials, and a program blocked there must hold no tile of a chunk that still has to leave,
-    # or two ranks can each wait for the other's chunk (the kernel stores and counts the tile's
-    # leaving rows before it waits for the kept ones).
+    # in the order of its last incoming partial.
     chunk_key = [ready[c] if ready[c] >= 0 else n_sent + 1 + arrival[c] for c in range(plan.num_chunks)]
-
-    def key(tm: int) -> float:
-        chunks = range(lo[tm], hi[tm])
-        if any(ready[c] >= 0 for c in chunks) and any(ready[c] < 0 for c in chunks):
-            return n_sent - 0.5
-        return min(chunk_key[c] for c in chunks)
-
-    keys = [key(tm) for tm in range(tiles_m)]
+    _check_order(order, group_m, PRODUCER_ORDERS)
+    if order in ("row_major", "swizzle"):
+        # The rows of an m-tile that belong to one chunk make one row of entries (an m-tile with rows
+        # of two chunks makes two, the chunk that leaves first first); swizzle groups start afresh
+        # where the rows pass to another rank's block.
+        rows = [(tm, c) for tm in range(tiles_m) for c in sorted(range(lo[tm], hi[tm]), key=chunk_key.__getitem__)]
+        runs = [list(g) for _, g in itertools.groupby(rows, key=lambda row: row[1] // plan.num_splits)]
+        entries = []
+        for run in runs:
+            pairs = swizzle_group(run, tiles_n, group_m if order == "swizzle" else 1)
+            entries += [(tm * tiles_n + tn, c) for (tm, c), tn in pairs]
+    else:
+        entries = []
+        for c in sorted(range(plan.num_chunks), key=chunk_key.__getitem__):
+            tms = [tm for tm in range(tiles_m) if lo[tm] <= c < hi[tm]]
+            pairs = swizzle_group(tms, tiles_n, group_m) if order == "arrival" else _colmajor(tms, tiles_n)
+            entries += [(tm * tiles_n + tn, c) for tm, tn in pairs]
     counts = [0] * plan.num_chunks
     for tm in range(tiles_m):
         for c in range(lo[tm], hi[tm]):
             counts[c] += tiles_n
     waits = tuple(tuple(slots) for slots in plan.chunk_signals(rank, "reduce"))
     return TileSchedule(
-        order=tuple(_ordered(order, keys, tiles_m, tiles_n, group_m, PRODUCER_ORDERS)),
+        order=tuple(t for t, _ in entries),
         tiles_m=tiles_m,
         tiles_n=tiles_n,
         mtile_chunk_lo=tuple(lo),
@@ -181,4 +206,5 @@ def producer_schedule(
         chunk_wait=waits,
         chunk_ready=tuple(ready),
         chunk_tiles=tuple(counts),
+        entry_chunk=tuple(c for _, c in entries),
     )
