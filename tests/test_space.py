@@ -122,6 +122,20 @@ def test_the_tp4_and_tp8_suites_search_every_backend_template_and_split(config):
         check_candidate(default_candidate(w, topo), w, topo)
 
 
+def test_eight_ranks_cut_their_blocks_into_chunks_at_tile_boundaries():
+    """8192 rows over 8 GPUs: 1024 a block. 8 chunks of 128 rows fit 128-row tiles, not 256-row ones,
+    and check_candidate says so (as the space leaves them out) instead of the plan failing later."""
+    topo = Topology.from_key("H200x8-nvswitch")
+    w = Workload(kind="ag_gemm", shape=(8192, 8192, 8192))
+    tall = Candidate(num_splits=8, block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3)
+    check_candidate(tall.replace(num_splits=4), w, topo)
+    check_candidate(tall.replace(block_m=128), w, topo)
+    with pytest.raises(ConfigError, match="block_m=256 rows: num_splits=8 is too many for a block of 1024"):
+        check_candidate(tall, w, topo)
+    assert tall.key() not in {c.key() for c in space(w, topo)}
+    assert tall.key() in {c.key() for c in space(Workload(kind="ag_gemm", shape=(16384, 8192, 8192)), topo)}
+
+
 @pytest.mark.parametrize("key", sorted(TUNED.values()))
 def test_shapes_the_world_size_does_not_divide_are_refused_naming_it(key):
     topo = Topology.from_key(key)
