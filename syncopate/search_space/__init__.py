@@ -16,6 +16,7 @@ from syncopate.search_space.space import (
     optuna_distributions,
     space,
     space_size,
+    stall_risk,
     tile_orders_for,
 )
 from syncopate.search_space.tile_order import (
@@ -65,5 +66,6 @@ __all__ = [
     "producer_schedule",
     "space",
     "space_size",
+    "stall_risk",
     "tile_orders_for",
 ]

@@ -3,8 +3,9 @@
 Constraints are solved before anything is sampled: the dims the kind shards divide by the world
 size, chunks are at least one tile tall (for one candidate: its blocks can be cut into chunks at
 tile boundaries, as the plan cuts them), the tile configuration fits the GPU's shared memory and
-register file, and communication leaves SMs for the GEMM. `check_candidate` applies the same rules
-to one candidate and says which one fails.
+register file, communication leaves SMs for the GEMM, and a producer's tile order cannot
+deadlock (`stall_risk`). `check_candidate` applies the same rules to one candidate and says which
+one fails.
 
 Pure Python: Optuna is imported only by :func:`optuna_distributions`.
 """
@@ -29,6 +30,7 @@ __all__ = [
     "space",
     "space_size",
     "check_candidate",
+    "stall_risk",
     "optuna_distributions",
     "candidate_from_params",
     "default_candidate",
@@ -125,6 +127,29 @@ def tile_orders_for(kind: str) -> tuple[str, ...]:
     return CONSUMER_ORDERS if kind == "ag_gemm" else PRODUCER_ORDERS
 
 
+def stall_risk(kind: str, tile_order: str, backend: str, world_size: int) -> str:
+    """Why `tile_order` can leave a producer (`gemm_rs`, `gemm_ar`) waiting forever on `world_size`
+    GPUs with `backend`; empty where it cannot.
+
+    The producer's `row_major` and `swizzle` orders walk tiles regardless of when their chunks
+    leave. A program stops at a tile whose rows wait for peers' partials; when that tile comes before
+    tiles of a chunk a peer waits for, and every program is so stopped, no rank moves. `swizzle`'s
+    GROUP_M groups mix kept and sent rows wherever a group spans a block boundary; `row_major` puts
+    a rank's kept block before the blocks it sends to some peers on three or more GPUs, and with
+    NCCL (a batch's receives wait for its sends) on two. tests/test_producer_progress.py steps the
+    kernels' and backends' waits to check both ways.
+    """
+    if kind == "ag_gemm" or world_size < 2 or tile_order not in ("row_major", "swizzle"):
+        return ""
+    if tile_order == "swizzle":
+        return "its GROUP_M groups mix rows a rank keeps (waiting for partials) with rows peers wait for"
+    if world_size >= 3:
+        return "a rank's kept rows (waiting for partials) come before rows some peers wait for"
+    if backend == "nccl":
+        return "a batch's receives wait for its sends, which come after the kept rows that wait for them"
+    return ""
+
+
 def _smem_bytes(tc: TileConfig, elem: int) -> int:
     pipeline = tc.num_stages * (tc.block_m + tc.block_n) * tc.block_k * elem
     epilogue = tc.block_m * tc.block_n * elem
@@ -174,6 +199,12 @@ def check_candidate(candidate: Candidate, workload: Workload, topology: Topology
             f"tile order {c.tile_order!r} does not fit {workload.kind}: accepted are "
             f"{', '.join(tile_orders_for(workload.kind))}"
         )
+    why = stall_risk(workload.kind, c.tile_order, c.backend, ws)
+    if why:
+        raise ConfigError(
+            f"tile order {c.tile_order!r} can deadlock {workload.kind} with backend {c.backend} on {ws} GPUs: "
+            f"{why}; use arrival or arrival_colmajor"
+        )
 
 
 def _templates_for(options: SpaceOptions, world_size: int) -> list[str]:
@@ -202,6 +233,8 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
             if template == "bidirectional_ring" and splits < 2:
                 continue
             if rows // splits < tc.block_m:
+                continue
+            if stall_risk(workload.kind, order, backend, ws):
                 continue
             groups = options.group_m if order in ("arrival", "swizzle") else (1,)
             for group_m in groups:
