@@ -70,6 +70,21 @@ def test_consumer_computes_every_tile_from_the_right_rows(order, template, ws, s
         assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2)
 
 
+TUNED_WORLDS = [(template, ws) for ws in (4, 8) for template in ("ring", "bidirectional_ring")]
+"""The ring templates at the world sizes configs/llama_tp4.yaml and llama_tp8.yaml tune."""
+
+
+@pytest.mark.parametrize("template, ws", TUNED_WORLDS)
+def test_consumer_at_four_and_eight_ranks(template, ws):
+    # Blocks of 64 rows in two chunks of one tile each: every rank's own chunks, then 2·(ws-1) arriving ones.
+    c = cand(template=template, num_splits=2, tile_order="arrival")
+    for rank in range(ws):
+        out, ref, err = run_consumer(ws, rank, 64 * ws, 32, 32, c, seed=20 + rank)
+        assert err == 0
+        assert torch.isfinite(out).all(), f"rank {rank}: a tile was not written"
+        assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2), f"rank {rank}: wrong rows"
+
+
 def test_consumer_with_shards_not_a_multiple_of_block_m_and_kmajor_b():
     # 3 ranks of 40 rows, tiles of 32: tiles straddle own and remote rows.
     c = cand(template="direct", num_splits=1, tile_order="arrival", block_m=32)
@@ -177,19 +192,47 @@ def _received_before(plan, r, t):
     return held[(r, plan.chunk_index(*t.chunk))]
 
 
-@pytest.mark.parametrize("ws, m, splits", [(2, 128, 2), (3, 144, 1)], ids=["aligned", "blocks-of-48-rows"])
-def test_all_reduce_producer_stores_reduced_rows_and_raises_peer_signals(ws, m, splits):
-    results, partial, total, pads, plan = run_producer("gemm_ar", "direct", ws, m, 64, 32, splits)
+@pytest.mark.parametrize("template, ws", TUNED_WORLDS + [("direct", 8)])
+def test_reduce_scatter_producer_at_four_and_eight_ranks(template, ws):
+    results, partial, total, pads, plan = run_producer("gemm_rs", template, ws, 64 * ws, 32, 32, 2)
     for r, res in enumerate(results):
-        assert res["error"] == 0
+        assert res["error"] == 0, f"rank {r}: a wait timed out"
+        assert torch.allclose(res["out"].float(), total[res["lo"] : res["hi"]], rtol=3e-2, atol=3e-2), (
+            f"rank {r}: own rows do not hold the sum of all {ws} partials"
+        )
+        for i, t in enumerate(plan.sends(r, "reduce")):
+            rows = slice(t.row_start, t.row_end)
+            expected = sum(partial[q][rows] for q in _received_before(plan, r, t))
+            assert torch.allclose(res["send"][rows].float(), expected, rtol=3e-2, atol=3e-2), (
+                f"rank {r}: chunk {t.chunk} leaving at step {t.step} does not carry what reached it before"
+            )
+            assert pads[r][READY_BASE + i] == 5
+        assert int(res["counters"].abs().sum()) == 0
+
+
+def _check_all_reduce(results, total, pads, plan, ws):
+    for r, res in enumerate(results):
+        assert res["error"] == 0, f"rank {r}: a wait timed out"
         lo, hi = res["lo"], res["hi"]
         assert torch.allclose(res["out"][lo:hi].float(), total[lo:hi], rtol=3e-2, atol=3e-2)
         assert torch.equal(res["reduced"][lo:hi], res["out"][lo:hi])
-        for peer in range(ws):
-            for t in plan.recvs(peer, "gather"):
-                if t.src == r:
-                    assert pads[peer][t.signal] == 5, "the peer is told each reduced chunk is ready"
+        told = [t for p in range(ws) if p != r for t in plan.recvs(p, "gather") if t.src == r]
+        assert len(told) == (ws - 1) * plan.num_splits
+        for t in told:
+            assert pads[t.dst][t.signal] == 5, f"rank {t.dst} is not told chunk {t.chunk} of rank {r} is reduced"
         assert res["tables"].num_ready == len(plan.sends(r, "reduce")) + plan.num_splits
+
+
+@pytest.mark.parametrize("ws, m, splits", [(2, 128, 2), (3, 144, 1)], ids=["aligned", "blocks-of-48-rows"])
+def test_all_reduce_producer_stores_reduced_rows_and_raises_peer_signals(ws, m, splits):
+    results, partial, total, pads, plan = run_producer("gemm_ar", "direct", ws, m, 64, 32, splits)
+    _check_all_reduce(results, total, pads, plan, ws)
+
+
+@pytest.mark.parametrize("template, ws", [("direct", 2)] + TUNED_WORLDS + [("direct", 4)])
+def test_all_reduce_producer_at_four_and_eight_ranks(template, ws):
+    results, partial, total, pads, plan = run_producer("gemm_ar", template, ws, 64 * ws, 32, 32, 2)
+    _check_all_reduce(results, total, pads, plan, ws)
 
 
 def test_chunk_copy_moves_each_job_and_raises_its_signal():

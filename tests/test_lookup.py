@@ -17,7 +17,7 @@ from syncopate.errors import ConfigError, DatabaseError, LookupFailedError, Runt
 from syncopate.records import TrialRecord
 from syncopate.results_db import ResultsDB
 from syncopate.results_db.lookups import clear_cache, lookup, shape_distance
-from syncopate.search_space import Candidate, Shape, default_candidate
+from syncopate.search_space import Candidate, Shape, Topology, default_candidate
 
 
 @pytest.fixture(autouse=True)
@@ -106,6 +106,21 @@ def test_a_stored_configuration_invalid_for_the_shape_asked_is_passed_over(tmp_p
         far = db.record_trial(sweep, trial(0, w=workload(m=65536), median_us=900.0))
     result = lookup((64, 4096, 8192), TOPO, db=path, environment=ENV)  # 32 rows per rank: 64 splits do not fit
     assert (result.match, result.trial_id) == ("nearest_shape", far)
+
+
+def test_eight_gpus_pass_over_a_configuration_whose_chunks_cannot_be_cut_at_tile_rows(tmp_path):
+    """Tuned at M=16384 on eight GPUs (2048 rows a rank: 8 chunks of 256 rows), asked at M=8192
+    (1024 rows a rank: 8 chunks of 128 rows cannot hold 256-row tiles): not served."""
+    path = tmp_path / "r.db"
+    tp8 = Topology.from_key("H200x8-nvswitch")
+    tall = Candidate(num_splits=8, block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3)
+    with ResultsDB.open(path, upgrade=True) as db:
+        db.record_trial(db.start_sweep("s"), TrialRecord(
+            workload=workload(m=16384), topology=tp8, environment=ENV, candidate=tall, status="ok", median_us=10.0))
+    result = lookup((16384, 4096, 8192), tp8, db=path, environment=ENV)
+    assert (result.match, result.candidate) == ("exact", tall)
+    result = lookup((8192, 4096, 8192), tp8, db=path, environment=ENV)
+    assert result.match == "default" and result.candidate == default_candidate(workload(), tp8)
 
 
 def test_cache_answers_repeats_and_a_new_process_sees_changes(populated):

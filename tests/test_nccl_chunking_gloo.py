@@ -1,7 +1,9 @@
 """Layer: gloo process groups on the CPU. The NCCL backend's chunking (`nccl_exchange`) moves every
 chunk of every plan template to the right rows, raises each arrival once, sends in plan order, and
 for a reduce-scatter (the producer adding what it received before it forwards) ends with the
-full sum on every owner."""
+full sum on every owner; an all-reduce (the reduce phase, then every rank taking each reduced block
+from its owner, as `NcclBackend.start_scatter` runs them) ends with the full sum everywhere. World
+sizes 2, 3, 4 and 8 (configs/llama_tp8.yaml tunes at 8)."""
 
 from __future__ import annotations
 
@@ -89,18 +91,60 @@ def _reduce_worker(rank, ws, init, template, splits, q):
         dist.destroy_process_group()
 
 
+def _all_reduce_worker(rank, ws, init, template, splits, q):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    try:
+        rows, n = 16 * ws, 3
+        plan = build_plan(template, "all_reduce", ws, rows, splits)
+        partials = [torch.randn(rows, n, generator=torch.Generator().manual_seed(50 + r)) for r in range(ws)]
+        mine = partials[rank]
+        send = torch.full((rows, n), float("nan"))
+        recv = torch.full((recv_rows(plan), n), float("nan"))
+        flat = recv.view(-1)
+        got = []
+
+        def incoming(t):
+            off = recv_offset(plan, t.src, t.block, n) + t.row_start * n
+            return flat[off : off + t.rows * n]
+
+        def before_send(t):
+            acc = mine[t.row_start : t.row_end].clone()
+            for x in got:
+                if x.chunk == t.chunk:
+                    acc += incoming(x).view(t.rows, n)
+            send[t.row_start : t.row_end] = acc
+
+        nccl_exchange(plan, rank, "reduce", dist.group.WORLD, lambda t: send[t.row_start : t.row_end],
+                      incoming, before_send, got.append)
+        lo, hi = block_bounds(rows, ws, rank)
+        out = torch.full((rows, n), float("nan"))
+        out[lo:hi] = mine[lo:hi]
+        for t in got:
+            if t.block == rank:
+                out[t.row_start : t.row_end] += incoming(t).view(t.rows, n)
+        gathered = []
+        nccl_exchange(plan, rank, "gather", dist.group.WORLD, lambda t: out[t.row_start : t.row_end],
+                      lambda t: out[t.row_start : t.row_end], lambda t: None, gathered.append)
+        from_owners = all(t.src == t.block for t in gathered) and len(gathered) == (ws - 1) * splits
+        q.put((rank, bool(torch.allclose(out, sum(partials), atol=1e-5)), from_owners))
+    finally:
+        dist.destroy_process_group()
+
+
 CASES = {
     2: [("direct", 3), ("bidirectional_ring", 2)],
     3: [("bidirectional_ring", 2), ("direct", 1)],
-    4: [("ring", 2), ("direct", 1), ("ring", 1)],
+    4: [("ring", 2), ("direct", 1), ("ring", 1), ("bidirectional_ring", 2)],
+    8: [("ring", 2), ("bidirectional_ring", 2), ("direct", 1)],
 }
+WORKERS = (_gather_worker, _reduce_worker, _all_reduce_worker)
 
 
 def _all_cases(rank, ws, init, q):
     """One process group per world size runs every case (spawning is the slow part)."""
     for template, splits in CASES[ws]:
-        _gather_worker(rank, ws, init + f"-g-{template}-{splits}", template, splits, q)
-        _reduce_worker(rank, ws, init + f"-r-{template}-{splits}", template, splits, q)
+        for i, worker in enumerate(WORKERS):
+            worker(rank, ws, init + f"-{i}-{template}-{splits}", template, splits, q)
 
 
 @pytest.mark.slow
@@ -113,10 +157,13 @@ def test_nccl_chunking_on_gloo(ws):
         procs = [ctx.Process(target=_all_cases, args=(r, ws, init, q)) for r in range(ws)]
         for p in procs:
             p.start()
-        results = [q.get(timeout=180) for _ in range(ws * 2 * len(CASES[ws]))]
+        results = [q.get(timeout=180) for _ in range(ws * len(WORKERS) * len(CASES[ws]))]
         for p in procs:
             p.join(timeout=60)
             assert p.exitcode == 0
     for rank, data_ok, order_ok in results:
         assert data_ok, f"rank {rank}: rows differ (gathered rows, or reduced rows against the sum of partials)"
-        assert order_ok, f"rank {rank}: arrivals not raised once each in slot order, or chunks not sent in plan order"
+        assert order_ok, (
+            f"rank {rank}: arrivals not raised once each in slot order, chunks not sent in plan order, "
+            f"or reduced blocks not taken from their owners"
+        )

@@ -71,6 +71,19 @@ def test_the_quickstart_predicts_on_a_cpu_machine_and_says_so(tmp_path, monkeypa
         assert d.best(w, trials[0].topology, trials[0].record.environment) is None
 
 
+@pytest.mark.parametrize("suite, key", [("llama_tp4", "H200x4-nvswitch"), ("llama_tp8", "H200x8-nvswitch")])
+def test_the_tp4_and_tp8_suites_predict_every_workload(db, capsys, suite, key):
+    assert main(["tune", str(REPO / "configs" / f"{suite}.yaml"), "--runner", "model", "--max-trials", "2",
+                 "--db", db]) == 0
+    assert f"on {key}: done (PREDICTED by the cost model" in " ".join(capsys.readouterr().out.split())
+    with ResultsDB.open(db) as d:
+        trials, baselines = d.trials(), d.baselines()
+    assert len(trials) == 2 * 18 and {t.topology.key() for t in trials} == {key}
+    assert {(t.status, t.record.source) for t in trials} == {("ok", "predicted")}
+    assert len({t.workload for t in trials}) == len({b.record.workload for b in baselines}) == 18
+    assert {b.record.source for b in baselines} == {"predicted"}
+
+
 def test_predicting_for_eight_gpus_not_at_hand(tmp_path, db, capsys):
     path = config(tmp_path, workloads=[{"kind": "gemm_rs", "shapes": [[4096, 4096, 2048]]}])
     assert main(["tune", str(path), "--db", db, "--topology", "H200x8-nvswitch"]) == 0

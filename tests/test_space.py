@@ -95,3 +95,64 @@ def test_optuna_distributions_cover_the_space():
         for name, value in params.items():
             assert value in dists[name].choices
         assert candidate_from_params(params) == c
+
+
+# -- four and eight GPUs on one NVSwitch node (configs/llama_tp4.yaml, llama_tp8.yaml) ---------
+
+TUNED = {"configs/llama_tp4.yaml": "H200x4-nvswitch", "configs/llama_tp8.yaml": "H200x8-nvswitch"}
+
+
+@pytest.mark.parametrize("config", sorted(TUNED))
+def test_the_tp4_and_tp8_suites_search_every_backend_template_and_split(config):
+    sweep = load_sweep(config)
+    topo = sweep.topology()
+    assert topo == Topology.from_key(TUNED[config]) and topo.nodes == 1
+    assert len(sweep.workloads) == 18
+    assert {w.kind for w in sweep.workloads} == {"ag_gemm", "gemm_rs", "gemm_ar"}
+    for w in sweep.workloads:
+        cands = space(w, topo, sweep.space)
+        assert len({c.key() for c in cands}) == len(cands) > 1000, w
+        for c in cands[::7]:
+            check_candidate(c, w, topo)
+        assert {c.backend for c in cands} == {"copy_engine", "nvshmem", "nccl"}
+        assert {c.template for c in cands} == {"direct", "ring", "bidirectional_ring"}
+        assert {c.num_splits for c in cands} == {1, 2, 4, 8}
+        rows = w.shape.m // topo.world_size
+        assert all(rows // c.num_splits >= c.block_m for c in cands), "a chunk shorter than a tile"
+        check_candidate(default_candidate(w, topo), w, topo)
+
+
+def test_eight_ranks_cut_their_blocks_into_chunks_at_tile_boundaries():
+    """8192 rows over 8 GPUs: 1024 a block. 8 chunks of 128 rows fit 128-row tiles, not 256-row ones,
+    and check_candidate says so (as the space leaves them out) instead of the plan failing later."""
+    topo = Topology.from_key("H200x8-nvswitch")
+    w = Workload(kind="ag_gemm", shape=(8192, 8192, 8192))
+    tall = Candidate(num_splits=8, block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3)
+    check_candidate(tall.replace(num_splits=4), w, topo)
+    check_candidate(tall.replace(block_m=128), w, topo)
+    with pytest.raises(ConfigError, match="block_m=256 rows: num_splits=8 is too many for a block of 1024"):
+        check_candidate(tall, w, topo)
+    assert tall.key() not in {c.key() for c in space(w, topo)}
+    assert tall.key() in {c.key() for c in space(Workload(kind="ag_gemm", shape=(16384, 8192, 8192)), topo)}
+
+
+@pytest.mark.parametrize("key", sorted(TUNED.values()))
+def test_shapes_the_world_size_does_not_divide_are_refused_naming_it(key):
+    topo = Topology.from_key(key)
+    ws = topo.world_size
+    odd = 4096 + ws // 2  # divisible by ws / 2, not by ws
+    for kind, shape, dim in (("ag_gemm", (8192, odd, 4096), "N"), ("gemm_rs", (odd, 4096, 8192), "M"),
+                             ("gemm_ar", (8192, 4096, odd), "K")):
+        w = Workload(kind=kind, shape=shape)
+        with pytest.raises(ConfigError, match=f"{dim}=\\d+ is not divisible by world size {ws}"):
+            space(w, topo)
+        with pytest.raises(ConfigError, match=f"world size {ws}"):
+            check_candidate(Candidate(), w, topo)
+
+
+def test_num_splits_beyond_a_ranks_rows_at_eight_gpus():
+    topo = Topology.from_key("H200x8-nvswitch")
+    w = Workload(kind="gemm_rs", shape=(256, 4096, 4096))  # 32 rows a rank
+    with pytest.raises(ConfigError, match="num_splits=64 exceeds the 32 rows each rank's block has"):
+        check_candidate(Candidate(num_splits=64, block_m=64, block_n=64, num_warps=4, num_stages=3), w, topo)
+    assert space(w, topo) == [], "no tile of the default configurations fits 32 rows"

@@ -8,7 +8,46 @@ import typer
 
 from syncopate.cli import app
 from syncopate.errors import ConfigError, RuntimeUnavailableError
-from syncopate.search_space import KINDS, BACKENDS, Shape, Workload
+from syncopate.search_space import KINDS, BACKENDS, Shape, Topology, Workload
+
+
+def bench_world_size(
+    topology: Topology | None, gpus: int | None, visible: int, suite: Path | None = None
+) -> int:
+    """How many GPUs (one process each) `syncopate bench` runs on: the suite's topology's world size
+    where the suite names one, else `--gpus`, else every visible GPU. Raises ConfigError where
+    `--gpus` contradicts the topology, and RuntimeUnavailableError where this host has fewer GPUs
+    than that; both messages name the count needed and the count visible."""
+    if topology is not None:
+        need = topology.world_size
+        if topology.nodes > 1:
+            raise ConfigError(
+                f"suite {suite} runs on topology {topology.key()} ({topology.nodes} nodes): syncopate bench "
+                f"runs on one host; tune it with `syncopate tune {suite}` on a Ray cluster"
+            )
+        if gpus is not None and gpus != need:
+            raise ConfigError(
+                f"--gpus {gpus} contradicts suite {suite}: its topology {topology.key()} has world size "
+                f"{need}; leave out --gpus"
+            )
+        if visible < need:
+            raise RuntimeUnavailableError(
+                f"suite {suite} needs {need} CUDA GPUs on this host (topology {topology.key()}, world size "
+                f"{need}); {visible} visible. Run it on a host with {need} GPUs, or let the cost model "
+                f"predict it: `syncopate tune {suite} --runner model`"
+            )
+        return need
+    if gpus is not None and gpus < 2:
+        raise ConfigError(f"--gpus {gpus}: syncopate bench needs at least 2 GPUs (one process each)")
+    if gpus is None and visible < 2:
+        raise RuntimeUnavailableError(
+            f"syncopate bench needs at least 2 CUDA GPUs on this host; {visible} visible"
+        )
+    if gpus is not None and visible < gpus:
+        raise RuntimeUnavailableError(
+            f"syncopate bench --gpus {gpus} needs {gpus} CUDA GPUs on this host; {visible} visible"
+        )
+    return gpus or visible
 
 
 @app.command("bench")
@@ -25,13 +64,18 @@ def bench_cmd(
     repetitions: int = typer.Option(20, min=1, help="Timed repetitions per measurement."),
     warmup: int = typer.Option(5, min=0, help="Untimed calls first."),
     json_out: Path = typer.Option(None, "--json", help="Write every number to this JSON file."),
-    gpus: int = typer.Option(None, help="GPUs to use (default: all visible)."),
+    gpus: int = typer.Option(
+        None, help="GPUs to use (default: the suite's topology's world size, else all visible)."
+    ),
 ) -> None:
     """Time torch_seq, torch async-TP, GEMM alone, collective alone, the bound and the best candidate per backend."""
     from syncopate.autotuner.sweep import load_sweep
 
+    topology = None
     if suite is not None:
-        workloads = list(load_sweep(suite).workloads)
+        sweep = load_sweep(suite)
+        workloads = list(sweep.workloads)
+        topology = None if sweep.detect_topology else sweep.topology()
         if kinds:
             wanted = [x.strip() for x in kinds.split(",")]
             for x in wanted:
@@ -51,9 +95,7 @@ def bench_cmd(
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    world = gpus or count
-    if count < 2 or world < 2 or world > count:
-        raise RuntimeUnavailableError(f"syncopate bench needs at least two CUDA GPUs on this host; {count} visible")
+    world = bench_world_size(topology, gpus, count, suite)
     for w in workloads:
         w.check_world_size(world)
     from syncopate.kernels.bench import BenchOptions, format_table, run_bench

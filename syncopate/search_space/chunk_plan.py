@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from syncopate.errors import ConfigError
 
-__all__ = ["TEMPLATES", "COLLECTIVES", "Transfer", "ChunkPlan", "build_plan", "block_bounds"]
+__all__ = ["TEMPLATES", "COLLECTIVES", "Transfer", "ChunkPlan", "build_plan", "block_bounds", "chunk_bounds"]
 
 TEMPLATES: tuple[str, ...] = ("direct", "ring", "bidirectional_ring")
 """Chunk-plan templates."""
@@ -97,6 +97,15 @@ def _split_bounds(start: int, end: int, num_splits: int, align: int) -> list[tup
             f"use at most {max(1, rows // align)}"
         )
     return bounds
+
+
+def chunk_bounds(
+    total_rows: int, world_size: int, num_splits: int, align: int = 1
+) -> dict[int, list[tuple[int, int]]]:
+    """Block → its `num_splits` chunks (row_start, row_end), cut as :func:`build_plan` cuts them
+    (inner boundaries at multiples of `align`); ConfigError where a block is too short for that."""
+    return {b: _split_bounds(*block_bounds(total_rows, world_size, b), num_splits, align)
+            for b in range(world_size)}
 
 
 def _clockwise_splits(template: str, num_splits: int) -> int:
@@ -168,9 +177,7 @@ def build_plan(
         raise ConfigError(f"align={align} must be at least 1")
     if total_rows < world_size:
         raise ConfigError(f"{total_rows} rows cannot be split over world size {world_size}")
-    chunks = {
-        b: _split_bounds(*block_bounds(total_rows, world_size, b), num_splits, align) for b in range(world_size)
-    }
+    chunks = chunk_bounds(total_rows, world_size, num_splits, align)
     transfers: list[Transfer] = []
     if collective in ("reduce_scatter", "all_reduce"):
         transfers += _reduce(template, world_size, chunks)

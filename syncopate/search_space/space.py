@@ -1,11 +1,12 @@
 """The search space of a workload on a topology: valid candidates, enumerated or as distributions.
 
 Constraints are solved before anything is sampled: the dims the kind shards divide by the world
-size, chunks are at least one tile tall, the tile configuration fits the GPU's shared memory and
-register file, communication leaves SMs for the GEMM, and no tile order that can deadlock the call
+size, chunks are at least one tile tall (for one candidate: its blocks can be cut into chunks at
+tile boundaries, as the plan cuts them), the tile configuration fits the GPU's shared memory and
+register file, communication leaves SMs for the GEMM, and no tile order can deadlock the call
 (:mod:`syncopate.search_space.liveness` models one call; tests/test_liveness.py runs it over the
-space's kinds, templates, splits, orders, world sizes, shapes, grids and backends). `check_candidate` applies the same rules
-to one candidate and says which one fails.
+space's kinds, templates, splits, orders, world sizes, shapes, grids and backends).
+`check_candidate` applies the same rules to one candidate and says which one fails.
 
 Pure Python: Optuna is imported only by :func:`optuna_distributions`.
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 from syncopate.errors import ConfigError
 from syncopate.search_space.candidate import BACKENDS, Candidate
-from syncopate.search_space.chunk_plan import TEMPLATES, block_bounds
+from syncopate.search_space.chunk_plan import TEMPLATES, block_bounds, chunk_bounds
 from syncopate.search_space.tile_order import CONSUMER_ORDERS, PRODUCER_ORDERS
 from syncopate.search_space.topology import Topology
 from syncopate.search_space.workload import Workload
@@ -170,6 +171,10 @@ def check_candidate(candidate: Candidate, workload: Workload, topology: Topology
     rows = _rows_per_block(workload, ws)
     if c.num_splits > rows:
         raise ConfigError(f"num_splits={c.num_splits} exceeds the {rows} rows each rank's block has")
+    try:
+        chunk_bounds(workload.shape.m, ws, c.num_splits, c.block_m)
+    except ConfigError as e:
+        raise ConfigError(f"chunks are cut at multiples of block_m={c.block_m} rows: {e}") from None
     tc = TileConfig.of(c)
     smem = _smem_bytes(tc, workload.element_bytes)
     limit = topology.spec.smem_per_block_kb * 1024

@@ -1,0 +1,68 @@
+"""Layer: CLI on the CPU. `syncopate bench` runs one process per GPU of one host, as many as the
+suite's topology asks for (else `--gpus`, else every visible GPU); where the host has fewer it
+fails before any work with one line that names the count needed and the count visible, exit 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from syncopate.cli.bench_cmds import bench_world_size
+from syncopate.errors import ConfigError, RuntimeUnavailableError
+from syncopate.search_space import Topology
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    """`syncopate bench ARGS` in a process that sees no CUDA device."""
+    return subprocess.run(
+        [sys.executable, "-m", "syncopate", "bench", *args], capture_output=True, text=True, cwd=REPO,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+
+
+@pytest.mark.parametrize("suite, need", [("configs/llama_tp4.yaml", 4), ("configs/llama_tp8.yaml", 8)])
+def test_a_suite_without_its_gpus_fails_cleanly(suite, need):
+    r = bench("--suite", suite)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"suite {suite} needs {need} CUDA GPUs on this host" in lines[0]
+    assert f"world size {need}); 0 visible" in lines[0]
+    assert f"`syncopate tune {suite} --runner model`" in lines[0]
+
+
+def test_gpus_that_contradict_the_suite_are_refused():
+    r = bench("--suite", "configs/llama_tp8.yaml", "--gpus", "2")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "--gpus 2 contradicts suite configs/llama_tp8.yaml: its topology H200x8-nvswitch" in r.stderr
+    assert "has world size 8; leave out --gpus" in r.stderr
+
+
+TP8 = Topology.from_key("H200x8-nvswitch")
+
+
+def test_the_suites_topology_decides_the_world_size():
+    assert bench_world_size(TP8, None, 8) == 8
+    assert bench_world_size(TP8, 8, 16) == 8, "a host with more GPUs runs the suite on as many as it asks"
+    assert bench_world_size(Topology.from_key("H200x4-nvswitch"), None, 8) == 4
+    with pytest.raises(RuntimeUnavailableError, match=r"needs 8 CUDA GPUs .*; 2 visible"):
+        bench_world_size(TP8, None, 2, Path("configs/llama_tp8.yaml"))
+    with pytest.raises(ConfigError, match="2 nodes"):
+        bench_world_size(Topology.from_key("H200x16-nvswitch-2n"), None, 16)
+
+
+def test_without_a_topology_gpus_or_every_visible_gpu():
+    assert bench_world_size(None, None, 4) == 4
+    assert bench_world_size(None, 2, 4) == 2
+    with pytest.raises(RuntimeUnavailableError, match="needs at least 2 CUDA GPUs on this host; 1 visible"):
+        bench_world_size(None, None, 1)
+    with pytest.raises(RuntimeUnavailableError, match="--gpus 8 needs 8 CUDA GPUs on this host; 4 visible"):
+        bench_world_size(None, 8, 4)
+    with pytest.raises(ConfigError, match="--gpus 1: syncopate bench needs at least 2 GPUs"):
+        bench_world_size(None, 1, 4)
