@@ -14,11 +14,8 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import os
-import socket
 import sys
 import time
-
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def cases():
@@ -48,8 +45,10 @@ def cases():
 
 
 def worker(rank: int, world: int, port: int, args) -> None:
-    os.environ.update(SAFE_ENV)
     faulthandler.dump_traceback_later(args.watchdog, exit=True)
+    from syncopate.kernels.local_ranks import join_group
+
+    dev = join_group(rank, world, port)
     import torch
     import torch.distributed as dist
 
@@ -57,9 +56,6 @@ def worker(rank: int, world: int, port: int, args) -> None:
     from syncopate.kernels.reference import reference, relative_error
     from syncopate.search_space import Candidate, Workload
 
-    torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, device_id=dev)
     g = dist.group.WORLD
     fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter, "gemm_ar": ops.matmul_all_reduce}
 
@@ -126,10 +122,9 @@ def main() -> int:
     args = p.parse_args()
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(worker, args=(2, port, args), nprocs=2, start_method="spawn")
+    from syncopate.kernels.local_ranks import free_port
+
+    mp.start_processes(worker, args=(2, free_port(), args), nprocs=2, start_method="spawn")
     return 0
 
 

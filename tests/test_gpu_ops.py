@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import itertools
 import os
-import socket
 
 import pytest
 
 pytestmark = pytest.mark.multigpu
 
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 TOL = {"bf16": 1e-2, "fp16": 5e-3}
 
 
@@ -64,7 +62,9 @@ def matrix(quick: bool = False):
 
 
 def _worker(rank, world, port, cases, queue):
-    os.environ.update(SAFE_ENV)
+    from syncopate.kernels.local_ranks import join_group
+
+    dev = join_group(rank, world, port)
     import torch
     import torch.distributed as dist
 
@@ -73,11 +73,7 @@ def _worker(rank, world, port, cases, queue):
     from syncopate.kernels.timing import barrier
     from syncopate.search_space import Candidate, Workload
 
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            device_id=torch.device("cuda", rank))
     g = dist.group.WORLD
-    dev = torch.device("cuda", rank)
     gen = torch.Generator(device=dev)
     gen.manual_seed(7 + rank)
     failures = []
@@ -120,9 +116,9 @@ def _worker(rank, world, port, cases, queue):
 def run_cases(cases, world=2):
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from syncopate.kernels.local_ranks import free_port
+
+    port = free_port()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(r, world, port, cases, q)) for r in range(world)]

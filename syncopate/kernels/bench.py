@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
 import socket
 import statistics
 import sys
@@ -27,8 +26,6 @@ __all__ = ["BenchOptions", "bench_grid", "run_bench", "format_table"]
 
 log = logging.getLogger(__name__)
 
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-"""Set in every process Syncopate starts: NVLink multicast stays off."""
 
 
 @dataclass
@@ -66,16 +63,15 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
 
 
 def _worker(rank: int, world: int, port: int, options: BenchOptions, queue) -> None:
-    os.environ.update(SAFE_ENV)
+    from syncopate.kernels.local_ranks import join_group
+
+    join_group(rank, world, port)
     import torch
     import torch.distributed as dist
 
     from syncopate.autotuner.sweep import TimingConfig
     from syncopate.kernels.harness import Harness
 
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            device_id=torch.device("cuda", rank))
     group = dist.group.WORLD
     timing = TimingConfig(warmup=options.warmup, repetitions=options.repetitions, flush_l2=options.flush_l2)
     from syncopate.kernels.topology_detect import detect_topology
@@ -170,29 +166,11 @@ def format_table(result: dict) -> str:
 def run_bench(options: BenchOptions, world_size: int | None = None) -> dict:
     """Spawn one process per GPU, run the benchmark, return rank 0's result (and write the JSON)."""
     import torch
-    import torch.multiprocessing as mp
 
-    os.environ.update(SAFE_ENV)
+    from syncopate.kernels.local_ranks import spawn_ranks
+
     world = world_size or torch.cuda.device_count()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, options, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    result = None
-    while result is None:
-        try:
-            result = queue.get(timeout=5)
-        except Exception:
-            if any(p.exitcode not in (None, 0) for p in procs):
-                for p in procs:
-                    p.kill()
-                raise RuntimeError("a benchmark process failed; see its output above") from None
-    for p in procs:
-        p.join()
+    result = spawn_ranks(_worker, world, (options,), "benchmark")
     if options.out_json:
         options.out_json.parent.mkdir(parents=True, exist_ok=True)
         options.out_json.write_text(json.dumps(result, indent=1))

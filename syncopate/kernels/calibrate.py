@@ -20,7 +20,6 @@ topology and this environment.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import statistics
 from dataclasses import dataclass
@@ -235,9 +234,9 @@ def _op_costs(group, options: CalibrateOptions, defaults: dict[str, Any]) -> dic
 
 
 def _worker(rank: int, world: int, port: int, options: CalibrateOptions, queue) -> None:
-    from syncopate.kernels.bench import SAFE_ENV
+    from syncopate.kernels.local_ranks import join_group
 
-    os.environ.update(SAFE_ENV)
+    join_group(rank, world, port)
     import torch
     import torch.distributed as dist
 
@@ -247,9 +246,6 @@ def _worker(rank: int, world: int, port: int, options: CalibrateOptions, queue) 
     from syncopate.kernels.topology_detect import detect_topology
     from syncopate.search_space import GPUS
 
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            device_id=torch.device("cuda", rank))
     group = dist.group.WORLD
     try:
         topology = detect_topology(group)
@@ -278,28 +274,7 @@ def _worker(rank: int, world: int, port: int, options: CalibrateOptions, queue) 
 
 def run_calibration(options: CalibrateOptions, world_size: int) -> dict[str, Any]:
     """Spawn one process per GPU, run every microbenchmark, return rank 0's payloads."""
-    import torch.multiprocessing as mp
+    from syncopate.kernels.local_ranks import spawn_ranks
 
-    from syncopate.kernels.bench import SAFE_ENV
-
-    os.environ.update(SAFE_ENV)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, options, queue)) for r in range(world_size)]
-    for p in procs:
-        p.start()
-    result = None
-    while result is None:
-        try:
-            result = queue.get(timeout=5)
-        except Exception:
-            if any(p.exitcode not in (None, 0) for p in procs):
-                for p in procs:
-                    p.kill()
-                raise RuntimeError("a calibration process failed; see its output above") from None
-    for p in procs:
-        p.join()
+    result = spawn_ranks(_worker, world_size, (options,), "calibration")
     return result

@@ -1,0 +1,66 @@
+"""One process per local GPU, joined in an NCCL group: what `syncopate bench`, `syncopate
+calibrate`, the two-GPU tests and `benchmarks/probe_faults.py` share.
+
+`spawn_ranks(target, world, args, what)` starts `target(rank, world, port, *args, queue)` in a
+spawned process per GPU (NVLink multicast off in all of them) and returns the first item a rank
+puts on `queue`, failing as soon as a rank dies; each rank starts with `join_group(rank, world, port)`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from queue import Empty
+from typing import Any
+
+from syncopate.workers.env import MULTICAST_OFF
+
+__all__ = ["free_port", "join_group", "spawn_ranks"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def join_group(rank: int, world: int, port: int):
+    """In a spawned rank: multicast off, this rank's GPU selected, the NCCL group formed; its device."""
+    os.environ.update(MULTICAST_OFF)
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            device_id=device)
+    return device
+
+
+def spawn_ranks(target: Callable[..., None], world: int, args: tuple = (), what: str = "rank") -> Any:
+    """Run `target(rank, world, port, *args, queue)` on `world` spawned processes; the first item put
+    on the queue, once every process has ended. A process that dies first raises RuntimeError
+    naming `what` ("a benchmark process failed")."""
+    import torch.multiprocessing as mp
+
+    os.environ.update(MULTICAST_OFF)
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, results)) for r in range(world)]
+    for p in procs:
+        p.start()
+    result = None
+    while result is None:
+        try:
+            result = results.get(timeout=5)
+        except Empty:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"a {what} process failed; see its output above") from None
+    for p in procs:
+        p.join()
+    return result
