@@ -25,6 +25,11 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def compiled_for_gpu(t: torch.Tensor) -> bool:
+    """True when the kernels are compiled for a GPU (not interpreted): the acquire waits use PTX."""
+    return t.is_cuda and not interpreting()
+
+
 def _tma_aligned(t: torch.Tensor) -> bool:
     if t.stride(-1) != 1 or t.data_ptr() % 16:
         return False
@@ -80,7 +85,7 @@ def launch_consumer(
         tables.order, tables.mtile_lo, tables.mtile_hi, tables.chunk_slot, signals, epoch, error, _spin(spin_limit),
         grid[0],
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_TMA=tma, B_KMAJOR=kmajor,
-        ASM_WAIT=out.is_cuda and not interpreting(), OUT_DTYPE=TL_DTYPES[out.dtype],
+        ASM_WAIT=compiled_for_gpu(out), OUT_DTYPE=TL_DTYPES[out.dtype],
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
 
@@ -112,7 +117,7 @@ def launch_producer(
         signals, epoch, error, _spin(spin_limit), grid[0],
         WORLD=world, INC_MAX=max(1, tables.inc_max),
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_TMA=tma, B_KMAJOR=kmajor,
-        ALL_REDUCE=reduced is not None, ASM_WAIT=a.is_cuda and not interpreting(), EPI_SPLIT=epilogue_split(c),
+        ALL_REDUCE=reduced is not None, ASM_WAIT=compiled_for_gpu(a), EPI_SPLIT=epilogue_split(c),
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
 
