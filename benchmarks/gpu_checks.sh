@@ -3,9 +3,12 @@
 # limit so that one hang does not take the rest with it. Full logs go to $OUT (default ./gpu-logs);
 # a one-line verdict per step is printed last.
 #
-#   benchmarks/gpu_checks.sh [STEP ...]     steps: matrix order conns rs ar suite   (default: all)
+#   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix tune order conns rs ar suite
+#                                                    (default: all but smoke; SECONDS overrides the limit)
 #
+#   smoke   tests/test_gpu_ops.py, the quick matrix: one case per kind x backend, 10 calls back to back
 #   matrix  tests/test_gpu_ops.py: every backend x plan x splits x tile order vs the fp32 reference
+#   tune    syncopate tune configs/h200x2.yaml into $OUT/h200x2-tune.db (stopped with SIGINT at its limit)
 #   order   ag_gemm with the kernel launched before its side-stream work (SYNCOPATE_COMM_FIRST=0),
 #           grid `small` (128x256 and 128x128 tiles), copy engine and SM-driven copies
 #   conns   the same with CUDA_DEVICE_MAX_CONNECTIONS=32
@@ -13,31 +16,46 @@
 #   suite   configs/llama_tp2.yaml, every kind, grid `tiny`
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
 OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(matrix order conns rs ar suite)
+[ ${#steps[@]} -eq 0 ] && steps=(matrix tune order conns rs ar suite)
 verdicts=()
 
-step() {  # step NAME LIMIT_S COMMAND...
-    local name=$1 limit=$2
+cleanup() {  # what a stopped step leaves on the GPUs: spawned ranks, Ray workers
+    pkill -9 -f multiprocessing.spawn 2>/dev/null
+    pkill -9 -f "ray::" 2>/dev/null
+    pkill -9 -f raylet 2>/dev/null
+    pkill -9 -f gcs_server 2>/dev/null
+    sleep 1
+}
+
+step() {  # step NAME LIMIT_S COMMAND...  (SIGINT at the limit, so that tune stores what it has)
+    local name=$1 limit=${override:-$2}
     shift 2
     local t0=$SECONDS
-    echo "== $name: $*" | tee -a "$OUT/steps.log"
-    timeout --signal=KILL "$limit" "$@" >"$OUT/$name.log" 2>&1
+    echo "== $name (limit ${limit}s): $*" | tee -a "$OUT/steps.log"
+    timeout --signal=INT --kill-after=20 "$limit" "$@" >"$OUT/$name.log" 2>&1
     local rc=$?
+    cleanup
     local line
-    line=$(grep -E "passed|failed|error|Error|ours|bound" "$OUT/$name.log" | tail -1)
+    line=$(grep -E "passed|failed|FAILED|error|Error|ours|bound|trials" "$OUT/$name.log" | tail -1)
     verdicts+=("$name rc=$rc $((SECONDS - t0))s ${line:0:150}")
     tail -25 "$OUT/$name.log"
 }
 
 bench() { python3 -m syncopate bench "$@"; }
 
-for s in "${steps[@]}"; do
+for arg in "${steps[@]}"; do
+    s=${arg%%=*}
+    override=; [ "$s" != "$arg" ] && override=${arg#*=}
     case $s in
-        matrix) step matrix 300 python3 -m pytest -q -x -p no:cacheprovider -m multigpu tests/test_gpu_ops.py ;;
+        smoke) step smoke 120 python3 -m pytest -s -q -p no:cacheprovider -m multigpu \
+            "tests/test_gpu_ops.py::test_fused_ops_match_the_reference_on_two_gpus[smoke]" ;;
+        matrix) step matrix 300 python3 -m pytest -s -q -p no:cacheprovider -m multigpu \
+            "tests/test_gpu_ops.py::test_fused_ops_match_the_reference_on_two_gpus[full]" ;;
+        tune) step tune 300 python3 -m syncopate tune configs/h200x2.yaml --db "$OUT/h200x2-tune.db" ;;
         order) step order 120 env SYNCOPATE_COMM_FIRST=0 python3 -m syncopate bench ag_gemm --m 8192 --n 2048 \
             --k 8192 --grid small --backends copy_engine,nvshmem --repetitions 5 --json "$OUT/order.json" ;;
         conns) step conns 120 env SYNCOPATE_COMM_FIRST=0 CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m syncopate bench \
@@ -49,7 +67,7 @@ for s in "${steps[@]}"; do
             --repetitions 10 --json "$OUT/ar.json" ;;
         suite) step suite 420 python3 -m syncopate bench --suite configs/llama_tp2.yaml --grid tiny \
             --repetitions 10 --json "$OUT/suite.json" ;;
-        *) echo "unknown step $s: accepted are matrix order conns rs ar suite" >&2; exit 2 ;;
+        *) echo "unknown step $s: accepted are smoke matrix tune order conns rs ar suite" >&2; exit 2 ;;
     esac
 done
 echo

@@ -268,3 +268,46 @@ def test_producer_with_the_epilogue_split_in_column_halves(monkeypatch):
     for r, res in enumerate(results):
         assert res["error"] == 0
         assert torch.allclose(res["out"].float(), total[res["lo"] : res["hi"]], rtol=3e-2, atol=3e-2)
+
+
+def test_the_copier_is_staged_before_the_kernel_and_enqueued_without_allocating(monkeypatch):
+    """An allocation between the fused kernel's launch and its communication is an implicit
+    synchronization point (the side streams would wait for the kernel that waits for them): the
+    SM copier's job tables are made when the call is staged, and enqueueing allocates nothing."""
+    from types import SimpleNamespace
+
+    from syncopate.kernels import launch
+    from syncopate.kernels.backends import BACKEND_IMPLS, ScatterCall
+
+    ws, m, n = 2, 128, 16
+    plan = plan_for("gemm_rs", "direct", ws, m, 2, 32)
+    pads = [torch.zeros(PAD_WORDS, dtype=torch.int32) for _ in range(ws)]
+    recv = [torch.zeros(recv_rows(plan), n, dtype=torch.float16) for _ in range(ws)]
+    send = (torch.arange(m * n) % 97).to(torch.float16).reshape(m, n)
+    rank, epoch = 0, 4
+
+    def write_signal(stream, peer, word, value):
+        pads[peer][word] = value
+
+    ctx = SimpleNamespace(
+        device=CPU, rank=rank, world_size=ws, cache={}, write_signal=write_signal,
+        signals=SimpleNamespace(local=pads[rank]), peer_signal_ptrs=torch.tensor([p.data_ptr() for p in pads]),
+        counters=torch.zeros(4096, dtype=torch.int64), error=torch.zeros(1, dtype=torch.int32),
+    )
+    call = ScatterCall(ctx=ctx, plan=plan, candidate=cand(backend="nvshmem", comm_sms=3, num_splits=2), epoch=epoch,
+                       main=None, send=send, recv=SimpleNamespace(peer_ptrs=[r.data_ptr() for r in recv]), n_cols=n,
+                       elem=2, spin_limit=1 << 16)
+    enqueue = BACKEND_IMPLS["nvshmem"].stage_scatter(call, [None] * 3)
+    pads[rank][READY_BASE : READY_BASE + 8] = epoch  # the kernel has made every leaving chunk ready
+    pads[rank][ENTERED_BASE + 1] = epoch  # and the peer has entered the call
+
+    def no_allocation(*args, **kwargs):
+        raise AssertionError("enqueueing the copier allocated")
+
+    monkeypatch.setattr(launch.torch, "tensor", no_allocation)
+    enqueue()
+    assert int(ctx.error.item()) == 0
+    for t in plan.sends(rank, "reduce"):
+        off = recv_offset(plan, rank, t.block, n) + t.row_start * n
+        assert torch.equal(recv[t.dst].view(-1)[off : off + t.rows * n], send[t.row_start : t.row_end].reshape(-1))
+        assert pads[t.dst][t.signal] == epoch

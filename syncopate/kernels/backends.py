@@ -13,6 +13,11 @@ the kernel, could otherwise hold the kernel back where two streams share one har
 - `nccl`: NCCL send/receive pairs per (step, split) on a side stream, each arrival followed by a
   stream write of its signal; the fused kernel leaves `comm_sms` SMs free for NCCL's kernels.
 
+The host work of a call that may allocate (the copier's job tables, NCCL's first connection to
+a peer) is done by `stage_gather` / `stage_scatter` before the fused kernel is launched: an
+allocation is an implicit synchronization point, and one made while the kernel spins would hold
+the side streams back until the kernel ends, which waits for them. What they return only enqueues.
+
 Before a rank writes into a peer's buffer it waits until that peer has entered the same call
 (`ENTERED_BASE + peer` of its own pad reaches the epoch): the peer's previous call has then
 finished reading its buffers. Each rank announces its entry into every pad when a call starts.
@@ -21,6 +26,7 @@ finished reading its buffers. Each rank announces its entry into every pad when 
 from __future__ import annotations
 
 import abc
+import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,11 +37,11 @@ import torch.distributed as dist
 
 from syncopate.kernels import streamops
 from syncopate.kernels.context import OverlapContext
-from syncopate.kernels.launch import launch_chunk_copy
+from syncopate.kernels.launch import copy_job_tables, launch_chunk_copy
 from syncopate.kernels.tables import ENTERED_BASE, LOCAL_BASE, READY_BASE, recv_offset
 from syncopate.search_space import Candidate, ChunkPlan, Transfer
 
-__all__ = ["CommBackend", "GatherCall", "ScatterCall", "BACKEND_IMPLS", "backend_for", "nccl_exchange"]
+__all__ = ["CommBackend", "GatherCall", "ScatterCall", "BACKEND_IMPLS", "backend_for", "connect_peers", "nccl_exchange"]
 
 @dataclass
 class GatherCall:
@@ -88,6 +94,14 @@ class CommBackend(abc.ABC):
     @abc.abstractmethod
     def start_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> None:
         """Enqueue the reduce-scatter (and all-reduce gather) of `call` on `streams` (three)."""
+
+    def stage_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
+        """Do the host work of `start_gather` that may allocate; return what enqueues the rest."""
+        return functools.partial(self.start_gather, call, streams)
+
+    def stage_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
+        """Do the host work of `start_scatter` that may allocate; return what enqueues the rest."""
+        return functools.partial(self.start_scatter, call, streams)
 
 
 def _announce_entry(stream: torch.cuda.Stream, ctx: OverlapContext, epoch: int) -> None:
@@ -167,9 +181,13 @@ class SmCopyBackend(CommBackend):
     name = "nvshmem"
 
     def start_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> None:
-        ctx, plan, e = call.ctx, call.plan, call.epoch
-        _copy_own_chunks(call, streams[2])
-        _announce_entry(streams[0], ctx, e)
+        self.stage_gather(call, streams)()
+
+    def start_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> None:
+        self.stage_scatter(call, streams)()
+
+    def stage_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
+        ctx, plan = call.ctx, call.plan
         arrived = _arrival_slot(plan, ctx.rank, "gather")
         elem = call.a_local.element_size()
         jobs = []
@@ -180,11 +198,17 @@ class SmCopyBackend(CommBackend):
                 src, wait = call.a_full.peer_ptrs[ctx.rank] + t.row_start * call.row_bytes, arrived[t.chunk]
             dst = call.a_full.peer_ptrs[t.dst] + t.row_start * call.row_bytes
             jobs.append((src, dst, t.rows * call.row_bytes // elem, wait, t.signal, t.dst))
-        launch_chunk_copy(ctx, streams[0], jobs, call.candidate.comm_sms, e, call.a_local.dtype, call.spin_limit)
+        copy_job_tables(ctx, jobs, streams[0])
 
-    def start_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> None:
-        ctx, plan, e = call.ctx, call.plan, call.epoch
-        _announce_entry(streams[0], ctx, e)
+        def enqueue() -> None:
+            _copy_own_chunks(call, streams[2])
+            _announce_entry(streams[0], ctx, call.epoch)
+            launch_chunk_copy(ctx, streams[0], jobs, call.candidate.comm_sms, call.epoch, call.a_local.dtype,
+                              call.spin_limit)
+        return enqueue
+
+    def stage_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
+        ctx, plan = call.ctx, call.plan
         row_bytes = call.n_cols * call.elem
         jobs = []
         for i, t in enumerate(plan.sends(ctx.rank, "reduce")):
@@ -195,7 +219,13 @@ class SmCopyBackend(CommBackend):
             for t in plan.recvs(ctx.rank, "gather"):
                 src = call.reduced.peer_ptrs[t.src] + t.row_start * row_bytes
                 jobs.append((src, call.out.data_ptr() + t.row_start * row_bytes, t.rows * call.n_cols, t.signal, -1, ctx.rank))
-        launch_chunk_copy(ctx, streams[0], jobs, call.candidate.comm_sms, e, call.send.dtype, call.spin_limit)
+        copy_job_tables(ctx, jobs, streams[0])
+
+        def enqueue() -> None:
+            _announce_entry(streams[0], ctx, call.epoch)
+            launch_chunk_copy(ctx, streams[0], jobs, call.candidate.comm_sms, call.epoch, call.send.dtype,
+                              call.spin_limit)
+        return enqueue
 
 
 def nccl_exchange(
@@ -239,8 +269,35 @@ def nccl_exchange(
             on_arrival(t)
 
 
+def connect_peers(ctx: OverlapContext) -> None:
+    """Make NCCL connect this rank to every peer now (one small send and receive each way).
+
+    NCCL connects a pair on its first send/receive, allocating device memory as it does; done
+    inside a call, after the fused kernel's launch, that allocation would wait for the kernel,
+    which waits for the data. Once per context; every rank of the group calls it together.
+    """
+    if ctx.cache.get("nccl_connected") or ctx.world_size == 1:
+        return
+    peers = [p for p in range(ctx.world_size) if p != ctx.rank]
+    out = torch.zeros(len(peers), 8, dtype=torch.float32, device=ctx.device)
+    back = torch.empty_like(out)
+    ops = [dist.P2POp(dist.isend, out[i], dist.get_global_rank(ctx.group, p), ctx.group) for i, p in enumerate(peers)]
+    ops += [dist.P2POp(dist.irecv, back[i], dist.get_global_rank(ctx.group, p), ctx.group) for i, p in enumerate(peers)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    ctx.cache["nccl_connected"] = True
+
+
 class NcclBackend(CommBackend):
     name = "nccl"
+
+    def stage_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
+        connect_peers(call.ctx)
+        return functools.partial(self.start_gather, call, streams)
+
+    def stage_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
+        connect_peers(call.ctx)
+        return functools.partial(self.start_scatter, call, streams)
 
     def start_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> None:
         ctx, plan, e = call.ctx, call.plan, call.epoch

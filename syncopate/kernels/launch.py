@@ -13,7 +13,7 @@ from syncopate.kernels.triton_kernels import chunk_copy_kernel, consumer_kernel,
 from syncopate.kernels.tables import ENTERED_BASE, READY_BASE
 from syncopate.search_space import Candidate
 
-__all__ = ["interpreting", "use_tma", "launch_consumer", "launch_producer", "launch_chunk_copy", "TL_DTYPES"]
+__all__ = ["interpreting", "use_tma", "launch_consumer", "launch_producer", "launch_chunk_copy", "copy_job_tables", "TL_DTYPES"]
 
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
@@ -131,11 +131,21 @@ def epilogue_split(c: Candidate) -> int:
     return 2 if c.block_m * c.block_n // (c.num_warps * 32) >= 128 and c.block_n >= 32 else 1
 
 
-def launch_chunk_copy(ctx, stream: torch.cuda.Stream, jobs, programs: int, epoch: int, dtype: torch.dtype,
-                      spin_limit: int = 0) -> None:
-    """Run SM-driven chunk copies on `stream` with `programs` programs (see `chunk_copy_kernel`)."""
-    if not jobs:
-        return
+COPY_TABLES_CACHED = 32
+"""Job tables kept on the device per context (an all-reduce's tables name the caller's output)."""
+
+
+def copy_job_tables(ctx, jobs, stream: torch.cuda.Stream | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The device tables of `jobs` for `chunk_copy_kernel`, cached per context.
+
+    Making them allocates (pinned host memory, device memory): an implicit synchronization point
+    that must not fall between a fused kernel's launch and its communication (the communication
+    would then wait for the kernel, which waits for it). Callers make them before the launch.
+    """
+    cache = getattr(ctx, "cache", None)
+    key = ("copy_jobs", tuple(jobs))
+    if cache is not None and key in cache:
+        return cache[key]
     cols = list(zip(*jobs))
     device = ctx.device
     table = torch.tensor([list(cols[0]), list(cols[1]), list(cols[2])], dtype=torch.int64)
@@ -143,8 +153,22 @@ def launch_chunk_copy(ctx, stream: torch.cuda.Stream, jobs, programs: int, epoch
     if device.type == "cuda":
         table, small = table.pin_memory(), small.pin_memory()
     with torch.cuda.stream(stream) if device.type == "cuda" else contextlib.nullcontext():
-        table = table.to(device, non_blocking=True)
-        small = small.to(device, non_blocking=True)
+        tables = (table.to(device, non_blocking=True), small.to(device, non_blocking=True))
+    if cache is not None:
+        stale = [k for k in cache if isinstance(k, tuple) and k[:1] == ("copy_jobs",)]
+        for k in stale[: max(0, len(stale) - COPY_TABLES_CACHED + 1)]:
+            del cache[k]
+        cache[key] = tables
+    return tables
+
+
+def launch_chunk_copy(ctx, stream: torch.cuda.Stream, jobs, programs: int, epoch: int, dtype: torch.dtype,
+                      spin_limit: int = 0) -> None:
+    """Run SM-driven chunk copies on `stream` with `programs` programs (see `chunk_copy_kernel`)."""
+    if not jobs:
+        return
+    table, small = copy_job_tables(ctx, jobs, stream)
+    with torch.cuda.stream(stream) if ctx.device.type == "cuda" else contextlib.nullcontext():
         chunk_copy_kernel[(programs,)](
             table[0], table[1], table[2], small[0], small[1], small[2], len(jobs),
             ctx.signals.local, ctx.peer_signal_ptrs, ctx.signals.local[ENTERED_BASE:], ctx.counters[COPY_COUNTER_BASE:],

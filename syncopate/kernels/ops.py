@@ -210,14 +210,15 @@ def all_gather_matmul(
         ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, a_local=a_shard, a_full=a_full,
         r0=rank * m_local, row_bytes=k * a_shard.element_size(), spin_limit=spin_limit,
     )
+    enqueue = backend.stage_gather(call, streams)  # what may allocate, before the kernel runs
     if _COMM_FIRST:
-        backend.start_gather(call, streams)
+        enqueue()
     launch_consumer(
         a_full.local, b, out, tables, cand, epoch, ctx.signals.local, ctx.error,
         ctx.sm_count - backend.reserved_sms(cand), spin_limit,
     )
     if not _COMM_FIRST:
-        backend.start_gather(call, streams)
+        enqueue()
     ctx.join(main, streams)
     if not return_gathered:
         return out
@@ -302,16 +303,18 @@ def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
     main = torch.cuda.current_stream()
     reduced = ctx.buffers.get("reduced")
     streams = ctx.fork(main, 3)
+    # What may allocate is done before the kernel is launched; the waits for its chunks are enqueued after it.
+    enqueue = backend.stage_scatter(ScatterCall(
+        ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, send=send, recv=ctx.buffers["recv"],
+        n_cols=n, elem=a.element_size(), out=out, reduced=reduced,
+        num_ready_sends=len(plan.sends(rank, "reduce")), spin_limit=spin_limit,
+    ), streams)
     launch_producer(
         a, b, send, out, reduced.local if reduced is not None else None, ctx.buffers["recv"].local,
         0 if all_reduce else block_bounds(m, ws, rank)[0], tables, cand, epoch, ctx.signals.local, ctx.counters,
         ctx.peer_signal_ptrs, ws, rank, ctx.error, ctx.sm_count - backend.reserved_sms(cand), spin_limit,
     )
-    backend.start_scatter(ScatterCall(
-        ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, send=send, recv=ctx.buffers["recv"],
-        n_cols=n, elem=a.element_size(), out=out, reduced=reduced,
-        num_ready_sends=len(plan.sends(rank, "reduce")), spin_limit=spin_limit,
-    ), streams)
+    enqueue()
     ctx.join(main, streams)
     return out
 
