@@ -259,7 +259,6 @@ def test_the_model_enqueues_what_the_backends_enqueue(kind, backend, monkeypatch
                 wait_value=trace.wait_value, copy_async=lambda *a: None, write_value=None))
             monkeypatch.setattr(backends, "launch_chunk_copy", trace.chunk_copy)
             monkeypatch.setattr(backends, "copy_job_tables", lambda *args: None)
-            trace.ctx.cache = {"nccl_connected": True}
             monkeypatch.setattr(backends, "dist", SimpleNamespace(
                 isend="isend", irecv="irecv", get_global_rank=lambda group, r: r,
                 P2POp=lambda op, tensor, peer, group: peer, batch_isend_irecv=trace.batch))

@@ -131,30 +131,13 @@ def _all_reduce_worker(rank, ws, init, template, splits, q):
         dist.destroy_process_group()
 
 
-def _connect_worker(rank, ws, init, template, splits, q):
-    """`connect_peers`: one send and receive with every peer, matched on all ranks, once per context."""
-    from types import SimpleNamespace
-
-    from syncopate.kernels.backends import connect_peers
-
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
-    try:
-        ctx = SimpleNamespace(rank=rank, world_size=ws, group=dist.group.WORLD, device=torch.device("cpu"), cache={})
-        connect_peers(ctx)
-        connect_peers(ctx)  # a second call exchanges nothing (the peers would not match it)
-        dist.barrier()
-        q.put((rank, ctx.cache.get("nccl_connected") is True, True))
-    finally:
-        dist.destroy_process_group()
-
-
 CASES = {
     2: [("direct", 3), ("bidirectional_ring", 2)],
     3: [("bidirectional_ring", 2), ("direct", 1)],
     4: [("ring", 2), ("direct", 1), ("ring", 1), ("bidirectional_ring", 2)],
     8: [("ring", 2), ("bidirectional_ring", 2), ("direct", 1)],
 }
-WORKERS = (_gather_worker, _reduce_worker, _all_reduce_worker, _connect_worker)
+WORKERS = (_gather_worker, _reduce_worker, _all_reduce_worker)
 
 
 def _all_cases(rank, ws, init, q):

@@ -13,8 +13,7 @@ the kernel, could otherwise hold the kernel back where two streams share one har
 - `nccl`: NCCL send/receive pairs per (step, split) on a side stream, each arrival followed by a
   stream write of its signal; the fused kernel leaves `comm_sms` SMs free for NCCL's kernels.
 
-The host work of a call that may allocate (the copier's job tables, NCCL's first connection to
-a peer) is done by `stage_gather` / `stage_scatter` before the fused kernel is launched: an
+The host work of a call that may allocate (the copier's job tables) is done by `stage_gather` / `stage_scatter` before the fused kernel is launched: an
 allocation is an implicit synchronization point, and one made while the kernel spins would hold
 the side streams back until the kernel ends, which waits for them. What they return only enqueues.
 
@@ -41,7 +40,7 @@ from syncopate.kernels.launch import copy_job_tables, launch_chunk_copy
 from syncopate.kernels.tables import ENTERED_BASE, LOCAL_BASE, READY_BASE, recv_offset
 from syncopate.search_space import Candidate, ChunkPlan, Transfer
 
-__all__ = ["CommBackend", "GatherCall", "ScatterCall", "BACKEND_IMPLS", "backend_for", "connect_peers", "nccl_exchange"]
+__all__ = ["CommBackend", "GatherCall", "ScatterCall", "BACKEND_IMPLS", "backend_for", "nccl_exchange"]
 
 @dataclass
 class GatherCall:
@@ -269,35 +268,8 @@ def nccl_exchange(
             on_arrival(t)
 
 
-def connect_peers(ctx: OverlapContext) -> None:
-    """Make NCCL connect this rank to every peer now (one small send and receive each way).
-
-    NCCL connects a pair on its first send/receive, allocating device memory as it does; done
-    inside a call, after the fused kernel's launch, that allocation would wait for the kernel,
-    which waits for the data. Once per context; every rank of the group calls it together.
-    """
-    if ctx.cache.get("nccl_connected") or ctx.world_size == 1:
-        return
-    peers = [p for p in range(ctx.world_size) if p != ctx.rank]
-    out = torch.zeros(len(peers), 8, dtype=torch.float32, device=ctx.device)
-    back = torch.empty_like(out)
-    ops = [dist.P2POp(dist.isend, out[i], dist.get_global_rank(ctx.group, p), ctx.group) for i, p in enumerate(peers)]
-    ops += [dist.P2POp(dist.irecv, back[i], dist.get_global_rank(ctx.group, p), ctx.group) for i, p in enumerate(peers)]
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
-    ctx.cache["nccl_connected"] = True
-
-
 class NcclBackend(CommBackend):
     name = "nccl"
-
-    def stage_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
-        connect_peers(call.ctx)
-        return functools.partial(self.start_gather, call, streams)
-
-    def stage_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
-        connect_peers(call.ctx)
-        return functools.partial(self.start_scatter, call, streams)
 
     def start_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> None:
         ctx, plan, e = call.ctx, call.plan, call.epoch
