@@ -25,6 +25,7 @@ def cases():
     t128s4 = dict(t128, num_stages=4)
     t128w4 = dict(t128, num_warps=4)
     ag, rs = (8192, 2048, 8192), (8192, 8192, 2048)
+    odd = (4160, 1024, 1536)  # M/ws not a multiple of BLOCK_M, as in tests/test_gpu_ops.py
     ce = dict(backend="copy_engine", template="direct", comm_sms=0, group_m=8)
     out = [
         ("ag ce s2 128x256", "ag_gemm", ag, dict(ce, num_splits=2, **t256), {}),
@@ -40,6 +41,13 @@ def cases():
         ("rs ce s2 128x128", "gemm_rs", rs, dict(ce, num_splits=2, **t128), {}),
         ("ag sm32 s2 128x256", "ag_gemm", ag, dict(ce, backend="nvshmem", comm_sms=32, num_splits=2, **t256), {}),
         ("rs sm32 s2 128x256", "gemm_rs", rs, dict(ce, backend="nvshmem", comm_sms=32, num_splits=2, **t256), {}),
+        ("rs nccl16 s2 128x256", "gemm_rs", rs, dict(ce, backend="nccl", comm_sms=16, num_splits=2, **t256), {}),
+        ("rs nccl64 s2 128x256", "gemm_rs", rs, dict(ce, backend="nccl", comm_sms=64, num_splits=2, **t256), {}),
+        ("rs nccl16 s4 128x128 M=4160", "gemm_rs", odd, dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128), {}),
+        ("rs nccl64 s4 128x128 M=4160", "gemm_rs", odd, dict(ce, backend="nccl", comm_sms=64, num_splits=4, **t128), {}),
+        ("rs nccl16 s4 128x128 M=8192", "gemm_rs", (8192, 1024, 1536), dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128), {}),
+        ("ar nccl16 s4 128x128 M=4160", "gemm_ar", odd, dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128), {}),
+        ("rs sm16 s4 128x128 M=4160", "gemm_rs", odd, dict(ce, backend="nvshmem", comm_sms=16, num_splits=4, **t128), {}),
     ]
     return out
 
@@ -67,7 +75,7 @@ def worker(rank: int, world: int, port: int, args) -> None:
         f"CUDA_DEVICE_MAX_CONNECTIONS={os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS', 'unset')}, "
         f"SYNCOPATE_COMM_FIRST={os.environ.get('SYNCOPATE_COMM_FIRST', 'unset')}")
     for label, kind, shape, fields, env in cases():
-        if args.only and args.only not in label:
+        if args.only and not any(part in label for part in args.only.split(",")):
             continue
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
@@ -117,7 +125,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--spin", type=int, default=1 << 18, help="poll bound of every wait")
-    p.add_argument("--only", default="", help="run only the cases whose label contains this")
+    p.add_argument("--only", default="", help="run only the cases whose label contains one of these (comma-separated)")
     p.add_argument("--watchdog", type=float, default=200.0, help="seconds after which each rank dumps its stack and exits")
     args = p.parse_args()
     import torch.multiprocessing as mp

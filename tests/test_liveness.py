@@ -258,7 +258,7 @@ def test_the_model_enqueues_what_the_backends_enqueue(kind, backend, monkeypatch
             monkeypatch.setattr(backends, "streamops", SimpleNamespace(
                 wait_value=trace.wait_value, copy_async=lambda *a: None, write_value=None))
             monkeypatch.setattr(backends, "launch_chunk_copy", trace.chunk_copy)
-            monkeypatch.setattr(backends, "copy_job_tables", lambda *args: None)
+            monkeypatch.setattr(backends, "stage_chunk_copy", lambda *args: None)
             monkeypatch.setattr(backends, "dist", SimpleNamespace(
                 isend="isend", irecv="irecv", get_global_rank=lambda group, r: r,
                 P2POp=lambda op, tensor, peer, group: peer, batch_isend_irecv=trace.batch))

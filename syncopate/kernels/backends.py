@@ -13,7 +13,7 @@ the kernel, could otherwise hold the kernel back where two streams share one har
 - `nccl`: NCCL send/receive pairs per (step, split) on a side stream, each arrival followed by a
   stream write of its signal; the fused kernel leaves `comm_sms` SMs free for NCCL's kernels.
 
-The host work of a call that may allocate (the copier's job tables) is done by `stage_gather` / `stage_scatter` before the fused kernel is launched: an
+The host work of a call that may synchronize (the copier's job tables and first load) is done by `stage_gather` / `stage_scatter` before the fused kernel is launched: an
 allocation is an implicit synchronization point, and one made while the kernel spins would hold
 the side streams back until the kernel ends, which waits for them. What they return only enqueues.
 
@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from syncopate.kernels import streamops
 from syncopate.kernels.context import OverlapContext
-from syncopate.kernels.launch import copy_job_tables, launch_chunk_copy
+from syncopate.kernels.launch import launch_chunk_copy, stage_chunk_copy
 from syncopate.kernels.tables import ENTERED_BASE, LOCAL_BASE, READY_BASE, recv_offset
 from syncopate.search_space import Candidate, ChunkPlan, Transfer
 
@@ -197,7 +197,7 @@ class SmCopyBackend(CommBackend):
                 src, wait = call.a_full.peer_ptrs[ctx.rank] + t.row_start * call.row_bytes, arrived[t.chunk]
             dst = call.a_full.peer_ptrs[t.dst] + t.row_start * call.row_bytes
             jobs.append((src, dst, t.rows * call.row_bytes // elem, wait, t.signal, t.dst))
-        copy_job_tables(ctx, jobs, streams[0])
+        stage_chunk_copy(ctx, jobs, streams[0], call.candidate.comm_sms, call.a_local.dtype, call.spin_limit)
 
         def enqueue() -> None:
             _copy_own_chunks(call, streams[2])
@@ -218,7 +218,7 @@ class SmCopyBackend(CommBackend):
             for t in plan.recvs(ctx.rank, "gather"):
                 src = call.reduced.peer_ptrs[t.src] + t.row_start * row_bytes
                 jobs.append((src, call.out.data_ptr() + t.row_start * row_bytes, t.rows * call.n_cols, t.signal, -1, ctx.rank))
-        copy_job_tables(ctx, jobs, streams[0])
+        stage_chunk_copy(ctx, jobs, streams[0], call.candidate.comm_sms, call.send.dtype, call.spin_limit)
 
         def enqueue() -> None:
             _announce_entry(streams[0], ctx, call.epoch)

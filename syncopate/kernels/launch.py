@@ -13,7 +13,7 @@ from syncopate.kernels.triton_kernels import chunk_copy_kernel, consumer_kernel,
 from syncopate.kernels.tables import ENTERED_BASE, READY_BASE
 from syncopate.search_space import Candidate
 
-__all__ = ["interpreting", "use_tma", "launch_consumer", "launch_producer", "launch_chunk_copy", "copy_job_tables", "TL_DTYPES"]
+__all__ = ["interpreting", "use_tma", "launch_consumer", "launch_producer", "launch_chunk_copy", "copy_job_tables", "stage_chunk_copy", "TL_DTYPES"]
 
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
@@ -160,6 +160,32 @@ def copy_job_tables(ctx, jobs, stream: torch.cuda.Stream | None) -> tuple[torch.
             del cache[k]
         cache[key] = tables
     return tables
+
+
+_COPIERS_LOADED: set[tuple] = set()
+
+
+def stage_chunk_copy(ctx, jobs, stream: torch.cuda.Stream | None, programs: int, dtype: torch.dtype,
+                     spin_limit: int = 0) -> None:
+    """Everything `launch_chunk_copy` needs that may synchronize, done before a fused kernel runs:
+    the job tables, and the copier's first launch in this process (with no jobs), in which Triton
+    compiles it and loads it onto the device. A module load is an implicit synchronization point
+    too: the first reduce-scatter over SM copies, loading the copier after the producer started,
+    ran out of its waits on two H200s while every later call was correct."""
+    if not jobs:
+        return
+    table, small = copy_job_tables(ctx, jobs, stream)
+    variant = (str(ctx.device), programs, dtype, spin_limit)
+    if variant in _COPIERS_LOADED or ctx.device.type != "cuda":
+        return
+    with torch.cuda.stream(stream):
+        chunk_copy_kernel[(programs,)](
+            table[0], table[1], table[2], small[0], small[1], small[2], 0,
+            ctx.signals.local, ctx.peer_signal_ptrs, ctx.signals.local[ENTERED_BASE:], ctx.counters[COPY_COUNTER_BASE:],
+            0, ctx.error, NUM_PROGRAMS=programs, BLOCK=COPY_BLOCK, ELEM=TL_DTYPES[dtype], MAX_SPIN=spin_limit,
+            num_warps=4,
+        )
+    _COPIERS_LOADED.add(variant)
 
 
 def launch_chunk_copy(ctx, stream: torch.cuda.Stream, jobs, programs: int, epoch: int, dtype: torch.dtype,
