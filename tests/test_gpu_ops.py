@@ -20,6 +20,14 @@ pytestmark = pytest.mark.multigpu
 TOL = {"bf16": 1e-2, "fp16": 5e-3}
 
 
+def comm_sms(kind: str, backend: str, sms: int) -> int:
+    from syncopate.search_space.space import NCCL_PRODUCER_MIN_SMS
+
+    if backend == "copy_engine":
+        return 0
+    return max(sms, NCCL_PRODUCER_MIN_SMS) if backend == "nccl" and kind != "ag_gemm" else sms
+
+
 def matrix(quick: bool = False):
     """(kind, dtype, (M, N, K), candidate dict, calls) for every case."""
     from syncopate.errors import ConfigError
@@ -41,7 +49,7 @@ def matrix(quick: bool = False):
         if template == "bidirectional_ring" and s < 2:
             continue
         c = Candidate(backend=backend, template=template, num_splits=s, tile_order=order,
-                      comm_sms=0 if backend == "copy_engine" else 32, block_m=128, block_n=128, block_k=64,
+                      comm_sms=comm_sms(kind, backend, 32), block_m=128, block_n=128, block_k=64,
                       group_m=4, num_warps=8, num_stages=3)
         try:
             check_candidate(c, Workload(kind=kind, shape=shapes[kind], dtype=dtype), topology)
@@ -49,13 +57,13 @@ def matrix(quick: bool = False):
             continue
         cases.append((kind, dtype, shapes[kind], c.to_dict(), 1))
     for kind, backend in itertools.product(shapes, ["copy_engine", "nvshmem", "nccl"]):
-        c = Candidate(backend=backend, num_splits=4, comm_sms=0 if backend == "copy_engine" else 16,
+        c = Candidate(backend=backend, num_splits=4, comm_sms=comm_sms(kind, backend, 16),
                       block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
         cases.append((kind, "bf16", shapes[kind], c.to_dict(), 10 if quick else 100))
     # More tiles straddling the block boundary (140 columns of tiles) than programs: the liveness
     # model finds that the producer of commit 33175f5 deadlocked here (a program held two of them).
     for kind, backend in itertools.product([k for k in shapes if k != "ag_gemm"], ["copy_engine", "nvshmem", "nccl"]):
-        c = Candidate(backend=backend, num_splits=1, comm_sms=0 if backend == "copy_engine" else 32,
+        c = Candidate(backend=backend, num_splits=1, comm_sms=comm_sms(kind, backend, 32),
                       block_m=128, block_n=128, block_k=64, group_m=4, num_warps=8, num_stages=3)
         cases.append((kind, "bf16", (4160, 17920, 512), c.to_dict(), 2))
     # Back-to-back cases first, then the producers: a run stopped by its time limit has covered those.
