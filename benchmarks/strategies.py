@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default="configs/llama_tp2.yaml")
     ap.add_argument("--sweep", help="a measured sweep to replay: a sweep file or a results database URL")
     ap.add_argument("--sweep-name", help="with a database: the sweep's name or id")
+    ap.add_argument("--topology", help="topology key, for a config that detects it (e.g. H200x2-nvlink)")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--truth-seed", type=int, default=0, help="seed of the synthetic ground truth")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
@@ -62,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="results/strategies_synthetic.json", help="where to write every number")
     args = ap.parse_args(argv)
     sweep_cfg = load_sweep(args.config)
-    topology = Topology.from_key(sweep_cfg.topology_key)
+    key = args.topology or sweep_cfg.topology_key
+    if key == "detect":
+        ap.error(f"{args.config} detects its topology: name the one its sweep ran on with --topology (e.g. H200x2-nvlink)")
+    topology = Topology.from_key(key)
     workloads = list(sweep_cfg.workloads)[: args.workloads]
     started = time.time()
     if args.sweep:

@@ -75,14 +75,19 @@ def _driver_version() -> str:
 
 @functools.cache
 def git_revision() -> str:
-    """The git revision of the syncopate checkout; outside one, `SYNCOPATE_GIT_REV` (set in the
+    """The git revision of the syncopate checkout, with `+dirty` where its tracked files differ from
+    it (the code that ran is then not that commit); outside one, `SYNCOPATE_GIT_REV` (set in the
     worker image at build time), else `unknown`."""
     root = Path(__file__).resolve().parent.parent
     if not (root / ".git").exists() and os.environ.get("SYNCOPATE_GIT_REV"):
         return os.environ["SYNCOPATE_GIT_REV"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() if out.returncode == 0 else "unknown"
+        if out.returncode != 0:
+            return "unknown"
+        changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "syncopate"], cwd=root, capture_output=True,
+                                 timeout=10)
+        return out.stdout.strip() + ("+dirty" if changed.returncode == 1 else "")
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
 

@@ -48,8 +48,8 @@ CE2 = Candidate(backend="copy_engine", num_splits=2, tile_order="arrival")
 CE4 = Candidate(backend="copy_engine", num_splits=4, tile_order="swizzle")
 NV2 = Candidate(backend="nvshmem", num_splits=2, comm_sms=32, tile_order="arrival")
 NV4 = Candidate(backend="nvshmem", num_splits=4, comm_sms=32, tile_order="swizzle")
-NC2 = Candidate(backend="nccl", num_splits=2, comm_sms=16, tile_order="row_major")
-NC4 = Candidate(backend="nccl", num_splits=4, comm_sms=16, tile_order="arrival")
+NC2 = Candidate(backend="nccl", num_splits=2, comm_sms=64, tile_order="row_major")
+NC4 = Candidate(backend="nccl", num_splits=4, comm_sms=64, tile_order="arrival")
 CE8 = Candidate(backend="copy_engine", num_splits=8, tile_order="arrival_colmajor")
 
 OOM_ERROR = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"

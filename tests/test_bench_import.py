@@ -1,7 +1,7 @@
 """Layer: pure CPU logic. `syncopate import-bench` and `results_db.bench_import` on the bench file
 measured on two H200s (results/bench-2026-11-22-h200x2-ag2048.json): what is stored, idempotence,
-the environment it is stored under, files it refuses; and `results/h200x2.db` holds exactly that
-import."""
+the environment it is stored under, files it refuses; and `results/h200x2.db` holds exactly the
+imports of the bench files under results/ (that one and the LLaMA TP=2 suite's two)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from syncopate.results_db.bench_import import import_bench, quantile
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "results" / "bench-2026-11-22-h200x2-ag2048.json"
 H200X2_DB = ROOT / "results" / "h200x2.db"
+SUITE = [ROOT / "results" / f"bench-2026-11-22-h200x2-suite-{part}.json" for part in ("ag", "rs")]
+"""Bench files that record their environment themselves (no versions to give on import)."""
 VERSIONS = {"triton": "3.6.0", "cuda": "13.0", "nccl": "2.28.3", "driver": "580.159.04"}
 FLAGS = [x for k, v in VERSIONS.items() for x in (f"--{k}", v)]
 ENV = Environment(syncopate="0.1.0", torch="2.11.0+cu130", gpu_model="H200", **VERSIONS)
@@ -124,7 +126,7 @@ def test_cli_import_bench(tmp_path, capsys):
 
 
 def test_committed_database_is_this_import(tmp_path):
-    """results/h200x2.db holds the bench file's import and nothing else (the dashboard's real data)."""
+    """results/h200x2.db holds the bench files' imports and nothing else (the dashboard's real data)."""
     copy = tmp_path / "h200x2.db"
     shutil.copy(H200X2_DB, copy)  # opening a SQLite file may touch it: never the committed one
     with (
@@ -132,6 +134,8 @@ def test_committed_database_is_this_import(tmp_path):
         ResultsDB.open(tmp_path / "fresh.db", upgrade=True) as fresh,
     ):
         import_bench(fresh, BENCH, syncopate="0.1.0", **VERSIONS)
+        for path in SUITE:
+            import_bench(fresh, path)
 
         def content(rdb):
             trials = [

@@ -140,11 +140,11 @@ def test_the_copy_engine_cannot_cross_nodes():
     model = CostModel(default_calibration(topo))
     w = Workload(kind="gemm_rs", shape=(4096, 4096, 2048))
     ce = model.predict(w, topo, Candidate(backend="copy_engine", num_splits=2))
-    nccl = model.predict(w, topo, Candidate(backend="nccl", comm_sms=16, num_splits=2))
+    nccl = model.predict(w, topo, Candidate(backend="nccl", comm_sms=64, num_splits=2))
     assert not ce.feasible and ce.time_us == math.inf and "another node" in ce.reason
     assert nccl.feasible and math.isfinite(nccl.time_us)
     ranked = model.rank(w, topo, [Candidate(backend="copy_engine", num_splits=2),
-                                  Candidate(backend="nccl", comm_sms=16, num_splits=2)])
+                                  Candidate(backend="nccl", comm_sms=64, num_splits=2)])
     assert ranked[-1].candidate.backend == "copy_engine"
 
 

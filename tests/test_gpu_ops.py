@@ -21,11 +21,11 @@ TOL = {"bf16": 1e-2, "fp16": 5e-3}
 
 
 def comm_sms(kind: str, backend: str, sms: int) -> int:
-    from syncopate.search_space.space import NCCL_PRODUCER_MIN_SMS
+    from syncopate.search_space.space import NCCL_MIN_SMS
 
     if backend == "copy_engine":
         return 0
-    return max(sms, NCCL_PRODUCER_MIN_SMS) if backend == "nccl" and kind != "ag_gemm" else sms
+    return max(sms, NCCL_MIN_SMS) if backend == "nccl" else sms
 
 
 def matrix(quick: bool = False):

@@ -167,7 +167,7 @@ def test_producer_orders_that_ignore_departures_are_refused_where_they_deadlock(
                                           r"accepted for .* are 'arrival' and 'arrival_colmajor'"):
         check_candidate(c, w3, Topology(world_size=3, gpu_model="H200"))
     w2 = Workload(kind=kind, shape=(2 * 1024, 1024, 2 * 1024))
-    nccl = cand(backend="nccl", comm_sms=16, template="direct", num_splits=2, tile_order=order)
+    nccl = cand(backend="nccl", comm_sms=64, template="direct", num_splits=2, tile_order=order)
     assert not check_liveness(kind, nccl, 2, 2 * 1024, 256, 1).live
     with pytest.raises(ConfigError, match=r"backend nccl pairs each send with a receive"):
         check_candidate(nccl, w2, Topology(world_size=2, gpu_model="H200"))

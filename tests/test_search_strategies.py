@@ -26,7 +26,7 @@ TOPO = Topology.from_key("H200x2-nvlink")
 W = Workload(kind="ag_gemm", shape=(8192, 2048, 8192))
 OPTIONS = SpaceOptions(
     templates=("direct",), num_splits=(1, 2, 4), tile_orders=("arrival", "row_major"), group_m=(8,),
-    comm_sms={"copy_engine": (0,), "nvshmem": (16, 64), "nccl": (16,)},
+    comm_sms={"copy_engine": (0,), "nvshmem": (16, 64), "nccl": (64,)},
     tile_configs=tuple(TileConfig.from_key(k) for k in ("128x256x64w8s3", "128x128x64w8s4", "64x128x64w4s4")),
 )
 STRATEGIES = sorted(AVAILABLE_STRATEGIES)

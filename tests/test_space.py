@@ -67,6 +67,15 @@ def test_shared_memory_and_registers_prune_tile_configs():
         check_candidate(Candidate(block_m=256, block_n=256, block_k=32, num_stages=2, num_warps=4), w, H200x2)
 
 
+@pytest.mark.parametrize("kind", ["ag_gemm", "gemm_rs", "gemm_ar"])
+def test_nccl_gets_the_sms_its_kernels_need(kind):
+    w = Workload(kind=kind, shape=(8192, 8192, 2048), dtype="bf16")
+    with pytest.raises(ConfigError, match="backend nccl needs comm_sms >= 64, got 16"):
+        check_candidate(Candidate(backend="nccl", comm_sms=16), w, H200x2)
+    check_candidate(Candidate(backend="nccl", comm_sms=64), w, H200x2)
+    assert {c.comm_sms for c in space(w, H200x2) if c.backend == "nccl"} == {64}
+
+
 def test_comm_sms_must_leave_sms_for_the_gemm():
     w = Workload(kind="ag_gemm", shape=(8192, 4096, 4096))
     with pytest.raises(ConfigError, match="comm_sms=100 leaves too few of 132 SMs"):

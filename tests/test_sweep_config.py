@@ -73,7 +73,7 @@ def test_space_restrictions_apply(tmp_path):
         name: small
         topology: H200x2-nvlink
         workloads: [{kind: gemm_rs, shapes: [[8192, 4096, 4096]]}]
-        space: {backends: [nccl], comm_sms: {nccl: [8]}, num_splits: [2], tile_configs: [128x128x64w8s4]}
+        space: {backends: [nccl], comm_sms: {nccl: [64]}, num_splits: [2], tile_configs: [128x128x64w8s4]}
     """))
     sweep = load_sweep(f)
     from syncopate.search_space import space

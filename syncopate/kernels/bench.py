@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from syncopate.search_space import Candidate, Topology, Workload, check_candidate
-from syncopate.search_space.space import NCCL_PRODUCER_MIN_SMS
+from syncopate.search_space.space import NCCL_MIN_SMS
 
 __all__ = ["BenchOptions", "bench_grid", "run_bench", "format_table"]
 
@@ -47,7 +47,7 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
     templates = ["direct"] if ws <= 2 else ["direct", "ring"]
     splits = [1, 2, 4, 8] if grid != "tiny" else [2, 4]
     tiles = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4)] if grid != "tiny" else [(128, 256, 64, 8, 3)]
-    comm = {"copy_engine": [0], "nvshmem": [32, 64], "nccl": [16, NCCL_PRODUCER_MIN_SMS]}
+    comm = {"copy_engine": [0], "nvshmem": [32, 64], "nccl": [NCCL_MIN_SMS]}
     out = []
     for backend, template, s, (bm, bn, bk, w, st) in itertools.product(backends, templates, splits, tiles):
         for sms in comm[backend]:

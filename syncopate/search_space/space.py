@@ -35,11 +35,13 @@ __all__ = [
     "candidate_from_params",
     "default_candidate",
     "tile_orders_for",
+    "NCCL_MIN_SMS",
 ]
 
-NCCL_PRODUCER_MIN_SMS = 64
-"""SMs a gemm_rs/gemm_ar over NCCL leaves free: on two H200s, 16 timed out on every call (NCCL's
-kernels waited for SMs the producer's waiting programs held) and 64 ran correct."""
+NCCL_MIN_SMS = 64
+"""SMs the fused kernel leaves free for NCCL. On two H200s, gemm_rs and gemm_ar with 16 timed out on
+every call (NCCL's kernels waited for SMs held by the fused kernel's waiting programs) and ag_gemm
+with 8 or 16 and 128x64 tiles hung until the ranks' barriers trapped; with 64 every one ran correct."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +99,7 @@ class SpaceOptions:
     tile_orders: tuple[str, ...] = ("arrival", "arrival_colmajor", "swizzle", "row_major")
     """Tile orders (those that fit the kind's role are kept)."""
     comm_sms: dict[str, tuple[int, ...]] = field(
-        default_factory=lambda: {"copy_engine": (0,), "nvshmem": (16, 32, 64), "nccl": (8, 16, NCCL_PRODUCER_MIN_SMS)}
+        default_factory=lambda: {"copy_engine": (0,), "nvshmem": (16, 32, 64), "nccl": (NCCL_MIN_SMS,)}
     )
     """SMs given to communication, per backend."""
     tile_configs: tuple[TileConfig, ...] = TILE_CONFIGS
@@ -193,10 +195,10 @@ def check_candidate(candidate: Candidate, workload: Workload, topology: Topology
             f"tile {c.block_m}x{c.block_n} with {c.num_warps} warps keeps {acc_regs} accumulator registers "
             f"per thread; at most 128 fit beside the rest"
         )
-    if c.backend == "nccl" and workload.kind != "ag_gemm" and c.comm_sms < NCCL_PRODUCER_MIN_SMS:
+    if c.backend == "nccl" and c.comm_sms < NCCL_MIN_SMS:
         raise ConfigError(
-            f"{workload.kind} over nccl needs comm_sms >= {NCCL_PRODUCER_MIN_SMS}, got {c.comm_sms}: with fewer "
-            f"free SMs NCCL's kernels cannot all run beside the producer's waiting programs (measured on H200s)"
+            f"backend nccl needs comm_sms >= {NCCL_MIN_SMS}, got {c.comm_sms}: with fewer free SMs NCCL's kernels "
+            f"cannot all run beside the fused kernel's waiting programs (measured on H200s)"
         )
     if c.comm_sms > topology.sm_count // 2:
         raise ConfigError(
