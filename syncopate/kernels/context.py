@@ -10,6 +10,7 @@ only grow, so no call resets anything. Symmetric memory comes from torch's
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,18 @@ from syncopate.kernels.tables import PAD_WORDS
 __all__ = ["OverlapContext", "SymmetricBuffer"]
 
 log = logging.getLogger(__name__)
+
+
+def enable_symm_mem(group_name: str) -> None:
+    """Enable symmetric memory for a group on torch versions that need it (newer ones do it by
+    themselves and warn that the call is deprecated: that warning is not shown)."""
+    symm_mem = _symm_mem()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            symm_mem.enable_symm_mem_for_group(group_name)
+        except Exception:  # a torch without it, or with every group already enabled
+            pass
 
 
 def _symm_mem():
@@ -79,10 +92,7 @@ class OverlapContext:
         group = group or dist.group.WORLD
         device = torch.device("cuda", torch.cuda.current_device())
         name = group.group_name
-        try:
-            symm_mem.enable_symm_mem_for_group(name)
-        except Exception:  # newer torch enables every group by itself
-            pass
+        enable_symm_mem(name)
 
         def alloc(shape, dtype) -> SymmetricBuffer:
             t = symm_mem.empty(shape, dtype=dtype, device=device)

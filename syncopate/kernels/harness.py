@@ -148,10 +148,9 @@ class Harness:
         try:
             import torch.distributed._symmetric_memory as symm_mem
 
-            try:
-                symm_mem.enable_symm_mem_for_group(g.group_name)
-            except Exception:
-                pass
+            from syncopate.kernels.context import enable_symm_mem
+
+            enable_symm_mem(g.group_name)
             if kind == "ag_gemm":
                 fn = lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], gather_dim=0, group_name=g.group_name)
                 detail = "torch.ops.symm_mem.fused_all_gather_matmul"
