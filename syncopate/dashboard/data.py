@@ -47,6 +47,7 @@ __all__ = [
     "ENV_FIELDS",
     "Filters",
     "FilterOptions",
+    "SWEEP_COLUMNS",
     "Selection",
     "backend_splits",
     "compare_sweeps",
@@ -549,7 +550,8 @@ def failures(db: ResultsDB, sel: Selection, *, limit: int = 100) -> pd.DataFrame
 # ---- sweeps -----------------------------------------------------------------------------------
 
 
-_SWEEP_COLUMNS = [
+SWEEP_COLUMNS = [
+    # what `sweeps` returns, in order; the dashboard's sweeps table shows all but the last
     "sweep_id",
     "name",
     "status",
@@ -625,7 +627,7 @@ def sweeps(db: ResultsDB, filters: Filters = Filters()) -> pd.DataFrame:
             ),
         )
     if frame.empty:
-        return pd.DataFrame(columns=_SWEEP_COLUMNS)
+        return pd.DataFrame(columns=SWEEP_COLUMNS)
     for c in ("trials", "ok", "workloads"):
         frame[c] = pd.to_numeric(frame[c]).fillna(0).astype(int)
     frame["failed"] = frame["trials"] - frame["ok"]
@@ -640,7 +642,7 @@ def sweeps(db: ResultsDB, filters: Filters = Filters()) -> pd.DataFrame:
     frame["topologies"] = frame["sweep_id"].map(joined("topology")).fillna("")
     frame["environments"] = frame["sweep_id"].map(joined("env_label")).fillna("")
     frame["sources"] = frame["sweep_id"].map(joined("source")).fillna("")
-    return frame[_SWEEP_COLUMNS].reset_index(drop=True)
+    return frame[SWEEP_COLUMNS].reset_index(drop=True)
 
 
 def compare_sweeps(db: ResultsDB, a: int, b: int, filters: Filters = Filters()) -> pd.DataFrame:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from syncopate.dashboard.data import Filters
+from syncopate.dashboard.data import SWEEP_COLUMNS, Filters
 
 __all__ = [
     "compare_table",
@@ -97,24 +97,7 @@ def failures_table(failed: pd.DataFrame) -> pd.DataFrame:
 
 
 def sweeps_table(frame: pd.DataFrame) -> pd.DataFrame:
-    out = frame[
-        [
-            "sweep_id",
-            "name",
-            "status",
-            "host",
-            "started_at",
-            "finished_at",
-            "duration_s",
-            "trials",
-            "ok",
-            "failed",
-            "workloads",
-            "topologies",
-            "environments",
-            "sources",
-        ]
-    ].copy()
+    out = frame[[c for c in SWEEP_COLUMNS if c != "last_trial_at"]].copy()
     for column in ("started_at", "finished_at"):
         out[column] = [
             v.strftime("%Y-%m-%d %H:%M:%S UTC") if isinstance(v, pd.Timestamp) and not pd.isna(v) else ""
