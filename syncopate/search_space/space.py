@@ -41,7 +41,8 @@ __all__ = [
 NCCL_MIN_SMS = 64
 """SMs the fused kernel leaves free for NCCL. On two H200s, gemm_rs and gemm_ar with 16 timed out on
 every call (NCCL's kernels waited for SMs held by the fused kernel's waiting programs) and ag_gemm
-with 8 or 16 and 128x64 tiles hung until the ranks' barriers trapped; with 64 every one ran correct."""
+with 8 or 16 and 128x64 tiles hung until the ranks' barriers trapped; gemm_rs and ag_gemm with 64 ran
+correct (gemm_ar with 64 not yet run)."""
 
 
 @dataclass(frozen=True, slots=True)
