@@ -35,7 +35,7 @@ def matrix(quick: bool = False):
 
     topology = Topology.from_key("H200x2-nvlink")
     cases = []
-    orders = ["arrival"] if quick else ["arrival", "arrival_colmajor", "swizzle", "row_major"]
+    orders = ["arrival"] if quick else ["arrival", "arrival_colmajor", "swizzle", "row_major", "kept_interleaved"]
     splits = [2] if quick else [1, 2, 4, 8]
     templates = ["direct"] if quick else ["direct", "ring", "bidirectional_ring"]
     dtypes = ["bf16"] if quick else ["bf16", "fp16"]

@@ -229,6 +229,17 @@ def test_all_reduce_producer_stores_reduced_rows_and_raises_peer_signals(ws, m, 
     _check_all_reduce(results, total, pads, plan, ws)
 
 
+@pytest.mark.parametrize("kind", ["gemm_rs", "gemm_ar"])
+def test_producers_with_kept_chunks_interleaved(kind):
+    """The opt-in order: same sums, same chunks sent, kept chunks finished among the sent ones."""
+    results, partial, total, pads, plan = run_producer(kind, "direct", 2, 2 * (4 * 32 + 16), 48, 32, 4,
+                                                       "kept_interleaved")
+    if kind == "gemm_rs":
+        _check_reduce_scatter(results, partial, total, pads, plan)
+    else:
+        _check_all_reduce(results, total, pads, plan, 2)
+
+
 @pytest.mark.parametrize("template, ws", [("direct", 2)] + TUNED_WORLDS + [("direct", 4)])
 def test_all_reduce_producer_at_four_and_eight_ranks(template, ws):
     results, partial, total, pads, plan = run_producer("gemm_ar", template, ws, 64 * ws, 32, 32, 2)

@@ -24,7 +24,7 @@ TEMPLATE_SPLITS = [(t, s) for t in ("direct", "ring", "bidirectional_ring") for 
                    if not (t == "bidirectional_ring" and s == 1)]
 ORDERS = ("arrival", "arrival_colmajor", "swizzle", "row_major")
 WORLD_SIZES = (2, 3, 4, 8)
-BACKENDS = (("copy_engine", 0), ("nvshmem", 16), ("nccl", 16))
+BACKENDS = (("copy_engine", 0), ("nvshmem", 16), ("nccl", 64))
 H200_SMS = 132
 
 
@@ -296,3 +296,15 @@ def test_the_model_raises_the_words_the_producer_tables_name():
                 gathers = {(p, _ARRIVAL, slot) for p, slot in enumerate(slots) if slot >= 0}
                 assert words == {(rank, _READY, int(t.chunk_ready[ci]))} | gathers
             assert list(call.entries[rank]) and len(call.entries[rank]) == t.order.numel()
+
+
+@pytest.mark.parametrize("kind", ["gemm_rs", "gemm_ar"])
+def test_the_kept_interleaved_order_ends(kind):
+    """The opt-in producer order that moves kept chunks up among the sent ones (direct plans)."""
+    direct = [("direct", s) for s in (1, 2, 4, 8)]
+    reports = [r for r, _, _ in _sweep(kind, n_cols=256, orders=("kept_interleaved",), template_splits=direct)]
+    reports += [r for r, _, _ in _sweep(kind, n_cols=70 * 128, world_sizes=(2, 8), orders=("kept_interleaved",),
+                                        template_splits=[("direct", 1), ("direct", 4)], programs=(7, 64))]
+    assert len(reports) > 500
+    dead = [r.describe() for r in reports if not r.live]
+    assert not dead, f"{len(dead)} deadlock(s), the first:\n" + dead[0]

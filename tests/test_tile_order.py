@@ -42,6 +42,8 @@ def test_producer_entries_finish_every_rows_of_every_tile_once(order):
     """Each (tile, chunk its rows overlap) pair is one entry; a tile with rows of two chunks is two
     entries, and every rank has as many entries (the kernels' grids and the cost model rely on it)."""
     for plan, n_cols, bm, bn in _plans("reduce_scatter"):
+        if order == "kept_interleaved" and plan.template != "direct":
+            continue
         lengths = set()
         for r in range(plan.world_size):
             s = producer_schedule(plan, r, n_cols, bm, bn, 4, order)
@@ -122,6 +124,19 @@ def test_a_program_blocked_on_partials_holds_no_entry_of_a_leaving_chunk():
                     for i in range(p, len(s.order), programs):
                         assert not (blocked and leaves[i]), (splits, rows, bm, r, programs, p, i)
                         blocked |= waits[i]
+
+
+def test_kept_interleaved_moves_each_kept_chunk_up_one_split_after_its_partial_leaves_the_peer():
+    plan = build_plan("direct", "reduce_scatter", 2, 1024, 4, align=128)
+    for r in range(2):
+        s = producer_schedule(plan, r, 128, 128, 128, 1, "kept_interleaved")
+        chunks = list(dict.fromkeys(s.entry_chunk))
+        own = [r * 4 + j for j in range(4)]
+        sent = [(1 - r) * 4 + j for j in range(4)]
+        assert chunks == [sent[0], sent[1], own[0], sent[2], own[1], sent[3], own[2], own[3]]
+    with pytest.raises(ConfigError, match="needs the direct plan"):
+        producer_schedule(build_plan("ring", "reduce_scatter", 4, 1024, 2, align=128), 0, 128, 128, 128, 1,
+                          "kept_interleaved")
 
 
 def test_producer_counters_and_ready_slots():

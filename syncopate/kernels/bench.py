@@ -48,10 +48,14 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
     splits = [1, 2, 4, 8] if grid != "tiny" else [2, 4]
     tiles = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4)] if grid != "tiny" else [(128, 256, 64, 8, 3)]
     comm = {"copy_engine": [0], "nvshmem": [32, 64], "nccl": [NCCL_MIN_SMS]}
+    # Producers also try kept chunks interleaved with the sent ones (an all-reduce then gathers
+    # reduced chunks while the GEMM runs); check_candidate keeps it to the direct plan.
+    orders = ["arrival"] if workload.kind == "ag_gemm" else ["arrival", "kept_interleaved"]
     out = []
-    for backend, template, s, (bm, bn, bk, w, st) in itertools.product(backends, templates, splits, tiles):
+    for backend, template, s, (bm, bn, bk, w, st), order in itertools.product(backends, templates, splits, tiles,
+                                                                              orders):
         for sms in comm[backend]:
-            c = Candidate(backend=backend, template=template, num_splits=s, tile_order="arrival", comm_sms=sms,
+            c = Candidate(backend=backend, template=template, num_splits=s, tile_order=order, comm_sms=sms,
                           block_m=bm, block_n=bn, block_k=bk, group_m=8, num_warps=w, num_stages=st)
             try:
                 check_candidate(c, workload, topology)

@@ -98,7 +98,7 @@ class SpaceOptions:
     num_splits: tuple[int, ...] = (1, 2, 4, 8)
     """Chunks per block."""
     tile_orders: tuple[str, ...] = ("arrival", "arrival_colmajor", "swizzle", "row_major")
-    """Tile orders (those that fit the kind's role are kept)."""
+    """Tile orders (those that fit the kind's role are kept; `kept_interleaved` is opt-in)."""
     comm_sms: dict[str, tuple[int, ...]] = field(
         default_factory=lambda: {"copy_engine": (0,), "nvshmem": (16, 32, 64), "nccl": (NCCL_MIN_SMS,)}
     )
@@ -211,6 +211,8 @@ def check_candidate(candidate: Candidate, workload: Workload, topology: Topology
             f"tile order {c.tile_order!r} does not fit {workload.kind}: accepted are "
             f"{', '.join(tile_orders_for(workload.kind))}"
         )
+    if c.tile_order == "kept_interleaved" and c.template != "direct":
+        raise ConfigError(f"tile order 'kept_interleaved' needs template 'direct', not {c.template!r}")
     refusal = _deadlocking_order(workload.kind, c.tile_order, ws, c.backend)
     if refusal:
         raise ConfigError(refusal)

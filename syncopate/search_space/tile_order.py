@@ -19,6 +19,10 @@ Producer orders (`gemm_rs`, `gemm_ar`: tiles write partial rows that leave in ch
 - `arrival`: tiles of the chunk that leaves first, first, GROUP_M swizzle inside a chunk; the rows
   the rank keeps come last, in the order their incoming partials arrive.
 - `arrival_colmajor`: the same chunk order, column-major inside a chunk.
+- `kept_interleaved` (direct plans): the arrival order with each kept chunk moved up among the
+  sent ones, one split's sends after the peers send its last partial (for two ranks and four
+  splits: L0 L1 K0 L2 K1 L3 K2 K3). An all-reduce can then gather each reduced chunk while the
+  GEMM goes on, instead of after it. Opt-in (not in the default space) until measured.
 
 A producer's order is a list of *entries*, each a tile and the one chunk whose rows it finishes
 (adds the partials received for them, stores them, counts the tile in the chunk). A tile with rows
@@ -51,7 +55,7 @@ __all__ = [
 ]
 
 CONSUMER_ORDERS: tuple[str, ...] = ("arrival", "arrival_colmajor", "swizzle", "row_major")
-PRODUCER_ORDERS: tuple[str, ...] = ("arrival", "arrival_colmajor", "swizzle", "row_major")
+PRODUCER_ORDERS: tuple[str, ...] = ("arrival", "arrival_colmajor", "swizzle", "row_major", "kept_interleaved")
 TILE_ORDERS: tuple[str, ...] = tuple(dict.fromkeys(CONSUMER_ORDERS + PRODUCER_ORDERS))
 """Every tile order name."""
 
@@ -155,6 +159,26 @@ def consumer_schedule(
     )
 
 
+def _kept_interleaved_keys(plan: ChunkPlan, rank: int, ready: list[int], keys: list[float]) -> list[float]:
+    """Chunk keys that put a kept chunk after this rank's send slot `m + ws - 1`, where m is the
+    latest slot at which a peer sends one of its partials (direct plans: every rank's sends have
+    the same structure, so the peers reach slot m when this rank does)."""
+    if plan.template != "direct":
+        raise ConfigError(f"tile order 'kept_interleaved' needs the direct plan, not {plan.template!r}")
+    slot_of = {}
+    for p in range(plan.world_size):
+        for i, t in enumerate(plan.sends(p, "reduce")):
+            slot_of[(t.src, t.dst, t.chunk)] = i
+    out = list(keys)
+    n_sent = sum(1 for x in ready if x >= 0)
+    for t in plan.recvs(rank, "reduce"):
+        c = plan.chunk_index(*t.chunk)
+        m = max(slot_of[(x.src, x.dst, x.chunk)] for x in plan.recvs(rank, "reduce") if x.chunk == t.chunk)
+        after = min(m + plan.world_size - 1, n_sent - 1)
+        out[c] = after + 0.5 + c / (4 * plan.num_chunks)  # after that send; kept chunks in row order
+    return out
+
+
 def producer_schedule(
     plan: ChunkPlan, rank: int, n_cols: int, block_m: int, block_n: int, group_m: int, order: str
 ) -> TileSchedule:
@@ -175,6 +199,8 @@ def producer_schedule(
     # A chunk that leaves ranks by its send position; a chunk kept here ranks after every sent one,
     # in the order of its last incoming partial.
     chunk_key = [ready[c] if ready[c] >= 0 else n_sent + 1 + arrival[c] for c in range(plan.num_chunks)]
+    if order == "kept_interleaved":
+        chunk_key = _kept_interleaved_keys(plan, rank, ready, chunk_key)
     _check_order(order, group_m, PRODUCER_ORDERS)
     if order in ("row_major", "swizzle"):
         # The rows of an m-tile that belong to one chunk make one row of entries (an m-tile with rows
