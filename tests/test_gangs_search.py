@@ -5,12 +5,12 @@ companion sweep before a winner is declared, and an Optuna study driven by gangs
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import pytest
 import yaml
 from rich.console import Console
+from support.ray_cluster import local_ray
 
 from syncopate.autotuner.tune import TuneOptions, run_tune
 from syncopate.cli import main
@@ -18,17 +18,10 @@ from syncopate.results_db import ResultsDB
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():
-    import ray
-
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
+    yield from local_ray(2)
 
 
 def sweep(tmp_path: Path, name: str, strategy: dict) -> Path:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from pathlib import Path
 
 import pytest
 from rich.console import Console
+from support.ray_cluster import local_ray
 from support.stored import BASELINES, TRIALS, by_candidate, rows, stored_trials
 from support.sweeps import fixture_sweep, planned_keys
 
@@ -26,19 +26,13 @@ from syncopate.workers.fixture_runner import FixtureRunner, candidate_time
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # one Ray cluster; most tests form gangs
 
-REPO = Path(__file__).resolve().parents[1]
 W_AG = "ag_gemm/4096x4096x4096/bf16"
 W_RS = "gemm_rs/4096x8192x4096/bf16"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():
-    import ray
-
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
+    yield from local_ray(2)
 
 
 @pytest.fixture(autouse=True)

@@ -7,11 +7,11 @@ at its world size."""
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import pytest
 from rich.console import Console
+from support.ray_cluster import local_ray
 from support.stored import BASELINES, TRIALS, rows, stored_trials
 from support.sweeps import fixture_sweep, planned_keys
 
@@ -21,19 +21,13 @@ from syncopate.workers.fixture_runner import candidate_time
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
 SHAPES = (("ag_gemm", (8192, 8192, 8192)), ("gemm_rs", (8192, 8192, 8192)), ("gemm_ar", (8192, 8192, 8192)))
 """One shape of each kind from the TP 8 suite (each divides by 4 and by 8)."""
 
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():
-    import ray
-
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=2, num_gpus=8, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
+    yield from local_ray(8)
 
 
 def tune(tmp_path: Path, topology: str, max_trials: int):
