@@ -13,9 +13,10 @@ the kernel, could otherwise hold the kernel back where two streams share one har
 - `nccl`: NCCL send/receive pairs per (step, split) on a side stream, each arrival followed by a
   stream write of its signal; the fused kernel leaves `comm_sms` SMs free for NCCL's kernels.
 
-The host work of a call that may synchronize (the copier's job tables and first load) is done by `stage_gather` / `stage_scatter` before the fused kernel is launched: an
-allocation is an implicit synchronization point, and one made while the kernel spins would hold
-the side streams back until the kernel ends, which waits for them. What they return only enqueues.
+The host work of a call that may synchronize (the copier's job tables and its first load) is done
+by `stage_gather` / `stage_scatter` before the fused kernel is launched: an allocation or a module
+load is an implicit synchronization point, and one made while the kernel spins would hold the side
+streams back until the kernel ends, which waits for them. What they return only enqueues.
 
 Before a rank writes into a peer's buffer it waits until that peer has entered the same call
 (`ENTERED_BASE + peer` of its own pad reaches the epoch): the peer's previous call has then
@@ -95,11 +96,11 @@ class CommBackend(abc.ABC):
         """Enqueue the reduce-scatter (and all-reduce gather) of `call` on `streams` (three)."""
 
     def stage_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
-        """Do the host work of `start_gather` that may allocate; return what enqueues the rest."""
+        """Do the host work of `start_gather` that may synchronize; return what enqueues the rest."""
         return functools.partial(self.start_gather, call, streams)
 
     def stage_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
-        """Do the host work of `start_scatter` that may allocate; return what enqueues the rest."""
+        """Do the host work of `start_scatter` that may synchronize; return what enqueues the rest."""
         return functools.partial(self.start_scatter, call, streams)
 
 

@@ -13,7 +13,10 @@ from syncopate.kernels.triton_kernels import chunk_copy_kernel, consumer_kernel,
 from syncopate.kernels.tables import ENTERED_BASE, READY_BASE
 from syncopate.search_space import Candidate
 
-__all__ = ["interpreting", "use_tma", "launch_consumer", "launch_producer", "launch_chunk_copy", "copy_job_tables", "stage_chunk_copy", "TL_DTYPES"]
+__all__ = [
+    "interpreting", "use_tma", "launch_consumer", "launch_producer", "launch_chunk_copy", "copy_job_tables",
+    "stage_chunk_copy", "TL_DTYPES",
+]
 
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
@@ -174,17 +177,11 @@ def stage_chunk_copy(ctx, jobs, stream: torch.cuda.Stream | None, programs: int,
     ran out of its waits on two H200s while every later call was correct."""
     if not jobs:
         return
-    table, small = copy_job_tables(ctx, jobs, stream)
+    tables = copy_job_tables(ctx, jobs, stream)
     variant = (str(ctx.device), programs, dtype, spin_limit)
     if variant in _COPIERS_LOADED or ctx.device.type != "cuda":
         return
-    with torch.cuda.stream(stream):
-        chunk_copy_kernel[(programs,)](
-            table[0], table[1], table[2], small[0], small[1], small[2], 0,
-            ctx.signals.local, ctx.peer_signal_ptrs, ctx.signals.local[ENTERED_BASE:], ctx.counters[COPY_COUNTER_BASE:],
-            0, ctx.error, NUM_PROGRAMS=programs, BLOCK=COPY_BLOCK, ELEM=TL_DTYPES[dtype], MAX_SPIN=spin_limit,
-            num_warps=4,
-        )
+    _run_copier(ctx, stream, tables, 0, programs, 0, dtype, spin_limit)  # no jobs: compile and load only
     _COPIERS_LOADED.add(variant)
 
 
@@ -193,10 +190,15 @@ def launch_chunk_copy(ctx, stream: torch.cuda.Stream, jobs, programs: int, epoch
     """Run SM-driven chunk copies on `stream` with `programs` programs (see `chunk_copy_kernel`)."""
     if not jobs:
         return
-    table, small = copy_job_tables(ctx, jobs, stream)
+    _run_copier(ctx, stream, copy_job_tables(ctx, jobs, stream), len(jobs), programs, epoch, dtype, spin_limit)
+
+
+def _run_copier(ctx, stream, tables, num_jobs: int, programs: int, epoch: int, dtype: torch.dtype,
+                spin_limit: int) -> None:
+    table, small = tables
     with torch.cuda.stream(stream) if ctx.device.type == "cuda" else contextlib.nullcontext():
         chunk_copy_kernel[(programs,)](
-            table[0], table[1], table[2], small[0], small[1], small[2], len(jobs),
+            table[0], table[1], table[2], small[0], small[1], small[2], num_jobs,
             ctx.signals.local, ctx.peer_signal_ptrs, ctx.signals.local[ENTERED_BASE:], ctx.counters[COPY_COUNTER_BASE:],
             epoch, ctx.error, NUM_PROGRAMS=programs, BLOCK=COPY_BLOCK, ELEM=TL_DTYPES[dtype], MAX_SPIN=spin_limit,
             num_warps=4,

@@ -165,7 +165,8 @@ def _deadlocking_order(kind: str, order: str, world_size: int, backend: str) -> 
     why = f"world size {world_size}" if world_size != 2 else "backend nccl pairs each send with a receive"
     return (
         f"tile order {order!r} can deadlock {kind} ({why}): a program waits for partials while it "
-        f"holds rows a peer waits for; accepted for {kind} are 'arrival' and 'arrival_colmajor', and "
+        f"holds rows a peer waits for; accepted for {kind} are 'arrival' and 'arrival_colmajor' (and "
+        f"'kept_interleaved' on direct plans), and "
         f"{' and '.join(repr(o) for o in _ROW_ORDERS)} only on two ranks with backend copy_engine or nvshmem"
     )
 

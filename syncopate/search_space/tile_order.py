@@ -165,15 +165,15 @@ def _kept_interleaved_keys(plan: ChunkPlan, rank: int, ready: list[int], keys: l
     the same structure, so the peers reach slot m when this rank does)."""
     if plan.template != "direct":
         raise ConfigError(f"tile order 'kept_interleaved' needs the direct plan, not {plan.template!r}")
-    slot_of = {}
-    for p in range(plan.world_size):
-        for i, t in enumerate(plan.sends(p, "reduce")):
-            slot_of[(t.src, t.dst, t.chunk)] = i
-    out = list(keys)
-    n_sent = sum(1 for x in ready if x >= 0)
+    slot = {(t.src, t.chunk): i for p in range(plan.world_size)
+            for i, t in enumerate(plan.sends(p, "reduce")) if t.dst == rank}
+    last: dict[int, int] = {}  # kept chunk -> the latest peer send slot of one of its partials
     for t in plan.recvs(rank, "reduce"):
         c = plan.chunk_index(*t.chunk)
-        m = max(slot_of[(x.src, x.dst, x.chunk)] for x in plan.recvs(rank, "reduce") if x.chunk == t.chunk)
+        last[c] = max(last.get(c, -1), slot[(t.src, t.chunk)])
+    out = list(keys)
+    n_sent = sum(1 for x in ready if x >= 0)
+    for c, m in last.items():
         after = min(m + plan.world_size - 1, n_sent - 1)
         out[c] = after + 0.5 + c / (4 * plan.num_chunks)  # after that send; kept chunks in row order
     return out
