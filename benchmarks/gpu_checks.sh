@@ -3,8 +3,9 @@
 # limit so that one hang does not take the rest with it. Full logs go to $OUT (default ./gpu-logs);
 # a one-line verdict per step is printed last.
 #
-#   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix tune order conns rs ar suite
-#                                                    (default: all but smoke; SECONDS overrides the limit)
+#   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix tune order conns rs ar suite probe
+#                                                    sweep suite4 (default: matrix tune order conns rs ar
+#                                                    suite; SECONDS overrides the limit)
 #
 #   smoke   tests/test_gpu_ops.py, the quick matrix: one case per kind x backend, 10 calls back to back
 #   matrix  tests/test_gpu_ops.py: every backend x plan x splits x tile order vs the fp32 reference
@@ -14,11 +15,25 @@
 #   conns   the same with CUDA_DEVICE_MAX_CONNECTIONS=32
 #   rs, ar  gemm_rs / gemm_ar 8192x8192x2048, grid `small`, every backend
 #   suite   configs/llama_tp2.yaml, every kind, grid `tiny`
+#   probe   benchmarks/probe_faults.py on the cases of $PROBE_ONLY (default: the all-reduce over NCCL
+#           and SM copies, and the kept_interleaved producer order)
+#   sweep   syncopate tune configs/llama_tp2_sweep.yaml into $SWEEP_DB (default results/llama_tp2-sweep.db,
+#           resumed when it exists; SIGINT at the limit stores what it has), copied to $OUT after
+#   suite4  configs/llama_tp4.yaml, every kind, grid `tiny` (four GPUs)
+#
+# Triton's cache lives in $TRITON_CACHE_DIR (default /tmp/syncopate-triton-cache); it starts from
+# .tcache/triton-cache.tgz when that exists and is packed into $OUT/triton-cache.tgz at the end, so
+# a later run on a fresh machine can start warm (copy it back to .tcache/ and carry that folder).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
 OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/syncopate-triton-cache}
+mkdir -p "$TRITON_CACHE_DIR"
+[ -f .tcache/triton-cache.tgz ] && tar -xzf .tcache/triton-cache.tgz -C "$TRITON_CACHE_DIR"
+SWEEP_DB=${SWEEP_DB:-results/llama_tp2-sweep.db}
+PROBE_ONLY=${PROBE_ONLY:-"ar nccl64,ar sm32,kept_interleaved"}
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(matrix tune order conns rs ar suite)
 verdicts=()
@@ -67,8 +82,16 @@ for arg in "${steps[@]}"; do
             --repetitions 10 --json "$OUT/ar.json" ;;
         suite) step suite 420 python3 -m syncopate bench --suite configs/llama_tp2.yaml --grid tiny \
             --repetitions 10 --json "$OUT/suite.json" ;;
-        *) echo "unknown step $s: accepted are smoke matrix tune order conns rs ar suite" >&2; exit 2 ;;
+        probe) step probe 150 python3 benchmarks/probe_faults.py --calls 3 --only "$PROBE_ONLY" ;;
+        sweep) resume=; [ -f "$SWEEP_DB" ] && resume=--resume
+            step sweep 420 python3 -m syncopate tune configs/llama_tp2_sweep.yaml --db "sqlite:///$SWEEP_DB" $resume
+            cp "$SWEEP_DB" "$OUT/" ;;
+        suite4) step suite4 420 python3 -m syncopate bench --suite configs/llama_tp4.yaml --grid tiny \
+            --repetitions 10 --json "$OUT/suite4.json" ;;
+        *) echo "unknown step $s: accepted are smoke matrix tune order conns rs ar suite probe sweep suite4" >&2
+            exit 2 ;;
     esac
 done
+tar -czf "$OUT/triton-cache.tgz" -C "$TRITON_CACHE_DIR" . && ls -l "$OUT/triton-cache.tgz"
 echo
 printf '%s\n' "${verdicts[@]}"

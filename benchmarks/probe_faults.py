@@ -48,6 +48,15 @@ def cases():
         ("rs nccl16 s4 128x128 M=8192", "gemm_rs", (8192, 1024, 1536), dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128), {}),
         ("ar nccl16 s4 128x128 M=4160", "gemm_ar", odd, dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128), {}),
         ("rs sm16 s4 128x128 M=4160", "gemm_rs", odd, dict(ce, backend="nvshmem", comm_sms=16, num_splits=4, **t128), {}),
+        ("ar nccl64 s2 128x256", "gemm_ar", rs, dict(ce, backend="nccl", comm_sms=64, num_splits=2, **t256), {}),
+        ("ar nccl64 s4 128x128 M=4160", "gemm_ar", odd, dict(ce, backend="nccl", comm_sms=64, num_splits=4, **t128), {}),
+        ("ar sm32 s2 128x256", "gemm_ar", rs, dict(ce, backend="nvshmem", comm_sms=32, num_splits=2, **t256), {}),
+        ("ar ce s4 kept_interleaved 128x256", "gemm_ar", rs,
+         dict(ce, num_splits=4, tile_order="kept_interleaved", **t256), {}),
+        ("rs ce s4 kept_interleaved 128x256", "gemm_rs", rs,
+         dict(ce, num_splits=4, tile_order="kept_interleaved", **t256), {}),
+        ("ar sm32 s4 kept_interleaved 128x128 M=4160", "gemm_ar", odd,
+         dict(ce, backend="nvshmem", comm_sms=32, num_splits=4, tile_order="kept_interleaved", **t128), {}),
     ]
     return out
 
@@ -82,7 +91,7 @@ def worker(rank: int, world: int, port: int, args) -> None:
         try:
             w = Workload(kind=kind, shape=shape, dtype="bf16")
             shapes = w.local_shapes(world)
-            c = Candidate(tile_order="arrival", **fields)
+            c = Candidate(**{"tile_order": "arrival", **fields})
             k = shape[2]
             for i in range(args.calls):
                 a = torch.randn(shapes["a"], device=dev).to(torch.bfloat16)
