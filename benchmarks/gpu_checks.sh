@@ -4,7 +4,7 @@
 # a one-line verdict per step is printed last.
 #
 #   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix tune order conns rs ar suite probe
-#                                                    sweep suite4 (default: matrix tune order conns rs ar
+#                                                    sweep sweep4 suite4 calib (default: matrix tune order conns rs ar
 #                                                    suite; SECONDS overrides the limit)
 #
 #   smoke   tests/test_gpu_ops.py, the quick matrix: one case per kind x backend, 10 calls back to back
@@ -17,9 +17,11 @@
 #   suite   configs/llama_tp2.yaml, every kind, grid `tiny`
 #   probe   benchmarks/probe_faults.py on the cases of $PROBE_ONLY (default: the all-reduce over NCCL
 #           and SM copies, and the kept_interleaved producer order)
-#   sweep   syncopate tune configs/llama_tp2_sweep.yaml into $SWEEP_DB (default results/llama_tp2-sweep.db,
-#           resumed when it exists; SIGINT at the limit stores what it has), copied to $OUT after
+#   sweep   syncopate tune configs/llama_tp2_sweep.yaml into results/llama_tp2-sweep.db (resumed when it
+#           exists; SIGINT at the limit stores what it has), copied to $OUT after
+#   sweep4  the same for configs/llama_tp4_sweep.yaml into results/llama_tp4-sweep.db (four GPUs)
 #   suite4  configs/llama_tp4.yaml, every kind, grid `tiny` (four GPUs)
+#   calib   syncopate calibrate into results/llama_tp2-sweep.db (the cost model's measured inputs)
 #
 # Triton's cache lives in $TRITON_CACHE_DIR (default /tmp/syncopate-triton-cache); it starts from
 # .tcache/triton-cache.tgz when that exists and is packed into $OUT/triton-cache.tgz at the end, so
@@ -32,7 +34,6 @@ mkdir -p "$OUT"
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/syncopate-triton-cache}
 mkdir -p "$TRITON_CACHE_DIR"
 [ -f .tcache/triton-cache.tgz ] && tar -xzf .tcache/triton-cache.tgz -C "$TRITON_CACHE_DIR"
-SWEEP_DB=${SWEEP_DB:-results/llama_tp2-sweep.db}
 PROBE_ONLY=${PROBE_ONLY:-"ar nccl64,ar sm32,kept_interleaved"}
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(matrix tune order conns rs ar suite)
@@ -60,7 +61,12 @@ step() {  # step NAME LIMIT_S COMMAND...  (SIGINT at the limit, so that tune sto
     tail -25 "$OUT/$name.log"
 }
 
-bench() { python3 -m syncopate bench "$@"; }
+sweep() {  # sweep STEP CONFIG DB: tune CONFIG into DB (resumed when DB exists), then copy DB to $OUT
+    local resume=
+    [ -f "$3" ] && resume=--resume
+    step "$1" 420 python3 -m syncopate tune "$2" --db "sqlite:///$3" $resume
+    cp "$3" "$OUT/"
+}
 
 for arg in "${steps[@]}"; do
     s=${arg%%=*}
@@ -83,12 +89,14 @@ for arg in "${steps[@]}"; do
         suite) step suite 420 python3 -m syncopate bench --suite configs/llama_tp2.yaml --grid tiny \
             --repetitions 10 --json "$OUT/suite.json" ;;
         probe) step probe 150 python3 benchmarks/probe_faults.py --calls 3 --only "$PROBE_ONLY" ;;
-        sweep) resume=; [ -f "$SWEEP_DB" ] && resume=--resume
-            step sweep 420 python3 -m syncopate tune configs/llama_tp2_sweep.yaml --db "sqlite:///$SWEEP_DB" $resume
-            cp "$SWEEP_DB" "$OUT/" ;;
+        sweep) sweep sweep configs/llama_tp2_sweep.yaml results/llama_tp2-sweep.db ;;
+        sweep4) sweep sweep4 configs/llama_tp4_sweep.yaml results/llama_tp4-sweep.db ;;
+        calib) step calib 200 python3 -m syncopate calibrate --db sqlite:///results/llama_tp2-sweep.db \
+            --tiles 128x256x64w8s3,128x128x64w8s4
+            cp results/llama_tp2-sweep.db "$OUT/" ;;
         suite4) step suite4 420 python3 -m syncopate bench --suite configs/llama_tp4.yaml --grid tiny \
             --repetitions 10 --json "$OUT/suite4.json" ;;
-        *) echo "unknown step $s: accepted are smoke matrix tune order conns rs ar suite probe sweep suite4" >&2
+        *) echo "unknown step $s: accepted are smoke matrix tune order conns rs ar suite probe sweep sweep4 suite4 calib" >&2
             exit 2 ;;
     esac
 done

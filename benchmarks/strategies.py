@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", type=int, help="only the first N workloads of the config")
     ap.add_argument("--cap", type=float, default=0.5, help="stop a run after this fraction of the sweep")
     ap.add_argument("--tolerance", type=float, default=0.03)
+    ap.add_argument("--calibration-db", help="a results database whose calibrations the cost model uses (those "
+                    "`syncopate calibrate` measured for the topology; default: the documented defaults)")
     ap.add_argument("--out", default="results/strategies_synthetic.json", help="where to write every number")
     args = ap.parse_args(argv)
     sweep_cfg = load_sweep(args.config)
@@ -82,7 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         if synthetic else f"Measured sweep: {stored.label}"
     )
     print(header, flush=True)
-    calibration = resolve_calibration(topology, None, None, "default")
+    if args.calibration_db:
+        from syncopate.results_db import ResultsDB
+
+        with ResultsDB.open(args.calibration_db, upgrade=False) as db:
+            calibration = resolve_calibration(topology, None, db, "auto")
+    else:
+        calibration = resolve_calibration(topology, None, None, "default")
     model = CostModel(calibration)
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     outcomes, agreements = [], []

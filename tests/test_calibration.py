@@ -190,3 +190,13 @@ def test_calibrate_on_a_machine_without_gpus_says_so(monkeypatch, capsys):
     assert main(["calibrate"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no CUDA GPU on this machine" in err[0] and "syncopate calibrate" in err[0]
+
+
+@pytest.mark.parametrize("tiles", ["128x256", ",", "128x256x64w8"])
+def test_calibrate_names_a_bad_tile_list_before_looking_for_gpus(monkeypatch, capsys, tiles):
+    from syncopate.cli import calibrate_cmds, main
+
+    monkeypatch.setattr(calibrate_cmds, "_gpu_count", lambda: 0)
+    assert main(["calibrate", "--tiles", tiles]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "128x256x64w8s3" in err[0] and "GPU" not in err[0]

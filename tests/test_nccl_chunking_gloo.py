@@ -3,18 +3,21 @@ chunk of every plan template to the right rows, raises each arrival once, sends 
 for a reduce-scatter (the producer adding what it received before it forwards) ends with the
 full sum on every owner; an all-reduce (the reduce phase, then every rank taking each reduced block
 from its owner, as `NcclBackend.start_scatter` runs them) ends with the full sum everywhere. World
-sizes 2, 3, 4 and 8 (configs/llama_tp8.yaml tunes at 8)."""
+sizes 2, 3, 4 and 8 (configs/llama_tp8.yaml tunes at 8). The backend's warm-up (one exchange with
+every peer before a first fused kernel) matches on every rank."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+import types
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from syncopate.kernels import backends
 from syncopate.kernels.backends import nccl_exchange
 from syncopate.kernels.tables import recv_offset, recv_rows
 from syncopate.search_space import block_bounds, build_plan
@@ -137,7 +140,22 @@ CASES = {
     4: [("ring", 2), ("direct", 1), ("ring", 1), ("bidirectional_ring", 2)],
     8: [("ring", 2), ("bidirectional_ring", 2), ("direct", 1)],
 }
-WORKERS = (_gather_worker, _reduce_worker, _all_reduce_worker)
+def _warm_worker(rank, ws, init, template, splits, q):
+    """`_warm_nccl` exchanges a word with every peer once per group; a second call does nothing."""
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    try:
+        ctx = types.SimpleNamespace(group=dist.group.WORLD, rank=rank, world_size=ws, device=torch.device("cpu"))
+        backends._NCCL_WARM.discard(id(ctx.group))
+        backends._warm_nccl(ctx)  # raises if a word did not come from its peer
+        warmed = id(ctx.group) in backends._NCCL_WARM
+        backends._warm_nccl(ctx)  # no exchange: a mismatched one would hang, and fail the test by its timeout
+        q.put((rank, warmed, True))
+    finally:
+        backends._NCCL_WARM.discard(id(dist.group.WORLD))
+        dist.destroy_process_group()
+
+
+WORKERS = (_gather_worker, _reduce_worker, _all_reduce_worker, _warm_worker)
 
 
 def _all_cases(rank, ws, init, q):

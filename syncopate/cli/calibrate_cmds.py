@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from syncopate.cli import app
-from syncopate.errors import RuntimeUnavailableError
+from syncopate.errors import ConfigError, RuntimeUnavailableError
 
 
 def _gpu_count() -> int:
@@ -25,10 +27,21 @@ def calibrate_cmd(
     ),
     gpus: int | None = typer.Option(None, "--gpus", min=1, help="GPUs to use (default: all visible)."),
     quick: bool = typer.Option(False, "--quick", help="Fewer sizes, SM counts and repetitions (a first look)."),
+    tiles: str | None = typer.Option(
+        None, "--tiles", help="Comma-separated tile configs to measure, such as 128x256x64w8s3,128x128x64w8s4 "
+        "(default: every tile config of the space; the cost model uses its defaults for the others)."
+    ),
 ) -> None:
     """Measure transfer time against chunk size per backend (and against comm_sms for the SM-driven
     copier) and GEMM throughput per tile configuration and SM count, on the GPUs of this machine;
     store them as calibrations of the detected topology and this environment."""
+    from syncopate.search_space import TileConfig
+
+    tile_configs = None
+    if tiles is not None:
+        tile_configs = tuple(TileConfig.from_key(t.strip()) for t in tiles.split(",") if t.strip())
+        if not tile_configs:
+            raise ConfigError(f"--tiles {tiles!r} names no tile config: give keys such as 128x256x64w8s3")
     count = _gpu_count()
     if count == 0:
         raise RuntimeUnavailableError(
@@ -49,6 +62,8 @@ def calibrate_cmd(
     if quick:
         options = CalibrateOptions(sizes=tuple(256 * 1024 * 16**i for i in range(3)), comm_sms=(16, 64),
                                    tile_configs=TILE_CONFIGS[:3], program_fractions=(1.0, 0.5), repetitions=10)
+    if tile_configs is not None:
+        options = dataclasses.replace(options, tile_configs=tile_configs)
     out = Console()
     with ResultsDB.open(db) as database:
         result = run_calibration(options, world)

@@ -269,8 +269,47 @@ def nccl_exchange(
             on_arrival(t)
 
 
+_NCCL_WARM: set[int] = set()
+"""Process groups whose NCCL send/receive connections `_warm_nccl` has set up (by id)."""
+
+
+def _warm_nccl(ctx: OverlapContext) -> None:
+    """Set up NCCL's connections between every pair of ranks before a fused kernel first needs them.
+
+    NCCL creates its communicator and each peer connection lazily, at the first operation that
+    uses them; done inside a call, that setup (allocations, its own kernels) would run while the
+    fused kernel spins on signals it has not delivered yet. One exchange of a word with every peer,
+    waited for, does it up front. Every rank takes the same first NCCL call, so all come here.
+    """
+    if id(ctx.group) in _NCCL_WARM or ctx.world_size == 1:
+        return
+    word = torch.zeros(ctx.world_size, dtype=torch.int32, device=ctx.device)
+    word[ctx.rank] = ctx.rank + 1
+    ops = []
+    for p in range(ctx.world_size):
+        if p != ctx.rank:
+            peer = dist.get_global_rank(ctx.group, p)
+            ops.append(dist.P2POp(dist.isend, word[ctx.rank : ctx.rank + 1], peer, ctx.group))
+            ops.append(dist.P2POp(dist.irecv, word[p : p + 1], peer, ctx.group))
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    if word.is_cuda:
+        torch.cuda.synchronize(ctx.device)
+    if word.tolist() != list(range(1, ctx.world_size + 1)):
+        raise RuntimeError(f"NCCL warm-up exchange on rank {ctx.rank} received {word.tolist()}")
+    _NCCL_WARM.add(id(ctx.group))
+
+
 class NcclBackend(CommBackend):
     name = "nccl"
+
+    def stage_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
+        _warm_nccl(call.ctx)
+        return functools.partial(self.start_gather, call, streams)
+
+    def stage_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
+        _warm_nccl(call.ctx)
+        return functools.partial(self.start_scatter, call, streams)
 
     def start_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> None:
         ctx, plan, e = call.ctx, call.plan, call.epoch
