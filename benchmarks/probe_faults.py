@@ -48,6 +48,7 @@ def cases():
         ("rs nccl16 s4 128x128 M=8192", "gemm_rs", (8192, 1024, 1536), dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128), {}),
         ("ar nccl16 s4 128x128 M=4160", "gemm_ar", odd, dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128), {}),
         ("rs sm16 s4 128x128 M=4160", "gemm_rs", odd, dict(ce, backend="nvshmem", comm_sms=16, num_splits=4, **t128), {}),
+        ("ag nccl64 s2 128x256", "ag_gemm", ag, dict(ce, backend="nccl", comm_sms=64, num_splits=2, **t256), {}),
         ("ar nccl64 s2 128x256", "gemm_ar", rs, dict(ce, backend="nccl", comm_sms=64, num_splits=2, **t256), {}),
         ("ar nccl64 s4 128x128 M=4160", "gemm_ar", odd, dict(ce, backend="nccl", comm_sms=64, num_splits=4, **t128), {}),
         ("ar sm32 s2 128x256", "gemm_ar", rs, dict(ce, backend="nvshmem", comm_sms=32, num_splits=2, **t256), {}),

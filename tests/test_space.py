@@ -39,6 +39,20 @@ def test_every_candidate_of_the_suite_is_valid_and_unique(suite):
         assert {c.backend for c in cands} == {"copy_engine", "nvshmem", "nccl"}
 
 
+@pytest.mark.parametrize("config", ["configs/llama_tp2_sweep.yaml", "configs/llama_tp4_sweep.yaml",
+                                    "configs/h200x2.yaml"])
+def test_every_candidate_of_a_configured_space_passes_the_ops_checks(config):
+    """What `syncopate tune` enumerates the ops accept: opt-in orders (kept_interleaved, direct
+    plans only) included, so no trial of a sweep is refused at launch."""
+    sweep = load_sweep(config)
+    topo = Topology.from_key(sweep.topology_key) if not sweep.detect_topology else H200x2
+    for w in sweep.workloads:
+        cands = space(w, topo, sweep.space)
+        assert cands, w
+        for c in cands:
+            check_candidate(c, w, topo)
+
+
 def test_space_is_deterministic():
     w = Workload(kind="ag_gemm", shape=(8192, 2048, 8192))
     assert [c.key() for c in space(w, H200x2)] == [c.key() for c in space(w, H200x2)]

@@ -244,6 +244,8 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
         ):
             if template == "bidirectional_ring" and splits < 2:
                 continue
+            if order == "kept_interleaved" and template != "direct":
+                continue
             if rows // splits < tc.block_m:
                 continue
             if _deadlocking_order(workload.kind, order, ws, backend):
