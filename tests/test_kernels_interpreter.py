@@ -322,3 +322,19 @@ def test_the_copier_is_staged_before_the_kernel_and_enqueued_without_allocating(
         off = recv_offset(plan, rank, t.block, n) + t.row_start * n
         assert torch.equal(recv[t.dst].view(-1)[off : off + t.rows * n], send[t.row_start : t.row_end].reshape(-1))
         assert pads[t.dst][t.signal] == epoch
+
+
+@pytest.mark.parametrize("jobs", range(1, 10))
+def test_copy_job_table_rows_start_16_byte_aligned_whatever_the_job_count(jobs):
+    """Triton specializes the copier on its pointers' 16-byte alignment; rows whose start moved
+    with the job count made a variant that was compiled (an implicit synchronization) after the
+    fused kernel's launch, and that call's waits ran out on the GPUs."""
+    from types import SimpleNamespace
+
+    from syncopate.kernels.launch import copy_job_tables
+
+    ctx = SimpleNamespace(device=CPU, cache={})
+    table, small = copy_job_tables(ctx, [(1, 2, 3, 4, 5, 6)] * jobs, None)
+    for t in (table, small):
+        assert all(t[i].data_ptr() % 16 == 0 for i in range(3)), (jobs, t.stride())
+        assert t[:, :jobs].tolist() == [[v] * jobs for v in ((1, 2, 3) if t is table else (4, 5, 6))]

@@ -134,6 +134,13 @@ def epilogue_split(c: Candidate) -> int:
     return 2 if c.block_m * c.block_n // (c.num_warps * 32) >= 128 and c.block_n >= 32 else 1
 
 
+COPY_TABLE_ALIGN = 4
+"""Job-table rows are padded to a multiple of this many jobs, so that every row starts 16-byte
+aligned whatever the number of jobs. Triton specializes a kernel on its pointers' 16-byte
+alignment: with unpadded rows, a plan whose job count changed that alignment got a copier variant
+of its own, compiled and loaded at its launch, after the fused kernel's (the staged first load had
+loaded the other variant), and on two H200s that call ran out of its waits."""
+
 COPY_TABLES_CACHED = 32
 """Job tables kept on the device per context (an all-reduce's tables name the caller's output)."""
 
@@ -150,9 +157,10 @@ def copy_job_tables(ctx, jobs, stream: torch.cuda.Stream | None) -> tuple[torch.
     if cache is not None and key in cache:
         return cache[key]
     cols = list(zip(*jobs))
+    pad = [0] * (-len(jobs) % COPY_TABLE_ALIGN)
     device = ctx.device
-    table = torch.tensor([list(cols[0]), list(cols[1]), list(cols[2])], dtype=torch.int64)
-    small = torch.tensor([list(cols[3]), list(cols[4]), list(cols[5])], dtype=torch.int32)
+    table = torch.tensor([list(cols[0]) + pad, list(cols[1]) + pad, list(cols[2]) + pad], dtype=torch.int64)
+    small = torch.tensor([list(cols[3]) + pad, list(cols[4]) + pad, list(cols[5]) + pad], dtype=torch.int32)
     if device.type == "cuda":
         table, small = table.pin_memory(), small.pin_memory()
     with torch.cuda.stream(stream) if device.type == "cuda" else contextlib.nullcontext():
