@@ -26,7 +26,7 @@ from syncopate.autotuner.cost_model import CostModel  # noqa: E402
 from syncopate.autotuner.evaluation import model_agreement  # noqa: E402
 from syncopate.autotuner.sweep import load_sweep  # noqa: E402
 from syncopate.search_space import Topology  # noqa: E402
-from syncopate.workers.replay_runner import ReplayOptions, load_stored_sweep  # noqa: E402
+from syncopate.workers.replay_runner import ReplayOptions, load_stored_sweep, load_sweep_db  # noqa: E402
 
 TARGETS = {"ag_gemm": 0.95, "gemm_rs": 0.92, "gemm_ar": 0.90}
 BACKENDS = ("copy_engine", "nvshmem", "nccl")
@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-name", help="with a database: the sweep's name or id (default: the config's name)")
     ap.add_argument("--topology", help="topology key, for a config that detects it")
     ap.add_argument("--calibration-db", help="predict with the calibrations this database holds (default: documented defaults)")
+    ap.add_argument("--predicted", help="a database holding the cost model's stored predictions of these workloads "
+                    "(`syncopate tune CONFIG --runner model`): their best and torch_seq against the measured ones")
+    ap.add_argument("--predicted-sweep", help="with --predicted: the predicted sweep's name or id")
     ap.add_argument("--out", help="also write the tables here (markdown)")
     args = ap.parse_args(argv)
 
@@ -72,6 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     pred_lines = ["", f"Cost model ({calibration.describe()}) on the same candidates:", "",
                   "| kind | M×N×K | candidates | measured best | predicted best | error | Spearman | model's pick vs best |",
                   "|---|---|---|---|---|---|---|---|"]
+    predicted_sweep = None
+    if args.predicted:
+        predicted_sweep = load_sweep_db(args.predicted, args.predicted_sweep, topology, source="predicted")
+        stored_lines = [
+            "", f"Stored predictions ({predicted_sweep.label}; the candidates its config's strategy chose, not "
+            "necessarily those measured) against the measurement:", "",
+            "| kind | M×N×K | predicted torch_seq | measured | error | predicted best | measured best | error |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
     met = []
     for w in cfg.workloads:
         trials = [t for t in stored.trials.get(w.key(), {}).values() if t.status == "ok"]
@@ -101,6 +113,14 @@ def main(argv: list[str] | None = None) -> int:
             f"| {w.kind} | {shape} | {agreement.candidates} | {_f(ours)} | {_f(predicted)} | "
             f"{predicted / ours - 1:+.1%} | {agreement.spearman:.3f} | {agreement.pick_gap:+.1%} |"
         )
+        if predicted_sweep is not None and w.key() in predicted_sweep.trials:
+            p_trials = [t.median_us for t in predicted_sweep.trials[w.key()].values() if t.status == "ok"]
+            p_seq = predicted_sweep.baselines.get(w.key(), {}).get("torch_seq", float("nan"))
+            p_best = min(p_trials) if p_trials else float("nan")
+            stored_lines.append(
+                f"| {w.kind} | {shape} | {_f(p_seq)} | {_f(seq)} | {p_seq / seq - 1:+.1%} | {_f(p_best)} | "
+                f"{_f(ours)} | {p_best / ours - 1:+.1%} |"
+            )
     if not met:
         print(f"the sweep holds no verified trial of any workload of {args.config}", file=sys.stderr)
         return 1
@@ -109,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"(and, for ag_gemm and gemm_rs, beat torch async-TP).")
     lines.append("(gemm_ar: `asyncTP` is torch's symmetric-memory one-shot all-reduce after the matmul; `coll.` the "
                  "fastest collective alone, for gemm_ar NCCL's all-reduce.)")
-    text = "\n".join(lines + pred_lines) + "\n"
+    text = "\n".join(lines + pred_lines + (stored_lines if predicted_sweep is not None else [])) + "\n"
     print(text)
     if args.out:
         Path(args.out).write_text(text)

@@ -143,8 +143,8 @@ def load_sweep_file(path: str | os.PathLike[str]) -> StoredSweep:
     return sweep
 
 
-def load_sweep_db(url: str, sweep: str | None, topology: Topology | None) -> StoredSweep:
-    """The trials of a sweep stored in a results database (measured rows of any status)."""
+def load_sweep_db(url: str, sweep: str | None, topology: Topology | None, source: str = "measured") -> StoredSweep:
+    """The trials of a sweep stored in a results database (rows of `source`, of any status)."""
     from syncopate.results_db import ResultsDB
 
     with ResultsDB.open(url, upgrade=False) as db:
@@ -154,10 +154,10 @@ def load_sweep_db(url: str, sweep: str | None, topology: Topology | None) -> Sto
             if info is None:
                 raise ConfigError(f"replay source {db.url} has no sweep named {sweep!r}")
             sweep_id = info.sweep_id
-        rows = db.trials(sweep_id=sweep_id, topology=topology, source="measured")
+        rows = db.trials(sweep_id=sweep_id, topology=topology, source=source)
         if not rows:
             raise ConfigError(
-                f"replay source {db.url} holds no measured trial"
+                f"replay source {db.url} holds no {source} trial"
                 + (f" in sweep {sweep!r}" if sweep else "") + (f" on {topology.key()}" if topology else "")
             )
         first = rows[0].record
