@@ -338,3 +338,33 @@ def test_copy_job_table_rows_start_16_byte_aligned_whatever_the_job_count(jobs):
     for t in (table, small):
         assert all(t[i].data_ptr() % 16 == 0 for i in range(3)), (jobs, t.stride())
         assert t[:, :jobs].tolist() == [[v] * jobs for v in ((1, 2, 3) if t is table else (4, 5, 6))]
+
+
+def test_a_timeline_reports_each_chunk_from_the_events_of_its_pool():
+    """The copy-engine backend's diagnostics: events come from a pool made beforehand (none is
+    created during a call); a chunk whose events the spent pool could not give is left out."""
+    from types import SimpleNamespace
+
+    from syncopate.kernels.context import Timeline
+
+    class Event:
+        def __init__(self, ms):
+            self.ms, self.stream = ms, None
+
+        def record(self, stream):
+            self.stream = stream
+
+        def elapsed_time(self, other):
+            return other.ms - self.ms
+
+    start = Event(1.0)
+    timeline = Timeline(pool=[Event(1.050), Event(1.020), Event(1.010)])  # popped from the end
+    side = SimpleNamespace(name="side")
+    ready = timeline.record(side)
+    timeline.mark("partial to 1", (0, 0), 512, ready, timeline.record(side))
+    late = timeline.record(side)
+    timeline.mark("partial to 1", (0, 1), 512, late, timeline.record(side))  # the pool is spent
+    assert ready.stream is side and timeline.pool == []
+    got = timeline.times_us(start)
+    assert [(label, chunk, rows) for label, chunk, rows, _, _ in got] == [("partial to 1", (0, 0), 512)]
+    assert got[0][3] == pytest.approx(10.0) and got[0][4] == pytest.approx(20.0)

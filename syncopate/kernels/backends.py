@@ -149,8 +149,11 @@ class CopyEngineBackend(CommBackend):
                 streamops.wait_value(s, ctx.signal_address(ctx.rank, arrived[t.chunk]), e)
                 src = call.a_full.peer_ptrs[ctx.rank] + t.row_start * call.row_bytes
             dst = call.a_full.peer_ptrs[t.dst] + t.row_start * call.row_bytes
+            ready = ctx.timeline.record(streams[t.stream]) if ctx.timeline is not None else None
             streamops.copy_async(s, dst, src, t.rows * call.row_bytes)
             ctx.write_signal(streams[t.stream], t.dst, t.signal, e)
+            if ctx.timeline is not None:
+                ctx.timeline.mark(f"gather to {t.dst}", t.chunk, t.rows, ready, ctx.timeline.record(streams[t.stream]))
 
     def start_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> None:
         ctx, plan, e = call.ctx, call.plan, call.epoch
@@ -163,16 +166,22 @@ class CopyEngineBackend(CommBackend):
                 streamops.wait_value(s, ctx.signal_address(ctx.rank, ENTERED_BASE + t.dst), e)
                 waited.add((t.stream, t.dst))
             streamops.wait_value(s, ctx.signal_address(ctx.rank, READY_BASE + i), e)
+            ready = ctx.timeline.record(streams[t.stream]) if ctx.timeline is not None else None
             src = call.send.data_ptr() + t.row_start * row_bytes
             dst = call.recv.peer_ptrs[t.dst] + (recv_offset(plan, ctx.rank, t.block, call.n_cols) + t.row_start * call.n_cols) * call.elem
             streamops.copy_async(s, dst, src, t.rows * row_bytes)
             ctx.write_signal(streams[t.stream], t.dst, t.signal, e)
+            if ctx.timeline is not None:
+                ctx.timeline.mark(f"partial to {t.dst}", t.chunk, t.rows, ready, ctx.timeline.record(streams[t.stream]))
         if call.reduced is not None:
             s = streams[2].cuda_stream
             for t in plan.recvs(ctx.rank, "gather"):
                 streamops.wait_value(s, ctx.signal_address(ctx.rank, t.signal), e)
+                ready = ctx.timeline.record(streams[2]) if ctx.timeline is not None else None
                 src = call.reduced.peer_ptrs[t.src] + t.row_start * row_bytes
                 streamops.copy_async(s, call.out.data_ptr() + t.row_start * row_bytes, src, t.rows * row_bytes)
+                if ctx.timeline is not None:
+                    ctx.timeline.mark(f"reduced from {t.src}", t.chunk, t.rows, ready, ctx.timeline.record(streams[2]))
 
 
 class SmCopyBackend(CommBackend):

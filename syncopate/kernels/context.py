@@ -61,6 +61,37 @@ class SymmetricBuffer:
 
 
 @dataclass
+class Timeline:
+    """Events the copy-engine backend records on its side streams, one pair per chunk it moves:
+    once the chunk's wait passed (it is ready and the stream is free), and once its copy is done.
+    Events come from a pool made beforehand, since creating one between the kernel's launch and its
+    communication could synchronize. `marks` holds (label, chunk, rows, ready event, done event)."""
+
+    pool: list
+    marks: list = field(default_factory=list)
+
+    @classmethod
+    def make(cls, events: int = 256) -> Timeline:
+        return cls(pool=[torch.cuda.Event(enable_timing=True) for _ in range(events)])
+
+    def record(self, stream: torch.cuda.Stream):
+        """An event of the pool recorded on `stream` now (None when the pool is spent)."""
+        if not self.pool:
+            return None
+        event = self.pool.pop()
+        event.record(stream)
+        return event
+
+    def mark(self, label: str, chunk, rows: int, ready, done) -> None:
+        self.marks.append((label, chunk, rows, ready, done))
+
+    def times_us(self, start) -> list[tuple[str, Any, int, float, float]]:
+        """(label, chunk, rows, ready µs, done µs) after `start` (an event recorded before the call)."""
+        return [(label, chunk, rows, start.elapsed_time(r) * 1e3, start.elapsed_time(d) * 1e3)
+                for label, chunk, rows, r, d in self.marks if r is not None and d is not None]
+
+
+@dataclass
 class OverlapContext:
     """Symmetric buffers, the signal pad, counters, side streams and the epoch of one group."""
 
@@ -82,6 +113,8 @@ class OverlapContext:
     remote_writes: bool = True
     """Whether a stream can write a peer's signal word directly; else through a local word and a copy."""
     scratch: torch.Tensor | None = None
+    timeline: Timeline | None = None
+    """When set, the copy-engine backend records an event around each chunk it moves (diagnostics)."""
 
     @classmethod
     def create(cls, group, buffers: dict[str, tuple[tuple[int, ...], torch.dtype]], num_streams: int = 3) -> OverlapContext:

@@ -1,0 +1,130 @@
+"""Where the time of one fused call goes: a per-chunk timeline of the copy-engine backend.
+
+    python benchmarks/timeline.py gemm_rs 8192 8192 2048 --splits 4 [--tile 128x256x64w8s3]
+        [--order arrival] [--gpus 2] [--json $OUT/timeline.json]
+
+One process per GPU. After warm-up calls, one call runs with the context's timeline on: every
+chunk the side streams move gets two CUDA events, one when its wait passed (the chunk is ready
+and its stream free) and one when its copy is done, timed from an event recorded just before the
+call. Rank 0 prints, per rank, each chunk's ready and done times and the link's busy share, and the
+call's own time; with it one reads whether the copies wait for the GEMM (ready late) or for each
+other (back to back: the link is the limit), and how long the call runs after the last copy.
+Every call's output is checked against the float32 reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def worker(rank: int, world: int, port: int, args, queue) -> None:
+    from syncopate.kernels.local_ranks import join_group
+
+    dev = join_group(rank, world, port)
+    import torch
+    import torch.distributed as dist
+
+    from syncopate.kernels import ops
+    from syncopate.kernels.context import Timeline
+    from syncopate.kernels.reference import reference, relative_error
+    from syncopate.search_space import Candidate, TileConfig, Workload
+
+    fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter, "gemm_ar": ops.matmul_all_reduce}
+    tile = TileConfig.from_key(args.tile)
+    c = Candidate(backend="copy_engine", template=args.template, num_splits=args.splits, tile_order=args.order,
+                  comm_sms=0, block_m=tile.block_m, block_n=tile.block_n, block_k=tile.block_k,
+                  group_m=args.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages)
+    w = Workload(kind=args.kind, shape=(args.m, args.n, args.k), dtype="bf16")
+    shapes = w.local_shapes(world)
+    g = dist.group.WORLD
+    a = torch.randn(shapes["a"], device=dev).to(torch.bfloat16)
+    b = (torch.randn(shapes["b"], device=dev) / args.k**0.5).to(torch.bfloat16)
+    out = torch.empty(shapes["out"], dtype=torch.bfloat16, device=dev)
+    for _ in range(args.warmup):
+        fused[args.kind](a, b, g, c, out=out)
+    torch.cuda.synchronize()
+    err = relative_error(out, reference(args.kind, a, b, g))
+    ctx = ops.get_context(args.kind, g, (args.m, args.k) if args.kind == "ag_gemm" else (args.m, args.n), torch.bfloat16)
+    rows = []
+    for _ in range(args.calls):
+        ctx.timeline = Timeline.make()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        dist.barrier(device_ids=[rank])
+        torch.cuda.synchronize()
+        torch.cuda._sleep(200_000)  # the whole call is enqueued before the GPU reaches it
+        start.record()
+        fused[args.kind](a, b, g, c, out=out)
+        end.record()
+        torch.cuda.synchronize()
+        marks = ctx.timeline.times_us(start)
+        ctx.timeline = None
+        rows.append({"total_us": start.elapsed_time(end) * 1e3,
+                     "chunks": [dict(label=l, chunk=list(ch), rows=r, ready_us=t0, done_us=t1) for l, ch, r, t0, t1 in marks]})
+    result = {"rank": rank, "rel_error": err, "calls": rows}
+    gathered = [None] * world
+    dist.all_gather_object(gathered, result)
+    if rank == 0:
+        queue.put(gathered)
+    ops.close_contexts()
+    dist.destroy_process_group()
+
+
+def summarize(call: dict) -> list[str]:
+    chunks = sorted(call["chunks"], key=lambda x: x["ready_us"])
+    lines = []
+    busy = sum(x["done_us"] - x["ready_us"] for x in chunks)
+    for x in chunks:
+        lines.append(f"    {x['label']:16s} chunk {str(tuple(x['chunk'])):10s} {x['rows']:6d} rows  "
+                     f"ready {x['ready_us']:8.1f}  done {x['done_us']:8.1f}  copy {x['done_us'] - x['ready_us']:7.1f} µs")
+    if chunks:
+        first, last = chunks[0]["ready_us"], max(x["done_us"] for x in chunks)
+        lines.append(f"    first ready {first:.1f} µs, last done {last:.1f} µs, copies busy {busy:.1f} µs of the "
+                     f"{last - first:.1f} between ({busy / max(last - first, 1e-9):.0%}); call {call['total_us']:.1f} µs, "
+                     f"{call['total_us'] - last:.1f} µs after the last copy")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("kind", choices=["ag_gemm", "gemm_rs", "gemm_ar"])
+    p.add_argument("m", type=int)
+    p.add_argument("n", type=int)
+    p.add_argument("k", type=int)
+    p.add_argument("--splits", type=int, default=4)
+    p.add_argument("--template", default="direct")
+    p.add_argument("--order", default="arrival")
+    p.add_argument("--tile", default="128x256x64w8s3")
+    p.add_argument("--group-m", type=int, default=8)
+    p.add_argument("--gpus", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--calls", type=int, default=3)
+    p.add_argument("--json", help="write every event time here")
+    args = p.parse_args(argv)
+    import torch.multiprocessing as mp
+
+    from syncopate.kernels.local_ranks import free_port
+
+    for k, v in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}.items():
+        os.environ.setdefault(k, v)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    mp.start_processes(worker, args=(args.gpus, free_port(), args, queue), nprocs=args.gpus, start_method="spawn")
+    ranks = queue.get(timeout=10)
+    print(f"{args.kind} {args.m}x{args.n}x{args.k} bf16, copy engine, {args.template}, {args.splits} splits, "
+          f"{args.order}, {args.tile}, {args.gpus} GPUs; rel. error "
+          f"{max(r['rel_error'] for r in ranks):.2e}; calls {[round(c['total_us'], 1) for c in ranks[0]['calls']]} µs")
+    median_call = sorted(range(args.calls), key=lambda i: ranks[0]["calls"][i]["total_us"])[args.calls // 2]
+    for r in ranks:
+        print(f"  rank {r['rank']} (call {median_call}):")
+        print("\n".join(summarize(r["calls"][median_call])))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "ranks": ranks}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
