@@ -54,7 +54,7 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         dist.barrier(device_ids=[rank])
         torch.cuda.synchronize()
-        torch.cuda._sleep(200_000)  # the whole call is enqueued before the GPU reaches it
+        torch.cuda._sleep(4_000_000)  # ~2 ms: the whole call is enqueued before the GPU reaches it
         start.record()
         fused[args.kind](a, b, g, c, out=out)
         end.record()
