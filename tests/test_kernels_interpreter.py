@@ -240,6 +240,22 @@ def test_producers_with_kept_chunks_interleaved(kind):
         _check_all_reduce(results, total, pads, plan, 2)
 
 
+@pytest.mark.parametrize("kind", ["gemm_rs", "gemm_ar"])
+@pytest.mark.parametrize("template, ws, splits, m, order", [
+    ("direct", 2, 2, 128, "arrival"), ("direct", 3, 1, 144, "arrival"), ("direct", 2, 4, 2 * (4 * 32 + 16), "kept_interleaved"),
+    ("ring", 4, 1, 256, "arrival"), ("bidirectional_ring", 3, 2, 192, "swizzle"),
+])
+def test_producers_finishing_kept_chunks_after_every_tile(monkeypatch, kind, template, ws, splits, m, order):
+    """SYNCOPATE_DEFER_KEPT=1: kept tiles park their product in `out` and are finished after the
+    program's last tile; the same sums, chunks sent, signals and counters as finishing them at once."""
+    monkeypatch.setenv("SYNCOPATE_DEFER_KEPT", "1")
+    results, partial, total, pads, plan = run_producer(kind, template, ws, m, 48, 32, splits, order)
+    if kind == "gemm_rs":
+        _check_reduce_scatter(results, partial, total, pads, plan)
+    else:
+        _check_all_reduce(results, total, pads, plan, ws)
+
+
 @pytest.mark.parametrize("template, ws", [("direct", 2)] + TUNED_WORLDS + [("direct", 4)])
 def test_all_reduce_producer_at_four_and_eight_ranks(template, ws):
     results, partial, total, pads, plan = run_producer("gemm_ar", template, ws, 64 * ws, 32, 32, 2)

@@ -121,8 +121,15 @@ def launch_producer(
         WORLD=world, INC_MAX=max(1, tables.inc_max),
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_TMA=tma, B_KMAJOR=kmajor,
         ALL_REDUCE=reduced is not None, ASM_WAIT=compiled_for_gpu(a), EPI_SPLIT=epilogue_split(c),
+        DEFER_KEPT=defer_kept(),
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
+
+
+def defer_kept() -> bool:
+    """Whether producers finish kept chunks after all their tiles are computed (`DEFER_KEPT` of
+    `producer_kernel`; SYNCOPATE_DEFER_KEPT=0 or 1 overrides, for measurements)."""
+    return os.environ.get("SYNCOPATE_DEFER_KEPT", "0") == "1"
 
 
 def epilogue_split(c: Candidate) -> int:

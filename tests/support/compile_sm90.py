@@ -4,7 +4,8 @@ The interpreter runs the kernels' logic but not what only the compiler sees: the
 path, the PTX acquire waits, register-heavy epilogues, and whatever a Triton release changed in its
 front end. This script points Triton at an sm_90 target, makes every launch a compile-only warm-up,
 and compiles the variants the tuner launches on GPUs (TMA and pointer paths, K-major B, split and
-unsplit producer epilogues, reduce-scatter and all-reduce, the SM-driven copier). Run it in a fresh
+unsplit producer epilogues, kept chunks finished in the epilogue or deferred, reduce-scatter and
+all-reduce, the SM-driven copier). Run it in a fresh
 process without TRITON_INTERPRET; it prints one line per variant and exits 1 if any fails.
 
     python tests/support/compile_sm90.py
@@ -95,6 +96,19 @@ def producer(kind: str, c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=153
                            torch.zeros(1, dtype=torch.int32), 132, 1 << 20)
 
 
+def deferred(build):
+    """`build` with producers finishing kept chunks after all their tiles (SYNCOPATE_DEFER_KEPT=1)."""
+    saved = os.environ.get("SYNCOPATE_DEFER_KEPT")
+    os.environ["SYNCOPATE_DEFER_KEPT"] = "1"
+    try:
+        build()
+    finally:
+        if saved is None:
+            del os.environ["SYNCOPATE_DEFER_KEPT"]
+        else:
+            os.environ["SYNCOPATE_DEFER_KEPT"] = saved
+
+
 def copier(dtype):
     pad = torch.zeros(PAD_WORDS, dtype=torch.int32)
     ctx = SimpleNamespace(device=CPU, signals=SimpleNamespace(local=pad), peer_signal_ptrs=torch.zeros(2, dtype=torch.int64),
@@ -112,6 +126,10 @@ def variants():
     yield "gemm_rs tma 128x256 (split epilogue) bf16", True, lambda: producer("gemm_rs", Candidate(num_splits=2, **big), bf16, False)
     yield "gemm_rs pointers 128x128 fp16 b k-major", False, lambda: producer("gemm_rs", Candidate(num_splits=1, **small), fp16, True)
     yield "gemm_ar tma 128x128 bf16", True, lambda: producer("gemm_ar", Candidate(num_splits=4, **small), bf16, False)
+    yield "gemm_rs tma 128x256 kept deferred bf16", True, lambda: deferred(
+        lambda: producer("gemm_rs", Candidate(num_splits=4, **big), bf16, False))
+    yield "gemm_ar tma 128x128 kept deferred bf16", True, lambda: deferred(
+        lambda: producer("gemm_ar", Candidate(num_splits=4, **small), bf16, False))
     yield "chunk copier bf16", False, lambda: copier(bf16)
 
 
