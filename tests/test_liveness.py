@@ -205,7 +205,7 @@ class _Trace:
         self.ops: dict[int, list[tuple]] = {}
         self.streams = [SimpleNamespace(cuda_stream=i) for i in range(3)]
         self.ctx = SimpleNamespace(rank=rank, world_size=ws, group=None, write_signal=self.write_signal,
-                                   signal_address=lambda r, word: (r, word))
+                                   signal_address=lambda r, word: (r, word), timeline=None)
 
     def word(self, rank: int, word: int) -> tuple:
         from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE, READY_BASE
