@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from syncopate.autotuner.calibration import resolve_calibration  # noqa: E402
+from syncopate.autotuner.runs import load_calibration  # noqa: E402
 from syncopate.autotuner.cost_model import CostModel  # noqa: E402
 from syncopate.autotuner.evaluation import model_agreement, trials_to_target  # noqa: E402
 from syncopate.autotuner.sweep import load_sweep  # noqa: E402
@@ -84,13 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         if synthetic else f"Measured sweep: {stored.label}"
     )
     print(header, flush=True)
-    if args.calibration_db:
-        from syncopate.results_db import ResultsDB
-
-        with ResultsDB.open(args.calibration_db, upgrade=False) as db:
-            calibration = resolve_calibration(topology, None, db, "auto")
-    else:
-        calibration = resolve_calibration(topology, None, None, "default")
+    calibration = load_calibration(topology, None, args.calibration_db, "auto" if args.calibration_db else "default")
     model = CostModel(calibration)
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     outcomes, agreements = [], []

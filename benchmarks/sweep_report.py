@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from syncopate.autotuner.calibration import resolve_calibration  # noqa: E402
+from syncopate.autotuner.runs import load_calibration  # noqa: E402
 from syncopate.autotuner.cost_model import CostModel  # noqa: E402
 from syncopate.autotuner.evaluation import model_agreement  # noqa: E402
 from syncopate.autotuner.sweep import load_sweep  # noqa: E402
@@ -59,13 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{args.config} detects its topology: name the one its sweep ran on with --topology")
     topology = Topology.from_key(key)
     stored = load_stored_sweep(ReplayOptions(source=args.sweep, sweep=args.sweep_name or cfg.name), topology)
-    if args.calibration_db:
-        from syncopate.results_db import ResultsDB
-
-        with ResultsDB.open(args.calibration_db, upgrade=False) as db:
-            calibration = resolve_calibration(topology, None, db, "auto")
-    else:
-        calibration = resolve_calibration(topology, None, None, "default")
+    calibration = load_calibration(topology, None, args.calibration_db, "auto" if args.calibration_db else "default")
     model = CostModel(calibration)
 
     head = ("| kind | M×N×K | seq | asyncTP | gemm | coll. | bound | CE | SM | NCCL | ours | bound/ours | target "
