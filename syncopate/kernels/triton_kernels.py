@@ -341,23 +341,27 @@ def producer_kernel(
 
 
 @triton.jit
-def _park_tile(acc, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, out_ptr, BLOCK_N: tl.constexpr):
-    """Store this rank's own product of the rows of kept chunk c in a tile to `out`, to finish later."""
+def _kept_rows(rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, out_ptr, BLOCK_N: tl.constexpr):
+    """Where the rows of kept chunk c in a tile live in `out`, and which of them are chunk c's."""
     cols = off_n + tl.arange(0, BLOCK_N)
     r0 = tl.load(chunk_row_ptr + c)
     r1 = tl.load(chunk_row_ptr + c + 1)
     mask = ((rows >= r0) & (rows < r1))[:, None] & (cols[None, :] < N)
-    tl.store(out_ptr + (rows[:, None] - OUT_ROW0) * N + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+    return out_ptr + (rows[:, None] - OUT_ROW0) * N + cols[None, :], mask
+
+
+@triton.jit
+def _park_tile(acc, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, out_ptr, BLOCK_N: tl.constexpr):
+    """Store this rank's own product of the rows of kept chunk c in a tile to `out`, to finish later."""
+    ptrs, mask = _kept_rows(rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, out_ptr, BLOCK_N)
+    tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _parked_tile(rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, out_ptr, BLOCK_N: tl.constexpr):
     """What `_park_tile` stored, as float32 (zero outside chunk c's rows)."""
-    cols = off_n + tl.arange(0, BLOCK_N)
-    r0 = tl.load(chunk_row_ptr + c)
-    r1 = tl.load(chunk_row_ptr + c + 1)
-    mask = ((rows >= r0) & (rows < r1))[:, None] & (cols[None, :] < N)
-    return tl.load(out_ptr + (rows[:, None] - OUT_ROW0) * N + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    ptrs, mask = _kept_rows(rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, out_ptr, BLOCK_N)
+    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
