@@ -126,6 +126,17 @@ def _arrival_slot(plan: ChunkPlan, rank: int, phase: str) -> dict[tuple[int, int
     return {t.chunk: t.signal for t in plan.recvs(rank, phase)}
 
 
+def _copy_starts(ctx: OverlapContext, stream: torch.cuda.Stream):
+    """With the context's timeline on: an event on `stream` where a chunk's copy can start."""
+    return ctx.timeline.record(stream) if ctx.timeline is not None else None
+
+
+def _copy_ended(ctx: OverlapContext, stream: torch.cuda.Stream, label: str, t: Transfer, ready) -> None:
+    """With the context's timeline on: mark transfer `t`'s copy, from `ready` to now on `stream`."""
+    if ctx.timeline is not None:
+        ctx.timeline.mark(label, t.chunk, t.rows, ready, ctx.timeline.record(stream))
+
+
 class CopyEngineBackend(CommBackend):
     name = "copy_engine"
 
@@ -149,11 +160,10 @@ class CopyEngineBackend(CommBackend):
                 streamops.wait_value(s, ctx.signal_address(ctx.rank, arrived[t.chunk]), e)
                 src = call.a_full.peer_ptrs[ctx.rank] + t.row_start * call.row_bytes
             dst = call.a_full.peer_ptrs[t.dst] + t.row_start * call.row_bytes
-            ready = ctx.timeline.record(streams[t.stream]) if ctx.timeline is not None else None
+            ready = _copy_starts(ctx, streams[t.stream])
             streamops.copy_async(s, dst, src, t.rows * call.row_bytes)
             ctx.write_signal(streams[t.stream], t.dst, t.signal, e)
-            if ctx.timeline is not None:
-                ctx.timeline.mark(f"gather to {t.dst}", t.chunk, t.rows, ready, ctx.timeline.record(streams[t.stream]))
+            _copy_ended(ctx, streams[t.stream], f"gather to {t.dst}", t, ready)
 
     def start_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> None:
         ctx, plan, e = call.ctx, call.plan, call.epoch
@@ -166,22 +176,20 @@ class CopyEngineBackend(CommBackend):
                 streamops.wait_value(s, ctx.signal_address(ctx.rank, ENTERED_BASE + t.dst), e)
                 waited.add((t.stream, t.dst))
             streamops.wait_value(s, ctx.signal_address(ctx.rank, READY_BASE + i), e)
-            ready = ctx.timeline.record(streams[t.stream]) if ctx.timeline is not None else None
+            ready = _copy_starts(ctx, streams[t.stream])
             src = call.send.data_ptr() + t.row_start * row_bytes
             dst = call.recv.peer_ptrs[t.dst] + (recv_offset(plan, ctx.rank, t.block, call.n_cols) + t.row_start * call.n_cols) * call.elem
             streamops.copy_async(s, dst, src, t.rows * row_bytes)
             ctx.write_signal(streams[t.stream], t.dst, t.signal, e)
-            if ctx.timeline is not None:
-                ctx.timeline.mark(f"partial to {t.dst}", t.chunk, t.rows, ready, ctx.timeline.record(streams[t.stream]))
+            _copy_ended(ctx, streams[t.stream], f"partial to {t.dst}", t, ready)
         if call.reduced is not None:
             s = streams[2].cuda_stream
             for t in plan.recvs(ctx.rank, "gather"):
                 streamops.wait_value(s, ctx.signal_address(ctx.rank, t.signal), e)
-                ready = ctx.timeline.record(streams[2]) if ctx.timeline is not None else None
+                ready = _copy_starts(ctx, streams[2])
                 src = call.reduced.peer_ptrs[t.src] + t.row_start * row_bytes
                 streamops.copy_async(s, call.out.data_ptr() + t.row_start * row_bytes, src, t.rows * row_bytes)
-                if ctx.timeline is not None:
-                    ctx.timeline.mark(f"reduced from {t.src}", t.chunk, t.rows, ready, ctx.timeline.record(streams[2]))
+                _copy_ended(ctx, streams[2], f"reduced from {t.src}", t, ready)
 
 
 class SmCopyBackend(CommBackend):
