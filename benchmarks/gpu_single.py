@@ -7,6 +7,7 @@ Checks (against torch in float32, outputs poisoned) and times, beside torch.matm
 - the producer GEMM of a two-rank reduce-scatter with the peer's partial already there;
 - the SM chunk copier's bandwidth.
 Prints a table last; writes the details as JSON to $OUT/gpu_single.json when OUT is set.
+`python benchmarks/gpu_single.py producer` runs only the producer's epilogue variants.
 """
 
 from __future__ import annotations
@@ -146,12 +147,12 @@ def producer_case(m, n, k, cfg, splits=4):
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     state = {"epoch": 0}
 
+    raised = torch.tensor([t.signal for t in plan.recvs(0, "reduce")] + [ENTERED_BASE, ENTERED_BASE + 1], device=DEV)
+
     def call():
         state["epoch"] += 1
         e = state["epoch"]
-        for t in plan.recvs(0, "reduce"):
-            pad[t.signal] = e
-        pad[ENTERED_BASE : ENTERED_BASE + 2] = e
+        pad.index_fill_(0, raised, e)  # the peer's partials are there and it has entered: one small kernel
         launch_producer(a, b, send, out, None, recv, lo, tables, c, e, pad, counters, peer_ptrs, 2, 0, err, sms)
 
     call()
@@ -163,7 +164,12 @@ def producer_case(m, n, k, cfg, splits=4):
     nan_send = int((~torch.isfinite(send[hi:])).sum())
     t_ours = bench(call)
     t_torch = bench(lambda: a @ b)
-    return {"case": f"producer {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits}{' ptr' if not use_tma(a, b) else ''}",
+    from syncopate.kernels.launch import epilogue_split, tma_epilogue
+
+    split = epilogue_split(c)
+    epi = "tma-epi" if tma_epilogue(c, tables, False, split, send, out, out, recv) else "ptr-epi"
+    return {"case": f"producer {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits} {epi} split{split}"
+                    f"{' ptr' if not use_tma(a, b) else ''}",
             "rel_err": max(e_out, e_send), "err_out": e_out, "err_send": e_send, "nan_out": nan_out, "nan_send": nan_send,
             "error_flag": int(err.item()), "ours_us": t_ours, "torch_us": t_torch, "tflops": 2 * m * n * k / t_ours / 1e6,
             "counters_zero": int(counters.abs().sum().item()) == 0, "tma": use_tma(a, b)}
@@ -230,9 +236,27 @@ def with_env(name, value, fn):
     return run
 
 
+def producer_matrix():
+    """The producer at the K/ws of the gemm_rs / gemm_ar suite, its pointer and TMA epilogues, whole
+    and in column halves, beside the consumer kernel (TMA stores, no waits) as a plain GEMM."""
+    cases = []
+    for (m, n, k) in [(8192, 8192, 1024), (8192, 8192, 2048), (8192, 4096, 5504)]:
+        for cfg in [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4)]:
+            cases.append(lambda m=m, n=n, k=k, cfg=cfg: consumer_case(m, n, k, cfg))
+            for epi in ("0", "1"):
+                for split in ("1", "2"):
+                    if split == "1" and cfg[1] == 256:
+                        continue  # an unsplit 128x256 epilogue spills (pointers) or overflows shared memory (TMA)
+                    cases.append(with_env("SYNCOPATE_TMA_EPI", epi, with_env(
+                        "SYNCOPATE_EPI_SPLIT", split, lambda m=m, n=n, k=k, cfg=cfg: producer_case(m, n, k, cfg))))
+    return cases
+
+
 def main():
     cfgs = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (128, 256, 64, 8, 2), (128, 128, 64, 4, 4)]
     cases = []
+    if sys.argv[1:] == ["producer"]:
+        return report(producer_matrix())
     for (m, n, k) in [(8192, 5504, 4096), (8192, 14336, 8192), (8192, 1024, 8192), (8192, 2048, 8192)]:
         for cfg in cfgs:
             cases.append(lambda m=m, n=n, k=k, cfg=cfg: consumer_case(m, n, k, cfg))
@@ -253,6 +277,10 @@ def main():
     cases.append(pointer_producer)
     for p in (16, 32, 64):
         cases.append(lambda p=p: copy_case(programs=p))
+    report(cases)
+
+
+def report(cases):
     for case in cases:
         try:
             r = case()

@@ -384,3 +384,41 @@ def test_a_timeline_reports_each_chunk_from_the_events_of_its_pool():
     got = timeline.times_us(start)
     assert [(label, chunk, rows) for label, chunk, rows, _, _ in got] == [("partial to 1", (0, 0), 512)]
     assert got[0][3] == pytest.approx(10.0) and got[0][4] == pytest.approx(20.0)
+
+
+@pytest.mark.parametrize("kind", ["gemm_rs", "gemm_ar"])
+@pytest.mark.parametrize("template, ws, splits, m, n, order, split", [
+    ("direct", 2, 2, 128, 48, "arrival", "1"), ("direct", 2, 4, 256, 64, "kept_interleaved", "2"),
+    ("ring", 4, 1, 256, 48, "arrival", "1"), ("bidirectional_ring", 3, 2, 192, 64, "swizzle", "2"),
+])
+def test_producers_with_the_tma_epilogue(monkeypatch, kind, template, ws, splits, m, n, order, split):
+    """Chunks of whole tiles: partials read and rows written through TMA descriptors (N not a
+    multiple of BLOCK_N, so the descriptors clip the last column block); the same sums, chunks
+    sent, signals and counters as the pointer epilogue."""
+    from syncopate.kernels import launch
+
+    monkeypatch.setattr(launch, "use_tma", lambda *tensors: True)
+    monkeypatch.setenv("SYNCOPATE_EPI_SPLIT", split)
+    chosen = []
+    real = launch.tma_epilogue
+    monkeypatch.setattr(launch, "tma_epilogue", lambda *a: chosen.append(real(*a)) or chosen[-1])
+    results, partial, total, pads, plan = run_producer(kind, template, ws, m, n, 32, splits, order)
+    assert chosen and all(chosen), "every rank's producer took the TMA epilogue"
+    if kind == "gemm_rs":
+        _check_reduce_scatter(results, partial, total, pads, plan)
+    else:
+        _check_all_reduce(results, total, pads, plan, ws)
+
+
+def test_producer_with_a_tile_across_two_chunks_keeps_the_pointer_epilogue(monkeypatch):
+    """Blocks of 48 rows and tiles of 32: some tiles hold rows of two chunks, which a TMA box cannot
+    split, so the producer stays on its masked pointer epilogue, and is still right."""
+    from syncopate.kernels import launch
+
+    monkeypatch.setattr(launch, "use_tma", lambda *tensors: True)
+    chosen = []
+    real = launch.tma_epilogue
+    monkeypatch.setattr(launch, "tma_epilogue", lambda *a: chosen.append(real(*a)) or chosen[-1])
+    results, partial, total, pads, plan = run_producer("gemm_rs", "direct", 3, 144, 40, 32, 1)
+    assert chosen and not any(chosen)
+    _check_reduce_scatter(results, partial, total, pads, plan)

@@ -107,11 +107,18 @@ def launch_producer(
     entries = tables.order.numel()
     grid = _grid(entries, num_programs)
     tma = use_tma(a, b_mat)
+    reduced_or_out = reduced if reduced is not None else out
+    split = epilogue_split(c)
+    defer = defer_kept()
+    recv_rows = recv.view(-1, N) if recv.is_contiguous() and recv.numel() % N == 0 else recv
+    tma_epi = tma_epilogue(c, tables, defer, split, send, out, reduced_or_out, recv_rows)
+    box = [c.block_m, c.block_n // split]
     producer_kernel[grid](
         a, b,
         _descriptor(a, [c.block_m, c.block_k]) if tma else None,
         (_descriptor(b_mat, [c.block_n, c.block_k] if kmajor else [c.block_k, c.block_n])) if tma else None,
-        send, out, reduced if reduced is not None else out, recv,
+        send, out, reduced_or_out, recv,
+        *((_descriptor(t, box) for t in (send, out, reduced_or_out, recv_rows)) if tma_epi else (None,) * 4),
         M, N, K, out_row0, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         tables.order, tables.entry_chunk, entries, tables.chunk_row,
         tables.inc_start, tables.inc_slot, tables.inc_offset,
@@ -120,10 +127,22 @@ def launch_producer(
         signals, epoch, error, _spin(spin_limit), grid[0],
         WORLD=world, INC_MAX=max(1, tables.inc_max),
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_TMA=tma, B_KMAJOR=kmajor,
-        ALL_REDUCE=reduced is not None, ASM_WAIT=compiled_for_gpu(a), EPI_SPLIT=epilogue_split(c),
-        DEFER_KEPT=defer_kept(),
+        ALL_REDUCE=reduced is not None, ASM_WAIT=compiled_for_gpu(a), EPI_SPLIT=split,
+        DEFER_KEPT=defer and not tma_epi, TMA_EPI=tma_epi, OUT_DTYPE=TL_DTYPES[send.dtype],
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
+
+
+def tma_epilogue(c: Candidate, tables, defer: bool, split: int, *buffers: torch.Tensor) -> bool:
+    """Whether the producer's epilogue reads partials and writes rows through TMA (`TMA_EPI` of
+    `producer_kernel`): where the TMA path is on for `buffers` (2-D, row-major, 16-byte aligned
+    rows), no tile holds rows of two chunks, and kept chunks are not deferred.
+    SYNCOPATE_TMA_EPI=0 turns it off, for measurements."""
+    if os.environ.get("SYNCOPATE_TMA_EPI", "1") == "0" or defer or not tables.whole_tiles:
+        return False
+    if (c.block_n // split) * buffers[0].element_size() < 16:
+        return False
+    return all(t.dim() == 2 for t in buffers) and use_tma(*buffers)
 
 
 def defer_kept() -> bool:

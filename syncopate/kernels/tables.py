@@ -129,6 +129,9 @@ class ProducerTables:
     num_ready: int
     inc_max: int
     """Most partials received for one chunk."""
+    whole_tiles: bool = False
+    """Every chunk boundary is a multiple of block_m (or the last row): no tile holds rows of two
+    chunks, so each entry is one whole tile (what the producer's TMA epilogue needs)."""
 
 
 def _i32(values, device):
@@ -188,4 +191,5 @@ def producer_tables(plan: ChunkPlan, rank: int, n_cols: int, c: Candidate, all_r
         inc_offset=torch.tensor(inc_offset or [0], dtype=torch.int64, device=device), chunk_ready=_i32(ready, device),
         chunk_tiles=_i32(s.chunk_tiles, device), keep=_i32(keep, device), gather_slot=_i32(gather, device),
         num_ready=num_ready, inc_max=max((len(e) for e in by_chunk), default=0),
+        whole_tiles=all(r % c.block_m == 0 or r == plan.total_rows for r in rows),
     )

@@ -256,7 +256,7 @@ def _count_chunk(c, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, ke
 @triton.jit(do_not_specialize=["epoch"])
 def producer_kernel(
     a_ptr, b_ptr, a_desc, b_desc,
-    send_ptr, out_ptr, reduced_ptr, recv_ptr,
+    send_ptr, out_ptr, reduced_ptr, recv_ptr, send_desc, out_desc, reduced_desc, recv_desc,
     M, N, K, OUT_ROW0, stride_am, stride_ak, stride_bk, stride_bn,
     order_ptr, entry_chunk_ptr, num_entries, chunk_row_ptr,
     inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
@@ -266,7 +266,7 @@ def producer_kernel(
     WORLD: tl.constexpr, INC_MAX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_TMA: tl.constexpr, B_KMAJOR: tl.constexpr, ALL_REDUCE: tl.constexpr, ASM_WAIT: tl.constexpr,
-    EPI_SPLIT: tl.constexpr, DEFER_KEPT: tl.constexpr,
+    EPI_SPLIT: tl.constexpr, DEFER_KEPT: tl.constexpr, TMA_EPI: tl.constexpr, OUT_DTYPE: tl.constexpr,
 ):
     """Reduce-scatter / all-reduce producer.
 
@@ -289,6 +289,13 @@ def producer_kernel(
     chunks are ready as early as the GEMM allows and the last chunk's tail is an addition, not a
     K loop. (The local product is rounded to `out`'s dtype once more than without it, as the
     received partials are.)
+
+    With TMA_EPI (every chunk boundary a multiple of BLOCK_M, so an entry is a whole tile of one
+    chunk), the epilogue reads the partials and writes its rows through TMA descriptors over `recv`
+    (as [rows, N]; partial j's rows start at row `inc_offset[j] / N`), `send`, `out` and `reduced`,
+    each of box [BLOCK_M, BLOCK_N / EPI_SPLIT]: no per-element addresses or masks in registers. The
+    stores are waited for and fenced before the tile is counted, so a chunk's signal still follows
+    every write of its rows.
     """
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -313,7 +320,13 @@ def producer_kernel(
         acc = tl.dot(a, b, acc)
         if ki == k_tiles - 1:
             rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
-            if DEFER_KEPT and tl.load(keep_ptr + c) != 0:
+            if TMA_EPI:
+                _close_tile_tma(acc, tm * BLOCK_M, off_n, c, N, OUT_ROW0, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
+                                recv_desc, recv_signal_ptr, keep_ptr, send_desc, out_desc, reduced_desc, free_ptr,
+                                counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, peer_signal_ptrs,
+                                gather_slot_ptr, epoch, error_ptr, max_spin, RANK, BLOCK_M, BLOCK_N, WORLD, INC_MAX,
+                                ALL_REDUCE, ASM_WAIT, EPI_SPLIT, OUT_DTYPE)
+            elif DEFER_KEPT and tl.load(keep_ptr + c) != 0:
                 _park_tile(acc, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, out_ptr, BLOCK_N)
             else:
                 _close_chunk(acc, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
@@ -383,6 +396,81 @@ def _close_chunk(acc, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr,
         _finish_chunk(acc, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
                       recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr, epoch, error_ptr,
                       max_spin, RANK, BLOCK_N, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT)
+    _count_chunk(c, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
+                 peer_signal_ptrs, epoch, WORLD, ALL_REDUCE)
+
+
+@triton.jit
+def _tma_stores_done():
+    """Wait until this thread's TMA stores are written (not only read from shared memory), order
+    them before later generic-proxy accesses, and meet the other threads, so that the counter's
+    release (by whichever thread) follows every store of the tile. The barrier is in the same
+    inline PTX: `tl.debug_barrier()` would keep the compiler from pipelining the main loop."""
+    tl.inline_asm_elementwise(
+        asm="""
+        {
+        cp.async.bulk.wait_group 0;
+        fence.proxy.async.global;
+        bar.sync 0;
+        mov.u32 $0, 0;
+        }
+        """,
+        constraints="=r",
+        args=[],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
+def _finish_tile_tma(acc, row0, col0, c, N, OUT_ROW0, inc_start_ptr, inc_slot_ptr, inc_offset_ptr, recv_desc,
+                     recv_signal_ptr, keep_ptr, send_desc, out_desc, reduced_desc, free_ptr, epoch, error_ptr, max_spin,
+                     RANK, WORLD: tl.constexpr, INC_MAX: tl.constexpr, ALL_REDUCE: tl.constexpr,
+                     ASM_WAIT: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """`_finish_chunk` for a whole tile of chunk c (rows from row0, columns from col0) through TMA."""
+    first = tl.load(inc_start_ptr + c)
+    count = tl.load(inc_start_ptr + c + 1) - first
+    for j in tl.static_range(INC_MAX):
+        if j < count:
+            gate = _wait_slot(recv_signal_ptr, tl.load(inc_slot_ptr + first + j), epoch, error_ptr, max_spin, ASM_WAIT)
+            prow = (tl.load(inc_offset_ptr + first + j) // N).to(tl.int32)
+            acc += recv_desc.load([row0 + prow + gate, col0]).to(tl.float32)
+    if tl.load(keep_ptr + c) != 0:
+        out_desc.store([row0 - OUT_ROW0, col0], acc.to(OUT_DTYPE))
+        if ALL_REDUCE:
+            gate = 0
+            for p in tl.static_range(WORLD):
+                if p != RANK:
+                    gate += _wait_slot(free_ptr, p, epoch, error_ptr, max_spin, ASM_WAIT)
+            reduced_desc.store([row0 + gate, col0], acc.to(OUT_DTYPE))
+    else:
+        send_desc.store([row0, col0], acc.to(OUT_DTYPE))
+
+
+@triton.jit
+def _close_tile_tma(acc, row0, off_n, c, N, OUT_ROW0, inc_start_ptr, inc_slot_ptr, inc_offset_ptr, recv_desc,
+                    recv_signal_ptr, keep_ptr, send_desc, out_desc, reduced_desc, free_ptr, counter_ptr,
+                    chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, peer_signal_ptrs, gather_slot_ptr, epoch, error_ptr,
+                    max_spin, RANK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WORLD: tl.constexpr,
+                    INC_MAX: tl.constexpr, ALL_REDUCE: tl.constexpr, ASM_WAIT: tl.constexpr,
+                    EPI_SPLIT: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """`_close_chunk` for TMA_EPI: finish the tile (in column halves with EPI_SPLIT=2), wait for its
+    stores, count it in chunk c."""
+    if EPI_SPLIT == 2:
+        acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        _finish_tile_tma(acc0, row0, off_n, c, N, OUT_ROW0, inc_start_ptr, inc_slot_ptr, inc_offset_ptr, recv_desc,
+                         recv_signal_ptr, keep_ptr, send_desc, out_desc, reduced_desc, free_ptr, epoch, error_ptr,
+                         max_spin, RANK, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT, OUT_DTYPE)
+        _finish_tile_tma(acc1, row0, off_n + BLOCK_N // 2, c, N, OUT_ROW0, inc_start_ptr, inc_slot_ptr,
+                         inc_offset_ptr, recv_desc, recv_signal_ptr, keep_ptr, send_desc, out_desc, reduced_desc,
+                         free_ptr, epoch, error_ptr, max_spin, RANK, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT, OUT_DTYPE)
+    else:
+        _finish_tile_tma(acc, row0, off_n, c, N, OUT_ROW0, inc_start_ptr, inc_slot_ptr, inc_offset_ptr, recv_desc,
+                         recv_signal_ptr, keep_ptr, send_desc, out_desc, reduced_desc, free_ptr, epoch, error_ptr,
+                         max_spin, RANK, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT, OUT_DTYPE)
+    if ASM_WAIT:
+        _tma_stores_done()
     _count_chunk(c, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
                  peer_signal_ptrs, epoch, WORLD, ALL_REDUCE)
 

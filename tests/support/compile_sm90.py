@@ -4,7 +4,7 @@ The interpreter runs the kernels' logic but not what only the compiler sees: the
 path, the PTX acquire waits, register-heavy epilogues, and whatever a Triton release changed in its
 front end. This script points Triton at an sm_90 target, makes every launch a compile-only warm-up,
 and compiles the variants the tuner launches on GPUs (TMA and pointer paths, K-major B, split and
-unsplit producer epilogues, kept chunks finished in the epilogue or deferred, reduce-scatter and
+unsplit producer epilogues, pointer and TMA epilogues, kept chunks finished in the epilogue or deferred, reduce-scatter and
 all-reduce, the SM-driven copier). Run it in a fresh
 process without TRITON_INTERPRET; it prints one line per variant and exits 1 if any fails.
 
@@ -130,6 +130,10 @@ def variants():
         lambda: producer("gemm_rs", Candidate(num_splits=4, **big), bf16, False))
     yield "gemm_ar tma 128x128 kept deferred bf16", True, lambda: deferred(
         lambda: producer("gemm_ar", Candidate(num_splits=4, **small), bf16, False))
+    yield "gemm_rs tma 128x256 tma epilogue bf16", True, lambda: producer(
+        "gemm_rs", Candidate(num_splits=4, **big), bf16, False, m=4096)
+    yield "gemm_ar tma 128x128 tma epilogue fp16", True, lambda: producer(
+        "gemm_ar", Candidate(num_splits=2, **small), fp16, False, m=4096)
     yield "chunk copier bf16", False, lambda: copier(bf16)
 
 
