@@ -289,12 +289,23 @@ def test_chunk_copy_moves_each_job_and_raises_its_signal():
     assert int(ctx.counters.abs().sum()) == 0 and int(ctx.error.item()) == 0
 
 
-def test_producer_with_the_epilogue_split_in_column_halves(monkeypatch):
-    monkeypatch.setenv("SYNCOPATE_EPI_SPLIT", "2")
-    results, partial, total, pads, plan = run_producer("gemm_rs", "direct", 2, 128, 64, 32, 2)
-    for r, res in enumerate(results):
-        assert res["error"] == 0
-        assert torch.allclose(res["out"].float(), total[res["lo"] : res["hi"]], rtol=3e-2, atol=3e-2)
+@pytest.mark.parametrize("split", ["1", "2"], ids=["whole-tile", "column-halves"])
+@pytest.mark.parametrize("kind", ["gemm_rs", "gemm_ar"])
+def test_producer_epilogue_on_whole_tiles_and_in_column_halves(monkeypatch, kind, split):
+    monkeypatch.setenv("SYNCOPATE_EPI_SPLIT", split)
+    results, partial, total, pads, plan = run_producer(kind, "direct", 2, 128, 64, 32, 2)
+    if kind == "gemm_rs":
+        _check_reduce_scatter(results, partial, total, pads, plan)
+    else:
+        _check_all_reduce(results, total, pads, plan, 2)
+
+
+def test_producer_epilogue_split_default():
+    from syncopate.kernels.launch import epilogue_split
+
+    assert epilogue_split(cand(block_n=128, num_warps=8)) == 2
+    assert epilogue_split(cand(block_n=256, num_warps=8)) == 2
+    assert epilogue_split(cand(block_n=16)) == 1
 
 
 def test_the_copier_is_staged_before_the_kernel_and_enqueued_without_allocating(monkeypatch):

@@ -237,8 +237,12 @@ def _store_chunk(acc, c, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, keep_pt
 @triton.jit
 def _count_chunk(c, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
                  peer_signal_ptrs, epoch, WORLD: tl.constexpr, ALL_REDUCE: tl.constexpr):
-    """Count this tile in chunk c; the chunk's last tile resets the counter and raises its signals."""
-    done = tl.atomic_add(counter_ptr + c, 1, sem="acq_rel", scope="sys") + 1
+    """Count this tile in chunk c; the chunk's last tile resets the counter and raises its signals.
+
+    The count is an acquire-release at GPU scope (every tile of the chunk is counted on this GPU):
+    the last tile's program acquires every earlier tile's release, and its signal write, a release
+    at system scope, passes all of their stores on to whoever acquires the signal."""
+    done = tl.atomic_add(counter_ptr + c, 1, sem="acq_rel", scope="gpu") + 1
     if done == tl.load(chunk_tiles_ptr + c).to(tl.int64):
         tl.atomic_xchg(counter_ptr + c, 0, sem="relaxed", scope="gpu")
         ready = tl.load(chunk_ready_ptr + c)
