@@ -95,6 +95,22 @@ def test_all_reduce_costs_more_than_reduce_scatter():
     assert model.predict(AR, TOPO, c).time_us > model.predict(RS, TOPO, c).time_us
 
 
+def test_an_all_reduce_over_the_copy_engine_pays_both_phases_on_one_link_direction():
+    """Partials out and reduced rows pulled by the peer leave a rank over the same link direction:
+    the call is at least every transfer of one rank back to back, from its first ready chunk."""
+    model = CostModel(CAL)
+    w = Workload(kind="gemm_ar", shape=(8192, 8192, 2048))
+    for splits in (1, 2, 4, 8):
+        c = replace(default_candidate(w, TOPO), backend="copy_engine", template="direct", num_splits=splits)
+        plan = build_plan("direct", "all_reduce", 2, 8192, splits, align=c.block_m)
+        ctx = CommContext(CAL, TOPO, c, w.comm_row_bytes())
+        link = sum(ctx.transfer_us(t) for t in plan.transfers if t.src == 0)
+        assert link == pytest.approx(2 * sum(ctx.transfer_us(t) for t in plan.transfers if t.src == 0 and t.phase == "reduce"))
+        p = model.predict(w, TOPO, c)
+        assert p.time_us >= link
+        assert p.comm_us >= link
+
+
 def test_faster_links_never_slow_a_candidate_down():
     fast = replace(CAL, transfers={k: replace(t, curves={s: c.scaled(0.5) for s, c in t.curves.items()})
                                    for k, t in CAL.transfers.items()})

@@ -303,10 +303,38 @@ def _producer(model: CostModel, w, plan, ctx, group, programs, durations):
     if w.kind == "gemm_ar" and ws > 1:
         gathered = np.full((ws, plan.num_chunks), start)
         queues = {} if ctx.backend == "copy_engine" else free
-        model._table(plan, "gather", ctx, pull=True).run(ready, gathered, start, queues)
+        log: list | None = [] if ctx.backend == "copy_engine" and _unshared_egress(plan, ctx) else None
+        model._table(plan, "gather", ctx, pull=True).run(ready, gathered, start, queues, log)
         end = np.maximum(end, gathered.max(axis=1))
         comm_end = max(comm_end, float(np.max(gathered)))
+        if log is not None:
+            table.run(ready, np.zeros_like(partials), start, log=log)
+            egress = _one_egress(log, ws)
+            end = np.maximum(end, egress)
+            comm_end = max(comm_end, float(np.max(egress)))
     return end, run.end, comm_end, run.stall
+
+
+def _unshared_egress(plan: ChunkPlan, ctx: CommContext) -> bool:
+    """Whether the model gives each of a rank's transfers its whole egress (their times not
+    already spread over concurrent streams or a switch's peers), so that they can be replayed
+    one after another on one queue."""
+    topo = ctx.topology
+    return ctx.egress_share(plan) == 1.0 and not (topo.interconnect == "nvlink" and topo.gpus_per_node > 2)
+
+
+def _one_egress(log: list, ws: int) -> np.ndarray:
+    """[rank]: when each rank's egress has moved all it sends, its transfers (src, begin, duration)
+    replayed in the order they began on one queue.
+
+    An all-reduce over the copy engine sends a rank's partials on its side streams and has its
+    peers pull its reduced rows on theirs: separate queues, but one link direction, so the two
+    phases share its bandwidth (on two H200s the partials and the reduced chunks ran back to back
+    on it, and the call took as long as both)."""
+    free = np.full(ws, -np.inf)
+    for src, begin, duration in sorted(log, key=lambda e: e[1]):
+        free[src] = max(free[src], begin) + duration
+    return np.full(ws, float(np.max(free)))
 
 
 def _slots(plan: ChunkPlan) -> int:

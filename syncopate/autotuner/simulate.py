@@ -162,10 +162,12 @@ class TransferTable:
                     per_rank[rows[i][1]] = per_rank.get(rows[i][1], 0.0) + rows[i][6]
                 self.batches.append((groups[key], max(per_rank.values())))
 
-    def run(self, ready: np.ndarray, arrival: np.ndarray, start: float, queue_free: dict | None = None) -> dict:
+    def run(self, ready: np.ndarray, arrival: np.ndarray, start: float, queue_free: dict | None = None,
+            log: list | None = None) -> dict:
         """Fill `arrival` (in place); return each queue's free time. `ready[src, chunk]` says when a
         chunk may leave its sender; for a gather, a chunk of another block leaves once it has
-        arrived there (`arrival`), a rank's own rows at `start`."""
+        arrived there (`arrival`), a rank's own rows at `start`. `log` (not for NCCL) gets each
+        transfer as (src, begin, duration)."""
         free = dict(queue_free or {})
         rows = self.rows
         if self.nccl:
@@ -189,6 +191,8 @@ class TransferTable:
             end = begin + duration
             free[queue] = end
             arrival[dst, out] = end
+            if log is not None:
+                log.append((src, begin, duration))
         return free
 
     def _ready_at(self, ready, arrival, src, chunk, own, start) -> float:
