@@ -7,7 +7,8 @@ Checks (against torch in float32, outputs poisoned) and times, beside torch.matm
 - the producer GEMM of a two-rank reduce-scatter with the peer's partial already there;
 - the SM chunk copier's bandwidth.
 Prints a table last; writes the details as JSON to $OUT/gpu_single.json when OUT is set.
-`python benchmarks/gpu_single.py producer` runs only the producer's epilogue variants.
+`python benchmarks/gpu_single.py producer` runs only the producer's epilogue variants, `scatter` its
+reduce-scatter against its all-reduce.
 """
 
 from __future__ import annotations
@@ -125,10 +126,13 @@ def consumer_case(m, n, k, cfg, splits=4, live=False):
             "tflops": 2 * m * n * k / t_ours / 1e6, "tma": use_tma(a_full, b, out)}
 
 
-def producer_case(m, n, k, cfg, splits=4):
+def producer_case(m, n, k, cfg, splits=4, all_reduce=False):
+    """Rank 0's producer of a two-rank reduce-scatter (or all-reduce, its reduced rows stored to a
+    second buffer too), the peer's partials and its entry already there."""
     bm, bn, bk, w, st = cfg
     c = Candidate(num_splits=splits, block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st)
-    plan = plan_for("gemm_rs", "direct", 2, m, splits, bm)
+    kind = "gemm_ar" if all_reduce else "gemm_rs"
+    plan = plan_for(kind, "direct", 2, m, splits, bm)
     a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
     b = (torch.randn(k, n, device=DEV) / k**0.5).to(torch.bfloat16)
     peer_partial = torch.randn(m, n, device=DEV).to(torch.bfloat16)
@@ -139,12 +143,14 @@ def producer_case(m, n, k, cfg, splits=4):
     off = recv_offset(plan, 1, 0, n)
     recv.view(-1)[off + lo * n : off + hi * n] = peer_partial[lo:hi].reshape(-1)
     send = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
-    out = torch.full((hi - lo, n), float("nan"), device=DEV, dtype=torch.bfloat16)
+    out = torch.full((m if all_reduce else hi - lo, n), float("nan"), device=DEV, dtype=torch.bfloat16)
+    reduced = torch.full((m, n), float("nan"), device=DEV, dtype=torch.bfloat16) if all_reduce else None
+    row0 = 0 if all_reduce else lo
     pad = torch.zeros(PAD_WORDS, dtype=torch.int32, device=DEV)
     counters = torch.zeros(4096, dtype=torch.int64, device=DEV)
     err = torch.zeros(1, dtype=torch.int32, device=DEV)
     peer_ptrs = torch.tensor([pad.data_ptr(), pad.data_ptr()], dtype=torch.int64, device=DEV)
-    tables = producer_tables(plan, 0, n, c, False, DEV)
+    tables = producer_tables(plan, 0, n, c, all_reduce, DEV)
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     state = {"epoch": 0}
 
@@ -154,14 +160,17 @@ def producer_case(m, n, k, cfg, splits=4):
         state["epoch"] += 1
         e = state["epoch"]
         pad.index_fill_(0, raised, e)  # the peer's partials are there and it has entered: one small kernel
-        launch_producer(a, b, send, out, None, recv, lo, tables, c, e, pad, counters, peer_ptrs, 2, 0, err, sms)
+        launch_producer(a, b, send, out, reduced, recv, row0, tables, c, e, pad, counters, peer_ptrs, 2, 0, err, sms)
 
     call()
     torch.cuda.synchronize()
     full = a.float() @ b.float()
-    e_out = rel(out, full[lo:hi] + peer_partial[lo:hi].float())
+    mine = out[lo - row0 : hi - row0]
+    e_out = rel(mine, full[lo:hi] + peer_partial[lo:hi].float())
+    if all_reduce and not torch.equal(reduced[lo:hi], mine):
+        e_out = float("inf")
     e_send = rel(send[hi:], full[hi:])
-    nan_out = int((~torch.isfinite(out)).sum())
+    nan_out = int((~torch.isfinite(mine)).sum())
     nan_send = int((~torch.isfinite(send[hi:])).sum())
     t_ours = bench(call)
     t_torch = bench(lambda: a @ b)
@@ -169,7 +178,7 @@ def producer_case(m, n, k, cfg, splits=4):
 
     split = epilogue_split(c)
     epi = "tma-epi" if tma_epilogue(c, tables, False, split, send, out, out, recv) else "ptr-epi"
-    return {"case": f"producer {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits} {epi} split{split}"
+    return {"case": f"producer {kind} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits} {epi} split{split}"
                     f"{' ptr' if not use_tma(a, b) else ''}",
             "rel_err": max(e_out, e_send), "err_out": e_out, "err_send": e_send, "nan_out": nan_out, "nan_send": nan_send,
             "error_flag": int(err.item()), "ours_us": t_ours, "torch_us": t_torch, "tflops": 2 * m * n * k / t_ours / 1e6,
@@ -237,6 +246,16 @@ def with_env(name, value, fn):
     return run
 
 
+def scatter_matrix():
+    """Reduce-scatter against all-reduce producers on the shapes where the fused all-reduce lags."""
+    cases = []
+    for (m, n, k) in [(8192, 4096, 5504), (8192, 8192, 2048)]:
+        for splits in (4, 8):
+            for ar in (False, True):
+                cases.append(lambda m=m, n=n, k=k, s=splits, ar=ar: producer_case(m, n, k, (128, 256, 64, 8, 3), s, ar))
+    return cases
+
+
 def producer_matrix():
     """The producer at the K/ws of the gemm_rs / gemm_ar suite, its pointer and TMA epilogues, whole
     and in column halves, beside the consumer kernel (TMA stores, no waits) as a plain GEMM."""
@@ -258,6 +277,8 @@ def main():
     cases = []
     if sys.argv[1:] == ["producer"]:
         return report(producer_matrix())
+    if sys.argv[1:] == ["scatter"]:
+        return report(scatter_matrix())
     for (m, n, k) in [(8192, 5504, 4096), (8192, 14336, 8192), (8192, 1024, 8192), (8192, 2048, 8192)]:
         for cfg in cfgs:
             cases.append(lambda m=m, n=n, k=k, cfg=cfg: consumer_case(m, n, k, cfg))
