@@ -8,7 +8,7 @@ Checks (against torch in float32, outputs poisoned) and times, beside torch.matm
 - the SM chunk copier's bandwidth.
 Prints a table last; writes the details as JSON to $OUT/gpu_single.json when OUT is set.
 `python benchmarks/gpu_single.py producer` runs only the producer's epilogue variants, `scatter` its
-reduce-scatter against its all-reduce.
+reduce-scatter against its all-reduce, `occupancy` one program an SM against two.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def rel(out, ref):
     return float((o - ref.double()).norm() / ref.double().norm())
 
 
-def consumer_case(m, n, k, cfg, splits=4, live=False):
+def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1):
     bm, bn, bk, w, st = cfg
     c = Candidate(num_splits=splits, block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st)
     plan = plan_for("ag_gemm", "direct", 2, m, splits, bm)
@@ -75,10 +75,10 @@ def consumer_case(m, n, k, cfg, splits=4, live=False):
     err = torch.zeros(1, dtype=torch.int32, device=DEV)
     tables = consumer_tables(plan, 0, n, c, DEV)
     out = torch.full((m, n), float("nan"), device=DEV, dtype=torch.bfloat16)
-    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count * per_sm
     state = {"epoch": 0}
     source = a.clone()
-    side = torch.cuda.Stream()
+    side = torch.cuda.Stream() if live else None
     arrivals = [(t.row_start, t.row_end, t.signal) for t in plan.recvs(0, "gather")]
     arrivals = [(lo, hi, LOCAL_BASE + j) for j, (lo, hi) in enumerate(plan.chunk_bounds[0])] + arrivals
 
@@ -121,12 +121,12 @@ def consumer_case(m, n, k, cfg, splits=4, live=False):
         worst = max(worst, rel(out, ref))
     t_ours = bench(call)
     t_torch = bench(lambda: a @ b)
-    return {"case": f"consumer{' live' if live else ''} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits}",
+    return {"case": f"consumer{' live' if live else ''} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits} P={sms}",
             "rel_err": worst, "error_flag": int(err.item()), "ours_us": t_ours, "torch_us": t_torch,
             "tflops": 2 * m * n * k / t_ours / 1e6, "tma": use_tma(a_full, b, out)}
 
 
-def producer_case(m, n, k, cfg, splits=4, all_reduce=False):
+def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1):
     """Rank 0's producer of a two-rank reduce-scatter (or all-reduce, its reduced rows stored to a
     second buffer too), the peer's partials and its entry already there."""
     bm, bn, bk, w, st = cfg
@@ -151,7 +151,7 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False):
     err = torch.zeros(1, dtype=torch.int32, device=DEV)
     peer_ptrs = torch.tensor([pad.data_ptr(), pad.data_ptr()], dtype=torch.int64, device=DEV)
     tables = producer_tables(plan, 0, n, c, all_reduce, DEV)
-    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count * per_sm
     state = {"epoch": 0}
 
     raised = torch.tensor([t.signal for t in plan.recvs(0, "reduce")] + [ENTERED_BASE, ENTERED_BASE + 1], device=DEV)
@@ -178,7 +178,7 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False):
 
     split = epilogue_split(c)
     epi = "tma-epi" if tma_epilogue(c, tables, False, split, send, out, out, recv) else "ptr-epi"
-    return {"case": f"producer {kind} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits} {epi} split{split}"
+    return {"case": f"producer {kind} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits} {epi} split{split} P={sms}"
                     f"{' ptr' if not use_tma(a, b) else ''}",
             "rel_err": max(e_out, e_send), "err_out": e_out, "err_send": e_send, "nan_out": nan_out, "nan_send": nan_send,
             "error_flag": int(err.item()), "ours_us": t_ours, "torch_us": t_torch, "tflops": 2 * m * n * k / t_ours / 1e6,
@@ -256,6 +256,19 @@ def scatter_matrix():
     return cases
 
 
+def occupancy_matrix():
+    """Two persistent programs an SM, for tile configurations small enough to fit twice (shared
+    memory and registers), against one an SM and the 128x256 tiles: does a second program hide
+    the other's epilogue?"""
+    cases = []
+    for (m, n, k) in [(8192, 8192, 1024), (8192, 8192, 2048), (8192, 4096, 5504)]:
+        for cfg, per in [((128, 256, 64, 8, 3), 1), ((128, 128, 64, 4, 2), 1), ((128, 128, 64, 4, 2), 2),
+                         ((128, 128, 32, 4, 4), 1), ((128, 128, 32, 4, 4), 2), ((128, 128, 64, 8, 2), 2)]:
+            cases.append(lambda m=m, n=n, k=k, cfg=cfg, per=per: producer_case(m, n, k, cfg, per_sm=per))
+            cases.append(lambda m=m, n=n, k=k, cfg=cfg, per=per: consumer_case(m, n, k, cfg, per_sm=per))
+    return cases
+
+
 def producer_matrix():
     """The producer at the K/ws of the gemm_rs / gemm_ar suite, its pointer and TMA epilogues, whole
     and in column halves, beside the consumer kernel (TMA stores, no waits) as a plain GEMM."""
@@ -279,6 +292,8 @@ def main():
         return report(producer_matrix())
     if sys.argv[1:] == ["scatter"]:
         return report(scatter_matrix())
+    if sys.argv[1:] == ["occupancy"]:
+        return report(occupancy_matrix())
     for (m, n, k) in [(8192, 5504, 4096), (8192, 14336, 8192), (8192, 1024, 8192), (8192, 2048, 8192)]:
         for cfg in cfgs:
             cases.append(lambda m=m, n=n, k=k, cfg=cfg: consumer_case(m, n, k, cfg))
