@@ -105,8 +105,9 @@ def test_a_chunk_that_never_arrives_times_out_instead_of_hanging(which):
     assert err == 0
 
 
-def run_producer(kind, template, ws, m, n, k, splits, order="arrival", epoch=5):
-    """Run every rank's producer with the partials it would receive already in place."""
+def run_producer(kind, template, ws, m, n, k, splits, order="arrival", epoch=5, withheld=None, spin_limit=0):
+    """Run every rank's producer with the partials it would receive already in place (but for rank
+    0's last one with `withheld`: its signal stays at the previous call's epoch)."""
     c = cand(template=template, num_splits=splits, tile_order=order)
     plan = plan_for(kind, template, ws, m, splits, c.block_m)
     all_reduce = kind == "gemm_ar"
@@ -134,6 +135,8 @@ def run_producer(kind, template, ws, m, n, k, splits, order="arrival", epoch=5):
         pad = pads[r]
         for t in plan.recvs(r, "reduce"):
             pad[t.signal] = epoch
+        if withheld and r == 0:
+            pad[plan.recvs(r, "reduce")[-1].signal] = epoch - 1
         pad[ENTERED_BASE : ENTERED_BASE + ws] = epoch
         tables = producer_tables(plan, r, n, c, all_reduce, CPU)
         lo, hi = block_bounds(m, ws, r)
@@ -143,7 +146,7 @@ def run_producer(kind, template, ws, m, n, k, splits, order="arrival", epoch=5):
         counters = torch.zeros(4096, dtype=torch.int64)
         error = torch.zeros(1, dtype=torch.int32)
         launch_producer(a[r], b[r], send, out, reduced, recv, 0 if all_reduce else lo, tables, c, epoch, pad, counters,
-                        peer_ptrs, ws, r, error, 4)
+                        peer_ptrs, ws, r, error, 4, spin_limit)
         results.append(dict(plan=plan, tables=tables, out=out, send=send, reduced=reduced, counters=counters,
                             error=int(error.item()), lo=lo, hi=hi, held=held))
     return results, partial, total, pads, plan
@@ -433,3 +436,14 @@ def test_producer_with_a_tile_across_two_chunks_keeps_the_pointer_epilogue(monke
     results, partial, total, pads, plan = run_producer("gemm_rs", "direct", 3, 144, 40, 32, 1)
     assert chosen and not any(chosen)
     _check_reduce_scatter(results, partial, total, pads, plan)
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["pointer-epilogue", "tma-epilogue"])
+@pytest.mark.parametrize("kind", ["gemm_rs", "gemm_ar"])
+def test_a_partial_that_never_arrives_ends_the_wait_with_an_error_not_a_hang(monkeypatch, kind, tma):
+    from syncopate.kernels import launch
+
+    monkeypatch.setattr(launch, "use_tma", lambda *tensors: tma)
+    results, *_ = run_producer(kind, "direct", 2, 128, 32, 32, 2, withheld=True, spin_limit=20)
+    assert results[0]["error"] == 1, "rank 0 reports the partial it waited for in vain"
+    assert results[1]["error"] == 0

@@ -428,25 +428,19 @@ def _tma_stores_done():
 
 
 @triton.jit
-def _finish_tile_tma(acc, row0, col0, c, N, OUT_ROW0, inc_start_ptr, inc_slot_ptr, inc_offset_ptr, recv_desc,
-                     recv_signal_ptr, keep_ptr, send_desc, out_desc, reduced_desc, free_ptr, epoch, error_ptr, max_spin,
-                     RANK, WORLD: tl.constexpr, INC_MAX: tl.constexpr, ALL_REDUCE: tl.constexpr,
-                     ASM_WAIT: tl.constexpr, OUT_DTYPE: tl.constexpr):
-    """`_finish_chunk` for a whole tile of chunk c (rows from row0, columns from col0) through TMA."""
-    first = tl.load(inc_start_ptr + c)
-    count = tl.load(inc_start_ptr + c + 1) - first
+def _finish_tile_tma(acc, row0, col0, N, OUT_ROW0, first, count, inc_offset_ptr, recv_desc, keep, gate, send_desc,
+                     out_desc, reduced_desc, INC_MAX: tl.constexpr, ALL_REDUCE: tl.constexpr,
+                     OUT_DTYPE: tl.constexpr):
+    """`_finish_chunk` for a whole tile of a chunk (rows from row0, columns from col0) through TMA,
+    once what it waits for is there (`gate`, 0 then, is added to the coordinates that depend on it):
+    add the `count` partials received from `inc_offset[first]` on, store the rows where they go."""
     for j in tl.static_range(INC_MAX):
         if j < count:
-            gate = _wait_slot(recv_signal_ptr, tl.load(inc_slot_ptr + first + j), epoch, error_ptr, max_spin, ASM_WAIT)
             prow = (tl.load(inc_offset_ptr + first + j) // N).to(tl.int32)
             acc += recv_desc.load([row0 + prow + gate, col0]).to(tl.float32)
-    if tl.load(keep_ptr + c) != 0:
+    if keep:
         out_desc.store([row0 - OUT_ROW0, col0], acc.to(OUT_DTYPE))
         if ALL_REDUCE:
-            gate = 0
-            for p in tl.static_range(WORLD):
-                if p != RANK:
-                    gate += _wait_slot(free_ptr, p, epoch, error_ptr, max_spin, ASM_WAIT)
             reduced_desc.store([row0 + gate, col0], acc.to(OUT_DTYPE))
     else:
         send_desc.store([row0, col0], acc.to(OUT_DTYPE))
@@ -459,20 +453,30 @@ def _close_tile_tma(acc, row0, off_n, c, N, OUT_ROW0, inc_start_ptr, inc_slot_pt
                     max_spin, RANK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WORLD: tl.constexpr,
                     INC_MAX: tl.constexpr, ALL_REDUCE: tl.constexpr, ASM_WAIT: tl.constexpr,
                     EPI_SPLIT: tl.constexpr, OUT_DTYPE: tl.constexpr):
-    """`_close_chunk` for TMA_EPI: finish the tile (in column halves with EPI_SPLIT=2), wait for its
-    stores, count it in chunk c."""
+    """`_close_chunk` for TMA_EPI: wait once for the tile's partials (and, for a kept chunk of an
+    all-reduce, for every peer to have entered the call), finish the tile (in column halves with
+    EPI_SPLIT=2), wait for its stores, count it in chunk c."""
+    first = tl.load(inc_start_ptr + c)
+    count = tl.load(inc_start_ptr + c + 1) - first
+    keep = tl.load(keep_ptr + c) != 0
+    gate = 0
+    for j in tl.static_range(INC_MAX):
+        if j < count:
+            gate += _wait_slot(recv_signal_ptr, tl.load(inc_slot_ptr + first + j), epoch, error_ptr, max_spin, ASM_WAIT)
+    if ALL_REDUCE:
+        if keep:
+            for p in tl.static_range(WORLD):
+                if p != RANK:
+                    gate += _wait_slot(free_ptr, p, epoch, error_ptr, max_spin, ASM_WAIT)
     if EPI_SPLIT == 2:
         acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-        _finish_tile_tma(acc0, row0, off_n, c, N, OUT_ROW0, inc_start_ptr, inc_slot_ptr, inc_offset_ptr, recv_desc,
-                         recv_signal_ptr, keep_ptr, send_desc, out_desc, reduced_desc, free_ptr, epoch, error_ptr,
-                         max_spin, RANK, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT, OUT_DTYPE)
-        _finish_tile_tma(acc1, row0, off_n + BLOCK_N // 2, c, N, OUT_ROW0, inc_start_ptr, inc_slot_ptr,
-                         inc_offset_ptr, recv_desc, recv_signal_ptr, keep_ptr, send_desc, out_desc, reduced_desc,
-                         free_ptr, epoch, error_ptr, max_spin, RANK, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT, OUT_DTYPE)
+        _finish_tile_tma(acc0, row0, off_n, N, OUT_ROW0, first, count, inc_offset_ptr, recv_desc, keep, gate,
+                         send_desc, out_desc, reduced_desc, INC_MAX, ALL_REDUCE, OUT_DTYPE)
+        _finish_tile_tma(acc1, row0, off_n + BLOCK_N // 2, N, OUT_ROW0, first, count, inc_offset_ptr, recv_desc, keep,
+                         gate, send_desc, out_desc, reduced_desc, INC_MAX, ALL_REDUCE, OUT_DTYPE)
     else:
-        _finish_tile_tma(acc, row0, off_n, c, N, OUT_ROW0, inc_start_ptr, inc_slot_ptr, inc_offset_ptr, recv_desc,
-                         recv_signal_ptr, keep_ptr, send_desc, out_desc, reduced_desc, free_ptr, epoch, error_ptr,
-                         max_spin, RANK, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT, OUT_DTYPE)
+        _finish_tile_tma(acc, row0, off_n, N, OUT_ROW0, first, count, inc_offset_ptr, recv_desc, keep, gate,
+                         send_desc, out_desc, reduced_desc, INC_MAX, ALL_REDUCE, OUT_DTYPE)
     if ASM_WAIT:
         _tma_stores_done()
     _count_chunk(c, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
