@@ -200,3 +200,33 @@ def test_calibrate_names_a_bad_tile_list_before_looking_for_gpus(monkeypatch, ca
     assert main(["calibrate", "--tiles", tiles]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "128x256x64w8s3" in err[0] and "GPU" not in err[0]
+
+
+def test_op_costs_per_chunk_cost_round_trips_and_defaults_for_older_payloads():
+    from syncopate.autotuner.calibration import CHUNK_US, OpCosts
+
+    costs = default_calibration(TOPO).costs
+    assert costs.chunk_us == CHUNK_US and CHUNK_US["copy_engine"] > 0
+    again = OpCosts.from_payload(replace(costs, chunk_us={"copy_engine": 2.5, "nccl": 1.0}).to_payload())
+    assert again.chunk_us == {"copy_engine": 2.5, "nccl": 1.0}
+    older = costs.to_payload()
+    del older["chunk_us"]
+    assert OpCosts.from_payload(older).chunk_us == CHUNK_US
+    with pytest.raises(ConfigError, match="chunk_us"):
+        replace(costs, chunk_us={"carrier_pigeon": 1.0})
+
+
+def test_each_chunk_of_a_fused_call_pays_its_per_chunk_cost():
+    from syncopate.autotuner.calibration import CHUNK_US
+    from syncopate.autotuner.simulate import CommContext
+    from syncopate.search_space import Candidate, build_plan
+
+    w = Workload(kind="gemm_rs", shape=(8192, 8192, 2048))
+    c = Candidate(backend="copy_engine", template="direct", num_splits=4)
+    plan = build_plan("direct", "reduce_scatter", 2, 8192, 4, align=c.block_m)
+    cal = default_calibration(TOPO)
+    bare = replace(cal, costs=replace(cal.costs, chunk_us={}))
+    t = plan.transfers[0]
+    with_cost = CommContext(cal, TOPO, c, w.comm_row_bytes()).transfer_us(t)
+    without = CommContext(bare, TOPO, c, w.comm_row_bytes()).transfer_us(t)
+    assert with_cost == pytest.approx(without + CHUNK_US["copy_engine"])

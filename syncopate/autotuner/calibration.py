@@ -232,6 +232,12 @@ class GemmRate:
             raise ConfigError(f"GEMM calibration {key!r} does not parse: {e}") from None
 
 
+CHUNK_US = {"copy_engine": 5.0}
+"""The documented `OpCosts.chunk_us`, also for calibrations stored before it was a field. On two
+H200s (2026-11-22, benchmarks/timeline.py) a fused call's copy-engine copies of 4 and 16 MiB took
+19.4 and 52.5 µs (medians) where the calibrated transfers of those sizes take 14.9 and 47.5."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OpCosts:
     """Costs of the fused op that are neither a transfer nor a tile."""
@@ -246,6 +252,9 @@ class OpCosts:
     """Device memory bandwidth a kernel reaches, GB/s (epilogue reads, memory-bound waves)."""
     overlap_slowdown: dict[str, float] = field(default_factory=dict)
     """Backend → fraction by which tiles run slower while that backend communicates."""
+    chunk_us: dict[str, float] = field(default_factory=lambda: dict(CHUNK_US))
+    """Backend → µs each chunk's transfer takes inside a fused call beyond a calibrated transfer of
+    its size (the side stream's wait passing, the copy's issue, the GEMM's memory traffic)."""
 
     def __post_init__(self) -> None:
         _check_positive("op costs", (self.local_copy_gbps, self.hbm_gbps))
@@ -255,11 +264,15 @@ class OpCosts:
         for b, f in self.overlap_slowdown.items():
             if b not in BACKENDS or not (0 <= f < 1):
                 raise ConfigError(f"op costs: overlap_slowdown[{b!r}]={f!r}: a backend and a fraction in [0, 1)")
+        for b, us in self.chunk_us.items():
+            if b not in BACKENDS or not (0 <= us < 1000):
+                raise ConfigError(f"op costs: chunk_us[{b!r}]={us!r}: a backend and µs in [0, 1000)")
 
     def to_payload(self) -> dict[str, Any]:
         return {
             "launch_us": self.launch_us, "wait_us": self.wait_us, "local_copy_gbps": self.local_copy_gbps,
             "hbm_gbps": self.hbm_gbps, "overlap_slowdown": dict(self.overlap_slowdown),
+            "chunk_us": dict(self.chunk_us),
         }
 
     @classmethod
@@ -269,6 +282,7 @@ class OpCosts:
                 launch_us=float(payload["launch_us"]), wait_us=float(payload["wait_us"]),
                 local_copy_gbps=float(payload["local_copy_gbps"]), hbm_gbps=float(payload["hbm_gbps"]),
                 overlap_slowdown={k: float(v) for k, v in payload.get("overlap_slowdown", {}).items()},
+                chunk_us={k: float(v) for k, v in payload.get("chunk_us", CHUNK_US).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ConfigError(f"op-cost calibration does not parse: {e}") from None

@@ -77,9 +77,10 @@ class CommContext:
         return self.calibration.transfer(self.backend, scope)
 
     def transfer_us(self, t: Transfer, share: float = 1.0) -> float:
-        """Time of transfer `t` when its rank's egress is shared `1 / share` ways."""
+        """Time of transfer `t` inside a fused call when its rank's egress is shared `1 / share` ways."""
         model = self.model(t.src, t.dst)
         us = model.time_us(t.rows * self.row_bytes, self.candidate.comm_sms)
+        us += self.calibration.costs.chunk_us.get(self.backend, 0.0)
         topo = self.topology
         if model.scope == "intra" and topo.interconnect == "nvlink" and topo.gpus_per_node > 2:
             us *= topo.gpus_per_node - 1

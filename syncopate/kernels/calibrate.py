@@ -229,7 +229,7 @@ def _op_costs(group, options: CalibrateOptions, defaults: dict[str, Any]) -> dic
             lambda: streamops.copy_async(torch.cuda.current_stream().cuda_stream, y.data_ptr(), x.data_ptr(), size),
             group, options,
         ) / 1e3
-    payload["defaults_for"] = ["wait_us", "launch_us", "overlap_slowdown"]
+    payload["defaults_for"] = ["wait_us", "launch_us", "overlap_slowdown", "chunk_us"]
     return payload
 
 
@@ -263,7 +263,7 @@ def _worker(rank: int, world: int, port: int, options: CalibrateOptions, queue) 
             defaults = default_calibration(topology).costs.to_payload()
         except Exception:
             defaults = {"launch_us": 6.0, "wait_us": 0.8, "local_copy_gbps": 1000.0, "hbm_gbps": 1000.0,
-                        "overlap_slowdown": {}}
+                        "overlap_slowdown": {}, "chunk_us": {}}
         costs = _op_costs(group, options, defaults)
         if rank == 0:
             queue.put({"topology": topology.to_dict(), "environment": current_environment().to_dict(),
