@@ -105,7 +105,8 @@ def test_a_chunk_that_never_arrives_times_out_instead_of_hanging(which):
     assert err == 0
 
 
-def run_producer(kind, template, ws, m, n, k, splits, order="arrival", epoch=5, withheld=None, spin_limit=0):
+def run_producer(kind, template, ws, m, n, k, splits, order="arrival", epoch=5, withheld=None, spin_limit=0,
+                 programs=4):
     """Run every rank's producer with the partials it would receive already in place (but for rank
     0's last one with `withheld`: its signal stays at the previous call's epoch)."""
     c = cand(template=template, num_splits=splits, tile_order=order)
@@ -146,7 +147,7 @@ def run_producer(kind, template, ws, m, n, k, splits, order="arrival", epoch=5, 
         counters = torch.zeros(4096, dtype=torch.int64)
         error = torch.zeros(1, dtype=torch.int32)
         launch_producer(a[r], b[r], send, out, reduced, recv, 0 if all_reduce else lo, tables, c, epoch, pad, counters,
-                        peer_ptrs, ws, r, error, 4, spin_limit)
+                        peer_ptrs, ws, r, error, programs, spin_limit)
         results.append(dict(plan=plan, tables=tables, out=out, send=send, reduced=reduced, counters=counters,
                             error=int(error.item()), lo=lo, hi=hi, held=held))
     return results, partial, total, pads, plan
@@ -418,6 +419,23 @@ def test_producers_with_the_tma_epilogue(monkeypatch, kind, template, ws, splits
     monkeypatch.setattr(launch, "tma_epilogue", lambda *a: chosen.append(real(*a)) or chosen[-1])
     results, partial, total, pads, plan = run_producer(kind, template, ws, m, n, 32, splits, order)
     assert chosen and all(chosen), "every rank's producer took the TMA epilogue"
+    if kind == "gemm_rs":
+        _check_reduce_scatter(results, partial, total, pads, plan)
+    else:
+        _check_all_reduce(results, total, pads, plan, ws)
+
+
+@pytest.mark.parametrize("kind", ["gemm_rs", "gemm_ar"])
+@pytest.mark.parametrize("template, ws, programs", [("direct", 2, 1), ("direct", 3, 2), ("ring", 4, 3),
+                                                    ("bidirectional_ring", 2, 1)])
+def test_tma_epilogue_counts_a_program_s_run_of_tiles_of_one_chunk_at_once(monkeypatch, kind, template, ws, programs):
+    """Few programs, so each finishes several tiles of a chunk in a row and counts them together
+    when its next tile is of another chunk: every chunk is still signalled once complete, the
+    counters end at zero, the sums are right."""
+    from syncopate.kernels import launch
+
+    monkeypatch.setattr(launch, "use_tma", lambda *tensors: True)
+    results, partial, total, pads, plan = run_producer(kind, template, ws, 64 * ws, 64, 32, 2, programs=programs)
     if kind == "gemm_rs":
         _check_reduce_scatter(results, partial, total, pads, plan)
     else:

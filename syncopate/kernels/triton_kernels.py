@@ -236,13 +236,15 @@ def _store_chunk(acc, c, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, keep_pt
 
 @triton.jit
 def _count_chunk(c, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
-                 peer_signal_ptrs, epoch, WORLD: tl.constexpr, ALL_REDUCE: tl.constexpr):
-    """Count this tile in chunk c; the chunk's last tile resets the counter and raises its signals.
+                 peer_signal_ptrs, epoch, WORLD: tl.constexpr, ALL_REDUCE: tl.constexpr, tiles=1):
+    """Count `tiles` tiles in chunk c; the count that completes the chunk resets the counter and
+    raises its signals.
 
     The count is an acquire-release at GPU scope (every tile of the chunk is counted on this GPU):
     the last tile's program acquires every earlier tile's release, and its signal write, a release
     at system scope, passes all of their stores on to whoever acquires the signal."""
-    done = tl.atomic_add(counter_ptr + c, 1, sem="acq_rel", scope="gpu") + 1
+    n = tl.full((), tiles, tl.int64)
+    done = tl.atomic_add(counter_ptr + c, n, sem="acq_rel", scope="gpu") + n
     if done == tl.load(chunk_tiles_ptr + c).to(tl.int64):
         tl.atomic_xchg(counter_ptr + c, 0, sem="relaxed", scope="gpu")
         ready = tl.load(chunk_ready_ptr + c)
@@ -310,6 +312,7 @@ def producer_kernel(
     tm = 0
     off_n = 0
     c = 0
+    pending = 0
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for _ in range(0, my_entries * k_tiles):
         ki = tl.where(ki == k_tiles - 1, 0, ki + 1)
@@ -325,11 +328,14 @@ def producer_kernel(
         if ki == k_tiles - 1:
             rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
             if TMA_EPI:
-                _close_tile_tma(acc, tm * BLOCK_M, off_n, c, N, OUT_ROW0, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
-                                recv_desc, recv_signal_ptr, keep_ptr, send_desc, out_desc, reduced_desc, free_ptr,
-                                counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, peer_signal_ptrs,
-                                gather_slot_ptr, epoch, error_ptr, max_spin, RANK, BLOCK_M, BLOCK_N, WORLD, INC_MAX,
-                                ALL_REDUCE, ASM_WAIT, EPI_SPLIT, OUT_DTYPE)
+                nxt = i + num_programs
+                pending = _close_tile_tma(acc, tm * BLOCK_M, off_n, c, N, OUT_ROW0, inc_start_ptr, inc_slot_ptr,
+                                          inc_offset_ptr, recv_desc, recv_signal_ptr, keep_ptr, send_desc, out_desc,
+                                          reduced_desc, free_ptr, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr,
+                                          ready_ptr, peer_signal_ptrs, gather_slot_ptr, epoch, error_ptr, max_spin,
+                                          RANK, tl.load(entry_chunk_ptr + nxt, mask=nxt < num_entries, other=-1),
+                                          pending, BLOCK_M, BLOCK_N, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT, EPI_SPLIT,
+                                          OUT_DTYPE)
             elif DEFER_KEPT and tl.load(keep_ptr + c) != 0:
                 _park_tile(acc, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, out_ptr, BLOCK_N)
             else:
@@ -450,12 +456,19 @@ def _finish_tile_tma(acc, row0, col0, N, OUT_ROW0, first, count, inc_offset_ptr,
 def _close_tile_tma(acc, row0, off_n, c, N, OUT_ROW0, inc_start_ptr, inc_slot_ptr, inc_offset_ptr, recv_desc,
                     recv_signal_ptr, keep_ptr, send_desc, out_desc, reduced_desc, free_ptr, counter_ptr,
                     chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, peer_signal_ptrs, gather_slot_ptr, epoch, error_ptr,
-                    max_spin, RANK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WORLD: tl.constexpr,
-                    INC_MAX: tl.constexpr, ALL_REDUCE: tl.constexpr, ASM_WAIT: tl.constexpr,
+                    max_spin, RANK, next_chunk, pending, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    WORLD: tl.constexpr, INC_MAX: tl.constexpr, ALL_REDUCE: tl.constexpr, ASM_WAIT: tl.constexpr,
                     EPI_SPLIT: tl.constexpr, OUT_DTYPE: tl.constexpr):
     """`_close_chunk` for TMA_EPI: wait once for the tile's partials (and, for a kept chunk of an
     all-reduce, for every peer to have entered the call), finish the tile (in column halves with
-    EPI_SPLIT=2), wait for its stores, count it in chunk c."""
+    EPI_SPLIT=2); returns the tiles of chunk c this program has finished but not yet counted.
+
+    When the program's next tile (`next_chunk`, -1 after its last) is of the same chunk, this tile
+    is only added to `pending`: the chunk cannot be complete before that tile is, so nothing waits
+    longer, and the program saves the store-completion wait and the counter's round trip. Otherwise
+    it waits for all its stores and counts `pending + 1` tiles at once. (A later tile of the same
+    chunk may wait for that chunk's partials while earlier ones are uncounted; those partials never
+    depend on this rank's count of the same chunk: on a ring the chunk's path ends at its owner.)"""
     first = tl.load(inc_start_ptr + c)
     count = tl.load(inc_start_ptr + c + 1) - first
     keep = tl.load(keep_ptr + c) != 0
@@ -477,10 +490,12 @@ def _close_tile_tma(acc, row0, off_n, c, N, OUT_ROW0, inc_start_ptr, inc_slot_pt
     else:
         _finish_tile_tma(acc, row0, off_n, N, OUT_ROW0, first, count, inc_offset_ptr, recv_desc, keep, gate,
                          send_desc, out_desc, reduced_desc, INC_MAX, ALL_REDUCE, OUT_DTYPE)
-    if ASM_WAIT:
-        _tma_stores_done()
-    _count_chunk(c, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
-                 peer_signal_ptrs, epoch, WORLD, ALL_REDUCE)
+    if next_chunk != c:
+        if ASM_WAIT:
+            _tma_stores_done()
+        _count_chunk(c, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
+                     peer_signal_ptrs, epoch, WORLD, ALL_REDUCE, pending + 1)
+    return tl.where(next_chunk == c, pending + 1, 0)
 
 
 @triton.jit
