@@ -214,6 +214,12 @@ def _epilogue_chunk(acc, c, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, inc_
 
 
 @triton.jit
+def _column_halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The left and right column halves of a [BLOCK_M, BLOCK_N] accumulator."""
+    return tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+
+
+@triton.jit
 def _store_chunk(acc, c, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr,
                  free_ptr, epoch, error_ptr, max_spin, RANK, WORLD: tl.constexpr, ALL_REDUCE: tl.constexpr,
                  ASM_WAIT: tl.constexpr):
@@ -395,7 +401,7 @@ def _close_chunk(acc, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr,
                  INC_MAX: tl.constexpr, ALL_REDUCE: tl.constexpr, ASM_WAIT: tl.constexpr, EPI_SPLIT: tl.constexpr):
     """Finish the rows of chunk c in a tile (both column halves with EPI_SPLIT=2), then count the tile in c."""
     if EPI_SPLIT == 2:
-        acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        acc0, acc1 = _column_halves(acc, BLOCK_M, BLOCK_N)
         _finish_chunk(acc0, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
                       recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr, epoch, error_ptr,
                       max_spin, RANK, BLOCK_N // 2, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT)
@@ -482,7 +488,7 @@ def _close_tile_tma(acc, row0, off_n, c, N, OUT_ROW0, inc_start_ptr, inc_slot_pt
                 if p != RANK:
                     gate += _wait_slot(free_ptr, p, epoch, error_ptr, max_spin, ASM_WAIT)
     if EPI_SPLIT == 2:
-        acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        acc0, acc1 = _column_halves(acc, BLOCK_M, BLOCK_N)
         _finish_tile_tma(acc0, row0, off_n, N, OUT_ROW0, first, count, inc_offset_ptr, recv_desc, keep, gate,
                          send_desc, out_desc, reduced_desc, INC_MAX, ALL_REDUCE, OUT_DTYPE)
         _finish_tile_tma(acc1, row0, off_n + BLOCK_N // 2, N, OUT_ROW0, first, count, inc_offset_ptr, recv_desc, keep,
