@@ -283,6 +283,9 @@ def _producer(model: CostModel, w, plan, ctx, group, programs, durations):
     free: dict = {}
     comm_end = start
     slowed = None
+    all_reduce = w.kind == "gemm_ar" and ws > 1
+    # the transfers of the last reduce phase simulated and of the gather, when they share one queue
+    log: list | None = [] if all_reduce and ctx.backend == "copy_engine" and _unshared_egress(plan, ctx) else None
     for _ in range(ws + 4):
         partial = padded(group.per_position(group.chunk_wait_time(partials)) + costs.wait_us, programs, -np.inf)
         run = run_programs(programs, start, None, durations, comm_end=comm_end, slowdown=slowdown,
@@ -293,22 +296,22 @@ def _producer(model: CostModel, w, plan, ctx, group, programs, durations):
         if table is None:
             break
         new = np.zeros_like(partials)
-        free = table.run(ready, new, start)
+        if log is not None:
+            log.clear()
+        free = table.run(ready, new, start, log=log)
         comm_end = max([start, *free.values()])
         converged = float(np.max(np.abs(new - partials))) < 1e-6 and settled
         partials = new
         if converged:
             break
     end = np.maximum(run.end, comm_end)
-    if w.kind == "gemm_ar" and ws > 1:
+    if all_reduce:
         gathered = np.full((ws, plan.num_chunks), start)
         queues = {} if ctx.backend == "copy_engine" else free
-        log: list | None = [] if ctx.backend == "copy_engine" and _unshared_egress(plan, ctx) else None
         model._table(plan, "gather", ctx, pull=True).run(ready, gathered, start, queues, log)
         end = np.maximum(end, gathered.max(axis=1))
         comm_end = max(comm_end, float(np.max(gathered)))
         if log is not None:
-            table.run(ready, np.zeros_like(partials), start, log=log)
             egress = _one_egress(log, ws)
             end = np.maximum(end, egress)
             comm_end = max(comm_end, float(np.max(egress)))
