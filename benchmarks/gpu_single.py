@@ -8,7 +8,7 @@ Checks (against torch in float32, outputs poisoned) and times, beside torch.matm
 - the SM chunk copier's bandwidth.
 Prints a table last; writes the details as JSON to $OUT/gpu_single.json when OUT is set.
 `python benchmarks/gpu_single.py producer` runs only the producer's epilogue variants, `scatter` its
-reduce-scatter against its all-reduce, `occupancy` one program an SM against two.
+reduce-scatter against its all-reduce, `occupancy` one program an SM against two, `host` a few cases for their host time a launch.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 import os
 import statistics
 import sys
+import time
 import traceback
 
 import torch
@@ -48,6 +49,29 @@ def bench(fn, reps=20):
         torch.cuda.synchronize()
         times.append(s.elapsed_time(e) * 1000.0)
     return statistics.median(times)
+
+
+def host_us(fn, calls=50):
+    """Host time of one call, enqueued back to back (the device is not waited for in between)."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    if os.environ.get("PROFILE_HOST") == "1":  # where the host time goes, to stderr
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(calls):
+            fn()
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+    return t
 
 
 def stats(handle):
@@ -83,6 +107,7 @@ def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1):
     arrivals = [(lo, hi, LOCAL_BASE + j) for j, (lo, hi) in enumerate(plan.chunk_bounds[0])] + arrivals
 
     raised = torch.tensor([slot for _, _, slot in arrivals], device=DEV)
+    relaunch = {}
 
     def call():
         state["epoch"] += 1
@@ -98,7 +123,7 @@ def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1):
                 streamops.write_value(side.cuda_stream, signals.data_ptr() + 4 * slot, e)
         else:
             signals.index_fill_(0, raised, e)
-        launch_consumer(a_full, b, out, tables, c, e, signals, err, sms, 1 << 24 if live else 0)
+        launch_consumer(a_full, b, out, tables, c, e, signals, err, sms, 1 << 24 if live else 0, cache=relaunch)
         if live:
             ev2 = torch.cuda.Event()
             ev2.record(side)
@@ -120,9 +145,10 @@ def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1):
         torch.cuda.synchronize()
         worst = max(worst, rel(out, ref))
     t_ours = bench(call)
+    t_host = host_us(call)
     t_torch = bench(lambda: a @ b)
     return {"case": f"consumer{' live' if live else ''} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits} P={sms}",
-            "rel_err": worst, "error_flag": int(err.item()), "ours_us": t_ours, "torch_us": t_torch,
+            "rel_err": worst, "error_flag": int(err.item()), "ours_us": t_ours, "host_us": t_host, "torch_us": t_torch,
             "tflops": 2 * m * n * k / t_ours / 1e6, "tma": use_tma(a_full, b, out)}
 
 
@@ -155,12 +181,14 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1):
     state = {"epoch": 0}
 
     raised = torch.tensor([t.signal for t in plan.recvs(0, "reduce")] + [ENTERED_BASE, ENTERED_BASE + 1], device=DEV)
+    relaunch = {}
 
     def call():
         state["epoch"] += 1
         e = state["epoch"]
         pad.index_fill_(0, raised, e)  # the peer's partials are there and it has entered: one small kernel
-        launch_producer(a, b, send, out, reduced, recv, row0, tables, c, e, pad, counters, peer_ptrs, 2, 0, err, sms)
+        launch_producer(a, b, send, out, reduced, recv, row0, tables, c, e, pad, counters, peer_ptrs, 2, 0, err, sms,
+                        cache=relaunch)
 
     call()
     torch.cuda.synchronize()
@@ -173,6 +201,7 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1):
     nan_out = int((~torch.isfinite(mine)).sum())
     nan_send = int((~torch.isfinite(send[hi:])).sum())
     t_ours = bench(call)
+    t_host = host_us(call)
     t_torch = bench(lambda: a @ b)
     from syncopate.kernels.launch import epilogue_split, tma_epilogue
 
@@ -181,7 +210,8 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1):
     return {"case": f"producer {kind} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits} {epi} split{split} P={sms}"
                     f"{' ptr' if not use_tma(a, b) else ''}",
             "rel_err": max(e_out, e_send), "err_out": e_out, "err_send": e_send, "nan_out": nan_out, "nan_send": nan_send,
-            "error_flag": int(err.item()), "ours_us": t_ours, "torch_us": t_torch, "tflops": 2 * m * n * k / t_ours / 1e6,
+            "error_flag": int(err.item()), "ours_us": t_ours, "host_us": t_host, "torch_us": t_torch,
+            "tflops": 2 * m * n * k / t_ours / 1e6,
             "counters_zero": int(counters.abs().sum().item()) == 0, "tma": use_tma(a, b)}
 
 
@@ -285,6 +315,21 @@ def producer_matrix():
     return cases
 
 
+def host_matrix():
+    """Host time of a launch, back to back, beside the device time: the consumer and the
+    reduce-scatter and all-reduce producers at the suite's per-rank sizes, each relaunched from the
+    cache of its first launch and through Triton's dispatch every time (SYNCOPATE_RELAUNCH=0)."""
+    cases = []
+    for mode in ("1", "0"):
+        cases += [with_env("SYNCOPATE_RELAUNCH", mode, f) for f in (
+            lambda: consumer_case(8192, 5504, 4096, (128, 256, 64, 8, 3), 2),
+            lambda: consumer_case(8192, 1024, 8192, (128, 128, 64, 8, 4), 2),
+            lambda: producer_case(8192, 8192, 2048, (128, 256, 64, 8, 3), 4),
+            lambda: producer_case(8192, 8192, 2048, (128, 256, 64, 8, 3), 4, True),
+            lambda: producer_case(8192, 4096, 5504, (128, 256, 64, 8, 3), 8, True))]
+    return cases
+
+
 def main():
     cfgs = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (128, 256, 64, 8, 2), (128, 128, 64, 4, 4)]
     cases = []
@@ -294,6 +339,8 @@ def main():
         return report(scatter_matrix())
     if sys.argv[1:] == ["occupancy"]:
         return report(occupancy_matrix())
+    if sys.argv[1:] == ["host"]:
+        return report(host_matrix())
     for (m, n, k) in [(8192, 5504, 4096), (8192, 14336, 8192), (8192, 1024, 8192), (8192, 2048, 8192)]:
         for cfg in cfgs:
             cases.append(lambda m=m, n=n, k=k, cfg=cfg: consumer_case(m, n, k, cfg))
@@ -331,12 +378,13 @@ def report(cases):
     if out:
         with open(os.path.join(out, "gpu_single.json"), "w") as f:
             json.dump(rows, f, indent=1)
-    print("\ncase | rel_err | ours_us | torch_us | torch/ours | TFLOP/s | tma")
+    print("\ncase | rel_err | ours_us | host_us | torch_us | torch/ours | TFLOP/s | tma")
     for r in rows:
         if "torch_us" in r:
             extra = f" | out {r['err_out']:.1e} send {r['err_send']:.1e} nan {r['nan_out']}/{r['nan_send']}" if "err_out" in r else ""
             ks = r.get("kernels", {}).get("producer" if r["case"].startswith("producer") else "consumer", {})
-            print(f"{r['case']} | {r['rel_err']:.2e} | {r['ours_us']:.1f} | {r['torch_us']:.1f} | "
+            print(f"{r['case']} | {r['rel_err']:.2e} | {r['ours_us']:.1f} | {r.get('host_us', float('nan')):.1f} | "
+                  f"{r['torch_us']:.1f} | "
                   f"{r['torch_us'] / r['ours_us']:.3f} | {r['tflops']:.0f} | {r['tma']} | flag {r['error_flag']}{extra} | "
                   f"regs {ks.get('regs')} spills {ks.get('spills')} smem {ks.get('smem')}")
         elif "GBps" in r:

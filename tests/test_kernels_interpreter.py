@@ -465,3 +465,20 @@ def test_a_partial_that_never_arrives_ends_the_wait_with_an_error_not_a_hang(mon
     results, *_ = run_producer(kind, "direct", 2, 128, 32, 32, 2, withheld=True, spin_limit=20)
     assert results[0]["error"] == 1, "rank 0 reports the partial it waited for in vain"
     assert results[1]["error"] == 0
+
+
+def test_the_interpreter_takes_the_full_launch_every_time():
+    """Relaunching a compiled kernel (launch._Relaunch) is for GPUs: interpreted launches, given a
+    cache, neither use nor fill it (tests/test_gpu_relaunch.py checks the relaunch on a GPU)."""
+    c = cand(template="direct", num_splits=2, tile_order="arrival")
+    plan = plan_for("ag_gemm", "direct", 2, 128, 2, 32)
+    tables = consumer_tables(plan, 0, 32, c, CPU)
+    signals = torch.zeros(PAD_WORDS, dtype=torch.int32)
+    for slot in [t.signal for t in plan.recvs(0, "gather")] + [LOCAL_BASE, LOCAL_BASE + 1]:
+        signals[slot] = 1
+    cache = {}
+    a, b = rand(128, 32, seed=1), rand(32, 32, seed=2)
+    out = torch.full((128, 32), float("nan"), dtype=torch.float16)
+    launch_consumer(a, b, out, tables, c, 1, signals, torch.zeros(1, dtype=torch.int32), 3, 100, cache=cache)
+    assert torch.allclose(out.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-2)
+    assert cache == {}

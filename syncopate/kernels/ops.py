@@ -215,7 +215,7 @@ def all_gather_matmul(
         enqueue()
     launch_consumer(
         a_full.local, b, out, tables, cand, epoch, ctx.signals.local, ctx.error,
-        ctx.sm_count - backend.reserved_sms(cand), spin_limit,
+        ctx.sm_count - backend.reserved_sms(cand), spin_limit, cache=ctx.cache,
     )
     if not _COMM_FIRST:
         enqueue()
@@ -313,6 +313,7 @@ def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
         a, b, send, out, reduced.local if reduced is not None else None, ctx.buffers["recv"].local,
         0 if all_reduce else block_bounds(m, ws, rank)[0], tables, cand, epoch, ctx.signals.local, ctx.counters,
         ctx.peer_signal_ptrs, ws, rank, ctx.error, ctx.sm_count - backend.reserved_sms(cand), spin_limit,
+        cache=ctx.cache,
     )
     enqueue()
     ctx.join(main, streams)
