@@ -78,6 +78,7 @@ class LiveProgress:
     thread (the coordinator only updates the state); a context manager."""
 
     def __init__(self, progress: SweepProgress, console: Console) -> None:
+        self._console = console
         self._live = Live(_View(progress), console=console, refresh_per_second=4, transient=False)
 
     def __enter__(self) -> LiveProgress:
@@ -86,6 +87,8 @@ class LiveProgress:
 
     def __exit__(self, *exc) -> None:
         self._live.__exit__(*exc)
+        if not self._console.is_terminal:  # the last frame, written to a file or pipe, ends mid-line
+            self._console.line()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
