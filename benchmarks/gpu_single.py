@@ -8,7 +8,8 @@ Checks (against torch in float32, outputs poisoned) and times, beside torch.matm
 - the SM chunk copier's bandwidth.
 Prints a table last; writes the details as JSON to $OUT/gpu_single.json when OUT is set.
 `python benchmarks/gpu_single.py producer` runs only the producer's epilogue variants, `scatter` its
-reduce-scatter against its all-reduce, `occupancy` one program an SM against two, `host` a few cases for their host time a launch.
+reduce-scatter against its all-reduce, `occupancy` one program an SM against two, `host` a few cases for their host time a launch, `tiles` the consumer's tile
+configurations on the GEMM-bound ag_gemm shapes.
 """
 
 from __future__ import annotations
@@ -88,9 +89,9 @@ def rel(out, ref):
     return float((o - ref.double()).norm() / ref.double().norm())
 
 
-def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1):
+def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8):
     bm, bn, bk, w, st = cfg
-    c = Candidate(num_splits=splits, block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st)
+    c = Candidate(num_splits=splits, block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st, group_m=group_m)
     plan = plan_for("ag_gemm", "direct", 2, m, splits, bm)
     a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
     b = (torch.randn(k, n, device=DEV) / k**0.5).to(torch.bfloat16)
@@ -147,7 +148,7 @@ def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1):
     t_ours = bench(call)
     t_host = host_us(call)
     t_torch = bench(lambda: a @ b)
-    return {"case": f"consumer{' live' if live else ''} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits} P={sms}",
+    return {"case": f"consumer{' live' if live else ''} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} g{group_m} sp{splits} P={sms}",
             "rel_err": worst, "error_flag": int(err.item()), "ours_us": t_ours, "host_us": t_host, "torch_us": t_torch,
             "tflops": 2 * m * n * k / t_ours / 1e6, "tma": use_tma(a_full, b, out)}
 
@@ -330,6 +331,19 @@ def host_matrix():
     return cases
 
 
+def tiles_matrix():
+    """The consumer's tile configurations and L2 groupings on the per-rank GEMMs of the GEMM-bound
+    ag_gemm shapes, beside cuBLAS."""
+    cases = []
+    for (m, n, k) in [(8192, 7168, 4096), (8192, 2048, 8192)]:
+        for cfg, g in [((128, 256, 64, 8, 3), 8), ((128, 256, 64, 8, 3), 4), ((128, 256, 64, 8, 3), 16),
+                       ((128, 256, 64, 8, 3), 1), ((256, 128, 64, 8, 3), 8), ((128, 256, 32, 8, 5), 8),
+                       ((128, 256, 32, 8, 6), 8), ((256, 128, 32, 8, 5), 8), ((128, 128, 64, 8, 5), 8),
+                       ((128, 128, 128, 8, 3), 8)]:
+            cases.append(lambda m=m, n=n, k=k, cfg=cfg, g=g: consumer_case(m, n, k, cfg, 2, group_m=g))
+    return cases
+
+
 def main():
     cfgs = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (128, 256, 64, 8, 2), (128, 128, 64, 4, 4)]
     cases = []
@@ -339,6 +353,8 @@ def main():
         return report(scatter_matrix())
     if sys.argv[1:] == ["occupancy"]:
         return report(occupancy_matrix())
+    if sys.argv[1:] == ["tiles"]:
+        return report(tiles_matrix())
     if sys.argv[1:] == ["host"]:
         return report(host_matrix())
     for (m, n, k) in [(8192, 5504, 4096), (8192, 14336, 8192), (8192, 1024, 8192), (8192, 2048, 8192)]:
