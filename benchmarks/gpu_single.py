@@ -52,15 +52,19 @@ def bench(fn, reps=20):
     return statistics.median(times)
 
 
-def host_us(fn, calls=50):
-    """Host time of one call, enqueued back to back (the device is not waited for in between)."""
+def host_us(fn, calls=20, batches=7):
+    """Host time of one call, enqueued back to back (the device is not waited for in between):
+    the median over `batches` batches of `calls` calls, each batch started on an idle device."""
     fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
+    per_batch = []
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_batch.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    t = statistics.median(per_batch)
     if os.environ.get("PROFILE_HOST") == "1":  # where the host time goes, to stderr
         import cProfile
         import pstats

@@ -100,8 +100,8 @@ class _Relaunch:
 
     The first launch under a key takes Triton's dispatch; the key holds every input of those
     choices and of Triton's specialization but the addresses of the replaced tensors, and those
-    addresses' alignment. On one H100 it took a producer's launch from 290–310 to 120–150 µs of host
-    time and a consumer's from 165–175 to 65–115 (`benchmarks/gpu_single.py host`, 2026-11-23)."""
+    addresses' alignment. On one H100 it took a producer's launch from 145–270 to 80–90 µs of host
+    time and a consumer's from 90–115 to 55–65 (`benchmarks/gpu_single.py host`, 2026-11-23)."""
 
     LIMIT = 32
     """Relaunches kept a cache (a context's)."""
@@ -118,6 +118,10 @@ class _Relaunch:
         for i in self.slots.values():  # hold no caller's tensor beyond its call
             self.values[i] = None
         self.compiled, self.grid = compiled, grid
+        from triton.runtime import driver
+
+        self.device = torch.cuda.current_device()
+        self.stream = driver.active.get_current_stream  # the caller's current stream, as Triton's dispatch finds it
 
     def __call__(self, **varying) -> None:
         import triton
@@ -126,7 +130,7 @@ class _Relaunch:
         for name, value in varying.items():
             values[self.slots[name]] = value
         k = self.compiled
-        stream = torch.cuda.current_stream().cuda_stream
+        stream = self.stream(self.device)
         hooks = triton.knobs.runtime
         k.run(self.grid[0], 1, 1, stream, k.function, k.packed_metadata,
               k.launch_metadata(self.grid, stream, *values), hooks.launch_enter_hook, hooks.launch_exit_hook, *values)
