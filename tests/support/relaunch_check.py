@@ -1,0 +1,128 @@
+"""Check on one GPU that a fused kernel relaunched from a context's cache (`launch._Relaunch`)
+computes what a launch through Triton's dispatch computes, with the caller's tensors of each call:
+fresh inputs and outputs every call, outputs poisoned, against the float32 reference, and a tensor
+whose address changes alignment takes the full launch again.
+
+Run in a fresh process without TRITON_INTERPRET (tests/test_gpu_relaunch.py does): it prints one
+line per check and exits 1 if one fails, 3 where this Triton release is not relaunched.
+
+    python tests/support/relaunch_check.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    sys.exit("relaunch_check: unset TRITON_INTERPRET; it launches compiled kernels")
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from syncopate.kernels import launch  # noqa: E402
+from syncopate.kernels.tables import ENTERED_BASE, LOCAL_BASE, PAD_WORDS, consumer_tables, plan_for, producer_tables  # noqa: E402
+from syncopate.search_space import Candidate, block_bounds  # noqa: E402
+
+TILE = dict(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
+
+
+def rel(out, ref):
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+def relaunches(cache):
+    return [k for k in cache if isinstance(k, tuple) and k[:1] == ("relaunch",)]
+
+
+def consumer_check() -> None:
+    dev = torch.device("cuda", 0)
+    m, n, k = 2048, 768, 512
+    c = Candidate(num_splits=2, **TILE)
+    plan = plan_for("ag_gemm", "direct", 2, m, 2, c.block_m)
+    tables = consumer_tables(plan, 0, n, c, dev)
+    signals = torch.zeros(PAD_WORDS, dtype=torch.int32, device=dev)
+    error = torch.zeros(1, dtype=torch.int32, device=dev)
+    slots = torch.tensor([t.signal for t in plan.recvs(0, "gather")] + [LOCAL_BASE, LOCAL_BASE + 1], device=dev)
+    a_full = torch.empty(m, k, dtype=torch.bfloat16, device=dev)
+    cache = {}
+    for epoch in range(1, 6):
+        a_full.copy_(torch.randn(m, k, device=dev))
+        b = (torch.randn(k, n, device=dev) / k**0.5).to(torch.bfloat16)
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=dev)
+        signals.index_fill_(0, slots, epoch)
+        launch.launch_consumer(a_full, b, out, tables, c, epoch, signals, error, 132, 1 << 20, cache=cache)
+        torch.cuda.synchronize()
+        assert int(error.item()) == 0
+        assert rel(out, a_full.float() @ b.float()) < 1e-2, f"call {epoch}"
+    assert len(relaunches(cache)) == 1, "every call after the first relaunched the first one's kernel"
+    wide = torch.full((m * n + 8,), float("nan"), dtype=torch.bfloat16, device=dev)
+    out = wide[1 : 1 + m * n].view(m, n)  # 2-byte aligned: another specialization, the full launch again
+    signals.index_fill_(0, slots, 6)
+    launch.launch_consumer(a_full, b, out, tables, c, 6, signals, error, 132, 1 << 20, cache=cache)
+    torch.cuda.synchronize()
+    assert rel(out, a_full.float() @ b.float()) < 1e-2
+    assert len(relaunches(cache)) == 2
+
+
+def producer_check(all_reduce: bool) -> None:
+    dev = torch.device("cuda", 0)
+    m, n, k = 2048, 768, 512
+    kind = "gemm_ar" if all_reduce else "gemm_rs"
+    c = Candidate(num_splits=2, **TILE)
+    plan = plan_for(kind, "direct", 2, m, 2, c.block_m)
+    tables = producer_tables(plan, 0, n, c, all_reduce, dev)
+    lo, hi = block_bounds(m, 2, 0)
+    recv = torch.zeros(m, n, dtype=torch.bfloat16, device=dev)
+    send = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+    reduced = torch.empty(m, n, dtype=torch.bfloat16, device=dev) if all_reduce else None
+    pad = torch.zeros(PAD_WORDS, dtype=torch.int32, device=dev)
+    counters = torch.zeros(4096, dtype=torch.int64, device=dev)
+    error = torch.zeros(1, dtype=torch.int32, device=dev)
+    peers = torch.tensor([pad.data_ptr(), pad.data_ptr()], dtype=torch.int64, device=dev)
+    raised = torch.tensor([t.signal for t in plan.recvs(0, "reduce")] + [ENTERED_BASE, ENTERED_BASE + 1], device=dev)
+    from syncopate.kernels.tables import recv_offset
+
+    off = recv_offset(plan, 1, 0, n)
+    cache = {}
+    for epoch in range(1, 6):
+        a = torch.randn(m, k, device=dev).to(torch.bfloat16)
+        b = (torch.randn(k, n, device=dev) / k**0.5).to(torch.bfloat16)
+        partial = torch.randn(m, n, device=dev).to(torch.bfloat16)
+        recv.view(-1)[off + lo * n : off + hi * n] = partial[lo:hi].reshape(-1)
+        out = torch.full((m if all_reduce else hi - lo, n), float("nan"), dtype=torch.bfloat16, device=dev)
+        send.fill_(float("nan"))
+        pad.index_fill_(0, raised, epoch)
+        launch.launch_producer(a, b, send, out, reduced, recv, 0 if all_reduce else lo, tables, c, epoch, pad, counters,
+                               peers, 2, 0, error, 132, 1 << 20, cache=cache)
+        torch.cuda.synchronize()
+        full = a.float() @ b.float()
+        mine = out[lo:hi] if all_reduce else out
+        assert int(error.item()) == 0
+        assert rel(mine, full[lo:hi] + partial[lo:hi].float()) < 1e-2, f"call {epoch}: kept rows"
+        assert rel(send[hi:], full[hi:]) < 1e-2, f"call {epoch}: rows sent"
+        if all_reduce:
+            assert torch.equal(reduced[lo:hi], mine)
+        assert int(counters.abs().sum().item()) == 0
+    assert len(relaunches(cache)) == 1, "every call after the first relaunched the first one's kernel"
+
+
+def main() -> int:
+    if not triton.__version__.startswith(launch.RELAUNCH_TRITON):
+        print(f"relaunching is used with Triton {launch.RELAUNCH_TRITON}, not {triton.__version__}")
+        return 3
+    failed = 0
+    for name, check in [("consumer", consumer_check), ("reduce-scatter producer", lambda: producer_check(False)),
+                        ("all-reduce producer", lambda: producer_check(True))]:
+        try:
+            check()
+            print(f"ok    {name}", flush=True)
+        except Exception:
+            failed += 1
+            print(f"FAIL  {name}\n{traceback.format_exc()}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
