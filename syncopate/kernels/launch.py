@@ -104,7 +104,7 @@ class _Relaunch:
     time and a consumer's from 90–115 to 55–65 (`benchmarks/gpu_single.py host`, 2026-11-23)."""
 
     LIMIT = 32
-    """Relaunches kept a cache (a context's)."""
+    """Most relaunches one cache (a context's) keeps; the oldest goes first."""
 
     def __init__(self, jit_fn, compiled, grid: tuple[int], args: tuple, kwargs: dict, varying) -> None:
         binder = jit_fn.device_caches[torch.cuda.current_device()][4]
@@ -142,6 +142,8 @@ def _tables_key(tables) -> tuple:
 
 
 def _remember(cache: dict | None, key: tuple | None, jit_fn, compiled, grid, args, kwargs, varying) -> None:
+    """Keep the launch just made (`compiled`, from `jit_fn[grid](*args, **kwargs)`) in `cache` under
+    `key`, to be relaunched with the arguments named in `varying` replaced."""
     if cache is None or key is None or compiled is None or not hasattr(compiled, "run"):
         return
     stale = [k for k in cache if isinstance(k, tuple) and k[:1] == ("relaunch",)]
