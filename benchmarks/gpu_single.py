@@ -8,8 +8,9 @@ Checks (against torch in float32, outputs poisoned) and times, beside torch.matm
 - the SM chunk copier's bandwidth.
 Prints a table last; writes the details as JSON to $OUT/gpu_single.json when OUT is set.
 `python benchmarks/gpu_single.py producer` runs only the producer's epilogue variants, `scatter` its
-reduce-scatter against its all-reduce, `occupancy` one program an SM against two, `host` a few cases for their host time a launch, `tiles` the consumer's tile
-configurations on the GEMM-bound ag_gemm shapes.
+reduce-scatter against its all-reduce, `occupancy` one program an SM against two, `host` a few
+cases for their host time a launch (relaunched and not; PROFILE_HOST=1 adds a profile), `tiles` the
+consumer's tile configurations on the GEMM-bound ag_gemm shapes.
 """
 
 from __future__ import annotations

@@ -192,7 +192,8 @@ def launch_consumer(
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
     compiled = consumer_kernel[grid](*args, **kwargs)
-    _remember(cache, key, consumer_kernel, compiled, grid, args, kwargs, ("b_ptr", "c_ptr", "epoch", "b_desc", "c_desc"))
+    _remember(cache, key, consumer_kernel, compiled, grid, args, kwargs,
+              ("b_ptr", "c_ptr", "epoch", "b_desc", "c_desc"))
 
 
 def launch_producer(

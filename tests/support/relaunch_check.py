@@ -22,7 +22,15 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from syncopate.kernels import launch  # noqa: E402
-from syncopate.kernels.tables import ENTERED_BASE, LOCAL_BASE, PAD_WORDS, consumer_tables, plan_for, producer_tables  # noqa: E402
+from syncopate.kernels.tables import (  # noqa: E402
+    ENTERED_BASE,
+    LOCAL_BASE,
+    PAD_WORDS,
+    consumer_tables,
+    plan_for,
+    producer_tables,
+    recv_offset,
+)
 from syncopate.search_space import Candidate, block_bounds  # noqa: E402
 
 TILE = dict(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
@@ -82,8 +90,6 @@ def producer_check(all_reduce: bool) -> None:
     error = torch.zeros(1, dtype=torch.int32, device=dev)
     peers = torch.tensor([pad.data_ptr(), pad.data_ptr()], dtype=torch.int64, device=dev)
     raised = torch.tensor([t.signal for t in plan.recvs(0, "reduce")] + [ENTERED_BASE, ENTERED_BASE + 1], device=dev)
-    from syncopate.kernels.tables import recv_offset
-
     off = recv_offset(plan, 1, 0, n)
     cache = {}
     for epoch in range(1, 6):
