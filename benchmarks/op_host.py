@@ -19,15 +19,13 @@ import torch.distributed as dist
 
 import syncopate
 from syncopate.kernels.local_ranks import free_port, join_group
+from syncopate.kernels.reference import relative_error
 from syncopate.search_space import Candidate
 
 CANDIDATE = Candidate(backend="copy_engine", template="direct", num_splits=2, block_m=128, block_n=256, block_k=64,
                       group_m=8, num_warps=8, num_stages=3, tile_order="arrival")
 CASES = [("ag_gemm", (8192, 2048, 8192)), ("gemm_rs", (8192, 8192, 2048)), ("gemm_ar", (8192, 8192, 2048))]
 
-
-def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.double() - ref.double()).norm() / ref.double().norm())
 
 
 def case(kind: str, m: int, n: int, k: int, group, dev: torch.device) -> str:
@@ -46,7 +44,7 @@ def case(kind: str, m: int, n: int, k: int, group, dev: torch.device) -> str:
         a, b = inputs()
         out = op(a, b)
         torch.cuda.synchronize()
-        worst = max(worst, rel(out, a.float() @ b.float()))
+        worst = max(worst, relative_error(out, a.float() @ b.float()))
     a, b = inputs()
     for _ in range(3):
         op(a, b)

@@ -77,6 +77,10 @@ _KNOBS = ("TRITON_INTERPRET", "SYNCOPATE_TMA", "SYNCOPATE_TMA_EPI", "SYNCOPATE_E
 """The environment switches the launchers' choices read: part of every relaunch key."""
 
 
+def _knob_values() -> tuple:
+    return tuple(os.environ.get(k) for k in _KNOBS)
+
+
 def _relaunch_on(t: torch.Tensor) -> bool:
     import triton
 
@@ -146,10 +150,16 @@ def _remember(cache: dict | None, key: tuple | None, jit_fn, compiled, grid, arg
     `key`, to be relaunched with the arguments named in `varying` replaced."""
     if cache is None or key is None or compiled is None or not hasattr(compiled, "run"):
         return
-    stale = [k for k in cache if isinstance(k, tuple) and k[:1] == ("relaunch",)]
-    for k in stale[: max(0, len(stale) - _Relaunch.LIMIT + 1)]:
+    _keep(cache, key, _Relaunch(jit_fn, compiled, grid, args, kwargs, varying), _Relaunch.LIMIT)
+
+
+def _keep(cache: dict, key: tuple, value, limit: int) -> None:
+    """`cache[key] = value`, dropping the oldest entries whose keys start like `key` (same first
+    item) beyond `limit` of them."""
+    kin = [k for k in cache if isinstance(k, tuple) and k[:1] == key[:1]]
+    for k in kin[: max(0, len(kin) - limit + 1)]:
         del cache[k]
-    cache[key] = _Relaunch(jit_fn, compiled, grid, args, kwargs, varying)
+    cache[key] = value
 
 
 def launch_consumer(
@@ -163,7 +173,7 @@ def launch_consumer(
     if cache is not None and _relaunch_on(out):
         key = ("relaunch", "consumer", _tables_key(tables), c, num_programs, spin_limit, a_full.data_ptr(),
                signals.data_ptr(), error.data_ptr(), _shape_key(a_full), _shape_key(b), _shape_key(out),
-               tuple(os.environ.get(k) for k in _KNOBS))
+               _knob_values())
         again = cache.get(key)
         if again is not None:
             b_mat = b.t() if b_is_kmajor(b) else b
@@ -211,7 +221,7 @@ def launch_producer(
                send.data_ptr(), recv.data_ptr(), None if reduced is None else reduced.data_ptr(), signals.data_ptr(),
                counters.data_ptr(), peer_signal_ptrs.data_ptr(), error.data_ptr(), _shape_key(a), _shape_key(b),
                _shape_key(send), _shape_key(out), _shape_key(reduced), _shape_key(recv),
-               tuple(os.environ.get(k) for k in _KNOBS))
+               _knob_values())
         again = cache.get(key)
         if again is not None:
             b_mat = b.t() if b_is_kmajor(b) else b
@@ -325,10 +335,7 @@ def copy_job_tables(ctx, jobs, stream: torch.cuda.Stream | None) -> tuple[torch.
     with torch.cuda.stream(stream) if device.type == "cuda" else contextlib.nullcontext():
         tables = (table.to(device, non_blocking=True), small.to(device, non_blocking=True))
     if cache is not None:
-        stale = [k for k in cache if isinstance(k, tuple) and k[:1] == ("copy_jobs",)]
-        for k in stale[: max(0, len(stale) - COPY_TABLES_CACHED + 1)]:
-            del cache[k]
-        cache[key] = tables
+        _keep(cache, key, tables, COPY_TABLES_CACHED)
     return tables
 
 

@@ -22,6 +22,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from syncopate.kernels import launch  # noqa: E402
+from syncopate.kernels.reference import relative_error  # noqa: E402
 from syncopate.kernels.tables import (  # noqa: E402
     ENTERED_BASE,
     LOCAL_BASE,
@@ -35,9 +36,6 @@ from syncopate.search_space import Candidate, block_bounds  # noqa: E402
 
 TILE = dict(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
 
-
-def rel(out, ref):
-    return float((out.double() - ref.double()).norm() / ref.double().norm())
 
 
 def relaunches(cache):
@@ -63,14 +61,14 @@ def consumer_check() -> None:
         launch.launch_consumer(a_full, b, out, tables, c, epoch, signals, error, 132, 1 << 20, cache=cache)
         torch.cuda.synchronize()
         assert int(error.item()) == 0
-        assert rel(out, a_full.float() @ b.float()) < 1e-2, f"call {epoch}"
+        assert relative_error(out, a_full.float() @ b.float()) < 1e-2, f"call {epoch}"
     assert len(relaunches(cache)) == 1, "every call after the first relaunched the first one's kernel"
     wide = torch.full((m * n + 8,), float("nan"), dtype=torch.bfloat16, device=dev)
     out = wide[1 : 1 + m * n].view(m, n)  # 2-byte aligned: another specialization, the full launch again
     signals.index_fill_(0, slots, 6)
     launch.launch_consumer(a_full, b, out, tables, c, 6, signals, error, 132, 1 << 20, cache=cache)
     torch.cuda.synchronize()
-    assert rel(out, a_full.float() @ b.float()) < 1e-2
+    assert relative_error(out, a_full.float() @ b.float()) < 1e-2
     assert len(relaunches(cache)) == 2
 
 
@@ -106,8 +104,8 @@ def producer_check(all_reduce: bool) -> None:
         full = a.float() @ b.float()
         mine = out[lo:hi] if all_reduce else out
         assert int(error.item()) == 0
-        assert rel(mine, full[lo:hi] + partial[lo:hi].float()) < 1e-2, f"call {epoch}: kept rows"
-        assert rel(send[hi:], full[hi:]) < 1e-2, f"call {epoch}: rows sent"
+        assert relative_error(mine, full[lo:hi] + partial[lo:hi].float()) < 1e-2, f"call {epoch}: kept rows"
+        assert relative_error(send[hi:], full[hi:]) < 1e-2, f"call {epoch}: rows sent"
         if all_reduce:
             assert torch.equal(reduced[lo:hi], mine)
         assert int(counters.abs().sum().item()) == 0
