@@ -10,7 +10,8 @@ Prints a table last; writes the details as JSON to $OUT/gpu_single.json when OUT
 `python benchmarks/gpu_single.py producer` runs only the producer's epilogue variants, `scatter` its
 reduce-scatter against its all-reduce, `occupancy` one program an SM against two, `host` a few
 cases for their host time a launch (relaunched and not; PROFILE_HOST=1 adds a profile), `tiles` the
-consumer's tile configurations on the GEMM-bound ag_gemm shapes.
+consumer's tile configurations on the GEMM-bound ag_gemm shapes, `paced` the consumer with the
+peer's chunks landing at the two-H200 link's pace, its own rows copied, in place or read from the shard.
 """
 
 from __future__ import annotations
@@ -94,9 +95,37 @@ def rel(out, ref):
     return float((o - ref.double()).norm() / ref.double().norm())
 
 
-def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8):
+_CYCLES_PER_US = []
+
+
+def cycles_per_us():
+    """Clock cycles of `torch.cuda._sleep` a microsecond, measured once."""
+    if not _CYCLES_PER_US:
+        torch.cuda._sleep(1_000_000)
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        torch.cuda._sleep(2_000_000)
+        e.record()
+        torch.cuda.synchronize()
+        _CYCLES_PER_US.append(2_000_000 / (s.elapsed_time(e) * 1000.0))
+    return _CYCLES_PER_US[0]
+
+
+def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8, pace_gbps=None, entry_us=21.0,
+                  order="arrival", own="copied"):
+    """Rank 0's consumer of a two-rank all-gather. `live`: chunks copied in from a side stream while
+    the kernel runs; `pace_gbps`: and the peer's chunks land as they would over a link of that
+    bandwidth, the first one `entry_us` after the call starts plus its transfer time (the side
+    stream sleeps, then copies), as on two GPUs where the peer enters late and the link is the
+    limit. `own`: how the rank's own rows get to the kernel: "copied" into the gathered buffer
+    chunk by chunk when the call starts (tiles wait for their chunk), "in_place" (already there,
+    their words raised before the call), "shard" (read from the shard by the leading own tiles;
+    nothing copied, nothing raised, the buffer's own rows poisoned)."""
+    live = live or pace_gbps is not None
+    own_in_place = own in ("in_place", "shard")
     bm, bn, bk, w, st = cfg
-    c = Candidate(num_splits=splits, block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st, group_m=group_m)
+    c = Candidate(num_splits=splits, block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st, group_m=group_m,
+                  tile_order=order)
     plan = plan_for("ag_gemm", "direct", 2, m, splits, bm)
     a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
     b = (torch.randn(k, n, device=DEV) / k**0.5).to(torch.bfloat16)
@@ -114,29 +143,72 @@ def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8):
 
     raised = torch.tensor([slot for _, _, slot in arrivals], device=DEV)
     relaunch = {}
+    remote = len(plan.chunk_bounds[0])
+    sleeps = []  # cycles the side stream sleeps before each peer chunk's copy
+    if pace_gbps is not None:
+        scratch = torch.empty_like(a_full)
+        lo, hi, _ = arrivals[remote]
+        for _ in range(3):
+            streamops.copy_async(torch.cuda.current_stream().cuda_stream, scratch.data_ptr(), source.data_ptr(),
+                                 (hi - lo) * k * 2)
+        s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s0.record()
+        streamops.copy_async(torch.cuda.current_stream().cuda_stream, scratch.data_ptr(), source.data_ptr(),
+                             (hi - lo) * k * 2)
+        s1.record()
+        torch.cuda.synchronize()
+        local_us = s0.elapsed_time(s1) * 1000.0 / (hi - lo)  # a row, copied on this GPU
+        del scratch
+        for j, (lo, hi, _) in enumerate(arrivals[remote:]):
+            link_us = (hi - lo) * k * 2 / (pace_gbps * 1e3) + (entry_us if j == 0 else 0.0)
+            sleeps.append(int(max(0.0, link_us - local_us * (hi - lo)) * cycles_per_us()))
+    landed = []
 
     def call():
         state["epoch"] += 1
         e = state["epoch"]
         if live:
             main = torch.cuda.current_stream()
-            ev = torch.cuda.Event()
+            ev = torch.cuda.Event(enable_timing=True)
             ev.record(main)
             side.wait_event(ev)
-            for lo, hi, slot in arrivals:
+            marks = [ev]
+            if own == "in_place":
+                signals.index_fill_(0, raised[:remote], e)
+            for j, (lo, hi, slot) in enumerate(arrivals):
+                if own_in_place and j < remote:
+                    continue
+                if sleeps and j >= remote:
+                    with torch.cuda.stream(side):
+                        torch.cuda._sleep(sleeps[j - remote])
                 streamops.copy_async(side.cuda_stream, a_full.data_ptr() + lo * k * 2, source.data_ptr() + lo * k * 2,
                                      (hi - lo) * k * 2)
                 streamops.write_value(side.cuda_stream, signals.data_ptr() + 4 * slot, e)
-        else:
+                if sleeps and j >= remote:
+                    marks.append(torch.cuda.Event(enable_timing=True))
+                    marks[-1].record(side)
+            landed[:] = [marks]
+        if own == "shard" and not live:
+            signals.index_fill_(0, raised[remote:], e)
+        elif not live:
             signals.index_fill_(0, raised, e)
-        launch_consumer(a_full, b, out, tables, c, e, signals, err, sms, 1 << 24 if live else 0, cache=relaunch)
+        launch_consumer(a_full, b, out, tables, c, e, signals, err, sms, 1 << 24 if live else 0, cache=relaunch,
+                        a_own=own_rows if own == "shard" else None, own_row0=arrivals[0][0])
         if live:
             ev2 = torch.cuda.Event()
             ev2.record(side)
             torch.cuda.current_stream().wait_event(ev2)
 
-    if live:
-        a_full.fill_(float("nan"))
+    own_rows = a[arrivals[0][0]:arrivals[remote - 1][1]].clone()
+    assert own != "shard" or (tables.own_tiles > 0 and not tables.own_rows_later)
+
+    def poison():
+        if own == "shard":
+            a_full[arrivals[0][0]:arrivals[remote - 1][1]].fill_(float("nan"))
+        if live:
+            a_full[arrivals[remote][0]:].fill_(float("nan")) if own_in_place else a_full.fill_(float("nan"))
+
+    poison()
     call()
     torch.cuda.synchronize()
     ref = a.float() @ b.float()
@@ -144,18 +216,25 @@ def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8):
     # back-to-back calls with the gathered buffer poisoned in between must stay right
     worst = e1
     for _ in range(5):
-        if live:
-            a_full.fill_(float("nan"))
+        poison()
         out.fill_(float("nan"))
         call()
         torch.cuda.synchronize()
         worst = max(worst, rel(out, ref))
     t_ours = bench(call)
+    arrived = []
+    if sleeps:  # when the peer's chunks landed in the last timed call, from its start
+        torch.cuda.synchronize()
+        arrived = [round(landed[0][0].elapsed_time(mk) * 1000.0, 1) for mk in landed[0][1:]]
     t_host = host_us(call)
     t_torch = bench(lambda: a @ b)
-    return {"case": f"consumer{' live' if live else ''} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} g{group_m} sp{splits} P={sms}",
+    mode = " live" if live else ""
+    if pace_gbps is not None:
+        mode = f" paced {pace_gbps:g}GB/s entry {entry_us:g}us landed {arrived}"
+    return {"case": f"consumer{mode} own {own} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} g{group_m} sp{splits} {order} P={sms}",
             "rel_err": worst, "error_flag": int(err.item()), "ours_us": t_ours, "host_us": t_host, "torch_us": t_torch,
-            "tflops": 2 * m * n * k / t_ours / 1e6, "tma": use_tma(a_full, b, out)}
+            "tflops": 2 * m * n * k / t_ours / 1e6, "tma": use_tma(a_full, b, out),
+            "own_tiles": tables.own_tiles}
 
 
 def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1):
@@ -336,6 +415,23 @@ def host_matrix():
     return cases
 
 
+def paced_matrix():
+    """The consumer with the peer's chunks landing at the pace of the two-H200 link (351 GB/s inside
+    a fused call, the peer's first chunk 21 µs late: the timelines of 2026-11-22), its own rows
+    copied into the gathered buffer at the call's start, already there, or read from the shard,
+    beside the chunks already there, on the per-rank GEMMs of ag_gemm N=4096, 2048, 14336, 11008."""
+    cases = []
+    for (m, n, k), cfg, splits in [((8192, 2048, 8192), (128, 256, 64, 8, 3), 2),
+                                   ((8192, 1024, 8192), (128, 128, 64, 8, 4), 2),
+                                   ((8192, 7168, 4096), (128, 256, 64, 8, 3), 2),
+                                   ((8192, 5504, 4096), (128, 256, 64, 8, 3), 2)]:
+        for pace, own in ((None, "copied"), (None, "shard"), (351.0, "copied"), (351.0, "in_place"),
+                          (351.0, "shard")):
+            cases.append(lambda m=m, n=n, k=k, cfg=cfg, s=splits, p=pace, o=own:
+                         consumer_case(m, n, k, cfg, s, pace_gbps=p, own=o))
+    return cases
+
+
 def tiles_matrix():
     """The consumer's tile configurations and L2 groupings on the per-rank GEMMs of the GEMM-bound
     ag_gemm shapes, beside cuBLAS."""
@@ -362,6 +458,8 @@ def main():
         return report(tiles_matrix())
     if sys.argv[1:] == ["host"]:
         return report(host_matrix())
+    if sys.argv[1:] == ["paced"]:
+        return report(paced_matrix())
     for (m, n, k) in [(8192, 5504, 4096), (8192, 14336, 8192), (8192, 1024, 8192), (8192, 2048, 8192)]:
         for cfg in cfgs:
             cases.append(lambda m=m, n=n, k=k, cfg=cfg: consumer_case(m, n, k, cfg))

@@ -43,19 +43,28 @@ def rand(*shape, seed):
     return (torch.randn(*shape, generator=g) / 4).to(torch.float16)
 
 
-def run_consumer(ws, rank, m, n, k, c, epoch=3, missing_slot=None, spin_limit=0, b_kmajor=False, seed=0):
+def run_consumer(ws, rank, m, n, k, c, epoch=3, missing_slot=None, spin_limit=0, b_kmajor=False, seed=0, own=False):
+    """One rank's consumer with every chunk there. `own`: the rank's shard passed apart, its rows of
+    the gathered buffer poisoned, and its own chunks' words raised only where a tile reads them
+    from the gathered buffer (`tables.own_rows_later`)."""
     plan = plan_for("ag_gemm", c.template, ws, m, c.num_splits, c.block_m)
     a = rand(m, k, seed=seed)
     b = rand(n, k, seed=seed + 1).t() if b_kmajor else rand(k, n, seed=seed + 1)
     a_full = a.clone()  # every chunk, own ones included, has arrived
+    tables = consumer_tables(plan, rank, n, c, CPU)
+    r0, r1 = plan.chunk_bounds[rank][0][0], plan.chunk_bounds[rank][-1][1]
     signals = torch.zeros(PAD_WORDS, dtype=torch.int32)
-    slots = [t.signal for t in plan.recvs(rank, "gather")] + [LOCAL_BASE + j for j in range(plan.num_splits)]
+    slots = [t.signal for t in plan.recvs(rank, "gather")]
+    if not own or tables.own_rows_later:
+        slots += [LOCAL_BASE + j for j in range(plan.num_splits)]
+    if own and not tables.own_rows_later:
+        a_full[r0:r1] = float("nan")
     for slot in slots:
         signals[slot] = epoch if slot != missing_slot else epoch - 1
     error = torch.zeros(1, dtype=torch.int32)
     out = torch.full((m, n), float("nan"), dtype=torch.float16)
-    tables = consumer_tables(plan, rank, n, c, CPU)
-    launch_consumer(a_full, b, out, tables, c, epoch, signals, error, 3, spin_limit)
+    launch_consumer(a_full, b, out, tables, c, epoch, signals, error, 3, spin_limit,
+                    a_own=a[r0:r1].clone() if own else None, own_row0=r0)
     return out, (a.float() @ b.float()), int(error.item())
 
 
@@ -92,6 +101,24 @@ def test_consumer_with_shards_not_a_multiple_of_block_m_and_kmajor_b():
         out, ref, err = run_consumer(3, rank, 120, 48, 40, c, b_kmajor=True, seed=10 + rank)
         assert err == 0 and torch.isfinite(out).all()
         assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("order", ["arrival", "arrival_colmajor", "swizzle"])
+@pytest.mark.parametrize("template, ws, m, splits", [("direct", 2, 192, 2), ("ring", 3, 288, 1), ("direct", 3, 120, 1)])
+def test_consumer_reads_own_rows_from_the_shard_without_waiting(order, template, ws, m, splits):
+    # With the shard passed apart, the leading tiles of the own block read it and wait for nothing:
+    # its rows of the gathered buffer are NaN and its words never raised (a wait would time out).
+    # 120 rows on 3 ranks: blocks of 40, tiles of 32 across their edges read the (then copied) buffer.
+    c = cand(template=template, num_splits=splits, tile_order=order)
+    for rank in range(ws):
+        plan = plan_for("ag_gemm", template, ws, m, splits, c.block_m)
+        tables = consumer_tables(plan, rank, 64, c, CPU)
+        if order != "swizzle" and m // ws % c.block_m == 0:
+            assert tables.own_tiles == (m // ws // c.block_m) * 2 and not tables.own_rows_later
+        out, ref, err = run_consumer(ws, rank, m, 64, 48, c, seed=30 + rank, own=True, spin_limit=50)
+        assert err == 0, f"rank {rank} waited for its own rows"
+        assert torch.isfinite(out).all(), f"rank {rank}: a tile was not written or read the poisoned rows"
+        assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2), f"rank {rank}: wrong rows"
 
 
 @pytest.mark.parametrize("which", ["remote", "own"])

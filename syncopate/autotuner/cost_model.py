@@ -259,7 +259,10 @@ class CostModel:
 def _consumer(model: CostModel, w, plan, ctx, group, programs, durations):
     costs = model.calibration.costs
     start = costs.launch_us
-    arrival = own_chunks_ready(plan, ctx, start)
+    # The kernel reads each rank's own rows from its shard (and the backends send them from there):
+    # they are there when the call starts, not when the copy into the gathered buffer ends.
+    own = own_chunks_ready(plan, ctx, start)
+    arrival = np.where(np.isfinite(own), start, own)
     if plan.world_size > 1:
         model._table(plan, "gather", ctx).run(None, arrival, start)
     comm_end = float(np.max(arrival))

@@ -57,6 +57,9 @@ class GatherCall:
     r0: int
     row_bytes: int
     spin_limit: int = 0
+    copy_own: bool = True
+    """Whether this rank's shard is copied into its rows of the gathered buffer: the gathered A is
+    returned, or a tile reads own rows from there (the kernel reads the rest from the shard)."""
 
 
 @dataclass
@@ -111,7 +114,10 @@ def _announce_entry(stream: torch.cuda.Stream, ctx: OverlapContext, epoch: int) 
 
 def _copy_own_chunks(call: GatherCall, stream: torch.cuda.Stream) -> None:
     """Put this rank's shard into its gathered buffer chunk by chunk (copy engine), raising
-    `LOCAL_BASE + split` after each; a shard already in place only has its words raised."""
+    `LOCAL_BASE + split` after each; a shard already in place only has its words raised. Nothing
+    where no one reads the copy (`call.copy_own`)."""
+    if not call.copy_own:
+        return
     ctx, rank = call.ctx, call.ctx.rank
     base = call.a_full.peer_ptrs[rank]
     in_place = call.a_local.data_ptr() == base + call.r0 * call.row_bytes

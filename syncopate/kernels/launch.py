@@ -14,8 +14,8 @@ from syncopate.kernels.tables import ENTERED_BASE, READY_BASE
 from syncopate.search_space import Candidate
 
 __all__ = [
-    "interpreting", "use_tma", "launch_consumer", "launch_producer", "launch_chunk_copy", "copy_job_tables",
-    "stage_chunk_copy", "TL_DTYPES",
+    "interpreting", "use_tma", "own_shard_readable", "launch_consumer", "launch_producer", "launch_chunk_copy",
+    "copy_job_tables", "stage_chunk_copy", "TL_DTYPES",
 ]
 
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -162,31 +162,46 @@ def _keep(cache: dict, key: tuple, value, limit: int) -> None:
     cache[key] = value
 
 
+def own_shard_readable(a_full: torch.Tensor, b: torch.Tensor, out: torch.Tensor, a_own: torch.Tensor) -> bool:
+    """Whether the consumer can read this rank's rows of A from the caller's shard `a_own`: always on
+    the pointer path; on the TMA path only where a descriptor fits the shard too (16-byte aligned),
+    so that an unaligned shard does not take the TMA path from the rest of the call."""
+    b_mat = b.t() if b_is_kmajor(b) else b
+    return a_own.dim() == 2 and (not use_tma(a_full, b_mat, out) or use_tma(a_own))
+
+
 def launch_consumer(
     a_full: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tables, c: Candidate, epoch: int,
     signals: torch.Tensor, error: torch.Tensor, num_programs: int, spin_limit: int = 0, cache: dict | None = None,
+    a_own: torch.Tensor | None = None, own_row0: int = 0,
 ) -> None:
     """out[M, N] = A[M, K] @ B[K, N] with A from the gathered buffer, tiles in `tables.order`.
 
+    With `a_own` (this rank's shard, rows [own_row0, own_row0 + len) of A), the leading
+    `tables.own_tiles` positions read it instead of the gathered buffer, with no wait.
     With `cache` (a context's), a launch like an earlier one relaunches its compiled kernel (`_Relaunch`)."""
+    own_tiles = tables.own_tiles if a_own is not None else 0
+    if a_own is None:
+        a_own = a_full
     key = None
     if cache is not None and _relaunch_on(out):
         key = ("relaunch", "consumer", _tables_key(tables), c, num_programs, spin_limit, a_full.data_ptr(),
                signals.data_ptr(), error.data_ptr(), _shape_key(a_full), _shape_key(b), _shape_key(out),
-               _knob_values())
+               _shape_key(a_own), own_row0, own_tiles, _knob_values())
         again = cache.get(key)
         if again is not None:
             b_mat = b.t() if b_is_kmajor(b) else b
-            again(b_ptr=b, c_ptr=out, epoch=epoch,
+            again(b_ptr=b, c_ptr=out, own_ptr=a_own, epoch=epoch,
                   b_desc=_descriptor(b_mat, again.boxes["b_desc"]) if again.tma["b_desc"] else None,
-                  c_desc=_descriptor(out, again.boxes["c_desc"]) if again.tma["c_desc"] else None)
+                  c_desc=_descriptor(out, again.boxes["c_desc"]) if again.tma["c_desc"] else None,
+                  own_desc=_descriptor(a_own, again.boxes["own_desc"]) if again.tma["own_desc"] else None)
             return
     M, K = a_full.shape
     N = out.shape[1]
     kmajor = b_is_kmajor(b)
     b_mat = b.t() if kmajor else b
     grid = _grid(tables.order.numel(), num_programs)
-    tma = use_tma(a_full, b_mat, out)
+    tma = use_tma(a_full, b_mat, out, a_own)
     args = (
         a_full, b, out,
         _descriptor(a_full, [c.block_m, c.block_k]) if tma else None,
@@ -194,7 +209,8 @@ def launch_consumer(
         _descriptor(out, [c.block_m, c.block_n]) if tma else None,
         M, N, K, a_full.stride(0), a_full.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
         tables.order, tables.mtile_lo, tables.mtile_hi, tables.chunk_slot, signals, epoch, error, _spin(spin_limit),
-        grid[0],
+        grid[0], a_own, _descriptor(a_own, [c.block_m, c.block_k]) if tma else None, a_own.shape[0], own_row0,
+        a_own.stride(0), a_own.stride(1), own_tiles,
     )
     kwargs = dict(
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_TMA=tma, B_KMAJOR=kmajor,
@@ -203,7 +219,7 @@ def launch_consumer(
     )
     compiled = consumer_kernel[grid](*args, **kwargs)
     _remember(cache, key, consumer_kernel, compiled, grid, args, kwargs,
-              ("b_ptr", "c_ptr", "epoch", "b_desc", "c_desc"))
+              ("b_ptr", "c_ptr", "own_ptr", "epoch", "b_desc", "c_desc", "own_desc"))
 
 
 def launch_producer(

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from syncopate.errors import ConfigError
 from syncopate.kernels.backends import GatherCall, ScatterCall, backend_for
 from syncopate.kernels.context import OverlapContext
-from syncopate.kernels.launch import launch_consumer, launch_producer
+from syncopate.kernels.launch import launch_consumer, launch_producer, own_shard_readable
 from syncopate.kernels.tables import consumer_tables, plan_for, producer_tables
 from syncopate.search_space import Candidate, Topology, Workload, block_bounds, canonical_dtype, check_candidate
 
@@ -186,8 +186,9 @@ def all_gather_matmul(
     """out = all_gather(a_shard, dim 0) @ b, with the GEMM consuming rows of A as their chunks arrive.
 
     Returns the local output [M, N/ws] (and the gathered A [M, K] too with `return_gathered`).
-    A shard that already lives in this rank's rows of the gathered buffer (`gather_buffer`) is
-    not copied.
+    The GEMM reads this rank's own rows from `a_shard` itself, from the start of the call; the
+    shard is copied into the gathered buffer only where the gathered A is returned or a tile across
+    the shard's edge reads it there (never when it already lives there: `gather_buffer`).
     `spin_limit` > 0 bounds every wait (a tuning run's guard against hangs; the context then raises
     a timeout on `check_error()`).
     """
@@ -202,20 +203,22 @@ def all_gather_matmul(
         out = torch.empty((m, n_local), dtype=a_shard.dtype, device=a_shard.device)
     elif out.shape != (m, n_local) or out.dtype != a_shard.dtype or not out.is_contiguous():
         raise ConfigError(f"out must be a contiguous {a_shard.dtype} tensor of shape {(m, n_local)}, got {tuple(out.shape)}")
+    a_full = ctx.buffers["a_full"]
+    own = a_shard if own_shard_readable(a_full.local, b, out, a_shard) else None
     epoch = ctx.begin_call()
     main = torch.cuda.current_stream()
-    a_full = ctx.buffers["a_full"]
     streams = ctx.fork(main, 3)
     call = GatherCall(
         ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, a_local=a_shard, a_full=a_full,
         r0=rank * m_local, row_bytes=k * a_shard.element_size(), spin_limit=spin_limit,
+        copy_own=return_gathered or tables.own_rows_later or own is None,
     )
     enqueue = backend.stage_gather(call, streams)  # what may allocate, before the kernel runs
     if _COMM_FIRST:
         enqueue()
     launch_consumer(
         a_full.local, b, out, tables, cand, epoch, ctx.signals.local, ctx.error,
-        ctx.sm_count - backend.reserved_sms(cand), spin_limit, cache=ctx.cache,
+        ctx.sm_count - backend.reserved_sms(cand), spin_limit, cache=ctx.cache, a_own=own, own_row0=rank * m_local,
     )
     if not _COMM_FIRST:
         enqueue()
@@ -259,8 +262,10 @@ def _tables(ctx: OverlapContext, key: tuple, build):
 def gather_buffer(a_shard_shape: tuple[int, int], dtype: torch.dtype, group=None) -> torch.Tensor:
     """This rank's rows of the gathered buffer `all_gather_matmul` uses for shards of this shape.
 
-    Write the next shard there (e.g. as the `out=` of the op producing it) and the op skips copying
-    it. The view stays valid until `close_contexts()`.
+    Write the next shard there (e.g. as the `out=` of the op producing it) and the op never copies
+    it; otherwise it copies a shard only where the gathered A is returned (`return_gathered`) or a
+    tile across the shard's edge reads it from the buffer (the kernel reads the rest of its own rows
+    from the shard itself). The view stays valid until `close_contexts()`.
     """
     group = group or dist.group.WORLD
     ws, rank = dist.get_world_size(group), dist.get_rank(group)

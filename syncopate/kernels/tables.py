@@ -101,6 +101,12 @@ class ConsumerTables:
     mtile_lo: Any
     mtile_hi: Any
     chunk_slot: Any
+    own_tiles: int = 0
+    """Leading positions of `order` whose rows all lie in this rank's own block: the kernel reads
+    them from the caller's shard, before and without any wait."""
+    own_rows_later: bool = False
+    """Whether a later position reads own rows (a tile across the block's edge, or an order that
+    does not put the own block first): those read them from the gathered buffer, after the copy."""
 
 
 def _check_two_chunks(s, what: str) -> None:
@@ -149,9 +155,16 @@ def consumer_tables(plan: ChunkPlan, rank: int, n_cols: int, c: Candidate, devic
             raise ConfigError("an all-gather chunk arrives once per rank; the plan says otherwise")
         own = ci // plan.num_splits == rank
         slots.append(LOCAL_BASE + ci % plan.num_splits if own else waits[0])
+    r0, r1 = plan.chunk_bounds[rank][0][0], plan.chunk_bounds[rank][-1][1]
+    inside = [r0 <= tm * c.block_m and min((tm + 1) * c.block_m, plan.total_rows) <= r1 for tm in range(s.tiles_m)]
+    touches = [tm * c.block_m < r1 and (tm + 1) * c.block_m > r0 for tm in range(s.tiles_m)]
+    own_tiles = 0
+    while own_tiles < len(s.order) and inside[s.order[own_tiles] // s.tiles_n]:
+        own_tiles += 1
     return ConsumerTables(
         order=_i32(s.order, device), mtile_lo=_i32(s.mtile_chunk_lo, device),
         mtile_hi=_i32(s.mtile_chunk_hi, device), chunk_slot=_i32(slots, device),
+        own_tiles=own_tiles, own_rows_later=any(touches[t // s.tiles_n] for t in s.order[own_tiles:]),
     )
 
 

@@ -24,9 +24,10 @@ see (on the GPU they are a PTX polling loop, `ld.acquire.sys` then `fence.proxy.
 that TMA reads see what the wait saw), which keeps the main loop pipelineable. Chunks are at
 least BLOCK_M rows, so a tile overlaps at most two chunks (`lo` and `hi - 1`).
 
-Consumer (`ag_gemm`): all rows of A are read from the gathered buffer; when a tile starts, the
-program waits for the chunk(s) its rows lie in (the rank's own chunks are signalled too, by the
-local copy).
+Consumer (`ag_gemm`): the leading tiles of the order whose rows are all the rank's own shard read
+it from the caller's tensor, with no wait; the others read the gathered buffer, and when such a tile
+starts, the program waits for the chunk(s) its rows lie in (the rank's own chunks are signalled too,
+by the local copy, for tiles across the shard's edge).
 Producer (`gemm_rs`, `gemm_ar`): entries (a tile and the one chunk whose rows it finishes) in the
 order their chunks leave; the epilogue adds the partials received for the chunk's rows of the tile
 (waiting for them first), stores them where they go (the send buffer, or the output for rows this
@@ -144,43 +145,39 @@ def _load_ab(a_ptr, b_ptr, a_desc, b_desc, off_m, off_n, k, M, N, K, stride_am, 
     return a, b
 
 
-@triton.jit(do_not_specialize=["epoch"])
-def consumer_kernel(
-    a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc,
-    M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-    order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, epoch, error_ptr, max_spin, num_programs,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
-    B_KMAJOR: tl.constexpr, ASM_WAIT: tl.constexpr, OUT_DTYPE: tl.constexpr,
-):
-    """All-gather consumer: out[M, N] = A[M, K] @ B[K, N], A read from the gathered buffer.
-
-    Chunk c of A is there once `signal[chunk_slot[c]] >= epoch`. With USE_TMA, `a_desc`, `b_desc`
-    (over B, or Bᵀ with B_KMAJOR) and `c_desc` are TMA descriptors; otherwise pointers and strides.
-    """
-    pid = tl.program_id(0)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = tl.cdiv(M, BLOCK_M) * tiles_n
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    my_tiles = tl.cdiv(num_tiles - pid, num_programs)
-    i = pid - num_programs
+@triton.jit
+def _consumer_tiles(a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc, a_row0, M_A, N, K, stride_am, stride_ak, stride_bk,
+                    stride_bn, stride_cm, stride_cn, order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr,
+                    epoch, error_ptr, max_spin, num_programs, first, count, tiles_n, k_tiles,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
+                    B_KMAJOR: tl.constexpr, ASM_WAIT: tl.constexpr, OUT_DTYPE: tl.constexpr, WAIT: tl.constexpr):
+    """Positions first, first + P, … (`count` of them) of the tile order, one flattened loop over
+    (tile, k-step) pairs. Output row r reads row r - a_row0 of the A source (M_A rows); with WAIT,
+    a tile first waits for the chunk(s) its rows lie in."""
+    i = first - num_programs
     ki = -1
     off_m = 0
+    a_row = 0
     off_n = 0
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(0, my_tiles * k_tiles):
+    for _ in range(0, count * k_tiles):
         ki = tl.where(ki == k_tiles - 1, 0, ki + 1)
         if ki == 0:
             i += num_programs
             tile = tl.load(order_ptr + i)
             tm = tile // tiles_n
-            lo = tl.load(mtile_lo_ptr + tm)
-            hi = tl.load(mtile_hi_ptr + tm)
-            gate = _wait_slot(signal_ptr, tl.load(chunk_slot_ptr + lo), epoch, error_ptr, max_spin, ASM_WAIT)
-            if hi - 1 != lo:
-                gate += _wait_slot(signal_ptr, tl.load(chunk_slot_ptr + hi - 1), epoch, error_ptr, max_spin, ASM_WAIT)
-            off_m = tm * BLOCK_M + gate
+            gate = 0
+            if WAIT:
+                lo = tl.load(mtile_lo_ptr + tm)
+                hi = tl.load(mtile_hi_ptr + tm)
+                gate = _wait_slot(signal_ptr, tl.load(chunk_slot_ptr + lo), epoch, error_ptr, max_spin, ASM_WAIT)
+                if hi - 1 != lo:
+                    gate += _wait_slot(signal_ptr, tl.load(chunk_slot_ptr + hi - 1), epoch, error_ptr, max_spin,
+                                       ASM_WAIT)
+            off_m = tm * BLOCK_M
+            a_row = off_m - a_row0 + gate
             off_n = (tile - tm * tiles_n) * BLOCK_N
-        a, b = _load_ab(a_ptr, b_ptr, a_desc, b_desc, off_m, off_n, ki * BLOCK_K, M, N, K, stride_am, stride_ak,
+        a, b = _load_ab(a_ptr, b_ptr, a_desc, b_desc, a_row, off_n, ki * BLOCK_K, M_A, N, K, stride_am, stride_ak,
                         stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR)
         acc = tl.dot(a, b, acc)
         if ki == k_tiles - 1:
@@ -190,8 +187,42 @@ def consumer_kernel(
                 rows = off_m + tl.arange(0, BLOCK_M)
                 cols = off_n + tl.arange(0, BLOCK_N)
                 tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn, acc.to(OUT_DTYPE),
-                         mask=(rows[:, None] < M) & (cols[None, :] < N))
+                         mask=(rows[:, None] < M_A + a_row0) & (cols[None, :] < N))
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+
+@triton.jit(do_not_specialize=["epoch"])
+def consumer_kernel(
+    a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc,
+    M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, epoch, error_ptr, max_spin, num_programs,
+    own_ptr, own_desc, own_rows, own_row0, stride_om, stride_ok, own_tiles,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
+    B_KMAJOR: tl.constexpr, ASM_WAIT: tl.constexpr, OUT_DTYPE: tl.constexpr,
+):
+    """All-gather consumer: out[M, N] = A[M, K] @ B[K, N].
+
+    The first `own_tiles` positions of the order have all their rows in this rank's own shard
+    (`own_ptr` / `own_desc`: `own_rows` rows, output row `own_row0` first): they are read from there,
+    with no wait, while the shard is still being copied into the gathered buffer. The other
+    positions read A from the gathered buffer; chunk c of it is there once
+    `signal[chunk_slot[c]] >= epoch`. With USE_TMA, `a_desc`, `own_desc`, `b_desc` (over B, or Bᵀ
+    with B_KMAJOR) and `c_desc` are TMA descriptors; otherwise pointers and strides.
+    """
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = tl.cdiv(M, BLOCK_M) * tiles_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    my_tiles = tl.cdiv(num_tiles - pid, num_programs)
+    my_own = tl.cdiv(tl.maximum(own_tiles - pid, 0), num_programs)
+    _consumer_tiles(own_ptr, b_ptr, c_ptr, own_desc, b_desc, c_desc, own_row0, own_rows, N, K, stride_om, stride_ok,
+                    stride_bk, stride_bn, stride_cm, stride_cn, order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr,
+                    signal_ptr, epoch, error_ptr, max_spin, num_programs, pid, my_own, tiles_n, k_tiles,
+                    BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR, ASM_WAIT, OUT_DTYPE, False)
+    _consumer_tiles(a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc, 0, M, N, K, stride_am, stride_ak, stride_bk,
+                    stride_bn, stride_cm, stride_cn, order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr,
+                    epoch, error_ptr, max_spin, num_programs, pid + my_own * num_programs, my_tiles - my_own, tiles_n,
+                    k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR, ASM_WAIT, OUT_DTYPE, True)
 
 
 @triton.jit
