@@ -102,6 +102,13 @@ until that fault is understood. Producers (reduce-scatter, all-reduce) always la
 first: their side streams wait for signals the kernel raises."""
 
 
+_OWN_SHARD = os.environ.get("SYNCOPATE_OWN_SHARD", "1") == "1"
+"""The all-gather's GEMM reads this rank's own rows from the caller's shard (SYNCOPATE_OWN_SHARD=0:
+from the gathered buffer, after the shard's copy there, as before; for measurements). On one H200
+with the peer's chunks landing at the two-H200 link's pace (`benchmarks/gpu_single.py paced`) it
+took the per-rank GEMMs of the TP=2 ag_gemm shapes 3–9 % faster."""
+
+
 def close_contexts(group=None) -> None:
     """Free the symmetric buffers of every context (of `group` only, if given). Collective."""
     _REGISTRY.close(group)
@@ -204,7 +211,7 @@ def all_gather_matmul(
     elif out.shape != (m, n_local) or out.dtype != a_shard.dtype or not out.is_contiguous():
         raise ConfigError(f"out must be a contiguous {a_shard.dtype} tensor of shape {(m, n_local)}, got {tuple(out.shape)}")
     a_full = ctx.buffers["a_full"]
-    own = a_shard if own_shard_readable(a_full.local, b, out, a_shard) else None
+    own = a_shard if _OWN_SHARD and own_shard_readable(a_full.local, b, out, a_shard) else None
     epoch = ctx.begin_call()
     main = torch.cuda.current_stream()
     streams = ctx.fork(main, 3)

@@ -72,6 +72,36 @@ def consumer_check() -> None:
     assert len(relaunches(cache)) == 2
 
 
+def own_shard_check() -> None:
+    """The consumer reading its own rows from a fresh shard tensor each call: the relaunch must take
+    the new shard (and its descriptor), never the first call's; the buffer's own rows stay NaN and
+    their words are never raised."""
+    dev = torch.device("cuda", 0)
+    m, n, k = 2048, 768, 512
+    c = Candidate(num_splits=2, **TILE)
+    plan = plan_for("ag_gemm", "direct", 2, m, 2, c.block_m)
+    tables = consumer_tables(plan, 0, n, c, dev)
+    assert tables.own_tiles == (m // 2 // c.block_m) * (n // c.block_n) and not tables.own_rows_later
+    signals = torch.zeros(PAD_WORDS, dtype=torch.int32, device=dev)
+    error = torch.zeros(1, dtype=torch.int32, device=dev)
+    slots = torch.tensor([t.signal for t in plan.recvs(0, "gather")], device=dev)
+    a_full = torch.full((m, k), float("nan"), dtype=torch.bfloat16, device=dev)
+    cache = {}
+    for epoch in range(1, 6):
+        shard = torch.randn(m // 2, k, device=dev).to(torch.bfloat16)
+        a_full[m // 2 :] = torch.randn(m // 2, k, device=dev).to(torch.bfloat16)
+        b = (torch.randn(k, n, device=dev) / k**0.5).to(torch.bfloat16)
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=dev)
+        signals.index_fill_(0, slots, epoch)
+        launch.launch_consumer(a_full, b, out, tables, c, epoch, signals, error, 132, 1 << 20, cache=cache,
+                               a_own=shard, own_row0=0)
+        torch.cuda.synchronize()
+        assert int(error.item()) == 0
+        ref = torch.cat([shard, a_full[m // 2 :]]).float() @ b.float()
+        assert relative_error(out, ref) < 1e-2, f"call {epoch}"
+    assert len(relaunches(cache)) == 1, "every call after the first relaunched the first one's kernel"
+
+
 def producer_check(all_reduce: bool) -> None:
     dev = torch.device("cuda", 0)
     m, n, k = 2048, 768, 512
@@ -117,7 +147,8 @@ def main() -> int:
         print(f"relaunching is used with Triton {launch.RELAUNCH_TRITON}, not {triton.__version__}")
         return 3
     failed = 0
-    for name, check in [("consumer", consumer_check), ("reduce-scatter producer", lambda: producer_check(False)),
+    for name, check in [("consumer", consumer_check), ("consumer reading its own shard", own_shard_check),
+                        ("reduce-scatter producer", lambda: producer_check(False)),
                         ("all-reduce producer", lambda: producer_check(True))]:
         try:
             check()
