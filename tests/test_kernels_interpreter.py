@@ -509,3 +509,19 @@ def test_the_interpreter_takes_the_full_launch_every_time():
     launch_consumer(a, b, out, tables, c, 1, signals, torch.zeros(1, dtype=torch.int32), 3, 100, cache=cache)
     assert torch.allclose(out.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-2)
     assert cache == {}
+
+
+@pytest.mark.parametrize("ws, m, order, rank, own_tiles, later", [
+    (2, 192, "arrival", 0, 3 * 2, False),  # blocks of 96 rows = 3 tiles of 32, 2 column tiles each
+    (2, 192, "arrival", 1, 3 * 2, False),
+    (2, 192, "arrival_colmajor", 1, 3 * 2, False),
+    (3, 120, "arrival", 0, 1 * 2, True),   # blocks of 40 rows: the tile at rows 32-63 straddles 0 and 1
+    (3, 120, "arrival", 1, 0, True),       # rows 40-79 hold no whole tile
+    (2, 192, "row_major", 1, 0, True),     # rank 1's own rows come after rank 0's in row order
+])
+def test_consumer_tables_say_which_tiles_read_the_shard_and_whether_the_copy_is_needed(ws, m, order, rank, own_tiles,
+                                                                                       later):
+    c = cand(template="direct", num_splits=1, tile_order=order)
+    plan = plan_for("ag_gemm", "direct", ws, m, 1, c.block_m)
+    tables = consumer_tables(plan, rank, 64, c, CPU)
+    assert (tables.own_tiles, tables.own_rows_later) == (own_tiles, later)
