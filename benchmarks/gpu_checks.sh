@@ -3,7 +3,7 @@
 # limit so that one hang does not take the rest with it. Full logs go to $OUT (default ./gpu-logs);
 # a one-line verdict per step is printed last.
 #
-#   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix tune order conns rs ar suite probe
+#   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix tune order conns rs ar suite own probe
 #                                                    sweep sweep4 suite4 calib (default: matrix tune order conns rs ar
 #                                                    suite; SECONDS overrides the limit)
 #
@@ -15,6 +15,8 @@
 #   conns   the same with CUDA_DEVICE_MAX_CONNECTIONS=32
 #   rs, ar  gemm_rs / gemm_ar 8192x8192x2048, grid `small`, every backend
 #   suite   configs/llama_tp2.yaml, every kind, grid `tiny`
+#   own     the TP=2 ag_gemm suite (copy engine, grid `tiny`) with the own rows copied first and read
+#           from the shard (SYNCOPATE_OWN_SHARD=0 / 1), twice in turn
 #   probe   benchmarks/probe_faults.py on the cases of $PROBE_ONLY (default: the all-reduce over NCCL
 #           and SM copies, and the kept_interleaved producer order)
 #   sweep   syncopate tune configs/llama_tp2_sweep.yaml into results/llama_tp2-sweep.db (resumed when it
@@ -38,6 +40,7 @@ PROBE_ONLY=${PROBE_ONLY:-"ar nccl64,ar sm32,kept_interleaved"}
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(matrix tune order conns rs ar suite)
 verdicts=()
+own_runs=0
 
 cleanup() {  # what a stopped step leaves on the GPUs: spawned ranks, Ray workers
     pkill -9 -f multiprocessing.spawn 2>/dev/null
@@ -88,6 +91,11 @@ for arg in "${steps[@]}"; do
             --repetitions 10 --json "$OUT/ar.json" ;;
         suite) step suite 420 python3 -m syncopate bench --suite configs/llama_tp2.yaml --grid tiny \
             --repetitions 10 --json "$OUT/suite.json" ;;
+        own) for v in 0 1 0 1; do  # the all-gather's own rows copied first (0) or read from the shard (1), in turn
+                step own$v-$((++own_runs)) 300 env SYNCOPATE_OWN_SHARD=$v python3 -m syncopate bench --suite \
+                    configs/llama_tp2.yaml --kinds ag_gemm --grid tiny --backends copy_engine --repetitions 10 \
+                    --json "$OUT/own$v-$own_runs.json"
+            done ;;
         probe) step probe 150 python3 benchmarks/probe_faults.py --calls 3 --only "$PROBE_ONLY" ;;
         sweep) sweep sweep configs/llama_tp2_sweep.yaml results/llama_tp2-sweep.db ;;
         sweep4) sweep sweep4 configs/llama_tp4_sweep.yaml results/llama_tp4-sweep.db ;;
@@ -96,7 +104,7 @@ for arg in "${steps[@]}"; do
             cp results/llama_tp2-sweep.db "$OUT/" ;;
         suite4) step suite4 420 python3 -m syncopate bench --suite configs/llama_tp4.yaml --grid tiny \
             --repetitions 10 --json "$OUT/suite4.json" ;;
-        *) echo "unknown step $s: accepted are smoke matrix tune order conns rs ar suite probe sweep sweep4 suite4 calib" >&2
+        *) echo "unknown step $s: accepted are smoke matrix tune order conns rs ar suite own probe sweep sweep4 suite4 calib" >&2
             exit 2 ;;
     esac
 done
