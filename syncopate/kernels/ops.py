@@ -106,7 +106,7 @@ _OWN_SHARD = os.environ.get("SYNCOPATE_OWN_SHARD", "1") == "1"
 """The all-gather's GEMM reads this rank's own rows from the caller's shard (SYNCOPATE_OWN_SHARD=0:
 from the gathered buffer, after the shard's copy there, as before; for measurements). On one H200
 with the peer's chunks landing at the two-H200 link's pace (`benchmarks/gpu_single.py paced`) it
-took the per-rank GEMMs of the TP=2 ag_gemm shapes 3–9 % faster."""
+took the per-rank GEMMs of the TP=2 ag_gemm shapes 3–12 % faster."""
 
 
 def close_contexts(group=None) -> None:
