@@ -448,18 +448,10 @@ def tiles_matrix():
 def main():
     cfgs = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (128, 256, 64, 8, 2), (128, 128, 64, 4, 4)]
     cases = []
-    if sys.argv[1:] == ["producer"]:
-        return report(producer_matrix())
-    if sys.argv[1:] == ["scatter"]:
-        return report(scatter_matrix())
-    if sys.argv[1:] == ["occupancy"]:
-        return report(occupancy_matrix())
-    if sys.argv[1:] == ["tiles"]:
-        return report(tiles_matrix())
-    if sys.argv[1:] == ["host"]:
-        return report(host_matrix())
-    if sys.argv[1:] == ["paced"]:
-        return report(paced_matrix())
+    modes = {"producer": producer_matrix, "scatter": scatter_matrix, "occupancy": occupancy_matrix,
+             "tiles": tiles_matrix, "host": host_matrix, "paced": paced_matrix}
+    if len(sys.argv) == 2 and sys.argv[1] in modes:
+        return report(modes[sys.argv[1]]())
     for (m, n, k) in [(8192, 5504, 4096), (8192, 14336, 8192), (8192, 1024, 8192), (8192, 2048, 8192)]:
         for cfg in cfgs:
             cases.append(lambda m=m, n=n, k=k, cfg=cfg: consumer_case(m, n, k, cfg))

@@ -204,7 +204,7 @@ def consumer_kernel(
 
     The first `own_tiles` positions of the order have all their rows in this rank's own shard
     (`own_ptr` / `own_desc`: `own_rows` rows, output row `own_row0` first): they are read from there,
-    with no wait, while the shard is still being copied into the gathered buffer. The other
+    with no wait for the shard's copy into the gathered buffer (made, if at all, beside). The other
     positions read A from the gathered buffer; chunk c of it is there once
     `signal[chunk_slot[c]] >= epoch`. With USE_TMA, `a_desc`, `own_desc`, `b_desc` (over B, or Bᵀ
     with B_KMAJOR) and `c_desc` are TMA descriptors; otherwise pointers and strides.
