@@ -25,6 +25,7 @@ import traceback
 
 import torch
 import triton
+import triton.language as tl
 
 from syncopate.kernels import streamops
 from syncopate.kernels.launch import launch_chunk_copy, launch_consumer, launch_producer, use_tma
@@ -95,20 +96,22 @@ def rel(out, ref):
     return float((o - ref.double()).norm() / ref.double().norm())
 
 
-_CYCLES_PER_US = []
+@triton.jit
+def _globaltimer():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
 
-def cycles_per_us():
-    """Clock cycles of `torch.cuda._sleep` a microsecond, measured once."""
-    if not _CYCLES_PER_US:
-        torch.cuda._sleep(1_000_000)
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        torch.cuda._sleep(2_000_000)
-        e.record()
-        torch.cuda.synchronize()
-        _CYCLES_PER_US.append(2_000_000 / (s.elapsed_time(e) * 1000.0))
-    return _CYCLES_PER_US[0]
+@triton.jit
+def _pace_kernel(stamp_ptr, offset_ns, STAMP: tl.constexpr):
+    """STAMP: write the GPU's global time (ns) to stamp_ptr; otherwise spin until it reaches the
+    stamped time plus `offset_ns`. One warp: it shares an SM with the kernel under test."""
+    now = _globaltimer()
+    if STAMP:
+        tl.store(stamp_ptr, now)
+    else:
+        target = tl.load(stamp_ptr, volatile=True) + offset_ns
+        while now < target:
+            now = _globaltimer()
 
 
 def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8, pace_gbps=None, entry_us=21.0,
@@ -116,9 +119,9 @@ def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8, pace_
     """Rank 0's consumer of a two-rank all-gather. `live`: chunks copied in from a side stream while
     the kernel runs; `pace_gbps`: and the peer's chunks land as they would over a link of that
     bandwidth, the first one `entry_us` after the call starts plus its transfer time (the side
-    stream sleeps, then copies), as on two GPUs where the peer enters late and the link is the
-    limit. `own`: how the rank's own rows get to the kernel: "copied" into the gathered buffer
-    chunk by chunk when the call starts (tiles wait for their chunk), "in_place" (already there,
+    stream spins on the GPU's global timer until the chunk is due, less its local copy, then copies),
+    as on two GPUs where the peer enters late and the link is the limit. `own`: how the rank's own
+    rows get to the kernel: "copied" into the gathered buffer chunk by chunk when the call starts (tiles wait for their chunk), "in_place" (already there,
     their words raised before the call), "shard" (read from the shard by the leading own tiles;
     nothing copied, nothing raised, the buffer's own rows poisoned)."""
     live = live or pace_gbps is not None
@@ -144,7 +147,8 @@ def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8, pace_
     raised = torch.tensor([slot for _, _, slot in arrivals], device=DEV)
     relaunch = {}
     remote = len(plan.chunk_bounds[0])
-    sleeps = []  # cycles the side stream sleeps before each peer chunk's copy
+    offsets = []  # ns from the call's start after which each peer chunk's copy is issued
+    stamp = torch.zeros(1, dtype=torch.int64, device=DEV)
     if pace_gbps is not None:
         scratch = torch.empty_like(a_full)
         lo, hi, _ = arrivals[remote]
@@ -159,9 +163,12 @@ def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8, pace_
         torch.cuda.synchronize()
         local_us = s0.elapsed_time(s1) * 1000.0 / (hi - lo)  # a row, copied on this GPU
         del scratch
-        for j, (lo, hi, _) in enumerate(arrivals[remote:]):
-            link_us = (hi - lo) * k * 2 / (pace_gbps * 1e3) + (entry_us if j == 0 else 0.0)
-            sleeps.append(int(max(0.0, link_us - local_us * (hi - lo)) * cycles_per_us()))
+        due_us = entry_us
+        dues = []
+        for lo, hi, _ in arrivals[remote:]:
+            due_us += (hi - lo) * k * 2 / (pace_gbps * 1e3)  # when the chunk would have landed over the link
+            offsets.append(int(max(0.0, due_us - local_us * (hi - lo)) * 1000))
+            dues.append(round(due_us, 1))
     landed = []
 
     def call():
@@ -175,16 +182,19 @@ def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8, pace_
             marks = [ev]
             if own == "in_place":
                 signals.index_fill_(0, raised[:remote], e)
+            if offsets:
+                with torch.cuda.stream(side):
+                    _pace_kernel[(1,)](stamp, 0, STAMP=True, num_warps=1)
             for j, (lo, hi, slot) in enumerate(arrivals):
                 if own_in_place and j < remote:
                     continue
-                if sleeps and j >= remote:
+                if offsets and j >= remote:
                     with torch.cuda.stream(side):
-                        torch.cuda._sleep(sleeps[j - remote])
+                        _pace_kernel[(1,)](stamp, offsets[j - remote], STAMP=False, num_warps=1)
                 streamops.copy_async(side.cuda_stream, a_full.data_ptr() + lo * k * 2, source.data_ptr() + lo * k * 2,
                                      (hi - lo) * k * 2)
                 streamops.write_value(side.cuda_stream, signals.data_ptr() + 4 * slot, e)
-                if sleeps and j >= remote:
+                if offsets and j >= remote:
                     marks.append(torch.cuda.Event(enable_timing=True))
                     marks[-1].record(side)
             landed[:] = [marks]
@@ -223,14 +233,14 @@ def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8, pace_
         worst = max(worst, rel(out, ref))
     t_ours = bench(call)
     arrived = []
-    if sleeps:  # when the peer's chunks landed in the last timed call, from its start
+    if offsets:  # when the peer's chunks landed in the last timed call, from its start
         torch.cuda.synchronize()
         arrived = [round(landed[0][0].elapsed_time(mk) * 1000.0, 1) for mk in landed[0][1:]]
     t_host = host_us(call)
     t_torch = bench(lambda: a @ b)
     mode = " live" if live else ""
     if pace_gbps is not None:
-        mode = f" paced {pace_gbps:g}GB/s entry {entry_us:g}us landed {arrived}"
+        mode = f" paced {pace_gbps:g}GB/s entry {entry_us:g}us due {dues} landed {arrived}"
     return {"case": f"consumer{mode} own {own} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} g{group_m} sp{splits} {order} P={sms}",
             "rel_err": worst, "error_flag": int(err.item()), "ours_us": t_ours, "host_us": t_host, "torch_us": t_torch,
             "tflops": 2 * m * n * k / t_ours / 1e6, "tma": use_tma(a_full, b, out),
@@ -419,10 +429,12 @@ def paced_matrix():
     """The consumer with the peer's chunks landing at the pace of the two-H200 link (351 GB/s inside
     a fused call, the peer's first chunk 21 µs late: the timelines of 2026-11-22), its own rows
     copied into the gathered buffer at the call's start, already there, or read from the shard,
-    beside the chunks already there, on the per-rank GEMMs of ag_gemm N=4096, 2048, 14336, 11008."""
+    beside the chunks already there, on the per-rank GEMMs of ag_gemm N=4096, 2048 (two and eight
+    splits), 14336, 11008."""
     cases = []
     for (m, n, k), cfg, splits in [((8192, 2048, 8192), (128, 256, 64, 8, 3), 2),
                                    ((8192, 1024, 8192), (128, 128, 64, 8, 4), 2),
+                                   ((8192, 1024, 8192), (128, 128, 64, 8, 4), 8),
                                    ((8192, 7168, 4096), (128, 256, 64, 8, 3), 2),
                                    ((8192, 5504, 4096), (128, 256, 64, 8, 3), 2)]:
         for pace, own in ((None, "copied"), (None, "shard"), (351.0, "copied"), (351.0, "in_place"),
