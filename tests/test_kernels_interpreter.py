@@ -469,6 +469,40 @@ def test_tma_epilogue_counts_a_program_s_run_of_tiles_of_one_chunk_at_once(monke
         _check_all_reduce(results, total, pads, plan, ws)
 
 
+def test_the_gluon_producer_is_taken_only_where_it_applies(monkeypatch):
+    """The Gluon producer (GPU only: its results are checked by tests/support/relaunch_check.py and
+    the two-GPU matrix) is opt-in, and needs the TMA epilogue, at most one partial a chunk, tiles its
+    wgmma layout takes, its buffers in shared memory and enough K steps to fill them."""
+    from syncopate.kernels import gluon_kernels, launch
+
+    c = cand(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, num_splits=2)
+    tables = producer_tables(plan_for("gemm_rs", "direct", 2, 512, 2, 128), 0, 256, c, False, CPU)
+    a, b = torch.empty(512, 1024, dtype=torch.bfloat16), torch.empty(1024, 256, dtype=torch.bfloat16)
+    buffers = [torch.empty(512, 256, dtype=torch.bfloat16)] * 4
+    monkeypatch.setattr(launch, "use_tma", lambda *tensors: True)
+    monkeypatch.setattr(launch, "compiled_for_gpu", lambda t: True)
+    monkeypatch.setattr(gluon_kernels, "AVAILABLE", True)
+
+    def taken(cc=c, tt=tables, k=1024, aa=a):
+        return launch.gluon_producer(cc, tt, k, aa, b, *buffers)
+
+    monkeypatch.delenv("SYNCOPATE_GLUON", raising=False)
+    assert not taken(), "opt-in"
+    monkeypatch.setenv("SYNCOPATE_GLUON", "1")
+    assert taken()
+    assert not taken(k=64), "one K step, two buffers to fill ahead"
+    assert not taken(cc=c.replace(num_stages=5)), "5 x 48 KB of operands and the 64 KB tile: over 227 KB"
+    assert not taken(cc=c.replace(block_m=64)), "64 rows for 8 warps"
+    assert not taken(aa=a.float()), "16-bit operands only"
+    three = producer_tables(plan_for("gemm_rs", "direct", 3, 768, 1, 128), 0, 256, c.replace(num_splits=1), False, CPU)
+    assert three.inc_max == 2 and not taken(tt=three), "two partials a chunk"
+    monkeypatch.setenv("SYNCOPATE_TMA_EPI", "0")
+    assert not taken(), "the TMA epilogue turned off"
+    monkeypatch.delenv("SYNCOPATE_TMA_EPI")
+    monkeypatch.setattr(gluon_kernels, "AVAILABLE", False)
+    assert not taken(), "a Triton without Gluon's Hopper API"
+
+
 def test_producer_with_a_tile_across_two_chunks_keeps_the_pointer_epilogue(monkeypatch):
     """Blocks of 48 rows and tiles of 32: some tiles hold rows of two chunks, which a TMA box cannot
     split, so the producer stays on its masked pointer epilogue, and is still right."""

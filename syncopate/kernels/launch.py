@@ -4,18 +4,20 @@ pass the tables. Callers have validated shapes and candidates already."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import torch
 import triton.language as tl
 
+from syncopate.kernels import gluon_kernels
 from syncopate.kernels.triton_kernels import chunk_copy_kernel, consumer_kernel, producer_kernel
 from syncopate.kernels.tables import ENTERED_BASE, READY_BASE
 from syncopate.search_space import Candidate
 
 __all__ = [
     "interpreting", "use_tma", "own_shard_readable", "launch_consumer", "launch_producer", "launch_chunk_copy",
-    "copy_job_tables", "stage_chunk_copy", "TL_DTYPES",
+    "copy_job_tables", "stage_chunk_copy", "gluon_producer", "TL_DTYPES",
 ]
 
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -73,7 +75,8 @@ RELAUNCH_TRITON = ("3.6.",)
 on: the fused ops' results and host times on the GPU). Elsewhere every launch takes Triton's
 dispatch."""
 
-_KNOBS = ("TRITON_INTERPRET", "SYNCOPATE_TMA", "SYNCOPATE_TMA_EPI", "SYNCOPATE_EPI_SPLIT", "SYNCOPATE_DEFER_KEPT")
+_KNOBS = ("TRITON_INTERPRET", "SYNCOPATE_TMA", "SYNCOPATE_TMA_EPI", "SYNCOPATE_EPI_SPLIT", "SYNCOPATE_DEFER_KEPT",
+          "SYNCOPATE_GLUON")
 """The environment switches the launchers' choices read: part of every relaunch key."""
 
 
@@ -239,6 +242,15 @@ def launch_producer(
                _shape_key(send), _shape_key(out), _shape_key(reduced), _shape_key(recv),
                _knob_values())
         again = cache.get(key)
+        if again is not None and isinstance(again, _GluonRelaunch):
+            b_mat = b.t() if b_is_kmajor(b) else b
+            out_desc = _gl_descriptor(out, again.boxes["out_desc"])
+            varying = dict(a_desc=_gl_descriptor(a, again.boxes["a_desc"]), out_desc=out_desc, epoch=epoch,
+                           b_desc=_gl_descriptor(b_mat, again.boxes["b_desc"]))
+            if reduced is None:
+                varying.update(reduced_desc=out_desc)
+            again(**varying)
+            return
         if again is not None:
             b_mat = b.t() if b_is_kmajor(b) else b
             out_desc = _descriptor(out, again.boxes["out_desc"]) if again.tma["out_desc"] else None
@@ -255,11 +267,15 @@ def launch_producer(
     b_mat = b.t() if kmajor else b
     entries = tables.order.numel()
     grid = _grid(entries, num_programs)
+    recv_rows = recv.view(-1, N) if recv.is_contiguous() and recv.numel() % N == 0 else recv
+    if gluon_producer(c, tables, K, a, b_mat, send, out, reduced if reduced is not None else out, recv_rows):
+        _launch_gluon_producer(a, b_mat, kmajor, send, out, reduced, recv_rows, out_row0, tables, c, epoch, signals,
+                               counters, peer_signal_ptrs, world, rank, error, grid, spin_limit, cache, key)
+        return
     tma = use_tma(a, b_mat)
     reduced_or_out = reduced if reduced is not None else out
     split = epilogue_split(c)
     defer = defer_kept()
-    recv_rows = recv.view(-1, N) if recv.is_contiguous() and recv.numel() % N == 0 else recv
     tma_epi = tma_epilogue(c, tables, defer, split, send, out, reduced_or_out, recv_rows)
     box = [c.block_m, c.block_n // split]
     args = (
@@ -299,6 +315,76 @@ def tma_epilogue(c: Candidate, tables, defer: bool, split: int, *buffers: torch.
     if (c.block_n // split) * buffers[0].element_size() < 16:
         return False
     return all(t.dim() == 2 for t in buffers) and use_tma(*buffers)
+
+
+GLUON_SMEM = 227 * 1024
+"""Shared memory a Hopper program may take (the Gluon producer's buffers are sized from its tiles)."""
+
+GLUON_PARTIAL_LEAD = 4
+"""K steps before a tile's end at which the Gluon producer polls for the tile's partial and loads it."""
+
+def gluon_producer(c: Candidate, tables, K: int, a: torch.Tensor, b_mat: torch.Tensor,
+                   *buffers: torch.Tensor) -> bool:
+    """Whether a producer launch takes `gluon_kernels.gluon_producer_kernel` instead of
+    `producer_kernel`: asked for (SYNCOPATE_GLUON=1; off by default until checked with transfers),
+    compiled for a GPU with Gluon's Hopper API, on the TMA-epilogue path (`tma_epilogue` for
+    `buffers`, whole tiles), at most one incoming partial a chunk, 16-bit operands, a tile the
+    kernel's wgmma layout takes (block_m of 64–256 rows, at least 16 a warp), num_stages operand
+    buffers plus the staging tile in shared memory, and K of at least num_stages - 1 steps."""
+    if os.environ.get("SYNCOPATE_GLUON", "0") != "1" or not gluon_kernels.AVAILABLE or not compiled_for_gpu(a):
+        return False
+    if a.dtype not in (torch.bfloat16, torch.float16) or tables.inc_max > 1:
+        return False
+    if c.block_m not in (64, 128, 256) or c.block_m < 16 * c.num_warps or c.num_warps not in (4, 8):
+        return False
+    elem = a.element_size()
+    smem = c.num_stages * (c.block_m + c.block_n) * c.block_k * elem + c.block_m * c.block_n * elem
+    if c.num_stages < 2 or smem > GLUON_SMEM or -(-K // c.block_k) < c.num_stages - 1:
+        return False
+    return use_tma(a, b_mat) and tma_epilogue(c, tables, False, 1, *buffers)
+
+
+@functools.lru_cache(maxsize=64)
+def _gl_layout(block: tuple[int, ...], dtype: torch.dtype):
+    from triton.experimental.gluon import language as gl
+
+    element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(block), element)
+
+
+def _gl_descriptor(t: torch.Tensor, block: list[int]):
+    """A Gluon TMA descriptor over `t` (its shared layout is part of it)."""
+    return gluon_kernels.TensorDescriptor.from_tensor(t, list(block), _gl_layout(tuple(block), t.dtype))
+
+
+class _GluonRelaunch(_Relaunch):
+    """A cached Gluon producer launch: its descriptors are Gluon's (with their shared layouts)."""
+
+
+def _launch_gluon_producer(a, b_mat, kmajor, send, out, reduced, recv_rows, out_row0, tables, c, epoch, signals,
+                           counters, peer_signal_ptrs, world, rank, error, grid, spin_limit, cache, key) -> None:
+    N = send.shape[1]
+    box = [c.block_m, c.block_n]
+    out_desc = _gl_descriptor(out, box)
+    args = (
+        _gl_descriptor(a, [c.block_m, c.block_k]),
+        _gl_descriptor(b_mat, [c.block_n, c.block_k] if kmajor else [c.block_k, c.block_n]),
+        _gl_descriptor(send, box), out_desc, _gl_descriptor(reduced, box) if reduced is not None else out_desc,
+        _gl_descriptor(recv_rows, box),
+        N, a.shape[1], out_row0,
+        tables.order, tables.entry_chunk, tables.order.numel(),
+        tables.inc_start, tables.inc_slot, tables.inc_offset,
+        tables.chunk_ready, tables.chunk_tiles, counters, signals[READY_BASE:],
+        tables.keep, peer_signal_ptrs, tables.gather_slot, signals[ENTERED_BASE:], rank,
+        signals, epoch, error, _spin(spin_limit),
+    )
+    kwargs = dict(WORLD=world, ALL_REDUCE=reduced is not None, B_KMAJOR=kmajor, NUM_BUF=c.num_stages,
+                  PARTIAL_LEAD=GLUON_PARTIAL_LEAD, num_warps=c.num_warps)
+    kernel = gluon_kernels.gluon_producer_kernel
+    compiled = kernel[grid](*args, **kwargs)
+    if cache is not None and key is not None and compiled is not None and hasattr(compiled, "run"):
+        varying = ["a_desc", "b_desc", "out_desc", "epoch"] + (["reduced_desc"] if reduced is None else [])
+        _keep(cache, key, _GluonRelaunch(kernel, compiled, grid, args, kwargs, varying), _Relaunch.LIMIT)
 
 
 def defer_kept() -> bool:

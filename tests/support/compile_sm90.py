@@ -5,7 +5,7 @@ path, the PTX acquire waits, register-heavy epilogues, and whatever a Triton rel
 front end. This script points Triton at an sm_90 target, makes every launch a compile-only warm-up,
 and compiles the variants the tuner launches on GPUs (TMA and pointer paths, K-major B, split and
 unsplit producer epilogues, pointer and TMA epilogues, kept chunks finished in the epilogue or deferred, reduce-scatter and
-all-reduce, the SM-driven copier). Run it in a fresh
+all-reduce, the producer in Gluon, the SM-driven copier). Run it in a fresh
 process without TRITON_INTERPRET; it prints one line per variant and exits 1 if any fails.
 
     python tests/support/compile_sm90.py
@@ -116,6 +116,23 @@ def copier(dtype):
     launch.launch_chunk_copy(ctx, None, [(0, 0, 1024, -1, 3, 1)], 32, 3, dtype, 1 << 20)
 
 
+def gluon(build):
+    """`build` with the producer in Gluon (SYNCOPATE_GLUON=1), checking that the Gluon kernel is what
+    compiled."""
+    saved = os.environ.get("SYNCOPATE_GLUON")
+    os.environ["SYNCOPATE_GLUON"] = "1"
+    try:
+        build()
+        names = [k.name for k in compiled]
+        if names != ["gluon_producer_kernel"]:
+            raise AssertionError(f"expected the Gluon producer to compile, got {names}")
+    finally:
+        if saved is None:
+            del os.environ["SYNCOPATE_GLUON"]
+        else:
+            os.environ["SYNCOPATE_GLUON"] = saved
+
+
 def variants():
     big = dict(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3)
     small = dict(block_m=128, block_n=128, block_k=64, group_m=4, num_warps=8, num_stages=4)
@@ -134,6 +151,10 @@ def variants():
         "gemm_rs", Candidate(num_splits=4, **big), bf16, False, m=4096)
     yield "gemm_ar tma 128x128 tma epilogue fp16", True, lambda: producer(
         "gemm_ar", Candidate(num_splits=2, **small), fp16, False, m=4096)
+    yield "gemm_rs gluon 128x256 bf16", True, lambda: gluon(
+        lambda: producer("gemm_rs", Candidate(num_splits=4, **big), bf16, False, m=4096))
+    yield "gemm_ar gluon 128x128 fp16 b k-major", True, lambda: gluon(
+        lambda: producer("gemm_ar", Candidate(num_splits=2, **small), fp16, True, m=4096))
     yield "chunk copier bf16", False, lambda: copier(bf16)
 
 

@@ -1,7 +1,8 @@
 """Check on one GPU that a fused kernel relaunched from a context's cache (`launch._Relaunch`)
 computes what a launch through Triton's dispatch computes, with the caller's tensors of each call:
 fresh inputs and outputs every call, outputs poisoned, against the float32 reference, and a tensor
-whose address changes alignment takes the full launch again.
+whose address changes alignment takes the full launch again. The producers are checked in Triton
+and in Gluon (`gluon_kernels.py`, SYNCOPATE_GLUON=1), there with a K-major B too.
 
 Run in a fresh process without TRITON_INTERPRET (tests/test_gpu_relaunch.py does): it prints one
 line per check and exits 1 if one fails, 3 where this Triton release is not relaunched.
@@ -27,6 +28,7 @@ from syncopate.kernels.tables import (  # noqa: E402
     ENTERED_BASE,
     LOCAL_BASE,
     PAD_WORDS,
+    READY_BASE,
     consumer_tables,
     plan_for,
     producer_tables,
@@ -102,7 +104,20 @@ def own_shard_check() -> None:
     assert len(relaunches(cache)) == 1, "every call after the first relaunched the first one's kernel"
 
 
-def producer_check(all_reduce: bool) -> None:
+def producer_check(all_reduce: bool, gluon: bool = False, kmajor: bool = False) -> None:
+    """With `gluon`, the producer in Gluon (SYNCOPATE_GLUON=1); `kmajor`: B a transposed weight."""
+    saved = os.environ.get("SYNCOPATE_GLUON")
+    os.environ["SYNCOPATE_GLUON"] = "1" if gluon else "0"
+    try:
+        _producer_check(all_reduce, gluon, kmajor)
+    finally:
+        if saved is None:
+            del os.environ["SYNCOPATE_GLUON"]
+        else:
+            os.environ["SYNCOPATE_GLUON"] = saved
+
+
+def _producer_check(all_reduce: bool, gluon: bool, kmajor: bool) -> None:
     dev = torch.device("cuda", 0)
     m, n, k = 2048, 768, 512
     kind = "gemm_ar" if all_reduce else "gemm_rs"
@@ -123,6 +138,8 @@ def producer_check(all_reduce: bool) -> None:
     for epoch in range(1, 6):
         a = torch.randn(m, k, device=dev).to(torch.bfloat16)
         b = (torch.randn(k, n, device=dev) / k**0.5).to(torch.bfloat16)
+        if kmajor:
+            b = b.t().contiguous().t()
         partial = torch.randn(m, n, device=dev).to(torch.bfloat16)
         recv.view(-1)[off + lo * n : off + hi * n] = partial[lo:hi].reshape(-1)
         out = torch.full((m if all_reduce else hi - lo, n), float("nan"), dtype=torch.bfloat16, device=dev)
@@ -139,7 +156,11 @@ def producer_check(all_reduce: bool) -> None:
         if all_reduce:
             assert torch.equal(reduced[lo:hi], mine)
         assert int(counters.abs().sum().item()) == 0
+        assert all(int(pad[READY_BASE + x].item()) == epoch for x in tables.chunk_ready.tolist() if x >= 0), \
+            f"call {epoch}: a chunk that leaves was not signalled"
     assert len(relaunches(cache)) == 1, "every call after the first relaunched the first one's kernel"
+    kinds = {type(v).__name__ for k, v in cache.items() if k in relaunches(cache)}
+    assert kinds == {"_GluonRelaunch" if gluon else "_Relaunch"}, f"launched {kinds}"
 
 
 def main() -> int:
@@ -149,7 +170,9 @@ def main() -> int:
     failed = 0
     for name, check in [("consumer", consumer_check), ("consumer reading its own shard", own_shard_check),
                         ("reduce-scatter producer", lambda: producer_check(False)),
-                        ("all-reduce producer", lambda: producer_check(True))]:
+                        ("all-reduce producer", lambda: producer_check(True)),
+                        ("reduce-scatter producer in Gluon", lambda: producer_check(False, gluon=True)),
+                        ("all-reduce producer in Gluon, B k-major", lambda: producer_check(True, True, True))]:
         try:
             check()
             print(f"ok    {name}", flush=True)
