@@ -256,9 +256,13 @@ def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8, pace_
             "own_tiles": tables.own_tiles}
 
 
-def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1):
+def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1, pace_gbps=None, entry_us=30.0):
     """Rank 0's producer of a two-rank reduce-scatter (or all-reduce, its reduced rows stored to a
-    second buffer too), the peer's partials and its entry already there."""
+    second buffer too), the peer's entry already there and its partials too, or, with `pace_gbps`,
+    landing while the kernel runs: chunk j copied in from a side stream `entry_us` + (j + 1) chunk
+    transfers at that bandwidth after the call starts (global-timer paced, as `consumer_case`), then
+    its word raised; the receive buffer is poisoned before every checked call, so a tile that read
+    its partial before the word said it was there comes out NaN."""
     bm, bn, bk, w, st = cfg
     c = Candidate(num_splits=splits, block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st)
     kind = "gemm_ar" if all_reduce else "gemm_rs"
@@ -272,6 +276,8 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1):
 
     off = recv_offset(plan, 1, 0, n)
     recv.view(-1)[off + lo * n : off + hi * n] = peer_partial[lo:hi].reshape(-1)
+    source = recv.clone()  # where the paced copies take the partials from
+    incoming = plan.recvs(0, "reduce")
     send = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
     out = torch.full((m if all_reduce else hi - lo, n), float("nan"), device=DEV, dtype=torch.bfloat16)
     reduced = torch.full((m, n), float("nan"), device=DEV, dtype=torch.bfloat16) if all_reduce else None
@@ -284,15 +290,39 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1):
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count * per_sm
     state = {"epoch": 0}
 
-    raised = torch.tensor([t.signal for t in plan.recvs(0, "reduce")] + [ENTERED_BASE, ENTERED_BASE + 1], device=DEV)
+    paced = pace_gbps is not None
+    raised = torch.tensor(([] if paced else [t.signal for t in incoming]) + [ENTERED_BASE, ENTERED_BASE + 1],
+                          device=DEV)
     relaunch = {}
+    side = torch.cuda.Stream() if paced else None
+    stamp = torch.zeros(1, dtype=torch.int64, device=DEV)
+    copies, due = [], 0.0  # (recv element offset, elements, signal, ns after the call's start)
+    for t in incoming:
+        start = recv_offset(plan, t.src, t.block, n) + t.row_start * n
+        due += (t.row_end - t.row_start) * n * 2 / (pace_gbps * 1e3) if paced else 0.0
+        copies.append((start, (t.row_end - t.row_start) * n, t.signal, int((entry_us + due) * 1000)))
 
     def call():
         state["epoch"] += 1
         e = state["epoch"]
-        pad.index_fill_(0, raised, e)  # the peer's partials are there and it has entered: one small kernel
+        pad.index_fill_(0, raised, e)  # the peer has entered (and its partials are there): one small kernel
+        if paced:
+            ev = torch.cuda.Event()
+            ev.record()
+            side.wait_event(ev)
+            with torch.cuda.stream(side):
+                _pace_kernel[(1,)](stamp, 0, STAMP=True, num_warps=1)
+                for start, elems, slot, ns in copies:
+                    _pace_kernel[(1,)](stamp, ns, STAMP=False, num_warps=1)
+                    streamops.copy_async(side.cuda_stream, recv.data_ptr() + start * 2, source.data_ptr() + start * 2,
+                                         elems * 2)
+                    streamops.write_value(side.cuda_stream, pad.data_ptr() + 4 * slot, e)
         launch_producer(a, b, send, out, reduced, recv, row0, tables, c, e, pad, counters, peer_ptrs, 2, 0, err, sms,
-                        cache=relaunch)
+                        1 << 24 if paced else 0, cache=relaunch)
+        if paced:
+            done = torch.cuda.Event()
+            done.record(side)
+            torch.cuda.current_stream().wait_event(done)
 
     full = a.float() @ b.float()
     ready = [READY_BASE + x for x in tables.chunk_ready.tolist() if x >= 0]
@@ -304,6 +334,8 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1):
         send.fill_(float("nan"))
         if reduced is not None:
             reduced.fill_(float("nan"))
+        if paced:
+            recv.fill_(float("nan"))
         call()
         torch.cuda.synchronize()
         mine = out[lo - row0 : hi - row0]
@@ -327,6 +359,8 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1):
     epi = "tma-epi" if tma_epilogue(c, tables, False, split, send, out, out, recv) else "ptr-epi"
     if os.environ.get("SYNCOPATE_GLUON") == "1":
         epi = "gluon"
+    if paced:
+        epi += f" paced {pace_gbps:g}GB/s entry {entry_us:g}us"
     return {"case": f"producer {kind} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits} {epi} split{split} P={sms}"
                     f"{' ptr' if not use_tma(a, b) else ''}",
             "rel_err": max(e_out, e_send), "err_out": e_out, "err_send": e_send, "nan_out": nan_out, "nan_send": nan_send,
@@ -484,6 +518,19 @@ def gluon_matrix():
     return cases
 
 
+def gluon_paced_matrix():
+    """The producers in Triton and in Gluon with the peer's partials landing while they run (351 GB/s,
+    the first 30 µs after the call starts plus its transfer), the receive buffer poisoned: the
+    partials' waits, and what the tail after the last partial costs each."""
+    cases = []
+    for (m, n, k), splits in [((8192, 8192, 1024), 4), ((8192, 4096, 5504), 8)]:
+        for ar in (False, True):
+            for g in ("0", "1"):
+                cases.append(with_env("SYNCOPATE_GLUON", g, lambda m=m, n=n, k=k, s=splits, ar=ar: producer_case(
+                    m, n, k, (128, 256, 64, 8, 3), s, all_reduce=ar, pace_gbps=351.0)))
+    return cases
+
+
 def tiles_matrix():
     """The consumer's tile configurations and L2 groupings on the per-rank GEMMs of the GEMM-bound
     ag_gemm shapes, beside cuBLAS."""
@@ -502,7 +549,7 @@ def main():
     cases = []
     modes = {"producer": producer_matrix, "scatter": scatter_matrix, "occupancy": occupancy_matrix,
              "tiles": tiles_matrix, "host": host_matrix, "paced": paced_matrix,
-             "gluon": gluon_matrix}
+             "gluon": gluon_matrix, "gluon-paced": gluon_paced_matrix}
     if len(sys.argv) == 2 and sys.argv[1] in modes:
         return report(modes[sys.argv[1]]())
     for (m, n, k) in [(8192, 5504, 4096), (8192, 14336, 8192), (8192, 1024, 8192), (8192, 2048, 8192)]:
