@@ -12,7 +12,8 @@ reduce-scatter against its all-reduce, `occupancy` one program an SM against two
 cases for their host time a launch (relaunched and not; PROFILE_HOST=1 adds a profile), `tiles` the
 consumer's tile configurations on the GEMM-bound ag_gemm shapes, `paced` the consumer with the
 peer's chunks landing at the two-H200 link's pace, its own rows copied, in place or read from the shard,
-`gluon` the producer in Gluon against the Triton producer.
+`gluon` the producer in Gluon against the Triton producer, `gluon-paced` the same with the peer's
+partials landing while they run.
 """
 
 from __future__ import annotations
