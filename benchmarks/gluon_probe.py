@@ -14,7 +14,8 @@ and the partial added). Every output is checked against float32.
 
 Runs where Triton has Gluon's Hopper API (measured on triton 3.6.0; compiles for sm_90 with 3.9.0
 too); prints a table last and writes JSON to $OUT/gluon_probe.json when OUT is set.
-`python benchmarks/gluon_probe.py`.
+`python benchmarks/gluon_probe.py` (the producer shapes), `python benchmarks/gluon_probe.py
+consumer` (the plain Gluon GEMM on the all-gather's per-rank GEMMs).
 """
 
 from __future__ import annotations
@@ -316,11 +317,27 @@ def gluon_case(m, n, k, add_partial, block=(128, 256, 64), num_buf=3, group_m=8,
             "rel_err": worst, "ours_us": t, "torch_us": t_torch, "tflops": 2 * m * n * k / t / 1e6}
 
 
+def consumer_cases():
+    """`python benchmarks/gluon_probe.py consumer`: the plain Gluon GEMM on the all-gather's per-rank
+    GEMMs of the TP=2 suite, beside the Triton consumer with every chunk there, and cuBLAS."""
+    cases = []
+    for (m, n, k), tiles in [((8192, 7168, 4096), ((128, 256, 64), 3, (128, 256, 64, 8, 3))),
+                             ((8192, 5504, 4096), ((128, 256, 64), 3, (128, 256, 64, 8, 3))),
+                             ((8192, 2048, 8192), ((128, 256, 64), 3, (128, 256, 64, 8, 3))),
+                             ((8192, 1024, 8192), ((128, 128, 64), 4, (128, 128, 64, 8, 4)))]:
+        block, buffers, cfg = tiles
+        for _ in range(2):  # twice, in turn: cuBLAS's readings move between cases
+            cases.append(lambda m=m, n=n, k=k, block=block, nb=buffers: gluon_case(m, n, k, False, block=block,
+                                                                                     num_buf=nb))
+            cases.append(lambda m=m, n=n, k=k, cfg=cfg: gpu_single.consumer_case(m, n, k, cfg, 2))
+    return cases
+
+
 def main():
     rows = []
     shapes = [(8192, 8192, 1024), (8192, 4096, 5504), (8192, 8192, 2048)]
     cases = []
-    for m, n, k in shapes:
+    for m, n, k in ([] if sys.argv[1:] == ["consumer"] else shapes):
         cases.append(lambda m=m, n=n, k=k: gluon_case(m, n, k, False))
         for at in (0, 2, 8):
             cases.append(lambda m=m, n=n, k=k, at=at: gluon_case(m, n, k, True, partial_at=at))
@@ -331,6 +348,8 @@ def main():
         cfg = (128, 256, 64, 8, 3)
         cases.append(lambda m=m, n=n, k=k: gpu_single.consumer_case(m, n, k, cfg, 2))  # our plain Triton loop
         cases.append(lambda m=m, n=n, k=k: gpu_single.producer_case(m, n, k, cfg, 4))  # with its partials
+    if sys.argv[1:] == ["consumer"]:
+        cases = consumer_cases()
     for case in cases:
         try:
             r = case()
