@@ -7,9 +7,10 @@ once. This kernel computes the same entries from the same tables with the pipeli
 - a ring of NUM_BUF shared-memory operand buffers filled by TMA loads that run NUM_BUF - 1 K steps
   ahead of the tensor cores, into the program's next tile near the end of a tile;
 - asynchronous wgmma, one group in flight;
-- the partial received for the tile's rows (at most one a chunk: two ranks, or a ring) polled for
-  and loaded by TMA into the output's staging buffer PARTIAL_LEAD K steps before the tile's end, and
-  waited for only in the epilogue;
+- the partial received for the tile's rows polled for and loaded by TMA into the output's staging
+  buffer PARTIAL_LEAD K steps before the tile's end, and waited for only in the epilogue; where more
+  ranks send partials of the same rows (direct plans on three or more ranks), the others are then
+  loaded and added in turn in the epilogue;
 - the tile's TMA stores left in flight; a finished run of tiles of one chunk is counted at K step 1
   of the program's next tile (or after its last), once the stores have completed, so no program
   waits for its own stores; always before the program waits for a partial (step 0 where the
@@ -156,7 +157,7 @@ if AVAILABLE:
         PARTIAL_LEAD: gl.constexpr, num_warps: gl.constexpr,
     ):
         """Reduce-scatter / all-reduce producer, `producer_kernel`'s TMA-epilogue semantics (module
-        docstring); at most one incoming partial a chunk, K at least NUM_BUF - 1 steps."""
+        docstring); K at least NUM_BUF - 1 steps."""
         BLOCK_M: gl.constexpr = send_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = send_desc.block_type.shape[1]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -242,7 +243,17 @@ if AVAILABLE:
                 mbarrier.wait(p_bar.index(0), partials & 1)
                 partials += 1
                 acc = acc + c_smem.load(acc_layout).to(gl.float32)
-                _cta_barrier()  # every warp has read the partial before the sum overwrites it
+                _cta_barrier()  # every warp has read the partial before the sum (or the next) overwrites it
+                for more in range(1, incoming):  # other ranks' partials of the same rows (direct plans), in turn
+                    gate = _wait_word(recv_signal_ptr + gl.load(inc_slot_ptr + first + more), epoch, error_ptr,
+                                      max_spin)
+                    prow = (gl.load(inc_offset_ptr + first + more) // N).to(gl.int32)
+                    mbarrier.expect(p_bar.index(0), recv_desc.block_type.nbytes)
+                    _tma_load(recv_desc, [row0 + prow + gate, col0], p_bar.index(0), c_smem)
+                    mbarrier.wait(p_bar.index(0), partials & 1)
+                    partials += 1
+                    acc = acc + c_smem.load(acc_layout).to(gl.float32)
+                    _cta_barrier()
             else:
                 tma.store_wait(0)
             c_smem.store(acc.to(dtype))

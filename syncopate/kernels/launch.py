@@ -328,12 +328,12 @@ def gluon_producer(c: Candidate, tables, K: int, a: torch.Tensor, b_mat: torch.T
     """Whether a producer launch takes `gluon_kernels.gluon_producer_kernel` instead of
     `producer_kernel`: asked for (SYNCOPATE_GLUON=1; off by default until checked with transfers),
     compiled for a GPU with Gluon's Hopper API, on the TMA-epilogue path (`tma_epilogue` for
-    `buffers`, whole tiles), at most one incoming partial a chunk, 16-bit operands, a tile the
+    `buffers`, whole tiles), 16-bit operands, a tile the
     kernel's wgmma layout takes (block_m of 64–256 rows, at least 16 a warp), num_stages operand
     buffers plus the staging tile in shared memory, and K of at least num_stages - 1 steps."""
     if os.environ.get("SYNCOPATE_GLUON", "0") != "1" or not gluon_kernels.AVAILABLE or not compiled_for_gpu(a):
         return False
-    if a.dtype not in (torch.bfloat16, torch.float16) or tables.inc_max > 1:
+    if a.dtype not in (torch.bfloat16, torch.float16):
         return False
     if c.block_m not in (64, 128, 256) or c.block_m < 16 * c.num_warps or c.num_warps not in (4, 8):
         return False

@@ -80,10 +80,10 @@ def consumer(c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1024):
                            torch.zeros(PAD_WORDS, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), 132, 1 << 20)
 
 
-def producer(kind: str, c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1536):
+def producer(kind: str, c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1536, ws=2):
     all_reduce = kind == "gemm_ar"
-    plan = plan_for(kind, c.template, 2, m, c.num_splits, c.block_m)
-    lo, hi = block_bounds(m, 2, 0)
+    plan = plan_for(kind, c.template, ws, m, c.num_splits, c.block_m)
+    lo, hi = block_bounds(m, ws, 0)
     a = torch.empty(m, k, dtype=dtype)
     b = torch.empty(n, k, dtype=dtype).t() if kmajor else torch.empty(k, n, dtype=dtype)
     send, recv = torch.empty(m, n, dtype=dtype), torch.empty(m, n, dtype=dtype)
@@ -92,7 +92,7 @@ def producer(kind: str, c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=153
     pad = torch.zeros(PAD_WORDS, dtype=torch.int32)
     launch.launch_producer(a, b, send, out, reduced, recv, 0 if all_reduce else lo,
                            producer_tables(plan, 0, n, c, all_reduce, CPU), c, 3, pad,
-                           torch.zeros(4096, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), 2, 0,
+                           torch.zeros(4096, dtype=torch.int64), torch.zeros(ws, dtype=torch.int64), ws, 0,
                            torch.zeros(1, dtype=torch.int32), 132, 1 << 20)
 
 
@@ -155,6 +155,8 @@ def variants():
         lambda: producer("gemm_rs", Candidate(num_splits=4, **big), bf16, False, m=4096))
     yield "gemm_ar gluon 128x128 fp16 b k-major", True, lambda: gluon(
         lambda: producer("gemm_ar", Candidate(num_splits=2, **small), fp16, True, m=4096))
+    yield "gemm_rs gluon 128x256 bf16 four ranks", True, lambda: gluon(
+        lambda: producer("gemm_rs", Candidate(num_splits=2, **big), bf16, False, m=4096, ws=4))
     yield "chunk copier bf16", False, lambda: copier(bf16)
 
 
