@@ -13,7 +13,7 @@ cases for their host time a launch (relaunched and not; PROFILE_HOST=1 adds a pr
 consumer's tile configurations on the GEMM-bound ag_gemm shapes, `paced` the consumer with the
 peer's chunks landing at the two-H200 link's pace, its own rows copied, in place or read from the shard,
 `gluon` the producer in Gluon against the Triton producer, `gluon-paced` the same with the peer's
-partials landing while they run.
+partials landing while they run, `gluon-ranks` both for rank 0 of four ranks.
 """
 
 from __future__ import annotations
@@ -257,9 +257,9 @@ def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8, pace_
             "own_tiles": tables.own_tiles}
 
 
-def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1, pace_gbps=None, entry_us=30.0):
-    """Rank 0's producer of a two-rank reduce-scatter (or all-reduce, its reduced rows stored to a
-    second buffer too), the peer's entry already there and its partials too, or, with `pace_gbps`,
+def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1, pace_gbps=None, entry_us=30.0, ws=2):
+    """Rank 0's producer of a `ws`-rank direct reduce-scatter (or all-reduce, its reduced rows stored
+    to a second buffer too), the peers' entry already there and their partials too, or, with `pace_gbps`,
     landing while the kernel runs: chunk j copied in from a side stream `entry_us` + (j + 1) chunk
     transfers at that bandwidth after the call starts (global-timer paced, as `consumer_case`), then
     its word raised; the receive buffer is poisoned before every checked call, so a tile that read
@@ -267,16 +267,18 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1, pace_gbps=
     bm, bn, bk, w, st = cfg
     c = Candidate(num_splits=splits, block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st)
     kind = "gemm_ar" if all_reduce else "gemm_rs"
-    plan = plan_for(kind, "direct", 2, m, splits, bm)
+    plan = plan_for(kind, "direct", ws, m, splits, bm)
     a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
     b = (torch.randn(k, n, device=DEV) / k**0.5).to(torch.bfloat16)
-    peer_partial = torch.randn(m, n, device=DEV).to(torch.bfloat16)
+    partials = [torch.randn(m, n, device=DEV).to(torch.bfloat16) for _ in range(ws - 1)]  # from ranks 1 …
+    peer_partial = sum(p.float() for p in partials)
     recv = torch.full((m, n), float("nan"), device=DEV, dtype=torch.bfloat16)
-    lo, hi = block_bounds(m, 2, 0)
+    lo, hi = block_bounds(m, ws, 0)
     from syncopate.kernels.tables import recv_offset
 
-    off = recv_offset(plan, 1, 0, n)
-    recv.view(-1)[off + lo * n : off + hi * n] = peer_partial[lo:hi].reshape(-1)
+    for src, part in enumerate(partials, start=1):
+        off = recv_offset(plan, src, 0, n)
+        recv.view(-1)[off + lo * n : off + hi * n] = part[lo:hi].reshape(-1)
     source = recv.clone()  # where the paced copies take the partials from
     incoming = plan.recvs(0, "reduce")
     send = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
@@ -286,13 +288,13 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1, pace_gbps=
     pad = torch.zeros(PAD_WORDS, dtype=torch.int32, device=DEV)
     counters = torch.zeros(4096, dtype=torch.int64, device=DEV)
     err = torch.zeros(1, dtype=torch.int32, device=DEV)
-    peer_ptrs = torch.tensor([pad.data_ptr(), pad.data_ptr()], dtype=torch.int64, device=DEV)
+    peer_ptrs = torch.tensor([pad.data_ptr()] * ws, dtype=torch.int64, device=DEV)
     tables = producer_tables(plan, 0, n, c, all_reduce, DEV)
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count * per_sm
     state = {"epoch": 0}
 
     paced = pace_gbps is not None
-    raised = torch.tensor(([] if paced else [t.signal for t in incoming]) + [ENTERED_BASE, ENTERED_BASE + 1],
+    raised = torch.tensor(([] if paced else [t.signal for t in incoming]) + [ENTERED_BASE + r for r in range(ws)],
                           device=DEV)
     relaunch = {}
     side = torch.cuda.Stream() if paced else None
@@ -318,7 +320,7 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1, pace_gbps=
                     streamops.copy_async(side.cuda_stream, recv.data_ptr() + start * 2, source.data_ptr() + start * 2,
                                          elems * 2)
                     streamops.write_value(side.cuda_stream, pad.data_ptr() + 4 * slot, e)
-        launch_producer(a, b, send, out, reduced, recv, row0, tables, c, e, pad, counters, peer_ptrs, 2, 0, err, sms,
+        launch_producer(a, b, send, out, reduced, recv, row0, tables, c, e, pad, counters, peer_ptrs, ws, 0, err, sms,
                         1 << 24 if paced else 0, cache=relaunch)
         if paced:
             done = torch.cuda.Event()
@@ -354,14 +356,16 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1, pace_gbps=
     nan_out, nan_send, ready_ok = nan_out + again[2], nan_send + again[3], ready_ok and again[4]
     t_host = host_us(call)
     t_torch = bench(lambda: a @ b)
-    from syncopate.kernels.launch import epilogue_split, tma_epilogue
+    from syncopate.kernels.launch import epilogue_split, gluon_producer, tma_epilogue
 
     split = epilogue_split(c)
     epi = "tma-epi" if tma_epilogue(c, tables, False, split, send, out, out, recv) else "ptr-epi"
-    if os.environ.get("SYNCOPATE_GLUON") == "1":
+    if gluon_producer(c, tables, k, a, b, send, out, out if reduced is None else reduced, recv):
         epi = "gluon"
     if paced:
         epi += f" paced {pace_gbps:g}GB/s entry {entry_us:g}us"
+    if ws != 2:
+        epi += f" ws{ws}"
     return {"case": f"producer {kind} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits} {epi} split{split} P={sms}"
                     f"{' ptr' if not use_tma(a, b) else ''}",
             "rel_err": max(e_out, e_send), "err_out": e_out, "err_send": e_send, "nan_out": nan_out, "nan_send": nan_send,
@@ -519,6 +523,18 @@ def gluon_matrix():
     return cases
 
 
+def gluon_ranks_matrix():
+    """The producers in Triton and in Gluon for rank 0 of four ranks (direct plans: three partials a
+    kept chunk), the TP=4 suite's reduce-scatter and all-reduce shapes."""
+    cases = []
+    for (m, n, k), splits in [((8192, 8192, 1024), 2), ((8192, 4096, 2752), 2), ((8192, 8192, 512), 2)]:
+        for ar in (False, True):
+            for g in ("0", "1"):
+                cases.append(with_env("SYNCOPATE_GLUON", g, lambda m=m, n=n, k=k, s=splits, ar=ar: producer_case(
+                    m, n, k, (128, 256, 64, 8, 3), s, all_reduce=ar, ws=4)))
+    return cases
+
+
 def gluon_paced_matrix():
     """The producers in Triton and in Gluon with the peer's partials landing while they run (351 GB/s,
     the first 30 µs after the call starts plus its transfer), the receive buffer poisoned: the
@@ -550,7 +566,8 @@ def main():
     cases = []
     modes = {"producer": producer_matrix, "scatter": scatter_matrix, "occupancy": occupancy_matrix,
              "tiles": tiles_matrix, "host": host_matrix, "paced": paced_matrix,
-             "gluon": gluon_matrix, "gluon-paced": gluon_paced_matrix}
+             "gluon": gluon_matrix, "gluon-paced": gluon_paced_matrix,
+             "gluon-ranks": gluon_ranks_matrix}
     if len(sys.argv) == 2 and sys.argv[1] in modes:
         return report(modes[sys.argv[1]]())
     for (m, n, k) in [(8192, 5504, 4096), (8192, 14336, 8192), (8192, 1024, 8192), (8192, 2048, 8192)]:
