@@ -93,6 +93,10 @@ def git_revision() -> str:
 
 
 def provenance(**extra: object) -> dict[str, object]:
-    """Host, process, git revision and library versions, plus whatever the caller adds."""
+    """Host, process, git revision, library versions and the kernel switches set
+    (`syncopate.workers.env.KERNEL_SWITCHES`), plus whatever the caller adds."""
+    from syncopate.workers.env import kernel_switches
+
     env = current_environment()
-    return {"host": socket.gethostname(), "pid": os.getpid(), "git": git_revision(), **env.to_dict(), **extra}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "git": git_revision(), **env.to_dict(),
+            "switches": kernel_switches(), **extra}

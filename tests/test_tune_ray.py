@@ -142,6 +142,7 @@ def test_trials_carry_provenance(pipeline):
         len(worker["gpu_uuids"]) == 2 and len(set(worker["actor_ids"])) == 2 and len(set(worker["pids"])) == 2
     )
     assert worker["host"] and worker["git"] and worker["versions"]["torch"]
+    assert worker["switches"] == {}  # no kernel switch set: the default kernels measured
     assert worker["finished_at"].endswith("+00:00")
     assert result.progress.handling_ms and result.progress.idle_gap_ms
 

@@ -167,7 +167,8 @@ class Gang:
         return Topology.from_dict(answers[0])
 
     def provenance(self) -> dict[str, Any]:
-        """Who measures on this gang: hosts, GPU UUIDs, actor ids, git revision, library versions."""
+        """Who measures on this gang: hosts, GPU UUIDs, actor ids, git revision, library versions, and
+        the kernel switches its actors run with."""
         if not self.members:
             return {"gang": self.index, "build": self.builds}
         first = self.members[0]["provenance"]
@@ -184,6 +185,7 @@ class Gang:
             "pids": [m["pid"] for m in self.members],
             "git": first.get("git"),
             "versions": self.members[0]["environment"],
+            "switches": first.get("switches", {}),
         }
 
     def kill(self) -> None:
