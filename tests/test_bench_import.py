@@ -70,6 +70,15 @@ def test_import_stores_every_candidate_and_baseline(db):
     assert not again.created and again.sweep_id == result.sweep_id and len(db.trials()) == 8
 
 
+def test_the_kernel_switches_of_a_bench_file_are_kept_with_its_trials(db, tmp_path):
+    doc = json.loads(BENCH.read_text())
+    doc["switches"] = {"SYNCOPATE_GLUON": "1"}
+    path = tmp_path / "bench-gluon.json"
+    path.write_text(json.dumps(doc))
+    import_bench(db, path, syncopate="0.1.0", **VERSIONS)
+    assert {t.record.worker["switches"]["SYNCOPATE_GLUON"] for t in db.trials()} == {"1"}
+
+
 def test_imported_rows_reach_the_overview(db):
     import_bench(db, BENCH, syncopate="0.1.0", **VERSIONS)
     row = data.overview(db).iloc[0]

@@ -112,11 +112,12 @@ def _worker(rank: int, world: int, port: int, options: BenchOptions, queue) -> N
                 print(format_row_progress(rows[-1]), flush=True)
         if rank == 0:
             from syncopate.environment import current_environment, git_revision
+            from syncopate.workers.env import kernel_switches
 
             queue.put({"topology": topology.to_dict(), "rows": rows, "host": socket.gethostname(),
                        "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
                        "environment": current_environment().to_dict(), "git": git_revision(),
-                       "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                       "switches": kernel_switches(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     finally:
         dist.destroy_process_group()
 

@@ -246,6 +246,8 @@ def import_bench(
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
     name = f"bench:{digest}"
     worker = {"host": str(doc["host"]), "gpu": str(doc["gpu"]), "imported_from": path.name, "sha256": digest}
+    if isinstance(doc.get("switches"), dict):  # the kernel switches the benchmark ran with (newer files)
+        worker["switches"] = {str(k): str(v) for k, v in doc["switches"].items()}
     trials, baselines = _records(doc, path, topo, env, started, worker)
 
     existing = db.latest_sweep(name)
