@@ -503,6 +503,35 @@ def test_the_gluon_producer_is_taken_only_where_it_applies(monkeypatch):
     assert not taken(), "a Triton without Gluon's Hopper API"
 
 
+def test_a_gluon_producer_that_does_not_compile_says_how_to_go_on(monkeypatch):
+    """A Triton whose Gluon the producer does not compile with (its API moves between releases):
+    one error that names the version and the switch to unset, not a compiler traceback alone."""
+    import ast
+
+    import triton.compiler.errors
+
+    from syncopate.errors import RuntimeUnavailableError
+    from syncopate.kernels import launch
+
+    class Broken:
+        def __getitem__(self, grid):
+            def compile_and_launch(*args, **kwargs):
+                raise triton.compiler.errors.CompilationError("k", ast.parse("x").body[0], "no such name")
+            return compile_and_launch
+
+    monkeypatch.setattr(launch.gluon_kernels, "gluon_producer_kernel", Broken())
+    monkeypatch.setattr(launch, "_gl_descriptor", lambda t, block: None)
+    c = cand(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, num_splits=2)
+    tables = producer_tables(plan_for("gemm_rs", "direct", 2, 512, 2, 128), 0, 256, c, False, CPU)
+    a, b = torch.empty(512, 1024, dtype=torch.bfloat16), torch.empty(1024, 256, dtype=torch.bfloat16)
+    send = out = recv = torch.empty(512, 256, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeUnavailableError, match="unset SYNCOPATE_GLUON"):
+        launch._launch_gluon_producer(a, b, False, send, out, None, recv, 0, tables, c, 1,
+                                      torch.zeros(PAD_WORDS, dtype=torch.int32), torch.zeros(64, dtype=torch.int64),
+                                      torch.zeros(2, dtype=torch.int64), 2, 0, torch.zeros(1, dtype=torch.int32), (4,),
+                                      0, None, None)
+
+
 def test_producer_with_a_tile_across_two_chunks_keeps_the_pointer_epilogue(monkeypatch):
     """Blocks of 48 rows and tiles of 32: some tiles hold rows of two chunks, which a TMA box cannot
     split, so the producer stays on its masked pointer epilogue, and is still right."""

@@ -8,11 +8,14 @@ import functools
 import os
 
 import torch
+import triton
+import triton.compiler.errors
 import triton.language as tl
 
+from syncopate.errors import RuntimeUnavailableError
 from syncopate.kernels import gluon_kernels
-from syncopate.kernels.triton_kernels import chunk_copy_kernel, consumer_kernel, producer_kernel
 from syncopate.kernels.tables import ENTERED_BASE, READY_BASE
+from syncopate.kernels.triton_kernels import chunk_copy_kernel, consumer_kernel, producer_kernel
 from syncopate.search_space import Candidate
 
 __all__ = [
@@ -381,7 +384,13 @@ def _launch_gluon_producer(a, b_mat, kmajor, send, out, reduced, recv_rows, out_
     kwargs = dict(WORLD=world, ALL_REDUCE=reduced is not None, B_KMAJOR=kmajor, NUM_BUF=c.num_stages,
                   PARTIAL_LEAD=GLUON_PARTIAL_LEAD, num_warps=c.num_warps)
     kernel = gluon_kernels.gluon_producer_kernel
-    compiled = kernel[grid](*args, **kwargs)
+    try:
+        compiled = kernel[grid](*args, **kwargs)
+    except triton.compiler.errors.CompilationError as e:
+        raise RuntimeUnavailableError(
+            f"the Gluon producer (SYNCOPATE_GLUON=1) does not compile with triton {triton.__version__} "
+            f"(checked with 3.6 and 3.9): unset SYNCOPATE_GLUON to use the Triton producer"
+        ) from e
     if cache is not None and key is not None and compiled is not None and hasattr(compiled, "run"):
         varying = ["a_desc", "b_desc", "out_desc", "epoch"] + (["reduced_desc"] if reduced is None else [])
         _keep(cache, key, _GluonRelaunch(kernel, compiled, grid, args, kwargs, varying), _Relaunch.LIMIT)
