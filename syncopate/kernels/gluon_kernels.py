@@ -26,6 +26,8 @@ The module imports where Triton lacks Gluon's Hopper API; `AVAILABLE` says wheth
 
 from __future__ import annotations
 
+from syncopate.kernels.triton_kernels import POLL_PTX, STORES_DONE_PTX
+
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -56,24 +58,7 @@ if AVAILABLE:
         """`_poll_asm` of triton_kernels.py: poll an int32 word (acquire, system scope) until it reaches
         `epoch` or `max_spin` polls, then order later TMA reads after it; returns the last value."""
         return gl.inline_asm_elementwise(
-            asm="""
-            {
-            .reg .pred %p;
-            .reg .s32 %d;
-            .reg .u32 %n;
-            mov.u32 %n, 0;
-            WAIT:
-            ld.global.acquire.sys.b32 $0, [$1];
-            sub.s32 %d, $0, $2;
-            setp.ge.s32 %p, %d, 0;
-            @%p bra DONE;
-            add.u32 %n, %n, 1;
-            setp.lt.u32 %p, %n, $3;
-            @%p bra WAIT;
-            DONE:
-            fence.proxy.async.global;
-            }
-            """,
+            asm=POLL_PTX,
             constraints="=r,l,r,r",
             args=[ptr, epoch, max_spin],
             dtype=gl.int32,
@@ -95,20 +80,23 @@ if AVAILABLE:
         """The program's TMA stores written (not only read out of shared memory), ordered before its
         generic-proxy accesses, and every thread past that point."""
         gl.inline_asm_elementwise(
-            asm="""
-            {
-            cp.async.bulk.wait_group 0;
-            fence.proxy.async.global;
-            bar.sync 0;
-            mov.u32 $0, 0;
-            }
-            """,
+            asm=STORES_DONE_PTX,
             constraints="=r",
             args=[],
             dtype=gl.int32,
             is_pure=False,
             pack=1,
         )
+
+    @gluon.jit
+    def _load_partial(j, row0, col0, N, recv_desc, recv_signal_ptr, inc_slot_ptr, inc_offset_ptr, p_bar, c_smem,
+                      epoch, error_ptr, max_spin):
+        """Wait for incoming partial j (its word `recv_signal[inc_slot[j]]`) and start the TMA load of
+        its rows of the tile (from row `inc_offset[j] / N` of `recv`) into `c_smem`, on `p_bar`."""
+        gate = _wait_word(recv_signal_ptr + gl.load(inc_slot_ptr + j), epoch, error_ptr, max_spin)
+        prow = (gl.load(inc_offset_ptr + j) // N).to(gl.int32)
+        mbarrier.expect(p_bar.index(0), recv_desc.block_type.nbytes)
+        _tma_load(recv_desc, [row0 + prow + gate, col0], p_bar.index(0), c_smem)
 
     @gluon.jit
     def _count(c, tiles, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
@@ -219,12 +207,9 @@ if AVAILABLE:
                         to_count = 0
                 if ki == partial_at:
                     if incoming > 0:
-                        gate = _wait_word(recv_signal_ptr + gl.load(inc_slot_ptr + first), epoch, error_ptr,
-                                          max_spin)
-                        prow = (gl.load(inc_offset_ptr + first) // N).to(gl.int32)
                         tma.store_wait(0)  # the previous tile's stores have left the staging buffer
-                        mbarrier.expect(p_bar.index(0), recv_desc.block_type.nbytes)
-                        _tma_load(recv_desc, [row0 + prow + gate, col0], p_bar.index(0), c_smem)
+                        _load_partial(first, row0, col0, N, recv_desc, recv_signal_ptr, inc_slot_ptr,
+                                      inc_offset_ptr, p_bar, c_smem, epoch, error_ptr, max_spin)
                 s = job % NUM_BUF
                 mbarrier.wait(bars.index(s), (job // NUM_BUF) & 1)
                 if B_KMAJOR:
@@ -245,11 +230,8 @@ if AVAILABLE:
                 acc = acc + c_smem.load(acc_layout).to(gl.float32)
                 _cta_barrier()  # every warp has read the partial before the sum (or the next) overwrites it
                 for more in range(1, incoming):  # other ranks' partials of the same rows (direct plans), in turn
-                    gate = _wait_word(recv_signal_ptr + gl.load(inc_slot_ptr + first + more), epoch, error_ptr,
-                                      max_spin)
-                    prow = (gl.load(inc_offset_ptr + first + more) // N).to(gl.int32)
-                    mbarrier.expect(p_bar.index(0), recv_desc.block_type.nbytes)
-                    _tma_load(recv_desc, [row0 + prow + gate, col0], p_bar.index(0), c_smem)
+                    _load_partial(first + more, row0, col0, N, recv_desc, recv_signal_ptr, inc_slot_ptr,
+                                  inc_offset_ptr, p_bar, c_smem, epoch, error_ptr, max_spin)
                     mbarrier.wait(p_bar.index(0), partials & 1)
                     partials += 1
                     acc = acc + c_smem.load(acc_layout).to(gl.float32)

@@ -41,7 +41,39 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["consumer_kernel", "producer_kernel", "chunk_copy_kernel"]
+__all__ = ["consumer_kernel", "producer_kernel", "chunk_copy_kernel", "POLL_PTX", "STORES_DONE_PTX"]
+
+POLL_PTX = tl.constexpr("""
+{
+.reg .pred %p;
+.reg .s32 %d;
+.reg .u32 %n;
+mov.u32 %n, 0;
+WAIT:
+ld.global.acquire.sys.b32 $0, [$1];
+sub.s32 %d, $0, $2;
+setp.ge.s32 %p, %d, 0;
+@%p bra DONE;
+add.u32 %n, %n, 1;
+setp.lt.u32 %p, %n, $3;
+@%p bra WAIT;
+DONE:
+fence.proxy.async.global;
+}
+""")
+"""PTX of a bounded poll: $0 = *$1 (acquire, system scope) until $0 - $2 >= 0 or $3 polls, then a
+proxy fence so that later TMA reads are ordered after it (`_poll_asm`, and the Gluon producer's)."""
+
+STORES_DONE_PTX = tl.constexpr("""
+{
+cp.async.bulk.wait_group 0;
+fence.proxy.async.global;
+bar.sync 0;
+mov.u32 $0, 0;
+}
+""")
+"""PTX that waits until the thread's TMA stores are written, orders them before generic-proxy
+accesses and meets the other threads (`_tma_stores_done`, and the Gluon producer's)."""
 
 
 @triton.jit
@@ -69,24 +101,7 @@ def _poll_asm(ptr, epoch, max_spin):
     software-pipelined. Ends with a proxy fence so that later TMA reads are ordered after it.
     """
     return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .pred %p;
-        .reg .s32 %d;
-        .reg .u32 %n;
-        mov.u32 %n, 0;
-        WAIT:
-        ld.global.acquire.sys.b32 $0, [$1];
-        sub.s32 %d, $0, $2;
-        setp.ge.s32 %p, %d, 0;
-        @%p bra DONE;
-        add.u32 %n, %n, 1;
-        setp.lt.u32 %p, %n, $3;
-        @%p bra WAIT;
-        DONE:
-        fence.proxy.async.global;
-        }
-        """,
+        asm=POLL_PTX,
         constraints="=r,l,r,r",
         args=[ptr, epoch, max_spin],
         dtype=tl.int32,
@@ -454,14 +469,7 @@ def _tma_stores_done():
     release (by whichever thread) follows every store of the tile. The barrier is in the same
     inline PTX: `tl.debug_barrier()` would keep the compiler from pipelining the main loop."""
     tl.inline_asm_elementwise(
-        asm="""
-        {
-        cp.async.bulk.wait_group 0;
-        fence.proxy.async.global;
-        bar.sync 0;
-        mov.u32 $0, 0;
-        }
-        """,
+        asm=STORES_DONE_PTX,
         constraints="=r",
         args=[],
         dtype=tl.int32,
