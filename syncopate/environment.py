@@ -6,12 +6,13 @@ import functools
 import os
 import socket
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from syncopate.kernels.topology_detect import gpu_model_of
 from syncopate.records import Environment
 
-__all__ = ["current_environment", "git_revision", "provenance"]
+__all__ = ["KERNEL_SWITCHES", "current_environment", "git_revision", "kernel_switches", "provenance"]
 
 
 def _package_version(name: str) -> str:
@@ -92,11 +93,24 @@ def git_revision() -> str:
         return "unknown"
 
 
+KERNEL_SWITCHES: tuple[str, ...] = (
+    "SYNCOPATE_GLUON", "SYNCOPATE_OWN_SHARD", "SYNCOPATE_RELAUNCH", "SYNCOPATE_COMM_FIRST", "SYNCOPATE_TMA",
+    "SYNCOPATE_TMA_EPI", "SYNCOPATE_EPI_SPLIT", "SYNCOPATE_DEFER_KEPT",
+)
+"""Environment switches that change which kernel code a fused op runs (the Gluon producer, the
+all-gather's own rows, relaunching, …): part of every relaunch key, passed on to the gang actors and
+recorded with each trial."""
+
+
+def kernel_switches(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The :data:`KERNEL_SWITCHES` set in `base` (default: this process's environment)."""
+    env = os.environ if base is None else base
+    return {k: env[k] for k in KERNEL_SWITCHES if k in env}
+
+
 def provenance(**extra: object) -> dict[str, object]:
     """Host, process, git revision, library versions and the kernel switches set
-    (`syncopate.workers.env.KERNEL_SWITCHES`), plus whatever the caller adds."""
-    from syncopate.workers.env import kernel_switches
-
+    (:data:`KERNEL_SWITCHES`), plus whatever the caller adds."""
     env = current_environment()
     return {"host": socket.gethostname(), "pid": os.getpid(), "git": git_revision(), **env.to_dict(),
             "switches": kernel_switches(), **extra}

@@ -111,8 +111,7 @@ def _worker(rank: int, world: int, port: int, options: BenchOptions, queue) -> N
             if rank == 0:
                 print(format_row_progress(rows[-1]), flush=True)
         if rank == 0:
-            from syncopate.environment import current_environment, git_revision
-            from syncopate.workers.env import kernel_switches
+            from syncopate.environment import current_environment, git_revision, kernel_switches
 
             queue.put({"topology": topology.to_dict(), "rows": rows, "host": socket.gethostname(),
                        "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,

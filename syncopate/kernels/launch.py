@@ -12,6 +12,7 @@ import triton
 import triton.compiler.errors
 import triton.language as tl
 
+from syncopate.environment import KERNEL_SWITCHES
 from syncopate.errors import RuntimeUnavailableError
 from syncopate.kernels import gluon_kernels
 from syncopate.kernels.tables import ENTERED_BASE, READY_BASE
@@ -78,8 +79,7 @@ RELAUNCH_TRITON = ("3.6.",)
 on: the fused ops' results and host times on the GPU). Elsewhere every launch takes Triton's
 dispatch."""
 
-_KNOBS = ("TRITON_INTERPRET", "SYNCOPATE_TMA", "SYNCOPATE_TMA_EPI", "SYNCOPATE_EPI_SPLIT", "SYNCOPATE_DEFER_KEPT",
-          "SYNCOPATE_GLUON")
+_KNOBS = ("TRITON_INTERPRET", *KERNEL_SWITCHES)
 """The environment switches the launchers' choices read: part of every relaunch key."""
 
 
@@ -88,8 +88,6 @@ def _knob_values() -> tuple:
 
 
 def _relaunch_on(t: torch.Tensor) -> bool:
-    import triton
-
     return (t.is_cuda and triton.__version__.startswith(RELAUNCH_TRITON)
             and os.environ.get("SYNCOPATE_RELAUNCH", "1") != "0" and not interpreting())
 
@@ -134,8 +132,6 @@ class _Relaunch:
         self.stream = driver.active.get_current_stream  # the caller's current stream, as Triton's dispatch finds it
 
     def __call__(self, **varying) -> None:
-        import triton
-
         values = self.values.copy()
         for name, value in varying.items():
             values[self.slots[name]] = value

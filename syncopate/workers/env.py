@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from syncopate.environment import KERNEL_SWITCHES, kernel_switches
+
 __all__ = ["ACTOR_ENV", "KERNEL_SWITCHES", "MULTICAST_OFF", "actor_runtime_env", "apply_to_current_process",
            "child_env", "kernel_switches"]
 
@@ -26,20 +28,6 @@ MULTICAST_OFF: dict[str, str] = {
 
 ACTOR_ENV: dict[str, str] = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", **MULTICAST_OFF}
 """Environment variables set in every gang actor's runtime_env."""
-
-
-KERNEL_SWITCHES: tuple[str, ...] = (
-    "SYNCOPATE_GLUON", "SYNCOPATE_OWN_SHARD", "SYNCOPATE_RELAUNCH", "SYNCOPATE_COMM_FIRST", "SYNCOPATE_TMA",
-    "SYNCOPATE_TMA_EPI", "SYNCOPATE_EPI_SPLIT", "SYNCOPATE_DEFER_KEPT",
-)
-"""Environment switches that change which kernel code a fused op runs (the Gluon producer, the
-all-gather's own rows, relaunching, …): passed on to the gang actors and recorded with each trial."""
-
-
-def kernel_switches(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The :data:`KERNEL_SWITCHES` set in `base` (default: this process's environment)."""
-    env = os.environ if base is None else base
-    return {k: env[k] for k in KERNEL_SWITCHES if k in env}
 
 
 def actor_runtime_env(extra: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]:
