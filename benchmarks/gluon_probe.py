@@ -37,11 +37,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-# Renamed after triton 3.6: the TMA copies (async_copy_global_to_shared → async_load, …) and the
-# CTA barrier (thread_barrier → barrier).
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+# The producer's helpers, names that moved between Triton releases (TMA copies, the CTA barrier) included.
+from syncopate.kernels.gluon_kernels import _cta_barrier, _issue_load, _tma_load, _tma_store
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_single  # noqa: E402  (the project's cases and timing, on the same footing)
@@ -57,16 +54,6 @@ def _tile_of(t, pid, num_programs, tiles_m, tiles_n, GROUP_M: gl.constexpr):
     first_m = (tile // per_group) * GROUP_M
     rows = gl.minimum(tiles_m - first_m, GROUP_M)
     return first_m + (tile % per_group) % rows, (tile % per_group) // rows
-
-
-@gluon.jit
-def _issue_load(job, tm, tn, ki, a_desc, b_desc, bars, a_bufs, b_bufs, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                BLOCK_K: gl.constexpr, NUM_BUF: gl.constexpr, pred):
-    s = job % NUM_BUF
-    bar = bars.index(s)
-    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
-    _tma_load(a_desc, [tm * BLOCK_M, ki * BLOCK_K], bar, a_bufs.index(s), pred)
-    _tma_load(b_desc, [ki * BLOCK_K, tn * BLOCK_N], bar, b_bufs.index(s), pred)
 
 
 @gluon.jit
@@ -101,7 +88,7 @@ def probe_gemm(a_desc, b_desc, c_desc, p_desc, M, N, K, ADD_PARTIAL: gl.constexp
     # Loads run NUM_BUF - 1 steps ahead of the MMAs, into the next tile near a tile's end.
     tm, tn = _tile_of(0, pid, num_programs, tiles_m, tiles_n, GROUP_M)
     for j in gl.static_range(NUM_BUF - 1):
-        _issue_load(j, tm, tn, j, a_desc, b_desc, bars, a_bufs, b_bufs, BLOCK_M, BLOCK_N, BLOCK_K, NUM_BUF,
+        _issue_load(j, tm, tn, j, a_desc, b_desc, bars, a_bufs, b_bufs, BLOCK_M, BLOCK_N, BLOCK_K, NUM_BUF, False,
                     j < k_tiles)
     job = 0
     for t in range(my_tiles):
@@ -122,7 +109,7 @@ def probe_gemm(a_desc, b_desc, c_desc, p_desc, M, N, K, ADD_PARTIAL: gl.constexp
             here = ka < k_tiles
             _issue_load(job + NUM_BUF - 1, gl.where(here, tm, nm), gl.where(here, tn, nn),
                         gl.where(here, ka, ka - k_tiles), a_desc, b_desc, bars, a_bufs, b_bufs, BLOCK_M, BLOCK_N,
-                        BLOCK_K, NUM_BUF, job + NUM_BUF - 1 < jobs)
+                        BLOCK_K, NUM_BUF, False, job + NUM_BUF - 1 < jobs)
             job += 1
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         if ADD_PARTIAL:
@@ -188,7 +175,7 @@ def probe_producer(a_desc, b_desc, send_desc, out_desc, p_desc, counter_ptr, sig
 
     tm, tn, kept = _half_tile(0, pid, num_programs, half_m, tiles_n, GROUP_M)
     for j in gl.static_range(NUM_BUF - 1):
-        _issue_load(j, tm, tn, j, a_desc, b_desc, bars, a_bufs, b_bufs, BLOCK_M, BLOCK_N, BLOCK_K, NUM_BUF,
+        _issue_load(j, tm, tn, j, a_desc, b_desc, bars, a_bufs, b_bufs, BLOCK_M, BLOCK_N, BLOCK_K, NUM_BUF, False,
                     j < k_tiles)
     job = 0
     n_kept = 0
@@ -216,7 +203,7 @@ def probe_producer(a_desc, b_desc, send_desc, out_desc, p_desc, counter_ptr, sig
             here = ka < k_tiles
             _issue_load(job + NUM_BUF - 1, gl.where(here, tm, nm), gl.where(here, tn, nn),
                         gl.where(here, ka, ka - k_tiles), a_desc, b_desc, bars, a_bufs, b_bufs, BLOCK_M, BLOCK_N,
-                        BLOCK_K, NUM_BUF, job + NUM_BUF - 1 < jobs)
+                        BLOCK_K, NUM_BUF, False, job + NUM_BUF - 1 < jobs)
             job += 1
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         if kept:
