@@ -15,7 +15,15 @@ import itertools
 import pytest
 
 from syncopate.errors import ConfigError
-from syncopate.search_space import Candidate, Topology, Workload, check_candidate, producer_schedule, space
+from syncopate.search_space import (
+    Candidate,
+    Topology,
+    Workload,
+    build_plan,
+    check_candidate,
+    producer_schedule,
+    space,
+)
 from syncopate.search_space.liveness import check_liveness, queue_operations
 from syncopate.search_space.tile_order import swizzle_group
 
@@ -271,11 +279,26 @@ def test_the_model_enqueues_what_the_backends_enqueue(kind, backend, monkeypatch
             else:
                 call = backends.ScatterCall(
                     ctx=trace.ctx, plan=plan, candidate=c, epoch=1, main=None, send=torch.zeros(rows, 4), recv=buf,
-                    n_cols=4, elem=2, out=torch.zeros(rows, 4), reduced=buf if kind == "gemm_ar" else None,
-                    num_ready_sends=len(plan.sends(rank, "reduce")))
+                    n_cols=4, elem=2, out=torch.zeros(rows, 4), reduced=buf if kind == "gemm_ar" else None)
                 impl.start_scatter(call, trace.streams)
             model = queue_operations(kind, c, ws, rows, rank)
             assert model == trace.ops, (kind, backend, template, rank)
+
+
+def test_an_all_reduce_keeps_its_own_block_and_numbers_its_words_after_its_sends():
+    """`ChunkPlan.kept_ready_words` (what the tables, the model and the NCCL backend use) against
+    the producer's schedule: the chunks it sends nothing for are the rank's own block's, and the
+    schedule's ready words are one a send."""
+    for (template, splits), ws in itertools.product(TEMPLATE_SPLITS, WORLD_SIZES):
+        rows = _rows("gemm_ar", ws, splits, aligned=False)
+        plan = build_plan(template, "all_reduce", ws, rows, splits, align=BLOCK_M)
+        for rank in range(ws):
+            s = producer_schedule(plan, rank, 256, BLOCK_M, 128, 4, "arrival")
+            kept = [ci for ci, word in enumerate(s.chunk_ready) if word < 0]
+            sent = sorted(word for word in s.chunk_ready if word >= 0)
+            words = plan.kept_ready_words(rank)
+            assert sorted(words) == kept and sent == list(range(len(plan.sends(rank, "reduce"))))
+            assert sorted(words.values()) == list(range(len(sent), len(sent) + splits))
 
 
 def test_the_model_raises_the_words_the_producer_tables_name():

@@ -77,7 +77,6 @@ class ScatterCall:
     elem: int
     out: torch.Tensor | None = None
     reduced: Any = None  # SymmetricBuffer, all-reduce only
-    num_ready_sends: int = 0
     spin_limit: int = 0
 
 
@@ -377,8 +376,7 @@ class NcclBackend(CommBackend):
                 lambda t: ready(READY_BASE + send_index[(t.chunk, t.step)]), arrived,
             )
             if call.reduced is not None:
-                kept = [c for c in range(plan.num_chunks) if c // plan.num_splits == ctx.rank]
-                ready_of = {c: call.num_ready_sends + i for i, c in enumerate(kept)}
+                ready_of = plan.kept_ready_words(ctx.rank)
                 nccl_exchange(
                     plan, ctx.rank, "gather", ctx.group, lambda t: call.out[t.row_start : t.row_end],
                     lambda t: call.out[t.row_start : t.row_end],

@@ -319,7 +319,7 @@ def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
     enqueue = backend.stage_scatter(ScatterCall(
         ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, send=send, recv=ctx.buffers["recv"],
         n_cols=n, elem=a.element_size(), out=out, reduced=reduced,
-        num_ready_sends=len(plan.sends(rank, "reduce")), spin_limit=spin_limit,
+        spin_limit=spin_limit,
     ), streams)
     launch_producer(
         a, b, send, out, reduced.local if reduced is not None else None, ctx.buffers["recv"].local,

@@ -178,10 +178,10 @@ def producer_tables(plan: ChunkPlan, rank: int, n_cols: int, c: Candidate, all_r
     num_ready = sum(1 for r in ready if r >= 0)
     if all_reduce:
         # Kept (reduced) chunks get ready slots too: a backend that sends them itself waits on them.
-        for ci in range(plan.num_chunks):
-            if keep[ci]:
-                ready[ci] = num_ready
-                num_ready += 1
+        words = plan.kept_ready_words(rank)
+        for ci, word in words.items():
+            ready[ci] = word
+        num_ready += len(words)
     by_chunk: list[list[tuple[int, int]]] = [[] for _ in range(plan.num_chunks)]
     for t in plan.recvs(rank, "reduce"):
         by_chunk[plan.chunk_index(*t.chunk)].append((t.signal, recv_offset(plan, t.src, t.block, n_cols)))

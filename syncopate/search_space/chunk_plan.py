@@ -267,6 +267,13 @@ class ChunkPlan:
         """(row_start, row_end) of every chunk, in row order."""
         return [bounds for block in self.chunk_bounds for bounds in block]
 
+    def kept_ready_words(self, rank: int) -> dict[int, int]:
+        """An all-reduce's chunks kept on `rank` (its own block's), row-order index to ready word
+        (offset from the pad's READY_BASE): they follow the words of the chunks `rank` sends, in
+        chunk order. The producer raises a kept chunk's word once its reduced rows are stored."""
+        first = len(self.sends(rank, "reduce"))
+        return {self.chunk_index(rank, j): first + j for j in range(self.num_splits)}
+
     def chunk_signals(self, rank: int, phase: str = "gather") -> list[list[int]]:
         """For each chunk in row order, the signal slots on `rank` that say it is complete there.
 

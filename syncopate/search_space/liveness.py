@@ -227,12 +227,9 @@ class _Call:
         plan, s, ws, nc = self.plan, self.scheds[r], self.ws, self.plan.num_chunks
         ready = list(s.chunk_ready)
         keep = [x < 0 for x in ready]
-        n_ready = sum(1 for x in ready if x >= 0)
         if self.all_reduce:  # as kernels.tables.producer_tables: kept chunks get ready words after the sends'
-            for ci in range(nc):
-                if keep[ci]:
-                    ready[ci] = n_ready
-                    n_ready += 1
+            for ci, word in plan.kept_ready_words(r).items():
+                ready[ci] = word
         for ci in range(nc):
             self.targets[r * nc + ci] = s.chunk_tiles[ci]
             done = self.on_done[r * nc + ci]
