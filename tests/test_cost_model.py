@@ -224,7 +224,8 @@ def test_predictions_for_four_and_eight_gpus_are_sane_and_deterministic(key, kin
     topo = Topology.from_key(key)
     w = Workload(kind=kind, shape=HEAVY[kind])
     cands = _sample(w, topo)
-    assert {c.template for c in cands} == {"direct", "ring", "bidirectional_ring"}
+    routed = {"direct", "ring", "bidirectional_ring"}
+    assert {c.template for c in cands} == routed | ({"a_stationary"} if kind == "ag_gemm" else set())
     ranked = CostModel(default_calibration(topo)).rank(w, topo, cands)
     assert all(p.feasible and 0 < p.time_us < math.inf and p.comm_us > 0 for p in ranked)
     assert all(p.kernel_us <= p.time_us and 1 <= p.programs <= topo.sm_count and p.waves >= 1 for p in ranked)
@@ -238,7 +239,8 @@ def test_predictions_for_four_and_eight_gpus_are_sane_and_deterministic(key, kin
         # gemm_ar's baselines hold no copy-engine all-reduce (the harness measures none either), so
         # there the NCCL-only bound is no lower bound for copy-engine candidates.
         assert "comm_alone_copy_engine" in base
-        assert _bound(base) <= ranked[0].time_us
+        # a_stationary moves B and the products instead of A: the all-gather of A bounds the others only
+        assert _bound(base) <= min(p.time_us for p in ranked if p.candidate.template in routed)
 
 
 @pytest.mark.parametrize("kind", sorted(HEAVY))

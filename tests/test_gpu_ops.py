@@ -31,7 +31,7 @@ def comm_sms(kind: str, backend: str, sms: int) -> int:
 def matrix(quick: bool = False):
     """(kind, dtype, (M, N, K), candidate dict, calls) for every case."""
     from syncopate.errors import ConfigError
-    from syncopate.search_space import Candidate, Topology, Workload, check_candidate
+    from syncopate.search_space import Candidate, Topology, Workload, a_stationary_candidate, check_candidate
 
     topology = Topology.from_key("H200x2-nvlink")
     cases = []
@@ -56,6 +56,11 @@ def matrix(quick: bool = False):
         except ConfigError:
             continue
         cases.append((kind, dtype, shapes[kind], c.to_dict(), 1))
+    if "ag_gemm" in shapes:  # B and the products moved instead of A
+        for s in [2] if quick else [1, 2, 4]:
+            for dtype in dtypes:
+                cases.append(("ag_gemm", dtype, shapes["ag_gemm"], a_stationary_candidate(s).to_dict(), 1))
+        cases.append(("ag_gemm", "bf16", shapes["ag_gemm"], a_stationary_candidate(2).to_dict(), 10 if quick else 100))
     for kind, backend in itertools.product(shapes, ["copy_engine", "nvshmem", "nccl"]):
         c = Candidate(backend=backend, num_splits=4, comm_sms=comm_sms(kind, backend, 16),
                       block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)

@@ -47,6 +47,7 @@ from syncopate.autotuner.simulate import (
 )
 from syncopate.errors import ConfigError
 from syncopate.search_space import (
+    A_STATIONARY,
     Candidate,
     ChunkPlan,
     TileConfig,
@@ -57,6 +58,7 @@ from syncopate.search_space import (
     check_candidate,
     consumer_schedule,
     producer_schedule,
+    row_chunks,
 )
 
 __all__ = ["CostModel", "Prediction"]
@@ -80,6 +82,7 @@ class Prediction:
     stall_us: float = 0.0
     """Mean time a program of the slowest rank spent waiting for chunks or partials."""
     programs: int = 0
+    """Programs of the fused kernel (an a_stationary call's cuBLAS GEMMs: the GPU's SMs, one wave)."""
     waves: int = 0
     feasible: bool = True
     reason: str = ""
@@ -234,7 +237,15 @@ class CostModel:
 
     # -- simulation -----------------------------------------------------------------------------
 
+    def _a_stationary(self, w: Workload, topo: Topology, c: Candidate) -> Prediction:
+        call_us = CommContext(self.calibration, topo, c, w.comm_row_bytes()).call_us()  # Infeasible across nodes
+        end, kernel_end, comm_end = _a_stationary_us(self, w, topo, c)
+        return Prediction(candidate=c, time_us=call_us + end, kernel_us=kernel_end, comm_us=comm_end,
+                          programs=topo.sm_count, waves=1)
+
     def _simulate(self, w: Workload, topo: Topology, c: Candidate) -> Prediction:
+        if c.template == A_STATIONARY:
+            return self._a_stationary(w, topo, c)
         ws = topo.world_size
         _, n_local, k_local = w.local_gemm(ws)
         reserved = c.comm_sms if c.backend != "copy_engine" else 0
@@ -254,6 +265,41 @@ class CostModel:
             comm_us=comm_end, stall_us=float(stall[slowest]) / programs, programs=programs,
             waves=-(-group.positions // programs),
         )
+
+
+def _a_stationary_us(model: CostModel, w: Workload, topo: Topology, c: Candidate) -> tuple[float, float, float]:
+    """(call end, GEMMs' end, last transfer's end) of an a_stationary call, µs after its start, on
+    the rank that finishes last (all alike): B pushed to each peer in turn over one egress while the
+    first half of the own rows' GEMM runs; each peer's product computed in `num_splits` row chunks
+    once its B is here, in the order the peers' B arrive, each chunk pulled by its owner once
+    computed, over one ingress; then the second half of the own rows. GEMMs run at the best
+    calibrated tile configuration's rate (cuBLAS's, about)."""
+    ws = topo.world_size
+    m_local = -(-w.shape.m // ws)
+    _, n_local, k = w.local_gemm(ws)
+    elem = w.element_bytes
+    costs = model.calibration.costs
+    link = model.calibration.transfer("copy_engine", "intra")
+    extra = costs.chunk_us.get("copy_engine", 0.0)
+
+    def gemm(rows: int) -> float:
+        return min(model._plain_gemm_us(rows, n_local, k, tc, topo, w.dtype) for tc in model._tile_configs())
+
+    b_arrives, t = [], 0.0
+    for _ in range(ws - 1):
+        t += link.time_us(k * n_local * elem) + extra
+        b_arrives.append(t)
+    chunks = [hi - lo for lo, hi in row_chunks(m_local, c.num_splits)]
+    half = m_local // 2
+    clock = gemm(half)
+    link_free = 0.0
+    for arrive in b_arrives:
+        clock = max(clock, arrive)
+        for rows in chunks:
+            clock += gemm(rows)
+            link_free = max(link_free, clock) + link.time_us(rows * n_local * elem) + extra
+    clock += gemm(m_local - half)
+    return max(clock, link_free), clock, link_free
 
 
 def _consumer(model: CostModel, w, plan, ctx, group, programs, durations):

@@ -34,8 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from syncopate.errors import ConfigError
 from syncopate.search_space import (
     BACKENDS,
+    CANDIDATE_TEMPLATES,
     KINDS,
-    TEMPLATES,
     TILE_ORDERS,
     SpaceOptions,
     TileConfig,
@@ -209,8 +209,8 @@ class SpaceEntry(_Strict):
     @classmethod
     def _templates(cls, v):
         for t in v or []:
-            if t not in TEMPLATES:
-                raise ValueError(f"unknown plan template {t!r}: accepted are {', '.join(TEMPLATES)}")
+            if t not in CANDIDATE_TEMPLATES:
+                raise ValueError(f"unknown plan template {t!r}: accepted are {', '.join(CANDIDATE_TEMPLATES)}")
         return v
 
     @field_validator("tile_orders")

@@ -41,7 +41,9 @@ from syncopate.kernels.launch import launch_chunk_copy, stage_chunk_copy
 from syncopate.kernels.tables import ENTERED_BASE, LOCAL_BASE, READY_BASE, recv_offset
 from syncopate.search_space import Candidate, ChunkPlan, Transfer
 
-__all__ = ["CommBackend", "GatherCall", "ScatterCall", "BACKEND_IMPLS", "backend_for", "nccl_exchange"]
+__all__ = [
+    "CommBackend", "GatherCall", "ScatterCall", "BACKEND_IMPLS", "announce_entry", "backend_for", "nccl_exchange",
+]
 
 @dataclass
 class GatherCall:
@@ -106,7 +108,8 @@ class CommBackend(abc.ABC):
         return functools.partial(self.start_scatter, call, streams)
 
 
-def _announce_entry(stream: torch.cuda.Stream, ctx: OverlapContext, epoch: int) -> None:
+def announce_entry(stream: torch.cuda.Stream, ctx: OverlapContext, epoch: int) -> None:
+    """Tell every rank (this one too) on `stream` that this rank has entered call `epoch`."""
     for p in range(ctx.world_size):
         ctx.write_signal(stream, p, ENTERED_BASE + ctx.rank, epoch)
 
@@ -151,7 +154,7 @@ class CopyEngineBackend(CommBackend):
     def start_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> None:
         ctx, plan, e = call.ctx, call.plan, call.epoch
         _copy_own_chunks(call, streams[2])
-        _announce_entry(streams[0], ctx, e)
+        announce_entry(streams[0], ctx, e)
         arrived = _arrival_slot(plan, ctx.rank, "gather")
         waited: set[tuple[int, int]] = set()
         for t in plan.sends(ctx.rank, "gather"):
@@ -173,7 +176,7 @@ class CopyEngineBackend(CommBackend):
     def start_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> None:
         ctx, plan, e = call.ctx, call.plan, call.epoch
         row_bytes = call.n_cols * call.elem
-        _announce_entry(streams[0], ctx, e)
+        announce_entry(streams[0], ctx, e)
         waited: set[tuple[int, int]] = set()
         for i, t in enumerate(plan.sends(ctx.rank, "reduce")):
             s = streams[t.stream].cuda_stream
@@ -224,7 +227,7 @@ class SmCopyBackend(CommBackend):
 
         def enqueue() -> None:
             _copy_own_chunks(call, streams[2])
-            _announce_entry(streams[0], ctx, call.epoch)
+            announce_entry(streams[0], ctx, call.epoch)
             launch_chunk_copy(ctx, streams[0], jobs, call.candidate.comm_sms, call.epoch, call.a_local.dtype,
                               call.spin_limit)
         return enqueue
@@ -244,7 +247,7 @@ class SmCopyBackend(CommBackend):
         stage_chunk_copy(ctx, jobs, streams[0], call.candidate.comm_sms, call.send.dtype, call.spin_limit)
 
         def enqueue() -> None:
-            _announce_entry(streams[0], ctx, call.epoch)
+            announce_entry(streams[0], ctx, call.epoch)
             launch_chunk_copy(ctx, streams[0], jobs, call.candidate.comm_sms, call.epoch, call.send.dtype,
                               call.spin_limit)
         return enqueue
@@ -337,7 +340,7 @@ class NcclBackend(CommBackend):
         ctx, plan, e = call.ctx, call.plan, call.epoch
         _copy_own_chunks(call, streams[2])
         s = streams[0]
-        _announce_entry(s, ctx, e)
+        announce_entry(s, ctx, e)
         a_full = call.a_full.local
 
         def send_view(t: Transfer) -> torch.Tensor:
@@ -355,7 +358,7 @@ class NcclBackend(CommBackend):
     def start_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> None:
         ctx, plan, e = call.ctx, call.plan, call.epoch
         s = streams[0]
-        _announce_entry(s, ctx, e)  # an all-reduce producer stores kept rows once every peer has entered
+        announce_entry(s, ctx, e)  # an all-reduce producer stores kept rows once every peer has entered
         recv = call.recv.local.view(-1)
         n = call.n_cols
         send_index = {(t.chunk, t.step): i for i, t in enumerate(plan.sends(ctx.rank, "reduce"))}

@@ -66,7 +66,7 @@ def _transfers(ctx, group, options: CalibrateOptions) -> dict[str, dict[str, Any
     import torch.distributed as dist
 
     from syncopate.kernels import streamops
-    from syncopate.kernels.backends import _announce_entry
+    from syncopate.kernels.backends import announce_entry
     from syncopate.kernels.harness import SPIN_LIMIT
     from syncopate.kernels.launch import launch_chunk_copy
     from syncopate.kernels.tables import ENTERED_BASE
@@ -96,7 +96,7 @@ def _transfers(ctx, group, options: CalibrateOptions) -> dict[str, dict[str, Any
             streams = ctx.fork(main, 1)
             s = streams[0]
             epoch = ctx.begin_call()
-            _announce_entry(s, ctx, epoch)
+            announce_entry(s, ctx, epoch)
             streamops.wait_value(s.cuda_stream, ctx.signal_address(rank, ENTERED_BASE + peer), epoch)
             for i in range(n):
                 streamops.copy_async(s.cuda_stream, remote, local, size)
@@ -111,7 +111,7 @@ def _transfers(ctx, group, options: CalibrateOptions) -> dict[str, dict[str, Any
             main = torch.cuda.current_stream()
             streams = ctx.fork(main, 1)
             epoch = ctx.begin_call()
-            _announce_entry(streams[0], ctx, epoch)
+            announce_entry(streams[0], ctx, epoch)
             jobs = [(local, remote, elems, -1, i, peer) for i in range(n)]
             launch_chunk_copy(ctx, streams[0], jobs, programs, epoch, torch.bfloat16, SPIN_LIMIT)
             ctx.join(main, streams)

@@ -14,6 +14,7 @@ dtype) in a `ContextRegistry` until `close_contexts()`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -23,11 +24,21 @@ import torch
 import torch.distributed as dist
 
 from syncopate.errors import ConfigError
+from syncopate.kernels import a_stationary
+from syncopate.kernels.a_stationary import AStationaryPlan, a_stationary_buffers
 from syncopate.kernels.backends import GatherCall, ScatterCall, backend_for
 from syncopate.kernels.context import OverlapContext
 from syncopate.kernels.launch import launch_consumer, launch_producer, own_shard_readable
 from syncopate.kernels.tables import consumer_tables, plan_for, producer_tables
-from syncopate.search_space import Candidate, Topology, Workload, block_bounds, canonical_dtype, check_candidate
+from syncopate.search_space import (
+    A_STATIONARY,
+    Candidate,
+    Topology,
+    Workload,
+    block_bounds,
+    canonical_dtype,
+    check_candidate,
+)
 
 __all__ = [
     "all_gather_matmul",
@@ -119,7 +130,14 @@ def get_context(kind: str, group, shape: tuple[int, ...], dtype: torch.dtype) ->
     return _REGISTRY.context(group, (kind,) + tuple(shape) + (str(dtype),), _buffers(kind, shape, dtype, dist.get_world_size(group)))
 
 
+_A_STATIONARY_KIND = "ag_gemm/a_stationary"
+"""The context of all-gather matmuls that move B and the products (`kernels/a_stationary.py`)."""
+
+
 def _buffers(kind: str, shape: tuple[int, ...], dtype: torch.dtype, ws: int) -> dict:
+    if kind == _A_STATIONARY_KIND:
+        m_local, n_local, k = shape
+        return a_stationary_buffers(ws, m_local, n_local, k, dtype)
     if kind == "ag_gemm":
         m, k = shape
         return {"a_full": ((m, k), dtype)}
@@ -198,6 +216,9 @@ def all_gather_matmul(
     the shard's edge reads it there (never when it already lives there: `gather_buffer`).
     `spin_limit` > 0 bounds every wait (a tuning run's guard against hangs; the context then raises
     a timeout on `check_error()`).
+    A config with template `a_stationary` moves B and the products instead of A (its GEMMs are
+    cuBLAS's, its stream waits are not bounded by `spin_limit`); with `return_gathered` the call
+    takes the direct plan, which gathers A.
     """
     key = _call_key("ag_gemm", a_shard, b, group, config)
     prep = _REGISTRY.prepared.get(key) if key is not None else None
@@ -205,11 +226,17 @@ def all_gather_matmul(
         prep = _prepare_gather(a_shard, b, group, config)
         _REGISTRY.prepared[key] = prep
     ctx, plan, cand, tables, backend, rank, m_local, k, n_local = prep
-    m = plan.total_rows
+    if cand.template == A_STATIONARY and return_gathered:  # nothing gathers A there: the direct plan does
+        return all_gather_matmul(a_shard, b, group, dataclasses.replace(cand, template="direct"),
+                                 return_gathered=True, out=out, spin_limit=spin_limit)
+    m = m_local * dist.get_world_size(group or dist.group.WORLD)
     if out is None:
         out = torch.empty((m, n_local), dtype=a_shard.dtype, device=a_shard.device)
     elif out.shape != (m, n_local) or out.dtype != a_shard.dtype or not out.is_contiguous():
         raise ConfigError(f"out must be a contiguous {a_shard.dtype} tensor of shape {(m, n_local)}, got {tuple(out.shape)}")
+    if cand.template == A_STATIONARY:
+        a_stationary.run(ctx, plan, a_shard, b, out)
+        return out
     a_full = ctx.buffers["a_full"]
     own = a_shard if _OWN_SHARD and own_shard_readable(a_full.local, b, out, a_shard) else None
     epoch = ctx.begin_call()
@@ -253,6 +280,10 @@ def _prepare_gather(a_shard, b, group, config):
     m, n_local = m_local * ws, b.shape[1]
     workload = Workload(kind="ag_gemm", shape=(m, n_local * ws, k), dtype=canonical_dtype(a_shard.dtype))
     cand = _candidate(config, workload, group)
+    if cand.template == A_STATIONARY:
+        ctx = get_context(_A_STATIONARY_KIND, group, (m_local, n_local, k), a_shard.dtype)
+        plan = AStationaryPlan.of(cand, rank, ws, m_local, n_local, k)
+        return ctx, plan, cand, None, None, rank, m_local, k, n_local
     ctx = get_context("ag_gemm", group, (m, k), a_shard.dtype)
     plan = plan_for("ag_gemm", cand.template, ws, m, cand.num_splits, cand.block_m)
     tables = _tables(ctx, ("c", n_local, cand), lambda: consumer_tables(plan, rank, n_local, cand, ctx.device))

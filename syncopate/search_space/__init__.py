@@ -4,13 +4,24 @@ Pure Python: importing this package imports neither torch nor triton.
 """
 
 from syncopate.search_space.candidate import BACKENDS, Candidate
-from syncopate.search_space.chunk_plan import COLLECTIVES, TEMPLATES, ChunkPlan, Transfer, block_bounds, build_plan
+from syncopate.search_space.chunk_plan import (
+    A_STATIONARY,
+    CANDIDATE_TEMPLATES,
+    COLLECTIVES,
+    TEMPLATES,
+    ChunkPlan,
+    Transfer,
+    block_bounds,
+    build_plan,
+    row_chunks,
+)
 from syncopate.search_space.liveness import LivenessReport, check_liveness
 from syncopate.search_space.models import MODELS, model_shape
 from syncopate.search_space.space import (
     TILE_CONFIGS,
     SpaceOptions,
     TileConfig,
+    a_stationary_candidate,
     candidate_from_params,
     check_candidate,
     default_candidate,
@@ -31,7 +42,9 @@ from syncopate.search_space.topology import GPUS, INTERCONNECTS, GpuSpec, Topolo
 from syncopate.search_space.workload import DTYPES, KINDS, Shape, Workload, canonical_dtype, dtype_bytes
 
 __all__ = [
+    "A_STATIONARY",
     "BACKENDS",
+    "CANDIDATE_TEMPLATES",
     "COLLECTIVES",
     "CONSUMER_ORDERS",
     "DTYPES",
@@ -54,6 +67,7 @@ __all__ = [
     "Topology",
     "Transfer",
     "Workload",
+    "a_stationary_candidate",
     "block_bounds",
     "build_plan",
     "candidate_from_params",
@@ -66,6 +80,7 @@ __all__ = [
     "model_shape",
     "optuna_distributions",
     "producer_schedule",
+    "row_chunks",
     "space",
     "space_size",
     "tile_orders_for",

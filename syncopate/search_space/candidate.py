@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from syncopate.errors import ConfigError
-from syncopate.search_space.chunk_plan import TEMPLATES
+from syncopate.search_space.chunk_plan import CANDIDATE_TEMPLATES
 from syncopate.search_space.tile_order import TILE_ORDERS
 
 __all__ = ["BACKENDS", "Candidate"]
@@ -38,7 +38,8 @@ class Candidate:
     backend: str = "copy_engine"
     """One of :data:`BACKENDS`."""
     template: str = "direct"
-    """Chunk-plan template, one of :data:`~syncopate.search_space.chunk_plan.TEMPLATES`."""
+    """Chunk-plan template, one of :data:`~syncopate.search_space.chunk_plan.TEMPLATES`, or
+    `a_stationary` (:data:`~syncopate.search_space.chunk_plan.A_STATIONARY`: all-gather matmuls only)."""
     num_splits: int = 1
     """Chunks per rank's block."""
     tile_order: str = "arrival"
@@ -62,8 +63,10 @@ class Candidate:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}: accepted are {', '.join(BACKENDS)}")
-        if self.template not in TEMPLATES:
-            raise ConfigError(f"unknown plan template {self.template!r}: accepted are {', '.join(TEMPLATES)}")
+        if self.template not in CANDIDATE_TEMPLATES:
+            raise ConfigError(
+                f"unknown plan template {self.template!r}: accepted are {', '.join(CANDIDATE_TEMPLATES)}"
+            )
         if self.tile_order not in TILE_ORDERS:
             raise ConfigError(f"unknown tile order {self.tile_order!r}: accepted are {', '.join(TILE_ORDERS)}")
         for f in fields(self):

@@ -32,9 +32,27 @@ from dataclasses import dataclass, field
 
 from syncopate.errors import ConfigError
 
-__all__ = ["TEMPLATES", "COLLECTIVES", "Transfer", "ChunkPlan", "build_plan", "block_bounds", "chunk_bounds"]
+__all__ = [
+    "A_STATIONARY", "CANDIDATE_TEMPLATES", "TEMPLATES", "COLLECTIVES", "Transfer", "ChunkPlan", "build_plan",
+    "block_bounds", "chunk_bounds", "row_chunks",
+]
 
 TEMPLATES: tuple[str, ...] = ("direct", "ring", "bidirectional_ring")
+"""Routes of the chunks of the communicated tensor (plans :func:`build_plan` builds)."""
+
+A_STATIONARY = "a_stationary"
+"""An all-gather matmul that leaves A's shards where they are: B's shards go to every rank and each
+rank sends back the products of its own rows with the peers' columns (`kernels/a_stationary.py`).
+It moves K·N/ws + M/ws·N/ws elements a peer instead of M/ws·K, less where N/ws is small beside
+M/ws; its row chunks are the `num_splits` pieces each product is sent in. No chunk plan."""
+
+CANDIDATE_TEMPLATES: tuple[str, ...] = TEMPLATES + (A_STATIONARY,)
+"""What a candidate's `template` may be."""
+
+
+def row_chunks(rows: int, splits: int) -> list[tuple[int, int]]:
+    """`rows` cut into `splits` near-equal chunks: an a_stationary product's pieces."""
+    return [(j * rows // splits, (j + 1) * rows // splits) for j in range(splits)]
 """Chunk-plan templates."""
 
 COLLECTIVES: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
@@ -163,6 +181,8 @@ def build_plan(
     BLOCK_M: then no tile straddles two chunks of one block, and with blocks of at least BLOCK_M rows
     no tile overlaps more than two chunks).
     """
+    if template == A_STATIONARY:
+        raise ConfigError(f"template {A_STATIONARY} moves B and the products, not chunks of A: it has no chunk plan")
     if template not in TEMPLATES:
         raise ConfigError(f"unknown plan template {template!r}: accepted are {', '.join(TEMPLATES)}")
     if collective not in COLLECTIVES:

@@ -14,12 +14,12 @@ Pure Python: Optuna is imported only by :func:`optuna_distributions`.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from syncopate.errors import ConfigError
 from syncopate.search_space.candidate import BACKENDS, Candidate
-from syncopate.search_space.chunk_plan import TEMPLATES, block_bounds, chunk_bounds
+from syncopate.search_space.chunk_plan import A_STATIONARY, CANDIDATE_TEMPLATES, block_bounds, chunk_bounds
 from syncopate.search_space.tile_order import CONSUMER_ORDERS, PRODUCER_ORDERS
 from syncopate.search_space.topology import Topology
 from syncopate.search_space.workload import Workload
@@ -34,6 +34,7 @@ __all__ = [
     "optuna_distributions",
     "candidate_from_params",
     "default_candidate",
+    "a_stationary_candidate",
     "tile_orders_for",
     "NCCL_MIN_SMS",
 ]
@@ -93,8 +94,9 @@ class SpaceOptions:
 
     backends: tuple[str, ...] = BACKENDS
     """Backends to search."""
-    templates: tuple[str, ...] = TEMPLATES
-    """Plan templates to search (`ring` is the same plan as `direct` on two GPUs and is skipped there)."""
+    templates: tuple[str, ...] = CANDIDATE_TEMPLATES
+    """Plan templates to search (`ring` is the same plan as `direct` on two GPUs and is skipped there;
+    `a_stationary` only for ag_gemm over the copy engine)."""
     num_splits: tuple[int, ...] = (1, 2, 4, 8)
     """Chunks per block."""
     tile_orders: tuple[str, ...] = ("arrival", "arrival_colmajor", "swizzle", "row_major")
@@ -113,8 +115,10 @@ class SpaceOptions:
             if b not in BACKENDS:
                 raise ConfigError(f"unknown backend {b!r} in space.backends: accepted are {', '.join(BACKENDS)}")
         for t in self.templates:
-            if t not in TEMPLATES:
-                raise ConfigError(f"unknown plan template {t!r} in space.templates: accepted are {', '.join(TEMPLATES)}")
+            if t not in CANDIDATE_TEMPLATES:
+                raise ConfigError(
+                    f"unknown plan template {t!r} in space.templates: accepted are {', '.join(CANDIDATE_TEMPLATES)}"
+                )
         known_orders = set(CONSUMER_ORDERS) | set(PRODUCER_ORDERS)
         for o in self.tile_orders:
             if o not in known_orders:
@@ -171,12 +175,42 @@ def _deadlocking_order(kind: str, order: str, world_size: int, backend: str) -> 
     )
 
 
+def a_stationary_candidate(num_splits: int) -> Candidate:
+    """The all-gather matmul that moves B and the products instead of A (:data:`A_STATIONARY`),
+    each product sent in `num_splits` row chunks. Its GEMMs are cuBLAS's: the tile fields keep
+    :class:`Candidate`'s defaults."""
+    return Candidate(backend="copy_engine", template=A_STATIONARY, num_splits=num_splits, tile_order="arrival")
+
+
+A_STATIONARY_MIN_ROWS = 128
+"""Fewest rows of a product chunk the space offers (a shorter chunk's GEMM leaves most SMs idle)."""
+
+
+def _check_a_stationary(c: Candidate, workload: Workload, rows: int) -> None:
+    if workload.kind != "ag_gemm":
+        raise ConfigError(f"template {A_STATIONARY} is an all-gather matmul's (ag_gemm), not {workload.kind}'s")
+    if c.backend != "copy_engine":
+        raise ConfigError(f"template {A_STATIONARY} moves B and the products with the copy engine, not {c.backend}")
+    ref = a_stationary_candidate(c.num_splits)
+    off = [f"{f.name}={getattr(c, f.name)!r}" for f in fields(Candidate) if getattr(c, f.name) != getattr(ref, f.name)]
+    if off:
+        raise ConfigError(
+            f"template {A_STATIONARY} runs cuBLAS GEMMs: its tile_order, comm_sms and tile fields keep their "
+            f"defaults; got {', '.join(off)}"
+        )
+
+
 def check_candidate(candidate: Candidate, workload: Workload, topology: Topology) -> None:
     """Raise ConfigError naming the first rule `candidate` breaks for this workload and topology."""
     ws = topology.world_size
     workload.check_world_size(ws)
     c = candidate
     rows = _rows_per_block(workload, ws)
+    if c.template == A_STATIONARY:
+        _check_a_stationary(c, workload, rows)
+        if c.num_splits > rows:
+            raise ConfigError(f"num_splits={c.num_splits} exceeds the {rows} rows each rank's block has")
+        return
     if c.num_splits > rows:
         raise ConfigError(f"num_splits={c.num_splits} exceeds the {rows} rows each rank's block has")
     try:
@@ -236,13 +270,17 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
         tc for tc in options.tile_configs
         if _smem_bytes(tc, workload.element_bytes) <= limit and tc.block_m * tc.block_n // (tc.num_warps * 32) <= 128
     ]
+    if A_STATIONARY in options.templates and workload.kind == "ag_gemm" and "copy_engine" in options.backends:
+        for splits in options.num_splits:
+            if rows // splits >= A_STATIONARY_MIN_ROWS:
+                yield a_stationary_candidate(splits)
     for backend in options.backends:
         sms = options.comm_sms.get(backend, (0,) if backend == "copy_engine" else (8,))
         sms = [s for s in sms if (s == 0) == (backend == "copy_engine") and s <= topology.sm_count // 2]
         for template, splits, order, tc, comm_sms in itertools.product(
             _templates_for(options, ws), options.num_splits, orders, tile_configs, sms
         ):
-            if template == "bidirectional_ring" and splits < 2:
+            if template == A_STATIONARY or (template == "bidirectional_ring" and splits < 2):
                 continue
             if order == "kept_interleaved" and template != "direct":
                 continue

@@ -1,0 +1,227 @@
+"""The all-gather matmul that moves B and the products instead of A (template `a_stationary`).
+
+Its calls are enqueued by `syncopate/kernels/a_stationary.py` on the caller's stream and three
+side streams; here every rank's enqueued work runs in one process on the CPU, the streams played in
+random orders by a small executor (stream waits on pad words and events, copies between the ranks'
+buffers by address, the GEMMs as the closures they are), several calls back to back with fresh
+inputs, and each call's output compared with all_gather(A) @ B_r.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from syncopate.errors import ConfigError
+from syncopate.kernels import a_stationary
+from syncopate.kernels.tables import PAD_WORDS
+from syncopate.search_space import (
+    A_STATIONARY,
+    Candidate,
+    SpaceOptions,
+    Topology,
+    Workload,
+    a_stationary_candidate,
+    build_plan,
+    check_candidate,
+    check_liveness,
+    space,
+)
+
+TWO = Topology.from_key("H200x2-nvlink")
+
+
+class _Stream:
+    def __init__(self, name: str) -> None:
+        self.name, self.ops, self.pos = name, [], 0
+        self.cuda_stream = self
+
+    def wait_event(self, event) -> None:
+        self.ops.append(("event", event))
+
+
+class _Event:
+    def __init__(self) -> None:
+        self.done = False
+
+    def record(self, stream=None) -> None:
+        (stream or _World.current).ops.append(("record", self))
+
+
+class _World:
+    """Every rank's streams, pads and symmetric buffers, and the executor that plays them."""
+
+    current: _Stream | None = None
+
+    def __init__(self, ws: int, m_local: int, n_local: int, k: int, splits: int) -> None:
+        self.ws = ws
+        self.pads = [[0] * PAD_WORDS for _ in range(ws)]
+        bufs = [{name: torch.full(shape, float("nan")) for name, (shape, _) in
+                 a_stationary.a_stationary_buffers(ws, m_local, n_local, k, torch.float32).items()}
+                for _ in range(ws)]
+        self.ctxs, self.mains, self.plans = [], [], []
+        for r in range(ws):
+            buffers = {name: SimpleNamespace(local=bufs[r][name], peer_ptrs=[bufs[q][name].data_ptr() for q in range(ws)])
+                       for name in bufs[r]}
+            streams = [_Stream(f"rank {r} side {i}") for i in range(3)]
+            self.ctxs.append(SimpleNamespace(
+                rank=r, world_size=ws, buffers=buffers, epoch=0, streams=streams,
+                begin_call=self._begin(r), fork=self._fork(streams), join=self._join,
+                signal_address=lambda q, word: (q, word),
+                write_signal=lambda stream, q, word, value: stream.ops.append(("write", (q, word), value)),
+            ))
+            self.mains.append(_Stream(f"rank {r} caller"))
+            self.plans.append(a_stationary.AStationaryPlan.of(
+                a_stationary_candidate(splits), r, ws, m_local, n_local, k))
+
+    def _begin(self, r):
+        def begin() -> int:
+            self.ctxs[r].epoch += 1
+            return self.ctxs[r].epoch
+        return begin
+
+    @staticmethod
+    def _fork(streams):
+        def fork(main, count):
+            event = _Event()
+            event.record(main)
+            for s in streams[:count]:
+                s.wait_event(event)
+            return streams[:count]
+        return fork
+
+    @staticmethod
+    def _join(main, streams) -> None:
+        for s in streams:
+            event = _Event()
+            event.record(s)
+            main.wait_event(event)
+
+    def enqueue(self, r: int, a, b, out) -> None:
+        _World.current = self.mains[r]
+        a_stationary.run(self.ctxs[r], self.plans[r], a, b, out)
+
+    def _ready(self, op) -> bool:
+        if op[0] == "wait":
+            (q, word), value = op[1], op[2]
+            return self.pads[q][word] >= value
+        return op[0] != "event" or op[1].done
+
+    def play(self, seed: int) -> None:
+        rng = random.Random(seed)
+        streams = self.mains + [s for ctx in self.ctxs for s in ctx.streams]
+        while True:
+            live = [s for s in streams if s.pos < len(s.ops)]
+            if not live:
+                return
+            runnable = [s for s in live if self._ready(s.ops[s.pos])]
+            if not runnable:
+                stuck = [f"{s.name}: {s.ops[s.pos][0]} {s.ops[s.pos][1:]}" for s in live]
+                raise AssertionError("the call deadlocked:\n" + "\n".join(stuck))
+            s = rng.choice(runnable)
+            op = s.ops[s.pos]
+            s.pos += 1
+            if op[0] == "record":
+                op[1].done = True
+            elif op[0] == "write":
+                (q, word), value = op[1], op[2]
+                self.pads[q][word] = value
+            elif op[0] == "copy":
+                ctypes.memmove(op[1], op[2], op[3])
+            elif op[0] == "run":
+                op[1]()
+
+
+@pytest.fixture
+def world(monkeypatch):
+    def matmul(a, b, out):
+        _World.current.ops.append(("run", lambda: out.copy_(a @ b)))
+
+    fake = SimpleNamespace(matmul=matmul, cuda=SimpleNamespace(Event=_Event, current_stream=lambda: _World.current))
+    monkeypatch.setattr(a_stationary, "torch", fake)
+    monkeypatch.setattr(a_stationary, "streamops", SimpleNamespace(
+        wait_value=lambda stream, address, value: stream.ops.append(("wait", address, value)),
+        copy_async=lambda stream, dst, src, nbytes: stream.ops.append(("copy", dst, src, nbytes))))
+    return _World
+
+
+@pytest.mark.parametrize("ws, splits, m_local", [(2, 1, 64), (2, 2, 64), (3, 4, 37), (4, 2, 48)])
+def test_every_call_computes_all_gather_a_times_its_b(world, ws, splits, m_local):
+    """Three calls back to back, fresh inputs each, every stream played in random orders: each
+    call's output is right, so no call overwrote what an earlier one still read."""
+    n_local, k = 24, 40
+    for seed in range(4):
+        w = world(ws, m_local, n_local, k, splits)
+        calls = []
+        for call in range(3):
+            gen = torch.Generator().manual_seed(1000 * seed + call)
+            a = [torch.randn(m_local, k, generator=gen) for _ in range(ws)]
+            b = [torch.randn(k, n_local, generator=gen) for _ in range(ws)]
+            outs = [torch.full((m_local * ws, n_local), float("nan")) for _ in range(ws)]
+            for r in range(ws):
+                w.enqueue(r, a[r], b[r], outs[r])
+            calls.append((a, b, outs))
+        w.play(seed)
+        for call, (a, b, outs) in enumerate(calls):
+            full = torch.cat(a)
+            for r in range(ws):
+                assert torch.allclose(outs[r], full @ b[r], atol=1e-4), f"seed {seed}, call {call}, rank {r}"
+
+
+def test_a_k_major_b_is_pushed_in_row_major_order(world):
+    w = world(2, 32, 16, 24, 2)
+    a = [torch.randn(32, 24) for _ in range(2)]
+    b = [torch.randn(16, 24).t() for _ in range(2)]  # transposed weights
+    outs = [torch.empty(64, 16) for _ in range(2)]
+    for r in range(2):
+        w.enqueue(r, a[r], b[r], outs[r])
+    w.play(0)
+    for r in range(2):
+        assert torch.allclose(outs[r], torch.cat(a) @ b[r], atol=1e-4)
+
+
+def test_the_space_offers_it_for_all_gather_matmuls_over_the_copy_engine_only():
+    w = Workload(kind="ag_gemm", shape=(8192, 2048, 8192))
+    found = [c for c in space(w, TWO) if c.template == A_STATIONARY]
+    assert found == [a_stationary_candidate(s) for s in (1, 2, 4, 8)]
+    assert not [c for c in space(w, TWO, SpaceOptions(backends=("nvshmem", "nccl"))) if c.template == A_STATIONARY]
+    assert not [c for c in space(w, TWO, SpaceOptions(templates=("direct",))) if c.template == A_STATIONARY]
+    for kind in ("gemm_rs", "gemm_ar"):
+        assert A_STATIONARY not in {c.template for c in space(Workload(kind=kind, shape=(8192, 8192, 2048)), TWO)}
+
+
+def test_candidates_it_refuses_say_why():
+    w = Workload(kind="ag_gemm", shape=(8192, 2048, 8192))
+    check_candidate(a_stationary_candidate(2), w, TWO)
+    with pytest.raises(ConfigError, match="ag_gemm"):
+        check_candidate(a_stationary_candidate(2), Workload(kind="gemm_rs", shape=(8192, 8192, 2048)), TWO)
+    with pytest.raises(ConfigError, match="copy engine"):
+        check_candidate(Candidate(backend="nccl", template=A_STATIONARY, comm_sms=64), w, TWO)
+    with pytest.raises(ConfigError, match="block_n=256"):
+        check_candidate(Candidate(template=A_STATIONARY, block_n=256), w, TWO)
+    with pytest.raises(ConfigError, match="no chunk plan"):
+        build_plan(A_STATIONARY, "all_gather", 2, 8192, 1)
+    assert check_liveness("ag_gemm", a_stationary_candidate(4), 4, 8192, 512, 132).live
+    with pytest.raises(ConfigError, match="ag_gemm"):
+        check_liveness("gemm_ar", a_stationary_candidate(4), 4, 8192, 512, 132)
+
+
+def test_the_cost_model_prefers_it_where_n_per_rank_is_small():
+    """ag_gemm N=2048 on two H200s moves 24 MiB a peer this way against 64 MiB of A; at N=11008
+    the products and B (86 MiB) outweigh A's 32 MiB."""
+    from syncopate.autotuner.calibration_defaults import default_calibration
+    from syncopate.autotuner.cost_model import CostModel
+
+    model = CostModel(default_calibration(TWO))
+    for (n, k), wins in (((2048, 8192), True), ((11008, 4096), False)):
+        w = Workload(kind="ag_gemm", shape=(8192, n, k))
+        ranked = model.rank(w, TWO, space(w, TWO))
+        assert all(p.feasible and math.isfinite(p.time_us) for p in ranked)
+        assert (ranked[0].candidate.template == A_STATIONARY) is wins, (n, ranked[0])
+        best = [p for p in ranked if p.candidate.template == A_STATIONARY][0]
+        assert best.time_us >= model.baselines(w, TWO)["gemm_alone"]
