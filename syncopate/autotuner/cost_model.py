@@ -238,7 +238,8 @@ class CostModel:
     # -- simulation -----------------------------------------------------------------------------
 
     def _a_stationary(self, w: Workload, topo: Topology, c: Candidate) -> Prediction:
-        call_us = CommContext(self.calibration, topo, c, w.comm_row_bytes()).call_us()  # Infeasible across nodes
+        # Infeasible across nodes, as for every copy-engine candidate
+        call_us = CommContext(self.calibration, topo, c, w.comm_row_bytes()).call_us()
         end, kernel_end, comm_end = _a_stationary_us(self, w, topo, c)
         return Prediction(candidate=c, time_us=call_us + end, kernel_us=kernel_end, comm_us=comm_end,
                           programs=topo.sm_count, waves=1)
@@ -267,7 +268,8 @@ class CostModel:
         )
 
 
-def _a_stationary_us(model: CostModel, w: Workload, topo: Topology, c: Candidate) -> tuple[float, float, float]:
+def _a_stationary_us(model: CostModel, w: Workload, topo: Topology,
+                     c: Candidate) -> tuple[float, float, float]:
     """(call end, GEMMs' end, last transfer's end) of an a_stationary call, µs after its start, on
     the rank that finishes last (all alike): B pushed to each peer in turn over one egress while the
     first half of the own rows' GEMM runs; each peer's product computed in `num_splits` row chunks

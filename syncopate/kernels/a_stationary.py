@@ -78,7 +78,8 @@ class AStationaryPlan:
         return cls(rank=rank, world_size=ws, m_local=m_local, n_local=n_local, k=k, splits=c.num_splits)
 
 
-def run(ctx: OverlapContext, plan: AStationaryPlan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+def run(ctx: OverlapContext, plan: AStationaryPlan, a: torch.Tensor, b: torch.Tensor,
+        out: torch.Tensor) -> None:
     """Enqueue one call: out[M, N/ws] = all_gather(a) @ b (a: this rank's [M/ws, K] rows, contiguous)."""
     r, ws, e = plan.rank, plan.world_size, ctx.begin_call()
     main = torch.cuda.current_stream()

@@ -116,9 +116,8 @@ class SpaceOptions:
                 raise ConfigError(f"unknown backend {b!r} in space.backends: accepted are {', '.join(BACKENDS)}")
         for t in self.templates:
             if t not in CANDIDATE_TEMPLATES:
-                raise ConfigError(
-                    f"unknown plan template {t!r} in space.templates: accepted are {', '.join(CANDIDATE_TEMPLATES)}"
-                )
+                raise ConfigError(f"unknown plan template {t!r} in space.templates: accepted are "
+                                  f"{', '.join(CANDIDATE_TEMPLATES)}")
         known_orders = set(CONSUMER_ORDERS) | set(PRODUCER_ORDERS)
         for o in self.tile_orders:
             if o not in known_orders:
@@ -179,7 +178,8 @@ def a_stationary_candidate(num_splits: int) -> Candidate:
     """The all-gather matmul that moves B and the products instead of A (:data:`A_STATIONARY`),
     each product sent in `num_splits` row chunks. Its GEMMs are cuBLAS's: the tile fields keep
     :class:`Candidate`'s defaults."""
-    return Candidate(backend="copy_engine", template=A_STATIONARY, num_splits=num_splits, tile_order="arrival")
+    return Candidate(backend="copy_engine", template=A_STATIONARY, num_splits=num_splits,
+                     tile_order="arrival")
 
 
 A_STATIONARY_MIN_ROWS = 128
@@ -188,11 +188,14 @@ A_STATIONARY_MIN_ROWS = 128
 
 def _check_a_stationary(c: Candidate, workload: Workload, rows: int) -> None:
     if workload.kind != "ag_gemm":
-        raise ConfigError(f"template {A_STATIONARY} is an all-gather matmul's (ag_gemm), not {workload.kind}'s")
+        raise ConfigError(
+            f"template {A_STATIONARY} is an all-gather matmul's (ag_gemm), not {workload.kind}'s")
     if c.backend != "copy_engine":
-        raise ConfigError(f"template {A_STATIONARY} moves B and the products with the copy engine, not {c.backend}")
+        raise ConfigError(
+            f"template {A_STATIONARY} moves B and the products with the copy engine, not {c.backend}")
     ref = a_stationary_candidate(c.num_splits)
-    off = [f"{f.name}={getattr(c, f.name)!r}" for f in fields(Candidate) if getattr(c, f.name) != getattr(ref, f.name)]
+    off = [f"{f.name}={getattr(c, f.name)!r}" for f in fields(Candidate)
+           if getattr(c, f.name) != getattr(ref, f.name)]
     if off:
         raise ConfigError(
             f"template {A_STATIONARY} runs cuBLAS GEMMs: its tile_order, comm_sms and tile fields keep their "
