@@ -15,7 +15,15 @@ from syncopate.autotuner.calibration_defaults import default_calibration
 from syncopate.autotuner.cost_model import CostModel
 from syncopate.autotuner.simulate import CommContext, TransferTable, own_chunks_ready, padded, run_programs
 from syncopate.errors import ConfigError
-from syncopate.search_space import Candidate, Topology, Workload, build_plan, default_candidate, space
+from syncopate.search_space import (
+    STATIONARY_KINDS,
+    Candidate,
+    Topology,
+    Workload,
+    build_plan,
+    default_candidate,
+    space,
+)
 
 TOPO = Topology.from_key("H200x2-nvlink")
 CAL = default_calibration(TOPO)
@@ -225,7 +233,7 @@ def test_predictions_for_four_and_eight_gpus_are_sane_and_deterministic(key, kin
     w = Workload(kind=kind, shape=HEAVY[kind])
     cands = _sample(w, topo)
     routed = {"direct", "ring", "bidirectional_ring"}
-    assert {c.template for c in cands} == routed | ({"a_stationary"} if kind == "ag_gemm" else set())
+    assert {c.template for c in cands} == routed | {t for t, k in STATIONARY_KINDS.items() if k == kind}
     ranked = CostModel(default_calibration(topo)).rank(w, topo, cands)
     assert all(p.feasible and 0 < p.time_us < math.inf and p.comm_us > 0 for p in ranked)
     assert all(p.kernel_us <= p.time_us and 1 <= p.programs <= topo.sm_count and p.waves >= 1 for p in ranked)
@@ -239,7 +247,7 @@ def test_predictions_for_four_and_eight_gpus_are_sane_and_deterministic(key, kin
         # gemm_ar's baselines hold no copy-engine all-reduce (the harness measures none either), so
         # there the NCCL-only bound is no lower bound for copy-engine candidates.
         assert "comm_alone_copy_engine" in base
-        # a_stationary moves B and the products instead of A: the all-gather of A bounds the others only
+        # the stationary templates move operands: the collective of the output bounds the others only
         assert _bound(base) <= min(p.time_us for p in ranked if p.candidate.template in routed)
 
 

@@ -31,7 +31,14 @@ def comm_sms(kind: str, backend: str, sms: int) -> int:
 def matrix(quick: bool = False):
     """(kind, dtype, (M, N, K), candidate dict, calls) for every case."""
     from syncopate.errors import ConfigError
-    from syncopate.search_space import Candidate, Topology, Workload, a_stationary_candidate, check_candidate
+    from syncopate.search_space import (
+        Candidate,
+        Topology,
+        Workload,
+        a_stationary_candidate,
+        c_stationary_candidate,
+        check_candidate,
+    )
 
     topology = Topology.from_key("H200x2-nvlink")
     cases = []
@@ -61,6 +68,10 @@ def matrix(quick: bool = False):
             for dtype in dtypes:
                 cases.append(("ag_gemm", dtype, shapes["ag_gemm"], a_stationary_candidate(s).to_dict(), 1))
         cases.append(("ag_gemm", "bf16", shapes["ag_gemm"], a_stationary_candidate(2).to_dict(), 10 if quick else 100))
+    if "gemm_rs" in shapes:  # A's rows and B moved instead of partial products
+        for dtype in dtypes:
+            cases.append(("gemm_rs", dtype, shapes["gemm_rs"], c_stationary_candidate().to_dict(), 1))
+        cases.append(("gemm_rs", "bf16", shapes["gemm_rs"], c_stationary_candidate().to_dict(), 10 if quick else 100))
     for kind, backend in itertools.product(shapes, ["copy_engine", "nvshmem", "nccl"]):
         c = Candidate(backend=backend, num_splits=4, comm_sms=comm_sms(kind, backend, 16),
                       block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)

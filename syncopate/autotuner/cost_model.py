@@ -48,6 +48,7 @@ from syncopate.autotuner.simulate import (
 from syncopate.errors import ConfigError
 from syncopate.search_space import (
     A_STATIONARY,
+    STATIONARY_KINDS,
     Candidate,
     ChunkPlan,
     TileConfig,
@@ -237,16 +238,17 @@ class CostModel:
 
     # -- simulation -----------------------------------------------------------------------------
 
-    def _a_stationary(self, w: Workload, topo: Topology, c: Candidate) -> Prediction:
+    def _stationary(self, w: Workload, topo: Topology, c: Candidate) -> Prediction:
         # Infeasible across nodes, as for every copy-engine candidate
         call_us = CommContext(self.calibration, topo, c, w.comm_row_bytes()).call_us()
-        end, kernel_end, comm_end = _a_stationary_us(self, w, topo, c)
+        timeline = _a_stationary_us if c.template == A_STATIONARY else _c_stationary_us
+        end, kernel_end, comm_end = timeline(self, w, topo, c)
         return Prediction(candidate=c, time_us=call_us + end, kernel_us=kernel_end, comm_us=comm_end,
                           programs=topo.sm_count, waves=1)
 
     def _simulate(self, w: Workload, topo: Topology, c: Candidate) -> Prediction:
-        if c.template == A_STATIONARY:
-            return self._a_stationary(w, topo, c)
+        if c.template in STATIONARY_KINDS:
+            return self._stationary(w, topo, c)
         ws = topo.world_size
         _, n_local, k_local = w.local_gemm(ws)
         reserved = c.comm_sms if c.backend != "copy_engine" else 0
@@ -266,6 +268,25 @@ class CostModel:
             comm_us=comm_end, stall_us=float(stall[slowest]) / programs, programs=programs,
             waves=-(-group.positions // programs),
         )
+
+
+def _c_stationary_us(model: CostModel, w: Workload, topo: Topology,
+                     c: Candidate) -> tuple[float, float, float]:
+    """(call end, GEMMs' end, last transfer's end) of a c_stationary call: each peer's rows of A and
+    B pushed to it in turn over one egress while the own term's GEMM runs; each peer's term added
+    once its inputs are here, in the order they arrive."""
+    ws = topo.world_size
+    rows = -(-w.shape.m // ws)
+    _, n, k_local = w.local_gemm(ws)
+    elem = w.element_bytes
+    link = model.calibration.transfer("copy_engine", "intra")
+    extra = model.calibration.costs.chunk_us.get("copy_engine", 0.0)
+    term = min(model._plain_gemm_us(rows, n, k_local, tc, topo, w.dtype) for tc in model._tile_configs())
+    clock, sent = term, 0.0
+    for _ in range(ws - 1):
+        sent += link.time_us(rows * k_local * elem) + link.time_us(k_local * n * elem) + extra
+        clock = max(clock, sent) + term
+    return clock, clock, sent
 
 
 def _a_stationary_us(model: CostModel, w: Workload, topo: Topology,

@@ -20,8 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from syncopate.search_space import Candidate, Topology, Workload, a_stationary_candidate, check_candidate
-from syncopate.search_space.space import A_STATIONARY_MIN_ROWS, NCCL_MIN_SMS
+from syncopate.search_space import (
+    Candidate,
+    Topology,
+    Workload,
+    a_stationary_candidate,
+    c_stationary_candidate,
+    check_candidate,
+)
+from syncopate.search_space.space import STATIONARY_MIN_ROWS, NCCL_MIN_SMS
 
 __all__ = ["BenchOptions", "bench_grid", "run_bench", "format_table"]
 
@@ -65,7 +72,9 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
                 continue
             out.append(c)
     if workload.kind == "ag_gemm" and "copy_engine" in backends:  # B and the products moved instead of A
-        out += [a_stationary_candidate(s) for s in (1, 2) if workload.shape.m // ws // s >= A_STATIONARY_MIN_ROWS]
+        out += [a_stationary_candidate(s) for s in (1, 2) if workload.shape.m // ws // s >= STATIONARY_MIN_ROWS]
+    if workload.kind == "gemm_rs" and "copy_engine" in backends:  # A's rows and B moved instead of partials
+        out.append(c_stationary_candidate())
     return out
 
 

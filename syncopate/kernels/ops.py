@@ -24,14 +24,16 @@ import torch
 import torch.distributed as dist
 
 from syncopate.errors import ConfigError
-from syncopate.kernels import a_stationary
+from syncopate.kernels import a_stationary, c_stationary
 from syncopate.kernels.a_stationary import AStationaryPlan, a_stationary_buffers
+from syncopate.kernels.c_stationary import CStationaryPlan, c_stationary_buffers
 from syncopate.kernels.backends import GatherCall, ScatterCall, backend_for
 from syncopate.kernels.context import OverlapContext
 from syncopate.kernels.launch import launch_consumer, launch_producer, own_shard_readable
 from syncopate.kernels.tables import consumer_tables, plan_for, producer_tables
 from syncopate.search_space import (
     A_STATIONARY,
+    C_STATIONARY,
     Candidate,
     Topology,
     Workload,
@@ -132,12 +134,17 @@ def get_context(kind: str, group, shape: tuple[int, ...], dtype: torch.dtype) ->
 
 _A_STATIONARY_KIND = "ag_gemm/a_stationary"
 """The context of all-gather matmuls that move B and the products (`kernels/a_stationary.py`)."""
+_C_STATIONARY_KIND = "gemm_rs/c_stationary"
+"""The context of matmul reduce-scatters that move A's rows and B (`kernels/c_stationary.py`)."""
 
 
 def _buffers(kind: str, shape: tuple[int, ...], dtype: torch.dtype, ws: int) -> dict:
     if kind == _A_STATIONARY_KIND:
         m_local, n_local, k = shape
         return a_stationary_buffers(ws, m_local, n_local, k, dtype)
+    if kind == _C_STATIONARY_KIND:
+        m, n, k_local = shape
+        return c_stationary_buffers(ws, m, n, k_local, dtype)
     if kind == "ag_gemm":
         m, k = shape
         return {"a_full": ((m, k), dtype)}
@@ -321,6 +328,9 @@ def _prepare_scatter(kind: str, a, b, group, config):
     workload.check_world_size(ws)
     cand = _candidate(config, workload, group)
     all_reduce = kind == "gemm_ar"
+    if cand.template == C_STATIONARY:
+        ctx = get_context(_C_STATIONARY_KIND, group, (m, n, k_local), a.dtype)
+        return ctx, CStationaryPlan.of(rank, ws, m, n, k_local), cand, None, None, rank, ws, None, m // ws
     ctx = get_context(kind, group, (m, n), a.dtype)
     plan = plan_for(kind, cand.template, ws, m, cand.num_splits, cand.block_m)
     tables = _tables(ctx, ("p", n, cand), lambda: producer_tables(plan, rank, n, cand, all_reduce, ctx.device))
@@ -336,12 +346,15 @@ def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
         prep = _prepare_scatter(kind, a, b, group, config)
         _REGISTRY.prepared[key] = prep
     ctx, plan, cand, tables, backend, rank, ws, send, out_rows = prep
-    m, n = plan.total_rows, b.shape[1]
+    m, n = a.shape[0], b.shape[1]
     all_reduce = kind == "gemm_ar"
     if out is None:
         out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
     elif out.shape != (out_rows, n) or out.dtype != a.dtype or not out.is_contiguous():
         raise ConfigError(f"out must be a contiguous {a.dtype} tensor of shape {(out_rows, n)}, got {tuple(out.shape)}")
+    if cand.template == C_STATIONARY:
+        c_stationary.run(ctx, plan, a, b, out)
+        return out
     epoch = ctx.begin_call()
     main = torch.cuda.current_stream()
     reduced = ctx.buffers.get("reduced")
@@ -367,6 +380,8 @@ def matmul_reduce_scatter(a, b, group=None, config: Candidate | dict | None = No
     """out = reduce_scatter(a @ b, dim 0): partial tiles leave for their owner as soon as they are done.
 
     a: A[M, K/ws], b: B[K/ws, N]; returns this rank's rows [M/ws, N] of the sum over ranks.
+    A config with template `c_stationary` moves A's rows and B instead of partial products, and
+    each rank computes its own rows (cuBLAS; its stream waits are not bounded by `spin_limit`).
     """
     return _gemm_scatter("gemm_rs", a, b, group, config, out, spin_limit)
 

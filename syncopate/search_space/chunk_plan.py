@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from syncopate.errors import ConfigError
 
 __all__ = [
-    "A_STATIONARY", "CANDIDATE_TEMPLATES", "TEMPLATES", "COLLECTIVES", "Transfer", "ChunkPlan", "build_plan",
+    "A_STATIONARY", "C_STATIONARY", "STATIONARY_KINDS", "CANDIDATE_TEMPLATES", "TEMPLATES", "COLLECTIVES", "Transfer", "ChunkPlan", "build_plan",
     "block_bounds", "chunk_bounds", "row_chunks",
 ]
 
@@ -46,7 +46,17 @@ rank sends back the products of its own rows with the peers' columns (`kernels/a
 It moves K·N/ws + M/ws·N/ws elements a peer instead of M/ws·K, less where N/ws is small beside
 M/ws; its row chunks are the `num_splits` pieces each product is sent in. No chunk plan."""
 
-CANDIDATE_TEMPLATES: tuple[str, ...] = TEMPLATES + (A_STATIONARY,)
+C_STATIONARY = "c_stationary"
+"""A matmul reduce-scatter that computes each rank's output block on that rank: every rank sends
+its columns of A for the block's rows and its rows of B, not its partial product of the block
+(`kernels/c_stationary.py`). It moves M/ws·K/ws + K/ws·N elements a peer instead of M/ws·N, less
+where K/ws is small beside N and M/ws. No chunk plan."""
+
+STATIONARY_KINDS: dict[str, str] = {A_STATIONARY: "ag_gemm", C_STATIONARY: "gemm_rs"}
+"""The templates that move operands instead of chunks of the communicated tensor, and the kind of
+op each is for."""
+
+CANDIDATE_TEMPLATES: tuple[str, ...] = TEMPLATES + tuple(STATIONARY_KINDS)
 """What a candidate's `template` may be."""
 
 
@@ -181,8 +191,8 @@ def build_plan(
     BLOCK_M: then no tile straddles two chunks of one block, and with blocks of at least BLOCK_M rows
     no tile overlaps more than two chunks).
     """
-    if template == A_STATIONARY:
-        raise ConfigError(f"template {A_STATIONARY} moves B and the products, not chunks of A: it has no chunk plan")
+    if template in STATIONARY_KINDS:
+        raise ConfigError(f"template {template} moves operands, not chunks of one tensor: it has no chunk plan")
     if template not in TEMPLATES:
         raise ConfigError(f"unknown plan template {template!r}: accepted are {', '.join(TEMPLATES)}")
     if collective not in COLLECTIVES:

@@ -19,7 +19,14 @@ from typing import Any
 
 from syncopate.errors import ConfigError
 from syncopate.search_space.candidate import BACKENDS, Candidate
-from syncopate.search_space.chunk_plan import A_STATIONARY, CANDIDATE_TEMPLATES, block_bounds, chunk_bounds
+from syncopate.search_space.chunk_plan import (
+    A_STATIONARY,
+    C_STATIONARY,
+    CANDIDATE_TEMPLATES,
+    STATIONARY_KINDS,
+    block_bounds,
+    chunk_bounds,
+)
 from syncopate.search_space.tile_order import CONSUMER_ORDERS, PRODUCER_ORDERS
 from syncopate.search_space.topology import Topology
 from syncopate.search_space.workload import Workload
@@ -35,6 +42,7 @@ __all__ = [
     "candidate_from_params",
     "default_candidate",
     "a_stationary_candidate",
+    "c_stationary_candidate",
     "tile_orders_for",
     "NCCL_MIN_SMS",
 ]
@@ -182,24 +190,30 @@ def a_stationary_candidate(num_splits: int) -> Candidate:
                      tile_order="arrival")
 
 
-A_STATIONARY_MIN_ROWS = 128
-"""Fewest rows of a product chunk the space offers (a shorter chunk's GEMM leaves most SMs idle)."""
+def c_stationary_candidate() -> Candidate:
+    """The matmul reduce-scatter that moves A's rows and B instead of partial products
+    (:data:`C_STATIONARY`). Its GEMMs are cuBLAS's: the other fields keep :class:`Candidate`'s
+    defaults."""
+    return Candidate(backend="copy_engine", template=C_STATIONARY, num_splits=1, tile_order="arrival")
 
 
-def _check_a_stationary(c: Candidate, workload: Workload, rows: int) -> None:
-    if workload.kind != "ag_gemm":
-        raise ConfigError(
-            f"template {A_STATIONARY} is an all-gather matmul's (ag_gemm), not {workload.kind}'s")
+STATIONARY_MIN_ROWS = 128
+"""Fewest rows of an a_stationary product chunk, or of a c_stationary rank's block, the space
+offers (a GEMM of fewer rows leaves most SMs idle)."""
+
+
+def _check_stationary(c: Candidate, workload: Workload) -> None:
+    kind = STATIONARY_KINDS[c.template]
+    if workload.kind != kind:
+        raise ConfigError(f"template {c.template} is for {kind}, not {workload.kind}")
     if c.backend != "copy_engine":
-        raise ConfigError(
-            f"template {A_STATIONARY} moves B and the products with the copy engine, not {c.backend}")
-    ref = a_stationary_candidate(c.num_splits)
+        raise ConfigError(f"template {c.template} moves operands with the copy engine, not {c.backend}")
+    ref = a_stationary_candidate(c.num_splits) if c.template == A_STATIONARY else c_stationary_candidate()
     off = [f"{f.name}={getattr(c, f.name)!r}" for f in fields(Candidate)
            if getattr(c, f.name) != getattr(ref, f.name)]
     if off:
         raise ConfigError(
-            f"template {A_STATIONARY} runs cuBLAS GEMMs: its tile_order, comm_sms and tile fields keep their "
-            f"defaults; got {', '.join(off)}"
+            f"template {c.template} runs cuBLAS GEMMs: its fields keep {ref.to_dict()}; got {', '.join(off)}"
         )
 
 
@@ -209,8 +223,8 @@ def check_candidate(candidate: Candidate, workload: Workload, topology: Topology
     workload.check_world_size(ws)
     c = candidate
     rows = _rows_per_block(workload, ws)
-    if c.template == A_STATIONARY:
-        _check_a_stationary(c, workload, rows)
+    if c.template in STATIONARY_KINDS:
+        _check_stationary(c, workload)
         if c.num_splits > rows:
             raise ConfigError(f"num_splits={c.num_splits} exceeds the {rows} rows each rank's block has")
         return
@@ -275,15 +289,18 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
     ]
     if A_STATIONARY in options.templates and workload.kind == "ag_gemm" and "copy_engine" in options.backends:
         for splits in options.num_splits:
-            if rows // splits >= A_STATIONARY_MIN_ROWS:
+            if rows // splits >= STATIONARY_MIN_ROWS:
                 yield a_stationary_candidate(splits)
+    if C_STATIONARY in options.templates and workload.kind == "gemm_rs" and "copy_engine" in options.backends:
+        if rows >= STATIONARY_MIN_ROWS:
+            yield c_stationary_candidate()
     for backend in options.backends:
         sms = options.comm_sms.get(backend, (0,) if backend == "copy_engine" else (8,))
         sms = [s for s in sms if (s == 0) == (backend == "copy_engine") and s <= topology.sm_count // 2]
         for template, splits, order, tc, comm_sms in itertools.product(
             _templates_for(options, ws), options.num_splits, orders, tile_configs, sms
         ):
-            if template == A_STATIONARY or (template == "bidirectional_ring" and splits < 2):
+            if template in STATIONARY_KINDS or (template == "bidirectional_ring" and splits < 2):
                 continue
             if order == "kept_interleaved" and template != "direct":
                 continue

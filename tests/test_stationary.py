@@ -1,10 +1,12 @@
-"""The all-gather matmul that moves B and the products instead of A (template `a_stationary`).
+"""The ops that move operands instead of chunks of one tensor: the all-gather matmul that moves B
+and the products instead of A (template `a_stationary`) and the matmul reduce-scatter that moves
+A's rows and B instead of partial products (`c_stationary`).
 
-Its calls are enqueued by `syncopate/kernels/a_stationary.py` on the caller's stream and three
-side streams; here every rank's enqueued work runs in one process on the CPU, the streams played in
-random orders by a small executor (stream waits on pad words and events, copies between the ranks'
-buffers by address, the GEMMs as the closures they are), several calls back to back with fresh
-inputs, and each call's output compared with all_gather(A) @ B_r.
+Their calls are enqueued by `syncopate/kernels/a_stationary.py` and `c_stationary.py` on the
+caller's stream and side streams; here every rank's enqueued work runs in one process on the CPU,
+the streams played in random orders by a small executor (stream waits on pad words and events,
+copies between the ranks' buffers by address, the GEMMs as the closures they are), several calls
+back to back with fresh inputs, and each call's output compared with the reference.
 """
 
 from __future__ import annotations
@@ -18,16 +20,18 @@ import pytest
 import torch
 
 from syncopate.errors import ConfigError
-from syncopate.kernels import a_stationary
+from syncopate.kernels import a_stationary, c_stationary
 from syncopate.kernels.tables import PAD_WORDS
 from syncopate.search_space import (
     A_STATIONARY,
+    C_STATIONARY,
     Candidate,
     SpaceOptions,
     Topology,
     Workload,
     a_stationary_candidate,
     build_plan,
+    c_stationary_candidate,
     check_candidate,
     check_liveness,
     space,
@@ -58,12 +62,12 @@ class _World:
 
     current: _Stream | None = None
 
-    def __init__(self, ws: int, m_local: int, n_local: int, k: int, splits: int) -> None:
-        self.ws = ws
+    def __init__(self, ws: int, buffers: dict, plan, module) -> None:
+        """`buffers`: the op's symmetric buffers (name: (shape, dtype)); `plan(rank)`: its plan;
+        `module`: the op's module (`run(ctx, plan, a, b, out)`)."""
+        self.ws, self.module = ws, module
         self.pads = [[0] * PAD_WORDS for _ in range(ws)]
-        bufs = [{name: torch.full(shape, float("nan")) for name, (shape, _) in
-                 a_stationary.a_stationary_buffers(ws, m_local, n_local, k, torch.float32).items()}
-                for _ in range(ws)]
+        bufs = [{name: torch.full(shape, float("nan")) for name, (shape, _) in buffers.items()} for _ in range(ws)]
         self.ctxs, self.mains, self.plans = [], [], []
         for r in range(ws):
             buffers = {name: SimpleNamespace(local=bufs[r][name],
@@ -77,8 +81,7 @@ class _World:
                 write_signal=lambda stream, q, word, value: stream.ops.append(("write", (q, word), value)),
             ))
             self.mains.append(_Stream(f"rank {r} caller"))
-            self.plans.append(a_stationary.AStationaryPlan.of(
-                a_stationary_candidate(splits), r, ws, m_local, n_local, k))
+            self.plans.append(plan(r))
 
     def _begin(self, r):
         def begin() -> int:
@@ -105,7 +108,7 @@ class _World:
 
     def enqueue(self, r: int, a, b, out) -> None:
         _World.current = self.mains[r]
-        a_stationary.run(self.ctxs[r], self.plans[r], a, b, out)
+        self.module.run(self.ctxs[r], self.plans[r], a, b, out)
 
     def _ready(self, op) -> bool:
         if op[0] == "wait":
@@ -143,13 +146,25 @@ def world(monkeypatch):
     def matmul(a, b, out):
         _World.current.ops.append(("run", lambda: out.copy_(a @ b)))
 
+    def add_product(out, a, b):
+        _World.current.ops.append(("run", lambda: out.add_(a @ b)))
+
     cuda = SimpleNamespace(Event=_Event, current_stream=lambda: _World.current)
     fake = SimpleNamespace(matmul=matmul, cuda=cuda)
-    monkeypatch.setattr(a_stationary, "torch", fake)
-    monkeypatch.setattr(a_stationary, "streamops", SimpleNamespace(
+    driver = SimpleNamespace(
         wait_value=lambda stream, address, value: stream.ops.append(("wait", address, value)),
-        copy_async=lambda stream, dst, src, nbytes: stream.ops.append(("copy", dst, src, nbytes))))
+        copy_async=lambda stream, dst, src, nbytes: stream.ops.append(("copy", dst, src, nbytes)))
+    for module in (a_stationary, c_stationary):
+        monkeypatch.setattr(module, "torch", fake)
+        monkeypatch.setattr(module, "streamops", driver)
+    monkeypatch.setattr(c_stationary, "add_product", add_product)
     return _World
+
+
+def _a_world(world, ws, m_local, n_local, k, splits):
+    return world(ws, a_stationary.a_stationary_buffers(ws, m_local, n_local, k, torch.float32),
+                 lambda r: a_stationary.AStationaryPlan.of(a_stationary_candidate(splits), r, ws, m_local, n_local, k),
+                 a_stationary)
 
 
 @pytest.mark.parametrize("ws, splits, m_local", [(2, 1, 64), (2, 2, 64), (3, 4, 37), (4, 2, 48)])
@@ -158,7 +173,7 @@ def test_every_call_computes_all_gather_a_times_its_b(world, ws, splits, m_local
     call's output is right, so no call overwrote what an earlier one still read."""
     n_local, k = 24, 40
     for seed in range(4):
-        w = world(ws, m_local, n_local, k, splits)
+        w = _a_world(world, ws, m_local, n_local, k, splits)
         calls = []
         for call in range(3):
             gen = torch.Generator().manual_seed(1000 * seed + call)
@@ -176,7 +191,7 @@ def test_every_call_computes_all_gather_a_times_its_b(world, ws, splits, m_local
 
 
 def test_a_k_major_b_is_pushed_in_row_major_order(world):
-    w = world(2, 32, 16, 24, 2)
+    w = _a_world(world, 2, 32, 16, 24, 2)
     a = [torch.randn(32, 24) for _ in range(2)]
     b = [torch.randn(16, 24).t() for _ in range(2)]  # transposed weights
     outs = [torch.empty(64, 16) for _ in range(2)]
@@ -228,3 +243,55 @@ def test_the_cost_model_prefers_it_where_n_per_rank_is_small():
         assert (ranked[0].candidate.template == A_STATIONARY) is wins, (n, ranked[0])
         best = [p for p in ranked if p.candidate.template == A_STATIONARY][0]
         assert best.time_us >= model.baselines(w, TWO)["gemm_alone"]
+
+
+@pytest.mark.parametrize("ws, m", [(2, 64), (3, 96), (4, 128)])
+def test_every_reduce_scatter_call_sums_its_rows_over_the_ranks(world, ws, m):
+    """c_stationary: three calls back to back, fresh inputs each, streams in random orders; each
+    rank's output is its rows of the sum over ranks of A_q @ B_q."""
+    n, k_local = 24, 40
+    for seed in range(4):
+        w = world(ws, c_stationary.c_stationary_buffers(ws, m, n, k_local, torch.float32),
+                  lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local), c_stationary)
+        calls = []
+        for call in range(3):
+            gen = torch.Generator().manual_seed(1000 * seed + call)
+            a = [torch.randn(m, k_local, generator=gen) for _ in range(ws)]
+            b = [torch.randn(k_local, n, generator=gen) for _ in range(ws)]
+            outs = [torch.full((m // ws, n), float("nan")) for _ in range(ws)]
+            for r in range(ws):
+                w.enqueue(r, a[r], b[r], outs[r])
+            calls.append((a, b, outs))
+        w.play(seed)
+        for call, (a, b, outs) in enumerate(calls):
+            total = sum(x @ y for x, y in zip(a, b))
+            for r in range(ws):
+                rows = slice(r * m // ws, (r + 1) * m // ws)
+                assert torch.allclose(outs[r], total[rows], atol=1e-4), f"seed {seed}, call {call}, rank {r}"
+
+
+def test_the_space_offers_c_stationary_for_reduce_scatters_over_the_copy_engine_only():
+    w = Workload(kind="gemm_rs", shape=(8192, 8192, 2048))
+    assert [c for c in space(w, TWO) if c.template == C_STATIONARY] == [c_stationary_candidate()]
+    check_candidate(c_stationary_candidate(), w, TWO)
+    with pytest.raises(ConfigError, match="num_splits=2"):
+        check_candidate(Candidate(template=C_STATIONARY, num_splits=2), w, TWO)
+    for kind in ("ag_gemm", "gemm_ar"):
+        other = Workload(kind=kind, shape=(8192, 8192, 2048))
+        assert C_STATIONARY not in {c.template for c in space(other, TWO)}
+        with pytest.raises(ConfigError, match="is for gemm_rs"):
+            check_candidate(c_stationary_candidate(), other, TWO)
+    assert check_liveness("gemm_rs", c_stationary_candidate(), 4, 8192, 8192, 132).live
+
+
+def test_the_cost_model_prefers_c_stationary_where_k_per_rank_is_small():
+    """gemm_rs K=2048 on two H200s moves 24 MiB a peer this way against 64 MiB of partials; at
+    8192x4096x11008 (K/ws=5504, N=4096) A's rows and B (86 MiB) outweigh the partials' 32 MiB."""
+    from syncopate.autotuner.calibration_defaults import default_calibration
+    from syncopate.autotuner.cost_model import CostModel
+
+    model = CostModel(default_calibration(TWO))
+    for (n, k), wins in (((8192, 2048), True), ((4096, 11008), False)):
+        w = Workload(kind="gemm_rs", shape=(8192, n, k))
+        ranked = model.rank(w, TWO, space(w, TWO))
+        assert (ranked[0].candidate.template == C_STATIONARY) is wins, (n, ranked[0])

@@ -1,4 +1,5 @@
-"""One GPU: the compute side of an a_stationary all-gather matmul against the GEMM alone.
+"""One GPU: the compute side of the ops that move operands (a_stationary all-gather matmul,
+c_stationary matmul reduce-scatter) against the GEMM alone.
 
 `template: a_stationary` (syncopate/kernels/a_stationary.py) runs, on each rank's stream, cuBLAS
 GEMMs in this order: the first half of the own rows, the peer's product in `num_splits` row
@@ -14,9 +15,16 @@ the sequence of GEMMs alone; the sequence with the copy engine moving what a ran
 two GPUs beside it (B's 2-byte K x N/ws read once, each product chunk read once after it is made
 and the peer's chunk written into the output; here local copies, which run faster than the link,
 so this is the memory traffic, not the link's pace); and the relative error of the output of the
-sequence against float32. Prints a table; writes JSON to $OUT/a_stationary_single.json when set.
+sequence against float32.
 
-    python benchmarks/a_stationary_single.py
+`template: c_stationary` (syncopate/kernels/c_stationary.py): a rank's own term
+A_r[own rows] @ B_r, then each peer's term added in place once its rows of A and its B have landed
+(cuBLAS addmm). The cases `c …`: the same three timings for a rank of two (M=8192, K/ws, N), the
+traffic being the peer's rows of A and B landing and this rank's going out.
+
+Prints a table; writes JSON to $OUT/stationary_single.json when set.
+
+    python benchmarks/stationary_single.py
 """
 
 from __future__ import annotations
@@ -105,6 +113,46 @@ def case(m_local, n_local, k, splits):
             "with_traffic_us": t_traffic, "rel_err": max(err_own, err_peer)}
 
 
+def c_case(m, n, k_local):
+    rows = m // 2
+    a = torch.randn(m, k_local, device=DEV).to(torch.bfloat16)
+    b = (torch.randn(k_local, n, device=DEV) / k_local**0.5).to(torch.bfloat16)
+    a_peer = torch.randn(rows, k_local, device=DEV).to(torch.bfloat16)  # the peer's columns for our rows
+    b_peer = (torch.randn(k_local, n, device=DEV) / k_local**0.5).to(torch.bfloat16)
+    a_recv, b_recv = torch.empty_like(a_peer), torch.empty_like(b_peer)
+    a_out, b_out = torch.empty_like(a_peer), torch.empty_like(b)  # what leaves for the peer
+    out = torch.empty(rows, n, device=DEV, dtype=torch.bfloat16)
+    side = torch.cuda.Stream(device=DEV)
+
+    def sequence(traffic: bool):
+        main = torch.cuda.current_stream()
+        if traffic:
+            start = torch.cuda.Event()
+            start.record(main)
+            side.wait_event(start)
+            with torch.cuda.stream(side):
+                a_out.copy_(a[rows:])
+                b_out.copy_(b)
+                a_recv.copy_(a_peer)
+                b_recv.copy_(b_peer)
+        torch.matmul(a[:rows], b, out=out)
+        if traffic:
+            landed = torch.cuda.Event()
+            landed.record(side)
+            main.wait_event(landed)
+        out.addmm_(a_recv if traffic else a_peer, b_recv if traffic else b_peer)
+
+    t_gemm = bench(lambda: torch.matmul(a, b))
+    t_seq = bench(lambda: sequence(False))
+    t_traffic = bench(lambda: sequence(True))
+    sequence(False)
+    torch.cuda.synchronize()
+    ref = a[:rows].float() @ b.float() + a_peer.float() @ b_peer.float()
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    return {"case": f"c {m}x{n}x{k_local}", "gemm_alone_us": t_gemm, "sequence_us": t_seq,
+            "with_traffic_us": t_traffic, "rel_err": err}
+
+
 def main():
     rows = []
     for n_local, k in [(1024, 8192), (2048, 8192)]:
@@ -112,8 +160,12 @@ def main():
             r = case(4096, n_local, k, splits)
             rows.append(r)
             print(json.dumps(r), flush=True)
+    for n, k_local in [(8192, 1024), (8192, 2048)]:
+        r = c_case(8192, n, k_local)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
     if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "a_stationary_single.json"), "w") as f:
+        with open(os.path.join(os.environ["OUT"], "stationary_single.json"), "w") as f:
             json.dump(rows, f, indent=1)
     print("\ncase | GEMM alone | sequence | with traffic | sequence/GEMM | rel err")
     for r in rows:

@@ -1,0 +1,99 @@
+"""The matmul reduce-scatter with each output block computed where it belongs (`template:
+c_stationary`): A's rows and B move, not the partial products.
+
+Rank r's output is sum over q of A_q[r's rows] @ B_q (A_q = q's [M, K/ws] columns of A, B_q its
+[K/ws, N] rows of B). Instead of each q sending its partial product of r's rows (M/ws x N), q sends
+A_q[r's rows] (M/ws x K/ws) and B_q (K/ws x N) and r computes the term itself: less to move where
+K/ws is small beside N and M/ws (gemm_rs 8192x8192x2048 on two ranks: 24 MiB a peer instead of
+64), the same arithmetic. The GEMMs are cuBLAS's, on the caller's stream; only copy-engine copies
+and stream memory operations go on the side stream. One call, rank r, its rows [r0, r1):
+
+- side stream 0: announce r's entry into every pad; for each peer p in turn, wait until p has
+  entered this call (its previous call has read `a_recv[r]` and `b_recv[r]`), push A_r[p's rows]
+  into p's `a_recv[r]` and B_r into p's `b_recv[r]`, and raise p's word `ARRIVED + r`.
+- caller's stream: out = A_r[r's rows] @ B_r; then for each peer q (in the order their inputs leave
+  for r): wait for `ARRIVED + q`, out += a_recv[q] @ b_recv[q] (one rounding of the sum a term,
+  as a received partial is rounded once).
+
+The caller's stream then waits for the side stream. A wait is for an entry, announced first, or
+for a push, which waits only for an entry: a call always ends. Only for copy-engine candidates
+on one node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from syncopate.kernels import streamops
+from syncopate.kernels.backends import announce_entry
+from syncopate.kernels.context import OverlapContext
+from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
+from syncopate.search_space import block_bounds
+
+__all__ = ["ARRIVED", "CStationaryPlan", "c_stationary_buffers", "run"]
+
+ARRIVED = 0
+"""Pad word `ARRIVED + q`: rank q's rows of A and its B have landed in this rank's buffers."""
+
+
+def c_stationary_buffers(ws: int, m: int, n: int, k_local: int, dtype: torch.dtype) -> dict:
+    """Symmetric buffers of a c_stationary context: every rank's columns of A for this rank's rows,
+    and every rank's rows of B."""
+    return {"a_recv": ((ws, m // ws, k_local), dtype), "b_recv": ((ws, k_local, n), dtype)}
+
+
+@dataclass(frozen=True)
+class CStationaryPlan:
+    """What every call of one (shape, group) needs."""
+
+    rank: int
+    world_size: int
+    m: int
+    n: int
+    k_local: int
+
+    @property
+    def peers_added(self) -> list[int]:
+        """Peers whose term this rank adds, in the order their inputs leave for it."""
+        return [(self.rank - d) % self.world_size for d in range(1, self.world_size)]
+
+    @classmethod
+    def of(cls, rank: int, ws: int, m: int, n: int, k_local: int) -> CStationaryPlan:
+        if ws > ARRIVAL_SLOTS:
+            raise ValueError(f"c_stationary: {ws} ranks do not fit the signal pad")
+        return cls(rank=rank, world_size=ws, m=m, n=n, k_local=k_local)
+
+
+def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Tensor,
+        out: torch.Tensor) -> None:
+    """Enqueue one call: out[M/ws, N] = this rank's rows of the sum over ranks of a @ b
+    (a: [M, K/ws] contiguous, b: [K/ws, N])."""
+    r, ws, e = plan.rank, plan.world_size, ctx.begin_call()
+    main = torch.cuda.current_stream()
+    b = b.contiguous()  # what is pushed is B's bytes in row-major order
+    (push,) = ctx.fork(main, 1)
+    a_recv, b_recv = ctx.buffers["a_recv"], ctx.buffers["b_recv"]
+    rows = plan.m // ws
+    a_bytes = rows * plan.k_local * a.element_size()
+    b_bytes = plan.k_local * plan.n * b.element_size()
+    announce_entry(push, ctx, e)
+    for d in range(1, ws):  # to r+1 first, which adds r's term first (its `peers_added`)
+        p = (r + d) % ws
+        p0 = block_bounds(plan.m, ws, p)[0]
+        streamops.wait_value(push.cuda_stream, ctx.signal_address(r, ENTERED_BASE + p), e)
+        streamops.copy_async(push.cuda_stream, a_recv.peer_ptrs[p] + r * a_bytes, a[p0:].data_ptr(), a_bytes)
+        streamops.copy_async(push.cuda_stream, b_recv.peer_ptrs[p] + r * b_bytes, b.data_ptr(), b_bytes)
+        ctx.write_signal(push, p, ARRIVED + r, e)
+    r0 = block_bounds(plan.m, ws, r)[0]
+    torch.matmul(a[r0 : r0 + rows], b, out=out)
+    for q in plan.peers_added:
+        streamops.wait_value(main.cuda_stream, ctx.signal_address(r, ARRIVED + q), e)
+        add_product(out, a_recv.local[q], b_recv.local[q])
+    ctx.join(main, [push])
+
+
+def add_product(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """out += a @ b on the current stream (cuBLAS, one rounding of the sum)."""
+    out.addmm_(a, b)

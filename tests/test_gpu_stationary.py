@@ -1,0 +1,26 @@
+"""Layer: one GPU. The real enqueued work (driver stream waits and writes, copy-engine copies,
+cuBLAS) of the a_stationary all-gather matmul and the c_stationary matmul reduce-scatter with every
+rank of a 2-, 3- and 4-rank group on one device, calls enqueued back to back with fresh inputs and
+poisoned outputs (tests/support/stationary_check.py, in a fresh process: it sets
+CUDA_DEVICE_MAX_CONNECTIONS before CUDA starts)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_rank_on_one_gpu_gets_its_output():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, str(ROOT / "tests/support/stationary_check.py")], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("ok    ") == 8, done.stdout
