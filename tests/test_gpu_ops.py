@@ -68,10 +68,11 @@ def matrix(quick: bool = False):
             for dtype in dtypes:
                 cases.append(("ag_gemm", dtype, shapes["ag_gemm"], a_stationary_candidate(s).to_dict(), 1))
         cases.append(("ag_gemm", "bf16", shapes["ag_gemm"], a_stationary_candidate(2).to_dict(), 10 if quick else 100))
-    if "gemm_rs" in shapes:  # A's rows and B moved instead of partial products
-        for dtype in dtypes:
-            cases.append(("gemm_rs", dtype, shapes["gemm_rs"], c_stationary_candidate().to_dict(), 1))
-        cases.append(("gemm_rs", "bf16", shapes["gemm_rs"], c_stationary_candidate().to_dict(), 10 if quick else 100))
+    for kind, s in (("gemm_rs", 1), ("gemm_ar", 2)):  # A's rows and B moved instead of partial products
+        if kind in shapes:
+            for dtype in dtypes:
+                cases.append((kind, dtype, shapes[kind], c_stationary_candidate(s).to_dict(), 1))
+            cases.append((kind, "bf16", shapes[kind], c_stationary_candidate(s).to_dict(), 10 if quick else 100))
     for kind, backend in itertools.product(shapes, ["copy_engine", "nvshmem", "nccl"]):
         c = Candidate(backend=backend, num_splits=4, comm_sms=comm_sms(kind, backend, 16),
                       block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)

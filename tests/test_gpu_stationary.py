@@ -1,5 +1,5 @@
 """Layer: one GPU. The real enqueued work (driver stream waits and writes, copy-engine copies,
-cuBLAS) of the a_stationary all-gather matmul and the c_stationary matmul reduce-scatter with every
+cuBLAS) of the a_stationary all-gather matmul and the c_stationary matmul reduce-scatter and all-reduce with every
 rank of a 2-, 3- and 4-rank group on one device, calls enqueued back to back with fresh inputs and
 poisoned outputs (tests/support/stationary_check.py, in a fresh process: it sets
 CUDA_DEVICE_MAX_CONNECTIONS before CUDA starts)."""
@@ -23,4 +23,4 @@ def test_every_rank_on_one_gpu_gets_its_output():
     done = subprocess.run([sys.executable, str(ROOT / "tests/support/stationary_check.py")], env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("ok    ") == 8, done.stdout
+    assert done.stdout.count("ok    ") == 12, done.stdout

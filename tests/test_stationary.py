@@ -245,20 +245,22 @@ def test_the_cost_model_prefers_it_where_n_per_rank_is_small():
         assert best.time_us >= model.baselines(w, TWO)["gemm_alone"]
 
 
-@pytest.mark.parametrize("ws, m", [(2, 64), (3, 96), (4, 128)])
-def test_every_reduce_scatter_call_sums_its_rows_over_the_ranks(world, ws, m):
+@pytest.mark.parametrize("all_reduce, ws, m, splits", [(False, 2, 64, 1), (False, 3, 96, 1), (False, 4, 128, 1),
+                                                      (True, 2, 64, 1), (True, 2, 64, 4), (True, 3, 96, 2),
+                                                      (True, 4, 128, 2)])
+def test_every_reduce_call_sums_over_the_ranks(world, all_reduce, ws, m, splits):
     """c_stationary: three calls back to back, fresh inputs each, streams in random orders; each
-    rank's output is its rows of the sum over ranks of A_q @ B_q."""
+    rank's output is its rows of the sum over ranks of A_q @ B_q (all-reduce: all the rows)."""
     n, k_local = 24, 40
     for seed in range(4):
-        w = world(ws, c_stationary.c_stationary_buffers(ws, m, n, k_local, torch.float32),
-                  lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local), c_stationary)
+        w = world(ws, c_stationary.c_stationary_buffers(ws, m, n, k_local, torch.float32, all_reduce),
+                  lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, splits), c_stationary)
         calls = []
         for call in range(3):
             gen = torch.Generator().manual_seed(1000 * seed + call)
             a = [torch.randn(m, k_local, generator=gen) for _ in range(ws)]
             b = [torch.randn(k_local, n, generator=gen) for _ in range(ws)]
-            outs = [torch.full((m // ws, n), float("nan")) for _ in range(ws)]
+            outs = [torch.full((m if all_reduce else m // ws, n), float("nan")) for _ in range(ws)]
             for r in range(ws):
                 w.enqueue(r, a[r], b[r], outs[r])
             calls.append((a, b, outs))
@@ -266,22 +268,24 @@ def test_every_reduce_scatter_call_sums_its_rows_over_the_ranks(world, ws, m):
         for call, (a, b, outs) in enumerate(calls):
             total = sum(x @ y for x, y in zip(a, b))
             for r in range(ws):
-                rows = slice(r * m // ws, (r + 1) * m // ws)
+                rows = slice(None) if all_reduce else slice(r * m // ws, (r + 1) * m // ws)
                 assert torch.allclose(outs[r], total[rows], atol=1e-4), f"seed {seed}, call {call}, rank {r}"
 
 
-def test_the_space_offers_c_stationary_for_reduce_scatters_over_the_copy_engine_only():
+def test_the_space_offers_c_stationary_for_reductions_over_the_copy_engine_only():
     w = Workload(kind="gemm_rs", shape=(8192, 8192, 2048))
     assert [c for c in space(w, TWO) if c.template == C_STATIONARY] == [c_stationary_candidate()]
     check_candidate(c_stationary_candidate(), w, TWO)
     with pytest.raises(ConfigError, match="num_splits=2"):
         check_candidate(Candidate(template=C_STATIONARY, num_splits=2), w, TWO)
-    for kind in ("ag_gemm", "gemm_ar"):
-        other = Workload(kind=kind, shape=(8192, 8192, 2048))
-        assert C_STATIONARY not in {c.template for c in space(other, TWO)}
-        with pytest.raises(ConfigError, match="is for gemm_rs"):
-            check_candidate(c_stationary_candidate(), other, TWO)
+    ar = Workload(kind="gemm_ar", shape=(8192, 8192, 2048))
+    assert [c for c in space(ar, TWO) if c.template == C_STATIONARY] == [c_stationary_candidate(s) for s in (1, 2, 4, 8)]
+    ag = Workload(kind="ag_gemm", shape=(8192, 8192, 2048))
+    assert C_STATIONARY not in {c.template for c in space(ag, TWO)}
+    with pytest.raises(ConfigError, match="is for gemm_rs and gemm_ar"):
+        check_candidate(c_stationary_candidate(), ag, TWO)
     assert check_liveness("gemm_rs", c_stationary_candidate(), 4, 8192, 8192, 132).live
+    assert check_liveness("gemm_ar", c_stationary_candidate(4), 4, 8192, 8192, 132).live
 
 
 def test_the_cost_model_prefers_c_stationary_where_k_per_rank_is_small():

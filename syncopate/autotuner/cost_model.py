@@ -274,19 +274,39 @@ def _c_stationary_us(model: CostModel, w: Workload, topo: Topology,
                      c: Candidate) -> tuple[float, float, float]:
     """(call end, GEMMs' end, last transfer's end) of a c_stationary call: each peer's rows of A and
     B pushed to it in turn over one egress while the own term's GEMM runs; each peer's term added
-    once its inputs are here, in the order they arrive."""
+    once its inputs are here, in the order they arrive. An all-reduce adds the last term in
+    `num_splits` row chunks and pulls each peer's chunk once made (all ranks alike), over one
+    ingress."""
     ws = topo.world_size
     rows = -(-w.shape.m // ws)
     _, n, k_local = w.local_gemm(ws)
     elem = w.element_bytes
     link = model.calibration.transfer("copy_engine", "intra")
     extra = model.calibration.costs.chunk_us.get("copy_engine", 0.0)
-    term = min(model._plain_gemm_us(rows, n, k_local, tc, topo, w.dtype) for tc in model._tile_configs())
-    clock, sent = term, 0.0
+
+    def gemm(m: int) -> float:
+        return min(model._plain_gemm_us(m, n, k_local, tc, topo, w.dtype) for tc in model._tile_configs())
+
+    clock, sent = gemm(rows), 0.0
+    arrivals = []
     for _ in range(ws - 1):
         sent += link.time_us(rows * k_local * elem) + link.time_us(k_local * n * elem) + extra
-        clock = max(clock, sent) + term
-    return clock, clock, sent
+        arrivals.append(sent)
+    if w.kind != "gemm_ar":
+        for arrive in arrivals:
+            clock = max(clock, arrive) + gemm(rows)
+        return clock, clock, sent
+    for arrive in arrivals[:-1]:
+        clock = max(clock, arrive) + gemm(rows)
+    if arrivals:
+        clock = max(clock, arrivals[-1])
+    pulled = 0.0
+    for lo, hi in row_chunks(rows, c.num_splits):
+        if arrivals:
+            clock += gemm(hi - lo)
+        for _ in range(ws - 1):
+            pulled = max(pulled, clock) + link.time_us((hi - lo) * n * elem) + extra
+    return max(clock, pulled), clock, max(sent, pulled)
 
 
 def _a_stationary_us(model: CostModel, w: Workload, topo: Topology,

@@ -75,6 +75,8 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
         out += [a_stationary_candidate(s) for s in (1, 2) if workload.shape.m // ws // s >= STATIONARY_MIN_ROWS]
     if workload.kind == "gemm_rs" and "copy_engine" in backends:  # A's rows and B moved instead of partials
         out.append(c_stationary_candidate())
+    if workload.kind == "gemm_ar" and "copy_engine" in backends:
+        out += [c_stationary_candidate(s) for s in (2, 4) if workload.shape.m // ws // s >= STATIONARY_MIN_ROWS]
     return out
 
 

@@ -15,9 +15,15 @@ and stream memory operations go on the side stream. One call, rank r, its rows [
   for r): wait for `ARRIVED + q`, out += a_recv[q] @ b_recv[q] (one rounding of the sum a term,
   as a received partial is rounded once).
 
-The caller's stream then waits for the side stream. A wait is for an entry, announced first, or
-for a push, which waits only for an entry: a call always ends. Only for copy-engine candidates
-on one node.
+For the matmul all-reduce (every rank takes the whole sum) the block is then gathered: it is
+computed into this rank's symmetric `reduced` block (once every peer has entered the call, so has
+pulled the previous one), the last term added in `num_splits` row chunks, and after each chunk
+side stream 1 raises every peer's word `GATHER + r * S + j` and copies the chunk into the output;
+side stream 2 pulls each peer q's chunk j into the output once `GATHER + q * S + j` says so.
+
+The caller's stream then waits for the side streams. A wait is for an entry, announced first, for
+a push, which waits only for an entry, or for a chunk of a block, which waits only for pushes: a
+call always ends. Only for copy-engine candidates on one node.
 """
 
 from __future__ import annotations
@@ -30,50 +36,65 @@ from syncopate.kernels import streamops
 from syncopate.kernels.backends import announce_entry
 from syncopate.kernels.context import OverlapContext
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
-from syncopate.search_space import block_bounds
+from syncopate.search_space import block_bounds, row_chunks
 
-__all__ = ["ARRIVED", "CStationaryPlan", "c_stationary_buffers", "run"]
+__all__ = ["ARRIVED", "GATHER", "CStationaryPlan", "add_product", "c_stationary_buffers", "run"]
 
 ARRIVED = 0
 """Pad word `ARRIVED + q`: rank q's rows of A and its B have landed in this rank's buffers."""
+GATHER = 256
+"""Pad word `GATHER + q * num_splits + j`: chunk j of rank q's reduced block is ready to pull."""
 
 
-def c_stationary_buffers(ws: int, m: int, n: int, k_local: int, dtype: torch.dtype) -> dict:
+def c_stationary_buffers(ws: int, m: int, n: int, k_local: int, dtype: torch.dtype,
+                         all_reduce: bool = False) -> dict:
     """Symmetric buffers of a c_stationary context: every rank's columns of A for this rank's rows,
-    and every rank's rows of B."""
-    return {"a_recv": ((ws, m // ws, k_local), dtype), "b_recv": ((ws, k_local, n), dtype)}
+    every rank's rows of B, and for an all-reduce this rank's reduced block (which the peers pull)."""
+    bufs = {"a_recv": ((ws, m // ws, k_local), dtype), "b_recv": ((ws, k_local, n), dtype)}
+    if all_reduce:
+        bufs["reduced"] = ((m // ws, n), dtype)
+    return bufs
 
 
 @dataclass(frozen=True)
 class CStationaryPlan:
-    """What every call of one (shape, group) needs."""
+    """What every call of one (shape, group, candidate) needs."""
 
     rank: int
     world_size: int
     m: int
     n: int
     k_local: int
+    all_reduce: bool = False
+    splits: int = 1
 
     @property
     def peers_added(self) -> list[int]:
         """Peers whose term this rank adds, in the order their inputs leave for it."""
         return [(self.rank - d) % self.world_size for d in range(1, self.world_size)]
 
+    @property
+    def peers_pulled(self) -> list[int]:
+        """Peers whose block an all-reduce pulls, in the order they finish it (the last term each
+        adds is that of the rank before it)."""
+        return [(self.rank + d) % self.world_size for d in range(1, self.world_size)]
+
     @classmethod
-    def of(cls, rank: int, ws: int, m: int, n: int, k_local: int) -> CStationaryPlan:
-        if ws > ARRIVAL_SLOTS:
-            raise ValueError(f"c_stationary: {ws} ranks do not fit the signal pad")
-        return cls(rank=rank, world_size=ws, m=m, n=n, k_local=k_local)
+    def of(cls, rank: int, ws: int, m: int, n: int, k_local: int, all_reduce: bool = False,
+           splits: int = 1) -> CStationaryPlan:
+        if ws > GATHER or GATHER + ws * splits > ARRIVAL_SLOTS:
+            raise ValueError(f"c_stationary: {ws} ranks x {splits} chunks do not fit the signal pad")
+        return cls(rank=rank, world_size=ws, m=m, n=n, k_local=k_local, all_reduce=all_reduce, splits=splits)
 
 
 def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Tensor,
         out: torch.Tensor) -> None:
-    """Enqueue one call: out[M/ws, N] = this rank's rows of the sum over ranks of a @ b
-    (a: [M, K/ws] contiguous, b: [K/ws, N])."""
+    """Enqueue one call: out = this rank's rows [M/ws, N] (all-reduce: all [M, N]) of the sum over
+    ranks of a @ b (a: [M, K/ws] contiguous, b: [K/ws, N])."""
     r, ws, e = plan.rank, plan.world_size, ctx.begin_call()
     main = torch.cuda.current_stream()
     b = b.contiguous()  # what is pushed is B's bytes in row-major order
-    (push,) = ctx.fork(main, 1)
+    push, ready, pull = ctx.fork(main, 3 if plan.all_reduce else 1) + [None] * (0 if plan.all_reduce else 2)
     a_recv, b_recv = ctx.buffers["a_recv"], ctx.buffers["b_recv"]
     rows = plan.m // ws
     a_bytes = rows * plan.k_local * a.element_size()
@@ -87,11 +108,40 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
         streamops.copy_async(push.cuda_stream, b_recv.peer_ptrs[p] + r * b_bytes, b.data_ptr(), b_bytes)
         ctx.write_signal(push, p, ARRIVED + r, e)
     r0 = block_bounds(plan.m, ws, r)[0]
-    torch.matmul(a[r0 : r0 + rows], b, out=out)
-    for q in plan.peers_added:
+    block = out
+    if plan.all_reduce:
+        block = ctx.buffers["reduced"].local
+        for p in plan.peers_added:  # every peer has pulled the previous call's block
+            streamops.wait_value(main.cuda_stream, ctx.signal_address(r, ENTERED_BASE + p), e)
+    torch.matmul(a[r0 : r0 + rows], b, out=block)
+    peers = plan.peers_added
+    for q in peers[:-1] if plan.all_reduce else peers:
         streamops.wait_value(main.cuda_stream, ctx.signal_address(r, ARRIVED + q), e)
-        add_product(out, a_recv.local[q], b_recv.local[q])
-    ctx.join(main, [push])
+        add_product(block, a_recv.local[q], b_recv.local[q])
+    if not plan.all_reduce:
+        ctx.join(main, [push])
+        return
+    row_bytes = plan.n * out.element_size()
+    if peers:
+        streamops.wait_value(main.cuda_stream, ctx.signal_address(r, ARRIVED + peers[-1]), e)
+    for j, (lo, hi) in enumerate(row_chunks(rows, plan.splits)):
+        if peers:
+            add_product(block[lo:hi], a_recv.local[peers[-1], lo:hi], b_recv.local[peers[-1]])
+        done = torch.cuda.Event()
+        done.record(main)
+        ready.wait_event(done)
+        for p in peers:
+            ctx.write_signal(ready, p, GATHER + r * plan.splits + j, e)
+        streamops.copy_async(ready.cuda_stream, out[r0 + lo :].data_ptr(), block[lo:].data_ptr(),
+                             (hi - lo) * row_bytes)
+    reduced = ctx.buffers["reduced"]
+    for q in plan.peers_pulled:
+        q0 = block_bounds(plan.m, ws, q)[0]
+        for j, (lo, hi) in enumerate(row_chunks(rows, plan.splits)):
+            streamops.wait_value(pull.cuda_stream, ctx.signal_address(r, GATHER + q * plan.splits + j), e)
+            streamops.copy_async(pull.cuda_stream, out[q0 + lo :].data_ptr(), reduced.peer_ptrs[q] + lo * row_bytes,
+                                 (hi - lo) * row_bytes)
+    ctx.join(main, [push, ready, pull])
 
 
 def add_product(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:

@@ -134,17 +134,18 @@ def get_context(kind: str, group, shape: tuple[int, ...], dtype: torch.dtype) ->
 
 _A_STATIONARY_KIND = "ag_gemm/a_stationary"
 """The context of all-gather matmuls that move B and the products (`kernels/a_stationary.py`)."""
-_C_STATIONARY_KIND = "gemm_rs/c_stationary"
-"""The context of matmul reduce-scatters that move A's rows and B (`kernels/c_stationary.py`)."""
+_C_STATIONARY_KIND = {"gemm_rs": "gemm_rs/c_stationary", "gemm_ar": "gemm_ar/c_stationary"}
+"""The contexts of matmul reduce-scatters and all-reduces that move A's rows and B
+(`kernels/c_stationary.py`)."""
 
 
 def _buffers(kind: str, shape: tuple[int, ...], dtype: torch.dtype, ws: int) -> dict:
     if kind == _A_STATIONARY_KIND:
         m_local, n_local, k = shape
         return a_stationary_buffers(ws, m_local, n_local, k, dtype)
-    if kind == _C_STATIONARY_KIND:
+    if kind in _C_STATIONARY_KIND.values():
         m, n, k_local = shape
-        return c_stationary_buffers(ws, m, n, k_local, dtype)
+        return c_stationary_buffers(ws, m, n, k_local, dtype, all_reduce=kind.startswith("gemm_ar"))
     if kind == "ag_gemm":
         m, k = shape
         return {"a_full": ((m, k), dtype)}
@@ -329,8 +330,9 @@ def _prepare_scatter(kind: str, a, b, group, config):
     cand = _candidate(config, workload, group)
     all_reduce = kind == "gemm_ar"
     if cand.template == C_STATIONARY:
-        ctx = get_context(_C_STATIONARY_KIND, group, (m, n, k_local), a.dtype)
-        return ctx, CStationaryPlan.of(rank, ws, m, n, k_local), cand, None, None, rank, ws, None, m // ws
+        ctx = get_context(_C_STATIONARY_KIND[kind], group, (m, n, k_local), a.dtype)
+        plan = CStationaryPlan.of(rank, ws, m, n, k_local, all_reduce, cand.num_splits)
+        return ctx, plan, cand, None, None, rank, ws, None, m if all_reduce else m // ws
     ctx = get_context(kind, group, (m, n), a.dtype)
     plan = plan_for(kind, cand.template, ws, m, cand.num_splits, cand.block_m)
     tables = _tables(ctx, ("p", n, cand), lambda: producer_tables(plan, rank, n, cand, all_reduce, ctx.device))
@@ -390,5 +392,7 @@ def matmul_all_reduce(a, b, group=None, config: Candidate | dict | None = None, 
     """out = all_reduce(a @ b): reduce-scatter of partial tiles, then every rank takes each reduced block.
 
     a: A[M, K/ws], b: B[K/ws, N]; returns [M, N], the sum over ranks.
+    With a config of template `c_stationary` each rank computes its own block from the peers' A rows
+    and B (as `matmul_reduce_scatter` does), then every rank takes each block in `num_splits` chunks.
     """
     return _gemm_scatter("gemm_ar", a, b, group, config, out, spin_limit)

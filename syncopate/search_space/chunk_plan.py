@@ -47,13 +47,14 @@ It moves K·N/ws + M/ws·N/ws elements a peer instead of M/ws·K, less where N/w
 M/ws; its row chunks are the `num_splits` pieces each product is sent in. No chunk plan."""
 
 C_STATIONARY = "c_stationary"
-"""A matmul reduce-scatter that computes each rank's output block on that rank: every rank sends
-its columns of A for the block's rows and its rows of B, not its partial product of the block
-(`kernels/c_stationary.py`). It moves M/ws·K/ws + K/ws·N elements a peer instead of M/ws·N, less
-where K/ws is small beside N and M/ws. No chunk plan."""
+"""A matmul reduce-scatter (or all-reduce) that computes each rank's output block on that rank:
+every rank sends its columns of A for the block's rows and its rows of B, not its partial product
+of the block (`kernels/c_stationary.py`). It moves M/ws·K/ws + K/ws·N elements a peer instead of
+M/ws·N, less where K/ws is small beside N and M/ws; an all-reduce then gathers the blocks, in
+`num_splits` chunks each. No chunk plan."""
 
-STATIONARY_KINDS: dict[str, str] = {A_STATIONARY: "ag_gemm", C_STATIONARY: "gemm_rs"}
-"""The templates that move operands instead of chunks of the communicated tensor, and the kind of
+STATIONARY_KINDS: dict[str, tuple[str, ...]] = {A_STATIONARY: ("ag_gemm",), C_STATIONARY: ("gemm_rs", "gemm_ar")}
+"""The templates that move operands instead of chunks of the communicated tensor, and the kinds of
 op each is for."""
 
 CANDIDATE_TEMPLATES: tuple[str, ...] = TEMPLATES + tuple(STATIONARY_KINDS)

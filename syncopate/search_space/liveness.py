@@ -160,10 +160,12 @@ def _stationary_report(kind: str, c: Candidate, world_size: int, total_rows: int
     waiting kernel and no chunk plan to model. a_stationary: the caller's stream waits for each
     peer's B, which the peer pushes first thing; a side stream waits for the peers' products, which
     wait only for those pushes. c_stationary: the caller's stream waits for each peer's inputs,
-    which the peer pushes once this rank has entered the call, announced first thing. Every wait is
-    on something raised without waiting for the waiter, so the call ends."""
-    if kind != STATIONARY_KINDS[c.template]:
-        raise ConfigError(f"template {c.template} is for {STATIONARY_KINDS[c.template]}, not {kind}")
+    which the peer pushes once this rank has entered the call, announced first thing, and for an
+    all-reduce for the peers' entries (before its block is written) and, on a side stream, for the
+    peers' chunks of their blocks, which wait only for pushes. Every wait is on something raised
+    without waiting for the waiter, so the call ends."""
+    if kind not in STATIONARY_KINDS[c.template]:
+        raise ConfigError(f"template {c.template} is for {' and '.join(STATIONARY_KINDS[c.template])}, not {kind}")
     case = f"{kind} {c.backend}/{c.template}/s{c.num_splits} ws={world_size} rows={total_rows}"
     return LivenessReport(live=True, case=case, entries_done=0, entries_total=0)
 

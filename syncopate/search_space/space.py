@@ -190,11 +190,12 @@ def a_stationary_candidate(num_splits: int) -> Candidate:
                      tile_order="arrival")
 
 
-def c_stationary_candidate() -> Candidate:
-    """The matmul reduce-scatter that moves A's rows and B instead of partial products
-    (:data:`C_STATIONARY`). Its GEMMs are cuBLAS's: the other fields keep :class:`Candidate`'s
+def c_stationary_candidate(num_splits: int = 1) -> Candidate:
+    """The matmul reduce-scatter or all-reduce that moves A's rows and B instead of partial
+    products (:data:`C_STATIONARY`); an all-reduce gathers the blocks in `num_splits` chunks each (a
+    reduce-scatter takes 1). Its GEMMs are cuBLAS's: the other fields keep :class:`Candidate`'s
     defaults."""
-    return Candidate(backend="copy_engine", template=C_STATIONARY, num_splits=1, tile_order="arrival")
+    return Candidate(backend="copy_engine", template=C_STATIONARY, num_splits=num_splits, tile_order="arrival")
 
 
 STATIONARY_MIN_ROWS = 128
@@ -203,12 +204,15 @@ offers (a GEMM of fewer rows leaves most SMs idle)."""
 
 
 def _check_stationary(c: Candidate, workload: Workload) -> None:
-    kind = STATIONARY_KINDS[c.template]
-    if workload.kind != kind:
-        raise ConfigError(f"template {c.template} is for {kind}, not {workload.kind}")
+    kinds = STATIONARY_KINDS[c.template]
+    if workload.kind not in kinds:
+        raise ConfigError(f"template {c.template} is for {' and '.join(kinds)}, not {workload.kind}")
     if c.backend != "copy_engine":
         raise ConfigError(f"template {c.template} moves operands with the copy engine, not {c.backend}")
-    ref = a_stationary_candidate(c.num_splits) if c.template == A_STATIONARY else c_stationary_candidate()
+    if c.template == A_STATIONARY:
+        ref = a_stationary_candidate(c.num_splits)
+    else:
+        ref = c_stationary_candidate(c.num_splits if workload.kind == "gemm_ar" else 1)
     off = [f"{f.name}={getattr(c, f.name)!r}" for f in fields(Candidate)
            if getattr(c, f.name) != getattr(ref, f.name)]
     if off:
@@ -291,9 +295,10 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
         for splits in options.num_splits:
             if rows // splits >= STATIONARY_MIN_ROWS:
                 yield a_stationary_candidate(splits)
-    if C_STATIONARY in options.templates and workload.kind == "gemm_rs" and "copy_engine" in options.backends:
-        if rows >= STATIONARY_MIN_ROWS:
-            yield c_stationary_candidate()
+    if C_STATIONARY in options.templates and workload.kind != "ag_gemm" and "copy_engine" in options.backends:
+        for splits in options.num_splits if workload.kind == "gemm_ar" else (1,):
+            if rows // splits >= STATIONARY_MIN_ROWS:
+                yield c_stationary_candidate(splits)
     for backend in options.backends:
         sms = options.comm_sms.get(backend, (0,) if backend == "copy_engine" else (8,))
         sms = [s for s in sms if (s == 0) == (backend == "copy_engine") and s <= topology.sm_count // 2]

@@ -142,20 +142,22 @@ def check_a(ws: int, splits: int, dtype=torch.bfloat16, calls: int = 20, m_local
             _close(got[r], full @ b[r].float(), f"call {i}, rank {r}")
 
 
-def check_c(ws: int, dtype=torch.bfloat16, calls: int = 20, m=1536, n=384, k_local=320) -> None:
+def check_c(ws: int, dtype=torch.bfloat16, calls: int = 20, m=1536, n=384, k_local=320, all_reduce=False,
+            splits=1) -> None:
     dev = torch.device("cuda", 0)
-    ranks = _ranks(ws, c_stationary.c_stationary_buffers(ws, m, n, k_local, dtype),
-                   lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local), dev)
-    _warm(ranks, [(m // ws, n, k_local)], dtype, dev)
+    ranks = _ranks(ws, c_stationary.c_stationary_buffers(ws, m, n, k_local, dtype, all_reduce),
+                   lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, splits), dev)
+    _warm(ranks, [(m // ws, n, k_local)] + [(hi - lo, n, k_local) for lo, hi in row_chunks(m // ws, splits)],
+          dtype, dev)
     gen = torch.Generator(device=dev).manual_seed(ws * 1000)
     inputs = [([torch.randn(m, k_local, device=dev, generator=gen).to(dtype) for _ in range(ws)],
                [(torch.randn(k_local, n, device=dev, generator=gen) / (k_local * ws) ** 0.5).to(dtype)
                 for _ in range(ws)]) for _ in range(calls)]
-    outs = _run_calls(ranks, c_stationary, inputs, (m // ws, n), dtype, dev)
+    outs = _run_calls(ranks, c_stationary, inputs, (m if all_reduce else m // ws, n), dtype, dev)
     for i, ((a, b), got) in enumerate(zip(inputs, outs)):
         total = sum(x.float() @ y.float() for x, y in zip(a, b))
         for r in range(ws):
-            _close(got[r], total[r * m // ws : (r + 1) * m // ws], f"call {i}, rank {r}")
+            _close(got[r], total if all_reduce else total[r * m // ws : (r + 1) * m // ws], f"call {i}, rank {r}")
 
 
 CHECKS = [
@@ -167,6 +169,10 @@ CHECKS = [
     ("c_stationary, 2 ranks, fp16", lambda: check_c(2, torch.float16)),
     ("c_stationary, 3 ranks, bf16", lambda: check_c(3)),
     ("c_stationary, 4 ranks, bf16", lambda: check_c(4)),
+    ("c_stationary all-reduce, 2 ranks, 1 split, bf16", lambda: check_c(2, all_reduce=True)),
+    ("c_stationary all-reduce, 2 ranks, 4 splits, fp16", lambda: check_c(2, torch.float16, all_reduce=True, splits=4)),
+    ("c_stationary all-reduce, 3 ranks, 2 splits, bf16", lambda: check_c(3, all_reduce=True, splits=2)),
+    ("c_stationary all-reduce, 4 ranks, 2 splits, bf16", lambda: check_c(4, all_reduce=True, splits=2)),
 ]
 
 
