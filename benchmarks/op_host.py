@@ -5,6 +5,8 @@ enqueued back to back) and its device time (median of 20, each after a device sl
 
     python benchmarks/op_host.py                        # kernels relaunched from the context's cache
     SYNCOPATE_RELAUNCH=0 python benchmarks/op_host.py   # through Triton's dispatch every call
+    python benchmarks/op_host.py stationary             # the a_stationary / c_stationary templates
+                                                        # (and all_gather_matmul's return_gathered with it)
 """
 
 from __future__ import annotations
@@ -20,20 +22,29 @@ import torch.distributed as dist
 import syncopate
 from syncopate.kernels.local_ranks import free_port, join_group
 from syncopate.kernels.reference import relative_error
-from syncopate.search_space import Candidate
+from syncopate.search_space import Candidate, a_stationary_candidate, c_stationary_candidate
 
 CANDIDATE = Candidate(backend="copy_engine", template="direct", num_splits=2, block_m=128, block_n=256, block_k=64,
                       group_m=8, num_warps=8, num_stages=3, tile_order="arrival")
 CASES = [("ag_gemm", (8192, 2048, 8192)), ("gemm_rs", (8192, 8192, 2048)), ("gemm_ar", (8192, 8192, 2048))]
+STATIONARY = {"ag_gemm": a_stationary_candidate(2), "gemm_rs": c_stationary_candidate(),
+              "gemm_ar": c_stationary_candidate(2)}
 
 
 
-def case(kind: str, m: int, n: int, k: int, group, dev: torch.device) -> str:
+def case(kind: str, m: int, n: int, k: int, group, dev: torch.device, candidate: Candidate = CANDIDATE) -> str:
     ops = {"ag_gemm": syncopate.all_gather_matmul, "gemm_rs": syncopate.matmul_reduce_scatter,
            "gemm_ar": syncopate.matmul_all_reduce}
 
     def op(a, b):
-        return ops[kind](a, b, group, CANDIDATE)
+        return ops[kind](a, b, group, candidate)
+
+    if kind == "ag_gemm":  # the gathered A too (a stationary candidate takes the direct plan for it)
+        a = torch.randn(m, k, device=dev).to(torch.bfloat16)
+        b = (torch.randn(k, n, device=dev) / k**0.5).to(torch.bfloat16)
+        out, gathered = syncopate.all_gather_matmul(a, b, group, candidate, return_gathered=True)
+        torch.cuda.synchronize()
+        assert torch.equal(gathered, a) and relative_error(out, a.float() @ b.float()) < 1e-2
 
     def inputs():
         return (torch.randn(m, k, device=dev).to(torch.bfloat16),
@@ -65,7 +76,8 @@ def case(kind: str, m: int, n: int, k: int, group, dev: torch.device) -> str:
         end.record()
         torch.cuda.synchronize()
         device_us.append(start.elapsed_time(end) * 1000)
-    return (f"{kind} {m}x{n}x{k} SYNCOPATE_RELAUNCH={os.environ.get('SYNCOPATE_RELAUNCH', '1')} rel_err {worst:.2e} "
+    return (f"{kind} {m}x{n}x{k} {candidate.template}/s{candidate.num_splits} "
+            f"SYNCOPATE_RELAUNCH={os.environ.get('SYNCOPATE_RELAUNCH', '1')} rel_err {worst:.2e} "
             f"host_us {statistics.median(batches):.1f} device_us {statistics.median(device_us):.1f}")
 
 
@@ -75,8 +87,9 @@ def main() -> int:
         return 2
     dev = join_group(0, 1, free_port())
     try:
+        stationary = sys.argv[1:] == ["stationary"]
         for kind, shape in CASES:
-            print(case(kind, *shape, dist.group.WORLD, dev), flush=True)
+            print(case(kind, *shape, dist.group.WORLD, dev, STATIONARY[kind] if stationary else CANDIDATE), flush=True)
     finally:
         dist.destroy_process_group()
     return 0
