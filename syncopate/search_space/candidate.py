@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from syncopate.errors import ConfigError
-from syncopate.search_space.chunk_plan import CANDIDATE_TEMPLATES
+from syncopate.search_space.chunk_plan import CANDIDATE_TEMPLATES, STATIONARY_KINDS
 from syncopate.search_space.tile_order import TILE_ORDERS
 
 __all__ = ["BACKENDS", "Candidate"]
@@ -130,6 +130,8 @@ class Candidate:
     def short(self) -> str:
         """A one-line summary for tables."""
         sms = f" sms={self.comm_sms}" if self.comm_sms else ""
+        if self.template in STATIONARY_KINDS:  # no fused kernel: its tile fields are unused
+            return f"{self.backend}/{self.template}/s{self.num_splits} cuBLAS"
         return (
             f"{self.backend}/{self.template}/s{self.num_splits}/{self.tile_order}{sms} "
             f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} st{self.num_stages}"
