@@ -94,7 +94,8 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
     r, ws, e = plan.rank, plan.world_size, ctx.begin_call()
     main = torch.cuda.current_stream()
     b = b.contiguous()  # what is pushed is B's bytes in row-major order
-    push, ready, pull = ctx.fork(main, 3 if plan.all_reduce else 1) + [None] * (0 if plan.all_reduce else 2)
+    streams = ctx.fork(main, 3 if plan.all_reduce else 1)  # pushes; an all-reduce's chunks out, and pulls
+    push = streams[0]
     a_recv, b_recv = ctx.buffers["a_recv"], ctx.buffers["b_recv"]
     rows = plan.m // ws
     a_bytes = rows * plan.k_local * a.element_size()
@@ -119,8 +120,9 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
         streamops.wait_value(main.cuda_stream, ctx.signal_address(r, ARRIVED + q), e)
         add_product(block, a_recv.local[q], b_recv.local[q])
     if not plan.all_reduce:
-        ctx.join(main, [push])
+        ctx.join(main, streams)
         return
+    ready, pull = streams[1:]
     row_bytes = plan.n * out.element_size()
     if peers:
         streamops.wait_value(main.cuda_stream, ctx.signal_address(r, ARRIVED + peers[-1]), e)
@@ -141,7 +143,7 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
             streamops.wait_value(pull.cuda_stream, ctx.signal_address(r, GATHER + q * plan.splits + j), e)
             streamops.copy_async(pull.cuda_stream, out[q0 + lo :].data_ptr(), reduced.peer_ptrs[q] + lo * row_bytes,
                                  (hi - lo) * row_bytes)
-    ctx.join(main, [push, ready, pull])
+    ctx.join(main, streams)
 
 
 def add_product(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
