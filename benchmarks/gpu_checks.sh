@@ -4,7 +4,7 @@
 # a one-line verdict per step is printed last.
 #
 #   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix tune order conns rs ar suite own gluon
-#                                                    probe sweep sweep4 suite4 calib (default: matrix tune order conns
+#                                                    probe sweep stationary sweep4 suite4 calib (default: matrix tune order conns
 #                                                    rs ar suite; SECONDS overrides the limit)
 #
 #   smoke   tests/test_gpu_ops.py, the quick matrix: one case per kind x backend, 10 calls back to back
@@ -24,6 +24,8 @@
 #           and SM copies, and the kept_interleaved producer order)
 #   sweep   syncopate tune configs/llama_tp2_sweep.yaml into results/llama_tp2-sweep.db (resumed when it
 #           exists; SIGINT at the limit stores what it has), copied to $OUT after
+#   stationary  the same for configs/llama_tp2_stationary.yaml (the link-bound shapes with the
+#           a_stationary and c_stationary templates) into results/llama_tp2-stationary.db
 #   sweep4  the same for configs/llama_tp4_sweep.yaml into results/llama_tp4-sweep.db (four GPUs)
 #   suite4  configs/llama_tp4.yaml, every kind, grid `tiny` (four GPUs)
 #   calib   syncopate calibrate into results/llama_tp2-sweep.db (the cost model's measured inputs)
@@ -110,13 +112,14 @@ for arg in "${steps[@]}"; do
             done ;;
         probe) step probe 150 python3 benchmarks/probe_faults.py --calls 3 --only "$PROBE_ONLY" ;;
         sweep) sweep sweep configs/llama_tp2_sweep.yaml results/llama_tp2-sweep.db ;;
+        stationary) sweep stationary configs/llama_tp2_stationary.yaml results/llama_tp2-stationary.db ;;
         sweep4) sweep sweep4 configs/llama_tp4_sweep.yaml results/llama_tp4-sweep.db ;;
         calib) step calib 200 python3 -m syncopate calibrate --db sqlite:///results/llama_tp2-sweep.db \
             --tiles 128x256x64w8s3,128x128x64w8s4
             cp results/llama_tp2-sweep.db "$OUT/" ;;
         suite4) step suite4 420 python3 -m syncopate bench --suite configs/llama_tp4.yaml --grid tiny \
             --repetitions 10 --json "$OUT/suite4.json" ;;
-        *) echo "unknown step $s: accepted are smoke matrix tune order conns rs ar suite own probe sweep sweep4 suite4 calib" >&2
+        *) echo "unknown step $s: accepted are smoke matrix tune order conns rs ar suite own gluon probe sweep stationary sweep4 suite4 calib" >&2
             exit 2 ;;
     esac
 done

@@ -299,3 +299,13 @@ def test_the_cost_model_prefers_c_stationary_where_k_per_rank_is_small():
         w = Workload(kind="gemm_rs", shape=(8192, n, k))
         ranked = model.rank(w, TWO, space(w, TWO))
         assert (ranked[0].candidate.template == C_STATIONARY) is wins, (n, ranked[0])
+
+
+def test_the_stationary_sweep_config_measures_both_templates_on_the_link_bound_shapes():
+    from syncopate.autotuner.sweep import load_sweep
+
+    sweep = load_sweep("configs/llama_tp2_stationary.yaml")
+    topo = sweep.topology()
+    found = {w.kind: {c.template for c in space(w, topo, sweep.space)} for w in sweep.workloads}
+    assert found == {"ag_gemm": {A_STATIONARY}, "gemm_rs": {C_STATIONARY}, "gemm_ar": {C_STATIONARY}}
+    assert sum(len(space(w, topo, sweep.space)) for w in sweep.workloads) == 18
