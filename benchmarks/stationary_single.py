@@ -31,29 +31,12 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
+import sys
 
 import torch
 
-DEV = torch.device("cuda", 0)
-
-
-def bench(fn, reps=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        torch.cuda._sleep(3_000_000)
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) * 1000.0)
-    return statistics.median(times)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_single import DEV, bench  # noqa: E402  (the same timing as the other one-GPU benchmarks)
 
 
 def case(m_local, n_local, k, splits):

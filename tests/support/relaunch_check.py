@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 
 if os.environ.get("TRITON_INTERPRET", "0") == "1":
     sys.exit("relaunch_check: unset TRITON_INTERPRET; it launches compiled kernels")
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from checks import run_checks  # noqa: E402
 
 from syncopate.kernels import launch  # noqa: E402
 from syncopate.kernels.reference import relative_error  # noqa: E402
@@ -167,19 +167,11 @@ def main() -> int:
     if not triton.__version__.startswith(launch.RELAUNCH_TRITON):
         print(f"relaunching is used with Triton {launch.RELAUNCH_TRITON}, not {triton.__version__}")
         return 3
-    failed = 0
-    for name, check in [("consumer", consumer_check), ("consumer reading its own shard", own_shard_check),
-                        ("reduce-scatter producer", lambda: producer_check(False)),
-                        ("all-reduce producer", lambda: producer_check(True)),
-                        ("reduce-scatter producer in Gluon", lambda: producer_check(False, gluon=True)),
-                        ("all-reduce producer in Gluon, B k-major", lambda: producer_check(True, True, True))]:
-        try:
-            check()
-            print(f"ok    {name}", flush=True)
-        except Exception:
-            failed += 1
-            print(f"FAIL  {name}\n{traceback.format_exc()}", flush=True)
-    return 1 if failed else 0
+    return run_checks([("consumer", consumer_check), ("consumer reading its own shard", own_shard_check),
+                       ("reduce-scatter producer", lambda: producer_check(False)),
+                       ("all-reduce producer", lambda: producer_check(True)),
+                       ("reduce-scatter producer in Gluon", lambda: producer_check(False, gluon=True)),
+                       ("all-reduce producer in Gluon, B k-major", lambda: producer_check(True, True, True))])
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import traceback
 from types import SimpleNamespace
 
 # Every rank's four streams on one device: with fewer hardware queues than streams, a rank's stream
@@ -23,6 +22,7 @@ from types import SimpleNamespace
 os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
 
 import torch  # noqa: E402
+from checks import run_checks  # noqa: E402
 
 from syncopate.kernels import a_stationary, c_stationary, streamops  # noqa: E402
 from syncopate.kernels.tables import PAD_WORDS  # noqa: E402
@@ -177,15 +177,7 @@ CHECKS = [
 
 
 def main() -> int:
-    failed = 0
-    for name, run in CHECKS:
-        try:
-            run()
-            print(f"ok    {name}", flush=True)
-        except Exception:
-            failed += 1
-            print(f"FAIL  {name}\n{traceback.format_exc()}", flush=True)
-    return 1 if failed else 0
+    return run_checks(CHECKS)
 
 
 if __name__ == "__main__":
