@@ -237,7 +237,7 @@ def all_gather_matmul(
     if cand.template == A_STATIONARY and return_gathered:  # nothing gathers A there: the direct plan does
         return all_gather_matmul(a_shard, b, group, dataclasses.replace(cand, template="direct"),
                                  return_gathered=True, out=out, spin_limit=spin_limit)
-    m = m_local * dist.get_world_size(group or dist.group.WORLD)
+    m = m_local * plan.world_size
     if out is None:
         out = torch.empty((m, n_local), dtype=a_shard.dtype, device=a_shard.device)
     elif out.shape != (m, n_local) or out.dtype != a_shard.dtype or not out.is_contiguous():
