@@ -17,9 +17,8 @@
 #   suite   configs/llama_tp2.yaml, every kind, grid `tiny`
 #   own     the TP=2 ag_gemm suite (copy engine, grid `tiny`) with the own rows copied first and read
 #           from the shard (SYNCOPATE_OWN_SHARD=0 / 1), twice in turn
-#   gluon   the producers in Gluon (SYNCOPATE_GLUON=1): the gemm_rs / gemm_ar part of the matrix, then
-#           the TP=2 gemm_rs and gemm_ar suite (grid `tiny`) with the Triton (0) and Gluon (1) producers,
-#           twice in turn
+#   gluon   the Gluon kernels (SYNCOPATE_GLUON=1): the matrix with them, then the TP=2 suite (grid
+#           `tiny`) with the Triton (0) and Gluon (1) consumer and producers, twice in turn
 #   probe   benchmarks/probe_faults.py on the cases of $PROBE_ONLY (default: the all-reduce over NCCL
 #           and SM copies, and the kept_interleaved producer order)
 #   sweep   syncopate tune configs/llama_tp2_sweep.yaml into results/llama_tp2-sweep.db (resumed when it
@@ -102,12 +101,12 @@ for arg in "${steps[@]}"; do
                     configs/llama_tp2.yaml --kinds ag_gemm --grid tiny --backends copy_engine --repetitions 10 \
                     --json "$OUT/own$v-$own_runs.json"
             done ;;
-        gluon) step gluon-matrix 300 env SYNCOPATE_GLUON=1 SYNCOPATE_GPU_TEST_KINDS=gemm_rs,gemm_ar python3 -m pytest \
+        gluon) step gluon-matrix 420 env SYNCOPATE_GLUON=1 python3 -m pytest \
                 -s -q -p no:cacheprovider -m multigpu \
                 "tests/test_gpu_ops.py::test_fused_ops_match_the_reference_on_two_gpus[full]"
-            for v in 0 1 0 1; do  # the producers in Triton (0) and in Gluon (1), in turn
-                step gluon$v-$((++gluon_runs)) 300 env SYNCOPATE_GLUON=$v python3 -m syncopate bench --suite \
-                    configs/llama_tp2.yaml --kinds gemm_rs,gemm_ar --grid tiny --repetitions 10 \
+            for v in 0 1 0 1; do  # the Triton (0) and Gluon (1) kernels, in turn
+                step gluon$v-$((++gluon_runs)) 420 env SYNCOPATE_GLUON=$v python3 -m syncopate bench --suite \
+                    configs/llama_tp2.yaml --grid tiny --repetitions 10 \
                     --json "$OUT/gluon$v-$gluon_runs.json"
             done ;;
         probe) step probe 150 python3 benchmarks/probe_faults.py --calls 3 --only "$PROBE_ONLY" ;;

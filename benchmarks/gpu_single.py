@@ -13,7 +13,8 @@ cases for their host time a launch (relaunched and not; PROFILE_HOST=1 adds a pr
 consumer's tile configurations on the GEMM-bound ag_gemm shapes, `paced` the consumer with the
 peer's chunks landing at the two-H200 link's pace, its own rows copied, in place or read from the shard,
 `gluon` the producer in Gluon against the Triton producer, `gluon-paced` the same with the peer's
-partials landing while they run, `gluon-ranks` both for rank 0 of four ranks.
+partials landing while they run, `gluon-ranks` both for rank 0 of four ranks, `gluon-consumer` the
+consumer in Gluon against the Triton consumer, chunks there and paced.
 """
 
 from __future__ import annotations
@@ -405,10 +406,15 @@ def copy_case(nbytes=256 << 20, programs=32):
 
 def kernel_stats():
     """Registers, spills and shared memory of the most recently compiled consumer/producer."""
+    from syncopate.kernels import gluon_kernels
     from syncopate.kernels.triton_kernels import consumer_kernel, producer_kernel
 
     out = {}
-    for name, k in (("consumer", consumer_kernel), ("producer", producer_kernel)):
+    kernels = [("consumer", consumer_kernel), ("producer", producer_kernel)]
+    if gluon_kernels.AVAILABLE:
+        kernels += [("gluon consumer", gluon_kernels.gluon_consumer_kernel),
+                    ("gluon producer", gluon_kernels.gluon_producer_kernel)]
+    for name, k in kernels:
         try:
             caches = k.device_caches if hasattr(k, "device_caches") else None
             kernels = list(caches[0][0].values()) if caches else list(getattr(k, "cache", {}).get(0, {}).values())
@@ -548,6 +554,23 @@ def gluon_paced_matrix():
     return cases
 
 
+def gluon_consumer_matrix():
+    """The all-gather's consumer in Gluon (SYNCOPATE_GLUON=1) against the Triton consumer, in turn, on
+    the per-rank GEMMs of the TP=2 suite's ag_gemm shapes (N=14336, 11008, 4096, 2048, 28672), own
+    rows read from the shard, the peer's chunks there before the call and landing at the link's
+    pace (351 GB/s, the first 21 µs late)."""
+    cases = []
+    big, small = (128, 256, 64, 8, 3), (128, 128, 64, 8, 4)
+    for (m, n, k), cfg, splits in [((8192, 7168, 4096), big, 2), ((8192, 5504, 4096), big, 2),
+                                   ((8192, 2048, 8192), big, 2), ((8192, 1024, 8192), small, 8),
+                                   ((8192, 14336, 8192), big, 2)]:
+        for pace in (None, 351.0):
+            for g in ("0", "1"):
+                cases.append(with_env("SYNCOPATE_GLUON", g, lambda m=m, n=n, k=k, cfg=cfg, s=splits, p=pace:
+                                      consumer_case(m, n, k, cfg, s, pace_gbps=p, own="shard")))
+    return cases
+
+
 def tiles_matrix():
     """The consumer's tile configurations and L2 groupings on the per-rank GEMMs of the GEMM-bound
     ag_gemm shapes, beside cuBLAS."""
@@ -567,7 +590,7 @@ def main():
     modes = {"producer": producer_matrix, "scatter": scatter_matrix, "occupancy": occupancy_matrix,
              "tiles": tiles_matrix, "host": host_matrix, "paced": paced_matrix,
              "gluon": gluon_matrix, "gluon-paced": gluon_paced_matrix,
-             "gluon-ranks": gluon_ranks_matrix}
+             "gluon-ranks": gluon_ranks_matrix, "gluon-consumer": gluon_consumer_matrix}
     if len(sys.argv) == 2 and sys.argv[1] in modes:
         return report(modes[sys.argv[1]]())
     for (m, n, k) in [(8192, 5504, 4096), (8192, 14336, 8192), (8192, 1024, 8192), (8192, 2048, 8192)]:
@@ -612,7 +635,10 @@ def report(cases):
         if "torch_us" in r:
             extra = (f" | out {r['err_out']:.1e} send {r['err_send']:.1e} nan {r['nan_out']}/{r['nan_send']}"
                      f" counters0 {r['counters_zero']} ready {r['ready_raised']}") if "err_out" in r else ""
-            ks = r.get("kernels", {}).get("producer" if r["case"].startswith("producer") else "consumer", {})
+            role = "producer" if r["case"].startswith("producer") else "consumer"
+            if r["case"].endswith("SYNCOPATE_GLUON=1"):
+                role = "gluon " + role
+            ks = r.get("kernels", {}).get(role, {})
             print(f"{r['case']} | {r['rel_err']:.2e} | {r['ours_us']:.1f} | {r.get('host_us', float('nan')):.1f} | "
                   f"{r['torch_us']:.1f} | "
                   f"{r['torch_us'] / r['ours_us']:.3f} | {r['tflops']:.0f} | {r['tma']} | flag {r['error_flag']}{extra} | "

@@ -97,7 +97,7 @@ KERNEL_SWITCHES: tuple[str, ...] = (
     "SYNCOPATE_GLUON", "SYNCOPATE_OWN_SHARD", "SYNCOPATE_RELAUNCH", "SYNCOPATE_COMM_FIRST", "SYNCOPATE_TMA",
     "SYNCOPATE_TMA_EPI", "SYNCOPATE_EPI_SPLIT", "SYNCOPATE_DEFER_KEPT",
 )
-"""Environment switches that change which kernel code a fused op runs (the Gluon producer, the
+"""Environment switches that change which kernel code a fused op runs (the Gluon kernels, the
 all-gather's own rows, relaunching, …): part of every relaunch key, passed on to the gang actors and
 recorded with each trial."""
 

@@ -1,8 +1,8 @@
 """Layer: the Triton compiler on the CPU. The fused kernels compile for an H100/H200 (sm_90).
 
 The interpreter tests run the kernels' logic; this one runs what only the compiler sees (TMA
-descriptors, the PTX acquire waits, the producer's pointer and TMA epilogues, the producer in Gluon,
-which no interpreter runs, the copier) in a fresh process, so that a kernel Triton cannot compile
+descriptors, the PTX acquire waits, the producer's pointer and TMA epilogues, the consumer and
+producer in Gluon, which no interpreter runs, the copier) in a fresh process, so that a kernel Triton cannot compile
 fails here rather than at the start of a GPU run.
 """
 
@@ -23,9 +23,10 @@ def test_every_launched_kernel_variant_compiles_for_sm90():
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     ok = [line for line in lines if line.startswith("ok ")]
-    assert len(ok) == 14, done.stdout
+    assert len(ok) == 16, done.stdout
     assert sum("tma epilogue" in line for line in ok) == 2, done.stdout
-    assert sum(" gluon " in line for line in ok) == 3, done.stdout  # the producer in Gluon: both kinds, 4 ranks
+    # In Gluon: the producer (both kinds, four ranks) and the consumer (its shard, a K-major B).
+    assert sum(" gluon " in line for line in ok) == 5, done.stdout
     assert all("acquire loads" in line for line in ok)
     # Every wait the consumer and producer compile is an acquire load (the copier polls with atomics).
     assert all(" 0 acquire loads" not in line for line in ok if "copier" not in line), done.stdout

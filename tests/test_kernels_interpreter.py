@@ -503,6 +503,57 @@ def test_the_gluon_producer_is_taken_only_where_it_applies(monkeypatch):
     assert not taken(), "a Triton without Gluon's Hopper API"
 
 
+def test_the_gluon_consumer_is_taken_only_where_it_applies(monkeypatch):
+    """The Gluon consumer (GPU only, like the producer) is opt-in through the same switch and needs
+    the TMA path for every operand (the shard too), 16-bit operands, tiles its wgmma layout takes,
+    its buffers in shared memory and enough K steps to fill them; the Triton consumer takes the rest,
+    and the launch goes to whichever was chosen."""
+    from syncopate.kernels import gluon_kernels, launch
+
+    c = cand(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, num_splits=2)
+    a, b, out = (torch.empty(512, 1024, dtype=torch.bfloat16), torch.empty(1024, 256, dtype=torch.bfloat16),
+                 torch.empty(512, 256, dtype=torch.bfloat16))
+    tma = {"on": True}
+    monkeypatch.setattr(launch, "use_tma", lambda *tensors: tma["on"])
+    monkeypatch.setattr(launch, "compiled_for_gpu", lambda t: True)
+    monkeypatch.setattr(gluon_kernels, "AVAILABLE", True)
+
+    def taken(cc=c, k=1024, aa=a):
+        return launch.gluon_consumer(cc, k, aa, b, out, aa[:256])
+
+    monkeypatch.delenv("SYNCOPATE_GLUON", raising=False)
+    assert not taken(), "opt-in"
+    monkeypatch.setenv("SYNCOPATE_GLUON", "1")
+    assert taken()
+    assert not taken(k=64), "one K step, two buffers to fill ahead"
+    assert not taken(cc=c.replace(num_stages=5)), "over 227 KB of shared memory"
+    assert not taken(cc=c.replace(block_m=64)), "64 rows for 8 warps"
+    assert not taken(aa=a.float()), "16-bit operands only"
+    tma["on"] = False
+    assert not taken(), "an operand off the TMA path"
+    tma["on"] = True
+
+    launched = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append(self.name)
+
+    monkeypatch.setattr(gluon_kernels, "gluon_consumer_kernel", Recorder("gluon"), raising=False)
+    monkeypatch.setattr(launch, "consumer_kernel", Recorder("triton"))
+    monkeypatch.setattr(launch, "_gl_descriptor", lambda t, block: None)
+    monkeypatch.setattr(launch, "_descriptor", lambda t, block: None)
+    tables = consumer_tables(plan_for("ag_gemm", "direct", 2, 512, 2, 128), 0, 256, c, CPU)
+    pad, err = torch.zeros(PAD_WORDS, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    launch.launch_consumer(a, b, out, tables, c, 1, pad, err, 132, a_own=a[:256], own_row0=0)
+    monkeypatch.setenv("SYNCOPATE_GLUON", "0")
+    launch.launch_consumer(a, b, out, tables, c, 1, pad, err, 132)
+    assert launched == ["gluon", "triton"]
+
+
 def test_a_gluon_producer_that_does_not_compile_says_how_to_go_on(monkeypatch):
     """A Triton whose Gluon the producer does not compile with (its API moves between releases):
     one error that names the version and the switch to unset, not a compiler traceback alone."""

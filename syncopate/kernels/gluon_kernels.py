@@ -1,8 +1,11 @@
-"""Gluon kernels (Hopper): the producer's TMA-epilogue path in Triton's lower-level dialect.
+"""Gluon kernels (Hopper): the fused GEMMs' TMA paths in Triton's lower-level dialect.
 
-`producer_kernel` (triton_kernels.py) leaves its software pipelining to Triton's compiler, which
-does not pipeline across tiles and issues each partial load in the epilogue only to wait for it at
-once. This kernel computes the same entries from the same tables with the pipeline written out:
+`producer_kernel` and `consumer_kernel` (triton_kernels.py) leave their software pipelining to
+Triton's compiler, which does not pipeline across tiles, waits for each tile's output store before
+the next tile's first K step, and issues each partial load in the epilogue only to wait for it at
+once. These kernels compute the same tiles from the same tables with the pipeline written out.
+
+`gluon_producer_kernel`:
 
 - a ring of NUM_BUF shared-memory operand buffers filled by TMA loads that run NUM_BUF - 1 K steps
   ahead of the tensor cores, into the program's next tile near the end of a tile;
@@ -18,8 +21,18 @@ once. This kernel computes the same entries from the same tables with the pipeli
 
 Semantics (entries, chunks, signals, counters, the all-reduce's second store and gather signals,
 bounded waits that set `error_ptr[0]` and go on) are those of `producer_kernel` with TMA_EPI and
-EPI_SPLIT=1; see its docstring. No interpreter runs Gluon: the CPU suite compiles this kernel for
-sm_90 (tests/support/compile_sm90.py), the GPU suite checks its results.
+EPI_SPLIT=1; see its docstring.
+
+`gluon_consumer_kernel` (the all-gather's consumer, `consumer_kernel`'s TMA path): the same operand
+ring, loads running ahead into the program's next tile. A tile outside the rank's own shard needs
+its chunk(s) before its first load is issued, which is NUM_BUF - 1 K steps before the tile before
+it ends: there the chunk's word is read once, and if the chunk is not there yet the next tile's
+first loads are left for its start, where the program waits for the chunk (a late chunk holds
+back no step of the tile in flight, and the current tile's output is stored before the wait).
+The output tile's TMA store is left in flight until the next tile's epilogue.
+
+No interpreter runs Gluon: the CPU suite compiles both kernels for sm_90
+(tests/support/compile_sm90.py), the GPU suite checks their results.
 
 The module imports where Triton lacks Gluon's Hopper API; `AVAILABLE` says whether it has it.
 """
@@ -44,7 +57,7 @@ except ImportError:  # a Triton without Gluon's Hopper API
 else:
     AVAILABLE = True
 
-__all__ = ["AVAILABLE", "gluon_producer_kernel", "TensorDescriptor"]
+__all__ = ["AVAILABLE", "gluon_producer_kernel", "gluon_consumer_kernel", "TensorDescriptor"]
 
 if AVAILABLE:
     # Renamed after triton 3.6: the TMA copies (async_copy_global_to_shared -> async_load, …).
@@ -262,3 +275,125 @@ if AVAILABLE:
         if to_count > 0:
             _count(count_c, to_count, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr,
                    gather_slot_ptr, peer_signal_ptrs, epoch, WORLD, ALL_REDUCE)
+
+    @gluon.jit
+    def _chunks_there(mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, tm, epoch, error_ptr, spins):
+        """Whether the chunk(s) m-tile `tm` lies in are there, from at most `spins` polls of each word
+        (1: a look; a bound that runs out sets the error flag only when `spins` > 1)."""
+        lo = gl.load(mtile_lo_ptr + tm)
+        hi = gl.load(mtile_hi_ptr + tm)
+        there = (_poll(signal_ptr + gl.load(chunk_slot_ptr + lo), epoch, spins) - epoch) >= 0
+        if hi - 1 != lo:
+            there = there & ((_poll(signal_ptr + gl.load(chunk_slot_ptr + hi - 1), epoch, spins) - epoch) >= 0)
+        if spins != 1:
+            if not there:
+                gl.atomic_xchg(error_ptr, 1)
+        return there.to(gl.int32)
+
+    @gluon.jit
+    def _issue_ab(job, own, row, col, ki, a_desc, own_desc, b_desc, bars, a_bufs, b_bufs,
+                  BLOCK_K: gl.constexpr, NUM_BUF: gl.constexpr, B_KMAJOR: gl.constexpr, pred):
+        """Job `job`'s TMA loads: A's rows from the shard (`own`) or the gathered buffer, B's columns."""
+        s = job % NUM_BUF
+        bar = bars.index(s)
+        mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
+        if own != 0:  # a branch, not two predicated loads: 3-4 % faster at 128x128 tiles (one H200)
+            _tma_load(own_desc, [row, ki * BLOCK_K], bar, a_bufs.index(s), pred)
+        else:
+            _tma_load(a_desc, [row, ki * BLOCK_K], bar, a_bufs.index(s), pred)
+        if B_KMAJOR:
+            _tma_load(b_desc, [col, ki * BLOCK_K], bar, b_bufs.index(s), pred)
+        else:
+            _tma_load(b_desc, [ki * BLOCK_K, col], bar, b_bufs.index(s), pred)
+
+    @gluon.jit(do_not_specialize=["epoch"])
+    def gluon_consumer_kernel(
+        a_desc, own_desc, b_desc, c_desc,
+        N, K, own_row0, num_tiles, own_tiles,
+        order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, epoch, error_ptr, max_spin,
+        B_KMAJOR: gl.constexpr, NUM_BUF: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        """All-gather consumer, `consumer_kernel`'s TMA semantics: out = A @ B, tiles in the order of
+        `order_ptr`; the first `own_tiles` positions read A's rows from the shard (`own_desc`, output
+        row `own_row0` its first) with no wait, the others from the gathered buffer (`a_desc`) once
+        their chunk(s) are there (module docstring); K at least NUM_BUF - 1 steps."""
+        BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        dtype: gl.constexpr = a_desc.dtype
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                             instr_shape=[16, BLOCK_N, 16])
+        a_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF] + a_desc.block_type.shape, a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF] + b_desc.block_type.shape, b_desc.layout)
+        c_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], c_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+        for stage in gl.static_range(NUM_BUF):
+            mbarrier.init(bars.index(stage), count=1)
+
+        pid = gl.program_id(0)
+        num_programs = gl.num_programs(0)
+        tiles_n = gl.cdiv(N, BLOCK_N)
+        k_tiles = gl.cdiv(K, BLOCK_K)
+        my_tiles = gl.cdiv(num_tiles - pid, num_programs)
+        jobs = my_tiles * k_tiles
+        # The K step of a tile at which loads start going to the program's next tile.
+        look_at = k_tiles - (NUM_BUF - 1)
+
+        tile = gl.load(order_ptr + pid)
+        tm = tile // tiles_n
+        tn = tile - tm * tiles_n
+        own = (pid < own_tiles).to(gl.int32)
+        if own == 0:
+            _chunks_there(mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, tm, epoch, error_ptr, max_spin)
+        row = gl.where(own != 0, tm * BLOCK_M - own_row0, tm * BLOCK_M)
+        for j in gl.static_range(NUM_BUF - 1):
+            _issue_ab(j, own, row, tn * BLOCK_N, j, a_desc, own_desc, b_desc, bars, a_bufs, b_bufs, BLOCK_K, NUM_BUF,
+                      B_KMAJOR, j < jobs)
+        job = 0
+        held = 0  # the current tile's first loads were left for its start: its chunk was not there
+        for e in range(my_tiles):
+            i = pid + e * num_programs
+            has_next = e + 1 < my_tiles
+            ntile = gl.load(order_ptr + i + num_programs, mask=has_next, other=0)
+            nm = ntile // tiles_n
+            nn = ntile - nm * tiles_n
+            nown = (i + num_programs < own_tiles).to(gl.int32)
+            nrow = gl.where(nown != 0, nm * BLOCK_M - own_row0, nm * BLOCK_M)
+            if held != 0:
+                _chunks_there(mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, tm, epoch, error_ptr, max_spin)
+                for j in gl.static_range(NUM_BUF - 1):
+                    _issue_ab(job + j, own, row, tn * BLOCK_N, j, a_desc, own_desc, b_desc, bars, a_bufs, b_bufs,
+                              BLOCK_K, NUM_BUF, B_KMAJOR, job + j < jobs)
+            go_next = 1
+            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+            for ki in range(k_tiles):
+                if ki == look_at:
+                    if has_next:
+                        if nown == 0:
+                            go_next = _chunks_there(mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, nm, epoch,
+                                                    error_ptr, 1)
+                s = job % NUM_BUF
+                mbarrier.wait(bars.index(s), (job // NUM_BUF) & 1)
+                if B_KMAJOR:
+                    acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
+                else:
+                    acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, is_async=True)
+                acc = warpgroup_mma_wait(1, deps=(acc, ))  # the step before is done: its buffers are free
+                ka = ki + NUM_BUF - 1
+                here = ka < k_tiles
+                _issue_ab(job + NUM_BUF - 1, gl.where(here, own, nown), gl.where(here, row, nrow),
+                          gl.where(here, tn, nn) * BLOCK_N, gl.where(here, ka, ka - k_tiles), a_desc, own_desc, b_desc,
+                          bars, a_bufs, b_bufs, BLOCK_K, NUM_BUF, B_KMAJOR,
+                          (job + NUM_BUF - 1 < jobs) & (here | (go_next != 0)))
+                job += 1
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            tma.store_wait(0)  # the previous tile's store has left the staging buffer
+            c_smem.store(acc.to(dtype))
+            fence_async_shared()
+            _tma_store(c_desc, [tm * BLOCK_M, tn * BLOCK_N], c_smem)
+            held = 1 - go_next
+            tm = nm
+            tn = nn
+            own = nown
+            row = nrow
+        tma.store_wait(0)

@@ -21,7 +21,7 @@ from syncopate.search_space import Candidate
 
 __all__ = [
     "interpreting", "use_tma", "own_shard_readable", "launch_consumer", "launch_producer", "launch_chunk_copy",
-    "copy_job_tables", "stage_chunk_copy", "gluon_producer", "TL_DTYPES",
+    "copy_job_tables", "stage_chunk_copy", "gluon_producer", "gluon_consumer", "TL_DTYPES",
 ]
 
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -191,6 +191,14 @@ def launch_consumer(
                signals.data_ptr(), error.data_ptr(), _shape_key(a_full), _shape_key(b), _shape_key(out),
                _shape_key(a_own), own_row0, own_tiles, _knob_values())
         again = cache.get(key)
+        if again is not None and isinstance(again, _GluonRelaunch):
+            b_mat = b.t() if b_is_kmajor(b) else b
+            varying = dict(b_desc=_gl_descriptor(b_mat, again.boxes["b_desc"]), epoch=epoch,
+                           c_desc=_gl_descriptor(out, again.boxes["c_desc"]))
+            if "own_desc" in again.slots:
+                varying.update(own_desc=_gl_descriptor(a_own, again.boxes["own_desc"]))
+            again(**varying)
+            return
         if again is not None:
             b_mat = b.t() if b_is_kmajor(b) else b
             again(b_ptr=b, c_ptr=out, own_ptr=a_own, epoch=epoch,
@@ -203,6 +211,10 @@ def launch_consumer(
     kmajor = b_is_kmajor(b)
     b_mat = b.t() if kmajor else b
     grid = _grid(tables.order.numel(), num_programs)
+    if gluon_consumer(c, K, a_full, b_mat, out, a_own):
+        _launch_gluon_consumer(a_full, b_mat, kmajor, out, a_own, own_row0, own_tiles, tables, c, epoch, signals, error,
+                               grid, spin_limit, cache, key)
+        return
     tma = use_tma(a_full, b_mat, out, a_own)
     args = (
         a_full, b, out,
@@ -322,13 +334,10 @@ GLUON_SMEM = 227 * 1024
 GLUON_PARTIAL_LEAD = 4
 """K steps before a tile's end at which the Gluon producer polls for the tile's partial and loads it."""
 
-def gluon_producer(c: Candidate, tables, K: int, a: torch.Tensor, b_mat: torch.Tensor,
-                   *buffers: torch.Tensor) -> bool:
-    """Whether a producer launch takes `gluon_kernels.gluon_producer_kernel` instead of
-    `producer_kernel`: asked for (SYNCOPATE_GLUON=1; off by default until checked with transfers),
-    compiled for a GPU with Gluon's Hopper API, on the TMA-epilogue path (`tma_epilogue` for
-    `buffers`, whole tiles), 16-bit operands, a tile the
-    kernel's wgmma layout takes (block_m of 64–256 rows, at least 16 a warp), num_stages operand
+def _gluon_fits(c: Candidate, K: int, a: torch.Tensor) -> bool:
+    """What both Gluon kernels need: asked for (SYNCOPATE_GLUON=1; off by default until checked
+    with transfers), compiled for a GPU with Gluon's Hopper API, 16-bit operands, a tile the
+    kernels' wgmma layout takes (block_m of 64–256 rows, at least 16 a warp), num_stages operand
     buffers plus the staging tile in shared memory, and K of at least num_stages - 1 steps."""
     if os.environ.get("SYNCOPATE_GLUON", "0") != "1" or not gluon_kernels.AVAILABLE or not compiled_for_gpu(a):
         return False
@@ -338,9 +347,23 @@ def gluon_producer(c: Candidate, tables, K: int, a: torch.Tensor, b_mat: torch.T
         return False
     elem = a.element_size()
     smem = c.num_stages * (c.block_m + c.block_n) * c.block_k * elem + c.block_m * c.block_n * elem
-    if c.num_stages < 2 or smem > GLUON_SMEM or -(-K // c.block_k) < c.num_stages - 1:
-        return False
-    return use_tma(a, b_mat) and tma_epilogue(c, tables, False, 1, *buffers)
+    return c.num_stages >= 2 and smem <= GLUON_SMEM and -(-K // c.block_k) >= c.num_stages - 1
+
+
+def gluon_producer(c: Candidate, tables, K: int, a: torch.Tensor, b_mat: torch.Tensor,
+                   *buffers: torch.Tensor) -> bool:
+    """Whether a producer launch takes `gluon_kernels.gluon_producer_kernel` instead of
+    `producer_kernel`: `_gluon_fits`, and the TMA-epilogue path (`tma_epilogue` for `buffers`,
+    whole tiles)."""
+    return _gluon_fits(c, K, a) and use_tma(a, b_mat) and tma_epilogue(c, tables, False, 1, *buffers)
+
+
+def gluon_consumer(c: Candidate, K: int, a_full: torch.Tensor, b_mat: torch.Tensor, out: torch.Tensor,
+                   a_own: torch.Tensor) -> bool:
+    """Whether a consumer launch takes `gluon_kernels.gluon_consumer_kernel` instead of
+    `consumer_kernel`: `_gluon_fits`, and the TMA path for every operand (tiles over the shape's
+    edges are the descriptors' business: loads past them read zeros, stores past them are dropped)."""
+    return _gluon_fits(c, K, a_full) and use_tma(a_full, b_mat, out, a_own)
 
 
 @functools.lru_cache(maxsize=64)
@@ -379,16 +402,37 @@ def _launch_gluon_producer(a, b_mat, kmajor, send, out, reduced, recv_rows, out_
     )
     kwargs = dict(WORLD=world, ALL_REDUCE=reduced is not None, B_KMAJOR=kmajor, NUM_BUF=c.num_stages,
                   PARTIAL_LEAD=GLUON_PARTIAL_LEAD, num_warps=c.num_warps)
-    kernel = gluon_kernels.gluon_producer_kernel
+    _run_gluon(gluon_kernels.gluon_producer_kernel, "producer", grid, args, kwargs, cache, key,
+               ["a_desc", "b_desc", "out_desc", "epoch"] + (["reduced_desc"] if reduced is None else []))
+
+
+def _launch_gluon_consumer(a_full, b_mat, kmajor, out, a_own, own_row0, own_tiles, tables, c, epoch, signals, error,
+                           grid, spin_limit, cache, key) -> None:
+    M, K = a_full.shape
+    a_desc = _gl_descriptor(a_full, [c.block_m, c.block_k])
+    args = (
+        a_desc, _gl_descriptor(a_own, [c.block_m, c.block_k]) if own_tiles else a_desc,
+        _gl_descriptor(b_mat, [c.block_n, c.block_k] if kmajor else [c.block_k, c.block_n]),
+        _gl_descriptor(out, [c.block_m, c.block_n]),
+        out.shape[1], K, own_row0, tables.order.numel(), own_tiles,
+        tables.order, tables.mtile_lo, tables.mtile_hi, tables.chunk_slot, signals, epoch, error, _spin(spin_limit),
+    )
+    kwargs = dict(B_KMAJOR=kmajor, NUM_BUF=c.num_stages, num_warps=c.num_warps)
+    _run_gluon(gluon_kernels.gluon_consumer_kernel, "consumer", grid, args, kwargs, cache, key,
+               ["b_desc", "c_desc", "epoch"] + (["own_desc"] if own_tiles else []))
+
+
+def _run_gluon(kernel, role: str, grid, args, kwargs, cache, key, varying) -> None:
+    """Launch a Gluon kernel (compiling it first if needed) and keep it in `cache` for relaunches;
+    a Triton whose Gluon it does not compile with gets one error saying how to go on."""
     try:
         compiled = kernel[grid](*args, **kwargs)
     except triton.compiler.errors.CompilationError as e:
         raise RuntimeUnavailableError(
-            f"the Gluon producer (SYNCOPATE_GLUON=1) does not compile with triton {triton.__version__} "
-            f"(checked with 3.6 and 3.9): unset SYNCOPATE_GLUON to use the Triton producer"
+            f"the Gluon {role} (SYNCOPATE_GLUON=1) does not compile with triton {triton.__version__} "
+            f"(checked with 3.6 and 3.9): unset SYNCOPATE_GLUON to use the Triton kernels"
         ) from e
     if cache is not None and key is not None and compiled is not None and hasattr(compiled, "run"):
-        varying = ["a_desc", "b_desc", "out_desc", "epoch"] + (["reduced_desc"] if reduced is None else [])
         _keep(cache, key, _GluonRelaunch(kernel, compiled, grid, args, kwargs, varying), _Relaunch.LIMIT)
 
 

@@ -5,7 +5,7 @@ path, the PTX acquire waits, register-heavy epilogues, and whatever a Triton rel
 front end. This script points Triton at an sm_90 target, makes every launch a compile-only warm-up,
 and compiles the variants the tuner launches on GPUs (TMA and pointer paths, K-major B, split and
 unsplit producer epilogues, pointer and TMA epilogues, kept chunks finished in the epilogue or deferred, reduce-scatter and
-all-reduce, the producer in Gluon, the SM-driven copier). Run it in a fresh
+all-reduce, the consumer and producer in Gluon, the SM-driven copier). Run it in a fresh
 process without TRITON_INTERPRET; it prints one line per variant and exits 1 if any fails.
 
     python tests/support/compile_sm90.py
@@ -71,13 +71,19 @@ launch.use_tma = lambda *tensors: tma_on["value"]
 launch.compiled_for_gpu = lambda t: True
 
 
-def consumer(c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1024):
+def consumer(c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1024, own=False):
+    """A consumer launch; `own`: rank 0's leading tiles read its shard."""
     plan = plan_for("ag_gemm", c.template, 2, m, c.num_splits, c.block_m)
     a = torch.empty(m, k, dtype=dtype)
     b = torch.empty(n, k, dtype=dtype).t() if kmajor else torch.empty(k, n, dtype=dtype)
     out = torch.empty(m, n, dtype=dtype)
-    launch.launch_consumer(a, b, out, consumer_tables(plan, 0, n, c, CPU), c, 3,
-                           torch.zeros(PAD_WORDS, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), 132, 1 << 20)
+    tables = consumer_tables(plan, 0, n, c, CPU)
+    lo, hi = block_bounds(m, 2, 0)
+    if own and tables.own_tiles == 0:
+        raise AssertionError("no tile of the order reads the shard")
+    launch.launch_consumer(a, b, out, tables, c, 3, torch.zeros(PAD_WORDS, dtype=torch.int32),
+                           torch.zeros(1, dtype=torch.int32), 132, 1 << 20, a_own=a[lo:hi].clone() if own else None,
+                           own_row0=lo)
 
 
 def producer(kind: str, c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1536, ws=2):
@@ -116,16 +122,15 @@ def copier(dtype):
     launch.launch_chunk_copy(ctx, None, [(0, 0, 1024, -1, 3, 1)], 32, 3, dtype, 1 << 20)
 
 
-def gluon(build):
-    """`build` with the producer in Gluon (SYNCOPATE_GLUON=1), checking that the Gluon kernel is what
-    compiled."""
+def gluon(build, kernel="gluon_producer_kernel"):
+    """`build` with the Gluon kernels (SYNCOPATE_GLUON=1), checking that `kernel` is what compiled."""
     saved = os.environ.get("SYNCOPATE_GLUON")
     os.environ["SYNCOPATE_GLUON"] = "1"
     try:
         build()
         names = [k.name for k in compiled]
-        if names != ["gluon_producer_kernel"]:
-            raise AssertionError(f"expected the Gluon producer to compile, got {names}")
+        if names != [kernel]:
+            raise AssertionError(f"expected {kernel} to compile, got {names}")
     finally:
         if saved is None:
             del os.environ["SYNCOPATE_GLUON"]
@@ -157,6 +162,10 @@ def variants():
         lambda: producer("gemm_ar", Candidate(num_splits=2, **small), fp16, True, m=4096))
     yield "gemm_rs gluon 128x256 bf16 four ranks", True, lambda: gluon(
         lambda: producer("gemm_rs", Candidate(num_splits=2, **big), bf16, False, m=4096, ws=4))
+    yield "consumer gluon 128x256 bf16 own shard", True, lambda: gluon(
+        lambda: consumer(Candidate(num_splits=2, **big), bf16, False, own=True), "gluon_consumer_kernel")
+    yield "consumer gluon 128x128 fp16 b k-major", True, lambda: gluon(
+        lambda: consumer(Candidate(num_splits=4, **small), fp16, True), "gluon_consumer_kernel")
     yield "chunk copier bf16", False, lambda: copier(bf16)
 
 

@@ -1,8 +1,9 @@
 """Check on one GPU that a fused kernel relaunched from a context's cache (`launch._Relaunch`)
 computes what a launch through Triton's dispatch computes, with the caller's tensors of each call:
 fresh inputs and outputs every call, outputs poisoned, against the float32 reference, and a tensor
-whose address changes alignment takes the full launch again. The producers are checked in Triton
-and in Gluon (`gluon_kernels.py`, SYNCOPATE_GLUON=1), there with a K-major B too.
+whose address changes alignment takes the full launch again. The consumer and the producers are
+checked in Triton and in Gluon (`gluon_kernels.py`, SYNCOPATE_GLUON=1), there with a K-major B too,
+and the Gluon consumer with chunks that land while it runs.
 
 Run in a fresh process without TRITON_INTERPRET (tests/test_gpu_relaunch.py does): it prints one
 line per check and exits 1 if one fails, 3 where this Triton release is not relaunched.
@@ -22,7 +23,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from checks import run_checks  # noqa: E402
 
-from syncopate.kernels import launch  # noqa: E402
+from syncopate.kernels import launch, streamops  # noqa: E402
 from syncopate.kernels.reference import relative_error  # noqa: E402
 from syncopate.kernels.tables import (  # noqa: E402
     ENTERED_BASE,
@@ -44,40 +45,115 @@ def relaunches(cache):
     return [k for k in cache if isinstance(k, tuple) and k[:1] == ("relaunch",)]
 
 
-def consumer_check() -> None:
+class gluon_kernels:
+    """`with gluon_kernels(on):` the Gluon kernels (SYNCOPATE_GLUON=1) or the Triton ones."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+
+    def __enter__(self) -> None:
+        self.saved = os.environ.get("SYNCOPATE_GLUON")
+        os.environ["SYNCOPATE_GLUON"] = "1" if self.on else "0"
+
+    def __exit__(self, *exc) -> None:
+        if self.saved is None:
+            del os.environ["SYNCOPATE_GLUON"]
+        else:
+            os.environ["SYNCOPATE_GLUON"] = self.saved
+
+
+def launched(cache, gluon: bool) -> None:
+    kinds = {type(v).__name__ for k, v in cache.items() if k in relaunches(cache)}
+    assert kinds == {"_GluonRelaunch" if gluon else "_Relaunch"}, f"launched {kinds}"
+
+
+def consumer_check(gluon: bool = False, kmajor: bool = False, m: int = 2048, dtype=torch.bfloat16) -> None:
+    """`m` rows of A over two ranks (2000: 1000 a rank, chunks and tiles out of step); `kmajor`: B a
+    transposed weight."""
     dev = torch.device("cuda", 0)
-    m, n, k = 2048, 768, 512
+    n, k = 768, 512
     c = Candidate(num_splits=2, **TILE)
     plan = plan_for("ag_gemm", "direct", 2, m, 2, c.block_m)
     tables = consumer_tables(plan, 0, n, c, dev)
     signals = torch.zeros(PAD_WORDS, dtype=torch.int32, device=dev)
     error = torch.zeros(1, dtype=torch.int32, device=dev)
     slots = torch.tensor([t.signal for t in plan.recvs(0, "gather")] + [LOCAL_BASE, LOCAL_BASE + 1], device=dev)
-    a_full = torch.empty(m, k, dtype=torch.bfloat16, device=dev)
+    a_full = torch.empty(m, k, dtype=dtype, device=dev)
     cache = {}
-    for epoch in range(1, 6):
-        a_full.copy_(torch.randn(m, k, device=dev))
-        b = (torch.randn(k, n, device=dev) / k**0.5).to(torch.bfloat16)
-        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=dev)
-        signals.index_fill_(0, slots, epoch)
-        launch.launch_consumer(a_full, b, out, tables, c, epoch, signals, error, 132, 1 << 20, cache=cache)
+    with gluon_kernels(gluon):
+        for epoch in range(1, 6):
+            a_full.copy_(torch.randn(m, k, device=dev))
+            b = (torch.randn(k, n, device=dev) / k**0.5).to(dtype)
+            if kmajor:
+                b = b.t().contiguous().t()
+            out = torch.full((m, n), float("nan"), dtype=dtype, device=dev)
+            signals.index_fill_(0, slots, epoch)
+            launch.launch_consumer(a_full, b, out, tables, c, epoch, signals, error, 132, 1 << 20, cache=cache)
+            torch.cuda.synchronize()
+            assert int(error.item()) == 0
+            assert relative_error(out, a_full.float() @ b.float()) < 1e-2, f"call {epoch}"
+        assert len(relaunches(cache)) == 1, "every call after the first relaunched the first one's kernel"
+        launched(cache, gluon)
+        wide = torch.full((m * n + 8,), float("nan"), dtype=dtype, device=dev)
+        out = wide[1 : 1 + m * n].view(m, n)  # 2-byte aligned: another specialization, the full launch again
+        signals.index_fill_(0, slots, 6)
+        launch.launch_consumer(a_full, b, out, tables, c, 6, signals, error, 132, 1 << 20, cache=cache)
         torch.cuda.synchronize()
-        assert int(error.item()) == 0
-        assert relative_error(out, a_full.float() @ b.float()) < 1e-2, f"call {epoch}"
-    assert len(relaunches(cache)) == 1, "every call after the first relaunched the first one's kernel"
-    wide = torch.full((m * n + 8,), float("nan"), dtype=torch.bfloat16, device=dev)
-    out = wide[1 : 1 + m * n].view(m, n)  # 2-byte aligned: another specialization, the full launch again
-    signals.index_fill_(0, slots, 6)
-    launch.launch_consumer(a_full, b, out, tables, c, 6, signals, error, 132, 1 << 20, cache=cache)
-    torch.cuda.synchronize()
-    assert relative_error(out, a_full.float() @ b.float()) < 1e-2
-    assert len(relaunches(cache)) == 2
+        assert relative_error(out, a_full.float() @ b.float()) < 1e-2
+        assert len(relaunches(cache)) == 2
 
 
-def own_shard_check() -> None:
+def late_chunk_check() -> None:
+    """The Gluon consumer with the peer's chunks copied in and raised while it runs by the copy engine
+    (as the copy-engine backend does; no kernel that would need an SM the consumer holds), the
+    last one late (a 512 MiB copy first): every tile of a chunk waits for it, a tile's first loads
+    left for its start where the chunk was not there when the tile before looked."""
+    dev = torch.device("cuda", 0)
+    m, n, k = 4096, 2048, 1024
+    c = Candidate(num_splits=4, **TILE)
+    plan = plan_for("ag_gemm", "direct", 2, m, 4, c.block_m)
+    tables = consumer_tables(plan, 0, n, c, dev)
+    signals = torch.zeros(PAD_WORDS, dtype=torch.int32, device=dev)
+    error = torch.zeros(1, dtype=torch.int32, device=dev)
+    own = torch.tensor([LOCAL_BASE + j for j in range(4)], device=dev)
+    peer = [(t.row_start, t.row_end, t.signal) for t in plan.recvs(0, "gather")]
+    source = torch.empty(m, k, dtype=torch.bfloat16, device=dev)
+    a_full = torch.empty_like(source)
+    scratch = torch.empty(2, 256 << 20, dtype=torch.uint8, device=dev)
+    side = torch.cuda.Stream()
+    row = k * source.element_size()
+    with gluon_kernels(True):
+        for epoch in range(1, 6):
+            source.copy_(torch.randn(m, k, device=dev))
+            b = (torch.randn(k, n, device=dev) / k**0.5).to(torch.bfloat16)
+            out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=dev)
+            a_full.fill_(float("nan"))
+            a_full[: m // 2] = source[: m // 2]
+            signals.index_fill_(0, own, epoch)
+            side.wait_stream(torch.cuda.current_stream())
+            for j, (lo, hi, slot) in enumerate(peer):
+                if j == len(peer) - 1:
+                    streamops.copy_async(side.cuda_stream, scratch[1].data_ptr(), scratch[0].data_ptr(), 256 << 20)
+                    streamops.copy_async(side.cuda_stream, scratch[0].data_ptr(), scratch[1].data_ptr(), 256 << 20)
+                streamops.copy_async(side.cuda_stream, a_full.data_ptr() + lo * row, source.data_ptr() + lo * row,
+                                     (hi - lo) * row)
+                streamops.write_value(side.cuda_stream, signals.data_ptr() + 4 * slot, epoch)
+            launch.launch_consumer(a_full, b, out, tables, c, epoch, signals, error, 132, 1 << 26)
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            assert int(error.item()) == 0
+            assert relative_error(out, source.float() @ b.float()) < 1e-2, f"call {epoch}"
+
+
+def own_shard_check(gluon: bool = False) -> None:
     """The consumer reading its own rows from a fresh shard tensor each call: the relaunch must take
     the new shard (and its descriptor), never the first call's; the buffer's own rows stay NaN and
     their words are never raised."""
+    with gluon_kernels(gluon):
+        _own_shard_check(gluon)
+
+
+def _own_shard_check(gluon: bool) -> None:
     dev = torch.device("cuda", 0)
     m, n, k = 2048, 768, 512
     c = Candidate(num_splits=2, **TILE)
@@ -102,19 +178,13 @@ def own_shard_check() -> None:
         ref = torch.cat([shard, a_full[m // 2 :]]).float() @ b.float()
         assert relative_error(out, ref) < 1e-2, f"call {epoch}"
     assert len(relaunches(cache)) == 1, "every call after the first relaunched the first one's kernel"
+    launched(cache, gluon)
 
 
 def producer_check(all_reduce: bool, gluon: bool = False, kmajor: bool = False) -> None:
     """With `gluon`, the producer in Gluon (SYNCOPATE_GLUON=1); `kmajor`: B a transposed weight."""
-    saved = os.environ.get("SYNCOPATE_GLUON")
-    os.environ["SYNCOPATE_GLUON"] = "1" if gluon else "0"
-    try:
+    with gluon_kernels(gluon):
         _producer_check(all_reduce, gluon, kmajor)
-    finally:
-        if saved is None:
-            del os.environ["SYNCOPATE_GLUON"]
-        else:
-            os.environ["SYNCOPATE_GLUON"] = saved
 
 
 def _producer_check(all_reduce: bool, gluon: bool, kmajor: bool) -> None:
@@ -159,8 +229,7 @@ def _producer_check(all_reduce: bool, gluon: bool, kmajor: bool) -> None:
         assert all(int(pad[READY_BASE + x].item()) == epoch for x in tables.chunk_ready.tolist() if x >= 0), \
             f"call {epoch}: a chunk that leaves was not signalled"
     assert len(relaunches(cache)) == 1, "every call after the first relaunched the first one's kernel"
-    kinds = {type(v).__name__ for k, v in cache.items() if k in relaunches(cache)}
-    assert kinds == {"_GluonRelaunch" if gluon else "_Relaunch"}, f"launched {kinds}"
+    launched(cache, gluon)
 
 
 def main() -> int:
@@ -171,7 +240,12 @@ def main() -> int:
                        ("reduce-scatter producer", lambda: producer_check(False)),
                        ("all-reduce producer", lambda: producer_check(True)),
                        ("reduce-scatter producer in Gluon", lambda: producer_check(False, gluon=True)),
-                       ("all-reduce producer in Gluon, B k-major", lambda: producer_check(True, True, True))])
+                       ("all-reduce producer in Gluon, B k-major", lambda: producer_check(True, True, True)),
+                       ("consumer in Gluon", lambda: consumer_check(gluon=True)),
+                       ("consumer in Gluon, fp16, B k-major, 1000 rows a rank",
+                        lambda: consumer_check(True, True, 2000, torch.float16)),
+                       ("consumer in Gluon reading its own shard", lambda: own_shard_check(gluon=True)),
+                       ("consumer in Gluon, chunks landing late", late_chunk_check)])
 
 
 if __name__ == "__main__":
