@@ -167,7 +167,7 @@ def _a_world(world, ws, m_local, n_local, k, splits):
                  a_stationary)
 
 
-@pytest.mark.parametrize("ws, splits, m_local", [(2, 1, 64), (2, 2, 64), (3, 4, 37), (4, 2, 48)])
+@pytest.mark.parametrize("ws, splits, m_local", [(2, 1, 64), (2, 2, 64), (3, 4, 37), (4, 2, 48), (8, 2, 24)])
 def test_every_call_computes_all_gather_a_times_its_b(world, ws, splits, m_local):
     """Three calls back to back, fresh inputs each, every stream played in random orders: each
     call's output is right, so no call overwrote what an earlier one still read."""
@@ -247,7 +247,7 @@ def test_the_cost_model_prefers_it_where_n_per_rank_is_small():
 
 @pytest.mark.parametrize("all_reduce, ws, m, splits", [(False, 2, 64, 1), (False, 3, 96, 1), (False, 4, 128, 1),
                                                       (True, 2, 64, 1), (True, 2, 64, 4), (True, 3, 96, 2),
-                                                      (True, 4, 128, 2)])
+                                                      (True, 4, 128, 2), (False, 8, 256, 1), (True, 8, 256, 2)])
 def test_every_reduce_call_sums_over_the_ranks(world, all_reduce, ws, m, splits):
     """c_stationary: three calls back to back, fresh inputs each, streams in random orders; each
     rank's output is its rows of the sum over ranks of A_q @ B_q (all-reduce: all the rows)."""
