@@ -133,6 +133,40 @@ def test_an_optuna_sweep_resumes_and_refuses_a_changed_space(tmp_path, db, capsy
     assert optuna.get_all_study_summaries(storage=db)[0].n_trials == n_trials
 
 
+@pytest.mark.parametrize(
+    "change, args, expected",
+    [
+        ({"workloads": [{"kind": "ag_gemm", "shapes": [[4096, 4096, 4096], [8192, 4096, 4096]]}]}, [],
+         "workloads added ag_gemm (M=8192, N=4096, K=4096) bf16"),
+        ({"workloads": [{"kind": "gemm_rs", "shapes": [[4096, 4096, 4096]]}]}, [],
+         "left out ag_gemm (M=4096, N=4096, K=4096) bf16"),
+        ({"space": {**SMALL_SPACE, "num_splits": [1, 2, 4]}}, [], "space section"),
+        ({"timing": {"warmup": 2, "repetitions": 40}}, [], "timing section"),
+        ({}, ["--topology", "H100x2-nvlink"], "topology H200x2-nvlink, not H100x2-nvlink"),
+        ({"topology": "H200x4-nvlink"}, [], "topology H200x2-nvlink, not H200x4-nvlink"),
+    ],
+)
+def test_resume_refuses_a_changed_config(tmp_path, db, capsys, change, args, expected):
+    path = config(tmp_path, name="same")
+    assert main(["tune", str(path), "--db", db]) == 0
+    capsys.readouterr()
+    with ResultsDB.open(db) as d:
+        before = len(d.trials())
+    changed = config(tmp_path, name="same", **change)
+    assert main(["tune", str(changed), "--db", db, "--resume", *args]) == 2
+    line = error_line(capsys)
+    assert "sweep 'same' (id 1) was started with other settings" in line and expected in line, line
+    assert "leave out --resume" in line
+    assert [s.status for s in sweeps(db)] == ["done"]
+    with ResultsDB.open(db) as d:
+        assert len(d.trials()) == before
+    # a larger budget is no change of what is measured: the same config resumes
+    path = config(tmp_path, name="same")
+    assert main(["tune", str(path), "--db", db, "--resume", "--max-trials", "7"]) == 0
+    with ResultsDB.open(db) as d:
+        assert len(d.trials()) == 7 and len(d.sweeps()) == 1
+
+
 def test_model_guided_through_tune_measures_the_models_pick(tmp_path, db, capsys):
     path = config(tmp_path, name="mg", strategy={"name": "model-guided", "max_trials": 4, "seed": 0, "model_top_k": 2})
     assert main(["tune", str(path), "--db", db]) == 0

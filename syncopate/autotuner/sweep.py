@@ -48,6 +48,7 @@ from syncopate.search_space import (
 __all__ = [
     "STRATEGIES",
     "RUNNERS",
+    "SWEEP_FIELDS",
     "CALIBRATIONS",
     "FixtureConfig",
     "ReplayConfig",
@@ -271,6 +272,10 @@ class SweepFile(_Strict):
         if not v:
             raise ValueError("workloads is empty: list at least one")
         return v
+
+
+SWEEP_FIELDS: tuple[str, ...] = tuple(SweepFile.model_fields)
+"""The fields a sweep config may have."""
 
 
 class Sweep(BaseModel):

@@ -22,10 +22,12 @@ synthetic and stored with source `fixture`, a `model` sweep's are predictions (s
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -36,7 +38,7 @@ from syncopate.autotuner.progress import LiveProgress, WorkloadSummary
 from syncopate.autotuner.runs import build_runs, close_runs, restore_runs, stored_done, summarize_runs
 from syncopate.autotuner.store import StoredSweep, TrialStore
 from syncopate.autotuner.strategies import strategy_class
-from syncopate.autotuner.sweep import RUNNERS, Sweep, load_sweep
+from syncopate.autotuner.sweep import RUNNERS, SWEEP_FIELDS, Sweep, load_sweep, parse_sweep
 from syncopate.errors import ConfigError, RuntimeUnavailableError, SyncopateError
 from syncopate.records import Environment
 from syncopate.search_space import Topology
@@ -192,7 +194,52 @@ def _sweep_to_resume(store: TrialStore, plan: _Plan) -> StoredSweep | None:
             f"{plan.runner}: one sweep holds one runner's results; resume it with --runner "
             f"{previous.runner}, or leave out --resume to start a new sweep"
         )
+    check_same_sweep(previous, plan, plan.topology)
     return previous
+
+
+def check_same_sweep(previous: StoredSweep, plan: _Plan, topology: Topology | None) -> None:
+    """Raise ConfigError where `--resume` would add this run's trials to a sweep started with other
+    workloads, search space, timing, runner settings or topology (`topology` None: not known yet)."""
+    differences = _differences(previous, plan.sweep, topology)
+    if differences:
+        raise ConfigError(
+            f"sweep {previous.name!r} (id {previous.sweep_id}) was started with other settings: "
+            + "; ".join(differences)
+            + ". One sweep holds the results of one config: resume it with the config it was started "
+            "with, or leave out --resume (or rename the sweep) to start a new one"
+        )
+
+
+def _differences(previous: StoredSweep, sweep: Sweep, topology: Topology | None) -> list[str]:
+    stored = previous.config
+    found: list[str] = []
+    if topology is not None and stored.get("topology") not in (None, topology.key()):
+        found.append(f"topology {stored['topology']}, not {topology.key()}")
+    fields = {k: v for k, v in stored.items() if k in SWEEP_FIELDS and k not in ("topology", "runner", "strategy")}
+    try:
+        old = parse_sweep(fields, f"sweep {previous.sweep_id}")
+    except ConfigError as e:  # written by another version: compare what is stored as it is
+        log.debug("stored config of sweep %d not parsed (%s): comparing its fields", previous.sweep_id, e)
+        return found + [
+            f"{key} differs" for key in ("workloads", "dtype", "tokens", "space", "timing", "replay", "fixture")
+            if stored.get(key) != sweep.raw.get(key)
+        ]
+    added = [str(w) for w in sweep.workloads if w not in old.workloads]
+    removed = [str(w) for w in old.workloads if w not in sweep.workloads]
+    if added or removed:
+        found.append(
+            "workloads "
+            + ", ".join(([f"added {', '.join(added)}"] if added else []) + ([f"left out {', '.join(removed)}"] if removed else []))
+        )
+    for name in ("space", "timing", "replay", "fixture"):
+        if getattr(old, name) != getattr(sweep, name):
+            found.append(f"{name} section {_section(stored.get(name))} then, {_section(sweep.raw.get(name))} now")
+    return found
+
+
+def _section(value: Any) -> str:
+    return "(none)" if value is None else json.dumps(value, sort_keys=True, default=str)
 
 
 def _form(gangs: list[Gang], timeout_s: float) -> None:
@@ -299,6 +346,7 @@ def open_sweep(
     whose config records the runner, the topology, the environment and the effective budgets (and
     `note`, what its numbers are, where they are not measurements); its id."""
     if previous is not None:
+        check_same_sweep(previous, plan, topology)
         store.resume_sweep(previous.sweep_id)
         return previous.sweep_id
     sweep = plan.sweep
