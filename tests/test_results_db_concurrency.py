@@ -94,3 +94,46 @@ def test_eight_sqlite_writers(tmp_path):
 @pytest.mark.timeout(300)
 def test_eight_postgresql_writers(pg_url):
     _hammer(pg_url)
+
+
+def test_a_new_file_whose_schema_another_process_is_creating(tmp_path):
+    """Two sweeps started at once on a SQLite file that did not exist: the one that finds the file
+    already made (by the other, whose migration holds the write lock) waits for the schema instead
+    of calling the file one without tables."""
+    import sqlite3
+    import threading
+
+    from syncopate.autotuner.store import ResultsDBStore
+
+    template = tmp_path / "template.db"
+    ResultsDB.open(f"sqlite:///{template}", upgrade=True).close()
+    with sqlite3.connect(template) as t:
+        schema = [sql for (sql,) in t.execute("SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid")]
+        version = t.execute("SELECT version_num FROM syncopate_alembic_version").fetchall()
+    assert schema and version
+
+    path = tmp_path / "new.db"
+    creator = sqlite3.connect(path, isolation_level=None)  # makes the file, as a migration's connect does
+    creator.execute("PRAGMA journal_mode = WAL")
+    creator.execute("BEGIN IMMEDIATE")
+    opened: list = []
+
+    def open_it() -> None:
+        try:
+            opened.append(ResultsDBStore.open(f"sqlite:///{path}"))
+        except Exception as e:  # noqa: BLE001 - the test reports it
+            opened.append(e)
+
+    other = threading.Thread(target=open_it)
+    other.start()
+    other.join(timeout=1.0)
+    assert other.is_alive(), f"did not wait for the schema being created: {opened}"
+    for sql in schema:
+        creator.execute(sql)
+    creator.executemany("INSERT INTO syncopate_alembic_version VALUES (?)", version)
+    creator.execute("COMMIT")
+    creator.close()
+    other.join(timeout=30)
+    assert len(opened) == 1 and isinstance(opened[0], ResultsDBStore), opened
+    assert opened[0].latest_sweep("anything") is None
+    opened[0].close()

@@ -363,4 +363,14 @@ def _check_schema(location: DbLocation, engine: Engine) -> None:
             revision = read_revision(connection)
     except SQLAlchemyError as e:
         raise unreachable_error(location.shown(), describe(e), location.dialect) from e
+    if revision is None and location.dialect == "sqlite":
+        # another process may be creating the schema of a file it has just made: its migration
+        # holds the write lock until it commits, so wait for that lock and look again
+        try:
+            with engine.connect() as connection:
+                connection.execution_options(**{WRITE_OPTION: True})
+                with connection.begin():
+                    revision = read_revision(connection)
+        except SQLAlchemyError as e:  # a read-only file: it has no tables either way
+            log.debug("no write lock on %s (%s)", location.shown(), describe(e))
     check_revision(revision, location.shown())
