@@ -56,6 +56,7 @@ def test_public_names():
     ({"topology": "H9x2-nvlink"}, "unknown GPU 'H9'"),
     ({"topology": 7}, "neither a Topology nor a key"),
     ({"shape": (8191, 4096, 8192)}, "M=8191 is not divisible by world size 2"),
+    ({"shape": (10**20, 4096, 8192)}, "M=100000000000000000000 is larger than 1048576"),
 ])
 def test_bad_arguments_fail_before_the_database_is_touched(tmp_path, kwargs, message):
     args = {"shape": (8192, 4096, 8192), "topology": "H200x2-nvlink", "db": tmp_path / "absent.db", **kwargs}
@@ -121,6 +122,15 @@ def test_eight_gpus_pass_over_a_configuration_whose_chunks_cannot_be_cut_at_tile
     assert (result.match, result.candidate) == ("exact", tall)
     result = lookup((8192, 4096, 8192), tp8, db=path, environment=ENV)
     assert result.match == "default" and result.candidate == default_candidate(workload(), tp8)
+
+
+def test_a_cached_answer_is_no_way_around_the_checks(populated):
+    np = pytest.importorskip("numpy")
+    first = lookup((8192, 4096, 8192), TOPO, db=populated, environment=ENV)
+    with pytest.raises(ConfigError, match="M=8192.0 must be an integer"):
+        lookup((8192.0, 4096, 8192), TOPO, db=populated, environment=ENV)
+    same = lookup((np.int64(8192), 4096, 8192), TOPO, db=populated, environment=ENV)
+    assert same.trial_id == first.trial_id and same.match == "exact"
 
 
 def test_cache_answers_repeats_and_a_new_process_sees_changes(populated):

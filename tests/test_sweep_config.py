@@ -44,6 +44,17 @@ BASE = {"name": "t", "topology": "H200x2-nvlink", "workloads": [{"kind": "ag_gem
         ({"runner": "tpu"}, "runner: unknown runner 'tpu'"),
         ({"space": {"backends": ["gloo"]}}, "unknown backend 'gloo'"),
         ({"colour": "red"}, "colour: unknown field"),
+        ({"tokens": -5, "workloads": [{"kind": "ag_gemm", "models": ["llama-7b"]}]}, "tokens: Input should be greater than 0"),
+        ({"workloads": [{"kind": "ag_gemm", "models": ["llama-7b"], "tokens": 0}]}, "workloads.0.tokens: Input should be greater than 0"),
+        ({"tokens": 2**21}, "tokens: Input should be less than or equal to 1048576"),
+        ({"workloads": [{"kind": "ag_gemm", "shapes": [[2**40, 1024, 1024]]}]}, "M=1099511627776 is larger than 1048576"),
+        ({"space": {"group_m": [0]}}, r"space.group_m=0 must be a power of two in \[1, 64\]"),
+        ({"space": {"group_m": [8, 6]}}, "space.group_m=6 must be a power of two"),
+        ({"space": {"comm_sms": {"nvshmem": [-4]}}}, r"space.comm_sms.nvshmem value -4 must be an SM count in \[1, 128\]"),
+        ({"space": {"comm_sms": {"copy_engine": [8]}}}, "space.comm_sms.copy_engine value 8 must be 0"),
+        ({"space": {"tile_configs": ["0x0x0w0s0"]}}, r"tile config 0x0x0w0s0: block_m=0 must be a power of two in \[16, 256\]"),
+        ({"space": {"tile_configs": ["128x128x64w8s0"]}}, r"num_stages=0 must be an integer in \[1, 8\]"),
+        ({"space": {"tile_configs": ["128x96x64w8s3"]}}, "block_n=96 must be a power of two"),
     ],
 )
 def test_bad_configs_name_the_problem(change, message):
@@ -61,6 +72,12 @@ def test_missing_and_malformed_files(tmp_path):
     bad.write_text("name: [unclosed\n")
     with pytest.raises(ConfigError, match="malformed YAML at line"):
         load_sweep(bad)
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("name: caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="is not UTF-8 text .byte 9.: save it as UTF-8 YAML"):
+        load_sweep(latin)
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_sweep(tmp_path)
     listy = tmp_path / "list.yaml"
     listy.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="must be a mapping"):

@@ -56,12 +56,24 @@ def test_shard_divisibility_is_checked(kind, shape, ws, message):
         ({"kind": "ag_gemm", "shape": (0, 1, 1)}, "M=0 must be positive"),
         ({"kind": "ag_gemm", "shape": (1, -4, 1)}, "N=-4 must be positive"),
         ({"kind": "ag_gemm", "shape": (1, 1, 1.5)}, "K=1.5 must be an integer"),
+        ({"kind": "ag_gemm", "shape": (1, 1, True)}, "K=True must be an integer"),
+        ({"kind": "ag_gemm", "shape": (2**62, 8, 8)}, "M=4611686018427387904 is larger than 1048576"),
+        ({"kind": "ag_gemm", "shape": (8, 8, 10**20)}, "K=100000000000000000000 is larger than 1048576"),
+        ({"kind": "gemm_rs", "shape": (2**20, 2**20, 64)},
+         r"the output would have 1099511627776 elements, more than 17179869184 \(2\^34\)"),
         ({"kind": "ag_gemm", "shape": (1, 1, 1), "dtype": "fp8"}, "unknown dtype 'fp8'"),
     ],
 )
 def test_bad_workloads_name_the_value(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         Workload(**kwargs)
+
+
+def test_integral_numbers_of_other_types_are_dims():
+    np = pytest.importorskip("numpy")
+    w = Workload(kind="ag_gemm", shape=(np.int64(8192), np.int32(4096), 8192))
+    assert w.shape.as_tuple() == (8192, 4096, 8192) and type(w.shape.m) is int
+    assert w == Workload(kind="ag_gemm", shape=(8192, 4096, 8192)) and w.key() == "ag_gemm/8192x4096x8192/bf16"
 
 
 def test_dtype_aliases_and_torch_names():

@@ -36,6 +36,7 @@ from syncopate.search_space import (
     BACKENDS,
     CANDIDATE_TEMPLATES,
     KINDS,
+    MAX_DIM,
     TILE_ORDERS,
     SpaceOptions,
     TileConfig,
@@ -72,7 +73,7 @@ class WorkloadEntry(_Strict):
     models: list[str] = Field(default_factory=list)
     shapes: list[tuple[int, int, int]] = Field(default_factory=list)
     dtype: str | None = None
-    tokens: int | None = None
+    tokens: int | None = Field(default=None, gt=0, le=MAX_DIM)
 
     @field_validator("kind")
     @classmethod
@@ -240,7 +241,7 @@ class SweepFile(_Strict):
     description: str = ""
     topology: str = "detect"
     dtype: str = "bf16"
-    tokens: int = 8192
+    tokens: int = Field(default=8192, gt=0, le=MAX_DIM)
     workloads: list[WorkloadEntry]
     strategy: StrategyConfig = StrategyConfig()
     space: SpaceEntry = SpaceEntry()
@@ -340,7 +341,7 @@ def parse_sweep(data: Any, source: str = "<config>") -> Sweep:
         dtype = canonical_dtype(f.dtype)
         workloads: list[Workload] = []
         for i, entry in enumerate(f.workloads):
-            shapes = [model_shape(m, entry.kind, entry.tokens or f.tokens) for m in entry.models]
+            shapes = [model_shape(m, entry.kind, f.tokens if entry.tokens is None else entry.tokens) for m in entry.models]
             shapes += [tuple(s) for s in entry.shapes]
             if not shapes:
                 raise ConfigError(f"workloads.{i}: give models or shapes for kind {entry.kind}")
@@ -367,8 +368,14 @@ def load_sweep(path: str | Path) -> Sweep:
         text = p.read_text()
     except FileNotFoundError:
         raise ConfigError(f"config file {str(p)!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {str(p)!r} is a directory: give the YAML file in it") from None
     except OSError as e:
         raise ConfigError(f"config file {str(p)!r} cannot be read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {str(p)!r} is not UTF-8 text (byte {e.start}): save it as UTF-8 YAML"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -149,7 +149,9 @@ class _Resolver:
 
     def lookup(self, shape: Any, topology: Any, kind: str, dtype: Any, db: Any,
                environment: Environment | None) -> LookupResult:
-        raw = (shape, topology, kind, dtype, db, environment, os.environ.get(ENV_VAR) if db is None else None)
+        # the dims' types are part of the key: 8192.0 == 8192, but only 8192 is a dim
+        dims = tuple((type(v), v) for v in shape) if isinstance(shape, tuple) else shape
+        raw = (dims, topology, kind, dtype, db, environment, os.environ.get(ENV_VAR) if db is None else None)
         try:
             answer = self._answers.get(raw)
         except TypeError:  # an unhashable argument (a list shape): no fast path

@@ -42,7 +42,7 @@ from syncopate.search_space.tile_order import (
     producer_schedule,
 )
 from syncopate.search_space.topology import GPUS, INTERCONNECTS, GpuSpec, Topology
-from syncopate.search_space.workload import DTYPES, KINDS, Shape, Workload, canonical_dtype, dtype_bytes
+from syncopate.search_space.workload import DTYPES, KINDS, MAX_DIM, MAX_ELEMENTS, Shape, Workload, canonical_dtype, dtype_bytes
 
 __all__ = [
     "A_STATIONARY",
@@ -56,6 +56,8 @@ __all__ = [
     "GPUS",
     "INTERCONNECTS",
     "KINDS",
+    "MAX_DIM",
+    "MAX_ELEMENTS",
     "MODELS",
     "PRODUCER_ORDERS",
     "TEMPLATES",

@@ -22,6 +22,14 @@ BACKENDS: tuple[str, ...] = ("copy_engine", "nvshmem", "nccl")
 """How chunks move: copy-engine copies on a side stream; SM-driven peer stores by `comm_sms`
 communication programs inside the fused kernel; chunked NCCL transfers on a side stream."""
 
+def check_pow2(name: str, value: Any, what: str) -> None:
+    """Raise ConfigError unless `value` is a power of two in the range a candidate's field `name`
+    accepts (block_m, block_n, block_k, group_m, num_warps); `what` names it in the message."""
+    lo, hi = _POW2[name]
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi or value & (value - 1):
+        raise ConfigError(f"{what}={value!r} must be a power of two in [{lo}, {hi}]")
+
+
 _POW2 = {
     "block_m": (16, 256),
     "block_n": (16, 256),
@@ -73,10 +81,8 @@ class Candidate:
             value = getattr(self, f.name)
             if f.type in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigError(f"candidate field {f.name}={value!r} must be an integer")
-        for name, (lo, hi) in _POW2.items():
-            value = getattr(self, name)
-            if not (lo <= value <= hi) or value & (value - 1):
-                raise ConfigError(f"candidate field {name}={value} must be a power of two in [{lo}, {hi}]")
+        for name in _POW2:
+            check_pow2(name, getattr(self, name), f"candidate field {name}")
         if not 1 <= self.num_splits <= 64:
             raise ConfigError(f"candidate field num_splits={self.num_splits} must be in [1, 64]")
         if not 1 <= self.num_stages <= 8:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from syncopate.errors import ConfigError
-from syncopate.search_space.candidate import BACKENDS, Candidate
+from syncopate.search_space.candidate import BACKENDS, Candidate, check_pow2
 from syncopate.search_space.chunk_plan import (
     A_STATIONARY,
     C_STATIONARY,
@@ -54,6 +54,10 @@ with 8 or 16 and 128x64 tiles hung until the ranks' barriers trapped; gemm_rs an
 correct (gemm_ar with 64 not yet run)."""
 
 
+MAX_COMM_SMS = 128
+"""The most SMs a candidate may give to communication."""
+
+
 @dataclass(frozen=True, slots=True)
 class TileConfig:
     """BLOCK_M × BLOCK_N × BLOCK_K with its warps and pipeline depth."""
@@ -64,6 +68,12 @@ class TileConfig:
     num_warps: int
     num_stages: int
 
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k", "num_warps"):
+            check_pow2(name, getattr(self, name), f"tile config {self.key()}: {name}")
+        if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
+            raise ConfigError(f"tile config {self.key()}: num_stages={self.num_stages!r} must be an integer in [1, 8]")
+
     def key(self) -> str:
         return f"{self.block_m}x{self.block_n}x{self.block_k}w{self.num_warps}s{self.num_stages}"
 
@@ -73,9 +83,10 @@ class TileConfig:
             dims, rest = key.split("w")
             warps, stages = rest.split("s")
             bm, bn, bk = (int(x) for x in dims.split("x"))
-            return cls(bm, bn, bk, int(warps), int(stages))
+            warps, stages = int(warps), int(stages)
         except ValueError:
             raise ConfigError(f"tile config {key!r} does not parse: expected BMxBNxBKwWARPSsSTAGES such as 128x256x64w8s3") from None
+        return cls(bm, bn, bk, warps, stages)
 
     @classmethod
     def of(cls, c: Candidate) -> TileConfig:
@@ -133,9 +144,18 @@ class SpaceOptions:
         for n in self.num_splits:
             if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
                 raise ConfigError(f"space.num_splits value {n!r} must be an integer in [1, 64]")
-        for b in self.comm_sms:
+        for b, counts in self.comm_sms.items():
             if b not in BACKENDS:
                 raise ConfigError(f"unknown backend {b!r} in space.comm_sms: accepted are {', '.join(BACKENDS)}")
+            for n in counts:
+                if isinstance(n, bool) or not isinstance(n, int):
+                    raise ConfigError(f"space.comm_sms.{b} value {n!r} must be an integer")
+                if b == "copy_engine" and n != 0:
+                    raise ConfigError(f"space.comm_sms.copy_engine value {n} must be 0: the copy engine spends no SM")
+                if b != "copy_engine" and not 1 <= n <= MAX_COMM_SMS:
+                    raise ConfigError(f"space.comm_sms.{b} value {n} must be an SM count in [1, {MAX_COMM_SMS}]")
+        for g in self.group_m:
+            check_pow2("group_m", g, "space.group_m")
         if not self.tile_configs:
             raise ConfigError("space.tile_configs is empty: give at least one tile configuration")
 

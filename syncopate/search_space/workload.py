@@ -11,18 +11,24 @@ Pure Python: nothing here imports torch.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
 from syncopate.errors import ConfigError
 
-__all__ = ["KINDS", "DTYPES", "Shape", "Workload", "canonical_dtype", "dtype_bytes"]
+__all__ = ["KINDS", "DTYPES", "MAX_DIM", "MAX_ELEMENTS", "Shape", "Workload", "canonical_dtype", "dtype_bytes"]
 
 KINDS: tuple[str, ...] = ("ag_gemm", "gemm_rs", "gemm_ar")
 """Op kinds Syncopate tunes."""
 
 DTYPES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 """Canonical dtype names and their size in bytes."""
+
+MAX_DIM = 1 << 20
+"""The largest global M, N or K Syncopate tunes (1048576)."""
+MAX_ELEMENTS = 1 << 34
+"""The most elements of A, B or the output (32 GiB in bf16, before sharding)."""
 
 _DTYPE_ALIASES: dict[str, str] = {
     "bf16": "bf16",
@@ -78,10 +84,23 @@ class Shape:
     def __post_init__(self) -> None:
         for name in ("m", "n", "k"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"shape dim {name.upper()}={value!r} must be an integer")
+            try:
+                if isinstance(value, bool):
+                    raise TypeError
+                value = operator.index(value)  # numpy's integers too
+            except TypeError:
+                raise ConfigError(f"shape dim {name.upper()}={value!r} must be an integer") from None
             if value <= 0:
                 raise ConfigError(f"shape dim {name.upper()}={value} must be positive")
+            if value > MAX_DIM:
+                raise ConfigError(f"shape dim {name.upper()}={value} is larger than {MAX_DIM}, the largest accepted")
+            object.__setattr__(self, name, value)
+        for label, rows, cols in (("A", self.m, self.k), ("B", self.k, self.n), ("the output", self.m, self.n)):
+            if rows * cols > MAX_ELEMENTS:
+                raise ConfigError(
+                    f"shape (M={self.m}, N={self.n}, K={self.k}): {label} would have {rows * cols} elements, "
+                    f"more than {MAX_ELEMENTS} (2^34), the most accepted"
+                )
 
     @classmethod
     def of(cls, value: Shape | tuple[int, int, int] | list[int] | dict[str, int]) -> Shape:
