@@ -123,6 +123,8 @@ def test_export_replaces_atomically_and_a_failed_export_writes_nothing(capsys, p
     code, _, err = cli(capsys, "export", "--db", str(populated), "--out", str(tmp_path / "no" / "best.json"))
     assert code == 2 and "folder" in err and "does not exist" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["empty.db"])
+    code, _, err = cli(capsys, "export", "--db", str(populated), "--out", "/proc/best.json")
+    assert code == 2 and err.startswith("syncopate: error: cannot write /proc/best.json") and err.count("\n") == 1, err
 
 
 def _newer(path):
@@ -147,6 +149,7 @@ def _newer(path):
     (["best", "--db", "postgresql+psycopg://nobody:secret@127.0.0.1:1/none"], "cannot open database"),
     (["db", "upgrade", "--db", "{newer}"], "newer than this version of Syncopate"),
     (["export", "--db", "{tmp}/absent.db", "--out", "{tmp}/x.json"], "does not exist"),
+    (["export", "--out", "{tmp}"], "it is a directory; give a file name"),
 ])
 def test_bad_input_gives_one_line_and_exit_2(capsys, tmp_path, args, message):
     (tmp_path / "bad.json").write_text("{oops")

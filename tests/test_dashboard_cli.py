@@ -97,11 +97,19 @@ def test_report_filters_and_compare(capsys, tmp_path, url, monkeypatch):
         (["--compare", "1,9"], "sweep 9 does not exist"),
         (["--environment", "ffff"], "environment 'ffff' matches 0 of the stored environments"),
         (["--source", "guessed"], "unknown source 'guessed'"),
+        (["--kind", "foo"], "unknown kind 'foo' in the filter: accepted are ag_gemm, gemm_rs, gemm_ar"),
+        (["--dtype", "int8"], "unknown dtype 'int8'"),
+        (["--topology", "H200x2"], "topology key 'H200x2' does not parse"),
+        (["--out", "{tmp}"], "it is a directory; give a file name"),
+        (["--out", "{tmp}/no/r.html"], "folder {tmp}/no does not exist"),
+        (["--out", "/proc/r.html"], "cannot write /proc/r.html"),
     ],
 )
 def test_report_refuses_bad_options_and_writes_nothing(capsys, tmp_path, url, args, message, monkeypatch):
     monkeypatch.setitem(sys.modules, "vl_convert", None)
     out = tmp_path / "r.html"
+    args = [a.format(tmp=tmp_path) for a in args]
+    message = message.format(tmp=tmp_path)
     code, _, err = cli(capsys, "report", "--db", url, "--out", str(out), *args)
     assert code == 2 and message in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []

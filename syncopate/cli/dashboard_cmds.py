@@ -52,8 +52,10 @@ def report_cmd(
     self-contained HTML file: tables in HTML, charts as inline SVG."""
     from syncopate.dashboard.data import Filters, filter_options
     from syncopate.dashboard.report import ReportOptions, write_report
+    from syncopate.files import check_writable
     from syncopate.results_db.repository import ResultsDB
 
+    check_writable(out)
     pair = None
     if compare:
         parts = _split(compare)

@@ -129,8 +129,10 @@ def export_cmd(
 ) -> None:
     """Write the best configurations to a JSON file that `lookup` (and syncopate.lookup) accept
     as --db / db=, for jobs that cannot reach the database."""
+    from syncopate.files import check_writable
     from syncopate.results_db.repository import ResultsDB
 
+    check_writable(out)
     with ResultsDB.open(db, upgrade=False) as rdb:
         count = rdb.export_best(out, kind=kind, topology=topology)
         shown = rdb.url

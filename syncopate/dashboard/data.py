@@ -42,6 +42,7 @@ from syncopate.results_db.models import (
     WorkloadModel,
 )
 from syncopate.results_db.repository import ResultsDB
+from syncopate.search_space import KINDS, Topology, canonical_dtype
 
 __all__ = [
     "ENV_FIELDS",
@@ -98,6 +99,11 @@ class Filters:
         for s in self.sources:
             if s not in SOURCES:
                 raise ConfigError(f"unknown source {s!r} in the filter: accepted are {', '.join(SOURCES)}")
+        for k in self.kinds:
+            if k not in KINDS:
+                raise ConfigError(f"unknown kind {k!r} in the filter: accepted are {', '.join(KINDS)}")
+        object.__setattr__(self, "dtypes", tuple(canonical_dtype(d) for d in self.dtypes))
+        object.__setattr__(self, "topologies", tuple(Topology.from_key(t).key() for t in self.topologies))
 
     def active(self) -> bool:
         return any((self.topologies, self.environments, self.dtypes, self.kinds, self.sources))

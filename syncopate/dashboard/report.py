@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import html
 import logging
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ import pandas as pd
 
 from syncopate.dashboard import charts, data, views
 from syncopate.errors import ConfigError
+from syncopate.files import check_writable, write_atomically
 from syncopate.records import utcnow
 from syncopate.results_db.repository import ResultsDB
 
@@ -258,18 +257,8 @@ def build_report(db: ResultsDB, options: ReportOptions = ReportOptions()) -> str
 
 def write_report(db: ResultsDB, out: Path, options: ReportOptions = ReportOptions()) -> int:
     """Write the report to `out` atomically (nothing is left behind on failure); its size in bytes."""
-    folder = out.parent if str(out.parent) else Path(".")
-    if not folder.is_dir():
-        raise ConfigError(f"cannot write {out}: folder {folder} does not exist")
+    check_writable(out)
     text = build_report(db, options).encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)  # a report is for sharing (mkstemp makes it private)
-            f.write(text)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(out, text)
     log.info("wrote %s (%d bytes)", out, len(text))
     return len(text)

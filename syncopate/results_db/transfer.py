@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -30,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from syncopate.errors import ConfigError, LookupFailedError
 from syncopate.records import Environment, TrialRecord, utcnow
+from syncopate.files import write_atomically
 from syncopate.results_db import codec
 from syncopate.search_space import Candidate, Topology, Workload
 
@@ -75,19 +74,7 @@ def write_export(path: Path, best: list[StoredTrial], *, database: str) -> int:
         "entries": [_entry_dict(t) for t in best],
     }
     text = codec.dumps(doc, "export", indent=1) + "\n"
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise ConfigError(f"cannot write {path}: folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(path, text.encode("utf-8"))
     return len(best)
 
 
