@@ -18,6 +18,7 @@ __all__ = [
     "CandidateTimeoutError",
     "CalibrationError",
     "StudyMismatchError",
+    "Terminated",
 ]
 
 
@@ -61,3 +62,8 @@ class CalibrationError(SyncopateError):
 class StudyMismatchError(ConfigError):
     """An Optuna study stored for a workload was made over another search space; nothing in it is
     changed, and the message says how to go on."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: the command stops as on Ctrl-C (a sweep is marked `interrupted`, its trials
+    kept) and exits with code 143."""

@@ -231,3 +231,46 @@ def test_space_ranks_with_the_cost_model_and_says_it_predicts(db, capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "PREDICTED by the cost model, not measured" in text and "worth measuring" in text
     assert "default calibration for H200x4-nvswitch" in text
+
+
+@pytest.mark.parametrize("signum, code, word", [(2, 130, "interrupted"), (15, 143, "terminated")])
+def test_a_signal_stops_a_sweep_as_interrupted_and_it_resumes(tmp_path, signum, code, word):
+    """Ctrl-C and SIGTERM (a scheduler's stop) alike: the sweep is marked `interrupted`, its trials
+    kept, the way on is named, and --resume continues it."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    big = config(tmp_path, name="long", workloads=[{"kind": "ag_gemm", "shapes": [[1048576, 16384, 16384]]}],
+                 strategy={"name": "random", "max_trials": 200, "seed": 0}, space={**SMALL_SPACE, "num_splits": [1, 2, 4, 8]})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
+    proc = subprocess.Popen([sys.executable, "-m", "syncopate", "tune", str(big), "--db", url], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (tmp_path / "results.db").exists():
+                try:
+                    with ResultsDB.open(url) as d:
+                        if d.trials(limit=2):
+                            break
+                except Exception:  # noqa: BLE001 - the schema is still being made
+                    pass
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, (out, err)
+    assert f"syncopate: {word}" in err and "sweep 'long' (id 1) interrupted" in err and "--resume" in err, err
+    assert "Traceback" not in err
+    with ResultsDB.open(url) as d:
+        assert [s.status for s in d.sweeps()] == ["interrupted"]
+        stored = len(d.trials())
+    assert 0 < stored < 32
+    assert main(["tune", str(big), "--db", url, "--resume", "--max-trials", str(stored + 1)]) == 0
+    with ResultsDB.open(url) as d:
+        assert [s.status for s in d.sweeps()] == ["done"] and len(d.trials()) == stored + 1

@@ -81,7 +81,7 @@ def run_in_process(plan: Any, previous: StoredSweep | None, store: TrialStore, c
     """Run the sweep `plan` describes with an in-process runner, continuing `previous` where
     `--resume` found one (the caller has opened `store` and checked that `previous` was run by the
     same runner); a :class:`~syncopate.autotuner.tune.TuneResult`."""
-    from syncopate.autotuner.tune import TuneResult, open_sweep
+    from syncopate.autotuner.tune import TuneResult, interrupted_line, open_sweep
 
     sweep = plan.sweep
     runner, topology, note = _runner_and_topology(plan)
@@ -117,6 +117,7 @@ def run_in_process(plan: Any, previous: StoredSweep | None, store: TrialStore, c
                     status = loop.run()
             except KeyboardInterrupt:
                 status = "interrupted"
+                console.print(interrupted_line(sweep.name, sweep_id), highlight=False)
                 raise
             finally:
                 progress.ended = time.monotonic()

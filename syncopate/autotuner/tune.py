@@ -334,6 +334,12 @@ def _sweep(
         close_runs(runs)
 
 
+def interrupted_line(name: str, sweep_id: int) -> str:
+    """What an interrupted run says: where its trials are and how to go on."""
+    return (f"sweep {name!r} (id {sweep_id}) interrupted: the trials so far are stored; run the same "
+            f"command with --resume to continue")
+
+
 def open_sweep(
     plan: _Plan,
     store: TrialStore,
@@ -409,6 +415,7 @@ def _measure(
     except KeyboardInterrupt:
         status = "interrupted"
         coordinator.abort()
+        console.print(interrupted_line(sweep.name, sweep_id), highlight=False)
         raise
     finally:
         store.finish_sweep(sweep_id, status)

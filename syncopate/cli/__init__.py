@@ -6,11 +6,13 @@ with code 2; nothing is written by a command that fails that way.
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 
 import typer
 
-from syncopate.errors import SyncopateError
+from syncopate.errors import SyncopateError, Terminated
 
 __all__ = ["app", "main"]
 
@@ -45,10 +47,42 @@ def _click_error_kind(e: BaseException) -> str | None:
     return None
 
 
+_signals: list[int] = []
+"""SIGTERMs received by this process's command (the framework may hand the interrupt back as a
+plain exit code, its type lost)."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    _signals.append(signum)
+    raise Terminated()
+
+
+def _stopped() -> int:
+    """Say that the command was stopped by a signal; its exit code (128 + the signal)."""
+    if _signals:
+        print("syncopate: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    print("syncopate: interrupted", file=sys.stderr)
+    return 128 + signal.SIGINT
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `syncopate` script."""
+    """Entry point of the `syncopate` script. SIGTERM stops a command as Ctrl-C does (what it
+    stores is closed properly) and exits with 143."""
     _register()
     command = typer.main.get_command(app)
+    previous = None
+    _signals.clear()
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _run(command, argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(command, argv: list[str] | None) -> int:
     try:
         code = command.main(args=argv, prog_name="syncopate", standalone_mode=False)
     except SyncopateError as e:
@@ -57,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 1
     except KeyboardInterrupt:
-        print("syncopate: interrupted", file=sys.stderr)
-        return 130
+        return _stopped()
     except Exception as e:
         kind = _click_error_kind(e)
         if kind is None:
@@ -68,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             print(ctx.get_help() if ctx else str(e))
             return 0
         if kind == "Abort":
+            if isinstance(e.__cause__, KeyboardInterrupt):
+                return _stopped()
             print("syncopate: aborted", file=sys.stderr)
             return 130
         if kind == "Exit":
@@ -81,5 +116,5 @@ def main(argv: list[str] | None = None) -> int:
     # Without standalone mode the framework returns the code of an `Exit` instead of exiting; it
     # turns Ctrl-C into Exit(130).
     if code == 130:
-        print("syncopate: interrupted", file=sys.stderr)
+        return _stopped()
     return code if isinstance(code, int) else 0
