@@ -202,6 +202,46 @@ def test_replaying_a_synthetic_sweep(tmp_path, db, capsys):
     assert 1 <= len(trials) - len(main_trials) <= 3
 
 
+def _stored_measurements(tmp_path) -> tuple[Path, Workload, int]:
+    """A SQLite file holding one measured sweep of one workload (synthetic numbers, stored as
+    measured); its path, the workload and the number of trials."""
+    import dataclasses
+
+    topo = Topology.from_key("H200x2-nvlink")
+    w = Workload(kind="ag_gemm", shape=(4096, 4096, 4096))
+    options = SpaceOptions(backends=("copy_engine",), templates=("direct",), num_splits=(1, 2),
+                           tile_orders=("arrival", "row_major"), group_m=(8,),
+                           tile_configs=tuple(TileConfig.from_key(k) for k in SMALL_SPACE["tile_configs"]))
+    stored = synthetic_sweep([w], topo, seed=2, options=options)
+    path = tmp_path / "measured.db"
+    with ResultsDB.open(str(path), upgrade=True) as d:
+        sweep_id = d.start_sweep("measured")
+        d.record_trials(sweep_id, [dataclasses.replace(t, source="measured") for t in stored.trials[w.key()].values()])
+    return path, w, len(stored.trials[w.key()])
+
+
+def test_replay_from_a_database_given_as_a_plain_path(tmp_path, db, capsys):
+    source, w, count = _stored_measurements(tmp_path)
+    path = config(tmp_path, name="replayed", runner="replay", replay={"source": str(source), "sweep": "measured"},
+                  strategy={"name": "grid", "seed": 0}, space={**SMALL_SPACE, "backends": ["copy_engine"]})
+    assert main(["tune", str(path), "--db", db]) == 0
+    capsys.readouterr()
+    with ResultsDB.open(db) as d:
+        trials = d.trials()
+    assert len(trials) == count and {t.status for t in trials} <= {"ok", "wrong", "oom", "compile_error"}
+
+
+def test_replaying_a_workload_the_source_never_measured_is_refused(tmp_path, db, capsys):
+    source, w, _ = _stored_measurements(tmp_path)
+    path = config(tmp_path, name="replayed", runner="replay", replay={"source": f"sqlite:///{source}"},
+                  workloads=[{"kind": "ag_gemm", "shapes": [[4096, 4096, 4096], [8192, 4096, 4096]]}])
+    assert main(["tune", str(path), "--db", db]) == 2
+    line = error_line(capsys)
+    assert "holds no trial of ag_gemm (M=8192, N=4096, K=4096) bf16" in line, line
+    assert "it holds ag_gemm/4096x4096x4096/bf16" in line
+    assert sweeps(db) == []
+
+
 def test_replay_without_a_source_is_refused(tmp_path, db, capsys):
     path = config(tmp_path, runner="replay")
     assert main(["tune", str(path), "--db", db]) == 2

@@ -69,6 +69,13 @@ def _runner_and_topology(plan: Any) -> tuple[Any, Topology, str]:
     runner = make_runner(RunnerSpec(name="replay", timing=sweep.timing, topology=plan.topology,
                                     options=sweep.replay.options()))
     stored = runner.stored
+    missing = [w for w in sweep.workloads if w.key() not in stored.trials]
+    if missing:
+        held = ", ".join(sorted(stored.trials)) or "none"
+        raise ConfigError(
+            f"{sweep.source}: the replayed sweep ({stored.label}) holds no trial of "
+            f"{', '.join(str(w) for w in missing)}: it holds {held}; replay only workloads it measured"
+        )
     kind = "a SYNTHETIC sweep" if stored.synthetic else "a stored sweep"
     note = (
         f"runner replay: no GPU is used; every time is replayed from {kind} ({stored.label}), stored as "

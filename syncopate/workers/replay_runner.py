@@ -174,7 +174,18 @@ def load_stored_sweep(options: ReplayOptions, topology: Topology | None = None) 
     """The stored sweep `options` names (a file, or a database URL)."""
     if "://" in options.source:
         return load_sweep_db(options.source, options.sweep, topology)
+    if _is_sqlite(Path(options.source)):
+        return load_sweep_db(f"sqlite:///{Path(options.source).resolve()}", options.sweep, topology)
     return load_sweep_file(options.source)
+
+
+def _is_sqlite(path: Path) -> bool:
+    """Whether `path` is a SQLite database (its header says so)."""
+    try:
+        with path.open("rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
 
 
 class ReplayRunner(Runner):
