@@ -116,7 +116,19 @@ def test_bad_files_are_refused(db, tmp_path):
         import_bench(db, bad, syncopate="0.1.0", **VERSIONS)
     with pytest.raises(ConfigError, match="has world size 8"):
         import_bench(db, BENCH, syncopate="0.1.0", topology="H100x8-nvswitch", **VERSIONS)
+    with pytest.raises(ConfigError, match="topology H100x2-nvlink is of H100 GPUs, but bench file .* ran on H200"):
+        import_bench(db, BENCH, syncopate="0.1.0", topology="H100x2-nvlink", **VERSIONS)
     assert db.trials() == [] and db.sweeps() == []
+
+
+def test_a_file_stored_under_one_topology_is_not_reported_under_another(db):
+    first = import_bench(db, BENCH, syncopate="0.1.0", **VERSIONS)
+    again = import_bench(db, BENCH, syncopate="0.1.0", topology="H200x2-nvlink", **VERSIONS)
+    assert not again.created and again.sweep_id == first.sweep_id
+    with pytest.raises(ConfigError, match=f"already stored as sweep {first.sweep_id} on H200x2-nvlink, not "
+                                          "H200x2-nvswitch"):
+        import_bench(db, BENCH, syncopate="0.1.0", topology="H200x2-nvswitch", **VERSIONS)
+    assert {t.record.topology.key() for t in db.trials()} == {"H200x2-nvlink"}
 
 
 def test_cli_import_bench(tmp_path, capsys):

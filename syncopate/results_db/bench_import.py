@@ -124,6 +124,15 @@ def bench_environment(doc: dict[str, Any], path: Path, given: dict[str, str | No
     return Environment(**{f: values[f] for f in fields})
 
 
+def _stored_topology(db: ResultsDB, sweep: Any) -> str | None:
+    """The topology key an earlier import of the same file was stored under (None: nothing stored)."""
+    key = sweep.config.get("topology")
+    if key:
+        return str(key)
+    rows = db.trials(sweep_id=sweep.sweep_id, limit=1)  # imports from before the key was kept
+    return rows[0].topology.key() if rows else None
+
+
 def _date(doc: dict[str, Any], path: Path) -> datetime:
     try:
         when = datetime.fromisoformat(str(doc["date"]).replace("Z", "+00:00"))
@@ -240,6 +249,11 @@ def import_bench(
                 f"topology {topo.key()} has world size {topo.world_size}; bench file {path} "
                 f"ran on {found.world_size} GPUs ({found.key()})"
             )
+    if topo.gpu_model != env.gpu_model:
+        raise ConfigError(
+            f"topology {topo.key()} is of {topo.gpu_model} GPUs, but bench file {path} ran on {env.gpu_model} "
+            f"(its environment's gpu_model): give a topology of {env.gpu_model} GPUs"
+        )
     finished = _date(doc, path)
     seconds = sum(float(row.get("seconds", 0.0)) for row in doc["rows"])
     started = finished - timedelta(seconds=seconds)
@@ -251,6 +265,13 @@ def import_bench(
     trials, baselines = _records(doc, path, topo, env, started, worker)
 
     existing = db.latest_sweep(name)
+    if existing is not None:
+        stored_on = _stored_topology(db, existing)
+        if stored_on is not None and stored_on != topo.key():
+            raise ConfigError(
+                f"bench file {path} is already stored as sweep {existing.sweep_id} on {stored_on}, not "
+                f"{topo.key()}: one file is stored once; import it into another database to keep both"
+            )
     created = existing is None or existing.status != "done"
     if created:  # new, or an import that stopped half-way: the inserts keep what is there once
         config = {
@@ -258,6 +279,7 @@ def import_bench(
             "sha256": digest,
             "kind": "syncopate bench",
             "workloads": [row["key"] for row in doc["rows"] if "key" in row],
+            "topology": topo.key(),
         }
         sweep_id = (
             existing.sweep_id
