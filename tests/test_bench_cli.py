@@ -44,6 +44,19 @@ def test_gpus_that_contradict_the_suite_are_refused():
     assert "has world size 8; leave out --gpus" in r.stderr
 
 
+@pytest.mark.parametrize("args, message", [
+    (["ag_gemm", "--m", "8192", "--suite", "configs/llama_tp2.yaml"], "KIND, --m and --suite exclude each other"),
+    (["--dtype", "fp16", "--suite", "configs/llama_tp2.yaml"], "--dtype and --suite exclude each other"),
+    (["ag_gemm", "--m", "8192", "--n", "8192", "--k", "8192", "--kinds", "gemm_rs"], "--kinds narrows a suite"),
+    (["--suite", "configs/quickstart.yaml", "--kinds", "gemm_ar"], "has no workload of kind gemm_ar"),
+    (["ag_gemm", "--m", "8192"], "give KIND with --m, --n and --k, or --suite CONFIG"),
+])
+def test_options_that_contradict_each_other_are_refused(args, message):
+    r = bench(*args)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert message in r.stderr
+
+
 TP8 = Topology.from_key("H200x8-nvswitch")
 
 

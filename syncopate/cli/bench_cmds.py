@@ -56,7 +56,7 @@ def bench_cmd(
     m: int = typer.Option(None, help="Global M."),
     n: int = typer.Option(None, help="Global N."),
     k: int = typer.Option(None, help="Global K."),
-    dtype: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
+    dtype: str = typer.Option(None, help="bf16 (the default), fp16 or fp32."),
     suite: Path = typer.Option(None, help="A sweep config whose workloads to benchmark (e.g. configs/llama_tp2.yaml)."),
     kinds: str = typer.Option(None, help="With --suite: only these kinds, comma-separated."),
     backends: str = typer.Option(",".join(BACKENDS), help="Backends to try, comma-separated."),
@@ -73,6 +73,13 @@ def bench_cmd(
 
     topology = None
     if suite is not None:
+        given = [name for name, value in (("KIND", kind), ("--m", m), ("--n", n), ("--k", k), ("--dtype", dtype))
+                 if value is not None]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} and --suite exclude each other: the suite's workloads are benchmarked "
+                f"(narrow them with --kinds); give either KIND --m --n --k, or --suite CONFIG"
+            )
         sweep = load_sweep(suite)
         workloads = list(sweep.workloads)
         topology = None if sweep.detect_topology else sweep.topology()
@@ -82,10 +89,15 @@ def bench_cmd(
                 if x not in KINDS:
                     raise ConfigError(f"unknown kind {x!r} in --kinds: accepted are {', '.join(KINDS)}")
             workloads = [w for w in workloads if w.kind in wanted]
+            if not workloads:
+                raise ConfigError(f"suite {suite} has no workload of kind {kinds}: it has "
+                                  f"{', '.join(sorted({w.kind for w in sweep.workloads}))}")
     else:
+        if kinds:
+            raise ConfigError("--kinds narrows a suite: give it with --suite CONFIG")
         if kind is None or None in (m, n, k):
             raise ConfigError("give KIND with --m, --n and --k, or --suite CONFIG")
-        workloads = [Workload(kind=kind, shape=Shape(m=m, n=n, k=k), dtype=dtype)]
+        workloads = [Workload(kind=kind, shape=Shape(m=m, n=n, k=k), dtype=dtype or "bf16")]
     chosen = tuple(x.strip() for x in backends.split(","))
     for b in chosen:
         if b not in BACKENDS:
