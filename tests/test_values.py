@@ -121,6 +121,36 @@ def test_bad_topology_keys(key, message):
         Topology.from_key(key)
 
 
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"sm_count": -4}, r"sm_count=-4 must be an integer in \[1, 1024\]"),
+        ({"sm_count": 2.5}, "sm_count=2.5 must be an integer"),
+        ({"sm_count": 100000}, "sm_count=100000 must be"),
+        ({"memory_gb": -1.0}, r"memory_gb=-1.0 must be a number in \(0, 4096\]"),
+        ({"memory_gb": float("nan")}, "memory_gb=nan must be a number"),
+        ({"link_gbps": float("inf")}, "link_gbps=inf must be a number"),
+        ({"link_gbps": -450}, "link_gbps=-450 must be a number"),
+        ({"world_size": 2.0}, "world_size=2.0 must be an integer"),
+        ({"world_size": 10**6}, "world_size=1000000 must be an integer in"),
+    ],
+)
+def test_topology_figures_out_of_range_are_refused(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        Topology(**{"world_size": 2, "gpu_model": "H200", **fields})
+
+
+def test_topology_zero_figures_take_the_models_and_from_dict_names_what_it_lacks():
+    t = Topology(world_size=2, gpu_model="H200", sm_count=0, memory_gb=0, link_gbps=0)
+    assert (t.sm_count, t.memory_gb, t.link_gbps) == (132, 141, 450)
+    assert Topology(world_size=2, gpu_model="H200", sm_count=114, link_gbps=300.5).sm_count == 114
+    with pytest.raises(ConfigError, match="lacks gpu_model: give world_size and gpu_model"):
+        Topology.from_dict({"world_size": 2})
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        Topology.from_dict("H200x2-nvlink")
+    assert Topology.from_dict(t.to_dict()) == t
+
+
 candidates = st.builds(
     lambda backend, **kw: Candidate(backend=backend, comm_sms=0 if backend == "copy_engine" else 16, **kw),
     backend=st.sampled_from(BACKENDS),

@@ -10,6 +10,7 @@ Pure Python: nothing here imports torch at import time.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,8 +80,8 @@ class Topology:
     """World size over nodes."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
-            raise ConfigError(f"topology world_size={self.world_size!r} must be a positive integer")
+        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or not 1 <= self.world_size <= 4096:
+            raise ConfigError(f"topology world_size={self.world_size!r} must be an integer in [1, 4096]")
         if not isinstance(self.nodes, int) or self.nodes < 1 or self.world_size % self.nodes:
             raise ConfigError(
                 f"topology nodes={self.nodes!r} must be a positive integer dividing world_size={self.world_size}"
@@ -91,6 +92,13 @@ class Topology:
             )
         if not re.fullmatch(r"[A-Za-z0-9]+", self.gpu_model or ""):
             raise ConfigError(f"GPU model {self.gpu_model!r} must be letters and digits, such as H200")
+        if isinstance(self.sm_count, bool) or not isinstance(self.sm_count, int) or not 0 <= self.sm_count <= 1024:
+            raise ConfigError(f"topology sm_count={self.sm_count!r} must be an integer in [1, 1024] (0: the model's)")
+        for name, most in (("memory_gb", 4096.0), ("link_gbps", 100000.0)):
+            value = getattr(self, name)
+            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                    or not 0 <= value <= most):
+                raise ConfigError(f"topology {name}={value!r} must be a number in (0, {most:g}] (0: the nominal figure)")
         spec = GPUS.get(self.gpu_model)
         if spec is None and (self.sm_count <= 0 or self.memory_gb <= 0):
             raise ConfigError(
@@ -175,6 +183,12 @@ class Topology:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Topology:
+        """A topology from :meth:`to_dict`'s mapping (world_size and gpu_model required)."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"topology {d!r} must be a mapping with world_size and gpu_model")
+        missing = [k for k in ("world_size", "gpu_model") if k not in d]
+        if missing:
+            raise ConfigError(f"topology {d!r} lacks {' and '.join(missing)}: give world_size and gpu_model")
         return cls(
             world_size=d["world_size"], gpu_model=d["gpu_model"], interconnect=d.get("interconnect", "nvlink"),
             nodes=d.get("nodes", 1), sm_count=d.get("sm_count", 0), memory_gb=d.get("memory_gb", 0.0),
