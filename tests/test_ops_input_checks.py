@@ -49,3 +49,30 @@ def test_cpu_tensors_are_refused_in_a_group(tmp_path):
             matmul_reduce_scatter(torch.zeros(8, 4), transposed_weight)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_bad_group_config_or_buffer_shape_is_named(tmp_path):
+    import torch.distributed as dist
+
+    from syncopate.kernels.ops import gather_buffer
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    try:
+        a, b = torch.zeros(8, 4), torch.zeros(4, 8)
+        for op in OPS:
+            with pytest.raises(ConfigError, match="group must be a torch.distributed ProcessGroup .* got str 'foo'"):
+                op(a, b, "foo")
+            with pytest.raises(ConfigError, match=r"unknown backend \['x'\]"):
+                op(a, b, None, {"backend": ["x"]})
+            with pytest.raises(ConfigError, match="config must be a Candidate, a dict or None, got str"):
+                op(a, b, None, "copy_engine")
+        with pytest.raises(ConfigError, match=r"a_shard_shape \(64,\) must be \(rows, columns\)"):
+            gather_buffer((64,), torch.bfloat16)
+        with pytest.raises(ConfigError, match=r"a_shard_shape \(64, 0\) must be"):
+            gather_buffer((64, 0), torch.bfloat16)
+        with pytest.raises(ConfigError, match="dtype torch.int8: accepted are"):
+            gather_buffer((64, 64), torch.int8)
+        with pytest.raises(ConfigError, match="group must be a torch.distributed ProcessGroup"):
+            gather_buffer((64, 64), torch.bfloat16, group=3)
+    finally:
+        dist.destroy_process_group()

@@ -166,8 +166,32 @@ def _check_tensor(name: str, t: Any) -> None:
         raise ConfigError(f"{name} has dtype {t.dtype}: accepted are bfloat16, float16, float32")
 
 
-def _check_inputs(a: torch.Tensor, b: torch.Tensor, group) -> tuple[Any, int, int]:
-    """Shapes, dtypes, layouts and devices of a call, checked before anything is launched."""
+def _group(group) -> Any:
+    """The process group a call runs on (None: the default one), checked."""
+    if not dist.is_initialized():
+        raise ConfigError("torch.distributed is not initialised: call init_process_group first")
+    if group is None:
+        return dist.group.WORLD
+    if not isinstance(group, dist.ProcessGroup):
+        raise ConfigError(
+            f"group must be a torch.distributed ProcessGroup (or None: the default group), got "
+            f"{type(group).__name__} {group!r}"
+        )
+    return group
+
+
+def _parse_config(config: Candidate | dict | None) -> Candidate | None:
+    """The candidate a call's `config` names (None: look it up), checked on its own."""
+    if config is None or isinstance(config, Candidate):
+        return config
+    if isinstance(config, dict):
+        return Candidate.from_dict(config)
+    raise ConfigError(f"config must be a Candidate, a dict or None, got {type(config).__name__}")
+
+
+def _check_inputs(a: torch.Tensor, b: torch.Tensor, group, config=None) -> tuple[Any, int, int]:
+    """Shapes, dtypes, layouts, devices, group and config of a call, checked before anything is
+    launched."""
     _check_tensor("a", a)
     _check_tensor("b", b)
     if a.dtype != b.dtype:
@@ -180,8 +204,8 @@ def _check_inputs(a: torch.Tensor, b: torch.Tensor, group) -> tuple[Any, int, in
         raise ConfigError(
             f"b must be row-major or the transpose of a row-major matrix; got strides {b.stride()} for {tuple(b.shape)}"
         )
-    if not dist.is_initialized():
-        raise ConfigError("torch.distributed is not initialised: call init_process_group first")
+    group = _group(group)
+    _parse_config(config)
     for name, t in (("a", a), ("b", b)):
         if not t.is_cuda:
             raise ConfigError(f"{name} is on {t.device}: the fused ops need CUDA tensors")
@@ -189,19 +213,13 @@ def _check_inputs(a: torch.Tensor, b: torch.Tensor, group) -> tuple[Any, int, in
     for name, t in (("a", a), ("b", b)):
         if t.device != device:
             raise ConfigError(f"{name} is on {t.device} but this rank's device is {device}: call torch.cuda.set_device")
-    group = group or dist.group.WORLD
     return group, dist.get_rank(group), dist.get_world_size(group)
 
 
 def _candidate(config: Candidate | dict | None, workload: Workload, group) -> Candidate:
-    if config is None:
+    cand = _parse_config(config)
+    if cand is None:
         cand = _REGISTRY.config(workload, group)
-    elif isinstance(config, dict):
-        cand = Candidate.from_dict(config)
-    elif isinstance(config, Candidate):
-        cand = config
-    else:
-        raise ConfigError(f"config must be a Candidate, a dict or None, got {type(config).__name__}")
     check_candidate(cand, workload, _REGISTRY.topology(group))
     return cand
 
@@ -274,16 +292,21 @@ def _call_key(kind: str, a, b, group, config) -> tuple | None:
     """What makes two calls the same once validated; None where the inputs need checking anyway."""
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and dist.is_initialized()):
         return None
-    if not a.is_contiguous():
+    if not a.is_contiguous() or not (group is None or isinstance(group, dist.ProcessGroup)):
         return None
     name = (group or dist.group.WORLD).group_name
     conf = tuple(sorted(config.items())) if isinstance(config, dict) else config
-    return (kind, name, a.shape, a.dtype, a.device, b.shape, b.stride(), b.dtype, conf)
+    key = (kind, name, a.shape, a.dtype, a.device, b.shape, b.stride(), b.dtype, conf)
+    try:
+        hash(key)
+    except TypeError:  # a config dict with a list in it: checked (and refused) the long way
+        return None
+    return key
 
 
 def _prepare_gather(a_shard, b, group, config):
     """Validate an all-gather call once per (shapes, dtype, group, config): what every call needs."""
-    group, rank, ws = _check_inputs(a_shard, b, group)
+    group, rank, ws = _check_inputs(a_shard, b, group, config)
     m_local, k = a_shard.shape
     m, n_local = m_local * ws, b.shape[1]
     workload = Workload(kind="ag_gemm", shape=(m, n_local * ws, k), dtype=canonical_dtype(a_shard.dtype))
@@ -313,16 +336,21 @@ def gather_buffer(a_shard_shape: tuple[int, int], dtype: torch.dtype, group=None
     tile across the shard's edge reads it from the buffer (the kernel reads the rest of its own rows
     from the shard itself). The view stays valid until `close_contexts()`.
     """
-    group = group or dist.group.WORLD
+    group = _group(group)
+    shape = tuple(a_shard_shape) if isinstance(a_shard_shape, (tuple, list, torch.Size)) else None
+    if shape is None or len(shape) != 2 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+        raise ConfigError(f"a_shard_shape {a_shard_shape!r} must be (rows, columns) of the shard, two positive integers")
+    if dtype not in _DTYPES:
+        raise ConfigError(f"dtype {dtype!r}: accepted are torch.bfloat16, torch.float16, torch.float32")
     ws, rank = dist.get_world_size(group), dist.get_rank(group)
-    m_local, k = a_shard_shape
+    m_local, k = shape
     ctx = get_context("ag_gemm", group, (m_local * ws, k), dtype)
     return ctx.buffers["a_full"].local[rank * m_local : (rank + 1) * m_local]
 
 
 def _prepare_scatter(kind: str, a, b, group, config):
     """Validate a reduce-scatter / all-reduce call once: what every call with these shapes needs."""
-    group, rank, ws = _check_inputs(a, b, group)
+    group, rank, ws = _check_inputs(a, b, group, config)
     m, k_local = a.shape
     n = b.shape[1]
     workload = Workload(kind=kind, shape=(m, n, k_local * ws), dtype=canonical_dtype(a.dtype))
