@@ -64,7 +64,8 @@ def test_lookup_json_end_to_end(tmp_path, populated):
                             *TOPOLOGY, "--db", str(db), "--json"], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
-        assert list(doc) == ["candidate", "match", "trial_id", "time_us"]
+        more = ["measured_on", "environment"] if match == "exact" else []
+        assert list(doc) == ["candidate", "match", "trial_id", "time_us", *more]
         assert doc["match"] == match
     assert (doc["time_us"], doc["candidate"]["block_m"]) == (1500.0, 128)
 
@@ -72,7 +73,9 @@ def test_lookup_json_end_to_end(tmp_path, populated):
 def test_lookup_nearest_shape_and_export_file(capsys, populated, tmp_path):
     code, out, _ = cli(capsys, "lookup", "--m", "8192", "--n", "3072", "--k", "8192", *TOPOLOGY, "--db",
                        str(populated), "--json")
-    assert code == 0 and json.loads(out)["match"] == "nearest_shape"
+    assert code == 0 and json.loads(out)["match"] == "nearest_shape" and json.loads(out)["measured_on"] == "8192x4096x8192"
+    code, out, _ = cli(capsys, "lookup", "--m", "8192", "--n", "3072", "--k", "8192", *TOPOLOGY, "--db", str(populated))
+    assert code == 0 and "nearest_shape from trial" in out and "on (M=8192, N=4096, K=8192)" in out
     code, out, _ = cli(capsys, "export", "--db", f"sqlite:///{populated}", "--out", str(tmp_path / "best.json"))
     assert code == 0 and "wrote 2 best configurations" in out
     code, out, _ = cli(capsys, "lookup", *SHAPE, *TOPOLOGY, "--db", str(tmp_path / "best.json"), "--json")

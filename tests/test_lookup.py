@@ -78,7 +78,8 @@ def test_the_ladder(populated, caplog):
     exact = lookup(W.shape, TOPO, db=populated, environment=ENV)
     assert (exact.match, exact.time_us, exact.environment) == ("exact", 200.0, ENV)
     assert exact.to_dict() == {"candidate": exact.candidate.to_dict(), "match": "exact",
-                               "trial_id": exact.trial_id, "time_us": 200.0}
+                               "trial_id": exact.trial_id, "time_us": 200.0, "measured_on": "8192x4096x8192",
+                               "environment": ENV.key()}
     near = lookup((7000 // 8 * 8, 4096, 8192), TOPO, db=populated, environment=ENV)
     assert near.match == "nearest_shape" and near.measured_on == W  # ln(8192/7000) < ln(7000/4096)
     near = lookup((4000, 4096, 8192), TOPO, db=populated, environment=ENV)
@@ -87,8 +88,13 @@ def test_the_ladder(populated, caplog):
         other = lookup(W.shape, TOPO, db=populated, environment=OTHER_ENV)
     assert (other.match, other.environment, other.time_us) == ("other_environment", ENV, 200.0)
     assert "measured under another" in caplog.text and "torch 2.11.0" in caplog.text
+    other_near = lookup((4000, 4096, 8192), TOPO, db=populated, environment=OTHER_ENV)
+    assert other_near.match == "other_environment" and other_near.to_dict()["measured_on"] == "4096x4096x8192"
+    assert other_near.to_dict()["environment"] == ENV.key()
     default = lookup(W.shape, "H100x2-nvlink", db=populated, environment=ENV)
     assert (default.match, default.trial_id, default.time_us) == ("default", None, None)
+    assert set(default.to_dict()) == {"candidate", "match", "trial_id", "time_us"}
+    assert near.to_dict()["measured_on"] == "4096x4096x8192"
     assert default.candidate == default_candidate(W, default.topology)
 
 

@@ -30,7 +30,9 @@ def lookup_cmd(
     dtype: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
     topology: str = typer.Option(None, help="Topology key such as H200x2-nvlink (default: detect this machine's)."),
     db: str = typer.Option(None, help=_DB_HELP + " An export file (syncopate export) works too."),
-    as_json: bool = typer.Option(False, "--json", help="Print {candidate, match, trial_id, time_us} as JSON."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print {candidate, match, trial_id, time_us, measured_on, environment} as JSON."
+    ),
 ) -> None:
     """The best known configuration for one workload, and the rung of the ladder it came from
     (exact, nearest_shape, other_environment, default)."""
@@ -43,7 +45,8 @@ def lookup_cmd(
         return
     where = f" from trial {result.trial_id} ({result.time_us:.1f} µs" if result.trial_id is not None else ""
     if where:
-        where += f" on {result.measured_on.shape}" if result.match == "nearest_shape" else ""
+        other_shape = result.measured_on is not None and result.measured_on.shape != result.workload.shape
+        where += f" on {result.measured_on.shape}" if other_shape else ""
         where += f", under {result.environment.short()}" if result.match == "other_environment" else ""
         where += ")"
     print(f"{result.workload} on {result.topology.key()}: {result.match}{where}")

@@ -74,9 +74,15 @@ class LookupResult:
     """Where it was found (URL with the password hidden, or the export file)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The four keys of `syncopate lookup --json`: candidate, match, trial_id, time_us."""
-        return {"candidate": self.candidate.to_dict(), "match": self.match, "trial_id": self.trial_id,
-                "time_us": self.time_us}
+        """What `syncopate lookup --json` prints: candidate, match, trial_id, time_us, and where a
+        trial answered, the shape it measured (`measured_on`, MxNxK) and its environment's key."""
+        d: dict[str, Any] = {"candidate": self.candidate.to_dict(), "match": self.match, "trial_id": self.trial_id,
+                             "time_us": self.time_us}
+        if self.measured_on is not None:
+            d["measured_on"] = self.measured_on.shape.key()
+        if self.environment is not None:
+            d["environment"] = self.environment.key()
+        return d
 
 
 def shape_distance(a: Shape, b: Shape) -> float:
