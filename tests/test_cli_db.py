@@ -153,6 +153,13 @@ def _newer(path):
     (["db", "upgrade", "--db", "{newer}"], "newer than this version of Syncopate"),
     (["export", "--db", "{tmp}/absent.db", "--out", "{tmp}/x.json"], "does not exist"),
     (["export", "--out", "{tmp}"], "it is a directory; give a file name"),
+    (["best", "--db", "{tmp}"], "is a directory: give a file in it, such as"),
+    (["best", "--db", "{tmp}/bad.json"], "bad.json is not a SQLite database file"),
+    (["db", "upgrade", "--db", "{tmp}/bad.json"], "bad.json is not a SQLite database file"),
+    (["db", "upgrade", "--db", "{tmp}"], "is a directory"),
+    (["best", "--db", "sqlite://"], "is in memory: it holds nothing between commands"),
+    (["lookup", *SHAPE, *TOPOLOGY, "--db", "{tmp}"], "is a directory"),
+    (["best", "--db", "{tmp}/no/such/results.db"], "does not exist, nor does its folder"),
 ])
 def test_bad_input_gives_one_line_and_exit_2(capsys, tmp_path, args, message):
     (tmp_path / "bad.json").write_text("{oops")
@@ -167,3 +174,13 @@ def test_bad_input_gives_one_line_and_exit_2(capsys, tmp_path, args, message):
     assert message in lines[0]
     assert "secret" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == listing  # nothing written
+
+
+def test_a_database_named_by_the_variable_is_said_to_come_from_it(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SYNCOPATE_DB", str(tmp_path / "absent.db"))
+    code, _, err = cli(capsys, "best")
+    assert code == 2 and f"database {tmp_path / 'absent.db'} (from $SYNCOPATE_DB) does not exist" in err
+    assert f"`syncopate db upgrade --db {tmp_path / 'absent.db'}`" in err
+    monkeypatch.setenv("SYNCOPATE_DB", "mysql://u@h/db")
+    code, _, err = cli(capsys, "best")
+    assert code == 2 and "(from $SYNCOPATE_DB) is not supported" in err

@@ -65,8 +65,8 @@ def test_a_file_in_a_missing_folder_says_why_and_creates_nothing():
     with pytest.raises(DatabaseError) as e:
         open_store("sqlite:////nonexistent-dir/x.db")
     message = str(e.value)
-    assert "/nonexistent-dir/x.db does not exist" in message and "\n" not in message
-    assert "syncopate db upgrade --db sqlite:////nonexistent-dir/x.db" in message
+    assert "/nonexistent-dir/x.db does not exist, nor does its folder /nonexistent-dir" in message
+    assert "create the folder first" in message and "\n" not in message
 
 
 def test_an_existing_database_without_tables_is_not_taken_over(tmp_path):

@@ -31,7 +31,7 @@ def tune_cmd(
         None,
         "--db",
         help="Database URL or SQLite path (default: the config's db, SYNCOPATE_DB, or the per-user SQLite "
-        "file); a SQLite file that does not exist yet is created.",
+        "file); a SQLite file that does not exist yet is created (its folder must exist).",
     ),
     resume: bool = typer.Option(
         False,

@@ -18,7 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from syncopate.errors import DatabaseError
 from syncopate.results_db.engine import WRITE_OPTION, describe, make_engine
-from syncopate.results_db.schema import HEAD, REVISIONS, VERSION_TABLE, check_revision
+from syncopate.results_db.schema import HEAD, REVISIONS, VERSION_TABLE, check_revision, check_sqlite_file
 from syncopate.results_db.urls import DbLocation
 
 __all__ = ["MIGRATIONS_DIR", "alembic_config", "read_revision", "upgrade"]
@@ -60,6 +60,8 @@ def upgrade(location: DbLocation, engine: Engine | None = None) -> tuple[str | N
     Creates the SQLite file (and its folder) where needed. Raises SchemaError, touching nothing,
     where the database is at a revision newer than this code knows.
     """
+    if location.dialect == "sqlite":
+        check_sqlite_file(location, create=True)
     if location.sqlite_path is not None:
         location.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
     own = engine is None
@@ -72,7 +74,7 @@ def upgrade(location: DbLocation, engine: Engine | None = None) -> tuple[str | N
                     connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY})
                 before = read_revision(connection)
                 if before is not None and before not in REVISIONS:
-                    check_revision(before, location.shown())
+                    check_revision(before, location)
                 if before != HEAD:
                     from alembic import command
 

@@ -29,9 +29,11 @@ from syncopate.errors import DatabaseError
 from syncopate.records import Environment
 from syncopate.results_db import codec
 from syncopate.results_db.schema import (
+    SQLITE_HEADER,
     TABLES,
     VERSION_TABLE,
     check_revision,
+    check_sqlite_file,
     missing_error,
     no_tables_error,
     unreachable_error,
@@ -54,7 +56,6 @@ _SQL_FASTEST = (
 )
 SQL_FASTEST_SAME = _SQL_FASTEST.format(op="=")
 SQL_FASTEST_OTHER = _SQL_FASTEST.format(op="<>")
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 class ShapeRef(NamedTuple):
@@ -260,7 +261,7 @@ def _is_export_file(path: Path) -> bool:
             head = f.read(64)
     except OSError:
         return False
-    return not head.startswith(_SQLITE_MAGIC) and head.lstrip()[:1] == b"{"
+    return not head.startswith(SQLITE_HEADER) and head.lstrip()[:1] == b"{"
 
 
 def open_source(db: str | os.PathLike[str] | None) -> BestSource:
@@ -275,13 +276,14 @@ def open_source(db: str | os.PathLike[str] | None) -> BestSource:
     if location.dialect != "sqlite":
         return SqlAlchemySource(location)
     if path is None:
-        raise DatabaseError(f"database {location.shown()} is in memory: lookup needs a file or a server")
+        raise DatabaseError(f"database {location.subject()} is in memory: lookup needs a file or a server")
     if not path.exists():
         if location.is_default:
             return _EmptySource(location.shown())
-        raise missing_error(location.shown())
-    if "://" not in location.given and _is_export_file(path):
+        raise missing_error(location)
+    if "://" not in location.given and not path.is_dir() and _is_export_file(path):
         return ExportSource(path)
+    check_sqlite_file(location)
     source = SqliteSource(path, location.shown())
     try:
         revision = source.revision()
@@ -289,8 +291,8 @@ def open_source(db: str | os.PathLike[str] | None) -> BestSource:
             source.close()
             return _EmptySource(location.shown())
         if revision is None:
-            raise no_tables_error(location.shown())
-        check_revision(revision, location.shown())
+            raise no_tables_error(location)
+        check_revision(revision, location)
     except BaseException:
         source.close()
         raise

@@ -43,7 +43,7 @@ from syncopate.results_db import codec, migrate, queries, writes
 from syncopate.results_db.engine import WRITE_OPTION, describe, is_transient, make_engine
 from syncopate.results_db.migrate import read_revision
 from syncopate.results_db.models import SWEEP_STATUSES, SweepModel
-from syncopate.results_db.schema import check_revision, missing_error, unreachable_error
+from syncopate.results_db.schema import check_revision, check_sqlite_file, missing_error, unreachable_error
 from syncopate.results_db.urls import DbLocation, locate
 from syncopate.results_db.values import StoredBaseline, StoredCalibration, StoredTrial, SweepInfo
 from syncopate.search_space import Topology, Workload
@@ -81,8 +81,10 @@ class ResultsDB:
         location = locate(db)
         if upgrade is None:
             upgrade = location.is_default
+        if location.dialect == "sqlite":
+            check_sqlite_file(location, create=upgrade)
         if not upgrade and location.sqlite_path is not None and not location.sqlite_path.exists():
-            raise missing_error(location.shown())
+            raise missing_error(location)
         engine = make_engine(location)
         try:
             if upgrade:
@@ -362,7 +364,7 @@ def _check_schema(location: DbLocation, engine: Engine) -> None:
         with engine.connect() as connection:
             revision = read_revision(connection)
     except SQLAlchemyError as e:
-        raise unreachable_error(location.shown(), describe(e), location.dialect) from e
+        raise unreachable_error(location, describe(e), location.dialect) from e
     if revision is None and location.dialect == "sqlite":
         # another process may be creating the schema of a file it has just made: its migration
         # holds the write lock until it commits, so wait for that lock and look again
@@ -373,4 +375,4 @@ def _check_schema(location: DbLocation, engine: Engine) -> None:
                     revision = read_revision(connection)
         except SQLAlchemyError as e:  # a read-only file: it has no tables either way
             log.debug("no write lock on %s (%s)", location.shown(), describe(e))
-    check_revision(revision, location.shown())
+    check_revision(revision, location)

@@ -10,15 +10,22 @@ library's sqlite3 and these constants.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from syncopate.errors import DatabaseError, SchemaError
+
+if TYPE_CHECKING:
+    from syncopate.results_db.urls import DbLocation
 
 __all__ = [
     "BEST_VIEW",
     "HEAD",
     "REVISIONS",
     "TABLES",
+    "SQLITE_HEADER",
     "VERSION_TABLE",
     "check_revision",
+    "check_sqlite_file",
     "include_object",
     "missing_error",
     "no_tables_error",
@@ -48,30 +55,78 @@ REVISIONS: tuple[str, ...] = ("0001",)
 HEAD = REVISIONS[-1]
 
 
-def no_tables_error(shown_url: str) -> SchemaError:
+def _names(where: DbLocation | str) -> tuple[str, str]:
+    """How a message names the database, and the value to give to --db in a command it suggests."""
+    if isinstance(where, str):
+        return where, where
+    return where.subject(), where.shown()
+
+
+def no_tables_error(where: DbLocation | str) -> SchemaError:
+    subject, shown = _names(where)
+    return SchemaError(f"database {subject} has no Syncopate tables: run `syncopate db upgrade --db {shown}`")
+
+
+def missing_error(where: DbLocation | str) -> SchemaError:
+    subject, shown = _names(where)
+    folder = where.sqlite_path.parent if not isinstance(where, str) and where.sqlite_path is not None else None
+    if folder is not None and not folder.is_dir():
+        return SchemaError(
+            f"database {subject} does not exist, nor does its folder {folder}: check the path, or create "
+            f"the folder first"
+        )
     return SchemaError(
-        f"database {shown_url} has no Syncopate tables: run `syncopate db upgrade --db {shown_url}`"
+        f"database {subject} does not exist: check the path, or create it with `syncopate db upgrade --db {shown}`"
     )
 
 
-def missing_error(shown_url: str) -> SchemaError:
-    return SchemaError(
-        f"database {shown_url} does not exist: check the path, or create it with "
-        f"`syncopate db upgrade --db {shown_url}`"
-    )
-
-
-def unreachable_error(shown_url: str, reason: str, dialect: str) -> DatabaseError:
+def unreachable_error(where: DbLocation | str, reason: str, dialect: str) -> DatabaseError:
     """The database cannot be opened at all: the driver's reason, and what to check or run."""
+    subject, shown = _names(where)
     if dialect == "postgresql":
         fix = (f"check the URL and that the server runs; a new database is made with `createdb NAME` "
-               f"then `syncopate db upgrade --db {shown_url}`")
+               f"then `syncopate db upgrade --db {shown}`")
     else:
-        fix = f"check the path; a new database is made with `syncopate db upgrade --db {shown_url}`"
-    return DatabaseError(f"cannot open database {shown_url}: {reason} ({fix})")
+        fix = f"check the path; a new database is made with `syncopate db upgrade --db {shown}`"
+    return DatabaseError(f"cannot open database {subject}: {reason} ({fix})")
 
 
-def check_revision(revision: str | None, shown_url: str) -> None:
+SQLITE_HEADER = b"SQLite format 3\x00"
+"""The first 16 bytes of every SQLite database file."""
+
+
+def check_sqlite_file(location: DbLocation, *, create: bool = False) -> None:
+    """Raise DatabaseError, before any driver touches it, where a SQLite location cannot be a
+    results database: a directory, a file that is not SQLite, or (unless `create`) an in-memory
+    database, which holds nothing between commands."""
+    subject = location.subject()
+    if location.in_memory:
+        if not create:
+            raise DatabaseError(
+                f"database {subject} is in memory: it holds nothing between commands; give a file path "
+                f"or a server URL"
+            )
+        return
+    path = location.sqlite_path
+    if path is None:
+        return
+    if path.is_dir():
+        raise DatabaseError(f"database {subject} is a directory: give a file in it, such as {path / 'results.db'}")
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise DatabaseError(f"cannot open database {subject}: {e.strerror or e}") from None
+    if head and head != SQLITE_HEADER:
+        raise DatabaseError(
+            f"database {subject} is not a SQLite database file: give the path of a results database, or a "
+            f"new file name (`syncopate db upgrade --db NEW.db` makes one)"
+        )
+
+
+def check_revision(revision: str | None, where: DbLocation | str) -> None:
     """Raise SchemaError unless `revision` is the head this code knows.
 
     None means no schema at all; an older revision asks for `syncopate db upgrade`; an unknown one
@@ -80,14 +135,15 @@ def check_revision(revision: str | None, shown_url: str) -> None:
     if revision == HEAD:
         return
     if revision is None:
-        raise no_tables_error(shown_url)
+        raise no_tables_error(where)
+    subject, shown = _names(where)
     if revision in REVISIONS:
         raise SchemaError(
-            f"database {shown_url} has schema revision {revision}, older than this Syncopate's {HEAD}: "
-            f"run `syncopate db upgrade --db {shown_url}`"
+            f"database {subject} has schema revision {revision}, older than this Syncopate's {HEAD}: "
+            f"run `syncopate db upgrade --db {shown}`"
         )
     raise SchemaError(
-        f"database {shown_url} has schema revision {revision!r}, newer than this version of Syncopate "
+        f"database {subject} has schema revision {revision!r}, newer than this version of Syncopate "
         f"knows (latest {HEAD}); it was left untouched: upgrade syncopate to use it"
     )
 

@@ -58,6 +58,8 @@ class DbLocation:
     """True for the per-user default file: only that one is created and upgraded automatically."""
     sqlite_path: Path | None
     """The SQLite file, or None for an in-memory or a server database."""
+    origin: str = ""
+    """Where the value came from when not given explicitly: `SYNCOPATE_DB` or `default`."""
 
     @property
     def dialect(self) -> str:
@@ -66,6 +68,15 @@ class DbLocation:
     def shown(self) -> str:
         """The URL as printed in messages (password hidden)."""
         return redact(self.given)
+
+    def subject(self) -> str:
+        """The database as a message names it: its URL, and the variable it came from if one did."""
+        return f"{self.shown()} (from ${ENV_VAR})" if self.origin == ENV_VAR else self.shown()
+
+    @property
+    def in_memory(self) -> bool:
+        """A SQLite database in memory (`sqlite://`): it holds nothing once the command ends."""
+        return self.dialect == "sqlite" and self.sqlite_path is None
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -80,24 +91,26 @@ def _sqlite_path(url: str) -> Path | None:
 def locate(db: str | os.PathLike[str] | None = None) -> DbLocation:
     """Resolve `db` (explicit value, else SYNCOPATE_DB, else the per-user default)."""
     is_default = False
+    origin = ""
     if db is None or (isinstance(db, str) and not db.strip()):
         env = os.environ.get(ENV_VAR, "").strip()
         if env:
-            db = env
+            db, origin = env, ENV_VAR
         else:
             db = default_url()
-            is_default = True
+            is_default, origin = True, "default"
     given = os.fspath(db).strip()
     if "://" not in given:
         path = Path(given).expanduser().absolute()
-        return DbLocation(url=f"sqlite:///{path}", given=given, is_default=is_default, sqlite_path=path)
+        return DbLocation(url=f"sqlite:///{path}", given=given, is_default=is_default, sqlite_path=path, origin=origin)
     scheme = given.split("://", 1)[0].lower()
     if scheme == "sqlite":
-        return DbLocation(url=given, given=given, is_default=is_default, sqlite_path=_sqlite_path(given))
+        return DbLocation(url=given, given=given, is_default=is_default, sqlite_path=_sqlite_path(given), origin=origin)
     if given.lower().startswith(_POSTGRES_PREFIXES):
         url = "postgresql+psycopg://" + given.split("://", 1)[1]
-        return DbLocation(url=url, given=given, is_default=False, sqlite_path=None)
+        return DbLocation(url=url, given=given, is_default=False, sqlite_path=None, origin=origin)
+    where = f" (from ${ENV_VAR})" if origin == ENV_VAR else ""
     raise ConfigError(
-        f"database URL {redact(given)!r} is not supported: accepted are sqlite:///PATH, a path to a "
+        f"database URL {redact(given)!r}{where} is not supported: accepted are sqlite:///PATH, a path to a "
         f"SQLite file, or postgresql+psycopg://USER@HOST/DBNAME"
     )

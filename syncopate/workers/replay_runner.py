@@ -33,6 +33,7 @@ from typing import Any
 
 from syncopate.errors import ConfigError
 from syncopate.records import Environment, TrialRecord
+from syncopate.results_db.schema import SQLITE_HEADER
 from syncopate.search_space import Candidate, Topology, Workload
 from syncopate.workers.outcomes import BaselineOutcome, CandidateOutcome, DeviceInfo
 from syncopate.workers.runner import Runner, RunnerSpec
@@ -183,7 +184,7 @@ def _is_sqlite(path: Path) -> bool:
     """Whether `path` is a SQLite database (its header says so)."""
     try:
         with path.open("rb") as f:
-            return f.read(16) == b"SQLite format 3\x00"
+            return f.read(len(SQLITE_HEADER)) == SQLITE_HEADER
     except OSError:
         return False
 
