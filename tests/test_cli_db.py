@@ -184,3 +184,19 @@ def test_a_database_named_by_the_variable_is_said_to_come_from_it(capsys, tmp_pa
     monkeypatch.setenv("SYNCOPATE_DB", "mysql://u@h/db")
     code, _, err = cli(capsys, "best")
     assert code == 2 and "(from $SYNCOPATE_DB) is not supported" in err
+
+
+def test_piped_output_keeps_lines_and_columns_whole(tmp_path, populated):
+    """Piped into grep or a file, a long database URL stays on one line and a table keeps its numbers."""
+    deep = tmp_path / ("a-rather-long-folder-name-" * 4) / "results.db"
+    deep.parent.mkdir()
+    deep.write_bytes(populated.read_bytes())
+    r = subprocess.run([sys.executable, "-m", "syncopate", "export", "--db", str(deep), "--out", str(tmp_path / "b.json")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.strip().splitlines()) == 1 and str(deep) in r.stdout
+    r = subprocess.run([sys.executable, "-m", "syncopate", "space", *SHAPE, *TOPOLOGY, "--predict", "3"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("│ ")]
+    assert len(rows) == 3 and all(cell.strip() for row in rows for cell in row.strip("│").split("│")), r.stdout

@@ -14,7 +14,7 @@ import typer
 
 from syncopate.errors import SyncopateError, Terminated
 
-__all__ = ["app", "main"]
+__all__ = ["app", "console", "main"]
 
 app = typer.Typer(
     name="syncopate",
@@ -30,6 +30,17 @@ app.add_typer(db_app, name="db")
 
 def _register() -> None:
     from syncopate.cli import commands  # noqa: F401  (registers the commands on `app`)
+
+
+def console(*, stderr: bool = False):
+    """A rich console for a command's output: on a terminal, its width; piped or redirected, wide
+    and never wrapping a line (a URL or a table row stays whole for grep and cut)."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr)
+    return Console(stderr=stderr, width=240, soft_wrap=True)
 
 
 def fail(message: str, code: int = 2) -> None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from syncopate.cli import app
+from syncopate.cli import app, console
 from syncopate.errors import ConfigError, RuntimeUnavailableError
 
 
@@ -64,7 +63,7 @@ def calibrate_cmd(
                                    tile_configs=TILE_CONFIGS[:3], program_fractions=(1.0, 0.5), repetitions=10)
     if tile_configs is not None:
         options = dataclasses.replace(options, tile_configs=tile_configs)
-    out = Console()
+    out = console()
     with ResultsDB.open(db) as database:
         result = run_calibration(options, world)
         records = records_from_measurements(result)

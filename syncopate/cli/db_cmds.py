@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from syncopate.cli import app, db_app
+from syncopate.cli import app, console, db_app
 
-_out = Console()
+_out = console()
 
 _DB_HELP = "Database URL or SQLite path (default: $SYNCOPATE_DB, else the per-user database)."
 
@@ -119,8 +118,7 @@ def best_cmd(
             *(f"{row['speedups'][name]:.2f}" if name in row["speedups"] else "–" for name in names),
             f"{row['of_bound']:.2f}" if row["of_bound"] else "–",
         )
-    console = _out if _out.is_terminal else Console(width=240)  # piped: no wrapping to 80 columns
-    console.print(table)
+    _out.print(table)
 
 
 @app.command("export")

@@ -7,13 +7,12 @@ from collections import Counter
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from syncopate.cli import app
+from syncopate.cli import app, console
 from syncopate.search_space import Shape, SpaceOptions, Topology, Workload, space
 
-_out = Console()
+_out = console()
 
 
 @app.command("space")

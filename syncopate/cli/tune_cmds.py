@@ -4,7 +4,6 @@ process) and store every trial."""
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
 import typer
@@ -12,6 +11,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from syncopate.cli import app
+from syncopate.cli import console as output_console
 
 
 def _setup_logging(console: Console, verbose: bool) -> None:
@@ -71,7 +71,7 @@ def tune_cmd(
     from syncopate.autotuner.tune import TuneOptions, run_tune
 
     err = Console(stderr=True)
-    out = Console() if sys.stdout.isatty() else Console(width=200)
+    out = output_console()
     _setup_logging(err, verbose)
     options = TuneOptions(
         config=config,
