@@ -99,6 +99,22 @@ def test_best_shows_speedups_over_the_sweeps_baselines(capsys, populated):
     assert "× torch_seq" in out and "1.18" in out and "ag_gemm/8192x2048x8192/bf16" in out
 
 
+def test_best_tells_apart_environments_that_differ_in_one_version(capsys, tmp_path):
+    import dataclasses
+
+    from db_data import ENV
+
+    newer = dataclasses.replace(ENV, nccl="2.29.1")
+    path = tmp_path / "two.db"
+    with ResultsDB.open(path, upgrade=True) as db:
+        sweep = db.start_sweep("s")
+        db.record_trials(sweep, [trial(0, env=ENV, median_us=1600.0), trial(1, env=newer, median_us=1500.0)])
+    code, out, _ = cli(capsys, "best", "--db", str(path))
+    assert code == 0
+    assert f"nccl 2.28.3, H200, {ENV.key()[:8]}" in out and f"nccl 2.29.1, H200, {newer.key()[:8]}" in out
+    assert "triton" not in out  # the same in both: not repeated
+
+
 def test_best_on_an_unused_default_database_says_so_and_creates_nothing(capsys, tmp_path):
     code, out, _ = cli(capsys, "best")
     assert code == 0 and "no results stored yet" in out

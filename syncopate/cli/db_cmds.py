@@ -59,6 +59,19 @@ def _bound(names: dict[str, float]) -> float | None:
     return max(names["gemm_alone"], min(comm))
 
 
+_ENV_FIELDS = ("syncopate", "torch", "triton", "cuda", "nccl", "driver")
+
+
+def _environment_labels(envs: list[Any]) -> dict[Any, str]:
+    """Per environment, what tells it apart in a table: torch and the GPU, every field that differs
+    among `envs`, and the first 8 digits of its key (what `report --environment` takes)."""
+    varying = [f for f in _ENV_FIELDS if f != "torch" and len({getattr(e, f) for e in envs}) > 1]
+    return {
+        e: ", ".join([f"torch {e.torch}", *(f"{f} {getattr(e, f)}" for f in varying), e.gpu_model, e.key()[:8]])
+        for e in envs
+    }
+
+
 @app.command("best")
 def best_cmd(
     db: str = typer.Option(None, help=_DB_HELP),
@@ -110,10 +123,11 @@ def best_cmd(
     names = sorted({name for row in rows for name in row["speedups"]})
     table = Table("workload", "topology", "environment", "best configuration", "median µs", "trial",
                   *(f"× {name}" for name in names), "bound/best", title=f"best configurations in {location.shown()}")
+    label = _environment_labels([row["_row"].environment for row in rows])
     for row in rows:
         t = row["_row"]
         table.add_row(
-            row["workload"], row["topology"], f"torch {t.environment.torch}, {t.environment.gpu_model}",
+            row["workload"], row["topology"], label[t.environment],
             t.candidate.short(), f"{t.median_us:.1f}", str(t.trial_id),
             *(f"{row['speedups'][name]:.2f}" if name in row["speedups"] else "–" for name in names),
             f"{row['of_bound']:.2f}" if row["of_bound"] else "–",
