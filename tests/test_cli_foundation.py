@@ -57,3 +57,10 @@ def test_every_command_has_help(command):
     r = run(command, "--help")
     assert r.returncode == 0, r.stderr
     assert "Usage" in r.stdout
+
+
+def test_version():
+    from syncopate import __version__
+
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout == f"syncopate {__version__}\n", (r.stdout, r.stderr)

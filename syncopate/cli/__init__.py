@@ -25,6 +25,23 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 db_app = typer.Typer(help="Manage the results database.", no_args_is_help=True)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from syncopate import __version__
+
+        print(f"syncopate {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", help="Print the version and exit.", callback=_print_version, is_eager=True
+    ),
+) -> None:
+    """Schedule-search autotuner for fine-grained compute-communication overlap on multi-GPU machines."""
 app.add_typer(db_app, name="db")
 
 
