@@ -64,3 +64,9 @@ def test_version():
 
     r = run("--version")
     assert r.returncode == 0 and r.stdout == f"syncopate {__version__}\n", (r.stdout, r.stderr)
+
+
+def test_a_shape_too_small_for_any_tile_says_so():
+    r = run("space", "--kind", "gemm_ar", "--m", "2", "--n", "2", "--k", "2", "--topology", "H200x2-nvlink", "--predict", "2")
+    assert r.returncode == 0, r.stderr
+    assert "0 valid candidates" in r.stdout and "M must be at least 128" in r.stdout and "unfused all-reduce" in r.stdout

@@ -33,7 +33,7 @@ from typing import Any
 from syncopate.autotuner.strategies import SearchProblem, Strategy
 from syncopate.errors import ConfigError, StudyMismatchError
 from syncopate.records import TrialRecord
-from syncopate.search_space import Candidate, TileConfig
+from syncopate.search_space import Candidate, TileConfig, empty_space_message
 
 __all__ = ["ModelGuidedStrategy", "ModelPruner", "OptunaTPEStrategy", "space_fingerprint", "study_name"]
 
@@ -114,9 +114,7 @@ class OptunaTPEStrategy(Strategy):
         super().__init__(problem, max_trials=max_trials, seed=seed)
         candidates = problem.candidates()
         if not candidates:
-            raise ConfigError(
-                f"the search space of {problem.workload} on {problem.topology} is empty: widen the `space:` section"
-            )
+            raise ConfigError(empty_space_message(problem.workload, problem.topology, problem.options))
         self._by_key = {c.key(): c for c in candidates}
         self._order = [c.key() for c in candidates]
         self._params = {c.key(): candidate_params(c) for c in candidates}

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from syncopate.errors import ConfigError, RuntimeUnavailableError
 from syncopate.records import Environment, TrialRecord
-from syncopate.search_space import Candidate, SpaceOptions, Topology, Workload, space
+from syncopate.search_space import Candidate, SpaceOptions, Topology, Workload, empty_space_message, space
 
 __all__ = [
     "AVAILABLE_STRATEGIES",
@@ -96,10 +96,7 @@ class _PlannedStrategy(Strategy):
         super().__init__(problem, max_trials=max_trials, seed=seed)
         candidates = problem.candidates()
         if not candidates:
-            raise ConfigError(
-                f"the search space of {problem.workload} on {problem.topology} is empty: "
-                f"widen the `space:` section"
-            )
+            raise ConfigError(empty_space_message(problem.workload, problem.topology, problem.options))
         self._plan = self._make_plan(candidates)
         self._todo = [c for c in self._plan if c.key() not in problem.done]
         self._next = 0

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from syncopate.cli import app, console
-from syncopate.search_space import Shape, SpaceOptions, Topology, Workload, space
+from syncopate.search_space import Shape, SpaceOptions, Topology, Workload, empty_space_message, space
 
 _out = console()
 
@@ -33,6 +33,10 @@ def space_cmd(
     workload = Workload(kind=kind, shape=Shape(m=m, n=n, k=k), dtype=dtype)
     topo = Topology.from_key(topology)
     candidates = space(workload, topo, SpaceOptions())
+    if not candidates and not as_json:
+        _out.print(f"{workload} on {topo.key()}: 0 valid candidates", highlight=False)
+        _out.print(empty_space_message(workload, topo), highlight=False)
+        return
     if predict:
         _predict(workload, topo, candidates, predict, db)
         return

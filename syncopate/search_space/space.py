@@ -351,6 +351,29 @@ def space_size(workload: Workload, topology: Topology, options: SpaceOptions | N
     return sum(1 for _ in _iter_space(workload, topology, options or SpaceOptions()))
 
 
+_COLLECTIVE_NAMES = {"ag_gemm": "all-gather", "gemm_rs": "reduce-scatter", "gemm_ar": "all-reduce"}
+
+
+def empty_space_message(workload: Workload, topology: Topology, options: SpaceOptions | None = None) -> str:
+    """Why `workload` has no candidate on `topology` under `options`, and what to change."""
+    options = options or SpaceOptions()
+    rows = _rows_per_block(workload, topology.world_size)
+    smallest = min(tc.block_m for tc in TILE_CONFIGS)
+    if rows < smallest:
+        return (
+            f"no candidate fits {workload} on {topology}: each rank's block has {rows} row(s), fewer than "
+            f"the smallest tile's {smallest} (M must be at least {smallest * topology.world_size}); at this size "
+            f"a matmul and an unfused {_COLLECTIVE_NAMES[workload.kind]} are the way"
+        )
+    default = space_size(workload, topology)
+    if options != SpaceOptions() and default:
+        return (
+            f"the `space:` section leaves no candidate for {workload} on {topology} (the default space "
+            f"has {default}): widen it, e.g. smaller tile_configs or fewer num_splits"
+        )
+    return f"no candidate fits {workload} on {topology}"
+
+
 def default_candidate(workload: Workload, topology: Topology) -> Candidate:
     """The documented default: copy engine, direct plan, 4 splits (fewer if the block is short),
     arrival order, 128×256×64 tiles with 8 warps and 3 stages (128×128 where N is narrow)."""
