@@ -287,3 +287,16 @@ def test_the_live_display_says_when_its_best_is_not_measured(source, label):
     console = Console(file=io.StringIO(), width=200)
     console.print(_View(progress))
     assert label in console.file.getvalue() and "100.0 µs" in console.file.getvalue()
+
+
+def test_winners_faster_than_the_bound_are_explained():
+    from types import SimpleNamespace
+
+    from syncopate.autotuner.progress import below_bound_note
+
+    at = SimpleNamespace(workload="ag_gemm/8192x4096x8192/bf16", best_us=400.0, bound_us=396.0)
+    under = SimpleNamespace(workload="gemm_ar/8192x8192x2048/bf16", best_us=377.7, bound_us=568.8)
+    assert below_bound_note([at]) is None
+    note = below_bound_note([at, under])
+    assert note.startswith("faster than the bound: gemm_ar/8192x8192x2048/bf16 (1.51× under)")
+    assert "ag_gemm" not in note and "timed through NCCL only" in note

@@ -140,6 +140,19 @@ class WorkloadSummary:
         return self.torch_seq_us / self.best_us
 
 
+def below_bound_note(summaries: list[WorkloadSummary]) -> str | None:
+    """What to make of winners faster than the bound, where there are any (None otherwise)."""
+    below = [s for s in summaries if s.best_us is not None and s.bound_us is not None and s.best_us < 0.99 * s.bound_us]
+    if not below:
+        return None
+    names = ", ".join(f"{s.workload} ({s.bound_us / s.best_us:.2f}× under)" for s in below)
+    return (
+        f"faster than the bound: {names}. The bound is max(GEMM alone, the fastest collective timed alone: "
+        f"NCCL's, and the copy engine's except for gemm_ar, whose all-reduce is timed through NCCL only); a "
+        f"winner below it moves its bytes faster than those, so there the bound is a reference, not a floor"
+    )
+
+
 def summary_table(summaries: list[WorkloadSummary], title: str, *, predicted: bool = False) -> Table:
     """The closing table; `predicted` labels every time a prediction of the cost model."""
     table = Table(title=title, title_justify="left")

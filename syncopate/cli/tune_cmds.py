@@ -67,7 +67,7 @@ def tune_cmd(
     ),
 ) -> None:
     """Tune the workloads of CONFIG on Ray GPU gangs; every trial, failures too, lands in the database."""
-    from syncopate.autotuner.progress import overhead_line, summary_table
+    from syncopate.autotuner.progress import below_bound_note, overhead_line, summary_table
     from syncopate.autotuner.tune import TuneOptions, run_tune
 
     err = Console(stderr=True)
@@ -98,6 +98,9 @@ def tune_cmd(
             predicted=result.source == "predicted",
         )
     )
+    note = below_bound_note(result.summaries)
+    if note:
+        out.print(note, highlight=False)
     if result.note:
         out.print(result.note, highlight=False)
     if result.progress is not None:
