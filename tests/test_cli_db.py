@@ -173,6 +173,7 @@ def _newer(path):
     (["best", "--db", "{tmp}/bad.json"], "bad.json is not a SQLite database file"),
     (["db", "upgrade", "--db", "{tmp}/bad.json"], "bad.json is not a SQLite database file"),
     (["db", "upgrade", "--db", "{tmp}"], "is a directory"),
+    (["db", "upgrade", "--db", "sqlite://"], "is in memory: an upgrade there keeps nothing"),
     (["best", "--db", "sqlite://"], "is in memory: it holds nothing between commands"),
     (["lookup", *SHAPE, *TOPOLOGY, "--db", "{tmp}"], "is a directory"),
     (["best", "--db", "{tmp}/no/such/results.db"], "does not exist, nor does its folder"),

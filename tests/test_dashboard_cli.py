@@ -159,9 +159,14 @@ def test_dashboard_port_in_use_is_one_line_and_exit_2(capsys, url):
         (["--port", "70000"], "port 70000 is not a TCP port"),
         (["--host", "no-such-host.invalid"], "host 'no-such-host.invalid' does not resolve"),
         (["--db", "mysql://x/y"], "database URL 'mysql://x/y' is not supported"),
+        (["--db", "{tmp}"], "is a directory: give a file in it"),
+        (["--db", "sqlite://"], "is in memory"),
+        (["--db", "{tmp}/notes.txt"], "notes.txt is not a SQLite database file"),
     ],
 )
-def test_dashboard_refuses_bad_options(capsys, args, message):
+def test_dashboard_refuses_bad_options(capsys, tmp_path, args, message):
+    (tmp_path / "notes.txt").write_text("not a database\n")
+    args = [a.format(tmp=tmp_path) for a in args]
     code, _, err = cli(capsys, "dashboard", *args)
     assert code == 2 and message in err and err.count("\n") == 1
 

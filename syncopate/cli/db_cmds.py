@@ -14,6 +14,7 @@ import typer
 from rich.table import Table
 
 from syncopate.cli import app, console, db_app
+from syncopate.errors import ConfigError
 
 _out = console()
 
@@ -162,6 +163,9 @@ def db_upgrade_cmd(db: str = typer.Option(None, help=_DB_HELP)) -> None:
     from syncopate.results_db.urls import locate
 
     location = locate(db)
+    if location.in_memory:
+        raise ConfigError(f"database {location.subject()} is in memory: an upgrade there keeps nothing; give a "
+                          f"file path or a server URL")
     before, after = upgrade(location)
     if before == after:
         _out.print(f"{location.shown()}: schema at revision {after}, nothing to do", highlight=False)

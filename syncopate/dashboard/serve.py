@@ -16,6 +16,7 @@ from pathlib import Path
 
 from syncopate.errors import ConfigError, RuntimeUnavailableError
 from syncopate.results_db.urls import locate
+from syncopate.results_db.schema import check_sqlite_file
 
 __all__ = ["APP", "check_port", "serve", "streamlit_command"]
 
@@ -87,7 +88,7 @@ def streamlit_command(db: str | None, host: str, port: int) -> list[str]:
 def serve(db: str | None, *, host: str = "127.0.0.1", port: int = 8501) -> None:
     """Serve the dashboard over `db` (URL or SQLite path; None: SYNCOPATE_DB, else the per-user
     database) on host:port; never returns. A database that is missing, empty or of an older schema
-    is explained on the page itself."""
+    is explained on the page itself; a location that can never hold one fails here."""
     try:
         import streamlit  # noqa: F401
         import altair  # noqa: F401
@@ -97,6 +98,8 @@ def serve(db: str | None, *, host: str = "127.0.0.1", port: int = 8501) -> None:
             f"pip install 'syncopate[dashboard]'"
         ) from None
     location = locate(db)  # an unsupported URL fails here, in the terminal
+    if location.dialect == "sqlite":  # as do a directory, a file that is not SQLite, `sqlite://` in memory
+        check_sqlite_file(location)
     check_port(host, port)
     shown = f"[{host}]" if ":" in host else host
     print(
