@@ -74,6 +74,11 @@ def test_integral_numbers_of_other_types_are_dims():
     w = Workload(kind="ag_gemm", shape=(np.int64(8192), np.int32(4096), 8192))
     assert w.shape.as_tuple() == (8192, 4096, 8192) and type(w.shape.m) is int
     assert w == Workload(kind="ag_gemm", shape=(8192, 4096, 8192)) and w.key() == "ag_gemm/8192x4096x8192/bf16"
+    assert Workload(kind="ag_gemm", shape=np.array([8192, 4096, 8192])) == w
+    with pytest.raises(ConfigError, match="is not understood"):
+        Workload(kind="ag_gemm", shape=np.array([8192, 4096]))
+    with pytest.raises(ConfigError, match="is not understood"):
+        Workload(kind="ag_gemm", shape="8192x4096x8192")
 
 
 def test_dtype_aliases_and_torch_names():

@@ -104,7 +104,8 @@ class Shape:
 
     @classmethod
     def of(cls, value: Shape | tuple[int, int, int] | list[int] | dict[str, int]) -> Shape:
-        """Build a shape from a `Shape`, an `(M, N, K)` tuple or list, or a dict with keys m, n, k."""
+        """Build a shape from a `Shape`, three integers `(M, N, K)` in any sequence (tuple, list,
+        torch.Size, numpy array), or a dict with keys m, n, k."""
         if isinstance(value, Shape):
             return value
         if isinstance(value, dict):
@@ -112,8 +113,10 @@ class Shape:
                 return cls(m=value["m"], n=value["n"], k=value["k"])
             except KeyError as e:
                 raise ConfigError(f"shape {value!r} lacks key {e.args[0]!r}: give m, n and k") from None
-        if isinstance(value, (tuple, list)) and len(value) == 3:
-            return cls(m=value[0], n=value[1], k=value[2])
+        if not isinstance(value, (str, bytes)) and hasattr(value, "__iter__"):
+            dims = list(value)  # a tuple, a list, torch.Size, a numpy array
+            if len(dims) == 3:
+                return cls(m=dims[0], n=dims[1], k=dims[2])
         raise ConfigError(f"shape {value!r} is not understood: give (M, N, K) or a Shape")
 
     def as_tuple(self) -> tuple[int, int, int]:
