@@ -241,3 +241,31 @@ def test_resume_after_sigkill_loses_nothing_and_measures_nothing_twice(tmp_path)
     assert [w["kind"] for w in writes].count("baseline") == 4
     assert all(w["kind"] == "trial" for w in writes[len(before):])  # baselines reused, not measured again
     assert sweeps(db) == [(1, "done")]
+
+
+@pytest.mark.slow
+def test_sigterm_on_ray_gangs_marks_the_sweep_interrupted(tmp_path):
+    """A scheduler's SIGTERM reaches the coordinator after Ray has started (which installs a handler
+    of its own): the sweep is marked `interrupted`, the way on is named, exit 143, Ray shut down."""
+    config = fixture_sweep(tmp_path, name="stopped", strategy="grid", max_trials=24, fixture={"delay_s": 0.25})
+    db = tmp_path / "t.db"
+    proc = subprocess.Popen([sys.executable, "-m", "syncopate", "tune", str(config), "--db", url_of(db)], env=env(),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            if _trial_count(db) >= 3:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 143, (out, err)
+    assert "sweep 'stopped' (id 1) interrupted" in " ".join(err.split()) and "syncopate: terminated" in err, err
+    assert "SIGTERM received" not in err and "Traceback" not in err
+    assert sweeps(db) == [(1, "interrupted")] and 3 <= _trial_count(db) < 24

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -90,6 +94,21 @@ def _gpus_by_node() -> tuple[tuple[str, int], ...]:
     return tuple(sorted((n["NodeManagerAddress"], int(n.get("Resources", {}).get("GPU", 0))) for n in nodes))
 
 
+@contextmanager
+def _keeping_sigterm() -> Iterator[None]:
+    """Put back the process's SIGTERM handler after Ray's start replaced it (Ray's exits at once):
+    `syncopate tune` stops on SIGTERM as on Ctrl-C, marking its sweep `interrupted`."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def connect(address: str | None, *, declared_gpus: int | None = None, verbose: bool = False) -> Cluster:
     """Connect to the Ray cluster at `address` (`HOST:PORT`, `ray://HOST:PORT` or `auto`), or start a
     local one when `address` is None. `declared_gpus` makes a local cluster declare that many GPUs
@@ -108,13 +127,15 @@ def connect(address: str | None, *, declared_gpus: int | None = None, verbose: b
         kwargs = dict(include_dashboard=False, **common)
         if declared_gpus is not None:
             kwargs.update(num_gpus=declared_gpus, num_cpus=max(os.cpu_count() or 1, 1))
-        ray.init(**kwargs)
+        with _keeping_sigterm():
+            ray.init(**kwargs)
         cluster = Cluster(address="local", owned=True, gpus_by_node=_gpus_by_node())
         log.info("started a local Ray cluster: %s", cluster.describe())
         return cluster
     check_reachable(address)
     try:
-        ray.init(address=address, **common)
+        with _keeping_sigterm():
+            ray.init(address=address, **common)
     except ConnectionError as e:
         raise RuntimeUnavailableError(
             f"cannot connect to the Ray cluster at {address}: {str(e).splitlines()[0]} "
