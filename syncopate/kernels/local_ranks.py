@@ -53,14 +53,22 @@ def spawn_ranks(target: Callable[..., None], world: int, args: tuple = (), what:
     for p in procs:
         p.start()
     result = None
-    while result is None:
-        try:
-            result = results.get(timeout=5)
-        except Empty:
-            if any(p.exitcode not in (None, 0) for p in procs):
-                for p in procs:
-                    p.kill()
-                raise RuntimeError(f"a {what} process failed; see its output above") from None
+    try:
+        while result is None:
+            try:
+                result = results.get(timeout=5)
+            except Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError(f"a {what} process failed; see its output above") from None
+                if all(p.exitcode == 0 for p in procs) and results.empty():
+                    raise RuntimeError(f"every {what} process ended without a result") from None
+    except BaseException:  # a failure, Ctrl-C or SIGTERM: no rank may go on alone on its GPU
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=10)
+        raise
     for p in procs:
         p.join()
     return result
