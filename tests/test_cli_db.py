@@ -217,3 +217,22 @@ def test_piped_output_keeps_lines_and_columns_whole(tmp_path, populated):
     assert r.returncode == 0, r.stderr
     rows = [line for line in r.stdout.splitlines() if line.startswith("│ ")]
     assert len(rows) == 3 and all(cell.strip() for row in rows for cell in row.strip("│").split("│")), r.stdout
+
+
+def test_a_gpu_model_outside_the_table_is_filtered_by_its_key(capsys, tmp_path):
+    """A detected GPU that the datasheet table does not know (its SMs and memory read off the device)
+    is stored under its own key, and `best --topology KEY` and the report's filter find it."""
+    from syncopate.dashboard.data import Filters
+    from syncopate.search_space import Topology
+
+    l4 = Topology(world_size=2, gpu_model="L4", interconnect="pcie", sm_count=58, memory_gb=24)
+    path = tmp_path / "l4.db"
+    with ResultsDB.open(path, upgrade=True) as db:
+        db.record_trial(db.start_sweep("s"), trial(0, topo=l4, median_us=900.0))
+    code, out, err = cli(capsys, "best", "--db", str(path), "--topology", "L4x2-pcie", "--json")
+    assert code == 0, err
+    assert [row["topology"] for row in json.loads(out)] == ["L4x2-pcie"]
+    assert Filters(topologies=("L4x2-pcie", "h200x2-nvlink")).topologies == ("L4x2-pcie", "H200x2-nvlink")
+    code, _, err = cli(capsys, "report", "--db", str(path), "--topology", "L4x2-pcie", "--out", str(tmp_path / "r.html"))
+    assert code == 0, err
+    assert "L4x2-pcie" in (tmp_path / "r.html").read_text()

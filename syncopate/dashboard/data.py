@@ -42,7 +42,7 @@ from syncopate.results_db.models import (
     WorkloadModel,
 )
 from syncopate.results_db.repository import ResultsDB
-from syncopate.search_space import KINDS, Topology, canonical_dtype
+from syncopate.search_space import KINDS, canonical_dtype, topology_key
 
 __all__ = [
     "ENV_FIELDS",
@@ -103,7 +103,7 @@ class Filters:
             if k not in KINDS:
                 raise ConfigError(f"unknown kind {k!r} in the filter: accepted are {', '.join(KINDS)}")
         object.__setattr__(self, "dtypes", tuple(canonical_dtype(d) for d in self.dtypes))
-        object.__setattr__(self, "topologies", tuple(Topology.from_key(t).key() for t in self.topologies))
+        object.__setattr__(self, "topologies", tuple(topology_key(t) for t in self.topologies))
 
     def active(self) -> bool:
         return any((self.topologies, self.environments, self.dtypes, self.kinds, self.sources))

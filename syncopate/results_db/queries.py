@@ -27,7 +27,7 @@ from syncopate.results_db.models import (
 )
 from syncopate.results_db.schema import BEST_VIEW
 from syncopate.results_db.values import StoredBaseline, StoredCalibration, StoredTrial, SweepInfo
-from syncopate.search_space import KINDS, Candidate, Shape, Topology, Workload
+from syncopate.search_space import KINDS, Candidate, Shape, Topology, Workload, topology_key
 
 __all__ = [
     "Filters",
@@ -62,7 +62,8 @@ class Filters:
         self.nothing = False
         self.kind = kind
         self.workload_id = self._id(session, WorkloadModel, workload.key() if workload else None)
-        self.topology_id = self._id(session, TopologyModel, Topology.of(topology).key() if topology else None)
+        key = None if not topology else topology_key(topology) if isinstance(topology, str) else Topology.of(topology).key()
+        self.topology_id = self._id(session, TopologyModel, key)
         self.environment_id = self._id(session, EnvironmentModel, environment.key() if environment else None)
 
     def _id(self, session: Session, model: Any, key: str | None) -> int | None:

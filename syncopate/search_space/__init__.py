@@ -42,7 +42,7 @@ from syncopate.search_space.tile_order import (
     consumer_schedule,
     producer_schedule,
 )
-from syncopate.search_space.topology import GPUS, INTERCONNECTS, GpuSpec, Topology
+from syncopate.search_space.topology import GPUS, INTERCONNECTS, GpuSpec, Topology, topology_key
 from syncopate.search_space.workload import DTYPES, KINDS, MAX_DIM, MAX_ELEMENTS, Shape, Workload, canonical_dtype, dtype_bytes
 
 __all__ = [
@@ -93,5 +93,6 @@ __all__ = [
     "row_chunks",
     "space",
     "space_size",
+    "topology_key",
     "tile_orders_for",
 ]

@@ -17,7 +17,7 @@ from typing import Any
 
 from syncopate.errors import ConfigError
 
-__all__ = ["GpuSpec", "GPUS", "INTERCONNECTS", "Topology"]
+__all__ = ["GpuSpec", "GPUS", "INTERCONNECTS", "Topology", "topology_key"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,6 +56,23 @@ INTERCONNECTS: dict[str, float] = {"nvlink": 450.0, "nvswitch": 450.0, "pcie": 5
 """Interconnect classes and their nominal bandwidth per direction per GPU, GB/s (a lead)."""
 
 _KEY = re.compile(r"^(?P<gpu>[A-Za-z0-9]+?)x(?P<ws>\d+)-(?P<ic>[a-z]+)(?:-(?P<nodes>\d+)n)?$")
+
+
+def topology_key(key: str) -> str:
+    """`key` checked as a topology key, GPUxN-INTERCONNECT[-Mn], without asking that its GPU be one
+    of :data:`GPUS` (keys of detected GPUs of other models are stored too); its canonical spelling."""
+    match = _KEY.match(key.strip()) if isinstance(key, str) else None
+    if match is None:
+        raise ConfigError(
+            f"topology key {key!r} does not parse: expected GPUxN-INTERCONNECT[-Mn] such as "
+            f"H200x2-nvlink or H100x16-nvswitch-2n (interconnects: {', '.join(INTERCONNECTS)})"
+        )
+    if match["ic"] not in INTERCONNECTS:
+        raise ConfigError(f"unknown interconnect {match['ic']!r} in topology key {key!r}: accepted are "
+                          f"{', '.join(INTERCONNECTS)}")
+    gpu = match["gpu"].upper() if match["gpu"].upper() in GPUS else match["gpu"]
+    nodes = int(match["nodes"] or 1)
+    return f"{gpu}x{int(match['ws'])}-{match['ic']}" + (f"-{nodes}n" if nodes > 1 else "")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
