@@ -233,7 +233,8 @@ def _differences(previous: StoredSweep, sweep: Sweep, topology: Topology | None)
             + ", ".join(([f"added {', '.join(added)}"] if added else []) + ([f"left out {', '.join(removed)}"] if removed else []))
         )
     for name in ("space", "timing", "replay", "fixture"):
-        if getattr(old, name) != getattr(sweep, name):
+        # a section written the same way is the same, even where this version's defaults moved
+        if stored.get(name) != sweep.raw.get(name) and getattr(old, name) != getattr(sweep, name):
             found.append(f"{name} section {_section(stored.get(name))} then, {_section(sweep.raw.get(name))} now")
     return found
 
