@@ -82,6 +82,8 @@ def test_lookup_nearest_shape_and_export_file(capsys, populated, tmp_path):
     assert code == 0 and json.loads(out)["time_us"] == 1500.0
     code, out, _ = cli(capsys, "lookup", *SHAPE, *TOPOLOGY, "--db", str(populated))
     assert code == 0 and "exact from trial 2 (1500.0 µs)" in out
+    code, out, _ = cli(capsys, "lookup", *SHAPE, "--topology", "H100x2-nvlink", "--db", str(populated))
+    assert code == 0 and f"default (nothing measured in {populated} fits it on H100x2-nvlink: the documented" in out
 
 
 def test_best_shows_speedups_over_the_sweeps_baselines(capsys, populated):

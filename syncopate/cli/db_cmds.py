@@ -49,6 +49,9 @@ def lookup_cmd(
         where += f" on {result.measured_on.shape}" if other_shape else ""
         where += f", under {result.environment.short()}" if result.match == "other_environment" else ""
         where += ")"
+    if result.match == "default":
+        where = (f" (nothing measured in {result.database or 'the database'} fits it on {result.topology.key()}: "
+                 f"the documented default; `syncopate tune` measures this workload)")
     print(f"{result.workload} on {result.topology.key()}: {result.match}{where}")
     print(result.candidate.short())
 
