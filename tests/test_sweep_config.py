@@ -41,6 +41,7 @@ BASE = {"name": "t", "topology": "H200x2-nvlink", "workloads": [{"kind": "ag_gem
         ({"topology": "H200x2"}, "topology key 'H200x2' does not parse"),
         ({"strategy": {"name": "annealing"}}, "strategy.name: unknown strategy 'annealing'"),
         ({"strategy": {"max_trials": 0}}, "max_trials=0 must be positive"),
+        ({"strategy": {"time_budget_s": float("nan")}}, "time_budget_s=nan must be a positive, finite number"),
         ({"runner": "tpu"}, "runner: unknown runner 'tpu'"),
         ({"space": {"backends": ["gloo"]}}, "unknown backend 'gloo'"),
         ({"colour": "red"}, "colour: unknown field"),

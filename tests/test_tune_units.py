@@ -209,6 +209,8 @@ def test_fixture_section_is_validated():
     [
         ({"max_trials": 0}, "--max-trials 0 must be positive"),
         ({"time_budget_s": -1.0}, "--time-budget -1.0 must be a positive"),
+        ({"time_budget_s": float("nan")}, "--time-budget nan must be a positive, finite number"),
+        ({"time_budget_s": float("inf")}, "--time-budget inf must be a positive, finite number"),
         ({"runner": "tpu"}, "--runner 'tpu' is unknown"),
     ],
 )

@@ -25,6 +25,7 @@ value and what is accepted.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -112,8 +113,10 @@ class StrategyConfig(_Strict):
     @field_validator("time_budget_s")
     @classmethod
     def _budget(cls, v: float | None) -> float | None:
-        if v is not None and v <= 0:
-            raise ValueError(f"time_budget_s={v} must be positive")
+        if v is not None and not 0 < v < math.inf:
+            raise ValueError(
+                f"time_budget_s={v} must be a positive, finite number of seconds (leave it out for no limit)"
+            )
         return v
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,8 +81,9 @@ class TuneOptions:
     def __post_init__(self) -> None:
         if self.max_trials is not None and self.max_trials <= 0:
             raise ConfigError(f"--max-trials {self.max_trials} must be positive")
-        if self.time_budget_s is not None and self.time_budget_s <= 0:
-            raise ConfigError(f"--time-budget {self.time_budget_s} must be a positive number of seconds")
+        if self.time_budget_s is not None and not 0 < self.time_budget_s < math.inf:
+            raise ConfigError(f"--time-budget {self.time_budget_s} must be a positive, finite number of seconds "
+                              f"(leave it out for no limit)")
         if self.runner is not None and self.runner not in RUNNERS:
             raise ConfigError(f"--runner {self.runner!r} is unknown: accepted are {', '.join(RUNNERS)}")
         if self.form_timeout_s <= 0:
