@@ -182,6 +182,12 @@ def test_an_explicit_path_that_does_not_exist_is_an_error(tmp_path):
     assert not (tmp_path / "absent.db").exists()
 
 
+def test_an_export_file_that_does_not_exist_says_how_to_write_one(tmp_path):
+    with pytest.raises(LookupFailedError, match=r"export file .*best\.json does not exist: .*syncopate export --out"):
+        lookup(W.shape, TOPO, db=tmp_path / "best.json", environment=ENV)
+    assert not (tmp_path / "best.json").exists()
+
+
 def test_an_explicit_database_without_tables_says_what_to_run(tmp_path):
     (tmp_path / "empty.db").touch()
     with pytest.raises(SchemaError, match="has no Syncopate tables: run `syncopate db upgrade --db"):

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import quote
 
-from syncopate.errors import DatabaseError
+from syncopate.errors import DatabaseError, LookupFailedError
 from syncopate.records import Environment
 from syncopate.results_db import codec
 from syncopate.results_db.schema import (
@@ -280,6 +280,10 @@ def open_source(db: str | os.PathLike[str] | None) -> BestSource:
     if not path.exists():
         if location.is_default:
             return _EmptySource(location.shown())
+        if "://" not in location.given and path.suffix.lower() == ".json":
+            raise LookupFailedError(
+                f"export file {path} does not exist: check the path, or write it with `syncopate export --out {path}`"
+            )
         raise missing_error(location)
     if "://" not in location.given and not path.is_dir() and _is_export_file(path):
         return ExportSource(path)
