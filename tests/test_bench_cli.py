@@ -57,6 +57,17 @@ def test_options_that_contradict_each_other_are_refused(args, message):
     assert message in r.stderr
 
 
+@pytest.mark.parametrize("where, message", [
+    ("{tmp}", "cannot write {tmp}: it is a directory"),
+    ("{tmp}/no/bench.json", "cannot write {tmp}/no/bench.json: folder {tmp}/no does not exist"),
+])
+def test_a_json_file_that_cannot_be_written_is_refused_before_the_gpus(tmp_path, where, message):
+    r = bench("ag_gemm", "--m", "8192", "--n", "8192", "--k", "8192", "--json", where.format(tmp=tmp_path))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert message.format(tmp=tmp_path) in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 TP8 = Topology.from_key("H200x8-nvswitch")
 
 

@@ -63,7 +63,9 @@ def bench_cmd(
     grid: str = typer.Option("small", help="Candidate grid per backend: small or tiny."),
     repetitions: int = typer.Option(20, min=1, help="Timed repetitions per measurement."),
     warmup: int = typer.Option(5, min=0, help="Untimed calls first."),
-    json_out: Path = typer.Option(None, "--json", help="Write every number to this JSON file."),
+    json_out: Path = typer.Option(
+        None, "--json", help="Write every number to this JSON file (replaced atomically; its folder must exist)."
+    ),
     gpus: int = typer.Option(
         None, help="GPUs to use (default: the suite's topology's world size, else all visible)."
     ),
@@ -104,6 +106,10 @@ def bench_cmd(
             raise ConfigError(f"unknown backend {b!r} in --backends: accepted are {', '.join(BACKENDS)}")
     if grid not in ("small", "tiny"):
         raise ConfigError(f"unknown grid {grid!r}: accepted are small, tiny")
+    if json_out is not None:
+        from syncopate.files import check_writable
+
+        check_writable(json_out)  # before the GPUs are measured, not after
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from syncopate.files import write_atomically
 from syncopate.search_space import (
     STATIONARY_KINDS,
     Candidate,
@@ -195,7 +196,7 @@ def run_bench(options: BenchOptions, world_size: int | None = None) -> dict:
     result = spawn_ranks(_worker, world, (options,), "benchmark")
     if options.out_json:
         options.out_json.parent.mkdir(parents=True, exist_ok=True)
-        options.out_json.write_text(json.dumps(result, indent=1))
+        write_atomically(options.out_json, json.dumps(result, indent=1).encode())
     return result
 
 
