@@ -173,6 +173,8 @@ def _newer(path):
     (["export", "--out", "{tmp}"], "it is a directory; give a file name"),
     (["best", "--db", "{tmp}"], "is a directory: give a file in it, such as"),
     (["best", "--db", "{tmp}/bad.json"], "bad.json is not a SQLite database file"),
+    (["best", "--db", "{tmp}/bad.json"], "only `syncopate lookup` reads (given as a path): give the results database"),
+    (["export", "--db", "{tmp}/bad.json", "--out", "{tmp}/x.json"], "only `syncopate lookup` reads"),
     (["db", "upgrade", "--db", "{tmp}/bad.json"], "bad.json is not a SQLite database file"),
     (["db", "upgrade", "--db", "{tmp}"], "is a directory"),
     (["db", "upgrade", "--db", "sqlite://"], "is in memory: an upgrade there keeps nothing"),

@@ -119,6 +119,12 @@ def check_sqlite_file(location: DbLocation, *, create: bool = False) -> None:
         return
     except OSError as e:
         raise DatabaseError(f"cannot open database {subject}: {e.strerror or e}") from None
+    if head.lstrip()[:1] == b"{":
+        raise DatabaseError(
+            f"database {subject} is not a SQLite database file but JSON, such as an export file of "
+            f"`syncopate export`, which only `syncopate lookup` reads (given as a path): give the results "
+            f"database itself"
+        )
     if head and head != SQLITE_HEADER:
         raise DatabaseError(
             f"database {subject} is not a SQLite database file: give the path of a results database, or a "
