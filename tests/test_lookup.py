@@ -188,6 +188,12 @@ def test_an_export_file_that_does_not_exist_says_how_to_write_one(tmp_path):
     assert not (tmp_path / "best.json").exists()
 
 
+def test_a_database_named_like_an_export_file_is_read_as_a_database(populated, tmp_path):
+    named = tmp_path / "results.json"
+    named.write_bytes(populated.read_bytes())
+    assert lookup(W.shape, TOPO, db=named, environment=ENV).match == "exact"
+
+
 def test_an_explicit_database_without_tables_says_what_to_run(tmp_path):
     (tmp_path / "empty.db").touch()
     with pytest.raises(SchemaError, match="has no Syncopate tables: run `syncopate db upgrade --db"):

@@ -254,14 +254,14 @@ class ExportSource(BestSource):
 
 
 def _is_export_file(path: Path) -> bool:
-    if path.suffix.lower() == ".json":
-        return True
     try:
         with path.open("rb") as f:
             head = f.read(64)
     except OSError:
+        return path.suffix.lower() == ".json"
+    if head.startswith(SQLITE_HEADER):  # a database, whatever its name
         return False
-    return not head.startswith(SQLITE_HEADER) and head.lstrip()[:1] == b"{"
+    return path.suffix.lower() == ".json" or head.lstrip()[:1] == b"{"
 
 
 def open_source(db: str | os.PathLike[str] | None) -> BestSource:
