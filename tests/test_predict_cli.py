@@ -231,6 +231,19 @@ def test_replay_from_a_database_given_as_a_plain_path(tmp_path, db, capsys):
     assert len(trials) == count and {t.status for t in trials} <= {"ok", "wrong", "oom", "compile_error"}
 
 
+def test_replay_says_how_many_trials_the_stored_sweep_did_not_hold(tmp_path, db, capsys):
+    source, w, count = _stored_measurements(tmp_path)
+    path = config(tmp_path, name="replayed", runner="replay", replay={"source": str(source), "sweep": "measured"},
+                  strategy={"name": "grid", "seed": 0})  # the space has nccl too, which the source lacks
+    assert main(["tune", str(path), "--db", db]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    with ResultsDB.open(db) as d:
+        unheld = sum(1 for t in d.trials() if "is not in the replayed sweep" in (t.record.error or ""))
+    assert unheld > 0
+    assert f"{unheld} trial(s) asked for candidates that the replayed sweep does not hold, stored as `crash`" in text
+    assert "give the config the `space:` of the replayed sweep" in text
+
+
 def test_replaying_a_workload_the_source_never_measured_is_refused(tmp_path, db, capsys):
     source, w, _ = _stored_measurements(tmp_path)
     path = config(tmp_path, name="replayed", runner="replay", replay={"source": f"sqlite:///{source}"},

@@ -136,6 +136,11 @@ def run_in_process(plan: Any, previous: StoredSweep | None, store: TrialStore, c
             close_runs(runs)
     finally:
         runner.close()
+    if getattr(runner, "unheld", 0):
+        note += (
+            f" {runner.unheld} trial(s) asked for candidates that the replayed sweep does not hold, stored as "
+            f"`crash`: give the config the `space:` of the replayed sweep to search only what it measured."
+        )
     return TuneResult(
         sweep_id=sweep_id, sweep_name=sweep.name, status=status, resumed=resumed, topology=topology.key(),
         environment=environment, runner=plan.runner, source=runner.source, summaries=summaries, progress=progress, note=note,

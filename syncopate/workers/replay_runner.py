@@ -208,6 +208,8 @@ class ReplayRunner(Runner):
                 )
             stored = load_stored_sweep(options, spec.topology)
         self.stored = stored
+        self.unheld = 0
+        """How many trials asked for a candidate the stored sweep does not hold (answered `crash`)."""
         self.noise = getattr(options, "noise", 0.0) or 0.0
         self._rng = random.Random(getattr(options, "seed", 0))
         if spec.topology is not None and spec.topology.key() != stored.topology.key():
@@ -234,6 +236,7 @@ class ReplayRunner(Runner):
     def run(self, workload: Workload, candidate: Candidate, deadline_s: float) -> CandidateOutcome:
         t = self.stored.trial(workload, candidate)
         if t is None:
+            self.unheld += 1
             return CandidateOutcome(
                 status="crash", healthy=True,
                 error=f"candidate {candidate.key()} is not in the replayed sweep {self.stored.label}",
