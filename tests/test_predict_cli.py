@@ -101,6 +101,14 @@ def test_the_model_needs_a_named_topology(tmp_path, db, capsys):
     assert sweeps(db) == []
 
 
+def test_a_ray_address_for_a_runner_without_ray_is_refused(tmp_path, db, capsys):
+    path = config(tmp_path)
+    assert main(["tune", str(path), "--db", db, "--ray-address", "10.0.0.1:6379"]) == 2
+    line = error_line(capsys)
+    assert "--ray-address 10.0.0.1:6379 is for the runners on Ray (gpu, cpu-fixture); runner model" in line
+    assert sweeps(db) == []
+
+
 def test_measured_calibrations_missing_name_the_command_and_write_nothing(tmp_path, db, capsys):
     path = config(tmp_path, calibration="measured")
     assert main(["tune", str(path), "--db", db]) == 2

@@ -132,6 +132,11 @@ def _plan(options: TuneOptions) -> _Plan:
     sweep = load_sweep(options.config)
     runner = options.runner or sweep.runner
     runner_cls = runner_class(runner)
+    if options.ray_address is not None and runner in IN_PROCESS_RUNNERS:
+        raise ConfigError(
+            f"--ray-address {options.ray_address} is for the runners on Ray (gpu, cpu-fixture); runner {runner} "
+            f"runs in this process: leave out --ray-address, or pass --runner gpu"
+        )
     strategy_class(sweep.strategy.name)
     if options.topology is not None:
         topology = None if options.topology == "detect" else Topology.from_key(options.topology)
