@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from syncopate.cli import app, console
+from syncopate.errors import ConfigError
 from syncopate.search_space import Shape, SpaceOptions, Topology, Workload, empty_space_message, space
 
 _out = console()
@@ -30,6 +31,9 @@ def space_cmd(
     db: str | None = typer.Option(None, "--db", help="Where stored calibrations are read (with --predict)."),
 ) -> None:
     """Count (or list, with --json) the valid candidates of one workload on one topology."""
+    if as_json and predict:
+        raise ConfigError(f"--json and --predict {predict} exclude each other: --json lists the candidates, "
+                          f"--predict ranks them in a table; give one")
     workload = Workload(kind=kind, shape=Shape(m=m, n=n, k=k), dtype=dtype)
     topo = Topology.from_key(topology)
     candidates = space(workload, topo, SpaceOptions())
