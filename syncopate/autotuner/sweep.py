@@ -32,6 +32,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from syncopate.autotuner.confirm import CONFIRM_SUFFIX
 from syncopate.errors import ConfigError
 from syncopate.search_space import (
     BACKENDS,
@@ -239,6 +240,10 @@ class SpaceEntry(_Strict):
         return SpaceOptions(**kw)
 
 
+_MAX_NAME = 200 - len(CONFIRM_SUFFIX)
+"""The longest sweep name: the database holds 200 characters, and NAME+confirm is stored as well."""
+
+
 class SweepFile(_Strict):
     name: str
     description: str = ""
@@ -255,6 +260,25 @@ class SweepFile(_Strict):
     fixture: FixtureConfig | None = None
     replay: ReplayConfig | None = None
     calibration: str = "auto"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not v.strip() or len(v) > _MAX_NAME:
+            raise ValueError(
+                f"sweep name {v!r} must be a non-empty string of at most {_MAX_NAME} characters (its companion "
+                f"sweep NAME+confirm is stored too)"
+            )
+        return v
+
+    @field_validator("db")
+    @classmethod
+    def _db(cls, v: str | None) -> str | None:
+        if v is not None:
+            from syncopate.results_db.urls import locate
+
+            locate(v)  # an unsupported URL is refused here, as on the command line
+        return v
 
     @field_validator("calibration")
     @classmethod
