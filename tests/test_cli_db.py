@@ -148,6 +148,18 @@ def test_export_replaces_atomically_and_a_failed_export_writes_nothing(capsys, p
     assert code == 2 and err.startswith("syncopate: error: cannot write /proc/best.json") and err.count("\n") == 1, err
 
 
+def test_best_and_export_leave_the_database_file_as_it_was(capsys, populated, tmp_path):
+    import sqlite3
+
+    with sqlite3.connect(populated) as connection:  # as a committed file is: not in WAL mode
+        connection.execute("PRAGMA journal_mode = DELETE")
+    before = populated.read_bytes()
+    assert cli(capsys, "best", "--db", str(populated))[0] == 0
+    assert cli(capsys, "export", "--db", str(populated), "--out", str(tmp_path / "best.json"))[0] == 0
+    assert populated.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.json", "results.db"]
+
+
 def _newer(path):
     with ResultsDB.open(path, upgrade=True):
         pass

@@ -62,6 +62,21 @@ def test_report_is_self_contained(capsys, tmp_path, url):
     assert "<td>1.5</td>" in page and "<td>0.75</td>" in page  # × torch_seq and of bound of W1
 
 
+def test_report_leaves_the_database_file_as_it_was(capsys, tmp_path, url):
+    import shutil
+    import sqlite3
+
+    db = tmp_path / "results.db"
+    shutil.copy(url.removeprefix("sqlite:///"), db)
+    with sqlite3.connect(db) as connection:  # as a committed file is: not in WAL mode
+        connection.execute("PRAGMA journal_mode = DELETE")
+    before = db.read_bytes()
+    code, _, err = cli(capsys, "report", "--db", str(db), "--out", str(tmp_path / "r.html"), "--drill-down", "0")
+    assert code == 0, err
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "results.db"]
+
+
 def test_report_filters_and_compare(capsys, tmp_path, url, monkeypatch):
     monkeypatch.setitem(sys.modules, "vl_convert", None)  # charts as specs: fast, and the fallback's test
     out = tmp_path / "predicted.html"

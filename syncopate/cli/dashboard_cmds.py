@@ -62,7 +62,7 @@ def report_cmd(
         if len(parts) != 2 or not all(p.isdigit() for p in parts):
             raise ConfigError(f"--compare {compare!r} must be two sweep ids, such as 3,5")
         pair = (int(parts[0]), int(parts[1]))
-    with ResultsDB.open(db, upgrade=False) as rdb:
+    with ResultsDB.open(db, read_only=True) as rdb:
         envs = _split(environment)
         if envs:
             known = list(filter_options(rdb).environments)

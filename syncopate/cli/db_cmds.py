@@ -92,7 +92,7 @@ def best_cmd(
     if location.is_default and location.sqlite_path is not None and not location.sqlite_path.exists():
         _out.print(f"no results stored yet in {location.shown()}", highlight=False)
         return
-    with ResultsDB.open(db, upgrade=False) as rdb:
+    with ResultsDB.open(db, read_only=True) as rdb:
         best = rdb.best_configs(kind=kind, topology=topology)
         # sources stored but never served, named where nothing measured is there to show
         others = [] if best else [
@@ -152,7 +152,7 @@ def export_cmd(
     from syncopate.results_db.repository import ResultsDB
 
     check_writable(out)
-    with ResultsDB.open(db, upgrade=False) as rdb:
+    with ResultsDB.open(db, read_only=True) as rdb:
         count = rdb.export_best(out, kind=kind, topology=topology)
         shown = rdb.url
     _out.print(f"wrote {count} best configuration{'s' if count != 1 else ''} from {shown} to {out}", highlight=False)

@@ -38,7 +38,7 @@ def database_argument(argv: list[str] | None = None) -> str | None:
 
 @st.cache_resource(show_spinner=False)
 def _open(url: str) -> ResultsDB:
-    return ResultsDB.open(url, upgrade=False)
+    return ResultsDB.open(url, read_only=True)
 
 
 @st.cache_data(ttl=CACHE_S, show_spinner=False)

@@ -1,6 +1,7 @@
 """Engines for the two databases, and which errors are worth a retry.
 
-SQLite: WAL journal (readers never block the writer), `synchronous=NORMAL`, a 30 s busy timeout,
+SQLite: WAL journal (readers never block the writer; set by connections that may write, so that
+a database only read is left as it is, header included), `synchronous=NORMAL`, a 30 s busy timeout,
 foreign keys on, and transactions begun by us: `BEGIN IMMEDIATE` for a write transaction, so that a
 writer waits for the lock (the busy timeout) when it starts instead of failing half-way with
 "database is locked" when a read transaction tries to become a write one; plain `BEGIN` for reads.
@@ -28,26 +29,32 @@ WRITE_OPTION = "syncopate_write"
 _TRANSIENT_SQLSTATES = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
 
 
-def make_engine(location: DbLocation) -> Engine:
-    """A SQLAlchemy engine for `location`, configured as the module docstring says."""
+def make_engine(location: DbLocation, *, read_only: bool = False) -> Engine:
+    """A SQLAlchemy engine for `location`, configured as the module docstring says; `read_only`
+    leaves a SQLite file's journal mode as it is."""
     if location.dialect == "sqlite":
         engine = create_engine(location.url, connect_args={"timeout": BUSY_TIMEOUT_S})
-        event.listen(engine, "connect", _sqlite_on_connect)
+        event.listen(engine, "connect", _sqlite_on_read_connect if read_only else _sqlite_on_connect)
         event.listen(engine, "begin", _sqlite_on_begin)
         return engine
     return create_engine(location.url, pool_pre_ping=True)
 
 
-def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any, *, wal: bool = True) -> None:
     dbapi_connection.isolation_level = None  # the driver emits no BEGIN of its own; see _sqlite_on_begin
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         cursor.execute("PRAGMA foreign_keys = ON")
-        cursor.execute("PRAGMA journal_mode = WAL")
+        if wal:  # written into the file's header: a reader leaves it alone
+            cursor.execute("PRAGMA journal_mode = WAL")
         cursor.execute("PRAGMA synchronous = NORMAL")
     finally:
         cursor.close()
+
+
+def _sqlite_on_read_connect(dbapi_connection: Any, record: Any) -> None:
+    _sqlite_on_connect(dbapi_connection, record, wal=False)
 
 
 def _sqlite_on_begin(connection: Any) -> None:

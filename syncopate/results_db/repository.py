@@ -71,21 +71,26 @@ class ResultsDB:
     # ---- opening -------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, db: str | PathLike[str] | None = None, *, upgrade: bool | None = None) -> ResultsDB:
+    def open(cls, db: str | PathLike[str] | None = None, *, upgrade: bool | None = None,
+             read_only: bool = False) -> ResultsDB:
         """Open the database `db` (URL or SQLite path; None: SYNCOPATE_DB, else the per-user default).
 
         upgrade: True creates or upgrades the schema (as `syncopate db upgrade`); False never does;
-        None (the default) does so only for the per-user default database. A database without our
-        tables, or at an older or newer schema revision, raises SchemaError saying what to run.
+        None (the default) does so only for the per-user default database. read_only: for callers
+        that only read (`best`, `export`, the dashboard and the report): never upgrades, and leaves a
+        SQLite file as it is (its journal mode included). A database without our tables, or at an
+        older or newer schema revision, raises SchemaError saying what to run.
         """
         location = locate(db)
-        if upgrade is None:
+        if read_only:
+            upgrade = False
+        elif upgrade is None:
             upgrade = location.is_default
         if location.dialect == "sqlite":
             check_sqlite_file(location, create=upgrade)
         if not upgrade and location.sqlite_path is not None and not location.sqlite_path.exists():
             raise missing_error(location)
-        engine = make_engine(location)
+        engine = make_engine(location, read_only=read_only)
         try:
             if upgrade:
                 migrate.upgrade(location, engine)
