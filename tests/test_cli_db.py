@@ -1,8 +1,8 @@
 """Layer: CLI on the CPU. `syncopate lookup`, `best`, `export` and `db upgrade` against SQLite files:
 answers, tables, atomic export, and one-line errors with exit code 2 that write nothing.
 
-Most commands run in this process (`syncopate.cli.main`), which keeps torch imported once; one test
-runs the real `python -m syncopate` end to end."""
+Most commands run in this process (`syncopate.cli.main`), which keeps torch imported once; two tests
+run the real `python -m syncopate` (end to end, and with its output piped)."""
 
 from __future__ import annotations
 
