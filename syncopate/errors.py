@@ -2,7 +2,9 @@
 
 Every error a user can cause derives from :class:`SyncopateError`. Messages name the values involved,
 what is accepted, and where useful the command that fixes it. The CLI turns these into one line on
-stderr and exit code 2.
+stderr and the error's `exit_code`: 2 for a value the user gave that is invalid (:class:`ConfigError`,
+as for a usage error), 1 for anything else that stops a command (a database that cannot be used, no
+GPU, a Ray cluster out of reach), so that a script can tell "fix the call" from "fix the machine".
 """
 
 from __future__ import annotations
@@ -25,9 +27,13 @@ __all__ = [
 class SyncopateError(Exception):
     """Base class of every error Syncopate raises on purpose."""
 
+    exit_code = 1
+
 
 class ConfigError(SyncopateError, ValueError):
     """A value given by the user (shape, dtype, key, config file, candidate) is invalid."""
+
+    exit_code = 2
 
 
 class DatabaseError(SyncopateError):

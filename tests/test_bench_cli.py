@@ -29,7 +29,7 @@ def bench(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("suite, need", [("configs/llama_tp4.yaml", 4), ("configs/llama_tp8.yaml", 8)])
 def test_a_suite_without_its_gpus_fails_cleanly(suite, need):
     r = bench("--suite", suite)
-    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.returncode == 1, (r.stdout, r.stderr)  # the machine lacks what it needs, not a bad value
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert f"suite {suite} needs {need} CUDA GPUs on this host" in lines[0]

@@ -133,7 +133,7 @@ def test_a_file_stored_under_one_topology_is_not_reported_under_another(db):
 
 def test_cli_import_bench(tmp_path, capsys):
     path = tmp_path / "cli.db"
-    assert main(["import-bench", str(BENCH), "--db", str(path), *FLAGS]) == 2
+    assert main(["import-bench", str(BENCH), "--db", str(path), *FLAGS]) == 1
     assert "does not exist" in capsys.readouterr().err
     assert main(["db", "upgrade", "--db", str(path)]) == 0
     assert main(["import-bench", str(BENCH), "--db", str(path)]) == 2

@@ -188,7 +188,7 @@ def test_calibrate_on_a_machine_without_gpus_says_so(monkeypatch, capsys):
     from syncopate.cli import calibrate_cmds, main
 
     monkeypatch.setattr(calibrate_cmds, "_gpu_count", lambda: 0)
-    assert main(["calibrate"]) == 2
+    assert main(["calibrate"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no CUDA GPU on this machine" in err[0] and "syncopate calibrate" in err[0]
 

@@ -139,7 +139,7 @@ def test_export_replaces_atomically_and_a_failed_export_writes_nothing(capsys, p
     before = sorted(p.name for p in tmp_path.iterdir())
     (tmp_path / "empty.db").touch()
     code, _, err = cli(capsys, "export", "--db", str(tmp_path / "empty.db"), "--out", str(tmp_path / "new.json"))
-    assert code == 2 and "syncopate db upgrade --db" in err
+    assert code == 1 and "syncopate db upgrade --db" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["empty.db"])
     code, _, err = cli(capsys, "export", "--db", str(populated), "--out", str(tmp_path / "no" / "best.json"))
     assert code == 2 and "folder" in err and "does not exist" in err
@@ -170,38 +170,40 @@ def _newer(path):
     return path
 
 
-@pytest.mark.parametrize("args, message", [
-    (["lookup", "--kind", "mm", *SHAPE, *TOPOLOGY], "unknown kind 'mm'"),
-    (["lookup", "--m", "0", "--n", "8", "--k", "8", *TOPOLOGY], "M=0 must be positive"),
-    (["lookup", *SHAPE, "--dtype", "int8", *TOPOLOGY], "unknown dtype 'int8'"),
-    (["lookup", *SHAPE, "--topology", "H200x3-wifi"], "unknown interconnect 'wifi'"),
-    (["lookup", *SHAPE, *TOPOLOGY, "--db", "{tmp}/absent.db"], "absent.db does not exist: check the path"),
-    (["lookup", *SHAPE, *TOPOLOGY, "--db", "{tmp}/bad.json"], "is not valid JSON"),
-    (["lookup", *SHAPE, *TOPOLOGY, "--db", "mysql://u@h/db"], "is not supported"),
-    (["best", "--db", "{tmp}/empty.db"], "has no Syncopate tables: run `syncopate db upgrade --db"),
-    (["best", "--db", "postgresql+psycopg://nobody:secret@127.0.0.1:1/none"], "cannot open database"),
-    (["db", "upgrade", "--db", "{newer}"], "newer than this version of Syncopate"),
-    (["export", "--db", "{tmp}/absent.db", "--out", "{tmp}/x.json"], "does not exist"),
-    (["export", "--out", "{tmp}"], "it is a directory; give a file name"),
-    (["best", "--db", "{tmp}"], "is a directory: give a file in it, such as"),
-    (["best", "--db", "{tmp}/bad.json"], "bad.json is not a SQLite database file"),
-    (["best", "--db", "{tmp}/bad.json"], "only `syncopate lookup` reads (given as a path): give the results database"),
-    (["export", "--db", "{tmp}/bad.json", "--out", "{tmp}/x.json"], "only `syncopate lookup` reads"),
-    (["db", "upgrade", "--db", "{tmp}/bad.json"], "bad.json is not a SQLite database file"),
-    (["db", "upgrade", "--db", "{tmp}"], "is a directory"),
-    (["db", "upgrade", "--db", "sqlite://"], "is in memory: an upgrade there keeps nothing"),
-    (["best", "--db", "sqlite://"], "is in memory: it holds nothing between commands"),
-    (["lookup", *SHAPE, *TOPOLOGY, "--db", "{tmp}"], "is a directory"),
-    (["best", "--db", "{tmp}/no/such/results.db"], "does not exist, nor does its folder"),
+@pytest.mark.parametrize("args, message, code", [
+    (["lookup", "--kind", "mm", *SHAPE, *TOPOLOGY], "unknown kind 'mm'", 2),
+    (["lookup", "--m", "0", "--n", "8", "--k", "8", *TOPOLOGY], "M=0 must be positive", 2),
+    (["lookup", *SHAPE, "--dtype", "int8", *TOPOLOGY], "unknown dtype 'int8'", 2),
+    (["lookup", *SHAPE, "--topology", "H200x3-wifi"], "unknown interconnect 'wifi'", 2),
+    (["lookup", *SHAPE, *TOPOLOGY, "--db", "{tmp}/absent.db"], "absent.db does not exist: check the path", 1),
+    (["lookup", *SHAPE, *TOPOLOGY, "--db", "{tmp}/bad.json"], "is not valid JSON", 1),
+    (["lookup", *SHAPE, *TOPOLOGY, "--db", "mysql://u@h/db"], "is not supported", 2),
+    (["best", "--db", "{tmp}/empty.db"], "has no Syncopate tables: run `syncopate db upgrade --db", 1),
+    (["best", "--db", "postgresql+psycopg://nobody:secret@127.0.0.1:1/none"], "cannot open database", 1),
+    (["db", "upgrade", "--db", "{newer}"], "newer than this version of Syncopate", 1),
+    (["export", "--db", "{tmp}/absent.db", "--out", "{tmp}/x.json"], "does not exist", 1),
+    (["export", "--out", "{tmp}"], "it is a directory; give a file name", 2),
+    (["best", "--db", "{tmp}"], "is a directory: give a file in it, such as", 1),
+    (["best", "--db", "{tmp}/bad.json"], "bad.json is not a SQLite database file", 1),
+    (["best", "--db", "{tmp}/bad.json"], "only `syncopate lookup` reads (given as a path): give the results database", 1),
+    (["export", "--db", "{tmp}/bad.json", "--out", "{tmp}/x.json"], "only `syncopate lookup` reads", 1),
+    (["db", "upgrade", "--db", "{tmp}/bad.json"], "bad.json is not a SQLite database file", 1),
+    (["db", "upgrade", "--db", "{tmp}"], "is a directory", 1),
+    (["db", "upgrade", "--db", "sqlite://"], "is in memory: an upgrade there keeps nothing", 2),
+    (["best", "--db", "sqlite://"], "is in memory: it holds nothing between commands", 1),
+    (["lookup", *SHAPE, *TOPOLOGY, "--db", "{tmp}"], "is a directory", 1),
+    (["best", "--db", "{tmp}/no/such/results.db"], "does not exist, nor does its folder", 1),
 ])
-def test_bad_input_gives_one_line_and_exit_2(capsys, tmp_path, args, message):
+def test_bad_input_gives_one_line_and_its_exit_code(capsys, tmp_path, args, message, code):
+    """A value that is invalid as given exits 2 (as a usage error does); a database that cannot be
+    used as it is, 1."""
     (tmp_path / "bad.json").write_text("{oops")
     (tmp_path / "empty.db").touch()
     newer = _newer(tmp_path / "newer.db") if "{newer}" in args else None
     args = [a.format(tmp=tmp_path, newer=newer) for a in args]
     listing = sorted(p.name for p in tmp_path.iterdir())
-    code, _, err = cli(capsys, *args)
-    assert code == 2, err
+    got, _, err = cli(capsys, *args)
+    assert got == code, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("syncopate: error: "), err
     assert message in lines[0]
@@ -212,7 +214,7 @@ def test_bad_input_gives_one_line_and_exit_2(capsys, tmp_path, args, message):
 def test_a_database_named_by_the_variable_is_said_to_come_from_it(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("SYNCOPATE_DB", str(tmp_path / "absent.db"))
     code, _, err = cli(capsys, "best")
-    assert code == 2 and f"database {tmp_path / 'absent.db'} (from $SYNCOPATE_DB) does not exist" in err
+    assert code == 1 and f"database {tmp_path / 'absent.db'} (from $SYNCOPATE_DB) does not exist" in err
     assert f"`syncopate db upgrade --db {tmp_path / 'absent.db'}`" in err
     monkeypatch.setenv("SYNCOPATE_DB", "mysql://u@h/db")
     code, _, err = cli(capsys, "best")

@@ -135,13 +135,13 @@ def test_report_on_an_empty_missing_or_old_database(capsys, tmp_path, monkeypatc
     code, _, err = cli(capsys, "report", "--db", empty, "--out", str(tmp_path / "r.html"))
     assert code == 2 and "no trials in" in err and "syncopate tune configs/quickstart.yaml --db" in err
     code, _, err = cli(capsys, "report", "--db", str(tmp_path / "none.db"), "--out", str(tmp_path / "r.html"))
-    assert code == 2 and "does not exist" in err
+    assert code == 1 and "does not exist" in err
     from syncopate.results_db import schema
 
     monkeypatch.setattr(schema, "REVISIONS", ("0001", "0002"))
     monkeypatch.setattr(schema, "HEAD", "0002")
     code, _, err = cli(capsys, "report", "--db", empty, "--out", str(tmp_path / "r.html"))
-    assert code == 2 and f"run `syncopate db upgrade --db {empty}`" in err
+    assert code == 1 and f"run `syncopate db upgrade --db {empty}`" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]
 
 
@@ -169,27 +169,27 @@ def test_dashboard_port_in_use_is_one_line_and_exit_2(capsys, url):
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "message", "exit_code"),
     [
-        (["--port", "70000"], "port 70000 is not a TCP port"),
-        (["--host", "no-such-host.invalid"], "host 'no-such-host.invalid' does not resolve"),
-        (["--db", "mysql://x/y"], "database URL 'mysql://x/y' is not supported"),
-        (["--db", "{tmp}"], "is a directory: give a file in it"),
-        (["--db", "sqlite://"], "is in memory"),
-        (["--db", "{tmp}/notes.txt"], "notes.txt is not a SQLite database file"),
+        (["--port", "70000"], "port 70000 is not a TCP port", 2),
+        (["--host", "no-such-host.invalid"], "host 'no-such-host.invalid' does not resolve", 2),
+        (["--db", "mysql://x/y"], "database URL 'mysql://x/y' is not supported", 2),
+        (["--db", "{tmp}"], "is a directory: give a file in it", 1),
+        (["--db", "sqlite://"], "is in memory", 1),
+        (["--db", "{tmp}/notes.txt"], "notes.txt is not a SQLite database file", 1),
     ],
 )
-def test_dashboard_refuses_bad_options(capsys, tmp_path, args, message):
+def test_dashboard_refuses_bad_options(capsys, tmp_path, args, message, exit_code):
     (tmp_path / "notes.txt").write_text("not a database\n")
     args = [a.format(tmp=tmp_path) for a in args]
     code, _, err = cli(capsys, "dashboard", *args)
-    assert code == 2 and message in err and err.count("\n") == 1
+    assert code == exit_code and message in err and err.count("\n") == 1
 
 
 def test_dashboard_without_the_extra(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "streamlit", None)
     code, _, err = cli(capsys, "dashboard")
-    assert code == 2 and "pip install 'syncopate[dashboard]'" in err
+    assert code == 1 and "pip install 'syncopate[dashboard]'" in err
 
 
 def test_dashboard_hands_over_to_streamlit(capsys, monkeypatch, url):

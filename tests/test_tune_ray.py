@@ -338,7 +338,7 @@ def test_a_detected_topology_is_read_by_every_rank_of_the_gang(tmp_path):
 def test_fewer_gpus_than_the_topology_asks(tmp_path, capsys):
     config = fixture_sweep(tmp_path, topology="H200x4-nvlink")
     code, _, err = cli(capsys, "tune", config, "--db", url_of(tmp_path / "t.db"))
-    assert code == 2 and len(err) == 1, err
+    assert code == 1 and len(err) == 1, err
     assert "topology H200x4-nvlink needs 4 GPUs on one node; the cluster has 2 GPU(s)" in err[0]
     assert no_sweeps(tmp_path / "t.db")
 
@@ -346,7 +346,7 @@ def test_fewer_gpus_than_the_topology_asks(tmp_path, capsys):
 def test_gpus_of_mixed_models(tmp_path, capsys):
     config = fixture_sweep(tmp_path, fixture={"gpu_models": ["H200", "H100"]})
     code, _, err = cli(capsys, "tune", config, "--db", url_of(tmp_path / "t.db"))
-    assert code == 2 and len(err) == 1, err
+    assert code == 1 and len(err) == 1, err
     assert "GPUs of mixed models (H100, H200): gang 0 rank 0: H200 (FIXTURE-" in err[0]
     assert no_sweeps(tmp_path / "t.db")
 
@@ -361,7 +361,7 @@ def _cuda() -> bool:
 def test_gpu_runner_where_torch_has_no_cuda(tmp_path, capsys):
     config = fixture_sweep(tmp_path, runner="gpu")
     code, _, err = cli(capsys, "tune", config, "--db", url_of(tmp_path / "t.db"))
-    assert code == 2 and len(err) == 1, err
+    assert code == 1 and len(err) == 1, err
     assert "gang 0 could not start" in err[0] and "sees no CUDA device" in err[0]
     assert no_sweeps(tmp_path / "t.db")
 

@@ -1,7 +1,9 @@
 """The `syncopate` command line.
 
-Every command has `--help`. User errors print one line on stderr, `syncopate: error: …`, and exit
-with code 2; nothing is written by a command that fails that way.
+Every command has `--help`. Errors print one line on stderr, `syncopate: error: …`, and exit with
+code 2 where a value given is invalid (an option, a config, a shape: as for a usage error) and 1
+where something else stops the command (a database that cannot be used, no GPU, an unreachable Ray
+cluster); nothing is written by a command that fails that way.
 """
 
 from __future__ import annotations
@@ -60,12 +62,6 @@ def console(*, stderr: bool = False):
     return Console(stderr=stderr, width=240, soft_wrap=True)
 
 
-def fail(message: str, code: int = 2) -> None:
-    """Print one error line on stderr and exit with `code`."""
-    print(f"syncopate: error: {message}", file=sys.stderr)
-    raise SystemExit(code)
-
-
 def _click_error_kind(e: BaseException) -> str | None:
     """Classify an exception raised by the CLI framework (click, or the copy typer carries)."""
     names = {cls.__name__ for cls in type(e).__mro__}
@@ -115,7 +111,7 @@ def _run(command, argv: list[str] | None) -> int:
         code = command.main(args=argv, prog_name="syncopate", standalone_mode=False)
     except SyncopateError as e:
         print(f"syncopate: error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 1
     except KeyboardInterrupt:
