@@ -102,6 +102,21 @@ def test_skips_what_a_resumed_sweep_stored(name, sweep, model):
     assert len(rest) == 7 and not done & {t.candidate.key() for t in rest}
 
 
+@pytest.mark.parametrize("name", ["grid", "random"])
+def test_a_resume_with_another_budget_keeps_max_trials_the_count_in_all(name, sweep, model):
+    first = drive(make_strategy(name, problem(sweep, model), max_trials=10, seed=0), sweep, limit=4)
+    done = frozenset(t.candidate.key() for t in first)
+    more = make_strategy(name, problem(sweep, model, done=done), max_trials=16, seed=0)
+    assert more.planned == 16 and more.remaining == 12
+    rest = {t.candidate.key() for t in drive(more, sweep)}
+    assert len(rest) == 12 and not done & rest
+    if name == "random":  # a larger budget draws the same candidates and more
+        whole = make_strategy(name, problem(sweep, model), max_trials=16, seed=0)
+        assert done | rest == {c.key() for c in whole.ask(16)}
+    fewer = make_strategy(name, problem(sweep, model, done=done), max_trials=3, seed=0)
+    assert fewer.planned == 4 and fewer.remaining == 0 and fewer.ask(1) == []
+
+
 @pytest.mark.parametrize("bad", [0, -3])
 def test_a_budget_of_zero_or_less_is_refused(bad, sweep, model):
     with pytest.raises(ConfigError, match=f"max_trials={bad} must be a positive"):

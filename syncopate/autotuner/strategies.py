@@ -3,7 +3,9 @@
 A strategy is built for one :class:`SearchProblem` (a workload on a topology, the space's
 restrictions, and the candidates already stored for it) and asked for candidates until it has
 none left. `grid` and `random` fix their plan up front from the seed, so a resumed sweep proposes
-the same candidates and skips the stored ones; the Optuna-based ones (`optuna-tpe`,
+the same candidates and skips the stored ones; a resume with a larger budget keeps what is stored
+and adds only as many as the budget has room for, so `max_trials` stays the count of trials in
+all. The Optuna-based ones (`optuna-tpe`,
 `model-guided`, in :mod:`syncopate.autotuner.optuna_strategies`) learn through
 :meth:`Strategy.tell` and keep their study in the results database.
 
@@ -90,19 +92,30 @@ class Strategy(ABC):
 
 
 class _PlannedStrategy(Strategy):
-    """A strategy whose whole plan is fixed at construction; stored candidates are skipped."""
+    """A strategy whose whole plan is fixed at construction; stored candidates are skipped.
+
+    The stored candidates of the space count against `max_trials`: where a resumed sweep holds
+    some that this budget's plan does not (it was started with another budget), the plan's others
+    are thinned, evenly, to the room left, and where it holds as many as the budget or more,
+    nothing is proposed.
+    """
 
     def __init__(self, problem: SearchProblem, *, max_trials: int | None, seed: int) -> None:
         super().__init__(problem, max_trials=max_trials, seed=seed)
         candidates = problem.candidates()
         if not candidates:
             raise ConfigError(empty_space_message(problem.workload, problem.topology, problem.options))
-        self._plan = self._make_plan(candidates)
-        self._todo = [c for c in self._plan if c.key() not in problem.done]
+        self._stored = sum(c.key() in problem.done for c in candidates)
+        todo = [c for c in self._make_plan(candidates) if c.key() not in problem.done]
+        if max_trials is not None:
+            todo = _evenly(todo, max(0, max_trials - self._stored))
+        self._todo = todo
         self._next = 0
 
     @abstractmethod
-    def _make_plan(self, candidates: list[Candidate]) -> list[Candidate]: ...
+    def _make_plan(self, candidates: list[Candidate]) -> list[Candidate]:
+        """The candidates to measure on a fresh sweep, in order; a larger budget's plan must hold
+        as much of a smaller one's as it can, so that a resume with more trials extends it."""
 
     def ask(self, n: int = 1) -> list[Candidate]:
         out = self._todo[self._next : self._next + n]
@@ -111,11 +124,19 @@ class _PlannedStrategy(Strategy):
 
     @property
     def planned(self) -> int:
-        return len(self._plan)
+        return self._stored + len(self._todo)
 
     @property
     def remaining(self) -> int:
         return len(self._todo) - self._next
+
+
+def _evenly(items: list[Candidate], k: int) -> list[Candidate]:
+    """`k` of `items` evenly spaced over them, in their order (all of them where k ≥ their count)."""
+    n = len(items)
+    if k >= n:
+        return items
+    return [items[i * n // k] for i in range(k)]
 
 
 class GridStrategy(_PlannedStrategy):
@@ -125,21 +146,20 @@ class GridStrategy(_PlannedStrategy):
     name = "grid"
 
     def _make_plan(self, candidates: list[Candidate]) -> list[Candidate]:
-        n = len(candidates)
-        if self.max_trials is None or self.max_trials >= n:
-            return candidates
-        return [candidates[i * n // self.max_trials] for i in range(self.max_trials)]
+        return candidates if self.max_trials is None else _evenly(candidates, self.max_trials)
 
 
 class RandomStrategy(_PlannedStrategy):
-    """`max_trials` candidates drawn without replacement, seeded by the seed and the workload."""
+    """`max_trials` candidates drawn without replacement, seeded by the seed and the workload: the
+    first of one shuffle of the space, so a larger budget draws the same ones and more."""
 
     name = "random"
 
     def _make_plan(self, candidates: list[Candidate]) -> list[Candidate]:
         rng = random.Random(f"{self.seed}/{self.problem.workload.key()}/{self.problem.topology.key()}")
-        k = len(candidates) if self.max_trials is None else min(self.max_trials, len(candidates))
-        return rng.sample(candidates, k)
+        order = list(candidates)
+        rng.shuffle(order)
+        return order if self.max_trials is None else order[: self.max_trials]
 
 
 AVAILABLE_STRATEGIES: dict[str, str] = {
