@@ -10,9 +10,11 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 import syncopate
 from db_data import ENV, OTHER_ENV, TOPO, W, trial, workload
+from syncopate.cli import main
 from syncopate.errors import ConfigError, DatabaseError, LookupFailedError, RuntimeUnavailableError, SchemaError
 from syncopate.records import TrialRecord
 from syncopate.results_db import ResultsDB
@@ -245,5 +247,24 @@ def test_without_a_topology_it_is_detected_or_the_reason_is_given(populated):
         result = lookup(W.shape, None, db=populated, environment=ENV)
     except RuntimeUnavailableError as e:
         assert "cannot detect the topology here" in str(e) and "topology='H200x2-nvlink'" in str(e)
+        assert str(e).count("H200x2-nvlink") == 1 and "--topology" not in str(e)
     else:
         assert result.topology == syncopate.Topology.detect()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is visible: the topology is detected")
+def test_the_command_without_a_topology_names_the_option_once(populated, capsys):
+    code = main(["lookup", "--m", "8192", "--n", "28672", "--k", "8192", "--db", str(populated)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1, err
+    assert err[0] == ("syncopate: error: cannot detect this machine's topology (no CUDA GPU is visible): pass "
+                      "--topology KEY, such as --topology H200x2-nvlink")
+
+
+def test_the_command_says_its_answer_once(populated):
+    """An answer measured under another environment is printed once, on stdout; the warning that a
+    job calling syncopate.lookup gets in its log is not repeated on stderr."""
+    m, n, k = W.shape.as_tuple()
+    r = subprocess.run([sys.executable, "-m", "syncopate", "lookup", "--m", str(m), "--n", str(n), "--k", str(k),
+                        "--topology", TOPO.key(), "--db", str(populated)], capture_output=True, text=True)
+    assert r.returncode == 0 and "other_environment" in r.stdout and r.stderr == "", (r.stdout, r.stderr)

@@ -7,6 +7,7 @@ SYNCOPATE_DB, else the per-user default. `lookup` also takes an export file.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +32,28 @@ def lookup_cmd(
     topology: str = typer.Option(None, help="Topology key such as H200x2-nvlink (default: detect this machine's)."),
     db: str = typer.Option(None, help=_DB_HELP + " An export file (syncopate export) works too."),
     as_json: bool = typer.Option(
-        False, "--json", help="Print {candidate, match, trial_id, time_us, measured_on, environment} as JSON."
+        False, "--json", help="Print {candidate, match, trial_id, time_us} as JSON, with measured_on and environment where a measured trial answers."
     ),
 ) -> None:
     """The best known configuration for one workload, and the rung of the ladder it came from
     (exact, nearest_shape, other_environment, default)."""
-    from syncopate.results_db.lookups import lookup
+    from syncopate.errors import RuntimeUnavailableError
+    from syncopate.results_db.lookups import TopologyUndetected, lookup
     from syncopate.search_space import Shape
 
-    result = lookup(Shape(m=m, n=n, k=k), topology, kind=kind, dtype=dtype, db=db)
+    # the line printed below says what the lookups module warns of (another environment answered)
+    quiet = logging.getLogger("syncopate.results_db.lookups")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        result = lookup(Shape(m=m, n=n, k=k), topology, kind=kind, dtype=dtype, db=db)
+    except TopologyUndetected as e:
+        raise RuntimeUnavailableError(
+            f"cannot detect this machine's topology ({e.reason}): pass --topology KEY, such as "
+            f"--topology H200x2-nvlink"
+        ) from None
+    finally:
+        quiet.setLevel(level)
     if as_json:
         print(json.dumps(result.to_dict()))
         return

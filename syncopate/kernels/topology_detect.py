@@ -47,7 +47,9 @@ def detect_topology(group=None) -> Topology:
     import torch.distributed as dist
 
     if not torch.cuda.is_available():
-        raise RuntimeUnavailableError("cannot detect a topology: no CUDA GPU is visible (give a key such as H200x2-nvlink)")
+        e = RuntimeUnavailableError("cannot detect a topology: no CUDA GPU is visible (give a key such as H200x2-nvlink)")
+        e.reason = "no CUDA GPU is visible"
+        raise e
     device = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(device)
     model = gpu_model_of(props.name)

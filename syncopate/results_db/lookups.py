@@ -131,17 +131,24 @@ def _climb(source: BestSource, workload: Workload, topology: Topology, environme
                         time_us=None, workload=workload, topology=topology, database=source.shown)
 
 
+class TopologyUndetected(RuntimeUnavailableError):
+    """Raised by a lookup without a topology where this process cannot detect one; `reason` says
+    why, for a caller that words the remedy its own way (the CLI names `--topology`)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"cannot detect the topology here ({reason}): pass topology=KEY, such as "
+                         f"topology='H200x2-nvlink'")
+        self.reason = reason
+
+
 def _detect_topology() -> Topology:
     try:
         return Topology.detect()
     except ImportError as e:
-        reason = f"the topology detector is not available ({e})"
+        reason = f"the topology detector is not available: {e}"
     except RuntimeUnavailableError as e:
-        reason = str(e)
-    raise RuntimeUnavailableError(
-        f"cannot detect the topology here: {reason}; pass it, e.g. topology='H200x2-nvlink' "
-        f"(on the command line: --topology H200x2-nvlink)"
-    )
+        reason = getattr(e, "reason", str(e))
+    raise TopologyUndetected(reason)
 
 
 class _Resolver:
