@@ -16,13 +16,20 @@ def _folder(path: Path) -> Path:
     return path.parent if str(path.parent) else Path(".")
 
 
-def check_writable(path: Path) -> None:
+def check_writable(path: Path, example: str | None = None) -> None:
     """Raise ConfigError, naming `path`, where a file cannot be written there: a directory in its
-    place, a folder that does not exist or that this user may not write."""
+    place (`example` is the file name suggested in it), a folder that does not exist or is a file,
+    or one that this user may not write."""
     if path.is_dir():
-        raise ConfigError(f"cannot write {path}: it is a directory; give a file name, such as {path / 'out'}")
+        name = example or f"out{path.suffix or ''}"
+        raise ConfigError(f"cannot write {path}: it is a directory; give a file name, such as {path / name}")
     folder = _folder(path)
     if not folder.is_dir():
+        above = folder
+        while not above.exists() and above != above.parent:
+            above = above.parent
+        if above.exists() and not above.is_dir():
+            raise ConfigError(f"cannot write {path}: {above} is a file, not a folder")
         raise ConfigError(f"cannot write {path}: folder {folder} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ConfigError(f"cannot write {path}: folder {folder} is not writable by this user")

@@ -182,7 +182,8 @@ def _newer(path):
     (["best", "--db", "postgresql+psycopg://nobody:secret@127.0.0.1:1/none"], "cannot open database", 1),
     (["db", "upgrade", "--db", "{newer}"], "newer than this version of Syncopate", 1),
     (["export", "--db", "{tmp}/absent.db", "--out", "{tmp}/x.json"], "does not exist", 1),
-    (["export", "--out", "{tmp}"], "it is a directory; give a file name", 2),
+    (["export", "--out", "{tmp}"], "it is a directory; give a file name, such as {tmp}/best.json", 2),
+    (["export", "--out", "{tmp}/bad.json/best.json"], "cannot write {tmp}/bad.json/best.json: {tmp}/bad.json is a file, not a folder", 2),
     (["best", "--db", "{tmp}"], "is a directory: give a file in it, such as", 1),
     (["best", "--db", "{tmp}/bad.json"], "bad.json is not a SQLite database file", 1),
     (["best", "--db", "{tmp}/bad.json"], "only `syncopate lookup` reads (given as a path): give the results database", 1),
@@ -206,7 +207,7 @@ def test_bad_input_gives_one_line_and_its_exit_code(capsys, tmp_path, args, mess
     assert got == code, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("syncopate: error: "), err
-    assert message in lines[0]
+    assert message.format(tmp=tmp_path) in lines[0]
     assert "secret" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == listing  # nothing written
 

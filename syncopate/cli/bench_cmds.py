@@ -109,7 +109,7 @@ def bench_cmd(
     if json_out is not None:
         from syncopate.files import check_writable
 
-        check_writable(json_out)  # before the GPUs are measured, not after
+        check_writable(json_out, "bench.json")  # before the GPUs are measured, not after
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -55,13 +55,16 @@ def report_cmd(
     from syncopate.files import check_writable
     from syncopate.results_db.repository import ResultsDB
 
-    check_writable(out)
+    check_writable(out, "report.html")
     pair = None
     if compare:
         parts = _split(compare)
         if len(parts) != 2 or not all(p.isdigit() for p in parts):
             raise ConfigError(f"--compare {compare!r} must be two sweep ids, such as 3,5")
         pair = (int(parts[0]), int(parts[1]))
+        if pair[0] == pair[1]:
+            raise ConfigError(f"--compare {compare!r} names sweep {pair[0]} twice: give two different sweep ids, "
+                              f"such as 3,5")
     with ResultsDB.open(db, read_only=True) as rdb:
         envs = _split(environment)
         if envs:

@@ -165,7 +165,7 @@ def export_cmd(
     from syncopate.files import check_writable
     from syncopate.results_db.repository import ResultsDB
 
-    check_writable(out)
+    check_writable(out, "best.json")
     with ResultsDB.open(db, read_only=True) as rdb:
         count = rdb.export_best(out, kind=kind, topology=topology)
         shown = rdb.url
