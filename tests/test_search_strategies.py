@@ -117,6 +117,15 @@ def test_a_resume_with_another_budget_keeps_max_trials_the_count_in_all(name, sw
     assert fewer.planned == 4 and fewer.remaining == 0 and fewer.ask(1) == []
 
 
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_a_resume_with_a_budget_below_what_is_stored_proposes_nothing(name, sweep, model):
+    first = drive(make_strategy(name, problem(sweep, model), max_trials=10, seed=0), sweep, limit=6)
+    done = frozenset(t.candidate.key() for t in first)
+    fewer = make_strategy(name, problem(sweep, model, done=done), max_trials=2, seed=0)
+    assert (fewer.planned, fewer.remaining, fewer.ask(1)) == (6, 0, [])
+    fewer.close()
+
+
 @pytest.mark.parametrize("bad", [0, -3])
 def test_a_budget_of_zero_or_less_is_refused(bad, sweep, model):
     with pytest.raises(ConfigError, match=f"max_trials={bad} must be a positive"):

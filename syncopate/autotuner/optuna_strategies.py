@@ -185,8 +185,8 @@ class OptunaTPEStrategy(Strategy):
     # -- Strategy -------------------------------------------------------------------------------
 
     @property
-    def planned(self) -> int:
-        return self._planned
+    def planned(self) -> int:  # a resume with a budget below what is stored stands for what is stored
+        return max(self._planned, len(self._done))
 
     @property
     def remaining(self) -> int:
