@@ -114,6 +114,12 @@ def test_bad_files_are_refused(db, tmp_path):
     bad.write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match="workload 0: unknown backend 'carrier_pigeon'"):
         import_bench(db, bad, syncopate="0.1.0", **VERSIONS)
+    doc = json.loads(BENCH.read_text())
+    doc["topology"]["key"] = "H200x3-nvlink"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=r"names its topology 'H200x3-nvlink', but its other fields give "
+                                          r"H200x2-nvlink"):
+        import_bench(db, bad, syncopate="0.1.0", **VERSIONS)
     with pytest.raises(ConfigError, match="has world size 8"):
         import_bench(db, BENCH, syncopate="0.1.0", topology="H100x8-nvswitch", **VERSIONS)
     with pytest.raises(ConfigError, match="topology H100x2-nvlink is of H100 GPUs, but bench file .* ran on H200"):
@@ -144,6 +150,17 @@ def test_cli_import_bench(tmp_path, capsys):
     assert "stored:" in out and "8 trial(s), 5 baseline(s) on H200x2-nvlink" in out
     assert main(["import-bench", str(BENCH), "--db", str(path), *FLAGS]) == 0
     assert "already stored" in capsys.readouterr().out
+
+
+def test_cli_a_bad_row_is_named_before_the_database_is_opened(tmp_path, capsys):
+    doc = json.loads(BENCH.read_text())
+    doc["rows"][0]["workload"]["m"] = -5
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    assert main(["import-bench", str(bad), "--db", str(tmp_path / "absent.db"), *FLAGS]) == 2
+    err = capsys.readouterr().err
+    assert "M=-5 must be positive" in err and "does not exist" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json"]
 
 
 def test_committed_database_is_this_import(tmp_path):

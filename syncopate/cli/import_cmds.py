@@ -31,7 +31,7 @@ def import_bench_cmd(
     """Store a bench run's baselines and candidates as measured rows of one sweep (importing the same
     file again adds nothing); the file's host and time are kept."""
     from syncopate import __version__
-    from syncopate.results_db.bench_import import import_bench, read_bench
+    from syncopate.results_db.bench_import import prepare_bench, read_bench, store_bench
     from syncopate.results_db.repository import ResultsDB
 
     doc = read_bench(bench)  # a bad file fails before the database is touched
@@ -39,19 +39,10 @@ def import_bench_cmd(
         isinstance(doc.get("environment"), dict) and "syncopate" in doc["environment"]
     ):
         syncopate = __version__
+    prepared = prepare_bench(bench, syncopate=syncopate, torch=torch, triton=triton, cuda=cuda, nccl=nccl,
+                             driver=driver, gpu_model=gpu_model, topology=topology)  # all of it, before the database
     with ResultsDB.open(db) as rdb:
-        result = import_bench(
-            rdb,
-            bench,
-            syncopate=syncopate,
-            torch=torch,
-            triton=triton,
-            cuda=cuda,
-            nccl=nccl,
-            driver=driver,
-            gpu_model=gpu_model,
-            topology=topology,
-        )
+        result = store_bench(rdb, prepared)
         shown = rdb.url
     verb = "stored" if result.created else "already stored"
     print(

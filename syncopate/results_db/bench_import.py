@@ -35,7 +35,8 @@ from syncopate.search_space import Candidate, Topology, Workload
 if TYPE_CHECKING:
     from syncopate.results_db.repository import ResultsDB
 
-__all__ = ["BenchImport", "bench_environment", "import_bench", "quantile", "read_bench"]
+__all__ = ["BenchImport", "PreparedBench", "bench_environment", "import_bench", "prepare_bench", "quantile",
+           "read_bench", "store_bench"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,22 @@ class BenchImport:
     baselines: int
     environment: Environment
     topology: Topology
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PreparedBench:
+    """A bench file read and checked whole, with the rows it stores; no database touched yet."""
+
+    path: Path
+    doc: dict[str, Any]
+    environment: Environment
+    topology: Topology
+    name: str
+    digest: str
+    started: datetime
+    finished: datetime
+    trials: list[Any]
+    baselines: list[Any]
 
 
 def quantile(samples: list[float], q: float) -> float:
@@ -222,6 +239,24 @@ def import_bench(
     The environment fields fill in what the file does not say (see :func:`bench_environment`);
     `topology` overrides the file's (which must then have the same world size).
     """
+    return store_bench(db, prepare_bench(path, syncopate=syncopate, torch=torch, triton=triton, cuda=cuda,
+                                         nccl=nccl, driver=driver, gpu_model=gpu_model, topology=topology))
+
+
+def prepare_bench(
+    path: str | Path,
+    *,
+    syncopate: str | None = None,
+    torch: str | None = None,
+    triton: str | None = None,
+    cuda: str | None = None,
+    nccl: str | None = None,
+    driver: str | None = None,
+    gpu_model: str | None = None,
+    topology: Topology | str | None = None,
+) -> PreparedBench:
+    """Read and check the bench file `path` whole (see :func:`import_bench`): a ConfigError naming
+    what is wrong before any database is opened."""
     path = Path(path)
     doc = read_bench(path)
     env = bench_environment(
@@ -241,6 +276,12 @@ def import_bench(
         found = Topology.from_dict(doc["topology"])
     except (KeyError, TypeError, ConfigError) as e:
         raise ConfigError(f"bench file {path} has an invalid topology {doc['topology']!r}: {e}") from None
+    written = doc["topology"].get("key")
+    if topology is None and written is not None and written != found.key():
+        raise ConfigError(
+            f"bench file {path} names its topology {written!r}, but its other fields give {found.key()}: the file "
+            f"was edited or is damaged; fix the key or the fields (or give --topology)"
+        )
     topo = found
     if topology is not None:
         topo = Topology.of(topology)
@@ -263,7 +304,14 @@ def import_bench(
     if isinstance(doc.get("switches"), dict):  # the kernel switches the benchmark ran with (newer files)
         worker["switches"] = {str(k): str(v) for k, v in doc["switches"].items()}
     trials, baselines = _records(doc, path, topo, env, started, worker)
+    return PreparedBench(path=path, doc=doc, environment=env, topology=topo, name=name, digest=digest,
+                         started=started, finished=finished, trials=trials, baselines=baselines)
 
+
+def store_bench(db: ResultsDB, bench: PreparedBench) -> BenchImport:
+    """Store what :func:`prepare_bench` read in `db` (nothing new where the file is stored already)."""
+    path, doc, topo, name, digest = bench.path, bench.doc, bench.topology, bench.name, bench.digest
+    trials, baselines, started, finished = bench.trials, bench.baselines, bench.started, bench.finished
     existing = db.latest_sweep(name)
     if existing is not None:
         stored_on = _stored_topology(db, existing)
@@ -302,6 +350,6 @@ def import_bench(
         workloads=len(doc["rows"]),
         trials=len(trials),
         baselines=len(baselines),
-        environment=env,
+        environment=bench.environment,
         topology=topo,
     )
