@@ -132,10 +132,19 @@ def test_a_chunk_that_never_arrives_times_out_instead_of_hanging(which):
     assert err == 0
 
 
+def _guarded(rows, n):
+    """A NaN-filled [rows, n] float16 tensor with a guard row of 7s before and after it in memory."""
+    block = torch.full((rows + 2, n), 7.0, dtype=torch.float16)
+    block[1:-1] = float("nan")
+    return block[1:-1], block
+
+
 def run_producer(kind, template, ws, m, n, k, splits, order="arrival", epoch=5, withheld=None, spin_limit=0,
                  programs=4):
     """Run every rank's producer with the partials it would receive already in place (but for rank
-    0's last one with `withheld`: its signal stays at the previous call's epoch)."""
+    0's last one with `withheld`: its signal stays at the previous call's epoch; `withheld="entered"`:
+    rank 0's peers have not entered the call, so its all-reduce's buffer is not free). The output,
+    send and all-reduce buffers have guard rows around them (`results[r]["guards"]`)."""
     c = cand(template=template, num_splits=splits, tile_order=order)
     plan = plan_for(kind, template, ws, m, splits, c.block_m)
     all_reduce = kind == "gemm_ar"
@@ -163,20 +172,25 @@ def run_producer(kind, template, ws, m, n, k, splits, order="arrival", epoch=5, 
         pad = pads[r]
         for t in plan.recvs(r, "reduce"):
             pad[t.signal] = epoch
-        if withheld and r == 0:
+        if withheld and withheld != "entered" and r == 0:
             pad[plan.recvs(r, "reduce")[-1].signal] = epoch - 1
         pad[ENTERED_BASE : ENTERED_BASE + ws] = epoch
+        if withheld == "entered" and r == 0:
+            pad[ENTERED_BASE : ENTERED_BASE + ws] = epoch - 1
+            pad[ENTERED_BASE + r] = epoch
         tables = producer_tables(plan, r, n, c, all_reduce, CPU)
         lo, hi = block_bounds(m, ws, r)
-        out = torch.full((m if all_reduce else hi - lo, n), float("nan"), dtype=torch.float16)
-        send = torch.full((m, n), float("nan"), dtype=torch.float16)
-        reduced = torch.full((m, n), float("nan"), dtype=torch.float16) if all_reduce else None
+        out, out_block = _guarded(m if all_reduce else hi - lo, n)
+        send, send_block = _guarded(m, n)
+        reduced, reduced_block = _guarded(m, n) if all_reduce else (None, None)
+        blocks = [block for block in (out_block, send_block, reduced_block) if block is not None]
         counters = torch.zeros(4096, dtype=torch.int64)
         error = torch.zeros(1, dtype=torch.int32)
         launch_producer(a[r], b[r], send, out, reduced, recv, 0 if all_reduce else lo, tables, c, epoch, pad, counters,
                         peer_ptrs, ws, r, error, programs, spin_limit)
         results.append(dict(plan=plan, tables=tables, out=out, send=send, reduced=reduced, counters=counters,
-                            error=int(error.item()), lo=lo, hi=hi, held=held))
+                            error=int(error.item()), lo=lo, hi=hi, held=held,
+                            guards=[block[[0, -1]] for block in blocks]))
     return results, partial, total, pads, plan
 
 
@@ -606,6 +620,24 @@ def test_a_partial_that_never_arrives_ends_the_wait_with_an_error_not_a_hang(mon
     results, *_ = run_producer(kind, "direct", 2, 128, 32, 32, 2, withheld=True, spin_limit=20)
     assert results[0]["error"] == 1, "rank 0 reports the partial it waited for in vain"
     assert results[1]["error"] == 0
+    for r in results:
+        assert all((g == 7).all() for g in r["guards"]), "a wait that gave up wrote outside its buffers"
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["pointer-epilogue", "tma-epilogue"])
+def test_an_all_reduce_whose_peers_never_enter_stays_inside_its_buffers(monkeypatch, tma):
+    """The all-reduce waits for every peer to have entered the call before it overwrites its reduced
+    block (they may still read the last one). When that bounded wait gives up, the error is set and
+    the stores stay where they belong: a wait once returned -1, added to the store's coordinates,
+    and the first tile's partial landed one element before the buffer."""
+    from syncopate.kernels import launch
+
+    monkeypatch.setattr(launch, "use_tma", lambda *tensors: tma)
+    results, *_ = run_producer("gemm_ar", "direct", 2, 128, 32, 32, 2, withheld="entered", spin_limit=20)
+    assert results[0]["error"] == 1, "rank 0 reports the peers it waited for in vain"
+    assert results[1]["error"] == 0
+    for r, res in enumerate(results):
+        assert all((g == 7).all() for g in res["guards"]), f"rank {r} wrote outside its buffers"
 
 
 def test_the_interpreter_takes_the_full_launch_every_time():

@@ -81,12 +81,13 @@ if AVAILABLE:
 
     @gluon.jit
     def _wait_word(ptr, epoch, error_ptr, max_spin):
-        """Wait for `*ptr >= epoch`; 0 once it is, -1 after a timeout (which sets the error flag). The
-        result is added to the coordinates of what must follow the wait."""
+        """Wait for `*ptr >= epoch`; 0, also after a bounded wait gave up (which sets the error flag:
+        what follows reads stale data inside its buffers). The result depends on what was read and
+        is added to the coordinates of what must follow the wait (`_wait_slot` in triton_kernels)."""
         value = _poll(ptr, epoch, max_spin)
         if (value - epoch) < 0:
             gl.atomic_xchg(error_ptr, 1)
-        return (value - epoch) >> 31
+        return ((value - epoch) >> 31) & (max_spin >> 31)
 
     @gluon.jit
     def _stores_done():

@@ -70,8 +70,9 @@ def _grid(entries: int, programs: int) -> tuple[int]:
 
 
 def _spin(spin_limit: int) -> int:
-    """Poll bound as the kernels take it: -1 (all ones as an unsigned count) for no bound."""
-    return spin_limit if spin_limit > 0 else -1
+    """Poll bound as the kernels take it, an int32: -1 (all ones as an unsigned count) for no bound,
+    a bound past int32's range held at its largest (the kernels take the bound's sign bit as "none")."""
+    return min(spin_limit, 2**31 - 1) if spin_limit > 0 else -1
 
 
 RELAUNCH_TRITON = ("3.6.",)

@@ -123,10 +123,12 @@ def _poll_loop(ptr, epoch, max_spin):
 
 @triton.jit
 def _wait_slot(signal_ptr, slot, epoch, error_ptr, max_spin, ASM_WAIT: tl.constexpr):
-    """Wait for signal word `slot` (nothing when slot < 0); returns 0 once it arrived, -1 on timeout.
+    """Wait for signal word `slot` (nothing when slot < 0); returns 0, also after a timeout.
 
-    The result is data-dependent on what was read, so callers add it to load coordinates: the
-    compiler then cannot issue those loads before the wait.
+    The result is data-dependent on what was read, so callers add it to load and store coordinates:
+    the compiler then cannot issue those before the wait. A bounded wait that gives up (max_spin >
+    0) sets the error flag and still returns 0: what follows reads stale data, but stays inside its
+    buffers (a -1 there once stored a partial one element before the all-reduce's buffer).
     """
     value = epoch
     if slot >= 0:
@@ -136,7 +138,7 @@ def _wait_slot(signal_ptr, slot, epoch, error_ptr, max_spin, ASM_WAIT: tl.conste
             value = _poll_loop(signal_ptr + slot, epoch, max_spin)
         if (value - epoch) < 0:
             tl.atomic_xchg(error_ptr, 1)
-    return (value - epoch) >> 31
+    return ((value - epoch) >> 31) & (max_spin >> 31)
 
 
 @triton.jit
