@@ -3,12 +3,14 @@
 # limit so that one hang does not take the rest with it. Full logs go to $OUT (default ./gpu-logs);
 # a one-line verdict per step is printed last.
 #
-#   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix tune order conns rs ar suite own gluon
-#                                                    probe sweep stationary sweep4 suite4 calib (default: matrix tune order conns
+#   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix shared tune order conns rs ar suite own
+#                                                    gluon probe sweep stationary sweep4 suite4 calib (default: matrix tune order conns
 #                                                    rs ar suite; SECONDS overrides the limit)
 #
 #   smoke   tests/test_gpu_ops.py, the quick matrix: one case per kind x backend, 10 calls back to back
 #   matrix  tests/test_gpu_ops.py: every backend x plan x splits x tile order vs the fp32 reference
+#   shared  tests/test_gpu_shared.py: two ranks on GPU 0 (gloo, buffers through CUDA IPC), the matrix
+#           without the nccl backend and a late peer (the one step that also runs on one GPU)
 #   tune    syncopate tune configs/h200x2.yaml into $OUT/h200x2-tune.db (stopped with SIGINT at its limit)
 #   order   ag_gemm with the kernel launched before its side-stream work (SYNCOPATE_COMM_FIRST=0),
 #           grid `small` (128x256 and 128x128 tiles), copy engine and SM-driven copies
@@ -84,6 +86,7 @@ for arg in "${steps[@]}"; do
             "tests/test_gpu_ops.py::test_fused_ops_match_the_reference_on_two_gpus[smoke]" ;;
         matrix) step matrix 300 python3 -m pytest -s -q -p no:cacheprovider -m multigpu \
             "tests/test_gpu_ops.py::test_fused_ops_match_the_reference_on_two_gpus[full]" ;;
+        shared) step shared 300 python3 -m pytest -s -q -p no:cacheprovider -m gpu tests/test_gpu_shared.py ;;
         tune) step tune 300 python3 -m syncopate tune configs/h200x2.yaml --db "$OUT/h200x2-tune.db" ;;
         order) step order 120 env SYNCOPATE_COMM_FIRST=0 python3 -m syncopate bench ag_gemm --m 8192 --n 2048 \
             --k 8192 --grid small --backends copy_engine,nvshmem --repetitions 5 --json "$OUT/order.json" ;;

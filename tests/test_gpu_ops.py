@@ -88,10 +88,10 @@ def matrix(quick: bool = False):
     return sorted(cases, key=lambda case: (-case[4], first[case[0]]))
 
 
-def _worker(rank, world, port, cases, queue):
+def _worker(rank, world, port, cases, shared_gpu, queue):
     from syncopate.kernels.local_ranks import join_group
 
-    dev = join_group(rank, world, port)
+    dev = join_group(rank, world, port, shared_gpu)
     import torch
     import torch.distributed as dist
 
@@ -141,11 +141,29 @@ def _worker(rank, world, port, cases, queue):
         if failures and failures[-1].startswith(f"{kind} {dtype} {c.short()}"):
             print(f"rank {rank} FAILED {failures[-1]}", flush=True)
     ops.close_contexts()
-    queue.put((rank, failures))
+    queue.put((rank, (failures, compiled_kernels())))
     dist.destroy_process_group()
 
 
-def run_cases(cases, world=2):
+def compiled_kernels() -> dict[str, int]:
+    """How many variants of each fused kernel this process compiled (which kernels the cases took)."""
+    from syncopate.kernels import gluon_kernels
+    from syncopate.kernels.triton_kernels import consumer_kernel, producer_kernel
+
+    kernels = {"consumer": consumer_kernel, "producer": producer_kernel}
+    if gluon_kernels.AVAILABLE:
+        kernels.update({"gluon consumer": gluon_kernels.gluon_consumer_kernel,
+                        "gluon producer": gluon_kernels.gluon_producer_kernel})
+    counts = {}
+    for name, kernel in kernels.items():
+        caches = getattr(kernel, "device_caches", None)
+        counts[name] = sum(len(c[0]) for c in caches.values()) if caches else 0
+    return counts
+
+
+def run_cases(cases, world=2, shared_gpu=False):
+    """{rank: failures} of `cases` run on `world` ranks, one GPU each (or all on GPU 0: `shared_gpu`),
+    and how many variants of each fused kernel rank 0 compiled."""
     import torch.multiprocessing as mp
 
     from syncopate.kernels.local_ranks import free_port
@@ -153,17 +171,18 @@ def run_cases(cases, world=2):
     port = free_port()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, cases, q)) for r in range(world)]
+    procs = [ctx.Process(target=_worker, args=(r, world, port, cases, shared_gpu, q)) for r in range(world)]
     for p in procs:
         p.start()
     results = dict(q.get(timeout=1800) for _ in range(world))
     for p in procs:
         p.join(timeout=120)
-    return results
+    print(f"kernel variants compiled on rank 0: {results[0][1]}")
+    return {rank: failures for rank, (failures, _) in results.items()}, results[0][1]
 
 
 @pytest.mark.parametrize("quick", [True, False], ids=["smoke", "full"])
 def test_fused_ops_match_the_reference_on_two_gpus(quick):
-    results = run_cases(matrix(quick))
+    results, _ = run_cases(matrix(quick))
     failures = sorted(set(results[0]) | set(results[1]))
     assert not failures, f"{len(failures)} failing case(s):\n" + "\n".join(failures)

@@ -76,3 +76,22 @@ def test_a_bad_group_config_or_buffer_shape_is_named(tmp_path):
             gather_buffer((64, 64), torch.bfloat16, group=3)
     finally:
         dist.destroy_process_group()
+
+
+def test_the_nccl_backend_on_a_group_without_nccl_names_the_others(tmp_path):
+    """Ranks sharing a GPU run in a gloo group: an `nccl` config there says what to choose instead."""
+    import torch.distributed as dist
+
+    from syncopate.kernels.ops import check_backend_group
+    from syncopate.search_space import Candidate
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    try:
+        group = dist.group.WORLD
+        with pytest.raises(ConfigError, match="uses 'gloo': choose backend copy_engine or nvshmem") as info:
+            check_backend_group(Candidate(backend="nccl", comm_sms=32), group)
+        assert "backend='nccl'" in str(info.value)
+        for backend, sms in (("copy_engine", 0), ("nvshmem", 16)):
+            check_backend_group(Candidate(backend=backend, comm_sms=sms), group)
+    finally:
+        dist.destroy_process_group()

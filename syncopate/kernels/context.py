@@ -5,6 +5,9 @@ A context belongs to one process group and one set of buffer shapes. It is made 
 those shapes, and closed explicitly. Each call takes the next epoch with `begin_call()`; signals
 only grow, so no call resets anything. Symmetric memory comes from torch's
 `torch.distributed._symmetric_memory` (CUDA backend); every rank maps every peer's buffers.
+Ranks that share one GPU (two processes on a one-GPU machine, to check the ops with transfers
+between processes; nothing overlaps there) exchange their buffers through CUDA IPC instead, which
+torch's symmetric memory refuses for overlapping devices.
 """
 
 from __future__ import annotations
@@ -20,9 +23,13 @@ import torch.distributed as dist
 from syncopate.errors import CandidateTimeoutError, RuntimeUnavailableError
 from syncopate.kernels.tables import PAD_WORDS
 
-__all__ = ["OverlapContext", "SymmetricBuffer"]
+__all__ = ["IpcHandle", "OverlapContext", "SymmetricBuffer", "ranks_share_a_device"]
 
 log = logging.getLogger(__name__)
+
+
+_SHARED_WARNED: set[str] = set()
+"""Groups whose ranks share a GPU, said once a process."""
 
 
 def enable_symm_mem(group_name: str) -> None:
@@ -58,6 +65,36 @@ class SymmetricBuffer:
     def peer_view(self, rank: int) -> torch.Tensor:
         """This buffer as seen on `rank` (a tensor on the local device aliasing the peer's memory)."""
         return self.handle.get_buffer(rank, tuple(self.local.shape), self.local.dtype)
+
+
+class IpcHandle:
+    """The part of torch's symmetric-memory handle the ops use, for a buffer every rank of the group
+    opened through CUDA IPC: ranks on one GPU, where torch's allocator refuses the rendezvous."""
+
+    def __init__(self, views: list[torch.Tensor]):
+        self.views = views
+        self.buffer_ptrs = [v.data_ptr() for v in views]
+
+    def get_buffer(self, rank: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return self.views[rank].view(dtype).view(shape)
+
+    @classmethod
+    def exchange(cls, local: torch.Tensor, group) -> IpcHandle:
+        """Every rank's `local` opened in this process (collective over `group`)."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        rank = dist.get_rank(group)
+        shared = [None] * dist.get_world_size(group)
+        dist.all_gather_object(shared, reduce_tensor(local), group=group)
+        return cls([local if r == rank else rebuild(*args) for r, (rebuild, args) in enumerate(shared)])
+
+
+def ranks_share_a_device(group, device: torch.device) -> bool:
+    """Whether two ranks of `group` run on one GPU (collective: compares the devices' UUIDs)."""
+    uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", device))
+    uuids = [None] * dist.get_world_size(group)
+    dist.all_gather_object(uuids, uuid, group=group)
+    return len(set(uuids)) < len(uuids)
 
 
 @dataclass
@@ -125,9 +162,20 @@ class OverlapContext:
         group = group or dist.group.WORLD
         device = torch.device("cuda", torch.cuda.current_device())
         name = group.group_name
-        enable_symm_mem(name)
+        shared_device = dist.get_world_size(group) > 1 and ranks_share_a_device(group, device)
+        if shared_device:
+            if name not in _SHARED_WARNED:
+                _SHARED_WARNED.add(name)
+                log.warning("ranks of group %s share a GPU: buffers go through CUDA IPC; the ops are "
+                            "correct there but nothing overlaps (one rank a GPU for speed)", name)
+        else:
+            enable_symm_mem(name)
 
         def alloc(shape, dtype) -> SymmetricBuffer:
+            if shared_device:
+                t = torch.empty(shape, dtype=dtype, device=device)
+                h = IpcHandle.exchange(t, group)
+                return SymmetricBuffer(local=t, peer_ptrs=list(h.buffer_ptrs), handle=h)
             t = symm_mem.empty(shape, dtype=dtype, device=device)
             h = symm_mem.rendezvous(t, group=name)
             return SymmetricBuffer(local=t, peer_ptrs=list(h.buffer_ptrs), handle=h)

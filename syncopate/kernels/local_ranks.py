@@ -26,16 +26,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def join_group(rank: int, world: int, port: int):
-    """In a spawned rank: multicast off, this rank's GPU selected, the NCCL group formed; its device."""
+def join_group(rank: int, world: int, port: int, shared_gpu: bool = False):
+    """In a spawned rank: multicast off, this rank's GPU selected, the NCCL group formed; its device.
+
+    With `shared_gpu` every rank runs on GPU 0 in a gloo group (NCCL takes one GPU a rank): the ops
+    with transfers between processes on a one-GPU machine, for correctness, not speed."""
     os.environ.update(MULTICAST_OFF)
     import torch
     import torch.distributed as dist
 
-    device = torch.device("cuda", rank)
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            device_id=device)
+    index = 0 if shared_gpu else rank
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(index)
+    init = f"tcp://127.0.0.1:{port}"
+    if shared_gpu:
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    else:
+        dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world, device_id=device)
     return device
 
 

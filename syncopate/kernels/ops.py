@@ -221,7 +221,18 @@ def _candidate(config: Candidate | dict | None, workload: Workload, group) -> Ca
     if cand is None:
         cand = _REGISTRY.config(workload, group)
     check_candidate(cand, workload, _REGISTRY.topology(group))
+    check_backend_group(cand, group)
     return cand
+
+
+def check_backend_group(cand: Candidate, group) -> None:
+    """The `nccl` backend's chunks go through the group's own collectives: it needs NCCL there."""
+    backend = str(dist.get_backend(group))
+    if cand.backend == "nccl" and "nccl" not in backend:
+        raise ConfigError(
+            f"backend 'nccl' moves chunks with the group's NCCL collectives, but group {group.group_name!r} "
+            f"uses {backend!r}: choose backend copy_engine or nvshmem, or make the group with backend='nccl'"
+        )
 
 
 def all_gather_matmul(

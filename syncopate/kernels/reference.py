@@ -12,6 +12,8 @@ def reference(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> torch.Tenso
     """The float32 result of `kind` on this rank's inputs (collectives in float32)."""
     ws = dist.get_world_size(group)
     a32, b32 = a.float(), b.float()
+    if "nccl" not in str(dist.get_backend(group)):  # gloo: ranks sharing a GPU; its collectives on the CPU
+        return _reference_gathered(kind, a32, b32, group)
     if kind == "ag_gemm":
         full = torch.empty((a.shape[0] * ws, a.shape[1]), dtype=torch.float32, device=a.device)
         dist.all_gather_into_tensor(full, a32.contiguous(), group=group)
@@ -23,6 +25,24 @@ def reference(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> torch.Tenso
         return out
     dist.all_reduce(partial, group=group)
     return partial
+
+
+def _reference_gathered(kind: str, a32: torch.Tensor, b32: torch.Tensor, group) -> torch.Tensor:
+    """`reference` from every rank's operands gathered through the CPU (any process group)."""
+    ws, rank = dist.get_world_size(group), dist.get_rank(group)
+
+    def gathered(t: torch.Tensor) -> list[torch.Tensor]:
+        parts = [torch.empty(t.shape, dtype=t.dtype) for _ in range(ws)]
+        dist.all_gather(parts, t.cpu(), group=group)
+        return [p.to(t.device) for p in parts]
+
+    if kind == "ag_gemm":
+        return torch.cat(gathered(a32)) @ b32
+    total = sum(x @ y for x, y in zip(gathered(a32), gathered(b32), strict=True))
+    if kind == "gemm_rs":
+        rows = total.shape[0] // ws
+        return total[rank * rows : (rank + 1) * rows]
+    return total
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

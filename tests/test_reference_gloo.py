@@ -1,0 +1,65 @@
+"""Layer: gloo process groups on the CPU. The float32 reference the fused ops are checked against,
+as built for a group without NCCL (ranks sharing one GPU): every rank's operands gathered through
+the CPU, each rank's result equal to the whole product computed in one place."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _operands(m: int, n: int, k: int):
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randn(m, k, generator=gen)
+    b = torch.randn(k, n, generator=gen)
+    return a, b
+
+
+def _worker(rank, ws, init, q):
+    from syncopate.kernels.reference import reference
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    try:
+        m, n, k = 6 * ws, 5 * ws, 4 * ws
+        a, b = _operands(m, n, k)
+        rows, cols, inner = m // ws, n // ws, k // ws
+        got = {
+            # all-gather matmul: this rank's rows of A, this rank's columns of B
+            "ag_gemm": reference("ag_gemm", a[rank * rows:(rank + 1) * rows].bfloat16(),
+                                 b[:, rank * cols:(rank + 1) * cols].bfloat16(), dist.group.WORLD),
+            # reduce-scatter / all-reduce: this rank's columns of A and rows of B
+            "gemm_rs": reference("gemm_rs", a[:, rank * inner:(rank + 1) * inner].bfloat16(),
+                                 b[rank * inner:(rank + 1) * inner].bfloat16(), dist.group.WORLD),
+            "gemm_ar": reference("gemm_ar", a[:, rank * inner:(rank + 1) * inner].bfloat16(),
+                                 b[rank * inner:(rank + 1) * inner].bfloat16(), dist.group.WORLD),
+        }
+        q.put((rank, {kind: t.dtype for kind, t in got.items()}, got))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_gathered_reference_is_the_whole_product(tmp_path):
+    ws = 3
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    init = f"file://{tmp_path / 'rdv'}"
+    procs = [ctx.Process(target=_worker, args=(r, ws, init, q)) for r in range(ws)]
+    for p in procs:
+        p.start()
+    results = {}
+    for _ in range(ws):
+        rank, dtypes, got = q.get(timeout=120)
+        results[rank] = got
+        assert set(dtypes.values()) == {torch.float32}
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    m, n, k = 6 * ws, 5 * ws, 4 * ws
+    a, b = _operands(m, n, k)
+    whole = a.bfloat16().float() @ b.bfloat16().float()
+    rows, cols = m // ws, n // ws
+    for rank, got in results.items():
+        torch.testing.assert_close(got["ag_gemm"], whole[:, rank * cols:(rank + 1) * cols], rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(got["gemm_rs"], whole[rank * rows:(rank + 1) * rows], rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(got["gemm_ar"], whole, rtol=1e-5, atol=1e-4)
