@@ -3,14 +3,15 @@
 # limit so that one hang does not take the rest with it. Full logs go to $OUT (default ./gpu-logs);
 # a one-line verdict per step is printed last.
 #
-#   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix shared tune order conns rs ar suite own
-#                                                    gluon probe sweep stationary sweep4 suite4 calib (default: matrix tune order conns
+#   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix shared shared48 tune order conns rs ar suite own
+#                                                    gluon probe sweep stationary sweep4 suite4 matrix48 calib (default: matrix tune order conns
 #                                                    rs ar suite; SECONDS overrides the limit)
 #
 #   smoke   tests/test_gpu_ops.py, the quick matrix: one case per kind x backend, 10 calls back to back
 #   matrix  tests/test_gpu_ops.py: every backend x plan x splits x tile order vs the fp32 reference
 #   shared  tests/test_gpu_shared.py: two ranks on GPU 0 (gloo, buffers through CUDA IPC), the matrix
-#           without the nccl backend and a late peer (the one step that also runs on one GPU)
+#           without the nccl backend, a late peer and recovery after timeouts (runs on one GPU)
+#   shared48  the same matrix for groups of 4 and 8 ranks on GPU 0 (the 4- and 8-GPU topologies)
 #   tune    syncopate tune configs/h200x2.yaml into $OUT/h200x2-tune.db (stopped with SIGINT at its limit)
 #   order   ag_gemm with the kernel launched before its side-stream work (SYNCOPATE_COMM_FIRST=0),
 #           grid `small` (128x256 and 128x128 tiles), copy engine and SM-driven copies
@@ -29,6 +30,7 @@
 #           a_stationary and c_stationary templates) into results/llama_tp2-stationary.db
 #   sweep4  the same for configs/llama_tp4_sweep.yaml into results/llama_tp4-sweep.db (four GPUs)
 #   suite4  configs/llama_tp4.yaml, every kind, grid `tiny` (four GPUs)
+#   matrix48  tests/test_gpu_ops.py's matrix on four and eight GPUs (each skipped where fewer are present)
 #   calib   syncopate calibrate into results/llama_tp2-sweep.db (the cost model's measured inputs)
 #
 # Triton's cache lives in $TRITON_CACHE_DIR (default /tmp/syncopate-triton-cache); it starts from
@@ -86,7 +88,10 @@ for arg in "${steps[@]}"; do
             "tests/test_gpu_ops.py::test_fused_ops_match_the_reference_on_two_gpus[smoke]" ;;
         matrix) step matrix 300 python3 -m pytest -s -q -p no:cacheprovider -m multigpu \
             "tests/test_gpu_ops.py::test_fused_ops_match_the_reference_on_two_gpus[full]" ;;
-        shared) step shared 300 python3 -m pytest -s -q -p no:cacheprovider -m gpu tests/test_gpu_shared.py ;;
+        shared) step shared 540 python3 -m pytest -s -q -p no:cacheprovider -m gpu tests/test_gpu_shared.py \
+            -k "not ws4 and not ws8" ;;
+        shared48) step shared48 420 python3 -m pytest -s -q -p no:cacheprovider -m gpu tests/test_gpu_shared.py \
+            -k "ws4 or ws8" ;;
         tune) step tune 300 python3 -m syncopate tune configs/h200x2.yaml --db "$OUT/h200x2-tune.db" ;;
         order) step order 120 env SYNCOPATE_COMM_FIRST=0 python3 -m syncopate bench ag_gemm --m 8192 --n 2048 \
             --k 8192 --grid small --backends copy_engine,nvshmem --repetitions 5 --json "$OUT/order.json" ;;
@@ -119,9 +124,11 @@ for arg in "${steps[@]}"; do
         calib) step calib 200 python3 -m syncopate calibrate --db sqlite:///results/llama_tp2-sweep.db \
             --tiles 128x256x64w8s3,128x128x64w8s4
             cp results/llama_tp2-sweep.db "$OUT/" ;;
+        matrix48) step matrix48 600 python3 -m pytest -s -q -p no:cacheprovider -m multigpu \
+            tests/test_gpu_ops.py -k four_and_eight ;;
         suite4) step suite4 420 python3 -m syncopate bench --suite configs/llama_tp4.yaml --grid tiny \
             --repetitions 10 --json "$OUT/suite4.json" ;;
-        *) echo "unknown step $s: accepted are smoke matrix tune order conns rs ar suite own gluon probe sweep stationary sweep4 suite4 calib" >&2
+        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon probe sweep stationary sweep4 suite4 matrix48 calib" >&2
             exit 2 ;;
     esac
 done

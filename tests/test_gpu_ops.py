@@ -1,17 +1,20 @@
-"""Layer: two GPUs on one host (multigpu). The fused ops against the float32 reference.
+"""Layer: two GPUs on one host (multigpu; four and eight where the host has them). The fused ops
+against the float32 reference.
 
 Every backend × plan template × num_splits {1, 2, 4, 8} × tile order, in bf16 and fp16, with M/ws
 not a multiple of BLOCK_M; outputs and symmetric buffers poisoned with NaN before each call, fresh
 random inputs every call, and 100 back-to-back calls with changing inputs for each backend and kind;
 producers with more boundary tiles than programs. Candidates `check_candidate` refuses (tile orders
 that can deadlock) are skipped.
-The cases run in one pair of processes (spawning is slow); a failure names every case that failed.
+The cases run in one process a rank (spawning is slow); a failure names every case that failed.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import time
+from queue import Empty
 
 import pytest
 
@@ -28,8 +31,11 @@ def comm_sms(kind: str, backend: str, sms: int) -> int:
     return max(sms, NCCL_MIN_SMS) if backend == "nccl" else sms
 
 
-def matrix(quick: bool = False):
-    """(kind, dtype, (M, N, K), candidate dict, calls) for every case."""
+TOPOLOGY = {2: "H200x2-nvlink", 4: "H200x4-nvswitch", 8: "H200x8-nvswitch"}
+
+
+def matrix(quick: bool = False, world: int = 2):
+    """(kind, dtype, (M, N, K), candidate dict, calls) for every case on `world` ranks."""
     from syncopate.errors import ConfigError
     from syncopate.search_space import (
         Candidate,
@@ -40,7 +46,7 @@ def matrix(quick: bool = False):
         check_candidate,
     )
 
-    topology = Topology.from_key("H200x2-nvlink")
+    topology = Topology.from_key(TOPOLOGY[world])
     cases = []
     orders = ["arrival"] if quick else ["arrival", "arrival_colmajor", "swizzle", "row_major", "kept_interleaved"]
     splits = [2] if quick else [1, 2, 4, 8]
@@ -174,7 +180,19 @@ def run_cases(cases, world=2, shared_gpu=False):
     procs = [ctx.Process(target=_worker, args=(r, world, port, cases, shared_gpu, q)) for r in range(world)]
     for p in procs:
         p.start()
-    results = dict(q.get(timeout=1800) for _ in range(world))
+    results = {}
+    deadline = time.monotonic() + 1800
+    while len(results) < world:
+        try:
+            rank, outcome = q.get(timeout=5)
+            results[rank] = outcome
+        except Empty:
+            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                what = f"rank(s) {dead} exited with {[procs[r].exitcode for r in dead]}" if dead else "30 minutes"
+                raise AssertionError(f"the ranks did not all report: {what}; reported: {sorted(results)}")
     for p in procs:
         p.join(timeout=120)
     print(f"kernel variants compiled on rank 0: {results[0][1]}")
@@ -185,4 +203,15 @@ def run_cases(cases, world=2, shared_gpu=False):
 def test_fused_ops_match_the_reference_on_two_gpus(quick):
     results, _ = run_cases(matrix(quick))
     failures = sorted(set(results[0]) | set(results[1]))
+    assert not failures, f"{len(failures)} failing case(s):\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_fused_ops_match_the_reference_on_four_and_eight_gpus(world):
+    import torch
+
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA GPUs on one host; {torch.cuda.device_count()} present")
+    results, _ = run_cases(matrix(False, world), world=world)
+    failures = sorted(set().union(*results.values()))
     assert not failures, f"{len(failures)} failing case(s):\n" + "\n".join(failures)

@@ -1,8 +1,9 @@
-"""Layer: one GPU, two ranks sharing it (gloo group; buffers exchanged through CUDA IPC). The fused
-ops with transfers between processes on a one-GPU machine: tests/test_gpu_ops.py's matrix against a
-reference built from operands gathered through the CPU, the `nccl` backend left out (NCCL takes one
-GPU a rank), with the Triton kernels and with the Gluon ones (SYNCOPATE_GLUON=1, where they apply).
-Correctness only: the two processes take turns on the GPU, nothing overlaps.
+"""Layer: one GPU, several ranks sharing it (gloo group; buffers exchanged through CUDA IPC). The
+fused ops with transfers between processes on a one-GPU machine: tests/test_gpu_ops.py's matrix for
+groups of 2 ranks, and of 4 and 8 with those machines' topologies, against a reference built from
+operands gathered through the CPU, the `nccl` backend left out (NCCL takes one GPU a rank), with
+the Triton kernels and with the Gluon ones (SYNCOPATE_GLUON=1, where they apply). Correctness
+only: the processes take turns on the GPU, nothing overlaps.
 
 A peer that comes late (it enqueues each call 50 ms after rank 0) is waited for: outputs right with
 the tuning spin limit, and with a spin limit of one turn every bounded wait gives up and says so
@@ -21,8 +22,8 @@ from test_gpu_ops import TOL, matrix, run_cases
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 
 
-def _shared_cases(quick: bool, gluon: str = "0"):
-    cases = [case for case in matrix(quick) if case[3]["backend"] != "nccl"]
+def _shared_cases(quick: bool, gluon: str = "0", world: int = 2):
+    cases = [case for case in matrix(quick, world) if case[3]["backend"] != "nccl"]
     if gluon == "1":  # M/ws a multiple of the tile's rows: tiles whole within chunks, the Gluon producer's case
         from syncopate.search_space import Candidate
 
@@ -33,11 +34,16 @@ def _shared_cases(quick: bool, gluon: str = "0"):
     return cases
 
 
-@pytest.mark.parametrize("quick, gluon", [(True, "0"), (False, "0"), (False, "1")], ids=["smoke", "full", "full-gluon"])
-def test_fused_ops_match_the_reference_with_two_ranks_on_one_gpu(quick, gluon, monkeypatch):
+@pytest.mark.parametrize(
+    "quick, gluon, world",
+    [(True, "0", 2), (False, "0", 2), (False, "1", 2), (True, "0", 4), (False, "0", 4), (False, "1", 4),
+     (True, "0", 8), (False, "0", 8)],
+    ids=["smoke", "full", "full-gluon", "smoke-ws4", "full-ws4", "full-gluon-ws4", "smoke-ws8", "full-ws8"],
+)
+def test_fused_ops_match_the_reference_with_ranks_sharing_one_gpu(quick, gluon, world, monkeypatch):
     monkeypatch.setenv("SYNCOPATE_GLUON", gluon)  # the Gluon kernels where they apply (opt-in), or none
-    results, compiled = run_cases(_shared_cases(quick, gluon), shared_gpu=True)
-    failures = sorted(set(results[0]) | set(results[1]))
+    results, compiled = run_cases(_shared_cases(quick, gluon, world), world=world, shared_gpu=True)
+    failures = sorted(set().union(*results.values()))
     assert not failures, f"{len(failures)} failing case(s):\n" + "\n".join(failures)
     if gluon == "1":
         assert compiled.get("gluon consumer") and compiled.get("gluon producer"), compiled
