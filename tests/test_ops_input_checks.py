@@ -1,5 +1,6 @@
 """Layer: CPU. The fused ops reject bad input with one clear ConfigError (a ValueError) before
-anything is launched: wrong ranks, dtypes, shapes, layouts, devices, or no process group."""
+anything is launched: wrong ranks, dtypes, shapes, layouts, devices, no process group, or a call
+under CUDA graph capture."""
 
 from __future__ import annotations
 
@@ -95,3 +96,19 @@ def test_the_nccl_backend_on_a_group_without_nccl_names_the_others(tmp_path):
             check_backend_group(Candidate(backend=backend, comm_sms=sms), group)
     finally:
         dist.destroy_process_group()
+
+
+class _OnCuda(torch.Tensor):
+    """A CPU tensor that says it is on the GPU: what the capture check looks at, without one."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_call_under_cuda_graph_capture_is_refused_first(op, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    a = torch.zeros(8, 4).as_subclass(_OnCuda)
+    with pytest.raises(ConfigError, match=rf"syncopate\.{op.__name__} cannot be captured in a CUDA graph"):
+        op(a, torch.zeros(4, 8))  # no group either: the capture is named before anything else

@@ -9,7 +9,8 @@
 `b` may be row-major or the transpose of a row-major [N, K] matrix (`weight.t()` of an
 nn.Linear). With `config=None` an op asks `syncopate.lookup` once per (workload, group) and keeps
 the answer. Contexts (symmetric buffers, signals, streams) are kept per (group, kind, shape,
-dtype) in a `ContextRegistry` until `close_contexts()`.
+dtype) in a `ContextRegistry` until `close_contexts()`. The ops cannot be captured in a CUDA graph
+(each call takes its epoch on the host); a call under capture is refused with ConfigError.
 """
 
 from __future__ import annotations
@@ -257,6 +258,7 @@ def all_gather_matmul(
     cuBLAS's, its stream waits are not bounded by `spin_limit`); with `return_gathered` the call
     takes the direct plan, which gathers A.
     """
+    _refuse_capture("all_gather_matmul", a_shard)
     key = _call_key("ag_gemm", a_shard, b, group, config)
     prep = _REGISTRY.prepared.get(key) if key is not None else None
     if prep is None:
@@ -297,6 +299,18 @@ def all_gather_matmul(
     if not return_gathered:
         return out
     return out, a_full.local.clone()
+
+
+def _refuse_capture(op: str, a) -> None:
+    """A call captured in a CUDA graph would replay its epoch: every replay's waits would find the
+    signals of the first already raised and read chunks before they land. Refused before anything
+    is enqueued or allocated."""
+    if isinstance(a, torch.Tensor) and a.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise ConfigError(
+            f"syncopate.{op} cannot be captured in a CUDA graph: each call takes a new epoch on the host, "
+            f"which a replay would repeat, and its waits would pass before the chunks arrive; call it "
+            f"outside the captured region (torch.cuda.graph / make_graphed_callables)"
+        )
 
 
 def _call_key(kind: str, a, b, group, config) -> tuple | None:
@@ -381,6 +395,7 @@ def _prepare_scatter(kind: str, a, b, group, config):
 
 
 def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
+    _refuse_capture("matmul_reduce_scatter" if kind == "gemm_rs" else "matmul_all_reduce", a)
     key = _call_key(kind, a, b, group, config)
     prep = _REGISTRY.prepared.get(key) if key is not None else None
     if prep is None:
