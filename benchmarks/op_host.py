@@ -1,17 +1,28 @@
-"""The fused ops on one GPU, in a group of one rank (no transfers; the rest of a call's path: the
-context, the side streams, the local chunk copies and their signals, the kernel): results against
-float32 on fresh inputs, six calls, then the host time of a call (median over 7 batches of 20 calls
-enqueued back to back) and its device time (median of 20, each after a device sleep).
+"""The host time of the fused ops' calls, and their device time: results against float32 on fresh
+inputs, six calls, then the host time of a call (median over 7 batches of 20 calls enqueued back to
+back) and its device time (median of 20, each after a device sleep).
+
+By default on one GPU in a group of one rank (no transfers; the rest of a call's path: the
+context, the side streams, the local chunk copies and their signals, the kernel). With `--ranks N`
+in a group of N ranks: one GPU a rank where there are N, else all N on GPU 0 (buffers through CUDA
+IPC; the host time is a call's with its transfers, the device time is left out: the ranks take
+turns on the GPU). The shapes are global (M, N, K); rank 0 prints.
 
     python benchmarks/op_host.py                        # kernels relaunched from the context's cache
     SYNCOPATE_RELAUNCH=0 python benchmarks/op_host.py   # through Triton's dispatch every call
     python benchmarks/op_host.py stationary             # the a_stationary / c_stationary templates
                                                         # (and all_gather_matmul's return_gathered with it)
+    python benchmarks/op_host.py --ranks 2              # two ranks, with transfers
+    OP_HOST_PROFILE=FILE python benchmarks/op_host.py   # also 20 calls a case under cProfile, into FILE
 """
 
 from __future__ import annotations
 
+import argparse
+import cProfile
 import os
+import pstats
+import queue
 import statistics
 import sys
 import time
@@ -20,9 +31,10 @@ import torch
 import torch.distributed as dist
 
 import syncopate
-from syncopate.kernels.local_ranks import free_port, join_group
-from syncopate.kernels.reference import relative_error
-from syncopate.search_space import Candidate, a_stationary_candidate, c_stationary_candidate
+from syncopate.kernels.local_ranks import free_port, join_group, spawn_ranks
+from syncopate.kernels.reference import reference, relative_error
+from syncopate.kernels.timing import barrier
+from syncopate.search_space import Candidate, Workload, a_stationary_candidate, c_stationary_candidate
 
 CANDIDATE = Candidate(backend="copy_engine", template="direct", num_splits=2, block_m=128, block_n=256, block_k=64,
                       group_m=8, num_warps=8, num_stages=3, tile_order="arrival")
@@ -32,43 +44,69 @@ STATIONARY = {"ag_gemm": a_stationary_candidate(2), "gemm_rs": c_stationary_cand
 
 
 
-def case(kind: str, m: int, n: int, k: int, group, dev: torch.device, candidate: Candidate = CANDIDATE) -> str:
+def case(kind: str, m: int, n: int, k: int, group, dev: torch.device, candidate: Candidate = CANDIDATE,
+         device_time: bool = True) -> str:
     ops = {"ag_gemm": syncopate.all_gather_matmul, "gemm_rs": syncopate.matmul_reduce_scatter,
            "gemm_ar": syncopate.matmul_all_reduce}
+    ws, rank = dist.get_world_size(group), dist.get_rank(group)
+    shapes = Workload(kind=kind, shape=(m, n, k), dtype="bf16").local_shapes(ws)
+    k_local = shapes["b"][0]
 
     def op(a, b):
         return ops[kind](a, b, group, candidate)
 
+    def inputs():
+        return (torch.randn(shapes["a"], device=dev).to(torch.bfloat16),
+                (torch.randn(shapes["b"], device=dev) / k_local**0.5).to(torch.bfloat16))
+
     if kind == "ag_gemm":  # the gathered A too (a stationary candidate takes the direct plan for it)
-        a = torch.randn(m, k, device=dev).to(torch.bfloat16)
-        b = (torch.randn(k, n, device=dev) / k**0.5).to(torch.bfloat16)
+        a, b = inputs()
         out, gathered = syncopate.all_gather_matmul(a, b, group, candidate, return_gathered=True)
         torch.cuda.synchronize()
-        assert torch.equal(gathered, a) and relative_error(out, a.float() @ b.float()) < 1e-2
-
-    def inputs():
-        return (torch.randn(m, k, device=dev).to(torch.bfloat16),
-                (torch.randn(k, n, device=dev) / k**0.5).to(torch.bfloat16))
+        rows = a.shape[0]
+        assert torch.equal(gathered[rank * rows:(rank + 1) * rows], a)
+        assert relative_error(out, reference(kind, a, b, group)) < 1e-2
 
     worst = 0.0
     for _ in range(6):
         a, b = inputs()
         out = op(a, b)
         torch.cuda.synchronize()
-        worst = max(worst, relative_error(out, a.float() @ b.float()))
+        worst = max(worst, relative_error(out, reference(kind, a, b, group)))
     a, b = inputs()
     for _ in range(3):
         op(a, b)
     torch.cuda.synchronize()
     batches = []
     for _ in range(7):
+        barrier(group, dev)
         t0 = time.perf_counter()
         for _ in range(20):
             op(a, b)
         batches.append((time.perf_counter() - t0) / 20 * 1e6)
         torch.cuda.synchronize()
+    profile_to = os.environ.get("OP_HOST_PROFILE")
+    if profile_to:  # where a call's host time goes: 20 calls under cProfile, appended to that file
+        profiler = cProfile.Profile()
+        barrier(group, dev)
+        profiler.enable()
+        for _ in range(20):
+            op(a, b)
+        profiler.disable()
+        torch.cuda.synchronize()
+        if rank == 0:
+            stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, ncalls, tottime, cumtime, callers)}
+            rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:30]
+            with open(profile_to, "a") as f:
+                f.write(f"== {kind} {m}x{n}x{k} ranks {ws} {candidate.short()}: a call's host time under cProfile, "
+                        f"{sum(v[2] for v in stats.values()) / 20 * 1e6:.1f} us\n"
+                        f"{'own us':>8} {'cum us':>8} {'calls':>6}  function\n")
+                for (file, line, name), (_, ncalls, tottime, cumtime, _) in rows:
+                    f.write(f"{tottime / 20 * 1e6:8.1f} {cumtime / 20 * 1e6:8.1f} {ncalls / 20:6.1f}  "
+                            f"{name} {os.path.basename(file)}:{line}\n")
     device_us = []
-    for _ in range(20):
+    for _ in range(20 if device_time else 0):
+        barrier(group, dev)
         torch.cuda._sleep(3_000_000)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -76,22 +114,50 @@ def case(kind: str, m: int, n: int, k: int, group, dev: torch.device, candidate:
         end.record()
         torch.cuda.synchronize()
         device_us.append(start.elapsed_time(end) * 1000)
-    return (f"{kind} {m}x{n}x{k} {candidate.template}/s{candidate.num_splits} "
+    device = f"{statistics.median(device_us):.1f}" if device_us else "- (ranks share the GPU)"
+    return (f"{kind} {m}x{n}x{k} ranks {ws} {candidate.template}/s{candidate.num_splits} "
             f"SYNCOPATE_RELAUNCH={os.environ.get('SYNCOPATE_RELAUNCH', '1')} rel_err {worst:.2e} "
-            f"host_us {statistics.median(batches):.1f} device_us {statistics.median(device_us):.1f}")
+            f"host_us {statistics.median(batches):.1f} device_us {device}")
 
 
-def main() -> int:
-    if not torch.cuda.is_available():
-        print("op_host: needs a CUDA GPU; none is visible", file=sys.stderr)
-        return 2
-    dev = join_group(0, 1, free_port())
+def run_rank(rank: int, world: int, port: int, stationary: bool, shared: bool, results) -> None:
+    dev = join_group(rank, world, port, shared_gpu=shared)
     try:
-        stationary = sys.argv[1:] == ["stationary"]
+        lines = []
         for kind, shape in CASES:
-            print(case(kind, *shape, dist.group.WORLD, dev, STATIONARY[kind] if stationary else CANDIDATE), flush=True)
+            line = case(kind, *shape, dist.group.WORLD, dev, STATIONARY[kind] if stationary else CANDIDATE,
+                        device_time=not shared)
+            if rank == 0:
+                print(line, flush=True)
+            lines.append(line)
+        syncopate.close_contexts()
+        if rank == 0:
+            results.put(lines)
     finally:
         dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", nargs="?", choices=["direct", "stationary"], default="direct",
+                        help="the candidates: the direct chunked plan (default) or the stationary templates")
+    parser.add_argument("--ranks", type=int, default=1, help="ranks in the group (default 1)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("op_host: needs a CUDA GPU; none is visible", file=sys.stderr)
+        return 1
+    if args.ranks < 1:
+        print(f"op_host: --ranks {args.ranks}: give 1 or more", file=sys.stderr)
+        return 2
+    stationary = args.what == "stationary"
+    if args.ranks == 1:
+        run_rank(0, 1, free_port(), stationary, False, queue.SimpleQueue())
+        return 0
+    shared = torch.cuda.device_count() < args.ranks
+    if shared:
+        print(f"op_host: {torch.cuda.device_count()} GPU(s) for {args.ranks} ranks: all on GPU 0, host time only",
+              flush=True)
+    spawn_ranks(run_rank, args.ranks, (stationary, shared), what="op_host rank")
     return 0
 
 

@@ -45,11 +45,17 @@ def _tma_aligned(t: torch.Tensor) -> bool:
     return all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1])
 
 
+@functools.cache
+def _major(device_index: int) -> int:
+    """The compute capability's major version of a GPU (asked of the driver once: it is on every call's path)."""
+    return torch.cuda.get_device_capability(device_index)[0]
+
+
 def use_tma(*tensors: torch.Tensor) -> bool:
     """TMA descriptors on Hopper and newer, unless interpreting or SYNCOPATE_TMA=0, for aligned tensors."""
     if interpreting() or os.environ.get("SYNCOPATE_TMA", "1") == "0":
         return False
-    if not tensors[0].is_cuda or torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+    if not tensors[0].is_cuda or _major(tensors[0].device.index) < 9:
         return False
     return all(_tma_aligned(t) for t in tensors)
 
