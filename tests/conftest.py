@@ -18,6 +18,14 @@ def _cuda_count() -> int:
         return 0
 
 
+# The kernels are Triton JIT functions made when their module is first imported, compiled or
+# interpreted after TRITON_INTERPRET at that moment. Without a GPU only the interpreter can run
+# them: set it before any test module imports them, so that no order of test files compiles them
+# for a GPU that is not there (tests/test_kernels_interpreter.py sets it too, for GPU machines).
+if _cuda_count() == 0:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def pytest_collection_modifyitems(config, items):
     gpus = _cuda_count()
     for item in items:
