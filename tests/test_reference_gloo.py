@@ -1,6 +1,8 @@
 """Layer: gloo process groups on the CPU. The float32 reference the fused ops are checked against,
 as built for a group without NCCL (ranks sharing one GPU): every rank's operands gathered through
-the CPU, each rank's result equal to the whole product computed in one place."""
+the CPU, each rank's result equal to the whole product computed in one place. And the unfused
+path's result in bf16 (the rounding a fused op is held to): the partials rounded to bf16 and summed
+in rank order with a rounding after each addition, as NCCL reduces them."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ def _operands(m: int, n: int, k: int):
 
 
 def _worker(rank, ws, init, q):
-    from syncopate.kernels.reference import reference
+    from syncopate.kernels.reference import reference, reference_unfused
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
     try:
@@ -34,6 +36,15 @@ def _worker(rank, ws, init, q):
             "gemm_ar": reference("gemm_ar", a[:, rank * inner:(rank + 1) * inner].bfloat16(),
                                  b[rank * inner:(rank + 1) * inner].bfloat16(), dist.group.WORLD),
         }
+        g = dist.group.WORLD
+        a_rank, b_rank = a[:, rank * inner:(rank + 1) * inner].bfloat16(), b[rank * inner:(rank + 1) * inner].bfloat16()
+        unfused = {
+            "ag_gemm": reference_unfused("ag_gemm", a[rank * rows:(rank + 1) * rows].bfloat16(),
+                                         b[:, rank * cols:(rank + 1) * cols].bfloat16(), g),
+            "gemm_rs": reference_unfused("gemm_rs", a_rank, b_rank, g),
+            "gemm_ar": reference_unfused("gemm_ar", a_rank, b_rank, g),
+        }
+        got.update({f"unfused {kind}": t for kind, t in unfused.items()})
         q.put((rank, {kind: t.dtype for kind, t in got.items()}, got))
     finally:
         dist.destroy_process_group()
@@ -51,7 +62,8 @@ def test_the_gathered_reference_is_the_whole_product(tmp_path):
     for _ in range(ws):
         rank, dtypes, got = q.get(timeout=120)
         results[rank] = got
-        assert set(dtypes.values()) == {torch.float32}
+        assert {dtypes[kind] for kind in ("ag_gemm", "gemm_rs", "gemm_ar")} == {torch.float32}
+        assert {dtypes[f"unfused {kind}"] for kind in ("ag_gemm", "gemm_rs", "gemm_ar")} == {torch.bfloat16}
     for p in procs:
         p.join(timeout=30)
         assert p.exitcode == 0
@@ -63,3 +75,13 @@ def test_the_gathered_reference_is_the_whole_product(tmp_path):
         torch.testing.assert_close(got["ag_gemm"], whole[:, rank * cols:(rank + 1) * cols], rtol=1e-5, atol=1e-4)
         torch.testing.assert_close(got["gemm_rs"], whole[rank * rows:(rank + 1) * rows], rtol=1e-5, atol=1e-4)
         torch.testing.assert_close(got["gemm_ar"], whole, rtol=1e-5, atol=1e-4)
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    inner = k // ws
+    total = a16[:, :inner] @ b16[:inner]
+    for r in range(1, ws):
+        total = (total.float() + (a16[:, r * inner:(r + 1) * inner] @ b16[r * inner:(r + 1) * inner]).float()).bfloat16()
+    for rank, got in results.items():
+        assert torch.equal(got["unfused ag_gemm"], (a16 @ b16[:, rank * cols:(rank + 1) * cols]))
+        assert torch.equal(got["unfused gemm_rs"], total[rank * rows:(rank + 1) * rows])
+        assert torch.equal(got["unfused gemm_ar"], total)
+        assert 0 < (got["unfused gemm_ar"].float() - got["gemm_ar"]).abs().max() < 0.1  # rounded, not wrong

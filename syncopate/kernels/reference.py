@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["reference", "relative_error"]
+__all__ = ["reference", "reference_unfused", "relative_error"]
 
 
 def reference(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> torch.Tensor:
@@ -39,6 +39,47 @@ def _reference_gathered(kind: str, a32: torch.Tensor, b32: torch.Tensor, group) 
     if kind == "ag_gemm":
         return torch.cat(gathered(a32)) @ b32
     total = sum(x @ y for x, y in zip(gathered(a32), gathered(b32), strict=True))
+    if kind == "gemm_rs":
+        rows = total.shape[0] // ws
+        return total[rank * rows : (rank + 1) * rows]
+    return total
+
+
+def reference_unfused(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> torch.Tensor:
+    """What the unfused path gives in the inputs' dtype: torch's matmul, then the collective on its
+    output (NCCL reduces 16-bit partials with a rounding after each addition). Its error against
+    `reference` is the rounding a fused op's result is held to. On a group that is not NCCL's, the
+    same arithmetic from the operands gathered through the CPU (the partials summed in rank order)."""
+    ws = dist.get_world_size(group)
+    if "nccl" not in str(dist.get_backend(group)):
+        return _unfused_gathered(kind, a, b, group)
+    if kind == "ag_gemm":
+        full = torch.empty((a.shape[0] * ws, a.shape[1]), dtype=a.dtype, device=a.device)
+        dist.all_gather_into_tensor(full, a.contiguous(), group=group)
+        return full @ b
+    partial = a @ b
+    if kind == "gemm_rs":
+        out = torch.empty((partial.shape[0] // ws, partial.shape[1]), dtype=a.dtype, device=a.device)
+        dist.reduce_scatter_tensor(out, partial, group=group)
+        return out
+    dist.all_reduce(partial, group=group)
+    return partial
+
+
+def _unfused_gathered(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> torch.Tensor:
+    ws, rank = dist.get_world_size(group), dist.get_rank(group)
+
+    def gathered(t: torch.Tensor) -> list[torch.Tensor]:
+        parts = [torch.empty(t.shape, dtype=t.dtype) for _ in range(ws)]
+        dist.all_gather(parts, t.contiguous().cpu(), group=group)
+        return [p.to(t.device) for p in parts]
+
+    if kind == "ag_gemm":
+        return torch.cat(gathered(a)) @ b
+    partials = [x @ y for x, y in zip(gathered(a), gathered(b), strict=True)]  # each rounded to the dtype
+    total = partials[0]
+    for p in partials[1:]:
+        total = (total.float() + p.float()).to(a.dtype)
     if kind == "gemm_rs":
         rows = total.shape[0] // ws
         return total[rank * rows : (rank + 1) * rows]
