@@ -10,49 +10,17 @@ __all__ = ["reference", "reference_unfused", "relative_error"]
 
 def reference(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> torch.Tensor:
     """The float32 result of `kind` on this rank's inputs (collectives in float32)."""
-    ws = dist.get_world_size(group)
-    a32, b32 = a.float(), b.float()
-    if "nccl" not in str(dist.get_backend(group)):  # gloo: ranks sharing a GPU; its collectives on the CPU
-        return _reference_gathered(kind, a32, b32, group)
-    if kind == "ag_gemm":
-        full = torch.empty((a.shape[0] * ws, a.shape[1]), dtype=torch.float32, device=a.device)
-        dist.all_gather_into_tensor(full, a32.contiguous(), group=group)
-        return full @ b32
-    partial = a32 @ b32
-    if kind == "gemm_rs":
-        out = torch.empty((partial.shape[0] // ws, partial.shape[1]), dtype=torch.float32, device=a.device)
-        dist.reduce_scatter_tensor(out, partial, group=group)
-        return out
-    dist.all_reduce(partial, group=group)
-    return partial
-
-
-def _reference_gathered(kind: str, a32: torch.Tensor, b32: torch.Tensor, group) -> torch.Tensor:
-    """`reference` from every rank's operands gathered through the CPU (any process group)."""
-    ws, rank = dist.get_world_size(group), dist.get_rank(group)
-
-    def gathered(t: torch.Tensor) -> list[torch.Tensor]:
-        parts = [torch.empty(t.shape, dtype=t.dtype) for _ in range(ws)]
-        dist.all_gather(parts, t.cpu(), group=group)
-        return [p.to(t.device) for p in parts]
-
-    if kind == "ag_gemm":
-        return torch.cat(gathered(a32)) @ b32
-    total = sum(x @ y for x, y in zip(gathered(a32), gathered(b32), strict=True))
-    if kind == "gemm_rs":
-        rows = total.shape[0] // ws
-        return total[rank * rows : (rank + 1) * rows]
-    return total
+    return reference_unfused(kind, a.float(), b.float(), group)
 
 
 def reference_unfused(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> torch.Tensor:
     """What the unfused path gives in the inputs' dtype: torch's matmul, then the collective on its
     output (NCCL reduces 16-bit partials with a rounding after each addition). Its error against
-    `reference` is the rounding a fused op's result is held to. On a group that is not NCCL's, the
-    same arithmetic from the operands gathered through the CPU (the partials summed in rank order)."""
+    `reference` is the rounding a fused op's result is held to. On a group that is not NCCL's
+    (ranks sharing a GPU), the same arithmetic from the operands gathered through the CPU."""
     ws = dist.get_world_size(group)
     if "nccl" not in str(dist.get_backend(group)):
-        return _unfused_gathered(kind, a, b, group)
+        return _gathered_path(kind, a, b, group)
     if kind == "ag_gemm":
         full = torch.empty((a.shape[0] * ws, a.shape[1]), dtype=a.dtype, device=a.device)
         dist.all_gather_into_tensor(full, a.contiguous(), group=group)
@@ -66,7 +34,10 @@ def reference_unfused(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> tor
     return partial
 
 
-def _unfused_gathered(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> torch.Tensor:
+def _gathered_path(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> torch.Tensor:
+    """`reference_unfused` from every rank's operands gathered through the CPU (any process group):
+    the partials, each in the operands' dtype, summed in rank order with a rounding to that dtype
+    after each addition (none for float32)."""
     ws, rank = dist.get_world_size(group), dist.get_rank(group)
 
     def gathered(t: torch.Tensor) -> list[torch.Tensor]:
@@ -76,7 +47,7 @@ def _unfused_gathered(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> tor
 
     if kind == "ag_gemm":
         return torch.cat(gathered(a)) @ b
-    partials = [x @ y for x, y in zip(gathered(a), gathered(b), strict=True)]  # each rounded to the dtype
+    partials = [x @ y for x, y in zip(gathered(a), gathered(b), strict=True)]
     total = partials[0]
     for p in partials[1:]:
         total = (total.float() + p.float()).to(a.dtype)
