@@ -7,23 +7,15 @@ interpreter tests set in this one."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from support.checks import run_script
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def test_relaunched_kernels_use_each_calls_tensors():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, str(ROOT / "tests/support/relaunch_check.py")], env=env,
-                          capture_output=True, text=True, timeout=540)
+    done = run_script("relaunch_check.py", timeout=540)
     if done.returncode == 3:
         pytest.skip(done.stdout.strip())
     assert done.returncode == 0, done.stdout + done.stderr

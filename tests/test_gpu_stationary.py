@@ -6,21 +6,14 @@ CUDA_DEVICE_MAX_CONNECTIONS before CUDA starts)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from support.checks import run_script
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def test_every_rank_on_one_gpu_gets_its_output():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, str(ROOT / "tests/support/stationary_check.py")], env=env,
-                          capture_output=True, text=True, timeout=240)
+    done = run_script("stationary_check.py", timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("ok    ") == 12, done.stdout
