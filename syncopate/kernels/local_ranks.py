@@ -30,8 +30,11 @@ def join_group(rank: int, world: int, port: int, shared_gpu: bool = False):
     """In a spawned rank: multicast off, this rank's GPU selected, the NCCL group formed; its device.
 
     With `shared_gpu` every rank runs on GPU 0 in a gloo group (NCCL takes one GPU a rank): the ops
-    with transfers between processes on a one-GPU machine, for correctness, not speed."""
+    with transfers between processes on a one-GPU machine, for correctness, not speed.
+    A rank runs the compiled kernels: TRITON_INTERPRET, inherited from a parent that interprets
+    them on the CPU (a test process), is dropped before they are imported."""
     os.environ.update(MULTICAST_OFF)
+    os.environ.pop("TRITON_INTERPRET", None)
     import torch
     import torch.distributed as dist
 
