@@ -181,9 +181,10 @@ def compiled_kernels() -> dict[str, int]:
     return counts
 
 
-def run_cases(cases, world=2, shared_gpu=False):
-    """{rank: failures} of `cases` run on `world` ranks, one GPU each (or all on GPU 0: `shared_gpu`),
-    and how many variants of each fused kernel rank 0 compiled."""
+def run_ranks(target, world: int, args: tuple = (), timeout: float = 1800) -> dict:
+    """{rank: report} of `target(rank, world, port, *args, queue)` on `world` spawned processes, each
+    putting `(rank, report)` on the queue; fails at once, naming them, where ranks exit without
+    reporting, and after `timeout` seconds."""
     import torch.multiprocessing as mp
 
     from syncopate.kernels.local_ranks import free_port
@@ -191,11 +192,11 @@ def run_cases(cases, world=2, shared_gpu=False):
     port = free_port()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, cases, shared_gpu, q)) for r in range(world)]
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, q)) for r in range(world)]
     for p in procs:
         p.start()
     results = {}
-    deadline = time.monotonic() + 1800
+    deadline = time.monotonic() + timeout
     while len(results) < world:
         try:
             rank, outcome = q.get(timeout=5)
@@ -205,10 +206,19 @@ def run_cases(cases, world=2, shared_gpu=False):
             if dead or time.monotonic() > deadline:
                 for p in procs:
                     p.kill()
-                what = f"rank(s) {dead} exited with {[procs[r].exitcode for r in dead]}" if dead else "30 minutes"
+                what = f"rank(s) {dead} exited with {[procs[r].exitcode for r in dead]}" if dead else f"{timeout:.0f} s"
                 raise AssertionError(f"the ranks did not all report: {what}; reported: {sorted(results)}")
     for p in procs:
         p.join(timeout=120)
+        if p.is_alive():
+            p.kill()
+    return results
+
+
+def run_cases(cases, world=2, shared_gpu=False):
+    """{rank: failures} of `cases` run on `world` ranks, one GPU each (or all on GPU 0: `shared_gpu`),
+    and how many variants of each fused kernel rank 0 compiled."""
+    results = run_ranks(_worker, world, (cases, shared_gpu))
     print(f"kernel variants compiled on rank 0: {results[0][1]}")
     return {rank: failures for rank, (failures, _) in results.items()}, results[0][1]
 

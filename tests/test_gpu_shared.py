@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from test_gpu_ops import TOL, matrix, run_cases
+from test_gpu_ops import TOL, matrix, run_cases, run_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 
@@ -100,19 +100,7 @@ def _late_peer_worker(rank, world, port, q):
 
 
 def test_a_late_peer_is_waited_for_and_a_short_spin_limit_says_so():
-    import torch.multiprocessing as mp
-
-    from syncopate.kernels.local_ranks import free_port
-
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_late_peer_worker, args=(r, 2, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    reports = dict(q.get(timeout=600) for _ in range(2))
-    for p in procs:
-        p.join(timeout=60)
+    reports = run_ranks(_late_peer_worker, 2, timeout=600)
     for kind, backend, spin_limit, err, timeouts in reports[0]:  # rank 0 waits for rank 1, which is late
         print(f"rank 0 {kind:8s} {backend:12s} spin limit {spin_limit:>10d}: rel err {err:.3g}, timed out {timeouts}/3")
         if spin_limit > 1:
@@ -184,23 +172,9 @@ def _recovery_worker(rank, world, port, cases, q):
 
 @pytest.mark.parametrize("gluon", ["0", "1"], ids=["triton", "gluon"])
 def test_a_candidate_that_timed_out_leaves_its_context_fit_for_the_next(gluon, monkeypatch):
-    import torch.multiprocessing as mp
-
-    from syncopate.kernels.local_ranks import free_port
-
     monkeypatch.setenv("SYNCOPATE_GLUON", gluon)
     cases = [case for case in _shared_cases(False, gluon) if "stationary" not in case[3]["template"]]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_recovery_worker, args=(r, 2, port, cases, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    reports = dict(q.get(timeout=800) for _ in range(2))
-    for p in procs:
-        p.join(timeout=30)
-        if p.is_alive():
-            p.kill()
+    reports = run_ranks(_recovery_worker, 2, (cases,), timeout=800)
     for rank, (done, flagged, wrong, crash) in sorted(reports.items()):
         print(f"rank {rank}: {done}/{len(cases)} cases, {flagged} timed out as asked, {len(wrong)} wrong after")
         assert crash is None, f"rank {rank} after {done} cases: {crash}"
