@@ -4,7 +4,9 @@ pass the tables. Callers have validated shapes and candidates already."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import inspect
 import os
 
 import torch
@@ -30,8 +32,28 @@ COPY_BLOCK = 4096
 COPY_COUNTER_BASE = 2048
 
 
+_ENVIRON = os.environ._data if os.name == "posix" and isinstance(getattr(os.environ, "_data", None), dict) else None
+"""os.environ's own table (encoded names to encoded values), where it has one: the launchers read
+their switches on every call (fifteen reads), and a look-up there costs a sixth of
+`os.environ.get`'s (0.26 against 1.4–1.6 µs on the GPU machines' hosts, `benchmarks/host_parts.py`);
+the relaunch key's nine switches take 1.0 µs."""
+
+
+@functools.cache
+def _encoded(name: str) -> bytes:
+    return os.fsencode(name)
+
+
+def getenv(name: str, default: str | None = None) -> str | None:
+    """`os.environ.get(name, default)`, read through os.environ's table where it has one."""
+    if _ENVIRON is None:
+        return os.environ.get(name, default)
+    value = _ENVIRON.get(_encoded(name))
+    return default if value is None else os.fsdecode(value)
+
+
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return getenv("TRITON_INTERPRET", "0") == "1"
 
 
 def compiled_for_gpu(t: torch.Tensor) -> bool:
@@ -53,7 +75,7 @@ def _major(device_index: int) -> int:
 
 def use_tma(*tensors: torch.Tensor) -> bool:
     """TMA descriptors on Hopper and newer, unless interpreting or SYNCOPATE_TMA=0, for aligned tensors."""
-    if interpreting() or os.environ.get("SYNCOPATE_TMA", "1") == "0":
+    if interpreting() or getenv("SYNCOPATE_TMA", "1") == "0":
         return False
     if not tensors[0].is_cuda or _major(tensors[0].device.index) < 9:
         return False
@@ -90,13 +112,18 @@ _KNOBS = ("TRITON_INTERPRET", *KERNEL_SWITCHES)
 """The environment switches the launchers' choices read: part of every relaunch key."""
 
 
+_KNOB_NAMES = tuple(os.fsencode(k) for k in _KNOBS)
+
+
 def _knob_values() -> tuple:
-    return tuple(os.environ.get(k) for k in _KNOBS)
+    if _ENVIRON is None:
+        return tuple(os.environ.get(k) for k in _KNOBS)
+    return tuple(map(_ENVIRON.get, _KNOB_NAMES))
 
 
 def _relaunch_on(t: torch.Tensor) -> bool:
     return (t.is_cuda and triton.__version__.startswith(RELAUNCH_TRITON)
-            and os.environ.get("SYNCOPATE_RELAUNCH", "1") != "0" and not interpreting())
+            and getenv("SYNCOPATE_RELAUNCH", "1") != "0" and not interpreting())
 
 
 def _shape_key(t: torch.Tensor | None) -> tuple | None:
@@ -116,12 +143,21 @@ class _Relaunch:
     The first launch under a key takes Triton's dispatch; the key holds every input of those
     choices and of Triton's specialization but the addresses of the replaced tensors, and those
     addresses' alignment. On one H100 it took a producer's launch from 145–270 to 80–90 µs of host
-    time and a consumer's from 90–115 to 55–65 (`benchmarks/gpu_single.py host`, 2026-11-23)."""
+    time and a consumer's from 90–115 to 55–65 (`benchmarks/gpu_single.py host`, 2026-11-23).
+
+    A call passes the replaced descriptors' tensors (None where the launch holds no descriptor
+    there). Where it can (`_direct_launch`), a relaunch calls the compiled launcher itself with its
+    arguments already laid out, and keeps each descriptor it encodes per address: a weight's, and
+    the few addresses the caching allocator hands out again for outputs, are encoded once."""
 
     LIMIT = 32
     """Most relaunches one cache (a context's) keeps; the oldest goes first."""
 
-    def __init__(self, jit_fn, compiled, grid: tuple[int], args: tuple, kwargs: dict, varying) -> None:
+    ENCODED = 8
+    """Encoded descriptors kept per replaced descriptor (per address); all dropped when full."""
+
+    def __init__(self, jit_fn, compiled, grid: tuple[int], args: tuple, kwargs: dict, varying,
+                 describe=None) -> None:
         binder = jit_fn.device_caches[torch.cuda.current_device()][4]
         bound = binder(*args, **kwargs)[0]
         names = list(bound)
@@ -130,23 +166,127 @@ class _Relaunch:
         self.tma = {name: self.values[i] is not None for name, i in self.slots.items() if name.endswith("_desc")}
         self.boxes = {name: self.values[i].block_shape for name, i in self.slots.items()
                       if name.endswith("_desc") and self.values[i] is not None}
-        for i in self.slots.values():  # hold no caller's tensor beyond its call
-            self.values[i] = None
+        self.passed = [name for name in self.slots if self.tma.get(name, True)]
+        """The replaced arguments a call passes: descriptors only where this launch holds one."""
+        self.describe = describe or _descriptor
         self.compiled, self.grid = compiled, grid
         from triton.runtime import driver
 
         self.device = torch.cuda.current_device()
         self.stream = driver.active.get_current_stream  # the caller's current stream, as Triton's dispatch finds it
+        self.direct = _direct_launch(compiled, self.values, self.slots)
+        self.direct_launches = 0
+        """Launches made through `direct` (the others went through the compiled kernel's run)."""
+        for i in self.slots.values():  # hold no caller's tensor beyond its call
+            self.values[i] = None
 
-    def __call__(self, **varying) -> None:
+    def __call__(self, **given) -> None:
+        """Launch again with the replaced arguments taken from `given` (tensors for descriptors;
+        names this launch does not replace are ignored)."""
+        hooks = triton.knobs.runtime
+        direct = self.direct
+        if direct is not None and _unhooked(hooks.launch_enter_hook) and _unhooked(hooks.launch_exit_hook):
+            self.direct_launches += 1
+            args = direct.args.copy()
+            for name in self.passed:
+                at, width, meta = direct.places[name]
+                if width:
+                    args[at:at + width] = self._encoded(name, given[name], meta)
+                else:
+                    args[at] = given[name]
+            direct.launch(self.grid[0], 1, 1, self.stream(self.device), direct.function, direct.cooperative,
+                          direct.pdl, None, None, direct.metadata, None, None, None, *args)
+            return
         values = self.values.copy()
-        for name, value in varying.items():
-            values[self.slots[name]] = value
+        for name in self.passed:
+            value = given[name]
+            values[self.slots[name]] = self.describe(value, self.boxes[name]) if name in self.boxes else value
         k = self.compiled
         stream = self.stream(self.device)
-        hooks = triton.knobs.runtime
         k.run(self.grid[0], 1, 1, stream, k.function, k.packed_metadata,
               k.launch_metadata(self.grid, stream, *values), hooks.launch_enter_hook, hooks.launch_exit_hook, *values)
+
+    def _encoded(self, name: str, t: torch.Tensor, meta) -> list:
+        """The launcher's arguments for a descriptor of `name`'s box over `t` (the key fixes `t`'s
+        shape, strides and dtype), encoded once per address."""
+        kept = self.direct.encoded[name]
+        ptr = t.data_ptr()
+        args = kept.get(ptr)
+        if args is None:
+            if len(kept) >= self.ENCODED:
+                kept.clear()
+            args = kept[ptr] = self.direct.encode(self.describe(t, self.boxes[name]), meta)
+        return args
+
+
+def _unhooked(hook) -> bool:
+    """Whether a Triton launch hook slot holds nothing to call: None, or a chain of no hooks (a
+    profiler's hooks take the compiled kernel's run, which builds their launch metadata)."""
+    return hook is None or (hasattr(hook, "calls") and not hook.calls)
+
+
+@dataclasses.dataclass
+class _Direct:
+    """What calling a compiled kernel's launcher directly takes (`_direct_launch`)."""
+
+    launch: object
+    function: int
+    metadata: object
+    cooperative: bool
+    pdl: bool
+    encode: object
+    args: list
+    """The launcher's arguments after its fixed leading ones; replaced ones hold None or placeholders."""
+    places: dict
+    """Replaced argument → (first position in `args`, positions it takes where it is a descriptor
+    (else 0), the compiled descriptor's metadata)."""
+    encoded: dict
+
+
+def _direct_launch(compiled, values: list, slots: dict[str, int]) -> _Direct | None:
+    """How to call `compiled`'s launcher itself with `values` (its arguments in signature order),
+    where this Triton's launcher is the one it was written against (`RELAUNCH_TRITON`): the C
+    launcher, behind a wrapper that encodes each host descriptor on every launch
+    (`wrap_handle_tensordesc`). None elsewhere, or where the kernel takes scratch memory: the
+    relaunch then goes through the compiled kernel's `run`."""
+    try:
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+    except ImportError:
+        return None
+    run = compiled.run
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None
+    signature = list(getattr(compiled.src, "signature", {}).values())
+    if len(signature) != len(values):
+        return None
+    desc = [i for i, ty in enumerate(signature) if isinstance(ty, str) and ty.startswith("tensordesc")]
+    launch = run.launch
+    if desc:
+        launch = inspect.getclosurevars(run.launch).nonlocals.get("launcher")
+        if launch is None or not callable(launch):
+            return None
+    metas = list(getattr(compiled.metadata, "tensordesc_meta", None) or [None] * len(desc))
+    if len(metas) != len(desc):
+        return None
+    by_slot = {i: name for name, i in slots.items()}
+    args, places = [], {}
+    for i, value in enumerate(values):
+        name = by_slot.get(i)
+        if i in desc:
+            meta = metas[desc.index(i)]
+            encoded = make_tensordesc_arg(value, meta)
+            if name is not None:
+                places[name] = (len(args), len(encoded), meta)
+            args.extend(encoded)
+        else:
+            if name is not None:
+                places[name] = (len(args), 0, None)
+            args.append(value)
+    for name, (at, width, _) in places.items():
+        args[at:at + max(width, 1)] = [None] * max(width, 1)
+    return _Direct(launch=launch, function=compiled.function, metadata=compiled.packed_metadata,
+                   cooperative=run.launch_cooperative_grid, pdl=run.launch_pdl, encode=make_tensordesc_arg,
+                   args=args, places=places, encoded={name: {} for name, (_, width, _) in places.items() if width})
 
 
 def _tables_key(tables) -> tuple:
@@ -198,20 +338,9 @@ def launch_consumer(
                signals.data_ptr(), error.data_ptr(), _shape_key(a_full), _shape_key(b), _shape_key(out),
                _shape_key(a_own), own_row0, own_tiles, _knob_values())
         again = cache.get(key)
-        if again is not None and isinstance(again, _GluonRelaunch):
-            b_mat = b.t() if b_is_kmajor(b) else b
-            varying = dict(b_desc=_gl_descriptor(b_mat, again.boxes["b_desc"]), epoch=epoch,
-                           c_desc=_gl_descriptor(out, again.boxes["c_desc"]))
-            if "own_desc" in again.slots:
-                varying.update(own_desc=_gl_descriptor(a_own, again.boxes["own_desc"]))
-            again(**varying)
-            return
         if again is not None:
-            b_mat = b.t() if b_is_kmajor(b) else b
-            again(b_ptr=b, c_ptr=out, own_ptr=a_own, epoch=epoch,
-                  b_desc=_descriptor(b_mat, again.boxes["b_desc"]) if again.tma["b_desc"] else None,
-                  c_desc=_descriptor(out, again.boxes["c_desc"]) if again.tma["c_desc"] else None,
-                  own_desc=_descriptor(a_own, again.boxes["own_desc"]) if again.tma["own_desc"] else None)
+            again(b_ptr=b, c_ptr=out, own_ptr=a_own, epoch=epoch, b_desc=b.t() if b_is_kmajor(b) else b, c_desc=out,
+                  own_desc=a_own)
             return
     M, K = a_full.shape
     N = out.shape[1]
@@ -260,24 +389,10 @@ def launch_producer(
                _shape_key(send), _shape_key(out), _shape_key(reduced), _shape_key(recv),
                _knob_values())
         again = cache.get(key)
-        if again is not None and isinstance(again, _GluonRelaunch):
-            b_mat = b.t() if b_is_kmajor(b) else b
-            out_desc = _gl_descriptor(out, again.boxes["out_desc"])
-            varying = dict(a_desc=_gl_descriptor(a, again.boxes["a_desc"]), out_desc=out_desc, epoch=epoch,
-                           b_desc=_gl_descriptor(b_mat, again.boxes["b_desc"]))
-            if reduced is None:
-                varying.update(reduced_desc=out_desc)
-            again(**varying)
-            return
         if again is not None:
-            b_mat = b.t() if b_is_kmajor(b) else b
-            out_desc = _descriptor(out, again.boxes["out_desc"]) if again.tma["out_desc"] else None
-            varying = dict(a_ptr=a, b_ptr=b, out_ptr=out, epoch=epoch, out_desc=out_desc,
-                           a_desc=_descriptor(a, again.boxes["a_desc"]) if again.tma["a_desc"] else None,
-                           b_desc=_descriptor(b_mat, again.boxes["b_desc"]) if again.tma["b_desc"] else None)
-            if reduced is None:
-                varying.update(reduced_ptr=out, reduced_desc=out_desc)
-            again(**varying)
+            reduced_or_out = reduced if reduced is not None else out
+            again(a_ptr=a, b_ptr=b, out_ptr=out, reduced_ptr=reduced_or_out, epoch=epoch, a_desc=a,
+                  b_desc=b.t() if b_is_kmajor(b) else b, out_desc=out, reduced_desc=reduced_or_out)
             return
     M, K = a.shape
     N = b.shape[1]
@@ -328,7 +443,7 @@ def tma_epilogue(c: Candidate, tables, defer: bool, split: int, *buffers: torch.
     `producer_kernel`): where the TMA path is on for `buffers` (2-D, row-major, 16-byte aligned
     rows), no tile holds rows of two chunks, and kept chunks are not deferred.
     SYNCOPATE_TMA_EPI=0 turns it off, for measurements."""
-    if os.environ.get("SYNCOPATE_TMA_EPI", "1") == "0" or defer or not tables.whole_tiles:
+    if getenv("SYNCOPATE_TMA_EPI", "1") == "0" or defer or not tables.whole_tiles:
         return False
     if (c.block_n // split) * buffers[0].element_size() < 16:
         return False
@@ -346,7 +461,7 @@ def _gluon_fits(c: Candidate, K: int, a: torch.Tensor) -> bool:
     with transfers), compiled for a GPU with Gluon's Hopper API, 16-bit operands, a tile the
     kernels' wgmma layout takes (block_m of 64–256 rows, at least 16 a warp), num_stages operand
     buffers plus the staging tile in shared memory, and K of at least num_stages - 1 steps."""
-    if os.environ.get("SYNCOPATE_GLUON", "0") != "1" or not gluon_kernels.AVAILABLE or not compiled_for_gpu(a):
+    if getenv("SYNCOPATE_GLUON", "0") != "1" or not gluon_kernels.AVAILABLE or not compiled_for_gpu(a):
         return False
     if a.dtype not in (torch.bfloat16, torch.float16):
         return False
@@ -387,7 +502,10 @@ def _gl_descriptor(t: torch.Tensor, block: list[int]):
 
 
 class _GluonRelaunch(_Relaunch):
-    """A cached Gluon producer launch: its descriptors are Gluon's (with their shared layouts)."""
+    """A cached Gluon launch: its descriptors are Gluon's (with their shared layouts)."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args, describe=_gl_descriptor)
 
 
 def _launch_gluon_producer(a, b_mat, kmajor, send, out, reduced, recv_rows, out_row0, tables, c, epoch, signals,
@@ -446,7 +564,7 @@ def _run_gluon(kernel, role: str, grid, args, kwargs, cache, key, varying) -> No
 def defer_kept() -> bool:
     """Whether producers finish kept chunks after all their tiles are computed (`DEFER_KEPT` of
     `producer_kernel`; SYNCOPATE_DEFER_KEPT=0 or 1 overrides, for measurements)."""
-    return os.environ.get("SYNCOPATE_DEFER_KEPT", "0") == "1"
+    return getenv("SYNCOPATE_DEFER_KEPT", "0") == "1"
 
 
 def epilogue_split(c: Candidate) -> int:
@@ -455,7 +573,7 @@ def epilogue_split(c: Candidate) -> int:
     overflows shared memory, and a whole 128x128 one reads the accumulator where ptxas then
     serializes the main loop's wgmma (its warning C7514): on one H100 at 8192x8192x1024 the
     128x128x64 w8 producer took 413.6 µs whole and 346.8 µs in halves (cuBLAS 190.0)."""
-    forced = os.environ.get("SYNCOPATE_EPI_SPLIT")
+    forced = getenv("SYNCOPATE_EPI_SPLIT")
     if forced in ("1", "2"):
         return int(forced)
     return 2 if c.block_n >= 32 else 1

@@ -63,8 +63,13 @@ class gluon_kernels:
 
 
 def launched(cache, gluon: bool) -> None:
-    kinds = {type(v).__name__ for k, v in cache.items() if k in relaunches(cache)}
+    """The relaunches in `cache` are of the kernels asked for, and call the compiled launcher
+    directly (`launch._direct_launch`) with the descriptors each call's tensors need."""
+    kept = [v for k, v in cache.items() if k in relaunches(cache)]
+    kinds = {type(v).__name__ for v in kept}
     assert kinds == {"_GluonRelaunch" if gluon else "_Relaunch"}, f"launched {kinds}"
+    assert all(v.direct is not None and v.direct_launches > 0 for v in kept), \
+        "a relaunch went through the compiled kernel's run"
 
 
 def consumer_check(gluon: bool = False, kmajor: bool = False, m: int = 2048, dtype=torch.bfloat16) -> None:
