@@ -359,7 +359,9 @@ def test_the_copier_is_staged_before_the_kernel_and_enqueued_without_allocating(
     SM copier's job tables are made when the call is staged, and enqueueing allocates nothing."""
     from types import SimpleNamespace
 
-    from syncopate.kernels import launch
+    import ctypes
+
+    from syncopate.kernels import launch, streamops
     from syncopate.kernels.backends import BACKEND_IMPLS, ScatterCall
 
     ws, m, n = 2, 128, 16
@@ -369,18 +371,24 @@ def test_the_copier_is_staged_before_the_kernel_and_enqueued_without_allocating(
     send = (torch.arange(m * n) % 97).to(torch.float16).reshape(m, n)
     rank, epoch = 0, 4
 
-    def write_signal(stream, peer, word, value):
-        pads[peer][word] = value
+    class HostDriver:
+        """The driver's stream write, made at once in host memory (the pads are CPU tensors)."""
 
+        def write(self, stream, address, value, flags):
+            ctypes.c_uint32.from_address(address).value = value
+            return 0
+
+    monkeypatch.setattr(streamops, "_driver", HostDriver)
     ctx = SimpleNamespace(
-        device=CPU, rank=rank, world_size=ws, cache={}, write_signal=write_signal,
+        device=CPU, rank=rank, world_size=ws, cache={},
+        raise_signal=lambda program, stream, peer, word: program.write(stream, pads[peer].data_ptr() + 4 * word),
         signals=SimpleNamespace(local=pads[rank]), peer_signal_ptrs=torch.tensor([p.data_ptr() for p in pads]),
         counters=torch.zeros(4096, dtype=torch.int64), error=torch.zeros(1, dtype=torch.int32),
     )
     call = ScatterCall(ctx=ctx, plan=plan, candidate=cand(backend="nvshmem", comm_sms=3, num_splits=2), epoch=epoch,
                        main=None, send=send, recv=SimpleNamespace(peer_ptrs=[r.data_ptr() for r in recv]), n_cols=n,
                        elem=2, spin_limit=1 << 16)
-    enqueue = BACKEND_IMPLS["nvshmem"].stage_scatter(call, [None] * 3)
+    enqueue = BACKEND_IMPLS["nvshmem"].stage_scatter(call, [SimpleNamespace(cuda_stream=i) for i in range(3)])
     pads[rank][READY_BASE : READY_BASE + 8] = epoch  # the kernel has made every leaving chunk ready
     pads[rank][ENTERED_BASE + 1] = epoch  # and the peer has entered the call
 

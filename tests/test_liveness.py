@@ -213,6 +213,7 @@ class _Trace:
         self.ops: dict[int, list[tuple]] = {}
         self.streams = [SimpleNamespace(cuda_stream=i) for i in range(3)]
         self.ctx = SimpleNamespace(rank=rank, world_size=ws, group=None, write_signal=self.write_signal,
+                                   raise_signal=lambda program, stream, r, word: program.write(stream, (r, word)),
                                    signal_address=lambda r, word: (r, word), timeline=None)
 
     def word(self, rank: int, word: int) -> tuple:
@@ -229,6 +230,18 @@ class _Trace:
 
     def wait_value(self, stream: int, address: tuple, value: int) -> None:
         self.ops.setdefault(stream, []).append(("wait",) + self.word(*address))
+
+    # the CUDA driver's three calls, as `streamops` makes them (addresses are (rank, word) here)
+    def write(self, stream: int, address: tuple, value: int, flags: int) -> int:
+        self.ops.setdefault(stream, []).append(("raise",) + self.word(*address))
+        return 0
+
+    def wait(self, stream: int, address: tuple, value: int, flags: int) -> int:
+        self.wait_value(stream, address, value)
+        return 0
+
+    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> int:
+        return 0
 
     def chunk_copy(self, ctx, stream, jobs, programs, epoch, dtype, spin_limit=0) -> None:
         for _, _, _, wait, signal, peer in jobs:
@@ -252,7 +265,7 @@ def test_the_model_enqueues_what_the_backends_enqueue(kind, backend, monkeypatch
 
     import torch
 
-    from syncopate.kernels import backends
+    from syncopate.kernels import backends, streamops
     from syncopate.kernels.tables import plan_for
 
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
@@ -263,8 +276,7 @@ def test_the_model_enqueues_what_the_backends_enqueue(kind, backend, monkeypatch
         plan = plan_for(kind, template, ws, rows, splits, BLOCK_M)
         for rank in range(ws):
             trace = _Trace(rank, ws, "local" if kind == "ag_gemm" else "ready")
-            monkeypatch.setattr(backends, "streamops", SimpleNamespace(
-                wait_value=trace.wait_value, copy_async=lambda *a: None, write_value=None))
+            monkeypatch.setattr(streamops, "_driver", lambda trace=trace: trace)
             monkeypatch.setattr(backends, "launch_chunk_copy", trace.chunk_copy)
             monkeypatch.setattr(backends, "stage_chunk_copy", lambda *args: None)
             monkeypatch.setattr(backends, "dist", SimpleNamespace(

@@ -77,6 +77,7 @@ class _World:
             self.ctxs.append(SimpleNamespace(
                 rank=r, world_size=ws, buffers=buffers, epoch=0, streams=streams,
                 begin_call=self._begin(r), fork=self._fork(streams), join=self._join,
+                current_stream=lambda: _World.current,
                 signal_address=lambda q, word: (q, word),
                 write_signal=lambda stream, q, word, value: stream.ops.append(("write", (q, word), value)),
             ))

@@ -62,6 +62,9 @@ class GatherCall:
     copy_own: bool = True
     """Whether this rank's shard is copied into its rows of the gathered buffer: the gathered A is
     returned, or a tile reads own rows from there (the kernel reads the rest from the shard)."""
+    programs: dict | None = None
+    """Where the backend keeps the stream programs it records for calls like this one (a prepared
+    call's); None: recorded for this call only."""
 
 
 @dataclass
@@ -80,6 +83,8 @@ class ScatterCall:
     out: torch.Tensor | None = None
     reduced: Any = None  # SymmetricBuffer, all-reduce only
     spin_limit: int = 0
+    programs: dict | None = None
+    """As `GatherCall.programs`."""
 
 
 class CommBackend(abc.ABC):
@@ -114,7 +119,29 @@ def announce_entry(stream: torch.cuda.Stream, ctx: OverlapContext, epoch: int) -
         ctx.write_signal(stream, p, ENTERED_BASE + ctx.rank, epoch)
 
 
-def _copy_own_chunks(call: GatherCall, stream: torch.cuda.Stream) -> None:
+def _record_entry(program: streamops.Program, ctx: OverlapContext, stream: torch.cuda.Stream) -> None:
+    """`announce_entry`, recorded in `program`."""
+    for p in range(ctx.world_size):
+        ctx.raise_signal(program, stream, p, ENTERED_BASE + ctx.rank)
+
+
+def _program(programs: dict | None, key: tuple, record: Callable[[streamops.Program], None]) -> streamops.Program:
+    """The program `record` writes, kept in `programs` under `key` (a call's own where None)."""
+    program = programs.get(key) if programs is not None else None
+    if program is None:
+        program = streamops.Program()
+        record(program)
+        if programs is not None:
+            programs[key] = program
+    return program
+
+
+def _own_rows_in_place(call: GatherCall) -> bool:
+    """Whether this rank's shard already is its rows of the gathered buffer (`gather_buffer`)."""
+    return call.a_local.data_ptr() == call.a_full.peer_ptrs[call.ctx.rank] + call.r0 * call.row_bytes
+
+
+def _record_own_chunks(program: streamops.Program, call: GatherCall, stream: torch.cuda.Stream, in_place: bool) -> None:
     """Put this rank's shard into its gathered buffer chunk by chunk (copy engine), raising
     `LOCAL_BASE + split` after each; a shard already in place only has its words raised. Nothing
     where no one reads the copy (`call.copy_own`)."""
@@ -122,27 +149,42 @@ def _copy_own_chunks(call: GatherCall, stream: torch.cuda.Stream) -> None:
         return
     ctx, rank = call.ctx, call.ctx.rank
     base = call.a_full.peer_ptrs[rank]
-    in_place = call.a_local.data_ptr() == base + call.r0 * call.row_bytes
     for j, (lo, hi) in enumerate(call.plan.chunk_bounds[rank]):
         if not in_place:
-            src = call.a_local.data_ptr() + (lo - call.r0) * call.row_bytes
-            streamops.copy_async(stream.cuda_stream, base + lo * call.row_bytes, src, (hi - lo) * call.row_bytes)
-        ctx.write_signal(stream, rank, LOCAL_BASE + j, call.epoch)
+            program.copy(stream, base + lo * call.row_bytes, (lo - call.r0) * call.row_bytes, (hi - lo) * call.row_bytes,
+                         src_base=program.A)
+        ctx.raise_signal(program, stream, rank, LOCAL_BASE + j)
+
+
+def _start_own(call: GatherCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
+    """What enqueues the shard's own chunks (`streams[2]`) and this rank's entry (`streams[0]`) of a
+    gather whose chunks another backend moves."""
+    in_place = _own_rows_in_place(call)
+
+    def record(p: streamops.Program) -> None:
+        _record_own_chunks(p, call, streams[2], in_place)
+        _record_entry(p, call.ctx, streams[0])
+
+    program = _program(call.programs, ("own", call.copy_own, in_place), record)
+    return functools.partial(program.run, call.epoch, call.a_local.data_ptr())
 
 
 def _arrival_slot(plan: ChunkPlan, rank: int, phase: str) -> dict[tuple[int, int], int]:
     return {t.chunk: t.signal for t in plan.recvs(rank, phase)}
 
 
-def _copy_starts(ctx: OverlapContext, stream: torch.cuda.Stream):
+def _mark_ready(program: streamops.Program, ctx: OverlapContext, stream: torch.cuda.Stream) -> None:
     """With the context's timeline on: an event on `stream` where a chunk's copy can start."""
-    return ctx.timeline.record(stream) if ctx.timeline is not None else None
-
-
-def _copy_ended(ctx: OverlapContext, stream: torch.cuda.Stream, label: str, t: Transfer, ready) -> None:
-    """With the context's timeline on: mark transfer `t`'s copy, from `ready` to now on `stream`."""
     if ctx.timeline is not None:
-        ctx.timeline.mark(label, t.chunk, t.rows, ready, ctx.timeline.record(stream))
+        program.hook(lambda state: state.__setitem__(stream.cuda_stream, ctx.timeline.record(stream)))
+
+
+def _mark_copied(program: streamops.Program, ctx: OverlapContext, stream: torch.cuda.Stream, label: str,
+                 t: Transfer) -> None:
+    """With the context's timeline on: mark transfer `t`'s copy, from its `_mark_ready` to now on `stream`."""
+    if ctx.timeline is not None:
+        program.hook(lambda state: ctx.timeline.mark(label, t.chunk, t.rows, state.get(stream.cuda_stream),
+                                                     ctx.timeline.record(stream)))
 
 
 class CopyEngineBackend(CommBackend):
@@ -152,52 +194,71 @@ class CopyEngineBackend(CommBackend):
         return 0
 
     def start_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> None:
-        ctx, plan, e = call.ctx, call.plan, call.epoch
-        _copy_own_chunks(call, streams[2])
-        announce_entry(streams[0], ctx, e)
+        self.stage_gather(call, streams)()
+
+    def start_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> None:
+        self.stage_scatter(call, streams)()
+
+    def stage_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
+        in_place = _own_rows_in_place(call)
+        key = ("gather", call.copy_own, in_place, call.ctx.timeline is not None)
+        program = _program(call.programs, key, lambda p: self._record_gather(p, call, streams, in_place))
+        return functools.partial(program.run, call.epoch, call.a_local.data_ptr())
+
+    def stage_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
+        key = ("scatter", call.ctx.timeline is not None)
+        program = _program(call.programs, key, lambda p: self._record_scatter(p, call, streams))
+        return functools.partial(program.run, call.epoch, 0, call.out.data_ptr() if call.out is not None else 0)
+
+    @staticmethod
+    def _record_gather(p: streamops.Program, call: GatherCall, streams: list[torch.cuda.Stream], in_place: bool) -> None:
+        ctx, plan = call.ctx, call.plan
+        _record_own_chunks(p, call, streams[2], in_place)
+        _record_entry(p, ctx, streams[0])
         arrived = _arrival_slot(plan, ctx.rank, "gather")
         waited: set[tuple[int, int]] = set()
         for t in plan.sends(ctx.rank, "gather"):
-            s = streams[t.stream].cuda_stream
+            s = streams[t.stream]
             if (t.stream, t.dst) not in waited:
-                streamops.wait_value(s, ctx.signal_address(ctx.rank, ENTERED_BASE + t.dst), e)
+                p.wait(s, ctx.signal_address(ctx.rank, ENTERED_BASE + t.dst))
                 waited.add((t.stream, t.dst))
             if t.block == ctx.rank:
-                src = call.a_local.data_ptr() + (t.row_start - call.r0) * call.row_bytes
+                src, src_base = (t.row_start - call.r0) * call.row_bytes, p.A
             else:  # forwarding a chunk received earlier in this call
-                streamops.wait_value(s, ctx.signal_address(ctx.rank, arrived[t.chunk]), e)
-                src = call.a_full.peer_ptrs[ctx.rank] + t.row_start * call.row_bytes
-            dst = call.a_full.peer_ptrs[t.dst] + t.row_start * call.row_bytes
-            ready = _copy_starts(ctx, streams[t.stream])
-            streamops.copy_async(s, dst, src, t.rows * call.row_bytes)
-            ctx.write_signal(streams[t.stream], t.dst, t.signal, e)
-            _copy_ended(ctx, streams[t.stream], f"gather to {t.dst}", t, ready)
+                p.wait(s, ctx.signal_address(ctx.rank, arrived[t.chunk]))
+                src, src_base = call.a_full.peer_ptrs[ctx.rank] + t.row_start * call.row_bytes, 0
+            _mark_ready(p, ctx, s)
+            p.copy(s, call.a_full.peer_ptrs[t.dst] + t.row_start * call.row_bytes, src, t.rows * call.row_bytes,
+                   src_base=src_base)
+            ctx.raise_signal(p, s, t.dst, t.signal)
+            _mark_copied(p, ctx, s, f"gather to {t.dst}", t)
 
-    def start_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> None:
-        ctx, plan, e = call.ctx, call.plan, call.epoch
+    @staticmethod
+    def _record_scatter(p: streamops.Program, call: ScatterCall, streams: list[torch.cuda.Stream]) -> None:
+        ctx, plan = call.ctx, call.plan
         row_bytes = call.n_cols * call.elem
-        announce_entry(streams[0], ctx, e)
+        _record_entry(p, ctx, streams[0])
         waited: set[tuple[int, int]] = set()
         for i, t in enumerate(plan.sends(ctx.rank, "reduce")):
-            s = streams[t.stream].cuda_stream
+            s = streams[t.stream]
             if (t.stream, t.dst) not in waited:
-                streamops.wait_value(s, ctx.signal_address(ctx.rank, ENTERED_BASE + t.dst), e)
+                p.wait(s, ctx.signal_address(ctx.rank, ENTERED_BASE + t.dst))
                 waited.add((t.stream, t.dst))
-            streamops.wait_value(s, ctx.signal_address(ctx.rank, READY_BASE + i), e)
-            ready = _copy_starts(ctx, streams[t.stream])
+            p.wait(s, ctx.signal_address(ctx.rank, READY_BASE + i))
+            _mark_ready(p, ctx, s)
             src = call.send.data_ptr() + t.row_start * row_bytes
             dst = call.recv.peer_ptrs[t.dst] + (recv_offset(plan, ctx.rank, t.block, call.n_cols) + t.row_start * call.n_cols) * call.elem
-            streamops.copy_async(s, dst, src, t.rows * row_bytes)
-            ctx.write_signal(streams[t.stream], t.dst, t.signal, e)
-            _copy_ended(ctx, streams[t.stream], f"partial to {t.dst}", t, ready)
+            p.copy(s, dst, src, t.rows * row_bytes)
+            ctx.raise_signal(p, s, t.dst, t.signal)
+            _mark_copied(p, ctx, s, f"partial to {t.dst}", t)
         if call.reduced is not None:
-            s = streams[2].cuda_stream
+            s = streams[2]
             for t in plan.recvs(ctx.rank, "gather"):
-                streamops.wait_value(s, ctx.signal_address(ctx.rank, t.signal), e)
-                ready = _copy_starts(ctx, streams[2])
-                src = call.reduced.peer_ptrs[t.src] + t.row_start * row_bytes
-                streamops.copy_async(s, call.out.data_ptr() + t.row_start * row_bytes, src, t.rows * row_bytes)
-                _copy_ended(ctx, streams[2], f"reduced from {t.src}", t, ready)
+                p.wait(s, ctx.signal_address(ctx.rank, t.signal))
+                _mark_ready(p, ctx, s)
+                p.copy(s, t.row_start * row_bytes, call.reduced.peer_ptrs[t.src] + t.row_start * row_bytes,
+                       t.rows * row_bytes, dst_base=p.OUT)
+                _mark_copied(p, ctx, s, f"reduced from {t.src}", t)
 
 
 class SmCopyBackend(CommBackend):
@@ -225,9 +286,10 @@ class SmCopyBackend(CommBackend):
             jobs.append((src, dst, t.rows * call.row_bytes // elem, wait, t.signal, t.dst))
         stage_chunk_copy(ctx, jobs, streams[0], call.candidate.comm_sms, call.a_local.dtype, call.spin_limit)
 
+        own = _start_own(call, streams)
+
         def enqueue() -> None:
-            _copy_own_chunks(call, streams[2])
-            announce_entry(streams[0], ctx, call.epoch)
+            own()
             launch_chunk_copy(ctx, streams[0], jobs, call.candidate.comm_sms, call.epoch, call.a_local.dtype,
                               call.spin_limit)
         return enqueue
@@ -246,8 +308,10 @@ class SmCopyBackend(CommBackend):
                 jobs.append((src, call.out.data_ptr() + t.row_start * row_bytes, t.rows * call.n_cols, t.signal, -1, ctx.rank))
         stage_chunk_copy(ctx, jobs, streams[0], call.candidate.comm_sms, call.send.dtype, call.spin_limit)
 
+        entry = _program(call.programs, ("entry",), lambda p: _record_entry(p, ctx, streams[0]))
+
         def enqueue() -> None:
-            announce_entry(streams[0], ctx, call.epoch)
+            entry.run(call.epoch)
             launch_chunk_copy(ctx, streams[0], jobs, call.candidate.comm_sms, call.epoch, call.send.dtype,
                               call.spin_limit)
         return enqueue
@@ -338,9 +402,8 @@ class NcclBackend(CommBackend):
 
     def start_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> None:
         ctx, plan, e = call.ctx, call.plan, call.epoch
-        _copy_own_chunks(call, streams[2])
+        _start_own(call, streams)()
         s = streams[0]
-        announce_entry(s, ctx, e)
         a_full = call.a_full.local
 
         def send_view(t: Transfer) -> torch.Tensor:

@@ -152,6 +152,14 @@ class OverlapContext:
     scratch: torch.Tensor | None = None
     timeline: Timeline | None = None
     """When set, the copy-engine backend records an event around each chunk it moves (diagnostics)."""
+    _events: list = field(default_factory=list)
+    """`fork`'s event, then `join`'s, one a side stream."""
+    _callers: dict = field(default_factory=dict)
+    """`current_stream`'s Stream objects by stream handle."""
+
+    def __post_init__(self) -> None:
+        if not self._events:
+            self._events = [torch.cuda.Event() for _ in range(1 + len(self.streams))]
 
     @classmethod
     def create(cls, group, buffers: dict[str, tuple[tuple[int, ...], torch.dtype]], num_streams: int = 3) -> OverlapContext:
@@ -218,13 +226,21 @@ class OverlapContext:
         """Enqueue on `stream` (one of this context's) a write of `value` into `rank`'s pad word."""
         from syncopate.kernels import streamops
 
+        program = streamops.Program()
+        self.raise_signal(program, stream, rank, word)
+        program.run(value)
+
+    def raise_signal(self, program, stream: torch.cuda.Stream, rank: int, word: int) -> None:
+        """Record in `program` (a `streamops.Program`) the write of the epoch into `rank`'s pad word
+        on `stream` (one of this context's): a stream write, or where a stream cannot write a
+        peer's memory, a write of a local word and a copy of it."""
         address = self.signal_address(rank, word)
         if rank == self.rank or self.remote_writes:
-            streamops.write_value(stream.cuda_stream, address, value)
+            program.write(stream, address)
             return
         slot = self.scratch.data_ptr() + 4 * self.streams.index(stream)
-        streamops.write_value(stream.cuda_stream, slot, value)
-        streamops.copy_async(stream.cuda_stream, address, slot, 4)
+        program.write(stream, slot)
+        program.copy(stream, address, slot, 4)
 
     def begin_call(self) -> int:
         """Take the epoch of the next call (1, 2, …); every rank makes the same calls in the same order."""
@@ -237,21 +253,36 @@ class OverlapContext:
         """Address of int32 word `word` of `rank`'s signal pad, mapped in this process."""
         return self.signals.peer_ptrs[rank] + 4 * word
 
-    def fork(self, main: torch.cuda.Stream, count: int) -> list[torch.cuda.Stream]:
-        """Make `count` side streams wait for everything enqueued on `main` so far."""
-        event = torch.cuda.Event()
+    def fork(self, main: torch.cuda.Stream, streams: int | list[torch.cuda.Stream]) -> list[torch.cuda.Stream]:
+        """Make side streams wait for everything enqueued on `main` so far: the first `streams` of
+        this context's, or those given. The context's events are recorded again each call (a wait
+        is on the work recorded when it was enqueued): creating one costs more host time."""
+        if isinstance(streams, int):
+            streams = self.streams[:streams]
+        event = self._events[0]
         event.record(main)
-        streams = self.streams[:count]
         for s in streams:
             s.wait_event(event)
         return streams
 
     def join(self, main: torch.cuda.Stream, streams: list[torch.cuda.Stream]) -> None:
-        """Make `main` wait for the work enqueued on `streams`."""
+        """Make `main` wait for the work enqueued on `streams` (side streams of this context's)."""
         for s in streams:
-            event = torch.cuda.Event()
+            event = self._events[1 + self.streams.index(s)]
             event.record(s)
             main.wait_event(event)
+
+    def current_stream(self) -> torch.cuda.Stream:
+        """The caller's current stream on this context's device. torch.cuda.current_stream() makes a
+        new Stream object each call (6–10 µs of host time on the GPU machines); the handle is cheap to
+        ask for, and one Stream object is kept per handle."""
+        raw = torch._C._cuda_getCurrentRawStream(self.device.index)
+        stream = self._callers.get(raw)
+        if stream is None:
+            if len(self._callers) >= 16:
+                self._callers.clear()
+            stream = self._callers[raw] = torch.cuda.current_stream(self.device)
+        return stream
 
     def check_error(self) -> None:
         """Raise CandidateTimeoutError if a bounded wait ran out (synchronises the device)."""

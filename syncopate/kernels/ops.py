@@ -66,7 +66,8 @@ class ContextRegistry:
         self._configs: dict[tuple, Candidate] = {}
         self._topologies: dict[str, Topology] = {}
         self.prepared: dict[tuple, Any] = {}
-        """Validated calls: (group, kind, shapes, strides, dtype, device, config) → what a call needs."""
+        """Validated calls: (group, kind, shapes, strides, dtype, device, config) → what a call needs
+    (with the stream programs its backend records, `backends._program`)."""
         self._lock = threading.Lock()
 
     def context(self, group, key: tuple, buffers: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> OverlapContext:
@@ -264,7 +265,7 @@ def all_gather_matmul(
     if prep is None:
         prep = _prepare_gather(a_shard, b, group, config)
         _REGISTRY.prepared[key] = prep
-    ctx, plan, cand, tables, backend, rank, m_local, k, n_local = prep
+    ctx, plan, cand, tables, backend, rank, m_local, k, n_local, programs = prep
     if cand.template == A_STATIONARY and return_gathered:  # nothing gathers A there: the direct plan does
         return all_gather_matmul(a_shard, b, group, dataclasses.replace(cand, template="direct"),
                                  return_gathered=True, out=out, spin_limit=spin_limit)
@@ -279,12 +280,12 @@ def all_gather_matmul(
     a_full = ctx.buffers["a_full"]
     own = a_shard if _OWN_SHARD and own_shard_readable(a_full.local, b, out, a_shard) else None
     epoch = ctx.begin_call()
-    main = torch.cuda.current_stream()
+    main = ctx.current_stream()
     streams = ctx.fork(main, 3)
     call = GatherCall(
         ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, a_local=a_shard, a_full=a_full,
         r0=rank * m_local, row_bytes=k * a_shard.element_size(), spin_limit=spin_limit,
-        copy_own=return_gathered or tables.own_rows_later or own is None,
+        copy_own=return_gathered or tables.own_rows_later or own is None, programs=programs,
     )
     enqueue = backend.stage_gather(call, streams)  # what may allocate, before the kernel runs
     if _COMM_FIRST:
@@ -339,11 +340,11 @@ def _prepare_gather(a_shard, b, group, config):
     if cand.template == A_STATIONARY:
         ctx = get_context(_A_STATIONARY_KIND, group, (m_local, n_local, k), a_shard.dtype)
         plan = AStationaryPlan.of(cand, rank, ws, m_local, n_local, k)
-        return ctx, plan, cand, None, None, rank, m_local, k, n_local
+        return ctx, plan, cand, None, None, rank, m_local, k, n_local, None
     ctx = get_context("ag_gemm", group, (m, k), a_shard.dtype)
     plan = plan_for("ag_gemm", cand.template, ws, m, cand.num_splits, cand.block_m)
     tables = _tables(ctx, ("c", n_local, cand), lambda: consumer_tables(plan, rank, n_local, cand, ctx.device))
-    return ctx, plan, cand, tables, backend_for(cand), rank, m_local, k, n_local
+    return ctx, plan, cand, tables, backend_for(cand), rank, m_local, k, n_local, {}
 
 
 def _tables(ctx: OverlapContext, key: tuple, build):
@@ -385,13 +386,13 @@ def _prepare_scatter(kind: str, a, b, group, config):
     if cand.template == C_STATIONARY:
         ctx = get_context(_C_STATIONARY_KIND[kind], group, (m, n, k_local), a.dtype)
         plan = CStationaryPlan.of(rank, ws, m, n, k_local, all_reduce, cand.num_splits)
-        return ctx, plan, cand, None, None, rank, ws, None, m if all_reduce else m // ws
+        return ctx, plan, cand, None, None, rank, ws, None, m if all_reduce else m // ws, None
     ctx = get_context(kind, group, (m, n), a.dtype)
     plan = plan_for(kind, cand.template, ws, m, cand.num_splits, cand.block_m)
     tables = _tables(ctx, ("p", n, cand), lambda: producer_tables(plan, rank, n, cand, all_reduce, ctx.device))
     send = _tables(ctx, ("send",), lambda: torch.empty((m, n), dtype=a.dtype, device=a.device))
     out_rows = m if all_reduce else m // ws
-    return ctx, plan, cand, tables, backend_for(cand), rank, ws, send, out_rows
+    return ctx, plan, cand, tables, backend_for(cand), rank, ws, send, out_rows, {}
 
 
 def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
@@ -401,7 +402,7 @@ def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
     if prep is None:
         prep = _prepare_scatter(kind, a, b, group, config)
         _REGISTRY.prepared[key] = prep
-    ctx, plan, cand, tables, backend, rank, ws, send, out_rows = prep
+    ctx, plan, cand, tables, backend, rank, ws, send, out_rows, programs = prep
     m, n = a.shape[0], b.shape[1]
     all_reduce = kind == "gemm_ar"
     if out is None:
@@ -412,14 +413,14 @@ def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
         c_stationary.run(ctx, plan, a, b, out)
         return out
     epoch = ctx.begin_call()
-    main = torch.cuda.current_stream()
+    main = ctx.current_stream()
     reduced = ctx.buffers.get("reduced")
     streams = ctx.fork(main, 3)
     # What may allocate is done before the kernel is launched; the waits for its chunks are enqueued after it.
     enqueue = backend.stage_scatter(ScatterCall(
         ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, send=send, recv=ctx.buffers["recv"],
         n_cols=n, elem=a.element_size(), out=out, reduced=reduced,
-        spin_limit=spin_limit,
+        spin_limit=spin_limit, programs=programs,
     ), streams)
     launch_producer(
         a, b, send, out, reduced.local if reduced is not None else None, ctx.buffers["recv"].local,

@@ -15,7 +15,7 @@ import os
 
 from syncopate.errors import RuntimeUnavailableError
 
-__all__ = ["write_value", "wait_value", "copy_async", "available"]
+__all__ = ["Program", "write_value", "wait_value", "copy_async", "available"]
 
 _WAIT_GEQ = 0x0
 _WRITE_DEFAULT = 0x0
@@ -37,6 +37,26 @@ class _Driver:
         self.wait.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
         self.copy = fn("cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync")
         self.copy.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+        self.batch = getattr(lib, "cuStreamBatchMemOp_v2", None)
+        """Several stream writes and waits in one call (`Program`); None where the driver lacks it."""
+        if self.batch is not None:
+            self.batch.restype = ctypes.c_int
+            self.batch.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_uint]
+
+
+class MemOp(ctypes.Structure):
+    """One `CUstreamBatchMemOpParams` of a wait or write of a 32-bit value: the union's 48 bytes,
+    laid out as its `waitValue` / `writeValue` members are (operation, address, value, flags,
+    alias)."""
+
+    _fields_ = [("operation", ctypes.c_uint32), ("_pad0", ctypes.c_uint32), ("address", ctypes.c_uint64),
+                ("value", ctypes.c_uint64), ("flags", ctypes.c_uint32), ("_pad1", ctypes.c_uint32),
+                ("alias", ctypes.c_uint64), ("_pad2", ctypes.c_uint64)]
+
+
+MEM_OP_WAIT_VALUE_32, MEM_OP_WRITE_VALUE_32 = 1, 2
+MEM_OPS_A_BATCH = 255
+"""Most operations one `cuStreamBatchMemOp` takes (fewer than 256)."""
 
 
 class _BindingsDriver:
@@ -99,3 +119,97 @@ def wait_value(stream: int, address: int, value: int) -> None:
 def copy_async(stream: int, dst: int, src: int, nbytes: int) -> None:
     """Enqueue a copy-engine copy of `nbytes` from `src` to `dst` on `stream`."""
     _check(_driver().copy(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
+
+
+_WRITE, _WAIT, _COPY, _HOOK, _BATCH = range(5)
+_CALLS = ("cuStreamWriteValue32", "cuStreamWaitValue32", "cuMemcpyDtoDAsync", "", "cuStreamBatchMemOp")
+
+
+class Program:
+    """Stream writes, waits and copies recorded once and enqueued again on every call.
+
+    A fused call's communication is the same list of driver calls every time but for the epoch
+    each write and wait carries and two addresses: the caller's input (`A`) and output (`OUT`),
+    which a copy may be relative to. Recording it once per prepared call leaves `run` a loop of
+    driver calls, instead of working the transfers out of the plan again; where the driver has
+    `cuStreamBatchMemOp`, writes and waits in a row on one stream go in one call (the entry words
+    of a call, a signal and the next peer's wait). `hook`s run Python in place (the timeline's
+    events); they get a dict that lives for one run.
+    """
+
+    A, OUT = 1, 2
+
+    def __init__(self) -> None:
+        self.ops: list[tuple] = []
+        self._batched: list[tuple] | None = None
+
+    def write(self, stream, address) -> None:
+        """`*(int32*)address = epoch` on `stream` (any object with `cuda_stream`)."""
+        self._add((_WRITE, stream.cuda_stream, address))
+
+    def wait(self, stream, address) -> None:
+        """Hold `stream` until `(int32)(*address - epoch) >= 0`."""
+        self._add((_WAIT, stream.cuda_stream, address))
+
+    def copy(self, stream, dst: int, src: int, nbytes: int, dst_base: int = 0, src_base: int = 0) -> None:
+        """Copy `nbytes` to `dst` from `src`, each an address or, with a base (`A`, `OUT`), an offset."""
+        self._add((_COPY, stream.cuda_stream, dst, dst_base, src, src_base, nbytes))
+
+    def hook(self, fn) -> None:
+        self._add((_HOOK, fn))
+
+    def _add(self, op: tuple) -> None:
+        self.ops.append(op)
+        self._batched = None
+
+    def run(self, epoch: int, a: int = 0, out: int = 0) -> None:
+        """Enqueue the program for the call of `epoch`, its input at `a` and its output at `out`."""
+        d = _driver()
+        value = epoch & 0xFFFFFFFF
+        bases = (0, a, out)
+        state: dict = {}
+        for op in self._steps(d):
+            kind = op[0]
+            if kind == _BATCH:
+                ops = op[2]
+                for m in ops:
+                    m.value = value
+                err = d.batch(op[1], len(ops), ops, 0)
+            elif kind == _WRITE:
+                err = d.write(op[1], op[2], value, _WRITE_DEFAULT)
+            elif kind == _WAIT:
+                err = d.wait(op[1], op[2], value, _WAIT_GEQ)
+            elif kind == _COPY:
+                err = d.copy(bases[op[3]] + op[2], bases[op[5]] + op[4], op[6], op[1])
+            else:
+                op[1](state)
+                continue
+            if err != 0:
+                raise RuntimeError(f"{_CALLS[kind]} failed with CUDA driver error {err}")
+
+    def _steps(self, driver) -> list[tuple]:
+        """The operations as `run` makes them: where the driver batches stream memory operations,
+        each run of two or more writes and waits in a row on one stream is one batch."""
+        if getattr(driver, "batch", None) is None:
+            return self.ops
+        if self._batched is None:
+            steps: list[tuple] = []
+            i = 0
+            while i < len(self.ops):
+                j = i
+                while (j < len(self.ops) and j - i < MEM_OPS_A_BATCH and self.ops[j][0] in (_WRITE, _WAIT)
+                       and self.ops[j][1] == self.ops[i][1]):
+                    j += 1
+                if j - i >= 2:
+                    ops = (MemOp * (j - i))()
+                    for m, (kind, _, address) in zip(ops, self.ops[i:j]):
+                        m.operation = MEM_OP_WRITE_VALUE_32 if kind == _WRITE else MEM_OP_WAIT_VALUE_32
+                        m.address = address
+                        m.flags = _WRITE_DEFAULT if kind == _WRITE else _WAIT_GEQ
+                    steps.append((_BATCH, self.ops[i][1], ops))
+                    i = j
+                else:
+                    steps.append(self.ops[i])
+                    i += 1
+            self._batched = steps
+        return self._batched

@@ -58,6 +58,7 @@ def _ranks(ws: int, buffers: dict, plan_of, dev):
 
         ctx = SimpleNamespace(
             pads=pads, rank=r, world_size=ws, begin_call=begin, fork=fork, join=join,
+            current_stream=torch.cuda.current_stream,
             buffers={name: SimpleNamespace(local=bufs[r][name], peer_ptrs=[bufs[q][name].data_ptr() for q in range(ws)])
                      for name in bufs[r]},
             signal_address=lambda q, word: pads[q].data_ptr() + 4 * word,
