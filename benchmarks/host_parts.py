@@ -52,12 +52,12 @@ def program_rows(dev, side) -> list[tuple[str, float]]:
     driver = streamops._driver()
     epoch = iter(range(1, 1 << 30))
     rows = [("program, 8 ranks, batched", per_call_us(lambda: program.run(next(epoch))))]
-    kept, driver.batch = driver.batch, None
+    kept, driver.mem_ops = driver.mem_ops, None
     try:
         program._batched = None
         rows.append(("program, 8 ranks, a call each", per_call_us(lambda: program.run(next(epoch)))))
     finally:
-        driver.batch = kept
+        driver.mem_ops = kept
         program._batched = None
     return rows
 

@@ -243,7 +243,7 @@ def test_writes_and_waits_in_a_row_on_a_stream_go_in_one_batch(monkeypatch):
             return 0
 
     class Batching(Plain):
-        def batch(self, stream, count, ops, flags):
+        def mem_ops(self, stream, count, ops, flags):
             assert flags == 0 and count == len(ops)
             names = {streamops.MEM_OP_WRITE_VALUE_32: "write", streamops.MEM_OP_WAIT_VALUE_32: "wait"}
             self.log.append(("batch", stream, [(names[m.operation], stream, m.address, m.value) for m in ops]))

@@ -37,11 +37,11 @@ class _Driver:
         self.wait.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
         self.copy = fn("cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync")
         self.copy.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
-        self.batch = getattr(lib, "cuStreamBatchMemOp_v2", None)
+        self.mem_ops = getattr(lib, "cuStreamBatchMemOp_v2", None)
         """Several stream writes and waits in one call (`Program`); None where the driver lacks it."""
-        if self.batch is not None:
-            self.batch.restype = ctypes.c_int
-            self.batch.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_uint]
+        if self.mem_ops is not None:
+            self.mem_ops.restype = ctypes.c_int
+            self.mem_ops.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_uint]
 
 
 class MemOp(ctypes.Structure):
@@ -174,7 +174,7 @@ class Program:
                 ops = op[2]
                 for m in ops:
                     m.value = value
-                err = d.batch(op[1], len(ops), ops, 0)
+                err = d.mem_ops(op[1], len(ops), ops, 0)
             elif kind == _WRITE:
                 err = d.write(op[1], op[2], value, _WRITE_DEFAULT)
             elif kind == _WAIT:
@@ -190,7 +190,7 @@ class Program:
     def _steps(self, driver) -> list[tuple]:
         """The operations as `run` makes them: where the driver batches stream memory operations,
         each run of two or more writes and waits in a row on one stream is one batch."""
-        if getattr(driver, "batch", None) is None:
+        if getattr(driver, "mem_ops", None) is None:
             return self.ops
         if self._batched is None:
             steps: list[tuple] = []
