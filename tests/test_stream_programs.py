@@ -258,3 +258,32 @@ def test_writes_and_waits_in_a_row_on_a_stream_go_in_one_batch(monkeypatch):
         assert flat(batched) == flat(plain) and len(flat(plain)) == 9
         assert [c[0] for c in batched.log] == ["batch", "copy", "write", "wait", "copy", "batch"]
         assert all(op[3] == epoch for op in flat(batched) if op[0] != "copy")
+
+
+def test_a_relaunch_encodes_a_descriptor_once_an_address_and_keeps_no_tensor_it_passes_as_is():
+    """`_Relaunch._encoded`: a TMA descriptor (with metadata) is encoded once per address, at most
+    `ENCODED` kept; one the kernel takes as its tensor and sizes (no metadata) is made every call
+    and never kept (it would hold the caller's tensor)."""
+    made = []
+
+    def encode(desc, meta):
+        made.append((desc, meta))
+        return [desc, meta]
+
+    relaunch = launch._Relaunch.__new__(launch._Relaunch)
+    relaunch.direct = SimpleNamespace(encoded={"b_desc": {}}, encode=encode)
+    relaunch.describe = lambda t, box: ("descriptor", t.data_ptr(), tuple(box))
+    relaunch.boxes = {"b_desc": [64, 32]}
+    tensors = [torch.zeros(4) for _ in range(launch._Relaunch.ENCODED + 1)]
+    first = relaunch._encoded("b_desc", tensors[0], "tma")
+    assert relaunch._encoded("b_desc", tensors[0], "tma") is first and len(made) == 1
+    for t in tensors[1:]:
+        relaunch._encoded("b_desc", t, "tma")
+    kept = relaunch.direct.encoded["b_desc"]
+    assert len(kept) <= launch._Relaunch.ENCODED and tensors[-1].data_ptr() in kept
+    made.clear()
+    before = dict(kept)
+    fresh = torch.zeros(4)
+    plain = relaunch._encoded("b_desc", fresh, None)
+    again = relaunch._encoded("b_desc", fresh, None)
+    assert plain == again and len(made) == 2 and kept == before

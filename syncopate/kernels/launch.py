@@ -208,7 +208,11 @@ class _Relaunch:
 
     def _encoded(self, name: str, t: torch.Tensor, meta) -> list:
         """The launcher's arguments for a descriptor of `name`'s box over `t` (the key fixes `t`'s
-        shape, strides and dtype), encoded once per address."""
+        shape, strides and dtype), encoded once per address. A descriptor the kernel does not take
+        as a TMA one (no metadata) is passed as its tensor and sizes: made each call, so that no
+        caller's tensor is held."""
+        if meta is None:
+            return self.direct.encode(self.describe(t, self.boxes[name]), None)
         kept = self.direct.encoded[name]
         ptr = t.data_ptr()
         args = kept.get(ptr)
