@@ -255,8 +255,9 @@ class OverlapContext:
 
     def fork(self, main: torch.cuda.Stream, streams: int | list[torch.cuda.Stream]) -> list[torch.cuda.Stream]:
         """Make side streams wait for everything enqueued on `main` so far: the first `streams` of
-        this context's, or those given. The context's events are recorded again each call (a wait
-        is on the work recorded when it was enqueued): creating one costs more host time."""
+        this context's, or those given. The context's own events are recorded again each call
+        rather than made anew (a new one cost 4–5 µs of host time, a record 2): a wait is on the
+        work the event had recorded when the wait was enqueued."""
         if isinstance(streams, int):
             streams = self.streams[:streams]
         event = self._events[0]
