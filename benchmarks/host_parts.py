@@ -13,9 +13,7 @@ them).
 from __future__ import annotations
 
 import os
-import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -26,14 +24,10 @@ from syncopate.kernels.local_ranks import free_port, join_group
 
 
 def per_call_us(fn, n: int = 200, batches: int = 9) -> float:
-    times = []
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        times.append((time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
+    """`gpu_single.host_us` (median over batches of calls enqueued back to back), `n` calls a batch."""
+    from gpu_single import host_us
+
+    return host_us(fn, calls=n, batches=batches)
 
 
 def program_rows(dev, side) -> list[tuple[str, float]]:
