@@ -4,7 +4,7 @@
 # a one-line verdict per step is printed last.
 #
 #   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix shared shared48 tune order conns rs ar suite own
-#                                                    gluon probe sweep stationary sweep4 suite4 matrix48 calib (default: matrix tune order conns
+#                                                    gluon probe sweep stationary sweep4 suite4 matrix48 calib tp (default: matrix tune order conns
 #                                                    rs ar suite; SECONDS overrides the limit)
 #
 #   smoke   tests/test_gpu_ops.py, the quick matrix: one case per kind x backend, 10 calls back to back
@@ -32,6 +32,9 @@
 #   suite4  configs/llama_tp4.yaml, every kind, grid `tiny` (four GPUs)
 #   matrix48  tests/test_gpu_ops.py's matrix on four and eight GPUs (each skipped where fewer are present)
 #   calib   syncopate calibrate into results/llama_tp2-sweep.db (the cost model's measured inputs)
+#   tp      syncopate.tp's layers: tests/test_gpu_tp.py on two GPUs, then benchmarks/tp_mlp.py (a
+#           LLaMA-8B MLP block at 8192 tokens, forward and backward, fused against torch's path) with
+#           and without sequence parallelism
 #
 # Triton's cache lives in $TRITON_CACHE_DIR (default /tmp/syncopate-triton-cache); it starts from
 # .tcache/triton-cache.tgz when that exists and is packed into $OUT/triton-cache.tgz at the end, so
@@ -128,7 +131,10 @@ for arg in "${steps[@]}"; do
             tests/test_gpu_ops.py -k four_and_eight ;;
         suite4) step suite4 420 python3 -m syncopate bench --suite configs/llama_tp4.yaml --grid tiny \
             --repetitions 10 --json "$OUT/suite4.json" ;;
-        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon probe sweep stationary sweep4 suite4 matrix48 calib" >&2
+        tp) step tp-test 300 python3 -m pytest -s -q -p no:cacheprovider -m multigpu tests/test_gpu_tp.py
+            step tp-sp 200 python3 benchmarks/tp_mlp.py --json "$OUT/tp-sp.json"
+            step tp-ar 200 python3 benchmarks/tp_mlp.py --no-sp --json "$OUT/tp-ar.json" ;;
+        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon probe sweep stationary sweep4 suite4 matrix48 calib tp" >&2
             exit 2 ;;
     esac
 done

@@ -5,6 +5,7 @@ Public API (torch-dependent names are imported on first use, so `import syncopat
 - :func:`lookup` — the best known configuration for a shape and topology, at job start;
 - :class:`Topology` (with :meth:`Topology.detect`), :class:`Shape`, :class:`Workload`, :class:`Candidate`;
 - the fused ops :func:`all_gather_matmul`, :func:`matmul_reduce_scatter`, :func:`matmul_all_reduce`.
+- :mod:`syncopate.tp`: tensor-parallel linear layers on the fused ops, with autograd.
 """
 
 from __future__ import annotations

@@ -1,0 +1,423 @@
+"""Tensor-parallel linear layers whose collectives are the fused ops, in the backward pass too.
+
+The two layers of a Megatron-style tensor-parallel MLP (or attention projection pair), with
+sequence parallelism or without. Each layer's one collective runs as one of Syncopate's fused ops,
+and so does the collective of its input gradient:
+
+| layer                                          | forward                  | input gradient           |
+|------------------------------------------------|--------------------------|--------------------------|
+| `ColumnParallelLinear`, sequence_parallel=True | `all_gather_matmul`      | `matmul_reduce_scatter`  |
+| `RowParallelLinear`, sequence_parallel=True    | `matmul_reduce_scatter`  | `all_gather_matmul`      |
+| `RowParallelLinear`, sequence_parallel=False   | `matmul_all_reduce`      | a local matmul           |
+| `ColumnParallelLinear`, sequence_parallel=False| a local matmul           | `matmul_all_reduce`      |
+
+The weight gradients are local GEMMs on what a pass gathered anyway: the column layer keeps the
+gathered input of its forward (`return_gathered`), the row layer's backward gathers the output
+gradient with its input gradient's GEMM. Inputs are sequence-first (`[s, b, h]` or `[tokens, h]`):
+with sequence parallelism every rank holds a block of dimension 0, which the column layer gathers
+and the row layer scatters.
+
+`impl="torch"` runs the same layers with torch's collectives and matmuls, one after the other: the
+path a job would otherwise take, to A/B against, and one that runs on any device and group (gloo on
+the CPU). Each op looks its configuration up once per shape (`syncopate.lookup`) unless `configs`
+names one per op kind ({"ag_gemm": …, "gemm_rs": …, "gemm_ar": …}); a layer calls at most one op
+of each kind, forward and backward together.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from syncopate.errors import ConfigError
+
+__all__ = [
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "all_gather_linear",
+    "linear_all_reduce",
+    "linear_all_reduce_grad",
+    "linear_reduce_scatter",
+]
+
+IMPLS = ("fused", "torch")
+KINDS = ("ag_gemm", "gemm_rs", "gemm_ar")
+
+
+def _checked_impl(impl: str) -> str:
+    if impl not in IMPLS:
+        raise ConfigError(f"impl {impl!r}: accepted are 'fused' (Syncopate's ops) and 'torch' (torch's collectives)")
+    return impl
+
+
+def _checked_configs(configs: dict | None) -> dict:
+    if configs is None:
+        return {}
+    if not isinstance(configs, dict):
+        raise ConfigError(f"configs must be a dict keyed by op kind ({', '.join(KINDS)}), got {type(configs).__name__}")
+    unknown = sorted(set(configs) - set(KINDS))
+    if unknown:
+        raise ConfigError(f"configs has key(s) {unknown}: accepted are {', '.join(KINDS)}")
+    return dict(configs)
+
+
+def _world(group) -> int:
+    if not dist.is_initialized():
+        raise ConfigError("torch.distributed is not initialised: call init_process_group first")
+    return dist.get_world_size(group)
+
+
+# --- the three collectives, fused or torch's ---------------------------------------------------------------
+
+
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+"""torch's collectives into one tensor (renamed in newer torch, the old names deprecated)."""
+
+
+def _all_gather(x: torch.Tensor, group) -> torch.Tensor:
+    full = x.new_empty((x.shape[0] * dist.get_world_size(group), x.shape[1]))
+    _ALL_GATHER(full, x, group=group)
+    return full
+
+
+def _gather_mm(x, b, group, impl, config, gathered: bool):
+    """(all_gather(x) @ b, the gathered x or None)."""
+    if impl == "fused":
+        from syncopate.kernels import ops
+
+        result = ops.all_gather_matmul(x, b, group, config, return_gathered=gathered)
+        return result if gathered else (result, None)
+    full = _all_gather(x, group)
+    return full @ b, full if gathered else None
+
+
+def _mm_scatter(a, b, group, impl, config):
+    """reduce_scatter(a @ b) over dimension 0."""
+    if impl == "fused":
+        from syncopate.kernels import ops
+
+        return ops.matmul_reduce_scatter(a, b, group, config)
+    y = a @ b
+    out = y.new_empty((y.shape[0] // dist.get_world_size(group), y.shape[1]))
+    _REDUCE_SCATTER(out, y, group=group)
+    return out
+
+
+def _mm_reduce(a, b, group, impl, config):
+    """all_reduce(a @ b)."""
+    if impl == "fused":
+        from syncopate.kernels import ops
+
+        return ops.matmul_all_reduce(a, b, group, config)
+    y = a @ b
+    dist.all_reduce(y, group=group)
+    return y
+
+
+# --- autograd functions on 2-D operands --------------------------------------------------------------------
+
+
+class _GatherLinear(torch.autograd.Function):
+    """all_gather(x) @ W.T + b; dx = reduce_scatter(dy @ W), dW = dy.T @ all_gather(x)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, impl, configs):
+        out, x_full = _gather_mm(x, weight.t(), group, impl, configs.get("ag_gemm"), gathered=ctx.needs_input_grad[1])
+        if bias is not None:
+            out.add_(bias)
+        ctx.save_for_backward(x_full, weight)
+        ctx.setup = (group, impl, configs)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_full, weight = ctx.saved_tensors
+        group, impl, configs = ctx.setup
+        dy = dy.contiguous()
+        dx = _mm_scatter(dy, weight, group, impl, configs.get("gemm_rs")) if ctx.needs_input_grad[0] else None
+        dw = dy.t() @ x_full if ctx.needs_input_grad[1] else None
+        db = dy.sum(0) if ctx.needs_input_grad[2] else None
+        return dx, dw, db, None, None, None
+
+
+class _LinearScatter(torch.autograd.Function):
+    """reduce_scatter(x @ W.T) + b; dx = all_gather(dy) @ W, dW = all_gather(dy).T @ x, db = Σ all_gather(dy)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, impl, configs):
+        out = _mm_scatter(x, weight.t(), group, impl, configs.get("gemm_rs"))
+        if bias is not None:
+            out.add_(bias)
+        ctx.save_for_backward(x, weight)
+        ctx.setup = (group, impl, configs)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        group, impl, configs = ctx.setup
+        dy = dy.contiguous()
+        keep = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx, dy_full = _gather_mm(dy, weight, group, impl, configs.get("ag_gemm"), gathered=keep)
+        elif keep:
+            dy_full = _all_gather(dy, group)
+        dw = dy_full.t() @ x if ctx.needs_input_grad[1] else None
+        db = dy_full.sum(0) if ctx.needs_input_grad[2] else None
+        return dx, dw, db, None, None, None
+
+
+class _LinearReduce(torch.autograd.Function):
+    """all_reduce(x @ W.T) + b; the gradients are local."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, impl, configs):
+        out = _mm_reduce(x, weight.t(), group, impl, configs.get("gemm_ar"))
+        if bias is not None:
+            out.add_(bias)
+        ctx.save_for_backward(x, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dy = dy.contiguous()
+        dx = dy @ weight if ctx.needs_input_grad[0] else None
+        dw = dy.t() @ x if ctx.needs_input_grad[1] else None
+        db = dy.sum(0) if ctx.needs_input_grad[2] else None
+        return dx, dw, db, None, None, None
+
+
+class _LinearReduceGrad(torch.autograd.Function):
+    """x @ W.T + b, local; dx = all_reduce(dy @ W)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, impl, configs):
+        out = torch.nn.functional.linear(x, weight, bias)
+        ctx.save_for_backward(x, weight)
+        ctx.setup = (group, impl, configs)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        group, impl, configs = ctx.setup
+        dy = dy.contiguous()
+        dx = _mm_reduce(dy, weight, group, impl, configs.get("gemm_ar")) if ctx.needs_input_grad[0] else None
+        dw = dy.t() @ x if ctx.needs_input_grad[1] else None
+        db = dy.sum(0) if ctx.needs_input_grad[2] else None
+        return dx, dw, db, None, None, None
+
+
+# --- public functions on sequence-first tensors ------------------------------------------------------------
+
+
+def _operands(name: str, x, weight, bias, impl, configs):
+    """x, weight and bias checked, cast to the autocast dtype where autocast is on, x as 2-D rows."""
+    impl = _checked_impl(impl)
+    configs = _checked_configs(configs)
+    for what, t in (("x", x), ("weight", weight)):
+        if not isinstance(t, torch.Tensor):
+            raise ConfigError(f"{name}: {what} must be a torch.Tensor, got {type(t).__name__}")
+    if weight.dim() != 2:
+        raise ConfigError(f"{name}: weight must be 2-D [out_features, in_features], got shape {tuple(weight.shape)}")
+    if x.dim() < 2 or x.shape[-1] != weight.shape[1]:
+        raise ConfigError(
+            f"{name}: x of shape {tuple(x.shape)} must be [..., {weight.shape[1]}] (at least 2-D, its last "
+            f"dimension the weight's in_features)"
+        )
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise ConfigError(f"{name}: bias must be a torch.Tensor or None, got {type(bias).__name__}")
+    if torch.is_autocast_enabled(x.device.type):
+        dtype = torch.get_autocast_dtype(x.device.type)
+        x, weight = x.to(dtype), weight.to(dtype)
+        bias = bias.to(dtype) if bias is not None else None
+    for what, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype != x.dtype:
+            raise ConfigError(
+                f"{name}: x has dtype {x.dtype} but {what} has {t.dtype}: cast one to the other, or call under "
+                f"torch.autocast"
+            )
+    return x.reshape(-1, x.shape[-1]).contiguous(), weight, bias, impl, configs
+
+
+def _check_bias(name: str, bias, size: int) -> None:
+    if bias is not None and tuple(bias.shape) != (size,):
+        raise ConfigError(f"{name}: bias must have shape ({size},), got {tuple(bias.shape)}")
+
+
+def all_gather_linear(x, weight, bias=None, group=None, *, impl: str = "fused", configs: dict | None = None):
+    """all_gather(x, dim 0) @ weight.T + bias: a column-parallel linear with sequence parallelism.
+
+    x: [s/ws, ..., in] this rank's block of the sequence; weight: [out/ws, in] this rank's rows of
+    the full weight; bias: [out/ws] or None. Returns [s, ..., out/ws]. Its input gradient is
+    reduce-scattered back to [s/ws, ..., in] (`matmul_reduce_scatter`).
+    """
+    rows, weight, bias, impl, configs = _operands("all_gather_linear", x, weight, bias, impl, configs)
+    _check_bias("all_gather_linear", bias, weight.shape[0])
+    ws = _world(group)
+    out = _GatherLinear.apply(rows, weight, bias, group, impl, configs)
+    return out.view(x.shape[0] * ws, *x.shape[1:-1], weight.shape[0])
+
+
+def linear_reduce_scatter(x, weight, bias=None, group=None, *, impl: str = "fused", configs: dict | None = None):
+    """reduce_scatter(x @ weight.T, dim 0) + bias: a row-parallel linear with sequence parallelism.
+
+    x: [s, ..., in/ws]; weight: [out, in/ws] this rank's columns of the full weight; bias: [out] (the
+    same on every rank) or None. Returns this rank's block [s/ws, ..., out] of the sum over ranks;
+    s must divide by the group's size. Its input gradient takes the output gradient's blocks from
+    every rank (`all_gather_matmul`), and the weight's and bias's gradients are over the whole sequence.
+    """
+    rows, weight, bias, impl, configs = _operands("linear_reduce_scatter", x, weight, bias, impl, configs)
+    _check_bias("linear_reduce_scatter", bias, weight.shape[0])
+    ws = _world(group)
+    if x.shape[0] % ws:
+        raise ConfigError(
+            f"linear_reduce_scatter: x's first (sequence) dimension {x.shape[0]} is not divisible by the group's "
+            f"size {ws}: each rank takes an equal block of it"
+        )
+    out = _LinearScatter.apply(rows, weight, bias, group, impl, configs)
+    return out.view(x.shape[0] // ws, *x.shape[1:-1], weight.shape[0])
+
+
+def linear_all_reduce(x, weight, bias=None, group=None, *, impl: str = "fused", configs: dict | None = None):
+    """all_reduce(x @ weight.T) + bias: a row-parallel linear without sequence parallelism.
+
+    x: [..., in/ws]; weight: [out, in/ws]; bias: [out] (the same on every rank) or None. Returns
+    [..., out], the sum over ranks, on every rank. The gradients are local.
+    """
+    rows, weight, bias, impl, configs = _operands("linear_all_reduce", x, weight, bias, impl, configs)
+    _check_bias("linear_all_reduce", bias, weight.shape[0])
+    _world(group)
+    out = _LinearReduce.apply(rows, weight, bias, group, impl, configs)
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def linear_all_reduce_grad(x, weight, bias=None, group=None, *, impl: str = "fused", configs: dict | None = None):
+    """x @ weight.T + bias, local: a column-parallel linear without sequence parallelism.
+
+    x: [..., in], the same on every rank; weight: [out/ws, in]; bias: [out/ws] or None. Returns
+    [..., out/ws]. Its input gradient is summed over ranks (`matmul_all_reduce`).
+    """
+    rows, weight, bias, impl, configs = _operands("linear_all_reduce_grad", x, weight, bias, impl, configs)
+    _check_bias("linear_all_reduce_grad", bias, weight.shape[0])
+    _world(group)
+    out = _LinearReduceGrad.apply(rows, weight, bias, group, impl, configs)
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+# --- modules -----------------------------------------------------------------------------------------------
+
+
+class _ParallelLinear(torch.nn.Module):
+    def __init__(self, in_features: int, out_features: int, group, bias: bool, sequence_parallel: bool, impl: str,
+                 configs: dict | None, split: str, device, dtype) -> None:
+        super().__init__()
+        for what, v in (("in_features", in_features), ("out_features", out_features)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{type(self).__name__}: {what} must be a positive integer, got {v!r}")
+        ws = _world(group)
+        size = out_features if split == "out" else in_features
+        if size % ws:
+            raise ConfigError(
+                f"{type(self).__name__}: {split}_features={size} is not divisible by the group's size {ws}: "
+                f"each rank holds an equal share of the weight"
+            )
+        self.in_features, self.out_features = in_features, out_features
+        self.group = group
+        self.sequence_parallel = bool(sequence_parallel)
+        self.impl = _checked_impl(impl)
+        self.configs = _checked_configs(configs)
+        self.world_size = ws
+        self.rank = dist.get_rank(group)
+        shape = (out_features // ws, in_features) if split == "out" else (out_features, in_features // ws)
+        self.weight = torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
+        bias_size = out_features // ws if split == "out" else out_features
+        self.bias = torch.nn.Parameter(torch.empty(bias_size, device=device, dtype=dtype)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Weights drawn as nn.Linear draws the full matrix's (uniform within 1/sqrt(in_features))."""
+        bound = 1 / math.sqrt(self.in_features)
+        torch.nn.init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            self._reset_bias(bound)
+
+    def _reset_bias(self, bound: float) -> None:
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"world_size={self.world_size}, sequence_parallel={self.sequence_parallel}, impl={self.impl!r}")
+
+
+class ColumnParallelLinear(_ParallelLinear):
+    """y = x @ W.T + b with W's rows (the output features) split over the group's ranks.
+
+    With `sequence_parallel` (the default) x is this rank's block of the sequence, [s/ws, ..., in],
+    gathered by the fused op as the GEMM consumes it; without, x is the whole input on every rank.
+    Returns this rank's output features, [s, ..., out/ws]: the input of a `RowParallelLinear`.
+    """
+
+    def __init__(self, in_features: int, out_features: int, group=None, *, bias: bool = True,
+                 sequence_parallel: bool = True, impl: str = "fused", configs: dict | None = None,
+                 device=None, dtype=None) -> None:
+        super().__init__(in_features, out_features, group, bias, sequence_parallel, impl, configs, "out", device, dtype)
+
+    def _reset_bias(self, bound: float) -> None:
+        torch.nn.init.uniform_(self.bias, -bound, bound)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, group=None, **kwargs: Any) -> ColumnParallelLinear:
+        """This rank's share of a whole nn.Linear (the same on every rank): its block of the rows."""
+        layer = cls(linear.in_features, linear.out_features, group, bias=linear.bias is not None,
+                    device=linear.weight.device, dtype=linear.weight.dtype, **kwargs)
+        rows = slice(layer.rank * layer.weight.shape[0], (layer.rank + 1) * layer.weight.shape[0])
+        with torch.no_grad():
+            layer.weight.copy_(linear.weight[rows])
+            if layer.bias is not None:
+                layer.bias.copy_(linear.bias[rows])
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = all_gather_linear if self.sequence_parallel else linear_all_reduce_grad
+        return f(x, self.weight, self.bias, self.group, impl=self.impl, configs=self.configs)
+
+
+class RowParallelLinear(_ParallelLinear):
+    """y = x @ W.T + b with W's columns (the input features) split over the group's ranks.
+
+    x is this rank's input features, [s, ..., in/ws] (a `ColumnParallelLinear`'s output). With
+    `sequence_parallel` (the default) the products are reduce-scattered: this rank's block of the
+    sequence, [s/ws, ..., out]; without, all-reduced: [s, ..., out] on every rank. The bias is
+    whole on every rank, added after the sum, and starts at zero (as each rank draws its own).
+    """
+
+    def __init__(self, in_features: int, out_features: int, group=None, *, bias: bool = True,
+                 sequence_parallel: bool = True, impl: str = "fused", configs: dict | None = None,
+                 device=None, dtype=None) -> None:
+        super().__init__(in_features, out_features, group, bias, sequence_parallel, impl, configs, "in", device, dtype)
+
+    def _reset_bias(self, bound: float) -> None:
+        torch.nn.init.zeros_(self.bias)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, group=None, **kwargs: Any) -> RowParallelLinear:
+        """This rank's share of a whole nn.Linear (the same on every rank): its block of the columns."""
+        layer = cls(linear.in_features, linear.out_features, group, bias=linear.bias is not None,
+                    device=linear.weight.device, dtype=linear.weight.dtype, **kwargs)
+        cols = slice(layer.rank * layer.weight.shape[1], (layer.rank + 1) * layer.weight.shape[1])
+        with torch.no_grad():
+            layer.weight.copy_(linear.weight[:, cols])
+            if layer.bias is not None:
+                layer.bias.copy_(linear.bias)
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = linear_reduce_scatter if self.sequence_parallel else linear_all_reduce
+        return f(x, self.weight, self.bias, self.group, impl=self.impl, configs=self.configs)

@@ -1,0 +1,152 @@
+"""Layer: gloo process groups on the CPU (and plain CPU logic). The tensor-parallel layers of
+`syncopate.tp` with torch's collectives (`impl="torch"`): a two-layer MLP split over 2 and 4 ranks,
+with and without sequence parallelism, gives the whole MLP's output and every gradient (input,
+weights, biases) in float64, over three steps with fresh inputs. The fused path of the same layers
+runs on GPUs (tests/test_gpu_tp.py). Bad arguments are refused with one message naming the value,
+on every rank alike, before any collective starts.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from queue import Empty
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from syncopate.errors import ConfigError
+from syncopate.tp import ColumnParallelLinear, RowParallelLinear, all_gather_linear, linear_reduce_scatter
+
+
+def _mlp_worker(rank, ws, init, q):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    try:
+        report = []
+        for sp in (True, False):
+            torch.manual_seed(0)  # the same whole MLP on every rank
+            hidden, ffn = 12, 8 * ws
+            fc1 = torch.nn.Linear(hidden, ffn, dtype=torch.float64)
+            fc2 = torch.nn.Linear(ffn, hidden, dtype=torch.float64)
+            col = ColumnParallelLinear.from_linear(fc1, sequence_parallel=sp, impl="torch")
+            row = RowParallelLinear.from_linear(fc2, sequence_parallel=sp, impl="torch")
+            for step in range(3):
+                gen = torch.Generator().manual_seed(100 * step + 7)
+                s, b = 4 * ws, 3
+                x = torch.randn(s, b, hidden, generator=gen, dtype=torch.float64, requires_grad=True)
+                g = torch.randn(s, b, hidden, generator=gen, dtype=torch.float64)
+                for p in (*fc1.parameters(), *fc2.parameters(), *col.parameters(), *row.parameters()):
+                    p.grad = None
+                y = fc2(torch.nn.functional.gelu(fc1(x)))
+                (y * g).sum().backward()
+
+                lo, hi = rank * s // ws, (rank + 1) * s // ws
+                blk = slice(lo, hi) if sp else slice(None)
+                x_mine = x.detach()[blk].clone().requires_grad_(True)
+                y_mine = row(torch.nn.functional.gelu(col(x_mine)))
+                (y_mine * g[blk]).sum().backward()
+                n1, n2 = col.weight.shape[0], row.weight.shape[1]
+                checks = {
+                    "y": (y_mine, y.detach()[blk]),
+                    "dx": (x_mine.grad, x.grad[blk]),
+                    "fc1.weight": (col.weight.grad, fc1.weight.grad[rank * n1 : (rank + 1) * n1]),
+                    "fc1.bias": (col.bias.grad, fc1.bias.grad[rank * n1 : (rank + 1) * n1]),
+                    "fc2.weight": (row.weight.grad, fc2.weight.grad[:, rank * n2 : (rank + 1) * n2]),
+                    "fc2.bias": (row.bias.grad, fc2.bias.grad),
+                }
+                for name, (got, want) in checks.items():
+                    if got is None or got.shape != want.shape or not torch.allclose(got, want, rtol=1e-10, atol=1e-10):
+                        report.append(f"sp={sp} step {step} {name}: {None if got is None else tuple(got.shape)} "
+                                      f"vs {tuple(want.shape)}")
+        q.put((rank, report))
+    finally:
+        dist.destroy_process_group()
+
+
+def _bad_input_worker(rank, ws, init, q):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    try:
+        w = torch.randn(4, 6)
+        cases = {
+            "odd rows": lambda: linear_reduce_scatter(torch.randn(3, 6), w, impl="torch"),
+            "in features": lambda: all_gather_linear(torch.randn(2, 5), w, impl="torch"),
+            "dtype": lambda: all_gather_linear(torch.randn(2, 6, dtype=torch.float64), w, impl="torch"),
+            "bias": lambda: all_gather_linear(torch.randn(2, 6), w, torch.randn(3), impl="torch"),
+            "impl": lambda: all_gather_linear(torch.randn(2, 6), w, impl="nccl"),
+            "configs": lambda: all_gather_linear(torch.randn(2, 6), w, impl="torch", configs={"ag": None}),
+            "split": lambda: ColumnParallelLinear(6, 2 * ws + 1),
+            "row split": lambda: RowParallelLinear(2 * ws + 1, 6),
+            "features": lambda: RowParallelLinear(0, 6),
+            "fused on cpu": lambda: all_gather_linear(torch.randn(2, 6), w),
+        }
+        said = {}
+        for name, call in cases.items():
+            try:
+                call()
+                said[name] = "no error"
+            except ConfigError as e:
+                said[name] = str(e)
+        dist.barrier()  # every rank got here: no case started a collective that waits for the others
+        q.put((rank, said))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(worker, ws):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with tempfile.TemporaryDirectory() as d:
+        init = "file://" + os.path.join(d, "rdzv")
+        procs = [ctx.Process(target=worker, args=(r, ws, init, q)) for r in range(ws)]
+        for p in procs:
+            p.start()
+        results = {}
+        deadline = time.monotonic() + 180
+        try:
+            while len(results) < ws:
+                try:
+                    rank, report = q.get(timeout=2)
+                    results[rank] = report
+                except Empty:
+                    dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                    assert not dead and time.monotonic() < deadline, f"ranks ended with {dead} before reporting"
+        finally:
+            for p in procs:
+                p.join(timeout=60)
+                if p.is_alive():
+                    p.kill()
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    return results
+
+
+@pytest.mark.parametrize("ws", [2, 4])
+def test_parallel_mlp_matches_the_whole_one(ws):
+    results = _run(_mlp_worker, ws)
+    failures = [f"rank {r}: {line}" for r, lines in sorted(results.items()) for line in lines]
+    assert not failures, "\n".join(failures)
+
+
+def test_bad_arguments_are_refused_alike_on_every_rank():
+    results = _run(_bad_input_worker, 2)
+    assert results[0] == results[1]
+    said = results[0]
+    assert "no error" not in said.values(), said
+    assert "first (sequence) dimension 3 is not divisible by the group's size 2" in said["odd rows"]
+    assert "[..., 6]" in said["in features"] and "(2, 5)" in said["in features"]
+    assert "float64" in said["dtype"] and "float32" in said["dtype"] and "autocast" in said["dtype"]
+    assert "bias must have shape (4,)" in said["bias"]
+    assert "'nccl'" in said["impl"] and "'fused'" in said["impl"]
+    assert "['ag']" in said["configs"] and "ag_gemm" in said["configs"]
+    assert "out_features=5" in said["split"] and "group's size 2" in said["split"]
+    assert "in_features=5" in said["row split"]
+    assert "in_features must be a positive integer, got 0" in said["features"]
+    assert "need CUDA tensors" in said["fused on cpu"]
+
+
+def test_layers_need_a_process_group():
+    assert not dist.is_initialized()
+    with pytest.raises(ConfigError, match="init_process_group"):
+        ColumnParallelLinear(8, 8)
