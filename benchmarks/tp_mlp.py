@@ -1,8 +1,9 @@
 """A tensor-parallel MLP block (`syncopate.tp`: column-parallel fc1, GELU, row-parallel fc2), its
 forward and its forward + backward, on Syncopate's fused ops against torch's collectives and
-matmuls one after the other (`impl="torch"`), one process per GPU (NCCL group), timed by the
-project's one method (kernels/timing.py: warm-up, L2 flush, barrier, events, max over ranks,
-median). Both run the same weights and inputs; the table gives their outputs' difference too.
+matmuls one after the other (`impl="torch"`) and torch's own fused ops (`impl="async_tp"`), one
+process per GPU (NCCL group), timed by the project's one method (kernels/timing.py:
+warm-up, L2 flush, barrier, events, max over ranks, median). All run the same weights and inputs;
+the table gives the outputs' difference from torch's path too.
 
     python benchmarks/tp_mlp.py [--world N] [--tokens 8192] [--hidden 4096] [--ffn 14336] [--no-sp]
                                 [--repetitions 20] [--json FILE]
@@ -42,7 +43,7 @@ def _worker(rank, world, port, args, q):
     g = torch.randn(rows, args.hidden, generator=gen, device=dev).bfloat16()
     rows_out = {}
     outputs = {}
-    for impl in ("torch", "fused"):
+    for impl in ("torch", "async_tp", "fused"):
         col = ColumnParallelLinear.from_linear(fc1, sequence_parallel=args.sp, impl=impl)
         row = RowParallelLinear.from_linear(fc2, sequence_parallel=args.sp, impl=impl)
 
@@ -58,12 +59,11 @@ def _worker(rank, world, port, args, q):
         fwd = time_collective(forward, dist.group.WORLD, repetitions=args.repetitions)
         both = time_collective(step, dist.group.WORLD, repetitions=args.repetitions)
         rows_out[impl] = {"forward": summarize(fwd.samples_us), "forward_backward": summarize(both.samples_us),
-                          "host_us": both.host_us}
-    err = relative_error(outputs["fused"].float(), outputs["torch"].float())
+                          "host_us": both.host_us,
+                          "rel_diff_from_torch": relative_error(outputs[impl].float(), outputs["torch"].float())}
     ops.close_contexts()
     if rank == 0:
-        q.put({"world": world, "gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__, "rows": rows_out,
-               "fused_vs_torch_rel_err": err})
+        q.put({"world": world, "gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__, "rows": rows_out})
     dist.destroy_process_group()
 
 
@@ -89,16 +89,19 @@ def main(argv=None) -> int:
             p.error(f"{what} {v} is not divisible by the world size {world}")
     result = spawn_ranks(_worker, world, (args,), what="benchmark")
     result["shape"] = {"tokens": args.tokens, "hidden": args.hidden, "ffn": args.ffn, "sequence_parallel": args.sp}
-    t, f = result["rows"]["torch"], result["rows"]["fused"]
+    impls = list(result["rows"])
+    fused = result["rows"]["fused"]
     print(f"TP MLP block on {world} × {result['gpu']} (torch {result['torch']}), tokens {args.tokens}, "
           f"hidden {args.hidden}, ffn {args.ffn}, sequence parallel {args.sp}; µs, median (p20–p80), max over ranks")
-    print("| pass | torch | fused | torch/fused |")
-    print("|---|---|---|---|")
+    print("| pass | " + " | ".join(impls) + " | " + " | ".join(f"{i}/fused" for i in impls if i != "fused") + " |")
+    print("|---" * (2 * len(impls)) + "|")
     for key in ("forward", "forward_backward"):
-        a, b = t[key], f[key]
-        print(f"| {key} | {a['median_us']:.1f} ({a['p20_us']:.0f}–{a['p80_us']:.0f}) | {b['median_us']:.1f} "
-              f"({b['p20_us']:.0f}–{b['p80_us']:.0f}) | {a['median_us'] / b['median_us']:.3f} |")
-    print(f"fused output against torch's: relative difference {result['fused_vs_torch_rel_err']:.3g}")
+        cells = [f"{r[key]['median_us']:.1f} ({r[key]['p20_us']:.0f}–{r[key]['p80_us']:.0f})"
+                 for r in result["rows"].values()]
+        ratios = [f"{result['rows'][i][key]['median_us'] / fused[key]['median_us']:.3f}" for i in impls if i != "fused"]
+        print(f"| {key} | " + " | ".join(cells + ratios) + " |")
+    print("outputs against torch's path, relative difference: "
+          + ", ".join(f"{i} {r['rel_diff_from_torch']:.3g}" for i, r in result["rows"].items() if i != "torch"))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)

@@ -19,7 +19,9 @@ and the row layer scatters.
 
 `impl="torch"` runs the same layers with torch's collectives and matmuls, one after the other: the
 path a job would otherwise take, to A/B against, and one that runs on any device and group (gloo on
-the CPU). Each op looks its configuration up once per shape (`syncopate.lookup`) unless `configs`
+the CPU). `impl="async_tp"` runs them on torch's own fused ops (`torch.ops.symm_mem.
+fused_all_gather_matmul` / `fused_matmul_reduce_scatter`, NCCL groups of one GPU a rank); torch has
+no fused matmul all-reduce, so there the layers without sequence parallelism take torch's path. Each op looks its configuration up once per shape (`syncopate.lookup`) unless `configs`
 names one per op kind ({"ag_gemm": …, "gemm_rs": …, "gemm_ar": …}); a layer calls at most one op
 of each kind, forward and backward together.
 """
@@ -43,13 +45,14 @@ __all__ = [
     "linear_reduce_scatter",
 ]
 
-IMPLS = ("fused", "torch")
+IMPLS = ("fused", "torch", "async_tp")
 KINDS = ("ag_gemm", "gemm_rs", "gemm_ar")
 
 
 def _checked_impl(impl: str) -> str:
     if impl not in IMPLS:
-        raise ConfigError(f"impl {impl!r}: accepted are 'fused' (Syncopate's ops) and 'torch' (torch's collectives)")
+        raise ConfigError(f"impl {impl!r}: accepted are 'fused' (Syncopate's ops), 'torch' (torch's collectives and "
+                          f"matmuls) and 'async_tp' (torch's fused symmetric-memory ops)")
     return impl
 
 
@@ -84,6 +87,15 @@ def _all_gather(x: torch.Tensor, group) -> torch.Tensor:
     return full
 
 
+def _symm_mem_group(group) -> str:
+    """The name of `group` (None: the default one), with torch's symmetric memory enabled on it."""
+    from syncopate.kernels.context import enable_symm_mem
+
+    name = (group or dist.group.WORLD).group_name
+    enable_symm_mem(name)
+    return name
+
+
 def _gather_mm(x, b, group, impl, config, gathered: bool):
     """(all_gather(x) @ b, the gathered x or None)."""
     if impl == "fused":
@@ -91,6 +103,10 @@ def _gather_mm(x, b, group, impl, config, gathered: bool):
 
         result = ops.all_gather_matmul(x, b, group, config, return_gathered=gathered)
         return result if gathered else (result, None)
+    if impl == "async_tp":
+        name = _symm_mem_group(group)  # first: the import that registers torch.ops.symm_mem's ops
+        full, (out,) = torch.ops.symm_mem.fused_all_gather_matmul(x, [b], gather_dim=0, group_name=name)
+        return out, full if gathered else None
     full = _all_gather(x, group)
     return full @ b, full if gathered else None
 
@@ -101,6 +117,9 @@ def _mm_scatter(a, b, group, impl, config):
         from syncopate.kernels import ops
 
         return ops.matmul_reduce_scatter(a, b, group, config)
+    if impl == "async_tp":
+        name = _symm_mem_group(group)
+        return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", scatter_dim=0, group_name=name)
     y = a @ b
     out = y.new_empty((y.shape[0] // dist.get_world_size(group), y.shape[1]))
     _REDUCE_SCATTER(out, y, group=group)
@@ -108,7 +127,7 @@ def _mm_scatter(a, b, group, impl, config):
 
 
 def _mm_reduce(a, b, group, impl, config):
-    """all_reduce(a @ b)."""
+    """all_reduce(a @ b) (torch's path for `async_tp`, which has no fused all-reduce)."""
     if impl == "fused":
         from syncopate.kernels import ops
 

@@ -6,8 +6,9 @@ may be off by 1.5× that (its partial sums are rounded once more a rank; 1.23× 
 with 4 ranks) plus 5e-4, not more.
 
 Ranks sharing one GPU (gloo group, buffers through CUDA IPC; 2 and 4 ranks) check the transfers
-between processes on a one-GPU machine; on two GPUs (NCCL group) the `nccl` backend, the looked-up
-configurations and torch's unfused path (`impl="torch"`) run too.
+between processes on a one-GPU machine. With one GPU a rank (NCCL group: a group of one on a
+one-GPU machine, two ranks on two GPUs) the `nccl` backend, the looked-up configurations, torch's
+unfused path (`impl="torch"`) and torch's fused ops (`impl="async_tp"`) run too.
 """
 
 from __future__ import annotations
@@ -47,11 +48,11 @@ def _tp_worker(rank, world, port, shared, q):
 
     setups = []
     for backend in ("copy_engine", "nvshmem") + (() if shared else ("nccl",)):
-        c = Candidate(backend=backend, num_splits=2, comm_sms=0 if backend == "copy_engine" else 16,
+        c = Candidate(backend=backend, num_splits=2, comm_sms={"copy_engine": 0, "nvshmem": 16, "nccl": 64}[backend],
                       block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
         setups.append((backend, "fused", {k: c for k in KINDS}))
     if not shared:
-        setups += [("looked up", "fused", None), ("torch", "torch", None)]
+        setups += [("looked up", "fused", None), ("torch", "torch", None), ("async_tp", "async_tp", None)]
     report = []
     for (label, impl, configs), sp in ((s, sp) for s in setups for sp in (True, False)):
         torch.manual_seed(0)  # the same whole MLP on every rank
@@ -102,6 +103,13 @@ def _check(reports):
 @pytest.mark.parametrize("world", [2, 4])
 def test_parallel_mlp_on_fused_ops_with_ranks_sharing_one_gpu(world):
     _check(run_ranks(_tp_worker, world, (True,), timeout=800))
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(900)
+def test_every_impl_of_the_layers_on_a_group_of_one():
+    """One rank, NCCL: every backend and impl through the layers' code, nothing moving."""
+    _check(run_ranks(_tp_worker, 1, (False,), timeout=800))
 
 
 @pytest.mark.multigpu

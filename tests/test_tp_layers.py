@@ -138,7 +138,7 @@ def test_bad_arguments_are_refused_alike_on_every_rank():
     assert "[..., 6]" in said["in features"] and "(2, 5)" in said["in features"]
     assert "float64" in said["dtype"] and "float32" in said["dtype"] and "autocast" in said["dtype"]
     assert "bias must have shape (4,)" in said["bias"]
-    assert "'nccl'" in said["impl"] and "'fused'" in said["impl"]
+    assert "'nccl'" in said["impl"] and "'fused'" in said["impl"] and "'async_tp'" in said["impl"]
     assert "['ag']" in said["configs"] and "ag_gemm" in said["configs"]
     assert "out_features=5" in said["split"] and "group's size 2" in said["split"]
     assert "in_features=5" in said["row split"]
