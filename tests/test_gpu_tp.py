@@ -116,3 +116,54 @@ def test_every_impl_of_the_layers_on_a_group_of_one():
 @pytest.mark.timeout(900)
 def test_parallel_mlp_on_fused_ops_on_two_gpus():
     _check(run_ranks(_tp_worker, 2, (False,), timeout=800))
+
+
+def _compile_worker(rank, world, port, q):
+    from syncopate.kernels.local_ranks import join_group
+
+    dev = join_group(rank, world, port)
+    import torch
+    import torch.distributed as dist
+
+    from syncopate.kernels import ops
+    from syncopate.kernels.reference import relative_error
+    from syncopate.tp import ColumnParallelLinear, RowParallelLinear
+
+    torch.manual_seed(0)
+    fc1 = torch.nn.Linear(HIDDEN, FFN, device=dev, dtype=torch.bfloat16)
+    fc2 = torch.nn.Linear(FFN, HIDDEN, device=dev, dtype=torch.bfloat16)
+    report = []
+    for sp in (True, False):
+        col = ColumnParallelLinear.from_linear(fc1, sequence_parallel=sp)
+        row = RowParallelLinear.from_linear(fc2, sequence_parallel=sp)
+
+        def mlp(x):
+            return row(torch.nn.functional.gelu(col(x)))
+
+        compiled = torch.compile(mlp)
+        for step in range(2):
+            x = torch.randn(SEQ // world if sp else SEQ, BATCH, HIDDEN, device=dev).bfloat16()
+            got = {}
+            for name, f in (("eager", mlp), ("compiled", compiled)):
+                xi = x.clone().requires_grad_(True)
+                for p in (*col.parameters(), *row.parameters()):
+                    p.grad = None
+                y = f(xi)
+                y.float().square().sum().backward()
+                got[name] = [y.detach(), xi.grad, col.weight.grad, row.weight.grad]
+            report.append((sp, step, [relative_error(c, e) for c, e in zip(got["compiled"], got["eager"])]))
+    ops.close_contexts()
+    q.put((rank, report))
+    dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+def test_layers_run_under_torch_compile():
+    """torch.compile around the layers (the fused ops run as they are, between compiled parts):
+    output and gradients as in eager mode, to the rounding of what the compiler fuses (GELU)."""
+    reports = run_ranks(_compile_worker, 1, (), timeout=500)
+    for sp, step, errs in reports[0]:
+        print(f"sp={sp} step {step}: compiled against eager, rel diff of y, dx, dW1, dW2: "
+              + ", ".join(f"{e:.3g}" for e in errs))
+        assert all(e <= 1e-2 for e in errs), (sp, step, errs)
