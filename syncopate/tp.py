@@ -144,8 +144,9 @@ class _GatherLinear(torch.autograd.Function):
     """all_gather(x) @ W.T + b; dx = reduce_scatter(dy @ W), dW = dy.T @ all_gather(x)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, impl, configs):
-        out, x_full = _gather_mm(x, weight.t(), group, impl, configs.get("ag_gemm"), gathered=ctx.needs_input_grad[1])
+    def forward(ctx, x, weight, bias, group, impl, configs, keep):
+        # keep: the weight's gradient will be asked for (needs_input_grad says so under no_grad too)
+        out, x_full = _gather_mm(x, weight.t(), group, impl, configs.get("ag_gemm"), gathered=keep)
         if bias is not None:
             out.add_(bias)
         ctx.save_for_backward(x_full, weight)
@@ -160,7 +161,7 @@ class _GatherLinear(torch.autograd.Function):
         dx = _mm_scatter(dy, weight, group, impl, configs.get("gemm_rs")) if ctx.needs_input_grad[0] else None
         dw = dy.t() @ x_full if ctx.needs_input_grad[1] else None
         db = dy.sum(0) if ctx.needs_input_grad[2] else None
-        return dx, dw, db, None, None, None
+        return dx, dw, db, None, None, None, None
 
 
 class _LinearScatter(torch.autograd.Function):
@@ -280,7 +281,8 @@ def all_gather_linear(x, weight, bias=None, group=None, *, impl: str = "fused", 
     rows, weight, bias, impl, configs = _operands("all_gather_linear", x, weight, bias, impl, configs)
     _check_bias("all_gather_linear", bias, weight.shape[0])
     ws = _world(group)
-    out = _GatherLinear.apply(rows, weight, bias, group, impl, configs)
+    keep = torch.is_grad_enabled() and weight.requires_grad
+    out = _GatherLinear.apply(rows, weight, bias, group, impl, configs, keep)
     return out.view(x.shape[0] * ws, *x.shape[1:-1], weight.shape[0])
 
 

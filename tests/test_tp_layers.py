@@ -1,9 +1,10 @@
 """Layer: gloo process groups on the CPU (and plain CPU logic). The tensor-parallel layers of
 `syncopate.tp` with torch's collectives (`impl="torch"`): a two-layer MLP split over 2 and 4 ranks,
 with and without sequence parallelism, gives the whole MLP's output and every gradient (input,
-weights, biases) in float64, over three steps with fresh inputs. The fused path of the same layers
-runs on GPUs (tests/test_gpu_tp.py). Bad arguments are refused with one message naming the value,
-on every rank alike, before any collective starts.
+weights, biases) in float64, over three steps with fresh inputs; and with its first layer frozen,
+and under no_grad. The fused path of the same layers runs on GPUs (tests/test_gpu_tp.py). Bad
+arguments are refused with one message naming the value, on every rank alike, before any
+collective starts.
 """
 
 from __future__ import annotations
@@ -61,6 +62,20 @@ def _mlp_worker(rank, ws, init, q):
                     if got is None or got.shape != want.shape or not torch.allclose(got, want, rtol=1e-10, atol=1e-10):
                         report.append(f"sp={sp} step {step} {name}: {None if got is None else tuple(got.shape)} "
                                       f"vs {tuple(want.shape)}")
+            # Frozen first layer (its weight's gradient not asked for) and a forward under no_grad.
+            col.weight.requires_grad_(False)
+            x_mine = x.detach()[blk].clone().requires_grad_(True)
+            col.weight.grad = row.weight.grad = None
+            y_mine = row(torch.nn.functional.gelu(col(x_mine)))
+            (y_mine * g[blk]).sum().backward()
+            if col.weight.grad is not None or not torch.allclose(x_mine.grad, x.grad[blk], rtol=1e-10, atol=1e-10) \
+                    or not torch.allclose(row.weight.grad, fc2.weight.grad[:, rank * n2 : (rank + 1) * n2], rtol=1e-10, atol=1e-10):
+                report.append(f"sp={sp} frozen fc1: gradients differ")
+            col.weight.requires_grad_(True)
+            with torch.no_grad():
+                y_nograd = row(torch.nn.functional.gelu(col(x.detach()[blk])))
+            if y_nograd.requires_grad or not torch.allclose(y_nograd, y.detach()[blk], rtol=1e-10, atol=1e-10):
+                report.append(f"sp={sp} no_grad forward differs")
         q.put((rank, report))
     finally:
         dist.destroy_process_group()
