@@ -389,20 +389,48 @@ class ColumnParallelLinear(_ParallelLinear):
                  sequence_parallel: bool = True, impl: str = "fused", configs: dict | None = None,
                  device=None, dtype=None) -> None:
         super().__init__(in_features, out_features, group, bias, sequence_parallel, impl, configs, "out", device, dtype)
+        self.parts = (self.weight.shape[0],)  # a rank's output features of each layer it holds (from_linear)
 
     def _reset_bias(self, bound: float) -> None:
         torch.nn.init.uniform_(self.bias, -bound, bound)
 
     @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, group=None, **kwargs: Any) -> ColumnParallelLinear:
-        """This rank's share of a whole nn.Linear (the same on every rank): its block of the rows."""
-        layer = cls(linear.in_features, linear.out_features, group, bias=linear.bias is not None,
-                    device=linear.weight.device, dtype=linear.weight.dtype, **kwargs)
-        rows = slice(layer.rank * layer.weight.shape[0], (layer.rank + 1) * layer.weight.shape[0])
+    def from_linear(cls, linear, group=None, **kwargs: Any) -> ColumnParallelLinear:
+        """This rank's share of a whole nn.Linear (the same on every rank): its block of the rows.
+
+        Given several nn.Linear of one input (a SwiGLU MLP's gate and up projections), one layer
+        holding this rank's block of each, in the order given: one all-gather then feeds them all.
+        Its output's last dimension holds their shares in turn; `out.split(layer.parts, -1)`
+        separates them.
+        """
+        linears = list(linear) if isinstance(linear, (list, tuple)) else [linear]
+        if not linears or not all(isinstance(x, torch.nn.Linear) for x in linears):
+            raise ConfigError(f"from_linear takes an nn.Linear or a list of them, got {linear!r}")
+        first = linears[0]
+        for x in linears[1:]:
+            if x.in_features != first.in_features or (x.bias is None) != (first.bias is None) \
+                    or x.weight.dtype != first.weight.dtype or x.weight.device != first.weight.device:
+                raise ConfigError(
+                    "from_linear: the layers given together must share in_features, bias, dtype and device; got "
+                    + ", ".join(f"{y.in_features}/{'bias' if y.bias is not None else 'no bias'}/{y.weight.dtype}/"
+                                f"{y.weight.device}" for y in linears)
+                )
+        ws = _world(group)
+        for x in linears:
+            if x.out_features % ws:
+                raise ConfigError(
+                    f"ColumnParallelLinear: out_features={x.out_features} of a layer given is not divisible by the "
+                    f"group's size {ws}: each rank holds an equal share of each"
+                )
+        layer = cls(first.in_features, sum(x.out_features for x in linears), group, bias=first.bias is not None,
+                    device=first.weight.device, dtype=first.weight.dtype, **kwargs)
+        layer.parts = tuple(x.out_features // ws for x in linears)
         with torch.no_grad():
-            layer.weight.copy_(linear.weight[rows])
+            layer.weight.copy_(torch.cat([x.weight[layer.rank * n : (layer.rank + 1) * n]
+                                          for x, n in zip(linears, layer.parts)]))
             if layer.bias is not None:
-                layer.bias.copy_(linear.bias[rows])
+                layer.bias.copy_(torch.cat([x.bias[layer.rank * n : (layer.rank + 1) * n]
+                                            for x, n in zip(linears, layer.parts)]))
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -2,9 +2,9 @@
 `syncopate.tp` with torch's collectives (`impl="torch"`): a two-layer MLP split over 2 and 4 ranks,
 with and without sequence parallelism, gives the whole MLP's output and every gradient (input,
 weights, biases) in float64, over three steps with fresh inputs; and with its first layer frozen,
-and under no_grad. The fused path of the same layers runs on GPUs (tests/test_gpu_tp.py). Bad
-arguments are refused with one message naming the value, on every rank alike, before any
-collective starts.
+and under no_grad; a SwiGLU MLP with its gate and up projections in one layer likewise. The fused
+path of the same layers runs on GPUs (tests/test_gpu_tp.py). Bad arguments are refused with one
+message naming the value, on every rank alike, before any collective starts.
 """
 
 from __future__ import annotations
@@ -81,6 +81,41 @@ def _mlp_worker(rank, ws, init, q):
         dist.destroy_process_group()
 
 
+def _swiglu_worker(rank, ws, init, q):
+    """A SwiGLU MLP (gate and up projections in one column layer, one all-gather for both)."""
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    try:
+        report = []
+        torch.manual_seed(1)
+        hidden, ffn = 10, 6 * ws
+        gate, up = (torch.nn.Linear(hidden, ffn, bias=False, dtype=torch.float64) for _ in range(2))
+        down = torch.nn.Linear(ffn, hidden, bias=False, dtype=torch.float64)
+        fc1 = ColumnParallelLinear.from_linear([gate, up], impl="torch")
+        fc2 = RowParallelLinear.from_linear(down, impl="torch")
+        if fc1.parts != (ffn // ws, ffn // ws) or tuple(fc1.weight.shape) != (2 * ffn // ws, hidden):
+            report.append(f"parts {fc1.parts}, weight {tuple(fc1.weight.shape)}")
+        s = 2 * ws
+        x = torch.randn(s, 3, hidden, generator=torch.Generator().manual_seed(5), dtype=torch.float64, requires_grad=True)
+        y = down(torch.nn.functional.silu(gate(x)) * up(x))
+        y.square().sum().backward()
+        blk = slice(rank * s // ws, (rank + 1) * s // ws)
+        x_mine = x.detach()[blk].clone().requires_grad_(True)
+        g_part, u_part = fc1(x_mine).split(fc1.parts, -1)
+        y_mine = fc2(torch.nn.functional.silu(g_part) * u_part)
+        y_mine.square().sum().backward()
+        n = ffn // ws
+        rows = slice(rank * n, (rank + 1) * n)
+        for name, got, want in (("y", y_mine, y.detach()[blk]), ("dx", x_mine.grad, x.grad[blk]),
+                                ("gate", fc1.weight.grad[:n], gate.weight.grad[rows]),
+                                ("up", fc1.weight.grad[n:], up.weight.grad[rows]),
+                                ("down", fc2.weight.grad, down.weight.grad[:, rows])):
+            if not torch.allclose(got, want, rtol=1e-10, atol=1e-10):
+                report.append(f"{name} differs")
+        q.put((rank, report))
+    finally:
+        dist.destroy_process_group()
+
+
 def _bad_input_worker(rank, ws, init, q):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
     try:
@@ -96,6 +131,8 @@ def _bad_input_worker(rank, ws, init, q):
             "row split": lambda: RowParallelLinear(2 * ws + 1, 6),
             "features": lambda: RowParallelLinear(0, 6),
             "fused on cpu": lambda: all_gather_linear(torch.randn(2, 6), w),
+            "parts": lambda: ColumnParallelLinear.from_linear([torch.nn.Linear(6, 4), torch.nn.Linear(5, 4)]),
+            "part split": lambda: ColumnParallelLinear.from_linear([torch.nn.Linear(6, 4), torch.nn.Linear(6, 3)]),
         }
         said = {}
         for name, call in cases.items():
@@ -144,6 +181,12 @@ def test_parallel_mlp_matches_the_whole_one(ws):
     assert not failures, "\n".join(failures)
 
 
+def test_a_swiglu_mlp_gathers_once_for_gate_and_up():
+    results = _run(_swiglu_worker, 2)
+    failures = [f"rank {r}: {line}" for r, lines in sorted(results.items()) for line in lines]
+    assert not failures, "\n".join(failures)
+
+
 def test_bad_arguments_are_refused_alike_on_every_rank():
     results = _run(_bad_input_worker, 2)
     assert results[0] == results[1]
@@ -159,6 +202,8 @@ def test_bad_arguments_are_refused_alike_on_every_rank():
     assert "in_features=5" in said["row split"]
     assert "in_features must be a positive integer, got 0" in said["features"]
     assert "need CUDA tensors" in said["fused on cpu"]
+    assert "must share in_features" in said["parts"] and "6/bias" in said["parts"] and "5/bias" in said["parts"]
+    assert "out_features=3 of a layer given is not divisible by the group's size 2" in said["part split"]
 
 
 def test_layers_need_a_process_group():
