@@ -1,9 +1,10 @@
 """Layer: GPUs. The tensor-parallel layers of `syncopate.tp` on the fused ops, forward and backward:
-a two-layer bf16 MLP split over the ranks, with and without sequence parallelism, each backend,
-three steps with fresh inputs, every output and gradient (input, weights, biases) against the whole
-MLP in float64. The yardstick is the rounding of the whole MLP run in bf16 on one GPU: the split one
-may be off by 1.5× that (its partial sums are rounded once more a rank; 1.23× at most on one H100
-with 4 ranks) plus 5e-4, not more.
+a bf16 SwiGLU MLP (gate and up in one column layer) split over the ranks, with and without
+sequence parallelism, each backend, three steps with fresh inputs, every output (with and without
+autograd) and gradient (input, weights, biases) against the whole MLP in float64. The yardstick is
+the rounding of the whole MLP run in bf16 on one GPU: the split one may be off by 1.5× that (its
+partial sums are rounded once more a rank; 1.19× at most on one H100 with 2 and 4 ranks) plus
+5e-4, not more.
 
 Ranks sharing one GPU (gloo group, buffers through CUDA IPC; 2 and 4 ranks) check the transfers
 between processes on a one-GPU machine. With one GPU a rank (NCCL group: a group of one on a
@@ -19,17 +20,14 @@ from test_gpu_ops import run_ranks
 HIDDEN, FFN, SEQ, BATCH = 1024, 4096, 512, 2
 
 
-def _grads(fc1, fc2, x, g):
-    """Output and gradients of fc2(gelu(fc1(x))) against the cotangent g."""
-    import torch
-
-    for p in (*fc1.parameters(), *fc2.parameters()):
+def _grads(forward, params: dict, x, g):
+    """Output and gradients (of the input and of `params`) of `forward(x)` against the cotangent g."""
+    for p in params.values():
         p.grad = None
     x = x.detach().clone().requires_grad_(True)
-    y = fc2(torch.nn.functional.gelu(fc1(x)))
+    y = forward(x)
     (y.float() * g.float()).sum().backward()
-    return {"y": y.detach(), "dx": x.grad, "w1": fc1.weight.grad, "b1": fc1.bias.grad, "w2": fc2.weight.grad,
-            "b2": fc2.bias.grad}
+    return {"y": y.detach(), "dx": x.grad, **{name: p.grad for name, p in params.items()}}
 
 
 def _tp_worker(rank, world, port, shared, q):
@@ -40,6 +38,7 @@ def _tp_worker(rank, world, port, shared, q):
 
     import torch
     import torch.distributed as dist
+    from torch.nn.functional import silu
 
     from syncopate.kernels import ops
     from syncopate.kernels.reference import relative_error
@@ -55,30 +54,49 @@ def _tp_worker(rank, world, port, shared, q):
         setups += [("looked up", "fused", None), ("torch", "torch", None), ("async_tp", "async_tp", None)]
     report = []
     for (label, impl, configs), sp in ((s, sp) for s in setups for sp in (True, False)):
-        torch.manual_seed(0)  # the same whole MLP on every rank
-        fc1, fc2 = torch.nn.Linear(HIDDEN, FFN), torch.nn.Linear(FFN, HIDDEN)
-        whole64 = [copy.deepcopy(f).double().to(dev) for f in (fc1, fc2)]
-        whole16 = [copy.deepcopy(f).bfloat16().to(dev) for f in (fc1, fc2)]
-        col = ColumnParallelLinear.from_linear(whole16[0], sequence_parallel=sp, impl=impl, configs=configs)
-        row = RowParallelLinear.from_linear(whole16[1], sequence_parallel=sp, impl=impl, configs=configs)
-        n1, n2 = col.weight.shape[0], row.weight.shape[1]
+        torch.manual_seed(0)  # the same whole SwiGLU MLP on every rank
+        whole = [torch.nn.Linear(HIDDEN, FFN), torch.nn.Linear(HIDDEN, FFN), torch.nn.Linear(FFN, HIDDEN)]
+        whole64 = [copy.deepcopy(f).double().to(dev) for f in whole]
+        whole16 = [copy.deepcopy(f).bfloat16().to(dev) for f in whole]
+        fc1 = ColumnParallelLinear.from_linear(whole16[:2], sequence_parallel=sp, impl=impl, configs=configs)
+        fc2 = RowParallelLinear.from_linear(whole16[2], sequence_parallel=sp, impl=impl, configs=configs)
+
+        def split_mlp(x):
+            gate, up = fc1(x).split(fc1.parts, -1)
+            return fc2(silu(gate) * up)
+
+        def whole_mlp(layers):
+            gate, up, down = layers
+            return lambda x: down(silu(gate(x)) * up(x))
+
+        def whole_params(layers):
+            return {f"{n}.{w}": getattr(layer, "weight" if w == "w" else "bias")
+                    for n, layer in zip(("gate", "up", "down"), layers) for w in ("w", "b")}
+
+        n, n2 = fc1.parts[0], fc2.weight.shape[1]
         lo, hi = rank * SEQ // world, (rank + 1) * SEQ // world
         blk = slice(lo, hi) if sp else slice(None)
+        rows = slice(rank * n, (rank + 1) * n)
+        cut = {"y": lambda t: t[blk], "dx": lambda t: t[blk], "gate.w": lambda t: t[rows], "up.w": lambda t: t[rows],
+               "gate.b": lambda t: t[rows], "up.b": lambda t: t[rows], "down.w": lambda t: t[:, rank * n2 : (rank + 1) * n2],
+               "down.b": lambda t: t}
         for step in range(3):
             gen = torch.Generator().manual_seed(100 * step + 7)
             x = torch.randn(SEQ, BATCH, HIDDEN, generator=gen).to(dev)
             g = torch.randn(SEQ, BATCH, HIDDEN, generator=gen).to(dev)
-            ref = _grads(*whole64, x.double(), g.double())
-            yard = _grads(*whole16, x.bfloat16(), g.bfloat16())
-            mine = _grads(col, row, x.bfloat16()[blk], g.bfloat16()[blk])
-            cut = {"y": lambda t: t[blk], "dx": lambda t: t[blk], "w1": lambda t: t[rank * n1 : (rank + 1) * n1],
-                   "b1": lambda t: t[rank * n1 : (rank + 1) * n1], "w2": lambda t: t[:, rank * n2 : (rank + 1) * n2],
-                   "b2": lambda t: t}
-            for name, part in cut.items():
-                want = part(ref[name])
-                got = mine[name]
-                err = relative_error(got, want) if got is not None and got.shape == want.shape else float("inf")
-                report.append((label, sp, step, name, err, relative_error(part(yard[name]), want)))
+            ref = _grads(whole_mlp(whole64), whole_params(whole64), x.double(), g.double())
+            yard = _grads(whole_mlp(whole16), whole_params(whole16), x.bfloat16(), g.bfloat16())
+            mine = _grads(split_mlp, {"w1": fc1.weight, "b1": fc1.bias, "w2": fc2.weight, "b2": fc2.bias},
+                          x.bfloat16()[blk], g.bfloat16()[blk])
+            got = {"y": mine["y"], "dx": mine["dx"], "gate.w": mine["w1"][:n], "up.w": mine["w1"][n:],
+                   "gate.b": mine["b1"][:n], "up.b": mine["b1"][n:], "down.w": mine["w2"], "down.b": mine["b2"]}
+            with torch.no_grad():
+                got["y no_grad"] = split_mlp(x.bfloat16()[blk])
+            for name, t in got.items():
+                part = cut[name.split()[0]]
+                want = part(ref[name.split()[0]])
+                err = relative_error(t, want) if t is not None and t.shape == want.shape else float("inf")
+                report.append((label, sp, step, name, err, relative_error(part(yard[name.split()[0]]), want)))
     ops.close_contexts()
     q.put((rank, report))
     dist.destroy_process_group()
@@ -94,7 +112,7 @@ def _check(reports):
     for label, sp, _, name, err, yard in reports[0]:
         worst[(label, sp, name)] = max(worst.get((label, sp, name), (0, 0)), (err, yard))
     for (label, sp, name), (err, yard) in sorted(worst.items()):
-        print(f"rank 0 {label:12s} sp={sp!s:5s} {name:3s} rel err {err:.3g} (whole bf16 MLP {yard:.3g})")
+        print(f"rank 0 {label:12s} sp={sp!s:5s} {name:9s} rel err {err:.3g} (whole bf16 MLP {yard:.3g})")
     assert not failures, "\n".join(failures)
 
 
