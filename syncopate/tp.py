@@ -21,7 +21,9 @@ and the row layer scatters.
 path a job would otherwise take, to A/B against, and one that runs on any device and group (gloo on
 the CPU). `impl="async_tp"` runs them on torch's own fused ops (`torch.ops.symm_mem.
 fused_all_gather_matmul` / `fused_matmul_reduce_scatter`, NCCL groups of one GPU a rank); torch has
-no fused matmul all-reduce, so there the layers without sequence parallelism take torch's path. Each op looks its configuration up once per shape (`syncopate.lookup`) unless `configs`
+no fused matmul all-reduce, so there the layers without sequence parallelism take torch's path.
+
+Each fused op looks its configuration up once per shape (`syncopate.lookup`) unless `configs`
 names one per op kind ({"ag_gemm": …, "gemm_rs": …, "gemm_ar": …}); a layer calls at most one op
 of each kind, forward and backward together.
 """
@@ -370,6 +372,7 @@ class _ParallelLinear(torch.nn.Module):
             self._reset_bias(bound)
 
     def _reset_bias(self, bound: float) -> None:
+        """Draw the bias (each layer its own way)."""
         raise NotImplementedError
 
     def extra_repr(self) -> str:
