@@ -143,27 +143,31 @@ def _mm_reduce(a, b, group, impl, config):
 
 
 class _GatherLinear(torch.autograd.Function):
-    """all_gather(x) @ W.T + b; dx = reduce_scatter(dy @ W), dW = dy.T @ all_gather(x)."""
+    """all_gather(x) @ W.T + b; dx = reduce_scatter(dy @ W), dW = dy.T @ all_gather(x).
+
+    `keep`: the weight's gradient will be asked for (needs_input_grad says so under no_grad too);
+    `save_gathered`: keep the gathered x for it (else keep the shard and gather it again then)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, impl, configs, keep):
-        # keep: the weight's gradient will be asked for (needs_input_grad says so under no_grad too)
-        out, x_full = _gather_mm(x, weight.t(), group, impl, configs.get("ag_gemm"), gathered=keep)
+    def forward(ctx, x, weight, bias, group, impl, configs, keep, save_gathered):
+        out, x_full = _gather_mm(x, weight.t(), group, impl, configs.get("ag_gemm"), gathered=keep and save_gathered)
         if bias is not None:
             out.add_(bias)
-        ctx.save_for_backward(x_full, weight)
-        ctx.setup = (group, impl, configs)
+        ctx.save_for_backward(x_full if save_gathered else x, weight)
+        ctx.setup = (group, impl, configs, save_gathered)
         return out
 
     @staticmethod
     def backward(ctx, dy):
-        x_full, weight = ctx.saved_tensors
-        group, impl, configs = ctx.setup
+        x_saved, weight = ctx.saved_tensors
+        group, impl, configs, save_gathered = ctx.setup
         dy = dy.contiguous()
         dx = _mm_scatter(dy, weight, group, impl, configs.get("gemm_rs")) if ctx.needs_input_grad[0] else None
-        dw = dy.t() @ x_full if ctx.needs_input_grad[1] else None
+        dw = None
+        if ctx.needs_input_grad[1]:
+            dw = dy.t() @ (x_saved if save_gathered else _all_gather(x_saved, group))
         db = dy.sum(0) if ctx.needs_input_grad[2] else None
-        return dx, dw, db, None, None, None, None
+        return dx, dw, db, None, None, None, None, None
 
 
 class _LinearScatter(torch.autograd.Function):
@@ -273,18 +277,22 @@ def _check_bias(name: str, bias, size: int) -> None:
         raise ConfigError(f"{name}: bias must have shape ({size},), got {tuple(bias.shape)}")
 
 
-def all_gather_linear(x, weight, bias=None, group=None, *, impl: str = "fused", configs: dict | None = None):
+def all_gather_linear(x, weight, bias=None, group=None, *, impl: str = "fused", configs: dict | None = None,
+                      save_gathered: bool = True):
     """all_gather(x, dim 0) @ weight.T + bias: a column-parallel linear with sequence parallelism.
 
     x: [s/ws, ..., in] this rank's block of the sequence; weight: [out/ws, in] this rank's rows of
     the full weight; bias: [out/ws] or None. Returns [s, ..., out/ws]. Its input gradient is
-    reduce-scattered back to [s/ws, ..., in] (`matmul_reduce_scatter`).
+    reduce-scattered back to [s/ws, ..., in] (`matmul_reduce_scatter`). The weight's gradient needs
+    the gathered x: kept from the forward (`save_gathered`, the default), or, to keep only the shard
+    (ws times less activation memory), gathered again in the backward by the group's own all-gather,
+    after the input gradient's op.
     """
     rows, weight, bias, impl, configs = _operands("all_gather_linear", x, weight, bias, impl, configs)
     _check_bias("all_gather_linear", bias, weight.shape[0])
     ws = _world(group)
     keep = torch.is_grad_enabled() and weight.requires_grad
-    out = _GatherLinear.apply(rows, weight, bias, group, impl, configs, keep)
+    out = _GatherLinear.apply(rows, weight, bias, group, impl, configs, keep, bool(save_gathered))
     return out.view(x.shape[0] * ws, *x.shape[1:-1], weight.shape[0])
 
 
@@ -386,13 +394,16 @@ class ColumnParallelLinear(_ParallelLinear):
     With `sequence_parallel` (the default) x is this rank's block of the sequence, [s/ws, ..., in],
     gathered by the fused op as the GEMM consumes it; without, x is the whole input on every rank.
     Returns this rank's output features, [s, ..., out/ws]: the input of a `RowParallelLinear`.
+    `save_gathered=False` keeps only x's shard for the weight's gradient and gathers it again in
+    the backward (`all_gather_linear`).
     """
 
     def __init__(self, in_features: int, out_features: int, group=None, *, bias: bool = True,
                  sequence_parallel: bool = True, impl: str = "fused", configs: dict | None = None,
-                 device=None, dtype=None) -> None:
+                 save_gathered: bool = True, device=None, dtype=None) -> None:
         super().__init__(in_features, out_features, group, bias, sequence_parallel, impl, configs, "out", device, dtype)
         self.parts = (self.weight.shape[0],)  # a rank's output features of each layer it holds (from_linear)
+        self.save_gathered = bool(save_gathered)
 
     def _reset_bias(self, bound: float) -> None:
         torch.nn.init.uniform_(self.bias, -bound, bound)
@@ -437,8 +448,10 @@ class ColumnParallelLinear(_ParallelLinear):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        f = all_gather_linear if self.sequence_parallel else linear_all_reduce_grad
-        return f(x, self.weight, self.bias, self.group, impl=self.impl, configs=self.configs)
+        if self.sequence_parallel:
+            return all_gather_linear(x, self.weight, self.bias, self.group, impl=self.impl, configs=self.configs,
+                                     save_gathered=self.save_gathered)
+        return linear_all_reduce_grad(x, self.weight, self.bias, self.group, impl=self.impl, configs=self.configs)
 
 
 class RowParallelLinear(_ParallelLinear):

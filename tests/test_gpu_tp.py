@@ -8,8 +8,9 @@ partial sums are rounded once more a rank; 1.19× at most on one H100 with 2 and
 
 Ranks sharing one GPU (gloo group, buffers through CUDA IPC; 2 and 4 ranks) check the transfers
 between processes on a one-GPU machine. With one GPU a rank (NCCL group: a group of one on a
-one-GPU machine, two ranks on two GPUs) the `nccl` backend, the looked-up configurations, torch's
-unfused path (`impl="torch"`) and torch's fused ops (`impl="async_tp"`) run too.
+one-GPU machine, two ranks on two GPUs) the `nccl` backend, the looked-up configurations, a column
+layer that gathers x again in the backward, torch's unfused path (`impl="torch"`) and torch's fused
+ops (`impl="async_tp"`) run too.
 """
 
 from __future__ import annotations
@@ -49,16 +50,18 @@ def _tp_worker(rank, world, port, shared, q):
     for backend in ("copy_engine", "nvshmem") + (() if shared else ("nccl",)):
         c = Candidate(backend=backend, num_splits=2, comm_sms={"copy_engine": 0, "nvshmem": 16, "nccl": 64}[backend],
                       block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
-        setups.append((backend, "fused", {k: c for k in KINDS}))
-    if not shared:
-        setups += [("looked up", "fused", None), ("torch", "torch", None), ("async_tp", "async_tp", None)]
+        setups.append((backend, "fused", {k: c for k in KINDS}, True))
+    if not shared:  # gathered again in the backward by the group's all-gather: NCCL's
+        setups += [("looked up", "fused", None, True), ("shard kept", "fused", None, False), ("torch", "torch", None, True),
+                   ("async_tp", "async_tp", None, True)]
     report = []
-    for (label, impl, configs), sp in ((s, sp) for s in setups for sp in (True, False)):
+    for (label, impl, configs, save_gathered), sp in ((s, sp) for s in setups for sp in (True, False)):
         torch.manual_seed(0)  # the same whole SwiGLU MLP on every rank
         whole = [torch.nn.Linear(HIDDEN, FFN), torch.nn.Linear(HIDDEN, FFN), torch.nn.Linear(FFN, HIDDEN)]
         whole64 = [copy.deepcopy(f).double().to(dev) for f in whole]
         whole16 = [copy.deepcopy(f).bfloat16().to(dev) for f in whole]
-        fc1 = ColumnParallelLinear.from_linear(whole16[:2], sequence_parallel=sp, impl=impl, configs=configs)
+        fc1 = ColumnParallelLinear.from_linear(whole16[:2], sequence_parallel=sp, impl=impl, configs=configs,
+                                               save_gathered=save_gathered)
         fc2 = RowParallelLinear.from_linear(whole16[2], sequence_parallel=sp, impl=impl, configs=configs)
 
         def split_mlp(x):

@@ -1,7 +1,8 @@
 """Layer: gloo process groups on the CPU (and plain CPU logic). The tensor-parallel layers of
 `syncopate.tp` with torch's collectives (`impl="torch"`): a two-layer MLP split over 2 and 4 ranks,
 with and without sequence parallelism, gives the whole MLP's output and every gradient (input,
-weights, biases) in float64, over three steps with fresh inputs; and with its first layer frozen,
+weights, biases) in float64, over three steps with fresh inputs (at 2 ranks the column layer keeps
+only x's shard and gathers it again for its weight's gradient); and with its first layer frozen,
 and under no_grad; a SwiGLU MLP with its gate and up projections in one layer likewise. The fused
 path of the same layers runs on GPUs (tests/test_gpu_tp.py). Bad arguments are refused with one
 message naming the value, on every rank alike, before any collective starts.
@@ -32,7 +33,7 @@ def _mlp_worker(rank, ws, init, q):
             hidden, ffn = 12, 8 * ws
             fc1 = torch.nn.Linear(hidden, ffn, dtype=torch.float64)
             fc2 = torch.nn.Linear(ffn, hidden, dtype=torch.float64)
-            col = ColumnParallelLinear.from_linear(fc1, sequence_parallel=sp, impl="torch")
+            col = ColumnParallelLinear.from_linear(fc1, sequence_parallel=sp, impl="torch", save_gathered=not sp or ws == 4)
             row = RowParallelLinear.from_linear(fc2, sequence_parallel=sp, impl="torch")
             for step in range(3):
                 gen = torch.Generator().manual_seed(100 * step + 7)
