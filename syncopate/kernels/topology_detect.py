@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 
 from syncopate.errors import RuntimeUnavailableError
 from syncopate.search_space import GPUS, Topology
 
 __all__ = ["detect_topology", "gpu_model_of"]
+
+log = logging.getLogger(__name__)
 
 
 def gpu_model_of(name: str) -> str:
@@ -19,14 +22,26 @@ def gpu_model_of(name: str) -> str:
     return "".join(ch for ch in (words[0] if words else "GPU") if ch.isalnum())
 
 
-def _nvlink_peers(device_index: int) -> int:
-    """How many active NVLinks the GPU has (0 when NVML is missing or reports none)."""
+def _nvlink_peers(device_index: int, uuid: str | None = None) -> int | None:
+    """How many active NVLinks the GPU has; None where NVML cannot say (no driver library).
+
+    Through nvidia-ml-py where it is installed, else through the driver's own libnvidia-ml.so.1
+    (which every driver install has; Syncopate does not depend on nvidia-ml-py)."""
     try:
         import pynvml
-
+    except ImportError:
+        return _nvlink_peers_ctypes(device_index, uuid)
+    try:
         pynvml.nvmlInit()
         try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+            handle = None
+            if uuid:
+                try:
+                    handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+                except Exception:  # an older nvidia-ml-py that wants bytes, or a UUID NVML does not know
+                    handle = None
+            if handle is None:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
             active = 0
             for link in range(18):
                 try:
@@ -38,7 +53,46 @@ def _nvlink_peers(device_index: int) -> int:
         finally:
             pynvml.nvmlShutdown()
     except Exception:
-        return 0
+        return None
+
+
+def _nvlink_peers_ctypes(device_index: int, uuid: str | None = None, lib=None) -> int | None:
+    """`_nvlink_peers` through the NVML C library (`lib`: the loaded library, for tests)."""
+    import ctypes
+
+    try:
+        lib = lib or ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    if lib.nvmlInit_v2() != 0:
+        return None
+    try:
+        handle = ctypes.c_void_p()
+        found = -1
+        if uuid:
+            found = lib.nvmlDeviceGetHandleByUUID(ctypes.c_char_p(uuid.encode()), ctypes.byref(handle))
+        if found != 0:
+            found = lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(device_index), ctypes.byref(handle))
+        if found != 0:
+            return None
+        active = 0
+        for link in range(18):
+            state = ctypes.c_int(0)
+            if lib.nvmlDeviceGetNvLinkState(handle, ctypes.c_uint(link), ctypes.byref(state)) != 0:
+                break  # no such link, or NVLink not supported here
+            active += state.value == 1  # NVML_FEATURE_ENABLED
+        return active
+    finally:
+        lib.nvmlShutdown()
+
+
+def _device_uuid(props) -> str | None:
+    """NVML's spelling of the device's UUID (`GPU-…`), or None where torch does not give it."""
+    uuid = getattr(props, "uuid", None)
+    if not uuid:
+        return None
+    text = str(uuid)
+    return text if text.startswith("GPU-") else f"GPU-{text}"
 
 
 def detect_topology(group=None) -> Topology:
@@ -61,7 +115,11 @@ def detect_topology(group=None) -> Topology:
         nodes = len(set(hosts))
     else:
         world, nodes = torch.cuda.device_count(), 1
-    links = _nvlink_peers(device)
+    links = _nvlink_peers(device, _device_uuid(props))
+    if links is None:
+        log.warning("NVML cannot be read here: the interconnect is taken to be PCIe; give a topology key "
+                    "(such as H200x2-nvlink) where the GPUs are joined by NVLink")
+        links = 0
     if links == 0:
         interconnect = "pcie"
     else:
