@@ -6,8 +6,8 @@ the rounding of the whole MLP run in bf16 on one GPU: the split one may be off b
 partial sums are rounded once more a rank; 1.19× at most on one H100 with 2 and 4 ranks) plus
 5e-4, not more.
 
-Ranks sharing one GPU (gloo group, buffers through CUDA IPC; 2 and 4 ranks) check the transfers
-between processes on a one-GPU machine. With one GPU a rank (NCCL group: a group of one on a
+Ranks sharing one GPU (gloo group, buffers through CUDA IPC; 2 and 4 ranks, and 4 ranks as two
+tensor-parallel groups of 2) check the transfers between processes on a one-GPU machine. With one GPU a rank (NCCL group: a group of one on a
 one-GPU machine, two ranks on two GPUs) the `nccl` backend, the looked-up configurations, a column
 layer that gathers x again in the backward, torch's unfused path (`impl="torch"`) and torch's fused
 ops (`impl="async_tp"`) run too.
@@ -31,7 +31,8 @@ def _grads(forward, params: dict, x, g):
     return {"y": y.detach(), "dx": x.grad, **{name: p.grad for name, p in params.items()}}
 
 
-def _tp_worker(rank, world, port, shared, q):
+def _tp_worker(rank, world, port, shared, tp, q):
+    """tp: the tensor-parallel groups' size (every `tp` ranks in turn, each replica its own data)."""
     from syncopate.kernels.local_ranks import join_group
 
     dev = join_group(rank, world, port, shared_gpu=shared)
@@ -46,6 +47,10 @@ def _tp_worker(rank, world, port, shared, q):
     from syncopate.search_space import Candidate
     from syncopate.tp import KINDS, ColumnParallelLinear, RowParallelLinear
 
+    tp = tp or world
+    groups = [dist.new_group(list(range(r, r + tp))) for r in range(0, world, tp)] if tp < world else [None]
+    group, replica = groups[rank // tp], rank // tp
+    me = dist.get_rank(group)
     setups = []
     for backend in ("copy_engine", "nvshmem") + (() if shared else ("nccl",)):
         c = Candidate(backend=backend, num_splits=2, comm_sms={"copy_engine": 0, "nvshmem": 16, "nccl": 64}[backend],
@@ -60,9 +65,9 @@ def _tp_worker(rank, world, port, shared, q):
         whole = [torch.nn.Linear(HIDDEN, FFN), torch.nn.Linear(HIDDEN, FFN), torch.nn.Linear(FFN, HIDDEN)]
         whole64 = [copy.deepcopy(f).double().to(dev) for f in whole]
         whole16 = [copy.deepcopy(f).bfloat16().to(dev) for f in whole]
-        fc1 = ColumnParallelLinear.from_linear(whole16[:2], sequence_parallel=sp, impl=impl, configs=configs,
+        fc1 = ColumnParallelLinear.from_linear(whole16[:2], group, sequence_parallel=sp, impl=impl, configs=configs,
                                                save_gathered=save_gathered)
-        fc2 = RowParallelLinear.from_linear(whole16[2], sequence_parallel=sp, impl=impl, configs=configs)
+        fc2 = RowParallelLinear.from_linear(whole16[2], group, sequence_parallel=sp, impl=impl, configs=configs)
 
         def split_mlp(x):
             gate, up = fc1(x).split(fc1.parts, -1)
@@ -77,14 +82,14 @@ def _tp_worker(rank, world, port, shared, q):
                     for n, layer in zip(("gate", "up", "down"), layers) for w in ("w", "b")}
 
         n, n2 = fc1.parts[0], fc2.weight.shape[1]
-        lo, hi = rank * SEQ // world, (rank + 1) * SEQ // world
+        lo, hi = me * SEQ // tp, (me + 1) * SEQ // tp
         blk = slice(lo, hi) if sp else slice(None)
-        rows = slice(rank * n, (rank + 1) * n)
+        rows = slice(me * n, (me + 1) * n)
         cut = {"y": lambda t: t[blk], "dx": lambda t: t[blk], "gate.w": lambda t: t[rows], "up.w": lambda t: t[rows],
-               "gate.b": lambda t: t[rows], "up.b": lambda t: t[rows], "down.w": lambda t: t[:, rank * n2 : (rank + 1) * n2],
+               "gate.b": lambda t: t[rows], "up.b": lambda t: t[rows], "down.w": lambda t: t[:, me * n2 : (me + 1) * n2],
                "down.b": lambda t: t}
         for step in range(3):
-            gen = torch.Generator().manual_seed(100 * step + 7)
+            gen = torch.Generator().manual_seed(100 * step + 7 + 1000 * replica)
             x = torch.randn(SEQ, BATCH, HIDDEN, generator=gen).to(dev)
             g = torch.randn(SEQ, BATCH, HIDDEN, generator=gen).to(dev)
             ref = _grads(whole_mlp(whole64), whole_params(whole64), x.double(), g.double())
@@ -123,20 +128,27 @@ def _check(reports):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("world", [2, 4])
 def test_parallel_mlp_on_fused_ops_with_ranks_sharing_one_gpu(world):
-    _check(run_ranks(_tp_worker, world, (True,), timeout=800))
+    _check(run_ranks(_tp_worker, world, (True, None), timeout=800))
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(900)
+def test_parallel_mlp_in_tensor_parallel_groups_of_two_with_ranks_sharing_one_gpu():
+    """4 ranks as two tensor-parallel groups of 2 (data-parallel replicas with their own data)."""
+    _check(run_ranks(_tp_worker, 4, (True, 2), timeout=800))
 
 
 @pytest.mark.gpu
 @pytest.mark.timeout(900)
 def test_every_impl_of_the_layers_on_a_group_of_one():
     """One rank, NCCL: every backend and impl through the layers' code, nothing moving."""
-    _check(run_ranks(_tp_worker, 1, (False,), timeout=800))
+    _check(run_ranks(_tp_worker, 1, (False, None), timeout=800))
 
 
 @pytest.mark.multigpu
 @pytest.mark.timeout(900)
 def test_parallel_mlp_on_fused_ops_on_two_gpus():
-    _check(run_ranks(_tp_worker, 2, (False,), timeout=800))
+    _check(run_ranks(_tp_worker, 2, (False, None), timeout=800))
 
 
 def _compile_worker(rank, world, port, q):

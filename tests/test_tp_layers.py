@@ -3,7 +3,8 @@
 with and without sequence parallelism, gives the whole MLP's output and every gradient (input,
 weights, biases) in float64, over three steps with fresh inputs (at 2 ranks the column layer keeps
 only x's shard and gathers it again for its weight's gradient); and with its first layer frozen,
-and under no_grad; a SwiGLU MLP with its gate and up projections in one layer likewise. The fused
+and under no_grad; a SwiGLU MLP with its gate and up projections in one layer likewise, also in
+tensor-parallel groups of 2 within 4 ranks (data-parallel replicas with their own data). The fused
 path of the same layers runs on GPUs (tests/test_gpu_tp.py). Bad arguments are refused with one
 message naming the value, on every rank alike, before any collective starts.
 """
@@ -83,29 +84,35 @@ def _mlp_worker(rank, ws, init, q):
 
 
 def _swiglu_worker(rank, ws, init, q):
-    """A SwiGLU MLP (gate and up projections in one column layer, one all-gather for both)."""
+    """A SwiGLU MLP (gate and up projections in one column layer, one all-gather for both), split
+    over tensor-parallel groups of 2 (ranks {0, 1} and {2, 3} at 4 ranks, each replica its own data)."""
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
     try:
         report = []
+        tp = 2
+        groups = [dist.new_group(list(range(r, r + tp))) for r in range(0, ws, tp)]  # every rank makes each
+        group, replica = groups[rank // tp], rank // tp
+        me = dist.get_rank(group)
         torch.manual_seed(1)
-        hidden, ffn = 10, 6 * ws
+        hidden, ffn = 10, 6 * tp
         gate, up = (torch.nn.Linear(hidden, ffn, bias=False, dtype=torch.float64) for _ in range(2))
         down = torch.nn.Linear(ffn, hidden, bias=False, dtype=torch.float64)
-        fc1 = ColumnParallelLinear.from_linear([gate, up], impl="torch")
-        fc2 = RowParallelLinear.from_linear(down, impl="torch")
-        if fc1.parts != (ffn // ws, ffn // ws) or tuple(fc1.weight.shape) != (2 * ffn // ws, hidden):
+        fc1 = ColumnParallelLinear.from_linear([gate, up], group, impl="torch")
+        fc2 = RowParallelLinear.from_linear(down, group, impl="torch")
+        if fc1.parts != (ffn // tp, ffn // tp) or tuple(fc1.weight.shape) != (2 * ffn // tp, hidden):
             report.append(f"parts {fc1.parts}, weight {tuple(fc1.weight.shape)}")
-        s = 2 * ws
-        x = torch.randn(s, 3, hidden, generator=torch.Generator().manual_seed(5), dtype=torch.float64, requires_grad=True)
+        s = 2 * tp
+        gen = torch.Generator().manual_seed(5 + replica)
+        x = torch.randn(s, 3, hidden, generator=gen, dtype=torch.float64, requires_grad=True)
         y = down(torch.nn.functional.silu(gate(x)) * up(x))
         y.square().sum().backward()
-        blk = slice(rank * s // ws, (rank + 1) * s // ws)
+        blk = slice(me * s // tp, (me + 1) * s // tp)
         x_mine = x.detach()[blk].clone().requires_grad_(True)
         g_part, u_part = fc1(x_mine).split(fc1.parts, -1)
         y_mine = fc2(torch.nn.functional.silu(g_part) * u_part)
         y_mine.square().sum().backward()
-        n = ffn // ws
-        rows = slice(rank * n, (rank + 1) * n)
+        n = ffn // tp
+        rows = slice(me * n, (me + 1) * n)
         for name, got, want in (("y", y_mine, y.detach()[blk]), ("dx", x_mine.grad, x.grad[blk]),
                                 ("gate", fc1.weight.grad[:n], gate.weight.grad[rows]),
                                 ("up", fc1.weight.grad[n:], up.weight.grad[rows]),
@@ -182,8 +189,9 @@ def test_parallel_mlp_matches_the_whole_one(ws):
     assert not failures, "\n".join(failures)
 
 
-def test_a_swiglu_mlp_gathers_once_for_gate_and_up():
-    results = _run(_swiglu_worker, 2)
+@pytest.mark.parametrize("ws", [2, 4])
+def test_a_swiglu_mlp_gathers_once_for_gate_and_up(ws):
+    results = _run(_swiglu_worker, ws)
     failures = [f"rank {r}: {line}" for r, lines in sorted(results.items()) for line in lines]
     assert not failures, "\n".join(failures)
 
