@@ -4,7 +4,7 @@
 # a one-line verdict per step is printed last.
 #
 #   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix shared shared48 tune order conns rs ar suite own
-#                                                    gluon probe sweep stationary sweep4 suite4 matrix48 calib tp (default: matrix tune order conns
+#                                                    gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 calib tp (default: matrix tune order conns
 #                                                    rs ar suite; SECONDS overrides the limit)
 #
 #   smoke   tests/test_gpu_ops.py, the quick matrix: one case per kind x backend, 10 calls back to back
@@ -22,6 +22,7 @@
 #           from the shard (SYNCOPATE_OWN_SHARD=0 / 1), twice in turn
 #   gluon   the Gluon kernels (SYNCOPATE_GLUON=1): the matrix with them, then the TP=2 suite (grid
 #           `tiny`) with the Triton (0) and Gluon (1) consumer and producers, twice in turn
+#   suite-gluon  the TP=2 suite once with the Gluon kernels (after `suite`, for a session short of time)
 #   probe   benchmarks/probe_faults.py on the cases of $PROBE_ONLY (default: the all-reduce over NCCL
 #           and SM copies, and the kept_interleaved producer order)
 #   sweep   syncopate tune configs/llama_tp2_sweep.yaml into results/llama_tp2-sweep.db (resumed when it
@@ -32,6 +33,10 @@
 #   suite4  configs/llama_tp4.yaml, every kind, grid `tiny` (four GPUs)
 #   matrix48  tests/test_gpu_ops.py's matrix on four and eight GPUs (each skipped where fewer are present)
 #   calib   syncopate calibrate into results/llama_tp2-sweep.db (the cost model's measured inputs)
+#
+# With 30 minutes of two GPUs: `smoke matrix suite suite-gluon` (about 21 minutes at their limits)
+# says whether the TP=2 targets hold with the current code (the stationary templates in the suite's
+# `stat.` column, the Gluon kernels in the second suite); `tp` next if time is left.
 #   tp      syncopate.tp's layers: tests/test_gpu_tp.py on two GPUs, then benchmarks/tp_mlp.py (a
 #           LLaMA-8B MLP block at 8192 tokens, forward and backward, fused against torch's path) with
 #           and without sequence parallelism
@@ -120,6 +125,8 @@ for arg in "${steps[@]}"; do
                     configs/llama_tp2.yaml --grid tiny --repetitions 10 \
                     --json "$OUT/gluon$v-$gluon_runs.json"
             done ;;
+        suite-gluon) step suite-gluon 420 env SYNCOPATE_GLUON=1 python3 -m syncopate bench --suite \
+            configs/llama_tp2.yaml --grid tiny --repetitions 10 --json "$OUT/suite-gluon.json" ;;
         probe) step probe 150 python3 benchmarks/probe_faults.py --calls 3 --only "$PROBE_ONLY" ;;
         sweep) sweep sweep configs/llama_tp2_sweep.yaml results/llama_tp2-sweep.db ;;
         stationary) sweep stationary configs/llama_tp2_stationary.yaml results/llama_tp2-stationary.db ;;
@@ -134,7 +141,7 @@ for arg in "${steps[@]}"; do
         tp) step tp-test 300 python3 -m pytest -s -q -p no:cacheprovider -m multigpu tests/test_gpu_tp.py
             step tp-sp 200 python3 benchmarks/tp_mlp.py --json "$OUT/tp-sp.json"
             step tp-ar 200 python3 benchmarks/tp_mlp.py --no-sp --json "$OUT/tp-ar.json" ;;
-        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon probe sweep stationary sweep4 suite4 matrix48 calib tp" >&2
+        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 calib tp" >&2
             exit 2 ;;
     esac
 done
