@@ -158,6 +158,8 @@ def _compile_worker(rank, world, port, q):
     import torch
     import torch.distributed as dist
 
+    from torch.utils.checkpoint import checkpoint
+
     from syncopate.kernels import ops
     from syncopate.kernels.reference import relative_error
     from syncopate.tp import ColumnParallelLinear, RowParallelLinear
@@ -173,18 +175,19 @@ def _compile_worker(rank, world, port, q):
         def mlp(x):
             return row(torch.nn.functional.gelu(col(x)))
 
-        compiled = torch.compile(mlp)
+        variants = {"compiled": torch.compile(mlp), "checkpointed": lambda x: checkpoint(mlp, x, use_reentrant=False)}
         for step in range(2):
             x = torch.randn(SEQ // world if sp else SEQ, BATCH, HIDDEN, device=dev).bfloat16()
             got = {}
-            for name, f in (("eager", mlp), ("compiled", compiled)):
+            for name, f in (("eager", mlp), *variants.items()):
                 xi = x.clone().requires_grad_(True)
                 for p in (*col.parameters(), *row.parameters()):
                     p.grad = None
                 y = f(xi)
                 y.float().square().sum().backward()
                 got[name] = [y.detach(), xi.grad, col.weight.grad, row.weight.grad]
-            report.append((sp, step, [relative_error(c, e) for c, e in zip(got["compiled"], got["eager"])]))
+            for name in variants:
+                report.append((name, sp, step, [relative_error(c, e) for c, e in zip(got[name], got["eager"])]))
     ops.close_contexts()
     q.put((rank, report))
     dist.destroy_process_group()
@@ -192,11 +195,12 @@ def _compile_worker(rank, world, port, q):
 
 @pytest.mark.gpu
 @pytest.mark.timeout(600)
-def test_layers_run_under_torch_compile():
-    """torch.compile around the layers (the fused ops run as they are, between compiled parts):
-    output and gradients as in eager mode, to the rounding of what the compiler fuses (GELU)."""
+def test_layers_run_under_torch_compile_and_checkpointing():
+    """torch.compile around the layers (the fused ops run as they are, between compiled parts), and
+    activation checkpointing (the forward's fused ops run again inside the backward): output and
+    gradients as in eager mode, to the rounding of what the compiler fuses (GELU)."""
     reports = run_ranks(_compile_worker, 1, (), timeout=500)
-    for sp, step, errs in reports[0]:
-        print(f"sp={sp} step {step}: compiled against eager, rel diff of y, dx, dW1, dW2: "
+    for name, sp, step, errs in reports[0]:
+        print(f"sp={sp} step {step}: {name} against eager, rel diff of y, dx, dW1, dW2: "
               + ", ".join(f"{e:.3g}" for e in errs))
-        assert all(e <= 1e-2 for e in errs), (sp, step, errs)
+        assert all(e <= 1e-2 for e in errs), (name, sp, step, errs)

@@ -3,7 +3,7 @@
 with and without sequence parallelism, gives the whole MLP's output and every gradient (input,
 weights, biases) in float64, over three steps with fresh inputs (at 2 ranks the column layer keeps
 only x's shard and gathers it again for its weight's gradient); and with its first layer frozen,
-and under no_grad; a SwiGLU MLP with its gate and up projections in one layer likewise, also in
+under activation checkpointing and under no_grad; a SwiGLU MLP with its gate and up projections in one layer likewise, also in
 tensor-parallel groups of 2 within 4 ranks (data-parallel replicas with their own data). The fused
 path of the same layers runs on GPUs (tests/test_gpu_tp.py). Bad arguments are refused with one
 message naming the value, on every rank alike, before any collective starts.
@@ -74,6 +74,17 @@ def _mlp_worker(rank, ws, init, q):
                     or not torch.allclose(row.weight.grad, fc2.weight.grad[:, rank * n2 : (rank + 1) * n2], rtol=1e-10, atol=1e-10):
                 report.append(f"sp={sp} frozen fc1: gradients differ")
             col.weight.requires_grad_(True)
+            # Activation checkpointing: the forward's collectives run again inside the backward.
+            from torch.utils.checkpoint import checkpoint
+
+            x_mine = x.detach()[blk].clone().requires_grad_(True)
+            col.weight.grad = row.weight.grad = None
+            y_mine = checkpoint(lambda t: row(torch.nn.functional.gelu(col(t))), x_mine, use_reentrant=False)
+            (y_mine * g[blk]).sum().backward()
+            if not (torch.allclose(x_mine.grad, x.grad[blk], rtol=1e-10, atol=1e-10)
+                    and torch.allclose(col.weight.grad, fc1.weight.grad[rank * n1 : (rank + 1) * n1], rtol=1e-10, atol=1e-10)
+                    and torch.allclose(row.weight.grad, fc2.weight.grad[:, rank * n2 : (rank + 1) * n2], rtol=1e-10, atol=1e-10)):
+                report.append(f"sp={sp} checkpointed: gradients differ")
             with torch.no_grad():
                 y_nograd = row(torch.nn.functional.gelu(col(x.detach()[blk])))
             if y_nograd.requires_grad or not torch.allclose(y_nograd, y.detach()[blk], rtol=1e-10, atol=1e-10):
