@@ -45,6 +45,7 @@ __all__ = [
     "linear_all_reduce",
     "linear_all_reduce_grad",
     "linear_reduce_scatter",
+    "sync_sequence_parallel_grads",
 ]
 
 IMPLS = ("fused", "torch", "async_tp")
@@ -486,3 +487,24 @@ class RowParallelLinear(_ParallelLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         f = linear_reduce_scatter if self.sequence_parallel else linear_all_reduce
         return f(x, self.weight, self.bias, self.group, impl=self.impl, configs=self.configs)
+
+
+def sync_sequence_parallel_grads(params, group=None) -> None:
+    """Sum the gradients of `params` over `group`, in place (one all-reduce of their flattened grads).
+
+    With sequence parallelism the layers between the row and the column layer (norms, with their
+    weights the same on every rank) see only this rank's block of the sequence, so each rank's
+    gradient of their weights covers its block only; summed over the group, it is the whole
+    sequence's, as without sequence parallelism. Call it after the backward, before the optimizer
+    step (the layers of this module need nothing: their gradients are whole already). Parameters
+    without a gradient are left out; every rank must pass the same parameters in the same order.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()

@@ -3,7 +3,8 @@
 with and without sequence parallelism, gives the whole MLP's output and every gradient (input,
 weights, biases) in float64, over three steps with fresh inputs (at 2 ranks the column layer keeps
 only x's shard and gathers it again for its weight's gradient); and with its first layer frozen,
-under activation checkpointing and under no_grad; a SwiGLU MLP with its gate and up projections in one layer likewise, also in
+under activation checkpointing and under no_grad; a pre-norm SwiGLU MLP block with its gate and up
+projections in one layer likewise (the norm's gradients summed over the group), also in
 tensor-parallel groups of 2 within 4 ranks (data-parallel replicas with their own data). The fused
 path of the same layers runs on GPUs (tests/test_gpu_tp.py). Bad arguments are refused with one
 message naming the value, on every rank alike, before any collective starts.
@@ -22,7 +23,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from syncopate.errors import ConfigError
-from syncopate.tp import ColumnParallelLinear, RowParallelLinear, all_gather_linear, linear_reduce_scatter
+from syncopate.tp import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    all_gather_linear,
+    linear_reduce_scatter,
+    sync_sequence_parallel_grads,
+)
 
 
 def _mlp_worker(rank, ws, init, q):
@@ -95,8 +102,9 @@ def _mlp_worker(rank, ws, init, q):
 
 
 def _swiglu_worker(rank, ws, init, q):
-    """A SwiGLU MLP (gate and up projections in one column layer, one all-gather for both), split
-    over tensor-parallel groups of 2 (ranks {0, 1} and {2, 3} at 4 ranks, each replica its own data)."""
+    """A pre-norm SwiGLU MLP block with its residual (gate and up projections in one column layer,
+    one all-gather for both; the norm's gradients summed over the group), split over
+    tensor-parallel groups of 2 (ranks {0, 1} and {2, 3} at 4 ranks, each replica its own data)."""
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
     try:
         report = []
@@ -108,6 +116,12 @@ def _swiglu_worker(rank, ws, init, q):
         hidden, ffn = 10, 6 * tp
         gate, up = (torch.nn.Linear(hidden, ffn, bias=False, dtype=torch.float64) for _ in range(2))
         down = torch.nn.Linear(ffn, hidden, bias=False, dtype=torch.float64)
+        norm = torch.nn.LayerNorm(hidden, dtype=torch.float64)
+        with torch.no_grad():
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+        my_norm = torch.nn.LayerNorm(hidden, dtype=torch.float64)
+        my_norm.load_state_dict(norm.state_dict())
         fc1 = ColumnParallelLinear.from_linear([gate, up], group, impl="torch")
         fc2 = RowParallelLinear.from_linear(down, group, impl="torch")
         if fc1.parts != (ffn // tp, ffn // tp) or tuple(fc1.weight.shape) != (2 * ffn // tp, hidden):
@@ -115,19 +129,25 @@ def _swiglu_worker(rank, ws, init, q):
         s = 2 * tp
         gen = torch.Generator().manual_seed(5 + replica)
         x = torch.randn(s, 3, hidden, generator=gen, dtype=torch.float64, requires_grad=True)
-        y = down(torch.nn.functional.silu(gate(x)) * up(x))
+        h = norm(x)  # a pre-norm MLP block with its residual
+        y = x + down(torch.nn.functional.silu(gate(h)) * up(h))
         y.square().sum().backward()
         blk = slice(me * s // tp, (me + 1) * s // tp)
         x_mine = x.detach()[blk].clone().requires_grad_(True)
-        g_part, u_part = fc1(x_mine).split(fc1.parts, -1)
-        y_mine = fc2(torch.nn.functional.silu(g_part) * u_part)
+        g_part, u_part = fc1(my_norm(x_mine)).split(fc1.parts, -1)
+        y_mine = x_mine + fc2(torch.nn.functional.silu(g_part) * u_part)
         y_mine.square().sum().backward()
+        if torch.allclose(my_norm.weight.grad, norm.weight.grad):
+            report.append("the norm's gradient was whole before the sum over the group")
+        sync_sequence_parallel_grads(my_norm.parameters(), group)
         n = ffn // tp
         rows = slice(me * n, (me + 1) * n)
         for name, got, want in (("y", y_mine, y.detach()[blk]), ("dx", x_mine.grad, x.grad[blk]),
                                 ("gate", fc1.weight.grad[:n], gate.weight.grad[rows]),
                                 ("up", fc1.weight.grad[n:], up.weight.grad[rows]),
-                                ("down", fc2.weight.grad, down.weight.grad[:, rows])):
+                                ("down", fc2.weight.grad, down.weight.grad[:, rows]),
+                                ("norm.weight", my_norm.weight.grad, norm.weight.grad),
+                                ("norm.bias", my_norm.bias.grad, norm.bias.grad)):
             if not torch.allclose(got, want, rtol=1e-10, atol=1e-10):
                 report.append(f"{name} differs")
         q.put((rank, report))
