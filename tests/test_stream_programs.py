@@ -287,3 +287,32 @@ def test_a_relaunch_encodes_a_descriptor_once_an_address_and_keeps_no_tensor_it_
     plain = relaunch._encoded("b_desc", fresh, None)
     again = relaunch._encoded("b_desc", fresh, None)
     assert plain == again and len(made) == 2 and kept == before
+
+
+def test_the_gathered_a_is_copied_out_once_every_chunk_is_in(monkeypatch):
+    """`return_gathered`'s copy: this rank's rows from its shard at once, then a wait on each peer
+    chunk's arrival word, then the peers' rows from the gathered buffer (one copy before the
+    shard's rows, one after), with each call's epoch, shard and tensor; kept with the prepared
+    call's programs."""
+    driver = HostDriver()
+    monkeypatch.setattr(streamops, "_driver", lambda: driver)
+    programs: dict = {}
+    ws, rows = 4, 256
+    full = torch.arange(rows * 16, dtype=torch.int32).view(rows, 16)  # the gathered buffer: 64-byte rows
+    for epoch in (4, 5):
+        shard = torch.full((rows // ws, 16), -epoch, dtype=torch.int32)  # rank 1's rows [64, 128)
+        call = _gather_call(programs, shard, rank=1, ws=ws)
+        call.epoch, call.r0 = epoch, 64
+        call.a_full = SimpleNamespace(peer_ptrs=[0, full.data_ptr(), 0, 0], local=full)
+        driver.log.clear()
+        gathered = torch.full_like(full, 7)
+        backends.stage_gathered_copy(call, stream(2))(gathered)
+        kinds = [op[0] for op in driver.log]
+        waits = [op for op in driver.log if op[0] == "wait"]
+        assert kinds == ["copy"] + ["wait"] * len(waits) + ["copy", "copy"] and {op[1] for op in driver.log} == {2}
+        assert {op[3] for op in waits} == {epoch}
+        assert {op[2] for op in waits} == {1000 + t.signal for t in call.plan.recvs(1, "gather")} and len(waits) == 6
+        assert driver.log[0][2:] == (gathered.data_ptr() + 64 * 64, shard.data_ptr(), 64 * 64)
+        assert torch.equal(gathered[64:128], shard) and torch.equal(gathered[:64], full[:64])
+        assert torch.equal(gathered[128:], full[128:])
+    assert list(programs) == [("gathered",)]

@@ -43,6 +43,7 @@ from syncopate.search_space import Candidate, ChunkPlan, Transfer
 
 __all__ = [
     "CommBackend", "GatherCall", "ScatterCall", "BACKEND_IMPLS", "announce_entry", "backend_for", "nccl_exchange",
+    "stage_gathered_copy",
 ]
 
 @dataclass
@@ -167,6 +168,29 @@ def _start_own(call: GatherCall, streams: list[torch.cuda.Stream]) -> Callable[[
 
     program = _program(call.programs, ("own", call.copy_own, in_place), record)
     return functools.partial(program.run, call.epoch, call.a_local.data_ptr())
+
+
+def stage_gathered_copy(call: GatherCall, stream: torch.cuda.Stream) -> Callable[[torch.Tensor], None]:
+    """What copies the whole gathered A into a caller's tensor on `stream` (one of the call's side
+    streams, joined with the others), enqueued after the kernel, while the GEMM runs: this rank's
+    rows from its shard at once, then, once every peer chunk's arrival word has risen (every
+    backend raises them in this rank's pad), the peers' rows from the gathered buffer, in one copy
+    before the shard's rows and one after."""
+    ctx, plan, rank = call.ctx, call.plan, call.ctx.rank
+    rows = call.a_full.local.shape[0]
+    r1 = call.r0 + call.a_local.shape[0]
+
+    def record(p: streamops.Program) -> None:
+        p.copy(stream, call.r0 * call.row_bytes, 0, (r1 - call.r0) * call.row_bytes, dst_base=p.OUT, src_base=p.A)
+        for t in plan.recvs(rank, "gather"):
+            p.wait(stream, ctx.signal_address(rank, t.signal))
+        base = call.a_full.peer_ptrs[rank]
+        for lo, hi in ((0, call.r0), (r1, rows)):
+            if hi > lo:
+                p.copy(stream, lo * call.row_bytes, base + lo * call.row_bytes, (hi - lo) * call.row_bytes, dst_base=p.OUT)
+
+    program = _program(call.programs, ("gathered",), record)
+    return lambda gathered: program.run(call.epoch, call.a_local.data_ptr(), gathered.data_ptr())
 
 
 def _arrival_slot(plan: ChunkPlan, rank: int, phase: str) -> dict[tuple[int, int], int]:

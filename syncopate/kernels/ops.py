@@ -28,7 +28,7 @@ from syncopate.errors import ConfigError
 from syncopate.kernels import a_stationary, c_stationary
 from syncopate.kernels.a_stationary import AStationaryPlan, a_stationary_buffers
 from syncopate.kernels.c_stationary import CStationaryPlan, c_stationary_buffers
-from syncopate.kernels.backends import GatherCall, ScatterCall, backend_for
+from syncopate.kernels.backends import GatherCall, ScatterCall, backend_for, stage_gathered_copy
 from syncopate.kernels.context import OverlapContext
 from syncopate.kernels.launch import launch_consumer, launch_producer, own_shard_readable
 from syncopate.kernels.tables import consumer_tables, plan_for, producer_tables
@@ -122,6 +122,13 @@ _OWN_SHARD = os.environ.get("SYNCOPATE_OWN_SHARD", "1") == "1"
 from the gathered buffer, after the shard's copy there, as before; for measurements). On one H200
 with the peer's chunks landing at the two-H200 link's pace (`benchmarks/gpu_single.py paced`) it
 took the per-rank GEMMs of the TP=2 ag_gemm shapes 3–12 % faster."""
+
+
+_GATHERED_OVERLAP = os.environ.get("SYNCOPATE_GATHERED_OVERLAP", "1") == "1"
+"""`return_gathered` copies the gathered A out on a side stream while the GEMM runs: its own rows
+from the shard at once, the peers' once they are in (SYNCOPATE_GATHERED_OVERLAP=0: the shard copied
+into the gathered buffer as well, and the buffer copied out after the call, on the caller's stream,
+as before; for measurements)."""
 
 
 def close_contexts(group=None) -> None:
@@ -251,8 +258,9 @@ def all_gather_matmul(
 
     Returns the local output [M, N/ws] (and the gathered A [M, K] too with `return_gathered`).
     The GEMM reads this rank's own rows from `a_shard` itself, from the start of the call; the
-    shard is copied into the gathered buffer only where the gathered A is returned or a tile across
-    the shard's edge reads it there (never when it already lives there: `gather_buffer`).
+    shard is copied into the gathered buffer only where a tile across the shard's edge reads it
+    there (never when it already lives there: `gather_buffer`). The gathered A returned is a new
+    tensor, filled on a side stream while the GEMM runs (`stage_gathered_copy`).
     `spin_limit` > 0 bounds every wait (a tuning run's guard against hangs; the context then raises
     a timeout on `check_error()`).
     A config with template `a_stationary` moves B and the products instead of A (its GEMMs are
@@ -279,15 +287,20 @@ def all_gather_matmul(
         return out
     a_full = ctx.buffers["a_full"]
     own = a_shard if _OWN_SHARD and own_shard_readable(a_full.local, b, out, a_shard) else None
+    # The gathered A goes out on a side stream while the GEMM runs (not with bounded waits: a stream
+    # wait is not, and a chunk that never comes would hold it), else from the gathered buffer after.
+    overlap = return_gathered and _GATHERED_OVERLAP and not spin_limit
     epoch = ctx.begin_call()
     main = ctx.current_stream()
     streams = ctx.fork(main, 3)
     call = GatherCall(
         ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, a_local=a_shard, a_full=a_full,
         r0=rank * m_local, row_bytes=k * a_shard.element_size(), spin_limit=spin_limit,
-        copy_own=return_gathered or tables.own_rows_later or own is None, programs=programs,
+        copy_own=(return_gathered and not overlap) or tables.own_rows_later or own is None, programs=programs,
     )
     enqueue = backend.stage_gather(call, streams)  # what may allocate, before the kernel runs
+    gathered = torch.empty_like(a_full.local) if return_gathered else None
+    copy_out = stage_gathered_copy(call, streams[2]) if overlap else None
     if _COMM_FIRST:
         enqueue()
     launch_consumer(
@@ -296,10 +309,14 @@ def all_gather_matmul(
     )
     if not _COMM_FIRST:
         enqueue()
+    if copy_out is not None:
+        copy_out(gathered)  # after the kernel: its waits cannot hold the launch back
     ctx.join(main, streams)
     if not return_gathered:
         return out
-    return out, a_full.local.clone()
+    if copy_out is None:
+        gathered.copy_(a_full.local)
+    return out, gathered
 
 
 def _refuse_capture(op: str, a) -> None:
@@ -358,9 +375,9 @@ def gather_buffer(a_shard_shape: tuple[int, int], dtype: torch.dtype, group=None
     """This rank's rows of the gathered buffer `all_gather_matmul` uses for shards of this shape.
 
     Write the next shard there (e.g. as the `out=` of the op producing it) and the op never copies
-    it; otherwise it copies a shard only where the gathered A is returned (`return_gathered`) or a
-    tile across the shard's edge reads it from the buffer (the kernel reads the rest of its own rows
-    from the shard itself). The view stays valid until `close_contexts()`.
+    it; otherwise it copies a shard only where a tile across the shard's edge reads it from the
+    buffer (the kernel reads the rest of its own rows from the shard itself). The view stays valid
+    until `close_contexts()`.
     """
     group = _group(group)
     shape = tuple(a_shard_shape) if isinstance(a_shard_shape, (tuple, list, torch.Size)) else None
