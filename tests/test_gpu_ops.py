@@ -5,7 +5,8 @@ Every backend × plan template × num_splits {1, 2, 4, 8} × tile order, in bf16
 not a multiple of BLOCK_M; outputs and symmetric buffers poisoned with NaN before each call, fresh
 random inputs every call, errors within what the unfused path's own rounding in that dtype gives
 (`ROUNDING`), and 100 back-to-back calls with changing inputs for each backend and kind;
-producers with more boundary tiles than programs. Candidates `check_candidate` refuses (tile orders
+producers with more boundary tiles than programs. Every other all-gather call returns the gathered
+A too (its waits unbounded then), which must equal every rank's shard in rank order. Candidates `check_candidate` refuses (tile orders
 that can deadlock) are skipped.
 The cases run in one process a rank (spawning is slow); a failure names every case that failed.
 """
@@ -137,7 +138,12 @@ def _worker(rank, world, port, cases, shared_gpu, queue):
                         buf.local.fill_(float("nan"))
                     barrier(g, dev)
                 out = torch.full(shapes["out"], float("nan"), dtype=dt, device=dev)
-                fused[kind](a, b, g, c, out=out, spin_limit=1 << 24)
+                if kind == "ag_gemm" and i % 2:  # every other call returns the gathered A (unbounded waits)
+                    _, gathered = fused[kind](a, b, g, c, out=out, return_gathered=True)
+                    if not torch.equal(gathered, _all_rows(a, g)):
+                        bad_calls.append(i)
+                else:
+                    fused[kind](a, b, g, c, out=out, spin_limit=1 << 24)
                 ref = reference(kind, a, b, g)
                 err = relative_error(out, ref)
                 if int(ctx.error.item()) or not err <= TOL[dtype]:
@@ -163,6 +169,16 @@ def _worker(rank, world, port, cases, shared_gpu, queue):
     ops.close_contexts()
     queue.put((rank, (failures, compiled_kernels())))
     dist.destroy_process_group()
+
+
+def _all_rows(a, group):
+    """Every rank's `a`, in rank order, gathered through the CPU (any process group)."""
+    import torch
+    import torch.distributed as dist
+
+    parts = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, a.cpu(), group=group)
+    return torch.cat(parts).to(a.device)
 
 
 def compiled_kernels() -> dict[str, int]:
