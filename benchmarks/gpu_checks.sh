@@ -38,8 +38,8 @@
 # says whether the TP=2 targets hold with the current code (the stationary templates in the suite's
 # `stat.` column, the Gluon kernels in the second suite); `tp` next if time is left.
 #   tp      syncopate.tp's layers: tests/test_gpu_tp.py on two GPUs, then benchmarks/tp_mlp.py (a
-#           LLaMA-8B MLP block at 8192 tokens, forward and backward, fused against torch's path) with
-#           and without sequence parallelism
+#           LLaMA-8B MLP block at 8192 tokens, forward and backward, fused against torch's path and
+#           async-TP) with and without sequence parallelism, then examples/tp_block.py on two GPUs
 #
 # Triton's cache lives in $TRITON_CACHE_DIR (default /tmp/syncopate-triton-cache); it starts from
 # .tcache/triton-cache.tgz when that exists and is packed into $OUT/triton-cache.tgz at the end, so
@@ -140,7 +140,8 @@ for arg in "${steps[@]}"; do
             --repetitions 10 --json "$OUT/suite4.json" ;;
         tp) step tp-test 300 python3 -m pytest -s -q -p no:cacheprovider -m multigpu tests/test_gpu_tp.py
             step tp-sp 200 python3 benchmarks/tp_mlp.py --json "$OUT/tp-sp.json"
-            step tp-ar 200 python3 benchmarks/tp_mlp.py --no-sp --json "$OUT/tp-ar.json" ;;
+            step tp-ar 200 python3 benchmarks/tp_mlp.py --no-sp --json "$OUT/tp-ar.json"
+            step tp-block 200 torchrun --nproc-per-node 2 examples/tp_block.py ;;
         *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 calib tp" >&2
             exit 2 ;;
     esac
