@@ -8,14 +8,12 @@ every peer before a first fused kernel) matches on every rank."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 import types
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from support.gloo import run_gloo
 
 from syncopate.kernels import backends
 from syncopate.kernels.backends import nccl_exchange
@@ -168,17 +166,7 @@ def _all_cases(rank, ws, init, q):
 @pytest.mark.slow
 @pytest.mark.parametrize("ws", sorted(CASES))
 def test_nccl_chunking_on_gloo(ws):
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    with tempfile.TemporaryDirectory() as d:
-        init = f"file://{os.path.join(d, 'rendezvous')}"
-        procs = [ctx.Process(target=_all_cases, args=(r, ws, init, q)) for r in range(ws)]
-        for p in procs:
-            p.start()
-        results = [q.get(timeout=180) for _ in range(ws * len(WORKERS) * len(CASES[ws]))]
-        for p in procs:
-            p.join(timeout=60)
-            assert p.exitcode == 0
+    results = run_gloo(_all_cases, ws, items=ws * len(WORKERS) * len(CASES[ws]))
     for rank, data_ok, order_ok in results:
         assert data_ok, f"rank {rank}: rows differ (gathered rows, or reduced rows against the sum of partials)"
         assert order_ok, (

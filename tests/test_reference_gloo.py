@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from support.gloo import run_gloo
 
 
 def _operands(m: int, n: int, k: int):
@@ -50,23 +50,13 @@ def _worker(rank, ws, init, q):
         dist.destroy_process_group()
 
 
-def test_the_gathered_reference_is_the_whole_product(tmp_path):
+def test_the_gathered_reference_is_the_whole_product():
     ws = 3
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    init = f"file://{tmp_path / 'rdv'}"
-    procs = [ctx.Process(target=_worker, args=(r, ws, init, q)) for r in range(ws)]
-    for p in procs:
-        p.start()
     results = {}
-    for _ in range(ws):
-        rank, dtypes, got = q.get(timeout=120)
+    for rank, dtypes, got in run_gloo(_worker, ws, timeout=120):
         results[rank] = got
         assert {dtypes[kind] for kind in ("ag_gemm", "gemm_rs", "gemm_ar")} == {torch.float32}
         assert {dtypes[f"unfused {kind}"] for kind in ("ag_gemm", "gemm_rs", "gemm_ar")} == {torch.bfloat16}
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
     m, n, k = 6 * ws, 5 * ws, 4 * ws
     a, b = _operands(m, n, k)
     whole = a.bfloat16().float() @ b.bfloat16().float()

@@ -12,15 +12,10 @@ message naming the value, on every rank alike, before any collective starts.
 
 from __future__ import annotations
 
-import os
-import tempfile
-import time
-from queue import Empty
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from support.gloo import run_gloo
 
 from syncopate.errors import ConfigError
 from syncopate.tp import (
@@ -187,30 +182,7 @@ def _bad_input_worker(rank, ws, init, q):
 
 
 def _run(worker, ws):
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    with tempfile.TemporaryDirectory() as d:
-        init = "file://" + os.path.join(d, "rdzv")
-        procs = [ctx.Process(target=worker, args=(r, ws, init, q)) for r in range(ws)]
-        for p in procs:
-            p.start()
-        results = {}
-        deadline = time.monotonic() + 180
-        try:
-            while len(results) < ws:
-                try:
-                    rank, report = q.get(timeout=2)
-                    results[rank] = report
-                except Empty:
-                    dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-                    assert not dead and time.monotonic() < deadline, f"ranks ended with {dead} before reporting"
-        finally:
-            for p in procs:
-                p.join(timeout=60)
-                if p.is_alive():
-                    p.kill()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    return results
+    return dict(run_gloo(worker, ws))
 
 
 @pytest.mark.parametrize("ws", [2, 4])
