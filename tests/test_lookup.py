@@ -93,8 +93,11 @@ def test_the_ladder(populated, caplog):
     other_near = lookup((4000, 4096, 8192), TOPO, db=populated, environment=OTHER_ENV)
     assert other_near.match == "other_environment" and other_near.to_dict()["measured_on"] == "4096x4096x8192"
     assert other_near.to_dict()["environment"] == ENV.key()
-    default = lookup(W.shape, "H100x2-nvlink", db=populated, environment=ENV)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="syncopate.results_db.lookups"):
+        default = lookup(W.shape, "H100x2-nvlink", db=populated, environment=ENV)
     assert (default.match, default.trial_id, default.time_us) == ("default", None, None)
+    assert "no measured trial of them on H100x2-nvlink" in caplog.text and "topology key" in caplog.text
     assert set(default.to_dict()) == {"candidate", "match", "trial_id", "time_us"}
     assert near.to_dict()["measured_on"] == "4096x4096x8192"
     assert default.candidate == default_candidate(W, default.topology)

@@ -127,6 +127,13 @@ def _climb(source: BestSource, workload: Workload, topology: Topology, environme
                 ref.shape, hit.environment.short(),
             )
             return result(ref, hit, "other_environment")
+    if refs:  # measured elsewhere, or only predicted here: a topology key that differs from the sweep's?
+        log.warning(
+            "lookup %s on %s: %s holds %d %s %s shape(s) but no measured trial of them on %s; serving the "
+            "default configuration. If this job runs where a sweep ran, compare its topology key with this "
+            "one (a detected topology, or the key given)", workload, topo_key, source.shown or "the database",
+            len(refs), workload.kind, workload.dtype, topo_key,
+        )
     return LookupResult(candidate=default_candidate(workload, topology), match="default", trial_id=None,
                         time_us=None, workload=workload, topology=topology, database=source.shown)
 
