@@ -173,6 +173,9 @@ def main(argv=None) -> int:
             return 1
         print("\n".join(queue.get()))
         return 0
+    if "RANK" not in os.environ or not torch.cuda.is_available():
+        p.error("run it under torchrun on GPUs (torchrun --nproc-per-node N examples/tp_block.py), or on CPU "
+                "processes with --cpu --world N")
     from syncopate.workers.env import MULTICAST_OFF
 
     for key, value in MULTICAST_OFF.items():  # NVLink multicast off, unless the launcher says otherwise
