@@ -6,7 +6,8 @@ not a multiple of BLOCK_M; outputs and symmetric buffers poisoned with NaN befor
 random inputs every call, errors within what the unfused path's own rounding in that dtype gives
 (`ROUNDING`), and 100 back-to-back calls with changing inputs for each backend and kind;
 producers with more boundary tiles than programs. Every other all-gather call returns the gathered
-A too (its waits unbounded then), which must equal every rank's shard in rank order. Candidates `check_candidate` refuses (tile orders
+A too, which must equal every rank's shard in rank order (filled on a side stream with unbounded
+waits; every fourth call with bounded waits, which copy it after the call). Candidates `check_candidate` refuses (tile orders
 that can deadlock) are skipped.
 The cases run in one process a rank (spawning is slow); a failure names every case that failed.
 """
@@ -138,8 +139,10 @@ def _worker(rank, world, port, cases, shared_gpu, queue):
                         buf.local.fill_(float("nan"))
                     barrier(g, dev)
                 out = torch.full(shapes["out"], float("nan"), dtype=dt, device=dev)
-                if kind == "ag_gemm" and i % 2:  # every other call returns the gathered A (unbounded waits)
-                    _, gathered = fused[kind](a, b, g, c, out=out, return_gathered=True)
+                if kind == "ag_gemm" and i % 2:  # every other call returns the gathered A: filled on a side
+                    # stream (unbounded waits), or every fourth with bounded waits, copied after the call
+                    _, gathered = fused[kind](a, b, g, c, out=out, return_gathered=True,
+                                              spin_limit=1 << 24 if i % 4 == 3 else 0)
                     if not torch.equal(gathered, _all_rows(a, g)):
                         bad_calls.append(i)
                 else:
