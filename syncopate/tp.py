@@ -15,7 +15,9 @@ The weight gradients are local GEMMs on what a pass gathered anyway: the column 
 gathered input of its forward (`return_gathered`), the row layer's backward gathers the output
 gradient with its input gradient's GEMM. Inputs are sequence-first (`[s, b, h]` or `[tokens, h]`):
 with sequence parallelism every rank holds a block of dimension 0, which the column layer gathers
-and the row layer scatters.
+and the row layer scatters. `save_gathered=False` keeps only x's shard for the column layer's
+weight gradient (gathered again in the backward); the norms between the layers, which see only
+their rank's block, have their gradients summed over the group by `sync_sequence_parallel_grads`.
 
 `impl="torch"` runs the same layers with torch's collectives and matmuls, one after the other: the
 path a job would otherwise take, to A/B against, and one that runs on any device and group (gloo on
