@@ -145,6 +145,12 @@ def _mm_reduce(a, b, group, impl, config):
 # --- autograd functions on 2-D operands --------------------------------------------------------------------
 
 
+def _weight_grads(ctx, dy: torch.Tensor, x: torch.Tensor | None) -> tuple:
+    """dW = dy.T @ x and db = Σ dy over the rows, each where the backward asks for it (dy and x may
+    be None where neither, or x where dW, is not asked for)."""
+    return (dy.t() @ x if ctx.needs_input_grad[1] else None, dy.sum(0) if ctx.needs_input_grad[2] else None)
+
+
 class _GatherLinear(torch.autograd.Function):
     """all_gather(x) @ W.T + b; dx = reduce_scatter(dy @ W), dW = dy.T @ all_gather(x).
 
@@ -166,11 +172,9 @@ class _GatherLinear(torch.autograd.Function):
         group, impl, configs, save_gathered = ctx.setup
         dy = dy.contiguous()
         dx = _mm_scatter(dy, weight, group, impl, configs.get("gemm_rs")) if ctx.needs_input_grad[0] else None
-        dw = None
-        if ctx.needs_input_grad[1]:
-            dw = dy.t() @ (x_saved if save_gathered else _all_gather(x_saved, group))
-        db = dy.sum(0) if ctx.needs_input_grad[2] else None
-        return dx, dw, db, None, None, None, None, None
+        if ctx.needs_input_grad[1] and not save_gathered:
+            x_saved = _all_gather(x_saved, group)
+        return dx, *_weight_grads(ctx, dy, x_saved), None, None, None, None, None
 
 
 class _LinearScatter(torch.autograd.Function):
@@ -191,14 +195,12 @@ class _LinearScatter(torch.autograd.Function):
         group, impl, configs = ctx.setup
         dy = dy.contiguous()
         keep = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-        dx = None
+        dx = dy_full = None
         if ctx.needs_input_grad[0]:
             dx, dy_full = _gather_mm(dy, weight, group, impl, configs.get("ag_gemm"), gathered=keep)
         elif keep:
             dy_full = _all_gather(dy, group)
-        dw = dy_full.t() @ x if ctx.needs_input_grad[1] else None
-        db = dy_full.sum(0) if ctx.needs_input_grad[2] else None
-        return dx, dw, db, None, None, None
+        return dx, *_weight_grads(ctx, dy_full, x), None, None, None
 
 
 class _LinearReduce(torch.autograd.Function):
@@ -217,9 +219,7 @@ class _LinearReduce(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         dy = dy.contiguous()
         dx = dy @ weight if ctx.needs_input_grad[0] else None
-        dw = dy.t() @ x if ctx.needs_input_grad[1] else None
-        db = dy.sum(0) if ctx.needs_input_grad[2] else None
-        return dx, dw, db, None, None, None
+        return dx, *_weight_grads(ctx, dy, x), None, None, None
 
 
 class _LinearReduceGrad(torch.autograd.Function):
@@ -238,9 +238,7 @@ class _LinearReduceGrad(torch.autograd.Function):
         group, impl, configs = ctx.setup
         dy = dy.contiguous()
         dx = _mm_reduce(dy, weight, group, impl, configs.get("gemm_ar")) if ctx.needs_input_grad[0] else None
-        dw = dy.t() @ x if ctx.needs_input_grad[1] else None
-        db = dy.sum(0) if ctx.needs_input_grad[2] else None
-        return dx, dw, db, None, None, None
+        return dx, *_weight_grads(ctx, dy, x), None, None, None
 
 
 # --- public functions on sequence-first tensors ------------------------------------------------------------

@@ -108,7 +108,7 @@ def _worker(rank, world, port, cases, shared_gpu, queue):
     import torch.distributed as dist
 
     from syncopate.kernels import ops
-    from syncopate.kernels.reference import reference, reference_unfused, relative_error
+    from syncopate.kernels.reference import gathered_rows, reference, reference_unfused, relative_error
     from syncopate.kernels.timing import barrier
     from syncopate.search_space import Candidate, Workload
 
@@ -143,7 +143,7 @@ def _worker(rank, world, port, cases, shared_gpu, queue):
                     # stream (unbounded waits), or every fourth with bounded waits, copied after the call
                     _, gathered = fused[kind](a, b, g, c, out=out, return_gathered=True,
                                               spin_limit=1 << 24 if i % 4 == 3 else 0)
-                    if not torch.equal(gathered, _all_rows(a, g)):
+                    if not torch.equal(gathered, gathered_rows(a, g)):
                         bad_calls.append(i)
                 else:
                     fused[kind](a, b, g, c, out=out, spin_limit=1 << 24)
@@ -172,16 +172,6 @@ def _worker(rank, world, port, cases, shared_gpu, queue):
     ops.close_contexts()
     queue.put((rank, (failures, compiled_kernels())))
     dist.destroy_process_group()
-
-
-def _all_rows(a, group):
-    """Every rank's `a`, in rank order, gathered through the CPU (any process group)."""
-    import torch
-    import torch.distributed as dist
-
-    parts = [None] * dist.get_world_size(group)
-    dist.all_gather_object(parts, a.cpu(), group=group)
-    return torch.cat(parts).to(a.device)
 
 
 def compiled_kernels() -> dict[str, int]:

@@ -61,8 +61,9 @@ class GatherCall:
     row_bytes: int
     spin_limit: int = 0
     copy_own: bool = True
-    """Whether this rank's shard is copied into its rows of the gathered buffer: the gathered A is
-    returned, or a tile reads own rows from there (the kernel reads the rest from the shard)."""
+    """Whether this rank's shard is copied into its rows of the gathered buffer: a tile reads own rows
+    from there (the kernel reads the rest from the shard), or the gathered A is returned from there
+    after the call (with bounded waits; else `stage_gathered_copy` takes the shard's rows itself)."""
     programs: dict | None = None
     """Where the backend keeps the stream programs it records for calls like this one (a prepared
     call's); None: recorded for this call only."""

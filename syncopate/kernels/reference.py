@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["reference", "reference_unfused", "relative_error"]
+__all__ = ["gathered_rows", "reference", "reference_unfused", "relative_error"]
 
 
 def reference(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> torch.Tensor:
@@ -19,12 +19,10 @@ def reference_unfused(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> tor
     `reference` is the rounding a fused op's result is held to. On a group that is not NCCL's
     (ranks sharing a GPU), the same arithmetic from the operands gathered through the CPU."""
     ws = dist.get_world_size(group)
-    if "nccl" not in str(dist.get_backend(group)):
-        return _gathered_path(kind, a, b, group)
     if kind == "ag_gemm":
-        full = torch.empty((a.shape[0] * ws, a.shape[1]), dtype=a.dtype, device=a.device)
-        dist.all_gather_into_tensor(full, a.contiguous(), group=group)
-        return full @ b
+        return gathered_rows(a, group) @ b
+    if not _is_nccl(group):
+        return _gathered_path(kind, a, b, group)
     partial = a @ b
     if kind == "gemm_rs":
         out = torch.empty((partial.shape[0] // ws, partial.shape[1]), dtype=a.dtype, device=a.device)
@@ -34,20 +32,33 @@ def reference_unfused(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> tor
     return partial
 
 
+def _is_nccl(group) -> bool:
+    return "nccl" in str(dist.get_backend(group))
+
+
+def _gathered_cpu(t: torch.Tensor, group) -> list[torch.Tensor]:
+    """Every rank's `t` (one shape on every rank), in rank order, gathered through the CPU."""
+    parts = [torch.empty(t.shape, dtype=t.dtype) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, t.contiguous().cpu(), group=group)
+    return [p.to(t.device) for p in parts]
+
+
+def gathered_rows(t: torch.Tensor, group) -> torch.Tensor:
+    """Every rank's `t` (one shape on every rank) stacked along dimension 0 in rank order: NCCL's
+    all-gather, or on any other group, through the CPU."""
+    if not _is_nccl(group):
+        return torch.cat(_gathered_cpu(t, group))
+    full = torch.empty((t.shape[0] * dist.get_world_size(group), *t.shape[1:]), dtype=t.dtype, device=t.device)
+    dist.all_gather_into_tensor(full, t.contiguous(), group=group)
+    return full
+
+
 def _gathered_path(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> torch.Tensor:
-    """`reference_unfused` from every rank's operands gathered through the CPU (any process group):
-    the partials, each in the operands' dtype, summed in rank order with a rounding to that dtype
-    after each addition (none for float32)."""
+    """`reference_unfused` of a reduce-scatter or all-reduce from every rank's operands gathered
+    through the CPU (any process group): the partials, each in the operands' dtype, summed in rank
+    order with a rounding to that dtype after each addition (none for float32)."""
     ws, rank = dist.get_world_size(group), dist.get_rank(group)
-
-    def gathered(t: torch.Tensor) -> list[torch.Tensor]:
-        parts = [torch.empty(t.shape, dtype=t.dtype) for _ in range(ws)]
-        dist.all_gather(parts, t.contiguous().cpu(), group=group)
-        return [p.to(t.device) for p in parts]
-
-    if kind == "ag_gemm":
-        return torch.cat(gathered(a)) @ b
-    partials = [x @ y for x, y in zip(gathered(a), gathered(b), strict=True)]
+    partials = [x @ y for x, y in zip(_gathered_cpu(a, group), _gathered_cpu(b, group), strict=True)]
     total = partials[0]
     for p in partials[1:]:
         total = (total.float() + p.float()).to(a.dtype)
