@@ -2,7 +2,8 @@
 the gathered A filled on a side stream while the GEMM runs (the default) against the way before
 (the shard copied into the gathered buffer, the buffer copied out after the call:
 `ops._GATHERED_OVERLAP = False`, SYNCOPATE_GATHERED_OVERLAP=0), with return_gathered=False for
-reference; three rounds in turn, each the median of 20 calls timed by events after a device sleep.
+reference; three rounds in turn, each the median of 20 calls timed by `gpu_single.bench` (events,
+L2 flushed, a device sleep first).
 Every call's output and gathered A are checked.
 
     python benchmarks/gathered_copy.py
@@ -20,27 +21,10 @@ SHAPES = ((8192, 14336, 4096), (8192, 4096, 8192), (8192, 2048, 8192))
 MODES = ("plain", "copied after", "side stream")
 
 
-def _time_us(fn, reps: int = 20) -> float:
-    import torch
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(reps):
-        torch.cuda._sleep(2_000_000)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(samples)
-
-
 def main() -> int:
     import torch
     import torch.distributed as dist
+    from gpu_single import bench
 
     from syncopate.kernels import ops
     from syncopate.kernels.local_ranks import free_port, join_group
@@ -70,7 +54,7 @@ def main() -> int:
                 err = float((out.float() - ref).norm() / ref.norm())
                 if not torch.equal(full, a) or err > 1e-2:
                     raise SystemExit(f"{mode} {m}x{n}x{k}: gathered A equal {torch.equal(full, a)}, rel err {err:.3g}")
-                times[mode].append(_time_us(call))
+                times[mode].append(bench(call))
         print(f"| {m}×{n}×{k} | " + " | ".join(f"{statistics.median(times[x]):.1f}" for x in MODES) + " |")
     ops.close_contexts()
     dist.destroy_process_group()
