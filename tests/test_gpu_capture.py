@@ -1,17 +1,57 @@
-"""Layer: one GPU. The fused ops under CUDA graph capture: refused with their ConfigError, before
-a first call and after one, and right afterwards (tests/support/capture_check.py, run in a fresh
-process without TRITON_INTERPRET, which the interpreter tests set in this one)."""
+"""Layer: one GPU, and two. The fused ops captured in CUDA graphs (tests/support/capture_check.py):
+every op, backend and stationary template replayed right with fresh inputs, between uncaptured
+calls and back to back; the first call of a shape and bounded waits refused under capture. In a
+group of one rank (a fresh process without TRITON_INTERPRET, which the interpreter tests set in
+this one), two ranks sharing one GPU (no NCCL there), and two GPUs."""
 
 from __future__ import annotations
 
 import pytest
-
 from support.checks import run_script
+from test_gpu_ops import run_ranks
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(900)
+
+CHECKS_ONE_RANK = 3 * 4 + 2
 
 
-def test_the_ops_refuse_a_graph_capture_and_stay_right():
-    done = run_script("capture_check.py", timeout=280)
+def _rank_worker(rank, world, port, shared_gpu, queue):
+    from syncopate.kernels.local_ranks import join_group
+
+    dev = join_group(rank, world, port, shared_gpu)  # TRITON_INTERPRET dropped before the kernels are imported
+    import torch.distributed as dist
+    from support.capture_check import run_all
+
+    import syncopate
+
+    try:
+        queue.put((rank, run_all(dev, dist.group.WORLD, rank, world, nccl=not shared_gpu)))
+    finally:
+        syncopate.close_contexts()
+        dist.destroy_process_group()
+
+
+def _assert_all_right(reports: dict, expected: int) -> None:
+    for rank, results in sorted(reports.items()):
+        for name, failure, detail in results:
+            print(f"rank {rank} {'FAIL' if failure else 'ok  '} {name}: {failure or detail}")
+    failures = [f"rank {r}: {name}\n{detail}" for r, res in reports.items() for name, failure, detail in res if failure]
+    assert not failures, "\n".join(failures)
+    assert all(len(res) == expected for res in reports.values()), {r: len(res) for r, res in reports.items()}
+
+
+@pytest.mark.gpu
+def test_captured_calls_replay_right_in_a_group_of_one():
+    done = run_script("capture_check.py", timeout=880)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("ok    ") == 6, done.stdout
+    assert done.stdout.count("ok    ") == CHECKS_ONE_RANK, done.stdout
+
+
+@pytest.mark.gpu
+def test_captured_calls_replay_right_with_two_ranks_sharing_one_gpu():
+    _assert_all_right(run_ranks(_rank_worker, 2, (True,), timeout=880), CHECKS_ONE_RANK - 3)
+
+
+@pytest.mark.multigpu
+def test_captured_calls_replay_right_on_two_gpus():
+    _assert_all_right(run_ranks(_rank_worker, 2, (False,), timeout=880), CHECKS_ONE_RANK)

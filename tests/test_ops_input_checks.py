@@ -1,6 +1,6 @@
 """Layer: CPU. The fused ops reject bad input with one clear ConfigError (a ValueError) before
-anything is launched: wrong ranks, dtypes, shapes, layouts, devices, no process group, or a call
-under CUDA graph capture."""
+anything is launched: wrong ranks, dtypes, shapes, layouts, devices, no process group, or, under CUDA graph capture,
+the first call of a shape or a bounded wait."""
 
 from __future__ import annotations
 
@@ -107,8 +107,17 @@ class _OnCuda(torch.Tensor):
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_a_call_under_cuda_graph_capture_is_refused_first(op, monkeypatch):
+def test_a_first_call_under_cuda_graph_capture_is_refused_first(op, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     a = torch.zeros(8, 4).as_subclass(_OnCuda)
-    with pytest.raises(ConfigError, match=rf"syncopate\.{op.__name__} cannot be captured in a CUDA graph"):
+    with pytest.raises(ConfigError, match=rf"syncopate\.{op.__name__}: the first call with these shapes.*make one "
+                                          r"such call before capturing"):
         op(a, torch.zeros(4, 8))  # no group either: the capture is named before anything else
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_bounded_wait_under_cuda_graph_capture_is_refused(op, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    a = torch.zeros(8, 4).as_subclass(_OnCuda)
+    with pytest.raises(ConfigError, match=rf"syncopate\.{op.__name__}: spin_limit=1000 .* capture it with spin_limit=0"):
+        op(a, torch.zeros(4, 8), spin_limit=1000)

@@ -85,7 +85,7 @@ class _World:
             self.plans.append(plan(r))
 
     def _begin(self, r):
-        def begin() -> int:
+        def begin(stream=None) -> int:
             self.ctxs[r].epoch += 1
             return self.ctxs[r].epoch
         return begin

@@ -91,8 +91,8 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
         out: torch.Tensor) -> None:
     """Enqueue one call: out = this rank's rows [M/ws, N] (all-reduce: all [M, N]) of the sum over
     ranks of a @ b (a: [M, K/ws] contiguous, b: [K/ws, N])."""
-    r, ws, e = plan.rank, plan.world_size, ctx.begin_call()
     main = ctx.current_stream()
+    r, ws, e = plan.rank, plan.world_size, ctx.begin_call(main)
     b = b.contiguous()  # what is pushed is B's bytes in row-major order
     streams = ctx.fork(main, 3 if plan.all_reduce else 1)  # pushes; an all-reduce's chunks out, and pulls
     push = streams[0]

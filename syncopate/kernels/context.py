@@ -3,7 +3,9 @@
 A context belongs to one process group and one set of buffer shapes. It is made by a factory
 (`OverlapContext.create`, or the per-op caches in `syncopate.kernels.ops`), used by every call with
 those shapes, and closed explicitly. Each call takes the next epoch with `begin_call()`; signals
-only grow, so no call resets anything. Symmetric memory comes from torch's
+only grow, so no call resets anything. A call captured in a CUDA graph is the exception: its
+replays repeat the epoch it was captured with, so it takes GRAPH_EPOCH and starts by clearing the
+pads, with the group met before and after (`graph_entry_kernel`). Symmetric memory comes from torch's
 `torch.distributed._symmetric_memory` (CUDA backend); every rank maps every peer's buffers.
 Ranks that share one GPU (two processes on a one-GPU machine, to check the ops with transfers
 between processes; nothing overlaps there) exchange their buffers through CUDA IPC instead, which
@@ -23,10 +25,13 @@ import torch.distributed as dist
 from syncopate.errors import CandidateTimeoutError, RuntimeUnavailableError
 from syncopate.kernels.tables import PAD_WORDS
 
-__all__ = ["IpcHandle", "OverlapContext", "SymmetricBuffer", "ranks_share_a_device"]
+__all__ = ["GRAPH_EPOCH", "IpcHandle", "OverlapContext", "SymmetricBuffer", "ranks_share_a_device"]
 
 log = logging.getLogger(__name__)
 
+
+GRAPH_EPOCH = 1
+"""The epoch of every call captured in a CUDA graph (its pads cleared first)."""
 
 _SHARED_WARNED: set[str] = set()
 """Groups whose ranks share a GPU, said once a process."""
@@ -203,6 +208,8 @@ class OverlapContext:
         )
         ctx.scratch = torch.zeros(64, dtype=torch.int32, device=device)
         ctx.remote_writes = ctx._probe_remote_writes()
+        ctx._enter_graph_call(None)  # compiled and loaded here, never first under a capture
+        torch.cuda.synchronize(device)
         log.debug("context on rank %d: buffers %s, remote stream writes %s", ctx.rank,
                   {k: tuple(v.local.shape) for k, v in bufs.items()}, ctx.remote_writes)
         return ctx
@@ -242,12 +249,25 @@ class OverlapContext:
         program.write(stream, slot)
         program.copy(stream, address, slot, 4)
 
-    def begin_call(self) -> int:
-        """Take the epoch of the next call (1, 2, …); every rank makes the same calls in the same order."""
+    def begin_call(self, stream: torch.cuda.Stream | None = None) -> int:
+        """Take the epoch of the next call (1, 2, …); every rank makes the same calls in the same order.
+
+        A call enqueued on `stream` while the stream is captured in a CUDA graph takes GRAPH_EPOCH
+        instead, after a start that clears the pad on every rank (`graph_entry_kernel`); the epochs
+        of calls outside a graph stay above it, so a word a replay raised never passes their waits."""
         if self.closed:
             raise RuntimeError("this context was closed; make a new one")
+        if stream is not None and torch.cuda.is_current_stream_capturing():
+            self._enter_graph_call(stream)
+            self.epoch = max(self.epoch, GRAPH_EPOCH)
+            return GRAPH_EPOCH
         self.epoch += 1
         return self.epoch
+
+    def _enter_graph_call(self, stream: torch.cuda.Stream | None) -> None:
+        from syncopate.kernels.launch import launch_graph_entry
+
+        launch_graph_entry(self, stream)
 
     def signal_address(self, rank: int, word: int) -> int:
         """Address of int32 word `word` of `rank`'s signal pad, mapped in this process."""

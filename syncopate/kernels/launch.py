@@ -17,13 +17,13 @@ import triton.language as tl
 from syncopate.environment import KERNEL_SWITCHES
 from syncopate.errors import RuntimeUnavailableError
 from syncopate.kernels import gluon_kernels
-from syncopate.kernels.tables import ENTERED_BASE, READY_BASE
-from syncopate.kernels.triton_kernels import chunk_copy_kernel, consumer_kernel, producer_kernel
+from syncopate.kernels.tables import ENTERED_BASE, MEET_BASE, READY_BASE
+from syncopate.kernels.triton_kernels import chunk_copy_kernel, consumer_kernel, graph_entry_kernel, producer_kernel
 from syncopate.search_space import Candidate
 
 __all__ = [
     "interpreting", "use_tma", "own_shard_readable", "launch_consumer", "launch_producer", "launch_chunk_copy",
-    "copy_job_tables", "stage_chunk_copy", "gluon_producer", "gluon_consumer", "TL_DTYPES",
+    "copy_job_tables", "stage_chunk_copy", "launch_graph_entry", "gluon_producer", "gluon_consumer", "TL_DTYPES",
 ]
 
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -657,3 +657,11 @@ def _run_copier(ctx, stream, tables, num_jobs: int, programs: int, epoch: int, d
             epoch, ctx.error, NUM_PROGRAMS=programs, BLOCK=COPY_BLOCK, ELEM=TL_DTYPES[dtype], MAX_SPIN=spin_limit,
             num_warps=4,
         )
+
+
+def launch_graph_entry(ctx, stream: torch.cuda.Stream | None) -> None:
+    """Enqueue on `stream` the start of a call captured in a CUDA graph (`graph_entry_kernel`):
+    the group meets, each rank clears its pad's words below MEET_BASE, and meets again."""
+    with torch.cuda.stream(stream) if stream is not None and ctx.device.type == "cuda" else contextlib.nullcontext():
+        graph_entry_kernel[(1,)](ctx.signals.local, ctx.peer_signal_ptrs, ctx.rank, MEET_BASE, WORLD=ctx.world_size,
+                                 CLEAR=MEET_BASE, BLOCK=1024, num_warps=4)

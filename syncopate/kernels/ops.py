@@ -9,8 +9,13 @@
 `b` may be row-major or the transpose of a row-major [N, K] matrix (`weight.t()` of an
 nn.Linear). With `config=None` an op asks `syncopate.lookup` once per (workload, group) and keeps
 the answer. Contexts (symmetric buffers, signals, streams) are kept per (group, kind, shape,
-dtype) in a `ContextRegistry` until `close_contexts()`. The ops cannot be captured in a CUDA graph
-(each call takes its epoch on the host); a call under capture is refused with ConfigError.
+dtype) in a `ContextRegistry` until `close_contexts()`.
+
+A call can be captured in a CUDA graph once one like it (same shapes, dtype, group and config) has
+run outside the capture: that call makes the context (a collective) and compiles the kernel. A
+captured call starts by clearing the signal pads with the group met before and after
+(`OverlapContext.begin_call`), as its replays repeat its epoch; every rank must replay its graphs
+in the same order, as it would make the calls.
 """
 
 from __future__ import annotations
@@ -132,7 +137,8 @@ as before; for measurements)."""
 
 
 def close_contexts(group=None) -> None:
-    """Free the symmetric buffers of every context (of `group` only, if given). Collective."""
+    """Free the symmetric buffers of every context (of `group` only, if given). Collective. CUDA
+    graphs holding calls of those contexts must not be replayed afterwards."""
     _REGISTRY.close(group)
 
 
@@ -267,10 +273,11 @@ def all_gather_matmul(
     cuBLAS's, its stream waits are not bounded by `spin_limit`); with `return_gathered` the call
     takes the direct plan, which gathers A.
     """
-    _refuse_capture("all_gather_matmul", a_shard)
+    capturing = _capturing(a_shard, "all_gather_matmul", spin_limit)
     key = _call_key("ag_gemm", a_shard, b, group, config)
     prep = _REGISTRY.prepared.get(key) if key is not None else None
     if prep is None:
+        _refuse_first_capture("all_gather_matmul", capturing)
         prep = _prepare_gather(a_shard, b, group, config)
         _REGISTRY.prepared[key] = prep
     ctx, plan, cand, tables, backend, rank, m_local, k, n_local, programs = prep
@@ -290,8 +297,8 @@ def all_gather_matmul(
     # The gathered A goes out on a side stream while the GEMM runs (not with bounded waits: a stream
     # wait is not, and a chunk that never comes would hold it), else from the gathered buffer after.
     overlap = return_gathered and _GATHERED_OVERLAP and not spin_limit
-    epoch = ctx.begin_call()
     main = ctx.current_stream()
+    epoch = ctx.begin_call(main)
     streams = ctx.fork(main, 3)
     call = GatherCall(
         ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, a_local=a_shard, a_full=a_full,
@@ -319,15 +326,27 @@ def all_gather_matmul(
     return out, gathered
 
 
-def _refuse_capture(op: str, a) -> None:
-    """A call captured in a CUDA graph would replay its epoch: every replay's waits would find the
-    signals of the first already raised and read chunks before they land. Refused before anything
-    is enqueued or allocated."""
-    if isinstance(a, torch.Tensor) and a.is_cuda and torch.cuda.is_current_stream_capturing():
+def _capturing(a, op: str, spin_limit: int) -> bool:
+    """Whether this call is being captured in a CUDA graph; bounded waits are refused there: a
+    replay's timeout could not be reported (nothing reads the error flag), only its wrong output."""
+    if not (isinstance(a, torch.Tensor) and a.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False
+    if spin_limit:
         raise ConfigError(
-            f"syncopate.{op} cannot be captured in a CUDA graph: each call takes a new epoch on the host, "
-            f"which a replay would repeat, and its waits would pass before the chunks arrive; call it "
-            f"outside the captured region (torch.cuda.graph / make_graphed_callables)"
+            f"syncopate.{op}: spin_limit={spin_limit} bounds waits for a tuning run, which reports a timeout "
+            f"after the call; a call captured in a CUDA graph cannot: capture it with spin_limit=0"
+        )
+    return True
+
+
+def _refuse_first_capture(op: str, capturing: bool) -> None:
+    """The first call of a shape makes its context (symmetric memory, a collective that synchronizes)
+    and compiles its kernel: neither can happen under a capture. Refused before anything is enqueued."""
+    if capturing:
+        raise ConfigError(
+            f"syncopate.{op}: the first call with these shapes, dtype, group and config cannot be captured in a "
+            f"CUDA graph (it makes the group's symmetric buffers and compiles the kernel); make one such call "
+            f"before capturing, as torch.cuda.graph's warm-up does"
         )
 
 
@@ -413,10 +432,12 @@ def _prepare_scatter(kind: str, a, b, group, config):
 
 
 def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
-    _refuse_capture("matmul_reduce_scatter" if kind == "gemm_rs" else "matmul_all_reduce", a)
+    op = "matmul_reduce_scatter" if kind == "gemm_rs" else "matmul_all_reduce"
+    capturing = _capturing(a, op, spin_limit)
     key = _call_key(kind, a, b, group, config)
     prep = _REGISTRY.prepared.get(key) if key is not None else None
     if prep is None:
+        _refuse_first_capture(op, capturing)
         prep = _prepare_scatter(kind, a, b, group, config)
         _REGISTRY.prepared[key] = prep
     ctx, plan, cand, tables, backend, rank, ws, send, out_rows, programs = prep
@@ -429,8 +450,8 @@ def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
     if cand.template == C_STATIONARY:
         c_stationary.run(ctx, plan, a, b, out)
         return out
-    epoch = ctx.begin_call()
     main = ctx.current_stream()
+    epoch = ctx.begin_call(main)
     reduced = ctx.buffers.get("reduced")
     streams = ctx.fork(main, 3)
     # What may allocate is done before the kernel is launched; the waits for its chunks are enqueued after it.

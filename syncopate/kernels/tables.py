@@ -8,6 +8,11 @@ Signal pad layout (int32 words, one pad per rank, in symmetric memory):
 | ARRIVAL_SLOTS + r              | the epoch rank r has entered (written by r into every pad)   |
 | [READY_BASE, READY_BASE + …)   | producer: chunks of this rank ready to leave, in send order  |
 | [LOCAL_BASE, LOCAL_BASE + …)   | consumer: this rank's own chunks copied into the gathered buffer |
+| [MEET_BASE, MEET_BASE + 256)   | the two meetings of a call captured in a CUDA graph, a word a rank each |
+| PAD_WORDS - 1                  | spare: where a context probes a peer's pad at creation       |
+
+Every word below MEET_BASE is cleared by a captured call before it starts (`graph_entry_kernel`);
+the meeting words are reset by the rank that waits on them.
 
 Partials received by a reduce-scatter land in the receiver's `recv` buffer. When every partial a
 rank receives is for a distinct chunk (ring templates), row `row` of the partial sits at
@@ -36,7 +41,9 @@ __all__ = [
     "ENTERED_BASE",
     "READY_BASE",
     "LOCAL_BASE",
+    "MEET_BASE",
     "PAD_WORDS",
+    "READY_WORDS",
     "ConsumerTables",
     "ProducerTables",
     "plan_for",
@@ -52,7 +59,10 @@ ENTERED_BASE = ARRIVAL_SLOTS
 READY_BASE = ARRIVAL_SLOTS + 128
 LOCAL_BASE = READY_BASE
 """A consumer has no ready words: its own chunks' words take their place."""
-PAD_WORDS = READY_BASE + 1024
+READY_WORDS = 1024
+MEET_BASE = READY_BASE + READY_WORDS
+MAX_RANKS = READY_BASE - ENTERED_BASE
+PAD_WORDS = MEET_BASE + 2 * MAX_RANKS + 1
 
 
 @functools.lru_cache(maxsize=256)
@@ -60,10 +70,10 @@ def plan_for(kind: str, candidate_template: str, world_size: int, rows: int, num
     collective = {"ag_gemm": "all_gather", "gemm_rs": "reduce_scatter", "gemm_ar": "all_reduce"}[kind]
     plan = build_plan(candidate_template, collective, world_size, rows, num_splits, align=align)
     for r in range(world_size):
-        if plan.num_signals(r) > ARRIVAL_SLOTS or len(plan.sends(r)) > PAD_WORDS - READY_BASE:
+        if plan.num_signals(r) > ARRIVAL_SLOTS or len(plan.sends(r)) > READY_WORDS:
             raise ConfigError(f"plan with {plan.num_chunks} chunks needs more than {ARRIVAL_SLOTS} signal slots")
-    if world_size > READY_BASE - ENTERED_BASE:
-        raise ConfigError(f"world size {world_size} exceeds the {READY_BASE - ENTERED_BASE} ranks a signal pad holds")
+    if world_size > MAX_RANKS:
+        raise ConfigError(f"world size {world_size} exceeds the {MAX_RANKS} ranks a signal pad holds")
     return plan
 
 

@@ -11,7 +11,9 @@ Shape symbols
 | C         | chunks of the communicated tensor, in row order                          |
 
 Signals are int32 words that only grow: a chunk of call `epoch` is there when its word is >= epoch
-(compared wrap-safe as a signed difference). Nothing resets them between calls. `epoch` is not
+(compared wrap-safe as a signed difference). Nothing resets them between calls, but for calls
+captured in a CUDA graph, whose replays repeat their epoch: `graph_entry_kernel` clears the pads
+before each of those. `epoch` is not
 specialized on: otherwise the epochs 1 and 16k would each compile a variant of their own, in the
 middle of a run, while the peers' waits run down. Waits are bounded
 by `max_spin` polls when it is positive (MAX_SPIN for the copier); a wait that runs out sets
@@ -41,7 +43,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["consumer_kernel", "producer_kernel", "chunk_copy_kernel", "POLL_PTX", "STORES_DONE_PTX"]
+__all__ = ["consumer_kernel", "producer_kernel", "chunk_copy_kernel", "graph_entry_kernel", "POLL_PTX", "STORES_DONE_PTX"]
 
 POLL_PTX = tl.constexpr("""
 {
@@ -597,3 +599,41 @@ def chunk_copy_kernel(
             if signal >= 0:
                 sig = tl.load(peer_signal_ptrs + peer).to(tl.pointer_type(tl.int32))
                 tl.atomic_xchg(sig + signal, epoch, sem="release", scope="sys")
+
+
+@triton.jit
+def _meet(pad_ptr, peer_pads_ptr, slot, RANK, WORLD: tl.constexpr):
+    """Every rank of the group reaches this point: raise word `slot + RANK` of every pad, then wait
+    for word `slot + p` of this pad to be raised by each rank p and lower it again (one
+    compare-and-swap from 1 to 0, acquire-release at system scope), so that the next meeting on these
+    words finds them at 0. A rank raises a word of a meeting only after it has passed the meeting
+    before it, on the other words, which every rank enters only after lowering these."""
+    for p in range(WORLD):
+        peer = tl.load(peer_pads_ptr + p).to(tl.pointer_type(tl.int32))
+        tl.atomic_xchg(peer + slot + RANK, 1, sem="release", scope="sys")
+    for p in range(WORLD):
+        seen = tl.atomic_cas(pad_ptr + slot + p, 1, 0, sem="acq_rel", scope="sys")
+        while seen != 1:
+            seen = tl.atomic_cas(pad_ptr + slot + p, 1, 0, sem="acq_rel", scope="sys")
+
+
+@triton.jit
+def graph_entry_kernel(pad_ptr, peer_pads_ptr, RANK, MEET_BASE, WORLD: tl.constexpr, CLEAR: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """The start of a call captured in a CUDA graph, one program: every rank has ended its previous
+    call (a meeting), this rank's pad words [0, CLEAR) are set to 0, and every rank has done so (a
+    second meeting) before any rank goes on to raise a word of this call in a peer's pad.
+
+    A replay repeats the epoch it was captured with (1), so the words a call waits on must start
+    each call below it: the first meeting makes sure no peer still writes this pad (a rank's writes
+    of a call are done when its next call starts, in stream order), the second that no peer raises
+    a word before its owner has cleared it. With WORLD = 1 there is nobody to meet."""
+    if WORLD > 1:
+        _meet(pad_ptr, peer_pads_ptr, MEET_BASE, RANK, WORLD)
+        tl.debug_barrier()
+    offs = tl.arange(0, BLOCK)
+    for start in range(0, CLEAR, BLOCK):
+        tl.store(pad_ptr + start + offs, tl.zeros([BLOCK], tl.int32), mask=start + offs < CLEAR)
+    if WORLD > 1:
+        tl.debug_barrier()  # every thread's stores come before the release that raises the meeting's words
+        _meet(pad_ptr, peer_pads_ptr, MEET_BASE + WORLD, RANK, WORLD)

@@ -5,7 +5,7 @@ path, the PTX acquire waits, register-heavy epilogues, and whatever a Triton rel
 front end. This script points Triton at an sm_90 target, makes every launch a compile-only warm-up,
 and compiles the variants the tuner launches on GPUs (TMA and pointer paths, K-major B, split and
 unsplit producer epilogues, pointer and TMA epilogues, kept chunks finished in the epilogue or deferred, reduce-scatter and
-all-reduce, the consumer and producer in Gluon, the SM-driven copier). Run it in a fresh
+all-reduce, the consumer and producer in Gluon, the SM-driven copier, a captured call's entry). Run it in a fresh
 process without TRITON_INTERPRET; it prints one line per variant and exits 1 if any fails.
 
     python tests/support/compile_sm90.py
@@ -122,6 +122,13 @@ def copier(dtype):
     launch.launch_chunk_copy(ctx, None, [(0, 0, 1024, -1, 3, 1)], 32, 3, dtype, 1 << 20)
 
 
+def graph_entry(world: int):
+    pad = torch.zeros(PAD_WORDS, dtype=torch.int32)
+    ctx = SimpleNamespace(device=CPU, signals=SimpleNamespace(local=pad), rank=0, world_size=world,
+                          peer_signal_ptrs=torch.zeros(world, dtype=torch.int64))
+    launch.launch_graph_entry(ctx, None)
+
+
 def gluon(build, kernel="gluon_producer_kernel"):
     """`build` with the Gluon kernels (SYNCOPATE_GLUON=1), checking that `kernel` is what compiled."""
     saved = os.environ.get("SYNCOPATE_GLUON")
@@ -167,6 +174,7 @@ def variants():
     yield "consumer gluon 128x128 fp16 b k-major", True, lambda: gluon(
         lambda: consumer(Candidate(num_splits=4, **small), fp16, True), "gluon_consumer_kernel")
     yield "chunk copier bf16", False, lambda: copier(bf16)
+    yield "captured call's entry, two ranks", False, lambda: graph_entry(2)
 
 
 def main() -> int:

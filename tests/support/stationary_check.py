@@ -39,7 +39,7 @@ def _ranks(ws: int, buffers: dict, plan_of, dev):
         streams = [torch.cuda.Stream(device=dev) for _ in range(3)]
         state = {"epoch": 0}
 
-        def begin(state=state) -> int:
+        def begin(stream=None, state=state) -> int:
             state["epoch"] += 1
             return state["epoch"]
 
