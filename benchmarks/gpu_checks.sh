@@ -4,7 +4,7 @@
 # a one-line verdict per step is printed last.
 #
 #   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix shared shared48 tune order conns rs ar suite own
-#                                                    gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 calib tp (default: matrix tune order conns
+#                                                    gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 calib tp graph (default: matrix tune order conns
 #                                                    rs ar suite; SECONDS overrides the limit)
 #
 #   smoke   tests/test_gpu_ops.py, the quick matrix: one case per kind x backend, 10 calls back to back
@@ -36,10 +36,12 @@
 #
 # With 30 minutes of two GPUs: `smoke matrix suite suite-gluon` (about 21 minutes at their limits)
 # says whether the TP=2 targets hold with the current code (the stationary templates in the suite's
-# `stat.` column, the Gluon kernels in the second suite); `tp` next if time is left.
+# `stat.` column, the Gluon kernels in the second suite); `tp` and `graph` next if time is left.
 #   tp      syncopate.tp's layers: tests/test_gpu_tp.py on two GPUs, then benchmarks/tp_mlp.py (a
 #           LLaMA-8B MLP block at 8192 tokens, forward and backward, fused against torch's path and
 #           async-TP) with and without sequence parallelism, then examples/tp_block.py on two GPUs
+#   graph   the ops captured in CUDA graphs: tests/test_gpu_capture.py on two GPUs, then
+#           benchmarks/graph_calls.py (calls one by one against a graph's replay; ours, torch's, async-TP)
 #
 # Triton's cache lives in $TRITON_CACHE_DIR (default /tmp/syncopate-triton-cache); it starts from
 # .tcache/triton-cache.tgz when that exists and is packed into $OUT/triton-cache.tgz at the end, so
@@ -142,7 +144,9 @@ for arg in "${steps[@]}"; do
             step tp-sp 200 python3 benchmarks/tp_mlp.py --json "$OUT/tp-sp.json"
             step tp-ar 200 python3 benchmarks/tp_mlp.py --no-sp --json "$OUT/tp-ar.json"
             step tp-block 200 torchrun --nproc-per-node 2 examples/tp_block.py ;;
-        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 calib tp" >&2
+        graph) step graph-test 300 python3 -m pytest -s -q -p no:cacheprovider -m multigpu tests/test_gpu_capture.py
+            step graph-calls 200 python3 benchmarks/graph_calls.py --ranks 2 --out "$OUT/graph-calls.json" ;;
+        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 calib tp graph" >&2
             exit 2 ;;
     esac
 done
