@@ -107,6 +107,22 @@ def test_default_candidate_is_valid_for_the_suite(suite):
         check_candidate(default_candidate(w, H200x2), w, H200x2)
 
 
+def test_the_default_keeps_its_long_tiles_and_fills_the_sms_on_short_gemms():
+    def tile(kind, shape, topo=H200x2):
+        c = default_candidate(Workload(kind=kind, shape=shape), topo)
+        check_candidate(c, Workload(kind=kind, shape=shape), topo)
+        return (c.block_m, c.block_n, c.num_warps, c.num_stages)
+
+    assert tile("ag_gemm", (8192, 14336, 4096)) == (128, 256, 8, 3)  # 1792 tiles: the long default
+    assert tile("ag_gemm", (8192, 2048, 8192)) == (128, 128, 8, 4)  # N/ws = 1024: narrow, 512 tiles
+    assert tile("gemm_rs", (2048, 4096, 4096)) == (128, 256, 8, 3)  # 256 tiles: two waves of 132
+    # 256 rows: 128x256 tiles would be 32 on 132 SMs (46.9 us on one H100, 64x128: 25.7)
+    one = Topology(world_size=1, gpu_model="H100")
+    assert tile("ag_gemm", (256, 4096, 4096), one) == (64, 128, 4, 4)
+    assert tile("gemm_rs", (256, 7168, 4096), one) == (128, 128, 4, 4)  # 64x128 would take two waves
+    assert tile("gemm_rs", (1024, 4096, 4096), one) == (128, 256, 8, 3)  # 128 tiles: a wave nearly full
+
+
 def test_optuna_distributions_cover_the_space():
     w = Workload(kind="ag_gemm", shape=(8192, 4096, 8192))
     dists = optuna_distributions(w, H200x2)

@@ -41,6 +41,7 @@ __all__ = [
     "optuna_distributions",
     "candidate_from_params",
     "default_candidate",
+    "SHORT_TILES",
     "a_stationary_candidate",
     "c_stationary_candidate",
     "tile_orders_for",
@@ -374,18 +375,45 @@ def empty_space_message(workload: Workload, topology: Topology, options: SpaceOp
     return f"no candidate fits {workload} on {topology}"
 
 
+SHORT_TILES: tuple[tuple[TileConfig, float], ...] = (
+    (TileConfig(128, 256, 64, 8, 3), 1.0),
+    (TileConfig(128, 128, 64, 4, 4), 1.12),
+    (TileConfig(64, 128, 64, 4, 4), 1.6),
+)
+"""The default's tiles for a GEMM too short to fill the GPU with 128×256 (or 128×128) tiles, largest
+first, each with its time per unit of tile area against the first's (one H100, whole waves of
+tiles at K=4096: 128×128 1.10–1.13, 64×128 1.56–1.74). The default then takes the tile whose waves
+over the GPU's SMs cost least (waves × area × that factor), the larger on a tie: a 256×4096×4096
+GEMM took 46.9 µs with 128×256 tiles (32 tiles on 132 SMs), 30.0 with 128×128 and 25.7 with
+64×128 (cuBLAS 17.7); `benchmarks/NOTES.md`, 2026-11-25."""
+
+
 def default_candidate(workload: Workload, topology: Topology) -> Candidate:
     """The documented default: copy engine, direct plan, 4 splits (fewer if the block is short),
-    arrival order, 128×256×64 tiles with 8 warps and 3 stages (128×128 where N is narrow)."""
+    arrival order, 128×256×64 tiles with 8 warps and 3 stages (128×128 with 4 stages where N is
+    narrow); where those tiles would not fill every SM once, the tile of SHORT_TILES whose waves
+    over the SMs cost least (128×128 or 64×128 with 4 warps and 4 stages at a few hundred rows)."""
     rows = _rows_per_block(workload, topology.world_size)
-    n_cols = workload.local_gemm(topology.world_size)[1]
-    block_n = 256 if n_cols >= 2048 else 128
+    m, n_cols, _ = workload.local_gemm(topology.world_size)
+    sms = max(1, topology.sm_count)
+
+    def tiles(tc: TileConfig) -> int:
+        return -(-m // tc.block_m) * -(-n_cols // tc.block_n)
+
+    def cost(entry: tuple[TileConfig, float]) -> float:
+        tc, per_area = entry
+        return -(-tiles(tc) // sms) * tc.block_m * tc.block_n * per_area
+
+    tile = TileConfig(128, 256, 64, 8, 3) if n_cols >= 2048 else TileConfig(128, 128, 64, 8, 4)
+    if tiles(tile) < sms:
+        tile = min(SHORT_TILES, key=cost)[0]  # min keeps the first, the larger tile, on a tie
     splits = 4
     while splits > 1 and rows // splits < 128:
         splits //= 2
     return Candidate(
         backend="copy_engine", template="direct", num_splits=splits, tile_order="arrival", comm_sms=0,
-        block_m=128, block_n=block_n, block_k=64, group_m=8, num_warps=8, num_stages=3 if block_n == 256 else 4,
+        block_m=tile.block_m, block_n=tile.block_n, block_k=tile.block_k, group_m=8, num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
     )
 
 
