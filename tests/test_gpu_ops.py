@@ -95,6 +95,18 @@ def matrix(quick: bool = False, world: int = 2):
         c = Candidate(backend=backend, num_splits=1, comm_sms=comm_sms(kind, backend, 32),
                       block_m=128, block_n=128, block_k=64, group_m=4, num_warps=8, num_stages=3)
         cases.append((kind, "bf16", (4160, 17920, 512), c.to_dict(), 2))
+    # Short GEMMs with the default's tiles for them (SHORT_TILES: 64 and 128 rows, 4 warps), M/ws
+    # not a multiple of 64.
+    short = {"ag_gemm": (776, 1536, 1024), "gemm_rs": (776, 1024, 1536), "gemm_ar": (776, 1024, 1536)}
+    tiles = [(64, 128)] if quick else [(64, 128), (128, 128)]
+    for kind, backend, (bm, bn), dtype in itertools.product(shapes, ["copy_engine", "nvshmem", "nccl"], tiles, dtypes):
+        c = Candidate(backend=backend, num_splits=2 if bm == 64 else 1, comm_sms=comm_sms(kind, backend, 16),
+                      block_m=bm, block_n=bn, block_k=64, group_m=8, num_warps=4, num_stages=4)
+        try:
+            check_candidate(c, Workload(kind=kind, shape=short[kind], dtype=dtype), topology)
+        except ConfigError:
+            continue
+        cases.append((kind, dtype, short[kind], c.to_dict(), 3))
     # Back-to-back cases first, then the producers: a run stopped by its time limit has covered those.
     first = {"gemm_rs": 0, "gemm_ar": 1, "ag_gemm": 2}
     return sorted(cases, key=lambda case: (-case[4], first[case[0]]))
