@@ -25,6 +25,10 @@ the CPU). `impl="async_tp"` runs them on torch's own fused ops (`torch.ops.symm_
 fused_all_gather_matmul` / `fused_matmul_reduce_scatter`, NCCL groups of one GPU a rank); torch has
 no fused matmul all-reduce, so there the layers without sequence parallelism take torch's path.
 
+Under `torch.compile` (`fullgraph=True` too) the fused ops are traced as `torch.ops.syncopate.*`
+nodes (`syncopate.kernels.library`), forward and backward; `mode="reduce-overhead"` replays them
+from CUDA graphs.
+
 Each fused op looks its configuration up once per shape (`syncopate.lookup`) unless `configs`
 names one per op kind ({"ag_gemm": …, "gemm_rs": …, "gemm_ar": …}); a layer calls at most one op
 of each kind, forward and backward together.
@@ -39,6 +43,9 @@ import torch
 import torch.distributed as dist
 
 from syncopate.errors import ConfigError
+from syncopate.kernels.library import config_text, register
+
+register()  # torch.ops.syncopate, for torch.compile to trace the fused ops as nodes
 
 __all__ = [
     "ColumnParallelLinear",
@@ -101,9 +108,21 @@ def _symm_mem_group(group) -> str:
     return name
 
 
+def _traced():
+    """`torch.ops.syncopate` while torch.compile traces the layers, else None: the fused ops are then
+    one node each of the traced graph (`syncopate.kernels.library`), called directly otherwise."""
+    return torch.ops.syncopate if torch.compiler.is_compiling() else None
+
+
 def _gather_mm(x, b, group, impl, config, gathered: bool):
     """(all_gather(x) @ b, the gathered x or None)."""
     if impl == "fused":
+        traced = _traced()
+        if traced is not None:
+            name, text = (group or dist.group.WORLD).group_name, config_text(config)
+            if gathered:
+                return traced.all_gather_matmul_gathered(x, b, name, text)
+            return traced.all_gather_matmul(x, b, name, text), None
         from syncopate.kernels import ops
 
         result = ops.all_gather_matmul(x, b, group, config, return_gathered=gathered)
@@ -119,6 +138,9 @@ def _gather_mm(x, b, group, impl, config, gathered: bool):
 def _mm_scatter(a, b, group, impl, config):
     """reduce_scatter(a @ b) over dimension 0."""
     if impl == "fused":
+        traced = _traced()
+        if traced is not None:
+            return traced.matmul_reduce_scatter(a, b, (group or dist.group.WORLD).group_name, config_text(config))
         from syncopate.kernels import ops
 
         return ops.matmul_reduce_scatter(a, b, group, config)
@@ -134,12 +156,24 @@ def _mm_scatter(a, b, group, impl, config):
 def _mm_reduce(a, b, group, impl, config):
     """all_reduce(a @ b) (torch's path for `async_tp`, which has no fused all-reduce)."""
     if impl == "fused":
+        traced = _traced()
+        if traced is not None:
+            return traced.matmul_all_reduce(a, b, (group or dist.group.WORLD).group_name, config_text(config))
         from syncopate.kernels import ops
 
         return ops.matmul_all_reduce(a, b, group, config)
     y = a @ b
     dist.all_reduce(y, group=group)
     return y
+
+
+def _add_bias(out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """out + bias: in place, but where torch.compile traces it (which fuses the addition anyway):
+    on torch 2.11 an autograd function whose forward changed its output in place got a zero
+    gradient in the compiled backward (one H100, 2026-11-25; torch 2.13 on the CPU did not)."""
+    if bias is None:
+        return out
+    return out + bias if torch.compiler.is_compiling() else out.add_(bias)
 
 
 # --- autograd functions on 2-D operands --------------------------------------------------------------------
@@ -160,8 +194,7 @@ class _GatherLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, group, impl, configs, keep, save_gathered):
         out, x_full = _gather_mm(x, weight.t(), group, impl, configs.get("ag_gemm"), gathered=keep and save_gathered)
-        if bias is not None:
-            out.add_(bias)
+        out = _add_bias(out, bias)
         ctx.save_for_backward(x_full if save_gathered else x, weight)
         ctx.setup = (group, impl, configs, save_gathered)
         return out
@@ -183,8 +216,7 @@ class _LinearScatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, group, impl, configs):
         out = _mm_scatter(x, weight.t(), group, impl, configs.get("gemm_rs"))
-        if bias is not None:
-            out.add_(bias)
+        out = _add_bias(out, bias)
         ctx.save_for_backward(x, weight)
         ctx.setup = (group, impl, configs)
         return out
@@ -209,8 +241,7 @@ class _LinearReduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, group, impl, configs):
         out = _mm_reduce(x, weight.t(), group, impl, configs.get("gemm_ar"))
-        if bias is not None:
-            out.add_(bias)
+        out = _add_bias(out, bias)
         ctx.save_for_backward(x, weight)
         return out
 

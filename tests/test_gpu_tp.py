@@ -175,7 +175,8 @@ def _compile_worker(rank, world, port, q):
         def mlp(x):
             return row(torch.nn.functional.gelu(col(x)))
 
-        variants = {"compiled": torch.compile(mlp), "checkpointed": lambda x: checkpoint(mlp, x, use_reentrant=False)}
+        variants = {"compiled": torch.compile(mlp, fullgraph=True),
+                    "checkpointed": lambda x: checkpoint(mlp, x, use_reentrant=False)}
         for step in range(2):
             x = torch.randn(SEQ // world if sp else SEQ, BATCH, HIDDEN, device=dev).bfloat16()
             got = {}
@@ -188,6 +189,14 @@ def _compile_worker(rank, world, port, q):
                 got[name] = [y.detach(), xi.grad, col.weight.grad, row.weight.grad]
             for name in variants:
                 report.append((name, sp, step, [relative_error(c, e) for c, e in zip(got[name], got["eager"])]))
+        # Inference in CUDA graphs: torch.compile's reduce-overhead mode records the whole MLP, the
+        # fused ops in it, after its warm-up calls, and replays it.
+        graphed = torch.compile(mlp, mode="reduce-overhead", fullgraph=True)
+        with torch.no_grad():
+            for step in range(5):
+                x = torch.randn(SEQ // world if sp else SEQ, BATCH, HIDDEN, device=dev).bfloat16()
+                y = graphed(x).clone()
+                report.append(("graphed", sp, step, [relative_error(y, mlp(x))]))
     ops.close_contexts()
     q.put((rank, report))
     dist.destroy_process_group()
@@ -196,9 +205,10 @@ def _compile_worker(rank, world, port, q):
 @pytest.mark.gpu
 @pytest.mark.timeout(600)
 def test_layers_run_under_torch_compile_and_checkpointing():
-    """torch.compile around the layers (the fused ops run as they are, between compiled parts), and
-    activation checkpointing (the forward's fused ops run again inside the backward): output and
-    gradients as in eager mode, to the rounding of what the compiler fuses (GELU)."""
+    """torch.compile of the layers whole (fullgraph: the fused ops traced as torch.ops.syncopate
+    nodes), activation checkpointing (the forward's fused ops run again inside the backward), and
+    the forward compiled in reduce-overhead mode (replayed from CUDA graphs): output and gradients
+    as in eager mode, to the rounding of what the compiler fuses (GELU)."""
     reports = run_ranks(_compile_worker, 1, (), timeout=500)
     for name, sp, step, errs in reports[0]:
         print(f"sp={sp} step {step}: {name} against eager, rel diff of y, dx, dW1, dW2: "

@@ -1,0 +1,131 @@
+"""The fused ops as torch custom ops, `torch.ops.syncopate.*`: what `torch.compile` traces as one
+node each (with `fullgraph=True` too) instead of breaking its graph around them.
+
+| op                                   | returns                 |
+|--------------------------------------|-------------------------|
+| `all_gather_matmul(a, b, group_name, config)`          | out                     |
+| `all_gather_matmul_gathered(a, b, group_name, config)` | (out, gathered A)       |
+| `matmul_reduce_scatter(a, b, group_name, config)`      | out                     |
+| `matmul_all_reduce(a, b, group_name, config)`          | out                     |
+
+`group_name` is a process group's `group_name`; `config` a candidate's fields as text (`config_text`), or
+None for the looked-up one. On CUDA tensors each runs the fused op of `syncopate.kernels.ops`; on
+others (CPU tensors in a gloo group) torch's collective and matmul in sequence, the same result, so
+that a compiled model runs on the CPU too. Their fake implementations give the output shapes
+compile-time tracing needs. `syncopate.tp`'s layers call them while torch.compile traces, and the
+fused ops directly otherwise (a custom op's dispatch costs host time an eager call need not pay).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+
+import torch
+import torch.distributed as dist
+
+from syncopate.search_space import Candidate
+
+__all__ = ["config_text", "register"]
+
+
+def config_text(config) -> str | None:
+    """A config (Candidate, dict of its fields, or None) as the ops' `config` argument: its fields
+    sorted, `name=repr(value)` joined by `;` (made of string formatting that torch.compile traces
+    as a constant, where JSON's encoder is not traced)."""
+    if config is None:
+        return None
+    if isinstance(config, Candidate):
+        config = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    return ";".join(f"{k}={v!r}" for k, v in sorted(config.items()))
+
+
+@functools.lru_cache(maxsize=256)
+def _config(text: str | None) -> dict | None:
+    if text is None:
+        return None
+    return {k: ast.literal_eval(v) for k, v in (item.split("=", 1) for item in text.split(";"))}
+
+
+def _group(name: str):
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(name)
+
+
+def _world(name: str) -> int:
+    return dist.get_world_size(_group(name))
+
+
+def _fused():
+    from syncopate.kernels import ops  # the kernels' modules, imported at the first call
+
+    return ops
+
+
+def _unfused(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> torch.Tensor:
+    ws = dist.get_world_size(group)
+    if kind == "ag_gemm":
+        full = a.new_empty((a.shape[0] * ws, a.shape[1]))
+        dist.all_gather_into_tensor(full, a.contiguous(), group=group)
+        return full
+    y = a @ b
+    if kind == "gemm_ar":
+        dist.all_reduce(y, group=group)
+        return y
+    out = y.new_empty((y.shape[0] // ws, y.shape[1]))
+    dist.reduce_scatter_tensor(out, y, group=group)
+    return out
+
+
+@functools.cache
+def register() -> None:
+    """Define the ops (once a process); `torch.ops.syncopate` has them afterwards."""
+    @torch.library.custom_op("syncopate::all_gather_matmul", mutates_args=())
+    def all_gather_matmul(a: torch.Tensor, b: torch.Tensor, group_name: str, config: str | None = None) -> torch.Tensor:
+        group = _group(group_name)
+        if a.is_cuda:
+            return _fused().all_gather_matmul(a, b, group, _config(config))
+        return _unfused("ag_gemm", a, b, group) @ b
+
+    @all_gather_matmul.register_fake
+    def _(a, b, group_name, config=None):
+        return a.new_empty((a.shape[0] * _world(group_name), b.shape[1]))
+
+    @torch.library.custom_op("syncopate::all_gather_matmul_gathered", mutates_args=())
+    def all_gather_matmul_gathered(a: torch.Tensor, b: torch.Tensor, group_name: str,
+                                   config: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        group = _group(group_name)
+        if a.is_cuda:
+            return _fused().all_gather_matmul(a, b, group, _config(config), return_gathered=True)
+        full = _unfused("ag_gemm", a, b, group)
+        return full @ b, full
+
+    @all_gather_matmul_gathered.register_fake
+    def _(a, b, group_name, config=None):
+        ws = _world(group_name)
+        return a.new_empty((a.shape[0] * ws, b.shape[1])), a.new_empty((a.shape[0] * ws, a.shape[1]))
+
+    @torch.library.custom_op("syncopate::matmul_reduce_scatter", mutates_args=())
+    def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group_name: str,
+                              config: str | None = None) -> torch.Tensor:
+        group = _group(group_name)
+        if a.is_cuda:
+            return _fused().matmul_reduce_scatter(a, b, group, _config(config))
+        return _unfused("gemm_rs", a, b, group)
+
+    @matmul_reduce_scatter.register_fake
+    def _(a, b, group_name, config=None):
+        return a.new_empty((a.shape[0] // _world(group_name), b.shape[1]))
+
+    @torch.library.custom_op("syncopate::matmul_all_reduce", mutates_args=())
+    def matmul_all_reduce(a: torch.Tensor, b: torch.Tensor, group_name: str, config: str | None = None) -> torch.Tensor:
+        group = _group(group_name)
+        if a.is_cuda:
+            return _fused().matmul_all_reduce(a, b, group, _config(config))
+        return _unfused("gemm_ar", a, b, group)
+
+    @matmul_all_reduce.register_fake
+    def _(a, b, group_name, config=None):
+        return a.new_empty((a.shape[0], b.shape[1]))
