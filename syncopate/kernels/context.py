@@ -15,6 +15,7 @@ torch's symmetric memory refuses for overlapping devices.
 from __future__ import annotations
 
 import logging
+import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,7 @@ import torch.distributed as dist
 from syncopate.errors import CandidateTimeoutError, RuntimeUnavailableError
 from syncopate.kernels.tables import PAD_WORDS
 
-__all__ = ["GRAPH_EPOCH", "IpcHandle", "OverlapContext", "SymmetricBuffer", "ranks_share_a_device"]
+__all__ = ["GRAPH_EPOCH", "IpcHandle", "OverlapContext", "SymmetricBuffer", "kept_allocations", "ranks_share_a_device"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,38 @@ GRAPH_EPOCH = 1
 
 _SHARED_WARNED: set[str] = set()
 """Groups whose ranks share a GPU, said once a process."""
+
+
+def kept_allocations(fn, device: torch.device | None, sync: bool = True):
+    """fn()'s result, with what it allocates on `device` (a context, its tables) taken from the
+    caching allocator's own pool.
+
+    torch.compile's CUDA graphs (`mode="reduce-overhead"`) run a model's first calls with every
+    allocation of the calling thread routed to the graph's private pool, and fail where a tensor
+    allocated there outlives the call without being one of its outputs: what a first call keeps for
+    the next ones would be. Those allocations are made on a helper thread, outside that routing,
+    and with `sync` the device is synchronized there (for work fn enqueued on the helper's own
+    stream; without it, fn orders its work on the streams it names). Under a CUDA graph capture
+    (where allocating from another thread is refused) and off CUDA, fn runs here."""
+    if device is None or device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return fn()
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            with torch.cuda.device(device):
+                done["value"] = fn()
+                if sync:
+                    torch.cuda.synchronize(device)
+        except BaseException as e:  # noqa: BLE001 — raised again on the caller's thread
+            done["error"] = e
+
+    helper = threading.Thread(target=run, name="syncopate-allocations")
+    helper.start()
+    helper.join()
+    if "error" in done:
+        raise done["error"]
+    return done["value"]
 
 
 def enable_symm_mem(group_name: str) -> None:

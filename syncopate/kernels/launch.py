@@ -17,6 +17,7 @@ import triton.language as tl
 from syncopate.environment import KERNEL_SWITCHES
 from syncopate.errors import RuntimeUnavailableError
 from syncopate.kernels import gluon_kernels
+from syncopate.kernels.context import kept_allocations
 from syncopate.kernels.tables import ENTERED_BASE, MEET_BASE, READY_BASE
 from syncopate.kernels.triton_kernels import chunk_copy_kernel, consumer_kernel, graph_entry_kernel, producer_kernel
 from syncopate.search_space import Candidate
@@ -610,12 +611,19 @@ def copy_job_tables(ctx, jobs, stream: torch.cuda.Stream | None) -> tuple[torch.
     device = ctx.device
     table = torch.tensor([list(cols[0]) + pad, list(cols[1]) + pad, list(cols[2]) + pad], dtype=torch.int64)
     small = torch.tensor([list(cols[3]) + pad, list(cols[4]) + pad, list(cols[5]) + pad], dtype=torch.int32)
-    if device.type == "cuda":
-        table, small = table.pin_memory(), small.pin_memory()
-    with torch.cuda.stream(stream) if device.type == "cuda" else contextlib.nullcontext():
-        tables = (table.to(device, non_blocking=True), small.to(device, non_blocking=True))
+
+    def made():
+        nonlocal table, small
+        if device.type == "cuda":
+            table, small = table.pin_memory(), small.pin_memory()
+        with torch.cuda.stream(stream) if device.type == "cuda" else contextlib.nullcontext():
+            return (table.to(device, non_blocking=True), small.to(device, non_blocking=True))
+
+    tables = kept_allocations(made, device, sync=False)  # copies ordered on `stream`, before the copier
     if cache is not None:
         _keep(cache, key, tables, COPY_TABLES_CACHED)
+        # A copy captured in a CUDA graph reads its pinned source at every replay: kept with the tables.
+        _keep(cache, ("copy_jobs_host", tuple(jobs)), (table, small), COPY_TABLES_CACHED)
     return tables
 
 

@@ -34,7 +34,7 @@ from syncopate.kernels import a_stationary, c_stationary
 from syncopate.kernels.a_stationary import AStationaryPlan, a_stationary_buffers
 from syncopate.kernels.c_stationary import CStationaryPlan, c_stationary_buffers
 from syncopate.kernels.backends import GatherCall, ScatterCall, backend_for, stage_gathered_copy
-from syncopate.kernels.context import OverlapContext
+from syncopate.kernels.context import OverlapContext, kept_allocations
 from syncopate.kernels.launch import launch_consumer, launch_producer, own_shard_readable
 from syncopate.kernels.tables import consumer_tables, plan_for, producer_tables
 from syncopate.search_space import (
@@ -278,7 +278,7 @@ def all_gather_matmul(
     prep = _REGISTRY.prepared.get(key) if key is not None else None
     if prep is None:
         _refuse_first_capture("all_gather_matmul", capturing)
-        prep = _prepare_gather(a_shard, b, group, config)
+        prep = kept_allocations(lambda: _prepare_gather(a_shard, b, group, config), _device_of(a_shard))
         _REGISTRY.prepared[key] = prep
     ctx, plan, cand, tables, backend, rank, m_local, k, n_local, programs = prep
     if cand.template == A_STATIONARY and return_gathered:  # nothing gathers A there: the direct plan does
@@ -337,6 +337,10 @@ def _capturing(a, op: str, spin_limit: int) -> bool:
             f"after the call; a call captured in a CUDA graph cannot: capture it with spin_limit=0"
         )
     return True
+
+
+def _device_of(a) -> torch.device | None:
+    return a.device if isinstance(a, torch.Tensor) else None
 
 
 def _refuse_first_capture(op: str, capturing: bool) -> None:
@@ -438,7 +442,7 @@ def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
     prep = _REGISTRY.prepared.get(key) if key is not None else None
     if prep is None:
         _refuse_first_capture(op, capturing)
-        prep = _prepare_scatter(kind, a, b, group, config)
+        prep = kept_allocations(lambda: _prepare_scatter(kind, a, b, group, config), _device_of(a))
         _REGISTRY.prepared[key] = prep
     ctx, plan, cand, tables, backend, rank, ws, send, out_rows, programs = prep
     m, n = a.shape[0], b.shape[1]
