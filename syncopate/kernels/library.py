@@ -58,18 +58,23 @@ def _world(name: str) -> int:
     return dist.get_world_size(_group(name))
 
 
-def _fused():
-    from syncopate.kernels import ops  # the kernels' modules, imported at the first call
-
-    return ops
+_FUSED = {"ag_gemm": "all_gather_matmul", "gemm_rs": "matmul_reduce_scatter", "gemm_ar": "matmul_all_reduce"}
 
 
-def _unfused(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> torch.Tensor:
+def _run(kind: str, a: torch.Tensor, b: torch.Tensor, group_name: str, config: str | None, gathered: bool = False):
+    """The op of `kind` on `a` and `b`: the fused one on CUDA tensors, else torch's collective and
+    matmul in sequence (with `gathered`, an all-gather's output and its gathered A)."""
+    group = _group(group_name)
+    if a.is_cuda:
+        from syncopate.kernels import ops  # the kernels' modules, imported at the first call
+
+        extra = {"return_gathered": True} if gathered else {}
+        return getattr(ops, _FUSED[kind])(a, b, group, _config(config), **extra)
     ws = dist.get_world_size(group)
     if kind == "ag_gemm":
         full = a.new_empty((a.shape[0] * ws, a.shape[1]))
         dist.all_gather_into_tensor(full, a.contiguous(), group=group)
-        return full
+        return (full @ b, full) if gathered else full @ b
     y = a @ b
     if kind == "gemm_ar":
         dist.all_reduce(y, group=group)
@@ -84,10 +89,7 @@ def register() -> None:
     """Define the ops (once a process); `torch.ops.syncopate` has them afterwards."""
     @torch.library.custom_op("syncopate::all_gather_matmul", mutates_args=())
     def all_gather_matmul(a: torch.Tensor, b: torch.Tensor, group_name: str, config: str | None = None) -> torch.Tensor:
-        group = _group(group_name)
-        if a.is_cuda:
-            return _fused().all_gather_matmul(a, b, group, _config(config))
-        return _unfused("ag_gemm", a, b, group) @ b
+        return _run("ag_gemm", a, b, group_name, config)
 
     @all_gather_matmul.register_fake
     def _(a, b, group_name, config=None):
@@ -96,11 +98,7 @@ def register() -> None:
     @torch.library.custom_op("syncopate::all_gather_matmul_gathered", mutates_args=())
     def all_gather_matmul_gathered(a: torch.Tensor, b: torch.Tensor, group_name: str,
                                    config: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        group = _group(group_name)
-        if a.is_cuda:
-            return _fused().all_gather_matmul(a, b, group, _config(config), return_gathered=True)
-        full = _unfused("ag_gemm", a, b, group)
-        return full @ b, full
+        return _run("ag_gemm", a, b, group_name, config, gathered=True)
 
     @all_gather_matmul_gathered.register_fake
     def _(a, b, group_name, config=None):
@@ -110,10 +108,7 @@ def register() -> None:
     @torch.library.custom_op("syncopate::matmul_reduce_scatter", mutates_args=())
     def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group_name: str,
                               config: str | None = None) -> torch.Tensor:
-        group = _group(group_name)
-        if a.is_cuda:
-            return _fused().matmul_reduce_scatter(a, b, group, _config(config))
-        return _unfused("gemm_rs", a, b, group)
+        return _run("gemm_rs", a, b, group_name, config)
 
     @matmul_reduce_scatter.register_fake
     def _(a, b, group_name, config=None):
@@ -121,10 +116,7 @@ def register() -> None:
 
     @torch.library.custom_op("syncopate::matmul_all_reduce", mutates_args=())
     def matmul_all_reduce(a: torch.Tensor, b: torch.Tensor, group_name: str, config: str | None = None) -> torch.Tensor:
-        group = _group(group_name)
-        if a.is_cuda:
-            return _fused().matmul_all_reduce(a, b, group, _config(config))
-        return _unfused("gemm_ar", a, b, group)
+        return _run("gemm_ar", a, b, group_name, config)
 
     @matmul_all_reduce.register_fake
     def _(a, b, group_name, config=None):
