@@ -123,6 +123,37 @@ def test_the_default_keeps_its_long_tiles_and_fills_the_sms_on_short_gemms():
     assert tile("gemm_rs", (1024, 4096, 4096), one) == (128, 256, 8, 3)  # 128 tiles: a wave nearly full
 
 
+def test_the_defaults_splits_are_near_the_cost_models_best():
+    """MIN_CHUNK_BYTES and MAX_DEFAULT_CHUNKS were chosen against the cost model with the default
+    calibration: on a grid of shapes the default's splits stay near the model's best, and well ahead
+    of 4 splits whatever the size."""
+    import itertools
+    import statistics
+    from dataclasses import replace
+
+    from syncopate.autotuner.calibration_defaults import default_calibration
+    from syncopate.autotuner.cost_model import CostModel
+
+    ratios, old_ratios = [], []
+    for key in ("H200x2-nvlink", "H200x8-nvswitch"):
+        topo = Topology.from_key(key)
+        model = CostModel(default_calibration(topo))
+        for kind, m, n in itertools.product(("ag_gemm", "gemm_rs", "gemm_ar"), (512, 2048, 8192), (4096, 14336)):
+            w = Workload(kind=kind, shape=(m, n, 4096))
+            chosen = default_candidate(w, topo)
+            times = {}
+            for splits in (1, 2, 4, 8):
+                try:
+                    times[splits] = model.predict(w, topo, replace(chosen, num_splits=splits)).time_us
+                except ConfigError:
+                    pass
+            best = min(times.values())
+            ratios.append(times[chosen.num_splits] / best)
+            old_ratios.append(times.get(4, times[max(times)]) / best)
+    assert statistics.mean(ratios) < 1.02 and max(ratios) < 1.16, ratios
+    assert statistics.mean(old_ratios) > statistics.mean(ratios) + 0.1, (old_ratios, ratios)
+
+
 def test_optuna_distributions_cover_the_space():
     w = Workload(kind="ag_gemm", shape=(8192, 4096, 8192))
     dists = optuna_distributions(w, H200x2)

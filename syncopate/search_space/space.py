@@ -42,6 +42,8 @@ __all__ = [
     "candidate_from_params",
     "default_candidate",
     "SHORT_TILES",
+    "MIN_CHUNK_BYTES",
+    "MAX_DEFAULT_CHUNKS",
     "a_stationary_candidate",
     "c_stationary_candidate",
     "tile_orders_for",
@@ -388,11 +390,25 @@ GEMM took 46.9 µs with 128×256 tiles (32 tiles on 132 SMs), 30.0 with 128×128
 64×128 (cuBLAS 17.7); `benchmarks/NOTES.md`, 2026-11-25."""
 
 
+MIN_CHUNK_BYTES = {"ag_gemm": 16 << 20, "gemm_rs": 6 << 20, "gemm_ar": 6 << 20}
+"""The default's smallest chunk of a block, and MAX_DEFAULT_CHUNKS its most chunks a call
+(splits × peers). A chunk costs a fixed time besides its bytes (on two H100s, 1 MiB chunks: 5 µs
+of copy and 5–6 µs of stream waits and writes between them), and an all-gather's GEMM starts on
+the rank's own rows without waiting, so fewer, larger chunks win until a block is tens of MiB.
+Chosen where the cost model with the documented default calibration (`calibration_defaults`)
+predicts within 0.5 % on average, 14 % at worst, of its best splits over 756 shapes on 2, 4 and 8
+H200s, against 27 % on average (2.5× at worst) for 4 splits whatever the size
+(tests/test_space.py checks it against the model)."""
+MAX_DEFAULT_CHUNKS = 8
+
+
 def default_candidate(workload: Workload, topology: Topology) -> Candidate:
-    """The documented default: copy engine, direct plan, 4 splits (fewer if the block is short),
-    arrival order, 128×256×64 tiles with 8 warps and 3 stages (128×128 with 4 stages where N is
-    narrow); where those tiles would not fill every SM once, the tile of SHORT_TILES whose waves
-    over the SMs cost least (128×128 or 64×128 with 4 warps and 4 stages at a few hundred rows)."""
+    """The documented default: copy engine, direct plan, arrival order; 4 splits, fewer where a
+    block is short (under 128 rows a chunk), its chunks would fall under MIN_CHUNK_BYTES, or the
+    call would move more than MAX_DEFAULT_CHUNKS chunks; 128×256×64 tiles with 8 warps and 3 stages
+    (128×128 with 4 stages where N is narrow), and where those tiles would not fill every SM once,
+    the tile of SHORT_TILES whose waves over the SMs cost least (128×128 or 64×128 with 4 warps
+    and 4 stages at a few hundred rows)."""
     rows = _rows_per_block(workload, topology.world_size)
     m, n_cols, _ = workload.local_gemm(topology.world_size)
     sms = max(1, topology.sm_count)
@@ -407,8 +423,11 @@ def default_candidate(workload: Workload, topology: Topology) -> Candidate:
     tile = TileConfig(128, 256, 64, 8, 3) if n_cols >= 2048 else TileConfig(128, 128, 64, 8, 4)
     if tiles(tile) < sms:
         tile = min(SHORT_TILES, key=cost)[0]  # min keeps the first, the larger tile, on a tie
+    block_bytes = rows * workload.comm_row_bytes()
+    peers = max(1, topology.world_size - 1)
     splits = 4
-    while splits > 1 and rows // splits < 128:
+    while splits > 1 and (rows // splits < 128 or block_bytes / splits < MIN_CHUNK_BYTES[workload.kind]
+                          or splits * peers > MAX_DEFAULT_CHUNKS):
         splits //= 2
     return Candidate(
         backend="copy_engine", template="direct", num_splits=splits, tile_order="arrival", comm_sms=0,
