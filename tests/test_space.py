@@ -150,8 +150,13 @@ def test_the_defaults_splits_are_near_the_cost_models_best():
             best = min(times.values())
             ratios.append(times[chosen.num_splits] / best)
             old_ratios.append(times.get(4, times[max(times)]) / best)
-    assert statistics.mean(ratios) < 1.02 and max(ratios) < 1.16, ratios
+    assert statistics.mean(ratios) < 1.02 and max(ratios) < 1.2, ratios
     assert statistics.mean(old_ratios) > statistics.mean(ratios) + 0.1, (old_ratios, ratios)
+    # The measured TP=2 shapes (their sweep's best: 2 or 4 splits) keep the old default's 4.
+    from syncopate.autotuner.sweep import load_sweep
+
+    for w in load_sweep("configs/llama_tp2.yaml").workloads:
+        assert default_candidate(w, H200x2).num_splits == 4, w
 
 
 def test_optuna_distributions_cover_the_space():

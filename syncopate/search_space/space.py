@@ -390,15 +390,15 @@ GEMM took 46.9 µs with 128×256 tiles (32 tiles on 132 SMs), 30.0 with 128×128
 64×128 (cuBLAS 17.7); `benchmarks/NOTES.md`, 2026-11-25."""
 
 
-MIN_CHUNK_BYTES = {"ag_gemm": 16 << 20, "gemm_rs": 6 << 20, "gemm_ar": 6 << 20}
+MIN_CHUNK_BYTES = {"ag_gemm": 8 << 20, "gemm_rs": 6 << 20, "gemm_ar": 6 << 20}
 """The default's smallest chunk of a block, and MAX_DEFAULT_CHUNKS its most chunks a call
 (splits × peers). A chunk costs a fixed time besides its bytes (on two H100s, 1 MiB chunks: 5 µs
 of copy and 5–6 µs of stream waits and writes between them), and an all-gather's GEMM starts on
 the rank's own rows without waiting, so fewer, larger chunks win until a block is tens of MiB.
-Chosen where the cost model with the documented default calibration (`calibration_defaults`)
-predicts within 0.5 % on average, 14 % at worst, of its best splits over 756 shapes on 2, 4 and 8
-H200s, against 27 % on average (2.5× at worst) for 4 splits whatever the size
-(tests/test_space.py checks it against the model)."""
+With these the cost model with the documented default calibration (`calibration_defaults`)
+predicts the default within 0.8 % on average, 19 % at worst, of its best splits over 756 shapes
+on 2, 4 and 8 H200s, against 27 % on average (2.5× at worst) for 4 splits whatever the size; the
+TP=2 shapes of configs/llama_tp2.yaml keep their 4 splits (tests/test_space.py checks both)."""
 MAX_DEFAULT_CHUNKS = 8
 
 
