@@ -27,7 +27,7 @@ no fused matmul all-reduce, so there the layers without sequence parallelism tak
 
 Under `torch.compile` (`fullgraph=True` too) the fused ops are traced as `torch.ops.syncopate.*`
 nodes (`syncopate.kernels.library`), forward and backward; `mode="reduce-overhead"` replays them
-from CUDA graphs.
+from CUDA graphs. The forwards add the bias out of place while traced (`_add_bias`).
 
 Each fused op looks its configuration up once per shape (`syncopate.lookup`) unless `configs`
 names one per op kind ({"ag_gemm": …, "gemm_rs": …, "gemm_ar": …}); a layer calls at most one op
@@ -43,9 +43,6 @@ import torch
 import torch.distributed as dist
 
 from syncopate.errors import ConfigError
-from syncopate.kernels.library import config_text, register
-
-register()  # torch.ops.syncopate, for torch.compile to trace the fused ops as nodes
 
 __all__ = [
     "ColumnParallelLinear",
@@ -108,21 +105,9 @@ def _symm_mem_group(group) -> str:
     return name
 
 
-def _traced():
-    """`torch.ops.syncopate` while torch.compile traces the layers, else None: the fused ops are then
-    one node each of the traced graph (`syncopate.kernels.library`), called directly otherwise."""
-    return torch.ops.syncopate if torch.compiler.is_compiling() else None
-
-
 def _gather_mm(x, b, group, impl, config, gathered: bool):
     """(all_gather(x) @ b, the gathered x or None)."""
     if impl == "fused":
-        traced = _traced()
-        if traced is not None:
-            name, text = (group or dist.group.WORLD).group_name, config_text(config)
-            if gathered:
-                return traced.all_gather_matmul_gathered(x, b, name, text)
-            return traced.all_gather_matmul(x, b, name, text), None
         from syncopate.kernels import ops
 
         result = ops.all_gather_matmul(x, b, group, config, return_gathered=gathered)
@@ -138,9 +123,6 @@ def _gather_mm(x, b, group, impl, config, gathered: bool):
 def _mm_scatter(a, b, group, impl, config):
     """reduce_scatter(a @ b) over dimension 0."""
     if impl == "fused":
-        traced = _traced()
-        if traced is not None:
-            return traced.matmul_reduce_scatter(a, b, (group or dist.group.WORLD).group_name, config_text(config))
         from syncopate.kernels import ops
 
         return ops.matmul_reduce_scatter(a, b, group, config)
@@ -156,9 +138,6 @@ def _mm_scatter(a, b, group, impl, config):
 def _mm_reduce(a, b, group, impl, config):
     """all_reduce(a @ b) (torch's path for `async_tp`, which has no fused all-reduce)."""
     if impl == "fused":
-        traced = _traced()
-        if traced is not None:
-            return traced.matmul_all_reduce(a, b, (group or dist.group.WORLD).group_name, config_text(config))
         from syncopate.kernels import ops
 
         return ops.matmul_all_reduce(a, b, group, config)

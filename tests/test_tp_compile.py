@@ -1,10 +1,11 @@
-"""Layer: gloo process groups on the CPU. `syncopate.tp`'s fused layers under `torch.compile` with
-`fullgraph=True`: the fused ops are traced as `torch.ops.syncopate.*` nodes (their fake
-implementations give the shapes), forward and backward, with no graph break; the compiled model,
-which runs those ops' CPU path (torch's collective, then the matmul), gives the output and every
-gradient of the same layers with `impl="torch"` in eager mode, in float64, with and without
-sequence parallelism, keeping the gathered input or only its shard, with a config given. The
-custom ops' CUDA path is the fused kernels' (tests/test_gpu_tp.py compiles the layers on GPUs).
+"""Layer: gloo process groups on the CPU. `syncopate.tp`'s fused layers, and the public ops, under
+`torch.compile` with `fullgraph=True`: the fused ops are traced as `torch.ops.syncopate.*` nodes
+(their fake implementations give the shapes), forward and backward, with no graph break; the
+compiled model, which runs those ops' CPU path (torch's collective, then the matmul), gives the
+output and every gradient of the same layers with `impl="torch"` in eager mode, in float64, with
+and without sequence parallelism, keeping the gathered input or only its shard, with a config
+given; the public ops compiled give torch's collectives' results. The custom ops' CUDA path is the
+fused kernels' (tests/test_gpu_tp.py compiles the layers on GPUs).
 """
 
 from __future__ import annotations
@@ -98,3 +99,39 @@ def test_a_config_goes_through_its_text_unchanged():
     assert Candidate.from_dict(_config(config_text(c))) == c
     assert _config(config_text({"num_splits": 2, "backend": "nccl"})) == {"backend": "nccl", "num_splits": 2}
     assert config_text(None) is None and _config(None) is None
+
+
+def _ops_worker(rank, ws, init, q):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    try:
+        import syncopate
+
+        def f(a, b, bt):
+            out, full = syncopate.all_gather_matmul(a, b, return_gathered=True)
+            return out.relu(), full, syncopate.matmul_reduce_scatter(full, bt), syncopate.matmul_all_reduce(full, bt)
+
+        gen = torch.Generator().manual_seed(3 + rank)
+        a = torch.randn(4, 6, generator=gen, dtype=torch.float64)
+        b = torch.randn(6, 5, generator=gen, dtype=torch.float64)
+        bt = torch.randn(5, 6, generator=gen, dtype=torch.float64).t()  # K-major, as weight.t() is
+        graphs: list = []
+        torch._dynamo.reset()
+        got = torch.compile(f, fullgraph=True, backend=_recording_backend(graphs))(a, b, bt)
+        full = torch.empty(4 * ws, 6, dtype=torch.float64)
+        dist.all_gather_into_tensor(full, a)
+        summed = full @ bt
+        dist.all_reduce(summed)
+        want = ((full @ b).relu(), full, summed[rank * 4:(rank + 1) * 4], summed)
+        worst = max(float((x - y).abs().max()) for x, y in zip(got, want))
+        ops = sorted({name for graph in graphs for name in graph if name.startswith("syncopate.")})
+        q.put((rank, (worst, len(graphs), ops)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_public_ops_compile_whole():
+    for rank, (worst, graphs, ops) in sorted(run_gloo(_ops_worker, 2)):
+        assert worst < 1e-12, f"rank {rank}: compiled ops differ from torch's path by {worst:.3g}"
+        assert graphs == 1 and ops == ["syncopate.all_gather_matmul_gathered.default",
+                                       "syncopate.matmul_all_reduce.default",
+                                       "syncopate.matmul_reduce_scatter.default"], (rank, graphs, ops)

@@ -12,8 +12,9 @@ node each (with `fullgraph=True` too) instead of breaking its graph around them.
 None for the looked-up one. On CUDA tensors each runs the fused op of `syncopate.kernels.ops`; on
 others (CPU tensors in a gloo group) torch's collective and matmul in sequence, the same result, so
 that a compiled model runs on the CPU too. Their fake implementations give the output shapes
-compile-time tracing needs. `syncopate.tp`'s layers call them while torch.compile traces, and the
-fused ops directly otherwise (a custom op's dispatch costs host time an eager call need not pay).
+compile-time tracing needs. The public ops (`syncopate.all_gather_matmul`, …, and so
+`syncopate.tp`'s layers) call them while torch.compile traces, and run directly otherwise (a
+custom op's dispatch costs host time an eager call need not pay).
 """
 
 from __future__ import annotations

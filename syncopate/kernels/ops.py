@@ -11,7 +11,8 @@ nn.Linear). With `config=None` an op asks `syncopate.lookup` once per (workload,
 the answer. Contexts (symmetric buffers, signals, streams) are kept per (group, kind, shape,
 dtype) in a `ContextRegistry` until `close_contexts()`.
 
-A call can be captured in a CUDA graph once one like it (same shapes, dtype, group and config) has
+Under `torch.compile` a call is traced as one node, `torch.ops.syncopate.*` (`fullgraph=True`
+works; `out=` and `spin_limit` are refused there). A call can be captured in a CUDA graph once one like it (same shapes, dtype, group and config) has
 run outside the capture: that call makes the context (a collective) and compiles the kernel. A
 captured call starts by clearing the signal pads with the group met before and after
 (`OverlapContext.begin_call`), as its replays repeat its epoch; every rank must replay its graphs
@@ -36,6 +37,7 @@ from syncopate.kernels.c_stationary import CStationaryPlan, c_stationary_buffers
 from syncopate.kernels.backends import GatherCall, ScatterCall, backend_for, stage_gathered_copy
 from syncopate.kernels.context import OverlapContext, kept_allocations
 from syncopate.kernels.launch import launch_consumer, launch_producer, own_shard_readable
+from syncopate.kernels.library import config_text, register
 from syncopate.kernels.tables import consumer_tables, plan_for, producer_tables
 from syncopate.search_space import (
     A_STATIONARY,
@@ -59,6 +61,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+register()  # torch.ops.syncopate: what torch.compile traces the ops as
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -273,6 +277,8 @@ def all_gather_matmul(
     cuBLAS's, its stream waits are not bounded by `spin_limit`); with `return_gathered` the call
     takes the direct plan, which gathers A.
     """
+    if torch.compiler.is_compiling():
+        return _traced("ag_gemm", a_shard, b, group, config, out, spin_limit, return_gathered)
     capturing = _capturing(a_shard, "all_gather_matmul", spin_limit)
     key = _call_key("ag_gemm", a_shard, b, group, config)
     prep = _REGISTRY.prepared.get(key) if key is not None else None
@@ -324,6 +330,21 @@ def all_gather_matmul(
     if copy_out is None:
         gathered.copy_(a_full.local)
     return out, gathered
+
+
+def _traced(kind: str, a, b, group, config, out, spin_limit: int, gathered: bool = False):
+    """The call as torch.compile traces it: one node of its graph, `torch.ops.syncopate.*`
+    (`syncopate.kernels.library`), run with the compiled graph (`out=` and bounded waits have no
+    place there)."""
+    op = {"ag_gemm": "all_gather_matmul", "gemm_rs": "matmul_reduce_scatter", "gemm_ar": "matmul_all_reduce"}[kind]
+    if out is not None or spin_limit:
+        raise ConfigError(f"syncopate.{op} under torch.compile: out= and spin_limit are not supported there; "
+                          f"call it without them (the compiled graph allocates the output)")
+    name = (group or dist.group.WORLD).group_name
+    traced = torch.ops.syncopate
+    if gathered:
+        return traced.all_gather_matmul_gathered(a, b, name, config_text(config))
+    return getattr(traced, op)(a, b, name, config_text(config))
 
 
 def _capturing(a, op: str, spin_limit: int) -> bool:
@@ -436,6 +457,8 @@ def _prepare_scatter(kind: str, a, b, group, config):
 
 
 def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
+    if torch.compiler.is_compiling():
+        return _traced(kind, a, b, group, config, out, spin_limit)
     op = "matmul_reduce_scatter" if kind == "gemm_rs" else "matmul_all_reduce"
     capturing = _capturing(a, op, spin_limit)
     key = _call_key(kind, a, b, group, config)
