@@ -136,6 +136,7 @@ def _cpu_rank(rank: int, world: int, init: str, args, queue) -> None:
         lines = run(args, rank, world, torch.device("cpu"))
         if rank == 0:
             queue.put(lines)
+        dist.barrier()  # no rank tears its connections down while a peer still uses them
     finally:
         dist.destroy_process_group()
 
