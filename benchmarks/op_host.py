@@ -13,6 +13,7 @@ turns on the GPU). The shapes are global (M, N, K); rank 0 prints.
     python benchmarks/op_host.py stationary             # the a_stationary / c_stationary templates
                                                         # (and all_gather_matmul's return_gathered with it)
     python benchmarks/op_host.py --ranks 2              # two ranks, with transfers
+    python benchmarks/op_host.py --case ag_gemm:1024x4096x4096   # that op and shape, looked-up config
     OP_HOST_PROFILE=FILE python benchmarks/op_host.py   # also 20 calls a case under cProfile, into FILE
 """
 
@@ -34,7 +35,7 @@ import syncopate
 from syncopate.kernels.local_ranks import free_port, join_group, spawn_ranks
 from syncopate.kernels.reference import reference, relative_error
 from syncopate.kernels.timing import barrier
-from syncopate.search_space import Candidate, Workload, a_stationary_candidate, c_stationary_candidate
+from syncopate.search_space import Candidate, Topology, Workload, a_stationary_candidate, c_stationary_candidate
 
 CANDIDATE = Candidate(backend="copy_engine", template="direct", num_splits=2, block_m=128, block_n=256, block_k=64,
                       group_m=8, num_warps=8, num_stages=3, tile_order="arrival")
@@ -49,6 +50,8 @@ def case(kind: str, m: int, n: int, k: int, group, dev: torch.device, candidate:
     ops = {"ag_gemm": syncopate.all_gather_matmul, "gemm_rs": syncopate.matmul_reduce_scatter,
            "gemm_ar": syncopate.matmul_all_reduce}
     ws, rank = dist.get_world_size(group), dist.get_rank(group)
+    if candidate is None:  # the configuration a job's lookup gives
+        candidate = syncopate.lookup((m, n, k), Topology.detect(group), kind=kind).candidate
     shapes = Workload(kind=kind, shape=(m, n, k), dtype="bf16").local_shapes(ws)
     k_local = shapes["b"][0]
 
@@ -120,13 +123,14 @@ def case(kind: str, m: int, n: int, k: int, group, dev: torch.device, candidate:
             f"host_us {statistics.median(batches):.1f} device_us {device}")
 
 
-def run_rank(rank: int, world: int, port: int, stationary: bool, shared: bool, results) -> None:
+def run_rank(rank: int, world: int, port: int, stationary: bool, shared: bool, cases, config: bool,
+             results) -> None:
     dev = join_group(rank, world, port, shared_gpu=shared)
     try:
         lines = []
-        for kind, shape in CASES:
-            line = case(kind, *shape, dist.group.WORLD, dev, STATIONARY[kind] if stationary else CANDIDATE,
-                        device_time=not shared)
+        for kind, shape in cases:
+            cand = STATIONARY[kind] if stationary else CANDIDATE if config else None
+            line = case(kind, *shape, dist.group.WORLD, dev, cand, device_time=not shared)
             if rank == 0:
                 print(line, flush=True)
             lines.append(line)
@@ -142,7 +146,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("what", nargs="?", choices=["direct", "stationary"], default="direct",
                         help="the candidates: the direct chunked plan (default) or the stationary templates")
     parser.add_argument("--ranks", type=int, default=1, help="ranks in the group (default 1)")
+    parser.add_argument("--case", action="append", metavar="KIND:MxNxK",
+                        help="time this op and global shape instead of the default three, with the configuration "
+                             "a job's lookup gives (repeatable), e.g. ag_gemm:1024x4096x4096")
     args = parser.parse_args(argv)
+    cases = CASES
+    if args.case:
+        try:
+            cases = [(kind, tuple(int(d) for d in dims.split("x"))) for kind, dims in (c.split(":") for c in args.case)]
+            assert all(kind in ("ag_gemm", "gemm_rs", "gemm_ar") and len(dims) == 3 for kind, dims in cases)
+        except (ValueError, AssertionError):
+            print(f"op_host: --case {args.case}: give KIND:MxNxK, KIND one of ag_gemm, gemm_rs, gemm_ar", file=sys.stderr)
+            return 2
     if not torch.cuda.is_available():
         print("op_host: needs a CUDA GPU; none is visible", file=sys.stderr)
         return 1
@@ -151,13 +166,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stationary = args.what == "stationary"
     if args.ranks == 1:
-        run_rank(0, 1, free_port(), stationary, False, queue.SimpleQueue())
+        run_rank(0, 1, free_port(), stationary, False, cases, not args.case, queue.SimpleQueue())
         return 0
     shared = torch.cuda.device_count() < args.ranks
     if shared:
         print(f"op_host: {torch.cuda.device_count()} GPU(s) for {args.ranks} ranks: all on GPU 0, host time only",
               flush=True)
-    spawn_ranks(run_rank, args.ranks, (stationary, shared), what="op_host rank")
+    spawn_ranks(run_rank, args.ranks, (stationary, shared, cases, not args.case), what="op_host rank")
     return 0
 
 
