@@ -12,11 +12,12 @@ the answer. Contexts (symmetric buffers, signals, streams) are kept per (group, 
 dtype) in a `ContextRegistry` until `close_contexts()`.
 
 Under `torch.compile` a call is traced as one node, `torch.ops.syncopate.*` (`fullgraph=True`
-works; `out=` and `spin_limit` are refused there). A call can be captured in a CUDA graph once one like it (same shapes, dtype, group and config) has
-run outside the capture: that call makes the context (a collective) and compiles the kernel. A
-captured call starts by clearing the signal pads with the group met before and after
-(`OverlapContext.begin_call`), as its replays repeat its epoch; every rank must replay its graphs
-in the same order, as it would make the calls.
+works; `out=` and `spin_limit` are refused there). A call can be captured in a CUDA graph once one
+like it (same shapes, dtype, group and config) has run outside the capture: that call makes the
+context (a collective) and compiles the kernel. A captured call starts by clearing the signal pads
+with the group met before and after (`OverlapContext.begin_call`), as its replays repeat its
+epoch; every rank must replay its graphs in the same order, as it would make the calls. A first
+call keeps what it allocates out of torch.compile's CUDA graph pool (`kept_allocations`).
 """
 
 from __future__ import annotations
