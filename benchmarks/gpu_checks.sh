@@ -41,7 +41,9 @@
 #           LLaMA-8B MLP block at 8192 tokens, forward and backward, fused against torch's path and
 #           async-TP) with and without sequence parallelism, then examples/tp_block.py on two GPUs
 #   graph   the ops captured in CUDA graphs: tests/test_gpu_capture.py on two GPUs, then
-#           benchmarks/graph_calls.py (calls one by one against a graph's replay; ours, torch's, async-TP)
+#           benchmarks/graph_calls.py (calls one by one against a graph's replay; ours, torch's, async-TP),
+#           then op_host.py's host time and profile of ag_gemm at 256, 1024 and 4096 rows (the eager call
+#           at 1024 rows was host-bound on two H100s, 2026-11-25)
 #
 # Triton's cache lives in $TRITON_CACHE_DIR (default /tmp/syncopate-triton-cache); it starts from
 # .tcache/triton-cache.tgz when that exists and is packed into $OUT/triton-cache.tgz at the end, so
@@ -145,7 +147,9 @@ for arg in "${steps[@]}"; do
             step tp-ar 200 python3 benchmarks/tp_mlp.py --no-sp --json "$OUT/tp-ar.json"
             step tp-block 200 torchrun --nproc-per-node 2 examples/tp_block.py ;;
         graph) step graph-test 300 python3 -m pytest -s -q -p no:cacheprovider -m multigpu tests/test_gpu_capture.py
-            step graph-calls 200 python3 benchmarks/graph_calls.py --ranks 2 --out "$OUT/graph-calls.json" ;;
+            step graph-calls 200 python3 benchmarks/graph_calls.py --ranks 2 --out "$OUT/graph-calls.json"
+            step graph-host 150 env OP_HOST_PROFILE="$OUT/graph-host-profile.txt" python3 benchmarks/op_host.py \
+                --ranks 2 --case ag_gemm:256x4096x4096 --case ag_gemm:1024x4096x4096 --case ag_gemm:4096x4096x4096 ;;
         *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 calib tp graph" >&2
             exit 2 ;;
     esac
