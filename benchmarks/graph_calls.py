@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 import syncopate
+from syncopate.kernels.library import OP_NAMES, unfused
 from syncopate.kernels.local_ranks import join_group, spawn_ranks
 from syncopate.kernels.reference import reference, relative_error
 from syncopate.kernels.timing import barrier
@@ -36,24 +37,8 @@ ROUNDS = 15
 
 def impls(kind: str, m: int, ws: int, group) -> dict:
     """name: fn(a, b) -> output, for this kind; the fused op with the configuration a job's lookup gives."""
-    fused = {"ag_gemm": syncopate.all_gather_matmul, "gemm_rs": syncopate.matmul_reduce_scatter,
-             "gemm_ar": syncopate.matmul_all_reduce}[kind]
-    out = {"fused": lambda a, b: fused(a, b, group)}
-
-    def torch_seq(a, b):
-        if kind == "ag_gemm":
-            full = torch.empty((a.shape[0] * ws, a.shape[1]), dtype=a.dtype, device=a.device)
-            dist.all_gather_into_tensor(full, a, group=group)
-            return full @ b
-        c = a @ b
-        if kind == "gemm_ar":
-            dist.all_reduce(c, group=group)
-            return c
-        shard = torch.empty((c.shape[0] // ws, c.shape[1]), dtype=c.dtype, device=c.device)
-        dist.reduce_scatter_tensor(shard, c, group=group)
-        return shard
-
-    out["torch"] = torch_seq
+    fused = getattr(syncopate, OP_NAMES[kind])
+    out = {"fused": lambda a, b: fused(a, b, group), "torch": lambda a, b: unfused(kind, a, b, group)}
     if ws > 1 and kind != "gemm_ar":  # torch has no fused matmul all-reduce
         importlib.import_module("torch.distributed._symmetric_memory")  # registers torch.ops.symm_mem
         name = group.group_name

@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from syncopate.errors import ConfigError
+from syncopate.kernels.library import all_gather_rows, unfused
 
 __all__ = [
     "ColumnParallelLinear",
@@ -85,17 +86,6 @@ def _world(group) -> int:
 # --- the three collectives, fused or torch's ---------------------------------------------------------------
 
 
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-"""torch's collectives into one tensor (renamed in newer torch, the old names deprecated)."""
-
-
-def _all_gather(x: torch.Tensor, group) -> torch.Tensor:
-    full = x.new_empty((x.shape[0] * dist.get_world_size(group), x.shape[1]))
-    _ALL_GATHER(full, x, group=group)
-    return full
-
-
 def _symm_mem_group(group) -> str:
     """The name of `group` (None: the default one), with torch's symmetric memory enabled on it."""
     from syncopate.kernels.context import enable_symm_mem
@@ -116,8 +106,9 @@ def _gather_mm(x, b, group, impl, config, gathered: bool):
         name = _symm_mem_group(group)  # first: the import that registers torch.ops.symm_mem's ops
         full, (out,) = torch.ops.symm_mem.fused_all_gather_matmul(x, [b], gather_dim=0, group_name=name)
         return out, full if gathered else None
-    full = _all_gather(x, group)
-    return full @ b, full if gathered else None
+    if gathered:
+        return unfused("ag_gemm", x, b, group, gathered=True)
+    return unfused("ag_gemm", x, b, group), None
 
 
 def _mm_scatter(a, b, group, impl, config):
@@ -129,10 +120,7 @@ def _mm_scatter(a, b, group, impl, config):
     if impl == "async_tp":
         name = _symm_mem_group(group)
         return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", scatter_dim=0, group_name=name)
-    y = a @ b
-    out = y.new_empty((y.shape[0] // dist.get_world_size(group), y.shape[1]))
-    _REDUCE_SCATTER(out, y, group=group)
-    return out
+    return unfused("gemm_rs", a, b, group)
 
 
 def _mm_reduce(a, b, group, impl, config):
@@ -141,9 +129,7 @@ def _mm_reduce(a, b, group, impl, config):
         from syncopate.kernels import ops
 
         return ops.matmul_all_reduce(a, b, group, config)
-    y = a @ b
-    dist.all_reduce(y, group=group)
-    return y
+    return unfused("gemm_ar", a, b, group)
 
 
 def _add_bias(out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -185,7 +171,7 @@ class _GatherLinear(torch.autograd.Function):
         dy = dy.contiguous()
         dx = _mm_scatter(dy, weight, group, impl, configs.get("gemm_rs")) if ctx.needs_input_grad[0] else None
         if ctx.needs_input_grad[1] and not save_gathered:
-            x_saved = _all_gather(x_saved, group)
+            x_saved = all_gather_rows(x_saved, group)
         return dx, *_weight_grads(ctx, dy, x_saved), None, None, None, None, None
 
 
@@ -210,7 +196,7 @@ class _LinearScatter(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             dx, dy_full = _gather_mm(dy, weight, group, impl, configs.get("ag_gemm"), gathered=keep)
         elif keep:
-            dy_full = _all_gather(dy, group)
+            dy_full = all_gather_rows(dy, group)
         return dx, *_weight_grads(ctx, dy_full, x), None, None, None
 
 

@@ -10,8 +10,9 @@ node each (with `fullgraph=True` too) instead of breaking its graph around them.
 
 `group_name` is a process group's `group_name`; `config` a candidate's fields as text (`config_text`), or
 None for the looked-up one. On CUDA tensors each runs the fused op of `syncopate.kernels.ops`; on
-others (CPU tensors in a gloo group) torch's collective and matmul in sequence, the same result, so
-that a compiled model runs on the CPU too. Their fake implementations give the output shapes
+others (CPU tensors in a gloo group) torch's collective and matmul in sequence (`unfused`, which
+is also `syncopate.tp`'s `impl="torch"`), the same result, so that a compiled model runs on the
+CPU too. Their fake implementations give the output shapes
 compile-time tracing needs. The public ops (`syncopate.all_gather_matmul`, …, and so
 `syncopate.tp`'s layers) call them while torch.compile traces, and run directly otherwise (a
 custom op's dispatch costs host time an eager call need not pay).
@@ -28,7 +29,7 @@ import torch.distributed as dist
 
 from syncopate.search_space import Candidate
 
-__all__ = ["config_text", "register"]
+__all__ = ["OP_NAMES", "all_gather_rows", "config_text", "register", "unfused"]
 
 
 def config_text(config) -> str | None:
@@ -59,30 +60,45 @@ def _world(name: str) -> int:
     return dist.get_world_size(_group(name))
 
 
-_FUSED = {"ag_gemm": "all_gather_matmul", "gemm_rs": "matmul_reduce_scatter", "gemm_ar": "matmul_all_reduce"}
+OP_NAMES = {"ag_gemm": "all_gather_matmul", "gemm_rs": "matmul_reduce_scatter", "gemm_ar": "matmul_all_reduce"}
+"""The op of each kind, by its name in `syncopate.kernels.ops` and `torch.ops.syncopate`."""
+
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+"""torch's collectives into one tensor (renamed in newer torch, the old names deprecated)."""
 
 
-def _run(kind: str, a: torch.Tensor, b: torch.Tensor, group_name: str, config: str | None, gathered: bool = False):
-    """The op of `kind` on `a` and `b`: the fused one on CUDA tensors, else torch's collective and
-    matmul in sequence (with `gathered`, an all-gather's output and its gathered A)."""
-    group = _group(group_name)
-    if a.is_cuda:
-        from syncopate.kernels import ops  # the kernels' modules, imported at the first call
+def all_gather_rows(x: torch.Tensor, group) -> torch.Tensor:
+    """Every rank's rows of x (2-D, one shape on every rank) stacked in rank order: torch's all-gather."""
+    full = x.new_empty((x.shape[0] * dist.get_world_size(group), x.shape[1]))
+    _ALL_GATHER(full, x.contiguous(), group=group)
+    return full
 
-        extra = {"return_gathered": True} if gathered else {}
-        return getattr(ops, _FUSED[kind])(a, b, group, _config(config), **extra)
-    ws = dist.get_world_size(group)
+
+def unfused(kind: str, a: torch.Tensor, b: torch.Tensor, group, gathered: bool = False):
+    """The op of `kind` as torch's collective and matmul in sequence (the path the fused ops
+    replace); with `gathered`, an all-gather's output and its gathered A."""
     if kind == "ag_gemm":
-        full = a.new_empty((a.shape[0] * ws, a.shape[1]))
-        dist.all_gather_into_tensor(full, a.contiguous(), group=group)
+        full = all_gather_rows(a, group)
         return (full @ b, full) if gathered else full @ b
     y = a @ b
     if kind == "gemm_ar":
         dist.all_reduce(y, group=group)
         return y
-    out = y.new_empty((y.shape[0] // ws, y.shape[1]))
-    dist.reduce_scatter_tensor(out, y, group=group)
+    out = y.new_empty((y.shape[0] // dist.get_world_size(group), y.shape[1]))
+    _REDUCE_SCATTER(out, y, group=group)
     return out
+
+
+def _run(kind: str, a: torch.Tensor, b: torch.Tensor, group_name: str, config: str | None, gathered: bool = False):
+    """The op of `kind` on `a` and `b`: the fused one on CUDA tensors, else `unfused`."""
+    group = _group(group_name)
+    if not a.is_cuda:
+        return unfused(kind, a, b, group, gathered)
+    from syncopate.kernels import ops  # the kernels' modules, imported at the first call
+
+    extra = {"return_gathered": True} if gathered else {}
+    return getattr(ops, OP_NAMES[kind])(a, b, group, _config(config), **extra)
 
 
 @functools.cache

@@ -38,7 +38,7 @@ from syncopate.kernels.c_stationary import CStationaryPlan, c_stationary_buffers
 from syncopate.kernels.backends import GatherCall, ScatterCall, backend_for, stage_gathered_copy
 from syncopate.kernels.context import OverlapContext, kept_allocations
 from syncopate.kernels.launch import launch_consumer, launch_producer, own_shard_readable
-from syncopate.kernels.library import config_text, register
+from syncopate.kernels.library import OP_NAMES, config_text, register
 from syncopate.kernels.tables import consumer_tables, plan_for, producer_tables
 from syncopate.search_space import (
     A_STATIONARY,
@@ -337,7 +337,7 @@ def _traced(kind: str, a, b, group, config, out, spin_limit: int, gathered: bool
     """The call as torch.compile traces it: one node of its graph, `torch.ops.syncopate.*`
     (`syncopate.kernels.library`), run with the compiled graph (`out=` and bounded waits have no
     place there)."""
-    op = {"ag_gemm": "all_gather_matmul", "gemm_rs": "matmul_reduce_scatter", "gemm_ar": "matmul_all_reduce"}[kind]
+    op = OP_NAMES[kind]
     if out is not None or spin_limit:
         raise ConfigError(f"syncopate.{op} under torch.compile: out= and spin_limit are not supported there; "
                           f"call it without them (the compiled graph allocates the output)")
@@ -460,7 +460,7 @@ def _prepare_scatter(kind: str, a, b, group, config):
 def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
     if torch.compiler.is_compiling():
         return _traced(kind, a, b, group, config, out, spin_limit)
-    op = "matmul_reduce_scatter" if kind == "gemm_rs" else "matmul_all_reduce"
+    op = OP_NAMES[kind]
     capturing = _capturing(a, op, spin_limit)
     key = _call_key(kind, a, b, group, config)
     prep = _REGISTRY.prepared.get(key) if key is not None else None
