@@ -79,10 +79,11 @@ class AStationaryPlan:
 
 
 def run(ctx: OverlapContext, plan: AStationaryPlan, a: torch.Tensor, b: torch.Tensor,
-        out: torch.Tensor) -> None:
-    """Enqueue one call: out[M, N/ws] = all_gather(a) @ b (a: this rank's [M/ws, K] rows, contiguous)."""
+        out: torch.Tensor, captured: bool = False) -> None:
+    """Enqueue one call: out[M, N/ws] = all_gather(a) @ b (a: this rank's [M/ws, K] rows, contiguous).
+    `captured`: the call is being captured in a CUDA graph on the caller's stream."""
     main = ctx.current_stream()
-    r, ws, e = plan.rank, plan.world_size, ctx.begin_call(main)
+    r, ws, e = plan.rank, plan.world_size, ctx.begin_call(main if captured else None)
     b = b.contiguous()  # what is pushed is B's bytes in row-major order
     streams = ctx.fork(main, 3)
     b_recv, c_send = ctx.buffers["b_recv"], ctx.buffers["c_send"]

@@ -88,11 +88,12 @@ class CStationaryPlan:
 
 
 def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Tensor,
-        out: torch.Tensor) -> None:
+        out: torch.Tensor, captured: bool = False) -> None:
     """Enqueue one call: out = this rank's rows [M/ws, N] (all-reduce: all [M, N]) of the sum over
-    ranks of a @ b (a: [M, K/ws] contiguous, b: [K/ws, N])."""
+    ranks of a @ b (a: [M, K/ws] contiguous, b: [K/ws, N]).
+    `captured`: the call is being captured in a CUDA graph on the caller's stream."""
     main = ctx.current_stream()
-    r, ws, e = plan.rank, plan.world_size, ctx.begin_call(main)
+    r, ws, e = plan.rank, plan.world_size, ctx.begin_call(main if captured else None)
     b = b.contiguous()  # what is pushed is B's bytes in row-major order
     streams = ctx.fork(main, 3 if plan.all_reduce else 1)  # pushes; an all-reduce's chunks out, and pulls
     push = streams[0]

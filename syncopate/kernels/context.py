@@ -282,16 +282,17 @@ class OverlapContext:
         program.write(stream, slot)
         program.copy(stream, address, slot, 4)
 
-    def begin_call(self, stream: torch.cuda.Stream | None = None) -> int:
+    def begin_call(self, captured_on: torch.cuda.Stream | None = None) -> int:
         """Take the epoch of the next call (1, 2, …); every rank makes the same calls in the same order.
 
-        A call enqueued on `stream` while the stream is captured in a CUDA graph takes GRAPH_EPOCH
-        instead, after a start that clears the pad on every rank (`graph_entry_kernel`); the epochs
-        of calls outside a graph stay above it, so a word a replay raised never passes their waits."""
+        A call being captured in a CUDA graph on stream `captured_on` (the caller knows: the ops ask
+        once a call) takes GRAPH_EPOCH instead, after a start that clears the pad on every rank
+        (`graph_entry_kernel`); the epochs of calls outside a graph stay above it, so a word a
+        replay raised never passes their waits."""
         if self.closed:
             raise RuntimeError("this context was closed; make a new one")
-        if stream is not None and torch.cuda.is_current_stream_capturing():
-            self._enter_graph_call(stream)
+        if captured_on is not None:
+            self._enter_graph_call(captured_on)
             self.epoch = max(self.epoch, GRAPH_EPOCH)
             return GRAPH_EPOCH
         self.epoch += 1

@@ -297,7 +297,7 @@ def all_gather_matmul(
     elif out.shape != (m, n_local) or out.dtype != a_shard.dtype or not out.is_contiguous():
         raise ConfigError(f"out must be a contiguous {a_shard.dtype} tensor of shape {(m, n_local)}, got {tuple(out.shape)}")
     if cand.template == A_STATIONARY:
-        a_stationary.run(ctx, plan, a_shard, b, out)
+        a_stationary.run(ctx, plan, a_shard, b, out, capturing)
         return out
     a_full = ctx.buffers["a_full"]
     own = a_shard if _OWN_SHARD and own_shard_readable(a_full.local, b, out, a_shard) else None
@@ -305,7 +305,7 @@ def all_gather_matmul(
     # wait is not, and a chunk that never comes would hold it), else from the gathered buffer after.
     overlap = return_gathered and _GATHERED_OVERLAP and not spin_limit
     main = ctx.current_stream()
-    epoch = ctx.begin_call(main)
+    epoch = ctx.begin_call(main if capturing else None)
     streams = ctx.fork(main, 3)
     call = GatherCall(
         ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, a_local=a_shard, a_full=a_full,
@@ -476,10 +476,10 @@ def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
     elif out.shape != (out_rows, n) or out.dtype != a.dtype or not out.is_contiguous():
         raise ConfigError(f"out must be a contiguous {a.dtype} tensor of shape {(out_rows, n)}, got {tuple(out.shape)}")
     if cand.template == C_STATIONARY:
-        c_stationary.run(ctx, plan, a, b, out)
+        c_stationary.run(ctx, plan, a, b, out, capturing)
         return out
     main = ctx.current_stream()
-    epoch = ctx.begin_call(main)
+    epoch = ctx.begin_call(main if capturing else None)
     reduced = ctx.buffers.get("reduced")
     streams = ctx.fork(main, 3)
     # What may allocate is done before the kernel is launched; the waits for its chunks are enqueued after it.
