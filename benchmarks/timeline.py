@@ -30,6 +30,7 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
     from syncopate.kernels import ops
     from syncopate.kernels.context import Timeline
     from syncopate.kernels.reference import reference, relative_error
+    from syncopate.kernels.timing import start_together
     from syncopate.search_space import Candidate, TileConfig, Workload
 
     fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter, "gemm_ar": ops.matmul_all_reduce}
@@ -52,9 +53,7 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
     for _ in range(args.calls):
         ctx.timeline = Timeline.make()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        dist.barrier(device_ids=[rank])
-        torch.cuda.synchronize()
-        torch.cuda._sleep(4_000_000)  # ~2 ms: the whole call is enqueued before the GPU reaches it
+        start_together(g, torch.device("cuda", torch.cuda.current_device()), 2000.0)  # as the benchmarks time
         start.record()
         fused[args.kind](a, b, g, c, out=out)
         end.record()

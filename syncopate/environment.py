@@ -95,11 +95,11 @@ def git_revision() -> str:
 
 KERNEL_SWITCHES: tuple[str, ...] = (
     "SYNCOPATE_GLUON", "SYNCOPATE_OWN_SHARD", "SYNCOPATE_RELAUNCH", "SYNCOPATE_COMM_FIRST", "SYNCOPATE_TMA",
-    "SYNCOPATE_TMA_EPI", "SYNCOPATE_EPI_SPLIT", "SYNCOPATE_DEFER_KEPT",
+    "SYNCOPATE_TMA_EPI", "SYNCOPATE_EPI_SPLIT", "SYNCOPATE_DEFER_KEPT", "SYNCOPATE_TIMING_ALIGN",
 )
 """Environment switches that change which kernel code a fused op runs (the Gluon kernels, the
-all-gather's own rows, relaunching, …): part of every relaunch key, passed on to the gang actors and
-recorded with each trial."""
+all-gather's own rows, relaunching, …) or how it is timed (`SYNCOPATE_TIMING_ALIGN`): part of every
+relaunch key, passed on to the gang actors and recorded with each trial."""
 
 
 def kernel_switches(base: Mapping[str, str] | None = None) -> dict[str, str]:
