@@ -71,4 +71,7 @@ def test_version():
 def test_a_shape_too_small_for_any_tile_says_so():
     r = run("space", "--kind", "gemm_ar", "--m", "2", "--n", "2", "--k", "2", "--topology", "H200x2-nvlink", "--predict", "2")
     assert r.returncode == 0, r.stderr
-    assert "0 valid candidates" in r.stdout and "M must be at least 128" in r.stdout and "unfused all-reduce" in r.stdout
+    out = " ".join(r.stdout.split())
+    assert "no fused candidate; each rank's block has 1 row(s)" in out and "M must be at least 128" in out
+    assert "only template 'unfused' (a matmul, then the whole all-reduce) runs" in out
+    assert "1 valid candidates" in out and "nccl/unfused/s1 cuBLAS" in out

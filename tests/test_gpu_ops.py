@@ -50,6 +50,7 @@ def matrix(quick: bool = False, world: int = 2):
         a_stationary_candidate,
         c_stationary_candidate,
         check_candidate,
+        unfused_candidate,
     )
 
     topology = Topology.from_key(TOPOLOGY[world])
@@ -107,6 +108,11 @@ def matrix(quick: bool = False, world: int = 2):
         except ConfigError:
             continue
         cases.append((kind, dtype, short[kind], c.to_dict(), 3))
+    # The unfused template (torch's collective and matmul), also at 8 rows a rank, under every tile.
+    for kind in shapes:
+        m, n, k = shapes[kind]
+        for shape in ((m, n, k), (8 * world, n, k)):
+            cases.append((kind, "bf16", shape, unfused_candidate().to_dict(), 3))
     # Back-to-back cases first, then the producers: a run stopped by its time limit has covered those.
     first = {"gemm_rs": 0, "gemm_ar": 1, "ag_gemm": 2}
     return sorted(cases, key=lambda case: (-case[4], first[case[0]]))

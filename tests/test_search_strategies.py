@@ -312,11 +312,13 @@ def test_trials_to_target_and_model_agreement(sweep, model):
 
 @pytest.mark.parametrize("name", ["grid", "random", "optuna-tpe", "model-guided"])
 def test_an_empty_space_says_why(name):
-    tiny = SearchProblem(workload=Workload(kind="gemm_rs", shape=(2, 2, 2)), topology=TOPO)
+    fused_only = SpaceOptions(templates=("direct", "ring", "bidirectional_ring", "c_stationary"))
+    tiny = SearchProblem(workload=Workload(kind="gemm_rs", shape=(2, 2, 2)), topology=TOPO, options=fused_only)
     with pytest.raises(ConfigError, match=r"each rank's block has 1 row\(s\), fewer than the smallest tile's 64 "
-                                          r"\(M must be at least 128\)"):
+                                          r"\(M must be at least 128\); at this size only template 'unfused'"):
         make_strategy(name, tiny, max_trials=4, seed=0)
     narrow = SpaceOptions(tile_configs=(TileConfig.from_key("256x128x64w8s3"),), num_splits=(8,))
     fenced = SearchProblem(workload=Workload(kind="ag_gemm", shape=(1024, 4096, 4096)), topology=TOPO, options=narrow)
-    with pytest.raises(ConfigError, match=r"the `space:` section leaves no candidate .* \(the default space has \d+\): widen it"):
+    with pytest.raises(ConfigError, match=r"the `space:` section leaves no candidate .* but the unfused one "
+                                          r"\(the default space has \d+ fused\): widen it"):
         make_strategy(name, fenced, max_trials=4, seed=0)

@@ -7,7 +7,7 @@ import pytest
 
 from syncopate.errors import ConfigError
 from syncopate.search_space import (
-    STATIONARY_KINDS,
+    PLANLESS_KINDS,
     Candidate,
     SpaceOptions,
     TileConfig,
@@ -18,6 +18,7 @@ from syncopate.search_space import (
     default_candidate,
     optuna_distributions,
     space,
+    unfused_candidate,
 )
 from syncopate.autotuner.sweep import load_sweep
 
@@ -88,7 +89,7 @@ def test_nccl_gets_the_sms_its_kernels_need(kind):
     with pytest.raises(ConfigError, match="backend nccl needs comm_sms >= 64, got 16"):
         check_candidate(Candidate(backend="nccl", comm_sms=16), w, H200x2)
     check_candidate(Candidate(backend="nccl", comm_sms=64), w, H200x2)
-    assert {c.comm_sms for c in space(w, H200x2) if c.backend == "nccl"} == {64}
+    assert {c.comm_sms for c in space(w, H200x2) if c.backend == "nccl" and c.template != "unfused"} == {64}
 
 
 def test_comm_sms_must_leave_sms_for_the_gemm():
@@ -192,10 +193,11 @@ def test_the_tp4_and_tp8_suites_search_every_backend_template_and_split(config):
             check_candidate(c, w, topo)
         assert {c.backend for c in cands} == {"copy_engine", "nvshmem", "nccl"}
         routed = {"direct", "ring", "bidirectional_ring"}
-        assert {c.template for c in cands} == routed | {t for t, k in STATIONARY_KINDS.items() if w.kind in k}
+        assert {c.template for c in cands} == routed | {t for t, k in PLANLESS_KINDS.items() if w.kind in k}
         assert {c.num_splits for c in cands} == {1, 2, 4, 8}
         rows = w.shape.m // topo.world_size
-        assert all(rows // c.num_splits >= c.block_m for c in cands), "a chunk shorter than a tile"
+        fused = [c for c in cands if c.template not in PLANLESS_KINDS]
+        assert all(rows // c.num_splits >= c.block_m for c in fused), "a chunk shorter than a tile"
         check_candidate(default_candidate(w, topo), w, topo)
 
 
@@ -232,4 +234,4 @@ def test_num_splits_beyond_a_ranks_rows_at_eight_gpus():
     w = Workload(kind="gemm_rs", shape=(256, 4096, 4096))  # 32 rows a rank
     with pytest.raises(ConfigError, match="num_splits=64 exceeds the 32 rows each rank's block has"):
         check_candidate(Candidate(num_splits=64, block_m=64, block_n=64, num_warps=4, num_stages=3), w, topo)
-    assert space(w, topo) == [], "no tile of the default configurations fits 32 rows"
+    assert space(w, topo) == [unfused_candidate()], "no tile of the default configurations fits 32 rows"

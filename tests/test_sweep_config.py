@@ -97,7 +97,9 @@ def test_space_restrictions_apply(tmp_path):
         space: {backends: [nccl], comm_sms: {nccl: [64]}, num_splits: [2], tile_configs: [128x128x64w8s4]}
     """))
     sweep = load_sweep(f)
-    from syncopate.search_space import space
+    from syncopate.search_space import space, unfused_candidate
 
     cands = space(sweep.workloads[0], sweep.topology(), sweep.space)
-    assert cands and all(c.backend == "nccl" and c.num_splits == 2 and c.block_n == 128 for c in cands)
+    # the unfused candidate (the default templates have it) is one a workload, whatever the restrictions
+    assert cands[0] == unfused_candidate()
+    assert cands[1:] and all(c.backend == "nccl" and c.num_splits == 2 and c.block_n == 128 for c in cands[1:])

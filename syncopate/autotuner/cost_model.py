@@ -49,6 +49,7 @@ from syncopate.errors import ConfigError
 from syncopate.search_space import (
     A_STATIONARY,
     STATIONARY_KINDS,
+    UNFUSED,
     Candidate,
     ChunkPlan,
     TileConfig,
@@ -250,7 +251,17 @@ class CostModel:
         return Prediction(candidate=c, time_us=call_us + end, kernel_us=kernel_end, comm_us=comm_end,
                           programs=topo.sm_count, waves=1)
 
+    def _unfused(self, w: Workload, topo: Topology, c: Candidate) -> Prediction:
+        """The matmul, then the whole collective: `torch_seq` of :meth:`baselines`."""
+        m, n, k = w.local_gemm(topo.world_size)
+        gemm = self._best_gemm_us(m, n, k, topo, w.dtype)
+        comm = self._collective_nccl_us(w, topo) if topo.world_size > 1 else 0.0
+        return Prediction(candidate=c, time_us=gemm + comm, kernel_us=gemm, comm_us=gemm + comm,
+                          programs=topo.sm_count, waves=1)
+
     def _simulate(self, w: Workload, topo: Topology, c: Candidate) -> Prediction:
+        if c.template == UNFUSED:
+            return self._unfused(w, topo, c)
         if c.template in STATIONARY_KINDS:
             return self._stationary(w, topo, c)
         ws = topo.world_size

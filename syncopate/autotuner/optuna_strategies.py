@@ -33,7 +33,7 @@ from typing import Any
 from syncopate.autotuner.strategies import SearchProblem, Strategy
 from syncopate.errors import ConfigError, StudyMismatchError
 from syncopate.records import TrialRecord
-from syncopate.search_space import Candidate, TileConfig, empty_space_message
+from syncopate.search_space import Candidate, TileConfig, space_refusal
 
 __all__ = ["ModelGuidedStrategy", "ModelPruner", "OptunaTPEStrategy", "space_fingerprint", "study_name"]
 
@@ -113,8 +113,9 @@ class OptunaTPEStrategy(Strategy):
     def __init__(self, problem: SearchProblem, *, max_trials: int | None, seed: int) -> None:
         super().__init__(problem, max_trials=max_trials, seed=seed)
         candidates = problem.candidates()
-        if not candidates:
-            raise ConfigError(empty_space_message(problem.workload, problem.topology, problem.options))
+        refusal = space_refusal(problem.workload, problem.topology, problem.options, candidates)
+        if refusal:
+            raise ConfigError(refusal)
         self._by_key = {c.key(): c for c in candidates}
         self._order = [c.key() for c in candidates]
         self._params = {c.key(): candidate_params(c) for c in candidates}

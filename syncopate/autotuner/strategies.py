@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from syncopate.errors import ConfigError, RuntimeUnavailableError
 from syncopate.records import Environment, TrialRecord
-from syncopate.search_space import Candidate, SpaceOptions, Topology, Workload, empty_space_message, space
+from syncopate.search_space import Candidate, SpaceOptions, Topology, Workload, space_refusal, space
 
 __all__ = [
     "AVAILABLE_STRATEGIES",
@@ -103,8 +103,9 @@ class _PlannedStrategy(Strategy):
     def __init__(self, problem: SearchProblem, *, max_trials: int | None, seed: int) -> None:
         super().__init__(problem, max_trials=max_trials, seed=seed)
         candidates = problem.candidates()
-        if not candidates:
-            raise ConfigError(empty_space_message(problem.workload, problem.topology, problem.options))
+        refusal = space_refusal(problem.workload, problem.topology, problem.options, candidates)
+        if refusal:
+            raise ConfigError(refusal)
         self._stored = sum(c.key() in problem.done for c in candidates)
         todo = [c for c in self._make_plan(candidates) if c.key() not in problem.done]
         if max_trials is not None:

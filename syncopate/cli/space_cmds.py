@@ -11,7 +11,16 @@ from rich.table import Table
 
 from syncopate.cli import app, console
 from syncopate.errors import ConfigError
-from syncopate.search_space import Shape, SpaceOptions, Topology, Workload, empty_space_message, space
+from syncopate.search_space import (
+    CANDIDATE_TEMPLATES,
+    UNFUSED,
+    Shape,
+    SpaceOptions,
+    Topology,
+    Workload,
+    empty_space_message,
+    space,
+)
 
 _out = console()
 
@@ -41,6 +50,10 @@ def space_cmd(
         _out.print(f"{workload} on {topo.key()}: 0 valid candidates", highlight=False)
         _out.print(empty_space_message(workload, topo), highlight=False)
         return
+    if candidates and not as_json and all(c.template == UNFUSED for c in candidates):
+        fused_only = SpaceOptions(templates=tuple(t for t in CANDIDATE_TEMPLATES if t != UNFUSED))
+        _out.print(f"{workload} on {topo.key()}: no fused candidate; "
+                   f"{empty_space_message(workload, topo, fused_only).split(': ', 1)[1]}", highlight=False)
     if predict:
         _predict(workload, topo, candidates, predict, db)
         return

@@ -75,17 +75,22 @@ def all_gather_rows(x: torch.Tensor, group) -> torch.Tensor:
     return full
 
 
-def unfused(kind: str, a: torch.Tensor, b: torch.Tensor, group, gathered: bool = False):
+def unfused(kind: str, a: torch.Tensor, b: torch.Tensor, group, gathered: bool = False,
+            out: torch.Tensor | None = None):
     """The op of `kind` as torch's collective and matmul in sequence (the path the fused ops
-    replace); with `gathered`, an all-gather's output and its gathered A."""
+    replace, and their template `unfused`); with `gathered`, an all-gather's output and its gathered
+    A; with `out`, the output written there (its shape and dtype checked by the caller)."""
     if kind == "ag_gemm":
         full = all_gather_rows(a, group)
-        return (full @ b, full) if gathered else full @ b
-    y = a @ b
+        y = full @ b if out is None else torch.matmul(full, b, out=out)
+        return (y, full) if gathered else y
     if kind == "gemm_ar":
+        y = a @ b if out is None else torch.matmul(a, b, out=out)
         dist.all_reduce(y, group=group)
         return y
-    out = y.new_empty((y.shape[0] // dist.get_world_size(group), y.shape[1]))
+    y = a @ b
+    if out is None:
+        out = y.new_empty((y.shape[0] // dist.get_world_size(group), y.shape[1]))
     _REDUCE_SCATTER(out, y, group=group)
     return out
 

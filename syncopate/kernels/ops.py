@@ -38,11 +38,12 @@ from syncopate.kernels.c_stationary import CStationaryPlan, c_stationary_buffers
 from syncopate.kernels.backends import GatherCall, ScatterCall, backend_for, stage_gathered_copy
 from syncopate.kernels.context import OverlapContext, kept_allocations
 from syncopate.kernels.launch import launch_consumer, launch_producer, own_shard_readable
-from syncopate.kernels.library import OP_NAMES, config_text, register
+from syncopate.kernels.library import OP_NAMES, config_text, register, unfused
 from syncopate.kernels.tables import consumer_tables, plan_for, producer_tables
 from syncopate.search_space import (
     A_STATIONARY,
     C_STATIONARY,
+    UNFUSED,
     Candidate,
     Topology,
     Workload,
@@ -248,7 +249,7 @@ def _candidate(config: Candidate | dict | None, workload: Workload, group) -> Ca
 def check_backend_group(cand: Candidate, group) -> None:
     """The `nccl` backend's chunks go through the group's own collectives: it needs NCCL there."""
     backend = str(dist.get_backend(group))
-    if cand.backend == "nccl" and "nccl" not in backend:
+    if cand.backend == "nccl" and cand.template != UNFUSED and "nccl" not in backend:
         raise ConfigError(
             f"backend 'nccl' moves chunks with the group's NCCL collectives, but group {group.group_name!r} "
             f"uses {backend!r}: choose backend copy_engine or nvshmem, or make the group with backend='nccl'"
@@ -276,7 +277,8 @@ def all_gather_matmul(
     a timeout on `check_error()`).
     A config with template `a_stationary` moves B and the products instead of A (its GEMMs are
     cuBLAS's, its stream waits are not bounded by `spin_limit`); with `return_gathered` the call
-    takes the direct plan, which gathers A.
+    takes the direct plan, which gathers A. A config with template `unfused` runs the group's
+    all-gather, then the matmul (what `lookup` serves where that measured fastest).
     """
     if torch.compiler.is_compiling():
         return _traced("ag_gemm", a_shard, b, group, config, out, spin_limit, return_gathered)
@@ -288,14 +290,18 @@ def all_gather_matmul(
         prep = kept_allocations(lambda: _prepare_gather(a_shard, b, group, config), _device_of(a_shard))
         _REGISTRY.prepared[key] = prep
     ctx, plan, cand, tables, backend, rank, m_local, k, n_local, programs = prep
+    if cand.template == UNFUSED:
+        if out is not None:
+            _check_out(out, (m_local * dist.get_world_size(group), n_local), a_shard.dtype)
+        return unfused("ag_gemm", a_shard, b, group, gathered=return_gathered, out=out)
     if cand.template == A_STATIONARY and return_gathered:  # nothing gathers A there: the direct plan does
         return all_gather_matmul(a_shard, b, group, dataclasses.replace(cand, template="direct"),
                                  return_gathered=True, out=out, spin_limit=spin_limit)
     m = m_local * plan.world_size
     if out is None:
         out = torch.empty((m, n_local), dtype=a_shard.dtype, device=a_shard.device)
-    elif out.shape != (m, n_local) or out.dtype != a_shard.dtype or not out.is_contiguous():
-        raise ConfigError(f"out must be a contiguous {a_shard.dtype} tensor of shape {(m, n_local)}, got {tuple(out.shape)}")
+    else:
+        _check_out(out, (m, n_local), a_shard.dtype)
     if cand.template == A_STATIONARY:
         a_stationary.run(ctx, plan, a_shard, b, out, capturing)
         return out
@@ -331,6 +337,12 @@ def all_gather_matmul(
     if copy_out is None:
         gathered.copy_(a_full.local)
     return out, gathered
+
+
+def _check_out(out: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) -> None:
+    if tuple(out.shape) != shape or out.dtype != dtype or not out.is_contiguous():
+        raise ConfigError(f"out must be a contiguous {dtype} tensor of shape {shape}, got {out.dtype} "
+                          f"{tuple(out.shape)}{'' if out.is_contiguous() else ' (not contiguous)'}")
 
 
 def _traced(kind: str, a, b, group, config, out, spin_limit: int, gathered: bool = False):
@@ -399,6 +411,8 @@ def _prepare_gather(a_shard, b, group, config):
     m, n_local = m_local * ws, b.shape[1]
     workload = Workload(kind="ag_gemm", shape=(m, n_local * ws, k), dtype=canonical_dtype(a_shard.dtype))
     cand = _candidate(config, workload, group)
+    if cand.template == UNFUSED:  # no context: torch's collective and matmul
+        return None, None, cand, None, None, rank, m_local, k, n_local, None
     if cand.template == A_STATIONARY:
         ctx = get_context(_A_STATIONARY_KIND, group, (m_local, n_local, k), a_shard.dtype)
         plan = AStationaryPlan.of(cand, rank, ws, m_local, n_local, k)
@@ -445,6 +459,8 @@ def _prepare_scatter(kind: str, a, b, group, config):
     workload.check_world_size(ws)
     cand = _candidate(config, workload, group)
     all_reduce = kind == "gemm_ar"
+    if cand.template == UNFUSED:
+        return None, None, cand, None, None, rank, ws, None, m if all_reduce else m // ws, None
     if cand.template == C_STATIONARY:
         ctx = get_context(_C_STATIONARY_KIND[kind], group, (m, n, k_local), a.dtype)
         plan = CStationaryPlan.of(rank, ws, m, n, k_local, all_reduce, cand.num_splits)
@@ -473,8 +489,10 @@ def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
     all_reduce = kind == "gemm_ar"
     if out is None:
         out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
-    elif out.shape != (out_rows, n) or out.dtype != a.dtype or not out.is_contiguous():
-        raise ConfigError(f"out must be a contiguous {a.dtype} tensor of shape {(out_rows, n)}, got {tuple(out.shape)}")
+    else:
+        _check_out(out, (out_rows, n), a.dtype)
+    if cand.template == UNFUSED:
+        return unfused(kind, a, b, group, out=out)
     if cand.template == C_STATIONARY:
         c_stationary.run(ctx, plan, a, b, out, capturing)
         return out
@@ -505,6 +523,7 @@ def matmul_reduce_scatter(a, b, group=None, config: Candidate | dict | None = No
     a: A[M, K/ws], b: B[K/ws, N]; returns this rank's rows [M/ws, N] of the sum over ranks.
     A config with template `c_stationary` moves A's rows and B instead of partial products, and
     each rank computes its own rows (cuBLAS; its stream waits are not bounded by `spin_limit`).
+    Template `unfused`: the matmul, then the group's reduce-scatter.
     """
     return _gemm_scatter("gemm_rs", a, b, group, config, out, spin_limit)
 
@@ -515,5 +534,6 @@ def matmul_all_reduce(a, b, group=None, config: Candidate | dict | None = None, 
     a: A[M, K/ws], b: B[K/ws, N]; returns [M, N], the sum over ranks.
     With a config of template `c_stationary` each rank computes its own block from the peers' A rows
     and B (as `matmul_reduce_scatter` does), then every rank takes each block in `num_splits` chunks.
+    Template `unfused`: the matmul, then the group's all-reduce.
     """
     return _gemm_scatter("gemm_ar", a, b, group, config, out, spin_limit)

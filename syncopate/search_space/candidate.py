@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from syncopate.errors import ConfigError
-from syncopate.search_space.chunk_plan import CANDIDATE_TEMPLATES, STATIONARY_KINDS
+from syncopate.search_space.chunk_plan import CANDIDATE_TEMPLATES, PLANLESS_KINDS, UNFUSED
 from syncopate.search_space.tile_order import TILE_ORDERS
 
 __all__ = ["BACKENDS", "Candidate"]
@@ -46,8 +46,9 @@ class Candidate:
     backend: str = "copy_engine"
     """One of :data:`BACKENDS`."""
     template: str = "direct"
-    """Chunk-plan template, one of :data:`~syncopate.search_space.chunk_plan.TEMPLATES`, or
-    `a_stationary` (:data:`~syncopate.search_space.chunk_plan.A_STATIONARY`: all-gather matmuls only)."""
+    """Chunk-plan template, one of :data:`~syncopate.search_space.chunk_plan.TEMPLATES`, or one with
+    no chunk plan (:data:`~syncopate.search_space.chunk_plan.PLANLESS_KINDS`): `a_stationary`,
+    `c_stationary`, `unfused` (the matmul, then the whole collective; backend `nccl`, comm_sms 0)."""
     num_splits: int = 1
     """Chunks per rank's block."""
     tile_order: str = "arrival"
@@ -94,7 +95,11 @@ class Candidate:
             )
         if self.backend == "copy_engine" and self.comm_sms != 0:
             raise ConfigError(f"backend copy_engine spends no SM: comm_sms must be 0, got {self.comm_sms}")
-        if self.backend != "copy_engine" and self.comm_sms < 1:
+        if self.template == UNFUSED:
+            if self.backend != "nccl" or self.comm_sms != 0:
+                raise ConfigError(f"template unfused runs the group's collective after the matmul: it takes backend "
+                                  f"'nccl' with comm_sms=0, got {self.backend!r} with comm_sms={self.comm_sms}")
+        elif self.backend != "copy_engine" and self.comm_sms < 1:
             raise ConfigError(
                 f"backend {self.backend} needs comm_sms >= 1 (SMs for communication), got {self.comm_sms}"
             )
@@ -136,7 +141,7 @@ class Candidate:
     def short(self) -> str:
         """A one-line summary for tables."""
         sms = f" sms={self.comm_sms}" if self.comm_sms else ""
-        if self.template in STATIONARY_KINDS:  # no fused kernel: its tile fields are unused
+        if self.template in PLANLESS_KINDS:  # no fused kernel: its tile fields are unused
             return f"{self.backend}/{self.template}/s{self.num_splits} cuBLAS"
         return (
             f"{self.backend}/{self.template}/s{self.num_splits}/{self.tile_order}{sms} "

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from syncopate.errors import ConfigError
 
 __all__ = [
-    "A_STATIONARY", "C_STATIONARY", "STATIONARY_KINDS", "CANDIDATE_TEMPLATES", "TEMPLATES", "COLLECTIVES", "Transfer", "ChunkPlan", "build_plan",
+    "A_STATIONARY", "C_STATIONARY", "STATIONARY_KINDS", "UNFUSED", "PLANLESS_KINDS", "CANDIDATE_TEMPLATES", "TEMPLATES", "COLLECTIVES", "Transfer", "ChunkPlan", "build_plan",
     "block_bounds", "chunk_bounds", "row_chunks",
 ]
 
@@ -57,7 +57,18 @@ STATIONARY_KINDS: dict[str, tuple[str, ...]] = {A_STATIONARY: ("ag_gemm",), C_ST
 """The templates that move operands instead of chunks of the communicated tensor, and the kinds of
 op each is for."""
 
-CANDIDATE_TEMPLATES: tuple[str, ...] = TEMPLATES + tuple(STATIONARY_KINDS)
+UNFUSED = "unfused"
+"""Nothing fused: the matmul and the group's whole collective one after the other, as torch's path
+runs them (`kernels/library.py`'s `unfused`). A candidate like the others, measured beside them, so
+that a shape where no overlap pays (a few hundred rows, where a fused call's fixed costs outweigh
+what it hides) is served the unfused path where that measured fastest; a block shorter than every
+tile of the space has it alone to tune. No chunk plan, no Syncopate kernel."""
+
+PLANLESS_KINDS: dict[str, tuple[str, ...]] = {**STATIONARY_KINDS, UNFUSED: ("ag_gemm", "gemm_rs", "gemm_ar")}
+"""The templates with no chunk plan and no fused kernel (their GEMMs are cuBLAS's), and the kinds
+of op each is for."""
+
+CANDIDATE_TEMPLATES: tuple[str, ...] = TEMPLATES + tuple(PLANLESS_KINDS)
 """What a candidate's `template` may be."""
 
 
@@ -192,8 +203,8 @@ def build_plan(
     BLOCK_M: then no tile straddles two chunks of one block, and with blocks of at least BLOCK_M rows
     no tile overlaps more than two chunks).
     """
-    if template in STATIONARY_KINDS:
-        raise ConfigError(f"template {template} moves operands, not chunks of one tensor: it has no chunk plan")
+    if template in PLANLESS_KINDS:
+        raise ConfigError(f"template {template} moves no chunks of one tensor: it has no chunk plan")
     if template not in TEMPLATES:
         raise ConfigError(f"unknown plan template {template!r}: accepted are {', '.join(TEMPLATES)}")
     if collective not in COLLECTIVES:

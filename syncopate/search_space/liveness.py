@@ -51,7 +51,7 @@ from typing import Any
 
 from syncopate.errors import ConfigError
 from syncopate.search_space.candidate import Candidate
-from syncopate.search_space.chunk_plan import STATIONARY_KINDS, ChunkPlan, Transfer, build_plan
+from syncopate.search_space.chunk_plan import PLANLESS_KINDS, ChunkPlan, Transfer, build_plan
 from syncopate.search_space.tile_order import TileSchedule, consumer_schedule, producer_schedule
 
 __all__ = ["EPILOGUES", "LivenessReport", "check_liveness", "queue_operations"]
@@ -138,8 +138,8 @@ def check_liveness(
         raise ConfigError(f"world size {world_size}: the model takes 2 to 255 ranks")
     if num_programs < 1:
         raise ConfigError(f"num_programs={num_programs} must be at least 1")
-    if c.template in STATIONARY_KINDS:
-        return _stationary_report(kind, c, world_size, total_rows)
+    if c.template in PLANLESS_KINDS:
+        return _planless_report(kind, c, world_size, total_rows)
     fields = (kind, c.template, c.num_splits, c.tile_order, c.block_m, c.block_n, c.group_m, world_size,
               total_rows, n_cols, epilogue)
     call = _call(*fields) if schedule is None else _Call(*fields, schedule=schedule)
@@ -155,17 +155,18 @@ def check_liveness(
     return model.report(case)
 
 
-def _stationary_report(kind: str, c: Candidate, world_size: int, total_rows: int) -> LivenessReport:
-    """A call that moves operands (`kernels/a_stationary.py`, `kernels/c_stationary.py`) has no
-    waiting kernel and no chunk plan to model. a_stationary: the caller's stream waits for each
+def _planless_report(kind: str, c: Candidate, world_size: int, total_rows: int) -> LivenessReport:
+    """A call with no chunk plan has no waiting kernel to model. unfused: a matmul, then one
+    collective every rank enters. The calls that move operands (`kernels/a_stationary.py`,
+    `kernels/c_stationary.py`): a_stationary: the caller's stream waits for each
     peer's B, which the peer pushes first thing; a side stream waits for the peers' products, which
     wait only for those pushes. c_stationary: the caller's stream waits for each peer's inputs,
     which the peer pushes once this rank has entered the call, announced first thing, and for an
     all-reduce for the peers' entries (before its block is written) and, on a side stream, for the
     peers' chunks of their blocks, which wait only for pushes. Every wait is on something raised
     without waiting for the waiter, so the call ends."""
-    if kind not in STATIONARY_KINDS[c.template]:
-        raise ConfigError(f"template {c.template} is for {' and '.join(STATIONARY_KINDS[c.template])}, not {kind}")
+    if kind not in PLANLESS_KINDS[c.template]:
+        raise ConfigError(f"template {c.template} is for {' and '.join(PLANLESS_KINDS[c.template])}, not {kind}")
     case = f"{kind} {c.backend}/{c.template}/s{c.num_splits} ws={world_size} rows={total_rows}"
     return LivenessReport(live=True, case=case, entries_done=0, entries_total=0)
 

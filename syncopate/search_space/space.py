@@ -23,7 +23,9 @@ from syncopate.search_space.chunk_plan import (
     A_STATIONARY,
     C_STATIONARY,
     CANDIDATE_TEMPLATES,
+    PLANLESS_KINDS,
     STATIONARY_KINDS,
+    UNFUSED,
     block_bounds,
     chunk_bounds,
 )
@@ -118,7 +120,8 @@ class SpaceOptions:
     """Backends to search."""
     templates: tuple[str, ...] = CANDIDATE_TEMPLATES
     """Plan templates to search (`ring` is the same plan as `direct` on two GPUs and is skipped there;
-    `a_stationary` only for ag_gemm over the copy engine)."""
+    `a_stationary` only for ag_gemm over the copy engine; `unfused`, one candidate a workload, whatever
+    the backends)."""
     num_splits: tuple[int, ...] = (1, 2, 4, 8)
     """Chunks per block."""
     tile_orders: tuple[str, ...] = ("arrival", "arrival_colmajor", "swizzle", "row_major")
@@ -221,18 +224,26 @@ def c_stationary_candidate(num_splits: int = 1) -> Candidate:
     return Candidate(backend="copy_engine", template=C_STATIONARY, num_splits=num_splits, tile_order="arrival")
 
 
+def unfused_candidate() -> Candidate:
+    """The matmul and the group's whole collective in sequence (:data:`UNFUSED`); the other fields
+    keep :class:`Candidate`'s defaults."""
+    return Candidate(backend="nccl", template=UNFUSED, num_splits=1, tile_order="arrival", comm_sms=0)
+
+
 STATIONARY_MIN_ROWS = 128
 """Fewest rows of an a_stationary product chunk, or of a c_stationary rank's block, the space
 offers (a GEMM of fewer rows leaves most SMs idle)."""
 
 
-def _check_stationary(c: Candidate, workload: Workload) -> None:
-    kinds = STATIONARY_KINDS[c.template]
+def _check_planless(c: Candidate, workload: Workload) -> None:
+    kinds = PLANLESS_KINDS[c.template]
     if workload.kind not in kinds:
         raise ConfigError(f"template {c.template} is for {' and '.join(kinds)}, not {workload.kind}")
-    if c.backend != "copy_engine":
+    if c.template in STATIONARY_KINDS and c.backend != "copy_engine":
         raise ConfigError(f"template {c.template} moves operands with the copy engine, not {c.backend}")
-    if c.template == A_STATIONARY:
+    if c.template == UNFUSED:
+        ref = unfused_candidate()
+    elif c.template == A_STATIONARY:
         ref = a_stationary_candidate(c.num_splits)
     else:
         ref = c_stationary_candidate(c.num_splits if workload.kind == "gemm_ar" else 1)
@@ -250,8 +261,8 @@ def check_candidate(candidate: Candidate, workload: Workload, topology: Topology
     workload.check_world_size(ws)
     c = candidate
     rows = _rows_per_block(workload, ws)
-    if c.template in STATIONARY_KINDS:
-        _check_stationary(c, workload)
+    if c.template in PLANLESS_KINDS:
+        _check_planless(c, workload)
         if c.num_splits > rows:
             raise ConfigError(f"num_splits={c.num_splits} exceeds the {rows} rows each rank's block has")
         return
@@ -322,13 +333,15 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
         for splits in options.num_splits if workload.kind == "gemm_ar" else (1,):
             if rows // splits >= STATIONARY_MIN_ROWS:
                 yield c_stationary_candidate(splits)
+    if UNFUSED in options.templates:
+        yield unfused_candidate()
     for backend in options.backends:
         sms = options.comm_sms.get(backend, (0,) if backend == "copy_engine" else (8,))
         sms = [s for s in sms if (s == 0) == (backend == "copy_engine") and s <= topology.sm_count // 2]
         for template, splits, order, tc, comm_sms in itertools.product(
             _templates_for(options, ws), options.num_splits, orders, tile_configs, sms
         ):
-            if template in STATIONARY_KINDS or (template == "bidirectional_ring" and splits < 2):
+            if template in PLANLESS_KINDS or (template == "bidirectional_ring" and splits < 2):
                 continue
             if order == "kept_interleaved" and template != "direct":
                 continue
@@ -366,7 +379,8 @@ def empty_space_message(workload: Workload, topology: Topology, options: SpaceOp
         return (
             f"no candidate fits {workload} on {topology}: each rank's block has {rows} row(s), fewer than "
             f"the smallest tile's {smallest} (M must be at least {smallest * topology.world_size}); at this size "
-            f"a matmul and an unfused {_COLLECTIVE_NAMES[workload.kind]} are the way"
+            f"only template 'unfused' (a matmul, then the whole {_COLLECTIVE_NAMES[workload.kind]}) runs: "
+            f"keep it in space.templates"
         )
     default = space_size(workload, topology)
     if options != SpaceOptions() and default:
@@ -375,6 +389,23 @@ def empty_space_message(workload: Workload, topology: Topology, options: SpaceOp
             f"has {default}): widen it, e.g. smaller tile_configs or fewer num_splits"
         )
     return f"no candidate fits {workload} on {topology}"
+
+
+def space_refusal(workload: Workload, topology: Topology, options: SpaceOptions, candidates: list[Candidate]) -> str | None:
+    """Why a search over `candidates` (the space under `options`) should not start: none at all
+    (:func:`empty_space_message`), or the `space:` section fencing off every fused candidate the
+    default space has, leaving only the unfused one. None where the search can go on."""
+    if not candidates:
+        return empty_space_message(workload, topology, options)
+    if options == SpaceOptions() or any(c.template != UNFUSED for c in candidates):
+        return None
+    fused = sum(1 for c in _iter_space(workload, topology, SpaceOptions()) if c.template != UNFUSED)
+    if not fused:
+        return None  # too short for any tile: the unfused candidate is the space
+    return (
+        f"the `space:` section leaves no candidate for {workload} on {topology} but the unfused one (the default "
+        f"space has {fused} fused): widen it, e.g. smaller tile_configs or fewer num_splits"
+    )
 
 
 SHORT_TILES: tuple[tuple[TileConfig, float], ...] = (
