@@ -6,6 +6,8 @@ in rank order with a rounding after each addition, as NCCL reduces them."""
 
 from __future__ import annotations
 
+import io
+
 import torch
 import torch.distributed as dist
 from support.gloo import run_gloo
@@ -45,7 +47,11 @@ def _worker(rank, ws, init, q):
             "gemm_ar": reference_unfused("gemm_ar", a_rank, b_rank, g),
         }
         got.update({f"unfused {kind}": t for kind, t in unfused.items()})
-        q.put((rank, {kind: t.dtype for kind, t in got.items()}, got))
+        # by value: a tensor put on the queue as it is travels as a shared file descriptor, which a
+        # worker that has already ended can no longer hand over (FileNotFoundError in the parent)
+        data = io.BytesIO()
+        torch.save(got, data)
+        q.put((rank, {kind: t.dtype for kind, t in got.items()}, data.getvalue()))
     finally:
         dist.destroy_process_group()
 
@@ -53,8 +59,8 @@ def _worker(rank, ws, init, q):
 def test_the_gathered_reference_is_the_whole_product():
     ws = 3
     results = {}
-    for rank, dtypes, got in run_gloo(_worker, ws, timeout=120):
-        results[rank] = got
+    for rank, dtypes, data in run_gloo(_worker, ws, timeout=120):
+        results[rank] = got = torch.load(io.BytesIO(data))
         assert {dtypes[kind] for kind in ("ag_gemm", "gemm_rs", "gemm_ar")} == {torch.float32}
         assert {dtypes[f"unfused {kind}"] for kind in ("ag_gemm", "gemm_rs", "gemm_ar")} == {torch.bfloat16}
     m, n, k = 6 * ws, 5 * ws, 4 * ws
