@@ -218,3 +218,22 @@ def test_environments(db):
     frame = data.environments(db)
     assert list(frame["environment"]) == [ENV, OTHER] and list(frame["trials"]) == [12, 2]
     assert list(frame["torch"]) == ["2.11.0+cu130", "2.12.0+cu130"]
+
+
+def test_the_unfused_template_is_a_backend_of_its_own(db_url):
+    """Charts by backend keep the unfused candidate (backend `nccl` in its fields) apart from NCCL's
+    fused candidates."""
+    from syncopate.search_space import Candidate, unfused_candidate
+
+    fused_nccl = Candidate(backend="nccl", num_splits=1, comm_sms=64)
+    with ResultsDB.open(db_url, upgrade=True) as rdb:
+        s = rdb.start_sweep("short", {}, host="gpu-a", started_at=fx.T0)
+        rdb.record_trials(s, [fx._trial(fx.W1, unfused_candidate(), median=390.0, minute=1),
+                              fx._trial(fx.W1, fused_nccl, median=450.0, minute=2),
+                              fx._trial(fx.W1, fx.CE2, median=400.0, minute=3)])
+        cells = data.backend_splits(rdb, sel())
+        found = {(b, n): best for b, n, best in zip(cells["backend"], cells["num_splits"], cells["best_us"])}
+        assert found == {("copy_engine", 2): 400.0, ("nccl", 1): 450.0, ("unfused", 1): 390.0}
+        trials = data.convergence(rdb, sel())
+        assert list(trials["backend"]) == ["unfused", "nccl", "copy_engine"]
+        assert list(trials["best_so_far"]) == [390.0, 390.0, 390.0]

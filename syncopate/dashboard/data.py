@@ -42,7 +42,7 @@ from syncopate.results_db.models import (
     WorkloadModel,
 )
 from syncopate.results_db.repository import ResultsDB
-from syncopate.search_space import KINDS, canonical_dtype, topology_key
+from syncopate.search_space import KINDS, UNFUSED, canonical_dtype, topology_key
 
 __all__ = [
     "ENV_FIELDS",
@@ -165,6 +165,19 @@ def _json_field(conn: Connection, column: Any, name: str, integer: bool = False)
     return cast(out, Integer) if integer else out
 
 
+def _route(conn: Connection, column: Any) -> Any:
+    """The candidate's backend, or `unfused` for that template (it moves nothing itself: the group's
+    collective runs after the matmul), so that charts by backend do not count it as NCCL's."""
+    return case((_json_field(conn, column, "template") == UNFUSED, UNFUSED), else_=_json_field(conn, column, "backend"))
+
+
+def _route_of(d: Any) -> str | None:
+    """`_route` of a decoded candidate dict."""
+    if not isinstance(d, dict):
+        return None
+    return UNFUSED if d.get("template") == UNFUSED else d.get("backend")
+
+
 def env_label(row: Any) -> str:
     """`torch 2.11.0+cu130 · triton 3.6.0 · CUDA 13.0 · NCCL 2.28.3 · driver 580.159.04 · H200`."""
     return (
@@ -221,7 +234,8 @@ def _selection_where(conn: Connection, sel: Selection) -> list[Any]:
 
 
 def _candidate_columns(frame: pd.DataFrame, column: str = "candidate") -> pd.DataFrame:
-    """Adds backend, num_splits, tile_order and a one-line summary from decoded candidate dicts."""
+    """Adds backend (`unfused` for that template), num_splits, tile_order and a one-line summary
+    from decoded candidate dicts."""
     from syncopate.search_space import Candidate
 
     def short(d: Any) -> str:
@@ -233,7 +247,7 @@ def _candidate_columns(frame: pd.DataFrame, column: str = "candidate") -> pd.Dat
             return str(d)
 
     docs = frame[column] if column in frame else pd.Series([None] * len(frame), dtype=object)
-    frame["backend"] = [d.get("backend") if isinstance(d, dict) else None for d in docs]
+    frame["backend"] = [_route_of(d) for d in docs]
     frame["num_splits"] = pd.array(
         [d.get("num_splits") if isinstance(d, dict) else None for d in docs], dtype="Int64"
     )
@@ -460,7 +474,7 @@ def convergence(db: ResultsDB, sel: Selection, *, max_points: int = 2000) -> pd.
                 _T.c.p20_us,
                 _T.c.p80_us,
                 _T.c.created_at,
-                _json_field(conn, _T.c.candidate, "backend").label("backend"),
+                _route(conn, _T.c.candidate).label("backend"),
                 _json_field(conn, _T.c.candidate, "num_splits", integer=True).label("num_splits"),
                 _json_field(conn, _T.c.candidate, "tile_order").label("tile_order"),
                 func.row_number().over(partition_by=group, order_by=_T.c.id).label("order"),
@@ -487,9 +501,10 @@ def convergence(db: ResultsDB, sel: Selection, *, max_points: int = 2000) -> pd.
 
 
 def backend_splits(db: ResultsDB, sel: Selection) -> pd.DataFrame:
-    """The best `ok` time per (backend, num_splits) of `sel`, with trial counts (the heatmap)."""
+    """The best `ok` time per (backend, num_splits) of `sel`, with trial counts (the heatmap); the
+    template `unfused` is a backend of its own there."""
     with db.engine.connect() as conn:
-        backend = _json_field(conn, _T.c.candidate, "backend")
+        backend = _route(conn, _T.c.candidate)
         splits = _json_field(conn, _T.c.candidate, "num_splits", integer=True)
         stmt = (
             select(
