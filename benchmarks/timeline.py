@@ -9,6 +9,9 @@ and its stream free) and one when its copy is done, timed from an event recorded
 call. Rank 0 prints, per rank, each chunk's ready and done times and the link's busy share, and the
 call's own time; with it one reads whether the copies wait for the GEMM (ready late) or for each
 other (back to back: the link is the limit), and how long the call runs after the last copy.
+With `--template a_stationary` or `c_stationary` (cuBLAS GEMMs, no tile fields) the timeline also
+holds the GEMMs on the caller's stream, from when their inputs are there to their end ("own term",
+"term of q", "product for p", ...); they are left out of the link's busy share.
 Every call's output is checked against the float32 reference.
 """
 
@@ -31,13 +34,18 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
     from syncopate.kernels.context import Timeline
     from syncopate.kernels.reference import reference, relative_error
     from syncopate.kernels.timing import start_together
-    from syncopate.search_space import Candidate, TileConfig, Workload
+    from syncopate.search_space import Candidate, TileConfig, Workload, a_stationary_candidate, c_stationary_candidate
 
     fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter, "gemm_ar": ops.matmul_all_reduce}
     tile = TileConfig.from_key(args.tile)
-    c = Candidate(backend="copy_engine", template=args.template, num_splits=args.splits, tile_order=args.order,
-                  comm_sms=0, block_m=tile.block_m, block_n=tile.block_n, block_k=tile.block_k,
-                  group_m=args.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages)
+    if args.template == "a_stationary":  # cuBLAS GEMMs: the tile fields keep their defaults
+        c = a_stationary_candidate(args.splits)
+    elif args.template == "c_stationary":
+        c = c_stationary_candidate(args.splits if args.kind == "gemm_ar" else 1)
+    else:
+        c = Candidate(backend="copy_engine", template=args.template, num_splits=args.splits, tile_order=args.order,
+                      comm_sms=0, block_m=tile.block_m, block_n=tile.block_n, block_k=tile.block_k,
+                      group_m=args.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages)
     w = Workload(kind=args.kind, shape=(args.m, args.n, args.k), dtype="bf16")
     shapes = w.local_shapes(world)
     g = dist.group.WORLD
@@ -48,7 +56,7 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
         fused[args.kind](a, b, g, c, out=out)
     torch.cuda.synchronize()
     err = relative_error(out, reference(args.kind, a, b, g))
-    ctx = ops.get_context(args.kind, g, (args.m, args.k) if args.kind == "ag_gemm" else (args.m, args.n), torch.bfloat16)
+    ctx = ops.call_context(args.kind, a, b, g, c)
     rows = []
     for _ in range(args.calls):
         ctx.timeline = Timeline.make()
@@ -71,13 +79,18 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
     dist.destroy_process_group()
 
 
+GEMM_LABELS = ("own ", "term of", "product for")
+"""How the stationary templates' GEMM spans are labelled (the rest are copies)."""
+
+
 def summarize(call: dict) -> list[str]:
     chunks = sorted(call["chunks"], key=lambda x: x["ready_us"])
     lines = []
-    busy = sum(x["done_us"] - x["ready_us"] for x in chunks)
+    busy = sum(x["done_us"] - x["ready_us"] for x in chunks if not x["label"].startswith(GEMM_LABELS))
     for x in chunks:
         lines.append(f"    {x['label']:16s} chunk {str(tuple(x['chunk'])):10s} {x['rows']:6d} rows  "
-                     f"ready {x['ready_us']:8.1f}  done {x['done_us']:8.1f}  copy {x['done_us'] - x['ready_us']:7.1f} µs")
+                     f"ready {x['ready_us']:8.1f}  done {x['done_us']:8.1f}  "
+                     f"{'gemm' if x['label'].startswith(GEMM_LABELS) else 'copy'} {x['done_us'] - x['ready_us']:7.1f} µs")
     if chunks:
         first, last = chunks[0]["ready_us"], max(x["done_us"] for x in chunks)
         lines.append(f"    first ready {first:.1f} µs, last done {last:.1f} µs, copies busy {busy:.1f} µs of the "

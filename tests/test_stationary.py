@@ -66,6 +66,7 @@ class _World:
         """`buffers`: the op's symmetric buffers (name: (shape, dtype)); `plan(rank)`: its plan;
         `module`: the op's module (`run(ctx, plan, a, b, out)`)."""
         self.ws, self.module = ws, module
+        self.clock, self.spans = 0, []  # the timeline's marks as played: (rank, call, label, chunk, start, end)
         self.pads = [[0] * PAD_WORDS for _ in range(ws)]
         bufs = [{name: torch.full(shape, float("nan")) for name, (shape, _) in buffers.items()} for _ in range(ws)]
         self.ctxs, self.mains, self.plans = [], [], []
@@ -80,9 +81,21 @@ class _World:
                 current_stream=lambda: _World.current,
                 signal_address=lambda q, word: (q, word),
                 write_signal=lambda stream, q, word, value: stream.ops.append(("write", (q, word), value)),
+                stamp=self._stamp, span=self._span(r),
             ))
             self.mains.append(_Stream(f"rank {r} caller"))
             self.plans.append(plan(r))
+
+    @staticmethod
+    def _stamp(stream) -> dict:
+        start = {"at": None}
+        stream.ops.append(("stamp", start))
+        return start
+
+    def _span(self, r):
+        def span(label, chunk, rows, stream, start) -> None:
+            stream.ops.append(("span", (r, self.ctxs[r].epoch, label, tuple(chunk)), start))
+        return span
 
     def _begin(self, r):
         def begin(stream=None) -> int:
@@ -140,6 +153,11 @@ class _World:
                 ctypes.memmove(op[1], op[2], op[3])
             elif op[0] == "run":
                 op[1]()
+            elif op[0] == "stamp":
+                op[1]["at"] = self.clock
+            elif op[0] == "span":
+                self.spans.append(op[1] + (op[2]["at"], self.clock))
+            self.clock += 1
 
 
 @pytest.fixture
@@ -310,3 +328,27 @@ def test_the_stationary_sweep_config_measures_both_templates_on_the_link_bound_s
     found = {w.kind: {c.template for c in space(w, topo, sweep.space)} for w in sweep.workloads}
     assert found == {"ag_gemm": {A_STATIONARY}, "gemm_rs": {C_STATIONARY}, "gemm_ar": {C_STATIONARY}}
     assert sum(len(space(w, topo, sweep.space)) for w in sweep.workloads) == 18
+
+
+@pytest.mark.parametrize("all_reduce", [False, True])
+def test_the_timeline_marks_each_term_from_when_its_inputs_are_there(world, all_reduce):
+    """With the timeline on (benchmarks/timeline.py), c_stationary marks its pushes and its GEMMs:
+    a peer's term starts after that peer's push to this rank has ended, in the same call, and the
+    own term needs nothing."""
+    ws, m, n, k_local = 3, 96, 24, 40
+    w = world(ws, c_stationary.c_stationary_buffers(ws, m, n, k_local, torch.float32, all_reduce),
+              lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, 2), c_stationary)
+    for _ in range(2):
+        for r in range(ws):
+            w.enqueue(r, torch.randn(m, k_local), torch.randn(k_local, n), torch.empty(m if all_reduce else m // ws, n))
+    w.play(7)
+    spans = {(r, call, label, chunk): (start, end) for r, call, label, chunk, start, end in w.spans}
+    pushes = {(r, call, label): end for (r, call, label, _), (_, end) in spans.items() if label.startswith("A rows")}
+    terms = [(r, call, label, start) for (r, call, label, _), (start, _) in spans.items() if label.startswith("term of")]
+    assert len(pushes) == 2 * ws * (ws - 1) and len(terms) == 2 * ws * (ws - 1 + (2 - 1 if all_reduce else 0))
+    for r, call, label, start in terms:
+        q = int(label.rsplit(" ", 1)[1])
+        assert start > pushes[(q, call, f"A rows, B to {r}")], (r, call, label)
+    assert {label for (_, _, label, _) in spans if not label.startswith(("A rows", "term of", "reduced from"))} == {"own term"}
+    if all_reduce:
+        assert sum(label.startswith("reduced from") for (_, _, label, _) in spans) == 2 * ws * (ws - 1) * 2

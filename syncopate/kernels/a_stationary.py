@@ -92,21 +92,29 @@ def run(ctx: OverlapContext, plan: AStationaryPlan, a: torch.Tensor, b: torch.Te
     push = streams[0]
     for d in range(1, ws):  # to r+1 first, which computes r's product first (its `peers_computed`)
         p = (r + d) % ws
+        t0 = ctx.stamp(push)
         streamops.copy_async(push.cuda_stream, b_recv.peer_ptrs[p] + r * b_bytes, b.data_ptr(), b_bytes)
+        ctx.span(f"B to {p}", (p, 0), plan.k, push, t0)
         ctx.write_signal(push, p, B_WORD + r, e)
     r0 = block_bounds(plan.m_local * ws, ws, r)[0]
     half = plan.m_local // 2
+    t0 = ctx.stamp(main)
     torch.matmul(a[:half], b, out=out[r0 : r0 + half])
+    ctx.span("own rows, first half", (r, 0), half, main, t0)
     ready = streams[1]
     for p in plan.peers_computed:
         streamops.wait_value(main.cuda_stream, ctx.signal_address(r, B_WORD + p), e)
         for j, (lo, hi) in enumerate(row_chunks(plan.m_local, plan.splits)):
+            t0 = ctx.stamp(main)
             torch.matmul(a[lo:hi], b_recv.local[p], out=c_send.local[p, lo:hi])
+            ctx.span(f"product for {p}", (p, j), hi - lo, main, t0)
             done = torch.cuda.Event()
             done.record(main)
             ready.wait_event(done)
             ctx.write_signal(ready, p, C_WORD + r * plan.splits + j, e)
+    t0 = ctx.stamp(main)
     torch.matmul(a[half:], b, out=out[r0 + half : r0 + plan.m_local])
+    ctx.span("own rows, second half", (r, 1), plan.m_local - half, main, t0)
     pull = streams[2]
     slot_bytes = plan.m_local * row_bytes
     for q in plan.peers_pulled:
@@ -114,5 +122,7 @@ def run(ctx: OverlapContext, plan: AStationaryPlan, a: torch.Tensor, b: torch.Te
         for j, (lo, hi) in enumerate(row_chunks(plan.m_local, plan.splits)):
             streamops.wait_value(pull.cuda_stream, ctx.signal_address(r, C_WORD + q * plan.splits + j), e)
             src = c_send.peer_ptrs[q] + r * slot_bytes + lo * row_bytes
+            t0 = ctx.stamp(pull)
             streamops.copy_async(pull.cuda_stream, out[q0 + lo :].data_ptr(), src, (hi - lo) * row_bytes)
+            ctx.span(f"products from {q}", (q, j), hi - lo, pull, t0)
     ctx.join(main, streams)

@@ -106,8 +106,10 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
         p = (r + d) % ws
         p0 = block_bounds(plan.m, ws, p)[0]
         streamops.wait_value(push.cuda_stream, ctx.signal_address(r, ENTERED_BASE + p), e)
+        t0 = ctx.stamp(push)
         streamops.copy_async(push.cuda_stream, a_recv.peer_ptrs[p] + r * a_bytes, a[p0:].data_ptr(), a_bytes)
         streamops.copy_async(push.cuda_stream, b_recv.peer_ptrs[p] + r * b_bytes, b.data_ptr(), b_bytes)
+        ctx.span(f"A rows, B to {p}", (p, 0), rows, push, t0)
         ctx.write_signal(push, p, ARRIVED + r, e)
     r0 = block_bounds(plan.m, ws, r)[0]
     block = out
@@ -115,11 +117,15 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
         block = ctx.buffers["reduced"].local
         for p in plan.peers_added:  # every peer has pulled the previous call's block
             streamops.wait_value(main.cuda_stream, ctx.signal_address(r, ENTERED_BASE + p), e)
+    t0 = ctx.stamp(main)
     torch.matmul(a[r0 : r0 + rows], b, out=block)
+    ctx.span("own term", (r, 0), rows, main, t0)
     peers = plan.peers_added
     for q in peers[:-1] if plan.all_reduce else peers:
         streamops.wait_value(main.cuda_stream, ctx.signal_address(r, ARRIVED + q), e)
+        t0 = ctx.stamp(main)
         add_product(block, a_recv.local[q], b_recv.local[q])
+        ctx.span(f"term of {q}", (q, 0), rows, main, t0)
     if not plan.all_reduce:
         ctx.join(main, streams)
         return
@@ -129,7 +135,9 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
         streamops.wait_value(main.cuda_stream, ctx.signal_address(r, ARRIVED + peers[-1]), e)
     for j, (lo, hi) in enumerate(row_chunks(rows, plan.splits)):
         if peers:
+            t0 = ctx.stamp(main)
             add_product(block[lo:hi], a_recv.local[peers[-1], lo:hi], b_recv.local[peers[-1]])
+            ctx.span(f"term of {peers[-1]}", (peers[-1], j), hi - lo, main, t0)
         done = torch.cuda.Event()
         done.record(main)
         ready.wait_event(done)
@@ -142,8 +150,10 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
         q0 = block_bounds(plan.m, ws, q)[0]
         for j, (lo, hi) in enumerate(row_chunks(rows, plan.splits)):
             streamops.wait_value(pull.cuda_stream, ctx.signal_address(r, GATHER + q * plan.splits + j), e)
+            t0 = ctx.stamp(pull)
             streamops.copy_async(pull.cuda_stream, out[q0 + lo :].data_ptr(), reduced.peer_ptrs[q] + lo * row_bytes,
                                  (hi - lo) * row_bytes)
+            ctx.span(f"reduced from {q}", (q, j), hi - lo, pull, t0)
     ctx.join(main, streams)
 
 

@@ -138,7 +138,8 @@ def ranks_share_a_device(group, device: torch.device) -> bool:
 @dataclass
 class Timeline:
     """Events the copy-engine backend records on its side streams, one pair per chunk it moves:
-    once the chunk's wait passed (it is ready and the stream is free), and once its copy is done.
+    once the chunk's wait passed (it is ready and the stream is free), and once its copy is done;
+    the stationary templates add their GEMMs (from when their inputs are there to their end).
     Events come from a pool made beforehand, since creating one between the kernel's launch and its
     communication could synchronize. `marks` holds (label, chunk, rows, ready event, done event)."""
 
@@ -326,6 +327,15 @@ class OverlapContext:
             event = self._events[1 + self.streams.index(s)]
             event.record(s)
             main.wait_event(event)
+
+    def stamp(self, stream: torch.cuda.Stream):
+        """With the timeline on: an event recorded on `stream` now, the start of a `span`; else None."""
+        return self.timeline.record(stream) if self.timeline is not None else None
+
+    def span(self, label: str, chunk, rows: int, stream: torch.cuda.Stream, start) -> None:
+        """With the timeline on: mark what `stream` did from `start` (a `stamp`) to now."""
+        if self.timeline is not None:
+            self.timeline.mark(label, chunk, rows, start, self.timeline.record(stream))
 
     def current_stream(self) -> torch.cuda.Stream:
         """The caller's current stream on this context's device. torch.cuda.current_stream() makes a

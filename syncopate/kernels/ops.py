@@ -60,6 +60,7 @@ __all__ = [
     "ContextRegistry",
     "close_contexts",
     "get_context",
+    "call_context",
 ]
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,14 @@ def close_contexts(group=None) -> None:
 def get_context(kind: str, group, shape: tuple[int, ...], dtype: torch.dtype) -> OverlapContext:
     """The context the ops use for `kind` on `group` (created on first use)."""
     return _REGISTRY.context(group, (kind,) + tuple(shape) + (str(dtype),), _buffers(kind, shape, dtype, dist.get_world_size(group)))
+
+
+def call_context(kind: str, a, b, group=None, config: Candidate | dict | None = None) -> OverlapContext | None:
+    """The context that calls of `kind` with operands like `a` and `b` and this config use, once one
+    such call has been made (None before, and for template `unfused`, which needs none)."""
+    key = _call_key(kind, a, b, group, config)
+    prep = _REGISTRY.prepared.get(key) if key is not None else None
+    return None if prep is None else prep[0]
 
 
 _A_STATIONARY_KIND = "ag_gemm/a_stationary"

@@ -64,6 +64,7 @@ def _ranks(ws: int, buffers: dict, plan_of, dev):
             signal_address=lambda q, word: pads[q].data_ptr() + 4 * word,
             write_signal=lambda stream, q, word, value: streamops.write_value(
                 stream.cuda_stream, pads[q].data_ptr() + 4 * word, value),
+            stamp=lambda stream: None, span=lambda label, chunk, rows, stream, start: None,  # no timeline
         )
         ranks.append((ctx, plan_of(r), torch.cuda.Stream(device=dev)))
     return ranks
