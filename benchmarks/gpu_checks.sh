@@ -4,7 +4,8 @@
 # a one-line verdict per step is printed last.
 #
 #   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix shared shared48 tune order conns rs ar suite own
-#                                                    gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 calib tp graph (default: matrix tune order conns
+#                                                    gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 calib tp graph
+#                                                    misses short (default: matrix tune order conns
 #                                                    rs ar suite; SECONDS overrides the limit)
 #
 #   smoke   tests/test_gpu_ops.py, the quick matrix: one case per kind x backend, 10 calls back to back
@@ -44,6 +45,9 @@
 #           benchmarks/graph_calls.py (calls one by one against a graph's replay; ours, torch's, async-TP),
 #           then op_host.py's host time and profile of ag_gemm at 256, 1024 and 4096 rows (the eager call
 #           at 1024 rows was host-bound on two H100s, 2026-11-25)
+#   misses  timelines of the TP=2 shapes furthest from their targets on two H100s (2026-11-25):
+#           gemm_rs 8192x8192x2048 with c_stationary (its pushes and GEMM terms), gemm_ar 8192x4096x11008
+#   short   syncopate tune configs/short_tp2.yaml: 256-4096 rows, fused and unfused candidates
 #
 # Triton's cache lives in $TRITON_CACHE_DIR (default /tmp/syncopate-triton-cache); it starts from
 # .tcache/triton-cache.tgz when that exists and is packed into $OUT/triton-cache.tgz at the end, so
@@ -150,7 +154,12 @@ for arg in "${steps[@]}"; do
             step graph-calls 200 python3 benchmarks/graph_calls.py --ranks 2 --out "$OUT/graph-calls.json"
             step graph-host 150 env OP_HOST_PROFILE="$OUT/graph-host-profile.txt" python3 benchmarks/op_host.py \
                 --ranks 2 --case ag_gemm:256x4096x4096 --case ag_gemm:1024x4096x4096 --case ag_gemm:4096x4096x4096 ;;
-        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 calib tp graph" >&2
+        misses) step misses-rs 90 python3 benchmarks/timeline.py gemm_rs 8192 8192 2048 --template c_stationary \
+                --json "$OUT/misses-rs.json"
+            step misses-ar 90 python3 benchmarks/timeline.py gemm_ar 8192 4096 11008 --splits 4 \
+                --json "$OUT/misses-ar.json" ;;
+        short) step short 300 python3 -m syncopate tune configs/short_tp2.yaml --db "sqlite:///$OUT/short.db" ;;
+        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 calib tp graph misses short" >&2
             exit 2 ;;
     esac
 done
