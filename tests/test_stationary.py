@@ -338,9 +338,11 @@ def test_the_timeline_marks_each_term_from_when_its_inputs_are_there(world, all_
     ws, m, n, k_local = 3, 96, 24, 40
     w = world(ws, c_stationary.c_stationary_buffers(ws, m, n, k_local, torch.float32, all_reduce),
               lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, 2), c_stationary)
+    kept = []  # the enqueued copies read and write these by address when played: they must outlive play()
     for _ in range(2):
         for r in range(ws):
-            w.enqueue(r, torch.randn(m, k_local), torch.randn(k_local, n), torch.empty(m if all_reduce else m // ws, n))
+            kept.append((torch.randn(m, k_local), torch.randn(k_local, n), torch.empty(m if all_reduce else m // ws, n)))
+            w.enqueue(r, *kept[-1])
     w.play(7)
     spans = {(r, call, label, chunk): (start, end) for r, call, label, chunk, start, end in w.spans}
     pushes = {(r, call, label): end for (r, call, label, _), (_, end) in spans.items() if label.startswith("A rows")}
