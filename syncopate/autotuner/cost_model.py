@@ -160,12 +160,9 @@ class CostModel:
         the GEMM alone (the best calibrated tile configuration on every SM), the collective alone
         with NCCL (a ring of whole blocks) and with the copy engine (`direct`, one chunk per block;
         not for `gemm_ar`, as the harness), and both in sequence."""
-        ws = topology.world_size
-        m, n, k = workload.local_gemm(ws)
-        gemm = self._best_gemm_us(m, n, k, topology, workload.dtype)
+        gemm, nccl = self._gemm_and_collective_us(workload, topology)
         out = {"gemm_alone": gemm}
-        if ws > 1:
-            nccl = self._collective_nccl_us(workload, topology)
+        if topology.world_size > 1:
             out["comm_alone"] = nccl
             out["torch_seq"] = gemm + nccl
             if workload.kind != "gemm_ar" and topology.nodes == 1:
@@ -173,6 +170,12 @@ class CostModel:
         return out
 
     # -- pieces ---------------------------------------------------------------------------------
+
+    def _gemm_and_collective_us(self, workload: Workload, topology: Topology) -> tuple[float, float]:
+        """The local GEMM alone, and NCCL's whole collective alone (0 on one rank)."""
+        m, n, k = workload.local_gemm(topology.world_size)
+        gemm = self._best_gemm_us(m, n, k, topology, workload.dtype)
+        return gemm, self._collective_nccl_us(workload, topology) if topology.world_size > 1 else 0.0
 
     def _tile_configs(self) -> list[TileConfig]:
         return [TileConfig.from_key(k) for k in sorted(self.calibration.gemm)]
@@ -253,9 +256,7 @@ class CostModel:
 
     def _unfused(self, w: Workload, topo: Topology, c: Candidate) -> Prediction:
         """The matmul, then the whole collective: `torch_seq` of :meth:`baselines`."""
-        m, n, k = w.local_gemm(topo.world_size)
-        gemm = self._best_gemm_us(m, n, k, topo, w.dtype)
-        comm = self._collective_nccl_us(w, topo) if topo.world_size > 1 else 0.0
+        gemm, comm = self._gemm_and_collective_us(w, topo)
         return Prediction(candidate=c, time_us=gemm + comm, kernel_us=gemm, comm_us=gemm + comm,
                           programs=topo.sm_count, waves=1)
 

@@ -12,14 +12,13 @@ from rich.table import Table
 from syncopate.cli import app, console
 from syncopate.errors import ConfigError
 from syncopate.search_space import (
-    CANDIDATE_TEMPLATES,
-    UNFUSED,
     Shape,
     SpaceOptions,
     Topology,
     Workload,
     empty_space_message,
     space,
+    too_short_for_tiles,
 )
 
 _out = console()
@@ -50,10 +49,9 @@ def space_cmd(
         _out.print(f"{workload} on {topo.key()}: 0 valid candidates", highlight=False)
         _out.print(empty_space_message(workload, topo), highlight=False)
         return
-    if candidates and not as_json and all(c.template == UNFUSED for c in candidates):
-        fused_only = SpaceOptions(templates=tuple(t for t in CANDIDATE_TEMPLATES if t != UNFUSED))
-        _out.print(f"{workload} on {topo.key()}: no fused candidate; "
-                   f"{empty_space_message(workload, topo, fused_only).split(': ', 1)[1]}", highlight=False)
+    short = too_short_for_tiles(workload, topo)
+    if short and not as_json:
+        _out.print(f"{workload} on {topo.key()}: no fused candidate; {short}", highlight=False)
     if predict:
         _predict(workload, topo, candidates, predict, db)
         return

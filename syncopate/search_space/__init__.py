@@ -37,6 +37,7 @@ from syncopate.search_space.space import (
     space_refusal,
     space_size,
     tile_orders_for,
+    too_short_for_tiles,
 )
 from syncopate.search_space.tile_order import (
     CONSUMER_ORDERS,
@@ -103,4 +104,5 @@ __all__ = [
     "space_size",
     "topology_key",
     "tile_orders_for",
+    "too_short_for_tiles",
 ]

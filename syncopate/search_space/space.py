@@ -370,18 +370,26 @@ def space_size(workload: Workload, topology: Topology, options: SpaceOptions | N
 _COLLECTIVE_NAMES = {"ag_gemm": "all-gather", "gemm_rs": "reduce-scatter", "gemm_ar": "all-reduce"}
 
 
+def too_short_for_tiles(workload: Workload, topology: Topology) -> str | None:
+    """Why no tile of the space fits `workload`'s blocks on `topology` (fewer rows a rank than the
+    smallest tile's), or None where one does."""
+    rows = _rows_per_block(workload, topology.world_size)
+    smallest = min(tc.block_m for tc in TILE_CONFIGS)
+    if rows >= smallest:
+        return None
+    return (
+        f"each rank's block has {rows} row(s), fewer than the smallest tile's {smallest} (M must be at least "
+        f"{smallest * topology.world_size}); at this size only template 'unfused' (a matmul, then the whole "
+        f"{_COLLECTIVE_NAMES[workload.kind]}) runs: keep it in space.templates"
+    )
+
+
 def empty_space_message(workload: Workload, topology: Topology, options: SpaceOptions | None = None) -> str:
     """Why `workload` has no candidate on `topology` under `options`, and what to change."""
     options = options or SpaceOptions()
-    rows = _rows_per_block(workload, topology.world_size)
-    smallest = min(tc.block_m for tc in TILE_CONFIGS)
-    if rows < smallest:
-        return (
-            f"no candidate fits {workload} on {topology}: each rank's block has {rows} row(s), fewer than "
-            f"the smallest tile's {smallest} (M must be at least {smallest * topology.world_size}); at this size "
-            f"only template 'unfused' (a matmul, then the whole {_COLLECTIVE_NAMES[workload.kind]}) runs: "
-            f"keep it in space.templates"
-        )
+    short = too_short_for_tiles(workload, topology)
+    if short:
+        return f"no candidate fits {workload} on {topology}: {short}"
     default = space_size(workload, topology)
     if options != SpaceOptions() and default:
         return (
