@@ -5,7 +5,7 @@
 #
 #   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix shared shared48 tune order conns rs ar suite own
 #                                                    gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 calib tp graph
-#                                                    misses short (default: matrix tune order conns
+#                                                    misses short cublas reductions (default: matrix tune order conns
 #                                                    rs ar suite; SECONDS overrides the limit)
 #
 #   smoke   tests/test_gpu_ops.py, the quick matrix: one case per kind x backend, 10 calls back to back
@@ -37,7 +37,7 @@
 #
 # With 30 minutes of two GPUs: `smoke matrix suite suite-gluon` (about 21 minutes at their limits)
 # says whether the TP=2 targets hold with the current code (the stationary templates in the suite's
-# `stat.` column, the Gluon kernels in the second suite); `tp` and `graph` next if time is left.
+# `cuBLAS` column, the Gluon kernels in the second suite); `tp` and `graph` next if time is left.
 #   tp      syncopate.tp's layers: tests/test_gpu_tp.py on two GPUs, then benchmarks/tp_mlp.py (a
 #           LLaMA-8B MLP block at 8192 tokens, forward and backward, fused against torch's path and
 #           async-TP) with and without sequence parallelism, then examples/tp_block.py on two GPUs
@@ -47,7 +47,10 @@
 #           at 1024 rows was host-bound on two H100s, 2026-11-25)
 #   misses  timelines of the TP=2 shapes furthest from their targets on two H100s (2026-11-25):
 #           gemm_rs 8192x8192x2048 with c_stationary (its pushes and GEMM terms), gemm_ar 8192x4096x11008
+#           fused and decomposed (4 and 8 chunks)
 #   short   syncopate tune configs/short_tp2.yaml: 256-4096 rows, fused and unfused candidates
+#   cublas  tests/support/stationary_check.py: the cuBLAS templates' enqueued work, every rank on GPU 0
+#   reductions  configs/llama_tp2.yaml's gemm_rs and gemm_ar, grid `tiny`
 #
 # Triton's cache lives in $TRITON_CACHE_DIR (default /tmp/syncopate-triton-cache); it starts from
 # .tcache/triton-cache.tgz when that exists and is packed into $OUT/triton-cache.tgz at the end, so
@@ -157,9 +160,16 @@ for arg in "${steps[@]}"; do
         misses) step misses-rs 90 python3 benchmarks/timeline.py gemm_rs 8192 8192 2048 --template c_stationary \
                 --json "$OUT/misses-rs.json"
             step misses-ar 90 python3 benchmarks/timeline.py gemm_ar 8192 4096 11008 --splits 4 \
-                --json "$OUT/misses-ar.json" ;;
+                --json "$OUT/misses-ar.json"
+            for s in 4 8; do
+                step misses-ar-d$s 90 python3 benchmarks/timeline.py gemm_ar 8192 4096 11008 --template decomposed \
+                    --splits $s --json "$OUT/misses-ar-d$s.json"
+            done ;;
+        cublas) step cublas 240 python3 tests/support/stationary_check.py ;;
+        reductions) step reductions 420 python3 -m syncopate bench --suite configs/llama_tp2.yaml --grid tiny \
+            --kinds gemm_rs,gemm_ar --repetitions 10 --json "$OUT/reductions.json" ;;
         short) step short 300 python3 -m syncopate tune configs/short_tp2.yaml --db "sqlite:///$OUT/short.db" ;;
-        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 calib tp graph misses short" >&2
+        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 calib tp graph misses short cublas reductions" >&2
             exit 2 ;;
     esac
 done

@@ -9,9 +9,10 @@ and its stream free) and one when its copy is done, timed from an event recorded
 call. Rank 0 prints, per rank, each chunk's ready and done times and the link's busy share, and the
 call's own time; with it one reads whether the copies wait for the GEMM (ready late) or for each
 other (back to back: the link is the limit), and how long the call runs after the last copy.
-With `--template a_stationary` or `c_stationary` (cuBLAS GEMMs, no tile fields) the timeline also
-holds the GEMMs on the caller's stream, from when their inputs are there to their end ("own term",
-"term of q", "product for p", ...); they are left out of the link's busy share.
+With `--template a_stationary`, `c_stationary` or `decomposed` (cuBLAS GEMMs, no tile fields) the
+timeline also holds the GEMMs on the caller's stream, from when their inputs are there to their end
+("own term", "term of q", "product for p", "partial for p", "own rows", ...); they are left out of
+the link's busy share.
 Every call's output is checked against the float32 reference.
 """
 
@@ -34,7 +35,14 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
     from syncopate.kernels.context import Timeline
     from syncopate.kernels.reference import reference, relative_error
     from syncopate.kernels.timing import start_together
-    from syncopate.search_space import Candidate, TileConfig, Workload, a_stationary_candidate, c_stationary_candidate
+    from syncopate.search_space import (
+        Candidate,
+        TileConfig,
+        Workload,
+        a_stationary_candidate,
+        c_stationary_candidate,
+        decomposed_candidate,
+    )
 
     fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter, "gemm_ar": ops.matmul_all_reduce}
     tile = TileConfig.from_key(args.tile)
@@ -42,6 +50,8 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
         c = a_stationary_candidate(args.splits)
     elif args.template == "c_stationary":
         c = c_stationary_candidate(args.splits if args.kind == "gemm_ar" else 1)
+    elif args.template == "decomposed":
+        c = decomposed_candidate(args.splits)
     else:
         c = Candidate(backend="copy_engine", template=args.template, num_splits=args.splits, tile_order=args.order,
                       comm_sms=0, block_m=tile.block_m, block_n=tile.block_n, block_k=tile.block_k,
@@ -79,8 +89,8 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
     dist.destroy_process_group()
 
 
-GEMM_LABELS = ("own ", "term of", "product for")
-"""How the stationary templates' GEMM spans are labelled (the rest are copies)."""
+GEMM_LABELS = ("own ", "term of", "product for", "partial for", "partial of")
+"""How the cuBLAS templates' GEMM (and sum) spans are labelled (the rest are copies)."""
 
 
 def summarize(call: dict) -> list[str]:

@@ -49,6 +49,7 @@ def matrix(quick: bool = False, world: int = 2):
         Workload,
         a_stationary_candidate,
         c_stationary_candidate,
+        decomposed_candidate,
         check_candidate,
         unfused_candidate,
     )
@@ -86,6 +87,14 @@ def matrix(quick: bool = False, world: int = 2):
             for dtype in dtypes:
                 cases.append((kind, dtype, shapes[kind], c_stationary_candidate(s).to_dict(), 1))
             cases.append((kind, "bf16", shapes[kind], c_stationary_candidate(s).to_dict(), 10 if quick else 100))
+    for kind in ("gemm_rs", "gemm_ar"):  # cuBLAS row chunks, each chunk's partial pushed once computed
+        if kind in shapes:
+            for s, dtype in itertools.product([2] if quick else [1, 2, 4], dtypes):
+                cases.append((kind, dtype, shapes[kind], decomposed_candidate(s).to_dict(), 1))
+            cases.append((kind, "bf16", shapes[kind], decomposed_candidate(4).to_dict(), 10 if quick else 100))
+    if "gemm_ar" in shapes:  # an all-reduce's M need not divide by the ranks: blocks of unequal rows
+        for c in (c_stationary_candidate(2), decomposed_candidate(2)):
+            cases.append(("gemm_ar", "bf16", (4161, 1024, 1536), c.to_dict(), 3))
     for kind, backend in itertools.product(shapes, ["copy_engine", "nvshmem", "nccl"]):
         c = Candidate(backend=backend, num_splits=4, comm_sms=comm_sms(kind, backend, 16),
                       block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)

@@ -6,7 +6,8 @@ Their calls are enqueued by `syncopate/kernels/a_stationary.py` and `c_stationar
 caller's stream and side streams; here every rank's enqueued work runs in one process on the CPU,
 the streams played in random orders by a small executor (stream waits on pad words and events,
 copies between the ranks' buffers by address, the GEMMs as the closures they are), several calls
-back to back with fresh inputs, and each call's output compared with the reference.
+back to back with fresh inputs, and each call's output compared with the reference. The executor
+plays `decomposed.py`'s calls too (tests/test_decomposed.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 from syncopate.errors import ConfigError
-from syncopate.kernels import a_stationary, c_stationary
+from syncopate.kernels import a_stationary, c_stationary, decomposed
 from syncopate.kernels.tables import PAD_WORDS
 from syncopate.search_space import (
     A_STATIONARY,
@@ -173,10 +174,14 @@ def world(monkeypatch):
     driver = SimpleNamespace(
         wait_value=lambda stream, address, value: stream.ops.append(("wait", address, value)),
         copy_async=lambda stream, dst, src, nbytes: stream.ops.append(("copy", dst, src, nbytes)))
-    for module in (a_stationary, c_stationary):
+    def add_partial(acc, partial):
+        _World.current.ops.append(("run", lambda: acc.add_(partial)))
+
+    for module in (a_stationary, c_stationary, decomposed):
         monkeypatch.setattr(module, "torch", fake)
         monkeypatch.setattr(module, "streamops", driver)
     monkeypatch.setattr(c_stationary, "add_product", add_product)
+    monkeypatch.setattr(decomposed, "add_partial", add_partial)
     return _World
 
 
@@ -266,10 +271,12 @@ def test_the_cost_model_prefers_it_where_n_per_rank_is_small():
 
 @pytest.mark.parametrize("all_reduce, ws, m, splits", [(False, 2, 64, 1), (False, 3, 96, 1), (False, 4, 128, 1),
                                                       (True, 2, 64, 1), (True, 2, 64, 4), (True, 3, 96, 2),
-                                                      (True, 4, 128, 2), (False, 8, 256, 1), (True, 8, 256, 2)])
+                                                      (True, 4, 128, 2), (False, 8, 256, 1), (True, 8, 256, 2),
+                                                      (True, 2, 65, 2), (True, 3, 97, 4)])
 def test_every_reduce_call_sums_over_the_ranks(world, all_reduce, ws, m, splits):
     """c_stationary: three calls back to back, fresh inputs each, streams in random orders; each
-    rank's output is its rows of the sum over ranks of A_q @ B_q (all-reduce: all the rows)."""
+    rank's output is its rows of the sum over ranks of A_q @ B_q (all-reduce: all the rows, M
+    divisible by the ranks or not)."""
     n, k_local = 24, 40
     for seed in range(4):
         w = world(ws, c_stationary.c_stationary_buffers(ws, m, n, k_local, torch.float32, all_reduce),

@@ -48,7 +48,8 @@ from syncopate.autotuner.simulate import (
 from syncopate.errors import ConfigError
 from syncopate.search_space import (
     A_STATIONARY,
-    STATIONARY_KINDS,
+    C_STATIONARY,
+    COPY_ENGINE_KINDS,
     UNFUSED,
     Candidate,
     ChunkPlan,
@@ -249,7 +250,7 @@ class CostModel:
     def _stationary(self, w: Workload, topo: Topology, c: Candidate) -> Prediction:
         # Infeasible across nodes, as for every copy-engine candidate
         call_us = CommContext(self.calibration, topo, c, w.comm_row_bytes()).call_us()
-        timeline = _a_stationary_us if c.template == A_STATIONARY else _c_stationary_us
+        timeline = {A_STATIONARY: _a_stationary_us, C_STATIONARY: _c_stationary_us}.get(c.template, _decomposed_us)
         end, kernel_end, comm_end = timeline(self, w, topo, c)
         return Prediction(candidate=c, time_us=call_us + end, kernel_us=kernel_end, comm_us=comm_end,
                           programs=topo.sm_count, waves=1)
@@ -263,7 +264,7 @@ class CostModel:
     def _simulate(self, w: Workload, topo: Topology, c: Candidate) -> Prediction:
         if c.template == UNFUSED:
             return self._unfused(w, topo, c)
-        if c.template in STATIONARY_KINDS:
+        if c.template in COPY_ENGINE_KINDS:
             return self._stationary(w, topo, c)
         ws = topo.world_size
         _, n_local, k_local = w.local_gemm(ws)
@@ -323,6 +324,44 @@ def _c_stationary_us(model: CostModel, w: Workload, topo: Topology,
         for _ in range(ws - 1):
             pulled = max(pulled, clock) + link.time_us((hi - lo) * n * elem) + extra
     return max(clock, pulled), clock, max(sent, pulled)
+
+
+def _decomposed_us(model: CostModel, w: Workload, topo: Topology,
+                   c: Candidate) -> tuple[float, float, float]:
+    """(call end, GEMMs' end, last transfer's end) of a decomposed call (all ranks alike): the
+    partials of each peer's block in `num_splits` row chunks, each pushed over one egress once
+    computed; then the own block's chunks, each once every peer's partial of it is here (what this
+    rank pushes to the peer `d` ahead arrives from the peer `d` behind at the same time), a third
+    rank's partial onward added at the HBM's rate; each reduced chunk copied into the output, and
+    an all-reduce's pulled by every peer over one ingress."""
+    ws = topo.world_size
+    rows = -(-w.shape.m // ws)
+    _, n, k_local = w.local_gemm(ws)
+    elem = w.element_bytes
+    costs = model.calibration.costs
+    link = model.calibration.transfer("copy_engine", "intra")
+    extra = costs.chunk_us.get("copy_engine", 0.0)
+    chunks = [hi - lo for lo, hi in row_chunks(rows, c.num_splits)]
+
+    def gemm(m: int) -> float:
+        return model._best_gemm_us(m, n, k_local, topo, w.dtype)
+
+    clock, sent = 0.0, 0.0
+    arrive = [0.0] * len(chunks)
+    for _ in range(ws - 1):
+        for j, m in enumerate(chunks):
+            clock += gemm(m)
+            sent = max(sent, clock) + link.time_us(m * n * elem) + extra
+            arrive[j] = max(arrive[j], sent)
+    copied = pulled = 0.0
+    for j, m in enumerate(chunks):
+        nbytes = m * n * elem
+        clock = max(clock, arrive[j]) + gemm(m) + (ws - 2) * 3 * nbytes / (costs.hbm_gbps * 1e3)
+        copied = max(copied, clock) + nbytes / (costs.local_copy_gbps * 1e3)
+        if w.kind == "gemm_ar":
+            for _ in range(ws - 1):
+                pulled = max(pulled, clock) + link.time_us(nbytes) + extra
+    return max(clock, copied, pulled), clock, max(sent, pulled)
 
 
 def _a_stationary_us(model: CostModel, w: Workload, topo: Topology,

@@ -49,10 +49,12 @@ GATHER = 256
 def c_stationary_buffers(ws: int, m: int, n: int, k_local: int, dtype: torch.dtype,
                          all_reduce: bool = False) -> dict:
     """Symmetric buffers of a c_stationary context: every rank's columns of A for this rank's rows,
-    every rank's rows of B, and for an all-reduce this rank's reduced block (which the peers pull)."""
-    bufs = {"a_recv": ((ws, m // ws, k_local), dtype), "b_recv": ((ws, k_local, n), dtype)}
+    every rank's rows of B, and for an all-reduce this rank's reduced block (which the peers pull).
+    An all-reduce's M need not divide by `ws`: blocks are `block_bounds`'s, the largest sets the size."""
+    rows = -(-m // ws)
+    bufs = {"a_recv": ((ws, rows, k_local), dtype), "b_recv": ((ws, k_local, n), dtype)}
     if all_reduce:
-        bufs["reduced"] = ((m // ws, n), dtype)
+        bufs["reduced"] = ((rows, n), dtype)
     return bufs
 
 
@@ -98,23 +100,25 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
     streams = ctx.fork(main, 3 if plan.all_reduce else 1)  # pushes; an all-reduce's chunks out, and pulls
     push = streams[0]
     a_recv, b_recv = ctx.buffers["a_recv"], ctx.buffers["b_recv"]
-    rows = plan.m // ws
-    a_bytes = rows * plan.k_local * a.element_size()
+    a_row_bytes = plan.k_local * a.element_size()
+    a_slot = a_recv.local.shape[1] * a_row_bytes
     b_bytes = plan.k_local * plan.n * b.element_size()
     announce_entry(push, ctx, e)
     for d in range(1, ws):  # to r+1 first, which adds r's term first (its `peers_added`)
         p = (r + d) % ws
-        p0 = block_bounds(plan.m, ws, p)[0]
+        p0, p1 = block_bounds(plan.m, ws, p)
         streamops.wait_value(push.cuda_stream, ctx.signal_address(r, ENTERED_BASE + p), e)
         t0 = ctx.stamp(push)
-        streamops.copy_async(push.cuda_stream, a_recv.peer_ptrs[p] + r * a_bytes, a[p0:].data_ptr(), a_bytes)
+        streamops.copy_async(push.cuda_stream, a_recv.peer_ptrs[p] + r * a_slot, a[p0:].data_ptr(),
+                             (p1 - p0) * a_row_bytes)
         streamops.copy_async(push.cuda_stream, b_recv.peer_ptrs[p] + r * b_bytes, b.data_ptr(), b_bytes)
-        ctx.span(f"A rows, B to {p}", (p, 0), rows, push, t0)
+        ctx.span(f"A rows, B to {p}", (p, 0), p1 - p0, push, t0)
         ctx.write_signal(push, p, ARRIVED + r, e)
-    r0 = block_bounds(plan.m, ws, r)[0]
+    r0, r1 = block_bounds(plan.m, ws, r)
+    rows = r1 - r0
     block = out
     if plan.all_reduce:
-        block = ctx.buffers["reduced"].local
+        block = ctx.buffers["reduced"].local[:rows]
         for p in plan.peers_added:  # every peer has pulled the previous call's block
             streamops.wait_value(main.cuda_stream, ctx.signal_address(r, ENTERED_BASE + p), e)
     t0 = ctx.stamp(main)
@@ -124,7 +128,7 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
     for q in peers[:-1] if plan.all_reduce else peers:
         streamops.wait_value(main.cuda_stream, ctx.signal_address(r, ARRIVED + q), e)
         t0 = ctx.stamp(main)
-        add_product(block, a_recv.local[q], b_recv.local[q])
+        add_product(block, a_recv.local[q, :rows], b_recv.local[q])
         ctx.span(f"term of {q}", (q, 0), rows, main, t0)
     if not plan.all_reduce:
         ctx.join(main, streams)
@@ -147,8 +151,8 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
                              (hi - lo) * row_bytes)
     reduced = ctx.buffers["reduced"]
     for q in plan.peers_pulled:
-        q0 = block_bounds(plan.m, ws, q)[0]
-        for j, (lo, hi) in enumerate(row_chunks(rows, plan.splits)):
+        q0, q1 = block_bounds(plan.m, ws, q)
+        for j, (lo, hi) in enumerate(row_chunks(q1 - q0, plan.splits)):
             streamops.wait_value(pull.cuda_stream, ctx.signal_address(r, GATHER + q * plan.splits + j), e)
             t0 = ctx.stamp(pull)
             streamops.copy_async(pull.cuda_stream, out[q0 + lo :].data_ptr(), reduced.peer_ptrs[q] + lo * row_bytes,

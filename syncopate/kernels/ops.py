@@ -32,9 +32,10 @@ import torch
 import torch.distributed as dist
 
 from syncopate.errors import ConfigError
-from syncopate.kernels import a_stationary, c_stationary
+from syncopate.kernels import a_stationary, c_stationary, decomposed
 from syncopate.kernels.a_stationary import AStationaryPlan, a_stationary_buffers
 from syncopate.kernels.c_stationary import CStationaryPlan, c_stationary_buffers
+from syncopate.kernels.decomposed import DecomposedPlan, decomposed_buffers
 from syncopate.kernels.backends import GatherCall, ScatterCall, backend_for, stage_gathered_copy
 from syncopate.kernels.context import OverlapContext, kept_allocations
 from syncopate.kernels.launch import launch_consumer, launch_producer, own_shard_readable
@@ -43,6 +44,7 @@ from syncopate.kernels.tables import consumer_tables, plan_for, producer_tables
 from syncopate.search_space import (
     A_STATIONARY,
     C_STATIONARY,
+    DECOMPOSED,
     UNFUSED,
     Candidate,
     Topology,
@@ -167,6 +169,9 @@ _A_STATIONARY_KIND = "ag_gemm/a_stationary"
 _C_STATIONARY_KIND = {"gemm_rs": "gemm_rs/c_stationary", "gemm_ar": "gemm_ar/c_stationary"}
 """The contexts of matmul reduce-scatters and all-reduces that move A's rows and B
 (`kernels/c_stationary.py`)."""
+_DECOMPOSED_KIND = {"gemm_rs": "gemm_rs/decomposed", "gemm_ar": "gemm_ar/decomposed"}
+"""The contexts of matmul reduce-scatters and all-reduces cut into cuBLAS row chunks
+(`kernels/decomposed.py`)."""
 
 
 def _buffers(kind: str, shape: tuple[int, ...], dtype: torch.dtype, ws: int) -> dict:
@@ -176,6 +181,9 @@ def _buffers(kind: str, shape: tuple[int, ...], dtype: torch.dtype, ws: int) -> 
     if kind in _C_STATIONARY_KIND.values():
         m, n, k_local = shape
         return c_stationary_buffers(ws, m, n, k_local, dtype, all_reduce=kind.startswith("gemm_ar"))
+    if kind in _DECOMPOSED_KIND.values():
+        m, n = shape
+        return decomposed_buffers(ws, m, n, dtype, all_reduce=kind.startswith("gemm_ar"))
     if kind == "ag_gemm":
         m, k = shape
         return {"a_full": ((m, k), dtype)}
@@ -474,6 +482,10 @@ def _prepare_scatter(kind: str, a, b, group, config):
         ctx = get_context(_C_STATIONARY_KIND[kind], group, (m, n, k_local), a.dtype)
         plan = CStationaryPlan.of(rank, ws, m, n, k_local, all_reduce, cand.num_splits)
         return ctx, plan, cand, None, None, rank, ws, None, m if all_reduce else m // ws, None
+    if cand.template == DECOMPOSED:
+        ctx = get_context(_DECOMPOSED_KIND[kind], group, (m, n), a.dtype)
+        plan = DecomposedPlan.of(rank, ws, m, n, all_reduce, cand.num_splits)
+        return ctx, plan, cand, None, None, rank, ws, None, m if all_reduce else m // ws, None
     ctx = get_context(kind, group, (m, n), a.dtype)
     plan = plan_for(kind, cand.template, ws, m, cand.num_splits, cand.block_m)
     tables = _tables(ctx, ("p", n, cand), lambda: producer_tables(plan, rank, n, cand, all_reduce, ctx.device))
@@ -502,8 +514,8 @@ def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
         _check_out(out, (out_rows, n), a.dtype)
     if cand.template == UNFUSED:
         return unfused(kind, a, b, group, out=out)
-    if cand.template == C_STATIONARY:
-        c_stationary.run(ctx, plan, a, b, out, capturing)
+    if cand.template in (C_STATIONARY, DECOMPOSED):
+        (c_stationary if cand.template == C_STATIONARY else decomposed).run(ctx, plan, a, b, out, capturing)
         return out
     main = ctx.current_stream()
     epoch = ctx.begin_call(main if capturing else None)
@@ -532,6 +544,8 @@ def matmul_reduce_scatter(a, b, group=None, config: Candidate | dict | None = No
     a: A[M, K/ws], b: B[K/ws, N]; returns this rank's rows [M/ws, N] of the sum over ranks.
     A config with template `c_stationary` moves A's rows and B instead of partial products, and
     each rank computes its own rows (cuBLAS; its stream waits are not bounded by `spin_limit`).
+    Template `decomposed`: cuBLAS GEMMs in row chunks, each chunk's partial pushed by the copy
+    engine once computed, the own rows summed onto the peers' partials.
     Template `unfused`: the matmul, then the group's reduce-scatter.
     """
     return _gemm_scatter("gemm_rs", a, b, group, config, out, spin_limit)
@@ -543,6 +557,8 @@ def matmul_all_reduce(a, b, group=None, config: Candidate | dict | None = None, 
     a: A[M, K/ws], b: B[K/ws, N]; returns [M, N], the sum over ranks.
     With a config of template `c_stationary` each rank computes its own block from the peers' A rows
     and B (as `matmul_reduce_scatter` does), then every rank takes each block in `num_splits` chunks.
+    Template `decomposed`: as for `matmul_reduce_scatter`, then every rank pulls each reduced chunk
+    once made.
     Template `unfused`: the matmul, then the group's all-reduce.
     """
     return _gemm_scatter("gemm_ar", a, b, group, config, out, spin_limit)

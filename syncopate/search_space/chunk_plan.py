@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from syncopate.errors import ConfigError
 
 __all__ = [
-    "A_STATIONARY", "C_STATIONARY", "STATIONARY_KINDS", "UNFUSED", "PLANLESS_KINDS", "CANDIDATE_TEMPLATES", "TEMPLATES", "COLLECTIVES", "Transfer", "ChunkPlan", "build_plan",
+    "A_STATIONARY", "C_STATIONARY", "STATIONARY_KINDS", "DECOMPOSED", "COPY_ENGINE_KINDS", "UNFUSED", "PLANLESS_KINDS", "CANDIDATE_TEMPLATES", "TEMPLATES", "COLLECTIVES", "Transfer", "ChunkPlan", "build_plan",
     "block_bounds", "chunk_bounds", "row_chunks",
 ]
 
@@ -57,6 +57,18 @@ STATIONARY_KINDS: dict[str, tuple[str, ...]] = {A_STATIONARY: ("ag_gemm",), C_ST
 """The templates that move operands instead of chunks of the communicated tensor, and the kinds of
 op each is for."""
 
+DECOMPOSED = "decomposed"
+"""A matmul reduce-scatter (or all-reduce) cut into `num_splits` row chunks of each rank's block,
+each a cuBLAS GEMM: the partials of the peers' blocks first, each chunk pushed to its owner by the
+copy engine once computed, then the own block's chunks summed onto the peers' partials in the
+GEMM's epilogue (`kernels/decomposed.py`; an all-reduce's peers pull each reduced chunk once
+made). It moves what `direct` moves at cuBLAS's rate, with no fused kernel: where the fused
+producer's tiles are slower than cuBLAS's and the link keeps up. No chunk plan."""
+
+COPY_ENGINE_KINDS: dict[str, tuple[str, ...]] = {**STATIONARY_KINDS, DECOMPOSED: ("gemm_rs", "gemm_ar")}
+"""The templates whose GEMMs are cuBLAS's and whose transfers are copy-engine copies, and the kinds
+of op each is for."""
+
 UNFUSED = "unfused"
 """Nothing fused: the matmul and the group's whole collective one after the other, as torch's path
 runs them (`kernels/library.py`'s `unfused`). A candidate like the others, measured beside them, so
@@ -64,7 +76,7 @@ that a shape where no overlap pays (a few hundred rows, where a fused call's fix
 what it hides) is served the unfused path where that measured fastest; a block shorter than every
 tile of the space has it alone to tune. No chunk plan, no Syncopate kernel."""
 
-PLANLESS_KINDS: dict[str, tuple[str, ...]] = {**STATIONARY_KINDS, UNFUSED: ("ag_gemm", "gemm_rs", "gemm_ar")}
+PLANLESS_KINDS: dict[str, tuple[str, ...]] = {**COPY_ENGINE_KINDS, UNFUSED: ("ag_gemm", "gemm_rs", "gemm_ar")}
 """The templates with no chunk plan and no fused kernel (their GEMMs are cuBLAS's), and the kinds
 of op each is for."""
 

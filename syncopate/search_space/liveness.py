@@ -163,8 +163,11 @@ def _planless_report(kind: str, c: Candidate, world_size: int, total_rows: int) 
     wait only for those pushes. c_stationary: the caller's stream waits for each peer's inputs,
     which the peer pushes once this rank has entered the call, announced first thing, and for an
     all-reduce for the peers' entries (before its block is written) and, on a side stream, for the
-    peers' chunks of their blocks, which wait only for pushes. Every wait is on something raised
-    without waiting for the waiter, so the call ends."""
+    peers' chunks of their blocks, which wait only for pushes. decomposed
+    (`kernels/decomposed.py`): the pushes wait for the peers' entries, announced first thing; the
+    caller's stream for the peers' partials, which wait only for entries and the pusher's own GEMMs;
+    an all-reduce's pulls for the peers' reduced chunks, which wait only for partials. Every wait is
+    on something raised without waiting for the waiter, so the call ends."""
     if kind not in PLANLESS_KINDS[c.template]:
         raise ConfigError(f"template {c.template} is for {' and '.join(PLANLESS_KINDS[c.template])}, not {kind}")
     case = f"{kind} {c.backend}/{c.template}/s{c.num_splits} ws={world_size} rows={total_rows}"

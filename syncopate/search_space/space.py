@@ -23,8 +23,9 @@ from syncopate.search_space.chunk_plan import (
     A_STATIONARY,
     C_STATIONARY,
     CANDIDATE_TEMPLATES,
+    COPY_ENGINE_KINDS,
+    DECOMPOSED,
     PLANLESS_KINDS,
-    STATIONARY_KINDS,
     UNFUSED,
     block_bounds,
     chunk_bounds,
@@ -48,6 +49,7 @@ __all__ = [
     "MAX_DEFAULT_CHUNKS",
     "a_stationary_candidate",
     "c_stationary_candidate",
+    "decomposed_candidate",
     "tile_orders_for",
     "NCCL_MIN_SMS",
 ]
@@ -224,6 +226,13 @@ def c_stationary_candidate(num_splits: int = 1) -> Candidate:
     return Candidate(backend="copy_engine", template=C_STATIONARY, num_splits=num_splits, tile_order="arrival")
 
 
+def decomposed_candidate(num_splits: int = 2) -> Candidate:
+    """The matmul reduce-scatter or all-reduce cut into `num_splits` row chunks of each block, each
+    a cuBLAS GEMM whose partial the copy engine pushes once computed (:data:`DECOMPOSED`); the other
+    fields keep :class:`Candidate`'s defaults."""
+    return Candidate(backend="copy_engine", template=DECOMPOSED, num_splits=num_splits, tile_order="arrival")
+
+
 def unfused_candidate() -> Candidate:
     """The matmul and the group's whole collective in sequence (:data:`UNFUSED`); the other fields
     keep :class:`Candidate`'s defaults."""
@@ -231,20 +240,22 @@ def unfused_candidate() -> Candidate:
 
 
 STATIONARY_MIN_ROWS = 128
-"""Fewest rows of an a_stationary product chunk, or of a c_stationary rank's block, the space
-offers (a GEMM of fewer rows leaves most SMs idle)."""
+"""Fewest rows of an a_stationary product chunk, of a c_stationary rank's block or of a decomposed
+chunk the space offers (a GEMM of fewer rows leaves most SMs idle)."""
 
 
 def _check_planless(c: Candidate, workload: Workload) -> None:
     kinds = PLANLESS_KINDS[c.template]
     if workload.kind not in kinds:
         raise ConfigError(f"template {c.template} is for {' and '.join(kinds)}, not {workload.kind}")
-    if c.template in STATIONARY_KINDS and c.backend != "copy_engine":
-        raise ConfigError(f"template {c.template} moves operands with the copy engine, not {c.backend}")
+    if c.template in COPY_ENGINE_KINDS and c.backend != "copy_engine":
+        raise ConfigError(f"template {c.template} moves its data with the copy engine, not {c.backend}")
     if c.template == UNFUSED:
         ref = unfused_candidate()
     elif c.template == A_STATIONARY:
         ref = a_stationary_candidate(c.num_splits)
+    elif c.template == DECOMPOSED:
+        ref = decomposed_candidate(c.num_splits)
     else:
         ref = c_stationary_candidate(c.num_splits if workload.kind == "gemm_ar" else 1)
     off = [f"{f.name}={getattr(c, f.name)!r}" for f in fields(Candidate)
@@ -333,6 +344,10 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
         for splits in options.num_splits if workload.kind == "gemm_ar" else (1,):
             if rows // splits >= STATIONARY_MIN_ROWS:
                 yield c_stationary_candidate(splits)
+    if DECOMPOSED in options.templates and workload.kind != "ag_gemm" and "copy_engine" in options.backends:
+        for splits in options.num_splits:
+            if rows // splits >= STATIONARY_MIN_ROWS:
+                yield decomposed_candidate(splits)
     if UNFUSED in options.templates:
         yield unfused_candidate()
     for backend in options.backends:

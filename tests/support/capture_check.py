@@ -31,7 +31,13 @@ import syncopate  # noqa: E402
 from syncopate.errors import ConfigError  # noqa: E402
 from syncopate.kernels.local_ranks import free_port, join_group  # noqa: E402
 from syncopate.kernels.reference import gathered_rows, reference, relative_error  # noqa: E402
-from syncopate.search_space import Candidate, Workload, a_stationary_candidate, c_stationary_candidate  # noqa: E402
+from syncopate.search_space import (  # noqa: E402
+    Candidate,
+    Workload,
+    a_stationary_candidate,
+    c_stationary_candidate,
+    decomposed_candidate,
+)
 
 OPS = {"ag_gemm": syncopate.all_gather_matmul, "gemm_rs": syncopate.matmul_reduce_scatter,
        "gemm_ar": syncopate.matmul_all_reduce}
@@ -47,11 +53,11 @@ def candidate(backend: str, splits: int = 2) -> Candidate:
 
 
 def cases(nccl: bool) -> list[tuple[str, Candidate]]:
-    """(kind, candidate) of every backend (NCCL only where the group has it) and stationary template."""
+    """(kind, candidate) of every backend (NCCL only where the group has it) and cuBLAS template."""
     backends = ["copy_engine", "nvshmem"] + (["nccl"] if nccl else [])
-    stationary = {"ag_gemm": a_stationary_candidate(2), "gemm_rs": c_stationary_candidate(),
-                  "gemm_ar": c_stationary_candidate(2)}
-    return [(kind, c) for kind in OPS for c in [*(candidate(b) for b in backends), stationary[kind]]]
+    cublas = {"ag_gemm": [a_stationary_candidate(2)], "gemm_rs": [c_stationary_candidate(), decomposed_candidate(2)],
+              "gemm_ar": [c_stationary_candidate(2), decomposed_candidate(2)]}
+    return [(kind, c) for kind in OPS for c in [*(candidate(b) for b in backends), *cublas[kind]]]
 
 
 class Inputs:

@@ -1,6 +1,7 @@
 """Check on one GPU the real enqueued work (driver stream waits and writes, copy-engine copies,
-cuBLAS into the buffers) of the ops that move operands: the a_stationary all-gather matmul and the
-c_stationary matmul reduce-scatter, with every "rank" of a group on the same device: each rank its
+cuBLAS into the buffers) of the ops whose GEMMs are cuBLAS's: the a_stationary all-gather matmul,
+the c_stationary and the decomposed matmul reduce-scatter and all-reduce, with every "rank" of a
+group on the same device: each rank its
 own caller's stream, side streams, signal pad and buffers, the peers' addresses pointing at the
 other ranks' buffers. Calls are enqueued back to back for every rank before anything is waited
 for, with fresh inputs and outputs poisoned with NaN; then each call's output is compared with the
@@ -24,9 +25,9 @@ os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
 import torch  # noqa: E402
 from checks import run_checks  # noqa: E402
 
-from syncopate.kernels import a_stationary, c_stationary, streamops  # noqa: E402
+from syncopate.kernels import a_stationary, c_stationary, decomposed, streamops  # noqa: E402
 from syncopate.kernels.tables import PAD_WORDS  # noqa: E402
-from syncopate.search_space import a_stationary_candidate, row_chunks  # noqa: E402
+from syncopate.search_space import a_stationary_candidate, block_bounds, row_chunks  # noqa: E402
 
 
 def _ranks(ws: int, buffers: dict, plan_of, dev):
@@ -98,7 +99,7 @@ def _wait(ranks, pads_of, seconds: float = 60.0) -> None:
         if time.monotonic() > deadline:
             side = torch.cuda.Stream()
             with torch.cuda.stream(side):
-                words = [p[:512].to("cpu", non_blocking=False).tolist() for p in pads_of]
+                words = [p[:1100].to("cpu", non_blocking=False).tolist() for p in pads_of]
             print("HUNG: streams done", [e.query() for e in events], flush=True)
             for r, w in enumerate(words):
                 print(f"rank {r} pad:", {i: v for i, v in enumerate(w) if v}, flush=True)
@@ -149,13 +150,31 @@ def check_c(ws: int, dtype=torch.bfloat16, calls: int = 20, m=1536, n=384, k_loc
     dev = torch.device("cuda", 0)
     ranks = _ranks(ws, c_stationary.c_stationary_buffers(ws, m, n, k_local, dtype, all_reduce),
                    lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, splits), dev)
-    _warm(ranks, [(m // ws, n, k_local)] + [(hi - lo, n, k_local) for lo, hi in row_chunks(m // ws, splits)],
-          dtype, dev)
-    gen = torch.Generator(device=dev).manual_seed(ws * 1000)
+    blocks = {hi - lo for lo, hi in (block_bounds(m, ws, q) for q in range(ws))}
+    _warm(ranks, [(x, n, k_local) for x in blocks] + [(hi - lo, n, k_local) for x in blocks
+                                                      for lo, hi in row_chunks(x, splits)], dtype, dev)
+    _check_sums(ranks, c_stationary, ws, dtype, calls, m, n, k_local, all_reduce)
+
+
+def check_d(ws: int, dtype=torch.bfloat16, calls: int = 20, m=1536, n=384, k_local=320, all_reduce=False,
+            splits=2) -> None:
+    dev = torch.device("cuda", 0)
+    ranks = _ranks(ws, decomposed.decomposed_buffers(ws, m, n, dtype, all_reduce),
+                   lambda r: decomposed.DecomposedPlan.of(r, ws, m, n, all_reduce, splits), dev)
+    plan = ranks[0][1]
+    _warm(ranks, [(hi - lo, n, k_local) for q in range(ws) for lo, hi in plan.chunks(q)], dtype, dev)
+    _check_sums(ranks, decomposed, ws, dtype, calls, m, n, k_local, all_reduce)
+
+
+def _check_sums(ranks, module, ws, dtype, calls, m, n, k_local, all_reduce) -> None:
+    """Calls back to back with fresh inputs: each rank's output is its block of the sum over ranks
+    of A_q @ B_q (an all-reduce: all of it)."""
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(ws * 1000 + m)
     inputs = [([torch.randn(m, k_local, device=dev, generator=gen).to(dtype) for _ in range(ws)],
                [(torch.randn(k_local, n, device=dev, generator=gen) / (k_local * ws) ** 0.5).to(dtype)
                 for _ in range(ws)]) for _ in range(calls)]
-    outs = _run_calls(ranks, c_stationary, inputs, (m if all_reduce else m // ws, n), dtype, dev)
+    outs = _run_calls(ranks, module, inputs, (m if all_reduce else m // ws, n), dtype, dev)
     for i, ((a, b), got) in enumerate(zip(inputs, outs)):
         total = sum(x.float() @ y.float() for x, y in zip(a, b))
         for r in range(ws):
@@ -175,6 +194,15 @@ CHECKS = [
     ("c_stationary all-reduce, 2 ranks, 4 splits, fp16", lambda: check_c(2, torch.float16, all_reduce=True, splits=4)),
     ("c_stationary all-reduce, 3 ranks, 2 splits, bf16", lambda: check_c(3, all_reduce=True, splits=2)),
     ("c_stationary all-reduce, 4 ranks, 2 splits, bf16", lambda: check_c(4, all_reduce=True, splits=2)),
+    ("c_stationary all-reduce, 2 ranks, M=1537, 2 splits, bf16", lambda: check_c(2, m=1537, all_reduce=True, splits=2)),
+    ("decomposed, 2 ranks, 2 splits, bf16", lambda: check_d(2)),
+    ("decomposed, 2 ranks, 1 split, fp16", lambda: check_d(2, torch.float16, splits=1)),
+    ("decomposed, 3 ranks, 2 splits, bf16", lambda: check_d(3)),
+    ("decomposed, 4 ranks, 4 splits, bf16", lambda: check_d(4, splits=4)),
+    ("decomposed all-reduce, 2 ranks, 4 splits, bf16", lambda: check_d(2, all_reduce=True, splits=4)),
+    ("decomposed all-reduce, 2 ranks, 2 splits, fp16", lambda: check_d(2, torch.float16, all_reduce=True)),
+    ("decomposed all-reduce, 3 ranks, M=1537, 2 splits, bf16", lambda: check_d(3, m=1537, all_reduce=True)),
+    ("decomposed all-reduce, 4 ranks, 2 splits, bf16", lambda: check_d(4, all_reduce=True)),
 ]
 
 

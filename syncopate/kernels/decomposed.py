@@ -1,0 +1,178 @@
+"""The matmul reduce-scatter and all-reduce cut into row chunks of cuBLAS GEMMs (`template:
+decomposed`): the partial products move, chunk by chunk, as soon as each chunk's GEMM ends.
+
+Rank r's output block is the sum over ranks q of A_q[r's rows] @ B_q. Rank r first computes its
+partial products of the peers' blocks, `num_splits` row chunks each, and the copy engine pushes
+each chunk into its owner's symmetric `partials[r]` as soon as its GEMM has ended; then it computes
+its own block in the same chunks, each summed onto the peers' partials of that chunk (cuBLAS with
+beta=1, in place, so a partial is read once, in the GEMM's epilogue). No fused kernel: the GEMMs
+run at cuBLAS's rate, only copies and stream memory operations go on the side streams, and the one
+transfer left after the last GEMM is that of the last chunk (an all-reduce's; a reduce-scatter's
+last is a local copy). One call, rank r, its rows [r0, r1):
+
+- caller's stream: for each peer p in turn (r+1 first, whose own rows wait for r's partial the
+  least): for each chunk j, compute A_r[p's rows, chunk j] @ B_r into a send slot (a reduce-scatter:
+  the symmetric `send[p]`; an all-reduce: the output's rows of p, which p's reduced chunk overwrites
+  later), then an event; then for each chunk j of its own rows: wait for every peer's partial of
+  chunk j, add A_r[own rows, chunk j] @ B_r onto the first one (`partials[r-1]`, the accumulator)
+  and sum the others into it, then an event.
+- side stream 0 (pushes): announce r's entry into every pad; wait until the peers that read what
+  it overwrites have entered this call (p for a reduce-scatter, every rank for an all-reduce, whose
+  accumulators the peers pull); after each partial chunk's event, copy it into p's `partials[r]`
+  and raise p's word `PARTIAL + r * S + j`.
+- side stream 1: after each own chunk's event, raise every peer's word `GATHER + r * S + j` (an
+  all-reduce) and copy the reduced chunk into the output.
+- side stream 2 (an all-reduce): for each chunk j, each peer q: wait for `GATHER + q * S + j`,
+  pull q's reduced chunk j into the output's rows of q.
+
+The caller's stream then waits for the side streams. A wait is for an entry, announced first, for a
+partial, which waits only for entries, or for a reduced chunk, which waits only for partials: a
+call always ends. Only for copy-engine candidates on one node. An all-reduce's M need not divide
+by the ranks: the blocks are `block_bounds`'s, the largest sets the slots' size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from syncopate.kernels import c_stationary, streamops
+from syncopate.kernels.backends import announce_entry
+from syncopate.kernels.context import OverlapContext
+from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
+from syncopate.search_space import block_bounds, row_chunks
+
+__all__ = ["GATHER", "PARTIAL", "DecomposedPlan", "add_partial", "decomposed_buffers", "run"]
+
+PARTIAL = 0
+"""Pad word `PARTIAL + q * num_splits + j`: chunk j of rank q's partial of this rank's block has landed."""
+GATHER = 512
+"""Pad word `GATHER + q * num_splits + j`: chunk j of rank q's reduced block is ready to pull."""
+
+
+def decomposed_buffers(ws: int, m: int, n: int, dtype: torch.dtype, all_reduce: bool = False) -> dict:
+    """Symmetric buffers of a decomposed context: `partials[q]`, rank q's partial of this rank's
+    block (slot r-1 is where the block is reduced; this rank's own slot is unused), and for a
+    reduce-scatter `send[p]`, this rank's partial of p's block."""
+    rows = -(-m // ws)
+    bufs = {"partials": ((ws, rows, n), dtype)}
+    if not all_reduce:
+        bufs["send"] = ((ws, rows, n), dtype)
+    return bufs
+
+
+@dataclass(frozen=True)
+class DecomposedPlan:
+    """What every call of one (shape, group, candidate) needs."""
+
+    rank: int
+    world_size: int
+    m: int
+    n: int
+    all_reduce: bool = False
+    splits: int = 1
+
+    @property
+    def peers_sent(self) -> list[int]:
+        """Peers whose partials this rank computes and pushes, in that order."""
+        return [(self.rank + d) % self.world_size for d in range(1, self.world_size)]
+
+    @property
+    def peers_summed(self) -> list[int]:
+        """Peers whose partials of this rank's block it sums, in the order they arrive: the first is
+        the accumulator's slot."""
+        return [(self.rank - d) % self.world_size for d in range(1, self.world_size)]
+
+    def accumulator(self, q: int) -> int:
+        """The slot of rank q's `partials` its block is reduced in (the first peer to push to it)."""
+        return (q - 1) % self.world_size
+
+    def chunks(self, q: int) -> list[tuple[int, int]]:
+        """Rank q's block as row chunks, relative to its first row."""
+        q0, q1 = block_bounds(self.m, self.world_size, q)
+        return row_chunks(q1 - q0, self.splits)
+
+    @classmethod
+    def of(cls, rank: int, ws: int, m: int, n: int, all_reduce: bool = False, splits: int = 1) -> DecomposedPlan:
+        if ws * splits > GATHER or GATHER + ws * splits > ARRIVAL_SLOTS:
+            raise ValueError(f"decomposed: {ws} ranks x {splits} chunks do not fit the signal pad")
+        if splits > m // ws:
+            raise ValueError(f"decomposed: {splits} chunks exceed the {m // ws} rows of a block")
+        return cls(rank=rank, world_size=ws, m=m, n=n, all_reduce=all_reduce, splits=splits)
+
+
+def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Tensor,
+        out: torch.Tensor, captured: bool = False) -> None:
+    """Enqueue one call: out = this rank's rows [M/ws, N] (all-reduce: all [M, N]) of the sum over
+    ranks of a @ b (a: [M, K/ws] contiguous, b: [K/ws, N]).
+    `captured`: the call is being captured in a CUDA graph on the caller's stream."""
+    main = ctx.current_stream()
+    r, ws, e = plan.rank, plan.world_size, ctx.begin_call(main if captured else None)
+    if ws == 1:
+        torch.matmul(a, b, out=out)
+        return
+    streams = ctx.fork(main, 3 if plan.all_reduce else 2)
+    push, ready = streams[:2]
+    partials = ctx.buffers["partials"]
+    row_bytes = plan.n * out.element_size()
+    slot_bytes = partials.local.shape[1] * row_bytes
+    announce_entry(push, ctx, e)
+    if plan.all_reduce:  # every peer has pulled the blocks reduced in the previous call (partials among them)
+        for q in plan.peers_sent:
+            streamops.wait_value(push.cuda_stream, ctx.signal_address(r, ENTERED_BASE + q), e)
+    for p in plan.peers_sent:
+        p0 = block_bounds(plan.m, ws, p)[0]
+        if not plan.all_reduce:  # p has read what r pushed in the previous call
+            streamops.wait_value(push.cuda_stream, ctx.signal_address(r, ENTERED_BASE + p), e)
+        for j, (lo, hi) in enumerate(plan.chunks(p)):
+            dst = out[p0 + lo : p0 + hi] if plan.all_reduce else ctx.buffers["send"].local[p, lo:hi]
+            t0 = ctx.stamp(main)
+            torch.matmul(a[p0 + lo : p0 + hi], b, out=dst)
+            ctx.span(f"partial for {p}", (p, j), hi - lo, main, t0)
+            done = torch.cuda.Event()
+            done.record(main)
+            push.wait_event(done)
+            t0 = ctx.stamp(push)
+            streamops.copy_async(push.cuda_stream, partials.peer_ptrs[p] + r * slot_bytes + lo * row_bytes,
+                                 dst.data_ptr(), (hi - lo) * row_bytes)
+            ctx.span(f"partial to {p}", (p, j), hi - lo, push, t0)
+            ctx.write_signal(push, p, PARTIAL + r * plan.splits + j, e)
+    r0 = block_bounds(plan.m, ws, r)[0]
+    o0 = r0 if plan.all_reduce else 0
+    first, *others = plan.peers_summed
+    for j, (lo, hi) in enumerate(plan.chunks(r)):
+        acc = partials.local[first, lo:hi]
+        streamops.wait_value(main.cuda_stream, ctx.signal_address(r, PARTIAL + first * plan.splits + j), e)
+        t0 = ctx.stamp(main)
+        c_stationary.add_product(acc, a[r0 + lo : r0 + hi], b)
+        ctx.span("own rows", (r, j), hi - lo, main, t0)
+        for q in others:
+            streamops.wait_value(main.cuda_stream, ctx.signal_address(r, PARTIAL + q * plan.splits + j), e)
+            t0 = ctx.stamp(main)
+            add_partial(acc, partials.local[q, lo:hi])
+            ctx.span(f"partial of {q} added", (q, j), hi - lo, main, t0)
+        done = torch.cuda.Event()
+        done.record(main)
+        ready.wait_event(done)
+        if plan.all_reduce:
+            for p in plan.peers_sent:
+                ctx.write_signal(ready, p, GATHER + r * plan.splits + j, e)
+        streamops.copy_async(ready.cuda_stream, out[o0 + lo :].data_ptr(), acc.data_ptr(), (hi - lo) * row_bytes)
+    if plan.all_reduce:
+        pull = streams[2]
+        for j in range(plan.splits):
+            for q in plan.peers_sent:
+                q0 = block_bounds(plan.m, ws, q)[0]
+                lo, hi = plan.chunks(q)[j]
+                streamops.wait_value(pull.cuda_stream, ctx.signal_address(r, GATHER + q * plan.splits + j), e)
+                t0 = ctx.stamp(pull)
+                src = partials.peer_ptrs[q] + plan.accumulator(q) * slot_bytes + lo * row_bytes
+                streamops.copy_async(pull.cuda_stream, out[q0 + lo :].data_ptr(), src, (hi - lo) * row_bytes)
+                ctx.span(f"reduced from {q}", (q, j), hi - lo, pull, t0)
+    ctx.join(main, streams)
+
+
+def add_partial(acc: torch.Tensor, partial: torch.Tensor) -> None:
+    """acc += partial on the current stream (a third rank's partial onward: one rounding a term)."""
+    acc.add_(partial)

@@ -1,0 +1,137 @@
+"""The matmul reduce-scatter and all-reduce cut into cuBLAS row chunks (template `decomposed`,
+`syncopate/kernels/decomposed.py`): every rank's enqueued work played on the CPU by the executor of
+tests/test_stationary.py, streams in random orders, calls back to back with fresh inputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from syncopate.errors import ConfigError
+from syncopate.kernels import decomposed
+from syncopate.search_space import (
+    C_STATIONARY,
+    DECOMPOSED,
+    Candidate,
+    SpaceOptions,
+    Topology,
+    Workload,
+    check_candidate,
+    check_liveness,
+    decomposed_candidate,
+    space,
+)
+from tests.test_stationary import world  # noqa: F401 - the executor, as a fixture
+
+TWO = Topology.from_key("H200x2-nvlink")
+
+
+def _world(world, ws, m, n, all_reduce, splits):  # noqa: F811
+    return world(ws, decomposed.decomposed_buffers(ws, m, n, torch.float32, all_reduce),
+                 lambda r: decomposed.DecomposedPlan.of(r, ws, m, n, all_reduce, splits), decomposed)
+
+
+@pytest.mark.parametrize("all_reduce, ws, m, splits", [
+    (False, 1, 32, 2), (False, 2, 64, 1), (False, 2, 64, 4), (False, 3, 96, 2), (False, 4, 128, 3),
+    (False, 8, 256, 2), (True, 1, 33, 2), (True, 2, 64, 1), (True, 2, 64, 4), (True, 2, 65, 2),
+    (True, 3, 97, 4), (True, 4, 128, 2), (True, 8, 259, 2),
+])
+def test_every_call_sums_over_the_ranks(world, all_reduce, ws, m, splits):  # noqa: F811
+    """Three calls back to back, fresh inputs each, every stream played in random orders: each
+    rank's output is its rows of the sum over ranks of A_q @ B_q (all-reduce: all the rows, M
+    divisible by the ranks or not), so no call overwrote what an earlier one still read."""
+    n, k_local = 24, 40
+    for seed in range(4):
+        w = _world(world, ws, m, n, all_reduce, splits)
+        calls = []
+        for call in range(3):
+            gen = torch.Generator().manual_seed(1000 * seed + call)
+            a = [torch.randn(m, k_local, generator=gen) for _ in range(ws)]
+            b = [torch.randn(k_local, n, generator=gen) for _ in range(ws)]
+            outs = [torch.full((m if all_reduce else m // ws, n), float("nan")) for _ in range(ws)]
+            for r in range(ws):
+                w.enqueue(r, a[r], b[r], outs[r])
+            calls.append((a, b, outs))
+        w.play(seed)
+        for call, (a, b, outs) in enumerate(calls):
+            total = sum(x @ y for x, y in zip(a, b))
+            for r in range(ws):
+                rows = slice(None) if all_reduce else slice(r * m // ws, (r + 1) * m // ws)
+                assert torch.allclose(outs[r], total[rows], atol=1e-4), f"seed {seed}, call {call}, rank {r}"
+
+
+@pytest.mark.parametrize("all_reduce", [False, True])
+def test_own_rows_wait_for_the_peers_partials_of_their_chunk_only(world, all_reduce):  # noqa: F811
+    """The timeline's marks as played: the own rows of chunk j start after the first peer's push
+    of chunk j to this rank has ended, in the same call, and each other peer's partial is added
+    after its push; each rank computes the peers' partials before its own rows, and an all-reduce
+    pulls every peer's every chunk."""
+    ws, m, n, k_local, splits = 3, 96, 24, 40, 2
+    w = _world(world, ws, m, n, all_reduce, splits)
+    kept = []  # the enqueued copies read and write these by address when played: they must outlive play()
+    for _ in range(2):
+        for r in range(ws):
+            kept.append((torch.randn(m, k_local), torch.randn(k_local, n), torch.empty(m if all_reduce else m // ws, n)))
+            w.enqueue(r, *kept[-1])
+    w.play(3)
+    pushed = {(r, call, label, chunk[1]): end for r, call, label, chunk, _, end in w.spans if label.startswith("partial to")}
+    own = [(r, call, chunk[1], start) for r, call, label, chunk, start, _ in w.spans if label == "own rows"]
+    assert len(pushed) == 2 * ws * (ws - 1) * splits and len(own) == 2 * ws * splits
+    added = [(r, call, chunk, start) for r, call, label, chunk, start, _ in w.spans if label.endswith("added")]
+    assert len(added) == 2 * ws * (ws - 2) * splits
+    for r, call, (q, j), start in added:
+        assert start > pushed[(q, call, f"partial to {r}", j)], (r, call, j, q)
+    for r, call, j, start in own:
+        assert start > pushed[((r - 1) % ws, call, f"partial to {r}", j)], (r, call, j)
+        computed = [end for rr, cc, label, _, _, end in w.spans if (rr, cc) == (r, call) and label.startswith("partial for")]
+        assert max(computed) < start
+    pulls = [s for s in w.spans if s[2].startswith("reduced from")]
+    assert len(pulls) == (2 * ws * (ws - 1) * splits if all_reduce else 0)
+
+
+def test_the_space_offers_it_for_reductions_over_the_copy_engine_only():
+    for kind in ("gemm_rs", "gemm_ar"):
+        w = Workload(kind=kind, shape=(8192, 4096, 11008))
+        assert [c for c in space(w, TWO) if c.template == DECOMPOSED] == [decomposed_candidate(s) for s in (1, 2, 4, 8)]
+        assert DECOMPOSED not in {c.template for c in space(w, TWO, SpaceOptions(backends=("nvshmem", "nccl")))}
+        assert check_liveness(kind, decomposed_candidate(4), 4, 8192, 4096, 132).live
+    short = Workload(kind="gemm_rs", shape=(512, 4096, 4096))  # 256 rows a block: 128-row chunks at most 2
+    assert [c.num_splits for c in space(short, TWO) if c.template == DECOMPOSED] == [1, 2]
+    ag = Workload(kind="ag_gemm", shape=(8192, 4096, 4096))
+    assert DECOMPOSED not in {c.template for c in space(ag, TWO)}
+
+
+def test_candidates_it_refuses_say_why():
+    w = Workload(kind="gemm_ar", shape=(8192, 4096, 11008))
+    check_candidate(decomposed_candidate(4), w, TWO)
+    with pytest.raises(ConfigError, match="is for gemm_rs and gemm_ar"):
+        check_candidate(decomposed_candidate(2), Workload(kind="ag_gemm", shape=(8192, 4096, 4096)), TWO)
+    with pytest.raises(ConfigError, match="copy engine, not nccl"):
+        check_candidate(Candidate(backend="nccl", template=DECOMPOSED, comm_sms=64), w, TWO)
+    with pytest.raises(ConfigError, match="block_n=256"):
+        check_candidate(Candidate(template=DECOMPOSED, num_splits=2, block_n=256), w, TWO)
+    with pytest.raises(ConfigError, match="num_splits=8192"):
+        check_candidate(decomposed_candidate(8192), w, TWO)
+    with pytest.raises(ValueError, match="chunks exceed"):
+        decomposed.DecomposedPlan.of(0, 2, 64, 16, True, 64)
+
+
+def test_the_cost_model_times_it_from_cublas_chunks_and_the_link():
+    """An all-reduce of one chunk a block waits for the whole block's pull after its GEMMs; two
+    chunks halve that tail. At 8192x8192x2048 the partials (64 MiB a peer) outlast the GEMMs and
+    c_stationary, moving 24 MiB, is predicted faster."""
+    from syncopate.autotuner.calibration_defaults import default_calibration
+    from syncopate.autotuner.cost_model import CostModel
+
+    model = CostModel(default_calibration(TWO))
+    for n, k in ((4096, 11008), (8192, 2048)):
+        w = Workload(kind="gemm_ar", shape=(8192, n, k))
+        preds = {c.short(): model.predict(w, TWO, c) for c in space(w, TWO) if c.template in (DECOMPOSED, C_STATIONARY)}
+        assert all(p.feasible and math.isfinite(p.time_us) for p in preds.values())
+        assert min(p.time_us for p in preds.values()) >= model.baselines(w, TWO)["gemm_alone"]
+        one, two = (model.predict(w, TWO, decomposed_candidate(s)) for s in (1, 2))
+        assert one.time_us > two.time_us and one.time_us - one.kernel_us > two.time_us - two.kernel_us
+    best = {t: min(p.time_us for c, p in preds.items() if t in c) for t in (DECOMPOSED, C_STATIONARY)}
+    assert best[C_STATIONARY] < best[DECOMPOSED], best
