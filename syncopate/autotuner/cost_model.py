@@ -329,11 +329,11 @@ def _c_stationary_us(model: CostModel, w: Workload, topo: Topology,
 def _decomposed_us(model: CostModel, w: Workload, topo: Topology,
                    c: Candidate) -> tuple[float, float, float]:
     """(call end, GEMMs' end, last transfer's end) of a decomposed call (all ranks alike): the
-    partials of each peer's block in `num_splits` row chunks, each pushed over one egress once
-    computed; then the own block's chunks, each once every peer's partial of it is here (what this
-    rank pushes to the peer `d` ahead arrives from the peer `d` behind at the same time), a third
-    rank's partial onward added at the HBM's rate; each reduced chunk copied into the output, and
-    an all-reduce's pulled by every peer over one ingress."""
+    partials of each peer's block in two GEMMs (the halves of its `num_splits` row chunks), each
+    pushed over one egress once computed; then the own block's chunks, each once every peer's
+    partial of it is here (what this rank pushes to the peer `d` ahead arrives from the peer `d`
+    behind at the same time), a third rank's partial onward added at the HBM's rate; each reduced
+    chunk copied into the output, and an all-reduce's pulled by every peer over one ingress."""
     ws = topo.world_size
     rows = -(-w.shape.m // ws)
     _, n, k_local = w.local_gemm(ws)
@@ -346,13 +346,17 @@ def _decomposed_us(model: CostModel, w: Workload, topo: Topology,
     def gemm(m: int) -> float:
         return model._best_gemm_us(m, n, k_local, topo, w.dtype)
 
+    h = (len(chunks) + 1) // 2
+    halves = [g for g in (range(0, h), range(h, len(chunks))) if len(g)]
     clock, sent = 0.0, 0.0
     arrive = [0.0] * len(chunks)
     for _ in range(ws - 1):
-        for j, m in enumerate(chunks):
+        for half in halves:
+            m = sum(chunks[j] for j in half)
             clock += gemm(m)
             sent = max(sent, clock) + link.time_us(m * n * elem) + extra
-            arrive[j] = max(arrive[j], sent)
+            for j in half:
+                arrive[j] = max(arrive[j], sent)
     copied = pulled = 0.0
     for j, m in enumerate(chunks):
         nbytes = m * n * elem

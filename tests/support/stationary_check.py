@@ -84,6 +84,7 @@ def _warm(ranks, shapes, dtype, dev) -> None:
                 out = torch.zeros(rows, cols, dtype=dtype, device=dev)
                 torch.matmul(a, b, out=out)
                 out.addmm_(a, b)
+                out.add_(out)  # a third rank's partial onward (decomposed)
     torch.cuda.synchronize()
 
 
@@ -162,7 +163,11 @@ def check_d(ws: int, dtype=torch.bfloat16, calls: int = 20, m=1536, n=384, k_loc
     ranks = _ranks(ws, decomposed.decomposed_buffers(ws, m, n, dtype, all_reduce),
                    lambda r: decomposed.DecomposedPlan.of(r, ws, m, n, all_reduce, splits), dev)
     plan = ranks[0][1]
-    _warm(ranks, [(hi - lo, n, k_local) for q in range(ws) for lo, hi in plan.chunks(q)], dtype, dev)
+    rows = set()
+    for q in range(ws):
+        chunks = plan.chunks(q)
+        rows |= {hi - lo for lo, hi in chunks} | {chunks[h[-1]][1] - chunks[h[0]][0] for h in plan.halves}
+    _warm(ranks, [(x, n, k_local) for x in rows], dtype, dev)
     _check_sums(ranks, decomposed, ws, dtype, calls, m, n, k_local, all_reduce)
 
 
