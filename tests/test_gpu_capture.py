@@ -12,7 +12,9 @@ from test_gpu_ops import run_ranks
 
 pytestmark = pytest.mark.timeout(900)
 
-CHECKS_ONE_RANK = 3 * 4 + 2
+CHECKS_ONE_RANK = 3 * 3 + 5 + 2
+"""Three kinds x three backends; a_stationary, and c_stationary and decomposed for each reduction;
+two refusals."""
 
 
 def _rank_worker(rank, world, port, shared_gpu, queue):

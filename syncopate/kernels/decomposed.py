@@ -15,17 +15,19 @@ reduce-scatter's local copy), shorter the more chunks. One call, rank r, its row
 - caller's stream: for each peer p in turn (r+1 first, whose own rows wait for r's partial the
   least): for each half of p's chunks, compute A_r[p's rows there] @ B_r into a send slot (a
   reduce-scatter: the symmetric `send[p]`; an all-reduce: the output's rows of p, which p's reduced
-  chunks overwrite later), then an event; then for each chunk j of its own rows: wait for every peer's partial of
-  chunk j, add A_r[own rows, chunk j] @ B_r onto the first one (`partials[r-1]`, the accumulator)
-  and sum the others into it, then an event.
+  chunks overwrite later), then an event; then for each chunk j of its own rows (once every peer's
+  partial of its half is here: an event of side stream 2), add A_r[own rows, chunk j] @ B_r onto
+  the first peer's partial (`partials[r-1]`, the accumulator) and sum the others into it, then an
+  event.
 - side stream 0 (pushes): announce r's entry into every pad; wait until the peers that read what
   it overwrites have entered this call (p for a reduce-scatter, every rank for an all-reduce, whose
   accumulators the peers pull); after each partial GEMM's event, copy its rows into p's
-  `partials[r]` and raise p's word `PARTIAL + r * S + j` of each chunk j they hold.
+  `partials[r]` and raise p's word `PARTIAL + r * 2 + h`.
 - side stream 1: after each own chunk's event, raise every peer's word `GATHER + r * S + j` (an
   all-reduce) and copy the reduced chunk into the output.
-- side stream 2 (an all-reduce): for each chunk j, each peer q: wait for `GATHER + q * S + j`,
-  pull q's reduced chunk j into the output's rows of q.
+- side stream 2: for each half h, each peer q: wait for `PARTIAL + q * 2 + h`, then an event;
+  then (an all-reduce) for each chunk j, each peer q: wait for `GATHER + q * S + j`, pull q's
+  reduced chunk j into the output's rows of q.
 
 The caller's stream then waits for the side streams. A wait is for an entry, announced first, for a
 partial, which waits only for entries, or for a reduced chunk, which waits only for partials: a
@@ -48,7 +50,7 @@ from syncopate.search_space import block_bounds, row_chunks
 __all__ = ["GATHER", "PARTIAL", "DecomposedPlan", "add_partial", "decomposed_buffers", "run"]
 
 PARTIAL = 0
-"""Pad word `PARTIAL + q * num_splits + j`: chunk j of rank q's partial of this rank's block has landed."""
+"""Pad word `PARTIAL + q * 2 + h`: half h of rank q's partial of this rank's block has landed."""
 GATHER = 512
 """Pad word `GATHER + q * num_splits + j`: chunk j of rank q's reduced block is ready to pull."""
 
@@ -127,11 +129,20 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
     if ws == 1:
         torch.matmul(a, b, out=out)
         return
-    streams = ctx.fork(main, 3 if plan.all_reduce else 2)
-    push, ready = streams[:2]
+    streams = ctx.fork(main, 3)
+    push, ready, side = streams
     partials = ctx.buffers["partials"]
     row_bytes = plan.n * out.element_size()
     slot_bytes = partials.local.shape[1] * row_bytes
+    # The caller's stream waits for the peers' partials through events the third stream records
+    # once they are here: a stream wait on a pad word between two GEMMs held the caller's stream
+    # ~8 us even where the word was long set (gemm_ar 8192x4096x11008, two H100s).
+    arrived = {}
+    for h in range(len(plan.halves)):
+        for q in plan.peers_summed:
+            streamops.wait_value(side.cuda_stream, ctx.signal_address(r, PARTIAL + q * 2 + h), e)
+            arrived[h, q] = torch.cuda.Event()
+            arrived[h, q].record(side)
     announce_entry(push, ctx, e)
     if plan.all_reduce:  # every peer has pulled the blocks reduced in the previous call (partials among them)
         for q in plan.peers_sent:
@@ -154,19 +165,21 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
             streamops.copy_async(push.cuda_stream, partials.peer_ptrs[p] + r * slot_bytes + lo * row_bytes,
                                  dst.data_ptr(), (hi - lo) * row_bytes)
             ctx.span(f"partial to {p}", (p, h), hi - lo, push, t0)
-            for j in half:
-                ctx.write_signal(push, p, PARTIAL + r * plan.splits + j, e)
+            ctx.write_signal(push, p, PARTIAL + r * 2 + h, e)
     r0 = block_bounds(plan.m, ws, r)[0]
     o0 = r0 if plan.all_reduce else 0
     first, *others = plan.peers_summed
+    starts = {half[0]: h for h, half in enumerate(plan.halves)}  # the chunks that open a half
     for j, (lo, hi) in enumerate(plan.chunks(r)):
         acc = partials.local[first, lo:hi]
-        streamops.wait_value(main.cuda_stream, ctx.signal_address(r, PARTIAL + first * plan.splits + j), e)
+        if j in starts:
+            main.wait_event(arrived[starts[j], first])
         t0 = ctx.stamp(main)
         c_stationary.add_product(acc, a[r0 + lo : r0 + hi], b)
         ctx.span("own rows", (r, j), hi - lo, main, t0)
         for q in others:
-            streamops.wait_value(main.cuda_stream, ctx.signal_address(r, PARTIAL + q * plan.splits + j), e)
+            if j in starts:
+                main.wait_event(arrived[starts[j], q])
             t0 = ctx.stamp(main)
             add_partial(acc, partials.local[q, lo:hi])
             ctx.span(f"partial of {q} added", (q, j), hi - lo, main, t0)
@@ -178,16 +191,15 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
                 ctx.write_signal(ready, p, GATHER + r * plan.splits + j, e)
         streamops.copy_async(ready.cuda_stream, out[o0 + lo :].data_ptr(), acc.data_ptr(), (hi - lo) * row_bytes)
     if plan.all_reduce:
-        pull = streams[2]
         for j in range(plan.splits):
             for q in plan.peers_sent:
                 q0 = block_bounds(plan.m, ws, q)[0]
                 lo, hi = plan.chunks(q)[j]
-                streamops.wait_value(pull.cuda_stream, ctx.signal_address(r, GATHER + q * plan.splits + j), e)
-                t0 = ctx.stamp(pull)
+                streamops.wait_value(side.cuda_stream, ctx.signal_address(r, GATHER + q * plan.splits + j), e)
+                t0 = ctx.stamp(side)
                 src = partials.peer_ptrs[q] + plan.accumulator(q) * slot_bytes + lo * row_bytes
-                streamops.copy_async(pull.cuda_stream, out[q0 + lo :].data_ptr(), src, (hi - lo) * row_bytes)
-                ctx.span(f"reduced from {q}", (q, j), hi - lo, pull, t0)
+                streamops.copy_async(side.cuda_stream, out[q0 + lo :].data_ptr(), src, (hi - lo) * row_bytes)
+                ctx.span(f"reduced from {q}", (q, j), hi - lo, side, t0)
     ctx.join(main, streams)
 
 
