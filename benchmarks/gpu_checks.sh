@@ -49,7 +49,8 @@
 #           gemm_rs 8192x8192x2048 with c_stationary (its pushes and GEMM terms), gemm_ar 8192x4096x11008
 #           fused and decomposed (4 and 8 chunks)
 #   short   syncopate tune configs/short_tp2.yaml: 256-4096 rows, fused and unfused candidates
-#   cublas  tests/support/stationary_check.py: the cuBLAS templates' enqueued work, every rank on GPU 0
+#   cublas  tests/support/stationary_check.py: the cuBLAS templates' enqueued work, every rank on GPU 0;
+#           then tests/support/cublas_ops_check.py: their matrix and capture cases on two GPUs
 #   reductions  configs/llama_tp2.yaml's gemm_rs and gemm_ar, grid `tiny`
 #
 # Triton's cache lives in $TRITON_CACHE_DIR (default /tmp/syncopate-triton-cache); it starts from
@@ -165,7 +166,8 @@ for arg in "${steps[@]}"; do
                 step misses-ar-d$s 90 python3 benchmarks/timeline.py gemm_ar 8192 4096 11008 --template decomposed \
                     --splits $s --json "$OUT/misses-ar-d$s.json"
             done ;;
-        cublas) step cublas 240 python3 tests/support/stationary_check.py ;;
+        cublas) step cublas 240 python3 tests/support/stationary_check.py
+            step cublas-ops 240 python3 tests/support/cublas_ops_check.py ;;
         reductions) step reductions 420 python3 -m syncopate bench --suite configs/llama_tp2.yaml --grid tiny \
             --kinds gemm_rs,gemm_ar --repetitions 10 --json "$OUT/reductions.json" ;;
         short) step short 300 python3 -m syncopate tune configs/short_tp2.yaml --db "sqlite:///$OUT/short.db" ;;

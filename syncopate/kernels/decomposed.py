@@ -134,15 +134,6 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
     partials = ctx.buffers["partials"]
     row_bytes = plan.n * out.element_size()
     slot_bytes = partials.local.shape[1] * row_bytes
-    # The caller's stream waits for the peers' partials through events the third stream records
-    # once they are here: a stream wait on a pad word between two GEMMs held the caller's stream
-    # ~8 us even where the word was long set (gemm_ar 8192x4096x11008, two H100s).
-    arrived = {}
-    for h in range(len(plan.halves)):
-        for q in plan.peers_summed:
-            streamops.wait_value(side.cuda_stream, ctx.signal_address(r, PARTIAL + q * 2 + h), e)
-            arrived[h, q] = torch.cuda.Event()
-            arrived[h, q].record(side)
     announce_entry(push, ctx, e)
     if plan.all_reduce:  # every peer has pulled the blocks reduced in the previous call (partials among them)
         for q in plan.peers_sent:
@@ -166,6 +157,17 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
                                  dst.data_ptr(), (hi - lo) * row_bytes)
             ctx.span(f"partial to {p}", (p, h), hi - lo, push, t0)
             ctx.write_signal(push, p, PARTIAL + r * 2 + h, e)
+    # The caller's stream waits for the peers' partials through events the third stream records
+    # once they are here: a stream wait on a pad word between two GEMMs held the caller's stream
+    # ~8 us even where the word was long set (gemm_ar 8192x4096x11008, two H100s). Enqueued after
+    # the partials' GEMMs and pushes: where streams share a hardware queue, a wait enqueued before
+    # them would hold back what the peers wait for.
+    arrived = {}
+    for h in range(len(plan.halves)):
+        for q in plan.peers_summed:
+            streamops.wait_value(side.cuda_stream, ctx.signal_address(r, PARTIAL + q * 2 + h), e)
+            arrived[h, q] = torch.cuda.Event()
+            arrived[h, q].record(side)
     r0 = block_bounds(plan.m, ws, r)[0]
     o0 = r0 if plan.all_reduce else 0
     first, *others = plan.peers_summed

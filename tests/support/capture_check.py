@@ -161,14 +161,17 @@ def refused(dev, group, world: int, gen) -> str:
     return "refused with its ConfigError, right outside the capture"
 
 
-def run_all(dev, group, rank: int, world: int, nccl: bool) -> list[tuple[str, str | None, str]]:
-    """(name, failure or None, detail) of every check, in the same order on every rank."""
+def run_all(dev, group, rank: int, world: int, nccl: bool,
+            templates: tuple[str, ...] | None = None) -> list[tuple[str, str | None, str]]:
+    """(name, failure or None, detail) of every check, in the same order on every rank; with
+    `templates`, only the replays of candidates of those templates."""
     gen = torch.Generator(device=dev)
     gen.manual_seed(11 + rank)
     checks = [(f"{kind} {c.short()}: replays right", lambda kind=kind, c=c: replayed(kind, c, dev, group, world, gen))
-              for kind, c in cases(nccl)]
-    checks += [("ag_gemm return_gathered captured", lambda: gathered(dev, group, world, gen)),
-               ("first call and bounded waits refused under capture", lambda: refused(dev, group, world, gen))]
+              for kind, c in cases(nccl) if templates is None or c.template in templates]
+    if templates is None:
+        checks += [("ag_gemm return_gathered captured", lambda: gathered(dev, group, world, gen)),
+                   ("first call and bounded waits refused under capture", lambda: refused(dev, group, world, gen))]
     results = []
     for name, check in checks:
         try:
