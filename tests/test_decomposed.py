@@ -23,7 +23,7 @@ from syncopate.search_space import (
     decomposed_candidate,
     space,
 )
-from tests.test_stationary import world  # noqa: F401 - the executor, as a fixture
+from tests.test_stationary import check_reduce_calls, world  # noqa: F401 - the executor, as a fixture
 
 TWO = Topology.from_key("H200x2-nvlink")
 
@@ -43,23 +43,7 @@ def test_every_call_sums_over_the_ranks(world, all_reduce, ws, m, splits):  # no
     rank's output is its rows of the sum over ranks of A_q @ B_q (all-reduce: all the rows, M
     divisible by the ranks or not), so no call overwrote what an earlier one still read."""
     n, k_local = 24, 40
-    for seed in range(4):
-        w = _world(world, ws, m, n, all_reduce, splits)
-        calls = []
-        for call in range(3):
-            gen = torch.Generator().manual_seed(1000 * seed + call)
-            a = [torch.randn(m, k_local, generator=gen) for _ in range(ws)]
-            b = [torch.randn(k_local, n, generator=gen) for _ in range(ws)]
-            outs = [torch.full((m if all_reduce else m // ws, n), float("nan")) for _ in range(ws)]
-            for r in range(ws):
-                w.enqueue(r, a[r], b[r], outs[r])
-            calls.append((a, b, outs))
-        w.play(seed, one_queue=seed % 2 == 1)  # odd seeds: every rank's streams on one hardware queue
-        for call, (a, b, outs) in enumerate(calls):
-            total = sum(x @ y for x, y in zip(a, b))
-            for r in range(ws):
-                rows = slice(None) if all_reduce else slice(r * m // ws, (r + 1) * m // ws)
-                assert torch.allclose(outs[r], total[rows], atol=1e-4), f"seed {seed}, call {call}, rank {r}"
+    check_reduce_calls(lambda: _world(world, ws, m, n, all_reduce, splits), ws, m, n, k_local, all_reduce)
 
 
 @pytest.mark.parametrize("all_reduce", [False, True])

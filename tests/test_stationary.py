@@ -305,9 +305,18 @@ def test_every_reduce_call_sums_over_the_ranks(world, all_reduce, ws, m, splits)
     rank's output is its rows of the sum over ranks of A_q @ B_q (all-reduce: all the rows, M
     divisible by the ranks or not)."""
     n, k_local = 24, 40
+    check_reduce_calls(lambda: world(
+        ws, c_stationary.c_stationary_buffers(ws, m, n, k_local, torch.float32, all_reduce),
+        lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, splits), c_stationary,
+    ), ws, m, n, k_local, all_reduce)
+
+
+def check_reduce_calls(make_world, ws: int, m: int, n: int, k_local: int, all_reduce: bool) -> None:
+    """Three calls back to back on a world `make_world()` makes, fresh inputs each, played in random
+    orders (four seeds; the odd ones with every rank's streams on one hardware queue): each rank's
+    output is its rows of the sum over ranks of A_q @ B_q (all-reduce: all the rows)."""
     for seed in range(4):
-        w = world(ws, c_stationary.c_stationary_buffers(ws, m, n, k_local, torch.float32, all_reduce),
-                  lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, splits), c_stationary)
+        w = make_world()
         calls = []
         for call in range(3):
             gen = torch.Generator().manual_seed(1000 * seed + call)
@@ -317,7 +326,7 @@ def test_every_reduce_call_sums_over_the_ranks(world, all_reduce, ws, m, splits)
             for r in range(ws):
                 w.enqueue(r, a[r], b[r], outs[r])
             calls.append((a, b, outs))
-        w.play(seed, one_queue=seed % 2 == 1)  # odd seeds: every rank's streams on one hardware queue
+        w.play(seed, one_queue=seed % 2 == 1)
         for call, (a, b, outs) in enumerate(calls):
             total = sum(x @ y for x, y in zip(a, b))
             for r in range(ws):
