@@ -60,17 +60,17 @@ def test_own_rows_wait_for_the_peers_partials_of_their_chunk_only(world, all_red
             kept.append((torch.randn(m, k_local), torch.randn(k_local, n), torch.empty(m if all_reduce else m // ws, n)))
             w.enqueue(r, *kept[-1])
     w.play(3)
-    half = w.plans[0].half_of
-    assert [half(j) for j in range(splits)] == [0, 0, 1]
+    half = {j: h for h, chunks in enumerate(w.plans[0].halves) for j in chunks}
+    assert [half[j] for j in range(splits)] == [0, 0, 1]
     pushed = {(r, call, label, chunk[1]): end for r, call, label, chunk, _, end in w.spans if label.startswith("partial to")}
     own = [(r, call, chunk[1], start) for r, call, label, chunk, start, _ in w.spans if label == "own rows"]
     assert len(pushed) == 2 * ws * (ws - 1) * 2 and len(own) == 2 * ws * splits
     added = [(r, call, chunk, start) for r, call, label, chunk, start, _ in w.spans if label.endswith("added")]
     assert len(added) == 2 * ws * (ws - 2) * splits
     for r, call, (q, j), start in added:
-        assert start > pushed[(q, call, f"partial to {r}", half(j))], (r, call, j, q)
+        assert start > pushed[(q, call, f"partial to {r}", half[j])], (r, call, j, q)
     for r, call, j, start in own:
-        assert start > pushed[((r - 1) % ws, call, f"partial to {r}", half(j))], (r, call, j)
+        assert start > pushed[((r - 1) % ws, call, f"partial to {r}", half[j])], (r, call, j)
         computed = [end for rr, cc, label, _, _, end in w.spans if (rr, cc) == (r, call) and label.startswith("partial for")]
         assert max(computed) < start
     pulls = [s for s in w.spans if s[2].startswith("reduced from")]

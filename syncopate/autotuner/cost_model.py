@@ -60,6 +60,7 @@ from syncopate.search_space import (
     build_plan,
     check_candidate,
     consumer_schedule,
+    halves,
     producer_schedule,
     row_chunks,
 )
@@ -346,12 +347,10 @@ def _decomposed_us(model: CostModel, w: Workload, topo: Topology,
     def gemm(m: int) -> float:
         return model._best_gemm_us(m, n, k_local, topo, w.dtype)
 
-    h = (len(chunks) + 1) // 2
-    halves = [g for g in (range(0, h), range(h, len(chunks))) if len(g)]
     clock, sent = 0.0, 0.0
     arrive = [0.0] * len(chunks)
     for _ in range(ws - 1):
-        for half in halves:
+        for half in halves(len(chunks)):
             m = sum(chunks[j] for j in half)
             clock += gemm(m)
             sent = max(sent, clock) + link.time_us(m * n * elem) + extra

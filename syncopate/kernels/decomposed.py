@@ -45,7 +45,7 @@ from syncopate.kernels import c_stationary, streamops
 from syncopate.kernels.backends import announce_entry
 from syncopate.kernels.context import OverlapContext
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
-from syncopate.search_space import block_bounds, row_chunks
+from syncopate.search_space import block_bounds, halves, row_chunks
 
 __all__ = ["GATHER", "PARTIAL", "DecomposedPlan", "add_partial", "decomposed_buffers", "run"]
 
@@ -103,16 +103,11 @@ class DecomposedPlan:
         (one GEMM where there is one chunk). A GEMM of more rows runs nearer cuBLAS's full rate
         (gemm_ar 8192x4096x11008 on two H100s: chunks of 1024 rows at 94 % of the whole GEMM's,
         of 512 at 76-81 %), and the second half's push has the own rows' first half to hide behind."""
-        h = (self.splits + 1) // 2
-        return [g for g in (range(0, h), range(h, self.splits)) if len(g)]
-
-    def half_of(self, j: int) -> int:
-        """The half (index into :attr:`halves`) chunk j belongs to."""
-        return 0 if j < (self.splits + 1) // 2 else 1
+        return halves(self.splits)
 
     @classmethod
     def of(cls, rank: int, ws: int, m: int, n: int, all_reduce: bool = False, splits: int = 1) -> DecomposedPlan:
-        if ws * splits > GATHER or GATHER + ws * splits > ARRIVAL_SLOTS:
+        if GATHER + ws * splits > ARRIVAL_SLOTS:
             raise ValueError(f"decomposed: {ws} ranks x {splits} chunks do not fit the signal pad")
         if splits > m // ws:
             raise ValueError(f"decomposed: {splits} chunks exceed the {m // ws} rows of a block")

@@ -19,6 +19,7 @@ from syncopate.search_space.chunk_plan import (
     Transfer,
     block_bounds,
     build_plan,
+    halves,
     row_chunks,
 )
 from syncopate.search_space.liveness import LivenessReport, check_liveness
@@ -104,6 +105,7 @@ __all__ = [
     "model_shape",
     "optuna_distributions",
     "producer_schedule",
+    "halves",
     "row_chunks",
     "space",
     "space_refusal",

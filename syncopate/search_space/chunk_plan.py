@@ -34,7 +34,7 @@ from syncopate.errors import ConfigError
 
 __all__ = [
     "A_STATIONARY", "C_STATIONARY", "STATIONARY_KINDS", "DECOMPOSED", "COPY_ENGINE_KINDS", "UNFUSED", "PLANLESS_KINDS", "CANDIDATE_TEMPLATES", "TEMPLATES", "COLLECTIVES", "Transfer", "ChunkPlan", "build_plan",
-    "block_bounds", "chunk_bounds", "row_chunks",
+    "block_bounds", "chunk_bounds", "halves", "row_chunks",
 ]
 
 TEMPLATES: tuple[str, ...] = ("direct", "ring", "bidirectional_ring")
@@ -87,6 +87,13 @@ CANDIDATE_TEMPLATES: tuple[str, ...] = TEMPLATES + tuple(PLANLESS_KINDS)
 def row_chunks(rows: int, splits: int) -> list[tuple[int, int]]:
     """`rows` cut into `splits` near-equal chunks: an a_stationary product's pieces."""
     return [(j * rows // splits, (j + 1) * rows // splits) for j in range(splits)]
+
+
+def halves(splits: int) -> list[range]:
+    """The first half of `splits` chunks (the larger where odd), then the rest; one where there is
+    one chunk: what each of a decomposed call's partial GEMMs covers."""
+    h = (splits + 1) // 2
+    return [g for g in (range(0, h), range(h, splits)) if len(g)]
 """Chunk-plan templates."""
 
 COLLECTIVES: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
