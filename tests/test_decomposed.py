@@ -60,21 +60,28 @@ def test_own_rows_wait_for_the_peers_partials_of_their_chunk_only(world, all_red
             kept.append((torch.randn(m, k_local), torch.randn(k_local, n), torch.empty(m if all_reduce else m // ws, n)))
             w.enqueue(r, *kept[-1])
     w.play(3)
-    half = {j: h for h, chunks in enumerate(w.plans[0].halves) for j in chunks}
-    assert [half[j] for j in range(splits)] == [0, 0, 1]
+    plan = w.plans[0]
+    assert [h for h, chunks in enumerate(plan.halves) for _ in chunks] == [0, 0, 1]
+    own_chunks = len(plan.own_chunks(0))  # an all-reduce cuts its last own chunk in two
+    assert own_chunks == splits + all_reduce
+
+    def half(r: int, j: int) -> int:  # the partial GEMM whose rows hold rank r's own chunk j
+        lo, even = w.plans[r].own_chunks(r)[j][0], w.plans[r].chunks(r)
+        return next(h for h, chunks in enumerate(plan.halves) if even[chunks[0]][0] <= lo < even[chunks[-1]][1])
+
     pushed = {(r, call, label, chunk[1]): end for r, call, label, chunk, _, end in w.spans if label.startswith("partial to")}
     own = [(r, call, chunk[1], start) for r, call, label, chunk, start, _ in w.spans if label == "own rows"]
-    assert len(pushed) == 2 * ws * (ws - 1) * 2 and len(own) == 2 * ws * splits
+    assert len(pushed) == 2 * ws * (ws - 1) * 2 and len(own) == 2 * ws * own_chunks
     added = [(r, call, chunk, start) for r, call, label, chunk, start, _ in w.spans if label.endswith("added")]
-    assert len(added) == 2 * ws * (ws - 2) * splits
+    assert len(added) == 2 * ws * (ws - 2) * own_chunks
     for r, call, (q, j), start in added:
-        assert start > pushed[(q, call, f"partial to {r}", half[j])], (r, call, j, q)
+        assert start > pushed[(q, call, f"partial to {r}", half(r, j))], (r, call, j, q)
     for r, call, j, start in own:
-        assert start > pushed[((r - 1) % ws, call, f"partial to {r}", half[j])], (r, call, j)
+        assert start > pushed[((r - 1) % ws, call, f"partial to {r}", half(r, j))], (r, call, j)
         computed = [end for rr, cc, label, _, _, end in w.spans if (rr, cc) == (r, call) and label.startswith("partial for")]
         assert max(computed) < start
     pulls = [s for s in w.spans if s[2].startswith("reduced from")]
-    assert len(pulls) == (2 * ws * (ws - 1) * splits if all_reduce else 0)
+    assert len(pulls) == (2 * ws * (ws - 1) * own_chunks if all_reduce else 0)
 
 
 def test_the_space_offers_it_for_reductions_over_the_copy_engine_only():

@@ -334,7 +334,8 @@ def _decomposed_us(model: CostModel, w: Workload, topo: Topology,
     pushed over one egress once computed; then the own block's chunks, each once every peer's
     partial of it is here (what this rank pushes to the peer `d` ahead arrives from the peer `d`
     behind at the same time), a third rank's partial onward added at the HBM's rate; each reduced
-    chunk copied into the output, and an all-reduce's pulled by every peer over one ingress."""
+    chunk copied into the output, and an all-reduce's pulled by every peer over one ingress (its
+    last own chunk in two)."""
     ws = topo.world_size
     rows = -(-w.shape.m // ws)
     _, n, k_local = w.local_gemm(ws)
@@ -357,7 +358,10 @@ def _decomposed_us(model: CostModel, w: Workload, topo: Topology,
             for j in half:
                 arrive[j] = max(arrive[j], sent)
     copied = pulled = 0.0
-    for j, m in enumerate(chunks):
+    own = list(enumerate(chunks))
+    if w.kind == "gemm_ar" and chunks[-1] >= 2:  # the last own chunk in two (DecomposedPlan.own_chunks)
+        own[-1:] = [(len(chunks) - 1, chunks[-1] // 2), (len(chunks) - 1, chunks[-1] - chunks[-1] // 2)]
+    for j, m in own:
         nbytes = m * n * elem
         clock = max(clock, arrive[j]) + gemm(m) + (ws - 2) * 3 * nbytes / (costs.hbm_gbps * 1e3)
         copied = max(copied, clock) + nbytes / (costs.local_copy_gbps * 1e3)
