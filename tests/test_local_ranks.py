@@ -84,3 +84,22 @@ def test_a_stopped_parent_ends_every_rank(tmp_path, signum):
             os.killpg(parent.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_the_group_port_is_free_and_outside_the_ephemeral_range():
+    """The port the ranks meet on is taken below Linux's ephemeral ports, which the kernel may hand
+    to another process's connection before rank 0 listens; one already listened on is skipped."""
+    import socket
+
+    from syncopate.kernels.local_ranks import free_port
+
+    ports = {free_port() for _ in range(20)}
+    assert all(20000 <= p < 32000 for p in ports), ports
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", min(ports)))
+        held.listen()
+        for _ in range(50):
+            p = free_port()
+            assert p != min(ports)
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", p))

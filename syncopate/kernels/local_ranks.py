@@ -9,6 +9,7 @@ puts on `queue`, failing as soon as a rank dies; each rank starts with `join_gro
 from __future__ import annotations
 
 import os
+import random
 import socket
 from collections.abc import Callable
 from queue import Empty
@@ -20,7 +21,18 @@ __all__ = ["free_port", "join_group", "spawn_ranks"]
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    """A TCP port on 127.0.0.1 that nothing listens on now, below Linux's ephemeral range
+    (32768-60999): a port the kernel handed out could be handed again, to another process's
+    connection, before rank 0 listens on it (EADDRINUSE on two H200s, 2026-11-26)."""
+    rng = random.Random()
+    for _ in range(64):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
