@@ -53,6 +53,15 @@ def rs_variants(m: int, n: int, k: int, ws: int):
         for _ in range(ws - 1):
             out.addmm_(a[rows:2 * rows], b)
     yield f"{ws} terms, beta=1 after the first", 1.0, terms
+    for chunks in (2, 4):
+        bounds = [(j * rows // chunks, (j + 1) * rows // chunks) for j in range(chunks)]
+
+        def chunked(bounds=bounds):  # c_stationary's terms in row chunks, the second pass backwards
+            for lo, hi in bounds:
+                torch.matmul(a[lo:hi], b, out=out[lo:hi])
+            for lo, hi in bounds[::-1]:
+                out[lo:hi].addmm_(a[rows + lo:rows + hi], b)
+        yield f"{ws} terms in {chunks} row chunks, backwards", 1.0, chunked
     yield "own term alone", 1.0 / ws, lambda: torch.matmul(a[:rows], b, out=out)
     yield "a term added (beta=1)", 1.0 / ws, lambda: out.addmm_(a[rows:2 * rows], b)
     yield "terms side by side in K (one GEMM)", 1.0, lambda: torch.matmul(a_cat, b_cat, out=out)
