@@ -1,7 +1,8 @@
 """Layer: pure CPU logic. `syncopate import-bench` and `results_db.bench_import` on the bench file
 measured on two H200s (results/bench-2026-11-22-h200x2-ag2048.json): what is stored, idempotence,
 the environment it is stored under, files it refuses; and `results/h200x2.db` holds exactly the
-imports of the bench files under results/ (that one and the LLaMA TP=2 suite's two)."""
+imports of the bench files under results/ (that one, the LLaMA TP=2 suite's two of 2026-11-22 and
+its run of 2026-11-26 with the cuBLAS templates)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from syncopate.results_db.bench_import import import_bench, quantile
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "results" / "bench-2026-11-22-h200x2-ag2048.json"
 H200X2_DB = ROOT / "results" / "h200x2.db"
-SUITE = [ROOT / "results" / f"bench-2026-11-22-h200x2-suite-{part}.json" for part in ("ag", "rs")]
+SUITE = [*(ROOT / "results" / f"bench-2026-11-22-h200x2-suite-{part}.json" for part in ("ag", "rs")),
+         ROOT / "results" / "bench-2026-11-26-h200x2-suite.json"]
 """Bench files that record their environment themselves (no versions to give on import)."""
 VERSIONS = {"triton": "3.6.0", "cuda": "13.0", "nccl": "2.28.3", "driver": "580.159.04"}
 FLAGS = [x for k, v in VERSIONS.items() for x in (f"--{k}", v)]
@@ -193,3 +195,28 @@ def test_committed_database_is_this_import(tmp_path):
             return trials, baselines, sweeps
 
         assert content(committed) == content(fresh)
+
+
+def test_the_committed_database_serves_the_2026_11_26_winners(tmp_path):
+    """`lookup` on results/h200x2.db, under the environment of the 2026-11-26 run, answers each of
+    the suite's shapes with that run's fastest trial (the cuBLAS templates among its candidates)."""
+    from syncopate.results_db.lookups import clear_cache, lookup
+
+    copy = tmp_path / "h200x2.db"
+    shutil.copy(H200X2_DB, copy)
+    doc = json.loads(SUITE[-1].read_text())
+    env = Environment(**doc["environment"])
+    clear_cache()
+    try:
+        for row in doc["rows"]:
+            w = row["workload"]
+            ok = [t for t in row["trials"] if t["status"] == "ok"]
+            best = min(ok, key=lambda t: t["median_us"])
+            got = lookup((w["m"], w["n"], w["k"]), "H200x2-nvlink", kind=w["kind"], dtype=w["dtype"], db=copy,
+                         environment=env)
+            assert got.match == "exact" and got.candidate.to_dict() == best["candidate"], (row["key"], got)
+        templates = {min((t for t in r["trials"] if t["status"] == "ok"), key=lambda t: t["median_us"])
+                     ["candidate"]["template"] for r in doc["rows"]}
+        assert {"a_stationary", "c_stationary", "decomposed"} <= templates
+    finally:
+        clear_cache()
