@@ -4,9 +4,10 @@
 # a one-line verdict per step is printed last.
 #
 #   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix shared shared48 tune order conns rs ar suite own
-#                                                    gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 calib tp graph
-#                                                    misses short cublas reductions (default: matrix tune order conns
-#                                                    rs ar suite; SECONDS overrides the limit)
+#                                                    gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 suite8 tune8
+#                                                    calib tp graph misses short cublas reductions (default: matrix
+#                                                    tune order conns rs ar suite; SECONDS overrides the limit; a
+#                                                    step run twice keeps both logs: suite.log, suite-2.log, ...)
 #
 #   smoke   tests/test_gpu_ops.py, the quick matrix: one case per kind x backend, 10 calls back to back
 #   matrix  tests/test_gpu_ops.py: every backend x plan x splits x tile order vs the fp32 reference
@@ -33,6 +34,9 @@
 #   sweep4  the same for configs/llama_tp4_sweep.yaml into results/llama_tp4-sweep.db (four GPUs)
 #   suite4  configs/llama_tp4.yaml, every kind, grid `tiny` (four GPUs)
 #   matrix48  tests/test_gpu_ops.py's matrix on four and eight GPUs (each skipped where fewer are present)
+#   suite8  configs/llama_tp8.yaml, every kind, grid `tiny` (eight GPUs)
+#   tune8   syncopate tune configs/llama_tp8.yaml into results/llama_tp8-tune.db (eight GPUs; resumed when it
+#           exists), copied to $OUT after
 #   calib   syncopate calibrate into results/llama_tp2-sweep.db (the cost model's measured inputs)
 #
 # With 30 minutes of two GPUs: `smoke matrix suite suite-gluon` (about 21 minutes at their limits)
@@ -79,8 +83,15 @@ cleanup() {  # what a stopped step leaves on the GPUs: spawned ranks, Ray worker
     sleep 1
 }
 
+fresh() {  # fresh NAME: NAME, or NAME-2, NAME-3, ... where a step of that name has run (its log kept)
+    local name=$1 i=1
+    while [ -e "$OUT/$name.log" ]; do i=$((i + 1)); name="$1-$i"; done
+    echo "$name"
+}
+
 step() {  # step NAME LIMIT_S COMMAND...  (SIGINT at the limit, so that tune stores what it has)
-    local name=$1 limit=${override:-$2}
+    local name limit=${override:-$2}
+    name=$(fresh "$1")
     shift 2
     local t0=$SECONDS
     echo "== $name (limit ${limit}s): $*" | tee -a "$OUT/steps.log"
@@ -122,8 +133,8 @@ for arg in "${steps[@]}"; do
             --repetitions 10 --json "$OUT/rs.json" ;;
         ar) step ar 150 python3 -m syncopate bench gemm_ar --m 8192 --n 8192 --k 2048 --grid small \
             --repetitions 10 --json "$OUT/ar.json" ;;
-        suite) step suite 420 python3 -m syncopate bench --suite configs/llama_tp2.yaml --grid tiny \
-            --repetitions 10 --json "$OUT/suite.json" ;;
+        suite) name=$(fresh suite); step "$name" 420 python3 -m syncopate bench --suite configs/llama_tp2.yaml \
+            --grid tiny --repetitions 10 --json "$OUT/$name.json" ;;
         own) for v in 0 1 0 1; do  # the all-gather's own rows copied first (0) or read from the shard (1), in turn
                 step own$v-$((++own_runs)) 300 env SYNCOPATE_OWN_SHARD=$v python3 -m syncopate bench --suite \
                     configs/llama_tp2.yaml --kinds ag_gemm --grid tiny --backends copy_engine --repetitions 10 \
@@ -148,8 +159,11 @@ for arg in "${steps[@]}"; do
             cp results/llama_tp2-sweep.db "$OUT/" ;;
         matrix48) step matrix48 600 python3 -m pytest -s -q -p no:cacheprovider -m multigpu \
             tests/test_gpu_ops.py -k four_and_eight ;;
-        suite4) step suite4 420 python3 -m syncopate bench --suite configs/llama_tp4.yaml --grid tiny \
-            --repetitions 10 --json "$OUT/suite4.json" ;;
+        suite4) name=$(fresh suite4); step "$name" 420 python3 -m syncopate bench --suite configs/llama_tp4.yaml \
+            --grid tiny --repetitions 10 --json "$OUT/$name.json" ;;
+        suite8) name=$(fresh suite8); step "$name" 540 python3 -m syncopate bench --suite configs/llama_tp8.yaml \
+            --grid tiny --repetitions 10 --json "$OUT/$name.json" ;;
+        tune8) sweep tune8 configs/llama_tp8.yaml results/llama_tp8-tune.db ;;
         tp) step tp-test 300 python3 -m pytest -s -q -p no:cacheprovider -m multigpu tests/test_gpu_tp.py
             step tp-sp 200 python3 benchmarks/tp_mlp.py --json "$OUT/tp-sp.json"
             step tp-ar 200 python3 benchmarks/tp_mlp.py --no-sp --json "$OUT/tp-ar.json"
@@ -168,10 +182,10 @@ for arg in "${steps[@]}"; do
             done ;;
         cublas) step cublas 240 python3 tests/support/stationary_check.py
             step cublas-ops 240 python3 tests/support/cublas_ops_check.py ;;
-        reductions) step reductions 420 python3 -m syncopate bench --suite configs/llama_tp2.yaml --grid tiny \
-            --kinds gemm_rs,gemm_ar --repetitions 10 --json "$OUT/reductions.json" ;;
+        reductions) name=$(fresh reductions); step "$name" 420 python3 -m syncopate bench --suite \
+            configs/llama_tp2.yaml --grid tiny --kinds gemm_rs,gemm_ar --repetitions 10 --json "$OUT/$name.json" ;;
         short) step short 300 python3 -m syncopate tune configs/short_tp2.yaml --db "sqlite:///$OUT/short.db" ;;
-        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 calib tp graph misses short cublas reductions" >&2
+        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 suite8 tune8 calib tp graph misses short cublas reductions" >&2
             exit 2 ;;
     esac
 done
