@@ -24,6 +24,29 @@ import os
 import sys
 
 
+def candidate(args):
+    """The candidate the arguments name: a cuBLAS template's keeps its default tile fields, and a
+    c_stationary reduce-scatter takes one split."""
+    from syncopate.search_space import (
+        Candidate,
+        TileConfig,
+        a_stationary_candidate,
+        c_stationary_candidate,
+        decomposed_candidate,
+    )
+
+    if args.template == "a_stationary":
+        return a_stationary_candidate(args.splits)
+    if args.template == "c_stationary":
+        return c_stationary_candidate(args.splits if args.kind == "gemm_ar" else 1)
+    if args.template == "decomposed":
+        return decomposed_candidate(args.splits)
+    tile = TileConfig.from_key(args.tile)
+    return Candidate(backend="copy_engine", template=args.template, num_splits=args.splits, tile_order=args.order,
+                     comm_sms=0, block_m=tile.block_m, block_n=tile.block_n, block_k=tile.block_k,
+                     group_m=args.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages)
+
+
 def worker(rank: int, world: int, port: int, args, queue) -> None:
     from syncopate.kernels.local_ranks import join_group
 
@@ -35,27 +58,10 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
     from syncopate.kernels.context import Timeline
     from syncopate.kernels.reference import reference, relative_error
     from syncopate.kernels.timing import start_together
-    from syncopate.search_space import (
-        Candidate,
-        TileConfig,
-        Workload,
-        a_stationary_candidate,
-        c_stationary_candidate,
-        decomposed_candidate,
-    )
+    from syncopate.search_space import Workload
 
     fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter, "gemm_ar": ops.matmul_all_reduce}
-    tile = TileConfig.from_key(args.tile)
-    if args.template == "a_stationary":  # cuBLAS GEMMs: the tile fields keep their defaults
-        c = a_stationary_candidate(args.splits)
-    elif args.template == "c_stationary":
-        c = c_stationary_candidate(args.splits if args.kind == "gemm_ar" else 1)
-    elif args.template == "decomposed":
-        c = decomposed_candidate(args.splits)
-    else:
-        c = Candidate(backend="copy_engine", template=args.template, num_splits=args.splits, tile_order=args.order,
-                      comm_sms=0, block_m=tile.block_m, block_n=tile.block_n, block_k=tile.block_k,
-                      group_m=args.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages)
+    c = candidate(args)
     w = Workload(kind=args.kind, shape=(args.m, args.n, args.k), dtype="bf16")
     shapes = w.local_shapes(world)
     g = dist.group.WORLD
@@ -135,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     queue = ctx.Queue()
     mp.start_processes(worker, args=(args.gpus, free_port(), args, queue), nprocs=args.gpus, start_method="spawn")
     ranks = queue.get(timeout=10)
-    splits = 1 if (args.template, args.kind) == ("c_stationary", "gemm_rs") else args.splits  # what ran
-    print(f"{args.kind} {args.m}x{args.n}x{args.k} bf16, copy engine, {args.template}, {splits} splits, "
+    ran = candidate(args)
+    print(f"{args.kind} {args.m}x{args.n}x{args.k} bf16, copy engine, {args.template}, {ran.num_splits} splits, "
           f"{args.order}, {args.tile}, {args.gpus} GPUs; rel. error "
           f"{max(r['rel_error'] for r in ranks):.2e}; calls {[round(c['total_us'], 1) for c in ranks[0]['calls']]} µs")
     median_call = sorted(range(args.calls), key=lambda i: ranks[0]["calls"][i]["total_us"])[args.calls // 2]
