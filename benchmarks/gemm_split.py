@@ -7,7 +7,10 @@ one rank's output block (or the whole GEMM) timed against the whole GEMM.
 M N K as `syncopate bench` takes them (K the whole reduction; a rank holds K/ranks of it). Events
 around each variant, 10 warm-up calls, the median of 50; bf16. A variant's time is the sum of its
 GEMMs as they run back to back on one stream; `rate` is the whole GEMM's time for the same FLOPs
-over the variant's.
+over the variant's. Not `gpu_single.py`'s timing (L2 flushed, a device sleep before each call): a
+template's GEMMs run back to back in a call, warm, and cold-started the same comparison reads
+otherwise (two H200 terms at 0.933 of the whole GEMM flushed, 0.918 back to back; the op's
+timeline, 0.92).
 """
 
 from __future__ import annotations
