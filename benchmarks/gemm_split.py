@@ -36,6 +36,31 @@ def _time(fn, reps: int = 50, warmup: int = 10) -> float:
     return statistics.median(times)
 
 
+def _on_streams(steps, streams):
+    """Run `steps` [(stream index, after [step indices], fn)] with each on its stream, a step
+    waiting for the events of the steps it follows; the caller's stream waits for all at the end."""
+    import torch
+
+    main = torch.cuda.current_stream()
+    start = torch.cuda.Event()
+    start.record(main)
+    for s in streams:
+        s.wait_event(start)
+    events = []
+    for where, after, fn in steps:
+        stream = streams[where]
+        for j in after:
+            stream.wait_event(events[j])
+        with torch.cuda.stream(stream):
+            fn()
+        events.append(torch.cuda.Event())
+        events[-1].record(stream)
+    for s in streams:
+        end = torch.cuda.Event()
+        end.record(s)
+        main.wait_event(end)
+
+
 def rs_variants(m: int, n: int, k: int, ws: int):
     """c_stationary's block (M/ws rows, the own term then each peer's added with beta=1) and its
     alternatives: one GEMM over the terms side by side in K, or the own term alone on a prefix of
@@ -65,6 +90,14 @@ def rs_variants(m: int, n: int, k: int, ws: int):
             for lo, hi in bounds[::-1]:
                 out[lo:hi].addmm_(a[rows + lo:rows + hi], b)
         yield f"{ws} terms in {chunks} row chunks, backwards", 1.0, chunked
+
+        def two_streams(bounds=bounds, streams=(torch.cuda.Stream(), torch.cuda.Stream())):
+            # the own term's chunks on one stream, each peer term's chunk on the other after it
+            steps = [(0, [], lambda lo=lo, hi=hi: torch.matmul(a[lo:hi], b, out=out[lo:hi])) for lo, hi in bounds]
+            steps += [(1, [j], lambda lo=lo, hi=hi: out[lo:hi].addmm_(a[rows + lo:rows + hi], b))
+                      for j, (lo, hi) in enumerate(bounds)]
+            _on_streams(steps, streams)
+        yield f"{ws} terms in {chunks} row chunks, two streams", 1.0, two_streams
     yield "own term alone", 1.0 / ws, lambda: torch.matmul(a[:rows], b, out=out)
     yield "a term added (beta=1)", 1.0 / ws, lambda: out.addmm_(a[rows:2 * rows], b)
     yield "terms side by side in K (one GEMM)", 1.0, lambda: torch.matmul(a_cat, b_cat, out=out)
@@ -93,6 +126,26 @@ def ar_variants(m: int, n: int, k: int, ws: int):
         acc = torch.randn(chunk, n, device="cuda", dtype=torch.bfloat16)
         yield f"{chunk} rows, beta=0", chunk / m, lambda c=chunk, o=acc: torch.matmul(a[:c], b, out=o)
         yield f"{chunk} rows, beta=1", chunk / m, lambda c=chunk, o=acc: o.addmm_(a[:c], b)
+    acc = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for splits in (2, 4, 8):
+        # decomposed's GEMMs for a block of `rows`: the peer's partial in two GEMMs (beta=0), then
+        # the own rows in `splits` chunks, the last cut in two (beta=1), one stream or two in turn
+        step = rows // splits
+        pieces = [(0, rows // 2, 0), (rows // 2, rows, 0)]
+        own = [(rows + j * step, rows + (j + 1) * step) for j in range(splits - 1)]
+        own += [(rows + (splits - 1) * step, rows + rows - step // 2), (rows + rows - step // 2, 2 * rows)]
+        pieces += [(lo, hi, 1) for lo, hi in own]
+
+        def gemm(lo, hi, beta):
+            if beta:
+                acc[lo:hi].addmm_(a[lo:hi], b)
+            else:
+                torch.matmul(a[lo:hi], b, out=acc[lo:hi])
+        for count in (1, 2):
+            steps = [(j % count, [], lambda p=p: gemm(*p)) for j, p in enumerate(pieces)]
+            yield (f"decomposed s{splits}, {count} stream{'s' * (count > 1)}", 2 * rows / m,
+                   lambda steps=steps: _on_streams(steps, streams))
 
 
 def main(argv: list[str] | None = None) -> int:
