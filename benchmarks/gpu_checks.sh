@@ -5,7 +5,7 @@
 #
 #   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix shared shared48 tune order conns rs ar suite own
 #                                                    gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 suite8 tune8
-#                                                    calib tp graph misses short cublas reductions (default: matrix
+#                                                    calib tp graph misses short cublas reductions kmajor (default: matrix
 #                                                    tune order conns rs ar suite; SECONDS overrides the limit; a
 #                                                    step run twice keeps both logs: suite.log, suite-2.log, ...)
 #
@@ -56,6 +56,8 @@
 #   cublas  tests/support/stationary_check.py: the cuBLAS templates' enqueued work, every rank on GPU 0;
 #           then tests/support/cublas_ops_check.py: their matrix and capture cases on two GPUs
 #   reductions  configs/llama_tp2.yaml's gemm_rs and gemm_ar, grid `tiny`
+#   kmajor  benchmarks/kmajor_b.py: the templates that move B with B given as weight.t() (moved as laid
+#           out) against B row-major and against the copy to row-major they made before
 #
 # Triton's cache lives in $TRITON_CACHE_DIR (default /tmp/syncopate-triton-cache); it starts from
 # .tcache/triton-cache.tgz when that exists and is packed into $OUT/triton-cache.tgz at the end, so
@@ -182,10 +184,11 @@ for arg in "${steps[@]}"; do
             done ;;
         cublas) step cublas 240 python3 tests/support/stationary_check.py
             step cublas-ops 240 python3 tests/support/cublas_ops_check.py ;;
+        kmajor) step kmajor 300 python3 benchmarks/kmajor_b.py --json "$OUT/kmajor.json" ;;
         reductions) name=$(fresh reductions); step "$name" 420 python3 -m syncopate bench --suite \
             configs/llama_tp2.yaml --grid tiny --kinds gemm_rs,gemm_ar --repetitions 10 --json "$OUT/$name.json" ;;
         short) step short 300 python3 -m syncopate tune configs/short_tp2.yaml --db "sqlite:///$OUT/short.db" ;;
-        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 suite8 tune8 calib tp graph misses short cublas reductions" >&2
+        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 suite8 tune8 calib tp graph misses short cublas reductions kmajor" >&2
             exit 2 ;;
     esac
 done

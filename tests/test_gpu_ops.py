@@ -41,7 +41,8 @@ TOPOLOGY = {2: "H200x2-nvlink", 4: "H200x4-nvswitch", 8: "H200x8-nvswitch"}
 
 
 def matrix(quick: bool = False, world: int = 2):
-    """(kind, dtype, (M, N, K), candidate dict, calls) for every case on `world` ranks."""
+    """(kind, dtype, (M, N, K), candidate dict, calls[, "kmajor"]) for every case on `world` ranks;
+    "kmajor": B is given as the transpose of a row-major [N, K] matrix."""
     from syncopate.errors import ConfigError
     from syncopate.search_space import (
         Candidate,
@@ -92,6 +93,10 @@ def matrix(quick: bool = False, world: int = 2):
             for s, dtype in itertools.product([2] if quick else [1, 2, 4], dtypes):
                 cases.append((kind, dtype, shapes[kind], decomposed_candidate(s).to_dict(), 1))
             cases.append((kind, "bf16", shapes[kind], decomposed_candidate(4).to_dict(), 10 if quick else 100))
+    for kind, c in (("ag_gemm", a_stationary_candidate(2)), ("gemm_rs", c_stationary_candidate(1)),
+                    ("gemm_ar", c_stationary_candidate(2)), ("gemm_ar", decomposed_candidate(2))):
+        if kind in shapes:  # B as an nn.Linear weight's transpose (K-major), moved as it is laid out
+            cases.append((kind, "bf16", shapes[kind], c.to_dict(), 10 if quick else 20, "kmajor"))
     if "gemm_ar" in shapes:  # an all-reduce's M need not divide by the ranks: blocks of unequal rows
         for c in (c_stationary_candidate(2), decomposed_candidate(2)):
             cases.append(("gemm_ar", "bf16", (4161, 1024, 1536), c.to_dict(), 3))
@@ -146,10 +151,11 @@ def _worker(rank, world, port, cases, shared_gpu, queue):
     ratios: dict[tuple, list[float]] = {}  # (kind, dtype, backend, template): error / the unfused path's
     fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter, "gemm_ar": ops.matmul_all_reduce}
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
-    for index, (kind, dtype, (m, n, k), cand, calls) in enumerate(cases):
+    for index, (kind, dtype, (m, n, k), cand, calls, *layout) in enumerate(cases):
         c = Candidate.from_dict(cand)
+        kmajor = layout == ["kmajor"]
         if rank == 0:
-            print(f"[{index + 1}/{len(cases)}] {kind} {dtype} {c.short()} x{calls}", flush=True)
+            print(f"[{index + 1}/{len(cases)}] {kind} {dtype} {c.short()} x{calls}{' B k-major' * kmajor}", flush=True)
         w = Workload(kind=kind, shape=(m, n, k), dtype=dtype)
         shapes = w.local_shapes(world)
         dt = dtypes[dtype]
@@ -158,7 +164,9 @@ def _worker(rank, world, port, cases, shared_gpu, queue):
             bad_calls = []  # calls that timed out or came out wrong, to tell a first-call fault from a race
             for i in range(calls):
                 a = torch.randn(shapes["a"], generator=gen, device=dev).to(dt)
-                b = (torch.randn(shapes["b"], generator=gen, device=dev) / k**0.5).to(dt)
+                b = (torch.randn(shapes["b"][::-1] if kmajor else shapes["b"], generator=gen, device=dev)
+                     / k**0.5).to(dt)
+                b = b.t() if kmajor else b
                 if i == 0:
                     ctx_shape = (m, k) if kind == "ag_gemm" else (m, n)
                     ctx = ops.get_context(kind, g, ctx_shape, dt)
@@ -183,7 +191,7 @@ def _worker(rank, world, port, cases, shared_gpu, queue):
                 if i < 2:  # the rounding: against what the unfused path gives in this dtype
                     worst_ratio = max(worst_ratio, err / max(relative_error(reference_unfused(kind, a, b, g), ref), 1e-12))
             if bad_calls or not worst <= TOL[dtype] or not worst_ratio <= ROUNDING:
-                failures.append(f"{kind} {dtype} {c.short()} calls={calls}: rel err {worst:.3g} "
+                failures.append(f"{kind} {dtype} {c.short()}{' B k-major' * kmajor} calls={calls}: rel err {worst:.3g} "
                                 f"({worst_ratio:.2f}x the unfused path's), "
                                 f"calls timed out or wrong: {bad_calls[:10]}{'…' if len(bad_calls) > 10 else ''}")
             ratios.setdefault((kind, dtype, c.backend, c.template), []).append(worst_ratio)

@@ -130,7 +130,7 @@ def _recovery_worker(rank, world, port, cases, q):
     fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter, "gemm_ar": ops.matmul_all_reduce}
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
     done, flagged, wrong, crash = 0, 0, [], None
-    for kind, dtype, (m, n, k), cand, _ in cases:
+    for kind, dtype, (m, n, k), cand, *_ in cases:
         c = Candidate.from_dict(cand)
         local = Workload(kind=kind, shape=(m, n, k), dtype=dtype).local_shapes(world)
         dt = dtypes[dtype]

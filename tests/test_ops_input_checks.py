@@ -121,3 +121,36 @@ def test_a_bounded_wait_under_cuda_graph_capture_is_refused(op, monkeypatch):
     a = torch.zeros(8, 4).as_subclass(_OnCuda)
     with pytest.raises(ConfigError, match=rf"syncopate\.{op.__name__}: spin_limit=1000 .* capture it with spin_limit=0"):
         op(a, torch.zeros(4, 8), spin_limit=1000)
+
+
+def _layout_worker(rank, ws, init, queue):
+    import torch.distributed as dist
+
+    from syncopate.kernels.ops import _b_layout_on_every_rank
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    try:
+        weight_t = torch.zeros(16, 8).t()  # B[8, 16] as an nn.Linear weight's transpose
+        agreed = _b_layout_on_every_rank(weight_t, dist.group.WORLD, "matmul_reduce_scatter")
+        try:  # rank 1 passes its B row-major, the others K-major
+            _b_layout_on_every_rank(torch.zeros(8, 16) if rank == 1 else weight_t, dist.group.WORLD,
+                                    "matmul_reduce_scatter")
+            refused = None
+        except ConfigError as e:
+            refused = str(e)
+        queue.put((rank, agreed, refused))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_b_layout_that_differs_between_ranks_is_refused_on_every_rank():
+    """The templates that move B read a peer's B in this rank's layout: the first call of a shape
+    checks that every rank passes B the same way, and where one does not, every rank refuses."""
+    from support.gloo import run_gloo
+
+    results = sorted(run_gloo(_layout_worker, 3))
+    assert [agreed for _, agreed, _ in results] == [True] * 3
+    said = ("matmul_reduce_scatter: b's layout differs between ranks (rank 0: weight.t() (K-major), rank 1: "
+            "row-major, rank 2: weight.t() (K-major)); this config moves B between ranks, so pass b the same way "
+            "on every rank")
+    assert [refused for _, _, refused in results] == [said] * 3

@@ -212,24 +212,33 @@ def world(monkeypatch):
     return _World
 
 
-def _a_world(world, ws, m_local, n_local, k, splits):
+def _a_world(world, ws, m_local, n_local, k, splits, kmajor=False):
     return world(ws, a_stationary.a_stationary_buffers(ws, m_local, n_local, k, torch.float32),
-                 lambda r: a_stationary.AStationaryPlan.of(a_stationary_candidate(splits), r, ws, m_local, n_local, k),
+                 lambda r: a_stationary.AStationaryPlan.of(a_stationary_candidate(splits), r, ws, m_local, n_local, k,
+                                                           kmajor),
                  a_stationary)
 
 
-@pytest.mark.parametrize("ws, splits, m_local", [(2, 1, 64), (2, 2, 64), (3, 4, 37), (4, 2, 48), (8, 2, 24)])
-def test_every_call_computes_all_gather_a_times_its_b(world, ws, splits, m_local):
+def _b(k: int, n: int, gen, kmajor: bool) -> torch.Tensor:
+    """A random B[k, n]: row-major, or an nn.Linear weight's transpose (`kmajor`)."""
+    return torch.randn(n, k, generator=gen).t() if kmajor else torch.randn(k, n, generator=gen)
+
+
+@pytest.mark.parametrize("ws, splits, m_local, kmajor", [(2, 1, 64, False), (2, 2, 64, False), (3, 4, 37, False),
+                                                         (4, 2, 48, False), (8, 2, 24, False), (2, 2, 64, True),
+                                                         (3, 1, 37, True)])
+def test_every_call_computes_all_gather_a_times_its_b(world, ws, splits, m_local, kmajor):
     """Three calls back to back, fresh inputs each, every stream played in random orders: each
-    call's output is right, so no call overwrote what an earlier one still read."""
+    call's output is right, so no call overwrote what an earlier one still read. A K-major B
+    (`weight.t()`) moves as it is laid out and is read so by the peers."""
     n_local, k = 24, 40
     for seed in range(4):
-        w = _a_world(world, ws, m_local, n_local, k, splits)
+        w = _a_world(world, ws, m_local, n_local, k, splits, kmajor)
         calls = []
         for call in range(3):
             gen = torch.Generator().manual_seed(1000 * seed + call)
             a = [torch.randn(m_local, k, generator=gen) for _ in range(ws)]
-            b = [torch.randn(k, n_local, generator=gen) for _ in range(ws)]
+            b = [_b(k, n_local, gen, kmajor) for _ in range(ws)]
             outs = [torch.full((m_local * ws, n_local), float("nan")) for _ in range(ws)]
             for r in range(ws):
                 w.enqueue(r, a[r], b[r], outs[r])
@@ -241,16 +250,16 @@ def test_every_call_computes_all_gather_a_times_its_b(world, ws, splits, m_local
                 assert torch.allclose(outs[r], full @ b[r], atol=1e-4), f"seed {seed}, call {call}, rank {r}"
 
 
-def test_a_k_major_b_is_pushed_in_row_major_order(world):
-    w = _a_world(world, 2, 32, 16, 24, 2)
-    a = [torch.randn(32, 24) for _ in range(2)]
-    b = [torch.randn(16, 24).t() for _ in range(2)]  # transposed weights
-    outs = [torch.empty(64, 16) for _ in range(2)]
-    for r in range(2):
-        w.enqueue(r, a[r], b[r], outs[r])
-    w.play(0)
-    for r in range(2):
-        assert torch.allclose(outs[r], torch.cat(a) @ b[r], atol=1e-4)
+def test_b_in_another_layout_than_the_plan_is_refused_before_anything_is_enqueued(world):
+    """A plan reads the peers' B in its own layout: a call with B laid out otherwise is refused."""
+    w = _a_world(world, 2, 32, 16, 24, 2, kmajor=True)
+    with pytest.raises(ValueError, match=r"a_stationary: b with strides \(16, 1\) on a plan for a K-major B"):
+        w.enqueue(0, torch.randn(32, 24), torch.randn(24, 16), torch.empty(64, 16))
+    c = world(2, c_stationary.c_stationary_buffers(2, 64, 16, 24, torch.float32),
+              lambda r: c_stationary.CStationaryPlan.of(r, 2, 64, 16, 24), c_stationary)
+    with pytest.raises(ValueError, match=r"c_stationary: b with strides \(1, 24\) on a plan for a row-major B"):
+        c.enqueue(0, torch.randn(64, 24), torch.randn(16, 24).t(), torch.empty(32, 16))
+    assert all(not s.ops for ctx in w.ctxs + c.ctxs for s in ctx.streams) and not w.mains[0].ops and not c.mains[0].ops
 
 
 def test_the_space_offers_it_for_all_gather_matmuls_over_the_copy_engine_only():
@@ -296,32 +305,36 @@ def test_the_cost_model_prefers_it_where_n_per_rank_is_small():
         assert best.time_us >= model.baselines(w, TWO)["gemm_alone"]
 
 
-@pytest.mark.parametrize("all_reduce, ws, m, splits", [(False, 2, 64, 1), (False, 3, 96, 1), (False, 4, 128, 1),
-                                                      (True, 2, 64, 1), (True, 2, 64, 4), (True, 3, 96, 2),
-                                                      (True, 4, 128, 2), (False, 8, 256, 1), (True, 8, 256, 2),
-                                                      (True, 2, 65, 2), (True, 3, 97, 4)])
-def test_every_reduce_call_sums_over_the_ranks(world, all_reduce, ws, m, splits):
+@pytest.mark.parametrize("all_reduce, ws, m, splits, kmajor", [
+    (False, 2, 64, 1, False), (False, 3, 96, 1, False), (False, 4, 128, 1, False), (True, 2, 64, 1, False),
+    (True, 2, 64, 4, False), (True, 3, 96, 2, False), (True, 4, 128, 2, False), (False, 8, 256, 1, False),
+    (True, 8, 256, 2, False), (True, 2, 65, 2, False), (True, 3, 97, 4, False), (False, 2, 64, 1, True),
+    (False, 3, 96, 1, True), (True, 2, 65, 2, True),
+])
+def test_every_reduce_call_sums_over_the_ranks(world, all_reduce, ws, m, splits, kmajor):
     """c_stationary: three calls back to back, fresh inputs each, streams in random orders; each
     rank's output is its rows of the sum over ranks of A_q @ B_q (all-reduce: all the rows, M
-    divisible by the ranks or not)."""
+    divisible by the ranks or not; B row-major or K-major, which moves as it is laid out)."""
     n, k_local = 24, 40
     check_reduce_calls(lambda: world(
         ws, c_stationary.c_stationary_buffers(ws, m, n, k_local, torch.float32, all_reduce),
-        lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, splits), c_stationary,
-    ), ws, m, n, k_local, all_reduce)
+        lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, splits, kmajor), c_stationary,
+    ), ws, m, n, k_local, all_reduce, kmajor)
 
 
-def check_reduce_calls(make_world, ws: int, m: int, n: int, k_local: int, all_reduce: bool) -> None:
+def check_reduce_calls(make_world, ws: int, m: int, n: int, k_local: int, all_reduce: bool,
+                       kmajor: bool = False) -> None:
     """Three calls back to back on a world `make_world()` makes, fresh inputs each, played in random
     orders (four seeds; the odd ones with every rank's streams on one hardware queue): each rank's
-    output is its rows of the sum over ranks of A_q @ B_q (all-reduce: all the rows)."""
+    output is its rows of the sum over ranks of A_q @ B_q (all-reduce: all the rows; `kmajor`: each
+    B an nn.Linear weight's transpose)."""
     for seed in range(4):
         w = make_world()
         calls = []
         for call in range(3):
             gen = torch.Generator().manual_seed(1000 * seed + call)
             a = [torch.randn(m, k_local, generator=gen) for _ in range(ws)]
-            b = [torch.randn(k_local, n, generator=gen) for _ in range(ws)]
+            b = [_b(k_local, n, gen, kmajor) for _ in range(ws)]
             outs = [torch.full((m if all_reduce else m // ws, n), float("nan")) for _ in range(ws)]
             for r in range(ws):
                 w.enqueue(r, a[r], b[r], outs[r])

@@ -3,6 +3,8 @@
 Rank r's output is all_gather(A) @ B_r, whose rows of peer p are A_p @ B_r. Instead of bringing
 A_p (M/ws x K) to r, p receives B_r (K x N/ws) and sends back A_p @ B_r (M/ws x N/ws): less to move
 where N/ws is small beside M/ws (ag_gemm with N=2048 on two ranks: 24 MiB a peer instead of 64).
+B moves in the layout the caller gave it, row-major or an nn.Linear weight's `weight.t()` (no copy
+made), the same on every rank (`c_stationary.received_b`; the ops check it on a shape's first call).
 The GEMMs are cuBLAS's, on the caller's stream; only copy-engine copies and stream memory
 operations go on the side streams. One call, rank r, its own rows [r0, r1):
 
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from syncopate.kernels import streamops
+from syncopate.kernels.c_stationary import b_moves_kmajor, received_b
 from syncopate.kernels.context import OverlapContext
 from syncopate.kernels.tables import ARRIVAL_SLOTS
 from syncopate.search_space import Candidate, block_bounds, row_chunks
@@ -60,6 +63,8 @@ class AStationaryPlan:
     n_local: int
     k: int
     splits: int
+    b_kmajor: bool = False
+    """Every rank's B is the transpose of a row-major [N/ws, K] matrix (`b_moves_kmajor`)."""
 
     @property
     def peers_computed(self) -> list[int]:
@@ -72,19 +77,23 @@ class AStationaryPlan:
         return [(self.rank + d) % self.world_size for d in range(1, self.world_size)]
 
     @classmethod
-    def of(cls, c: Candidate, rank: int, ws: int, m_local: int, n_local: int, k: int) -> AStationaryPlan:
+    def of(cls, c: Candidate, rank: int, ws: int, m_local: int, n_local: int, k: int,
+           b_kmajor: bool = False) -> AStationaryPlan:
         if C_WORD + ws * c.num_splits > ARRIVAL_SLOTS or ws > C_WORD:
             raise ValueError(f"a_stationary: {ws} ranks x {c.num_splits} chunks do not fit the signal pad")
-        return cls(rank=rank, world_size=ws, m_local=m_local, n_local=n_local, k=k, splits=c.num_splits)
+        return cls(rank=rank, world_size=ws, m_local=m_local, n_local=n_local, k=k, splits=c.num_splits,
+                   b_kmajor=b_kmajor)
 
 
 def run(ctx: OverlapContext, plan: AStationaryPlan, a: torch.Tensor, b: torch.Tensor,
         out: torch.Tensor, captured: bool = False) -> None:
-    """Enqueue one call: out[M, N/ws] = all_gather(a) @ b (a: this rank's [M/ws, K] rows, contiguous).
-    `captured`: the call is being captured in a CUDA graph on the caller's stream."""
+    """Enqueue one call: out[M, N/ws] = all_gather(a) @ b (a: this rank's [M/ws, K] rows, contiguous;
+    b in the plan's layout). `captured`: the call is being captured in a CUDA graph on the caller's stream."""
+    if b_moves_kmajor(b) != plan.b_kmajor:
+        raise ValueError(f"a_stationary: b with strides {b.stride()} on a plan for a "
+                         f"{'K-major' if plan.b_kmajor else 'row-major'} B")
     main = ctx.current_stream()
     r, ws, e = plan.rank, plan.world_size, ctx.begin_call(main if captured else None)
-    b = b.contiguous()  # what is pushed is B's bytes in row-major order
     streams = ctx.fork(main, 3)
     b_recv, c_send = ctx.buffers["b_recv"], ctx.buffers["c_send"]
     b_bytes = plan.k * plan.n_local * b.element_size()
@@ -106,7 +115,7 @@ def run(ctx: OverlapContext, plan: AStationaryPlan, a: torch.Tensor, b: torch.Te
         streamops.wait_value(main.cuda_stream, ctx.signal_address(r, B_WORD + p), e)
         for j, (lo, hi) in enumerate(row_chunks(plan.m_local, plan.splits)):
             t0 = ctx.stamp(main)
-            torch.matmul(a[lo:hi], b_recv.local[p], out=c_send.local[p, lo:hi])
+            torch.matmul(a[lo:hi], received_b(b_recv.local[p], plan.b_kmajor), out=c_send.local[p, lo:hi])
             ctx.span(f"product for {p}", (p, j), hi - lo, main, t0)
             done = torch.cuda.Event()
             done.record(main)

@@ -2,7 +2,9 @@
 c_stationary`): A's rows and B move, not the partial products.
 
 Rank r's output is sum over q of A_q[r's rows] @ B_q (A_q = q's [M, K/ws] columns of A, B_q its
-[K/ws, N] rows of B). Instead of each q sending its partial product of r's rows (M/ws x N), q sends
+[K/ws, N] rows of B). B moves in the layout the caller gave it, row-major or the transpose of a
+row-major [N, K/ws] (an nn.Linear weight's `weight.t()`, no copy made), the same on every rank
+(`received_b`; the ops check it on a shape's first call). Instead of each q sending its partial product of r's rows (M/ws x N), q sends
 A_q[r's rows] (M/ws x K/ws) and B_q (K/ws x N) and r computes the term itself: less to move where
 K/ws is small beside N and M/ws (gemm_rs 8192x8192x2048 on two ranks: 24 MiB a peer instead of
 64), the same arithmetic. The GEMMs are cuBLAS's, on the caller's stream; only copy-engine copies
@@ -38,7 +40,8 @@ from syncopate.kernels.context import OverlapContext
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
 from syncopate.search_space import block_bounds, row_chunks
 
-__all__ = ["ARRIVED", "GATHER", "CStationaryPlan", "add_product", "c_stationary_buffers", "run"]
+__all__ = ["ARRIVED", "GATHER", "CStationaryPlan", "add_product", "b_moves_kmajor", "c_stationary_buffers",
+           "received_b", "run"]
 
 ARRIVED = 0
 """Pad word `ARRIVED + q`: rank q's rows of A and its B have landed in this rank's buffers."""
@@ -58,6 +61,19 @@ def c_stationary_buffers(ws: int, m: int, n: int, k_local: int, dtype: torch.dty
     return bufs
 
 
+def b_moves_kmajor(b: torch.Tensor) -> bool:
+    """Whether B[K, N] is pushed as the transpose of a row-major [N, K] matrix: B given so (an
+    nn.Linear weight's `weight.t()`) and not row-major too (one row or one column)."""
+    return not b.is_contiguous() and b.stride(0) == 1 and b.stride(1) == b.shape[0]
+
+
+def received_b(slot: torch.Tensor, kmajor: bool) -> torch.Tensor:
+    """A peer's B[K, N] as it landed in `slot` (a contiguous [K, N] buffer holding its bytes): as
+    is, or for a B pushed K-major, the transpose of the [N, K] matrix those bytes are."""
+    k, n = slot.shape
+    return slot.view(n, k).t() if kmajor else slot
+
+
 @dataclass(frozen=True)
 class CStationaryPlan:
     """What every call of one (shape, group, candidate) needs."""
@@ -69,6 +85,8 @@ class CStationaryPlan:
     k_local: int
     all_reduce: bool = False
     splits: int = 1
+    b_kmajor: bool = False
+    """Every rank's B is the transpose of a row-major [N, K/ws] matrix (`b_moves_kmajor`)."""
 
     @property
     def peers_added(self) -> list[int]:
@@ -83,20 +101,23 @@ class CStationaryPlan:
 
     @classmethod
     def of(cls, rank: int, ws: int, m: int, n: int, k_local: int, all_reduce: bool = False,
-           splits: int = 1) -> CStationaryPlan:
+           splits: int = 1, b_kmajor: bool = False) -> CStationaryPlan:
         if ws > GATHER or GATHER + ws * splits > ARRIVAL_SLOTS:
             raise ValueError(f"c_stationary: {ws} ranks x {splits} chunks do not fit the signal pad")
-        return cls(rank=rank, world_size=ws, m=m, n=n, k_local=k_local, all_reduce=all_reduce, splits=splits)
+        return cls(rank=rank, world_size=ws, m=m, n=n, k_local=k_local, all_reduce=all_reduce, splits=splits,
+                   b_kmajor=b_kmajor)
 
 
 def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Tensor,
         out: torch.Tensor, captured: bool = False) -> None:
     """Enqueue one call: out = this rank's rows [M/ws, N] (all-reduce: all [M, N]) of the sum over
-    ranks of a @ b (a: [M, K/ws] contiguous, b: [K/ws, N]).
+    ranks of a @ b (a: [M, K/ws] contiguous, b: [K/ws, N] in the plan's layout).
     `captured`: the call is being captured in a CUDA graph on the caller's stream."""
+    if b_moves_kmajor(b) != plan.b_kmajor:
+        raise ValueError(f"c_stationary: b with strides {b.stride()} on a plan for a "
+                         f"{'K-major' if plan.b_kmajor else 'row-major'} B")
     main = ctx.current_stream()
     r, ws, e = plan.rank, plan.world_size, ctx.begin_call(main if captured else None)
-    b = b.contiguous()  # what is pushed is B's bytes in row-major order
     streams = ctx.fork(main, 3 if plan.all_reduce else 1)  # pushes; an all-reduce's chunks out, and pulls
     push = streams[0]
     a_recv, b_recv = ctx.buffers["a_recv"], ctx.buffers["b_recv"]
@@ -128,7 +149,7 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
     for q in peers[:-1] if plan.all_reduce else peers:
         streamops.wait_value(main.cuda_stream, ctx.signal_address(r, ARRIVED + q), e)
         t0 = ctx.stamp(main)
-        add_product(block, a_recv.local[q, :rows], b_recv.local[q])
+        add_product(block, a_recv.local[q, :rows], received_b(b_recv.local[q], plan.b_kmajor))
         ctx.span(f"term of {q}", (q, 0), rows, main, t0)
     if not plan.all_reduce:
         ctx.join(main, streams)
@@ -140,7 +161,7 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
     for j, (lo, hi) in enumerate(row_chunks(rows, plan.splits)):
         if peers:
             t0 = ctx.stamp(main)
-            add_product(block[lo:hi], a_recv.local[peers[-1], lo:hi], b_recv.local[peers[-1]])
+            add_product(block[lo:hi], a_recv.local[peers[-1], lo:hi], received_b(b_recv.local[peers[-1]], plan.b_kmajor))
             ctx.span(f"term of {peers[-1]}", (peers[-1], j), hi - lo, main, t0)
         done = torch.cuda.Event()
         done.record(main)

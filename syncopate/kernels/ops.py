@@ -34,7 +34,7 @@ import torch.distributed as dist
 from syncopate.errors import ConfigError
 from syncopate.kernels import a_stationary, c_stationary, decomposed
 from syncopate.kernels.a_stationary import AStationaryPlan, a_stationary_buffers
-from syncopate.kernels.c_stationary import CStationaryPlan, c_stationary_buffers
+from syncopate.kernels.c_stationary import CStationaryPlan, b_moves_kmajor, c_stationary_buffers
 from syncopate.kernels.decomposed import DecomposedPlan, decomposed_buffers
 from syncopate.kernels.backends import GatherCall, ScatterCall, backend_for, stage_gathered_copy
 from syncopate.kernels.context import OverlapContext, kept_allocations
@@ -421,6 +421,22 @@ def _call_key(kind: str, a, b, group, config) -> tuple | None:
     return key
 
 
+def _b_layout_on_every_rank(b: torch.Tensor, group, op: str) -> bool:
+    """Whether this rank's B is pushed K-major (`b_moves_kmajor`), checked to be so on every rank of
+    `group` (collective; a shape's first call with a template that moves B): a peer's B is read in
+    this rank's layout."""
+    kmajor = b_moves_kmajor(b)
+    ws = dist.get_world_size(group)
+    if ws > 1:
+        layouts = [None] * ws
+        dist.all_gather_object(layouts, kmajor, group=group)
+        if len(set(layouts)) > 1:
+            said = ", ".join(f"rank {q}: {'weight.t() (K-major)' if x else 'row-major'}" for q, x in enumerate(layouts))
+            raise ConfigError(f"{op}: b's layout differs between ranks ({said}); this config moves B between "
+                              f"ranks, so pass b the same way on every rank")
+    return kmajor
+
+
 def _prepare_gather(a_shard, b, group, config):
     """Validate an all-gather call once per (shapes, dtype, group, config): what every call needs."""
     group, rank, ws = _check_inputs(a_shard, b, group, config)
@@ -432,7 +448,8 @@ def _prepare_gather(a_shard, b, group, config):
         return None, None, cand, None, None, rank, m_local, k, n_local, None
     if cand.template == A_STATIONARY:
         ctx = get_context(_A_STATIONARY_KIND, group, (m_local, n_local, k), a_shard.dtype)
-        plan = AStationaryPlan.of(cand, rank, ws, m_local, n_local, k)
+        plan = AStationaryPlan.of(cand, rank, ws, m_local, n_local, k,
+                                  _b_layout_on_every_rank(b, group, "all_gather_matmul"))
         return ctx, plan, cand, None, None, rank, m_local, k, n_local, None
     ctx = get_context("ag_gemm", group, (m, k), a_shard.dtype)
     plan = plan_for("ag_gemm", cand.template, ws, m, cand.num_splits, cand.block_m)
@@ -480,7 +497,8 @@ def _prepare_scatter(kind: str, a, b, group, config):
         return None, None, cand, None, None, rank, ws, None, m if all_reduce else m // ws, None
     if cand.template == C_STATIONARY:
         ctx = get_context(_C_STATIONARY_KIND[kind], group, (m, n, k_local), a.dtype)
-        plan = CStationaryPlan.of(rank, ws, m, n, k_local, all_reduce, cand.num_splits)
+        kmajor = _b_layout_on_every_rank(b, group, OP_NAMES[kind])
+        plan = CStationaryPlan.of(rank, ws, m, n, k_local, all_reduce, cand.num_splits, kmajor)
         return ctx, plan, cand, None, None, rank, ws, None, m if all_reduce else m // ws, None
     if cand.template == DECOMPOSED:
         ctx = get_context(_DECOMPOSED_KIND[kind], group, (m, n), a.dtype)

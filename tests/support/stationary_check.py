@@ -80,10 +80,10 @@ def _warm(ranks, shapes, dtype, dev) -> None:
         with torch.cuda.stream(main):
             for rows, cols, k in shapes:
                 a = torch.zeros(rows, k, dtype=dtype, device=dev)
-                b = torch.zeros(k, cols, dtype=dtype, device=dev)
                 out = torch.zeros(rows, cols, dtype=dtype, device=dev)
-                torch.matmul(a, b, out=out)
-                out.addmm_(a, b)
+                for b in (torch.zeros(k, cols, dtype=dtype, device=dev), torch.zeros(cols, k, dtype=dtype, device=dev).t()):
+                    torch.matmul(a, b, out=out)  # B row-major, and K-major (a kernel of its own)
+                    out.addmm_(a, b)
                 out.add_(out)  # a third rank's partial onward (decomposed)
     torch.cuda.synchronize()
 
@@ -128,16 +128,24 @@ def _close(got, ref, what: str) -> None:
     assert err < 1e-2, f"{what}: relative error {err:.2e}"
 
 
-def check_a(ws: int, splits: int, dtype=torch.bfloat16, calls: int = 20, m_local=512, n_local=384, k=640) -> None:
+def _b(k: int, n: int, dev, gen, scale: float, dtype, kmajor: bool) -> torch.Tensor:
+    """A random B[k, n]: row-major, or an nn.Linear weight's transpose (`kmajor`)."""
+    if kmajor:
+        return (torch.randn(n, k, device=dev, generator=gen) * scale).to(dtype).t()
+    return (torch.randn(k, n, device=dev, generator=gen) * scale).to(dtype)
+
+
+def check_a(ws: int, splits: int, dtype=torch.bfloat16, calls: int = 20, m_local=512, n_local=384, k=640,
+            kmajor=False) -> None:
     dev = torch.device("cuda", 0)
     ranks = _ranks(ws, a_stationary.a_stationary_buffers(ws, m_local, n_local, k, dtype),
                    lambda r: a_stationary.AStationaryPlan.of(a_stationary_candidate(splits), r, ws, m_local,
-                                                             n_local, k), dev)
+                                                             n_local, k, kmajor), dev)
     rows = {m_local // 2, m_local - m_local // 2} | {hi - lo for lo, hi in row_chunks(m_local, splits)}
     _warm(ranks, [(x, n_local, k) for x in rows], dtype, dev)
     gen = torch.Generator(device=dev).manual_seed(ws * 100 + splits)
     inputs = [([torch.randn(m_local, k, device=dev, generator=gen).to(dtype) for _ in range(ws)],
-               [(torch.randn(k, n_local, device=dev, generator=gen) / k**0.5).to(dtype) for _ in range(ws)])
+               [_b(k, n_local, dev, gen, k**-0.5, dtype, kmajor) for _ in range(ws)])
               for _ in range(calls)]
     outs = _run_calls(ranks, a_stationary, inputs, (m_local * ws, n_local), dtype, dev)
     for i, ((a, b), got) in enumerate(zip(inputs, outs)):
@@ -147,14 +155,14 @@ def check_a(ws: int, splits: int, dtype=torch.bfloat16, calls: int = 20, m_local
 
 
 def check_c(ws: int, dtype=torch.bfloat16, calls: int = 20, m=1536, n=384, k_local=320, all_reduce=False,
-            splits=1) -> None:
+            splits=1, kmajor=False) -> None:
     dev = torch.device("cuda", 0)
     ranks = _ranks(ws, c_stationary.c_stationary_buffers(ws, m, n, k_local, dtype, all_reduce),
-                   lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, splits), dev)
+                   lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, splits, kmajor), dev)
     blocks = {hi - lo for lo, hi in (block_bounds(m, ws, q) for q in range(ws))}
     _warm(ranks, [(x, n, k_local) for x in blocks] + [(hi - lo, n, k_local) for x in blocks
                                                       for lo, hi in row_chunks(x, splits)], dtype, dev)
-    _check_sums(ranks, c_stationary, ws, dtype, calls, m, n, k_local, all_reduce)
+    _check_sums(ranks, c_stationary, ws, dtype, calls, m, n, k_local, all_reduce, kmajor)
 
 
 def check_d(ws: int, dtype=torch.bfloat16, calls: int = 20, m=1536, n=384, k_local=320, all_reduce=False,
@@ -171,14 +179,14 @@ def check_d(ws: int, dtype=torch.bfloat16, calls: int = 20, m=1536, n=384, k_loc
     _check_sums(ranks, decomposed, ws, dtype, calls, m, n, k_local, all_reduce)
 
 
-def _check_sums(ranks, module, ws, dtype, calls, m, n, k_local, all_reduce) -> None:
+def _check_sums(ranks, module, ws, dtype, calls, m, n, k_local, all_reduce, kmajor=False) -> None:
     """Calls back to back with fresh inputs: each rank's output is its block of the sum over ranks
-    of A_q @ B_q (an all-reduce: all of it)."""
+    of A_q @ B_q (an all-reduce: all of it); `kmajor`: every B an nn.Linear weight's transpose."""
     dev = torch.device("cuda", 0)
     gen = torch.Generator(device=dev).manual_seed(ws * 1000 + m)
     inputs = [([torch.randn(m, k_local, device=dev, generator=gen).to(dtype) for _ in range(ws)],
-               [(torch.randn(k_local, n, device=dev, generator=gen) / (k_local * ws) ** 0.5).to(dtype)
-                for _ in range(ws)]) for _ in range(calls)]
+               [_b(k_local, n, dev, gen, (k_local * ws) ** -0.5, dtype, kmajor) for _ in range(ws)])
+              for _ in range(calls)]
     outs = _run_calls(ranks, module, inputs, (m if all_reduce else m // ws, n), dtype, dev)
     for i, ((a, b), got) in enumerate(zip(inputs, outs)):
         total = sum(x.float() @ y.float() for x, y in zip(a, b))
@@ -200,6 +208,10 @@ CHECKS = [
     ("c_stationary all-reduce, 3 ranks, 2 splits, bf16", lambda: check_c(3, all_reduce=True, splits=2)),
     ("c_stationary all-reduce, 4 ranks, 2 splits, bf16", lambda: check_c(4, all_reduce=True, splits=2)),
     ("c_stationary all-reduce, 2 ranks, M=1537, 2 splits, bf16", lambda: check_c(2, m=1537, all_reduce=True, splits=2)),
+    ("a_stationary, 2 ranks, 2 splits, B k-major, bf16", lambda: check_a(2, 2, kmajor=True)),
+    ("c_stationary, 3 ranks, B k-major, bf16", lambda: check_c(3, kmajor=True)),
+    ("c_stationary all-reduce, 2 ranks, 2 splits, B k-major, fp16",
+     lambda: check_c(2, torch.float16, all_reduce=True, splits=2, kmajor=True)),
     ("decomposed, 2 ranks, 2 splits, bf16", lambda: check_d(2)),
     ("decomposed, 2 ranks, 1 split, fp16", lambda: check_d(2, torch.float16, splits=1)),
     ("decomposed, 3 ranks, 2 splits, bf16", lambda: check_d(3)),
