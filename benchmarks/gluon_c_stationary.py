@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 import torch
@@ -45,6 +44,7 @@ from syncopate.kernels.gluon_kernels import _cta_barrier, _tma_load, _tma_store,
 from syncopate.kernels.launch import _gl_descriptor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gemm_split  # noqa: E402  (its timing loop)
 import gluon_probe  # noqa: E402  (its plain persistent GEMM)
 
 
@@ -164,18 +164,8 @@ def c_stationary_block(a_desc, b_desc, ra_desc, rb_desc, c_desc, M, N, k_local, 
     tma.store_wait(0)
 
 
-def _timed(fn, reps: int = 30, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
-    return statistics.median(times)
+def _timed(fn) -> float:
+    return gemm_split._time(fn, reps=30, warmup=5)
 
 
 def main(argv: list[str] | None = None) -> int:
