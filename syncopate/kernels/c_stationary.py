@@ -2,13 +2,14 @@
 c_stationary`): A's rows and B move, not the partial products.
 
 Rank r's output is sum over q of A_q[r's rows] @ B_q (A_q = q's [M, K/ws] columns of A, B_q its
-[K/ws, N] rows of B). B moves in the layout the caller gave it, row-major or the transpose of a
-row-major [N, K/ws] (an nn.Linear weight's `weight.t()`, no copy made), the same on every rank
-(`received_b`; the ops check it on a shape's first call). Instead of each q sending its partial product of r's rows (M/ws x N), q sends
+[K/ws, N] rows of B). Instead of each q sending its partial product of r's rows (M/ws x N), q sends
 A_q[r's rows] (M/ws x K/ws) and B_q (K/ws x N) and r computes the term itself: less to move where
 K/ws is small beside N and M/ws (gemm_rs 8192x8192x2048 on two ranks: 24 MiB a peer instead of
-64), the same arithmetic. The GEMMs are cuBLAS's, on the caller's stream; only copy-engine copies
-and stream memory operations go on the side stream. One call, rank r, its rows [r0, r1):
+64), the same arithmetic. B moves in the layout the caller gave it, row-major or the transpose of
+a row-major [N, K/ws] (an nn.Linear weight's `weight.t()`, no copy made), the same on every rank
+(`received_b`; the ops check it on a shape's first call). The GEMMs are cuBLAS's, on the caller's
+stream; only copy-engine copies and stream memory operations go on the side stream. One call, rank
+r, its rows [r0, r1):
 
 - side stream 0: announce r's entry into every pad; for each peer p in turn, wait until p has
   entered this call (its previous call has read `a_recv[r]` and `b_recv[r]`), push A_r[p's rows]
@@ -161,7 +162,8 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
     for j, (lo, hi) in enumerate(row_chunks(rows, plan.splits)):
         if peers:
             t0 = ctx.stamp(main)
-            add_product(block[lo:hi], a_recv.local[peers[-1], lo:hi], received_b(b_recv.local[peers[-1]], plan.b_kmajor))
+            add_product(block[lo:hi], a_recv.local[peers[-1], lo:hi],
+                        received_b(b_recv.local[peers[-1]], plan.b_kmajor))
             ctx.span(f"term of {peers[-1]}", (peers[-1], j), hi - lo, main, t0)
         done = torch.cuda.Event()
         done.record(main)

@@ -431,7 +431,8 @@ def _b_layout_on_every_rank(b: torch.Tensor, group, op: str) -> bool:
         layouts = [None] * ws
         dist.all_gather_object(layouts, kmajor, group=group)
         if len(set(layouts)) > 1:
-            said = ", ".join(f"rank {q}: {'weight.t() (K-major)' if x else 'row-major'}" for q, x in enumerate(layouts))
+            said = ", ".join(f"rank {q}: {'weight.t() (K-major)' if x else 'row-major'}"
+                             for q, x in enumerate(layouts))
             raise ConfigError(f"{op}: b's layout differs between ranks ({said}); this config moves B between "
                               f"ranks, so pass b the same way on every rank")
     return kmajor

@@ -81,7 +81,8 @@ def _warm(ranks, shapes, dtype, dev) -> None:
             for rows, cols, k in shapes:
                 a = torch.zeros(rows, k, dtype=dtype, device=dev)
                 out = torch.zeros(rows, cols, dtype=dtype, device=dev)
-                for b in (torch.zeros(k, cols, dtype=dtype, device=dev), torch.zeros(cols, k, dtype=dtype, device=dev).t()):
+                row_major = torch.zeros(k, cols, dtype=dtype, device=dev)
+                for b in (row_major, torch.zeros(cols, k, dtype=dtype, device=dev).t()):
                     torch.matmul(a, b, out=out)  # B row-major, and K-major (a kernel of its own)
                     out.addmm_(a, b)
                 out.add_(out)  # a third rank's partial onward (decomposed)
