@@ -110,6 +110,19 @@ def matrix(quick: bool = False, world: int = 2):
         c = Candidate(backend=backend, num_splits=1, comm_sms=comm_sms(kind, backend, 32),
                       block_m=128, block_n=128, block_k=64, group_m=4, num_warps=8, num_stages=3)
         cases.append((kind, "bf16", (4160, 17920, 512), c.to_dict(), 2))
+    # Whole tiles (M/ws and every chunk a multiple of the tile's rows): the producer's TMA epilogue
+    # takes these, and with SYNCOPATE_GLUON=1 the Gluon producer (which takes no tile of two chunks).
+    whole = {kind: (4096, 1024, 1536) for kind in ("gemm_rs", "gemm_ar") if kind in shapes}
+    tiles = [(128, 256, 3)] if quick else [(128, 256, 3), (128, 128, 4)]
+    for kind, backend, s, (bm, bn, st) in itertools.product(whole, ["copy_engine", "nvshmem", "nccl"], splits[-2:],
+                                                           tiles):
+        c = Candidate(backend=backend, num_splits=s, comm_sms=comm_sms(kind, backend, 32), block_m=bm, block_n=bn,
+                      block_k=64, group_m=8, num_warps=8, num_stages=st)
+        try:
+            check_candidate(c, Workload(kind=kind, shape=whole[kind], dtype="bf16"), topology)
+        except ConfigError:
+            continue
+        cases.append((kind, "bf16", whole[kind], c.to_dict(), 10 if quick else 20))
     # Short GEMMs with the default's tiles for them (SHORT_TILES: 64 and 128 rows, 4 warps), M/ws
     # not a multiple of 64.
     short = {"ag_gemm": (776, 1536, 1024), "gemm_rs": (776, 1024, 1536), "gemm_ar": (776, 1024, 1536)}
