@@ -44,13 +44,15 @@ import gluon_probe  # noqa: E402  (the non-specialized GEMM)
 
 
 @gluon.jit
-def _tile(t, pid, num_programs, tiles_m, tiles_n, GROUP_M: gl.constexpr):
-    """(m-tile, n-tile) of the program's t-th tile in a GROUP_M-swizzled order."""
-    tile = pid + t * num_programs
-    per_group = GROUP_M * tiles_n
-    first_m = (tile // per_group) * GROUP_M
-    rows = gl.minimum(tiles_m - first_m, GROUP_M)
-    return first_m + (tile % per_group) % rows, (tile % per_group) // rows
+def _schedule(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """This program, the programs, the tiles along M and N, the K steps and this program's tiles
+    (pid, pid + P, …), as both partitions walk them."""
+    pid = gl.program_id(0)
+    num_programs = gl.num_programs(0)
+    tiles_m = gl.cdiv(M, BLOCK_M)
+    tiles_n = gl.cdiv(N, BLOCK_N)
+    return (pid, num_programs, tiles_m, tiles_n, gl.cdiv(K, BLOCK_K),
+            gl.cdiv(tiles_m * tiles_n - pid, num_programs))
 
 
 @gluon.jit
@@ -60,14 +62,10 @@ def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl.c
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
     NUM_BUF: gl.constexpr = a_bufs.type.shape[0]
-    pid = gl.program_id(0)
-    num_programs = gl.num_programs(0)
-    tiles_m = gl.cdiv(M, BLOCK_M)
-    tiles_n = gl.cdiv(N, BLOCK_N)
-    k_tiles = gl.cdiv(K, BLOCK_K)
+    pid, num_programs, tiles_m, tiles_n, k_tiles, my_tiles = _schedule(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
     i = 0
-    for t in range(gl.cdiv(tiles_m * tiles_n - pid, num_programs)):
-        tm, tn = _tile(t, pid, num_programs, tiles_m, tiles_n, GROUP_M)
+    for t in range(my_tiles):
+        tm, tn = gluon_probe._tile_of(t, pid, num_programs, tiles_m, tiles_n, GROUP_M)
         for ki in range(k_tiles):
             s = i % NUM_BUF
             mbarrier.wait(empty.index(s), ((i // NUM_BUF) & 1) ^ 1)  # the first pass finds every stage empty
@@ -88,14 +86,10 @@ def _mma(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_smem, ready, empty, M, N, K, 
     NUM_BUF: gl.constexpr = a_bufs.type.shape[0]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
-    pid = gl.program_id(0)
-    num_programs = gl.num_programs(0)
-    tiles_m = gl.cdiv(M, BLOCK_M)
-    tiles_n = gl.cdiv(N, BLOCK_N)
-    k_tiles = gl.cdiv(K, BLOCK_K)
+    pid, num_programs, tiles_m, tiles_n, k_tiles, my_tiles = _schedule(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
     i = 0
-    for t in range(gl.cdiv(tiles_m * tiles_n - pid, num_programs)):
-        tm, tn = _tile(t, pid, num_programs, tiles_m, tiles_n, GROUP_M)
+    for t in range(my_tiles):
+        tm, tn = gluon_probe._tile_of(t, pid, num_programs, tiles_m, tiles_n, GROUP_M)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
         for ki in range(k_tiles):
             s = i % NUM_BUF
