@@ -19,7 +19,7 @@ two-GEMM row includes, as the op does, the pad word's write and the stream wait 
 `gemm_split.py rs`). There, warm, the plain Gluon GEMM ran the joint block at 0.875 of cuBLAS's rate
 (218.8 against 191.5 µs) and this kernel's joint schedule at 0.71-0.80; its best three-phase time,
 248.6 µs, is slower than the two cuBLAS GEMMs: the schedule does not pay without a GEMM at cuBLAS's
-rate (whose Hopper kernels specialize warps, a producer warp feeding two consumer warpgroups).
+rate (a load warp of its own alone does not make one: `gluon_ws_probe.py`).
 """
 
 from __future__ import annotations
