@@ -15,8 +15,10 @@ r, its rows [r0, r1):
   entered this call (its previous call has read `a_recv[r]` and `b_recv[r]`), push A_r[p's rows]
   into p's `a_recv[r]` and B_r into p's `b_recv[r]`, and raise p's word `ARRIVED + r`.
 - caller's stream: out = A_r[r's rows] @ B_r; then for each peer q (in the order their inputs leave
-  for r): wait for `ARRIVED + q`, out += a_recv[q] @ b_recv[q] (one rounding of the sum a term,
-  as a received partial is rounded once).
+  for r): wait for q's event, out += a_recv[q] @ b_recv[q] (one rounding of the sum a term, as a
+  received partial is rounded once).
+- side stream 1 (an all-reduce's side stream 2, before its pulls): for each peer q, wait for
+  `ARRIVED + q` and record q's event.
 
 For the matmul all-reduce (every rank takes the whole sum) the block is then gathered: it is
 computed into this rank's symmetric `reduced` block (once every peer has entered the call, so has
@@ -119,7 +121,7 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
                          f"{'K-major' if plan.b_kmajor else 'row-major'} B")
     main = ctx.current_stream()
     r, ws, e = plan.rank, plan.world_size, ctx.begin_call(main if captured else None)
-    streams = ctx.fork(main, 3 if plan.all_reduce else 1)  # pushes; an all-reduce's chunks out, and pulls
+    streams = ctx.fork(main, 3 if plan.all_reduce else 2)  # pushes; arrivals (an all-reduce: chunks out; pulls)
     push = streams[0]
     a_recv, b_recv = ctx.buffers["a_recv"], ctx.buffers["b_recv"]
     a_row_bytes = plan.k_local * a.element_size()
@@ -147,8 +149,19 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
     torch.matmul(a[r0 : r0 + rows], b, out=block)
     ctx.span("own term", (r, 0), rows, main, t0)
     peers = plan.peers_added
+    # The caller's stream waits for the peers' operands through events a side stream records once
+    # they are here: a stream wait on a pad word between the two GEMMs held the caller's stream 5 µs
+    # with the word long set (gemm_rs 8192x8192x2048, two H200s, 2026-11-26). Enqueued after the own
+    # term (and the pushes): where streams share a hardware queue, a wait enqueued before them
+    # would hold them back until the peers' operands are in.
+    landed = streams[-1]
+    arrived = {}
+    for q in peers:
+        streamops.wait_value(landed.cuda_stream, ctx.signal_address(r, ARRIVED + q), e)
+        arrived[q] = torch.cuda.Event()
+        arrived[q].record(landed)
     for q in peers[:-1] if plan.all_reduce else peers:
-        streamops.wait_value(main.cuda_stream, ctx.signal_address(r, ARRIVED + q), e)
+        main.wait_event(arrived[q])
         t0 = ctx.stamp(main)
         add_product(block, a_recv.local[q, :rows], received_b(b_recv.local[q], plan.b_kmajor))
         ctx.span(f"term of {q}", (q, 0), rows, main, t0)
@@ -158,7 +171,7 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
     ready, pull = streams[1:]
     row_bytes = plan.n * out.element_size()
     if peers:
-        streamops.wait_value(main.cuda_stream, ctx.signal_address(r, ARRIVED + peers[-1]), e)
+        main.wait_event(arrived[peers[-1]])
     for j, (lo, hi) in enumerate(row_chunks(rows, plan.splits)):
         if peers:
             t0 = ctx.stamp(main)
