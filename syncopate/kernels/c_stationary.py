@@ -8,8 +8,8 @@ K/ws is small beside N and M/ws (gemm_rs 8192x8192x2048 on two ranks: 24 MiB a p
 64), the same arithmetic. B moves in the layout the caller gave it, row-major or the transpose of
 a row-major [N, K/ws] (an nn.Linear weight's `weight.t()`, no copy made), the same on every rank
 (`received_b`; the ops check it on a shape's first call). The GEMMs are cuBLAS's, on the caller's
-stream; only copy-engine copies and stream memory operations go on the side stream. One call, rank
-r, its rows [r0, r1):
+stream; only copy-engine copies and stream memory operations go on the side streams. One call,
+rank r, its rows [r0, r1):
 
 - side stream 0: announce r's entry into every pad; for each peer p in turn, wait until p has
   entered this call (its previous call has read `a_recv[r]` and `b_recv[r]`), push A_r[p's rows]
