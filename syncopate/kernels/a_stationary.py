@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from syncopate.kernels import streamops
-from syncopate.kernels.c_stationary import b_moves_kmajor, received_b
+from syncopate.kernels.c_stationary import check_b_layout, received_b
 from syncopate.kernels.context import OverlapContext
 from syncopate.kernels.tables import ARRIVAL_SLOTS
 from syncopate.search_space import Candidate, block_bounds, row_chunks
@@ -64,7 +64,7 @@ class AStationaryPlan:
     k: int
     splits: int
     b_kmajor: bool = False
-    """Every rank's B is the transpose of a row-major [N/ws, K] matrix (`b_moves_kmajor`)."""
+    """Every rank's B is the transpose of a row-major [N/ws, K] matrix (`c_stationary.b_moves_kmajor`)."""
 
     @property
     def peers_computed(self) -> list[int]:
@@ -89,9 +89,7 @@ def run(ctx: OverlapContext, plan: AStationaryPlan, a: torch.Tensor, b: torch.Te
         out: torch.Tensor, captured: bool = False) -> None:
     """Enqueue one call: out[M, N/ws] = all_gather(a) @ b (a: this rank's [M/ws, K] rows, contiguous;
     b in the plan's layout). `captured`: the call is being captured in a CUDA graph on the caller's stream."""
-    if b_moves_kmajor(b) != plan.b_kmajor:
-        raise ValueError(f"a_stationary: b with strides {b.stride()} on a plan for a "
-                         f"{'K-major' if plan.b_kmajor else 'row-major'} B")
+    check_b_layout(b, plan.b_kmajor, "a_stationary")
     main = ctx.current_stream()
     r, ws, e = plan.rank, plan.world_size, ctx.begin_call(main if captured else None)
     streams = ctx.fork(main, 3)

@@ -40,11 +40,12 @@ import torch
 from syncopate.kernels import streamops
 from syncopate.kernels.backends import announce_entry
 from syncopate.kernels.context import OverlapContext
+from syncopate.kernels.launch import b_is_kmajor
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
 from syncopate.search_space import block_bounds, row_chunks
 
 __all__ = ["ARRIVED", "GATHER", "CStationaryPlan", "add_product", "b_moves_kmajor", "c_stationary_buffers",
-           "received_b", "run"]
+           "check_b_layout", "received_b", "run"]
 
 ARRIVED = 0
 """Pad word `ARRIVED + q`: rank q's rows of A and its B have landed in this rank's buffers."""
@@ -66,8 +67,15 @@ def c_stationary_buffers(ws: int, m: int, n: int, k_local: int, dtype: torch.dty
 
 def b_moves_kmajor(b: torch.Tensor) -> bool:
     """Whether B[K, N] is pushed as the transpose of a row-major [N, K] matrix: B given so (an
-    nn.Linear weight's `weight.t()`) and not row-major too (one row or one column)."""
-    return not b.is_contiguous() and b.stride(0) == 1 and b.stride(1) == b.shape[0]
+    nn.Linear weight's `weight.t()`, `launch.b_is_kmajor`) and not row-major too (one column)."""
+    return b_is_kmajor(b) and not b.is_contiguous()
+
+
+def check_b_layout(b: torch.Tensor, kmajor: bool, template: str) -> None:
+    """Refuse a B laid out otherwise than the plan (`kmajor`) reads the peers' B."""
+    if b_moves_kmajor(b) != kmajor:
+        raise ValueError(f"{template}: b with strides {b.stride()} on a plan for a "
+                         f"{'K-major' if kmajor else 'row-major'} B")
 
 
 def received_b(slot: torch.Tensor, kmajor: bool) -> torch.Tensor:
@@ -116,12 +124,11 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
     """Enqueue one call: out = this rank's rows [M/ws, N] (all-reduce: all [M, N]) of the sum over
     ranks of a @ b (a: [M, K/ws] contiguous, b: [K/ws, N] in the plan's layout).
     `captured`: the call is being captured in a CUDA graph on the caller's stream."""
-    if b_moves_kmajor(b) != plan.b_kmajor:
-        raise ValueError(f"c_stationary: b with strides {b.stride()} on a plan for a "
-                         f"{'K-major' if plan.b_kmajor else 'row-major'} B")
+    check_b_layout(b, plan.b_kmajor, "c_stationary")
     main = ctx.current_stream()
     r, ws, e = plan.rank, plan.world_size, ctx.begin_call(main if captured else None)
-    streams = ctx.fork(main, 3 if plan.all_reduce else 2)  # pushes; arrivals (an all-reduce: chunks out; pulls)
+    # pushes; the peers' arrivals (an all-reduce: its chunks out; arrivals, then pulls)
+    streams = ctx.fork(main, 3 if plan.all_reduce else 2)
     push = streams[0]
     a_recv, b_recv = ctx.buffers["a_recv"], ctx.buffers["b_recv"]
     a_row_bytes = plan.k_local * a.element_size()
