@@ -55,12 +55,10 @@ def _job(j, pid, num_programs, tiles_m, tiles_n, early, GROUP_M: gl.constexpr):
     peer's term onto the own term this program stored earlier."""
     first_pass = gl.cdiv(tiles_m * tiles_n - pid, num_programs)
     again = j >= first_pass
-    v = pid + gl.where(again, j - first_pass, j) * num_programs
-    mode = gl.where(again, 2, gl.where(v < early, 0, 1))
-    per_group = GROUP_M * tiles_n
-    first_m = (v // per_group) * GROUP_M
-    rows = gl.minimum(tiles_m - first_m, GROUP_M)
-    return first_m + (v % per_group) % rows, (v % per_group) // rows, mode
+    t = gl.where(again, j - first_pass, j)
+    mode = gl.where(again, 2, gl.where(pid + t * num_programs < early, 0, 1))
+    tm, tn = gluon_probe._tile_of(t, pid, num_programs, tiles_m, tiles_n, GROUP_M)
+    return tm, tn, mode
 
 
 @gluon.jit
