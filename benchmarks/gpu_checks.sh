@@ -4,8 +4,8 @@
 # a one-line verdict per step is printed last.
 #
 #   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix shared shared48 tune order conns rs ar suite own
-#                                                    gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 suite8 tune8
-#                                                    calib tp graph misses short cublas reductions kmajor (default: matrix
+#                                                    gluon suite-gluon probe sweep stationary sweep4 suite4 tune4 matrix48 suite8 tune8
+#                                                    calib tp tp4 graph misses short cublas reductions kmajor (default: matrix
 #                                                    tune order conns rs ar suite; SECONDS overrides the limit; a
 #                                                    step run twice keeps both logs: suite.log, suite-2.log, ...)
 #
@@ -33,6 +33,8 @@
 #           a_stationary and c_stationary templates) into results/llama_tp2-stationary.db
 #   sweep4  the same for configs/llama_tp4_sweep.yaml into results/llama_tp4-sweep.db (four GPUs)
 #   suite4  configs/llama_tp4.yaml, every kind, grid `tiny` (four GPUs)
+#   tune4   syncopate tune configs/llama_tp4.yaml into results/llama_tp4-tune.db (four GPUs; resumed when it
+#           exists), copied to $OUT after
 #   matrix48  tests/test_gpu_ops.py's matrix on four and eight GPUs (each skipped where fewer are present)
 #   suite8  configs/llama_tp8.yaml, every kind, grid `tiny` (eight GPUs)
 #   tune8   syncopate tune configs/llama_tp8.yaml into results/llama_tp8-tune.db (eight GPUs; resumed when it
@@ -45,6 +47,8 @@
 #   tp      syncopate.tp's layers: tests/test_gpu_tp.py on two GPUs, then benchmarks/tp_mlp.py (a
 #           LLaMA-8B MLP block at 8192 tokens, forward and backward, fused against torch's path and
 #           async-TP) with and without sequence parallelism, then examples/tp_block.py on two GPUs
+#   tp4     the same on four GPUs (the layer and capture tests' four-GPU cases, tp_mlp.py --world 4 with
+#           the configurations of results/llama_tp4-tune.db, tp_block.py on four ranks)
 #   graph   the ops captured in CUDA graphs: tests/test_gpu_capture.py on two GPUs, then
 #           benchmarks/graph_calls.py (calls one by one against a graph's replay; ours, torch's, async-TP),
 #           then op_host.py's host time and profile of ag_gemm at 256, 1024 and 4096 rows (the eager call
@@ -165,11 +169,19 @@ for arg in "${steps[@]}"; do
             --grid tiny --repetitions 10 --json "$OUT/$name.json" ;;
         suite8) name=$(fresh suite8); step "$name" 540 python3 -m syncopate bench --suite configs/llama_tp8.yaml \
             --grid tiny --repetitions 10 --json "$OUT/$name.json" ;;
+        tune4) sweep tune4 configs/llama_tp4.yaml results/llama_tp4-tune.db ;;
         tune8) sweep tune8 configs/llama_tp8.yaml results/llama_tp8-tune.db ;;
         tp) step tp-test 300 python3 -m pytest -s -q -p no:cacheprovider -m multigpu tests/test_gpu_tp.py
             step tp-sp 200 python3 benchmarks/tp_mlp.py --json "$OUT/tp-sp.json"
             step tp-ar 200 python3 benchmarks/tp_mlp.py --no-sp --json "$OUT/tp-ar.json"
             step tp-block 200 torchrun --nproc-per-node 2 examples/tp_block.py ;;
+        tp4) step tp4-test 420 python3 -m pytest -s -q -p no:cacheprovider -m multigpu tests/test_gpu_tp.py \
+                tests/test_gpu_capture.py -k "four_gpus and 4"
+            step tp4-sp 200 env SYNCOPATE_DB=sqlite:///results/llama_tp4-tune.db python3 benchmarks/tp_mlp.py \
+                --world 4 --json "$OUT/tp4-sp.json"
+            step tp4-ar 200 env SYNCOPATE_DB=sqlite:///results/llama_tp4-tune.db python3 benchmarks/tp_mlp.py \
+                --world 4 --no-sp --json "$OUT/tp4-ar.json"
+            step tp4-block 200 torchrun --nproc-per-node 4 examples/tp_block.py ;;
         graph) step graph-test 300 python3 -m pytest -s -q -p no:cacheprovider -m multigpu tests/test_gpu_capture.py
             step graph-calls 200 python3 benchmarks/graph_calls.py --ranks 2 --out "$OUT/graph-calls.json"
             step graph-host 150 env OP_HOST_PROFILE="$OUT/graph-host-profile.txt" python3 benchmarks/op_host.py \
@@ -188,7 +200,7 @@ for arg in "${steps[@]}"; do
         reductions) name=$(fresh reductions); step "$name" 420 python3 -m syncopate bench --suite \
             configs/llama_tp2.yaml --grid tiny --kinds gemm_rs,gemm_ar --repetitions 10 --json "$OUT/$name.json" ;;
         short) step short 300 python3 -m syncopate tune configs/short_tp2.yaml --db "sqlite:///$OUT/short.db" ;;
-        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon suite-gluon probe sweep stationary sweep4 suite4 matrix48 suite8 tune8 calib tp graph misses short cublas reductions kmajor" >&2
+        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon suite-gluon probe sweep stationary sweep4 suite4 tune4 matrix48 suite8 tune8 calib tp tp4 graph misses short cublas reductions kmajor" >&2
             exit 2 ;;
     esac
 done

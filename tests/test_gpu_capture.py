@@ -55,5 +55,10 @@ def test_captured_calls_replay_right_with_two_ranks_sharing_one_gpu():
 
 
 @pytest.mark.multigpu
-def test_captured_calls_replay_right_on_two_gpus():
-    _assert_all_right(run_ranks(_rank_worker, 2, (False,), timeout=880), CHECKS_ONE_RANK)
+@pytest.mark.parametrize("world", [2, 4])
+def test_captured_calls_replay_right_on_two_and_four_gpus(world):
+    import torch
+
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA GPUs on one host; {torch.cuda.device_count()} present")
+    _assert_all_right(run_ranks(_rank_worker, world, (False,), timeout=880), CHECKS_ONE_RANK)
