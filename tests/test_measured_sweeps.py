@@ -24,6 +24,7 @@ SWEEPS = {
     "llama_tp2-sweep.db": ("configs/llama_tp2_sweep.yaml", "llama_tp2_sweep"),
     "llama_tp4-sweep.db": ("configs/llama_tp4_sweep.yaml", "llama_tp4_sweep"),
     "llama_tp2-tune.db": ("configs/llama_tp2.yaml", "llama_tp2"),
+    "llama_tp4-tune.db": ("configs/llama_tp4.yaml", "llama_tp4"),
 }
 
 
@@ -85,6 +86,8 @@ REPORTS = {
                           "--predicted", "sqlite:///results/predicted-h200-tp2-tp4-tp8.db", "--predicted-sweep", "llama_tp2"],
     "llama_tp4-sweep.md": ["--config", "configs/llama_tp4_sweep.yaml", "--sweep", "sqlite:///results/llama_tp4-sweep.db",
                            "--predicted", "sqlite:///results/predicted-h200-tp2-tp4-tp8.db", "--predicted-sweep", "llama_tp4"],
+    "llama_tp4-tune.md": ["--config", "configs/llama_tp4.yaml", "--sweep", "sqlite:///results/llama_tp4-tune.db",
+                          "--predicted", "sqlite:///results/predicted-h200-tp2-tp4-tp8.db", "--predicted-sweep", "llama_tp4"],
 }
 
 
