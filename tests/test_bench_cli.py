@@ -90,3 +90,19 @@ def test_without_a_topology_gpus_or_every_visible_gpu():
         bench_world_size(None, 8, 4)
     with pytest.raises(ConfigError, match="--gpus 1: syncopate bench needs at least 2 GPUs"):
         bench_world_size(None, 1, 4)
+
+
+@pytest.mark.parametrize("kind, topology, splits", [
+    ("ag_gemm", "H200x2-nvlink", {2, 4}), ("ag_gemm", "H200x4-nvswitch", {1, 2, 4}),
+    ("ag_gemm", "H200x8-nvswitch", {1, 2, 4}), ("gemm_rs", "H200x4-nvswitch", {2, 4}),
+    ("gemm_ar", "H200x8-nvswitch", {2, 4}),
+])
+def test_the_tiny_grid_tries_one_chunk_a_rank_for_all_gathers_on_four_ranks_and_more(kind, topology, splits):
+    from syncopate.kernels.bench import bench_grid
+    from syncopate.search_space import Workload
+
+    grid = bench_grid(Workload(kind=kind, shape=(8192, 8192, 8192)), Topology.from_key(topology), "tiny",
+                      ("copy_engine", "nvshmem", "nccl"))
+    fused = [c for c in grid if c.template in ("direct", "ring", "bidirectional_ring")]
+    assert {c.num_splits for c in fused} == splits
+    assert {c.backend for c in fused} == {"copy_engine", "nvshmem", "nccl"}
