@@ -38,6 +38,7 @@ Pure Python.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from dataclasses import dataclass
 
@@ -62,16 +63,15 @@ TILE_ORDERS: tuple[str, ...] = tuple(dict.fromkeys(CONSUMER_ORDERS + PRODUCER_OR
 
 def swizzle_group(tms: list[int], tiles_n: int, group_m: int) -> list[tuple[int, int]]:
     """GROUP_M swizzle over the given m-tiles: `group_m` m-tiles walk one column block together."""
-    out = []
-    for g in range(0, len(tms), group_m):
-        group = tms[g : g + group_m]
-        for tn in range(tiles_n):
-            out.extend((tm, tn) for tm in group)
-    return out
+    return [(tm, tn) for g in range(0, len(tms), group_m) for tn in range(tiles_n)
+            for tm in tms[g : g + group_m]]
 
 
-def _colmajor(tms: list[int], tiles_n: int) -> list[tuple[int, int]]:
-    return [(tm, tn) for tn in range(tiles_n) for tm in tms]
+def _swizzle_ids(tms: list[int], tiles_n: int, group_m: int) -> list[int]:
+    """`swizzle_group`'s order as tile ids (tm·tiles_n + tn); `group_m` = len(tms): column-major."""
+    step = max(1, group_m)
+    return [tm * tiles_n + tn for g in range(0, len(tms), step) for tn in range(tiles_n)
+            for tm in tms[g : g + step]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,12 +104,21 @@ class TileSchedule:
 
 
 def _mtile_chunks(plan: ChunkPlan, tiles_m: int, block_m: int) -> tuple[list[int], list[int]]:
-    lo, hi = [], []
-    for tm in range(tiles_m):
-        r = plan.chunks_of_rows(tm * block_m, (tm + 1) * block_m)
-        lo.append(r.start)
-        hi.append(r.stop)
+    """For each m-tile, the first chunk its rows overlap and one past the last (`chunks_of_rows`)."""
+    starts = [lo for lo, _ in plan.chunk_rows()]  # chunks cover the rows in order, some maybe empty
+    rows = plan.total_rows
+    lo = [bisect.bisect_right(starts, tm * block_m) - 1 for tm in range(tiles_m)]
+    hi = [bisect.bisect_right(starts, min((tm + 1) * block_m, rows) - 1) for tm in range(tiles_m)]
     return lo, hi
+
+
+def _mtiles_of_chunks(lo: list[int], hi: list[int], num_chunks: int) -> list[list[int]]:
+    """For each chunk, the m-tiles whose rows overlap it, in order."""
+    out: list[list[int]] = [[] for _ in range(num_chunks)]
+    for tm, (a, b) in enumerate(zip(lo, hi)):
+        for c in range(a, b):
+            out[c].append(tm)
+    return out
 
 
 def _check_order(order: str, group_m: int, allowed: tuple[str, ...]) -> None:
@@ -126,15 +135,17 @@ def _ordered(
     _check_order(order, group_m, allowed)
     all_tms = list(range(tiles_m))
     if order == "row_major":
-        pairs = [(tm, tn) for tm in all_tms for tn in range(tiles_n)]
-    elif order == "swizzle":
-        pairs = swizzle_group(all_tms, tiles_n, group_m)
-    else:
-        pairs = []
-        for key in sorted(set(keys)):
-            tms = [tm for tm in all_tms if keys[tm] == key]
-            pairs += swizzle_group(tms, tiles_n, group_m) if order == "arrival" else _colmajor(tms, tiles_n)
-    return [tm * tiles_n + tn for tm, tn in pairs]
+        return list(range(tiles_m * tiles_n))
+    if order == "swizzle":
+        return _swizzle_ids(all_tms, tiles_n, group_m)
+    by_key: dict[float, list[int]] = {}
+    for tm in all_tms:
+        by_key.setdefault(keys[tm], []).append(tm)
+    ids: list[int] = []
+    for key in sorted(by_key):
+        tms = by_key[key]
+        ids += _swizzle_ids(tms, tiles_n, group_m if order == "arrival" else len(tms))
+    return ids
 
 
 def consumer_schedule(
@@ -212,19 +223,22 @@ def producer_schedule(
         for run in runs:
             pairs = swizzle_group(run, tiles_n, group_m if order == "swizzle" else 1)
             entries += [(tm * tiles_n + tn, c) for (tm, c), tn in pairs]
+        tiles, chunks = [t for t, _ in entries], [c for _, c in entries]
     else:
-        entries = []
+        tiles, chunks = [], []
+        tms_of = _mtiles_of_chunks(lo, hi, plan.num_chunks)
         for c in sorted(range(plan.num_chunks), key=chunk_key.__getitem__):
-            tms = [tm for tm in range(tiles_m) if lo[tm] <= c < hi[tm]]
-            pairs = swizzle_group(tms, tiles_n, group_m) if order == "arrival" else _colmajor(tms, tiles_n)
-            entries += [(tm * tiles_n + tn, c) for tm, tn in pairs]
+            tms = tms_of[c]
+            ids = _swizzle_ids(tms, tiles_n, group_m if order == "arrival" else len(tms))
+            tiles += ids
+            chunks += [c] * len(ids)
     counts = [0] * plan.num_chunks
     for tm in range(tiles_m):
         for c in range(lo[tm], hi[tm]):
             counts[c] += tiles_n
     waits = tuple(tuple(slots) for slots in plan.chunk_signals(rank, "reduce"))
     return TileSchedule(
-        order=tuple(t for t, _ in entries),
+        order=tuple(tiles),
         tiles_m=tiles_m,
         tiles_n=tiles_n,
         mtile_chunk_lo=tuple(lo),
@@ -232,5 +246,5 @@ def producer_schedule(
         chunk_wait=waits,
         chunk_ready=tuple(ready),
         chunk_tiles=tuple(counts),
-        entry_chunk=tuple(c for _, c in entries),
+        entry_chunk=tuple(chunks),
     )
