@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from support.checks import run_script
-from test_gpu_ops import run_ranks
+from test_gpu_ops import needs_gpus, run_ranks
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -57,8 +57,5 @@ def test_captured_calls_replay_right_with_two_ranks_sharing_one_gpu():
 @pytest.mark.multigpu
 @pytest.mark.parametrize("world", [2, 4])
 def test_captured_calls_replay_right_on_two_and_four_gpus(world):
-    import torch
-
-    if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} CUDA GPUs on one host; {torch.cuda.device_count()} present")
+    needs_gpus(world)
     _assert_all_right(run_ranks(_rank_worker, world, (False,), timeout=880), CHECKS_ONE_RANK)

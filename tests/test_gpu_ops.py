@@ -238,6 +238,14 @@ def compiled_kernels() -> dict[str, int]:
     return counts
 
 
+def needs_gpus(world: int) -> None:
+    """Skip, saying why, where fewer than `world` GPUs are present."""
+    import torch
+
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA GPUs on one host; {torch.cuda.device_count()} present")
+
+
 def run_ranks(target, world: int, args: tuple = (), timeout: float = 1800) -> dict:
     """{rank: report} of `target(rank, world, port, *args, queue)` on `world` spawned processes, each
     putting `(rank, report)` on the queue; fails at once, naming them, where ranks exit without
@@ -289,10 +297,7 @@ def test_fused_ops_match_the_reference_on_two_gpus(quick):
 
 @pytest.mark.parametrize("world", [4, 8])
 def test_fused_ops_match_the_reference_on_four_and_eight_gpus(world):
-    import torch
-
-    if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} CUDA GPUs on one host; {torch.cuda.device_count()} present")
+    needs_gpus(world)
     results, _ = run_cases(matrix(False, world), world=world)
     failures = sorted(set().union(*results.values()))
     assert not failures, f"{len(failures)} failing case(s):\n" + "\n".join(failures)

@@ -16,7 +16,7 @@ ops (`impl="async_tp"`) run too.
 from __future__ import annotations
 
 import pytest
-from test_gpu_ops import run_ranks
+from test_gpu_ops import needs_gpus, run_ranks
 
 HIDDEN, FFN, SEQ, BATCH = 1024, 4096, 512, 2
 
@@ -149,15 +149,9 @@ def test_every_impl_of_the_layers_on_a_group_of_one():
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("world", [2, 4])
 def test_parallel_mlp_on_fused_ops_on_two_and_four_gpus(world):
-    _needs_gpus(world)
+    needs_gpus(world)
     _check(run_ranks(_tp_worker, world, (False, None), timeout=800))
 
-
-def _needs_gpus(world: int) -> None:
-    import torch
-
-    if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} CUDA GPUs on one host; {torch.cuda.device_count()} present")
 
 
 def _compile_worker(rank, world, port, q):
