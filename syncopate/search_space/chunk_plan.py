@@ -28,6 +28,7 @@ Pure Python.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from syncopate.errors import ConfigError
@@ -286,6 +287,8 @@ class ChunkPlan:
     transfers: tuple[Transfer, ...]
     _recvs: dict[int, tuple[Transfer, ...]] = field(init=False, repr=False, compare=False)
     _sends: dict[int, tuple[Transfer, ...]] = field(init=False, repr=False, compare=False)
+    _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    """First row of every chunk, in row order (the chunks cover the rows in order, some maybe empty)."""
 
     def __post_init__(self) -> None:
         recvs: dict[int, list[Transfer]] = {r: [] for r in range(self.world_size)}
@@ -295,6 +298,7 @@ class ChunkPlan:
             sends[t.src].append(t)
         object.__setattr__(self, "_recvs", {r: tuple(sorted(v, key=lambda t: t.signal)) for r, v in recvs.items()})
         object.__setattr__(self, "_sends", {r: tuple(sorted(v, key=_arrival_key)) for r, v in sends.items()})
+        object.__setattr__(self, "_starts", tuple(lo for block in self.chunk_bounds for lo, _ in block))
 
     @property
     def num_steps(self) -> int:
@@ -347,11 +351,11 @@ class ChunkPlan:
         return table
 
     def chunk_of_row(self, row: int) -> int:
-        """Index (row order) of the chunk holding `row`."""
-        for c, (lo, hi) in enumerate(self.chunk_rows()):
-            if lo <= row < hi:
-                return c
-        raise IndexError(f"row {row} is outside [0, {self.total_rows})")
+        """Index (row order) of the chunk holding `row` (the last of the chunks starting at or before
+        it: an empty chunk there ends where it starts)."""
+        if not 0 <= row < self.total_rows:
+            raise IndexError(f"row {row} is outside [0, {self.total_rows})")
+        return bisect.bisect_right(self._starts, row) - 1
 
     def chunks_of_rows(self, lo: int, hi: int) -> range:
         """Row-order indices of the chunks overlapping rows [lo, hi)."""

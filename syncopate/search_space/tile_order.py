@@ -38,7 +38,6 @@ Pure Python.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from dataclasses import dataclass
 
@@ -69,9 +68,7 @@ def swizzle_group(tms: list[int], tiles_n: int, group_m: int) -> list[tuple[int,
 
 def _swizzle_ids(tms: list[int], tiles_n: int, group_m: int) -> list[int]:
     """`swizzle_group`'s order as tile ids (tm·tiles_n + tn); `group_m` = len(tms): column-major."""
-    step = max(1, group_m)
-    return [tm * tiles_n + tn for g in range(0, len(tms), step) for tn in range(tiles_n)
-            for tm in tms[g : g + step]]
+    return [tm * tiles_n + tn for tm, tn in swizzle_group(tms, tiles_n, max(1, group_m))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,12 +101,9 @@ class TileSchedule:
 
 
 def _mtile_chunks(plan: ChunkPlan, tiles_m: int, block_m: int) -> tuple[list[int], list[int]]:
-    """For each m-tile, the first chunk its rows overlap and one past the last (`chunks_of_rows`)."""
-    starts = [lo for lo, _ in plan.chunk_rows()]  # chunks cover the rows in order, some maybe empty
-    rows = plan.total_rows
-    lo = [bisect.bisect_right(starts, tm * block_m) - 1 for tm in range(tiles_m)]
-    hi = [bisect.bisect_right(starts, min((tm + 1) * block_m, rows) - 1) for tm in range(tiles_m)]
-    return lo, hi
+    """For each m-tile, the first chunk its rows overlap and one past the last."""
+    spans = [plan.chunks_of_rows(tm * block_m, (tm + 1) * block_m) for tm in range(tiles_m)]
+    return [r.start for r in spans], [r.stop for r in spans]
 
 
 def _mtiles_of_chunks(lo: list[int], hi: list[int], num_chunks: int) -> list[list[int]]:
