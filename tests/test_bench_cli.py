@@ -106,3 +106,19 @@ def test_the_tiny_grid_tries_one_chunk_a_rank_for_all_gathers_on_four_ranks_and_
     fused = [c for c in grid if c.template in ("direct", "ring", "bidirectional_ring")]
     assert {c.num_splits for c in fused} == splits
     assert {c.backend for c in fused} == {"copy_engine", "nvshmem", "nccl"}
+
+
+@pytest.mark.parametrize("topology, splits", [
+    ("H200x2-nvlink", {1, 2, 4}), ("H200x4-nvswitch", {1, 2, 3, 6}), ("H200x8-nvswitch", {1, 2, 4, 7, 14}),
+])
+def test_the_tiny_grid_gathers_in_one_gemm_a_group_of_shards_or_a_part_of_each(topology, splits):
+    """The decomposed all-gather: its splits the template takes on that many ranks, one GEMM over
+    every peer's rows (1) up to one a part of each shard (2 x (ws - 1)), never for a reduction."""
+    from syncopate.kernels.bench import bench_grid
+    from syncopate.search_space import DECOMPOSED, Workload
+
+    topo = Topology.from_key(topology)
+    grid = bench_grid(Workload(kind="ag_gemm", shape=(8192, 8192, 8192)), topo, "tiny", ("copy_engine",))
+    assert {c.num_splits for c in grid if c.template == DECOMPOSED} == splits
+    reductions = bench_grid(Workload(kind="gemm_rs", shape=(8192, 8192, 8192)), topo, "tiny", ("copy_engine",))
+    assert {c.num_splits for c in reductions if c.template == DECOMPOSED} == {2, 4, 8}

@@ -85,6 +85,7 @@ def test_own_rows_wait_for_the_peers_partials_of_their_chunk_only(world, all_red
 
 
 def test_the_space_offers_it_for_reductions_over_the_copy_engine_only():
+    """(All-gathers: tests/test_decomposed_gather.py.)"""
     for kind in ("gemm_rs", "gemm_ar"):
         w = Workload(kind=kind, shape=(8192, 4096, 11008))
         assert [c for c in space(w, TWO) if c.template == DECOMPOSED] == [decomposed_candidate(s) for s in (1, 2, 4, 8)]
@@ -92,15 +93,11 @@ def test_the_space_offers_it_for_reductions_over_the_copy_engine_only():
         assert check_liveness(kind, decomposed_candidate(4), 4, 8192, 4096, 132).live
     short = Workload(kind="gemm_rs", shape=(512, 4096, 4096))  # 256 rows a block: 128-row chunks at most 2
     assert [c.num_splits for c in space(short, TWO) if c.template == DECOMPOSED] == [1, 2]
-    ag = Workload(kind="ag_gemm", shape=(8192, 4096, 4096))
-    assert DECOMPOSED not in {c.template for c in space(ag, TWO)}
 
 
 def test_candidates_it_refuses_say_why():
     w = Workload(kind="gemm_ar", shape=(8192, 4096, 11008))
     check_candidate(decomposed_candidate(4), w, TWO)
-    with pytest.raises(ConfigError, match="is for gemm_rs and gemm_ar"):
-        check_candidate(decomposed_candidate(2), Workload(kind="ag_gemm", shape=(8192, 4096, 4096)), TWO)
     with pytest.raises(ConfigError, match="copy engine, not nccl"):
         check_candidate(Candidate(backend="nccl", template=DECOMPOSED, comm_sms=64), w, TWO)
     with pytest.raises(ConfigError, match="block_n=256"):

@@ -12,9 +12,9 @@ from test_gpu_ops import needs_gpus, run_ranks
 
 pytestmark = pytest.mark.timeout(900)
 
-CHECKS_ONE_RANK = 3 * 3 + 5 + 2
-"""Three kinds x three backends; a_stationary, and c_stationary and decomposed for each reduction;
-two refusals."""
+CHECKS_ONE_RANK = 3 * 3 + 6 + 2
+"""Three kinds x three backends; a_stationary and decomposed for the all-gather, c_stationary and
+decomposed for each reduction; two refusals."""
 
 
 def _rank_worker(rank, world, port, shared_gpu, queue):

@@ -52,6 +52,7 @@ def matrix(quick: bool = False, world: int = 2):
         c_stationary_candidate,
         decomposed_candidate,
         check_candidate,
+        gather_splits_refusal,
         unfused_candidate,
     )
 
@@ -93,6 +94,16 @@ def matrix(quick: bool = False, world: int = 2):
             for s, dtype in itertools.product([2] if quick else [1, 2, 4], dtypes):
                 cases.append((kind, dtype, shapes[kind], decomposed_candidate(s).to_dict(), 1))
             cases.append((kind, "bf16", shapes[kind], decomposed_candidate(4).to_dict(), 10 if quick else 100))
+    if "ag_gemm" in shapes:  # cuBLAS GEMMs over the peers' shards as they land
+        m_local = shapes["ag_gemm"][0] // world
+        gather = sorted({s for s in (1, 2, world - 1, 2 * (world - 1), 4)
+                         if gather_splits_refusal(world, s, m_local) is None})
+        for s, dtype in itertools.product(gather[:1] if quick else gather, dtypes):
+            cases.append(("ag_gemm", dtype, shapes["ag_gemm"], decomposed_candidate(s).to_dict(), 1))
+        cases.append(("ag_gemm", "bf16", shapes["ag_gemm"], decomposed_candidate(gather[-1]).to_dict(),
+                      10 if quick else 100))
+        cases.append(("ag_gemm", "bf16", shapes["ag_gemm"], decomposed_candidate(1).to_dict(), 10 if quick else 20,
+                      "kmajor"))
     for kind, c in (("ag_gemm", a_stationary_candidate(2)), ("gemm_rs", c_stationary_candidate(1)),
                     ("gemm_ar", c_stationary_candidate(2)), ("gemm_ar", decomposed_candidate(2))):
         if kind in shapes:  # B as an nn.Linear weight's transpose (K-major), moved as it is laid out
@@ -184,6 +195,11 @@ def _worker(rank, world, port, cases, shared_gpu, queue):
                     ctx_shape = (m, k) if kind == "ag_gemm" else (m, n)
                     ctx = ops.get_context(kind, g, ctx_shape, dt)
                     for buf in ctx.buffers.values():
+                        buf.local.fill_(float("nan"))
+                    barrier(g, dev)
+                own = ops.call_context(kind, a, b, g, c) if i == 1 else None
+                if own is not None and own is not ctx:  # a template's own context (the cuBLAS ones), made by call 0
+                    for buf in own.buffers.values():
                         buf.local.fill_(float("nan"))
                     barrier(g, dev)
                 out = torch.full(shapes["out"], float("nan"), dtype=dt, device=dev)

@@ -9,7 +9,7 @@ copies between the ranks' buffers by address, the GEMMs as the closures they are
 back to back with fresh inputs, and each call's output compared with the reference; half the runs
 with every rank's streams on one hardware queue (a rank runs its operations in the order they were
 enqueued: a stream wait enqueued before work a peer needs would deadlock the group). The executor
-plays `decomposed.py`'s calls too (tests/test_decomposed.py).
+plays `decomposed.py`'s and `decomposed_gather.py`'s calls too (tests/test_decomposed.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from syncopate.errors import ConfigError
-from syncopate.kernels import a_stationary, c_stationary, decomposed
+from syncopate.kernels import a_stationary, c_stationary, decomposed, decomposed_gather
 from syncopate.kernels.tables import PAD_WORDS
 from syncopate.search_space import (
     A_STATIONARY,
@@ -204,7 +204,7 @@ def world(monkeypatch):
     def add_partial(acc, partial):
         _World.current.ops.append(("run", lambda: acc.add_(partial)))
 
-    for module in (a_stationary, c_stationary, decomposed):
+    for module in (a_stationary, c_stationary, decomposed, decomposed_gather):
         monkeypatch.setattr(module, "torch", fake)
         monkeypatch.setattr(module, "streamops", driver)
     monkeypatch.setattr(c_stationary, "add_product", add_product)

@@ -60,6 +60,8 @@ from syncopate.search_space import (
     build_plan,
     check_candidate,
     consumer_schedule,
+    gather_gemms,
+    gather_parts,
     halves,
     producer_schedule,
     row_chunks,
@@ -251,7 +253,8 @@ class CostModel:
     def _stationary(self, w: Workload, topo: Topology, c: Candidate) -> Prediction:
         # Infeasible across nodes, as for every copy-engine candidate
         call_us = CommContext(self.calibration, topo, c, w.comm_row_bytes()).call_us()
-        timeline = {A_STATIONARY: _a_stationary_us, C_STATIONARY: _c_stationary_us}.get(c.template, _decomposed_us)
+        timeline = {A_STATIONARY: _a_stationary_us, C_STATIONARY: _c_stationary_us}.get(
+            c.template, _decomposed_gather_us if w.kind == "ag_gemm" else _decomposed_us)
         end, kernel_end, comm_end = timeline(self, w, topo, c)
         return Prediction(candidate=c, time_us=call_us + end, kernel_us=kernel_end, comm_us=comm_end,
                           programs=topo.sm_count, waves=1)
@@ -288,6 +291,20 @@ class CostModel:
         )
 
 
+def _cublas_timeline_inputs(model: CostModel, w: Workload, topo: Topology):
+    """What the cuBLAS templates' timelines share: (ranks, rows of a rank's block, the per-rank
+    GEMM's N and K, element bytes, the copy engine's link, its per-copy cost, the time of a GEMM of
+    that N and K over `m` rows at the best calibrated rate)."""
+    ws = topo.world_size
+    _, n, k = w.local_gemm(ws)
+
+    def gemm(m: int) -> float:
+        return model._best_gemm_us(m, n, k, topo, w.dtype)
+
+    return (ws, -(-w.shape.m // ws), n, k, w.element_bytes, model.calibration.transfer("copy_engine", "intra"),
+            model.calibration.costs.chunk_us.get("copy_engine", 0.0), gemm)
+
+
 def _c_stationary_us(model: CostModel, w: Workload, topo: Topology,
                      c: Candidate) -> tuple[float, float, float]:
     """(call end, GEMMs' end, last transfer's end) of a c_stationary call: each peer's rows of A and
@@ -295,16 +312,7 @@ def _c_stationary_us(model: CostModel, w: Workload, topo: Topology,
     once its inputs are here, in the order they arrive. An all-reduce adds the last term in
     `num_splits` row chunks and pulls each peer's chunk once made (all ranks alike), over one
     ingress."""
-    ws = topo.world_size
-    rows = -(-w.shape.m // ws)
-    _, n, k_local = w.local_gemm(ws)
-    elem = w.element_bytes
-    link = model.calibration.transfer("copy_engine", "intra")
-    extra = model.calibration.costs.chunk_us.get("copy_engine", 0.0)
-
-    def gemm(m: int) -> float:
-        return model._best_gemm_us(m, n, k_local, topo, w.dtype)
-
+    ws, rows, n, k_local, elem, link, extra, gemm = _cublas_timeline_inputs(model, w, topo)
     clock, sent = gemm(rows), 0.0
     arrivals = []
     for _ in range(ws - 1):
@@ -336,18 +344,9 @@ def _decomposed_us(model: CostModel, w: Workload, topo: Topology,
     behind at the same time), a third rank's partial onward added at the HBM's rate; each reduced
     chunk copied into the output, and an all-reduce's pulled by every peer over one ingress (its
     last own chunk in two)."""
-    ws = topo.world_size
-    rows = -(-w.shape.m // ws)
-    _, n, k_local = w.local_gemm(ws)
-    elem = w.element_bytes
+    ws, rows, n, _, elem, link, extra, gemm = _cublas_timeline_inputs(model, w, topo)
     costs = model.calibration.costs
-    link = model.calibration.transfer("copy_engine", "intra")
-    extra = costs.chunk_us.get("copy_engine", 0.0)
     chunks = [hi - lo for lo, hi in row_chunks(rows, c.num_splits)]
-
-    def gemm(m: int) -> float:
-        return model._best_gemm_us(m, n, k_local, topo, w.dtype)
-
     clock, sent = 0.0, 0.0
     arrive = [0.0] * len(chunks)
     for _ in range(ws - 1):
@@ -371,6 +370,28 @@ def _decomposed_us(model: CostModel, w: Workload, topo: Topology,
     return max(clock, copied, pulled), clock, max(sent, pulled)
 
 
+def _decomposed_gather_us(model: CostModel, w: Workload, topo: Topology,
+                          c: Candidate) -> tuple[float, float, float]:
+    """(call end, GEMMs' end, last transfer's end) of a decomposed all-gather matmul, on the rank that
+    finishes last: every rank pushes its shard's parts to each peer in turn over one egress (what
+    lands from the peer `d` behind lands when this rank's `d`-th push ends) while its own rows' GEMM
+    runs; then each GEMM of `gather_gemms` once the parts it reads are here."""
+    ws, m_local, _, k, elem, link, extra, gemm = _cublas_timeline_inputs(model, w, topo)
+    parts = row_chunks(m_local, gather_parts(ws, c.num_splits))
+    landed, t = {}, 0.0
+    for d in range(1, ws):
+        for j, (lo, hi) in enumerate(parts):
+            t += link.time_us((hi - lo) * k * elem) + extra
+            landed[d, j] = t
+    end = 0.0
+    for r in range(ws):
+        clock = gemm(m_local)
+        for lo, hi, read in gather_gemms(ws, r, m_local, c.num_splits):
+            clock = max([clock] + [landed[(r - q) % ws, j] for q, j in read]) + gemm(hi - lo)
+        end = max(end, clock)
+    return max(end, t), end, t
+
+
 def _a_stationary_us(model: CostModel, w: Workload, topo: Topology,
                      c: Candidate) -> tuple[float, float, float]:
     """(call end, GEMMs' end, last transfer's end) of an a_stationary call, µs after its start, on
@@ -379,17 +400,7 @@ def _a_stationary_us(model: CostModel, w: Workload, topo: Topology,
     once its B is here, in the order the peers' B arrive, each chunk pulled by its owner once
     computed, over one ingress; then the second half of the own rows. GEMMs run at the best
     calibrated tile configuration's rate (cuBLAS's, about)."""
-    ws = topo.world_size
-    m_local = -(-w.shape.m // ws)
-    _, n_local, k = w.local_gemm(ws)
-    elem = w.element_bytes
-    costs = model.calibration.costs
-    link = model.calibration.transfer("copy_engine", "intra")
-    extra = costs.chunk_us.get("copy_engine", 0.0)
-
-    def gemm(rows: int) -> float:
-        return model._best_gemm_us(rows, n_local, k, topo, w.dtype)
-
+    ws, m_local, n_local, k, elem, link, extra, gemm = _cublas_timeline_inputs(model, w, topo)
     b_arrives, t = [], 0.0
     for _ in range(ws - 1):
         t += link.time_us(k * n_local * elem) + extra

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from syncopate.errors import ConfigError
-from syncopate.kernels import a_stationary, c_stationary, decomposed
+from syncopate.kernels import a_stationary, c_stationary, decomposed, decomposed_gather
 from syncopate.kernels.a_stationary import AStationaryPlan, a_stationary_buffers
 from syncopate.kernels.c_stationary import CStationaryPlan, b_moves_kmajor, c_stationary_buffers
 from syncopate.kernels.decomposed import DecomposedPlan, decomposed_buffers
@@ -169,9 +169,9 @@ _A_STATIONARY_KIND = "ag_gemm/a_stationary"
 _C_STATIONARY_KIND = {"gemm_rs": "gemm_rs/c_stationary", "gemm_ar": "gemm_ar/c_stationary"}
 """The contexts of matmul reduce-scatters and all-reduces that move A's rows and B
 (`kernels/c_stationary.py`)."""
-_DECOMPOSED_KIND = {"gemm_rs": "gemm_rs/decomposed", "gemm_ar": "gemm_ar/decomposed"}
-"""The contexts of matmul reduce-scatters and all-reduces cut into cuBLAS row chunks
-(`kernels/decomposed.py`)."""
+_DECOMPOSED_KIND = {"ag_gemm": "ag_gemm/decomposed", "gemm_rs": "gemm_rs/decomposed", "gemm_ar": "gemm_ar/decomposed"}
+"""The contexts of the ops cut into cuBLAS GEMMs over row pieces (`kernels/decomposed.py`,
+`kernels/decomposed_gather.py`)."""
 
 
 def _buffers(kind: str, shape: tuple[int, ...], dtype: torch.dtype, ws: int) -> dict:
@@ -181,6 +181,9 @@ def _buffers(kind: str, shape: tuple[int, ...], dtype: torch.dtype, ws: int) -> 
     if kind in _C_STATIONARY_KIND.values():
         m, n, k_local = shape
         return c_stationary_buffers(ws, m, n, k_local, dtype, all_reduce=kind.startswith("gemm_ar"))
+    if kind == _DECOMPOSED_KIND["ag_gemm"]:
+        m_local, k = shape
+        return decomposed_gather.gather_buffers(ws, m_local, k, dtype)
     if kind in _DECOMPOSED_KIND.values():
         m, n = shape
         return decomposed_buffers(ws, m, n, dtype, all_reduce=kind.startswith("gemm_ar"))
@@ -294,7 +297,9 @@ def all_gather_matmul(
     a timeout on `check_error()`).
     A config with template `a_stationary` moves B and the products instead of A (its GEMMs are
     cuBLAS's, its stream waits are not bounded by `spin_limit`); with `return_gathered` the call
-    takes the direct plan, which gathers A. A config with template `unfused` runs the group's
+    takes the direct plan, which gathers A. Template `decomposed`: each shard pushed to every peer
+    by the copy engine while the own rows' cuBLAS GEMM runs, then cuBLAS GEMMs over the peers' rows
+    as they land (`num_splits` of them). A config with template `unfused` runs the group's
     all-gather, then the matmul (what `lookup` serves where that measured fastest).
     """
     if torch.compiler.is_compiling():
@@ -322,6 +327,13 @@ def all_gather_matmul(
     if cand.template == A_STATIONARY:
         a_stationary.run(ctx, plan, a_shard, b, out, capturing)
         return out
+    if cand.template == DECOMPOSED:
+        decomposed_gather.run(ctx, plan, a_shard, b, out, capturing)
+        if not return_gathered:
+            return out
+        gathered = ctx.buffers["a_full"].local.clone()  # after the call: the peers' rows are there
+        gathered[rank * m_local : (rank + 1) * m_local].copy_(a_shard)
+        return out, gathered
     a_full = ctx.buffers["a_full"]
     own = a_shard if _OWN_SHARD and own_shard_readable(a_full.local, b, out, a_shard) else None
     # The gathered A goes out on a side stream while the GEMM runs (not with bounded waits: a stream
@@ -451,6 +463,10 @@ def _prepare_gather(a_shard, b, group, config):
         ctx = get_context(_A_STATIONARY_KIND, group, (m_local, n_local, k), a_shard.dtype)
         plan = AStationaryPlan.of(cand, rank, ws, m_local, n_local, k,
                                   _b_layout_on_every_rank(b, group, "all_gather_matmul"))
+        return ctx, plan, cand, None, None, rank, m_local, k, n_local, None
+    if cand.template == DECOMPOSED:
+        ctx = get_context(_DECOMPOSED_KIND["ag_gemm"], group, (m_local, k), a_shard.dtype)
+        plan = decomposed_gather.GatherPlan.of(rank, ws, m_local, cand.num_splits)
         return ctx, plan, cand, None, None, rank, m_local, k, n_local, None
     ctx = get_context("ag_gemm", group, (m, k), a_shard.dtype)
     plan = plan_for("ag_gemm", cand.template, ws, m, cand.num_splits, cand.block_m)

@@ -35,7 +35,7 @@ from syncopate.errors import ConfigError
 
 __all__ = [
     "A_STATIONARY", "C_STATIONARY", "STATIONARY_KINDS", "DECOMPOSED", "COPY_ENGINE_KINDS", "UNFUSED", "PLANLESS_KINDS", "CANDIDATE_TEMPLATES", "TEMPLATES", "COLLECTIVES", "Transfer", "ChunkPlan", "build_plan",
-    "block_bounds", "chunk_bounds", "halves", "row_chunks",
+    "block_bounds", "chunk_bounds", "gather_gemms", "gather_parts", "gather_splits_refusal", "halves", "row_chunks",
 ]
 
 TEMPLATES: tuple[str, ...] = ("direct", "ring", "bidirectional_ring")
@@ -59,14 +59,16 @@ STATIONARY_KINDS: dict[str, tuple[str, ...]] = {A_STATIONARY: ("ag_gemm",), C_ST
 op each is for."""
 
 DECOMPOSED = "decomposed"
-"""A matmul reduce-scatter (or all-reduce) cut into `num_splits` row chunks of each rank's block,
-each a cuBLAS GEMM: the partials of the peers' blocks first, each chunk pushed to its owner by the
-copy engine once computed, then the own block's chunks summed onto the peers' partials in the
-GEMM's epilogue (`kernels/decomposed.py`; an all-reduce's peers pull each reduced chunk once
-made). It moves what `direct` moves at cuBLAS's rate, with no fused kernel: where the fused
-producer's tiles are slower than cuBLAS's and the link keeps up. No chunk plan."""
+"""The op cut into cuBLAS GEMMs over row pieces, the copy engine moving each piece's rows once
+ready, no fused kernel: where the fused kernels' tiles are slower than cuBLAS's and the link keeps
+up. A matmul reduce-scatter (or all-reduce): `num_splits` row chunks of each rank's block, the
+partials of the peers' blocks first, each pushed to its owner once computed, then the own block's
+chunks summed onto the peers' partials in the GEMM's epilogue (`kernels/decomposed.py`; an
+all-reduce's peers pull each reduced chunk once made). An all-gather matmul: every rank pushes its
+shard to each peer in turn while its own rows' GEMM runs, then GEMMs over the peers' rows as they
+land, `num_splits` of them (:func:`gather_gemms`; `kernels/decomposed_gather.py`). No chunk plan."""
 
-COPY_ENGINE_KINDS: dict[str, tuple[str, ...]] = {**STATIONARY_KINDS, DECOMPOSED: ("gemm_rs", "gemm_ar")}
+COPY_ENGINE_KINDS: dict[str, tuple[str, ...]] = {**STATIONARY_KINDS, DECOMPOSED: ("ag_gemm", "gemm_rs", "gemm_ar")}
 """The templates whose GEMMs are cuBLAS's and whose transfers are copy-engine copies, and the kinds
 of op each is for."""
 
@@ -88,6 +90,54 @@ CANDIDATE_TEMPLATES: tuple[str, ...] = TEMPLATES + tuple(PLANLESS_KINDS)
 def row_chunks(rows: int, splits: int) -> list[tuple[int, int]]:
     """`rows` cut into `splits` near-equal chunks: an a_stationary product's pieces."""
     return [(j * rows // splits, (j + 1) * rows // splits) for j in range(splits)]
+
+
+def gather_parts(world_size: int, splits: int) -> int:
+    """How many parts a decomposed all-gather matmul pushes each shard in: one where `splits` (at
+    most ws - 1) groups the peers' shards into that many GEMMs, splits / (ws - 1) where it cuts each
+    shard into that many GEMMs of its own."""
+    return max(1, splits // max(1, world_size - 1))
+
+
+def gather_splits_refusal(world_size: int, splits: int, m_local: int) -> str | None:
+    """Why a decomposed all-gather matmul cannot take `splits` (None where it can)."""
+    peers = world_size - 1
+    if splits < 1 or (peers > 1 and splits > peers and splits % peers):
+        return (f"decomposed all-gather on {world_size} ranks takes num_splits 1 to {peers} (GEMMs over groups of "
+                f"the peers' shards) or a multiple of {peers} (each shard cut into num_splits/{peers} parts, a GEMM "
+                f"each), not {splits}")
+    if gather_parts(world_size, splits) > m_local:
+        return f"num_splits={splits} cuts each {m_local}-row shard into more parts than it has rows"
+    return None
+
+
+def gather_gemms(world_size: int, rank: int, m_local: int, splits: int) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:
+    """The GEMMs a decomposed all-gather matmul runs over the peers' rows on `rank`, in order: (first
+    row, end row, the (peer, part) pieces of shards it waits for). The shards land from the peer
+    behind first (every rank pushes to the one ahead first): r-1, r-2, ... With one part a shard the
+    peers are cut into `splits` groups of consecutive arrivals (the first the smallest), each one
+    GEMM, or two where its rows wrap past row 0 (rank 0's shard then rank ws-1's); with more, each
+    part of each shard is one GEMM."""
+    ws = world_size
+    peers = [(rank - d) % ws for d in range(1, ws)]
+    parts = row_chunks(m_local, gather_parts(ws, splits))
+    if len(parts) > 1:
+        groups = [[q] for q in peers]
+    else:
+        groups = [peers[lo:hi] for lo, hi in row_chunks(len(peers), min(splits, len(peers)))]
+    out = []
+    for group in groups:
+        for j, (lo, hi) in enumerate(parts):
+            ranges: list[list] = []
+            for q in sorted(group):
+                if ranges and ranges[-1][1] == q * m_local + lo:
+                    ranges[-1][1] = q * m_local + hi
+                    ranges[-1][2].append((q, j))
+                else:
+                    ranges.append([q * m_local + lo, q * m_local + hi, [(q, j)]])
+            ranges.sort(key=lambda x: min(peers.index(q) for q, _ in x[2]))
+            out += [(first, end, tuple(sorted(pieces, key=lambda p: peers.index(p[0])))) for first, end, pieces in ranges]
+    return out
 
 
 def halves(splits: int) -> list[range]:

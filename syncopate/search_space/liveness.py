@@ -166,8 +166,10 @@ def _planless_report(kind: str, c: Candidate, world_size: int, total_rows: int) 
     peers' chunks of their blocks, which wait only for pushes. decomposed
     (`kernels/decomposed.py`): the pushes wait for the peers' entries, announced first thing; the
     caller's stream for the peers' partials, which wait only for entries and the pusher's own GEMMs;
-    an all-reduce's pulls for the peers' reduced chunks, which wait only for partials. Every wait is
-    on something raised without waiting for the waiter, so the call ends."""
+    an all-reduce's pulls for the peers' reduced chunks, which wait only for partials; an
+    all-gather's (`kernels/decomposed_gather.py`) caller's stream for the parts of the peers'
+    shards, whose pushes wait only for entries. Every wait is on something raised without waiting
+    for the waiter, so the call ends."""
     if kind not in PLANLESS_KINDS[c.template]:
         raise ConfigError(f"template {c.template} is for {' and '.join(PLANLESS_KINDS[c.template])}, not {kind}")
     case = f"{kind} {c.backend}/{c.template}/s{c.num_splits} ws={world_size} rows={total_rows}"

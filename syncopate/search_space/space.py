@@ -29,6 +29,8 @@ from syncopate.search_space.chunk_plan import (
     UNFUSED,
     block_bounds,
     chunk_bounds,
+    gather_parts,
+    gather_splits_refusal,
 )
 from syncopate.search_space.tile_order import CONSUMER_ORDERS, PRODUCER_ORDERS
 from syncopate.search_space.topology import Topology
@@ -227,9 +229,10 @@ def c_stationary_candidate(num_splits: int = 1) -> Candidate:
 
 
 def decomposed_candidate(num_splits: int = 2) -> Candidate:
-    """The matmul reduce-scatter or all-reduce cut into `num_splits` row chunks of each block, each
-    a cuBLAS GEMM whose partial the copy engine pushes once computed (:data:`DECOMPOSED`); the other
-    fields keep :class:`Candidate`'s defaults."""
+    """The op cut into cuBLAS GEMMs over row pieces (:data:`DECOMPOSED`): a reduction's blocks in
+    `num_splits` row chunks, each partial pushed by the copy engine once computed; an all-gather's
+    peers' rows in `num_splits` GEMMs as their shards land. The other fields keep
+    :class:`Candidate`'s defaults."""
     return Candidate(backend="copy_engine", template=DECOMPOSED, num_splits=num_splits, tile_order="arrival")
 
 
@@ -276,6 +279,9 @@ def check_candidate(candidate: Candidate, workload: Workload, topology: Topology
         _check_planless(c, workload)
         if c.num_splits > rows:
             raise ConfigError(f"num_splits={c.num_splits} exceeds the {rows} rows each rank's block has")
+        refusal = c.template == DECOMPOSED and workload.kind == "ag_gemm" and gather_splits_refusal(ws, c.num_splits, rows)
+        if refusal:
+            raise ConfigError(refusal)
         return
     if c.num_splits > rows:
         raise ConfigError(f"num_splits={c.num_splits} exceeds the {rows} rows each rank's block has")
@@ -344,9 +350,12 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
         for splits in options.num_splits if workload.kind == "gemm_ar" else (1,):
             if rows // splits >= STATIONARY_MIN_ROWS:
                 yield c_stationary_candidate(splits)
-    if DECOMPOSED in options.templates and workload.kind != "ag_gemm" and "copy_engine" in options.backends:
+    if DECOMPOSED in options.templates and "copy_engine" in options.backends:
         for splits in options.num_splits:
-            if rows // splits >= STATIONARY_MIN_ROWS:
+            if workload.kind != "ag_gemm" and rows // splits >= STATIONARY_MIN_ROWS:
+                yield decomposed_candidate(splits)
+            elif (workload.kind == "ag_gemm" and gather_splits_refusal(ws, splits, rows) is None
+                  and rows // gather_parts(ws, splits) >= STATIONARY_MIN_ROWS):
                 yield decomposed_candidate(splits)
     if UNFUSED in options.templates:
         yield unfused_candidate()

@@ -55,7 +55,7 @@ def candidate(backend: str, splits: int = 2) -> Candidate:
 def cases(nccl: bool) -> list[tuple[str, Candidate]]:
     """(kind, candidate) of every backend (NCCL only where the group has it) and cuBLAS template."""
     backends = ["copy_engine", "nvshmem"] + (["nccl"] if nccl else [])
-    cublas = {"ag_gemm": [a_stationary_candidate(2)], "gemm_rs": [c_stationary_candidate(), decomposed_candidate(2)],
+    cublas = {"ag_gemm": [a_stationary_candidate(2), decomposed_candidate(2)], "gemm_rs": [c_stationary_candidate(), decomposed_candidate(2)],
               "gemm_ar": [c_stationary_candidate(2), decomposed_candidate(2)]}
     return [(kind, c) for kind in OPS for c in [*(candidate(b) for b in backends), *cublas[kind]]]
 

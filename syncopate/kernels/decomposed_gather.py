@@ -1,0 +1,131 @@
+"""The all-gather matmul cut into cuBLAS GEMMs over the shards as they land (`template:
+decomposed` for ag_gemm).
+
+Rank r's output is all_gather(A) @ B_r. Its own rows need nothing from the peers: their GEMM runs
+first, from the shard itself, while every rank pushes its shard to each peer in turn (r+1 first,
+so that at each step every rank sends to one peer and receives from another). The peers' rows
+then go through as few GEMMs as their arrivals allow (`gather_gemms`): with one split, the shards
+of every peer in one GEMM (two where their rows wrap past row 0), the fewest kernels where the
+shards land while the own rows' GEMM runs (a cuBLAS GEMM of a few rows runs well below its whole
+rate: 1024 of 8192 rows at 0.83 of it on an H200); with more, groups of shards or parts of each,
+for a link too slow to land everything in that time. One call, rank r, its rows [r0, r0 + m):
+
+- side stream 0 (pushes): announce r's entry into every pad; for each peer p in turn: wait until
+  p has entered this call (p's GEMMs of the previous call, which read what r pushed there, are
+  done), then for each part j of the shard copy it into p's `a_full` rows of r and raise p's word
+  `SHARD + r * parts + j`.
+- caller's stream: out[r0 : r0 + m] = A_r @ B_r; then each GEMM of `gather_gemms`, once the parts
+  it reads are here (events of side stream 1), out[rows] = a_full[rows] @ B_r.
+- side stream 1: for each peer q in the order the shards land, each part j: wait for
+  `SHARD + q * parts + j`, then an event.
+
+The caller's stream then waits for the side streams. A wait is for an entry, announced first, or
+for a part of a shard, whose push waits only for entries: a call always ends. Only for
+copy-engine candidates on one node; B stays where it is, in either layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from syncopate.kernels import streamops
+from syncopate.kernels.backends import announce_entry
+from syncopate.kernels.context import OverlapContext
+from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
+from syncopate.search_space import gather_gemms, gather_parts, gather_splits_refusal, row_chunks
+
+__all__ = ["SHARD", "GatherPlan", "gather_buffers", "run"]
+
+SHARD = 0
+"""Pad word `SHARD + q * parts + j`: part j of rank q's shard has landed in this rank's `a_full`."""
+
+
+def gather_buffers(ws: int, m_local: int, k: int, dtype: torch.dtype) -> dict:
+    """Symmetric buffers of a decomposed all-gather context: the gathered A (this rank's own rows
+    unused: its GEMM reads the shard)."""
+    return {"a_full": ((ws * m_local, k), dtype)}
+
+
+@dataclass(frozen=True)
+class GatherPlan:
+    """What every call of one (shape, group, splits) needs."""
+
+    rank: int
+    world_size: int
+    m_local: int
+    splits: int = 1
+
+    @property
+    def peers_pushed(self) -> list[int]:
+        """Peers this rank pushes its shard to, in that order."""
+        return [(self.rank + d) % self.world_size for d in range(1, self.world_size)]
+
+    @property
+    def peers_landing(self) -> list[int]:
+        """Peers whose shards land here, in the order they land."""
+        return [(self.rank - d) % self.world_size for d in range(1, self.world_size)]
+
+    @property
+    def parts(self) -> list[tuple[int, int]]:
+        """A shard's parts, each pushed and waited for on its own, rows relative to its first."""
+        return row_chunks(self.m_local, gather_parts(self.world_size, self.splits))
+
+    @property
+    def gemms(self) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:
+        """(first row, end row, (peer, part) read) of each GEMM over the peers' rows, in order."""
+        return gather_gemms(self.world_size, self.rank, self.m_local, self.splits)
+
+    @classmethod
+    def of(cls, rank: int, ws: int, m_local: int, splits: int = 1) -> GatherPlan:
+        refusal = gather_splits_refusal(ws, splits, m_local)
+        if refusal:
+            raise ValueError(f"decomposed: {refusal}")
+        if ws * gather_parts(ws, splits) > ARRIVAL_SLOTS:
+            raise ValueError(f"decomposed: {ws} ranks x {gather_parts(ws, splits)} parts do not fit the signal pad")
+        return cls(rank=rank, world_size=ws, m_local=m_local, splits=splits)
+
+
+def run(ctx: OverlapContext, plan: GatherPlan, a: torch.Tensor, b: torch.Tensor,
+        out: torch.Tensor, captured: bool = False) -> None:
+    """Enqueue one call: out [ws * m, N/ws] = all_gather(a) @ b (a: this rank's shard [m, K],
+    contiguous; b: [K, N/ws], row-major or K-major).
+    `captured`: the call is being captured in a CUDA graph on the caller's stream."""
+    main = ctx.current_stream()
+    r, ws, m, e = plan.rank, plan.world_size, plan.m_local, ctx.begin_call(main if captured else None)
+    r0 = r * m
+    if ws == 1:
+        torch.matmul(a, b, out=out)
+        return
+    push, side = ctx.fork(main, 2)
+    a_full = ctx.buffers["a_full"]
+    row_bytes = a.shape[1] * a.element_size()
+    parts = plan.parts
+    announce_entry(push, ctx, e)
+    for p in plan.peers_pushed:
+        streamops.wait_value(push.cuda_stream, ctx.signal_address(r, ENTERED_BASE + p), e)
+        for j, (lo, hi) in enumerate(parts):
+            t0 = ctx.stamp(push)
+            streamops.copy_async(push.cuda_stream, a_full.peer_ptrs[p] + (r0 + lo) * row_bytes,
+                                 a[lo:].data_ptr(), (hi - lo) * row_bytes)
+            ctx.span(f"shard to {p}", (p, j), hi - lo, push, t0)
+            ctx.write_signal(push, p, SHARD + r * len(parts) + j, e)
+    t0 = ctx.stamp(main)
+    torch.matmul(a, b, out=out[r0 : r0 + m])
+    ctx.span("own rows", (r, 0), m, main, t0)
+    # Enqueued after the own rows' GEMM and the pushes: where streams share a hardware queue, a wait
+    # enqueued before them would hold back what the peers wait for.
+    landed = {}
+    for q in plan.peers_landing:
+        for j in range(len(parts)):
+            streamops.wait_value(side.cuda_stream, ctx.signal_address(r, SHARD + q * len(parts) + j), e)
+            landed[q, j] = torch.cuda.Event()
+            landed[q, j].record(side)
+    for lo, hi, read in plan.gemms:
+        for piece in read:
+            main.wait_event(landed[piece])
+        t0 = ctx.stamp(main)
+        torch.matmul(a_full.local[lo:hi], b, out=out[lo:hi])
+        ctx.span("peers' rows", read[0], hi - lo, main, t0)
+    ctx.join(main, [push, side])
