@@ -155,14 +155,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("n", type=int)
     parser.add_argument("k", type=int)
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--blas", choices=["default", "cublas", "cublaslt"], default="default",
+                        help="torch.backends.cuda.preferred_blas_library for every GEMM timed")
     args = parser.parse_args(argv)
     import torch
+
+    if args.blas != "default":
+        torch.backends.cuda.preferred_blas_library(args.blas)
 
     if not torch.cuda.is_available():
         print("gemm_split.py needs a GPU", file=sys.stderr)
         return 2
     variants = rs_variants if args.kind == "rs" else ar_variants
-    print(f"{torch.cuda.get_device_name()}, {args.kind} {args.m}x{args.n}x{args.k} on {args.ranks} ranks, bf16")
+    print(f"{torch.cuda.get_device_name()}, {args.kind} {args.m}x{args.n}x{args.k} on {args.ranks} ranks, bf16, "
+          f"BLAS {torch.backends.cuda.preferred_blas_library()}")
     whole_us = None
     print(f"{'variant':48s} {'us':>8s} {'share':>6s} {'rate':>6s}")
     for name, share, fn in variants(args.m, args.n, args.k, args.ranks):
