@@ -95,7 +95,7 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
     dist.destroy_process_group()
 
 
-GEMM_LABELS = ("own ", "term of", "product for", "partial for", "partial of")
+GEMM_LABELS = ("own ", "term of", "product for", "partial for", "partial of", "peers' rows")
 """How the cuBLAS templates' GEMM (and sum) spans are labelled (the rest are copies)."""
 
 
