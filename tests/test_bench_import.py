@@ -1,8 +1,9 @@
 """Layer: pure CPU logic. `syncopate import-bench` and `results_db.bench_import` on the bench file
 measured on two H200s (results/bench-2026-11-22-h200x2-ag2048.json): what is stored, idempotence,
 the environment it is stored under, files it refuses; and `results/h200x2.db` holds exactly the
-imports of the bench files under results/ (that one, the LLaMA TP=2 suite's two of 2026-11-22 and
-its run of 2026-11-26 with the cuBLAS templates)."""
+imports of the two-GPU bench files under results/ (that one, the LLaMA TP=2 suite's two of
+2026-11-22 and its two runs of 2026-11-26 with the cuBLAS templates), `results/h200x4.db` those of
+the TP=4 suite's two runs of 2026-11-26, and `lookup` on each serves the fastest trial measured."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ H200X2_DB = ROOT / "results" / "h200x2.db"
 SUITE = [*(ROOT / "results" / f"bench-2026-11-22-h200x2-suite-{part}.json" for part in ("ag", "rs")),
          ROOT / "results" / "bench-2026-11-26-h200x2-suite.json", ROOT / "results" / "bench-2026-11-26-h200x2-suite-2.json"]
 """Bench files that record their environment themselves (no versions to give on import)."""
+H200X4_DB = ROOT / "results" / "h200x4.db"
+SUITE4 = [ROOT / "results" / f"bench-2026-11-26-h200x4-suite{part}.json" for part in ("", "-2")]
+"""The TP=4 suite runs `results/h200x4.db` holds."""
 VERSIONS = {"triton": "3.6.0", "cuda": "13.0", "nccl": "2.28.3", "driver": "580.159.04"}
 FLAGS = [x for k, v in VERSIONS.items() for x in (f"--{k}", v)]
 ENV = Environment(syncopate="0.1.0", torch="2.11.0+cu130", gpu_model="H200", **VERSIONS)
@@ -165,6 +169,43 @@ def test_cli_a_bad_row_is_named_before_the_database_is_opened(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json"]
 
 
+def _content(rdb):
+    """Every trial, baseline and sweep of a results database, as compared."""
+    trials = [
+        (t.record.candidate.key(), t.record.status, t.record.median_us, t.record.p20_us, t.record.samples_us,
+         t.record.environment, t.record.created_at)
+        for t in rdb.trials()
+    ]
+    baselines = [(b.record.name, b.record.median_us, b.record.samples_us) for b in rdb.baselines()]
+    sweeps = [(s.name, s.host, s.status, s.started_at, s.finished_at) for s in rdb.sweeps()]
+    return trials, baselines, sweeps
+
+
+def _assert_serves_the_fastest(db: Path, files: list[Path], topology: str) -> set[str]:
+    """`lookup` on a copy of `db`, under the one environment of the bench `files`, answers each of
+    their shapes with the fastest `ok` trial of any of them; the winners' templates."""
+    from syncopate.results_db.lookups import clear_cache, lookup
+
+    docs = [json.loads(path.read_text()) for path in files]
+    assert all(doc["environment"] == docs[0]["environment"] for doc in docs)
+    env = Environment(**docs[0]["environment"])
+    best: dict[str, tuple] = {}
+    for doc in docs:
+        for row in doc["rows"]:
+            for t in row["trials"]:
+                if t["status"] == "ok" and (row["key"] not in best or t["median_us"] < best[row["key"]][1]["median_us"]):
+                    best[row["key"]] = (row["workload"], t)
+    clear_cache()
+    try:
+        for key, (w, t) in best.items():
+            got = lookup((w["m"], w["n"], w["k"]), topology, kind=w["kind"], dtype=w["dtype"], db=db, environment=env)
+            assert got.match == "exact" and got.candidate.to_dict() == t["candidate"], (key, got)
+    finally:
+        clear_cache()
+    assert len(best) == 18
+    return {t["candidate"]["template"] for _, t in best.values()}
+
+
 def test_committed_database_is_this_import(tmp_path):
     """results/h200x2.db holds the bench files' imports and nothing else (the dashboard's real data)."""
     copy = tmp_path / "h200x2.db"
@@ -176,53 +217,29 @@ def test_committed_database_is_this_import(tmp_path):
         import_bench(fresh, BENCH, syncopate="0.1.0", **VERSIONS)
         for path in SUITE:
             import_bench(fresh, path)
-
-        def content(rdb):
-            trials = [
-                (
-                    t.record.candidate.key(),
-                    t.record.status,
-                    t.record.median_us,
-                    t.record.p20_us,
-                    t.record.samples_us,
-                    t.record.environment,
-                    t.record.created_at,
-                )
-                for t in rdb.trials()
-            ]
-            baselines = [(b.record.name, b.record.median_us, b.record.samples_us) for b in rdb.baselines()]
-            sweeps = [(s.name, s.host, s.status, s.started_at, s.finished_at) for s in rdb.sweeps()]
-            return trials, baselines, sweeps
-
-        assert content(committed) == content(fresh)
+        assert _content(committed) == _content(fresh)
 
 
 def test_the_committed_database_serves_the_fastest_of_the_2026_11_26_runs(tmp_path):
     """`lookup` on results/h200x2.db, under the environment of the two 2026-11-26 runs (00:43 and
     08:33, one fingerprint), answers each of the suite's shapes with the fastest trial of either
     (the cuBLAS templates among their candidates, the all-gather's `decomposed` in the second)."""
-    from syncopate.results_db.lookups import clear_cache, lookup
-
     copy = tmp_path / "h200x2.db"
     shutil.copy(H200X2_DB, copy)
-    docs = [json.loads(path.read_text()) for path in SUITE[-2:]]
-    assert docs[0]["environment"] == docs[1]["environment"]
-    env = Environment(**docs[-1]["environment"])
-    best: dict[str, tuple] = {}
-    for doc in docs:
-        for row in doc["rows"]:
-            for t in row["trials"]:
-                if t["status"] == "ok" and (row["key"] not in best or t["median_us"] < best[row["key"]][1]["median_us"]):
-                    best[row["key"]] = (row["workload"], t)
-    clear_cache()
-    templates = set()
-    try:
-        for key, (w, t) in best.items():
-            templates.add(t["candidate"]["template"])
-            got = lookup((w["m"], w["n"], w["k"]), "H200x2-nvlink", kind=w["kind"], dtype=w["dtype"], db=copy,
-                         environment=env)
-            assert got.match == "exact" and got.candidate.to_dict() == t["candidate"], (key, got)
-        assert {"a_stationary", "c_stationary", "decomposed"} <= templates
-        assert len(best) == 18
-    finally:
-        clear_cache()
+    assert {"a_stationary", "c_stationary", "decomposed"} <= _assert_serves_the_fastest(copy, SUITE[-2:], "H200x2-nvlink")
+
+
+def test_the_four_gpu_database_is_the_tp4_suites_import_and_serves_their_fastest(tmp_path):
+    """results/h200x4.db holds the two TP=4 suite runs of 2026-11-26 (05:48 and 08:49, four H200s,
+    one environment) and nothing else; `lookup` answers each TP=4 shape with the faster of them
+    (the all-gather's `decomposed` among the winners: N=29568 and N=8192)."""
+    copy = tmp_path / "h200x4.db"
+    shutil.copy(H200X4_DB, copy)
+    with (
+        ResultsDB.open(copy, upgrade=False) as committed,
+        ResultsDB.open(tmp_path / "fresh.db", upgrade=True) as fresh,
+    ):
+        for path in SUITE4:
+            import_bench(fresh, path)
+        assert _content(committed) == _content(fresh)
+    assert "decomposed" in _assert_serves_the_fastest(copy, SUITE4, "H200x4-nvswitch")
