@@ -67,6 +67,38 @@ def test_every_call_computes_all_gather_a_times_its_b(world, ws, m_local, splits
                 assert torch.allclose(outs[r], full @ b[r], atol=1e-4), f"seed {seed}, call {call}, rank {r}"
 
 
+@pytest.mark.parametrize("ws, m_local, splits", [(1, 16, 1), (2, 16, 2), (3, 13, 1), (4, 12, 6)])
+def test_the_gathered_a_asked_for_is_every_shard_in_rank_order(world, ws, m_local, splits):  # noqa: F811
+    """With `gathered`, each call also copies out all_gather(A) (its own shard at once, each peer's
+    part once landed), right in every call of three back to back, in random stream orders."""
+    k, n_local = 24, 8
+    gathered = {}
+
+    class WithGathered:  # the executor calls `run(ctx, plan, a, b, out)`
+        @staticmethod
+        def run(ctx, plan, a, b, out):
+            decomposed_gather.run(ctx, plan, a, b, out, gathered=gathered[ctx.rank][-1])
+
+    for seed in range(SEEDS):
+        w = world(ws, decomposed_gather.gather_buffers(ws, m_local, k, torch.float32),
+                  lambda r: decomposed_gather.GatherPlan.of(r, ws, m_local, splits), WithGathered)
+        calls = []
+        for call in range(3):
+            gen = torch.Generator().manual_seed(100 * seed + call)
+            a = [torch.randn(m_local, k, generator=gen) for _ in range(ws)]
+            b = [torch.randn(k, n_local, generator=gen) for _ in range(ws)]
+            outs = [torch.full((m_local * ws, n_local), float("nan")) for _ in range(ws)]
+            for r in range(ws):
+                gathered.setdefault(r, []).append(torch.full((m_local * ws, k), float("nan")))
+                w.enqueue(r, a[r], b[r], outs[r])
+            calls.append((a, b, outs, [gathered[r][-1] for r in range(ws)]))
+        w.play(seed, one_queue=seed % 2 == 1)
+        for call, (a, b, outs, full) in enumerate(calls):
+            for r in range(ws):
+                assert torch.equal(full[r], torch.cat(a)), f"seed {seed}, call {call}, rank {r}"
+                assert torch.allclose(outs[r], torch.cat(a) @ b[r], atol=1e-4)
+
+
 @pytest.mark.parametrize("ws, splits", [(2, 1), (2, 2), (4, 1), (4, 3), (4, 6)])
 def test_each_gemm_starts_after_the_pushes_of_the_rows_it_reads(world, ws, splits):  # noqa: F811
     """The timeline's marks as played: every rank's own rows first; each GEMM over the peers' rows

@@ -21,6 +21,8 @@ One call, rank r, its rows [r0, r0 + m):
   it reads are here (events of side stream 1), out[rows] = a_full[rows] @ B_r.
 - side stream 1: for each peer q in the order the shards land, each part j: wait for
   `SHARD + q * parts + j`, then an event.
+- side stream 2 (only where the gathered A is asked for): copy the shard into its rows at once,
+  then each part of a peer's shard from `a_full` once its event is there.
 
 The caller's stream then waits for the side streams. A wait is for an entry, announced first, or
 for a part of a shard, whose push waits only for entries: a call always ends. Only for
@@ -91,20 +93,27 @@ class GatherPlan:
 
 
 def run(ctx: OverlapContext, plan: GatherPlan, a: torch.Tensor, b: torch.Tensor,
-        out: torch.Tensor, captured: bool = False) -> None:
+        out: torch.Tensor, captured: bool = False, gathered: torch.Tensor | None = None) -> None:
     """Enqueue one call: out [ws * m, N/ws] = all_gather(a) @ b (a: this rank's shard [m, K],
     contiguous; b: [K, N/ws], row-major or K-major).
-    `captured`: the call is being captured in a CUDA graph on the caller's stream."""
+    `captured`: the call is being captured in a CUDA graph on the caller's stream.
+    `gathered` [ws * m, K], contiguous: also filled with all_gather(a), on a stream of its own while
+    the GEMMs run (the shard at once, each part of a peer's once it has landed)."""
     main = ctx.current_stream()
     r, ws, m, e = plan.rank, plan.world_size, plan.m_local, ctx.begin_call(main if captured else None)
     r0 = r * m
+    row_bytes = a.shape[1] * a.element_size()
     if ws == 1:
         torch.matmul(a, b, out=out)
+        if gathered is not None:
+            gathered.copy_(a)
         return
-    push, side = ctx.fork(main, 2)
+    streams = ctx.fork(main, 2 if gathered is None else 3)
+    push, side = streams[:2]
     a_full = ctx.buffers["a_full"]
-    row_bytes = a.shape[1] * a.element_size()
     parts = plan.parts
+    if gathered is not None:
+        streamops.copy_async(streams[2].cuda_stream, gathered[r0:].data_ptr(), a.data_ptr(), m * row_bytes)
     announce_entry(push, ctx, e)
     for p in plan.peers_pushed:
         streamops.wait_value(push.cuda_stream, ctx.signal_address(r, ENTERED_BASE + p), e)
@@ -125,10 +134,15 @@ def run(ctx: OverlapContext, plan: GatherPlan, a: torch.Tensor, b: torch.Tensor,
             streamops.wait_value(side.cuda_stream, ctx.signal_address(r, SHARD + q * len(parts) + j), e)
             landed[q, j] = torch.cuda.Event()
             landed[q, j].record(side)
+            if gathered is not None:
+                lo, hi = parts[j]
+                streams[2].wait_event(landed[q, j])
+                streamops.copy_async(streams[2].cuda_stream, gathered[q * m + lo :].data_ptr(),
+                                     a_full.local[q * m + lo :].data_ptr(), (hi - lo) * row_bytes)
     for lo, hi, read in plan.gemms:
         for piece in read:
             main.wait_event(landed[piece])
         t0 = ctx.stamp(main)
         torch.matmul(a_full.local[lo:hi], b, out=out[lo:hi])
         ctx.span("peers' rows", read[0], hi - lo, main, t0)
-    ctx.join(main, [push, side])
+    ctx.join(main, streams)

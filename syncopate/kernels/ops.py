@@ -299,7 +299,8 @@ def all_gather_matmul(
     cuBLAS's, its stream waits are not bounded by `spin_limit`); with `return_gathered` the call
     takes the direct plan, which gathers A. Template `decomposed`: each shard pushed to every peer
     by the copy engine while the own rows' cuBLAS GEMM runs, then cuBLAS GEMMs over the peers' rows
-    as they land (`num_splits` of them). A config with template `unfused` runs the group's
+    as they land (`num_splits` of them; the gathered A, where asked for, copied out on a side
+    stream as they land). A config with template `unfused` runs the group's
     all-gather, then the matmul (what `lookup` serves where that measured fastest).
     """
     if torch.compiler.is_compiling():
@@ -328,12 +329,9 @@ def all_gather_matmul(
         a_stationary.run(ctx, plan, a_shard, b, out, capturing)
         return out
     if cand.template == DECOMPOSED:
-        decomposed_gather.run(ctx, plan, a_shard, b, out, capturing)
-        if not return_gathered:
-            return out
-        gathered = ctx.buffers["a_full"].local.clone()  # after the call: the peers' rows are there
-        gathered[rank * m_local : (rank + 1) * m_local].copy_(a_shard)
-        return out, gathered
+        gathered = torch.empty((m, k), dtype=a_shard.dtype, device=a_shard.device) if return_gathered else None
+        decomposed_gather.run(ctx, plan, a_shard, b, out, capturing, gathered=gathered)
+        return out if gathered is None else (out, gathered)
     a_full = ctx.buffers["a_full"]
     own = a_shard if _OWN_SHARD and own_shard_readable(a_full.local, b, out, a_shard) else None
     # The gathered A goes out on a side stream while the GEMM runs (not with bounded waits: a stream

@@ -120,24 +120,25 @@ def replayed(kind: str, cand: Candidate, dev, group, world: int, gen) -> str:
 
 
 def gathered(dev, group, world: int, gen) -> str:
-    """`return_gathered` captured: the gathered A comes out of each replay too."""
+    """`return_gathered` captured: the gathered A comes out of each replay too (the fused consumer
+    and the decomposed all-gather)."""
     x = Inputs("ag_gemm", world, dev, gen)
-    cand = candidate("copy_engine")
-    a, b = x.a(), x.b()
-    syncopate.all_gather_matmul(a, b, group, cand, return_gathered=True)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, full = syncopate.all_gather_matmul(a, b, group, cand, return_gathered=True)
-    for _ in range(REPLAYS):
-        a.copy_(x.a())
-        out.fill_(float("nan"))
-        full.fill_(float("nan"))
-        graph.replay()
-        err = _error("ag_gemm", out, a, b, group)
-        assert err <= TOL, f"rel err {err:.3g}"
-        assert torch.equal(full, gathered_rows(a, group)), "the gathered A differs from the shards"
-    return "gathered A right in every replay"
+    for cand in (candidate("copy_engine"), decomposed_candidate(1)):
+        a, b = x.a(), x.b()
+        syncopate.all_gather_matmul(a, b, group, cand, return_gathered=True)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, full = syncopate.all_gather_matmul(a, b, group, cand, return_gathered=True)
+        for _ in range(REPLAYS):
+            a.copy_(x.a())
+            out.fill_(float("nan"))
+            full.fill_(float("nan"))
+            graph.replay()
+            err = _error("ag_gemm", out, a, b, group)
+            assert err <= TOL, f"{cand.short()}: rel err {err:.3g}"
+            assert torch.equal(full, gathered_rows(a, group)), f"{cand.short()}: the gathered A differs from the shards"
+    return "gathered A right in every replay (fused consumer, decomposed)"
 
 
 def refused(dev, group, world: int, gen) -> str:
