@@ -37,7 +37,7 @@ from syncopate.kernels import streamops
 from syncopate.kernels.c_stationary import check_b_layout, received_b
 from syncopate.kernels.context import OverlapContext
 from syncopate.kernels.tables import ARRIVAL_SLOTS
-from syncopate.search_space import Candidate, block_bounds, row_chunks
+from syncopate.search_space import Candidate, block_bounds, peers_ahead, peers_behind, row_chunks
 
 __all__ = ["B_WORD", "C_WORD", "AStationaryPlan", "a_stationary_buffers", "run"]
 
@@ -69,12 +69,12 @@ class AStationaryPlan:
     @property
     def peers_computed(self) -> list[int]:
         """Peers whose product this rank computes, in the order their B shards leave for it."""
-        return [(self.rank - d) % self.world_size for d in range(1, self.world_size)]
+        return peers_behind(self.rank, self.world_size)
 
     @property
     def peers_pulled(self) -> list[int]:
         """Peers whose product for this rank it pulls, in the order they compute them."""
-        return [(self.rank + d) % self.world_size for d in range(1, self.world_size)]
+        return peers_ahead(self.rank, self.world_size)
 
     @classmethod
     def of(cls, c: Candidate, rank: int, ws: int, m_local: int, n_local: int, k: int,

@@ -30,10 +30,8 @@ from syncopate.search_space import (
     c_stationary_candidate,
     check_candidate,
     decomposed_candidate,
-    gather_parts,
-    gather_splits_refusal,
 )
-from syncopate.search_space.space import STATIONARY_MIN_ROWS, NCCL_MIN_SMS
+from syncopate.search_space.space import STATIONARY_MIN_ROWS, NCCL_MIN_SMS, decomposed_offered
 
 __all__ = ["BenchOptions", "bench_grid", "run_bench", "format_table"]
 
@@ -87,12 +85,10 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
         out.append(c_stationary_candidate())
     if workload.kind == "gemm_ar" and "copy_engine" in backends:
         out += [c_stationary_candidate(s) for s in (2, 4) if workload.shape.m // ws // s >= STATIONARY_MIN_ROWS]
-    if workload.kind != "ag_gemm" and "copy_engine" in backends:  # cuBLAS row chunks, partials pushed once computed
-        out += [decomposed_candidate(s) for s in (2, 4, 8) if workload.shape.m // ws // s >= STATIONARY_MIN_ROWS]
-    if workload.kind == "ag_gemm" and "copy_engine" in backends and ws > 1:  # cuBLAS GEMMs over the shards landed
-        rows = workload.shape.m // ws
-        out += [decomposed_candidate(s) for s in sorted({1, 2, 4, ws - 1, 2 * (ws - 1)})
-                if gather_splits_refusal(ws, s, rows) is None and rows // gather_parts(ws, s) >= STATIONARY_MIN_ROWS]
+    # cuBLAS GEMMs: a reduction's row chunks pushed once computed, an all-gather's shards as they land
+    if "copy_engine" in backends and (workload.kind != "ag_gemm" or ws > 1):
+        tried = (2, 4, 8) if workload.kind != "ag_gemm" else sorted({1, 2, 4, ws - 1, 2 * (ws - 1)})
+        out += [decomposed_candidate(s) for s in tried if decomposed_offered(workload.kind, ws, workload.shape.m // ws, s)]
     return out
 
 

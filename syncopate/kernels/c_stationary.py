@@ -42,7 +42,7 @@ from syncopate.kernels.backends import announce_entry
 from syncopate.kernels.context import OverlapContext
 from syncopate.kernels.launch import b_is_kmajor
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
-from syncopate.search_space import block_bounds, row_chunks
+from syncopate.search_space import block_bounds, peers_ahead, peers_behind, row_chunks
 
 __all__ = ["ARRIVED", "GATHER", "CStationaryPlan", "add_product", "b_moves_kmajor", "c_stationary_buffers",
            "check_b_layout", "received_b", "run"]
@@ -102,13 +102,13 @@ class CStationaryPlan:
     @property
     def peers_added(self) -> list[int]:
         """Peers whose term this rank adds, in the order their inputs leave for it."""
-        return [(self.rank - d) % self.world_size for d in range(1, self.world_size)]
+        return peers_behind(self.rank, self.world_size)
 
     @property
     def peers_pulled(self) -> list[int]:
         """Peers whose block an all-reduce pulls, in the order they finish it (the last term each
         adds is that of the rank before it)."""
-        return [(self.rank + d) % self.world_size for d in range(1, self.world_size)]
+        return peers_ahead(self.rank, self.world_size)
 
     @classmethod
     def of(cls, rank: int, ws: int, m: int, n: int, k_local: int, all_reduce: bool = False,

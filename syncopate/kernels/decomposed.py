@@ -45,7 +45,7 @@ from syncopate.kernels import c_stationary, streamops
 from syncopate.kernels.backends import announce_entry
 from syncopate.kernels.context import OverlapContext
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
-from syncopate.search_space import block_bounds, halves, row_chunks
+from syncopate.search_space import block_bounds, halves, peers_ahead, peers_behind, row_chunks
 
 __all__ = ["GATHER", "PARTIAL", "DecomposedPlan", "add_partial", "decomposed_buffers", "run"]
 
@@ -80,13 +80,13 @@ class DecomposedPlan:
     @property
     def peers_sent(self) -> list[int]:
         """Peers whose partials this rank computes and pushes, in that order."""
-        return [(self.rank + d) % self.world_size for d in range(1, self.world_size)]
+        return peers_ahead(self.rank, self.world_size)
 
     @property
     def peers_summed(self) -> list[int]:
         """Peers whose partials of this rank's block it sums, in the order they arrive: the first is
         the accumulator's slot."""
-        return [(self.rank - d) % self.world_size for d in range(1, self.world_size)]
+        return peers_behind(self.rank, self.world_size)
 
     def accumulator(self, q: int) -> int:
         """The slot of rank q's `partials` its block is reduced in (the first peer to push to it)."""

@@ -32,6 +32,7 @@ copy-engine candidates on one node; B stays where it is, in either layout.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -39,7 +40,7 @@ from syncopate.kernels import streamops
 from syncopate.kernels.backends import announce_entry
 from syncopate.kernels.context import OverlapContext
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
-from syncopate.search_space import gather_gemms, gather_parts, gather_splits_refusal, row_chunks
+from syncopate.search_space import gather_gemms, gather_parts, gather_splits_refusal, peers_ahead, peers_behind, row_chunks
 
 __all__ = ["SHARD", "GatherPlan", "gather_buffers", "run"]
 
@@ -55,29 +56,30 @@ def gather_buffers(ws: int, m_local: int, k: int, dtype: torch.dtype) -> dict:
 
 @dataclass(frozen=True)
 class GatherPlan:
-    """What every call of one (shape, group, splits) needs."""
+    """What every call of one (shape, group, splits) needs (its lists made once, on first use: a
+    plan is kept for every call of its shape)."""
 
     rank: int
     world_size: int
     m_local: int
     splits: int = 1
 
-    @property
+    @cached_property
     def peers_pushed(self) -> list[int]:
         """Peers this rank pushes its shard to, in that order."""
-        return [(self.rank + d) % self.world_size for d in range(1, self.world_size)]
+        return peers_ahead(self.rank, self.world_size)
 
-    @property
+    @cached_property
     def peers_landing(self) -> list[int]:
         """Peers whose shards land here, in the order they land."""
-        return [(self.rank - d) % self.world_size for d in range(1, self.world_size)]
+        return peers_behind(self.rank, self.world_size)
 
-    @property
+    @cached_property
     def parts(self) -> list[tuple[int, int]]:
         """A shard's parts, each pushed and waited for on its own, rows relative to its first."""
         return row_chunks(self.m_local, gather_parts(self.world_size, self.splits))
 
-    @property
+    @cached_property
     def gemms(self) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:
         """(first row, end row, (peer, part) read) of each GEMM over the peers' rows, in order."""
         return gather_gemms(self.world_size, self.rank, self.m_local, self.splits)
@@ -87,8 +89,9 @@ class GatherPlan:
         refusal = gather_splits_refusal(ws, splits, m_local)
         if refusal:
             raise ValueError(f"decomposed: {refusal}")
-        if ws * gather_parts(ws, splits) > ARRIVAL_SLOTS:
-            raise ValueError(f"decomposed: {ws} ranks x {gather_parts(ws, splits)} parts do not fit the signal pad")
+        parts = gather_parts(ws, splits)
+        if ws * parts > ARRIVAL_SLOTS:
+            raise ValueError(f"decomposed: {ws} ranks x {parts} parts do not fit the signal pad")
         return cls(rank=rank, world_size=ws, m_local=m_local, splits=splits)
 
 

@@ -23,6 +23,8 @@ from syncopate.search_space.chunk_plan import (
     gather_splits_refusal,
     build_plan,
     halves,
+    peers_ahead,
+    peers_behind,
     row_chunks,
 )
 from syncopate.search_space.liveness import LivenessReport, check_liveness
@@ -96,6 +98,8 @@ __all__ = [
     "gather_gemms",
     "gather_parts",
     "gather_splits_refusal",
+    "peers_ahead",
+    "peers_behind",
     "c_stationary_candidate",
     "decomposed_candidate",
     "unfused_candidate",

@@ -35,7 +35,8 @@ from syncopate.errors import ConfigError
 
 __all__ = [
     "A_STATIONARY", "C_STATIONARY", "STATIONARY_KINDS", "DECOMPOSED", "COPY_ENGINE_KINDS", "UNFUSED", "PLANLESS_KINDS", "CANDIDATE_TEMPLATES", "TEMPLATES", "COLLECTIVES", "Transfer", "ChunkPlan", "build_plan",
-    "block_bounds", "chunk_bounds", "gather_gemms", "gather_parts", "gather_splits_refusal", "halves", "row_chunks",
+    "block_bounds", "chunk_bounds", "gather_gemms", "gather_parts", "gather_splits_refusal", "halves", "peers_ahead",
+    "peers_behind", "row_chunks",
 ]
 
 TEMPLATES: tuple[str, ...] = ("direct", "ring", "bidirectional_ring")
@@ -92,6 +93,19 @@ def row_chunks(rows: int, splits: int) -> list[tuple[int, int]]:
     return [(j * rows // splits, (j + 1) * rows // splits) for j in range(splits)]
 
 
+def peers_ahead(rank: int, world_size: int) -> list[int]:
+    """The other ranks from `rank`'s successor on: r+1, r+2, ... (mod world size). The copy-engine
+    templates send to them in this order, so that at each step every rank sends to one peer and
+    receives from another."""
+    return [(rank + d) % world_size for d in range(1, world_size)]
+
+
+def peers_behind(rank: int, world_size: int) -> list[int]:
+    """The other ranks from `rank`'s predecessor back: r-1, r-2, ...: the order in which what they
+    send in :func:`peers_ahead` order reaches `rank`."""
+    return [(rank - d) % world_size for d in range(1, world_size)]
+
+
 def gather_parts(world_size: int, splits: int) -> int:
     """How many parts a decomposed all-gather matmul pushes each shard in: one where `splits` (at
     most ws - 1) groups the peers' shards into that many GEMMs, splits / (ws - 1) where it cuts each
@@ -119,7 +133,7 @@ def gather_gemms(world_size: int, rank: int, m_local: int, splits: int) -> list[
     GEMM, or two where its rows wrap past row 0 (rank 0's shard then rank ws-1's); with more, each
     part of each shard is one GEMM."""
     ws = world_size
-    peers = [(rank - d) % ws for d in range(1, ws)]
+    peers = peers_behind(rank, ws)
     parts = row_chunks(m_local, gather_parts(ws, splits))
     if len(parts) > 1:
         groups = [[q] for q in peers]

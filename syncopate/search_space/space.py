@@ -52,6 +52,7 @@ __all__ = [
     "a_stationary_candidate",
     "c_stationary_candidate",
     "decomposed_candidate",
+    "decomposed_offered",
     "tile_orders_for",
     "NCCL_MIN_SMS",
 ]
@@ -247,6 +248,16 @@ STATIONARY_MIN_ROWS = 128
 chunk the space offers (a GEMM of fewer rows leaves most SMs idle)."""
 
 
+def decomposed_offered(kind: str, world_size: int, rows: int, splits: int) -> bool:
+    """Whether the space (and `syncopate bench`'s grids) offer template `decomposed` with `splits`
+    for blocks of `rows` rows: chunks of a reduction's block, or parts of an all-gather's shard, of
+    STATIONARY_MIN_ROWS rows or more, with splits the all-gather takes on that many ranks."""
+    if kind != "ag_gemm":
+        return rows // splits >= STATIONARY_MIN_ROWS
+    return (gather_splits_refusal(world_size, splits, rows) is None
+            and rows // gather_parts(world_size, splits) >= STATIONARY_MIN_ROWS)
+
+
 def _check_planless(c: Candidate, workload: Workload) -> None:
     kinds = PLANLESS_KINDS[c.template]
     if workload.kind not in kinds:
@@ -352,10 +363,7 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
                 yield c_stationary_candidate(splits)
     if DECOMPOSED in options.templates and "copy_engine" in options.backends:
         for splits in options.num_splits:
-            if workload.kind != "ag_gemm" and rows // splits >= STATIONARY_MIN_ROWS:
-                yield decomposed_candidate(splits)
-            elif (workload.kind == "ag_gemm" and gather_splits_refusal(ws, splits, rows) is None
-                  and rows // gather_parts(ws, splits) >= STATIONARY_MIN_ROWS):
+            if decomposed_offered(workload.kind, ws, rows, splits):
                 yield decomposed_candidate(splits)
     if UNFUSED in options.templates:
         yield unfused_candidate()
