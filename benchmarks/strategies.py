@@ -41,7 +41,7 @@ from syncopate.autotuner.synthetic import synthetic_sweep  # noqa: E402
 from syncopate.search_space import Topology  # noqa: E402
 from syncopate.workers.replay_runner import ReplayOptions, load_stored_sweep  # noqa: E402
 
-STRATEGIES = ("grid", "random", "optuna-tpe", "model-guided")
+STRATEGIES = ("grid", "seeded", "random", "optuna-tpe", "model-guided")
 
 
 def _fmt_fraction(x: float, cap: float) -> str:

@@ -18,7 +18,7 @@ from syncopate.autotuner.strategies import AVAILABLE_STRATEGIES, SearchProblem, 
 from syncopate.autotuner.synthetic import synthetic_sweep
 from syncopate.errors import ConfigError, StudyMismatchError
 from syncopate.records import TrialRecord
-from syncopate.search_space import SpaceOptions, TileConfig, Topology, Workload, space
+from syncopate.search_space import COPY_ENGINE_KINDS, SpaceOptions, TileConfig, Topology, Workload, space
 from syncopate.workers import RunnerSpec
 from syncopate.workers.replay_runner import ReplayOptions, ReplayRunner, load_sweep_file, write_sweep
 
@@ -102,7 +102,7 @@ def test_skips_what_a_resumed_sweep_stored(name, sweep, model):
     assert len(rest) == 7 and not done & {t.candidate.key() for t in rest}
 
 
-@pytest.mark.parametrize("name", ["grid", "random"])
+@pytest.mark.parametrize("name", ["grid", "seeded", "random"])
 def test_a_resume_with_another_budget_keeps_max_trials_the_count_in_all(name, sweep, model):
     first = drive(make_strategy(name, problem(sweep, model), max_trials=10, seed=0), sweep, limit=4)
     done = frozenset(t.candidate.key() for t in first)
@@ -133,7 +133,7 @@ def test_a_budget_of_zero_or_less_is_refused(bad, sweep, model):
 
 
 def test_an_unknown_strategy_is_refused_naming_the_known_ones(sweep, model):
-    with pytest.raises(ConfigError, match="unknown strategy 'annealing': accepted are grid, random, optuna-tpe, "
+    with pytest.raises(ConfigError, match="unknown strategy 'annealing': accepted are grid, seeded, random, optuna-tpe, "
                                           "model-guided"):
         make_strategy("annealing", problem(sweep, model), max_trials=5, seed=0)
 
@@ -183,6 +183,39 @@ def test_failed_trials_are_told_as_failed_and_never_proposed_again(sweep, model)
     state = [t for t in s.study.trials if t.user_attrs.get("candidate_key") == first.key()][0]
     assert state.state.name == "FAIL" and state.user_attrs["status"] == "compile_error"
     assert first.key() not in {t.candidate.key() for t in drive(s, sweep)}
+
+
+# -- seeded ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config", ["configs/llama_tp4.yaml", "configs/llama_tp2.yaml"])
+def test_seeded_measures_the_bench_grid_first_then_the_space_evenly(config):
+    """The suites' `tiny` grid comes first, every one of its candidates the space holds, in its
+    order; the rest of the budget goes to the space's other candidates, spread over all of it."""
+    from syncopate.autotuner.sweep import load_sweep
+    from syncopate.search_space import bench_grid
+
+    sweep = load_sweep(config)
+    topo, options = sweep.topology(), sweep.space
+    for w in sweep.workloads:
+        cands = space(w, topo, options)
+        held = {c.key() for c in cands}
+        grid = bench_grid(w, topo, "tiny", ("copy_engine", "nvshmem", "nccl"))
+        tiny = [c.key() for c in grid]
+        seeds = [k for k in tiny if k in held]
+        cublas = {c.template for c in grid if c.key() in held} & set(COPY_ENGINE_KINDS)
+        assert cublas, w.key()
+        for c in grid:  # what the space leaves out, its options leave out
+            assert c.key() in held or c.tile_order not in options.tile_orders or c.num_splits not in options.num_splits
+        problem = SearchProblem(workload=w, topology=topo, options=options)
+        s = make_strategy("seeded", problem, max_trials=64, seed=0)
+        asked = [c.key() for c in s.ask(64)]
+        assert asked[: len(seeds)] == seeds and len(asked) == len(set(asked)) == min(64, len(cands))
+        rest = [cands.index(next(c for c in cands if c.key() == k)) for k in asked[len(seeds):]]
+        assert rest == sorted(rest) and rest[-1] > len(cands) * 0.8  # evenly over the whole space
+        few = make_strategy("seeded", problem, max_trials=5, seed=0)
+        picked = [c.key() for c in few.ask(64)]
+        assert len(picked) == 5 and set(picked) <= set(seeds) and picked[0] == seeds[0]
 
 
 # -- model-guided ------------------------------------------------------------------------------
@@ -310,7 +343,7 @@ def test_trials_to_target_and_model_agreement(sweep, model):
     assert -1 <= a.spearman <= 1 and a.pick_gap >= 0 and a.candidates > 0
 
 
-@pytest.mark.parametrize("name", ["grid", "random", "optuna-tpe", "model-guided"])
+@pytest.mark.parametrize("name", STRATEGIES)
 def test_an_empty_space_says_why(name):
     fused_only = SpaceOptions(templates=("direct", "ring", "bidirectional_ring", "c_stationary"))
     tiny = SearchProblem(workload=Workload(kind="gemm_rs", shape=(2, 2, 2)), topology=TOPO, options=fused_only)

@@ -83,7 +83,7 @@ def trials_to_target(
     limit = max(1, math.ceil(cap * total))
     problem = SearchProblem(workload=workload, topology=sweep.topology, options=options or SpaceOptions(),
                             environment=sweep.environment, calibration=calibration)
-    budget = total if name in ("grid", "random") else limit
+    budget = total if name in ("grid", "seeded", "random") else limit
     strategy = make_strategy(name, problem, max_trials=budget, seed=seed)
     try:
         for n in range(1, limit + 1):

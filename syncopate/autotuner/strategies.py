@@ -2,7 +2,7 @@
 
 A strategy is built for one :class:`SearchProblem` (a workload on a topology, the space's
 restrictions, and the candidates already stored for it) and asked for candidates until it has
-none left. `grid` and `random` fix their plan up front from the seed, so a resumed sweep proposes
+none left. `grid`, `seeded` and `random` fix their plan up front, so a resumed sweep proposes
 the same candidates and skips the stored ones; a resume with a larger budget keeps what is stored
 and adds only as many as the budget has room for, so `max_trials` stays the count of trials in
 all. The Optuna-based ones (`optuna-tpe`,
@@ -22,13 +22,16 @@ from typing import Any, ClassVar
 
 from syncopate.errors import ConfigError, RuntimeUnavailableError
 from syncopate.records import Environment, TrialRecord
-from syncopate.search_space import Candidate, SpaceOptions, Topology, Workload, space_refusal, space
+from syncopate.search_space import (
+    BACKENDS, Candidate, SpaceOptions, Topology, Workload, bench_grid, space_refusal, space,
+)
 
 __all__ = [
     "AVAILABLE_STRATEGIES",
     "GridStrategy",
     "RandomStrategy",
     "SearchProblem",
+    "SeededStrategy",
     "Strategy",
     "make_strategy",
     "strategy_class",
@@ -150,6 +153,33 @@ class GridStrategy(_PlannedStrategy):
         return candidates if self.max_trials is None else _evenly(candidates, self.max_trials)
 
 
+class SeededStrategy(_PlannedStrategy):
+    """`syncopate bench`'s `tiny` grid first (those of its candidates the space holds: a tile
+    configuration per backend, one to four splits, the cuBLAS templates), then the rest of the
+    space as `grid` takes it, evenly spaced over what is left of `max_trials`; with a budget
+    smaller than the seeds, that many of them, evenly spaced.
+
+    The seeds are the grid the suites were measured with: on four H200s (configs/llama_tp4.yaml,
+    2026-11-26) `grid`'s 64 evenly spaced candidates found a slower winner than those on 16 of 18
+    shapes, the cuBLAS templates and one split among what it left out."""
+
+    name = "seeded"
+
+    def _make_plan(self, candidates: list[Candidate]) -> list[Candidate]:
+        by_key = {c.key(): c for c in candidates}
+        seeds: dict[str, Candidate] = {}
+        for c in bench_grid(self.problem.workload, self.problem.topology, "tiny", BACKENDS):
+            if c.key() in by_key:
+                seeds.setdefault(c.key(), by_key[c.key()])
+        first = list(seeds.values())
+        rest = [c for c in candidates if c.key() not in seeds]
+        if self.max_trials is None:
+            return first + rest
+        if len(first) >= self.max_trials:
+            return _evenly(first, self.max_trials)
+        return first + _evenly(rest, self.max_trials - len(first))
+
+
 class RandomStrategy(_PlannedStrategy):
     """`max_trials` candidates drawn without replacement, seeded by the seed and the workload: the
     first of one shuffle of the space, so a larger budget draws the same ones and more."""
@@ -165,6 +195,7 @@ class RandomStrategy(_PlannedStrategy):
 
 AVAILABLE_STRATEGIES: dict[str, str] = {
     "grid": "syncopate.autotuner.strategies:GridStrategy",
+    "seeded": "syncopate.autotuner.strategies:SeededStrategy",
     "random": "syncopate.autotuner.strategies:RandomStrategy",
     "optuna-tpe": "syncopate.autotuner.optuna_strategies:OptunaTPEStrategy",
     "model-guided": "syncopate.autotuner.optuna_strategies:ModelGuidedStrategy",

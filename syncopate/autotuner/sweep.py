@@ -62,7 +62,7 @@ __all__ = [
     "parse_sweep",
 ]
 
-STRATEGIES: tuple[str, ...] = ("grid", "random", "optuna-tpe", "model-guided")
+STRATEGIES: tuple[str, ...] = ("grid", "seeded", "random", "optuna-tpe", "model-guided")
 RUNNERS: tuple[str, ...] = ("gpu", "model", "replay", "cpu-fixture")
 
 
@@ -86,8 +86,11 @@ class WorkloadEntry(_Strict):
 
 
 class StrategyConfig(_Strict):
-    name: str = "grid"
-    max_trials: int | None = Field(default=None, description="Trials per workload; None: the whole space (grid).")
+    name: str = "seeded"
+    """Default `seeded`: the suites' grid first, so that a run cut short by its budget or its time
+    has measured the candidates that won the suites."""
+    max_trials: int | None = Field(default=None,
+                                   description="Trials per workload; None: the whole space (grid, seeded).")
     time_budget_s: float | None = None
     seed: int = 0
     top_k_remeasure: int = Field(default=3, ge=0)

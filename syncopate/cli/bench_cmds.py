@@ -8,7 +8,7 @@ import typer
 
 from syncopate.cli import app
 from syncopate.errors import ConfigError, RuntimeUnavailableError
-from syncopate.search_space import KINDS, BACKENDS, Shape, Topology, Workload
+from syncopate.search_space import GRIDS, KINDS, BACKENDS, Shape, Topology, Workload
 
 
 def bench_world_size(
@@ -104,8 +104,8 @@ def bench_cmd(
     for b in chosen:
         if b not in BACKENDS:
             raise ConfigError(f"unknown backend {b!r} in --backends: accepted are {', '.join(BACKENDS)}")
-    if grid not in ("small", "tiny"):
-        raise ConfigError(f"unknown grid {grid!r}: accepted are small, tiny")
+    if grid not in GRIDS:
+        raise ConfigError(f"unknown grid {grid!r}: accepted are {', '.join(GRIDS)}")
     if json_out is not None:
         from syncopate.files import check_writable
 

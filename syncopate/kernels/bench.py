@@ -9,7 +9,6 @@ writes every number as JSON.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import socket
@@ -21,17 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from syncopate.files import write_atomically
-from syncopate.search_space import (
-    COPY_ENGINE_KINDS,
-    Candidate,
-    Topology,
-    Workload,
-    a_stationary_candidate,
-    c_stationary_candidate,
-    check_candidate,
-    decomposed_candidate,
-)
-from syncopate.search_space.space import STATIONARY_MIN_ROWS, NCCL_MIN_SMS, decomposed_offered
+from syncopate.search_space import COPY_ENGINE_KINDS, Candidate, Workload, bench_grid
 
 __all__ = ["BenchOptions", "bench_grid", "run_bench", "format_table"]
 
@@ -49,47 +38,6 @@ class BenchOptions:
     grid: str = "small"
     backends: tuple[str, ...] = ("copy_engine", "nvshmem", "nccl")
     extra: list[Candidate] = field(default_factory=list)
-
-
-def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> list[Candidate]:
-    """The candidates `syncopate bench` tries per workload: a small grid per backend."""
-    ws = topology.world_size
-    templates = ["direct"] if ws <= 2 else ["direct", "ring"]
-    splits = [1, 2, 4, 8] if grid != "tiny" else [2, 4]
-    if grid == "tiny" and workload.kind == "ag_gemm" and ws >= 4:
-        # With four ranks and more, one chunk a rank is already a pipeline: on four H200s
-        # (results/llama_tp4-sweep.db, 2026-11-26) it was ag_gemm's best on 4 of 6 shapes, up to
-        # 5 % ahead of 2 splits; never a reduction's.
-        splits = [1, *splits]
-    tiles = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4)] if grid != "tiny" else [(128, 256, 64, 8, 3)]
-    comm = {"copy_engine": [0], "nvshmem": [32, 64], "nccl": [NCCL_MIN_SMS]}
-    # Producers also try kept chunks interleaved with the sent ones (an all-reduce then gathers
-    # reduced chunks while the GEMM runs); check_candidate keeps it to the direct plan.
-    orders = ["arrival"] if workload.kind == "ag_gemm" else ["arrival", "kept_interleaved"]
-    out = []
-    for backend, template, s, (bm, bn, bk, w, st), order in itertools.product(backends, templates, splits, tiles,
-                                                                              orders):
-        for sms in comm[backend]:
-            c = Candidate(backend=backend, template=template, num_splits=s, tile_order=order, comm_sms=sms,
-                          block_m=bm, block_n=bn, block_k=bk, group_m=8, num_warps=w, num_stages=st)
-            try:
-                check_candidate(c, workload, topology)
-            except Exception:
-                continue
-            if workload.shape.m // ws // s < bm:
-                continue
-            out.append(c)
-    if workload.kind == "ag_gemm" and "copy_engine" in backends:  # B and the products moved instead of A
-        out += [a_stationary_candidate(s) for s in (1, 2) if workload.shape.m // ws // s >= STATIONARY_MIN_ROWS]
-    if workload.kind == "gemm_rs" and "copy_engine" in backends:  # A's rows and B moved instead of partials
-        out.append(c_stationary_candidate())
-    if workload.kind == "gemm_ar" and "copy_engine" in backends:
-        out += [c_stationary_candidate(s) for s in (2, 4) if workload.shape.m // ws // s >= STATIONARY_MIN_ROWS]
-    # cuBLAS GEMMs: a reduction's row chunks pushed once computed, an all-gather's shards as they land
-    if "copy_engine" in backends and (workload.kind != "ag_gemm" or ws > 1):
-        tried = (2, 4, 8) if workload.kind != "ag_gemm" else sorted({1, 2, 4, ws - 1, 2 * (ws - 1)})
-        out += [decomposed_candidate(s) for s in tried if decomposed_offered(workload.kind, ws, workload.shape.m // ws, s)]
-    return out
 
 
 def _worker(rank: int, world: int, port: int, options: BenchOptions, queue) -> None:

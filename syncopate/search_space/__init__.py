@@ -27,6 +27,7 @@ from syncopate.search_space.chunk_plan import (
     peers_behind,
     row_chunks,
 )
+from syncopate.search_space.grids import GRIDS, bench_grid
 from syncopate.search_space.liveness import LivenessReport, check_liveness
 from syncopate.search_space.models import MODELS, model_shape
 from syncopate.search_space.space import (
@@ -65,6 +66,7 @@ __all__ = [
     "CANDIDATE_TEMPLATES",
     "C_STATIONARY",
     "COPY_ENGINE_KINDS",
+    "GRIDS",
     "DECOMPOSED",
     "STATIONARY_KINDS",
     "PLANLESS_KINDS",
@@ -94,6 +96,7 @@ __all__ = [
     "Transfer",
     "Workload",
     "a_stationary_candidate",
+    "bench_grid",
     "block_bounds",
     "gather_gemms",
     "gather_parts",
