@@ -1,0 +1,155 @@
+"""Whether NCCL overlaps a GEMM here: the matmul all-reduce and reduce-scatter cut into cuBLAS row
+chunks, each chunk's NCCL collective on a side stream once its GEMM has ended, against the GEMM
+alone, the collective alone and both in sequence (what a job does without Syncopate).
+
+    torchrun --nproc-per-node 4 benchmarks/nccl_chunks.py [--kinds ar,rs] [--splits 2,4,8] [--ctas 16,32]
+
+M N K as `syncopate bench` takes them (K the whole reduction; a rank holds K/ranks of it); the
+default shapes are the suites' (configs/llama_tp2.yaml, llama_tp4.yaml). A reduce-scatter's chunk j
+is rows chunk j of every rank's block, computed by one batched GEMM into the layout NCCL's
+reduce-scatter takes. `--ctas N` adds process groups whose communicator runs on at most N CTAs (and
+at least 4), `--high-priority` gives their internal stream a high priority. bf16; the median of 15
+calls after 4 warm-up ones, each after a barrier, the largest over the ranks; error against the
+fp32 product reduced by the same collective. Rank 0 prints one line a variant, with bound/time
+(bound: the slower of the GEMM alone and the collective alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+SHAPES = {
+    2: {"ar": [(8192, 4096, 11008), (8192, 4096, 14336)], "rs": [(8192, 4096, 11008)]},
+    4: {"ar": [(8192, 4096, 11008), (8192, 8192, 8192), (8192, 8192, 28672)],
+        "rs": [(8192, 4096, 11008), (8192, 8192, 8192)]},
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kinds", default="ar,rs")
+    ap.add_argument("--splits", default="2,4,8")
+    ap.add_argument("--ctas", default="", help="NCCL max CTAs of extra process groups, comma-separated")
+    ap.add_argument("--high-priority", action="store_true", help="the extra groups' streams at high priority")
+    ap.add_argument("--shape", action="append", default=[], help="M,N,K (repeatable; default: the suites')")
+    args = ap.parse_args()
+
+    import torch
+    import torch.distributed as dist
+
+    for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
+        os.environ.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dev = torch.device("cuda", local)
+    dist.init_process_group("nccl", device_id=dev)
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    ranks = list(range(ws))
+    groups = {"default": dist.new_group(ranks)}
+    for c in [int(x) for x in args.ctas.split(",") if x]:
+        opts = dist.ProcessGroupNCCL.Options(is_high_priority_stream=args.high_priority)
+        opts.config.max_ctas, opts.config.min_ctas = c, min(c, 4)
+        name = f"ctas{c}{'-hi' if args.high_priority else ''}"
+        groups[name] = dist.new_group(ranks, backend="nccl", pg_options=opts)
+    main_stream, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    splits = [int(s) for s in args.splits.split(",")]
+
+    def timed(fn) -> float:
+        for _ in range(4):
+            fn()
+        times = []
+        for _ in range(15):
+            dist.barrier()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        t = torch.tensor([statistics.median(times)], device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
+    def report(kind, shape, name, us, bound, err=None) -> None:
+        if rank == 0:
+            e = f"  err {err:.1e}" if err is not None else ""
+            m, n, k = shape
+            print(f"{kind} {m}x{n}x{k} {name:24s} {us:8.1f} us  bound/x {bound / us:.3f}{e}", flush=True)
+
+    def chunks(rows: int, s: int) -> list[tuple[int, int]]:
+        return [(rows * j // s, rows * (j + 1) // s) for j in range(s)]
+
+    def overlapped(compute, collective, rows: int, s: int, pg):
+        def call() -> None:
+            for lo, hi in chunks(rows, s):
+                compute(lo, hi)
+                done = torch.cuda.Event()
+                done.record(main_stream)
+                side.wait_event(done)
+                with torch.cuda.stream(side):
+                    collective(lo, hi, pg)
+            main_stream.wait_stream(side)
+        return call
+
+    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape]
+    for kind in args.kinds.split(","):
+        for m, n, k in shapes or SHAPES.get(ws, SHAPES[2])[kind]:
+            kl, rows = k // ws, m // ws
+            torch.manual_seed(rank)
+            a = torch.randn(m, kl, device=dev, dtype=torch.bfloat16) / 8
+            b = torch.randn(kl, n, device=dev, dtype=torch.bfloat16) / 8
+            full = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+            ref = a.float() @ b.float()
+            if kind == "ar":
+                dist.all_reduce(ref)
+                out = full
+                gemm = timed(lambda: torch.matmul(a, b, out=full))
+                coll = timed(lambda: dist.all_reduce(full))
+                seq = timed(lambda: (torch.matmul(a, b, out=full), dist.all_reduce(full)))
+
+                def compute(lo, hi):
+                    torch.matmul(a[lo:hi], b, out=full[lo:hi])
+
+                def collective(lo, hi, pg):
+                    dist.all_reduce(full[lo:hi], group=pg)
+                span = m
+            else:
+                red = torch.empty(rows, n, device=dev)
+                dist.reduce_scatter_tensor(red, ref)
+                ref = red
+                out = torch.empty(rows, n, device=dev, dtype=torch.bfloat16)
+                stage = torch.empty(m * n, device=dev, dtype=torch.bfloat16)
+                a3, b3 = a.view(ws, rows, kl), b.expand(ws, kl, n)
+                gemm = timed(lambda: torch.matmul(a, b, out=full))
+                coll = timed(lambda: dist.reduce_scatter_tensor(out, full))
+                seq = timed(lambda: (torch.matmul(a, b, out=full), dist.reduce_scatter_tensor(out, full)))
+
+                def part(lo, hi):
+                    return stage[ws * lo * n : ws * hi * n].view(ws, hi - lo, n)
+
+                def compute(lo, hi):
+                    torch.bmm(a3[:, lo:hi], b3, out=part(lo, hi))
+
+                def collective(lo, hi, pg):
+                    dist.reduce_scatter_tensor(out[lo:hi], part(lo, hi).view(ws * (hi - lo), n), group=pg)
+                span = rows
+            bound = max(gemm, coll)
+            shape = (m, n, k)
+            report(kind, shape, "gemm alone", gemm, bound)
+            report(kind, shape, "collective alone", coll, bound)
+            report(kind, shape, "in sequence", seq, bound)
+            for name, pg in groups.items():
+                for s in splits:
+                    call = overlapped(compute, collective, span, s, pg)
+                    call()
+                    torch.cuda.synchronize()
+                    err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+                    report(kind, shape, f"{s} chunks, {name}", timed(call), bound, err)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
