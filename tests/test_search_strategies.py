@@ -188,7 +188,7 @@ def test_failed_trials_are_told_as_failed_and_never_proposed_again(sweep, model)
 # -- seeded ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("config", ["configs/llama_tp4.yaml", "configs/llama_tp2.yaml"])
+@pytest.mark.parametrize("config", ["configs/llama_tp8.yaml", "configs/llama_tp4.yaml", "configs/llama_tp2.yaml"])
 def test_seeded_measures_the_bench_grid_first_then_the_space_evenly(config):
     """The suites' `tiny` grid comes first, every one of its candidates the space holds, in its
     order; the rest of the budget goes to the space's other candidates, spread over all of it."""
