@@ -8,9 +8,10 @@ M N K as `syncopate bench` takes them (K the whole reduction; a rank holds K/ran
 default shapes are the suites' (configs/llama_tp2.yaml, llama_tp4.yaml). A reduce-scatter's chunk j
 is rows chunk j of every rank's block, computed by one batched GEMM into the layout NCCL's
 reduce-scatter takes. `--ctas N` adds process groups whose communicator runs on at most N CTAs (and
-at least 4), `--high-priority` gives their internal stream a high priority. bf16; the median of 15
-calls after 4 warm-up ones, each after a barrier, the largest over the ranks; error against the
-fp32 product reduced by the same collective. Rank 0 prints one line a variant, with bound/time
+at least 4), `--high-priority` gives their internal stream a high priority. bf16; timed by
+`syncopate.kernels.timing.time_collective` (L2 flushed, the ranks started together, the largest
+over the ranks; the median of 15 after 4 warm-up calls); error against the fp32 product reduced by
+the same collective. Rank 0 prints one line a variant, with bound/time
 (bound: the slower of the GEMM alone and the collective alone).
 """
 
@@ -18,7 +19,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SHAPES = {
     2: {"ar": [(8192, 4096, 11008), (8192, 4096, 14336)], "rs": [(8192, 4096, 11008)]},
@@ -39,6 +43,8 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
+    from syncopate.kernels.timing import time_collective
+
     for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
         os.environ.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")
     local = int(os.environ["LOCAL_RANK"])
@@ -57,21 +63,7 @@ def main() -> None:
     splits = [int(s) for s in args.splits.split(",")]
 
     def timed(fn) -> float:
-        for _ in range(4):
-            fn()
-        times = []
-        for _ in range(15):
-            dist.barrier()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        t = torch.tensor([statistics.median(times)], device=dev)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.item()
+        return time_collective(fn, dist.group.WORLD, warmup=4, repetitions=15).median_us
 
     def report(kind, shape, name, us, bound, err=None) -> None:
         if rank == 0:
