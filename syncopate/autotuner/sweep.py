@@ -9,7 +9,7 @@ workloads:
   - kind: ag_gemm
     models: [llama-7b, llama-3.1-70b]
     shapes: [[8192, 4096, 8192]]   # (M, N, K), global dims
-strategy: {name: grid, max_trials: 200, time_budget_s: 3600, seed: 0}   # grid | random | optuna-tpe | model-guided
+strategy: {name: seeded, max_trials: 200, time_budget_s: 3600, seed: 0}   # seeded | grid | random | optuna-tpe | model-guided
 space: {backends: [copy_engine, nccl], num_splits: [1, 2, 4]}
 runner: gpu                    # gpu | model | replay | cpu-fixture
 calibration: auto              # the cost model's: auto (measured where stored) | measured | default
