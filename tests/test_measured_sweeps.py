@@ -64,17 +64,18 @@ def test_a_measured_sweep_holds_nothing_its_config_does_not_enumerate(db):
         assert set(stored.trials[w.key()]) <= wanted, w.key()
 
 
-def test_the_two_gpu_sweep_stores_the_calibrations_measured_beside_it():
-    url = f"sqlite:///{RESULTS / 'llama_tp2-sweep.db'}"
+@pytest.mark.parametrize("db, topology", [("llama_tp2-sweep.db", "H200x2-nvlink"), ("llama_tp4-tune.db", "H200x4-nvswitch")])
+def test_a_sweep_stores_the_calibrations_measured_beside_it(db, topology):
+    url = f"sqlite:///{RESULTS / db}"
     got = rows(url, "SELECT c.kind, c.key, c.source, t.key FROM syncopate_calibrations c "
                     "JOIN syncopate_topologies t ON t.id = c.topology_id ORDER BY c.kind, c.key")
     assert got == [
-        ("gemm", "128x128x64w8s4", "measured", "H200x2-nvlink"),
-        ("gemm", "128x256x64w8s3", "measured", "H200x2-nvlink"),
-        ("op_costs", "op", "measured", "H200x2-nvlink"),
-        ("transfer", "copy_engine/intra", "measured", "H200x2-nvlink"),
-        ("transfer", "nccl/intra", "measured", "H200x2-nvlink"),
-        ("transfer", "nvshmem/intra", "measured", "H200x2-nvlink"),
+        ("gemm", "128x128x64w8s4", "measured", topology),
+        ("gemm", "128x256x64w8s3", "measured", topology),
+        ("op_costs", "op", "measured", topology),
+        ("transfer", "copy_engine/intra", "measured", topology),
+        ("transfer", "nccl/intra", "measured", topology),
+        ("transfer", "nvshmem/intra", "measured", topology),
     ]
 
 
@@ -87,6 +88,7 @@ REPORTS = {
     "llama_tp4-sweep.md": ["--config", "configs/llama_tp4_sweep.yaml", "--sweep", "sqlite:///results/llama_tp4-sweep.db",
                            "--predicted", "sqlite:///results/predicted-h200-tp2-tp4-tp8.db", "--predicted-sweep", "llama_tp4"],
     "llama_tp4-tune.md": ["--config", "configs/llama_tp4.yaml", "--sweep", "sqlite:///results/llama_tp4-tune.db",
+                          "--calibration-db", "sqlite:///results/llama_tp4-tune.db",
                           "--predicted", "sqlite:///results/predicted-h200-tp2-tp4-tp8.db", "--predicted-sweep", "llama_tp4"],
 }
 
