@@ -168,9 +168,12 @@ def test_the_splits_it_takes_and_what_it_refuses_say_why():
 def test_the_space_offers_it_for_all_gather_matmuls_over_the_copy_engine_only():
     w = Workload(kind="ag_gemm", shape=(8192, 8192, 8192))
     assert [c for c in space(w, TWO) if c.template == DECOMPOSED] == [decomposed_candidate(s) for s in (1, 2, 4, 8)]
-    assert [c for c in space(w, FOUR) if c.template == DECOMPOSED] == [decomposed_candidate(s) for s in (1, 2)]
+    # splits it cannot take are rounded down to a multiple of ws-1: (1, 2, 4, 8) tries 1, 2, 3, 6
+    assert [c for c in space(w, FOUR) if c.template == DECOMPOSED] == [decomposed_candidate(s) for s in (1, 2, 3, 6)]
     four = SpaceOptions(num_splits=(1, 2, 3, 4, 6))
     assert [c.num_splits for c in space(w, FOUR, four) if c.template == DECOMPOSED] == [1, 2, 3, 6]
+    eight = Topology.from_key("H200x8-nvswitch")
+    assert [c.num_splits for c in space(w, eight) if c.template == DECOMPOSED] == [1, 2, 4, 7]
     assert DECOMPOSED not in {c.template for c in space(w, TWO, SpaceOptions(backends=("nvshmem", "nccl")))}
     short = Workload(kind="ag_gemm", shape=(1024, 4096, 4096))  # 512 rows a shard: parts of 128 rows at most 4
     assert [c.num_splits for c in space(short, TWO) if c.template == DECOMPOSED] == [1, 2, 4]

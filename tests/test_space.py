@@ -194,7 +194,11 @@ def test_the_tp4_and_tp8_suites_search_every_backend_template_and_split(config):
         assert {c.backend for c in cands} == {"copy_engine", "nvshmem", "nccl"}
         routed = {"direct", "ring", "bidirectional_ring"}
         assert {c.template for c in cands} == routed | {t for t, k in PLANLESS_KINDS.items() if w.kind in k}
-        assert {c.num_splits for c in cands} == {1, 2, 4, 8}
+        fused_splits = {c.num_splits for c in cands if c.template not in PLANLESS_KINDS}
+        assert fused_splits == {1, 2, 4, 8}
+        if w.kind == "ag_gemm":  # the decomposed all-gather: one GEMM a landed shard, or a half shard
+            peers = topo.world_size - 1
+            assert {c.num_splits for c in cands if c.template == "decomposed"} >= {1, 2, peers}
         rows = w.shape.m // topo.world_size
         fused = [c for c in cands if c.template not in PLANLESS_KINDS]
         assert all(rows // c.num_splits >= c.block_m for c in fused), "a chunk shorter than a tile"

@@ -53,6 +53,7 @@ __all__ = [
     "c_stationary_candidate",
     "decomposed_candidate",
     "decomposed_offered",
+    "decomposed_splits",
     "tile_orders_for",
     "NCCL_MIN_SMS",
 ]
@@ -128,7 +129,8 @@ class SpaceOptions:
     `a_stationary` only for ag_gemm over the copy engine; `unfused`, one candidate a workload, whatever
     the backends)."""
     num_splits: tuple[int, ...] = (1, 2, 4, 8)
-    """Chunks per block."""
+    """Chunks per block (for the decomposed all-gather, the values it cannot take rounded down to
+    one it can: :func:`decomposed_splits`)."""
     tile_orders: tuple[str, ...] = ("arrival", "arrival_colmajor", "swizzle", "row_major")
     """Tile orders (those that fit the kind's role are kept; `kept_interleaved` is opt-in)."""
     comm_sms: dict[str, tuple[int, ...]] = field(
@@ -248,6 +250,22 @@ STATIONARY_MIN_ROWS = 128
 chunk the space offers (a GEMM of fewer rows leaves most SMs idle)."""
 
 
+def decomposed_splits(kind: str, world_size: int, wanted) -> list[int]:
+    """The splits the space tries template `decomposed` with, from the space's `num_splits`: those
+    values for a reduction; for an all-gather, each value it cannot take (more than ws-1 and not a
+    multiple of ws-1) rounded down to a multiple of ws-1, so that (1, 2, 4, 8) on four ranks tries
+    1, 2, 3 (a GEMM as each shard lands) and 6 (each shard in two parts): on four H200s 6 was
+    AG+GEMM 8192x8192x8192's best (2026-11-26)."""
+    peers = world_size - 1
+    out: list[int] = []
+    for s in wanted:
+        if kind == "ag_gemm" and peers > 1 and s > peers and s % peers:
+            s = s // peers * peers
+        if s not in out:
+            out.append(s)
+    return out
+
+
 def decomposed_offered(kind: str, world_size: int, rows: int, splits: int) -> bool:
     """Whether the space (and `syncopate bench`'s grids) offer template `decomposed` with `splits`
     for blocks of `rows` rows: chunks of a reduction's block, or parts of an all-gather's shard, of
@@ -362,7 +380,7 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
             if rows // splits >= STATIONARY_MIN_ROWS:
                 yield c_stationary_candidate(splits)
     if DECOMPOSED in options.templates and "copy_engine" in options.backends:
-        for splits in options.num_splits:
+        for splits in decomposed_splits(workload.kind, ws, options.num_splits):
             if decomposed_offered(workload.kind, ws, rows, splits):
                 yield decomposed_candidate(splits)
     if UNFUSED in options.templates:
