@@ -166,13 +166,14 @@ class SeededStrategy(_PlannedStrategy):
     name = "seeded"
 
     def _make_plan(self, candidates: list[Candidate]) -> list[Candidate]:
-        by_key = {c.key(): c for c in candidates}
+        by_key = {c.key(): c for c in candidates}  # the space's keys are unique, in its order
         seeds: dict[str, Candidate] = {}
         for c in bench_grid(self.problem.workload, self.problem.topology, "tiny", BACKENDS):
-            if c.key() in by_key:
-                seeds.setdefault(c.key(), by_key[c.key()])
+            key = c.key()
+            if key in by_key:
+                seeds.setdefault(key, by_key[key])
         first = list(seeds.values())
-        rest = [c for c in candidates if c.key() not in seeds]
+        rest = [c for key, c in by_key.items() if key not in seeds]
         if self.max_trials is None:
             return first + rest
         if len(first) >= self.max_trials:

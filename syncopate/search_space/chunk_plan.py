@@ -35,7 +35,7 @@ from syncopate.errors import ConfigError
 
 __all__ = [
     "A_STATIONARY", "C_STATIONARY", "STATIONARY_KINDS", "DECOMPOSED", "COPY_ENGINE_KINDS", "UNFUSED", "PLANLESS_KINDS", "CANDIDATE_TEMPLATES", "TEMPLATES", "COLLECTIVES", "Transfer", "ChunkPlan", "build_plan",
-    "block_bounds", "chunk_bounds", "gather_gemms", "gather_parts", "gather_splits_refusal", "halves", "peers_ahead",
+    "block_bounds", "chunk_bounds", "gather_gemms", "gather_parts", "gather_splits_refusal", "gather_takes", "halves", "peers_ahead",
     "peers_behind", "row_chunks",
 ]
 
@@ -113,10 +113,17 @@ def gather_parts(world_size: int, splits: int) -> int:
     return max(1, splits // max(1, world_size - 1))
 
 
+def gather_takes(world_size: int, splits: int) -> bool:
+    """Whether a decomposed all-gather matmul on `world_size` ranks takes `splits` whatever its
+    shard's rows: 1 to ws-1 (groups of the peers' shards) or a multiple of ws-1 (parts of each)."""
+    peers = world_size - 1
+    return splits >= 1 and not (peers > 1 and splits > peers and splits % peers)
+
+
 def gather_splits_refusal(world_size: int, splits: int, m_local: int) -> str | None:
     """Why a decomposed all-gather matmul cannot take `splits` (None where it can)."""
     peers = world_size - 1
-    if splits < 1 or (peers > 1 and splits > peers and splits % peers):
+    if not gather_takes(world_size, splits):
         return (f"decomposed all-gather on {world_size} ranks takes num_splits 1 to {peers} (GEMMs over groups of "
                 f"the peers' shards) or a multiple of {peers} (each shard cut into num_splits/{peers} parts, a GEMM "
                 f"each), not {splits}")

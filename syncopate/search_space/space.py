@@ -31,6 +31,7 @@ from syncopate.search_space.chunk_plan import (
     chunk_bounds,
     gather_parts,
     gather_splits_refusal,
+    gather_takes,
 )
 from syncopate.search_space.tile_order import CONSUMER_ORDERS, PRODUCER_ORDERS
 from syncopate.search_space.topology import Topology
@@ -259,7 +260,7 @@ def decomposed_splits(kind: str, world_size: int, wanted) -> list[int]:
     peers = world_size - 1
     out: list[int] = []
     for s in wanted:
-        if kind == "ag_gemm" and peers > 1 and s > peers and s % peers:
+        if kind == "ag_gemm" and s >= 1 and not gather_takes(world_size, s):
             s = s // peers * peers
         if s not in out:
             out.append(s)
