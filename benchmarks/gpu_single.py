@@ -14,7 +14,8 @@ consumer's tile configurations on the GEMM-bound ag_gemm shapes, `paced` the con
 peer's chunks landing at the two-H200 link's pace, its own rows copied, in place or read from the shard,
 `gluon` the producer in Gluon against the Triton producer, `gluon-paced` the same with the peer's
 partials landing while they run, `gluon-ranks` both for rank 0 of four ranks, `gluon-consumer` the
-consumer in Gluon against the Triton consumer, chunks there and paced.
+consumer in Gluon against the Triton consumer, chunks there and paced, `waves` the consumer on
+per-rank GEMMs that fill a whole number of waves or not.
 """
 
 from __future__ import annotations
@@ -584,13 +585,25 @@ def tiles_matrix():
     return cases
 
 
+def waves_matrix():
+    """The consumer on per-rank GEMMs whose 128×256 tiles fill a whole number of waves of the GPU's
+    programs or not (M=8192, K=4096: N=2560 is 640 tiles, 4.85 waves of 132; 2752, TP=4's
+    AG+GEMM 8192×11008×4096, is 704, 5.33; 2816 is 704 too; 3072, 768, 5.82), chunks there, beside
+    cuBLAS; and with 128×128 tiles."""
+    cases = []
+    for n in (2560, 2752, 2816, 3072):
+        for cfg in ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4)):
+            cases.append(lambda n=n, cfg=cfg: consumer_case(8192, n, 4096, cfg, 2, own="shard"))
+    return cases
+
+
 def main():
     cfgs = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (128, 256, 64, 8, 2), (128, 128, 64, 4, 4)]
     cases = []
     modes = {"producer": producer_matrix, "scatter": scatter_matrix, "occupancy": occupancy_matrix,
              "tiles": tiles_matrix, "host": host_matrix, "paced": paced_matrix,
              "gluon": gluon_matrix, "gluon-paced": gluon_paced_matrix,
-             "gluon-ranks": gluon_ranks_matrix, "gluon-consumer": gluon_consumer_matrix}
+             "gluon-ranks": gluon_ranks_matrix, "gluon-consumer": gluon_consumer_matrix, "waves": waves_matrix}
     if len(sys.argv) == 2 and sys.argv[1] in modes:
         return report(modes[sys.argv[1]]())
     for (m, n, k) in [(8192, 5504, 4096), (8192, 14336, 8192), (8192, 1024, 8192), (8192, 2048, 8192)]:

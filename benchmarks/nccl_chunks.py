@@ -3,12 +3,16 @@ chunks, each chunk's NCCL collective on a side stream once its GEMM has ended, a
 alone, the collective alone and both in sequence (what a job does without Syncopate).
 
     torchrun --nproc-per-node 4 benchmarks/nccl_chunks.py [--kinds ar,rs] [--splits 2,4,8] [--ctas 16,32]
+        [--carveout 0,16,32]
 
 M N K as `syncopate bench` takes them (K the whole reduction; a rank holds K/ranks of it); the
 default shapes are the suites' (configs/llama_tp2.yaml, llama_tp4.yaml). A reduce-scatter's chunk j
 is rows chunk j of every rank's block, computed by one batched GEMM into the layout NCCL's
-reduce-scatter takes. `--ctas N` adds process groups whose communicator runs on at most N CTAs (and
-at least 4), `--high-priority` gives their internal stream a high priority. bf16; timed by
+reduce-scatter takes. `--carveout 0,16,32` runs the chunked calls with cuBLAS told to leave that many
+SMs free (torch's experimental SM carveout, and the SM count target of torch's cuBLAS handle), so
+that NCCL's kernels find SMs while a chunk's GEMM runs; the GEMM alone under each carveout is printed
+too. `--ctas N` adds process groups whose communicator runs on at most N CTAs (and at least 4),
+`--high-priority` gives their internal stream a high priority. bf16; timed by
 `syncopate.kernels.timing.time_collective` (L2 flushed, the ranks started together, the largest
 over the ranks; the median of 15 after 4 warm-up calls); error against the fp32 product reduced by
 the same collective. Rank 0 prints one line a variant, with bound/time
@@ -37,6 +41,8 @@ def main() -> None:
     ap.add_argument("--splits", default="2,4,8")
     ap.add_argument("--ctas", default="", help="NCCL max CTAs of extra process groups, comma-separated")
     ap.add_argument("--high-priority", action="store_true", help="the extra groups' streams at high priority")
+    ap.add_argument("--carveout", default="0",
+                    help="SMs cuBLAS leaves free in the chunked calls (torch's SM carveout), comma-separated")
     ap.add_argument("--shape", action="append", default=[], help="M,N,K (repeatable; default: the suites')")
     args = ap.parse_args()
 
@@ -61,6 +67,25 @@ def main() -> None:
         groups[name] = dist.new_group(ranks, backend="nccl", pg_options=opts)
     main_stream, side = torch.cuda.current_stream(), torch.cuda.Stream()
     splits = [int(s) for s in args.splits.split(",")]
+    carveouts = [int(c) for c in args.carveout.split(",")]
+    sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
+
+    def set_carveout(carve: int) -> None:
+        """torch's carveout, and the SM count target of torch's cuBLAS handle set directly (the
+        library torch loaded, found in this process's maps): 0 lifts both."""
+        import ctypes
+
+        torch._C._set_sm_carveout_experimental(carve or None)
+        torch.matmul(torch.ones(8, 8, device=dev), torch.ones(8, 8, device=dev))  # cuBLAS loaded
+        with open("/proc/self/maps") as f:
+            path = next((line.split()[-1] for line in f if "libcublas.so" in line), None)
+        if path is None:
+            return
+        lib = ctypes.CDLL(path)
+        err = lib.cublasSetSmCountTarget(ctypes.c_void_p(torch.cuda.current_blas_handle()),
+                                         ctypes.c_int(sm_count - carve if carve else 0))
+        if err != 0 and rank == 0:
+            print(f"cublasSetSmCountTarget failed: {err}")
 
     def timed(fn) -> float:
         return time_collective(fn, dist.group.WORLD, warmup=4, repetitions=15).median_us
@@ -133,13 +158,21 @@ def main() -> None:
             report(kind, shape, "gemm alone", gemm, bound)
             report(kind, shape, "collective alone", coll, bound)
             report(kind, shape, "in sequence", seq, bound)
-            for name, pg in groups.items():
-                for s in splits:
-                    call = overlapped(compute, collective, span, s, pg)
-                    call()
-                    torch.cuda.synchronize()
-                    err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
-                    report(kind, shape, f"{s} chunks, {name}", timed(call), bound, err)
+            for carve in carveouts:
+                set_carveout(carve)
+                tag = f", cuBLAS leaves {carve} SMs" if carve else ""
+                if carve:
+                    gemm_carved = timed(lambda: torch.matmul(a, b, out=full))
+                    report(kind, shape, f"gemm alone{tag}", gemm_carved, bound)
+                for name, pg in groups.items():
+                    for s in splits:
+                        call = overlapped(compute, collective, span, s, pg)
+                        out.fill_(float("nan"))
+                        call()
+                        torch.cuda.synchronize()
+                        err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+                        report(kind, shape, f"{s} chunks, {name}{tag}", timed(call), bound, err)
+            set_carveout(0)
     dist.destroy_process_group()
 
 
