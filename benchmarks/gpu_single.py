@@ -589,11 +589,17 @@ def waves_matrix():
     """The consumer on per-rank GEMMs whose 128×256 tiles fill a whole number of waves of the GPU's
     programs or not (M=8192, K=4096: N=2560 is 640 tiles, 4.85 waves of 132; 2752, TP=4's
     AG+GEMM 8192×11008×4096, is 704, 5.33; 2816 is 704 too; 3072, 768, 5.82), chunks there, beside
-    cuBLAS; and with 128×128 tiles."""
+    cuBLAS; and with 128×128 tiles; then N=2752 with the peer's chunks landing at 351 GB/s. Each with
+    the last wave's tiles cut in K (the default) and whole (SYNCOPATE_SPLIT_TAIL=0) in turn."""
     cases = []
     for n in (2560, 2752, 2816, 3072):
         for cfg in ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4)):
-            cases.append(lambda n=n, cfg=cfg: consumer_case(8192, n, 4096, cfg, 2, own="shard"))
+            for cut in ("1", "0"):
+                cases.append(with_env("SYNCOPATE_SPLIT_TAIL", cut, lambda n=n, cfg=cfg: consumer_case(
+                    8192, n, 4096, cfg, 2, own="shard")))
+    for cut in ("1", "0"):  # the peer's chunks landing while it runs, at the link's pace
+        cases.append(with_env("SYNCOPATE_SPLIT_TAIL", cut, lambda: consumer_case(
+            8192, 2752, 4096, (128, 256, 64, 8, 3), 2, own="shard", pace_gbps=351.0)))
     return cases
 
 

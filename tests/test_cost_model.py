@@ -262,3 +262,27 @@ def test_the_gemm_alone_halves_from_four_to_eight_gpus(kind):
         topo = Topology.from_key(key)
         gemm[key] = CostModel(default_calibration(topo)).baselines(w, topo)["gemm_alone"]
     assert gemm["H200x4-nvswitch"] / gemm["H200x8-nvswitch"] == pytest.approx(2.0, rel=0.1)
+
+
+def test_the_consumer_s_last_wave_is_cut_in_k_as_the_kernel_cuts_it(monkeypatch):
+    import syncopate.autotuner.cost_model as cm
+
+    # 10 positions on 4 programs: the last wave's 2 tiles, each in 2 parts, on all 4 programs, each
+    # when its tile's rows are there, for half the tile's time plus the parts' sums.
+    need = padded(np.array([[0.0] * 8 + [5.0, 7.0]]), 4, -np.inf)
+    dur = padded(np.array([[10.0] * 10]), 4, 0.0)
+    cut_need, cut_dur = cm._cut_tail(need, dur, 2, 10, 1.5)
+    assert cut_need[0, 2].tolist() == [5.0, 5.0, 7.0, 7.0]
+    assert cut_dur[0, 2].tolist() == [6.5] * 4
+    assert (cut_need[0, :2] == need[0, :2]).all() and (cut_dur[0, :2] == dur[0, :2]).all()
+
+    # AG+GEMM 8192×29568×8192 on two GPUs: 3712 tiles of 128×256 leave 16 for a last wave of 132,
+    # cut in 4; the simulated kernel ends about three quarters of a tile earlier.
+    w = Workload(kind="ag_gemm", shape=(8192, 29568, 8192))
+    c = Candidate(backend="copy_engine", template="direct", num_splits=2, block_m=128, block_n=256, block_k=64,
+                  group_m=8, num_warps=8, num_stages=3)
+    cut = CostModel(CAL).predict(w, TOPO, c)
+    monkeypatch.setattr(cm, "tail_split", lambda *args: 0)
+    whole = CostModel(CAL).predict(w, TOPO, c)
+    tile_us = whole.kernel_us / whole.waves
+    assert 0.5 * tile_us < whole.kernel_us - cut.kernel_us < tile_us

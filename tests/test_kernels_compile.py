@@ -23,7 +23,8 @@ def test_every_launched_kernel_variant_compiles_for_sm90():
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     ok = [line for line in lines if line.startswith("ok ")]
-    assert len(ok) == 17, done.stdout
+    assert len(ok) == 19, done.stdout
+    assert sum("tail cut in K" in line for line in ok) == 2, done.stdout
     assert sum("tma epilogue" in line for line in ok) == 2, done.stdout
     # In Gluon: the producer (both kinds, four ranks) and the consumer (its shard, a K-major B).
     assert sum(" gluon " in line for line in ok) == 5, done.stdout

@@ -15,7 +15,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest
 import torch
 
-from syncopate.kernels.launch import launch_chunk_copy, launch_consumer, launch_producer
+from syncopate.kernels.launch import launch_chunk_copy, launch_consumer, launch_producer, tail_split
 from syncopate.kernels.tables import (
     ENTERED_BASE,
     LOCAL_BASE,
@@ -27,7 +27,7 @@ from syncopate.kernels.tables import (
     recv_offset,
     recv_rows,
 )
-from syncopate.search_space import Candidate, block_bounds
+from syncopate.search_space import TAIL_MAX_SPLIT, Candidate, block_bounds
 
 CPU = torch.device("cpu")
 
@@ -43,7 +43,8 @@ def rand(*shape, seed):
     return (torch.randn(*shape, generator=g) / 4).to(torch.float16)
 
 
-def run_consumer(ws, rank, m, n, k, c, epoch=3, missing_slot=None, spin_limit=0, b_kmajor=False, seed=0, own=False):
+def run_consumer(ws, rank, m, n, k, c, epoch=3, missing_slot=None, spin_limit=0, b_kmajor=False, seed=0, own=False,
+                 programs=3, cache=None):
     """One rank's consumer with every chunk there. `own`: the rank's shard passed apart, its rows of
     the gathered buffer poisoned, and its own chunks' words raised only where a tile reads them
     from the gathered buffer (`tables.own_rows_later`)."""
@@ -63,8 +64,8 @@ def run_consumer(ws, rank, m, n, k, c, epoch=3, missing_slot=None, spin_limit=0,
         signals[slot] = epoch if slot != missing_slot else epoch - 1
     error = torch.zeros(1, dtype=torch.int32)
     out = torch.full((m, n), float("nan"), dtype=torch.float16)
-    launch_consumer(a_full, b, out, tables, c, epoch, signals, error, 3, spin_limit,
-                    a_own=a[r0:r1].clone() if own else None, own_row0=r0)
+    launch_consumer(a_full, b, out, tables, c, epoch, signals, error, programs, spin_limit,
+                    a_own=a[r0:r1].clone() if own else None, own_row0=r0, cache=cache)
     return out, (a.float() @ b.float()), int(error.item())
 
 
@@ -130,6 +131,45 @@ def test_a_chunk_that_never_arrives_times_out_instead_of_hanging(which):
     assert err == 1
     _, _, err = run_consumer(2, 0, 128, 32, 32, c, spin_limit=20)
     assert err == 0
+
+
+def test_tail_split_cuts_a_last_wave_of_at_most_half_the_programs(monkeypatch):
+    assert tail_split(704, 132, 64) == 3  # AG+GEMM 8192×11008×4096 at TP=4, 128×256 tiles: 44 left over
+    assert tail_split(660, 132, 64) == 0  # whole waves
+    assert tail_split(1408, 132, 64) == 0  # 88 left over: more than half the programs
+    assert tail_split(100, 132, 64) == 0  # less than one wave
+    assert tail_split(661, 132, 64) == TAIL_MAX_SPLIT  # one tile left over, cut as far as it goes
+    assert tail_split(704, 132, 2) == 2  # no part without a K step
+    assert tail_split(704, 132, 1) == 0
+    assert tail_split(704, 132, 64, own_tiles=661) == 0  # the rank's own tiles reach into the tail
+    monkeypatch.setenv("SYNCOPATE_SPLIT_TAIL", "0")
+    assert tail_split(704, 132, 64) == 0
+
+
+@pytest.mark.parametrize("programs, k, split", [(5, 96, 2), (10, 96, 3), (10, 160, 4)])
+@pytest.mark.parametrize("own", [False, True])
+def test_consumer_cuts_the_tiles_of_its_last_wave_in_k(programs, k, split, own):
+    # 192×64 in 32×32 tiles: 12 tiles, 2 left over for the last wave of 5 or 10 programs.
+    c = cand(template="direct", num_splits=2, tile_order="arrival")
+    assert tail_split(12, programs, k // 32) == split
+    cache = {}
+    for epoch in (3, 4, 5):  # back to back: each call's last parts clear the words the next waits on
+        for rank in range(2):
+            out, ref, err = run_consumer(2, rank, 192, 64, k, c, epoch=epoch, seed=40 + epoch + rank,
+                                         programs=programs, cache=cache, own=own, spin_limit=200)
+            assert err == 0
+            assert torch.isfinite(out).all(), "a tile was not written"
+            assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2), f"rank {rank}: wrong tiles"
+            (parts, flags), = [v for key, v in cache.items() if key[0] == "tail"]
+            assert flags.numel() == 2 * (split - 1) and not flags.any(), "a part's word was left raised"
+
+
+def test_a_tail_tile_whose_chunk_never_arrives_times_out():
+    c = cand(template="direct", num_splits=2, tile_order="arrival")
+    plan = plan_for("ag_gemm", "direct", 2, 192, 2, 32)
+    slot = plan.recvs(0, "gather")[-1].signal  # the last chunk to arrive: the tail's tiles read it
+    _, _, err = run_consumer(2, 0, 192, 64, 96, c, missing_slot=slot, spin_limit=20, programs=5)
+    assert err == 1
 
 
 def _guarded(rows, n):

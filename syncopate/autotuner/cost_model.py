@@ -65,6 +65,7 @@ from syncopate.search_space import (
     halves,
     producer_schedule,
     row_chunks,
+    tail_split,
 )
 
 __all__ = ["CostModel", "Prediction"]
@@ -281,8 +282,13 @@ class CostModel:
         programs = max(1, min(topo.sm_count - reserved, group.positions))
         tile_us = self._tile_us(TileConfig.of(c), k_local, programs, w.dtype)
         durations = self._durations(group, programs, tile_us, k_local, c, w.element_bytes)
-        run = _consumer if role == "consumer" else _producer
-        end, kernel_end, comm_end, stall = run(self, w, plan, ctx, group, programs, durations)
+        if role == "consumer":
+            split = tail_split(group.positions, programs, -(-k_local // c.block_k))
+            # the last wave's parts: a part's share of the tile, its float32 sum stored and read back
+            extra = split * c.block_m * c.block_n * 4 / (self.calibration.costs.hbm_gbps * 1e3 / programs)
+            end, kernel_end, comm_end, stall = _consumer(self, w, plan, ctx, group, programs, durations, split, extra)
+        else:
+            end, kernel_end, comm_end, stall = _producer(self, w, plan, ctx, group, programs, durations)
         slowest = int(np.argmax(end))
         return Prediction(
             candidate=c, time_us=call_us + float(end[slowest]), kernel_us=float(np.max(kernel_end)),
@@ -418,7 +424,23 @@ def _a_stationary_us(model: CostModel, w: Workload, topo: Topology,
     return max(clock, link_free), clock, link_free
 
 
-def _consumer(model: CostModel, w, plan, ctx, group, programs, durations):
+def _cut_tail(need: np.ndarray, durations: np.ndarray, split: int, positions: int, extra_us: float):
+    """The consumer's last wave with each of its tiles cut into `split` K parts
+    (`search_space.tail_split`): program u takes part u % split of the wave's tile u // split, when
+    that tile's rows are there, for 1/split of its time plus `extra_us` (its sum stored in float32
+    and the last part's reading of the others')."""
+    programs = need.shape[2]
+    whole, rest = divmod(positions, programs)
+    owner = np.arange(rest * split) // split
+    need, durations = need.copy(), durations.copy()
+    last_need, last = need[:, whole, :rest].copy(), durations[:, whole, :rest].copy()
+    need[:, whole, :], durations[:, whole, :] = -np.inf, 0.0
+    need[:, whole, : rest * split] = last_need[:, owner]
+    durations[:, whole, : rest * split] = last[:, owner] / split + extra_us
+    return need, durations
+
+
+def _consumer(model: CostModel, w, plan, ctx, group, programs, durations, split: int = 0, extra_us: float = 0.0):
     costs = model.calibration.costs
     start = costs.launch_us
     # The kernel reads each rank's own rows from its shard (and the backends send them from there):
@@ -429,6 +451,8 @@ def _consumer(model: CostModel, w, plan, ctx, group, programs, durations):
         model._table(plan, "gather", ctx).run(None, arrival, start)
     comm_end = float(np.max(arrival))
     need = padded(group.per_position(arrival) + costs.wait_us, programs, -np.inf)
+    if split:
+        need, durations = _cut_tail(need, durations, split, group.positions, extra_us)
     slowdown = costs.overlap_slowdown.get(ctx.backend, 0.0) if plan.world_size > 1 else 0.0
     run = run_programs(programs, start, need, durations, comm_end=comm_end, slowdown=slowdown,
                        positions=group.positions)

@@ -20,6 +20,7 @@ from syncopate.kernels import gluon_kernels
 from syncopate.kernels.context import kept_allocations
 from syncopate.kernels.tables import ENTERED_BASE, MEET_BASE, READY_BASE
 from syncopate.kernels.triton_kernels import chunk_copy_kernel, consumer_kernel, graph_entry_kernel, producer_kernel
+from syncopate import search_space
 from syncopate.search_space import Candidate
 
 __all__ = [
@@ -324,6 +325,33 @@ def own_shard_readable(a_full: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
     return a_own.dim() == 2 and (not use_tma(a_full, b_mat, out) or use_tma(a_own))
 
 
+def tail_split(tiles: int, programs: int, k_steps: int, own_tiles: int = 0) -> int:
+    """`search_space.tail_split`, unless SYNCOPATE_SPLIT_TAIL=0 keeps every tile whole."""
+    if getenv("SYNCOPATE_SPLIT_TAIL", "1") == "0":
+        return 0
+    return search_space.tail_split(tiles, programs, k_steps, own_tiles)
+
+
+def _tail_buffers(cache: dict | None, device: torch.device, slots: int, c: Candidate) -> tuple | None:
+    """Float32 part buffers and their words for `slots` tail parts of c's tiles: kept in a context's
+    `cache` (each call's last parts clear the words), else made for this call; None under a CUDA
+    graph capture that finds none kept (what it made would be the graph's to reuse)."""
+    key = ("tail", device, slots, c.block_m, c.block_n)
+    if cache is not None and key in cache:
+        return cache[key]
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    made = (torch.empty(slots * c.block_m * c.block_n, dtype=torch.float32, device=device),
+            torch.zeros(slots, dtype=torch.int32, device=device))
+    if cache is not None:
+        cache[key] = made
+    return made
+
+
+_NO_PARTS: dict[torch.device, torch.Tensor] = {}
+"""A one-element float32 tensor a device, passed as the part buffer where no tile is cut."""
+
+
 def launch_consumer(
     a_full: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tables, c: Candidate, epoch: int,
     signals: torch.Tensor, error: torch.Tensor, num_programs: int, spin_limit: int = 0, cache: dict | None = None,
@@ -357,6 +385,16 @@ def launch_consumer(
                                grid, spin_limit, cache, key)
         return
     tma = use_tma(a_full, b_mat, out, a_own)
+    tiles = tables.order.numel()
+    split = tail_split(tiles, grid[0], triton.cdiv(K, c.block_k), own_tiles)
+    buffers = _tail_buffers(cache, out.device, tiles % grid[0] * (split - 1), c) if split else None
+    if buffers is None:
+        split = 0
+        if out.device not in _NO_PARTS:
+            _NO_PARTS[out.device] = torch.zeros(1, dtype=torch.float32, device=out.device)
+        buffers = (_NO_PARTS[out.device], signals)
+    tail_start = tiles - tiles % grid[0] if split else tiles
+    parts, flags = buffers
     args = (
         a_full, b, out,
         _descriptor(a_full, [c.block_m, c.block_k]) if tma else None,
@@ -365,7 +403,7 @@ def launch_consumer(
         M, N, K, a_full.stride(0), a_full.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
         tables.order, tables.mtile_lo, tables.mtile_hi, tables.chunk_slot, signals, epoch, error, _spin(spin_limit),
         grid[0], a_own, _descriptor(a_own, [c.block_m, c.block_k]) if tma else None, a_own.shape[0], own_row0,
-        a_own.stride(0), a_own.stride(1), own_tiles,
+        a_own.stride(0), a_own.stride(1), own_tiles, tail_start, split, parts, flags,
     )
     kwargs = dict(
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_TMA=tma, B_KMAJOR=kmajor,

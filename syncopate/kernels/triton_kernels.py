@@ -29,7 +29,9 @@ least BLOCK_M rows, so a tile overlaps at most two chunks (`lo` and `hi - 1`).
 Consumer (`ag_gemm`): the leading tiles of the order whose rows are all the rank's own shard read
 it from the caller's tensor, with no wait; the others read the gathered buffer, and when such a tile
 starts, the program waits for the chunk(s) its rows lie in (the rank's own chunks are signalled too,
-by the local copy, for tiles across the shard's edge).
+by the local copy, for tiles across the shard's edge). A last wave of at most half the programs is
+cut in K (`search_space.tail_split`): each of its tiles in parts on as many programs, the last part
+waiting for the others' float32 sums (`_consumer_tail`).
 Producer (`gemm_rs`, `gemm_ar`): entries (a tile and the one chunk whose rows it finishes) in the
 order their chunks leave; the epilogue adds the partials received for the chunk's rows of the tile
 (waiting for them first), stores them where they go (the send buffer, or the output for rows this
@@ -210,12 +212,59 @@ def _consumer_tiles(a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc, a_row0, M_A, N,
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
 
+@triton.jit
+def _consumer_tail(a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                   stride_cm, stride_cn, order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, epoch,
+                   error_ptr, max_spin, unit, tail_start, tail_split, tiles_n, k_tiles, part_ptr, flag_ptr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
+                   B_KMAJOR: tl.constexpr, ASM_WAIT: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """Part `unit % tail_split` of the K steps of tail tile `unit // tail_split` (position
+    tail_start + that of the order). Every part but the last stores its float32 sum in its slot of
+    `part_ptr` and raises its word of `flag_ptr` (release); the last part waits for those words,
+    adds the slots to its own sum, stores the tile and clears the words for the next call."""
+    t = unit // tail_split
+    q = unit - t * tail_split
+    tile = tl.load(order_ptr + tail_start + t)
+    tm = tile // tiles_n
+    lo = tl.load(mtile_lo_ptr + tm)
+    hi = tl.load(mtile_hi_ptr + tm)
+    gate = _wait_slot(signal_ptr, tl.load(chunk_slot_ptr + lo), epoch, error_ptr, max_spin, ASM_WAIT)
+    if hi - 1 != lo:
+        gate += _wait_slot(signal_ptr, tl.load(chunk_slot_ptr + hi - 1), epoch, error_ptr, max_spin, ASM_WAIT)
+    off_m = tm * BLOCK_M
+    off_n = (tile - tm * tiles_n) * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ki in range(q * k_tiles // tail_split, (q + 1) * k_tiles // tail_split):
+        a, b = _load_ab(a_ptr, b_ptr, a_desc, b_desc, off_m + gate, off_n, ki * BLOCK_K, M, N, K, stride_am,
+                        stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR)
+        acc = tl.dot(a, b, acc)
+    cells = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    first_slot = t * (tail_split - 1)
+    if q < tail_split - 1:
+        tl.store(part_ptr + (first_slot + q).to(tl.int64) * (BLOCK_M * BLOCK_N) + cells, acc)
+        tl.debug_barrier()  # every thread's part stored before the release below
+        tl.atomic_xchg(flag_ptr + first_slot + q, epoch, sem="release", scope="gpu")
+    else:
+        for p in range(0, tail_split - 1):
+            g = _wait_slot(flag_ptr, first_slot + p, epoch, error_ptr, max_spin, ASM_WAIT)
+            acc += tl.load(part_ptr + (first_slot + p + g).to(tl.int64) * (BLOCK_M * BLOCK_N) + cells)
+            tl.atomic_xchg(flag_ptr + first_slot + p, 0, sem="relaxed", scope="gpu")
+        if USE_TMA:
+            c_desc.store([off_m, off_n], acc.to(OUT_DTYPE))
+        else:
+            rows = off_m + tl.arange(0, BLOCK_M)
+            cols = off_n + tl.arange(0, BLOCK_N)
+            tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn, acc.to(OUT_DTYPE),
+                     mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
 @triton.jit(do_not_specialize=["epoch"])
 def consumer_kernel(
     a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc,
     M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, epoch, error_ptr, max_spin, num_programs,
     own_ptr, own_desc, own_rows, own_row0, stride_om, stride_ok, own_tiles,
+    tail_start, tail_split, part_ptr, flag_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
     B_KMAJOR: tl.constexpr, ASM_WAIT: tl.constexpr, OUT_DTYPE: tl.constexpr,
 ):
@@ -227,12 +276,19 @@ def consumer_kernel(
     positions read A from the gathered buffer; chunk c of it is there once
     `signal[chunk_slot[c]] >= epoch`. With USE_TMA, `a_desc`, `own_desc`, `b_desc` (over B, or Bᵀ
     with B_KMAJOR) and `c_desc` are TMA descriptors; otherwise pointers and strides.
+
+    With `tail_split` of 2 or more, the positions from `tail_start` on (fewer than half a wave of
+    programs; `tail_start` a multiple of P) are cut in K: program u < (tiles - tail_start) ·
+    tail_split computes part u % tail_split of position tail_start + u // tail_split after its
+    whole tiles (`_consumer_tail`; float32 parts in `part_ptr`, their words in `flag_ptr`), so that
+    the last wave is as short as a part rather than a tile.
     """
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
     num_tiles = tl.cdiv(M, BLOCK_M) * tiles_n
     k_tiles = tl.cdiv(K, BLOCK_K)
-    my_tiles = tl.cdiv(num_tiles - pid, num_programs)
+    whole = tl.where(tail_split > 1, tail_start, num_tiles)
+    my_tiles = tl.cdiv(whole - pid, num_programs)
     my_own = tl.cdiv(tl.maximum(own_tiles - pid, 0), num_programs)
     _consumer_tiles(own_ptr, b_ptr, c_ptr, own_desc, b_desc, c_desc, own_row0, own_rows, N, K, stride_om, stride_ok,
                     stride_bk, stride_bn, stride_cm, stride_cn, order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr,
@@ -242,6 +298,12 @@ def consumer_kernel(
                     stride_bn, stride_cm, stride_cn, order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr,
                     epoch, error_ptr, max_spin, num_programs, pid + my_own * num_programs, my_tiles - my_own, tiles_n,
                     k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR, ASM_WAIT, OUT_DTYPE, True)
+    if tail_split > 1:
+        if pid < (num_tiles - tail_start) * tail_split:
+            _consumer_tail(a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc, M, N, K, stride_am, stride_ak, stride_bk,
+                           stride_bn, stride_cm, stride_cn, order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr,
+                           signal_ptr, epoch, error_ptr, max_spin, pid, tail_start, tail_split, tiles_n, k_tiles,
+                           part_ptr, flag_ptr, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR, ASM_WAIT, OUT_DTYPE)
 
 
 @triton.jit

@@ -52,10 +52,12 @@ from syncopate.search_space.space import (
 from syncopate.search_space.tile_order import (
     CONSUMER_ORDERS,
     PRODUCER_ORDERS,
+    TAIL_MAX_SPLIT,
     TILE_ORDERS,
     TileSchedule,
     consumer_schedule,
     producer_schedule,
+    tail_split,
 )
 from syncopate.search_space.topology import GPUS, INTERCONNECTS, GpuSpec, Topology, topology_key
 from syncopate.search_space.workload import DTYPES, KINDS, MAX_DIM, MAX_ELEMENTS, Shape, Workload, canonical_dtype, dtype_bytes
@@ -112,6 +114,8 @@ __all__ = [
     "check_candidate",
     "check_liveness",
     "consumer_schedule",
+    "tail_split",
+    "TAIL_MAX_SPLIT",
     "default_candidate",
     "empty_space_message",
     "dtype_bytes",

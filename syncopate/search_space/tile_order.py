@@ -52,12 +52,36 @@ __all__ = [
     "consumer_schedule",
     "producer_schedule",
     "swizzle_group",
+    "TAIL_MAX_SPLIT",
+    "tail_split",
 ]
 
 CONSUMER_ORDERS: tuple[str, ...] = ("arrival", "arrival_colmajor", "swizzle", "row_major")
 PRODUCER_ORDERS: tuple[str, ...] = ("arrival", "arrival_colmajor", "swizzle", "row_major", "kept_interleaved")
 TILE_ORDERS: tuple[str, ...] = tuple(dict.fromkeys(CONSUMER_ORDERS + PRODUCER_ORDERS))
 """Every tile order name."""
+
+
+TAIL_MAX_SPLIT = 4
+"""Most parts a tile of the consumer's last wave is cut into (`tail_split`)."""
+
+
+def tail_split(tiles: int, programs: int, k_steps: int, own_tiles: int = 0) -> int:
+    """How many K parts the all-gather's consumer cuts each tile of its last, partly filled wave into
+    (0: none).
+
+    `tiles` positions over `programs` persistent programs leave `tiles % programs` for a last wave
+    that costs as long as a full one. Where that remainder is at most half the programs, each of
+    its tiles is cut into as many K parts as fit among the programs (at most TAIL_MAX_SPLIT, at
+    least one K step each), so the wave takes about a part's time and the parts' sum. Not where the
+    rank's own tiles (read from its shard, first in the order) reach into that wave."""
+    if programs < 2:
+        return 0
+    whole, rest = divmod(tiles, programs)
+    if whole < 1 or rest == 0 or 2 * rest > programs or own_tiles > whole * programs:
+        return 0
+    split = min(programs // rest, TAIL_MAX_SPLIT, k_steps)
+    return split if split >= 2 else 0
 
 
 def swizzle_group(tms: list[int], tiles_n: int, group_m: int) -> list[tuple[int, int]]:

@@ -3,7 +3,8 @@
 The interpreter runs the kernels' logic but not what only the compiler sees: the TMA descriptor
 path, the PTX acquire waits, register-heavy epilogues, and whatever a Triton release changed in its
 front end. This script points Triton at an sm_90 target, makes every launch a compile-only warm-up,
-and compiles the variants the tuner launches on GPUs (TMA and pointer paths, K-major B, split and
+and compiles the variants the tuner launches on GPUs (TMA and pointer paths, the consumer's last wave
+cut in K, K-major B, split and
 unsplit producer epilogues, pointer and TMA epilogues, kept chunks finished in the epilogue or deferred, reduce-scatter and
 all-reduce, the consumer and producer in Gluon, the SM-driven copier, a captured call's entry). Run it in a fresh
 process without TRITON_INTERPRET; it prints one line per variant and exits 1 if any fails.
@@ -152,6 +153,11 @@ def variants():
     yield "consumer tma 128x256 bf16", True, lambda: consumer(Candidate(num_splits=2, **big), bf16, False)
     yield "consumer tma 128x128 fp16 b k-major", True, lambda: consumer(Candidate(num_splits=4, **small), fp16, True)
     yield "consumer pointers 128x128 bf16", False, lambda: consumer(Candidate(num_splits=1, **small), bf16, False)
+    # 5632 rows in 128×256 tiles: 176 tiles, 44 left over for the last wave, cut in K in three
+    yield "consumer tma 128x256 bf16 tail cut in K", True, lambda: consumer(
+        Candidate(num_splits=2, **big), bf16, False, m=5632)
+    yield "consumer pointers 128x256 fp16 tail cut in K", False, lambda: consumer(
+        Candidate(num_splits=2, **big), fp16, True, m=5632)
     yield "gemm_rs tma 128x256 (split epilogue) bf16", True, lambda: producer("gemm_rs", Candidate(num_splits=2, **big), bf16, False)
     yield "gemm_rs pointers 128x128 fp16 b k-major", False, lambda: producer("gemm_rs", Candidate(num_splits=1, **small), fp16, True)
     yield "gemm_ar tma 128x128 bf16", True, lambda: producer("gemm_ar", Candidate(num_splits=4, **small), bf16, False)
