@@ -29,6 +29,11 @@ def test_every_launched_kernel_variant_compiles_for_sm90():
     # In Gluon: the producer (both kinds, four ranks) and the consumer (its shard, a K-major B).
     assert sum(" gluon " in line for line in ok) == 5, done.stdout
     assert all("acquire loads" in line for line in ok)
+    # The consumer's last-wave parts add up in slices: the kernel keeps its main loop's registers (a
+    # whole second tile had taken it to 255 and spills, leaving no room on an SM for a copy beside it).
+    consumers = [line for line in ok if line.startswith("ok    consumer") and " gluon " not in line]
+    assert consumers and all(", 0 stack bytes" in line for line in consumers), done.stdout
+    assert all(int(line.split(" registers")[0].rsplit(" ", 1)[1]) <= 232 for line in consumers), done.stdout
     # Every wait the consumer and producer compile is an acquire load (the copier and a captured
     # call's entry poll with atomics).
     assert all(" 0 acquire loads" not in line for line in ok if "copier" not in line and "entry" not in line), done.stdout

@@ -134,6 +134,8 @@ def test_a_chunk_that_never_arrives_times_out_instead_of_hanging(which):
 
 
 def test_tail_split_cuts_a_last_wave_of_at_most_half_the_programs(monkeypatch):
+    assert tail_split(704, 132, 64) == 0  # opt-in
+    monkeypatch.setenv("SYNCOPATE_SPLIT_TAIL", "1")
     assert tail_split(704, 132, 64) == 3  # AG+GEMM 8192×11008×4096 at TP=4, 128×256 tiles: 44 left over
     assert tail_split(660, 132, 64) == 0  # whole waves
     assert tail_split(1408, 132, 64) == 0  # 88 left over: more than half the programs
@@ -148,8 +150,9 @@ def test_tail_split_cuts_a_last_wave_of_at_most_half_the_programs(monkeypatch):
 
 @pytest.mark.parametrize("programs, k, split", [(5, 96, 2), (10, 96, 3), (10, 160, 4)])
 @pytest.mark.parametrize("own", [False, True])
-def test_consumer_cuts_the_tiles_of_its_last_wave_in_k(programs, k, split, own):
+def test_consumer_cuts_the_tiles_of_its_last_wave_in_k(monkeypatch, programs, k, split, own):
     # 192×64 in 32×32 tiles: 12 tiles, 2 left over for the last wave of 5 or 10 programs.
+    monkeypatch.setenv("SYNCOPATE_SPLIT_TAIL", "1")
     c = cand(template="direct", num_splits=2, tile_order="arrival")
     assert tail_split(12, programs, k // 32) == split
     cache = {}
@@ -161,10 +164,11 @@ def test_consumer_cuts_the_tiles_of_its_last_wave_in_k(programs, k, split, own):
             assert torch.isfinite(out).all(), "a tile was not written"
             assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2), f"rank {rank}: wrong tiles"
             (parts, flags), = [v for key, v in cache.items() if key[0] == "tail"]
-            assert flags.numel() == 2 * (split - 1) and not flags.any(), "a part's word was left raised"
+            assert flags.numel() == 2 * split and not flags.any(), "a part's word was left raised"
 
 
-def test_a_tail_tile_whose_chunk_never_arrives_times_out():
+def test_a_tail_tile_whose_chunk_never_arrives_times_out(monkeypatch):
+    monkeypatch.setenv("SYNCOPATE_SPLIT_TAIL", "1")
     c = cand(template="direct", num_splits=2, tile_order="arrival")
     plan = plan_for("ag_gemm", "direct", 2, 192, 2, 32)
     slot = plan.recvs(0, "gather")[-1].signal  # the last chunk to arrive: the tail's tiles read it

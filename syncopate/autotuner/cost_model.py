@@ -66,6 +66,7 @@ from syncopate.search_space import (
     producer_schedule,
     row_chunks,
     tail_split,
+    tail_split_on,
 )
 
 __all__ = ["CostModel", "Prediction"]
@@ -283,7 +284,7 @@ class CostModel:
         tile_us = self._tile_us(TileConfig.of(c), k_local, programs, w.dtype)
         durations = self._durations(group, programs, tile_us, k_local, c, w.element_bytes)
         if role == "consumer":
-            split = tail_split(group.positions, programs, -(-k_local // c.block_k))
+            split = tail_split(group.positions, programs, -(-k_local // c.block_k)) if tail_split_on() else 0
             # the last wave's parts: a part's share of the tile, its float32 sum stored and read back
             extra = split * c.block_m * c.block_n * 4 / (self.calibration.costs.hbm_gbps * 1e3 / programs)
             end, kernel_end, comm_end, stall = _consumer(self, w, plan, ctx, group, programs, durations, split, extra)

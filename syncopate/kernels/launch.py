@@ -326,14 +326,15 @@ def own_shard_readable(a_full: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
 
 
 def tail_split(tiles: int, programs: int, k_steps: int, own_tiles: int = 0) -> int:
-    """`search_space.tail_split`, unless SYNCOPATE_SPLIT_TAIL=0 keeps every tile whole."""
-    if getenv("SYNCOPATE_SPLIT_TAIL", "1") == "0":
+    """`search_space.tail_split` where SYNCOPATE_SPLIT_TAIL=1 asks for it, else 0 (every tile whole)."""
+    if getenv("SYNCOPATE_SPLIT_TAIL", "0") != "1":
         return 0
     return search_space.tail_split(tiles, programs, k_steps, own_tiles)
 
 
 def _tail_buffers(cache: dict | None, device: torch.device, slots: int, c: Candidate) -> tuple | None:
-    """Float32 part buffers and their words for `slots` tail parts of c's tiles: kept in a context's
+    """Float32 part buffers and their words for `slots` tail parts of c's tiles (a slot and a word
+    for each part of each tile of the last wave; the last part of a tile uses no word): kept in a context's
     `cache` (each call's last parts clear the words), else made for this call; None under a CUDA
     graph capture that finds none kept (what it made would be the graph's to reuse)."""
     key = ("tail", device, slots, c.block_m, c.block_n)
@@ -387,7 +388,7 @@ def launch_consumer(
     tma = use_tma(a_full, b_mat, out, a_own)
     tiles = tables.order.numel()
     split = tail_split(tiles, grid[0], triton.cdiv(K, c.block_k), own_tiles)
-    buffers = _tail_buffers(cache, out.device, tiles % grid[0] * (split - 1), c) if split else None
+    buffers = _tail_buffers(cache, out.device, tiles % grid[0] * split, c) if split else None
     if buffers is None:
         split = 0
         if out.device not in _NO_PARTS:

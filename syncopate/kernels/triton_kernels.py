@@ -213,15 +213,17 @@ def _consumer_tiles(a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc, a_row0, M_A, N,
 
 
 @triton.jit
-def _consumer_tail(a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+def _consumer_tail(a_ptr, b_ptr, c_ptr, a_desc, b_desc, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                    stride_cm, stride_cn, order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, epoch,
                    error_ptr, max_spin, unit, tail_start, tail_split, tiles_n, k_tiles, part_ptr, flag_ptr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
                    B_KMAJOR: tl.constexpr, ASM_WAIT: tl.constexpr, OUT_DTYPE: tl.constexpr):
     """Part `unit % tail_split` of the K steps of tail tile `unit // tail_split` (position
-    tail_start + that of the order). Every part but the last stores its float32 sum in its slot of
-    `part_ptr` and raises its word of `flag_ptr` (release); the last part waits for those words,
-    adds the slots to its own sum, stores the tile and clears the words for the next call."""
+    tail_start + that of the order). Every part stores its float32 sum in its slot of `part_ptr`;
+    every part but the last then raises its word of `flag_ptr` (release), and the last waits for
+    those words, adds the slots up a slice of rows at a time (no second tile in registers, so the
+    kernel keeps the registers of its main loop), stores the tile and clears the words."""
+    SLICE: tl.constexpr = 32 if BLOCK_M >= 32 else BLOCK_M
     t = unit // tail_split
     q = unit - t * tail_split
     tile = tl.load(order_ptr + tail_start + t)
@@ -238,24 +240,28 @@ def _consumer_tail(a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc, M, N, K, stride_
         a, b = _load_ab(a_ptr, b_ptr, a_desc, b_desc, off_m + gate, off_n, ki * BLOCK_K, M, N, K, stride_am,
                         stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR)
         acc = tl.dot(a, b, acc)
+    first = t * tail_split
     cells = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    first_slot = t * (tail_split - 1)
+    tl.store(part_ptr + (first + q).to(tl.int64) * (BLOCK_M * BLOCK_N) + cells, acc)
+    tl.debug_barrier()  # every thread's part stored before the release below, or the slices read
     if q < tail_split - 1:
-        tl.store(part_ptr + (first_slot + q).to(tl.int64) * (BLOCK_M * BLOCK_N) + cells, acc)
-        tl.debug_barrier()  # every thread's part stored before the release below
-        tl.atomic_xchg(flag_ptr + first_slot + q, epoch, sem="release", scope="gpu")
+        tl.atomic_xchg(flag_ptr + first + q, epoch, sem="release", scope="gpu")
     else:
+        g = 0
         for p in range(0, tail_split - 1):
-            g = _wait_slot(flag_ptr, first_slot + p, epoch, error_ptr, max_spin, ASM_WAIT)
-            acc += tl.load(part_ptr + (first_slot + p + g).to(tl.int64) * (BLOCK_M * BLOCK_N) + cells)
-            tl.atomic_xchg(flag_ptr + first_slot + p, 0, sem="relaxed", scope="gpu")
-        if USE_TMA:
-            c_desc.store([off_m, off_n], acc.to(OUT_DTYPE))
-        else:
-            rows = off_m + tl.arange(0, BLOCK_M)
-            cols = off_n + tl.arange(0, BLOCK_N)
-            tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn, acc.to(OUT_DTYPE),
+            g += _wait_slot(flag_ptr, first + p, epoch, error_ptr, max_spin, ASM_WAIT)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        for r in tl.static_range(0, BLOCK_M, SLICE):
+            local = r + tl.arange(0, SLICE)
+            part_cells = local[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            total = tl.zeros((SLICE, BLOCK_N), dtype=tl.float32)
+            for p in range(0, tail_split):
+                total += tl.load(part_ptr + (first + p + g).to(tl.int64) * (BLOCK_M * BLOCK_N) + part_cells)
+            rows = off_m + local
+            tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn, total.to(OUT_DTYPE),
                      mask=(rows[:, None] < M) & (cols[None, :] < N))
+        for p in range(0, tail_split - 1):
+            tl.atomic_xchg(flag_ptr + first + p, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["epoch"])
@@ -280,7 +286,8 @@ def consumer_kernel(
     With `tail_split` of 2 or more, the positions from `tail_start` on (fewer than half a wave of
     programs; `tail_start` a multiple of P) are cut in K: program u < (tiles - tail_start) ·
     tail_split computes part u % tail_split of position tail_start + u // tail_split after its
-    whole tiles (`_consumer_tail`; float32 parts in `part_ptr`, their words in `flag_ptr`), so that
+    whole tiles (`_consumer_tail`; float32 parts in `part_ptr`, tail_split slots a tile, their words
+    in `flag_ptr`), so that
     the last wave is as short as a part rather than a tile.
     """
     pid = tl.program_id(0)
@@ -300,7 +307,7 @@ def consumer_kernel(
                     k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR, ASM_WAIT, OUT_DTYPE, True)
     if tail_split > 1:
         if pid < (num_tiles - tail_start) * tail_split:
-            _consumer_tail(a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc, M, N, K, stride_am, stride_ak, stride_bk,
+            _consumer_tail(a_ptr, b_ptr, c_ptr, a_desc, b_desc, M, N, K, stride_am, stride_ak, stride_bk,
                            stride_bn, stride_cm, stride_cn, order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr,
                            signal_ptr, epoch, error_ptr, max_spin, pid, tail_start, tail_split, tiles_n, k_tiles,
                            part_ptr, flag_ptr, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR, ASM_WAIT, OUT_DTYPE)

@@ -39,6 +39,7 @@ Pure Python.
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass
 
 from syncopate.errors import ConfigError
@@ -54,6 +55,7 @@ __all__ = [
     "swizzle_group",
     "TAIL_MAX_SPLIT",
     "tail_split",
+    "tail_split_on",
 ]
 
 CONSUMER_ORDERS: tuple[str, ...] = ("arrival", "arrival_colmajor", "swizzle", "row_major")
@@ -66,9 +68,15 @@ TAIL_MAX_SPLIT = 4
 """Most parts a tile of the consumer's last wave is cut into (`tail_split`)."""
 
 
+def tail_split_on() -> bool:
+    """Whether the all-gather's consumer cuts its last wave in K: opt-in, SYNCOPATE_SPLIT_TAIL=1
+    (measured faster on four H200s, but the kernel as it stands has not run on a GPU yet)."""
+    return os.environ.get("SYNCOPATE_SPLIT_TAIL", "0") == "1"
+
+
 def tail_split(tiles: int, programs: int, k_steps: int, own_tiles: int = 0) -> int:
     """How many K parts the all-gather's consumer cuts each tile of its last, partly filled wave into
-    (0: none).
+    (0: none), where `tail_split_on`.
 
     `tiles` positions over `programs` persistent programs leave `tiles % programs` for a last wave
     that costs as long as a full one. Where that remainder is at most half the programs, each of

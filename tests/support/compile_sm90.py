@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 import time
 import traceback
 
@@ -87,6 +88,15 @@ def consumer(c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1024, own=Fals
                            own_row0=lo)
 
 
+def tail_on(build):
+    """`build` with the consumer's last wave cut in K (SYNCOPATE_SPLIT_TAIL=1, opt-in)."""
+    os.environ["SYNCOPATE_SPLIT_TAIL"] = "1"
+    try:
+        return build()
+    finally:
+        del os.environ["SYNCOPATE_SPLIT_TAIL"]
+
+
 def producer(kind: str, c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1536, ws=2):
     all_reduce = kind == "gemm_ar"
     plan = plan_for(kind, c.template, ws, m, c.num_splits, c.block_m)
@@ -154,10 +164,10 @@ def variants():
     yield "consumer tma 128x128 fp16 b k-major", True, lambda: consumer(Candidate(num_splits=4, **small), fp16, True)
     yield "consumer pointers 128x128 bf16", False, lambda: consumer(Candidate(num_splits=1, **small), bf16, False)
     # 5632 rows in 128×256 tiles: 176 tiles, 44 left over for the last wave, cut in K in three
-    yield "consumer tma 128x256 bf16 tail cut in K", True, lambda: consumer(
-        Candidate(num_splits=2, **big), bf16, False, m=5632)
-    yield "consumer pointers 128x256 fp16 tail cut in K", False, lambda: consumer(
-        Candidate(num_splits=2, **big), fp16, True, m=5632)
+    yield "consumer tma 128x256 bf16 tail cut in K", True, lambda: tail_on(lambda: consumer(
+        Candidate(num_splits=2, **big), bf16, False, m=5632))
+    yield "consumer pointers 128x256 fp16 tail cut in K", False, lambda: tail_on(lambda: consumer(
+        Candidate(num_splits=2, **big), fp16, True, m=5632))
     yield "gemm_rs tma 128x256 (split epilogue) bf16", True, lambda: producer("gemm_rs", Candidate(num_splits=2, **big), bf16, False)
     yield "gemm_rs pointers 128x128 fp16 b k-major", False, lambda: producer("gemm_rs", Candidate(num_splits=1, **small), fp16, True)
     yield "gemm_ar tma 128x128 bf16", True, lambda: producer("gemm_ar", Candidate(num_splits=4, **small), bf16, False)
@@ -183,6 +193,24 @@ def variants():
     yield "captured call's entry, two ranks", False, lambda: graph_entry(2)
 
 
+def resources(cubin: bytes) -> str:
+    """`N registers, M spill bytes` of the cubin's kernel, from Triton's bundled cuobjdump."""
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia import compiler as nvidia
+
+    tool = Path(nvidia.__file__).parent / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    regs = re.search(r"REG:(\d+)", out)
+    stack = re.search(r"STACK:(\d+)", out)
+    return f"{regs.group(1) if regs else '?'} registers, {stack.group(1) if stack else '?'} stack bytes"
+
+
 def main() -> int:
     failed = 0
     for name, tma, build in variants():
@@ -195,7 +223,7 @@ def main() -> int:
             cubin, ptx = kernel.asm["cubin"], kernel.asm["ptx"]
             waits = ptx.count("ld.acquire") + ptx.count("ld.global.acquire")
             print(f"ok    {name}: {len(cubin)} bytes of sm_90 code, {kernel.metadata.shared} B shared memory, "
-                  f"{waits} acquire loads ({time.perf_counter() - t0:.1f} s)", flush=True)
+                  f"{waits} acquire loads, {resources(cubin)} ({time.perf_counter() - t0:.1f} s)", flush=True)
         except Exception:
             failed += 1
             print(f"FAIL  {name}\n{traceback.format_exc()}", flush=True)
