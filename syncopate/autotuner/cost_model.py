@@ -285,9 +285,7 @@ class CostModel:
         durations = self._durations(group, programs, tile_us, k_local, c, w.element_bytes)
         if role == "consumer":
             split = tail_split(group.positions, programs, -(-k_local // c.block_k)) if tail_split_on() else 0
-            # the last wave's parts: a part's share of the tile, its float32 sum stored and read back
-            extra = split * c.block_m * c.block_n * 4 / (self.calibration.costs.hbm_gbps * 1e3 / programs)
-            end, kernel_end, comm_end, stall = _consumer(self, w, plan, ctx, group, programs, durations, split, extra)
+            end, kernel_end, comm_end, stall = _consumer(self, w, plan, ctx, group, programs, durations, split)
         else:
             end, kernel_end, comm_end, stall = _producer(self, w, plan, ctx, group, programs, durations)
         slowest = int(np.argmax(end))
@@ -441,7 +439,7 @@ def _cut_tail(need: np.ndarray, durations: np.ndarray, split: int, positions: in
     return need, durations
 
 
-def _consumer(model: CostModel, w, plan, ctx, group, programs, durations, split: int = 0, extra_us: float = 0.0):
+def _consumer(model: CostModel, w, plan, ctx, group, programs, durations, split: int = 0):
     costs = model.calibration.costs
     start = costs.launch_us
     # The kernel reads each rank's own rows from its shard (and the backends send them from there):
@@ -452,7 +450,9 @@ def _consumer(model: CostModel, w, plan, ctx, group, programs, durations, split:
         model._table(plan, "gather", ctx).run(None, arrival, start)
     comm_end = float(np.max(arrival))
     need = padded(group.per_position(arrival) + costs.wait_us, programs, -np.inf)
-    if split:
+    if split:  # the last wave's parts: each a share of its tile, its float32 sum stored and read back
+        c = ctx.candidate
+        extra_us = split * c.block_m * c.block_n * 4 / (costs.hbm_gbps * 1e3 / programs)
         need, durations = _cut_tail(need, durations, split, group.positions, extra_us)
     slowdown = costs.overlap_slowdown.get(ctx.backend, 0.0) if plan.world_size > 1 else 0.0
     run = run_programs(programs, start, need, durations, comm_end=comm_end, slowdown=slowdown,

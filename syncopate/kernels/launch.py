@@ -326,8 +326,8 @@ def own_shard_readable(a_full: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
 
 
 def tail_split(tiles: int, programs: int, k_steps: int, own_tiles: int = 0) -> int:
-    """`search_space.tail_split` where SYNCOPATE_SPLIT_TAIL=1 asks for it, else 0 (every tile whole)."""
-    if getenv("SYNCOPATE_SPLIT_TAIL", "0") != "1":
+    """`search_space.tail_split` where `search_space.tail_split_on`, else 0 (every tile whole)."""
+    if not search_space.tail_split_on(getenv):
         return 0
     return search_space.tail_split(tiles, programs, k_steps, own_tiles)
 
