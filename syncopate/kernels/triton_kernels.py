@@ -167,6 +167,24 @@ def _load_ab(a_ptr, b_ptr, a_desc, b_desc, off_m, off_n, k, M, N, K, stride_am, 
 
 
 @triton.jit
+def _tile_at(order_ptr, i, tiles_n, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, epoch, error_ptr, max_spin,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM_WAIT: tl.constexpr, WAIT: tl.constexpr):
+    """The output tile at position i of the consumer's order: its first row and column, and, with
+    WAIT, once the chunk(s) its rows lie in have arrived, the wait's gate (0, to add to an offset
+    so that the loads depend on the wait)."""
+    tile = tl.load(order_ptr + i)
+    tm = tile // tiles_n
+    gate = 0
+    if WAIT:
+        lo = tl.load(mtile_lo_ptr + tm)
+        hi = tl.load(mtile_hi_ptr + tm)
+        gate = _wait_slot(signal_ptr, tl.load(chunk_slot_ptr + lo), epoch, error_ptr, max_spin, ASM_WAIT)
+        if hi - 1 != lo:
+            gate += _wait_slot(signal_ptr, tl.load(chunk_slot_ptr + hi - 1), epoch, error_ptr, max_spin, ASM_WAIT)
+    return tm * BLOCK_M, (tile - tm * tiles_n) * BLOCK_N, gate
+
+
+@triton.jit
 def _consumer_tiles(a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc, a_row0, M_A, N, K, stride_am, stride_ak, stride_bk,
                     stride_bn, stride_cm, stride_cn, order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr,
                     epoch, error_ptr, max_spin, num_programs, first, count, tiles_n, k_tiles,
@@ -185,19 +203,9 @@ def _consumer_tiles(a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc, a_row0, M_A, N,
         ki = tl.where(ki == k_tiles - 1, 0, ki + 1)
         if ki == 0:
             i += num_programs
-            tile = tl.load(order_ptr + i)
-            tm = tile // tiles_n
-            gate = 0
-            if WAIT:
-                lo = tl.load(mtile_lo_ptr + tm)
-                hi = tl.load(mtile_hi_ptr + tm)
-                gate = _wait_slot(signal_ptr, tl.load(chunk_slot_ptr + lo), epoch, error_ptr, max_spin, ASM_WAIT)
-                if hi - 1 != lo:
-                    gate += _wait_slot(signal_ptr, tl.load(chunk_slot_ptr + hi - 1), epoch, error_ptr, max_spin,
-                                       ASM_WAIT)
-            off_m = tm * BLOCK_M
+            off_m, off_n, gate = _tile_at(order_ptr, i, tiles_n, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr,
+                                          signal_ptr, epoch, error_ptr, max_spin, BLOCK_M, BLOCK_N, ASM_WAIT, WAIT)
             a_row = off_m - a_row0 + gate
-            off_n = (tile - tm * tiles_n) * BLOCK_N
         a, b = _load_ab(a_ptr, b_ptr, a_desc, b_desc, a_row, off_n, ki * BLOCK_K, M_A, N, K, stride_am, stride_ak,
                         stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR)
         acc = tl.dot(a, b, acc)
@@ -226,15 +234,8 @@ def _consumer_tail(a_ptr, b_ptr, c_ptr, a_desc, b_desc, M, N, K, stride_am, stri
     SLICE: tl.constexpr = 32 if BLOCK_M >= 32 else BLOCK_M
     t = unit // tail_split
     q = unit - t * tail_split
-    tile = tl.load(order_ptr + tail_start + t)
-    tm = tile // tiles_n
-    lo = tl.load(mtile_lo_ptr + tm)
-    hi = tl.load(mtile_hi_ptr + tm)
-    gate = _wait_slot(signal_ptr, tl.load(chunk_slot_ptr + lo), epoch, error_ptr, max_spin, ASM_WAIT)
-    if hi - 1 != lo:
-        gate += _wait_slot(signal_ptr, tl.load(chunk_slot_ptr + hi - 1), epoch, error_ptr, max_spin, ASM_WAIT)
-    off_m = tm * BLOCK_M
-    off_n = (tile - tm * tiles_n) * BLOCK_N
+    off_m, off_n, gate = _tile_at(order_ptr, tail_start + t, tiles_n, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr,
+                                  signal_ptr, epoch, error_ptr, max_spin, BLOCK_M, BLOCK_N, ASM_WAIT, True)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for ki in range(q * k_tiles // tail_split, (q + 1) * k_tiles // tail_split):
         a, b = _load_ab(a_ptr, b_ptr, a_desc, b_desc, off_m + gate, off_n, ki * BLOCK_K, M, N, K, stride_am,
