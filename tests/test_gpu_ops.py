@@ -134,7 +134,7 @@ def matrix(quick: bool = False, world: int = 2):
         except ConfigError:
             continue
         cases.append((kind, "bf16", whole[kind], c.to_dict(), 10 if quick else 20))
-    # The consumer's last wave cut in K (SYNCOPATE_SPLIT_TAIL=1): 5632 rows in 128×256 tiles leave 44
+    # The consumer's last wave cut in K (the default): 5632 rows in 128×256 tiles leave 44
     # of 176 tiles (two ranks) for a last wave of 132 programs, each cut in three. (The 128×128 cases
     # of `shapes` above leave 66 of 198 on two ranks, each cut in two, with the copy engine.)
     if "ag_gemm" in shapes:

@@ -134,8 +134,7 @@ def test_a_chunk_that_never_arrives_times_out_instead_of_hanging(which):
 
 
 def test_tail_split_cuts_a_last_wave_of_at_most_half_the_programs(monkeypatch):
-    assert tail_split(704, 132, 64) == 0  # opt-in
-    monkeypatch.setenv("SYNCOPATE_SPLIT_TAIL", "1")
+    monkeypatch.delenv("SYNCOPATE_SPLIT_TAIL", raising=False)
     assert tail_split(704, 132, 64) == 3  # AG+GEMM 8192×11008×4096 at TP=4, 128×256 tiles: 44 left over
     assert tail_split(660, 132, 64) == 0  # whole waves
     assert tail_split(1408, 132, 64) == 0  # 88 left over: more than half the programs

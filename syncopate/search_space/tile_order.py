@@ -69,10 +69,10 @@ TAIL_MAX_SPLIT = 4
 
 
 def tail_split_on(getenv=os.environ.get) -> bool:
-    """Whether the all-gather's consumer cuts its last wave in K: opt-in, SYNCOPATE_SPLIT_TAIL=1
-    (measured faster on four H200s, but the kernel as it stands has not run on a GPU yet). The
-    launcher passes its own `getenv` (the same lookup, cheaper on the host)."""
-    return getenv("SYNCOPATE_SPLIT_TAIL", "0") == "1"
+    """Whether the all-gather's consumer cuts its last wave in K: yes unless SYNCOPATE_SPLIT_TAIL=0
+    (which keeps every tile whole, to measure against). The launcher passes its own `getenv` (the
+    same lookup, cheaper on the host)."""
+    return getenv("SYNCOPATE_SPLIT_TAIL", "1") != "0"
 
 
 def tail_split(tiles: int, programs: int, k_steps: int, own_tiles: int = 0) -> int:

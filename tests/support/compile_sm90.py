@@ -89,7 +89,8 @@ def consumer(c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1024, own=Fals
 
 
 def tail_on(build):
-    """`build` with the consumer's last wave cut in K (SYNCOPATE_SPLIT_TAIL=1, opt-in)."""
+    """`build` with the consumer's last wave cut in K (the default; SYNCOPATE_SPLIT_TAIL=0 keeps its
+    tiles whole)."""
     os.environ["SYNCOPATE_SPLIT_TAIL"] = "1"
     try:
         return build()
