@@ -15,7 +15,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest
 import torch
 
-from syncopate.kernels.launch import launch_chunk_copy, launch_consumer, launch_producer, tail_split
+from syncopate.kernels.launch import launch_chunk_copy, launch_consumer, launch_producer
 from syncopate.kernels.tables import (
     ENTERED_BASE,
     LOCAL_BASE,
@@ -27,7 +27,7 @@ from syncopate.kernels.tables import (
     recv_offset,
     recv_rows,
 )
-from syncopate.search_space import TAIL_MAX_SPLIT, Candidate, block_bounds
+from syncopate.search_space import TAIL_MAX_SPLIT, Candidate, block_bounds, tail_split
 
 CPU = torch.device("cpu")
 

@@ -66,7 +66,6 @@ from syncopate.search_space import (
     producer_schedule,
     row_chunks,
     tail_split,
-    tail_split_on,
 )
 
 __all__ = ["CostModel", "Prediction"]
@@ -284,7 +283,7 @@ class CostModel:
         tile_us = self._tile_us(TileConfig.of(c), k_local, programs, w.dtype)
         durations = self._durations(group, programs, tile_us, k_local, c, w.element_bytes)
         if role == "consumer":
-            split = tail_split(group.positions, programs, -(-k_local // c.block_k)) if tail_split_on() else 0
+            split = tail_split(group.positions, programs, -(-k_local // c.block_k))
             end, kernel_end, comm_end, stall = _consumer(self, w, plan, ctx, group, programs, durations, split)
         else:
             end, kernel_end, comm_end, stall = _producer(self, w, plan, ctx, group, programs, durations)

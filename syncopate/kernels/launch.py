@@ -325,13 +325,6 @@ def own_shard_readable(a_full: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
     return a_own.dim() == 2 and (not use_tma(a_full, b_mat, out) or use_tma(a_own))
 
 
-def tail_split(tiles: int, programs: int, k_steps: int, own_tiles: int = 0) -> int:
-    """`search_space.tail_split` where `search_space.tail_split_on`, else 0 (every tile whole)."""
-    if not search_space.tail_split_on(getenv):
-        return 0
-    return search_space.tail_split(tiles, programs, k_steps, own_tiles)
-
-
 def _tail_buffers(cache: dict | None, device: torch.device, slots: int, c: Candidate) -> tuple | None:
     """Float32 part buffers and their words for `slots` tail parts of c's tiles (a slot and a word
     for each part of each tile of the last wave; the last part of a tile uses no word): kept in a context's
@@ -387,7 +380,7 @@ def launch_consumer(
         return
     tma = use_tma(a_full, b_mat, out, a_own)
     tiles = tables.order.numel()
-    split = tail_split(tiles, grid[0], triton.cdiv(K, c.block_k), own_tiles)
+    split = search_space.tail_split(tiles, grid[0], triton.cdiv(K, c.block_k), own_tiles, getenv)
     buffers = _tail_buffers(cache, out.device, tiles % grid[0] * split, c) if split else None
     if buffers is None:
         split = 0

@@ -75,16 +75,17 @@ def tail_split_on(getenv=os.environ.get) -> bool:
     return getenv("SYNCOPATE_SPLIT_TAIL", "1") != "0"
 
 
-def tail_split(tiles: int, programs: int, k_steps: int, own_tiles: int = 0) -> int:
+def tail_split(tiles: int, programs: int, k_steps: int, own_tiles: int = 0, getenv=os.environ.get) -> int:
     """How many K parts the all-gather's consumer cuts each tile of its last, partly filled wave into
-    (0: none), where `tail_split_on`.
+    (0: none, also wherever `tail_split_on(getenv)` is not). The kernel's launcher and the cost model
+    both ask here.
 
     `tiles` positions over `programs` persistent programs leave `tiles % programs` for a last wave
     that costs as long as a full one. Where that remainder is at most half the programs, each of
     its tiles is cut into as many K parts as fit among the programs (at most TAIL_MAX_SPLIT, at
     least one K step each), so the wave takes about a part's time and the parts' sum. Not where the
     rank's own tiles (read from its shard, first in the order) reach into that wave."""
-    if programs < 2:
+    if programs < 2 or not tail_split_on(getenv):
         return 0
     whole, rest = divmod(tiles, programs)
     if whole < 1 or rest == 0 or 2 * rest > programs or own_tiles > whole * programs:

@@ -91,11 +91,15 @@ def consumer(c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1024, own=Fals
 def tail_on(build):
     """`build` with the consumer's last wave cut in K (the default; SYNCOPATE_SPLIT_TAIL=0 keeps its
     tiles whole)."""
+    before = os.environ.get("SYNCOPATE_SPLIT_TAIL")
     os.environ["SYNCOPATE_SPLIT_TAIL"] = "1"
     try:
         return build()
     finally:
-        del os.environ["SYNCOPATE_SPLIT_TAIL"]
+        if before is None:
+            del os.environ["SYNCOPATE_SPLIT_TAIL"]
+        else:
+            os.environ["SYNCOPATE_SPLIT_TAIL"] = before
 
 
 def producer(kind: str, c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1536, ws=2):
