@@ -5,7 +5,7 @@ one rank's output block (or the whole GEMM) timed against the whole GEMM.
     python benchmarks/gemm_split.py ar 8192 4096 11008 [--ranks 2]  # decomposed's row chunks
 
 M N K as `syncopate bench` takes them (K the whole reduction; a rank holds K/ranks of it). Events
-around each variant, 10 warm-up calls, the median of 50; bf16. A variant's time is the sum of its
+around each variant, enqueued during a device sleep, 10 warm-up calls, the median of 50; bf16. A variant's time is the sum of its
 GEMMs as they run back to back on one stream; `rate` is the whole GEMM's time for the same FLOPs
 over the variant's. Not `gpu_single.py`'s timing (L2 flushed, a device sleep before each call): a
 template's GEMMs run back to back in a call, warm, and cold-started the same comparison reads
@@ -20,6 +20,11 @@ import statistics
 import sys
 
 
+SLEEP_CYCLES = 2_000_000
+"""A device sleep before each timed variant (~1 ms): without it a variant's time held the host's
+time to enqueue it (cuBLAS GEMMs of 512 rows read 57 µs against their kernels' 31)."""
+
+
 def _time(fn, reps: int = 50, warmup: int = 10) -> float:
     import torch
 
@@ -28,6 +33,7 @@ def _time(fn, reps: int = 50, warmup: int = 10) -> float:
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(SLEEP_CYCLES)  # the host enqueues the variant while the device sleeps
         start.record()
         fn()
         end.record()
