@@ -87,12 +87,50 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
         rows.append({"total_us": start.elapsed_time(end) * 1e3,
                      "chunks": [dict(label=l, chunk=list(ch), rows=r, ready_us=t0, done_us=t1) for l, ch, r, t0, t1 in marks]})
     result = {"rank": rank, "rel_error": err, "calls": rows}
+    if args.profile:
+        result["profiled"] = [profiled_call(lambda: fused[args.kind](a, b, g, c, out=out), g, dev) for _ in range(args.calls)]
     gathered = [None] * world
     dist.all_gather_object(gathered, result)
     if rank == 0:
         queue.put(gathered)
     ops.close_contexts()
     dist.destroy_process_group()
+
+
+def profiled_call(call, group, dev) -> list[dict]:
+    """One call under torch's profiler (CUPTI: each kernel's and copy's own start and end on the
+    device, without the timeline's events between them), started as the benchmarks start a call;
+    its device activities, times from the first one's start."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from syncopate.kernels.timing import start_together
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start_together(group, dev, 5000.0)  # the profiler slows the host: a longer sleep to enqueue under
+        call()
+        torch.cuda.synchronize()
+    acts = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "sleep" not in e.name.lower()]
+    if not acts:
+        return []
+    t0 = min(e.time_range.start for e in acts)
+    return sorted(({"name": e.name, "stream": getattr(e, "device_resource_id", -1),
+                    "start_us": e.time_range.start - t0, "end_us": e.time_range.end - t0} for e in acts),
+                  key=lambda x: x["start_us"])
+
+
+def summarize_profile(acts: list[dict]) -> list[str]:
+    """A profiled call's activities, a line each, with the idle time before each on its stream."""
+    lines, last_end = [], {}
+    for x in acts:
+        idle = x["start_us"] - last_end.get(x["stream"], x["start_us"])
+        last_end[x["stream"]] = x["end_us"]
+        kind = "copy" if "memcpy" in x["name"].lower() else "kernel"
+        lines.append(f"    stream {x['stream']:>3}  {x['start_us']:8.1f} .. {x['end_us']:8.1f}  {x['end_us'] - x['start_us']:7.1f} µs  "
+                     f"idle before {idle:6.1f}  {kind:6s} {x['name'][:60]}")
+    if acts:
+        lines.append(f"    device activity from 0 to {max(x['end_us'] for x in acts):.1f} µs")
+    return lines
 
 
 GEMM_LABELS = ("own ", "term of", "product for", "partial for", "partial of", "peers' rows")
@@ -130,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--json", help="write every event time here")
+    p.add_argument("--profile", action="store_true",
+                   help="also run the calls under torch's profiler and print each rank's kernels and copies")
     args = p.parse_args(argv)
     import torch.multiprocessing as mp
 
@@ -149,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in ranks:
         print(f"  rank {r['rank']} (call {median_call}):")
         print("\n".join(summarize(r["calls"][median_call])))
+    for r in ranks if args.profile else []:
+        print(f"  rank {r['rank']} under the profiler (call {median_call}):")
+        print("\n".join(summarize_profile(r["profiled"][median_call])))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "ranks": ranks}, f, indent=1)
