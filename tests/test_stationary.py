@@ -94,7 +94,7 @@ class _World:
                        for name in bufs[r]}
             streams = [_Stream(f"rank {r} side {i}", r) for i in range(3)]
             self.ctxs.append(SimpleNamespace(
-                rank=r, world_size=ws, buffers=buffers, epoch=0, streams=streams,
+                rank=r, world_size=ws, buffers=buffers, epoch=0, streams=streams, remote_writes=True,
                 begin_call=self._begin(r), fork=self._fork(streams), join=self._join,
                 current_stream=lambda: _World.current,
                 signal_address=lambda q, word: (q, word),

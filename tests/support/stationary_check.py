@@ -58,7 +58,7 @@ def _ranks(ws: int, buffers: dict, plan_of, dev):
                 main.wait_event(event)
 
         ctx = SimpleNamespace(
-            pads=pads, rank=r, world_size=ws, begin_call=begin, fork=fork, join=join,
+            pads=pads, rank=r, world_size=ws, begin_call=begin, fork=fork, join=join, remote_writes=True,
             current_stream=torch.cuda.current_stream,
             buffers={name: SimpleNamespace(local=bufs[r][name], peer_ptrs=[bufs[q][name].data_ptr() for q in range(ws)])
                      for name in bufs[r]},
