@@ -201,8 +201,8 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
         # peers' pull of it is what the call ends on, and the hop through an event to `ready` (busy
         # with the chunk before's local copy) delayed it. With the last pull on the caller's stream
         # too (below), gemm_ar 8192x4096x11008 s4 on two H200s, side by side: 530.8 / 531.3 ->
-        # 524.0 / 528.4 us. Earlier chunks' words stay off the caller's stream: a stream write
-        # between two GEMMs cost more than it saved.
+        # 524.0 / 528.4 us on one host, within 1 us on another. Earlier chunks' words stay off the
+        # caller's stream: a stream write between two GEMMs cost more than it saved.
         word_on_main = plan.all_reduce and j == len(own) - 1 and ctx.remote_writes
         if word_on_main:
             for p in plan.peers_sent:
