@@ -1,0 +1,155 @@
+"""Candidates of one workload timed in turn, round after round, in the same processes: for telling
+apart variants a few microseconds apart, which separate `syncopate bench` runs cannot (the same
+candidate read 527-550 µs over four runs on one host, where this read it within ±2 µs).
+
+    python benchmarks/side_by_side.py gemm_ar 8192 4096 11008 decomposed:4 decomposed:2 \
+        "decomposed:4 SYNCOPATE_SOME_SWITCH=1" [--rounds 8] [--gpus 2] [--repetitions 10]
+
+A variant is `TEMPLATE[:SPLITS]` (a_stationary, c_stationary, decomposed, or a fused template with
+the default tile `128x256x64w8s3` and `arrival` order) and environment settings for it alone, set
+before each of its calls and taken away after (switches read at call time; one read at import
+takes the first variant's). One process per GPU; each variant is checked against float32 once
+(output poisoned first), then each round times every variant in turn by the project's method
+(kernels/timing.py: warm-up, L2 flush, ranks started together, events, max over ranks, median of
+the repetitions). Printed: each variant's median and least over the rounds, the GEMM alone timed
+the same way, and every round's figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def parse_variant(text: str) -> tuple[str, int, dict[str, str]]:
+    """`TEMPLATE[:SPLITS] [NAME=VALUE ...]` -> (template, splits, env)."""
+    head, *settings = text.split()
+    template, _, splits = head.partition(":")
+    env = {}
+    for s in settings:
+        name, eq, value = s.partition("=")
+        if not eq or not name:
+            raise ValueError(f"variant {text!r}: {s!r} is not NAME=VALUE")
+        env[name] = value
+    try:
+        count = int(splits) if splits else 2
+    except ValueError:
+        raise ValueError(f"variant {text!r}: splits {splits!r} is not a whole number") from None
+    return template, count, env
+
+
+def _candidate(kind: str, template: str, splits: int):
+    from types import SimpleNamespace
+
+    from benchmarks.timeline import candidate
+
+    return candidate(SimpleNamespace(kind=kind, template=template, splits=splits, tile="128x256x64w8s3",
+                                     order="arrival", group_m=8))
+
+
+def worker(rank: int, world: int, port: int, args, queue) -> None:
+    from syncopate.kernels.local_ranks import join_group
+
+    dev = join_group(rank, world, port)
+    import torch
+    import torch.distributed as dist
+
+    from syncopate.kernels import ops
+    from syncopate.kernels.reference import reference, relative_error
+    from syncopate.kernels.timing import time_collective
+    from syncopate.search_space import Workload
+
+    fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter, "gemm_ar": ops.matmul_all_reduce}[args.kind]
+    shapes = Workload(kind=args.kind, shape=(args.m, args.n, args.k), dtype="bf16").local_shapes(world)
+    torch.manual_seed(rank)
+    a = torch.randn(shapes["a"], device=dev).to(torch.bfloat16)
+    b = (torch.randn(shapes["b"], device=dev) / args.k**0.5).to(torch.bfloat16)
+    out = torch.empty(shapes["out"], dtype=torch.bfloat16, device=dev)
+    g = dist.group.WORLD
+    variants = [(text, *parse_variant(text)) for text in args.variants]
+    switches = {name for *_, env in variants for name in env}
+    saved = {name: os.environ.get(name) for name in switches}
+
+    def with_env(env, fn):
+        os.environ.update(env)
+        try:
+            return fn()
+        finally:
+            for name in env:
+                if saved[name] is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = saved[name]
+
+    ref = reference(args.kind, a, b, g)
+    errors, times = {}, {text: [] for text, *_ in variants}
+    for text, template, splits, env in variants:
+        c = _candidate(args.kind, template, splits)
+
+        def check(c=c):
+            fused(a, b, g, c, out=out)
+            out.fill_(float("nan"))
+            fused(a, b, g, c, out=out)
+            torch.cuda.synchronize()
+            return relative_error(out, ref)
+        errors[text] = with_env(env, check)
+    for _ in range(args.rounds):
+        for text, template, splits, env in variants:
+            c = _candidate(args.kind, template, splits)
+            t = with_env(env, lambda c=c: time_collective(lambda: fused(a, b, g, c, out=out), g,
+                                                          warmup=3, repetitions=args.repetitions))
+            times[text].append(statistics.median(t.samples_us))
+    gemm = time_collective(lambda: torch.matmul(a, b), g, warmup=3, repetitions=2 * args.repetitions)
+    if rank == 0:
+        queue.put((times, errors, statistics.median(gemm.samples_us)))
+    ops.close_contexts()
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("kind", choices=["ag_gemm", "gemm_rs", "gemm_ar"])
+    p.add_argument("m", type=int)
+    p.add_argument("n", type=int)
+    p.add_argument("k", type=int)
+    p.add_argument("variants", nargs="+", help="TEMPLATE[:SPLITS] [NAME=VALUE ...], quoted")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--repetitions", type=int, default=10)
+    p.add_argument("--gpus", type=int, default=2)
+    args = p.parse_args(argv)
+    try:
+        for text in args.variants:
+            parse_variant(text)
+    except ValueError as e:
+        print(f"side_by_side.py: {e}", file=sys.stderr)
+        return 2
+    import torch
+    import torch.multiprocessing as mp
+
+    from syncopate.kernels.local_ranks import free_port
+
+    if torch.cuda.device_count() < args.gpus:
+        print(f"side_by_side.py: {args.gpus} GPUs asked for, {torch.cuda.device_count()} present", file=sys.stderr)
+        return 2
+    for name, value in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}.items():
+        os.environ.setdefault(name, value)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    mp.start_processes(worker, args=(args.gpus, free_port(), args, queue), nprocs=args.gpus, start_method="spawn")
+    times, errors, gemm = queue.get(timeout=10)
+    print(f"{args.kind} {args.m}x{args.n}x{args.k} bf16 on {args.gpus} GPUs, {args.rounds} rounds; "
+          f"GEMM alone {gemm:.1f} µs (0.90 of it: {gemm / 0.9:.1f})")
+    print(f"{'variant':44s} {'median':>8s} {'least':>8s} {'GEMM/med':>8s} {'rel.err':>9s}  rounds")
+    for text, xs in times.items():
+        med = statistics.median(xs)
+        print(f"{text:44s} {med:8.1f} {min(xs):8.1f} {gemm / med:8.3f} {errors[text]:9.2e}  "
+              + " ".join(f"{x:.1f}" for x in xs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
