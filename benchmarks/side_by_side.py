@@ -17,7 +17,6 @@ the same way, and every round's figure.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -111,11 +110,9 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("kind", choices=["ag_gemm", "gemm_rs", "gemm_ar"])
-    p.add_argument("m", type=int)
-    p.add_argument("n", type=int)
-    p.add_argument("k", type=int)
+    from benchmarks.timeline import workload_parser
+
+    p = workload_parser(__doc__.splitlines()[0])
     p.add_argument("variants", nargs="+", help="TEMPLATE[:SPLITS] [NAME=VALUE ...], quoted")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--repetitions", type=int, default=10)
@@ -123,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         for text in args.variants:
-            parse_variant(text)
+            template, splits, _ = parse_variant(text)
+            _candidate(args.kind, template, splits)
     except ValueError as e:
         print(f"side_by_side.py: {e}", file=sys.stderr)
         return 2

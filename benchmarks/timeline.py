@@ -153,12 +153,17 @@ def summarize(call: dict) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def workload_parser(description: str) -> argparse.ArgumentParser:
+    """A parser whose first arguments name the workload as `syncopate bench` takes it: KIND M N K."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("kind", choices=["ag_gemm", "gemm_rs", "gemm_ar"])
-    p.add_argument("m", type=int)
-    p.add_argument("n", type=int)
-    p.add_argument("k", type=int)
+    for dim in ("m", "n", "k"):
+        p.add_argument(dim, type=int)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = workload_parser(__doc__.splitlines()[0])
     p.add_argument("--splits", type=int, default=4)
     p.add_argument("--template", default="direct")
     p.add_argument("--order", default="arrival")

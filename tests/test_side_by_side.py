@@ -23,7 +23,9 @@ def test_a_variant_is_a_template_its_splits_and_its_settings():
 
 @pytest.mark.parametrize("text, said", [("decomposed:four", "'four' is not a whole number"),
                                         ("decomposed:2 SWITCH", "'SWITCH' is not NAME=VALUE"),
-                                        ("decomposed:2 =1", "'=1' is not NAME=VALUE")])
+                                        ("decomposed:2 =1", "'=1' is not NAME=VALUE"),
+                                        ("bogus:2", "unknown plan template 'bogus'"),
+                                        ("decomposed:0", "num_splits=0")])
 def test_a_malformed_variant_is_refused_before_any_gpu_is_asked_for(text, said, capsys):
     assert main(["gemm_ar", "8192", "4096", "11008", "decomposed:4", text]) == 2
     assert said in capsys.readouterr().err
