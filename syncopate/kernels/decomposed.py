@@ -202,17 +202,16 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
         # with the chunk before's local copy) delayed it. With the last pull on the caller's stream
         # too (below), gemm_ar 8192x4096x11008 s4 on two H200s, side by side: 530.8 / 531.3 ->
         # 524.0 / 528.4 us on one host, within 1 us on another. Earlier chunks' words stay off the
-        # caller's stream: a stream write between two GEMMs cost more than it saved.
-        word_on_main = plan.all_reduce and j == len(own) - 1 and ctx.remote_writes
-        if word_on_main:
-            for p in plan.peers_sent:
-                ctx.write_signal(main, p, GATHER + r * slots + j, e)
+        # caller's stream: a stream write between two GEMMs cost more than it saved. (Where streams
+        # cannot write a peer's memory, a context relays a word through a side stream's own
+        # scratch slot, which the caller's stream has none of: the word stays on `ready` there.)
         done = torch.cuda.Event()
         done.record(main)
         ready.wait_event(done)
-        if plan.all_reduce and not word_on_main:
+        if plan.all_reduce:
+            words = main if j == len(own) - 1 and ctx.remote_writes else ready
             for p in plan.peers_sent:
-                ctx.write_signal(ready, p, GATHER + r * slots + j, e)
+                ctx.write_signal(words, p, GATHER + r * slots + j, e)
         streamops.copy_async(ready.cuda_stream, out[o0 + lo :].data_ptr(), acc.data_ptr(), (hi - lo) * row_bytes)
     if plan.all_reduce:
         pulled = {q: plan.own_chunks(q) for q in plan.peers_sent}
