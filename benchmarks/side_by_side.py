@@ -57,19 +57,18 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
     import torch
     import torch.distributed as dist
 
+    from benchmarks.timeline import workload_operands
     from syncopate.kernels import ops
     from syncopate.kernels.reference import reference, relative_error
     from syncopate.kernels.timing import time_collective
-    from syncopate.search_space import Workload
 
-    fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter, "gemm_ar": ops.matmul_all_reduce}[args.kind]
-    shapes = Workload(kind=args.kind, shape=(args.m, args.n, args.k), dtype="bf16").local_shapes(world)
     torch.manual_seed(rank)
-    a = torch.randn(shapes["a"], device=dev).to(torch.bfloat16)
-    b = (torch.randn(shapes["b"], device=dev) / args.k**0.5).to(torch.bfloat16)
-    out = torch.empty(shapes["out"], dtype=torch.bfloat16, device=dev)
+    fused, a, b, out = workload_operands(args, world, dev)
     g = dist.group.WORLD
-    variants = [(text, *parse_variant(text)) for text in args.variants]
+    variants = []
+    for text in args.variants:
+        template, splits, env = parse_variant(text)
+        variants.append((text, _candidate(args.kind, template, splits), env))
     switches = {name for *_, env in variants for name in env}
     saved = {name: os.environ.get(name) for name in switches}
 
@@ -86,9 +85,7 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
 
     ref = reference(args.kind, a, b, g)
     errors, times = {}, {text: [] for text, *_ in variants}
-    for text, template, splits, env in variants:
-        c = _candidate(args.kind, template, splits)
-
+    for text, c, env in variants:
         def check(c=c):
             fused(a, b, g, c, out=out)
             out.fill_(float("nan"))
@@ -97,8 +94,7 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
             return relative_error(out, ref)
         errors[text] = with_env(env, check)
     for _ in range(args.rounds):
-        for text, template, splits, env in variants:
-            c = _candidate(args.kind, template, splits)
+        for text, c, env in variants:
             t = with_env(env, lambda c=c: time_collective(lambda: fused(a, b, g, c, out=out), g,
                                                           warmup=3, repetitions=args.repetitions))
             times[text].append(statistics.median(t.samples_us))

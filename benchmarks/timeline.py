@@ -47,6 +47,21 @@ def candidate(args):
                      group_m=args.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages)
 
 
+def workload_operands(args, world: int, dev):
+    """The fused op of `args.kind` and one rank's fresh bf16 operands and output for the workload
+    `args` names (`workload_parser`'s arguments), on `dev`: (op, a, b, out)."""
+    import torch
+
+    from syncopate.kernels import ops
+    from syncopate.search_space import Workload
+
+    op = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter, "gemm_ar": ops.matmul_all_reduce}[args.kind]
+    shapes = Workload(kind=args.kind, shape=(args.m, args.n, args.k), dtype="bf16").local_shapes(world)
+    a = torch.randn(shapes["a"], device=dev).to(torch.bfloat16)
+    b = (torch.randn(shapes["b"], device=dev) / args.k**0.5).to(torch.bfloat16)
+    return op, a, b, torch.empty(shapes["out"], dtype=torch.bfloat16, device=dev)
+
+
 def worker(rank: int, world: int, port: int, args, queue) -> None:
     from syncopate.kernels.local_ranks import join_group
 
@@ -58,18 +73,12 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
     from syncopate.kernels.context import Timeline
     from syncopate.kernels.reference import reference, relative_error
     from syncopate.kernels.timing import start_together
-    from syncopate.search_space import Workload
 
-    fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter, "gemm_ar": ops.matmul_all_reduce}
     c = candidate(args)
-    w = Workload(kind=args.kind, shape=(args.m, args.n, args.k), dtype="bf16")
-    shapes = w.local_shapes(world)
     g = dist.group.WORLD
-    a = torch.randn(shapes["a"], device=dev).to(torch.bfloat16)
-    b = (torch.randn(shapes["b"], device=dev) / args.k**0.5).to(torch.bfloat16)
-    out = torch.empty(shapes["out"], dtype=torch.bfloat16, device=dev)
+    op, a, b, out = workload_operands(args, world, dev)
     for _ in range(args.warmup):
-        fused[args.kind](a, b, g, c, out=out)
+        op(a, b, g, c, out=out)
     torch.cuda.synchronize()
     err = relative_error(out, reference(args.kind, a, b, g))
     ctx = ops.call_context(args.kind, a, b, g, c)
@@ -79,7 +88,7 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start_together(g, torch.device("cuda", torch.cuda.current_device()), 2000.0)  # as the benchmarks time
         start.record()
-        fused[args.kind](a, b, g, c, out=out)
+        op(a, b, g, c, out=out)
         end.record()
         torch.cuda.synchronize()
         marks = ctx.timeline.times_us(start)
@@ -88,7 +97,7 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
                      "chunks": [dict(label=l, chunk=list(ch), rows=r, ready_us=t0, done_us=t1) for l, ch, r, t0, t1 in marks]})
     result = {"rank": rank, "rel_error": err, "calls": rows}
     if args.profile:
-        result["profiled"] = [profiled_call(lambda: fused[args.kind](a, b, g, c, out=out), g, dev) for _ in range(args.calls)]
+        result["profiled"] = [profiled_call(lambda: op(a, b, g, c, out=out), g, dev) for _ in range(args.calls)]
     gathered = [None] * world
     dist.all_gather_object(gathered, result)
     if rank == 0:
