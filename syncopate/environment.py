@@ -96,7 +96,7 @@ def git_revision() -> str:
 KERNEL_SWITCHES: tuple[str, ...] = (
     "SYNCOPATE_GLUON", "SYNCOPATE_OWN_SHARD", "SYNCOPATE_RELAUNCH", "SYNCOPATE_COMM_FIRST", "SYNCOPATE_TMA",
     "SYNCOPATE_TMA_EPI", "SYNCOPATE_EPI_SPLIT", "SYNCOPATE_DEFER_KEPT", "SYNCOPATE_TIMING_ALIGN",
-    "SYNCOPATE_SPLIT_TAIL",
+    "SYNCOPATE_SPLIT_TAIL", "SYNCOPATE_SM_PULL",
 )
 """Environment switches that change which kernel code a fused op runs (the Gluon kernels, the
 all-gather's own rows, relaunching, …) or how it is timed (`SYNCOPATE_TIMING_ALIGN`): part of every

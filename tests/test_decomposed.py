@@ -125,3 +125,37 @@ def test_the_cost_model_times_it_from_cublas_chunks_and_the_link():
         assert one.time_us > two.time_us and one.time_us - one.kernel_us > two.time_us - two.kernel_us
     best = {t: min(p.time_us for c, p in preds.items() if t in c) for t in (DECOMPOSED, C_STATIONARY)}
     assert best[C_STATIONARY] < best[DECOMPOSED], best
+
+
+@pytest.mark.parametrize("how", ["sm pulls", "switched off", "ranks share a GPU", "rows not 16-byte words"])
+def test_an_all_reduce_ends_on_sm_pulls_that_raise_its_last_word(world, monkeypatch, how):  # noqa: F811
+    """An all-reduce's last pulls (one a peer, on the caller's stream) go through `pull_last`, the
+    first raising the rank's own last word in every peer's pad (no stream write of it), and every
+    call stays right with streams played in random orders; with SYNCOPATE_SM_PULL=0, on a context
+    whose ranks share a GPU, or where a chunk is not whole aligned 16-byte words, the stream path
+    instead, right too."""
+    ws, k_local, splits = 3, 40, 2
+    m, n = (90, 25) if how == "rows not 16-byte words" else (96, 24)  # float32: 100-byte rows, last chunks from row 22
+    if how == "switched off":
+        monkeypatch.setenv("SYNCOPATE_SM_PULL", "0")
+    pulls, fake = [], decomposed.pull_last
+
+    def pull_last(ctx, *args):
+        pulls.append((ctx.rank, args[-2]))
+        fake(ctx, *args)
+
+    monkeypatch.setattr(decomposed, "pull_last", pull_last)
+
+    def make():
+        w = _world(world, ws, m, n, True, splits)
+        for ctx in w.ctxs:
+            ctx.sm_pulls = how != "ranks share a GPU"
+        return w
+
+    check_reduce_calls(make, ws, m, n, k_local, True)
+    calls = 4 * 3 * ws  # four seeds of three calls, every rank
+    if how == "sm pulls":
+        assert sum(raised >= 0 for _, raised in pulls) == calls
+        assert sum(raised < 0 for _, raised in pulls) == calls * (ws - 2)
+    else:
+        assert pulls == []

@@ -2,7 +2,7 @@
 
 The interpreter tests run the kernels' logic; this one runs what only the compiler sees (TMA
 descriptors, the PTX acquire waits, the producer's pointer and TMA epilogues, the consumer and
-producer in Gluon, which no interpreter runs, the copier) in a fresh process, so that a kernel Triton cannot compile
+producer in Gluon, which no interpreter runs, the copier, the last pull) in a fresh process, so that a kernel Triton cannot compile
 fails here rather than at the start of a GPU run.
 """
 
@@ -23,7 +23,7 @@ def test_every_launched_kernel_variant_compiles_for_sm90():
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     ok = [line for line in lines if line.startswith("ok ")]
-    assert len(ok) == 19, done.stdout
+    assert len(ok) == 20, done.stdout
     assert sum("tail cut in K" in line for line in ok) == 2, done.stdout
     assert sum("tma epilogue" in line for line in ok) == 2, done.stdout
     # In Gluon: the producer (both kinds, four ranks) and the consumer (its shard, a K-major B).
@@ -34,6 +34,7 @@ def test_every_launched_kernel_variant_compiles_for_sm90():
     consumers = [line for line in ok if line.startswith("ok    consumer") and " gluon " not in line]
     assert consumers and all(", 0 stack bytes" in line for line in consumers), done.stdout
     assert all(int(line.split(" registers")[0].rsplit(" ", 1)[1]) <= 232 for line in consumers), done.stdout
-    # Every wait the consumer and producer compile is an acquire load (the copier and a captured
-    # call's entry poll with atomics).
-    assert all(" 0 acquire loads" not in line for line in ok if "copier" not in line and "entry" not in line), done.stdout
+    # Every wait the consumer and producer compile is an acquire load (the copier, a captured call's
+    # entry and the decomposed all-reduce's last pull poll with atomics).
+    assert all(" 0 acquire loads" not in line for line in ok
+               if "copier" not in line and "entry" not in line and "last pull" not in line), done.stdout

@@ -94,7 +94,7 @@ class _World:
                        for name in bufs[r]}
             streams = [_Stream(f"rank {r} side {i}", r) for i in range(3)]
             self.ctxs.append(SimpleNamespace(
-                rank=r, world_size=ws, buffers=buffers, epoch=0, streams=streams, remote_writes=True,
+                rank=r, world_size=ws, buffers=buffers, epoch=0, streams=streams, remote_writes=True, sm_pulls=True,
                 begin_call=self._begin(r), fork=self._fork(streams), join=self._join,
                 current_stream=lambda: _World.current,
                 signal_address=lambda q, word: (q, word),
@@ -209,6 +209,19 @@ def world(monkeypatch):
         monkeypatch.setattr(module, "streamops", driver)
     monkeypatch.setattr(c_stationary, "add_product", add_product)
     monkeypatch.setattr(decomposed, "add_partial", add_partial)
+
+    def pull_last(ctx, stream, partials, q, slot, lo, hi, dst, word, epoch, raise_word, spin_limit):
+        """The SM pull as the kernel orders it: the raise, the wait, the copy."""
+        if raise_word >= 0:
+            for p in range(ctx.world_size):
+                if p != ctx.rank:
+                    stream.ops.append(("write", (p, raise_word), epoch))
+        stream.ops.append(("wait", (ctx.rank, word), epoch))
+        row_bytes = dst.stride(0) * dst.element_size()
+        src = partials.peer_ptrs[q] + (slot * partials.local.shape[1] + lo) * row_bytes
+        stream.ops.append(("copy", dst.data_ptr(), src, (hi - lo) * row_bytes))
+
+    monkeypatch.setattr(decomposed, "pull_last", pull_last)
     return _World
 
 

@@ -188,6 +188,9 @@ class OverlapContext:
     """Per-context caches of the ops: device tables per candidate, the send buffer."""
     remote_writes: bool = True
     """Whether a stream can write a peer's signal word directly; else through a local word and a copy."""
+    sm_pulls: bool = True
+    """Whether a kernel may wait on the SMs for a peer: every rank has a GPU of its own. Where ranks
+    share one, a kernel spinning for a peer could hold the SMs that peer's GEMM needs."""
     scratch: torch.Tensor | None = None
     timeline: Timeline | None = None
     """When set, the copy-engine backend records an event around each chunk it moves (diagnostics)."""
@@ -241,6 +244,7 @@ class OverlapContext:
             sm_count=torch.cuda.get_device_properties(device).multi_processor_count,
         )
         ctx.scratch = torch.zeros(64, dtype=torch.int32, device=device)
+        ctx.sm_pulls = not shared_device
         ctx.remote_writes = ctx._probe_remote_writes()
         ctx._enter_graph_call(None)  # compiled and loaded here, never first under a capture
         torch.cuda.synchronize(device)

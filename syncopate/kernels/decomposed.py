@@ -31,6 +31,16 @@ reduce-scatter's local copy), shorter the more chunks. One call, rank r, its row
   pull q's reduced chunk j into the output's rows of q (the last chunk's wait and pull on the
   caller's stream, after its last GEMM).
 
+An all-reduce's last pulls, which the call ends on, are done by the SMs (`pull_last`, a kernel a
+peer on the caller's stream, after the last GEMM): the first raises this rank's last word in every
+peer's pad, each waits for its peer's word and copies with every SM. It starts 2 us after the GEMM
+where a stream write, a stream wait and a copy-engine copy started the copy 7-11 us after it;
+gemm_ar 8192x4096x11008 s4 on two H200s, side by side, the stream path -> this one: 1 to 8 us less
+over seven hosts (benchmarks/NOTES.md, twenty-eighth session). Not where ranks share a GPU
+(`OverlapContext.sm_pulls`: a spinning kernel could hold the SMs the peer's GEMM needs), where a
+chunk is not whole 16-byte words at aligned addresses, or with SYNCOPATE_SM_PULL=0 (for
+comparisons): the stream path then.
+
 The caller's stream then waits for the side streams. A wait is for an entry, announced first, for a
 partial, which waits only for entries, or for a reduced chunk, which waits only for partials: a
 call always ends. Only for copy-engine candidates on one node. An all-reduce's M need not divide
@@ -43,13 +53,13 @@ from dataclasses import dataclass
 
 import torch
 
-from syncopate.kernels import c_stationary, streamops
+from syncopate.kernels import c_stationary, launch, streamops
 from syncopate.kernels.backends import announce_entry
 from syncopate.kernels.context import OverlapContext
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
 from syncopate.search_space import block_bounds, halves, peers_ahead, peers_behind, row_chunks
 
-__all__ = ["GATHER", "PARTIAL", "DecomposedPlan", "add_partial", "decomposed_buffers", "run"]
+__all__ = ["GATHER", "PARTIAL", "DecomposedPlan", "add_partial", "decomposed_buffers", "prepare", "pull_last", "run"]
 
 PARTIAL = 0
 """Pad word `PARTIAL + q * 2 + h`: half h of rank q's partial of this rank's block has landed."""
@@ -127,11 +137,18 @@ class DecomposedPlan:
         return cls(rank=rank, world_size=ws, m=m, n=n, all_reduce=all_reduce, splits=splits)
 
 
+def prepare(ctx: OverlapContext, plan: DecomposedPlan) -> None:
+    """What a context needs before its first call: an all-reduce's pull kernel compiled and loaded."""
+    if plan.all_reduce and plan.world_size > 1 and ctx.sm_pulls:
+        launch.stage_pull(ctx)
+
+
 def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Tensor,
-        out: torch.Tensor, captured: bool = False) -> None:
+        out: torch.Tensor, captured: bool = False, spin_limit: int = 0) -> None:
     """Enqueue one call: out = this rank's rows [M/ws, N] (all-reduce: all [M, N]) of the sum over
     ranks of a @ b (a: [M, K/ws] contiguous, b: [K/ws, N]).
-    `captured`: the call is being captured in a CUDA graph on the caller's stream."""
+    `captured`: the call is being captured in a CUDA graph on the caller's stream. `spin_limit`
+    bounds the SM pulls' waits (their stream waits are not bounded)."""
     main = ctx.current_stream()
     r, ws, e = plan.rank, plan.world_size, ctx.begin_call(main if captured else None)
     if ws == 1:
@@ -178,6 +195,8 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
             arrived[h, q].record(side)
     r0 = block_bounds(plan.m, ws, r)[0]
     o0 = r0 if plan.all_reduce else 0
+    pulled = {q: plan.own_chunks(q) for q in plan.peers_sent} if plan.all_reduce else {}
+    sm_pull = plan.all_reduce and _sm_pulls(ctx, plan, pulled, out, slot_bytes, row_bytes)
     first, *others = plan.peers_summed
     even = plan.chunks(r)
     opening = {even[half[0]][0]: h for h, half in enumerate(plan.halves)}  # first rows of each half
@@ -208,13 +227,13 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
         done = torch.cuda.Event()
         done.record(main)
         ready.wait_event(done)
-        if plan.all_reduce:
+        if plan.all_reduce and not (sm_pull and j == len(own) - 1):  # else the first SM pull raises it
             words = main if j == len(own) - 1 and ctx.remote_writes else ready
             for p in plan.peers_sent:
                 ctx.write_signal(words, p, GATHER + r * slots + j, e)
         streamops.copy_async(ready.cuda_stream, out[o0 + lo :].data_ptr(), acc.data_ptr(), (hi - lo) * row_bytes)
     if plan.all_reduce:
-        pulled = {q: plan.own_chunks(q) for q in plan.peers_sent}
+        raised = GATHER + r * slots + len(own) - 1 if sm_pull else -1
         for j in range(slots):
             for q in plan.peers_sent:
                 q0 = block_bounds(plan.m, ws, q)[0]
@@ -225,12 +244,44 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
                 # (enqueued after every word and copy the peers wait for, so its wait holds
                 # nothing back that they need)
                 stream = main if j == len(pulled[q]) - 1 else side
+                if stream is main and sm_pull:
+                    t0 = ctx.stamp(main)
+                    pull_last(ctx, main, partials, q, plan.accumulator(q), lo, hi, out[q0 + lo : q0 + hi],
+                              GATHER + q * slots + j, e, raised, spin_limit)
+                    ctx.span(f"reduced from {q}", (q, j), hi - lo, main, t0)
+                    raised = -1
+                    continue
                 streamops.wait_value(stream.cuda_stream, ctx.signal_address(r, GATHER + q * slots + j), e)
                 t0 = ctx.stamp(stream)
                 src = partials.peer_ptrs[q] + plan.accumulator(q) * slot_bytes + lo * row_bytes
                 streamops.copy_async(stream.cuda_stream, out[q0 + lo :].data_ptr(), src, (hi - lo) * row_bytes)
                 ctx.span(f"reduced from {q}", (q, j), hi - lo, stream, t0)
     ctx.join(main, streams)
+
+
+def _sm_pulls(ctx: OverlapContext, plan: DecomposedPlan, pulled: dict, out: torch.Tensor, slot_bytes: int,
+              row_bytes: int) -> bool:
+    """Whether this call's last pulls go through `pull_last`: see the module's docstring."""
+    if not ctx.sm_pulls or launch.getenv("SYNCOPATE_SM_PULL", "1") == "0":
+        return False
+    for q, chunks in pulled.items():
+        lo, hi = chunks[-1]
+        src = ctx.buffers["partials"].peer_ptrs[q] + plan.accumulator(q) * slot_bytes + lo * row_bytes
+        dst = out.data_ptr() + (block_bounds(plan.m, plan.world_size, q)[0] + lo) * row_bytes
+        if src % 16 or dst % 16 or ((hi - lo) * row_bytes) % 16:
+            return False
+    return out.is_contiguous()
+
+
+def pull_last(ctx: OverlapContext, stream: torch.cuda.Stream, partials, q: int, slot: int, lo: int, hi: int,
+              dst: torch.Tensor, word: int, epoch: int, raise_word: int, spin_limit: int) -> None:
+    """Rows [lo, hi) of rank q's `partials[slot]` into `dst` by the SMs, once this rank's pad word
+    `word` reaches `epoch`; first `raise_word` of every peer's pad set to `epoch` (-1: none)."""
+    key = ("peer view", q)
+    view = ctx.cache.get(key)
+    if view is None:
+        view = ctx.cache[key] = partials.peer_view(q)
+    launch.launch_pull(ctx, stream, view[slot, lo:hi], dst, word, epoch, raise_word, spin_limit)
 
 
 def add_partial(acc: torch.Tensor, partial: torch.Tensor) -> None:

@@ -19,13 +19,14 @@ from syncopate.errors import RuntimeUnavailableError
 from syncopate.kernels import gluon_kernels
 from syncopate.kernels.context import kept_allocations
 from syncopate.kernels.tables import ENTERED_BASE, MEET_BASE, READY_BASE
-from syncopate.kernels.triton_kernels import chunk_copy_kernel, consumer_kernel, graph_entry_kernel, producer_kernel
+from syncopate.kernels.triton_kernels import (chunk_copy_kernel, consumer_kernel, graph_entry_kernel, producer_kernel,
+                                              pull_kernel)
 from syncopate import search_space
 from syncopate.search_space import Candidate
 
 __all__ = [
     "interpreting", "use_tma", "own_shard_readable", "launch_consumer", "launch_producer", "launch_chunk_copy",
-    "copy_job_tables", "stage_chunk_copy", "launch_graph_entry", "gluon_producer", "gluon_consumer", "TL_DTYPES",
+    "copy_job_tables", "stage_chunk_copy", "launch_graph_entry", "pull_fits", "launch_pull", "stage_pull", "gluon_producer", "gluon_consumer", "TL_DTYPES",
 ]
 
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -697,6 +698,56 @@ def _run_copier(ctx, stream, tables, num_jobs: int, programs: int, epoch: int, d
             epoch, ctx.error, NUM_PROGRAMS=programs, BLOCK=COPY_BLOCK, ELEM=TL_DTYPES[dtype], MAX_SPIN=spin_limit,
             num_warps=4,
         )
+
+
+PULL_BLOCK = 4096
+"""32-bit words each program of `pull_kernel` copies (16 KiB: a 4 MiB chunk is 256 programs)."""
+
+
+def pull_fits(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """Whether `launch_pull` takes these: contiguous, of one size, whole 16-byte words at 16-byte
+    aligned addresses (the one variant of the kernel made ahead, `stage_pull`, copies those)."""
+    nbytes = src.numel() * src.element_size()
+    return (src.is_contiguous() and dst.is_contiguous() and nbytes == dst.numel() * dst.element_size()
+            and nbytes % 16 == 0 and src.data_ptr() % 16 == 0 and dst.data_ptr() % 16 == 0)
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.int32)
+
+
+def launch_pull(ctx, stream: torch.cuda.Stream | None, src: torch.Tensor, dst: torch.Tensor, word: int, epoch: int,
+                raise_word: int = -1, spin_limit: int = 0) -> None:
+    """Enqueue on `stream` the SM copy of `src` (a peer's memory) into `dst` that starts once word
+    `word` of this rank's pad reaches `epoch`, after raising word `raise_word` of every peer's pad
+    (-1: none); see `pull_kernel`. `pull_fits(src, dst)` must hold. A launch like an earlier one on
+    this context relaunches its compiled kernel with the new `dst` and epoch (`_Relaunch`)."""
+    n = src.numel() * src.element_size() // 4
+    cache = getattr(ctx, "cache", None)
+    with torch.cuda.stream(stream) if stream is not None and ctx.device.type == "cuda" else contextlib.nullcontext():
+        key = None
+        if cache is not None and _relaunch_on(dst):
+            key = ("relaunch", "pull", src.data_ptr(), n, word, raise_word, spin_limit, ctx.signals.local.data_ptr())
+            again = cache.get(key)
+            if again is not None:
+                again(dst_ptr=dst, epoch=epoch)
+                return
+        grid = (max(1, triton.cdiv(n, PULL_BLOCK)),)
+        args = (_words(src), _words(dst), n, ctx.signals.local, word, epoch, ctx.error, ctx.peer_signal_ptrs,
+                raise_word, ctx.rank, _spin(spin_limit))
+        kwargs = dict(WORLD=ctx.world_size, BLOCK=PULL_BLOCK, num_warps=4)
+        compiled = pull_kernel[grid](*args, **kwargs)
+        _remember(cache, key, pull_kernel, compiled, grid, args, kwargs, ["dst_ptr", "epoch"])
+
+
+def stage_pull(ctx) -> None:
+    """Compile and load `pull_kernel` for this context ahead of its calls (the variant
+    `launch_pull` takes, 16-byte aligned, copying nothing): a module load waits for the whole
+    device, and in the middle of a call it would hold this rank while a peer's bounded wait for it
+    runs out."""
+    if ctx.device.type == "cuda":
+        pull_kernel[(1,)](ctx.scratch, ctx.scratch, 0, ctx.signals.local, 0, 0, ctx.error, ctx.peer_signal_ptrs, -1,
+                          ctx.rank, -1, WORLD=ctx.world_size, BLOCK=PULL_BLOCK, num_warps=4)
 
 
 def launch_graph_entry(ctx, stream: torch.cuda.Stream | None) -> None:

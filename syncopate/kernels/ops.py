@@ -518,6 +518,7 @@ def _prepare_scatter(kind: str, a, b, group, config):
     if cand.template == DECOMPOSED:
         ctx = get_context(_DECOMPOSED_KIND[kind], group, (m, n), a.dtype)
         plan = DecomposedPlan.of(rank, ws, m, n, all_reduce, cand.num_splits)
+        decomposed.prepare(ctx, plan)
         return ctx, plan, cand, None, None, rank, ws, None, m if all_reduce else m // ws, None
     ctx = get_context(kind, group, (m, n), a.dtype)
     plan = plan_for(kind, cand.template, ws, m, cand.num_splits, cand.block_m)
@@ -548,7 +549,10 @@ def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
     if cand.template == UNFUSED:
         return unfused(kind, a, b, group, out=out)
     if cand.template in (C_STATIONARY, DECOMPOSED):
-        (c_stationary if cand.template == C_STATIONARY else decomposed).run(ctx, plan, a, b, out, capturing)
+        if cand.template == C_STATIONARY:
+            c_stationary.run(ctx, plan, a, b, out, capturing)
+        else:
+            decomposed.run(ctx, plan, a, b, out, capturing, spin_limit)
         return out
     main = ctx.current_stream()
     epoch = ctx.begin_call(main if capturing else None)
@@ -591,7 +595,7 @@ def matmul_all_reduce(a, b, group=None, config: Candidate | dict | None = None, 
     With a config of template `c_stationary` each rank computes its own block from the peers' A rows
     and B (as `matmul_reduce_scatter` does), then every rank takes each block in `num_splits` chunks.
     Template `decomposed`: as for `matmul_reduce_scatter`, then every rank pulls each reduced chunk
-    once made.
+    once made (the last ones by the SMs, whose waits `spin_limit` bounds; the stream waits it does not).
     Template `unfused`: the matmul, then the group's all-reduce.
     """
     return _gemm_scatter("gemm_ar", a, b, group, config, out, spin_limit)

@@ -6,7 +6,8 @@ front end. This script points Triton at an sm_90 target, makes every launch a co
 and compiles the variants the tuner launches on GPUs (TMA and pointer paths, the consumer's last wave
 cut in K, K-major B, split and
 unsplit producer epilogues, pointer and TMA epilogues, kept chunks finished in the epilogue or deferred, reduce-scatter and
-all-reduce, the consumer and producer in Gluon, the SM-driven copier, a captured call's entry). Run it in a fresh
+all-reduce, the consumer and producer in Gluon, the SM-driven copier, a captured call's entry, the
+decomposed all-reduce's last pull). Run it in a fresh
 process without TRITON_INTERPRET; it prints one line per variant and exits 1 if any fails.
 
     python tests/support/compile_sm90.py
@@ -138,6 +139,14 @@ def copier(dtype):
     launch.launch_chunk_copy(ctx, None, [(0, 0, 1024, -1, 3, 1)], 32, 3, dtype, 1 << 20)
 
 
+def pull(world: int):
+    pad = torch.zeros(PAD_WORDS, dtype=torch.int32)
+    ctx = SimpleNamespace(device=CPU, signals=SimpleNamespace(local=pad), rank=0, world_size=world, cache={},
+                          peer_signal_ptrs=torch.zeros(world, dtype=torch.int64), error=torch.zeros(1, dtype=torch.int32))
+    src, dst = torch.zeros(512, 4096, dtype=torch.bfloat16), torch.zeros(512, 4096, dtype=torch.bfloat16)
+    launch.launch_pull(ctx, None, src, dst, 600, 3, raise_word=700, spin_limit=1 << 20)
+
+
 def graph_entry(world: int):
     pad = torch.zeros(PAD_WORDS, dtype=torch.int32)
     ctx = SimpleNamespace(device=CPU, signals=SimpleNamespace(local=pad), rank=0, world_size=world,
@@ -196,6 +205,7 @@ def variants():
         lambda: consumer(Candidate(num_splits=4, **small), fp16, True), "gluon_consumer_kernel")
     yield "chunk copier bf16", False, lambda: copier(bf16)
     yield "captured call's entry, two ranks", False, lambda: graph_entry(2)
+    yield "decomposed all-reduce's last pull, two ranks", False, lambda: pull(2)
 
 
 def resources(cubin: bytes) -> str:

@@ -59,6 +59,7 @@ def _ranks(ws: int, buffers: dict, plan_of, dev):
 
         ctx = SimpleNamespace(
             pads=pads, rank=r, world_size=ws, begin_call=begin, fork=fork, join=join, remote_writes=True,
+            sm_pulls=False,  # every rank on one GPU: a kernel spinning for a peer could hold its SMs
             current_stream=torch.cuda.current_stream,
             buffers={name: SimpleNamespace(local=bufs[r][name], peer_ptrs=[bufs[q][name].data_ptr() for q in range(ws)])
                      for name in bufs[r]},
