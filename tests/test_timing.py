@@ -20,13 +20,13 @@ def calls(monkeypatch):
 def test_device_mode_meets_on_the_gpus_after_the_sleep(calls, monkeypatch):
     monkeypatch.delenv("SYNCOPATE_TIMING_ALIGN", raising=False)
     timing.start_together(None, torch.device("cpu"), sleep_us=1000.0)
-    assert calls == ["barrier", ("sleep", 1_500_000), ("all_reduce", (1,))]
+    assert calls == ["barrier", ("sleep", 2_000_000), ("all_reduce", (1,))]
 
 
 def test_host_mode_is_the_barrier_and_the_sleep_only(calls, monkeypatch):
     monkeypatch.setenv("SYNCOPATE_TIMING_ALIGN", "host")
     timing.start_together(None, torch.device("cpu"), sleep_us=1000.0)
-    assert calls == ["barrier", ("sleep", 1_500_000)]
+    assert calls == ["barrier", ("sleep", 2_000_000)]
 
 
 def test_the_token_is_made_once_per_device(calls):

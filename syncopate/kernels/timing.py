@@ -1,8 +1,10 @@
 """The one benchmark method: warm-up, L2 flush, barrier, per-repetition CUDA events, max over ranks.
 
 Before each repetition every rank flushes L2 (writes a buffer larger than it), meets the others at
-a barrier, and queues a short device sleep so that the op's launches are all enqueued before the
-start event fires (host overhead is measured apart). After the sleep the GPUs meet once more, in a
+a barrier, and queues a device sleep so that the op's launches are all enqueued before the start
+event fires (host overhead is measured apart): at least twice the host time of the last warm-up
+call (the decomposed all-reduce takes 0.5-1 ms to enqueue, and a 1.5 ms sleep counted for 1.1 ms
+at an H200's 2 GHz). After the sleep the GPUs meet once more, in a
 one-element all-reduce that the host does not wait for, and the start event follows it: the ranks
 then start within a few µs of each other, where the host barrier alone leaves the hosts' own skew
 (tens of µs on two H100s) between them, and a rank that started early counts the wait for a late
@@ -99,7 +101,7 @@ def start_together(group, device: torch.device, sleep_us: float = 1500.0, mode: 
     and, in `device` mode, a one-element all-reduce after it, which the GPUs leave together."""
     mode = mode or align_mode()
     barrier(group, device)
-    torch.cuda._sleep(int(sleep_us * 1.5e3))  # ~1.5 GHz and up: at least `sleep_us`
+    torch.cuda._sleep(int(sleep_us * 2.0e3))  # at least `sleep_us` at clocks up to 2 GHz
     if mode == "device":
         token = _tokens.get(device)
         if token is None:
@@ -119,9 +121,13 @@ def time_collective(
     """Time `fn` (a collective every rank calls) by DESIGN's method; samples are max over ranks."""
     device = torch.device("cuda", torch.cuda.current_device())
     flush = _flushers.setdefault(device, _Flusher(device)) if flush_l2 else (lambda: None)
+    enqueue_us = 0.0
     for _ in range(warmup):
+        t0 = time.perf_counter()
         fn()
+        enqueue_us = (time.perf_counter() - t0) * 1e6
     torch.cuda.synchronize()
+    sleep_us = max(sleep_us, 2.0 * enqueue_us)  # the last warm-up's enqueue, twice: the GPU never waits for the host
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repetitions)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repetitions)]
     host = []
