@@ -12,7 +12,9 @@ takes the first variant's). One process per GPU; each variant is checked against
 (output poisoned first), then each round times every variant in turn by the project's method
 (kernels/timing.py: warm-up, L2 flush, ranks started together, events, max over ranks, median of
 the repetitions). Printed: each variant's median and least over the rounds, the GEMM alone timed
-the same way, and every round's figure.
+the same way, the median host time to enqueue one call, and every round's figure. A call whose
+enqueue outlasts the device sleep before it (`--sleep-us`) is timed with the GPU waiting for the
+host.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
                     os.environ[name] = saved[name]
 
     ref = reference(args.kind, a, b, g)
-    errors, times = {}, {text: [] for text, *_ in variants}
+    errors, times, hosts = {}, {text: [] for text, *_ in variants}, {text: [] for text, *_ in variants}
     for text, c, env in variants:
         def check(c=c):
             fused(a, b, g, c, out=out)
@@ -95,12 +97,13 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
         errors[text] = with_env(env, check)
     for _ in range(args.rounds):
         for text, c, env in variants:
-            t = with_env(env, lambda c=c: time_collective(lambda: fused(a, b, g, c, out=out), g,
-                                                          warmup=3, repetitions=args.repetitions))
+            t = with_env(env, lambda c=c: time_collective(lambda: fused(a, b, g, c, out=out), g, warmup=3,
+                                                          repetitions=args.repetitions, sleep_us=args.sleep_us))
             times[text].append(statistics.median(t.samples_us))
+            hosts[text].append(t.host_us)
     gemm = time_collective(lambda: torch.matmul(a, b), g, warmup=3, repetitions=2 * args.repetitions)
     if rank == 0:
-        queue.put((times, errors, statistics.median(gemm.samples_us)))
+        queue.put((times, errors, hosts, statistics.median(gemm.samples_us)))
     ops.close_contexts()
     dist.destroy_process_group()
 
@@ -113,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--repetitions", type=int, default=10)
     p.add_argument("--gpus", type=int, default=2)
+    p.add_argument("--sleep-us", type=float, default=1500.0,
+                   help="device sleep queued before each timed call, covering its enqueue (default 1500)")
     args = p.parse_args(argv)
     try:
         for text in args.variants:
@@ -134,13 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     mp.start_processes(worker, args=(args.gpus, free_port(), args, queue), nprocs=args.gpus, start_method="spawn")
-    times, errors, gemm = queue.get(timeout=10)
+    times, errors, hosts, gemm = queue.get(timeout=10)
     print(f"{args.kind} {args.m}x{args.n}x{args.k} bf16 on {args.gpus} GPUs, {args.rounds} rounds; "
           f"GEMM alone {gemm:.1f} µs (0.90 of it: {gemm / 0.9:.1f})")
-    print(f"{'variant':44s} {'median':>8s} {'least':>8s} {'GEMM/med':>8s} {'rel.err':>9s}  rounds")
+    print(f"{'variant':44s} {'median':>8s} {'least':>8s} {'GEMM/med':>8s} {'rel.err':>9s} {'host':>7s}  rounds")
     for text, xs in times.items():
         med = statistics.median(xs)
-        print(f"{text:44s} {med:8.1f} {min(xs):8.1f} {gemm / med:8.3f} {errors[text]:9.2e}  "
+        print(f"{text:44s} {med:8.1f} {min(xs):8.1f} {gemm / med:8.3f} {errors[text]:9.2e} "
+              f"{statistics.median(hosts[text]):7.1f}  "
               + " ".join(f"{x:.1f}" for x in xs))
     return 0
 
