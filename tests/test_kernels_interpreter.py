@@ -377,40 +377,34 @@ def test_chunk_copy_moves_each_job_and_raises_its_signal():
     assert int(ctx.counters.abs().sum()) == 0 and int(ctx.error.item()) == 0
 
 
-def _pull_world(ws: int, rank: int):
+def _pull_context():
     from types import SimpleNamespace
 
-    pads = [torch.zeros(PAD_WORDS, dtype=torch.int32) for _ in range(ws)]
-    ctx = SimpleNamespace(
-        device=CPU, rank=rank, world_size=ws, signals=SimpleNamespace(local=pads[rank]), cache={},
-        peer_signal_ptrs=torch.tensor([p.data_ptr() for p in pads]), error=torch.zeros(1, dtype=torch.int32),
-    )
-    return ctx, pads
+    pad = torch.zeros(PAD_WORDS, dtype=torch.int32)
+    return SimpleNamespace(device=CPU, signals=SimpleNamespace(local=pad), cache={}, error=torch.zeros(1, dtype=torch.int32))
 
 
 @pytest.mark.parametrize("rows, n, dtype", [(7, 24, torch.bfloat16), (64, 4096, torch.float16), (3, 4, torch.float32)])
-def test_pull_raises_the_peers_word_then_copies_once_its_own_word_is_up(rows, n, dtype):
-    """`pull_kernel` (the decomposed all-reduce's last pull): every peer's word `raise_word` set to
-    the epoch, then, the own word being up, the chunk copied whole (more than one program's block
-    where it is large), nothing past its end written."""
+def test_pull_copies_once_its_word_is_up(rows, n, dtype):
+    """`pull_kernel` (the decomposed all-reduce's last pull): its word being up, the chunk copied
+    whole (more than one program's block where it is large), nothing past its end written."""
     from syncopate.kernels.launch import launch_pull, pull_fits
 
-    ctx, pads = _pull_world(3, 1)
-    pads[1][40] = 5
+    ctx = _pull_context()
+    ctx.signals.local[40] = 5
     src = torch.randn(rows, n).to(dtype)
     out = torch.full((rows + 1, n), float("nan"), dtype=dtype)
     assert pull_fits(src, out[:rows])
-    launch_pull(ctx, None, src, out[:rows], 40, 5, raise_word=600)
+    launch_pull(ctx, None, src, out[:rows], 40, 5)
     assert torch.equal(out[:rows], src) and out[rows].isnan().all()
-    assert pads[0][600] == 5 and pads[2][600] == 5 and pads[1][600] == 0
     assert int(ctx.error.item()) == 0
 
 
 def test_a_pull_whose_word_never_comes_up_times_out_instead_of_hanging():
     from syncopate.kernels.launch import launch_pull
 
-    ctx, pads = _pull_world(2, 0)
-    pads[0][40] = 4  # the call before's
+    ctx = _pull_context()
+    ctx.signals.local[40] = 4  # the call before's
     src, dst = torch.randn(4, 8), torch.zeros(4, 8)
     launch_pull(ctx, None, src, dst, 40, 5, spin_limit=50)
     assert int(ctx.error.item()) == 1

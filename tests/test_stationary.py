@@ -210,12 +210,8 @@ def world(monkeypatch):
     monkeypatch.setattr(c_stationary, "add_product", add_product)
     monkeypatch.setattr(decomposed, "add_partial", add_partial)
 
-    def pull_last(ctx, stream, partials, q, slot, lo, hi, dst, word, epoch, raise_word, spin_limit):
-        """The SM pull as the kernel orders it: the raise, the wait, the copy."""
-        if raise_word >= 0:
-            for p in range(ctx.world_size):
-                if p != ctx.rank:
-                    stream.ops.append(("write", (p, raise_word), epoch))
+    def pull_last(ctx, stream, partials, q, slot, lo, hi, dst, word, epoch, spin_limit):
+        """The SM pull as the kernel orders it: the wait, then the copy."""
         stream.ops.append(("wait", (ctx.rank, word), epoch))
         row_bytes = dst.stride(0) * dst.element_size()
         src = partials.peer_ptrs[q] + (slot * partials.local.shape[1] + lo) * row_bytes

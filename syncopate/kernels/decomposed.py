@@ -32,14 +32,13 @@ reduce-scatter's local copy), shorter the more chunks. One call, rank r, its row
   caller's stream, after its last GEMM).
 
 An all-reduce's last pulls, which the call ends on, are done by the SMs (`pull_last`, a kernel a
-peer on the caller's stream, after the last GEMM): the first raises this rank's last word in every
-peer's pad, each waits for its peer's word and copies with every SM. It starts 2 us after the GEMM
-where a stream write, a stream wait and a copy-engine copy started the copy 7-11 us after it;
-gemm_ar 8192x4096x11008 s4 on two H200s, side by side, the stream path -> this one: 1 to 8 us less
-over seven hosts (benchmarks/NOTES.md, twenty-eighth session). Not where ranks share a GPU
-(`OverlapContext.sm_pulls`: a spinning kernel could hold the SMs the peer's GEMM needs), where a
-chunk is not whole 16-byte words at aligned addresses, or with SYNCOPATE_SM_PULL=0 (for
-comparisons): the stream path then.
+peer on the caller's stream, after the last word's stream write): each waits for its peer's word
+and copies with every SM, where a stream wait and a copy-engine copy had followed the write.
+gemm_ar 8192x4096x11008 s4 on two H200s, side by side, the stream path -> this one: 2-8 us less on
+five hosts (the kernel raising the word itself instead lost 4 us again; benchmarks/NOTES.md,
+twenty-eighth session). Not where ranks share a GPU (`OverlapContext.sm_pulls`: a spinning kernel
+could hold the SMs the peer's GEMM needs), where a chunk is not whole 16-byte words at aligned
+addresses, or with SYNCOPATE_SM_PULL=0 (for comparisons): the stream path then.
 
 The caller's stream then waits for the side streams. A wait is for an entry, announced first, for a
 partial, which waits only for entries, or for a reduced chunk, which waits only for partials: a
@@ -227,13 +226,12 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
         done = torch.cuda.Event()
         done.record(main)
         ready.wait_event(done)
-        if plan.all_reduce and not (sm_pull and j == len(own) - 1):  # else the first SM pull raises it
+        if plan.all_reduce:
             words = main if j == len(own) - 1 and ctx.remote_writes else ready
             for p in plan.peers_sent:
                 ctx.write_signal(words, p, GATHER + r * slots + j, e)
         streamops.copy_async(ready.cuda_stream, out[o0 + lo :].data_ptr(), acc.data_ptr(), (hi - lo) * row_bytes)
     if plan.all_reduce:
-        raised = GATHER + r * slots + len(own) - 1 if sm_pull else -1
         for j in range(slots):
             for q in plan.peers_sent:
                 q0 = block_bounds(plan.m, ws, q)[0]
@@ -247,9 +245,8 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
                 if stream is main and sm_pull:
                     t0 = ctx.stamp(main)
                     pull_last(ctx, main, partials, q, plan.accumulator(q), lo, hi, out[q0 + lo : q0 + hi],
-                              GATHER + q * slots + j, e, raised, spin_limit)
+                              GATHER + q * slots + j, e, spin_limit)
                     ctx.span(f"reduced from {q}", (q, j), hi - lo, main, t0)
-                    raised = -1
                     continue
                 streamops.wait_value(stream.cuda_stream, ctx.signal_address(r, GATHER + q * slots + j), e)
                 t0 = ctx.stamp(stream)
@@ -274,14 +271,14 @@ def _sm_pulls(ctx: OverlapContext, plan: DecomposedPlan, pulled: dict, out: torc
 
 
 def pull_last(ctx: OverlapContext, stream: torch.cuda.Stream, partials, q: int, slot: int, lo: int, hi: int,
-              dst: torch.Tensor, word: int, epoch: int, raise_word: int, spin_limit: int) -> None:
+              dst: torch.Tensor, word: int, epoch: int, spin_limit: int) -> None:
     """Rows [lo, hi) of rank q's `partials[slot]` into `dst` by the SMs, once this rank's pad word
-    `word` reaches `epoch`; first `raise_word` of every peer's pad set to `epoch` (-1: none)."""
+    `word` reaches `epoch`."""
     key = ("peer view", q)
     view = ctx.cache.get(key)
     if view is None:
         view = ctx.cache[key] = partials.peer_view(q)
-    launch.launch_pull(ctx, stream, view[slot, lo:hi], dst, word, epoch, raise_word, spin_limit)
+    launch.launch_pull(ctx, stream, view[slot, lo:hi], dst, word, epoch, spin_limit)
 
 
 def add_partial(acc: torch.Tensor, partial: torch.Tensor) -> None:

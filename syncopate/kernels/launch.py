@@ -717,25 +717,23 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 
 def launch_pull(ctx, stream: torch.cuda.Stream | None, src: torch.Tensor, dst: torch.Tensor, word: int, epoch: int,
-                raise_word: int = -1, spin_limit: int = 0) -> None:
+                spin_limit: int = 0) -> None:
     """Enqueue on `stream` the SM copy of `src` (a peer's memory) into `dst` that starts once word
-    `word` of this rank's pad reaches `epoch`, after raising word `raise_word` of every peer's pad
-    (-1: none); see `pull_kernel`. `pull_fits(src, dst)` must hold. A launch like an earlier one on
+    `word` of this rank's pad reaches `epoch` (`pull_kernel`). `pull_fits(src, dst)` must hold. A launch like an earlier one on
     this context relaunches its compiled kernel with the new `dst` and epoch (`_Relaunch`)."""
     n = src.numel() * src.element_size() // 4
     cache = getattr(ctx, "cache", None)
     with torch.cuda.stream(stream) if stream is not None and ctx.device.type == "cuda" else contextlib.nullcontext():
         key = None
         if cache is not None and _relaunch_on(dst):
-            key = ("relaunch", "pull", src.data_ptr(), n, word, raise_word, spin_limit, ctx.signals.local.data_ptr())
+            key = ("relaunch", "pull", src.data_ptr(), n, word, spin_limit, ctx.signals.local.data_ptr())
             again = cache.get(key)
             if again is not None:
                 again(dst_ptr=dst, epoch=epoch)
                 return
         grid = (max(1, triton.cdiv(n, PULL_BLOCK)),)
-        args = (_words(src), _words(dst), n, ctx.signals.local, word, epoch, ctx.error, ctx.peer_signal_ptrs,
-                raise_word, ctx.rank, _spin(spin_limit))
-        kwargs = dict(WORLD=ctx.world_size, BLOCK=PULL_BLOCK, num_warps=4)
+        args = (_words(src), _words(dst), n, ctx.signals.local, word, epoch, ctx.error, _spin(spin_limit))
+        kwargs = dict(BLOCK=PULL_BLOCK, num_warps=4)
         compiled = pull_kernel[grid](*args, **kwargs)
         _remember(cache, key, pull_kernel, compiled, grid, args, kwargs, ["dst_ptr", "epoch"])
 
@@ -746,8 +744,8 @@ def stage_pull(ctx) -> None:
     device, and in the middle of a call it would hold this rank while a peer's bounded wait for it
     runs out."""
     if ctx.device.type == "cuda":
-        pull_kernel[(1,)](ctx.scratch, ctx.scratch, 0, ctx.signals.local, 0, 0, ctx.error, ctx.peer_signal_ptrs, -1,
-                          ctx.rank, -1, WORLD=ctx.world_size, BLOCK=PULL_BLOCK, num_warps=4)
+        pull_kernel[(1,)](ctx.scratch, ctx.scratch, 0, ctx.signals.local, 0, 0, ctx.error, -1, BLOCK=PULL_BLOCK,
+                          num_warps=4)
 
 
 def launch_graph_entry(ctx, stream: torch.cuda.Stream | None) -> None:

@@ -671,23 +671,15 @@ def chunk_copy_kernel(
                 tl.atomic_xchg(sig + signal, epoch, sem="release", scope="sys")
 
 
-@triton.jit(do_not_specialize=["n", "word", "epoch", "raise_word", "RANK", "max_spin"])
-def pull_kernel(src_ptr, dst_ptr, n, pad_ptr, word, epoch, error_ptr, peer_pads_ptr, raise_word, RANK, max_spin,
-                WORLD: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["n", "word", "epoch", "max_spin"])
+def pull_kernel(src_ptr, dst_ptr, n, pad_ptr, word, epoch, error_ptr, max_spin, BLOCK: tl.constexpr):
     """A peer's chunk copied by the SMs once the peer says it is ready: the decomposed all-reduce's
     last pull, which the call ends on (`kernels/decomposed.py`).
 
-    Program 0 first raises word `raise_word` of every other rank's pad to `epoch` (this rank's own
-    last chunk is ready: the kernel runs after the GEMM that wrote it; none where -1). Every
-    program then waits until word `word` of this rank's pad reaches `epoch` (acquire, system scope;
+    Every program waits until word `word` of this rank's pad reaches `epoch` (acquire, system scope;
     `max_spin` > 0 bounds the polls, and a wait that runs out sets the error flag) and copies its
     BLOCK of the `n` elements of `src` (the peer's memory) to `dst`."""
     pid = tl.program_id(0)
-    if (pid == 0) & (raise_word >= 0):
-        for p in range(WORLD):
-            if p != RANK:
-                peer = tl.load(peer_pads_ptr + p).to(tl.pointer_type(tl.int32))
-                tl.atomic_xchg(peer + raise_word, epoch, sem="release", scope="sys")
     value = _poll_loop(pad_ptr + word, epoch, max_spin)
     if (value - epoch) < 0:
         tl.atomic_xchg(error_ptr, 1)
