@@ -12,9 +12,8 @@ takes the first variant's). One process per GPU; each variant is checked against
 (output poisoned first), then each round times every variant in turn by the project's method
 (kernels/timing.py: warm-up, L2 flush, ranks started together, events, max over ranks, median of
 the repetitions). Printed: each variant's median and least over the rounds, the GEMM alone timed
-the same way, the median host time to enqueue one call, and every round's figure. A call whose
-enqueue outlasts the device sleep before it (`--sleep-us`) is timed with the GPU waiting for the
-host.
+the same way, the median host time to enqueue one call (the device sleep before each timed call,
+`--sleep-us`, is at least twice a warm-up call's), and every round's figure.
 """
 
 from __future__ import annotations
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repetitions", type=int, default=10)
     p.add_argument("--gpus", type=int, default=2)
     p.add_argument("--sleep-us", type=float, default=1500.0,
-                   help="device sleep queued before each timed call, covering its enqueue (default 1500)")
+                   help="least device sleep queued before each timed call (default 1500; at least twice a warm-up call's enqueue)")
     args = p.parse_args(argv)
     try:
         for text in args.variants:
