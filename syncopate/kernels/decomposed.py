@@ -35,7 +35,7 @@ An all-reduce's last pulls, which the call ends on, are done by the SMs (`pull_l
 peer on the caller's stream, after the last word's stream write): each waits for its peer's word
 and copies with every SM, where a stream wait and a copy-engine copy had followed the write.
 gemm_ar 8192x4096x11008 s4 on two H200s, side by side, the stream path -> this one: 2-8 us less on
-five hosts (the kernel raising the word itself instead lost 4 us again; benchmarks/NOTES.md,
+six hosts (the kernel raising the word itself instead lost 4 us again; benchmarks/NOTES.md,
 twenty-eighth session). Not where ranks share a GPU (`OverlapContext.sm_pulls`: a spinning kernel
 could hold the SMs the peer's GEMM needs), where a chunk is not whole 16-byte words at aligned
 addresses, or with SYNCOPATE_SM_PULL=0 (for comparisons): the stream path then.
