@@ -265,7 +265,7 @@ def _sm_pulls(ctx: OverlapContext, plan: DecomposedPlan, pulled: dict, out: torc
         lo, hi = chunks[-1]
         src = ctx.buffers["partials"].peer_ptrs[q] + plan.accumulator(q) * slot_bytes + lo * row_bytes
         dst = out.data_ptr() + (block_bounds(plan.m, plan.world_size, q)[0] + lo) * row_bytes
-        if src % 16 or dst % 16 or ((hi - lo) * row_bytes) % 16:
+        if not launch.pull_aligned(src, dst, (hi - lo) * row_bytes):
             return False
     return out.is_contiguous()
 

@@ -26,7 +26,7 @@ from syncopate.search_space import Candidate
 
 __all__ = [
     "interpreting", "use_tma", "own_shard_readable", "launch_consumer", "launch_producer", "launch_chunk_copy",
-    "copy_job_tables", "stage_chunk_copy", "launch_graph_entry", "pull_fits", "launch_pull", "stage_pull", "gluon_producer", "gluon_consumer", "TL_DTYPES",
+    "copy_job_tables", "stage_chunk_copy", "launch_graph_entry", "pull_aligned", "pull_fits", "launch_pull", "stage_pull", "gluon_producer", "gluon_consumer", "TL_DTYPES",
 ]
 
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -704,12 +704,17 @@ PULL_BLOCK = 4096
 """32-bit words each program of `pull_kernel` copies (16 KiB: a 4 MiB chunk is 256 programs)."""
 
 
+def pull_aligned(src: int, dst: int, nbytes: int) -> bool:
+    """Whether `launch_pull` can copy `nbytes` from address `src` to `dst`: whole 16-byte words at
+    16-byte aligned addresses (the one variant of the kernel made ahead, `stage_pull`, copies those)."""
+    return nbytes % 16 == 0 and src % 16 == 0 and dst % 16 == 0
+
+
 def pull_fits(src: torch.Tensor, dst: torch.Tensor) -> bool:
-    """Whether `launch_pull` takes these: contiguous, of one size, whole 16-byte words at 16-byte
-    aligned addresses (the one variant of the kernel made ahead, `stage_pull`, copies those)."""
+    """Whether `launch_pull` takes these tensors: contiguous, of one size, `pull_aligned`."""
     nbytes = src.numel() * src.element_size()
     return (src.is_contiguous() and dst.is_contiguous() and nbytes == dst.numel() * dst.element_size()
-            and nbytes % 16 == 0 and src.data_ptr() % 16 == 0 and dst.data_ptr() % 16 == 0)
+            and pull_aligned(src.data_ptr(), dst.data_ptr(), nbytes))
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:

@@ -679,11 +679,10 @@ def pull_kernel(src_ptr, dst_ptr, n, pad_ptr, word, epoch, error_ptr, max_spin, 
     Every program waits until word `word` of this rank's pad reaches `epoch` (acquire, system scope;
     `max_spin` > 0 bounds the polls, and a wait that runs out sets the error flag) and copies its
     BLOCK of the `n` elements of `src` (the peer's memory) to `dst`."""
-    pid = tl.program_id(0)
-    value = _poll_loop(pad_ptr + word, epoch, max_spin)
-    if (value - epoch) < 0:
-        tl.atomic_xchg(error_ptr, 1)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    # The poll's acquire orders the loads after it; its result is not added to the offsets, which
+    # would hide their 16-byte alignment from the compiler (and the loads' vector width with it).
+    _wait_slot(pad_ptr, word, epoch, error_ptr, max_spin, False)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
     tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=ok), mask=ok)
 
