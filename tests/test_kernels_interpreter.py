@@ -384,7 +384,8 @@ def _pull_context():
     return SimpleNamespace(device=CPU, signals=SimpleNamespace(local=pad), cache={}, error=torch.zeros(1, dtype=torch.int32))
 
 
-@pytest.mark.parametrize("rows, n, dtype", [(7, 24, torch.bfloat16), (64, 4096, torch.float16), (3, 4, torch.float32)])
+@pytest.mark.parametrize("rows, n, dtype", [(7, 24, torch.bfloat16), (64, 4096, torch.float16), (3, 4, torch.float32),
+                                           (9, 4100, torch.float32)])
 def test_pull_copies_once_its_word_is_up(rows, n, dtype):
     """`pull_kernel` (the decomposed all-reduce's last pull): its word being up, the chunk copied
     whole (more than one program's block where it is large), nothing past its end written."""

@@ -682,9 +682,13 @@ def pull_kernel(src_ptr, dst_ptr, n, pad_ptr, word, epoch, error_ptr, max_spin, 
     # The poll's acquire orders the loads after it; its result is not added to the offsets, which
     # would hide their 16-byte alignment from the compiler (and the loads' vector width with it).
     _wait_slot(pad_ptr, word, epoch, error_ptr, max_spin, False)
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < n
-    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=ok), mask=ok)
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    offs = start + tl.arange(0, BLOCK)
+    if start + BLOCK <= n:  # a full block, unmasked: 16-byte loads and stores (`n` is not specialized)
+        tl.store(dst_ptr + offs, tl.load(src_ptr + offs))
+    else:
+        ok = offs < n
+        tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=ok), mask=ok)
 
 
 @triton.jit
