@@ -12,6 +12,7 @@ turns on the GPU). The shapes are global (M, N, K); rank 0 prints.
     SYNCOPATE_RELAUNCH=0 python benchmarks/op_host.py   # through Triton's dispatch every call
     python benchmarks/op_host.py stationary             # the a_stationary / c_stationary templates
                                                         # (and all_gather_matmul's return_gathered with it)
+    python benchmarks/op_host.py decomposed             # the decomposed templates, four splits
     python benchmarks/op_host.py --ranks 2              # two ranks, with transfers
     python benchmarks/op_host.py --case ag_gemm:1024x4096x4096   # that op and shape, looked-up config
     OP_HOST_PROFILE=FILE python benchmarks/op_host.py   # also 20 calls a case under cProfile, into FILE
@@ -35,13 +36,15 @@ import syncopate
 from syncopate.kernels.local_ranks import free_port, join_group, spawn_ranks
 from syncopate.kernels.reference import reference, relative_error
 from syncopate.kernels.timing import barrier
-from syncopate.search_space import Candidate, Topology, Workload, a_stationary_candidate, c_stationary_candidate
+from syncopate.search_space import (Candidate, Topology, Workload, a_stationary_candidate, c_stationary_candidate,
+                                   decomposed_candidate)
 
 CANDIDATE = Candidate(backend="copy_engine", template="direct", num_splits=2, block_m=128, block_n=256, block_k=64,
                       group_m=8, num_warps=8, num_stages=3, tile_order="arrival")
 CASES = [("ag_gemm", (8192, 2048, 8192)), ("gemm_rs", (8192, 8192, 2048)), ("gemm_ar", (8192, 8192, 2048))]
 STATIONARY = {"ag_gemm": a_stationary_candidate(2), "gemm_rs": c_stationary_candidate(),
               "gemm_ar": c_stationary_candidate(2)}
+TEMPLATES = {"stationary": STATIONARY, "decomposed": dict.fromkeys(("ag_gemm", "gemm_rs", "gemm_ar"), decomposed_candidate(4))}
 
 
 
@@ -123,13 +126,13 @@ def case(kind: str, m: int, n: int, k: int, group, dev: torch.device, candidate:
             f"host_us {statistics.median(batches):.1f} device_us {device}")
 
 
-def run_rank(rank: int, world: int, port: int, stationary: bool, shared: bool, cases, config: bool,
+def run_rank(rank: int, world: int, port: int, what: str, shared: bool, cases, config: bool,
              results) -> None:
     dev = join_group(rank, world, port, shared_gpu=shared)
     try:
         lines = []
         for kind, shape in cases:
-            cand = STATIONARY[kind] if stationary else CANDIDATE if config else None
+            cand = TEMPLATES[what][kind] if what in TEMPLATES else CANDIDATE if config else None
             line = case(kind, *shape, dist.group.WORLD, dev, cand, device_time=not shared)
             if rank == 0:
                 print(line, flush=True)
@@ -143,8 +146,9 @@ def run_rank(rank: int, world: int, port: int, stationary: bool, shared: bool, c
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", nargs="?", choices=["direct", "stationary"], default="direct",
-                        help="the candidates: the direct chunked plan (default) or the stationary templates")
+    parser.add_argument("what", nargs="?", choices=["direct", "stationary", "decomposed"], default="direct",
+                        help="the candidates: the direct chunked plan (default), the stationary or the decomposed "
+                             "templates (these also with --case)")
     parser.add_argument("--ranks", type=int, default=1, help="ranks in the group (default 1)")
     parser.add_argument("--case", action="append", metavar="KIND:MxNxK",
                         help="time this op and global shape instead of the default three, with the configuration "
@@ -164,15 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.ranks < 1:
         print(f"op_host: --ranks {args.ranks}: give 1 or more", file=sys.stderr)
         return 2
-    stationary = args.what == "stationary"
     if args.ranks == 1:
-        run_rank(0, 1, free_port(), stationary, False, cases, not args.case, queue.SimpleQueue())
+        run_rank(0, 1, free_port(), args.what, False, cases, not args.case, queue.SimpleQueue())
         return 0
     shared = torch.cuda.device_count() < args.ranks
     if shared:
         print(f"op_host: {torch.cuda.device_count()} GPU(s) for {args.ranks} ranks: all on GPU 0, host time only",
               flush=True)
-    spawn_ranks(run_rank, args.ranks, (stationary, shared, cases, not args.case), what="op_host rank")
+    spawn_ranks(run_rank, args.ranks, (args.what, shared, cases, not args.case), what="op_host rank")
     return 0
 
 
