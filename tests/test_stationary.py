@@ -99,7 +99,8 @@ class _World:
                 current_stream=lambda: _World.current,
                 signal_address=lambda q, word: (q, word),
                 write_signal=lambda stream, q, word, value: stream.ops.append(("write", (q, word), value)),
-                stamp=self._stamp, span=self._span(r),
+                stamp=self._stamp, span=self._span(r), cache={},
+                kept_events=lambda key, count: [_Event() for _ in range(count)],  # CUDA's reuse, as the executor plays it
             ))
             self.mains.append(_Stream(f"rank {r} caller", r))
             self.plans.append(plan(r))
@@ -212,6 +213,7 @@ def world(monkeypatch):
 
     def pull_last(ctx, stream, partials, q, slot, lo, hi, dst, word, epoch, spin_limit):
         """The SM pull as the kernel orders it: the wait, then the copy."""
+        stream = stream or _World.current
         stream.ops.append(("wait", (ctx.rank, word), epoch))
         row_bytes = dst.stride(0) * dst.element_size()
         src = partials.peer_ptrs[q] + (slot * partials.local.shape[1] + lo) * row_bytes

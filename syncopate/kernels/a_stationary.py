@@ -109,13 +109,14 @@ def run(ctx: OverlapContext, plan: AStationaryPlan, a: torch.Tensor, b: torch.Te
     torch.matmul(a[:half], b, out=out[r0 : r0 + half])
     ctx.span("own rows, first half", (r, 0), half, main, t0)
     ready = streams[1]
+    events = iter(ctx.kept_events(plan, (ws - 1) * plan.splits))
     for p in plan.peers_computed:
         streamops.wait_value(main.cuda_stream, ctx.signal_address(r, B_WORD + p), e)
         for j, (lo, hi) in enumerate(row_chunks(plan.m_local, plan.splits)):
             t0 = ctx.stamp(main)
             torch.matmul(a[lo:hi], received_b(b_recv.local[p], plan.b_kmajor), out=c_send.local[p, lo:hi])
             ctx.span(f"product for {p}", (p, j), hi - lo, main, t0)
-            done = torch.cuda.Event()
+            done = next(events)
             done.record(main)
             ready.wait_event(done)
             ctx.write_signal(ready, p, C_WORD + r * plan.splits + j, e)

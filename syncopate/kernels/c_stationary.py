@@ -162,10 +162,11 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
     # term (and the pushes): where streams share a hardware queue, a wait enqueued before them
     # would hold them back until the peers' operands are in.
     landed = streams[-1]
+    events = iter(ctx.kept_events(plan, len(peers) + (plan.splits if plan.all_reduce else 0)))
     arrived = {}
     for q in peers:
         streamops.wait_value(landed.cuda_stream, ctx.signal_address(r, ARRIVED + q), e)
-        arrived[q] = torch.cuda.Event()
+        arrived[q] = next(events)
         arrived[q].record(landed)
     for q in peers[:-1] if plan.all_reduce else peers:
         main.wait_event(arrived[q])
@@ -185,7 +186,7 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
             add_product(block[lo:hi], a_recv.local[peers[-1], lo:hi],
                         received_b(b_recv.local[peers[-1]], plan.b_kmajor))
             ctx.span(f"term of {peers[-1]}", (peers[-1], j), hi - lo, main, t0)
-        done = torch.cuda.Event()
+        done = next(events)
         done.record(main)
         ready.wait_event(done)
         for p in peers:

@@ -198,6 +198,8 @@ class OverlapContext:
     """`fork`'s event, then `join`'s, one a side stream."""
     _callers: dict = field(default_factory=dict)
     """`current_stream`'s Stream objects by stream handle."""
+    _kept: dict = field(default_factory=dict)
+    """`kept_events`' events and `write_signal`'s programs, by key."""
 
     def __post_init__(self) -> None:
         if not self._events:
@@ -268,12 +270,25 @@ class OverlapContext:
             return False
 
     def write_signal(self, stream: torch.cuda.Stream, rank: int, word: int, value: int) -> None:
-        """Enqueue on `stream` (one of this context's) a write of `value` into `rank`'s pad word."""
-        from syncopate.kernels import streamops
+        """Enqueue on `stream` (one of this context's) a write of `value` into `rank`'s pad word
+        (a program recorded once per stream, rank and word)."""
+        key = ("signal", stream.cuda_stream, rank, word)
+        program = self._kept.get(key)
+        if program is None:
+            from syncopate.kernels import streamops
 
-        program = streamops.Program()
-        self.raise_signal(program, stream, rank, word)
+            program = self._kept[key] = streamops.Program()
+            self.raise_signal(program, stream, rank, word)
         program.run(value)
+
+    def kept_events(self, key, count: int) -> list[torch.cuda.Event]:
+        """`count` events kept under `key` for a call's hand-overs between streams, recorded again by
+        every call (as `fork`'s): a stream's wait is on what the event had recorded when the wait
+        was enqueued, so a call may record an event its previous call's waits were enqueued on."""
+        events = self._kept.get(("events", key))
+        if events is None or len(events) < count:
+            events = self._kept[("events", key)] = [torch.cuda.Event() for _ in range(count)]
+        return events
 
     def raise_signal(self, program, stream: torch.cuda.Stream, rank: int, word: int) -> None:
         """Record in `program` (a `streamops.Program`) the write of the epoch into `rank`'s pad word
@@ -368,4 +383,5 @@ class OverlapContext:
         torch.cuda.synchronize(self.device)
         self.buffers.clear()
         self.cache.clear()
+        self._kept.clear()
         self.closed = True

@@ -142,6 +142,81 @@ def prepare(ctx: OverlapContext, plan: DecomposedPlan) -> None:
         launch.stage_pull(ctx)
 
 
+class _Layout:
+    """What every call of a plan enqueues, worked out once per context (`_layout`): rows, addresses,
+    pad words, the fixed views of the symmetric buffers, the timeline's labels. Working them out
+    again and slicing the buffers anew was a third of a call's host time (gemm_ar
+    8192x4096x11008 s4 on two H200s, `benchmarks/host_split.py`)."""
+
+    def __init__(self, ctx: OverlapContext, plan: DecomposedPlan, row_bytes: int) -> None:
+        r, ws = plan.rank, plan.world_size
+        partials = ctx.buffers["partials"]
+        slot_bytes = partials.local.shape[1] * row_bytes
+        entered = {q: ctx.signal_address(r, ENTERED_BASE + q) for q in plan.peers_sent}
+        self.entries = list(entered.values()) if plan.all_reduce else []
+        """Words the push stream waits on first: every peer's entry (an all-reduce)."""
+        self.pushes = []
+        """(peer, its entry's word or None, [(half, rows of A, the send slot or None, the peer's
+        slot's address, bytes, labels)]) for each peer, in turn."""
+        for p in plan.peers_sent:
+            p0 = block_bounds(plan.m, ws, p)[0]
+            chunks, pieces = plan.chunks(p), []
+            for h, half in enumerate(plan.halves):
+                lo, hi = chunks[half[0]][0], chunks[half[-1]][1]
+                send = None if plan.all_reduce else ctx.buffers["send"].local[p, lo:hi]
+                pieces.append((h, p0 + lo, p0 + hi, send, partials.peer_ptrs[p] + r * slot_bytes + lo * row_bytes,
+                               (hi - lo) * row_bytes, (f"partial for {p}", f"partial to {p}", (p, h), hi - lo)))
+            self.pushes.append((p, None if plan.all_reduce else entered[p], pieces))
+        self.arrivals = [(h, q, ctx.signal_address(r, PARTIAL + q * 2 + h))
+                         for h in range(len(plan.halves)) for q in plan.peers_summed]
+        first, *others = plan.peers_summed
+        r0 = block_bounds(plan.m, ws, r)[0]
+        o0 = r0 if plan.all_reduce else 0
+        even = plan.chunks(r)
+        opening = {even[half[0]][0]: h for h, half in enumerate(plan.halves)}  # first rows of each half
+        own = plan.own_chunks(r)
+        slots = plan.splits + 1  # a rank's pad words for its reduced chunks (the last chunk cut in two)
+        self.own = []
+        """(accumulator view, rows of A, the half whose partials it waits for or None, the other peers'
+        partial views, the words it raises, output offset, accumulator address, bytes, labels)."""
+        for j, (lo, hi) in enumerate(own):
+            acc = partials.local[first, lo:hi]
+            words = [(p, GATHER + r * slots + j) for p in plan.peers_sent] if plan.all_reduce else []
+            self.own.append((acc, r0 + lo, r0 + hi, opening.get(lo), [(q, partials.local[q, lo:hi]) for q in others],
+                             words, (o0 + lo) * row_bytes, acc.data_ptr(), (hi - lo) * row_bytes,
+                             ((r, j), hi - lo, [(f"partial of {q} added", (q, j)) for q in others])))
+        self.pulls = []
+        """(on the caller's stream, peer, its accumulator's slot, rows of its block, the block's first
+        row, the chunk's pad word here and its address, source address, output offset, bytes, label)
+        for each reduced chunk of each peer (an all-reduce)."""
+        self.last_aligned = True
+        """Whether every peer's last chunk is aligned 16-byte words at its address (given an aligned output)."""
+        if plan.all_reduce:
+            pulled = {q: plan.own_chunks(q) for q in plan.peers_sent}
+            for j in range(slots):
+                for q in plan.peers_sent:
+                    q0 = block_bounds(plan.m, ws, q)[0]
+                    if j >= len(pulled[q]):  # a block of one-row chunks: its last is not cut
+                        continue
+                    lo, hi = pulled[q][j]
+                    src = partials.peer_ptrs[q] + plan.accumulator(q) * slot_bytes + lo * row_bytes
+                    last = j == len(pulled[q]) - 1
+                    if last:
+                        self.last_aligned &= launch.pull_aligned(src, (q0 + lo) * row_bytes, (hi - lo) * row_bytes)
+                    self.pulls.append((last, q, plan.accumulator(q), lo, hi, q0, ctx.signal_address(r, GATHER + q * slots + j),
+                                       src, (q0 + lo) * row_bytes, (hi - lo) * row_bytes, GATHER + q * slots + j,
+                                       (f"reduced from {q}", (q, j), hi - lo)))
+        self.events = sum(len(pieces) for _, _, pieces in self.pushes) + len(self.arrivals) + len(self.own)
+
+
+def _layout(ctx: OverlapContext, plan: DecomposedPlan, row_bytes: int) -> _Layout:
+    key = ("decomposed layout", plan, row_bytes)
+    layout = ctx.cache.get(key)
+    if layout is None:
+        layout = ctx.cache[key] = _Layout(ctx, plan, row_bytes)
+    return layout
+
+
 def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Tensor,
         out: torch.Tensor, captured: bool = False, spin_limit: int = 0) -> None:
     """Enqueue one call: out = this rank's rows [M/ws, N] (all-reduce: all [M, N]) of the sum over
@@ -149,37 +224,32 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
     `captured`: the call is being captured in a CUDA graph on the caller's stream. `spin_limit`
     bounds the SM pulls' waits (their stream waits are not bounded)."""
     main = ctx.current_stream()
-    r, ws, e = plan.rank, plan.world_size, ctx.begin_call(main if captured else None)
-    if ws == 1:
+    r, e = plan.rank, ctx.begin_call(main if captured else None)
+    if plan.world_size == 1:
         torch.matmul(a, b, out=out)
         return
+    layout = _layout(ctx, plan, plan.n * out.element_size())
+    events = iter(ctx.kept_events(layout, layout.events))
     streams = ctx.fork(main, 3)
     push, ready, side = streams
-    partials = ctx.buffers["partials"]
-    row_bytes = plan.n * out.element_size()
-    slot_bytes = partials.local.shape[1] * row_bytes
+    out_ptr = out.data_ptr()
     announce_entry(push, ctx, e)
-    if plan.all_reduce:  # every peer has pulled the blocks reduced in the previous call (partials among them)
-        for q in plan.peers_sent:
-            streamops.wait_value(push.cuda_stream, ctx.signal_address(r, ENTERED_BASE + q), e)
-    for p in plan.peers_sent:
-        p0 = block_bounds(plan.m, ws, p)[0]
-        if not plan.all_reduce:  # p has read what r pushed in the previous call
-            streamops.wait_value(push.cuda_stream, ctx.signal_address(r, ENTERED_BASE + p), e)
-        chunks = plan.chunks(p)
-        for h, half in enumerate(plan.halves):
-            lo, hi = chunks[half[0]][0], chunks[half[-1]][1]
-            dst = out[p0 + lo : p0 + hi] if plan.all_reduce else ctx.buffers["send"].local[p, lo:hi]
+    for address in layout.entries:  # every peer has pulled the blocks reduced in the previous call (partials among them)
+        streamops.wait_value(push.cuda_stream, address, e)
+    for p, entered, pieces in layout.pushes:
+        if entered is not None:  # p has read what r pushed in the previous call
+            streamops.wait_value(push.cuda_stream, entered, e)
+        for h, lo, hi, send, peer_slot, nbytes, (computed, pushed, chunk, rows) in pieces:
+            dst = out[lo:hi] if send is None else send
             t0 = ctx.stamp(main)
-            torch.matmul(a[p0 + lo : p0 + hi], b, out=dst)
-            ctx.span(f"partial for {p}", (p, h), hi - lo, main, t0)
-            done = torch.cuda.Event()
+            torch.matmul(a[lo:hi], b, out=dst)
+            ctx.span(computed, chunk, rows, main, t0)
+            done = next(events)
             done.record(main)
             push.wait_event(done)
             t0 = ctx.stamp(push)
-            streamops.copy_async(push.cuda_stream, partials.peer_ptrs[p] + r * slot_bytes + lo * row_bytes,
-                                 dst.data_ptr(), (hi - lo) * row_bytes)
-            ctx.span(f"partial to {p}", (p, h), hi - lo, push, t0)
+            streamops.copy_async(push.cuda_stream, peer_slot, dst.data_ptr(), nbytes)
+            ctx.span(pushed, chunk, rows, push, t0)
             ctx.write_signal(push, p, PARTIAL + r * 2 + h, e)
     # The caller's stream waits for the peers' partials through events the third stream records
     # once they are here: a stream wait on a pad word between two GEMMs held the caller's stream
@@ -187,34 +257,26 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
     # the partials' GEMMs and pushes: where streams share a hardware queue, a wait enqueued before
     # them would hold back what the peers wait for.
     arrived = {}
-    for h in range(len(plan.halves)):
-        for q in plan.peers_summed:
-            streamops.wait_value(side.cuda_stream, ctx.signal_address(r, PARTIAL + q * 2 + h), e)
-            arrived[h, q] = torch.cuda.Event()
-            arrived[h, q].record(side)
-    r0 = block_bounds(plan.m, ws, r)[0]
-    o0 = r0 if plan.all_reduce else 0
-    pulled = {q: plan.own_chunks(q) for q in plan.peers_sent} if plan.all_reduce else {}
-    sm_pull = plan.all_reduce and _sm_pulls(ctx, plan, pulled, out, slot_bytes, row_bytes)
-    first, *others = plan.peers_summed
-    even = plan.chunks(r)
-    opening = {even[half[0]][0]: h for h, half in enumerate(plan.halves)}  # first rows of each half
-    own = plan.own_chunks(r)
-    slots = plan.splits + 1  # a rank's pad words for its reduced chunks (the last chunk cut in two)
-    starts = {j: opening[lo] for j, (lo, _) in enumerate(own) if lo in opening}
-    for j, (lo, hi) in enumerate(own):
-        acc = partials.local[first, lo:hi]
-        if j in starts:
-            main.wait_event(arrived[starts[j], first])
+    for h, q, address in layout.arrivals:
+        streamops.wait_value(side.cuda_stream, address, e)
+        arrived[h, q] = next(events)
+        arrived[h, q].record(side)
+    sm_pull = (plan.all_reduce and layout.last_aligned and out_ptr % 16 == 0 and out.is_contiguous()
+               and ctx.sm_pulls and launch.getenv("SYNCOPATE_SM_PULL", "1") != "0")
+    first = plan.peers_summed[0]
+    last = len(layout.own) - 1
+    for j, (acc, lo, hi, starts, others, words, offset, acc_ptr, nbytes, (chunk, rows, added)) in enumerate(layout.own):
+        if starts is not None:
+            main.wait_event(arrived[starts, first])
         t0 = ctx.stamp(main)
-        c_stationary.add_product(acc, a[r0 + lo : r0 + hi], b)
-        ctx.span("own rows", (r, j), hi - lo, main, t0)
-        for q in others:
-            if j in starts:
-                main.wait_event(arrived[starts[j], q])
+        c_stationary.add_product(acc, a[lo:hi], b)
+        ctx.span("own rows", chunk, rows, main, t0)
+        for (q, partial), (label, of) in zip(others, added):
+            if starts is not None:
+                main.wait_event(arrived[starts, q])
             t0 = ctx.stamp(main)
-            add_partial(acc, partials.local[q, lo:hi])
-            ctx.span(f"partial of {q} added", (q, j), hi - lo, main, t0)
+            add_partial(acc, partial)
+            ctx.span(label, of, rows, main, t0)
         # The last reduced chunk's word goes from the caller's stream, right after its GEMM: the
         # peers' pull of it is what the call ends on, and the hop through an event to `ready` (busy
         # with the chunk before's local copy) delayed it. With the last pull on the caller's stream
@@ -223,57 +285,32 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
         # caller's stream: a stream write between two GEMMs cost more than it saved. (Where streams
         # cannot write a peer's memory, a context relays a word through a side stream's own
         # scratch slot, which the caller's stream has none of: the word stays on `ready` there.)
-        done = torch.cuda.Event()
+        done = next(events)
         done.record(main)
         ready.wait_event(done)
-        if plan.all_reduce:
-            words = main if j == len(own) - 1 and ctx.remote_writes else ready
-            for p in plan.peers_sent:
-                ctx.write_signal(words, p, GATHER + r * slots + j, e)
-        streamops.copy_async(ready.cuda_stream, out[o0 + lo :].data_ptr(), acc.data_ptr(), (hi - lo) * row_bytes)
-    if plan.all_reduce:
-        for j in range(slots):
-            for q in plan.peers_sent:
-                q0 = block_bounds(plan.m, ws, q)[0]
-                if j >= len(pulled[q]):  # a block of one-row chunks: its last is not cut
-                    continue
-                lo, hi = pulled[q][j]
-                # a peer's last chunk is pulled on the caller's stream, which the call ends on
-                # (enqueued after every word and copy the peers wait for, so its wait holds
-                # nothing back that they need)
-                stream = main if j == len(pulled[q]) - 1 else side
-                if stream is main and sm_pull:
-                    t0 = ctx.stamp(main)
-                    pull_last(ctx, main, partials, q, plan.accumulator(q), lo, hi, out[q0 + lo : q0 + hi],
-                              GATHER + q * slots + j, e, spin_limit)
-                    ctx.span(f"reduced from {q}", (q, j), hi - lo, main, t0)
-                    continue
-                streamops.wait_value(stream.cuda_stream, ctx.signal_address(r, GATHER + q * slots + j), e)
-                t0 = ctx.stamp(stream)
-                src = partials.peer_ptrs[q] + plan.accumulator(q) * slot_bytes + lo * row_bytes
-                streamops.copy_async(stream.cuda_stream, out[q0 + lo :].data_ptr(), src, (hi - lo) * row_bytes)
-                ctx.span(f"reduced from {q}", (q, j), hi - lo, stream, t0)
+        stream = main if j == last and ctx.remote_writes else ready
+        for p, word in words:
+            ctx.write_signal(stream, p, word, e)
+        streamops.copy_async(ready.cuda_stream, out_ptr + offset, acc_ptr, nbytes)
+    for on_main, q, slot, lo, hi, q0, address, src, offset, nbytes, word, (label, chunk, rows) in layout.pulls:
+        # a peer's last chunk is pulled on the caller's stream, which the call ends on (enqueued
+        # after every word and copy the peers wait for, so its wait holds nothing back that they need)
+        stream = main if on_main else side
+        if on_main and sm_pull:
+            t0 = ctx.stamp(main)
+            pull_last(ctx, None, ctx.buffers["partials"], q, slot, lo, hi, out[q0 + lo : q0 + hi], word, e, spin_limit)
+        else:
+            streamops.wait_value(stream.cuda_stream, address, e)
+            t0 = ctx.stamp(stream)
+            streamops.copy_async(stream.cuda_stream, out_ptr + offset, src, nbytes)
+        ctx.span(label, chunk, rows, stream, t0)
     ctx.join(main, streams)
 
 
-def _sm_pulls(ctx: OverlapContext, plan: DecomposedPlan, pulled: dict, out: torch.Tensor, slot_bytes: int,
-              row_bytes: int) -> bool:
-    """Whether this call's last pulls go through `pull_last`: see the module's docstring."""
-    if not ctx.sm_pulls or launch.getenv("SYNCOPATE_SM_PULL", "1") == "0":
-        return False
-    for q, chunks in pulled.items():
-        lo, hi = chunks[-1]
-        src = ctx.buffers["partials"].peer_ptrs[q] + plan.accumulator(q) * slot_bytes + lo * row_bytes
-        dst = out.data_ptr() + (block_bounds(plan.m, plan.world_size, q)[0] + lo) * row_bytes
-        if not launch.pull_aligned(src, dst, (hi - lo) * row_bytes):
-            return False
-    return out.is_contiguous()
-
-
-def pull_last(ctx: OverlapContext, stream: torch.cuda.Stream, partials, q: int, slot: int, lo: int, hi: int,
+def pull_last(ctx: OverlapContext, stream: torch.cuda.Stream | None, partials, q: int, slot: int, lo: int, hi: int,
               dst: torch.Tensor, word: int, epoch: int, spin_limit: int) -> None:
     """Rows [lo, hi) of rank q's `partials[slot]` into `dst` by the SMs, once this rank's pad word
-    `word` reaches `epoch`."""
+    `word` reaches `epoch`; on `stream`, None for the current one (no stream switch to enqueue)."""
     key = ("peer view", q)
     view = ctx.cache.get(key)
     if view is None:

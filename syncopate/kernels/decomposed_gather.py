@@ -132,10 +132,11 @@ def run(ctx: OverlapContext, plan: GatherPlan, a: torch.Tensor, b: torch.Tensor,
     # Enqueued after the own rows' GEMM and the pushes: where streams share a hardware queue, a wait
     # enqueued before them would hold back what the peers wait for.
     landed = {}
+    events = iter(ctx.kept_events(plan, len(plan.peers_landing) * len(parts)))
     for q in plan.peers_landing:
         for j in range(len(parts)):
             streamops.wait_value(side.cuda_stream, ctx.signal_address(r, SHARD + q * len(parts) + j), e)
-            landed[q, j] = torch.cuda.Event()
+            landed[q, j] = next(events)
             landed[q, j].record(side)
             if gathered is not None:
                 lo, hi = parts[j]
