@@ -62,8 +62,8 @@ def test_own_rows_wait_for_the_peers_partials_of_their_chunk_only(world, all_red
     w.play(3)
     plan = w.plans[0]
     assert [h for h, chunks in enumerate(plan.halves) for _ in chunks] == [0, 0, 1]
-    own_chunks = len(plan.own_chunks(0))  # an all-reduce cuts its last own chunk in two
-    assert own_chunks == splits + all_reduce
+    own_chunks = len(plan.own_chunks(0))  # the first half's chunks in one; an all-reduce cuts its last in two
+    assert own_chunks == splits - len(plan.halves[0]) + 1 + all_reduce
 
     def half(r: int, j: int) -> int:  # the partial GEMM whose rows hold rank r's own chunk j
         lo, even = w.plans[r].own_chunks(r)[j][0], w.plans[r].chunks(r)

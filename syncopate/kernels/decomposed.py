@@ -15,10 +15,10 @@ reduce-scatter's local copy), shorter the more chunks. One call, rank r, its row
 - caller's stream: for each peer p in turn (r+1 first, whose own rows wait for r's partial the
   least): for each half of p's chunks, compute A_r[p's rows there] @ B_r into a send slot (a
   reduce-scatter: the symmetric `send[p]`; an all-reduce: the output's rows of p, which p's reduced
-  chunks overwrite later), then an event; then for each chunk j of its own rows (once every peer's
-  partial of its half is here: an event of side stream 2), add A_r[own rows, chunk j] @ B_r onto
-  the first peer's partial (`partials[r-1]`, the accumulator) and sum the others into it, then an
-  event.
+  chunks overwrite later), then an event; then for each chunk j of its own rows (`own_chunks`:
+  the first half's chunks as one; once every peer's partial of its half is here: an event of side
+  stream 2), add A_r[own rows, chunk j] @ B_r onto the first peer's partial (`partials[r-1]`, the
+  accumulator) and sum the others into it, then an event.
 - side stream 0 (pushes): announce r's entry into every pad; wait until the peers that read what
   it overwrites have entered this call (p for a reduce-scatter, every rank for an all-reduce, whose
   accumulators the peers pull); after each partial GEMM's event, copy its rows into p's
@@ -109,11 +109,17 @@ class DecomposedPlan:
         return row_chunks(q1 - q0, self.splits)
 
     def own_chunks(self, q: int) -> list[tuple[int, int]]:
-        """Rank q's block as the chunks its own GEMMs reduce: `chunks`, but for an all-reduce the
-        last cut in two, so that the pull left after the call's last GEMM is half as long
-        (gemm_ar 8192x4096x11008 on two H200s, side by side: 2 splits 547 -> 527 µs, 4 splits
-        530 -> 528, 8 splits 546 -> 553; the tuner picks among them)."""
+        """Rank q's block as the chunks its own GEMMs reduce: `chunks`, but the first half's in one
+        GEMM (they wait for the same partials, and what follows them hides their longer transfer),
+        and for an all-reduce the last cut in two, so that the pull left after the call's last GEMM
+        is half as long (gemm_ar 8192x4096x11008 on two H200s, side by side: 2 splits 547 -> 527
+        µs, 4 splits 530 -> 528, 8 splits 546 -> 553; the tuner picks among them). The first half
+        in one GEMM, s4, side by side: gemm_ar 517.9 -> 516.5 µs, gemm_rs 498.0 -> 496.3
+        (8192x4096x11008, two H200s, 2026-11-26)."""
         chunks = self.chunks(q)
+        first = self.halves[0]
+        if len(first) > 1:
+            chunks[: len(first)] = [(chunks[0][0], chunks[len(first) - 1][1])]
         if self.all_reduce and chunks[-1][1] - chunks[-1][0] >= 2:
             lo, hi = chunks.pop()
             chunks += [(lo, (lo + hi) // 2), ((lo + hi) // 2, hi)]
