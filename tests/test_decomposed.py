@@ -62,8 +62,8 @@ def test_own_rows_wait_for_the_peers_partials_of_their_chunk_only(world, all_red
     w.play(3)
     plan = w.plans[0]
     assert [h for h, chunks in enumerate(plan.halves) for _ in chunks] == [0, 0, 1]
-    own_chunks = len(plan.own_chunks(0))  # the first half's chunks in one; an all-reduce cuts its last in two
-    assert own_chunks == splits - len(plan.halves[0]) + 1 + all_reduce
+    own_chunks = len(plan.own_chunks(0))  # an all-reduce cuts its last own chunk in two (ws 3: the first half not merged)
+    assert own_chunks == splits + all_reduce
 
     def half(r: int, j: int) -> int:  # the partial GEMM whose rows hold rank r's own chunk j
         lo, even = w.plans[r].own_chunks(r)[j][0], w.plans[r].chunks(r)
@@ -82,6 +82,18 @@ def test_own_rows_wait_for_the_peers_partials_of_their_chunk_only(world, all_red
         assert max(computed) < start
     pulls = [s for s in w.spans if s[2].startswith("reduced from")]
     assert len(pulls) == (2 * ws * (ws - 1) * own_chunks if all_reduce else 0)
+
+
+def test_own_rows_of_the_first_half_are_one_gemm_on_two_ranks():
+    """On two ranks the own chunks of the first half (which wait for the same partials) are one GEMM;
+    an all-reduce cuts its last chunk in two; on more ranks every chunk is its own GEMM."""
+    two_ar = decomposed.DecomposedPlan.of(0, 2, 8192, 64, all_reduce=True, splits=4)
+    assert two_ar.own_chunks(1) == [(0, 2048), (2048, 3072), (3072, 3584), (3584, 4096)]
+    two_rs = decomposed.DecomposedPlan.of(1, 2, 8192, 64, all_reduce=False, splits=8)
+    assert two_rs.own_chunks(1) == [(0, 2048)] + [(lo, lo + 512) for lo in range(2048, 4096, 512)]
+    assert decomposed.DecomposedPlan.of(0, 2, 8192, 64, splits=2).own_chunks(0) == [(0, 2048), (2048, 4096)]
+    four = decomposed.DecomposedPlan.of(0, 4, 8192, 64, all_reduce=True, splits=4)
+    assert four.own_chunks(2) == [(0, 512), (512, 1024), (1024, 1536), (1536, 1792), (1792, 2048)]
 
 
 def test_the_space_offers_it_for_reductions_over_the_copy_engine_only():

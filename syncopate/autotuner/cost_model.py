@@ -343,8 +343,8 @@ def _decomposed_us(model: CostModel, w: Workload, topo: Topology,
                    c: Candidate) -> tuple[float, float, float]:
     """(call end, GEMMs' end, last transfer's end) of a decomposed call (all ranks alike): the
     partials of each peer's block in two GEMMs (the halves of its `num_splits` row chunks), each
-    pushed over one egress once computed; then the own block's chunks (the first half's in one
-    GEMM), each once every peer's partial of it is here (what this rank pushes to the peer `d`
+    pushed over one egress once computed; then the own block's chunks (on two ranks the first
+    half's in one GEMM), each once every peer's partial of it is here (what this rank pushes to the peer `d`
     ahead arrives from the peer `d` behind at the same time), a third rank's partial onward added
     at the HBM's rate; each reduced chunk copied into the output, and an all-reduce's pulled by
     every peer over one ingress (its last own chunk in two)."""
@@ -361,9 +361,9 @@ def _decomposed_us(model: CostModel, w: Workload, topo: Topology,
             for j in half:
                 arrive[j] = max(arrive[j], sent)
     copied = pulled = 0.0
-    own = list(enumerate(chunks))  # as DecomposedPlan.own_chunks: the first half's in one GEMM
+    own = list(enumerate(chunks))  # as DecomposedPlan.own_chunks: on two ranks the first half's in one GEMM
     first = halves(len(chunks))[0]
-    if len(first) > 1:
+    if ws == 2 and len(first) > 1:
         own[: len(first)] = [(0, sum(chunks[j] for j in first))]
     if w.kind == "gemm_ar" and chunks[-1] >= 2:  # the last own chunk in two
         own[-1:] = [(len(chunks) - 1, chunks[-1] // 2), (len(chunks) - 1, chunks[-1] - chunks[-1] // 2)]

@@ -109,16 +109,18 @@ class DecomposedPlan:
         return row_chunks(q1 - q0, self.splits)
 
     def own_chunks(self, q: int) -> list[tuple[int, int]]:
-        """Rank q's block as the chunks its own GEMMs reduce: `chunks`, but the first half's in one
-        GEMM (they wait for the same partials, and what follows them hides their longer transfer),
-        and for an all-reduce the last cut in two, so that the pull left after the call's last GEMM
-        is half as long (gemm_ar 8192x4096x11008 on two H200s, side by side: 2 splits 547 -> 527
-        µs, 4 splits 530 -> 528, 8 splits 546 -> 553; the tuner picks among them). The first half
-        in one GEMM, s4, side by side: gemm_ar 517.9 -> 516.5 µs, gemm_rs 498.0 -> 496.3
-        (8192x4096x11008, two H200s, 2026-11-26)."""
+        """Rank q's block as the chunks its own GEMMs reduce: `chunks`, but on two ranks the first
+        half's in one GEMM (they wait for the same partials, and what follows them hides their longer
+        transfer), and for an all-reduce the last cut in two, so that the pull left after the call's
+        last GEMM is half as long (gemm_ar 8192x4096x11008 on two H200s, side by side: 2 splits 547
+        -> 527 µs, 4 splits 530 -> 528, 8 splits 546 -> 553; the tuner picks among them). The first
+        half in one GEMM, s4, side by side: gemm_ar 517.9 -> 516.5 µs, gemm_rs 498.0 -> 496.3
+        (8192x4096x11008, two H200s, 2026-11-26). Not measured on more ranks, where the cost model
+        has it slower for some all-reduces (8192x8192x28672 on four: the reduced rows' pulls from
+        three peers start later on one ingress)."""
         chunks = self.chunks(q)
         first = self.halves[0]
-        if len(first) > 1:
+        if self.world_size == 2 and len(first) > 1:
             chunks[: len(first)] = [(chunks[0][0], chunks[len(first) - 1][1])]
         if self.all_reduce and chunks[-1][1] - chunks[-1][0] >= 2:
             lo, hi = chunks.pop()
