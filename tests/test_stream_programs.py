@@ -100,6 +100,29 @@ def test_a_context_records_a_peers_signal_as_a_write_or_a_write_and_a_copy(remot
         assert int(ctx.scratch[1]) == 7
 
 
+@pytest.mark.parametrize("remote_writes", [True, False])
+def test_a_contexts_signal_write_is_recorded_once_and_writes_each_calls_value(remote_writes, monkeypatch):
+    """`write_signal` keeps the program it records per stream, rank and word: the second call with
+    the same ones records nothing new and writes its own value; another word or stream records its
+    own program."""
+    driver = HostDriver()
+    monkeypatch.setattr(streamops, "_driver", lambda: driver)
+    pads = [torch.zeros(4, dtype=torch.int32) for _ in range(2)]
+    streams = [stream(10), stream(11)]
+    ctx = SimpleNamespace(rank=0, remote_writes=remote_writes, streams=streams, scratch=torch.zeros(4, dtype=torch.int32),
+                          signal_address=lambda r, word: pads[r].data_ptr() + 4 * word, _kept={})
+    ctx.raise_signal = lambda program, s, r, word: OverlapContext.raise_signal(ctx, program, s, r, word)
+    for value in (5, 6):
+        driver.log.clear()
+        OverlapContext.write_signal(ctx, streams[1], 1, 2, value)
+        assert int(pads[1][2]) == value
+        assert [op[0] for op in driver.log] == (["write"] if remote_writes else ["write", "copy"])
+    assert len(ctx._kept) == 1
+    OverlapContext.write_signal(ctx, streams[0], 1, 2, 7)
+    OverlapContext.write_signal(ctx, streams[1], 1, 3, 8)
+    assert len(ctx._kept) == 3 and int(pads[1][2]) == 7 and int(pads[1][3]) == 8
+
+
 def _gather_call(programs, a_local, rank=0, ws=2):
     """A copy-engine all-gather call of rank 0 whose addresses are made up (nothing is run)."""
     plan = plan_for("ag_gemm", "direct", ws, 256, 2, 32)
