@@ -127,17 +127,6 @@ def _record_entry(program: streamops.Program, ctx: OverlapContext, stream: torch
         ctx.raise_signal(program, stream, p, ENTERED_BASE + ctx.rank)
 
 
-def _program(programs: dict | None, key: tuple, record: Callable[[streamops.Program], None]) -> streamops.Program:
-    """The program `record` writes, kept in `programs` under `key` (a call's own where None)."""
-    program = programs.get(key) if programs is not None else None
-    if program is None:
-        program = streamops.Program()
-        record(program)
-        if programs is not None:
-            programs[key] = program
-    return program
-
-
 def _own_rows_in_place(call: GatherCall) -> bool:
     """Whether this rank's shard already is its rows of the gathered buffer (`gather_buffer`)."""
     return call.a_local.data_ptr() == call.a_full.peer_ptrs[call.ctx.rank] + call.r0 * call.row_bytes
@@ -167,7 +156,7 @@ def _start_own(call: GatherCall, streams: list[torch.cuda.Stream]) -> Callable[[
         _record_own_chunks(p, call, streams[2], in_place)
         _record_entry(p, call.ctx, streams[0])
 
-    program = _program(call.programs, ("own", call.copy_own, in_place), record)
+    program = streamops.kept_program(call.programs, ("own", call.copy_own, in_place), record)
     return functools.partial(program.run, call.epoch, call.a_local.data_ptr())
 
 
@@ -190,7 +179,7 @@ def stage_gathered_copy(call: GatherCall, stream: torch.cuda.Stream) -> Callable
             if hi > lo:
                 p.copy(stream, lo * call.row_bytes, base + lo * call.row_bytes, (hi - lo) * call.row_bytes, dst_base=p.OUT)
 
-    program = _program(call.programs, ("gathered",), record)
+    program = streamops.kept_program(call.programs, ("gathered",), record)
     return lambda gathered: program.run(call.epoch, call.a_local.data_ptr(), gathered.data_ptr())
 
 
@@ -227,12 +216,12 @@ class CopyEngineBackend(CommBackend):
     def stage_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
         in_place = _own_rows_in_place(call)
         key = ("gather", call.copy_own, in_place, call.ctx.timeline is not None)
-        program = _program(call.programs, key, lambda p: self._record_gather(p, call, streams, in_place))
+        program = streamops.kept_program(call.programs, key, lambda p: self._record_gather(p, call, streams, in_place))
         return functools.partial(program.run, call.epoch, call.a_local.data_ptr())
 
     def stage_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
         key = ("scatter", call.ctx.timeline is not None)
-        program = _program(call.programs, key, lambda p: self._record_scatter(p, call, streams))
+        program = streamops.kept_program(call.programs, key, lambda p: self._record_scatter(p, call, streams))
         return functools.partial(program.run, call.epoch, 0, call.out.data_ptr() if call.out is not None else 0)
 
     @staticmethod
@@ -333,7 +322,7 @@ class SmCopyBackend(CommBackend):
                 jobs.append((src, call.out.data_ptr() + t.row_start * row_bytes, t.rows * call.n_cols, t.signal, -1, ctx.rank))
         stage_chunk_copy(ctx, jobs, streams[0], call.candidate.comm_sms, call.send.dtype, call.spin_limit)
 
-        entry = _program(call.programs, ("entry",), lambda p: _record_entry(p, ctx, streams[0]))
+        entry = streamops.kept_program(call.programs, ("entry",), lambda p: _record_entry(p, ctx, streams[0]))
 
         def enqueue() -> None:
             entry.run(call.epoch)

@@ -272,14 +272,10 @@ class OverlapContext:
     def write_signal(self, stream: torch.cuda.Stream, rank: int, word: int, value: int) -> None:
         """Enqueue on `stream` (one of this context's) a write of `value` into `rank`'s pad word
         (a program recorded once per stream, rank and word)."""
-        key = ("signal", stream.cuda_stream, rank, word)
-        program = self._kept.get(key)
-        if program is None:
-            from syncopate.kernels import streamops
+        from syncopate.kernels import streamops
 
-            program = self._kept[key] = streamops.Program()
-            self.raise_signal(program, stream, rank, word)
-        program.run(value)
+        streamops.kept_program(self._kept, ("signal", stream.cuda_stream, rank, word),
+                               lambda program: self.raise_signal(program, stream, rank, word)).run(value)
 
     def kept_events(self, key, count: int) -> list[torch.cuda.Event]:
         """`count` events kept under `key` for a call's hand-overs between streams, recorded again by

@@ -81,7 +81,7 @@ class ContextRegistry:
         self._topologies: dict[str, Topology] = {}
         self.prepared: dict[tuple, Any] = {}
         """Validated calls: (group, kind, shapes, strides, dtype, device, config) → what a call needs
-        (with the stream programs its backend records, `backends._program`)."""
+        (with the stream programs its backend records, `streamops.kept_program`)."""
         self._lock = threading.Lock()
 
     def context(self, group, key: tuple, buffers: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> OverlapContext:

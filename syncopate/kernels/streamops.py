@@ -14,10 +14,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from collections.abc import Callable
 
 from syncopate.errors import RuntimeUnavailableError
 
-__all__ = ["Program", "write_value", "wait_value", "copy_async", "available"]
+__all__ = ["Program", "kept_program", "write_value", "wait_value", "copy_async", "available"]
 
 _WAIT_GEQ = 0x0
 _WRITE_DEFAULT = 0x0
@@ -215,3 +216,14 @@ class Program:
                     i += 1
             self._batched = steps
         return self._batched
+
+
+def kept_program(programs: dict | None, key, record: Callable[[Program], None]) -> Program:
+    """The program `record` writes, kept in `programs` under `key` (a call's own where None)."""
+    program = programs.get(key) if programs is not None else None
+    if program is None:
+        program = Program()
+        record(program)
+        if programs is not None:
+            programs[key] = program
+    return program
