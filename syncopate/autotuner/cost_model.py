@@ -344,10 +344,10 @@ def _decomposed_us(model: CostModel, w: Workload, topo: Topology,
     """(call end, GEMMs' end, last transfer's end) of a decomposed call (all ranks alike): the
     partials of each peer's block in two GEMMs (the halves of its `num_splits` row chunks), each
     pushed over one egress once computed; then the own block's chunks (on two ranks the first
-    half's in one GEMM), each once every peer's partial of it is here (what this rank pushes to the peer `d`
-    ahead arrives from the peer `d` behind at the same time), a third rank's partial onward added
-    at the HBM's rate; each reduced chunk copied into the output, and an all-reduce's pulled by
-    every peer over one ingress (its last own chunk in two)."""
+    half's in one GEMM), each once every peer's partial of it is here (what this rank pushes to the
+    peer `d` ahead arrives from the peer `d` behind at the same time), a third rank's partial
+    onward added at the HBM's rate; each reduced chunk copied into the output, and an all-reduce's
+    pulled by every peer over one ingress (its last own chunk in two)."""
     ws, rows, n, _, elem, link, extra, gemm = _cublas_timeline_inputs(model, w, topo)
     costs = model.calibration.costs
     chunks = [hi - lo for lo, hi in row_chunks(rows, c.num_splits)]

@@ -164,20 +164,22 @@ class _Layout:
         self.entries = list(entered.values()) if plan.all_reduce else []
         """Words the push stream waits on first: every peer's entry (an all-reduce)."""
         self.pushes = []
-        """(peer, its entry's word or None, [(half, rows of A, the send slot or None, the peer's
-        slot's address, bytes, labels)]) for each peer, in turn."""
+        """(peer, its entry's word or None, [(rows of A, the send slot or None, the peer's slot's
+        address, bytes, the peer's pad word it raises, labels)]) for each peer, in turn."""
         for p in plan.peers_sent:
             p0 = block_bounds(plan.m, ws, p)[0]
             chunks, pieces = plan.chunks(p), []
             for h, half in enumerate(plan.halves):
                 lo, hi = chunks[half[0]][0], chunks[half[-1]][1]
                 send = None if plan.all_reduce else ctx.buffers["send"].local[p, lo:hi]
-                pieces.append((h, p0 + lo, p0 + hi, send, partials.peer_ptrs[p] + r * slot_bytes + lo * row_bytes,
-                               (hi - lo) * row_bytes, (f"partial for {p}", f"partial to {p}", (p, h), hi - lo)))
+                pieces.append((p0 + lo, p0 + hi, send, partials.peer_ptrs[p] + r * slot_bytes + lo * row_bytes,
+                               (hi - lo) * row_bytes, PARTIAL + r * 2 + h,
+                               (f"partial for {p}", f"partial to {p}", (p, h), hi - lo)))
             self.pushes.append((p, None if plan.all_reduce else entered[p], pieces))
         self.arrivals = [(h, q, ctx.signal_address(r, PARTIAL + q * 2 + h))
                          for h in range(len(plan.halves)) for q in plan.peers_summed]
-        first, *others = plan.peers_summed
+        self.first, *others = plan.peers_summed
+        """The peer whose partial slot is the accumulator; `others` are added into it."""
         r0 = block_bounds(plan.m, ws, r)[0]
         o0 = r0 if plan.all_reduce else 0
         even = plan.chunks(r)
@@ -188,7 +190,7 @@ class _Layout:
         """(accumulator view, rows of A, the half whose partials it waits for or None, the other peers'
         partial views, the words it raises, output offset, accumulator address, bytes, labels)."""
         for j, (lo, hi) in enumerate(own):
-            acc = partials.local[first, lo:hi]
+            acc = partials.local[self.first, lo:hi]
             words = [(p, GATHER + r * slots + j) for p in plan.peers_sent] if plan.all_reduce else []
             self.own.append((acc, r0 + lo, r0 + hi, opening.get(lo), [(q, partials.local[q, lo:hi]) for q in others],
                              words, (o0 + lo) * row_bytes, acc.data_ptr(), (hi - lo) * row_bytes,
@@ -232,7 +234,7 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
     `captured`: the call is being captured in a CUDA graph on the caller's stream. `spin_limit`
     bounds the SM pulls' waits (their stream waits are not bounded)."""
     main = ctx.current_stream()
-    r, e = plan.rank, ctx.begin_call(main if captured else None)
+    e = ctx.begin_call(main if captured else None)
     if plan.world_size == 1:
         torch.matmul(a, b, out=out)
         return
@@ -247,7 +249,7 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
     for p, entered, pieces in layout.pushes:
         if entered is not None:  # p has read what r pushed in the previous call
             streamops.wait_value(push.cuda_stream, entered, e)
-        for h, lo, hi, send, peer_slot, nbytes, (computed, pushed, chunk, rows) in pieces:
+        for lo, hi, send, peer_slot, nbytes, word, (computed, pushed, chunk, rows) in pieces:
             dst = out[lo:hi] if send is None else send
             t0 = ctx.stamp(main)
             torch.matmul(a[lo:hi], b, out=dst)
@@ -258,7 +260,7 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
             t0 = ctx.stamp(push)
             streamops.copy_async(push.cuda_stream, peer_slot, dst.data_ptr(), nbytes)
             ctx.span(pushed, chunk, rows, push, t0)
-            ctx.write_signal(push, p, PARTIAL + r * 2 + h, e)
+            ctx.write_signal(push, p, word, e)
     # The caller's stream waits for the peers' partials through events the third stream records
     # once they are here: a stream wait on a pad word between two GEMMs held the caller's stream
     # ~8 us even where the word was long set (gemm_ar 8192x4096x11008, two H100s). Enqueued after
@@ -271,8 +273,7 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
         arrived[h, q].record(side)
     sm_pull = (plan.all_reduce and layout.last_aligned and out_ptr % 16 == 0 and out.is_contiguous()
                and ctx.sm_pulls and launch.getenv("SYNCOPATE_SM_PULL", "1") != "0")
-    first = plan.peers_summed[0]
-    last = len(layout.own) - 1
+    first, last = layout.first, len(layout.own) - 1
     for j, (acc, lo, hi, starts, others, words, offset, acc_ptr, nbytes, (chunk, rows, added)) in enumerate(layout.own):
         if starts is not None:
             main.wait_event(arrived[starts, first])
