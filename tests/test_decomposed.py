@@ -169,3 +169,27 @@ def test_an_all_reduce_ends_on_sm_pulls(world, monkeypatch, how):  # noqa: F811
         assert sorted(pulls) == sorted(list(range(ws)) * (calls // ws) * (ws - 1))
     else:
         assert pulls == []
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_an_all_reduces_last_word_leaves_at_once_on_two_ranks(world, ws):  # noqa: F811
+    """On two ranks the own chunk before the last is copied into the output together with the last,
+    after the last GEMM, so that `ready` has nothing queued ahead of the last word: it raises it, and
+    the caller's stream goes from its last GEMM straight to the pull. On more ranks each chunk is
+    copied alone and the last word goes from the caller's stream, right after its last GEMM."""
+    m, n, k_local, splits = 32 * ws, 8, 16, 4
+    w = _world(world, ws, m, n, True, splits)
+    kept = []
+    for r in range(ws):
+        kept.append((torch.randn(m, k_local), torch.randn(k_local, n), torch.empty(m, n)))
+        w.enqueue(r, *kept[-1])
+    main, ready = w.mains[0].ops, w.ctxs[0].streams[1].ops
+    after_gemms = [op[0] for op in main[max(i for i, op in enumerate(main) if op[0] == "run") + 1:]]
+    copied = [op[3] // (n * 4) for op in ready if op[0] == "copy"]  # rows of each copy into the output
+    last_word = max(i for i, op in enumerate(ready) if op[0] == "write")
+    if ws == 2:  # own chunks of 16 (the first half's), 8, 4 and 4 rows
+        assert copied == [16, 8, 8]
+        assert "write" not in after_gemms and ready[last_word + 1][0] == "copy"
+    else:
+        assert copied == [8, 8, 8, 4, 4]
+        assert "write" in after_gemms

@@ -346,8 +346,9 @@ def _decomposed_us(model: CostModel, w: Workload, topo: Topology,
     pushed over one egress once computed; then the own block's chunks (on two ranks the first
     half's in one GEMM), each once every peer's partial of it is here (what this rank pushes to the
     peer `d` ahead arrives from the peer `d` behind at the same time), a third rank's partial
-    onward added at the HBM's rate; each reduced chunk copied into the output, and an all-reduce's
-    pulled by every peer over one ingress (its last own chunk in two)."""
+    onward added at the HBM's rate; each reduced chunk copied into the output (on two ranks an
+    all-reduce's last two together), and an all-reduce's pulled by every peer over one ingress (its
+    last own chunk in two)."""
     ws, rows, n, _, elem, link, extra, gemm = _cublas_timeline_inputs(model, w, topo)
     costs = model.calibration.costs
     chunks = [hi - lo for lo, hi in row_chunks(rows, c.num_splits)]
@@ -365,12 +366,17 @@ def _decomposed_us(model: CostModel, w: Workload, topo: Topology,
     first = halves(len(chunks))[0]
     if ws == 2 and len(first) > 1:
         own[: len(first)] = [(0, sum(chunks[j] for j in first))]
-    if w.kind == "gemm_ar" and chunks[-1] >= 2:  # the last own chunk in two
+    cut = w.kind == "gemm_ar" and chunks[-1] >= 2
+    if cut:  # the last own chunk in two
         own[-1:] = [(len(chunks) - 1, chunks[-1] // 2), (len(chunks) - 1, chunks[-1] - chunks[-1] // 2)]
-    for j, m in own:
+    held = 0  # on two ranks the first half's copy into the output goes with the second's
+    for i, (j, m) in enumerate(own):
         nbytes = m * n * elem
         clock = max(clock, arrive[j]) + gemm(m) + (ws - 2) * 3 * nbytes / (costs.hbm_gbps * 1e3)
-        copied = max(copied, clock) + nbytes / (costs.local_copy_gbps * 1e3)
+        if cut and ws == 2 and i == len(own) - 2:
+            held = nbytes
+        else:
+            copied = max(copied, clock) + (held + nbytes) / (costs.local_copy_gbps * 1e3)
         if w.kind == "gemm_ar":
             for _ in range(ws - 1):
                 pulled = max(pulled, clock) + link.time_us(nbytes) + extra

@@ -24,15 +24,16 @@ reduce-scatter's local copy), shorter the more chunks. One call, rank r, its row
   accumulators the peers pull); after each partial GEMM's event, copy its rows into p's
   `partials[r]` and raise p's word `PARTIAL + r * 2 + h`.
 - side stream 1: after each own chunk's event, raise every peer's word `GATHER + r * (S + 1) + j`
-  (an all-reduce; the last chunk's is raised from the caller's stream right after its GEMM) and
-  copy the reduced chunk into the output.
+  (an all-reduce; on more than two ranks the last chunk's is raised from the caller's stream right
+  after its GEMM) and copy the reduced chunk into the output (on two ranks an all-reduce's chunk
+  before the last together with the last, after the last GEMM: `_Layout.merged_tail`).
 - side stream 2: for each half h, each peer q: wait for `PARTIAL + q * 2 + h`, then an event;
   then (an all-reduce) for each own chunk j, each peer q: wait for `GATHER + q * (S + 1) + j`,
   pull q's reduced chunk j into the output's rows of q (the last chunk's wait and pull on the
   caller's stream, after its last GEMM).
 
 An all-reduce's last pulls, which the call ends on, are done by the SMs (`pull_last`, a kernel a
-peer on the caller's stream, after the last word's stream write): each waits for its peer's word
+peer on the caller's stream, after the last GEMM): each waits for its peer's word
 and copies with every SM, where a stream wait and a copy-engine copy had followed the write.
 gemm_ar 8192x4096x11008 s4 on two H200s, side by side, the stream path -> this one: 2-8 us less on
 six hosts (the kernel raising the word itself instead lost 4 us again; benchmarks/NOTES.md,
@@ -122,10 +123,15 @@ class DecomposedPlan:
         first = self.halves[0]
         if self.world_size == 2 and len(first) > 1:
             chunks[: len(first)] = [(chunks[0][0], chunks[len(first) - 1][1])]
-        if self.all_reduce and chunks[-1][1] - chunks[-1][0] >= 2:
+        if self.last_cut(q):
             lo, hi = chunks.pop()
             chunks += [(lo, (lo + hi) // 2), ((lo + hi) // 2, hi)]
         return chunks
+
+    def last_cut(self, q: int) -> bool:
+        """Whether rank q's last own chunk is cut in two (`own_chunks`): an all-reduce's, of two rows or more."""
+        lo, hi = self.chunks(q)[-1]
+        return self.all_reduce and hi - lo >= 2
 
     @property
     def halves(self) -> list[range]:
@@ -188,13 +194,26 @@ class _Layout:
         slots = plan.splits + 1  # a rank's pad words for its reduced chunks (the last chunk cut in two)
         self.own = []
         """(accumulator view, rows of A, the half whose partials it waits for or None, the other peers'
-        partial views, the words it raises, output offset, accumulator address, bytes, labels)."""
+        partial views, the words it raises, labels)."""
+        self.copies = []
+        """Each own chunk's copy into the output (output offset, accumulator address, bytes), or None
+        where the next chunk's copy takes its rows too."""
         for j, (lo, hi) in enumerate(own):
             acc = partials.local[self.first, lo:hi]
             words = [(p, GATHER + r * slots + j) for p in plan.peers_sent] if plan.all_reduce else []
             self.own.append((acc, r0 + lo, r0 + hi, opening.get(lo), [(q, partials.local[q, lo:hi]) for q in others],
-                             words, (o0 + lo) * row_bytes, acc.data_ptr(), (hi - lo) * row_bytes,
-                             ((r, j), hi - lo, [(f"partial of {q} added", (q, j)) for q in others])))
+                             words, ((r, j), hi - lo, [(f"partial of {q} added", (q, j)) for q in others])))
+            self.copies.append(((o0 + lo) * row_bytes, acc.data_ptr(), (hi - lo) * row_bytes))
+        self.merged_tail = plan.world_size == 2 and plan.last_cut(r)
+        """An all-reduce on two ranks whose last own chunk is cut in two: the first half's copy into the
+        output goes with the second's, after the call's last GEMM, so that `ready` is idle when that
+        GEMM ends and raises the last word at once (`run`). gemm_ar 8192x4096x11008 on two H200s, side
+        by side: s4 519.0 -> 514.0 µs, s2 522.7 -> 518.9, s8 534.1 -> 529.1, the stream path's s4
+        524.3 -> 521.2; K=14336 s4 652.9 -> 649.1 (2026-11-27). On four H200s it was slower (s2 477.0
+        -> 492.9, s4 526.4 -> 534.5): not there."""
+        if self.merged_tail:
+            offset, address, nbytes = self.copies[-2]
+            self.copies[-2:] = [None, (offset, address, nbytes + self.copies[-1][2])]
         self.pulls = []
         """(on the caller's stream, peer, its accumulator's slot, rows of its block, the block's first
         row, the chunk's pad word here and its address, source address, output offset, bytes, label)
@@ -274,7 +293,7 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
     sm_pull = (plan.all_reduce and layout.last_aligned and out_ptr % 16 == 0 and out.is_contiguous()
                and ctx.sm_pulls and launch.getenv("SYNCOPATE_SM_PULL", "1") != "0")
     first, last = layout.first, len(layout.own) - 1
-    for j, (acc, lo, hi, starts, others, words, offset, acc_ptr, nbytes, (chunk, rows, added)) in enumerate(layout.own):
+    for j, (acc, lo, hi, starts, others, words, (chunk, rows, added)) in enumerate(layout.own):
         if starts is not None:
             main.wait_event(arrived[starts, first])
         t0 = ctx.stamp(main)
@@ -286,21 +305,25 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
             t0 = ctx.stamp(main)
             add_partial(acc, partial)
             ctx.span(label, of, rows, main, t0)
-        # The last reduced chunk's word goes from the caller's stream, right after its GEMM: the
-        # peers' pull of it is what the call ends on, and the hop through an event to `ready` (busy
-        # with the chunk before's local copy) delayed it. With the last pull on the caller's stream
-        # too (below), gemm_ar 8192x4096x11008 s4 on two H200s, side by side: 530.8 / 531.3 ->
-        # 524.0 / 528.4 us on one host, within 1 us on another. Earlier chunks' words stay off the
-        # caller's stream: a stream write between two GEMMs cost more than it saved. (Where streams
-        # cannot write a peer's memory, a context relays a word through a side stream's own
-        # scratch slot, which the caller's stream has none of: the word stays on `ready` there.)
+        # The words go from `ready` once it has the chunk's event. The last one is what the peers'
+        # pulls, which the call ends on, wait for: where the chunk before's copy is merged into the
+        # last's (`merged_tail`), `ready` is idle when the last GEMM ends and raises it at once, and
+        # the pull after that GEMM on the caller's stream starts right behind it, where a stream
+        # write between them held it back ~7 us. Otherwise the last word goes from the caller's
+        # stream, right after its GEMM, not behind the chunk before's copy on `ready` (a context
+        # whose streams cannot write a peer's memory relays a word through a side stream's own
+        # scratch slot, which the caller's stream has none of: the word stays on `ready` there).
+        # Earlier chunks' words stay off the caller's stream: a stream write between two GEMMs cost
+        # more than it saved.
         done = next(events)
         done.record(main)
         ready.wait_event(done)
-        stream = main if j == last and ctx.remote_writes else ready
+        stream = main if j == last and ctx.remote_writes and not layout.merged_tail else ready
         for p, word in words:
             ctx.write_signal(stream, p, word, e)
-        streamops.copy_async(ready.cuda_stream, out_ptr + offset, acc_ptr, nbytes)
+        copy = layout.copies[j]
+        if copy is not None:
+            streamops.copy_async(ready.cuda_stream, out_ptr + copy[0], copy[1], copy[2])
     for on_main, q, slot, lo, hi, q0, address, src, offset, nbytes, word, (label, chunk, rows) in layout.pulls:
         # a peer's last chunk is pulled on the caller's stream, which the call ends on (enqueued
         # after every word and copy the peers wait for, so its wait holds nothing back that they need)
