@@ -9,8 +9,8 @@ with beta=1. Each is timed with events on its own stream (median of 30, after a 
 and with copies started with it on a side stream: `local` (GPU 0's engine within GPU 0), `pull` and
 `push` (GPU 0's engine reading or writing GPU 1), `peerpull` and `peerpush` (GPU 1's engine reading or
 writing GPU 0: a peer pulling this rank's rows, or pushing to it). Then local copies of 4-32 MiB
-timed alone, by the copy engine and by `pull_kernel` with no wait (the decomposed all-reduce's SM
-copy).
+timed alone (`gemm_split.py`'s timing), by the copy engine and by `pull_kernel` with no wait (the
+decomposed all-reduce's SM copy).
 """
 
 from __future__ import annotations
@@ -94,6 +94,7 @@ def copy_rates(torch, device) -> None:
     """Local copies alone: the copy engine against `pull_kernel` with no wait (16 KiB a program)."""
     import triton
 
+    from benchmarks.gemm_split import _time
     from syncopate.kernels.launch import PULL_BLOCK
     from syncopate.kernels.triton_kernels import pull_kernel
 
@@ -102,20 +103,6 @@ def copy_rates(torch, device) -> None:
     pad = torch.zeros(1024, dtype=torch.int32, device=device)
     error = torch.zeros(1, dtype=torch.int32, device=device)
 
-    def timed(fn, reps: int = 30) -> float:
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(SLEEP_CYCLES // 5)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1000.0)
-        return statistics.median(times)
-
     print(f"\n{'local copy':24s} {'MiB':>4} {'us':>7} {'TB/s r+w':>8}")
     for mib in (4, 16, 28, 32):
         words = mib << 18
@@ -123,7 +110,7 @@ def copy_rates(torch, device) -> None:
         for name, fn in (("copy engine", lambda w=words: dst[:w].copy_(src[:w])),
                          ("SMs (pull_kernel)", lambda w=words, g=grid: pull_kernel[g](
                              src, dst, w, pad, -1, 0, error, -1, BLOCK=PULL_BLOCK, num_warps=4))):
-            us = timed(fn)
+            us = _time(fn, reps=30, warmup=3)
             print(f"{name:24s} {mib:4d} {us:7.1f} {2 * (mib << 20) / us / 1e6:8.2f}")
 
 
