@@ -341,3 +341,34 @@ def test_a_signal_stops_a_sweep_as_interrupted_and_it_resumes(tmp_path, signum, 
     assert len(after) > len(before) and {t.trial_id for t in before} <= {t.trial_id for t in after}
     keys = [(t.workload.key(), t.candidate.key()) for t in after]
     assert len(keys) == len(set(keys))  # nothing measured twice
+
+
+def test_a_stop_logged_by_a_library_prints_no_traceback():
+    """A stop landing while SQLAlchemy's pool resets a connection: the pool logs the interrupt with
+    its traceback before passing it on (seen once in the SIGTERM test above); `tune`'s log handler
+    leaves such records out, and prints every other error with its traceback."""
+    import io
+    import logging
+
+    from rich.console import Console
+
+    from syncopate.cli.tune_cmds import _setup_logging
+    from syncopate.errors import Terminated
+
+    root = logging.getLogger()
+    kept = root.handlers[:], root.level
+    text = io.StringIO()
+    try:
+        root.handlers = [h for h in root.handlers if type(h).__name__ != "RichHandler"]
+        _setup_logging(Console(file=text, width=200), verbose=False)
+        pool = logging.getLogger("sqlalchemy.pool.impl.QueuePool")
+        for error in (Terminated(), KeyboardInterrupt(), RuntimeError("the database went away")):
+            try:
+                raise error
+            except BaseException:
+                pool.error("Exception during reset or similar", exc_info=True)
+    finally:
+        root.handlers, root.level = kept
+    out = text.getvalue()
+    assert out.count("Exception during reset or similar") == 1 and "the database went away" in out
+    assert "Traceback" in out and "Terminated" not in out and "KeyboardInterrupt" not in out

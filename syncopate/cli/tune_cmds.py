@@ -14,11 +14,20 @@ from syncopate.cli import app
 from syncopate.cli import console as output_console
 
 
+def _not_an_interrupt(record: logging.LogRecord) -> bool:
+    """Whether a record is worth printing: not one logged with a Ctrl-C or SIGTERM as its exception.
+    A stop can land while a library is in the middle of something it logs the failure of (SQLAlchemy's
+    pool, resetting a connection, logs the interrupt's traceback before passing it on); the command
+    says itself that it was stopped and what was kept."""
+    return not (record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt))
+
+
 def _setup_logging(console: Console, verbose: bool) -> None:
     root = logging.getLogger()
     if not any(isinstance(h, RichHandler) for h in root.handlers):
         handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
         handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.addFilter(_not_an_interrupt)
         root.addHandler(handler)
     root.setLevel(logging.INFO if verbose else logging.WARNING)
     logging.getLogger("syncopate").setLevel(logging.INFO if verbose else logging.WARNING)
