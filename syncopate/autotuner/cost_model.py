@@ -28,6 +28,7 @@ Pure Python and numpy: no torch.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from collections.abc import Iterable
@@ -63,8 +64,10 @@ from syncopate.search_space import (
     gather_gemms,
     gather_parts,
     halves,
+    own_gemm_rows,
     producer_schedule,
     row_chunks,
+    tail_copied_together,
     tail_split,
 )
 
@@ -351,7 +354,8 @@ def _decomposed_us(model: CostModel, w: Workload, topo: Topology,
     last own chunk in two)."""
     ws, rows, n, _, elem, link, extra, gemm = _cublas_timeline_inputs(model, w, topo)
     costs = model.calibration.costs
-    chunks = [hi - lo for lo, hi in row_chunks(rows, c.num_splits)]
+    even = row_chunks(rows, c.num_splits)
+    chunks = [hi - lo for lo, hi in even]
     clock, sent = 0.0, 0.0
     arrive = [0.0] * len(chunks)
     for _ in range(ws - 1):
@@ -362,22 +366,19 @@ def _decomposed_us(model: CostModel, w: Workload, topo: Topology,
             for j in half:
                 arrive[j] = max(arrive[j], sent)
     copied = pulled = 0.0
-    own = list(enumerate(chunks))  # as DecomposedPlan.own_chunks: on two ranks the first half's in one GEMM
-    first = halves(len(chunks))[0]
-    if ws == 2 and len(first) > 1:
-        own[: len(first)] = [(0, sum(chunks[j] for j in first))]
-    cut = w.kind == "gemm_ar" and chunks[-1] >= 2
-    if cut:  # the last own chunk in two
-        own[-1:] = [(len(chunks) - 1, chunks[-1] // 2), (len(chunks) - 1, chunks[-1] - chunks[-1] // 2)]
-    held = 0  # on two ranks the first half's copy into the output goes with the second's
-    for i, (j, m) in enumerate(own):
-        nbytes = m * n * elem
-        clock = max(clock, arrive[j]) + gemm(m) + (ws - 2) * 3 * nbytes / (costs.hbm_gbps * 1e3)
-        if cut and ws == 2 and i == len(own) - 2:
+    all_reduce = w.kind == "gemm_ar"
+    own = own_gemm_rows(even, ws, all_reduce)
+    starts = [lo for lo, _ in even]
+    held = 0  # the chunk before the last copied into the output with the last (`tail_copied_together`)
+    for i, (lo, hi) in enumerate(own):
+        j = bisect.bisect_right(starts, lo) - 1  # the even chunk it starts in: its partials' arrival
+        nbytes = (hi - lo) * n * elem
+        clock = max(clock, arrive[j]) + gemm(hi - lo) + (ws - 2) * 3 * nbytes / (costs.hbm_gbps * 1e3)
+        if i == len(own) - 2 and tail_copied_together(even, ws, all_reduce):
             held = nbytes
         else:
             copied = max(copied, clock) + (held + nbytes) / (costs.local_copy_gbps * 1e3)
-        if w.kind == "gemm_ar":
+        if all_reduce:
             for _ in range(ws - 1):
                 pulled = max(pulled, clock) + link.time_us(nbytes) + extra
     return max(clock, copied, pulled), clock, max(sent, pulled)

@@ -57,7 +57,8 @@ from syncopate.kernels import c_stationary, launch, streamops
 from syncopate.kernels.backends import announce_entry
 from syncopate.kernels.context import OverlapContext
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
-from syncopate.search_space import block_bounds, halves, peers_ahead, peers_behind, row_chunks
+from syncopate.search_space import (block_bounds, halves, own_gemm_rows, peers_ahead, peers_behind, row_chunks,
+                                    tail_copied_together)
 
 __all__ = ["GATHER", "PARTIAL", "DecomposedPlan", "add_partial", "decomposed_buffers", "prepare", "pull_last", "run"]
 
@@ -119,19 +120,7 @@ class DecomposedPlan:
         (8192x4096x11008, two H200s, 2026-11-26). Not measured on more ranks, where the cost model
         has it slower for some all-reduces (8192x8192x28672 on four: the reduced rows' pulls from
         three peers start later on one ingress)."""
-        chunks = self.chunks(q)
-        first = self.halves[0]
-        if self.world_size == 2 and len(first) > 1:
-            chunks[: len(first)] = [(chunks[0][0], chunks[len(first) - 1][1])]
-        if self.last_cut(q):
-            lo, hi = chunks.pop()
-            chunks += [(lo, (lo + hi) // 2), ((lo + hi) // 2, hi)]
-        return chunks
-
-    def last_cut(self, q: int) -> bool:
-        """Whether rank q's last own chunk is cut in two (`own_chunks`): an all-reduce's, of two rows or more."""
-        lo, hi = self.chunks(q)[-1]
-        return self.all_reduce and hi - lo >= 2
+        return own_gemm_rows(self.chunks(q), self.world_size, self.all_reduce)
 
     @property
     def halves(self) -> list[range]:
@@ -204,7 +193,7 @@ class _Layout:
             self.own.append((acc, r0 + lo, r0 + hi, opening.get(lo), [(q, partials.local[q, lo:hi]) for q in others],
                              words, ((r, j), hi - lo, [(f"partial of {q} added", (q, j)) for q in others])))
             self.copies.append(((o0 + lo) * row_bytes, acc.data_ptr(), (hi - lo) * row_bytes))
-        self.merged_tail = plan.world_size == 2 and plan.last_cut(r)
+        self.merged_tail = tail_copied_together(even, ws, plan.all_reduce)
         """An all-reduce on two ranks whose last own chunk is cut in two: the first half's copy into the
         output goes with the second's, after the call's last GEMM, so that `ready` is idle when that
         GEMM ends and raises the last word at once (`run`). gemm_ar 8192x4096x11008 on two H200s, side

@@ -23,9 +23,11 @@ from syncopate.search_space.chunk_plan import (
     gather_splits_refusal,
     build_plan,
     halves,
+    own_gemm_rows,
     peers_ahead,
     peers_behind,
     row_chunks,
+    tail_copied_together,
 )
 from syncopate.search_space.grids import GRIDS, bench_grid
 from syncopate.search_space.liveness import LivenessReport, check_liveness
@@ -125,7 +127,9 @@ __all__ = [
     "optuna_distributions",
     "producer_schedule",
     "halves",
+    "own_gemm_rows",
     "row_chunks",
+    "tail_copied_together",
     "space",
     "space_refusal",
     "space_size",

@@ -166,6 +166,33 @@ def halves(splits: int) -> list[range]:
     one chunk: what each of a decomposed call's partial GEMMs covers."""
     h = (splits + 1) // 2
     return [g for g in (range(0, h), range(h, splits)) if len(g)]
+
+
+def last_chunk_cut(chunks: list[tuple[int, int]], all_reduce: bool) -> bool:
+    """Whether a decomposed block's last own GEMM is cut in two (`own_gemm_rows`): an all-reduce's
+    last chunk of two rows or more."""
+    lo, hi = chunks[-1]
+    return all_reduce and hi - lo >= 2
+
+
+def own_gemm_rows(chunks: list[tuple[int, int]], world_size: int, all_reduce: bool) -> list[tuple[int, int]]:
+    """The rows of a decomposed block's own GEMMs, from its even `chunks` (`row_chunks`): on two ranks
+    the first half's chunks (`halves`) as one GEMM, and an all-reduce's last chunk cut in two
+    (`last_chunk_cut`). What `kernels.decomposed` runs and the cost model times."""
+    own = list(chunks)
+    first = halves(len(chunks))[0]
+    if world_size == 2 and len(first) > 1:
+        own[: len(first)] = [(chunks[0][0], chunks[len(first) - 1][1])]
+    if last_chunk_cut(chunks, all_reduce):
+        lo, hi = own.pop()
+        own += [(lo, (lo + hi) // 2), ((lo + hi) // 2, hi)]
+    return own
+
+
+def tail_copied_together(chunks: list[tuple[int, int]], world_size: int, all_reduce: bool) -> bool:
+    """Whether a decomposed block's last two own GEMMs' rows are copied into the output together,
+    after the last GEMM (on two ranks, where the last chunk is cut: `kernels.decomposed._Layout`)."""
+    return world_size == 2 and last_chunk_cut(chunks, all_reduce)
 """Chunk-plan templates."""
 
 COLLECTIVES: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
