@@ -421,3 +421,25 @@ def test_the_timeline_marks_each_term_from_when_its_inputs_are_there(world, all_
     assert {label for (_, _, label, _) in spans if not label.startswith(("A rows", "term of", "reduced from"))} == {"own term"}
     if all_reduce:
         assert sum(label.startswith("reduced from") for (_, _, label, _) in spans) == 2 * ws * (ws - 1) * 2
+
+
+@pytest.mark.parametrize("ws, all_reduce, on_caller", [(2, True, False), (3, True, True), (4, True, True),
+                                                        (4, False, False)])
+def test_an_all_reduce_on_more_than_two_ranks_waits_for_its_inputs_on_the_callers_stream(world, ws, all_reduce,
+                                                                                         on_caller):
+    """c_stationary's waits for the peers' A rows and B: on the caller's stream before each term for
+    an all-reduce on three or more ranks (whose side stream 2, which would hold them, also makes the
+    pulls), else on a side stream that records an event per peer for the caller's stream."""
+    m, n, k_local = 24 * ws, 16, 8
+    w = world(ws, c_stationary.c_stationary_buffers(ws, m, n, k_local, torch.float32, all_reduce),
+              lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, 2), c_stationary)
+    w.enqueue(0, torch.randn(m, k_local), torch.randn(k_local, n), torch.empty(m if all_reduce else m // ws, n))
+
+    def arrival_waits(stream) -> list[int]:
+        return [op[1][1] for op in stream.ops if op[0] == "wait" and op[1][0] == 0
+                and c_stationary.ARRIVED <= op[1][1] < c_stationary.ARRIVED + ws]
+
+    peers = c_stationary.CStationaryPlan.of(0, ws, m, n, k_local, all_reduce).peers_added
+    on_main = arrival_waits(w.mains[0])
+    on_sides = [q for s in w.ctxs[0].streams for q in arrival_waits(s)]
+    assert (on_main, on_sides) == ((peers, []) if on_caller else ([], peers))
