@@ -24,7 +24,6 @@ one-program kernel polling the word, `pull_kernel` copying nothing). The ranks s
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -43,9 +42,9 @@ def main() -> None:
     ap.add_argument("--entry", action="store_true", help="each push waits for the receiver's entry word first")
     ap.add_argument("--repetitions", type=int, default=15)
     args = ap.parse_args()
-    for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-                       ("NVSHMEM_DISABLE_NVLS", "1")):
-        os.environ.setdefault(var, value)
+    from syncopate.kernels.local_ranks import join_torchrun
+
+    dev = join_torchrun()
     import torch
     import torch.distributed as dist
 
@@ -57,10 +56,6 @@ def main() -> None:
     from syncopate.kernels.timing import start_together
     from syncopate.kernels.triton_kernels import pull_kernel
 
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
-    dist.init_process_group("nccl", device_id=dev)
     rank, ws = dist.get_rank(), dist.get_world_size()
     size, n = args.mib * MiB, args.copies
     ctx = OverlapContext.create(dist.group.WORLD, {"buf": ((2 * n * size,), torch.uint8)})

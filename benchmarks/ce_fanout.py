@@ -21,7 +21,6 @@ sends, alone and loaded, and NCCL's all-to-all of the same bytes for scale.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -62,9 +61,9 @@ def main() -> None:
     ap.add_argument("--only-chunks", action="store_true", help="time the --chunks variants alone")
     args = ap.parse_args()
 
-    for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-                       ("NVSHMEM_DISABLE_NVLS", "1")):
-        os.environ.setdefault(var, value)
+    from syncopate.kernels.local_ranks import join_torchrun
+
+    dev = join_torchrun()
     import torch
     import torch.distributed as dist
 
@@ -72,10 +71,6 @@ def main() -> None:
     from syncopate.kernels.context import OverlapContext
     from syncopate.kernels.timing import time_collective
 
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
-    dist.init_process_group("nccl", device_id=dev)
     rank, ws = dist.get_rank(), dist.get_world_size()
     group = dist.group.WORLD
     size = args.mib * MiB

@@ -22,7 +22,6 @@ the same collective. Rank 0 prints one line a variant, with bound/time
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -49,14 +48,10 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
+    from syncopate.kernels.local_ranks import join_torchrun
     from syncopate.kernels.timing import time_collective
 
-    for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
-        os.environ.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
-    dist.init_process_group("nccl", device_id=dev)
+    dev = join_torchrun()
     rank, ws = dist.get_rank(), dist.get_world_size()
     ranks = list(range(ws))
     groups = {"default": dist.new_group(ranks)}
