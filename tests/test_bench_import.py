@@ -3,7 +3,7 @@ measured on two H200s (results/bench-2026-11-22-h200x2-ag2048.json): what is sto
 the environment it is stored under, files it refuses; and `results/h200x2.db` holds exactly the
 imports of the two-GPU bench files under results/ (that one, the LLaMA TP=2 suite's two of
 2026-11-22 and its two runs of 2026-11-26 with the cuBLAS templates), `results/h200x4.db` those of
-the TP=4 suite's two runs of 2026-11-26 and two of 2026-11-27, and `lookup` on each serves the fastest trial measured."""
+the TP=4 suite's two runs of 2026-11-26 and three of 2026-11-27, and `lookup` on each serves the fastest trial measured."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ SUITE = [*(ROOT / "results" / f"bench-2026-11-22-h200x2-suite-{part}.json" for p
 """Bench files that record their environment themselves (no versions to give on import)."""
 H200X4_DB = ROOT / "results" / "h200x4.db"
 SUITE4 = [ROOT / "results" / f"bench-2026-11-2{day}-h200x4-suite{part}.json"
-          for day, part in (("6", ""), ("6", "-2"), ("7", ""), ("7", "-ar"))]
+          for day, part in (("6", ""), ("6", "-2"), ("7", ""), ("7", "-ar"), ("7", "-rs"))]
 """The TP=4 suite runs `results/h200x4.db` holds."""
 VERSIONS = {"triton": "3.6.0", "cuda": "13.0", "nccl": "2.28.3", "driver": "580.159.04"}
 FLAGS = [x for k, v in VERSIONS.items() for x in (f"--{k}", v)]
@@ -232,9 +232,10 @@ def test_the_committed_database_serves_the_fastest_of_the_2026_11_26_runs(tmp_pa
 
 def test_the_four_gpu_database_is_the_tp4_suites_import_and_serves_their_fastest(tmp_path):
     """results/h200x4.db holds the two TP=4 suite runs of 2026-11-26 (05:48 and 08:49, four H200s,
-    one environment) and the two of 2026-11-27 (03:06, and 03:10 of the all-reduces) and nothing
-    else; `lookup` answers each TP=4 shape with the fastest of them (the all-gather's `decomposed`
-    among the winners: N=29568 and N=8192; c_stationary for the all-reduce 8192x8192x4096)."""
+    one environment) and the three of 2026-11-27 (03:06, and 03:10 and 03:20 of the all-reduces and
+    the reduce-scatters alone) and nothing else; `lookup` answers each TP=4 shape with the fastest
+    of them (the all-gather's `decomposed` among the winners: N=29568 and N=8192; c_stationary for
+    the all-reduce and the reduce-scatter 8192x8192x4096)."""
     copy = tmp_path / "h200x4.db"
     shutil.copy(H200X4_DB, copy)
     with (
