@@ -172,9 +172,7 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
     events = iter(ctx.kept_events(plan, len(peers) + (plan.splits if plan.all_reduce else 0)))
     arrived = {}
     waits_on_main = plan.all_reduce and ws > 2
-    for q in peers:
-        if waits_on_main:
-            continue
+    for q in [] if waits_on_main else peers:
         streamops.wait_value(landed.cuda_stream, ctx.signal_address(r, ARRIVED + q), e)
         arrived[q] = next(events)
         arrived[q].record(landed)
