@@ -55,16 +55,16 @@ def main() -> None:
     from syncopate.kernels.tables import ENTERED_BASE
     from syncopate.kernels.timing import start_together
     from syncopate.kernels.triton_kernels import pull_kernel
+    from syncopate.search_space import peers_ahead, peers_behind
 
     rank, ws = dist.get_rank(), dist.get_world_size()
     size, n = args.mib * MiB, args.copies
     ctx = OverlapContext.create(dist.group.WORLD, {"buf": ((2 * n * size,), torch.uint8)})
     buf = ctx.buffers["buf"]
-    def ahead(j: int) -> int:
-        return (rank + 1 + (j % (ws - 1) if args.fan else 0)) % ws
-
-    def behind(j: int) -> int:
-        return (rank - 1 - (j % (ws - 1) if args.fan else 0)) % ws
+    # copy j goes to `to[j]`, and copy j this rank receives comes from `source[j]` (the templates' orders)
+    step = [j % (ws - 1) if args.fan else 0 for j in range(n)]
+    to = [peers_ahead(rank, ws)[d] for d in step]
+    source = [peers_behind(rank, ws)[d] for d in step]
     m_, n_, k_ = (int(x) for x in args.gemm.split(","))
     a = torch.randn(m_, k_, device=dev, dtype=torch.bfloat16)
     b = torch.randn(k_, n_, device=dev, dtype=torch.bfloat16)
@@ -96,11 +96,11 @@ def main() -> None:
             announce_entry(push, ctx, e)
         for j in range(n):
             if args.entry:
-                streamops.wait_value(push.cuda_stream, ctx.signal_address(rank, ENTERED_BASE + ahead(j)), e)
-            streamops.copy_async(push.cuda_stream, buf.peer_ptrs[ahead(j)] + (n + j) * size,
+                streamops.wait_value(push.cuda_stream, ctx.signal_address(rank, ENTERED_BASE + to[j]), e)
+            streamops.copy_async(push.cuda_stream, buf.peer_ptrs[to[j]] + (n + j) * size,
                                  buf.peer_ptrs[rank] + j * size, size)
             pushed.append(timed_event(push))
-            ctx.write_signal(push, ahead(j), j, e)
+            ctx.write_signal(push, to[j], j, e)
         seen, arrived = [], []
         if not variant.startswith("caller"):
             for j in range(n):
@@ -151,7 +151,7 @@ def main() -> None:
     sent = buf.local[: n * size].clone()
     got = [torch.empty_like(sent) for _ in range(ws)]
     dist.all_gather(got, sent)
-    ok = all(torch.equal(buf.local[(n + j) * size:(n + j + 1) * size], got[behind(j)][j * size:(j + 1) * size])
+    ok = all(torch.equal(buf.local[(n + j) * size:(n + j + 1) * size], got[source[j]][j * size:(j + 1) * size])
              for j in range(n))
     if rank == 0:
         print(f"{ws} ranks, {n} pushes of {args.mib} MiB to {'each peer in turn' if args.fan else 'the next rank'}, term GEMM {args.gemm}{', entry waited' if args.entry else ''}; bytes right: {ok}")
