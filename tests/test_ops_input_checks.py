@@ -126,7 +126,7 @@ def test_a_bounded_wait_under_cuda_graph_capture_is_refused(op, monkeypatch):
 def _layout_worker(rank, ws, init, queue):
     import torch.distributed as dist
 
-    from syncopate.kernels.ops import _b_layout_on_every_rank
+    from syncopate.kernels.templates import b_layout_on_every_rank as _b_layout_on_every_rank
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
     try:

@@ -301,12 +301,14 @@ def _tables_key(tables) -> tuple:
     return tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in vars(tables).values())
 
 
-def _remember(cache: dict | None, key: tuple | None, jit_fn, compiled, grid, args, kwargs, varying) -> None:
+def _remember(cache: dict | None, key: tuple | None, jit_fn, compiled, grid, args, kwargs, varying) -> _Relaunch | None:
     """Keep the launch just made (`compiled`, from `jit_fn[grid](*args, **kwargs)`) in `cache` under
-    `key`, to be relaunched with the arguments named in `varying` replaced."""
+    `key`, to be relaunched with the arguments named in `varying` replaced; returns it."""
     if cache is None or key is None or compiled is None or not hasattr(compiled, "run"):
-        return
-    _keep(cache, key, _Relaunch(jit_fn, compiled, grid, args, kwargs, varying), _Relaunch.LIMIT)
+        return None
+    again = _Relaunch(jit_fn, compiled, grid, args, kwargs, varying)
+    _keep(cache, key, again, _Relaunch.LIMIT)
+    return again
 
 
 def _keep(cache: dict, key: tuple, value, limit: int) -> None:
@@ -350,16 +352,28 @@ _NO_PARTS: dict[torch.device, torch.Tensor] = {}
 def launch_consumer(
     a_full: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tables, c: Candidate, epoch: int,
     signals: torch.Tensor, error: torch.Tensor, num_programs: int, spin_limit: int = 0, cache: dict | None = None,
-    a_own: torch.Tensor | None = None, own_row0: int = 0,
+    a_own: torch.Tensor | None = None, own_row0: int = 0, memo: dict | None = None,
 ) -> None:
     """out[M, N] = A[M, K] @ B[K, N] with A from the gathered buffer, tiles in `tables.order`.
 
     With `a_own` (this rank's shard, rows [own_row0, own_row0 + len) of A), the leading
     `tables.own_tiles` positions read it instead of the gathered buffer, with no wait.
-    With `cache` (a context's), a launch like an earlier one relaunches its compiled kernel (`_Relaunch`)."""
+    With `cache` (a context's), a launch like an earlier one relaunches its compiled kernel (`_Relaunch`).
+    With `memo` (a call program's: every call has the shapes, strides, tables and buffers of the
+    first), the relaunch is found by what still varies: the wait bound, whether the own rows are
+    read from the shard, and the caller's tensors' 16-byte alignment."""
     own_tiles = tables.own_tiles if a_own is not None else 0
     if a_own is None:
         a_own = a_full
+    memo_key = None
+    if memo is not None:
+        memo_key = (spin_limit, own_tiles, b.data_ptr() % 16, out.data_ptr() % 16, a_own.data_ptr() % 16)
+        kept = memo.get(memo_key)
+        if kept is not None:
+            again, kmajor = kept
+            again(b_ptr=b, c_ptr=out, own_ptr=a_own, epoch=epoch, b_desc=b.t() if kmajor else b, c_desc=out,
+                  own_desc=a_own)
+            return
     key = None
     if cache is not None and _relaunch_on(out):
         key = ("relaunch", "consumer", _tables_key(tables), c, num_programs, spin_limit, a_full.data_ptr(),
@@ -369,6 +383,8 @@ def launch_consumer(
         if again is not None:
             again(b_ptr=b, c_ptr=out, own_ptr=a_own, epoch=epoch, b_desc=b.t() if b_is_kmajor(b) else b, c_desc=out,
                   own_desc=a_own)
+            if memo_key is not None:
+                memo[memo_key] = (again, b_is_kmajor(b))
             return
     M, K = a_full.shape
     N = out.shape[1]
@@ -376,8 +392,10 @@ def launch_consumer(
     b_mat = b.t() if kmajor else b
     grid = _grid(tables.order.numel(), num_programs)
     if gluon_consumer(c, K, a_full, b_mat, out, a_own):
-        _launch_gluon_consumer(a_full, b_mat, kmajor, out, a_own, own_row0, own_tiles, tables, c, epoch, signals, error,
-                               grid, spin_limit, cache, key)
+        again = _launch_gluon_consumer(a_full, b_mat, kmajor, out, a_own, own_row0, own_tiles, tables, c, epoch,
+                                       signals, error, grid, spin_limit, cache, key)
+        if again is not None and memo_key is not None:
+            memo[memo_key] = (again, kmajor)
         return
     tma = use_tma(a_full, b_mat, out, a_own)
     tiles = tables.order.numel()
@@ -406,19 +424,33 @@ def launch_consumer(
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
     compiled = consumer_kernel[grid](*args, **kwargs)
-    _remember(cache, key, consumer_kernel, compiled, grid, args, kwargs,
-              ("b_ptr", "c_ptr", "own_ptr", "epoch", "b_desc", "c_desc", "own_desc"))
+    again = _remember(cache, key, consumer_kernel, compiled, grid, args, kwargs,
+                      ("b_ptr", "c_ptr", "own_ptr", "epoch", "b_desc", "c_desc", "own_desc"))
+    if again is not None and memo_key is not None:
+        memo[memo_key] = (again, kmajor)
 
 
 def launch_producer(
     a: torch.Tensor, b: torch.Tensor, send: torch.Tensor, out: torch.Tensor, reduced: torch.Tensor | None,
     recv: torch.Tensor, out_row0: int, tables, c: Candidate, epoch: int, signals: torch.Tensor,
     counters: torch.Tensor, peer_signal_ptrs: torch.Tensor, world: int, rank: int, error: torch.Tensor,
-    num_programs: int, spin_limit: int = 0, cache: dict | None = None,
+    num_programs: int, spin_limit: int = 0, cache: dict | None = None, memo: dict | None = None,
 ) -> None:
     """Partial products of A[M, K] @ B[K, N] in send order; received partials added in the epilogue.
 
-    With `cache` (a context's), a launch like an earlier one relaunches its compiled kernel (`_Relaunch`)."""
+    With `cache` (a context's), a launch like an earlier one relaunches its compiled kernel (`_Relaunch`).
+    With `memo` (a call program's), the relaunch is found by what still varies between its calls
+    (as `launch_consumer`'s)."""
+    memo_key = None
+    if memo is not None:
+        memo_key = (spin_limit, a.data_ptr() % 16, b.data_ptr() % 16, out.data_ptr() % 16)
+        kept = memo.get(memo_key)
+        if kept is not None:
+            again, kmajor = kept
+            reduced_or_out = reduced if reduced is not None else out
+            again(a_ptr=a, b_ptr=b, out_ptr=out, reduced_ptr=reduced_or_out, epoch=epoch, a_desc=a,
+                  b_desc=b.t() if kmajor else b, out_desc=out, reduced_desc=reduced_or_out)
+            return
     key = None
     if cache is not None and _relaunch_on(a):
         key = ("relaunch", "producer", _tables_key(tables), c, world, rank, out_row0, num_programs, spin_limit,
@@ -431,6 +463,8 @@ def launch_producer(
             reduced_or_out = reduced if reduced is not None else out
             again(a_ptr=a, b_ptr=b, out_ptr=out, reduced_ptr=reduced_or_out, epoch=epoch, a_desc=a,
                   b_desc=b.t() if b_is_kmajor(b) else b, out_desc=out, reduced_desc=reduced_or_out)
+            if memo_key is not None:
+                memo[memo_key] = (again, b_is_kmajor(b))
             return
     M, K = a.shape
     N = b.shape[1]
@@ -440,8 +474,11 @@ def launch_producer(
     grid = _grid(entries, num_programs)
     recv_rows = recv.view(-1, N) if recv.is_contiguous() and recv.numel() % N == 0 else recv
     if gluon_producer(c, tables, K, a, b_mat, send, out, reduced if reduced is not None else out, recv_rows):
-        _launch_gluon_producer(a, b_mat, kmajor, send, out, reduced, recv_rows, out_row0, tables, c, epoch, signals,
-                               counters, peer_signal_ptrs, world, rank, error, grid, spin_limit, cache, key)
+        again = _launch_gluon_producer(a, b_mat, kmajor, send, out, reduced, recv_rows, out_row0, tables, c, epoch,
+                                       signals, counters, peer_signal_ptrs, world, rank, error, grid, spin_limit,
+                                       cache, key)
+        if again is not None and memo_key is not None:
+            memo[memo_key] = (again, kmajor)
         return
     tma = use_tma(a, b_mat)
     reduced_or_out = reduced if reduced is not None else out
@@ -473,7 +510,9 @@ def launch_producer(
     varying = ["a_ptr", "b_ptr", "out_ptr", "epoch", "a_desc", "b_desc", "out_desc"]
     if reduced is None:
         varying += ["reduced_ptr", "reduced_desc"]
-    _remember(cache, key, producer_kernel, compiled, grid, args, kwargs, varying)
+    again = _remember(cache, key, producer_kernel, compiled, grid, args, kwargs, varying)
+    if again is not None and memo_key is not None:
+        memo[memo_key] = (again, kmajor)
 
 
 def tma_epilogue(c: Candidate, tables, defer: bool, split: int, *buffers: torch.Tensor) -> bool:
@@ -547,7 +586,7 @@ class _GluonRelaunch(_Relaunch):
 
 
 def _launch_gluon_producer(a, b_mat, kmajor, send, out, reduced, recv_rows, out_row0, tables, c, epoch, signals,
-                           counters, peer_signal_ptrs, world, rank, error, grid, spin_limit, cache, key) -> None:
+                           counters, peer_signal_ptrs, world, rank, error, grid, spin_limit, cache, key):
     N = send.shape[1]
     box = [c.block_m, c.block_n]
     out_desc = _gl_descriptor(out, box)
@@ -565,12 +604,12 @@ def _launch_gluon_producer(a, b_mat, kmajor, send, out, reduced, recv_rows, out_
     )
     kwargs = dict(WORLD=world, ALL_REDUCE=reduced is not None, B_KMAJOR=kmajor, NUM_BUF=c.num_stages,
                   PARTIAL_LEAD=GLUON_PARTIAL_LEAD, num_warps=c.num_warps)
-    _run_gluon(gluon_kernels.gluon_producer_kernel, "producer", grid, args, kwargs, cache, key,
+    return _run_gluon(gluon_kernels.gluon_producer_kernel, "producer", grid, args, kwargs, cache, key,
                ["a_desc", "b_desc", "out_desc", "epoch"] + (["reduced_desc"] if reduced is None else []))
 
 
 def _launch_gluon_consumer(a_full, b_mat, kmajor, out, a_own, own_row0, own_tiles, tables, c, epoch, signals, error,
-                           grid, spin_limit, cache, key) -> None:
+                           grid, spin_limit, cache, key):
     M, K = a_full.shape
     a_desc = _gl_descriptor(a_full, [c.block_m, c.block_k])
     args = (
@@ -581,13 +620,13 @@ def _launch_gluon_consumer(a_full, b_mat, kmajor, out, a_own, own_row0, own_tile
         tables.order, tables.mtile_lo, tables.mtile_hi, tables.chunk_slot, signals, epoch, error, _spin(spin_limit),
     )
     kwargs = dict(B_KMAJOR=kmajor, NUM_BUF=c.num_stages, num_warps=c.num_warps)
-    _run_gluon(gluon_kernels.gluon_consumer_kernel, "consumer", grid, args, kwargs, cache, key,
+    return _run_gluon(gluon_kernels.gluon_consumer_kernel, "consumer", grid, args, kwargs, cache, key,
                ["b_desc", "c_desc", "epoch"] + (["own_desc"] if own_tiles else []))
 
 
-def _run_gluon(kernel, role: str, grid, args, kwargs, cache, key, varying) -> None:
-    """Launch a Gluon kernel (compiling it first if needed) and keep it in `cache` for relaunches;
-    a Triton whose Gluon it does not compile with gets one error saying how to go on."""
+def _run_gluon(kernel, role: str, grid, args, kwargs, cache, key, varying) -> _Relaunch | None:
+    """Launch a Gluon kernel (compiling it first if needed) and keep it in `cache` for relaunches
+    (returned); a Triton whose Gluon it does not compile with gets one error saying how to go on."""
     try:
         compiled = kernel[grid](*args, **kwargs)
     except triton.compiler.errors.CompilationError as e:
@@ -596,7 +635,10 @@ def _run_gluon(kernel, role: str, grid, args, kwargs, cache, key, varying) -> No
             f"(checked with 3.6 and 3.9): unset SYNCOPATE_GLUON to use the Triton kernels"
         ) from e
     if cache is not None and key is not None and compiled is not None and hasattr(compiled, "run"):
-        _keep(cache, key, _GluonRelaunch(kernel, compiled, grid, args, kwargs, varying), _Relaunch.LIMIT)
+        again = _GluonRelaunch(kernel, compiled, grid, args, kwargs, varying)
+        _keep(cache, key, again, _Relaunch.LIMIT)
+        return again
+    return None
 
 
 def defer_kept() -> bool:

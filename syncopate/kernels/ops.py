@@ -8,8 +8,10 @@
 
 `b` may be row-major or the transpose of a row-major [N, K] matrix (`weight.t()` of an
 nn.Linear). With `config=None` an op asks `syncopate.lookup` once per (workload, group) and keeps
-the answer. Contexts (symmetric buffers, signals, streams) are kept per (group, kind, shape,
-dtype) in a `ContextRegistry` until `close_contexts()`.
+the answer. A call's first use of its shapes, dtype, group and config prepares its call program
+(`syncopate.kernels.templates`: the template the config names, its context of symmetric buffers,
+signals and streams); every later such call finds the program and only binds its tensors.
+Programs and contexts are kept until `close_contexts()`.
 
 Under `torch.compile` a call is traced as one node, `torch.ops.syncopate.*` (`fullgraph=True`
 works; `out=` and `spin_limit` are refused there). A call can be captured in a CUDA graph once one
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 from typing import Any
 
@@ -32,24 +33,15 @@ import torch
 import torch.distributed as dist
 
 from syncopate.errors import ConfigError
-from syncopate.kernels import a_stationary, c_stationary, decomposed, decomposed_gather
-from syncopate.kernels.a_stationary import AStationaryPlan, a_stationary_buffers
-from syncopate.kernels.c_stationary import CStationaryPlan, b_moves_kmajor, c_stationary_buffers
-from syncopate.kernels.decomposed import DecomposedPlan, decomposed_buffers
-from syncopate.kernels.backends import GatherCall, ScatterCall, backend_for, stage_gathered_copy
 from syncopate.kernels.context import OverlapContext, kept_allocations
-from syncopate.kernels.launch import launch_consumer, launch_producer, own_shard_readable
-from syncopate.kernels.library import OP_NAMES, config_text, register, unfused
-from syncopate.kernels.tables import consumer_tables, plan_for, producer_tables
+from syncopate.kernels.library import OP_NAMES, config_text, register
+from syncopate.kernels.templates import (CONTEXTS, CallProgram, CallSpec, fused_buffers, fused_context_key,
+                                         template_for)
 from syncopate.search_space import (
-    A_STATIONARY,
-    C_STATIONARY,
-    DECOMPOSED,
     UNFUSED,
     Candidate,
     Topology,
     Workload,
-    block_bounds,
     canonical_dtype,
     check_candidate,
 )
@@ -73,24 +65,14 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 class ContextRegistry:
-    """Contexts and looked-up configurations, per group and shape. One per process by default."""
+    """Call programs and looked-up configurations, per group and shape. One per process by default."""
 
     def __init__(self) -> None:
-        self._contexts: dict[tuple, OverlapContext] = {}
         self._configs: dict[tuple, Candidate] = {}
         self._topologies: dict[str, Topology] = {}
-        self.prepared: dict[tuple, Any] = {}
-        """Validated calls: (group, kind, shapes, strides, dtype, device, config) → what a call needs
-        (with the stream programs its backend records, `streamops.kept_program`)."""
+        self.programs: dict[tuple, CallProgram] = {}
+        """Prepared calls: (kind, group, shapes, strides, dtype, device, config) → their program."""
         self._lock = threading.Lock()
-
-    def context(self, group, key: tuple, buffers: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> OverlapContext:
-        full = (group.group_name,) + key
-        ctx = self._contexts.get(full)
-        if ctx is None or ctx.closed:
-            ctx = OverlapContext.create(group, buffers)
-            self._contexts[full] = ctx
-        return ctx
 
     def topology(self, group) -> Topology:
         topo = self._topologies.get(group.group_name)
@@ -113,36 +95,11 @@ class ContextRegistry:
 
     def close(self, group=None) -> None:
         with self._lock:
-            for key in list(self._contexts):
-                if group is None or key[0] == group.group_name:
-                    self._contexts.pop(key).close()
-            self.prepared.clear()
+            CONTEXTS.close(group)
+            self.programs.clear()
 
 
 _REGISTRY = ContextRegistry()
-
-_COMM_FIRST = os.environ.get("SYNCOPATE_COMM_FIRST", "1") == "1"
-"""The all-gather enqueues its side-stream work before its kernel (SYNCOPATE_COMM_FIRST=0: after).
-
-Both orders are deadlock-free for a consumer, whose side streams wait only on peers. On two H200s
-the kernel-first order met an illegal-instruction fault in two runs whose grids held 128x128 tiles
-or SM-driven copies, and the side-work-first order ran clean in every run; it stays the default
-until that fault is understood. Producers (reduce-scatter, all-reduce) always launch the kernel
-first: their side streams wait for signals the kernel raises."""
-
-
-_OWN_SHARD = os.environ.get("SYNCOPATE_OWN_SHARD", "1") == "1"
-"""The all-gather's GEMM reads this rank's own rows from the caller's shard (SYNCOPATE_OWN_SHARD=0:
-from the gathered buffer, after the shard's copy there, as before; for measurements). On one H200
-with the peer's chunks landing at the two-H200 link's pace (`benchmarks/gpu_single.py paced`) it
-took the per-rank GEMMs of the TP=2 ag_gemm shapes 3–12 % faster."""
-
-
-_GATHERED_OVERLAP = os.environ.get("SYNCOPATE_GATHERED_OVERLAP", "1") == "1"
-"""`return_gathered` copies the gathered A out on a side stream while the GEMM runs: its own rows
-from the shard at once, the peers' once they are in (SYNCOPATE_GATHERED_OVERLAP=0: the shard copied
-into the gathered buffer as well, and the buffer copied out after the call, on the caller's stream,
-as before; for measurements)."""
 
 
 def close_contexts(group=None) -> None:
@@ -152,50 +109,19 @@ def close_contexts(group=None) -> None:
 
 
 def get_context(kind: str, group, shape: tuple[int, ...], dtype: torch.dtype) -> OverlapContext:
-    """The context the ops use for `kind` on `group` (created on first use)."""
-    return _REGISTRY.context(group, (kind,) + tuple(shape) + (str(dtype),), _buffers(kind, shape, dtype, dist.get_world_size(group)))
+    """The context the fused (Triton) templates use for `kind` on `group`: `shape` is (M, K) for
+    `ag_gemm` and (M, N) for the others (created on first use)."""
+    m, cols = shape
+    buffers = fused_buffers(kind, m, cols, dtype, dist.get_world_size(group))
+    return CONTEXTS.get(group, fused_context_key(kind, m, cols, dtype), buffers)
 
 
 def call_context(kind: str, a, b, group=None, config: Candidate | dict | None = None) -> OverlapContext | None:
     """The context that calls of `kind` with operands like `a` and `b` and this config use, once one
     such call has been made (None before, and for template `unfused`, which needs none)."""
     key = _call_key(kind, a, b, group, config)
-    prep = _REGISTRY.prepared.get(key) if key is not None else None
-    return None if prep is None else prep[0]
-
-
-_A_STATIONARY_KIND = "ag_gemm/a_stationary"
-"""The context of all-gather matmuls that move B and the products (`kernels/a_stationary.py`)."""
-_C_STATIONARY_KIND = {"gemm_rs": "gemm_rs/c_stationary", "gemm_ar": "gemm_ar/c_stationary"}
-"""The contexts of matmul reduce-scatters and all-reduces that move A's rows and B
-(`kernels/c_stationary.py`)."""
-_DECOMPOSED_KIND = {"ag_gemm": "ag_gemm/decomposed", "gemm_rs": "gemm_rs/decomposed", "gemm_ar": "gemm_ar/decomposed"}
-"""The contexts of the ops cut into cuBLAS GEMMs over row pieces (`kernels/decomposed.py`,
-`kernels/decomposed_gather.py`)."""
-
-
-def _buffers(kind: str, shape: tuple[int, ...], dtype: torch.dtype, ws: int) -> dict:
-    if kind == _A_STATIONARY_KIND:
-        m_local, n_local, k = shape
-        return a_stationary_buffers(ws, m_local, n_local, k, dtype)
-    if kind in _C_STATIONARY_KIND.values():
-        m, n, k_local = shape
-        return c_stationary_buffers(ws, m, n, k_local, dtype, all_reduce=kind.startswith("gemm_ar"))
-    if kind == _DECOMPOSED_KIND["ag_gemm"]:
-        m_local, k = shape
-        return decomposed_gather.gather_buffers(ws, m_local, k, dtype)
-    if kind in _DECOMPOSED_KIND.values():
-        m, n = shape
-        return decomposed_buffers(ws, m, n, dtype, all_reduce=kind.startswith("gemm_ar"))
-    if kind == "ag_gemm":
-        m, k = shape
-        return {"a_full": ((m, k), dtype)}
-    m, n = shape
-    rows = ws * -(-m // ws)
-    bufs = {"recv": ((rows, n), dtype)}
-    if kind == "gemm_ar":
-        bufs["reduced"] = ((m, n), dtype)
-    return bufs
+    program = _REGISTRY.programs.get(key) if key is not None else None
+    return None if program is None else program.context
 
 
 def _check_tensor(name: str, t: Any) -> None:
@@ -292,77 +218,31 @@ def all_gather_matmul(
     The GEMM reads this rank's own rows from `a_shard` itself, from the start of the call; the
     shard is copied into the gathered buffer only where a tile across the shard's edge reads it
     there (never when it already lives there: `gather_buffer`). The gathered A returned is a new
-    tensor, filled on a side stream while the GEMM runs (`stage_gathered_copy`).
+    tensor, filled on a side stream while the GEMM runs.
     `spin_limit` > 0 bounds every wait (a tuning run's guard against hangs; the context then raises
     a timeout on `check_error()`).
-    A config with template `a_stationary` moves B and the products instead of A (its GEMMs are
-    cuBLAS's, its stream waits are not bounded by `spin_limit`); with `return_gathered` the call
-    takes the direct plan, which gathers A. Template `decomposed`: each shard pushed to every peer
-    by the copy engine while the own rows' cuBLAS GEMM runs, then cuBLAS GEMMs over the peers' rows
-    as they land (`num_splits` of them; the gathered A, where asked for, copied out on a side
-    stream as they land). A config with template `unfused` runs the group's
-    all-gather, then the matmul (what `lookup` serves where that measured fastest).
+    The config's template decides what moves (`syncopate.kernels.templates`): `a_stationary` moves
+    B and the products instead of A (with `return_gathered` the call takes the direct plan, which
+    gathers A); `decomposed` pushes each shard while the own rows' cuBLAS GEMM runs, then cuBLAS
+    GEMMs over the peers' rows as they land; `unfused` runs the group's all-gather, then the matmul.
     """
     if torch.compiler.is_compiling():
         return _traced("ag_gemm", a_shard, b, group, config, out, spin_limit, return_gathered)
     capturing = _capturing(a_shard, "all_gather_matmul", spin_limit)
-    key = _call_key("ag_gemm", a_shard, b, group, config)
-    prep = _REGISTRY.prepared.get(key) if key is not None else None
-    if prep is None:
-        _refuse_first_capture("all_gather_matmul", capturing)
-        prep = kept_allocations(lambda: _prepare_gather(a_shard, b, group, config), _device_of(a_shard))
-        _REGISTRY.prepared[key] = prep
-    ctx, plan, cand, tables, backend, rank, m_local, k, n_local, programs = prep
-    if cand.template == UNFUSED:
-        if out is not None:
-            _check_out(out, (m_local * dist.get_world_size(group), n_local), a_shard.dtype)
-        return unfused("ag_gemm", a_shard, b, group, gathered=return_gathered, out=out)
-    if cand.template == A_STATIONARY and return_gathered:  # nothing gathers A there: the direct plan does
-        return all_gather_matmul(a_shard, b, group, dataclasses.replace(cand, template="direct"),
-                                 return_gathered=True, out=out, spin_limit=spin_limit)
-    m = m_local * plan.world_size
+    program = _program("ag_gemm", a_shard, b, group, config, capturing)
+    if return_gathered and not program.returns_gathered:  # nothing gathers A there: the direct plan does
+        direct = dataclasses.replace(program.spec.candidate, template="direct")
+        return all_gather_matmul(a_shard, b, group, direct, return_gathered=True, out=out, spin_limit=spin_limit)
+    spec = program.spec
     if out is None:
-        out = torch.empty((m, n_local), dtype=a_shard.dtype, device=a_shard.device)
+        out = torch.empty(spec.out_shape, dtype=a_shard.dtype, device=a_shard.device)
     else:
-        _check_out(out, (m, n_local), a_shard.dtype)
-    if cand.template == A_STATIONARY:
-        a_stationary.run(ctx, plan, a_shard, b, out, capturing)
-        return out
-    if cand.template == DECOMPOSED:
-        gathered = torch.empty((m, k), dtype=a_shard.dtype, device=a_shard.device) if return_gathered else None
-        decomposed_gather.run(ctx, plan, a_shard, b, out, capturing, gathered=gathered)
-        return out if gathered is None else (out, gathered)
-    a_full = ctx.buffers["a_full"]
-    own = a_shard if _OWN_SHARD and own_shard_readable(a_full.local, b, out, a_shard) else None
-    # The gathered A goes out on a side stream while the GEMM runs (not with bounded waits: a stream
-    # wait is not, and a chunk that never comes would hold it), else from the gathered buffer after.
-    overlap = return_gathered and _GATHERED_OVERLAP and not spin_limit
-    main = ctx.current_stream()
-    epoch = ctx.begin_call(main if capturing else None)
-    streams = ctx.fork(main, 3)
-    call = GatherCall(
-        ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, a_local=a_shard, a_full=a_full,
-        r0=rank * m_local, row_bytes=k * a_shard.element_size(), spin_limit=spin_limit,
-        copy_own=(return_gathered and not overlap) or tables.own_rows_later or own is None, programs=programs,
-    )
-    enqueue = backend.stage_gather(call, streams)  # what may allocate, before the kernel runs
-    gathered = torch.empty_like(a_full.local) if return_gathered else None
-    copy_out = stage_gathered_copy(call, streams[2]) if overlap else None
-    if _COMM_FIRST:
-        enqueue()
-    launch_consumer(
-        a_full.local, b, out, tables, cand, epoch, ctx.signals.local, ctx.error,
-        ctx.sm_count - backend.reserved_sms(cand), spin_limit, cache=ctx.cache, a_own=own, own_row0=rank * m_local,
-    )
-    if not _COMM_FIRST:
-        enqueue()
-    if copy_out is not None:
-        copy_out(gathered)  # after the kernel: its waits cannot hold the launch back
-    ctx.join(main, streams)
+        _check_out(out, spec.out_shape, a_shard.dtype)
     if not return_gathered:
+        program(a_shard, b, out, capturing=capturing, spin_limit=spin_limit)
         return out
-    if copy_out is None:
-        gathered.copy_(a_full.local)
+    gathered = torch.empty((spec.m, spec.a_shape[1]), dtype=a_shard.dtype, device=a_shard.device)
+    program(a_shard, b, out, capturing=capturing, spin_limit=spin_limit, gathered=gathered)
     return out, gathered
 
 
@@ -431,54 +311,6 @@ def _call_key(kind: str, a, b, group, config) -> tuple | None:
     return key
 
 
-def _b_layout_on_every_rank(b: torch.Tensor, group, op: str) -> bool:
-    """Whether this rank's B is pushed K-major (`b_moves_kmajor`), checked to be so on every rank of
-    `group` (collective; a shape's first call with a template that moves B): a peer's B is read in
-    this rank's layout."""
-    kmajor = b_moves_kmajor(b)
-    ws = dist.get_world_size(group)
-    if ws > 1:
-        layouts = [None] * ws
-        dist.all_gather_object(layouts, kmajor, group=group)
-        if len(set(layouts)) > 1:
-            said = ", ".join(f"rank {q}: {'weight.t() (K-major)' if x else 'row-major'}"
-                             for q, x in enumerate(layouts))
-            raise ConfigError(f"{op}: b's layout differs between ranks ({said}); this config moves B between "
-                              f"ranks, so pass b the same way on every rank")
-    return kmajor
-
-
-def _prepare_gather(a_shard, b, group, config):
-    """Validate an all-gather call once per (shapes, dtype, group, config): what every call needs."""
-    group, rank, ws = _check_inputs(a_shard, b, group, config)
-    m_local, k = a_shard.shape
-    m, n_local = m_local * ws, b.shape[1]
-    workload = Workload(kind="ag_gemm", shape=(m, n_local * ws, k), dtype=canonical_dtype(a_shard.dtype))
-    cand = _candidate(config, workload, group)
-    if cand.template == UNFUSED:  # no context: torch's collective and matmul
-        return None, None, cand, None, None, rank, m_local, k, n_local, None
-    if cand.template == A_STATIONARY:
-        ctx = get_context(_A_STATIONARY_KIND, group, (m_local, n_local, k), a_shard.dtype)
-        plan = AStationaryPlan.of(cand, rank, ws, m_local, n_local, k,
-                                  _b_layout_on_every_rank(b, group, "all_gather_matmul"))
-        return ctx, plan, cand, None, None, rank, m_local, k, n_local, None
-    if cand.template == DECOMPOSED:
-        ctx = get_context(_DECOMPOSED_KIND["ag_gemm"], group, (m_local, k), a_shard.dtype)
-        plan = decomposed_gather.GatherPlan.of(rank, ws, m_local, cand.num_splits)
-        return ctx, plan, cand, None, None, rank, m_local, k, n_local, None
-    ctx = get_context("ag_gemm", group, (m, k), a_shard.dtype)
-    plan = plan_for("ag_gemm", cand.template, ws, m, cand.num_splits, cand.block_m)
-    tables = _tables(ctx, ("c", n_local, cand), lambda: consumer_tables(plan, rank, n_local, cand, ctx.device))
-    return ctx, plan, cand, tables, backend_for(cand), rank, m_local, k, n_local, {}
-
-
-def _tables(ctx: OverlapContext, key: tuple, build):
-    tables = ctx.cache.get(key)
-    if tables is None:
-        tables = ctx.cache[key] = build()
-    return tables
-
-
 def gather_buffer(a_shard_shape: tuple[int, int], dtype: torch.dtype, group=None) -> torch.Tensor:
     """This rank's rows of the gathered buffer `all_gather_matmul` uses for shards of this shape.
 
@@ -499,79 +331,45 @@ def gather_buffer(a_shard_shape: tuple[int, int], dtype: torch.dtype, group=None
     return ctx.buffers["a_full"].local[rank * m_local : (rank + 1) * m_local]
 
 
-def _prepare_scatter(kind: str, a, b, group, config):
-    """Validate a reduce-scatter / all-reduce call once: what every call with these shapes needs."""
+def _program(kind: str, a, b, group, config, capturing: bool) -> CallProgram:
+    """The call program of this call: found by the call's key, else prepared (collective: every
+    rank makes its first call of a shape together), the inputs checked once."""
+    key = _call_key(kind, a, b, group, config)
+    program = _REGISTRY.programs.get(key) if key is not None else None
+    if program is None:
+        _refuse_first_capture(OP_NAMES[kind], capturing)
+        program = kept_allocations(lambda: _prepare(kind, a, b, group, config), _device_of(a))
+        if key is not None:
+            _REGISTRY.programs[key] = program
+    return program
+
+
+def _prepare(kind: str, a, b, group, config) -> CallProgram:
+    """Validate a call once per (shapes, dtype, group, config) and prepare its program."""
     group, rank, ws = _check_inputs(a, b, group, config)
-    m, k_local = a.shape
-    n = b.shape[1]
-    workload = Workload(kind=kind, shape=(m, n, k_local * ws), dtype=canonical_dtype(a.dtype))
+    if kind == "ag_gemm":
+        m_local, k = a.shape
+        shape = (m_local * ws, b.shape[1] * ws, k)
+    else:
+        shape = (a.shape[0], b.shape[1], a.shape[1] * ws)
+    workload = Workload(kind=kind, shape=shape, dtype=canonical_dtype(a.dtype))
     workload.check_world_size(ws)
     cand = _candidate(config, workload, group)
-    all_reduce = kind == "gemm_ar"
-    if cand.template == UNFUSED:
-        return None, None, cand, None, None, rank, ws, None, m if all_reduce else m // ws, None
-    if cand.template == C_STATIONARY:
-        ctx = get_context(_C_STATIONARY_KIND[kind], group, (m, n, k_local), a.dtype)
-        kmajor = _b_layout_on_every_rank(b, group, OP_NAMES[kind])
-        plan = CStationaryPlan.of(rank, ws, m, n, k_local, all_reduce, cand.num_splits, kmajor)
-        return ctx, plan, cand, None, None, rank, ws, None, m if all_reduce else m // ws, None
-    if cand.template == DECOMPOSED:
-        ctx = get_context(_DECOMPOSED_KIND[kind], group, (m, n), a.dtype)
-        plan = DecomposedPlan.of(rank, ws, m, n, all_reduce, cand.num_splits)
-        decomposed.prepare(ctx, plan)
-        return ctx, plan, cand, None, None, rank, ws, None, m if all_reduce else m // ws, None
-    ctx = get_context(kind, group, (m, n), a.dtype)
-    plan = plan_for(kind, cand.template, ws, m, cand.num_splits, cand.block_m)
-    tables = _tables(ctx, ("p", n, cand), lambda: producer_tables(plan, rank, n, cand, all_reduce, ctx.device))
-    send = _tables(ctx, ("send",), lambda: torch.empty((m, n), dtype=a.dtype, device=a.device))
-    out_rows = m if all_reduce else m // ws
-    return ctx, plan, cand, tables, backend_for(cand), rank, ws, send, out_rows, {}
+    spec = CallSpec(kind=kind, group=group, rank=rank, world_size=ws, a_shape=tuple(a.shape), b_shape=tuple(b.shape),
+                    dtype=a.dtype, device=a.device, candidate=cand)
+    return template_for(cand, kind).prepare(spec, b)
 
 
 def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
     if torch.compiler.is_compiling():
         return _traced(kind, a, b, group, config, out, spin_limit)
-    op = OP_NAMES[kind]
-    capturing = _capturing(a, op, spin_limit)
-    key = _call_key(kind, a, b, group, config)
-    prep = _REGISTRY.prepared.get(key) if key is not None else None
-    if prep is None:
-        _refuse_first_capture(op, capturing)
-        prep = kept_allocations(lambda: _prepare_scatter(kind, a, b, group, config), _device_of(a))
-        _REGISTRY.prepared[key] = prep
-    ctx, plan, cand, tables, backend, rank, ws, send, out_rows, programs = prep
-    m, n = a.shape[0], b.shape[1]
-    all_reduce = kind == "gemm_ar"
+    capturing = _capturing(a, OP_NAMES[kind], spin_limit)
+    program = _program(kind, a, b, group, config, capturing)
     if out is None:
-        out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
+        out = torch.empty(program.spec.out_shape, dtype=a.dtype, device=a.device)
     else:
-        _check_out(out, (out_rows, n), a.dtype)
-    if cand.template == UNFUSED:
-        return unfused(kind, a, b, group, out=out)
-    if cand.template in (C_STATIONARY, DECOMPOSED):
-        if cand.template == C_STATIONARY:
-            c_stationary.run(ctx, plan, a, b, out, capturing)
-        else:
-            decomposed.run(ctx, plan, a, b, out, capturing, spin_limit)
-        return out
-    main = ctx.current_stream()
-    epoch = ctx.begin_call(main if capturing else None)
-    reduced = ctx.buffers.get("reduced")
-    streams = ctx.fork(main, 3)
-    # What may allocate is done before the kernel is launched; the waits for its chunks are enqueued after it.
-    enqueue = backend.stage_scatter(ScatterCall(
-        ctx=ctx, plan=plan, candidate=cand, epoch=epoch, main=main, send=send, recv=ctx.buffers["recv"],
-        n_cols=n, elem=a.element_size(), out=out, reduced=reduced,
-        spin_limit=spin_limit, programs=programs,
-    ), streams)
-    launch_producer(
-        a, b, send, out, reduced.local if reduced is not None else None, ctx.buffers["recv"].local,
-        0 if all_reduce else block_bounds(m, ws, rank)[0], tables, cand, epoch, ctx.signals.local, ctx.counters,
-        ctx.peer_signal_ptrs, ws, rank, ctx.error, ctx.sm_count - backend.reserved_sms(cand), spin_limit,
-        cache=ctx.cache,
-    )
-    enqueue()
-    ctx.join(main, streams)
+        _check_out(out, program.spec.out_shape, a.dtype)
+    program(a, b, out, capturing=capturing, spin_limit=spin_limit)
     return out
 
 
