@@ -60,7 +60,8 @@ def _worker(rank: int, world: int, port: int, options: BenchOptions, queue) -> N
         for workload in options.workloads:
             t0 = time.time()
             h = Harness(workload, group, timing)
-            base = {b.name: {"median_us": statistics.median(b.samples_us), "samples_us": list(b.samples_us), "detail": b.detail}
+            base = {b.name: {"median_us": statistics.median(b.samples_us), "samples_us": list(b.samples_us),
+                             "detail": b.detail, "eager_us": b.eager_us, "host_us": b.host_us}
                     for b in h.measure_baselines()}
             trials = []
             grid = bench_grid(workload, topology, options.grid, options.backends) + options.extra
@@ -74,7 +75,7 @@ def _worker(rank: int, world: int, port: int, options: BenchOptions, queue) -> N
                     print(f"  [{i + 1}/{len(grid)}] {c.short()}: {r.status} {median}", flush=True)
                 trials.append({
                     "candidate": c.to_dict(), "short": c.short(), "status": r.status, "error": r.error,
-                    "max_rel_error": r.max_rel_error, "host_us": r.host_us,
+                    "max_rel_error": r.max_rel_error, "host_us": r.host_us, "eager_us": r.eager_us,
                     "median_us": statistics.median(r.samples_us) if r.samples_us else None,
                     "samples_us": list(r.samples_us),
                 })
@@ -112,16 +113,23 @@ def summarize_row(row: dict) -> dict[str, Any]:
             if b not in per_backend or t["median_us"] < per_backend[b]["median_us"]:
                 per_backend[b] = t
     ours = min((t["median_us"] for t in per_backend.values()), default=None)
-    return {"base": base, "bound": bound, "per_backend": per_backend, "ours": ours}
+    eager = [t["eager_us"] for t in row["trials"] if t["status"] == "ok" and t.get("eager_us") is not None]
+    eager_base = [v["eager_us"] for k, v in row["baselines"].items()
+                  if k in ("torch_seq", "torch_async_tp") and v.get("eager_us") is not None]
+    torch_paths = [base[k] for k in ("torch_seq", "torch_async_tp") if k in base]
+    return {"base": base, "bound": bound, "per_backend": per_backend, "ours": ours,
+            "best_torch": min(torch_paths, default=None),
+            "ours_eager": min(eager, default=None), "best_torch_eager": min(eager_base, default=None)}
 
 
 def format_table(result: dict) -> str:
-    """The benchmark table: times in µs and the ratios bound/ours, async-TP/ours, seq/ours. CE, SM
-    and NCCL are the best fused candidates of each backend; cuBLAS the best of the templates whose
-    GEMMs are cuBLAS's and whose transfers the copy engine's (a_stationary, c_stationary,
-    decomposed)."""
+    """The benchmark table: device times in µs and the ratios bound/ours, async-TP/ours, seq/ours,
+    best torch path/ours (the faster of seq and async-TP); then in eager mode (back-to-back calls,
+    host on the path) ours and best torch path/ours. CE, SM and NCCL are the best fused candidates
+    of each backend; cuBLAS the best of the templates whose GEMMs are cuBLAS's and whose transfers
+    the copy engine's (a_stationary, c_stationary, decomposed)."""
     head = ("kind", "N", "K", "seq", "asyncTP", "gemm", "nccl", "ce", "bound", "CE", "SM", "NCCL", "cuBLAS", "ours",
-            "bound/ours", "async/ours", "seq/ours")
+            "bound/ours", "async/ours", "seq/ours", "torch/ours", "eager ours", "eager torch/ours")
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for row in result["rows"]:
         w = row["workload"]
@@ -140,7 +148,8 @@ def format_table(result: dict) -> str:
             f(pb.get("copy_engine", {}).get("median_us")), f(pb.get("nvshmem", {}).get("median_us")),
             f(pb.get("nccl", {}).get("median_us")), f(pb.get("cublas", {}).get("median_us")), f(ours),
             ratio(s["bound"]), ratio(b.get("torch_async_tp")),
-            ratio(b.get("torch_seq")),
+            ratio(b.get("torch_seq")), ratio(s["best_torch"]), f(s["ours_eager"]),
+            f"{s['best_torch_eager'] / s['ours_eager']:.3f}" if s["ours_eager"] and s["best_torch_eager"] else "–",
         ]))
     return "\n".join(lines)
 

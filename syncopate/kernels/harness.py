@@ -8,6 +8,7 @@ repetition, a failure on any rank is a failure everywhere.
 from __future__ import annotations
 
 import logging
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ import torch.distributed as dist
 from syncopate.errors import CandidateTimeoutError, ConfigError
 from syncopate.kernels import ops
 from syncopate.kernels.reference import reference, relative_error
-from syncopate.kernels.timing import barrier, time_collective
+from syncopate.kernels.timing import barrier, time_collective, time_eager
 from syncopate.search_space import Candidate, Workload
 
 __all__ = ["Harness", "BaselineResult", "CandidateResult", "TOLERANCE", "SPIN_LIMIT"]
@@ -38,16 +39,25 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 class BaselineResult:
     name: str
     samples_us: tuple[float, ...]
+    """Device time of a call, µs, one sample a repetition (`time_collective`)."""
     detail: str = ""
+    eager_us: float | None = None
+    """Median per-call time of back-to-back eager calls, host on the path (`time_eager`), where measured."""
+    host_us: float | None = None
+    """Median host time to enqueue one call, where measured."""
 
 
 @dataclass(frozen=True)
 class CandidateResult:
     status: str
     samples_us: tuple[float, ...] = ()
+    """Device time of a call, µs, one sample a repetition (`time_collective`)."""
     max_rel_error: float | None = None
     error: str = ""
     host_us: float | None = None
+    """Median host time to enqueue one call."""
+    eager_us: float | None = None
+    """Median per-call time of back-to-back eager calls with the host on the path (`time_eager`)."""
 
 
 def classify(e: BaseException) -> str:
@@ -101,6 +111,15 @@ class Harness:
                             flush_l2=self.timing.flush_l2)
         return t.samples_us
 
+    def _baseline(self, name: str, fn, detail: str, eager: bool = True) -> BaselineResult:
+        """A baseline's device time and, with `eager`, its back-to-back eager time and host time."""
+        t = time_collective(fn, self.group, warmup=self.timing.warmup, repetitions=self.timing.repetitions,
+                            flush_l2=self.timing.flush_l2)
+        if not eager:
+            return BaselineResult(name, t.samples_us, detail)
+        e = time_eager(fn, self.group, flush_l2=self.timing.flush_l2)
+        return BaselineResult(name, t.samples_us, detail, eager_us=statistics.median(e), host_us=t.host_us)
+
     def measure_baselines(self) -> list[BaselineResult]:
         """torch_seq, torch_async_tp, gemm_alone, comm_alone (NCCL) and comm_alone_copy_engine."""
         kind, a, b, g = self.workload.kind, self.a, self.b, self.group
@@ -132,7 +151,7 @@ class Harness:
                 comm()
 
             gemm_a = a
-        results.append(BaselineResult("torch_seq", self._time(seq), "NCCL collective and torch.matmul in sequence"))
+        results.append(self._baseline("torch_seq", seq, "NCCL collective and torch.matmul in sequence"))
         results.append(BaselineResult("gemm_alone", self._time(lambda: torch.matmul(gemm_a, b)), "torch.matmul (cuBLAS)"))
         results.append(BaselineResult("comm_alone", self._time(comm), "NCCL collective alone"))
         async_tp = self._async_tp()
@@ -158,18 +177,35 @@ class Harness:
                 fn = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", scatter_dim=0, group_name=g.group_name)
                 detail = "torch.ops.symm_mem.fused_matmul_reduce_scatter"
             else:
-                buf = symm_mem.empty((a.shape[0], b.shape[1]), dtype=self.dtype, device=self.device)
-                symm_mem.rendezvous(buf, group=g.group_name)
-
-                def fn():
-                    torch.matmul(a, b, out=buf)
-                    return torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", g.group_name)
-
-                detail = "torch.matmul into symmetric memory, then torch.ops.symm_mem.one_shot_all_reduce"
-            return BaselineResult("torch_async_tp", self._time(fn), detail)
+                return self._symm_all_reduce(symm_mem)
+            return self._baseline("torch_async_tp", fn, detail)
         except Exception as e:  # an older torch, or an op this build lacks
             log.warning("torch async-TP baseline unavailable for %s: %s", self.workload, e)
             return None
+
+    def _symm_all_reduce(self, symm_mem) -> BaselineResult:
+        """The faster of torch's symmetric-memory all-reduces after torch.matmul into a symmetric
+        buffer: one-shot (every rank reads every peer's whole buffer) and two-shot (a reduce-scatter
+        then an all-gather, in place); the one-shot alone loses on large outputs."""
+        a, b, g = self.a, self.b, self.group
+        buf = symm_mem.empty((a.shape[0], b.shape[1]), dtype=self.dtype, device=self.device)
+        symm_mem.rendezvous(buf, group=g.group_name)
+
+        def one_shot():
+            torch.matmul(a, b, out=buf)
+            return torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", g.group_name)
+
+        def two_shot():
+            torch.matmul(a, b, out=buf)
+            torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", g.group_name)
+            return buf
+
+        tried = [self._baseline("torch_async_tp", one_shot, "torch.matmul into symmetric memory, then "
+                                "torch.ops.symm_mem.one_shot_all_reduce")]
+        if hasattr(torch.ops.symm_mem, "two_shot_all_reduce_"):
+            tried.append(self._baseline("torch_async_tp", two_shot, "torch.matmul into symmetric memory, then "
+                                        "torch.ops.symm_mem.two_shot_all_reduce_"))
+        return min(tried, key=lambda r: statistics.median(r.samples_us))
 
     def _copy_engine_alone(self) -> BaselineResult | None:
         """The copy engine moving this kind's chunks with no GEMM (one chunk per block, direct plan)."""
@@ -274,6 +310,7 @@ class Harness:
         try:
             timing = time_collective(lambda: fused(a, b), self.group, warmup=self.timing.warmup,
                                      repetitions=self.timing.repetitions, flush_l2=self.timing.flush_l2)
+            eager = time_eager(lambda: fused(a, b), self.group, flush_l2=self.timing.flush_l2)
             self._context().check_error()
         except Exception as e:
             status, error = classify(e), f"{type(e).__name__}: {e}"
@@ -282,7 +319,8 @@ class Harness:
         status = self._agree("ok")
         if status != "ok":
             return CandidateResult(status=status, max_rel_error=rel, error="failed on another rank")
-        return CandidateResult(status="ok", samples_us=timing.samples_us, max_rel_error=rel, host_us=timing.host_us)
+        return CandidateResult(status="ok", samples_us=timing.samples_us, max_rel_error=rel, host_us=timing.host_us,
+                               eager_us=statistics.median(eager))
 
     def close(self) -> None:
         ops.close_contexts(self.group)

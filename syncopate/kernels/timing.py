@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["Timing", "time_collective", "summarize", "barrier", "start_together", "ALIGN_MODES"]
+__all__ = ["Timing", "time_collective", "time_eager", "summarize", "barrier", "start_together", "ALIGN_MODES"]
 
 _FLUSH_BYTES = 256 * 1024 * 1024
 
@@ -144,3 +144,44 @@ def time_collective(
     local = torch.tensor([s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)], dtype=torch.float64, device=device)
     dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
     return Timing(samples_us=tuple(local.tolist()), host_us=statistics.median(host))
+
+
+EAGER_CALLS = 10
+"""Calls a repetition of `time_eager` makes back to back."""
+
+
+def time_eager(
+    fn: Callable[[], object],
+    group,
+    *,
+    calls: int = EAGER_CALLS,
+    warmup: int = 3,
+    repetitions: int = 7,
+    flush_l2: bool = True,
+) -> tuple[float, ...]:
+    """Per-call time of `fn` called `calls` times back to back with the host on the path: the time
+    an eager job sees (device time alone hides the host's enqueueing, `time_collective`).
+
+    Each repetition starts with the GPUs idle and the hosts lined up (`barrier`), records the start
+    event, enqueues the calls one after another while the GPU runs them, and records the end: a
+    call whose host time exceeds its device time makes the GPU wait for it. A repetition's time
+    is (end - start) / calls, the largest over the ranks."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    flush = _flushers.setdefault(device, _Flusher(device)) if flush_l2 else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repetitions)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repetitions)]
+    for i in range(repetitions):
+        flush()
+        barrier(group, device)
+        starts[i].record()
+        for _ in range(calls):
+            fn()
+        ends[i].record()
+        torch.cuda.synchronize()
+    local = torch.tensor([s.elapsed_time(e) * 1000.0 / calls for s, e in zip(starts, ends)], dtype=torch.float64,
+                         device=device)
+    dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
+    return tuple(local.tolist())
