@@ -9,12 +9,12 @@ IPC; the host time is a call's with its transfers, the device time is left out: 
 turns on the GPU). The shapes are global (M, N, K); rank 0 prints.
 
     python benchmarks/op_host.py                        # kernels relaunched from the context's cache
-    SYNCOPATE_RELAUNCH=0 python benchmarks/op_host.py   # through Triton's dispatch every call
     python benchmarks/op_host.py stationary             # the a_stationary / c_stationary templates
                                                         # (and all_gather_matmul's return_gathered with it)
     python benchmarks/op_host.py decomposed             # the decomposed templates, four splits
     python benchmarks/op_host.py --ranks 2              # two ranks, with transfers
-    python benchmarks/op_host.py --case ag_gemm:1024x4096x4096   # that op and shape, looked-up config
+    python benchmarks/op_host.py lookup --case ag_gemm:1024x4096x4096   # that op and shape, looked-up config
+    python benchmarks/op_host.py torch --ranks 4        # torch's unfused path, for comparison
     OP_HOST_PROFILE=FILE python benchmarks/op_host.py   # also 20 calls a case under cProfile, into FILE
 """
 
@@ -37,35 +37,66 @@ from syncopate.kernels.local_ranks import free_port, join_group, spawn_ranks
 from syncopate.kernels.reference import reference, relative_error
 from syncopate.kernels.timing import barrier
 from syncopate.search_space import (Candidate, Topology, Workload, a_stationary_candidate, c_stationary_candidate,
-                                   decomposed_candidate)
+                                   decomposed_candidate, unfused_candidate)
 
 CANDIDATE = Candidate(backend="copy_engine", template="direct", num_splits=2, block_m=128, block_n=256, block_k=64,
                       group_m=8, num_warps=8, num_stages=3, tile_order="arrival")
 CASES = [("ag_gemm", (8192, 2048, 8192)), ("gemm_rs", (8192, 8192, 2048)), ("gemm_ar", (8192, 8192, 2048))]
 STATIONARY = {"ag_gemm": a_stationary_candidate(2), "gemm_rs": c_stationary_candidate(),
               "gemm_ar": c_stationary_candidate(2)}
-TEMPLATES = {"stationary": STATIONARY, "decomposed": dict.fromkeys(("ag_gemm", "gemm_rs", "gemm_ar"), decomposed_candidate(4))}
+
+
+def templates(what: str, ws: int) -> dict[str, Candidate | None]:
+    """The candidate of each kind for `what` on `ws` ranks (None: torch's own path, no Syncopate call)."""
+    kinds = ("ag_gemm", "gemm_rs", "gemm_ar")
+    if what == "stationary":
+        return STATIONARY
+    if what == "decomposed":  # an all-gather's splits are 1 to ws-1 or a multiple of ws-1
+        return dict.fromkeys(kinds, decomposed_candidate(max(1, ws - 1) if ws > 2 else 4))
+    if what == "unfused":
+        return dict.fromkeys(kinds, unfused_candidate())
+    if what == "lookup":
+        return dict.fromkeys(kinds, None)
+    return dict.fromkeys(kinds, CANDIDATE)
+
+
+def torch_path(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> torch.Tensor:
+    """The op as torch runs it unfused: NCCL's collective and cuBLAS's matmul in sequence."""
+    ws = dist.get_world_size(group)
+    if kind == "ag_gemm":
+        full = a.new_empty((a.shape[0] * ws, a.shape[1]))
+        dist.all_gather_into_tensor(full, a, group=group)
+        return full @ b
+    y = a @ b
+    if kind == "gemm_ar":
+        dist.all_reduce(y, group=group)
+        return y
+    out = y.new_empty((y.shape[0] // ws, y.shape[1]))
+    dist.reduce_scatter_tensor(out, y, group=group)
+    return out
 
 
 
-def case(kind: str, m: int, n: int, k: int, group, dev: torch.device, candidate: Candidate = CANDIDATE,
-         device_time: bool = True) -> str:
+def case(kind: str, m: int, n: int, k: int, group, dev: torch.device, candidate: Candidate | None = CANDIDATE,
+         device_time: bool = True, torch_only: bool = False) -> str:
     ops = {"ag_gemm": syncopate.all_gather_matmul, "gemm_rs": syncopate.matmul_reduce_scatter,
            "gemm_ar": syncopate.matmul_all_reduce}
     ws, rank = dist.get_world_size(group), dist.get_rank(group)
-    if candidate is None:  # the configuration a job's lookup gives
+    if candidate is None and not torch_only:  # the configuration a job's lookup gives
         candidate = syncopate.lookup((m, n, k), Topology.detect(group), kind=kind).candidate
     shapes = Workload(kind=kind, shape=(m, n, k), dtype="bf16").local_shapes(ws)
     k_local = shapes["b"][0]
 
     def op(a, b):
+        if torch_only:
+            return torch_path(kind, a, b, group)
         return ops[kind](a, b, group, candidate)
 
     def inputs():
         return (torch.randn(shapes["a"], device=dev).to(torch.bfloat16),
                 (torch.randn(shapes["b"], device=dev) / k_local**0.5).to(torch.bfloat16))
 
-    if kind == "ag_gemm":  # the gathered A too (a stationary candidate takes the direct plan for it)
+    if kind == "ag_gemm" and not torch_only:  # the gathered A too (a stationary candidate takes the direct plan for it)
         a, b = inputs()
         out, gathered = syncopate.all_gather_matmul(a, b, group, candidate, return_gathered=True)
         torch.cuda.synchronize()
@@ -91,6 +122,7 @@ def case(kind: str, m: int, n: int, k: int, group, dev: torch.device, candidate:
             op(a, b)
         batches.append((time.perf_counter() - t0) / 20 * 1e6)
         torch.cuda.synchronize()
+    label = "torch" if torch_only else f"{candidate.template}/s{candidate.num_splits}"
     profile_to = os.environ.get("OP_HOST_PROFILE")
     if profile_to:  # where a call's host time goes: 20 calls under cProfile, appended to that file
         profiler = cProfile.Profile()
@@ -104,7 +136,7 @@ def case(kind: str, m: int, n: int, k: int, group, dev: torch.device, candidate:
             stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, ncalls, tottime, cumtime, callers)}
             rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:30]
             with open(profile_to, "a") as f:
-                f.write(f"== {kind} {m}x{n}x{k} ranks {ws} {candidate.short()}: a call's host time under cProfile, "
+                f.write(f"== {kind} {m}x{n}x{k} ranks {ws} {label}: a call's host time under cProfile, "
                         f"{sum(v[2] for v in stats.values()) / 20 * 1e6:.1f} us\n"
                         f"{'own us':>8} {'cum us':>8} {'calls':>6}  function\n")
                 for (file, line, name), (_, ncalls, tottime, cumtime, _) in rows:
@@ -121,19 +153,17 @@ def case(kind: str, m: int, n: int, k: int, group, dev: torch.device, candidate:
         torch.cuda.synchronize()
         device_us.append(start.elapsed_time(end) * 1000)
     device = f"{statistics.median(device_us):.1f}" if device_us else "- (ranks share the GPU)"
-    return (f"{kind} {m}x{n}x{k} ranks {ws} {candidate.template}/s{candidate.num_splits} "
-            f"SYNCOPATE_RELAUNCH={os.environ.get('SYNCOPATE_RELAUNCH', '1')} rel_err {worst:.2e} "
+    return (f"{kind} {m}x{n}x{k} ranks {ws} {label} rel_err {worst:.2e} "
             f"host_us {statistics.median(batches):.1f} device_us {device}")
 
 
-def run_rank(rank: int, world: int, port: int, what: str, shared: bool, cases, config: bool,
-             results) -> None:
+def run_rank(rank: int, world: int, port: int, what: str, shared: bool, cases, results) -> None:
     dev = join_group(rank, world, port, shared_gpu=shared)
     try:
         lines = []
         for kind, shape in cases:
-            cand = TEMPLATES[what][kind] if what in TEMPLATES else CANDIDATE if config else None
-            line = case(kind, *shape, dist.group.WORLD, dev, cand, device_time=not shared)
+            cand = templates(what, world)[kind]
+            line = case(kind, *shape, dist.group.WORLD, dev, cand, device_time=not shared, torch_only=what == "torch")
             if rank == 0:
                 print(line, flush=True)
             lines.append(line)
@@ -146,13 +176,15 @@ def run_rank(rank: int, world: int, port: int, what: str, shared: bool, cases, c
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", nargs="?", choices=["direct", "stationary", "decomposed"], default="direct",
-                        help="the candidates: the direct chunked plan (default), the stationary or the decomposed "
-                             "templates (these also with --case)")
+    parser.add_argument("what", nargs="?", choices=["direct", "stationary", "decomposed", "unfused", "torch", "lookup"],
+                        default="direct",
+                        help="the candidates: the direct chunked plan (default), the stationary, decomposed or "
+                             "unfused templates, the configuration a job's lookup gives, or torch's own unfused "
+                             "path (no Syncopate call), to compare")
     parser.add_argument("--ranks", type=int, default=1, help="ranks in the group (default 1)")
     parser.add_argument("--case", action="append", metavar="KIND:MxNxK",
-                        help="time this op and global shape instead of the default three, with the configuration "
-                             "a job's lookup gives (repeatable), e.g. ag_gemm:1024x4096x4096")
+                        help="time this op and global shape instead of the default three (repeatable), "
+                             "e.g. ag_gemm:1024x4096x4096")
     args = parser.parse_args(argv)
     cases = CASES
     if args.case:
@@ -169,13 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"op_host: --ranks {args.ranks}: give 1 or more", file=sys.stderr)
         return 2
     if args.ranks == 1:
-        run_rank(0, 1, free_port(), args.what, False, cases, not args.case, queue.SimpleQueue())
+        run_rank(0, 1, free_port(), args.what, False, cases, queue.SimpleQueue())
         return 0
     shared = torch.cuda.device_count() < args.ranks
     if shared:
         print(f"op_host: {torch.cuda.device_count()} GPU(s) for {args.ranks} ranks: all on GPU 0, host time only",
               flush=True)
-    spawn_ranks(run_rank, args.ranks, (args.what, shared, cases, not args.case), what="op_host rank")
+    spawn_ranks(run_rank, args.ranks, (args.what, shared, cases), what="op_host rank")
     return 0
 
 
