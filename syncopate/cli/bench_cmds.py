@@ -69,9 +69,32 @@ def bench_cmd(
     gpus: int = typer.Option(
         None, help="GPUs to use (default: the suite's topology's world size, else all visible)."
     ),
+    layer: str = typer.Option(
+        None, help="Time a tensor-parallel layer instead of ops: mlp or attention (with --hidden, --ffn, --tokens, "
+                   "--tp), against torch's path and async-TP, eager and in CUDA graphs."),
+    hidden: int = typer.Option(4096, help="With --layer: the model width."),
+    ffn: int = typer.Option(14336, help="With --layer mlp: the MLP width (gate and up each)."),
+    heads: int = typer.Option(32, help="With --layer attention: query heads."),
+    kv_heads: int = typer.Option(8, help="With --layer attention: key/value heads."),
+    tokens: int = typer.Option(8192, help="With --layer: tokens of the whole layer (the ops' M)."),
+    tp: int = typer.Option(None, help="With --layer: tensor-parallel ranks (default: every visible GPU)."),
+    sequence_parallel: bool = typer.Option(
+        True, "--sp/--no-sp", help="With --layer: sequence parallel (all-gather, reduce-scatter) or not (all-reduce)."),
 ) -> None:
-    """Time torch_seq, torch async-TP, GEMM alone, collective alone, the bound and the best candidate per backend."""
+    """Time torch_seq, torch async-TP, GEMM alone, collective alone, the bound and the best candidate per backend.
+
+    With --layer: a tensor-parallel layer forward and forward + backward, eager and in CUDA graphs,
+    Syncopate (configurations from lookup, and the untuned defaults) against torch and async-TP."""
     from syncopate.autotuner.sweep import load_sweep
+
+    if layer is not None:
+        given = [name for name, value in (("KIND", kind), ("--m", m), ("--n", n), ("--k", k), ("--suite", suite))
+                 if value is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} and --layer exclude each other: --layer times a layer of the "
+                              f"widths --hidden/--ffn/--heads and --tokens; give either")
+        _bench_layer(layer, hidden, ffn, heads, kv_heads, tokens, tp, sequence_parallel, repetitions, json_out)
+        return
 
     topology = None
     if suite is not None:
@@ -122,3 +145,33 @@ def bench_cmd(
                                     grid=grid, backends=chosen), world)
     print(f"\n{result['gpu']} x{world} on {result['host']}, torch {result['torch']}, {result['date']} (times in us)")
     print(format_table(result))
+
+
+def _bench_layer(layer, hidden, ffn, heads, kv_heads, tokens, tp, sequence_parallel, repetitions, json_out) -> None:
+    import json
+
+    from syncopate.kernels.layer_bench import LayerBench, format_layer_table
+
+    if json_out is not None:
+        from syncopate.files import check_writable
+
+        check_writable(json_out, "bench.json")
+    import torch
+
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    bench = LayerBench(layer=layer, hidden=hidden, ffn=ffn, heads=heads, kv_heads=kv_heads, tokens=tokens,
+                       tp=tp or max(visible, 2), sequence_parallel=sequence_parallel, repetitions=min(repetitions, 7))
+    if visible < bench.tp:
+        raise RuntimeUnavailableError(f"syncopate bench --layer needs {bench.tp} CUDA GPUs on this host (--tp "
+                                      f"{bench.tp}); {visible} visible")
+    from syncopate.files import write_atomically
+    from syncopate.kernels.layer_bench import run_layer_bench
+
+    result = run_layer_bench(bench)
+    if json_out is not None:
+        write_atomically(json_out, json.dumps(result, indent=1).encode())
+    sp = "sequence parallel" if sequence_parallel else "all-reduce"
+    print(f"\n{layer} hidden {hidden} {'ffn ' + str(ffn) if layer == 'mlp' else f'heads {heads}/{kv_heads}'} "
+          f"tokens {tokens} tp {bench.tp} ({sp}); {result['gpu']} on {result['host']}, torch {result['torch']}, "
+          f"{result['date']} (us an iteration)")
+    print(format_layer_table(result))

@@ -1,0 +1,276 @@
+"""`syncopate bench --layer`: a tensor-parallel layer as a job runs it, against torch's paths.
+
+The unit of speed is the layer, not the op: a layer's ops meet each other's entry handshakes, rank
+skew and stream joins, and an eager job pays every call's host time. One process per GPU (spawned
+here, NCCL group). For each implementation — torch's collectives and matmuls in sequence
+(`torch`), torch's fused symmetric-memory ops (`async_tp`), Syncopate's fused ops with the
+configurations `lookup` serves (`syncopate`) and with the untuned defaults (`default`) — the same
+layer (same weights and input) is timed forward and forward + backward:
+
+- `eager`: `EAGER_CALLS` iterations back to back with the host on the path (`time_eager`);
+- `graph`: one iteration captured in a CUDA graph, replayed back to back.
+
+| layer       | forward (sequence parallel)                                                    |
+|-------------|--------------------------------------------------------------------------------|
+| `mlp`       | x → all_gather_matmul(x, [gate; up]) → silu(gate) · up → matmul_reduce_scatter |
+| `attention` | x → all_gather_matmul(x, qkv) → causal SDPA per head → matmul_reduce_scatter   |
+
+Without sequence parallelism the column layer is local and the row layer `matmul_all_reduce`.
+Rank 0 prints the table and returns every number; outputs are compared with torch's path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import statistics
+import time
+from typing import Any
+
+from syncopate.errors import ConfigError
+
+__all__ = ["LAYERS", "IMPLS", "LayerBench", "format_layer_table", "run_layer_bench"]
+
+LAYERS = ("mlp", "attention")
+IMPLS = ("torch", "async_tp", "syncopate", "default")
+MODES = ("eager", "graph")
+PASSES = ("forward", "forward_backward")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class LayerBench:
+    """One layer benchmark: the layer's widths, the tokens, the group size and what to time."""
+
+    layer: str = "mlp"
+    """`mlp` (SwiGLU: gate and up merged in one column layer) or `attention` (qkv, SDPA, o)."""
+    hidden: int = 4096
+    """Model width (the row layer's output, the column layer's input)."""
+    ffn: int = 14336
+    """MLP width (each of gate and up); unused by `attention`."""
+    heads: int = 32
+    """Attention heads (query); unused by `mlp`."""
+    kv_heads: int = 8
+    """Key/value heads (grouped-query attention); unused by `mlp`."""
+    tokens: int = 8192
+    """Tokens of the whole layer (sequence × batch): the ops' M."""
+    tp: int = 2
+    """Tensor-parallel group size: one process and one GPU a rank."""
+    sequence_parallel: bool = True
+    """Input and output sharded by tokens (all-gather / reduce-scatter); else whole (all-reduce)."""
+    impls: tuple[str, ...] = IMPLS
+    modes: tuple[str, ...] = MODES
+    passes: tuple[str, ...] = PASSES
+    repetitions: int = 7
+    """Timed repetitions of `EAGER_CALLS` back-to-back iterations each."""
+
+    def __post_init__(self) -> None:
+        if self.layer not in LAYERS:
+            raise ConfigError(f"unknown layer {self.layer!r}: accepted are {', '.join(LAYERS)}")
+        for name in ("hidden", "ffn", "heads", "kv_heads", "tokens", "tp", "repetitions"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"layer bench {name}={value!r} must be a positive integer")
+        if self.tp < 2:
+            raise ConfigError(f"layer bench tp={self.tp}: a tensor-parallel layer needs at least 2 ranks")
+        for field, given, accepted in (("impls", self.impls, IMPLS), ("modes", self.modes, MODES),
+                                       ("passes", self.passes, PASSES)):
+            bad = [x for x in given if x not in accepted]
+            if bad or not given:
+                raise ConfigError(f"layer bench {field}={list(given)}: accepted are {', '.join(accepted)}")
+        if self.sequence_parallel and self.tokens % self.tp:
+            raise ConfigError(f"tokens={self.tokens} must be a multiple of tp={self.tp} with sequence parallelism "
+                              f"(each rank holds tokens/tp of them)")
+        if self.layer == "attention":
+            if self.hidden % self.heads or self.heads % self.kv_heads:
+                raise ConfigError(f"attention: hidden={self.hidden} must be a multiple of heads={self.heads}, and "
+                                  f"heads a multiple of kv_heads={self.kv_heads}")
+            if self.kv_heads % self.tp:
+                raise ConfigError(f"attention: kv_heads={self.kv_heads} must be a multiple of tp={self.tp} (each rank "
+                                  f"holds whole heads)")
+        elif self.ffn % self.tp:
+            raise ConfigError(f"mlp: ffn={self.ffn} must be a multiple of tp={self.tp}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def ops(self) -> list[tuple[str, tuple[int, int, int]]]:
+        """The fused ops the layer calls, forward then backward: (kind, global M×N×K)."""
+        m, h = self.tokens, self.hidden
+        col = 2 * self.ffn if self.layer == "mlp" else (self.heads + 2 * self.kv_heads) * self.head_dim
+        row = self.ffn if self.layer == "mlp" else self.heads * self.head_dim
+        if self.sequence_parallel:
+            return [("ag_gemm", (m, col, h)), ("gemm_rs", (m, h, row)),  # forward
+                    ("ag_gemm", (m, row, h)), ("gemm_rs", (m, h, col))]  # backward: row's input grad, column's
+        return [("gemm_ar", (m, h, row)), ("gemm_ar", (m, h, col))]
+
+
+def _build(bench: LayerBench, impl: str, group, device, weights: dict, configs: dict | None):
+    """The layer of `impl` (syncopate.tp's layers on this rank's shards of `weights`) as a callable."""
+    import torch
+
+    from syncopate.tp import ColumnParallelLinear, RowParallelLinear
+
+    kind = "fused" if impl in ("syncopate", "default") else impl
+    sp = bench.sequence_parallel
+    col_cfg, row_cfg = configs if configs is not None else (None, None)
+    col = ColumnParallelLinear.from_linear(weights["col"], group, sequence_parallel=sp, impl=kind,
+                                           configs=col_cfg)
+    row = RowParallelLinear.from_linear(weights["row"], group, sequence_parallel=sp, impl=kind, configs=row_cfg)
+    tp = bench.tp
+    if bench.layer == "mlp":
+        def forward(x):
+            gate, up = col(x).chunk(2, dim=-1)
+            return row(torch.nn.functional.silu(gate) * up)
+    else:
+        heads, kv, hd = bench.heads // tp, bench.kv_heads // tp, bench.head_dim
+
+        def forward(x):
+            qkv = col(x)
+            tokens = qkv.shape[0]
+            q, k, v = qkv.split([heads * hd, kv * hd, kv * hd], dim=-1)
+            q = q.view(1, tokens, heads, hd).transpose(1, 2)
+            k = k.view(1, tokens, kv, hd).transpose(1, 2)
+            v = v.view(1, tokens, kv, hd).transpose(1, 2)
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            return row(o.transpose(1, 2).reshape(tokens, heads * hd))
+    return forward, [*col.parameters(), *row.parameters()]
+
+
+def _default_configs(bench: LayerBench, topology) -> tuple[dict, dict]:
+    """The untuned default configuration of each op the column and the row layer call, by kind
+    (a layer calls at most one op of each kind, forward and backward together)."""
+    from syncopate.search_space import Workload, default_candidate
+
+    def default(kind, shape):
+        return default_candidate(Workload(kind=kind, shape=shape, dtype="bf16"), topology)
+
+    ops = bench.ops()
+    if bench.sequence_parallel:  # column: forward ag, backward rs; row: forward rs, backward ag
+        (ag_col, s1), (rs_row, s2), (ag_row, s3), (rs_col, s4) = ops
+        return ({"ag_gemm": default(ag_col, s1), "gemm_rs": default(rs_col, s4)},
+                {"gemm_rs": default(rs_row, s2), "ag_gemm": default(ag_row, s3)})
+    (ar_row, s1), (ar_col, s2) = ops
+    return {"gemm_ar": default(ar_col, s2)}, {"gemm_ar": default(ar_row, s1)}
+
+
+def _time_graph(step, group, calls: int, repetitions: int):
+    """`step` captured in a CUDA graph once (after warm-up on a side stream), replayed back to back."""
+    import torch
+
+    from syncopate.kernels.timing import time_eager
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    torch.cuda.synchronize()
+    return time_eager(graph.replay, group, calls=calls, repetitions=repetitions), graph
+
+
+def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
+    from syncopate.kernels.local_ranks import join_group
+
+    device = join_group(rank, world, port)
+    import torch
+    import torch.distributed as dist
+
+    from syncopate.kernels import ops
+    from syncopate.kernels.reference import relative_error
+    from syncopate.kernels.timing import EAGER_CALLS, time_eager
+    from syncopate.kernels.topology_detect import detect_topology
+
+    group = dist.group.WORLD
+    torch.manual_seed(0)
+    dtype = torch.bfloat16
+    col_out = 2 * bench.ffn if bench.layer == "mlp" else (bench.heads + 2 * bench.kv_heads) * bench.head_dim
+    row_in = bench.ffn if bench.layer == "mlp" else bench.heads * bench.head_dim
+    if bench.layer == "mlp":  # the merged [gate; up] weight, rows interleaved per rank as from_linear expects
+        gate = torch.nn.Linear(bench.hidden, bench.ffn, bias=False, device=device, dtype=dtype)
+        up = torch.nn.Linear(bench.hidden, bench.ffn, bias=False, device=device, dtype=dtype)
+        col_w: Any = [gate, up]
+    else:
+        col_w = torch.nn.Linear(bench.hidden, col_out, bias=False, device=device, dtype=dtype)
+    weights = {"col": col_w, "row": torch.nn.Linear(row_in, bench.hidden, bias=False, device=device, dtype=dtype)}
+    rows = bench.tokens // world if bench.sequence_parallel else bench.tokens
+    gen = torch.Generator(device=device).manual_seed(1 + rank if bench.sequence_parallel else 1)
+    x = torch.randn(rows, bench.hidden, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    dy = torch.randn(rows, bench.hidden, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    topology = detect_topology(group)
+    results: dict[str, Any] = {}
+    reference = None
+    for impl in bench.impls:
+        configs = _default_configs(bench, topology) if impl == "default" else None
+        try:
+            forward, params = _build(bench, impl, group, device, weights, configs)
+            xi = x.detach().clone().requires_grad_(True)
+
+            def step(forward=forward, xi=xi):
+                forward(xi).backward(dy)
+
+            def fwd(forward=forward, xi=xi):
+                with torch.no_grad():
+                    return forward(xi)
+
+            out = fwd().float()
+            if reference is None:
+                reference = out
+            entry: dict[str, Any] = {"rel_diff_from_first": relative_error(out, reference)}
+            for mode in bench.modes:
+                for name in bench.passes:
+                    fn = fwd if name == "forward" else step
+                    if mode == "eager":
+                        samples = time_eager(fn, group, repetitions=bench.repetitions)
+                    else:
+                        samples, _graph = _time_graph(fn, group, EAGER_CALLS, bench.repetitions)
+                    entry[f"{mode}/{name}"] = statistics.median(samples)
+            results[impl] = entry
+        except Exception as e:  # an impl this torch lacks (async-TP) or that fails here: said in its row
+            results[impl] = {"error": f"{type(e).__name__}: {e}"}
+            if rank == 0:
+                print(f"{impl}: {type(e).__name__}: {e}", flush=True)
+        finally:
+            torch.cuda.synchronize()
+            dist.barrier()
+    ops.close_contexts()
+    if rank == 0:
+        queue.put({"bench": dataclasses.asdict(bench), "results": results, "topology": topology.key(),
+                   "gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "host": socket.gethostname(),
+                   "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    dist.destroy_process_group()
+
+
+def run_layer_bench(bench: LayerBench) -> dict:
+    """Spawn `bench.tp` processes (one a GPU), run the benchmark, return rank 0's result."""
+    from syncopate.kernels.local_ranks import spawn_ranks
+
+    return spawn_ranks(_worker, bench.tp, (bench,), "layer benchmark")
+
+
+def format_layer_table(result: dict) -> str:
+    """µs an iteration per implementation, and torch's paths over Syncopate's, per mode and pass."""
+    res = result["results"]
+    cols = [i for i in IMPLS if i in res]
+    head = ["mode/pass", *cols, "torch/ours", "async/ours", "default/ours"]
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    keys = sorted({k for r in res.values() for k in r if "/" in k}, key=lambda k: (MODES.index(k.split("/")[0]),
+                                                                                   PASSES.index(k.split("/")[1])))
+    for key in keys:
+        def t(impl):
+            return res.get(impl, {}).get(key)
+
+        ours = t("syncopate")
+
+        def ratio(impl):
+            other = t(impl)
+            return f"{other / ours:.3f}" if other and ours else "–"
+
+        lines.append(" | ".join([key, *(f"{t(i):.1f}" if t(i) else "–" for i in cols),
+                                 ratio("torch"), ratio("async_tp"), ratio("default")]))
+    return "\n".join(lines)
