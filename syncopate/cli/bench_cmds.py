@@ -85,7 +85,6 @@ def bench_cmd(
 
     With --layer: a tensor-parallel layer forward and forward + backward, eager and in CUDA graphs,
     Syncopate (configurations from lookup, and the untuned defaults) against torch and async-TP."""
-    from syncopate.autotuner.sweep import load_sweep
 
     if layer is not None:
         given = [name for name, value in (("KIND", kind), ("--m", m), ("--n", n), ("--k", k), ("--suite", suite))
@@ -95,6 +94,7 @@ def bench_cmd(
                               f"widths --hidden/--ffn/--heads and --tokens; give either")
         _bench_layer(layer, hidden, ffn, heads, kv_heads, tokens, tp, sequence_parallel, repetitions, json_out)
         return
+    from syncopate.autotuner.sweep import load_sweep
 
     topology = None
     if suite is not None:

@@ -35,7 +35,7 @@ import torch
 
 from syncopate.kernels import streamops
 from syncopate.kernels.c_stationary import check_b_layout, received_b
-from syncopate.kernels.context import OverlapContext
+from syncopate.kernels.context import OverlapContext, record, wait
 from syncopate.kernels.tables import ARRIVAL_SLOTS
 from syncopate.search_space import Candidate, block_bounds, peers_ahead, peers_behind, row_chunks
 
@@ -117,8 +117,8 @@ def run(ctx: OverlapContext, plan: AStationaryPlan, a: torch.Tensor, b: torch.Te
             torch.matmul(a[lo:hi], received_b(b_recv.local[p], plan.b_kmajor), out=c_send.local[p, lo:hi])
             ctx.span(f"product for {p}", (p, j), hi - lo, main, t0)
             done = next(events)
-            done.record(main)
-            ready.wait_event(done)
+            record(done, main)
+            wait(ready, done)
             ctx.write_signal(ready, p, C_WORD + r * plan.splits + j, e)
     t0 = ctx.stamp(main)
     torch.matmul(a[half:], b, out=out[r0 + half : r0 + plan.m_local])

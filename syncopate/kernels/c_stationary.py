@@ -40,7 +40,7 @@ import torch
 
 from syncopate.kernels import streamops
 from syncopate.kernels.backends import announce_entry
-from syncopate.kernels.context import OverlapContext
+from syncopate.kernels.context import OverlapContext, record, wait
 from syncopate.kernels.launch import b_is_kmajor
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
 from syncopate.search_space import block_bounds, peers_ahead, peers_behind, row_chunks
@@ -175,13 +175,13 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
     for q in [] if waits_on_main else peers:
         streamops.wait_value(landed.cuda_stream, ctx.signal_address(r, ARRIVED + q), e)
         arrived[q] = next(events)
-        arrived[q].record(landed)
+        record(arrived[q], landed)
 
     def wait_for(q: int) -> None:
         if waits_on_main:
             streamops.wait_value(main.cuda_stream, ctx.signal_address(r, ARRIVED + q), e)
         else:
-            main.wait_event(arrived[q])
+            wait(main, arrived[q])
 
     for q in peers[:-1] if plan.all_reduce else peers:
         wait_for(q)
@@ -202,8 +202,8 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
                         received_b(b_recv.local[peers[-1]], plan.b_kmajor))
             ctx.span(f"term of {peers[-1]}", (peers[-1], j), hi - lo, main, t0)
         done = next(events)
-        done.record(main)
-        ready.wait_event(done)
+        record(done, main)
+        wait(ready, done)
         for p in peers:
             ctx.write_signal(ready, p, GATHER + r * plan.splits + j, e)
         streamops.copy_async(ready.cuda_stream, out[r0 + lo :].data_ptr(), block[lo:].data_ptr(),

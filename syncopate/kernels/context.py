@@ -26,13 +26,35 @@ import torch.distributed as dist
 from syncopate.errors import CandidateTimeoutError, RuntimeUnavailableError
 from syncopate.kernels.tables import PAD_WORDS
 
-__all__ = ["GRAPH_EPOCH", "IpcHandle", "OverlapContext", "SymmetricBuffer", "kept_allocations", "ranks_share_a_device"]
+__all__ = ["GRAPH_EPOCH", "IpcHandle", "OverlapContext", "SymmetricBuffer", "kept_allocations", "ranks_share_a_device",
+           "record", "wait"]
 
 log = logging.getLogger(__name__)
 
 
 GRAPH_EPOCH = 1
 """The epoch of every call captured in a CUDA graph (its pads cleared first)."""
+
+_EVENT = getattr(torch._C, "_CudaEventBase", None)
+_RECORD = getattr(_EVENT, "record", None)
+_WAIT = getattr(_EVENT, "wait", None)
+
+
+def record(event: torch.cuda.Event, stream: torch.cuda.Stream) -> None:
+    """`event.record(stream)`, called below torch's Python wrapper: a call records and waits on a
+    dozen events, and the wrappers' frames cost as much host time as the driver calls."""
+    if _RECORD is None:
+        event.record(stream)
+    else:
+        _RECORD(event, stream)
+
+
+def wait(stream: torch.cuda.Stream, event: torch.cuda.Event) -> None:
+    """`stream.wait_event(event)`, called below torch's Python wrappers (see `record`)."""
+    if _WAIT is None:
+        stream.wait_event(event)
+    else:
+        _WAIT(event, stream)
 
 _SHARED_WARNED: set[str] = set()
 """Groups whose ranks share a GPU, said once a process."""
@@ -331,17 +353,24 @@ class OverlapContext:
         if isinstance(streams, int):
             streams = self.streams[:streams]
         event = self._events[0]
-        event.record(main)
+        record(event, main)
         for s in streams:
-            s.wait_event(event)
+            wait(s, event)
         return streams
 
     def join(self, main: torch.cuda.Stream, streams: list[torch.cuda.Stream]) -> None:
         """Make `main` wait for the work enqueued on `streams` (side streams of this context's)."""
-        for s in streams:
-            event = self._events[1 + self.streams.index(s)]
-            event.record(s)
-            main.wait_event(event)
+        events = self._events
+        for i, s in enumerate(streams):
+            event = events[1 + (i if self.streams[i] is s else self._stream_index(s))]
+            record(event, s)
+            wait(main, event)
+
+    def _stream_index(self, stream: torch.cuda.Stream) -> int:
+        for i, s in enumerate(self.streams):
+            if s is stream or s.cuda_stream == stream.cuda_stream:
+                return i
+        raise ValueError(f"stream {stream} is not one of this context's")
 
     def stamp(self, stream: torch.cuda.Stream):
         """With the timeline on: an event recorded on `stream` now, the start of a `span`; else None."""

@@ -55,7 +55,7 @@ import torch
 
 from syncopate.kernels import c_stationary, launch, streamops
 from syncopate.kernels.backends import announce_entry
-from syncopate.kernels.context import OverlapContext
+from syncopate.kernels.context import OverlapContext, record, wait
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
 from syncopate.search_space import (block_bounds, halves, own_gemm_rows, peers_ahead, peers_behind, row_chunks,
                                     tail_copied_together)
@@ -263,8 +263,8 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
             torch.matmul(a[lo:hi], b, out=dst)
             ctx.span(computed, chunk, rows, main, t0)
             done = next(events)
-            done.record(main)
-            push.wait_event(done)
+            record(done, main)
+            wait(push, done)
             t0 = ctx.stamp(push)
             streamops.copy_async(push.cuda_stream, peer_slot, dst.data_ptr(), nbytes)
             ctx.span(pushed, chunk, rows, push, t0)
@@ -278,19 +278,19 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
     for h, q, address in layout.arrivals:
         streamops.wait_value(side.cuda_stream, address, e)
         arrived[h, q] = next(events)
-        arrived[h, q].record(side)
+        record(arrived[h, q], side)
     sm_pull = (plan.all_reduce and layout.last_aligned and out_ptr % 16 == 0 and out.is_contiguous()
                and ctx.sm_pulls and launch.getenv("SYNCOPATE_SM_PULL", "1") != "0")
     first, last = layout.first, len(layout.own) - 1
     for j, (acc, lo, hi, starts, others, words, (chunk, rows, added)) in enumerate(layout.own):
         if starts is not None:
-            main.wait_event(arrived[starts, first])
+            wait(main, arrived[starts, first])
         t0 = ctx.stamp(main)
         c_stationary.add_product(acc, a[lo:hi], b)
         ctx.span("own rows", chunk, rows, main, t0)
         for (q, partial), (label, of) in zip(others, added):
             if starts is not None:
-                main.wait_event(arrived[starts, q])
+                wait(main, arrived[starts, q])
             t0 = ctx.stamp(main)
             add_partial(acc, partial)
             ctx.span(label, of, rows, main, t0)
@@ -305,8 +305,8 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
         # Earlier chunks' words stay off the caller's stream: a stream write between two GEMMs cost
         # more than it saved.
         done = next(events)
-        done.record(main)
-        ready.wait_event(done)
+        record(done, main)
+        wait(ready, done)
         stream = main if j == last and ctx.remote_writes and not layout.merged_tail else ready
         for p, word in words:
             ctx.write_signal(stream, p, word, e)

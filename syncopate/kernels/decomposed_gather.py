@@ -38,7 +38,7 @@ import torch
 
 from syncopate.kernels import streamops
 from syncopate.kernels.backends import announce_entry
-from syncopate.kernels.context import OverlapContext
+from syncopate.kernels.context import OverlapContext, record, wait
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
 from syncopate.search_space import gather_gemms, gather_parts, gather_splits_refusal, peers_ahead, peers_behind, row_chunks
 
@@ -137,15 +137,15 @@ def run(ctx: OverlapContext, plan: GatherPlan, a: torch.Tensor, b: torch.Tensor,
         for j in range(len(parts)):
             streamops.wait_value(side.cuda_stream, ctx.signal_address(r, SHARD + q * len(parts) + j), e)
             landed[q, j] = next(events)
-            landed[q, j].record(side)
+            record(landed[q, j], side)
             if gathered is not None:
                 lo, hi = parts[j]
-                streams[2].wait_event(landed[q, j])
+                wait(streams[2], landed[q, j])
                 streamops.copy_async(streams[2].cuda_stream, gathered[q * m + lo :].data_ptr(),
                                      a_full.local[q * m + lo :].data_ptr(), (hi - lo) * row_bytes)
     for lo, hi, read in plan.gemms:
         for piece in read:
-            main.wait_event(landed[piece])
+            wait(main, landed[piece])
         t0 = ctx.stamp(main)
         torch.matmul(a_full.local[lo:hi], b, out=out[lo:hi])
         ctx.span("peers' rows", read[0], hi - lo, main, t0)
