@@ -31,9 +31,12 @@ __all__ = [
     "all_gather_matmul",
     "close_contexts",
     "gather_buffer",
+    "get_mode",
     "lookup",
     "matmul_all_reduce",
     "matmul_reduce_scatter",
+    "mode",
+    "set_mode",
 ]
 
 _LAZY: dict[str, str] = {
@@ -44,6 +47,9 @@ _LAZY: dict[str, str] = {
     "matmul_all_reduce": "syncopate.kernels.ops",
     "gather_buffer": "syncopate.kernels.ops",
     "close_contexts": "syncopate.kernels.ops",
+    "set_mode": "syncopate.kernels.ops",
+    "get_mode": "syncopate.kernels.ops",
+    "mode": "syncopate.kernels.ops",
 }
 
 

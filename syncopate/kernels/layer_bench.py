@@ -227,8 +227,9 @@ def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
                     fn = fwd if name == "forward" else step
                     if mode == "eager":
                         samples = time_eager(fn, group, repetitions=bench.repetitions)
-                    else:
-                        samples, _graph = _time_graph(fn, group, EAGER_CALLS, bench.repetitions)
+                    else:  # warmed up and captured with the configurations lookup serves for graphs
+                        with ops.mode("graph"):
+                            samples, _graph = _time_graph(fn, group, EAGER_CALLS, bench.repetitions)
                     entry[f"{mode}/{name}"] = statistics.median(samples)
             results[impl] = entry
         except Exception as e:  # an impl this torch lacks (async-TP) or that fails here: said in its row

@@ -47,7 +47,11 @@ from syncopate.search_space import (
 )
 
 __all__ = [
+    "MODES",
     "all_gather_matmul",
+    "get_mode",
+    "mode",
+    "set_mode",
     "gather_buffer",
     "matmul_reduce_scatter",
     "matmul_all_reduce",
@@ -64,10 +68,18 @@ register()  # torch.ops.syncopate: what torch.compile traces the ops as
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+MODES = ("eager", "graph")
+"""How a job runs the ops, which decides the looked-up configuration: `eager` (calls back to back,
+the host on the path) or `graph` (calls replayed from CUDA graphs, the host off the path)."""
+
+
 class ContextRegistry:
     """Call programs and looked-up configurations, per group and shape. One per process by default."""
 
     def __init__(self) -> None:
+        self.mode = "eager"
+        """The mode of calls made outside a CUDA graph capture (`set_mode`); captured calls are `graph`."""
+        self._warned_fallback: set[tuple] = set()
         self._configs: dict[tuple, Candidate] = {}
         self._topologies: dict[str, Topology] = {}
         self.programs: dict[tuple, CallProgram] = {}
@@ -81,16 +93,18 @@ class ContextRegistry:
             self._topologies[group.group_name] = topo
         return topo
 
-    def config(self, workload: Workload, group) -> Candidate:
-        key = (group.group_name, workload.key())
+    def config(self, workload: Workload, group, mode: str) -> Candidate:
+        """The looked-up configuration of `workload` on `group` for calls in `mode` (kept)."""
+        key = (group.group_name, workload.key(), mode)
         cand = self._configs.get(key)
         if cand is None:
             import syncopate
 
-            result = syncopate.lookup(workload.shape, self.topology(group), kind=workload.kind, dtype=workload.dtype)
+            result = syncopate.lookup(workload.shape, self.topology(group), kind=workload.kind, dtype=workload.dtype,
+                                      mode=mode)
             cand = result.candidate
             self._configs[key] = cand
-            log.info("using %s for %s (%s)", cand.short(), workload, result.match)
+            log.info("using %s for %s in %s mode (%s)", cand.short(), workload, mode, result.match)
         return cand
 
     def close(self, group=None) -> None:
@@ -100,6 +114,39 @@ class ContextRegistry:
 
 
 _REGISTRY = ContextRegistry()
+
+
+def set_mode(name: str) -> None:
+    """Look configurations up for `name` mode in calls made outside a CUDA graph capture: `eager`
+    (the default) or `graph`, for a process that warms its calls up before capturing them in CUDA
+    graphs (torch.cuda.graph, torch.compile's reduce-overhead), so that the warm-up prepares the
+    configurations the captured calls replay. Calls being captured always look up `graph`."""
+    if name not in MODES:
+        raise ConfigError(f"mode {name!r}: accepted are {', '.join(MODES)}")
+    _REGISTRY.mode = name
+
+
+def get_mode() -> str:
+    """The mode set by `set_mode` (`eager` unless set)."""
+    return _REGISTRY.mode
+
+
+class mode:
+    """`with syncopate.mode("graph"): ...`: `set_mode` for the block, the previous mode after it."""
+
+    def __init__(self, name: str) -> None:
+        if name not in MODES:
+            raise ConfigError(f"mode {name!r}: accepted are {', '.join(MODES)}")
+        self.name = name
+        self._saved: list[str] = []
+
+    def __enter__(self) -> mode:
+        self._saved.append(_REGISTRY.mode)
+        _REGISTRY.mode = self.name
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _REGISTRY.mode = self._saved.pop()
 
 
 def close_contexts(group=None) -> None:
@@ -120,6 +167,8 @@ def call_context(kind: str, a, b, group=None, config: Candidate | dict | None = 
     """The context that calls of `kind` with operands like `a` and `b` and this config use, once one
     such call has been made (None before, and for template `unfused`, which needs none)."""
     key = _call_key(kind, a, b, group, config)
+    if key is not None and config is None:
+        key += (_REGISTRY.mode,)
     program = _REGISTRY.programs.get(key) if key is not None else None
     return None if program is None else program.context
 
@@ -183,10 +232,10 @@ def _check_inputs(a: torch.Tensor, b: torch.Tensor, group, config=None) -> tuple
     return group, dist.get_rank(group), dist.get_world_size(group)
 
 
-def _candidate(config: Candidate | dict | None, workload: Workload, group) -> Candidate:
+def _candidate(config: Candidate | dict | None, workload: Workload, group, mode: str = "eager") -> Candidate:
     cand = _parse_config(config)
     if cand is None:
-        cand = _REGISTRY.config(workload, group)
+        cand = _REGISTRY.config(workload, group, mode)
     check_candidate(cand, workload, _REGISTRY.topology(group))
     check_backend_group(cand, group)
     return cand
@@ -333,18 +382,31 @@ def gather_buffer(a_shard_shape: tuple[int, int], dtype: torch.dtype, group=None
 
 def _program(kind: str, a, b, group, config, capturing: bool) -> CallProgram:
     """The call program of this call: found by the call's key, else prepared (collective: every
-    rank makes its first call of a shape together), the inputs checked once."""
+    rank makes its first call of a shape together), the inputs checked once. Without a config the
+    key holds the mode the configuration is looked up for: `graph` while capturing, else the
+    `set_mode` one. A capture whose `graph` program was never prepared (its warm-up ran in `eager`
+    mode) takes the `eager` one, said once: a first call cannot be captured."""
+    mode = ("graph" if capturing else _REGISTRY.mode) if config is None else None
     key = _call_key(kind, a, b, group, config)
+    if key is not None and mode is not None:
+        key += (mode,)
     program = _REGISTRY.programs.get(key) if key is not None else None
+    if program is None and capturing and mode == "graph":
+        program = _REGISTRY.programs.get(key[:-1] + ("eager",)) if key is not None else None
+        if program is not None and key not in _REGISTRY._warned_fallback:
+            _REGISTRY._warned_fallback.add(key)
+            log.info("syncopate.%s captured with its eager-mode configuration %s: its warm-up ran in eager mode; "
+                     "call syncopate.set_mode('graph') before the warm-up to capture the graph-mode one",
+                     OP_NAMES[kind], program.spec.candidate.short())
     if program is None:
         _refuse_first_capture(OP_NAMES[kind], capturing)
-        program = kept_allocations(lambda: _prepare(kind, a, b, group, config), _device_of(a))
+        program = kept_allocations(lambda: _prepare(kind, a, b, group, config, mode or "eager"), _device_of(a))
         if key is not None:
             _REGISTRY.programs[key] = program
     return program
 
 
-def _prepare(kind: str, a, b, group, config) -> CallProgram:
+def _prepare(kind: str, a, b, group, config, mode: str = "eager") -> CallProgram:
     """Validate a call once per (shapes, dtype, group, config) and prepare its program."""
     group, rank, ws = _check_inputs(a, b, group, config)
     if kind == "ag_gemm":
@@ -354,7 +416,7 @@ def _prepare(kind: str, a, b, group, config) -> CallProgram:
         shape = (a.shape[0], b.shape[1], a.shape[1] * ws)
     workload = Workload(kind=kind, shape=shape, dtype=canonical_dtype(a.dtype))
     workload.check_world_size(ws)
-    cand = _candidate(config, workload, group)
+    cand = _candidate(config, workload, group, mode)
     spec = CallSpec(kind=kind, group=group, rank=rank, world_size=ws, a_shape=tuple(a.shape), b_shape=tuple(b.shape),
                     dtype=a.dtype, device=a.device, candidate=cand)
     return template_for(cand, kind).prepare(spec, b)

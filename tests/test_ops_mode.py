@@ -1,0 +1,90 @@
+"""Which configuration mode a fused op's call looks up (CPU, a gloo group of one rank): `eager`
+outside a CUDA graph capture unless `set_mode` says otherwise, `graph` while capturing, and a
+capture whose graph-mode program was never prepared takes the eager one rather than refusing.
+Preparing a program needs a GPU, so `_prepare` is replaced here by one that records its mode."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from syncopate.errors import ConfigError
+from syncopate.kernels import ops
+
+
+@pytest.fixture()
+def group():
+    made = not dist.is_initialized()
+    if made:
+        from syncopate.kernels.local_ranks import free_port
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield dist.group.WORLD
+    if made:
+        dist.destroy_process_group()
+
+
+@pytest.fixture()
+def prepared(monkeypatch):
+    calls = []
+
+    def fake_prepare(kind, a, b, group, config, mode="eager"):
+        calls.append(mode)
+        return types.SimpleNamespace(mode=mode, spec=types.SimpleNamespace(candidate=ops.Candidate()))
+
+    monkeypatch.setattr(ops, "_prepare", fake_prepare)
+    monkeypatch.setattr(ops, "kept_allocations", lambda fn, device, sync=True: fn())
+    saved = dict(ops._REGISTRY.programs)
+    ops._REGISTRY.programs.clear()
+    yield calls
+    ops._REGISTRY.programs.clear()
+    ops._REGISTRY.programs.update(saved)
+    ops.set_mode("eager")
+
+
+def _operands():
+    return torch.zeros(8, 4), torch.zeros(4, 6)
+
+
+def test_calls_look_up_eager_unless_set(group, prepared):
+    a, b = _operands()
+    assert ops.get_mode() == "eager"
+    assert ops._program("ag_gemm", a, b, group, None, capturing=False).mode == "eager"
+    ops.set_mode("graph")
+    assert ops._program("ag_gemm", a, b, group, None, capturing=False).mode == "graph"
+    assert prepared == ["eager", "graph"]
+    # each mode's program is kept: no new preparation
+    assert ops._program("ag_gemm", a, b, group, None, capturing=False).mode == "graph"
+    assert prepared == ["eager", "graph"]
+
+
+def test_a_capture_takes_the_graph_program_or_else_the_eager_one(group, prepared):
+    a, b = _operands()
+    with pytest.raises(ConfigError, match="cannot be captured in a CUDA graph"):
+        ops._program("gemm_rs", a, b, group, None, capturing=True)
+    eager = ops._program("gemm_rs", a, b, group, None, capturing=False)
+    assert ops._program("gemm_rs", a, b, group, None, capturing=True) is eager
+    with ops.mode("graph"):
+        graph = ops._program("gemm_rs", a, b, group, None, capturing=False)
+    assert ops.get_mode() == "eager"
+    assert graph.mode == "graph"
+    assert ops._program("gemm_rs", a, b, group, None, capturing=True) is graph
+
+
+def test_a_given_config_is_the_same_in_every_mode(group, prepared):
+    a, b = _operands()
+    cand = ops.Candidate()
+    first = ops._program("gemm_ar", a, b, group, cand, capturing=False)
+    with ops.mode("graph"):
+        assert ops._program("gemm_ar", a, b, group, cand, capturing=False) is first
+    assert ops._program("gemm_ar", a, b, group, cand, capturing=True) is first
+
+
+def test_unknown_mode_is_refused():
+    with pytest.raises(ConfigError, match="mode 'fast': accepted are eager, graph"):
+        ops.set_mode("fast")
+    with pytest.raises(ConfigError, match="mode 'fast'"):
+        ops.mode("fast")
