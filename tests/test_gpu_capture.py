@@ -59,3 +59,29 @@ def test_captured_calls_replay_right_with_two_ranks_sharing_one_gpu():
 def test_captured_calls_replay_right_on_two_and_four_gpus(world):
     needs_gpus(world)
     _assert_all_right(run_ranks(_rank_worker, world, (False,), timeout=880), CHECKS_ONE_RANK)
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("paths", ["ours", "ours,torch,async_tp"])
+@pytest.mark.parametrize("close", [True, False], ids=["closed", "not_closed"])
+def test_a_process_with_captured_calls_exits(paths, close):
+    """The process ends on its own after destroy_process_group, its graphs still alive, with
+    close_contexts() called first and without."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    needs_gpus(2)
+    script = Path(__file__).parent / "support" / "exit_check.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script), "--paths", paths]
+    if not close:
+        cmd.append("--no-close")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), "NCCL_NVLS_ENABLE": "0",
+           "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the processes did not exit within 120 s after destroy_process_group ({paths}, "
+                    f"close_contexts {'called' if close else 'not called'}):\n{e.stdout}\n{e.stderr}")
+    assert done.returncode == 0 and "done" in done.stdout, done.stdout + done.stderr
