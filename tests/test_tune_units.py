@@ -163,7 +163,8 @@ def test_kernel_switches_travel_to_the_actors_and_into_the_provenance(monkeypatc
     env = actor_runtime_env({"X": "y"})["env_vars"]
     assert env["SYNCOPATE_GLUON"] == "1" and env["X"] == "y"
     assert "SYNCOPATE_DB" not in env
-    assert provenance()["switches"] == {"SYNCOPATE_GLUON": "1"}
+    stamp = provenance()
+    assert stamp["switches"] == {"SYNCOPATE_GLUON": "1"} and stamp["triton"].endswith("+gluon")
 
 
 def test_fixture_times_follow_the_workload():
