@@ -3,10 +3,10 @@
 # limit so that one hang does not take the rest with it. Full logs go to $OUT (default ./gpu-logs);
 # a one-line verdict per step is printed last.
 #
-#   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix shared shared48 tune order conns rs ar suite own
+#   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix shared shared48 tune rs ar suite
 #                                                    gluon suite-gluon probe sweep stationary sweep4 suite4 tune4 matrix48 suite8 tune8
 #                                                    calib tp tp4 graph misses short cublas reductions kmajor (default: matrix
-#                                                    tune order conns rs ar suite; SECONDS overrides the limit; a
+#                                                    tune rs ar suite; SECONDS overrides the limit; a
 #                                                    step run twice keeps both logs: suite.log, suite-2.log, ...)
 #
 #   smoke   tests/test_gpu_ops.py, the quick matrix: one case per kind x backend, 10 calls back to back
@@ -15,13 +15,8 @@
 #           without the nccl backend, a late peer and recovery after timeouts (runs on one GPU)
 #   shared48  the same matrix for groups of 4 and 8 ranks on GPU 0 (the 4- and 8-GPU topologies)
 #   tune    syncopate tune configs/h200x2.yaml into $OUT/h200x2-tune.db (stopped with SIGINT at its limit)
-#   order   ag_gemm with the kernel launched before its side-stream work (SYNCOPATE_COMM_FIRST=0),
-#           grid `small` (128x256 and 128x128 tiles), copy engine and SM-driven copies
-#   conns   the same with CUDA_DEVICE_MAX_CONNECTIONS=32
 #   rs, ar  gemm_rs / gemm_ar 8192x8192x2048, grid `small`, every backend
 #   suite   configs/llama_tp2.yaml, every kind, grid `tiny`
-#   own     the TP=2 ag_gemm suite (copy engine, grid `tiny`) with the own rows copied first and read
-#           from the shard (SYNCOPATE_OWN_SHARD=0 / 1), twice in turn
 #   gluon   the Gluon kernels (SYNCOPATE_GLUON=1): the matrix with them, then the TP=2 suite (grid
 #           `tiny`) with the Triton (0) and Gluon (1) consumer and producers, twice in turn
 #   suite-gluon  the TP=2 suite once with the Gluon kernels (after `suite`, for a session short of time)
@@ -76,9 +71,8 @@ mkdir -p "$TRITON_CACHE_DIR"
 [ -f .tcache/triton-cache.tgz ] && tar -xzf .tcache/triton-cache.tgz -C "$TRITON_CACHE_DIR"
 PROBE_ONLY=${PROBE_ONLY:-"ar nccl64,ar sm32,kept_interleaved"}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(matrix tune order conns rs ar suite)
+[ ${#steps[@]} -eq 0 ] && steps=(matrix tune rs ar suite)
 verdicts=()
-own_runs=0
 gluon_runs=0
 
 cleanup() {  # what a stopped step leaves on the GPUs: spawned ranks, Ray workers
@@ -130,22 +124,12 @@ for arg in "${steps[@]}"; do
         shared48) step shared48 420 python3 -m pytest -s -q -p no:cacheprovider -m gpu tests/test_gpu_shared.py \
             -k "ws4 or ws8" ;;
         tune) step tune 300 python3 -m syncopate tune configs/h200x2.yaml --db "$OUT/h200x2-tune.db" ;;
-        order) step order 120 env SYNCOPATE_COMM_FIRST=0 python3 -m syncopate bench ag_gemm --m 8192 --n 2048 \
-            --k 8192 --grid small --backends copy_engine,nvshmem --repetitions 5 --json "$OUT/order.json" ;;
-        conns) step conns 120 env SYNCOPATE_COMM_FIRST=0 CUDA_DEVICE_MAX_CONNECTIONS=32 python3 -m syncopate bench \
-            ag_gemm --m 8192 --n 2048 --k 8192 --grid small --backends copy_engine,nvshmem --repetitions 5 \
-            --json "$OUT/conns.json" ;;
         rs) step rs 150 python3 -m syncopate bench gemm_rs --m 8192 --n 8192 --k 2048 --grid small \
             --repetitions 10 --json "$OUT/rs.json" ;;
         ar) step ar 150 python3 -m syncopate bench gemm_ar --m 8192 --n 8192 --k 2048 --grid small \
             --repetitions 10 --json "$OUT/ar.json" ;;
         suite) name=$(fresh suite); step "$name" 420 python3 -m syncopate bench --suite configs/llama_tp2.yaml \
             --grid tiny --repetitions 10 --json "$OUT/$name.json" ;;
-        own) for v in 0 1 0 1; do  # the all-gather's own rows copied first (0) or read from the shard (1), in turn
-                step own$v-$((++own_runs)) 300 env SYNCOPATE_OWN_SHARD=$v python3 -m syncopate bench --suite \
-                    configs/llama_tp2.yaml --kinds ag_gemm --grid tiny --backends copy_engine --repetitions 10 \
-                    --json "$OUT/own$v-$own_runs.json"
-            done ;;
         gluon) step gluon-matrix 420 env SYNCOPATE_GLUON=1 python3 -m pytest \
                 -s -q -p no:cacheprovider -m multigpu \
                 "tests/test_gpu_ops.py::test_fused_ops_match_the_reference_on_two_gpus[full]"
@@ -200,7 +184,7 @@ for arg in "${steps[@]}"; do
         reductions) name=$(fresh reductions); step "$name" 420 python3 -m syncopate bench --suite \
             configs/llama_tp2.yaml --grid tiny --kinds gemm_rs,gemm_ar --repetitions 10 --json "$OUT/$name.json" ;;
         short) step short 300 python3 -m syncopate tune configs/short_tp2.yaml --db "sqlite:///$OUT/short.db" ;;
-        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune order conns rs ar suite own gluon suite-gluon probe sweep stationary sweep4 suite4 tune4 matrix48 suite8 tune8 calib tp tp4 graph misses short cublas reductions kmajor" >&2
+        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune rs ar suite gluon suite-gluon probe sweep stationary sweep4 suite4 tune4 matrix48 suite8 tune8 calib tp tp4 graph misses short cublas reductions kmajor" >&2
             exit 2 ;;
     esac
 done

@@ -7,9 +7,9 @@ Checks (against torch in float32, outputs poisoned) and times, beside torch.matm
 - the producer GEMM of a two-rank reduce-scatter with the peer's partial already there;
 - the SM chunk copier's bandwidth.
 Prints a table last; writes the details as JSON to $OUT/gpu_single.json when OUT is set.
-`python benchmarks/gpu_single.py producer` runs only the producer's epilogue variants, `scatter` its
-reduce-scatter against its all-reduce, `occupancy` one program an SM against two, `host` a few
-cases for their host time a launch (relaunched and not; PROFILE_HOST=1 adds a profile), `tiles` the
+`python benchmarks/gpu_single.py producer` runs only the producer at the suite's per-rank sizes,
+`scatter` its reduce-scatter against its all-reduce, `occupancy` one program an SM against two,
+`host` a few cases for their host time a launch (PROFILE_HOST=1 adds a profile), `tiles` the
 consumer's tile configurations on the GEMM-bound ag_gemm shapes, `paced` the consumer with the
 peer's chunks landing at the two-H200 link's pace, its own rows copied, in place or read from the shard,
 `gluon` the producer in Gluon against the Triton producer, `gluon-paced` the same with the peer's
@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from syncopate.kernels import streamops
-from syncopate.kernels.launch import launch_chunk_copy, launch_consumer, launch_producer, use_tma
+from syncopate.kernels import launch, streamops
+from syncopate.kernels.launch import launch_chunk_copy, launch_consumer, launch_producer
 from syncopate.kernels.tables import (
     ENTERED_BASE,
     LOCAL_BASE,
@@ -255,7 +255,7 @@ def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8, pace_
         mode = f" paced {pace_gbps:g}GB/s entry {entry_us:g}us due {dues} landed {arrived}"
     return {"case": f"consumer{mode} own {own} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} g{group_m} sp{splits} {order} P={sms}",
             "rel_err": worst, "error_flag": int(err.item()), "ours_us": t_ours, "host_us": t_host, "torch_us": t_torch,
-            "tflops": 2 * m * n * k / t_ours / 1e6, "tma": use_tma(a_full, b, out),
+            "tflops": 2 * m * n * k / t_ours / 1e6, "tma": launch.use_tma(a_full, b, out),
             "own_tiles": tables.own_tiles}
 
 
@@ -361,7 +361,7 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1, pace_gbps=
     from syncopate.kernels.launch import epilogue_split, gluon_producer, tma_epilogue
 
     split = epilogue_split(c)
-    epi = "tma-epi" if tma_epilogue(c, tables, False, split, send, out, out, recv) else "ptr-epi"
+    epi = "tma-epi" if tma_epilogue(c, tables, split, send, out, out, recv) else "ptr-epi"
     if gluon_producer(c, tables, k, a, b, send, out, out if reduced is None else reduced, recv):
         epi = "gluon"
     if paced:
@@ -369,11 +369,11 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1, pace_gbps=
     if ws != 2:
         epi += f" ws{ws}"
     return {"case": f"producer {kind} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits} {epi} split{split} P={sms}"
-                    f"{' ptr' if not use_tma(a, b) else ''}",
+                    f"{' ptr' if not launch.use_tma(a, b) else ''}",
             "rel_err": max(e_out, e_send), "err_out": e_out, "err_send": e_send, "nan_out": nan_out, "nan_send": nan_send,
             "error_flag": int(err.item()), "ours_us": t_ours, "host_us": t_host, "torch_us": t_torch,
             "tflops": 2 * m * n * k / t_ours / 1e6,
-            "counters_zero": int(counters.abs().sum().item()) == 0, "ready_raised": ready_ok, "tma": use_tma(a, b),
+            "counters_zero": int(counters.abs().sum().item()) == 0, "ready_raised": ready_ok, "tma": launch.use_tma(a, b),
             "gluon": os.environ.get("SYNCOPATE_GLUON") == "1"}
 
 
@@ -467,34 +467,26 @@ def occupancy_matrix():
 
 
 def producer_matrix():
-    """The producer at the K/ws of the gemm_rs / gemm_ar suite, its pointer and TMA epilogues, whole
-    and in column halves, beside the consumer kernel (TMA stores, no waits) as a plain GEMM."""
+    """The producer at the K/ws of the gemm_rs / gemm_ar suite, with the epilogue its launcher
+    picks, beside the consumer kernel (TMA stores, no waits) as a plain GEMM."""
     cases = []
     for (m, n, k) in [(8192, 8192, 1024), (8192, 8192, 2048), (8192, 4096, 5504)]:
         for cfg in [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4)]:
             cases.append(lambda m=m, n=n, k=k, cfg=cfg: consumer_case(m, n, k, cfg))
-            for epi in ("0", "1"):
-                for split in ("1", "2"):
-                    if split == "1" and cfg[1] == 256:
-                        continue  # an unsplit 128x256 epilogue spills (pointers) or overflows shared memory (TMA)
-                    cases.append(with_env("SYNCOPATE_TMA_EPI", epi, with_env(
-                        "SYNCOPATE_EPI_SPLIT", split, lambda m=m, n=n, k=k, cfg=cfg: producer_case(m, n, k, cfg))))
+            cases.append(lambda m=m, n=n, k=k, cfg=cfg: producer_case(m, n, k, cfg))
     return cases
 
 
 def host_matrix():
     """Host time of a launch, back to back, beside the device time: the consumer and the
-    reduce-scatter and all-reduce producers at the suite's per-rank sizes, each relaunched from the
-    cache of its first launch and through Triton's dispatch every time (SYNCOPATE_RELAUNCH=0)."""
-    cases = []
-    for mode in ("1", "0"):
-        cases += [with_env("SYNCOPATE_RELAUNCH", mode, f) for f in (
-            lambda: consumer_case(8192, 5504, 4096, (128, 256, 64, 8, 3), 2),
-            lambda: consumer_case(8192, 1024, 8192, (128, 128, 64, 8, 4), 2),
-            lambda: producer_case(8192, 8192, 2048, (128, 256, 64, 8, 3), 4),
-            lambda: producer_case(8192, 8192, 2048, (128, 256, 64, 8, 3), 4, True),
-            lambda: producer_case(8192, 4096, 5504, (128, 256, 64, 8, 3), 8, True))]
-    return cases
+    reduce-scatter and all-reduce producers at the suite's per-rank sizes."""
+    return [
+        lambda: consumer_case(8192, 5504, 4096, (128, 256, 64, 8, 3), 2),
+        lambda: consumer_case(8192, 1024, 8192, (128, 128, 64, 8, 4), 2),
+        lambda: producer_case(8192, 8192, 2048, (128, 256, 64, 8, 3), 4),
+        lambda: producer_case(8192, 8192, 2048, (128, 256, 64, 8, 3), 4, True),
+        lambda: producer_case(8192, 4096, 5504, (128, 256, 64, 8, 3), 8, True),
+    ]
 
 
 def paced_matrix():
@@ -589,17 +581,14 @@ def waves_matrix():
     """The consumer on per-rank GEMMs whose 128×256 tiles fill a whole number of waves of the GPU's
     programs or not (M=8192, K=4096: N=2560 is 640 tiles, 4.85 waves of 132; 2752, TP=4's
     AG+GEMM 8192×11008×4096, is 704, 5.33; 2816 is 704 too; 3072, 768, 5.82), chunks there, beside
-    cuBLAS; and with 128×128 tiles; then N=2752 with the peer's chunks landing at 351 GB/s. Each with
-    the last wave's tiles cut in K (the default) and whole (SYNCOPATE_SPLIT_TAIL=0) in turn."""
+    cuBLAS; and with 128×128 tiles; then N=2752 with the peer's chunks landing at 351 GB/s. A last
+    wave of at most half the programs is cut in K (`search_space.tail_split`)."""
     cases = []
     for n in (2560, 2752, 2816, 3072):
         for cfg in ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4)):
-            for cut in ("1", "0"):
-                cases.append(with_env("SYNCOPATE_SPLIT_TAIL", cut, lambda n=n, cfg=cfg: consumer_case(
-                    8192, n, 4096, cfg, 2, own="shard")))
-    for cut in ("1", "0"):  # the peer's chunks landing while it runs, at the link's pace
-        cases.append(with_env("SYNCOPATE_SPLIT_TAIL", cut, lambda: consumer_case(
-            8192, 2752, 4096, (128, 256, 64, 8, 3), 2, own="shard", pace_gbps=351.0)))
+            cases.append(lambda n=n, cfg=cfg: consumer_case(8192, n, 4096, cfg, 2, own="shard"))
+    cases.append(lambda: consumer_case(  # the peer's chunks landing while it runs, at the link's pace
+        8192, 2752, 4096, (128, 256, 64, 8, 3), 2, own="shard", pace_gbps=351.0))
     return cases
 
 
@@ -620,14 +609,15 @@ def main():
     for (m, n, k) in [(8192, 4096, 5504), (8192, 8192, 14336), (8192, 8192, 1024)]:
         for cfg in [cfgs[0], cfgs[1], cfgs[3]]:
             cases.append(lambda m=m, n=n, k=k, cfg=cfg: producer_case(m, n, k, cfg))
-        cases.append(with_env("SYNCOPATE_EPI_SPLIT", "1", lambda m=m, n=n, k=k: producer_case(m, n, k, cfgs[0])))
 
     def pointer_producer():
-        os.environ["SYNCOPATE_TMA"] = "0"
+        """The producer on the pointer path, which unaligned tensors and pre-Hopper GPUs take."""
+        saved = launch.use_tma
+        launch.use_tma = lambda *tensors: False
         try:
             return producer_case(2048, 1024, 512, (128, 128, 64, 8, 3))
         finally:
-            os.environ["SYNCOPATE_TMA"] = "1"
+            launch.use_tma = saved
 
     cases.append(pointer_producer)
     for p in (16, 32, 64):

@@ -72,9 +72,9 @@ def main() -> int:
     event = torch.cuda.Event()
     x = torch.empty((8192, 1024), dtype=torch.bfloat16, device=dev)
     rows = [
-        ("os.environ.get", per_call_us(lambda: os.environ.get("SYNCOPATE_TMA", "1"))),
-        ("launch.getenv", per_call_us(lambda: launch.getenv("SYNCOPATE_TMA", "1"))),
-        ("nine switches (relaunch key)", per_call_us(launch._knob_values)),
+        ("os.environ.get", per_call_us(lambda: os.environ.get("SYNCOPATE_GLUON", "0"))),
+        ("launch.getenv", per_call_us(lambda: launch.getenv("SYNCOPATE_GLUON", "0"))),
+        ("settings (relaunch key)", per_call_us(launch._settings)),
         ("torch.cuda.current_stream()", per_call_us(torch.cuda.current_stream)),
         ("raw current stream handle", per_call_us(lambda: torch._C._cuda_getCurrentRawStream(0))),
         ("is_current_stream_capturing", per_call_us(torch.cuda.is_current_stream_capturing)),

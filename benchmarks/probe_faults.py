@@ -19,7 +19,7 @@ import time
 
 
 def cases():
-    """(label, kind, (M, N, K), candidate fields, env) in the order they run."""
+    """(label, kind, (M, N, K), candidate fields) in the order they run."""
     t256 = dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
     t128 = dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
     t128s4 = dict(t128, num_stages=4)
@@ -28,36 +28,35 @@ def cases():
     odd = (4160, 1024, 1536)  # M/ws not a multiple of BLOCK_M, as in tests/test_gpu_ops.py
     ce = dict(backend="copy_engine", template="direct", comm_sms=0, group_m=8)
     out = [
-        ("ag ce s2 128x256", "ag_gemm", ag, dict(ce, num_splits=2, **t256), {}),
-        ("ag ce s1 128x256", "ag_gemm", ag, dict(ce, num_splits=1, **t256), {}),
-        ("ag ce s8 128x256", "ag_gemm", ag, dict(ce, num_splits=8, **t256), {}),
-        ("rs ce s2 128x256", "gemm_rs", rs, dict(ce, num_splits=2, **t256), {}),
-        ("ar ce s2 128x256", "gemm_ar", rs, dict(ce, num_splits=2, **t256), {}),
-        ("ag nccl s2 128x256", "ag_gemm", ag, dict(ce, backend="nccl", comm_sms=16, num_splits=2, **t256), {}),
-        ("ag ce s2 128x128 no-TMA", "ag_gemm", ag, dict(ce, num_splits=2, **t128), {"SYNCOPATE_TMA": "0"}),
-        ("ag ce s2 128x128 w4", "ag_gemm", ag, dict(ce, num_splits=2, **t128w4), {}),
-        ("ag ce s2 128x128", "ag_gemm", ag, dict(ce, num_splits=2, **t128), {}),
-        ("ag ce s2 128x128 st4", "ag_gemm", ag, dict(ce, num_splits=2, **t128s4), {}),
-        ("rs ce s2 128x128", "gemm_rs", rs, dict(ce, num_splits=2, **t128), {}),
-        ("ag sm32 s2 128x256", "ag_gemm", ag, dict(ce, backend="nvshmem", comm_sms=32, num_splits=2, **t256), {}),
-        ("rs sm32 s2 128x256", "gemm_rs", rs, dict(ce, backend="nvshmem", comm_sms=32, num_splits=2, **t256), {}),
-        ("rs nccl16 s2 128x256", "gemm_rs", rs, dict(ce, backend="nccl", comm_sms=16, num_splits=2, **t256), {}),
-        ("rs nccl64 s2 128x256", "gemm_rs", rs, dict(ce, backend="nccl", comm_sms=64, num_splits=2, **t256), {}),
-        ("rs nccl16 s4 128x128 M=4160", "gemm_rs", odd, dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128), {}),
-        ("rs nccl64 s4 128x128 M=4160", "gemm_rs", odd, dict(ce, backend="nccl", comm_sms=64, num_splits=4, **t128), {}),
-        ("rs nccl16 s4 128x128 M=8192", "gemm_rs", (8192, 1024, 1536), dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128), {}),
-        ("ar nccl16 s4 128x128 M=4160", "gemm_ar", odd, dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128), {}),
-        ("rs sm16 s4 128x128 M=4160", "gemm_rs", odd, dict(ce, backend="nvshmem", comm_sms=16, num_splits=4, **t128), {}),
-        ("ag nccl64 s2 128x256", "ag_gemm", ag, dict(ce, backend="nccl", comm_sms=64, num_splits=2, **t256), {}),
-        ("ar nccl64 s2 128x256", "gemm_ar", rs, dict(ce, backend="nccl", comm_sms=64, num_splits=2, **t256), {}),
-        ("ar nccl64 s4 128x128 M=4160", "gemm_ar", odd, dict(ce, backend="nccl", comm_sms=64, num_splits=4, **t128), {}),
-        ("ar sm32 s2 128x256", "gemm_ar", rs, dict(ce, backend="nvshmem", comm_sms=32, num_splits=2, **t256), {}),
+        ("ag ce s2 128x256", "ag_gemm", ag, dict(ce, num_splits=2, **t256)),
+        ("ag ce s1 128x256", "ag_gemm", ag, dict(ce, num_splits=1, **t256)),
+        ("ag ce s8 128x256", "ag_gemm", ag, dict(ce, num_splits=8, **t256)),
+        ("rs ce s2 128x256", "gemm_rs", rs, dict(ce, num_splits=2, **t256)),
+        ("ar ce s2 128x256", "gemm_ar", rs, dict(ce, num_splits=2, **t256)),
+        ("ag nccl s2 128x256", "ag_gemm", ag, dict(ce, backend="nccl", comm_sms=16, num_splits=2, **t256)),
+        ("ag ce s2 128x128 w4", "ag_gemm", ag, dict(ce, num_splits=2, **t128w4)),
+        ("ag ce s2 128x128", "ag_gemm", ag, dict(ce, num_splits=2, **t128)),
+        ("ag ce s2 128x128 st4", "ag_gemm", ag, dict(ce, num_splits=2, **t128s4)),
+        ("rs ce s2 128x128", "gemm_rs", rs, dict(ce, num_splits=2, **t128)),
+        ("ag sm32 s2 128x256", "ag_gemm", ag, dict(ce, backend="nvshmem", comm_sms=32, num_splits=2, **t256)),
+        ("rs sm32 s2 128x256", "gemm_rs", rs, dict(ce, backend="nvshmem", comm_sms=32, num_splits=2, **t256)),
+        ("rs nccl16 s2 128x256", "gemm_rs", rs, dict(ce, backend="nccl", comm_sms=16, num_splits=2, **t256)),
+        ("rs nccl64 s2 128x256", "gemm_rs", rs, dict(ce, backend="nccl", comm_sms=64, num_splits=2, **t256)),
+        ("rs nccl16 s4 128x128 M=4160", "gemm_rs", odd, dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128)),
+        ("rs nccl64 s4 128x128 M=4160", "gemm_rs", odd, dict(ce, backend="nccl", comm_sms=64, num_splits=4, **t128)),
+        ("rs nccl16 s4 128x128 M=8192", "gemm_rs", (8192, 1024, 1536), dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128)),
+        ("ar nccl16 s4 128x128 M=4160", "gemm_ar", odd, dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128)),
+        ("rs sm16 s4 128x128 M=4160", "gemm_rs", odd, dict(ce, backend="nvshmem", comm_sms=16, num_splits=4, **t128)),
+        ("ag nccl64 s2 128x256", "ag_gemm", ag, dict(ce, backend="nccl", comm_sms=64, num_splits=2, **t256)),
+        ("ar nccl64 s2 128x256", "gemm_ar", rs, dict(ce, backend="nccl", comm_sms=64, num_splits=2, **t256)),
+        ("ar nccl64 s4 128x128 M=4160", "gemm_ar", odd, dict(ce, backend="nccl", comm_sms=64, num_splits=4, **t128)),
+        ("ar sm32 s2 128x256", "gemm_ar", rs, dict(ce, backend="nvshmem", comm_sms=32, num_splits=2, **t256)),
         ("ar ce s4 kept_interleaved 128x256", "gemm_ar", rs,
-         dict(ce, num_splits=4, tile_order="kept_interleaved", **t256), {}),
+         dict(ce, num_splits=4, tile_order="kept_interleaved", **t256)),
         ("rs ce s4 kept_interleaved 128x256", "gemm_rs", rs,
-         dict(ce, num_splits=4, tile_order="kept_interleaved", **t256), {}),
+         dict(ce, num_splits=4, tile_order="kept_interleaved", **t256)),
         ("ar sm32 s4 kept_interleaved 128x128 M=4160", "gemm_ar", odd,
-         dict(ce, backend="nvshmem", comm_sms=32, num_splits=4, tile_order="kept_interleaved", **t128), {}),
+         dict(ce, backend="nvshmem", comm_sms=32, num_splits=4, tile_order="kept_interleaved", **t128)),
     ]
     return out
 
@@ -82,13 +81,10 @@ def worker(rank: int, world: int, port: int, args) -> None:
             print(*a, flush=True)
 
     say(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)} x{world}, "
-        f"CUDA_DEVICE_MAX_CONNECTIONS={os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS', 'unset')}, "
-        f"SYNCOPATE_COMM_FIRST={os.environ.get('SYNCOPATE_COMM_FIRST', 'unset')}")
-    for label, kind, shape, fields, env in cases():
+        f"CUDA_DEVICE_MAX_CONNECTIONS={os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS', 'unset')}")
+    for label, kind, shape, fields in cases():
         if args.only and not any(part in label for part in args.only.split(",")):
             continue
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
         try:
             w = Workload(kind=kind, shape=shape, dtype="bf16")
             shapes = w.local_shapes(world)
@@ -120,12 +116,6 @@ def worker(rank: int, world: int, port: int, args) -> None:
             say(f"{label:28s} FAILED {type(e).__name__}: {str(e)[:300]}")
             if "illegal" in str(e) or "CUDA error" in str(e):
                 break
-        finally:
-            for k2, v in saved.items():
-                if v is None:
-                    os.environ.pop(k2, None)
-                else:
-                    os.environ[k2] = v
     faulthandler.cancel_dump_traceback_later()
     ops.close_contexts()
     dist.destroy_process_group()

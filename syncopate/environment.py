@@ -1,7 +1,14 @@
-"""The environment fingerprint of the running process, and the provenance stamp of a measurement."""
+"""The environment fingerprint of the running process, and the provenance stamp of a measurement.
+
+One environment variable changes which kernel code the fused ops run: `SYNCOPATE_GLUON=1` (the
+Gluon kernels where they apply, `syncopate.kernels.launch`). It is part of the fingerprint (the
+`triton` field reads e.g. `3.6.0+gluon`), so a trial measured with the Gluon kernels is stored
+under a fingerprint of its own and a lookup from a job without them never matches it exactly.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import socket
@@ -12,7 +19,14 @@ from pathlib import Path
 from syncopate.kernels.topology_detect import gpu_model_of
 from syncopate.records import Environment
 
-__all__ = ["KERNEL_SWITCHES", "current_environment", "git_revision", "kernel_switches", "provenance"]
+__all__ = ["GLUON_SUFFIX", "GLUON_VAR", "KERNEL_SWITCHES", "current_environment", "git_revision", "gluon_on",
+           "kernel_switches", "provenance", "with_kernels"]
+
+GLUON_VAR = "SYNCOPATE_GLUON"
+"""`1`: the fused ops run the Gluon kernels where they apply (opt-in; anything else: the Triton ones)."""
+
+GLUON_SUFFIX = "+gluon"
+"""Appended to the fingerprint's `triton` field where the Gluon kernels are on."""
 
 
 def _package_version(name: str) -> str:
@@ -25,9 +39,32 @@ def _package_version(name: str) -> str:
         return "none"
 
 
-@functools.cache
+def gluon_on(env: Mapping[str, str] | None = None) -> bool:
+    """Whether `env` (default: this process's environment) asks for the Gluon kernels."""
+    return (os.environ if env is None else env).get(GLUON_VAR, "0") == "1"
+
+
+def with_kernels(environment: Environment, gluon: bool) -> Environment:
+    """`environment` with the kernel setting in its fingerprint: the `triton` field marked
+    :data:`GLUON_SUFFIX` where `gluon` is on (and where it already is, left as it is)."""
+    if not gluon or environment.triton.endswith(GLUON_SUFFIX):
+        return environment
+    return dataclasses.replace(environment, triton=environment.triton + GLUON_SUFFIX)
+
+
 def current_environment() -> Environment:
-    """Versions of syncopate, torch, triton, CUDA, NCCL, the driver and the GPU model."""
+    """Versions of syncopate, torch, triton, CUDA, NCCL, the driver and the GPU model, and whether
+    the Gluon kernels are on (:data:`GLUON_VAR`, read on every call; see :func:`with_kernels`)."""
+    return _environment(gluon_on())
+
+
+@functools.cache
+def _environment(gluon: bool) -> Environment:
+    return with_kernels(_versions(), gluon)
+
+
+@functools.cache
+def _versions() -> Environment:
     import torch
 
     from syncopate import __version__
@@ -93,14 +130,9 @@ def git_revision() -> str:
         return "unknown"
 
 
-KERNEL_SWITCHES: tuple[str, ...] = (
-    "SYNCOPATE_GLUON", "SYNCOPATE_OWN_SHARD", "SYNCOPATE_RELAUNCH", "SYNCOPATE_COMM_FIRST", "SYNCOPATE_TMA",
-    "SYNCOPATE_TMA_EPI", "SYNCOPATE_EPI_SPLIT", "SYNCOPATE_DEFER_KEPT", "SYNCOPATE_TIMING_ALIGN",
-    "SYNCOPATE_SPLIT_TAIL", "SYNCOPATE_SM_PULL",
-)
-"""Environment switches that change which kernel code a fused op runs (the Gluon kernels, the
-all-gather's own rows, relaunching, …) or how it is timed (`SYNCOPATE_TIMING_ALIGN`): part of every
-relaunch key, passed on to the gang actors and recorded with each trial."""
+KERNEL_SWITCHES: tuple[str, ...] = (GLUON_VAR,)
+"""Environment settings that change which kernel code a fused op runs: part of the environment
+fingerprint and of every relaunch key, passed on to the gang actors and recorded with each trial."""
 
 
 def kernel_switches(base: Mapping[str, str] | None = None) -> dict[str, str]:

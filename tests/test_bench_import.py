@@ -84,6 +84,9 @@ def test_the_kernel_switches_of_a_bench_file_are_kept_with_its_trials(db, tmp_pa
     path.write_text(json.dumps(doc))
     import_bench(db, path, syncopate="0.1.0", **VERSIONS)
     assert {t.record.worker["switches"]["SYNCOPATE_GLUON"] for t in db.trials()} == {"1"}
+    # measured with the Gluon kernels: stored under a fingerprint of its own, never ENV's
+    assert {t.record.environment.triton for t in db.trials()} == {"3.6.0+gluon"}
+    assert ENV.key() not in {t.record.environment.key() for t in db.trials()}
 
 
 def test_imported_rows_reach_the_overview(db):

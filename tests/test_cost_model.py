@@ -267,8 +267,6 @@ def test_the_gemm_alone_halves_from_four_to_eight_gpus(kind):
 def test_the_consumer_s_last_wave_is_cut_in_k_as_the_kernel_cuts_it(monkeypatch):
     import syncopate.autotuner.cost_model as cm
 
-    monkeypatch.delenv("SYNCOPATE_SPLIT_TAIL", raising=False)  # cut by default, as in the kernel
-
     # 10 positions on 4 programs: the last wave's 2 tiles, each in 2 parts, on all 4 programs, each
     # when its tile's rows are there, for half the tile's time plus the parts' sums.
     need = padded(np.array([[0.0] * 8 + [5.0, 7.0]]), 4, -np.inf)
@@ -284,7 +282,7 @@ def test_the_consumer_s_last_wave_is_cut_in_k_as_the_kernel_cuts_it(monkeypatch)
     c = Candidate(backend="copy_engine", template="direct", num_splits=2, block_m=128, block_n=256, block_k=64,
                   group_m=8, num_warps=8, num_stages=3)
     cut = CostModel(CAL).predict(w, TOPO, c)
-    monkeypatch.setenv("SYNCOPATE_SPLIT_TAIL", "0")
+    monkeypatch.setattr(cm, "tail_split", lambda *args: 0)  # every tile whole
     whole = CostModel(CAL).predict(w, TOPO, c)
     tile_us = whole.kernel_us / whole.waves
     assert 0.5 * tile_us < whole.kernel_us - cut.kernel_us < tile_us

@@ -143,16 +143,13 @@ def test_the_cost_model_times_it_from_cublas_chunks_and_the_link():
     assert best[C_STATIONARY] < best[DECOMPOSED], best
 
 
-@pytest.mark.parametrize("how", ["sm pulls", "switched off", "ranks share a GPU", "rows not 16-byte words"])
+@pytest.mark.parametrize("how", ["sm pulls", "ranks share a GPU", "rows not 16-byte words"])
 def test_an_all_reduce_ends_on_sm_pulls(world, monkeypatch, how):  # noqa: F811
     """An all-reduce's last pulls (one a peer, on the caller's stream) go through `pull_last`, and
-    every call stays right with streams played in random orders; with SYNCOPATE_SM_PULL=0, on a context
-    whose ranks share a GPU, or where a chunk is not whole aligned 16-byte words, the stream path
-    instead, right too."""
+    every call stays right with streams played in random orders; on a context whose ranks share a
+    GPU, or where a chunk is not whole aligned 16-byte words, the stream path instead, right too."""
     ws, k_local, splits = 3, 40, 2
     m, n = (90, 25) if how == "rows not 16-byte words" else (96, 24)  # float32: 100-byte rows, last chunks from row 22
-    if how == "switched off":
-        monkeypatch.setenv("SYNCOPATE_SM_PULL", "0")
     pulls, fake = [], decomposed.pull_last
 
     def pull_last(ctx, *args):

@@ -1,9 +1,10 @@
 """Layer: the Triton compiler on the CPU. The fused kernels compile for an H100/H200 (sm_90).
 
 The interpreter tests run the kernels' logic; this one runs what only the compiler sees (TMA
-descriptors, the PTX acquire waits, the producer's pointer and TMA epilogues, the consumer and
-producer in Gluon, which no interpreter runs, the copier, the last pull) in a fresh process, so that a kernel Triton cannot compile
-fails here rather than at the start of a GPU run.
+descriptors, the PTX acquire waits, the producer's pointer and TMA epilogues, in column halves and
+on whole tiles, the consumer and producer in Gluon, which no interpreter runs, the copier, the last
+pull) in a fresh process, so that a kernel Triton cannot compile fails here rather than at the
+start of a GPU run.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def test_every_launched_kernel_variant_compiles_for_sm90():
     ok = [line for line in lines if line.startswith("ok ")]
     assert len(ok) == 20, done.stdout
     assert sum("tail cut in K" in line for line in ok) == 2, done.stdout
-    assert sum("tma epilogue" in line for line in ok) == 2, done.stdout
+    assert sum("tma epilogue" in line for line in ok) == 3, done.stdout
+    assert sum("whole-tile" in line for line in ok) == 2, done.stdout  # tiles of 16 columns: no column halves
     # In Gluon: the producer (both kinds, four ranks) and the consumer (its shard, a K-major B).
     assert sum(" gluon " in line for line in ok) == 5, done.stdout
     assert all("acquire loads" in line for line in ok)

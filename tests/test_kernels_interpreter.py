@@ -133,8 +133,7 @@ def test_a_chunk_that_never_arrives_times_out_instead_of_hanging(which):
     assert err == 0
 
 
-def test_tail_split_cuts_a_last_wave_of_at_most_half_the_programs(monkeypatch):
-    monkeypatch.delenv("SYNCOPATE_SPLIT_TAIL", raising=False)
+def test_tail_split_cuts_a_last_wave_of_at_most_half_the_programs():
     assert tail_split(704, 132, 64) == 3  # AG+GEMM 8192×11008×4096 at TP=4, 128×256 tiles: 44 left over
     assert tail_split(660, 132, 64) == 0  # whole waves
     assert tail_split(1408, 132, 64) == 0  # 88 left over: more than half the programs
@@ -143,15 +142,12 @@ def test_tail_split_cuts_a_last_wave_of_at_most_half_the_programs(monkeypatch):
     assert tail_split(704, 132, 2) == 2  # no part without a K step
     assert tail_split(704, 132, 1) == 0
     assert tail_split(704, 132, 64, own_tiles=661) == 0  # the rank's own tiles reach into the tail
-    monkeypatch.setenv("SYNCOPATE_SPLIT_TAIL", "0")
-    assert tail_split(704, 132, 64) == 0
 
 
 @pytest.mark.parametrize("programs, k, split", [(5, 96, 2), (10, 96, 3), (10, 160, 4)])
 @pytest.mark.parametrize("own", [False, True])
-def test_consumer_cuts_the_tiles_of_its_last_wave_in_k(monkeypatch, programs, k, split, own):
+def test_consumer_cuts_the_tiles_of_its_last_wave_in_k(programs, k, split, own):
     # 192×64 in 32×32 tiles: 12 tiles, 2 left over for the last wave of 5 or 10 programs.
-    monkeypatch.setenv("SYNCOPATE_SPLIT_TAIL", "1")
     c = cand(template="direct", num_splits=2, tile_order="arrival")
     assert tail_split(12, programs, k // 32) == split
     cache = {}
@@ -166,8 +162,7 @@ def test_consumer_cuts_the_tiles_of_its_last_wave_in_k(monkeypatch, programs, k,
             assert flags.numel() == 2 * split and not flags.any(), "a part's word was left raised"
 
 
-def test_a_tail_tile_whose_chunk_never_arrives_times_out(monkeypatch):
-    monkeypatch.setenv("SYNCOPATE_SPLIT_TAIL", "1")
+def test_a_tail_tile_whose_chunk_never_arrives_times_out():
     c = cand(template="direct", num_splits=2, tile_order="arrival")
     plan = plan_for("ag_gemm", "direct", 2, 192, 2, 32)
     slot = plan.recvs(0, "gather")[-1].signal  # the last chunk to arrive: the tail's tiles read it
@@ -183,12 +178,12 @@ def _guarded(rows, n):
 
 
 def run_producer(kind, template, ws, m, n, k, splits, order="arrival", epoch=5, withheld=None, spin_limit=0,
-                 programs=4):
+                 programs=4, block_n=32):
     """Run every rank's producer with the partials it would receive already in place (but for rank
     0's last one with `withheld`: its signal stays at the previous call's epoch; `withheld="entered"`:
     rank 0's peers have not entered the call, so its all-reduce's buffer is not free). The output,
     send and all-reduce buffers have guard rows around them (`results[r]["guards"]`)."""
-    c = cand(template=template, num_splits=splits, tile_order=order)
+    c = cand(template=template, num_splits=splits, tile_order=order, block_n=block_n)
     plan = plan_for(kind, template, ws, m, splits, c.block_m)
     all_reduce = kind == "gemm_ar"
     a = [rand(m, k, seed=100 + r) for r in range(ws)]
@@ -328,22 +323,6 @@ def test_producers_with_kept_chunks_interleaved(kind):
         _check_all_reduce(results, total, pads, plan, 2)
 
 
-@pytest.mark.parametrize("kind", ["gemm_rs", "gemm_ar"])
-@pytest.mark.parametrize("template, ws, splits, m, order", [
-    ("direct", 2, 2, 128, "arrival"), ("direct", 3, 1, 144, "arrival"), ("direct", 2, 4, 2 * (4 * 32 + 16), "kept_interleaved"),
-    ("ring", 4, 1, 256, "arrival"), ("bidirectional_ring", 3, 2, 192, "swizzle"),
-])
-def test_producers_finishing_kept_chunks_after_every_tile(monkeypatch, kind, template, ws, splits, m, order):
-    """SYNCOPATE_DEFER_KEPT=1: kept tiles park their product in `out` and are finished after the
-    program's last tile; the same sums, chunks sent, signals and counters as finishing them at once."""
-    monkeypatch.setenv("SYNCOPATE_DEFER_KEPT", "1")
-    results, partial, total, pads, plan = run_producer(kind, template, ws, m, 48, 32, splits, order)
-    if kind == "gemm_rs":
-        _check_reduce_scatter(results, partial, total, pads, plan)
-    else:
-        _check_all_reduce(results, total, pads, plan, ws)
-
-
 @pytest.mark.parametrize("template, ws", [("direct", 2)] + TUNED_WORLDS + [("direct", 4)])
 def test_all_reduce_producer_at_four_and_eight_ranks(template, ws):
     results, partial, total, pads, plan = run_producer("gemm_ar", template, ws, 64 * ws, 32, 32, 2)
@@ -422,11 +401,16 @@ def test_pull_takes_whole_aligned_16_byte_words_only():
     assert not pull_fits(x[:2], x[:3])
 
 
-@pytest.mark.parametrize("split", ["1", "2"], ids=["whole-tile", "column-halves"])
+@pytest.mark.parametrize("block_n", [16, 32], ids=["whole-tile", "column-halves"])
 @pytest.mark.parametrize("kind", ["gemm_rs", "gemm_ar"])
-def test_producer_epilogue_on_whole_tiles_and_in_column_halves(monkeypatch, kind, split):
-    monkeypatch.setenv("SYNCOPATE_EPI_SPLIT", split)
-    results, partial, total, pads, plan = run_producer(kind, "direct", 2, 128, 64, 32, 2)
+def test_producer_epilogue_on_whole_tiles_and_in_column_halves(monkeypatch, kind, block_n):
+    """Tiles of 16 columns finish whole, of 32 and more in column halves (`epilogue_split`)."""
+    from syncopate.kernels import launch
+
+    splits, real = [], launch.epilogue_split
+    monkeypatch.setattr(launch, "epilogue_split", lambda c: splits.append(real(c)) or splits[-1])
+    results, partial, total, pads, plan = run_producer(kind, "direct", 2, 128, 64, 32, 2, block_n=block_n)
+    assert splits and set(splits) == {1 if block_n < 32 else 2}
     if kind == "gemm_rs":
         _check_reduce_scatter(results, partial, total, pads, plan)
     else:
@@ -539,22 +523,22 @@ def test_a_timeline_reports_each_chunk_from_the_events_of_its_pool():
 
 
 @pytest.mark.parametrize("kind", ["gemm_rs", "gemm_ar"])
-@pytest.mark.parametrize("template, ws, splits, m, n, order, split", [
-    ("direct", 2, 2, 128, 48, "arrival", "1"), ("direct", 2, 4, 256, 64, "kept_interleaved", "2"),
-    ("ring", 4, 1, 256, 48, "arrival", "1"), ("bidirectional_ring", 3, 2, 192, 64, "swizzle", "2"),
+@pytest.mark.parametrize("template, ws, splits, m, n, order, block_n", [
+    ("direct", 2, 2, 128, 40, "arrival", 16), ("direct", 2, 4, 256, 48, "kept_interleaved", 32),
+    ("ring", 4, 1, 256, 40, "arrival", 16), ("bidirectional_ring", 3, 2, 192, 48, "swizzle", 32),
 ])
-def test_producers_with_the_tma_epilogue(monkeypatch, kind, template, ws, splits, m, n, order, split):
+def test_producers_with_the_tma_epilogue(monkeypatch, kind, template, ws, splits, m, n, order, block_n):
     """Chunks of whole tiles: partials read and rows written through TMA descriptors (N not a
-    multiple of BLOCK_N, so the descriptors clip the last column block); the same sums, chunks
-    sent, signals and counters as the pointer epilogue."""
+    multiple of BLOCK_N, so the descriptors clip the last column block), on whole tiles of 16
+    columns and in column halves of 32; the same sums, chunks sent, signals and counters as the
+    pointer epilogue."""
     from syncopate.kernels import launch
 
     monkeypatch.setattr(launch, "use_tma", lambda *tensors: True)
-    monkeypatch.setenv("SYNCOPATE_EPI_SPLIT", split)
     chosen = []
     real = launch.tma_epilogue
     monkeypatch.setattr(launch, "tma_epilogue", lambda *a: chosen.append(real(*a)) or chosen[-1])
-    results, partial, total, pads, plan = run_producer(kind, template, ws, m, n, 32, splits, order)
+    results, partial, total, pads, plan = run_producer(kind, template, ws, m, n, 32, splits, order, block_n=block_n)
     assert chosen and all(chosen), "every rank's producer took the TMA epilogue"
     if kind == "gemm_rs":
         _check_reduce_scatter(results, partial, total, pads, plan)
@@ -606,9 +590,8 @@ def test_the_gluon_producer_is_taken_only_where_it_applies(monkeypatch):
     assert not taken(aa=a.float()), "16-bit operands only"
     three = producer_tables(plan_for("gemm_rs", "direct", 3, 768, 1, 128), 0, 256, c.replace(num_splits=1), False, CPU)
     assert three.inc_max == 2 and taken(tt=three), "two partials a chunk"
-    monkeypatch.setenv("SYNCOPATE_TMA_EPI", "0")
-    assert not taken(), "the TMA epilogue turned off"
-    monkeypatch.delenv("SYNCOPATE_TMA_EPI")
+    across = producer_tables(plan_for("gemm_rs", "direct", 2, 640, 2, 128), 0, 256, c, False, CPU)
+    assert not across.whole_tiles and not taken(tt=across), "a tile with rows of two chunks: no TMA epilogue"
     monkeypatch.setattr(gluon_kernels, "AVAILABLE", False)
     assert not taken(), "a Triton without Gluon's Hopper API"
 

@@ -169,17 +169,21 @@ def test_the_copy_engine_records_a_call_once_and_enqueues_it_with_each_calls_sha
     assert any(op[0] == "write" and op[2] == 1000 * 1 + ENTERED_BASE for op in fresh[0])  # entry told to the peer
 
 
-def test_the_launchers_switches_follow_the_environment(monkeypatch):
-    monkeypatch.delenv("SYNCOPATE_TMA", raising=False)
-    assert launch.getenv("SYNCOPATE_TMA", "1") == "1"
-    before = launch._knob_values()
-    monkeypatch.setenv("SYNCOPATE_TMA", "0")
-    assert launch.getenv("SYNCOPATE_TMA", "1") == "0"
-    assert launch._knob_values() != before
-    monkeypatch.setenv("SYNCOPATE_TMA", "é1")
-    assert launch.getenv("SYNCOPATE_TMA") == "é1"
-    monkeypatch.delenv("SYNCOPATE_TMA")
-    assert launch.getenv("SYNCOPATE_TMA") is None and launch._knob_values() == before
+def test_the_launchers_settings_follow_the_environment(monkeypatch):
+    """`launch.getenv` reads what os.environ holds now, and the relaunch key's settings (the
+    interpreter flag, the Gluon kernels) change with it."""
+    monkeypatch.delenv("SYNCOPATE_GLUON", raising=False)
+    assert launch.getenv("SYNCOPATE_GLUON", "0") == "0"
+    before = launch._settings()
+    monkeypatch.setenv("SYNCOPATE_GLUON", "1")
+    assert launch.getenv("SYNCOPATE_GLUON", "0") == "1"
+    assert launch._settings() != before
+    monkeypatch.setenv("SYNCOPATE_GLUON", "é1")
+    assert launch.getenv("SYNCOPATE_GLUON") == "é1"
+    monkeypatch.delenv("SYNCOPATE_GLUON")
+    assert launch.getenv("SYNCOPATE_GLUON") is None and launch._settings() == before
+    monkeypatch.setenv("TRITON_INTERPRET", "1" if before[0] != "1" else "0")
+    assert launch._settings() != before
 
 
 def test_with_the_timeline_on_each_copy_is_marked_between_its_waits_and_its_signal(monkeypatch):

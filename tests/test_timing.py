@@ -17,27 +17,13 @@ def calls(monkeypatch):
     return seen
 
 
-def test_device_mode_meets_on_the_gpus_after_the_sleep(calls, monkeypatch):
-    monkeypatch.delenv("SYNCOPATE_TIMING_ALIGN", raising=False)
+def test_the_gpus_meet_after_the_sleep(calls):
     timing.start_together(None, torch.device("cpu"), sleep_us=1000.0)
     assert calls == ["barrier", ("sleep", 2_000_000), ("all_reduce", (1,))]
 
 
-def test_host_mode_is_the_barrier_and_the_sleep_only(calls, monkeypatch):
-    monkeypatch.setenv("SYNCOPATE_TIMING_ALIGN", "host")
-    timing.start_together(None, torch.device("cpu"), sleep_us=1000.0)
-    assert calls == ["barrier", ("sleep", 2_000_000)]
-
-
 def test_the_token_is_made_once_per_device(calls):
     for _ in range(3):
-        timing.start_together(None, torch.device("cpu"), mode="device")
+        timing.start_together(None, torch.device("cpu"))
     assert list(timing._tokens) == [torch.device("cpu")]
     assert calls.count(("all_reduce", (1,))) == 3
-
-
-def test_an_unknown_mode_names_the_value_and_the_accepted_ones(calls, monkeypatch):
-    monkeypatch.setenv("SYNCOPATE_TIMING_ALIGN", "gpu")
-    with pytest.raises(ValueError, match=r"SYNCOPATE_TIMING_ALIGN='gpu': accepted are device, host"):
-        timing.start_together(None, torch.device("cpu"))
-    assert calls == []

@@ -151,19 +151,20 @@ def test_actor_env_keeps_cuda_devices_and_turns_multicast_off():
 def test_kernel_switches_travel_to_the_actors_and_into_the_provenance(monkeypatch):
     # A sweep run with SYNCOPATE_GLUON=1 measures the Gluon producer on every actor, even on a Ray
     # cluster started elsewhere, and its trials say so; variables that are not switches stay home.
-    from syncopate.environment import provenance
+    from syncopate.environment import KERNEL_SWITCHES, provenance
     from syncopate.workers.env import actor_runtime_env
 
-    for name in ("SYNCOPATE_GLUON", "SYNCOPATE_OWN_SHARD", "SYNCOPATE_DB"):
+    assert KERNEL_SWITCHES == ("SYNCOPATE_GLUON",)
+    for name in ("SYNCOPATE_GLUON", "SYNCOPATE_DB"):
         monkeypatch.delenv(name, raising=False)
     assert actor_runtime_env()["env_vars"] == ACTOR_ENV and provenance()["switches"] == {}
     monkeypatch.setenv("SYNCOPATE_GLUON", "1")
-    monkeypatch.setenv("SYNCOPATE_OWN_SHARD", "0")
     monkeypatch.setenv("SYNCOPATE_DB", "postgresql://user:secret@host/db")
     env = actor_runtime_env({"X": "y"})["env_vars"]
-    assert env["SYNCOPATE_GLUON"] == "1" and env["SYNCOPATE_OWN_SHARD"] == "0" and env["X"] == "y"
+    assert env["SYNCOPATE_GLUON"] == "1" and env["X"] == "y"
     assert "SYNCOPATE_DB" not in env
-    assert provenance()["switches"] == {"SYNCOPATE_GLUON": "1", "SYNCOPATE_OWN_SHARD": "0"}
+    stamp = provenance()
+    assert stamp["switches"] == {"SYNCOPATE_GLUON": "1"} and stamp["triton"].endswith("+gluon")
 
 
 def test_fixture_times_follow_the_workload():

@@ -38,8 +38,8 @@ and copies with every SM, where a stream wait and a copy-engine copy had followe
 gemm_ar 8192x4096x11008 s4 on two H200s, side by side, the stream path -> this one: 2-8 us less on
 six hosts (the kernel raising the word itself instead lost 4 us again; benchmarks/NOTES.md,
 twenty-eighth session). Not where ranks share a GPU (`OverlapContext.sm_pulls`: a spinning kernel
-could hold the SMs the peer's GEMM needs), where a chunk is not whole 16-byte words at aligned
-addresses, or with SYNCOPATE_SM_PULL=0 (for comparisons): the stream path then.
+could hold the SMs the peer's GEMM needs) or where a chunk is not whole 16-byte words at aligned
+addresses: the stream path then.
 
 The caller's stream then waits for the side streams. A wait is for an entry, announced first, for a
 partial, which waits only for entries, or for a reduced chunk, which waits only for partials: a
@@ -280,7 +280,7 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
         arrived[h, q] = next(events)
         record(arrived[h, q], side)
     sm_pull = (plan.all_reduce and layout.last_aligned and out_ptr % 16 == 0 and out.is_contiguous()
-               and ctx.sm_pulls and launch.getenv("SYNCOPATE_SM_PULL", "1") != "0")
+               and ctx.sm_pulls)
     first, last = layout.first, len(layout.own) - 1
     for j, (acc, lo, hi, starts, others, words, (chunk, rows, added)) in enumerate(layout.own):
         if starts is not None:

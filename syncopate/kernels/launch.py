@@ -14,7 +14,7 @@ import triton
 import triton.compiler.errors
 import triton.language as tl
 
-from syncopate.environment import KERNEL_SWITCHES
+from syncopate.environment import GLUON_VAR
 from syncopate.errors import RuntimeUnavailableError
 from syncopate.kernels import gluon_kernels
 from syncopate.kernels.context import kept_allocations
@@ -37,9 +37,9 @@ COPY_COUNTER_BASE = 2048
 
 _ENVIRON = os.environ._data if os.name == "posix" and isinstance(getattr(os.environ, "_data", None), dict) else None
 """os.environ's own table (encoded names to encoded values), where it has one: the launchers read
-their switches on every call (fifteen reads), and a look-up there costs a sixth of
-`os.environ.get`'s (0.26 against 1.4–1.6 µs on the GPU machines' hosts, `benchmarks/host_parts.py`);
-the relaunch key's nine switches take 1.0 µs."""
+their settings (the interpreter flag, the Gluon kernels) several times on every call, and a
+look-up there costs a sixth of `os.environ.get`'s on the GPU machines' hosts
+(`benchmarks/host_parts.py`)."""
 
 
 @functools.cache
@@ -77,8 +77,9 @@ def _major(device_index: int) -> int:
 
 
 def use_tma(*tensors: torch.Tensor) -> bool:
-    """TMA descriptors on Hopper and newer, unless interpreting or SYNCOPATE_TMA=0, for aligned tensors."""
-    if interpreting() or getenv("SYNCOPATE_TMA", "1") == "0":
+    """TMA descriptors on Hopper and newer, unless interpreting, for aligned tensors (the pointer
+    path elsewhere)."""
+    if interpreting():
         return False
     if not tensors[0].is_cuda or _major(tensors[0].device.index) < 9:
         return False
@@ -111,22 +112,14 @@ RELAUNCH_TRITON = ("3.6.",)
 on: the fused ops' results and host times on the GPU). Elsewhere every launch takes Triton's
 dispatch."""
 
-_KNOBS = ("TRITON_INTERPRET", *KERNEL_SWITCHES)
-"""The environment switches the launchers' choices read: part of every relaunch key."""
-
-
-_KNOB_NAMES = tuple(os.fsencode(k) for k in _KNOBS)
-
-
-def _knob_values() -> tuple:
-    if _ENVIRON is None:
-        return tuple(os.environ.get(k) for k in _KNOBS)
-    return tuple(map(_ENVIRON.get, _KNOB_NAMES))
+def _settings() -> tuple[str | None, str | None]:
+    """The environment settings the launchers' choices read (the interpreter flag, the Gluon
+    kernels): part of every relaunch key."""
+    return getenv("TRITON_INTERPRET"), getenv(GLUON_VAR)
 
 
 def _relaunch_on(t: torch.Tensor) -> bool:
-    return (t.is_cuda and triton.__version__.startswith(RELAUNCH_TRITON)
-            and getenv("SYNCOPATE_RELAUNCH", "1") != "0" and not interpreting())
+    return t.is_cuda and triton.__version__.startswith(RELAUNCH_TRITON) and not interpreting()
 
 
 def _shape_key(t: torch.Tensor | None) -> tuple | None:
@@ -378,7 +371,7 @@ def launch_consumer(
     if cache is not None and _relaunch_on(out):
         key = ("relaunch", "consumer", _tables_key(tables), c, num_programs, spin_limit, a_full.data_ptr(),
                signals.data_ptr(), error.data_ptr(), _shape_key(a_full), _shape_key(b), _shape_key(out),
-               _shape_key(a_own), own_row0, own_tiles, _knob_values())
+               _shape_key(a_own), own_row0, own_tiles, _settings())
         again = cache.get(key)
         if again is not None:
             again(b_ptr=b, c_ptr=out, own_ptr=a_own, epoch=epoch, b_desc=b.t() if b_is_kmajor(b) else b, c_desc=out,
@@ -399,7 +392,7 @@ def launch_consumer(
         return
     tma = use_tma(a_full, b_mat, out, a_own)
     tiles = tables.order.numel()
-    split = search_space.tail_split(tiles, grid[0], triton.cdiv(K, c.block_k), own_tiles, getenv)
+    split = search_space.tail_split(tiles, grid[0], triton.cdiv(K, c.block_k), own_tiles)
     buffers = _tail_buffers(cache, out.device, tiles % grid[0] * split, c) if split else None
     if buffers is None:
         split = 0
@@ -457,7 +450,7 @@ def launch_producer(
                send.data_ptr(), recv.data_ptr(), None if reduced is None else reduced.data_ptr(), signals.data_ptr(),
                counters.data_ptr(), peer_signal_ptrs.data_ptr(), error.data_ptr(), _shape_key(a), _shape_key(b),
                _shape_key(send), _shape_key(out), _shape_key(reduced), _shape_key(recv),
-               _knob_values())
+               _settings())
         again = cache.get(key)
         if again is not None:
             reduced_or_out = reduced if reduced is not None else out
@@ -483,8 +476,7 @@ def launch_producer(
     tma = use_tma(a, b_mat)
     reduced_or_out = reduced if reduced is not None else out
     split = epilogue_split(c)
-    defer = defer_kept()
-    tma_epi = tma_epilogue(c, tables, defer, split, send, out, reduced_or_out, recv_rows)
+    tma_epi = tma_epilogue(c, tables, split, send, out, reduced_or_out, recv_rows)
     box = [c.block_m, c.block_n // split]
     args = (
         a, b,
@@ -503,7 +495,7 @@ def launch_producer(
         WORLD=world, INC_MAX=max(1, tables.inc_max),
         BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_TMA=tma, B_KMAJOR=kmajor,
         ALL_REDUCE=reduced is not None, ASM_WAIT=compiled_for_gpu(a), EPI_SPLIT=split,
-        DEFER_KEPT=defer and not tma_epi, TMA_EPI=tma_epi, OUT_DTYPE=TL_DTYPES[send.dtype],
+        TMA_EPI=tma_epi, OUT_DTYPE=TL_DTYPES[send.dtype],
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
     compiled = producer_kernel[grid](*args, **kwargs)
@@ -515,12 +507,12 @@ def launch_producer(
         memo[memo_key] = (again, kmajor)
 
 
-def tma_epilogue(c: Candidate, tables, defer: bool, split: int, *buffers: torch.Tensor) -> bool:
+def tma_epilogue(c: Candidate, tables, split: int, *buffers: torch.Tensor) -> bool:
     """Whether the producer's epilogue reads partials and writes rows through TMA (`TMA_EPI` of
     `producer_kernel`): where the TMA path is on for `buffers` (2-D, row-major, 16-byte aligned
-    rows), no tile holds rows of two chunks, and kept chunks are not deferred.
-    SYNCOPATE_TMA_EPI=0 turns it off, for measurements."""
-    if getenv("SYNCOPATE_TMA_EPI", "1") == "0" or defer or not tables.whole_tiles:
+    rows), no tile holds rows of two chunks, and a box of `split`'s columns is 16 bytes or more
+    (the masked pointer epilogue elsewhere)."""
+    if not tables.whole_tiles:
         return False
     if (c.block_n // split) * buffers[0].element_size() < 16:
         return False
@@ -534,11 +526,12 @@ GLUON_PARTIAL_LEAD = 4
 """K steps before a tile's end at which the Gluon producer polls for the tile's partial and loads it."""
 
 def _gluon_fits(c: Candidate, K: int, a: torch.Tensor) -> bool:
-    """What both Gluon kernels need: asked for (SYNCOPATE_GLUON=1; off by default until checked
-    with transfers), compiled for a GPU with Gluon's Hopper API, 16-bit operands, a tile the
-    kernels' wgmma layout takes (block_m of 64–256 rows, at least 16 a warp), num_stages operand
-    buffers plus the staging tile in shared memory, and K of at least num_stages - 1 steps."""
-    if getenv("SYNCOPATE_GLUON", "0") != "1" or not gluon_kernels.AVAILABLE or not compiled_for_gpu(a):
+    """What both Gluon kernels need: asked for (SYNCOPATE_GLUON=1, a user setting recorded in the
+    environment fingerprint, `syncopate.environment`; off by default), compiled for a GPU with
+    Gluon's Hopper API, 16-bit operands, a tile the kernels' wgmma layout takes (block_m of 64–256
+    rows, at least 16 a warp), num_stages operand buffers plus the staging tile in shared memory,
+    and K of at least num_stages - 1 steps."""
+    if getenv(GLUON_VAR, "0") != "1" or not gluon_kernels.AVAILABLE or not compiled_for_gpu(a):
         return False
     if a.dtype not in (torch.bfloat16, torch.float16):
         return False
@@ -554,7 +547,7 @@ def gluon_producer(c: Candidate, tables, K: int, a: torch.Tensor, b_mat: torch.T
     """Whether a producer launch takes `gluon_kernels.gluon_producer_kernel` instead of
     `producer_kernel`: `_gluon_fits`, and the TMA-epilogue path (`tma_epilogue` for `buffers`,
     whole tiles)."""
-    return _gluon_fits(c, K, a) and use_tma(a, b_mat) and tma_epilogue(c, tables, False, 1, *buffers)
+    return _gluon_fits(c, K, a) and use_tma(a, b_mat) and tma_epilogue(c, tables, 1, *buffers)
 
 
 def gluon_consumer(c: Candidate, K: int, a_full: torch.Tensor, b_mat: torch.Tensor, out: torch.Tensor,
@@ -631,8 +624,8 @@ def _run_gluon(kernel, role: str, grid, args, kwargs, cache, key, varying) -> _R
         compiled = kernel[grid](*args, **kwargs)
     except triton.compiler.errors.CompilationError as e:
         raise RuntimeUnavailableError(
-            f"the Gluon {role} (SYNCOPATE_GLUON=1) does not compile with triton {triton.__version__} "
-            f"(checked with 3.6 and 3.9): unset SYNCOPATE_GLUON to use the Triton kernels"
+            f"the Gluon {role} ({GLUON_VAR}=1) does not compile with triton {triton.__version__} "
+            f"(checked with 3.6 and 3.9): unset {GLUON_VAR} to use the Triton kernels"
         ) from e
     if cache is not None and key is not None and compiled is not None and hasattr(compiled, "run"):
         again = _GluonRelaunch(kernel, compiled, grid, args, kwargs, varying)
@@ -641,21 +634,11 @@ def _run_gluon(kernel, role: str, grid, args, kwargs, cache, key, varying) -> _R
     return None
 
 
-def defer_kept() -> bool:
-    """Whether producers finish kept chunks after all their tiles are computed (`DEFER_KEPT` of
-    `producer_kernel`; SYNCOPATE_DEFER_KEPT=0 or 1 overrides, for measurements)."""
-    return getenv("SYNCOPATE_DEFER_KEPT", "0") == "1"
-
-
 def epilogue_split(c: Candidate) -> int:
-    """Column halves the producer's epilogue works on: 2 wherever a tile has 32 columns or more
-    (SYNCOPATE_EPI_SPLIT overrides, for measurements). A whole 128x256 tile's epilogue spills or
-    overflows shared memory, and a whole 128x128 one reads the accumulator where ptxas then
-    serializes the main loop's wgmma (its warning C7514): on one H100 at 8192x8192x1024 the
-    128x128x64 w8 producer took 413.6 µs whole and 346.8 µs in halves (cuBLAS 190.0)."""
-    forced = getenv("SYNCOPATE_EPI_SPLIT")
-    if forced in ("1", "2"):
-        return int(forced)
+    """Column halves the producer's epilogue works on: 2 wherever a tile has 32 columns or more,
+    else the whole tile. A whole 128x256 tile's epilogue spills or overflows shared memory, and a
+    whole 128x128 one reads the accumulator where ptxas then serializes the main loop's wgmma (its
+    warning C7514)."""
     return 2 if c.block_n >= 32 else 1
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from collections.abc import Callable
 
 from syncopate.errors import RuntimeUnavailableError
@@ -62,31 +61,8 @@ MEM_OPS_A_BATCH = 255
 """Most operations one `cuStreamBatchMemOp` takes (fewer than 256)."""
 
 
-class _BindingsDriver:
-    """The same three calls through the `cuda.bindings` package (SYNCOPATE_DRIVER_CALLS=bindings)."""
-
-    def __init__(self) -> None:
-        from cuda.bindings import driver as d
-
-        self.d = d
-
-    def write(self, stream, address, value, flags):
-        d = self.d
-        return int(d.cuStreamWriteValue32(d.CUstream(stream), d.CUdeviceptr(address), value, flags)[0])
-
-    def wait(self, stream, address, value, flags):
-        d = self.d
-        return int(d.cuStreamWaitValue32(d.CUstream(stream), d.CUdeviceptr(address), value, flags)[0])
-
-    def copy(self, dst, src, nbytes, stream):
-        d = self.d
-        return int(d.cuMemcpyDtoDAsync(d.CUdeviceptr(dst), d.CUdeviceptr(src), nbytes, d.CUstream(stream))[0])
-
-
 @functools.cache
 def _driver() -> _Driver:
-    if os.environ.get("SYNCOPATE_DRIVER_CALLS") == "bindings":
-        return _BindingsDriver()
     try:
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError:

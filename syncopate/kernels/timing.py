@@ -8,14 +8,12 @@ at an H200's 2 GHz). After the sleep the GPUs meet once more, in a
 one-element all-reduce that the host does not wait for, and the start event follows it: the ranks
 then start within a few µs of each other, where the host barrier alone leaves the hosts' own skew
 (tens of µs on two H100s) between them, and a rank that started early counts the wait for a late
-peer as its op's time. `SYNCOPATE_TIMING_ALIGN=host` times with the host barrier alone (the method
-before 2026-11-25), for comparison. A repetition's time is the largest over the ranks; callers take
-the median and p20/p80 of the repetitions.
+peer as its op's time. A repetition's time is the largest over the ranks; callers take the median
+and p20/p80 of the repetitions.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -24,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["Timing", "time_collective", "time_eager", "summarize", "barrier", "start_together", "ALIGN_MODES"]
+__all__ = ["Timing", "time_collective", "time_eager", "summarize", "barrier", "start_together"]
 
 _FLUSH_BYTES = 256 * 1024 * 1024
 
@@ -80,33 +78,19 @@ def barrier(group, device: torch.device) -> None:
     torch.cuda.synchronize(device)
 
 
-ALIGN_MODES = ("device", "host")
-"""How the ranks' starts are lined up: `device` (the GPUs meet in an all-reduce right before the start
-event) or `host` (a host barrier only)."""
-
 _tokens: dict[torch.device, torch.Tensor] = {}
 
 
-def align_mode() -> str:
-    """`SYNCOPATE_TIMING_ALIGN` (default `device`), checked."""
-    mode = os.environ.get("SYNCOPATE_TIMING_ALIGN", "device")
-    if mode not in ALIGN_MODES:
-        raise ValueError(f"SYNCOPATE_TIMING_ALIGN={mode!r}: accepted are {', '.join(ALIGN_MODES)}")
-    return mode
-
-
-def start_together(group, device: torch.device, sleep_us: float = 1500.0, mode: str | None = None) -> None:
+def start_together(group, device: torch.device, sleep_us: float = 1500.0) -> None:
     """What comes before a repetition's start event: the hosts meet (`barrier`), a device sleep of
     at least `sleep_us` is queued (the caller's launches are enqueued before the GPU reaches them),
-    and, in `device` mode, a one-element all-reduce after it, which the GPUs leave together."""
-    mode = mode or align_mode()
+    and a one-element all-reduce after it, which the GPUs leave together."""
     barrier(group, device)
     torch.cuda._sleep(int(sleep_us * 2.0e3))  # at least `sleep_us` at clocks up to 2 GHz
-    if mode == "device":
-        token = _tokens.get(device)
-        if token is None:
-            token = _tokens[device] = torch.zeros(1, device=device)
-        dist.all_reduce(token, group=group)
+    token = _tokens.get(device)
+    if token is None:
+        token = _tokens[device] = torch.zeros(1, device=device)
+    dist.all_reduce(token, group=group)
 
 
 def time_collective(
@@ -131,10 +115,9 @@ def time_collective(
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repetitions)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repetitions)]
     host = []
-    mode = align_mode()
     for i in range(repetitions):
         flush()
-        start_together(group, device, sleep_us, mode)
+        start_together(group, device, sleep_us)
         starts[i].record()
         t0 = time.perf_counter()
         fn()

@@ -398,7 +398,7 @@ def producer_kernel(
     WORLD: tl.constexpr, INC_MAX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_TMA: tl.constexpr, B_KMAJOR: tl.constexpr, ALL_REDUCE: tl.constexpr, ASM_WAIT: tl.constexpr,
-    EPI_SPLIT: tl.constexpr, DEFER_KEPT: tl.constexpr, TMA_EPI: tl.constexpr, OUT_DTYPE: tl.constexpr,
+    EPI_SPLIT: tl.constexpr, TMA_EPI: tl.constexpr, OUT_DTYPE: tl.constexpr,
 ):
     """Reduce-scatter / all-reduce producer.
 
@@ -413,14 +413,6 @@ def producer_kernel(
     the count), `ready[chunk_ready[c]]` is raised (none where -1); for an all-reduce a kept chunk also
     raises, on every peer p, `peer_signal[p][gather_slot[c * WORLD + p]]`. With EPI_SPLIT=2 the
     epilogue works on the two column halves of the tile in turn (half the registers).
-
-    With DEFER_KEPT, a tile of a kept chunk does not wait for that chunk's partials in its
-    epilogue: it parks its own product in `out` and the program goes on with its next tile; once
-    all its tiles are computed, the program takes its kept tiles again, in order, adds the partials
-    as they arrive and finishes them as above. No program then stops computing to wait, so leaving
-    chunks are ready as early as the GEMM allows and the last chunk's tail is an addition, not a
-    K loop. (The local product is rounded to `out`'s dtype once more than without it, as the
-    received partials are.)
 
     With TMA_EPI (every chunk boundary a multiple of BLOCK_M, so an entry is a whole tile of one
     chunk), the epilogue reads the partials and writes its rows through TMA descriptors over `recv`
@@ -452,7 +444,6 @@ def producer_kernel(
                         stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR)
         acc = tl.dot(a, b, acc)
         if ki == k_tiles - 1:
-            rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
             if TMA_EPI:
                 nxt = i + num_programs
                 pending = _close_tile_tma(acc, tm * BLOCK_M, off_n, c, N, OUT_ROW0, inc_start_ptr, inc_slot_ptr,
@@ -462,55 +453,14 @@ def producer_kernel(
                                           RANK, tl.load(entry_chunk_ptr + nxt, mask=nxt < num_entries, other=-1),
                                           pending, BLOCK_M, BLOCK_N, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT, EPI_SPLIT,
                                           OUT_DTYPE)
-            elif DEFER_KEPT and tl.load(keep_ptr + c) != 0:
-                _park_tile(acc, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, out_ptr, BLOCK_N)
             else:
+                rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
                 _close_chunk(acc, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
                              inc_offset_ptr, recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr,
                              free_ptr, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, peer_signal_ptrs,
                              gather_slot_ptr, epoch, error_ptr, max_spin, RANK, BLOCK_M, BLOCK_N, WORLD, INC_MAX,
                              ALL_REDUCE, ASM_WAIT, EPI_SPLIT)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if DEFER_KEPT:
-        j = pid
-        for _ in range(0, my_entries):
-            c = tl.load(entry_chunk_ptr + j)
-            if tl.load(keep_ptr + c) != 0:
-                tile = tl.load(order_ptr + j)
-                tm = tile // tiles_n
-                off_n = (tile - tm * tiles_n) * BLOCK_N
-                rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
-                acc = _parked_tile(rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, out_ptr, BLOCK_N)
-                _close_chunk(acc, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
-                             inc_offset_ptr, recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr,
-                             free_ptr, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, peer_signal_ptrs,
-                             gather_slot_ptr, epoch, error_ptr, max_spin, RANK, BLOCK_M, BLOCK_N, WORLD, INC_MAX,
-                             ALL_REDUCE, ASM_WAIT, EPI_SPLIT)
-            j += num_programs
-
-
-@triton.jit
-def _kept_rows(rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, out_ptr, BLOCK_N: tl.constexpr):
-    """Where the rows of kept chunk c in a tile live in `out`, and which of them are chunk c's."""
-    cols = off_n + tl.arange(0, BLOCK_N)
-    r0 = tl.load(chunk_row_ptr + c)
-    r1 = tl.load(chunk_row_ptr + c + 1)
-    mask = ((rows >= r0) & (rows < r1))[:, None] & (cols[None, :] < N)
-    return out_ptr + (rows[:, None] - OUT_ROW0) * N + cols[None, :], mask
-
-
-@triton.jit
-def _park_tile(acc, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, out_ptr, BLOCK_N: tl.constexpr):
-    """Store this rank's own product of the rows of kept chunk c in a tile to `out`, to finish later."""
-    ptrs, mask = _kept_rows(rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, out_ptr, BLOCK_N)
-    tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _parked_tile(rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, out_ptr, BLOCK_N: tl.constexpr):
-    """What `_park_tile` stored, as float32 (zero outside chunk c's rows)."""
-    ptrs, mask = _kept_rows(rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, out_ptr, BLOCK_N)
-    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit

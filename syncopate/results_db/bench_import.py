@@ -28,6 +28,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from syncopate.environment import gluon_on, with_kernels
 from syncopate.errors import ConfigError
 from syncopate.records import BASELINES, BaselineRecord, Environment, TrialRecord
 from syncopate.search_space import Candidate, Topology, Workload
@@ -116,7 +117,8 @@ def _gpu_model(raw: str) -> str:
 def bench_environment(doc: dict[str, Any], path: Path, given: dict[str, str | None]) -> Environment:
     """The environment fingerprint of a bench file: its own `environment` object where it has one,
     else the fields in `given` (syncopate, triton, cuda, nccl, driver; torch and gpu_model default
-    to the file's), each checked against what the file says."""
+    to the file's), each checked against what the file says; with the Gluon kernels marked where
+    its `switches` say they were on (files written before the fingerprint held them)."""
     from_file: dict[str, str] = {"torch": str(doc["torch"]), "gpu_model": _gpu_model(str(doc["gpu"]))}
     if isinstance(doc.get("environment"), dict):
         from_file.update({k: str(v) for k, v in doc["environment"].items()})
@@ -138,7 +140,9 @@ def bench_environment(doc: dict[str, Any], path: Path, given: dict[str, str | No
             f"bench file {path} does not say which {', '.join(missing)} it ran under: give {flags} "
             f"(the environment fingerprint of every stored row)"
         )
-    return Environment(**{f: values[f] for f in fields})
+    switches = doc.get("switches")
+    gluon = isinstance(switches, dict) and gluon_on({str(k): str(v) for k, v in switches.items()})
+    return with_kernels(Environment(**{f: values[f] for f in fields}), gluon)
 
 
 def _stored_topology(db: ResultsDB, sweep: Any) -> str | None:

@@ -35,6 +35,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from syncopate.environment import GLUON_VAR
 from syncopate.errors import ConfigError, RuntimeUnavailableError
 from syncopate.records import Environment
 from syncopate.results_db.readers import BestSource, Hit, ShapeRef, open_source
@@ -171,7 +172,8 @@ class _Resolver:
                environment: Environment | None) -> LookupResult:
         # the dims' types are part of the key: 8192.0 == 8192, but only 8192 is a dim
         dims = tuple((type(v), v) for v in shape) if isinstance(shape, tuple) else shape
-        raw = (dims, topology, kind, dtype, db, environment, os.environ.get(ENV_VAR) if db is None else None)
+        raw = (dims, topology, kind, dtype, db, environment, os.environ.get(ENV_VAR) if db is None else None,
+               os.environ.get(GLUON_VAR) if environment is None else None)  # this process's fingerprint
         try:
             answer = self._answers.get(raw)
         except TypeError:  # an unhashable argument (a list shape): no fast path

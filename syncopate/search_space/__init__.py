@@ -60,7 +60,6 @@ from syncopate.search_space.tile_order import (
     consumer_schedule,
     producer_schedule,
     tail_split,
-    tail_split_on,
 )
 from syncopate.search_space.topology import GPUS, INTERCONNECTS, GpuSpec, Topology, topology_key
 from syncopate.search_space.workload import DTYPES, KINDS, MAX_DIM, MAX_ELEMENTS, Shape, Workload, canonical_dtype, dtype_bytes
@@ -118,7 +117,6 @@ __all__ = [
     "check_liveness",
     "consumer_schedule",
     "tail_split",
-    "tail_split_on",
     "TAIL_MAX_SPLIT",
     "default_candidate",
     "empty_space_message",

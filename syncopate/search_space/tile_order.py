@@ -39,7 +39,6 @@ Pure Python.
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import dataclass
 
 from syncopate.errors import ConfigError
@@ -55,7 +54,6 @@ __all__ = [
     "swizzle_group",
     "TAIL_MAX_SPLIT",
     "tail_split",
-    "tail_split_on",
 ]
 
 CONSUMER_ORDERS: tuple[str, ...] = ("arrival", "arrival_colmajor", "swizzle", "row_major")
@@ -68,24 +66,16 @@ TAIL_MAX_SPLIT = 4
 """Most parts a tile of the consumer's last wave is cut into (`tail_split`)."""
 
 
-def tail_split_on(getenv=os.environ.get) -> bool:
-    """Whether the all-gather's consumer cuts its last wave in K: yes unless SYNCOPATE_SPLIT_TAIL=0
-    (which keeps every tile whole, to measure against). The launcher passes its own `getenv` (the
-    same lookup, cheaper on the host)."""
-    return getenv("SYNCOPATE_SPLIT_TAIL", "1") != "0"
-
-
-def tail_split(tiles: int, programs: int, k_steps: int, own_tiles: int = 0, getenv=os.environ.get) -> int:
+def tail_split(tiles: int, programs: int, k_steps: int, own_tiles: int = 0) -> int:
     """How many K parts the all-gather's consumer cuts each tile of its last, partly filled wave into
-    (0: none, also wherever `tail_split_on(getenv)` is not). The kernel's launcher and the cost model
-    both ask here.
+    (0: none). The kernel's launcher and the cost model both ask here.
 
     `tiles` positions over `programs` persistent programs leave `tiles % programs` for a last wave
     that costs as long as a full one. Where that remainder is at most half the programs, each of
     its tiles is cut into as many K parts as fit among the programs (at most TAIL_MAX_SPLIT, at
     least one K step each), so the wave takes about a part's time and the parts' sum. Not where the
     rank's own tiles (read from its shard, first in the order) reach into that wave."""
-    if programs < 2 or not tail_split_on(getenv):
+    if programs < 2:
         return 0
     whole, rest = divmod(tiles, programs)
     if whole < 1 or rest == 0 or 2 * rest > programs or own_tiles > whole * programs:

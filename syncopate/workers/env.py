@@ -31,8 +31,9 @@ ACTOR_ENV: dict[str, str] = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
 
 
 def actor_runtime_env(extra: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]:
-    """The `runtime_env` of a gang actor: :data:`ACTOR_ENV`, the kernel switches this process runs
-    with (so that an actor on a cluster started elsewhere runs the same kernels), plus `extra`."""
+    """The `runtime_env` of a gang actor: :data:`ACTOR_ENV`, the kernel settings this process runs
+    with (:data:`KERNEL_SWITCHES`: an actor on a cluster started elsewhere runs the same kernels and
+    records the same environment fingerprint), plus `extra`."""
     return {"env_vars": {**ACTOR_ENV, **kernel_switches(), **(extra or {})}}
 
 

@@ -4,10 +4,9 @@ The interpreter runs the kernels' logic but not what only the compiler sees: the
 path, the PTX acquire waits, register-heavy epilogues, and whatever a Triton release changed in its
 front end. This script points Triton at an sm_90 target, makes every launch a compile-only warm-up,
 and compiles the variants the tuner launches on GPUs (TMA and pointer paths, the consumer's last wave
-cut in K, K-major B, split and
-unsplit producer epilogues, pointer and TMA epilogues, kept chunks finished in the epilogue or deferred, reduce-scatter and
-all-reduce, the consumer and producer in Gluon, the SM-driven copier, a captured call's entry, the
-decomposed all-reduce's last pull). Run it in a fresh
+cut in K, K-major B, producer epilogues in column halves and on whole tiles of 16 columns, pointer
+and TMA epilogues, reduce-scatter and all-reduce, the consumer and producer in Gluon, the SM-driven
+copier, a captured call's entry, the decomposed all-reduce's last pull). Run it in a fresh
 process without TRITON_INTERPRET; it prints one line per variant and exits 1 if any fails.
 
     python tests/support/compile_sm90.py
@@ -89,20 +88,6 @@ def consumer(c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1024, own=Fals
                            own_row0=lo)
 
 
-def tail_on(build):
-    """`build` with the consumer's last wave cut in K (the default; SYNCOPATE_SPLIT_TAIL=0 keeps its
-    tiles whole)."""
-    before = os.environ.get("SYNCOPATE_SPLIT_TAIL")
-    os.environ["SYNCOPATE_SPLIT_TAIL"] = "1"
-    try:
-        return build()
-    finally:
-        if before is None:
-            del os.environ["SYNCOPATE_SPLIT_TAIL"]
-        else:
-            os.environ["SYNCOPATE_SPLIT_TAIL"] = before
-
-
 def producer(kind: str, c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1536, ws=2):
     all_reduce = kind == "gemm_ar"
     plan = plan_for(kind, c.template, ws, m, c.num_splits, c.block_m)
@@ -117,19 +102,6 @@ def producer(kind: str, c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=153
                            producer_tables(plan, 0, n, c, all_reduce, CPU), c, 3, pad,
                            torch.zeros(4096, dtype=torch.int64), torch.zeros(ws, dtype=torch.int64), ws, 0,
                            torch.zeros(1, dtype=torch.int32), 132, 1 << 20)
-
-
-def deferred(build):
-    """`build` with producers finishing kept chunks after all their tiles (SYNCOPATE_DEFER_KEPT=1)."""
-    saved = os.environ.get("SYNCOPATE_DEFER_KEPT")
-    os.environ["SYNCOPATE_DEFER_KEPT"] = "1"
-    try:
-        build()
-    finally:
-        if saved is None:
-            del os.environ["SYNCOPATE_DEFER_KEPT"]
-        else:
-            os.environ["SYNCOPATE_DEFER_KEPT"] = saved
 
 
 def copier(dtype):
@@ -172,26 +144,27 @@ def gluon(build, kernel="gluon_producer_kernel"):
 def variants():
     big = dict(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3)
     small = dict(block_m=128, block_n=128, block_k=64, group_m=4, num_warps=8, num_stages=4)
+    narrow = dict(block_m=128, block_n=16, block_k=64, group_m=8, num_warps=4, num_stages=3)
     bf16, fp16 = torch.bfloat16, torch.float16
     yield "consumer tma 128x256 bf16", True, lambda: consumer(Candidate(num_splits=2, **big), bf16, False)
     yield "consumer tma 128x128 fp16 b k-major", True, lambda: consumer(Candidate(num_splits=4, **small), fp16, True)
     yield "consumer pointers 128x128 bf16", False, lambda: consumer(Candidate(num_splits=1, **small), bf16, False)
     # 5632 rows in 128×256 tiles: 176 tiles, 44 left over for the last wave, cut in K in three
-    yield "consumer tma 128x256 bf16 tail cut in K", True, lambda: tail_on(lambda: consumer(
-        Candidate(num_splits=2, **big), bf16, False, m=5632))
-    yield "consumer pointers 128x256 fp16 tail cut in K", False, lambda: tail_on(lambda: consumer(
-        Candidate(num_splits=2, **big), fp16, True, m=5632))
+    yield "consumer tma 128x256 bf16 tail cut in K", True, lambda: consumer(
+        Candidate(num_splits=2, **big), bf16, False, m=5632)
+    yield "consumer pointers 128x256 fp16 tail cut in K", False, lambda: consumer(
+        Candidate(num_splits=2, **big), fp16, True, m=5632)
     yield "gemm_rs tma 128x256 (split epilogue) bf16", True, lambda: producer("gemm_rs", Candidate(num_splits=2, **big), bf16, False)
     yield "gemm_rs pointers 128x128 fp16 b k-major", False, lambda: producer("gemm_rs", Candidate(num_splits=1, **small), fp16, True)
     yield "gemm_ar tma 128x128 bf16", True, lambda: producer("gemm_ar", Candidate(num_splits=4, **small), bf16, False)
-    yield "gemm_rs tma 128x256 kept deferred bf16", True, lambda: deferred(
-        lambda: producer("gemm_rs", Candidate(num_splits=4, **big), bf16, False))
-    yield "gemm_ar tma 128x128 kept deferred bf16", True, lambda: deferred(
-        lambda: producer("gemm_ar", Candidate(num_splits=4, **small), bf16, False))
+    yield "gemm_rs pointers 128x16 whole-tile epilogue bf16", False, lambda: producer(
+        "gemm_rs", Candidate(num_splits=2, **narrow), bf16, False)
     yield "gemm_rs tma 128x256 tma epilogue bf16", True, lambda: producer(
         "gemm_rs", Candidate(num_splits=4, **big), bf16, False, m=4096)
     yield "gemm_ar tma 128x128 tma epilogue fp16", True, lambda: producer(
         "gemm_ar", Candidate(num_splits=2, **small), fp16, False, m=4096)
+    yield "gemm_ar tma 128x16 whole-tile tma epilogue bf16", True, lambda: producer(
+        "gemm_ar", Candidate(num_splits=2, **narrow), bf16, False, m=4096)
     yield "gemm_rs gluon 128x256 bf16", True, lambda: gluon(
         lambda: producer("gemm_rs", Candidate(num_splits=4, **big), bf16, False, m=4096))
     yield "gemm_ar gluon 128x128 fp16 b k-major", True, lambda: gluon(
