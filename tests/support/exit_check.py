@@ -39,7 +39,7 @@ def main() -> None:
         "torch": lambda: all_gather_rows(a, group) @ b,
     }
     if "async_tp" in args.paths:
-        import torch.distributed._symmetric_memory  # noqa: F401 — registers torch.ops.symm_mem
+        import torch.distributed._symmetric_memory as _symm_mem  # noqa: F401 — registers torch.ops.symm_mem
 
         enable_symm_mem(group.group_name)
         calls["async_tp"] = lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], gather_dim=0,
