@@ -30,7 +30,7 @@ from pathlib import Path
 
 from syncopate.errors import ConfigError
 
-__all__ = ["TABLES", "Block", "BenchRow", "bench_rows", "blocks", "render", "rewrite", "main"]
+__all__ = ["TABLES", "BenchRow", "Block", "bench_rows", "blocks", "documents", "main", "render", "rewrite"]
 
 BLOCK = re.compile(r"<!-- generated: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- end -->", re.DOTALL)
 """One generated block: its name, then everything up to the closing comment."""
@@ -164,10 +164,10 @@ def summary(root: Path) -> str:
             topology = doc["topology"]["key"]
             for row in rows:
                 by_kind.setdefault(row.kind, []).append(row)
-        for kind in KIND_LABELS:
+        for kind, label in KIND_LABELS.items():
             rows = by_kind.get(kind, [])
             out_rows.append([
-                topology, KIND_LABELS[kind], str(len({(r.n, r.k) for r in rows})),
+                topology, label, str(len({(r.n, r.k) for r in rows})),
                 _span([r.bound / r.ours for r in rows]), _span([r.seq / r.ours for r in rows]),
                 _span([r.async_tp / r.ours for r in rows if r.async_tp is not None]),
             ])
@@ -225,9 +225,9 @@ def short_tp2(root: Path) -> str:
             "SELECT w.kind, w.m, w.n, w.k, json_extract(t.candidate, '$.template') = 'unfused', min(t.median_us) "
             "FROM syncopate_trials t JOIN syncopate_workloads w ON w.id = t.workload_id "
             "WHERE t.status = 'ok' AND t.source = 'measured' GROUP BY w.id, 5").fetchall()
-        seq = dict(((kind, m), us) for kind, m, us in db.execute(
+        seq = {(kind, m): us for kind, m, us in db.execute(
             "SELECT w.kind, w.m, min(b.median_us) FROM syncopate_baselines b "
-            "JOIN syncopate_workloads w ON w.id = b.workload_id WHERE b.name = 'torch_seq' GROUP BY w.id"))
+            "JOIN syncopate_workloads w ON w.id = b.workload_id WHERE b.name = 'torch_seq' GROUP BY w.id")}
         topology = db.execute("SELECT key FROM syncopate_topologies").fetchone()[0]
     times: dict[tuple[str, int], dict[bool, float]] = {}
     dims = set()

@@ -86,7 +86,7 @@ def test_the_installed_wheel_runs_the_quickstart_without_a_checkout(wheel, tmp_p
     code = ("import sys, syncopate; from syncopate.cli import main; print('from', syncopate.__file__); "
             "sys.exit(main(sys.argv[1:]))")
     r = subprocess.run([sys.executable, "-c", code, "tune", "quickstart", "--max-trials", "4"],
-                       cwd=work, env=env, capture_output=True, text=True, timeout=600)
+                       cwd=work, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"from {target / 'syncopate' / '__init__.py'}" in r.stdout
     assert "PREDICTED by the cost model" in r.stdout

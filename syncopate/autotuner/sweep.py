@@ -396,7 +396,7 @@ def parse_sweep(data: Any, source: str = "<config>") -> Sweep:
 
 
 def _stem(name: str) -> str:
-    return name[: -len(".yaml")] if name.endswith(".yaml") else name
+    return name.removesuffix(".yaml")
 
 
 def _packaged(name: str) -> Path | None:
