@@ -5,7 +5,7 @@
 #
 #   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix shared shared48 tune rs ar suite
 #                                                    gluon suite-gluon probe sweep stationary sweep4 suite4 tune4 matrix48 suite8 tune8
-#                                                    calib tp tp4 graph misses short cublas reductions kmajor (default: matrix
+#                                                    calib tp tp4 graph misses short cublas reductions (default: matrix
 #                                                    tune rs ar suite; SECONDS overrides the limit; a
 #                                                    step run twice keeps both logs: suite.log, suite-2.log, ...)
 #
@@ -19,7 +19,7 @@
 #   suite   configs/llama_tp2.yaml, every kind, grid `tiny`
 #   gluon   the Gluon kernels (SYNCOPATE_GLUON=1): the matrix with them, then the TP=2 suite (grid
 #           `tiny`) with the Triton (0) and Gluon (1) consumer and producers, twice in turn
-#   suite-gluon  the TP=2 suite once with the Gluon kernels (after `suite`, for a session short of time)
+#   suite-gluon  the TP=2 suite once with the Gluon kernels (after `suite`, when time is short)
 #   probe   benchmarks/probe_faults.py on the cases of $PROBE_ONLY (default: the all-reduce over NCCL
 #           and SM copies, and the kept_interleaved producer order)
 #   sweep   syncopate tune configs/llama_tp2_sweep.yaml into results/llama_tp2-sweep.db (resumed when it
@@ -46,17 +46,15 @@
 #           the configurations of results/llama_tp4-tune.db, tp_block.py on four ranks)
 #   graph   the ops captured in CUDA graphs: tests/test_gpu_capture.py on two GPUs, then
 #           benchmarks/graph_calls.py (calls one by one against a graph's replay; ours, torch's, async-TP),
-#           then op_host.py's host time and profile of ag_gemm at 256, 1024 and 4096 rows (the eager call
-#           at 1024 rows was host-bound on two H100s, 2026-11-25)
-#   misses  timelines of the TP=2 shapes furthest from their targets on two H100s (2026-11-25):
+#           then op_host.py's host time and profile of ag_gemm at 256, 1024 and 4096 rows (where an eager
+#           call's host time can exceed its GPU time)
+#   misses  timelines of the TP=2 shapes furthest from their bounds (docs/results.md):
 #           gemm_rs 8192x8192x2048 with c_stationary (its pushes and GEMM terms), gemm_ar 8192x4096x11008
 #           fused and decomposed (4 and 8 chunks)
 #   short   syncopate tune configs/short_tp2.yaml: 256-4096 rows, fused and unfused candidates
 #   cublas  tests/support/stationary_check.py: the cuBLAS templates' enqueued work, every rank on GPU 0;
 #           then tests/support/cublas_ops_check.py: their matrix and capture cases on two GPUs
 #   reductions  configs/llama_tp2.yaml's gemm_rs and gemm_ar, grid `tiny`
-#   kmajor  benchmarks/kmajor_b.py: the templates that move B with B given as weight.t() (moved as laid
-#           out) against B row-major and against the copy to row-major they made before
 #
 # Triton's cache lives in $TRITON_CACHE_DIR (default /tmp/syncopate-triton-cache); it starts from
 # .tcache/triton-cache.tgz when that exists and is packed into $OUT/triton-cache.tgz at the end, so
@@ -180,11 +178,10 @@ for arg in "${steps[@]}"; do
             done ;;
         cublas) step cublas 240 python3 tests/support/stationary_check.py
             step cublas-ops 240 python3 tests/support/cublas_ops_check.py ;;
-        kmajor) step kmajor 300 python3 benchmarks/kmajor_b.py --json "$OUT/kmajor.json" ;;
         reductions) name=$(fresh reductions); step "$name" 420 python3 -m syncopate bench --suite \
             configs/llama_tp2.yaml --grid tiny --kinds gemm_rs,gemm_ar --repetitions 10 --json "$OUT/$name.json" ;;
         short) step short 300 python3 -m syncopate tune configs/short_tp2.yaml --db "sqlite:///$OUT/short.db" ;;
-        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune rs ar suite gluon suite-gluon probe sweep stationary sweep4 suite4 tune4 matrix48 suite8 tune8 calib tp tp4 graph misses short cublas reductions kmajor" >&2
+        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune rs ar suite gluon suite-gluon probe sweep stationary sweep4 suite4 tune4 matrix48 suite8 tune8 calib tp tp4 graph misses short cublas reductions" >&2
             exit 2 ;;
     esac
 done

@@ -491,7 +491,7 @@ def host_matrix():
 
 def paced_matrix():
     """The consumer with the peer's chunks landing at the pace of the two-H200 link (351 GB/s inside
-    a fused call, the peer's first chunk 21 µs late: the timelines of 2026-11-22), its own rows
+    a fused call, the peer's first chunk 21 µs late, as `benchmarks/timeline.py` shows there), its own rows
     copied into the gathered buffer at the call's start, already there, or read from the shard,
     beside the chunks already there, on the per-rank GEMMs of ag_gemm N=4096, 2048 (two and eight
     splits), 14336, 11008."""

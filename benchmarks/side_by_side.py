@@ -1,6 +1,6 @@
 """Candidates of one workload timed in turn, round after round, in the same processes: for telling
 apart variants a few microseconds apart, which separate `syncopate bench` runs cannot (the same
-candidate read 527-550 µs over four runs on one host, where this read it within ±2 µs).
+candidate's median moves between runs by more than the differences looked for).
 
     python benchmarks/side_by_side.py gemm_ar 8192 4096 11008 decomposed:4 decomposed:2 \
         "decomposed:4 SYNCOPATE_SOME_SWITCH=1" [--rounds 8] [--gpus 2] [--repetitions 10]

@@ -7,8 +7,8 @@ within `--cap` of the sweep counts as not reaching it). Per workload: the Spearm
 correlation between the cost model's predictions (the default calibration, or what the database
 holds) and the sweep, and how far the model's own pick is from the best.
 
-The issue's targets (optuna-tpe and model-guided within 20 % of the exhaustive count, Spearman
->= 0.7, the model's pick within 10 %) are about a *measured* exhaustive sweep on two H200s:
+The targets (optuna-tpe and model-guided within 20 % of the exhaustive count, Spearman >= 0.7, the
+model's pick within 10 %) are about a *measured* exhaustive sweep:
 
     syncopate tune configs/llama_tp2.yaml --runner gpu --max-trials 100000   # strategy grid: every candidate
     python benchmarks/strategies.py --sweep postgresql+psycopg://…/syncopate --sweep-name llama_tp2
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tolerance", type=float, default=0.03)
     ap.add_argument("--calibration-db", help="a results database whose calibrations the cost model uses (those "
                     "`syncopate calibrate` measured for the topology; default: the documented defaults)")
-    ap.add_argument("--out", default="results/strategies_synthetic.json", help="where to write every number")
+    ap.add_argument("--out", help="a JSON file to write every number to (and the table beside it, as .md)")
     args = ap.parse_args(argv)
     sweep_cfg = load_sweep(args.config)
     key = args.topology or sweep_cfg.topology_key

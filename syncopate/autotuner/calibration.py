@@ -233,9 +233,9 @@ class GemmRate:
 
 
 CHUNK_US = {"copy_engine": 5.0}
-"""The documented `OpCosts.chunk_us`, also for calibrations stored before it was a field. On two
-H200s (2026-11-22, benchmarks/timeline.py) a fused call's copy-engine copies of 4 and 16 MiB took
-19.4 and 52.5 µs (medians) where the calibrated transfers of those sizes take 14.9 and 47.5."""
+"""The documented `OpCosts.chunk_us`, also for calibrations stored before it was a field: inside a
+fused call a copy-engine chunk takes longer than the same transfer calibrated alone (the stream
+waits and signal writes around it), by about this much (`benchmarks/timeline.py` shows both)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

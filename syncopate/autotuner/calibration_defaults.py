@@ -1,38 +1,18 @@
 """The default calibration: what the cost model uses where nothing was measured.
 
-Every figure below is a *lead*, marked `default` wherever it is used, and replaced part by part
-by what `syncopate calibrate` measures. Where a figure comes from:
+Every part is a lead, marked `default` wherever it is used and replaced part by part by what
+`syncopate calibrate` measures on the GPUs at hand: one machine's figures are only leads for
+another. Where the constants come from:
 
-Measured on two H200s joined by NV18 (2026-11-21/22; see DESIGN.md), times in µs:
-
-| quantity                                   | figure                                   | used for                          |
-|--------------------------------------------|------------------------------------------|-----------------------------------|
-| copy-engine push to the peer, 256 MB       | 380 GB/s                                 | `copy_engine` peak                |
-| copy-engine all-gather alone, 64 MiB/rank  | 212.3 (and 208.0, 216.7 for 64 MiB RS/AG)| `copy_engine`: 28 µs a call, 3 µs and half the peak at 1 MiB a chunk |
-| copy-engine all-gather alone, 32 MiB/rank  | 134.3                                    | checks the curve (predicts 122)   |
-| NCCL all-gather alone, 32 / 64 MiB per rank| 159.7 / 292.2                            | `nccl` peak 255 GB/s, 26 µs fixed |
-| SM-driven chunk copier, 16/32/64 programs  | 230/400/700 GB/s read+write, locally     | `nvshmem` peaks 104/180/315 GB/s  |
-| fused AG+GEMM, N=28672 K=8192 (best found) | 2465.6: 28 waves of 128×256 tiles, K=8192, 132 SMs | 128×256×64 tiles: 820 TFLOP/s (87 µs a wave, 1 µs of it per-tile cost) |
-
-From the GPU table (datasheet) of :mod:`syncopate.search_space.topology`: SM count, bf16 rate
-(GEMM rates of other GPU models are the H200 figures scaled by bf16 TFLOP/s), HBM bandwidth
-(80 % of it is what a kernel reaches), interconnect class (transfer curves scale with the
-interconnect's nominal bandwidth against NVLink's 450 GB/s).
-
-Against those figures the defaults predict, for the four fused shapes (sequential / NCCL alone /
-copy engine alone / best fused candidate, µs, predicted vs measured): AG N=2048 K=8192
-470/464.5, 289/292.2, 210/212.3, 277/290.3; AG N=11008 K=4096 654/651.3, 161/159.7, 123/134.3,
-529/504.5; AG N=28672 K=8192 2743/2667.3, 289/299.2, 210/216.7, 2497/2465.6; RS N=8192 K=2048
-484/532.0, 289/333.2, 210/208.0, 275/330.4. Several of these figures are where the defaults come
-from, so this checks the derivation more than the model; the reduce-scatter is the visible gap
-(NCCL's reduction and the fused op come out 13–17 % fast).
-
-Pure leads, to be measured: the other tile configurations' rates relative to 128×256×64 (smaller
-tiles reuse less of each load), per-tile cost 1 µs, the GEMM's slowdown while each backend
-communicates (copy engine 3 %, SM copier 2 %, NCCL 5 %), the copier's peer stores at 90 % of its
-local rate, NCCL at 85 % with 8 SMs left to it, a local copy-engine copy at 1600 GB/s,
-and the inter-node figures (a 400 Gb/s NIC per GPU: NCCL 40 GB/s; SM-driven puts over the network
-up to 40 GB/s; the copy engine cannot cross nodes).
+- the transfer curves (fixed cost, peak, size at half the peak) of the copy engine, NCCL and the
+  SM-driven copier per SM count, and the 128×256×64 tile's GEMM rate: one machine of two H200s
+  joined by NVLink, each collective timed alone and the best fused AG+GEMM's waves;
+- the GPU table of :mod:`syncopate.search_space.topology`: other GPU models scale the H200's GEMM
+  rates by their bf16 rate and SM count, the HBM figures by their bandwidth (a kernel reaching
+  80 % of it); other interconnects scale the curves by their nominal bandwidth against NVLink's;
+- leads to be measured: the other tiles' rates (smaller tiles reuse less of each load), the
+  per-tile cost, the GEMM's slowdown while each backend communicates, NCCL with few SMs, and the
+  inter-node figures (the copy engine cannot cross nodes).
 
 Pure Python.
 """
@@ -64,7 +44,7 @@ H200_TILE_TFLOPS: dict[str, float] = {
     "64x128x64w4s4": 500.0,
 }
 """TFLOP/s of the persistent GEMM on all 132 SMs of an H200, bf16, per tile configuration. The
-first is derived from the fused AG+GEMM measurement above; the others are leads."""
+first is derived from a measured fused AG+GEMM; the others are leads."""
 
 _NVLINK_GBPS = INTERCONNECTS["nvlink"]
 _H200_BF16 = GPUS["H200"].bf16_tflops

@@ -531,8 +531,8 @@ def _one_egress(log: list, ws: int) -> np.ndarray:
 
     An all-reduce over the copy engine sends a rank's partials on its side streams and has its
     peers pull its reduced rows on theirs: separate queues, but one link direction, so the two
-    phases share its bandwidth (on two H200s the partials and the reduced chunks ran back to back
-    on it, and the call took as long as both)."""
+    phases share its bandwidth: the partials and the reduced chunks run back to back on it, and the
+    call takes as long as both."""
     free = np.full(ws, -np.inf)
     for src, begin, duration in sorted(log, key=lambda e: e[1]):
         free[src] = max(free[src], begin) + duration

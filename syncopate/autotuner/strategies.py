@@ -159,9 +159,9 @@ class SeededStrategy(_PlannedStrategy):
     space as `grid` takes it, evenly spaced over what is left of `max_trials`; with a budget
     smaller than the seeds, that many of them, evenly spaced.
 
-    The seeds are the grid the suites were measured with: on four H200s (configs/llama_tp4.yaml,
-    2026-11-26) `grid`'s 64 evenly spaced candidates found a slower winner than those on 16 of 18
-    shapes, the cuBLAS templates and one split among what it left out."""
+    The seeds are the grid the suites were measured with, the cuBLAS templates among them: evenly
+    spaced candidates of a large space can leave out a whole template or split count, and a run cut
+    short has then measured neither (docs/search.md compares the strategies)."""
 
     name = "seeded"
 

@@ -20,7 +20,9 @@ fixture: {hang: [KEY], crash: [KEY], fail: {KEY: oom}}   # cpu-fixture runner on
 ```
 
 Loading validates everything: a bad file gives one ConfigError naming the file, the field, the
-value and what is accepted.
+value and what is accepted. A config is named by its path, or, for one shipped inside the package
+(`syncopate/configs/`, e.g. `quickstart`), by its bare name, so an installed wheel runs it without a
+checkout.
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ __all__ = [
     "StrategyConfig",
     "TimingConfig",
     "load_sweep",
+    "packaged_configs",
     "parse_sweep",
+    "resolve_config",
 ]
 
 STRATEGIES: tuple[str, ...] = ("grid", "seeded", "random", "optuna-tpe", "model-guided")
@@ -391,13 +395,49 @@ def parse_sweep(data: Any, source: str = "<config>") -> Sweep:
     )
 
 
-def load_sweep(path: str | Path) -> Sweep:
-    """Read and validate the sweep config at `path`."""
+def _stem(name: str) -> str:
+    return name.removesuffix(".yaml")
+
+
+def _packaged(name: str) -> Path | None:
+    """The packaged config `name` (`quickstart` or `quickstart.yaml`), or None."""
+    from importlib.resources import files
+
+    stem = _stem(name)
+    if not stem or not stem.replace("_", "").replace("-", "").isalnum():
+        return None
+    found = files("syncopate") / "configs" / f"{stem}.yaml"
+    return Path(str(found)) if found.is_file() else None
+
+
+def packaged_configs() -> list[str]:
+    """Names of the sweep configs shipped inside the package, sorted (`syncopate tune NAME` runs one)."""
+    from importlib.resources import files
+
+    folder = files("syncopate") / "configs"
+    return sorted(_stem(f.name) for f in folder.iterdir() if f.name.endswith(".yaml"))
+
+
+def resolve_config(path: str | Path) -> Path:
+    """The file a config argument names: the path itself where it exists; else, for a bare name
+    (no folder), the packaged config of that name. Anything else is returned as given, for
+    :func:`load_sweep` to report."""
     p = Path(path)
+    if p.exists() or len(p.parts) != 1:
+        return p
+    return _packaged(p.name) or p
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and validate the sweep config at `path` (or the packaged config named `path`, see
+    :func:`resolve_config`)."""
+    p = resolve_config(path)
     try:
         text = p.read_text()
     except FileNotFoundError:
-        raise ConfigError(f"config file {str(p)!r} does not exist") from None
+        hint = (f"; `{_stem(p.name)}` alone names the copy shipped with syncopate"
+                if _packaged(p.name) is not None else "")
+        raise ConfigError(f"config file {str(p)!r} does not exist{hint}") from None
     except IsADirectoryError:
         raise ConfigError(f"config file {str(p)!r} is a directory: give the YAML file in it") from None
     except OSError as e:

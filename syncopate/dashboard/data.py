@@ -207,7 +207,7 @@ def _where(table: Any, ids: dict[str, list[int] | None], filters: Filters) -> li
     """Filter clauses. Topology, environment and source are written as expressions (`id + 0`,
     `source || ''`) that no index serves, so that SQLite, which has no statistics to go by, keeps
     scanning the covering index that leads with the workload rather than seek through a partial one
-    and read every row (six times slower on 100,000 trials)."""
+    and read every row (`benchmarks/dashboard_speed.py` times these queries on a large database)."""
     clauses = []
     for name, values in ids.items():
         if values is None:

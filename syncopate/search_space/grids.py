@@ -21,8 +21,8 @@ from syncopate.search_space.workload import Workload
 __all__ = ["GRIDS", "bench_grid"]
 
 GRIDS: tuple[str, ...] = ("small", "tiny")
-"""The grids by name: `small` (1-8 splits, two tile configurations) and `tiny` (its best part on
-the suites measured on two and four H200s)."""
+"""The grids by name: `small` (1-8 splits, two tile configurations) and `tiny` (the part of it that
+won the LLaMA suites, plus the cuBLAS templates: what `seeded` searches first)."""
 
 
 def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> list[Candidate]:
@@ -31,9 +31,8 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
     templates = ["direct"] if ws <= 2 else ["direct", "ring"]
     splits = [1, 2, 4, 8] if grid != "tiny" else [2, 4]
     if grid == "tiny" and workload.kind == "ag_gemm" and ws >= 4:
-        # With four ranks and more, one chunk a rank is already a pipeline: on four H200s
-        # (results/llama_tp4-sweep.db, 2026-11-26) it was ag_gemm's best on 4 of 6 shapes, up to
-        # 5 % ahead of 2 splits; never a reduction's.
+        # With four ranks and more, one chunk a rank is already a pipeline (ws - 1 transfers to
+        # overlap): the all-gather tries it too (results/llama_tp4-sweep.db has the comparison).
         splits = [1, *splits]
     tiles = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4)] if grid != "tiny" else [(128, 256, 64, 8, 3)]
     comm = {"copy_engine": [0], "nvshmem": [32, 64], "nccl": [NCCL_MIN_SMS]}

@@ -59,8 +59,9 @@ __all__ = ["EPILOGUES", "LivenessReport", "check_liveness", "queue_operations"]
 EPILOGUES: tuple[str, ...] = ("leaving_first", "waits_first")
 """How a producer tile with rows of two chunks ends when its schedule has no `entry_chunk` (the
 kernels before entries): `leaving_first` finishes and counts the chunk that leaves first before it
-waits for the other's partials (commit 33175f5); `waits_first` waits for every partial of the tile
-before it counts either chunk (the kernel that deadlocked on two H200s)."""
+waits for the other's partials; `waits_first` waits for every partial of the tile before it counts
+either chunk, which can deadlock (two ranks each waiting for the chunk the other holds back): the
+model must find that."""
 
 _COLLECTIVE = {"ag_gemm": "all_gather", "gemm_rs": "reduce_scatter", "gemm_ar": "all_reduce"}
 _WAIT, _RAISE, _COUNT = 0, 1, 2

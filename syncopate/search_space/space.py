@@ -60,10 +60,9 @@ __all__ = [
 ]
 
 NCCL_MIN_SMS = 64
-"""SMs the fused kernel leaves free for NCCL. On two H200s, gemm_rs and gemm_ar with 16 timed out on
-every call (NCCL's kernels waited for SMs held by the fused kernel's waiting programs) and ag_gemm
-with 8 or 16 and 128x64 tiles hung until the ranks' barriers trapped; gemm_rs and ag_gemm with 64 ran
-correct (gemm_ar with 64 not yet run)."""
+"""SMs the fused kernel leaves free for NCCL. NCCL's kernels need SMs of their own while the fused
+kernel's programs wait for the chunks they bring; with fewer free SMs they wait for SMs those
+programs hold, and the call times out or hangs."""
 
 
 MAX_COMM_SMS = 128
@@ -255,8 +254,8 @@ def decomposed_splits(kind: str, world_size: int, wanted) -> list[int]:
     """The splits the space tries template `decomposed` with, from the space's `num_splits`: those
     values for a reduction; for an all-gather, each value it cannot take (more than ws-1 and not a
     multiple of ws-1) rounded down to a multiple of ws-1, so that (1, 2, 4, 8) on four ranks tries
-    1, 2, 3 (a GEMM as each shard lands) and 6 (each shard in two parts): on four H200s 6 was
-    AG+GEMM 8192x8192x8192's best (2026-11-26)."""
+    1, 2, 3 (a GEMM as each shard lands) and 6 (each shard in two parts): rounding keeps the finer
+    cuts the space asked for, rather than dropping them."""
     peers = world_size - 1
     out: list[int] = []
     for s in wanted:
@@ -336,7 +335,7 @@ def check_candidate(candidate: Candidate, workload: Workload, topology: Topology
     if c.backend == "nccl" and c.comm_sms < NCCL_MIN_SMS:
         raise ConfigError(
             f"backend nccl needs comm_sms >= {NCCL_MIN_SMS}, got {c.comm_sms}: with fewer free SMs NCCL's kernels "
-            f"cannot all run beside the fused kernel's waiting programs (measured on H200s)"
+            f"cannot all run beside the fused kernel's waiting programs"
         )
     if c.comm_sms > topology.sm_count // 2:
         raise ConfigError(
@@ -473,22 +472,19 @@ SHORT_TILES: tuple[tuple[TileConfig, float], ...] = (
     (TileConfig(64, 128, 64, 4, 4), 1.6),
 )
 """The default's tiles for a GEMM too short to fill the GPU with 128×256 (or 128×128) tiles, largest
-first, each with its time per unit of tile area against the first's (one H100, whole waves of
-tiles at K=4096: 128×128 1.10–1.13, 64×128 1.56–1.74). The default then takes the tile whose waves
-over the GPU's SMs cost least (waves × area × that factor), the larger on a tie: a 256×4096×4096
-GEMM took 46.9 µs with 128×256 tiles (32 tiles on 132 SMs), 30.0 with 128×128 and 25.7 with
-64×128 (cuBLAS 17.7); `benchmarks/NOTES.md`, 2026-11-25."""
+first, each with its time per unit of tile area against the first's (measured on whole waves of
+tiles: smaller tiles reuse less of each load). The default takes the tile whose waves over the
+GPU's SMs cost least (waves × area × that factor), the larger on a tie: at a few hundred rows a
+large tile leaves most SMs idle, so smaller tiles finish sooner despite their lower rate."""
 
 
 MIN_CHUNK_BYTES = {"ag_gemm": 8 << 20, "gemm_rs": 6 << 20, "gemm_ar": 6 << 20}
 """The default's smallest chunk of a block, and MAX_DEFAULT_CHUNKS its most chunks a call
-(splits × peers). A chunk costs a fixed time besides its bytes (on two H100s, 1 MiB chunks: 5 µs
-of copy and 5–6 µs of stream waits and writes between them), and an all-gather's GEMM starts on
-the rank's own rows without waiting, so fewer, larger chunks win until a block is tens of MiB.
-With these the cost model with the documented default calibration (`calibration_defaults`)
-predicts the default within 0.8 % on average, 19 % at worst, of its best splits over 756 shapes
-on 2, 4 and 8 H200s, against 27 % on average (2.5× at worst) for 4 splits whatever the size; the
-TP=2 shapes of configs/llama_tp2.yaml keep their 4 splits (tests/test_space.py checks both)."""
+(splits × peers). A chunk costs a fixed time besides its bytes (a copy's start and the stream
+waits and writes between copies), and an all-gather's GEMM starts on the rank's own rows without
+waiting, so fewer, larger chunks win until a block is tens of MiB. tests/test_space.py checks,
+with the cost model under the default calibration, that the default's splits stay near the
+model's best over a grid of shapes on two and eight GPUs, and that the TP=2 suite keeps 4 splits."""
 MAX_DEFAULT_CHUNKS = 8
 
 

@@ -1,0 +1,397 @@
+"""The result tables of README.md and docs/, generated from the committed result files.
+
+A generated table sits between two comment lines in a Markdown file:
+
+    <!-- generated: NAME -->
+    ...
+    <!-- end -->
+
+`python -m syncopate.docs_tables [--root DIR]` rewrites every such block of README.md and
+docs/*.md from the files under results/ that the table NAME reads; `--check` changes nothing and
+exits 1 naming each block that differs from its data. The test suite runs the check, so a figure
+in the documentation cannot drift from the data it quotes: a figure the data does not give has no
+place in the documentation.
+
+Pure Python (json, sqlite3; databases opened read-only): no torch, no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sqlite3
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from syncopate.errors import ConfigError
+
+__all__ = ["TABLES", "BenchRow", "Block", "bench_rows", "blocks", "documents", "main", "render", "rewrite"]
+
+BLOCK = re.compile(r"<!-- generated: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- end -->", re.DOTALL)
+"""One generated block: its name, then everything up to the closing comment."""
+
+KIND_LABELS = {"ag_gemm": "AG+GEMM", "gemm_rs": "GEMM+RS", "gemm_ar": "GEMM+AR"}
+
+TP2_RUNS = (
+    "bench-2026-11-27-h200x2-suite.json",
+    "bench-2026-11-27-h200x2-suite-2.json",
+    "bench-2026-11-27-h200x2-suite-ar.json",
+)
+"""The current runs of the TP=2 suite (configs/llama_tp2.yaml) on two H200s: two whole suites and
+the all-reduces alone."""
+TP4_RUNS = (
+    "bench-2026-11-27-h200x4-suite.json",
+    "bench-2026-11-27-h200x4-suite-ar.json",
+    "bench-2026-11-27-h200x4-suite-rs.json",
+)
+"""The current runs of the TP=4 suite (configs/llama_tp4.yaml) on four H200s: the whole suite, its
+all-reduces alone and its reduce-scatters alone."""
+SHORT_DB = "short_tp2-h100x2.db"
+STRATEGY_RUNS = (("TP=2", "strategies_llama_tp2.json"), ("TP=4", "strategies_llama_tp4.json"))
+
+
+# ---- reading the result files ---------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class BenchRow:
+    """One workload of a `syncopate bench` run: its baselines, the overlap bound and the best
+    verified candidate (times in µs, medians)."""
+
+    kind: str
+    m: int
+    n: int
+    k: int
+    seq: float
+    async_tp: float | None
+    gemm: float
+    comm: float
+    """The fastest collective timed alone (NCCL or the copy engine)."""
+    ours: float
+    best: str
+    """The best candidate, short: its template, the backend of a Triton template, its splits."""
+
+    @property
+    def bound(self) -> float:
+        """The overlap bound: max(GEMM alone, fastest collective alone)."""
+        return max(self.gemm, self.comm)
+
+
+def _short(candidate: dict) -> str:
+    template, splits = candidate["template"], candidate["num_splits"]
+    if template == "unfused":
+        return "unfused"
+    if candidate["backend"] == "copy_engine" and template in ("a_stationary", "c_stationary", "decomposed"):
+        return f"{template} s{splits}"
+    return f"{template} {candidate['backend']} s{splits}"
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"result file {str(path)!r} does not exist: a generated table reads it") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"result file {str(path)!r} is not valid JSON (line {e.lineno}): {e.msg}") from None
+
+
+def bench_rows(path: Path) -> tuple[dict, list[BenchRow]]:
+    """The run's header (topology, date, …) and one row per workload with a verified candidate."""
+    doc = _read_json(path)
+    rows = []
+    for r in doc["rows"]:
+        ok = [t for t in r["trials"] if t["status"] == "ok"]
+        if not ok:
+            continue
+        best = min(ok, key=lambda t: t["median_us"])
+        base = {name: b["median_us"] for name, b in r["baselines"].items()}
+        w = r["workload"]
+        rows.append(BenchRow(
+            kind=w["kind"], m=w["m"], n=w["n"], k=w["k"], seq=base["torch_seq"], async_tp=base.get("torch_async_tp"),
+            gemm=base["gemm_alone"], comm=min(v for name, v in base.items() if name.startswith("comm_alone")),
+            ours=best["median_us"], best=_short(best["candidate"]),
+        ))
+    return doc, rows
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    if not path.is_file():
+        raise ConfigError(f"results database {str(path)!r} does not exist: a generated table reads it")
+    return sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+
+
+# ---- formatting ------------------------------------------------------------------------------------
+
+def _t(us: float | None) -> str:
+    return "–" if us is None else f"{us:.1f}"
+
+
+def _r(x: float | None) -> str:
+    return "–" if x is None else f"{x:.3f}"
+
+
+def _span(values: Sequence[float]) -> str:
+    if not values:
+        return "–"
+    lo, hi = min(values), max(values)
+    return _r(lo) if f"{lo:.3f}" == f"{hi:.3f}" else f"{lo:.3f}–{hi:.3f}"
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _files(names: Sequence[str]) -> str:
+    return ", ".join(f"`results/{n}`" for n in names)
+
+
+# ---- the tables ------------------------------------------------------------------------------------
+
+def summary(root: Path) -> str:
+    """Per machine and kind, the range over shapes and runs of each ratio to our best candidate."""
+    out_rows = []
+    for runs in (TP2_RUNS, TP4_RUNS):
+        by_kind: dict[str, list[BenchRow]] = {}
+        topology = ""
+        for name in runs:
+            doc, rows = bench_rows(root / "results" / name)
+            topology = doc["topology"]["key"]
+            for row in rows:
+                by_kind.setdefault(row.kind, []).append(row)
+        for kind, label in KIND_LABELS.items():
+            rows = by_kind.get(kind, [])
+            out_rows.append([
+                topology, label, str(len({(r.n, r.k) for r in rows})),
+                _span([r.bound / r.ours for r in rows]), _span([r.seq / r.ours for r in rows]),
+                _span([r.async_tp / r.ours for r in rows if r.async_tp is not None]),
+            ])
+    table = _table(["machine", "op", "shapes", "bound / ours", "torch seq / ours", "torch async-TP / ours"], out_rows)
+    return (f"{table}\n\nM = 8192, bf16; each ratio is from one run, the range is over the shapes and the runs "
+            f"of {_files(TP2_RUNS + TP4_RUNS)}. Above 1: ours is faster (for the bound: it overlaps better than "
+            f"the slower of the GEMM alone and the fastest collective alone).\n")
+
+
+def _suite(root: Path, name: str) -> str:
+    doc, rows = bench_rows(root / "results" / name)
+    table = _table(
+        ["op", "N", "K", "torch seq", "async-TP", "GEMM alone", "comm alone", "bound", "ours", "best candidate",
+         "bound / ours", "seq / ours", "async-TP / ours"],
+        [[KIND_LABELS[r.kind], str(r.n), str(r.k), _t(r.seq), _t(r.async_tp), _t(r.gemm), _t(r.comm), _t(r.bound),
+          _t(r.ours), r.best, _r(r.bound / r.ours), _r(r.seq / r.ours),
+          _r(None if r.async_tp is None else r.async_tp / r.ours)] for r in rows],
+    )
+    return (f"{table}\n\n{doc['topology']['key']} ({doc['gpu']}, torch {doc['environment']['torch']}, triton "
+            f"{doc['environment']['triton']}, NCCL {doc['environment']['nccl']}), M = "
+            f"{', '.join(sorted({str(r.m) for r in rows}))}, bf16, µs (medians); comm alone is the fastest "
+            f"collective timed alone (NCCL or the copy engine); from `results/{name}`.\n")
+
+
+def suite_tp2(root: Path) -> str:
+    """Every shape of one whole TP=2 suite run."""
+    return _suite(root, TP2_RUNS[0])
+
+
+def suite_tp4(root: Path) -> str:
+    """Every shape of one whole TP=4 suite run."""
+    return _suite(root, TP4_RUNS[0])
+
+
+def winners(root: Path) -> str:
+    """Which template gave each shape's best candidate, in the whole suite runs."""
+    won: dict[str, dict[str, list[str]]] = {}
+    columns = []
+    for name in (TP2_RUNS[0], TP4_RUNS[0]):
+        doc, rows = bench_rows(root / "results" / name)
+        column = f"{doc['topology']['key']} ({len(rows)} shapes)"
+        columns.append(column)
+        for r in rows:
+            template = r.best.split(" ")[0]
+            won.setdefault(template, {}).setdefault(column, []).append(f"{KIND_LABELS[r.kind]} {r.n}×{r.k}")
+    out_rows = [[f"`{t}`", *("; ".join(won[t].get(c, [])) or "–" for c in columns)] for t in sorted(won)]
+    return (f"{_table(['template', *columns], out_rows)}\n\nShapes as N×K at M = 8192; from "
+            f"{_files((TP2_RUNS[0], TP4_RUNS[0]))}.\n")
+
+
+def short_tp2(root: Path) -> str:
+    """Short GEMMs at TP=2: the best fused and the unfused candidate, measured side by side."""
+    with _connect(root / "results" / SHORT_DB) as db:
+        best = db.execute(
+            "SELECT w.kind, w.m, w.n, w.k, json_extract(t.candidate, '$.template') = 'unfused', min(t.median_us) "
+            "FROM syncopate_trials t JOIN syncopate_workloads w ON w.id = t.workload_id "
+            "WHERE t.status = 'ok' AND t.source = 'measured' GROUP BY w.id, 5").fetchall()
+        seq = {(kind, m): us for kind, m, us in db.execute(
+            "SELECT w.kind, w.m, min(b.median_us) FROM syncopate_baselines b "
+            "JOIN syncopate_workloads w ON w.id = b.workload_id WHERE b.name = 'torch_seq' GROUP BY w.id")}
+        topology = db.execute("SELECT key FROM syncopate_topologies").fetchone()[0]
+    times: dict[tuple[str, int], dict[bool, float]] = {}
+    dims = set()
+    for kind, m, n, k, unfused, us in best:
+        times.setdefault((kind, m), {})[bool(unfused)] = us
+        dims.add((n, k))
+    out_rows = []
+    for kind, m in sorted(times, key=lambda x: (list(KIND_LABELS).index(x[0]), x[1])):
+        t = times[(kind, m)]
+        fused, unfused = t.get(False), t.get(True)
+        faster = "–" if fused is None or unfused is None else ("fused" if fused < unfused else "unfused")
+        out_rows.append([KIND_LABELS[kind], str(m), _t(seq.get((kind, m))), _t(fused), _t(unfused),
+                         _r(None if fused is None or unfused is None else unfused / fused), faster])
+    n = "/".join(sorted({str(n) for n, _ in dims}))
+    k = "/".join(sorted({str(k) for _, k in dims}))
+    table = _table(["op", "M", "torch seq", "best fused", "unfused", "unfused / fused", "served"], out_rows)
+    return (f"{table}\n\n{topology}, N = {n}, K = {k}, bf16, µs: each the best median measured, over the sweep "
+            f"and its confirmation; `served` is what `syncopate lookup` answers (the faster); from "
+            f"`results/{SHORT_DB}` (`configs/short_tp2.yaml`).\n")
+
+
+def _strategy_runs(root: Path) -> list[tuple[str, dict]]:
+    runs = []
+    for label, name in STRATEGY_RUNS:
+        doc = _read_json(root / "results" / name)
+        if doc["synthetic"]:
+            raise ConfigError(f"results/{name} holds a SYNTHETIC ground truth: the strategy table quotes measured sweeps")
+        runs.append((label, doc))
+    return runs
+
+
+def strategies(root: Path) -> str:
+    """Trials each strategy needs to get within the tolerance of an exhaustive measured sweep's best."""
+    runs = _strategy_runs(root)
+    names = list(dict.fromkeys(o["strategy"] for _, doc in runs for o in doc["outcomes"]))
+    out_rows = []
+    for name in names:
+        row = [f"`{name}`"]
+        for _, doc in runs:
+            mine = [o["trials"] / o["total"] if o["trials"] is not None else math.inf
+                    for o in doc["outcomes"] if o["strategy"] == name]
+            median = statistics.median(mine)
+            row += [f">{doc['cap']:.0%}" if math.isinf(median) else f"{median:.1%}",
+                    f"{sum(1 for f in mine if math.isfinite(f))}/{len(mine)}"]
+        out_rows.append(row)
+    head = ["strategy"]
+    for label, doc in runs:
+        head += [f"{label}: median fraction", f"{label}: runs reaching it"]
+    first = runs[0][1]
+    return (f"{_table(head, out_rows)}\n\nTrials until one is within {first['tolerance']:.0%} of the exhaustive "
+            f"best, as a fraction of the exhaustive count (median over workloads and seeds; runs stop at "
+            f"{first['cap']:.0%}); replayed from the measured sweeps "
+            + ", ".join(f"`{doc['label'].split(' sweep ')[0].removeprefix('sqlite:///')}`" for _, doc in runs)
+            + f"; from {_files([n for _, n in STRATEGY_RUNS])}.\n")
+
+
+def cost_model(root: Path) -> str:
+    """How well the cost model ranks the candidates of the measured sweeps."""
+    out_rows = []
+    for label, doc in _strategy_runs(root):
+        model = doc["model"]
+        out_rows.append([
+            f"{label} ({doc['topology']})", str(len(model)),
+            _r(statistics.median(m["spearman"] for m in model)), _r(min(m["spearman"] for m in model)),
+            f"{statistics.median(m['pick_gap'] for m in model):+.1%}", f"{max(m['pick_gap'] for m in model):+.1%}",
+        ])
+    head = ["sweep", "workloads", "Spearman, median", "Spearman, lowest", "model's pick vs best, median",
+            "model's pick vs best, worst"]
+    return (f"{_table(head, out_rows)}\n\nThe cost model's predictions of every candidate of a measured "
+            f"exhaustive sweep against the measurements: rank correlation, and how much slower than the best "
+            f"the candidate it ranks first measured; from {_files([n for _, n in STRATEGY_RUNS])}.\n")
+
+
+TABLES: dict[str, Callable[[Path], str]] = {
+    "summary": summary,
+    "suite-tp2": suite_tp2,
+    "suite-tp4": suite_tp4,
+    "winners": winners,
+    "short-tp2": short_tp2,
+    "strategies": strategies,
+    "cost-model": cost_model,
+}
+"""Table name (as in `<!-- generated: NAME -->`) → its generator, given the repository root."""
+
+
+# ---- the blocks in the documents -------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """One generated block of a document: where it is, its name, and whether it matches its data."""
+
+    path: Path
+    name: str
+    current: bool
+
+
+def documents(root: Path) -> list[Path]:
+    """README.md and the pages under docs/, those that exist."""
+    return [p for p in [root / "README.md", *sorted((root / "docs").glob("**/*.md"))] if p.is_file()]
+
+
+def render(text: str, root: Path, source: str = "<text>", cache: dict[str, str] | None = None) -> str:
+    """`text` with every generated block's body regenerated from the data under `root`."""
+    cache = {} if cache is None else cache
+
+    def body(match: re.Match) -> str:
+        name = match["name"]
+        if name not in TABLES:
+            raise ConfigError(f"{source}: no generated table named {name!r}; known: {', '.join(TABLES)}")
+        if name not in cache:
+            cache[name] = TABLES[name](root)
+        return f"<!-- generated: {name} -->\n{cache[name]}<!-- end -->"
+
+    return BLOCK.sub(body, text)
+
+
+def blocks(root: Path) -> list[Block]:
+    """Every generated block of the documents under `root`, each compared with its data."""
+    cache: dict[str, str] = {}
+    out = []
+    for path in documents(root):
+        text = path.read_text()
+        for match in BLOCK.finditer(text):
+            fresh = render(match[0], root, str(path), cache)
+            out.append(Block(path=path, name=match["name"], current=fresh == match[0]))
+    return out
+
+
+def rewrite(root: Path) -> list[Path]:
+    """Regenerate every block of the documents under `root`; return the files that changed."""
+    cache: dict[str, str] = {}
+    changed = []
+    for path in documents(root):
+        text = path.read_text()
+        fresh = render(text, root, str(path), cache)
+        if fresh != text:
+            path.write_text(fresh)
+            changed.append(path)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m syncopate.docs_tables", description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, default=Path("."), help="the repository root (default: the current folder)")
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block differs from its data")
+    args = ap.parse_args(argv)
+    root = args.root
+    if not (root / "results").is_dir():
+        print(f"docs_tables: error: {str(root)!r} has no results/ folder: give the repository root with --root",
+              file=sys.stderr)
+        return 2
+    try:
+        if args.check:
+            stale = [b for b in blocks(root) if not b.current]
+            for b in stale:
+                print(f"{b.path}: table {b.name!r} differs from its data: run `python -m syncopate.docs_tables`")
+            return 1 if stale else 0
+        for path in rewrite(root):
+            print(f"rewrote {path}")
+    except ConfigError as e:
+        print(f"docs_tables: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
