@@ -158,16 +158,17 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
     ctx.span("own term", (r, 0), rows, main, t0)
     peers = plan.peers_added
     # The caller's stream waits for the peers' operands through events a side stream records once
-    # they are here: a stream wait on a pad word between the two GEMMs held the caller's stream 5 µs
-    # with the word long set (gemm_rs 8192x8192x2048, two H200s, 2026-11-26). Enqueued after the own
-    # term (and the pushes): where streams share a hardware queue, a wait enqueued before them
+    # they are here: a stream wait on a pad word between two GEMMs holds the caller's stream a few
+    # microseconds even where the word is long set, and an event wait does not. Enqueued after the
+    # own term (and the pushes): where streams share a hardware queue, a wait enqueued before them
     # would hold them back until the peers' operands are in.
     #
     # An all-reduce on three or more ranks waits on the words on the caller's stream instead: its
-    # side stream 2 also makes the pulls, and with the waits there each peer's term started up to
-    # 70 µs after its inputs had landed (gemm_ar 8192x8192x4096 on four H200s, 2026-11-27: 608.8
-    # against 698.4 µs, 8192x8192x8192 782.6 against 937.3; the reduce-scatter's alike either way,
-    # two ranks 3-4 µs slower on the caller's stream).
+    # side stream 2 also makes the pulls, and with the waits there each peer's term started well
+    # after its inputs had landed (for a reduce-scatter the place makes no difference, and on two
+    # ranks the caller's stream is the slower place).
+    # `benchmarks/timeline.py --template c_stationary` shows when each term's inputs were there
+    # and when the term ran.
     landed = streams[-1]
     events = iter(ctx.kept_events(plan, len(peers) + (plan.splits if plan.all_reduce else 0)))
     arrived = {}

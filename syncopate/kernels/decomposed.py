@@ -32,14 +32,14 @@ reduce-scatter's local copy), shorter the more chunks. One call, rank r, its row
   pull q's reduced chunk j into the output's rows of q (the last chunk's wait and pull on the
   caller's stream, after its last GEMM).
 
-An all-reduce's last pulls, which the call ends on, are done by the SMs (`pull_last`, a kernel a
-peer on the caller's stream, after the last GEMM): each waits for its peer's word
-and copies with every SM, where a stream wait and a copy-engine copy had followed the write.
-gemm_ar 8192x4096x11008 s4 on two H200s, side by side, the stream path -> this one: 2-8 us less on
-six hosts (the kernel raising the word itself instead lost 4 us again; benchmarks/NOTES.md,
-twenty-eighth session). Not where ranks share a GPU (`OverlapContext.sm_pulls`: a spinning kernel
-could hold the SMs the peer's GEMM needs) or where a chunk is not whole 16-byte words at aligned
-addresses: the stream path then.
+An all-reduce's last pulls, which the call ends on, are done by the SMs (`pull_last`, one kernel a
+peer on the caller's stream, after the last GEMM): each waits for its peer's word and copies with
+every SM, so the call's tail starts as soon as the word is written, where a stream wait and a
+copy-engine copy follow the write later. The word itself stays a stream write: a kernel raising it
+made the call slower again. Not where ranks share a GPU (`OverlapContext.sm_pulls`: a spinning
+kernel could hold the SMs the peer's GEMM needs) or where a chunk is not whole 16-byte words at
+aligned addresses: the stream path then. `benchmarks/timeline.py gemm_ar ... --template
+decomposed` shows the tail left after the last GEMM.
 
 The caller's stream then waits for the side streams. A wait is for an entry, announced first, for a
 partial, which waits only for entries, or for a reduced chunk, which waits only for partials: a
@@ -114,20 +114,18 @@ class DecomposedPlan:
         """Rank q's block as the chunks its own GEMMs reduce: `chunks`, but on two ranks the first
         half's in one GEMM (they wait for the same partials, and what follows them hides their longer
         transfer), and for an all-reduce the last cut in two, so that the pull left after the call's
-        last GEMM is half as long (gemm_ar 8192x4096x11008 on two H200s, side by side: 2 splits 547
-        -> 527 µs, 4 splits 530 -> 528, 8 splits 546 -> 553; the tuner picks among them). The first
-        half in one GEMM, s4, side by side: gemm_ar 517.9 -> 516.5 µs, gemm_rs 498.0 -> 496.3
-        (8192x4096x11008, two H200s, 2026-11-26). Not measured on more ranks, where the cost model
-        has it slower for some all-reduces (8192x8192x28672 on four: the reduced rows' pulls from
-        three peers start later on one ingress)."""
+        last GEMM is half as long. The cut gains most at few splits and can cost at many:
+        `num_splits` is searched, so the tuner weighs it. The first half is one GEMM on two ranks
+        only: on more, the cost model has it slower for some all-reduces, whose reduced rows' pulls
+        from several peers then start later on one ingress."""
         return own_gemm_rows(self.chunks(q), self.world_size, self.all_reduce)
 
     @property
     def halves(self) -> list[range]:
         """The chunks each partial GEMM covers: the first half of a block's chunks, then the rest
-        (one GEMM where there is one chunk). A GEMM of more rows runs nearer cuBLAS's full rate
-        (gemm_ar 8192x4096x11008 on two H100s: chunks of 1024 rows at 94 % of the whole GEMM's,
-        of 512 at 76-81 %), and the second half's push has the own rows' first half to hide behind."""
+        (one GEMM where there is one chunk). A GEMM of more rows runs nearer cuBLAS's full rate (a
+        chunk of a few hundred rows falls well short of the whole GEMM's), and the second half's
+        push has the own rows' first half to hide behind."""
         return halves(self.splits)
 
     @classmethod
@@ -148,8 +146,8 @@ def prepare(ctx: OverlapContext, plan: DecomposedPlan) -> None:
 class _Layout:
     """What every call of a plan enqueues, worked out once per context (`_layout`): rows, addresses,
     pad words, the fixed views of the symmetric buffers, the timeline's labels. Working them out
-    again and slicing the buffers anew was a third of a call's host time (gemm_ar
-    8192x4096x11008 s4 on two H200s, `benchmarks/host_split.py`)."""
+    again and slicing the buffers anew each call was a large share of a call's host time
+    (`benchmarks/op_host.py decomposed` measures it)."""
 
     def __init__(self, ctx: OverlapContext, plan: DecomposedPlan, row_bytes: int) -> None:
         r, ws = plan.rank, plan.world_size
@@ -196,10 +194,8 @@ class _Layout:
         self.merged_tail = tail_copied_together(even, ws, plan.all_reduce)
         """An all-reduce on two ranks whose last own chunk is cut in two: the first half's copy into the
         output goes with the second's, after the call's last GEMM, so that `ready` is idle when that
-        GEMM ends and raises the last word at once (`run`). gemm_ar 8192x4096x11008 on two H200s, side
-        by side: s4 519.0 -> 514.0 µs, s2 522.7 -> 518.9, s8 534.1 -> 529.1, the stream path's s4
-        524.3 -> 521.2; K=14336 s4 652.9 -> 649.1 (2026-11-27). On four H200s it was slower (s2 477.0
-        -> 492.9, s4 526.4 -> 534.5): not there."""
+        GEMM ends and raises the last word at once (`run`): faster on two ranks at every split, the
+        stream path's pulls included; slower on four, so not on more ranks."""
         if self.merged_tail:
             offset, address, nbytes = self.copies[-2]
             self.copies[-2:] = [None, (offset, address, nbytes + self.copies[-1][2])]
@@ -270,10 +266,10 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
             ctx.span(pushed, chunk, rows, push, t0)
             ctx.write_signal(push, p, word, e)
     # The caller's stream waits for the peers' partials through events the third stream records
-    # once they are here: a stream wait on a pad word between two GEMMs held the caller's stream
-    # ~8 us even where the word was long set (gemm_ar 8192x4096x11008, two H100s). Enqueued after
-    # the partials' GEMMs and pushes: where streams share a hardware queue, a wait enqueued before
-    # them would hold back what the peers wait for.
+    # once they are here: a stream wait on a pad word between two GEMMs holds the caller's stream
+    # several microseconds even where the word is long set, and an event wait does not. Enqueued
+    # after the partials' GEMMs and pushes: where streams share a hardware queue, a wait enqueued
+    # before them would hold back what the peers wait for.
     arrived = {}
     for h, q, address in layout.arrivals:
         streamops.wait_value(side.cuda_stream, address, e)
@@ -298,7 +294,7 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
         # pulls, which the call ends on, wait for: where the chunk before's copy is merged into the
         # last's (`merged_tail`), `ready` is idle when the last GEMM ends and raises it at once, and
         # the pull after that GEMM on the caller's stream starts right behind it, where a stream
-        # write between them held it back ~7 us. Otherwise the last word goes from the caller's
+        # write between them would hold it back. Otherwise the last word goes from the caller's
         # stream, right after its GEMM, not behind the chunk before's copy on `ready` (a context
         # whose streams cannot write a peer's memory relays a word through a side stream's own
         # scratch slot, which the caller's stream has none of: the word stays on `ready` there).

@@ -6,11 +6,11 @@ first, from the shard itself, while every rank pushes its shard to each peer in 
 so that at each step every rank sends to one peer and receives from another). The peers' rows
 then go through as few GEMMs as their arrivals allow (`gather_gemms`): with one split, the shards
 of every peer in one GEMM (two where their rows wrap past row 0), the fewest kernels where the
-shards land while the own rows' GEMM runs (a cuBLAS GEMM of a few rows runs well below its whole
-rate: 1024 of 8192 rows at 0.74-0.83 of it on H200s); with more, groups of shards or parts of each,
-for a link too slow to land everything in that time. On four H200s, ag_gemm 8192x29568x8192 with
-one split took 1262.8-1277.4 us against 1359-1363 for the fused consumer and 1329-1333 for torch's
-fused_all_gather_matmul (one GEMM a shard), faster than cuBLAS's one GEMM of the whole (1284-1289).
+shards land while the own rows' GEMM runs (a cuBLAS GEMM of a shard's rows runs well below the
+rate of one over many shards); with more, groups of shards or parts of each, for a link too slow to
+land everything in that time. On wide shapes one split can beat the fused consumer, torch's
+fused_all_gather_matmul (one GEMM a shard) and even cuBLAS's one GEMM of the whole gathered A: the
+shapes where it won are in docs/templates.md ("Where each template won").
 One call, rank r, its rows [r0, r0 + m):
 
 - side stream 0 (pushes): announce r's entry into every pad; for each peer p in turn: wait until

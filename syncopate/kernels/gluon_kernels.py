@@ -298,7 +298,9 @@ if AVAILABLE:
         s = job % NUM_BUF
         bar = bars.index(s)
         mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
-        if own != 0:  # a branch, not two predicated loads: 3-4 % faster at 128x128 tiles (one H200)
+        # A branch, not two predicated loads: `own` is one value for all the program's threads,
+        # and the branch was the faster at small tiles (`benchmarks/gpu_single.py gluon-consumer`).
+        if own != 0:
             _tma_load(own_desc, [row, ki * BLOCK_K], bar, a_bufs.index(s), pred)
         else:
             _tma_load(a_desc, [row, ki * BLOCK_K], bar, a_bufs.index(s), pred)

@@ -38,8 +38,8 @@ COPY_COUNTER_BASE = 2048
 _ENVIRON = os.environ._data if os.name == "posix" and isinstance(getattr(os.environ, "_data", None), dict) else None
 """os.environ's own table (encoded names to encoded values), where it has one: the launchers read
 their settings (the interpreter flag, the Gluon kernels) several times on every call, and a
-look-up there costs a sixth of `os.environ.get`'s on the GPU machines' hosts
-(`benchmarks/host_parts.py`)."""
+look-up there skips `os.environ.get`'s encoding and mapping layers, a small part of a call's host
+time that every call pays (`benchmarks/op_host.py` measures a call's host time)."""
 
 
 @functools.cache
@@ -138,8 +138,9 @@ class _Relaunch:
 
     The first launch under a key takes Triton's dispatch; the key holds every input of those
     choices and of Triton's specialization but the addresses of the replaced tensors, and those
-    addresses' alignment. On one H100 it took a producer's launch from 145–270 to 80–90 µs of host
-    time and a consumer's from 90–115 to 55–65 (`benchmarks/gpu_single.py host`, 2026-11-23).
+    addresses' alignment. A relaunch costs the host about half of what a launch through Triton's
+    dispatch does (`benchmarks/gpu_single.py host` times a launch, `benchmarks/op_host.py` a whole
+    call).
 
     A call passes the replaced descriptors' tensors (None where the launch holds no descriptor
     there). Where it can (`_direct_launch`), a relaunch calls the compiled launcher itself with its
@@ -645,9 +646,10 @@ def epilogue_split(c: Candidate) -> int:
 COPY_TABLE_ALIGN = 4
 """Job-table rows are padded to a multiple of this many jobs, so that every row starts 16-byte
 aligned whatever the number of jobs. Triton specializes a kernel on its pointers' 16-byte
-alignment: with unpadded rows, a plan whose job count changed that alignment got a copier variant
-of its own, compiled and loaded at its launch, after the fused kernel's (the staged first load had
-loaded the other variant), and on two H200s that call ran out of its waits."""
+alignment: with unpadded rows, a plan whose job count changed that alignment would get a copier
+variant of its own, compiled and loaded at its launch, after the fused kernel's (the staged first
+load loaded the other variant); a module load waits for the device, so the copier would wait for
+the kernel that waits for its copies, until a bounded wait runs out."""
 
 COPY_TABLES_CACHED = 32
 """Job tables kept on the device per context (an all-reduce's tables name the caller's output)."""
@@ -693,8 +695,9 @@ def stage_chunk_copy(ctx, jobs, stream: torch.cuda.Stream | None, programs: int,
     """Everything `launch_chunk_copy` needs that may synchronize, done before a fused kernel runs:
     the job tables, and the copier's first launch in this process (with no jobs), in which Triton
     compiles it and loads it onto the device. A module load is an implicit synchronization point
-    too: the first reduce-scatter over SM copies, loading the copier after the producer started,
-    ran out of its waits on two H200s while every later call was correct."""
+    too: a first reduce-scatter over SM copies that loaded the copier after the producer started
+    would wait for the producer, which waits for the copies, and run out of its waits, while every
+    later call, finding the copier loaded, is correct."""
     if not jobs:
         return
     tables = copy_job_tables(ctx, jobs, stream)

@@ -3,9 +3,9 @@
 These enqueue work that uses no SM: `cuStreamWriteValue32` (with the default flag it first makes
 the stream's earlier writes visible), `cuStreamWaitValue32` with the wrap-safe GEQ comparison,
 and `cuMemcpyDtoDAsync`, which the copy engines execute. Addresses may point to a peer's
-symmetric memory mapped into this process. The driver is called through ctypes: a write or wait
-costs 3.5 µs of host time on the GPU machines' hosts and a copy 8 (`benchmarks/host_parts.py`),
-which matters when a fused op enqueues dozens of them: a `Program` records a call's once and runs
+symmetric memory mapped into this process. The driver is called through ctypes, and each write,
+wait or copy costs the host microseconds, which matters when a fused op enqueues dozens of them
+(`benchmarks/op_host.py` measures a call's host time): a `Program` records a call's once and runs
 them again each call, its writes and waits in a row on one stream in one `cuStreamBatchMemOp`.
 """
 

@@ -293,8 +293,9 @@ class FusedGatherProgram(CallProgram):
         )
         enqueue = self.backend.stage_gather(call, streams)  # what may allocate, before the kernel runs
         copy_out = stage_gathered_copy(call, streams[2]) if overlap else None
-        # The side streams' work first: a consumer's side streams wait only on peers, and this order
-        # ran clean where the kernel-first one met an illegal-instruction fault on two H200s.
+        # The side streams' work first: a consumer's side streams wait only on peers, and the
+        # kernel-first order has met an illegal-instruction fault (`benchmarks/probe_faults.py`
+        # runs the ops one synchronized call at a time to find such faults).
         enqueue()
         launch_consumer(self.a_full.local, b, out, tables, self.spec.candidate, epoch, ctx.signals.local, ctx.error,
                         self.sms, spin_limit, cache=ctx.cache, a_own=own, own_row0=self.r0, memo=self.launches)

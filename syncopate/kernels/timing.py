@@ -3,13 +3,12 @@
 Before each repetition every rank flushes L2 (writes a buffer larger than it), meets the others at
 a barrier, and queues a device sleep so that the op's launches are all enqueued before the start
 event fires (host overhead is measured apart): at least twice the host time of the last warm-up
-call (the decomposed all-reduce takes 0.5-1 ms to enqueue, and a 1.5 ms sleep counted for 1.1 ms
-at an H200's 2 GHz). After the sleep the GPUs meet once more, in a
-one-element all-reduce that the host does not wait for, and the start event follows it: the ranks
-then start within a few µs of each other, where the host barrier alone leaves the hosts' own skew
-(tens of µs on two H100s) between them, and a rank that started early counts the wait for a late
-peer as its op's time. A repetition's time is the largest over the ranks; callers take the median
-and p20/p80 of the repetitions.
+call, since the slowest calls take most of a millisecond to enqueue and a sleep counted in clock
+cycles can end sooner than asked. After the sleep the GPUs meet once more, in a one-element
+all-reduce that the host does not wait for, and the start event follows it: the ranks then start
+together, where the host barrier alone leaves the hosts' own skew between them, and a rank that
+started early counts the wait for a late peer as its op's time. A repetition's time is the largest
+over the ranks; callers take the median and p20/p80 of the repetitions (docs/benchmarking.md).
 """
 
 from __future__ import annotations

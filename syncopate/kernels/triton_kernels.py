@@ -132,7 +132,7 @@ def _wait_slot(signal_ptr, slot, epoch, error_ptr, max_spin, ASM_WAIT: tl.conste
     The result is data-dependent on what was read, so callers add it to load and store coordinates:
     the compiler then cannot issue those before the wait. A bounded wait that gives up (max_spin >
     0) sets the error flag and still returns 0: what follows reads stale data, but stays inside its
-    buffers (a -1 there once stored a partial one element before the all-reduce's buffer).
+    buffers (a -1 there would store a partial one element before the all-reduce's buffer).
     """
     value = epoch
     if slot >= 0:
