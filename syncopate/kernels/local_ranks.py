@@ -4,7 +4,6 @@ calibrate`, the two-GPU tests and `benchmarks/probe_faults.py` share.
 `spawn_ranks(target, world, args, what)` starts `target(rank, world, port, *args, queue)` in a
 spawned process per GPU (NVLink multicast off in all of them) and returns the first item a rank
 puts on `queue`, failing as soon as a rank dies; each rank starts with `join_group(rank, world, port)`.
-A process that torchrun started joins with `join_torchrun()`.
 """
 
 from __future__ import annotations
@@ -18,13 +17,13 @@ from typing import Any
 
 from syncopate.workers.env import MULTICAST_OFF
 
-__all__ = ["free_port", "join_group", "join_torchrun", "spawn_ranks"]
+__all__ = ["free_port", "join_group", "spawn_ranks"]
 
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now, below Linux's ephemeral range
     (32768-60999): a port the kernel handed out could be handed again, to another process's
-    connection, before rank 0 listens on it (EADDRINUSE on two H200s, 2026-11-26)."""
+    connection, before rank 0 listens on it, which then fails with EADDRINUSE."""
     rng = random.Random()
     for _ in range(64):
         port = rng.randrange(20000, 32000)
@@ -59,20 +58,6 @@ def join_group(rank: int, world: int, port: int, shared_gpu: bool = False):
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     else:
         dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world, device_id=device)
-    return device
-
-
-def join_torchrun():
-    """In a process torchrun started: multicast off, the GPU of its LOCAL_RANK selected, the NCCL
-    group formed from torchrun's environment; its device."""
-    os.environ.update(MULTICAST_OFF)
-    import torch
-    import torch.distributed as dist
-
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    device = torch.device("cuda", local)
-    dist.init_process_group("nccl", device_id=device)
     return device
 
 
