@@ -39,11 +39,11 @@
 # With 30 minutes of two GPUs: `smoke matrix suite suite-gluon` (about 21 minutes at their limits)
 # says whether the TP=2 targets hold with the current code (the stationary templates in the suite's
 # `cuBLAS` column, the Gluon kernels in the second suite); `tp` and `graph` next if time is left.
-#   tp      syncopate.tp's layers: tests/test_gpu_tp.py on two GPUs, then benchmarks/tp_mlp.py (a
-#           LLaMA-8B MLP block at 8192 tokens, forward and backward, fused against torch's path and
-#           async-TP) with and without sequence parallelism, then examples/tp_block.py on two GPUs
-#   tp4     the same on four GPUs (the layer and capture tests' four-GPU cases, tp_mlp.py --world 4 with
-#           the configurations of results/llama_tp4-tune.db, tp_block.py on four ranks)
+#   tp      syncopate.tp's layers: tests/test_gpu_tp.py on two GPUs, then `syncopate bench --layer mlp` (a
+#           LLaMA-8B MLP layer at 8192 tokens, forward and backward, eager and in CUDA graphs, against
+#           torch's path and async-TP) with and without sequence parallelism, then examples/tp_block.py
+#   tp4     the same on four GPUs (the layer and capture tests' four-GPU cases, the layer with the
+#           configurations of results/llama_tp4-tune.db, tp_block.py on four ranks)
 #   graph   the ops captured in CUDA graphs: tests/test_gpu_capture.py on two GPUs, then
 #           benchmarks/graph_calls.py (calls one by one against a graph's replay; ours, torch's, async-TP),
 #           then op_host.py's host time and profile of ag_gemm at 256, 1024 and 4096 rows (where an eager
@@ -154,15 +154,15 @@ for arg in "${steps[@]}"; do
         tune4) sweep tune4 configs/llama_tp4.yaml results/llama_tp4-tune.db ;;
         tune8) sweep tune8 configs/llama_tp8.yaml results/llama_tp8-tune.db ;;
         tp) step tp-test 300 python3 -m pytest -s -q -p no:cacheprovider -m multigpu tests/test_gpu_tp.py
-            step tp-sp 200 python3 benchmarks/tp_mlp.py --json "$OUT/tp-sp.json"
-            step tp-ar 200 python3 benchmarks/tp_mlp.py --no-sp --json "$OUT/tp-ar.json"
+            step tp-sp 200 python3 -m syncopate bench --layer mlp --tp 2 --json "$OUT/tp-sp.json"
+            step tp-ar 200 python3 -m syncopate bench --layer mlp --tp 2 --no-sp --json "$OUT/tp-ar.json"
             step tp-block 200 torchrun --nproc-per-node 2 examples/tp_block.py ;;
         tp4) step tp4-test 420 python3 -m pytest -s -q -p no:cacheprovider -m multigpu tests/test_gpu_tp.py \
                 tests/test_gpu_capture.py -k "four_gpus and 4"
-            step tp4-sp 200 env SYNCOPATE_DB=sqlite:///results/llama_tp4-tune.db python3 benchmarks/tp_mlp.py \
-                --world 4 --json "$OUT/tp4-sp.json"
-            step tp4-ar 200 env SYNCOPATE_DB=sqlite:///results/llama_tp4-tune.db python3 benchmarks/tp_mlp.py \
-                --world 4 --no-sp --json "$OUT/tp4-ar.json"
+            step tp4-sp 200 env SYNCOPATE_DB=sqlite:///results/llama_tp4-tune.db python3 -m syncopate bench \
+                --layer mlp --tp 4 --json "$OUT/tp4-sp.json"
+            step tp4-ar 200 env SYNCOPATE_DB=sqlite:///results/llama_tp4-tune.db python3 -m syncopate bench \
+                --layer mlp --tp 4 --no-sp --json "$OUT/tp4-ar.json"
             step tp4-block 200 torchrun --nproc-per-node 4 examples/tp_block.py ;;
         graph) step graph-test 300 python3 -m pytest -s -q -p no:cacheprovider -m multigpu tests/test_gpu_capture.py
             step graph-calls 200 python3 benchmarks/graph_calls.py --ranks 2 --out "$OUT/graph-calls.json"
