@@ -18,7 +18,16 @@ from syncopate.errors import ConfigError, RuntimeUnavailableError
 from syncopate.search_space import Topology
 from syncopate.workers.env import apply_to_current_process
 
-__all__ = ["Cluster", "REACH_TIMEOUT_S", "check_reachable", "connect", "gang_capacity", "gang_shape"]
+__all__ = [
+    "REACH_TIMEOUT_S",
+    "Cluster",
+    "check_local_gpus",
+    "check_reachable",
+    "connect",
+    "gang_capacity",
+    "gang_shape",
+    "local_gpu_count",
+]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +116,34 @@ def _keeping_sigterm() -> Iterator[None]:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def local_gpu_count() -> int | None:
+    """The GPUs a local Ray cluster started here would count (Ray's own detection, this process's
+    CUDA_VISIBLE_DEVICES respected), without starting it; None where Ray does not say."""
+    try:
+        from ray._private import accelerators
+
+        manager = accelerators.get_accelerator_manager_for_resource("GPU")
+        count = int(manager.get_current_node_num_accelerators())
+        visible = manager.get_current_process_visible_accelerator_ids()
+    except Exception as e:  # noqa: BLE001 - Ray's private API moved: Ray counts them when it starts
+        log.debug("cannot count the GPUs before Ray starts: %s", e)
+        return None
+    return min(count, len(visible)) if visible is not None else count
+
+
+def check_local_gpus(topology: Topology | None, runner: str) -> None:
+    """Before a local cluster starts for `runner`: raise RuntimeUnavailableError, as
+    :func:`gang_shape` does once it runs, where this machine's GPUs hold no gang of `topology`.
+    A process already connected to Ray keeps that cluster (:func:`connect`): nothing to check here."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    count = local_gpu_count()
+    if count is not None:
+        gang_shape(topology, Cluster(address="local", owned=False, gpus_by_node=(("this machine", count),)), runner)
 
 
 def connect(address: str | None, *, declared_gpus: int | None = None, verbose: bool = False) -> Cluster:
