@@ -1,9 +1,12 @@
 """Layer: how `syncopate tune` starts and stops, on the CPU. What can refuse a run is checked before
 Ray starts and before the database is made (a database it cannot write, another application's
 file, a GPU runner on a machine without GPUs), and a refused run leaves every file as it was; a run
-stopped while it makes its database leaves none, and the same command then just works.
+stopped while it makes its database leaves none, and the same command then just works; a signal
+while Ray starts ends the command with its documented exit code and one line, Ray shut down with
+every process it started.
 
-The runs are in this process, with Ray forbidden."""
+Most runs are in this process with Ray forbidden; the signals go to a real `python -m syncopate`
+on a local Ray cluster (declared GPUs, the cpu-fixture runner)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,9 @@ import os
 import shutil
 import signal
 import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +26,9 @@ from support.unprivileged import captured, listing, shared_folder, unprivileged
 import syncopate.autotuner.tune as tune_module
 from syncopate.cli import main
 from syncopate.results_db import ResultsDB
+from syncopate.workers import child_env
 
+REPO = Path(__file__).resolve().parents[1]
 SMALL_SPACE = {"backends": ["copy_engine", "nccl"], "templates": ["direct"], "num_splits": [1, 2],
                "tile_orders": ["arrival"], "tile_configs": ["128x256x64w8s3"], "group_m": [8]}
 
@@ -128,3 +136,76 @@ def test_a_first_run_stopped_while_it_makes_the_database_leaves_none_and_runs_ag
     assert "sweep 'fx' (id 1) on H200x2-nvlink: done" in " ".join(out.split())
     with ResultsDB.open(db) as rdb:
         assert [(s.sweep_id, s.status) for s in rdb.sweeps() if s.name == "fx"] == [(1, "done")]
+
+
+# -- a signal while Ray starts ---------------------------------------------------------------------
+
+
+def _session(sid: int) -> dict[int, list[str]]:
+    """The processes of session `sid` other than its leader, with their command lines."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == sid:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                session = int(f.read().rsplit(")", 1)[1].split()[3])
+            if session == sid:
+                with open(f"/proc/{entry}/cmdline") as f:
+                    found[int(entry)] = f.read().split("\0")
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _is_agent(argv: list[str]) -> bool:
+    return any(a.endswith(("dashboard/agent.py", "runtime_env/agent/main.py"))
+               or (a.startswith("ray::") and "Agent" in a) for a in argv)
+
+
+MOMENTS = {
+    "gcs": lambda procs: bool(procs),  # Ray's first process is up
+    "agents": lambda procs: any(_is_agent(argv) for argv in procs.values()),  # the raylet has started its agents
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("signum, moment, code, line", [
+    (signal.SIGTERM, "gcs", 143, "syncopate: terminated"),
+    (signal.SIGINT, "agents", 130, "syncopate: interrupted"),
+], ids=["sigterm-gcs", "sigint-agents"])
+def test_a_signal_while_ray_starts_stops_with_one_line_and_leaves_no_ray_process(tmp_path, signum, moment, code, line):
+    config = fixture_sweep(tmp_path)
+    db = tmp_path / "t.db"
+    env = child_env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "syncopate", "tune", str(config), "--db", f"sqlite:///{db}"],
+                            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    left: dict[int, list[str]] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline and not MOMENTS[moment](_session(proc.pid)):
+            time.sleep(0.02)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+        deadline = time.monotonic() + 20
+        while (left := _session(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        for pid in list(_session(proc.pid)):  # whatever is left of that run, so that no test after it sees it
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == code, (proc.returncode, err[-3000:])
+    assert err.strip().splitlines() == [line], err[-3000:]
+    assert left == {}, left
+    assert not db.exists()  # stopped before it was ready to write: nothing made
