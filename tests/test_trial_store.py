@@ -33,14 +33,34 @@ def _tables(path) -> set[str]:
         engine.dispose()
 
 
-def test_a_new_sqlite_file_is_created_with_the_schema(tmp_path):
+def test_a_new_sqlite_file_is_created_with_the_schema_when_the_run_is_ready_to_write(tmp_path):
     path = tmp_path / "new.db"
     store = open_store(f"sqlite:///{path}")
     try:
-        assert store.latest_sweep("x") is None
+        assert store.latest_sweep("x") is None and store.url == f"sqlite:///{path}"
+        assert list(tmp_path.iterdir()) == []  # opened and read: nothing made yet
+        store.prepare_writes()
     finally:
         store.close()
     assert {VERSION_TABLE, "syncopate_sweeps", "syncopate_trials", "syncopate_baselines"} <= _tables(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.db"]
+
+
+def test_a_new_sqlite_file_is_made_by_the_first_write_without_prepare_writes(tmp_path):
+    path = tmp_path / "new.db"
+    store = open_store(str(path))
+    try:
+        sweep_id = store.start_sweep("s", {"name": "s"})
+        assert store.latest_sweep("s").sweep_id == sweep_id
+    finally:
+        store.close()
+    assert "syncopate_sweeps" in _tables(path)
+
+
+def test_a_store_closed_before_it_writes_leaves_no_file(tmp_path):
+    store = open_store(str(tmp_path / "new.db"))
+    store.close()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_default_database_lives_under_xdg_data_home(tmp_path, monkeypatch):
@@ -48,6 +68,9 @@ def test_the_default_database_lives_under_xdg_data_home(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     store = open_store(None)
     try:
+        assert store.url.endswith(f"{tmp_path}/xdg/syncopate/results.db")
+        assert not (tmp_path / "xdg").exists()
+        store.prepare_writes()
         assert store.url.endswith(f"{tmp_path}/xdg/syncopate/results.db")
     finally:
         store.close()
@@ -57,7 +80,9 @@ def test_the_default_database_lives_under_xdg_data_home(tmp_path, monkeypatch):
 def test_syncopate_db_names_the_database(tmp_path, monkeypatch):
     monkeypatch.setenv("SYNCOPATE_DB", f"sqlite:///{tmp_path / 'env.db'}")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    open_store(None).close()
+    store = open_store(None)
+    store.prepare_writes()
+    store.close()
     assert (tmp_path / "env.db").exists() and not (tmp_path / "xdg").exists()
 
 

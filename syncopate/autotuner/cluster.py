@@ -1,5 +1,12 @@
 """The Ray cluster a sweep runs on: connect (or start a local one), fail fast when it cannot be
 reached, and count how many gangs of a topology its GPUs hold.
+
+Ray's start and shutdown are not interrupted: a SIGTERM or SIGINT that arrives while `ray.init` or
+`ray.shutdown` runs is held, Ray is shut down (a cluster started here, with every process it
+started), and the signal is then delivered to the handler the process had before, so that the
+command stops as it documents (`syncopate tune`: one line, exit 143 or 130). Ray's own SIGTERM
+handler, which exits at once, is never installed; an interrupted `ray.init` would leave Ray half
+started, its agents running on and the process dying in Ray's native code.
 """
 
 from __future__ import annotations
@@ -18,7 +25,16 @@ from syncopate.errors import ConfigError, RuntimeUnavailableError
 from syncopate.search_space import Topology
 from syncopate.workers.env import apply_to_current_process
 
-__all__ = ["Cluster", "REACH_TIMEOUT_S", "check_reachable", "connect", "gang_capacity", "gang_shape"]
+__all__ = [
+    "REACH_TIMEOUT_S",
+    "Cluster",
+    "check_local_gpus",
+    "check_reachable",
+    "connect",
+    "gang_capacity",
+    "gang_shape",
+    "local_gpu_count",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +62,8 @@ class Cluster:
         return f"{self.gpus} GPU(s) on {len(self.gpus_by_node)} node(s) ({nodes})"
 
     def disconnect(self) -> None:
-        import ray
-
-        if self.owned and ray.is_initialized():
-            ray.shutdown()
+        if self.owned:
+            _shutdown()
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
@@ -94,19 +108,111 @@ def _gpus_by_node() -> tuple[tuple[str, int], ...]:
     return tuple(sorted((n["NodeManagerAddress"], int(n.get("Resources", {}).get("GPU", 0))) for n in nodes))
 
 
+_HELD_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 @contextmanager
-def _keeping_sigterm() -> Iterator[None]:
-    """Put back the process's SIGTERM handler after Ray's start replaced it (Ray's exits at once):
-    `syncopate tune` stops on SIGTERM as on Ctrl-C, marking its sweep `interrupted`."""
+def _signals_held(held: list[int]) -> Iterator[None]:
+    """Hold SIGTERM and SIGINT inside the block (see the module docstring): the signals that
+    arrive are appended to `held`, and the process's handlers are back in place after it, where
+    the caller delivers them with :func:`_deliver`. Off the main thread, where no handler can be
+    set, it holds nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.getsignal(signal.SIGTERM)
+    import ray._private.utils as ray_utils
+
+    def hold(signum: int, _frame: object) -> None:
+        held.append(signum)
+
+    previous = {s: signal.getsignal(s) for s in _HELD_SIGNALS}
+    ray_sets_sigterm = getattr(ray_utils, "set_sigterm_handler", None)
+    for s in _HELD_SIGNALS:
+        signal.signal(s, hold)
+    if ray_sets_sigterm is not None:
+        ray_utils.set_sigterm_handler = lambda _handler: None
     try:
         yield
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        if ray_sets_sigterm is not None:
+            ray_utils.set_sigterm_handler = ray_sets_sigterm
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def _deliver(held: list[int]) -> None:
+    """Deliver the first signal held to the process's own handler (which raises, for a command)."""
+    if held:
+        signal.raise_signal(held[0])
+
+
+def _shutdown() -> None:
+    """Shut down Ray (every process of a cluster started here), signals held."""
+    import ray
+
+    held: list[int] = []
+    with _signals_held(held):
+        if ray.is_initialized():
+            ray.shutdown()
+    _deliver(held)
+
+
+def _init(**kwargs: object) -> None:
+    """`ray.init(**kwargs)`, signals held; where the process's handler raises for a signal that
+    came meanwhile, Ray is shut down again before the error goes on."""
+    import ray
+
+    held: list[int] = []
+    try:
+        with _signals_held(held):
+            ray.init(**kwargs)
+    except BaseException:
+        if held:  # a stop asked for meanwhile goes first
+            _shutdown()
+            _deliver(held)
+        raise
+    try:
+        _deliver(held)
+    except BaseException:
+        _shutdown()
+        raise
+
+
+def _connected(address: str) -> Cluster:
+    """The cluster just connected to; Ray is shut down again where even this is interrupted."""
+    try:
+        return Cluster(address=address, owned=True, gpus_by_node=_gpus_by_node())
+    except BaseException:
+        _shutdown()
+        raise
+
+
+def local_gpu_count() -> int | None:
+    """The GPUs a local Ray cluster started here would count (Ray's own detection, this process's
+    CUDA_VISIBLE_DEVICES respected), without starting it; None where Ray does not say."""
+    try:
+        from ray._private import accelerators
+
+        manager = accelerators.get_accelerator_manager_for_resource("GPU")
+        count = int(manager.get_current_node_num_accelerators())
+        visible = manager.get_current_process_visible_accelerator_ids()
+    except Exception as e:  # noqa: BLE001 - Ray's private API moved: Ray counts them when it starts
+        log.debug("cannot count the GPUs before Ray starts: %s", e)
+        return None
+    return min(count, len(visible)) if visible is not None else count
+
+
+def check_local_gpus(topology: Topology | None, runner: str) -> None:
+    """Before a local cluster starts for `runner`: raise RuntimeUnavailableError, as
+    :func:`gang_shape` does once it runs, where this machine's GPUs hold no gang of `topology`.
+    A process already connected to Ray keeps that cluster (:func:`connect`): nothing to check here."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    count = local_gpu_count()
+    if count is not None:
+        gang_shape(topology, Cluster(address="local", owned=False, gpus_by_node=(("this machine", count),)), runner)
 
 
 def connect(address: str | None, *, declared_gpus: int | None = None, verbose: bool = False) -> Cluster:
@@ -127,22 +233,20 @@ def connect(address: str | None, *, declared_gpus: int | None = None, verbose: b
         kwargs = dict(include_dashboard=False, **common)
         if declared_gpus is not None:
             kwargs.update(num_gpus=declared_gpus, num_cpus=max(os.cpu_count() or 1, 1))
-        with _keeping_sigterm():
-            ray.init(**kwargs)
-        cluster = Cluster(address="local", owned=True, gpus_by_node=_gpus_by_node())
+        _init(**kwargs)
+        cluster = _connected("local")
         log.info("started a local Ray cluster: %s", cluster.describe())
         return cluster
     check_reachable(address)
     try:
-        with _keeping_sigterm():
-            ray.init(address=address, **common)
+        _init(address=address, **common)
     except ConnectionError as e:
         raise RuntimeUnavailableError(
             f"cannot connect to the Ray cluster at {address}: {str(e).splitlines()[0]} "
             f"Start one with `ray start --head`, "
             f"or leave out --ray-address to start a local cluster"
         ) from None
-    cluster = Cluster(address=address, owned=True, gpus_by_node=_gpus_by_node())
+    cluster = _connected(address)
     log.info("connected to the Ray cluster at %s: %s", address, cluster.describe())
     return cluster
 

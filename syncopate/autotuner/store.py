@@ -92,31 +92,49 @@ class TrialStore(ABC):
     def finish_sweep(self, sweep_id: int, status: str) -> None:
         """Mark the sweep ended with `status`, one of :data:`SWEEP_STATUSES` other than `running`."""
 
+    def prepare_writes(self) -> None:
+        """Called once by `syncopate tune` when nothing is left that could refuse the run (Ray
+        connected, GPUs counted, gangs formed) and before anything writes, the strategies' own
+        Optuna studies included: make the database where it does not exist yet. Reads before it
+        find nothing stored; writes do it themselves. Default: nothing to make."""
+
     def close(self) -> None:
         """Release connections. Called once, at the end of the run."""
 
 
 class ResultsDBStore(TrialStore):
-    """:class:`TrialStore` over :class:`syncopate.results_db.ResultsDB`."""
+    """:class:`TrialStore` over :class:`syncopate.results_db.ResultsDB`.
 
-    def __init__(self, db: Any) -> None:
+    A SQLite file that does not exist yet is checked when the store opens (its folder exists and
+    may be written) but made only by :meth:`prepare_writes` or the first write, so that a run
+    refused or failed before then leaves no file.
+    """
+
+    def __init__(self, db: Any, *, url: str | None = None, shown: str = "") -> None:
+        """`db`: an open ResultsDB; or None for a SQLite file still to be made at `url` (as given to
+        :meth:`open`), shown in messages as `shown`."""
         self._db = db
+        self._url = url
+        self._shown = shown
 
     @property
     def url(self) -> str:
         """The database as shown in messages (password hidden)."""
-        return self._db.url
+        return self._db.url if self._db is not None else self._shown
 
     @classmethod
     def open(cls, url: str | None) -> ResultsDBStore:
-        """Open the results database `url` (None: `SYNCOPATE_DB`, else the per-user default).
+        """Open the results database `url` (None: `SYNCOPATE_DB`, else the per-user default),
+        checking everything a sweep needs of it and writing nothing.
 
         The per-user default, and a SQLite file that does not exist yet in a folder that does, are
-        created with the current schema (a sweep writes). Anything else must exist at this
-        version's schema revision; the error says what to run.
+        made with the current schema by :meth:`prepare_writes`. Anything else must exist at this
+        version's schema revision, and a SQLite file must be writable; the error says what to do.
         """
         try:
             from syncopate.results_db import ResultsDB
+            from syncopate.results_db.schema import check_sqlite_file
+            from syncopate.results_db.sqlite_files import check_writable
             from syncopate.results_db.urls import locate
         except ImportError as e:
             raise DatabaseError(
@@ -125,13 +143,31 @@ class ResultsDBStore(TrialStore):
             ) from None
         location = locate(url)
         path = location.sqlite_path
-        new_file = path is not None and not path.exists() and path.parent.is_dir()
-        return cls(ResultsDB.open(url, upgrade=location.is_default or new_file))
+        if path is not None and not path.exists() and (location.is_default or path.parent.is_dir()):
+            check_sqlite_file(location, create=True)
+            check_writable(path, location.subject())
+            return cls(None, url=url, shown=location.shown())
+        if path is not None and path.is_file():
+            check_sqlite_file(location)
+            check_writable(path, location.subject())  # before anything opens it: a reader may leave files
+        return cls(ResultsDB.open(url, upgrade=location.is_default))
+
+    def prepare_writes(self) -> None:
+        if self._db is None:
+            from syncopate.results_db import ResultsDB
+
+            self._db = ResultsDB.open(self._url, upgrade=True)
+
+    def _writer(self) -> Any:
+        self.prepare_writes()
+        return self._db
 
     def start_sweep(self, name: str, config: dict[str, Any]) -> int:
-        return self._db.start_sweep(name, config)
+        return self._writer().start_sweep(name, config)
 
     def latest_sweep(self, name: str) -> StoredSweep | None:
+        if self._db is None:
+            return None
         info = self._db.latest_sweep(name)
         if info is None:
             return None
@@ -140,38 +176,45 @@ class ResultsDBStore(TrialStore):
         )
 
     def resume_sweep(self, sweep_id: int) -> None:
-        self._db.resume_sweep(sweep_id)
+        self._writer().resume_sweep(sweep_id)
 
     def stored_keys(
         self, sweep_id: int, workload: Workload, topology: Topology, environment: Environment
     ) -> set[str]:
+        if self._db is None:
+            return set()
         return set(self._db.measured_keys(workload, topology, environment, sweep_id=sweep_id, source=None))
 
     def stored_baselines(
         self, sweep_id: int, workload: Workload, topology: Topology, environment: Environment
     ) -> list[BaselineRecord]:
+        if self._db is None:
+            return []
         stored = self._db.baselines(
             workload=workload, topology=topology, environment=environment, sweep_id=sweep_id
         )
         return [b.record for b in stored]
 
     def record_trial(self, sweep_id: int, trial: TrialRecord) -> None:
-        self._db.record_trial(sweep_id, trial)
+        self._writer().record_trial(sweep_id, trial)
 
     def record_baselines(self, sweep_id: int, baselines: Sequence[BaselineRecord]) -> None:
-        self._db.record_baselines(sweep_id, baselines)
+        self._writer().record_baselines(sweep_id, baselines)
 
     def sweep_best(
         self, sweep_id: int, workload: Workload, topology: Topology, environment: Environment
     ) -> TrialRecord | None:
+        if self._db is None:
+            return None
         stored = self._db.sweep_best(sweep_id, workload, topology, environment)
         return stored.record if stored is not None else None
 
     def finish_sweep(self, sweep_id: int, status: str) -> None:
-        self._db.finish_sweep(sweep_id, status)
+        self._writer().finish_sweep(sweep_id, status)
 
     def close(self) -> None:
-        self._db.close()
+        if self._db is not None:
+            self._db.close()
 
 
 def open_store(url: str | None) -> TrialStore:

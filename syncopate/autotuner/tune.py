@@ -1,17 +1,22 @@
 """`syncopate tune`: a sweep config in, every trial stored, a summary out.
 
-Order of work, so that bad input fails before anything is written:
+Order of work, so that bad input fails before anything is started or written:
 
 1. read and check the config and the options (runner, strategy, topology);
-2. open the store (a new SQLite file gets its schema; no sweep is written) and, for `--resume`,
-   find the sweep to continue and check that the same runner measured it;
-3. connect to Ray (or start a local cluster), count GPUs, reserve one placement group per gang and
+2. open the store, writing nothing: a database that cannot be used (missing, another
+   application's, another schema, read-only) is refused here; a new SQLite file is only checked
+   for; for `--resume`, find the sweep to continue and check that the same runner measured it;
+3. for the `gpu` runner on a local cluster, count this machine's GPUs (as Ray will);
+4. connect to Ray (or start a local cluster), count GPUs, reserve one placement group per gang and
    form the gangs (one model of GPU, one environment);
-4. build every workload's strategy (an Optuna study made over another space fails here);
-5. only then start (or resume) the sweep in the store, and run the coordinator.
+5. make the database where it is new (:meth:`TrialStore.prepare_writes`): a run refused before
+   this point leaves no file;
+6. build every workload's strategy (an Optuna study made over another space fails here);
+7. only then start (or resume) the sweep in the store, and run the coordinator.
 
 The `model` and `replay` runners need neither GPUs nor Ray: their sweeps run in this process
-(:mod:`syncopate.autotuner.in_process`), in the same order, steps 1 and 2 included.
+(:mod:`syncopate.autotuner.in_process`), steps 1 and 2, then 5 to 7 (the cost model reads its
+calibrations from the database).
 
 The closing summary gives, per workload, the fastest `ok` trial of this sweep (trials stored before
 a resume included) and its speedup over the baselines of the same sweep; where the best few were
@@ -25,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +39,7 @@ from typing import Any
 from rich.console import Console
 
 from syncopate.autotuner import store as store_module
-from syncopate.autotuner.cluster import Cluster, connect, gang_capacity, gang_shape
+from syncopate.autotuner.cluster import Cluster, check_local_gpus, connect, gang_capacity, gang_shape
 from syncopate.autotuner.coordinator import Coordinator, SweepProgress, WorkloadRun, check_gang_members
 from syncopate.autotuner.progress import LiveProgress, WorkloadSummary
 from syncopate.autotuner.runs import build_runs, close_runs, restore_runs, stored_done, summarize_runs
@@ -177,7 +183,10 @@ def run_tune(
         if plan.runner in IN_PROCESS_RUNNERS:
             from syncopate.autotuner.in_process import run_in_process
 
+            store.prepare_writes()
             return run_in_process(plan, previous, store, console or Console(stderr=True))
+        if plan.declared_gpus is None and plan.ray_address is None and not os.environ.get("RAY_ADDRESS"):
+            check_local_gpus(plan.topology, plan.runner)
         cluster = connect(plan.ray_address, declared_gpus=plan.declared_gpus, verbose=options.verbose)
         try:
             return _tune_on(cluster, plan, options, store, previous, console or Console(stderr=True))
@@ -310,6 +319,7 @@ def _tune_on(
         for w in plan.sweep.workloads:
             w.check_world_size(topology.world_size)
         log.info("%d gang(s) of %s formed on %s", len(gangs), topology.key(), cluster.describe())
+        store.prepare_writes()
         result = _sweep(plan, store, gangs, topology, environment, previous, console)
         idle = True
         return result

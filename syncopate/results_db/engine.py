@@ -5,17 +5,22 @@ a database only read is left as it is, header included), `synchronous=NORMAL`, a
 foreign keys on, and transactions begun by us: `BEGIN IMMEDIATE` for a write transaction, so that a
 writer waits for the lock (the busy timeout) when it starts instead of failing half-way with
 "database is locked" when a read transaction tries to become a write one; plain `BEGIN` for reads.
-PostgreSQL: psycopg 3, pre-ping on checkout.
+A read-only engine opens the file through :func:`~syncopate.results_db.sqlite_files.connect_read_only`,
+so that it reads a file on a read-only mount and creates nothing beside it; a pooled connection
+opened `immutable` is replaced when a writer appears. PostgreSQL: psycopg 3, pre-ping on checkout.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
+from sqlalchemy.pool import QueuePool
 
+from syncopate.results_db import sqlite_files
 from syncopate.results_db.urls import DbLocation
 
 __all__ = ["BUSY_TIMEOUT_S", "WRITE_OPTION", "make_engine", "is_transient", "describe"]
@@ -33,11 +38,27 @@ def make_engine(location: DbLocation, *, read_only: bool = False) -> Engine:
     """A SQLAlchemy engine for `location`, configured as the module docstring says; `read_only`
     leaves a SQLite file's journal mode as it is."""
     if location.dialect == "sqlite":
-        engine = create_engine(location.url, connect_args={"timeout": BUSY_TIMEOUT_S})
+        if read_only and location.sqlite_path is not None:
+            engine = _read_only_file_engine(location.sqlite_path, location.subject())
+        else:
+            engine = create_engine(location.url, connect_args={"timeout": BUSY_TIMEOUT_S})
         event.listen(engine, "connect", _sqlite_on_read_connect if read_only else _sqlite_on_connect)
         event.listen(engine, "begin", _sqlite_on_begin)
         return engine
     return create_engine(location.url, pool_pre_ping=True)
+
+
+def _read_only_file_engine(path: Path, subject: str) -> Engine:
+    def connect() -> sqlite_files.ReadConnection:
+        return sqlite_files.connect_read_only(path, subject, timeout=BUSY_TIMEOUT_S)
+
+    def checkout(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        if getattr(dbapi_connection, "immutable", False) and sqlite_files.writer_present(path):
+            raise DisconnectionError(f"a writer opened {path}: reading it through its journal from now on")
+
+    engine = create_engine("sqlite://", creator=connect, poolclass=QueuePool)
+    event.listen(engine, "checkout", checkout)
+    return engine
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any, *, wal: bool = True) -> None:

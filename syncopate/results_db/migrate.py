@@ -10,6 +10,7 @@ touched.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from sqlalchemy import text
@@ -17,6 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from syncopate.errors import DatabaseError
+from syncopate.results_db import sqlite_files
 from syncopate.results_db.engine import WRITE_OPTION, describe, make_engine
 from syncopate.results_db.schema import HEAD, REVISIONS, VERSION_TABLE, check_revision, check_sqlite_file
 from syncopate.results_db.urls import DbLocation
@@ -57,13 +59,18 @@ def alembic_config(connection: Connection | None = None):
 def upgrade(location: DbLocation, engine: Engine | None = None) -> tuple[str | None, str]:
     """Bring the database at `location` to the head revision; return (revision before, after).
 
-    Creates the SQLite file (and its folder) where needed. Raises SchemaError, touching nothing,
-    where the database is at a revision newer than this code knows.
+    Creates the SQLite file (and its folder) where needed, whole or not at all: the schema is made
+    in a temporary file beside it, which is then linked into place, so that a run stopped half-way
+    leaves no database that a rerun would refuse. Raises SchemaError, touching nothing, where the
+    database is at a revision newer than this code knows.
     """
     if location.dialect == "sqlite":
         check_sqlite_file(location, create=True)
-    if location.sqlite_path is not None:
-        location.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
+    path = location.sqlite_path
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists() and _create_sqlite(location, path):
+            return None, HEAD
     own = engine is None
     engine = engine or make_engine(location)
     try:
@@ -82,10 +89,42 @@ def upgrade(location: DbLocation, engine: Engine | None = None) -> tuple[str | N
                     command.upgrade(alembic_config(connection), "head")
             return before, HEAD
     except SQLAlchemyError as e:
-        hint = ""
         if location.dialect == "postgresql":
             hint = " (a PostgreSQL database must exist first: `createdb NAME`)"
+        else:
+            hint = sqlite_files.damaged(path, describe(e))
         raise DatabaseError(f"cannot upgrade database {location.shown()}: {describe(e)}{hint}") from e
     finally:
         if own:
             engine.dispose()
+
+
+def _create_sqlite(location: DbLocation, path: Path) -> bool:
+    """Make a new database at `path` (see :func:`upgrade`); False where another process made one
+    there first (it is then upgraded like any existing database)."""
+    temporary = sqlite_files.temporary_beside(path)
+    shown = location.shown()
+    try:
+        engine = make_engine(replace(location, url=f"sqlite:///{temporary}", sqlite_path=temporary))
+        try:
+            with engine.connect() as connection:
+                connection.execution_options(**{WRITE_OPTION: True})
+                with connection.begin():
+                    from alembic import command
+
+                    log.info("creating %s at revision %s", shown, HEAD)
+                    command.upgrade(alembic_config(connection), "head")
+                # everything into the file itself before it is linked: its WAL is not linked with it
+                busy = connection.connection.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                if busy is not None and busy[0]:
+                    raise DatabaseError(f"cannot create database {shown}: its new file {temporary} stayed busy")
+        finally:
+            engine.dispose()
+        return sqlite_files.link_into_place(temporary, path)
+    except SQLAlchemyError as e:
+        raise DatabaseError(f"cannot create database {shown}: {describe(e)}") from e
+    except OSError as e:
+        raise DatabaseError(f"cannot create database {shown}: {e.strerror or e}") from e
+    finally:
+        sqlite_files.remove_with_journals(temporary)
+

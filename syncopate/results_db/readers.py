@@ -7,8 +7,10 @@ trial of that shape on that topology, under that environment or under any other)
 
 Three sources, one contract (tests run the same ladder against each):
 
-- :class:`SqliteSource`: the standard library's sqlite3, read-only (`mode=ro`), so a job pays neither
-  the SQLAlchemy import nor a write lock at start, and never creates a file;
+- :class:`SqliteSource`: the standard library's sqlite3, read-only
+  (:func:`~syncopate.results_db.sqlite_files.connect_read_only`), so a job pays neither the
+  SQLAlchemy import nor a write lock at start, reads a file on a read-only mount, and never creates
+  a file, beside the database included;
 - :class:`SqlAlchemySource`: the same SQL through SQLAlchemy, for PostgreSQL;
 - :class:`ExportSource`: an export file (`syncopate export`), in memory.
 
@@ -23,11 +25,10 @@ import sqlite3
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, NamedTuple
-from urllib.parse import quote
 
 from syncopate.errors import DatabaseError, LookupFailedError
 from syncopate.records import Environment
-from syncopate.results_db import codec
+from syncopate.results_db import codec, sqlite_files
 from syncopate.results_db.schema import (
     SQLITE_HEADER,
     TABLES,
@@ -161,18 +162,27 @@ class SqliteSource(_SqlSource):
     def __init__(self, path: Path, shown: str) -> None:
         super().__init__()
         self.shown = shown
-        uri = f"file:{quote(str(path))}?mode=ro"
+        self._path = path
+        self._conn = self._connect()
+
+    def _connect(self) -> sqlite_files.ReadConnection:
+        connection = sqlite_files.connect_read_only(self._path, self.shown)
         try:
-            self._conn = sqlite3.connect(uri, uri=True, timeout=30.0, check_same_thread=False)
-            self._conn.execute("PRAGMA query_only = ON")
+            connection.execute("PRAGMA query_only = ON")
         except sqlite3.Error as e:
-            raise unreachable_error(shown, str(e), "sqlite") from e
+            connection.close()
+            raise unreachable_error(self.shown, str(e), "sqlite", self._path) from e
+        return connection
 
     def _rows(self, sql: str, params: dict[str, Any]) -> list[tuple]:
+        if self._conn.immutable and sqlite_files.writer_present(self._path):
+            # a writer has opened the file since: read through its journal, as it commits
+            self._conn.close()
+            self._conn = self._connect()
         try:
             return self._conn.execute(sql, params).fetchall()
         except sqlite3.Error as e:
-            raise DatabaseError(f"cannot read database {self.shown}: {e}") from e
+            raise DatabaseError(f"cannot read database {self.shown}: {e}{sqlite_files.damaged(self._path, e)}") from e
 
     def revision(self) -> str | None:
         """Our schema revision, or None where the file holds none of our tables."""
@@ -201,7 +211,7 @@ class SqlAlchemySource(_SqlSource):
 
         super().__init__()
         self.shown = location.shown()
-        self._engine = make_engine(location)
+        self._engine = make_engine(location, read_only=True)
         try:
             with self._engine.connect() as connection:
                 revision = read_revision(connection)

@@ -39,11 +39,19 @@ from sqlalchemy.orm import Session
 
 from syncopate.errors import ConfigError, DatabaseError
 from syncopate.records import BaselineRecord, CalibrationRecord, Environment, TrialRecord, utcnow
-from syncopate.results_db import codec, migrate, queries, writes
+from syncopate.results_db import codec, migrate, queries, sqlite_files, writes
 from syncopate.results_db.engine import WRITE_OPTION, describe, is_transient, make_engine
 from syncopate.results_db.migrate import read_revision
 from syncopate.results_db.models import SWEEP_STATUSES, SweepModel
-from syncopate.results_db.schema import check_revision, check_sqlite_file, missing_error, unreachable_error
+from syncopate.results_db.schema import (
+    REVISIONS,
+    VERSION_TABLE,
+    check_revision,
+    check_sqlite_file,
+    missing_error,
+    no_tables_error,
+    unreachable_error,
+)
 from syncopate.results_db.urls import DbLocation, locate
 from syncopate.results_db.values import StoredBaseline, StoredCalibration, StoredTrial, SweepInfo
 from syncopate.search_space import Topology, Workload
@@ -78,8 +86,13 @@ class ResultsDB:
         upgrade: True creates or upgrades the schema (as `syncopate db upgrade`); False never does;
         None (the default) does so only for the per-user default database. read_only: for callers
         that only read (`best`, `export`, the dashboard and the report): never upgrades, and leaves a
-        SQLite file as it is (its journal mode included). A database without our tables, or at an
-        older or newer schema revision, raises SchemaError saying what to run.
+        SQLite file as it is (its journal mode included), creating nothing beside it, so that a file
+        on a read-only mount reads. A database without our tables, or at an older or newer schema
+        revision, raises SchemaError saying what to run.
+
+        A SQLite file is checked, read-only, before anything is written to it: one refused (another
+        application's, a newer schema) is left exactly as it was, its journal mode included. Whether
+        it may be written is the writer's question (:func:`~syncopate.results_db.sqlite_files.check_writable`).
         """
         location = locate(db)
         if read_only:
@@ -88,13 +101,12 @@ class ResultsDB:
             upgrade = location.is_default
         if location.dialect == "sqlite":
             check_sqlite_file(location, create=upgrade)
-        if not upgrade and location.sqlite_path is not None and not location.sqlite_path.exists():
-            raise missing_error(location)
+            _check_sqlite_before_use(location, upgrade=upgrade)
         engine = make_engine(location, read_only=read_only)
         try:
             if upgrade:
                 migrate.upgrade(location, engine)
-            _check_schema(location, engine)
+            _check_schema(location, engine, read_only=read_only)
         except BaseException:
             engine.dispose()
             raise
@@ -132,7 +144,9 @@ class ResultsDB:
             session.commit()
         except SQLAlchemyError as e:
             session.rollback()
-            raise DatabaseError(f"database {self.url}: {describe(e)}") from e
+            reason = describe(e)
+            advice = sqlite_files.damaged(self.location.sqlite_path, reason)
+            raise DatabaseError(f"database {self.url}: {reason}{advice}") from e
         except BaseException:
             session.rollback()
             raise
@@ -364,13 +378,32 @@ class ResultsDB:
         return import_export(self, Path(path))
 
 
-def _check_schema(location: DbLocation, engine: Engine) -> None:
+def _check_sqlite_before_use(location: DbLocation, *, upgrade: bool) -> None:
+    """What can be known of a SQLite file without opening it for writing: raises, changing
+    nothing, where it does not exist (unless `upgrade`), or holds another application's tables or a
+    schema this call may not use."""
+    path = location.sqlite_path
+    if path is None:
+        return
+    if path.exists():
+        state = sqlite_files.read_schema(path, location.subject(), VERSION_TABLE)
+        # an empty database that a writer has open may be getting its schema from another process
+        # right now: _check_schema waits for that; any other without our tables is refused untouched
+        if state.revision is None and not upgrade and (state.names or not sqlite_files.writer_present(path)):
+            raise no_tables_error(location)
+        if state.revision is not None and (state.revision not in REVISIONS or not upgrade):
+            check_revision(state.revision, location)
+    elif not upgrade:
+        raise missing_error(location)
+
+
+def _check_schema(location: DbLocation, engine: Engine, *, read_only: bool = False) -> None:
     try:
         with engine.connect() as connection:
             revision = read_revision(connection)
     except SQLAlchemyError as e:
         raise unreachable_error(location, describe(e), location.dialect) from e
-    if revision is None and location.dialect == "sqlite":
+    if revision is None and location.dialect == "sqlite" and not read_only:
         # another process may be creating the schema of a file it has just made: its migration
         # holds the write lock until it commits, so wait for that lock and look again
         try:

@@ -10,9 +10,11 @@ library's sqlite3 and these constants.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from syncopate.errors import DatabaseError, SchemaError
+from syncopate.results_db.sqlite_files import damaged
 
 if TYPE_CHECKING:
     from syncopate.results_db.urls import DbLocation
@@ -80,9 +82,16 @@ def missing_error(where: DbLocation | str) -> SchemaError:
     )
 
 
-def unreachable_error(where: DbLocation | str, reason: str, dialect: str) -> DatabaseError:
-    """The database cannot be opened at all: the driver's reason, and what to check or run."""
+def unreachable_error(where: DbLocation | str, reason: str, dialect: str, path: Path | None = None) -> DatabaseError:
+    """The database cannot be opened at all: the driver's reason, and what to check or run. A SQLite
+    file (`path`, else the location's) that exists and is damaged is not made anew by `syncopate db
+    upgrade` on its path: the advice is then to move it aside."""
     subject, shown = _names(where)
+    if path is None and not isinstance(where, str):
+        path = where.sqlite_path
+    damage = damaged(path, reason) if dialect == "sqlite" else ""
+    if damage:
+        return DatabaseError(f"cannot open database {subject}: {reason}{damage}")
     if dialect == "postgresql":
         fix = (f"check the URL and that the server runs; a new database is made with `createdb NAME` "
                f"then `syncopate db upgrade --db {shown}`")
