@@ -199,7 +199,6 @@ class _Plan:
 
 def _gather_linear(plan: _Plan, local: torch.Tensor, d: int, weight, bias) -> torch.Tensor:
     """all_gather(local along d) @ weight.T + bias, as [..., s, ..., out/ws]."""
-    _check_divisible(plan.name, local.shape[d] * plan.ws, d, plan.ws)
     rows = local.reshape(-1, local.shape[-1])
     out = all_gather_linear(rows, weight, bias, plan.group, impl=_resolved_impl(plan.impl, weight),
                             configs=plan.configs, save_gathered=plan.save_gathered)
