@@ -54,7 +54,7 @@ def test_every_projection_follows_the_column_and_row_rule(name):
 
 
 def test_qwen3_32b_heads_are_wider_than_its_hidden_size():
-    ops = dict(((c.projection, c.direction), c.workload.shape.key()) for c in layer_ops(model_spec("qwen3-32b"), 8, 8192))
+    ops = {(c.projection, c.direction): c.workload.shape.key() for c in layer_ops(model_spec("qwen3-32b"), 8, 8192)}
     assert ops[("qkv", "forward")] == "8192x10240x5120"  # (64 + 2 * 8) heads of 128
     assert ops[("o", "forward")] == "8192x5120x8192"
 

@@ -118,7 +118,7 @@ def _hf_worker(rank, ws, init, q):
     try:
         from torch.distributed.device_mesh import init_device_mesh
 
-        import syncopate.tp.layers as layers
+        from syncopate.tp import layers
 
         mesh = init_device_mesh("cpu", (ws,))
         batches = _batches(ws)
@@ -217,15 +217,15 @@ def test_llama_with_our_styles_compiles_without_a_graph_break():
 
 
 @pytest.mark.parametrize("make, said", [
-    (lambda: ColwiseParallel(output_layouts=Replicate()), "output_layouts=Replicate() is not supported: accepted are "
-                                                          "Shard(-1)"),
+    (lambda: ColwiseParallel(output_layouts=Replicate()),
+     "output_layouts=Replicate() is not supported: accepted are Shard(-1)"),
     (lambda: ColwiseParallel(input_layouts=Shard(-1)), "input_layouts=Shard(dim=-1) is not supported"),
     (lambda: ColwiseParallel(input_layouts=Partial()), "input_layouts=Partial(sum) is not supported"),
     (lambda: ColwiseParallel(input_layouts=(Shard(1),)), "input_layouts=(Shard(dim=1),) is not supported"),
-    (lambda: RowwiseParallel(input_layouts=Replicate()), "input_layouts=Replicate() is not supported: accepted are "
-                                                         "Shard(-1)"),
-    (lambda: RowwiseParallel(output_layouts=Shard(-1)), "output_layouts=Shard(dim=-1) is not supported: accepted "
-                                                        "are Replicate()"),
+    (lambda: RowwiseParallel(input_layouts=Replicate()),
+     "input_layouts=Replicate() is not supported: accepted are Shard(-1)"),
+    (lambda: RowwiseParallel(output_layouts=Shard(-1)),
+     "output_layouts=Shard(dim=-1) is not supported: accepted are Replicate()"),
     (lambda: RowwiseParallel(output_layouts=Partial()), "output_layouts=Partial(sum) is not supported"),
     (lambda: ColwiseParallel(use_local_output="yes"), "use_local_output must be True or False, got 'yes'"),
     (lambda: RowwiseParallel(impl="nccl"), "impl 'nccl': accepted are 'fused'"),

@@ -53,7 +53,7 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn as nn
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import SequenceParallel
@@ -178,8 +178,20 @@ def _check_divisible(style: str, size: int, d: int, ws: int) -> None:
 class _Plan:
     """What a parallelized linear keeps: its style's settings, the mesh and its group."""
 
-    __slots__ = ("configs", "group", "impl", "input_layout", "mesh", "merge", "merge_index", "name",
-                 "output_layout", "save_gathered", "use_local_output", "ws")
+    __slots__ = (
+        "configs",
+        "group",
+        "impl",
+        "input_layout",
+        "merge",
+        "merge_index",
+        "mesh",
+        "name",
+        "output_layout",
+        "save_gathered",
+        "use_local_output",
+        "ws",
+    )
 
     def __init__(self, style, mesh: DeviceMesh) -> None:
         self.name = type(style).__name__
