@@ -84,15 +84,15 @@ def _values(grad):
     return grad.redistribute(placements=whole).to_local().clone(), tuple(grad.placements)
 
 
-def _train(model, batches, record=None):
-    """Losses and gradients (`_values`) of STEPS SGD steps."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+def _train(model, batches, record=None, lr: float = 0.5):
+    """Losses and gradients (`_values`) of an SGD step on each batch."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses, grads = [], []
     for ids in batches:
         if record is not None:
             record.append("step")
         opt.zero_grad()
-        positions = torch.arange(ids.shape[1]).unsqueeze(0)  # the whole sequence's, not a rank's block
+        positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)  # the whole sequence's
         loss = model(input_ids=ids, labels=ids, position_ids=positions).loss
         loss.backward()
         losses.append(loss.item())
