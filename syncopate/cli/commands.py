@@ -8,4 +8,5 @@ from syncopate.cli import (  # noqa: F401
     import_cmds,
     space_cmds,
     tune_cmds,
+    tune_model_cmds,  # after tune_cmds: extends its `tune` with --model
 )

@@ -21,7 +21,10 @@ their rank's block, have their gradients summed over the group by `sync_sequence
 
 `impl="torch"` runs the same layers with torch's collectives and matmuls, one after the other: the
 path a job would otherwise take, to A/B against, and one that runs on any device and group (gloo on
-the CPU). `impl="async_tp"` runs them on torch's own fused ops (`torch.ops.symm_mem.
+the CPU). `impl="ops"` calls the fused ops through their registration as `torch.ops.syncopate.*`,
+which is what a compiled model calls: the fused kernels on CUDA tensors, torch's collective then the
+matmul on others (so a model runs on the CPU through the ops' own path; eagerly on CUDA it pays the
+custom op's dispatch that `impl="fused"` skips). `impl="async_tp"` runs them on torch's own fused ops (`torch.ops.symm_mem.
 fused_all_gather_matmul` / `fused_matmul_reduce_scatter`, NCCL groups of one GPU a rank); torch has
 no fused matmul all-reduce, so there the layers without sequence parallelism take torch's path.
 
@@ -43,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from syncopate.errors import ConfigError
-from syncopate.kernels.library import all_gather_rows, unfused
+from syncopate.kernels.library import OP_NAMES, all_gather_rows, config_text, register, unfused
 
 __all__ = [
     "ColumnParallelLinear",
@@ -55,14 +58,17 @@ __all__ = [
     "sync_sequence_parallel_grads",
 ]
 
-IMPLS = ("fused", "torch", "async_tp")
+register()  # torch.ops.syncopate, which impl="ops" calls (and torch.compile traces the fused ops as)
+
+IMPLS = ("fused", "torch", "async_tp", "ops")
 KINDS = ("ag_gemm", "gemm_rs", "gemm_ar")
 
 
 def _checked_impl(impl: str) -> str:
     if impl not in IMPLS:
         raise ConfigError(f"impl {impl!r}: accepted are 'fused' (Syncopate's ops), 'torch' (torch's collectives and "
-                          f"matmuls) and 'async_tp' (torch's fused symmetric-memory ops)")
+                          f"matmuls), 'async_tp' (torch's fused symmetric-memory ops) and 'ops' (Syncopate's ops "
+                          f"as torch.ops.syncopate custom ops, which run torch's path on CPU tensors)")
     return impl
 
 
@@ -95,8 +101,21 @@ def _symm_mem_group(group) -> str:
     return name
 
 
+def _custom_op(kind: str, a, b, group, config, gathered: bool = False):
+    """The op of `kind` as its `torch.ops.syncopate` custom op (`impl="ops"`; registered by
+    `syncopate.kernels.library.register`, which the layers and styles call when made)."""
+    name = (group or dist.group.WORLD).group_name
+    text = config_text(config)
+    if gathered:
+        return torch.ops.syncopate.all_gather_matmul_gathered(a, b, name, text)
+    return getattr(torch.ops.syncopate, OP_NAMES[kind])(a, b, name, text)
+
+
 def _gather_mm(x, b, group, impl, config, gathered: bool):
     """(all_gather(x) @ b, the gathered x or None)."""
+    if impl == "ops":
+        result = _custom_op("ag_gemm", x, b, group, config, gathered)
+        return tuple(result) if gathered else (result, None)
     if impl == "fused":
         from syncopate.kernels import ops
 
@@ -113,6 +132,8 @@ def _gather_mm(x, b, group, impl, config, gathered: bool):
 
 def _mm_scatter(a, b, group, impl, config):
     """reduce_scatter(a @ b) over dimension 0."""
+    if impl == "ops":
+        return _custom_op("gemm_rs", a, b, group, config)
     if impl == "fused":
         from syncopate.kernels import ops
 
@@ -125,6 +146,8 @@ def _mm_scatter(a, b, group, impl, config):
 
 def _mm_reduce(a, b, group, impl, config):
     """all_reduce(a @ b) (torch's path for `async_tp`, which has no fused all-reduce)."""
+    if impl == "ops":
+        return _custom_op("gemm_ar", a, b, group, config)
     if impl == "fused":
         from syncopate.kernels import ops
 

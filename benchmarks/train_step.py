@@ -1,0 +1,384 @@
+"""Training steps of transformers' LlamaForCausalLM under tensor and sequence parallelism, planned as
+torchtitan plans Llama, with torch's styles and with syncopate.tp's, eager and compiled.
+
+    torchrun --nproc-per-node 4 benchmarks/train_step.py [--model llama-3-8b] [--layers 4]
+        [--tokens 8192] [--batch 1] [--steps 20] [--warmup 5] [--variants ...] [--json FILE]
+    python benchmarks/train_step.py --cpu --world 2 [--json FILE]      (gloo, tiny widths)
+
+Random weights at the model's widths (`syncopate.models`; `--layers` decoder layers), the same on
+every rank and in every variant (one seed), synthetic tokens (one seed), AdamW. One process a GPU;
+`--tokens` is what the tensor-parallel group processes a step (batch × sequence: 2048, 4096 or 8192
+at real widths), each rank holding tokens/tp of them between the attention and MLP blocks.
+
+| variant            | styles    | mode                                                           |
+|--------------------|-----------|----------------------------------------------------------------|
+| torch              | torch's   | eager                                                          |
+| torch-compiled     | torch's   | torch.compile of each decoder layer                            |
+| async-tp           | torch's   | compiled with torchtitan's switch: `_micro_pipeline_tp` and     |
+|                    |           | symmetric memory on the group (CUDA only)                      |
+| syncopate          | ours      | eager                                                          |
+| syncopate-compiled | ours      | torch.compile of each decoder layer                            |
+| syncopate-graphs   | ours      | compiled with mode="reduce-overhead" (CUDA graphs; CUDA only)  |
+
+Per variant: the step time (median over the steps after the warm-up, each step timed from a barrier
+to its end, device synchronized, the slowest rank's), tokens/s from it, peak device memory (the
+largest rank's, from after the model is built), and the loss curve's largest difference from
+`torch`'s over every step. The embedding, the final norm and lm_head (logits replicated) keep
+torch's styles in every variant; the fused ops take their configurations from `syncopate.lookup`
+(SYNCOPATE_DB names the database of a sweep on this machine, e.g. one of
+`syncopate tune --model llama-3-8b --tp N --tokens T`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+log = logging.getLogger("train_step")
+
+VARIANTS = ("torch", "torch-compiled", "async-tp", "syncopate", "syncopate-compiled", "syncopate-graphs")
+TINY = {"name": "tiny", "hidden": 64, "ffn": 128, "heads": 4, "kv_heads": 2, "head_dim": 16, "layers": 2,
+        "vocab": 256}
+"""The widths of `--cpu` runs."""
+
+
+# --- the model and its plan (a user's parallelize.py) --------------------------------------------------------
+
+
+def build_model(spec, layers: int, vocab: int, device, dtype, seed: int):
+    """LlamaForCausalLM with `spec`'s widths and random weights (the same for a seed)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    widths = {"hidden_size": spec.hidden, "intermediate_size": spec.ffn, "num_attention_heads": spec.heads,
+              "num_key_value_heads": spec.kv_heads, "head_dim": spec.head_dim, "num_hidden_layers": layers,
+              "vocab_size": vocab, "tie_word_embeddings": False, "max_position_embeddings": 65536}
+    try:
+        config = LlamaConfig(**widths, attn_implementation="sdpa")
+    except TypeError:  # a transformers that takes the attention implementation on the model only
+        config = LlamaConfig(**widths)
+        config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
+    return model.to(dtype)
+
+
+def parallelize(model, mesh, styles: str):
+    """torchtitan's Llama plan in transformers' module names, with torch's styles or syncopate.tp's
+    (`styles`: torch or syncopate) in the decoder layers; the embedding, final norm and lm_head take
+    torch's (syncopate.tp's styles parallelize nn.Linear only, and lm_head's replicated output is not
+    one of theirs)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    if styles == "syncopate":
+        from syncopate.tp import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+    from torch.distributed.tensor import parallel as torch_tp
+
+    parallelize_module(model, mesh, {
+        "model.embed_tokens": torch_tp.RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "model.norm": torch_tp.SequenceParallel(),
+        "lm_head": torch_tp.ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    })
+    # A compiled layer's input must not be the embedding's to_local() view: with it (torch 2.13, torch's
+    # styles as well) DTensor's redistribution gets a plain tensor as its gradient in the backward.
+    model.model.embed_tokens.register_forward_hook(lambda module, args, out: out.clone())
+    for layer in model.model.layers:
+        parallelize_module(layer, mesh, {
+            "input_layernorm": SequenceParallel(),
+            "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                            desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+            "self_attn.q_proj": ColwiseParallel(),
+            "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(),
+            "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+            "post_attention_layernorm": SequenceParallel(),
+            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "mlp.gate_proj": ColwiseParallel(),
+            "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
+        })
+    return model
+
+
+# --- one variant -----------------------------------------------------------------------------------------------
+
+
+def _not_here(variant: str, device) -> str | None:
+    if device.type == "cuda":
+        return None
+    if variant == "async-tp":
+        return "not possible on the CPU: torch's micro-pipeline pass fuses into its CUDA symmetric-memory ops"
+    if variant == "syncopate-graphs":
+        return "not possible on the CPU: mode='reduce-overhead' replays CUDA graphs"
+    return None
+
+
+def run_variant(variant: str, args, spec, mesh, device, dtype, batches) -> dict:
+    import torch
+    import torch._dynamo
+    import torch._inductor.config
+    import torch.distributed as dist
+
+    skipped = _not_here(variant, device)
+    if skipped:
+        return {"variant": variant, "skipped": skipped}
+    torch._dynamo.reset()
+    inductor = torch._inductor.config
+    pipeline = inductor._micro_pipeline_tp
+    try:
+        model = parallelize(build_model(spec, args.layers, args.vocab, device, dtype, args.seed), mesh,
+                            "syncopate" if variant.startswith("syncopate") else "torch")
+        if variant == "async-tp":
+            from syncopate.kernels.context import enable_symm_mem
+
+            enable_symm_mem(mesh.get_group().group_name)
+            inductor._micro_pipeline_tp = True
+        if variant not in ("torch", "syncopate"):
+            mode = "reduce-overhead" if variant == "syncopate-graphs" else None
+            for layer in model.model.layers:
+                layer.compile(mode=mode, backend=args.backend)
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        positions = torch.arange(batches[0].shape[1], device=device).unsqueeze(0)
+        losses, times = [], []
+        for ids in batches:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            dist.barrier()
+            start = time.perf_counter()
+            loss = model(input_ids=ids, labels=ids, position_ids=positions).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+        slowest = torch.tensor(times, dtype=torch.float64, device=device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        peak = torch.tensor([torch.cuda.max_memory_allocated(device) if device.type == "cuda" else -1],
+                            dtype=torch.float64, device=device)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        timed = slowest.tolist()[args.warmup:]
+        median = statistics.median(timed)
+        return {"variant": variant, "step_ms": median * 1e3, "step_ms_all": [t * 1e3 for t in slowest.tolist()],
+                "tokens_per_s": args.tokens / median, "peak_bytes": None if peak.item() < 0 else int(peak.item()),
+                "losses": losses}
+    except Exception as e:  # noqa: BLE001  a variant that fails is reported, the others still run
+        log.error("variant %s failed on rank %d:\n%s", variant, dist.get_rank(), traceback.format_exc())
+        return {"variant": variant, "failed": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+    finally:
+        inductor._micro_pipeline_tp = pipeline
+        model = opt = None
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+# --- a rank ----------------------------------------------------------------------------------------------------
+
+
+def run_rank(args, device) -> dict | None:
+    """Every variant on this rank (the process group formed); the results on rank 0."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from syncopate.models import ModelSpec, model_spec
+
+    world = dist.get_world_size()
+    spec = ModelSpec(**TINY) if args.cpu else model_spec(args.model)
+    dtype = torch.float32 if args.cpu else torch.bfloat16
+    mesh = init_device_mesh(device.type, (world,))
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    seq = args.tokens // args.batch
+    batches = [torch.randint(0, args.vocab, (args.batch, seq), generator=gen).to(device)
+               for _ in range(args.warmup + args.steps)]
+    rows = []
+    for v in args.variants:
+        if dist.get_rank() == 0:
+            log.info("variant %s ...", v)
+        rows.append(run_variant(v, args, spec, mesh, device, dtype, batches))
+    if device.type == "cuda":
+        from syncopate import close_contexts
+
+        close_contexts()
+    if dist.get_rank() != 0:
+        return None
+    reference = next((r for r in rows if r["variant"] == "torch" and "losses" in r), None)
+    for r in rows:
+        if "losses" in r and reference is not None:
+            r["max_loss_diff_vs_torch"] = max(abs(a - b) for a, b in zip(r["losses"], reference["losses"]))
+    import transformers
+
+    return {
+        "model": {**spec.to_dict(), "layers": args.layers, "vocab": args.vocab},
+        "world": world, "tokens": args.tokens, "batch": args.batch, "sequence": seq, "dtype": str(dtype),
+        "steps": args.steps, "warmup": args.warmup, "lr": args.lr, "seed": args.seed, "backend": args.backend,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "triton": _version("triton")},
+        "git": _git(), "variants": rows,
+    }
+
+
+def _version(name: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _git() -> str | None:
+    try:
+        from syncopate.environment import git_revision
+
+        return git_revision()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _cpu_rank(rank: int, world: int, port: int, args, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        result = run_rank(args, torch.device("cpu"))
+        if result is not None:
+            queue.put(result)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_cpu(args) -> dict:
+    import torch.multiprocessing as mp
+
+    from syncopate.kernels.local_ranks import free_port
+
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_cpu_rank, args=(r, args.world, port, args, queue)) for r in range(args.world)]
+    for p in procs:
+        p.start()
+    try:
+        while True:
+            try:
+                return queue.get(timeout=5)
+            except Exception:  # noqa: BLE001  (queue.Empty)
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise SystemExit("a rank failed; see its output above") from None
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+
+
+# --- the table -------------------------------------------------------------------------------------------------
+
+
+def table(result: dict) -> str:
+    m = result["model"]
+    lines = [
+        (f"{m['name']} widths (hidden {m['hidden']}, ffn {m['ffn']}, {m['heads']} heads, {m['kv_heads']} kv "
+         f"heads), {m['layers']} layers, vocab {m['vocab']}; TP={result['world']} on {result['device']}, "
+         f"{result['tokens']} tokens a step ({result['batch']} × {result['sequence']}), {result['dtype']}; "
+         f"median of {result['steps']} steps after {result['warmup']}; torch {result['versions']['torch']}, "
+         f"transformers {result['versions']['transformers']}"),
+        f"{'variant':<20} {'step ms':>10} {'tokens/s':>12} {'peak GiB':>9} {'max |Δloss|':>12}  note",
+    ]
+    for r in result["variants"]:
+        if "step_ms" not in r:
+            lines.append(f"{r['variant']:<20} {'–':>10} {'–':>12} {'–':>9} {'–':>12}  {r.get('skipped') or r.get('failed')}")
+            continue
+        peak = "–" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**30:.2f}"
+        diff = r.get("max_loss_diff_vs_torch")
+        lines.append(f"{r['variant']:<20} {r['step_ms']:>10.2f} {r['tokens_per_s']:>12.0f} {peak:>9} "
+                     f"{'–' if diff is None else f'{diff:.2e}':>12}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cpu", action="store_true", help="gloo on the CPU, tiny widths, --world processes")
+    p.add_argument("--world", type=int, default=2, help="with --cpu: ranks (torchrun's otherwise)")
+    p.add_argument("--model", default="llama-3-8b", help="widths from syncopate.models (not with --cpu)")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default 4; 2 with --cpu)")
+    p.add_argument("--vocab", type=int, default=None, help="vocabulary (default the model's; 256 with --cpu)")
+    p.add_argument("--tokens", type=int, default=None,
+                   help="tokens a step, batch × sequence (default 8192; 256 with --cpu)")
+    p.add_argument("--batch", type=int, default=1, help="sequences a step (folded into the sequence is fastest)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 20; 4 with --cpu)")
+    p.add_argument("--warmup", type=int, default=None, help="steps before them (default 5; 2 with --cpu)")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    p.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled variants")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the results here")
+    args = p.parse_args(argv)
+    cpu = args.cpu
+    args.layers = args.layers or (TINY["layers"] if cpu else 4)
+    args.tokens = args.tokens or (256 if cpu else 8192)
+    args.steps = args.steps or (4 if cpu else 20)
+    args.warmup = args.warmup if args.warmup is not None else (2 if cpu else 5)
+    if args.vocab is None:
+        from syncopate.models import model_spec
+
+        args.vocab = TINY["vocab"] if cpu else model_spec(args.model).vocab
+    world = args.world if cpu else int(os.environ.get("WORLD_SIZE", "0"))
+    if not cpu and not world:
+        p.error("run it under torchrun (one process a GPU), or with --cpu --world N")
+    if world < 2:
+        p.error(f"world size {world}: tensor parallelism needs at least 2 ranks")
+    if args.tokens % args.batch or (args.tokens // args.batch) % world:
+        p.error(f"--tokens {args.tokens} must be --batch {args.batch} sequences of a length divisible by {world}")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if cpu:
+        result = _run_cpu(args)
+    else:
+        import torch.distributed as dist
+
+        from syncopate.kernels.local_ranks import join_torchrun
+
+        device = join_torchrun()
+        try:
+            result = run_rank(args, device)
+        finally:
+            dist.destroy_process_group()
+        if result is None:
+            return 0
+    print(table(result))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+        print(f"written: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

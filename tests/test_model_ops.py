@@ -1,0 +1,145 @@
+"""Layer: pure CPU logic, and the command line with the results database on SQLite. The model-width
+table and the fused ops a tensor-parallel decoder layer calls (`syncopate.models.layer_ops`): each
+column- and row-parallel projection's forward and backward op by the documented rule, merged q/k/v
+and gate/up, Qwen3's heads wider than its hidden size, the plan without sequence parallelism, widths
+read from a Hugging Face config.json, and widths that do not split refused; `syncopate tune --model`
+tunes those ops (predicted by the cost model here), writes the sweep config it derived, and prints
+what lookup gives each, with bad combinations of arguments refused before anything is stored."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from syncopate.autotuner.sweep import load_sweep
+from syncopate.cli import main
+from syncopate.errors import ConfigError
+from syncopate.models import MODEL_SPECS, ModelSpec, layer_ops, model_spec
+from syncopate.results_db import ResultsDB
+
+
+def _ops(calls) -> list[tuple]:
+    return [(c.projection, c.direction, c.workload.kind, c.workload.shape.key()) for c in calls]
+
+
+def test_llama_3_8b_at_tp4_calls_four_ops_forward_and_four_backward():
+    assert _ops(layer_ops(model_spec("Llama-3-8B"), 4, 8192)) == [
+        ("qkv", "forward", "ag_gemm", "8192x6144x4096"),  # q 4096 + k 1024 + v 1024 out of 4096
+        ("qkv", "backward", "gemm_rs", "8192x4096x6144"),
+        ("o", "forward", "gemm_rs", "8192x4096x4096"),
+        ("o", "backward", "ag_gemm", "8192x4096x4096"),
+        ("gate_up", "forward", "ag_gemm", "8192x28672x4096"),
+        ("gate_up", "backward", "gemm_rs", "8192x4096x28672"),
+        ("down", "forward", "gemm_rs", "8192x4096x14336"),
+        ("down", "backward", "ag_gemm", "8192x14336x4096"),
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_SPECS))
+def test_every_projection_follows_the_column_and_row_rule(name):
+    spec = MODEL_SPECS[name]
+    features = {"qkv": (spec.hidden, (spec.heads + 2 * spec.kv_heads) * spec.head_dim),
+                "o": (spec.heads * spec.head_dim, spec.hidden), "gate_up": (spec.hidden, 2 * spec.ffn),
+                "down": (spec.ffn, spec.hidden)}
+    for c in layer_ops(spec, 8, 4096):
+        n_in, n_out = features[c.projection]
+        column = c.projection in ("qkv", "gate_up")
+        forward_kind, backward_kind = ("ag_gemm", "gemm_rs") if column else ("gemm_rs", "ag_gemm")
+        s = c.workload.shape
+        if c.direction == "forward":
+            assert (c.workload.kind, s.m, s.n, s.k) == (forward_kind, 4096, n_out, n_in)
+        else:
+            assert (c.workload.kind, s.m, s.n, s.k) == (backward_kind, 4096, n_in, n_out)
+
+
+def test_qwen3_32b_heads_are_wider_than_its_hidden_size():
+    ops = {(c.projection, c.direction): c.workload.shape.key() for c in layer_ops(model_spec("qwen3-32b"), 8, 8192)}
+    assert ops[("qkv", "forward")] == "8192x10240x5120"  # (64 + 2 * 8) heads of 128
+    assert ops[("o", "forward")] == "8192x5120x8192"
+
+
+def test_without_sequence_parallelism_the_all_reduces_remain():
+    assert _ops(layer_ops(model_spec("llama-3-8b"), 2, 2048, sequence_parallel=False)) == [
+        ("qkv", "backward", "gemm_ar", "2048x4096x6144"),
+        ("o", "forward", "gemm_ar", "2048x4096x4096"),
+        ("gate_up", "backward", "gemm_ar", "2048x4096x28672"),
+        ("down", "forward", "gemm_ar", "2048x4096x14336"),
+    ]
+
+
+def test_widths_come_from_a_hugging_face_config(tmp_path):
+    config = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 4096, "intermediate_size": 12288,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 36,
+              "vocab_size": 151936, "model_type": "qwen3"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = model_spec(tmp_path)  # the folder holding it, as a checkpoint's
+    assert spec.to_dict() == {**MODEL_SPECS["qwen3-8b"].to_dict(), "name": "qwen3"}
+    assert _ops(layer_ops(spec, 4, 8192)) == _ops(layer_ops(MODEL_SPECS["qwen3-8b"], 4, 8192))
+    del config["head_dim"], config["num_key_value_heads"]  # Llama-2 style: head_dim = hidden / heads, MHA
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = ModelSpec.from_hf_config(tmp_path / "config.json")
+    assert (spec.head_dim, spec.kv_heads) == (128, 32)
+
+
+@pytest.mark.parametrize("call, said", [
+    (lambda: layer_ops(MODEL_SPECS["llama-3-8b"], 3, 8192), "heads=32 is not divisible by tp=3"),
+    (lambda: layer_ops(MODEL_SPECS["llama-3-8b"], 16, 8192), "kv_heads=8 is not divisible by tp=16"),
+    (lambda: layer_ops(MODEL_SPECS["llama-3-8b"], 4, 8190), "tokens=8190 is not divisible by tp=4"),
+    (lambda: layer_ops(MODEL_SPECS["llama-3-8b"], 1, 8192), "--tp 1 must be an integer of at least 2"),
+    (lambda: model_spec("llama-9b"), "unknown model 'llama-9b': known are llama-3-8b"),
+    (lambda: ModelSpec(name="x", hidden=64, ffn=0, heads=4, kv_heads=4, head_dim=16), "ffn=0 must be a positive"),
+    (lambda: ModelSpec(name="x", hidden=64, ffn=64, heads=4, kv_heads=3, head_dim=16), "not a multiple of kv_heads=3"),
+])
+def test_what_does_not_split_is_refused_by_name(call, said):
+    with pytest.raises(ConfigError, match=said):
+        call()
+
+
+def test_a_config_without_the_widths_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    with pytest.raises(ConfigError, match="has no intermediate_size, num_attention_heads"):
+        model_spec(tmp_path / "config.json")
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("SYNCOPATE_DB", raising=False)
+    return f"sqlite:///{tmp_path / 'results.db'}"
+
+
+def test_tune_model_predicts_every_op_and_shows_what_lookup_gives(tmp_path, db, capsys):
+    out_config = tmp_path / "llama.yaml"
+    assert main(["tune", "--model", "llama-3-8b", "--tp", "4", "--tokens", "8192", "--runner", "model",
+                 "--max-trials", "2", "--db", db, "--config-out", str(out_config)]) == 0
+    out = capsys.readouterr()
+    assert "predicting for H200x4-nvswitch" in out.err
+    text = " ".join(out.out.split())
+    assert "sweep 'llama-3-8b-tp4-8192'" in text and "PREDICTED by the cost model" in text
+    assert "what lookup gives each op of a llama-3-8b layer at TP=4, 8192 tokens on H200x4-nvswitch" in text
+    rows = [line for line in out.out.splitlines() if line.startswith("│")]
+    lookup_rows = [r for r in rows if "forward" in r or "backward" in r]
+    assert len(lookup_rows) == 8 and all("│ default │" in r for r in lookup_rows)  # predictions are not served
+    sweep = load_sweep(out_config)
+    want = {c.workload for c in layer_ops(MODEL_SPECS["llama-3-8b"], 4, 8192)}
+    assert set(sweep.workloads) == want and len(sweep.workloads) == 8
+    with ResultsDB.open(db) as d:
+        assert {t.workload for t in d.trials()} == want
+        assert {t.record.source for t in d.trials()} == {"predicted"}
+
+
+@pytest.mark.parametrize("args, said", [
+    ([], "give a sweep CONFIG (YAML), or --model NAME --tp N"),
+    (["--model", "llama-3-8b"], "--model llama-3-8b needs --tp N"),
+    (["configs/quickstart.yaml", "--model", "llama-3-8b", "--tp", "2"], "not both"),
+    (["configs/quickstart.yaml", "--tp", "2", "--tokens", "4096"], "--tp, --tokens go with --model"),
+    (["--model", "llama-3-8b", "--tp", "2", "--topology", "H200x4-nvswitch", "--runner", "model"],
+     "--topology H200x4-nvswitch has 4 GPUs but --tp is 2"),
+    (["--model", "qwen3-14b", "--tp", "3", "--runner", "model"], "heads=40 is not divisible by tp=3"),
+])
+def test_tune_model_refuses_bad_arguments_and_stores_nothing(tmp_path, db, capsys, args, said):
+    assert main(["tune", *args, "--db", db]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("syncopate: error: ") and said in err[0], err
+    assert not (tmp_path / "results.db").exists()
