@@ -39,8 +39,6 @@ def test_validate_prints_the_workloads():
         (["space", "--m", "8", "--n", "8", "--k", "8", "--dtype", "e5m2", "--topology", "H200x2-nvlink"], "unknown dtype 'e5m2'"),
         (["space", "--m", "0", "--n", "8", "--k", "8", "--topology", "H200x2-nvlink"], "M=0 must be positive"),
         (["space", "--m", "x", "--n", "8", "--k", "8", "--topology", "H200x2-nvlink"], "Invalid value for '--m'"),
-        (["space", "--m", "8", "--n", "8", "--k", "8", "--topology", "H200x2-nvlink", "--json", "--predict", "3"],
-         "--json and --predict 3 exclude each other"),
         (["validate", "configs/none.yaml"], "does not exist"),
         (["frobnicate"], "No such command 'frobnicate'"),
     ],
