@@ -5,6 +5,7 @@ one line and nothing written."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,7 @@ def test_the_quickstart_predicts_on_a_cpu_machine_and_says_so(tmp_path, monkeypa
     assert main(["tune", "configs/quickstart.yaml"]) == 0
     out = capsys.readouterr()
     text = " ".join((out.out + out.err).split())
-    assert "PREDICTED by the cost model, not measured" in text and "predicted best µs" in text
+    assert "PREDICTED by the cost model, not measured" in text and "predicted µs" in text
     assert "no GPU is used" in text and "default calibration for H200x2-nvlink" in text
     assert "syncopate calibrate" in text
     with ResultsDB.open(None) as d:
@@ -195,7 +196,7 @@ def test_replaying_a_synthetic_sweep(tmp_path, db, capsys):
     write_sweep(sweep_file, stored)
     path = config(tmp_path, name="replayed", runner="replay", replay={"source": str(sweep_file), "noise": 0.01},
                   strategy={"name": "grid", "seed": 0})
-    assert main(["tune", str(path), "--db", db]) == 0
+    assert main(["tune", str(path), "--db", db, "--wide"]) == 0
     out = capsys.readouterr()
     text = " ".join((out.out + out.err).split())
     assert "replayed from a SYNTHETIC sweep" in text and "not measured" in text and "re-measured" in text
@@ -372,3 +373,20 @@ def test_a_stop_logged_by_a_library_prints_no_traceback():
     out = text.getvalue()
     assert out.count("Exception during reset or similar") == 1 and "the database went away" in out
     assert "Traceback" in out and "Terminated" not in out and "KeyboardInterrupt" not in out
+
+
+def test_a_repeated_sweep_says_it_continued_the_study(tmp_path, capsys):
+    """The second run into the same database carries on each workload's Optuna study, so it measures
+    other candidates and may report another best (as a repeated quickstart does): it says so, naming
+    the study and its earlier trials."""
+    path = config(tmp_path, name="again", strategy={"name": "model-guided", "max_trials": 2, "seed": 0})
+    args = ["tune", str(path), "--db", f"sqlite:///{tmp_path / 'q.db'}"]
+    assert main(args) == 0
+    first = capsys.readouterr()
+    assert "continued study" not in first.out + first.err
+    assert main([*args, "--json"]) == 0
+    second = capsys.readouterr()
+    [w] = json.loads(second.out)["workloads"]
+    study = w["continued_study"]
+    assert study["trials"] == 2 and study["name"].startswith(f"syncopate/{w['workload']}/H200x2-nvlink/")
+    assert f"{w['workload']}: continued study {study['name']}: 2 earlier trials" in " ".join(second.err.split())
