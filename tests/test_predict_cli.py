@@ -390,3 +390,31 @@ def test_a_repeated_sweep_says_it_continued_the_study(tmp_path, capsys):
     study = w["continued_study"]
     assert study["trials"] == 2 and study["name"].startswith(f"syncopate/{w['workload']}/H200x2-nvlink/")
     assert f"{w['workload']}: continued study {study['name']}: 2 earlier trials" in " ".join(second.err.split())
+
+
+def test_the_replay_example_replays_the_committed_sweep(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    db = f"sqlite:///{tmp_path / 'replayed.db'}"
+    assert main(["tune", "configs/replay_example.yaml", "--db", db, "--max-trials", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["runner"] == "replay" and doc["source"] == "fixture" and not doc["served"]
+    assert len(doc["workloads"]) == 4 and all(w["best_us"] for w in doc["workloads"])
+    with ResultsDB.open(db) as d:
+        assert {t.record.source for t in d.trials()} == {"fixture"}
+
+
+def test_runner_replay_without_a_source_names_files_that_exist(tmp_path, capsys, monkeypatch):
+    import re
+
+    monkeypatch.chdir(REPO)
+    assert main(["tune", "configs/quickstart.yaml", "--runner", "replay", "--db", str(tmp_path / "r.db")]) == 2
+    line = error_line(capsys)
+    named = re.findall(r"(?:results|configs)/[\w./-]+\.(?:db|yaml|json\.gz)", line)
+    assert named and all((REPO / path).exists() for path in named), line
+    assert "configs/replay_example.yaml" in named
+
+
+def test_tune_help_names_the_detected_topology(capsys):
+    assert main(["tune", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "`detect`: this machine's GPUs" in text and "configs/replay_example.yaml" in text

@@ -71,8 +71,8 @@ def tune_cmd(
     runner: str | None = typer.Option(
         None,
         "--runner",
-        help="gpu, model (the cost model predicts; no GPU needed), replay (a stored sweep answers) or "
-        "cpu-fixture (overrides the config's runner).",
+        help="gpu, model (the cost model predicts; no GPU needed), replay (a stored sweep answers, named by the "
+        "config's `replay:` section: see configs/replay_example.yaml) or cpu-fixture (overrides the config's runner).",
     ),
     topology: str | None = typer.Option(
         None, "--topology", help="Topology key overriding the config's, e.g. H200x8-nvswitch (with --runner model: "

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from syncopate.errors import ConfigError
+from syncopate.errors import ConfigError, describe
 from syncopate.kernels import a_stationary, c_stationary, decomposed, decomposed_gather
 from syncopate.kernels.a_stationary import AStationaryPlan, a_stationary_buffers
 from syncopate.kernels.c_stationary import CStationaryPlan, b_moves_kmajor, c_stationary_buffers
@@ -200,7 +200,7 @@ def _buffers(kind: str, shape: tuple[int, ...], dtype: torch.dtype, ws: int) -> 
 
 def _check_tensor(name: str, t: Any) -> None:
     if not isinstance(t, torch.Tensor):
-        raise ConfigError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise ConfigError(f"{name} must be a torch.Tensor, got {describe(t)}")
     if t.dim() != 2:
         raise ConfigError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
     if t.dtype not in _DTYPES:
@@ -227,7 +227,7 @@ def _parse_config(config: Candidate | dict | None) -> Candidate | None:
         return config
     if isinstance(config, dict):
         return Candidate.from_dict(config)
-    raise ConfigError(f"config must be a Candidate, a dict or None, got {type(config).__name__}")
+    raise ConfigError(f"config must be a Candidate, a dict or None, got {describe(config)}")
 
 
 def _check_inputs(a: torch.Tensor, b: torch.Tensor, group, config=None) -> tuple[Any, int, int]:
