@@ -153,7 +153,7 @@ def _page(browser, width: int):
     from playwright.sync_api import expect
 
     page = browser.new_page()
-    page.set_viewport_size({"width": width, "height": 1200})
+    page.set_viewport_size({"width": width, "height": 2400})
     page.set_default_timeout(90_000)
     expect.set_options(timeout=90_000)
     return page, Console(page)

@@ -360,7 +360,7 @@ def test_a_stop_logged_by_a_library_prints_no_traceback():
     kept = root.handlers[:], root.level
     text = io.StringIO()
     try:
-        root.handlers = [h for h in root.handlers if type(h).__name__ != "RichHandler"]
+        root.handlers = [h for h in root.handlers if not getattr(h, "_syncopate_cli", False)]
         _setup_logging(Console(file=text, width=200), verbose=False)
         pool = logging.getLogger("sqlalchemy.pool.impl.QueuePool")
         for error in (Terminated(), KeyboardInterrupt(), RuntimeError("the database went away")):
@@ -418,3 +418,24 @@ def test_tune_help_names_the_detected_topology(capsys):
     assert main(["tune", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "`detect`: this machine's GPUs" in text and "configs/replay_example.yaml" in text
+
+
+def test_piped_logs_are_plain_lines():
+    """With stderr piped, a record is one line, neither wrapped nor padded to a width."""
+    import io
+    import logging
+
+    from rich.console import Console
+
+    from syncopate.cli.tune_cmds import _setup_logging
+
+    root = logging.getLogger()
+    kept = root.handlers[:], root.level
+    text = io.StringIO()
+    try:
+        root.handlers = [h for h in root.handlers if not getattr(h, "_syncopate_cli", False)]
+        _setup_logging(Console(file=text, width=240, soft_wrap=True), verbose=False)
+        logging.getLogger("syncopate.autotuner").warning("a note that runs long " * 8)
+    finally:
+        root.handlers, root.level = kept
+    assert text.getvalue() == "WARNING  " + "a note that runs long " * 8 + "\n"

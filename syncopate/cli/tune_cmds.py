@@ -30,10 +30,17 @@ def _not_an_interrupt(record: logging.LogRecord) -> bool:
 
 
 def _setup_logging(console: Console, verbose: bool) -> None:
+    """Log records to `console`: through rich on a terminal; one plain line per record when stderr
+    is piped or redirected (rich would pad every line to the console's width)."""
     root = logging.getLogger()
-    if not any(isinstance(h, RichHandler) for h in root.handlers):
-        handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
-        handler.setFormatter(logging.Formatter("%(message)s"))
+    if not any(getattr(h, "_syncopate_cli", False) for h in root.handlers):
+        if console.is_terminal:
+            handler: logging.Handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
+            handler.setFormatter(logging.Formatter("%(message)s"))
+        else:
+            handler = logging.StreamHandler(console.file)
+            handler.setFormatter(logging.Formatter("%(levelname)-8s %(message)s"))
+        handler._syncopate_cli = True  # type: ignore[attr-defined]
         handler.addFilter(_not_an_interrupt)
         root.addHandler(handler)
     root.setLevel(logging.INFO if verbose else logging.WARNING)

@@ -219,7 +219,8 @@ def _sweeps_section(db: ResultsDB, draw: _Charts, options: ReportOptions) -> lis
     compared = data.compare_sweeps(db, a, b, options.filters)
     out.append(f"<h3>Sweep {a} (A) against sweep {b} (B)</h3>")
     out.append(_table(views.environment_diff_table(data.environment_diff(db, a, b))))
-    out.append(draw(charts.compare_chart(compared, a, b, width=CHART_WIDTH), "No shape has an ok trial in both sweeps."))
+    out.append(draw(charts.compare_chart(compared, a, b, width=CHART_WIDTH),
+                    "No shape has an ok trial in both sweeps."))
     out.append(_table(views.compare_table(compared)))
     return out
 
