@@ -188,7 +188,8 @@ def export_cmd(
     with ResultsDB.open(db, read_only=True) as rdb:
         count = rdb.export_best(out, kind=kind, topology=topology)
         shown = rdb.url
-    console().print(f"wrote {count} best configuration{'s' if count != 1 else ''} from {shown} to {out}", highlight=False)
+    console().print(f"wrote {count} best configuration{'s' if count != 1 else ''} from {shown} to {out}",
+                    highlight=False)
 
 
 @db_app.command("upgrade")

@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["Column", "Listing", "show"]
 
@@ -109,6 +109,7 @@ def _fit(columns: list[Column], rows: list[list[str]], width: int) -> list[int] 
 def _table(columns: list[Column], rows: list[list[str]], widths: list[int], console: Console) -> None:
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), expand=False)
     for column, width in zip(columns, widths):
@@ -123,6 +124,8 @@ def _blocks(columns: list[Column], rows: list[list[str]], console: Console) -> N
     """Each row as a block: its first key column as a heading, its other key columns each on a line
     of their own, then `name value` pairs joined by ` · `, as many to a line as the width takes.
     No value is broken: one longer than the line runs past it."""
+    from rich.text import Text
+
     head = next((i for i, c in enumerate(columns) if c.key), 0)
     keys = [i for i, c in enumerate(columns) if c.key and i != head]
     pairs = [i for i, c in enumerate(columns) if not c.key and i != head]

@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.logging import RichHandler
 
 from syncopate.cli import app
 from syncopate.cli import console as output_console
-from syncopate.cli.tables import Column, Listing
+from syncopate.cli.tables import Column, Listing, show
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from syncopate.autotuner.progress import WorkloadSummary
     from syncopate.autotuner.tune import TuneResult
 
@@ -35,6 +35,8 @@ def _setup_logging(console: Console, verbose: bool) -> None:
     root = logging.getLogger()
     if not any(getattr(h, "_syncopate_cli", False) for h in root.handlers):
         if console.is_terminal:
+            from rich.logging import RichHandler
+
             handler: logging.Handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
             handler.setFormatter(logging.Formatter("%(message)s"))
         else:
@@ -98,7 +100,6 @@ def tune_cmd(
     """Tune the workloads of CONFIG on Ray GPU gangs; every trial, failures too, lands in the database."""
     from syncopate.autotuner.progress import below_bound_note, overhead_line
     from syncopate.autotuner.tune import TuneOptions, run_tune
-    from syncopate.cli.tables import show
 
     err = output_console(stderr=True)
     out = output_console()
