@@ -49,6 +49,8 @@ _BASELINE_COLORS = {
     "overlap bound": "#2ca02c",
     "best (Syncopate)": "#1f77b4",
 }
+_BASELINE_SHAPES = ("circle", "square", "triangle-up", "cross")
+"""The times chart's marker per series of :data:`_BASELINE_COLORS`, in its order."""
 _VERDICT_COLORS = {"B slower": "#d62728", "within noise": "#7f7f7f", "B faster": "#2ca02c"}
 
 Width = int | str
@@ -208,7 +210,8 @@ def times_chart(rows: pd.DataFrame, *, width: Width = "container") -> alt.LayerC
         color=alt.Color("series:N", sort=list(_BASELINE_COLORS),
                         scale=alt.Scale(domain=list(_BASELINE_COLORS), range=list(_BASELINE_COLORS.values())),
                         legend=_top_legend()),
-        shape=alt.Shape("series:N", sort=list(_BASELINE_COLORS), legend=_top_legend()),  # one legend with color
+        shape=alt.Shape("series:N", sort=list(_BASELINE_COLORS), legend=_top_legend(),  # one legend with color
+                        scale=alt.Scale(domain=list(_BASELINE_COLORS), range=list(_BASELINE_SHAPES))),
         tooltip=[alt.Tooltip("label:N", title="shape"), "series:N", alt.Tooltip("us:Q", format=".1f", title="µs"),
                  "source:N"],
     )
