@@ -87,5 +87,5 @@ def test_the_times_chart_has_one_legend_for_colour_and_marker(db):
     pytest.importorskip("vl_convert", reason="the dashboard extra (vl-convert) is not installed")
     for _, rows in charts.panels(data.overview(db)):
         svg = charts.to_svg(charts.times_chart(rows, width=900))
-        assert svg.count('class="mark-group role-legend"') == 1
+        assert svg.count("role-legend-symbol") == 4  # four series, each once: colour and marker in one legend
         assert 'width="900"' in svg.split(">", 1)[0]  # the whole chart, legend and labels included
