@@ -1,6 +1,7 @@
 """Syncopate: schedule-search autotuner for chunk-centric compute-communication overlap.
 
-Public API (torch-dependent names are imported on first use, so `import syncopate` stays light):
+Public API (every name but the errors is imported on first use, so `import syncopate` stays light:
+no torch, and nothing a command line that only reads the database does not need):
 
 - :func:`lookup` — the best known configuration for a shape and topology, at job start;
 - :class:`Topology` (with :meth:`Topology.detect`), :class:`Shape`, :class:`Workload`, :class:`Candidate`;
@@ -10,10 +11,9 @@ Public API (torch-dependent names are imported on first use, so `import syncopat
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from syncopate.errors import ConfigError, DatabaseError, SchemaError, SyncopateError
-from syncopate.search_space import Candidate, Shape, Topology, Workload
 
 __version__ = "0.1.0"
 
@@ -40,6 +40,10 @@ __all__ = [
 ]
 
 _LAZY: dict[str, str] = {
+    "Candidate": "syncopate.search_space",
+    "Shape": "syncopate.search_space",
+    "Topology": "syncopate.search_space",
+    "Workload": "syncopate.search_space",
     "lookup": "syncopate.results_db.lookups",
     "LookupResult": "syncopate.results_db.lookups",
     "all_gather_matmul": "syncopate.kernels.ops",
@@ -51,6 +55,10 @@ _LAZY: dict[str, str] = {
     "get_mode": "syncopate.kernels.ops",
     "mode": "syncopate.kernels.ops",
 }
+
+
+if TYPE_CHECKING:
+    from syncopate.search_space import Candidate, Shape, Topology, Workload
 
 
 def __getattr__(name: str) -> Any:

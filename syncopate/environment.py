@@ -13,6 +13,7 @@ import functools
 import os
 import socket
 import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from syncopate.kernels.topology_detect import gpu_model_of
 from syncopate.records import Environment
 
 __all__ = ["GLUON_SUFFIX", "GLUON_VAR", "KERNEL_SWITCHES", "current_environment", "git_revision", "gluon_on",
-           "kernel_switches", "provenance", "with_kernels"]
+           "kernel_switches", "no_gpu_for_torch", "provenance", "with_kernels"]
 
 GLUON_VAR = "SYNCOPATE_GLUON"
 """`1`: the fused ops run the Gluon kernels where they apply (opt-in; anything else: the Triton ones)."""
@@ -39,6 +40,67 @@ def _package_version(name: str) -> str:
         return "none"
 
 
+def _triton_version() -> str:
+    version = _package_version("triton")
+    return _package_version("pytorch-triton") if version == "none" else version
+
+
+def _torch_build() -> dict[str, object] | None:
+    """The literals of torch's `version.py` (`__version__`, `cuda`, `hip`, …) read from the file,
+    without importing torch; None where torch is not installed or the file says something else."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        tree = ast.parse((Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text())
+    except (OSError, SyntaxError, StopIteration):
+        return None
+    found: dict[str, object] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else (
+            node.target if isinstance(node, ast.AnnAssign) else None)
+        if isinstance(target, ast.Name) and node.value is not None:
+            try:
+                found[target.id] = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+    return found if isinstance(found.get("__version__"), str) else None
+
+
+def _nvidia_driver_loaded() -> bool:
+    """Whether this machine has an NVIDIA driver loaded (without one, torch sees no CUDA GPU)."""
+    return Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidiactl").exists()
+
+
+def _environment_without_torch() -> Environment | None:
+    """The fingerprint where it can be known without importing torch (a second or more): a torch
+    built without CUDA or ROCm, or a CUDA build on a machine with no NVIDIA driver, sees no GPU, so
+    its version and CUDA version (from torch's version.py) are all there is to read. None where a
+    GPU might be visible: only torch can then say which GPU, NCCL and driver it would use."""
+    build = _torch_build()
+    if build is None or build.get("hip") or build.get("xpu"):
+        return None
+    cuda = build.get("cuda")
+    if cuda is not None and (not isinstance(cuda, str) or _nvidia_driver_loaded()):
+        return None
+    from syncopate import __version__
+
+    return Environment(syncopate=__version__, torch=str(build["__version__"]), triton=_triton_version(),
+                       cuda=cuda or "none", nccl="none", driver="none", gpu_model="cpu")
+
+
+def no_gpu_for_torch() -> bool:
+    """Whether torch would certainly see no GPU here, known without importing it (False: it may
+    see one, or only torch can tell)."""
+    return "torch" not in sys.modules and _environment_without_torch() is not None
+
+
 def gluon_on(env: Mapping[str, str] | None = None) -> bool:
     """Whether `env` (default: this process's environment) asks for the Gluon kernels."""
     return (os.environ if env is None else env).get(GLUON_VAR, "0") == "1"
@@ -54,7 +116,11 @@ def with_kernels(environment: Environment, gluon: bool) -> Environment:
 
 def current_environment() -> Environment:
     """Versions of syncopate, torch, triton, CUDA, NCCL, the driver and the GPU model, and whether
-    the Gluon kernels are on (:data:`GLUON_VAR`, read on every call; see :func:`with_kernels`)."""
+    the Gluon kernels are on (:data:`GLUON_VAR`, read on every call; see :func:`with_kernels`).
+
+    Read without importing torch where torch would see no GPU (:func:`_environment_without_torch`),
+    so that a lookup or a read-only command on a CPU machine starts in a fraction of a second; the
+    two ways give the same fingerprint there."""
     return _environment(gluon_on())
 
 
@@ -63,15 +129,20 @@ def _environment(gluon: bool) -> Environment:
     return with_kernels(_versions(), gluon)
 
 
-@functools.cache
 def _versions() -> Environment:
+    if "torch" not in sys.modules:
+        light = _environment_without_torch()
+        if light is not None:
+            return light
+    return _environment_from_torch()
+
+
+def _environment_from_torch() -> Environment:
     import torch
 
     from syncopate import __version__
 
-    triton_version = _package_version("triton")
-    if triton_version == "none":
-        triton_version = _package_version("pytorch-triton")
+    triton_version = _triton_version()
     cuda = torch.version.cuda or "none"
     nccl = "none"
     driver = "none"
@@ -130,9 +201,14 @@ def git_revision() -> str:
         return "unknown"
 
 
-KERNEL_SWITCHES: tuple[str, ...] = (GLUON_VAR,)
-"""Environment settings that change which kernel code a fused op runs: part of the environment
-fingerprint and of every relaunch key, passed on to the gang actors and recorded with each trial."""
+KERNEL_SWITCHES: tuple[str, ...] = (
+    "SYNCOPATE_GLUON", "SYNCOPATE_OWN_SHARD", "SYNCOPATE_RELAUNCH", "SYNCOPATE_COMM_FIRST", "SYNCOPATE_TMA",
+    "SYNCOPATE_TMA_EPI", "SYNCOPATE_EPI_SPLIT", "SYNCOPATE_DEFER_KEPT", "SYNCOPATE_TIMING_ALIGN",
+    "SYNCOPATE_SPLIT_TAIL", "SYNCOPATE_SM_PULL",
+)
+"""Environment switches that change which kernel code a fused op runs (the Gluon kernels, the
+all-gather's own rows, relaunching, …) or how it is timed (`SYNCOPATE_TIMING_ALIGN`): part of every
+relaunch key, passed on to the gang actors and recorded with each trial."""
 
 
 def kernel_switches(base: Mapping[str, str] | None = None) -> dict[str, str]:

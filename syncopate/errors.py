@@ -21,6 +21,7 @@ __all__ = [
     "CalibrationError",
     "StudyMismatchError",
     "Terminated",
+    "describe",
 ]
 
 
@@ -73,3 +74,22 @@ class StudyMismatchError(ConfigError):
 class Terminated(KeyboardInterrupt):
     """SIGTERM arrived: the command stops as on Ctrl-C (a sweep is marked `interrupted`, its trials
     kept) and exits with code 143."""
+
+
+def describe(value: object) -> str:
+    """A value as a message names what was given instead of what was wanted: `None`, `True`, `the
+    number 3`, `the text 'abc'`, `a list of 2 items`, `a mapping`, else `a Tensor` (its type): the
+    reader learns what arrived, never a Python type name such as `NoneType`."""
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        text = value if len(value) <= 40 else value[:37] + "..."
+        return f"the text {text!r}"
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)} item{'s' if len(value) != 1 else ''}"
+    if isinstance(value, dict):
+        return "a mapping"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"

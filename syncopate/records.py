@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from syncopate.errors import ConfigError
+from syncopate.errors import ConfigError, describe
 from syncopate.search_space import Candidate, Topology, Workload
 
 __all__ = [
@@ -182,6 +182,6 @@ class CalibrationRecord:
         if not isinstance(self.key, str) or not self.key.strip() or len(self.key) > 200:
             raise ConfigError(f"calibration key {self.key!r} must be a non-empty string of at most 200 characters")
         if not isinstance(self.payload, dict):
-            raise ConfigError(f"calibration payload must be a dict, got {type(self.payload).__name__}")
+            raise ConfigError(f"calibration payload must be a dict, got {describe(self.payload)}")
         if self.source not in SOURCES:
             raise ConfigError(f"calibration source {self.source!r} is unknown: accepted are {', '.join(SOURCES)}")

@@ -39,8 +39,6 @@ def test_validate_prints_the_workloads():
         (["space", "--m", "8", "--n", "8", "--k", "8", "--dtype", "e5m2", "--topology", "H200x2-nvlink"], "unknown dtype 'e5m2'"),
         (["space", "--m", "0", "--n", "8", "--k", "8", "--topology", "H200x2-nvlink"], "M=0 must be positive"),
         (["space", "--m", "x", "--n", "8", "--k", "8", "--topology", "H200x2-nvlink"], "Invalid value for '--m'"),
-        (["space", "--m", "8", "--n", "8", "--k", "8", "--topology", "H200x2-nvlink", "--json", "--predict", "3"],
-         "--json and --predict 3 exclude each other"),
         (["validate", "configs/none.yaml"], "does not exist"),
         (["frobnicate"], "No such command 'frobnicate'"),
     ],
@@ -75,3 +73,31 @@ def test_a_shape_too_small_for_any_tile_says_so():
     assert "no fused candidate; each rank's block has 1 row(s)" in out and "M must be at least 128" in out
     assert "only template 'unfused' (a matmul, then the whole all-reduce) runs" in out
     assert "1 valid candidates" in out and "nccl/unfused/s1 cuBLAS" in out
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "is empty: a sweep config is a mapping of fields (name, topology, workloads, strategy, …)"),
+        ("- a\n- b\n", "a sweep config must be a mapping of fields, got a list of 2 items"),
+        ("name: x\nworkloads:\n", "workloads: Input should be a valid list (got nothing: the field is empty)"),
+    ],
+)
+def test_a_config_error_names_what_was_given_in_words(text, message, tmp_path, capsys):
+    """Not a Python type name (`got NoneType`) nor a Python value (`got None`): what the file holds."""
+    from syncopate.cli import main
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(text)
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "NoneType" not in err and "got None" not in err, err
+
+
+def test_describe_names_values_not_types():
+    from syncopate.errors import describe
+
+    assert [describe(v) for v in (None, False, 3, 2.5, "abc", [1, 2], (1,), {"a": 1}, object())] == [
+        "None", "False", "the number 3", "the number 2.5", "the text 'abc'", "a list of 2 items", "a list of 1 item",
+        "a mapping", "an object"]
+    assert describe("x" * 100) == f"the text '{'x' * 37}...'"

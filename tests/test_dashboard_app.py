@@ -45,11 +45,16 @@ def charts(at: AppTest) -> list[dict]:
     return [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
 
 
-def chart_data(at: AppTest, i: int) -> pd.DataFrame:
-    """The data of chart `i`, which Streamlit sends beside the spec as Arrow."""
-    import pyarrow as pa
+def title(spec: dict) -> str:
+    return spec["title"] if isinstance(spec["title"], str) else spec["title"]["text"]
 
-    return pa.ipc.open_stream(at.get("vega_lite_chart")[i].proto.data.data).read_all().to_pandas()
+
+def chart_data(at: AppTest, i: int, layer: int = 0) -> pd.DataFrame:
+    """The data of a layer of chart `i`, which each layer carries inline (nothing at the chart's top
+    level, so the page draws it with its data from the first frame)."""
+    spec = charts(at)[i]
+    assert "data" not in spec and "datasets" not in spec and not at.get("vega_lite_chart")[i].proto.data.data
+    return pd.DataFrame(spec["layer"][layer]["data"]["values"])
 
 
 @pytest.fixture
@@ -71,22 +76,29 @@ def test_overview_renders_table_and_charts(monkeypatch, url):
     assert (w1["best µs"], w1["× torch_seq"], w1["× async-TP"], w1["of bound"]) == (400.0, 1.5, 1.2, 0.75)
     assert w1["best configuration"] == fx.CE2.short()
     specs = charts(at)
-    assert [s["title"] for s in specs] == [
-        "Speedup of the best configuration over torch (above 1: faster)",
-        "Fraction of the overlap bound reached (1: at the bound)",
-        "Times (µs, lower is better)",
+    speedup = "Speedup of the best configuration over torch (above 1: faster)"
+    bound = "Fraction of the overlap bound reached (1: at the bound)"
+    times = "Times (µs, lower is better)"
+    # one panel per topology, environment and source with an ok trial, each with the charts it has data for
+    assert [h.value for h in at.main.subheader] == [
+        f"H200x2-nvlink · {fx.ENV.key()[:8]} · measured",
+        f"H200x2-nvlink · {fx.ENV.key()[:8]} · predicted",
+        f"H200x2-nvlink · {fx.OTHER_ENV.key()[:8]} · measured",
     ]
+    assert [title(s) for s in specs] == [speedup, bound, times, times, speedup, times]
+    assert all(s["width"] == "container" and s["autosize"]["type"] == "fit-x" for s in specs)
     assert "trials" in at.sidebar.caption[-1].value and "14 trials" in at.sidebar.caption[-1].value
 
 
 def test_measured_and_predicted_are_drawn_apart(monkeypatch, url):
     at = start(monkeypatch, url)
-    times = chart_data(at, 2)
-    panels = set(zip(times["panel"], times["source"]))
-    assert all(panel.endswith("· " + source) for panel, source in panels)
-    assert {source for _, source in panels} == {"measured", "predicted"}
+    panels = [h.value for h in at.main.subheader]
+    times = [i for i, s in enumerate(charts(at)) if title(s).startswith("Times")]
+    assert len(times) == len(panels) == 3
+    for panel, i in zip(panels, times):  # each panel's chart holds that panel's source only
+        assert set(chart_data(at, i, layer=1)["source"]) == {panel.rsplit(" · ", 1)[1]}  # the dots
     bound = charts(at)[1]
-    assert bound["spec"]["layer"][0]["encoding"]["color"]["field"] == "source"
+    assert bound["layer"][0]["encoding"]["color"]["field"] == "source"
 
 
 def test_filters_change_what_is_shown(monkeypatch, url):
@@ -122,7 +134,7 @@ def test_workload_drill_down(monkeypatch, url):
     at.selectbox(key="selection").set_value(wanted).run()
     assert not at.exception
     assert [m.value for m in at.metric] == ["400.0", "1.500", "1.200", "0.750"]
-    titles = [s["title"] if isinstance(s["title"], str) else s["title"]["text"] for s in charts(at)]
+    titles = [title(s) for s in charts(at)]
     assert titles[0].startswith("Convergence") and "Failures by status" in titles
     assert any(t.startswith("Best time per backend × num_splits") for t in titles)
     assert "Tile orders compared" in titles

@@ -214,6 +214,43 @@ def test_compare_two_sweeps(db):
     assert list(diff.columns) == ["field", "A: sweep 1", "B: sweep 2", "changed"]
 
 
+def test_a_comparison_carries_the_runs_noise_band(db):
+    """Each best trial's p20 and p80 (the fixture's are 0.99 and 1.02 of its median) bound the
+    ratio: W1 is slower in B beyond noise (400 against 420), W2 faster (330 against 320)."""
+    compared = data.compare_sweeps(db, 1, 2)
+    w1 = row(compared, workload=W1, source="measured")
+    assert (w1["p20_us_a"], w1["p80_us_a"]) == (pytest.approx(396.0), pytest.approx(408.0))
+    assert w1["ratio_lo"] == pytest.approx(420 * 0.99 / (400 * 1.02))
+    assert w1["ratio_hi"] == pytest.approx(420 * 1.02 / (400 * 0.99))
+    assert row(compared, workload=W2)["ratio_hi"] == pytest.approx(320 * 1.02 / (330 * 0.99))
+    assert math.isnan(row(compared, workload=W3)["ratio_lo"])
+
+
+def test_the_tables_say_yes_and_no_never_true_and_false(db):
+    """What the report and the app show: no column of booleans, no cell reading True or False."""
+    from syncopate.dashboard import views
+
+    tables = [
+        views.environment_diff_table(data.environment_diff(db, 1, 2)),
+        views.compare_table(data.compare_sweeps(db, 1, 2)),
+        views.overview_table(data.overview(db)),
+        views.sweeps_table(data.sweeps(db)),
+        views.environments_table(data.environments(db)),
+        views.tile_orders_table(data.tile_orders(db, sel())),
+        views.failures_table(data.failures(db, sel())),
+    ]
+    for table in tables:
+        assert not [c for c in table.columns if pd.api.types.is_bool_dtype(table[c])], table.dtypes
+        cells = {str(v) for v in table.astype(str).to_numpy().ravel()}
+        assert not cells & {"True", "False"}, table
+    diff = dict(zip(tables[0]["field"], tables[0]["changed"]))
+    assert (diff["torch"], diff["cuda"]) == ("yes", "no")
+    compared = tables[1].set_index(["kind", "dtype", "source"])
+    assert compared.loc[("ag_gemm", "bf16", "measured"), "verdict"] == "B slower"
+    assert compared.loc[("gemm_rs", "bf16", "measured"), "verdict"] == "B faster"
+    assert compared.loc[("ag_gemm", "bf16", "measured"), "B / A noise band"] == "1.019–1.082"
+
+
 def test_environments(db):
     frame = data.environments(db)
     assert list(frame["environment"]) == [ENV, OTHER] and list(frame["trials"]) == [12, 2]

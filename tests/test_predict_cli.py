@@ -5,6 +5,7 @@ one line and nothing written."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,7 @@ def test_the_quickstart_predicts_on_a_cpu_machine_and_says_so(tmp_path, monkeypa
     assert main(["tune", "configs/quickstart.yaml"]) == 0
     out = capsys.readouterr()
     text = " ".join((out.out + out.err).split())
-    assert "PREDICTED by the cost model, not measured" in text and "predicted best µs" in text
+    assert "PREDICTED by the cost model, not measured" in text and "predicted µs" in text
     assert "no GPU is used" in text and "default calibration for H200x2-nvlink" in text
     assert "syncopate calibrate" in text
     with ResultsDB.open(None) as d:
@@ -195,7 +196,7 @@ def test_replaying_a_synthetic_sweep(tmp_path, db, capsys):
     write_sweep(sweep_file, stored)
     path = config(tmp_path, name="replayed", runner="replay", replay={"source": str(sweep_file), "noise": 0.01},
                   strategy={"name": "grid", "seed": 0})
-    assert main(["tune", str(path), "--db", db]) == 0
+    assert main(["tune", str(path), "--db", db, "--wide"]) == 0
     out = capsys.readouterr()
     text = " ".join((out.out + out.err).split())
     assert "replayed from a SYNTHETIC sweep" in text and "not measured" in text and "re-measured" in text
@@ -359,7 +360,7 @@ def test_a_stop_logged_by_a_library_prints_no_traceback():
     kept = root.handlers[:], root.level
     text = io.StringIO()
     try:
-        root.handlers = [h for h in root.handlers if type(h).__name__ != "RichHandler"]
+        root.handlers = [h for h in root.handlers if not getattr(h, "_syncopate_cli", False)]
         _setup_logging(Console(file=text, width=200), verbose=False)
         pool = logging.getLogger("sqlalchemy.pool.impl.QueuePool")
         for error in (Terminated(), KeyboardInterrupt(), RuntimeError("the database went away")):
@@ -372,3 +373,69 @@ def test_a_stop_logged_by_a_library_prints_no_traceback():
     out = text.getvalue()
     assert out.count("Exception during reset or similar") == 1 and "the database went away" in out
     assert "Traceback" in out and "Terminated" not in out and "KeyboardInterrupt" not in out
+
+
+def test_a_repeated_sweep_says_it_continued_the_study(tmp_path, capsys):
+    """The second run into the same database carries on each workload's Optuna study, so it measures
+    other candidates and may report another best (as a repeated quickstart does): it says so, naming
+    the study and its earlier trials."""
+    path = config(tmp_path, name="again", strategy={"name": "model-guided", "max_trials": 2, "seed": 0})
+    args = ["tune", str(path), "--db", f"sqlite:///{tmp_path / 'q.db'}"]
+    assert main(args) == 0
+    first = capsys.readouterr()
+    assert "continued study" not in first.out + first.err
+    assert main([*args, "--json"]) == 0
+    second = capsys.readouterr()
+    [w] = json.loads(second.out)["workloads"]
+    study = w["continued_study"]
+    assert study["trials"] == 2 and study["name"].startswith(f"syncopate/{w['workload']}/H200x2-nvlink/")
+    assert f"{w['workload']}: continued study {study['name']}: 2 earlier trials" in " ".join(second.err.split())
+
+
+def test_the_replay_example_replays_the_committed_sweep(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    db = f"sqlite:///{tmp_path / 'replayed.db'}"
+    assert main(["tune", "configs/replay_example.yaml", "--db", db, "--max-trials", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["runner"] == "replay" and doc["source"] == "fixture" and not doc["served"]
+    assert len(doc["workloads"]) == 4 and all(w["best_us"] for w in doc["workloads"])
+    with ResultsDB.open(db) as d:
+        assert {t.record.source for t in d.trials()} == {"fixture"}
+
+
+def test_runner_replay_without_a_source_names_files_that_exist(tmp_path, capsys, monkeypatch):
+    import re
+
+    monkeypatch.chdir(REPO)
+    assert main(["tune", "configs/quickstart.yaml", "--runner", "replay", "--db", str(tmp_path / "r.db")]) == 2
+    line = error_line(capsys)
+    named = re.findall(r"(?:results|configs)/[\w./-]+\.(?:db|yaml|json\.gz)", line)
+    assert named and all((REPO / path).exists() for path in named), line
+    assert "configs/replay_example.yaml" in named
+
+
+def test_tune_help_names_the_detected_topology(capsys):
+    assert main(["tune", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "`detect`: this machine's GPUs" in text and "configs/replay_example.yaml" in text
+
+
+def test_piped_logs_are_plain_lines():
+    """With stderr piped, a record is one line, neither wrapped nor padded to a width."""
+    import io
+    import logging
+
+    from rich.console import Console
+
+    from syncopate.cli.tune_cmds import _setup_logging
+
+    root = logging.getLogger()
+    kept = root.handlers[:], root.level
+    text = io.StringIO()
+    try:
+        root.handlers = [h for h in root.handlers if not getattr(h, "_syncopate_cli", False)]
+        _setup_logging(Console(file=text, width=240, soft_wrap=True), verbose=False)
+        logging.getLogger("syncopate.autotuner").warning("a note that runs long " * 8)
+    finally:
+        root.handlers, root.level = kept
+    assert text.getvalue() == "WARNING  " + "a note that runs long " * 8 + "\n"

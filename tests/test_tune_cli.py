@@ -219,7 +219,7 @@ def test_resume_after_sigkill_loses_nothing_and_measures_nothing_twice(tmp_path)
     before = _writes(log)
 
     r = subprocess.run(
-        [*args, "--resume"], env=logged, cwd=REPO, capture_output=True, text=True, timeout=240
+        [*args, "--resume", "--wide"], env=logged, cwd=REPO, capture_output=True, text=True, timeout=240
     )
     assert r.returncode == 0, r.stderr
     assert (

@@ -64,7 +64,8 @@ def _runner_and_topology(plan: Any) -> tuple[Any, Topology, str]:
     if sweep.replay is None:
         raise ConfigError(
             f"{sweep.source}: runner replay needs a `replay:` section naming the stored sweep, e.g. "
-            f"replay: {{source: results/sweep.json.gz}}"
+            f"replay: {{source: results/llama_tp2-sweep.db, sweep: llama_tp2_sweep}} (a measured sweep in this "
+            f"repository; configs/replay_example.yaml replays it)"
         )
     runner = make_runner(RunnerSpec(name="replay", timing=sweep.timing, topology=plan.topology,
                                     options=sweep.replay.options()))

@@ -30,7 +30,7 @@ import statistics
 import warnings
 from typing import Any
 
-from syncopate.autotuner.strategies import SearchProblem, Strategy
+from syncopate.autotuner.strategies import SearchProblem, Strategy, StudyContinued
 from syncopate.errors import ConfigError, StudyMismatchError
 from syncopate.records import TrialRecord
 from syncopate.search_space import Candidate, TileConfig, space_refusal
@@ -141,6 +141,10 @@ class OptunaTPEStrategy(Strategy):
         for number in abandoned:  # proposed by a run that ended before their trial was told
             self.study.tell(number, state=_quiet_optuna().trial.TrialState.FAIL, skip_if_finished=True)
         self._done = set(problem.done) & set(self._by_key)
+        earlier = [self.values.get(k) for k in (set(self.values) | self._failed) - self._done]
+        ok = [v for v in earlier if v is not None]
+        self._continued = StudyContinued(name=self.study.study_name, trials=len(earlier),
+                                         best_us=min(ok) if ok else None) if earlier else None
         self._proposed: set[str] = set()
         self._pending: dict[str, Any] = {}
         if self.values or self._done:
@@ -184,6 +188,10 @@ class OptunaTPEStrategy(Strategy):
         return study
 
     # -- Strategy -------------------------------------------------------------------------------
+
+    @property
+    def continued(self) -> StudyContinued | None:
+        return self._continued
 
     @property
     def planned(self) -> int:  # a resume with a budget below what is stored stands for what is stored

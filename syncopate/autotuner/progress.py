@@ -13,9 +13,10 @@ from rich.text import Text
 
 from syncopate.autotuner.confirm import Verdict
 from syncopate.autotuner.coordinator import SweepProgress, WorkloadRun
+from syncopate.autotuner.strategies import StudyContinued
 from syncopate.records import TrialRecord
 
-__all__ = ["LiveProgress", "WorkloadSummary", "summary_table", "overhead_line", "fmt_duration"]
+__all__ = ["LiveProgress", "WorkloadSummary", "below_bound_note", "fmt_duration", "overhead_line"]
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -108,6 +109,9 @@ class WorkloadSummary:
     bound_us: float | None
     verdict: Verdict | None = None
     """The noise-aware verdict, where the best few were measured again."""
+    continued: StudyContinued | None = None
+    """The persistent study the strategy carried on from other sweeps, whose candidates this
+    sweep did not measure again (so `best` is this sweep's best among the others)."""
 
     @classmethod
     def of(cls, run: WorkloadRun, best: TrialRecord | None, verdict: Verdict | None = None) -> WorkloadSummary:
@@ -124,6 +128,7 @@ class WorkloadSummary:
             torch_seq_us=seq.median_us if seq else None,
             bound_us=run.bound_us(),
             verdict=verdict if verdict is not None and verdict.contenders else None,
+            continued=run.strategy.continued,
         )
 
     @property
@@ -151,47 +156,6 @@ def below_bound_note(summaries: list[WorkloadSummary]) -> str | None:
         f"NCCL's, and the copy engine's except for gemm_ar, whose all-reduce is timed through NCCL only); a "
         f"winner below it moves its bytes faster than those, so there the bound is a reference, not a floor"
     )
-
-
-def summary_table(summaries: list[WorkloadSummary], title: str, *, predicted: bool = False) -> Table:
-    """The closing table; `predicted` labels every time a prediction of the cost model."""
-    table = Table(title=title, title_justify="left")
-    when = "predicted " if predicted else ""
-    confirmed = any(s.verdict is not None for s in summaries)
-    for col in (
-        "workload",
-        "trials",
-        "failed",
-        f"{when}best µs",
-        f"{when}torch_seq µs",
-        f"{when}speedup",
-        f"{when}bound µs",
-        "best candidate",
-        *(("re-measured",) if confirmed else ()),
-    ):
-        table.add_column(col, justify="left" if col in ("workload", "best candidate", "failed", "re-measured") else "right")
-    for s in summaries:
-        failed = ", ".join(f"{k} {v}" for k, v in sorted(s.failures.items())) or "0"
-        trials = f"{s.stored_before + s.measured}/{s.planned}" + (
-            f" ({s.stored_before} resumed)" if s.stored_before else ""
-        )
-        row = [
-            s.workload,
-            trials,
-            failed,
-            f"{s.best_us:.1f}" if s.best_us is not None else "–",
-            f"{s.torch_seq_us:.1f}" if s.torch_seq_us is not None else "–",
-            _speedup(s.speedup),
-            f"{s.bound_us:.1f}" if s.bound_us is not None else "–",
-            s.best.candidate.short() if s.best else "–",
-        ]
-        if confirmed:
-            v = s.verdict
-            row.append(
-                "–" if v is None else f"{v.contenders} again, {v.samples} samples" + (" (winner changed)" if v.changed else "")
-            )
-        table.add_row(*row)
-    return table
 
 
 def overhead_line(progress: SweepProgress) -> str:

@@ -33,6 +33,7 @@ __all__ = [
     "SearchProblem",
     "SeededStrategy",
     "Strategy",
+    "StudyContinued",
     "make_strategy",
     "strategy_class",
 ]
@@ -62,6 +63,17 @@ class SearchProblem:
         return space(self.workload, self.topology, self.options)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StudyContinued:
+    """A persistent study that a strategy carries on from earlier runs."""
+
+    name: str
+    trials: int
+    """Trials the study held from other sweeps when this run opened it (told values and failures)."""
+    best_us: float | None
+    """The fastest of their values (None: none of them succeeded)."""
+
+
 class Strategy(ABC):
     """Proposes candidates of one workload; learns from every finished trial."""
 
@@ -82,6 +94,12 @@ class Strategy(ABC):
 
     def close(self) -> None:
         """Called once when the sweep ends (releases a study's database connections)."""
+
+    @property
+    def continued(self) -> StudyContinued | None:
+        """The study this strategy carries on from other sweeps, which it does not propose again
+        (None: it starts from nothing but this sweep's own stored trials)."""
+        return None
 
     @property
     @abstractmethod

@@ -13,7 +13,7 @@ strategy: {name: seeded, max_trials: 200, time_budget_s: 3600, seed: 0}   # seed
 space: {backends: [copy_engine, nccl], num_splits: [1, 2, 4]}
 runner: gpu                    # gpu | model | replay | cpu-fixture
 calibration: auto              # the cost model's: auto (measured where stored) | measured | default
-replay: {source: results/sweep.json.gz, sweep: NAME, noise: 0.0}   # replay runner only
+replay: {source: results/llama_tp2-sweep.db, sweep: llama_tp2_sweep, noise: 0.0}   # replay runner only
 db: sqlite:///results/h200.db  # optional; else --db, SYNCOPATE_DB, or the per-user default
 timing: {warmup: 5, repetitions: 20, deadline_s: 120}
 fixture: {hang: [KEY], crash: [KEY], fail: {KEY: oom}}   # cpu-fixture runner only: planted faults
@@ -35,7 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from syncopate.autotuner.confirm import CONFIRM_SUFFIX
-from syncopate.errors import ConfigError
+from syncopate.errors import ConfigError, describe
 from syncopate.search_space import (
     BACKENDS,
     CANDIDATE_TEMPLATES,
@@ -354,7 +354,9 @@ def _format_validation(source: str, e: ValidationError) -> str:
         msg = "unknown field"
     elif err["type"] == "missing":
         msg = "required field is missing"
-    got = f" (got {err['input']!r})" if err["type"] not in ("missing", "value_error") and "input" in err else ""
+    got = ""
+    if err["type"] not in ("missing", "value_error") and "input" in err:
+        got = " (got nothing: the field is empty)" if err["input"] is None else f" (got {err['input']!r})"
     more = f" (and {len(e.errors()) - 1} more problem(s))" if len(e.errors()) > 1 else ""
     return f"{source}: {where}: {msg}{got}{more}"
 
@@ -362,7 +364,10 @@ def _format_validation(source: str, e: ValidationError) -> str:
 def parse_sweep(data: Any, source: str = "<config>") -> Sweep:
     """Validate a sweep given as a parsed YAML mapping."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: a sweep config must be a mapping of fields, got {type(data).__name__}")
+        if data is None:
+            raise ConfigError(f"{source} is empty: a sweep config is a mapping of fields (name, topology, workloads, "
+                              f"strategy, …), such as configs/quickstart.yaml")
+        raise ConfigError(f"{source}: a sweep config must be a mapping of fields, got {describe(data)}")
     try:
         f = SweepFile.model_validate(data)
     except ValidationError as e:

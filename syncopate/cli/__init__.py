@@ -52,13 +52,14 @@ def _register() -> None:
 
 
 def console(*, stderr: bool = False):
-    """A rich console for a command's output: on a terminal, its width; piped or redirected, wide
-    and never wrapping a line (a URL or a table row stays whole for grep and cut)."""
+    """A rich console for a command's output: on a terminal (as rich tells one, so TTY_COMPATIBLE
+    and COLUMNS count), its width; piped or redirected, wide and never wrapping a line (a URL or a
+    table row stays whole for grep and cut; tables print one plain line per row there)."""
     from rich.console import Console
 
-    stream = sys.stderr if stderr else sys.stdout
-    if stream.isatty():
-        return Console(stderr=stderr)
+    terminal = Console(stderr=stderr)
+    if terminal.is_terminal:
+        return terminal
     return Console(stderr=stderr, width=240, soft_wrap=True)
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from syncopate.cli import app
 from syncopate.errors import ConfigError, RuntimeUnavailableError
-from syncopate.search_space import GRIDS, KINDS, BACKENDS, Shape, Topology, Workload
+
+if TYPE_CHECKING:
+    from syncopate.search_space import Topology
 
 
 def bench_world_size(
@@ -59,7 +62,7 @@ def bench_cmd(
     dtype: str = typer.Option(None, help="bf16 (the default), fp16 or fp32."),
     suite: Path = typer.Option(None, help="A sweep config whose workloads to benchmark (e.g. configs/llama_tp2.yaml)."),
     kinds: str = typer.Option(None, help="With --suite: only these kinds, comma-separated."),
-    backends: str = typer.Option(",".join(BACKENDS), help="Backends to try, comma-separated."),
+    backends: str = typer.Option(None, help="Backends to try, comma-separated (default: every backend)."),
     grid: str = typer.Option("small", help="Candidate grid per backend: small or tiny."),
     repetitions: int = typer.Option(20, min=1, help="Timed repetitions per measurement."),
     warmup: int = typer.Option(5, min=0, help="Untimed calls first."),
@@ -95,6 +98,7 @@ def bench_cmd(
         _bench_layer(layer, hidden, ffn, heads, kv_heads, tokens, tp, sequence_parallel, repetitions, json_out)
         return
     from syncopate.autotuner.sweep import load_sweep
+    from syncopate.search_space import BACKENDS, GRIDS, KINDS, Shape, Workload
 
     topology = None
     if suite is not None:
@@ -123,7 +127,7 @@ def bench_cmd(
         if kind is None or None in (m, n, k):
             raise ConfigError("give KIND with --m, --n and --k, or --suite CONFIG")
         workloads = [Workload(kind=kind, shape=Shape(m=m, n=n, k=k), dtype=dtype or "bf16")]
-    chosen = tuple(x.strip() for x in backends.split(","))
+    chosen = tuple(x.strip() for x in backends.split(",")) if backends else BACKENDS
     for b in chosen:
         if b not in BACKENDS:
             raise ConfigError(f"unknown backend {b!r} in --backends: accepted are {', '.join(BACKENDS)}")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import typer
-from rich.table import Table
 
 from syncopate.cli import app, console
+from syncopate.cli.tables import Column, Listing, show
 from syncopate.errors import ConfigError, RuntimeUnavailableError
 
 
@@ -30,6 +31,7 @@ def calibrate_cmd(
         None, "--tiles", help="Comma-separated tile configs to measure, such as 128x256x64w8s3,128x128x64w8s4 "
         "(default: every tile config of the space; the cost model uses its defaults for the others)."
     ),
+    as_json: bool = typer.Option(False, "--json", help="Print the table's rows as JSON."),
 ) -> None:
     """Measure transfer time against chunk size per backend (and against comm_sms for the SM-driven
     copier) and GEMM throughput per tile configuration and SM count, on the GPUs of this machine;
@@ -70,24 +72,41 @@ def calibrate_cmd(
         for r in records:
             database.record_calibration(r)
         topology = Topology.from_dict(result["topology"])
-        out.print(f"stored {len(records)} calibration(s) for {topology.key()} in {database.url}")
+        stored = f"stored {len(records)} calibration(s) for {topology.key()} in {database.url}"
     try:
         defaults = default_calibration(topology)
     except Exception:
         defaults = None
-    table = Table("calibration", "measured", "default (lead)")
+    show(calibration_listing(records, defaults, stored), out, as_json=as_json)
+
+
+def calibration_listing(records: list, defaults: Any, title: str) -> Listing:
+    """Each stored curve's headline figure (bandwidth at the largest size, GEMM throughput on the
+    most SMs) beside the documented default it replaces, where there is one."""
+    rows, records_out = [], []
     for r in records:
         if r.kind == "transfer":
             for sms, curve in r.payload["curves"].items():
                 size, us = curve["sizes"][-1], curve["us"][-1]
-                lead = ""
+                lead = None
                 if defaults is not None and defaults.has_transfer(*r.key.split("/")):
-                    lead = f"{size / defaults.transfer(*r.key.split('/')).time_us(size, int(sms)) / 1e3:.0f} GB/s"
-                table.add_row(f"{r.key} sms={sms} at {size >> 20} MiB", f"{size / us / 1e3:.0f} GB/s", lead)
+                    lead = size / defaults.transfer(*r.key.split("/")).time_us(size, int(sms)) / 1e3
+                measured = size / us / 1e3
+                rows.append((f"{r.key} sms={sms} at {size >> 20} MiB", f"{measured:.0f} GB/s",
+                             f"{lead:.0f} GB/s" if lead is not None else "–"))
+                records_out.append({"kind": r.kind, "key": r.key, "comm_sms": int(sms), "bytes": size,
+                                    "gbps": measured, "default_gbps": lead})
         elif r.kind == "gemm":
-            best = max(r.payload["tflops_by_sms"].items(), key=lambda kv: int(kv[0]))
-            lead = ""
-            if defaults is not None and r.key in defaults.gemm:
-                lead = f"{defaults.gemm[r.key].tflops(int(best[0])):.0f} TFLOP/s"
-            table.add_row(f"gemm {r.key} on {best[0]} SMs", f"{best[1]:.0f} TFLOP/s", lead)
-    out.print(table)
+            sms, tflops = max(r.payload["tflops_by_sms"].items(), key=lambda kv: int(kv[0]))
+            lead = defaults.gemm[r.key].tflops(int(sms)) if defaults is not None and r.key in defaults.gemm else None
+            rows.append((f"gemm {r.key} on {sms} SMs", f"{tflops:.0f} TFLOP/s",
+                         f"{lead:.0f} TFLOP/s" if lead is not None else "–"))
+            records_out.append({"kind": r.kind, "key": r.key, "sms": int(sms), "tflops": tflops,
+                                "default_tflops": lead})
+    return Listing(
+        title=title,
+        columns=(Column(name="calibration", key=True), Column(name="measured", numeric=True),
+                 Column(name="default (lead)", numeric=True)),
+        rows=rows,
+        records=records_out,
+    )

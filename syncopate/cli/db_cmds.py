@@ -12,12 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from syncopate.cli import app, console, db_app
+from syncopate.cli.tables import Column, Listing, show
 from syncopate.errors import ConfigError
-
-_out = console()
 
 _DB_HELP = "Database URL or SQLite path (default: $SYNCOPATE_DB, else the per-user database)."
 
@@ -77,17 +75,44 @@ def _bound(names: dict[str, float]) -> float | None:
     return max(names["gemm_alone"], min(comm))
 
 
-_ENV_FIELDS = ("syncopate", "torch", "triton", "cuda", "nccl", "driver")
+def _best_listing(rows: list[dict[str, Any]], where: str) -> Listing:
+    """The `best` table: compact, the shape, the configuration, its time and speedup over torch_seq
+    (topology and environment too where the rows hold several); `--wide` adds the other baselines'
+    speedups, the fraction of the bound, the trial and the sweep."""
+    topologies = {row["topology"] for row in rows}
+    envs = {row["_row"].environment.key()[:8] for row in rows}
+    names = sorted({name for row in rows for name in row["speedups"]})
+    compact = ["torch_seq"] if "torch_seq" in names else []
+    columns = (
+        Column(name="workload", key=True),
+        Column(name="topology", wide=len(topologies) == 1),
+        Column(name="env", wide=len(envs) == 1),
+        Column(name="best configuration", key=True),
+        Column(name="median µs", numeric=True),
+        *(Column(name=f"× {name}", numeric=True, wide=name not in compact) for name in compact),
+        *(Column(name=f"× {name}", numeric=True, wide=True) for name in names if name not in compact),
+        Column(name="bound/best", numeric=True, wide=True),
+        Column(name="trial", numeric=True, wide=True),
+        Column(name="sweep", numeric=True, wide=True),
+    )
+    order = compact + [name for name in names if name not in compact]
+    cells = []
+    for row in rows:
+        t = row["_row"]
+        cells.append((
+            row["workload"], row["topology"], t.environment.key()[:8], t.candidate.short(), f"{t.median_us:.1f}",
+            *(f"{row['speedups'][name]:.2f}" if name in row["speedups"] else "–" for name in order),
+            f"{row['of_bound']:.2f}" if row["of_bound"] else "–", str(t.trial_id), str(t.sweep_id),
+        ))
+    return Listing(title=f"best configurations in {where}", columns=columns, rows=cells,
+                   records=[{k: v for k, v in row.items() if k != "_row"} for row in rows])
 
 
-def _environment_labels(envs: list[Any]) -> dict[Any, str]:
-    """Per environment, what tells it apart in a table: torch and the GPU, every field that differs
-    among `envs`, and the first 8 digits of its key (what `report --environment` takes)."""
-    varying = [f for f in _ENV_FIELDS if f != "torch" and len({getattr(e, f) for e in envs}) > 1]
-    return {
-        e: ", ".join([f"torch {e.torch}", *(f"{f} {getattr(e, f)}" for f in varying), e.gpu_model, e.key()[:8]])
-        for e in envs
-    }
+def _environment_legend(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per environment of the rows: its key's first 8 digits (the `env` column, what
+    `report --environment` takes) and its versions."""
+    envs = {row["_row"].environment.key(): row["_row"].environment for row in rows}
+    return [f"env {key[:8]}: {env.short()}" for key, env in sorted(envs.items())]
 
 
 @app.command("best")
@@ -95,16 +120,22 @@ def best_cmd(
     db: str = typer.Option(None, help=_DB_HELP),
     kind: str = typer.Option(None, help="Only this op kind."),
     topology: str = typer.Option(None, help="Only this topology key."),
-    as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON, every field."),
+    wide: bool = typer.Option(False, "--wide", help="Every column: each baseline's speedup, the fraction of the "
+                              "bound, the trial and the sweep."),
 ) -> None:
     """The best configuration of every stored workload, topology and environment, with its speedup
     over each baseline measured in the same sweep (baseline time / best time)."""
     from syncopate.results_db.repository import ResultsDB
     from syncopate.results_db.urls import locate
 
+    out = console()
     location = locate(db)
     if location.is_default and location.sqlite_path is not None and not location.sqlite_path.exists():
-        _out.print(f"no results stored yet in {location.shown()}", highlight=False)
+        if as_json:
+            print("[]")
+        else:
+            out.print(f"no results stored yet in {location.shown()}", highlight=False)
         return
     with ResultsDB.open(db, read_only=True) as rdb:
         best = rdb.best_configs(kind=kind, topology=topology)
@@ -128,29 +159,17 @@ def best_cmd(
             "median_us": t.median_us, "speedups": speedups,
             "of_bound": (bound / t.median_us) if bound and t.median_us else None, "_row": t,
         })
-    if as_json:
-        print(json.dumps([{k: v for k, v in row.items() if k != "_row"} for row in rows], indent=1))
-        return
-    if not rows:
+    if not rows and not as_json:
         filtered = " matching the filters" if kind or topology else ""
         unserved = ""
         if others:
             unserved = f" (its {' and '.join(others)} trials are not measurements and are never served)"
-        _out.print(f"no ok measured trials in {location.shown()}{filtered}{unserved}", highlight=False)
+        out.print(f"no ok measured trials in {location.shown()}{filtered}{unserved}", highlight=False)
         return
-    names = sorted({name for row in rows for name in row["speedups"]})
-    table = Table("workload", "topology", "environment", "best configuration", "median µs", "trial",
-                  *(f"× {name}" for name in names), "bound/best", title=f"best configurations in {location.shown()}")
-    label = _environment_labels([row["_row"].environment for row in rows])
-    for row in rows:
-        t = row["_row"]
-        table.add_row(
-            row["workload"], row["topology"], label[t.environment],
-            t.candidate.short(), f"{t.median_us:.1f}", str(t.trial_id),
-            *(f"{row['speedups'][name]:.2f}" if name in row["speedups"] else "–" for name in names),
-            f"{row['of_bound']:.2f}" if row["of_bound"] else "–",
-        )
-    _out.print(table)
+    show(_best_listing(rows, location.shown()), out, wide=wide, as_json=as_json)
+    if not as_json:
+        for line in _environment_legend(rows):
+            out.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command("export")
@@ -169,7 +188,8 @@ def export_cmd(
     with ResultsDB.open(db, read_only=True) as rdb:
         count = rdb.export_best(out, kind=kind, topology=topology)
         shown = rdb.url
-    _out.print(f"wrote {count} best configuration{'s' if count != 1 else ''} from {shown} to {out}", highlight=False)
+    console().print(f"wrote {count} best configuration{'s' if count != 1 else ''} from {shown} to {out}",
+                    highlight=False)
 
 
 @db_app.command("upgrade")
@@ -184,8 +204,9 @@ def db_upgrade_cmd(db: str = typer.Option(None, help=_DB_HELP)) -> None:
         raise ConfigError(f"database {location.subject()} is in memory: an upgrade there keeps nothing; give a "
                           f"file path or a server URL")
     before, after = upgrade(location)
+    out = console()
     if before == after:
-        _out.print(f"{location.shown()}: schema at revision {after}, nothing to do", highlight=False)
+        out.print(f"{location.shown()}: schema at revision {after}, nothing to do", highlight=False)
     else:
-        _out.print(f"{location.shown()}: schema upgraded from {before or 'nothing'} to revision {after}",
+        out.print(f"{location.shown()}: schema upgraded from {before or 'nothing'} to revision {after}",
                    highlight=False)

@@ -668,8 +668,9 @@ def sweeps(db: ResultsDB, filters: Filters = Filters()) -> pd.DataFrame:
 
 def compare_sweeps(db: ResultsDB, a: int, b: int, filters: Filters = Filters()) -> pd.DataFrame:
     """Two sweeps side by side: per (workload, topology, source) measured in either, the best `ok`
-    time and the torch_seq baseline of each, the environment of each, and `ratio` = best of B /
-    best of A (above 1: B is slower)."""
+    time, its p20 and p80, and the torch_seq baseline of each, the environment of each, `ratio` =
+    best of B / best of A (above 1: B is slower), and that ratio's noise band from `ratio_lo` (B's
+    p20 / A's p80) to `ratio_hi` (B's p80 / A's p20)."""
     with db.engine.connect() as conn:
         ids = _dimension_ids(conn, filters)
         part = [_T.c.sweep_id, _T.c.workload_id, _T.c.topology_id, _T.c.environment_id, _T.c.source]
@@ -688,6 +689,15 @@ def compare_sweeps(db: ResultsDB, a: int, b: int, filters: Filters = Filters()) 
             .where(_B.c.name == "torch_seq", _B.c.sweep_id.in_((a, b)))
             .subquery("seq")
         )
+        # the spread (p20, p80) of the best trial; of the widest where several tie
+        band = (
+            select(*(_T.c[c.name] for c in part), func.min(_T.c.p20_us).label("p20_us"),
+                   func.max(_T.c.p80_us).label("p80_us"))
+            .join(best, and_(*(best.c[c.name] == _T.c[c.name] for c in part), best.c.best_us == _T.c.median_us))
+            .where(_T.c.status == "ok")
+            .group_by(*(_T.c[c.name] for c in part))
+            .subquery("band")
+        )
         stmt = (
             select(
                 best.c.sweep_id,
@@ -704,12 +714,15 @@ def compare_sweeps(db: ResultsDB, a: int, b: int, filters: Filters = Filters()) 
                 best.c.best_us,
                 best.c.trials,
                 seq.c.torch_seq_us,
+                band.c.p20_us,
+                band.c.p80_us,
             )
             .select_from(best)
             .join(_W, _W.c.id == best.c.workload_id)
             .join(_TP, _TP.c.id == best.c.topology_id)
             .join(_E, _E.c.id == best.c.environment_id)
             .outerjoin(seq, and_(*(seq.c[c.name] == best.c[c.name] for c in part)))
+            .outerjoin(band, and_(*(band.c[c.name] == best.c[c.name] for c in part)))
         )
         frame = _frame(conn, stmt)
     keys = ["workload", "kind", "m", "n", "k", "dtype", "topology", "source"]
@@ -717,6 +730,12 @@ def compare_sweeps(db: ResultsDB, a: int, b: int, filters: Filters = Filters()) 
         "best_us_a",
         "best_us_b",
         "ratio",
+        "ratio_lo",
+        "ratio_hi",
+        "p20_us_a",
+        "p80_us_a",
+        "p20_us_b",
+        "p80_us_b",
         "torch_seq_us_a",
         "torch_seq_us_b",
         "trials_a",
@@ -727,16 +746,19 @@ def compare_sweeps(db: ResultsDB, a: int, b: int, filters: Filters = Filters()) 
     if frame.empty:
         return pd.DataFrame(columns=columns)
     frame["env"] = [f"{row['environment'][:8]}: {env_label(row)}" for _, row in frame.iterrows()]
-    for c in ("best_us", "torch_seq_us"):
+    for c in ("best_us", "torch_seq_us", "p20_us", "p80_us"):
         frame[c] = pd.to_numeric(frame[c], errors="coerce").astype(float)
     # One sweep normally measures a workload under one environment; where it used several, the
     # fastest row stands for the sweep.
     frame = frame.sort_values("best_us", na_position="last").drop_duplicates(["sweep_id", *keys])
-    values = [*keys, "best_us", "torch_seq_us", "trials", "env"]
+    values = [*keys, "best_us", "torch_seq_us", "p20_us", "p80_us", "trials", "env"]
     merged = frame[frame["sweep_id"] == a][values].merge(
         frame[frame["sweep_id"] == b][values], on=keys, how="outer", suffixes=("_a", "_b")
     )
     merged["ratio"] = merged["best_us_b"] / merged["best_us_a"]
+    # the ratio's noise band: B's p20 over A's p80 up to B's p80 over A's p20
+    merged["ratio_lo"] = merged["p20_us_b"] / merged["p80_us_a"]
+    merged["ratio_hi"] = merged["p80_us_b"] / merged["p20_us_a"]
     return (
         merged[columns]
         .sort_values(["topology", "source", "kind", "dtype", "m", "n", "k"])

@@ -31,14 +31,22 @@ log = logging.getLogger(__name__)
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px; color: #222; }
 h1 { margin-bottom: 4px; } h2 { margin-top: 36px; border-bottom: 1px solid #ccc; } h3 { margin-top: 28px; }
-.meta { color: #555; font-size: 0.9em; } nav a { margin-right: 14px; }
+h4 { margin: 22px 0 4px; font-size: 1em; } .meta { color: #555; font-size: 0.9em; } nav a { margin-right: 14px; }
+.scroll { overflow-x: auto; max-width: 100%; }
 table.data { border-collapse: collapse; font-size: 0.85em; margin: 8px 0 16px; }
-table.data th, table.data td { border: 1px solid #ddd; padding: 3px 7px; text-align: right; }
+table.data th, table.data td { border: 1px solid #ddd; padding: 3px 7px; text-align: right; white-space: nowrap; }
 table.data th { background: #f3f3f3; } table.data td:nth-child(-n+4) { text-align: left; }
 td.error, table.failures td { text-align: left !important; white-space: pre-wrap; max-width: 60em; }
-.chart { margin: 10px 0 18px; overflow-x: auto; } .note { color: #8a5a00; }
-.row { display: flex; flex-wrap: wrap; gap: 28px; align-items: flex-start; }
+.chart { margin: 10px 0 18px; max-width: 100%; } .chart svg { max-width: 100%; height: auto; }
+.note { color: #8a5a00; }
+.row { display: flex; flex-wrap: wrap; gap: 28px; align-items: flex-start; } .row > div { max-width: 100%; }
 """
+
+CHART_WIDTH = 1100
+"""Pixels across a full-width chart of the report, its labels and legend included: it fits a page
+from 1150 px wide, and is scaled down (CSS) on a narrower one."""
+HALF_WIDTH = 520
+"""Pixels across each of two charts side by side."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -100,9 +108,10 @@ for (const s of document.querySelectorAll("script.vl-spec")) {
 
 
 def _table(frame: pd.DataFrame, css: str = "data") -> str:
+    """A table in a box of the page's width that scrolls sideways where the table is wider."""
     if frame.empty:
         return '<p class="meta">(none)</p>'
-    return frame.to_html(index=False, escape=True, classes=css, border=0, na_rep="–")
+    return f'<div class="scroll">{frame.to_html(index=False, escape=True, classes=css, border=0, na_rep="–")}</div>'
 
 
 def _anchor(i: int) -> str:
@@ -120,23 +129,26 @@ def _overview_section(overview: pd.DataFrame, draw: _Charts, drill: int) -> list
     if drill:
         links = [f'<a href="#{_anchor(i)}">{i + 1}</a>' if i < drill else "" for i in range(len(table))]
         table.insert(0, "#", links)
-        out.append(
-            table.to_html(
-                index=False,
-                escape=False,
-                classes="data",
-                border=0,
-                na_rep="–",
-                formatters={c: (lambda v: html.escape(str(v))) for c in table.columns if c != "#"},
-            )
+        html_table = table.to_html(
+            index=False,
+            escape=False,
+            classes="data",
+            border=0,
+            na_rep="–",
+            formatters={c: (lambda v: html.escape(str(v))) for c in table.columns if c != "#"},
         )
+        out.append(f'<div class="scroll">{html_table}</div>')
     else:
         out.append(_table(table))
-    out.append(
-        draw(charts.speedup_chart(overview), "No speedups to draw: no baselines in the best trials' sweeps.")
-    )
-    out.append(draw(charts.bound_chart(overview), "No overlap bound to draw."))
-    out.append(draw(charts.times_chart(overview), "No times to draw."))
+    drawn = charts.panels(overview)
+    if not drawn:
+        out.append('<p class="meta">No ok trial to draw.</p>')
+    for panel, rows in drawn:
+        out.append(f"<h4>{html.escape(panel)}</h4>")
+        out.append(draw(charts.speedup_chart(rows, width=CHART_WIDTH),
+                        "No speedups to draw: no baselines in the best trials' sweeps."))
+        out.append(draw(charts.bound_chart(rows, width=CHART_WIDTH), "No overlap bound to draw."))
+        out.append(draw(charts.times_chart(rows, width=CHART_WIDTH), "No times to draw."))
     return out
 
 
@@ -167,14 +179,15 @@ def _drill_section(db: ResultsDB, overview: pd.DataFrame, draw: _Charts, options
             out.append(
                 f'<p class="meta">{trials.attrs["total"]} trials: every n-th and each new best drawn.</p>'
             )
-        out.append(draw(charts.convergence_chart(trials, sel.source), "No ok trial to draw."))
+        out.append(draw(charts.convergence_chart(trials, sel.source, width=CHART_WIDTH), "No ok trial to draw."))
         orders = data.tile_orders(db, sel)
         out.append('<div class="row">')
         out.append(
-            draw(charts.backend_splits_chart(data.backend_splits(db, sel)), "No ok trial per backend.")
+            draw(charts.backend_splits_chart(data.backend_splits(db, sel), width=HALF_WIDTH),
+                 "No ok trial per backend.")
         )
         out.append(
-            f"<div>{draw(charts.tile_order_chart(orders), 'No ok trial per tile order.')}"
+            f"<div>{draw(charts.tile_order_chart(orders, width=HALF_WIDTH), 'No ok trial per tile order.')}"
             f"{_table(views.tile_orders_table(orders))}</div>"
         )
         out.append("</div>")
@@ -182,7 +195,7 @@ def _drill_section(db: ResultsDB, overview: pd.DataFrame, draw: _Charts, options
         if failed.empty:
             out.append('<p class="meta">No failed trial.</p>')
         else:
-            out.append(draw(charts.failure_chart(failed), ""))
+            out.append(draw(charts.failure_chart(failed, width=HALF_WIDTH), ""))
             out.append(_table(views.failures_table(failed), "data failures"))
     return out
 
@@ -205,8 +218,9 @@ def _sweeps_section(db: ResultsDB, draw: _Charts, options: ReportOptions) -> lis
         return out
     compared = data.compare_sweeps(db, a, b, options.filters)
     out.append(f"<h3>Sweep {a} (A) against sweep {b} (B)</h3>")
-    out.append(_table(data.environment_diff(db, a, b)))
-    out.append(draw(charts.compare_chart(compared, a, b), "No shape has an ok trial in both sweeps."))
+    out.append(_table(views.environment_diff_table(data.environment_diff(db, a, b))))
+    out.append(draw(charts.compare_chart(compared, a, b, width=CHART_WIDTH),
+                    "No shape has an ok trial in both sweeps."))
     out.append(_table(views.compare_table(compared)))
     return out
 

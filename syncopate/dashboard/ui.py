@@ -79,10 +79,11 @@ def _environments(url: str) -> pd.DataFrame:
 
 
 def _chart(chart: object | None, empty: str) -> None:
+    """The chart as wide as its column (its width is `container`), or `empty` as a caption."""
     if chart is None:
         st.caption(empty)
     else:
-        st.altair_chart(chart, width="content")
+        st.altair_chart(chart, width="stretch")
 
 
 def _sidebar(options: data.FilterOptions) -> tuple[str, data.Filters]:
@@ -141,11 +142,14 @@ def _overview_page(url: str, filters: data.Filters) -> None:
         st.caption(
             f"{missing} row(s) have no baselines in their best trial's sweep: no speedup drawn for them."
         )
-    _chart(charts.speedup_chart(frame), "No speedups to draw: no baselines in the best trials' sweeps.")
-    _chart(
-        charts.bound_chart(frame), "No overlap bound to draw: no GEMM-alone and collective-alone baselines."
-    )
-    _chart(charts.times_chart(frame), "No times to draw.")
+    drawn = charts.panels(frame)
+    if not drawn:
+        st.caption("No ok trial to draw.")
+    for panel, rows in drawn:
+        st.subheader(panel, divider="gray")
+        _chart(charts.speedup_chart(rows), "No speedups to draw: no baselines in the best trials' sweeps.")
+        _chart(charts.bound_chart(rows), "No overlap bound to draw: no GEMM-alone and collective-alone baselines.")
+        _chart(charts.times_chart(rows), "No times to draw.")
 
 
 def _workload_page(url: str, filters: data.Filters) -> None:
@@ -206,7 +210,7 @@ def _sweeps_page(url: str, filters: data.Filters) -> None:
     a = left.selectbox("Sweep A", ids, index=min(1, len(ids) - 1), format_func=names.get, key="sweep_a")
     b = right.selectbox("Sweep B", ids, index=0, format_func=names.get, key="sweep_b")
     compared, envs = _compare(url, int(a), int(b), filters)
-    st.dataframe(envs, hide_index=True, placeholder="–")
+    st.dataframe(views.environment_diff_table(envs), hide_index=True, placeholder="–")
     if compared.empty:
         st.caption("Neither sweep has trials matching these filters.")
         return

@@ -15,6 +15,7 @@ from syncopate.dashboard.data import SWEEP_COLUMNS, Filters
 __all__ = [
     "compare_table",
     "empty_message",
+    "environment_diff_table",
     "environments_table",
     "failures_table",
     "filters_caption",
@@ -37,10 +38,10 @@ _OVERVIEW = {
     "speedup_seq": "× torch_seq",
     "speedup_async_tp": "× async-TP",
     "of_bound": "of bound",
+    "config": "best configuration",
     "torch_seq_us": "torch_seq µs",
     "torch_async_tp_us": "async-TP µs",
     "bound_us": "bound µs",
-    "config": "best configuration",
     "trials": "trials",
     "failed": "failed",
     "best_trial_id": "trial",
@@ -115,14 +116,29 @@ def sweeps_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def compare_table(compared: pd.DataFrame) -> pd.DataFrame:
-    """Sweeps A and B side by side (columns suffixed A and B); `B / A` above 1: B is slower."""
-    out = _round(
-        compared.copy(),
-        {"best_us_a": 1, "best_us_b": 1, "ratio": 3, "torch_seq_us_a": 1, "torch_seq_us_b": 1},
-    )
+    """Sweeps A and B side by side (columns suffixed A and B); `B / A` above 1: B is slower, and
+    its noise band (from the best trials' p20 and p80) says whether that is more than noise."""
+    out = compared.copy()
+    band = []
+    verdict = []
+    for ratio, lo, hi in zip(out["ratio"], out["ratio_lo"], out["ratio_hi"]):
+        if pd.isna(ratio):
+            band.append("")
+            verdict.append("")
+            continue
+        band.append("" if pd.isna(lo) or pd.isna(hi) else f"{lo:.3f}–{hi:.3f}")
+        if pd.isna(lo) or pd.isna(hi):
+            verdict.append("no spread stored")
+        else:
+            verdict.append("B slower" if lo > 1 else "B faster" if hi < 1 else "within noise")
+    out["band"] = band
+    out["verdict"] = verdict
+    out = _round(out, {"best_us_a": 1, "best_us_b": 1, "ratio": 3, "torch_seq_us_a": 1, "torch_seq_us_b": 1})
     out["env_a"] = out["env_a"].fillna("").astype(str).str[:8]
     out["env_b"] = out["env_b"].fillna("").astype(str).str[:8]
-    return out.drop(columns=["workload"]).rename(
+    columns = ["kind", "m", "n", "k", "dtype", "topology", "source", "best_us_a", "best_us_b", "ratio", "band",
+               "verdict", "torch_seq_us_a", "torch_seq_us_b", "trials_a", "trials_b", "env_a", "env_b"]
+    return out[columns].rename(
         columns={
             "m": "M",
             "n": "N",
@@ -130,6 +146,7 @@ def compare_table(compared: pd.DataFrame) -> pd.DataFrame:
             "best_us_a": "best µs A",
             "best_us_b": "best µs B",
             "ratio": "B / A",
+            "band": "B / A noise band",
             "torch_seq_us_a": "torch_seq µs A",
             "torch_seq_us_b": "torch_seq µs B",
             "trials_a": "trials A",
@@ -138,6 +155,13 @@ def compare_table(compared: pd.DataFrame) -> pd.DataFrame:
             "env_b": "environment B",
         }
     )
+
+
+def environment_diff_table(diff: pd.DataFrame) -> pd.DataFrame:
+    """The environments of two sweeps field by field, `changed` in words (yes / no)."""
+    out = diff.copy()
+    out["changed"] = ["yes" if changed else "no" for changed in out["changed"]]
+    return out
 
 
 def environments_table(frame: pd.DataFrame) -> pd.DataFrame:

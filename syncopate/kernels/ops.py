@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from syncopate.errors import ConfigError
+from syncopate.errors import ConfigError, describe
 from syncopate.kernels.context import OverlapContext, kept_allocations
 from syncopate.kernels.library import OP_NAMES, config_text, register
 from syncopate.kernels.templates import (CONTEXTS, CallProgram, CallSpec, fused_buffers, fused_context_key,
@@ -175,7 +175,7 @@ def call_context(kind: str, a, b, group=None, config: Candidate | dict | None = 
 
 def _check_tensor(name: str, t: Any) -> None:
     if not isinstance(t, torch.Tensor):
-        raise ConfigError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise ConfigError(f"{name} must be a torch.Tensor, got {describe(t)}")
     if t.dim() != 2:
         raise ConfigError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
     if t.dtype not in _DTYPES:
@@ -202,7 +202,7 @@ def _parse_config(config: Candidate | dict | None) -> Candidate | None:
         return config
     if isinstance(config, dict):
         return Candidate.from_dict(config)
-    raise ConfigError(f"config must be a Candidate, a dict or None, got {type(config).__name__}")
+    raise ConfigError(f"config must be a Candidate, a dict or None, got {describe(config)}")
 
 
 def _check_inputs(a: torch.Tensor, b: torch.Tensor, group, config=None) -> tuple[Any, int, int]:

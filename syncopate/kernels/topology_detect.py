@@ -95,15 +95,25 @@ def _device_uuid(props) -> str | None:
     return text if text.startswith("GPU-") else f"GPU-{text}"
 
 
+def _no_gpu() -> None:
+    e = RuntimeUnavailableError(
+        "cannot detect a topology: no CUDA GPU is visible (give a key such as H200x2-nvlink)"
+    )
+    e.reason = "no CUDA GPU is visible"
+    raise e
+
+
 def detect_topology(group=None) -> Topology:
     """World size and node count of `group` (or of the visible GPUs), GPU model, SMs and interconnect."""
+    from syncopate.environment import no_gpu_for_torch
+
+    if no_gpu_for_torch():  # said without the second that importing torch takes
+        _no_gpu()
     import torch
     import torch.distributed as dist
 
     if not torch.cuda.is_available():
-        e = RuntimeUnavailableError("cannot detect a topology: no CUDA GPU is visible (give a key such as H200x2-nvlink)")
-        e.reason = "no CUDA GPU is visible"
-        raise e
+        _no_gpu()
     device = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(device)
     model = gpu_model_of(props.name)

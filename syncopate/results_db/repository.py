@@ -37,7 +37,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from syncopate.errors import ConfigError, DatabaseError
+from syncopate.errors import ConfigError, DatabaseError, describe
 from syncopate.records import BaselineRecord, CalibrationRecord, Environment, TrialRecord, utcnow
 from syncopate.results_db import codec, migrate, queries, sqlite_files, writes
 from syncopate.results_db.engine import WRITE_OPTION, describe, is_transient, make_engine
@@ -251,7 +251,7 @@ class ResultsDB:
         batch = list(trials)
         for i, t in enumerate(batch):
             if not isinstance(t, TrialRecord):
-                raise ConfigError(f"trial {i} is a {type(t).__name__}, not a TrialRecord")
+                raise ConfigError(f"trial {i} is {describe(t)}, not a TrialRecord")
 
         def work(session: Session) -> list[int]:
             SweepModel.find_or_raise_by_id(session, sweep_id)
@@ -262,7 +262,7 @@ class ResultsDB:
     def record_baseline(self, sweep_id: int, baseline: BaselineRecord) -> int:
         """Store one baseline of sweep `sweep_id` (kept once per workload, topology, environment, name)."""
         if not isinstance(baseline, BaselineRecord):
-            raise ConfigError(f"baseline is a {type(baseline).__name__}, not a BaselineRecord")
+            raise ConfigError(f"baseline is {describe(baseline)}, not a BaselineRecord")
 
         def work(session: Session) -> int:
             SweepModel.find_or_raise_by_id(session, sweep_id)
@@ -275,7 +275,7 @@ class ResultsDB:
         batch = list(baselines)
         for i, b in enumerate(batch):
             if not isinstance(b, BaselineRecord):
-                raise ConfigError(f"baseline {i} is a {type(b).__name__}, not a BaselineRecord")
+                raise ConfigError(f"baseline {i} is {describe(b)}, not a BaselineRecord")
 
         def work(session: Session) -> list[int]:
             SweepModel.find_or_raise_by_id(session, sweep_id)
@@ -286,7 +286,7 @@ class ResultsDB:
     def record_calibration(self, calibration: CalibrationRecord, *, sweep_id: int | None = None) -> int:
         """Store a calibration curve; one with the same kind, topology, environment and key is replaced."""
         if not isinstance(calibration, CalibrationRecord):
-            raise ConfigError(f"calibration is a {type(calibration).__name__}, not a CalibrationRecord")
+            raise ConfigError(f"calibration is {describe(calibration)}, not a CalibrationRecord")
 
         def work(session: Session) -> int:
             if sweep_id is not None:

@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from syncopate.errors import ConfigError
+from syncopate.errors import ConfigError, describe
 from syncopate.search_space.chunk_plan import CANDIDATE_TEMPLATES, PLANLESS_KINDS, UNFUSED
 from syncopate.search_space.tile_order import TILE_ORDERS
 
@@ -126,7 +126,7 @@ class Candidate:
         except json.JSONDecodeError as e:
             raise ConfigError(f"candidate JSON does not parse: {e}") from None
         if not isinstance(d, dict):
-            raise ConfigError(f"candidate JSON must be an object, got {type(d).__name__}")
+            raise ConfigError(f"candidate JSON must be an object, got {describe(d)}")
         return cls.from_dict(d)
 
     def key(self) -> str:

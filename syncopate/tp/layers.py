@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from syncopate.errors import ConfigError
+from syncopate.errors import ConfigError, describe
 from syncopate.kernels.library import OP_NAMES, all_gather_rows, config_text, register, unfused
 
 __all__ = [
@@ -76,7 +76,7 @@ def _checked_configs(configs: dict | None) -> dict:
     if configs is None:
         return {}
     if not isinstance(configs, dict):
-        raise ConfigError(f"configs must be a dict keyed by op kind ({', '.join(KINDS)}), got {type(configs).__name__}")
+        raise ConfigError(f"configs must be a dict keyed by op kind ({', '.join(KINDS)}), got {describe(configs)}")
     unknown = sorted(set(configs) - set(KINDS))
     if unknown:
         raise ConfigError(f"configs has key(s) {unknown}: accepted are {', '.join(KINDS)}")
@@ -269,7 +269,7 @@ def _operands(name: str, x, weight, bias, impl, configs):
     configs = _checked_configs(configs)
     for what, t in (("x", x), ("weight", weight)):
         if not isinstance(t, torch.Tensor):
-            raise ConfigError(f"{name}: {what} must be a torch.Tensor, got {type(t).__name__}")
+            raise ConfigError(f"{name}: {what} must be a torch.Tensor, got {describe(t)}")
     if weight.dim() != 2:
         raise ConfigError(f"{name}: weight must be 2-D [out_features, in_features], got shape {tuple(weight.shape)}")
     if x.dim() < 2 or x.shape[-1] != weight.shape[1]:
@@ -278,7 +278,7 @@ def _operands(name: str, x, weight, bias, impl, configs):
             f"dimension the weight's in_features)"
         )
     if bias is not None and not isinstance(bias, torch.Tensor):
-        raise ConfigError(f"{name}: bias must be a torch.Tensor or None, got {type(bias).__name__}")
+        raise ConfigError(f"{name}: bias must be a torch.Tensor or None, got {describe(bias)}")
     if torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight = x.to(dtype), weight.to(dtype)
