@@ -52,3 +52,11 @@ def test_table_gives_torch_paths_over_ours_per_mode_and_pass():
     assert eager[0] == "eager/forward" and eager[-3:] == ["1.200", "1.320", "–"]
     graph = table[3].split(" | ")
     assert graph[0] == "graph/forward" and graph[-3] == "1.200"
+
+
+def test_attention_with_a_head_width_of_its_own():
+    b = LayerBench(layer="attention", hidden=5120, heads=64, kv_heads=8, head_dim=128, tokens=4096, tp=4)
+    assert b.ops()[0] == ("ag_gemm", (4096, (64 + 2 * 8) * 128, 5120))
+    assert b.ops()[1] == ("gemm_rs", (4096, 5120, 64 * 128))
+    with pytest.raises(ConfigError, match="head_dim=-1"):
+        LayerBench(layer="attention", head_dim=-1)

@@ -75,6 +75,9 @@ def bench_cmd(
     layer: str = typer.Option(
         None, help="Time a tensor-parallel layer instead of ops: mlp or attention (with --hidden, --ffn, --tokens, "
                    "--tp), against torch's path and async-TP, eager and in CUDA graphs."),
+    model: str = typer.Option(
+        None, help="With --layer: take the widths of this model (a known name such as llama-3-8b or qwen3-14b, or a "
+                   "Hugging Face config.json) instead of --hidden/--ffn/--heads/--kv-heads."),
     hidden: int = typer.Option(4096, help="With --layer: the model width."),
     ffn: int = typer.Option(14336, help="With --layer mlp: the MLP width (gate and up each)."),
     heads: int = typer.Option(32, help="With --layer attention: query heads."),
@@ -89,13 +92,23 @@ def bench_cmd(
     With --layer: a tensor-parallel layer forward and forward + backward, eager and in CUDA graphs,
     Syncopate (configurations from lookup, and the untuned defaults) against torch and async-TP."""
 
+    if layer is None and model is not None:
+        raise ConfigError("--model gives a layer's widths: use it with --layer mlp or --layer attention")
     if layer is not None:
         given = [name for name, value in (("KIND", kind), ("--m", m), ("--n", n), ("--k", k), ("--suite", suite))
                  if value is not None]
         if given:
             raise ConfigError(f"{', '.join(given)} and --layer exclude each other: --layer times a layer of the "
                               f"widths --hidden/--ffn/--heads and --tokens; give either")
-        _bench_layer(layer, hidden, ffn, heads, kv_heads, tokens, tp, sequence_parallel, repetitions, json_out)
+        if model is not None:
+            from syncopate.models import model_spec
+
+            spec = model_spec(model)
+            hidden, ffn, heads, kv_heads, head_dim = spec.hidden, spec.ffn, spec.heads, spec.kv_heads, spec.head_dim
+        else:
+            head_dim = 0
+        _bench_layer(layer, hidden, ffn, heads, kv_heads, head_dim, tokens, tp, sequence_parallel, repetitions,
+                     json_out)
         return
     from syncopate.autotuner.sweep import load_sweep
     from syncopate.search_space import BACKENDS, GRIDS, KINDS, Shape, Workload
@@ -151,7 +164,8 @@ def bench_cmd(
     print(format_table(result))
 
 
-def _bench_layer(layer, hidden, ffn, heads, kv_heads, tokens, tp, sequence_parallel, repetitions, json_out) -> None:
+def _bench_layer(layer, hidden, ffn, heads, kv_heads, head_dim, tokens, tp, sequence_parallel, repetitions,
+                 json_out) -> None:
     import json
 
     from syncopate.kernels.layer_bench import LayerBench, format_layer_table
@@ -163,7 +177,8 @@ def _bench_layer(layer, hidden, ffn, heads, kv_heads, tokens, tp, sequence_paral
     import torch
 
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    bench = LayerBench(layer=layer, hidden=hidden, ffn=ffn, heads=heads, kv_heads=kv_heads, tokens=tokens,
+    bench = LayerBench(layer=layer, hidden=hidden, ffn=ffn, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                       tokens=tokens,
                        tp=tp or max(visible, 2), sequence_parallel=sequence_parallel, repetitions=min(repetitions, 7))
     if visible < bench.tp:
         raise RuntimeUnavailableError(f"syncopate bench --layer needs {bench.tp} CUDA GPUs on this host (--tp "

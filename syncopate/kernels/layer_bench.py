@@ -51,6 +51,8 @@ class LayerBench:
     """Attention heads (query); unused by `mlp`."""
     kv_heads: int = 8
     """Key/value heads (grouped-query attention); unused by `mlp`."""
+    head_dim: int = 0
+    """Width of a head; 0: hidden / heads. Unused by `mlp`."""
     tokens: int = 8192
     """Tokens of the whole layer (sequence × batch): the ops' M."""
     tp: int = 2
@@ -66,6 +68,8 @@ class LayerBench:
     def __post_init__(self) -> None:
         if self.layer not in LAYERS:
             raise ConfigError(f"unknown layer {self.layer!r}: accepted are {', '.join(LAYERS)}")
+        if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 0:
+            raise ConfigError(f"layer bench head_dim={self.head_dim!r} must be 0 (hidden / heads) or a positive integer")
         for name in ("hidden", "ffn", "heads", "kv_heads", "tokens", "tp", "repetitions"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -81,9 +85,9 @@ class LayerBench:
             raise ConfigError(f"tokens={self.tokens} must be a multiple of tp={self.tp} with sequence parallelism "
                               f"(each rank holds tokens/tp of them)")
         if self.layer == "attention":
-            if self.hidden % self.heads or self.heads % self.kv_heads:
-                raise ConfigError(f"attention: hidden={self.hidden} must be a multiple of heads={self.heads}, and "
-                                  f"heads a multiple of kv_heads={self.kv_heads}")
+            if (not self.head_dim and self.hidden % self.heads) or self.heads % self.kv_heads:
+                raise ConfigError(f"attention: hidden={self.hidden} must be a multiple of heads={self.heads} (or give "
+                                  f"head_dim), and heads a multiple of kv_heads={self.kv_heads}")
             if self.kv_heads % self.tp:
                 raise ConfigError(f"attention: kv_heads={self.kv_heads} must be a multiple of tp={self.tp} (each rank "
                                   f"holds whole heads)")
@@ -91,14 +95,14 @@ class LayerBench:
             raise ConfigError(f"mlp: ffn={self.ffn} must be a multiple of tp={self.tp}")
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def head_width(self) -> int:
+        return self.head_dim or self.hidden // self.heads
 
     def ops(self) -> list[tuple[str, tuple[int, int, int]]]:
         """The fused ops the layer calls, forward then backward: (kind, global M×N×K)."""
         m, h = self.tokens, self.hidden
-        col = 2 * self.ffn if self.layer == "mlp" else (self.heads + 2 * self.kv_heads) * self.head_dim
-        row = self.ffn if self.layer == "mlp" else self.heads * self.head_dim
+        col = 2 * self.ffn if self.layer == "mlp" else (self.heads + 2 * self.kv_heads) * self.head_width
+        row = self.ffn if self.layer == "mlp" else self.heads * self.head_width
         if self.sequence_parallel:
             return [("ag_gemm", (m, col, h)), ("gemm_rs", (m, h, row)),  # forward
                     ("ag_gemm", (m, row, h)), ("gemm_rs", (m, h, col))]  # backward: row's input grad, column's
@@ -123,7 +127,7 @@ def _build(bench: LayerBench, impl: str, group, device, weights: dict, configs: 
             gate, up = col(x).chunk(2, dim=-1)
             return row(torch.nn.functional.silu(gate) * up)
     else:
-        heads, kv, hd = bench.heads // tp, bench.kv_heads // tp, bench.head_dim
+        heads, kv, hd = bench.heads // tp, bench.kv_heads // tp, bench.head_width
 
         def forward(x):
             qkv = col(x)
@@ -189,8 +193,8 @@ def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
     group = dist.group.WORLD
     torch.manual_seed(0)
     dtype = torch.bfloat16
-    col_out = 2 * bench.ffn if bench.layer == "mlp" else (bench.heads + 2 * bench.kv_heads) * bench.head_dim
-    row_in = bench.ffn if bench.layer == "mlp" else bench.heads * bench.head_dim
+    col_out = 2 * bench.ffn if bench.layer == "mlp" else (bench.heads + 2 * bench.kv_heads) * bench.head_width
+    row_in = bench.ffn if bench.layer == "mlp" else bench.heads * bench.head_width
     if bench.layer == "mlp":  # the merged [gate; up] weight, rows interleaved per rank as from_linear expects
         gate = torch.nn.Linear(bench.hidden, bench.ffn, bias=False, device=device, dtype=dtype)
         up = torch.nn.Linear(bench.hidden, bench.ffn, bias=False, device=device, dtype=dtype)
