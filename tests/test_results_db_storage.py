@@ -263,8 +263,9 @@ class TestStorageConformance:
         elsewhere = lookup((16384, 4096, 8192), TOPO, db=db_url, environment=OTHER_ENV.__class__(
             **{**OTHER_ENV.to_dict(), "torch": "9.9"}))
         assert elsewhere.match == "other_environment" and elsewhere.candidate == CANDIDATES[2]
-        assert lookup(W.shape, OTHER_TOPO, db=db_url, environment=ENV).match == "default"
-        assert lookup(W.shape, TOPO, kind="gemm_rs", db=db_url, environment=ENV).match == "default"
+        assert lookup(W.shape, "H100x2-nvlink", db=db_url, environment=ENV).match == "other_topology"
+        assert lookup(W.shape, OTHER_TOPO, db=db_url, environment=ENV).match == "cost_model"
+        assert lookup(W.shape, TOPO, kind="gemm_rs", db=db_url, environment=ENV).match == "cost_model"
 
 
 class TestSchemaGuards:

@@ -284,7 +284,8 @@ def test_a_fixture_sweep_in_the_default_database_is_never_served(tmp_path, monke
     code, out, _ = cli(capsys, *LOOKUP, "--json")
     assert code == 0
     answer = json.loads(out)
-    assert (answer["match"], answer["trial_id"], answer["time_us"]) == ("default", None, None)
+    assert (answer["match"], answer["trial_id"], answer["time_us"]) == ("cost_model", None, None)
+    assert answer["database_holds"]["total"] == 0  # the fixture's trials are not measurements
 
 
 def test_a_measured_sweep_is_what_best_and_lookup_serve(tmp_path, monkeypatch, capsys):
