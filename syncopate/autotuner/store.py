@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from syncopate.errors import DatabaseError
-from syncopate.records import BaselineRecord, Environment, TrialRecord
+from syncopate.records import DEFAULT_MODE, BaselineRecord, Environment, TrialRecord
 from syncopate.search_space import Topology, Workload
 
 __all__ = ["SWEEP_STATUSES", "StoredSweep", "TrialStore", "ResultsDBStore", "open_store"]
@@ -82,11 +82,13 @@ class TrialStore(ABC):
 
     @abstractmethod
     def sweep_best(
-        self, sweep_id: int, workload: Workload, topology: Topology, environment: Environment
+        self, sweep_id: int, workload: Workload, topology: Topology, environment: Environment, *,
+        mode: str = DEFAULT_MODE,
     ) -> TrialRecord | None:
-        """The fastest `ok` trial of sweep `sweep_id` for this workload, topology and environment,
-        whatever its source (a `fixture` sweep's best is a fixture trial). What `lookup` serves is
-        another question, answered from `measured` trials only."""
+        """The fastest `ok` trial in `mode` (:func:`~syncopate.records.rank_key`) of sweep `sweep_id`
+        for this workload, topology and environment, whatever its source (a `fixture` sweep's best is
+        a fixture trial). What `lookup` serves is another question, answered from `measured` trials
+        only."""
 
     @abstractmethod
     def finish_sweep(self, sweep_id: int, status: str) -> None:
@@ -113,7 +115,8 @@ class ResultsDBStore(TrialStore):
 
         The per-user default, and a SQLite file that does not exist yet in a folder that does, are
         created with the current schema (a sweep writes). Anything else must exist at this
-        version's schema revision; the error says what to run.
+        version's schema revision (checked here, before anything is measured); the error says what
+        to run.
         """
         try:
             from syncopate.results_db import ResultsDB
@@ -126,7 +129,13 @@ class ResultsDBStore(TrialStore):
         location = locate(url)
         path = location.sqlite_path
         new_file = path is not None and not path.exists() and path.parent.is_dir()
-        return cls(ResultsDB.open(url, upgrade=location.is_default or new_file))
+        db = ResultsDB.open(url, upgrade=location.is_default or new_file)
+        try:
+            db.check_writable()
+        except BaseException:
+            db.close()
+            raise
+        return cls(db)
 
     def start_sweep(self, name: str, config: dict[str, Any]) -> int:
         return self._db.start_sweep(name, config)
@@ -162,9 +171,10 @@ class ResultsDBStore(TrialStore):
         self._db.record_baselines(sweep_id, baselines)
 
     def sweep_best(
-        self, sweep_id: int, workload: Workload, topology: Topology, environment: Environment
+        self, sweep_id: int, workload: Workload, topology: Topology, environment: Environment, *,
+        mode: str = DEFAULT_MODE,
     ) -> TrialRecord | None:
-        stored = self._db.sweep_best(sweep_id, workload, topology, environment)
+        stored = self._db.sweep_best(sweep_id, workload, topology, environment, mode=mode)
         return stored.record if stored is not None else None
 
     def finish_sweep(self, sweep_id: int, status: str) -> None:

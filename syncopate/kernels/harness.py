@@ -39,6 +39,10 @@ class BaselineResult:
     name: str
     samples_us: tuple[float, ...]
     detail: str = ""
+    eager_us: float | None = None
+    """Median time per call of the op called back to back eagerly, host on the path (None: not measured)."""
+    host_us: float | None = None
+    """Median host time to enqueue one call (None: not measured)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,9 @@ class CandidateResult:
     max_rel_error: float | None = None
     error: str = ""
     host_us: float | None = None
+    """Median host time to enqueue one call on this rank (None: not measured)."""
+    eager_us: float | None = None
+    """Median time per call of back-to-back eager calls, host on the path (None: not measured)."""
 
 
 def classify(e: BaseException) -> str:
