@@ -116,9 +116,10 @@ class WorkloadSummary:
     @classmethod
     def of(cls, run: WorkloadRun, best: TrialRecord | None, verdict: Verdict | None = None) -> WorkloadSummary:
         seq = run.baselines.get("torch_seq")
-        if verdict is not None and (verdict.contenders or verdict.guard):
+        declared = verdict is not None and bool(verdict.contenders or verdict.guard)
+        if declared:
             best = verdict.trial
-        obj = verdict.objective if verdict is not None and (verdict.contenders or verdict.guard) else (
+        obj = verdict.objective if declared else (
             objective(run.mode, best.eager_us) if best is not None else OBJECTIVE_DEVICE)
         seq_us = None if seq is None else (seq.eager_us if obj == OBJECTIVE_EAGER else seq.median_us)
         return cls(
@@ -130,7 +131,7 @@ class WorkloadSummary:
             best=best,
             torch_seq_us=seq_us,
             bound_us=run.bound_us(),
-            verdict=verdict if verdict is not None and (verdict.contenders or verdict.guard) else None,
+            verdict=verdict if verdict is not None and verdict.contenders else None,
             objective=obj,
         )
 
