@@ -7,7 +7,8 @@ two sweeps, 15 % of them failed), then measures:
 - first in a new process: a fresh interpreter that has imported torch, triton and syncopate (as a
   job running Syncopate's Triton kernels has) times its first `lookup` call: the lookup modules'
   import, database open, schema check, environment fingerprint and ladder included. Each rung is
-  measured in its own processes; the median over the runs is reported;
+  measured in its own processes (the cost model's rung imports the model, numpy included); the
+  median over the runs is reported;
 - for reference, the environment fingerprint alone in a process that has imported torch but not
   triton (the fingerprint reads triton's version by importing it).
 
@@ -149,11 +150,13 @@ def main() -> None:
         rows = [("warm (cached) lookup", f"{median:.2f} µs median, {p90:.2f} µs p90", "≤ 20 µs median")]
         for label, shape, topology in (("exact", (8192, 4096, 8192), "H200x2-nvlink"),
                                        ("nearest_shape", (8192, 5000, 8192), "H200x2-nvlink"),
-                                       ("default", (8192, 4096, 8192), "H100x2-nvlink")):
+                                       ("other_topology", (8192, 4096, 8192), "H100x2-nvlink"),
+                                       ("cost_model", (8192, 4096, 8192), "H100x4-nvswitch")):
             ms, match, sqlalchemy = first(path, shape, topology, args.runs)
             assert match == label, (match, label)
             note = "" if not sqlalchemy else " (SQLAlchemy imported)"
-            rows.append((f"first lookup, new process, {label}", f"{ms:.2f} ms median of {args.runs}{note}", "≤ 50 ms"))
+            target = "≤ 50 ms" if label != "cost_model" else "(imports the model)"
+            rows.append((f"first lookup, new process, {label}", f"{ms:.2f} ms median of {args.runs}{note}", target))
         rows.append(("fingerprint alone, triton not imported", f"{fingerprint(args.runs):.2f} ms median of {args.runs}",
                      "(reference)"))
         width = max(len(r[0]) for r in rows)

@@ -201,14 +201,9 @@ def git_revision() -> str:
         return "unknown"
 
 
-KERNEL_SWITCHES: tuple[str, ...] = (
-    "SYNCOPATE_GLUON", "SYNCOPATE_OWN_SHARD", "SYNCOPATE_RELAUNCH", "SYNCOPATE_COMM_FIRST", "SYNCOPATE_TMA",
-    "SYNCOPATE_TMA_EPI", "SYNCOPATE_EPI_SPLIT", "SYNCOPATE_DEFER_KEPT", "SYNCOPATE_TIMING_ALIGN",
-    "SYNCOPATE_SPLIT_TAIL", "SYNCOPATE_SM_PULL",
-)
-"""Environment switches that change which kernel code a fused op runs (the Gluon kernels, the
-all-gather's own rows, relaunching, …) or how it is timed (`SYNCOPATE_TIMING_ALIGN`): part of every
-relaunch key, passed on to the gang actors and recorded with each trial."""
+KERNEL_SWITCHES: tuple[str, ...] = (GLUON_VAR,)
+"""Environment settings that change which kernel code a fused op runs: part of the environment
+fingerprint and of every relaunch key, passed on to the gang actors and recorded with each trial."""
 
 
 def kernel_switches(base: Mapping[str, str] | None = None) -> dict[str, str]:

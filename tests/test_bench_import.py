@@ -249,3 +249,23 @@ def test_the_four_gpu_database_is_the_tp4_suites_import_and_serves_their_fastest
             import_bench(fresh, path)
         assert _content(committed) == _content(fresh)
     assert {"decomposed", "c_stationary"} <= _assert_serves_the_fastest(copy, SUITE4, "H200x4-nvswitch")
+
+
+def test_host_and_eager_times_in_a_bench_file_are_stored(db, tmp_path):
+    """A bench file's `host_us` (what the harness measured per call) and, where it has them,
+    `eager_us` of trials and baselines land in the trials and baselines stored."""
+    doc = json.loads(BENCH.read_text())
+    row = doc["rows"][0]
+    ok = [t for t in row["trials"] if t["status"] == "ok"]
+    ok[0]["host_us"], ok[0]["eager_us"] = 231.5, 612.25
+    ok[1]["host_us"] = 198.0
+    row["baselines"]["torch_seq"].update(host_us=131.0, eager_us=480.5)
+    path = tmp_path / "bench-times.json"
+    path.write_text(json.dumps(doc))
+    import_bench(db, path, syncopate="0.1.0", **VERSIONS)
+    stored = {t.candidate.to_dict() == ok[0]["candidate"]: t for t in db.trials() if t.candidate.to_dict() in
+              (ok[0]["candidate"], ok[1]["candidate"])}
+    assert (stored[True].record.host_us, stored[True].record.eager_us) == (231.5, 612.25)
+    assert (stored[False].record.host_us, stored[False].record.eager_us) == (198.0, None)
+    seq = [b.record for b in db.baselines() if b.name == "torch_seq"]
+    assert [(b.host_us, b.eager_us) for b in seq] == [(131.0, 480.5)]

@@ -18,7 +18,7 @@ from syncopate.cli import main
 from syncopate.records import Environment
 from syncopate.results_db import ResultsDB
 from syncopate.results_db.lookups import clear_cache
-from syncopate.results_db.schema import VERSION_TABLE
+from syncopate.results_db.schema import HEAD, VERSION_TABLE
 
 TOPOLOGY = ["--topology", "H200x2-nvlink"]
 SHAPE = ["--m", "8192", "--n", "4096", "--k", "8192"]
@@ -59,14 +59,15 @@ def test_lookup_json_end_to_end(tmp_path, populated):
     empty = tmp_path / "empty.db"
     with ResultsDB.open(empty, upgrade=True):
         pass
-    for db, match in ((empty, "default"), (populated, "exact")):
+    for db, match in ((empty, "cost_model"), (populated, "exact")):
         r = subprocess.run([sys.executable, "-m", "syncopate", "lookup", "--kind", "ag_gemm", *SHAPE, "--dtype", "bf16",
                             *TOPOLOGY, "--db", str(db), "--json"], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
-        more = ["measured_on", "environment"] if match == "exact" else []
-        assert list(doc) == ["candidate", "match", "trial_id", "time_us", *more]
-        assert doc["match"] == match
+        more = (["eager_us", "host_us", "measured_on", "measured_topology", "environment", "environment_versions"]
+                if match == "exact" else ["predicted_us", "database_holds"])
+        assert list(doc) == ["candidate", "match", "mode", "objective", "reason", "trial_id", "time_us", *more]
+        assert doc["match"] == match and doc["mode"] == "eager" and doc["reason"]
     assert (doc["time_us"], doc["candidate"]["block_m"]) == (1500.0, 128)
 
 
@@ -83,7 +84,10 @@ def test_lookup_nearest_shape_and_export_file(capsys, populated, tmp_path):
     code, out, _ = cli(capsys, "lookup", *SHAPE, *TOPOLOGY, "--db", str(populated))
     assert code == 0 and "exact from trial 2 (1500.0 µs)" in out
     code, out, _ = cli(capsys, "lookup", *SHAPE, "--topology", "H100x2-nvlink", "--db", str(populated))
-    assert code == 0 and f"default (nothing measured in {populated} fits it on H100x2-nvlink: the documented" in out
+    assert code == 0 and "other_topology from trial 2 (1500.0 µs on H200x2-nvlink, under torch" in out
+    code, out, _ = cli(capsys, "lookup", *SHAPE, "--topology", "H100x8-nvswitch", "--db", str(populated))
+    assert code == 0 and "cost_model (predicted" in out and "The database holds 3 measured trials" in out
+    assert "None" not in out and "False" not in out
 
 
 def test_best_shows_speedups_over_the_sweeps_baselines(capsys, populated):
@@ -128,7 +132,7 @@ def test_best_on_an_unused_default_database_says_so_and_creates_nothing(capsys, 
 def test_db_upgrade_creates_then_has_nothing_to_do(capsys, tmp_path):
     path = tmp_path / "sub" / "new.db"
     code, out, _ = cli(capsys, "db", "upgrade", "--db", str(path))
-    assert code == 0 and "upgraded from nothing to revision 0001" in out
+    assert code == 0 and f"upgraded from nothing to revision {HEAD}" in out
     code, out, _ = cli(capsys, "db", "upgrade", "--db", f"sqlite:///{path}")
     assert code == 0 and "nothing to do" in out
 

@@ -187,10 +187,11 @@ def test_missing_database_says_how_to_make_it(monkeypatch, tmp_path):
 def test_older_schema_says_to_upgrade(monkeypatch, url):
     from syncopate.results_db import schema
 
-    monkeypatch.setattr(schema, "REVISIONS", ("0001", "0002"))
-    monkeypatch.setattr(schema, "HEAD", "0002")
+    future = f"{int(schema.HEAD) + 1:04d}"  # a revision after this database's, that it cannot be read at
+    monkeypatch.setattr(schema, "REVISIONS", (*schema.REVISIONS, future))
+    monkeypatch.setattr(schema, "HEAD", future)
     at = start(monkeypatch, url)
-    assert "older than this Syncopate's 0002" in at.error[0].value
+    assert f"older than this Syncopate's {future}" in at.error[0].value
     assert f"run `syncopate db upgrade --db {url}`" in at.error[0].value
 
 

@@ -139,8 +139,9 @@ def test_report_on_an_empty_missing_or_old_database(capsys, tmp_path, monkeypatc
     assert code == 1 and "does not exist" in err
     from syncopate.results_db import schema
 
-    monkeypatch.setattr(schema, "REVISIONS", ("0001", "0002"))
-    monkeypatch.setattr(schema, "HEAD", "0002")
+    future = f"{int(schema.HEAD) + 1:04d}"  # a revision after this database's, that it cannot be read at
+    monkeypatch.setattr(schema, "REVISIONS", (*schema.REVISIONS, future))
+    monkeypatch.setattr(schema, "HEAD", future)
     code, _, err = cli(capsys, "report", "--db", empty, "--out", str(tmp_path / "r.html"))
     assert code == 1 and f"run `syncopate db upgrade --db {empty}`" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]

@@ -19,7 +19,7 @@ from syncopate.errors import ConfigError, DatabaseError, LookupFailedError, Runt
 from syncopate.records import TrialRecord
 from syncopate.results_db import ResultsDB
 from syncopate.results_db.lookups import clear_cache, lookup, shape_distance
-from syncopate.search_space import Candidate, Shape, Topology, default_candidate
+from syncopate.search_space import Candidate, Shape, Topology, check_candidate
 
 
 @pytest.fixture(autouse=True)
@@ -73,15 +73,18 @@ def test_torch_dtypes_and_names_are_the_same_lookup(populated):
     a = lookup(W.shape, TOPO, dtype=torch.bfloat16, db=populated, environment=ENV)
     b = lookup((8192, 4096, 8192), "H200x2-nvlink", dtype="bfloat16", db=str(populated), environment=ENV)
     assert a.match == b.match == "exact" and a.trial_id == b.trial_id
-    assert lookup(W.shape, TOPO, dtype=torch.float16, db=populated, environment=ENV).match == "default"
+    assert lookup(W.shape, TOPO, dtype=torch.float16, db=populated, environment=ENV).match == "cost_model"
 
 
 def test_the_ladder(populated, caplog):
     exact = lookup(W.shape, TOPO, db=populated, environment=ENV)
     assert (exact.match, exact.time_us, exact.environment) == ("exact", 200.0, ENV)
-    assert exact.to_dict() == {"candidate": exact.candidate.to_dict(), "match": "exact",
-                               "trial_id": exact.trial_id, "time_us": 200.0, "measured_on": "8192x4096x8192",
-                               "environment": ENV.key()}
+    assert exact.to_dict() == {"candidate": exact.candidate.to_dict(), "match": "exact", "mode": "eager",
+                               "objective": "device (no eager measurement)", "reason": exact.reason,
+                               "trial_id": exact.trial_id, "time_us": 200.0, "eager_us": None, "host_us": None,
+                               "measured_on": "8192x4096x8192", "measured_topology": TOPO.key(),
+                               "environment": ENV.key(), "environment_versions": ENV.short()}
+    assert exact.reason.startswith(f"measured: trial {exact.trial_id} of this shape on H200x2-nvlink")
     near = lookup((7000 // 8 * 8, 4096, 8192), TOPO, db=populated, environment=ENV)
     assert near.match == "nearest_shape" and near.measured_on == W  # ln(8192/7000) < ln(7000/4096)
     near = lookup((4000, 4096, 8192), TOPO, db=populated, environment=ENV)
@@ -95,12 +98,18 @@ def test_the_ladder(populated, caplog):
     assert other_near.to_dict()["environment"] == ENV.key()
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="syncopate.results_db.lookups"):
-        default = lookup(W.shape, "H100x2-nvlink", db=populated, environment=ENV)
-    assert (default.match, default.trial_id, default.time_us) == ("default", None, None)
-    assert "no measured trial of them on H100x2-nvlink" in caplog.text and "topology key" in caplog.text
-    assert set(default.to_dict()) == {"candidate", "match", "trial_id", "time_us"}
+        elsewhere = lookup(W.shape, "H100x2-nvlink", db=populated, environment=ENV)
+    assert (elsewhere.match, elsewhere.trial_id, elsewhere.measured_topology) == ("other_topology", exact.trial_id, TOPO)
+    assert "closest measured topology H200x2-nvlink" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="syncopate.results_db.lookups"):
+        modelled = lookup(W.shape, "H100x8-nvswitch", db=populated, environment=ENV)
+    assert (modelled.match, modelled.trial_id, modelled.time_us) == ("cost_model", None, None)
+    assert "no measured trial of them on H100x8-nvswitch" in caplog.text and "topology key" in caplog.text
+    assert set(modelled.to_dict()) == {"candidate", "match", "mode", "objective", "reason", "trial_id", "time_us",
+                                       "predicted_us", "database_holds"}
+    assert modelled.to_dict()["database_holds"]["topologies"] == {"H200x2-nvlink": 3}
     assert near.to_dict()["measured_on"] == "4096x4096x8192"
-    assert default.candidate == default_candidate(W, default.topology)
 
 
 def test_nearest_shape_is_by_log_distance():
@@ -132,7 +141,8 @@ def test_eight_gpus_pass_over_a_configuration_whose_chunks_cannot_be_cut_at_tile
     result = lookup((16384, 4096, 8192), tp8, db=path, environment=ENV)
     assert (result.match, result.candidate) == ("exact", tall)
     result = lookup((8192, 4096, 8192), tp8, db=path, environment=ENV)
-    assert result.match == "default" and result.candidate == default_candidate(workload(), tp8)
+    assert result.match == "cost_model" and result.candidate != tall
+    check_candidate(result.candidate, workload(), tp8)
 
 
 def test_a_cached_answer_is_no_way_around_the_checks(populated):
@@ -164,16 +174,17 @@ def test_cache_answers_repeats_and_a_new_process_sees_changes(populated):
     assert lookup(W.shape, TOPO, db=populated, environment=ENV).time_us == 5.0
 
 
-def test_a_missing_default_database_answers_default_and_creates_nothing(tmp_path):
+def test_a_missing_default_database_answers_from_the_cost_model_and_creates_nothing(tmp_path):
     result = lookup(W.shape, TOPO, environment=ENV)
-    assert result.match == "default"
+    assert result.match == "cost_model" and result.holdings.total == 0
+    assert "holds no measured trials at all" in result.reason
     assert not (tmp_path / "xdg").exists()
 
 
-def test_an_empty_default_database_file_answers_default(tmp_path):
+def test_an_empty_default_database_file_answers_from_the_cost_model(tmp_path):
     (tmp_path / "xdg" / "syncopate").mkdir(parents=True)
     (tmp_path / "xdg" / "syncopate" / "results.db").touch()
-    assert lookup(W.shape, TOPO, environment=ENV).match == "default"
+    assert lookup(W.shape, TOPO, environment=ENV).match == "cost_model"
 
 
 def test_syncopate_db_names_the_database(monkeypatch, populated):

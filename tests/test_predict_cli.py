@@ -14,7 +14,7 @@ import yaml
 from syncopate.autotuner.synthetic import synthetic_sweep
 from syncopate.cli import main
 from syncopate.results_db import ResultsDB
-from syncopate.search_space import SpaceOptions, TileConfig, Topology, Workload
+from syncopate.search_space import SpaceOptions, TileConfig, Topology, Workload, guard_candidates
 from syncopate.workers.replay_runner import write_sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -182,7 +182,10 @@ def test_model_guided_through_tune_measures_the_models_pick(tmp_path, db, capsys
     with ResultsDB.open(db) as d:
         trials = d.trials()
     assert len(trials) == 4 and trials[0].record.strategy == "model-guided"
-    assert trials[0].median_us == min(t.median_us for t in trials)
+    guards = {c.key() for c in guard_candidates(Workload(kind="ag_gemm", shape=(4096, 4096, 4096)),
+                                                Topology.from_key("H200x2-nvlink")).values()}
+    assert {t.candidate.key() for t in trials[:2]} == guards  # the references first
+    assert trials[2].median_us == min(t.median_us for t in trials[2:])  # then the model's pick
 
 
 def test_replaying_a_synthetic_sweep(tmp_path, db, capsys):

@@ -13,7 +13,7 @@ from alembic.migration import MigrationContext
 
 from db_data import CANDIDATES, ENV, OTHER_ENV, OTHER_TOPO, TOPO, W, baseline, trial, workload
 from syncopate.errors import ConfigError, NotFoundError, SchemaError
-from syncopate.records import CalibrationRecord, TRIAL_STATUSES
+from syncopate.records import BaselineRecord, CalibrationRecord, TRIAL_STATUSES
 from syncopate.results_db import ResultsDB, upgrade
 from syncopate.results_db.lookups import clear_cache, lookup
 from syncopate.results_db.models import Base
@@ -184,7 +184,7 @@ class TestStorageConformance:
         sweep = db.start_sweep("s")
         ids = db.record_baselines(sweep, [baseline("torch_seq", 1770.0), baseline("gemm_alone", 1531.0)])
         assert db.record_baselines(sweep, [baseline("torch_seq", 1.0)]) == ids[:1]
-        with pytest.raises(ConfigError, match="baseline 1 is a str, not a BaselineRecord"):
+        with pytest.raises(ConfigError, match="baseline 1 is the text 'torch_async_tp', not a BaselineRecord"):
             db.record_baselines(sweep, [baseline("comm_alone", 336.0), "torch_async_tp"])
         with pytest.raises(NotFoundError, match="sweep 999 does not exist"):
             db.record_baselines(999, [baseline("comm_alone", 336.0)])
@@ -263,8 +263,59 @@ class TestStorageConformance:
         elsewhere = lookup((16384, 4096, 8192), TOPO, db=db_url, environment=OTHER_ENV.__class__(
             **{**OTHER_ENV.to_dict(), "torch": "9.9"}))
         assert elsewhere.match == "other_environment" and elsewhere.candidate == CANDIDATES[2]
-        assert lookup(W.shape, OTHER_TOPO, db=db_url, environment=ENV).match == "default"
-        assert lookup(W.shape, TOPO, kind="gemm_rs", db=db_url, environment=ENV).match == "default"
+        assert lookup(W.shape, "H100x2-nvlink", db=db_url, environment=ENV).match == "other_topology"
+        assert lookup(W.shape, OTHER_TOPO, db=db_url, environment=ENV).match == "cost_model"
+        assert lookup(W.shape, TOPO, kind="gemm_rs", db=db_url, environment=ENV).match == "cost_model"
+
+
+    def test_eager_and_host_times_round_trip_and_each_mode_serves_its_own(self, db, db_url):
+        sweep = db.start_sweep("s")
+        host_bound, quick, unfused = 0, 1, 8  # CANDIDATES[8] is the unfused template
+        ids = db.record_trials(sweep, [trial(host_bound, median_us=100.0, eager_us=400.0, host_us=390.0),
+                                       trial(quick, median_us=150.0, eager_us=160.0, host_us=120.0)])
+        db.record_baseline(sweep, BaselineRecord(workload=W, topology=TOPO, environment=ENV, name="torch_seq",
+                                                 median_us=300.0, eager_us=310.0, host_us=130.0))
+        assert {t.trial_id: (t.eager_us, t.host_us) for t in db.trials()} == {ids[0]: (400.0, 390.0),
+                                                                              ids[1]: (160.0, 120.0)}
+        assert [(b.record.eager_us, b.record.host_us) for b in db.baselines()] == [(310.0, 130.0)]
+        assert db.best(W, TOPO, ENV, mode="graph").trial_id == ids[0]
+        assert db.best(W, TOPO, ENV, mode="eager").trial_id == ids[1]
+        assert db.sweep_best(sweep, W, TOPO, ENV, mode="eager").trial_id == ids[1]
+        for mode, expected in (("graph", ids[0]), ("eager", ids[1])):
+            found = lookup(W.shape, TOPO, db=db_url, environment=ENV, mode=mode)
+            assert (found.match, found.trial_id, found.guard) == ("exact", expected, "")
+        guard = db.record_trial(sweep, trial(unfused, median_us=200.0, eager_us=150.0, host_us=110.0))
+        assert {p.mode: (p.trial.trial_id, p.guard) for p in db.picks()} == {"eager": (guard, "unfused"),
+                                                                            "graph": (ids[0], "")}
+        clear_cache()
+        served = lookup(W.shape, TOPO, db=db_url, environment=ENV)
+        assert (served.trial_id, served.guard, served.candidate) == (guard, "unfused", CANDIDATES[unfused])
+
+    def test_a_database_at_revision_0001_is_read_as_it_is_and_upgraded_with_its_data(self, db, db_url):
+        from alembic import command
+
+        from syncopate.results_db.engine import make_engine
+        from syncopate.results_db.migrate import alembic_config
+
+        sweep = db.start_sweep("s")
+        ids = db.record_trials(sweep, [trial(0, median_us=120.0, eager_us=130.0), trial(1, median_us=100.0)])
+        engine = make_engine(locate(db_url))
+        with engine.begin() as connection:
+            command.downgrade(alembic_config(connection), "0001")
+        engine.dispose()
+        with ResultsDB.open(db_url, read_only=True) as old:
+            assert old.revision == "0001"
+            assert {t.trial_id: (t.median_us, t.eager_us) for t in old.trials()} == {ids[0]: (120.0, None),
+                                                                                      ids[1]: (100.0, None)}
+            with pytest.raises(SchemaError, match="syncopate db upgrade"):
+                old.start_sweep("more")
+        found = lookup(W.shape, TOPO, db=db_url, environment=ENV)
+        assert (found.trial_id, found.objective) == (ids[1], "device (no eager measurement)")
+        assert upgrade(locate(db_url)) == ("0001", HEAD)
+        with ResultsDB.open(db_url) as new:
+            assert [(t.trial_id, t.median_us, t.eager_us) for t in new.trials()] == [(ids[0], 120.0, None),
+                                                                                      (ids[1], 100.0, None)]
+            assert len(new.sweeps()) == 1
 
 
 class TestSchemaGuards:

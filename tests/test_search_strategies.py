@@ -18,7 +18,16 @@ from syncopate.autotuner.strategies import AVAILABLE_STRATEGIES, SearchProblem, 
 from syncopate.autotuner.synthetic import synthetic_sweep
 from syncopate.errors import ConfigError, StudyMismatchError
 from syncopate.records import TrialRecord
-from syncopate.search_space import COPY_ENGINE_KINDS, SpaceOptions, TileConfig, Topology, Workload, space
+from syncopate.search_space import (
+    COPY_ENGINE_KINDS,
+    SpaceOptions,
+    TileConfig,
+    Topology,
+    Workload,
+    default_candidate,
+    space,
+    unfused_candidate,
+)
 from syncopate.workers import RunnerSpec
 from syncopate.workers.replay_runner import ReplayOptions, ReplayRunner, load_sweep_file, write_sweep
 
@@ -70,8 +79,10 @@ def test_never_proposes_twice_and_keeps_to_its_budget(name, sweep, model):
     told = drive(s, sweep)
     keys = [t.candidate.key() for t in told]
     assert len(keys) == 20 == len(set(keys)) and s.remaining == 0 and s.ask(1) == []
-    valid = {c.key() for c in space(W, TOPO, OPTIONS)}
+    guards = {c.key() for c in problem(sweep, model).guards()}
+    valid = {c.key() for c in space(W, TOPO, OPTIONS)} | guards
     assert set(keys) <= valid
+    assert set(keys[:2]) == guards  # the untuned default and the unfused template first, the latter outside this space
     s.close()
 
 
@@ -152,9 +163,12 @@ def test_a_study_in_the_database_resumes_where_it_stopped(tmp_path, sweep, model
     first = drive(a, sweep)
     a.close()
     b = make_strategy("optuna-tpe", problem(sweep, model, storage=url), max_trials=10, seed=0)
-    assert set(b.values) == {t.candidate.key() for t in first if t.status == "ok"}
-    second = drive(b, sweep)
-    assert second and not {t.candidate.key() for t in first} & {t.candidate.key() for t in second}
+    in_space = {c.key() for c in space(W, TOPO, OPTIONS)}  # the unfused guard is measured beside the study
+    assert set(b.values) == {t.candidate.key() for t in first if t.status == "ok" and t.candidate.key() in in_space}
+    second = {t.candidate.key() for t in drive(b, sweep)}
+    guards = {c.key() for c in problem(sweep, model).guards()}
+    assert guards <= second  # every new sweep measures the guards, even those the study knows
+    assert second - guards and not {t.candidate.key() for t in first} & (second - guards)
 
 
 def test_a_changed_space_is_refused_and_the_study_left_as_it_was(tmp_path, sweep, model):
@@ -177,7 +191,8 @@ def test_a_changed_space_is_refused_and_the_study_left_as_it_was(tmp_path, sweep
 
 def test_failed_trials_are_told_as_failed_and_never_proposed_again(sweep, model):
     s = make_strategy("optuna-tpe", problem(sweep, model), max_trials=None, seed=0)
-    first = s.ask(1)[0]
+    in_space = {c.key() for c in space(W, TOPO, OPTIONS)}
+    first = next(c for c in s.ask(3) if c.key() in in_space)  # the first the study proposed
     s.tell(TrialRecord(workload=W, topology=TOPO, environment=sweep.environment, candidate=first,
                        status="compile_error", error="planted"))
     state = [t for t in s.study.trials if t.user_attrs.get("candidate_key") == first.key()][0]
@@ -210,24 +225,30 @@ def test_seeded_measures_the_bench_grid_first_then_the_space_evenly(config):
         for c in grid:  # what the space leaves out, its options leave out
             assert c.key() in held or c.tile_order not in options.tile_orders or c.num_splits not in options.num_splits
         problem = SearchProblem(workload=w, topology=topo, options=options)
+        guards = [c.key() for c in problem.guards()]
+        assert guards == [default_candidate(w, topo).key(), unfused_candidate().key()]
+        seeds = [k for k in seeds if k not in guards]
         s = make_strategy("seeded", problem, max_trials=64, seed=0)
         asked = [c.key() for c in s.ask(64)]
-        assert asked[: len(seeds)] == seeds and len(asked) == len(set(asked)) == min(64, len(cands))
-        rest = [index[k] for k in asked[len(seeds):]]
+        assert asked[:2] == guards and asked[2: 2 + len(seeds)] == seeds
+        assert len(asked) == len(set(asked)) == min(64, len(held | set(guards)))
+        rest = [index[k] for k in asked[2 + len(seeds):]]
         assert rest == sorted(rest) and rest[-1] > len(cands) * 0.8  # evenly over the whole space
         few = make_strategy("seeded", problem, max_trials=5, seed=0)
         picked = [c.key() for c in few.ask(64)]
-        assert len(picked) == 5 and set(picked) <= set(seeds) and picked[0] == seeds[0]
+        assert len(picked) == 5 and picked[:2] == guards and set(picked[2:]) <= set(seeds) and picked[2] == seeds[0]
 
 
 # -- model-guided ------------------------------------------------------------------------------
 
 
 def test_model_guided_measures_the_models_picks_first(sweep, model):
-    s = make_strategy("model-guided", problem(sweep, model, model_top_k=4), max_trials=30, seed=0)
-    ranked = model.rank(W, TOPO, space(W, TOPO, OPTIONS))
-    first = s.ask(1)[0]
-    assert first.key() == ranked[0].candidate.key()
+    p = problem(sweep, model, model_top_k=4)
+    s = make_strategy("model-guided", p, max_trials=30, seed=0)
+    guards = {c.key() for c in p.guards()}
+    ranked = [r for r in model.rank(W, TOPO, space(W, TOPO, OPTIONS)) if r.candidate.key() not in guards]
+    asked = s.ask(3)
+    assert {c.key() for c in asked[:2]} == guards and asked[2].key() == ranked[0].candidate.key()
     seeded = [t for t in s.study.trials if t.user_attrs.get("seeded_by") == "cost model"]
     assert len(seeded) == 4 and all(t.user_attrs["predicted_us"] > 0 for t in seeded)
 

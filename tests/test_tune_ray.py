@@ -21,7 +21,7 @@ from syncopate.errors import RuntimeUnavailableError
 from syncopate.records import Environment
 from syncopate.results_db import ResultsDB
 from syncopate.results_db.lookups import clear_cache, lookup
-from syncopate.search_space import Workload
+from syncopate.search_space import Topology, Workload, guard_candidates
 from syncopate.workers.fixture_runner import FixtureRunner, candidate_time
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # one Ray cluster; most tests form gangs
@@ -111,17 +111,19 @@ def test_baselines_are_stored_once_per_workload(pipeline):
 
 def test_the_summary_best_is_the_sweeps_fastest_trial_with_its_speedup(pipeline):
     _, db, result = pipeline
-    for summary in result.summaries:
-        medians = rows(
+    for summary in result.summaries:  # the sweep ranks in mode eager: back-to-back eager time per call
+        eager = rows(
             url_of(db),
-            "SELECT t.candidate_hash, t.median_us FROM syncopate_trials t "
+            "SELECT t.candidate_hash, t.eager_us FROM syncopate_trials t "
             "JOIN syncopate_workloads w ON w.id = t.workload_id WHERE w.key = :w",
             w=summary.workload,
         )
-        fastest = min(medians, key=lambda r: r[1])
+        fastest = min(eager, key=lambda r: r[1])
         assert summary.best.candidate.key() == fastest[0] and summary.best.source == "fixture"
-        seq = [m for w, n, _, m in rows(url_of(db), BASELINES) if w == summary.workload and n == "torch_seq"]
-        assert summary.speedup == pytest.approx(seq[0] / fastest[1])
+        assert summary.objective == "eager" and summary.best_us == fastest[1]
+        seq = rows(url_of(db), "SELECT b.eager_us FROM syncopate_baselines b JOIN syncopate_workloads w "
+                               "ON w.id = b.workload_id WHERE w.key = :w AND b.name = 'torch_seq'", w=summary.workload)
+        assert summary.speedup == pytest.approx(seq[0][0] / fastest[1])
         assert summary.bound_us is not None and summary.bound_us <= summary.torch_seq_us
 
 
@@ -174,7 +176,7 @@ def test_gangs_fill_the_gpus_until_the_time_budget_and_resume_finishes_the_sweep
     after = stored_trials(url_of(db))
     assert after[: len(first)] == first
     assert sorted(t.candidate.key() for t in after) == sorted(planned_keys(config))
-    fastest = min(after, key=lambda t: t.median_us)
+    fastest = min(after, key=lambda t: t.eager_us)  # mode eager
     assert summary.best == fastest.record  # over both runs of the sweep
     assert rows(url_of(db), "SELECT id, status FROM syncopate_sweeps") == [(result.sweep_id, "done")]
     assert len(rows(url_of(db), BASELINES)) == 4
@@ -284,7 +286,8 @@ def test_a_fixture_sweep_in_the_default_database_is_never_served(tmp_path, monke
     code, out, _ = cli(capsys, *LOOKUP, "--json")
     assert code == 0
     answer = json.loads(out)
-    assert (answer["match"], answer["trial_id"], answer["time_us"]) == ("default", None, None)
+    assert (answer["match"], answer["trial_id"], answer["time_us"]) == ("cost_model", None, None)
+    assert answer["database_holds"]["total"] == 0  # the fixture's trials are not measurements
 
 
 def test_a_measured_sweep_is_what_best_and_lookup_serve(tmp_path, monkeypatch, capsys):
@@ -299,18 +302,20 @@ def test_a_measured_sweep_is_what_best_and_lookup_serve(tmp_path, monkeypatch, c
     with ResultsDB.open(url_of(db)) as rdb:
         (sweep,) = rdb.sweeps()
         environment = Environment.from_dict(sweep.config["environment"])
-        trial = rdb.sweep_best(sweep.sweep_id, workload, "H200x2-nvlink", environment)
+        trial = rdb.sweep_best(sweep.sweep_id, workload, "H200x2-nvlink", environment)  # mode eager, as tuned
+        on_device = rdb.sweep_best(sweep.sweep_id, workload, "H200x2-nvlink", environment, mode="graph")
         assert trial is not None and trial.record.source == "measured"
         assert rdb.best(workload, "H200x2-nvlink", environment) == trial
-    assert f"{trial.median_us:.1f}" in out and trial.candidate.short() in out
+        assert rdb.best(workload, "H200x2-nvlink", environment, mode="graph") == on_device
+    assert f"{trial.eager_us:.1f}" in out and trial.candidate.short() in out and "mode eager" in out
 
-    code, out, _ = cli(capsys, "best", "--db", url_of(db), "--json")
+    code, out, _ = cli(capsys, "best", "--db", url_of(db), "--json")  # by device time
     assert code == 0
     (row,) = json.loads(out)
-    assert (row["trial_id"], row["sweep_id"]) == (trial.trial_id, sweep.sweep_id)
-    assert row["median_us"] == trial.median_us
+    assert (row["trial_id"], row["sweep_id"]) == (on_device.trial_id, sweep.sweep_id)
+    assert row["median_us"] == on_device.median_us
     seq = [m for w, n, _, m in rows(url_of(db), BASELINES) if w == W_AG and n == "torch_seq"]
-    assert row["speedups"]["torch_seq"] == pytest.approx(seq[0] / trial.median_us)
+    assert row["speedups"]["torch_seq"] == pytest.approx(seq[0] / on_device.median_us)
 
     code, out, _ = cli(capsys, *LOOKUP, "--db", url_of(db), "--json")
     assert code == 0
@@ -320,6 +325,15 @@ def test_a_measured_sweep_is_what_best_and_lookup_serve(tmp_path, monkeypatch, c
     assert (answer["trial_id"], answer["time_us"]) == (trial.trial_id, trial.median_us)
     exact = lookup((4096, 4096, 4096), "H200x2-nvlink", db=url_of(db), environment=trial.environment)
     assert (exact.match, exact.trial_id, exact.candidate) == ("exact", trial.trial_id, trial.candidate)
+
+    # the guards first, and every trial's host and eager times carried from the gang to the database
+    stored = stored_trials(url_of(db), sweep_id=sweep.sweep_id)
+    guards = {c.key() for c in guard_candidates(workload, Topology.from_key("H200x2-nvlink")).values()}
+    assert {t.candidate.key() for t in stored[:2]} == guards and len(stored) == 6
+    ok = [t for t in stored if t.status == "ok"]
+    assert all(t.host_us > 0 and t.eager_us >= t.host_us for t in ok)
+    graph = lookup((4096, 4096, 4096), "H200x2-nvlink", db=url_of(db), environment=trial.environment, mode="graph")
+    assert graph.time_us == min(t.median_us for t in ok) and exact.eager_us == min(t.eager_us for t in ok)
 
 
 # -- bad input that needs the cluster: one line, exit 2, no database made -----------------------

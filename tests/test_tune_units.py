@@ -14,7 +14,7 @@ from syncopate.autotuner.strategies import GridStrategy, SearchProblem, make_str
 from syncopate.autotuner.sweep import parse_sweep
 from syncopate.autotuner.tune import TuneOptions
 from syncopate.errors import CandidateTimeoutError, ConfigError, RuntimeUnavailableError
-from syncopate.search_space import SpaceOptions, Topology, Workload, space
+from syncopate.search_space import SpaceOptions, Topology, Workload, default_candidate, space, unfused_candidate
 from syncopate.workers import (
     ACTOR_ENV,
     Gang,
@@ -70,7 +70,8 @@ def test_grid_covers_the_space_evenly_and_resume_skips_stored():
     grid = GridStrategy(problem, max_trials=10, seed=0)
     plan = grid.ask(100)
     assert len(plan) == 10 and grid.planned == 10 and grid.remaining == 0
-    assert plan[0] == cands[0] and len({c.key() for c in plan}) == 10
+    assert plan[:2] == [default_candidate(W, TOPO), unfused_candidate()]  # the guards first
+    assert plan[2] == cands[0] and len({c.key() for c in plan}) == 10
     assert {c.backend for c in plan} == {c.backend for c in cands}
     done = frozenset(c.key() for c in plan[:4])
     resumed = GridStrategy(SearchProblem(workload=W, topology=TOPO, done=done), max_trials=10, seed=0)
@@ -90,7 +91,7 @@ def test_random_is_seeded_and_differs_per_seed():
 @pytest.mark.parametrize("name", ["optuna-tpe", "model-guided"])
 def test_optuna_strategies_are_available(name):
     strategy = make_strategy(name, SearchProblem(workload=W, topology=TOPO), max_trials=1, seed=0)
-    assert strategy.name == name and strategy.planned == 1
+    assert strategy.name == name and strategy.planned == 2  # a budget below the guards still measures them
 
 
 @pytest.mark.parametrize("name, source", [("model", "predicted"), ("replay", "fixture")])
@@ -297,8 +298,8 @@ def test_winners_faster_than_the_bound_are_explained():
 
     from syncopate.autotuner.progress import below_bound_note
 
-    at = SimpleNamespace(workload="ag_gemm/8192x4096x8192/bf16", best_us=400.0, bound_us=396.0)
-    under = SimpleNamespace(workload="gemm_ar/8192x8192x2048/bf16", best_us=377.7, bound_us=568.8)
+    at = SimpleNamespace(workload="ag_gemm/8192x4096x8192/bf16", device_us=400.0, bound_us=396.0)
+    under = SimpleNamespace(workload="gemm_ar/8192x8192x2048/bf16", device_us=377.7, bound_us=568.8)
     assert below_bound_note([at]) is None
     note = below_bound_note([at, under])
     assert note.startswith("faster than the bound: gemm_ar/8192x8192x2048/bf16 (1.51× under)")

@@ -1,10 +1,14 @@
 """Noise-aware winners: the best few candidates are measured once more before one is declared.
 
-When a workload's search is over, the candidates whose medians lie within the noise of the best
-(at most `top_k` of them, the best always among them) are measured again. The noise is the
-widest relative spread (p80 − p20) / median among them, and never less than `min_noise`. The
-winner is the contender with the lowest median over all its samples, first measurement and
-re-measurement pooled. A single lucky measurement thus cannot win alone.
+When a workload's search is over, the candidates whose times in the sweep's mode lie within the
+noise of the best (at most `top_k` of them, the best always among them) are measured again. The
+time is the one the mode ranks by (:func:`~syncopate.records.rank_key`: device time in mode
+`graph`, eager time in mode `eager` where measured). The noise is the widest relative spread
+(p80 − p20) / median of the device samples among them, and never less than `min_noise`. The winner
+is the contender with the lowest pooled time, first measurement and re-measurements together: the
+median over all device samples (device time), or over the eager figures of each measurement (eager
+time). A single lucky measurement thus cannot win alone. Nor can a winner slower in the mode than
+a guard's trial (the untuned default, the unfused template): then that guard is declared.
 
 Re-measurements are stored as trials of a companion sweep, named after the sweep with
 :data:`CONFIRM_SUFFIX` (a trial's identity includes its sweep, so the first measurement stays as it
@@ -19,7 +23,7 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from syncopate.records import TrialRecord
+from syncopate.records import DEFAULT_MODE, GUARDS, OBJECTIVE_EAGER, TrialRecord, figure, objective, rank_key
 from syncopate.search_space import Candidate
 
 if TYPE_CHECKING:
@@ -51,12 +55,17 @@ class Verdict:
     trial: TrialRecord
     """Its first trial."""
     pooled_median_us: float
-    """Median over every sample of it, re-measurements included."""
+    """Its time in the objective, pooled over its measurements (see the module docstring)."""
     samples: int
+    """How many times were pooled (device samples, or eager figures)."""
     contenders: int
     """Candidates that were within noise of the best and measured again."""
     changed: bool
     """True when the fastest single measurement was not the winner after re-measuring."""
+    objective: str = "device"
+    """What ranked the winner: `device`, `eager` or `device (no eager measurement)`."""
+    guard: str = ""
+    """`default` or `unfused` where that guard was declared, being faster than the contenders."""
 
     @property
     def candidate(self) -> Candidate:
@@ -66,13 +75,21 @@ class Verdict:
 class Confirmation:
     """Chooses the contenders, hands them out for re-measuring, and declares the winner."""
 
-    def __init__(self, top_k: int = 3, min_noise: float = 0.01) -> None:
+    def __init__(self, top_k: int = 3, min_noise: float = 0.01, *, mode: str = DEFAULT_MODE,
+                 guards: dict[str, str] | None = None) -> None:
         self.top_k = top_k
         self.min_noise = min_noise
+        self.mode = mode
+        self.guards = dict(guards or {})
+        """Guard name → candidate key (:data:`~syncopate.records.GUARDS`)."""
         self._trials: dict[str, TrialRecord] = {}
         self._extra: dict[str, list[float]] = {}
+        self._extra_eager: dict[str, list[float]] = {}
         self._queue: list[Candidate] | None = None
         self._out: set[str] = set()
+
+    def _key(self, t: TrialRecord) -> tuple[int, float]:
+        return rank_key(self.mode, t.median_us, t.eager_us)
 
     def observe(self, trial: TrialRecord) -> None:
         """Every finished trial of the search (failures are ignored)."""
@@ -80,16 +97,17 @@ class Confirmation:
             self._trials[trial.candidate.key()] = trial
 
     def contenders(self) -> list[TrialRecord]:
-        """The ok trials within noise of the best, best first, at most `top_k`."""
-        ranked = sorted(self._trials.values(), key=lambda t: t.median_us)[: self.top_k]
+        """The ok trials within noise of the best in the mode, best first, at most `top_k`."""
+        ranked = sorted(self._trials.values(), key=self._key)[: self.top_k]
         if not ranked:
             return []
         noise = self.min_noise
         for t in ranked:
             if t.p20_us is not None and t.p80_us is not None and t.median_us:
                 noise = max(noise, (t.p80_us - t.p20_us) / t.median_us)
-        limit = ranked[0].median_us * (1 + 2 * noise)
-        return [t for t in ranked if t.median_us <= limit]
+        klass, best = self._key(ranked[0])
+        limit = best * (1 + 2 * noise)
+        return [t for t in ranked if self._key(t)[0] == klass and self._key(t)[1] <= limit]
 
     def next(self) -> Candidate | None:
         """The next candidate to measure again (the contenders are fixed at the first call); None
@@ -110,22 +128,42 @@ class Confirmation:
         if trial.status == "ok" and trial.median_us is not None:
             samples = list(trial.samples_us) or [trial.median_us]
             self._extra.setdefault(trial.candidate.key(), []).extend(samples)
+            if trial.eager_us is not None:
+                self._extra_eager.setdefault(trial.candidate.key(), []).append(trial.eager_us)
+
+    def _pooled(self, t: TrialRecord, objective_name: str) -> list[float]:
+        """The times of `t` pooled in the objective: its first measurement's and its re-measurements'."""
+        key = t.candidate.key()
+        if objective_name == OBJECTIVE_EAGER:
+            return [t.eager_us, *self._extra_eager.get(key, [])] if t.eager_us is not None else []
+        return (list(t.samples_us) or [t.median_us]) + self._extra.get(key, [])
 
     def verdict(self) -> Verdict | None:
-        """The winner: the contender with the lowest pooled median (the fastest single trial when
-        nothing was re-measured); None without an ok trial."""
+        """The winner: the contender with the lowest pooled time in the mode (the fastest single
+        trial when nothing was re-measured), or a guard faster than it; None without an ok trial."""
         if not self._trials:
             return None
-        fastest = min(self._trials.values(), key=lambda t: t.median_us)
+        fastest = min(self._trials.values(), key=self._key)
+        obj = objective(self.mode, fastest.eager_us)
         measured_again = [self._trials[k] for k in self._extra if k in self._trials]
+        measured_again = [t for t in measured_again if self._pooled(t, obj)]
         if not measured_again:
-            return Verdict(trial=fastest, pooled_median_us=fastest.median_us, samples=len(fastest.samples_us),
-                           contenders=0, changed=False)
-
-        def pooled(t: TrialRecord) -> list[float]:
-            return (list(t.samples_us) or [t.median_us]) + self._extra[t.candidate.key()]
-
-        best = min(measured_again, key=lambda t: statistics.median(pooled(t)))
-        samples = pooled(best)
-        return Verdict(trial=best, pooled_median_us=statistics.median(samples), samples=len(samples),
-                       contenders=len(measured_again), changed=best.candidate.key() != fastest.candidate.key())
+            best, pooled = fastest, self._pooled(fastest, obj)
+            figure_us = figure(obj, fastest.median_us, fastest.eager_us)
+        else:
+            best = min(measured_again, key=lambda t: statistics.median(self._pooled(t, obj)))
+            pooled = self._pooled(best, obj)
+            figure_us = statistics.median(pooled)
+        guard = ""
+        for name in GUARDS:
+            t = self._trials.get(self.guards.get(name, ""))
+            if t is None or t is best:
+                continue
+            us = statistics.median(self._pooled(t, obj)) if self._pooled(t, obj) else None
+            if us is not None and us < figure_us:
+                best, pooled, figure_us, guard = t, self._pooled(t, obj), us, name
+        for name, key in self.guards.items():
+            if guard == "" and best.candidate.key() == key:
+                guard = name
+        return Verdict(trial=best, pooled_median_us=figure_us, samples=len(pooled), contenders=len(measured_again),
+                       changed=best.candidate.key() != fastest.candidate.key(), objective=obj, guard=guard)

@@ -26,9 +26,18 @@ from syncopate.autotuner.confirm import Confirmation, companion_sweep
 from syncopate.autotuner.store import TrialStore
 from syncopate.autotuner.strategies import Strategy
 from syncopate.errors import ConfigError, RuntimeUnavailableError
-from syncopate.records import TRIAL_STATUSES, BaselineRecord, Environment, TrialRecord
+from syncopate.records import (
+    DEFAULT_MODE,
+    OBJECTIVE_EAGER,
+    TRIAL_STATUSES,
+    BaselineRecord,
+    Environment,
+    TrialRecord,
+    objective,
+    rank_key,
+)
 from syncopate.search_space import Topology, Workload
-from syncopate.workers import CandidateOutcome, Gang, GangTask, TaskBoard, failure_text, summarize
+from syncopate.workers import CandidateOutcome, Gang, GangTask, TaskBoard, failure_text, slowest, summarize
 
 __all__ = ["WorkloadRun", "SweepProgress", "Coordinator", "check_gang_members"]
 
@@ -50,8 +59,10 @@ class WorkloadRun:
     measured: int = 0
     """Trials finished in this run."""
     statuses: Counter = field(default_factory=Counter)
+    mode: str = DEFAULT_MODE
+    """The mode the sweep ranks by (`eager` or `graph`, see :data:`syncopate.records.MODES`)."""
     best: TrialRecord | None = None
-    """Fastest `ok` trial of the sweep so far: stored before a resume, or finished in this run."""
+    """Fastest `ok` trial in the mode so far: stored before a resume, or finished in this run."""
     exhausted: bool = False
     confirm: Confirmation | None = None
     """Re-measures the best few once the strategy is done (None: no re-measuring)."""
@@ -66,13 +77,31 @@ class WorkloadRun:
     def failures(self) -> int:
         return sum(n for s, n in self.statuses.items() if s != "ok")
 
+    def offer(self, trial: TrialRecord) -> None:
+        """A finished trial: the new best if it is `ok` and faster in the mode."""
+        if trial.status != "ok" or trial.median_us is None:
+            return
+        if self.best is None or rank_key(self.mode, trial.median_us, trial.eager_us) < rank_key(
+            self.mode, self.best.median_us, self.best.eager_us
+        ):
+            self.best = trial
+
+    def best_us(self, trial: TrialRecord | None = None) -> float | None:
+        """The trial's time in the mode's objective (default: the best so far)."""
+        trial = trial or self.best
+        if trial is None:
+            return None
+        return trial.eager_us if objective(self.mode, trial.eager_us) == OBJECTIVE_EAGER else trial.median_us
+
     def speedup(self, trial: TrialRecord | None = None) -> float | None:
-        """torch_seq's median over the trial's (default: the sweep's best so far); both come from one
-        sweep."""
+        """torch_seq's time over the trial's (default: the sweep's best so far), in the mode's
+        objective (eager times where both have one, else device times); both come from one sweep."""
         trial = trial or self.best
         seq = self.baselines.get("torch_seq")
         if trial is None or seq is None or not trial.median_us:
             return None
+        if objective(self.mode, trial.eager_us) == OBJECTIVE_EAGER:
+            return seq.eager_us / trial.eager_us if seq.eager_us and trial.eager_us else None
         return seq.median_us / trial.median_us
 
     def bound_us(self) -> float | None:
@@ -393,6 +422,8 @@ class Coordinator:
                         p20_us=stats[1],
                         p80_us=stats[2],
                         samples_us=b.samples_us,
+                        eager_us=b.eager_us,
+                        host_us=b.host_us,
                         source=self.source,
                         detail=b.detail,
                     )
@@ -435,6 +466,9 @@ class Coordinator:
         if status == "ok" and stats is None:
             status, error = "crash", "the runner reported ok without timing samples"
         median, p20, p80 = stats if stats else (None, None, None)
+        measured = [o for o in outcomes if o.status == "ok"] if status == "ok" else []
+        eager = slowest([o.eager_us for o in measured])
+        host = slowest([o.host_us for o in measured])
         worker = {
             **task.gang.provenance(),
             "finished_at": datetime.now(timezone.utc).isoformat(),
@@ -454,6 +488,8 @@ class Coordinator:
             p20_us=p20,
             p80_us=p80,
             samples_us=samples,
+            eager_us=eager,
+            host_us=host,
             max_rel_error=lead.max_rel_error if lead is not None else None,
             error=error,
             worker=worker,
@@ -479,8 +515,7 @@ class Coordinator:
             run.confirm.observe(trial)
         run.measured += 1
         run.statuses[trial.status] += 1
-        if trial.status == "ok" and (run.best is None or trial.median_us < run.best.median_us):
-            run.best = trial
+        run.offer(trial)
         self.progress.latest = run
         self.progress.trial_seconds.append(task.elapsed_s)
         self._note_gap(task)

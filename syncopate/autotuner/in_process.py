@@ -104,7 +104,8 @@ def run_in_process(plan: Any, previous: StoredSweep | None, store: TrialStore, c
         calibration = getattr(runner, "calibration", None)
         repeatable = plan.runner == "replay" and bool(getattr(runner, "noise", 0.0))
         runs = build_runs(sweep, topology, environment, max_trials=plan.max_trials, db=plan.db, done=done,
-                          calibration=calibration, confirm=repeatable)
+                          calibration=calibration, confirm=repeatable, mode=plan.mode,
+                          measurable=getattr(runner, "holds", None))
         try:
             sweep_id = open_sweep(plan, store, previous, topology, environment, note)
             if resumed:
@@ -145,6 +146,7 @@ def run_in_process(plan: Any, previous: StoredSweep | None, store: TrialStore, c
     return TuneResult(
         sweep_id=sweep_id, sweep_name=sweep.name, status=status, resumed=resumed, topology=topology.key(),
         environment=environment, runner=plan.runner, source=runner.source, summaries=summaries, progress=progress, note=note,
+        mode=plan.mode,
     )
 
 
@@ -209,7 +211,7 @@ class _Loop:
             records.append(BaselineRecord(
                 workload=run.workload, topology=self.topology, environment=self.environment, name=b.name,
                 median_us=stats[0], p20_us=stats[1], p80_us=stats[2], samples_us=b.samples_us,
-                source=self.runner.source, detail=b.detail,
+                eager_us=b.eager_us, host_us=b.host_us, source=self.runner.source, detail=b.detail,
             ))
         self.store.record_baselines(self.sweep_id, records)
         run.baselines = {b.name: b for b in records}
@@ -220,10 +222,10 @@ class _Loop:
         try:
             outcome = self.runner.run(run.workload, candidate, self.plan.sweep.timing.deadline_s)
             status, error, samples = outcome.status, outcome.error, outcome.samples_us
-            extra, rel = outcome.extra, outcome.max_rel_error
+            extra, rel, eager, host = outcome.extra, outcome.max_rel_error, outcome.eager_us, outcome.host_us
         except Exception as e:  # a runner's failure is the trial's outcome, as on a gang
             status, _ = classify_exception(e)
-            error, samples, extra, rel = f"{type(e).__name__}: {e}", (), {}, None
+            error, samples, extra, rel, eager, host = f"{type(e).__name__}: {e}", (), {}, None, None, None
         if status not in TRIAL_STATUSES:
             status, error = "crash", f"the runner reported an unknown status {status!r}: {error}"
         stats = summarize(samples) if status == "ok" else None
@@ -234,7 +236,8 @@ class _Loop:
         return TrialRecord(
             workload=run.workload, topology=self.topology, environment=self.environment, candidate=candidate,
             status=status, source=self.runner.source, median_us=median, p20_us=p20, p80_us=p80,
-            samples_us=samples if status == "ok" else (), max_rel_error=rel, error=error,
+            samples_us=samples if status == "ok" else (), eager_us=eager if status == "ok" else None,
+            host_us=host if status == "ok" else None, max_rel_error=rel, error=error,
             worker={**self.worker, "finished_at": datetime.now(timezone.utc).isoformat(), **extra},
             strategy=self.plan.sweep.strategy.name,
         )
@@ -242,6 +245,5 @@ class _Loop:
     def _count(self, run: WorkloadRun, trial: TrialRecord) -> None:
         run.measured += 1
         run.statuses[trial.status] += 1
-        if trial.status == "ok" and (run.best is None or trial.median_us < run.best.median_us):
-            run.best = trial
+        run.offer(trial)
         self.progress.latest = run

@@ -14,6 +14,11 @@ The space is sampled define-by-run, so that no parameter is drawn where it means
 (too many splits for a tile height, say) or one already tried is told as failed, and its nearest
 untried neighbour is measured instead.
 
+The guards (the untuned default and the unfused template) are measured first in every sweep: the
+ones the study holds no value for are enqueued in it (`enqueue_trial`), so TPE learns from them;
+the others (outside the space, or told to the study by an earlier sweep) are measured beside the
+study, which is not told of them again.
+
 `model-guided` ranks the whole space with the cost model, enqueues `model_top_k` of its best
 (`enqueue_trial`; the best of each promising family first, see :func:`_diverse_top`) so they are
 measured first, then lets TPE search around them; a TPE proposal the cost model calls clearly
@@ -122,7 +127,11 @@ class OptunaTPEStrategy(Strategy):
         self._pruned: set[str] = set()
         self._choices = _Choices(candidates)
         self._rng = random.Random(f"{seed}/{problem.workload.key()}/{problem.topology.key()}")
-        self._planned = min(max_trials or len(candidates), len(candidates))
+        guards = problem.guards()
+        self._guard_keys = {g.key() for g in guards}
+        outside = {g.key() for g in guards if g.key() not in self._by_key}
+        size = len(candidates) + len(outside)
+        self._planned = min(max_trials or size, size)
         self.study = self._open_study(space_fingerprint(candidates), seed)
         self.values: dict[str, float] = {}
         """Candidate key → value of every completed trial in the study (this sweep's and earlier)."""
@@ -140,18 +149,35 @@ class OptunaTPEStrategy(Strategy):
                 abandoned.append(t.number)
         for number in abandoned:  # proposed by a run that ended before their trial was told
             self.study.tell(number, state=_quiet_optuna().trial.TrialState.FAIL, skip_if_finished=True)
-        self._done = set(problem.done) & set(self._by_key)
+        self._done = set(problem.done) & (set(self._by_key) | outside)
         earlier = [self.values.get(k) for k in (set(self.values) | self._failed) - self._done]
         ok = [v for v in earlier if v is not None]
         self._continued = StudyContinued(name=self.study.study_name, trials=len(earlier),
                                          best_us=min(ok) if ok else None) if earlier else None
         self._proposed: set[str] = set()
         self._pending: dict[str, Any] = {}
+        todo = [g for g in guards if g.key() not in problem.done]
+        self._planned = max(self._planned, len(self._done) + len(todo))
+        known = set(self.values) | self._failed
+        self._beside = [g for g in todo if g.key() in outside or g.key() in known]
+        """Guards to measure without telling the study (outside its space, or already in it)."""
+        self._enqueue_guards([g for g in todo if g not in self._beside])
         if self.values or self._done:
             log.info("%s: study %s holds %d value(s); %d stored in this sweep", problem.workload, self.study.study_name,
                      len(self.values), len(self._done))
 
     # -- the study ------------------------------------------------------------------------------
+
+    def _waiting(self) -> set[str]:
+        """Keys of the candidates enqueued in the study and not asked yet (by an earlier run, too)."""
+        return {t.user_attrs.get("candidate_key") for t in self.study.get_trials(deepcopy=False)
+                if t.state.name == "WAITING"}
+
+    def _enqueue_guards(self, guards: list[Candidate]) -> None:
+        waiting = self._waiting()
+        for g in guards:
+            if g.key() not in waiting:
+                self.study.enqueue_trial(candidate_params(g), user_attrs={"candidate_key": g.key(), "seeded_by": "guard"})
 
     def _sampler(self, seed: int) -> Any:
         optuna = _quiet_optuna()
@@ -199,14 +225,19 @@ class OptunaTPEStrategy(Strategy):
 
     @property
     def remaining(self) -> int:
-        untried = len(self._by_key) - len(self._seen())
-        return max(0, min(self._planned - len(self._done) - len(self._proposed), untried))
+        beside = len(self._beside)
+        untried = len(set(self._by_key) - self._seen())
+        return beside + max(0, min(self._planned - len(self._done) - len(self._proposed) - beside, untried))
 
     def _seen(self) -> set[str]:
         return self._done | self._proposed | set(self.values) | self._failed | self._pruned
 
     def ask(self, n: int = 1) -> list[Candidate]:
         out: list[Candidate] = []
+        while len(out) < n and self._beside:
+            g = self._beside.pop(0)
+            self._proposed.add(g.key())
+            out.append(g)
         while len(out) < n and self.remaining > 0:
             cand = self._propose()
             if cand is None:
@@ -391,11 +422,10 @@ class ModelGuidedStrategy(OptunaTPEStrategy):
         self.predicted = {p.candidate.key(): p.time_us for p in ranked}
         self.pruner = ModelPruner()
         top_k = problem.model_top_k or max(8, min(32, self._planned // 5))
-        seen = self._seen()
+        seen = self._seen() | self._guard_keys  # the guards are measured first anyway
         seeds = _diverse_top([p for p in ranked if p.feasible and p.candidate.key() not in seen],
                              min(top_k, self._planned))
-        waiting = {t.user_attrs.get("candidate_key") for t in self.study.get_trials(deepcopy=False)
-                   if t.state.name == "WAITING"}
+        waiting = self._waiting()
         for p in seeds:
             key = p.candidate.key()
             if key in waiting:
@@ -409,7 +439,7 @@ class ModelGuidedStrategy(OptunaTPEStrategy):
             self.pruner.observe(self.predicted.get(key, math.inf), value)
 
     def _losing(self, key: str) -> str:
-        if key in self._seeded:
+        if key in self._seeded or key in self._guard_keys:
             return ""
         predicted = self.predicted.get(key, math.inf)
         if not math.isfinite(predicted):

@@ -14,7 +14,7 @@ from rich.text import Text
 from syncopate.autotuner.confirm import Verdict
 from syncopate.autotuner.coordinator import SweepProgress, WorkloadRun
 from syncopate.autotuner.strategies import StudyContinued
-from syncopate.records import TrialRecord
+from syncopate.records import OBJECTIVE_DEVICE, OBJECTIVE_EAGER, TrialRecord, objective
 
 __all__ = ["LiveProgress", "WorkloadSummary", "below_bound_note", "fmt_duration", "overhead_line"]
 
@@ -61,7 +61,7 @@ class _View:
             best = Text.assemble(
                 f"{label}: ",
                 (str(run.workload), "cyan"),
-                f"  {run.best.median_us:.1f} µs  ",
+                f"  {run.best_us():.1f} µs {run.mode}  ",
                 (_speedup(run.speedup()), "bold green"),
                 " over torch_seq  ",
                 run.best.candidate.short(),
@@ -106,18 +106,26 @@ class WorkloadSummary:
     trial of the sweep for the workload in this environment (trials stored before a resume
     included), of the sweep's source; its speedup is over the same sweep's baselines."""
     torch_seq_us: float | None
+    """torch_seq's time in the objective (None where it has none)."""
     bound_us: float | None
     verdict: Verdict | None = None
     """The noise-aware verdict, where the best few were measured again."""
     continued: StudyContinued | None = None
     """The persistent study the strategy carried on from other sweeps, whose candidates this
     sweep did not measure again (so `best` is this sweep's best among the others)."""
+    objective: str = OBJECTIVE_DEVICE
+    """What `best_us` and `torch_seq_us` are: `eager` (back-to-back eager time per call), `device`,
+    or `device (no eager measurement)` where the sweep ranks in mode eager but the winner has none."""
 
     @classmethod
     def of(cls, run: WorkloadRun, best: TrialRecord | None, verdict: Verdict | None = None) -> WorkloadSummary:
         seq = run.baselines.get("torch_seq")
-        if verdict is not None and verdict.contenders:
+        declared = verdict is not None and bool(verdict.contenders or verdict.guard)
+        if declared:
             best = verdict.trial
+        obj = verdict.objective if declared else (
+            objective(run.mode, best.eager_us) if best is not None else OBJECTIVE_DEVICE)
+        seq_us = None if seq is None else (seq.eager_us if obj == OBJECTIVE_EAGER else seq.median_us)
         return cls(
             workload=run.workload.key(),
             planned=run.strategy.planned,
@@ -125,16 +133,26 @@ class WorkloadSummary:
             measured=run.measured,
             failures={s: n for s, n in run.statuses.items() if s != "ok"},
             best=best,
-            torch_seq_us=seq.median_us if seq else None,
+            torch_seq_us=seq_us,
             bound_us=run.bound_us(),
             verdict=verdict if verdict is not None and verdict.contenders else None,
             continued=run.strategy.continued,
+            objective=obj,
         )
 
     @property
     def best_us(self) -> float | None:
-        """The winner's time: pooled over its re-measurements where there were any."""
+        """The winner's time in the objective: pooled over its re-measurements where there were any."""
         if self.verdict is not None:
+            return self.verdict.pooled_median_us
+        if self.best is None:
+            return None
+        return self.best.eager_us if self.objective == OBJECTIVE_EAGER else self.best.median_us
+
+    @property
+    def device_us(self) -> float | None:
+        """The winner's device time (what the overlap bound is comparable with)."""
+        if self.verdict is not None and self.objective != OBJECTIVE_EAGER:
             return self.verdict.pooled_median_us
         return self.best.median_us if self.best is not None else None
 
@@ -147,10 +165,11 @@ class WorkloadSummary:
 
 def below_bound_note(summaries: list[WorkloadSummary]) -> str | None:
     """What to make of winners faster than the bound, where there are any (None otherwise)."""
-    below = [s for s in summaries if s.best_us is not None and s.bound_us is not None and s.best_us < 0.99 * s.bound_us]
+    below = [s for s in summaries if s.device_us is not None and s.bound_us is not None
+             and s.device_us < 0.99 * s.bound_us]
     if not below:
         return None
-    names = ", ".join(f"{s.workload} ({s.bound_us / s.best_us:.2f}× under)" for s in below)
+    names = ", ".join(f"{s.workload} ({s.bound_us / s.device_us:.2f}× under)" for s in below)
     return (
         f"faster than the bound: {names}. The bound is max(GEMM alone, the fastest collective timed alone: "
         f"NCCL's, and the copy engine's except for gemm_ar, whose all-reduce is timed through NCCL only); a "

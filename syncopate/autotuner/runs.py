@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from syncopate.autotuner.calibration import Calibration, resolve_calibration
 from syncopate.autotuner.confirm import Confirmation
@@ -20,8 +21,8 @@ from syncopate.autotuner.store import StoredSweep, TrialStore
 from syncopate.autotuner.strategies import SearchProblem, make_strategy
 from syncopate.autotuner.sweep import Sweep
 from syncopate.errors import CalibrationError, DatabaseError, SchemaError
-from syncopate.records import Environment
-from syncopate.search_space import Topology
+from syncopate.records import DEFAULT_MODE, Environment
+from syncopate.search_space import Topology, guard_candidates
 
 __all__ = [
     "OPTUNA_STRATEGIES",
@@ -94,9 +95,14 @@ def build_runs(
     done: Sequence[frozenset[str]] | None = None,
     calibration: Calibration | None = None,
     confirm: bool = True,
+    mode: str = DEFAULT_MODE,
+    measurable: Any = None,
 ) -> list[WorkloadRun]:
     """One :class:`WorkloadRun` per workload, its strategy built (`done[i]`: keys already stored for
-    workload i). `calibration`: the cost model's, for model-guided (loaded here when None)."""
+    workload i). `calibration`: the cost model's, for model-guided (loaded here when None). `mode`:
+    what the sweep's best and the re-measurements rank by. `measurable`: which candidates the
+    runner can measure, `(workload, candidate) -> bool` (None: any; see
+    :attr:`~syncopate.autotuner.strategies.SearchProblem.measurable`)."""
     name = sweep.strategy.name
     storage = study_storage(db) if name in OPTUNA_STRATEGIES else None
     if name == "model-guided" and calibration is None:
@@ -106,12 +112,14 @@ def build_runs(
         problem = SearchProblem(
             workload=w, topology=topology, options=sweep.space, done=done[i] if done else frozenset(),
             environment=environment, storage=storage, calibration=calibration,
-            model_top_k=sweep.strategy.model_top_k,
+            model_top_k=sweep.strategy.model_top_k, measurable=measurable,
         )
         strategy = make_strategy(name, problem, max_trials=max_trials, seed=sweep.strategy.seed)
-        run = WorkloadRun(workload=w, strategy=strategy, stored_before=strategy.planned - strategy.remaining)
+        run = WorkloadRun(workload=w, strategy=strategy, stored_before=strategy.planned - strategy.remaining,
+                          mode=mode)
         if confirm and sweep.strategy.top_k_remeasure > 0:
-            run.confirm = Confirmation(top_k=sweep.strategy.top_k_remeasure)
+            guards = {n: c.key() for n, c in guard_candidates(w, topology).items()}
+            run.confirm = Confirmation(top_k=sweep.strategy.top_k_remeasure, mode=mode, guards=guards)
         runs.append(run)
     return runs
 
@@ -127,7 +135,7 @@ def restore_runs(
         if baselines:
             run.baselines = {b.name: b for b in baselines}
             run.baselines_state = "done"
-        run.best = store.sweep_best(sweep_id, run.workload, topology, environment)
+        run.best = store.sweep_best(sweep_id, run.workload, topology, environment, mode=run.mode)
         if run.best is not None and run.confirm is not None:
             run.confirm.observe(run.best)
 
@@ -135,13 +143,13 @@ def restore_runs(
 def summarize_runs(
     store: TrialStore, sweep_id: int, runs: Sequence[WorkloadRun], topology: Topology, environment: Environment
 ) -> list[WorkloadSummary]:
-    """The closing summary: per workload, the sweep's own fastest ok trial (whatever its source;
-    trials stored before a resume included), or the declared winner where the best few were
-    measured again."""
+    """The closing summary: per workload, the sweep's own fastest ok trial in its mode (whatever its
+    source; trials stored before a resume included), or the declared winner where the best few
+    were measured again."""
     return [
         WorkloadSummary.of(
             run,
-            store.sweep_best(sweep_id, run.workload, topology, environment),
+            store.sweep_best(sweep_id, run.workload, topology, environment, mode=run.mode),
             verdict=run.confirm.verdict() if run.confirm is not None else None,
         )
         for run in runs

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from syncopate.errors import DatabaseError
-from syncopate.records import BaselineRecord, Environment, TrialRecord
+from syncopate.records import DEFAULT_MODE, BaselineRecord, Environment, TrialRecord
 from syncopate.search_space import Topology, Workload
 
 __all__ = ["SWEEP_STATUSES", "StoredSweep", "TrialStore", "ResultsDBStore", "open_store"]
@@ -82,11 +82,13 @@ class TrialStore(ABC):
 
     @abstractmethod
     def sweep_best(
-        self, sweep_id: int, workload: Workload, topology: Topology, environment: Environment
+        self, sweep_id: int, workload: Workload, topology: Topology, environment: Environment, *,
+        mode: str = DEFAULT_MODE,
     ) -> TrialRecord | None:
-        """The fastest `ok` trial of sweep `sweep_id` for this workload, topology and environment,
-        whatever its source (a `fixture` sweep's best is a fixture trial). What `lookup` serves is
-        another question, answered from `measured` trials only."""
+        """The fastest `ok` trial in `mode` (:func:`~syncopate.records.rank_key`) of sweep `sweep_id`
+        for this workload, topology and environment, whatever its source (a `fixture` sweep's best is
+        a fixture trial). What `lookup` serves is another question, answered from `measured` trials
+        only."""
 
     @abstractmethod
     def finish_sweep(self, sweep_id: int, status: str) -> None:
@@ -202,11 +204,12 @@ class ResultsDBStore(TrialStore):
         self._writer().record_baselines(sweep_id, baselines)
 
     def sweep_best(
-        self, sweep_id: int, workload: Workload, topology: Topology, environment: Environment
+        self, sweep_id: int, workload: Workload, topology: Topology, environment: Environment, *,
+        mode: str = DEFAULT_MODE,
     ) -> TrialRecord | None:
         if self._db is None:
             return None
-        stored = self._db.sweep_best(sweep_id, workload, topology, environment)
+        stored = self._db.sweep_best(sweep_id, workload, topology, environment, mode=mode)
         return stored.record if stored is not None else None
 
     def finish_sweep(self, sweep_id: int, status: str) -> None:

@@ -2,10 +2,13 @@
 
 A strategy is built for one :class:`SearchProblem` (a workload on a topology, the space's
 restrictions, and the candidates already stored for it) and asked for candidates until it has
-none left. `grid`, `seeded` and `random` fix their plan up front, so a resumed sweep proposes
-the same candidates and skips the stored ones; a resume with a larger budget keeps what is stored
-and adds only as many as the budget has room for, so `max_trials` stays the count of trials in
-all. The Optuna-based ones (`optuna-tpe`,
+none left. Every strategy proposes the problem's guards first (:meth:`SearchProblem.guards`: the
+untuned default candidate and the `unfused` template, which a served configuration may never be
+slower than), whatever the space and the budget, so that every new sweep measures them beside its
+candidates; they count against `max_trials`. `grid`, `seeded` and `random` fix their plan up
+front, so a resumed sweep proposes the same candidates and skips the stored ones; a resume with a
+larger budget keeps what is stored and adds only as many as the budget has room for, so
+`max_trials` stays the count of trials in all. The Optuna-based ones (`optuna-tpe`,
 `model-guided`, in :mod:`syncopate.autotuner.optuna_strategies`) learn through
 :meth:`Strategy.tell` and keep their study in the results database.
 
@@ -23,7 +26,7 @@ from typing import Any, ClassVar
 from syncopate.errors import ConfigError, RuntimeUnavailableError
 from syncopate.records import Environment, TrialRecord
 from syncopate.search_space import (
-    BACKENDS, Candidate, SpaceOptions, Topology, Workload, bench_grid, space_refusal, space,
+    BACKENDS, Candidate, SpaceOptions, Topology, Workload, bench_grid, guard_candidates, space_refusal, space,
 )
 
 __all__ = [
@@ -57,10 +60,20 @@ class SearchProblem:
     :class:`~syncopate.autotuner.cost_model.CostModel` to share its predictions between problems."""
     model_top_k: int | None = None
     """How many of the cost model's best candidates model-guided measures first (None: its default)."""
+    measurable: Any = None
+    """Which candidates the runner can measure at all, `(workload, candidate) -> bool` (a replay
+    answers only what its stored sweep holds); None: any."""
 
     def candidates(self) -> list[Candidate]:
         """The valid candidates, in the space's deterministic order."""
         return space(self.workload, self.topology, self.options)
+
+    def guards(self) -> list[Candidate]:
+        """The references measured first, in or out of the space
+        (:func:`~syncopate.search_space.guard_candidates`: the untuned default, the unfused
+        template), those the runner can measure."""
+        found = guard_candidates(self.workload, self.topology).values()
+        return [c for c in found if self.measurable is None or self.measurable(self.workload, c)]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -115,10 +128,11 @@ class Strategy(ABC):
 class _PlannedStrategy(Strategy):
     """A strategy whose whole plan is fixed at construction; stored candidates are skipped.
 
-    The stored candidates of the space count against `max_trials`: where a resumed sweep holds
-    some that this budget's plan does not (it was started with another budget), the plan's others
-    are thinned, evenly, to the room left, and where it holds as many as the budget or more,
-    nothing is proposed.
+    The guards come first, then the plan over the rest of the space, made for the budget the
+    guards leave (`_budget`). The stored candidates (guards included) count against `max_trials`:
+    where a resumed sweep holds some that this budget's plan does not (it was started with another
+    budget), the plan's others are thinned, evenly, to the room left, and where it holds as many as
+    the budget or more, nothing but the guards not yet stored is proposed.
     """
 
     def __init__(self, problem: SearchProblem, *, max_trials: int | None, seed: int) -> None:
@@ -127,17 +141,23 @@ class _PlannedStrategy(Strategy):
         refusal = space_refusal(problem.workload, problem.topology, problem.options, candidates)
         if refusal:
             raise ConfigError(refusal)
-        self._stored = sum(c.key() in problem.done for c in candidates)
-        todo = [c for c in self._make_plan(candidates) if c.key() not in problem.done]
+        guards = problem.guards()
+        first = {c.key() for c in guards}
+        rest = [c for c in candidates if c.key() not in first]
+        self._budget = None if max_trials is None else max(0, max_trials - len(guards))
+        self._stored = sum(c.key() in problem.done for c in guards + rest)
+        guards_todo = [c for c in guards if c.key() not in problem.done]
+        todo = [c for c in self._make_plan(rest) if c.key() not in problem.done]
         if max_trials is not None:
-            todo = _evenly(todo, max(0, max_trials - self._stored))
-        self._todo = todo
+            todo = _evenly(todo, max(0, max_trials - self._stored - len(guards_todo)))
+        self._todo = guards_todo + todo
         self._next = 0
 
     @abstractmethod
     def _make_plan(self, candidates: list[Candidate]) -> list[Candidate]:
-        """The candidates to measure on a fresh sweep, in order; a larger budget's plan must hold
-        as much of a smaller one's as it can, so that a resume with more trials extends it."""
+        """The candidates (the space but the guards) to measure on a fresh sweep, in order, at most
+        `_budget` of them; a larger budget's plan must hold as much of a smaller one's as it can, so
+        that a resume with more trials extends it."""
 
     def ask(self, n: int = 1) -> list[Candidate]:
         out = self._todo[self._next : self._next + n]
@@ -168,7 +188,7 @@ class GridStrategy(_PlannedStrategy):
     name = "grid"
 
     def _make_plan(self, candidates: list[Candidate]) -> list[Candidate]:
-        return candidates if self.max_trials is None else _evenly(candidates, self.max_trials)
+        return candidates if self._budget is None else _evenly(candidates, self._budget)
 
 
 class SeededStrategy(_PlannedStrategy):
@@ -192,11 +212,11 @@ class SeededStrategy(_PlannedStrategy):
                 seeds.setdefault(key, by_key[key])
         first = list(seeds.values())
         rest = [c for key, c in by_key.items() if key not in seeds]
-        if self.max_trials is None:
+        if self._budget is None:
             return first + rest
-        if len(first) >= self.max_trials:
-            return _evenly(first, self.max_trials)
-        return first + _evenly(rest, self.max_trials - len(first))
+        if len(first) >= self._budget:
+            return _evenly(first, self._budget)
+        return first + _evenly(rest, self._budget - len(first))
 
 
 class RandomStrategy(_PlannedStrategy):
@@ -209,7 +229,7 @@ class RandomStrategy(_PlannedStrategy):
         rng = random.Random(f"{self.seed}/{self.problem.workload.key()}/{self.problem.topology.key()}")
         order = list(candidates)
         rng.shuffle(order)
-        return order if self.max_trials is None else order[: self.max_trials]
+        return order if self._budget is None else order[: self._budget]
 
 
 AVAILABLE_STRATEGIES: dict[str, str] = {

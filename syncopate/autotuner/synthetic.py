@@ -4,9 +4,12 @@ no measured one exists. Labelled synthetic wherever it goes.
 It is deliberately *not* the cost model: the times are those the cost model predicts under a
 calibration perturbed at random (each backend's transfer curves, each tile configuration's rate,
 every fixed cost and slowdown), times a log-normal factor per candidate (structure the model has
-no term for), with a little measurement jitter on the samples and a few failed candidates. A
-strategy that finds the best here has shown it searches well; what the cost model's ranking is
-worth on real GPUs only a measured sweep can tell.
+no term for), with a little measurement jitter on the samples and a few failed candidates; the
+host time per call is the template's lead (:mod:`syncopate.autotuner.host_time`) times a
+log-normal factor, and the eager time the larger of the two. It holds the space and the guards
+(the untuned default, the unfused template), which every strategy measures first. A strategy that
+finds the best here has shown it searches well; what the cost model's ranking is worth on real GPUs
+only a measured sweep can tell.
 
 Pure Python.
 """
@@ -20,8 +23,9 @@ from dataclasses import replace
 from syncopate.autotuner.calibration import Calibration, Curve, GemmRate, OpCosts, TransferModel
 from syncopate.autotuner.calibration_defaults import default_calibration
 from syncopate.autotuner.cost_model import CostModel
+from syncopate.autotuner.host_time import candidate_host_us
 from syncopate.records import Environment, TrialRecord
-from syncopate.search_space import SpaceOptions, Topology, Workload, space
+from syncopate.search_space import SpaceOptions, Topology, Workload, guard_candidates, space
 from syncopate.workers.replay_runner import StoredSweep
 
 __all__ = ["synthetic_environment", "perturbed_calibration", "synthetic_sweep"]
@@ -88,7 +92,10 @@ def synthetic_sweep(
     sweep = StoredSweep(label=label, topology=topology, environment=env, synthetic=True)
     for w in workloads:
         table = sweep.trials.setdefault(w.key(), {})
-        for cand in space(w, topology, options):
+        held = {c.key(): c for c in space(w, topology, options)}
+        for c in guard_candidates(w, topology).values():
+            held.setdefault(c.key(), c)
+        for cand in held.values():
             r = random.Random(f"{seed}/{w.key()}/{cand.key()}")
             p = truth.predict(w, topology, cand)
             if not p.feasible:
@@ -103,10 +110,13 @@ def synthetic_sweep(
             true_us = p.time_us * math.exp(r.gauss(0.0, candidate_sigma))
             samples = sorted(true_us * math.exp(r.gauss(0.0, jitter)) for _ in range(repetitions))
             n = len(samples)
+            median = (samples[(n - 1) // 2] + samples[n // 2]) / 2
+            host = candidate_host_us(w, topology.world_size, cand) * math.exp(r.gauss(0.0, 0.1))
             table[cand.key()] = TrialRecord(
                 workload=w, topology=topology, environment=env, candidate=cand, status="ok", source="fixture",
-                median_us=(samples[(n - 1) // 2] + samples[n // 2]) / 2, p20_us=samples[int(0.2 * (n - 1))],
+                median_us=median, p20_us=samples[int(0.2 * (n - 1))],
                 p80_us=samples[int(math.ceil(0.8 * (n - 1)))], samples_us=tuple(samples),
+                eager_us=max(median, host), host_us=host,
             )
         sweep.baselines[w.key()] = truth.baselines(w, topology)
     return sweep

@@ -18,9 +18,12 @@ The `model` and `replay` runners need neither GPUs nor Ray: their sweeps run in 
 (:mod:`syncopate.autotuner.in_process`), steps 1 and 2, then 5 to 7 (the cost model reads its
 calibrations from the database).
 
-The closing summary gives, per workload, the fastest `ok` trial of this sweep (trials stored before
-a resume included) and its speedup over the baselines of the same sweep; where the best few were
-measured again, the winner on the pooled samples instead. A `cpu-fixture` sweep's numbers are
+The closing summary gives, per workload, the fastest `ok` trial of this sweep in its mode (trials
+stored before a resume included) and its speedup over the baselines of the same sweep; where the
+best few were measured again, the winner on the pooled samples instead. The mode (`--mode`,
+default `eager`) is what the job will see: back-to-back eager time with the host on the path, or
+device time where calls are replayed from CUDA graphs (`graph`); both are measured either way,
+and every sweep measures the untuned default and the unfused template first. A `cpu-fixture` sweep's numbers are
 synthetic and stored with source `fixture`, a `model` sweep's are predictions (source
 `predicted`): `syncopate best` and `lookup` never serve them.
 """
@@ -47,7 +50,7 @@ from syncopate.autotuner.store import StoredSweep, TrialStore
 from syncopate.autotuner.strategies import strategy_class
 from syncopate.autotuner.sweep import RUNNERS, SWEEP_FIELDS, Sweep, load_sweep, parse_sweep
 from syncopate.errors import ConfigError, RuntimeUnavailableError, SyncopateError
-from syncopate.records import Environment
+from syncopate.records import DEFAULT_MODE, Environment, check_mode
 from syncopate.search_space import Topology
 from syncopate.workers import IN_PROCESS_RUNNERS, Gang, RunnerSpec, TaskBoard, failure_text, runner_class
 
@@ -83,8 +86,12 @@ class TuneOptions:
     """How long a gang may take to start its actors and form its process group."""
     topology: str | None = None
     """A topology key overriding the config's `topology` (e.g. to predict for one not at hand)."""
+    mode: str = DEFAULT_MODE
+    """What the sweep's best and the re-measurements rank by: `eager` (back-to-back eager time, the
+    host on the path) or `graph` (device time, calls replayed from CUDA graphs)."""
 
     def __post_init__(self) -> None:
+        check_mode(self.mode)
         if self.max_trials is not None and self.max_trials <= 0:
             raise ConfigError(f"--max-trials {self.max_trials} must be positive")
         if self.time_budget_s is not None and not 0 < self.time_budget_s < math.inf:
@@ -109,6 +116,7 @@ class _Plan:
     db: str | None
     ray_address: str | None
     declared_gpus: int | None
+    mode: str = DEFAULT_MODE
 
 
 @dataclass(kw_only=True, slots=True)
@@ -127,6 +135,8 @@ class TuneResult:
     progress: SweepProgress | None = None
     note: str = ""
     """What the numbers are, where they are not measurements (the model's and replay's runs)."""
+    mode: str = DEFAULT_MODE
+    """What the summary's best ranks by."""
 
     @property
     def served(self) -> bool:
@@ -165,6 +175,7 @@ def _plan(options: TuneOptions) -> _Plan:
         db=options.db or sweep.db,
         ray_address=options.ray_address or sweep.ray_address,
         declared_gpus=declared,
+        mode=options.mode,
     )
 
 
@@ -342,7 +353,8 @@ def _sweep(
     done = stored_done(store, previous, sweep, topology, environment)
     # GPU times are noisy: re-measure the best few; the fixture does so only when the config asks
     confirm = plan.runner == "gpu" or "top_k_remeasure" in sweep.strategy.model_fields_set
-    runs = build_runs(sweep, topology, environment, max_trials=plan.max_trials, db=plan.db, done=done, confirm=confirm)
+    runs = build_runs(sweep, topology, environment, max_trials=plan.max_trials, db=plan.db, done=done, confirm=confirm,
+                      mode=plan.mode)
     try:
         sweep_id = open_sweep(plan, store, previous, topology, environment)
         if previous is not None:
@@ -377,6 +389,7 @@ def open_sweep(
     config = {
         **sweep.raw,
         "runner": plan.runner,
+        "mode": plan.mode,
         "topology": topology.key(),
         "environment": environment.to_dict(),
         "strategy": {
@@ -451,4 +464,5 @@ def _measure(
         source=plan.source,
         summaries=summaries,
         progress=progress,
+        mode=plan.mode,
     )

@@ -29,22 +29,28 @@ def lookup_cmd(
     dtype: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
     topology: str = typer.Option(None, help="Topology key such as H200x2-nvlink (default: detect this machine's)."),
     db: str = typer.Option(None, help=_DB_HELP + " An export file (syncopate export) works too."),
+    mode: str = typer.Option(
+        "eager", "--mode", help="How the job calls the op: eager (back to back, the host on the path) or graph "
+        "(replayed from CUDA graphs): what the answer is ranked by."
+    ),
     as_json: bool = typer.Option(
-        False, "--json", help="Print {candidate, match, trial_id, time_us} as JSON, with measured_on and environment where a measured trial answers."
+        False, "--json", help="Print the answer as JSON: candidate, match, mode, objective, reason, trial_id, time_us; "
+        "where a trial answers its eager and host times, measured_on, measured_topology and environment; where none "
+        "does, what the database holds."
     ),
 ) -> None:
-    """The best known configuration for one workload, and the rung of the ladder it came from
-    (exact, nearest_shape, other_environment, default)."""
+    """The configuration to run for one workload, the rung of the ladder it came from (exact,
+    nearest_shape, other_environment, other_topology, cost_model, default) and why."""
     from syncopate.errors import RuntimeUnavailableError
     from syncopate.results_db.lookups import TopologyUndetected, lookup
     from syncopate.search_space import Shape
 
-    # the line printed below says what the lookups module warns of (another environment answered)
+    # the lines printed below say what the lookups module warns of (another environment answered)
     quiet = logging.getLogger("syncopate.results_db.lookups")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        result = lookup(Shape(m=m, n=n, k=k), topology, kind=kind, dtype=dtype, db=db)
+        result = lookup(Shape(m=m, n=n, k=k), topology, kind=kind, dtype=dtype, db=db, mode=mode)
     except TopologyUndetected as e:
         raise RuntimeUnavailableError(
             f"cannot detect this machine's topology ({e.reason}): pass --topology KEY, such as "
@@ -55,17 +61,40 @@ def lookup_cmd(
     if as_json:
         print(json.dumps(result.to_dict()))
         return
-    where = f" from trial {result.trial_id} ({result.time_us:.1f} µs" if result.trial_id is not None else ""
-    if where:
-        other_shape = result.measured_on is not None and result.measured_on.shape != result.workload.shape
-        where += f" on {result.measured_on.shape}" if other_shape else ""
-        where += f", under {result.environment.short()}" if result.match == "other_environment" else ""
+    for line in _lookup_lines(result):
+        print(line)
+
+
+def _lookup_lines(result: Any) -> list[str]:
+    """The human answer of `syncopate lookup`: what to run, from where, and why (a figure that was
+    not measured is said in words)."""
+
+    def us(value: float | None) -> str:
+        return f"{value:.1f} µs" if value is not None else "not measured"
+
+    if result.trial_id is not None:
+        where = f" from trial {result.trial_id} ({us(result.time_us)}"
+        if result.measured_on.shape != result.workload.shape:
+            where += f" on {result.measured_on.shape}"
+        if result.measured_topology.key() != result.topology.key():
+            where += f" on {result.measured_topology.key()}"
+        if result.match in ("other_environment", "other_topology"):
+            where += f", under {result.environment.short()}"
         where += ")"
-    if result.match == "default":
-        where = (f" (nothing measured in {result.database or 'the database'} fits it on {result.topology.key()}: "
-                 f"the documented default; `syncopate tune` measures this workload)")
-    print(f"{result.workload} on {result.topology.key()}: {result.match}{where}")
-    print(result.candidate.short())
+        if result.guard:
+            where += f", {result.guard} served"
+    elif result.match == "cost_model":
+        where = f" (predicted {result.predicted_us:.1f} µs)"
+    else:
+        where = " (the documented default)"
+    lines = [f"{result.workload} on {result.topology.key()}: {result.match}{where}", result.candidate.short()]
+    if result.trial_id is not None:
+        lines.append(f"mode {result.mode}, objective {result.objective}; a call: device {us(result.time_us)}, eager "
+                     f"{us(result.eager_us)}, host {us(result.host_us)}")
+    elif result.objective:
+        lines.append(f"mode {result.mode}, objective {result.objective}")
+    lines.append(f"why: {result.reason}")
+    return lines
 
 
 def _bound(names: dict[str, float]) -> float | None:
@@ -138,7 +167,7 @@ def best_cmd(
             out.print(f"no results stored yet in {location.shown()}", highlight=False)
         return
     with ResultsDB.open(db, read_only=True) as rdb:
-        best = rdb.best_configs(kind=kind, topology=topology)
+        best = rdb.best_configs(kind=kind, topology=topology, mode="graph")
         # sources stored but never served, named where nothing measured is there to show
         others = [] if best else [
             src for src in ("fixture", "predicted")

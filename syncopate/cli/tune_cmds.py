@@ -49,6 +49,20 @@ def _setup_logging(console: Console, verbose: bool) -> None:
     logging.getLogger("syncopate").setLevel(logging.INFO if verbose else logging.WARNING)
 
 
+def _objective_note(result) -> str:
+    """What the summary's times are, in the sweep's mode (and which rows had no eager figure)."""
+    from syncopate.records import OBJECTIVE_NO_EAGER
+
+    if result.mode == "graph":
+        return "mode graph: best and torch_seq times are device times (calls replayed from CUDA graphs)"
+    line = ("mode eager: best and torch_seq times are per call of back-to-back eager calls, the host on the path "
+            "(--mode graph ranks by device time)")
+    fallback = [s.workload for s in result.summaries if s.objective == OBJECTIVE_NO_EAGER]
+    if fallback:
+        line += f"; no eager measurement for {', '.join(fallback)}: ranked and shown by device time"
+    return line
+
+
 @app.command("tune")
 def tune_cmd(
     config: Path = typer.Argument(..., help="Sweep config (YAML)."),
@@ -87,6 +101,11 @@ def tune_cmd(
         None, "--topology", help="Topology key overriding the config's, e.g. H200x8-nvswitch (with --runner model: "
         "predict for GPUs not at hand), or `detect`: this machine's GPUs (with --runner gpu)."
     ),
+    mode: str = typer.Option(
+        "eager", "--mode", help="What the sweep's best and the re-measurements rank by: eager (back-to-back "
+        "eager time per call, the host on the path) or graph (device time, calls replayed from CUDA graphs). "
+        "Both are measured either way."
+    ),
     verbose: bool = typer.Option(
         False, "--verbose", "-v", help="Log at INFO and forward the workers' output."
     ),
@@ -114,6 +133,7 @@ def tune_cmd(
         runner=runner,
         verbose=verbose,
         topology=topology,
+        mode=mode,
     )
     result = run_tune(options, console=err)
     if as_json:
@@ -126,6 +146,7 @@ def tune_cmd(
         notes.print(failed, highlight=False)
     for line in continued_lines(result.summaries):
         notes.print(line, highlight=False, markup=False)
+    notes.print(_objective_note(result), highlight=False, markup=False)
     note = below_bound_note(result.summaries)
     if note:
         notes.print(note, highlight=False)

@@ -4,11 +4,11 @@ Public names (imported on first use, so `import syncopate.results_db` stays ligh
 SQLite never imports SQLAlchemy):
 
 - :class:`ResultsDB` (:mod:`.repository`): open, sweeps, `record_trial(s)`, `record_baseline(s)`,
-  `record_calibration`, `trials`, `measured_keys`, `best`, `sweep_best`, `best_configs`, `baselines`,
-  `calibration(s)`, `export_best`, `import_best`;
+  `record_calibration`, `trials`, `measured_keys`, `best`, `sweep_best`, `picks`, `best_configs`,
+  `baselines`, `calibration(s)`, `export_best`, `import_best`;
 - :func:`lookup`, :class:`LookupResult`, :func:`clear_cache`, :data:`MATCHES` (:mod:`.lookups`);
-- :class:`StoredTrial`, :class:`StoredBaseline`, :class:`StoredCalibration`, :class:`SweepInfo`
-  (:mod:`.values`); :data:`SWEEP_STATUSES`;
+- :class:`StoredTrial`, :class:`StoredBaseline`, :class:`StoredCalibration`, :class:`SweepInfo`,
+  :class:`ServedPick` (:mod:`.values`); :data:`SWEEP_STATUSES`;
 - :func:`upgrade` (:mod:`.migrate`), :func:`locate`, :func:`default_path` (:mod:`.urls`);
 - :func:`read_export`, :class:`ExportEntry` (:mod:`.transfer`).
 
@@ -27,6 +27,7 @@ __all__ = [
     "ExportEntry",
     "LookupResult",
     "ResultsDB",
+    "ServedPick",
     "StoredBaseline",
     "StoredCalibration",
     "StoredTrial",
@@ -46,6 +47,7 @@ _LAZY: dict[str, str] = {
     "lookup": "syncopate.results_db.lookups",
     "ResultsDB": "syncopate.results_db.repository",
     "SWEEP_STATUSES": "syncopate.results_db.models",
+    "ServedPick": "syncopate.results_db.values",
     "StoredBaseline": "syncopate.results_db.values",
     "StoredCalibration": "syncopate.results_db.values",
     "StoredTrial": "syncopate.results_db.values",

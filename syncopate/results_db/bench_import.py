@@ -13,9 +13,10 @@ What is stored:
   at `date` minus the workloads' seconds and finished (`done`) at `date`; importing the same file
   again adds nothing;
 - every candidate as a trial of source `measured` and strategy `bench`, failures included, with
-  p20/p80 interpolated from its samples as the timing harness does; its time stamp is the end of
-  its workload's run (the file has no finer one);
-- every baseline under its name, with its detail text.
+  p20/p80 interpolated from its samples as the timing harness does, and its host and eager times
+  per call (`host_us`, `eager_us`) where the file has them; its time stamp is the end of its
+  workload's run (the file has no finer one);
+- every baseline under its name, with its detail text (and its `host_us`, `eager_us` where given).
 """
 
 from __future__ import annotations
@@ -162,6 +163,12 @@ def _date(doc: dict[str, Any], path: Path) -> datetime:
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
+def _optional_us(row: dict[str, Any], name: str) -> float | None:
+    """A time a bench row may carry (older files have none): µs, or None."""
+    value = row.get(name)
+    return None if value is None else float(value)
+
+
 def _records(
     doc: dict[str, Any],
     path: Path,
@@ -191,6 +198,8 @@ def _records(
                         p20_us=quantile(samples, 0.2) if samples else None,
                         p80_us=quantile(samples, 0.8) if samples else None,
                         samples_us=tuple(samples),
+                        eager_us=_optional_us(b, "eager_us"),
+                        host_us=_optional_us(b, "host_us"),
                         source="measured",
                         detail=str(b.get("detail", "")),
                         created_at=clock,
@@ -211,6 +220,8 @@ def _records(
                         p20_us=quantile(samples, 0.2) if samples else None,
                         p80_us=quantile(samples, 0.8) if samples else None,
                         samples_us=tuple(samples),
+                        eager_us=_optional_us(t, "eager_us"),
+                        host_us=_optional_us(t, "host_us"),
                         max_rel_error=t.get("max_rel_error"),
                         error=str(t.get("error", "")),
                         worker=worker,

@@ -11,7 +11,11 @@
 | `syncopate_calibrations` | cost-model curve | (kind, topology, environment, key) |
 
 The view `syncopate_best` (made by the migrations) lists the fastest `ok` + `measured` trial per
-(workload, topology, environment). Each model has `find_by_*` helpers returning None and
+(workload, topology, environment) by device time.
+
+Trials and baselines carry `eager_us` and `host_us` from revision 0002 on (:data:`TIMES`): they are
+mapped in a deferred group, so that a database at revision 0001, read as it is, is queried without
+them (:mod:`.queries` loads them where the columns exist). Each model has `find_by_*` helpers returning None and
 `find_or_raise_by_*` helpers raising :class:`~syncopate.errors.NotFoundError` with the id.
 """
 
@@ -29,6 +33,7 @@ from syncopate.results_db.types import ExactFloat, JSONDoc, UTCDateTime
 
 __all__ = [
     "SWEEP_STATUSES",
+    "TIMES",
     "Base",
     "BaselineModel",
     "CalibrationModel",
@@ -38,6 +43,9 @@ __all__ = [
     "TrialModel",
     "WorkloadModel",
 ]
+
+TIMES = "times"
+"""The deferred group of the columns added by revision 0002 (`eager_us`, `host_us`)."""
 
 SWEEP_STATUSES: tuple[str, ...] = ("running", "done", "stopped", "failed", "interrupted")
 """A sweep is `running` from :meth:`ResultsDB.start_sweep` until it is finished with one of the others:
@@ -166,6 +174,11 @@ class TrialModel(_Finders, Base):
         ),
         # The other-environment rung.
         Index("ix_syncopate_trials_other_env", "workload_id", "topology_id", "source", "status", "median_us"),
+        # The same rungs in mode eager (revision 0002).
+        Index(
+            "ix_syncopate_trials_best_eager",
+            "workload_id", "topology_id", "environment_id", "source", "status", "eager_us",
+        ),
         Index(None, "sweep_id"),
         CheckConstraint(_in("status", TRIAL_STATUSES), name="status"),
         CheckConstraint(_in("source", SOURCES), name="source"),
@@ -185,6 +198,8 @@ class TrialModel(_Finders, Base):
     p20_us: Mapped[float | None] = mapped_column(ExactFloat)
     p80_us: Mapped[float | None] = mapped_column(ExactFloat)
     samples_us: Mapped[list[float]] = mapped_column(JSONDoc)
+    eager_us: Mapped[float | None] = mapped_column(ExactFloat, deferred=True, deferred_group=TIMES)
+    host_us: Mapped[float | None] = mapped_column(ExactFloat, deferred=True, deferred_group=TIMES)
     max_rel_error: Mapped[float | None] = mapped_column(ExactFloat)
     error: Mapped[str] = mapped_column(Text)
     worker: Mapped[dict[str, Any]] = mapped_column(JSONDoc)
@@ -214,6 +229,8 @@ class BaselineModel(_Finders, Base):
     p20_us: Mapped[float | None] = mapped_column(ExactFloat)
     p80_us: Mapped[float | None] = mapped_column(ExactFloat)
     samples_us: Mapped[list[float]] = mapped_column(JSONDoc)
+    eager_us: Mapped[float | None] = mapped_column(ExactFloat, deferred=True, deferred_group=TIMES)
+    host_us: Mapped[float | None] = mapped_column(ExactFloat, deferred=True, deferred_group=TIMES)
     detail: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 

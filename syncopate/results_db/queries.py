@@ -1,22 +1,42 @@
 """Reads: rows back into records, filtered by workload, topology, environment, sweep, status.
 
-"Best" is one rule everywhere: the `ok` trial of source `measured` with the lowest median (ties:
-the lowest id) per (workload, topology, environment); predicted and fixture rows never qualify.
-The view `syncopate_best` states the rule in SQL for the dashboard; :func:`best` seeks it through
-the `ix_syncopate_trials_best` index.
+"Best" is one rule everywhere, in a mode (:data:`~syncopate.records.MODES`): among the `ok` trials
+of source `measured` of one (workload, topology, environment), the fastest by
+:func:`~syncopate.records.rank_key` (device time in mode `graph`; eager time in mode `eager`, device
+time where no trial has an eager figure; ties: the lowest id); predicted and fixture rows never
+qualify. What is *served* (:func:`picks`, hence `syncopate best` and the export) follows
+:func:`~syncopate.records.pick`: the fastest tuned trial, unless the untuned default's or the unfused
+template's trial is faster in the mode. The view `syncopate_best` states the device-time rule in
+SQL for the dashboard; :func:`best` seeks it through the `ix_syncopate_trials_best` index (and
+`ix_syncopate_trials_best_eager` in mode eager).
+
+A database read at an older revision (:data:`~syncopate.results_db.schema.READ_COMPATIBLE`) has no
+`eager_us` / `host_us` columns: the session says so (:data:`TIMES_INFO`) and they read as None.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
-from sqlalchemy import Column, Integer, MetaData, Select, Table, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Select, literal, select
+from sqlalchemy.orm import Session, undefer_group
 
 from syncopate.errors import ConfigError
-from syncopate.records import SOURCES, TRIAL_STATUSES, BaselineRecord, CalibrationRecord, Environment, TrialRecord
+from syncopate.records import (
+    MODES,
+    SOURCES,
+    TRIAL_STATUSES,
+    BaselineRecord,
+    CalibrationRecord,
+    Environment,
+    TrialRecord,
+    check_mode,
+    pick,
+    rank_key,
+)
 from syncopate.results_db.models import (
+    TIMES,
     BaselineModel,
     CalibrationModel,
     EnvironmentModel,
@@ -25,16 +45,26 @@ from syncopate.results_db.models import (
     TrialModel,
     WorkloadModel,
 )
-from syncopate.results_db.schema import BEST_VIEW
-from syncopate.results_db.values import StoredBaseline, StoredCalibration, StoredTrial, SweepInfo
-from syncopate.search_space import KINDS, Candidate, Shape, Topology, Workload, topology_key
+from syncopate.results_db.values import ServedPick, StoredBaseline, StoredCalibration, StoredTrial, SweepInfo
+from syncopate.search_space import (
+    KINDS,
+    Candidate,
+    Shape,
+    Topology,
+    Workload,
+    guard_candidates,
+    topology_key,
+)
 
 __all__ = [
+    "TIMES_INFO",
     "Filters",
     "baselines",
     "best",
     "best_configs",
     "calibrations",
+    "guard_keys",
+    "picks",
     "stored_keys",
     "sweep_best",
     "sweep_info",
@@ -42,8 +72,35 @@ __all__ = [
     "trials",
 ]
 
-_best_view = Table(BEST_VIEW, MetaData(), Column("trial_id", Integer), Column("workload_id", Integer),
-                   Column("topology_id", Integer), Column("environment_id", Integer))
+TIMES_INFO = "syncopate_times"
+"""`session.info` key: False where the database predates the `eager_us` / `host_us` columns."""
+
+
+def _has_times(session: Session) -> bool:
+    return bool(session.info.get(TIMES_INFO, True))
+
+
+def _with_times(stmt: Select, session: Session) -> Select:
+    """`stmt` over a model, loading its eager and host times where the database has them."""
+    return stmt.options(undefer_group(TIMES)) if _has_times(session) else stmt
+
+
+def _times_of(row: Any) -> tuple[float | None, float | None]:
+    """(eager_us, host_us) of a loaded row; None for a column not loaded (an older database)."""
+    loaded = row.__dict__
+    return loaded.get("eager_us"), loaded.get("host_us")
+
+
+def _order(session: Session, mode: str) -> tuple:
+    """ORDER BY of :func:`~syncopate.records.rank_key` in `mode`, ties by id."""
+    if mode == "eager" and _has_times(session):
+        return (TrialModel.eager_us.is_(None), TrialModel.eager_us, TrialModel.median_us, TrialModel.id)
+    return (TrialModel.median_us, TrialModel.id)
+
+
+def guard_keys(workload: Workload, topology: Topology) -> dict[str, str]:
+    """Candidate key of each guard (:func:`~syncopate.search_space.guard_candidates`) by name."""
+    return {name: c.key() for name, c in guard_candidates(workload, topology).items()}
 
 
 def _check(name: str, value: str | Iterable[str] | None, accepted: tuple[str, ...]) -> None:
@@ -116,11 +173,13 @@ class _Dims:
 
 
 def _stored_trial(row: TrialModel, dims: _Dims) -> StoredTrial:
+    eager, host = _times_of(row)
     record = TrialRecord(
         workload=dims.workload(row.workload_id), topology=dims.topology(row.topology_id),
         environment=dims.environment(row.environment_id), candidate=Candidate.from_dict(row.candidate),
         status=row.status, source=row.source, median_us=row.median_us, p20_us=row.p20_us, p80_us=row.p80_us,
-        samples_us=tuple(row.samples_us), max_rel_error=row.max_rel_error, error=row.error,
+        samples_us=tuple(row.samples_us), eager_us=eager, host_us=host, max_rel_error=row.max_rel_error,
+        error=row.error,
         worker=dict(row.worker), strategy=row.strategy, created_at=row.created_at,
     )
     return StoredTrial(trial_id=row.id, sweep_id=row.sweep_id, record=record)
@@ -135,7 +194,10 @@ def sweep_info(row: SweepModel) -> SweepInfo:
 
 def trial(session: Session, trial_id: int) -> StoredTrial:
     """The trial `trial_id` (NotFoundError if there is none)."""
-    return _stored_trial(TrialModel.find_or_raise_by_id(session, trial_id), _Dims(session))
+    row = session.scalars(_with_times(select(TrialModel).where(TrialModel.id == trial_id), session)).first()
+    if row is None:
+        TrialModel.find_or_raise_by_id(session, trial_id)
+    return _stored_trial(row, _Dims(session))
 
 
 def trials(session: Session, filters: Filters, *, sweep_id: int | None = None,
@@ -146,7 +208,7 @@ def trials(session: Session, filters: Filters, *, sweep_id: int | None = None,
     _check("source", source, SOURCES)
     if filters.nothing:
         return []
-    stmt = filters.apply(select(TrialModel), TrialModel)
+    stmt = _with_times(filters.apply(select(TrialModel), TrialModel), session)
     if sweep_id is not None:
         stmt = stmt.where(TrialModel.sweep_id == sweep_id)
     if status is not None:
@@ -173,46 +235,104 @@ def stored_keys(session: Session, filters: Filters, *, sweep_id: int | None, sou
     return frozenset(session.scalars(stmt))
 
 
-def best(session: Session, filters: Filters) -> StoredTrial | None:
-    """The best trial of one (workload, topology, environment); None where none is `ok` + `measured`."""
+def best(session: Session, filters: Filters, mode: str = "eager") -> StoredTrial | None:
+    """The fastest trial in `mode` of one (workload, topology, environment); None where none is
+    `ok` + `measured`."""
+    check_mode(mode)
     if filters.nothing:
         return None
     stmt = (
-        filters.apply(select(TrialModel), TrialModel)
+        _with_times(filters.apply(select(TrialModel), TrialModel), session)
         .where(TrialModel.source == "measured", TrialModel.status == "ok")
-        .order_by(TrialModel.median_us, TrialModel.id)
+        .order_by(*_order(session, mode))
         .limit(1)
     )
     row = session.scalars(stmt).first()
     return None if row is None else _stored_trial(row, _Dims(session))
 
 
-def sweep_best(session: Session, filters: Filters, sweep_id: int) -> StoredTrial | None:
-    """The fastest `ok` trial of one sweep for the filters' workload, topology and environment, any
-    source (ties: the lowest id); None where the sweep has none."""
+def sweep_best(session: Session, filters: Filters, sweep_id: int, mode: str = "eager") -> StoredTrial | None:
+    """The fastest `ok` trial in `mode` of one sweep for the filters' workload, topology and
+    environment, any source (ties: the lowest id); None where the sweep has none."""
+    check_mode(mode)
     if filters.nothing:
         return None
     stmt = (
-        filters.apply(select(TrialModel), TrialModel)
+        _with_times(filters.apply(select(TrialModel), TrialModel), session)
         .where(TrialModel.sweep_id == sweep_id, TrialModel.status == "ok")
-        .order_by(TrialModel.median_us, TrialModel.id)
+        .order_by(*_order(session, mode))
         .limit(1)
     )
     row = session.scalars(stmt).first()
     return None if row is None else _stored_trial(row, _Dims(session))
 
 
-def best_configs(session: Session, filters: Filters) -> list[StoredTrial]:
-    """The best trial of every (workload, topology, environment) matching the filters, by workload key."""
+class _Light(NamedTuple):
+    """An ok measured trial as :func:`picks` ranks it, without its documents."""
+
+    id: int
+    workload_id: int
+    topology_id: int
+    environment_id: int
+    candidate_hash: str
+    median_us: float
+    eager_us: float | None
+
+
+def _fastest(rows: list[_Light], mode: str) -> _Light | None:
+    return min(rows, key=lambda r: (rank_key(mode, r.median_us, r.eager_us), r.id), default=None)
+
+
+def picks(session: Session, filters: Filters, modes: Sequence[str] = MODES) -> list[ServedPick]:
+    """What is served in each of `modes` for every (workload, topology, environment) matching the
+    filters (:func:`~syncopate.records.pick` over its `ok` measured trials), by workload key, then
+    topology, environment and mode."""
+    for mode in modes:
+        check_mode(mode)
     if filters.nothing:
         return []
-    ids = select(_best_view.c.trial_id)
-    ids = filters.apply(ids, _best_view.c)
-    rows = session.scalars(select(TrialModel).where(TrialModel.id.in_(ids)))
+    t = TrialModel.__table__
+    eager = t.c.eager_us if _has_times(session) else literal(None).label("eager_us")
+    stmt = filters.apply(
+        select(t.c.id, t.c.workload_id, t.c.topology_id, t.c.environment_id, t.c.candidate_hash, t.c.median_us, eager)
+        .where(t.c.source == "measured", t.c.status == "ok"),
+        t.c,
+    )
+    groups: dict[tuple[int, int, int], list[_Light]] = {}
+    for row in session.execute(stmt):
+        light = _Light(*row)
+        groups.setdefault((light.workload_id, light.topology_id, light.environment_id), []).append(light)
     dims = _Dims(session)
-    out = [_stored_trial(row, dims) for row in rows]
-    return sorted(out, key=lambda t: (t.workload.kind, t.workload.dtype, t.workload.shape.as_tuple(),
-                                      t.topology.key(), t.environment.key()))
+    chosen: list[tuple[tuple[int, int, int], str, Any]] = []
+    for group, rows in groups.items():
+        names = {key: name for name, key in guard_keys(dims.workload(group[0]), dims.topology(group[1])).items()}
+        tuned = [r for r in rows if r.candidate_hash not in names]
+        guard_rows: dict[str, list[_Light]] = {}
+        for r in rows:
+            if r.candidate_hash in names:
+                guard_rows.setdefault(names[r.candidate_hash], []).append(r)
+        for mode in modes:
+            served = pick(mode, _fastest(tuned, mode), {name: _fastest(found, mode) for name, found in guard_rows.items()})
+            if served is not None:
+                chosen.append((group, mode, served))
+    ids = {served.chosen.id for _, _, served in chosen}
+    rows_by_id: dict[int, StoredTrial] = {}
+    for start in range(0, len(ids), 400):
+        part = sorted(ids)[start:start + 400]
+        stmt = _with_times(select(TrialModel).where(TrialModel.id.in_(part)), session)
+        rows_by_id.update({row.id: _stored_trial(row, dims) for row in session.scalars(stmt)})
+    out = [
+        ServedPick(trial=rows_by_id[served.chosen.id], mode=mode, objective=served.objective, guard=served.guard)
+        for _, mode, served in chosen
+    ]
+    return sorted(out, key=lambda p: (p.trial.workload.kind, p.trial.workload.dtype, p.trial.workload.shape.as_tuple(),
+                                      p.trial.topology.key(), p.trial.environment.key(), MODES.index(p.mode)))
+
+
+def best_configs(session: Session, filters: Filters, mode: str = "eager") -> list[StoredTrial]:
+    """What is served in `mode` for every (workload, topology, environment) matching the filters
+    (see :func:`picks`), by workload key."""
+    return [p.trial for p in picks(session, filters, (mode,))]
 
 
 def baselines(session: Session, filters: Filters, *, sweep_id: int | None = None,
@@ -220,7 +340,7 @@ def baselines(session: Session, filters: Filters, *, sweep_id: int | None = None
     """Stored baselines matching every filter given, oldest first."""
     if filters.nothing:
         return []
-    stmt = filters.apply(select(BaselineModel), BaselineModel)
+    stmt = _with_times(filters.apply(select(BaselineModel), BaselineModel), session)
     if sweep_id is not None:
         stmt = stmt.where(BaselineModel.sweep_id == sweep_id)
     if name is not None:
@@ -228,11 +348,12 @@ def baselines(session: Session, filters: Filters, *, sweep_id: int | None = None
     dims = _Dims(session)
     out = []
     for row in session.scalars(stmt.order_by(BaselineModel.id)):
+        eager, host = _times_of(row)
         record = BaselineRecord(
             workload=dims.workload(row.workload_id), topology=dims.topology(row.topology_id),
             environment=dims.environment(row.environment_id), name=row.name, median_us=row.median_us,
-            p20_us=row.p20_us, p80_us=row.p80_us, samples_us=tuple(row.samples_us), source=row.source,
-            detail=row.detail, created_at=row.created_at,
+            p20_us=row.p20_us, p80_us=row.p80_us, samples_us=tuple(row.samples_us), eager_us=eager, host_us=host,
+            source=row.source, detail=row.detail, created_at=row.created_at,
         )
         out.append(StoredBaseline(baseline_id=row.id, sweep_id=row.sweep_id, record=record))
     return out

@@ -13,7 +13,9 @@ with ResultsDB.open("postgresql+psycopg://tuner@db/syncopate") as db:   # or a p
 ```
 
 Every method runs in :meth:`ResultsDB.session_scope`, which commits, or rolls back and re-raises a
-driver error as :class:`~syncopate.errors.DatabaseError` naming the URL. Writes are retried on lock
+driver error as :class:`~syncopate.errors.DatabaseError` naming the URL. A database at an older
+revision that this code reads as it is (:data:`~syncopate.results_db.schema.READ_COMPATIBLE`) opens
+for reading, its missing columns read as None; a write to it raises SchemaError saying what to run. Writes are retried on lock
 contention ("database is locked", deadlocks) for up to :data:`RETRY_S` seconds. A trial's identity is
 (workload, topology, environment, sweep, candidate hash): recording it again keeps the first row
 and returns its id. Failed trials are stored like any other.
@@ -38,22 +40,25 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from syncopate.errors import ConfigError, DatabaseError, describe
-from syncopate.records import BaselineRecord, CalibrationRecord, Environment, TrialRecord, utcnow
+from syncopate.records import MODES, BaselineRecord, CalibrationRecord, Environment, TrialRecord, utcnow
 from syncopate.results_db import codec, migrate, queries, sqlite_files, writes
-from syncopate.results_db.engine import WRITE_OPTION, describe, is_transient, make_engine
+from syncopate.results_db.engine import WRITE_OPTION, is_transient, make_engine
+from syncopate.results_db.engine import describe as error_text
 from syncopate.results_db.migrate import read_revision
 from syncopate.results_db.models import SWEEP_STATUSES, SweepModel
 from syncopate.results_db.schema import (
+    HEAD,
     REVISIONS,
     VERSION_TABLE,
     check_revision,
     check_sqlite_file,
+    has_times,
     missing_error,
     no_tables_error,
     unreachable_error,
 )
 from syncopate.results_db.urls import DbLocation, locate
-from syncopate.results_db.values import StoredBaseline, StoredCalibration, StoredTrial, SweepInfo
+from syncopate.results_db.values import ServedPick, StoredBaseline, StoredCalibration, StoredTrial, SweepInfo
 from syncopate.search_space import Topology, Workload
 
 __all__ = ["RETRY_S", "ResultsDB"]
@@ -69,10 +74,12 @@ T = TypeVar("T")
 class ResultsDB:
     """An open results database. Make one with :meth:`open`; close it (or use `with`)."""
 
-    def __init__(self, location: DbLocation, engine: Engine) -> None:
+    def __init__(self, location: DbLocation, engine: Engine, revision: str = HEAD) -> None:
         self.location = location
         self.engine = engine
         """The SQLAlchemy engine (for pandas' `read_sql` and the like); read-only use, please."""
+        self.revision = revision
+        """The database's schema revision: the head, or an older one read as it is."""
         self._write_engine = engine.execution_options(**{WRITE_OPTION: True})
         self._dims = writes.DimensionIds()
 
@@ -87,8 +94,9 @@ class ResultsDB:
         None (the default) does so only for the per-user default database. read_only: for callers
         that only read (`best`, `export`, the dashboard and the report): never upgrades, and leaves a
         SQLite file as it is (its journal mode included), creating nothing beside it, so that a file
-        on a read-only mount reads. A database without our tables, or at an older or newer schema
-        revision, raises SchemaError saying what to run.
+        on a read-only mount reads. A database without our tables, or at a newer schema revision or
+        an older one this code cannot read, raises SchemaError saying what to run; one at an older
+        revision it reads opens, and refuses writes (:meth:`check_writable`).
 
         A SQLite file is checked, read-only, before anything is written to it: one refused (another
         application's, a newer schema) is left exactly as it was, its journal mode included. Whether
@@ -106,16 +114,25 @@ class ResultsDB:
         try:
             if upgrade:
                 migrate.upgrade(location, engine)
-            _check_schema(location, engine, read_only=read_only)
+            revision = _check_schema(location, engine, read_only=read_only)
         except BaseException:
             engine.dispose()
             raise
-        return cls(location, engine)
+        return cls(location, engine, revision)
 
     @property
     def url(self) -> str:
         """The database URL as shown in messages (password hidden)."""
         return self.location.shown()
+
+    @property
+    def has_times(self) -> bool:
+        """Whether trials and baselines here have `eager_us` and `host_us` (revision 0002 on)."""
+        return has_times(self.revision)
+
+    def check_writable(self) -> None:
+        """Raise SchemaError, saying what to run, unless the database is at the head revision."""
+        check_revision(self.revision, self.location)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -138,13 +155,16 @@ class ResultsDB:
         Driver errors become DatabaseError (`from` the original); any other error (Syncopate's own
         included) passes as it is. `write=True` takes SQLite's write lock when the transaction begins.
         """
+        if write:
+            self.check_writable()
         session = Session(bind=self._write_engine if write else self.engine, expire_on_commit=False)
+        session.info[queries.TIMES_INFO] = self.has_times
         try:
             yield session
             session.commit()
         except SQLAlchemyError as e:
             session.rollback()
-            reason = describe(e)
+            reason = error_text(e)
             advice = sqlite_files.damaged(self.location.sqlite_path, reason)
             raise DatabaseError(f"database {self.url}: {reason}{advice}") from e
         except BaseException:
@@ -321,24 +341,35 @@ class ResultsDB:
             s, queries.Filters(s, workload=workload, topology=topology, environment=environment),
             sweep_id=sweep_id, source=source))
 
-    def best(self, workload: Workload, topology: Topology | str, environment: Environment) -> StoredTrial | None:
-        """The fastest `ok` trial of source `measured` for this workload, topology and environment."""
+    def best(self, workload: Workload, topology: Topology | str, environment: Environment, *,
+             mode: str = "eager") -> StoredTrial | None:
+        """The fastest `ok` trial of source `measured` in `mode` (see
+        :func:`~syncopate.records.rank_key`) for this workload, topology and environment."""
         return self._read(lambda s: queries.best(
-            s, queries.Filters(s, workload=workload, topology=topology, environment=environment)))
+            s, queries.Filters(s, workload=workload, topology=topology, environment=environment), mode))
 
     def sweep_best(self, sweep_id: int, workload: Workload, topology: Topology | str,
-                   environment: Environment) -> StoredTrial | None:
-        """The fastest `ok` trial of sweep `sweep_id` for this workload, topology and environment,
-        whatever its source: what that sweep found (a `fixture` sweep's is synthetic). Not what
-        lookup serves: that is :meth:`best`, from `measured` trials only."""
+                   environment: Environment, *, mode: str = "eager") -> StoredTrial | None:
+        """The fastest `ok` trial in `mode` of sweep `sweep_id` for this workload, topology and
+        environment, whatever its source: what that sweep found (a `fixture` sweep's is synthetic).
+        Not what lookup serves: that is :meth:`picks`, from `measured` trials only."""
         return self._read(lambda s: queries.sweep_best(
-            s, queries.Filters(s, workload=workload, topology=topology, environment=environment), sweep_id))
+            s, queries.Filters(s, workload=workload, topology=topology, environment=environment), sweep_id, mode))
+
+    def picks(self, *, kind: str | None = None, topology: Topology | str | None = None,
+              environment: Environment | None = None, modes: tuple[str, ...] = MODES) -> list[ServedPick]:
+        """What is served in each of `modes` for every stored (workload, topology, environment),
+        optionally filtered: the fastest tuned trial, or a guard's where it is faster
+        (:func:`~syncopate.records.pick`)."""
+        return self._read(lambda s: queries.picks(
+            s, queries.Filters(s, topology=topology, environment=environment, kind=kind), modes))
 
     def best_configs(self, *, kind: str | None = None, topology: Topology | str | None = None,
-                     environment: Environment | None = None) -> list[StoredTrial]:
-        """The best trial of every stored (workload, topology, environment), optionally filtered."""
+                     environment: Environment | None = None, mode: str = "eager") -> list[StoredTrial]:
+        """What is served in `mode` for every stored (workload, topology, environment), optionally
+        filtered (see :meth:`picks`)."""
         return self._read(lambda s: queries.best_configs(
-            s, queries.Filters(s, topology=topology, environment=environment, kind=kind)))
+            s, queries.Filters(s, topology=topology, environment=environment, kind=kind), mode))
 
     def baselines(self, *, workload: Workload | None = None, topology: Topology | str | None = None,
                   environment: Environment | None = None, sweep_id: int | None = None,
@@ -364,10 +395,11 @@ class ResultsDB:
 
     def export_best(self, path: str | PathLike[str], *, kind: str | None = None,
                     topology: Topology | str | None = None, environment: Environment | None = None) -> int:
-        """Write the best configurations to the JSON file `path` atomically; how many were written."""
+        """Write what is served in each mode to the JSON file `path` atomically; how many entries
+        (trials) were written."""
         from syncopate.results_db.transfer import write_export
 
-        return write_export(Path(path), self.best_configs(kind=kind, topology=topology, environment=environment),
+        return write_export(Path(path), self.picks(kind=kind, topology=topology, environment=environment),
                             database=self.url)
 
     def import_best(self, path: str | PathLike[str]) -> int:
@@ -392,17 +424,18 @@ def _check_sqlite_before_use(location: DbLocation, *, upgrade: bool) -> None:
         if state.revision is None and not upgrade and (state.names or not sqlite_files.writer_present(path)):
             raise no_tables_error(location)
         if state.revision is not None and (state.revision not in REVISIONS or not upgrade):
-            check_revision(state.revision, location)
+            check_revision(state.revision, location, read=not upgrade)
     elif not upgrade:
         raise missing_error(location)
 
 
-def _check_schema(location: DbLocation, engine: Engine, *, read_only: bool = False) -> None:
+def _check_schema(location: DbLocation, engine: Engine, *, read_only: bool = False) -> str:
+    """The database's revision, once checked readable by this code."""
     try:
         with engine.connect() as connection:
             revision = read_revision(connection)
     except SQLAlchemyError as e:
-        raise unreachable_error(location, describe(e), location.dialect) from e
+        raise unreachable_error(location, error_text(e), location.dialect) from e
     if revision is None and location.dialect == "sqlite" and not read_only:
         # another process may be creating the schema of a file it has just made: its migration
         # holds the write lock until it commits, so wait for that lock and look again
@@ -412,5 +445,6 @@ def _check_schema(location: DbLocation, engine: Engine, *, read_only: bool = Fal
                 with connection.begin():
                     revision = read_revision(connection)
         except SQLAlchemyError as e:  # a read-only file: it has no tables either way
-            log.debug("no write lock on %s (%s)", location.shown(), describe(e))
-    check_revision(revision, location)
+            log.debug("no write lock on %s (%s)", location.shown(), error_text(e))
+    check_revision(revision, location, read=True)
+    return revision

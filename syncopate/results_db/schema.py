@@ -22,12 +22,15 @@ if TYPE_CHECKING:
 __all__ = [
     "BEST_VIEW",
     "HEAD",
+    "READ_COMPATIBLE",
     "REVISIONS",
     "TABLES",
+    "TIMES_REVISION",
     "SQLITE_HEADER",
     "VERSION_TABLE",
     "check_revision",
     "check_sqlite_file",
+    "has_times",
     "include_object",
     "missing_error",
     "no_tables_error",
@@ -51,10 +54,25 @@ TABLES: tuple[str, ...] = (
 BEST_VIEW = "syncopate_best"
 """View: the fastest `ok`, `measured` trial per (workload, topology, environment)."""
 
-REVISIONS: tuple[str, ...] = ("0001",)
+REVISIONS: tuple[str, ...] = ("0001", "0002")
 """Every migration revision shipped, oldest first; a test checks it against the scripts."""
 
 HEAD = REVISIONS[-1]
+
+READ_COMPATIBLE: frozenset[str] = frozenset({"0001"})
+"""Older revisions this code reads as they are, without an upgrade: their tables lack only nullable
+columns of the head's, which read as NULL. Results files may sit on read-only mounts, so a lookup,
+an export or the dashboard works on them; only a write asks for `syncopate db upgrade`."""
+
+TIMES_REVISION = "0002"
+"""The first revision whose trials and baselines have `eager_us` and `host_us`."""
+
+
+def has_times(revision: str | None) -> bool:
+    """Whether a database at `revision` has the `eager_us` and `host_us` columns."""
+    return revision is not None and revision in REVISIONS and REVISIONS.index(revision) >= REVISIONS.index(
+        TIMES_REVISION
+    )
 
 
 def _names(where: DbLocation | str) -> tuple[str, str]:
@@ -141,13 +159,14 @@ def check_sqlite_file(location: DbLocation, *, create: bool = False) -> None:
         )
 
 
-def check_revision(revision: str | None, where: DbLocation | str) -> None:
-    """Raise SchemaError unless `revision` is the head this code knows.
+def check_revision(revision: str | None, where: DbLocation | str, *, read: bool = False) -> None:
+    """Raise SchemaError unless `revision` is the head this code knows (or, with `read`, an older
+    revision it reads as it is: :data:`READ_COMPATIBLE`).
 
     None means no schema at all; an older revision asks for `syncopate db upgrade`; an unknown one
     is newer than this version of Syncopate, which then refuses to touch the database.
     """
-    if revision == HEAD:
+    if revision == HEAD or (read and revision in READ_COMPATIBLE and revision in REVISIONS):
         return
     if revision is None:
         raise no_tables_error(where)

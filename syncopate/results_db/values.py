@@ -12,7 +12,7 @@ from typing import Any
 from syncopate.records import BaselineRecord, CalibrationRecord, Environment, TrialRecord
 from syncopate.search_space import Candidate, Topology, Workload
 
-__all__ = ["StoredBaseline", "StoredCalibration", "StoredTrial", "SweepInfo"]
+__all__ = ["ServedPick", "StoredBaseline", "StoredCalibration", "StoredTrial", "SweepInfo"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,6 +62,28 @@ class StoredTrial:
     def median_us(self) -> float | None:
         return self.record.median_us
 
+    @property
+    def eager_us(self) -> float | None:
+        return self.record.eager_us
+
+    @property
+    def host_us(self) -> float | None:
+        return self.record.host_us
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServedPick:
+    """What is served in one mode for one (workload, topology, environment): the trial, what ranked
+    it, and the guard it is where one was faster than every tuned trial."""
+
+    trial: StoredTrial
+    mode: str
+    """One of :data:`~syncopate.records.MODES`."""
+    objective: str
+    """What ranked it: `eager`, `device`, or `device (no eager measurement)`."""
+    guard: str = ""
+    """`default` or `unfused` where the trial is that guard's and no tuned trial is as fast; '' otherwise."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StoredBaseline:
@@ -78,6 +100,10 @@ class StoredBaseline:
     @property
     def median_us(self) -> float:
         return self.record.median_us
+
+    @property
+    def eager_us(self) -> float | None:
+        return self.record.eager_us
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

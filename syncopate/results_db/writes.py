@@ -101,7 +101,8 @@ def _trial_row(sweep_id: int, dims: tuple[int, int, int], t: TrialRecord) -> dic
         "sweep_id": sweep_id, "workload_id": dims[0], "topology_id": dims[1], "environment_id": dims[2],
         "candidate_hash": t.candidate.key(), "candidate": t.candidate.to_dict(), "status": t.status,
         "source": t.source, "median_us": t.median_us, "p20_us": t.p20_us, "p80_us": t.p80_us,
-        "samples_us": list(t.samples_us), "max_rel_error": t.max_rel_error, "error": t.error,
+        "samples_us": list(t.samples_us), "eager_us": t.eager_us, "host_us": t.host_us,
+        "max_rel_error": t.max_rel_error, "error": t.error,
         "worker": codec.encode(dict(t.worker), "trial worker"), "strategy": t.strategy,
         "created_at": t.created_at,
     }
@@ -150,7 +151,7 @@ def insert_baseline(session: Session, dims: DimensionIds, sweep_id: int, b: Base
         _insert(session, table).values(
             sweep_id=sweep_id, workload_id=w, topology_id=tp, environment_id=e, name=b.name, source=b.source,
             median_us=b.median_us, p20_us=b.p20_us, p80_us=b.p80_us, samples_us=list(b.samples_us),
-            detail=b.detail, created_at=b.created_at,
+            eager_us=b.eager_us, host_us=b.host_us, detail=b.detail, created_at=b.created_at,
         ).on_conflict_do_nothing(index_elements=["workload_id", "topology_id", "environment_id", "sweep_id", "name"])
     )
     return session.scalar(

@@ -7,6 +7,7 @@ import itertools
 
 from syncopate.search_space.candidate import Candidate
 from syncopate.search_space.space import (
+    guard_candidates,
     NCCL_MIN_SMS,
     STATIONARY_MIN_ROWS,
     a_stationary_candidate,
@@ -26,7 +27,9 @@ won the LLaMA suites, plus the cuBLAS templates: what `seeded` searches first)."
 
 
 def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> list[Candidate]:
-    """The candidates `syncopate bench` tries per workload: a small grid per backend."""
+    """The candidates `syncopate bench` tries per workload: the guards first (the untuned default
+    and `unfused`, which a served configuration must beat: `guard_candidates`), then a small grid
+    per backend."""
     ws = topology.world_size
     templates = ["direct"] if ws <= 2 else ["direct", "ring"]
     splits = [1, 2, 4, 8] if grid != "tiny" else [2, 4]
@@ -62,4 +65,5 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
     if "copy_engine" in backends and (workload.kind != "ag_gemm" or ws > 1):
         tried = (2, 4, 8) if workload.kind != "ag_gemm" else sorted({1, 2, 4, ws - 1, 2 * (ws - 1)})
         out += [decomposed_candidate(s) for s in tried if decomposed_offered(workload.kind, ws, workload.shape.m // ws, s)]
-    return out
+    guards = [c for c in guard_candidates(workload, topology).values() if c not in out]
+    return guards + out

@@ -522,6 +522,25 @@ def default_candidate(workload: Workload, topology: Topology) -> Candidate:
     )
 
 
+def guard_candidates(workload: Workload, topology: Topology) -> dict[str, Candidate]:
+    """The references every sweep measures first and a served configuration is never slower than,
+    by name (`syncopate.records.GUARDS`): `default`, :func:`default_candidate`, and `unfused`,
+    :func:`unfused_candidate`; each only where it is valid for the workload and topology, the
+    default only where its chunks hold a tile's rows (as the space asks of every tiled candidate)."""
+    out = {}
+    rows = _rows_per_block(workload, topology.world_size)
+    for name, make in (("default", default_candidate), ("unfused", lambda w, t: unfused_candidate())):
+        try:
+            c = make(workload, topology)
+            check_candidate(c, workload, topology)
+        except ConfigError:
+            continue
+        if c.template not in PLANLESS_KINDS and rows // c.num_splits < c.block_m:
+            continue
+        out[name] = c
+    return out
+
+
 def optuna_distributions(workload: Workload, topology: Topology, options: SpaceOptions | None = None) -> dict[str, Any]:
     """Optuna distributions over the space's fields (categorical; combinations are checked by
     :func:`candidate_from_params`)."""

@@ -11,6 +11,7 @@ from syncopate.workers.outcomes import (
     CandidateOutcome,
     DeviceInfo,
     classify_exception,
+    slowest,
     summarize,
 )
 from syncopate.workers.runner import (
@@ -43,5 +44,6 @@ __all__ = [
     "failure_text",
     "make_runner",
     "runner_class",
+    "slowest",
     "summarize",
 ]

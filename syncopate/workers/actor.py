@@ -123,6 +123,8 @@ class GangWorker:
         return CandidateOutcome(
             status=outcome.status,
             samples_us=outcome.samples_us,
+            eager_us=outcome.eager_us,
+            host_us=outcome.host_us,
             max_rel_error=outcome.max_rel_error,
             error=outcome.error,
             healthy=outcome.healthy,

@@ -18,6 +18,13 @@ Times, in µs, for a workload on ws ranks (`gemm` at 600 TFLOP/s, `comm` at 150 
 Each repetition is jittered by ±1 % per rank, and the ranks reduce their samples with a gloo
 `all_reduce(MAX)`, as the GPU harness reduces over ranks.
 
+Host time per call (`host_us`) is the host-time lead of the candidate's template
+(:mod:`syncopate.autotuner.host_time`) × (0.9 + 0.2 u'), u' from the candidate key, the workload key
+and the rank; its eager time (`eager_us`) is max(median device time, host time) × (1 + 0.01 u''):
+back-to-back calls wait for the slower of the two. Baselines get the same from their own leads.
+So the fixture's eager ranking differs from its device ranking wherever a template's host time
+exceeds its device time, as on GPUs.
+
 Planted faults (the sweep's `fixture:` section, by candidate key): `hang` sleeps forever on every
 rank; `crash` makes the last rank end its own process (`os._exit`), leaving the others in the
 collective; `fail` returns a wrong result, or raises a compilation error, an out-of-memory error
@@ -35,11 +42,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from syncopate.autotuner.host_time import baseline_host_us, candidate_host_us
 from syncopate.search_space import Candidate, Topology, Workload
-from syncopate.workers.outcomes import BaselineOutcome, CandidateOutcome, DeviceInfo
+from syncopate.workers.outcomes import BaselineOutcome, CandidateOutcome, DeviceInfo, summarize
 from syncopate.workers.runner import Runner, RunnerSpec
 
-__all__ = ["FixtureRunner", "PlantedFault", "fixture_times"]
+__all__ = ["FixtureRunner", "PlantedFault", "candidate_host_time", "fixture_times"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +93,19 @@ def candidate_time(workload: Workload, candidate: Candidate, world_size: int) ->
     t = fixture_times(workload, world_size)
     bound = max(t["gemm_alone"], t["comm_alone"])
     return bound + (t["torch_seq"] - bound) * (0.1 + 1.2 * _unit(candidate.key(), workload.key()))
+
+
+def candidate_host_time(workload: Workload, candidate: Candidate, world_size: int, rank: int = 0) -> float:
+    """Synthetic host time (µs) to enqueue one call of `candidate` on `rank`."""
+    lead = candidate_host_us(workload, world_size, candidate)
+    return lead * (0.9 + 0.2 * _unit("host", candidate.key(), workload.key(), rank))
+
+
+def _eager(samples: tuple[float, ...], host_us: float, *salt: object) -> float:
+    """Synthetic eager time per call: the slower of the median device time and the host's."""
+    stats = summarize(samples)
+    device = stats[0] if stats else 0.0
+    return max(device, host_us) * (1 + 0.01 * _unit("eager", *salt))
 
 
 class FixtureRunner(Runner):
@@ -148,12 +169,13 @@ class FixtureRunner(Runner):
 
     def baselines(self, workload: Workload) -> list[BaselineOutcome]:
         times = fixture_times(workload, self._world_size)
-        out = [
-            BaselineOutcome(
-                name=name, samples_us=self._samples(t, "baseline", name, workload.key()), detail="fixture"
-            )
-            for name, t in times.items()
-        ]
+        out = []
+        for name, t in times.items():
+            samples = self._samples(t, "baseline", name, workload.key())
+            lead = baseline_host_us(name, self._world_size)
+            host = None if lead is None else lead * (0.9 + 0.2 * _unit("host", name, workload.key(), self._rank))
+            eager = None if host is None else _eager(samples, host, name, workload.key(), self._rank)
+            out.append(BaselineOutcome(name=name, samples_us=samples, detail="fixture", eager_us=eager, host_us=host))
         if "torch_async_tp" not in times:
             out.append(
                 BaselineOutcome(
@@ -192,7 +214,9 @@ class FixtureRunner(Runner):
                 error=f"max relative error 0.5 exceeds 1e-2 (fixture: planted wrong result for {key})",
             )
         samples = self._samples(candidate_time(workload, candidate, self._world_size), key, workload.key())
-        return CandidateOutcome(status="ok", samples_us=samples, max_rel_error=0.0)
+        host = candidate_host_time(workload, candidate, self._world_size, self._rank)
+        eager = _eager(samples, host, key, workload.key(), self._rank)
+        return CandidateOutcome(status="ok", samples_us=samples, eager_us=eager, host_us=host, max_rel_error=0.0)
 
     def close(self) -> None:
         self._group = None

@@ -107,7 +107,8 @@ class GpuRunner(Runner):
     def baselines(self, workload: Workload) -> list[BaselineOutcome]:
         return [
             BaselineOutcome(
-                name=b.name, samples_us=tuple(float(x) for x in b.samples_us), detail=str(b.detail or "")
+                name=b.name, samples_us=tuple(float(x) for x in b.samples_us), detail=str(b.detail or ""),
+                eager_us=b.eager_us, host_us=b.host_us,
             )
             for b in self._harness_for(workload).measure_baselines()
         ]
@@ -117,6 +118,8 @@ class GpuRunner(Runner):
         return CandidateOutcome(
             status=result.status,
             samples_us=tuple(float(x) for x in result.samples_us),
+            eager_us=result.eager_us,
+            host_us=result.host_us,
             max_rel_error=result.max_rel_error,
             error=str(result.error or ""),
             healthy=result.status != "crash",

@@ -1,7 +1,9 @@
 """The `model` runner: the cost model answers instead of GPUs.
 
 Every number it returns is a prediction and is stored with source `predicted`, never mixed with
-measurements (`best` and `lookup` read measured rows only). A candidate the topology cannot run
+measurements (`best` and `lookup` read measured rows only). Beside the device time it predicts
+the host time to enqueue a call (:mod:`syncopate.autotuner.host_time`, a lead per template) and
+the eager time of back-to-back calls, max(device, host). A candidate the topology cannot run
 (the copy engine across nodes) comes back as `compile_error` with the reason. Its options are the
 :class:`~syncopate.autotuner.calibration.Calibration` to predict from.
 
@@ -61,11 +63,14 @@ class ModelRunner(Runner):
         return self.spec.topology
 
     def baselines(self, workload: Workload) -> list[BaselineOutcome]:
+        from syncopate.autotuner.host_time import baseline_host_us, eager_us
+
         detail = f"predicted by the cost model ({self.calibration.describe()})"
-        out = [
-            BaselineOutcome(name=name, samples_us=(us,), detail=detail)
-            for name, us in self.model.baselines(workload, self.spec.topology).items()
-        ]
+        out = []
+        for name, us in self.model.baselines(workload, self.spec.topology).items():
+            host = baseline_host_us(name, self.spec.topology.world_size)
+            out.append(BaselineOutcome(name=name, samples_us=(us,), detail=detail, host_us=host,
+                                       eager_us=None if host is None else eager_us(us, host)))
         out.append(BaselineOutcome(name="torch_async_tp", detail="torch's fused op is not modelled"))
         return out
 
@@ -74,5 +79,9 @@ class ModelRunner(Runner):
         if not p.feasible:
             return CandidateOutcome(status="compile_error", error=f"cannot run here: {p.reason}",
                                     extra={"prediction": p.to_dict()})
-        return CandidateOutcome(status="ok", samples_us=(p.time_us,), max_rel_error=None,
+        from syncopate.autotuner.host_time import candidate_host_us, eager_us
+
+        host = candidate_host_us(workload, self.spec.topology.world_size, candidate)
+        return CandidateOutcome(status="ok", samples_us=(p.time_us,), eager_us=eager_us(p.time_us, host), host_us=host,
+                                max_rel_error=None,
                                 extra={"prediction": p.to_dict(), "calibration": self.calibration.source})

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from syncopate.errors import CandidateTimeoutError
 
-__all__ = ["DeviceInfo", "BaselineOutcome", "CandidateOutcome", "summarize", "classify_exception"]
+__all__ = ["DeviceInfo", "BaselineOutcome", "CandidateOutcome", "slowest", "summarize", "classify_exception"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -39,6 +39,11 @@ class BaselineOutcome:
     samples_us: tuple[float, ...] = ()
     """Empty when the baseline could not run here (then `detail` says why)."""
     detail: str = ""
+    eager_us: float | None = None
+    """Median time per call of the op called back to back eagerly, the host on the path (None: not
+    measured)."""
+    host_us: float | None = None
+    """Median host time to enqueue one call (None: not measured)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,6 +53,11 @@ class CandidateOutcome:
     status: str
     """One of :data:`syncopate.records.TRIAL_STATUSES`."""
     samples_us: tuple[float, ...] = ()
+    """Device time per repetition, µs (max over ranks)."""
+    eager_us: float | None = None
+    """Median time per call of back-to-back eager calls, the host on the path, µs (None: not measured)."""
+    host_us: float | None = None
+    """Median host time to enqueue one call on this rank, µs (None: not measured)."""
     max_rel_error: float | None = None
     error: str = ""
     healthy: bool = True
@@ -76,6 +86,13 @@ def summarize(samples_us: Sequence[float]) -> tuple[float, float, float] | None:
         return None
     ordered = sorted(float(x) for x in samples_us)
     return _percentile(ordered, 0.5), _percentile(ordered, 0.2), _percentile(ordered, 0.8)
+
+
+def slowest(values: Sequence[float | None]) -> float | None:
+    """The largest of the values measured (None where none was): a gang's host and eager times are
+    its slowest rank's, as its device times are."""
+    found = [float(v) for v in values if v is not None]
+    return max(found) if found else None
 
 
 def classify_exception(exc: BaseException) -> tuple[str, bool]:

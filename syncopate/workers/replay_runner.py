@@ -8,12 +8,17 @@ file in the format :func:`write_sweep` writes:
 {"format": "syncopate-sweep", "version": 1, "label": "…", "synthetic": false,
  "topology": {…}, "environment": {…},
  "workloads": [{"workload": {…}, "baselines": {"torch_seq": 464.5, …},
+                "baselines_eager": {"torch_seq": 480.0, …},
                 "trials": [{"candidate": {…}, "status": "ok", "median_us": 290.3, "p20_us": …,
-                            "p80_us": …, "samples_us": [...], "error": ""}]}]}
+                            "p80_us": …, "samples_us": [...], "eager_us": 301.2, "host_us": 210.4,
+                            "error": ""}]}]}
 ```
 
-A replayed trial returns the stored samples (each multiplied by a fresh log-normal factor of
-sigma `noise` when the replay is asked to add noise, so that re-measuring means something). A
+(`eager_us`, `host_us` and `baselines_eager` are left out, or null, where not measured.)
+
+A replayed trial returns the stored samples and eager and host times (each multiplied by a fresh
+log-normal factor of sigma `noise` when the replay is asked to add noise, so that re-measuring
+means something). A
 candidate the sweep does not hold comes back as `crash` saying so. Replayed rows are copies, not
 measurements: they are stored with source `fixture`, which `best` and `lookup` never serve.
 """
@@ -67,6 +72,9 @@ class StoredSweep:
     synthetic: bool
     trials: dict[str, dict[str, TrialRecord]] = field(default_factory=dict)
     baselines: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Workload key → baseline name → median device time, µs."""
+    baselines_eager: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Workload key → baseline name → eager time per call, µs (where measured)."""
 
     def trial(self, workload: Workload, candidate: Candidate) -> TrialRecord | None:
         return self.trials.get(workload.key(), {}).get(candidate.key())
@@ -85,9 +93,12 @@ def write_sweep(path: str | os.PathLike[str], sweep: StoredSweep) -> None:
             {
                 "workload": Workload.from_key(wk).to_dict(),
                 "baselines": sweep.baselines.get(wk, {}),
+                **({"baselines_eager": sweep.baselines_eager[wk]} if sweep.baselines_eager.get(wk) else {}),
                 "trials": [
                     {"candidate": t.candidate.to_dict(), "status": t.status, "median_us": t.median_us,
-                     "p20_us": t.p20_us, "p80_us": t.p80_us, "samples_us": list(t.samples_us), "error": t.error}
+                     "p20_us": t.p20_us, "p80_us": t.p80_us, "samples_us": list(t.samples_us),
+                     **({"eager_us": t.eager_us} if t.eager_us is not None else {}),
+                     **({"host_us": t.host_us} if t.host_us is not None else {}), "error": t.error}
                     for t in trials.values()
                 ],
             }
@@ -131,13 +142,17 @@ def load_sweep_file(path: str | os.PathLike[str]) -> StoredSweep:
         for i, entry in enumerate(doc["workloads"]):
             w = Workload.from_dict(entry["workload"])
             sweep.baselines[w.key()] = {k: float(v) for k, v in entry.get("baselines", {}).items()}
+            eager = {k: float(v) for k, v in (entry.get("baselines_eager") or {}).items() if v is not None}
+            if eager:
+                sweep.baselines_eager[w.key()] = eager
             table = sweep.trials.setdefault(w.key(), {})
             for t in entry["trials"]:
                 c = Candidate.from_dict(t["candidate"])
                 table[c.key()] = TrialRecord(
                     workload=w, topology=topology, environment=env, candidate=c, status=t["status"],
                     source="fixture", median_us=t.get("median_us"), p20_us=t.get("p20_us"), p80_us=t.get("p80_us"),
-                    samples_us=tuple(t.get("samples_us") or ()), error=t.get("error", ""),
+                    samples_us=tuple(t.get("samples_us") or ()), eager_us=t.get("eager_us"), host_us=t.get("host_us"),
+                    error=t.get("error", ""),
                 )
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"replay source {p}: entry does not parse: {e}") from None
@@ -148,7 +163,7 @@ def load_sweep_db(url: str, sweep: str | None, topology: Topology | None, source
     """The trials of a sweep stored in a results database (rows of `source`, of any status)."""
     from syncopate.results_db import ResultsDB
 
-    with ResultsDB.open(url, upgrade=False) as db:
+    with ResultsDB.open(url, read_only=True) as db:
         sweep_id = None
         if sweep is not None:
             info = db.sweep(int(sweep)) if str(sweep).isdigit() else db.latest_sweep(sweep)
@@ -168,6 +183,8 @@ def load_sweep_db(url: str, sweep: str | None, topology: Topology | None, source
             out.trials.setdefault(row.workload.key(), {})[row.candidate.key()] = row.record
         for b in db.baselines(sweep_id=sweep_id, topology=first.topology):
             out.baselines.setdefault(b.record.workload.key(), {})[b.name] = b.median_us
+            if b.eager_us is not None:
+                out.baselines_eager.setdefault(b.record.workload.key(), {})[b.name] = b.eager_us
     return out
 
 
@@ -230,8 +247,14 @@ class ReplayRunner(Runner):
 
     def baselines(self, workload: Workload) -> list[BaselineOutcome]:
         stored = self.stored.baselines.get(workload.key(), {})
-        return [BaselineOutcome(name=name, samples_us=(us,), detail=f"replayed from {self.stored.label}")
+        eager = self.stored.baselines_eager.get(workload.key(), {})
+        return [BaselineOutcome(name=name, samples_us=(us,), detail=f"replayed from {self.stored.label}",
+                                eager_us=eager.get(name))
                 for name, us in stored.items()]
+
+    def holds(self, workload: Workload, candidate: Candidate) -> bool:
+        """Whether the replayed sweep has a trial of `candidate` on `workload`."""
+        return self.stored.trial(workload, candidate) is not None
 
     def run(self, workload: Workload, candidate: Candidate, deadline_s: float) -> CandidateOutcome:
         t = self.stored.trial(workload, candidate)
@@ -242,7 +265,9 @@ class ReplayRunner(Runner):
                 error=f"candidate {candidate.key()} is not in the replayed sweep {self.stored.label}",
             )
         samples = t.samples_us or ((t.median_us,) if t.median_us is not None else ())
+        eager, host = t.eager_us, t.host_us
         if self.noise and samples:
             samples = tuple(x * math.exp(self._rng.gauss(0.0, self.noise)) for x in samples)
-        return CandidateOutcome(status=t.status, samples_us=samples, max_rel_error=t.max_rel_error, error=t.error,
-                                extra={"replayed_from": self.stored.label})
+            eager, host = (None if v is None else v * math.exp(self._rng.gauss(0.0, self.noise)) for v in (eager, host))
+        return CandidateOutcome(status=t.status, samples_us=samples, eager_us=eager, host_us=host,
+                                max_rel_error=t.max_rel_error, error=t.error, extra={"replayed_from": self.stored.label})
