@@ -65,5 +65,5 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
     if "copy_engine" in backends and (workload.kind != "ag_gemm" or ws > 1):
         tried = (2, 4, 8) if workload.kind != "ag_gemm" else sorted({1, 2, 4, ws - 1, 2 * (ws - 1)})
         out += [decomposed_candidate(s) for s in tried if decomposed_offered(workload.kind, ws, workload.shape.m // ws, s)]
-    guards = [c for c in guard_candidates(workload, topology).values() if c not in out]
-    return guards + out
+    guards = list(guard_candidates(workload, topology).values())
+    return guards + [c for c in out if c not in guards]
