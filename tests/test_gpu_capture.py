@@ -62,11 +62,12 @@ def test_captured_calls_replay_right_on_two_and_four_gpus(world):
 
 
 @pytest.mark.multigpu
-@pytest.mark.parametrize("paths", ["ours", "ours,torch,async_tp"])
+@pytest.mark.parametrize("paths", ["ours", "ours,async_tp"])
 @pytest.mark.parametrize("close", [True, False], ids=["closed", "not_closed"])
 def test_a_process_with_captured_calls_exits(paths, close):
     """The process ends on its own after destroy_process_group, its graphs still alive, with
-    close_contexts() called first and without."""
+    close_contexts() called first and without. (Graphs that captured torch's own NCCL collectives
+    keep destroy_process_group from returning while they live: docs/reliability.md.)"""
     import os
     import subprocess
     import sys

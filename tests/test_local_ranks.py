@@ -103,3 +103,26 @@ def test_the_group_port_is_free_and_outside_the_ephemeral_range():
             assert p != min(ports)
             with socket.socket() as s:
                 s.bind(("127.0.0.1", p))
+
+
+def test_a_torchrun_process_joins_on_its_local_gpu_with_multicast_off(monkeypatch):
+    """`join_torchrun` (the torchrun benchmarks): LOCAL_RANK's GPU selected, the NCCL group formed
+    from torchrun's environment on that device, and NVLink multicast off even where the environment
+    had turned it on."""
+    import torch
+    import torch.distributed as dist
+
+    from syncopate.kernels.local_ranks import join_torchrun
+    from syncopate.workers.env import MULTICAST_OFF
+
+    calls = []
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    for var in MULTICAST_OFF:
+        monkeypatch.setenv(var, os.environ.get(var, ""))  # restored after the test
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: calls.append(("set_device", index)))
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, device_id: calls.append((backend, device_id)))
+    device = join_torchrun()
+    assert device == torch.device("cuda", 3)
+    assert calls == [("set_device", 3), ("nccl", torch.device("cuda", 3))]
+    assert {var: os.environ[var] for var in MULTICAST_OFF} == MULTICAST_OFF

@@ -4,6 +4,7 @@ calibrate`, the two-GPU tests and `benchmarks/probe_faults.py` share.
 `spawn_ranks(target, world, args, what)` starts `target(rank, world, port, *args, queue)` in a
 spawned process per GPU (NVLink multicast off in all of them) and returns the first item a rank
 puts on `queue`, failing as soon as a rank dies; each rank starts with `join_group(rank, world, port)`.
+A process that torchrun started joins with `join_torchrun()` (`benchmarks/train_step.py`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from syncopate.workers.env import MULTICAST_OFF
 
-__all__ = ["free_port", "join_group", "spawn_ranks"]
+__all__ = ["free_port", "join_group", "join_torchrun", "spawn_ranks"]
 
 
 def free_port() -> int:
@@ -58,6 +59,20 @@ def join_group(rank: int, world: int, port: int, shared_gpu: bool = False):
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     else:
         dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world, device_id=device)
+    return device
+
+
+def join_torchrun():
+    """In a process torchrun started: multicast off, the GPU of its LOCAL_RANK selected, the NCCL
+    group formed from torchrun's environment; its device."""
+    os.environ.update(MULTICAST_OFF)
+    import torch
+    import torch.distributed as dist
+
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    device = torch.device("cuda", local)
+    dist.init_process_group("nccl", device_id=device)
     return device
 
 
