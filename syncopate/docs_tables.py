@@ -301,7 +301,67 @@ def cost_model(root: Path) -> str:
             f"the candidate it ranks first measured; from {_files([n for _, n in STRATEGY_RUNS])}.\n")
 
 
+LAYER_RUNS = "layers-2026-11-27-h100.json"
+"""`syncopate bench --layer` runs, each with the configurations of `results/layers-h100.db`."""
+
+TRAIN_RUNS = ("train-2026-11-27-h100x4.json",)
+"""`benchmarks/train_step.py` runs."""
+
+
+def layers(root: Path) -> str:
+    """Tensor-parallel MLP layers as a job runs them: per mode and pass, each path's time an
+    iteration and torch's, async-TP's and the untuned defaults' over the looked-up configurations'."""
+    doc = _read_json(root / "results" / LAYER_RUNS)
+    rows = []
+    gpu = torch_version = ""
+    for run in doc["runs"]:
+        b, res = run["bench"], run["results"]
+        gpu, torch_version = run["gpu"], run["torch"]
+        keys = [k for k in ("eager/forward", "eager/forward_backward", "graph/forward", "graph/forward_backward")
+                if k in res.get("syncopate", {})]
+        for key in keys:
+            def t(impl, key=key):
+                return res.get(impl, {}).get(key)
+
+            ours = t("syncopate")
+
+            def ratio(impl, ours=ours, t=t):
+                other = t(impl)
+                return None if other is None or not ours else other / ours
+
+            rows.append([f"TP={b['tp']}", f"{b['hidden']}/{b['ffn']}", str(b["tokens"]), key.replace("_", "+"),
+                         _t(t("torch")), _t(t("async_tp")), _t(ours), _t(t("default")), _r(ratio("torch")),
+                         _r(ratio("async_tp")), _r(ratio("default"))])
+    table = _table(["TP", "hidden/ffn", "tokens", "mode/pass", "torch", "async-TP", "ours", "defaults",
+                    "torch / ours", "async-TP / ours", "defaults / ours"], rows)
+    return (f"{table}\n\nSwiGLU MLP layers (gate and up in one column layer), sequence parallel, bf16; µs an "
+            f"iteration (median of seven repetitions of ten back to back; `graph`: one iteration captured and "
+            f"replayed); {gpu}, torch {torch_version}; from `results/{LAYER_RUNS}`. Above 1: ours is faster.\n")
+
+
+def train_step(root: Path) -> str:
+    """Training steps of a transformers Llama model under tensor parallelism, torch's styles and ours."""
+    rows = []
+    notes = []
+    for name in TRAIN_RUNS:
+        doc = _read_json(root / "results" / name)
+        m = doc["model"]
+        torch_ms = next((v["step_ms"] for v in doc["variants"] if v["variant"] == "torch"), None)
+        for v in doc["variants"]:
+            speed = None if torch_ms is None or not v.get("step_ms") else torch_ms / v["step_ms"]
+            rows.append([m["name"], str(m["layers"]), f"TP={doc['world']}", str(doc["tokens"]), v["variant"],
+                         f"{v['step_ms']:.2f}", f"{v['tokens_per_s']:.0f}", f"{v['peak_bytes'] / 2**30:.2f}",
+                         f"{v['max_loss_diff_vs_torch']:.2e}", _r(speed)])
+        notes.append(f"{doc['device']}, torch {doc['versions']['torch']}, transformers {doc['versions']['transformers']}, "
+                     f"median of {doc['steps']} steps after {doc['warmup']}, `results/{name}`")
+    table = _table(["model", "layers", "TP", "tokens", "variant", "step ms", "tokens/s", "peak GiB",
+                    "max |Δloss| vs torch", "torch / variant"], rows)
+    return f"{table}\n\n{'; '.join(notes)}.\n"
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
+    "layers": layers,
+    "train-step": train_step,
     "summary": summary,
     "suite-tp2": suite_tp2,
     "suite-tp4": suite_tp4,
