@@ -360,8 +360,6 @@ def train_step(root: Path) -> str:
 
 
 TABLES: dict[str, Callable[[Path], str]] = {
-    "layers": layers,
-    "train-step": train_step,
     "summary": summary,
     "suite-tp2": suite_tp2,
     "suite-tp4": suite_tp4,
@@ -369,6 +367,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "short-tp2": short_tp2,
     "strategies": strategies,
     "cost-model": cost_model,
+    "layers": layers,
+    "train-step": train_step,
 }
 """Table name (as in `<!-- generated: NAME -->`) → its generator, given the repository root."""
 
