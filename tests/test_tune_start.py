@@ -93,6 +93,17 @@ def test_a_gpu_runner_without_gpus_is_refused_before_ray_and_makes_no_database(t
     assert not (tmp_path / "t.db").exists()
 
 
+@pytest.mark.parametrize("runner", ["model", "replay"])
+def test_an_in_process_runner_refused_by_its_config_makes_no_database(tmp_path, no_ray, runner):
+    # runner model predicts for a named topology, not `detect`; runner replay needs a replay: section
+    config = fixture_sweep(tmp_path, runner=runner, topology="detect")
+    code, err, _ = tune(config, "--db", tmp_path / "t.db")
+    assert code == 2 and len(err) == 1, (code, err)  # the config is what is wrong
+    line = err[0]
+    assert ("topology named in the config" in line) if runner == "model" else ("needs a `replay:` section" in line)
+    assert not (tmp_path / "t.db").exists()
+
+
 def test_another_applications_file_is_refused_before_ray_and_left_as_it_was(tmp_path, no_ray):
     config = fixture_sweep(tmp_path)
     db = tmp_path / "notes.db"

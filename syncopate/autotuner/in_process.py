@@ -96,6 +96,7 @@ def run_in_process(plan: Any, previous: StoredSweep | None, store: TrialStore, c
     try:
         for w in sweep.workloads:
             w.check_world_size(topology.world_size)
+        store.prepare_writes()  # nothing left that could refuse the run: make the database where it is new
         device = runner.bind_device(0, [0])
         runner.setup(0, 1, None)
         environment = _environment(runner, device)

@@ -53,6 +53,8 @@ def load_calibration(topology: Topology, environment: Environment | None, db: st
     results database `db` where it can be opened; the defaults otherwise (policy `auto`)."""
     if policy == "default":
         return resolve_calibration(topology, environment, None, "default")
+    if policy == "auto" and _new_sqlite_file(db):  # nothing measured there yet: the defaults, said as such
+        return resolve_calibration(topology, environment, None, "auto")
     try:
         from syncopate.results_db import ResultsDB
 
@@ -67,6 +69,17 @@ def load_calibration(topology: Topology, environment: Environment | None, db: st
         return resolve_calibration(topology, environment, None, "auto")
     with opened:
         return resolve_calibration(topology, environment, opened, policy)
+
+
+def _new_sqlite_file(db: str | None) -> bool:
+    """Whether `db` names a SQLite file that does not exist yet (a first run makes it later)."""
+    from syncopate.results_db.urls import locate
+
+    try:
+        path = locate(db).sqlite_path
+    except Exception:  # a URL that does not parse: the open below says what is wrong
+        return False
+    return path is not None and not path.exists()
 
 
 def stored_done(

@@ -194,7 +194,6 @@ def run_tune(
         if plan.runner in IN_PROCESS_RUNNERS:
             from syncopate.autotuner.in_process import run_in_process
 
-            store.prepare_writes()
             return run_in_process(plan, previous, store, console or Console(stderr=True))
         if plan.declared_gpus is None and plan.ray_address is None and not os.environ.get("RAY_ADDRESS"):
             check_local_gpus(plan.topology, plan.runner)
