@@ -24,7 +24,10 @@ from syncopate.results_db.lookups import clear_cache, lookup
 from syncopate.search_space import Workload
 from syncopate.workers.fixture_runner import FixtureRunner, candidate_time
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # one Ray cluster; most tests form gangs
+# One Ray cluster for the module (most tests form gangs). The xdist group "ray" holds every test that
+# starts Ray, here or in a `syncopate tune` process: one worker runs them one after another, so that
+# two local clusters never run at once.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 W_AG = "ag_gemm/4096x4096x4096/bf16"
 W_RS = "gemm_rs/4096x8192x4096/bf16"
