@@ -46,8 +46,9 @@ def pytest_configure(config):
     xdist = md.version("pytest-xdist")
     if Version(pytest.__version__) >= Version("9.2.0.dev0") and Version(xdist) < Version("3.9.0.dev0"):
         raise pytest.UsageError(
-            f"pytest-xdist {xdist} cannot keep the xdist_group tests together on pytest {pytest.__version__}: "
-            f"install the dev extra's pytest (pip install -e '.[dev]', pytest<9.2), or run in one process with -n 0"
+            f"pytest-xdist {xdist} cannot keep the xdist_group tests together on pytest "
+            f"{pytest.__version__}: install the dev extra's pytest (pip install -e '.[dev]', pytest<9.2), "
+            f"or run in one process with -n 0"
         )
 
 

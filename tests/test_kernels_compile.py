@@ -2,8 +2,8 @@
 
 The interpreter tests run the kernels' logic; this one runs what only the compiler sees (TMA
 descriptors, the PTX acquire waits, the producer's pointer and TMA epilogues, the consumer and
-producer in Gluon, which no interpreter runs, the copier, the last pull) in a fresh process, so that a kernel Triton cannot compile
-fails here rather than at the start of a GPU run.
+producer in Gluon, which no interpreter runs, the copier, the last pull) in a fresh process, so that
+a kernel Triton cannot compile fails here rather than at the start of a GPU run.
 """
 
 from __future__ import annotations

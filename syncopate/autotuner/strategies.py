@@ -23,7 +23,14 @@ from typing import Any, ClassVar
 from syncopate.errors import ConfigError, RuntimeUnavailableError
 from syncopate.records import Environment, TrialRecord
 from syncopate.search_space import (
-    BACKENDS, Candidate, SpaceOptions, Topology, Workload, bench_grid, space_refusal, space,
+    BACKENDS,
+    Candidate,
+    SpaceOptions,
+    Topology,
+    Workload,
+    bench_grid,
+    space,
+    space_refusal,
 )
 
 __all__ = [

@@ -128,7 +128,7 @@ def load_sweep_file(path: str | os.PathLike[str]) -> StoredSweep:
                             synthetic=bool(doc.get("synthetic", False)))
         env = environment or Environment(syncopate="?", torch="?", triton="?", cuda="?", nccl="?", driver="?",
                                          gpu_model=topology.gpu_model)
-        for i, entry in enumerate(doc["workloads"]):
+        for entry in doc["workloads"]:
             w = Workload.from_dict(entry["workload"])
             sweep.baselines[w.key()] = {k: float(v) for k, v in entry.get("baselines", {}).items()}
             table = sweep.trials.setdefault(w.key(), {})

@@ -4,11 +4,10 @@ The interpreter runs the kernels' logic but not what only the compiler sees: the
 path, the PTX acquire waits, register-heavy epilogues, and whatever a Triton release changed in its
 front end. This script points Triton at an sm_90 target, makes every launch a compile-only warm-up,
 and compiles the variants the tuner launches on GPUs (TMA and pointer paths, the consumer's last wave
-cut in K, K-major B, split and
-unsplit producer epilogues, pointer and TMA epilogues, kept chunks finished in the epilogue or deferred, reduce-scatter and
-all-reduce, the consumer and producer in Gluon, the SM-driven copier, a captured call's entry, the
-decomposed all-reduce's last pull). Run it in a fresh
-process without TRITON_INTERPRET; it prints one line per variant and exits 1 if any fails.
+cut in K, K-major B, split and unsplit producer epilogues, pointer and TMA epilogues, kept chunks
+finished in the epilogue or deferred, reduce-scatter and all-reduce, the consumer and producer in
+Gluon, the SM-driven copier, a captured call's entry, the decomposed all-reduce's last pull). Run
+it in a fresh process without TRITON_INTERPRET; it prints one line per variant and exits 1 if any fails.
 
     python tests/support/compile_sm90.py
 """
@@ -17,9 +16,9 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 import time
 import traceback
+from pathlib import Path
 
 import torch
 
