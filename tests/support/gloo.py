@@ -8,8 +8,9 @@ with the exit codes, rather than when a queue read times out.
 The processes come from a fork server that has imported torch once (the `forkserver` start method,
 torch preloaded), not each from a fresh interpreter: importing torch is most of what starting a rank
 costs, and the suite starts dozens of ranks. Each rank is still a process of its own that imports
-the worker's module and shares nothing with the test's process but what it is passed; it runs in
-the environment and folder the test has when it starts the rank, as a spawned one would.
+the worker's module and shares nothing with the test's process but what it is passed. The worker
+runs in the environment and folder the test has when it starts the rank, as in a spawned one; the
+imports before it see the environment of when the server started (the first ranks of the session).
 """
 
 from __future__ import annotations
