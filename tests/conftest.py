@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -30,6 +31,11 @@ def _cuda_count() -> int:
 # for a GPU that is not there (tests/test_kernels_interpreter.py sets it too, for GPU machines).
 if _cuda_count() == 0:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Hypothesis's time limit per example (200 ms) is not what the property tests check, and a machine
+# busy with the other worker's tests can pass it: no limit.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 
 def pytest_configure(config):
