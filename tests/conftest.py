@@ -5,8 +5,15 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# One compute thread per process, in the test processes and in every process a test starts (which
+# inherit it): the suite runs two workers on CI's two cores and the ranks of a test side by side, so
+# more threads only oversubscribe the cores, where OpenMP's idle threads spin for a core that is
+# busy. Set before torch or numpy is imported here; a value already set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _cuda_count() -> int:
@@ -25,10 +32,40 @@ def _cuda_count() -> int:
 if _cuda_count() == 0:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Hypothesis's time limit per example (200 ms) is not what the property tests check, and a machine
+# busy with the other worker's tests can pass it: no limit.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
+
+def pytest_configure(config):
+    """Under `--dist loadgroup`, pytest-xdist up to 3.8 sends the tests of a group to one worker by
+    appending `@group` to their ids, which pytest 9.2 no longer lets it change (pytest-xdist issue
+    1386): the groups would be dropped without a word and grouped tests run at once. Refuse that
+    pair, saying what to do."""
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    import importlib.metadata as md
+
+    from packaging.version import Version
+
+    xdist = md.version("pytest-xdist")
+    if Version(pytest.__version__) >= Version("9.2.0.dev0") and Version(xdist) < Version("3.9.0.dev0"):
+        raise pytest.UsageError(
+            f"pytest-xdist {xdist} cannot keep the xdist_group tests together on pytest "
+            f"{pytest.__version__}: install the dev extra's pytest (pip install -e '.[dev]', pytest<9.2), "
+            f"or run in one process with -n 0"
+        )
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
 def pytest_collection_modifyitems(config, items):
+    """Skip what needs GPUs that are not here; put the GPU tests in one xdist group: two at once
+    would share the devices."""
     gpus = _cuda_count()
     for item in items:
+        if "gpu" in item.keywords or "multigpu" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("gpu"))
         if "gpu" in item.keywords and gpus < 1:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; none is present"))
         if "multigpu" in item.keywords and gpus < 2:

@@ -2,8 +2,10 @@
 
 | sweep | name | topology | environment | what |
 |---|---|---|---|---|
-| 1 | llama | H200x2-nvlink | ENV (torch 2.11) | W1: 3 ok + 3 failed measured, 1 predicted; W2: 2 ok; W3 (fp16): 1 ok, no baselines |
-| 2 | llama-upgrade | H200x2-nvlink | OTHER_ENV (torch 2.12) | W1: ok 420 (slower than 400); W2: ok 320 (faster than 330) |
+| 1 | llama | H200x2-nvlink | ENV (torch 2.11) | W1: 3 ok + 3 failed measured, 1 predicted; |
+| | | | | W2: 2 ok; W3 (fp16): 1 ok, no baselines |
+| 2 | llama-upgrade | H200x2-nvlink | OTHER_ENV (torch 2.12) | W1: ok 420 (slower than 400); |
+| | | | | W2: ok 320 (faster than 330) |
 | 3 | h100 | H100x8-nvswitch | ENV | W2: two crashes, nothing ok |
 
 Sweep 1's W1 baselines give speedups 600/400 = 1.5 over torch_seq and 480/400 = 1.2 over async-TP,

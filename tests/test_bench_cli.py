@@ -98,8 +98,7 @@ def test_without_a_topology_gpus_or_every_visible_gpu():
     ("gemm_ar", "H200x8-nvswitch", {2, 4}),
 ])
 def test_the_tiny_grid_tries_one_chunk_a_rank_for_all_gathers_on_four_ranks_and_more(kind, topology, splits):
-    from syncopate.search_space import bench_grid
-    from syncopate.search_space import Workload
+    from syncopate.search_space import Workload, bench_grid
 
     from syncopate.search_space import guard_candidates
 
@@ -118,8 +117,7 @@ def test_the_tiny_grid_tries_one_chunk_a_rank_for_all_gathers_on_four_ranks_and_
 def test_the_tiny_grid_gathers_in_one_gemm_a_group_of_shards_or_a_part_of_each(topology, splits):
     """The decomposed all-gather: its splits the template takes on that many ranks, one GEMM over
     every peer's rows (1) up to one a part of each shard (2 x (ws - 1)), never for a reduction."""
-    from syncopate.search_space import bench_grid
-    from syncopate.search_space import DECOMPOSED, Workload
+    from syncopate.search_space import DECOMPOSED, Workload, bench_grid
 
     topo = Topology.from_key(topology)
     grid = bench_grid(Workload(kind="ag_gemm", shape=(8192, 8192, 8192)), topo, "tiny", ("copy_engine",))

@@ -3,7 +3,8 @@ measured on two H200s (results/bench-2026-11-22-h200x2-ag2048.json): what is sto
 the environment it is stored under, files it refuses; and `results/h200x2.db` holds exactly the
 imports of the two-GPU bench files under results/ (that one, the LLaMA TP=2 suite's two of
 2026-11-22 and its two runs of 2026-11-26 with the cuBLAS templates), `results/h200x4.db` those of
-the TP=4 suite's two runs of 2026-11-26 and three of 2026-11-27, and `lookup` on each serves the fastest trial measured."""
+the TP=4 suite's two runs of 2026-11-26 and three of 2026-11-27, and `lookup` on each serves the
+fastest trial measured."""
 
 from __future__ import annotations
 

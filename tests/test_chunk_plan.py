@@ -36,7 +36,7 @@ def test_every_row_arrives_exactly_once_on_every_rank(collective):
             spans = sorted([(t.row_start, t.row_end) for t in plan.recvs(r, "gather")] + [own])
             # Sorted spans that start where the previous one ended cover [0, M) once, without overlap.
             assert spans[0][0] == 0 and spans[-1][1] == plan.total_rows
-            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), (plan.template, plan.world_size, r)
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(spans)), (plan.template, plan.world_size, r)
             assert all(lo < hi for lo, hi in spans)
 
 
@@ -120,7 +120,7 @@ def test_templates_differ_in_who_sends():
 
 def test_chunks_align_to_block_m_when_asked():
     plan = build_plan("direct", "all_gather", 2, 8192, 8, align=128)
-    for lo, hi in plan.chunk_rows():
+    for lo, _ in plan.chunk_rows():
         assert lo % 128 == 0
     assert plan.chunk_rows()[-1][1] == 8192
 

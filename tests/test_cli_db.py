@@ -12,8 +12,8 @@ import sys
 
 import pytest
 import sqlalchemy as sa
-
 from db_data import TOPO, W, baseline, trial, workload
+
 from syncopate.cli import main
 from syncopate.records import Environment
 from syncopate.results_db import ResultsDB

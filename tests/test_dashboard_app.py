@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed")
 
+import dashboard_data as fx  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-import dashboard_data as fx  # noqa: E402
 from syncopate.dashboard import data  # noqa: E402
 from syncopate.results_db import ResultsDB  # noqa: E402
 
@@ -154,7 +154,7 @@ def test_sweeps_side_by_side(monkeypatch, url):
     at.selectbox(key="sweep_a").set_value(1).run()
     at.selectbox(key="sweep_b").set_value(2).run()
     envs = at.dataframe[1].value
-    assert dict(zip(envs["field"], envs["changed"]))["torch"]
+    assert dict(zip(envs["field"], envs["changed"], strict=True))["torch"]
     compared = at.dataframe[2].value
     assert sorted(compared["B / A"].dropna()) == [pytest.approx(0.97), pytest.approx(1.05)]
     assert charts(at)[0]["title"] == "Sweep 2 against sweep 1"

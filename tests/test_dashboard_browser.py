@@ -20,9 +20,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 import dashboard_data as fx
+import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

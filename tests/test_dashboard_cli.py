@@ -8,9 +8,9 @@ import re
 import socket
 import sys
 
+import dashboard_data as fx
 import pytest
 
-import dashboard_data as fx
 from syncopate.cli import main
 from syncopate.dashboard import serve as serve_module
 

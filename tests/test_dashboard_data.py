@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import math
 
+import dashboard_data as fx
 import pandas as pd
 import pytest
 
-import dashboard_data as fx
 from syncopate.dashboard import data
 from syncopate.errors import ConfigError
 from syncopate.results_db import ResultsDB
@@ -95,7 +95,7 @@ def test_overview_lists_shapes_without_ok_trials_and_without_baselines(db):
 )
 def test_overview_filters(db, filters, expected):
     frame = data.overview(db, filters)
-    assert set(zip(frame["workload"], frame["environment"], frame["source"])) == expected
+    assert set(zip(frame["workload"], frame["environment"], frame["source"], strict=True)) == expected
     assert list(frame.columns) == list(data.overview(db).columns)
 
 
@@ -154,7 +154,7 @@ def test_backend_splits_tile_orders_and_failures(db):
     cells = data.backend_splits(db, sel())
     found = {
         (b, s): (best, n)
-        for b, s, best, n in zip(cells["backend"], cells["num_splits"], cells["best_us"], cells["trials"])
+        for b, s, best, n in zip(cells["backend"], cells["num_splits"], cells["best_us"], cells["trials"], strict=True)
     }
     assert found[("copy_engine", 2)] == (400.0, 1) and found[("copy_engine", 4)] == (500.0, 1)
     assert found[("nccl", 2)] == (450.0, 1) and math.isnan(found[("nccl", 4)][0])
@@ -166,7 +166,7 @@ def test_backend_splits_tile_orders_and_failures(db):
     assert (arrival["best_us"], arrival["trials"], arrival["ok"], arrival["failed"]) == (400.0, 3, 1, 2)
     assert row(orders, tile_order="swizzle")["mean_us"] == 500.0
     failed = data.failures(db, sel())
-    assert list(zip(failed["status"], failed["error"], failed["trials"])) == [
+    assert list(zip(failed["status"], failed["error"], failed["trials"], strict=True)) == [
         ("oom", fx.OOM_ERROR, 2),
         ("compile_error", fx.COMPILE_ERROR, 1),
     ]
@@ -209,7 +209,7 @@ def test_compare_two_sweeps(db):
     assert len(data.compare_sweeps(db, 1, 2, data.Filters(sources=("measured",), dtypes=("bf16",)))) == 2
 
     diff = data.environment_diff(db, 1, 2)
-    changed = dict(zip(diff["field"], diff["changed"]))
+    changed = dict(zip(diff["field"], diff["changed"], strict=True))
     assert changed["torch"] and changed["triton"] and not changed["cuda"] and not changed["gpu_model"]
     assert list(diff.columns) == ["field", "A: sweep 1", "B: sweep 2", "changed"]
 
@@ -269,7 +269,7 @@ def test_the_unfused_template_is_a_backend_of_its_own(db_url):
                               fx._trial(fx.W1, fused_nccl, median=450.0, minute=2),
                               fx._trial(fx.W1, fx.CE2, median=400.0, minute=3)])
         cells = data.backend_splits(rdb, sel())
-        found = {(b, n): best for b, n, best in zip(cells["backend"], cells["num_splits"], cells["best_us"])}
+        found = {(b, n): best for b, n, best in zip(cells["backend"], cells["num_splits"], cells["best_us"], strict=True)}
         assert found == {("copy_engine", 2): 400.0, ("nccl", 1): 450.0, ("unfused", 1): 390.0}
         trials = data.convergence(rdb, sel())
         assert list(trials["backend"]) == ["unfused", "nccl", "copy_engine"]

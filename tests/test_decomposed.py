@@ -95,7 +95,8 @@ def test_own_rows_of_the_first_half_are_one_gemm_on_two_ranks():
     assert decomposed.DecomposedPlan.of(0, 2, 8192, 64, splits=2).own_chunks(0) == [(0, 2048), (2048, 4096)]
     four = decomposed.DecomposedPlan.of(0, 4, 8192, 64, all_reduce=True, splits=4)
     assert four.own_chunks(2) == [(0, 512), (512, 1024), (1024, 1536), (1536, 1792), (1792, 2048)]
-    # the last two copied into the output together: a two-rank all-reduce's only (what the cost model times too)
+    # the last two copied into the output together: a two-rank all-reduce's only (what the cost
+    # model times too)
     assert [tail_copied_together(p.chunks(0), p.world_size, p.all_reduce) for p in (two_ar, two_rs, four)] == [
         True, False, False]
 

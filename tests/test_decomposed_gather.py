@@ -120,7 +120,7 @@ def test_each_gemm_starts_after_the_pushes_of_the_rows_it_reads(world, ws, split
         mine = sorted((start, end, label, chunk) for rr, cc, label, chunk, start, end in w.spans if (rr, cc) == (r, call)
                       and label in ("own rows", "peers' rows"))
         assert mine[0][2] == "own rows" and len(mine) == 1 + len(gather_gemms(ws, r, m_local, splits))
-        for (_, _, read), (start, _, _, _) in zip(gather_gemms(ws, r, m_local, splits), mine[1:]):
+        for (_, _, read), (start, _, _, _) in zip(gather_gemms(ws, r, m_local, splits), mine[1:], strict=True):
             for q, j in read:
                 assert start > pushed[q, call, r, j], (r, call, q, j)
 
@@ -142,7 +142,7 @@ def test_the_gemms_cover_every_peer_row_once_in_contiguous_pieces(ws):
             bounds = [(j * m_local // parts, (j + 1) * m_local // parts) for j in range(parts)]
             for lo, hi, read in gemms:
                 runs = sorted((q * m_local + bounds[j][0], q * m_local + bounds[j][1]) for q, j in read)
-                assert runs[0][0] == lo and runs[-1][1] == hi and all(x[1] == y[0] for x, y in zip(runs, runs[1:]))
+                assert runs[0][0] == lo and runs[-1][1] == hi and all(x[1] == y[0] for x, y in itertools.pairwise(runs))
             landing = [(r - d) % ws for d in range(1, ws)]
             first_read = [landing.index(read[0][0]) for _, _, read in gemms]
             if parts > 1 or splits == ws - 1:

@@ -16,7 +16,7 @@ from syncopate.autotuner.tune import TuneOptions, run_tune
 from syncopate.cli import main
 from syncopate.results_db import ResultsDB
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow, pytest.mark.xdist_group("ray")]  # see test_tune_ray.py
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -7,8 +7,8 @@ random inputs every call, errors within what the unfused path's own rounding in 
 (`ROUNDING`), and 100 back-to-back calls with changing inputs for each backend and kind;
 producers with more boundary tiles than programs. Every other all-gather call returns the gathered
 A too, which must equal every rank's shard in rank order (filled on a side stream with unbounded
-waits; every fourth call with bounded waits, which copy it after the call). Candidates `check_candidate` refuses (tile orders
-that can deadlock) are skipped.
+waits; every fourth call with bounded waits, which copy it after the call). Candidates
+`check_candidate` refuses (tile orders that can deadlock) are skipped.
 The cases run in one process a rank (spawning is slow); a failure names every case that failed.
 """
 
@@ -50,8 +50,8 @@ def matrix(quick: bool = False, world: int = 2):
         Workload,
         a_stationary_candidate,
         c_stationary_candidate,
-        decomposed_candidate,
         check_candidate,
+        decomposed_candidate,
         gather_splits_refusal,
         unfused_candidate,
     )
@@ -296,7 +296,7 @@ def run_ranks(target, world: int, args: tuple = (), timeout: float = 1800) -> di
                 for p in procs:
                     p.kill()
                 what = f"rank(s) {dead} exited with {[procs[r].exitcode for r in dead]}" if dead else f"{timeout:.0f} s"
-                raise AssertionError(f"the ranks did not all report: {what}; reported: {sorted(results)}")
+                raise AssertionError(f"the ranks did not all report: {what}; reported: {sorted(results)}") from None
     for p in procs:
         p.join(timeout=120)
         if p.is_alive():

@@ -1,14 +1,13 @@
 """Layer: one GPU. A fused kernel relaunched from a context's cache (`launch._Relaunch`) computes
 what a launch through Triton's dispatch computes, with each call's own tensors (fresh inputs and
 poisoned outputs every call, against float32), for the consumer and both producers (in Triton and
-in Gluon, the Gluon consumer also with chunks landing while it runs); an output whose address changes alignment takes the full launch again. The checks
-(tests/support/relaunch_check.py) run in a fresh process without TRITON_INTERPRET, which the
-interpreter tests set in this one."""
+in Gluon, the Gluon consumer also with chunks landing while it runs); an output whose address
+changes alignment takes the full launch again. The checks (tests/support/relaunch_check.py) run in
+a fresh process without TRITON_INTERPRET, which the interpreter tests set in this one."""
 
 from __future__ import annotations
 
 import pytest
-
 from support.checks import run_script
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]

@@ -102,7 +102,8 @@ def _late_peer_worker(rank, world, port, q):
 def test_a_late_peer_is_waited_for_and_a_short_spin_limit_says_so():
     reports = run_ranks(_late_peer_worker, 2, timeout=600)
     for kind, backend, spin_limit, err, timeouts in reports[0]:  # rank 0 waits for rank 1, which is late
-        print(f"rank 0 {kind:8s} {backend:12s} spin limit {spin_limit:>10d}: rel err {err:.3g}, timed out {timeouts}/3")
+        print(f"rank 0 {kind:8s} {backend:12s} spin limit {spin_limit:>10d}: "
+              f"rel err {err:.3g}, timed out {timeouts}/3")
         if spin_limit > 1:
             assert err <= TOL["bf16"] and timeouts == 0, (kind, backend, err, timeouts)
         else:

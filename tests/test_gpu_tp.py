@@ -7,10 +7,10 @@ partial sums are rounded once more a rank; 1.19× at most on one H100 with 2 and
 5e-4, not more.
 
 Ranks sharing one GPU (gloo group, buffers through CUDA IPC; 2 and 4 ranks, and 4 ranks as two
-tensor-parallel groups of 2) check the transfers between processes on a one-GPU machine. With one GPU a rank (NCCL group: a group of one on a
-one-GPU machine, two ranks on two GPUs) the `nccl` backend, the looked-up configurations, a column
-layer that gathers x again in the backward, torch's unfused path (`impl="torch"`) and torch's fused
-ops (`impl="async_tp"`) run too.
+tensor-parallel groups of 2) check the transfers between processes on a one-GPU machine. With one
+GPU a rank (NCCL group: a group of one on a one-GPU machine, two ranks on two GPUs) the `nccl`
+backend, the looked-up configurations, a column layer that gathers x again in the backward, torch's
+unfused path (`impl="torch"`) and torch's fused ops (`impl="async_tp"`) run too.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _tp_worker(rank, world, port, shared, tp, q):
 
         def whole_params(layers):
             return {f"{n}.{w}": getattr(layer, "weight" if w == "w" else "bias")
-                    for n, layer in zip(("gate", "up", "down"), layers) for w in ("w", "b")}
+                    for n, layer in zip(("gate", "up", "down"), layers, strict=True) for w in ("w", "b")}
 
         n, n2 = fc1.parts[0], fc2.weight.shape[1]
         lo, hi = me * SEQ // tp, (me + 1) * SEQ // tp
@@ -115,7 +115,8 @@ def _check(reports):
     for rank, report in sorted(reports.items()):
         for label, sp, step, name, err, yard in report:
             if not err <= 1.5 * yard + 5e-4:
-                failures.append(f"rank {rank} {label} sp={sp} step {step} {name}: rel err {err:.3g}, whole bf16 MLP {yard:.3g}")
+                failures.append(f"rank {rank} {label} sp={sp} step {step} {name}: "
+                                f"rel err {err:.3g}, whole bf16 MLP {yard:.3g}")
     worst = {}
     for label, sp, _, name, err, yard in reports[0]:
         worst[(label, sp, name)] = max(worst.get((label, sp, name), (0, 0)), (err, yard))
@@ -160,7 +161,6 @@ def _compile_worker(rank, world, port, q):
     dev = join_group(rank, world, port)
     import torch
     import torch.distributed as dist
-
     from torch.utils.checkpoint import checkpoint
 
     from syncopate.kernels import ops
@@ -191,7 +191,7 @@ def _compile_worker(rank, world, port, q):
                 y.float().square().sum().backward()
                 got[name] = [y.detach(), xi.grad, col.weight.grad, row.weight.grad]
             for name in variants:
-                report.append((name, sp, step, [relative_error(c, e) for c, e in zip(got[name], got["eager"])]))
+                report.append((name, sp, step, [relative_error(c, e) for c, e in zip(got[name], got["eager"], strict=True)]))
         # Inference in CUDA graphs: torch.compile's reduce-overhead mode records the whole MLP, the
         # fused ops in it, after its warm-up calls, and replays it.
         graphed = torch.compile(mlp, mode="reduce-overhead", fullgraph=True)
@@ -219,7 +219,7 @@ def _compile_worker(rank, world, port, q):
         xs = [torch.randn(rows, BATCH, HIDDEN, device=dev).bfloat16() for _ in range(4)]
         with torch.no_grad():
             ys = [graphed(x).clone() for x in xs]
-            for step, (x, y) in enumerate(zip(xs, ys)):
+            for step, (x, y) in enumerate(zip(xs, ys, strict=True)):
                 report.append((label, True, step, [relative_error(y, mlp2(x))]))
     ops.close_contexts()
     q.put((rank, report))

@@ -429,9 +429,8 @@ def test_the_copier_is_staged_before_the_kernel_and_enqueued_without_allocating(
     """An allocation between the fused kernel's launch and its communication is an implicit
     synchronization point (the side streams would wait for the kernel that waits for them): the
     SM copier's job tables are made when the call is staged, and enqueueing allocates nothing."""
-    from types import SimpleNamespace
-
     import ctypes
+    from types import SimpleNamespace
 
     from syncopate.kernels import launch, streamops
     from syncopate.kernels.backends import BACKEND_IMPLS, ScatterCall

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from support import rank_targets
+
 from syncopate.kernels.local_ranks import spawn_ranks
 
 pytestmark = pytest.mark.timeout(180)

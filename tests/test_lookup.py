@@ -11,11 +11,17 @@ import textwrap
 
 import pytest
 import torch
+from db_data import ENV, OTHER_ENV, TOPO, W, trial, workload
 
 import syncopate
-from db_data import ENV, OTHER_ENV, TOPO, W, trial, workload
 from syncopate.cli import main
-from syncopate.errors import ConfigError, DatabaseError, LookupFailedError, RuntimeUnavailableError, SchemaError
+from syncopate.errors import (
+    ConfigError,
+    DatabaseError,
+    LookupFailedError,
+    RuntimeUnavailableError,
+    SchemaError,
+)
 from syncopate.records import TrialRecord
 from syncopate.results_db import ResultsDB
 from syncopate.results_db.lookups import clear_cache, lookup, shape_distance

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support.stored import rows
+
 from syncopate.autotuner.sweep import load_sweep
 from syncopate.search_space import space
 from syncopate.workers.replay_runner import load_sweep_db

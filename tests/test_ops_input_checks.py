@@ -1,6 +1,6 @@
 """Layer: CPU. The fused ops reject bad input with one clear ConfigError (a ValueError) before
-anything is launched: wrong ranks, dtypes, shapes, layouts, devices, no process group, or, under CUDA graph capture,
-the first call of a shape or a bounded wait."""
+anything is launched: wrong ranks, dtypes, shapes, layouts, devices, no process group, or, under
+CUDA graph capture, the first call of a shape or a bounded wait."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ import dataclasses
 import multiprocessing as mp
 
 import pytest
-
 from db_data import ENV, TOPO, workload
+
 from syncopate.records import TrialRecord
 from syncopate.results_db import ResultsDB
 from syncopate.search_space import space

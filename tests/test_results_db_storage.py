@@ -10,10 +10,10 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-
 from db_data import CANDIDATES, ENV, OTHER_ENV, OTHER_TOPO, TOPO, W, baseline, trial, workload
+
 from syncopate.errors import ConfigError, NotFoundError, SchemaError
-from syncopate.records import BaselineRecord, CalibrationRecord, TRIAL_STATUSES
+from syncopate.records import TRIAL_STATUSES, BaselineRecord, CalibrationRecord
 from syncopate.results_db import ResultsDB, upgrade
 from syncopate.results_db.lookups import clear_cache, lookup
 from syncopate.results_db.models import Base

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from syncopate.autotuner.sweep import load_sweep
 from syncopate.errors import ConfigError
 from syncopate.search_space import (
     PLANLESS_KINDS,
@@ -20,7 +21,6 @@ from syncopate.search_space import (
     space,
     unfused_candidate,
 )
-from syncopate.autotuner.sweep import load_sweep
 
 H200x2 = Topology.from_key("H200x2-nvlink")
 

@@ -352,7 +352,7 @@ def check_reduce_calls(make_world, ws: int, m: int, n: int, k_local: int, all_re
             calls.append((a, b, outs))
         w.play(seed, one_queue=seed % 2 == 1)
         for call, (a, b, outs) in enumerate(calls):
-            total = sum(x @ y for x, y in zip(a, b))
+            total = sum(x @ y for x, y in zip(a, b, strict=True))
             for r in range(ws):
                 rows = slice(None) if all_reduce else slice(r * m // ws, (r + 1) * m // ws)
                 assert torch.allclose(outs[r], total[rows], atol=1e-4), f"seed {seed}, call {call}, rank {r}"

@@ -155,7 +155,7 @@ def test_the_copy_engine_records_a_call_once_and_enqueues_it_with_each_calls_sha
         logs.append((a_local.data_ptr(), list(driver.log)))
         assert len(programs) == 1
     fresh = []
-    for epoch, (ptr, log) in zip((1, 2, 3), logs):
+    for epoch, (ptr, log) in zip((1, 2, 3), logs, strict=True):
         assert {op[3] for op in log if op[0] in ("write", "wait")} == {epoch}
         copies = [op for op in log if op[0] == "copy"]
         assert copies and all(ptr <= op[3] < ptr + 128 * 64 for op in copies)  # from this call's shard

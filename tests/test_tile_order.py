@@ -9,7 +9,14 @@ import itertools
 import pytest
 
 from syncopate.errors import ConfigError
-from syncopate.search_space import CONSUMER_ORDERS, PRODUCER_ORDERS, TEMPLATES, build_plan, consumer_schedule, producer_schedule
+from syncopate.search_space import (
+    CONSUMER_ORDERS,
+    PRODUCER_ORDERS,
+    TEMPLATES,
+    build_plan,
+    consumer_schedule,
+    producer_schedule,
+)
 
 CASES = [
     # (world size, total rows, n_cols, block_m, block_n, splits): rows/ws a multiple of block_m or not
@@ -47,7 +54,7 @@ def test_producer_entries_finish_every_rows_of_every_tile_once(order):
         lengths = set()
         for r in range(plan.world_size):
             s = producer_schedule(plan, r, n_cols, bm, bn, 4, order)
-            pairs = sorted(zip(s.order, s.entry_chunk))
+            pairs = sorted(zip(s.order, s.entry_chunk, strict=True))
             expected = [(tm * s.tiles_n + tn, c) for tm in range(s.tiles_m) for tn in range(s.tiles_n)
                         for c in range(s.mtile_chunk_lo[tm], s.mtile_chunk_hi[tm])]
             assert pairs == expected

@@ -61,7 +61,7 @@ def _worker(rank, ws, init, q):
             gen = torch.Generator().manual_seed(5 + rank)
             rows = 4 * ws // (ws if sp else 1)
             worst = 0.0
-            for step in range(2):
+            for _ in range(2):
                 x = torch.randn(rows, 3, 16, generator=gen, dtype=torch.float64)
                 g = torch.randn(rows, 3, 16, generator=gen, dtype=torch.float64)
                 results = {}
@@ -73,7 +73,7 @@ def _worker(rank, ws, init, q):
                     (y * g).sum().backward()
                     col, row = layers[impl]
                     results[impl] = [y, xi.grad, col.weight.grad, col.bias.grad, row.weight.grad, row.bias.grad]
-                worst = max(worst, *(float((a - b).abs().max()) for a, b in zip(results["fused"], results["torch"])))
+                worst = max(worst, *(float((a - b).abs().max()) for a, b in zip(results["fused"], results["torch"], strict=True)))
             ops = [name for graph in graphs for name in graph if name.startswith("syncopate.")]
             report.append((sp, save_gathered, worst, len(graphs), sorted(set(ops))))
         q.put((rank, report))
@@ -122,7 +122,7 @@ def _ops_worker(rank, ws, init, q):
         summed = full @ bt
         dist.all_reduce(summed)
         want = ((full @ b).relu(), full, summed[rank * 4:(rank + 1) * 4], summed)
-        worst = max(float((x - y).abs().max()) for x, y in zip(got, want))
+        worst = max(float((x - y).abs().max()) for x, y in zip(got, want, strict=True))
         ops = sorted({name for graph in graphs for name in graph if name.startswith("syncopate.")})
         q.put((rank, (worst, len(graphs), ops)))
     finally:

@@ -186,6 +186,7 @@ def _writes(log: Path) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # starts a Ray cluster: see test_tune_ray.py
 def test_resume_after_sigkill_loses_nothing_and_measures_nothing_twice(tmp_path):
     config = fixture_sweep(tmp_path, name="killed", strategy="grid", max_trials=24, fixture={"delay_s": 0.25})
     db = tmp_path / "t.db"
@@ -244,6 +245,7 @@ def test_resume_after_sigkill_loses_nothing_and_measures_nothing_twice(tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # starts a Ray cluster: see test_tune_ray.py
 def test_sigterm_on_ray_gangs_marks_the_sweep_interrupted(tmp_path):
     """A scheduler's SIGTERM reaches the coordinator after Ray has started (which installs a handler
     of its own): the sweep is marked `interrupted`, the way on is named, exit 143, Ray shut down."""

@@ -19,7 +19,7 @@ from syncopate.autotuner.tune import TuneOptions, run_tune
 from syncopate.search_space import Workload
 from syncopate.workers.fixture_runner import candidate_time
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow, pytest.mark.xdist_group("ray")]  # see test_tune_ray.py
 
 SHAPES = (("ag_gemm", (8192, 8192, 8192)), ("gemm_rs", (8192, 8192, 8192)), ("gemm_ar", (8192, 8192, 8192)))
 """One shape of each kind from the TP 8 suite (each divides by 4 and by 8)."""

@@ -182,7 +182,8 @@ def test_candidate_json_round_trips_and_hash_is_stable(c):
 
 def test_candidate_hash_is_stable_across_processes():
     c = Candidate(backend="nccl", comm_sms=8, num_splits=4)
-    code = "from syncopate.search_space import Candidate; print(Candidate(backend='nccl', comm_sms=8, num_splits=4).key())"
+    code = ("from syncopate.search_space import Candidate; "
+            "print(Candidate(backend='nccl', comm_sms=8, num_splits=4).key())")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert other == c.key()
     assert len(c.key()) == 16
@@ -216,7 +217,8 @@ def test_candidate_from_json_rejects_unknown_fields_and_garbage():
 
 
 def test_search_space_imports_neither_torch_nor_triton():
-    code = "import sys, syncopate, syncopate.search_space, syncopate.autotuner; print('torch' in sys.modules, 'triton' in sys.modules)"
+    code = ("import sys, syncopate, syncopate.search_space, syncopate.autotuner; "
+            "print('torch' in sys.modules, 'triton' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 

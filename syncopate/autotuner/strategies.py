@@ -26,7 +26,15 @@ from typing import Any, ClassVar
 from syncopate.errors import ConfigError, RuntimeUnavailableError
 from syncopate.records import Environment, TrialRecord
 from syncopate.search_space import (
-    BACKENDS, Candidate, SpaceOptions, Topology, Workload, bench_grid, guard_candidates, space_refusal, space,
+    BACKENDS,
+    Candidate,
+    SpaceOptions,
+    Topology,
+    Workload,
+    bench_grid,
+    guard_candidates,
+    space,
+    space_refusal,
 )
 
 __all__ = [

@@ -7,10 +7,10 @@ from syncopate.search_space.candidate import BACKENDS, Candidate
 from syncopate.search_space.chunk_plan import (
     A_STATIONARY,
     C_STATIONARY,
-    COPY_ENGINE_KINDS,
-    DECOMPOSED,
     CANDIDATE_TEMPLATES,
     COLLECTIVES,
+    COPY_ENGINE_KINDS,
+    DECOMPOSED,
     PLANLESS_KINDS,
     STATIONARY_KINDS,
     TEMPLATES,
@@ -18,10 +18,10 @@ from syncopate.search_space.chunk_plan import (
     ChunkPlan,
     Transfer,
     block_bounds,
+    build_plan,
     gather_gemms,
     gather_parts,
     gather_splits_refusal,
-    build_plan,
     halves,
     own_gemm_rows,
     peers_ahead,
@@ -38,9 +38,9 @@ from syncopate.search_space.space import (
     TileConfig,
     a_stationary_candidate,
     c_stationary_candidate,
-    decomposed_candidate,
     candidate_from_params,
     check_candidate,
+    decomposed_candidate,
     default_candidate,
     guard_candidates,
     unfused_candidate,
@@ -51,6 +51,7 @@ from syncopate.search_space.space import (
     space_size,
     tile_orders_for,
     too_short_for_tiles,
+    unfused_candidate,
 )
 from syncopate.search_space.tile_order import (
     CONSUMER_ORDERS,
@@ -63,7 +64,16 @@ from syncopate.search_space.tile_order import (
     tail_split,
 )
 from syncopate.search_space.topology import GPUS, INTERCONNECTS, GpuSpec, Topology, topology_key
-from syncopate.search_space.workload import DTYPES, KINDS, MAX_DIM, MAX_ELEMENTS, Shape, Workload, canonical_dtype, dtype_bytes
+from syncopate.search_space.workload import (
+    DTYPES,
+    KINDS,
+    MAX_DIM,
+    MAX_ELEMENTS,
+    Shape,
+    Workload,
+    canonical_dtype,
+    dtype_bytes,
+)
 
 __all__ = [
     "A_STATIONARY",

@@ -188,7 +188,7 @@ def queue_operations(
     call = _call(kind, c.template, c.num_splits, c.tile_order, c.block_m, c.block_n, c.group_m, world_size,
                  total_rows, c.block_n, "leaving_first")
     out: dict[int, list[tuple]] = {}
-    for name, steps, ops in call.queues(c.backend, False):
+    for name, _steps, ops in call.queues(c.backend, False):
         if name[1] != rank:
             continue
         items: list[tuple] = []

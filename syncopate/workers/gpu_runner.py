@@ -17,8 +17,8 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from syncopate.kernels.topology_detect import gpu_model_of
 from syncopate.errors import RuntimeUnavailableError
+from syncopate.kernels.topology_detect import gpu_model_of
 from syncopate.search_space import Candidate, Topology, Workload
 from syncopate.workers.outcomes import BaselineOutcome, CandidateOutcome, DeviceInfo
 from syncopate.workers.runner import Runner, RunnerSpec

@@ -139,7 +139,7 @@ def load_sweep_file(path: str | os.PathLike[str]) -> StoredSweep:
                             synthetic=bool(doc.get("synthetic", False)))
         env = environment or Environment(syncopate="?", torch="?", triton="?", cuda="?", nccl="?", driver="?",
                                          gpu_model=topology.gpu_model)
-        for i, entry in enumerate(doc["workloads"]):
+        for entry in doc["workloads"]:
             w = Workload.from_dict(entry["workload"])
             sweep.baselines[w.key()] = {k: float(v) for k, v in entry.get("baselines", {}).items()}
             eager = {k: float(v) for k, v in (entry.get("baselines_eager") or {}).items() if v is not None}

@@ -112,7 +112,7 @@ def replayed(kind: str, cand: Candidate, dev, group, world: int, gen) -> str:
         b.copy_(ib)
         graph.replay()
         kept.append((out1.clone(), out2.clone()))
-    for (i1, i2, ib), (o1, o2) in zip(inputs, kept):
+    for (i1, i2, ib), (o1, o2) in zip(inputs, kept, strict=True):
         errors += [_error(kind, o1, i1, ib, group), _error(kind, o2, i2, ib, group)]
     if max(errors) > TOL:
         raise AssertionError(f"relative errors {[f'{e:.3g}' for e in errors]}")

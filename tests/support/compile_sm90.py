@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 import time
 import traceback
+from pathlib import Path
 
 import torch
 

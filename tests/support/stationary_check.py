@@ -150,7 +150,7 @@ def check_a(ws: int, splits: int, dtype=torch.bfloat16, calls: int = 20, m_local
                [_b(k, n_local, dev, gen, k**-0.5, dtype, kmajor) for _ in range(ws)])
               for _ in range(calls)]
     outs = _run_calls(ranks, a_stationary, inputs, (m_local * ws, n_local), dtype, dev)
-    for i, ((a, b), got) in enumerate(zip(inputs, outs)):
+    for i, ((a, b), got) in enumerate(zip(inputs, outs, strict=True)):
         full = torch.cat(a).float()
         for r in range(ws):
             _close(got[r], full @ b[r].float(), f"call {i}, rank {r}")
@@ -190,8 +190,8 @@ def _check_sums(ranks, module, ws, dtype, calls, m, n, k_local, all_reduce, kmaj
                [_b(k_local, n, dev, gen, (k_local * ws) ** -0.5, dtype, kmajor) for _ in range(ws)])
               for _ in range(calls)]
     outs = _run_calls(ranks, module, inputs, (m if all_reduce else m // ws, n), dtype, dev)
-    for i, ((a, b), got) in enumerate(zip(inputs, outs)):
-        total = sum(x.float() @ y.float() for x, y in zip(a, b))
+    for i, ((a, b), got) in enumerate(zip(inputs, outs, strict=True)):
+        total = sum(x.float() @ y.float() for x, y in zip(a, b, strict=True))
         for r in range(ws):
             _close(got[r], total if all_reduce else total[r * m // ws : (r + 1) * m // ws], f"call {i}, rank {r}")
 
