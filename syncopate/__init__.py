@@ -14,8 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from syncopate.errors import ConfigError, DatabaseError, SchemaError, SyncopateError
-
-__version__ = "0.1.0"
+from syncopate.version import __version__
 
 __all__ = [
     "Candidate",

@@ -89,7 +89,7 @@ def _environment_without_torch() -> Environment | None:
     cuda = build.get("cuda")
     if cuda is not None and (not isinstance(cuda, str) or _nvidia_driver_loaded()):
         return None
-    from syncopate import __version__
+    from syncopate.version import __version__
 
     return Environment(syncopate=__version__, torch=str(build["__version__"]), triton=_triton_version(),
                        cuda=cuda or "none", nccl="none", driver="none", gpu_model="cpu")
@@ -140,7 +140,7 @@ def _versions() -> Environment:
 def _environment_from_torch() -> Environment:
     import torch
 
-    from syncopate import __version__
+    from syncopate.version import __version__
 
     triton_version = _triton_version()
     cuda = torch.version.cuda or "none"

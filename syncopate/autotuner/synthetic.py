@@ -33,7 +33,7 @@ __all__ = ["synthetic_environment", "perturbed_calibration", "synthetic_sweep"]
 
 def synthetic_environment(gpu_model: str) -> Environment:
     """The environment synthetic trials are stamped with: no library version at all."""
-    from syncopate import __version__
+    from syncopate.version import __version__
 
     return Environment(syncopate=__version__, torch="synthetic", triton="synthetic", cuda="synthetic",
                        nccl="synthetic", driver="synthetic", gpu_model=gpu_model)
