@@ -52,7 +52,7 @@ def _worker(rank: int, world: int, port: int, options: BenchOptions, queue) -> N
 
     group = dist.group.WORLD
     timing = TimingConfig(warmup=options.warmup, repetitions=options.repetitions, flush_l2=options.flush_l2)
-    from syncopate.kernels.topology_detect import detect_topology
+    from syncopate.platform import detect_topology
 
     topology = detect_topology(group)
     rows = []

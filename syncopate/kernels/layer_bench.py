@@ -188,7 +188,7 @@ def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
     from syncopate.kernels import ops
     from syncopate.kernels.reference import relative_error
     from syncopate.kernels.timing import EAGER_CALLS, time_eager
-    from syncopate.kernels.topology_detect import detect_topology
+    from syncopate.platform import detect_topology
 
     group = dist.group.WORLD
     torch.manual_seed(0)

@@ -37,6 +37,7 @@ from syncopate.kernels.context import OverlapContext, kept_allocations
 from syncopate.kernels.library import OP_NAMES, config_text, register
 from syncopate.kernels.templates import (CONTEXTS, CallProgram, CallSpec, fused_buffers, fused_context_key,
                                          template_for)
+from syncopate.platform import detect_topology
 from syncopate.search_space import (
     UNFUSED,
     Candidate,
@@ -89,7 +90,7 @@ class ContextRegistry:
     def topology(self, group) -> Topology:
         topo = self._topologies.get(group.group_name)
         if topo is None:
-            topo = Topology.detect(group)
+            topo = detect_topology(group)
             self._topologies[group.group_name] = topo
         return topo
 

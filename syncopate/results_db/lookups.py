@@ -56,6 +56,7 @@ from typing import Any
 
 from syncopate.environment import GLUON_VAR
 from syncopate.errors import CalibrationError, ConfigError, RuntimeUnavailableError
+from syncopate.platform import detect_topology
 from syncopate.records import (
     DEFAULT_MODE,
     OBJECTIVE_EAGER,
@@ -404,7 +405,7 @@ class TopologyUndetected(RuntimeUnavailableError):
 
 def _detect_topology() -> Topology:
     try:
-        return Topology.detect()
+        return detect_topology()
     except ImportError as e:
         reason = f"the topology detector is not available: {e}"
     except RuntimeUnavailableError as e:
