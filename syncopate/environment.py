@@ -1,4 +1,5 @@
-"""The environment fingerprint of the running process, and the provenance stamp of a measurement.
+"""The environment fingerprint (:class:`Environment`, a value) and how this process reads its own,
+and the provenance stamp of a measurement.
 
 One environment variable changes which kernel code the fused ops run: `SYNCOPATE_GLUON=1` (the
 Gluon kernels where they apply, `syncopate.kernels.launch`). It is part of the fingerprint (the
@@ -10,25 +11,61 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
 import os
 import socket
 import subprocess
 import sys
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from syncopate.platform import cpu_torch_build, gpu_model_of
-from syncopate.records import Environment
 from syncopate.version import __version__
 
-__all__ = ["GLUON_SUFFIX", "GLUON_VAR", "KERNEL_SWITCHES", "current_environment", "git_revision", "gluon_on",
-           "kernel_switches", "provenance", "with_kernels"]
+__all__ = ["GLUON_SUFFIX", "GLUON_VAR", "KERNEL_SWITCHES", "Environment", "current_environment", "git_revision",
+           "gluon_on", "kernel_switches", "provenance", "with_kernels"]
 
 GLUON_VAR = "SYNCOPATE_GLUON"
 """`1`: the fused ops run the Gluon kernels where they apply (opt-in; anything else: the Triton ones)."""
 
 GLUON_SUFFIX = "+gluon"
 """Appended to the fingerprint's `triton` field where the Gluon kernels are on."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Environment:
+    """Versions that decide whether a measurement still holds: the environment fingerprint."""
+
+    syncopate: str
+    torch: str
+    triton: str
+    cuda: str
+    nccl: str
+    driver: str
+    gpu_model: str
+
+    def key(self) -> str:
+        """Stable hash of every field (16 hex digits)."""
+        blob = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Environment:
+        return cls(**{k: str(d[k]) for k in ("syncopate", "torch", "triton", "cuda", "nccl", "driver", "gpu_model")})
+
+    def short(self) -> str:
+        return f"torch {self.torch}, triton {self.triton}, CUDA {self.cuda}, NCCL {self.nccl}, {self.gpu_model}"
+
+    @classmethod
+    def current(cls) -> Environment:
+        """The fingerprint of this process (:func:`current_environment`)."""
+        return current_environment()
 
 
 def _package_version(name: str) -> str:
