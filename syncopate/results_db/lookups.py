@@ -334,9 +334,9 @@ class _Ladder:
     def _cost_model(self, holdings: Holdings) -> tuple[LookupResult | None, str]:
         """The cost model's pick, or None and why it cannot answer."""
         try:
-            from syncopate.autotuner.calibration import resolve_calibration
-            from syncopate.autotuner.cost_model import CostModel
-            from syncopate.autotuner.host_time import candidate_host_us, eager_us
+            from syncopate.cost_model.calibration import resolve_calibration
+            from syncopate.cost_model.host_time import candidate_host_us, eager_us
+            from syncopate.cost_model.model import CostModel
         except ImportError as e:
             return None, f"the cost model is not available: {e}"
         records = self.source.calibration_records()
