@@ -99,10 +99,9 @@ class ContextRegistry:
         key = (group.group_name, workload.key(), mode)
         cand = self._configs.get(key)
         if cand is None:
-            import syncopate
+            from syncopate.results_db.lookups import lookup
 
-            result = syncopate.lookup(workload.shape, self.topology(group), kind=workload.kind, dtype=workload.dtype,
-                                      mode=mode)
+            result = lookup(workload.shape, self.topology(group), kind=workload.kind, dtype=workload.dtype, mode=mode)
             cand = result.candidate
             self._configs[key] = cand
             log.info("using %s for %s in %s mode (%s)", cand.short(), workload, mode, result.match)
