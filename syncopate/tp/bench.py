@@ -113,7 +113,7 @@ def _build(bench: LayerBench, impl: str, group, device, weights: dict, configs: 
     """The layer of `impl` (syncopate.tp's layers on this rank's shards of `weights`) as a callable."""
     import torch
 
-    from syncopate.tp import ColumnParallelLinear, RowParallelLinear
+    from syncopate.tp.layers import ColumnParallelLinear, RowParallelLinear
 
     kind = "fused" if impl in ("syncopate", "default") else impl
     sp = bench.sequence_parallel
