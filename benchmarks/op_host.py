@@ -36,7 +36,7 @@ import syncopate
 from syncopate.kernels.local_ranks import free_port, join_group, spawn_ranks
 from syncopate.kernels.reference import reference, relative_error
 from syncopate.kernels.timing import barrier
-from syncopate.search_space import (Candidate, Topology, Workload, a_stationary_candidate, c_stationary_candidate,
+from syncopate.search_space import (Candidate, Workload, a_stationary_candidate, c_stationary_candidate,
                                    decomposed_candidate, unfused_candidate)
 
 CANDIDATE = Candidate(backend="copy_engine", template="direct", num_splits=2, block_m=128, block_n=256, block_k=64,
@@ -83,7 +83,7 @@ def case(kind: str, m: int, n: int, k: int, group, dev: torch.device, candidate:
            "gemm_ar": syncopate.matmul_all_reduce}
     ws, rank = dist.get_world_size(group), dist.get_rank(group)
     if candidate is None and not torch_only:  # the configuration a job's lookup gives
-        candidate = syncopate.lookup((m, n, k), Topology.detect(group), kind=kind).candidate
+        candidate = syncopate.lookup((m, n, k), syncopate.detect_topology(group), kind=kind).candidate
     shapes = Workload(kind=kind, shape=(m, n, k), dtype="bf16").local_shapes(ws)
     k_local = shapes["b"][0]
 

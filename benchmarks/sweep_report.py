@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from syncopate.autotuner.runs import load_calibration  # noqa: E402
-from syncopate.autotuner.cost_model import CostModel  # noqa: E402
+from syncopate.cost_model.model import CostModel  # noqa: E402
 from syncopate.autotuner.evaluation import model_agreement  # noqa: E402
 from syncopate.autotuner.sweep import load_sweep  # noqa: E402
 from syncopate.search_space import Topology  # noqa: E402

@@ -4,7 +4,8 @@ Public API (every name but the errors is imported on first use, so `import synco
 no torch, and nothing a command line that only reads the database does not need):
 
 - :func:`lookup` — the best known configuration for a shape and topology, at job start;
-- :class:`Topology` (with :meth:`Topology.detect`), :class:`Shape`, :class:`Workload`, :class:`Candidate`;
+- :class:`Topology`, :class:`Shape`, :class:`Workload`, :class:`Candidate`, and :func:`detect_topology`
+  (the topology of this machine or process group);
 - the fused ops :func:`all_gather_matmul`, :func:`matmul_reduce_scatter`, :func:`matmul_all_reduce`.
 - :mod:`syncopate.tp`: tensor-parallel linear layers on the fused ops, with autograd.
 """
@@ -14,8 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from syncopate.errors import ConfigError, DatabaseError, SchemaError, SyncopateError
-
-__version__ = "0.1.0"
+from syncopate.version import __version__
 
 __all__ = [
     "Candidate",
@@ -30,6 +30,7 @@ __all__ = [
     "__version__",
     "all_gather_matmul",
     "close_contexts",
+    "detect_topology",
     "gather_buffer",
     "get_mode",
     "lookup",
@@ -44,6 +45,7 @@ _LAZY: dict[str, str] = {
     "Shape": "syncopate.search_space",
     "Topology": "syncopate.search_space",
     "Workload": "syncopate.search_space",
+    "detect_topology": "syncopate.platform",
     "lookup": "syncopate.results_db.lookups",
     "LookupResult": "syncopate.results_db.lookups",
     "all_gather_matmul": "syncopate.kernels.ops",

@@ -1,4 +1,5 @@
-"""The environment fingerprint of the running process, and the provenance stamp of a measurement.
+"""The environment fingerprint (:class:`Environment`, a value) and how this process reads its own,
+and the provenance stamp of a measurement.
 
 One environment variable changes which kernel code the fused ops run: `SYNCOPATE_GLUON=1` (the
 Gluon kernels where they apply, `syncopate.kernels.launch`). It is part of the fingerprint (the
@@ -10,24 +11,61 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
 import os
 import socket
 import subprocess
 import sys
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from syncopate.kernels.topology_detect import gpu_model_of
-from syncopate.records import Environment
+from syncopate.platform import cpu_torch_build, gpu_model_of
+from syncopate.version import __version__
 
-__all__ = ["GLUON_SUFFIX", "GLUON_VAR", "KERNEL_SWITCHES", "current_environment", "git_revision", "gluon_on",
-           "kernel_switches", "no_gpu_for_torch", "provenance", "with_kernels"]
+__all__ = ["GLUON_SUFFIX", "GLUON_VAR", "KERNEL_SWITCHES", "Environment", "current_environment", "git_revision",
+           "gluon_on", "kernel_switches", "provenance", "with_kernels"]
 
 GLUON_VAR = "SYNCOPATE_GLUON"
 """`1`: the fused ops run the Gluon kernels where they apply (opt-in; anything else: the Triton ones)."""
 
 GLUON_SUFFIX = "+gluon"
 """Appended to the fingerprint's `triton` field where the Gluon kernels are on."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Environment:
+    """Versions that decide whether a measurement still holds: the environment fingerprint."""
+
+    syncopate: str
+    torch: str
+    triton: str
+    cuda: str
+    nccl: str
+    driver: str
+    gpu_model: str
+
+    def key(self) -> str:
+        """Stable hash of every field (16 hex digits)."""
+        blob = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Environment:
+        return cls(**{k: str(d[k]) for k in ("syncopate", "torch", "triton", "cuda", "nccl", "driver", "gpu_model")})
+
+    def short(self) -> str:
+        return f"torch {self.torch}, triton {self.triton}, CUDA {self.cuda}, NCCL {self.nccl}, {self.gpu_model}"
+
+    @classmethod
+    def current(cls) -> Environment:
+        """The fingerprint of this process (:func:`current_environment`)."""
+        return current_environment()
 
 
 def _package_version(name: str) -> str:
@@ -45,60 +83,16 @@ def _triton_version() -> str:
     return _package_version("pytorch-triton") if version == "none" else version
 
 
-def _torch_build() -> dict[str, object] | None:
-    """The literals of torch's `version.py` (`__version__`, `cuda`, `hip`, …) read from the file,
-    without importing torch; None where torch is not installed or the file says something else."""
-    import ast
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    try:
-        tree = ast.parse((Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text())
-    except (OSError, SyntaxError, StopIteration):
-        return None
-    found: dict[str, object] = {}
-    for node in tree.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else (
-            node.target if isinstance(node, ast.AnnAssign) else None)
-        if isinstance(target, ast.Name) and node.value is not None:
-            try:
-                found[target.id] = ast.literal_eval(node.value)
-            except ValueError:
-                continue
-    return found if isinstance(found.get("__version__"), str) else None
-
-
-def _nvidia_driver_loaded() -> bool:
-    """Whether this machine has an NVIDIA driver loaded (without one, torch sees no CUDA GPU)."""
-    return Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidiactl").exists()
-
-
 def _environment_without_torch() -> Environment | None:
     """The fingerprint where it can be known without importing torch (a second or more): a torch
     built without CUDA or ROCm, or a CUDA build on a machine with no NVIDIA driver, sees no GPU, so
     its version and CUDA version (from torch's version.py) are all there is to read. None where a
     GPU might be visible: only torch can then say which GPU, NCCL and driver it would use."""
-    build = _torch_build()
-    if build is None or build.get("hip") or build.get("xpu"):
+    build = cpu_torch_build()
+    if build is None:
         return None
-    cuda = build.get("cuda")
-    if cuda is not None and (not isinstance(cuda, str) or _nvidia_driver_loaded()):
-        return None
-    from syncopate import __version__
-
     return Environment(syncopate=__version__, torch=str(build["__version__"]), triton=_triton_version(),
-                       cuda=cuda or "none", nccl="none", driver="none", gpu_model="cpu")
-
-
-def no_gpu_for_torch() -> bool:
-    """Whether torch would certainly see no GPU here, known without importing it (False: it may
-    see one, or only torch can tell)."""
-    return "torch" not in sys.modules and _environment_without_torch() is not None
+                       cuda=str(build.get("cuda") or "none"), nccl="none", driver="none", gpu_model="cpu")
 
 
 def gluon_on(env: Mapping[str, str] | None = None) -> bool:
@@ -139,8 +133,6 @@ def _versions() -> Environment:
 
 def _environment_from_torch() -> Environment:
     import torch
-
-    from syncopate import __version__
 
     triton_version = _triton_version()
     cuda = torch.version.cuda or "none"

@@ -1,4 +1,5 @@
-"""What a measurement produces: the environment fingerprint, trials and baselines, as plain values.
+"""What a measurement produces: trials, baselines and calibrations, as plain values, each stamped
+with the environment fingerprint (:class:`~syncopate.environment.Environment`, re-exported here).
 
 These are what runners return and what the results database stores; they carry no database or
 torch state. Times are in microseconds.
@@ -13,15 +14,14 @@ and served in a mode, used by the lookup ladder, the export and the tuner alike.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Generic, Protocol, TypeVar
 
+from syncopate.environment import Environment
 from syncopate.errors import ConfigError, describe
 from syncopate.search_space import Candidate, Topology, Workload
 
@@ -85,41 +85,6 @@ device time instead, and said so."""
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Environment:
-    """Versions that decide whether a measurement still holds: the environment fingerprint."""
-
-    syncopate: str
-    torch: str
-    triton: str
-    cuda: str
-    nccl: str
-    driver: str
-    gpu_model: str
-
-    def key(self) -> str:
-        """Stable hash of every field (16 hex digits)."""
-        blob = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Environment:
-        return cls(**{k: str(d[k]) for k in ("syncopate", "torch", "triton", "cuda", "nccl", "driver", "gpu_model")})
-
-    def short(self) -> str:
-        return f"torch {self.torch}, triton {self.triton}, CUDA {self.cuda}, NCCL {self.nccl}, {self.gpu_model}"
-
-    @classmethod
-    def current(cls) -> Environment:
-        """The fingerprint of this process (imports torch; GPU fields read `none` without a GPU)."""
-        from syncopate.environment import current_environment
-
-        return current_environment()
 
 
 def check_mode(mode: object) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from syncopate.autotuner.calibration import Calibration, records_from_measurements, resolve_calibration
+from syncopate.cost_model.calibration import Calibration, records_from_measurements, resolve_calibration
 from syncopate.search_space import TILE_CONFIGS, Topology
 
 pytestmark = [pytest.mark.multigpu, pytest.mark.timeout(900)]

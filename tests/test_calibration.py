@@ -9,15 +9,15 @@ from dataclasses import replace
 
 import pytest
 
-from syncopate.autotuner.calibration import (
+from syncopate.cost_model.calibration import (
     Curve,
     GemmRate,
     TransferModel,
     records_from_measurements,
     resolve_calibration,
 )
-from syncopate.autotuner.calibration_defaults import CURVE_SIZES, default_calibration
-from syncopate.autotuner.cost_model import CostModel
+from syncopate.cost_model.calibration_defaults import CURVE_SIZES, default_calibration
+from syncopate.cost_model.model import CostModel
 from syncopate.errors import CalibrationError, ConfigError
 from syncopate.records import Environment
 from syncopate.search_space import TEMPLATES, SpaceOptions, Topology, Workload, space
@@ -204,7 +204,7 @@ def test_calibrate_names_a_bad_tile_list_before_looking_for_gpus(monkeypatch, ca
 
 
 def test_op_costs_per_chunk_cost_round_trips_and_defaults_for_older_payloads():
-    from syncopate.autotuner.calibration import CHUNK_US, OpCosts
+    from syncopate.cost_model.calibration import CHUNK_US, OpCosts
 
     costs = default_calibration(TOPO).costs
     assert costs.chunk_us == CHUNK_US and CHUNK_US["copy_engine"] > 0
@@ -218,8 +218,8 @@ def test_op_costs_per_chunk_cost_round_trips_and_defaults_for_older_payloads():
 
 
 def test_each_chunk_of_a_fused_call_pays_its_per_chunk_cost():
-    from syncopate.autotuner.calibration import CHUNK_US
-    from syncopate.autotuner.simulate import CommContext
+    from syncopate.cost_model.calibration import CHUNK_US
+    from syncopate.cost_model.simulate import CommContext
     from syncopate.search_space import Candidate, build_plan
 
     w = Workload(kind="gemm_rs", shape=(8192, 8192, 2048))

@@ -11,9 +11,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from syncopate.autotuner.calibration_defaults import default_calibration
-from syncopate.autotuner.cost_model import CostModel
-from syncopate.autotuner.simulate import CommContext, TransferTable, own_chunks_ready, padded, run_programs
+from syncopate.cost_model.calibration_defaults import default_calibration
+from syncopate.cost_model.model import CostModel
+from syncopate.cost_model.simulate import CommContext, TransferTable, own_chunks_ready, padded, run_programs
 from syncopate.errors import ConfigError
 from syncopate.search_space import (
     STATIONARY_KINDS,
@@ -265,7 +265,7 @@ def test_the_gemm_alone_halves_from_four_to_eight_gpus(kind):
 
 
 def test_the_consumer_s_last_wave_is_cut_in_k_as_the_kernel_cuts_it(monkeypatch):
-    import syncopate.autotuner.cost_model as cm
+    import syncopate.cost_model.model as cm
 
     # 10 positions on 4 programs: the last wave's 2 tiles, each in 2 parts, on all 4 programs, each
     # when its tile's rows are there, for half the tile's time plus the parts' sums.

@@ -129,8 +129,8 @@ def test_the_cost_model_times_it_from_cublas_chunks_and_the_link():
     """An all-reduce of one chunk a block waits for the whole block's pull after its GEMMs; two
     chunks halve that tail. At 8192x8192x2048 the partials (64 MiB a peer) outlast the GEMMs and
     c_stationary, moving 24 MiB, is predicted faster."""
-    from syncopate.autotuner.calibration_defaults import default_calibration
-    from syncopate.autotuner.cost_model import CostModel
+    from syncopate.cost_model.calibration_defaults import default_calibration
+    from syncopate.cost_model.model import CostModel
 
     model = CostModel(default_calibration(TWO))
     for n, k in ((4096, 11008), (8192, 2048)):

@@ -185,8 +185,8 @@ def test_the_cost_model_groups_shards_where_they_land_during_the_own_rows():
     the peers' rows is predicted no slower than one a shard; where the link is slower than the GEMM
     (a short K·N/ws GEMM against 32 MiB shards), one a shard (the first starting once the first shard
     lands) is predicted faster, and never faster than the GEMM alone."""
-    from syncopate.autotuner.calibration_defaults import default_calibration
-    from syncopate.autotuner.cost_model import CostModel
+    from syncopate.cost_model.calibration_defaults import default_calibration
+    from syncopate.cost_model.model import CostModel
 
     model = CostModel(default_calibration(FOUR))
     long, short = (Workload(kind="ag_gemm", shape=s) for s in ((8192, 57344, 8192), (8192, 8192, 8192)))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from syncopate.errors import ConfigError
-from syncopate.kernels.layer_bench import LayerBench, format_layer_table
+from syncopate.tp.bench import LayerBench, format_layer_table
 
 
 def test_mlp_ops_forward_and_backward():

@@ -269,7 +269,7 @@ def test_without_a_topology_it_is_detected_or_the_reason_is_given(populated):
         assert "cannot detect the topology here" in str(e) and "topology='H200x2-nvlink'" in str(e)
         assert str(e).count("H200x2-nvlink") == 1 and "--topology" not in str(e)
     else:
-        assert result.topology == syncopate.Topology.detect()
+        assert result.topology == syncopate.detect_topology()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is visible: the topology is detected")

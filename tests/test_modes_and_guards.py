@@ -200,7 +200,7 @@ def test_a_database_with_nothing_of_this_gpu_count_answers_with_the_cost_models_
 
 
 def test_the_cost_model_rung_uses_the_calibrations_stored_for_the_topology(tmp_path):
-    from syncopate.autotuner.calibration_defaults import default_calibration
+    from syncopate.cost_model.calibration_defaults import default_calibration
 
     path = tmp_path / "r.db"
     with ResultsDB.open(path, upgrade=True) as db:

@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from syncopate.autotuner.calibration_defaults import default_calibration
+from syncopate.cost_model.calibration_defaults import default_calibration
 from syncopate.autotuner.confirm import Confirmation
-from syncopate.autotuner.cost_model import CostModel
+from syncopate.cost_model.model import CostModel
 from syncopate.autotuner.evaluation import model_agreement, spearman, trials_to_target
 from syncopate.autotuner.optuna_strategies import ModelPruner, space_fingerprint, study_name
 from syncopate.autotuner.strategies import AVAILABLE_STRATEGIES, SearchProblem, make_strategy

@@ -132,8 +132,8 @@ def test_the_defaults_splits_are_near_the_cost_models_best():
     import statistics
     from dataclasses import replace
 
-    from syncopate.autotuner.calibration_defaults import default_calibration
-    from syncopate.autotuner.cost_model import CostModel
+    from syncopate.cost_model.calibration_defaults import default_calibration
+    from syncopate.cost_model.model import CostModel
 
     ratios, old_ratios = [], []
     for key in ("H200x2-nvlink", "H200x8-nvswitch"):

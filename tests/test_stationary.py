@@ -303,8 +303,8 @@ def test_candidates_it_refuses_say_why():
 def test_the_cost_model_prefers_it_where_n_per_rank_is_small():
     """ag_gemm N=2048 on two H200s moves 24 MiB a peer this way against 64 MiB of A; at N=11008
     the products and B (86 MiB) outweigh A's 32 MiB."""
-    from syncopate.autotuner.calibration_defaults import default_calibration
-    from syncopate.autotuner.cost_model import CostModel
+    from syncopate.cost_model.calibration_defaults import default_calibration
+    from syncopate.cost_model.model import CostModel
 
     model = CostModel(default_calibration(TWO))
     for (n, k), wins in (((2048, 8192), True), ((11008, 4096), False)):
@@ -377,8 +377,8 @@ def test_the_space_offers_c_stationary_for_reductions_over_the_copy_engine_only(
 def test_the_cost_model_prefers_c_stationary_where_k_per_rank_is_small():
     """gemm_rs K=2048 on two H200s moves 24 MiB a peer this way against 64 MiB of partials; at
     8192x4096x11008 (K/ws=5504, N=4096) A's rows and B (86 MiB) outweigh the partials' 32 MiB."""
-    from syncopate.autotuner.calibration_defaults import default_calibration
-    from syncopate.autotuner.cost_model import CostModel
+    from syncopate.cost_model.calibration_defaults import default_calibration
+    from syncopate.cost_model.model import CostModel
 
     model = CostModel(default_calibration(TWO))
     for (n, k), wins in (((8192, 2048), True), ((4096, 11008), False)):

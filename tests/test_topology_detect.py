@@ -5,7 +5,7 @@ library that cannot start gives None (the detector then warns and assumes PCIe).
 
 from __future__ import annotations
 
-from syncopate.kernels.topology_detect import _device_uuid, _nvlink_peers_ctypes
+from syncopate.platform import _device_uuid, _nvlink_peers_ctypes
 
 NOT_SUPPORTED = 3
 

@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 from support.gloo import run_gloo
 
-from syncopate.autotuner.calibration_defaults import default_calibration
-from syncopate.autotuner.cost_model import CostModel
+from syncopate.cost_model.calibration_defaults import default_calibration
+from syncopate.cost_model.model import CostModel
 from syncopate.autotuner.strategies import SearchProblem, make_strategy
 from syncopate.errors import ConfigError
 from syncopate.search_space import (

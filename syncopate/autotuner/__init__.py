@@ -1,15 +1,13 @@
 """The coordinator: sweep configs, strategies, the store seam, dispatch to gangs, resume.
 
 Importing this package imports neither torch nor ray; the coordinator imports ray when it connects.
-The cost model (numpy) predicts from calibrations; the Optuna strategies import Optuna when built.
+The strategies prune and seed with the cost model (:mod:`syncopate.cost_model`, whose main names are
+re-exported here); the Optuna strategies import Optuna when built.
 """
 
-from syncopate.autotuner.calibration import Calibration, resolve_calibration
-from syncopate.autotuner.calibration_defaults import default_calibration
 from syncopate.autotuner.cluster import Cluster, check_reachable, connect, gang_capacity, gang_shape
 from syncopate.autotuner.confirm import Confirmation, Verdict
 from syncopate.autotuner.coordinator import Coordinator, SweepProgress, WorkloadRun, check_gang_members
-from syncopate.autotuner.cost_model import CostModel, Prediction
 from syncopate.autotuner.store import SWEEP_STATUSES, ResultsDBStore, TrialStore, open_store
 from syncopate.autotuner.strategies import (
     AVAILABLE_STRATEGIES,
@@ -30,6 +28,7 @@ from syncopate.autotuner.sweep import (
     parse_sweep,
 )
 from syncopate.autotuner.tune import TuneOptions, TuneResult, run_tune
+from syncopate.cost_model import Calibration, CostModel, Prediction, default_calibration, resolve_calibration
 
 __all__ = [
     "AVAILABLE_STRATEGIES",

@@ -115,7 +115,7 @@ class ModelAgreement:
 
 
 def model_agreement(model: Any, sweep: StoredSweep, workload: Workload) -> ModelAgreement:
-    """Compare `model` (a :class:`~syncopate.autotuner.cost_model.CostModel`) with the sweep."""
+    """Compare `model` (a :class:`~syncopate.cost_model.model.CostModel`) with the sweep."""
     ok = [t for t in sweep.trials[workload.key()].values() if t.status == "ok"]
     predicted = [model.predict(workload, sweep.topology, t.candidate).time_us for t in ok]
     measured = [t.median_us for t in ok]

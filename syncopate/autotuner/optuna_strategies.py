@@ -408,11 +408,11 @@ class ModelGuidedStrategy(OptunaTPEStrategy):
 
     def __init__(self, problem: SearchProblem, *, max_trials: int | None, seed: int) -> None:
         super().__init__(problem, max_trials=max_trials, seed=seed)
-        from syncopate.autotuner.cost_model import CostModel
+        from syncopate.cost_model.model import CostModel
 
         given = problem.calibration
         if given is None:
-            from syncopate.autotuner.calibration import resolve_calibration
+            from syncopate.cost_model.calibration import resolve_calibration
 
             given = resolve_calibration(problem.topology, problem.environment)
             log.warning("model-guided on %s without a calibration given: %s", problem.topology, given.describe())

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from syncopate.autotuner.calibration import Calibration, resolve_calibration
+from syncopate.cost_model.calibration import Calibration, resolve_calibration
 from syncopate.autotuner.confirm import Confirmation
 from syncopate.autotuner.coordinator import WorkloadRun
 from syncopate.autotuner.progress import WorkloadSummary

@@ -64,8 +64,8 @@ class SearchProblem:
     storage: str | None = None
     """Database URL of the Optuna study (the results database); None keeps the study in memory."""
     calibration: Any = None
-    """The cost model's :class:`~syncopate.autotuner.calibration.Calibration` (model-guided), or a
-    :class:`~syncopate.autotuner.cost_model.CostModel` to share its predictions between problems."""
+    """The cost model's :class:`~syncopate.cost_model.calibration.Calibration` (model-guided), or a
+    :class:`~syncopate.cost_model.model.CostModel` to share its predictions between problems."""
     model_top_k: int | None = None
     """How many of the cost model's best candidates model-guided measures first (None: its default)."""
     measurable: Any = None

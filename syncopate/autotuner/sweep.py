@@ -343,7 +343,11 @@ class Sweep(BaseModel):
 
     def topology(self) -> Topology:
         """The configured topology (detected on the current machine when the config says `detect`)."""
-        return Topology.detect() if self.detect_topology else Topology.from_key(self.topology_key)
+        if self.detect_topology:
+            from syncopate.platform import detect_topology
+
+            return detect_topology()
+        return Topology.from_key(self.topology_key)
 
 
 def _format_validation(source: str, e: ValidationError) -> str:

@@ -5,7 +5,7 @@ It is deliberately *not* the cost model: the times are those the cost model pred
 calibration perturbed at random (each backend's transfer curves, each tile configuration's rate,
 every fixed cost and slowdown), times a log-normal factor per candidate (structure the model has
 no term for), with a little measurement jitter on the samples and a few failed candidates; the
-host time per call is the template's lead (:mod:`syncopate.autotuner.host_time`) times a
+host time per call is the template's lead (:mod:`syncopate.cost_model.host_time`) times a
 log-normal factor, and the eager time the larger of the two. It holds the space and the guards
 (the untuned default, the unfused template), which every strategy measures first. A strategy that
 finds the best here has shown it searches well; what the cost model's ranking is worth on real GPUs
@@ -20,10 +20,10 @@ import math
 import random
 from dataclasses import replace
 
-from syncopate.autotuner.calibration import Calibration, Curve, GemmRate, OpCosts, TransferModel
-from syncopate.autotuner.calibration_defaults import default_calibration
-from syncopate.autotuner.cost_model import CostModel
-from syncopate.autotuner.host_time import candidate_host_us
+from syncopate.cost_model.calibration import Calibration, Curve, GemmRate, OpCosts, TransferModel
+from syncopate.cost_model.calibration_defaults import default_calibration
+from syncopate.cost_model.model import CostModel
+from syncopate.cost_model.host_time import candidate_host_us
 from syncopate.records import Environment, TrialRecord
 from syncopate.search_space import SpaceOptions, Topology, Workload, guard_candidates, space
 from syncopate.workers.replay_runner import StoredSweep
@@ -33,7 +33,7 @@ __all__ = ["synthetic_environment", "perturbed_calibration", "synthetic_sweep"]
 
 def synthetic_environment(gpu_model: str) -> Environment:
     """The environment synthetic trials are stamped with: no library version at all."""
-    from syncopate import __version__
+    from syncopate.version import __version__
 
     return Environment(syncopate=__version__, torch="synthetic", triton="synthetic", cuda="synthetic",
                        nccl="synthetic", driver="synthetic", gpu_model=gpu_model)

@@ -31,7 +31,7 @@ db_app = typer.Typer(help="Manage the results database.", no_args_is_help=True)
 
 def _print_version(value: bool) -> None:
     if value:
-        from syncopate import __version__
+        from syncopate.version import __version__
 
         print(f"syncopate {__version__}")
         raise typer.Exit()

@@ -168,7 +168,7 @@ def _bench_layer(layer, hidden, ffn, heads, kv_heads, head_dim, tokens, tp, sequ
                  json_out) -> None:
     import json
 
-    from syncopate.kernels.layer_bench import LayerBench, format_layer_table
+    from syncopate.tp.bench import LayerBench, format_layer_table
 
     if json_out is not None:
         from syncopate.files import check_writable
@@ -184,7 +184,7 @@ def _bench_layer(layer, hidden, ffn, heads, kv_heads, head_dim, tokens, tp, sequ
         raise RuntimeUnavailableError(f"syncopate bench --layer needs {bench.tp} CUDA GPUs on this host (--tp "
                                       f"{bench.tp}); {visible} visible")
     from syncopate.files import write_atomically
-    from syncopate.kernels.layer_bench import run_layer_bench
+    from syncopate.tp.bench import run_layer_bench
 
     result = run_layer_bench(bench)
     if json_out is not None:

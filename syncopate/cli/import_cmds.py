@@ -30,9 +30,9 @@ def import_bench_cmd(
 ) -> None:
     """Store a bench run's baselines and candidates as measured rows of one sweep (importing the same
     file again adds nothing); the file's host and time are kept."""
-    from syncopate import __version__
     from syncopate.results_db.bench_import import prepare_bench, read_bench, store_bench
     from syncopate.results_db.repository import ResultsDB
+    from syncopate.version import __version__
 
     doc = read_bench(bench)  # a bad file fails before the database is touched
     if syncopate is None and not (

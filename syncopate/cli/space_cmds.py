@@ -107,7 +107,7 @@ def validate_cmd(
 
 
 def _predict(workload, topo, candidates: list, top: int, db: str | None, *, as_json: bool, wide: bool) -> None:
-    from syncopate.autotuner.cost_model import CostModel
+    from syncopate.cost_model.model import CostModel
     from syncopate.autotuner.runs import load_calibration
 
     out = console()

@@ -47,19 +47,17 @@ def _worker(rank: int, world: int, port: int, options: BenchOptions, queue) -> N
     import torch
     import torch.distributed as dist
 
-    from syncopate.autotuner.sweep import TimingConfig
     from syncopate.kernels.harness import Harness
 
     group = dist.group.WORLD
-    timing = TimingConfig(warmup=options.warmup, repetitions=options.repetitions, flush_l2=options.flush_l2)
-    from syncopate.kernels.topology_detect import detect_topology
+    from syncopate.platform import detect_topology
 
     topology = detect_topology(group)
     rows = []
     try:
         for workload in options.workloads:
             t0 = time.time()
-            h = Harness(workload, group, timing)
+            h = Harness(workload, group, options)  # its warmup, repetitions and flush_l2
             base = {b.name: {"median_us": statistics.median(b.samples_us), "samples_us": list(b.samples_us),
                              "detail": b.detail, "eager_us": b.eager_us, "host_us": b.host_us}
                     for b in h.measure_baselines()}

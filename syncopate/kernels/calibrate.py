@@ -240,10 +240,10 @@ def _worker(rank: int, world: int, port: int, options: CalibrateOptions, queue) 
     import torch
     import torch.distributed as dist
 
-    from syncopate.autotuner.calibration_defaults import default_calibration
+    from syncopate.cost_model.calibration_defaults import default_calibration
     from syncopate.environment import current_environment
     from syncopate.kernels.context import OverlapContext
-    from syncopate.kernels.topology_detect import detect_topology
+    from syncopate.platform import detect_topology
     from syncopate.search_space import GPUS
 
     group = dist.group.WORLD

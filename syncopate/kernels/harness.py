@@ -11,6 +11,7 @@ import logging
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -21,7 +22,7 @@ from syncopate.kernels.reference import reference, relative_error
 from syncopate.kernels.timing import barrier, time_collective, time_eager
 from syncopate.search_space import Candidate, Workload
 
-__all__ = ["Harness", "BaselineResult", "CandidateResult", "TOLERANCE", "SPIN_LIMIT"]
+__all__ = ["Harness", "BaselineResult", "CandidateResult", "TOLERANCE", "SPIN_LIMIT", "TimingSettings"]
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,19 @@ TOLERANCE = {"bf16": 1e-2, "fp16": 5e-3, "fp32": 2e-3}
 
 SPIN_LIMIT = 1 << 24
 """Polls a wait may spend while tuning before it reports a timeout (seconds, not forever)."""
+
+
+class TimingSettings(Protocol):
+    """What the harness reads of its timing settings: a sweep's `timing:` section (on the GPU
+    workers) or `syncopate bench`'s options (:class:`~syncopate.kernels.bench.BenchOptions`)."""
+
+    warmup: int
+    """Untimed calls first."""
+    repetitions: int
+    """Timed repetitions, one CUDA-event pair each."""
+    flush_l2: bool
+    """Whether L2 is flushed before each repetition."""
+
 
 _STATUS_CODES = {"ok": 0, "wrong_result": 1, "timeout": 2, "compile_error": 3, "oom": 4, "crash": 5}
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -77,7 +91,7 @@ def classify(e: BaseException) -> str:
 class Harness:
     """Inputs, baselines, verification and timing of one workload on this rank's GPU."""
 
-    def __init__(self, workload: Workload, group, timing) -> None:
+    def __init__(self, workload: Workload, group, timing: TimingSettings) -> None:
         self.workload = workload
         self.group = group
         self.timing = timing

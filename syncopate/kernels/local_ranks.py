@@ -16,7 +16,7 @@ from collections.abc import Callable
 from queue import Empty
 from typing import Any
 
-from syncopate.workers.env import MULTICAST_OFF
+from syncopate.platform import MULTICAST_OFF
 
 __all__ = ["free_port", "join_group", "join_torchrun", "spawn_ranks"]
 

@@ -37,6 +37,7 @@ from syncopate.kernels.context import OverlapContext, kept_allocations
 from syncopate.kernels.library import OP_NAMES, config_text, register
 from syncopate.kernels.templates import (CONTEXTS, CallProgram, CallSpec, fused_buffers, fused_context_key,
                                          template_for)
+from syncopate.platform import detect_topology
 from syncopate.search_space import (
     UNFUSED,
     Candidate,
@@ -89,7 +90,7 @@ class ContextRegistry:
     def topology(self, group) -> Topology:
         topo = self._topologies.get(group.group_name)
         if topo is None:
-            topo = Topology.detect(group)
+            topo = detect_topology(group)
             self._topologies[group.group_name] = topo
         return topo
 
@@ -98,10 +99,9 @@ class ContextRegistry:
         key = (group.group_name, workload.key(), mode)
         cand = self._configs.get(key)
         if cand is None:
-            import syncopate
+            from syncopate.results_db.lookups import lookup
 
-            result = syncopate.lookup(workload.shape, self.topology(group), kind=workload.kind, dtype=workload.dtype,
-                                      mode=mode)
+            result = lookup(workload.shape, self.topology(group), kind=workload.kind, dtype=workload.dtype, mode=mode)
             cand = result.candidate
             self._configs[key] = cand
             log.info("using %s for %s in %s mode (%s)", cand.short(), workload, mode, result.match)

@@ -56,6 +56,7 @@ from typing import Any
 
 from syncopate.environment import GLUON_VAR
 from syncopate.errors import CalibrationError, ConfigError, RuntimeUnavailableError
+from syncopate.platform import detect_topology
 from syncopate.records import (
     DEFAULT_MODE,
     OBJECTIVE_EAGER,
@@ -333,9 +334,9 @@ class _Ladder:
     def _cost_model(self, holdings: Holdings) -> tuple[LookupResult | None, str]:
         """The cost model's pick, or None and why it cannot answer."""
         try:
-            from syncopate.autotuner.calibration import resolve_calibration
-            from syncopate.autotuner.cost_model import CostModel
-            from syncopate.autotuner.host_time import candidate_host_us, eager_us
+            from syncopate.cost_model.calibration import resolve_calibration
+            from syncopate.cost_model.host_time import candidate_host_us, eager_us
+            from syncopate.cost_model.model import CostModel
         except ImportError as e:
             return None, f"the cost model is not available: {e}"
         records = self.source.calibration_records()
@@ -404,7 +405,7 @@ class TopologyUndetected(RuntimeUnavailableError):
 
 def _detect_topology() -> Topology:
     try:
-        return Topology.detect()
+        return detect_topology()
     except ImportError as e:
         reason = f"the topology detector is not available: {e}"
     except RuntimeUnavailableError as e:

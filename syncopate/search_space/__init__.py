@@ -43,7 +43,6 @@ from syncopate.search_space.space import (
     decomposed_candidate,
     default_candidate,
     guard_candidates,
-    unfused_candidate,
     empty_space_message,
     optuna_distributions,
     space,

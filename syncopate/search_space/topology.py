@@ -3,7 +3,8 @@
 A topology has a canonical key, `{GPU}x{world_size}-{interconnect}` with `-{nodes}n` appended when it
 spans several nodes: `H200x2-nvlink`, `H100x8-nvswitch`, `H200x16-nvswitch-2n`. Keys parse back into
 the same value. The GPU table below supplies what the search space and the cost model need (SM
-count, shared memory per block, memory); `Topology.detect()` reads the real values off the machine.
+count, shared memory per block, memory); :func:`syncopate.platform.detect_topology` reads the real
+values off the machine.
 
 Pure Python: nothing here imports torch at import time.
 """
@@ -173,17 +174,6 @@ class Topology:
         if isinstance(value, str):
             return cls.from_key(value)
         raise ConfigError(f"topology {value!r} is neither a Topology nor a key such as H200x2-nvlink")
-
-    @classmethod
-    def detect(cls, group: Any = None) -> Topology:
-        """The topology of the current process group (or of the visible GPUs without one).
-
-        Reads the GPU model and SM count from torch, the world size from `group` (default: the
-        initialised default group, else the visible device count) and the interconnect from NVML.
-        """
-        from syncopate.kernels.topology_detect import detect_topology
-
-        return detect_topology(group)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -4,7 +4,9 @@
   and the functions under them (`all_gather_linear`, `linear_reduce_scatter`, ...), with autograd;
 - :mod:`syncopate.tp.styles`: `ColwiseParallel`, `RowwiseParallel`, `PrepareModuleInput` and
   `SequenceParallel` for torch's `parallelize_module`, drop-in for torch's own in a plan
-  (docs/tp.md).
+  (docs/tp.md);
+- :mod:`syncopate.tp.bench`: `syncopate bench --layer`, a layer timed as a job runs it, against
+  torch's paths.
 """
 
 from syncopate.tp.layers import (

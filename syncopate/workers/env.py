@@ -5,8 +5,9 @@ one GPU per actor: with it narrowed, every actor sees its GPU as device 0 and to
 symmetric-memory rendezvous fails with "detected allocations from overlapping devices from
 different ranks". Each actor instead selects `ray.get_gpu_ids()[0]` itself.
 
-The three multicast switches keep NCCL, torch symmetric memory and NVSHMEM off NVLink SHARP
-(NVLS) multicast objects, which these machines do not lend.
+The three multicast switches (:data:`syncopate.platform.MULTICAST_OFF`, re-exported here) keep
+NCCL, torch symmetric memory and NVSHMEM off NVLink SHARP (NVLS) multicast objects, which these
+machines do not lend.
 """
 
 from __future__ import annotations
@@ -15,16 +16,10 @@ import os
 from collections.abc import Mapping
 
 from syncopate.environment import KERNEL_SWITCHES, kernel_switches
+from syncopate.platform import MULTICAST_OFF
 
 __all__ = ["ACTOR_ENV", "KERNEL_SWITCHES", "MULTICAST_OFF", "actor_runtime_env", "apply_to_current_process",
            "child_env", "kernel_switches"]
-
-MULTICAST_OFF: dict[str, str] = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
-"""Variables that turn NVLink multicast off in NCCL, torch symmetric memory and NVSHMEM."""
 
 ACTOR_ENV: dict[str, str] = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", **MULTICAST_OFF}
 """Environment variables set in every gang actor's runtime_env."""

@@ -19,7 +19,7 @@ Each repetition is jittered by ±1 % per rank, and the ranks reduce their sample
 `all_reduce(MAX)`, as the GPU harness reduces over ranks.
 
 Host time per call (`host_us`) is the host-time lead of the candidate's template
-(:mod:`syncopate.autotuner.host_time`) × (0.9 + 0.2 u'), u' from the candidate key, the workload key
+(:mod:`syncopate.cost_model.host_time`) × (0.9 + 0.2 u'), u' from the candidate key, the workload key
 and the rank; its eager time (`eager_us`) is max(median device time, host time) × (1 + 0.01 u''):
 back-to-back calls wait for the slower of the two. Baselines get the same from their own leads.
 So the fixture's eager ranking differs from its device ranking wherever a template's host time
@@ -42,7 +42,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from syncopate.autotuner.host_time import baseline_host_us, candidate_host_us
+from syncopate.cost_model.host_time import baseline_host_us, candidate_host_us
 from syncopate.search_space import Candidate, Topology, Workload
 from syncopate.workers.outcomes import BaselineOutcome, CandidateOutcome, DeviceInfo, summarize
 from syncopate.workers.runner import Runner, RunnerSpec

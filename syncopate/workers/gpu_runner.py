@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from syncopate.errors import RuntimeUnavailableError
-from syncopate.kernels.topology_detect import gpu_model_of
+from syncopate.platform import detect_topology, gpu_model_of
 from syncopate.search_space import Candidate, Topology, Workload
 from syncopate.workers.outcomes import BaselineOutcome, CandidateOutcome, DeviceInfo
 from syncopate.workers.runner import Runner, RunnerSpec
@@ -126,7 +126,7 @@ class GpuRunner(Runner):
         )
 
     def topology(self) -> Topology:
-        return Topology.detect(self._group)
+        return detect_topology(self._group)
 
     def _close_harness(self) -> None:
         if self._harness is not None:

@@ -2,10 +2,10 @@
 
 Every number it returns is a prediction and is stored with source `predicted`, never mixed with
 measurements (`best` and `lookup` read measured rows only). Beside the device time it predicts
-the host time to enqueue a call (:mod:`syncopate.autotuner.host_time`, a lead per template) and
+the host time to enqueue a call (:mod:`syncopate.cost_model.host_time`, a lead per template) and
 the eager time of back-to-back calls, max(device, host). A candidate the topology cannot run
 (the copy engine across nodes) comes back as `compile_error` with the reason. Its options are the
-:class:`~syncopate.autotuner.calibration.Calibration` to predict from.
+:class:`~syncopate.cost_model.calibration.Calibration` to predict from.
 
 It needs no GPU and no process group; `syncopate tune --runner model` runs it in the coordinator's
 process (:mod:`syncopate.autotuner.offline`), and it also runs in a gang of CPU actors like the
@@ -27,7 +27,7 @@ __all__ = ["ModelRunner"]
 
 
 class ModelRunner(Runner):
-    """Predicts baselines and candidates with :class:`~syncopate.autotuner.cost_model.CostModel`."""
+    """Predicts baselines and candidates with :class:`~syncopate.cost_model.model.CostModel`."""
 
     name = "model"
     source = "predicted"
@@ -43,7 +43,7 @@ class ModelRunner(Runner):
             )
         if spec.options is None:
             raise ConfigError("runner model needs a calibration (RunnerSpec.options)")
-        from syncopate.autotuner.cost_model import CostModel
+        from syncopate.cost_model.model import CostModel
 
         self.calibration: Any = spec.options
         self.model = CostModel(spec.options)
@@ -63,7 +63,7 @@ class ModelRunner(Runner):
         return self.spec.topology
 
     def baselines(self, workload: Workload) -> list[BaselineOutcome]:
-        from syncopate.autotuner.host_time import baseline_host_us, eager_us
+        from syncopate.cost_model.host_time import baseline_host_us, eager_us
 
         detail = f"predicted by the cost model ({self.calibration.describe()})"
         out = []
@@ -79,7 +79,7 @@ class ModelRunner(Runner):
         if not p.feasible:
             return CandidateOutcome(status="compile_error", error=f"cannot run here: {p.reason}",
                                     extra={"prediction": p.to_dict()})
-        from syncopate.autotuner.host_time import candidate_host_us, eager_us
+        from syncopate.cost_model.host_time import candidate_host_us, eager_us
 
         host = candidate_host_us(workload, self.spec.topology.world_size, candidate)
         return CandidateOutcome(status="ok", samples_us=(p.time_us,), eager_us=eager_us(p.time_us, host), host_us=host,

@@ -19,7 +19,7 @@ Pure Python.
 
 from __future__ import annotations
 
-from syncopate.autotuner.calibration import Calibration, Curve, GemmRate, OpCosts, TransferModel
+from syncopate.cost_model.calibration import Calibration, Curve, GemmRate, OpCosts, TransferModel
 from syncopate.errors import CalibrationError
 from syncopate.search_space import GPUS, INTERCONNECTS, TILE_CONFIGS, Topology
 
@@ -30,7 +30,7 @@ MiB = 1 << 20
 CURVE_SIZES: tuple[int, ...] = tuple(64 * 1024 * 4**i for i in range(8))
 """Transfer sizes of the default curves (and of `syncopate calibrate`): 64 KiB … 1 GiB, ×4."""
 
-DEFAULT_ORIGIN = "default (see syncopate.autotuner.calibration_defaults: 2×H200 figures and datasheet leads)"
+DEFAULT_ORIGIN = "default (see syncopate.cost_model.calibration_defaults: 2×H200 figures and datasheet leads)"
 
 H200_TILE_TFLOPS: dict[str, float] = {
     "128x256x64w8s3": 820.0,

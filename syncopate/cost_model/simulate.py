@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from syncopate.autotuner.calibration import Calibration, TransferModel
+from syncopate.cost_model.calibration import Calibration, TransferModel
 from syncopate.search_space import Candidate, ChunkPlan, Topology, Transfer
 
 __all__ = [

@@ -9,7 +9,7 @@ A :class:`Calibration` holds, for one topology:
 | :class:`OpCosts`    | kernel launch, one signal wait, local copy rate, HBM rate, GEMM slowdown while each backend communicates | `op_costs` / `op` |
 
 Each part says where it came from (`origin`): measured by `syncopate calibrate` (with the
-environment and date), or a documented default (:mod:`syncopate.autotuner.calibration_defaults`).
+environment and date), or a documented default (:mod:`syncopate.cost_model.calibration_defaults`).
 :func:`resolve_calibration` picks, part by part, the best source a database holds and falls back
 to the defaults where the policy allows.
 
@@ -437,13 +437,13 @@ def resolve_calibration(
     1. measured on this topology under `environment`;
     2. measured on this topology under another environment (newest);
     3. GEMM rates measured on another topology of the same GPU model;
-    4. the documented defaults (:func:`~syncopate.autotuner.calibration_defaults.default_calibration`),
+    4. the documented defaults (:func:`~syncopate.cost_model.calibration_defaults.default_calibration`),
        unless `policy` is `measured`.
 
     `db` is an open :class:`~syncopate.results_db.ResultsDB` (or None: defaults only). Raises
     CalibrationError, naming `syncopate calibrate`, when the policy cannot be met.
     """
-    from syncopate.autotuner.calibration_defaults import default_calibration
+    from syncopate.cost_model.calibration_defaults import default_calibration
 
     if policy not in CALIBRATION_POLICIES:
         raise ConfigError(f"unknown calibration policy {policy!r}: accepted are {', '.join(CALIBRATION_POLICIES)}")

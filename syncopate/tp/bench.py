@@ -113,7 +113,7 @@ def _build(bench: LayerBench, impl: str, group, device, weights: dict, configs: 
     """The layer of `impl` (syncopate.tp's layers on this rank's shards of `weights`) as a callable."""
     import torch
 
-    from syncopate.tp import ColumnParallelLinear, RowParallelLinear
+    from syncopate.tp.layers import ColumnParallelLinear, RowParallelLinear
 
     kind = "fused" if impl in ("syncopate", "default") else impl
     sp = bench.sequence_parallel
@@ -188,7 +188,7 @@ def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
     from syncopate.kernels import ops
     from syncopate.kernels.reference import relative_error
     from syncopate.kernels.timing import EAGER_CALLS, time_eager
-    from syncopate.kernels.topology_detect import detect_topology
+    from syncopate.platform import detect_topology
 
     group = dist.group.WORLD
     torch.manual_seed(0)

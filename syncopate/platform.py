@@ -1,16 +1,39 @@
-"""Detect the topology of a process group from torch, the hosts and NVML."""
+"""Facts of the machine this process runs on: its GPUs, how they are joined, whether torch can
+see any, and the switches every process Syncopate starts runs under.
+
+- :func:`detect_topology`: the topology of a process group, from torch, the hosts and NVML;
+- :func:`gpu_model_of`: a device name as a GPU model of :data:`~syncopate.search_space.GPUS`;
+- :func:`no_gpu_for_torch`: whether torch would certainly see no GPU, said without importing it;
+- :data:`MULTICAST_OFF`: the variables that keep NCCL, torch symmetric memory and NVSHMEM off
+  NVLink SHARP (NVLS) multicast objects, which these machines do not lend.
+
+Read by the environment fingerprint, the runtime, the workers and the lookup alike, so it sits
+below them all and imports only the values it returns (`search_space`); nothing here imports torch
+until a function needs it.
+"""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import logging
 import socket
+import sys
+from pathlib import Path
 
 from syncopate.errors import RuntimeUnavailableError
 from syncopate.search_space import GPUS, Topology
 
-__all__ = ["detect_topology", "gpu_model_of"]
+__all__ = ["MULTICAST_OFF", "cpu_torch_build", "detect_topology", "gpu_model_of", "no_gpu_for_torch"]
 
 log = logging.getLogger(__name__)
+
+MULTICAST_OFF: dict[str, str] = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+"""Variables that turn NVLink multicast off in NCCL, torch symmetric memory and NVSHMEM."""
 
 
 def gpu_model_of(name: str) -> str:
@@ -20,6 +43,56 @@ def gpu_model_of(name: str) -> str:
         if w.upper() in GPUS:
             return w.upper()
     return "".join(ch for ch in (words[0] if words else "GPU") if ch.isalnum())
+
+
+def _torch_build() -> dict[str, object] | None:
+    """The literals of torch's `version.py` (`__version__`, `cuda`, `hip`, …) read from the file,
+    without importing torch; None where torch is not installed or the file says something else."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        tree = ast.parse((Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text())
+    except (OSError, SyntaxError, StopIteration):
+        return None
+    found: dict[str, object] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else (
+            node.target if isinstance(node, ast.AnnAssign) else None)
+        if isinstance(target, ast.Name) and node.value is not None:
+            try:
+                found[target.id] = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+    return found if isinstance(found.get("__version__"), str) else None
+
+
+def _nvidia_driver_loaded() -> bool:
+    """Whether this machine has an NVIDIA driver loaded (without one, torch sees no CUDA GPU)."""
+    return Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidiactl").exists()
+
+
+def cpu_torch_build() -> dict[str, object] | None:
+    """The literals of torch's `version.py` where torch would certainly see no GPU here, read
+    without importing torch (a second or more): a torch built without CUDA or ROCm, or a CUDA
+    build on a machine with no NVIDIA driver. None where a GPU might be visible: only torch can
+    then say."""
+    build = _torch_build()
+    if build is None or build.get("hip") or build.get("xpu"):
+        return None
+    cuda = build.get("cuda")
+    if cuda is not None and (not isinstance(cuda, str) or _nvidia_driver_loaded()):
+        return None
+    return build
+
+
+def no_gpu_for_torch() -> bool:
+    """Whether torch would certainly see no GPU here, known without importing it (False: it may
+    see one, or only torch can tell)."""
+    return "torch" not in sys.modules and cpu_torch_build() is not None
 
 
 def _nvlink_peers(device_index: int, uuid: str | None = None) -> int | None:
@@ -104,9 +177,9 @@ def _no_gpu() -> None:
 
 
 def detect_topology(group=None) -> Topology:
-    """World size and node count of `group` (or of the visible GPUs), GPU model, SMs and interconnect."""
-    from syncopate.environment import no_gpu_for_torch
-
+    """The topology of `group` (default: the initialised default group, else the visible GPUs):
+    world size and node count, GPU model and SM count from torch, the interconnect from NVML.
+    RuntimeUnavailableError where no CUDA GPU is visible."""
     if no_gpu_for_torch():  # said without the second that importing torch takes
         _no_gpu()
     import torch

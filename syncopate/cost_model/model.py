@@ -1,14 +1,14 @@
 """The cost model: a candidate's time predicted from calibrations, by simulation.
 
 ```python
-from syncopate.autotuner.cost_model import CostModel
+from syncopate.cost_model.model import CostModel
 model = CostModel(calibration)                       # resolve_calibration(...) or default_calibration(...)
 p = model.predict(workload, topology, candidate)     # Prediction: time_us, kernel_us, comm_us, waves, …
 ranked = model.rank(workload, topology, candidates)  # fastest first; infeasible ones last
 kept = model.prune(workload, topology, candidates, keep=0.25)
 ```
 
-For each kind (see :mod:`syncopate.autotuner.simulate` for how each piece runs):
+For each kind (see :mod:`syncopate.cost_model.simulate` for how each piece runs):
 
 - `ag_gemm`: the all-gather's chunks arrive per the plan and the backend; every rank's consumer
   walks its tile order wave by wave, each tile waiting for the chunk(s) its rows lie in.
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from syncopate.autotuner.calibration import Calibration
-from syncopate.autotuner.simulate import (
+from syncopate.cost_model.calibration import Calibration
+from syncopate.cost_model.simulate import (
     CommContext,
     Infeasible,
     TransferTable,
