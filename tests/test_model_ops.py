@@ -120,7 +120,8 @@ def test_tune_model_predicts_every_op_and_shows_what_lookup_gives(tmp_path, db, 
     assert "what lookup gives each op of a llama-3-8b layer at TP=4, 8192 tokens on H200x4-nvswitch" in text
     rows = [line for line in out.out.splitlines() if line.startswith("│")]
     lookup_rows = [r for r in rows if "forward" in r or "backward" in r]
-    assert len(lookup_rows) == 8 and all("│ default │" in r for r in lookup_rows)  # predictions are not served
+    # predictions are never served as measurements: with nothing measured, lookup answers from the cost model
+    assert len(lookup_rows) == 8 and all("│ cost_model │" in r for r in lookup_rows)
     sweep = load_sweep(out_config)
     want = {c.workload for c in layer_ops(MODEL_SPECS["llama-3-8b"], 4, 8192)}
     assert set(sweep.workloads) == want and len(sweep.workloads) == 8
