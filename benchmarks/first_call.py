@@ -29,7 +29,11 @@ SHAPE = (8192, 28672, 8192)  # LLaMA-3.1-70B's up projection at 8192 tokens
 CASES = (
     ("consumer ag_gemm", "consumer", dict(m=8192, n=14336, k=8192, cfg=(128, 256, 64, 8, 3))),
     ("producer gemm_rs", "producer", dict(m=8192, n=8192, k=14336, cfg=(128, 256, 64, 8, 3))),
-    ("producer gemm_ar", "producer", dict(m=8192, n=8192, k=14336, cfg=(128, 256, 64, 8, 3), all_reduce=True)),
+    (
+        "producer gemm_ar",
+        "producer",
+        dict(m=8192, n=8192, k=14336, cfg=(128, 256, 64, 8, 3), all_reduce=True),
+    ),
 )
 
 
@@ -75,10 +79,17 @@ def child() -> dict:
     for label, which, kwargs in CASES:
         launches.clear()
         case = getattr(gpu_single, f"{which}_case")(**kwargs)
-        out["cases"].append({
-            "case": label, "detail": case["case"], "first_s": launches[0], "second_ms": launches[1] * 1e3,
-            "steady_us": case["ours_us"], "rel_err": case["rel_err"], "error_flag": case["error_flag"],
-        })
+        out["cases"].append(
+            {
+                "case": label,
+                "detail": case["case"],
+                "first_s": launches[0],
+                "second_ms": launches[1] * 1e3,
+                "steady_us": case["ours_us"],
+                "rel_err": case["rel_err"],
+                "error_flag": case["error_flag"],
+            }
+        )
     return out
 
 
@@ -88,7 +99,9 @@ def measure(cache: str, gluon: bool) -> dict:
     if gluon:
         env["SYNCOPATE_GLUON"] = "1"
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, __file__, "child"], env=env, capture_output=True, text=True, timeout=540)
+    done = subprocess.run(
+        [sys.executable, __file__, "child"], env=env, capture_output=True, text=True, timeout=540
+    )
     if done.returncode != 0:
         raise RuntimeError(f"child failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -108,16 +121,26 @@ def main() -> None:
         Path(os.environ["OUT"], "first_call.json").write_text(json.dumps(rows, indent=1))
     import torch
 
-    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    print(f"{'kernels':8} {'cache':5} {'import s':>8} {'lookup ms':>9} {'again ms':>8} "
-          f"{'case':18} {'first s':>8} {'second ms':>9} {'steady us':>9} {'rel err':>8}")
+    print(
+        f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    )
+    print(
+        f"{'kernels':8} {'cache':5} {'import s':>8} {'lookup ms':>9} {'again ms':>8} "
+        f"{'case':18} {'first s':>8} {'second ms':>9} {'steady us':>9} {'rel err':>8}"
+    )
     for r in rows:
         for i, c in enumerate(r["cases"]):
-            head = (f"{r['kernels']:8} {r['cache']:5} {r['import_s']:8.2f} {r['lookup_first_ms']:9.1f} "
-                    f"{r['lookup_again_ms']:8.3f}" if i == 0 else " " * 43)
-            print(f"{head} {c['case']:18} {c['first_s']:8.2f} {c['second_ms']:9.2f} {c['steady_us']:9.1f} "
-                  f"{c['rel_err']:8.1e}{'  ERROR FLAG' if c['error_flag'] else ''}")
+            head = (
+                f"{r['kernels']:8} {r['cache']:5} {r['import_s']:8.2f} {r['lookup_first_ms']:9.1f} "
+                f"{r['lookup_again_ms']:8.3f}"
+                if i == 0
+                else " " * 43
+            )
+            print(
+                f"{head} {c['case']:18} {c['first_s']:8.2f} {c['second_ms']:9.2f} {c['steady_us']:9.1f} "
+                f"{c['rel_err']:8.1e}{'  ERROR FLAG' if c['error_flag'] else ''}"
+            )
 
 
 if __name__ == "__main__":

@@ -110,7 +110,9 @@ def rel(out, ref):
 
 @triton.jit
 def _globaltimer():
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    return tl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+    )
 
 
 @triton.jit
@@ -126,21 +128,42 @@ def _pace_kernel(stamp_ptr, offset_ns, STAMP: tl.constexpr):
             now = _globaltimer()
 
 
-def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8, pace_gbps=None, entry_us=21.0,
-                  order="arrival", own="copied"):
+def consumer_case(
+    m,
+    n,
+    k,
+    cfg,
+    splits=4,
+    live=False,
+    per_sm=1,
+    group_m=8,
+    pace_gbps=None,
+    entry_us=21.0,
+    order="arrival",
+    own="copied",
+):
     """Rank 0's consumer of a two-rank all-gather. `live`: chunks copied in from a side stream while
     the kernel runs; `pace_gbps`: and the peer's chunks land as they would over a link of that
     bandwidth, the first one `entry_us` after the call starts plus its transfer time (the side
     stream spins on the GPU's global timer until the chunk is due, less its local copy, then copies),
     as on two GPUs where the peer enters late and the link is the limit. `own`: how the rank's own
-    rows get to the kernel: "copied" into the gathered buffer chunk by chunk when the call starts (tiles wait for their chunk), "in_place" (already there,
+    rows get to the kernel: "copied" into the gathered buffer chunk by chunk when the call starts (tiles wait
+    for their chunk), "in_place" (already there,
     their words raised before the call), "shard" (read from the shard by the leading own tiles;
     nothing copied, nothing raised, the buffer's own rows poisoned)."""
     live = live or pace_gbps is not None
     own_in_place = own in ("in_place", "shard")
     bm, bn, bk, w, st = cfg
-    c = Candidate(num_splits=splits, block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st, group_m=group_m,
-                  tile_order=order)
+    c = Candidate(
+        num_splits=splits,
+        block_m=bm,
+        block_n=bn,
+        block_k=bk,
+        num_warps=w,
+        num_stages=st,
+        group_m=group_m,
+        tile_order=order,
+    )
     plan = plan_for("ag_gemm", "direct", 2, m, splits, bm)
     a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
     b = (torch.randn(k, n, device=DEV) / k**0.5).to(torch.bfloat16)
@@ -165,12 +188,17 @@ def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8, pace_
         scratch = torch.empty_like(a_full)
         lo, hi, _ = arrivals[remote]
         for _ in range(3):
-            streamops.copy_async(torch.cuda.current_stream().cuda_stream, scratch.data_ptr(), source.data_ptr(),
-                                 (hi - lo) * k * 2)
+            streamops.copy_async(
+                torch.cuda.current_stream().cuda_stream,
+                scratch.data_ptr(),
+                source.data_ptr(),
+                (hi - lo) * k * 2,
+            )
         s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s0.record()
-        streamops.copy_async(torch.cuda.current_stream().cuda_stream, scratch.data_ptr(), source.data_ptr(),
-                             (hi - lo) * k * 2)
+        streamops.copy_async(
+            torch.cuda.current_stream().cuda_stream, scratch.data_ptr(), source.data_ptr(), (hi - lo) * k * 2
+        )
         s1.record()
         torch.cuda.synchronize()
         local_us = s0.elapsed_time(s1) * 1000.0 / (hi - lo)  # a row, copied on this GPU
@@ -203,8 +231,12 @@ def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8, pace_
                 if offsets and j >= remote:
                     with torch.cuda.stream(side):
                         _pace_kernel[(1,)](stamp, offsets[j - remote], STAMP=False, num_warps=1)
-                streamops.copy_async(side.cuda_stream, a_full.data_ptr() + lo * k * 2, source.data_ptr() + lo * k * 2,
-                                     (hi - lo) * k * 2)
+                streamops.copy_async(
+                    side.cuda_stream,
+                    a_full.data_ptr() + lo * k * 2,
+                    source.data_ptr() + lo * k * 2,
+                    (hi - lo) * k * 2,
+                )
                 streamops.write_value(side.cuda_stream, signals.data_ptr() + 4 * slot, e)
                 if offsets and j >= remote:
                     marks.append(torch.cuda.Event(enable_timing=True))
@@ -214,21 +246,34 @@ def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8, pace_
             signals.index_fill_(0, raised[remote:], e)
         elif not live:
             signals.index_fill_(0, raised, e)
-        launch_consumer(a_full, b, out, tables, c, e, signals, err, sms, 1 << 24 if live else 0, cache=relaunch,
-                        a_own=own_rows if own == "shard" else None, own_row0=arrivals[0][0])
+        launch_consumer(
+            a_full,
+            b,
+            out,
+            tables,
+            c,
+            e,
+            signals,
+            err,
+            sms,
+            1 << 24 if live else 0,
+            cache=relaunch,
+            a_own=own_rows if own == "shard" else None,
+            own_row0=arrivals[0][0],
+        )
         if live:
             ev2 = torch.cuda.Event()
             ev2.record(side)
             torch.cuda.current_stream().wait_event(ev2)
 
-    own_rows = a[arrivals[0][0]:arrivals[remote - 1][1]].clone()
+    own_rows = a[arrivals[0][0] : arrivals[remote - 1][1]].clone()
     assert own != "shard" or (tables.own_tiles > 0 and not tables.own_rows_later)
 
     def poison():
         if own == "shard":
-            a_full[arrivals[0][0]:arrivals[remote - 1][1]].fill_(float("nan"))
+            a_full[arrivals[0][0] : arrivals[remote - 1][1]].fill_(float("nan"))
         if live:
-            a_full[arrivals[remote][0]:].fill_(float("nan")) if own_in_place else a_full.fill_(float("nan"))
+            a_full[arrivals[remote][0] :].fill_(float("nan")) if own_in_place else a_full.fill_(float("nan"))
 
     poison()
     call()
@@ -253,10 +298,17 @@ def consumer_case(m, n, k, cfg, splits=4, live=False, per_sm=1, group_m=8, pace_
     mode = " live" if live else ""
     if pace_gbps is not None:
         mode = f" paced {pace_gbps:g}GB/s entry {entry_us:g}us due {dues} landed {arrived}"
-    return {"case": f"consumer{mode} own {own} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} g{group_m} sp{splits} {order} P={sms}",
-            "rel_err": worst, "error_flag": int(err.item()), "ours_us": t_ours, "host_us": t_host, "torch_us": t_torch,
-            "tflops": 2 * m * n * k / t_ours / 1e6, "tma": launch.use_tma(a_full, b, out),
-            "own_tiles": tables.own_tiles}
+    return {
+        "case": f"consumer{mode} own {own} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} g{group_m} sp{splits} {order} P={sms}",
+        "rel_err": worst,
+        "error_flag": int(err.item()),
+        "ours_us": t_ours,
+        "host_us": t_host,
+        "torch_us": t_torch,
+        "tflops": 2 * m * n * k / t_ours / 1e6,
+        "tma": launch.use_tma(a_full, b, out),
+        "own_tiles": tables.own_tiles,
+    }
 
 
 def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1, pace_gbps=None, entry_us=30.0, ws=2):
@@ -296,8 +348,9 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1, pace_gbps=
     state = {"epoch": 0}
 
     paced = pace_gbps is not None
-    raised = torch.tensor(([] if paced else [t.signal for t in incoming]) + [ENTERED_BASE + r for r in range(ws)],
-                          device=DEV)
+    raised = torch.tensor(
+        ([] if paced else [t.signal for t in incoming]) + [ENTERED_BASE + r for r in range(ws)], device=DEV
+    )
     relaunch = {}
     side = torch.cuda.Stream() if paced else None
     stamp = torch.zeros(1, dtype=torch.int64, device=DEV)
@@ -319,11 +372,34 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1, pace_gbps=
                 _pace_kernel[(1,)](stamp, 0, STAMP=True, num_warps=1)
                 for start, elems, slot, ns in copies:
                     _pace_kernel[(1,)](stamp, ns, STAMP=False, num_warps=1)
-                    streamops.copy_async(side.cuda_stream, recv.data_ptr() + start * 2, source.data_ptr() + start * 2,
-                                         elems * 2)
+                    streamops.copy_async(
+                        side.cuda_stream,
+                        recv.data_ptr() + start * 2,
+                        source.data_ptr() + start * 2,
+                        elems * 2,
+                    )
                     streamops.write_value(side.cuda_stream, pad.data_ptr() + 4 * slot, e)
-        launch_producer(a, b, send, out, reduced, recv, row0, tables, c, e, pad, counters, peer_ptrs, ws, 0, err, sms,
-                        1 << 24 if paced else 0, cache=relaunch)
+        launch_producer(
+            a,
+            b,
+            send,
+            out,
+            reduced,
+            recv,
+            row0,
+            tables,
+            c,
+            e,
+            pad,
+            counters,
+            peer_ptrs,
+            ws,
+            0,
+            err,
+            sms,
+            1 << 24 if paced else 0,
+            cache=relaunch,
+        )
         if paced:
             done = torch.cuda.Event()
             done.record(side)
@@ -368,13 +444,24 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1, pace_gbps=
         epi += f" paced {pace_gbps:g}GB/s entry {entry_us:g}us"
     if ws != 2:
         epi += f" ws{ws}"
-    return {"case": f"producer {kind} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits} {epi} split{split} P={sms}"
-                    f"{' ptr' if not launch.use_tma(a, b) else ''}",
-            "rel_err": max(e_out, e_send), "err_out": e_out, "err_send": e_send, "nan_out": nan_out, "nan_send": nan_send,
-            "error_flag": int(err.item()), "ours_us": t_ours, "host_us": t_host, "torch_us": t_torch,
-            "tflops": 2 * m * n * k / t_ours / 1e6,
-            "counters_zero": int(counters.abs().sum().item()) == 0, "ready_raised": ready_ok, "tma": launch.use_tma(a, b),
-            "gluon": os.environ.get("SYNCOPATE_GLUON") == "1"}
+    return {
+        "case": f"producer {kind} {m}x{n}x{k} {bm}x{bn}x{bk}w{w}s{st} sp{splits} {epi} split{split} P={sms}"
+        f"{' ptr' if not launch.use_tma(a, b) else ''}",
+        "rel_err": max(e_out, e_send),
+        "err_out": e_out,
+        "err_send": e_send,
+        "nan_out": nan_out,
+        "nan_send": nan_send,
+        "error_flag": int(err.item()),
+        "ours_us": t_ours,
+        "host_us": t_host,
+        "torch_us": t_torch,
+        "tflops": 2 * m * n * k / t_ours / 1e6,
+        "counters_zero": int(counters.abs().sum().item()) == 0,
+        "ready_raised": ready_ok,
+        "tma": launch.use_tma(a, b),
+        "gluon": os.environ.get("SYNCOPATE_GLUON") == "1",
+    }
 
 
 def copy_case(nbytes=256 << 20, programs=32):
@@ -383,10 +470,13 @@ def copy_case(nbytes=256 << 20, programs=32):
     src = torch.randn(nbytes // 2, device=DEV).to(torch.bfloat16)
     dst = torch.zeros_like(src)
     pad = torch.zeros(PAD_WORDS, dtype=torch.int32, device=DEV)
-    ctx = SimpleNamespace(device=DEV, signals=SimpleNamespace(local=pad),
-                          peer_signal_ptrs=torch.tensor([pad.data_ptr()], dtype=torch.int64, device=DEV),
-                          counters=torch.zeros(4096, dtype=torch.int64, device=DEV),
-                          error=torch.zeros(1, dtype=torch.int32, device=DEV))
+    ctx = SimpleNamespace(
+        device=DEV,
+        signals=SimpleNamespace(local=pad),
+        peer_signal_ptrs=torch.tensor([pad.data_ptr()], dtype=torch.int64, device=DEV),
+        counters=torch.zeros(4096, dtype=torch.int64, device=DEV),
+        error=torch.zeros(1, dtype=torch.int32, device=DEV),
+    )
     state = {"epoch": 0}
     chunks = 8
     per = src.numel() // chunks
@@ -394,15 +484,21 @@ def copy_case(nbytes=256 << 20, programs=32):
     def call():
         state["epoch"] += 1
         pad[ENTERED_BASE] = state["epoch"]
-        jobs = [(src.data_ptr() + i * per * 2, dst.data_ptr() + i * per * 2, per, -1, i, 0) for i in range(chunks)]
+        jobs = [
+            (src.data_ptr() + i * per * 2, dst.data_ptr() + i * per * 2, per, -1, i, 0) for i in range(chunks)
+        ]
         launch_chunk_copy(ctx, torch.cuda.current_stream(), jobs, programs, state["epoch"], torch.bfloat16)
 
     call()
     torch.cuda.synchronize()
     ok = torch.equal(dst, src) and all(int(pad[i]) == state["epoch"] for i in range(chunks))
     t = bench(call)
-    return {"case": f"chunk copy {nbytes >> 20} MiB, {programs} programs", "ok": ok, "ours_us": t,
-            "GBps": 2 * nbytes / t / 1e3}
+    return {
+        "case": f"chunk copy {nbytes >> 20} MiB, {programs} programs",
+        "ok": ok,
+        "ours_us": t,
+        "GBps": 2 * nbytes / t / 1e3,
+    }
 
 
 def kernel_stats():
@@ -413,15 +509,24 @@ def kernel_stats():
     out = {}
     kernels = [("consumer", consumer_kernel), ("producer", producer_kernel)]
     if gluon_kernels.AVAILABLE:
-        kernels += [("gluon consumer", gluon_kernels.gluon_consumer_kernel),
-                    ("gluon producer", gluon_kernels.gluon_producer_kernel)]
+        kernels += [
+            ("gluon consumer", gluon_kernels.gluon_consumer_kernel),
+            ("gluon producer", gluon_kernels.gluon_producer_kernel),
+        ]
     for name, k in kernels:
         try:
             caches = k.device_caches if hasattr(k, "device_caches") else None
-            kernels = list(caches[0][0].values()) if caches else list(getattr(k, "cache", {}).get(0, {}).values())
+            kernels = (
+                list(caches[0][0].values()) if caches else list(getattr(k, "cache", {}).get(0, {}).values())
+            )
             if kernels:
                 h = kernels[-1]
-                out[name] = {"regs": h.n_regs, "spills": h.n_spills, "smem": h.metadata.shared, "count": len(kernels)}
+                out[name] = {
+                    "regs": h.n_regs,
+                    "spills": h.n_spills,
+                    "smem": h.metadata.shared,
+                    "count": len(kernels),
+                }
         except Exception as e:
             out[name] = {"error": str(e)[:200]}
     return {"kernels": out}
@@ -440,16 +545,19 @@ def with_env(name, value, fn):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = old
+
     return run
 
 
 def scatter_matrix():
     """Reduce-scatter against all-reduce producers on the shapes where the fused all-reduce lags."""
     cases = []
-    for (m, n, k) in [(8192, 4096, 5504), (8192, 8192, 2048)]:
+    for m, n, k in [(8192, 4096, 5504), (8192, 8192, 2048)]:
         for splits in (4, 8):
             for ar in (False, True):
-                cases.append(lambda m=m, n=n, k=k, s=splits, ar=ar: producer_case(m, n, k, (128, 256, 64, 8, 3), s, ar))
+                cases.append(
+                    lambda m=m, n=n, k=k, s=splits, ar=ar: producer_case(m, n, k, (128, 256, 64, 8, 3), s, ar)
+                )
     return cases
 
 
@@ -458,9 +566,15 @@ def occupancy_matrix():
     memory and registers), against one an SM and the 128x256 tiles: does a second program hide
     the other's epilogue?"""
     cases = []
-    for (m, n, k) in [(8192, 8192, 1024), (8192, 8192, 2048), (8192, 4096, 5504)]:
-        for cfg, per in [((128, 256, 64, 8, 3), 1), ((128, 128, 64, 4, 2), 1), ((128, 128, 64, 4, 2), 2),
-                         ((128, 128, 32, 4, 4), 1), ((128, 128, 32, 4, 4), 2), ((128, 128, 64, 8, 2), 2)]:
+    for m, n, k in [(8192, 8192, 1024), (8192, 8192, 2048), (8192, 4096, 5504)]:
+        for cfg, per in [
+            ((128, 256, 64, 8, 3), 1),
+            ((128, 128, 64, 4, 2), 1),
+            ((128, 128, 64, 4, 2), 2),
+            ((128, 128, 32, 4, 4), 1),
+            ((128, 128, 32, 4, 4), 2),
+            ((128, 128, 64, 8, 2), 2),
+        ]:
             cases.append(lambda m=m, n=n, k=k, cfg=cfg, per=per: producer_case(m, n, k, cfg, per_sm=per))
             cases.append(lambda m=m, n=n, k=k, cfg=cfg, per=per: consumer_case(m, n, k, cfg, per_sm=per))
     return cases
@@ -470,7 +584,7 @@ def producer_matrix():
     """The producer at the K/ws of the gemm_rs / gemm_ar suite, with the epilogue its launcher
     picks, beside the consumer kernel (TMA stores, no waits) as a plain GEMM."""
     cases = []
-    for (m, n, k) in [(8192, 8192, 1024), (8192, 8192, 2048), (8192, 4096, 5504)]:
+    for m, n, k in [(8192, 8192, 1024), (8192, 8192, 2048), (8192, 4096, 5504)]:
         for cfg in [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4)]:
             cases.append(lambda m=m, n=n, k=k, cfg=cfg: consumer_case(m, n, k, cfg))
             cases.append(lambda m=m, n=n, k=k, cfg=cfg: producer_case(m, n, k, cfg))
@@ -496,15 +610,25 @@ def paced_matrix():
     beside the chunks already there, on the per-rank GEMMs of ag_gemm N=4096, 2048 (two and eight
     splits), 14336, 11008."""
     cases = []
-    for (m, n, k), cfg, splits in [((8192, 2048, 8192), (128, 256, 64, 8, 3), 2),
-                                   ((8192, 1024, 8192), (128, 128, 64, 8, 4), 2),
-                                   ((8192, 1024, 8192), (128, 128, 64, 8, 4), 8),
-                                   ((8192, 7168, 4096), (128, 256, 64, 8, 3), 2),
-                                   ((8192, 5504, 4096), (128, 256, 64, 8, 3), 2)]:
-        for pace, own in ((None, "copied"), (None, "shard"), (351.0, "copied"), (351.0, "in_place"),
-                          (351.0, "shard")):
-            cases.append(lambda m=m, n=n, k=k, cfg=cfg, s=splits, p=pace, o=own:
-                         consumer_case(m, n, k, cfg, s, pace_gbps=p, own=o))
+    for (m, n, k), cfg, splits in [
+        ((8192, 2048, 8192), (128, 256, 64, 8, 3), 2),
+        ((8192, 1024, 8192), (128, 128, 64, 8, 4), 2),
+        ((8192, 1024, 8192), (128, 128, 64, 8, 4), 8),
+        ((8192, 7168, 4096), (128, 256, 64, 8, 3), 2),
+        ((8192, 5504, 4096), (128, 256, 64, 8, 3), 2),
+    ]:
+        for pace, own in (
+            (None, "copied"),
+            (None, "shard"),
+            (351.0, "copied"),
+            (351.0, "in_place"),
+            (351.0, "shard"),
+        ):
+            cases.append(
+                lambda m=m, n=n, k=k, cfg=cfg, s=splits, p=pace, o=own: consumer_case(
+                    m, n, k, cfg, s, pace_gbps=p, own=o
+                )
+            )
     return cases
 
 
@@ -512,13 +636,24 @@ def gluon_matrix():
     """The producer in Gluon (SYNCOPATE_GLUON=1) against the Triton producer, in turn, on the
     reduce-scatter and all-reduce shapes of the TP=2 suite, both tile configurations."""
     cases = []
-    for (m, n, k), splits in [((8192, 8192, 1024), 4), ((8192, 8192, 2048), 4), ((8192, 4096, 5504), 8),
-                              ((8192, 4096, 7168), 4)]:
+    for (m, n, k), splits in [
+        ((8192, 8192, 1024), 4),
+        ((8192, 8192, 2048), 4),
+        ((8192, 4096, 5504), 8),
+        ((8192, 4096, 7168), 4),
+    ]:
         for cfg in ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4)):
             for ar in (False, True):
                 for g in ("0", "1"):
-                    cases.append(with_env("SYNCOPATE_GLUON", g, lambda m=m, n=n, k=k, cfg=cfg, s=splits, ar=ar:
-                                          producer_case(m, n, k, cfg, s, all_reduce=ar)))
+                    cases.append(
+                        with_env(
+                            "SYNCOPATE_GLUON",
+                            g,
+                            lambda m=m, n=n, k=k, cfg=cfg, s=splits, ar=ar: producer_case(
+                                m, n, k, cfg, s, all_reduce=ar
+                            ),
+                        )
+                    )
     return cases
 
 
@@ -529,8 +664,15 @@ def gluon_ranks_matrix():
     for (m, n, k), splits in [((8192, 8192, 1024), 2), ((8192, 4096, 2752), 2), ((8192, 8192, 512), 2)]:
         for ar in (False, True):
             for g in ("0", "1"):
-                cases.append(with_env("SYNCOPATE_GLUON", g, lambda m=m, n=n, k=k, s=splits, ar=ar: producer_case(
-                    m, n, k, (128, 256, 64, 8, 3), s, all_reduce=ar, ws=4)))
+                cases.append(
+                    with_env(
+                        "SYNCOPATE_GLUON",
+                        g,
+                        lambda m=m, n=n, k=k, s=splits, ar=ar: producer_case(
+                            m, n, k, (128, 256, 64, 8, 3), s, all_reduce=ar, ws=4
+                        ),
+                    )
+                )
     return cases
 
 
@@ -542,8 +684,15 @@ def gluon_paced_matrix():
     for (m, n, k), splits in [((8192, 8192, 1024), 4), ((8192, 4096, 5504), 8)]:
         for ar in (False, True):
             for g in ("0", "1"):
-                cases.append(with_env("SYNCOPATE_GLUON", g, lambda m=m, n=n, k=k, s=splits, ar=ar: producer_case(
-                    m, n, k, (128, 256, 64, 8, 3), s, all_reduce=ar, pace_gbps=351.0)))
+                cases.append(
+                    with_env(
+                        "SYNCOPATE_GLUON",
+                        g,
+                        lambda m=m, n=n, k=k, s=splits, ar=ar: producer_case(
+                            m, n, k, (128, 256, 64, 8, 3), s, all_reduce=ar, pace_gbps=351.0
+                        ),
+                    )
+                )
     return cases
 
 
@@ -554,13 +703,24 @@ def gluon_consumer_matrix():
     pace (351 GB/s, the first 21 µs late)."""
     cases = []
     big, small = (128, 256, 64, 8, 3), (128, 128, 64, 8, 4)
-    for (m, n, k), cfg, splits in [((8192, 7168, 4096), big, 2), ((8192, 5504, 4096), big, 2),
-                                   ((8192, 2048, 8192), big, 2), ((8192, 1024, 8192), small, 8),
-                                   ((8192, 14336, 8192), big, 2)]:
+    for (m, n, k), cfg, splits in [
+        ((8192, 7168, 4096), big, 2),
+        ((8192, 5504, 4096), big, 2),
+        ((8192, 2048, 8192), big, 2),
+        ((8192, 1024, 8192), small, 8),
+        ((8192, 14336, 8192), big, 2),
+    ]:
         for pace in (None, 351.0):
             for g in ("0", "1"):
-                cases.append(with_env("SYNCOPATE_GLUON", g, lambda m=m, n=n, k=k, cfg=cfg, s=splits, p=pace:
-                                      consumer_case(m, n, k, cfg, s, pace_gbps=p, own="shard")))
+                cases.append(
+                    with_env(
+                        "SYNCOPATE_GLUON",
+                        g,
+                        lambda m=m, n=n, k=k, cfg=cfg, s=splits, p=pace: consumer_case(
+                            m, n, k, cfg, s, pace_gbps=p, own="shard"
+                        ),
+                    )
+                )
     return cases
 
 
@@ -568,11 +728,19 @@ def tiles_matrix():
     """The consumer's tile configurations and L2 groupings on the per-rank GEMMs of the GEMM-bound
     ag_gemm shapes, beside cuBLAS."""
     cases = []
-    for (m, n, k) in [(8192, 7168, 4096), (8192, 2048, 8192)]:
-        for cfg, g in [((128, 256, 64, 8, 3), 8), ((128, 256, 64, 8, 3), 4), ((128, 256, 64, 8, 3), 16),
-                       ((128, 256, 64, 8, 3), 1), ((256, 128, 64, 8, 3), 8), ((128, 256, 32, 8, 5), 8),
-                       ((128, 256, 32, 8, 6), 8), ((256, 128, 32, 8, 5), 8), ((128, 128, 64, 8, 5), 8),
-                       ((128, 128, 128, 8, 3), 8)]:
+    for m, n, k in [(8192, 7168, 4096), (8192, 2048, 8192)]:
+        for cfg, g in [
+            ((128, 256, 64, 8, 3), 8),
+            ((128, 256, 64, 8, 3), 4),
+            ((128, 256, 64, 8, 3), 16),
+            ((128, 256, 64, 8, 3), 1),
+            ((256, 128, 64, 8, 3), 8),
+            ((128, 256, 32, 8, 5), 8),
+            ((128, 256, 32, 8, 6), 8),
+            ((256, 128, 32, 8, 5), 8),
+            ((128, 128, 64, 8, 5), 8),
+            ((128, 128, 128, 8, 3), 8),
+        ]:
             cases.append(lambda m=m, n=n, k=k, cfg=cfg, g=g: consumer_case(m, n, k, cfg, 2, group_m=g))
     return cases
 
@@ -587,26 +755,44 @@ def waves_matrix():
     for n in (2560, 2752, 2816, 3072):
         for cfg in ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4)):
             cases.append(lambda n=n, cfg=cfg: consumer_case(8192, n, 4096, cfg, 2, own="shard"))
-    cases.append(lambda: consumer_case(  # the peer's chunks landing while it runs, at the link's pace
-        8192, 2752, 4096, (128, 256, 64, 8, 3), 2, own="shard", pace_gbps=351.0))
+    cases.append(
+        lambda: consumer_case(  # the peer's chunks landing while it runs, at the link's pace
+            8192, 2752, 4096, (128, 256, 64, 8, 3), 2, own="shard", pace_gbps=351.0
+        )
+    )
     return cases
 
 
 def main():
-    cfgs = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 3), (128, 256, 64, 8, 2), (128, 128, 64, 4, 4)]
+    cfgs = [
+        (128, 256, 64, 8, 3),
+        (128, 128, 64, 8, 4),
+        (256, 128, 64, 8, 3),
+        (128, 256, 64, 8, 2),
+        (128, 128, 64, 4, 4),
+    ]
     cases = []
-    modes = {"producer": producer_matrix, "scatter": scatter_matrix, "occupancy": occupancy_matrix,
-             "tiles": tiles_matrix, "host": host_matrix, "paced": paced_matrix,
-             "gluon": gluon_matrix, "gluon-paced": gluon_paced_matrix,
-             "gluon-ranks": gluon_ranks_matrix, "gluon-consumer": gluon_consumer_matrix, "waves": waves_matrix}
+    modes = {
+        "producer": producer_matrix,
+        "scatter": scatter_matrix,
+        "occupancy": occupancy_matrix,
+        "tiles": tiles_matrix,
+        "host": host_matrix,
+        "paced": paced_matrix,
+        "gluon": gluon_matrix,
+        "gluon-paced": gluon_paced_matrix,
+        "gluon-ranks": gluon_ranks_matrix,
+        "gluon-consumer": gluon_consumer_matrix,
+        "waves": waves_matrix,
+    }
     if len(sys.argv) == 2 and sys.argv[1] in modes:
         return report(modes[sys.argv[1]]())
-    for (m, n, k) in [(8192, 5504, 4096), (8192, 14336, 8192), (8192, 1024, 8192), (8192, 2048, 8192)]:
+    for m, n, k in [(8192, 5504, 4096), (8192, 14336, 8192), (8192, 1024, 8192), (8192, 2048, 8192)]:
         for cfg in cfgs:
             cases.append(lambda m=m, n=n, k=k, cfg=cfg: consumer_case(m, n, k, cfg))
-    for (m, n, k) in [(8192, 5504, 4096), (8192, 1024, 8192)]:
+    for m, n, k in [(8192, 5504, 4096), (8192, 1024, 8192)]:
         cases.append(lambda m=m, n=n, k=k: consumer_case(m, n, k, (128, 256, 64, 8, 3), splits=8, live=True))
-    for (m, n, k) in [(8192, 4096, 5504), (8192, 8192, 14336), (8192, 8192, 1024)]:
+    for m, n, k in [(8192, 4096, 5504), (8192, 8192, 14336), (8192, 8192, 1024)]:
         for cfg in [cfgs[0], cfgs[1], cfgs[3]]:
             cases.append(lambda m=m, n=n, k=k, cfg=cfg: producer_case(m, n, k, cfg))
 
@@ -631,7 +817,11 @@ def report(cases):
             r = case()
             r.update(kernel_stats())
         except Exception as e:
-            r = {"case": "failed", "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
+            r = {
+                "case": "failed",
+                "error": f"{type(e).__name__}: {e}",
+                "trace": traceback.format_exc()[-3000:],
+            }
             print(r["trace"], file=sys.stderr)
         rows.append(r)
         print(json.dumps(r), flush=True)
@@ -642,16 +832,25 @@ def report(cases):
     print("\ncase | rel_err | ours_us | host_us | torch_us | torch/ours | TFLOP/s | tma")
     for r in rows:
         if "torch_us" in r:
-            extra = (f" | out {r['err_out']:.1e} send {r['err_send']:.1e} nan {r['nan_out']}/{r['nan_send']}"
-                     f" counters0 {r['counters_zero']} ready {r['ready_raised']}") if "err_out" in r else ""
+            extra = (
+                (
+                    f" | out {r['err_out']:.1e} send {r['err_send']:.1e} nan {r['nan_out']}/{r['nan_send']}"
+                    f" counters0 {r['counters_zero']} ready {r['ready_raised']}"
+                )
+                if "err_out" in r
+                else ""
+            )
             role = "producer" if r["case"].startswith("producer") else "consumer"
             if r["case"].endswith("SYNCOPATE_GLUON=1"):
                 role = "gluon " + role
             ks = r.get("kernels", {}).get(role, {})
-            print(f"{r['case']} | {r['rel_err']:.2e} | {r['ours_us']:.1f} | {r.get('host_us', float('nan')):.1f} | "
-                  f"{r['torch_us']:.1f} | "
-                  f"{r['torch_us'] / r['ours_us']:.3f} | {r['tflops']:.0f} | {r['tma']} | flag {r['error_flag']}{extra} | "
-                  f"regs {ks.get('regs')} spills {ks.get('spills')} smem {ks.get('smem')}")
+            print(
+                f"{r['case']} | {r['rel_err']:.2e} | {r['ours_us']:.1f} | {r.get('host_us', float('nan')):.1f} | "
+                f"{r['torch_us']:.1f} | "
+                f"{r['torch_us'] / r['ours_us']:.3f} | {r['tflops']:.0f} | {r['tma']} | "
+                f"flag {r['error_flag']}{extra} | "
+                f"regs {ks.get('regs')} spills {ks.get('spills')} smem {ks.get('smem')}"
+            )
         elif "GBps" in r:
             print(f"{r['case']} | ok={r['ok']} | {r['ours_us']:.1f} us | {r['GBps']:.0f} GB/s")
         else:

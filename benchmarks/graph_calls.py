@@ -5,7 +5,8 @@ symmetric-memory ops (async-TP), on shapes small enough for a call's host time t
 Per case: results against float32 after a replay; then 15 rounds of 10 calls back to back, each
 round timed with events from its first enqueue to its last kernel's end (the device waits for the
 host where the host is slower), eagerly and as one replay of a graph holding the same 10 calls;
-medians, µs a call. The fused ops take the configuration `syncopate.lookup` gives a job here. One GPU a rank (`--ranks N`, default every visible GPU); rank 0 prints a table
+medians, µs a call. The fused ops take the configuration `syncopate.lookup` gives a job here. One GPU a rank
+(`--ranks N`, default every visible GPU); rank 0 prints a table
 and writes the numbers as JSON (`--out`).
 
     python benchmarks/graph_calls.py [--ranks N] [--out FILE]
@@ -45,7 +46,9 @@ def impls(kind: str, m: int, ws: int, group) -> dict:
         if kind == "ag_gemm":
             out["async_tp"] = lambda a, b: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, name)[1][0]
         else:
-            out["async_tp"] = lambda a, b: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, name)
+            out["async_tp"] = lambda a, b: torch.ops.symm_mem.fused_matmul_reduce_scatter(
+                a, b, "sum", 0, name
+            )
     return out
 
 
@@ -86,8 +89,17 @@ def case(kind: str, shape: tuple[int, int, int], group, dev) -> list[dict]:
             for _ in range(CALLS):
                 fn(a, b)
 
-        rows.append({"kind": kind, "shape": list(shape), "ranks": ws, "impl": name, "rel_err": err,
-                     "eager_us": timed(eager, group, dev), "graph_us": timed(graph.replay, group, dev)})
+        rows.append(
+            {
+                "kind": kind,
+                "shape": list(shape),
+                "ranks": ws,
+                "impl": name,
+                "rel_err": err,
+                "eager_us": timed(eager, group, dev),
+                "graph_us": timed(graph.replay, group, dev),
+            }
+        )
         del graph, outs
     return rows
 
@@ -115,13 +127,17 @@ def print_table(rows: list[dict], device: str) -> None:
     for r in rows:
         shape = "×".join(map(str, r["shape"]))
         vs = torch_graph[(r["kind"], tuple(r["shape"]))] / r["graph_us"]
-        print(f"| {r['kind']} | {shape} | {r['impl']} | {r['eager_us']:.1f} | {r['graph_us']:.1f} | "
-              f"{r['eager_us'] / r['graph_us']:.2f} | {vs:.3f} | {r['rel_err']:.2e} |")
+        print(
+            f"| {r['kind']} | {shape} | {r['impl']} | {r['eager_us']:.1f} | {r['graph_us']:.1f} | "
+            f"{r['eager_us'] / r['graph_us']:.2f} | {vs:.3f} | {r['rel_err']:.2e} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", type=int, default=0, help="ranks, one GPU each (default: every visible GPU)")
+    parser.add_argument(
+        "--ranks", type=int, default=0, help="ranks, one GPU each (default: every visible GPU)"
+    )
     parser.add_argument("--out", help="write every row as JSON here")
     args = parser.parse_args(argv)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 import syncopate
-
 from syncopate.records import Environment, TrialRecord
 from syncopate.results_db import ResultsDB
 from syncopate.results_db.lookups import clear_cache, lookup
@@ -77,13 +76,19 @@ def fill(path: Path, trials: int) -> tuple[float, int]:
                     for i in range(half):
                         c = cands[(s * half + i) % len(cands)]
                         failed = i % 7 == 3
-                        batch.append(TrialRecord(
-                            workload=w, topology=TOPOLOGY, environment=env, candidate=c,
-                            status=STATUSES[i % len(STATUSES)] if failed else "ok",
-                            median_us=None if failed else 500.0 + (i * 7919) % 1000,
-                            samples_us=() if failed else tuple(500.0 + j for j in range(20)),
-                            worker={"host": "bench", "gpus": [0, 1]}, strategy="grid",
-                        ))
+                        batch.append(
+                            TrialRecord(
+                                workload=w,
+                                topology=TOPOLOGY,
+                                environment=env,
+                                candidate=c,
+                                status=STATUSES[i % len(STATUSES)] if failed else "ok",
+                                median_us=None if failed else 500.0 + (i * 7919) % 1000,
+                                samples_us=() if failed else tuple(500.0 + j for j in range(20)),
+                                worker={"host": "bench", "gpus": [0, 1]},
+                                strategy="grid",
+                            )
+                        )
                     stored += len(set(db.record_trials(sweep, batch)))
     return time.perf_counter() - start, stored
 
@@ -105,8 +110,12 @@ def warm(path: Path, n: int) -> tuple[float, float]:
 def first(path: Path, shape: tuple[int, int, int], topology: str, runs: int) -> tuple[float, str, bool]:
     results = []
     for _ in range(runs):
-        out = subprocess.run([sys.executable, "-c", CHILD, str(path), json.dumps(shape), topology],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, str(path), json.dumps(shape), topology],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     return statistics.median(r["ms"] for r in results), results[0]["match"], results[0]["sqlalchemy"]
 
@@ -132,7 +141,9 @@ def fingerprint(runs: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=100_000)
-    parser.add_argument("--db", type=Path, default=None, help="SQLite file to fill (default: a temporary one)")
+    parser.add_argument(
+        "--db", type=Path, default=None, help="SQLite file to fill (default: a temporary one)"
+    )
     parser.add_argument("--runs", type=int, default=5, help="new processes per rung")
     parser.add_argument("--warm", type=int, default=100_000, help="cached lookups to time")
     args = parser.parse_args()
@@ -148,17 +159,26 @@ def main() -> None:
         print(f"filled {path}: {stored} trials in {seconds:.1f} s ({size:.0f} MiB)")
         median, p90 = warm(path, args.warm)
         rows = [("warm (cached) lookup", f"{median:.2f} µs median, {p90:.2f} µs p90", "≤ 20 µs median")]
-        for label, shape, topology in (("exact", (8192, 4096, 8192), "H200x2-nvlink"),
-                                       ("nearest_shape", (8192, 5000, 8192), "H200x2-nvlink"),
-                                       ("other_topology", (8192, 4096, 8192), "H100x2-nvlink"),
-                                       ("cost_model", (8192, 4096, 8192), "H100x4-nvswitch")):
+        for label, shape, topology in (
+            ("exact", (8192, 4096, 8192), "H200x2-nvlink"),
+            ("nearest_shape", (8192, 5000, 8192), "H200x2-nvlink"),
+            ("other_topology", (8192, 4096, 8192), "H100x2-nvlink"),
+            ("cost_model", (8192, 4096, 8192), "H100x4-nvswitch"),
+        ):
             ms, match, sqlalchemy = first(path, shape, topology, args.runs)
             assert match == label, (match, label)
             note = "" if not sqlalchemy else " (SQLAlchemy imported)"
             target = "≤ 50 ms" if label != "cost_model" else "(imports the model)"
-            rows.append((f"first lookup, new process, {label}", f"{ms:.2f} ms median of {args.runs}{note}", target))
-        rows.append(("fingerprint alone, triton not imported", f"{fingerprint(args.runs):.2f} ms median of {args.runs}",
-                     "(reference)"))
+            rows.append(
+                (f"first lookup, new process, {label}", f"{ms:.2f} ms median of {args.runs}{note}", target)
+            )
+        rows.append(
+            (
+                "fingerprint alone, triton not imported",
+                f"{fingerprint(args.runs):.2f} ms median of {args.runs}",
+                "(reference)",
+            )
+        )
         width = max(len(r[0]) for r in rows)
         print(f"\n{'measure':<{width}}  {'result':<36}  target")
         for name, result, target in rows:

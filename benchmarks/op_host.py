@@ -36,14 +36,33 @@ import syncopate
 from syncopate.kernels.local_ranks import free_port, join_group, spawn_ranks
 from syncopate.kernels.reference import reference, relative_error
 from syncopate.kernels.timing import barrier
-from syncopate.search_space import (Candidate, Workload, a_stationary_candidate, c_stationary_candidate,
-                                   decomposed_candidate, unfused_candidate)
+from syncopate.search_space import (
+    Candidate,
+    Workload,
+    a_stationary_candidate,
+    c_stationary_candidate,
+    decomposed_candidate,
+    unfused_candidate,
+)
 
-CANDIDATE = Candidate(backend="copy_engine", template="direct", num_splits=2, block_m=128, block_n=256, block_k=64,
-                      group_m=8, num_warps=8, num_stages=3, tile_order="arrival")
+CANDIDATE = Candidate(
+    backend="copy_engine",
+    template="direct",
+    num_splits=2,
+    block_m=128,
+    block_n=256,
+    block_k=64,
+    group_m=8,
+    num_warps=8,
+    num_stages=3,
+    tile_order="arrival",
+)
 CASES = [("ag_gemm", (8192, 2048, 8192)), ("gemm_rs", (8192, 8192, 2048)), ("gemm_ar", (8192, 8192, 2048))]
-STATIONARY = {"ag_gemm": a_stationary_candidate(2), "gemm_rs": c_stationary_candidate(),
-              "gemm_ar": c_stationary_candidate(2)}
+STATIONARY = {
+    "ag_gemm": a_stationary_candidate(2),
+    "gemm_rs": c_stationary_candidate(),
+    "gemm_ar": c_stationary_candidate(2),
+}
 
 
 def templates(what: str, ws: int) -> dict[str, Candidate | None]:
@@ -76,11 +95,22 @@ def torch_path(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> torch.Tens
     return out
 
 
-
-def case(kind: str, m: int, n: int, k: int, group, dev: torch.device, candidate: Candidate | None = CANDIDATE,
-         device_time: bool = True, torch_only: bool = False) -> str:
-    ops = {"ag_gemm": syncopate.all_gather_matmul, "gemm_rs": syncopate.matmul_reduce_scatter,
-           "gemm_ar": syncopate.matmul_all_reduce}
+def case(
+    kind: str,
+    m: int,
+    n: int,
+    k: int,
+    group,
+    dev: torch.device,
+    candidate: Candidate | None = CANDIDATE,
+    device_time: bool = True,
+    torch_only: bool = False,
+) -> str:
+    ops = {
+        "ag_gemm": syncopate.all_gather_matmul,
+        "gemm_rs": syncopate.matmul_reduce_scatter,
+        "gemm_ar": syncopate.matmul_all_reduce,
+    }
     ws, rank = dist.get_world_size(group), dist.get_rank(group)
     if candidate is None and not torch_only:  # the configuration a job's lookup gives
         candidate = syncopate.lookup((m, n, k), syncopate.detect_topology(group), kind=kind).candidate
@@ -93,15 +123,19 @@ def case(kind: str, m: int, n: int, k: int, group, dev: torch.device, candidate:
         return ops[kind](a, b, group, candidate)
 
     def inputs():
-        return (torch.randn(shapes["a"], device=dev).to(torch.bfloat16),
-                (torch.randn(shapes["b"], device=dev) / k_local**0.5).to(torch.bfloat16))
+        return (
+            torch.randn(shapes["a"], device=dev).to(torch.bfloat16),
+            (torch.randn(shapes["b"], device=dev) / k_local**0.5).to(torch.bfloat16),
+        )
 
-    if kind == "ag_gemm" and not torch_only:  # the gathered A too (a stationary candidate takes the direct plan for it)
+    if (
+        kind == "ag_gemm" and not torch_only
+    ):  # the gathered A too (a stationary candidate takes the direct plan for it)
         a, b = inputs()
         out, gathered = syncopate.all_gather_matmul(a, b, group, candidate, return_gathered=True)
         torch.cuda.synchronize()
         rows = a.shape[0]
-        assert torch.equal(gathered[rank * rows:(rank + 1) * rows], a)
+        assert torch.equal(gathered[rank * rows : (rank + 1) * rows], a)
         assert relative_error(out, reference(kind, a, b, group)) < 1e-2
 
     worst = 0.0
@@ -133,15 +167,21 @@ def case(kind: str, m: int, n: int, k: int, group, dev: torch.device, candidate:
         profiler.disable()
         torch.cuda.synchronize()
         if rank == 0:
-            stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, ncalls, tottime, cumtime, callers)}
+            stats = pstats.Stats(
+                profiler
+            ).stats  # {(file, line, name): (calls, ncalls, tottime, cumtime, callers)}
             rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:30]
             with open(profile_to, "a") as f:
-                f.write(f"== {kind} {m}x{n}x{k} ranks {ws} {label}: a call's host time under cProfile, "
-                        f"{sum(v[2] for v in stats.values()) / 20 * 1e6:.1f} us\n"
-                        f"{'own us':>8} {'cum us':>8} {'calls':>6}  function\n")
+                f.write(
+                    f"== {kind} {m}x{n}x{k} ranks {ws} {label}: a call's host time under cProfile, "
+                    f"{sum(v[2] for v in stats.values()) / 20 * 1e6:.1f} us\n"
+                    f"{'own us':>8} {'cum us':>8} {'calls':>6}  function\n"
+                )
                 for (file, line, name), (_, ncalls, tottime, cumtime, _) in rows:
-                    f.write(f"{tottime / 20 * 1e6:8.1f} {cumtime / 20 * 1e6:8.1f} {ncalls / 20:6.1f}  "
-                            f"{name} {os.path.basename(file)}:{line}\n")
+                    f.write(
+                        f"{tottime / 20 * 1e6:8.1f} {cumtime / 20 * 1e6:8.1f} {ncalls / 20:6.1f}  "
+                        f"{name} {os.path.basename(file)}:{line}\n"
+                    )
     device_us = []
     for _ in range(20 if device_time else 0):
         barrier(group, dev)
@@ -153,8 +193,10 @@ def case(kind: str, m: int, n: int, k: int, group, dev: torch.device, candidate:
         torch.cuda.synchronize()
         device_us.append(start.elapsed_time(end) * 1000)
     device = f"{statistics.median(device_us):.1f}" if device_us else "- (ranks share the GPU)"
-    return (f"{kind} {m}x{n}x{k} ranks {ws} {label} rel_err {worst:.2e} "
-            f"host_us {statistics.median(batches):.1f} device_us {device}")
+    return (
+        f"{kind} {m}x{n}x{k} ranks {ws} {label} rel_err {worst:.2e} "
+        f"host_us {statistics.median(batches):.1f} device_us {device}"
+    )
 
 
 def run_rank(rank: int, world: int, port: int, what: str, shared: bool, cases, results) -> None:
@@ -163,7 +205,9 @@ def run_rank(rank: int, world: int, port: int, what: str, shared: bool, cases, r
         lines = []
         for kind, shape in cases:
             cand = templates(what, world)[kind]
-            line = case(kind, *shape, dist.group.WORLD, dev, cand, device_time=not shared, torch_only=what == "torch")
+            line = case(
+                kind, *shape, dist.group.WORLD, dev, cand, device_time=not shared, torch_only=what == "torch"
+            )
             if rank == 0:
                 print(line, flush=True)
             lines.append(line)
@@ -176,23 +220,37 @@ def run_rank(rank: int, world: int, port: int, what: str, shared: bool, cases, r
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", nargs="?", choices=["direct", "stationary", "decomposed", "unfused", "torch", "lookup"],
-                        default="direct",
-                        help="the candidates: the direct chunked plan (default), the stationary, decomposed or "
-                             "unfused templates, the configuration a job's lookup gives, or torch's own unfused "
-                             "path (no Syncopate call), to compare")
+    parser.add_argument(
+        "what",
+        nargs="?",
+        choices=["direct", "stationary", "decomposed", "unfused", "torch", "lookup"],
+        default="direct",
+        help="the candidates: the direct chunked plan (default), the stationary, decomposed or "
+        "unfused templates, the configuration a job's lookup gives, or torch's own unfused "
+        "path (no Syncopate call), to compare",
+    )
     parser.add_argument("--ranks", type=int, default=1, help="ranks in the group (default 1)")
-    parser.add_argument("--case", action="append", metavar="KIND:MxNxK",
-                        help="time this op and global shape instead of the default three (repeatable), "
-                             "e.g. ag_gemm:1024x4096x4096")
+    parser.add_argument(
+        "--case",
+        action="append",
+        metavar="KIND:MxNxK",
+        help="time this op and global shape instead of the default three (repeatable), "
+        "e.g. ag_gemm:1024x4096x4096",
+    )
     args = parser.parse_args(argv)
     cases = CASES
     if args.case:
         try:
-            cases = [(kind, tuple(int(d) for d in dims.split("x"))) for kind, dims in (c.split(":") for c in args.case)]
+            cases = [
+                (kind, tuple(int(d) for d in dims.split("x")))
+                for kind, dims in (c.split(":") for c in args.case)
+            ]
             assert all(kind in ("ag_gemm", "gemm_rs", "gemm_ar") and len(dims) == 3 for kind, dims in cases)
         except (ValueError, AssertionError):
-            print(f"op_host: --case {args.case}: give KIND:MxNxK, KIND one of ag_gemm, gemm_rs, gemm_ar", file=sys.stderr)
+            print(
+                f"op_host: --case {args.case}: give KIND:MxNxK, KIND one of ag_gemm, gemm_rs, gemm_ar",
+                file=sys.stderr,
+            )
             return 2
     if not torch.cuda.is_available():
         print("op_host: needs a CUDA GPU; none is visible", file=sys.stderr)
@@ -205,8 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     shared = torch.cuda.device_count() < args.ranks
     if shared:
-        print(f"op_host: {torch.cuda.device_count()} GPU(s) for {args.ranks} ranks: all on GPU 0, host time only",
-              flush=True)
+        print(
+            f"op_host: {torch.cuda.device_count()} GPU(s) for {args.ranks} ranks: all on GPU 0, host time only",
+            flush=True,
+        )
     spawn_ranks(run_rank, args.ranks, (args.what, shared, cases), what="op_host rank")
     return 0
 

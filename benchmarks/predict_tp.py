@@ -66,15 +66,21 @@ def sweep_rows(db: ResultsDB, name: str) -> tuple[list[Row], str, str]:
     """The rows of the latest sweep called `name`, its topology key and its calibration's source."""
     info = db.latest_sweep(name)
     if info is None:
-        raise SystemExit(f"no sweep {name!r} in {db.url}: run "
-                         f"`syncopate tune configs/{name}.yaml --runner model --db {db.url}`")
+        raise SystemExit(
+            f"no sweep {name!r} in {db.url}: run "
+            f"`syncopate tune configs/{name}.yaml --runner model --db {db.url}`"
+        )
     trials = db.trials(sweep_id=info.sweep_id)
     if not trials:
         raise SystemExit(f"sweep {name!r} (id {info.sweep_id}) in {db.url} holds no trials")
-    sources = {t.record.source for t in trials} | {b.record.source for b in db.baselines(sweep_id=info.sweep_id)}
+    sources = {t.record.source for t in trials} | {
+        b.record.source for b in db.baselines(sweep_id=info.sweep_id)
+    }
     if sources != {"predicted"}:
-        raise SystemExit(f"sweep {name!r} (id {info.sweep_id}) holds {sorted(sources)} rows: this script prints "
-                         f"predictions only")
+        raise SystemExit(
+            f"sweep {name!r} (id {info.sweep_id}) holds {sorted(sources)} rows: this script prints "
+            f"predictions only"
+        )
     calibrations = {t.record.worker.get("calibration", "?") for t in trials}
     environment = Environment.from_dict(info.config["environment"])
     labels = _labels(info.config)
@@ -85,12 +91,19 @@ def sweep_rows(db: ResultsDB, name: str) -> tuple[list[Row], str, str]:
         base = {b.name: b.median_us for b in db.baselines(workload=w, sweep_id=info.sweep_id)}
         comm = min(v for k, v in base.items() if k.startswith("comm_alone"))
         best = db.sweep_best(info.sweep_id, w, topology, environment)
-        rows.append(Row(
-            workload=w, label=labels.get(w.key(), "heavy"), world_size=topology.world_size,
-            torch_seq_us=base["torch_seq"], bound_us=max(base["gemm_alone"], comm), best_us=best.median_us,
-            candidate=best.candidate, trials=sum(1 for t in trials if t.workload == w),
-            space=space_size(w, topology, sweep.space),
-        ))
+        rows.append(
+            Row(
+                workload=w,
+                label=labels.get(w.key(), "heavy"),
+                world_size=topology.world_size,
+                torch_seq_us=base["torch_seq"],
+                bound_us=max(base["gemm_alone"], comm),
+                best_us=best.median_us,
+                candidate=best.candidate,
+                trials=sum(1 for t in trials if t.workload == w),
+                space=space_size(w, topology, sweep.space),
+            )
+        )
     return rows, topology.key(), "+".join(sorted(calibrations))
 
 
@@ -109,8 +122,11 @@ def _width(r: Row) -> str:
 
 def report(sweeps: dict[str, tuple[list[Row], str, str]]) -> str:
     calibrations = {c for _, _, c in sweeps.values()}
-    which = "its DEFAULT calibration (documented leads, nothing measured)" if calibrations == {"default"} else (
-        f"calibration(s) {', '.join(sorted(calibrations))}")
+    which = (
+        "its DEFAULT calibration (documented leads, nothing measured)"
+        if calibrations == {"default"}
+        else (f"calibration(s) {', '.join(sorted(calibrations))}")
+    )
     lines = [
         f"PREDICTIONS of Syncopate's cost model under {which}, NOT measurements: no GPU ran any of this.",
         "",
@@ -124,10 +140,14 @@ def report(sweeps: dict[str, tuple[list[Row], str, str]]) -> str:
         "copy-engine candidate can beat it.",
     ]
     for name, (rows, topology, _) in sweeps.items():
-        lines += ["", f"## {name} on {topology} (predicted)", "",
-                  "| kind | shape (M×N×K) | model | per rank | trials / space | torch_seq | bound | best | speedup | "
-                  "best candidate (backend/template/splits/order/comm_sms) | tile |",
-                  "|---|---|---|---|---:|---:|---:|---:|---:|---|---|"]
+        lines += [
+            "",
+            f"## {name} on {topology} (predicted)",
+            "",
+            "| kind | shape (M×N×K) | model | per rank | trials / space | torch_seq | bound | best | speedup | "
+            "best candidate (backend/template/splits/order/comm_sms) | tile |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|---|---|",
+        ]
         for r in rows:
             s = r.workload.shape
             star = "*" if r.workload.kind == "gemm_ar" and r.best_us < r.bound_us else ""
@@ -138,27 +158,36 @@ def report(sweeps: dict[str, tuple[list[Row], str, str]]) -> str:
                 f"{_tile(r.candidate)} |"
             )
     names = list(sweeps)
-    lines += ["", "## Predicted speedup over torch_seq by world size (model shapes)", "",
-              "| kind | model | " + " | ".join(f"{sweeps[n][1]}" for n in names) + " |",
-              "|---|---|" + "---:|" * len(names)]
+    lines += [
+        "",
+        "## Predicted speedup over torch_seq by world size (model shapes)",
+        "",
+        "| kind | model | " + " | ".join(f"{sweeps[n][1]}" for n in names) + " |",
+        "|---|---|" + "---:|" * len(names),
+    ]
     by_label = {n: {(r.workload.kind, r.label): r for r in sweeps[n][0] if r.label != "heavy"} for n in names}
     keys = [k for k in by_label[names[0]] if all(k in by_label[n] for n in names)]
     for kind, label in keys:
-        cells = [f"{by_label[n][(kind, label)].speedup:.2f}× ({by_label[n][(kind, label)].best_us:.0f} µs)"
-                 for n in names]
+        cells = [
+            f"{by_label[n][(kind, label)].speedup:.2f}× ({by_label[n][(kind, label)].best_us:.0f} µs)"
+            for n in names
+        ]
         lines.append(f"| {kind} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", default="results/predicted-h200-tp2-tp4-tp8.db",
-                    help="results database (URL or path)")
+    ap.add_argument(
+        "--db", default="results/predicted-h200-tp2-tp4-tp8.db", help="results database (URL or path)"
+    )
     ap.add_argument("--sweeps", default=",".join(SWEEPS), help="sweep names, comma-separated")
     ap.add_argument("--out", help="also write the markdown to this file")
     args = ap.parse_args(argv)
     if "://" not in args.db and not Path(args.db).exists():
-        raise SystemExit(f"{args.db} does not exist: fill it with `syncopate tune … --runner model --db {args.db}`")
+        raise SystemExit(
+            f"{args.db} does not exist: fill it with `syncopate tune … --runner model --db {args.db}`"
+        )
     with ResultsDB.open(args.db, upgrade=False) as db:
         sweeps = {name: sweep_rows(db, name) for name in (s.strip() for s in args.sweeps.split(",")) if name}
     text = report(sweeps)

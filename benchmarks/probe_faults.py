@@ -42,21 +42,63 @@ def cases():
         ("rs sm32 s2 128x256", "gemm_rs", rs, dict(ce, backend="nvshmem", comm_sms=32, num_splits=2, **t256)),
         ("rs nccl16 s2 128x256", "gemm_rs", rs, dict(ce, backend="nccl", comm_sms=16, num_splits=2, **t256)),
         ("rs nccl64 s2 128x256", "gemm_rs", rs, dict(ce, backend="nccl", comm_sms=64, num_splits=2, **t256)),
-        ("rs nccl16 s4 128x128 M=4160", "gemm_rs", odd, dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128)),
-        ("rs nccl64 s4 128x128 M=4160", "gemm_rs", odd, dict(ce, backend="nccl", comm_sms=64, num_splits=4, **t128)),
-        ("rs nccl16 s4 128x128 M=8192", "gemm_rs", (8192, 1024, 1536), dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128)),
-        ("ar nccl16 s4 128x128 M=4160", "gemm_ar", odd, dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128)),
-        ("rs sm16 s4 128x128 M=4160", "gemm_rs", odd, dict(ce, backend="nvshmem", comm_sms=16, num_splits=4, **t128)),
+        (
+            "rs nccl16 s4 128x128 M=4160",
+            "gemm_rs",
+            odd,
+            dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128),
+        ),
+        (
+            "rs nccl64 s4 128x128 M=4160",
+            "gemm_rs",
+            odd,
+            dict(ce, backend="nccl", comm_sms=64, num_splits=4, **t128),
+        ),
+        (
+            "rs nccl16 s4 128x128 M=8192",
+            "gemm_rs",
+            (8192, 1024, 1536),
+            dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128),
+        ),
+        (
+            "ar nccl16 s4 128x128 M=4160",
+            "gemm_ar",
+            odd,
+            dict(ce, backend="nccl", comm_sms=16, num_splits=4, **t128),
+        ),
+        (
+            "rs sm16 s4 128x128 M=4160",
+            "gemm_rs",
+            odd,
+            dict(ce, backend="nvshmem", comm_sms=16, num_splits=4, **t128),
+        ),
         ("ag nccl64 s2 128x256", "ag_gemm", ag, dict(ce, backend="nccl", comm_sms=64, num_splits=2, **t256)),
         ("ar nccl64 s2 128x256", "gemm_ar", rs, dict(ce, backend="nccl", comm_sms=64, num_splits=2, **t256)),
-        ("ar nccl64 s4 128x128 M=4160", "gemm_ar", odd, dict(ce, backend="nccl", comm_sms=64, num_splits=4, **t128)),
+        (
+            "ar nccl64 s4 128x128 M=4160",
+            "gemm_ar",
+            odd,
+            dict(ce, backend="nccl", comm_sms=64, num_splits=4, **t128),
+        ),
         ("ar sm32 s2 128x256", "gemm_ar", rs, dict(ce, backend="nvshmem", comm_sms=32, num_splits=2, **t256)),
-        ("ar ce s4 kept_interleaved 128x256", "gemm_ar", rs,
-         dict(ce, num_splits=4, tile_order="kept_interleaved", **t256)),
-        ("rs ce s4 kept_interleaved 128x256", "gemm_rs", rs,
-         dict(ce, num_splits=4, tile_order="kept_interleaved", **t256)),
-        ("ar sm32 s4 kept_interleaved 128x128 M=4160", "gemm_ar", odd,
-         dict(ce, backend="nvshmem", comm_sms=32, num_splits=4, tile_order="kept_interleaved", **t128)),
+        (
+            "ar ce s4 kept_interleaved 128x256",
+            "gemm_ar",
+            rs,
+            dict(ce, num_splits=4, tile_order="kept_interleaved", **t256),
+        ),
+        (
+            "rs ce s4 kept_interleaved 128x256",
+            "gemm_rs",
+            rs,
+            dict(ce, num_splits=4, tile_order="kept_interleaved", **t256),
+        ),
+        (
+            "ar sm32 s4 kept_interleaved 128x128 M=4160",
+            "gemm_ar",
+            odd,
+            dict(ce, backend="nvshmem", comm_sms=32, num_splits=4, tile_order="kept_interleaved", **t128),
+        ),
     ]
     return out
 
@@ -74,14 +116,20 @@ def worker(rank: int, world: int, port: int, args) -> None:
     from syncopate.search_space import Candidate, Workload
 
     g = dist.group.WORLD
-    fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter, "gemm_ar": ops.matmul_all_reduce}
+    fused = {
+        "ag_gemm": ops.all_gather_matmul,
+        "gemm_rs": ops.matmul_reduce_scatter,
+        "gemm_ar": ops.matmul_all_reduce,
+    }
 
     def say(*a):
         if rank == 0:
             print(*a, flush=True)
 
-    say(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)} x{world}, "
-        f"CUDA_DEVICE_MAX_CONNECTIONS={os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS', 'unset')}")
+    say(
+        f"torch {torch.__version__}, {torch.cuda.get_device_name(0)} x{world}, "
+        f"CUDA_DEVICE_MAX_CONNECTIONS={os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS', 'unset')}"
+    )
     for label, kind, shape, fields in cases():
         if args.only and not any(part in label for part in args.only.split(",")):
             continue
@@ -100,18 +148,24 @@ def worker(rank: int, world: int, port: int, args) -> None:
                 fused[kind](a, b, g, c, out=out, spin_limit=args.spin)
                 torch.cuda.synchronize()
                 dt = (time.perf_counter() - t0) * 1e3
-                ctx = ops.get_context(kind, g, (shape[0], k) if kind == "ag_gemm" else (shape[0], shape[1]), torch.bfloat16)
+                ctx = ops.get_context(
+                    kind, g, (shape[0], k) if kind == "ag_gemm" else (shape[0], shape[1]), torch.bfloat16
+                )
                 flag = int(ctx.error.item())
                 err = relative_error(out, reference(kind, a, b, g))
                 late = ""
                 if flag:
                     epoch = ctx.epoch
                     sig = ctx.signals.local.cpu()
-                    late = " late words: " + str([j for j in range(sig.numel()) if 0 < int(sig[j]) < epoch][:12])
+                    late = " late words: " + str(
+                        [j for j in range(sig.numel()) if 0 < int(sig[j]) < epoch][:12]
+                    )
                     ctx.error.zero_()
                 flags = torch.tensor([flag], device=dev)
                 dist.all_reduce(flags)
-                say(f"{label:28s} call {i}: {dt:9.2f} ms  timeout flags {int(flags.item())}  rel err {err:.2e}{late}")
+                say(
+                    f"{label:28s} call {i}: {dt:9.2f} ms  timeout flags {int(flags.item())}  rel err {err:.2e}{late}"
+                )
         except Exception as e:
             say(f"{label:28s} FAILED {type(e).__name__}: {str(e)[:300]}")
             if "illegal" in str(e) or "CUDA error" in str(e):
@@ -125,8 +179,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--spin", type=int, default=1 << 18, help="poll bound of every wait")
-    p.add_argument("--only", default="", help="run only the cases whose label contains one of these (comma-separated)")
-    p.add_argument("--watchdog", type=float, default=200.0, help="seconds after which each rank dumps its stack and exits")
+    p.add_argument(
+        "--only", default="", help="run only the cases whose label contains one of these (comma-separated)"
+    )
+    p.add_argument(
+        "--watchdog",
+        type=float,
+        default=200.0,
+        help="seconds after which each rank dumps its stack and exits",
+    )
     args = p.parse_args()
     import torch.multiprocessing as mp
 

@@ -47,8 +47,11 @@ def _candidate(kind: str, template: str, splits: int):
 
     from benchmarks.timeline import candidate
 
-    return candidate(SimpleNamespace(kind=kind, template=template, splits=splits, tile="128x256x64w8s3",
-                                     order="arrival", group_m=8))
+    return candidate(
+        SimpleNamespace(
+            kind=kind, template=template, splits=splits, tile="128x256x64w8s3", order="arrival", group_m=8
+        )
+    )
 
 
 def worker(rank: int, world: int, port: int, args, queue) -> None:
@@ -87,17 +90,27 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
     ref = reference(args.kind, a, b, g)
     errors, times, hosts = {}, {text: [] for text, *_ in variants}, {text: [] for text, *_ in variants}
     for text, c, env in variants:
+
         def check(c=c):
             fused(a, b, g, c, out=out)
             out.fill_(float("nan"))
             fused(a, b, g, c, out=out)
             torch.cuda.synchronize()
             return relative_error(out, ref)
+
         errors[text] = with_env(env, check)
     for _ in range(args.rounds):
         for text, c, env in variants:
-            t = with_env(env, lambda c=c: time_collective(lambda: fused(a, b, g, c, out=out), g, warmup=3,
-                                                          repetitions=args.repetitions, sleep_us=args.sleep_us))
+            t = with_env(
+                env,
+                lambda c=c: time_collective(
+                    lambda: fused(a, b, g, c, out=out),
+                    g,
+                    warmup=3,
+                    repetitions=args.repetitions,
+                    sleep_us=args.sleep_us,
+                ),
+            )
             times[text].append(statistics.median(t.samples_us))
             hosts[text].append(t.host_us)
     gemm = time_collective(lambda: torch.matmul(a, b), g, warmup=3, repetitions=2 * args.repetitions)
@@ -115,8 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--repetitions", type=int, default=10)
     p.add_argument("--gpus", type=int, default=2)
-    p.add_argument("--sleep-us", type=float, default=1500.0,
-                   help="least device sleep queued before each timed call (default 1500; at least twice a warm-up call's enqueue)")
+    p.add_argument(
+        "--sleep-us",
+        type=float,
+        default=1500.0,
+        help="least device sleep queued before each timed call (default 1500; at least twice a warm-up call's enqueue)",
+    )
     args = p.parse_args(argv)
     try:
         for text in args.variants:
@@ -131,22 +148,36 @@ def main(argv: list[str] | None = None) -> int:
     from syncopate.kernels.local_ranks import free_port
 
     if torch.cuda.device_count() < args.gpus:
-        print(f"side_by_side.py: {args.gpus} GPUs asked for, {torch.cuda.device_count()} present", file=sys.stderr)
+        print(
+            f"side_by_side.py: {args.gpus} GPUs asked for, {torch.cuda.device_count()} present",
+            file=sys.stderr,
+        )
         return 2
-    for name, value in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}.items():
+    for name, value in {
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    }.items():
         os.environ.setdefault(name, value)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    mp.start_processes(worker, args=(args.gpus, free_port(), args, queue), nprocs=args.gpus, start_method="spawn")
+    mp.start_processes(
+        worker, args=(args.gpus, free_port(), args, queue), nprocs=args.gpus, start_method="spawn"
+    )
     times, errors, hosts, gemm = queue.get(timeout=10)
-    print(f"{args.kind} {args.m}x{args.n}x{args.k} bf16 on {args.gpus} GPUs, {args.rounds} rounds; "
-          f"GEMM alone {gemm:.1f} µs (0.90 of it: {gemm / 0.9:.1f})")
-    print(f"{'variant':44s} {'median':>8s} {'least':>8s} {'GEMM/med':>8s} {'rel.err':>9s} {'host':>7s}  rounds")
+    print(
+        f"{args.kind} {args.m}x{args.n}x{args.k} bf16 on {args.gpus} GPUs, {args.rounds} rounds; "
+        f"GEMM alone {gemm:.1f} µs (0.90 of it: {gemm / 0.9:.1f})"
+    )
+    print(
+        f"{'variant':44s} {'median':>8s} {'least':>8s} {'GEMM/med':>8s} {'rel.err':>9s} {'host':>7s}  rounds"
+    )
     for text, xs in times.items():
         med = statistics.median(xs)
-        print(f"{text:44s} {med:8.1f} {min(xs):8.1f} {gemm / med:8.3f} {errors[text]:9.2e} "
-              f"{statistics.median(hosts[text]):7.1f}  "
-              + " ".join(f"{x:.1f}" for x in xs))
+        print(
+            f"{text:44s} {med:8.1f} {min(xs):8.1f} {gemm / med:8.3f} {errors[text]:9.2e} "
+            f"{statistics.median(hosts[text]):7.1f}  " + " ".join(f"{x:.1f}" for x in xs)
+        )
     return 0
 
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from syncopate.autotuner.runs import load_calibration  # noqa: E402
-from syncopate.cost_model.model import CostModel  # noqa: E402
 from syncopate.autotuner.evaluation import model_agreement  # noqa: E402
+from syncopate.autotuner.runs import load_calibration  # noqa: E402
 from syncopate.autotuner.sweep import load_sweep  # noqa: E402
+from syncopate.cost_model.model import CostModel  # noqa: E402
 from syncopate.search_space import Topology  # noqa: E402
 from syncopate.workers.replay_runner import ReplayOptions, load_stored_sweep, load_sweep_db  # noqa: E402
 
@@ -44,11 +44,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="the sweep config (its workloads, in its order)")
     ap.add_argument("--sweep", required=True, help="results database URL or sweep file")
-    ap.add_argument("--sweep-name", help="with a database: the sweep's name or id (default: the config's name)")
+    ap.add_argument(
+        "--sweep-name", help="with a database: the sweep's name or id (default: the config's name)"
+    )
     ap.add_argument("--topology", help="topology key, for a config that detects it")
-    ap.add_argument("--calibration-db", help="predict with the calibrations this database holds (default: documented defaults)")
-    ap.add_argument("--predicted", help="a database holding the cost model's stored predictions of these workloads "
-                    "(`syncopate tune CONFIG --runner model`): their best and torch_seq against the measured ones")
+    ap.add_argument(
+        "--calibration-db",
+        help="predict with the calibrations this database holds (default: documented defaults)",
+    )
+    ap.add_argument(
+        "--predicted",
+        help="a database holding the cost model's stored predictions of these workloads "
+        "(`syncopate tune CONFIG --runner model`): their best and torch_seq against the measured ones",
+    )
     ap.add_argument("--predicted-sweep", help="with --predicted: the predicted sweep's name or id")
     ap.add_argument("--out", help="also write the tables here (markdown)")
     args = ap.parse_args(argv)
@@ -59,22 +67,37 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{args.config} detects its topology: name the one its sweep ran on with --topology")
     topology = Topology.from_key(key)
     stored = load_stored_sweep(ReplayOptions(source=args.sweep, sweep=args.sweep_name or cfg.name), topology)
-    calibration = load_calibration(topology, None, args.calibration_db, "auto" if args.calibration_db else "default")
+    calibration = load_calibration(
+        topology, None, args.calibration_db, "auto" if args.calibration_db else "default"
+    )
     model = CostModel(calibration)
 
-    head = ("| kind | M×N×K | seq | asyncTP | gemm | coll. | bound | CE | SM | NCCL | ours | bound/ours | target "
-            "| async/ours | seq/ours |")
-    lines = [f"Measured sweep `{stored.label}` on {topology.key()}: every trial verified against the fp32 "
-             f"reference before it was timed; µs, median.", "", head, "|" + "---|" * (head.count("|") - 1)]
-    pred_lines = ["", f"Cost model ({calibration.describe()}) on the same candidates:", "",
-                  "| kind | M×N×K | candidates | measured best | predicted best | error | Spearman | model's pick vs best |",
-                  "|---|---|---|---|---|---|---|---|"]
+    head = (
+        "| kind | M×N×K | seq | asyncTP | gemm | coll. | bound | CE | SM | NCCL | ours | bound/ours | target "
+        "| async/ours | seq/ours |"
+    )
+    lines = [
+        f"Measured sweep `{stored.label}` on {topology.key()}: every trial verified against the fp32 "
+        f"reference before it was timed; µs, median.",
+        "",
+        head,
+        "|" + "---|" * (head.count("|") - 1),
+    ]
+    pred_lines = [
+        "",
+        f"Cost model ({calibration.describe()}) on the same candidates:",
+        "",
+        "| kind | M×N×K | candidates | measured best | predicted best | error | Spearman | model's pick vs best |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     predicted_sweep = None
     if args.predicted:
         predicted_sweep = load_sweep_db(args.predicted, args.predicted_sweep, topology, source="predicted")
         stored_lines = [
-            "", f"Stored predictions ({predicted_sweep.label}; the candidates its config's strategy chose, not "
-            "necessarily those measured) against the measurement:", "",
+            "",
+            f"Stored predictions ({predicted_sweep.label}; the candidates its config's strategy chose, not "
+            "necessarily those measured) against the measurement:",
+            "",
             "| kind | M×N×K | predicted torch_seq | measured | error | predicted best | measured best | error |",
             "|---|---|---|---|---|---|---|---|",
         ]
@@ -87,8 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         colls = [v for k, v in base.items() if k.startswith("comm_alone")]
         gemm = base.get("gemm_alone")
         bound = max(gemm, min(colls)) if gemm is not None and colls else float("nan")
-        per_backend = {b: min((t.median_us for t in trials if t.candidate.backend == b), default=float("nan"))
-                       for b in BACKENDS}
+        per_backend = {
+            b: min((t.median_us for t in trials if t.candidate.backend == b), default=float("nan"))
+            for b in BACKENDS
+        }
         ours = min(t.median_us for t in trials)
         seq, asyn = base.get("torch_seq", float("nan")), base.get("torch_async_tp", float("nan"))
         ratio = bound / ours
@@ -119,10 +144,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the sweep holds no verified trial of any workload of {args.config}", file=sys.stderr)
         return 1
     lines.append("")
-    lines.append(f"{sum(met)} of {len(met)} workloads meet their kind's bound/ours target "
-                 f"(and, for ag_gemm and gemm_rs, beat torch async-TP).")
-    lines.append("(gemm_ar: `asyncTP` is torch's symmetric-memory one-shot all-reduce after the matmul; `coll.` the "
-                 "fastest collective alone, for gemm_ar NCCL's all-reduce.)")
+    lines.append(
+        f"{sum(met)} of {len(met)} workloads meet their kind's bound/ours target "
+        f"(and, for ag_gemm and gemm_rs, beat torch async-TP)."
+    )
+    lines.append(
+        "(gemm_ar: `asyncTP` is torch's symmetric-memory one-shot all-reduce after the matmul; `coll.` the "
+        "fastest collective alone, for gemm_ar NCCL's all-reduce.)"
+    )
     text = "\n".join(lines + pred_lines + (stored_lines if predicted_sweep is not None else [])) + "\n"
     print(text)
     if args.out:

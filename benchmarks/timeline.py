@@ -42,9 +42,19 @@ def candidate(args):
     if args.template == "decomposed":
         return decomposed_candidate(args.splits)
     tile = TileConfig.from_key(args.tile)
-    return Candidate(backend="copy_engine", template=args.template, num_splits=args.splits, tile_order=args.order,
-                     comm_sms=0, block_m=tile.block_m, block_n=tile.block_n, block_k=tile.block_k,
-                     group_m=args.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages)
+    return Candidate(
+        backend="copy_engine",
+        template=args.template,
+        num_splits=args.splits,
+        tile_order=args.order,
+        comm_sms=0,
+        block_m=tile.block_m,
+        block_n=tile.block_n,
+        block_k=tile.block_k,
+        group_m=args.group_m,
+        num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
+    )
 
 
 def workload_operands(args, world: int, dev):
@@ -55,7 +65,11 @@ def workload_operands(args, world: int, dev):
     from syncopate.kernels import ops
     from syncopate.search_space import Workload
 
-    op = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter, "gemm_ar": ops.matmul_all_reduce}[args.kind]
+    op = {
+        "ag_gemm": ops.all_gather_matmul,
+        "gemm_rs": ops.matmul_reduce_scatter,
+        "gemm_ar": ops.matmul_all_reduce,
+    }[args.kind]
     shapes = Workload(kind=args.kind, shape=(args.m, args.n, args.k), dtype="bf16").local_shapes(world)
     a = torch.randn(shapes["a"], device=dev).to(torch.bfloat16)
     b = (torch.randn(shapes["b"], device=dev) / args.k**0.5).to(torch.bfloat16)
@@ -93,11 +107,20 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
         torch.cuda.synchronize()
         marks = ctx.timeline.times_us(start)
         ctx.timeline = None
-        rows.append({"total_us": start.elapsed_time(end) * 1e3,
-                     "chunks": [dict(label=l, chunk=list(ch), rows=r, ready_us=t0, done_us=t1) for l, ch, r, t0, t1 in marks]})
+        rows.append(
+            {
+                "total_us": start.elapsed_time(end) * 1e3,
+                "chunks": [
+                    dict(label=lab, chunk=list(ch), rows=r, ready_us=t0, done_us=t1)
+                    for lab, ch, r, t0, t1 in marks
+                ],
+            }
+        )
     result = {"rank": rank, "rel_error": err, "calls": rows}
     if args.profile:
-        result["profiled"] = [profiled_call(lambda: op(a, b, g, c, out=out), g, dev) for _ in range(args.calls)]
+        result["profiled"] = [
+            profiled_call(lambda: op(a, b, g, c, out=out), g, dev) for _ in range(args.calls)
+        ]
     gathered = [None] * world
     dist.all_gather_object(gathered, result)
     if rank == 0:
@@ -119,13 +142,26 @@ def profiled_call(call, group, dev) -> list[dict]:
         start_together(group, dev, 5000.0)  # the profiler slows the host: a longer sleep to enqueue under
         call()
         torch.cuda.synchronize()
-    acts = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "sleep" not in e.name.lower()]
+    acts = [
+        e
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and "sleep" not in e.name.lower()
+    ]
     if not acts:
         return []
     t0 = min(e.time_range.start for e in acts)
-    return sorted(({"name": e.name, "stream": getattr(e, "device_resource_id", -1),
-                    "start_us": e.time_range.start - t0, "end_us": e.time_range.end - t0} for e in acts),
-                  key=lambda x: x["start_us"])
+    return sorted(
+        (
+            {
+                "name": e.name,
+                "stream": getattr(e, "device_resource_id", -1),
+                "start_us": e.time_range.start - t0,
+                "end_us": e.time_range.end - t0,
+            }
+            for e in acts
+        ),
+        key=lambda x: x["start_us"],
+    )
 
 
 def summarize_profile(acts: list[dict]) -> list[str]:
@@ -135,8 +171,11 @@ def summarize_profile(acts: list[dict]) -> list[str]:
         idle = x["start_us"] - last_end.get(x["stream"], x["start_us"])
         last_end[x["stream"]] = x["end_us"]
         kind = "copy" if "memcpy" in x["name"].lower() else "kernel"
-        lines.append(f"    stream {x['stream']:>3}  {x['start_us']:8.1f} .. {x['end_us']:8.1f}  {x['end_us'] - x['start_us']:7.1f} µs  "
-                     f"idle before {idle:6.1f}  {kind:6s} {x['name'][:60]}")
+        lines.append(
+            f"    stream {x['stream']:>3}  {x['start_us']:8.1f} .. {x['end_us']:8.1f}  "
+            f"{x['end_us'] - x['start_us']:7.1f} µs  "
+            f"idle before {idle:6.1f}  {kind:6s} {x['name'][:60]}"
+        )
     if acts:
         lines.append(f"    device activity from 0 to {max(x['end_us'] for x in acts):.1f} µs")
     return lines
@@ -151,14 +190,18 @@ def summarize(call: dict) -> list[str]:
     lines = []
     busy = sum(x["done_us"] - x["ready_us"] for x in chunks if not x["label"].startswith(GEMM_LABELS))
     for x in chunks:
-        lines.append(f"    {x['label']:16s} chunk {str(tuple(x['chunk'])):10s} {x['rows']:6d} rows  "
-                     f"ready {x['ready_us']:8.1f}  done {x['done_us']:8.1f}  "
-                     f"{'gemm' if x['label'].startswith(GEMM_LABELS) else 'copy'} {x['done_us'] - x['ready_us']:7.1f} µs")
+        lines.append(
+            f"    {x['label']:16s} chunk {str(tuple(x['chunk'])):10s} {x['rows']:6d} rows  "
+            f"ready {x['ready_us']:8.1f}  done {x['done_us']:8.1f}  "
+            f"{'gemm' if x['label'].startswith(GEMM_LABELS) else 'copy'} {x['done_us'] - x['ready_us']:7.1f} µs"
+        )
     if chunks:
         first, last = chunks[0]["ready_us"], max(x["done_us"] for x in chunks)
-        lines.append(f"    first ready {first:.1f} µs, last done {last:.1f} µs, copies busy {busy:.1f} µs of the "
-                     f"{last - first:.1f} between ({busy / max(last - first, 1e-9):.0%}); call {call['total_us']:.1f} µs, "
-                     f"{call['total_us'] - last:.1f} µs after the last copy")
+        lines.append(
+            f"    first ready {first:.1f} µs, last done {last:.1f} µs, copies busy {busy:.1f} µs of the "
+            f"{last - first:.1f} between ({busy / max(last - first, 1e-9):.0%}); call {call['total_us']:.1f} µs, "
+            f"{call['total_us'] - last:.1f} µs after the last copy"
+        )
     return lines
 
 
@@ -182,23 +225,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--json", help="write every event time here")
-    p.add_argument("--profile", action="store_true",
-                   help="also run the calls under torch's profiler and print each rank's kernels and copies")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also run the calls under torch's profiler and print each rank's kernels and copies",
+    )
     args = p.parse_args(argv)
     import torch.multiprocessing as mp
 
     from syncopate.kernels.local_ranks import free_port
 
-    for k, v in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}.items():
+    for k, v in {
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    }.items():
         os.environ.setdefault(k, v)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    mp.start_processes(worker, args=(args.gpus, free_port(), args, queue), nprocs=args.gpus, start_method="spawn")
+    mp.start_processes(
+        worker, args=(args.gpus, free_port(), args, queue), nprocs=args.gpus, start_method="spawn"
+    )
     ranks = queue.get(timeout=10)
     ran = candidate(args)
-    print(f"{args.kind} {args.m}x{args.n}x{args.k} bf16, copy engine, {args.template}, {ran.num_splits} splits, "
-          f"{args.order}, {args.tile}, {args.gpus} GPUs; rel. error "
-          f"{max(r['rel_error'] for r in ranks):.2e}; calls {[round(c['total_us'], 1) for c in ranks[0]['calls']]} µs")
+    print(
+        f"{args.kind} {args.m}x{args.n}x{args.k} bf16, copy engine, {args.template}, {ran.num_splits} splits, "
+        f"{args.order}, {args.tile}, {args.gpus} GPUs; rel. error "
+        f"{max(r['rel_error'] for r in ranks):.2e}; calls {[round(c['total_us'], 1) for c in ranks[0]['calls']]} µs"
+    )
     median_call = sorted(range(args.calls), key=lambda i: ranks[0]["calls"][i]["total_us"])[args.calls // 2]
     for r in ranks:
         print(f"  rank {r['rank']} (call {median_call}):")

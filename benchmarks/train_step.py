@@ -46,8 +46,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 log = logging.getLogger("train_step")
 
 VARIANTS = ("torch", "torch-compiled", "async-tp", "syncopate", "syncopate-compiled", "syncopate-graphs")
-TINY = {"name": "tiny", "hidden": 64, "ffn": 128, "heads": 4, "kv_heads": 2, "head_dim": 16, "layers": 2,
-        "vocab": 256}
+TINY = {
+    "name": "tiny",
+    "hidden": 64,
+    "ffn": 128,
+    "heads": 4,
+    "kv_heads": 2,
+    "head_dim": 16,
+    "layers": 2,
+    "vocab": 256,
+}
 """The widths of `--cpu` runs."""
 
 
@@ -59,9 +67,17 @@ def build_model(spec, layers: int, vocab: int, device, dtype, seed: int):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    widths = {"hidden_size": spec.hidden, "intermediate_size": spec.ffn, "num_attention_heads": spec.heads,
-              "num_key_value_heads": spec.kv_heads, "head_dim": spec.head_dim, "num_hidden_layers": layers,
-              "vocab_size": vocab, "tie_word_embeddings": False, "max_position_embeddings": 65536}
+    widths = {
+        "hidden_size": spec.hidden,
+        "intermediate_size": spec.ffn,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "num_hidden_layers": layers,
+        "vocab_size": vocab,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 65536,
+    }
     try:
         config = LlamaConfig(**widths, attn_implementation="sdpa")
     except TypeError:  # a transformers that takes the attention implementation on the model only
@@ -92,29 +108,41 @@ def parallelize(model, mesh, styles: str):
 
     from torch.distributed.tensor import parallel as torch_tp
 
-    parallelize_module(model, mesh, {
-        "model.embed_tokens": torch_tp.RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "model.norm": torch_tp.SequenceParallel(),
-        "lm_head": torch_tp.ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-    })
+    parallelize_module(
+        model,
+        mesh,
+        {
+            "model.embed_tokens": torch_tp.RowwiseParallel(
+                input_layouts=Replicate(), output_layouts=Shard(1)
+            ),
+            "model.norm": torch_tp.SequenceParallel(),
+            "lm_head": torch_tp.ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        },
+    )
     # A compiled layer's input must not be the embedding's to_local() view: with it (torch 2.13, torch's
     # styles as well) DTensor's redistribution gets a plain tensor as its gradient in the backward.
     model.model.embed_tokens.register_forward_hook(lambda module, args, out: out.clone())
     for layer in model.model.layers:
-        parallelize_module(layer, mesh, {
-            "input_layernorm": SequenceParallel(),
-            "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
-                                            desired_input_kwarg_layouts={"hidden_states": Replicate()}),
-            "self_attn.q_proj": ColwiseParallel(),
-            "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(),
-            "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
-            "post_attention_layernorm": SequenceParallel(),
-            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "mlp.gate_proj": ColwiseParallel(),
-            "mlp.up_proj": ColwiseParallel(),
-            "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
-        })
+        parallelize_module(
+            layer,
+            mesh,
+            {
+                "input_layernorm": SequenceParallel(),
+                "self_attn": PrepareModuleInput(
+                    input_kwarg_layouts={"hidden_states": Shard(1)},
+                    desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                ),
+                "self_attn.q_proj": ColwiseParallel(),
+                "self_attn.k_proj": ColwiseParallel(),
+                "self_attn.v_proj": ColwiseParallel(),
+                "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+                "post_attention_layernorm": SequenceParallel(),
+                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                "mlp.gate_proj": ColwiseParallel(),
+                "mlp.up_proj": ColwiseParallel(),
+                "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
+            },
+        )
     return model
 
 
@@ -144,8 +172,11 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches) -> dict:
     inductor = torch._inductor.config
     pipeline = inductor._micro_pipeline_tp
     try:
-        model = parallelize(build_model(spec, args.layers, args.vocab, device, dtype, args.seed), mesh,
-                            "syncopate" if variant.startswith("syncopate") else "torch")
+        model = parallelize(
+            build_model(spec, args.layers, args.vocab, device, dtype, args.seed),
+            mesh,
+            "syncopate" if variant.startswith("syncopate") else "torch",
+        )
         if variant == "async-tp":
             from syncopate.kernels.context import enable_symm_mem
 
@@ -176,17 +207,28 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches) -> dict:
             times.append(time.perf_counter() - start)
         slowest = torch.tensor(times, dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        peak = torch.tensor([torch.cuda.max_memory_allocated(device) if device.type == "cuda" else -1],
-                            dtype=torch.float64, device=device)
+        peak = torch.tensor(
+            [torch.cuda.max_memory_allocated(device) if device.type == "cuda" else -1],
+            dtype=torch.float64,
+            device=device,
+        )
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        timed = slowest.tolist()[args.warmup:]
+        timed = slowest.tolist()[args.warmup :]
         median = statistics.median(timed)
-        return {"variant": variant, "step_ms": median * 1e3, "step_ms_all": [t * 1e3 for t in slowest.tolist()],
-                "tokens_per_s": args.tokens / median, "peak_bytes": None if peak.item() < 0 else int(peak.item()),
-                "losses": losses}
+        return {
+            "variant": variant,
+            "step_ms": median * 1e3,
+            "step_ms_all": [t * 1e3 for t in slowest.tolist()],
+            "tokens_per_s": args.tokens / median,
+            "peak_bytes": None if peak.item() < 0 else int(peak.item()),
+            "losses": losses,
+        }
     except Exception as e:  # noqa: BLE001  a variant that fails is reported, the others still run
         log.error("variant %s failed on rank %d:\n%s", variant, dist.get_rank(), traceback.format_exc())
-        return {"variant": variant, "failed": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        return {
+            "variant": variant,
+            "failed": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+        }
     finally:
         inductor._micro_pipeline_tp = pipeline
         model = opt = None
@@ -212,8 +254,10 @@ def run_rank(args, device) -> dict | None:
     mesh = init_device_mesh(device.type, (world,))
     gen = torch.Generator().manual_seed(args.seed + 1)
     seq = args.tokens // args.batch
-    batches = [torch.randint(0, args.vocab, (args.batch, seq), generator=gen).to(device)
-               for _ in range(args.warmup + args.steps)]
+    batches = [
+        torch.randint(0, args.vocab, (args.batch, seq), generator=gen).to(device)
+        for _ in range(args.warmup + args.steps)
+    ]
     rows = []
     for v in args.variants:
         if dist.get_rank() == 0:
@@ -233,12 +277,24 @@ def run_rank(args, device) -> dict | None:
 
     return {
         "model": {**spec.to_dict(), "layers": args.layers, "vocab": args.vocab},
-        "world": world, "tokens": args.tokens, "batch": args.batch, "sequence": seq, "dtype": str(dtype),
-        "steps": args.steps, "warmup": args.warmup, "lr": args.lr, "seed": args.seed, "backend": args.backend,
+        "world": world,
+        "tokens": args.tokens,
+        "batch": args.batch,
+        "sequence": seq,
+        "dtype": str(dtype),
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "lr": args.lr,
+        "seed": args.seed,
+        "backend": args.backend,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "triton": _version("triton")},
-        "git": _git(), "variants": rows,
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "triton": _version("triton"),
+        },
+        "git": _git(),
+        "variants": rows,
     }
 
 
@@ -282,7 +338,9 @@ def _run_cpu(args) -> dict:
     port = free_port()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_cpu_rank, args=(r, args.world, port, args, queue)) for r in range(args.world)]
+    procs = [
+        ctx.Process(target=_cpu_rank, args=(r, args.world, port, args, queue)) for r in range(args.world)
+    ]
     for p in procs:
         p.start()
     try:
@@ -305,21 +363,27 @@ def _run_cpu(args) -> dict:
 def table(result: dict) -> str:
     m = result["model"]
     lines = [
-        (f"{m['name']} widths (hidden {m['hidden']}, ffn {m['ffn']}, {m['heads']} heads, {m['kv_heads']} kv "
-         f"heads), {m['layers']} layers, vocab {m['vocab']}; TP={result['world']} on {result['device']}, "
-         f"{result['tokens']} tokens a step ({result['batch']} × {result['sequence']}), {result['dtype']}; "
-         f"median of {result['steps']} steps after {result['warmup']}; torch {result['versions']['torch']}, "
-         f"transformers {result['versions']['transformers']}"),
+        (
+            f"{m['name']} widths (hidden {m['hidden']}, ffn {m['ffn']}, {m['heads']} heads, {m['kv_heads']} kv "
+            f"heads), {m['layers']} layers, vocab {m['vocab']}; TP={result['world']} on {result['device']}, "
+            f"{result['tokens']} tokens a step ({result['batch']} × {result['sequence']}), {result['dtype']}; "
+            f"median of {result['steps']} steps after {result['warmup']}; torch {result['versions']['torch']}, "
+            f"transformers {result['versions']['transformers']}"
+        ),
         f"{'variant':<20} {'step ms':>10} {'tokens/s':>12} {'peak GiB':>9} {'max |Δloss|':>12}  note",
     ]
     for r in result["variants"]:
         if "step_ms" not in r:
-            lines.append(f"{r['variant']:<20} {'–':>10} {'–':>12} {'–':>9} {'–':>12}  {r.get('skipped') or r.get('failed')}")
+            lines.append(
+                f"{r['variant']:<20} {'–':>10} {'–':>12} {'–':>9} {'–':>12}  {r.get('skipped') or r.get('failed')}"
+            )
             continue
         peak = "–" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**30:.2f}"
         diff = r.get("max_loss_diff_vs_torch")
-        lines.append(f"{r['variant']:<20} {r['step_ms']:>10.2f} {r['tokens_per_s']:>12.0f} {peak:>9} "
-                     f"{'–' if diff is None else f'{diff:.2e}':>12}")
+        lines.append(
+            f"{r['variant']:<20} {r['step_ms']:>10.2f} {r['tokens_per_s']:>12.0f} {peak:>9} "
+            f"{'–' if diff is None else f'{diff:.2e}':>12}"
+        )
     return "\n".join(lines)
 
 
@@ -330,9 +394,15 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="llama-3-8b", help="widths from syncopate.models (not with --cpu)")
     p.add_argument("--layers", type=int, default=None, help="decoder layers (default 4; 2 with --cpu)")
     p.add_argument("--vocab", type=int, default=None, help="vocabulary (default the model's; 256 with --cpu)")
-    p.add_argument("--tokens", type=int, default=None,
-                   help="tokens a step, batch × sequence (default 8192; 256 with --cpu)")
-    p.add_argument("--batch", type=int, default=1, help="sequences a step (folded into the sequence is fastest)")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=None,
+        help="tokens a step, batch × sequence (default 8192; 256 with --cpu)",
+    )
+    p.add_argument(
+        "--batch", type=int, default=1, help="sequences a step (folded into the sequence is fastest)"
+    )
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 20; 4 with --cpu)")
     p.add_argument("--warmup", type=int, default=None, help="steps before them (default 5; 2 with --cpu)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
@@ -356,7 +426,9 @@ def main(argv=None) -> int:
     if world < 2:
         p.error(f"world size {world}: tensor parallelism needs at least 2 ranks")
     if args.tokens % args.batch or (args.tokens // args.batch) % world:
-        p.error(f"--tokens {args.tokens} must be --batch {args.batch} sequences of a length divisible by {world}")
+        p.error(
+            f"--tokens {args.tokens} must be --batch {args.batch} sequences of a length divisible by {world}"
+        )
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if cpu:
         result = _run_cpu(args)

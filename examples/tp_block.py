@@ -102,7 +102,9 @@ def run(args, rank: int, world: int, device: torch.device) -> list[str]:
         target = torch.randn_like(x)
         for opt in (opt_whole, opt_split):
             opt.zero_grad(set_to_none=True)
-        count = x.numel()  # each rank's loss a sum over its rows, over the whole's count: they add up to the mean
+        count = (
+            x.numel()
+        )  # each rank's loss a sum over its rows, over the whole's count: they add up to the mean
         loss_whole = F.mse_loss(whole(x).double(), target.double(), reduction="sum") / count
         loss_whole.backward()
         loss_mine = F.mse_loss(split(x[rows]).double(), target[rows].double(), reduction="sum") / count
@@ -118,9 +120,11 @@ def run(args, rank: int, world: int, device: torch.device) -> list[str]:
             "gate": (split.gate_up.weight.grad[:n], whole.gate.weight.grad[rank * n : (rank + 1) * n]),
         }
         worst = max(_rel(got, want) for got, want in pairs.values())
-        lines.append(f"step {step}: loss {loss_whole.item():.6g} whole, {loss_split.item():.6g} split "
-                     f"(relative difference {abs(loss_split.item() / loss_whole.item() - 1):.3g}); "
-                     f"gradients' largest relative difference {worst:.3g}")
+        lines.append(
+            f"step {step}: loss {loss_whole.item():.6g} whole, {loss_split.item():.6g} split "
+            f"(relative difference {abs(loss_split.item() / loss_whole.item() - 1):.3g}); "
+            f"gradients' largest relative difference {worst:.3g}"
+        )
         opt_whole.step()
         opt_split.step()
     return lines
@@ -163,8 +167,10 @@ def main(argv=None) -> int:
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
         with tempfile.TemporaryDirectory() as d:
-            procs = [ctx.Process(target=_cpu_rank, args=(r, args.world, f"file://{d}/rdzv", args, queue))
-                     for r in range(args.world)]
+            procs = [
+                ctx.Process(target=_cpu_rank, args=(r, args.world, f"file://{d}/rdzv", args, queue))
+                for r in range(args.world)
+            ]
             for proc in procs:
                 proc.start()
             for proc in procs:
@@ -175,8 +181,10 @@ def main(argv=None) -> int:
         print("\n".join(queue.get()))
         return 0
     if "RANK" not in os.environ or not torch.cuda.is_available():
-        p.error("run it under torchrun on GPUs (torchrun --nproc-per-node N examples/tp_block.py), or on CPU "
-                "processes with --cpu --world N")
+        p.error(
+            "run it under torchrun on GPUs (torchrun --nproc-per-node N examples/tp_block.py), or on CPU "
+            "processes with --cpu --world N"
+        )
     from syncopate.workers.env import MULTICAST_OFF
 
     for key, value in MULTICAST_OFF.items():  # NVLink multicast off, unless the launcher says otherwise

@@ -57,6 +57,7 @@ STRATEGY_RUNS = (("TP=2", "strategies_llama_tp2.json"), ("TP=4", "strategies_lla
 
 # ---- reading the result files ---------------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class BenchRow:
     """One workload of a `syncopate bench` run: its baselines, the overlap bound and the best
@@ -110,11 +111,20 @@ def bench_rows(path: Path) -> tuple[dict, list[BenchRow]]:
         best = min(ok, key=lambda t: t["median_us"])
         base = {name: b["median_us"] for name, b in r["baselines"].items()}
         w = r["workload"]
-        rows.append(BenchRow(
-            kind=w["kind"], m=w["m"], n=w["n"], k=w["k"], seq=base["torch_seq"], async_tp=base.get("torch_async_tp"),
-            gemm=base["gemm_alone"], comm=min(v for name, v in base.items() if name.startswith("comm_alone")),
-            ours=best["median_us"], best=_short(best["candidate"]),
-        ))
+        rows.append(
+            BenchRow(
+                kind=w["kind"],
+                m=w["m"],
+                n=w["n"],
+                k=w["k"],
+                seq=base["torch_seq"],
+                async_tp=base.get("torch_async_tp"),
+                gemm=base["gemm_alone"],
+                comm=min(v for name, v in base.items() if name.startswith("comm_alone")),
+                ours=best["median_us"],
+                best=_short(best["candidate"]),
+            )
+        )
     return doc, rows
 
 
@@ -125,6 +135,7 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 # ---- formatting ------------------------------------------------------------------------------------
+
 
 def _t(us: float | None) -> str:
     return "–" if us is None else f"{us:.1f}"
@@ -153,6 +164,7 @@ def _files(names: Sequence[str]) -> str:
 
 # ---- the tables ------------------------------------------------------------------------------------
 
+
 def summary(root: Path) -> str:
     """Per machine and kind, the range over shapes and runs of each ratio to our best candidate."""
     out_rows = []
@@ -166,30 +178,69 @@ def summary(root: Path) -> str:
                 by_kind.setdefault(row.kind, []).append(row)
         for kind, label in KIND_LABELS.items():
             rows = by_kind.get(kind, [])
-            out_rows.append([
-                topology, label, str(len({(r.n, r.k) for r in rows})),
-                _span([r.bound / r.ours for r in rows]), _span([r.seq / r.ours for r in rows]),
-                _span([r.async_tp / r.ours for r in rows if r.async_tp is not None]),
-            ])
-    table = _table(["machine", "op", "shapes", "bound / ours", "torch seq / ours", "torch async-TP / ours"], out_rows)
-    return (f"{table}\n\nM = 8192, bf16; each ratio is from one run, the range is over the shapes and the runs "
-            f"of {_files(TP2_RUNS + TP4_RUNS)}. Above 1: ours is faster (for the bound: it overlaps better than "
-            f"the slower of the GEMM alone and the fastest collective alone).\n")
+            out_rows.append(
+                [
+                    topology,
+                    label,
+                    str(len({(r.n, r.k) for r in rows})),
+                    _span([r.bound / r.ours for r in rows]),
+                    _span([r.seq / r.ours for r in rows]),
+                    _span([r.async_tp / r.ours for r in rows if r.async_tp is not None]),
+                ]
+            )
+    table = _table(
+        ["machine", "op", "shapes", "bound / ours", "torch seq / ours", "torch async-TP / ours"], out_rows
+    )
+    return (
+        f"{table}\n\nM = 8192, bf16; each ratio is from one run, the range is over the shapes and the runs "
+        f"of {_files(TP2_RUNS + TP4_RUNS)}. Above 1: ours is faster (for the bound: it overlaps better than "
+        f"the slower of the GEMM alone and the fastest collective alone).\n"
+    )
 
 
 def _suite(root: Path, name: str) -> str:
     doc, rows = bench_rows(root / "results" / name)
     table = _table(
-        ["op", "N", "K", "torch seq", "async-TP", "GEMM alone", "comm alone", "bound", "ours", "best candidate",
-         "bound / ours", "seq / ours", "async-TP / ours"],
-        [[KIND_LABELS[r.kind], str(r.n), str(r.k), _t(r.seq), _t(r.async_tp), _t(r.gemm), _t(r.comm), _t(r.bound),
-          _t(r.ours), r.best, _r(r.bound / r.ours), _r(r.seq / r.ours),
-          _r(None if r.async_tp is None else r.async_tp / r.ours)] for r in rows],
+        [
+            "op",
+            "N",
+            "K",
+            "torch seq",
+            "async-TP",
+            "GEMM alone",
+            "comm alone",
+            "bound",
+            "ours",
+            "best candidate",
+            "bound / ours",
+            "seq / ours",
+            "async-TP / ours",
+        ],
+        [
+            [
+                KIND_LABELS[r.kind],
+                str(r.n),
+                str(r.k),
+                _t(r.seq),
+                _t(r.async_tp),
+                _t(r.gemm),
+                _t(r.comm),
+                _t(r.bound),
+                _t(r.ours),
+                r.best,
+                _r(r.bound / r.ours),
+                _r(r.seq / r.ours),
+                _r(None if r.async_tp is None else r.async_tp / r.ours),
+            ]
+            for r in rows
+        ],
     )
-    return (f"{table}\n\n{doc['topology']['key']} ({doc['gpu']}, torch {doc['environment']['torch']}, triton "
-            f"{doc['environment']['triton']}, NCCL {doc['environment']['nccl']}), M = "
-            f"{', '.join(sorted({str(r.m) for r in rows}))}, bf16, µs (medians); comm alone is the fastest "
-            f"collective timed alone (NCCL or the copy engine); from `results/{name}`.\n")
+    return (
+        f"{table}\n\n{doc['topology']['key']} ({doc['gpu']}, torch {doc['environment']['torch']}, triton "
+        f"{doc['environment']['triton']}, NCCL {doc['environment']['nccl']}), M = "
+        f"{', '.join(sorted({str(r.m) for r in rows}))}, bf16, µs (medians); comm alone is the fastest "
+        f"collective timed alone (NCCL or the copy engine); from `results/{name}`.\n"
+    )
 
 
 def suite_tp2(root: Path) -> str:
@@ -214,8 +265,10 @@ def winners(root: Path) -> str:
             template = r.best.split(" ")[0]
             won.setdefault(template, {}).setdefault(column, []).append(f"{KIND_LABELS[r.kind]} {r.n}×{r.k}")
     out_rows = [[f"`{t}`", *("; ".join(won[t].get(c, [])) or "–" for c in columns)] for t in sorted(won)]
-    return (f"{_table(['template', *columns], out_rows)}\n\nShapes as N×K at M = 8192; from "
-            f"{_files((TP2_RUNS[0], TP4_RUNS[0]))}.\n")
+    return (
+        f"{_table(['template', *columns], out_rows)}\n\nShapes as N×K at M = 8192; from "
+        f"{_files((TP2_RUNS[0], TP4_RUNS[0]))}.\n"
+    )
 
 
 def short_tp2(root: Path) -> str:
@@ -224,10 +277,15 @@ def short_tp2(root: Path) -> str:
         best = db.execute(
             "SELECT w.kind, w.m, w.n, w.k, json_extract(t.candidate, '$.template') = 'unfused', min(t.median_us) "
             "FROM syncopate_trials t JOIN syncopate_workloads w ON w.id = t.workload_id "
-            "WHERE t.status = 'ok' AND t.source = 'measured' GROUP BY w.id, 5").fetchall()
-        seq = {(kind, m): us for kind, m, us in db.execute(
-            "SELECT w.kind, w.m, min(b.median_us) FROM syncopate_baselines b "
-            "JOIN syncopate_workloads w ON w.id = b.workload_id WHERE b.name = 'torch_seq' GROUP BY w.id")}
+            "WHERE t.status = 'ok' AND t.source = 'measured' GROUP BY w.id, 5"
+        ).fetchall()
+        seq = {
+            (kind, m): us
+            for kind, m, us in db.execute(
+                "SELECT w.kind, w.m, min(b.median_us) FROM syncopate_baselines b "
+                "JOIN syncopate_workloads w ON w.id = b.workload_id WHERE b.name = 'torch_seq' GROUP BY w.id"
+            )
+        }
         topology = db.execute("SELECT key FROM syncopate_topologies").fetchone()[0]
     times: dict[tuple[str, int], dict[bool, float]] = {}
     dims = set()
@@ -239,14 +297,25 @@ def short_tp2(root: Path) -> str:
         t = times[(kind, m)]
         fused, unfused = t.get(False), t.get(True)
         faster = "–" if fused is None or unfused is None else ("fused" if fused < unfused else "unfused")
-        out_rows.append([KIND_LABELS[kind], str(m), _t(seq.get((kind, m))), _t(fused), _t(unfused),
-                         _r(None if fused is None or unfused is None else unfused / fused), faster])
+        out_rows.append(
+            [
+                KIND_LABELS[kind],
+                str(m),
+                _t(seq.get((kind, m))),
+                _t(fused),
+                _t(unfused),
+                _r(None if fused is None or unfused is None else unfused / fused),
+                faster,
+            ]
+        )
     n = "/".join(sorted({str(n) for n, _ in dims}))
     k = "/".join(sorted({str(k) for _, k in dims}))
     table = _table(["op", "M", "torch seq", "best fused", "unfused", "unfused / fused", "served"], out_rows)
-    return (f"{table}\n\n{topology}, N = {n}, K = {k}, bf16, µs: each the best median measured, over the sweep "
-            f"and its confirmation; `served` is what `syncopate lookup` answers (the faster); from "
-            f"`results/{SHORT_DB}` (`configs/short_tp2.yaml`).\n")
+    return (
+        f"{table}\n\n{topology}, N = {n}, K = {k}, bf16, µs: each the best median measured, over the sweep "
+        f"and its confirmation; `served` is what `syncopate lookup` answers (the faster); from "
+        f"`results/{SHORT_DB}` (`configs/short_tp2.yaml`).\n"
+    )
 
 
 def _strategy_runs(root: Path) -> list[tuple[str, dict]]:
@@ -254,7 +323,9 @@ def _strategy_runs(root: Path) -> list[tuple[str, dict]]:
     for label, name in STRATEGY_RUNS:
         doc = _read_json(root / "results" / name)
         if doc["synthetic"]:
-            raise ConfigError(f"results/{name} holds a SYNTHETIC ground truth: the strategy table quotes measured sweeps")
+            raise ConfigError(
+                f"results/{name} holds a SYNTHETIC ground truth: the strategy table quotes measured sweeps"
+            )
         runs.append((label, doc))
     return runs
 
@@ -267,21 +338,28 @@ def strategies(root: Path) -> str:
     for name in names:
         row = [f"`{name}`"]
         for _, doc in runs:
-            mine = [o["trials"] / o["total"] if o["trials"] is not None else math.inf
-                    for o in doc["outcomes"] if o["strategy"] == name]
+            mine = [
+                o["trials"] / o["total"] if o["trials"] is not None else math.inf
+                for o in doc["outcomes"]
+                if o["strategy"] == name
+            ]
             median = statistics.median(mine)
-            row += [f">{doc['cap']:.0%}" if math.isinf(median) else f"{median:.1%}",
-                    f"{sum(1 for f in mine if math.isfinite(f))}/{len(mine)}"]
+            row += [
+                f">{doc['cap']:.0%}" if math.isinf(median) else f"{median:.1%}",
+                f"{sum(1 for f in mine if math.isfinite(f))}/{len(mine)}",
+            ]
         out_rows.append(row)
     head = ["strategy"]
-    for label, doc in runs:
+    for label, _doc in runs:
         head += [f"{label}: median fraction", f"{label}: runs reaching it"]
     first = runs[0][1]
-    return (f"{_table(head, out_rows)}\n\nTrials until one is within {first['tolerance']:.0%} of the exhaustive "
-            f"best, as a fraction of the exhaustive count (median over workloads and seeds; runs stop at "
-            f"{first['cap']:.0%}); replayed from the measured sweeps "
-            + ", ".join(f"`{doc['label'].split(' sweep ')[0].removeprefix('sqlite:///')}`" for _, doc in runs)
-            + f"; from {_files([n for _, n in STRATEGY_RUNS])}.\n")
+    return (
+        f"{_table(head, out_rows)}\n\nTrials until one is within {first['tolerance']:.0%} of the exhaustive "
+        f"best, as a fraction of the exhaustive count (median over workloads and seeds; runs stop at "
+        f"{first['cap']:.0%}); replayed from the measured sweeps "
+        + ", ".join(f"`{doc['label'].split(' sweep ')[0].removeprefix('sqlite:///')}`" for _, doc in runs)
+        + f"; from {_files([n for _, n in STRATEGY_RUNS])}.\n"
+    )
 
 
 def cost_model(root: Path) -> str:
@@ -289,16 +367,29 @@ def cost_model(root: Path) -> str:
     out_rows = []
     for label, doc in _strategy_runs(root):
         model = doc["model"]
-        out_rows.append([
-            f"{label} ({doc['topology']})", str(len(model)),
-            _r(statistics.median(m["spearman"] for m in model)), _r(min(m["spearman"] for m in model)),
-            f"{statistics.median(m['pick_gap'] for m in model):+.1%}", f"{max(m['pick_gap'] for m in model):+.1%}",
-        ])
-    head = ["sweep", "workloads", "Spearman, median", "Spearman, lowest", "model's pick vs best, median",
-            "model's pick vs best, worst"]
-    return (f"{_table(head, out_rows)}\n\nThe cost model's predictions of every candidate of a measured "
-            f"exhaustive sweep against the measurements: rank correlation, and how much slower than the best "
-            f"the candidate it ranks first measured; from {_files([n for _, n in STRATEGY_RUNS])}.\n")
+        out_rows.append(
+            [
+                f"{label} ({doc['topology']})",
+                str(len(model)),
+                _r(statistics.median(m["spearman"] for m in model)),
+                _r(min(m["spearman"] for m in model)),
+                f"{statistics.median(m['pick_gap'] for m in model):+.1%}",
+                f"{max(m['pick_gap'] for m in model):+.1%}",
+            ]
+        )
+    head = [
+        "sweep",
+        "workloads",
+        "Spearman, median",
+        "Spearman, lowest",
+        "model's pick vs best, median",
+        "model's pick vs best, worst",
+    ]
+    return (
+        f"{_table(head, out_rows)}\n\nThe cost model's predictions of every candidate of a measured "
+        f"exhaustive sweep against the measurements: rank correlation, and how much slower than the best "
+        f"the candidate it ranks first measured; from {_files([n for _, n in STRATEGY_RUNS])}.\n"
+    )
 
 
 LAYER_RUNS = "layers-2026-11-27-h100.json"
@@ -317,9 +408,13 @@ def layers(root: Path) -> str:
     for run in doc["runs"]:
         b, res = run["bench"], run["results"]
         gpu, torch_version = run["gpu"], run["torch"]
-        keys = [k for k in ("eager/forward", "eager/forward_backward", "graph/forward", "graph/forward_backward")
-                if k in res.get("syncopate", {})]
+        keys = [
+            k
+            for k in ("eager/forward", "eager/forward_backward", "graph/forward", "graph/forward_backward")
+            if k in res.get("syncopate", {})
+        ]
         for key in keys:
+
             def t(impl, key=key):
                 return res.get(impl, {}).get(key)
 
@@ -329,14 +424,42 @@ def layers(root: Path) -> str:
                 other = t(impl)
                 return None if other is None or not ours else other / ours
 
-            rows.append([f"TP={b['tp']}", f"{b['hidden']}/{b['ffn']}", str(b["tokens"]), key.replace("_", "+"),
-                         _t(t("torch")), _t(t("async_tp")), _t(ours), _t(t("default")), _r(ratio("torch")),
-                         _r(ratio("async_tp")), _r(ratio("default"))])
-    table = _table(["TP", "hidden/ffn", "tokens", "mode/pass", "torch", "async-TP", "ours", "defaults",
-                    "torch / ours", "async-TP / ours", "defaults / ours"], rows)
-    return (f"{table}\n\nSwiGLU MLP layers (gate and up in one column layer), sequence parallel, bf16; µs an "
-            f"iteration (median of seven repetitions of ten back to back; `graph`: one iteration captured and "
-            f"replayed); {gpu}, torch {torch_version}; from `results/{LAYER_RUNS}`. Above 1: ours is faster.\n")
+            rows.append(
+                [
+                    f"TP={b['tp']}",
+                    f"{b['hidden']}/{b['ffn']}",
+                    str(b["tokens"]),
+                    key.replace("_", "+"),
+                    _t(t("torch")),
+                    _t(t("async_tp")),
+                    _t(ours),
+                    _t(t("default")),
+                    _r(ratio("torch")),
+                    _r(ratio("async_tp")),
+                    _r(ratio("default")),
+                ]
+            )
+    table = _table(
+        [
+            "TP",
+            "hidden/ffn",
+            "tokens",
+            "mode/pass",
+            "torch",
+            "async-TP",
+            "ours",
+            "defaults",
+            "torch / ours",
+            "async-TP / ours",
+            "defaults / ours",
+        ],
+        rows,
+    )
+    return (
+        f"{table}\n\nSwiGLU MLP layers (gate and up in one column layer), sequence parallel, bf16; µs an "
+        f"iteration (median of seven repetitions of ten back to back; `graph`: one iteration captured and "
+        f"replayed); {gpu}, torch {torch_version}; from `results/{LAYER_RUNS}`. Above 1: ours is faster.\n"
+    )
 
 
 def train_step(root: Path) -> str:
@@ -349,13 +472,39 @@ def train_step(root: Path) -> str:
         torch_ms = next((v["step_ms"] for v in doc["variants"] if v["variant"] == "torch"), None)
         for v in doc["variants"]:
             speed = None if torch_ms is None or not v.get("step_ms") else torch_ms / v["step_ms"]
-            rows.append([m["name"], str(m["layers"]), f"TP={doc['world']}", str(doc["tokens"]), v["variant"],
-                         f"{v['step_ms']:.2f}", f"{v['tokens_per_s']:.0f}", f"{v['peak_bytes'] / 2**30:.2f}",
-                         f"{v['max_loss_diff_vs_torch']:.2e}", _r(speed)])
-        notes.append(f"{doc['device']}, torch {doc['versions']['torch']}, transformers {doc['versions']['transformers']}, "
-                     f"median of {doc['steps']} steps after {doc['warmup']}, `results/{name}`")
-    table = _table(["model", "layers", "TP", "tokens", "variant", "step ms", "tokens/s", "peak GiB",
-                    "max |Δloss| vs torch", "torch / variant"], rows)
+            rows.append(
+                [
+                    m["name"],
+                    str(m["layers"]),
+                    f"TP={doc['world']}",
+                    str(doc["tokens"]),
+                    v["variant"],
+                    f"{v['step_ms']:.2f}",
+                    f"{v['tokens_per_s']:.0f}",
+                    f"{v['peak_bytes'] / 2**30:.2f}",
+                    f"{v['max_loss_diff_vs_torch']:.2e}",
+                    _r(speed),
+                ]
+            )
+        notes.append(
+            f"{doc['device']}, torch {doc['versions']['torch']}, transformers {doc['versions']['transformers']}, "
+            f"median of {doc['steps']} steps after {doc['warmup']}, `results/{name}`"
+        )
+    table = _table(
+        [
+            "model",
+            "layers",
+            "TP",
+            "tokens",
+            "variant",
+            "step ms",
+            "tokens/s",
+            "peak GiB",
+            "max |Δloss| vs torch",
+            "torch / variant",
+        ],
+        rows,
+    )
     return f"{table}\n\n{'; '.join(notes)}.\n"
 
 
@@ -374,6 +523,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
 
 
 # ---- the blocks in the documents -------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class Block:
@@ -431,19 +581,27 @@ def rewrite(root: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m syncopate.docs_tables", description=__doc__.splitlines()[0])
-    ap.add_argument("--root", type=Path, default=Path("."), help="the repository root (default: the current folder)")
-    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block differs from its data")
+    ap.add_argument(
+        "--root", type=Path, default=Path("."), help="the repository root (default: the current folder)"
+    )
+    ap.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 if a block differs from its data"
+    )
     args = ap.parse_args(argv)
     root = args.root
     if not (root / "results").is_dir():
-        print(f"docs_tables: error: {str(root)!r} has no results/ folder: give the repository root with --root",
-              file=sys.stderr)
+        print(
+            f"docs_tables: error: {str(root)!r} has no results/ folder: give the repository root with --root",
+            file=sys.stderr,
+        )
         return 2
     try:
         if args.check:
             stale = [b for b in blocks(root) if not b.current]
             for b in stale:
-                print(f"{b.path}: table {b.name!r} differs from its data: run `python -m syncopate.docs_tables`")
+                print(
+                    f"{b.path}: table {b.name!r} differs from its data: run `python -m syncopate.docs_tables`"
+                )
             return 1 if stale else 0
         for path in rewrite(root):
             print(f"rewrote {path}")

@@ -25,8 +25,18 @@ from typing import Any
 from syncopate.platform import cpu_torch_build, gpu_model_of
 from syncopate.version import __version__
 
-__all__ = ["GLUON_SUFFIX", "GLUON_VAR", "KERNEL_SWITCHES", "Environment", "current_environment", "git_revision",
-           "gluon_on", "kernel_switches", "provenance", "with_kernels"]
+__all__ = [
+    "GLUON_SUFFIX",
+    "GLUON_VAR",
+    "KERNEL_SWITCHES",
+    "Environment",
+    "current_environment",
+    "git_revision",
+    "gluon_on",
+    "kernel_switches",
+    "provenance",
+    "with_kernels",
+]
 
 GLUON_VAR = "SYNCOPATE_GLUON"
 """`1`: the fused ops run the Gluon kernels where they apply (opt-in; anything else: the Triton ones)."""
@@ -57,10 +67,14 @@ class Environment:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Environment:
-        return cls(**{k: str(d[k]) for k in ("syncopate", "torch", "triton", "cuda", "nccl", "driver", "gpu_model")})
+        return cls(
+            **{k: str(d[k]) for k in ("syncopate", "torch", "triton", "cuda", "nccl", "driver", "gpu_model")}
+        )
 
     def short(self) -> str:
-        return f"torch {self.torch}, triton {self.triton}, CUDA {self.cuda}, NCCL {self.nccl}, {self.gpu_model}"
+        return (
+            f"torch {self.torch}, triton {self.triton}, CUDA {self.cuda}, NCCL {self.nccl}, {self.gpu_model}"
+        )
 
     @classmethod
     def current(cls) -> Environment:
@@ -91,8 +105,15 @@ def _environment_without_torch() -> Environment | None:
     build = cpu_torch_build()
     if build is None:
         return None
-    return Environment(syncopate=__version__, torch=str(build["__version__"]), triton=_triton_version(),
-                       cuda=str(build.get("cuda") or "none"), nccl="none", driver="none", gpu_model="cpu")
+    return Environment(
+        syncopate=__version__,
+        torch=str(build["__version__"]),
+        triton=_triton_version(),
+        cuda=str(build.get("cuda") or "none"),
+        nccl="none",
+        driver="none",
+        gpu_model="cpu",
+    )
 
 
 def gluon_on(env: Mapping[str, str] | None = None) -> bool:
@@ -147,8 +168,13 @@ def _environment_from_torch() -> Environment:
             nccl = "unknown"
         driver = _driver_version()
     return Environment(
-        syncopate=__version__, torch=torch.__version__, triton=triton_version, cuda=cuda, nccl=nccl,
-        driver=driver, gpu_model=gpu,
+        syncopate=__version__,
+        torch=torch.__version__,
+        triton=triton_version,
+        cuda=cuda,
+        nccl=nccl,
+        driver=driver,
+        gpu_model=gpu,
     )
 
 
@@ -167,7 +193,9 @@ def _driver_version() -> str:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
     except (OSError, subprocess.TimeoutExpired):
@@ -183,11 +211,14 @@ def git_revision() -> str:
     if not (root / ".git").exists() and os.environ.get("SYNCOPATE_GIT_REV"):
         return os.environ["SYNCOPATE_GIT_REV"]
     try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
+        )
         if out.returncode != 0:
             return "unknown"
-        changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "syncopate"], cwd=root, capture_output=True,
-                                 timeout=10)
+        changed = subprocess.run(
+            ["git", "diff", "--quiet", "HEAD", "--", "syncopate"], cwd=root, capture_output=True, timeout=10
+        )
         return out.stdout.strip() + ("+dirty" if changed.returncode == 1 else "")
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
@@ -208,5 +239,11 @@ def provenance(**extra: object) -> dict[str, object]:
     """Host, process, git revision, library versions and the kernel switches set
     (:data:`KERNEL_SWITCHES`), plus whatever the caller adds."""
     env = current_environment()
-    return {"host": socket.gethostname(), "pid": os.getpid(), "git": git_revision(), **env.to_dict(),
-            "switches": kernel_switches(), **extra}
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "git": git_revision(),
+        **env.to_dict(),
+        "switches": kernel_switches(),
+        **extra,
+    }

@@ -56,7 +56,9 @@ class ModelSpec:
             if f.name != "name" and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ConfigError(f"model {self.name!r}: {f.name}={v!r} must be a positive integer")
         if self.heads % self.kv_heads:
-            raise ConfigError(f"model {self.name!r}: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
+            raise ConfigError(
+                f"model {self.name!r}: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"
+            )
 
     @property
     def q_features(self) -> int:
@@ -91,17 +93,27 @@ class ModelSpec:
         data = data.get("text_config", data) if "hidden_size" not in data else data
         missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads") if k not in data]
         if missing:
-            raise ConfigError(f"model config {str(p)!r} has no {', '.join(missing)}: a decoder-only transformer's "
-                              f"config.json names hidden_size, intermediate_size and num_attention_heads")
+            raise ConfigError(
+                f"model config {str(p)!r} has no {', '.join(missing)}: a decoder-only transformer's "
+                f"config.json names hidden_size, intermediate_size and num_attention_heads"
+            )
         heads = data["num_attention_heads"]
         hidden = data["hidden_size"]
-        head_dim = data.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int)
-                                            and heads else None)
+        head_dim = data.get("head_dim") or (
+            hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
+        )
         name = str(data.get("_name_or_path") or data.get("model_type") or p.parent.name or p.stem)
         try:
-            return cls(name=name, hidden=hidden, ffn=data["intermediate_size"], heads=heads,
-                       kv_heads=data.get("num_key_value_heads") or heads, head_dim=head_dim,
-                       layers=data.get("num_hidden_layers", 1), vocab=data.get("vocab_size", 32000))
+            return cls(
+                name=name,
+                hidden=hidden,
+                ffn=data["intermediate_size"],
+                heads=heads,
+                kv_heads=data.get("num_key_value_heads") or heads,
+                head_dim=head_dim,
+                layers=data.get("num_hidden_layers", 1),
+                vocab=data.get("vocab_size", 32000),
+            )
         except ConfigError as e:
             raise ConfigError(f"model config {str(p)!r}: {e}") from None
 
@@ -109,16 +121,56 @@ class ModelSpec:
 MODEL_SPECS: dict[str, ModelSpec] = {
     s.name: s
     for s in (
-        ModelSpec(name="llama-3-8b", hidden=4096, ffn=14336, heads=32, kv_heads=8, head_dim=128, layers=32,
-                  vocab=128256),
-        ModelSpec(name="llama-3-70b", hidden=8192, ffn=28672, heads=64, kv_heads=8, head_dim=128, layers=80,
-                  vocab=128256),
-        ModelSpec(name="qwen3-8b", hidden=4096, ffn=12288, heads=32, kv_heads=8, head_dim=128, layers=36,
-                  vocab=151936),
-        ModelSpec(name="qwen3-14b", hidden=5120, ffn=17408, heads=40, kv_heads=8, head_dim=128, layers=40,
-                  vocab=151936),
-        ModelSpec(name="qwen3-32b", hidden=5120, ffn=25600, heads=64, kv_heads=8, head_dim=128, layers=64,
-                  vocab=151936),
+        ModelSpec(
+            name="llama-3-8b",
+            hidden=4096,
+            ffn=14336,
+            heads=32,
+            kv_heads=8,
+            head_dim=128,
+            layers=32,
+            vocab=128256,
+        ),
+        ModelSpec(
+            name="llama-3-70b",
+            hidden=8192,
+            ffn=28672,
+            heads=64,
+            kv_heads=8,
+            head_dim=128,
+            layers=80,
+            vocab=128256,
+        ),
+        ModelSpec(
+            name="qwen3-8b",
+            hidden=4096,
+            ffn=12288,
+            heads=32,
+            kv_heads=8,
+            head_dim=128,
+            layers=36,
+            vocab=151936,
+        ),
+        ModelSpec(
+            name="qwen3-14b",
+            hidden=5120,
+            ffn=17408,
+            heads=40,
+            kv_heads=8,
+            head_dim=128,
+            layers=40,
+            vocab=151936,
+        ),
+        ModelSpec(
+            name="qwen3-32b",
+            hidden=5120,
+            ffn=25600,
+            heads=64,
+            kv_heads=8,
+            head_dim=128,
+            layers=64,
+            vocab=151936,
+        ),
     )
 }
 """Known models by name (Llama 3.1 and 3.3 have Llama 3's widths)."""
@@ -133,8 +185,10 @@ def model_spec(model: str | Path) -> ModelSpec:
     p = Path(model)
     if p.suffix == ".json" or p.is_dir() or p.exists():
         return ModelSpec.from_hf_config(p)
-    raise ConfigError(f"unknown model {str(model)!r}: known are {', '.join(MODEL_SPECS)}, or give the path of a "
-                      f"Hugging Face config.json")
+    raise ConfigError(
+        f"unknown model {str(model)!r}: known are {', '.join(MODEL_SPECS)}, or give the path of a "
+        f"Hugging Face config.json"
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -152,21 +206,31 @@ class OpCall:
 _PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 
-def layer_ops(spec: ModelSpec, tp: int, tokens: int, *, sequence_parallel: bool = True,
-              dtype: str = "bf16") -> list[OpCall]:
+def layer_ops(
+    spec: ModelSpec, tp: int, tokens: int, *, sequence_parallel: bool = True, dtype: str = "bf16"
+) -> list[OpCall]:
     """The fused ops one decoder layer of `spec` calls, forward and backward, under tensor
     parallelism `tp` at `tokens` tokens a step (see the module docstring); raises ConfigError where
     a width or the token count does not split evenly over `tp` ranks."""
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 2:
-        raise ConfigError(f"--tp {tp!r} must be an integer of at least 2: a tensor-parallel group of one rank "
-                          f"calls no collective")
+        raise ConfigError(
+            f"--tp {tp!r} must be an integer of at least 2: a tensor-parallel group of one rank "
+            f"calls no collective"
+        )
     if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
         raise ConfigError(f"--tokens {tokens!r} must be a positive integer")
-    for what, size in (("heads", spec.heads), ("kv_heads", spec.kv_heads), ("ffn", spec.ffn),
-                       ("hidden", spec.hidden), ("tokens", tokens)):
+    for what, size in (
+        ("heads", spec.heads),
+        ("kv_heads", spec.kv_heads),
+        ("ffn", spec.ffn),
+        ("hidden", spec.hidden),
+        ("tokens", tokens),
+    ):
         if size % tp:
-            raise ConfigError(f"model {spec.name!r}: {what}={size} is not divisible by tp={tp}: each rank holds an "
-                              f"equal share of it")
+            raise ConfigError(
+                f"model {spec.name!r}: {what}={size} is not divisible by tp={tp}: each rank holds an "
+                f"equal share of it"
+            )
     column = {"qkv": (spec.hidden, spec.qkv_features), "gate_up": (spec.hidden, 2 * spec.ffn)}
     row = {"o": (spec.q_features, spec.hidden), "down": (spec.ffn, spec.hidden)}
     calls = []

@@ -60,8 +60,11 @@ def _torch_build() -> dict[str, object] | None:
         return None
     found: dict[str, object] = {}
     for node in tree.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else (
-            node.target if isinstance(node, ast.AnnAssign) else None)
+        target = (
+            node.targets[0]
+            if isinstance(node, ast.Assign) and len(node.targets) == 1
+            else (node.target if isinstance(node, ast.AnnAssign) else None)
+        )
         if isinstance(target, ast.Name) and node.value is not None:
             try:
                 found[target.id] = ast.literal_eval(node.value)
@@ -200,8 +203,10 @@ def detect_topology(group=None) -> Topology:
         world, nodes = torch.cuda.device_count(), 1
     links = _nvlink_peers(device, _device_uuid(props))
     if links is None:
-        log.warning("NVML cannot be read here: the interconnect is taken to be PCIe; give a topology key "
-                    "(such as H200x2-nvlink) where the GPUs are joined by NVLink")
+        log.warning(
+            "NVML cannot be read here: the interconnect is taken to be PCIe; give a topology key "
+            "(such as H200x2-nvlink) where the GPUs are joined by NVLink"
+        )
         links = 0
     if links == 0:
         interconnect = "pcie"
@@ -210,6 +215,10 @@ def detect_topology(group=None) -> Topology:
     if world % nodes:
         nodes = 1
     return Topology(
-        world_size=world, gpu_model=model, interconnect=interconnect, nodes=nodes, sm_count=props.multi_processor_count,
+        world_size=world,
+        gpu_model=model,
+        interconnect=interconnect,
+        nodes=nodes,
+        sm_count=props.multi_processor_count,
         memory_gb=round(props.total_memory / 1e9, 1),
     )

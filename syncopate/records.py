@@ -54,7 +54,13 @@ TRIAL_STATUSES: tuple[str, ...] = ("ok", "wrong_result", "compile_error", "oom",
 SOURCES: tuple[str, ...] = ("measured", "predicted", "fixture")
 """Where a number comes from: a GPU measurement, the cost model, or the CPU test fixture."""
 
-BASELINES: tuple[str, ...] = ("torch_seq", "torch_async_tp", "gemm_alone", "comm_alone", "comm_alone_copy_engine")
+BASELINES: tuple[str, ...] = (
+    "torch_seq",
+    "torch_async_tp",
+    "gemm_alone",
+    "comm_alone",
+    "comm_alone_copy_engine",
+)
 """Reference times measured beside the candidates: torch's collective then matmul; torch's fused
 async-TP op; the local GEMM alone (cuBLAS); the collective alone (NCCL); the collective alone with
 the copy engine. The overlap bound is max(gemm_alone, min of the comm_alone rows)."""
@@ -161,8 +167,10 @@ def pick(mode: str, tuned: T | None, guards: Mapping[str, T]) -> Pick[T] | None:
     if tuned is None:
         if not guards:
             return None
-        name, chosen = min(guards.items(), key=lambda kv: (rank_key(mode, kv[1].median_us, kv[1].eager_us),
-                                                           GUARDS.index(kv[0])))
+        name, chosen = min(
+            guards.items(),
+            key=lambda kv: (rank_key(mode, kv[1].median_us, kv[1].eager_us), GUARDS.index(kv[0])),
+        )
         return Pick(chosen=chosen, objective=objective(mode, chosen.eager_us), guard=name, tuned=None)
     obj = objective(mode, tuned.eager_us)
     best_name, best = "", tuned
@@ -217,13 +225,20 @@ class TrialRecord:
 
     def __post_init__(self) -> None:
         if self.status not in TRIAL_STATUSES:
-            raise ConfigError(f"trial status {self.status!r} is unknown: accepted are {', '.join(TRIAL_STATUSES)}")
+            raise ConfigError(
+                f"trial status {self.status!r} is unknown: accepted are {', '.join(TRIAL_STATUSES)}"
+            )
         if self.source not in SOURCES:
             raise ConfigError(f"trial source {self.source!r} is unknown: accepted are {', '.join(SOURCES)}")
         if self.status == "ok" and self.median_us is None:
             raise ConfigError("an ok trial needs median_us")
-        _check_times(median_us=self.median_us, p20_us=self.p20_us, p80_us=self.p80_us, eager_us=self.eager_us,
-                     host_us=self.host_us)
+        _check_times(
+            median_us=self.median_us,
+            p20_us=self.p20_us,
+            p80_us=self.p80_us,
+            eager_us=self.eager_us,
+            host_us=self.host_us,
+        )
         object.__setattr__(self, "samples_us", tuple(float(x) for x in self.samples_us))
 
     def identity(self) -> tuple[str, str, str, str]:
@@ -257,9 +272,16 @@ class BaselineRecord:
         if self.name not in BASELINES:
             raise ConfigError(f"baseline {self.name!r} is unknown: accepted are {', '.join(BASELINES)}")
         if self.source not in SOURCES:
-            raise ConfigError(f"baseline source {self.source!r} is unknown: accepted are {', '.join(SOURCES)}")
-        _check_times(median_us=self.median_us, p20_us=self.p20_us, p80_us=self.p80_us, eager_us=self.eager_us,
-                     host_us=self.host_us)
+            raise ConfigError(
+                f"baseline source {self.source!r} is unknown: accepted are {', '.join(SOURCES)}"
+            )
+        _check_times(
+            median_us=self.median_us,
+            p20_us=self.p20_us,
+            p80_us=self.p80_us,
+            eager_us=self.eager_us,
+            host_us=self.host_us,
+        )
         object.__setattr__(self, "samples_us", tuple(float(x) for x in self.samples_us))
 
 
@@ -290,8 +312,12 @@ class CalibrationRecord:
                 f"such as bandwidth or gemm_throughput"
             )
         if not isinstance(self.key, str) or not self.key.strip() or len(self.key) > 200:
-            raise ConfigError(f"calibration key {self.key!r} must be a non-empty string of at most 200 characters")
+            raise ConfigError(
+                f"calibration key {self.key!r} must be a non-empty string of at most 200 characters"
+            )
         if not isinstance(self.payload, dict):
             raise ConfigError(f"calibration payload must be a dict, got {describe(self.payload)}")
         if self.source not in SOURCES:
-            raise ConfigError(f"calibration source {self.source!r} is unknown: accepted are {', '.join(SOURCES)}")
+            raise ConfigError(
+                f"calibration source {self.source!r} is unknown: accepted are {', '.join(SOURCES)}"
+            )

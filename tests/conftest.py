@@ -108,8 +108,10 @@ def pg_database_url():
     except Exception as e:  # any failure to reach the server means the same: no server here
         engine.dispose()
         reason = str(getattr(e, "orig", e)).strip().splitlines()[0]
-        message = (f"no PostgreSQL server answers at {base} ({reason}); start one as .ci/run does, "
-                   f"or point SYNCOPATE_TEST_PG at one")
+        message = (
+            f"no PostgreSQL server answers at {base} ({reason}); start one as .ci/run does, "
+            f"or point SYNCOPATE_TEST_PG at one"
+        )
         if IN_CI:
             pytest.fail(message)
         pytest.skip(message)

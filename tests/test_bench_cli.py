@@ -21,7 +21,10 @@ REPO = Path(__file__).resolve().parents[1]
 def bench(*args: str) -> subprocess.CompletedProcess:
     """`syncopate bench ARGS` in a process that sees no CUDA device."""
     return subprocess.run(
-        [sys.executable, "-m", "syncopate", "bench", *args], capture_output=True, text=True, cwd=REPO,
+        [sys.executable, "-m", "syncopate", "bench", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
     )
 
@@ -44,23 +47,35 @@ def test_gpus_that_contradict_the_suite_are_refused():
     assert "has world size 8; leave out --gpus" in r.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["ag_gemm", "--m", "8192", "--suite", "configs/llama_tp2.yaml"], "KIND, --m and --suite exclude each other"),
-    (["--dtype", "fp16", "--suite", "configs/llama_tp2.yaml"], "--dtype and --suite exclude each other"),
-    (["ag_gemm", "--m", "8192", "--n", "8192", "--k", "8192", "--kinds", "gemm_rs"], "--kinds narrows a suite"),
-    (["--suite", "configs/quickstart.yaml", "--kinds", "gemm_ar"], "has no workload of kind gemm_ar"),
-    (["ag_gemm", "--m", "8192"], "give KIND with --m, --n and --k, or --suite CONFIG"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["ag_gemm", "--m", "8192", "--suite", "configs/llama_tp2.yaml"],
+            "KIND, --m and --suite exclude each other",
+        ),
+        (["--dtype", "fp16", "--suite", "configs/llama_tp2.yaml"], "--dtype and --suite exclude each other"),
+        (
+            ["ag_gemm", "--m", "8192", "--n", "8192", "--k", "8192", "--kinds", "gemm_rs"],
+            "--kinds narrows a suite",
+        ),
+        (["--suite", "configs/quickstart.yaml", "--kinds", "gemm_ar"], "has no workload of kind gemm_ar"),
+        (["ag_gemm", "--m", "8192"], "give KIND with --m, --n and --k, or --suite CONFIG"),
+    ],
+)
 def test_options_that_contradict_each_other_are_refused(args, message):
     r = bench(*args)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert message in r.stderr
 
 
-@pytest.mark.parametrize("where, message", [
-    ("{tmp}", "cannot write {tmp}: it is a directory"),
-    ("{tmp}/no/bench.json", "cannot write {tmp}/no/bench.json: folder {tmp}/no does not exist"),
-])
+@pytest.mark.parametrize(
+    "where, message",
+    [
+        ("{tmp}", "cannot write {tmp}: it is a directory"),
+        ("{tmp}/no/bench.json", "cannot write {tmp}/no/bench.json: folder {tmp}/no does not exist"),
+    ],
+)
 def test_a_json_file_that_cannot_be_written_is_refused_before_the_gpus(tmp_path, where, message):
     r = bench("ag_gemm", "--m", "8192", "--n", "8192", "--k", "8192", "--json", where.format(tmp=tmp_path))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -92,28 +107,36 @@ def test_without_a_topology_gpus_or_every_visible_gpu():
         bench_world_size(None, 1, 4)
 
 
-@pytest.mark.parametrize("kind, topology, splits", [
-    ("ag_gemm", "H200x2-nvlink", {2, 4}), ("ag_gemm", "H200x4-nvswitch", {1, 2, 4}),
-    ("ag_gemm", "H200x8-nvswitch", {1, 2, 4}), ("gemm_rs", "H200x4-nvswitch", {2, 4}),
-    ("gemm_ar", "H200x8-nvswitch", {2, 4}),
-])
+@pytest.mark.parametrize(
+    "kind, topology, splits",
+    [
+        ("ag_gemm", "H200x2-nvlink", {2, 4}),
+        ("ag_gemm", "H200x4-nvswitch", {1, 2, 4}),
+        ("ag_gemm", "H200x8-nvswitch", {1, 2, 4}),
+        ("gemm_rs", "H200x4-nvswitch", {2, 4}),
+        ("gemm_ar", "H200x8-nvswitch", {2, 4}),
+    ],
+)
 def test_the_tiny_grid_tries_one_chunk_a_rank_for_all_gathers_on_four_ranks_and_more(kind, topology, splits):
-    from syncopate.search_space import Workload, bench_grid
-
-    from syncopate.search_space import guard_candidates
+    from syncopate.search_space import Workload, bench_grid, guard_candidates
 
     workload, topo = Workload(kind=kind, shape=(8192, 8192, 8192)), Topology.from_key(topology)
     grid = bench_grid(workload, topo, "tiny", ("copy_engine", "nvshmem", "nccl"))
     guards = list(guard_candidates(workload, topo).values())
-    assert grid[:len(guards)] == guards and len(guards) == 2  # the default and unfused, measured first
-    fused = [c for c in grid[len(guards):] if c.template in ("direct", "ring", "bidirectional_ring")]
+    assert grid[: len(guards)] == guards and len(guards) == 2  # the default and unfused, measured first
+    fused = [c for c in grid[len(guards) :] if c.template in ("direct", "ring", "bidirectional_ring")]
     assert {c.num_splits for c in fused} == splits
     assert {c.backend for c in fused} == {"copy_engine", "nvshmem", "nccl"}
 
 
-@pytest.mark.parametrize("topology, splits", [
-    ("H200x2-nvlink", {1, 2, 4}), ("H200x4-nvswitch", {1, 2, 3, 6}), ("H200x8-nvswitch", {1, 2, 4, 7, 14}),
-])
+@pytest.mark.parametrize(
+    "topology, splits",
+    [
+        ("H200x2-nvlink", {1, 2, 4}),
+        ("H200x4-nvswitch", {1, 2, 3, 6}),
+        ("H200x8-nvswitch", {1, 2, 4, 7, 14}),
+    ],
+)
 def test_the_tiny_grid_gathers_in_one_gemm_a_group_of_shards_or_a_part_of_each(topology, splits):
     """The decomposed all-gather: its splits the template takes on that many ranks, one GEMM over
     every peer's rows (1) up to one a part of each shard (2 x (ws - 1)), never for a reduction."""
@@ -122,5 +145,7 @@ def test_the_tiny_grid_gathers_in_one_gemm_a_group_of_shards_or_a_part_of_each(t
     topo = Topology.from_key(topology)
     grid = bench_grid(Workload(kind="ag_gemm", shape=(8192, 8192, 8192)), topo, "tiny", ("copy_engine",))
     assert {c.num_splits for c in grid if c.template == DECOMPOSED} == splits
-    reductions = bench_grid(Workload(kind="gemm_rs", shape=(8192, 8192, 8192)), topo, "tiny", ("copy_engine",))
+    reductions = bench_grid(
+        Workload(kind="gemm_rs", shape=(8192, 8192, 8192)), topo, "tiny", ("copy_engine",)
+    )
     assert {c.num_splits for c in reductions if c.template == DECOMPOSED} == {2, 4, 8}

@@ -25,12 +25,17 @@ from syncopate.results_db.bench_import import import_bench, quantile
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "results" / "bench-2026-11-22-h200x2-ag2048.json"
 H200X2_DB = ROOT / "results" / "h200x2.db"
-SUITE = [*(ROOT / "results" / f"bench-2026-11-22-h200x2-suite-{part}.json" for part in ("ag", "rs")),
-         ROOT / "results" / "bench-2026-11-26-h200x2-suite.json", ROOT / "results" / "bench-2026-11-26-h200x2-suite-2.json"]
+SUITE = [
+    *(ROOT / "results" / f"bench-2026-11-22-h200x2-suite-{part}.json" for part in ("ag", "rs")),
+    ROOT / "results" / "bench-2026-11-26-h200x2-suite.json",
+    ROOT / "results" / "bench-2026-11-26-h200x2-suite-2.json",
+]
 """Bench files that record their environment themselves (no versions to give on import)."""
 H200X4_DB = ROOT / "results" / "h200x4.db"
-SUITE4 = [ROOT / "results" / f"bench-2026-11-2{day}-h200x4-suite{part}.json"
-          for day, part in (("6", ""), ("6", "-2"), ("7", ""), ("7", "-ar"), ("7", "-rs"))]
+SUITE4 = [
+    ROOT / "results" / f"bench-2026-11-2{day}-h200x4-suite{part}.json"
+    for day, part in (("6", ""), ("6", "-2"), ("7", ""), ("7", "-ar"), ("7", "-rs"))
+]
 """The TP=4 suite runs `results/h200x4.db` holds."""
 VERSIONS = {"triton": "3.6.0", "cuda": "13.0", "nccl": "2.28.3", "driver": "580.159.04"}
 FLAGS = [x for k, v in VERSIONS.items() for x in (f"--{k}", v)]
@@ -128,12 +133,17 @@ def test_bad_files_are_refused(db, tmp_path):
     doc = json.loads(BENCH.read_text())
     doc["topology"]["key"] = "H200x3-nvlink"
     bad.write_text(json.dumps(doc))
-    with pytest.raises(ConfigError, match=r"names its topology 'H200x3-nvlink', but its other fields give "
-                                          r"H200x2-nvlink"):
+    with pytest.raises(
+        ConfigError,
+        match=r"names its topology 'H200x3-nvlink', but its other fields give "
+        r"H200x2-nvlink",
+    ):
         import_bench(db, bad, syncopate="0.1.0", **VERSIONS)
     with pytest.raises(ConfigError, match="has world size 8"):
         import_bench(db, BENCH, syncopate="0.1.0", topology="H100x8-nvswitch", **VERSIONS)
-    with pytest.raises(ConfigError, match="topology H100x2-nvlink is of H100 GPUs, but bench file .* ran on H200"):
+    with pytest.raises(
+        ConfigError, match="topology H100x2-nvlink is of H100 GPUs, but bench file .* ran on H200"
+    ):
         import_bench(db, BENCH, syncopate="0.1.0", topology="H100x2-nvlink", **VERSIONS)
     assert db.trials() == [] and db.sweeps() == []
 
@@ -142,8 +152,9 @@ def test_a_file_stored_under_one_topology_is_not_reported_under_another(db):
     first = import_bench(db, BENCH, syncopate="0.1.0", **VERSIONS)
     again = import_bench(db, BENCH, syncopate="0.1.0", topology="H200x2-nvlink", **VERSIONS)
     assert not again.created and again.sweep_id == first.sweep_id
-    with pytest.raises(ConfigError, match=f"already stored as sweep {first.sweep_id} on H200x2-nvlink, not "
-                                          "H200x2-nvswitch"):
+    with pytest.raises(
+        ConfigError, match=f"already stored as sweep {first.sweep_id} on H200x2-nvlink, not H200x2-nvswitch"
+    ):
         import_bench(db, BENCH, syncopate="0.1.0", topology="H200x2-nvswitch", **VERSIONS)
     assert {t.record.topology.key() for t in db.trials()} == {"H200x2-nvlink"}
 
@@ -177,8 +188,15 @@ def test_cli_a_bad_row_is_named_before_the_database_is_opened(tmp_path, capsys):
 def _content(rdb):
     """Every trial, baseline and sweep of a results database, as compared."""
     trials = [
-        (t.record.candidate.key(), t.record.status, t.record.median_us, t.record.p20_us, t.record.samples_us,
-         t.record.environment, t.record.created_at)
+        (
+            t.record.candidate.key(),
+            t.record.status,
+            t.record.median_us,
+            t.record.p20_us,
+            t.record.samples_us,
+            t.record.environment,
+            t.record.created_at,
+        )
         for t in rdb.trials()
     ]
     baselines = [(b.record.name, b.record.median_us, b.record.samples_us) for b in rdb.baselines()]
@@ -198,12 +216,16 @@ def _assert_serves_the_fastest(db: Path, files: list[Path], topology: str) -> se
     for doc in docs:
         for row in doc["rows"]:
             for t in row["trials"]:
-                if t["status"] == "ok" and (row["key"] not in best or t["median_us"] < best[row["key"]][1]["median_us"]):
+                if t["status"] == "ok" and (
+                    row["key"] not in best or t["median_us"] < best[row["key"]][1]["median_us"]
+                ):
                     best[row["key"]] = (row["workload"], t)
     clear_cache()
     try:
         for key, (w, t) in best.items():
-            got = lookup((w["m"], w["n"], w["k"]), topology, kind=w["kind"], dtype=w["dtype"], db=db, environment=env)
+            got = lookup(
+                (w["m"], w["n"], w["k"]), topology, kind=w["kind"], dtype=w["dtype"], db=db, environment=env
+            )
             assert got.match == "exact" and got.candidate.to_dict() == t["candidate"], (key, got)
     finally:
         clear_cache()
@@ -231,7 +253,9 @@ def test_the_committed_database_serves_the_fastest_of_the_2026_11_26_runs(tmp_pa
     (the cuBLAS templates among their candidates, the all-gather's `decomposed` in the second)."""
     copy = tmp_path / "h200x2.db"
     shutil.copy(H200X2_DB, copy)
-    assert {"a_stationary", "c_stationary", "decomposed"} <= _assert_serves_the_fastest(copy, SUITE[-2:], "H200x2-nvlink")
+    assert {"a_stationary", "c_stationary", "decomposed"} <= _assert_serves_the_fastest(
+        copy, SUITE[-2:], "H200x2-nvlink"
+    )
 
 
 def test_the_four_gpu_database_is_the_tp4_suites_import_and_serves_their_fastest(tmp_path):
@@ -264,8 +288,11 @@ def test_host_and_eager_times_in_a_bench_file_are_stored(db, tmp_path):
     path = tmp_path / "bench-times.json"
     path.write_text(json.dumps(doc))
     import_bench(db, path, syncopate="0.1.0", **VERSIONS)
-    stored = {t.candidate.to_dict() == ok[0]["candidate"]: t for t in db.trials() if t.candidate.to_dict() in
-              (ok[0]["candidate"], ok[1]["candidate"])}
+    stored = {
+        t.candidate.to_dict() == ok[0]["candidate"]: t
+        for t in db.trials()
+        if t.candidate.to_dict() in (ok[0]["candidate"], ok[1]["candidate"])
+    }
     assert (stored[True].record.host_us, stored[True].record.eager_us) == (231.5, 612.25)
     assert (stored[False].record.host_us, stored[False].record.eager_us) == (198.0, None)
     seq = [b.record for b in db.baselines() if b.name == "torch_seq"]

@@ -15,13 +15,24 @@ def test_a_quick_calibration_is_measured_and_read_back(tmp_path):
     from syncopate.kernels.calibrate import CalibrateOptions, run_calibration
     from syncopate.results_db import ResultsDB
 
-    options = CalibrateOptions(sizes=(1 << 20, 16 << 20), comm_sms=(16, 64), tile_configs=TILE_CONFIGS[:1],
-                               program_fractions=(1.0, 0.5), warmup=2, repetitions=5)
+    options = CalibrateOptions(
+        sizes=(1 << 20, 16 << 20),
+        comm_sms=(16, 64),
+        tile_configs=TILE_CONFIGS[:1],
+        program_fractions=(1.0, 0.5),
+        warmup=2,
+        repetitions=5,
+    )
     result = run_calibration(options, 2)
     rows = records_from_measurements(result)
     kinds = {(r.kind, r.key) for r in rows}
-    assert {("transfer", "copy_engine/intra"), ("transfer", "nvshmem/intra"), ("transfer", "nccl/intra"),
-            ("gemm", TILE_CONFIGS[0].key()), ("op_costs", "op")} <= kinds
+    assert {
+        ("transfer", "copy_engine/intra"),
+        ("transfer", "nvshmem/intra"),
+        ("transfer", "nccl/intra"),
+        ("gemm", TILE_CONFIGS[0].key()),
+        ("op_costs", "op"),
+    } <= kinds
     topology = Topology.from_dict(result["topology"])
     with ResultsDB.open(f"sqlite:///{tmp_path / 'cal.db'}", upgrade=True) as db:
         for r in rows:

@@ -23,8 +23,15 @@ from syncopate.records import Environment
 from syncopate.search_space import TEMPLATES, SpaceOptions, Topology, Workload, space
 
 TOPO = Topology.from_key("H200x2-nvlink")
-ENV = Environment(syncopate="0.1.0", torch="2.11.0", triton="3.6.0", cuda="13.0", nccl="2.28.3", driver="580",
-                  gpu_model="H200")
+ENV = Environment(
+    syncopate="0.1.0",
+    torch="2.11.0",
+    triton="3.6.0",
+    cuda="13.0",
+    nccl="2.28.3",
+    driver="580",
+    gpu_model="H200",
+)
 OTHER_ENV = replace(ENV, torch="2.12.0")
 
 
@@ -39,8 +46,12 @@ def test_curve_interpolates_log_log_with_a_latency_floor_and_constant_bandwidth_
 
 @pytest.mark.parametrize(
     "sizes, us, message",
-    [((), (), "at least one"), ((1, 2), (1.0,), "as many times"), ((2, 1), (1.0, 2.0), "increase strictly"),
-     ((1,), (-1.0,), "positive")],
+    [
+        ((), (), "at least one"),
+        ((1, 2), (1.0,), "as many times"),
+        ((2, 1), (1.0, 2.0), "increase strictly"),
+        ((1,), (-1.0,), "positive"),
+    ],
 )
 def test_curve_rejects_bad_points(sizes, us, message):
     with pytest.raises(ConfigError, match=message):
@@ -133,7 +144,9 @@ def test_records_round_trip_through_the_database(tmp_path):
     assert got.source == "measured" and "measured calibration" in got.describe()
     w = Workload(kind="gemm_rs", shape=(4096, 4096, 4096))
     for c in space(w, TOPO)[::97]:
-        assert CostModel(got).predict(w, TOPO, c).time_us == pytest.approx(CostModel(cal).predict(w, TOPO, c).time_us)
+        assert CostModel(got).predict(w, TOPO, c).time_us == pytest.approx(
+            CostModel(cal).predict(w, TOPO, c).time_us
+        )
 
 
 def test_nothing_stored_means_defaults_or_an_error_naming_calibrate(tmp_path):
@@ -150,19 +163,31 @@ def test_nothing_stored_means_defaults_or_an_error_naming_calibrate(tmp_path):
 def test_parts_come_from_the_best_source_each(tmp_path):
     """Measured transfer curves of this topology under another environment, GEMM rates measured
     on another topology of the same GPU, defaults for the rest; each part says where it came from."""
-    fast_ce = TransferModel(backend="copy_engine", scope="intra", call_us=1.0,
-                            curves={0: Curve(sizes=CURVE_SIZES, us=tuple(s / 450e3 for s in CURVE_SIZES))})
+    fast_ce = TransferModel(
+        backend="copy_engine",
+        scope="intra",
+        call_us=1.0,
+        curves={0: Curve(sizes=CURVE_SIZES, us=tuple(s / 450e3 for s in CURVE_SIZES))},
+    )
     eight = Topology.from_key("H200x8-nvswitch")
     cal = default_calibration(TOPO)
     fast_gemm = GemmRate(tile="128x256x64w8s3", tflops_by_sms={132: 900.0}, tile_overhead_us=0.5)
     with _db(tmp_path) as db:
-        db.record_calibration(replace(cal, transfers={"copy_engine/intra": fast_ce}, gemm={}).records(TOPO, OTHER_ENV)[0])
-        db.record_calibration(replace(cal, transfers={}, gemm={"128x256x64w8s3": fast_gemm}).records(eight, ENV)[0])
+        db.record_calibration(
+            replace(cal, transfers={"copy_engine/intra": fast_ce}, gemm={}).records(TOPO, OTHER_ENV)[0]
+        )
+        db.record_calibration(
+            replace(cal, transfers={}, gemm={"128x256x64w8s3": fast_gemm}).records(eight, ENV)[0]
+        )
         got = resolve_calibration(TOPO, ENV, db, "auto")
-    assert got.origin["transfer/copy_engine/intra"].startswith("measured") and "another environment" in got.origin[
-        "transfer/copy_engine/intra"]
-    assert got.origin["gemm/128x256x64w8s3"].startswith("measured") and "H200x8-nvswitch" in got.origin[
-        "gemm/128x256x64w8s3"]
+    assert (
+        got.origin["transfer/copy_engine/intra"].startswith("measured")
+        and "another environment" in got.origin["transfer/copy_engine/intra"]
+    )
+    assert (
+        got.origin["gemm/128x256x64w8s3"].startswith("measured")
+        and "H200x8-nvswitch" in got.origin["gemm/128x256x64w8s3"]
+    )
     assert got.origin["transfer/nccl/intra"].startswith("default")
     assert got.source == "mixed" and "measured" in got.describe()
     assert got.transfer("copy_engine").call_us == 1.0 and got.gemm["128x256x64w8s3"].tflops(132) == 900.0
@@ -171,7 +196,8 @@ def test_parts_come_from_the_best_source_each(tmp_path):
 def test_measurements_become_rows_and_bad_ones_are_refused():
     cal = default_calibration(TOPO)
     result = {
-        "topology": TOPO.to_dict(), "environment": ENV.to_dict(),
+        "topology": TOPO.to_dict(),
+        "environment": ENV.to_dict(),
         "transfer": {k: t.to_payload() for k, t in cal.transfers.items()},
         "gemm": {k: g.to_payload() for k, g in cal.gemm.items()},
         "op_costs": {**cal.costs.to_payload(), "defaults_for": ["wait_us"]},

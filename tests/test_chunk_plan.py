@@ -36,7 +36,11 @@ def test_every_row_arrives_exactly_once_on_every_rank(collective):
             spans = sorted([(t.row_start, t.row_end) for t in plan.recvs(r, "gather")] + [own])
             # Sorted spans that start where the previous one ended cover [0, M) once, without overlap.
             assert spans[0][0] == 0 and spans[-1][1] == plan.total_rows
-            assert all(a[1] == b[0] for a, b in itertools.pairwise(spans)), (plan.template, plan.world_size, r)
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(spans)), (
+                plan.template,
+                plan.world_size,
+                r,
+            )
             assert all(lo < hi for lo, hi in spans)
 
 
@@ -99,7 +103,9 @@ def test_every_contribution_is_summed_exactly_once_at_the_owner(collective):
 
 def test_all_reduce_gathers_only_fully_reduced_chunks():
     for plan in _plans("all_reduce"):
-        complete = {(b, plan.chunk_index(b, j)) for b in range(plan.world_size) for j in range(plan.num_splits)}
+        complete = {
+            (b, plan.chunk_index(b, j)) for b in range(plan.world_size) for j in range(plan.num_splits)
+        }
         last_reduce = max(t.step for t in plan.transfers if t.phase == "reduce")
         for t in sorted((t for t in plan.transfers if t.phase == "gather"), key=lambda t: t.step):
             assert t.step > last_reduce

@@ -46,8 +46,14 @@ def populated(tmp_path):
     path = tmp_path / "results.db"
     with ResultsDB.open(path, upgrade=True) as db:
         sweep = db.start_sweep("s")
-        db.record_trials(sweep, [trial(0, env=env, median_us=1600.0), trial(1, env=env, median_us=1500.0),
-                                 trial(2, env=env, status="oom")])
+        db.record_trials(
+            sweep,
+            [
+                trial(0, env=env, median_us=1600.0),
+                trial(1, env=env, median_us=1500.0),
+                trial(2, env=env, status="oom"),
+            ],
+        )
         db.record_trial(sweep, trial(4, env=env, w=workload(n=2048), median_us=400.0))
         db.record_baseline(sweep, baseline("torch_seq", 1770.0, env=env))
         db.record_baseline(sweep, baseline("gemm_alone", 1531.0, env=env))
@@ -60,24 +66,73 @@ def test_lookup_json_end_to_end(tmp_path, populated):
     with ResultsDB.open(empty, upgrade=True):
         pass
     for db, match in ((empty, "cost_model"), (populated, "exact")):
-        r = subprocess.run([sys.executable, "-m", "syncopate", "lookup", "--kind", "ag_gemm", *SHAPE, "--dtype", "bf16",
-                            *TOPOLOGY, "--db", str(db), "--json"], capture_output=True, text=True)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "syncopate",
+                "lookup",
+                "--kind",
+                "ag_gemm",
+                *SHAPE,
+                "--dtype",
+                "bf16",
+                *TOPOLOGY,
+                "--db",
+                str(db),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
-        more = (["eager_us", "host_us", "measured_on", "measured_topology", "environment", "environment_versions"]
-                if match == "exact" else ["predicted_us", "database_holds"])
-        assert list(doc) == ["candidate", "match", "mode", "objective", "reason", "trial_id", "time_us", *more]
+        more = (
+            ["eager_us", "host_us", "measured_on", "measured_topology", "environment", "environment_versions"]
+            if match == "exact"
+            else ["predicted_us", "database_holds"]
+        )
+        assert list(doc) == [
+            "candidate",
+            "match",
+            "mode",
+            "objective",
+            "reason",
+            "trial_id",
+            "time_us",
+            *more,
+        ]
         assert doc["match"] == match and doc["mode"] == "eager" and doc["reason"]
     assert (doc["time_us"], doc["candidate"]["block_m"]) == (1500.0, 128)
 
 
 def test_lookup_nearest_shape_and_export_file(capsys, populated, tmp_path):
-    code, out, _ = cli(capsys, "lookup", "--m", "8192", "--n", "3072", "--k", "8192", *TOPOLOGY, "--db",
-                       str(populated), "--json")
-    assert code == 0 and json.loads(out)["match"] == "nearest_shape" and json.loads(out)["measured_on"] == "8192x4096x8192"
-    code, out, _ = cli(capsys, "lookup", "--m", "8192", "--n", "3072", "--k", "8192", *TOPOLOGY, "--db", str(populated))
+    code, out, _ = cli(
+        capsys,
+        "lookup",
+        "--m",
+        "8192",
+        "--n",
+        "3072",
+        "--k",
+        "8192",
+        *TOPOLOGY,
+        "--db",
+        str(populated),
+        "--json",
+    )
+    assert (
+        code == 0
+        and json.loads(out)["match"] == "nearest_shape"
+        and json.loads(out)["measured_on"] == "8192x4096x8192"
+    )
+    code, out, _ = cli(
+        capsys, "lookup", "--m", "8192", "--n", "3072", "--k", "8192", *TOPOLOGY, "--db", str(populated)
+    )
     assert code == 0 and "nearest_shape from trial" in out and "on (M=8192, N=4096, K=8192)" in out
-    code, out, _ = cli(capsys, "export", "--db", f"sqlite:///{populated}", "--out", str(tmp_path / "best.json"))
+    code, out, _ = cli(
+        capsys, "export", "--db", f"sqlite:///{populated}", "--out", str(tmp_path / "best.json")
+    )
     assert code == 0 and "wrote 2 best configurations" in out
     code, out, _ = cli(capsys, "lookup", *SHAPE, *TOPOLOGY, "--db", str(tmp_path / "best.json"), "--json")
     assert code == 0 and json.loads(out)["time_us"] == 1500.0
@@ -96,8 +151,9 @@ def test_best_shows_speedups_over_the_sweeps_baselines(capsys, populated):
     rows = {row["workload"]: row for row in json.loads(out)}
     row = rows[W.key()]
     assert row["median_us"] == 1500.0 and row["topology"] == TOPO.key()
-    assert row["speedups"] == pytest.approx({"comm_alone": 336 / 1500, "gemm_alone": 1531 / 1500,
-                                             "torch_seq": 1770 / 1500})
+    assert row["speedups"] == pytest.approx(
+        {"comm_alone": 336 / 1500, "gemm_alone": 1531 / 1500, "torch_seq": 1770 / 1500}
+    )
     assert row["of_bound"] == pytest.approx(1531 / 1500)
     assert rows[workload(n=2048).key()]["speedups"] == {}
     code, out, _ = cli(capsys, "best", "--db", str(populated))
@@ -144,14 +200,20 @@ def test_export_replaces_atomically_and_a_failed_export_writes_nothing(capsys, p
     assert json.loads(out_file.read_text())["format"] == "syncopate-best"
     before = sorted(p.name for p in tmp_path.iterdir())
     (tmp_path / "empty.db").touch()
-    code, _, err = cli(capsys, "export", "--db", str(tmp_path / "empty.db"), "--out", str(tmp_path / "new.json"))
+    code, _, err = cli(
+        capsys, "export", "--db", str(tmp_path / "empty.db"), "--out", str(tmp_path / "new.json")
+    )
     assert code == 1 and "syncopate db upgrade --db" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["empty.db"])
     code, _, err = cli(capsys, "export", "--db", str(populated), "--out", str(tmp_path / "no" / "best.json"))
     assert code == 2 and "folder" in err and "does not exist" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["empty.db"])
     code, _, err = cli(capsys, "export", "--db", str(populated), "--out", "/proc/best.json")
-    assert code == 2 and err.startswith("syncopate: error: cannot write /proc/best.json") and err.count("\n") == 1, err
+    assert (
+        code == 2
+        and err.startswith("syncopate: error: cannot write /proc/best.json")
+        and err.count("\n") == 1
+    ), err
 
 
 def test_best_and_export_leave_the_database_file_as_it_was(capsys, populated, tmp_path):
@@ -176,31 +238,46 @@ def _newer(path):
     return path
 
 
-@pytest.mark.parametrize("args, message, code", [
-    (["lookup", "--kind", "mm", *SHAPE, *TOPOLOGY], "unknown kind 'mm'", 2),
-    (["lookup", "--m", "0", "--n", "8", "--k", "8", *TOPOLOGY], "M=0 must be positive", 2),
-    (["lookup", *SHAPE, "--dtype", "int8", *TOPOLOGY], "unknown dtype 'int8'", 2),
-    (["lookup", *SHAPE, "--topology", "H200x3-wifi"], "unknown interconnect 'wifi'", 2),
-    (["lookup", *SHAPE, *TOPOLOGY, "--db", "{tmp}/absent.db"], "absent.db does not exist: check the path", 1),
-    (["lookup", *SHAPE, *TOPOLOGY, "--db", "{tmp}/bad.json"], "is not valid JSON", 1),
-    (["lookup", *SHAPE, *TOPOLOGY, "--db", "mysql://u@h/db"], "is not supported", 2),
-    (["best", "--db", "{tmp}/empty.db"], "has no Syncopate tables: run `syncopate db upgrade --db", 1),
-    (["best", "--db", "postgresql+psycopg://nobody:secret@127.0.0.1:1/none"], "cannot open database", 1),
-    (["db", "upgrade", "--db", "{newer}"], "newer than this version of Syncopate", 1),
-    (["export", "--db", "{tmp}/absent.db", "--out", "{tmp}/x.json"], "does not exist", 1),
-    (["export", "--out", "{tmp}"], "it is a directory; give a file name, such as {tmp}/best.json", 2),
-    (["export", "--out", "{tmp}/bad.json/best.json"], "cannot write {tmp}/bad.json/best.json: {tmp}/bad.json is a file, not a folder", 2),
-    (["best", "--db", "{tmp}"], "is a directory: give a file in it, such as", 1),
-    (["best", "--db", "{tmp}/bad.json"], "bad.json is not a SQLite database file", 1),
-    (["best", "--db", "{tmp}/bad.json"], "only `syncopate lookup` reads (given as a path): give the results database", 1),
-    (["export", "--db", "{tmp}/bad.json", "--out", "{tmp}/x.json"], "only `syncopate lookup` reads", 1),
-    (["db", "upgrade", "--db", "{tmp}/bad.json"], "bad.json is not a SQLite database file", 1),
-    (["db", "upgrade", "--db", "{tmp}"], "is a directory", 1),
-    (["db", "upgrade", "--db", "sqlite://"], "is in memory: an upgrade there keeps nothing", 2),
-    (["best", "--db", "sqlite://"], "is in memory: it holds nothing between commands", 1),
-    (["lookup", *SHAPE, *TOPOLOGY, "--db", "{tmp}"], "is a directory", 1),
-    (["best", "--db", "{tmp}/no/such/results.db"], "does not exist, nor does its folder", 1),
-])
+@pytest.mark.parametrize(
+    "args, message, code",
+    [
+        (["lookup", "--kind", "mm", *SHAPE, *TOPOLOGY], "unknown kind 'mm'", 2),
+        (["lookup", "--m", "0", "--n", "8", "--k", "8", *TOPOLOGY], "M=0 must be positive", 2),
+        (["lookup", *SHAPE, "--dtype", "int8", *TOPOLOGY], "unknown dtype 'int8'", 2),
+        (["lookup", *SHAPE, "--topology", "H200x3-wifi"], "unknown interconnect 'wifi'", 2),
+        (
+            ["lookup", *SHAPE, *TOPOLOGY, "--db", "{tmp}/absent.db"],
+            "absent.db does not exist: check the path",
+            1,
+        ),
+        (["lookup", *SHAPE, *TOPOLOGY, "--db", "{tmp}/bad.json"], "is not valid JSON", 1),
+        (["lookup", *SHAPE, *TOPOLOGY, "--db", "mysql://u@h/db"], "is not supported", 2),
+        (["best", "--db", "{tmp}/empty.db"], "has no Syncopate tables: run `syncopate db upgrade --db", 1),
+        (["best", "--db", "postgresql+psycopg://nobody:secret@127.0.0.1:1/none"], "cannot open database", 1),
+        (["db", "upgrade", "--db", "{newer}"], "newer than this version of Syncopate", 1),
+        (["export", "--db", "{tmp}/absent.db", "--out", "{tmp}/x.json"], "does not exist", 1),
+        (["export", "--out", "{tmp}"], "it is a directory; give a file name, such as {tmp}/best.json", 2),
+        (
+            ["export", "--out", "{tmp}/bad.json/best.json"],
+            "cannot write {tmp}/bad.json/best.json: {tmp}/bad.json is a file, not a folder",
+            2,
+        ),
+        (["best", "--db", "{tmp}"], "is a directory: give a file in it, such as", 1),
+        (["best", "--db", "{tmp}/bad.json"], "bad.json is not a SQLite database file", 1),
+        (
+            ["best", "--db", "{tmp}/bad.json"],
+            "only `syncopate lookup` reads (given as a path): give the results database",
+            1,
+        ),
+        (["export", "--db", "{tmp}/bad.json", "--out", "{tmp}/x.json"], "only `syncopate lookup` reads", 1),
+        (["db", "upgrade", "--db", "{tmp}/bad.json"], "bad.json is not a SQLite database file", 1),
+        (["db", "upgrade", "--db", "{tmp}"], "is a directory", 1),
+        (["db", "upgrade", "--db", "sqlite://"], "is in memory: an upgrade there keeps nothing", 2),
+        (["best", "--db", "sqlite://"], "is in memory: it holds nothing between commands", 1),
+        (["lookup", *SHAPE, *TOPOLOGY, "--db", "{tmp}"], "is a directory", 1),
+        (["best", "--db", "{tmp}/no/such/results.db"], "does not exist, nor does its folder", 1),
+    ],
+)
 def test_bad_input_gives_one_line_and_its_exit_code(capsys, tmp_path, args, message, code):
     """A value that is invalid as given exits 2 (as a usage error does); a database that cannot be
     used as it is, 1."""
@@ -233,16 +310,22 @@ def test_piped_output_keeps_lines_and_columns_whole(tmp_path, populated):
     deep = tmp_path / ("a-rather-long-folder-name-" * 4) / "results.db"
     deep.parent.mkdir()
     deep.write_bytes(populated.read_bytes())
-    r = subprocess.run([sys.executable, "-m", "syncopate", "export", "--db", str(deep), "--out", str(tmp_path / "b.json")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "syncopate", "export", "--db", str(deep), "--out", str(tmp_path / "b.json")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.strip().splitlines()) == 1 and str(deep) in r.stdout
-    r = subprocess.run([sys.executable, "-m", "syncopate", "space", *SHAPE, *TOPOLOGY, "--predict", "3"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "syncopate", "space", *SHAPE, *TOPOLOGY, "--predict", "3"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     header = lines.index(next(line for line in lines if line.startswith("rank")))
-    rows = lines[header + 1:]
+    rows = lines[header + 1 :]
     assert len(rows) == 3 and all(row.split()[0] == str(i) for i, row in enumerate(rows, 1)), r.stdout
     assert all(len(row.split()) >= 4 for row in rows) and not any(ch in r.stdout for ch in "│─┃━"), r.stdout
 
@@ -261,6 +344,8 @@ def test_a_gpu_model_outside_the_table_is_filtered_by_its_key(capsys, tmp_path):
     assert code == 0, err
     assert [row["topology"] for row in json.loads(out)] == ["L4x2-pcie"]
     assert Filters(topologies=("L4x2-pcie", "h200x2-nvlink")).topologies == ("L4x2-pcie", "H200x2-nvlink")
-    code, _, err = cli(capsys, "report", "--db", str(path), "--topology", "L4x2-pcie", "--out", str(tmp_path / "r.html"))
+    code, _, err = cli(
+        capsys, "report", "--db", str(path), "--topology", "L4x2-pcie", "--out", str(tmp_path / "r.html")
+    )
     assert code == 0, err
     assert "L4x2-pcie" in (tmp_path / "r.html").read_text()

@@ -17,8 +17,22 @@ def run(*args, cwd=None):
 
 
 def test_space_json_lists_valid_candidates():
-    r = run("space", "--kind", "ag_gemm", "--m", "8192", "--n", "28672", "--k", "8192", "--dtype", "bf16",
-            "--topology", "H200x2-nvlink", "--json")
+    r = run(
+        "space",
+        "--kind",
+        "ag_gemm",
+        "--m",
+        "8192",
+        "--n",
+        "28672",
+        "--k",
+        "8192",
+        "--dtype",
+        "bf16",
+        "--topology",
+        "H200x2-nvlink",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     cands = [Candidate.from_dict(d) for d in json.loads(r.stdout)]
     assert len(cands) > 100
@@ -33,12 +47,27 @@ def test_validate_prints_the_workloads():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["space", "--kind", "mm", "--m", "8", "--n", "8", "--k", "8", "--topology", "H200x2-nvlink"], "unknown kind 'mm'"),
-        (["space", "--m", "9", "--n", "8", "--k", "8", "--topology", "H200x2-nvlink"], "M=9 is not divisible by world size 2"),
+        (
+            ["space", "--kind", "mm", "--m", "8", "--n", "8", "--k", "8", "--topology", "H200x2-nvlink"],
+            "unknown kind 'mm'",
+        ),
+        (
+            ["space", "--m", "9", "--n", "8", "--k", "8", "--topology", "H200x2-nvlink"],
+            "M=9 is not divisible by world size 2",
+        ),
         (["space", "--m", "8", "--n", "8", "--k", "8", "--topology", "H9x2-nvlink"], "unknown GPU 'H9'"),
-        (["space", "--m", "8", "--n", "8", "--k", "8", "--dtype", "e5m2", "--topology", "H200x2-nvlink"], "unknown dtype 'e5m2'"),
-        (["space", "--m", "0", "--n", "8", "--k", "8", "--topology", "H200x2-nvlink"], "M=0 must be positive"),
-        (["space", "--m", "x", "--n", "8", "--k", "8", "--topology", "H200x2-nvlink"], "Invalid value for '--m'"),
+        (
+            ["space", "--m", "8", "--n", "8", "--k", "8", "--dtype", "e5m2", "--topology", "H200x2-nvlink"],
+            "unknown dtype 'e5m2'",
+        ),
+        (
+            ["space", "--m", "0", "--n", "8", "--k", "8", "--topology", "H200x2-nvlink"],
+            "M=0 must be positive",
+        ),
+        (
+            ["space", "--m", "x", "--n", "8", "--k", "8", "--topology", "H200x2-nvlink"],
+            "Invalid value for '--m'",
+        ),
         (["validate", "configs/none.yaml"], "does not exist"),
         (["frobnicate"], "No such command 'frobnicate'"),
     ],
@@ -52,7 +81,9 @@ def test_bad_input_gives_one_line_and_exit_2(args, message, tmp_path):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("command", ["space", "validate", "tune", "lookup", "best", "export", "bench", "dashboard", "db"])
+@pytest.mark.parametrize(
+    "command", ["space", "validate", "tune", "lookup", "best", "export", "bench", "dashboard", "db"]
+)
 def test_every_command_has_help(command):
     r = run(command, "--help")
     assert r.returncode == 0, r.stderr
@@ -67,7 +98,21 @@ def test_version():
 
 
 def test_a_shape_too_small_for_any_tile_says_so():
-    r = run("space", "--kind", "gemm_ar", "--m", "2", "--n", "2", "--k", "2", "--topology", "H200x2-nvlink", "--predict", "2")
+    r = run(
+        "space",
+        "--kind",
+        "gemm_ar",
+        "--m",
+        "2",
+        "--n",
+        "2",
+        "--k",
+        "2",
+        "--topology",
+        "H200x2-nvlink",
+        "--predict",
+        "2",
+    )
     assert r.returncode == 0, r.stderr
     out = " ".join(r.stdout.split())
     assert "no fused candidate; each rank's block has 1 row(s)" in out and "M must be at least 128" in out
@@ -80,7 +125,10 @@ def test_a_shape_too_small_for_any_tile_says_so():
     [
         ("", "is empty: a sweep config is a mapping of fields (name, topology, workloads, strategy, …)"),
         ("- a\n- b\n", "a sweep config must be a mapping of fields, got a list of 2 items"),
-        ("name: x\nworkloads:\n", "workloads: Input should be a valid list (got nothing: the field is empty)"),
+        (
+            "name: x\nworkloads:\n",
+            "workloads: Input should be a valid list (got nothing: the field is empty)",
+        ),
     ],
 )
 def test_a_config_error_names_what_was_given_in_words(text, message, tmp_path, capsys):
@@ -98,6 +146,14 @@ def test_describe_names_values_not_types():
     from syncopate.errors import describe
 
     assert [describe(v) for v in (None, False, 3, 2.5, "abc", [1, 2], (1,), {"a": 1}, object())] == [
-        "None", "False", "the number 3", "the number 2.5", "the text 'abc'", "a list of 2 items", "a list of 1 item",
-        "a mapping", "an object"]
+        "None",
+        "False",
+        "the number 3",
+        "the number 2.5",
+        "the text 'abc'",
+        "a list of 2 items",
+        "a list of 1 item",
+        "a mapping",
+        "an object",
+    ]
     assert describe("x" * 100) == f"the text '{'x' * 37}...'"

@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+import db_data as dd
 import pytest
 
-import db_data as dd
 from syncopate.results_db import ResultsDB
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,8 +33,8 @@ codes = []
 for argv in json.loads(sys.argv[1]):
     with contextlib.redirect_stdout(io.StringIO()):
         codes.append(main(argv))
-print(json.dumps({"codes": codes, "loaded": [m for m in %r if m in sys.modules]}))
-""" % (HEAVY,)
+print(json.dumps({"codes": codes, "loaded": [m for m in HEAVY if m in sys.modules]}))
+""".replace("HEAVY", repr(HEAVY))
 
 
 def _fill(path: Path) -> str:
@@ -52,8 +52,13 @@ def test_lookup_help_starts_fast():
     times = []
     for _ in range(3):
         start = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "syncopate", "lookup", "--help"], cwd=REPO,
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "syncopate", "lookup", "--help"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         times.append(time.perf_counter() - start)
         assert r.returncode == 0 and "--topology" in r.stdout, r.stderr
         if times[-1] < 2.0:
@@ -78,8 +83,13 @@ def test_read_only_commands_import_neither_torch_nor_ray(tmp_path):
     if not NVIDIA_DRIVER:  # no GPU to detect here: saying so must not need torch either
         commands.append(["lookup", *shape, "--db", url])
         codes.append(1)
-    r = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(commands)], cwd=REPO, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, json.dumps(commands)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert result["codes"] == codes, r.stderr

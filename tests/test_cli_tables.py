@@ -53,22 +53,45 @@ def _whole(text: str, value: str) -> bool:
 
 def _summary(workload: Workload, candidate: Candidate, best: float, **extra) -> WorkloadSummary:
     topo = Topology.from_key("H200x2-nvlink")
-    trial = TrialRecord(workload=workload, topology=topo, environment=fx.ENV, candidate=candidate, status="ok",
-                        median_us=best, created_at=datetime(2026, 11, 22, tzinfo=timezone.utc))
-    return WorkloadSummary(workload=workload.key(), planned=24, stored_before=0, measured=24,
-                           failures=extra.pop("failures", {}), best=trial, torch_seq_us=best * 1.4,
-                           bound_us=best * 0.9, **extra)
+    trial = TrialRecord(
+        workload=workload,
+        topology=topo,
+        environment=fx.ENV,
+        candidate=candidate,
+        status="ok",
+        median_us=best,
+        created_at=datetime(2026, 11, 22, tzinfo=timezone.utc),
+    )
+    return WorkloadSummary(
+        workload=workload.key(),
+        planned=24,
+        stored_before=0,
+        measured=24,
+        failures=extra.pop("failures", {}),
+        best=trial,
+        torch_seq_us=best * 1.4,
+        bound_us=best * 0.9,
+        **extra,
+    )
 
 
 def _tune_result(source: str = "measured", long: Candidate = LONG) -> TuneResult:
     a = Workload(kind="gemm_rs", shape=Shape(m=8192, n=8192, k=29568), dtype="bf16")
     b = Workload(kind="ag_gemm", shape=Shape(m=8192, n=11008, k=4096), dtype="bf16")
     return TuneResult(
-        sweep_id=3, sweep_name="llama", status="done", resumed=False, topology="H200x2-nvlink",
-        environment=fx.ENV, runner="model" if source == "predicted" else "gpu", source=source,
+        sweep_id=3,
+        sweep_name="llama",
+        status="done",
+        resumed=False,
+        topology="H200x2-nvlink",
+        environment=fx.ENV,
+        runner="model" if source == "predicted" else "gpu",
+        source=source,
         summaries=[
             _summary(a, long, 2539.7, failures={"oom": 2, "timeout": 1}),
-            _summary(b, TYPICAL, 493.3, continued=StudyContinued(name="syncopate/study", trials=24, best_us=480.0)),
+            _summary(
+                b, TYPICAL, 493.3, continued=StudyContinued(name="syncopate/study", trials=24, best_us=480.0)
+            ),
         ],
     )
 
@@ -77,13 +100,20 @@ def _tune_result(source: str = "measured", long: Candidate = LONG) -> TuneResult
 
 
 def _listing() -> Listing:
-    rows = [("gemm_rs/8192x8192x29568/bf16", "H200x2-nvlink", LONG.short(), "2539.7", "1.13", "17"),
-            ("ag_gemm/8192x2048x8192/bf16", "H100x8-nvswitch", fx.CE2.short(), "426.6", "1.09", "4")]
+    rows = [
+        ("gemm_rs/8192x8192x29568/bf16", "H200x2-nvlink", LONG.short(), "2539.7", "1.13", "17"),
+        ("ag_gemm/8192x2048x8192/bf16", "H100x8-nvswitch", fx.CE2.short(), "426.6", "1.09", "4"),
+    ]
     return Listing(
         title="best configurations in results.db",
-        columns=(Column(name="workload", key=True), Column(name="topology"),
-                 Column(name="best configuration", key=True), Column(name="median µs", numeric=True),
-                 Column(name="× torch_seq", numeric=True), Column(name="trial", numeric=True, wide=True)),
+        columns=(
+            Column(name="workload", key=True),
+            Column(name="topology"),
+            Column(name="best configuration", key=True),
+            Column(name="median µs", numeric=True),
+            Column(name="× torch_seq", numeric=True),
+            Column(name="trial", numeric=True, wide=True),
+        ),
         rows=rows,
         records=[{"workload": r[0], "median_us": float(r[3])} for r in rows],
     )
@@ -196,7 +226,10 @@ def test_the_tune_summary_fits_100_columns_with_a_typical_configuration():
 
 def test_tune_json_carries_every_number_and_the_continued_study():
     doc = json.loads(json.dumps(summary_json(_tune_result())))
-    assert [w["workload"] for w in doc["workloads"]] == ["gemm_rs/8192x8192x29568/bf16", "ag_gemm/8192x11008x4096/bf16"]
+    assert [w["workload"] for w in doc["workloads"]] == [
+        "gemm_rs/8192x8192x29568/bf16",
+        "ag_gemm/8192x11008x4096/bf16",
+    ]
     first, second = doc["workloads"]
     assert first["failures"] == {"oom": 2, "timeout": 1} and first["candidate"] == LONG.to_dict()
     assert second["continued_study"] == {"name": "syncopate/study", "trials": 24, "best_us": 480.0}
@@ -206,8 +239,25 @@ def test_tune_json_carries_every_number_and_the_continued_study():
 def test_validate_and_space_predict_print_json(capsys, monkeypatch):
     doc = json.loads(_cli(capsys, monkeypatch, None, "validate", "configs/quickstart.yaml", "--json"))
     assert doc["name"] == "quickstart" and [w["candidates"] for w in doc["workloads"]] == [487, 487]
-    ranked = json.loads(_cli(capsys, monkeypatch, None, "space", "--m", "8192", "--n", "4096", "--k", "8192",
-                             "--topology", "H200x2-nvlink", "--predict", "2", "--json"))
+    ranked = json.loads(
+        _cli(
+            capsys,
+            monkeypatch,
+            None,
+            "space",
+            "--m",
+            "8192",
+            "--n",
+            "4096",
+            "--k",
+            "8192",
+            "--topology",
+            "H200x2-nvlink",
+            "--predict",
+            "2",
+            "--json",
+        )
+    )
     assert [r["rank"] for r in ranked] == [1, 2] and ranked[0]["predicted_us"] <= ranked[1]["predicted_us"]
     assert Candidate.from_dict(ranked[0]["candidate"])
 
@@ -218,10 +268,20 @@ def test_the_calibration_table_names_its_figures():
 
     topo = Topology.from_key("H200x2-nvlink")
     records = [
-        CalibrationRecord(kind="transfer", topology=topo, environment=fx.ENV, key="copy_engine/push",
-                          payload={"curves": {"0": {"sizes": [1 << 20, 256 << 20], "us": [10.0, 700.0]}}}),
-        CalibrationRecord(kind="gemm", topology=topo, environment=fx.ENV, key="128x256x64w8s3",
-                          payload={"tflops_by_sms": {"66": 350.0, "132": 690.0}}),
+        CalibrationRecord(
+            kind="transfer",
+            topology=topo,
+            environment=fx.ENV,
+            key="copy_engine/push",
+            payload={"curves": {"0": {"sizes": [1 << 20, 256 << 20], "us": [10.0, 700.0]}}},
+        ),
+        CalibrationRecord(
+            kind="gemm",
+            topology=topo,
+            environment=fx.ENV,
+            key="128x256x64w8s3",
+            payload={"tflops_by_sms": {"66": 350.0, "132": 690.0}},
+        ),
     ]
     listing = calibration_listing(records, None, "stored 2 calibration(s)")
     console, out = _piped()

@@ -59,8 +59,15 @@ def test_closed_form_scan_equals_the_program_by_program_run(seed):
     def pad(x, fill):
         return padded(np.array([x]), p, fill)
 
-    run = run_programs(p, 2.0, pad(need, -np.inf), pad(dur, 0.0), partial=pad(partial, -np.inf),
-                       epilogue=pad(epi, 0.0), positions=n)
+    run = run_programs(
+        p,
+        2.0,
+        pad(need, -np.inf),
+        pad(dur, 0.0),
+        partial=pad(partial, -np.inf),
+        epilogue=pad(epi, 0.0),
+        positions=n,
+    )
     assert run.end[0] == pytest.approx(end)
     assert run.tile_end[0] == pytest.approx(tiles)
 
@@ -113,15 +120,22 @@ def test_an_all_reduce_over_the_copy_engine_pays_both_phases_on_one_link_directi
         plan = build_plan("direct", "all_reduce", 2, 8192, splits, align=c.block_m)
         ctx = CommContext(CAL, TOPO, c, w.comm_row_bytes())
         link = sum(ctx.transfer_us(t) for t in plan.transfers if t.src == 0)
-        assert link == pytest.approx(2 * sum(ctx.transfer_us(t) for t in plan.transfers if t.src == 0 and t.phase == "reduce"))
+        assert link == pytest.approx(
+            2 * sum(ctx.transfer_us(t) for t in plan.transfers if t.src == 0 and t.phase == "reduce")
+        )
         p = model.predict(w, TOPO, c)
         assert p.time_us >= link
         assert p.comm_us >= link
 
 
 def test_faster_links_never_slow_a_candidate_down():
-    fast = replace(CAL, transfers={k: replace(t, curves={s: c.scaled(0.5) for s, c in t.curves.items()})
-                                   for k, t in CAL.transfers.items()})
+    fast = replace(
+        CAL,
+        transfers={
+            k: replace(t, curves={s: c.scaled(0.5) for s, c in t.curves.items()})
+            for k, t in CAL.transfers.items()
+        },
+    )
     slow, quick = CostModel(CAL), CostModel(fast)
     for w in (AG, RS, AR):
         for c in space(w, TOPO)[::29]:
@@ -133,8 +147,18 @@ def test_arrival_order_beats_row_major_where_communication_dominates():
     its own shard."""
     w = Workload(kind="ag_gemm", shape=(8192, 2048, 8192))
     model = CostModel(CAL)
-    base = Candidate(backend="copy_engine", template="direct", num_splits=4, tile_order="arrival", group_m=8,
-                     block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)
+    base = Candidate(
+        backend="copy_engine",
+        template="direct",
+        num_splits=4,
+        tile_order="arrival",
+        group_m=8,
+        block_m=128,
+        block_n=128,
+        block_k=64,
+        num_warps=8,
+        num_stages=4,
+    )
     arrival = model.predict(w, TOPO, base)
     row_major = model.predict(w, TOPO, base.replace(tile_order="row_major", group_m=1))
     assert arrival.time_us < row_major.time_us
@@ -167,8 +191,14 @@ def test_the_copy_engine_cannot_cross_nodes():
     nccl = model.predict(w, topo, Candidate(backend="nccl", comm_sms=64, num_splits=2))
     assert not ce.feasible and ce.time_us == math.inf and "another node" in ce.reason
     assert nccl.feasible and math.isfinite(nccl.time_us)
-    ranked = model.rank(w, topo, [Candidate(backend="copy_engine", num_splits=2),
-                                  Candidate(backend="nccl", comm_sms=64, num_splits=2)])
+    ranked = model.rank(
+        w,
+        topo,
+        [
+            Candidate(backend="copy_engine", num_splits=2),
+            Candidate(backend="nccl", comm_sms=64, num_splits=2),
+        ],
+    )
     assert ranked[-1].candidate.backend == "copy_engine"
 
 
@@ -206,7 +236,8 @@ def test_a_single_gpu_is_just_the_gemm():
     c = default_candidate(w, topo)
     p = model.predict(w, topo, c)
     assert p.comm_us <= CAL.costs.launch_us + 100 and p.time_us == pytest.approx(
-        model.baselines(w, topo)["gemm_alone"], rel=0.15)
+        model.baselines(w, topo)["gemm_alone"], rel=0.15
+    )
 
 
 # -- four and eight GPUs on one NVSwitch node (configs/llama_tp4.yaml, llama_tp8.yaml) ---------
@@ -279,8 +310,17 @@ def test_the_consumer_s_last_wave_is_cut_in_k_as_the_kernel_cuts_it(monkeypatch)
     # AG+GEMM 8192×29568×8192 on two GPUs: 3712 tiles of 128×256 leave 16 for a last wave of 132,
     # cut in 4; the simulated kernel ends about three quarters of a tile earlier.
     w = Workload(kind="ag_gemm", shape=(8192, 29568, 8192))
-    c = Candidate(backend="copy_engine", template="direct", num_splits=2, block_m=128, block_n=256, block_k=64,
-                  group_m=8, num_warps=8, num_stages=3)
+    c = Candidate(
+        backend="copy_engine",
+        template="direct",
+        num_splits=2,
+        block_m=128,
+        block_n=256,
+        block_k=64,
+        group_m=8,
+        num_warps=8,
+        num_stages=3,
+    )
     cut = CostModel(CAL).predict(w, TOPO, c)
     monkeypatch.setattr(cm, "tail_split", lambda *args: 0)  # every tile whole
     whole = CostModel(CAL).predict(w, TOPO, c)

@@ -172,7 +172,9 @@ def _assert_fit(page, selector: str, width: int, where: str) -> int:
     charts = page.evaluate(_CHART_BOXES, selector)
     for i, chart in enumerate(charts):
         assert chart["drawn"], f"{where}: chart {i} drew nothing"
-        assert chart["left"] >= 0 and chart["right"] <= width + 0.5, f"{where}: chart {i} {chart} past {width} px"
+        assert chart["left"] >= 0 and chart["right"] <= width + 0.5, (
+            f"{where}: chart {i} {chart} past {width} px"
+        )
         for d in chart["drawn"]:
             assert d["right"] <= chart["right"] + 0.5 and d["right"] <= width + 0.5, f"{where}: chart {i} {d}"
     scroll = page.evaluate("document.documentElement.scrollWidth")

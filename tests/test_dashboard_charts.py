@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("altair", reason="the dashboard extra is not installed")
 
 import dashboard_data as fx  # noqa: E402
+
 from syncopate.dashboard import charts, data  # noqa: E402
 from syncopate.results_db import ResultsDB  # noqa: E402
 
@@ -27,8 +28,11 @@ def _all(db, width) -> list:
     overview = data.overview(db)
     found = []
     for _, rows in charts.panels(overview):
-        found += [charts.speedup_chart(rows, width=width), charts.bound_chart(rows, width=width),
-                  charts.times_chart(rows, width=width)]
+        found += [
+            charts.speedup_chart(rows, width=width),
+            charts.bound_chart(rows, width=width),
+            charts.times_chart(rows, width=width),
+        ]
     sel = data.Selection.of(overview[overview["workload"] == fx.W1.key()].iloc[0])
     found += [
         charts.convergence_chart(data.convergence(db, sel), width=width),
@@ -41,8 +45,12 @@ def _all(db, width) -> list:
 
 
 def _legends(spec: dict) -> list[dict]:
-    return [enc["legend"] for layer in spec["layer"] for enc in layer["encoding"].values()
-            if isinstance(enc, dict) and enc.get("legend")]
+    return [
+        enc["legend"]
+        for layer in spec["layer"]
+        for enc in layer["encoding"].values()
+        if isinstance(enc, dict) and enc.get("legend")
+    ]
 
 
 @pytest.mark.parametrize("width", ["container", 1100])
@@ -74,11 +82,22 @@ def test_the_comparison_is_drawn_around_1_with_its_noise_band(db):
 
 
 def test_a_difference_within_noise_says_so():
-    compared = pd.DataFrame({
-        "kind": ["ag_gemm"], "m": [8192], "n": [4096], "k": [8192], "dtype": ["bf16"], "topology": ["H200x2-nvlink"],
-        "source": ["measured"], "best_us_a": [358.8], "best_us_b": [362.7], "ratio": [362.7 / 358.8],
-        "ratio_lo": [0.994], "ratio_hi": [1.024],
-    })
+    compared = pd.DataFrame(
+        {
+            "kind": ["ag_gemm"],
+            "m": [8192],
+            "n": [4096],
+            "k": [8192],
+            "dtype": ["bf16"],
+            "topology": ["H200x2-nvlink"],
+            "source": ["measured"],
+            "best_us_a": [358.8],
+            "best_us_b": [362.7],
+            "ratio": [362.7 / 358.8],
+            "ratio_lo": [0.994],
+            "ratio_hi": [1.024],
+        }
+    )
     dots = charts.compare_chart(compared, 4, 5).to_dict()["layer"][1]
     assert dots["data"]["values"][0]["verdict"] == "within noise"
 

@@ -71,7 +71,9 @@ def test_report_leaves_the_database_file_as_it_was(capsys, tmp_path, url):
     with sqlite3.connect(db) as connection:  # as a committed file is: not in WAL mode
         connection.execute("PRAGMA journal_mode = DELETE")
     before = db.read_bytes()
-    code, _, err = cli(capsys, "report", "--db", str(db), "--out", str(tmp_path / "r.html"), "--drill-down", "0")
+    code, _, err = cli(
+        capsys, "report", "--db", str(db), "--out", str(tmp_path / "r.html"), "--drill-down", "0"
+    )
     assert code == 0, err
     assert db.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "results.db"]

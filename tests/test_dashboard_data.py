@@ -154,7 +154,9 @@ def test_backend_splits_tile_orders_and_failures(db):
     cells = data.backend_splits(db, sel())
     found = {
         (b, s): (best, n)
-        for b, s, best, n in zip(cells["backend"], cells["num_splits"], cells["best_us"], cells["trials"], strict=True)
+        for b, s, best, n in zip(
+            cells["backend"], cells["num_splits"], cells["best_us"], cells["trials"], strict=True
+        )
     }
     assert found[("copy_engine", 2)] == (400.0, 1) and found[("copy_engine", 4)] == (500.0, 1)
     assert found[("nccl", 2)] == (450.0, 1) and math.isnan(found[("nccl", 4)][0])
@@ -265,11 +267,19 @@ def test_the_unfused_template_is_a_backend_of_its_own(db_url):
     fused_nccl = Candidate(backend="nccl", num_splits=1, comm_sms=64)
     with ResultsDB.open(db_url, upgrade=True) as rdb:
         s = rdb.start_sweep("short", {}, host="gpu-a", started_at=fx.T0)
-        rdb.record_trials(s, [fx._trial(fx.W1, unfused_candidate(), median=390.0, minute=1),
-                              fx._trial(fx.W1, fused_nccl, median=450.0, minute=2),
-                              fx._trial(fx.W1, fx.CE2, median=400.0, minute=3)])
+        rdb.record_trials(
+            s,
+            [
+                fx._trial(fx.W1, unfused_candidate(), median=390.0, minute=1),
+                fx._trial(fx.W1, fused_nccl, median=450.0, minute=2),
+                fx._trial(fx.W1, fx.CE2, median=400.0, minute=3),
+            ],
+        )
         cells = data.backend_splits(rdb, sel())
-        found = {(b, n): best for b, n, best in zip(cells["backend"], cells["num_splits"], cells["best_us"], strict=True)}
+        found = {
+            (b, n): best
+            for b, n, best in zip(cells["backend"], cells["num_splits"], cells["best_us"], strict=True)
+        }
         assert found == {("copy_engine", 2): 400.0, ("nccl", 1): 450.0, ("unfused", 1): 390.0}
         trials = data.convergence(rdb, sel())
         assert list(trials["backend"]) == ["unfused", "nccl", "copy_engine"]

@@ -30,15 +30,32 @@ TWO = Topology.from_key("H200x2-nvlink")
 
 
 def _world(world, ws, m, n, all_reduce, splits):  # noqa: F811
-    return world(ws, decomposed.decomposed_buffers(ws, m, n, torch.float32, all_reduce),
-                 lambda r: decomposed.DecomposedPlan.of(r, ws, m, n, all_reduce, splits), decomposed)
+    return world(
+        ws,
+        decomposed.decomposed_buffers(ws, m, n, torch.float32, all_reduce),
+        lambda r: decomposed.DecomposedPlan.of(r, ws, m, n, all_reduce, splits),
+        decomposed,
+    )
 
 
-@pytest.mark.parametrize("all_reduce, ws, m, splits", [
-    (False, 1, 32, 2), (False, 2, 64, 1), (False, 2, 64, 4), (False, 3, 96, 2), (False, 4, 128, 3),
-    (False, 8, 256, 2), (True, 1, 33, 2), (True, 2, 64, 1), (True, 2, 64, 4), (True, 2, 65, 2),
-    (True, 3, 97, 4), (True, 4, 128, 2), (True, 8, 259, 2),
-])
+@pytest.mark.parametrize(
+    "all_reduce, ws, m, splits",
+    [
+        (False, 1, 32, 2),
+        (False, 2, 64, 1),
+        (False, 2, 64, 4),
+        (False, 3, 96, 2),
+        (False, 4, 128, 3),
+        (False, 8, 256, 2),
+        (True, 1, 33, 2),
+        (True, 2, 64, 1),
+        (True, 2, 64, 4),
+        (True, 2, 65, 2),
+        (True, 3, 97, 4),
+        (True, 4, 128, 2),
+        (True, 8, 259, 2),
+    ],
+)
 def test_every_call_sums_over_the_ranks(world, all_reduce, ws, m, splits):  # noqa: F811
     """Three calls back to back, fresh inputs each, every stream played in random orders: each
     rank's output is its rows of the sum over ranks of A_q @ B_q (all-reduce: all the rows, M
@@ -58,28 +75,48 @@ def test_own_rows_wait_for_the_peers_partials_of_their_chunk_only(world, all_red
     kept = []  # the enqueued copies read and write these by address when played: they must outlive play()
     for _ in range(2):
         for r in range(ws):
-            kept.append((torch.randn(m, k_local), torch.randn(k_local, n), torch.empty(m if all_reduce else m // ws, n)))
+            kept.append(
+                (
+                    torch.randn(m, k_local),
+                    torch.randn(k_local, n),
+                    torch.empty(m if all_reduce else m // ws, n),
+                )
+            )
             w.enqueue(r, *kept[-1])
     w.play(3)
     plan = w.plans[0]
     assert [h for h, chunks in enumerate(plan.halves) for _ in chunks] == [0, 0, 1]
-    own_chunks = len(plan.own_chunks(0))  # an all-reduce cuts its last own chunk in two (ws 3: the first half not merged)
+    own_chunks = len(
+        plan.own_chunks(0)
+    )  # an all-reduce cuts its last own chunk in two (ws 3: the first half not merged)
     assert own_chunks == splits + all_reduce
 
     def half(r: int, j: int) -> int:  # the partial GEMM whose rows hold rank r's own chunk j
         lo, even = w.plans[r].own_chunks(r)[j][0], w.plans[r].chunks(r)
-        return next(h for h, chunks in enumerate(plan.halves) if even[chunks[0]][0] <= lo < even[chunks[-1]][1])
+        return next(
+            h for h, chunks in enumerate(plan.halves) if even[chunks[0]][0] <= lo < even[chunks[-1]][1]
+        )
 
-    pushed = {(r, call, label, chunk[1]): end for r, call, label, chunk, _, end in w.spans if label.startswith("partial to")}
+    pushed = {
+        (r, call, label, chunk[1]): end
+        for r, call, label, chunk, _, end in w.spans
+        if label.startswith("partial to")
+    }
     own = [(r, call, chunk[1], start) for r, call, label, chunk, start, _ in w.spans if label == "own rows"]
     assert len(pushed) == 2 * ws * (ws - 1) * 2 and len(own) == 2 * ws * own_chunks
-    added = [(r, call, chunk, start) for r, call, label, chunk, start, _ in w.spans if label.endswith("added")]
+    added = [
+        (r, call, chunk, start) for r, call, label, chunk, start, _ in w.spans if label.endswith("added")
+    ]
     assert len(added) == 2 * ws * (ws - 2) * own_chunks
     for r, call, (q, j), start in added:
         assert start > pushed[(q, call, f"partial to {r}", half(r, j))], (r, call, j, q)
     for r, call, j, start in own:
         assert start > pushed[((r - 1) % ws, call, f"partial to {r}", half(r, j))], (r, call, j)
-        computed = [end for rr, cc, label, _, _, end in w.spans if (rr, cc) == (r, call) and label.startswith("partial for")]
+        computed = [
+            end
+            for rr, cc, label, _, _, end in w.spans
+            if (rr, cc) == (r, call) and label.startswith("partial for")
+        ]
         assert max(computed) < start
     pulls = [s for s in w.spans if s[2].startswith("reduced from")]
     assert len(pulls) == (2 * ws * (ws - 1) * own_chunks if all_reduce else 0)
@@ -97,16 +134,21 @@ def test_own_rows_of_the_first_half_are_one_gemm_on_two_ranks():
     assert four.own_chunks(2) == [(0, 512), (512, 1024), (1024, 1536), (1536, 1792), (1792, 2048)]
     # the last two copied into the output together: a two-rank all-reduce's only (what the cost
     # model times too)
-    assert [tail_copied_together(p.chunks(0), p.world_size, p.all_reduce) for p in (two_ar, two_rs, four)] == [
-        True, False, False]
+    assert [
+        tail_copied_together(p.chunks(0), p.world_size, p.all_reduce) for p in (two_ar, two_rs, four)
+    ] == [True, False, False]
 
 
 def test_the_space_offers_it_for_reductions_over_the_copy_engine_only():
     """(All-gathers: tests/test_decomposed_gather.py.)"""
     for kind in ("gemm_rs", "gemm_ar"):
         w = Workload(kind=kind, shape=(8192, 4096, 11008))
-        assert [c for c in space(w, TWO) if c.template == DECOMPOSED] == [decomposed_candidate(s) for s in (1, 2, 4, 8)]
-        assert DECOMPOSED not in {c.template for c in space(w, TWO, SpaceOptions(backends=("nvshmem", "nccl")))}
+        assert [c for c in space(w, TWO) if c.template == DECOMPOSED] == [
+            decomposed_candidate(s) for s in (1, 2, 4, 8)
+        ]
+        assert DECOMPOSED not in {
+            c.template for c in space(w, TWO, SpaceOptions(backends=("nvshmem", "nccl")))
+        }
         assert check_liveness(kind, decomposed_candidate(4), 4, 8192, 4096, 132).live
     short = Workload(kind="gemm_rs", shape=(512, 4096, 4096))  # 256 rows a block: 128-row chunks at most 2
     assert [c.num_splits for c in space(short, TWO) if c.template == DECOMPOSED] == [1, 2]
@@ -135,7 +177,11 @@ def test_the_cost_model_times_it_from_cublas_chunks_and_the_link():
     model = CostModel(default_calibration(TWO))
     for n, k in ((4096, 11008), (8192, 2048)):
         w = Workload(kind="gemm_ar", shape=(8192, n, k))
-        preds = {c.short(): model.predict(w, TWO, c) for c in space(w, TWO) if c.template in (DECOMPOSED, C_STATIONARY)}
+        preds = {
+            c.short(): model.predict(w, TWO, c)
+            for c in space(w, TWO)
+            if c.template in (DECOMPOSED, C_STATIONARY)
+        }
         assert all(p.feasible and math.isfinite(p.time_us) for p in preds.values())
         assert min(p.time_us for p in preds.values()) >= model.baselines(w, TWO)["gemm_alone"]
         one, two = (model.predict(w, TWO, decomposed_candidate(s)) for s in (1, 2))
@@ -150,7 +196,9 @@ def test_an_all_reduce_ends_on_sm_pulls(world, monkeypatch, how):  # noqa: F811
     every call stays right with streams played in random orders; on a context whose ranks share a
     GPU, or where a chunk is not whole aligned 16-byte words, the stream path instead, right too."""
     ws, k_local, splits = 3, 40, 2
-    m, n = (90, 25) if how == "rows not 16-byte words" else (96, 24)  # float32: 100-byte rows, last chunks from row 22
+    m, n = (
+        (90, 25) if how == "rows not 16-byte words" else (96, 24)
+    )  # float32: 100-byte rows, last chunks from row 22
     pulls, fake = [], decomposed.pull_last
 
     def pull_last(ctx, *args):
@@ -186,7 +234,7 @@ def test_an_all_reduces_last_word_leaves_at_once_on_two_ranks(world, ws):  # noq
         kept.append((torch.randn(m, k_local), torch.randn(k_local, n), torch.empty(m, n)))
         w.enqueue(r, *kept[-1])
     main, ready = w.mains[0].ops, w.ctxs[0].streams[1].ops
-    after_gemms = [op[0] for op in main[max(i for i, op in enumerate(main) if op[0] == "run") + 1:]]
+    after_gemms = [op[0] for op in main[max(i for i, op in enumerate(main) if op[0] == "run") + 1 :]]
     copied = [op[3] // (n * 4) for op in ready if op[0] == "copy"]  # rows of each copy into the output
     last_word = max(i for i, op in enumerate(ready) if op[0] == "write")
     if ws == 2:  # own chunks of 16 (the first half's), 8, 4 and 4 rows

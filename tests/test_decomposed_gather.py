@@ -34,15 +34,32 @@ FOUR = Topology.from_key("H200x4-nvswitch")
 
 
 def _world(world, ws, m_local, k, splits):  # noqa: F811
-    return world(ws, decomposed_gather.gather_buffers(ws, m_local, k, torch.float32),
-                 lambda r: decomposed_gather.GatherPlan.of(r, ws, m_local, splits), decomposed_gather)
+    return world(
+        ws,
+        decomposed_gather.gather_buffers(ws, m_local, k, torch.float32),
+        lambda r: decomposed_gather.GatherPlan.of(r, ws, m_local, splits),
+        decomposed_gather,
+    )
 
 
-@pytest.mark.parametrize("ws, m_local, splits, kmajor", [
-    (1, 16, 1, False), (2, 16, 1, False), (2, 16, 3, True), (3, 13, 1, False), (3, 13, 2, False),
-    (3, 13, 4, True), (4, 12, 1, False), (4, 12, 2, True), (4, 12, 3, False), (4, 12, 6, False),
-    (8, 8, 1, False), (8, 8, 4, False), (8, 8, 7, True),
-])
+@pytest.mark.parametrize(
+    "ws, m_local, splits, kmajor",
+    [
+        (1, 16, 1, False),
+        (2, 16, 1, False),
+        (2, 16, 3, True),
+        (3, 13, 1, False),
+        (3, 13, 2, False),
+        (3, 13, 4, True),
+        (4, 12, 1, False),
+        (4, 12, 2, True),
+        (4, 12, 3, False),
+        (4, 12, 6, False),
+        (8, 8, 1, False),
+        (8, 8, 4, False),
+        (8, 8, 7, True),
+    ],
+)
 def test_every_call_computes_all_gather_a_times_its_b(world, ws, m_local, splits, kmajor):  # noqa: F811
     """Three calls back to back, fresh inputs each, every stream played in random orders (odd seeds:
     a rank's streams on one hardware queue): each call's output is all_gather(A) @ B_r on every
@@ -54,8 +71,12 @@ def test_every_call_computes_all_gather_a_times_its_b(world, ws, m_local, splits
         for call in range(3):
             gen = torch.Generator().manual_seed(1000 * seed + call)
             a = [torch.randn(m_local, k, generator=gen) for _ in range(ws)]
-            b = [torch.randn(n_local, k, generator=gen).t() if kmajor else torch.randn(k, n_local, generator=gen)
-                 for _ in range(ws)]
+            b = [
+                torch.randn(n_local, k, generator=gen).t()
+                if kmajor
+                else torch.randn(k, n_local, generator=gen)
+                for _ in range(ws)
+            ]
             outs = [torch.full((m_local * ws, n_local), float("nan")) for _ in range(ws)]
             for r in range(ws):
                 w.enqueue(r, a[r], b[r], outs[r])
@@ -80,8 +101,12 @@ def test_the_gathered_a_asked_for_is_every_shard_in_rank_order(world, ws, m_loca
             decomposed_gather.run(ctx, plan, a, b, out, gathered=gathered[ctx.rank][-1])
 
     for seed in range(SEEDS):
-        w = world(ws, decomposed_gather.gather_buffers(ws, m_local, k, torch.float32),
-                  lambda r: decomposed_gather.GatherPlan.of(r, ws, m_local, splits), WithGathered)
+        w = world(
+            ws,
+            decomposed_gather.gather_buffers(ws, m_local, k, torch.float32),
+            lambda r: decomposed_gather.GatherPlan.of(r, ws, m_local, splits),
+            WithGathered,
+        )
         calls = []
         for call in range(3):
             gen = torch.Generator().manual_seed(100 * seed + call)
@@ -113,14 +138,22 @@ def test_each_gemm_starts_after_the_pushes_of_the_rows_it_reads(world, ws, split
             w.enqueue(r, *kept[-1])
     w.play(5)
     parts = gather_parts(ws, splits)
-    pushed = {(r, call, int(label.split()[-1]), j): end for r, call, label, (_, j), _, end in w.spans
-              if label.startswith("shard to")}
+    pushed = {
+        (r, call, int(label.split()[-1]), j): end
+        for r, call, label, (_, j), _, end in w.spans
+        if label.startswith("shard to")
+    }
     assert len(pushed) == 2 * ws * (ws - 1) * parts
     for r, call in itertools.product(range(ws), (1, 2)):
-        mine = sorted((start, end, label, chunk) for rr, cc, label, chunk, start, end in w.spans if (rr, cc) == (r, call)
-                      and label in ("own rows", "peers' rows"))
+        mine = sorted(
+            (start, end, label, chunk)
+            for rr, cc, label, chunk, start, end in w.spans
+            if (rr, cc) == (r, call) and label in ("own rows", "peers' rows")
+        )
         assert mine[0][2] == "own rows" and len(mine) == 1 + len(gather_gemms(ws, r, m_local, splits))
-        for (_, _, read), (start, _, _, _) in zip(gather_gemms(ws, r, m_local, splits), mine[1:], strict=True):
+        for (_, _, read), (start, _, _, _) in zip(
+            gather_gemms(ws, r, m_local, splits), mine[1:], strict=True
+        ):
             for q, j in read:
                 assert start > pushed[q, call, r, j], (r, call, q, j)
 
@@ -138,11 +171,17 @@ def test_the_gemms_cover_every_peer_row_once_in_contiguous_pieces(ws):
         for r in range(ws):
             gemms = gather_gemms(ws, r, m_local, splits)
             rows = [row for lo, hi, _ in gemms for row in range(lo, hi)]
-            assert sorted(rows) == [x for x in range(ws * m_local) if not r * m_local <= x < (r + 1) * m_local]
+            assert sorted(rows) == [
+                x for x in range(ws * m_local) if not r * m_local <= x < (r + 1) * m_local
+            ]
             bounds = [(j * m_local // parts, (j + 1) * m_local // parts) for j in range(parts)]
             for lo, hi, read in gemms:
                 runs = sorted((q * m_local + bounds[j][0], q * m_local + bounds[j][1]) for q, j in read)
-                assert runs[0][0] == lo and runs[-1][1] == hi and all(x[1] == y[0] for x, y in itertools.pairwise(runs))
+                assert (
+                    runs[0][0] == lo
+                    and runs[-1][1] == hi
+                    and all(x[1] == y[0] for x, y in itertools.pairwise(runs))
+                )
             landing = [(r - d) % ws for d in range(1, ws)]
             first_read = [landing.index(read[0][0]) for _, _, read in gemms]
             if parts > 1 or splits == ws - 1:
@@ -167,15 +206,21 @@ def test_the_splits_it_takes_and_what_it_refuses_say_why():
 
 def test_the_space_offers_it_for_all_gather_matmuls_over_the_copy_engine_only():
     w = Workload(kind="ag_gemm", shape=(8192, 8192, 8192))
-    assert [c for c in space(w, TWO) if c.template == DECOMPOSED] == [decomposed_candidate(s) for s in (1, 2, 4, 8)]
+    assert [c for c in space(w, TWO) if c.template == DECOMPOSED] == [
+        decomposed_candidate(s) for s in (1, 2, 4, 8)
+    ]
     # splits it cannot take are rounded down to a multiple of ws-1: (1, 2, 4, 8) tries 1, 2, 3, 6
-    assert [c for c in space(w, FOUR) if c.template == DECOMPOSED] == [decomposed_candidate(s) for s in (1, 2, 3, 6)]
+    assert [c for c in space(w, FOUR) if c.template == DECOMPOSED] == [
+        decomposed_candidate(s) for s in (1, 2, 3, 6)
+    ]
     four = SpaceOptions(num_splits=(1, 2, 3, 4, 6))
     assert [c.num_splits for c in space(w, FOUR, four) if c.template == DECOMPOSED] == [1, 2, 3, 6]
     eight = Topology.from_key("H200x8-nvswitch")
     assert [c.num_splits for c in space(w, eight) if c.template == DECOMPOSED] == [1, 2, 4, 7]
     assert DECOMPOSED not in {c.template for c in space(w, TWO, SpaceOptions(backends=("nvshmem", "nccl")))}
-    short = Workload(kind="ag_gemm", shape=(1024, 4096, 4096))  # 512 rows a shard: parts of 128 rows at most 4
+    short = Workload(
+        kind="ag_gemm", shape=(1024, 4096, 4096)
+    )  # 512 rows a shard: parts of 128 rows at most 4
     assert [c.num_splits for c in space(short, TWO) if c.template == DECOMPOSED] == [1, 2, 4]
     assert check_liveness("ag_gemm", decomposed_candidate(3), 4, 8192, 4096, 132).live
 

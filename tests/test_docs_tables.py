@@ -37,16 +37,33 @@ def test_every_table_in_the_readme_and_docs_matches_its_data():
 def test_no_measured_figure_appears_outside_a_generated_table():
     figures = []
     for path in documents(REPO):
-        for n, line in enumerate(BLOCK.sub("", path.read_text()).splitlines(), 1):
-            figures += [f"{path.relative_to(REPO)}: {m.group()!r} in {line.strip()!r}" for m in FIGURE.finditer(line)]
+        for _n, line in enumerate(BLOCK.sub("", path.read_text()).splitlines(), 1):
+            figures += [
+                f"{path.relative_to(REPO)}: {m.group()!r} in {line.strip()!r}" for m in FIGURE.finditer(line)
+            ]
     assert figures == []
 
 
 def test_the_pattern_catches_figures_and_passes_versions_and_shapes():
-    caught = ["fused 1.09–1.67× faster", "0.984 of the bound", "26 µs each", "380 GB/s", "within 3 %",
-              "0.9–2.5 s a kernel", "820 TFLOP/s"]
-    passed = ["pip install torch==2.13.0", "Python ≥ 3.10", "8192×2048×8192", "w8s3", "`decomposed s1`",
-              "comm_sms", "TP=4", "at 4096 rows"]
+    caught = [
+        "fused 1.09–1.67× faster",
+        "0.984 of the bound",
+        "26 µs each",
+        "380 GB/s",
+        "within 3 %",
+        "0.9–2.5 s a kernel",
+        "820 TFLOP/s",
+    ]
+    passed = [
+        "pip install torch==2.13.0",
+        "Python ≥ 3.10",
+        "8192×2048×8192",
+        "w8s3",
+        "`decomposed s1`",
+        "comm_sms",
+        "TP=4",
+        "at 4096 rows",
+    ]
     assert [s for s in caught if not FIGURE.search(s)] == []
     assert [s for s in passed if FIGURE.search(s)] == []
 
@@ -70,7 +87,9 @@ def test_a_changed_figure_is_reported_and_rewritten(tmp_path, capsys):
 def test_an_empty_block_is_filled_and_an_unknown_name_refused(tmp_path):
     text = "before\n<!-- generated: strategies -->\n<!-- end -->\nafter\n"
     filled = render(text, REPO)
-    assert filled.startswith("before\n<!-- generated: strategies -->\n| strategy |") and filled.endswith("<!-- end -->\nafter\n")
+    assert filled.startswith("before\n<!-- generated: strategies -->\n| strategy |") and filled.endswith(
+        "<!-- end -->\nafter\n"
+    )
     with pytest.raises(ConfigError, match=r"page.md: no generated table named 'nope'; known: summary, "):
         render("<!-- generated: nope -->\n<!-- end -->\n", REPO, "page.md")
 
@@ -81,27 +100,50 @@ def test_a_root_without_results_is_refused(tmp_path, capsys):
 
 
 def _bench(path: Path, rows: list[dict]) -> Path:
-    path.write_text(json.dumps({"topology": {"key": "H200x2-nvlink"}, "gpu": "NVIDIA H200", "rows": rows,
-                                "environment": {"torch": "t", "triton": "tr", "nccl": "n"}}))
+    path.write_text(
+        json.dumps(
+            {
+                "topology": {"key": "H200x2-nvlink"},
+                "gpu": "NVIDIA H200",
+                "rows": rows,
+                "environment": {"torch": "t", "triton": "tr", "nccl": "n"},
+            }
+        )
+    )
     return path
 
 
 def _trial(template: str, backend: str, splits: int, us: float, status: str = "ok") -> dict:
-    return {"candidate": {"template": template, "backend": backend, "num_splits": splits}, "status": status,
-            "median_us": us}
+    return {
+        "candidate": {"template": template, "backend": backend, "num_splits": splits},
+        "status": status,
+        "median_us": us,
+    }
 
 
 def test_a_bench_row_takes_the_fastest_verified_candidate_and_the_fastest_collective(tmp_path):
-    base = {"torch_seq": 500.0, "torch_async_tp": 450.0, "gemm_alone": 300.0, "comm_alone": 350.0,
-            "comm_alone_copy_engine": 320.0}
+    base = {
+        "torch_seq": 500.0,
+        "torch_async_tp": 450.0,
+        "gemm_alone": 300.0,
+        "comm_alone": 350.0,
+        "comm_alone_copy_engine": 320.0,
+    }
     rows = [
-        {"workload": {"kind": "ag_gemm", "m": 8192, "n": 2048, "k": 8192, "dtype": "bf16"},
-         "baselines": {k: {"median_us": v} for k, v in base.items()},
-         "trials": [_trial("direct", "copy_engine", 2, 340.0), _trial("a_stationary", "copy_engine", 1, 310.0),
-                    _trial("ring", "nvshmem", 4, 200.0, status="wrong_result")]},
-        {"workload": {"kind": "gemm_ar", "m": 8192, "n": 4096, "k": 2048, "dtype": "bf16"},
-         "baselines": {k: {"median_us": v} for k, v in base.items() if k != "torch_async_tp"},
-         "trials": [_trial("direct", "nccl", 1, 1.0, status="timeout")]},  # nothing verified: no row
+        {
+            "workload": {"kind": "ag_gemm", "m": 8192, "n": 2048, "k": 8192, "dtype": "bf16"},
+            "baselines": {k: {"median_us": v} for k, v in base.items()},
+            "trials": [
+                _trial("direct", "copy_engine", 2, 340.0),
+                _trial("a_stationary", "copy_engine", 1, 310.0),
+                _trial("ring", "nvshmem", 4, 200.0, status="wrong_result"),
+            ],
+        },
+        {
+            "workload": {"kind": "gemm_ar", "m": 8192, "n": 4096, "k": 2048, "dtype": "bf16"},
+            "baselines": {k: {"median_us": v} for k, v in base.items() if k != "torch_async_tp"},
+            "trials": [_trial("direct", "nccl", 1, 1.0, status="timeout")],
+        },  # nothing verified: no row
     ]
     _, got = bench_rows(_bench(tmp_path / "b.json", rows))
     assert len(got) == 1
@@ -111,7 +153,9 @@ def test_a_bench_row_takes_the_fastest_verified_candidate_and_the_fastest_collec
 
 
 def test_a_missing_result_file_is_named(tmp_path):
-    with pytest.raises(ConfigError, match=r"result file '.*absent.json' does not exist: a generated table reads it"):
+    with pytest.raises(
+        ConfigError, match=r"result file '.*absent.json' does not exist: a generated table reads it"
+    ):
         bench_rows(tmp_path / "absent.json")
 
 

@@ -4,8 +4,8 @@ that a trial measured with the Gluon kernels is never an exact match for a job w
 from __future__ import annotations
 
 import pytest
-
 from db_data import CANDIDATES, TOPO, W
+
 from syncopate.environment import GLUON_SUFFIX, GLUON_VAR, current_environment, with_kernels
 from syncopate.records import TrialRecord
 from syncopate.results_db import ResultsDB
@@ -41,8 +41,17 @@ def test_a_gluon_trial_is_an_exact_match_only_for_a_job_with_the_gluon_kernels(m
     monkeypatch.setenv(GLUON_VAR, "1")
     measured = current_environment()
     with ResultsDB.open(path, upgrade=True) as db:
-        db.record_trial(db.start_sweep("s"), TrialRecord(workload=W, topology=TOPO, environment=measured,
-                                                         candidate=CANDIDATES[0], status="ok", median_us=100.0))
+        db.record_trial(
+            db.start_sweep("s"),
+            TrialRecord(
+                workload=W,
+                topology=TOPO,
+                environment=measured,
+                candidate=CANDIDATES[0],
+                status="ok",
+                median_us=100.0,
+            ),
+        )
     with_gluon = lookup(W.shape, TOPO, db=path)
     assert with_gluon.match == "exact" and with_gluon.environment == measured
     monkeypatch.delenv(GLUON_VAR)  # the same process, its lookups cached: the setting is part of the key

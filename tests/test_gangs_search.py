@@ -16,7 +16,11 @@ from syncopate.autotuner.tune import TuneOptions, run_tune
 from syncopate.cli import main
 from syncopate.results_db import ResultsDB
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow, pytest.mark.xdist_group("ray")]  # see test_tune_ray.py
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.slow,
+    pytest.mark.xdist_group("ray"),
+]  # see test_tune_ray.py
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -26,11 +30,19 @@ def ray_cluster():
 
 def sweep(tmp_path: Path, name: str, strategy: dict) -> Path:
     path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": name, "topology": "H200x2-nvlink", "workloads": [{"kind": "ag_gemm", "shapes": [[4096, 4096, 4096]]}],
-        "strategy": strategy, "runner": "cpu-fixture", "timing": {"warmup": 0, "repetitions": 5, "deadline_s": 30},
-        "space": {"backends": ["copy_engine", "nccl"], "templates": ["direct"], "num_splits": [1, 2]},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "topology": "H200x2-nvlink",
+                "workloads": [{"kind": "ag_gemm", "shapes": [[4096, 4096, 4096]]}],
+                "strategy": strategy,
+                "runner": "cpu-fixture",
+                "timing": {"warmup": 0, "repetitions": 5, "deadline_s": 30},
+                "space": {"backends": ["copy_engine", "nccl"], "templates": ["direct"], "num_splits": [1, 2]},
+            }
+        )
+    )
     return path
 
 
@@ -43,8 +55,10 @@ def db(tmp_path):
 
 def test_the_best_few_are_measured_again_into_the_companion_sweep(tmp_path, db):
     config = sweep(tmp_path, "confirm", {"name": "grid", "max_trials": 8, "seed": 0, "top_k_remeasure": 2})
-    result = run_tune(TuneOptions(config=config, db=db, form_timeout_s=120, mode="graph"),  # by device time
-                      console=Console(file=io.StringIO()))
+    result = run_tune(
+        TuneOptions(config=config, db=db, form_timeout_s=120, mode="graph"),  # by device time
+        console=Console(file=io.StringIO()),
+    )
     assert result.status == "done"
     with ResultsDB.open(db) as d:
         names = {s.name: s for s in d.sweeps()}
@@ -65,15 +79,20 @@ def test_an_optuna_study_driven_by_gangs(tmp_path, db):
     import optuna
 
     config = sweep(tmp_path, "tpe", {"name": "optuna-tpe", "max_trials": 6, "seed": 0})
-    result = run_tune(TuneOptions(config=config, db=db, form_timeout_s=120), console=Console(file=io.StringIO()))
+    result = run_tune(
+        TuneOptions(config=config, db=db, form_timeout_s=120), console=Console(file=io.StringIO())
+    )
     assert result.status == "done"
     with ResultsDB.open(db) as d:
         trials = d.trials()
         assert len(trials) == 6 and {t.record.strategy for t in trials} == {"optuna-tpe"}
         assert {s.name for s in d.sweeps()} == {"tpe"}
     (study,) = optuna.get_all_study_summaries(storage=db)
-    completed = [t for t in optuna.load_study(study_name=study.study_name, storage=db).trials
-                 if t.state.name == "COMPLETE"]
+    completed = [
+        t
+        for t in optuna.load_study(study_name=study.study_name, storage=db).trials
+        if t.state.name == "COMPLETE"
+    ]
     # the unfused guard lies outside this space: measured beside the study, not told to it
     told = {t.candidate.key() for t in trials if t.status == "ok" and t.candidate.template != "unfused"}
     assert {t.user_attrs["candidate_key"] for t in completed} == told

@@ -20,7 +20,9 @@ decomposed for each reduction; two refusals."""
 def _rank_worker(rank, world, port, shared_gpu, queue):
     from syncopate.kernels.local_ranks import join_group
 
-    dev = join_group(rank, world, port, shared_gpu)  # TRITON_INTERPRET dropped before the kernels are imported
+    dev = join_group(
+        rank, world, port, shared_gpu
+    )  # TRITON_INTERPRET dropped before the kernels are imported
     import torch.distributed as dist
     from support.capture_check import run_all
 
@@ -37,7 +39,12 @@ def _assert_all_right(reports: dict, expected: int) -> None:
     for rank, results in sorted(reports.items()):
         for name, failure, detail in results:
             print(f"rank {rank} {'FAIL' if failure else 'ok  '} {name}: {failure or detail}")
-    failures = [f"rank {r}: {name}\n{detail}" for r, res in reports.items() for name, failure, detail in res if failure]
+    failures = [
+        f"rank {r}: {name}\n{detail}"
+        for r, res in reports.items()
+        for name, failure, detail in res
+        if failure
+    ]
     assert not failures, "\n".join(failures)
     assert all(len(res) == expected for res in reports.values()), {r: len(res) for r, res in reports.items()}
 
@@ -75,14 +82,30 @@ def test_a_process_with_captured_calls_exits(paths, close):
 
     needs_gpus(2)
     script = Path(__file__).parent / "support" / "exit_check.py"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script), "--paths", paths]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        "--paths",
+        paths,
+    ]
     if not close:
         cmd.append("--no-close")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), "NCCL_NVLS_ENABLE": "0",
-           "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).parent.parent),
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    }
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the processes did not exit within 120 s after destroy_process_group ({paths}, "
-                    f"close_contexts {'called' if close else 'not called'}):\n{e.stdout}\n{e.stderr}")
+        pytest.fail(
+            f"the processes did not exit within 120 s after destroy_process_group ({paths}, "
+            f"close_contexts {'called' if close else 'not called'}):\n{e.stdout}\n{e.stderr}"
+        )
     assert done.returncode == 0 and "done" in done.stdout, done.stdout + done.stderr

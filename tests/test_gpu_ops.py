@@ -58,7 +58,9 @@ def matrix(quick: bool = False, world: int = 2):
 
     topology = Topology.from_key(TOPOLOGY[world])
     cases = []
-    orders = ["arrival"] if quick else ["arrival", "arrival_colmajor", "swizzle", "row_major", "kept_interleaved"]
+    orders = (
+        ["arrival"] if quick else ["arrival", "arrival_colmajor", "swizzle", "row_major", "kept_interleaved"]
+    )
     splits = [2] if quick else [1, 2, 4, 8]
     templates = ["direct"] if quick else ["direct", "ring", "bidirectional_ring"]
     dtypes = ["bf16"] if quick else ["bf16", "fp16"]
@@ -71,9 +73,19 @@ def matrix(quick: bool = False, world: int = 2):
     ):
         if template == "bidirectional_ring" and s < 2:
             continue
-        c = Candidate(backend=backend, template=template, num_splits=s, tile_order=order,
-                      comm_sms=comm_sms(kind, backend, 32), block_m=128, block_n=128, block_k=64,
-                      group_m=4, num_warps=8, num_stages=3)
+        c = Candidate(
+            backend=backend,
+            template=template,
+            num_splits=s,
+            tile_order=order,
+            comm_sms=comm_sms(kind, backend, 32),
+            block_m=128,
+            block_n=128,
+            block_k=64,
+            group_m=4,
+            num_warps=8,
+            num_stages=3,
+        )
         try:
             check_candidate(c, Workload(kind=kind, shape=shapes[kind], dtype=dtype), topology)
         except ConfigError:
@@ -83,52 +95,112 @@ def matrix(quick: bool = False, world: int = 2):
         for s in [2] if quick else [1, 2, 4]:
             for dtype in dtypes:
                 cases.append(("ag_gemm", dtype, shapes["ag_gemm"], a_stationary_candidate(s).to_dict(), 1))
-        cases.append(("ag_gemm", "bf16", shapes["ag_gemm"], a_stationary_candidate(2).to_dict(), 10 if quick else 100))
+        cases.append(
+            ("ag_gemm", "bf16", shapes["ag_gemm"], a_stationary_candidate(2).to_dict(), 10 if quick else 100)
+        )
     for kind, s in (("gemm_rs", 1), ("gemm_ar", 2)):  # A's rows and B moved instead of partial products
         if kind in shapes:
             for dtype in dtypes:
                 cases.append((kind, dtype, shapes[kind], c_stationary_candidate(s).to_dict(), 1))
-            cases.append((kind, "bf16", shapes[kind], c_stationary_candidate(s).to_dict(), 10 if quick else 100))
+            cases.append(
+                (kind, "bf16", shapes[kind], c_stationary_candidate(s).to_dict(), 10 if quick else 100)
+            )
     for kind in ("gemm_rs", "gemm_ar"):  # cuBLAS row chunks, each chunk's partial pushed once computed
         if kind in shapes:
             for s, dtype in itertools.product([2] if quick else [1, 2, 4], dtypes):
                 cases.append((kind, dtype, shapes[kind], decomposed_candidate(s).to_dict(), 1))
-            cases.append((kind, "bf16", shapes[kind], decomposed_candidate(4).to_dict(), 10 if quick else 100))
+            cases.append(
+                (kind, "bf16", shapes[kind], decomposed_candidate(4).to_dict(), 10 if quick else 100)
+            )
     if "ag_gemm" in shapes:  # cuBLAS GEMMs over the peers' shards as they land
         m_local = shapes["ag_gemm"][0] // world
-        gather = sorted({s for s in (1, 2, world - 1, 2 * (world - 1), 4)
-                         if gather_splits_refusal(world, s, m_local) is None})
+        gather = sorted(
+            {
+                s
+                for s in (1, 2, world - 1, 2 * (world - 1), 4)
+                if gather_splits_refusal(world, s, m_local) is None
+            }
+        )
         for s, dtype in itertools.product(gather[:1] if quick else gather, dtypes):
             cases.append(("ag_gemm", dtype, shapes["ag_gemm"], decomposed_candidate(s).to_dict(), 1))
-        cases.append(("ag_gemm", "bf16", shapes["ag_gemm"], decomposed_candidate(gather[-1]).to_dict(),
-                      10 if quick else 100))
-        cases.append(("ag_gemm", "bf16", shapes["ag_gemm"], decomposed_candidate(1).to_dict(), 10 if quick else 20,
-                      "kmajor"))
-    for kind, c in (("ag_gemm", a_stationary_candidate(2)), ("gemm_rs", c_stationary_candidate(1)),
-                    ("gemm_ar", c_stationary_candidate(2)), ("gemm_ar", decomposed_candidate(2))):
+        cases.append(
+            (
+                "ag_gemm",
+                "bf16",
+                shapes["ag_gemm"],
+                decomposed_candidate(gather[-1]).to_dict(),
+                10 if quick else 100,
+            )
+        )
+        cases.append(
+            (
+                "ag_gemm",
+                "bf16",
+                shapes["ag_gemm"],
+                decomposed_candidate(1).to_dict(),
+                10 if quick else 20,
+                "kmajor",
+            )
+        )
+    for kind, c in (
+        ("ag_gemm", a_stationary_candidate(2)),
+        ("gemm_rs", c_stationary_candidate(1)),
+        ("gemm_ar", c_stationary_candidate(2)),
+        ("gemm_ar", decomposed_candidate(2)),
+    ):
         if kind in shapes:  # B as an nn.Linear weight's transpose (K-major), moved as it is laid out
             cases.append((kind, "bf16", shapes[kind], c.to_dict(), 10 if quick else 20, "kmajor"))
     if "gemm_ar" in shapes:  # an all-reduce's M need not divide by the ranks: blocks of unequal rows
         for c in (c_stationary_candidate(2), decomposed_candidate(2)):
             cases.append(("gemm_ar", "bf16", (4161, 1024, 1536), c.to_dict(), 3))
     for kind, backend in itertools.product(shapes, ["copy_engine", "nvshmem", "nccl"]):
-        c = Candidate(backend=backend, num_splits=4, comm_sms=comm_sms(kind, backend, 16),
-                      block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
+        c = Candidate(
+            backend=backend,
+            num_splits=4,
+            comm_sms=comm_sms(kind, backend, 16),
+            block_m=128,
+            block_n=128,
+            block_k=64,
+            group_m=8,
+            num_warps=8,
+            num_stages=3,
+        )
         cases.append((kind, "bf16", shapes[kind], c.to_dict(), 10 if quick else 100))
     # More tiles straddling the block boundary (140 columns of tiles) than programs: the liveness
     # model finds that the producer of commit 33175f5 deadlocked here (a program held two of them).
-    for kind, backend in itertools.product([k for k in shapes if k != "ag_gemm"], ["copy_engine", "nvshmem", "nccl"]):
-        c = Candidate(backend=backend, num_splits=1, comm_sms=comm_sms(kind, backend, 32),
-                      block_m=128, block_n=128, block_k=64, group_m=4, num_warps=8, num_stages=3)
+    for kind, backend in itertools.product(
+        [k for k in shapes if k != "ag_gemm"], ["copy_engine", "nvshmem", "nccl"]
+    ):
+        c = Candidate(
+            backend=backend,
+            num_splits=1,
+            comm_sms=comm_sms(kind, backend, 32),
+            block_m=128,
+            block_n=128,
+            block_k=64,
+            group_m=4,
+            num_warps=8,
+            num_stages=3,
+        )
         cases.append((kind, "bf16", (4160, 17920, 512), c.to_dict(), 2))
     # Whole tiles (M/ws and every chunk a multiple of the tile's rows): the producer's TMA epilogue
     # takes these, and with SYNCOPATE_GLUON=1 the Gluon producer (which takes no tile of two chunks).
     whole = {kind: (4096, 1024, 1536) for kind in ("gemm_rs", "gemm_ar") if kind in shapes}
     tiles = [(128, 256, 3)] if quick else [(128, 256, 3), (128, 128, 4)]
-    for kind, backend, s, (bm, bn, st) in itertools.product(whole, ["copy_engine", "nvshmem", "nccl"], splits[-2:],
-                                                           tiles):
-        c = Candidate(backend=backend, num_splits=s, comm_sms=comm_sms(kind, backend, 32), block_m=bm, block_n=bn,
-                      block_k=64, group_m=8, num_warps=8, num_stages=st)
+    for kind, backend, s, (bm, bn, st) in itertools.product(
+        whole, ["copy_engine", "nvshmem", "nccl"], splits[-2:], tiles
+    ):
+        c = Candidate(
+            backend=backend,
+            num_splits=s,
+            comm_sms=comm_sms(kind, backend, 32),
+            block_m=bm,
+            block_n=bn,
+            block_k=64,
+            group_m=8,
+            num_warps=8,
+            num_stages=st,
+        )
         try:
             check_candidate(c, Workload(kind=kind, shape=whole[kind], dtype="bf16"), topology)
         except ConfigError:
@@ -139,16 +211,36 @@ def matrix(quick: bool = False, world: int = 2):
     # of `shapes` above leave 66 of 198 on two ranks, each cut in two, with the copy engine.)
     if "ag_gemm" in shapes:
         for dtype, order in itertools.product(dtypes, ["arrival", "swizzle"]):
-            c = Candidate(backend="copy_engine", num_splits=2, tile_order=order, block_m=128, block_n=256,
-                          block_k=64, group_m=8, num_warps=8, num_stages=3)
+            c = Candidate(
+                backend="copy_engine",
+                num_splits=2,
+                tile_order=order,
+                block_m=128,
+                block_n=256,
+                block_k=64,
+                group_m=8,
+                num_warps=8,
+                num_stages=3,
+            )
             cases.append(("ag_gemm", dtype, (5632, 2048, 1024), c.to_dict(), 20))
     # Short GEMMs with the default's tiles for them (SHORT_TILES: 64 and 128 rows, 4 warps), M/ws
     # not a multiple of 64.
     short = {"ag_gemm": (776, 1536, 1024), "gemm_rs": (776, 1024, 1536), "gemm_ar": (776, 1024, 1536)}
     tiles = [(64, 128)] if quick else [(64, 128), (128, 128)]
-    for kind, backend, (bm, bn), dtype in itertools.product(shapes, ["copy_engine", "nvshmem", "nccl"], tiles, dtypes):
-        c = Candidate(backend=backend, num_splits=2 if bm == 64 else 1, comm_sms=comm_sms(kind, backend, 16),
-                      block_m=bm, block_n=bn, block_k=64, group_m=8, num_warps=4, num_stages=4)
+    for kind, backend, (bm, bn), dtype in itertools.product(
+        shapes, ["copy_engine", "nvshmem", "nccl"], tiles, dtypes
+    ):
+        c = Candidate(
+            backend=backend,
+            num_splits=2 if bm == 64 else 1,
+            comm_sms=comm_sms(kind, backend, 16),
+            block_m=bm,
+            block_n=bn,
+            block_k=64,
+            group_m=8,
+            num_warps=4,
+            num_stages=4,
+        )
         try:
             check_candidate(c, Workload(kind=kind, shape=short[kind], dtype=dtype), topology)
         except ConfigError:
@@ -181,13 +273,20 @@ def _worker(rank, world, port, cases, shared_gpu, queue):
     gen.manual_seed(7 + rank)
     failures = []
     ratios: dict[tuple, list[float]] = {}  # (kind, dtype, backend, template): error / the unfused path's
-    fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter, "gemm_ar": ops.matmul_all_reduce}
+    fused = {
+        "ag_gemm": ops.all_gather_matmul,
+        "gemm_rs": ops.matmul_reduce_scatter,
+        "gemm_ar": ops.matmul_all_reduce,
+    }
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
     for index, (kind, dtype, (m, n, k), cand, calls, *layout) in enumerate(cases):
         c = Candidate.from_dict(cand)
         kmajor = layout == ["kmajor"]
         if rank == 0:
-            print(f"[{index + 1}/{len(cases)}] {kind} {dtype} {c.short()} x{calls}{' B k-major' * kmajor}", flush=True)
+            print(
+                f"[{index + 1}/{len(cases)}] {kind} {dtype} {c.short()} x{calls}{' B k-major' * kmajor}",
+                flush=True,
+            )
         w = Workload(kind=kind, shape=(m, n, k), dtype=dtype)
         shapes = w.local_shapes(world)
         dt = dtypes[dtype]
@@ -196,8 +295,10 @@ def _worker(rank, world, port, cases, shared_gpu, queue):
             bad_calls = []  # calls that timed out or came out wrong, to tell a first-call fault from a race
             for i in range(calls):
                 a = torch.randn(shapes["a"], generator=gen, device=dev).to(dt)
-                b = (torch.randn(shapes["b"][::-1] if kmajor else shapes["b"], generator=gen, device=dev)
-                     / k**0.5).to(dt)
+                b = (
+                    torch.randn(shapes["b"][::-1] if kmajor else shapes["b"], generator=gen, device=dev)
+                    / k**0.5
+                ).to(dt)
                 b = b.t() if kmajor else b
                 if i == 0:
                     ctx_shape = (m, k) if kind == "ag_gemm" else (m, n)
@@ -206,15 +307,18 @@ def _worker(rank, world, port, cases, shared_gpu, queue):
                         buf.local.fill_(float("nan"))
                     barrier(g, dev)
                 own = ops.call_context(kind, a, b, g, c) if i == 1 else None
-                if own is not None and own is not ctx:  # a template's own context (the cuBLAS ones), made by call 0
+                if (
+                    own is not None and own is not ctx
+                ):  # a template's own context (the cuBLAS ones), made by call 0
                     for buf in own.buffers.values():
                         buf.local.fill_(float("nan"))
                     barrier(g, dev)
                 out = torch.full(shapes["out"], float("nan"), dtype=dt, device=dev)
                 if kind == "ag_gemm" and i % 2:  # every other call returns the gathered A: filled on a side
                     # stream (unbounded waits), or every fourth with bounded waits, copied after the call
-                    _, gathered = fused[kind](a, b, g, c, out=out, return_gathered=True,
-                                              spin_limit=1 << 24 if i % 4 == 3 else 0)
+                    _, gathered = fused[kind](
+                        a, b, g, c, out=out, return_gathered=True, spin_limit=1 << 24 if i % 4 == 3 else 0
+                    )
                     if not torch.equal(gathered, gathered_rows(a, g)):
                         bad_calls.append(i)
                 else:
@@ -226,11 +330,15 @@ def _worker(rank, world, port, cases, shared_gpu, queue):
                     ctx.error.zero_()
                 worst = max(worst, err)
                 if i < 2:  # the rounding: against what the unfused path gives in this dtype
-                    worst_ratio = max(worst_ratio, err / max(relative_error(reference_unfused(kind, a, b, g), ref), 1e-12))
+                    worst_ratio = max(
+                        worst_ratio, err / max(relative_error(reference_unfused(kind, a, b, g), ref), 1e-12)
+                    )
             if bad_calls or not worst <= TOL[dtype] or not worst_ratio <= ROUNDING:
-                failures.append(f"{kind} {dtype} {c.short()}{' B k-major' * kmajor} calls={calls}: rel err {worst:.3g} "
-                                f"({worst_ratio:.2f}x the unfused path's), "
-                                f"calls timed out or wrong: {bad_calls[:10]}{'…' if len(bad_calls) > 10 else ''}")
+                failures.append(
+                    f"{kind} {dtype} {c.short()}{' B k-major' * kmajor} calls={calls}: rel err {worst:.3g} "
+                    f"({worst_ratio:.2f}x the unfused path's), "
+                    f"calls timed out or wrong: {bad_calls[:10]}{'…' if len(bad_calls) > 10 else ''}"
+                )
             ratios.setdefault((kind, dtype, c.backend, c.template), []).append(worst_ratio)
         except Exception as e:
             failures.append(f"{kind} {dtype} {c.short()}: {type(e).__name__}: {e}")
@@ -239,8 +347,11 @@ def _worker(rank, world, port, cases, shared_gpu, queue):
             print(f"rank {rank} FAILED {failures[-1]}", flush=True)
     if rank == 0:
         for key, rs in sorted(ratios.items()):
-            print(f"rounding {' '.join(key)}: error / the unfused path's, {len(rs)} cases: "
-                  f"max {max(rs):.2f}, median {sorted(rs)[len(rs) // 2]:.2f}", flush=True)
+            print(
+                f"rounding {' '.join(key)}: error / the unfused path's, {len(rs)} cases: "
+                f"max {max(rs):.2f}, median {sorted(rs)[len(rs) // 2]:.2f}",
+                flush=True,
+            )
     ops.close_contexts()
     queue.put((rank, (failures, compiled_kernels())))
     dist.destroy_process_group()
@@ -253,8 +364,12 @@ def compiled_kernels() -> dict[str, int]:
 
     kernels = {"consumer": consumer_kernel, "producer": producer_kernel}
     if gluon_kernels.AVAILABLE:
-        kernels.update({"gluon consumer": gluon_kernels.gluon_consumer_kernel,
-                        "gluon producer": gluon_kernels.gluon_producer_kernel})
+        kernels.update(
+            {
+                "gluon consumer": gluon_kernels.gluon_consumer_kernel,
+                "gluon producer": gluon_kernels.gluon_producer_kernel,
+            }
+        )
     counts = {}
     for name, kernel in kernels.items():
         caches = getattr(kernel, "device_caches", None)
@@ -295,8 +410,14 @@ def run_ranks(target, world: int, args: tuple = (), timeout: float = 1800) -> di
             if dead or time.monotonic() > deadline:
                 for p in procs:
                     p.kill()
-                what = f"rank(s) {dead} exited with {[procs[r].exitcode for r in dead]}" if dead else f"{timeout:.0f} s"
-                raise AssertionError(f"the ranks did not all report: {what}; reported: {sorted(results)}") from None
+                what = (
+                    f"rank(s) {dead} exited with {[procs[r].exitcode for r in dead]}"
+                    if dead
+                    else f"{timeout:.0f} s"
+                )
+                raise AssertionError(
+                    f"the ranks did not all report: {what}; reported: {sorted(results)}"
+                ) from None
     for p in procs:
         p.join(timeout=120)
         if p.is_alive():

@@ -24,20 +24,41 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 
 def _shared_cases(quick: bool, gluon: str = "0", world: int = 2):
     cases = [case for case in matrix(quick, world) if case[3]["backend"] != "nccl"]
-    if gluon == "1":  # M/ws a multiple of the tile's rows: tiles whole within chunks, the Gluon producer's case
+    if (
+        gluon == "1"
+    ):  # M/ws a multiple of the tile's rows: tiles whole within chunks, the Gluon producer's case
         from syncopate.search_space import Candidate
 
-        for kind, backend, splits in itertools.product(("gemm_rs", "gemm_ar"), ("copy_engine", "nvshmem"), (1, 2, 4)):
-            c = Candidate(backend=backend, num_splits=splits, comm_sms=0 if backend == "copy_engine" else 16,
-                          block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
+        for kind, backend, splits in itertools.product(
+            ("gemm_rs", "gemm_ar"), ("copy_engine", "nvshmem"), (1, 2, 4)
+        ):
+            c = Candidate(
+                backend=backend,
+                num_splits=splits,
+                comm_sms=0 if backend == "copy_engine" else 16,
+                block_m=128,
+                block_n=128,
+                block_k=64,
+                group_m=8,
+                num_warps=8,
+                num_stages=3,
+            )
             cases.append((kind, "bf16", (4096, 1024, 1536), c.to_dict(), 10))
     return cases
 
 
 @pytest.mark.parametrize(
     "quick, gluon, world",
-    [(True, "0", 2), (False, "0", 2), (False, "1", 2), (True, "0", 4), (False, "0", 4), (False, "1", 4),
-     (True, "0", 8), (False, "0", 8)],
+    [
+        (True, "0", 2),
+        (False, "0", 2),
+        (False, "1", 2),
+        (True, "0", 4),
+        (False, "0", 4),
+        (False, "1", 4),
+        (True, "0", 8),
+        (False, "0", 8),
+    ],
     ids=["smoke", "full", "full-gluon", "smoke-ws4", "full-ws4", "full-gluon-ws4", "smoke-ws8", "full-ws8"],
 )
 def test_fused_ops_match_the_reference_with_ranks_sharing_one_gpu(quick, gluon, world, monkeypatch):
@@ -65,16 +86,33 @@ def _late_peer_worker(rank, world, port, q):
     g = dist.group.WORLD
     gen = torch.Generator(device=dev)
     gen.manual_seed(3 + rank)
-    fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter, "gemm_ar": ops.matmul_all_reduce}
+    fused = {
+        "ag_gemm": ops.all_gather_matmul,
+        "gemm_rs": ops.matmul_reduce_scatter,
+        "gemm_ar": ops.matmul_all_reduce,
+    }
     shapes = {"ag_gemm": (4160, 1536, 1024), "gemm_rs": (4160, 1024, 1536), "gemm_ar": (4160, 1024, 1536)}
     report = []
-    for kind, backend, spin_limit in [(k, b, s) for k in fused for b in ("copy_engine", "nvshmem") for s in (1 << 27, 1)]:
-        c = Candidate(backend=backend, num_splits=2, comm_sms=0 if backend == "copy_engine" else 16,
-                      block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
+    for kind, backend, spin_limit in [
+        (k, b, s) for k in fused for b in ("copy_engine", "nvshmem") for s in (1 << 27, 1)
+    ]:
+        c = Candidate(
+            backend=backend,
+            num_splits=2,
+            comm_sms=0 if backend == "copy_engine" else 16,
+            block_m=128,
+            block_n=128,
+            block_k=64,
+            group_m=8,
+            num_warps=8,
+            num_stages=3,
+        )
         m, n, k = shapes[kind]
         local = Workload(kind=kind, shape=(m, n, k), dtype="bf16").local_shapes(world)
         errors, timeouts = [], 0
-        for i in range(4):  # call 0 compiles this spin limit's kernels (Triton specializes a 1) and is not counted
+        for i in range(
+            4
+        ):  # call 0 compiles this spin limit's kernels (Triton specializes a 1) and is not counted
             a = torch.randn(local["a"], generator=gen, device=dev).bfloat16()
             b = (torch.randn(local["b"], generator=gen, device=dev) / k**0.5).bfloat16()
             out = torch.full(local["out"], float("nan"), dtype=torch.bfloat16, device=dev)
@@ -102,8 +140,10 @@ def _late_peer_worker(rank, world, port, q):
 def test_a_late_peer_is_waited_for_and_a_short_spin_limit_says_so():
     reports = run_ranks(_late_peer_worker, 2, timeout=600)
     for kind, backend, spin_limit, err, timeouts in reports[0]:  # rank 0 waits for rank 1, which is late
-        print(f"rank 0 {kind:8s} {backend:12s} spin limit {spin_limit:>10d}: "
-              f"rel err {err:.3g}, timed out {timeouts}/3")
+        print(
+            f"rank 0 {kind:8s} {backend:12s} spin limit {spin_limit:>10d}: "
+            f"rel err {err:.3g}, timed out {timeouts}/3"
+        )
         if spin_limit > 1:
             assert err <= TOL["bf16"] and timeouts == 0, (kind, backend, err, timeouts)
         else:
@@ -128,7 +168,11 @@ def _recovery_worker(rank, world, port, cases, q):
     g = dist.group.WORLD
     gen = torch.Generator(device=dev)
     gen.manual_seed(21 + rank)
-    fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter, "gemm_ar": ops.matmul_all_reduce}
+    fused = {
+        "ag_gemm": ops.all_gather_matmul,
+        "gemm_rs": ops.matmul_reduce_scatter,
+        "gemm_ar": ops.matmul_all_reduce,
+    }
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
     done, flagged, wrong, crash = 0, 0, [], None
     for kind, dtype, (m, n, k), cand, *_ in cases:
@@ -159,7 +203,9 @@ def _recovery_worker(rank, world, port, cases, q):
                 calls.append((out, a, b))
             worst = max(relative_error(o, reference(kind, x, y, g)) for o, x, y in calls)
             if int(ctx.error.item()) or not worst <= TOL[dtype]:
-                wrong.append(f"{kind} {dtype} {c.short()}: rel err {worst:.3g}, timed out {int(ctx.error.item())}")
+                wrong.append(
+                    f"{kind} {dtype} {c.short()}: rel err {worst:.3g}, timed out {int(ctx.error.item())}"
+                )
                 ctx.error.zero_()
         except Exception as e:  # an illegal address ends the process's CUDA context: stop here
             crash = f"{kind} {dtype} {c.short()}: {type(e).__name__}: {str(e)[:300]}"
@@ -179,7 +225,9 @@ def test_a_candidate_that_timed_out_leaves_its_context_fit_for_the_next(gluon, m
     cases = [case for case in _shared_cases(False, gluon) if case[3]["template"] not in COPY_ENGINE_KINDS]
     reports = run_ranks(_recovery_worker, 2, (cases,), timeout=800)
     for rank, (done, flagged, wrong, crash) in sorted(reports.items()):
-        print(f"rank {rank}: {done}/{len(cases)} cases, {flagged} timed out as asked, {len(wrong)} wrong after")
+        print(
+            f"rank {rank}: {done}/{len(cases)} cases, {flagged} timed out as asked, {len(wrong)} wrong after"
+        )
         assert crash is None, f"rank {rank} after {done} cases: {crash}"
         assert not wrong, "\n".join(wrong)
     # Rank 0 waits for rank 1 in every case; a case whose first call compiles may find it there already.

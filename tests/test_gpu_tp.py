@@ -53,21 +53,37 @@ def _tp_worker(rank, world, port, shared, tp, q):
     me = dist.get_rank(group)
     setups = []
     for backend in ("copy_engine", "nvshmem") + (() if shared else ("nccl",)):
-        c = Candidate(backend=backend, num_splits=2, comm_sms={"copy_engine": 0, "nvshmem": 16, "nccl": 64}[backend],
-                      block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
+        c = Candidate(
+            backend=backend,
+            num_splits=2,
+            comm_sms={"copy_engine": 0, "nvshmem": 16, "nccl": 64}[backend],
+            block_m=128,
+            block_n=128,
+            block_k=64,
+            group_m=8,
+            num_warps=8,
+            num_stages=3,
+        )
         setups.append((backend, "fused", {k: c for k in KINDS}, True))
     if not shared:  # gathered again in the backward by the group's all-gather: NCCL's
-        setups += [("looked up", "fused", None, True), ("shard kept", "fused", None, False), ("torch", "torch", None, True),
-                   ("async_tp", "async_tp", None, True)]
+        setups += [
+            ("looked up", "fused", None, True),
+            ("shard kept", "fused", None, False),
+            ("torch", "torch", None, True),
+            ("async_tp", "async_tp", None, True),
+        ]
     report = []
     for (label, impl, configs, save_gathered), sp in ((s, sp) for s in setups for sp in (True, False)):
         torch.manual_seed(0)  # the same whole SwiGLU MLP on every rank
         whole = [torch.nn.Linear(HIDDEN, FFN), torch.nn.Linear(HIDDEN, FFN), torch.nn.Linear(FFN, HIDDEN)]
         whole64 = [copy.deepcopy(f).double().to(dev) for f in whole]
         whole16 = [copy.deepcopy(f).bfloat16().to(dev) for f in whole]
-        fc1 = ColumnParallelLinear.from_linear(whole16[:2], group, sequence_parallel=sp, impl=impl, configs=configs,
-                                               save_gathered=save_gathered)
-        fc2 = RowParallelLinear.from_linear(whole16[2], group, sequence_parallel=sp, impl=impl, configs=configs)
+        fc1 = ColumnParallelLinear.from_linear(
+            whole16[:2], group, sequence_parallel=sp, impl=impl, configs=configs, save_gathered=save_gathered
+        )
+        fc2 = RowParallelLinear.from_linear(
+            whole16[2], group, sequence_parallel=sp, impl=impl, configs=configs
+        )
 
         def split_mlp(x):
             gate, up = fc1(x).split(fc1.parts, -1)
@@ -78,26 +94,48 @@ def _tp_worker(rank, world, port, shared, tp, q):
             return lambda x: down(silu(gate(x)) * up(x))
 
         def whole_params(layers):
-            return {f"{n}.{w}": getattr(layer, "weight" if w == "w" else "bias")
-                    for n, layer in zip(("gate", "up", "down"), layers, strict=True) for w in ("w", "b")}
+            return {
+                f"{n}.{w}": getattr(layer, "weight" if w == "w" else "bias")
+                for n, layer in zip(("gate", "up", "down"), layers, strict=True)
+                for w in ("w", "b")
+            }
 
         n, n2 = fc1.parts[0], fc2.weight.shape[1]
         lo, hi = me * SEQ // tp, (me + 1) * SEQ // tp
         blk = slice(lo, hi) if sp else slice(None)
         rows = slice(me * n, (me + 1) * n)
-        cut = {"y": lambda t: t[blk], "dx": lambda t: t[blk], "gate.w": lambda t: t[rows], "up.w": lambda t: t[rows],
-               "gate.b": lambda t: t[rows], "up.b": lambda t: t[rows], "down.w": lambda t: t[:, me * n2 : (me + 1) * n2],
-               "down.b": lambda t: t}
+        cut = {
+            "y": lambda t: t[blk],
+            "dx": lambda t: t[blk],
+            "gate.w": lambda t: t[rows],
+            "up.w": lambda t: t[rows],
+            "gate.b": lambda t: t[rows],
+            "up.b": lambda t: t[rows],
+            "down.w": lambda t: t[:, me * n2 : (me + 1) * n2],
+            "down.b": lambda t: t,
+        }
         for step in range(3):
             gen = torch.Generator().manual_seed(100 * step + 7 + 1000 * replica)
             x = torch.randn(SEQ, BATCH, HIDDEN, generator=gen).to(dev)
             g = torch.randn(SEQ, BATCH, HIDDEN, generator=gen).to(dev)
             ref = _grads(whole_mlp(whole64), whole_params(whole64), x.double(), g.double())
             yard = _grads(whole_mlp(whole16), whole_params(whole16), x.bfloat16(), g.bfloat16())
-            mine = _grads(split_mlp, {"w1": fc1.weight, "b1": fc1.bias, "w2": fc2.weight, "b2": fc2.bias},
-                          x.bfloat16()[blk], g.bfloat16()[blk])
-            got = {"y": mine["y"], "dx": mine["dx"], "gate.w": mine["w1"][:n], "up.w": mine["w1"][n:],
-                   "gate.b": mine["b1"][:n], "up.b": mine["b1"][n:], "down.w": mine["w2"], "down.b": mine["b2"]}
+            mine = _grads(
+                split_mlp,
+                {"w1": fc1.weight, "b1": fc1.bias, "w2": fc2.weight, "b2": fc2.bias},
+                x.bfloat16()[blk],
+                g.bfloat16()[blk],
+            )
+            got = {
+                "y": mine["y"],
+                "dx": mine["dx"],
+                "gate.w": mine["w1"][:n],
+                "up.w": mine["w1"][n:],
+                "gate.b": mine["b1"][:n],
+                "up.b": mine["b1"][n:],
+                "down.w": mine["w2"],
+                "down.b": mine["b2"],
+            }
             with torch.no_grad():
                 got["y no_grad"] = split_mlp(x.bfloat16()[blk])
             for name, t in got.items():
@@ -115,8 +153,10 @@ def _check(reports):
     for rank, report in sorted(reports.items()):
         for label, sp, step, name, err, yard in report:
             if not err <= 1.5 * yard + 5e-4:
-                failures.append(f"rank {rank} {label} sp={sp} step {step} {name}: "
-                                f"rel err {err:.3g}, whole bf16 MLP {yard:.3g}")
+                failures.append(
+                    f"rank {rank} {label} sp={sp} step {step} {name}: "
+                    f"rel err {err:.3g}, whole bf16 MLP {yard:.3g}"
+                )
     worst = {}
     for label, sp, _, name, err, yard in reports[0]:
         worst[(label, sp, name)] = max(worst.get((label, sp, name), (0, 0)), (err, yard))
@@ -154,7 +194,6 @@ def test_parallel_mlp_on_fused_ops_on_two_and_four_gpus(world):
     _check(run_ranks(_tp_worker, world, (False, None), timeout=800))
 
 
-
 def _compile_worker(rank, world, port, q):
     from syncopate.kernels.local_ranks import join_group
 
@@ -178,8 +217,10 @@ def _compile_worker(rank, world, port, q):
         def mlp(x):
             return row(torch.nn.functional.gelu(col(x)))
 
-        variants = {"compiled": torch.compile(mlp, fullgraph=True),
-                    "checkpointed": lambda x: checkpoint(mlp, x, use_reentrant=False)}
+        variants = {
+            "compiled": torch.compile(mlp, fullgraph=True),
+            "checkpointed": lambda x: checkpoint(mlp, x, use_reentrant=False),
+        }
         for step in range(2):
             x = torch.randn(SEQ // world if sp else SEQ, BATCH, HIDDEN, device=dev).bfloat16()
             got = {}
@@ -191,7 +232,14 @@ def _compile_worker(rank, world, port, q):
                 y.float().square().sum().backward()
                 got[name] = [y.detach(), xi.grad, col.weight.grad, row.weight.grad]
             for name in variants:
-                report.append((name, sp, step, [relative_error(c, e) for c, e in zip(got[name], got["eager"], strict=True)]))
+                report.append(
+                    (
+                        name,
+                        sp,
+                        step,
+                        [relative_error(c, e) for c, e in zip(got[name], got["eager"], strict=True)],
+                    )
+                )
         # Inference in CUDA graphs: torch.compile's reduce-overhead mode records the whole MLP, the
         # fused ops in it, after its warm-up calls, and replays it.
         graphed = torch.compile(mlp, mode="reduce-overhead", fullgraph=True)
@@ -205,9 +253,21 @@ def _compile_worker(rank, world, port, q):
     # unless kept out of it (`kept_allocations`); with the SM-driven copies' tables too.
     from syncopate.search_space import Candidate
 
-    sm = Candidate(backend="nvshmem", comm_sms=16, num_splits=2, block_m=128, block_n=128, block_k=64, group_m=8,
-                   num_warps=8, num_stages=3)
-    for label, configs in (("graphed first", None), ("graphed first, SM copies", {"ag_gemm": sm, "gemm_rs": sm})):
+    sm = Candidate(
+        backend="nvshmem",
+        comm_sms=16,
+        num_splits=2,
+        block_m=128,
+        block_n=128,
+        block_k=64,
+        group_m=8,
+        num_warps=8,
+        num_stages=3,
+    )
+    for label, configs in (
+        ("graphed first", None),
+        ("graphed first, SM copies", {"ag_gemm": sm, "gemm_rs": sm}),
+    ):
         col = ColumnParallelLinear.from_linear(fc1, configs=configs)
         row = RowParallelLinear.from_linear(fc2, configs=configs)
 
@@ -235,6 +295,8 @@ def test_layers_run_under_torch_compile_and_checkpointing():
     as in eager mode, to the rounding of what the compiler fuses (GELU)."""
     reports = run_ranks(_compile_worker, 1, (), timeout=500)
     for name, sp, step, errs in reports[0]:
-        print(f"sp={sp} step {step}: {name} against eager, rel diff of y, dx, dW1, dW2: "
-              + ", ".join(f"{e:.3g}" for e in errs))
+        print(
+            f"sp={sp} step {step}: {name} against eager, rel diff of y, dx, dW1, dW2: "
+            + ", ".join(f"{e:.3g}" for e in errs)
+        )
         assert all(e <= 1e-2 for e in errs), (name, sp, step, errs)

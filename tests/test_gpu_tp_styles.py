@@ -31,9 +31,17 @@ def _worker(rank, world, port, q):
     from syncopate.kernels.reference import relative_error
 
     mesh = init_device_mesh("cuda", (world,))
-    config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_attention_heads=8, num_key_value_heads=4,
-                         head_dim=128, num_hidden_layers=2, vocab_size=VOCAB, tie_word_embeddings=False,
-                         attn_implementation="sdpa")
+    config = LlamaConfig(
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=128,
+        num_hidden_layers=2,
+        vocab_size=VOCAB,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
 
     def build(styles: str):
         torch.manual_seed(0)
@@ -57,8 +65,16 @@ def _worker(rank, world, port, q):
             loss_errs = [abs(a - b) / abs(b) for a, b in zip(losses, want_losses)]
             grad_errs = {k: relative_error(grads[-1][k][0], g) for k, (g, _) in want_grads[-1].items()}
             worst = max(grad_errs, key=grad_errs.get)
-            report.append((batch, variant, max(loss_errs), worst, grad_errs[worst],
-                           _placements(model) == _placements(torch_model)))
+            report.append(
+                (
+                    batch,
+                    variant,
+                    max(loss_errs),
+                    worst,
+                    grad_errs[worst],
+                    _placements(model) == _placements(torch_model),
+                )
+            )
     ops.close_contexts()
     q.put((rank, report))
     dist.destroy_process_group()

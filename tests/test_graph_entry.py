@@ -48,12 +48,16 @@ def _rank(pads, rank, world, init, queue):
         deadline = time.monotonic() + 20
         while any(int(mine[(i % 2) * world + q]) != i + 1 for q in range(world)):
             if time.monotonic() > deadline:  # a word cleared after its peer raised it: the others wait in
-                print(f"round {i}: rank {rank} never saw every peer's word "  # a meeting for good
-                      f"{mine[(i % 2) * world:(i % 2 + 1) * world].tolist()}", file=sys.stderr, flush=True)
+                print(
+                    f"round {i}: rank {rank} never saw every peer's word "  # a meeting for good
+                    f"{mine[(i % 2) * world : (i % 2 + 1) * world].tolist()}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 os._exit(1)
             time.sleep(0.001)
         mine[JUNK + rank] = 12345
-    meet = mine[MEET_BASE:PAD_WORDS - 1].tolist()
+    meet = mine[MEET_BASE : PAD_WORDS - 1].tolist()
     if any(meet):
         problems.append(f"rank {rank}'s meeting words not lowered: {[w for w, v in enumerate(meet) if v]}")
     queue.put((rank, problems))

@@ -67,8 +67,12 @@ def _imported(path: Path, root: Path) -> Iterator[tuple[str, int]]:
                     yield f"syncopate.{alias.name}", node.lineno
             else:
                 yield module, node.lineno
-        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and _NAMED.match(node.value)
-              and id(node) not in loggers):
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and _NAMED.match(node.value)
+            and id(node) not in loggers
+        ):
             yield node.value.partition(":")[0], node.lineno
 
 
@@ -129,8 +133,10 @@ def describe(component: list[str], edges: dict[tuple[str, str], str]) -> str:
 def test_the_packages_import_each_other_in_no_cycle():
     edges = package_graph()
     cycles = components(edges)
-    assert not cycles, ("\n".join(describe(c, edges) for c in cycles)
-                        + "\nmove what is imported to the lower package (docs/architecture.md, Package map)")
+    assert not cycles, (
+        "\n".join(describe(c, edges) for c in cycles)
+        + "\nmove what is imported to the lower package (docs/architecture.md, Package map)"
+    )
 
 
 def test_lazy_imports_are_seen():
@@ -152,16 +158,19 @@ def _write(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_a_cycle_is_named_with_its_packages_and_an_import_of_each_edge(tmp_path):
-    root = _write(tmp_path, {
-        "__init__.py": "__version__ = '0'\n",
-        "errors.py": "",
-        "low/__init__.py": "from .rules import x\n",
-        "low/rules.py": "def up():\n    from syncopate.high.things import y\n    return y\n",
-        "high/__init__.py": "",
-        "high/things.py": "from syncopate.low import rules\nfrom syncopate import errors, __version__\n",
-        "mid.py": "import logging\nlog = logging.getLogger('syncopate.high')\n"
-                  "RUNNERS = {'a': 'syncopate.low.rules:Thing'}\n",
-    })
+    root = _write(
+        tmp_path,
+        {
+            "__init__.py": "__version__ = '0'\n",
+            "errors.py": "",
+            "low/__init__.py": "from .rules import x\n",
+            "low/rules.py": "def up():\n    from syncopate.high.things import y\n    return y\n",
+            "high/__init__.py": "",
+            "high/things.py": "from syncopate.low import rules\nfrom syncopate import errors, __version__\n",
+            "mid.py": "import logging\nlog = logging.getLogger('syncopate.high')\n"
+            "RUNNERS = {'a': 'syncopate.low.rules:Thing'}\n",
+        },
+    )
     edges = package_graph(root)
     assert edges == {
         ("syncopate.low", "syncopate.high"): "syncopate/low/rules.py:2",
@@ -180,12 +189,15 @@ def test_a_cycle_is_named_with_its_packages_and_an_import_of_each_edge(tmp_path)
 
 
 def test_a_layered_tree_has_no_cycle(tmp_path):
-    root = _write(tmp_path, {
-        "__init__.py": "def __getattr__(name):\n    from syncopate.high import things\n    return things\n",
-        "low/__init__.py": "",
-        "high/__init__.py": "",
-        "high/things.py": "from ..low import *\n",
-    })
+    root = _write(
+        tmp_path,
+        {
+            "__init__.py": "def __getattr__(name):\n    from syncopate.high import things\n    return things\n",
+            "low/__init__.py": "",
+            "high/__init__.py": "",
+            "high/things.py": "from ..low import *\n",
+        },
+    )
     edges = package_graph(root)
     assert set(edges) == {("syncopate", "syncopate.high"), ("syncopate.high", "syncopate.low")}
     assert components(edges) == []

@@ -38,5 +38,8 @@ def test_every_launched_kernel_variant_compiles_for_sm90():
     assert all(int(line.split(" registers")[0].rsplit(" ", 1)[1]) <= 232 for line in consumers), done.stdout
     # Every wait the consumer and producer compile is an acquire load (the copier, a captured call's
     # entry and the decomposed all-reduce's last pull poll with atomics).
-    assert all(" 0 acquire loads" not in line for line in ok
-               if "copier" not in line and "entry" not in line and "last pull" not in line), done.stdout
+    assert all(
+        " 0 acquire loads" not in line
+        for line in ok
+        if "copier" not in line and "entry" not in line and "last pull" not in line
+    ), done.stdout

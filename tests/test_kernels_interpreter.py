@@ -43,8 +43,22 @@ def rand(*shape, seed):
     return (torch.randn(*shape, generator=g) / 4).to(torch.float16)
 
 
-def run_consumer(ws, rank, m, n, k, c, epoch=3, missing_slot=None, spin_limit=0, b_kmajor=False, seed=0, own=False,
-                 programs=3, cache=None):
+def run_consumer(
+    ws,
+    rank,
+    m,
+    n,
+    k,
+    c,
+    epoch=3,
+    missing_slot=None,
+    spin_limit=0,
+    b_kmajor=False,
+    seed=0,
+    own=False,
+    programs=3,
+    cache=None,
+):
     """One rank's consumer with every chunk there. `own`: the rank's shard passed apart, its rows of
     the gathered buffer poisoned, and its own chunks' words raised only where a tile reads them
     from the gathered buffer (`tables.own_rows_later`)."""
@@ -64,13 +78,28 @@ def run_consumer(ws, rank, m, n, k, c, epoch=3, missing_slot=None, spin_limit=0,
         signals[slot] = epoch if slot != missing_slot else epoch - 1
     error = torch.zeros(1, dtype=torch.int32)
     out = torch.full((m, n), float("nan"), dtype=torch.float16)
-    launch_consumer(a_full, b, out, tables, c, epoch, signals, error, programs, spin_limit,
-                    a_own=a[r0:r1].clone() if own else None, own_row0=r0, cache=cache)
+    launch_consumer(
+        a_full,
+        b,
+        out,
+        tables,
+        c,
+        epoch,
+        signals,
+        error,
+        programs,
+        spin_limit,
+        a_own=a[r0:r1].clone() if own else None,
+        own_row0=r0,
+        cache=cache,
+    )
     return out, (a.float() @ b.float()), int(error.item())
 
 
 @pytest.mark.parametrize("order", ["arrival", "arrival_colmajor", "swizzle", "row_major"])
-@pytest.mark.parametrize("template, ws, splits", [("direct", 2, 2), ("ring", 4, 1), ("bidirectional_ring", 3, 2)])
+@pytest.mark.parametrize(
+    "template, ws, splits", [("direct", 2, 2), ("ring", 4, 1), ("bidirectional_ring", 3, 2)]
+)
 def test_consumer_computes_every_tile_from_the_right_rows(order, template, ws, splits):
     c = cand(template=template, num_splits=splits, tile_order=order)
     for rank in range(ws):
@@ -105,7 +134,9 @@ def test_consumer_with_shards_not_a_multiple_of_block_m_and_kmajor_b():
 
 
 @pytest.mark.parametrize("order", ["arrival", "arrival_colmajor", "swizzle"])
-@pytest.mark.parametrize("template, ws, m, splits", [("direct", 2, 192, 2), ("ring", 3, 288, 1), ("direct", 3, 120, 1)])
+@pytest.mark.parametrize(
+    "template, ws, m, splits", [("direct", 2, 192, 2), ("ring", 3, 288, 1), ("direct", 3, 120, 1)]
+)
 def test_consumer_reads_own_rows_from_the_shard_without_waiting(order, template, ws, m, splits):
     # With the shard passed apart, the leading tiles of the own block read it and wait for nothing:
     # its rows of the gathered buffer are NaN and its words never raised (a wait would time out).
@@ -153,12 +184,24 @@ def test_consumer_cuts_the_tiles_of_its_last_wave_in_k(programs, k, split, own):
     cache = {}
     for epoch in (3, 4, 5):  # back to back: each call's last parts clear the words the next waits on
         for rank in range(2):
-            out, ref, err = run_consumer(2, rank, 192, 64, k, c, epoch=epoch, seed=40 + epoch + rank,
-                                         programs=programs, cache=cache, own=own, spin_limit=200)
+            out, ref, err = run_consumer(
+                2,
+                rank,
+                192,
+                64,
+                k,
+                c,
+                epoch=epoch,
+                seed=40 + epoch + rank,
+                programs=programs,
+                cache=cache,
+                own=own,
+                spin_limit=200,
+            )
             assert err == 0
             assert torch.isfinite(out).all(), "a tile was not written"
             assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2), f"rank {rank}: wrong tiles"
-            (parts, flags), = [v for key, v in cache.items() if key[0] == "tail"]
+            ((parts, flags),) = [v for key, v in cache.items() if key[0] == "tail"]
             assert flags.numel() == 2 * split and not flags.any(), "a part's word was left raised"
 
 
@@ -177,8 +220,21 @@ def _guarded(rows, n):
     return block[1:-1], block
 
 
-def run_producer(kind, template, ws, m, n, k, splits, order="arrival", epoch=5, withheld=None, spin_limit=0,
-                 programs=4, block_n=32):
+def run_producer(
+    kind,
+    template,
+    ws,
+    m,
+    n,
+    k,
+    splits,
+    order="arrival",
+    epoch=5,
+    withheld=None,
+    spin_limit=0,
+    programs=4,
+    block_n=32,
+):
     """Run every rank's producer with the partials it would receive already in place (but for rank
     0's last one with `withheld`: its signal stays at the previous call's epoch; `withheld="entered"`:
     rank 0's peers have not entered the call, so its all-reduce's buffer is not free). The output,
@@ -206,7 +262,9 @@ def run_producer(kind, template, ws, m, n, k, splits, order="arrival", epoch=5, 
                     rows = slice(t.row_start, t.row_end)
                     flat = recv.view(-1)
                     off = recv_offset(plan, t.src, t.block, n) + t.row_start * n
-                    flat[off : off + t.rows * n] = sum(partial[q][rows] for q in contributors).half().reshape(-1)
+                    flat[off : off + t.rows * n] = (
+                        sum(partial[q][rows] for q in contributors).half().reshape(-1)
+                    )
         pad = pads[r]
         for t in plan.recvs(r, "reduce"):
             pad[t.signal] = epoch
@@ -224,27 +282,66 @@ def run_producer(kind, template, ws, m, n, k, splits, order="arrival", epoch=5, 
         blocks = [block for block in (out_block, send_block, reduced_block) if block is not None]
         counters = torch.zeros(4096, dtype=torch.int64)
         error = torch.zeros(1, dtype=torch.int32)
-        launch_producer(a[r], b[r], send, out, reduced, recv, 0 if all_reduce else lo, tables, c, epoch, pad, counters,
-                        peer_ptrs, ws, r, error, programs, spin_limit)
-        results.append(dict(plan=plan, tables=tables, out=out, send=send, reduced=reduced, counters=counters,
-                            error=int(error.item()), lo=lo, hi=hi, held=held,
-                            guards=[block[[0, -1]] for block in blocks]))
+        launch_producer(
+            a[r],
+            b[r],
+            send,
+            out,
+            reduced,
+            recv,
+            0 if all_reduce else lo,
+            tables,
+            c,
+            epoch,
+            pad,
+            counters,
+            peer_ptrs,
+            ws,
+            r,
+            error,
+            programs,
+            spin_limit,
+        )
+        results.append(
+            dict(
+                plan=plan,
+                tables=tables,
+                out=out,
+                send=send,
+                reduced=reduced,
+                counters=counters,
+                error=int(error.item()),
+                lo=lo,
+                hi=hi,
+                held=held,
+                guards=[block[[0, -1]] for block in blocks],
+            )
+        )
     return results, partial, total, pads, plan
 
 
-@pytest.mark.parametrize("template, ws, splits", [("direct", 2, 2), ("direct", 3, 1), ("ring", 4, 1), ("bidirectional_ring", 3, 2)])
+@pytest.mark.parametrize(
+    "template, ws, splits", [("direct", 2, 2), ("direct", 3, 1), ("ring", 4, 1), ("bidirectional_ring", 3, 2)]
+)
 @pytest.mark.parametrize("order", ["arrival", "swizzle"])
 def test_reduce_scatter_producer(template, ws, splits, order):
     _check_reduce_scatter(*run_producer("gemm_rs", template, ws, 64 * ws, 48, 32, splits, order))
 
 
-@pytest.mark.parametrize("template, ws, splits, order", [
-    ("direct", 3, 1, "arrival"), ("ring", 3, 1, "arrival_colmajor"), ("bidirectional_ring", 2, 2, "row_major"),
-])
+@pytest.mark.parametrize(
+    "template, ws, splits, order",
+    [
+        ("direct", 3, 1, "arrival"),
+        ("ring", 3, 1, "arrival_colmajor"),
+        ("bidirectional_ring", 2, 2, "row_major"),
+    ],
+)
 def test_reduce_scatter_producer_with_blocks_not_a_multiple_of_block_m(template, ws, splits, order):
     """Blocks of 48 rows, tiles of 32: a tile with rows of two chunks is two entries, each storing
     its chunk's rows (with that chunk's partials) and counting the tile in that chunk only."""
-    results, partial, total, pads, plan = run_producer("gemm_rs", template, ws, 48 * ws, 40, 32, splits, order)
+    results, partial, total, pads, plan = run_producer(
+        "gemm_rs", template, ws, 48 * ws, 40, 32, splits, order
+    )
     assert len(results[0]["tables"].order) > -(-48 * ws // 32) * 2, "the boundary tiles are two entries"
     _check_reduce_scatter(results, partial, total, pads, plan)
 
@@ -253,7 +350,9 @@ def _check_reduce_scatter(results, partial, total, pads, plan):
     for r, res in enumerate(results):
         assert res["error"] == 0
         lo, hi = res["lo"], res["hi"]
-        assert torch.allclose(res["out"].float(), total[lo:hi], rtol=3e-2, atol=3e-2), "own rows hold the full sum"
+        assert torch.allclose(res["out"].float(), total[lo:hi], rtol=3e-2, atol=3e-2), (
+            "own rows hold the full sum"
+        )
         sends = plan.sends(r, "reduce")
         for i, t in enumerate(sends):
             rows = slice(t.row_start, t.row_end)
@@ -302,7 +401,9 @@ def _check_all_reduce(results, total, pads, plan, ws):
         told = [t for p in range(ws) if p != r for t in plan.recvs(p, "gather") if t.src == r]
         assert len(told) == (ws - 1) * plan.num_splits
         for t in told:
-            assert pads[t.dst][t.signal] == 5, f"rank {t.dst} is not told chunk {t.chunk} of rank {r} is reduced"
+            assert pads[t.dst][t.signal] == 5, (
+                f"rank {t.dst} is not told chunk {t.chunk} of rank {r} is reduced"
+            )
         assert res["tables"].num_ready == len(plan.sends(r, "reduce")) + plan.num_splits
 
 
@@ -315,8 +416,9 @@ def test_all_reduce_producer_stores_reduced_rows_and_raises_peer_signals(ws, m, 
 @pytest.mark.parametrize("kind", ["gemm_rs", "gemm_ar"])
 def test_producers_with_kept_chunks_interleaved(kind):
     """The opt-in order: same sums, same chunks sent, kept chunks finished among the sent ones."""
-    results, partial, total, pads, plan = run_producer(kind, "direct", 2, 2 * (4 * 32 + 16), 48, 32, 4,
-                                                       "kept_interleaved")
+    results, partial, total, pads, plan = run_producer(
+        kind, "direct", 2, 2 * (4 * 32 + 16), 48, 32, 4, "kept_interleaved"
+    )
     if kind == "gemm_rs":
         _check_reduce_scatter(results, partial, total, pads, plan)
     else:
@@ -339,8 +441,11 @@ def test_chunk_copy_moves_each_job_and_raises_its_signal():
         p[ENTERED_BASE : ENTERED_BASE + 2] = 7
     pads[0][11] = 7  # job 1 waits for local slot 11
     ctx = SimpleNamespace(
-        device=CPU, signals=SimpleNamespace(local=pads[0]), peer_signal_ptrs=torch.tensor([p.data_ptr() for p in pads]),
-        counters=torch.zeros(4096, dtype=torch.int64), error=torch.zeros(1, dtype=torch.int32),
+        device=CPU,
+        signals=SimpleNamespace(local=pads[0]),
+        peer_signal_ptrs=torch.tensor([p.data_ptr() for p in pads]),
+        counters=torch.zeros(4096, dtype=torch.int64),
+        error=torch.zeros(1, dtype=torch.int32),
     )
     elem = 2
     jobs = [
@@ -360,11 +465,15 @@ def _pull_context():
     from types import SimpleNamespace
 
     pad = torch.zeros(PAD_WORDS, dtype=torch.int32)
-    return SimpleNamespace(device=CPU, signals=SimpleNamespace(local=pad), cache={}, error=torch.zeros(1, dtype=torch.int32))
+    return SimpleNamespace(
+        device=CPU, signals=SimpleNamespace(local=pad), cache={}, error=torch.zeros(1, dtype=torch.int32)
+    )
 
 
-@pytest.mark.parametrize("rows, n, dtype", [(7, 24, torch.bfloat16), (64, 4096, torch.float16), (3, 4, torch.float32),
-                                           (9, 4100, torch.float32)])
+@pytest.mark.parametrize(
+    "rows, n, dtype",
+    [(7, 24, torch.bfloat16), (64, 4096, torch.float16), (3, 4, torch.float32), (9, 4100, torch.float32)],
+)
 def test_pull_copies_once_its_word_is_up(rows, n, dtype):
     """`pull_kernel` (the decomposed all-reduce's last pull): its word being up, the chunk copied
     whole (more than one program's block where it is large), nothing past its end written."""
@@ -451,14 +560,30 @@ def test_the_copier_is_staged_before_the_kernel_and_enqueued_without_allocating(
 
     monkeypatch.setattr(streamops, "_driver", HostDriver)
     ctx = SimpleNamespace(
-        device=CPU, rank=rank, world_size=ws, cache={},
-        raise_signal=lambda program, stream, peer, word: program.write(stream, pads[peer].data_ptr() + 4 * word),
-        signals=SimpleNamespace(local=pads[rank]), peer_signal_ptrs=torch.tensor([p.data_ptr() for p in pads]),
-        counters=torch.zeros(4096, dtype=torch.int64), error=torch.zeros(1, dtype=torch.int32),
+        device=CPU,
+        rank=rank,
+        world_size=ws,
+        cache={},
+        raise_signal=lambda program, stream, peer, word: program.write(
+            stream, pads[peer].data_ptr() + 4 * word
+        ),
+        signals=SimpleNamespace(local=pads[rank]),
+        peer_signal_ptrs=torch.tensor([p.data_ptr() for p in pads]),
+        counters=torch.zeros(4096, dtype=torch.int64),
+        error=torch.zeros(1, dtype=torch.int32),
     )
-    call = ScatterCall(ctx=ctx, plan=plan, candidate=cand(backend="nvshmem", comm_sms=3, num_splits=2), epoch=epoch,
-                       main=None, send=send, recv=SimpleNamespace(peer_ptrs=[r.data_ptr() for r in recv]), n_cols=n,
-                       elem=2, spin_limit=1 << 16)
+    call = ScatterCall(
+        ctx=ctx,
+        plan=plan,
+        candidate=cand(backend="nvshmem", comm_sms=3, num_splits=2),
+        epoch=epoch,
+        main=None,
+        send=send,
+        recv=SimpleNamespace(peer_ptrs=[r.data_ptr() for r in recv]),
+        n_cols=n,
+        elem=2,
+        spin_limit=1 << 16,
+    )
     enqueue = BACKEND_IMPLS["nvshmem"].stage_scatter(call, [SimpleNamespace(cuda_stream=i) for i in range(3)])
     pads[rank][READY_BASE : READY_BASE + 8] = epoch  # the kernel has made every leaving chunk ready
     pads[rank][ENTERED_BASE + 1] = epoch  # and the peer has entered the call
@@ -471,7 +596,9 @@ def test_the_copier_is_staged_before_the_kernel_and_enqueued_without_allocating(
     assert int(ctx.error.item()) == 0
     for t in plan.sends(rank, "reduce"):
         off = recv_offset(plan, rank, t.block, n) + t.row_start * n
-        assert torch.equal(recv[t.dst].view(-1)[off : off + t.rows * n], send[t.row_start : t.row_end].reshape(-1))
+        assert torch.equal(
+            recv[t.dst].view(-1)[off : off + t.rows * n], send[t.row_start : t.row_end].reshape(-1)
+        )
         assert pads[t.dst][t.signal] == epoch
 
 
@@ -522,10 +649,15 @@ def test_a_timeline_reports_each_chunk_from_the_events_of_its_pool():
 
 
 @pytest.mark.parametrize("kind", ["gemm_rs", "gemm_ar"])
-@pytest.mark.parametrize("template, ws, splits, m, n, order, block_n", [
-    ("direct", 2, 2, 128, 40, "arrival", 16), ("direct", 2, 4, 256, 48, "kept_interleaved", 32),
-    ("ring", 4, 1, 256, 40, "arrival", 16), ("bidirectional_ring", 3, 2, 192, 48, "swizzle", 32),
-])
+@pytest.mark.parametrize(
+    "template, ws, splits, m, n, order, block_n",
+    [
+        ("direct", 2, 2, 128, 40, "arrival", 16),
+        ("direct", 2, 4, 256, 48, "kept_interleaved", 32),
+        ("ring", 4, 1, 256, 40, "arrival", 16),
+        ("bidirectional_ring", 3, 2, 192, 48, "swizzle", 32),
+    ],
+)
 def test_producers_with_the_tma_epilogue(monkeypatch, kind, template, ws, splits, m, n, order, block_n):
     """Chunks of whole tiles: partials read and rows written through TMA descriptors (N not a
     multiple of BLOCK_N, so the descriptors clip the last column block), on whole tiles of 16
@@ -537,7 +669,9 @@ def test_producers_with_the_tma_epilogue(monkeypatch, kind, template, ws, splits
     chosen = []
     real = launch.tma_epilogue
     monkeypatch.setattr(launch, "tma_epilogue", lambda *a: chosen.append(real(*a)) or chosen[-1])
-    results, partial, total, pads, plan = run_producer(kind, template, ws, m, n, 32, splits, order, block_n=block_n)
+    results, partial, total, pads, plan = run_producer(
+        kind, template, ws, m, n, 32, splits, order, block_n=block_n
+    )
     assert chosen and all(chosen), "every rank's producer took the TMA epilogue"
     if kind == "gemm_rs":
         _check_reduce_scatter(results, partial, total, pads, plan)
@@ -546,16 +680,22 @@ def test_producers_with_the_tma_epilogue(monkeypatch, kind, template, ws, splits
 
 
 @pytest.mark.parametrize("kind", ["gemm_rs", "gemm_ar"])
-@pytest.mark.parametrize("template, ws, programs", [("direct", 2, 1), ("direct", 3, 2), ("ring", 4, 3),
-                                                    ("bidirectional_ring", 2, 1)])
-def test_tma_epilogue_counts_a_program_s_run_of_tiles_of_one_chunk_at_once(monkeypatch, kind, template, ws, programs):
+@pytest.mark.parametrize(
+    "template, ws, programs",
+    [("direct", 2, 1), ("direct", 3, 2), ("ring", 4, 3), ("bidirectional_ring", 2, 1)],
+)
+def test_tma_epilogue_counts_a_program_s_run_of_tiles_of_one_chunk_at_once(
+    monkeypatch, kind, template, ws, programs
+):
     """Few programs, so each finishes several tiles of a chunk in a row and counts them together
     when its next tile is of another chunk: every chunk is still signalled once complete, the
     counters end at zero, the sums are right."""
     from syncopate.kernels import launch
 
     monkeypatch.setattr(launch, "use_tma", lambda *tensors: True)
-    results, partial, total, pads, plan = run_producer(kind, template, ws, 64 * ws, 64, 32, 2, programs=programs)
+    results, partial, total, pads, plan = run_producer(
+        kind, template, ws, 64 * ws, 64, 32, 2, programs=programs
+    )
     if kind == "gemm_rs":
         _check_reduce_scatter(results, partial, total, pads, plan)
     else:
@@ -587,7 +727,9 @@ def test_the_gluon_producer_is_taken_only_where_it_applies(monkeypatch):
     assert not taken(cc=c.replace(num_stages=5)), "5 x 48 KB of operands and the 64 KB tile: over 227 KB"
     assert not taken(cc=c.replace(block_m=64)), "64 rows for 8 warps"
     assert not taken(aa=a.float()), "16-bit operands only"
-    three = producer_tables(plan_for("gemm_rs", "direct", 3, 768, 1, 128), 0, 256, c.replace(num_splits=1), False, CPU)
+    three = producer_tables(
+        plan_for("gemm_rs", "direct", 3, 768, 1, 128), 0, 256, c.replace(num_splits=1), False, CPU
+    )
     assert three.inc_max == 2 and taken(tt=three), "two partials a chunk"
     across = producer_tables(plan_for("gemm_rs", "direct", 2, 640, 2, 128), 0, 256, c, False, CPU)
     assert not across.whole_tiles and not taken(tt=across), "a tile with rows of two chunks: no TMA epilogue"
@@ -603,8 +745,11 @@ def test_the_gluon_consumer_is_taken_only_where_it_applies(monkeypatch):
     from syncopate.kernels import gluon_kernels, launch
 
     c = cand(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, num_splits=2)
-    a, b, out = (torch.empty(512, 1024, dtype=torch.bfloat16), torch.empty(1024, 256, dtype=torch.bfloat16),
-                 torch.empty(512, 256, dtype=torch.bfloat16))
+    a, b, out = (
+        torch.empty(512, 1024, dtype=torch.bfloat16),
+        torch.empty(1024, 256, dtype=torch.bfloat16),
+        torch.empty(512, 256, dtype=torch.bfloat16),
+    )
     tma = {"on": True}
     monkeypatch.setattr(launch, "use_tma", lambda *tensors: tma["on"])
     monkeypatch.setattr(launch, "compiled_for_gpu", lambda t: True)
@@ -660,6 +805,7 @@ def test_a_gluon_producer_that_does_not_compile_says_how_to_go_on(monkeypatch):
         def __getitem__(self, grid):
             def compile_and_launch(*args, **kwargs):
                 raise triton.compiler.errors.CompilationError("k", ast.parse("x").body[0], "no such name")
+
             return compile_and_launch
 
     monkeypatch.setattr(launch.gluon_kernels, "gluon_producer_kernel", Broken())
@@ -669,10 +815,29 @@ def test_a_gluon_producer_that_does_not_compile_says_how_to_go_on(monkeypatch):
     a, b = torch.empty(512, 1024, dtype=torch.bfloat16), torch.empty(1024, 256, dtype=torch.bfloat16)
     send = out = recv = torch.empty(512, 256, dtype=torch.bfloat16)
     with pytest.raises(RuntimeUnavailableError, match="unset SYNCOPATE_GLUON"):
-        launch._launch_gluon_producer(a, b, False, send, out, None, recv, 0, tables, c, 1,
-                                      torch.zeros(PAD_WORDS, dtype=torch.int32), torch.zeros(64, dtype=torch.int64),
-                                      torch.zeros(2, dtype=torch.int64), 2, 0, torch.zeros(1, dtype=torch.int32), (4,),
-                                      0, None, None)
+        launch._launch_gluon_producer(
+            a,
+            b,
+            False,
+            send,
+            out,
+            None,
+            recv,
+            0,
+            tables,
+            c,
+            1,
+            torch.zeros(PAD_WORDS, dtype=torch.int32),
+            torch.zeros(64, dtype=torch.int64),
+            torch.zeros(2, dtype=torch.int64),
+            2,
+            0,
+            torch.zeros(1, dtype=torch.int32),
+            (4,),
+            0,
+            None,
+            None,
+        )
 
 
 def test_producer_with_a_tile_across_two_chunks_keeps_the_pointer_epilogue(monkeypatch):
@@ -735,16 +900,20 @@ def test_the_interpreter_takes_the_full_launch_every_time():
     assert cache == {}
 
 
-@pytest.mark.parametrize("ws, m, order, rank, own_tiles, later", [
-    (2, 192, "arrival", 0, 3 * 2, False),  # blocks of 96 rows = 3 tiles of 32, 2 column tiles each
-    (2, 192, "arrival", 1, 3 * 2, False),
-    (2, 192, "arrival_colmajor", 1, 3 * 2, False),
-    (3, 120, "arrival", 0, 1 * 2, True),   # blocks of 40 rows: the tile at rows 32-63 straddles 0 and 1
-    (3, 120, "arrival", 1, 0, True),       # rows 40-79 hold no whole tile
-    (2, 192, "row_major", 1, 0, True),     # rank 1's own rows come after rank 0's in row order
-])
-def test_consumer_tables_say_which_tiles_read_the_shard_and_whether_the_copy_is_needed(ws, m, order, rank, own_tiles,
-                                                                                       later):
+@pytest.mark.parametrize(
+    "ws, m, order, rank, own_tiles, later",
+    [
+        (2, 192, "arrival", 0, 3 * 2, False),  # blocks of 96 rows = 3 tiles of 32, 2 column tiles each
+        (2, 192, "arrival", 1, 3 * 2, False),
+        (2, 192, "arrival_colmajor", 1, 3 * 2, False),
+        (3, 120, "arrival", 0, 1 * 2, True),  # blocks of 40 rows: the tile at rows 32-63 straddles 0 and 1
+        (3, 120, "arrival", 1, 0, True),  # rows 40-79 hold no whole tile
+        (2, 192, "row_major", 1, 0, True),  # rank 1's own rows come after rank 0's in row order
+    ],
+)
+def test_consumer_tables_say_which_tiles_read_the_shard_and_whether_the_copy_is_needed(
+    ws, m, order, rank, own_tiles, later
+):
     c = cand(template="direct", num_splits=1, tile_order=order)
     plan = plan_for("ag_gemm", "direct", ws, m, 1, c.block_m)
     tables = consumer_tables(plan, rank, 64, c, CPU)

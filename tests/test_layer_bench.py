@@ -11,8 +11,12 @@ from syncopate.tp.bench import LayerBench, format_layer_table
 
 def test_mlp_ops_forward_and_backward():
     b = LayerBench(layer="mlp", hidden=4096, ffn=14336, tokens=8192, tp=4)
-    assert b.ops() == [("ag_gemm", (8192, 28672, 4096)), ("gemm_rs", (8192, 4096, 14336)),
-                       ("ag_gemm", (8192, 14336, 4096)), ("gemm_rs", (8192, 4096, 28672))]
+    assert b.ops() == [
+        ("ag_gemm", (8192, 28672, 4096)),
+        ("gemm_rs", (8192, 4096, 14336)),
+        ("ag_gemm", (8192, 14336, 4096)),
+        ("gemm_rs", (8192, 4096, 28672)),
+    ]
     nsp = LayerBench(layer="mlp", hidden=4096, ffn=14336, tokens=2048, tp=2, sequence_parallel=False)
     assert nsp.ops() == [("gemm_ar", (2048, 4096, 14336)), ("gemm_ar", (2048, 4096, 28672))]
 
@@ -24,28 +28,38 @@ def test_attention_ops_use_the_head_widths():
     assert b.ops()[1] == ("gemm_rs", (4096, 4096, 4096))
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"layer": "moe"}, "unknown layer 'moe': accepted are mlp, attention"),
-    ({"tp": 1}, "tp=1: a tensor-parallel layer needs at least 2 ranks"),
-    ({"tokens": 8191}, "tokens=8191 must be a multiple of tp=2"),
-    ({"ffn": 14335}, "ffn=14335 must be a multiple of tp=2"),
-    ({"layer": "attention", "kv_heads": 3, "heads": 30, "hidden": 3840, "tp": 2},
-     "kv_heads=3 must be a multiple of tp=2"),
-    ({"impls": ("torch", "magic")}, r"impls=\['torch', 'magic'\]: accepted are torch, async_tp, syncopate, default"),
-    ({"hidden": 0}, "hidden=0 must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"layer": "moe"}, "unknown layer 'moe': accepted are mlp, attention"),
+        ({"tp": 1}, "tp=1: a tensor-parallel layer needs at least 2 ranks"),
+        ({"tokens": 8191}, "tokens=8191 must be a multiple of tp=2"),
+        ({"ffn": 14335}, "ffn=14335 must be a multiple of tp=2"),
+        (
+            {"layer": "attention", "kv_heads": 3, "heads": 30, "hidden": 3840, "tp": 2},
+            "kv_heads=3 must be a multiple of tp=2",
+        ),
+        (
+            {"impls": ("torch", "magic")},
+            r"impls=\['torch', 'magic'\]: accepted are torch, async_tp, syncopate, default",
+        ),
+        ({"hidden": 0}, "hidden=0 must be a positive integer"),
+    ],
+)
 def test_bad_settings_are_refused_with_the_value(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         LayerBench(**kwargs)
 
 
 def test_table_gives_torch_paths_over_ours_per_mode_and_pass():
-    result = {"results": {
-        "torch": {"eager/forward": 300.0, "graph/forward": 240.0},
-        "async_tp": {"eager/forward": 330.0, "graph/forward": 250.0},
-        "syncopate": {"eager/forward": 250.0, "graph/forward": 200.0},
-        "default": {"error": "RuntimeError: no"},
-    }}
+    result = {
+        "results": {
+            "torch": {"eager/forward": 300.0, "graph/forward": 240.0},
+            "async_tp": {"eager/forward": 330.0, "graph/forward": 250.0},
+            "syncopate": {"eager/forward": 250.0, "graph/forward": 200.0},
+            "default": {"error": "RuntimeError: no"},
+        }
+    }
     table = format_layer_table(result).splitlines()
     assert table[0].split(" | ")[:4] == ["mode/pass", "torch", "async_tp", "syncopate"]
     eager = table[2].split(" | ")

@@ -28,8 +28,12 @@ from syncopate.search_space.liveness import check_liveness, queue_operations
 from syncopate.search_space.tile_order import swizzle_group
 
 BLOCK_M = 128
-TEMPLATE_SPLITS = [(t, s) for t in ("direct", "ring", "bidirectional_ring") for s in (1, 2, 4, 8)
-                   if not (t == "bidirectional_ring" and s == 1)]
+TEMPLATE_SPLITS = [
+    (t, s)
+    for t in ("direct", "ring", "bidirectional_ring")
+    for s in (1, 2, 4, 8)
+    if not (t == "bidirectional_ring" and s == 1)
+]
 ORDERS = ("arrival", "arrival_colmajor", "swizzle", "row_major")
 WORLD_SIZES = (2, 3, 4, 8)
 BACKENDS = (("copy_engine", 0), ("nvshmem", 16), ("nccl", 64))
@@ -57,11 +61,18 @@ def old_schedule(n_cols: int, group_m: int, mixed_between: bool):
         def key(tm):
             chunks = range(s.mtile_chunk_lo[tm], s.mtile_chunk_hi[tm])
             sent = [s.chunk_ready[c] >= 0 for c in chunks]
-            return n_sent - 0.5 if mixed_between and any(sent) and not all(sent) else min(chunk_key[c] for c in chunks)
+            return (
+                n_sent - 0.5
+                if mixed_between and any(sent) and not all(sent)
+                else min(chunk_key[c] for c in chunks)
+            )
 
         keys = [key(tm) for tm in range(s.tiles_m)]
-        pairs = [p for k in sorted(set(keys)) for p in swizzle_group([tm for tm in range(s.tiles_m) if keys[tm] == k],
-                                                                       s.tiles_n, group_m)]
+        pairs = [
+            p
+            for k in sorted(set(keys))
+            for p in swizzle_group([tm for tm in range(s.tiles_m) if keys[tm] == k], s.tiles_n, group_m)
+        ]
         return dataclasses.replace(s, order=tuple(tm * s.tiles_n + tn for tm, tn in pairs), entry_chunk=())
 
     return make
@@ -75,8 +86,16 @@ def test_the_kernel_of_the_two_h200_deadlock_deadlocks_in_the_model():
     boundary waited for the peer's partial before counting its leaving rows, ahead of tiles of the
     leaving chunk; each rank's leaving chunk waited for the other's."""
     c = cand(template="direct", num_splits=1)
-    report = check_liveness("gemm_rs", c, 2, 4160, 1024, H200_SMS, epilogue="waits_first",
-                            schedule=old_schedule(1024, 4, mixed_between=False))
+    report = check_liveness(
+        "gemm_rs",
+        c,
+        2,
+        4160,
+        1024,
+        H200_SMS,
+        epilogue="waits_first",
+        schedule=old_schedule(1024, 4, mixed_between=False),
+    )
     assert not report.live
     text = report.describe()
     assert "DEADLOCK" in text and "tile (16, " in text  # rows 2048..2175 hold the boundary at 2080
@@ -86,25 +105,37 @@ def test_the_kernel_of_the_two_h200_deadlock_deadlocks_in_the_model():
     assert check_liveness("gemm_rs", c, 2, 4160, 1024, H200_SMS).live
 
 
-@pytest.mark.parametrize("n_cols, programs, live",
-                         [(1024, H200_SMS, True), (1024, 7, False), (17920, H200_SMS, False)])
+@pytest.mark.parametrize(
+    "n_cols, programs, live", [(1024, H200_SMS, True), (1024, 7, False), (17920, H200_SMS, False)]
+)
 def test_the_first_fix_deadlocked_when_a_program_held_two_boundary_tiles(n_cols, programs, live):
     """Commit 33175f5 counted the leaving rows first and put boundary tiles after every leaving
     tile: live on two H200s with N=1024 (8 boundary tiles, 132 programs), but a program with two
     of them waits for the peer's partial before counting the second one's leaving rows, and the
     peer does the same. Entries (one per chunk of a tile) end it."""
     c = cand(template="direct", num_splits=1)
-    old = check_liveness("gemm_rs", c, 2, 4160, n_cols, programs, schedule=old_schedule(n_cols, 4, mixed_between=True))
+    old = check_liveness(
+        "gemm_rs", c, 2, 4160, n_cols, programs, schedule=old_schedule(n_cols, 4, mixed_between=True)
+    )
     assert old.live == live, old.describe()
     assert check_liveness("gemm_rs", c, 2, 4160, n_cols, programs).live
 
 
 def test_a_deadlock_report_names_rank_program_tile_chunk_signal_and_stream():
     c = cand(template="direct", num_splits=1)
-    report = check_liveness("gemm_rs", c, 2, 4160, 1024, 7, schedule=old_schedule(1024, 4, mixed_between=True))
+    report = check_liveness(
+        "gemm_rs", c, 2, 4160, 1024, 7, schedule=old_schedule(1024, 4, mixed_between=True)
+    )
     text = report.describe()
-    for words in ("rank 0 program", "of 7", "tile (16, ", "chunk 1.0 [rows 2080, 4160)", "arrival word 0 on rank 0",
-                  "rank 1 stream 0", "before sending reduce chunk 0.0"):
+    for words in (
+        "rank 0 program",
+        "of 7",
+        "tile (16, ",
+        "chunk 1.0 [rows 2080, 4160)",
+        "arrival word 0 on rank 0",
+        "rank 1 stream 0",
+        "before sending reduce chunk 0.0",
+    ):
         assert words in text, (words, text)
     assert report.entries_done < report.entries_total
     assert not report
@@ -119,8 +150,14 @@ def _rows(kind: str, ws: int, splits: int, aligned: bool) -> int:
     return rows + (1 if kind == "gemm_ar" and not aligned else 0)
 
 
-def _sweep(kind: str, n_cols: int, world_sizes=WORLD_SIZES, orders=ORDERS, template_splits=TEMPLATE_SPLITS,
-           programs=(1, 7, 64, None)):
+def _sweep(
+    kind: str,
+    n_cols: int,
+    world_sizes=WORLD_SIZES,
+    orders=ORDERS,
+    template_splits=TEMPLATE_SPLITS,
+    programs=(1, 7, 64, None),
+):
     """(report, candidate, ws) of every accepted case; None in `programs` is all the SMs left."""
     topologies = {ws: Topology(world_size=ws, gpu_model="H200") for ws in world_sizes}
     grid = itertools.product(template_splits, orders, world_sizes, (True, False))
@@ -128,7 +165,9 @@ def _sweep(kind: str, n_cols: int, world_sizes=WORLD_SIZES, orders=ORDERS, templ
         rows = _rows(kind, ws, splits, aligned)
         workload = Workload(kind=kind, shape=(rows, n_cols * (ws if kind == "ag_gemm" else 1), 1024 * ws))
         for (backend, sms), shared in itertools.product(BACKENDS, (False, True)):
-            if shared and backend != "copy_engine":  # the other backends use one queue besides the own-chunk copies
+            if (
+                shared and backend != "copy_engine"
+            ):  # the other backends use one queue besides the own-chunk copies
                 continue
             c = cand(backend=backend, comm_sms=sms, template=template, num_splits=splits, tile_order=order)
             try:
@@ -136,7 +175,11 @@ def _sweep(kind: str, n_cols: int, world_sizes=WORLD_SIZES, orders=ORDERS, templ
             except ConfigError:
                 continue
             for p in programs:
-                yield check_liveness(kind, c, ws, rows, n_cols, p or H200_SMS - sms, shared_queue=shared), c, ws
+                yield (
+                    check_liveness(kind, c, ws, rows, n_cols, p or H200_SMS - sms, shared_queue=shared),
+                    c,
+                    ws,
+                )
 
 
 @pytest.mark.parametrize("kind", ["ag_gemm", "gemm_rs", "gemm_ar"])
@@ -153,9 +196,14 @@ def test_every_accepted_case_ends(kind):
 def test_producers_with_more_boundary_tiles_than_programs_end():
     """70 columns of tiles: more tiles straddle a block boundary than 7 or 64 programs."""
     for kind in ("gemm_rs", "gemm_ar"):
-        for report, _, _ in _sweep(kind, n_cols=70 * 128, world_sizes=(2, 8),
-                                   orders=("arrival", "arrival_colmajor"), programs=(7, 64),
-                                   template_splits=[("direct", 1), ("ring", 2), ("bidirectional_ring", 2)]):
+        for report, _, _ in _sweep(
+            kind,
+            n_cols=70 * 128,
+            world_sizes=(2, 8),
+            orders=("arrival", "arrival_colmajor"),
+            programs=(7, 64),
+            template_splits=[("direct", 1), ("ring", 2), ("bidirectional_ring", 2)],
+        ):
             assert report.live, report.describe()
 
 
@@ -171,8 +219,11 @@ def test_producer_orders_that_ignore_departures_are_refused_where_they_deadlock(
     w3 = Workload(kind=kind, shape=(3 * 1024, 1024, 3 * 1024))
     c = cand(backend="copy_engine", template="direct", num_splits=2, tile_order=order)
     assert not check_liveness(kind, c, 3, 3 * 1024, 256, 1).live
-    with pytest.raises(ConfigError, match=rf"tile order '{order}' can deadlock {kind} \(world size 3\).*"
-                                          r"accepted for .* are 'arrival' and 'arrival_colmajor'"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"tile order '{order}' can deadlock {kind} \(world size 3\).*"
+        r"accepted for .* are 'arrival' and 'arrival_colmajor'",
+    ):
         check_candidate(c, w3, Topology(world_size=3, gpu_model="H200"))
     w2 = Workload(kind=kind, shape=(2 * 1024, 1024, 2 * 1024))
     nccl = cand(backend="nccl", comm_sms=64, template="direct", num_splits=2, tile_order=order)
@@ -212,9 +263,15 @@ class _Trace:
         self.high_word = high_word  # what the words from READY_BASE on are: `local` (consumer) or `ready`
         self.ops: dict[int, list[tuple]] = {}
         self.streams = [SimpleNamespace(cuda_stream=i) for i in range(3)]
-        self.ctx = SimpleNamespace(rank=rank, world_size=ws, group=None, write_signal=self.write_signal,
-                                   raise_signal=lambda program, stream, r, word: program.write(stream, (r, word)),
-                                   signal_address=lambda r, word: (r, word), timeline=None)
+        self.ctx = SimpleNamespace(
+            rank=rank,
+            world_size=ws,
+            group=None,
+            write_signal=self.write_signal,
+            raise_signal=lambda program, stream, r, word: program.write(stream, (r, word)),
+            signal_address=lambda r, word: (r, word),
+            timeline=None,
+        )
 
     def word(self, rank: int, word: int) -> tuple:
         from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE, READY_BASE
@@ -279,19 +336,46 @@ def test_the_model_enqueues_what_the_backends_enqueue(kind, backend, monkeypatch
             monkeypatch.setattr(streamops, "_driver", lambda trace=trace: trace)
             monkeypatch.setattr(backends, "launch_chunk_copy", trace.chunk_copy)
             monkeypatch.setattr(backends, "stage_chunk_copy", lambda *args: None)
-            monkeypatch.setattr(backends, "dist", SimpleNamespace(
-                isend="isend", irecv="irecv", get_global_rank=lambda group, r: r,
-                P2POp=lambda op, tensor, peer, group: peer, batch_isend_irecv=trace.batch))
+            monkeypatch.setattr(
+                backends,
+                "dist",
+                SimpleNamespace(
+                    isend="isend",
+                    irecv="irecv",
+                    get_global_rank=lambda group, r: r,
+                    P2POp=lambda op, tensor, peer, group: peer,
+                    batch_isend_irecv=trace.batch,
+                ),
+            )
             buf = SimpleNamespace(peer_ptrs=[0] * ws, local=torch.zeros(rows, 4))
             impl = backends.BACKEND_IMPLS[backend]
             if kind == "ag_gemm":
-                call = backends.GatherCall(ctx=trace.ctx, plan=plan, candidate=c, epoch=1, main=None,
-                                           a_local=torch.zeros(rows, 4), a_full=buf, r0=0, row_bytes=8)
+                call = backends.GatherCall(
+                    ctx=trace.ctx,
+                    plan=plan,
+                    candidate=c,
+                    epoch=1,
+                    main=None,
+                    a_local=torch.zeros(rows, 4),
+                    a_full=buf,
+                    r0=0,
+                    row_bytes=8,
+                )
                 impl.start_gather(call, trace.streams)
             else:
                 call = backends.ScatterCall(
-                    ctx=trace.ctx, plan=plan, candidate=c, epoch=1, main=None, send=torch.zeros(rows, 4), recv=buf,
-                    n_cols=4, elem=2, out=torch.zeros(rows, 4), reduced=buf if kind == "gemm_ar" else None)
+                    ctx=trace.ctx,
+                    plan=plan,
+                    candidate=c,
+                    epoch=1,
+                    main=None,
+                    send=torch.zeros(rows, 4),
+                    recv=buf,
+                    n_cols=4,
+                    elem=2,
+                    out=torch.zeros(rows, 4),
+                    reduced=buf if kind == "gemm_ar" else None,
+                )
                 impl.start_scatter(call, trace.streams)
             model = queue_operations(kind, c, ws, rows, rank)
             assert model == trace.ops, (kind, backend, template, rank)
@@ -326,7 +410,9 @@ def test_the_model_raises_the_words_the_producer_tables_name():
         for rank in range(ws):
             t = producer_tables(plan, rank, 256, c, True, "cpu")
             for ci in range(plan.num_chunks):
-                words = {(sig >> 3 & 255, sig & 7, sig >> 11) for sig in call.on_done[rank * plan.num_chunks + ci]}
+                words = {
+                    (sig >> 3 & 255, sig & 7, sig >> 11) for sig in call.on_done[rank * plan.num_chunks + ci]
+                }
                 slots = [int(t.gather_slot[ci * ws + p]) for p in range(ws)]
                 gathers = {(p, _ARRIVAL, slot) for p, slot in enumerate(slots) if slot >= 0}
                 assert words == {(rank, _READY, int(t.chunk_ready[ci]))} | gathers
@@ -337,9 +423,20 @@ def test_the_model_raises_the_words_the_producer_tables_name():
 def test_the_kept_interleaved_order_ends(kind):
     """The opt-in producer order that moves kept chunks up among the sent ones (direct plans)."""
     direct = [("direct", s) for s in (1, 2, 4, 8)]
-    reports = [r for r, _, _ in _sweep(kind, n_cols=256, orders=("kept_interleaved",), template_splits=direct)]
-    reports += [r for r, _, _ in _sweep(kind, n_cols=70 * 128, world_sizes=(2, 8), orders=("kept_interleaved",),
-                                        template_splits=[("direct", 1), ("direct", 4)], programs=(7, 64))]
+    reports = [
+        r for r, _, _ in _sweep(kind, n_cols=256, orders=("kept_interleaved",), template_splits=direct)
+    ]
+    reports += [
+        r
+        for r, _, _ in _sweep(
+            kind,
+            n_cols=70 * 128,
+            world_sizes=(2, 8),
+            orders=("kept_interleaved",),
+            template_splits=[("direct", 1), ("direct", 4)],
+            programs=(7, 64),
+        )
+    ]
     assert len(reports) > 500
     dead = [r.describe() for r in reports if not r.live]
     assert not dead, f"{len(dead)} deadlock(s), the first:\n" + dead[0]

@@ -69,7 +69,10 @@ def test_a_stopped_parent_ends_every_rank(tmp_path, signum):
         except KeyboardInterrupt:
             sys.exit(130)
     """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))),
+    }
     parent = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True)
     try:
         ranks = _pids(tmp_path, 2)
@@ -121,7 +124,9 @@ def test_a_torchrun_process_joins_on_its_local_gpu_with_multicast_off(monkeypatc
     for var in MULTICAST_OFF:
         monkeypatch.setenv(var, os.environ.get(var, ""))  # restored after the test
     monkeypatch.setattr(torch.cuda, "set_device", lambda index: calls.append(("set_device", index)))
-    monkeypatch.setattr(dist, "init_process_group", lambda backend, device_id: calls.append((backend, device_id)))
+    monkeypatch.setattr(
+        dist, "init_process_group", lambda backend, device_id: calls.append((backend, device_id))
+    )
     device = join_torchrun()
     assert device == torch.device("cuda", 3)
     assert calls == [("set_device", 3), ("nccl", torch.device("cuda", 3))]

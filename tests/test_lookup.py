@@ -42,8 +42,14 @@ def populated(tmp_path):
     path = tmp_path / "results.db"
     with ResultsDB.open(path, upgrade=True) as db:
         sweep = db.start_sweep("s")
-        db.record_trials(sweep, [trial(0, median_us=300.0), trial(1, median_us=200.0),
-                                 trial(2, status="wrong_result", median_us=1.0)])
+        db.record_trials(
+            sweep,
+            [
+                trial(0, median_us=300.0),
+                trial(1, median_us=200.0),
+                trial(2, status="wrong_result", median_us=1.0),
+            ],
+        )
         db.record_trial(sweep, trial(3, w=workload(m=4096), median_us=150.0))
     return path
 
@@ -54,18 +60,21 @@ def test_public_names():
     assert {"lookup", "LookupResult"} <= set(syncopate.__all__)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"shape": (8192, 4096, 0)}, "K=0 must be positive"),
-    ({"shape": (8192, 4096)}, "is not understood"),
-    ({"shape": "8192x4096x8192"}, "is not understood"),
-    ({"kind": "mm"}, "unknown kind 'mm'"),
-    ({"dtype": "e5m2"}, "unknown dtype 'e5m2'"),
-    ({"dtype": "torch.int8"}, "unknown dtype"),
-    ({"topology": "H9x2-nvlink"}, "unknown GPU 'H9'"),
-    ({"topology": 7}, "neither a Topology nor a key"),
-    ({"shape": (8191, 4096, 8192)}, "M=8191 is not divisible by world size 2"),
-    ({"shape": (10**20, 4096, 8192)}, "M=100000000000000000000 is larger than 1048576"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"shape": (8192, 4096, 0)}, "K=0 must be positive"),
+        ({"shape": (8192, 4096)}, "is not understood"),
+        ({"shape": "8192x4096x8192"}, "is not understood"),
+        ({"kind": "mm"}, "unknown kind 'mm'"),
+        ({"dtype": "e5m2"}, "unknown dtype 'e5m2'"),
+        ({"dtype": "torch.int8"}, "unknown dtype"),
+        ({"topology": "H9x2-nvlink"}, "unknown GPU 'H9'"),
+        ({"topology": 7}, "neither a Topology nor a key"),
+        ({"shape": (8191, 4096, 8192)}, "M=8191 is not divisible by world size 2"),
+        ({"shape": (10**20, 4096, 8192)}, "M=100000000000000000000 is larger than 1048576"),
+    ],
+)
 def test_bad_arguments_fail_before_the_database_is_touched(tmp_path, kwargs, message):
     args = {"shape": (8192, 4096, 8192), "topology": "H200x2-nvlink", "db": tmp_path / "absent.db", **kwargs}
     with pytest.raises(ConfigError, match=message):
@@ -85,11 +94,21 @@ def test_torch_dtypes_and_names_are_the_same_lookup(populated):
 def test_the_ladder(populated, caplog):
     exact = lookup(W.shape, TOPO, db=populated, environment=ENV)
     assert (exact.match, exact.time_us, exact.environment) == ("exact", 200.0, ENV)
-    assert exact.to_dict() == {"candidate": exact.candidate.to_dict(), "match": "exact", "mode": "eager",
-                               "objective": "device (no eager measurement)", "reason": exact.reason,
-                               "trial_id": exact.trial_id, "time_us": 200.0, "eager_us": None, "host_us": None,
-                               "measured_on": "8192x4096x8192", "measured_topology": TOPO.key(),
-                               "environment": ENV.key(), "environment_versions": ENV.short()}
+    assert exact.to_dict() == {
+        "candidate": exact.candidate.to_dict(),
+        "match": "exact",
+        "mode": "eager",
+        "objective": "device (no eager measurement)",
+        "reason": exact.reason,
+        "trial_id": exact.trial_id,
+        "time_us": 200.0,
+        "eager_us": None,
+        "host_us": None,
+        "measured_on": "8192x4096x8192",
+        "measured_topology": TOPO.key(),
+        "environment": ENV.key(),
+        "environment_versions": ENV.short(),
+    }
     assert exact.reason.startswith(f"measured: trial {exact.trial_id} of this shape on H200x2-nvlink")
     near = lookup((7000 // 8 * 8, 4096, 8192), TOPO, db=populated, environment=ENV)
     assert near.match == "nearest_shape" and near.measured_on == W  # ln(8192/7000) < ln(7000/4096)
@@ -105,21 +124,36 @@ def test_the_ladder(populated, caplog):
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="syncopate.results_db.lookups"):
         elsewhere = lookup(W.shape, "H100x2-nvlink", db=populated, environment=ENV)
-    assert (elsewhere.match, elsewhere.trial_id, elsewhere.measured_topology) == ("other_topology", exact.trial_id, TOPO)
+    assert (elsewhere.match, elsewhere.trial_id, elsewhere.measured_topology) == (
+        "other_topology",
+        exact.trial_id,
+        TOPO,
+    )
     assert "closest measured topology H200x2-nvlink" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="syncopate.results_db.lookups"):
         modelled = lookup(W.shape, "H100x8-nvswitch", db=populated, environment=ENV)
     assert (modelled.match, modelled.trial_id, modelled.time_us) == ("cost_model", None, None)
     assert "no measured trial of them on H100x8-nvswitch" in caplog.text and "topology key" in caplog.text
-    assert set(modelled.to_dict()) == {"candidate", "match", "mode", "objective", "reason", "trial_id", "time_us",
-                                       "predicted_us", "database_holds"}
+    assert set(modelled.to_dict()) == {
+        "candidate",
+        "match",
+        "mode",
+        "objective",
+        "reason",
+        "trial_id",
+        "time_us",
+        "predicted_us",
+        "database_holds",
+    }
     assert modelled.to_dict()["database_holds"]["topologies"] == {"H200x2-nvlink": 3}
     assert near.to_dict()["measured_on"] == "4096x4096x8192"
 
 
 def test_nearest_shape_is_by_log_distance():
-    assert shape_distance(Shape(m=1024, n=1, k=1), Shape(m=2048, n=1, k=1)) == pytest.approx(0.693147, rel=1e-5)
+    assert shape_distance(Shape(m=1024, n=1, k=1), Shape(m=2048, n=1, k=1)) == pytest.approx(
+        0.693147, rel=1e-5
+    )
     assert shape_distance(Shape(m=4, n=4, k=4), Shape(m=4, n=4, k=4)) == 0.0
 
 
@@ -128,10 +162,21 @@ def test_a_stored_configuration_invalid_for_the_shape_asked_is_passed_over(tmp_p
     many_splits = Candidate(num_splits=64, block_n=128)
     with ResultsDB.open(path, upgrade=True) as db:
         sweep = db.start_sweep("s")
-        db.record_trial(sweep, TrialRecord(workload=workload(m=256), topology=TOPO, environment=ENV,
-                                           candidate=many_splits, status="ok", median_us=10.0))
+        db.record_trial(
+            sweep,
+            TrialRecord(
+                workload=workload(m=256),
+                topology=TOPO,
+                environment=ENV,
+                candidate=many_splits,
+                status="ok",
+                median_us=10.0,
+            ),
+        )
         far = db.record_trial(sweep, trial(0, w=workload(m=65536), median_us=900.0))
-    result = lookup((64, 4096, 8192), TOPO, db=path, environment=ENV)  # 32 rows per rank: 64 splits do not fit
+    result = lookup(
+        (64, 4096, 8192), TOPO, db=path, environment=ENV
+    )  # 32 rows per rank: 64 splits do not fit
     assert (result.match, result.trial_id) == ("nearest_shape", far)
 
 
@@ -142,8 +187,17 @@ def test_eight_gpus_pass_over_a_configuration_whose_chunks_cannot_be_cut_at_tile
     tp8 = Topology.from_key("H200x8-nvswitch")
     tall = Candidate(num_splits=8, block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3)
     with ResultsDB.open(path, upgrade=True) as db:
-        db.record_trial(db.start_sweep("s"), TrialRecord(
-            workload=workload(m=16384), topology=tp8, environment=ENV, candidate=tall, status="ok", median_us=10.0))
+        db.record_trial(
+            db.start_sweep("s"),
+            TrialRecord(
+                workload=workload(m=16384),
+                topology=tp8,
+                environment=ENV,
+                candidate=tall,
+                status="ok",
+                median_us=10.0,
+            ),
+        )
     result = lookup((16384, 4096, 8192), tp8, db=path, environment=ENV)
     assert (result.match, result.candidate) == ("exact", tall)
     result = lookup((8192, 4096, 8192), tp8, db=path, environment=ENV)
@@ -205,7 +259,9 @@ def test_an_explicit_path_that_does_not_exist_is_an_error(tmp_path):
 
 
 def test_an_export_file_that_does_not_exist_says_how_to_write_one(tmp_path):
-    with pytest.raises(LookupFailedError, match=r"export file .*best\.json does not exist: .*syncopate export --out"):
+    with pytest.raises(
+        LookupFailedError, match=r"export file .*best\.json does not exist: .*syncopate export --out"
+    ):
         lookup(W.shape, TOPO, db=tmp_path / "best.json", environment=ENV)
     assert not (tmp_path / "best.json").exists()
 
@@ -234,18 +290,27 @@ def test_an_export_file_answers_like_its_database(populated, tmp_path):
     from_db = lookup((4000, 4096, 8192), TOPO, db=populated, environment=ENV)
     from_file = lookup((4000, 4096, 8192), TOPO, db=tmp_path / "best.json", environment=ENV)
     assert (from_file.match, from_file.candidate, from_file.trial_id, from_file.time_us) == (
-        from_db.match, from_db.candidate, from_db.trial_id, from_db.time_us)
+        from_db.match,
+        from_db.candidate,
+        from_db.trial_id,
+        from_db.time_us,
+    )
     (tmp_path / "best.export").write_text((tmp_path / "best.json").read_text())  # any name will do
-    assert lookup(W.shape, TOPO, db=tmp_path / "best.export", environment=OTHER_ENV).match == "other_environment"
+    assert (
+        lookup(W.shape, TOPO, db=tmp_path / "best.export", environment=OTHER_ENV).match == "other_environment"
+    )
 
 
-@pytest.mark.parametrize("text, message", [
-    ("{not json", "is not valid JSON"),
-    ('{"entries": []}', "is not a Syncopate export file"),
-    ('{"format": "syncopate-best", "version": 7, "entries": []}', "has version 7"),
-    ('{"format": "syncopate-best", "version": 1, "entries": {}}', "no list of \"entries\""),
-    ('{"format": "syncopate-best", "version": 1, "entries": [{"workload": {}}]}', "entry 0"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{not json", "is not valid JSON"),
+        ('{"entries": []}', "is not a Syncopate export file"),
+        ('{"format": "syncopate-best", "version": 7, "entries": []}', "has version 7"),
+        ('{"format": "syncopate-best", "version": 1, "entries": {}}', 'no list of "entries"'),
+        ('{"format": "syncopate-best", "version": 1, "entries": [{"workload": {}}]}', "entry 0"),
+    ],
+)
 def test_a_corrupt_export_file_is_named(tmp_path, text, message):
     (tmp_path / "best.json").write_text(text)
     with pytest.raises(LookupFailedError, match=message):
@@ -277,14 +342,34 @@ def test_the_command_without_a_topology_names_the_option_once(populated, capsys)
     code = main(["lookup", "--m", "8192", "--n", "28672", "--k", "8192", "--db", str(populated)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1, err
-    assert err[0] == ("syncopate: error: cannot detect this machine's topology (no CUDA GPU is visible): pass "
-                      "--topology KEY, such as --topology H200x2-nvlink")
+    assert err[0] == (
+        "syncopate: error: cannot detect this machine's topology (no CUDA GPU is visible): pass "
+        "--topology KEY, such as --topology H200x2-nvlink"
+    )
 
 
 def test_the_command_says_its_answer_once(populated):
     """An answer measured under another environment is printed once, on stdout; the warning that a
     job calling syncopate.lookup gets in its log is not repeated on stderr."""
     m, n, k = W.shape.as_tuple()
-    r = subprocess.run([sys.executable, "-m", "syncopate", "lookup", "--m", str(m), "--n", str(n), "--k", str(k),
-                        "--topology", TOPO.key(), "--db", str(populated)], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "syncopate",
+            "lookup",
+            "--m",
+            str(m),
+            "--n",
+            str(n),
+            "--k",
+            str(k),
+            "--topology",
+            TOPO.key(),
+            "--db",
+            str(populated),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0 and "other_environment" in r.stdout and r.stderr == "", (r.stdout, r.stderr)

@@ -39,9 +39,12 @@ def test_llama_3_8b_at_tp4_calls_four_ops_forward_and_four_backward():
 @pytest.mark.parametrize("name", sorted(MODEL_SPECS))
 def test_every_projection_follows_the_column_and_row_rule(name):
     spec = MODEL_SPECS[name]
-    features = {"qkv": (spec.hidden, (spec.heads + 2 * spec.kv_heads) * spec.head_dim),
-                "o": (spec.heads * spec.head_dim, spec.hidden), "gate_up": (spec.hidden, 2 * spec.ffn),
-                "down": (spec.ffn, spec.hidden)}
+    features = {
+        "qkv": (spec.hidden, (spec.heads + 2 * spec.kv_heads) * spec.head_dim),
+        "o": (spec.heads * spec.head_dim, spec.hidden),
+        "gate_up": (spec.hidden, 2 * spec.ffn),
+        "down": (spec.ffn, spec.hidden),
+    }
     for c in layer_ops(spec, 8, 4096):
         n_in, n_out = features[c.projection]
         column = c.projection in ("qkv", "gate_up")
@@ -54,7 +57,10 @@ def test_every_projection_follows_the_column_and_row_rule(name):
 
 
 def test_qwen3_32b_heads_are_wider_than_its_hidden_size():
-    ops = {(c.projection, c.direction): c.workload.shape.key() for c in layer_ops(model_spec("qwen3-32b"), 8, 8192)}
+    ops = {
+        (c.projection, c.direction): c.workload.shape.key()
+        for c in layer_ops(model_spec("qwen3-32b"), 8, 8192)
+    }
     assert ops[("qkv", "forward")] == "8192x10240x5120"  # (64 + 2 * 8) heads of 128
     assert ops[("o", "forward")] == "8192x5120x8192"
 
@@ -69,9 +75,17 @@ def test_without_sequence_parallelism_the_all_reduces_remain():
 
 
 def test_widths_come_from_a_hugging_face_config(tmp_path):
-    config = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 4096, "intermediate_size": 12288,
-              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 36,
-              "vocab_size": 151936, "model_type": "qwen3"}
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "num_hidden_layers": 36,
+        "vocab_size": 151936,
+        "model_type": "qwen3",
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     spec = model_spec(tmp_path)  # the folder holding it, as a checkpoint's
     assert spec.to_dict() == {**MODEL_SPECS["qwen3-8b"].to_dict(), "name": "qwen3"}
@@ -82,15 +96,24 @@ def test_widths_come_from_a_hugging_face_config(tmp_path):
     assert (spec.head_dim, spec.kv_heads) == (128, 32)
 
 
-@pytest.mark.parametrize("call, said", [
-    (lambda: layer_ops(MODEL_SPECS["llama-3-8b"], 3, 8192), "heads=32 is not divisible by tp=3"),
-    (lambda: layer_ops(MODEL_SPECS["llama-3-8b"], 16, 8192), "kv_heads=8 is not divisible by tp=16"),
-    (lambda: layer_ops(MODEL_SPECS["llama-3-8b"], 4, 8190), "tokens=8190 is not divisible by tp=4"),
-    (lambda: layer_ops(MODEL_SPECS["llama-3-8b"], 1, 8192), "--tp 1 must be an integer of at least 2"),
-    (lambda: model_spec("llama-9b"), "unknown model 'llama-9b': known are llama-3-8b"),
-    (lambda: ModelSpec(name="x", hidden=64, ffn=0, heads=4, kv_heads=4, head_dim=16), "ffn=0 must be a positive"),
-    (lambda: ModelSpec(name="x", hidden=64, ffn=64, heads=4, kv_heads=3, head_dim=16), "not a multiple of kv_heads=3"),
-])
+@pytest.mark.parametrize(
+    "call, said",
+    [
+        (lambda: layer_ops(MODEL_SPECS["llama-3-8b"], 3, 8192), "heads=32 is not divisible by tp=3"),
+        (lambda: layer_ops(MODEL_SPECS["llama-3-8b"], 16, 8192), "kv_heads=8 is not divisible by tp=16"),
+        (lambda: layer_ops(MODEL_SPECS["llama-3-8b"], 4, 8190), "tokens=8190 is not divisible by tp=4"),
+        (lambda: layer_ops(MODEL_SPECS["llama-3-8b"], 1, 8192), "--tp 1 must be an integer of at least 2"),
+        (lambda: model_spec("llama-9b"), "unknown model 'llama-9b': known are llama-3-8b"),
+        (
+            lambda: ModelSpec(name="x", hidden=64, ffn=0, heads=4, kv_heads=4, head_dim=16),
+            "ffn=0 must be a positive",
+        ),
+        (
+            lambda: ModelSpec(name="x", hidden=64, ffn=64, heads=4, kv_heads=3, head_dim=16),
+            "not a multiple of kv_heads=3",
+        ),
+    ],
+)
 def test_what_does_not_split_is_refused_by_name(call, said):
     with pytest.raises(ConfigError, match=said):
         call()
@@ -111,8 +134,28 @@ def db(tmp_path, monkeypatch):
 
 def test_tune_model_predicts_every_op_and_shows_what_lookup_gives(tmp_path, db, capsys):
     out_config = tmp_path / "llama.yaml"
-    assert main(["tune", "--model", "llama-3-8b", "--tp", "4", "--tokens", "8192", "--runner", "model",
-                 "--max-trials", "2", "--db", db, "--config-out", str(out_config)]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                "--model",
+                "llama-3-8b",
+                "--tp",
+                "4",
+                "--tokens",
+                "8192",
+                "--runner",
+                "model",
+                "--max-trials",
+                "2",
+                "--db",
+                db,
+                "--config-out",
+                str(out_config),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr()
     assert "predicting for H200x4-nvswitch" in out.err
     text = " ".join(out.out.split())
@@ -130,15 +173,20 @@ def test_tune_model_predicts_every_op_and_shows_what_lookup_gives(tmp_path, db, 
         assert {t.record.source for t in d.trials()} == {"predicted"}
 
 
-@pytest.mark.parametrize("args, said", [
-    ([], "give a sweep CONFIG (YAML), or --model NAME --tp N"),
-    (["--model", "llama-3-8b"], "--model llama-3-8b needs --tp N"),
-    (["configs/quickstart.yaml", "--model", "llama-3-8b", "--tp", "2"], "not both"),
-    (["configs/quickstart.yaml", "--tp", "2", "--tokens", "4096"], "--tp, --tokens go with --model"),
-    (["--model", "llama-3-8b", "--tp", "2", "--topology", "H200x4-nvswitch", "--runner", "model"],
-     "--topology H200x4-nvswitch has 4 GPUs but --tp is 2"),
-    (["--model", "qwen3-14b", "--tp", "3", "--runner", "model"], "heads=40 is not divisible by tp=3"),
-])
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        ([], "give a sweep CONFIG (YAML), or --model NAME --tp N"),
+        (["--model", "llama-3-8b"], "--model llama-3-8b needs --tp N"),
+        (["configs/quickstart.yaml", "--model", "llama-3-8b", "--tp", "2"], "not both"),
+        (["configs/quickstart.yaml", "--tp", "2", "--tokens", "4096"], "--tp, --tokens go with --model"),
+        (
+            ["--model", "llama-3-8b", "--tp", "2", "--topology", "H200x4-nvswitch", "--runner", "model"],
+            "--topology H200x4-nvswitch has 4 GPUs but --tp is 2",
+        ),
+        (["--model", "qwen3-14b", "--tp", "3", "--runner", "model"], "heads=40 is not divisible by tp=3"),
+    ],
+)
 def test_tune_model_refuses_bad_arguments_and_stores_nothing(tmp_path, db, capsys, args, said):
     assert main(["tune", *args, "--db", db]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -14,8 +14,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-
 from db_data import ENV, OTHER_ENV
+
 from syncopate.autotuner.confirm import Confirmation
 from syncopate.cli import main
 from syncopate.errors import ConfigError, SchemaError
@@ -53,8 +53,16 @@ def tuned(topology: Topology = H200X4, workload: Workload = W, n: int = 2):
 
 
 def trial(candidate, median, eager=None, host=None, *, workload=W, topology=H200X4, env=H200X4_ENV):
-    return TrialRecord(workload=workload, topology=topology, environment=env, candidate=candidate, status="ok",
-                       median_us=median, eager_us=eager, host_us=host)
+    return TrialRecord(
+        workload=workload,
+        topology=topology,
+        environment=env,
+        candidate=candidate,
+        status="ok",
+        median_us=median,
+        eager_us=eager,
+        host_us=host,
+    )
 
 
 def store(path: Path, trials: list[TrialRecord]) -> dict[str, int]:
@@ -103,15 +111,23 @@ def test_an_unknown_mode_is_refused_before_any_database_is_touched(tmp_path):
 
 def test_eager_and_graph_serve_different_trials_where_their_rankings_differ(tmp_path):
     host_bound, quick = tuned()
-    ids = store(tmp_path / "r.db", [
-        trial(host_bound, 100.0, 400.0, 390.0),  # fastest on the device, but the host holds every call up
-        trial(quick, 150.0, 160.0, 120.0),
-        trial(default_candidate(W, H200X4), 130.0, 380.0, 370.0),
-        trial(unfused_candidate(), 200.0, 210.0, 130.0),
-    ])
+    ids = store(
+        tmp_path / "r.db",
+        [
+            trial(host_bound, 100.0, 400.0, 390.0),  # fastest on the device, but the host holds every call up
+            trial(quick, 150.0, 160.0, 120.0),
+            trial(default_candidate(W, H200X4), 130.0, 380.0, 370.0),
+            trial(unfused_candidate(), 200.0, 210.0, 130.0),
+        ],
+    )
     graph = lookup(W.shape, H200X4, db=tmp_path / "r.db", environment=ENV, mode="graph")
     eager = lookup(W.shape, H200X4, db=tmp_path / "r.db", environment=ENV)
-    assert (graph.match, graph.candidate, graph.objective, graph.time_us) == ("exact", host_bound, "device", 100.0)
+    assert (graph.match, graph.candidate, graph.objective, graph.time_us) == (
+        "exact",
+        host_bound,
+        "device",
+        100.0,
+    )
     assert (eager.match, eager.candidate, eager.objective, eager.mode) == ("exact", quick, "eager", "eager")
     assert (eager.trial_id, eager.eager_us, eager.host_us) == (ids[quick.key()], 160.0, 120.0)
     assert eager.to_dict()["eager_us"] == 160.0 and not eager.guard
@@ -124,14 +140,24 @@ def test_eager_and_graph_serve_different_trials_where_their_rankings_differ(tmp_
 def test_a_fused_candidate_slower_in_eager_than_unfused_is_served_only_in_graph(tmp_path):
     (fused,) = tuned(n=1)
     default = default_candidate(W, H200X4)
-    ids = store(tmp_path / "r.db", [
-        trial(fused, 100.0, 400.0),
-        trial(default, 150.0, 390.0),
-        trial(unfused_candidate(), 200.0, 210.0),
-    ])
+    ids = store(
+        tmp_path / "r.db",
+        [
+            trial(fused, 100.0, 400.0),
+            trial(default, 150.0, 390.0),
+            trial(unfused_candidate(), 200.0, 210.0),
+        ],
+    )
     eager = lookup(W.shape, H200X4, db=tmp_path / "r.db", environment=ENV)
-    assert (eager.candidate, eager.guard, eager.trial_id) == (unfused_candidate(), "unfused", ids[unfused_candidate().key()])
-    assert f"the fastest tuned candidate there (trial {ids[fused.key()]}, 400.0 µs a call eager) is slower" in eager.reason
+    assert (eager.candidate, eager.guard, eager.trial_id) == (
+        unfused_candidate(),
+        "unfused",
+        ids[unfused_candidate().key()],
+    )
+    assert (
+        f"the fastest tuned candidate there (trial {ids[fused.key()]}, 400.0 µs a call eager) is slower"
+        in eager.reason
+    )
     graph = lookup(W.shape, H200X4, db=tmp_path / "r.db", environment=ENV, mode="graph")
     assert (graph.candidate, graph.guard) == (fused, "")
     # the nearest shape's guard stands for the guard of the shape asked
@@ -142,19 +168,36 @@ def test_a_fused_candidate_slower_in_eager_than_unfused_is_served_only_in_graph(
 def test_the_untuned_default_served_is_the_default_of_the_shape_asked(tmp_path):
     (fused,) = tuned(n=1)
     measured_default = default_candidate(W, H200X4)
-    ids = store(tmp_path / "r.db", [trial(fused, 100.0, 400.0), trial(measured_default, 150.0, 300.0),
-                                    trial(unfused_candidate(), 200.0, 350.0)])
+    ids = store(
+        tmp_path / "r.db",
+        [
+            trial(fused, 100.0, 400.0),
+            trial(measured_default, 150.0, 300.0),
+            trial(unfused_candidate(), 200.0, 350.0),
+        ],
+    )
     exact = lookup(W.shape, H200X4, db=tmp_path / "r.db", environment=ENV)
-    assert (exact.guard, exact.candidate, exact.trial_id) == ("default", measured_default, ids[measured_default.key()])
+    assert (exact.guard, exact.candidate, exact.trial_id) == (
+        "default",
+        measured_default,
+        ids[measured_default.key()],
+    )
     small = Workload(kind="ag_gemm", shape=(1024, 11008, 4096))
     near = lookup(small.shape, H200X4, db=tmp_path / "r.db", environment=ENV)
-    assert (near.match, near.guard, near.candidate) == ("nearest_shape", "default", default_candidate(small, H200X4))
+    assert (near.match, near.guard, near.candidate) == (
+        "nearest_shape",
+        "default",
+        default_candidate(small, H200X4),
+    )
     assert near.measured_on == W and near.trial_id == ids[measured_default.key()]
 
 
 def test_a_guard_under_another_environment_does_not_count(tmp_path):
     (fused,) = tuned(n=1)
-    store(tmp_path / "r.db", [trial(fused, 100.0, 400.0), trial(unfused_candidate(), 200.0, 210.0, env=OTHER_ENV)])
+    store(
+        tmp_path / "r.db",
+        [trial(fused, 100.0, 400.0), trial(unfused_candidate(), 200.0, 210.0, env=OTHER_ENV)],
+    )
     assert lookup(W.shape, H200X4, db=tmp_path / "r.db", environment=ENV).candidate == fused
 
 
@@ -172,12 +215,25 @@ def test_without_eager_figures_eager_ranks_by_device_time_and_says_so(tmp_path):
 def test_another_gpu_model_with_the_same_count_and_interconnect_answers(tmp_path):
     a, b = tuned()
     h100 = tuned(topology=H100X4_PCIE, n=1)[0]
-    ids = store(tmp_path / "r.db", [trial(a, 100.0, 150.0), trial(b, 120.0, 130.0),
-                                    trial(h100, 90.0, 95.0, topology=H100X4_PCIE, env=H100_ENV)])
+    ids = store(
+        tmp_path / "r.db",
+        [
+            trial(a, 100.0, 150.0),
+            trial(b, 120.0, 130.0),
+            trial(h100, 90.0, 95.0, topology=H100X4_PCIE, env=H100_ENV),
+        ],
+    )
     result = lookup(W.shape, H100X4, db=tmp_path / "r.db", environment=H100_ENV)
-    assert (result.match, result.measured_topology, result.trial_id) == ("other_topology", H200X4, ids[b.key()])
+    assert (result.match, result.measured_topology, result.trial_id) == (
+        "other_topology",
+        H200X4,
+        ids[b.key()],
+    )
     assert result.environment == H200X4_ENV
-    assert "closest measured topology H200x4-nvswitch (same GPU count and interconnect, H200 GPUs)" in result.reason
+    assert (
+        "closest measured topology H200x4-nvswitch (same GPU count and interconnect, H200 GPUs)"
+        in result.reason
+    )
     assert result.to_dict()["measured_topology"] == "H200x4-nvswitch"
     pcie = lookup(W.shape, Topology.from_key("H200x4-pcie"), db=tmp_path / "r.db", environment=ENV)
     assert (pcie.match, pcie.measured_topology) == ("other_topology", H100X4_PCIE)  # same interconnect first
@@ -215,7 +271,11 @@ def test_default_answers_only_where_the_cost_model_cannot_and_says_what_the_data
     store(tmp_path / "r.db", [trial(c, 100.0, 150.0)])
     unknown = Topology(world_size=4, gpu_model="X9", interconnect="nvswitch", sm_count=100, memory_gb=64.0)
     result = lookup(W.shape, unknown, db=tmp_path / "r.db", environment=ENV)
-    assert (result.match, result.candidate, result.objective) == ("default", default_candidate(W, unknown), "")
+    assert (result.match, result.candidate, result.objective) == (
+        "default",
+        default_candidate(W, unknown),
+        "",
+    )
     assert "no default calibration for GPU model X9" in result.reason
     assert "The database holds 1 measured trial: ag_gemm/bf16 1; on H200x4-nvswitch 1" in result.reason
     holds = result.to_dict()["database_holds"]
@@ -227,8 +287,14 @@ def test_default_answers_only_where_the_cost_model_cannot_and_says_what_the_data
 
 def test_export_and_import_carry_the_times_and_both_modes_picks(tmp_path):
     (fused,) = tuned(n=1)
-    store(tmp_path / "r.db", [trial(fused, 100.0, 400.0, 380.0), trial(default_candidate(W, H200X4), 150.0, 390.0),
-                              trial(unfused_candidate(), 200.0, 210.0, 120.0)])
+    store(
+        tmp_path / "r.db",
+        [
+            trial(fused, 100.0, 400.0, 380.0),
+            trial(default_candidate(W, H200X4), 150.0, 390.0),
+            trial(unfused_candidate(), 200.0, 210.0, 120.0),
+        ],
+    )
     out = tmp_path / "best.json"
     with ResultsDB.open(tmp_path / "r.db", read_only=True) as db:
         assert db.export_best(out) == 2
@@ -239,14 +305,23 @@ def test_export_and_import_carry_the_times_and_both_modes_picks(tmp_path):
     for mode in ("eager", "graph"):
         from_db = lookup(W.shape, H200X4, db=tmp_path / "r.db", environment=ENV, mode=mode)
         from_file = lookup(W.shape, H200X4, db=out, environment=ENV, mode=mode)
-        assert (from_file.candidate, from_file.trial_id, from_file.eager_us, from_file.guard, from_file.objective) == (
-            from_db.candidate, from_db.trial_id, from_db.eager_us, from_db.guard, from_db.objective)
+        assert (
+            from_file.candidate,
+            from_file.trial_id,
+            from_file.eager_us,
+            from_file.guard,
+            from_file.objective,
+        ) == (from_db.candidate, from_db.trial_id, from_db.eager_us, from_db.guard, from_db.objective)
     with ResultsDB.open(tmp_path / "copy.db", upgrade=True) as copy:
         assert copy.import_best(out) == 2
         assert {(t.candidate, t.eager_us, t.host_us) for t in copy.trials()} == {
-            (fused, 400.0, 380.0), (unfused_candidate(), 210.0, 120.0)}
+            (fused, 400.0, 380.0),
+            (unfused_candidate(), 210.0, 120.0),
+        }
         assert {p.mode: (p.trial.candidate, p.guard) for p in copy.picks()} == {
-            "eager": (unfused_candidate(), "unfused"), "graph": (fused, "")}
+            "eager": (unfused_candidate(), "unfused"),
+            "graph": (fused, ""),
+        }
 
 
 def test_an_export_file_of_version_1_serves_both_modes(tmp_path):
@@ -287,27 +362,42 @@ def test_a_database_at_revision_0001_is_read_as_it_is_then_upgraded_with_its_dat
     _downgrade_to_0001(path)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     old = lookup(W.shape, H200X4, db=path, environment=ENV)
-    assert (old.trial_id, old.eager_us, old.objective) == (ids[b.key()], None, "device (no eager measurement)")
+    assert (old.trial_id, old.eager_us, old.objective) == (
+        ids[b.key()],
+        None,
+        "device (no eager measurement)",
+    )
     with ResultsDB.open(path, read_only=True) as db:
         assert db.revision == "0001" and not db.has_times
-        assert {t.trial_id: (t.median_us, t.eager_us) for t in db.trials()} == {ids[a.key()]: (120.0, None),
-                                                                                 ids[b.key()]: (100.0, None)}
+        assert {t.trial_id: (t.median_us, t.eager_us) for t in db.trials()} == {
+            ids[a.key()]: (120.0, None),
+            ids[b.key()]: (100.0, None),
+        }
         assert db.best(W, H200X4, ENV).trial_id == ids[b.key()]
         assert len(db.picks()) == 2
-    with ResultsDB.open(path) as db, pytest.raises(SchemaError, match=r"revision 0001, older .*`syncopate db upgrade --db"):
+    with (
+        ResultsDB.open(path) as db,
+        pytest.raises(SchemaError, match=r"revision 0001, older .*`syncopate db upgrade --db"),
+    ):
         db.record_trial(db.start_sweep("more"), trial(a, 1.0))
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest  # read, refused: nothing written
 
     assert upgrade(locate(path)) == ("0001", HEAD)
     with ResultsDB.open(path) as db:
-        assert {t.trial_id: (t.median_us, t.eager_us) for t in db.trials()} == {ids[a.key()]: (120.0, None),
-                                                                                 ids[b.key()]: (100.0, None)}
+        assert {t.trial_id: (t.median_us, t.eager_us) for t in db.trials()} == {
+            ids[a.key()]: (120.0, None),
+            ids[b.key()]: (100.0, None),
+        }
         db.record_trial(db.start_sweep("more"), trial(unfused_candidate(), 80.0, 90.0, 70.0))
         assert db.trials()[-1].record.host_us == 70.0
     clear_cache()
     now = lookup(W.shape, H200X4, db=path, environment=ENV)
     # the tuned trials have no eager figure: the guard is compared by device time
-    assert (now.candidate, now.guard, now.objective) == (unfused_candidate(), "unfused", "device (no eager measurement)")
+    assert (now.candidate, now.guard, now.objective) == (
+        unfused_candidate(),
+        "unfused",
+        "device (no eager measurement)",
+    )
 
 
 def _committed_trial(path: Path) -> tuple[Workload, str, object, int]:
@@ -323,10 +413,18 @@ def _committed_trial(path: Path) -> tuple[Workload, str, object, int]:
             "AND f.environment_id = tr.environment_id AND f.status = 'ok' AND f.source = 'measured' "
             "ORDER BY f.median_us, f.id LIMIT 1) ORDER BY tr.id LIMIT 1"
         ).fetchone()
-        env = c.execute("SELECT syncopate, torch, triton, cuda, nccl, driver, gpu_model FROM syncopate_environments "
-                        "WHERE id = ?", (env_id,)).fetchone()
+        env = c.execute(
+            "SELECT syncopate, torch, triton, cuda, nccl, driver, gpu_model FROM syncopate_environments "
+            "WHERE id = ?",
+            (env_id,),
+        ).fetchone()
     names = ("syncopate", "torch", "triton", "cuda", "nccl", "driver", "gpu_model")
-    return Workload(kind=kind, shape=(m, n, k), dtype=dtype), topo, Environment(**dict(zip(names, env))), trial_id
+    return (
+        Workload(kind=kind, shape=(m, n, k), dtype=dtype),
+        topo,
+        Environment(**dict(zip(names, env))),
+        trial_id,
+    )
 
 
 def test_a_committed_database_at_revision_0001_answers_lookup_read_only(tmp_path):
@@ -337,8 +435,9 @@ def test_a_committed_database_at_revision_0001_answers_lookup_read_only(tmp_path
     workload, topo, env, fastest = _committed_trial(copy)
     result = lookup(workload.shape, topo, kind=workload.kind, dtype=workload.dtype, db=copy, environment=env)
     assert (result.match, result.objective) == ("exact", "device (no eager measurement)")
-    graph = lookup(workload.shape, topo, kind=workload.kind, dtype=workload.dtype, db=copy, environment=env,
-                   mode="graph")
+    graph = lookup(
+        workload.shape, topo, kind=workload.kind, dtype=workload.dtype, db=copy, environment=env, mode="graph"
+    )
     assert result.trial_id == graph.trial_id == fastest  # no eager figure there: both rank by device time
     assert hashlib.sha256(copy.read_bytes()).hexdigest() == digest
     copy.chmod(0o644)
@@ -352,12 +451,27 @@ def test_a_committed_database_at_revision_0001_answers_lookup_read_only(tmp_path
 def test_the_cli_lookup_takes_a_mode_and_refuses_an_unknown_one(tmp_path, capsys):
     host_bound, quick = tuned()
     store(tmp_path / "r.db", [trial(host_bound, 100.0, 400.0), trial(quick, 150.0, 160.0)])
-    args = ["lookup", "--m", "8192", "--n", "11008", "--k", "4096", "--topology", "H200x4-nvswitch",
-            "--db", str(tmp_path / "r.db")]
+    args = [
+        "lookup",
+        "--m",
+        "8192",
+        "--n",
+        "11008",
+        "--k",
+        "4096",
+        "--topology",
+        "H200x4-nvswitch",
+        "--db",
+        str(tmp_path / "r.db"),
+    ]
     assert main([*args, "--mode", "graph", "--json"]) == 0
     # this process's environment is not the stored one: the other-environment rung answers, in the mode
     graph = json.loads(capsys.readouterr().out)
-    assert (graph["mode"], graph["objective"], graph["candidate"]) == ("graph", "device", host_bound.to_dict())
+    assert (graph["mode"], graph["objective"], graph["candidate"]) == (
+        "graph",
+        "device",
+        host_bound.to_dict(),
+    )
     assert main([*args, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["candidate"] == quick.to_dict()
     assert main([*args, "--mode", "eagerly"]) == 2
@@ -387,9 +501,14 @@ def test_the_confirmation_ranks_and_pools_in_the_mode_and_declares_a_faster_guar
 # -- the tuner in a mode ------------------------------------------------------------------------
 
 
-SMALL_SPACE = {"backends": ["copy_engine", "nccl"], "templates": ["direct"], "num_splits": [1, 2],
-               "tile_orders": ["arrival", "row_major"], "tile_configs": ["128x256x64w8s3", "128x128x64w8s4"],
-               "group_m": [8]}
+SMALL_SPACE = {
+    "backends": ["copy_engine", "nccl"],
+    "templates": ["direct"],
+    "num_splits": [1, 2],
+    "tile_orders": ["arrival", "row_major"],
+    "tile_configs": ["128x256x64w8s3", "128x128x64w8s4"],
+    "group_m": [8],
+}
 
 
 def _tune(tmp_path: Path, name: str, mode: str, **fields):
@@ -400,8 +519,14 @@ def _tune(tmp_path: Path, name: str, mode: str, **fields):
 
     from syncopate.autotuner.tune import TuneOptions, run_tune
 
-    data = {"name": name, "topology": "H200x2-nvlink", "workloads": [{"kind": "ag_gemm", "shapes": [[2048, 4096, 4096]]}],
-            "strategy": {"name": "grid", "seed": 0}, "space": SMALL_SPACE, **fields}
+    data = {
+        "name": name,
+        "topology": "H200x2-nvlink",
+        "workloads": [{"kind": "ag_gemm", "shapes": [[2048, 4096, 4096]]}],
+        "strategy": {"name": "grid", "seed": 0},
+        "space": SMALL_SPACE,
+        **fields,
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     db = f"sqlite:///{tmp_path / f'{name}.db'}"
@@ -417,14 +542,21 @@ def test_a_sweep_measures_the_guards_first_and_ranks_its_best_in_its_mode(tmp_pa
 
     two = Topology.from_key("H200x2-nvlink")
     w = Workload(kind="ag_gemm", shape=(2048, 4096, 4096))
-    options = SpaceOptions(backends=("copy_engine", "nccl"), templates=("direct",), num_splits=(1, 2),
-                           tile_orders=("arrival", "row_major"), group_m=(8,),
-                           tile_configs=tuple(TileConfig.from_key(k) for k in SMALL_SPACE["tile_configs"]))
+    options = SpaceOptions(
+        backends=("copy_engine", "nccl"),
+        templates=("direct",),
+        num_splits=(1, 2),
+        tile_orders=("arrival", "row_major"),
+        group_m=(8,),
+        tile_configs=tuple(TileConfig.from_key(k) for k in SMALL_SPACE["tile_configs"]),
+    )
     sweep_file = tmp_path / "sweep.json"
     write_sweep(sweep_file, synthetic_sweep([w], two, seed=1, options=options))
     best = {}
     for mode in ("eager", "graph"):
-        result, trials = _tune(tmp_path, f"replay-{mode}", mode, runner="replay", replay={"source": str(sweep_file)})
+        result, trials = _tune(
+            tmp_path, f"replay-{mode}", mode, runner="replay", replay={"source": str(sweep_file)}
+        )
         guards = [c.key() for c in guard_candidates(w, two).values()]
         assert [t.candidate.key() for t in trials[:2]] == guards  # unfused, outside this space, measured too
         ok = [t for t in trials if t.status == "ok"]
@@ -438,8 +570,9 @@ def test_a_sweep_measures_the_guards_first_and_ranks_its_best_in_its_mode(tmp_pa
 
 
 def test_the_model_runner_predicts_host_and_eager_times(tmp_path):
-    result, trials = _tune(tmp_path, "model", "eager", runner="model", strategy={"name": "random", "max_trials": 5,
-                                                                                  "seed": 0})
+    result, trials = _tune(
+        tmp_path, "model", "eager", runner="model", strategy={"name": "random", "max_trials": 5, "seed": 0}
+    )
     ok = [t for t in trials if t.status == "ok"]
     assert len(trials) == 5 and {t.record.source for t in trials} == {"predicted"}
     assert all(t.host_us > 0 and t.eager_us == max(t.median_us, t.host_us) for t in ok)

@@ -40,11 +40,25 @@ def _gather_worker(rank, ws, init, template, splits, q):
             assert any(x.chunk == t.chunk for x in arrivals), "forwarded a chunk before it arrived"
             return a_full[t.row_start : t.row_end]
 
-        nccl_exchange(plan, rank, "gather", dist.group.WORLD, send_view, lambda t: a_full[t.row_start : t.row_end],
-                      lambda t: None, arrivals.append)
+        nccl_exchange(
+            plan,
+            rank,
+            "gather",
+            dist.group.WORLD,
+            send_view,
+            lambda t: a_full[t.row_start : t.row_end],
+            lambda t: None,
+            arrivals.append,
+        )
         ok = torch.equal(a_full, full)
         slots = [t.signal for t in arrivals]
-        q.put((rank, ok, slots == sorted(slots) and len(set(slots)) == len(slots) == len(plan.recvs(rank, "gather"))))
+        q.put(
+            (
+                rank,
+                ok,
+                slots == sorted(slots) and len(set(slots)) == len(slots) == len(plan.recvs(rank, "gather")),
+            )
+        )
     finally:
         dist.destroy_process_group()
 
@@ -78,8 +92,16 @@ def _reduce_worker(rank, ws, init, template, splits, q):
         def arrived(t):
             got[(t.chunk, t.src, t.step)] = t
 
-        nccl_exchange(plan, rank, "reduce", dist.group.WORLD, lambda t: send[t.row_start : t.row_end], incoming,
-                      before_send, arrived)
+        nccl_exchange(
+            plan,
+            rank,
+            "reduce",
+            dist.group.WORLD,
+            lambda t: send[t.row_start : t.row_end],
+            incoming,
+            before_send,
+            arrived,
+        )
         lo, hi = block_bounds(rows, ws, rank)
         own = mine[lo:hi].clone()
         for t in got.values():
@@ -115,8 +137,16 @@ def _all_reduce_worker(rank, ws, init, template, splits, q):
                     acc += incoming(x).view(t.rows, n)
             send[t.row_start : t.row_end] = acc
 
-        nccl_exchange(plan, rank, "reduce", dist.group.WORLD, lambda t: send[t.row_start : t.row_end],
-                      incoming, before_send, got.append)
+        nccl_exchange(
+            plan,
+            rank,
+            "reduce",
+            dist.group.WORLD,
+            lambda t: send[t.row_start : t.row_end],
+            incoming,
+            before_send,
+            got.append,
+        )
         lo, hi = block_bounds(rows, ws, rank)
         out = torch.full((rows, n), float("nan"))
         out[lo:hi] = mine[lo:hi]
@@ -124,8 +154,16 @@ def _all_reduce_worker(rank, ws, init, template, splits, q):
             if t.block == rank:
                 out[t.row_start : t.row_end] += incoming(t).view(t.rows, n)
         gathered = []
-        nccl_exchange(plan, rank, "gather", dist.group.WORLD, lambda t: out[t.row_start : t.row_end],
-                      lambda t: out[t.row_start : t.row_end], lambda t: None, gathered.append)
+        nccl_exchange(
+            plan,
+            rank,
+            "gather",
+            dist.group.WORLD,
+            lambda t: out[t.row_start : t.row_end],
+            lambda t: out[t.row_start : t.row_end],
+            lambda t: None,
+            gathered.append,
+        )
         from_owners = all(t.src == t.block for t in gathered) and len(gathered) == (ws - 1) * splits
         q.put((rank, bool(torch.allclose(out, sum(partials), atol=1e-5)), from_owners))
     finally:
@@ -138,11 +176,15 @@ CASES = {
     4: [("ring", 2), ("direct", 1), ("ring", 1), ("bidirectional_ring", 2)],
     8: [("ring", 2), ("bidirectional_ring", 2), ("direct", 1)],
 }
+
+
 def _warm_worker(rank, ws, init, template, splits, q):
     """`_warm_nccl` exchanges a word with every peer once per group; a second call does nothing."""
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
     try:
-        ctx = types.SimpleNamespace(group=dist.group.WORLD, rank=rank, world_size=ws, device=torch.device("cpu"))
+        ctx = types.SimpleNamespace(
+            group=dist.group.WORLD, rank=rank, world_size=ws, device=torch.device("cpu")
+        )
         backends._NCCL_WARM.discard(id(ctx.group))
         backends._warm_nccl(ctx)  # raises if a word did not come from its peer
         warmed = id(ctx.group) in backends._NCCL_WARM
@@ -168,7 +210,9 @@ def _all_cases(rank, ws, init, q):
 def test_nccl_chunking_on_gloo(ws):
     results = run_gloo(_all_cases, ws, items=ws * len(WORKERS) * len(CASES[ws]))
     for rank, data_ok, order_ok in results:
-        assert data_ok, f"rank {rank}: rows differ (gathered rows, or reduced rows against the sum of partials)"
+        assert data_ok, (
+            f"rank {rank}: rows differ (gathered rows, or reduced rows against the sum of partials)"
+        )
         assert order_ok, (
             f"rank {rank}: arrivals not raised once each in slot order, chunks not sent in plan order, "
             f"or reduced blocks not taken from their owners"

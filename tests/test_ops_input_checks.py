@@ -18,7 +18,11 @@ OPS = [all_gather_matmul, matmul_reduce_scatter, matmul_all_reduce]
     "a, b, message",
     [
         (torch.zeros(8, 4, 2), torch.zeros(4, 8), "a must be 2-D"),
-        (torch.zeros(8, 4, dtype=torch.int32), torch.zeros(4, 8, dtype=torch.int32), "dtype torch.int32: accepted are"),
+        (
+            torch.zeros(8, 4, dtype=torch.int32),
+            torch.zeros(4, 8, dtype=torch.int32),
+            "dtype torch.int32: accepted are",
+        ),
         (torch.zeros(8, 4, dtype=torch.bfloat16), torch.zeros(4, 8, dtype=torch.float16), "they must match"),
         (torch.zeros(8, 4), torch.zeros(5, 8), "a's columns must equal b's rows"),
         (torch.zeros(4, 8).t(), torch.zeros(4, 8), "a must be contiguous"),
@@ -61,11 +65,15 @@ def test_a_bad_group_config_or_buffer_shape_is_named(tmp_path):
     try:
         a, b = torch.zeros(8, 4), torch.zeros(4, 8)
         for op in OPS:
-            with pytest.raises(ConfigError, match="group must be a torch.distributed ProcessGroup .* got str 'foo'"):
+            with pytest.raises(
+                ConfigError, match="group must be a torch.distributed ProcessGroup .* got str 'foo'"
+            ):
                 op(a, b, "foo")
             with pytest.raises(ConfigError, match=r"unknown backend \['x'\]"):
                 op(a, b, None, {"backend": ["x"]})
-            with pytest.raises(ConfigError, match="config must be a Candidate, a dict or None, got the text 'copy_"):
+            with pytest.raises(
+                ConfigError, match="config must be a Candidate, a dict or None, got the text 'copy_"
+            ):
                 op(a, b, None, "copy_engine")
         with pytest.raises(ConfigError, match=r"a_shard_shape \(64,\) must be \(rows, columns\)"):
             gather_buffer((64,), torch.bfloat16)
@@ -110,8 +118,11 @@ class _OnCuda(torch.Tensor):
 def test_a_first_call_under_cuda_graph_capture_is_refused_first(op, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     a = torch.zeros(8, 4).as_subclass(_OnCuda)
-    with pytest.raises(ConfigError, match=rf"syncopate\.{op.__name__}: the first call with these shapes.*make one "
-                                          r"such call before capturing"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"syncopate\.{op.__name__}: the first call with these shapes.*make one "
+        r"such call before capturing",
+    ):
         op(a, torch.zeros(4, 8))  # no group either: the capture is named before anything else
 
 
@@ -119,7 +130,9 @@ def test_a_first_call_under_cuda_graph_capture_is_refused_first(op, monkeypatch)
 def test_a_bounded_wait_under_cuda_graph_capture_is_refused(op, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     a = torch.zeros(8, 4).as_subclass(_OnCuda)
-    with pytest.raises(ConfigError, match=rf"syncopate\.{op.__name__}: spin_limit=1000 .* capture it with spin_limit=0"):
+    with pytest.raises(
+        ConfigError, match=rf"syncopate\.{op.__name__}: spin_limit=1000 .* capture it with spin_limit=0"
+    ):
         op(a, torch.zeros(4, 8), spin_limit=1000)
 
 
@@ -133,8 +146,9 @@ def _layout_worker(rank, ws, init, queue):
         weight_t = torch.zeros(16, 8).t()  # B[8, 16] as an nn.Linear weight's transpose
         agreed = _b_layout_on_every_rank(weight_t, dist.group.WORLD, "matmul_reduce_scatter")
         try:  # rank 1 passes its B row-major, the others K-major
-            _b_layout_on_every_rank(torch.zeros(8, 16) if rank == 1 else weight_t, dist.group.WORLD,
-                                    "matmul_reduce_scatter")
+            _b_layout_on_every_rank(
+                torch.zeros(8, 16) if rank == 1 else weight_t, dist.group.WORLD, "matmul_reduce_scatter"
+            )
             refused = None
         except ConfigError as e:
             refused = str(e)
@@ -150,7 +164,9 @@ def test_a_b_layout_that_differs_between_ranks_is_refused_on_every_rank():
 
     results = sorted(run_gloo(_layout_worker, 3))
     assert [agreed for _, agreed, _ in results] == [True] * 3
-    said = ("matmul_reduce_scatter: b's layout differs between ranks (rank 0: weight.t() (K-major), rank 1: "
-            "row-major, rank 2: weight.t() (K-major)); this config moves B between ranks, so pass b the same way "
-            "on every rank")
+    said = (
+        "matmul_reduce_scatter: b's layout differs between ranks (rank 0: weight.t() (K-major), rank 1: "
+        "row-major, rank 2: weight.t() (K-major)); this config moves B between ranks, so pass b the same way "
+        "on every rank"
+    )
     assert [refused for _, _, refused in results] == [said] * 3

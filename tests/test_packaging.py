@@ -28,8 +28,18 @@ def wheel(tmp_path_factory) -> Path:
         shutil.copy(REPO / name, src / name)
     shutil.copytree(PACKAGE, src / "syncopate", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     dist = src / "dist"
-    subprocess.run([sys.executable, "-c", "import setuptools.build_meta as b, sys; b.build_wheel(sys.argv[1])",
-                    str(dist)], cwd=src, check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import setuptools.build_meta as b, sys; b.build_wheel(sys.argv[1])",
+            str(dist),
+        ],
+        cwd=src,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     (path,) = dist.glob("syncopate-*.whl")
     return path
 
@@ -38,13 +48,22 @@ def test_the_wheel_holds_the_configs_the_migrations_and_py_typed(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     wanted = {"syncopate/py.typed", "syncopate/configs/quickstart.yaml"}
     migrations = PACKAGE / "results_db" / "migrations"
-    wanted |= {f"syncopate/{p.relative_to(PACKAGE).as_posix()}" for p in migrations.rglob("*")
-               if p.is_file() and "__pycache__" not in p.parts}
-    assert {"syncopate/results_db/migrations/alembic.ini", "syncopate/results_db/migrations/script.py.mako"} <= wanted
+    wanted |= {
+        f"syncopate/{p.relative_to(PACKAGE).as_posix()}"
+        for p in migrations.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    assert {
+        "syncopate/results_db/migrations/alembic.ini",
+        "syncopate/results_db/migrations/script.py.mako",
+    } <= wanted
     assert any(n.startswith("syncopate/results_db/migrations/versions/") for n in wanted)
     assert wanted - names == set()
-    modules = {f"syncopate/{p.relative_to(PACKAGE).as_posix()}" for p in PACKAGE.rglob("*.py")
-               if "__pycache__" not in p.parts}
+    modules = {
+        f"syncopate/{p.relative_to(PACKAGE).as_posix()}"
+        for p in PACKAGE.rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
     assert modules - names == set()
     entry_points = zipfile.ZipFile(wheel).read("syncopate-0.1.0.dist-info/entry_points.txt").decode()
     assert "syncopate = syncopate.cli:main" in entry_points
@@ -64,8 +83,11 @@ def test_a_bare_name_is_the_packaged_config_and_a_path_is_only_itself(tmp_path, 
     assert resolve_config("quickstart.yaml").samefile(packaged)
     assert load_sweep("quickstart").name == "quickstart"
     # outside a checkout, the repository's path names nothing; the message names the packaged copy
-    with pytest.raises(ConfigError, match=r"'configs/quickstart.yaml' does not exist; `quickstart` alone names the "
-                                          r"copy shipped with syncopate"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'configs/quickstart.yaml' does not exist; `quickstart` alone names the "
+        r"copy shipped with syncopate",
+    ):
         load_sweep("configs/quickstart.yaml")
     with pytest.raises(ConfigError, match=r"config file 'nosuch' does not exist$"):
         load_sweep("nosuch")
@@ -77,16 +99,40 @@ def test_a_bare_name_is_the_packaged_config_and_a_path_is_only_itself(tmp_path, 
 @pytest.mark.slow
 def test_the_installed_wheel_runs_the_quickstart_without_a_checkout(wheel, tmp_path):
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--quiet", "--target",
-                    str(target), str(wheel)], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-compile",
+            "--quiet",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     work = tmp_path / "work"  # no configs/, no syncopate/: only the installed package
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SYNCOPATE_")}
     env.update(PYTHONPATH=str(target), XDG_DATA_HOME=str(tmp_path / "xdg"))
-    code = ("import sys, syncopate; from syncopate.cli import main; print('from', syncopate.__file__); "
-            "sys.exit(main(sys.argv[1:]))")
-    r = subprocess.run([sys.executable, "-c", code, "tune", "quickstart", "--max-trials", "4"],
-                       cwd=work, env=env, capture_output=True, text=True, timeout=600, check=False)
+    code = (
+        "import sys, syncopate; from syncopate.cli import main; print('from', syncopate.__file__); "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, "tune", "quickstart", "--max-trials", "4"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"from {target / 'syncopate' / '__init__.py'}" in r.stdout
     assert "PREDICTED by the cost model" in r.stdout

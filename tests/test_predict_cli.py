@@ -18,9 +18,14 @@ from syncopate.search_space import SpaceOptions, TileConfig, Topology, Workload,
 from syncopate.workers.replay_runner import write_sweep
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL_SPACE = {"backends": ["copy_engine", "nccl"], "templates": ["direct"], "num_splits": [1, 2],
-               "tile_orders": ["arrival", "row_major"], "tile_configs": ["128x256x64w8s3", "128x128x64w8s4"],
-               "group_m": [8]}
+SMALL_SPACE = {
+    "backends": ["copy_engine", "nccl"],
+    "templates": ["direct"],
+    "num_splits": [1, 2],
+    "tile_orders": ["arrival", "row_major"],
+    "tile_configs": ["128x256x64w8s3", "128x128x64w8s4"],
+    "group_m": [8],
+}
 
 
 @pytest.fixture
@@ -34,8 +39,12 @@ def db(tmp_path, monkeypatch):
 
 def config(tmp_path: Path, name: str = "predict", **fields) -> Path:
     data = {
-        "name": name, "topology": "H200x2-nvlink", "workloads": [{"kind": "ag_gemm", "shapes": [[4096, 4096, 4096]]}],
-        "strategy": {"name": "random", "max_trials": 5, "seed": 0}, "space": SMALL_SPACE, "runner": "model",
+        "name": name,
+        "topology": "H200x2-nvlink",
+        "workloads": [{"kind": "ag_gemm", "shapes": [[4096, 4096, 4096]]}],
+        "strategy": {"name": "random", "max_trials": 5, "seed": 0},
+        "space": SMALL_SPACE,
+        "runner": "model",
         **fields,
     }
     path = tmp_path / f"{name}.yaml"
@@ -74,8 +83,21 @@ def test_the_quickstart_predicts_on_a_cpu_machine_and_says_so(tmp_path, monkeypa
 
 @pytest.mark.parametrize("suite, key", [("llama_tp4", "H200x4-nvswitch"), ("llama_tp8", "H200x8-nvswitch")])
 def test_the_tp4_and_tp8_suites_predict_every_workload(db, capsys, suite, key):
-    assert main(["tune", str(REPO / "configs" / f"{suite}.yaml"), "--runner", "model", "--max-trials", "2",
-                 "--db", db]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                str(REPO / "configs" / f"{suite}.yaml"),
+                "--runner",
+                "model",
+                "--max-trials",
+                "2",
+                "--db",
+                db,
+            ]
+        )
+        == 0
+    )
     assert f"on {key}: done (PREDICTED by the cost model" in " ".join(capsys.readouterr().out.split())
     with ResultsDB.open(db) as d:
         trials, baselines = d.trials(), d.baselines()
@@ -130,11 +152,17 @@ def test_an_optuna_sweep_resumes_and_refuses_a_changed_space(tmp_path, db, capsy
         keys = [t.candidate.key() for t in d.trials()]
     assert len(keys) == 10 == len(set(keys)) and len(sweeps(db)) == 1
     studies = optuna.get_all_study_summaries(storage=db)
-    assert len(studies) == 1 and studies[0].study_name.startswith("syncopate/ag_gemm/4096x4096x4096/bf16/H200x2-nvlink/")
+    assert len(studies) == 1 and studies[0].study_name.startswith(
+        "syncopate/ag_gemm/4096x4096x4096/bf16/H200x2-nvlink/"
+    )
     n_trials = studies[0].n_trials
 
-    changed = config(tmp_path, name="tpe", strategy={"name": "optuna-tpe", "max_trials": 6, "seed": 0},
-                     space={**SMALL_SPACE, "num_splits": [1, 2, 4]})
+    changed = config(
+        tmp_path,
+        name="tpe",
+        strategy={"name": "optuna-tpe", "max_trials": 6, "seed": 0},
+        space={**SMALL_SPACE, "num_splits": [1, 2, 4]},
+    )
     assert main(["tune", str(changed), "--db", db]) == 2
     line = error_line(capsys)
     assert "made over another search space" in line and "Nothing was changed" in line
@@ -145,10 +173,16 @@ def test_an_optuna_sweep_resumes_and_refuses_a_changed_space(tmp_path, db, capsy
 @pytest.mark.parametrize(
     "change, args, expected",
     [
-        ({"workloads": [{"kind": "ag_gemm", "shapes": [[4096, 4096, 4096], [8192, 4096, 4096]]}]}, [],
-         "workloads added ag_gemm (M=8192, N=4096, K=4096) bf16"),
-        ({"workloads": [{"kind": "gemm_rs", "shapes": [[4096, 4096, 4096]]}]}, [],
-         "left out ag_gemm (M=4096, N=4096, K=4096) bf16"),
+        (
+            {"workloads": [{"kind": "ag_gemm", "shapes": [[4096, 4096, 4096], [8192, 4096, 4096]]}]},
+            [],
+            "workloads added ag_gemm (M=8192, N=4096, K=4096) bf16",
+        ),
+        (
+            {"workloads": [{"kind": "gemm_rs", "shapes": [[4096, 4096, 4096]]}]},
+            [],
+            "left out ag_gemm (M=4096, N=4096, K=4096) bf16",
+        ),
         ({"space": {**SMALL_SPACE, "num_splits": [1, 2, 4]}}, [], "space section"),
         ({"timing": {"warmup": 2, "repetitions": 40}}, [], "timing section"),
         ({}, ["--topology", "H100x2-nvlink"], "topology H200x2-nvlink, not H100x2-nvlink"),
@@ -177,13 +211,19 @@ def test_resume_refuses_a_changed_config(tmp_path, db, capsys, change, args, exp
 
 
 def test_model_guided_through_tune_measures_the_models_pick(tmp_path, db, capsys):
-    path = config(tmp_path, name="mg", strategy={"name": "model-guided", "max_trials": 4, "seed": 0, "model_top_k": 2})
+    path = config(
+        tmp_path, name="mg", strategy={"name": "model-guided", "max_trials": 4, "seed": 0, "model_top_k": 2}
+    )
     assert main(["tune", str(path), "--db", db]) == 0
     with ResultsDB.open(db) as d:
         trials = d.trials()
     assert len(trials) == 4 and trials[0].record.strategy == "model-guided"
-    guards = {c.key() for c in guard_candidates(Workload(kind="ag_gemm", shape=(4096, 4096, 4096)),
-                                                Topology.from_key("H200x2-nvlink")).values()}
+    guards = {
+        c.key()
+        for c in guard_candidates(
+            Workload(kind="ag_gemm", shape=(4096, 4096, 4096)), Topology.from_key("H200x2-nvlink")
+        ).values()
+    }
     assert {t.candidate.key() for t in trials[:2]} == guards  # the references first
     assert trials[2].median_us == min(t.median_us for t in trials[2:])  # then the model's pick
 
@@ -191,14 +231,24 @@ def test_model_guided_through_tune_measures_the_models_pick(tmp_path, db, capsys
 def test_replaying_a_synthetic_sweep(tmp_path, db, capsys):
     topo = Topology.from_key("H200x2-nvlink")
     w = Workload(kind="ag_gemm", shape=(4096, 4096, 4096))
-    options = SpaceOptions(backends=("copy_engine", "nccl"), templates=("direct",), num_splits=(1, 2),
-                           tile_orders=("arrival", "row_major"), group_m=(8,),
-                           tile_configs=tuple(TileConfig.from_key(k) for k in SMALL_SPACE["tile_configs"]))
+    options = SpaceOptions(
+        backends=("copy_engine", "nccl"),
+        templates=("direct",),
+        num_splits=(1, 2),
+        tile_orders=("arrival", "row_major"),
+        group_m=(8,),
+        tile_configs=tuple(TileConfig.from_key(k) for k in SMALL_SPACE["tile_configs"]),
+    )
     stored = synthetic_sweep([w], topo, seed=1, options=options)
     sweep_file = tmp_path / "sweep.json.gz"
     write_sweep(sweep_file, stored)
-    path = config(tmp_path, name="replayed", runner="replay", replay={"source": str(sweep_file), "noise": 0.01},
-                  strategy={"name": "grid", "seed": 0})
+    path = config(
+        tmp_path,
+        name="replayed",
+        runner="replay",
+        replay={"source": str(sweep_file), "noise": 0.01},
+        strategy={"name": "grid", "seed": 0},
+    )
     assert main(["tune", str(path), "--db", db, "--wide"]) == 0
     out = capsys.readouterr()
     text = " ".join((out.out + out.err).split())
@@ -208,9 +258,13 @@ def test_replaying_a_synthetic_sweep(tmp_path, db, capsys):
         names = [s.name for s in d.sweeps()]
     assert names == ["replayed", "replayed+confirm"]
     main_trials = [t for t in trials if t.sweep_id == 1]
-    assert len(main_trials) == len(stored.trials[w.key()]) and {t.record.source for t in trials} == {"fixture"}
+    assert len(main_trials) == len(stored.trials[w.key()]) and {t.record.source for t in trials} == {
+        "fixture"
+    }
     best = min(t.median_us for t in stored.trials[w.key()].values() if t.status == "ok")
-    assert min(t.median_us for t in main_trials if t.status == "ok") == pytest.approx(best, rel=0.05)  # noise 1 %
+    assert min(t.median_us for t in main_trials if t.status == "ok") == pytest.approx(
+        best, rel=0.05
+    )  # noise 1 %
     assert 1 <= len(trials) - len(main_trials) <= 3
 
 
@@ -221,21 +275,34 @@ def _stored_measurements(tmp_path) -> tuple[Path, Workload, int]:
 
     topo = Topology.from_key("H200x2-nvlink")
     w = Workload(kind="ag_gemm", shape=(4096, 4096, 4096))
-    options = SpaceOptions(backends=("copy_engine",), templates=("direct",), num_splits=(1, 2),
-                           tile_orders=("arrival", "row_major"), group_m=(8,),
-                           tile_configs=tuple(TileConfig.from_key(k) for k in SMALL_SPACE["tile_configs"]))
+    options = SpaceOptions(
+        backends=("copy_engine",),
+        templates=("direct",),
+        num_splits=(1, 2),
+        tile_orders=("arrival", "row_major"),
+        group_m=(8,),
+        tile_configs=tuple(TileConfig.from_key(k) for k in SMALL_SPACE["tile_configs"]),
+    )
     stored = synthetic_sweep([w], topo, seed=2, options=options)
     path = tmp_path / "measured.db"
     with ResultsDB.open(str(path), upgrade=True) as d:
         sweep_id = d.start_sweep("measured")
-        d.record_trials(sweep_id, [dataclasses.replace(t, source="measured") for t in stored.trials[w.key()].values()])
+        d.record_trials(
+            sweep_id, [dataclasses.replace(t, source="measured") for t in stored.trials[w.key()].values()]
+        )
     return path, w, len(stored.trials[w.key()])
 
 
 def test_replay_from_a_database_given_as_a_plain_path(tmp_path, db, capsys):
     source, w, count = _stored_measurements(tmp_path)
-    path = config(tmp_path, name="replayed", runner="replay", replay={"source": str(source), "sweep": "measured"},
-                  strategy={"name": "grid", "seed": 0}, space={**SMALL_SPACE, "backends": ["copy_engine"]})
+    path = config(
+        tmp_path,
+        name="replayed",
+        runner="replay",
+        replay={"source": str(source), "sweep": "measured"},
+        strategy={"name": "grid", "seed": 0},
+        space={**SMALL_SPACE, "backends": ["copy_engine"]},
+    )
     assert main(["tune", str(path), "--db", db]) == 0
     capsys.readouterr()
     with ResultsDB.open(db) as d:
@@ -245,21 +312,34 @@ def test_replay_from_a_database_given_as_a_plain_path(tmp_path, db, capsys):
 
 def test_replay_says_how_many_trials_the_stored_sweep_did_not_hold(tmp_path, db, capsys):
     source, w, count = _stored_measurements(tmp_path)
-    path = config(tmp_path, name="replayed", runner="replay", replay={"source": str(source), "sweep": "measured"},
-                  strategy={"name": "grid", "seed": 0})  # the space has nccl too, which the source lacks
+    path = config(
+        tmp_path,
+        name="replayed",
+        runner="replay",
+        replay={"source": str(source), "sweep": "measured"},
+        strategy={"name": "grid", "seed": 0},
+    )  # the space has nccl too, which the source lacks
     assert main(["tune", str(path), "--db", db]) == 0
     text = " ".join(capsys.readouterr().out.split())
     with ResultsDB.open(db) as d:
         unheld = sum(1 for t in d.trials() if "is not in the replayed sweep" in (t.record.error or ""))
     assert unheld > 0
-    assert f"{unheld} trial(s) asked for candidates that the replayed sweep does not hold, stored as `crash`" in text
+    assert (
+        f"{unheld} trial(s) asked for candidates that the replayed sweep does not hold, stored as `crash`"
+        in text
+    )
     assert "give the config the `space:` of the replayed sweep" in text
 
 
 def test_replaying_a_workload_the_source_never_measured_is_refused(tmp_path, db, capsys):
     source, w, _ = _stored_measurements(tmp_path)
-    path = config(tmp_path, name="replayed", runner="replay", replay={"source": f"sqlite:///{source}"},
-                  workloads=[{"kind": "ag_gemm", "shapes": [[4096, 4096, 4096], [8192, 4096, 4096]]}])
+    path = config(
+        tmp_path,
+        name="replayed",
+        runner="replay",
+        replay={"source": f"sqlite:///{source}"},
+        workloads=[{"kind": "ag_gemm", "shapes": [[4096, 4096, 4096], [8192, 4096, 4096]]}],
+    )
     assert main(["tune", str(path), "--db", db]) == 2
     line = error_line(capsys)
     assert "holds no trial of ag_gemm (M=8192, N=4096, K=4096) bf16" in line, line
@@ -290,8 +370,23 @@ def test_a_budget_of_zero_fails_before_anything_is_written(tmp_path, db, capsys)
 
 
 def test_space_ranks_with_the_cost_model_and_says_it_predicts(db, capsys):
-    args = ["space", "--kind", "gemm_ar", "--m", "4096", "--n", "4096", "--k", "2048", "--topology", "H200x4-nvswitch",
-            "--predict", "3", "--db", db]
+    args = [
+        "space",
+        "--kind",
+        "gemm_ar",
+        "--m",
+        "4096",
+        "--n",
+        "4096",
+        "--k",
+        "2048",
+        "--topology",
+        "H200x4-nvswitch",
+        "--predict",
+        "3",
+        "--db",
+        db,
+    ]
     assert main(args) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "PREDICTED by the cost model, not measured" in text and "worth measuring" in text
@@ -309,11 +404,24 @@ def test_a_signal_stops_a_sweep_as_interrupted_and_it_resumes(tmp_path, signum, 
 
     url = f"sqlite:///{tmp_path / 'results.db'}"
     shapes = [[262144, 8192, 8192], [262144, 16384, 8192], [262144, 8192, 16384]]  # about 40 s in all
-    big = config(tmp_path, name="long", workloads=[{"kind": "gemm_ar", "shapes": shapes}],
-                 strategy={"name": "random", "max_trials": 200, "seed": 0}, space={"tile_configs": ["128x256x64w8s3"]})
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
-    proc = subprocess.Popen([sys.executable, "-m", "syncopate", "tune", str(big), "--db", url], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    big = config(
+        tmp_path,
+        name="long",
+        workloads=[{"kind": "gemm_ar", "shapes": shapes}],
+        strategy={"name": "random", "max_trials": 200, "seed": 0},
+        space={"tile_configs": ["128x256x64w8s3"]},
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "syncopate", "tune", str(big), "--db", url],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
@@ -413,7 +521,9 @@ def test_runner_replay_without_a_source_names_files_that_exist(tmp_path, capsys,
     import re
 
     monkeypatch.chdir(REPO)
-    assert main(["tune", "configs/quickstart.yaml", "--runner", "replay", "--db", str(tmp_path / "r.db")]) == 2
+    assert (
+        main(["tune", "configs/quickstart.yaml", "--runner", "replay", "--db", str(tmp_path / "r.db")]) == 2
+    )
     line = error_line(capsys)
     named = re.findall(r"(?:results|configs)/[\w./-]+\.(?:db|yaml|json\.gz)", line)
     assert named and all((REPO / path).exists() for path in named), line

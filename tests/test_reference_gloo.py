@@ -30,19 +30,38 @@ def _worker(rank, ws, init, q):
         rows, cols, inner = m // ws, n // ws, k // ws
         got = {
             # all-gather matmul: this rank's rows of A, this rank's columns of B
-            "ag_gemm": reference("ag_gemm", a[rank * rows:(rank + 1) * rows].bfloat16(),
-                                 b[:, rank * cols:(rank + 1) * cols].bfloat16(), dist.group.WORLD),
+            "ag_gemm": reference(
+                "ag_gemm",
+                a[rank * rows : (rank + 1) * rows].bfloat16(),
+                b[:, rank * cols : (rank + 1) * cols].bfloat16(),
+                dist.group.WORLD,
+            ),
             # reduce-scatter / all-reduce: this rank's columns of A and rows of B
-            "gemm_rs": reference("gemm_rs", a[:, rank * inner:(rank + 1) * inner].bfloat16(),
-                                 b[rank * inner:(rank + 1) * inner].bfloat16(), dist.group.WORLD),
-            "gemm_ar": reference("gemm_ar", a[:, rank * inner:(rank + 1) * inner].bfloat16(),
-                                 b[rank * inner:(rank + 1) * inner].bfloat16(), dist.group.WORLD),
+            "gemm_rs": reference(
+                "gemm_rs",
+                a[:, rank * inner : (rank + 1) * inner].bfloat16(),
+                b[rank * inner : (rank + 1) * inner].bfloat16(),
+                dist.group.WORLD,
+            ),
+            "gemm_ar": reference(
+                "gemm_ar",
+                a[:, rank * inner : (rank + 1) * inner].bfloat16(),
+                b[rank * inner : (rank + 1) * inner].bfloat16(),
+                dist.group.WORLD,
+            ),
         }
         g = dist.group.WORLD
-        a_rank, b_rank = a[:, rank * inner:(rank + 1) * inner].bfloat16(), b[rank * inner:(rank + 1) * inner].bfloat16()
+        a_rank, b_rank = (
+            a[:, rank * inner : (rank + 1) * inner].bfloat16(),
+            b[rank * inner : (rank + 1) * inner].bfloat16(),
+        )
         unfused = {
-            "ag_gemm": reference_unfused("ag_gemm", a[rank * rows:(rank + 1) * rows].bfloat16(),
-                                         b[:, rank * cols:(rank + 1) * cols].bfloat16(), g),
+            "ag_gemm": reference_unfused(
+                "ag_gemm",
+                a[rank * rows : (rank + 1) * rows].bfloat16(),
+                b[:, rank * cols : (rank + 1) * cols].bfloat16(),
+                g,
+            ),
             "gemm_rs": reference_unfused("gemm_rs", a_rank, b_rank, g),
             "gemm_ar": reference_unfused("gemm_ar", a_rank, b_rank, g),
         }
@@ -68,16 +87,22 @@ def test_the_gathered_reference_is_the_whole_product():
     whole = a.bfloat16().float() @ b.bfloat16().float()
     rows, cols = m // ws, n // ws
     for rank, got in results.items():
-        torch.testing.assert_close(got["ag_gemm"], whole[:, rank * cols:(rank + 1) * cols], rtol=1e-5, atol=1e-4)
-        torch.testing.assert_close(got["gemm_rs"], whole[rank * rows:(rank + 1) * rows], rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(
+            got["ag_gemm"], whole[:, rank * cols : (rank + 1) * cols], rtol=1e-5, atol=1e-4
+        )
+        torch.testing.assert_close(
+            got["gemm_rs"], whole[rank * rows : (rank + 1) * rows], rtol=1e-5, atol=1e-4
+        )
         torch.testing.assert_close(got["gemm_ar"], whole, rtol=1e-5, atol=1e-4)
     a16, b16 = a.bfloat16(), b.bfloat16()
     inner = k // ws
     total = a16[:, :inner] @ b16[:inner]
     for r in range(1, ws):
-        total = (total.float() + (a16[:, r * inner:(r + 1) * inner] @ b16[r * inner:(r + 1) * inner]).float()).bfloat16()
+        total = (
+            total.float() + (a16[:, r * inner : (r + 1) * inner] @ b16[r * inner : (r + 1) * inner]).float()
+        ).bfloat16()
     for rank, got in results.items():
-        assert torch.equal(got["unfused ag_gemm"], (a16 @ b16[:, rank * cols:(rank + 1) * cols]))
-        assert torch.equal(got["unfused gemm_rs"], total[rank * rows:(rank + 1) * rows])
+        assert torch.equal(got["unfused ag_gemm"], (a16 @ b16[:, rank * cols : (rank + 1) * cols]))
+        assert torch.equal(got["unfused gemm_rs"], total[rank * rows : (rank + 1) * rows])
         assert torch.equal(got["unfused gemm_ar"], total)
         assert 0 < (got["unfused gemm_ar"].float() - got["gemm_ar"]).abs().max() < 0.1  # rounded, not wrong

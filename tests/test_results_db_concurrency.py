@@ -26,9 +26,15 @@ SHAPES = [workload(n=1024 * (1 + i)) for i in range(DISTINCT // STRIDE)]
 def _trial(key: int, candidates: list) -> TrialRecord:
     status = "ok" if key % 7 else "crash"
     return TrialRecord(
-        workload=SHAPES[key // STRIDE], topology=TOPO, environment=ENV, candidate=candidates[key % STRIDE],
-        status=status, median_us=float(key) + 0.5 if status == "ok" else None,
-        error="" if status == "ok" else f"crash {key}", samples_us=(float(key),), worker={"key": key},
+        workload=SHAPES[key // STRIDE],
+        topology=TOPO,
+        environment=ENV,
+        candidate=candidates[key % STRIDE],
+        status=status,
+        median_us=float(key) + 0.5 if status == "ok" else None,
+        error="" if status == "ok" else f"crash {key}",
+        samples_us=(float(key),),
+        worker={"key": key},
     )
 
 
@@ -108,7 +114,9 @@ def test_a_new_file_whose_schema_another_process_is_creating(tmp_path):
     template = tmp_path / "template.db"
     ResultsDB.open(f"sqlite:///{template}", upgrade=True).close()
     with sqlite3.connect(template) as t:
-        schema = [sql for (sql,) in t.execute("SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid")]
+        schema = [
+            sql for (sql,) in t.execute("SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid")
+        ]
         version = t.execute("SELECT version_num FROM syncopate_alembic_version").fetchall()
     assert schema and version
 

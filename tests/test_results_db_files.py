@@ -120,7 +120,9 @@ def test_a_reader_open_before_a_writer_reads_what_the_writer_commits(tmp_path):
     try:
         assert len(reader.trials()) == 2 and len(source.shapes("ag_gemm", "bf16")) == 1
         with ResultsDB.open(db) as writer:
-            writer.record_trial(writer.start_sweep("more"), trial(2, env=env, w=workload(n=2048), median_us=9.0))
+            writer.record_trial(
+                writer.start_sweep("more"), trial(2, env=env, w=workload(n=2048), median_us=9.0)
+            )
             # the writer is still connected: what it committed is in its journal, not yet in the file
             assert len(reader.trials()) == 3
             assert len(source.shapes("ag_gemm", "bf16")) == 2
@@ -154,10 +156,16 @@ def test_a_journal_of_changes_without_its_index_in_a_read_only_folder_is_named(f
 # -- writers: refused before they change anything -------------------------------------------------
 
 
-@pytest.mark.parametrize("what, reason", [
-    ("file", "the file is read-only for this user"),
-    ("folder", "its folder {folder} is read-only for this user, and SQLite writes its journal beside the file"),
-])
+@pytest.mark.parametrize(
+    "what, reason",
+    [
+        ("file", "the file is read-only for this user"),
+        (
+            "folder",
+            "its folder {folder} is read-only for this user, and SQLite writes its journal beside the file",
+        ),
+    ],
+)
 def test_a_sweep_is_refused_a_file_it_cannot_write_before_it_changes_anything(folders, what, reason):
     original, copy, _ = folders
     with sqlite3.connect(copy) as c:  # as a committed file is: not in WAL mode
@@ -286,8 +294,11 @@ def _another_application(path: Path) -> Path:
 def test_another_applications_file_is_refused_and_left_exactly_as_it_was(tmp_path):
     path = _another_application(tmp_path / "notes.db")
     before = listing(tmp_path)
-    for opening in (lambda: ResultsDB.open(path), lambda: open_store(str(path)),
-                    lambda: ResultsDB.open(path, read_only=True)):
+    for opening in (
+        lambda: ResultsDB.open(path),
+        lambda: open_store(str(path)),
+        lambda: ResultsDB.open(path, read_only=True),
+    ):
         with pytest.raises(SchemaError, match="has no Syncopate tables"):
             opening()
     assert listing(tmp_path) == before  # its journal mode included (a WAL switch rewrites the header)
@@ -300,17 +311,25 @@ def _damaged(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("args", [
-    ["best", "--db", "{db}"],
-    ["export", "--db", "{db}", "--out", "{tmp}/best.json"],
-    ["lookup", *SHAPE, "--db", "{db}"],
-    ["db", "upgrade", "--db", "{db}"],
-    ["tune", "{config}", "--db", "{db}"],
-], ids=["best", "export", "lookup", "upgrade", "tune"])
-def test_a_damaged_file_is_sent_to_a_new_file_not_to_db_upgrade_on_its_own_path(tmp_path, capsys, monkeypatch, args):
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["best", "--db", "{db}"],
+        ["export", "--db", "{db}", "--out", "{tmp}/best.json"],
+        ["lookup", *SHAPE, "--db", "{db}"],
+        ["db", "upgrade", "--db", "{db}"],
+        ["tune", "{config}", "--db", "{db}"],
+    ],
+    ids=["best", "export", "lookup", "upgrade", "tune"],
+)
+def test_a_damaged_file_is_sent_to_a_new_file_not_to_db_upgrade_on_its_own_path(
+    tmp_path, capsys, monkeypatch, args
+):
     import syncopate.autotuner.tune as tune_module
 
-    monkeypatch.setattr(tune_module, "connect", lambda *a, **k: pytest.fail("Ray started on a damaged database"))
+    monkeypatch.setattr(
+        tune_module, "connect", lambda *a, **k: pytest.fail("Ray started on a damaged database")
+    )
     db = _damaged(tmp_path / "results.db")
     config = fixture_sweep(tmp_path)
     code = main([a.format(db=db, tmp=tmp_path, config=config) for a in args])

@@ -67,8 +67,12 @@ class TestStorageConformance:
 
     def test_the_same_candidate_in_another_sweep_environment_or_workload_is_another_row(self, db):
         s1, s2 = db.start_sweep("a"), db.start_sweep("b")
-        ids = {db.record_trial(s1, trial(0)), db.record_trial(s2, trial(0)),
-               db.record_trial(s1, trial(0, env=OTHER_ENV)), db.record_trial(s1, trial(0, w=workload(n=2048)))}
+        ids = {
+            db.record_trial(s1, trial(0)),
+            db.record_trial(s2, trial(0)),
+            db.record_trial(s1, trial(0, env=OTHER_ENV)),
+            db.record_trial(s1, trial(0, w=workload(n=2048))),
+        }
         assert len(ids) == 4
 
     def test_failed_trials_are_stored_with_their_error(self, db):
@@ -88,9 +92,16 @@ class TestStorageConformance:
     def test_a_trial_round_trips_every_field(self, db):
         sweep = db.start_sweep("s")
         when = datetime(2026, 11, 21, 12, 0, 1, 250000, tzinfo=timezone(timedelta(hours=2)))
-        record = trial(3, p20_us=990.5, p80_us=1010.25, samples_us=(1000.0, 1001.5), max_rel_error=3e-3,
-                       worker={"host": "gpu7", "gpus": ["GPU-a", "GPU-b"], "rank": 0}, strategy="grid",
-                       created_at=when)
+        record = trial(
+            3,
+            p20_us=990.5,
+            p80_us=1010.25,
+            samples_us=(1000.0, 1001.5),
+            max_rel_error=3e-3,
+            worker={"host": "gpu7", "gpus": ["GPU-a", "GPU-b"], "rank": 0},
+            strategy="grid",
+            created_at=when,
+        )
         stored = db.trial(db.record_trial(sweep, record))
         assert stored.record == record
         assert stored.record.created_at.tzinfo is not None
@@ -99,12 +110,24 @@ class TestStorageConformance:
 
     def test_non_finite_numbers_are_stored_as_themselves(self, db):
         sweep = db.start_sweep("s", {"budget": math.inf})
-        tid = db.record_trial(sweep, trial(0, status="wrong_result", median_us=math.inf, max_rel_error=math.nan,
-                                           samples_us=(math.inf, -math.inf, math.nan, 1.5),
-                                           worker={"score": -math.inf}))
+        tid = db.record_trial(
+            sweep,
+            trial(
+                0,
+                status="wrong_result",
+                median_us=math.inf,
+                max_rel_error=math.nan,
+                samples_us=(math.inf, -math.inf, math.nan, 1.5),
+                worker={"score": -math.inf},
+            ),
+        )
         t = db.trial(tid).record
         assert t.median_us == math.inf and math.isnan(t.max_rel_error)
-        assert t.samples_us[:2] == (math.inf, -math.inf) and math.isnan(t.samples_us[2]) and t.samples_us[3] == 1.5
+        assert (
+            t.samples_us[:2] == (math.inf, -math.inf)
+            and math.isnan(t.samples_us[2])
+            and t.samples_us[3] == 1.5
+        )
         assert t.worker == {"score": -math.inf}
         assert db.sweep(sweep).config == {"budget": math.inf}
         with db.engine.connect() as c:  # never NULL in the table
@@ -113,14 +136,17 @@ class TestStorageConformance:
 
     def test_best_comes_only_from_ok_measured_trials(self, db):
         sweep = db.start_sweep("s")
-        db.record_trials(sweep, [
-            trial(0, median_us=500.0),
-            trial(1, median_us=1.0, source="predicted"),
-            trial(2, median_us=2.0, source="fixture"),
-            trial(3, status="wrong_result", median_us=3.0),
-            trial(4, status="timeout"),
-            trial(5, median_us=400.0, status="ok"),
-        ])
+        db.record_trials(
+            sweep,
+            [
+                trial(0, median_us=500.0),
+                trial(1, median_us=1.0, source="predicted"),
+                trial(2, median_us=2.0, source="fixture"),
+                trial(3, status="wrong_result", median_us=3.0),
+                trial(4, status="timeout"),
+                trial(5, median_us=400.0, status="ok"),
+            ],
+        )
         best = db.best(W, TOPO, ENV)
         assert best.candidate == CANDIDATES[5] and best.median_us == 400.0
         assert [b.trial_id for b in db.best_configs()] == [best.trial_id]
@@ -129,12 +155,15 @@ class TestStorageConformance:
 
     def test_sweep_best_is_what_one_sweep_found_whatever_its_source(self, db):
         fixture, measured = db.start_sweep("fixture"), db.start_sweep("measured")
-        db.record_trials(fixture, [
-            trial(0, median_us=500.0, source="fixture"),
-            trial(1, median_us=2.0, status="wrong_result", source="fixture"),
-            trial(2, median_us=300.0, source="fixture"),
-            trial(3, median_us=1.0, env=OTHER_ENV, source="fixture"),
-        ])
+        db.record_trials(
+            fixture,
+            [
+                trial(0, median_us=500.0, source="fixture"),
+                trial(1, median_us=2.0, status="wrong_result", source="fixture"),
+                trial(2, median_us=300.0, source="fixture"),
+                trial(3, median_us=1.0, env=OTHER_ENV, source="fixture"),
+            ],
+        )
         db.record_trial(measured, trial(4, median_us=400.0))
         found = db.sweep_best(fixture, W, TOPO, ENV)
         assert (found.candidate, found.record.source, found.sweep_id) == (CANDIDATES[2], "fixture", fixture)
@@ -152,8 +181,10 @@ class TestStorageConformance:
         sweep = db.start_sweep("s")
         combos = [(W, ENV, TOPO), (workload(n=2048), ENV, TOPO), (W, OTHER_ENV, TOPO), (W, ENV, OTHER_TOPO)]
         for j, (w, env, topo) in enumerate(combos):
-            db.record_trials(sweep, [trial(i, w=w, env=env, topo=topo, median_us=100.0 + (i * 7 + j) % 11)
-                                     for i in range(8)])
+            db.record_trials(
+                sweep,
+                [trial(i, w=w, env=env, topo=topo, median_us=100.0 + (i * 7 + j) % 11) for i in range(8)],
+            )
         best = db.best_configs()
         assert len(best) == len(combos)
         for b in best:
@@ -184,7 +215,9 @@ class TestStorageConformance:
         sweep = db.start_sweep("s")
         ids = db.record_baselines(sweep, [baseline("torch_seq", 1770.0), baseline("gemm_alone", 1531.0)])
         assert db.record_baselines(sweep, [baseline("torch_seq", 1.0)]) == ids[:1]
-        with pytest.raises(ConfigError, match="baseline 1 is the text 'torch_async_tp', not a BaselineRecord"):
+        with pytest.raises(
+            ConfigError, match="baseline 1 is the text 'torch_async_tp', not a BaselineRecord"
+        ):
             db.record_baselines(sweep, [baseline("comm_alone", 336.0), "torch_async_tp"])
         with pytest.raises(NotFoundError, match="sweep 999 does not exist"):
             db.record_baselines(999, [baseline("comm_alone", 336.0)])
@@ -193,14 +226,21 @@ class TestStorageConformance:
 
     def test_a_calibration_is_replaced_by_a_newer_one(self, db):
         curve = {"bytes": [1 << 20, 1 << 28], "gbps": [120.0, math.inf]}
-        first = db.record_calibration(CalibrationRecord(kind="bandwidth", topology=TOPO, environment=ENV,
-                                                        key="copy_engine", payload=curve))
-        again = db.record_calibration(CalibrationRecord(kind="bandwidth", topology=TOPO, environment=ENV,
-                                                        key="copy_engine", payload={"gbps": [380.0]}))
+        first = db.record_calibration(
+            CalibrationRecord(
+                kind="bandwidth", topology=TOPO, environment=ENV, key="copy_engine", payload=curve
+            )
+        )
+        again = db.record_calibration(
+            CalibrationRecord(
+                kind="bandwidth", topology=TOPO, environment=ENV, key="copy_engine", payload={"gbps": [380.0]}
+            )
+        )
         assert first == again
         assert db.calibration("bandwidth", TOPO, ENV, "copy_engine").payload == {"gbps": [380.0]}
-        db.record_calibration(CalibrationRecord(kind="bandwidth", topology=TOPO, environment=ENV, key="nccl",
-                                                payload=curve))
+        db.record_calibration(
+            CalibrationRecord(kind="bandwidth", topology=TOPO, environment=ENV, key="nccl", payload=curve)
+        )
         assert db.calibration("bandwidth", TOPO, ENV, "nccl").payload["gbps"][1] == math.inf
         assert [c.record.key for c in db.calibrations(kind="bandwidth")] == ["copy_engine", "nccl"]
         assert db.calibration("bandwidth", TOPO, OTHER_ENV, "nccl") is None
@@ -248,7 +288,8 @@ class TestStorageConformance:
             assert copy.import_best(path) == 2  # again: nothing added
             assert len(copy.trials()) == 2
             assert {(b.workload.key(), b.candidate, b.median_us) for b in copy.best_configs()} == {
-                (b.workload.key(), b.candidate, b.median_us) for b in db.best_configs()}
+                (b.workload.key(), b.candidate, b.median_us) for b in db.best_configs()
+            }
 
     def test_the_ladder_answers_from_the_database(self, db, db_url):
         sweep = db.start_sweep("s")
@@ -260,23 +301,43 @@ class TestStorageConformance:
         assert (near.match, near.trial_id, near.measured_on) == ("nearest_shape", exact.trial_id, W)
         other = lookup((16384, 4096, 8192), TOPO, db=db_url, environment=ENV)
         assert other.match == "nearest_shape"  # this environment's nearest shape beats another environment
-        elsewhere = lookup((16384, 4096, 8192), TOPO, db=db_url, environment=OTHER_ENV.__class__(
-            **{**OTHER_ENV.to_dict(), "torch": "9.9"}))
+        elsewhere = lookup(
+            (16384, 4096, 8192),
+            TOPO,
+            db=db_url,
+            environment=OTHER_ENV.__class__(**{**OTHER_ENV.to_dict(), "torch": "9.9"}),
+        )
         assert elsewhere.match == "other_environment" and elsewhere.candidate == CANDIDATES[2]
         assert lookup(W.shape, "H100x2-nvlink", db=db_url, environment=ENV).match == "other_topology"
         assert lookup(W.shape, OTHER_TOPO, db=db_url, environment=ENV).match == "cost_model"
         assert lookup(W.shape, TOPO, kind="gemm_rs", db=db_url, environment=ENV).match == "cost_model"
 
-
     def test_eager_and_host_times_round_trip_and_each_mode_serves_its_own(self, db, db_url):
         sweep = db.start_sweep("s")
         host_bound, quick, unfused = 0, 1, 8  # CANDIDATES[8] is the unfused template
-        ids = db.record_trials(sweep, [trial(host_bound, median_us=100.0, eager_us=400.0, host_us=390.0),
-                                       trial(quick, median_us=150.0, eager_us=160.0, host_us=120.0)])
-        db.record_baseline(sweep, BaselineRecord(workload=W, topology=TOPO, environment=ENV, name="torch_seq",
-                                                 median_us=300.0, eager_us=310.0, host_us=130.0))
-        assert {t.trial_id: (t.eager_us, t.host_us) for t in db.trials()} == {ids[0]: (400.0, 390.0),
-                                                                              ids[1]: (160.0, 120.0)}
+        ids = db.record_trials(
+            sweep,
+            [
+                trial(host_bound, median_us=100.0, eager_us=400.0, host_us=390.0),
+                trial(quick, median_us=150.0, eager_us=160.0, host_us=120.0),
+            ],
+        )
+        db.record_baseline(
+            sweep,
+            BaselineRecord(
+                workload=W,
+                topology=TOPO,
+                environment=ENV,
+                name="torch_seq",
+                median_us=300.0,
+                eager_us=310.0,
+                host_us=130.0,
+            ),
+        )
+        assert {t.trial_id: (t.eager_us, t.host_us) for t in db.trials()} == {
+            ids[0]: (400.0, 390.0),
+            ids[1]: (160.0, 120.0),
+        }
         assert [(b.record.eager_us, b.record.host_us) for b in db.baselines()] == [(310.0, 130.0)]
         assert db.best(W, TOPO, ENV, mode="graph").trial_id == ids[0]
         assert db.best(W, TOPO, ENV, mode="eager").trial_id == ids[1]
@@ -285,8 +346,10 @@ class TestStorageConformance:
             found = lookup(W.shape, TOPO, db=db_url, environment=ENV, mode=mode)
             assert (found.match, found.trial_id, found.guard) == ("exact", expected, "")
         guard = db.record_trial(sweep, trial(unfused, median_us=200.0, eager_us=150.0, host_us=110.0))
-        assert {p.mode: (p.trial.trial_id, p.guard) for p in db.picks()} == {"eager": (guard, "unfused"),
-                                                                            "graph": (ids[0], "")}
+        assert {p.mode: (p.trial.trial_id, p.guard) for p in db.picks()} == {
+            "eager": (guard, "unfused"),
+            "graph": (ids[0], ""),
+        }
         clear_cache()
         served = lookup(W.shape, TOPO, db=db_url, environment=ENV)
         assert (served.trial_id, served.guard, served.candidate) == (guard, "unfused", CANDIDATES[unfused])
@@ -305,16 +368,20 @@ class TestStorageConformance:
         engine.dispose()
         with ResultsDB.open(db_url, read_only=True) as old:
             assert old.revision == "0001"
-            assert {t.trial_id: (t.median_us, t.eager_us) for t in old.trials()} == {ids[0]: (120.0, None),
-                                                                                      ids[1]: (100.0, None)}
+            assert {t.trial_id: (t.median_us, t.eager_us) for t in old.trials()} == {
+                ids[0]: (120.0, None),
+                ids[1]: (100.0, None),
+            }
             with pytest.raises(SchemaError, match="syncopate db upgrade"):
                 old.start_sweep("more")
         found = lookup(W.shape, TOPO, db=db_url, environment=ENV)
         assert (found.trial_id, found.objective) == (ids[1], "device (no eager measurement)")
         assert upgrade(locate(db_url)) == ("0001", HEAD)
         with ResultsDB.open(db_url) as new:
-            assert [(t.trial_id, t.median_us, t.eager_us) for t in new.trials()] == [(ids[0], 120.0, None),
-                                                                                      (ids[1], 100.0, None)]
+            assert [(t.trial_id, t.median_us, t.eager_us) for t in new.trials()] == [
+                (ids[0], 120.0, None),
+                (ids[1], 100.0, None),
+            ]
             assert len(new.sweeps()) == 1
 
 
@@ -330,7 +397,10 @@ class TestSchemaGuards:
             locate(db_url).sqlite_path.touch()
         with pytest.raises(SchemaError) as e:
             ResultsDB.open(db_url)
-        assert str(e.value) == f"database {shown} has no Syncopate tables: run `syncopate db upgrade --db {shown}`"
+        assert (
+            str(e.value)
+            == f"database {shown} has no Syncopate tables: run `syncopate db upgrade --db {shown}`"
+        )
 
     def test_a_newer_schema_is_refused_and_left_untouched(self, db_url):
         upgrade(locate(db_url))
@@ -356,7 +426,9 @@ class TestOptunaInTheSameDatabase:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = optuna.storages.RDBStorage(url)
-        study = optuna.create_study(study_name="tune", storage=storage, direction="minimize", load_if_exists=True)
+        study = optuna.create_study(
+            study_name="tune", storage=storage, direction="minimize", load_if_exists=True
+        )
         study.optimize(lambda t: (t.suggest_int("x", 0, 4) - 2) ** 2, n_trials=3)
         assert len(optuna.load_study(study_name="tune", storage=url).trials) >= 3
         storage.engine.dispose()

@@ -35,7 +35,11 @@ def test_resolution_order(monkeypatch, tmp_path):
     assert default.url == f"sqlite:///{tmp_path}/syncopate/results.db"
     monkeypatch.setenv("SYNCOPATE_DB", "postgresql://tuner@db/syncopate")
     env = locate(None)
-    assert (env.url, env.is_default, env.dialect) == ("postgresql+psycopg://tuner@db/syncopate", False, "postgresql")
+    assert (env.url, env.is_default, env.dialect) == (
+        "postgresql+psycopg://tuner@db/syncopate",
+        False,
+        "postgresql",
+    )
     explicit = locate("results/h200.db")
     assert explicit.sqlite_path == Path.cwd() / "results" / "h200.db" and not explicit.is_default
     assert locate("sqlite:///rel/x.db").sqlite_path == Path("rel/x.db")
@@ -94,7 +98,9 @@ def test_revisions_match_the_shipped_migration_scripts():
 
 def test_check_revision_messages():
     check_revision(HEAD, "x.db")
-    with pytest.raises(SchemaError, match=r"x\.db has no Syncopate tables: run `syncopate db upgrade --db x\.db`"):
+    with pytest.raises(
+        SchemaError, match=r"x\.db has no Syncopate tables: run `syncopate db upgrade --db x\.db`"
+    ):
         check_revision(None, "x.db")
     with pytest.raises(SchemaError, match="newer than this version of Syncopate knows"):
         check_revision("ffff", "x.db")

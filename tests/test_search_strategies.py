@@ -9,13 +9,13 @@ import math
 
 import pytest
 
-from syncopate.cost_model.calibration_defaults import default_calibration
 from syncopate.autotuner.confirm import Confirmation
-from syncopate.cost_model.model import CostModel
 from syncopate.autotuner.evaluation import model_agreement, spearman, trials_to_target
 from syncopate.autotuner.optuna_strategies import ModelPruner, space_fingerprint, study_name
 from syncopate.autotuner.strategies import AVAILABLE_STRATEGIES, SearchProblem, make_strategy
 from syncopate.autotuner.synthetic import synthetic_sweep
+from syncopate.cost_model.calibration_defaults import default_calibration
+from syncopate.cost_model.model import CostModel
 from syncopate.errors import ConfigError, StudyMismatchError
 from syncopate.records import TrialRecord
 from syncopate.search_space import (
@@ -34,7 +34,10 @@ from syncopate.workers.replay_runner import ReplayOptions, ReplayRunner, load_sw
 TOPO = Topology.from_key("H200x2-nvlink")
 W = Workload(kind="ag_gemm", shape=(8192, 2048, 8192))
 OPTIONS = SpaceOptions(
-    templates=("direct",), num_splits=(1, 2, 4), tile_orders=("arrival", "row_major"), group_m=(8,),
+    templates=("direct",),
+    num_splits=(1, 2, 4),
+    tile_orders=("arrival", "row_major"),
+    group_m=(8,),
     comm_sms={"copy_engine": (0,), "nvshmem": (16, 64), "nccl": (64,)},
     tile_configs=tuple(TileConfig.from_key(k) for k in ("128x256x64w8s3", "128x128x64w8s4", "64x128x64w4s4")),
 )
@@ -52,8 +55,9 @@ def model():
 
 
 def problem(sweep, model, **kw) -> SearchProblem:
-    return SearchProblem(workload=W, topology=TOPO, options=OPTIONS, environment=sweep.environment,
-                         calibration=model, **kw)
+    return SearchProblem(
+        workload=W, topology=TOPO, options=OPTIONS, environment=sweep.environment, calibration=model, **kw
+    )
 
 
 def drive(strategy, sweep, limit: int = 10_000) -> list[TrialRecord]:
@@ -82,7 +86,9 @@ def test_never_proposes_twice_and_keeps_to_its_budget(name, sweep, model):
     guards = {c.key() for c in problem(sweep, model).guards()}
     valid = {c.key() for c in space(W, TOPO, OPTIONS)} | guards
     assert set(keys) <= valid
-    assert set(keys[:2]) == guards  # the untuned default and the unfused template first, the latter outside this space
+    assert (
+        set(keys[:2]) == guards
+    )  # the untuned default and the unfused template first, the latter outside this space
     s.close()
 
 
@@ -144,8 +150,10 @@ def test_a_budget_of_zero_or_less_is_refused(bad, sweep, model):
 
 
 def test_an_unknown_strategy_is_refused_naming_the_known_ones(sweep, model):
-    with pytest.raises(ConfigError, match="unknown strategy 'annealing': accepted are grid, seeded, random, optuna-tpe, "
-                                          "model-guided"):
+    with pytest.raises(
+        ConfigError,
+        match="unknown strategy 'annealing': accepted are grid, seeded, random, optuna-tpe, model-guided",
+    ):
         make_strategy("annealing", problem(sweep, model), max_trials=5, seed=0)
 
 
@@ -164,7 +172,9 @@ def test_a_study_in_the_database_resumes_where_it_stopped(tmp_path, sweep, model
     a.close()
     b = make_strategy("optuna-tpe", problem(sweep, model, storage=url), max_trials=10, seed=0)
     in_space = {c.key() for c in space(W, TOPO, OPTIONS)}  # the unfused guard is measured beside the study
-    assert set(b.values) == {t.candidate.key() for t in first if t.status == "ok" and t.candidate.key() in in_space}
+    assert set(b.values) == {
+        t.candidate.key() for t in first if t.status == "ok" and t.candidate.key() in in_space
+    }
     second = {t.candidate.key() for t in drive(b, sweep)}
     guards = {c.key() for c in problem(sweep, model).guards()}
     assert guards <= second  # every new sweep measures the guards, even those the study knows
@@ -179,8 +189,12 @@ def test_a_changed_space_is_refused_and_the_study_left_as_it_was(tmp_path, sweep
     name = study_name(problem(sweep, model))
     before = optuna.load_study(study_name=name, storage=url)
     n_before, attrs_before = len(before.trials), dict(before.user_attrs)
-    wider = SpaceOptions(**{**{f: getattr(OPTIONS, f) for f in OPTIONS.__slots__}, "num_splits": (1, 2, 4, 8)})
-    changed = SearchProblem(workload=W, topology=TOPO, options=wider, environment=sweep.environment, storage=url)
+    wider = SpaceOptions(
+        **{**{f: getattr(OPTIONS, f) for f in OPTIONS.__slots__}, "num_splits": (1, 2, 4, 8)}
+    )
+    changed = SearchProblem(
+        workload=W, topology=TOPO, options=wider, environment=sweep.environment, storage=url
+    )
     with pytest.raises(StudyMismatchError, match="made over another search space") as e:
         make_strategy("optuna-tpe", changed, max_trials=6, seed=0)
     assert "optuna delete-study" in str(e.value) and "Nothing was changed" in str(e.value)
@@ -193,8 +207,16 @@ def test_failed_trials_are_told_as_failed_and_never_proposed_again(sweep, model)
     s = make_strategy("optuna-tpe", problem(sweep, model), max_trials=None, seed=0)
     in_space = {c.key() for c in space(W, TOPO, OPTIONS)}
     first = next(c for c in s.ask(3) if c.key() in in_space)  # the first the study proposed
-    s.tell(TrialRecord(workload=W, topology=TOPO, environment=sweep.environment, candidate=first,
-                       status="compile_error", error="planted"))
+    s.tell(
+        TrialRecord(
+            workload=W,
+            topology=TOPO,
+            environment=sweep.environment,
+            candidate=first,
+            status="compile_error",
+            error="planted",
+        )
+    )
     state = [t for t in s.study.trials if t.user_attrs.get("candidate_key") == first.key()][0]
     assert state.state.name == "FAIL" and state.user_attrs["status"] == "compile_error"
     assert first.key() not in {t.candidate.key() for t in drive(s, sweep)}
@@ -203,7 +225,9 @@ def test_failed_trials_are_told_as_failed_and_never_proposed_again(sweep, model)
 # -- seeded ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("config", ["configs/llama_tp8.yaml", "configs/llama_tp4.yaml", "configs/llama_tp2.yaml"])
+@pytest.mark.parametrize(
+    "config", ["configs/llama_tp8.yaml", "configs/llama_tp4.yaml", "configs/llama_tp2.yaml"]
+)
 def test_seeded_measures_the_bench_grid_first_then_the_space_evenly(config):
     """The suites' `tiny` grid comes first, every one of its candidates the space holds, in its
     order; the rest of the budget goes to the space's other candidates, spread over all of it."""
@@ -223,20 +247,29 @@ def test_seeded_measures_the_bench_grid_first_then_the_space_evenly(config):
         cublas = {c.template for c in grid if c.key() in held} & set(COPY_ENGINE_KINDS)
         assert cublas, w.key()
         for c in grid:  # what the space leaves out, its options leave out
-            assert c.key() in held or c.tile_order not in options.tile_orders or c.num_splits not in options.num_splits
+            assert (
+                c.key() in held
+                or c.tile_order not in options.tile_orders
+                or c.num_splits not in options.num_splits
+            )
         problem = SearchProblem(workload=w, topology=topo, options=options)
         guards = [c.key() for c in problem.guards()]
         assert guards == [default_candidate(w, topo).key(), unfused_candidate().key()]
         seeds = [k for k in seeds if k not in guards]
         s = make_strategy("seeded", problem, max_trials=64, seed=0)
         asked = [c.key() for c in s.ask(64)]
-        assert asked[:2] == guards and asked[2: 2 + len(seeds)] == seeds
+        assert asked[:2] == guards and asked[2 : 2 + len(seeds)] == seeds
         assert len(asked) == len(set(asked)) == min(64, len(held | set(guards)))
-        rest = [index[k] for k in asked[2 + len(seeds):]]
+        rest = [index[k] for k in asked[2 + len(seeds) :]]
         assert rest == sorted(rest) and rest[-1] > len(cands) * 0.8  # evenly over the whole space
         few = make_strategy("seeded", problem, max_trials=5, seed=0)
         picked = [c.key() for c in few.ask(64)]
-        assert len(picked) == 5 and picked[:2] == guards and set(picked[2:]) <= set(seeds) and picked[2] == seeds[0]
+        assert (
+            len(picked) == 5
+            and picked[:2] == guards
+            and set(picked[2:]) <= set(seeds)
+            and picked[2] == seeds[0]
+        )
 
 
 # -- model-guided ------------------------------------------------------------------------------
@@ -269,9 +302,17 @@ def test_the_pruner_rejects_only_clearly_losing_predictions():
 def _trial(cand, samples, env) -> TrialRecord:
     s = sorted(samples)
     n = len(s)
-    return TrialRecord(workload=W, topology=TOPO, environment=env, candidate=cand, status="ok",
-                       median_us=(s[(n - 1) // 2] + s[n // 2]) / 2, p20_us=s[int(0.2 * (n - 1))],
-                       p80_us=s[math.ceil(0.8 * (n - 1))], samples_us=tuple(s))
+    return TrialRecord(
+        workload=W,
+        topology=TOPO,
+        environment=env,
+        candidate=cand,
+        status="ok",
+        median_us=(s[(n - 1) // 2] + s[n // 2]) / 2,
+        p20_us=s[int(0.2 * (n - 1))],
+        p80_us=s[math.ceil(0.8 * (n - 1))],
+        samples_us=tuple(s),
+    )
 
 
 def test_the_best_few_within_noise_are_measured_again_and_pooled(sweep):
@@ -308,7 +349,9 @@ def test_a_sweep_file_replays_its_trials(tmp_path, sweep):
     write_sweep(path, sweep)
     loaded = load_sweep_file(path)
     assert loaded.synthetic and loaded.topology == TOPO and "SYNTHETIC" in loaded.label
-    runner = ReplayRunner(RunnerSpec(name="replay", timing=None, topology=TOPO, options=ReplayOptions(source=str(path))))
+    runner = ReplayRunner(
+        RunnerSpec(name="replay", timing=None, topology=TOPO, options=ReplayOptions(source=str(path)))
+    )
     cand = space(W, TOPO, OPTIONS)[5]
     out = runner.run(W, cand, 10.0)
     stored = sweep.trials[W.key()][cand.key()]
@@ -321,16 +364,22 @@ def test_a_sweep_file_replays_its_trials(tmp_path, sweep):
 def test_replay_noise_draws_fresh_samples(tmp_path, sweep):
     path = tmp_path / "sweep.json"
     write_sweep(path, sweep)
-    runner = ReplayRunner(RunnerSpec(name="replay", timing=None, topology=TOPO,
-                                     options=ReplayOptions(source=str(path), noise=0.05)))
+    runner = ReplayRunner(
+        RunnerSpec(
+            name="replay", timing=None, topology=TOPO, options=ReplayOptions(source=str(path), noise=0.05)
+        )
+    )
     cand = next(t.candidate for t in sweep.trials[W.key()].values() if t.status == "ok")
     assert runner.run(W, cand, 1.0).samples_us != runner.run(W, cand, 1.0).samples_us
 
 
 @pytest.mark.parametrize(
     "content, message",
-    [("{}", "is not a syncopate-sweep file"), ("not json", "cannot be read"),
-     ('{"format": "syncopate-sweep", "version": 9}', "version 9")],
+    [
+        ("{}", "is not a syncopate-sweep file"),
+        ("not json", "cannot be read"),
+        ('{"format": "syncopate-sweep", "version": 9}', "version 9"),
+    ],
 )
 def test_a_bad_sweep_file_is_refused(tmp_path, content, message):
     path = tmp_path / "bad.json"
@@ -345,8 +394,14 @@ def test_replay_refuses_another_topology(tmp_path, sweep):
     path = tmp_path / "sweep.json"
     write_sweep(path, sweep)
     with pytest.raises(ConfigError, match="set `topology: H200x2-nvlink`"):
-        ReplayRunner(RunnerSpec(name="replay", timing=None, topology=Topology.from_key("H100x2-nvlink"),
-                                options=ReplayOptions(source=str(path))))
+        ReplayRunner(
+            RunnerSpec(
+                name="replay",
+                timing=None,
+                topology=Topology.from_key("H100x2-nvlink"),
+                options=ReplayOptions(source=str(path)),
+            )
+        )
 
 
 # -- evaluation --------------------------------------------------------------------------------
@@ -369,12 +424,22 @@ def test_trials_to_target_and_model_agreement(sweep, model):
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_an_empty_space_says_why(name):
     fused_only = SpaceOptions(templates=("direct", "ring", "bidirectional_ring", "c_stationary"))
-    tiny = SearchProblem(workload=Workload(kind="gemm_rs", shape=(2, 2, 2)), topology=TOPO, options=fused_only)
-    with pytest.raises(ConfigError, match=r"each rank's block has 1 row\(s\), fewer than the smallest tile's 64 "
-                                          r"\(M must be at least 128\); at this size only template 'unfused'"):
+    tiny = SearchProblem(
+        workload=Workload(kind="gemm_rs", shape=(2, 2, 2)), topology=TOPO, options=fused_only
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"each rank's block has 1 row\(s\), fewer than the smallest tile's 64 "
+        r"\(M must be at least 128\); at this size only template 'unfused'",
+    ):
         make_strategy(name, tiny, max_trials=4, seed=0)
     narrow = SpaceOptions(tile_configs=(TileConfig.from_key("256x128x64w8s3"),), num_splits=(8,))
-    fenced = SearchProblem(workload=Workload(kind="ag_gemm", shape=(1024, 4096, 4096)), topology=TOPO, options=narrow)
-    with pytest.raises(ConfigError, match=r"the `space:` section leaves no candidate .* but the unfused one "
-                                          r"\(the default space has \d+ fused\): widen it"):
+    fenced = SearchProblem(
+        workload=Workload(kind="ag_gemm", shape=(1024, 4096, 4096)), topology=TOPO, options=narrow
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"the `space:` section leaves no candidate .* but the unfused one "
+        r"\(the default space has \d+ fused\): widen it",
+    ):
         make_strategy(name, fenced, max_trials=4, seed=0)

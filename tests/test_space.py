@@ -41,8 +41,9 @@ def test_every_candidate_of_the_suite_is_valid_and_unique(suite):
         assert {c.backend for c in cands} == {"copy_engine", "nvshmem", "nccl"}
 
 
-@pytest.mark.parametrize("config", ["configs/llama_tp2_sweep.yaml", "configs/llama_tp4_sweep.yaml",
-                                    "configs/h200x2.yaml"])
+@pytest.mark.parametrize(
+    "config", ["configs/llama_tp2_sweep.yaml", "configs/llama_tp4_sweep.yaml", "configs/h200x2.yaml"]
+)
 def test_every_candidate_of_a_configured_space_passes_the_ops_checks(config):
     """What `syncopate tune` enumerates the ops accept: opt-in orders (kept_interleaved, direct
     plans only) included, so no trial of a sweep is refused at launch."""
@@ -139,7 +140,9 @@ def test_the_defaults_splits_are_near_the_cost_models_best():
     for key in ("H200x2-nvlink", "H200x8-nvswitch"):
         topo = Topology.from_key(key)
         model = CostModel(default_calibration(topo))
-        for kind, m, n in itertools.product(("ag_gemm", "gemm_rs", "gemm_ar"), (512, 2048, 8192), (4096, 14336)):
+        for kind, m, n in itertools.product(
+            ("ag_gemm", "gemm_rs", "gemm_ar"), (512, 2048, 8192), (4096, 14336)
+        ):
             w = Workload(kind=kind, shape=(m, n, 4096))
             chosen = default_candidate(w, topo)
             times = {}
@@ -166,8 +169,13 @@ def test_optuna_distributions_cover_the_space():
     cands = space(w, H200x2)
     for c in cands[:: max(1, len(cands) // 50)]:
         params = {
-            "backend": c.backend, "template": c.template, "num_splits": c.num_splits, "tile_order": c.tile_order,
-            "comm_sms": c.comm_sms, "tile_config": TileConfig.of(c).key(), "group_m": c.group_m,
+            "backend": c.backend,
+            "template": c.template,
+            "num_splits": c.num_splits,
+            "tile_order": c.tile_order,
+            "comm_sms": c.comm_sms,
+            "tile_config": TileConfig.of(c).key(),
+            "group_m": c.group_m,
         }
         for name, value in params.items():
             assert value in dists[name].choices
@@ -224,8 +232,11 @@ def test_shapes_the_world_size_does_not_divide_are_refused_naming_it(key):
     topo = Topology.from_key(key)
     ws = topo.world_size
     odd = 4096 + ws // 2  # divisible by ws / 2, not by ws
-    for kind, shape, dim in (("ag_gemm", (8192, odd, 4096), "N"), ("gemm_rs", (odd, 4096, 8192), "M"),
-                             ("gemm_ar", (8192, 4096, odd), "K")):
+    for kind, shape, dim in (
+        ("ag_gemm", (8192, odd, 4096), "N"),
+        ("gemm_rs", (odd, 4096, 8192), "M"),
+        ("gemm_ar", (8192, 4096, odd), "K"),
+    ):
         w = Workload(kind=kind, shape=shape)
         with pytest.raises(ConfigError, match=f"{dim}=\\d+ is not divisible by world size {ws}"):
             space(w, topo)

@@ -84,24 +84,48 @@ class _World:
         """`buffers`: the op's symmetric buffers (name: (shape, dtype)); `plan(rank)`: its plan;
         `module`: the op's module (`run(ctx, plan, a, b, out)`)."""
         self.ws, self.module = ws, module
-        self.clock, self.spans = 0, []  # the timeline's marks as played: (rank, call, label, chunk, start, end)
+        self.clock, self.spans = (
+            0,
+            [],
+        )  # the timeline's marks as played: (rank, call, label, chunk, start, end)
         self.pads = [[0] * PAD_WORDS for _ in range(ws)]
-        bufs = [{name: torch.full(shape, float("nan")) for name, (shape, _) in buffers.items()} for _ in range(ws)]
+        bufs = [
+            {name: torch.full(shape, float("nan")) for name, (shape, _) in buffers.items()} for _ in range(ws)
+        ]
         self.ctxs, self.mains, self.plans = [], [], []
         for r in range(ws):
-            buffers = {name: SimpleNamespace(local=bufs[r][name],
-                                             peer_ptrs=[bufs[q][name].data_ptr() for q in range(ws)])
-                       for name in bufs[r]}
+            buffers = {
+                name: SimpleNamespace(
+                    local=bufs[r][name], peer_ptrs=[bufs[q][name].data_ptr() for q in range(ws)]
+                )
+                for name in bufs[r]
+            }
             streams = [_Stream(f"rank {r} side {i}", r) for i in range(3)]
-            self.ctxs.append(SimpleNamespace(
-                rank=r, world_size=ws, buffers=buffers, epoch=0, streams=streams, remote_writes=True, sm_pulls=True,
-                begin_call=self._begin(r), fork=self._fork(streams), join=self._join,
-                current_stream=lambda: _World.current,
-                signal_address=lambda q, word: (q, word),
-                write_signal=lambda stream, q, word, value: stream.ops.append(("write", (q, word), value)),
-                stamp=self._stamp, span=self._span(r), cache={},
-                kept_events=lambda key, count: [_Event() for _ in range(count)],  # CUDA's reuse, as the executor plays it
-            ))
+            self.ctxs.append(
+                SimpleNamespace(
+                    rank=r,
+                    world_size=ws,
+                    buffers=buffers,
+                    epoch=0,
+                    streams=streams,
+                    remote_writes=True,
+                    sm_pulls=True,
+                    begin_call=self._begin(r),
+                    fork=self._fork(streams),
+                    join=self._join,
+                    current_stream=lambda: _World.current,
+                    signal_address=lambda q, word: (q, word),
+                    write_signal=lambda stream, q, word, value: stream.ops.append(
+                        ("write", (q, word), value)
+                    ),
+                    stamp=self._stamp,
+                    span=self._span(r),
+                    cache={},
+                    kept_events=lambda key, count: [
+                        _Event() for _ in range(count)
+                    ],  # CUDA's reuse, as the executor plays it
+                )
+            )
             self.mains.append(_Stream(f"rank {r} caller", r))
             self.plans.append(plan(r))
 
@@ -114,12 +138,14 @@ class _World:
     def _span(self, r):
         def span(label, chunk, rows, stream, start) -> None:
             stream.ops.append(("span", (r, self.ctxs[r].epoch, label, tuple(chunk)), start))
+
         return span
 
     def _begin(self, r):
         def begin(stream=None) -> int:
             self.ctxs[r].epoch += 1
             return self.ctxs[r].epoch
+
         return begin
 
     @staticmethod
@@ -130,6 +156,7 @@ class _World:
             for s in streams[:count]:
                 s.wait_event(event)
             return streams[:count]
+
         return fork
 
     @staticmethod
@@ -201,7 +228,9 @@ def world(monkeypatch):
     fake = SimpleNamespace(matmul=matmul, cuda=cuda)
     driver = SimpleNamespace(
         wait_value=lambda stream, address, value: stream.ops.append(("wait", address, value)),
-        copy_async=lambda stream, dst, src, nbytes: stream.ops.append(("copy", dst, src, nbytes)))
+        copy_async=lambda stream, dst, src, nbytes: stream.ops.append(("copy", dst, src, nbytes)),
+    )
+
     def add_partial(acc, partial):
         _World.current.ops.append(("run", lambda: acc.add_(partial)))
 
@@ -224,10 +253,14 @@ def world(monkeypatch):
 
 
 def _a_world(world, ws, m_local, n_local, k, splits, kmajor=False):
-    return world(ws, a_stationary.a_stationary_buffers(ws, m_local, n_local, k, torch.float32),
-                 lambda r: a_stationary.AStationaryPlan.of(a_stationary_candidate(splits), r, ws, m_local, n_local, k,
-                                                           kmajor),
-                 a_stationary)
+    return world(
+        ws,
+        a_stationary.a_stationary_buffers(ws, m_local, n_local, k, torch.float32),
+        lambda r: a_stationary.AStationaryPlan.of(
+            a_stationary_candidate(splits), r, ws, m_local, n_local, k, kmajor
+        ),
+        a_stationary,
+    )
 
 
 def _b(k: int, n: int, gen, kmajor: bool) -> torch.Tensor:
@@ -235,9 +268,18 @@ def _b(k: int, n: int, gen, kmajor: bool) -> torch.Tensor:
     return torch.randn(n, k, generator=gen).t() if kmajor else torch.randn(k, n, generator=gen)
 
 
-@pytest.mark.parametrize("ws, splits, m_local, kmajor", [(2, 1, 64, False), (2, 2, 64, False), (3, 4, 37, False),
-                                                         (4, 2, 48, False), (8, 2, 24, False), (2, 2, 64, True),
-                                                         (3, 1, 37, True)])
+@pytest.mark.parametrize(
+    "ws, splits, m_local, kmajor",
+    [
+        (2, 1, 64, False),
+        (2, 2, 64, False),
+        (3, 4, 37, False),
+        (4, 2, 48, False),
+        (8, 2, 24, False),
+        (2, 2, 64, True),
+        (3, 1, 37, True),
+    ],
+)
 def test_every_call_computes_all_gather_a_times_its_b(world, ws, splits, m_local, kmajor):
     """Three calls back to back, fresh inputs each, every stream played in random orders: each
     call's output is right, so no call overwrote what an earlier one still read. A K-major B
@@ -266,11 +308,21 @@ def test_b_in_another_layout_than_the_plan_is_refused_before_anything_is_enqueue
     w = _a_world(world, 2, 32, 16, 24, 2, kmajor=True)
     with pytest.raises(ValueError, match=r"a_stationary: b with strides \(16, 1\) on a plan for a K-major B"):
         w.enqueue(0, torch.randn(32, 24), torch.randn(24, 16), torch.empty(64, 16))
-    c = world(2, c_stationary.c_stationary_buffers(2, 64, 16, 24, torch.float32),
-              lambda r: c_stationary.CStationaryPlan.of(r, 2, 64, 16, 24), c_stationary)
-    with pytest.raises(ValueError, match=r"c_stationary: b with strides \(1, 24\) on a plan for a row-major B"):
+    c = world(
+        2,
+        c_stationary.c_stationary_buffers(2, 64, 16, 24, torch.float32),
+        lambda r: c_stationary.CStationaryPlan.of(r, 2, 64, 16, 24),
+        c_stationary,
+    )
+    with pytest.raises(
+        ValueError, match=r"c_stationary: b with strides \(1, 24\) on a plan for a row-major B"
+    ):
         c.enqueue(0, torch.randn(64, 24), torch.randn(16, 24).t(), torch.empty(32, 16))
-    assert all(not s.ops for ctx in w.ctxs + c.ctxs for s in ctx.streams) and not w.mains[0].ops and not c.mains[0].ops
+    assert (
+        all(not s.ops for ctx in w.ctxs + c.ctxs for s in ctx.streams)
+        and not w.mains[0].ops
+        and not c.mains[0].ops
+    )
 
 
 def test_the_space_offers_it_for_all_gather_matmuls_over_the_copy_engine_only():
@@ -316,25 +368,49 @@ def test_the_cost_model_prefers_it_where_n_per_rank_is_small():
         assert best.time_us >= model.baselines(w, TWO)["gemm_alone"]
 
 
-@pytest.mark.parametrize("all_reduce, ws, m, splits, kmajor", [
-    (False, 2, 64, 1, False), (False, 3, 96, 1, False), (False, 4, 128, 1, False), (True, 2, 64, 1, False),
-    (True, 2, 64, 4, False), (True, 3, 96, 2, False), (True, 4, 128, 2, False), (False, 8, 256, 1, False),
-    (True, 8, 256, 2, False), (True, 2, 65, 2, False), (True, 3, 97, 4, False), (False, 2, 64, 1, True),
-    (False, 3, 96, 1, True), (True, 2, 65, 2, True),
-])
+@pytest.mark.parametrize(
+    "all_reduce, ws, m, splits, kmajor",
+    [
+        (False, 2, 64, 1, False),
+        (False, 3, 96, 1, False),
+        (False, 4, 128, 1, False),
+        (True, 2, 64, 1, False),
+        (True, 2, 64, 4, False),
+        (True, 3, 96, 2, False),
+        (True, 4, 128, 2, False),
+        (False, 8, 256, 1, False),
+        (True, 8, 256, 2, False),
+        (True, 2, 65, 2, False),
+        (True, 3, 97, 4, False),
+        (False, 2, 64, 1, True),
+        (False, 3, 96, 1, True),
+        (True, 2, 65, 2, True),
+    ],
+)
 def test_every_reduce_call_sums_over_the_ranks(world, all_reduce, ws, m, splits, kmajor):
     """c_stationary: three calls back to back, fresh inputs each, streams in random orders; each
     rank's output is its rows of the sum over ranks of A_q @ B_q (all-reduce: all the rows, M
     divisible by the ranks or not; B row-major or K-major, which moves as it is laid out)."""
     n, k_local = 24, 40
-    check_reduce_calls(lambda: world(
-        ws, c_stationary.c_stationary_buffers(ws, m, n, k_local, torch.float32, all_reduce),
-        lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, splits, kmajor), c_stationary,
-    ), ws, m, n, k_local, all_reduce, kmajor)
+    check_reduce_calls(
+        lambda: world(
+            ws,
+            c_stationary.c_stationary_buffers(ws, m, n, k_local, torch.float32, all_reduce),
+            lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, splits, kmajor),
+            c_stationary,
+        ),
+        ws,
+        m,
+        n,
+        k_local,
+        all_reduce,
+        kmajor,
+    )
 
 
-def check_reduce_calls(make_world, ws: int, m: int, n: int, k_local: int, all_reduce: bool,
-                       kmajor: bool = False) -> None:
+def check_reduce_calls(
+    make_world, ws: int, m: int, n: int, k_local: int, all_reduce: bool, kmajor: bool = False
+) -> None:
     """Three calls back to back on a world `make_world()` makes, fresh inputs each, played in random
     orders (four seeds; the odd ones with every rank's streams on one hardware queue): each rank's
     output is its rows of the sum over ranks of A_q @ B_q (all-reduce: all the rows; `kmajor`: each
@@ -365,7 +441,9 @@ def test_the_space_offers_c_stationary_for_reductions_over_the_copy_engine_only(
     with pytest.raises(ConfigError, match="num_splits=2"):
         check_candidate(Candidate(template=C_STATIONARY, num_splits=2), w, TWO)
     ar = Workload(kind="gemm_ar", shape=(8192, 8192, 2048))
-    assert [c for c in space(ar, TWO) if c.template == C_STATIONARY] == [c_stationary_candidate(s) for s in (1, 2, 4, 8)]
+    assert [c for c in space(ar, TWO) if c.template == C_STATIONARY] == [
+        c_stationary_candidate(s) for s in (1, 2, 4, 8)
+    ]
     ag = Workload(kind="ag_gemm", shape=(8192, 8192, 2048))
     assert C_STATIONARY not in {c.template for c in space(ag, TWO)}
     with pytest.raises(ConfigError, match="is for gemm_rs and gemm_ar"):
@@ -403,41 +481,72 @@ def test_the_timeline_marks_each_term_from_when_its_inputs_are_there(world, all_
     a peer's term starts after that peer's push to this rank has ended, in the same call, and the
     own term needs nothing."""
     ws, m, n, k_local = 3, 96, 24, 40
-    w = world(ws, c_stationary.c_stationary_buffers(ws, m, n, k_local, torch.float32, all_reduce),
-              lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, 2), c_stationary)
+    w = world(
+        ws,
+        c_stationary.c_stationary_buffers(ws, m, n, k_local, torch.float32, all_reduce),
+        lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, 2),
+        c_stationary,
+    )
     kept = []  # the enqueued copies read and write these by address when played: they must outlive play()
     for _ in range(2):
         for r in range(ws):
-            kept.append((torch.randn(m, k_local), torch.randn(k_local, n), torch.empty(m if all_reduce else m // ws, n)))
+            kept.append(
+                (
+                    torch.randn(m, k_local),
+                    torch.randn(k_local, n),
+                    torch.empty(m if all_reduce else m // ws, n),
+                )
+            )
             w.enqueue(r, *kept[-1])
     w.play(7)
     spans = {(r, call, label, chunk): (start, end) for r, call, label, chunk, start, end in w.spans}
-    pushes = {(r, call, label): end for (r, call, label, _), (_, end) in spans.items() if label.startswith("A rows")}
-    terms = [(r, call, label, start) for (r, call, label, _), (start, _) in spans.items() if label.startswith("term of")]
+    pushes = {
+        (r, call, label): end for (r, call, label, _), (_, end) in spans.items() if label.startswith("A rows")
+    }
+    terms = [
+        (r, call, label, start)
+        for (r, call, label, _), (start, _) in spans.items()
+        if label.startswith("term of")
+    ]
     assert len(pushes) == 2 * ws * (ws - 1) and len(terms) == 2 * ws * (ws - 1 + (2 - 1 if all_reduce else 0))
     for r, call, label, start in terms:
         q = int(label.rsplit(" ", 1)[1])
         assert start > pushes[(q, call, f"A rows, B to {r}")], (r, call, label)
-    assert {label for (_, _, label, _) in spans if not label.startswith(("A rows", "term of", "reduced from"))} == {"own term"}
+    assert {
+        label for (_, _, label, _) in spans if not label.startswith(("A rows", "term of", "reduced from"))
+    } == {"own term"}
     if all_reduce:
         assert sum(label.startswith("reduced from") for (_, _, label, _) in spans) == 2 * ws * (ws - 1) * 2
 
 
-@pytest.mark.parametrize("ws, all_reduce, on_caller", [(2, True, False), (3, True, True), (4, True, True),
-                                                        (4, False, False)])
-def test_an_all_reduce_on_more_than_two_ranks_waits_for_its_inputs_on_the_callers_stream(world, ws, all_reduce,
-                                                                                         on_caller):
+@pytest.mark.parametrize(
+    "ws, all_reduce, on_caller", [(2, True, False), (3, True, True), (4, True, True), (4, False, False)]
+)
+def test_an_all_reduce_on_more_than_two_ranks_waits_for_its_inputs_on_the_callers_stream(
+    world, ws, all_reduce, on_caller
+):
     """c_stationary's waits for the peers' A rows and B: on the caller's stream before each term for
     an all-reduce on three or more ranks (whose side stream 2, which would hold them, also makes the
     pulls), else on a side stream that records an event per peer for the caller's stream."""
     m, n, k_local = 24 * ws, 16, 8
-    w = world(ws, c_stationary.c_stationary_buffers(ws, m, n, k_local, torch.float32, all_reduce),
-              lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, 2), c_stationary)
-    w.enqueue(0, torch.randn(m, k_local), torch.randn(k_local, n), torch.empty(m if all_reduce else m // ws, n))
+    w = world(
+        ws,
+        c_stationary.c_stationary_buffers(ws, m, n, k_local, torch.float32, all_reduce),
+        lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, 2),
+        c_stationary,
+    )
+    w.enqueue(
+        0, torch.randn(m, k_local), torch.randn(k_local, n), torch.empty(m if all_reduce else m // ws, n)
+    )
 
     def arrival_waits(stream) -> list[int]:
-        return [op[1][1] for op in stream.ops if op[0] == "wait" and op[1][0] == 0
-                and c_stationary.ARRIVED <= op[1][1] < c_stationary.ARRIVED + ws]
+        return [
+            op[1][1]
+            for op in stream.ops
+            if op[0] == "wait"
+            and op[1][0] == 0
+            and c_stationary.ARRIVED <= op[1][1] < c_stationary.ARRIVED + ws
+        ]
 
     peers = c_stationary.CStationaryPlan.of(0, ws, m, n, k_local, all_reduce).peers_added
     on_main = arrival_waits(w.mains[0])

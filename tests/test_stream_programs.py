@@ -52,8 +52,12 @@ def test_a_program_enqueues_its_calls_in_order_with_each_runs_epoch_and_tensors(
     dst = torch.zeros(16, dtype=torch.int32)
     p = streamops.Program()
     p.wait(stream(1), pad.data_ptr() + 4)
-    p.copy(stream(1), dst.data_ptr() + 8 * 4, 4 * 4, 4 * 4, src_base=p.A)  # the caller's input, from its fifth word
-    p.copy(stream(2), 0, 0, 4 * 4, dst_base=p.OUT, src_base=p.A)  # its first four words to the caller's output
+    p.copy(
+        stream(1), dst.data_ptr() + 8 * 4, 4 * 4, 4 * 4, src_base=p.A
+    )  # the caller's input, from its fifth word
+    p.copy(
+        stream(2), 0, 0, 4 * 4, dst_base=p.OUT, src_base=p.A
+    )  # its first four words to the caller's output
     p.write(stream(1), pad.data_ptr())
     for epoch in (3, 2**32 + 5):  # an epoch is written as its low 32 bits, as the kernels compare it
         driver.log.clear()
@@ -86,8 +90,13 @@ def test_a_context_records_a_peers_signal_as_a_write_or_a_write_and_a_copy(remot
     monkeypatch.setattr(streamops, "_driver", lambda: driver)
     pads = [torch.zeros(4, dtype=torch.int32) for _ in range(2)]
     streams = [stream(10), stream(11)]
-    ctx = SimpleNamespace(rank=0, remote_writes=remote_writes, streams=streams, scratch=torch.zeros(4, dtype=torch.int32),
-                          signal_address=lambda r, word: pads[r].data_ptr() + 4 * word)
+    ctx = SimpleNamespace(
+        rank=0,
+        remote_writes=remote_writes,
+        streams=streams,
+        scratch=torch.zeros(4, dtype=torch.int32),
+        signal_address=lambda r, word: pads[r].data_ptr() + 4 * word,
+    )
     p = streamops.Program()
     OverlapContext.raise_signal(ctx, p, streams[1], 1, 2)
     OverlapContext.raise_signal(ctx, p, streams[1], 0, 3)
@@ -109,8 +118,14 @@ def test_a_contexts_signal_write_is_recorded_once_and_writes_each_calls_value(re
     monkeypatch.setattr(streamops, "_driver", lambda: driver)
     pads = [torch.zeros(4, dtype=torch.int32) for _ in range(2)]
     streams = [stream(10), stream(11)]
-    ctx = SimpleNamespace(rank=0, remote_writes=remote_writes, streams=streams, scratch=torch.zeros(4, dtype=torch.int32),
-                          signal_address=lambda r, word: pads[r].data_ptr() + 4 * word, _kept={})
+    ctx = SimpleNamespace(
+        rank=0,
+        remote_writes=remote_writes,
+        streams=streams,
+        scratch=torch.zeros(4, dtype=torch.int32),
+        signal_address=lambda r, word: pads[r].data_ptr() + 4 * word,
+        _kept={},
+    )
     ctx.raise_signal = lambda program, s, r, word: OverlapContext.raise_signal(ctx, program, s, r, word)
     for value in (5, 6):
         driver.log.clear()
@@ -126,13 +141,28 @@ def test_a_contexts_signal_write_is_recorded_once_and_writes_each_calls_value(re
 def _gather_call(programs, a_local, rank=0, ws=2):
     """A copy-engine all-gather call of rank 0 whose addresses are made up (nothing is run)."""
     plan = plan_for("ag_gemm", "direct", ws, 256, 2, 32)
-    ctx = SimpleNamespace(rank=rank, world_size=ws, timeline=None,
-                          raise_signal=lambda program, s, r, word: program.write(s, 1000 * r + word),
-                          signal_address=lambda r, word: 1000 * r + word)
+    ctx = SimpleNamespace(
+        rank=rank,
+        world_size=ws,
+        timeline=None,
+        raise_signal=lambda program, s, r, word: program.write(s, 1000 * r + word),
+        signal_address=lambda r, word: 1000 * r + word,
+    )
     c = Candidate(backend="copy_engine", num_splits=2, block_m=32, block_n=64, block_k=32)
     buf = SimpleNamespace(peer_ptrs=[1 << 20, 2 << 20])
-    return backends.GatherCall(ctx=ctx, plan=plan, candidate=c, epoch=0, main=None, a_local=a_local, a_full=buf,
-                               r0=0, row_bytes=64, copy_own=False, programs=programs)
+    return backends.GatherCall(
+        ctx=ctx,
+        plan=plan,
+        candidate=c,
+        epoch=0,
+        main=None,
+        a_local=a_local,
+        a_full=buf,
+        r0=0,
+        row_bytes=64,
+        copy_own=False,
+        programs=programs,
+    )
 
 
 def test_the_copy_engine_records_a_call_once_and_enqueues_it_with_each_calls_shard(monkeypatch):
@@ -166,7 +196,9 @@ def test_the_copy_engine_records_a_call_once_and_enqueues_it_with_each_calls_sha
         impl.start_gather(call, streams)
         fresh.append(list(driver.log))
     assert [log for _, log in logs] == fresh
-    assert any(op[0] == "write" and op[2] == 1000 * 1 + ENTERED_BASE for op in fresh[0])  # entry told to the peer
+    assert any(
+        op[0] == "write" and op[2] == 1000 * 1 + ENTERED_BASE for op in fresh[0]
+    )  # entry told to the peer
 
 
 def test_the_launchers_settings_follow_the_environment(monkeypatch):
@@ -190,9 +222,11 @@ def test_with_the_timeline_on_each_copy_is_marked_between_its_waits_and_its_sign
     """`benchmarks/timeline.py`'s events: one where a chunk's copy can start (after its waits),
     one after its signal; a program recorded with the timeline on is kept apart from one without."""
     log: list = []
-    driver = SimpleNamespace(write=lambda s, address, value, flags: log.append(("write", s)) or 0,
-                             wait=lambda s, address, value, flags: log.append(("wait", s)) or 0,
-                             copy=lambda dst, src, n, s: log.append(("copy", s)) or 0)
+    driver = SimpleNamespace(
+        write=lambda s, address, value, flags: log.append(("write", s)) or 0,
+        wait=lambda s, address, value, flags: log.append(("wait", s)) or 0,
+        copy=lambda dst, src, n, s: log.append(("copy", s)) or 0,
+    )
     monkeypatch.setattr(streamops, "_driver", lambda: driver)
 
     class Timeline:
@@ -273,7 +307,9 @@ def test_writes_and_waits_in_a_row_on_a_stream_go_in_one_batch(monkeypatch):
         def mem_ops(self, stream, count, ops, flags):
             assert flags == 0 and count == len(ops)
             names = {streamops.MEM_OP_WRITE_VALUE_32: "write", streamops.MEM_OP_WAIT_VALUE_32: "wait"}
-            self.log.append(("batch", stream, [(names[m.operation], stream, m.address, m.value) for m in ops]))
+            self.log.append(
+                ("batch", stream, [(names[m.operation], stream, m.address, m.value) for m in ops])
+            )
             return 0
 
     plain, batched = Plain(), Batching()
@@ -336,9 +372,13 @@ def test_the_gathered_a_is_copied_out_once_every_chunk_is_in(monkeypatch):
         backends.stage_gathered_copy(call, stream(2))(gathered)
         kinds = [op[0] for op in driver.log]
         waits = [op for op in driver.log if op[0] == "wait"]
-        assert kinds == ["copy"] + ["wait"] * len(waits) + ["copy", "copy"] and {op[1] for op in driver.log} == {2}
+        assert kinds == ["copy"] + ["wait"] * len(waits) + ["copy", "copy"] and {
+            op[1] for op in driver.log
+        } == {2}
         assert {op[3] for op in waits} == {epoch}
-        assert {op[2] for op in waits} == {1000 + t.signal for t in call.plan.recvs(1, "gather")} and len(waits) == 6
+        assert {op[2] for op in waits} == {1000 + t.signal for t in call.plan.recvs(1, "gather")} and len(
+            waits
+        ) == 6
         assert driver.log[0][2:] == (gathered.data_ptr() + 64 * 64, shard.data_ptr(), 64 * 64)
         assert torch.equal(gathered[64:128], shard) and torch.equal(gathered[:64], full[:64])
         assert torch.equal(gathered[128:], full[128:])

@@ -55,8 +55,12 @@ def test_producer_entries_finish_every_rows_of_every_tile_once(order):
         for r in range(plan.world_size):
             s = producer_schedule(plan, r, n_cols, bm, bn, 4, order)
             pairs = sorted(zip(s.order, s.entry_chunk, strict=True))
-            expected = [(tm * s.tiles_n + tn, c) for tm in range(s.tiles_m) for tn in range(s.tiles_n)
-                        for c in range(s.mtile_chunk_lo[tm], s.mtile_chunk_hi[tm])]
+            expected = [
+                (tm * s.tiles_n + tn, c)
+                for tm in range(s.tiles_m)
+                for tn in range(s.tiles_n)
+                for c in range(s.mtile_chunk_lo[tm], s.mtile_chunk_hi[tm])
+            ]
             assert pairs == expected
             lengths.add(len(s.order))
         assert len(lengths) == 1
@@ -109,7 +113,9 @@ def test_producer_arrival_orders_finish_chunks_in_send_order(order):
             runs = [c for i, c in enumerate(s.entry_chunk) if i == 0 or s.entry_chunk[i - 1] != c]
             assert runs == sent + kept, (plan.template, plan.world_size, r)
             for i in range(len(sent)):
-                assert set(s.entry_chunk[: sum(s.chunk_tiles[c] for c in sent[: i + 1])]) == set(sent[: i + 1])
+                assert set(s.entry_chunk[: sum(s.chunk_tiles[c] for c in sent[: i + 1])]) == set(
+                    sent[: i + 1]
+                )
 
 
 def test_a_program_blocked_on_partials_holds_no_entry_of_a_leaving_chunk():
@@ -142,8 +148,15 @@ def test_kept_interleaved_moves_each_kept_chunk_up_one_split_after_its_partial_l
         sent = [(1 - r) * 4 + j for j in range(4)]
         assert chunks == [sent[0], sent[1], own[0], sent[2], own[1], sent[3], own[2], own[3]]
     with pytest.raises(ConfigError, match="needs the direct plan"):
-        producer_schedule(build_plan("ring", "reduce_scatter", 4, 1024, 2, align=128), 0, 128, 128, 128, 1,
-                          "kept_interleaved")
+        producer_schedule(
+            build_plan("ring", "reduce_scatter", 4, 1024, 2, align=128),
+            0,
+            128,
+            128,
+            128,
+            1,
+            "kept_interleaved",
+        )
 
 
 def test_producer_counters_and_ready_slots():

@@ -12,7 +12,9 @@ def calls(monkeypatch):
     seen = []
     monkeypatch.setattr(timing, "barrier", lambda group, device: seen.append("barrier"))
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: seen.append(("sleep", cycles)))
-    monkeypatch.setattr(timing.dist, "all_reduce", lambda t, group=None: seen.append(("all_reduce", tuple(t.shape))))
+    monkeypatch.setattr(
+        timing.dist, "all_reduce", lambda t, group=None: seen.append(("all_reduce", tuple(t.shape)))
+    )
     monkeypatch.setattr(timing, "_tokens", {})
     return seen
 

@@ -39,15 +39,20 @@ def _worker(rank, ws, init, q):
     try:
         report = []
         config = Candidate(num_splits=2)
-        for sp, save_gathered, configs in ((True, True, None), (True, False, {"ag_gemm": config}), (False, True, None)):
+        for sp, save_gathered, configs in (
+            (True, True, None),
+            (True, False, {"ag_gemm": config}),
+            (False, True, None),
+        ):
             torch.manual_seed(0)
             fc1 = torch.nn.Linear(16, 8 * ws, dtype=torch.float64)
             fc2 = torch.nn.Linear(8 * ws, 16, dtype=torch.float64)
             layers = {}
             for impl in ("fused", "torch"):
                 layers[impl] = (
-                    ColumnParallelLinear.from_linear(fc1, sequence_parallel=sp, impl=impl, save_gathered=save_gathered,
-                                                     configs=configs),
+                    ColumnParallelLinear.from_linear(
+                        fc1, sequence_parallel=sp, impl=impl, save_gathered=save_gathered, configs=configs
+                    ),
                     RowParallelLinear.from_linear(fc2, sequence_parallel=sp, impl=impl, configs=configs),
                 )
 
@@ -57,7 +62,9 @@ def _worker(rank, ws, init, q):
 
             graphs: list = []
             torch._dynamo.reset()
-            compiled = torch.compile(lambda x: mlp(x, "fused"), fullgraph=True, backend=_recording_backend(graphs))
+            compiled = torch.compile(
+                lambda x: mlp(x, "fused"), fullgraph=True, backend=_recording_backend(graphs)
+            )
             gen = torch.Generator().manual_seed(5 + rank)
             rows = 4 * ws // (ws if sp else 1)
             worst = 0.0
@@ -72,8 +79,21 @@ def _worker(rank, ws, init, q):
                     y = fn(xi)
                     (y * g).sum().backward()
                     col, row = layers[impl]
-                    results[impl] = [y, xi.grad, col.weight.grad, col.bias.grad, row.weight.grad, row.bias.grad]
-                worst = max(worst, *(float((a - b).abs().max()) for a, b in zip(results["fused"], results["torch"], strict=True)))
+                    results[impl] = [
+                        y,
+                        xi.grad,
+                        col.weight.grad,
+                        col.bias.grad,
+                        row.weight.grad,
+                        row.bias.grad,
+                    ]
+                worst = max(
+                    worst,
+                    *(
+                        float((a - b).abs().max())
+                        for a, b in zip(results["fused"], results["torch"], strict=True)
+                    ),
+                )
             ops = [name for graph in graphs for name in graph if name.startswith("syncopate.")]
             report.append((sp, save_gathered, worst, len(graphs), sorted(set(ops))))
         q.put((rank, report))
@@ -88,9 +108,16 @@ def test_fused_layers_compile_whole_and_match_torchs_path(ws):
             where = f"rank {rank}, sequence_parallel={sp}, save_gathered={save_gathered}"
             assert worst < 1e-12, f"{where}: compiled fused layers differ from torch's path by {worst:.3g}"
             assert graphs == 2, f"{where}: {graphs} graphs (a forward and a backward, no break, expected)"
-            expected = (["syncopate.all_gather_matmul_gathered.default" if save_gathered else
-                         "syncopate.all_gather_matmul.default", "syncopate.matmul_reduce_scatter.default"]
-                        if sp else ["syncopate.matmul_all_reduce.default"])
+            expected = (
+                [
+                    "syncopate.all_gather_matmul_gathered.default"
+                    if save_gathered
+                    else "syncopate.all_gather_matmul.default",
+                    "syncopate.matmul_reduce_scatter.default",
+                ]
+                if sp
+                else ["syncopate.matmul_all_reduce.default"]
+            )
             assert all(name in ops for name in expected), f"{where}: traced {ops}"
 
 
@@ -108,7 +135,12 @@ def _ops_worker(rank, ws, init, q):
 
         def f(a, b, bt):
             out, full = syncopate.all_gather_matmul(a, b, return_gathered=True)
-            return out.relu(), full, syncopate.matmul_reduce_scatter(full, bt), syncopate.matmul_all_reduce(full, bt)
+            return (
+                out.relu(),
+                full,
+                syncopate.matmul_reduce_scatter(full, bt),
+                syncopate.matmul_all_reduce(full, bt),
+            )
 
         gen = torch.Generator().manual_seed(3 + rank)
         a = torch.randn(4, 6, generator=gen, dtype=torch.float64)
@@ -121,7 +153,7 @@ def _ops_worker(rank, ws, init, q):
         dist.all_gather_into_tensor(full, a)
         summed = full @ bt
         dist.all_reduce(summed)
-        want = ((full @ b).relu(), full, summed[rank * 4:(rank + 1) * 4], summed)
+        want = ((full @ b).relu(), full, summed[rank * 4 : (rank + 1) * 4], summed)
         worst = max(float((x - y).abs().max()) for x, y in zip(got, want, strict=True))
         ops = sorted({name for graph in graphs for name in graph if name.startswith("syncopate.")})
         q.put((rank, (worst, len(graphs), ops)))
@@ -132,6 +164,8 @@ def _ops_worker(rank, ws, init, q):
 def test_the_public_ops_compile_whole():
     for rank, (worst, graphs, ops) in sorted(run_gloo(_ops_worker, 2)):
         assert worst < 1e-12, f"rank {rank}: compiled ops differ from torch's path by {worst:.3g}"
-        assert graphs == 1 and ops == ["syncopate.all_gather_matmul_gathered.default",
-                                       "syncopate.matmul_all_reduce.default",
-                                       "syncopate.matmul_reduce_scatter.default"], (rank, graphs, ops)
+        assert graphs == 1 and ops == [
+            "syncopate.all_gather_matmul_gathered.default",
+            "syncopate.matmul_all_reduce.default",
+            "syncopate.matmul_reduce_scatter.default",
+        ], (rank, graphs, ops)

@@ -36,7 +36,9 @@ def _mlp_worker(rank, ws, init, q):
             hidden, ffn = 12, 8 * ws
             fc1 = torch.nn.Linear(hidden, ffn, dtype=torch.float64)
             fc2 = torch.nn.Linear(ffn, hidden, dtype=torch.float64)
-            col = ColumnParallelLinear.from_linear(fc1, sequence_parallel=sp, impl="torch", save_gathered=not sp or ws == 4)
+            col = ColumnParallelLinear.from_linear(
+                fc1, sequence_parallel=sp, impl="torch", save_gathered=not sp or ws == 4
+            )
             row = RowParallelLinear.from_linear(fc2, sequence_parallel=sp, impl="torch")
             for step in range(3):
                 gen = torch.Generator().manual_seed(100 * step + 7)
@@ -63,17 +65,28 @@ def _mlp_worker(rank, ws, init, q):
                     "fc2.bias": (row.bias.grad, fc2.bias.grad),
                 }
                 for name, (got, want) in checks.items():
-                    if got is None or got.shape != want.shape or not torch.allclose(got, want, rtol=1e-10, atol=1e-10):
-                        report.append(f"sp={sp} step {step} {name}: {None if got is None else tuple(got.shape)} "
-                                      f"vs {tuple(want.shape)}")
+                    if (
+                        got is None
+                        or got.shape != want.shape
+                        or not torch.allclose(got, want, rtol=1e-10, atol=1e-10)
+                    ):
+                        report.append(
+                            f"sp={sp} step {step} {name}: {None if got is None else tuple(got.shape)} "
+                            f"vs {tuple(want.shape)}"
+                        )
             # Frozen first layer (its weight's gradient not asked for) and a forward under no_grad.
             col.weight.requires_grad_(False)
             x_mine = x.detach()[blk].clone().requires_grad_(True)
             col.weight.grad = row.weight.grad = None
             y_mine = row(torch.nn.functional.gelu(col(x_mine)))
             (y_mine * g[blk]).sum().backward()
-            if col.weight.grad is not None or not torch.allclose(x_mine.grad, x.grad[blk], rtol=1e-10, atol=1e-10) \
-                    or not torch.allclose(row.weight.grad, fc2.weight.grad[:, rank * n2 : (rank + 1) * n2], rtol=1e-10, atol=1e-10):
+            if (
+                col.weight.grad is not None
+                or not torch.allclose(x_mine.grad, x.grad[blk], rtol=1e-10, atol=1e-10)
+                or not torch.allclose(
+                    row.weight.grad, fc2.weight.grad[:, rank * n2 : (rank + 1) * n2], rtol=1e-10, atol=1e-10
+                )
+            ):
                 report.append(f"sp={sp} frozen fc1: gradients differ")
             col.weight.requires_grad_(True)
             # Activation checkpointing: the forward's collectives run again inside the backward.
@@ -83,13 +96,21 @@ def _mlp_worker(rank, ws, init, q):
             col.weight.grad = row.weight.grad = None
             y_mine = checkpoint(lambda t: row(torch.nn.functional.gelu(col(t))), x_mine, use_reentrant=False)
             (y_mine * g[blk]).sum().backward()
-            if not (torch.allclose(x_mine.grad, x.grad[blk], rtol=1e-10, atol=1e-10)
-                    and torch.allclose(col.weight.grad, fc1.weight.grad[rank * n1 : (rank + 1) * n1], rtol=1e-10, atol=1e-10)
-                    and torch.allclose(row.weight.grad, fc2.weight.grad[:, rank * n2 : (rank + 1) * n2], rtol=1e-10, atol=1e-10)):
+            if not (
+                torch.allclose(x_mine.grad, x.grad[blk], rtol=1e-10, atol=1e-10)
+                and torch.allclose(
+                    col.weight.grad, fc1.weight.grad[rank * n1 : (rank + 1) * n1], rtol=1e-10, atol=1e-10
+                )
+                and torch.allclose(
+                    row.weight.grad, fc2.weight.grad[:, rank * n2 : (rank + 1) * n2], rtol=1e-10, atol=1e-10
+                )
+            ):
                 report.append(f"sp={sp} checkpointed: gradients differ")
             with torch.no_grad():
                 y_nograd = row(torch.nn.functional.gelu(col(x.detach()[blk])))
-            if y_nograd.requires_grad or not torch.allclose(y_nograd, y.detach()[blk], rtol=1e-10, atol=1e-10):
+            if y_nograd.requires_grad or not torch.allclose(
+                y_nograd, y.detach()[blk], rtol=1e-10, atol=1e-10
+            ):
                 report.append(f"sp={sp} no_grad forward differs")
         q.put((rank, report))
     finally:
@@ -137,12 +158,15 @@ def _swiglu_worker(rank, ws, init, q):
         sync_sequence_parallel_grads(my_norm.parameters(), group)
         n = ffn // tp
         rows = slice(me * n, (me + 1) * n)
-        for name, got, want in (("y", y_mine, y.detach()[blk]), ("dx", x_mine.grad, x.grad[blk]),
-                                ("gate", fc1.weight.grad[:n], gate.weight.grad[rows]),
-                                ("up", fc1.weight.grad[n:], up.weight.grad[rows]),
-                                ("down", fc2.weight.grad, down.weight.grad[:, rows]),
-                                ("norm.weight", my_norm.weight.grad, norm.weight.grad),
-                                ("norm.bias", my_norm.bias.grad, norm.bias.grad)):
+        for name, got, want in (
+            ("y", y_mine, y.detach()[blk]),
+            ("dx", x_mine.grad, x.grad[blk]),
+            ("gate", fc1.weight.grad[:n], gate.weight.grad[rows]),
+            ("up", fc1.weight.grad[n:], up.weight.grad[rows]),
+            ("down", fc2.weight.grad, down.weight.grad[:, rows]),
+            ("norm.weight", my_norm.weight.grad, norm.weight.grad),
+            ("norm.bias", my_norm.bias.grad, norm.bias.grad),
+        ):
             if not torch.allclose(got, want, rtol=1e-10, atol=1e-10):
                 report.append(f"{name} differs")
         q.put((rank, report))
@@ -166,7 +190,9 @@ def _bad_input_worker(rank, ws, init, q):
             "features": lambda: RowParallelLinear(0, 6),
             "fused on cpu": lambda: all_gather_linear(torch.randn(2, 6), w),
             "parts": lambda: ColumnParallelLinear.from_linear([torch.nn.Linear(6, 4), torch.nn.Linear(5, 4)]),
-            "part split": lambda: ColumnParallelLinear.from_linear([torch.nn.Linear(6, 4), torch.nn.Linear(6, 3)]),
+            "part split": lambda: ColumnParallelLinear.from_linear(
+                [torch.nn.Linear(6, 4), torch.nn.Linear(6, 3)]
+            ),
         }
         said = {}
         for name, call in cases.items():
@@ -214,7 +240,9 @@ def test_bad_arguments_are_refused_alike_on_every_rank():
     assert "in_features=5" in said["row split"]
     assert "in_features must be a positive integer, got 0" in said["features"]
     assert "need CUDA tensors" in said["fused on cpu"]
-    assert "must share in_features" in said["parts"] and "6/bias" in said["parts"] and "5/bias" in said["parts"]
+    assert (
+        "must share in_features" in said["parts"] and "6/bias" in said["parts"] and "5/bias" in said["parts"]
+    )
     assert "out_features=3 of a layer given is not divisible by the group's size 2" in said["part split"]
 
 

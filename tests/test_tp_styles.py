@@ -32,9 +32,17 @@ STEPS = 2
 def _llama(layers: int = 2):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=16, num_hidden_layers=layers, vocab_size=96, tie_word_embeddings=False,
-                         attn_implementation="sdpa")
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_hidden_layers=layers,
+        vocab_size=96,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(config)
 
@@ -47,29 +55,43 @@ def _parallelize(model, mesh, styles: str):
     import syncopate.tp as ours
 
     lib = ours if styles == "syncopate" else torch_tp
-    parallelize_module(model, mesh, {
-        "model.embed_tokens": torch_tp.RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "model.norm": torch_tp.SequenceParallel(),
-        "lm_head": torch_tp.ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-    })
+    parallelize_module(
+        model,
+        mesh,
+        {
+            "model.embed_tokens": torch_tp.RowwiseParallel(
+                input_layouts=Replicate(), output_layouts=Shard(1)
+            ),
+            "model.norm": torch_tp.SequenceParallel(),
+            "lm_head": torch_tp.ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        },
+    )
     # The first compiled layer's input must not be the embedding's to_local() view: with it, torch's
     # plan too gets a plain tensor where DTensor's redistribution expects a DTensor in the backward.
     model.model.embed_tokens.register_forward_hook(lambda m, args, out: out.clone())
     for layer in model.model.layers:
-        parallelize_module(layer, mesh, {
-            "input_layernorm": lib.SequenceParallel(),
-            "self_attn": lib.PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
-                                                desired_input_kwarg_layouts={"hidden_states": Replicate()}),
-            "self_attn.q_proj": lib.ColwiseParallel(),
-            "self_attn.k_proj": lib.ColwiseParallel(),
-            "self_attn.v_proj": lib.ColwiseParallel(),
-            "self_attn.o_proj": lib.RowwiseParallel(output_layouts=Shard(1)),
-            "post_attention_layernorm": lib.SequenceParallel(),
-            "mlp": lib.PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "mlp.gate_proj": lib.ColwiseParallel(),
-            "mlp.up_proj": lib.ColwiseParallel(),
-            "mlp.down_proj": lib.RowwiseParallel(output_layouts=Shard(1)),
-        })
+        parallelize_module(
+            layer,
+            mesh,
+            {
+                "input_layernorm": lib.SequenceParallel(),
+                "self_attn": lib.PrepareModuleInput(
+                    input_kwarg_layouts={"hidden_states": Shard(1)},
+                    desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                ),
+                "self_attn.q_proj": lib.ColwiseParallel(),
+                "self_attn.k_proj": lib.ColwiseParallel(),
+                "self_attn.v_proj": lib.ColwiseParallel(),
+                "self_attn.o_proj": lib.RowwiseParallel(output_layouts=Shard(1)),
+                "post_attention_layernorm": lib.SequenceParallel(),
+                "mlp": lib.PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                ),
+                "mlp.gate_proj": lib.ColwiseParallel(),
+                "mlp.up_proj": lib.ColwiseParallel(),
+                "mlp.down_proj": lib.RowwiseParallel(output_layouts=Shard(1)),
+            },
+        )
     return model
 
 
@@ -104,8 +126,10 @@ def _train(model, batches, record=None, lr: float = 0.5):
 def _placements(model) -> dict:
     from torch.distributed.tensor import DTensor
 
-    return {k: (type(v).__name__, tuple(v.placements) if isinstance(v, DTensor) else None)
-            for k, v in model.state_dict().items()}
+    return {
+        k: (type(v).__name__, tuple(v.placements) if isinstance(v, DTensor) else None)
+        for k, v in model.state_dict().items()
+    }
 
 
 def _batches(ws: int) -> list:
@@ -146,19 +170,32 @@ def _hf_worker(rank, ws, init, q):
         for step, (want, got) in enumerate(zip(torch_grads, our_grads)):
             for key, (g, placements) in want.items():
                 mine, my_placements = got[key]
-                if my_placements != placements or mine.shape != g.shape or not torch.allclose(mine, g, rtol=1e-4,
-                                                                                              atol=1e-6):
-                    report.append(f"step {step} {key}: gradient {my_placements} differs from torch's plan's "
-                                  f"{placements}")
+                if (
+                    my_placements != placements
+                    or mine.shape != g.shape
+                    or not torch.allclose(mine, g, rtol=1e-4, atol=1e-6)
+                ):
+                    report.append(
+                        f"step {step} {key}: gradient {my_placements} differs from torch's plan's "
+                        f"{placements}"
+                    )
         if _placements(ours) != _placements(torch_model):
             report.append(f"state_dict: {_placements(ours)} vs torch's {_placements(torch_model)}")
         # One layer, one step: q/k/v (4 + 2 + 2 heads of 16 = 128 features, 128/ws a rank) gathered
         # once, gate/up (2 x 96) once; o and down reduce-scattered; the backward mirrors them.
-        step_calls = calls[1:calls.index("step", 1)]
-        want_calls = [("ag_gemm", (64, 128 // ws)), ("gemm_rs", (64 // ws, 64)), ("ag_gemm", (64, 192 // ws)),
-                      ("gemm_rs", (96 // ws, 64))] * 2
-        want_calls += [("ag_gemm", (64, 96 // ws)), ("gemm_rs", (192 // ws, 64)), ("ag_gemm", (64, 64 // ws)),
-                       ("gemm_rs", (128 // ws, 64))] * 2
+        step_calls = calls[1 : calls.index("step", 1)]
+        want_calls = [
+            ("ag_gemm", (64, 128 // ws)),
+            ("gemm_rs", (64 // ws, 64)),
+            ("ag_gemm", (64, 192 // ws)),
+            ("gemm_rs", (96 // ws, 64)),
+        ] * 2
+        want_calls += [
+            ("ag_gemm", (64, 96 // ws)),
+            ("gemm_rs", (192 // ws, 64)),
+            ("ag_gemm", (64, 64 // ws)),
+            ("gemm_rs", (128 // ws, 64)),
+        ] * 2
         if step_calls != want_calls:
             report.append(f"ops called in a step: {step_calls}, expected {want_calls}")
         q.put((rank, report))
@@ -216,25 +253,46 @@ def test_llama_with_our_styles_compiles_without_a_graph_break():
     assert not failures, failures
 
 
-@pytest.mark.parametrize("make, said", [
-    (lambda: ColwiseParallel(output_layouts=Replicate()),
-     "output_layouts=Replicate() is not supported: accepted are Shard(-1)"),
-    (lambda: ColwiseParallel(input_layouts=Shard(-1)), "input_layouts=Shard(dim=-1) is not supported"),
-    (lambda: ColwiseParallel(input_layouts=Partial()), "input_layouts=Partial(sum) is not supported"),
-    (lambda: ColwiseParallel(input_layouts=(Shard(1),)), "input_layouts=(Shard(dim=1),) is not supported"),
-    (lambda: RowwiseParallel(input_layouts=Replicate()),
-     "input_layouts=Replicate() is not supported: accepted are Shard(-1)"),
-    (lambda: RowwiseParallel(output_layouts=Shard(-1)),
-     "output_layouts=Shard(dim=-1) is not supported: accepted are Replicate()"),
-    (lambda: RowwiseParallel(output_layouts=Partial()), "output_layouts=Partial(sum) is not supported"),
-    (lambda: ColwiseParallel(use_local_output="yes"), "use_local_output must be True or False, got 'yes'"),
-    (lambda: RowwiseParallel(impl="nccl"), "impl 'nccl': accepted are 'fused'"),
-    (lambda: ColwiseParallel(configs={"ag": None}), "configs has key(s) ['ag']"),
-    (lambda: PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(),)),
-     "must be tuples of the same length"),
-    (lambda: PrepareModuleInput(input_kwarg_layouts={"x": Shard(1)}, desired_input_kwarg_layouts={"y": Replicate()}),
-     "names ['x'] but desired_input_kwarg_layouts names ['y']"),
-])
+@pytest.mark.parametrize(
+    "make, said",
+    [
+        (
+            lambda: ColwiseParallel(output_layouts=Replicate()),
+            "output_layouts=Replicate() is not supported: accepted are Shard(-1)",
+        ),
+        (lambda: ColwiseParallel(input_layouts=Shard(-1)), "input_layouts=Shard(dim=-1) is not supported"),
+        (lambda: ColwiseParallel(input_layouts=Partial()), "input_layouts=Partial(sum) is not supported"),
+        (
+            lambda: ColwiseParallel(input_layouts=(Shard(1),)),
+            "input_layouts=(Shard(dim=1),) is not supported",
+        ),
+        (
+            lambda: RowwiseParallel(input_layouts=Replicate()),
+            "input_layouts=Replicate() is not supported: accepted are Shard(-1)",
+        ),
+        (
+            lambda: RowwiseParallel(output_layouts=Shard(-1)),
+            "output_layouts=Shard(dim=-1) is not supported: accepted are Replicate()",
+        ),
+        (lambda: RowwiseParallel(output_layouts=Partial()), "output_layouts=Partial(sum) is not supported"),
+        (
+            lambda: ColwiseParallel(use_local_output="yes"),
+            "use_local_output must be True or False, got 'yes'",
+        ),
+        (lambda: RowwiseParallel(impl="nccl"), "impl 'nccl': accepted are 'fused'"),
+        (lambda: ColwiseParallel(configs={"ag": None}), "configs has key(s) ['ag']"),
+        (
+            lambda: PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(),)),
+            "must be tuples of the same length",
+        ),
+        (
+            lambda: PrepareModuleInput(
+                input_kwarg_layouts={"x": Shard(1)}, desired_input_kwarg_layouts={"y": Replicate()}
+            ),
+            "names ['x'] but desired_input_kwarg_layouts names ['y']",
+        ),
+    ],
+)
 def test_what_torchs_styles_take_and_ours_do_not_is_refused(make, said):
     with pytest.raises(ConfigError) as e:
         make()
@@ -257,16 +315,20 @@ def _bad_apply_worker(rank, ws, init, q):
             "embedding": lambda: parallelize_module(torch.nn.Embedding(8, 4), mesh, ColwiseParallel()),
             "row embedding": lambda: parallelize_module(torch.nn.Embedding(8, 4), mesh, RowwiseParallel()),
             "own forward": lambda: parallelize_module(_OwnForward(4, 4), mesh, ColwiseParallel()),
-            "float8": lambda: parallelize_module(torch.nn.Linear(4, 4).to(torch.float8_e4m3fn), mesh,
-                                                 RowwiseParallel()),
-            "2-D mesh": lambda: parallelize_module(torch.nn.Linear(4, 4), init_device_mesh("cpu", (1, ws)),
-                                                   ColwiseParallel()),
+            "float8": lambda: parallelize_module(
+                torch.nn.Linear(4, 4).to(torch.float8_e4m3fn), mesh, RowwiseParallel()
+            ),
+            "2-D mesh": lambda: parallelize_module(
+                torch.nn.Linear(4, 4), init_device_mesh("cpu", (1, ws)), ColwiseParallel()
+            ),
             "out split": lambda: parallelize_module(torch.nn.Linear(4, 2 * ws + 1), mesh, ColwiseParallel()),
             "in split": lambda: parallelize_module(torch.nn.Linear(2 * ws + 1, 4), mesh, RowwiseParallel()),
-            "odd sequence": lambda: parallelize_module(torch.nn.Linear(4 * ws, 4), mesh, RowwiseParallel(
-                output_layouts=Shard(0)))(torch.randn(2 * ws + 1, 4)),
-            "features sharded": lambda: parallelize_module(torch.nn.Linear(4, 2 * ws), mesh, ColwiseParallel(
-                input_layouts=Shard(1)))(torch.randn(3, 4)),
+            "odd sequence": lambda: parallelize_module(
+                torch.nn.Linear(4 * ws, 4), mesh, RowwiseParallel(output_layouts=Shard(0))
+            )(torch.randn(2 * ws + 1, 4)),
+            "features sharded": lambda: parallelize_module(
+                torch.nn.Linear(4, 2 * ws), mesh, ColwiseParallel(input_layouts=Shard(1))
+            )(torch.randn(3, 4)),
         }
         said = {}
         for name, call in cases.items():

@@ -130,7 +130,11 @@ def test_a_database_that_cannot_be_opened_stops_before_ray(tmp_path, capsys, no_
     config = fixture_sweep(tmp_path)
     listing = sorted(p.name for p in tmp_path.iterdir())
     code, err = run_cli(capsys, config, "--db", db.format(tmp=tmp_path, port=_closed_port()))
-    assert code == (2 if "not supported" in message else 1) and len(err) == 1 and err[0].startswith("syncopate: error: "), err
+    assert (
+        code == (2 if "not supported" in message else 1)
+        and len(err) == 1
+        and err[0].startswith("syncopate: error: ")
+    ), err
     assert message in err[0] and "secret" not in err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == listing
 
@@ -237,10 +241,10 @@ def test_resume_after_sigkill_loses_nothing_and_measures_nothing_twice(tmp_path)
     assert writes[: len(before)] == before
     trial_keys = [w["key"] for w in writes if w["kind"] == "trial"]
     assert len(trial_keys) == len(set(trial_keys))  # no trial stored by both processes
-    resumed = [w["key"].rsplit("/", 1)[1] for w in writes[len(before):] if w["kind"] == "trial"]
+    resumed = [w["key"].rsplit("/", 1)[1] for w in writes[len(before) :] if w["kind"] == "trial"]
     assert sorted(resumed) == sorted(set(planned_keys(config)) - stored_first)  # exactly the missing ones
     assert [w["kind"] for w in writes].count("baseline") == 4
-    assert all(w["kind"] == "trial" for w in writes[len(before):])  # baselines reused, not measured again
+    assert all(w["kind"] == "trial" for w in writes[len(before) :])  # baselines reused, not measured again
     assert sweeps(db) == [(1, "done")]
 
 
@@ -249,10 +253,19 @@ def test_resume_after_sigkill_loses_nothing_and_measures_nothing_twice(tmp_path)
 def test_sigterm_on_ray_gangs_marks_the_sweep_interrupted(tmp_path):
     """A scheduler's SIGTERM reaches the coordinator after Ray has started (which installs a handler
     of its own): the sweep is marked `interrupted`, the way on is named, exit 143, Ray shut down."""
-    config = fixture_sweep(tmp_path, name="stopped", strategy="grid", max_trials=24, fixture={"delay_s": 0.25})
+    config = fixture_sweep(
+        tmp_path, name="stopped", strategy="grid", max_trials=24, fixture={"delay_s": 0.25}
+    )
     db = tmp_path / "t.db"
-    proc = subprocess.Popen([sys.executable, "-m", "syncopate", "tune", str(config), "--db", url_of(db)], env=env(),
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "syncopate", "tune", str(config), "--db", url_of(db)],
+        env=env(),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
@@ -268,6 +281,8 @@ def test_sigterm_on_ray_gangs_marks_the_sweep_interrupted(tmp_path):
         except ProcessLookupError:
             pass
     assert proc.returncode == 143, (out, err)
-    assert "sweep 'stopped' (id 1) interrupted" in " ".join(err.split()) and "syncopate: terminated" in err, err
+    assert "sweep 'stopped' (id 1) interrupted" in " ".join(err.split()) and "syncopate: terminated" in err, (
+        err
+    )
     assert "SIGTERM received" not in err and "Traceback" not in err
     assert sweeps(db) == [(1, "interrupted")] and 3 <= _trial_count(db) < 24

@@ -124,8 +124,12 @@ def test_the_summary_best_is_the_sweeps_fastest_trial_with_its_speedup(pipeline)
         fastest = min(eager, key=lambda r: r[1])
         assert summary.best.candidate.key() == fastest[0] and summary.best.source == "fixture"
         assert summary.objective == "eager" and summary.best_us == fastest[1]
-        seq = rows(url_of(db), "SELECT b.eager_us FROM syncopate_baselines b JOIN syncopate_workloads w "
-                               "ON w.id = b.workload_id WHERE w.key = :w AND b.name = 'torch_seq'", w=summary.workload)
+        seq = rows(
+            url_of(db),
+            "SELECT b.eager_us FROM syncopate_baselines b JOIN syncopate_workloads w "
+            "ON w.id = b.workload_id WHERE w.key = :w AND b.name = 'torch_seq'",
+            w=summary.workload,
+        )
         assert summary.speedup == pytest.approx(seq[0][0] / fastest[1])
         assert summary.bound_us is not None and summary.bound_us <= summary.torch_seq_us
 
@@ -340,7 +344,9 @@ def test_a_measured_sweep_is_what_best_and_lookup_serve(tmp_path, monkeypatch, c
     assert {t.candidate.key() for t in stored[:2]} == guards and len(stored) == 6
     ok = [t for t in stored if t.status == "ok"]
     assert all(t.host_us > 0 and t.eager_us >= t.host_us for t in ok)
-    graph = lookup((4096, 4096, 4096), "H200x2-nvlink", db=url_of(db), environment=trial.environment, mode="graph")
+    graph = lookup(
+        (4096, 4096, 4096), "H200x2-nvlink", db=url_of(db), environment=trial.environment, mode="graph"
+    )
     assert graph.time_us == min(t.median_us for t in ok) and exact.eager_us == min(t.eager_us for t in ok)
 
 

@@ -19,7 +19,11 @@ from syncopate.autotuner.tune import TuneOptions, run_tune
 from syncopate.search_space import Workload
 from syncopate.workers.fixture_runner import candidate_time
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow, pytest.mark.xdist_group("ray")]  # see test_tune_ray.py
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.slow,
+    pytest.mark.xdist_group("ray"),
+]  # see test_tune_ray.py
 
 SHAPES = (("ag_gemm", (8192, 8192, 8192)), ("gemm_rs", (8192, 8192, 8192)), ("gemm_ar", (8192, 8192, 8192)))
 """One shape of each kind from the TP 8 suite (each divides by 4 and by 8)."""
@@ -31,11 +35,19 @@ def ray_cluster():
 
 
 def tune(tmp_path: Path, topology: str, max_trials: int):
-    config = fixture_sweep(tmp_path, name=topology.lower(), topology=topology, strategy="grid",
-                           max_trials=max_trials, shapes=SHAPES)
+    config = fixture_sweep(
+        tmp_path,
+        name=topology.lower(),
+        topology=topology,
+        strategy="grid",
+        max_trials=max_trials,
+        shapes=SHAPES,
+    )
     db = tmp_path / "trials.db"
-    result = run_tune(TuneOptions(config=config, db=f"sqlite:///{db}", form_timeout_s=120),
-                      console=Console(file=io.StringIO()))
+    result = run_tune(
+        TuneOptions(config=config, db=f"sqlite:///{db}", form_timeout_s=120),
+        console=Console(file=io.StringIO()),
+    )
     return config, f"sqlite:///{db}", result
 
 
@@ -44,8 +56,11 @@ def test_tune_on_declared_gpus_stores_every_trial_at_the_world_size(tmp_path, to
     config, url, result = tune(tmp_path, topology, max_trials=4)
     assert result.status == "done" and result.topology == topology and result.progress.gangs == gangs
     stored = rows(url, TRIALS)
-    planned = {(f"{kind}/{m}x{n}x{k}/bf16", key) for i, (kind, (m, n, k)) in enumerate(SHAPES)
-               for key in planned_keys(config, i)}
+    planned = {
+        (f"{kind}/{m}x{n}x{k}/bf16", key)
+        for i, (kind, (m, n, k)) in enumerate(SHAPES)
+        for key in planned_keys(config, i)
+    }
     assert len(stored) == len(planned) == 4 * len(SHAPES)
     assert {(w, c) for w, c, _, _ in stored} == planned
     assert {(s, src) for _, _, s, src in stored} == {("ok", "fixture")}

@@ -29,8 +29,14 @@ from syncopate.results_db import ResultsDB
 from syncopate.workers import child_env
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL_SPACE = {"backends": ["copy_engine", "nccl"], "templates": ["direct"], "num_splits": [1, 2],
-               "tile_orders": ["arrival"], "tile_configs": ["128x256x64w8s3"], "group_m": [8]}
+SMALL_SPACE = {
+    "backends": ["copy_engine", "nccl"],
+    "templates": ["direct"],
+    "num_splits": [1, 2],
+    "tile_orders": ["arrival"],
+    "tile_configs": ["128x256x64w8s3"],
+    "group_m": [8],
+}
 
 
 @pytest.fixture(autouse=True)
@@ -100,7 +106,11 @@ def test_an_in_process_runner_refused_by_its_config_makes_no_database(tmp_path, 
     code, err, _ = tune(config, "--db", tmp_path / "t.db")
     assert code == 2 and len(err) == 1, (code, err)  # the config is what is wrong
     line = err[0]
-    assert ("topology named in the config" in line) if runner == "model" else ("needs a `replay:` section" in line)
+    assert (
+        ("topology named in the config" in line)
+        if runner == "model"
+        else ("needs a `replay:` section" in line)
+    )
     assert not (tmp_path / "t.db").exists()
 
 
@@ -133,7 +143,9 @@ def _sigterm_before_the_schema_commits(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("rerun", [[], ["--resume"]], ids=["again", "resume"])
-def test_a_first_run_stopped_while_it_makes_the_database_leaves_none_and_runs_again(tmp_path, monkeypatch, rerun):
+def test_a_first_run_stopped_while_it_makes_the_database_leaves_none_and_runs_again(
+    tmp_path, monkeypatch, rerun
+):
     config = fixture_sweep(tmp_path, runner="model", max_trials=2, space=SMALL_SPACE)
     db = tmp_path / "new.db"
     _sigterm_before_the_schema_commits(monkeypatch)
@@ -170,32 +182,49 @@ def _session(sid: int) -> dict[int, list[str]]:
 
 
 def _is_agent(argv: list[str]) -> bool:
-    return any(a.endswith(("dashboard/agent.py", "runtime_env/agent/main.py"))
-               or (a.startswith("ray::") and "Agent" in a) for a in argv)
+    return any(
+        a.endswith(("dashboard/agent.py", "runtime_env/agent/main.py"))
+        or (a.startswith("ray::") and "Agent" in a)
+        for a in argv
+    )
 
 
 MOMENTS = {
     "gcs": lambda procs: bool(procs),  # Ray's first process is up
-    "agents": lambda procs: any(_is_agent(argv) for argv in procs.values()),  # the raylet has started its agents
+    "agents": lambda procs: any(
+        _is_agent(argv) for argv in procs.values()
+    ),  # the raylet has started its agents
 }
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("signum, moment, code, line", [
-    (signal.SIGTERM, "gcs", 143, "syncopate: terminated"),
-    (signal.SIGINT, "agents", 130, "syncopate: interrupted"),
-], ids=["sigterm-gcs", "sigint-agents"])
-def test_a_signal_while_ray_starts_stops_with_one_line_and_leaves_no_ray_process(tmp_path, signum, moment, code, line):
+@pytest.mark.parametrize(
+    "signum, moment, code, line",
+    [
+        (signal.SIGTERM, "gcs", 143, "syncopate: terminated"),
+        (signal.SIGINT, "agents", 130, "syncopate: interrupted"),
+    ],
+    ids=["sigterm-gcs", "sigint-agents"],
+)
+def test_a_signal_while_ray_starts_stops_with_one_line_and_leaves_no_ray_process(
+    tmp_path, signum, moment, code, line
+):
     config = fixture_sweep(tmp_path)
     db = tmp_path / "t.db"
     env = child_env()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen([sys.executable, "-m", "syncopate", "tune", str(config), "--db", f"sqlite:///{db}"],
-                            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "syncopate", "tune", str(config), "--db", f"sqlite:///{db}"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     left: dict[int, list[str]] = {}
     try:
         deadline = time.monotonic() + 120

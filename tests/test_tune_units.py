@@ -14,7 +14,14 @@ from syncopate.autotuner.strategies import GridStrategy, SearchProblem, make_str
 from syncopate.autotuner.sweep import parse_sweep
 from syncopate.autotuner.tune import TuneOptions
 from syncopate.errors import CandidateTimeoutError, ConfigError, RuntimeUnavailableError
-from syncopate.search_space import SpaceOptions, Topology, Workload, default_candidate, space, unfused_candidate
+from syncopate.search_space import (
+    SpaceOptions,
+    Topology,
+    Workload,
+    default_candidate,
+    space,
+    unfused_candidate,
+)
 from syncopate.workers import (
     ACTOR_ENV,
     Gang,
@@ -268,8 +275,9 @@ def test_ctrl_c_in_tune_exits_130(monkeypatch, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1] == "syncopate: interrupted"
 
 
-@pytest.mark.parametrize("source, label", [("fixture", "best so far (fixture, not measured):"),
-                                           ("measured", "best so far:")])
+@pytest.mark.parametrize(
+    "source, label", [("fixture", "best so far (fixture, not measured):"), ("measured", "best so far:")]
+)
 def test_the_live_display_says_when_its_best_is_not_measured(source, label):
     import io
 
@@ -283,7 +291,12 @@ def test_the_live_display_says_when_its_best_is_not_measured(source, label):
     run = WorkloadRun(workload=W, strategy=strategy)
     env = Environment(syncopate="0", torch="0", triton="0", cuda="0", nccl="0", driver="0", gpu_model="H200")
     run.best = TrialRecord(
-        workload=W, topology=TOPO, environment=env, candidate=space(W, TOPO)[0], status="ok", source=source,
+        workload=W,
+        topology=TOPO,
+        environment=env,
+        candidate=space(W, TOPO)[0],
+        status="ok",
+        source=source,
         median_us=100.0,
     )
     progress = SweepProgress(sweep_name="s", topology=TOPO.key(), runs=[run], gangs=1, source=source)

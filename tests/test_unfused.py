@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 from support.gloo import run_gloo
 
+from syncopate.autotuner.strategies import SearchProblem, make_strategy
 from syncopate.cost_model.calibration_defaults import default_calibration
 from syncopate.cost_model.model import CostModel
-from syncopate.autotuner.strategies import SearchProblem, make_strategy
 from syncopate.errors import ConfigError
 from syncopate.search_space import (
     UNFUSED,
@@ -43,13 +43,18 @@ def test_every_kind_takes_it_and_the_space_has_it_once(kind):
 
 
 def test_its_fields_are_fixed():
-    with pytest.raises(ConfigError, match=r"template unfused runs the group's collective after the matmul: it takes "
-                                          r"backend 'nccl' with comm_sms=0, got 'copy_engine' with comm_sms=0"):
+    with pytest.raises(
+        ConfigError,
+        match=r"template unfused runs the group's collective after the matmul: it takes "
+        r"backend 'nccl' with comm_sms=0, got 'copy_engine' with comm_sms=0",
+    ):
         Candidate(backend="copy_engine", template=UNFUSED)
     with pytest.raises(ConfigError, match=r"got 'nccl' with comm_sms=64"):
         Candidate(backend="nccl", template=UNFUSED, comm_sms=64)
     w = Workload(kind="gemm_rs", shape=(8192, 4096, 4096))
-    with pytest.raises(ConfigError, match=r"template unfused runs cuBLAS GEMMs: its fields keep .*; got num_splits=4"):
+    with pytest.raises(
+        ConfigError, match=r"template unfused runs cuBLAS GEMMs: its fields keep .*; got num_splits=4"
+    ):
         check_candidate(unfused_candidate().replace(num_splits=4), w, TOPO)
 
 
@@ -91,9 +96,15 @@ def _worker(rank, ws, init, q):
         for kind, rows in (("ag_gemm", 6 * ws), ("gemm_rs", 6 // ws), ("gemm_ar", 6)):
             out = torch.full((rows, 4), float("nan"), dtype=torch.float64)
             y = unfused(kind, a, b, g, out=out)
-            got[kind] = (y.data_ptr() == out.data_ptr(), (out - reference(kind, a, b, g).double()).abs().max().item())
+            got[kind] = (
+                y.data_ptr() == out.data_ptr(),
+                (out - reference(kind, a, b, g).double()).abs().max().item(),
+            )
         y, full = unfused("ag_gemm", a, b, g, gathered=True)
-        got["gathered"] = (True, (y - full @ b).abs().max().item() + (full[rank * 6:(rank + 1) * 6] - a).abs().max().item())
+        got["gathered"] = (
+            True,
+            (y - full @ b).abs().max().item() + (full[rank * 6 : (rank + 1) * 6] - a).abs().max().item(),
+        )
         q.put((rank, got))
     finally:
         dist.destroy_process_group()

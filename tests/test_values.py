@@ -52,15 +52,20 @@ def test_shard_divisibility_is_checked(kind, shape, ws, message):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"kind": "gemm_a2a", "shape": (1, 1, 1)}, "unknown kind 'gemm_a2a': accepted are ag_gemm, gemm_rs, gemm_ar"),
+        (
+            {"kind": "gemm_a2a", "shape": (1, 1, 1)},
+            "unknown kind 'gemm_a2a': accepted are ag_gemm, gemm_rs, gemm_ar",
+        ),
         ({"kind": "ag_gemm", "shape": (0, 1, 1)}, "M=0 must be positive"),
         ({"kind": "ag_gemm", "shape": (1, -4, 1)}, "N=-4 must be positive"),
         ({"kind": "ag_gemm", "shape": (1, 1, 1.5)}, "K=1.5 must be an integer"),
         ({"kind": "ag_gemm", "shape": (1, 1, True)}, "K=True must be an integer"),
         ({"kind": "ag_gemm", "shape": (2**62, 8, 8)}, "M=4611686018427387904 is larger than 1048576"),
         ({"kind": "ag_gemm", "shape": (8, 8, 10**20)}, "K=100000000000000000000 is larger than 1048576"),
-        ({"kind": "gemm_rs", "shape": (2**20, 2**20, 64)},
-         r"the output would have 1099511627776 elements, more than 17179869184 \(2\^34\)"),
+        (
+            {"kind": "gemm_rs", "shape": (2**20, 2**20, 64)},
+            r"the output would have 1099511627776 elements, more than 17179869184 \(2\^34\)",
+        ),
         ({"kind": "ag_gemm", "shape": (1, 1, 1), "dtype": "fp8"}, "unknown dtype 'fp8'"),
     ],
 )
@@ -73,7 +78,9 @@ def test_integral_numbers_of_other_types_are_dims():
     np = pytest.importorskip("numpy")
     w = Workload(kind="ag_gemm", shape=(np.int64(8192), np.int32(4096), 8192))
     assert w.shape.as_tuple() == (8192, 4096, 8192) and type(w.shape.m) is int
-    assert w == Workload(kind="ag_gemm", shape=(8192, 4096, 8192)) and w.key() == "ag_gemm/8192x4096x8192/bf16"
+    assert (
+        w == Workload(kind="ag_gemm", shape=(8192, 4096, 8192)) and w.key() == "ag_gemm/8192x4096x8192/bf16"
+    )
     assert Workload(kind="ag_gemm", shape=np.array([8192, 4096, 8192])) == w
     with pytest.raises(ConfigError, match="is not understood"):
         Workload(kind="ag_gemm", shape=np.array([8192, 4096]))
@@ -182,9 +189,13 @@ def test_candidate_json_round_trips_and_hash_is_stable(c):
 
 def test_candidate_hash_is_stable_across_processes():
     c = Candidate(backend="nccl", comm_sms=8, num_splits=4)
-    code = ("from syncopate.search_space import Candidate; "
-            "print(Candidate(backend='nccl', comm_sms=8, num_splits=4).key())")
-    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    code = (
+        "from syncopate.search_space import Candidate; "
+        "print(Candidate(backend='nccl', comm_sms=8, num_splits=4).key())"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert other == c.key()
     assert len(c.key()) == 16
     assert Candidate().key() != c.key()
@@ -217,8 +228,10 @@ def test_candidate_from_json_rejects_unknown_fields_and_garbage():
 
 
 def test_search_space_imports_neither_torch_nor_triton():
-    code = ("import sys, syncopate, syncopate.search_space, syncopate.autotuner; "
-            "print('torch' in sys.modules, 'triton' in sys.modules)")
+    code = (
+        "import sys, syncopate, syncopate.search_space, syncopate.autotuner; "
+        "print('torch' in sys.modules, 'triton' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 

@@ -212,7 +212,9 @@ def check_local_gpus(topology: Topology | None, runner: str) -> None:
         return
     count = local_gpu_count()
     if count is not None:
-        gang_shape(topology, Cluster(address="local", owned=False, gpus_by_node=(("this machine", count),)), runner)
+        gang_shape(
+            topology, Cluster(address="local", owned=False, gpus_by_node=(("this machine", count),)), runner
+        )
 
 
 def connect(address: str | None, *, declared_gpus: int | None = None, verbose: bool = False) -> Cluster:

@@ -75,8 +75,14 @@ class Verdict:
 class Confirmation:
     """Chooses the contenders, hands them out for re-measuring, and declares the winner."""
 
-    def __init__(self, top_k: int = 3, min_noise: float = 0.01, *, mode: str = DEFAULT_MODE,
-                 guards: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        top_k: int = 3,
+        min_noise: float = 0.01,
+        *,
+        mode: str = DEFAULT_MODE,
+        guards: dict[str, str] | None = None,
+    ) -> None:
         self.top_k = top_k
         self.min_noise = min_noise
         self.mode = mode
@@ -165,5 +171,12 @@ class Confirmation:
         for name, key in self.guards.items():
             if guard == "" and best.candidate.key() == key:
                 guard = name
-        return Verdict(trial=best, pooled_median_us=figure_us, samples=len(pooled), contenders=len(measured_again),
-                       changed=best.candidate.key() != fastest.candidate.key(), objective=obj, guard=guard)
+        return Verdict(
+            trial=best,
+            pooled_median_us=figure_us,
+            samples=len(pooled),
+            contenders=len(measured_again),
+            changed=best.candidate.key() != fastest.candidate.key(),
+            objective=obj,
+            guard=guard,
+        )

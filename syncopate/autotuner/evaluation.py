@@ -71,8 +71,15 @@ class Outcome:
 
 
 def trials_to_target(
-    name: str, sweep: StoredSweep, workload: Workload, *, seed: int, tolerance: float = 0.03, cap: float = 0.5,
-    options: SpaceOptions | None = None, calibration: Any = None,
+    name: str,
+    sweep: StoredSweep,
+    workload: Workload,
+    *,
+    seed: int,
+    tolerance: float = 0.03,
+    cap: float = 0.5,
+    options: SpaceOptions | None = None,
+    calibration: Any = None,
 ) -> Outcome:
     """Run strategy `name` (Optuna in memory) with every answer replayed from `sweep`; count trials
     until one's median is within `tolerance` of the sweep's best median, up to `cap` × the sweep."""
@@ -81,8 +88,13 @@ def trials_to_target(
     best = min(ok)
     total = len(table)
     limit = max(1, math.ceil(cap * total))
-    problem = SearchProblem(workload=workload, topology=sweep.topology, options=options or SpaceOptions(),
-                            environment=sweep.environment, calibration=calibration)
+    problem = SearchProblem(
+        workload=workload,
+        topology=sweep.topology,
+        options=options or SpaceOptions(),
+        environment=sweep.environment,
+        calibration=calibration,
+    )
     budget = total if name in ("grid", "seeded", "random") else limit
     strategy = make_strategy(name, problem, max_trials=budget, seed=seed)
     try:
@@ -92,11 +104,20 @@ def trials_to_target(
                 break
             trial = table.get(asked[0].key())
             if trial is None:
-                trial = TrialRecord(workload=workload, topology=sweep.topology, environment=sweep.environment,
-                                    candidate=asked[0], status="crash", source="fixture", error="not in the sweep")
+                trial = TrialRecord(
+                    workload=workload,
+                    topology=sweep.topology,
+                    environment=sweep.environment,
+                    candidate=asked[0],
+                    status="crash",
+                    source="fixture",
+                    error="not in the sweep",
+                )
             strategy.tell(trial)
             if trial.status == "ok" and trial.median_us <= best * (1 + tolerance):
-                return Outcome(strategy=name, seed=seed, workload=workload.key(), trials=n, total=total, cap=limit)
+                return Outcome(
+                    strategy=name, seed=seed, workload=workload.key(), trials=n, total=total, cap=limit
+                )
     finally:
         strategy.close()
     return Outcome(strategy=name, seed=seed, workload=workload.key(), trials=None, total=total, cap=limit)
@@ -121,5 +142,9 @@ def model_agreement(model: Any, sweep: StoredSweep, workload: Workload) -> Model
     measured = [t.median_us for t in ok]
     pick = min(range(len(ok)), key=lambda i: predicted[i])
     best = min(measured)
-    return ModelAgreement(workload=workload.key(), spearman=spearman(predicted, measured),
-                          pick_gap=measured[pick] / best - 1, candidates=len(ok))
+    return ModelAgreement(
+        workload=workload.key(),
+        spearman=spearman(predicted, measured),
+        pick_gap=measured[pick] / best - 1,
+        candidates=len(ok),
+    )

@@ -53,7 +53,9 @@ def _runner_and_topology(plan: Any) -> tuple[Any, Topology, str]:
                 f"key such as H200x2-nvlink (or pass --topology KEY), not `detect`"
             )
         calibration = load_calibration(plan.topology, None, plan.db, sweep.calibration)
-        runner = make_runner(RunnerSpec(name="model", timing=sweep.timing, topology=plan.topology, options=calibration))
+        runner = make_runner(
+            RunnerSpec(name="model", timing=sweep.timing, topology=plan.topology, options=calibration)
+        )
         note = (
             f"runner model: no GPU is used; every time is a PREDICTION of the cost model, stored as "
             f"source `predicted` (never served as a measurement). {calibration.describe()}."
@@ -67,8 +69,9 @@ def _runner_and_topology(plan: Any) -> tuple[Any, Topology, str]:
             f"replay: {{source: results/llama_tp2-sweep.db, sweep: llama_tp2_sweep}} (a measured sweep in this "
             f"repository; configs/replay_example.yaml replays it)"
         )
-    runner = make_runner(RunnerSpec(name="replay", timing=sweep.timing, topology=plan.topology,
-                                    options=sweep.replay.options()))
+    runner = make_runner(
+        RunnerSpec(name="replay", timing=sweep.timing, topology=plan.topology, options=sweep.replay.options())
+    )
     stored = runner.stored
     missing = [w for w in sweep.workloads if w.key() not in stored.trials]
     if missing:
@@ -104,9 +107,18 @@ def run_in_process(plan: Any, previous: StoredSweep | None, store: TrialStore, c
         done = stored_done(store, previous, sweep, topology, environment)
         calibration = getattr(runner, "calibration", None)
         repeatable = plan.runner == "replay" and bool(getattr(runner, "noise", 0.0))
-        runs = build_runs(sweep, topology, environment, max_trials=plan.max_trials, db=plan.db, done=done,
-                          calibration=calibration, confirm=repeatable, mode=plan.mode,
-                          measurable=getattr(runner, "holds", None))
+        runs = build_runs(
+            sweep,
+            topology,
+            environment,
+            max_trials=plan.max_trials,
+            db=plan.db,
+            done=done,
+            calibration=calibration,
+            confirm=repeatable,
+            mode=plan.mode,
+            measurable=getattr(runner, "holds", None),
+        )
         try:
             sweep_id = open_sweep(plan, store, previous, topology, environment, note)
             if resumed:
@@ -115,11 +127,18 @@ def run_in_process(plan: Any, previous: StoredSweep | None, store: TrialStore, c
             if resumed:
                 console.print(
                     f"resuming sweep {sweep.name!r} (id {sweep_id}): {sum(r.stored_before for r in runs)} trial(s) "
-                    f"stored, {sum(r.strategy.remaining for r in runs)} to go", highlight=False,
+                    f"stored, {sum(r.strategy.remaining for r in runs)} to go",
+                    highlight=False,
                 )
             where = "predicted by the cost model" if plan.runner == "model" else "replayed"
-            progress = SweepProgress(sweep_name=sweep.name, topology=topology.key(), runs=runs, gangs=1, where=where,
-                                     source=runner.source)
+            progress = SweepProgress(
+                sweep_name=sweep.name,
+                topology=topology.key(),
+                runs=runs,
+                gangs=1,
+                where=where,
+                source=runner.source,
+            )
             loop = _Loop(plan, store, runner, topology, environment, sweep_id, resumed, progress)
             status = "failed"
             try:
@@ -145,8 +164,17 @@ def run_in_process(plan: Any, previous: StoredSweep | None, store: TrialStore, c
             f"`crash`: give the config the `space:` of the replayed sweep to search only what it measured."
         )
     return TuneResult(
-        sweep_id=sweep_id, sweep_name=sweep.name, status=status, resumed=resumed, topology=topology.key(),
-        environment=environment, runner=plan.runner, source=runner.source, summaries=summaries, progress=progress, note=note,
+        sweep_id=sweep_id,
+        sweep_name=sweep.name,
+        status=status,
+        resumed=resumed,
+        topology=topology.key(),
+        environment=environment,
+        runner=plan.runner,
+        source=runner.source,
+        summaries=summaries,
+        progress=progress,
+        note=note,
         mode=plan.mode,
     )
 
@@ -209,11 +237,22 @@ class _Loop:
             stats = summarize(b.samples_us)
             if stats is None:
                 continue
-            records.append(BaselineRecord(
-                workload=run.workload, topology=self.topology, environment=self.environment, name=b.name,
-                median_us=stats[0], p20_us=stats[1], p80_us=stats[2], samples_us=b.samples_us,
-                eager_us=b.eager_us, host_us=b.host_us, source=self.runner.source, detail=b.detail,
-            ))
+            records.append(
+                BaselineRecord(
+                    workload=run.workload,
+                    topology=self.topology,
+                    environment=self.environment,
+                    name=b.name,
+                    median_us=stats[0],
+                    p20_us=stats[1],
+                    p80_us=stats[2],
+                    samples_us=b.samples_us,
+                    eager_us=b.eager_us,
+                    host_us=b.host_us,
+                    source=self.runner.source,
+                    detail=b.detail,
+                )
+            )
         self.store.record_baselines(self.sweep_id, records)
         run.baselines = {b.name: b for b in records}
         run.baselines_state = "done"
@@ -235,10 +274,20 @@ class _Loop:
         median, p20, p80 = stats if stats else (None, None, None)
         self.progress.trial_seconds.append(time.perf_counter() - started)
         return TrialRecord(
-            workload=run.workload, topology=self.topology, environment=self.environment, candidate=candidate,
-            status=status, source=self.runner.source, median_us=median, p20_us=p20, p80_us=p80,
-            samples_us=samples if status == "ok" else (), eager_us=eager if status == "ok" else None,
-            host_us=host if status == "ok" else None, max_rel_error=rel, error=error,
+            workload=run.workload,
+            topology=self.topology,
+            environment=self.environment,
+            candidate=candidate,
+            status=status,
+            source=self.runner.source,
+            median_us=median,
+            p20_us=p20,
+            p80_us=p80,
+            samples_us=samples if status == "ok" else (),
+            eager_us=eager if status == "ok" else None,
+            host_us=host if status == "ok" else None,
+            max_rel_error=rel,
+            error=error,
             worker={**self.worker, "finished_at": datetime.now(timezone.utc).isoformat(), **extra},
             strategy=self.plan.sweep.strategy.name,
         )

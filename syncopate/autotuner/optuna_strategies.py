@@ -65,7 +65,10 @@ def candidate_params(c: Candidate) -> dict[str, Any]:
     if c.backend != "copy_engine":
         params[f"comm_sms_{c.backend}"] = c.comm_sms
     params.update(
-        template=c.template, num_splits=c.num_splits, tile_config=TileConfig.of(c).key(), tile_order=c.tile_order
+        template=c.template,
+        num_splits=c.num_splits,
+        tile_config=TileConfig.of(c).key(),
+        tile_order=c.tile_order,
     )
     if c.tile_order in _SWIZZLED:
         params["group_m"] = c.group_m
@@ -84,20 +87,34 @@ class _Choices:
 
     def suggest(self, trial: Any) -> Candidate | None:
         """Draw a candidate on `trial`; None when the combination is not a valid candidate."""
+
         def pick(name: str) -> Any:
             choices = self.values[name]
             return trial.suggest_categorical(name, choices) if len(choices) > 1 else choices[0]
 
         backend = pick("backend")
         sms = pick(f"comm_sms_{backend}") if backend != "copy_engine" else 0
-        template, splits, tile, order = pick("template"), pick("num_splits"), pick("tile_config"), pick("tile_order")
+        template, splits, tile, order = (
+            pick("template"),
+            pick("num_splits"),
+            pick("tile_config"),
+            pick("tile_order"),
+        )
         group_m = pick("group_m") if order in _SWIZZLED and "group_m" in self.values else 1
         tc = TileConfig.from_key(tile)
         try:
             return Candidate(
-                backend=backend, template=template, num_splits=splits, tile_order=order, comm_sms=sms,
-                block_m=tc.block_m, block_n=tc.block_n, block_k=tc.block_k, group_m=group_m,
-                num_warps=tc.num_warps, num_stages=tc.num_stages,
+                backend=backend,
+                template=template,
+                num_splits=splits,
+                tile_order=order,
+                comm_sms=sms,
+                block_m=tc.block_m,
+                block_n=tc.block_n,
+                block_k=tc.block_k,
+                group_m=group_m,
+                num_warps=tc.num_warps,
+                num_stages=tc.num_stages,
             )
         except ConfigError:
             return None
@@ -152,8 +169,11 @@ class OptunaTPEStrategy(Strategy):
         self._done = set(problem.done) & (set(self._by_key) | outside)
         earlier = [self.values.get(k) for k in (set(self.values) | self._failed) - self._done]
         ok = [v for v in earlier if v is not None]
-        self._continued = StudyContinued(name=self.study.study_name, trials=len(earlier),
-                                         best_us=min(ok) if ok else None) if earlier else None
+        self._continued = (
+            StudyContinued(name=self.study.study_name, trials=len(earlier), best_us=min(ok) if ok else None)
+            if earlier
+            else None
+        )
         self._proposed: set[str] = set()
         self._pending: dict[str, Any] = {}
         todo = [g for g in guards if g.key() not in problem.done]
@@ -163,28 +183,41 @@ class OptunaTPEStrategy(Strategy):
         """Guards to measure without telling the study (outside its space, or already in it)."""
         self._enqueue_guards([g for g in todo if g not in self._beside])
         if self.values or self._done:
-            log.info("%s: study %s holds %d value(s); %d stored in this sweep", problem.workload, self.study.study_name,
-                     len(self.values), len(self._done))
+            log.info(
+                "%s: study %s holds %d value(s); %d stored in this sweep",
+                problem.workload,
+                self.study.study_name,
+                len(self.values),
+                len(self._done),
+            )
 
     # -- the study ------------------------------------------------------------------------------
 
     def _waiting(self) -> set[str]:
         """Keys of the candidates enqueued in the study and not asked yet (by an earlier run, too)."""
-        return {t.user_attrs.get("candidate_key") for t in self.study.get_trials(deepcopy=False)
-                if t.state.name == "WAITING"}
+        return {
+            t.user_attrs.get("candidate_key")
+            for t in self.study.get_trials(deepcopy=False)
+            if t.state.name == "WAITING"
+        }
 
     def _enqueue_guards(self, guards: list[Candidate]) -> None:
         waiting = self._waiting()
         for g in guards:
             if g.key() not in waiting:
-                self.study.enqueue_trial(candidate_params(g), user_attrs={"candidate_key": g.key(), "seeded_by": "guard"})
+                self.study.enqueue_trial(
+                    candidate_params(g), user_attrs={"candidate_key": g.key(), "seeded_by": "guard"}
+                )
 
     def _sampler(self, seed: int) -> Any:
         optuna = _quiet_optuna()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.TPESampler(
-                seed=seed, n_startup_trials=max(4, min(10, self._planned // 10)), multivariate=True, group=True,
+                seed=seed,
+                n_startup_trials=max(4, min(10, self._planned // 10)),
+                multivariate=True,
+                group=True,
                 constant_liar=True,
             )
 
@@ -195,7 +228,11 @@ class OptunaTPEStrategy(Strategy):
         if storage is not None:
             storage = optuna.storages.RDBStorage(storage, skip_compatibility_check=False)
         study = optuna.create_study(
-            study_name=name, storage=storage, sampler=self._sampler(seed), direction="minimize", load_if_exists=True
+            study_name=name,
+            storage=storage,
+            sampler=self._sampler(seed),
+            direction="minimize",
+            load_if_exists=True,
         )
         stored = study.user_attrs.get("space_fingerprint")
         if stored is None:
@@ -206,7 +243,8 @@ class OptunaTPEStrategy(Strategy):
         elif stored != fingerprint:
             where = self.problem.storage or "memory"
             raise StudyMismatchError(
-                f"Optuna study {name!r} in {where} was made over another search space ({study.user_attrs.get('space_size')} "
+                f"Optuna study {name!r} in {where} was made over another search space "
+                f"({study.user_attrs.get('space_size')} "
                 f"candidates, fingerprint {stored}; this config's space has {len(self._by_key)}, fingerprint "
                 f"{fingerprint}). Nothing was changed: restore the `space:` section it was made with, or remove the "
                 f"study (`optuna delete-study --storage URL --study-name '{name}'`) to start it over"
@@ -310,7 +348,9 @@ class OptunaTPEStrategy(Strategy):
         self.study.enqueue_trial(candidate_params(near), user_attrs={"neighbour_of": trial.number})
         return self._accept(self.study.ask(), near)
 
-    def _nearest_untried(self, params: dict[str, Any], seen: set[str], target: Candidate | None) -> Candidate | None:
+    def _nearest_untried(
+        self, params: dict[str, Any], seen: set[str], target: Candidate | None
+    ) -> Candidate | None:
         """The untried candidate whose parameters differ least from `params` (ties at random), one
         the pruner does not reject where there is any."""
         drawn = candidate_params(target) if target is not None else params
@@ -345,8 +385,9 @@ def _diverse_top(ranked: list, k: int) -> list:
     families: dict[tuple, list] = {}
     for p in ranked:
         c = p.candidate
-        families.setdefault((c.backend, c.comm_sms, c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages),
-                            []).append(p)
+        families.setdefault(
+            (c.backend, c.comm_sms, c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages), []
+        ).append(p)
     limit = ranked[0].time_us * 1.5
     groups = [g for g in families.values() if g[0].time_us <= limit]
     out: list = []
@@ -415,7 +456,9 @@ class ModelGuidedStrategy(OptunaTPEStrategy):
             from syncopate.cost_model.calibration import resolve_calibration
 
             given = resolve_calibration(problem.topology, problem.environment)
-            log.warning("model-guided on %s without a calibration given: %s", problem.topology, given.describe())
+            log.warning(
+                "model-guided on %s without a calibration given: %s", problem.topology, given.describe()
+            )
         model = given if isinstance(given, CostModel) else CostModel(given)
         self.calibration = model.calibration
         ranked = model.rank(problem.workload, problem.topology, [self._by_key[k] for k in self._order])
@@ -423,8 +466,9 @@ class ModelGuidedStrategy(OptunaTPEStrategy):
         self.pruner = ModelPruner()
         top_k = problem.model_top_k or max(8, min(32, self._planned // 5))
         seen = self._seen() | self._guard_keys  # the guards are measured first anyway
-        seeds = _diverse_top([p for p in ranked if p.feasible and p.candidate.key() not in seen],
-                             min(top_k, self._planned))
+        seeds = _diverse_top(
+            [p for p in ranked if p.feasible and p.candidate.key() not in seen], min(top_k, self._planned)
+        )
         waiting = self._waiting()
         for p in seeds:
             key = p.candidate.key()
@@ -456,4 +500,3 @@ class ModelGuidedStrategy(OptunaTPEStrategy):
         super().tell(trial)
         if trial.status == "ok" and trial.median_us is not None:
             self.pruner.observe(self.predicted.get(trial.candidate.key(), math.inf), trial.median_us)
-

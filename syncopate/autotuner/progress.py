@@ -118,13 +118,18 @@ class WorkloadSummary:
     or `device (no eager measurement)` where the sweep ranks in mode eager but the winner has none."""
 
     @classmethod
-    def of(cls, run: WorkloadRun, best: TrialRecord | None, verdict: Verdict | None = None) -> WorkloadSummary:
+    def of(
+        cls, run: WorkloadRun, best: TrialRecord | None, verdict: Verdict | None = None
+    ) -> WorkloadSummary:
         seq = run.baselines.get("torch_seq")
         declared = verdict is not None and bool(verdict.contenders or verdict.guard)
         if declared:
             best = verdict.trial
-        obj = verdict.objective if declared else (
-            objective(run.mode, best.eager_us) if best is not None else OBJECTIVE_DEVICE)
+        obj = (
+            verdict.objective
+            if declared
+            else (objective(run.mode, best.eager_us) if best is not None else OBJECTIVE_DEVICE)
+        )
         seq_us = None if seq is None else (seq.eager_us if obj == OBJECTIVE_EAGER else seq.median_us)
         return cls(
             workload=run.workload.key(),
@@ -165,8 +170,11 @@ class WorkloadSummary:
 
 def below_bound_note(summaries: list[WorkloadSummary]) -> str | None:
     """What to make of winners faster than the bound, where there are any (None otherwise)."""
-    below = [s for s in summaries if s.device_us is not None and s.bound_us is not None
-             and s.device_us < 0.99 * s.bound_us]
+    below = [
+        s
+        for s in summaries
+        if s.device_us is not None and s.bound_us is not None and s.device_us < 0.99 * s.bound_us
+    ]
     if not below:
         return None
     names = ", ".join(f"{s.workload} ({s.bound_us / s.device_us:.2f}× under)" for s in below)

@@ -13,13 +13,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from syncopate.cost_model.calibration import Calibration, resolve_calibration
 from syncopate.autotuner.confirm import Confirmation
 from syncopate.autotuner.coordinator import WorkloadRun
 from syncopate.autotuner.progress import WorkloadSummary
 from syncopate.autotuner.store import StoredSweep, TrialStore
 from syncopate.autotuner.strategies import SearchProblem, make_strategy
 from syncopate.autotuner.sweep import Sweep
+from syncopate.cost_model.calibration import Calibration, resolve_calibration
 from syncopate.errors import CalibrationError, DatabaseError, SchemaError
 from syncopate.records import DEFAULT_MODE, Environment
 from syncopate.search_space import Topology, guard_candidates
@@ -48,7 +48,9 @@ def study_storage(db: str | None) -> str:
     return locate(db).url
 
 
-def load_calibration(topology: Topology, environment: Environment | None, db: str | None, policy: str) -> Calibration:
+def load_calibration(
+    topology: Topology, environment: Environment | None, db: str | None, policy: str
+) -> Calibration:
     """The calibration the cost model uses here (see :func:`resolve_calibration`), read from the
     results database `db` where it can be opened; the defaults otherwise (policy `auto`)."""
     if policy == "default":
@@ -123,13 +125,20 @@ def build_runs(
     runs = []
     for i, w in enumerate(sweep.workloads):
         problem = SearchProblem(
-            workload=w, topology=topology, options=sweep.space, done=done[i] if done else frozenset(),
-            environment=environment, storage=storage, calibration=calibration,
-            model_top_k=sweep.strategy.model_top_k, measurable=measurable,
+            workload=w,
+            topology=topology,
+            options=sweep.space,
+            done=done[i] if done else frozenset(),
+            environment=environment,
+            storage=storage,
+            calibration=calibration,
+            model_top_k=sweep.strategy.model_top_k,
+            measurable=measurable,
         )
         strategy = make_strategy(name, problem, max_trials=max_trials, seed=sweep.strategy.seed)
-        run = WorkloadRun(workload=w, strategy=strategy, stored_before=strategy.planned - strategy.remaining,
-                          mode=mode)
+        run = WorkloadRun(
+            workload=w, strategy=strategy, stored_before=strategy.planned - strategy.remaining, mode=mode
+        )
         if confirm and sweep.strategy.top_k_remeasure > 0:
             guards = {n: c.key() for n, c in guard_candidates(w, topology).items()}
             run.confirm = Confirmation(top_k=sweep.strategy.top_k_remeasure, mode=mode, guards=guards)
@@ -138,7 +147,11 @@ def build_runs(
 
 
 def restore_runs(
-    store: TrialStore, sweep_id: int, runs: Sequence[WorkloadRun], topology: Topology, environment: Environment
+    store: TrialStore,
+    sweep_id: int,
+    runs: Sequence[WorkloadRun],
+    topology: Topology,
+    environment: Environment,
 ) -> None:
     """What a resumed sweep already holds, into its runs: the stored baselines (not measured again)
     and the sweep's fastest ok trial so far (the best to beat, and a contender when the best few
@@ -154,7 +167,11 @@ def restore_runs(
 
 
 def summarize_runs(
-    store: TrialStore, sweep_id: int, runs: Sequence[WorkloadRun], topology: Topology, environment: Environment
+    store: TrialStore,
+    sweep_id: int,
+    runs: Sequence[WorkloadRun],
+    topology: Topology,
+    environment: Environment,
 ) -> list[WorkloadSummary]:
     """The closing summary: per workload, the sweep's own fastest ok trial in its mode (whatever its
     source; trials stored before a resume included), or the declared winner where the best few
@@ -176,4 +193,3 @@ def close_runs(runs: Sequence[WorkloadRun]) -> None:
             run.strategy.close()
         except Exception as e:  # closing must not hide the sweep's own outcome
             log.debug("closing the strategy of %s failed: %s", run.workload, e)
-

@@ -82,7 +82,12 @@ class TrialStore(ABC):
 
     @abstractmethod
     def sweep_best(
-        self, sweep_id: int, workload: Workload, topology: Topology, environment: Environment, *,
+        self,
+        sweep_id: int,
+        workload: Workload,
+        topology: Topology,
+        environment: Environment,
+        *,
         mode: str = DEFAULT_MODE,
     ) -> TrialRecord | None:
         """The fastest `ok` trial in `mode` (:func:`~syncopate.records.rank_key`) of sweep `sweep_id`
@@ -204,7 +209,12 @@ class ResultsDBStore(TrialStore):
         self._writer().record_baselines(sweep_id, baselines)
 
     def sweep_best(
-        self, sweep_id: int, workload: Workload, topology: Topology, environment: Environment, *,
+        self,
+        sweep_id: int,
+        workload: Workload,
+        topology: Topology,
+        environment: Environment,
+        *,
         mode: str = DEFAULT_MODE,
     ) -> TrialRecord | None:
         if self._db is None:

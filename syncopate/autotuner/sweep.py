@@ -9,7 +9,8 @@ workloads:
   - kind: ag_gemm
     models: [llama-7b, llama-3.1-70b]
     shapes: [[8192, 4096, 8192]]   # (M, N, K), global dims
-strategy: {name: seeded, max_trials: 200, time_budget_s: 3600, seed: 0}   # seeded | grid | random | optuna-tpe | model-guided
+strategy: {name: seeded, max_trials: 200, time_budget_s: 3600, seed: 0}
+                                  # seeded | grid | random | optuna-tpe | model-guided
 space: {backends: [copy_engine, nccl], num_splits: [1, 2, 4]}
 runner: gpu                    # gpu | model | replay | cpu-fixture
 calibration: auto              # the cost model's: auto (measured where stored) | measured | default
@@ -93,8 +94,9 @@ class StrategyConfig(_Strict):
     name: str = "seeded"
     """Default `seeded`: the suites' grid first, so that a run cut short by its budget or its time
     has measured the candidates that won the suites."""
-    max_trials: int | None = Field(default=None,
-                                   description="Trials per workload; None: the whole space (grid, seeded).")
+    max_trials: int | None = Field(
+        default=None, description="Trials per workload; None: the whole space (grid, seeded)."
+    )
     time_budget_s: float | None = None
     seed: int = 0
     top_k_remeasure: int = Field(default=3, ge=0)
@@ -223,7 +225,9 @@ class SpaceEntry(_Strict):
     def _templates(cls, v):
         for t in v or []:
             if t not in CANDIDATE_TEMPLATES:
-                raise ValueError(f"unknown plan template {t!r}: accepted are {', '.join(CANDIDATE_TEMPLATES)}")
+                raise ValueError(
+                    f"unknown plan template {t!r}: accepted are {', '.join(CANDIDATE_TEMPLATES)}"
+                )
         return v
 
     @field_validator("tile_orders")
@@ -369,8 +373,10 @@ def parse_sweep(data: Any, source: str = "<config>") -> Sweep:
     """Validate a sweep given as a parsed YAML mapping."""
     if not isinstance(data, dict):
         if data is None:
-            raise ConfigError(f"{source} is empty: a sweep config is a mapping of fields (name, topology, workloads, "
-                              f"strategy, …), such as configs/quickstart.yaml")
+            raise ConfigError(
+                f"{source} is empty: a sweep config is a mapping of fields (name, topology, workloads, "
+                f"strategy, …), such as configs/quickstart.yaml"
+            )
         raise ConfigError(f"{source}: a sweep config must be a mapping of fields, got {describe(data)}")
     try:
         f = SweepFile.model_validate(data)
@@ -384,7 +390,10 @@ def parse_sweep(data: Any, source: str = "<config>") -> Sweep:
         dtype = canonical_dtype(f.dtype)
         workloads: list[Workload] = []
         for i, entry in enumerate(f.workloads):
-            shapes = [model_shape(m, entry.kind, f.tokens if entry.tokens is None else entry.tokens) for m in entry.models]
+            shapes = [
+                model_shape(m, entry.kind, f.tokens if entry.tokens is None else entry.tokens)
+                for m in entry.models
+            ]
             shapes += [tuple(s) for s in entry.shapes]
             if not shapes:
                 raise ConfigError(f"workloads.{i}: give models or shapes for kind {entry.kind}")
@@ -398,9 +407,21 @@ def parse_sweep(data: Any, source: str = "<config>") -> Sweep:
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
     return Sweep(
-        name=f.name, description=f.description, source=source, raw=data, topology_key=f.topology,
-        workloads=tuple(workloads), strategy=f.strategy, space=options, runner=f.runner, db=f.db,
-        timing=f.timing, ray_address=f.ray_address, fixture=f.fixture, replay=f.replay, calibration=f.calibration,
+        name=f.name,
+        description=f.description,
+        source=source,
+        raw=data,
+        topology_key=f.topology,
+        workloads=tuple(workloads),
+        strategy=f.strategy,
+        space=options,
+        runner=f.runner,
+        db=f.db,
+        timing=f.timing,
+        ray_address=f.ray_address,
+        fixture=f.fixture,
+        replay=f.replay,
+        calibration=f.calibration,
     )
 
 
@@ -444,8 +465,11 @@ def load_sweep(path: str | Path) -> Sweep:
     try:
         text = p.read_text()
     except FileNotFoundError:
-        hint = (f"; `{_stem(p.name)}` alone names the copy shipped with syncopate"
-                if _packaged(p.name) is not None else "")
+        hint = (
+            f"; `{_stem(p.name)}` alone names the copy shipped with syncopate"
+            if _packaged(p.name) is not None
+            else ""
+        )
         raise ConfigError(f"config file {str(p)!r} does not exist{hint}") from None
     except IsADirectoryError:
         raise ConfigError(f"config file {str(p)!r} is a directory: give the YAML file in it") from None

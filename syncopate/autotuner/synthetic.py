@@ -22,8 +22,8 @@ from dataclasses import replace
 
 from syncopate.cost_model.calibration import Calibration, Curve, GemmRate, OpCosts, TransferModel
 from syncopate.cost_model.calibration_defaults import default_calibration
-from syncopate.cost_model.model import CostModel
 from syncopate.cost_model.host_time import candidate_host_us
+from syncopate.cost_model.model import CostModel
 from syncopate.records import Environment, TrialRecord
 from syncopate.search_space import SpaceOptions, Topology, Workload, guard_candidates, space
 from syncopate.workers.replay_runner import StoredSweep
@@ -35,12 +35,20 @@ def synthetic_environment(gpu_model: str) -> Environment:
     """The environment synthetic trials are stamped with: no library version at all."""
     from syncopate.version import __version__
 
-    return Environment(syncopate=__version__, torch="synthetic", triton="synthetic", cuda="synthetic",
-                       nccl="synthetic", driver="synthetic", gpu_model=gpu_model)
+    return Environment(
+        syncopate=__version__,
+        torch="synthetic",
+        triton="synthetic",
+        cuda="synthetic",
+        nccl="synthetic",
+        driver="synthetic",
+        gpu_model=gpu_model,
+    )
 
 
-def perturbed_calibration(base: Calibration, rng: random.Random, *, transfer_sigma: float = 0.25,
-                          gemm_sigma: float = 0.12) -> Calibration:
+def perturbed_calibration(
+    base: Calibration, rng: random.Random, *, transfer_sigma: float = 0.25, gemm_sigma: float = 0.12
+) -> Calibration:
     """`base` with every part moved at random (log-normal factors; fixed costs ×0.5 … ×2)."""
 
     def factor(sigma: float) -> float:
@@ -50,20 +58,27 @@ def perturbed_calibration(base: Calibration, rng: random.Random, *, transfer_sig
     for key, t in base.transfers.items():
         scale = factor(transfer_sigma)
         curves = {
-            sms: Curve(sizes=c.sizes, us=tuple(us * scale * factor(0.05) for us in c.us)) for sms, c in t.curves.items()
+            sms: Curve(sizes=c.sizes, us=tuple(us * scale * factor(0.05) for us in c.us))
+            for sms, c in t.curves.items()
         }
         curves = {sms: Curve(sizes=c.sizes, us=tuple(sorted(c.us))) for sms, c in curves.items()}
-        transfers[key] = TransferModel(backend=t.backend, scope=t.scope, curves=curves,
-                                       call_us=t.call_us * rng.uniform(0.5, 2.0))
+        transfers[key] = TransferModel(
+            backend=t.backend, scope=t.scope, curves=curves, call_us=t.call_us * rng.uniform(0.5, 2.0)
+        )
     gemm = {
-        key: GemmRate(tile=key, tflops_by_sms={s: v * factor(gemm_sigma) for s, v in g.tflops_by_sms.items()},
-                      tile_overhead_us=g.tile_overhead_us * rng.uniform(0.5, 2.0))
+        key: GemmRate(
+            tile=key,
+            tflops_by_sms={s: v * factor(gemm_sigma) for s, v in g.tflops_by_sms.items()},
+            tile_overhead_us=g.tile_overhead_us * rng.uniform(0.5, 2.0),
+        )
         for key, g in base.gemm.items()
     }
     c = base.costs
     costs = OpCosts(
-        launch_us=c.launch_us * rng.uniform(0.5, 2.0), wait_us=c.wait_us * rng.uniform(0.5, 3.0),
-        local_copy_gbps=c.local_copy_gbps * factor(0.2), hbm_gbps=c.hbm_gbps * factor(0.1),
+        launch_us=c.launch_us * rng.uniform(0.5, 2.0),
+        wait_us=c.wait_us * rng.uniform(0.5, 3.0),
+        local_copy_gbps=c.local_copy_gbps * factor(0.2),
+        hbm_gbps=c.hbm_gbps * factor(0.1),
         overlap_slowdown={b: rng.uniform(0.0, 0.12) for b in c.overlap_slowdown},
     )
     origin = {k: "default, perturbed at random (synthetic ground truth)" for k in base.origin}
@@ -99,13 +114,27 @@ def synthetic_sweep(
             r = random.Random(f"{seed}/{w.key()}/{cand.key()}")
             p = truth.predict(w, topology, cand)
             if not p.feasible:
-                table[cand.key()] = TrialRecord(workload=w, topology=topology, environment=env, candidate=cand,
-                                                status="compile_error", source="fixture", error=p.reason)
+                table[cand.key()] = TrialRecord(
+                    workload=w,
+                    topology=topology,
+                    environment=env,
+                    candidate=cand,
+                    status="compile_error",
+                    source="fixture",
+                    error=p.reason,
+                )
                 continue
             if r.random() < fail_rate:
                 status = r.choice(("compile_error", "wrong_result", "timeout"))
-                table[cand.key()] = TrialRecord(workload=w, topology=topology, environment=env, candidate=cand,
-                                                status=status, source="fixture", error=f"synthetic {status}")
+                table[cand.key()] = TrialRecord(
+                    workload=w,
+                    topology=topology,
+                    environment=env,
+                    candidate=cand,
+                    status=status,
+                    source="fixture",
+                    error=f"synthetic {status}",
+                )
                 continue
             true_us = p.time_us * math.exp(r.gauss(0.0, candidate_sigma))
             samples = sorted(true_us * math.exp(r.gauss(0.0, jitter)) for _ in range(repetitions))
@@ -113,10 +142,18 @@ def synthetic_sweep(
             median = (samples[(n - 1) // 2] + samples[n // 2]) / 2
             host = candidate_host_us(w, topology.world_size, cand) * math.exp(r.gauss(0.0, 0.1))
             table[cand.key()] = TrialRecord(
-                workload=w, topology=topology, environment=env, candidate=cand, status="ok", source="fixture",
-                median_us=median, p20_us=samples[int(0.2 * (n - 1))],
-                p80_us=samples[int(math.ceil(0.8 * (n - 1)))], samples_us=tuple(samples),
-                eager_us=max(median, host), host_us=host,
+                workload=w,
+                topology=topology,
+                environment=env,
+                candidate=cand,
+                status="ok",
+                source="fixture",
+                median_us=median,
+                p20_us=samples[int(0.2 * (n - 1))],
+                p80_us=samples[int(math.ceil(0.8 * (n - 1)))],
+                samples_us=tuple(samples),
+                eager_us=max(median, host),
+                host_us=host,
             )
         sweep.baselines[w.key()] = truth.baselines(w, topology)
     return sweep

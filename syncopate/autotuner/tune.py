@@ -95,8 +95,10 @@ class TuneOptions:
         if self.max_trials is not None and self.max_trials <= 0:
             raise ConfigError(f"--max-trials {self.max_trials} must be positive")
         if self.time_budget_s is not None and not 0 < self.time_budget_s < math.inf:
-            raise ConfigError(f"--time-budget {self.time_budget_s} must be a positive, finite number of seconds "
-                              f"(leave it out for no limit)")
+            raise ConfigError(
+                f"--time-budget {self.time_budget_s} must be a positive, finite number of seconds "
+                f"(leave it out for no limit)"
+            )
         if self.runner is not None and self.runner not in RUNNERS:
             raise ConfigError(f"--runner {self.runner!r} is unknown: accepted are {', '.join(RUNNERS)}")
         if self.form_timeout_s <= 0:
@@ -242,13 +244,16 @@ def _differences(previous: StoredSweep, sweep: Sweep, topology: Topology | None)
     found: list[str] = []
     if topology is not None and stored.get("topology") not in (None, topology.key()):
         found.append(f"topology {stored['topology']}, not {topology.key()}")
-    fields = {k: v for k, v in stored.items() if k in SWEEP_FIELDS and k not in ("topology", "runner", "strategy")}
+    fields = {
+        k: v for k, v in stored.items() if k in SWEEP_FIELDS and k not in ("topology", "runner", "strategy")
+    }
     try:
         old = parse_sweep(fields, f"sweep {previous.sweep_id}")
     except ConfigError as e:  # written by another version: compare what is stored as it is
         log.debug("stored config of sweep %d not parsed (%s): comparing its fields", previous.sweep_id, e)
         return found + [
-            f"{key} differs" for key in ("workloads", "dtype", "tokens", "space", "timing", "replay", "fixture")
+            f"{key} differs"
+            for key in ("workloads", "dtype", "tokens", "space", "timing", "replay", "fixture")
             if stored.get(key) != sweep.raw.get(key)
         ]
     added = [str(w) for w in sweep.workloads if w not in old.workloads]
@@ -256,12 +261,17 @@ def _differences(previous: StoredSweep, sweep: Sweep, topology: Topology | None)
     if added or removed:
         found.append(
             "workloads "
-            + ", ".join(([f"added {', '.join(added)}"] if added else []) + ([f"left out {', '.join(removed)}"] if removed else []))
+            + ", ".join(
+                ([f"added {', '.join(added)}"] if added else [])
+                + ([f"left out {', '.join(removed)}"] if removed else [])
+            )
         )
     for name in ("space", "timing", "replay", "fixture"):
         # a section written the same way is the same, even where this version's defaults moved
         if stored.get(name) != sweep.raw.get(name) and getattr(old, name) != getattr(sweep, name):
-            found.append(f"{name} section {_section(stored.get(name))} then, {_section(sweep.raw.get(name))} now")
+            found.append(
+                f"{name} section {_section(stored.get(name))} then, {_section(sweep.raw.get(name))} now"
+            )
     return found
 
 
@@ -352,8 +362,16 @@ def _sweep(
     done = stored_done(store, previous, sweep, topology, environment)
     # GPU times are noisy: re-measure the best few; the fixture does so only when the config asks
     confirm = plan.runner == "gpu" or "top_k_remeasure" in sweep.strategy.model_fields_set
-    runs = build_runs(sweep, topology, environment, max_trials=plan.max_trials, db=plan.db, done=done, confirm=confirm,
-                      mode=plan.mode)
+    runs = build_runs(
+        sweep,
+        topology,
+        environment,
+        max_trials=plan.max_trials,
+        db=plan.db,
+        done=done,
+        confirm=confirm,
+        mode=plan.mode,
+    )
     try:
         sweep_id = open_sweep(plan, store, previous, topology, environment)
         if previous is not None:
@@ -365,8 +383,10 @@ def _sweep(
 
 def interrupted_line(name: str, sweep_id: int) -> str:
     """What an interrupted run says: where its trials are and how to go on."""
-    return (f"sweep {name!r} (id {sweep_id}) interrupted: the trials so far are stored; run the same "
-            f"command with --resume to continue")
+    return (
+        f"sweep {name!r} (id {sweep_id}) interrupted: the trials so far are stored; run the same "
+        f"command with --resume to continue"
+    )
 
 
 def open_sweep(

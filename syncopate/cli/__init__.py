@@ -44,6 +44,8 @@ def _root(
     ),
 ) -> None:
     """Schedule-search autotuner for fine-grained compute-communication overlap on multi-GPU machines."""
+
+
 app.add_typer(db_app, name="db")
 
 

@@ -55,29 +55,39 @@ def bench_world_size(
 
 @app.command("bench")
 def bench_cmd(
-    kind: str = typer.Argument(None, help="ag_gemm, gemm_rs or gemm_ar (with --m/--n/--k), or omit with --suite."),
+    kind: str = typer.Argument(
+        None, help="ag_gemm, gemm_rs or gemm_ar (with --m/--n/--k), or omit with --suite."
+    ),
     m: int = typer.Option(None, help="Global M."),
     n: int = typer.Option(None, help="Global N."),
     k: int = typer.Option(None, help="Global K."),
     dtype: str = typer.Option(None, help="bf16 (the default), fp16 or fp32."),
-    suite: Path = typer.Option(None, help="A sweep config whose workloads to benchmark (e.g. configs/llama_tp2.yaml)."),
+    suite: Path = typer.Option(
+        None, help="A sweep config whose workloads to benchmark (e.g. configs/llama_tp2.yaml)."
+    ),
     kinds: str = typer.Option(None, help="With --suite: only these kinds, comma-separated."),
     backends: str = typer.Option(None, help="Backends to try, comma-separated (default: every backend)."),
     grid: str = typer.Option("small", help="Candidate grid per backend: small or tiny."),
     repetitions: int = typer.Option(20, min=1, help="Timed repetitions per measurement."),
     warmup: int = typer.Option(5, min=0, help="Untimed calls first."),
     json_out: Path = typer.Option(
-        None, "--json", help="Write every number to this JSON file (replaced atomically; its folder must exist)."
+        None,
+        "--json",
+        help="Write every number to this JSON file (replaced atomically; its folder must exist).",
     ),
     gpus: int = typer.Option(
         None, help="GPUs to use (default: the suite's topology's world size, else all visible)."
     ),
     layer: str = typer.Option(
-        None, help="Time a tensor-parallel layer instead of ops: mlp or attention (with --hidden, --ffn, --tokens, "
-                   "--tp), against torch's path and async-TP, eager and in CUDA graphs."),
+        None,
+        help="Time a tensor-parallel layer instead of ops: mlp or attention (with --hidden, --ffn, --tokens, "
+        "--tp), against torch's path and async-TP, eager and in CUDA graphs.",
+    ),
     model: str = typer.Option(
-        None, help="With --layer: take the widths of this model (a known name such as llama-3-8b or qwen3-14b, or a "
-                   "Hugging Face config.json) instead of --hidden/--ffn/--heads/--kv-heads."),
+        None,
+        help="With --layer: take the widths of this model (a known name such as llama-3-8b or qwen3-14b, or a "
+        "Hugging Face config.json) instead of --hidden/--ffn/--heads/--kv-heads.",
+    ),
     hidden: int = typer.Option(4096, help="With --layer: the model width."),
     ffn: int = typer.Option(14336, help="With --layer mlp: the MLP width (gate and up each)."),
     heads: int = typer.Option(32, help="With --layer attention: query heads."),
@@ -85,7 +95,10 @@ def bench_cmd(
     tokens: int = typer.Option(8192, help="With --layer: tokens of the whole layer (the ops' M)."),
     tp: int = typer.Option(None, help="With --layer: tensor-parallel ranks (default: every visible GPU)."),
     sequence_parallel: bool = typer.Option(
-        True, "--sp/--no-sp", help="With --layer: sequence parallel (all-gather, reduce-scatter) or not (all-reduce)."),
+        True,
+        "--sp/--no-sp",
+        help="With --layer: sequence parallel (all-gather, reduce-scatter) or not (all-reduce).",
+    ),
 ) -> None:
     """Time torch_seq, torch async-TP, GEMM alone, collective alone, the bound and the best candidate per backend.
 
@@ -95,28 +108,53 @@ def bench_cmd(
     if layer is None and model is not None:
         raise ConfigError("--model gives a layer's widths: use it with --layer mlp or --layer attention")
     if layer is not None:
-        given = [name for name, value in (("KIND", kind), ("--m", m), ("--n", n), ("--k", k), ("--suite", suite))
-                 if value is not None]
+        given = [
+            name
+            for name, value in (("KIND", kind), ("--m", m), ("--n", n), ("--k", k), ("--suite", suite))
+            if value is not None
+        ]
         if given:
-            raise ConfigError(f"{', '.join(given)} and --layer exclude each other: --layer times a layer of the "
-                              f"widths --hidden/--ffn/--heads and --tokens; give either")
+            raise ConfigError(
+                f"{', '.join(given)} and --layer exclude each other: --layer times a layer of the "
+                f"widths --hidden/--ffn/--heads and --tokens; give either"
+            )
         if model is not None:
             from syncopate.models import model_spec
 
             spec = model_spec(model)
-            hidden, ffn, heads, kv_heads, head_dim = spec.hidden, spec.ffn, spec.heads, spec.kv_heads, spec.head_dim
+            hidden, ffn, heads, kv_heads, head_dim = (
+                spec.hidden,
+                spec.ffn,
+                spec.heads,
+                spec.kv_heads,
+                spec.head_dim,
+            )
         else:
             head_dim = 0
-        _bench_layer(layer, hidden, ffn, heads, kv_heads, head_dim, tokens, tp, sequence_parallel, repetitions,
-                     json_out)
+        _bench_layer(
+            layer,
+            hidden,
+            ffn,
+            heads,
+            kv_heads,
+            head_dim,
+            tokens,
+            tp,
+            sequence_parallel,
+            repetitions,
+            json_out,
+        )
         return
     from syncopate.autotuner.sweep import load_sweep
     from syncopate.search_space import BACKENDS, GRIDS, KINDS, Shape, Workload
 
     topology = None
     if suite is not None:
-        given = [name for name, value in (("KIND", kind), ("--m", m), ("--n", n), ("--k", k), ("--dtype", dtype))
-                 if value is not None]
+        given = [
+            name
+            for name, value in (("KIND", kind), ("--m", m), ("--n", n), ("--k", k), ("--dtype", dtype))
+            if value is not None
+        ]
         if given:
             raise ConfigError(
                 f"{', '.join(given)} and --suite exclude each other: the suite's workloads are benchmarked "
@@ -132,8 +170,10 @@ def bench_cmd(
                     raise ConfigError(f"unknown kind {x!r} in --kinds: accepted are {', '.join(KINDS)}")
             workloads = [w for w in workloads if w.kind in wanted]
             if not workloads:
-                raise ConfigError(f"suite {suite} has no workload of kind {kinds}: it has "
-                                  f"{', '.join(sorted({w.kind for w in sweep.workloads}))}")
+                raise ConfigError(
+                    f"suite {suite} has no workload of kind {kinds}: it has "
+                    f"{', '.join(sorted({w.kind for w in sweep.workloads}))}"
+                )
     else:
         if kinds:
             raise ConfigError("--kinds narrows a suite: give it with --suite CONFIG")
@@ -158,14 +198,26 @@ def bench_cmd(
         w.check_world_size(world)
     from syncopate.kernels.bench import BenchOptions, format_table, run_bench
 
-    result = run_bench(BenchOptions(workloads=workloads, out_json=json_out, warmup=warmup, repetitions=repetitions,
-                                    grid=grid, backends=chosen), world)
-    print(f"\n{result['gpu']} x{world} on {result['host']}, torch {result['torch']}, {result['date']} (times in us)")
+    result = run_bench(
+        BenchOptions(
+            workloads=workloads,
+            out_json=json_out,
+            warmup=warmup,
+            repetitions=repetitions,
+            grid=grid,
+            backends=chosen,
+        ),
+        world,
+    )
+    print(
+        f"\n{result['gpu']} x{world} on {result['host']}, torch {result['torch']}, {result['date']} (times in us)"
+    )
     print(format_table(result))
 
 
-def _bench_layer(layer, hidden, ffn, heads, kv_heads, head_dim, tokens, tp, sequence_parallel, repetitions,
-                 json_out) -> None:
+def _bench_layer(
+    layer, hidden, ffn, heads, kv_heads, head_dim, tokens, tp, sequence_parallel, repetitions, json_out
+) -> None:
     import json
 
     from syncopate.tp.bench import LayerBench, format_layer_table
@@ -177,12 +229,23 @@ def _bench_layer(layer, hidden, ffn, heads, kv_heads, head_dim, tokens, tp, sequ
     import torch
 
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    bench = LayerBench(layer=layer, hidden=hidden, ffn=ffn, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                       tokens=tokens,
-                       tp=tp or max(visible, 2), sequence_parallel=sequence_parallel, repetitions=min(repetitions, 7))
+    bench = LayerBench(
+        layer=layer,
+        hidden=hidden,
+        ffn=ffn,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        tokens=tokens,
+        tp=tp or max(visible, 2),
+        sequence_parallel=sequence_parallel,
+        repetitions=min(repetitions, 7),
+    )
     if visible < bench.tp:
-        raise RuntimeUnavailableError(f"syncopate bench --layer needs {bench.tp} CUDA GPUs on this host (--tp "
-                                      f"{bench.tp}); {visible} visible")
+        raise RuntimeUnavailableError(
+            f"syncopate bench --layer needs {bench.tp} CUDA GPUs on this host (--tp "
+            f"{bench.tp}); {visible} visible"
+        )
     from syncopate.files import write_atomically
     from syncopate.tp.bench import run_layer_bench
 
@@ -190,7 +253,9 @@ def _bench_layer(layer, hidden, ffn, heads, kv_heads, head_dim, tokens, tp, sequ
     if json_out is not None:
         write_atomically(json_out, json.dumps(result, indent=1).encode())
     sp = "sequence parallel" if sequence_parallel else "all-reduce"
-    print(f"\n{layer} hidden {hidden} {'ffn ' + str(ffn) if layer == 'mlp' else f'heads {heads}/{kv_heads}'} "
-          f"tokens {tokens} tp {bench.tp} ({sp}); {result['gpu']} on {result['host']}, torch {result['torch']}, "
-          f"{result['date']} (us an iteration)")
+    print(
+        f"\n{layer} hidden {hidden} {'ffn ' + str(ffn) if layer == 'mlp' else f'heads {heads}/{kv_heads}'} "
+        f"tokens {tokens} tp {bench.tp} ({sp}); {result['gpu']} on {result['host']}, torch {result['torch']}, "
+        f"{result['date']} (us an iteration)"
+    )
     print(format_layer_table(result))

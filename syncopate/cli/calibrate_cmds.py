@@ -26,10 +26,14 @@ def calibrate_cmd(
         None, "--db", help="Database URL (default: SYNCOPATE_DB or the per-user SQLite file)."
     ),
     gpus: int | None = typer.Option(None, "--gpus", min=1, help="GPUs to use (default: all visible)."),
-    quick: bool = typer.Option(False, "--quick", help="Fewer sizes, SM counts and repetitions (a first look)."),
+    quick: bool = typer.Option(
+        False, "--quick", help="Fewer sizes, SM counts and repetitions (a first look)."
+    ),
     tiles: str | None = typer.Option(
-        None, "--tiles", help="Comma-separated tile configs to measure, such as 128x256x64w8s3,128x128x64w8s4 "
-        "(default: every tile config of the space; the cost model uses its defaults for the others)."
+        None,
+        "--tiles",
+        help="Comma-separated tile configs to measure, such as 128x256x64w8s3,128x128x64w8s4 "
+        "(default: every tile config of the space; the cost model uses its defaults for the others).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the table's rows as JSON."),
 ) -> None:
@@ -61,8 +65,13 @@ def calibrate_cmd(
 
     options = CalibrateOptions()
     if quick:
-        options = CalibrateOptions(sizes=tuple(256 * 1024 * 16**i for i in range(3)), comm_sms=(16, 64),
-                                   tile_configs=TILE_CONFIGS[:3], program_fractions=(1.0, 0.5), repetitions=10)
+        options = CalibrateOptions(
+            sizes=tuple(256 * 1024 * 16**i for i in range(3)),
+            comm_sms=(16, 64),
+            tile_configs=TILE_CONFIGS[:3],
+            program_fractions=(1.0, 0.5),
+            repetitions=10,
+        )
     if tile_configs is not None:
         options = dataclasses.replace(options, tile_configs=tile_configs)
     out = console()
@@ -92,21 +101,47 @@ def calibration_listing(records: list, defaults: Any, title: str) -> Listing:
                 if defaults is not None and defaults.has_transfer(*r.key.split("/")):
                     lead = size / defaults.transfer(*r.key.split("/")).time_us(size, int(sms)) / 1e3
                 measured = size / us / 1e3
-                rows.append((f"{r.key} sms={sms} at {size >> 20} MiB", f"{measured:.0f} GB/s",
-                             f"{lead:.0f} GB/s" if lead is not None else "–"))
-                records_out.append({"kind": r.kind, "key": r.key, "comm_sms": int(sms), "bytes": size,
-                                    "gbps": measured, "default_gbps": lead})
+                rows.append(
+                    (
+                        f"{r.key} sms={sms} at {size >> 20} MiB",
+                        f"{measured:.0f} GB/s",
+                        f"{lead:.0f} GB/s" if lead is not None else "–",
+                    )
+                )
+                records_out.append(
+                    {
+                        "kind": r.kind,
+                        "key": r.key,
+                        "comm_sms": int(sms),
+                        "bytes": size,
+                        "gbps": measured,
+                        "default_gbps": lead,
+                    }
+                )
         elif r.kind == "gemm":
             sms, tflops = max(r.payload["tflops_by_sms"].items(), key=lambda kv: int(kv[0]))
-            lead = defaults.gemm[r.key].tflops(int(sms)) if defaults is not None and r.key in defaults.gemm else None
-            rows.append((f"gemm {r.key} on {sms} SMs", f"{tflops:.0f} TFLOP/s",
-                         f"{lead:.0f} TFLOP/s" if lead is not None else "–"))
-            records_out.append({"kind": r.kind, "key": r.key, "sms": int(sms), "tflops": tflops,
-                                "default_tflops": lead})
+            lead = (
+                defaults.gemm[r.key].tflops(int(sms))
+                if defaults is not None and r.key in defaults.gemm
+                else None
+            )
+            rows.append(
+                (
+                    f"gemm {r.key} on {sms} SMs",
+                    f"{tflops:.0f} TFLOP/s",
+                    f"{lead:.0f} TFLOP/s" if lead is not None else "–",
+                )
+            )
+            records_out.append(
+                {"kind": r.kind, "key": r.key, "sms": int(sms), "tflops": tflops, "default_tflops": lead}
+            )
     return Listing(
         title=title,
-        columns=(Column(name="calibration", key=True), Column(name="measured", numeric=True),
-                 Column(name="default (lead)", numeric=True)),
+        columns=(
+            Column(name="calibration", key=True),
+            Column(name="measured", numeric=True),
+            Column(name="default (lead)", numeric=True),
+        ),
         rows=rows,
         records=records_out,
     )

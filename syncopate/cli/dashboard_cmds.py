@@ -63,8 +63,10 @@ def report_cmd(
             raise ConfigError(f"--compare {compare!r} must be two sweep ids, such as 3,5")
         pair = (int(parts[0]), int(parts[1]))
         if pair[0] == pair[1]:
-            raise ConfigError(f"--compare {compare!r} names sweep {pair[0]} twice: give two different sweep ids, "
-                              f"such as 3,5")
+            raise ConfigError(
+                f"--compare {compare!r} names sweep {pair[0]} twice: give two different sweep ids, "
+                f"such as 3,5"
+            )
     with ResultsDB.open(db, read_only=True) as rdb:
         envs = _split(environment)
         if envs:

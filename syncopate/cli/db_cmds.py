@@ -27,16 +27,22 @@ def lookup_cmd(
     n: int = typer.Option(..., help="Global N."),
     k: int = typer.Option(..., help="Global K."),
     dtype: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
-    topology: str = typer.Option(None, help="Topology key such as H200x2-nvlink (default: detect this machine's)."),
+    topology: str = typer.Option(
+        None, help="Topology key such as H200x2-nvlink (default: detect this machine's)."
+    ),
     db: str = typer.Option(None, help=_DB_HELP + " An export file (syncopate export) works too."),
     mode: str = typer.Option(
-        "eager", "--mode", help="How the job calls the op: eager (back to back, the host on the path) or graph "
-        "(replayed from CUDA graphs): what the answer is ranked by."
+        "eager",
+        "--mode",
+        help="How the job calls the op: eager (back to back, the host on the path) or graph "
+        "(replayed from CUDA graphs): what the answer is ranked by.",
     ),
     as_json: bool = typer.Option(
-        False, "--json", help="Print the answer as JSON: candidate, match, mode, objective, reason, trial_id, time_us; "
+        False,
+        "--json",
+        help="Print the answer as JSON: candidate, match, mode, objective, reason, trial_id, time_us; "
         "where a trial answers its eager and host times, measured_on, measured_topology and environment; where none "
-        "does, what the database holds."
+        "does, what the database holds.",
     ),
 ) -> None:
     """The configuration to run for one workload, the rung of the ladder it came from (exact,
@@ -89,8 +95,10 @@ def _lookup_lines(result: Any) -> list[str]:
         where = " (the documented default)"
     lines = [f"{result.workload} on {result.topology.key()}: {result.match}{where}", result.candidate.short()]
     if result.trial_id is not None:
-        lines.append(f"mode {result.mode}, objective {result.objective}; a call: device {us(result.time_us)}, eager "
-                     f"{us(result.eager_us)}, host {us(result.host_us)}")
+        lines.append(
+            f"mode {result.mode}, objective {result.objective}; a call: device {us(result.time_us)}, eager "
+            f"{us(result.eager_us)}, host {us(result.host_us)}"
+        )
     elif result.objective:
         lines.append(f"mode {result.mode}, objective {result.objective}")
     lines.append(f"why: {result.reason}")
@@ -128,13 +136,25 @@ def _best_listing(rows: list[dict[str, Any]], where: str) -> Listing:
     cells = []
     for row in rows:
         t = row["_row"]
-        cells.append((
-            row["workload"], row["topology"], t.environment.key()[:8], t.candidate.short(), f"{t.median_us:.1f}",
-            *(f"{row['speedups'][name]:.2f}" if name in row["speedups"] else "–" for name in order),
-            f"{row['of_bound']:.2f}" if row["of_bound"] else "–", str(t.trial_id), str(t.sweep_id),
-        ))
-    return Listing(title=f"best configurations in {where}", columns=columns, rows=cells,
-                   records=[{k: v for k, v in row.items() if k != "_row"} for row in rows])
+        cells.append(
+            (
+                row["workload"],
+                row["topology"],
+                t.environment.key()[:8],
+                t.candidate.short(),
+                f"{t.median_us:.1f}",
+                *(f"{row['speedups'][name]:.2f}" if name in row["speedups"] else "–" for name in order),
+                f"{row['of_bound']:.2f}" if row["of_bound"] else "–",
+                str(t.trial_id),
+                str(t.sweep_id),
+            )
+        )
+    return Listing(
+        title=f"best configurations in {where}",
+        columns=columns,
+        rows=cells,
+        records=[{k: v for k, v in row.items() if k != "_row"} for row in rows],
+    )
 
 
 def _environment_legend(rows: list[dict[str, Any]]) -> list[str]:
@@ -150,8 +170,11 @@ def best_cmd(
     kind: str = typer.Option(None, help="Only this op kind."),
     topology: str = typer.Option(None, help="Only this topology key."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON, every field."),
-    wide: bool = typer.Option(False, "--wide", help="Every column: each baseline's speedup, the fraction of the "
-                              "bound, the trial and the sweep."),
+    wide: bool = typer.Option(
+        False,
+        "--wide",
+        help="Every column: each baseline's speedup, the fraction of the bound, the trial and the sweep.",
+    ),
 ) -> None:
     """The best configuration of every stored workload, topology and environment, with its speedup
     over each baseline measured in the same sweep (baseline time / best time)."""
@@ -169,25 +192,40 @@ def best_cmd(
     with ResultsDB.open(db, read_only=True) as rdb:
         best = rdb.best_configs(kind=kind, topology=topology, mode="graph")
         # sources stored but never served, named where nothing measured is there to show
-        others = [] if best else [
-            src for src in ("fixture", "predicted")
-            if rdb.trials(kind=kind, topology=topology, source=src, status="ok", limit=1)
-        ]
+        others = (
+            []
+            if best
+            else [
+                src
+                for src in ("fixture", "predicted")
+                if rdb.trials(kind=kind, topology=topology, source=src, status="ok", limit=1)
+            ]
+        )
         index: dict[tuple[str, str, str, int], dict[str, float]] = {}
         for b in rdb.baselines(topology=topology):
             r = b.record
-            index.setdefault((r.workload.key(), r.topology.key(), r.environment.key(), b.sweep_id), {})[r.name] = r.median_us
+            index.setdefault((r.workload.key(), r.topology.key(), r.environment.key(), b.sweep_id), {})[
+                r.name
+            ] = r.median_us
     rows: list[dict[str, Any]] = []
     for t in best:
         found = index.get((t.workload.key(), t.topology.key(), t.environment.key(), t.sweep_id), {})
         speedups = {name: base / t.median_us for name, base in sorted(found.items()) if t.median_us}
         bound = _bound(found)
-        rows.append({
-            "workload": t.workload.key(), "topology": t.topology.key(), "environment": t.environment.to_dict(),
-            "candidate": t.candidate.to_dict(), "trial_id": t.trial_id, "sweep_id": t.sweep_id,
-            "median_us": t.median_us, "speedups": speedups,
-            "of_bound": (bound / t.median_us) if bound and t.median_us else None, "_row": t,
-        })
+        rows.append(
+            {
+                "workload": t.workload.key(),
+                "topology": t.topology.key(),
+                "environment": t.environment.to_dict(),
+                "candidate": t.candidate.to_dict(),
+                "trial_id": t.trial_id,
+                "sweep_id": t.sweep_id,
+                "median_us": t.median_us,
+                "speedups": speedups,
+                "of_bound": (bound / t.median_us) if bound and t.median_us else None,
+                "_row": t,
+            }
+        )
     if not rows and not as_json:
         filtered = " matching the filters" if kind or topology else ""
         unserved = ""
@@ -217,8 +255,9 @@ def export_cmd(
     with ResultsDB.open(db, read_only=True) as rdb:
         count = rdb.export_best(out, kind=kind, topology=topology)
         shown = rdb.url
-    console().print(f"wrote {count} best configuration{'s' if count != 1 else ''} from {shown} to {out}",
-                    highlight=False)
+    console().print(
+        f"wrote {count} best configuration{'s' if count != 1 else ''} from {shown} to {out}", highlight=False
+    )
 
 
 @db_app.command("upgrade")
@@ -230,12 +269,16 @@ def db_upgrade_cmd(db: str = typer.Option(None, help=_DB_HELP)) -> None:
 
     location = locate(db)
     if location.in_memory:
-        raise ConfigError(f"database {location.subject()} is in memory: an upgrade there keeps nothing; give a "
-                          f"file path or a server URL")
+        raise ConfigError(
+            f"database {location.subject()} is in memory: an upgrade there keeps nothing; give a "
+            f"file path or a server URL"
+        )
     before, after = upgrade(location)
     out = console()
     if before == after:
         out.print(f"{location.shown()}: schema at revision {after}, nothing to do", highlight=False)
     else:
-        out.print(f"{location.shown()}: schema upgraded from {before or 'nothing'} to revision {after}",
-                   highlight=False)
+        out.print(
+            f"{location.shown()}: schema upgraded from {before or 'nothing'} to revision {after}",
+            highlight=False,
+        )

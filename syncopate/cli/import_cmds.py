@@ -39,8 +39,17 @@ def import_bench_cmd(
         isinstance(doc.get("environment"), dict) and "syncopate" in doc["environment"]
     ):
         syncopate = __version__
-    prepared = prepare_bench(bench, syncopate=syncopate, torch=torch, triton=triton, cuda=cuda, nccl=nccl,
-                             driver=driver, gpu_model=gpu_model, topology=topology)  # all of it, before the database
+    prepared = prepare_bench(
+        bench,
+        syncopate=syncopate,
+        torch=torch,
+        triton=triton,
+        cuda=cuda,
+        nccl=nccl,
+        driver=driver,
+        gpu_model=gpu_model,
+        topology=topology,
+    )  # all of it, before the database
     with ResultsDB.open(db) as rdb:
         result = store_bench(rdb, prepared)
         shown = rdb.url

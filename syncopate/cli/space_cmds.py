@@ -27,7 +27,10 @@ def space_cmd(
         False, "--json", help="Print the candidates as a JSON list (with --predict: the ranked predictions)."
     ),
     predict: int = typer.Option(
-        0, "--predict", min=0, help="Also rank the space with the cost model and show its best N (predictions)."
+        0,
+        "--predict",
+        min=0,
+        help="Also rank the space with the cost model and show its best N (predictions).",
     ),
     db: str | None = typer.Option(None, "--db", help="Where stored calibrations are read (with --predict)."),
     wide: bool = typer.Option(False, "--wide", help=_WIDE_HELP),
@@ -63,8 +66,11 @@ def space_cmd(
     counts = sorted(Counter((c.backend, c.template) for c in candidates).items())
     listing = Listing(
         title=f"{workload} on {topo.key()}: {len(candidates)} valid candidates",
-        columns=(Column(name="backend", key=True), Column(name="template", key=True),
-                 Column(name="candidates", numeric=True)),
+        columns=(
+            Column(name="backend", key=True),
+            Column(name="template", key=True),
+            Column(name="candidates", numeric=True),
+        ),
         rows=[(backend, template, str(count)) for (backend, template), count in counts],
     )
     show(listing, out, wide=wide)
@@ -84,11 +90,22 @@ def validate_cmd(
     topo = None if sweep.detect_topology else Topology.from_key(sweep.topology_key)
     counts = [len(space(w, topo, sweep.space)) if topo else None for w in sweep.workloads]
     if as_json:
-        print(json.dumps({
-            "config": str(config), "name": sweep.name, "topology": sweep.topology_key, "runner": sweep.runner,
-            "strategy": sweep.strategy.name, "max_trials": sweep.strategy.max_trials,
-            "workloads": [{"workload": w.key(), "candidates": c} for w, c in zip(sweep.workloads, counts)],
-        }, indent=1))
+        print(
+            json.dumps(
+                {
+                    "config": str(config),
+                    "name": sweep.name,
+                    "topology": sweep.topology_key,
+                    "runner": sweep.runner,
+                    "strategy": sweep.strategy.name,
+                    "max_trials": sweep.strategy.max_trials,
+                    "workloads": [
+                        {"workload": w.key(), "candidates": c} for w, c in zip(sweep.workloads, counts)
+                    ],
+                },
+                indent=1,
+            )
+        )
         return
     out = console()
     out.print(
@@ -100,15 +117,19 @@ def validate_cmd(
     listing = Listing(
         title="",
         columns=(Column(name="workload", key=True), Column(name="candidates", numeric=True)),
-        rows=[(w.key(), str(c) if c is not None else "(topology detected at run time)")
-              for w, c in zip(sweep.workloads, counts)],
+        rows=[
+            (w.key(), str(c) if c is not None else "(topology detected at run time)")
+            for w, c in zip(sweep.workloads, counts)
+        ],
     )
     show(listing, out, wide=wide)
 
 
-def _predict(workload, topo, candidates: list, top: int, db: str | None, *, as_json: bool, wide: bool) -> None:
-    from syncopate.cost_model.model import CostModel
+def _predict(
+    workload, topo, candidates: list, top: int, db: str | None, *, as_json: bool, wide: bool
+) -> None:
     from syncopate.autotuner.runs import load_calibration
+    from syncopate.cost_model.model import CostModel
 
     out = console()
     calibration = load_calibration(topo, None, db, "auto")
@@ -120,9 +141,11 @@ def _predict(workload, topo, candidates: list, top: int, db: str | None, *, as_j
     seq = base.get("torch_seq")
     best = feasible[:top]
     listing = Listing(
-        title=(f"{workload} on {topo.key()}: {len(candidates)} valid candidates, {len(ranked) - len(feasible)} cannot "
-               f"run here, {len(kept)} worth measuring. PREDICTED by the cost model, not measured "
-               f"({calibration.describe()})."),
+        title=(
+            f"{workload} on {topo.key()}: {len(candidates)} valid candidates, {len(ranked) - len(feasible)} cannot "
+            f"run here, {len(kept)} worth measuring. PREDICTED by the cost model, not measured "
+            f"({calibration.describe()})."
+        ),
         columns=(
             Column(name="rank", numeric=True),
             Column(name="predicted µs", numeric=True),
@@ -131,10 +154,27 @@ def _predict(workload, topo, candidates: list, top: int, db: str | None, *, as_j
             Column(name="stall µs", numeric=True, wide=True),
             Column(name="candidate", key=True),
         ),
-        rows=[(str(i), f"{p.time_us:.1f}", f"{seq / p.time_us:.2f}×" if seq else "–", str(p.waves),
-               f"{p.stall_us:.1f}", p.candidate.short()) for i, p in enumerate(best, 1)],
-        records=[{"rank": i, "predicted_us": p.time_us, "vs_torch_seq": seq / p.time_us if seq else None,
-                  "waves": p.waves, "stall_us": p.stall_us, "candidate": p.candidate.to_dict()}
-                 for i, p in enumerate(best, 1)],
+        rows=[
+            (
+                str(i),
+                f"{p.time_us:.1f}",
+                f"{seq / p.time_us:.2f}×" if seq else "–",
+                str(p.waves),
+                f"{p.stall_us:.1f}",
+                p.candidate.short(),
+            )
+            for i, p in enumerate(best, 1)
+        ],
+        records=[
+            {
+                "rank": i,
+                "predicted_us": p.time_us,
+                "vs_torch_seq": seq / p.time_us if seq else None,
+                "waves": p.waves,
+                "stall_us": p.stall_us,
+                "candidate": p.candidate.to_dict(),
+            }
+            for i, p in enumerate(best, 1)
+        ],
     )
     show(listing, out, wide=wide, as_json=as_json)

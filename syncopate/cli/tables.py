@@ -113,8 +113,13 @@ def _table(columns: list[Column], rows: list[list[str]], widths: list[int], cons
 
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), expand=False)
     for column, width in zip(columns, widths):
-        table.add_column(column.name, width=width, justify="right" if column.numeric else "left",
-                         header_style="bold", overflow="fold")
+        table.add_column(
+            column.name,
+            width=width,
+            justify="right" if column.numeric else "left",
+            header_style="bold",
+            overflow="fold",
+        )
     for row in rows:
         table.add_row(*(Text(cell) for cell in row))
     console.print(table)
@@ -152,7 +157,8 @@ def _plain(title: str, columns: list[Column], rows: list[list[str]], console: Co
 
     def line(cells: list[str]) -> str:
         return "  ".join(
-            cell.rjust(w) if column.numeric else cell.ljust(w) for cell, w, column in zip(cells, widths, columns)
+            cell.rjust(w) if column.numeric else cell.ljust(w)
+            for cell, w, column in zip(cells, widths, columns)
         ).rstrip()
 
     if title:

@@ -37,7 +37,9 @@ def _setup_logging(console: Console, verbose: bool) -> None:
         if console.is_terminal:
             from rich.logging import RichHandler
 
-            handler: logging.Handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
+            handler: logging.Handler = RichHandler(
+                console=console, show_path=False, show_time=False, markup=False
+            )
             handler.setFormatter(logging.Formatter("%(message)s"))
         else:
             handler = logging.StreamHandler(console.file)
@@ -55,8 +57,10 @@ def _objective_note(result) -> str:
 
     if result.mode == "graph":
         return "mode graph: best and torch_seq times are device times (calls replayed from CUDA graphs)"
-    line = ("mode eager: best and torch_seq times are per call of back-to-back eager calls, the host on the path "
-            "(--mode graph ranks by device time)")
+    line = (
+        "mode eager: best and torch_seq times are per call of back-to-back eager calls, the host on the path "
+        "(--mode graph ranks by device time)"
+    )
     fallback = [s.workload for s in result.summaries if s.objective == OBJECTIVE_NO_EAGER]
     if fallback:
         line += f"; no eager measurement for {', '.join(fallback)}: ranked and shown by device time"
@@ -98,13 +102,17 @@ def tune_cmd(
         "config's `replay:` section: see configs/replay_example.yaml) or cpu-fixture (overrides the config's runner).",
     ),
     topology: str | None = typer.Option(
-        None, "--topology", help="Topology key overriding the config's, e.g. H200x8-nvswitch (with --runner model: "
-        "predict for GPUs not at hand), or `detect`: this machine's GPUs (with --runner gpu)."
+        None,
+        "--topology",
+        help="Topology key overriding the config's, e.g. H200x8-nvswitch (with --runner model: "
+        "predict for GPUs not at hand), or `detect`: this machine's GPUs (with --runner gpu).",
     ),
     mode: str = typer.Option(
-        "eager", "--mode", help="What the sweep's best and the re-measurements rank by: eager (back-to-back "
+        "eager",
+        "--mode",
+        help="What the sweep's best and the re-measurements rank by: eager (back-to-back "
         "eager time per call, the host on the path) or graph (device time, calls replayed from CUDA graphs). "
-        "Both are measured either way."
+        "Both are measured either way.",
     ),
     verbose: bool = typer.Option(
         False, "--verbose", "-v", help="Log at INFO and forward the workers' output."
@@ -165,7 +173,9 @@ def tune_cmd(
             highlight=False,
         )
     if result.status == "stopped":
-        notes.print("the time budget ran out: run the same command with --resume to continue", highlight=False)
+        notes.print(
+            "the time budget ran out: run the same command with --resume to continue", highlight=False
+        )
 
 
 _LABELS = {
@@ -203,17 +213,27 @@ def summary_listing(result: TuneResult) -> Listing:
             f" ({s.stored_before} resumed)" if s.stored_before else ""
         )
         row = [
-            s.workload, trials, ", ".join(f"{k} {v}" for k, v in sorted(s.failures.items())) or "0",
-            _us(s.best_us), _us(s.torch_seq_us), f"{s.speedup:.2f}×" if s.speedup is not None else "–",
-            _us(s.bound_us), s.best.candidate.short() if s.best else "–",
+            s.workload,
+            trials,
+            ", ".join(f"{k} {v}" for k, v in sorted(s.failures.items())) or "0",
+            _us(s.best_us),
+            _us(s.torch_seq_us),
+            f"{s.speedup:.2f}×" if s.speedup is not None else "–",
+            _us(s.bound_us),
+            s.best.candidate.short() if s.best else "–",
         ]
         if confirmed:
             v = s.verdict
-            row.append("–" if v is None else f"{v.contenders} again, {v.samples} samples"
-                       + (" (winner changed)" if v.changed else ""))
+            row.append(
+                "–"
+                if v is None
+                else f"{v.contenders} again, {v.samples} samples" + (" (winner changed)" if v.changed else "")
+            )
         rows.append(row)
-    title = (f"sweep {result.sweep_name!r} (id {result.sweep_id}) on {result.topology}: {result.status}"
-             f"{'' if result.served else _LABELS.get(result.runner, '')}")
+    title = (
+        f"sweep {result.sweep_name!r} (id {result.sweep_id}) on {result.topology}: {result.status}"
+        f"{'' if result.served else _LABELS.get(result.runner, '')}"
+    )
     return Listing(title=title, columns=columns, rows=rows)
 
 
@@ -221,19 +241,41 @@ def summary_json(result: TuneResult) -> dict[str, Any]:
     """What `tune --json` prints: the sweep, and per workload every number of the table."""
     workloads = []
     for s in result.summaries:
-        workloads.append({
-            "workload": s.workload, "planned": s.planned, "stored_before": s.stored_before, "measured": s.measured,
-            "failures": dict(sorted(s.failures.items())), "best_us": s.best_us, "torch_seq_us": s.torch_seq_us,
-            "speedup": s.speedup, "bound_us": s.bound_us,
-            "candidate": s.best.candidate.to_dict() if s.best else None,
-            "re_measured": None if s.verdict is None else {
-                "contenders": s.verdict.contenders, "samples": s.verdict.samples, "changed": s.verdict.changed},
-            "continued_study": None if s.continued is None else {
-                "name": s.continued.name, "trials": s.continued.trials, "best_us": s.continued.best_us},
-        })
-    return {"sweep_id": result.sweep_id, "sweep_name": result.sweep_name, "status": result.status,
-            "resumed": result.resumed, "topology": result.topology, "runner": result.runner,
-            "source": result.source, "served": result.served, "workloads": workloads}
+        workloads.append(
+            {
+                "workload": s.workload,
+                "planned": s.planned,
+                "stored_before": s.stored_before,
+                "measured": s.measured,
+                "failures": dict(sorted(s.failures.items())),
+                "best_us": s.best_us,
+                "torch_seq_us": s.torch_seq_us,
+                "speedup": s.speedup,
+                "bound_us": s.bound_us,
+                "candidate": s.best.candidate.to_dict() if s.best else None,
+                "re_measured": None
+                if s.verdict is None
+                else {
+                    "contenders": s.verdict.contenders,
+                    "samples": s.verdict.samples,
+                    "changed": s.verdict.changed,
+                },
+                "continued_study": None
+                if s.continued is None
+                else {"name": s.continued.name, "trials": s.continued.trials, "best_us": s.continued.best_us},
+            }
+        )
+    return {
+        "sweep_id": result.sweep_id,
+        "sweep_name": result.sweep_name,
+        "status": result.status,
+        "resumed": result.resumed,
+        "topology": result.topology,
+        "runner": result.runner,
+        "source": result.source,
+        "served": result.served,
+        "workloads": workloads,
+    }
 
 
 def _failures_line(summaries: list[WorkloadSummary]) -> str | None:
@@ -241,8 +283,11 @@ def _failures_line(summaries: list[WorkloadSummary]) -> str | None:
     failed = [(s.workload, sum(s.failures.values())) for s in summaries if s.failures]
     if not failed:
         return None
-    return ("failed trials: " + ", ".join(f"{w} {n}" for w, n in failed)
-            + " (`--wide` shows each status; `syncopate report` the errors)")
+    return (
+        "failed trials: "
+        + ", ".join(f"{w} {n}" for w, n in failed)
+        + " (`--wide` shows each status; `syncopate report` the errors)"
+    )
 
 
 def continued_lines(summaries: list[WorkloadSummary]) -> list[str]:

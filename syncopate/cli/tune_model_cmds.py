@@ -30,18 +30,39 @@ from syncopate.errors import ConfigError
 __all__ = ["extend_tune", "model_sweep"]
 
 _OPTIONS = {
-    "model": (str | None, typer.Option(
-        None, "--model", help="Tune the fused ops of this model's tensor-parallel layers instead of a CONFIG: a "
-        "known name (llama-3-8b, llama-3-70b, qwen3-8b, qwen3-14b, qwen3-32b) or a Hugging Face config.json.")),
+    "model": (
+        str | None,
+        typer.Option(
+            None,
+            "--model",
+            help="Tune the fused ops of this model's tensor-parallel layers instead of a CONFIG: a "
+            "known name (llama-3-8b, llama-3-70b, qwen3-8b, qwen3-14b, qwen3-32b) or a Hugging Face config.json.",
+        ),
+    ),
     "tp": (int | None, typer.Option(None, "--tp", help="With --model: the tensor-parallel degree (ranks).")),
-    "tokens": (int | None, typer.Option(
-        None, "--tokens", help="With --model: tokens a step of the tensor-parallel group, batch × sequence "
-        "(each op's M; default 8192).")),
-    "sequence_parallel": (bool, typer.Option(
-        True, "--sequence-parallel/--no-sequence-parallel",
-        help="With --model: the plan's sequence parallelism (all-gather / reduce-scatter ops) or not (all-reduce).")),
-    "config_out": (Path | None, typer.Option(
-        None, "--config-out", help="With --model: also keep the derived sweep config in this YAML file.")),
+    "tokens": (
+        int | None,
+        typer.Option(
+            None,
+            "--tokens",
+            help="With --model: tokens a step of the tensor-parallel group, batch × sequence "
+            "(each op's M; default 8192).",
+        ),
+    ),
+    "sequence_parallel": (
+        bool,
+        typer.Option(
+            True,
+            "--sequence-parallel/--no-sequence-parallel",
+            help="With --model: the plan's sequence parallelism (all-gather / reduce-scatter ops) or not (all-reduce).",
+        ),
+    ),
+    "config_out": (
+        Path | None,
+        typer.Option(
+            None, "--config-out", help="With --model: also keep the derived sweep config in this YAML file."
+        ),
+    ),
 }
 
 _DEFAULT_TOKENS = 8192
@@ -53,7 +74,9 @@ def default_topology(tp: int) -> str:
     return f"H200x{tp}-nvlink" if tp == 2 else f"H200x{tp}-nvswitch"
 
 
-def model_sweep(spec, tp: int, tokens: int, *, topology: str, runner: str, sequence_parallel: bool = True) -> tuple:
+def model_sweep(
+    spec, tp: int, tokens: int, *, topology: str, runner: str, sequence_parallel: bool = True
+) -> tuple:
     """(the sweep config's YAML text, the ops it tunes) for `spec` under TP `tp` at `tokens` tokens."""
     from syncopate.models import layer_ops
 
@@ -68,7 +91,7 @@ def model_sweep(spec, tp: int, tokens: int, *, topology: str, runner: str, seque
     data = {
         "name": f"{spec.name.replace('/', '-')}-tp{tp}-{tokens}{'' if sequence_parallel else '-nosp'}",
         "description": f"every fused op of a {spec.name} decoder layer, forward and backward, at TP={tp} with "
-                       f"{sp}, {tokens} tokens a step",
+        f"{sp}, {tokens} tokens a step",
         "topology": topology,
         "dtype": "bf16",
         "tokens": tokens,
@@ -79,9 +102,14 @@ def model_sweep(spec, tp: int, tokens: int, *, topology: str, runner: str, seque
         "timing": {"warmup": 5, "repetitions": 20, "deadline_s": 120},
     }
     flag = "" if sequence_parallel else " --no-sequence-parallel"
-    header = [f"# Derived by `syncopate tune --model {spec.name} --tp {tp} --tokens {tokens}{flag}`: each shape is (M, N, K),",
-              "# M the tokens of a step; the op of each projection and pass:"]
-    header += [f"#   {c.projection:8s} {c.direction:9s} {c.workload.kind} {c.workload.shape.key()}" for c in calls]
+    header = [
+        f"# Derived by `syncopate tune --model {spec.name} --tp {tp} --tokens {tokens}{flag}`: "
+        f"each shape is (M, N, K),",
+        "# M the tokens of a step; the op of each projection and pass:",
+    ]
+    header += [
+        f"#   {c.projection:8s} {c.direction:9s} {c.workload.kind} {c.workload.shape.key()}" for c in calls
+    ]
     return "\n".join(header) + "\n" + yaml.safe_dump(data, sort_keys=False, default_flow_style=None), calls
 
 
@@ -92,17 +120,34 @@ def _lookup_table(spec, tp: int, tokens: int, calls: list, topology: str | None,
     quiet = logging.getLogger("syncopate.results_db.lookups")  # the table's match column says it
     level = quiet.level
     quiet.setLevel(logging.ERROR)
-    table = Table("projection", "pass", "kind", "shape (MxNxK)", "config", "match", "measured µs",
-                  title=f"what lookup gives each op of a {spec.name} layer at TP={tp}, {tokens} tokens"
-                        f"{f' on {topology}' if topology else ''}")
+    table = Table(
+        "projection",
+        "pass",
+        "kind",
+        "shape (MxNxK)",
+        "config",
+        "match",
+        "measured µs",
+        title=f"what lookup gives each op of a {spec.name} layer at TP={tp}, {tokens} tokens"
+        f"{f' on {topology}' if topology else ''}",
+    )
     try:
         for c in calls:
             w = c.workload
             r = lookup(w.shape, topology, kind=w.kind, dtype=w.dtype, db=db)
-            table.add_row(c.projection, c.direction, w.kind, w.shape.key(), r.candidate.short(), r.match,
-                          "–" if r.time_us is None else f"{r.time_us:.1f}")
+            table.add_row(
+                c.projection,
+                c.direction,
+                w.kind,
+                w.shape.key(),
+                r.candidate.short(),
+                r.match,
+                "–" if r.time_us is None else f"{r.time_us:.1f}",
+            )
     except TopologyUndetected as e:
-        raise RuntimeUnavailableError(f"cannot detect this machine's topology ({e.reason}): pass --topology KEY") from None
+        raise RuntimeUnavailableError(
+            f"cannot detect this machine's topology ({e.reason}): pass --topology KEY"
+        ) from None
     finally:
         quiet.setLevel(level)
     return table
@@ -120,11 +165,17 @@ def extend_tune() -> None:
         annotation, default = hints.get(p.name, p.annotation), p.default
         if p.name == "config":
             annotation = Path | None
-            default = typer.Argument(None, metavar="[CONFIG]", help="Sweep config (YAML); or give --model instead.",
-                                    show_default=False)
+            default = typer.Argument(
+                None,
+                metavar="[CONFIG]",
+                help="Sweep config (YAML); or give --model instead.",
+                show_default=False,
+            )
         params.append(p.replace(annotation=annotation, default=default))
-    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
-               for name, (annotation, option) in _OPTIONS.items()]
+    params += [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
+        for name, (annotation, option) in _OPTIONS.items()
+    ]
 
     def tune_cmd(**kwargs) -> None:
         extra = {name: kwargs.pop(name) for name in _OPTIONS}
@@ -132,22 +183,28 @@ def extend_tune() -> None:
 
     tune_cmd.__signature__ = inspect.Signature(params)
     tune_cmd.__annotations__ = {p.name: p.annotation for p in params}
-    tune_cmd.__doc__ = (f"{(tune.__doc__ or '').strip()} Or, with --model NAME --tp N --tokens T: every fused op "
-                        f"of that model's tensor-parallel decoder layer, then what lookup gives each.")
+    tune_cmd.__doc__ = (
+        f"{(tune.__doc__ or '').strip()} Or, with --model NAME --tp N --tokens T: every fused op "
+        f"of that model's tensor-parallel decoder layer, then what lookup gives each."
+    )
     tune_cmd._with_model = True
     info.callback = tune_cmd
 
 
 def _tune(tune, kwargs: dict, *, model, tp, tokens, sequence_parallel, config_out) -> None:
-    given = [f for f, v in (("--tp", tp), ("--tokens", tokens), ("--config-out", config_out)) if v is not None]
+    given = [
+        f for f, v in (("--tp", tp), ("--tokens", tokens), ("--config-out", config_out)) if v is not None
+    ]
     if not sequence_parallel:
         given.append("--no-sequence-parallel")
     if model is None:
         if kwargs["config"] is None:
             raise ConfigError("give a sweep CONFIG (YAML), or --model NAME --tp N to tune a model's layers")
         if given:
-            raise ConfigError(f"{', '.join(given)} {'go' if len(given) > 1 else 'goes'} with --model: a sweep CONFIG "
-                              f"names its own workloads")
+            raise ConfigError(
+                f"{', '.join(given)} {'go' if len(given) > 1 else 'goes'} with --model: a sweep CONFIG "
+                f"names its own workloads"
+            )
         tune(**kwargs)
         return
     if kwargs["config"] is not None:
@@ -164,13 +221,18 @@ def _tune(tune, kwargs: dict, *, model, tp, tokens, sequence_parallel, config_ou
     chosen = topology is None and runner == "model"
     if topology is None:
         topology = default_topology(tp) if runner == "model" else "detect"
-    text, calls = model_sweep(spec, tp, tokens, topology=topology, runner=runner,
-                              sequence_parallel=sequence_parallel)
+    text, calls = model_sweep(
+        spec, tp, tokens, topology=topology, runner=runner, sequence_parallel=sequence_parallel
+    )
     if topology != "detect" and Topology.from_key(topology).world_size != tp:
-        raise ConfigError(f"--topology {topology} has {Topology.from_key(topology).world_size} GPUs but --tp is {tp}: "
-                          f"the sweep measures the group of the tensor-parallel degree")
+        raise ConfigError(
+            f"--topology {topology} has {Topology.from_key(topology).world_size} GPUs but --tp is {tp}: "
+            f"the sweep measures the group of the tensor-parallel degree"
+        )
     if chosen:
-        console(stderr=True).print(f"predicting for {topology} (pass --topology KEY for another)", highlight=False)
+        console(stderr=True).print(
+            f"predicting for {topology} (pass --topology KEY for another)", highlight=False
+        )
     with tempfile.TemporaryDirectory(prefix="syncopate-model-") as tmp:
         path = Path(tmp) / "sweep.yaml"
         path.write_text(text)
@@ -181,16 +243,23 @@ def _tune(tune, kwargs: dict, *, model, tp, tokens, sequence_parallel, config_ou
             try:
                 Path(config_out).write_text(text)
             except OSError as e:
-                raise ConfigError(f"--config-out {str(config_out)!r} cannot be written: {e.strerror}") from None
+                raise ConfigError(
+                    f"--config-out {str(config_out)!r} cannot be written: {e.strerror}"
+                ) from None
             path = Path(config_out)
         tune(**{**kwargs, "config": path})
     out = console()
     if config_out is not None:
         out.print(f"sweep config: {config_out}", highlight=False)
-    out.print(_lookup_table(spec, tp, tokens, calls, None if topology == "detect" else topology, kwargs["db"]))
+    out.print(
+        _lookup_table(spec, tp, tokens, calls, None if topology == "detect" else topology, kwargs["db"])
+    )
     if runner != "gpu":
-        out.print("lookup serves measured trials only: where none is stored, an op gets the nearest measured shape, "
-                  "another environment's, or the default (match column)", highlight=False)
+        out.print(
+            "lookup serves measured trials only: where none is stored, an op gets the nearest measured shape, "
+            "another environment's, or the default (match column)",
+            highlight=False,
+        )
 
 
 extend_tune()

@@ -104,7 +104,9 @@ class Curve:
         return Curve(sizes=self.sizes, us=tuple(t * factor for t in self.us))
 
     @classmethod
-    def saturating(cls, *, latency_us: float, peak_gbps: float, half_bytes: float, sizes: tuple[int, ...]) -> Curve:
+    def saturating(
+        cls, *, latency_us: float, peak_gbps: float, half_bytes: float, sizes: tuple[int, ...]
+    ) -> Curve:
         """t(s) = latency + s / B(s) with B(s) = peak · s / (s + half): the usual shape of a link."""
         return cls(sizes=sizes, us=tuple(latency_us + (s + half_bytes) / (peak_gbps * 1e3) for s in sizes))
 
@@ -150,7 +152,9 @@ class TransferModel:
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise ConfigError(f"unknown backend {self.backend!r} in a transfer calibration: accepted are {', '.join(BACKENDS)}")
+            raise ConfigError(
+                f"unknown backend {self.backend!r} in a transfer calibration: accepted are {', '.join(BACKENDS)}"
+            )
         if self.scope not in SCOPES:
             raise ConfigError(f"unknown transfer scope {self.scope!r}: accepted are {', '.join(SCOPES)}")
         if not self.curves:
@@ -172,14 +176,19 @@ class TransferModel:
         return nbytes / _interpolate_by_sms(rates, max(comm_sms, 1))
 
     def to_payload(self) -> dict[str, Any]:
-        return {"call_us": self.call_us, "curves": {str(k): c.to_dict() for k, c in sorted(self.curves.items())}}
+        return {
+            "call_us": self.call_us,
+            "curves": {str(k): c.to_dict() for k, c in sorted(self.curves.items())},
+        }
 
     @classmethod
     def from_payload(cls, key: str, payload: dict[str, Any]) -> TransferModel:
         backend, _, scope = key.partition("/")
         try:
             curves = {int(k): Curve.from_dict(v) for k, v in payload["curves"].items()}
-            return cls(backend=backend, scope=scope or "intra", curves=curves, call_us=float(payload["call_us"]))
+            return cls(
+                backend=backend, scope=scope or "intra", curves=curves, call_us=float(payload["call_us"])
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ConfigError(f"transfer calibration {key!r} does not parse: {e}") from None
 
@@ -203,7 +212,9 @@ class GemmRate:
         _check_positive(f"GEMM calibration {self.tile} TFLOP/s", self.tflops_by_sms.values())
         _check_positive(f"GEMM calibration {self.tile} SM count", self.tflops_by_sms.keys())
         if not (self.tile_overhead_us >= 0):
-            raise ConfigError(f"GEMM calibration {self.tile}: tile_overhead_us={self.tile_overhead_us!r} must be >= 0")
+            raise ConfigError(
+                f"GEMM calibration {self.tile}: tile_overhead_us={self.tile_overhead_us!r} must be >= 0"
+            )
 
     def tflops(self, programs: int) -> float:
         """TFLOP/s with `programs` persistent programs."""
@@ -263,15 +274,20 @@ class OpCosts:
                 raise ConfigError(f"op costs: {name}={getattr(self, name)!r} must be >= 0")
         for b, f in self.overlap_slowdown.items():
             if b not in BACKENDS or not (0 <= f < 1):
-                raise ConfigError(f"op costs: overlap_slowdown[{b!r}]={f!r}: a backend and a fraction in [0, 1)")
+                raise ConfigError(
+                    f"op costs: overlap_slowdown[{b!r}]={f!r}: a backend and a fraction in [0, 1)"
+                )
         for b, us in self.chunk_us.items():
             if b not in BACKENDS or not (0 <= us < 1000):
                 raise ConfigError(f"op costs: chunk_us[{b!r}]={us!r}: a backend and µs in [0, 1000)")
 
     def to_payload(self) -> dict[str, Any]:
         return {
-            "launch_us": self.launch_us, "wait_us": self.wait_us, "local_copy_gbps": self.local_copy_gbps,
-            "hbm_gbps": self.hbm_gbps, "overlap_slowdown": dict(self.overlap_slowdown),
+            "launch_us": self.launch_us,
+            "wait_us": self.wait_us,
+            "local_copy_gbps": self.local_copy_gbps,
+            "hbm_gbps": self.hbm_gbps,
+            "overlap_slowdown": dict(self.overlap_slowdown),
             "chunk_us": dict(self.chunk_us),
         }
 
@@ -279,8 +295,10 @@ class OpCosts:
     def from_payload(cls, payload: dict[str, Any]) -> OpCosts:
         try:
             return cls(
-                launch_us=float(payload["launch_us"]), wait_us=float(payload["wait_us"]),
-                local_copy_gbps=float(payload["local_copy_gbps"]), hbm_gbps=float(payload["hbm_gbps"]),
+                launch_us=float(payload["launch_us"]),
+                wait_us=float(payload["wait_us"]),
+                local_copy_gbps=float(payload["local_copy_gbps"]),
+                hbm_gbps=float(payload["hbm_gbps"]),
                 overlap_slowdown={k: float(v) for k, v in payload.get("overlap_slowdown", {}).items()},
                 chunk_us={k: float(v) for k, v in payload.get("chunk_us", CHUNK_US).items()},
             )
@@ -333,7 +351,8 @@ class Calibration:
             other = TileConfig.from_key(key)
             return (
                 abs(math.log(other.block_m * other.block_n / (tile.block_m * tile.block_n)))
-                + 0.1 * abs(math.log(other.num_warps / tile.num_warps)) + 0.01 * abs(other.num_stages - tile.num_stages),
+                + 0.1 * abs(math.log(other.num_warps / tile.num_warps))
+                + 0.01 * abs(other.num_stages - tile.num_stages),
                 key,
             )
 
@@ -358,20 +377,42 @@ class Calibration:
             f"{', …' if len(measured) > 4 else ''}), the rest defaults"
         )
 
-    def records(self, topology: Topology, environment: Environment, source: str = "measured") -> list[CalibrationRecord]:
+    def records(
+        self, topology: Topology, environment: Environment, source: str = "measured"
+    ) -> list[CalibrationRecord]:
         """The calibration as rows of the calibrations table."""
         out = [
-            CalibrationRecord(kind="transfer", topology=topology, environment=environment, key=k,
-                              payload=t.to_payload(), source=source)
+            CalibrationRecord(
+                kind="transfer",
+                topology=topology,
+                environment=environment,
+                key=k,
+                payload=t.to_payload(),
+                source=source,
+            )
             for k, t in sorted(self.transfers.items())
         ]
         out += [
-            CalibrationRecord(kind="gemm", topology=topology, environment=environment, key=k,
-                              payload=g.to_payload(), source=source)
+            CalibrationRecord(
+                kind="gemm",
+                topology=topology,
+                environment=environment,
+                key=k,
+                payload=g.to_payload(),
+                source=source,
+            )
             for k, g in sorted(self.gemm.items())
         ]
-        out.append(CalibrationRecord(kind="op_costs", topology=topology, environment=environment, key="op",
-                                     payload=self.costs.to_payload(), source=source))
+        out.append(
+            CalibrationRecord(
+                kind="op_costs",
+                topology=topology,
+                environment=environment,
+                key="op",
+                payload=self.costs.to_payload(),
+                source=source,
+            )
+        )
         return out
 
     def merged(self, records: list[CalibrationRecord], label: str) -> Calibration:
@@ -399,21 +440,38 @@ def records_from_measurements(result: dict[str, Any]) -> list[CalibrationRecord]
     out = []
     for key, payload in sorted(result.get("transfer", {}).items()):
         TransferModel.from_payload(key, payload)
-        out.append(CalibrationRecord(kind="transfer", topology=topology, environment=environment, key=key, payload=payload))
+        out.append(
+            CalibrationRecord(
+                kind="transfer", topology=topology, environment=environment, key=key, payload=payload
+            )
+        )
     for key, payload in sorted(result.get("gemm", {}).items()):
         GemmRate.from_payload(key, payload)
-        out.append(CalibrationRecord(kind="gemm", topology=topology, environment=environment, key=key, payload=payload))
+        out.append(
+            CalibrationRecord(
+                kind="gemm", topology=topology, environment=environment, key=key, payload=payload
+            )
+        )
     if result.get("op_costs"):
         OpCosts.from_payload(result["op_costs"])
-        out.append(CalibrationRecord(kind="op_costs", topology=topology, environment=environment, key="op",
-                                     payload=result["op_costs"]))
+        out.append(
+            CalibrationRecord(
+                kind="op_costs",
+                topology=topology,
+                environment=environment,
+                key="op",
+                payload=result["op_costs"],
+            )
+        )
     return out
 
 
 def _label(record: CalibrationRecord, same_environment: bool) -> str:
     when = record.created_at.strftime("%Y-%m-%d")
     env = record.environment.short()
-    return f"measured {when} on {record.topology.key()}, {env}" + ("" if same_environment else " (another environment)")
+    return f"measured {when} on {record.topology.key()}, {env}" + (
+        "" if same_environment else " (another environment)"
+    )
 
 
 def _newest(records: list[CalibrationRecord]) -> list[CalibrationRecord]:
@@ -446,7 +504,9 @@ def resolve_calibration(
     from syncopate.cost_model.calibration_defaults import default_calibration
 
     if policy not in CALIBRATION_POLICIES:
-        raise ConfigError(f"unknown calibration policy {policy!r}: accepted are {', '.join(CALIBRATION_POLICIES)}")
+        raise ConfigError(
+            f"unknown calibration policy {policy!r}: accepted are {', '.join(CALIBRATION_POLICIES)}"
+        )
     where = f" --db {db.url}" if db is not None and getattr(db, "url", None) else ""
     try:
         base = default_calibration(topology)
@@ -467,7 +527,8 @@ def resolve_calibration(
     same = [r for r in stored if environment is not None and r.environment == environment]
     other = [r for r in stored if not (environment is not None and r.environment == environment)]
     gemm_elsewhere = [
-        s.record for s in db.calibrations(kind="gemm")
+        s.record
+        for s in db.calibrations(kind="gemm")
         if s.record.topology.gpu_model == topology.gpu_model and s.record.topology.key() != topology.key()
     ]
     if base is None and not stored:
@@ -494,7 +555,10 @@ def resolve_calibration(
 
 def _empty(topology: Topology) -> Calibration:
     return Calibration(
-        topology=topology.key(), gpu_model=topology.gpu_model, transfers={}, gemm={},
+        topology=topology.key(),
+        gpu_model=topology.gpu_model,
+        transfers={},
+        gemm={},
         costs=OpCosts(launch_us=5.0, wait_us=1.0, local_copy_gbps=1000.0, hbm_gbps=1000.0),
         origin={"op_costs": "default (no figure for this GPU)"},
     )

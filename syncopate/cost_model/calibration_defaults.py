@@ -57,34 +57,50 @@ def _transfers(topology: Topology) -> dict[str, TransferModel]:
     scale = topology.link_gbps / _NVLINK_GBPS
 
     def curve(latency_us: float, peak_gbps: float, half_bytes: float) -> Curve:
-        return Curve.saturating(latency_us=latency_us, peak_gbps=peak_gbps * scale, half_bytes=half_bytes,
-                                sizes=CURVE_SIZES)
+        return Curve.saturating(
+            latency_us=latency_us, peak_gbps=peak_gbps * scale, half_bytes=half_bytes, sizes=CURVE_SIZES
+        )
 
     out = {
         "copy_engine/intra": TransferModel(
             backend="copy_engine", scope="intra", call_us=28.0, curves={0: curve(3.0, 380.0, 1 * MiB)}
         ),
         "nccl/intra": TransferModel(
-            backend="nccl", scope="intra", call_us=10.0,
+            backend="nccl",
+            scope="intra",
+            call_us=10.0,
             curves={8: curve(8.0, 0.85 * 255.0, 2 * MiB), 16: curve(8.0, 255.0, 2 * MiB)},
         ),
         "nvshmem/intra": TransferModel(
-            backend="nvshmem", scope="intra", call_us=12.0,
-            curves={sms: curve(2.0, min(gbps, 380.0), 1 * MiB)
-                    for sms, gbps in ((8, 52.0), (16, 104.0), (32, 180.0), (64, 315.0))},
+            backend="nvshmem",
+            scope="intra",
+            call_us=12.0,
+            curves={
+                sms: curve(2.0, min(gbps, 380.0), 1 * MiB)
+                for sms, gbps in ((8, 52.0), (16, 104.0), (32, 180.0), (64, 315.0))
+            },
         ),
     }
     if topology.nodes > 1:
 
         def net(latency_us: float, peak_gbps: float, half_bytes: float) -> Curve:
-            return Curve.saturating(latency_us=latency_us, peak_gbps=peak_gbps, half_bytes=half_bytes, sizes=CURVE_SIZES)
+            return Curve.saturating(
+                latency_us=latency_us, peak_gbps=peak_gbps, half_bytes=half_bytes, sizes=CURVE_SIZES
+            )
 
         out["nccl/inter"] = TransferModel(
-            backend="nccl", scope="inter", call_us=15.0, curves={8: net(15.0, 40.0, 4 * MiB), 16: net(15.0, 40.0, 4 * MiB)}
+            backend="nccl",
+            scope="inter",
+            call_us=15.0,
+            curves={8: net(15.0, 40.0, 4 * MiB), 16: net(15.0, 40.0, 4 * MiB)},
         )
         out["nvshmem/inter"] = TransferModel(
-            backend="nvshmem", scope="inter", call_us=15.0,
-            curves={sms: net(5.0, gbps, 2 * MiB) for sms, gbps in ((8, 20.0), (16, 30.0), (32, 38.0), (64, 40.0))},
+            backend="nvshmem",
+            scope="inter",
+            call_us=15.0,
+            curves={
+                sms: net(5.0, gbps, 2 * MiB) for sms, gbps in ((8, 20.0), (16, 30.0), (32, 38.0), (64, 40.0))
+            },
         )
     return out
 
@@ -114,7 +130,9 @@ def default_calibration(topology: Topology) -> Calibration:
             f"`syncopate calibrate` on a machine with these GPUs"
         )
     costs = OpCosts(
-        launch_us=6.0, wait_us=0.8, local_copy_gbps=1600.0 * spec.hbm_gbps / GPUS["H200"].hbm_gbps,
+        launch_us=6.0,
+        wait_us=0.8,
+        local_copy_gbps=1600.0 * spec.hbm_gbps / GPUS["H200"].hbm_gbps,
         hbm_gbps=0.8 * spec.hbm_gbps,
         overlap_slowdown={"copy_engine": 0.03, "nvshmem": 0.02, "nccl": 0.05},
     )
@@ -124,6 +142,10 @@ def default_calibration(topology: Topology) -> Calibration:
     origin.update({f"gemm/{k}": DEFAULT_ORIGIN for k in gemm})
     origin["op_costs"] = DEFAULT_ORIGIN
     return Calibration(
-        topology=topology.key(), gpu_model=topology.gpu_model, transfers=transfers, gemm=gemm, costs=costs,
+        topology=topology.key(),
+        gpu_model=topology.gpu_model,
+        transfers=transfers,
+        gemm=gemm,
+        costs=costs,
         origin=origin,
     )

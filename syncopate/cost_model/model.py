@@ -99,9 +99,14 @@ class Prediction:
 
     def to_dict(self) -> dict:
         return {
-            "time_us": self.time_us, "kernel_us": self.kernel_us, "comm_us": self.comm_us,
-            "stall_us": self.stall_us, "programs": self.programs, "waves": self.waves,
-            "feasible": self.feasible, "reason": self.reason,
+            "time_us": self.time_us,
+            "kernel_us": self.kernel_us,
+            "comm_us": self.comm_us,
+            "stall_us": self.stall_us,
+            "programs": self.programs,
+            "waves": self.waves,
+            "feasible": self.feasible,
+            "reason": self.reason,
         }
 
 
@@ -138,14 +143,21 @@ class CostModel:
         self._memo[key] = p
         return p
 
-    def rank(self, workload: Workload, topology: Topology, candidates: Iterable[Candidate]) -> list[Prediction]:
+    def rank(
+        self, workload: Workload, topology: Topology, candidates: Iterable[Candidate]
+    ) -> list[Prediction]:
         """Predictions of `candidates`, fastest first (ties in the given order); infeasible last."""
         preds = [self.predict(workload, topology, c) for c in candidates]
         order = sorted(range(len(preds)), key=lambda i: (preds[i].time_us, i))
         return [preds[i] for i in order]
 
     def prune(
-        self, workload: Workload, topology: Topology, candidates: Iterable[Candidate], *, keep: float = 0.25,
+        self,
+        workload: Workload,
+        topology: Topology,
+        candidates: Iterable[Candidate],
+        *,
+        keep: float = 0.25,
         within: float = 1.5,
     ) -> list[Candidate]:
         """The candidates worth measuring, in their given order: feasible, and either among the
@@ -219,17 +231,32 @@ class CostModel:
             TransferTable(plan, "gather", ctx).run(None, arrival, 0.0)
         else:
             arrival = np.zeros((topology.world_size, _slots(plan)))
-            TransferTable(plan, "reduce", ctx).run(np.zeros((topology.world_size, plan.num_chunks)), arrival, 0.0)
+            TransferTable(plan, "reduce", ctx).run(
+                np.zeros((topology.world_size, plan.num_chunks)), arrival, 0.0
+            )
         return ctx.call_us() + float(np.max(arrival))
 
     def _group(self, role: str, plan: ChunkPlan, n_cols: int, c: Candidate) -> _Group:
-        key = (role, plan.template, plan.collective, plan.world_size, plan.total_rows, plan.num_splits, n_cols,
-               c.block_m, c.block_n, c.group_m, c.tile_order)
+        key = (
+            role,
+            plan.template,
+            plan.collective,
+            plan.world_size,
+            plan.total_rows,
+            plan.num_splits,
+            n_cols,
+            c.block_m,
+            c.block_n,
+            c.group_m,
+            c.tile_order,
+        )
         group = self._groups.get(key)
         if group is None:
             build = consumer_schedule if role == "consumer" else producer_schedule
-            scheds = [build(plan, r, n_cols, c.block_m, c.block_n, c.group_m, c.tile_order)
-                      for r in range(plan.world_size)]
+            scheds = [
+                build(plan, r, n_cols, c.block_m, c.block_n, c.group_m, c.tile_order)
+                for r in range(plan.world_size)
+            ]
             if len(self._groups) > 2048:
                 self._groups.clear()
             group = self._groups[key] = _Group.of(scheds, _slots(plan))
@@ -237,8 +264,20 @@ class CostModel:
 
     def _table(self, plan: ChunkPlan, phase: str, ctx: CommContext, pull: bool = False) -> TransferTable:
         c = ctx.candidate
-        key = (plan.template, plan.collective, plan.world_size, plan.total_rows, plan.num_splits, c.block_m, phase,
-               pull, c.backend, c.comm_sms, ctx.row_bytes, ctx.topology.key())
+        key = (
+            plan.template,
+            plan.collective,
+            plan.world_size,
+            plan.total_rows,
+            plan.num_splits,
+            c.block_m,
+            phase,
+            pull,
+            c.backend,
+            c.comm_sms,
+            ctx.row_bytes,
+            ctx.topology.key(),
+        )
         table = self._tables.get(key)
         if table is None:
             if len(self._tables) > 4096:
@@ -246,9 +285,13 @@ class CostModel:
             table = self._tables[key] = TransferTable(plan, phase, ctx, pull=pull)
         return table
 
-    def _durations(self, group: _Group, programs: int, tile_us: float, k: int, c: Candidate, elem: int) -> np.ndarray:
+    def _durations(
+        self, group: _Group, programs: int, tile_us: float, k: int, c: Candidate, elem: int
+    ) -> np.ndarray:
         """[rank, wave, program] compute time of each position (0 past the end)."""
-        memory = group.wave_memory(programs, c.block_m * k * elem, c.block_n * k * elem, self.calibration.costs.hbm_gbps)
+        memory = group.wave_memory(
+            programs, c.block_m * k * elem, c.block_n * k * elem, self.calibration.costs.hbm_gbps
+        )
         per_wave = np.maximum(tile_us, memory)
         return np.where(group.valid(programs), per_wave[:, :, None], 0.0)
 
@@ -258,16 +301,29 @@ class CostModel:
         # Infeasible across nodes, as for every copy-engine candidate
         call_us = CommContext(self.calibration, topo, c, w.comm_row_bytes()).call_us()
         timeline = {A_STATIONARY: _a_stationary_us, C_STATIONARY: _c_stationary_us}.get(
-            c.template, _decomposed_gather_us if w.kind == "ag_gemm" else _decomposed_us)
+            c.template, _decomposed_gather_us if w.kind == "ag_gemm" else _decomposed_us
+        )
         end, kernel_end, comm_end = timeline(self, w, topo, c)
-        return Prediction(candidate=c, time_us=call_us + end, kernel_us=kernel_end, comm_us=comm_end,
-                          programs=topo.sm_count, waves=1)
+        return Prediction(
+            candidate=c,
+            time_us=call_us + end,
+            kernel_us=kernel_end,
+            comm_us=comm_end,
+            programs=topo.sm_count,
+            waves=1,
+        )
 
     def _unfused(self, w: Workload, topo: Topology, c: Candidate) -> Prediction:
         """The matmul, then the whole collective: `torch_seq` of :meth:`baselines`."""
         gemm, comm = self._gemm_and_collective_us(w, topo)
-        return Prediction(candidate=c, time_us=gemm + comm, kernel_us=gemm, comm_us=gemm + comm,
-                          programs=topo.sm_count, waves=1)
+        return Prediction(
+            candidate=c,
+            time_us=gemm + comm,
+            kernel_us=gemm,
+            comm_us=gemm + comm,
+            programs=topo.sm_count,
+            waves=1,
+        )
 
     def _simulate(self, w: Workload, topo: Topology, c: Candidate) -> Prediction:
         if c.template == UNFUSED:
@@ -287,13 +343,19 @@ class CostModel:
         durations = self._durations(group, programs, tile_us, k_local, c, w.element_bytes)
         if role == "consumer":
             split = tail_split(group.positions, programs, -(-k_local // c.block_k))
-            end, kernel_end, comm_end, stall = _consumer(self, w, plan, ctx, group, programs, durations, split)
+            end, kernel_end, comm_end, stall = _consumer(
+                self, w, plan, ctx, group, programs, durations, split
+            )
         else:
             end, kernel_end, comm_end, stall = _producer(self, w, plan, ctx, group, programs, durations)
         slowest = int(np.argmax(end))
         return Prediction(
-            candidate=c, time_us=call_us + float(end[slowest]), kernel_us=float(np.max(kernel_end)),
-            comm_us=comm_end, stall_us=float(stall[slowest]) / programs, programs=programs,
+            candidate=c,
+            time_us=call_us + float(end[slowest]),
+            kernel_us=float(np.max(kernel_end)),
+            comm_us=comm_end,
+            stall_us=float(stall[slowest]) / programs,
+            programs=programs,
             waves=-(-group.positions // programs),
         )
 
@@ -308,12 +370,21 @@ def _cublas_timeline_inputs(model: CostModel, w: Workload, topo: Topology):
     def gemm(m: int) -> float:
         return model._best_gemm_us(m, n, k, topo, w.dtype)
 
-    return (ws, -(-w.shape.m // ws), n, k, w.element_bytes, model.calibration.transfer("copy_engine", "intra"),
-            model.calibration.costs.chunk_us.get("copy_engine", 0.0), gemm)
+    return (
+        ws,
+        -(-w.shape.m // ws),
+        n,
+        k,
+        w.element_bytes,
+        model.calibration.transfer("copy_engine", "intra"),
+        model.calibration.costs.chunk_us.get("copy_engine", 0.0),
+        gemm,
+    )
 
 
-def _c_stationary_us(model: CostModel, w: Workload, topo: Topology,
-                     c: Candidate) -> tuple[float, float, float]:
+def _c_stationary_us(
+    model: CostModel, w: Workload, topo: Topology, c: Candidate
+) -> tuple[float, float, float]:
     """(call end, GEMMs' end, last transfer's end) of a c_stationary call: each peer's rows of A and
     B pushed to it in turn over one egress while the own term's GEMM runs; each peer's term added
     once its inputs are here, in the order they arrive. An all-reduce adds the last term in
@@ -342,8 +413,7 @@ def _c_stationary_us(model: CostModel, w: Workload, topo: Topology,
     return max(clock, pulled), clock, max(sent, pulled)
 
 
-def _decomposed_us(model: CostModel, w: Workload, topo: Topology,
-                   c: Candidate) -> tuple[float, float, float]:
+def _decomposed_us(model: CostModel, w: Workload, topo: Topology, c: Candidate) -> tuple[float, float, float]:
     """(call end, GEMMs' end, last transfer's end) of a decomposed call (all ranks alike): the
     partials of each peer's block in two GEMMs (the halves of its `num_splits` row chunks), each
     pushed over one egress once computed; then the own block's chunks (on two ranks the first
@@ -384,8 +454,9 @@ def _decomposed_us(model: CostModel, w: Workload, topo: Topology,
     return max(clock, copied, pulled), clock, max(sent, pulled)
 
 
-def _decomposed_gather_us(model: CostModel, w: Workload, topo: Topology,
-                          c: Candidate) -> tuple[float, float, float]:
+def _decomposed_gather_us(
+    model: CostModel, w: Workload, topo: Topology, c: Candidate
+) -> tuple[float, float, float]:
     """(call end, GEMMs' end, last transfer's end) of a decomposed all-gather matmul, on the rank that
     finishes last: every rank pushes its shard's parts to each peer in turn over one egress (what
     lands from the peer `d` behind lands when this rank's `d`-th push ends) while its own rows' GEMM
@@ -406,8 +477,9 @@ def _decomposed_gather_us(model: CostModel, w: Workload, topo: Topology,
     return max(end, t), end, t
 
 
-def _a_stationary_us(model: CostModel, w: Workload, topo: Topology,
-                     c: Candidate) -> tuple[float, float, float]:
+def _a_stationary_us(
+    model: CostModel, w: Workload, topo: Topology, c: Candidate
+) -> tuple[float, float, float]:
     """(call end, GEMMs' end, last transfer's end) of an a_stationary call, µs after its start, on
     the rank that finishes last (all alike): B pushed to each peer in turn over one egress while the
     first half of the own rows' GEMM runs; each peer's product computed in `num_splits` row chunks
@@ -464,8 +536,9 @@ def _consumer(model: CostModel, w, plan, ctx, group, programs, durations, split:
         extra_us = split * c.block_m * c.block_n * 4 / (costs.hbm_gbps * 1e3 / programs)
         need, durations = _cut_tail(need, durations, split, group.positions, extra_us)
     slowdown = costs.overlap_slowdown.get(ctx.backend, 0.0) if plan.world_size > 1 else 0.0
-    run = run_programs(programs, start, need, durations, comm_end=comm_end, slowdown=slowdown,
-                       positions=group.positions)
+    run = run_programs(
+        programs, start, need, durations, comm_end=comm_end, slowdown=slowdown, positions=group.positions
+    )
     end = np.maximum(run.end, arrival.max(axis=1))
     return end, run.end, comm_end, run.stall
 
@@ -476,7 +549,9 @@ def _producer(model: CostModel, w, plan, ctx, group, programs, durations):
     ws = plan.world_size
     slowdown = costs.overlap_slowdown.get(ctx.backend, 0.0) if ws > 1 else 0.0
     tile_bytes = ctx.candidate.block_m * ctx.candidate.block_n * w.element_bytes
-    epilogue = padded(group.incoming_per_position * tile_bytes / (costs.hbm_gbps * 1e3 / programs), programs, 0.0)
+    epilogue = padded(
+        group.incoming_per_position * tile_bytes / (costs.hbm_gbps * 1e3 / programs), programs, 0.0
+    )
     partials = np.zeros((ws, group.slots))
     table = model._table(plan, "reduce", ctx) if ws > 1 else None
     free: dict = {}
@@ -484,11 +559,25 @@ def _producer(model: CostModel, w, plan, ctx, group, programs, durations):
     slowed = None
     all_reduce = w.kind == "gemm_ar" and ws > 1
     # the transfers of the last reduce phase simulated and of the gather, when they share one queue
-    log: list | None = [] if all_reduce and ctx.backend == "copy_engine" and _unshared_egress(plan, ctx) else None
+    log: list | None = (
+        [] if all_reduce and ctx.backend == "copy_engine" and _unshared_egress(plan, ctx) else None
+    )
     for _ in range(ws + 4):
-        partial = padded(group.per_position(group.chunk_wait_time(partials)) + costs.wait_us, programs, -np.inf)
-        run = run_programs(programs, start, None, durations, comm_end=comm_end, slowdown=slowdown,
-                           partial=partial, epilogue=epilogue, positions=group.positions, slowed=slowed)
+        partial = padded(
+            group.per_position(group.chunk_wait_time(partials)) + costs.wait_us, programs, -np.inf
+        )
+        run = run_programs(
+            programs,
+            start,
+            None,
+            durations,
+            comm_end=comm_end,
+            slowdown=slowdown,
+            partial=partial,
+            epilogue=epilogue,
+            positions=group.positions,
+            slowed=slowed,
+        )
         settled = slowed is None or run.slowed is None or np.array_equal(slowed, run.slowed)
         slowed = run.slowed
         ready = group.chunk_max(run.tile_end, plan.num_chunks, start)
@@ -556,12 +645,21 @@ class _Group:
             self.pos_lo = np.array([s.entry_chunk for s in scheds], dtype=np.int64)
             self.pos_hi = self.pos_lo
         else:
-            self.pos_lo = np.take_along_axis(np.array([s.mtile_chunk_lo for s in scheds], dtype=np.int64), tm, axis=1)
-            self.pos_hi = np.take_along_axis(np.array([s.mtile_chunk_hi for s in scheds], dtype=np.int64), tm, axis=1) - 1
+            self.pos_lo = np.take_along_axis(
+                np.array([s.mtile_chunk_lo for s in scheds], dtype=np.int64), tm, axis=1
+            )
+            self.pos_hi = (
+                np.take_along_axis(np.array([s.mtile_chunk_hi for s in scheds], dtype=np.int64), tm, axis=1)
+                - 1
+            )
         self.rank_index = np.arange(ranks)[:, None]
         chunks = len(first.chunk_wait)
         self._flat_lo = (self.rank_index * chunks + self.pos_lo).reshape(-1)
-        self._flat_hi = None if np.array_equal(self.pos_lo, self.pos_hi) else (self.rank_index * chunks + self.pos_hi).reshape(-1)
+        self._flat_hi = (
+            None
+            if np.array_equal(self.pos_lo, self.pos_hi)
+            else (self.rank_index * chunks + self.pos_hi).reshape(-1)
+        )
         self.num_chunks = chunks
         self.slots = slots
         width = max((len(w) for s in scheds for w in s.chunk_wait), default=0) or 1
@@ -571,7 +669,9 @@ class _Group:
                 self.wait_slots[r, c, : len(slots_)] = slots_
         incoming = np.array([[len(x) for x in s.chunk_wait] for s in scheds], dtype=float)
         self.incoming_per_position = np.take_along_axis(incoming, self.pos_lo, axis=1)
-        keys = np.concatenate([self.rank_index * chunks + self.pos_lo, self.rank_index * chunks + self.pos_hi], axis=1)
+        keys = np.concatenate(
+            [self.rank_index * chunks + self.pos_lo, self.rank_index * chunks + self.pos_hi], axis=1
+        )
         flat = keys.reshape(-1)
         self._perm = np.argsort(flat, kind="stable")
         ordered = flat[self._perm]
@@ -608,8 +708,9 @@ class _Group:
         key = (programs, panel_m, panel_n, hbm_gbps)
         mem = self._memory.get(key)
         if mem is None:
-            mem = self._memory[key] = wave_memory_us(self.order, self.tiles_m, self.tiles_n, programs, panel_m,
-                                                     panel_n, hbm_gbps)
+            mem = self._memory[key] = wave_memory_us(
+                self.order, self.tiles_m, self.tiles_n, programs, panel_m, panel_n, hbm_gbps
+            )
         return mem
 
     def valid(self, programs: int) -> np.ndarray:
@@ -617,5 +718,7 @@ class _Group:
         v = self._valid.get(programs)
         if v is None:
             p = max(1, min(programs, self.positions))
-            v = self._valid[programs] = (np.arange(-(-self.positions // p) * p) < self.positions).reshape(1, -1, p)
+            v = self._valid[programs] = (np.arange(-(-self.positions // p) * p) < self.positions).reshape(
+                1, -1, p
+            )
         return v

@@ -163,8 +163,14 @@ class TransferTable:
                     per_rank[rows[i][1]] = per_rank.get(rows[i][1], 0.0) + rows[i][6]
                 self.batches.append((groups[key], max(per_rank.values())))
 
-    def run(self, ready: np.ndarray, arrival: np.ndarray, start: float, queue_free: dict | None = None,
-            log: list | None = None) -> dict:
+    def run(
+        self,
+        ready: np.ndarray,
+        arrival: np.ndarray,
+        start: float,
+        queue_free: dict | None = None,
+        log: list | None = None,
+    ) -> dict:
         """Fill `arrival` (in place); return each queue's free time. `ready[src, chunk]` says when a
         chunk may leave its sender; for a gather, a chunk of another block leaves once it has
         arrived there (`arrival`), a rank's own rows at `start`. `log` (not for NCCL) gets each
@@ -202,8 +208,15 @@ class TransferTable:
         return float(ready[src, chunk])
 
 
-def wave_memory_us(order: np.ndarray, tiles_m: int, tiles_n: int, programs: int, panel_bytes_m: float,
-                   panel_bytes_n: float, hbm_gbps: float) -> np.ndarray:
+def wave_memory_us(
+    order: np.ndarray,
+    tiles_m: int,
+    tiles_n: int,
+    programs: int,
+    panel_bytes_m: float,
+    panel_bytes_n: float,
+    hbm_gbps: float,
+) -> np.ndarray:
     """[rank, wave]: the time to read, once, the distinct panels of A and B a wave's tiles touch.
 
     `order` is [rank, position] tile ids."""
@@ -250,9 +263,17 @@ def _scan(t0: float, a: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 
 def run_programs(
-    programs: int, start: float, need: np.ndarray | None, duration: np.ndarray, *, comm_end: float = 0.0,
-    slowdown: float = 0.0, partial: np.ndarray | None = None, epilogue: np.ndarray | None = None,
-    positions: int, slowed: np.ndarray | None = None,
+    programs: int,
+    start: float,
+    need: np.ndarray | None,
+    duration: np.ndarray,
+    *,
+    comm_end: float = 0.0,
+    slowdown: float = 0.0,
+    partial: np.ndarray | None = None,
+    epilogue: np.ndarray | None = None,
+    positions: int,
+    slowed: np.ndarray | None = None,
 ) -> ProgramRun:
     """Run every rank's tiles on `programs` persistent programs (see the module docstring).
 
@@ -296,5 +317,6 @@ def run_programs(
     final = done[:, -1]
     busy = duration.sum(axis=(1, 2)) + (epilogue.sum(axis=(1, 2)) if epilogue is not None else 0.0)
     stall = np.maximum(final.sum(axis=1) - p * start - busy, 0.0)
-    return ProgramRun(end=final.max(axis=1), tile_end=done.reshape(ranks, -1)[:, :positions], stall=stall,
-                      slowed=mask)
+    return ProgramRun(
+        end=final.max(axis=1), tile_end=done.reshape(ranks, -1)[:, :positions], stall=stall, slowed=mask
+    )

@@ -135,27 +135,40 @@ def speedup_chart(rows: pd.DataFrame, *, width: Width = "container") -> alt.Laye
     ).dropna(subset=["speedup"])
     if long.empty:
         return None
-    long["baseline"] = long["baseline"].map({"speedup_seq": "over torch_seq", "speedup_async_tp": "over async-TP"})
+    long["baseline"] = long["baseline"].map(
+        {"speedup_seq": "over torch_seq", "speedup_async_tp": "over async-TP"}
+    )
     data = _inline(long, ["label", "source", "config", "best_us", "baseline", "speedup"], "speedups")
     order = ["over torch_seq", "over async-TP"]
-    bars = alt.Chart(data).mark_bar().encode(
-        y=_shapes(rows),
-        yOffset=alt.YOffset("baseline:N", sort=order),
-        x=alt.X("speedup:Q", title="speedup (baseline time / best time)"),
-        color=alt.Color("baseline:N", scale=alt.Scale(domain=order, range=["#4c78a8", "#9ecae9"]),
-                        legend=_top_legend()),
-        tooltip=[
-            alt.Tooltip("label:N", title="shape"),
-            "baseline:N",
-            alt.Tooltip("speedup:Q", format=".3f"),
-            alt.Tooltip("best_us:Q", format=".1f", title="best µs"),
-            alt.Tooltip("config:N", title="configuration"),
-            "source:N",
-        ],
+    bars = (
+        alt.Chart(data)
+        .mark_bar()
+        .encode(
+            y=_shapes(rows),
+            yOffset=alt.YOffset("baseline:N", sort=order),
+            x=alt.X("speedup:Q", title="speedup (baseline time / best time)"),
+            color=alt.Color(
+                "baseline:N",
+                scale=alt.Scale(domain=order, range=["#4c78a8", "#9ecae9"]),
+                legend=_top_legend(),
+            ),
+            tooltip=[
+                alt.Tooltip("label:N", title="shape"),
+                "baseline:N",
+                alt.Tooltip("speedup:Q", format=".3f"),
+                alt.Tooltip("best_us:Q", format=".1f", title="best µs"),
+                alt.Tooltip("config:N", title="configuration"),
+                "source:N",
+            ],
+        )
     )
     shapes = long["label"].nunique()
-    return _sized(alt.layer(bars, _rule_at_one("x")), width, 30 * shapes,
-                  "Speedup of the best configuration over torch (above 1: faster)")
+    return _sized(
+        alt.layer(bars, _rule_at_one("x")),
+        width,
+        30 * shapes,
+        "Speedup of the best configuration over torch (above 1: faster)",
+    )
 
 
 def bound_chart(rows: pd.DataFrame, *, width: Width = "container") -> alt.LayerChart | None:
@@ -165,22 +178,33 @@ def bound_chart(rows: pd.DataFrame, *, width: Width = "container") -> alt.LayerC
         return None
     data = _inline(frame, ["label", "source", "config", "best_us", "bound_us", "of_bound"], "bound")
     top = max(1.1, float(frame["of_bound"].max()) * 1.05)
-    bars = alt.Chart(data).mark_bar().encode(
-        y=_shapes(frame),
-        x=alt.X("of_bound:Q", title="bound / best", scale=alt.Scale(domain=[0, top])),
-        color=alt.Color("source:N", scale=alt.Scale(domain=list(SOURCE_COLORS), range=list(SOURCE_COLORS.values())),
-                        legend=None),
-        tooltip=[
-            alt.Tooltip("label:N", title="shape"),
-            alt.Tooltip("of_bound:Q", format=".3f", title="fraction of bound"),
-            alt.Tooltip("best_us:Q", format=".1f", title="best µs"),
-            alt.Tooltip("bound_us:Q", format=".1f", title="bound µs"),
-            alt.Tooltip("config:N", title="configuration"),
-            "source:N",
-        ],
+    bars = (
+        alt.Chart(data)
+        .mark_bar()
+        .encode(
+            y=_shapes(frame),
+            x=alt.X("of_bound:Q", title="bound / best", scale=alt.Scale(domain=[0, top])),
+            color=alt.Color(
+                "source:N",
+                scale=alt.Scale(domain=list(SOURCE_COLORS), range=list(SOURCE_COLORS.values())),
+                legend=None,
+            ),
+            tooltip=[
+                alt.Tooltip("label:N", title="shape"),
+                alt.Tooltip("of_bound:Q", format=".3f", title="fraction of bound"),
+                alt.Tooltip("best_us:Q", format=".1f", title="best µs"),
+                alt.Tooltip("bound_us:Q", format=".1f", title="bound µs"),
+                alt.Tooltip("config:N", title="configuration"),
+                "source:N",
+            ],
+        )
     )
-    return _sized(alt.layer(bars, _rule_at_one("x")), width, 22 * len(frame),
-                  "Fraction of the overlap bound reached (1: at the bound)")
+    return _sized(
+        alt.layer(bars, _rule_at_one("x")),
+        width,
+        22 * len(frame),
+        "Fraction of the overlap bound reached (1: at the bound)",
+    )
 
 
 def times_chart(rows: pd.DataFrame, *, width: Width = "container") -> alt.LayerChart | None:
@@ -194,66 +218,116 @@ def times_chart(rows: pd.DataFrame, *, width: Width = "container") -> alt.LayerC
             "best_us": "best (Syncopate)",
         }
     )
-    long = frame.melt(id_vars=["label", "source"], value_vars=list(_BASELINE_COLORS), var_name="series",
-                      value_name="us").dropna(subset=["us"])
+    long = frame.melt(
+        id_vars=["label", "source"], value_vars=list(_BASELINE_COLORS), var_name="series", value_name="us"
+    ).dropna(subset=["us"])
     if long.empty:
         return None
     data = _inline(long, ["label", "source", "series", "us"], "times")
     spans = long.groupby("label", as_index=False)["us"].agg(low="min", high="max")
-    span = alt.Chart(_inline(spans, ["label", "low", "high"], "time_spans")).mark_rule(color="#c7c7c7").encode(
-        y=_shapes(frame), x="low:Q", x2="high:Q"
+    span = (
+        alt.Chart(_inline(spans, ["label", "low", "high"], "time_spans"))
+        .mark_rule(color="#c7c7c7")
+        .encode(y=_shapes(frame), x="low:Q", x2="high:Q")
     )
-    dots = alt.Chart(data).mark_point(filled=True, size=70, opacity=0.9).encode(
-        y=_shapes(frame),
-        x=alt.X("us:Q", title="time (µs, log scale; lower is better)", scale=alt.Scale(type="log", nice=False,
-                                                                                        padding=12)),
-        color=alt.Color("series:N", sort=list(_BASELINE_COLORS),
-                        scale=alt.Scale(domain=list(_BASELINE_COLORS), range=list(_BASELINE_COLORS.values())),
-                        legend=_top_legend()),
-        shape=alt.Shape("series:N", sort=list(_BASELINE_COLORS), legend=_top_legend(),  # one legend with color
-                        scale=alt.Scale(domain=list(_BASELINE_COLORS), range=list(_BASELINE_SHAPES))),
-        tooltip=[alt.Tooltip("label:N", title="shape"), "series:N", alt.Tooltip("us:Q", format=".1f", title="µs"),
-                 "source:N"],
+    dots = (
+        alt.Chart(data)
+        .mark_point(filled=True, size=70, opacity=0.9)
+        .encode(
+            y=_shapes(frame),
+            x=alt.X(
+                "us:Q",
+                title="time (µs, log scale; lower is better)",
+                scale=alt.Scale(type="log", nice=False, padding=12),
+            ),
+            color=alt.Color(
+                "series:N",
+                sort=list(_BASELINE_COLORS),
+                scale=alt.Scale(domain=list(_BASELINE_COLORS), range=list(_BASELINE_COLORS.values())),
+                legend=_top_legend(),
+            ),
+            shape=alt.Shape(
+                "series:N",
+                sort=list(_BASELINE_COLORS),
+                legend=_top_legend(),  # one legend with color
+                scale=alt.Scale(domain=list(_BASELINE_COLORS), range=list(_BASELINE_SHAPES)),
+            ),
+            tooltip=[
+                alt.Tooltip("label:N", title="shape"),
+                "series:N",
+                alt.Tooltip("us:Q", format=".1f", title="µs"),
+                "source:N",
+            ],
+        )
     )
     return _sized(alt.layer(span, dots), width, 24 * long["label"].nunique(), "Times (µs, lower is better)")
 
 
-def convergence_chart(trials: pd.DataFrame, source: str = "measured", *,
-                      width: Width = "container") -> alt.LayerChart | None:
+def convergence_chart(
+    trials: pd.DataFrame, source: str = "measured", *, width: Width = "container"
+) -> alt.LayerChart | None:
     """Time of every `ok` trial against its order in its sweep and strategy, and the running best."""
     ok = trials[trials["status"] == "ok"].dropna(subset=["median_us"])
     if ok.empty:
         return None
     last = int(ok["order"].max())
     series = list(dict.fromkeys(ok["series"]))
-    columns = ["order", "median_us", "best_so_far", "series", "backend", "num_splits", "tile_order", "trial_id"]
+    columns = [
+        "order",
+        "median_us",
+        "best_so_far",
+        "series",
+        "backend",
+        "num_splits",
+        "tile_order",
+        "trial_id",
+    ]
     x = alt.X(
         "order:Q",
         title="trial (order within sweep and strategy)",
         scale=alt.Scale(domainMin=1, nice=False, padding=8),
-        axis=alt.Axis(format="d", values=list(range(1, last + 1))) if last <= 12 else alt.Axis(format="d",
-                                                                                                tickMinStep=1),
+        axis=alt.Axis(format="d", values=list(range(1, last + 1)))
+        if last <= 12
+        else alt.Axis(format="d", tickMinStep=1),
     )
-    color = alt.Color("series:N", title="sweep · strategy", sort=series,
-                      legend=_top_legend("sweep · strategy", columns=min(len(series), 4)))
-    points = alt.Chart(_inline(ok, columns, "trials")).mark_circle(size=28, opacity=0.55).encode(
-        x=x,
-        y=alt.Y("median_us:Q", title="median time (µs)", scale=alt.Scale(type="log", nice=False, padding=8)),
-        color=color,
-        tooltip=[
-            "trial_id:Q",
-            "series:N",
-            alt.Tooltip("median_us:Q", format=".1f"),
-            "backend:N",
-            "num_splits:O",
-            "tile_order:N",
-        ],
+    color = alt.Color(
+        "series:N",
+        title="sweep · strategy",
+        sort=series,
+        legend=_top_legend("sweep · strategy", columns=min(len(series), 4)),
     )
-    best = alt.Chart(_inline(ok, ["order", "best_so_far", "series"], "running_best")).mark_line(
-        interpolate="step-after", strokeWidth=2
-    ).encode(x=x, y=alt.Y("best_so_far:Q", scale=alt.Scale(type="log", nice=False, padding=8)), color=color)
-    return _sized(alt.layer(points, best), width, 260,
-                  f"Convergence: time against trial order, running best as a line ({source})")
+    points = (
+        alt.Chart(_inline(ok, columns, "trials"))
+        .mark_circle(size=28, opacity=0.55)
+        .encode(
+            x=x,
+            y=alt.Y(
+                "median_us:Q", title="median time (µs)", scale=alt.Scale(type="log", nice=False, padding=8)
+            ),
+            color=color,
+            tooltip=[
+                "trial_id:Q",
+                "series:N",
+                alt.Tooltip("median_us:Q", format=".1f"),
+                "backend:N",
+                "num_splits:O",
+                "tile_order:N",
+            ],
+        )
+    )
+    best = (
+        alt.Chart(_inline(ok, ["order", "best_so_far", "series"], "running_best"))
+        .mark_line(interpolate="step-after", strokeWidth=2)
+        .encode(
+            x=x, y=alt.Y("best_so_far:Q", scale=alt.Scale(type="log", nice=False, padding=8)), color=color
+        )
+    )
+    return _sized(
+        alt.layer(points, best),
+        width,
+        260,
+        f"Convergence: time against trial order, running best as a line ({source})",
+    )
 
 
 def backend_splits_chart(cells: pd.DataFrame, *, width: Width = "container") -> alt.LayerChart | None:
@@ -264,22 +338,38 @@ def backend_splits_chart(cells: pd.DataFrame, *, width: Width = "container") -> 
     columns = ["backend", "num_splits", "best_us", "trials", "ok"]
     x = alt.X("num_splits:O", title="num_splits", axis=alt.Axis(labelAngle=0))
     y = alt.Y("backend:N", title=None, axis=alt.Axis(labelLimit=0))
-    rect = alt.Chart(_inline(cells, columns, "cells")).mark_rect().encode(
-        x=x,
-        y=y,
-        color=alt.Color("best_us:Q", title="best µs", scale=alt.Scale(scheme="viridis"),
-                        legend=alt.Legend(orient="top", gradientLength=160)),
-        tooltip=["backend:N", "num_splits:O", alt.Tooltip("best_us:Q", format=".1f"), "trials:Q", "ok:Q"],
+    rect = (
+        alt.Chart(_inline(cells, columns, "cells"))
+        .mark_rect()
+        .encode(
+            x=x,
+            y=y,
+            color=alt.Color(
+                "best_us:Q",
+                title="best µs",
+                scale=alt.Scale(scheme="viridis"),
+                legend=alt.Legend(orient="top", gradientLength=160),
+            ),
+            tooltip=["backend:N", "num_splits:O", alt.Tooltip("best_us:Q", format=".1f"), "trials:Q", "ok:Q"],
+        )
     )
     middle = float(cells["best_us"].min() + cells["best_us"].max()) / 2
-    text = alt.Chart(_inline(cells, columns, "cell_labels")).mark_text(fontSize=11).encode(
-        x=x,
-        y=y,
-        text=alt.Text("best_us:Q", format=".0f"),
-        color=alt.condition(alt.datum.best_us < middle, alt.value("white"), alt.value("black")),
+    text = (
+        alt.Chart(_inline(cells, columns, "cell_labels"))
+        .mark_text(fontSize=11)
+        .encode(
+            x=x,
+            y=y,
+            text=alt.Text("best_us:Q", format=".0f"),
+            color=alt.condition(alt.datum.best_us < middle, alt.value("white"), alt.value("black")),
+        )
     )
-    return _sized(alt.layer(rect, text), width, 40 * cells["backend"].nunique(),
-                  alt.Title("Best time per backend × num_splits", subtitle="µs; darker is faster"))
+    return _sized(
+        alt.layer(rect, text),
+        width,
+        40 * cells["backend"].nunique(),
+        alt.Title("Best time per backend × num_splits", subtitle="µs; darker is faster"),
+    )
 
 
 def tile_order_chart(orders: pd.DataFrame, *, width: Width = "container") -> alt.LayerChart | None:
@@ -289,21 +379,27 @@ def tile_order_chart(orders: pd.DataFrame, *, width: Width = "container") -> alt
         return None
     columns = ["tile_order", "best_us", "mean_us", "trials", "ok", "failed"]
     y = alt.Y("tile_order:N", title=None, axis=alt.Axis(labelLimit=0))
-    bars = alt.Chart(_inline(orders, columns, "orders")).mark_bar(color="#4c78a8").encode(
-        y=y,
-        x=alt.X("best_us:Q", title="time (µs): bar best, tick mean"),
-        tooltip=[
-            "tile_order:N",
-            alt.Tooltip("best_us:Q", format=".1f"),
-            alt.Tooltip("mean_us:Q", format=".1f"),
-            "trials:Q",
-            "ok:Q",
-            "failed:Q",
-        ],
+    bars = (
+        alt.Chart(_inline(orders, columns, "orders"))
+        .mark_bar(color="#4c78a8")
+        .encode(
+            y=y,
+            x=alt.X("best_us:Q", title="time (µs): bar best, tick mean"),
+            tooltip=[
+                "tile_order:N",
+                alt.Tooltip("best_us:Q", format=".1f"),
+                alt.Tooltip("mean_us:Q", format=".1f"),
+                "trials:Q",
+                "ok:Q",
+                "failed:Q",
+            ],
+        )
     )
-    ticks = alt.Chart(_inline(orders, ["tile_order", "mean_us"], "order_means")).mark_tick(
-        color="black", thickness=2, size=18
-    ).encode(y=y, x="mean_us:Q")
+    ticks = (
+        alt.Chart(_inline(orders, ["tile_order", "mean_us"], "order_means"))
+        .mark_tick(color="black", thickness=2, size=18)
+        .encode(y=y, x="mean_us:Q")
+    )
     return _sized(alt.layer(bars, ticks), width, 32 * len(orders), "Tile orders compared")
 
 
@@ -314,16 +410,22 @@ def failure_chart(failed: pd.DataFrame, *, width: Width = "container") -> alt.La
     per = failed.groupby("status", as_index=False)["trials"].sum()
     y = alt.Y("status:N", title=None, axis=alt.Axis(labelLimit=0))
     x = alt.X("trials:Q", title="failed trials", axis=alt.Axis(tickMinStep=1, format="d"))
-    bars = alt.Chart(_inline(per, ["status", "trials"], "failures")).mark_bar(color="#d62728").encode(
-        x=x, y=y, tooltip=["status:N", "trials:Q"]
+    bars = (
+        alt.Chart(_inline(per, ["status", "trials"], "failures"))
+        .mark_bar(color="#d62728")
+        .encode(x=x, y=y, tooltip=["status:N", "trials:Q"])
     )
-    counts = alt.Chart(_inline(per, ["status", "trials"], "failure_counts")).mark_text(
-        align="left", dx=4, fontSize=11
-    ).encode(x=x, y=y, text="trials:Q")
+    counts = (
+        alt.Chart(_inline(per, ["status", "trials"], "failure_counts"))
+        .mark_text(align="left", dx=4, fontSize=11)
+        .encode(x=x, y=y, text="trials:Q")
+    )
     return _sized(alt.layer(bars, counts), width, 28 * len(per), "Failures by status")
 
 
-def compare_chart(compared: pd.DataFrame, a: int, b: int, *, width: Width = "container") -> alt.LayerChart | None:
+def compare_chart(
+    compared: pd.DataFrame, a: int, b: int, *, width: Width = "container"
+) -> alt.LayerChart | None:
     """Best time of sweep B over sweep A per shape (above 1: B is slower), as a dot on a scale around
     1, with the runs' noise band (p20 of one over p80 of the other, and the other way round) as a
     line through it: a dot whose band crosses 1 is within noise."""
@@ -338,33 +440,52 @@ def compare_chart(compared: pd.DataFrame, a: int, b: int, *, width: Width = "con
     ]
     both["lo"] = both["ratio_lo"].fillna(both["ratio"])
     both["hi"] = both["ratio_hi"].fillna(both["ratio"])
-    both["verdict"] = ["B slower" if lo > 1 else "B faster" if hi < 1 else "within noise"
-                       for lo, hi in zip(both["lo"], both["hi"])]
+    both["verdict"] = [
+        "B slower" if lo > 1 else "B faster" if hi < 1 else "within noise"
+        for lo, hi in zip(both["lo"], both["hi"])
+    ]
     reach = max(0.02, float((both[["lo", "hi"]] - 1).abs().max().max()) * 1.15)
     scale = alt.Scale(domain=[1 - reach, 1 + reach], nice=False)
     columns = ["label", "ratio", "lo", "hi", "best_us_a", "best_us_b", "verdict"]
     y = alt.Y("label:N", title=None, sort=None, axis=alt.Axis(labelLimit=0))
-    color = alt.Color("verdict:N", scale=alt.Scale(domain=list(_VERDICT_COLORS), range=list(_VERDICT_COLORS.values())),
-                      legend=_top_legend())
-    band = alt.Chart(_inline(both, columns, "bands")).mark_rule(strokeWidth=3, opacity=0.45).encode(
-        y=y, x=alt.X("lo:Q", scale=scale, title=f"best of sweep {b} / best of sweep {a} (line: p20/p80 noise band)"),
-        x2="hi:Q", color=color,
+    color = alt.Color(
+        "verdict:N",
+        scale=alt.Scale(domain=list(_VERDICT_COLORS), range=list(_VERDICT_COLORS.values())),
+        legend=_top_legend(),
     )
-    dots = alt.Chart(_inline(both, columns, "ratios")).mark_point(filled=True, size=70).encode(
-        y=y,
-        x=alt.X("ratio:Q", scale=scale),
-        color=color,
-        tooltip=[
-            alt.Tooltip("label:N", title="shape"),
-            alt.Tooltip("ratio:Q", format=".4f", title="B / A"),
-            alt.Tooltip("lo:Q", format=".4f", title="noise band from"),
-            alt.Tooltip("hi:Q", format=".4f", title="noise band to"),
-            alt.Tooltip("best_us_a:Q", format=".1f", title=f"best µs, sweep {a}"),
-            alt.Tooltip("best_us_b:Q", format=".1f", title=f"best µs, sweep {b}"),
-            "verdict:N",
-        ],
+    band = (
+        alt.Chart(_inline(both, columns, "bands"))
+        .mark_rule(strokeWidth=3, opacity=0.45)
+        .encode(
+            y=y,
+            x=alt.X(
+                "lo:Q", scale=scale, title=f"best of sweep {b} / best of sweep {a} (line: p20/p80 noise band)"
+            ),
+            x2="hi:Q",
+            color=color,
+        )
     )
-    return _sized(alt.layer(band, dots, _rule_at_one("x")), width, 24 * len(both), f"Sweep {b} against sweep {a}")
+    dots = (
+        alt.Chart(_inline(both, columns, "ratios"))
+        .mark_point(filled=True, size=70)
+        .encode(
+            y=y,
+            x=alt.X("ratio:Q", scale=scale),
+            color=color,
+            tooltip=[
+                alt.Tooltip("label:N", title="shape"),
+                alt.Tooltip("ratio:Q", format=".4f", title="B / A"),
+                alt.Tooltip("lo:Q", format=".4f", title="noise band from"),
+                alt.Tooltip("hi:Q", format=".4f", title="noise band to"),
+                alt.Tooltip("best_us_a:Q", format=".1f", title=f"best µs, sweep {a}"),
+                alt.Tooltip("best_us_b:Q", format=".1f", title=f"best µs, sweep {b}"),
+                "verdict:N",
+            ],
+        )
+    )
+    return _sized(
+        alt.layer(band, dots, _rule_at_one("x")), width, 24 * len(both), f"Sweep {b} against sweep {a}"
+    )
 
 
 def to_svg(chart: Any) -> str | None:

@@ -168,7 +168,10 @@ def _json_field(conn: Connection, column: Any, name: str, integer: bool = False)
 def _route(conn: Connection, column: Any) -> Any:
     """The candidate's backend, or `unfused` for that template (it moves nothing itself: the group's
     collective runs after the matmul), so that charts by backend do not count it as NCCL's."""
-    return case((_json_field(conn, column, "template") == UNFUSED, UNFUSED), else_=_json_field(conn, column, "backend"))
+    return case(
+        (_json_field(conn, column, "template") == UNFUSED, UNFUSED),
+        else_=_json_field(conn, column, "backend"),
+    )
 
 
 def _route_of(d: Any) -> str | None:
@@ -691,9 +694,14 @@ def compare_sweeps(db: ResultsDB, a: int, b: int, filters: Filters = Filters()) 
         )
         # the spread (p20, p80) of the best trial; of the widest where several tie
         band = (
-            select(*(_T.c[c.name] for c in part), func.min(_T.c.p20_us).label("p20_us"),
-                   func.max(_T.c.p80_us).label("p80_us"))
-            .join(best, and_(*(best.c[c.name] == _T.c[c.name] for c in part), best.c.best_us == _T.c.median_us))
+            select(
+                *(_T.c[c.name] for c in part),
+                func.min(_T.c.p20_us).label("p20_us"),
+                func.max(_T.c.p80_us).label("p80_us"),
+            )
+            .join(
+                best, and_(*(best.c[c.name] == _T.c[c.name] for c in part), best.c.best_us == _T.c.median_us)
+            )
             .where(_T.c.status == "ok")
             .group_by(*(_T.c[c.name] for c in part))
             .subquery("band")

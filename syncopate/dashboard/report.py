@@ -145,8 +145,12 @@ def _overview_section(overview: pd.DataFrame, draw: _Charts, drill: int) -> list
         out.append('<p class="meta">No ok trial to draw.</p>')
     for panel, rows in drawn:
         out.append(f"<h4>{html.escape(panel)}</h4>")
-        out.append(draw(charts.speedup_chart(rows, width=CHART_WIDTH),
-                        "No speedups to draw: no baselines in the best trials' sweeps."))
+        out.append(
+            draw(
+                charts.speedup_chart(rows, width=CHART_WIDTH),
+                "No speedups to draw: no baselines in the best trials' sweeps.",
+            )
+        )
         out.append(draw(charts.bound_chart(rows, width=CHART_WIDTH), "No overlap bound to draw."))
         out.append(draw(charts.times_chart(rows, width=CHART_WIDTH), "No times to draw."))
     return out
@@ -179,12 +183,16 @@ def _drill_section(db: ResultsDB, overview: pd.DataFrame, draw: _Charts, options
             out.append(
                 f'<p class="meta">{trials.attrs["total"]} trials: every n-th and each new best drawn.</p>'
             )
-        out.append(draw(charts.convergence_chart(trials, sel.source, width=CHART_WIDTH), "No ok trial to draw."))
+        out.append(
+            draw(charts.convergence_chart(trials, sel.source, width=CHART_WIDTH), "No ok trial to draw.")
+        )
         orders = data.tile_orders(db, sel)
         out.append('<div class="row">')
         out.append(
-            draw(charts.backend_splits_chart(data.backend_splits(db, sel), width=HALF_WIDTH),
-                 "No ok trial per backend.")
+            draw(
+                charts.backend_splits_chart(data.backend_splits(db, sel), width=HALF_WIDTH),
+                "No ok trial per backend.",
+            )
         )
         out.append(
             f"<div>{draw(charts.tile_order_chart(orders, width=HALF_WIDTH), 'No ok trial per tile order.')}"
@@ -219,8 +227,12 @@ def _sweeps_section(db: ResultsDB, draw: _Charts, options: ReportOptions) -> lis
     compared = data.compare_sweeps(db, a, b, options.filters)
     out.append(f"<h3>Sweep {a} (A) against sweep {b} (B)</h3>")
     out.append(_table(views.environment_diff_table(data.environment_diff(db, a, b))))
-    out.append(draw(charts.compare_chart(compared, a, b, width=CHART_WIDTH),
-                    "No shape has an ok trial in both sweeps."))
+    out.append(
+        draw(
+            charts.compare_chart(compared, a, b, width=CHART_WIDTH),
+            "No shape has an ok trial in both sweeps.",
+        )
+    )
     out.append(_table(views.compare_table(compared)))
     return out
 

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from syncopate.errors import ConfigError, RuntimeUnavailableError
-from syncopate.results_db.urls import locate
 from syncopate.results_db.schema import check_sqlite_file
+from syncopate.results_db.urls import locate
 
 __all__ = ["APP", "check_port", "serve", "streamlit_command"]
 
@@ -90,8 +90,8 @@ def serve(db: str | None, *, host: str = "127.0.0.1", port: int = 8501) -> None:
     database) on host:port; never returns. A database that is missing, empty or of an older schema
     is explained on the page itself; a location that can never hold one fails here."""
     try:
-        import streamlit  # noqa: F401
         import altair  # noqa: F401
+        import streamlit  # noqa: F401
     except ImportError as e:
         raise RuntimeUnavailableError(
             f"the dashboard needs the `dashboard` extra ({e.name} is not installed): "

@@ -148,7 +148,10 @@ def _overview_page(url: str, filters: data.Filters) -> None:
     for panel, rows in drawn:
         st.subheader(panel, divider="gray")
         _chart(charts.speedup_chart(rows), "No speedups to draw: no baselines in the best trials' sweeps.")
-        _chart(charts.bound_chart(rows), "No overlap bound to draw: no GEMM-alone and collective-alone baselines.")
+        _chart(
+            charts.bound_chart(rows),
+            "No overlap bound to draw: no GEMM-alone and collective-alone baselines.",
+        )
         _chart(charts.times_chart(rows), "No times to draw.")
 
 

@@ -136,8 +136,26 @@ def compare_table(compared: pd.DataFrame) -> pd.DataFrame:
     out = _round(out, {"best_us_a": 1, "best_us_b": 1, "ratio": 3, "torch_seq_us_a": 1, "torch_seq_us_b": 1})
     out["env_a"] = out["env_a"].fillna("").astype(str).str[:8]
     out["env_b"] = out["env_b"].fillna("").astype(str).str[:8]
-    columns = ["kind", "m", "n", "k", "dtype", "topology", "source", "best_us_a", "best_us_b", "ratio", "band",
-               "verdict", "torch_seq_us_a", "torch_seq_us_b", "trials_a", "trials_b", "env_a", "env_b"]
+    columns = [
+        "kind",
+        "m",
+        "n",
+        "k",
+        "dtype",
+        "topology",
+        "source",
+        "best_us_a",
+        "best_us_b",
+        "ratio",
+        "band",
+        "verdict",
+        "torch_seq_us_a",
+        "torch_seq_us_b",
+        "trials_a",
+        "trials_b",
+        "env_a",
+        "env_b",
+    ]
     return out[columns].rename(
         columns={
             "m": "M",

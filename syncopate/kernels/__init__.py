@@ -10,9 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Harness", "all_gather_matmul", "close_contexts", "gather_buffer", "matmul_all_reduce", "matmul_reduce_scatter"]
+__all__ = [
+    "Harness",
+    "all_gather_matmul",
+    "close_contexts",
+    "gather_buffer",
+    "matmul_all_reduce",
+    "matmul_reduce_scatter",
+]
 
-_LAZY = {name: "syncopate.kernels.ops" for name in __all__ if name != "Harness"} | {"Harness": "syncopate.kernels.harness"}
+_LAZY = {name: "syncopate.kernels.ops" for name in __all__ if name != "Harness"} | {
+    "Harness": "syncopate.kernels.harness"
+}
 
 
 def __getattr__(name: str) -> Any:

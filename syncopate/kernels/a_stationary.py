@@ -77,16 +77,30 @@ class AStationaryPlan:
         return peers_ahead(self.rank, self.world_size)
 
     @classmethod
-    def of(cls, c: Candidate, rank: int, ws: int, m_local: int, n_local: int, k: int,
-           b_kmajor: bool = False) -> AStationaryPlan:
+    def of(
+        cls, c: Candidate, rank: int, ws: int, m_local: int, n_local: int, k: int, b_kmajor: bool = False
+    ) -> AStationaryPlan:
         if C_WORD + ws * c.num_splits > ARRIVAL_SLOTS or ws > C_WORD:
             raise ValueError(f"a_stationary: {ws} ranks x {c.num_splits} chunks do not fit the signal pad")
-        return cls(rank=rank, world_size=ws, m_local=m_local, n_local=n_local, k=k, splits=c.num_splits,
-                   b_kmajor=b_kmajor)
+        return cls(
+            rank=rank,
+            world_size=ws,
+            m_local=m_local,
+            n_local=n_local,
+            k=k,
+            splits=c.num_splits,
+            b_kmajor=b_kmajor,
+        )
 
 
-def run(ctx: OverlapContext, plan: AStationaryPlan, a: torch.Tensor, b: torch.Tensor,
-        out: torch.Tensor, captured: bool = False) -> None:
+def run(
+    ctx: OverlapContext,
+    plan: AStationaryPlan,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    captured: bool = False,
+) -> None:
     """Enqueue one call: out[M, N/ws] = all_gather(a) @ b (a: this rank's [M/ws, K] rows, contiguous;
     b in the plan's layout). `captured`: the call is being captured in a CUDA graph on the caller's stream."""
     check_b_layout(b, plan.b_kmajor, "a_stationary")

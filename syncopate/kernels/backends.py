@@ -3,7 +3,8 @@
 The op forks side streams from the caller's stream, launches its kernel on the caller's stream,
 then lets the backend enqueue the communication of the call on the side streams, and joins them.
 The kernel goes first on purpose: a stream wait for a signal the kernel raises, enqueued before
-the kernel, could otherwise hold the kernel back where two streams share one hardware queue. Three backends, chosen by the candidate's `backend`:
+the kernel, could otherwise hold the kernel back where two streams share one hardware queue. Three backends,
+chosen by the candidate's `backend`:
 
 - `copy_engine`: copy-engine copies (`cuMemcpyDtoDAsync`) straight into the peers' symmetric
   buffers, each followed by a stream write of the epoch into the receiver's signal word. Only
@@ -42,9 +43,16 @@ from syncopate.kernels.tables import ENTERED_BASE, LOCAL_BASE, READY_BASE, recv_
 from syncopate.search_space import Candidate, ChunkPlan, Transfer
 
 __all__ = [
-    "CommBackend", "GatherCall", "ScatterCall", "BACKEND_IMPLS", "announce_entry", "backend_for", "nccl_exchange",
+    "CommBackend",
+    "GatherCall",
+    "ScatterCall",
+    "BACKEND_IMPLS",
+    "announce_entry",
+    "backend_for",
+    "nccl_exchange",
     "stage_gathered_copy",
 ]
+
 
 @dataclass
 class GatherCall:
@@ -132,7 +140,9 @@ def _own_rows_in_place(call: GatherCall) -> bool:
     return call.a_local.data_ptr() == call.a_full.peer_ptrs[call.ctx.rank] + call.r0 * call.row_bytes
 
 
-def _record_own_chunks(program: streamops.Program, call: GatherCall, stream: torch.cuda.Stream, in_place: bool) -> None:
+def _record_own_chunks(
+    program: streamops.Program, call: GatherCall, stream: torch.cuda.Stream, in_place: bool
+) -> None:
     """Put this rank's shard into its gathered buffer chunk by chunk (copy engine), raising
     `LOCAL_BASE + split` after each; a shard already in place only has its words raised. Nothing
     where no one reads the copy (`call.copy_own`)."""
@@ -142,8 +152,13 @@ def _record_own_chunks(program: streamops.Program, call: GatherCall, stream: tor
     base = call.a_full.peer_ptrs[rank]
     for j, (lo, hi) in enumerate(call.plan.chunk_bounds[rank]):
         if not in_place:
-            program.copy(stream, base + lo * call.row_bytes, (lo - call.r0) * call.row_bytes, (hi - lo) * call.row_bytes,
-                         src_base=program.A)
+            program.copy(
+                stream,
+                base + lo * call.row_bytes,
+                (lo - call.r0) * call.row_bytes,
+                (hi - lo) * call.row_bytes,
+                src_base=program.A,
+            )
         ctx.raise_signal(program, stream, rank, LOCAL_BASE + j)
 
 
@@ -171,13 +186,21 @@ def stage_gathered_copy(call: GatherCall, stream: torch.cuda.Stream) -> Callable
     r1 = call.r0 + call.a_local.shape[0]
 
     def record(p: streamops.Program) -> None:
-        p.copy(stream, call.r0 * call.row_bytes, 0, (r1 - call.r0) * call.row_bytes, dst_base=p.OUT, src_base=p.A)
+        p.copy(
+            stream, call.r0 * call.row_bytes, 0, (r1 - call.r0) * call.row_bytes, dst_base=p.OUT, src_base=p.A
+        )
         for t in plan.recvs(rank, "gather"):
             p.wait(stream, ctx.signal_address(rank, t.signal))
         base = call.a_full.peer_ptrs[rank]
         for lo, hi in ((0, call.r0), (r1, rows)):
             if hi > lo:
-                p.copy(stream, lo * call.row_bytes, base + lo * call.row_bytes, (hi - lo) * call.row_bytes, dst_base=p.OUT)
+                p.copy(
+                    stream,
+                    lo * call.row_bytes,
+                    base + lo * call.row_bytes,
+                    (hi - lo) * call.row_bytes,
+                    dst_base=p.OUT,
+                )
 
     program = streamops.kept_program(call.programs, ("gathered",), record)
     return lambda gathered: program.run(call.epoch, call.a_local.data_ptr(), gathered.data_ptr())
@@ -193,12 +216,16 @@ def _mark_ready(program: streamops.Program, ctx: OverlapContext, stream: torch.c
         program.hook(lambda state: state.__setitem__(stream.cuda_stream, ctx.timeline.record(stream)))
 
 
-def _mark_copied(program: streamops.Program, ctx: OverlapContext, stream: torch.cuda.Stream, label: str,
-                 t: Transfer) -> None:
+def _mark_copied(
+    program: streamops.Program, ctx: OverlapContext, stream: torch.cuda.Stream, label: str, t: Transfer
+) -> None:
     """With the context's timeline on: mark transfer `t`'s copy, from its `_mark_ready` to now on `stream`."""
     if ctx.timeline is not None:
-        program.hook(lambda state: ctx.timeline.mark(label, t.chunk, t.rows, state.get(stream.cuda_stream),
-                                                     ctx.timeline.record(stream)))
+        program.hook(
+            lambda state: ctx.timeline.mark(
+                label, t.chunk, t.rows, state.get(stream.cuda_stream), ctx.timeline.record(stream)
+            )
+        )
 
 
 class CopyEngineBackend(CommBackend):
@@ -216,16 +243,22 @@ class CopyEngineBackend(CommBackend):
     def stage_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
         in_place = _own_rows_in_place(call)
         key = ("gather", call.copy_own, in_place, call.ctx.timeline is not None)
-        program = streamops.kept_program(call.programs, key, lambda p: self._record_gather(p, call, streams, in_place))
+        program = streamops.kept_program(
+            call.programs, key, lambda p: self._record_gather(p, call, streams, in_place)
+        )
         return functools.partial(program.run, call.epoch, call.a_local.data_ptr())
 
     def stage_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
         key = ("scatter", call.ctx.timeline is not None)
         program = streamops.kept_program(call.programs, key, lambda p: self._record_scatter(p, call, streams))
-        return functools.partial(program.run, call.epoch, 0, call.out.data_ptr() if call.out is not None else 0)
+        return functools.partial(
+            program.run, call.epoch, 0, call.out.data_ptr() if call.out is not None else 0
+        )
 
     @staticmethod
-    def _record_gather(p: streamops.Program, call: GatherCall, streams: list[torch.cuda.Stream], in_place: bool) -> None:
+    def _record_gather(
+        p: streamops.Program, call: GatherCall, streams: list[torch.cuda.Stream], in_place: bool
+    ) -> None:
         ctx, plan = call.ctx, call.plan
         _record_own_chunks(p, call, streams[2], in_place)
         _record_entry(p, ctx, streams[0])
@@ -242,8 +275,13 @@ class CopyEngineBackend(CommBackend):
                 p.wait(s, ctx.signal_address(ctx.rank, arrived[t.chunk]))
                 src, src_base = call.a_full.peer_ptrs[ctx.rank] + t.row_start * call.row_bytes, 0
             _mark_ready(p, ctx, s)
-            p.copy(s, call.a_full.peer_ptrs[t.dst] + t.row_start * call.row_bytes, src, t.rows * call.row_bytes,
-                   src_base=src_base)
+            p.copy(
+                s,
+                call.a_full.peer_ptrs[t.dst] + t.row_start * call.row_bytes,
+                src,
+                t.rows * call.row_bytes,
+                src_base=src_base,
+            )
             ctx.raise_signal(p, s, t.dst, t.signal)
             _mark_copied(p, ctx, s, f"gather to {t.dst}", t)
 
@@ -261,7 +299,10 @@ class CopyEngineBackend(CommBackend):
             p.wait(s, ctx.signal_address(ctx.rank, READY_BASE + i))
             _mark_ready(p, ctx, s)
             src = call.send.data_ptr() + t.row_start * row_bytes
-            dst = call.recv.peer_ptrs[t.dst] + (recv_offset(plan, ctx.rank, t.block, call.n_cols) + t.row_start * call.n_cols) * call.elem
+            dst = (
+                call.recv.peer_ptrs[t.dst]
+                + (recv_offset(plan, ctx.rank, t.block, call.n_cols) + t.row_start * call.n_cols) * call.elem
+            )
             p.copy(s, dst, src, t.rows * row_bytes)
             ctx.raise_signal(p, s, t.dst, t.signal)
             _mark_copied(p, ctx, s, f"partial to {t.dst}", t)
@@ -270,8 +311,13 @@ class CopyEngineBackend(CommBackend):
             for t in plan.recvs(ctx.rank, "gather"):
                 p.wait(s, ctx.signal_address(ctx.rank, t.signal))
                 _mark_ready(p, ctx, s)
-                p.copy(s, t.row_start * row_bytes, call.reduced.peer_ptrs[t.src] + t.row_start * row_bytes,
-                       t.rows * row_bytes, dst_base=p.OUT)
+                p.copy(
+                    s,
+                    t.row_start * row_bytes,
+                    call.reduced.peer_ptrs[t.src] + t.row_start * row_bytes,
+                    t.rows * row_bytes,
+                    dst_base=p.OUT,
+                )
                 _mark_copied(p, ctx, s, f"reduced from {t.src}", t)
 
 
@@ -304,8 +350,16 @@ class SmCopyBackend(CommBackend):
 
         def enqueue() -> None:
             own()
-            launch_chunk_copy(ctx, streams[0], jobs, call.candidate.comm_sms, call.epoch, call.a_local.dtype,
-                              call.spin_limit)
+            launch_chunk_copy(
+                ctx,
+                streams[0],
+                jobs,
+                call.candidate.comm_sms,
+                call.epoch,
+                call.a_local.dtype,
+                call.spin_limit,
+            )
+
         return enqueue
 
     def stage_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
@@ -314,20 +368,34 @@ class SmCopyBackend(CommBackend):
         jobs = []
         for i, t in enumerate(plan.sends(ctx.rank, "reduce")):
             src = call.send.data_ptr() + t.row_start * row_bytes
-            dst = call.recv.peer_ptrs[t.dst] + (recv_offset(plan, ctx.rank, t.block, call.n_cols) + t.row_start * call.n_cols) * call.elem
+            dst = (
+                call.recv.peer_ptrs[t.dst]
+                + (recv_offset(plan, ctx.rank, t.block, call.n_cols) + t.row_start * call.n_cols) * call.elem
+            )
             jobs.append((src, dst, t.rows * call.n_cols, READY_BASE + i, t.signal, t.dst))
         if call.reduced is not None:
             for t in plan.recvs(ctx.rank, "gather"):
                 src = call.reduced.peer_ptrs[t.src] + t.row_start * row_bytes
-                jobs.append((src, call.out.data_ptr() + t.row_start * row_bytes, t.rows * call.n_cols, t.signal, -1, ctx.rank))
+                jobs.append(
+                    (
+                        src,
+                        call.out.data_ptr() + t.row_start * row_bytes,
+                        t.rows * call.n_cols,
+                        t.signal,
+                        -1,
+                        ctx.rank,
+                    )
+                )
         stage_chunk_copy(ctx, jobs, streams[0], call.candidate.comm_sms, call.send.dtype, call.spin_limit)
 
         entry = streamops.kept_program(call.programs, ("entry",), lambda p: _record_entry(p, ctx, streams[0]))
 
         def enqueue() -> None:
             entry.run(call.epoch)
-            launch_chunk_copy(ctx, streams[0], jobs, call.candidate.comm_sms, call.epoch, call.send.dtype,
-                              call.spin_limit)
+            launch_chunk_copy(
+                ctx, streams[0], jobs, call.candidate.comm_sms, call.epoch, call.send.dtype, call.spin_limit
+            )
+
         return enqueue
 
 
@@ -348,6 +416,7 @@ def nccl_exchange(
     `on_arrival` for each chunk received. `before_send` runs before a chunk is sent (a backend
     makes the stream wait there for the chunk to be ready).
     """
+
     def key(t: Transfer) -> tuple[int, int]:
         return (t.step, t.split)
 
@@ -429,8 +498,16 @@ class NcclBackend(CommBackend):
             ctx.write_signal(s, ctx.rank, t.signal, e)
 
         with torch.cuda.stream(s):
-            nccl_exchange(plan, ctx.rank, "gather", ctx.group, send_view, lambda t: a_full[t.row_start : t.row_end],
-                          lambda t: None, arrived)
+            nccl_exchange(
+                plan,
+                ctx.rank,
+                "gather",
+                ctx.group,
+                send_view,
+                lambda t: a_full[t.row_start : t.row_end],
+                lambda t: None,
+                arrived,
+            )
 
     def start_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> None:
         ctx, plan, e = call.ctx, call.plan, call.epoch
@@ -452,19 +529,32 @@ class NcclBackend(CommBackend):
 
         with torch.cuda.stream(s):
             nccl_exchange(
-                plan, ctx.rank, "reduce", ctx.group, lambda t: call.send[t.row_start : t.row_end], recv_view,
-                lambda t: ready(READY_BASE + send_index[(t.chunk, t.step)]), arrived,
+                plan,
+                ctx.rank,
+                "reduce",
+                ctx.group,
+                lambda t: call.send[t.row_start : t.row_end],
+                recv_view,
+                lambda t: ready(READY_BASE + send_index[(t.chunk, t.step)]),
+                arrived,
             )
             if call.reduced is not None:
                 ready_of = plan.kept_ready_words(ctx.rank)
                 nccl_exchange(
-                    plan, ctx.rank, "gather", ctx.group, lambda t: call.out[t.row_start : t.row_end],
+                    plan,
+                    ctx.rank,
+                    "gather",
+                    ctx.group,
                     lambda t: call.out[t.row_start : t.row_end],
-                    lambda t: ready(READY_BASE + ready_of[plan.chunk_index(*t.chunk)]), lambda t: None,
+                    lambda t: call.out[t.row_start : t.row_end],
+                    lambda t: ready(READY_BASE + ready_of[plan.chunk_index(*t.chunk)]),
+                    lambda t: None,
                 )
 
 
-BACKEND_IMPLS: dict[str, CommBackend] = {b.name: b for b in (CopyEngineBackend(), SmCopyBackend(), NcclBackend())}
+BACKEND_IMPLS: dict[str, CommBackend] = {
+    b.name: b for b in (CopyEngineBackend(), SmCopyBackend(), NcclBackend())
+}
 
 
 def backend_for(candidate: Candidate) -> CommBackend:

@@ -27,7 +27,6 @@ __all__ = ["BenchOptions", "bench_grid", "run_bench", "format_table"]
 log = logging.getLogger(__name__)
 
 
-
 @dataclass
 class BenchOptions:
     workloads: list[Workload]
@@ -58,37 +57,71 @@ def _worker(rank: int, world: int, port: int, options: BenchOptions, queue) -> N
         for workload in options.workloads:
             t0 = time.time()
             h = Harness(workload, group, options)  # its warmup, repetitions and flush_l2
-            base = {b.name: {"median_us": statistics.median(b.samples_us), "samples_us": list(b.samples_us),
-                             "detail": b.detail, "eager_us": b.eager_us, "host_us": b.host_us}
-                    for b in h.measure_baselines()}
+            base = {
+                b.name: {
+                    "median_us": statistics.median(b.samples_us),
+                    "samples_us": list(b.samples_us),
+                    "detail": b.detail,
+                    "eager_us": b.eager_us,
+                    "host_us": b.host_us,
+                }
+                for b in h.measure_baselines()
+            }
             trials = []
             grid = bench_grid(workload, topology, options.grid, options.backends) + options.extra
             if rank == 0:
-                print(f"{workload.key()}: baselines " + ", ".join(f"{k} {v['median_us']:.1f} us" for k, v in base.items())
-                      + f"; {len(grid)} candidates", flush=True)
+                print(
+                    f"{workload.key()}: baselines "
+                    + ", ".join(f"{k} {v['median_us']:.1f} us" for k, v in base.items())
+                    + f"; {len(grid)} candidates",
+                    flush=True,
+                )
             for i, c in enumerate(grid):
                 r = h.run_candidate(c)
                 if rank == 0:
                     median = f"{statistics.median(r.samples_us):.1f} us" if r.samples_us else r.error[:120]
                     print(f"  [{i + 1}/{len(grid)}] {c.short()}: {r.status} {median}", flush=True)
-                trials.append({
-                    "candidate": c.to_dict(), "short": c.short(), "status": r.status, "error": r.error,
-                    "max_rel_error": r.max_rel_error, "host_us": r.host_us, "eager_us": r.eager_us,
-                    "median_us": statistics.median(r.samples_us) if r.samples_us else None,
-                    "samples_us": list(r.samples_us),
-                })
+                trials.append(
+                    {
+                        "candidate": c.to_dict(),
+                        "short": c.short(),
+                        "status": r.status,
+                        "error": r.error,
+                        "max_rel_error": r.max_rel_error,
+                        "host_us": r.host_us,
+                        "eager_us": r.eager_us,
+                        "median_us": statistics.median(r.samples_us) if r.samples_us else None,
+                        "samples_us": list(r.samples_us),
+                    }
+                )
             h.close()
-            rows.append({"workload": workload.to_dict(), "key": workload.key(), "baselines": base, "trials": trials,
-                         "seconds": time.time() - t0})
+            rows.append(
+                {
+                    "workload": workload.to_dict(),
+                    "key": workload.key(),
+                    "baselines": base,
+                    "trials": trials,
+                    "seconds": time.time() - t0,
+                }
+            )
             if rank == 0:
                 print(format_row_progress(rows[-1]), flush=True)
         if rank == 0:
             from syncopate.environment import current_environment, git_revision, kernel_switches
 
-            queue.put({"topology": topology.to_dict(), "rows": rows, "host": socket.gethostname(),
-                       "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                       "environment": current_environment().to_dict(), "git": git_revision(),
-                       "switches": kernel_switches(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            queue.put(
+                {
+                    "topology": topology.to_dict(),
+                    "rows": rows,
+                    "host": socket.gethostname(),
+                    "gpu": torch.cuda.get_device_name(0),
+                    "torch": torch.__version__,
+                    "environment": current_environment().to_dict(),
+                    "git": git_revision(),
+                    "switches": kernel_switches(),
+                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                }
+            )
     finally:
         dist.destroy_process_group()
 
@@ -96,8 +129,12 @@ def _worker(rank: int, world: int, port: int, options: BenchOptions, queue) -> N
 def format_row_progress(row: dict) -> str:
     ok = [t for t in row["trials"] if t["status"] == "ok"]
     best = min(ok, key=lambda t: t["median_us"]) if ok else None
-    return (f"{row['key']}: {len(ok)}/{len(row['trials'])} candidates ok, best "
-            f"{best['median_us']:.1f} us {best['short']}" if best else f"{row['key']}: no candidate ran")
+    return (
+        f"{row['key']}: {len(ok)}/{len(row['trials'])} candidates ok, best "
+        f"{best['median_us']:.1f} us {best['short']}"
+        if best
+        else f"{row['key']}: no candidate ran"
+    )
 
 
 def summarize_row(row: dict) -> dict[str, Any]:
@@ -112,12 +149,21 @@ def summarize_row(row: dict) -> dict[str, Any]:
                 per_backend[b] = t
     ours = min((t["median_us"] for t in per_backend.values()), default=None)
     eager = [t["eager_us"] for t in row["trials"] if t["status"] == "ok" and t.get("eager_us") is not None]
-    eager_base = [v["eager_us"] for k, v in row["baselines"].items()
-                  if k in ("torch_seq", "torch_async_tp") and v.get("eager_us") is not None]
+    eager_base = [
+        v["eager_us"]
+        for k, v in row["baselines"].items()
+        if k in ("torch_seq", "torch_async_tp") and v.get("eager_us") is not None
+    ]
     torch_paths = [base[k] for k in ("torch_seq", "torch_async_tp") if k in base]
-    return {"base": base, "bound": bound, "per_backend": per_backend, "ours": ours,
-            "best_torch": min(torch_paths, default=None),
-            "ours_eager": min(eager, default=None), "best_torch_eager": min(eager_base, default=None)}
+    return {
+        "base": base,
+        "bound": bound,
+        "per_backend": per_backend,
+        "ours": ours,
+        "best_torch": min(torch_paths, default=None),
+        "ours_eager": min(eager, default=None),
+        "best_torch_eager": min(eager_base, default=None),
+    }
 
 
 def format_table(result: dict) -> str:
@@ -126,8 +172,28 @@ def format_table(result: dict) -> str:
     host on the path) ours and best torch path/ours. CE, SM and NCCL are the best fused candidates
     of each backend; cuBLAS the best of the templates whose GEMMs are cuBLAS's and whose transfers
     the copy engine's (a_stationary, c_stationary, decomposed)."""
-    head = ("kind", "N", "K", "seq", "asyncTP", "gemm", "nccl", "ce", "bound", "CE", "SM", "NCCL", "cuBLAS", "ours",
-            "bound/ours", "async/ours", "seq/ours", "torch/ours", "eager ours", "eager torch/ours")
+    head = (
+        "kind",
+        "N",
+        "K",
+        "seq",
+        "asyncTP",
+        "gemm",
+        "nccl",
+        "ce",
+        "bound",
+        "CE",
+        "SM",
+        "NCCL",
+        "cuBLAS",
+        "ours",
+        "bound/ours",
+        "async/ours",
+        "seq/ours",
+        "torch/ours",
+        "eager ours",
+        "eager torch/ours",
+    )
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for row in result["rows"]:
         w = row["workload"]
@@ -140,15 +206,34 @@ def format_table(result: dict) -> str:
         def ratio(x):
             return f"{x / ours:.3f}" if (ours and isinstance(x, (int, float))) else "–"
 
-        lines.append(" | ".join([
-            w["kind"], str(w["n"]), str(w["k"]), f(b.get("torch_seq")), f(b.get("torch_async_tp")), f(b.get("gemm_alone")),
-            f(b.get("comm_alone")), f(b.get("comm_alone_copy_engine")), f(s["bound"]),
-            f(pb.get("copy_engine", {}).get("median_us")), f(pb.get("nvshmem", {}).get("median_us")),
-            f(pb.get("nccl", {}).get("median_us")), f(pb.get("cublas", {}).get("median_us")), f(ours),
-            ratio(s["bound"]), ratio(b.get("torch_async_tp")),
-            ratio(b.get("torch_seq")), ratio(s["best_torch"]), f(s["ours_eager"]),
-            f"{s['best_torch_eager'] / s['ours_eager']:.3f}" if s["ours_eager"] and s["best_torch_eager"] else "–",
-        ]))
+        lines.append(
+            " | ".join(
+                [
+                    w["kind"],
+                    str(w["n"]),
+                    str(w["k"]),
+                    f(b.get("torch_seq")),
+                    f(b.get("torch_async_tp")),
+                    f(b.get("gemm_alone")),
+                    f(b.get("comm_alone")),
+                    f(b.get("comm_alone_copy_engine")),
+                    f(s["bound"]),
+                    f(pb.get("copy_engine", {}).get("median_us")),
+                    f(pb.get("nvshmem", {}).get("median_us")),
+                    f(pb.get("nccl", {}).get("median_us")),
+                    f(pb.get("cublas", {}).get("median_us")),
+                    f(ours),
+                    ratio(s["bound"]),
+                    ratio(b.get("torch_async_tp")),
+                    ratio(b.get("torch_seq")),
+                    ratio(s["best_torch"]),
+                    f(s["ours_eager"]),
+                    f"{s['best_torch_eager'] / s['ours_eager']:.3f}"
+                    if s["ours_eager"] and s["best_torch_eager"]
+                    else "–",
+                ]
+            )
+        )
     return "\n".join(lines)
 
 

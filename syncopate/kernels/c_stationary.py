@@ -45,8 +45,17 @@ from syncopate.kernels.launch import b_is_kmajor
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
 from syncopate.search_space import block_bounds, peers_ahead, peers_behind, row_chunks
 
-__all__ = ["ARRIVED", "GATHER", "CStationaryPlan", "add_product", "b_moves_kmajor", "c_stationary_buffers",
-           "check_b_layout", "received_b", "run"]
+__all__ = [
+    "ARRIVED",
+    "GATHER",
+    "CStationaryPlan",
+    "add_product",
+    "b_moves_kmajor",
+    "c_stationary_buffers",
+    "check_b_layout",
+    "received_b",
+    "run",
+]
 
 ARRIVED = 0
 """Pad word `ARRIVED + q`: rank q's rows of A and its B have landed in this rank's buffers."""
@@ -54,8 +63,9 @@ GATHER = 256
 """Pad word `GATHER + q * num_splits + j`: chunk j of rank q's reduced block is ready to pull."""
 
 
-def c_stationary_buffers(ws: int, m: int, n: int, k_local: int, dtype: torch.dtype,
-                         all_reduce: bool = False) -> dict:
+def c_stationary_buffers(
+    ws: int, m: int, n: int, k_local: int, dtype: torch.dtype, all_reduce: bool = False
+) -> dict:
     """Symmetric buffers of a c_stationary context: every rank's columns of A for this rank's rows,
     every rank's rows of B, and for an all-reduce this rank's reduced block (which the peers pull).
     An all-reduce's M need not divide by `ws`: blocks are `block_bounds`'s, the largest sets the size."""
@@ -75,8 +85,10 @@ def b_moves_kmajor(b: torch.Tensor) -> bool:
 def check_b_layout(b: torch.Tensor, kmajor: bool, template: str) -> None:
     """Refuse a B laid out otherwise than the plan (`kmajor`) reads the peers' B."""
     if b_moves_kmajor(b) != kmajor:
-        raise ValueError(f"{template}: b with strides {b.stride()} on a plan for a "
-                         f"{'K-major' if kmajor else 'row-major'} B")
+        raise ValueError(
+            f"{template}: b with strides {b.stride()} on a plan for a "
+            f"{'K-major' if kmajor else 'row-major'} B"
+        )
 
 
 def received_b(slot: torch.Tensor, kmajor: bool) -> torch.Tensor:
@@ -112,16 +124,39 @@ class CStationaryPlan:
         return peers_ahead(self.rank, self.world_size)
 
     @classmethod
-    def of(cls, rank: int, ws: int, m: int, n: int, k_local: int, all_reduce: bool = False,
-           splits: int = 1, b_kmajor: bool = False) -> CStationaryPlan:
+    def of(
+        cls,
+        rank: int,
+        ws: int,
+        m: int,
+        n: int,
+        k_local: int,
+        all_reduce: bool = False,
+        splits: int = 1,
+        b_kmajor: bool = False,
+    ) -> CStationaryPlan:
         if ws > GATHER or GATHER + ws * splits > ARRIVAL_SLOTS:
             raise ValueError(f"c_stationary: {ws} ranks x {splits} chunks do not fit the signal pad")
-        return cls(rank=rank, world_size=ws, m=m, n=n, k_local=k_local, all_reduce=all_reduce, splits=splits,
-                   b_kmajor=b_kmajor)
+        return cls(
+            rank=rank,
+            world_size=ws,
+            m=m,
+            n=n,
+            k_local=k_local,
+            all_reduce=all_reduce,
+            splits=splits,
+            b_kmajor=b_kmajor,
+        )
 
 
-def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Tensor,
-        out: torch.Tensor, captured: bool = False) -> None:
+def run(
+    ctx: OverlapContext,
+    plan: CStationaryPlan,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    captured: bool = False,
+) -> None:
     """Enqueue one call: out = this rank's rows [M/ws, N] (all-reduce: all [M, N]) of the sum over
     ranks of a @ b (a: [M, K/ws] contiguous, b: [K/ws, N] in the plan's layout).
     `captured`: the call is being captured in a CUDA graph on the caller's stream."""
@@ -141,8 +176,9 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
         p0, p1 = block_bounds(plan.m, ws, p)
         streamops.wait_value(push.cuda_stream, ctx.signal_address(r, ENTERED_BASE + p), e)
         t0 = ctx.stamp(push)
-        streamops.copy_async(push.cuda_stream, a_recv.peer_ptrs[p] + r * a_slot, a[p0:].data_ptr(),
-                             (p1 - p0) * a_row_bytes)
+        streamops.copy_async(
+            push.cuda_stream, a_recv.peer_ptrs[p] + r * a_slot, a[p0:].data_ptr(), (p1 - p0) * a_row_bytes
+        )
         streamops.copy_async(push.cuda_stream, b_recv.peer_ptrs[p] + r * b_bytes, b.data_ptr(), b_bytes)
         ctx.span(f"A rows, B to {p}", (p, 0), p1 - p0, push, t0)
         ctx.write_signal(push, p, ARRIVED + r, e)
@@ -199,24 +235,32 @@ def run(ctx: OverlapContext, plan: CStationaryPlan, a: torch.Tensor, b: torch.Te
     for j, (lo, hi) in enumerate(row_chunks(rows, plan.splits)):
         if peers:
             t0 = ctx.stamp(main)
-            add_product(block[lo:hi], a_recv.local[peers[-1], lo:hi],
-                        received_b(b_recv.local[peers[-1]], plan.b_kmajor))
+            add_product(
+                block[lo:hi],
+                a_recv.local[peers[-1], lo:hi],
+                received_b(b_recv.local[peers[-1]], plan.b_kmajor),
+            )
             ctx.span(f"term of {peers[-1]}", (peers[-1], j), hi - lo, main, t0)
         done = next(events)
         record(done, main)
         wait(ready, done)
         for p in peers:
             ctx.write_signal(ready, p, GATHER + r * plan.splits + j, e)
-        streamops.copy_async(ready.cuda_stream, out[r0 + lo :].data_ptr(), block[lo:].data_ptr(),
-                             (hi - lo) * row_bytes)
+        streamops.copy_async(
+            ready.cuda_stream, out[r0 + lo :].data_ptr(), block[lo:].data_ptr(), (hi - lo) * row_bytes
+        )
     reduced = ctx.buffers["reduced"]
     for q in plan.peers_pulled:
         q0, q1 = block_bounds(plan.m, ws, q)
         for j, (lo, hi) in enumerate(row_chunks(q1 - q0, plan.splits)):
             streamops.wait_value(pull.cuda_stream, ctx.signal_address(r, GATHER + q * plan.splits + j), e)
             t0 = ctx.stamp(pull)
-            streamops.copy_async(pull.cuda_stream, out[q0 + lo :].data_ptr(), reduced.peer_ptrs[q] + lo * row_bytes,
-                                 (hi - lo) * row_bytes)
+            streamops.copy_async(
+                pull.cuda_stream,
+                out[q0 + lo :].data_ptr(),
+                reduced.peer_ptrs[q] + lo * row_bytes,
+                (hi - lo) * row_bytes,
+            )
             ctx.span(f"reduced from {q}", (q, j), hi - lo, pull, t0)
     ctx.join(main, streams)
 

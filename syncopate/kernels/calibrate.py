@@ -86,11 +86,13 @@ def _transfers(ctx, group, options: CalibrateOptions) -> dict[str, dict[str, Any
             for i in range(n):
                 off = (i * size) % max(half - size + 1, 1)
                 streamops.copy_async(s, remote + off, local + off, size)
+
         return fn
 
     def ce_call(size: int, n: int):
         """One call as the copy-engine backend makes it: fork, announce entry, wait for the peer's,
         `n` chunks each followed by its signal, join."""
+
         def fn():
             main = torch.cuda.current_stream()
             streams = ctx.fork(main, 1)
@@ -102,6 +104,7 @@ def _transfers(ctx, group, options: CalibrateOptions) -> dict[str, dict[str, Any
                 streamops.copy_async(s.cuda_stream, remote, local, size)
                 ctx.write_signal(s, peer, i, epoch)
             ctx.join(main, streams)
+
         return fn
 
     def sm(size: int, n: int, programs: int):
@@ -115,18 +118,22 @@ def _transfers(ctx, group, options: CalibrateOptions) -> dict[str, dict[str, Any
             jobs = [(local, remote, elems, -1, i, peer) for i in range(n)]
             launch_chunk_copy(ctx, streams[0], jobs, programs, epoch, torch.bfloat16, SPIN_LIMIT)
             ctx.join(main, streams)
+
         return fn
 
     def nccl(size: int, n: int):
         send = buf.local[:size]
-        recv = buf.local[half: half + size]
+        recv = buf.local[half : half + size]
 
         def fn():
             for _ in range(n):
-                ops = [dist.P2POp(dist.isend, send, dist.get_global_rank(group, peer), group),
-                       dist.P2POp(dist.irecv, recv, dist.get_global_rank(group, src_peer), group)]
+                ops = [
+                    dist.P2POp(dist.isend, send, dist.get_global_rank(group, peer), group),
+                    dist.P2POp(dist.irecv, recv, dist.get_global_rank(group, src_peer), group),
+                ]
                 for work in dist.batch_isend_irecv(ops):
                     work.wait()
+
         return fn
 
     def curve(make) -> dict[str, Any]:
@@ -138,7 +145,12 @@ def _transfers(ctx, group, options: CalibrateOptions) -> dict[str, dict[str, Any
             sizes.append(size)
             times.append(many / options.chunks)
             if rank == 0:
-                log.info("  %8.0f KiB: %8.2f µs a chunk (%.0f GB/s)", size / 1024, times[-1], size / times[-1] / 1e3)
+                log.info(
+                    "  %8.0f KiB: %8.2f µs a chunk (%.0f GB/s)",
+                    size / 1024,
+                    times[-1],
+                    size / times[-1] / 1e3,
+                )
         return {"sizes": sizes, "us": times}
 
     def call_cost(make, small_us: float) -> float:
@@ -184,9 +196,18 @@ def _gemm(group, options: CalibrateOptions, sm_count: int, smem_kb: int) -> dict
         smem = tc.num_stages * (tc.block_m + tc.block_n) * tc.block_k * 2 + tc.block_m * tc.block_n * 2
         if smem > smem_kb * 1024:
             continue
-        cand = Candidate(backend="copy_engine", template="direct", num_splits=1, tile_order="arrival",
-                         block_m=tc.block_m, block_n=tc.block_n, block_k=tc.block_k, group_m=8,
-                         num_warps=tc.num_warps, num_stages=tc.num_stages)
+        cand = Candidate(
+            backend="copy_engine",
+            template="direct",
+            num_splits=1,
+            tile_order="arrival",
+            block_m=tc.block_m,
+            block_n=tc.block_n,
+            block_k=tc.block_k,
+            group_m=8,
+            num_warps=tc.num_warps,
+            num_stages=tc.num_stages,
+        )
         plan = plan_for("ag_gemm", "direct", 1, m, 1, tc.block_m)
         tables = consumer_tables(plan, 0, n, cand, device)
         tiles = -(-m // tc.block_m) * -(-n // tc.block_n)
@@ -195,9 +216,15 @@ def _gemm(group, options: CalibrateOptions, sm_count: int, smem_kb: int) -> dict
             programs = max(1, int(sm_count * fraction))
             waves = -(-tiles // programs)
             try:
-                t_big = _median_us(lambda: launch_consumer(a, b, out, tables, cand, 1, signals, error, programs), group, options)
+                t_big = _median_us(
+                    lambda: launch_consumer(a, b, out, tables, cand, 1, signals, error, programs),
+                    group,
+                    options,
+                )
                 t_small = _median_us(
-                    lambda: launch_consumer(a_small, b_small, out, tables, cand, 1, signals, error, programs), group, options
+                    lambda: launch_consumer(a_small, b_small, out, tables, cand, 1, signals, error, programs),
+                    group,
+                    options,
                 )
             except Exception as e:  # a tile configuration this GPU cannot compile is left out
                 log.warning("tile %s with %d programs: %s: %s", tc.key(), programs, type(e).__name__, e)
@@ -208,8 +235,11 @@ def _gemm(group, options: CalibrateOptions, sm_count: int, smem_kb: int) -> dict
             points[str(programs)] = rate
             overheads.append(overhead)
         if points:
-            result[tc.key()] = {"tflops_by_sms": points, "tile_overhead_us": statistics.median(overheads),
-                                "shape": [m, n, k]}
+            result[tc.key()] = {
+                "tflops_by_sms": points,
+                "tile_overhead_us": statistics.median(overheads),
+                "shape": [m, n, k],
+            }
     return result
 
 
@@ -225,10 +255,17 @@ def _op_costs(group, options: CalibrateOptions, defaults: dict[str, Any]) -> dic
     payload = dict(defaults)
     payload["hbm_gbps"] = 2 * size / _median_us(lambda: y.copy_(x), group, options) / 1e3
     if streamops.available():
-        payload["local_copy_gbps"] = size / _median_us(
-            lambda: streamops.copy_async(torch.cuda.current_stream().cuda_stream, y.data_ptr(), x.data_ptr(), size),
-            group, options,
-        ) / 1e3
+        payload["local_copy_gbps"] = (
+            size
+            / _median_us(
+                lambda: streamops.copy_async(
+                    torch.cuda.current_stream().cuda_stream, y.data_ptr(), x.data_ptr(), size
+                ),
+                group,
+                options,
+            )
+            / 1e3
+        )
     payload["defaults_for"] = ["wait_us", "launch_us", "overlap_slowdown", "chunk_us"]
     return payload
 
@@ -262,12 +299,26 @@ def _worker(rank: int, world: int, port: int, options: CalibrateOptions, queue) 
         try:
             defaults = default_calibration(topology).costs.to_payload()
         except Exception:
-            defaults = {"launch_us": 6.0, "wait_us": 0.8, "local_copy_gbps": 1000.0, "hbm_gbps": 1000.0,
-                        "overlap_slowdown": {}, "chunk_us": {}}
+            defaults = {
+                "launch_us": 6.0,
+                "wait_us": 0.8,
+                "local_copy_gbps": 1000.0,
+                "hbm_gbps": 1000.0,
+                "overlap_slowdown": {},
+                "chunk_us": {},
+            }
         costs = _op_costs(group, options, defaults)
         if rank == 0:
-            queue.put({"topology": topology.to_dict(), "environment": current_environment().to_dict(),
-                       "transfer": transfers, "gemm": gemm, "op_costs": costs, "host": socket.gethostname()})
+            queue.put(
+                {
+                    "topology": topology.to_dict(),
+                    "environment": current_environment().to_dict(),
+                    "transfer": transfers,
+                    "gemm": gemm,
+                    "op_costs": costs,
+                    "host": socket.gethostname(),
+                }
+            )
     finally:
         dist.destroy_process_group()
 

@@ -26,8 +26,16 @@ import torch.distributed as dist
 from syncopate.errors import CandidateTimeoutError, RuntimeUnavailableError
 from syncopate.kernels.tables import PAD_WORDS
 
-__all__ = ["GRAPH_EPOCH", "IpcHandle", "OverlapContext", "SymmetricBuffer", "kept_allocations", "ranks_share_a_device",
-           "record", "wait"]
+__all__ = [
+    "GRAPH_EPOCH",
+    "IpcHandle",
+    "OverlapContext",
+    "SymmetricBuffer",
+    "kept_allocations",
+    "ranks_share_a_device",
+    "record",
+    "wait",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +63,7 @@ def wait(stream: torch.cuda.Stream, event: torch.cuda.Event) -> None:
         stream.wait_event(event)
     else:
         _WAIT(event, stream)
+
 
 _SHARED_WARNED: set[str] = set()
 """Groups whose ranks share a GPU, said once a process."""
@@ -185,8 +194,11 @@ class Timeline:
 
     def times_us(self, start) -> list[tuple[str, Any, int, float, float]]:
         """(label, chunk, rows, ready µs, done µs) after `start` (an event recorded before the call)."""
-        return [(label, chunk, rows, start.elapsed_time(r) * 1e3, start.elapsed_time(d) * 1e3)
-                for label, chunk, rows, r, d in self.marks if r is not None and d is not None]
+        return [
+            (label, chunk, rows, start.elapsed_time(r) * 1e3, start.elapsed_time(d) * 1e3)
+            for label, chunk, rows, r, d in self.marks
+            if r is not None and d is not None
+        ]
 
 
 @dataclass
@@ -228,7 +240,9 @@ class OverlapContext:
             self._events = [torch.cuda.Event() for _ in range(1 + len(self.streams))]
 
     @classmethod
-    def create(cls, group, buffers: dict[str, tuple[tuple[int, ...], torch.dtype]], num_streams: int = 3) -> OverlapContext:
+    def create(
+        cls, group, buffers: dict[str, tuple[tuple[int, ...], torch.dtype]], num_streams: int = 3
+    ) -> OverlapContext:
         """Allocate the named symmetric buffers and a signal pad on every rank of `group` (collective)."""
         if not torch.cuda.is_available():
             raise RuntimeUnavailableError("the fused ops need a CUDA GPU; none is visible")
@@ -240,8 +254,11 @@ class OverlapContext:
         if shared_device:
             if name not in _SHARED_WARNED:
                 _SHARED_WARNED.add(name)
-                log.warning("ranks of group %s share a GPU: buffers go through CUDA IPC; the ops are "
-                            "correct there but nothing overlaps (one rank a GPU for speed)", name)
+                log.warning(
+                    "ranks of group %s share a GPU: buffers go through CUDA IPC; the ops are "
+                    "correct there but nothing overlaps (one rank a GPU for speed)",
+                    name,
+                )
         else:
             enable_symm_mem(name)
 
@@ -260,8 +277,13 @@ class OverlapContext:
         torch.cuda.synchronize()
         dist.barrier(group=group)
         ctx = cls(
-            group=group, rank=dist.get_rank(group), world_size=dist.get_world_size(group), device=device,
-            buffers=bufs, signals=signals, counters=torch.zeros(4096, dtype=torch.int64, device=device),
+            group=group,
+            rank=dist.get_rank(group),
+            world_size=dist.get_world_size(group),
+            device=device,
+            buffers=bufs,
+            signals=signals,
+            counters=torch.zeros(4096, dtype=torch.int64, device=device),
             error=torch.zeros(1, dtype=torch.int32, device=device),
             streams=[torch.cuda.Stream(device=device) for _ in range(num_streams)],
             peer_signal_ptrs=torch.tensor(signals.peer_ptrs, dtype=torch.int64, device=device),
@@ -272,8 +294,12 @@ class OverlapContext:
         ctx.remote_writes = ctx._probe_remote_writes()
         ctx._enter_graph_call(None)  # compiled and loaded here, never first under a capture
         torch.cuda.synchronize(device)
-        log.debug("context on rank %d: buffers %s, remote stream writes %s", ctx.rank,
-                  {k: tuple(v.local.shape) for k, v in bufs.items()}, ctx.remote_writes)
+        log.debug(
+            "context on rank %d: buffers %s, remote stream writes %s",
+            ctx.rank,
+            {k: tuple(v.local.shape) for k, v in bufs.items()},
+            ctx.remote_writes,
+        )
         return ctx
 
     def _probe_remote_writes(self) -> bool:
@@ -296,8 +322,11 @@ class OverlapContext:
         (a program recorded once per stream, rank and word)."""
         from syncopate.kernels import streamops
 
-        streamops.kept_program(self._kept, ("signal", stream.cuda_stream, rank, word),
-                               lambda program: self.raise_signal(program, stream, rank, word)).run(value)
+        streamops.kept_program(
+            self._kept,
+            ("signal", stream.cuda_stream, rank, word),
+            lambda program: self.raise_signal(program, stream, rank, word),
+        ).run(value)
 
     def kept_events(self, key, count: int) -> list[torch.cuda.Event]:
         """`count` events kept under `key` for a call's hand-overs between streams, recorded again by
@@ -345,7 +374,9 @@ class OverlapContext:
         """Address of int32 word `word` of `rank`'s signal pad, mapped in this process."""
         return self.signals.peer_ptrs[rank] + 4 * word
 
-    def fork(self, main: torch.cuda.Stream, streams: int | list[torch.cuda.Stream]) -> list[torch.cuda.Stream]:
+    def fork(
+        self, main: torch.cuda.Stream, streams: int | list[torch.cuda.Stream]
+    ) -> list[torch.cuda.Stream]:
         """Make side streams wait for everything enqueued on `main` so far: the first `streams` of
         this context's, or those given. The context's own events are recorded again each call
         rather than made anew, since making an event costs the host more than recording one: a wait

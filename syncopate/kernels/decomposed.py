@@ -8,7 +8,8 @@ first half of its chunks, then the rest: a GEMM of more rows runs nearer cuBLAS'
 the copy engine pushes each into the owner's symmetric `partials[r]` as soon as its GEMM has ended;
 then it computes its own block chunk by chunk, each chunk summed onto the peers' partials of it
 (cuBLAS with beta=1, in place: a partial is read once, in the GEMM's epilogue); an all-reduce cuts
-its last own chunk in two (`own_chunks`). No fused kernel: the GEMMs run at cuBLAS's rate, only copies and stream memory operations go on the side streams,
+its last own chunk in two (`own_chunks`). No fused kernel: the GEMMs run at cuBLAS's rate, only copies and
+stream memory operations go on the side streams,
 and what is left after the last GEMM is the last chunk's transfer (an all-reduce's pull; a
 reduce-scatter's local copy), shorter the more chunks. One call, rank r, its rows [r0, r1):
 
@@ -57,10 +58,26 @@ from syncopate.kernels import c_stationary, launch, streamops
 from syncopate.kernels.backends import announce_entry
 from syncopate.kernels.context import OverlapContext, record, wait
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
-from syncopate.search_space import (block_bounds, halves, own_gemm_rows, peers_ahead, peers_behind, row_chunks,
-                                    tail_copied_together)
+from syncopate.search_space import (
+    block_bounds,
+    halves,
+    own_gemm_rows,
+    peers_ahead,
+    peers_behind,
+    row_chunks,
+    tail_copied_together,
+)
 
-__all__ = ["GATHER", "PARTIAL", "DecomposedPlan", "add_partial", "decomposed_buffers", "prepare", "pull_last", "run"]
+__all__ = [
+    "GATHER",
+    "PARTIAL",
+    "DecomposedPlan",
+    "add_partial",
+    "decomposed_buffers",
+    "prepare",
+    "pull_last",
+    "run",
+]
 
 PARTIAL = 0
 """Pad word `PARTIAL + q * 2 + h`: half h of rank q's partial of this rank's block has landed."""
@@ -129,7 +146,9 @@ class DecomposedPlan:
         return halves(self.splits)
 
     @classmethod
-    def of(cls, rank: int, ws: int, m: int, n: int, all_reduce: bool = False, splits: int = 1) -> DecomposedPlan:
+    def of(
+        cls, rank: int, ws: int, m: int, n: int, all_reduce: bool = False, splits: int = 1
+    ) -> DecomposedPlan:
         if GATHER + ws * (splits + 1) > ARRIVAL_SLOTS:
             raise ValueError(f"decomposed: {ws} ranks x {splits} chunks do not fit the signal pad")
         if splits > m // ws:
@@ -165,12 +184,23 @@ class _Layout:
             for h, half in enumerate(plan.halves):
                 lo, hi = chunks[half[0]][0], chunks[half[-1]][1]
                 send = None if plan.all_reduce else ctx.buffers["send"].local[p, lo:hi]
-                pieces.append((p0 + lo, p0 + hi, send, partials.peer_ptrs[p] + r * slot_bytes + lo * row_bytes,
-                               (hi - lo) * row_bytes, PARTIAL + r * 2 + h,
-                               (f"partial for {p}", f"partial to {p}", (p, h), hi - lo)))
+                pieces.append(
+                    (
+                        p0 + lo,
+                        p0 + hi,
+                        send,
+                        partials.peer_ptrs[p] + r * slot_bytes + lo * row_bytes,
+                        (hi - lo) * row_bytes,
+                        PARTIAL + r * 2 + h,
+                        (f"partial for {p}", f"partial to {p}", (p, h), hi - lo),
+                    )
+                )
             self.pushes.append((p, None if plan.all_reduce else entered[p], pieces))
-        self.arrivals = [(h, q, ctx.signal_address(r, PARTIAL + q * 2 + h))
-                         for h in range(len(plan.halves)) for q in plan.peers_summed]
+        self.arrivals = [
+            (h, q, ctx.signal_address(r, PARTIAL + q * 2 + h))
+            for h in range(len(plan.halves))
+            for q in plan.peers_summed
+        ]
         self.first, *others = plan.peers_summed
         """The peer whose partial slot is the accumulator; `others` are added into it."""
         r0 = block_bounds(plan.m, ws, r)[0]
@@ -188,8 +218,17 @@ class _Layout:
         for j, (lo, hi) in enumerate(own):
             acc = partials.local[self.first, lo:hi]
             words = [(p, GATHER + r * slots + j) for p in plan.peers_sent] if plan.all_reduce else []
-            self.own.append((acc, r0 + lo, r0 + hi, opening.get(lo), [(q, partials.local[q, lo:hi]) for q in others],
-                             words, ((r, j), hi - lo, [(f"partial of {q} added", (q, j)) for q in others])))
+            self.own.append(
+                (
+                    acc,
+                    r0 + lo,
+                    r0 + hi,
+                    opening.get(lo),
+                    [(q, partials.local[q, lo:hi]) for q in others],
+                    words,
+                    ((r, j), hi - lo, [(f"partial of {q} added", (q, j)) for q in others]),
+                )
+            )
             self.copies.append(((o0 + lo) * row_bytes, acc.data_ptr(), (hi - lo) * row_bytes))
         self.merged_tail = tail_copied_together(even, ws, plan.all_reduce)
         """An all-reduce on two ranks whose last own chunk is cut in two: the first half's copy into the
@@ -216,10 +255,25 @@ class _Layout:
                     src = partials.peer_ptrs[q] + plan.accumulator(q) * slot_bytes + lo * row_bytes
                     last = j == len(pulled[q]) - 1
                     if last:
-                        self.last_aligned &= launch.pull_aligned(src, (q0 + lo) * row_bytes, (hi - lo) * row_bytes)
-                    self.pulls.append((last, q, plan.accumulator(q), lo, hi, q0, ctx.signal_address(r, GATHER + q * slots + j),
-                                       src, (q0 + lo) * row_bytes, (hi - lo) * row_bytes, GATHER + q * slots + j,
-                                       (f"reduced from {q}", (q, j), hi - lo)))
+                        self.last_aligned &= launch.pull_aligned(
+                            src, (q0 + lo) * row_bytes, (hi - lo) * row_bytes
+                        )
+                    self.pulls.append(
+                        (
+                            last,
+                            q,
+                            plan.accumulator(q),
+                            lo,
+                            hi,
+                            q0,
+                            ctx.signal_address(r, GATHER + q * slots + j),
+                            src,
+                            (q0 + lo) * row_bytes,
+                            (hi - lo) * row_bytes,
+                            GATHER + q * slots + j,
+                            (f"reduced from {q}", (q, j), hi - lo),
+                        )
+                    )
         self.events = sum(len(pieces) for _, _, pieces in self.pushes) + len(self.arrivals) + len(self.own)
 
 
@@ -231,8 +285,15 @@ def _layout(ctx: OverlapContext, plan: DecomposedPlan, row_bytes: int) -> _Layou
     return layout
 
 
-def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Tensor,
-        out: torch.Tensor, captured: bool = False, spin_limit: int = 0) -> None:
+def run(
+    ctx: OverlapContext,
+    plan: DecomposedPlan,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    captured: bool = False,
+    spin_limit: int = 0,
+) -> None:
     """Enqueue one call: out = this rank's rows [M/ws, N] (all-reduce: all [M, N]) of the sum over
     ranks of a @ b (a: [M, K/ws] contiguous, b: [K/ws, N]).
     `captured`: the call is being captured in a CUDA graph on the caller's stream. `spin_limit`
@@ -248,7 +309,9 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
     push, ready, side = streams
     out_ptr = out.data_ptr()
     announce_entry(push, ctx, e)
-    for address in layout.entries:  # every peer has pulled the blocks reduced in the previous call (partials among them)
+    for address in (
+        layout.entries
+    ):  # every peer has pulled the blocks reduced in the previous call (partials among them)
         streamops.wait_value(push.cuda_stream, address, e)
     for p, entered, pieces in layout.pushes:
         if entered is not None:  # p has read what r pushed in the previous call
@@ -275,8 +338,9 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
         streamops.wait_value(side.cuda_stream, address, e)
         arrived[h, q] = next(events)
         record(arrived[h, q], side)
-    sm_pull = (plan.all_reduce and layout.last_aligned and out_ptr % 16 == 0 and out.is_contiguous()
-               and ctx.sm_pulls)
+    sm_pull = (
+        plan.all_reduce and layout.last_aligned and out_ptr % 16 == 0 and out.is_contiguous() and ctx.sm_pulls
+    )
     first, last = layout.first, len(layout.own) - 1
     for j, (acc, lo, hi, starts, others, words, (chunk, rows, added)) in enumerate(layout.own):
         if starts is not None:
@@ -309,13 +373,29 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
         copy = layout.copies[j]
         if copy is not None:
             streamops.copy_async(ready.cuda_stream, out_ptr + copy[0], copy[1], copy[2])
-    for on_main, q, slot, lo, hi, q0, address, src, offset, nbytes, word, (label, chunk, rows) in layout.pulls:
+    for on_main, q, slot, lo, hi, q0, address, src, offset, nbytes, word, (
+        label,
+        chunk,
+        rows,
+    ) in layout.pulls:
         # a peer's last chunk is pulled on the caller's stream, which the call ends on (enqueued
         # after every word and copy the peers wait for, so its wait holds nothing back that they need)
         stream = main if on_main else side
         if on_main and sm_pull:
             t0 = ctx.stamp(main)
-            pull_last(ctx, None, ctx.buffers["partials"], q, slot, lo, hi, out[q0 + lo : q0 + hi], word, e, spin_limit)
+            pull_last(
+                ctx,
+                None,
+                ctx.buffers["partials"],
+                q,
+                slot,
+                lo,
+                hi,
+                out[q0 + lo : q0 + hi],
+                word,
+                e,
+                spin_limit,
+            )
         else:
             streamops.wait_value(stream.cuda_stream, address, e)
             t0 = ctx.stamp(stream)
@@ -324,8 +404,19 @@ def run(ctx: OverlapContext, plan: DecomposedPlan, a: torch.Tensor, b: torch.Ten
     ctx.join(main, streams)
 
 
-def pull_last(ctx: OverlapContext, stream: torch.cuda.Stream | None, partials, q: int, slot: int, lo: int, hi: int,
-              dst: torch.Tensor, word: int, epoch: int, spin_limit: int) -> None:
+def pull_last(
+    ctx: OverlapContext,
+    stream: torch.cuda.Stream | None,
+    partials,
+    q: int,
+    slot: int,
+    lo: int,
+    hi: int,
+    dst: torch.Tensor,
+    word: int,
+    epoch: int,
+    spin_limit: int,
+) -> None:
     """Rows [lo, hi) of rank q's `partials[slot]` into `dst` by the SMs, once this rank's pad word
     `word` reaches `epoch`; on `stream`, None for the current one (no stream switch to enqueue)."""
     key = ("peer view", q)

@@ -40,7 +40,14 @@ from syncopate.kernels import streamops
 from syncopate.kernels.backends import announce_entry
 from syncopate.kernels.context import OverlapContext, record, wait
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
-from syncopate.search_space import gather_gemms, gather_parts, gather_splits_refusal, peers_ahead, peers_behind, row_chunks
+from syncopate.search_space import (
+    gather_gemms,
+    gather_parts,
+    gather_splits_refusal,
+    peers_ahead,
+    peers_behind,
+    row_chunks,
+)
 
 __all__ = ["SHARD", "GatherPlan", "gather_buffers", "run"]
 
@@ -95,8 +102,15 @@ class GatherPlan:
         return cls(rank=rank, world_size=ws, m_local=m_local, splits=splits)
 
 
-def run(ctx: OverlapContext, plan: GatherPlan, a: torch.Tensor, b: torch.Tensor,
-        out: torch.Tensor, captured: bool = False, gathered: torch.Tensor | None = None) -> None:
+def run(
+    ctx: OverlapContext,
+    plan: GatherPlan,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    captured: bool = False,
+    gathered: torch.Tensor | None = None,
+) -> None:
     """Enqueue one call: out [ws * m, N/ws] = all_gather(a) @ b (a: this rank's shard [m, K],
     contiguous; b: [K, N/ws], row-major or K-major).
     `captured`: the call is being captured in a CUDA graph on the caller's stream.
@@ -122,8 +136,12 @@ def run(ctx: OverlapContext, plan: GatherPlan, a: torch.Tensor, b: torch.Tensor,
         streamops.wait_value(push.cuda_stream, ctx.signal_address(r, ENTERED_BASE + p), e)
         for j, (lo, hi) in enumerate(parts):
             t0 = ctx.stamp(push)
-            streamops.copy_async(push.cuda_stream, a_full.peer_ptrs[p] + (r0 + lo) * row_bytes,
-                                 a[lo:].data_ptr(), (hi - lo) * row_bytes)
+            streamops.copy_async(
+                push.cuda_stream,
+                a_full.peer_ptrs[p] + (r0 + lo) * row_bytes,
+                a[lo:].data_ptr(),
+                (hi - lo) * row_bytes,
+            )
             ctx.span(f"shard to {p}", (p, j), hi - lo, push, t0)
             ctx.write_signal(push, p, SHARD + r * len(parts) + j, e)
     t0 = ctx.stamp(main)
@@ -141,8 +159,12 @@ def run(ctx: OverlapContext, plan: GatherPlan, a: torch.Tensor, b: torch.Tensor,
             if gathered is not None:
                 lo, hi = parts[j]
                 wait(streams[2], landed[q, j])
-                streamops.copy_async(streams[2].cuda_stream, gathered[q * m + lo :].data_ptr(),
-                                     a_full.local[q * m + lo :].data_ptr(), (hi - lo) * row_bytes)
+                streamops.copy_async(
+                    streams[2].cuda_stream,
+                    gathered[q * m + lo :].data_ptr(),
+                    a_full.local[q * m + lo :].data_ptr(),
+                    (hi - lo) * row_bytes,
+                )
     for lo, hi, read in plan.gemms:
         for piece in read:
             wait(main, landed[piece])

@@ -103,8 +103,21 @@ if AVAILABLE:
         )
 
     @gluon.jit
-    def _load_partial(j, row0, col0, N, recv_desc, recv_signal_ptr, inc_slot_ptr, inc_offset_ptr, p_bar, c_smem,
-                      epoch, error_ptr, max_spin):
+    def _load_partial(
+        j,
+        row0,
+        col0,
+        N,
+        recv_desc,
+        recv_signal_ptr,
+        inc_slot_ptr,
+        inc_offset_ptr,
+        p_bar,
+        c_smem,
+        epoch,
+        error_ptr,
+        max_spin,
+    ):
         """Wait for incoming partial j (its word `recv_signal[inc_slot[j]]`) and start the TMA load of
         its rows of the tile (from row `inc_offset[j] / N` of `recv`) into `c_smem`, on `p_bar`."""
         gate = _wait_word(recv_signal_ptr + gl.load(inc_slot_ptr + j), epoch, error_ptr, max_spin)
@@ -113,8 +126,20 @@ if AVAILABLE:
         _tma_load(recv_desc, [row0 + prow + gate, col0], p_bar.index(0), c_smem)
 
     @gluon.jit
-    def _count(c, tiles, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
-               peer_signal_ptrs, epoch, WORLD: gl.constexpr, ALL_REDUCE: gl.constexpr):
+    def _count(
+        c,
+        tiles,
+        counter_ptr,
+        chunk_tiles_ptr,
+        chunk_ready_ptr,
+        ready_ptr,
+        keep_ptr,
+        gather_slot_ptr,
+        peer_signal_ptrs,
+        epoch,
+        WORLD: gl.constexpr,
+        ALL_REDUCE: gl.constexpr,
+    ):
         """`_count_chunk` of triton_kernels.py: count `tiles` stored tiles of chunk c; the count that
         completes the chunk resets its counter and raises its ready word (and, for a kept chunk of an
         all-reduce, its gather words on every peer)."""
@@ -134,9 +159,23 @@ if AVAILABLE:
                             gl.atomic_xchg(sig + slot, epoch, sem="release", scope="sys")
 
     @gluon.jit
-    def _issue_load(job, tm, tn, ki, a_desc, b_desc, bars, a_bufs, b_bufs, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_BUF: gl.constexpr, B_KMAJOR: gl.constexpr,
-                    pred):
+    def _issue_load(
+        job,
+        tm,
+        tn,
+        ki,
+        a_desc,
+        b_desc,
+        bars,
+        a_bufs,
+        b_bufs,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        BLOCK_K: gl.constexpr,
+        NUM_BUF: gl.constexpr,
+        B_KMAJOR: gl.constexpr,
+        pred,
+    ):
         s = job % NUM_BUF
         bar = bars.index(s)
         mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
@@ -148,15 +187,40 @@ if AVAILABLE:
 
     @gluon.jit(do_not_specialize=["epoch"])
     def gluon_producer_kernel(
-        a_desc, b_desc, send_desc, out_desc, reduced_desc, recv_desc,
-        N, K, OUT_ROW0,
-        order_ptr, entry_chunk_ptr, num_entries,
-        inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
-        chunk_ready_ptr, chunk_tiles_ptr, counter_ptr, ready_ptr,
-        keep_ptr, peer_signal_ptrs, gather_slot_ptr, free_ptr, RANK,
-        recv_signal_ptr, epoch, error_ptr, max_spin,
-        WORLD: gl.constexpr, ALL_REDUCE: gl.constexpr, B_KMAJOR: gl.constexpr, NUM_BUF: gl.constexpr,
-        PARTIAL_LEAD: gl.constexpr, num_warps: gl.constexpr,
+        a_desc,
+        b_desc,
+        send_desc,
+        out_desc,
+        reduced_desc,
+        recv_desc,
+        N,
+        K,
+        OUT_ROW0,
+        order_ptr,
+        entry_chunk_ptr,
+        num_entries,
+        inc_start_ptr,
+        inc_slot_ptr,
+        inc_offset_ptr,
+        chunk_ready_ptr,
+        chunk_tiles_ptr,
+        counter_ptr,
+        ready_ptr,
+        keep_ptr,
+        peer_signal_ptrs,
+        gather_slot_ptr,
+        free_ptr,
+        RANK,
+        recv_signal_ptr,
+        epoch,
+        error_ptr,
+        max_spin,
+        WORLD: gl.constexpr,
+        ALL_REDUCE: gl.constexpr,
+        B_KMAJOR: gl.constexpr,
+        NUM_BUF: gl.constexpr,
+        PARTIAL_LEAD: gl.constexpr,
+        num_warps: gl.constexpr,
     ):
         """Reduce-scatter / all-reduce producer, `producer_kernel`'s TMA-epilogue semantics (module
         docstring); K at least NUM_BUF - 1 steps."""
@@ -164,8 +228,9 @@ if AVAILABLE:
         BLOCK_N: gl.constexpr = send_desc.block_type.shape[1]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         dtype: gl.constexpr = a_desc.dtype
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                             instr_shape=[16, BLOCK_N, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
+        )
         a_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF] + a_desc.block_type.shape, a_desc.layout)
         b_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF] + b_desc.block_type.shape, b_desc.layout)
         c_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], send_desc.layout)
@@ -191,8 +256,23 @@ if AVAILABLE:
         tm = tile // tiles_n
         tn = tile - tm * tiles_n
         for j in gl.static_range(NUM_BUF - 1):
-            _issue_load(j, tm, tn, j, a_desc, b_desc, bars, a_bufs, b_bufs, BLOCK_M, BLOCK_N, BLOCK_K, NUM_BUF,
-                        B_KMAJOR, j < jobs)
+            _issue_load(
+                j,
+                tm,
+                tn,
+                j,
+                a_desc,
+                b_desc,
+                bars,
+                a_bufs,
+                b_bufs,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+                NUM_BUF,
+                B_KMAJOR,
+                j < jobs,
+            )
         job = 0
         partials = 0  # partial loads waited for so far: the phase of p_bar
         pending = 0  # stored tiles of the current chunk not yet counted
@@ -216,36 +296,90 @@ if AVAILABLE:
                 if ki == count_at:
                     if to_count > 0:
                         _stores_done()
-                        _count(count_c, to_count, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr,
-                               keep_ptr, gather_slot_ptr, peer_signal_ptrs, epoch, WORLD, ALL_REDUCE)
+                        _count(
+                            count_c,
+                            to_count,
+                            counter_ptr,
+                            chunk_tiles_ptr,
+                            chunk_ready_ptr,
+                            ready_ptr,
+                            keep_ptr,
+                            gather_slot_ptr,
+                            peer_signal_ptrs,
+                            epoch,
+                            WORLD,
+                            ALL_REDUCE,
+                        )
                         to_count = 0
                 if ki == partial_at:
                     if incoming > 0:
                         tma.store_wait(0)  # the previous tile's stores have left the staging buffer
-                        _load_partial(first, row0, col0, N, recv_desc, recv_signal_ptr, inc_slot_ptr,
-                                      inc_offset_ptr, p_bar, c_smem, epoch, error_ptr, max_spin)
+                        _load_partial(
+                            first,
+                            row0,
+                            col0,
+                            N,
+                            recv_desc,
+                            recv_signal_ptr,
+                            inc_slot_ptr,
+                            inc_offset_ptr,
+                            p_bar,
+                            c_smem,
+                            epoch,
+                            error_ptr,
+                            max_spin,
+                        )
                 s = job % NUM_BUF
                 mbarrier.wait(bars.index(s), (job // NUM_BUF) & 1)
                 if B_KMAJOR:
                     acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
                 else:
                     acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, is_async=True)
-                acc = warpgroup_mma_wait(1, deps=(acc, ))  # the step before is done: its buffers are free
+                acc = warpgroup_mma_wait(1, deps=(acc,))  # the step before is done: its buffers are free
                 ka = ki + NUM_BUF - 1
                 here = ka < k_tiles
-                _issue_load(job + NUM_BUF - 1, gl.where(here, tm, nm), gl.where(here, tn, nn),
-                            gl.where(here, ka, ka - k_tiles), a_desc, b_desc, bars, a_bufs, b_bufs, BLOCK_M, BLOCK_N,
-                            BLOCK_K, NUM_BUF, B_KMAJOR, job + NUM_BUF - 1 < jobs)
+                _issue_load(
+                    job + NUM_BUF - 1,
+                    gl.where(here, tm, nm),
+                    gl.where(here, tn, nn),
+                    gl.where(here, ka, ka - k_tiles),
+                    a_desc,
+                    b_desc,
+                    bars,
+                    a_bufs,
+                    b_bufs,
+                    BLOCK_M,
+                    BLOCK_N,
+                    BLOCK_K,
+                    NUM_BUF,
+                    B_KMAJOR,
+                    job + NUM_BUF - 1 < jobs,
+                )
                 job += 1
-            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            acc = warpgroup_mma_wait(0, deps=(acc,))
             if incoming > 0:
                 mbarrier.wait(p_bar.index(0), partials & 1)
                 partials += 1
                 acc = acc + c_smem.load(acc_layout).to(gl.float32)
                 _cta_barrier()  # every warp has read the partial before the sum (or the next) overwrites it
-                for more in range(1, incoming):  # other ranks' partials of the same rows (direct plans), in turn
-                    _load_partial(first + more, row0, col0, N, recv_desc, recv_signal_ptr, inc_slot_ptr,
-                                  inc_offset_ptr, p_bar, c_smem, epoch, error_ptr, max_spin)
+                for more in range(
+                    1, incoming
+                ):  # other ranks' partials of the same rows (direct plans), in turn
+                    _load_partial(
+                        first + more,
+                        row0,
+                        col0,
+                        N,
+                        recv_desc,
+                        recv_signal_ptr,
+                        inc_slot_ptr,
+                        inc_offset_ptr,
+                        p_bar,
+                        c_smem,
+                        epoch,
+                        error_ptr,
+                        max_spin,
+                    )
                     mbarrier.wait(p_bar.index(0), partials & 1)
                     partials += 1
                     acc = acc + c_smem.load(acc_layout).to(gl.float32)
@@ -274,8 +408,20 @@ if AVAILABLE:
             tn = nn
         _stores_done()
         if to_count > 0:
-            _count(count_c, to_count, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr,
-                   gather_slot_ptr, peer_signal_ptrs, epoch, WORLD, ALL_REDUCE)
+            _count(
+                count_c,
+                to_count,
+                counter_ptr,
+                chunk_tiles_ptr,
+                chunk_ready_ptr,
+                ready_ptr,
+                keep_ptr,
+                gather_slot_ptr,
+                peer_signal_ptrs,
+                epoch,
+                WORLD,
+                ALL_REDUCE,
+            )
 
     @gluon.jit
     def _chunks_there(mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, tm, epoch, error_ptr, spins):
@@ -285,15 +431,32 @@ if AVAILABLE:
         hi = gl.load(mtile_hi_ptr + tm)
         there = (_poll(signal_ptr + gl.load(chunk_slot_ptr + lo), epoch, spins) - epoch) >= 0
         if hi - 1 != lo:
-            there = there & ((_poll(signal_ptr + gl.load(chunk_slot_ptr + hi - 1), epoch, spins) - epoch) >= 0)
+            there = there & (
+                (_poll(signal_ptr + gl.load(chunk_slot_ptr + hi - 1), epoch, spins) - epoch) >= 0
+            )
         if spins != 1:
             if not there:
                 gl.atomic_xchg(error_ptr, 1)
         return there.to(gl.int32)
 
     @gluon.jit
-    def _issue_ab(job, own, row, col, ki, a_desc, own_desc, b_desc, bars, a_bufs, b_bufs,
-                  BLOCK_K: gl.constexpr, NUM_BUF: gl.constexpr, B_KMAJOR: gl.constexpr, pred):
+    def _issue_ab(
+        job,
+        own,
+        row,
+        col,
+        ki,
+        a_desc,
+        own_desc,
+        b_desc,
+        bars,
+        a_bufs,
+        b_bufs,
+        BLOCK_K: gl.constexpr,
+        NUM_BUF: gl.constexpr,
+        B_KMAJOR: gl.constexpr,
+        pred,
+    ):
         """Job `job`'s TMA loads: A's rows from the shard (`own`) or the gathered buffer, B's columns."""
         s = job % NUM_BUF
         bar = bars.index(s)
@@ -311,10 +474,26 @@ if AVAILABLE:
 
     @gluon.jit(do_not_specialize=["epoch"])
     def gluon_consumer_kernel(
-        a_desc, own_desc, b_desc, c_desc,
-        N, K, own_row0, num_tiles, own_tiles,
-        order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, epoch, error_ptr, max_spin,
-        B_KMAJOR: gl.constexpr, NUM_BUF: gl.constexpr, num_warps: gl.constexpr,
+        a_desc,
+        own_desc,
+        b_desc,
+        c_desc,
+        N,
+        K,
+        own_row0,
+        num_tiles,
+        own_tiles,
+        order_ptr,
+        mtile_lo_ptr,
+        mtile_hi_ptr,
+        chunk_slot_ptr,
+        signal_ptr,
+        epoch,
+        error_ptr,
+        max_spin,
+        B_KMAJOR: gl.constexpr,
+        NUM_BUF: gl.constexpr,
+        num_warps: gl.constexpr,
     ):
         """All-gather consumer, `consumer_kernel`'s TMA semantics: out = A @ B, tiles in the order of
         `order_ptr`; the first `own_tiles` positions read A's rows from the shard (`own_desc`, output
@@ -324,8 +503,9 @@ if AVAILABLE:
         BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         dtype: gl.constexpr = a_desc.dtype
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                             instr_shape=[16, BLOCK_N, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
+        )
         a_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF] + a_desc.block_type.shape, a_desc.layout)
         b_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF] + b_desc.block_type.shape, b_desc.layout)
         c_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], c_desc.layout)
@@ -347,11 +527,28 @@ if AVAILABLE:
         tn = tile - tm * tiles_n
         own = (pid < own_tiles).to(gl.int32)
         if own == 0:
-            _chunks_there(mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, tm, epoch, error_ptr, max_spin)
+            _chunks_there(
+                mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, tm, epoch, error_ptr, max_spin
+            )
         row = gl.where(own != 0, tm * BLOCK_M - own_row0, tm * BLOCK_M)
         for j in gl.static_range(NUM_BUF - 1):
-            _issue_ab(j, own, row, tn * BLOCK_N, j, a_desc, own_desc, b_desc, bars, a_bufs, b_bufs, BLOCK_K, NUM_BUF,
-                      B_KMAJOR, j < jobs)
+            _issue_ab(
+                j,
+                own,
+                row,
+                tn * BLOCK_N,
+                j,
+                a_desc,
+                own_desc,
+                b_desc,
+                bars,
+                a_bufs,
+                b_bufs,
+                BLOCK_K,
+                NUM_BUF,
+                B_KMAJOR,
+                j < jobs,
+            )
         job = 0
         held = 0  # the current tile's first loads were left for its start: its chunk was not there
         for e in range(my_tiles):
@@ -363,33 +560,71 @@ if AVAILABLE:
             nown = (i + num_programs < own_tiles).to(gl.int32)
             nrow = gl.where(nown != 0, nm * BLOCK_M - own_row0, nm * BLOCK_M)
             if held != 0:
-                _chunks_there(mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, tm, epoch, error_ptr, max_spin)
+                _chunks_there(
+                    mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, tm, epoch, error_ptr, max_spin
+                )
                 for j in gl.static_range(NUM_BUF - 1):
-                    _issue_ab(job + j, own, row, tn * BLOCK_N, j, a_desc, own_desc, b_desc, bars, a_bufs, b_bufs,
-                              BLOCK_K, NUM_BUF, B_KMAJOR, job + j < jobs)
+                    _issue_ab(
+                        job + j,
+                        own,
+                        row,
+                        tn * BLOCK_N,
+                        j,
+                        a_desc,
+                        own_desc,
+                        b_desc,
+                        bars,
+                        a_bufs,
+                        b_bufs,
+                        BLOCK_K,
+                        NUM_BUF,
+                        B_KMAJOR,
+                        job + j < jobs,
+                    )
             go_next = 1
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
             for ki in range(k_tiles):
                 if ki == look_at:
                     if has_next:
                         if nown == 0:
-                            go_next = _chunks_there(mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, nm, epoch,
-                                                    error_ptr, 1)
+                            go_next = _chunks_there(
+                                mtile_lo_ptr,
+                                mtile_hi_ptr,
+                                chunk_slot_ptr,
+                                signal_ptr,
+                                nm,
+                                epoch,
+                                error_ptr,
+                                1,
+                            )
                 s = job % NUM_BUF
                 mbarrier.wait(bars.index(s), (job // NUM_BUF) & 1)
                 if B_KMAJOR:
                     acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
                 else:
                     acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, is_async=True)
-                acc = warpgroup_mma_wait(1, deps=(acc, ))  # the step before is done: its buffers are free
+                acc = warpgroup_mma_wait(1, deps=(acc,))  # the step before is done: its buffers are free
                 ka = ki + NUM_BUF - 1
                 here = ka < k_tiles
-                _issue_ab(job + NUM_BUF - 1, gl.where(here, own, nown), gl.where(here, row, nrow),
-                          gl.where(here, tn, nn) * BLOCK_N, gl.where(here, ka, ka - k_tiles), a_desc, own_desc, b_desc,
-                          bars, a_bufs, b_bufs, BLOCK_K, NUM_BUF, B_KMAJOR,
-                          (job + NUM_BUF - 1 < jobs) & (here | (go_next != 0)))
+                _issue_ab(
+                    job + NUM_BUF - 1,
+                    gl.where(here, own, nown),
+                    gl.where(here, row, nrow),
+                    gl.where(here, tn, nn) * BLOCK_N,
+                    gl.where(here, ka, ka - k_tiles),
+                    a_desc,
+                    own_desc,
+                    b_desc,
+                    bars,
+                    a_bufs,
+                    b_bufs,
+                    BLOCK_K,
+                    NUM_BUF,
+                    B_KMAJOR,
+                    (job + NUM_BUF - 1 < jobs) & (here | (go_next != 0)),
+                )
                 job += 1
-            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            acc = warpgroup_mma_wait(0, deps=(acc,))
             tma.store_wait(0)  # the previous tile's store has left the staging buffer
             c_smem.store(acc.to(dtype))
             fence_async_shared()

@@ -81,7 +81,11 @@ def classify(e: BaseException) -> str:
         return "timeout"
     if isinstance(e, torch.cuda.OutOfMemoryError):
         return "oom"
-    if isinstance(e, ConfigError) or name in ("CompilationError", "OutOfResources", "CompileTimeAssertionFailure"):
+    if isinstance(e, ConfigError) or name in (
+        "CompilationError",
+        "OutOfResources",
+        "CompileTimeAssertionFailure",
+    ):
         return "compile_error"
     if "out of resource" in str(e).lower() or "compil" in name.lower():
         return "compile_error"
@@ -110,25 +114,38 @@ class Harness:
         (ma, ka), (kb, nb) = self.shapes["a"], self.shapes["b"]
         a = torch.randn((ma, ka), generator=self._gen, device=self.device, dtype=torch.float32)
         b = torch.randn((kb, nb), generator=self._gen, device=self.device, dtype=torch.float32)
-        return a.to(self.dtype), (b / (self.workload.shape.k ** 0.5)).to(self.dtype)
+        return a.to(self.dtype), (b / (self.workload.shape.k**0.5)).to(self.dtype)
 
     def op(self, candidate: Candidate, spin_limit: int = 0) -> Callable[..., torch.Tensor]:
         kind = self.workload.kind
-        fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter,
-                 "gemm_ar": ops.matmul_all_reduce}[kind]
+        fused = {
+            "ag_gemm": ops.all_gather_matmul,
+            "gemm_rs": ops.matmul_reduce_scatter,
+            "gemm_ar": ops.matmul_all_reduce,
+        }[kind]
         return lambda a, b, out=None: fused(a, b, self.group, candidate, out=out, spin_limit=spin_limit)
 
     # Baselines ---------------------------------------------------------------------------------
 
     def _time(self, fn) -> tuple[float, ...]:
-        t = time_collective(fn, self.group, warmup=self.timing.warmup, repetitions=self.timing.repetitions,
-                            flush_l2=self.timing.flush_l2)
+        t = time_collective(
+            fn,
+            self.group,
+            warmup=self.timing.warmup,
+            repetitions=self.timing.repetitions,
+            flush_l2=self.timing.flush_l2,
+        )
         return t.samples_us
 
     def _baseline(self, name: str, fn, detail: str, eager: bool = True) -> BaselineResult:
         """A baseline's device time and, with `eager`, its back-to-back eager time and host time."""
-        t = time_collective(fn, self.group, warmup=self.timing.warmup, repetitions=self.timing.repetitions,
-                            flush_l2=self.timing.flush_l2)
+        t = time_collective(
+            fn,
+            self.group,
+            warmup=self.timing.warmup,
+            repetitions=self.timing.repetitions,
+            flush_l2=self.timing.flush_l2,
+        )
         if not eager:
             return BaselineResult(name, t.samples_us, detail)
         e = time_eager(fn, self.group, flush_l2=self.timing.flush_l2)
@@ -166,7 +183,9 @@ class Harness:
 
             gemm_a = a
         results.append(self._baseline("torch_seq", seq, "NCCL collective and torch.matmul in sequence"))
-        results.append(BaselineResult("gemm_alone", self._time(lambda: torch.matmul(gemm_a, b)), "torch.matmul (cuBLAS)"))
+        results.append(
+            BaselineResult("gemm_alone", self._time(lambda: torch.matmul(gemm_a, b)), "torch.matmul (cuBLAS)")
+        )
         results.append(BaselineResult("comm_alone", self._time(comm), "NCCL collective alone"))
         async_tp = self._async_tp()
         if async_tp is not None:
@@ -185,10 +204,20 @@ class Harness:
 
             enable_symm_mem(g.group_name)
             if kind == "ag_gemm":
-                fn = lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], gather_dim=0, group_name=g.group_name)
+
+                def fn():
+                    return torch.ops.symm_mem.fused_all_gather_matmul(
+                        a, [b], gather_dim=0, group_name=g.group_name
+                    )
+
                 detail = "torch.ops.symm_mem.fused_all_gather_matmul"
             elif kind == "gemm_rs":
-                fn = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", scatter_dim=0, group_name=g.group_name)
+
+                def fn():
+                    return torch.ops.symm_mem.fused_matmul_reduce_scatter(
+                        a, b, "sum", scatter_dim=0, group_name=g.group_name
+                    )
+
                 detail = "torch.ops.symm_mem.fused_matmul_reduce_scatter"
             else:
                 return self._symm_all_reduce(symm_mem)
@@ -214,11 +243,21 @@ class Harness:
             torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", g.group_name)
             return buf
 
-        tried = [self._baseline("torch_async_tp", one_shot, "torch.matmul into symmetric memory, then "
-                                "torch.ops.symm_mem.one_shot_all_reduce")]
+        tried = [
+            self._baseline(
+                "torch_async_tp",
+                one_shot,
+                "torch.matmul into symmetric memory, then torch.ops.symm_mem.one_shot_all_reduce",
+            )
+        ]
         if hasattr(torch.ops.symm_mem, "two_shot_all_reduce_"):
-            tried.append(self._baseline("torch_async_tp", two_shot, "torch.matmul into symmetric memory, then "
-                                        "torch.ops.symm_mem.two_shot_all_reduce_"))
+            tried.append(
+                self._baseline(
+                    "torch_async_tp",
+                    two_shot,
+                    "torch.matmul into symmetric memory, then torch.ops.symm_mem.two_shot_all_reduce_",
+                )
+            )
         return min(tried, key=lambda r: statistics.median(r.samples_us))
 
     def _copy_engine_alone(self) -> BaselineResult | None:
@@ -241,9 +280,20 @@ class Harness:
                 e = ctx.begin_call()
                 main = torch.cuda.current_stream()
                 streams = ctx.fork(main, 3)
-                backend.start_gather(GatherCall(
-                    ctx=ctx, plan=plan, candidate=cand, epoch=e, main=main, a_local=a, a_full=ctx.buffers["a_full"],
-                    r0=self.rank * a.shape[0], row_bytes=a.shape[1] * a.element_size()), streams)
+                backend.start_gather(
+                    GatherCall(
+                        ctx=ctx,
+                        plan=plan,
+                        candidate=cand,
+                        epoch=e,
+                        main=main,
+                        a_local=a,
+                        a_full=ctx.buffers["a_full"],
+                        r0=self.rank * a.shape[0],
+                        row_bytes=a.shape[1] * a.element_size(),
+                    ),
+                    streams,
+                )
                 ctx.join(main, streams)
         else:
             n = b.shape[1]
@@ -256,11 +306,25 @@ class Harness:
                 for i in range(len(plan.sends(self.rank, "reduce"))):
                     streamops.write_value(main.cuda_stream, ctx.signal_address(self.rank, READY_BASE + i), e)
                 streams = ctx.fork(main, 3)
-                backend.start_scatter(ScatterCall(
-                    ctx=ctx, plan=plan, candidate=cand, epoch=e, main=main, send=send, recv=ctx.buffers["recv"],
-                    n_cols=n, elem=send.element_size()), streams)
+                backend.start_scatter(
+                    ScatterCall(
+                        ctx=ctx,
+                        plan=plan,
+                        candidate=cand,
+                        epoch=e,
+                        main=main,
+                        send=send,
+                        recv=ctx.buffers["recv"],
+                        n_cols=n,
+                        elem=send.element_size(),
+                    ),
+                    streams,
+                )
                 ctx.join(main, streams)
-        return BaselineResult("comm_alone_copy_engine", self._time(fn), "copy-engine transfers of the direct plan, no GEMM")
+
+        return BaselineResult(
+            "comm_alone_copy_engine", self._time(fn), "copy-engine transfers of the direct plan, no GEMM"
+        )
 
     # Candidates --------------------------------------------------------------------------------
 
@@ -312,7 +376,10 @@ class Harness:
         try:
             rel = self.verify(candidate)
             if not rel <= TOLERANCE[self.workload.dtype]:
-                status, error = "wrong_result", f"relative error {rel:.3g} exceeds {TOLERANCE[self.workload.dtype]}"
+                status, error = (
+                    "wrong_result",
+                    f"relative error {rel:.3g} exceeds {TOLERANCE[self.workload.dtype]}",
+                )
         except Exception as e:
             status, error = classify(e), f"{type(e).__name__}: {e}"
             log.info("candidate %s: %s", candidate.short(), error)
@@ -322,8 +389,13 @@ class Harness:
         fused = self.op(candidate, SPIN_LIMIT)
         a, b = self.a, self.b
         try:
-            timing = time_collective(lambda: fused(a, b), self.group, warmup=self.timing.warmup,
-                                     repetitions=self.timing.repetitions, flush_l2=self.timing.flush_l2)
+            timing = time_collective(
+                lambda: fused(a, b),
+                self.group,
+                warmup=self.timing.warmup,
+                repetitions=self.timing.repetitions,
+                flush_l2=self.timing.flush_l2,
+            )
             eager = time_eager(lambda: fused(a, b), self.group, flush_l2=self.timing.flush_l2)
             self._context().check_error()
         except Exception as e:
@@ -333,8 +405,13 @@ class Harness:
         status = self._agree("ok")
         if status != "ok":
             return CandidateResult(status=status, max_rel_error=rel, error="failed on another rank")
-        return CandidateResult(status="ok", samples_us=timing.samples_us, max_rel_error=rel, host_us=timing.host_us,
-                               eager_us=statistics.median(eager))
+        return CandidateResult(
+            status="ok",
+            samples_us=timing.samples_us,
+            max_rel_error=rel,
+            host_us=timing.host_us,
+            eager_us=statistics.median(eager),
+        )
 
     def close(self) -> None:
         ops.close_contexts(self.group)

@@ -14,19 +14,38 @@ import triton
 import triton.compiler.errors
 import triton.language as tl
 
+from syncopate import search_space
 from syncopate.environment import GLUON_VAR
 from syncopate.errors import RuntimeUnavailableError
 from syncopate.kernels import gluon_kernels
 from syncopate.kernels.context import kept_allocations
 from syncopate.kernels.tables import ENTERED_BASE, MEET_BASE, READY_BASE
-from syncopate.kernels.triton_kernels import (chunk_copy_kernel, consumer_kernel, graph_entry_kernel, producer_kernel,
-                                              pull_kernel)
-from syncopate import search_space
+from syncopate.kernels.triton_kernels import (
+    chunk_copy_kernel,
+    consumer_kernel,
+    graph_entry_kernel,
+    producer_kernel,
+    pull_kernel,
+)
 from syncopate.search_space import Candidate
 
 __all__ = [
-    "interpreting", "use_tma", "own_shard_readable", "launch_consumer", "launch_producer", "launch_chunk_copy",
-    "copy_job_tables", "stage_chunk_copy", "launch_graph_entry", "pull_aligned", "pull_fits", "launch_pull", "stage_pull", "gluon_producer", "gluon_consumer", "TL_DTYPES",
+    "interpreting",
+    "use_tma",
+    "own_shard_readable",
+    "launch_consumer",
+    "launch_producer",
+    "launch_chunk_copy",
+    "copy_job_tables",
+    "stage_chunk_copy",
+    "launch_graph_entry",
+    "pull_aligned",
+    "pull_fits",
+    "launch_pull",
+    "stage_pull",
+    "gluon_producer",
+    "gluon_consumer",
+    "TL_DTYPES",
 ]
 
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -35,7 +54,9 @@ COPY_BLOCK = 4096
 COPY_COUNTER_BASE = 2048
 
 
-_ENVIRON = os.environ._data if os.name == "posix" and isinstance(getattr(os.environ, "_data", None), dict) else None
+_ENVIRON = (
+    os.environ._data if os.name == "posix" and isinstance(getattr(os.environ, "_data", None), dict) else None
+)
 """os.environ's own table (encoded names to encoded values), where it has one: the launchers read
 their settings (the interpreter flag, the Gluon kernels) several times on every call, and a
 look-up there skips `os.environ.get`'s encoding and mapping layers, a small part of a call's host
@@ -112,6 +133,7 @@ RELAUNCH_TRITON = ("3.6.",)
 on: the fused ops' results and host times on the GPU). Elsewhere every launch takes Triton's
 dispatch."""
 
+
 def _settings() -> tuple[str | None, str | None]:
     """The environment settings the launchers' choices read (the interpreter flag, the Gluon
     kernels): part of every relaunch key."""
@@ -153,16 +175,22 @@ class _Relaunch:
     ENCODED = 8
     """Encoded descriptors kept per replaced descriptor (per address); all dropped when full."""
 
-    def __init__(self, jit_fn, compiled, grid: tuple[int], args: tuple, kwargs: dict, varying,
-                 describe=None) -> None:
+    def __init__(
+        self, jit_fn, compiled, grid: tuple[int], args: tuple, kwargs: dict, varying, describe=None
+    ) -> None:
         binder = jit_fn.device_caches[torch.cuda.current_device()][4]
         bound = binder(*args, **kwargs)[0]
         names = list(bound)
         self.values = list(bound.values())
         self.slots = {name: names.index(name) for name in varying}
-        self.tma = {name: self.values[i] is not None for name, i in self.slots.items() if name.endswith("_desc")}
-        self.boxes = {name: self.values[i].block_shape for name, i in self.slots.items()
-                      if name.endswith("_desc") and self.values[i] is not None}
+        self.tma = {
+            name: self.values[i] is not None for name, i in self.slots.items() if name.endswith("_desc")
+        }
+        self.boxes = {
+            name: self.values[i].block_shape
+            for name, i in self.slots.items()
+            if name.endswith("_desc") and self.values[i] is not None
+        }
         self.passed = [name for name in self.slots if self.tma.get(name, True)]
         """The replaced arguments a call passes: descriptors only where this launch holds one."""
         self.describe = describe or _descriptor
@@ -170,7 +198,9 @@ class _Relaunch:
         from triton.runtime import driver
 
         self.device = torch.cuda.current_device()
-        self.stream = driver.active.get_current_stream  # the caller's current stream, as Triton's dispatch finds it
+        self.stream = (
+            driver.active.get_current_stream
+        )  # the caller's current stream, as Triton's dispatch finds it
         self.direct = _direct_launch(compiled, self.values, self.slots)
         self.direct_launches = 0
         """Launches made through `direct` (the others went through the compiled kernel's run)."""
@@ -188,11 +218,25 @@ class _Relaunch:
             for name in self.passed:
                 at, width, meta = direct.places[name]
                 if width:
-                    args[at:at + width] = self._encoded(name, given[name], meta)
+                    args[at : at + width] = self._encoded(name, given[name], meta)
                 else:
                     args[at] = given[name]
-            direct.launch(self.grid[0], 1, 1, self.stream(self.device), direct.function, direct.cooperative,
-                          direct.pdl, None, None, direct.metadata, None, None, None, *args)
+            direct.launch(
+                self.grid[0],
+                1,
+                1,
+                self.stream(self.device),
+                direct.function,
+                direct.cooperative,
+                direct.pdl,
+                None,
+                None,
+                direct.metadata,
+                None,
+                None,
+                None,
+                *args,
+            )
             return
         values = self.values.copy()
         for name in self.passed:
@@ -200,8 +244,18 @@ class _Relaunch:
             values[self.slots[name]] = self.describe(value, self.boxes[name]) if name in self.boxes else value
         k = self.compiled
         stream = self.stream(self.device)
-        k.run(self.grid[0], 1, 1, stream, k.function, k.packed_metadata,
-              k.launch_metadata(self.grid, stream, *values), hooks.launch_enter_hook, hooks.launch_exit_hook, *values)
+        k.run(
+            self.grid[0],
+            1,
+            1,
+            stream,
+            k.function,
+            k.packed_metadata,
+            k.launch_metadata(self.grid, stream, *values),
+            hooks.launch_enter_hook,
+            hooks.launch_exit_hook,
+            *values,
+        )
 
     def _encoded(self, name: str, t: torch.Tensor, meta) -> list:
         """The launcher's arguments for a descriptor of `name`'s box over `t` (the key fixes `t`'s
@@ -283,11 +337,19 @@ def _direct_launch(compiled, values: list, slots: dict[str, int]) -> _Direct | N
             if name is not None:
                 places[name] = (len(args), 0, None)
             args.append(value)
-    for name, (at, width, _) in places.items():
-        args[at:at + max(width, 1)] = [None] * max(width, 1)
-    return _Direct(launch=launch, function=compiled.function, metadata=compiled.packed_metadata,
-                   cooperative=run.launch_cooperative_grid, pdl=run.launch_pdl, encode=make_tensordesc_arg,
-                   args=args, places=places, encoded={name: {} for name, (_, width, _) in places.items() if width})
+    for _name, (at, width, _) in places.items():
+        args[at : at + max(width, 1)] = [None] * max(width, 1)
+    return _Direct(
+        launch=launch,
+        function=compiled.function,
+        metadata=compiled.packed_metadata,
+        cooperative=run.launch_cooperative_grid,
+        pdl=run.launch_pdl,
+        encode=make_tensordesc_arg,
+        args=args,
+        places=places,
+        encoded={name: {} for name, (_, width, _) in places.items() if width},
+    )
 
 
 def _tables_key(tables) -> tuple:
@@ -295,7 +357,9 @@ def _tables_key(tables) -> tuple:
     return tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in vars(tables).values())
 
 
-def _remember(cache: dict | None, key: tuple | None, jit_fn, compiled, grid, args, kwargs, varying) -> _Relaunch | None:
+def _remember(
+    cache: dict | None, key: tuple | None, jit_fn, compiled, grid, args, kwargs, varying
+) -> _Relaunch | None:
     """Keep the launch just made (`compiled`, from `jit_fn[grid](*args, **kwargs)`) in `cache` under
     `key`, to be relaunched with the arguments named in `varying` replaced; returns it."""
     if cache is None or key is None or compiled is None or not hasattr(compiled, "run"):
@@ -332,8 +396,10 @@ def _tail_buffers(cache: dict | None, device: torch.device, slots: int, c: Candi
         return cache[key]
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return None
-    made = (torch.empty(slots * c.block_m * c.block_n, dtype=torch.float32, device=device),
-            torch.zeros(slots, dtype=torch.int32, device=device))
+    made = (
+        torch.empty(slots * c.block_m * c.block_n, dtype=torch.float32, device=device),
+        torch.zeros(slots, dtype=torch.int32, device=device),
+    )
     if cache is not None:
         cache[key] = made
     return made
@@ -344,9 +410,20 @@ _NO_PARTS: dict[torch.device, torch.Tensor] = {}
 
 
 def launch_consumer(
-    a_full: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tables, c: Candidate, epoch: int,
-    signals: torch.Tensor, error: torch.Tensor, num_programs: int, spin_limit: int = 0, cache: dict | None = None,
-    a_own: torch.Tensor | None = None, own_row0: int = 0, memo: dict | None = None,
+    a_full: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    tables,
+    c: Candidate,
+    epoch: int,
+    signals: torch.Tensor,
+    error: torch.Tensor,
+    num_programs: int,
+    spin_limit: int = 0,
+    cache: dict | None = None,
+    a_own: torch.Tensor | None = None,
+    own_row0: int = 0,
+    memo: dict | None = None,
 ) -> None:
     """out[M, N] = A[M, K] @ B[K, N] with A from the gathered buffer, tiles in `tables.order`.
 
@@ -365,18 +442,47 @@ def launch_consumer(
         kept = memo.get(memo_key)
         if kept is not None:
             again, kmajor = kept
-            again(b_ptr=b, c_ptr=out, own_ptr=a_own, epoch=epoch, b_desc=b.t() if kmajor else b, c_desc=out,
-                  own_desc=a_own)
+            again(
+                b_ptr=b,
+                c_ptr=out,
+                own_ptr=a_own,
+                epoch=epoch,
+                b_desc=b.t() if kmajor else b,
+                c_desc=out,
+                own_desc=a_own,
+            )
             return
     key = None
     if cache is not None and _relaunch_on(out):
-        key = ("relaunch", "consumer", _tables_key(tables), c, num_programs, spin_limit, a_full.data_ptr(),
-               signals.data_ptr(), error.data_ptr(), _shape_key(a_full), _shape_key(b), _shape_key(out),
-               _shape_key(a_own), own_row0, own_tiles, _settings())
+        key = (
+            "relaunch",
+            "consumer",
+            _tables_key(tables),
+            c,
+            num_programs,
+            spin_limit,
+            a_full.data_ptr(),
+            signals.data_ptr(),
+            error.data_ptr(),
+            _shape_key(a_full),
+            _shape_key(b),
+            _shape_key(out),
+            _shape_key(a_own),
+            own_row0,
+            own_tiles,
+            _settings(),
+        )
         again = cache.get(key)
         if again is not None:
-            again(b_ptr=b, c_ptr=out, own_ptr=a_own, epoch=epoch, b_desc=b.t() if b_is_kmajor(b) else b, c_desc=out,
-                  own_desc=a_own)
+            again(
+                b_ptr=b,
+                c_ptr=out,
+                own_ptr=a_own,
+                epoch=epoch,
+                b_desc=b.t() if b_is_kmajor(b) else b,
+                c_desc=out,
+                own_desc=a_own,
+            )
             if memo_key is not None:
                 memo[memo_key] = (again, b_is_kmajor(b))
             return
@@ -386,8 +492,24 @@ def launch_consumer(
     b_mat = b.t() if kmajor else b
     grid = _grid(tables.order.numel(), num_programs)
     if gluon_consumer(c, K, a_full, b_mat, out, a_own):
-        again = _launch_gluon_consumer(a_full, b_mat, kmajor, out, a_own, own_row0, own_tiles, tables, c, epoch,
-                                       signals, error, grid, spin_limit, cache, key)
+        again = _launch_gluon_consumer(
+            a_full,
+            b_mat,
+            kmajor,
+            out,
+            a_own,
+            own_row0,
+            own_tiles,
+            tables,
+            c,
+            epoch,
+            signals,
+            error,
+            grid,
+            spin_limit,
+            cache,
+            key,
+        )
         if again is not None and memo_key is not None:
             memo[memo_key] = (again, kmajor)
         return
@@ -403,32 +525,89 @@ def launch_consumer(
     tail_start = tiles - tiles % grid[0] if split else tiles
     parts, flags = buffers
     args = (
-        a_full, b, out,
+        a_full,
+        b,
+        out,
         _descriptor(a_full, [c.block_m, c.block_k]) if tma else None,
         (_descriptor(b_mat, [c.block_n, c.block_k] if kmajor else [c.block_k, c.block_n])) if tma else None,
         _descriptor(out, [c.block_m, c.block_n]) if tma else None,
-        M, N, K, a_full.stride(0), a_full.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
-        tables.order, tables.mtile_lo, tables.mtile_hi, tables.chunk_slot, signals, epoch, error, _spin(spin_limit),
-        grid[0], a_own, _descriptor(a_own, [c.block_m, c.block_k]) if tma else None, a_own.shape[0], own_row0,
-        a_own.stride(0), a_own.stride(1), own_tiles, tail_start, split, parts, flags,
+        M,
+        N,
+        K,
+        a_full.stride(0),
+        a_full.stride(1),
+        b.stride(0),
+        b.stride(1),
+        out.stride(0),
+        out.stride(1),
+        tables.order,
+        tables.mtile_lo,
+        tables.mtile_hi,
+        tables.chunk_slot,
+        signals,
+        epoch,
+        error,
+        _spin(spin_limit),
+        grid[0],
+        a_own,
+        _descriptor(a_own, [c.block_m, c.block_k]) if tma else None,
+        a_own.shape[0],
+        own_row0,
+        a_own.stride(0),
+        a_own.stride(1),
+        own_tiles,
+        tail_start,
+        split,
+        parts,
+        flags,
     )
     kwargs = dict(
-        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_TMA=tma, B_KMAJOR=kmajor,
-        ASM_WAIT=compiled_for_gpu(out), OUT_DTYPE=TL_DTYPES[out.dtype],
-        num_warps=c.num_warps, num_stages=c.num_stages,
+        BLOCK_M=c.block_m,
+        BLOCK_N=c.block_n,
+        BLOCK_K=c.block_k,
+        USE_TMA=tma,
+        B_KMAJOR=kmajor,
+        ASM_WAIT=compiled_for_gpu(out),
+        OUT_DTYPE=TL_DTYPES[out.dtype],
+        num_warps=c.num_warps,
+        num_stages=c.num_stages,
     )
     compiled = consumer_kernel[grid](*args, **kwargs)
-    again = _remember(cache, key, consumer_kernel, compiled, grid, args, kwargs,
-                      ("b_ptr", "c_ptr", "own_ptr", "epoch", "b_desc", "c_desc", "own_desc"))
+    again = _remember(
+        cache,
+        key,
+        consumer_kernel,
+        compiled,
+        grid,
+        args,
+        kwargs,
+        ("b_ptr", "c_ptr", "own_ptr", "epoch", "b_desc", "c_desc", "own_desc"),
+    )
     if again is not None and memo_key is not None:
         memo[memo_key] = (again, kmajor)
 
 
 def launch_producer(
-    a: torch.Tensor, b: torch.Tensor, send: torch.Tensor, out: torch.Tensor, reduced: torch.Tensor | None,
-    recv: torch.Tensor, out_row0: int, tables, c: Candidate, epoch: int, signals: torch.Tensor,
-    counters: torch.Tensor, peer_signal_ptrs: torch.Tensor, world: int, rank: int, error: torch.Tensor,
-    num_programs: int, spin_limit: int = 0, cache: dict | None = None, memo: dict | None = None,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    send: torch.Tensor,
+    out: torch.Tensor,
+    reduced: torch.Tensor | None,
+    recv: torch.Tensor,
+    out_row0: int,
+    tables,
+    c: Candidate,
+    epoch: int,
+    signals: torch.Tensor,
+    counters: torch.Tensor,
+    peer_signal_ptrs: torch.Tensor,
+    world: int,
+    rank: int,
+    error: torch.Tensor,
+    num_programs: int,
+    spin_limit: int = 0,
+    cache: dict | None = None,
+    memo: dict | None = None,
 ) -> None:
     """Partial products of A[M, K] @ B[K, N] in send order; received partials added in the epilogue.
 
@@ -442,21 +621,59 @@ def launch_producer(
         if kept is not None:
             again, kmajor = kept
             reduced_or_out = reduced if reduced is not None else out
-            again(a_ptr=a, b_ptr=b, out_ptr=out, reduced_ptr=reduced_or_out, epoch=epoch, a_desc=a,
-                  b_desc=b.t() if kmajor else b, out_desc=out, reduced_desc=reduced_or_out)
+            again(
+                a_ptr=a,
+                b_ptr=b,
+                out_ptr=out,
+                reduced_ptr=reduced_or_out,
+                epoch=epoch,
+                a_desc=a,
+                b_desc=b.t() if kmajor else b,
+                out_desc=out,
+                reduced_desc=reduced_or_out,
+            )
             return
     key = None
     if cache is not None and _relaunch_on(a):
-        key = ("relaunch", "producer", _tables_key(tables), c, world, rank, out_row0, num_programs, spin_limit,
-               send.data_ptr(), recv.data_ptr(), None if reduced is None else reduced.data_ptr(), signals.data_ptr(),
-               counters.data_ptr(), peer_signal_ptrs.data_ptr(), error.data_ptr(), _shape_key(a), _shape_key(b),
-               _shape_key(send), _shape_key(out), _shape_key(reduced), _shape_key(recv),
-               _settings())
+        key = (
+            "relaunch",
+            "producer",
+            _tables_key(tables),
+            c,
+            world,
+            rank,
+            out_row0,
+            num_programs,
+            spin_limit,
+            send.data_ptr(),
+            recv.data_ptr(),
+            None if reduced is None else reduced.data_ptr(),
+            signals.data_ptr(),
+            counters.data_ptr(),
+            peer_signal_ptrs.data_ptr(),
+            error.data_ptr(),
+            _shape_key(a),
+            _shape_key(b),
+            _shape_key(send),
+            _shape_key(out),
+            _shape_key(reduced),
+            _shape_key(recv),
+            _settings(),
+        )
         again = cache.get(key)
         if again is not None:
             reduced_or_out = reduced if reduced is not None else out
-            again(a_ptr=a, b_ptr=b, out_ptr=out, reduced_ptr=reduced_or_out, epoch=epoch, a_desc=a,
-                  b_desc=b.t() if b_is_kmajor(b) else b, out_desc=out, reduced_desc=reduced_or_out)
+            again(
+                a_ptr=a,
+                b_ptr=b,
+                out_ptr=out,
+                reduced_ptr=reduced_or_out,
+                epoch=epoch,
+                a_desc=a,
+                b_desc=b.t() if b_is_kmajor(b) else b,
+                out_desc=out,
+                reduced_desc=reduced_or_out,
+            )
             if memo_key is not None:
                 memo[memo_key] = (again, b_is_kmajor(b))
             return
@@ -468,9 +685,29 @@ def launch_producer(
     grid = _grid(entries, num_programs)
     recv_rows = recv.view(-1, N) if recv.is_contiguous() and recv.numel() % N == 0 else recv
     if gluon_producer(c, tables, K, a, b_mat, send, out, reduced if reduced is not None else out, recv_rows):
-        again = _launch_gluon_producer(a, b_mat, kmajor, send, out, reduced, recv_rows, out_row0, tables, c, epoch,
-                                       signals, counters, peer_signal_ptrs, world, rank, error, grid, spin_limit,
-                                       cache, key)
+        again = _launch_gluon_producer(
+            a,
+            b_mat,
+            kmajor,
+            send,
+            out,
+            reduced,
+            recv_rows,
+            out_row0,
+            tables,
+            c,
+            epoch,
+            signals,
+            counters,
+            peer_signal_ptrs,
+            world,
+            rank,
+            error,
+            grid,
+            spin_limit,
+            cache,
+            key,
+        )
         if again is not None and memo_key is not None:
             memo[memo_key] = (again, kmajor)
         return
@@ -480,24 +717,60 @@ def launch_producer(
     tma_epi = tma_epilogue(c, tables, split, send, out, reduced_or_out, recv_rows)
     box = [c.block_m, c.block_n // split]
     args = (
-        a, b,
+        a,
+        b,
         _descriptor(a, [c.block_m, c.block_k]) if tma else None,
         (_descriptor(b_mat, [c.block_n, c.block_k] if kmajor else [c.block_k, c.block_n])) if tma else None,
-        send, out, reduced_or_out, recv,
+        send,
+        out,
+        reduced_or_out,
+        recv,
         *((_descriptor(t, box) for t in (send, out, reduced_or_out, recv_rows)) if tma_epi else (None,) * 4),
-        M, N, K, out_row0, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-        tables.order, tables.entry_chunk, entries, tables.chunk_row,
-        tables.inc_start, tables.inc_slot, tables.inc_offset,
-        tables.chunk_ready, tables.chunk_tiles, counters, signals[READY_BASE:],
-        tables.keep, peer_signal_ptrs, tables.gather_slot, signals[ENTERED_BASE:], rank,
-        signals, epoch, error, _spin(spin_limit), grid[0],
+        M,
+        N,
+        K,
+        out_row0,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        tables.order,
+        tables.entry_chunk,
+        entries,
+        tables.chunk_row,
+        tables.inc_start,
+        tables.inc_slot,
+        tables.inc_offset,
+        tables.chunk_ready,
+        tables.chunk_tiles,
+        counters,
+        signals[READY_BASE:],
+        tables.keep,
+        peer_signal_ptrs,
+        tables.gather_slot,
+        signals[ENTERED_BASE:],
+        rank,
+        signals,
+        epoch,
+        error,
+        _spin(spin_limit),
+        grid[0],
     )
     kwargs = dict(
-        WORLD=world, INC_MAX=max(1, tables.inc_max),
-        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_TMA=tma, B_KMAJOR=kmajor,
-        ALL_REDUCE=reduced is not None, ASM_WAIT=compiled_for_gpu(a), EPI_SPLIT=split,
-        TMA_EPI=tma_epi, OUT_DTYPE=TL_DTYPES[send.dtype],
-        num_warps=c.num_warps, num_stages=c.num_stages,
+        WORLD=world,
+        INC_MAX=max(1, tables.inc_max),
+        BLOCK_M=c.block_m,
+        BLOCK_N=c.block_n,
+        BLOCK_K=c.block_k,
+        USE_TMA=tma,
+        B_KMAJOR=kmajor,
+        ALL_REDUCE=reduced is not None,
+        ASM_WAIT=compiled_for_gpu(a),
+        EPI_SPLIT=split,
+        TMA_EPI=tma_epi,
+        OUT_DTYPE=TL_DTYPES[send.dtype],
+        num_warps=c.num_warps,
+        num_stages=c.num_stages,
     )
     compiled = producer_kernel[grid](*args, **kwargs)
     varying = ["a_ptr", "b_ptr", "out_ptr", "epoch", "a_desc", "b_desc", "out_desc"]
@@ -526,6 +799,7 @@ GLUON_SMEM = 227 * 1024
 GLUON_PARTIAL_LEAD = 4
 """K steps before a tile's end at which the Gluon producer polls for the tile's partial and loads it."""
 
+
 def _gluon_fits(c: Candidate, K: int, a: torch.Tensor) -> bool:
     """What both Gluon kernels need: asked for (SYNCOPATE_GLUON=1, a user setting recorded in the
     environment fingerprint, `syncopate.environment`; off by default), compiled for a GPU with
@@ -543,16 +817,18 @@ def _gluon_fits(c: Candidate, K: int, a: torch.Tensor) -> bool:
     return c.num_stages >= 2 and smem <= GLUON_SMEM and -(-K // c.block_k) >= c.num_stages - 1
 
 
-def gluon_producer(c: Candidate, tables, K: int, a: torch.Tensor, b_mat: torch.Tensor,
-                   *buffers: torch.Tensor) -> bool:
+def gluon_producer(
+    c: Candidate, tables, K: int, a: torch.Tensor, b_mat: torch.Tensor, *buffers: torch.Tensor
+) -> bool:
     """Whether a producer launch takes `gluon_kernels.gluon_producer_kernel` instead of
     `producer_kernel`: `_gluon_fits`, and the TMA-epilogue path (`tma_epilogue` for `buffers`,
     whole tiles)."""
     return _gluon_fits(c, K, a) and use_tma(a, b_mat) and tma_epilogue(c, tables, 1, *buffers)
 
 
-def gluon_consumer(c: Candidate, K: int, a_full: torch.Tensor, b_mat: torch.Tensor, out: torch.Tensor,
-                   a_own: torch.Tensor) -> bool:
+def gluon_consumer(
+    c: Candidate, K: int, a_full: torch.Tensor, b_mat: torch.Tensor, out: torch.Tensor, a_own: torch.Tensor
+) -> bool:
     """Whether a consumer launch takes `gluon_kernels.gluon_consumer_kernel` instead of
     `consumer_kernel`: `_gluon_fits`, and the TMA path for every operand (tiles over the shape's
     edges are the descriptors' business: loads past them read zeros, stores past them are dropped)."""
@@ -579,43 +855,132 @@ class _GluonRelaunch(_Relaunch):
         super().__init__(*args, describe=_gl_descriptor)
 
 
-def _launch_gluon_producer(a, b_mat, kmajor, send, out, reduced, recv_rows, out_row0, tables, c, epoch, signals,
-                           counters, peer_signal_ptrs, world, rank, error, grid, spin_limit, cache, key):
+def _launch_gluon_producer(
+    a,
+    b_mat,
+    kmajor,
+    send,
+    out,
+    reduced,
+    recv_rows,
+    out_row0,
+    tables,
+    c,
+    epoch,
+    signals,
+    counters,
+    peer_signal_ptrs,
+    world,
+    rank,
+    error,
+    grid,
+    spin_limit,
+    cache,
+    key,
+):
     N = send.shape[1]
     box = [c.block_m, c.block_n]
     out_desc = _gl_descriptor(out, box)
     args = (
         _gl_descriptor(a, [c.block_m, c.block_k]),
         _gl_descriptor(b_mat, [c.block_n, c.block_k] if kmajor else [c.block_k, c.block_n]),
-        _gl_descriptor(send, box), out_desc, _gl_descriptor(reduced, box) if reduced is not None else out_desc,
+        _gl_descriptor(send, box),
+        out_desc,
+        _gl_descriptor(reduced, box) if reduced is not None else out_desc,
         _gl_descriptor(recv_rows, box),
-        N, a.shape[1], out_row0,
-        tables.order, tables.entry_chunk, tables.order.numel(),
-        tables.inc_start, tables.inc_slot, tables.inc_offset,
-        tables.chunk_ready, tables.chunk_tiles, counters, signals[READY_BASE:],
-        tables.keep, peer_signal_ptrs, tables.gather_slot, signals[ENTERED_BASE:], rank,
-        signals, epoch, error, _spin(spin_limit),
+        N,
+        a.shape[1],
+        out_row0,
+        tables.order,
+        tables.entry_chunk,
+        tables.order.numel(),
+        tables.inc_start,
+        tables.inc_slot,
+        tables.inc_offset,
+        tables.chunk_ready,
+        tables.chunk_tiles,
+        counters,
+        signals[READY_BASE:],
+        tables.keep,
+        peer_signal_ptrs,
+        tables.gather_slot,
+        signals[ENTERED_BASE:],
+        rank,
+        signals,
+        epoch,
+        error,
+        _spin(spin_limit),
     )
-    kwargs = dict(WORLD=world, ALL_REDUCE=reduced is not None, B_KMAJOR=kmajor, NUM_BUF=c.num_stages,
-                  PARTIAL_LEAD=GLUON_PARTIAL_LEAD, num_warps=c.num_warps)
-    return _run_gluon(gluon_kernels.gluon_producer_kernel, "producer", grid, args, kwargs, cache, key,
-               ["a_desc", "b_desc", "out_desc", "epoch"] + (["reduced_desc"] if reduced is None else []))
+    kwargs = dict(
+        WORLD=world,
+        ALL_REDUCE=reduced is not None,
+        B_KMAJOR=kmajor,
+        NUM_BUF=c.num_stages,
+        PARTIAL_LEAD=GLUON_PARTIAL_LEAD,
+        num_warps=c.num_warps,
+    )
+    return _run_gluon(
+        gluon_kernels.gluon_producer_kernel,
+        "producer",
+        grid,
+        args,
+        kwargs,
+        cache,
+        key,
+        ["a_desc", "b_desc", "out_desc", "epoch"] + (["reduced_desc"] if reduced is None else []),
+    )
 
 
-def _launch_gluon_consumer(a_full, b_mat, kmajor, out, a_own, own_row0, own_tiles, tables, c, epoch, signals, error,
-                           grid, spin_limit, cache, key):
+def _launch_gluon_consumer(
+    a_full,
+    b_mat,
+    kmajor,
+    out,
+    a_own,
+    own_row0,
+    own_tiles,
+    tables,
+    c,
+    epoch,
+    signals,
+    error,
+    grid,
+    spin_limit,
+    cache,
+    key,
+):
     M, K = a_full.shape
     a_desc = _gl_descriptor(a_full, [c.block_m, c.block_k])
     args = (
-        a_desc, _gl_descriptor(a_own, [c.block_m, c.block_k]) if own_tiles else a_desc,
+        a_desc,
+        _gl_descriptor(a_own, [c.block_m, c.block_k]) if own_tiles else a_desc,
         _gl_descriptor(b_mat, [c.block_n, c.block_k] if kmajor else [c.block_k, c.block_n]),
         _gl_descriptor(out, [c.block_m, c.block_n]),
-        out.shape[1], K, own_row0, tables.order.numel(), own_tiles,
-        tables.order, tables.mtile_lo, tables.mtile_hi, tables.chunk_slot, signals, epoch, error, _spin(spin_limit),
+        out.shape[1],
+        K,
+        own_row0,
+        tables.order.numel(),
+        own_tiles,
+        tables.order,
+        tables.mtile_lo,
+        tables.mtile_hi,
+        tables.chunk_slot,
+        signals,
+        epoch,
+        error,
+        _spin(spin_limit),
     )
     kwargs = dict(B_KMAJOR=kmajor, NUM_BUF=c.num_stages, num_warps=c.num_warps)
-    return _run_gluon(gluon_kernels.gluon_consumer_kernel, "consumer", grid, args, kwargs, cache, key,
-               ["b_desc", "c_desc", "epoch"] + (["own_desc"] if own_tiles else []))
+    return _run_gluon(
+        gluon_kernels.gluon_consumer_kernel,
+        "consumer",
+        grid,
+        args,
+        kwargs,
+        cache,
+        key,
+        ["b_desc", "c_desc", "epoch"] + (["own_desc"] if own_tiles else []),
+    )
 
 
 def _run_gluon(kernel, role: str, grid, args, kwargs, cache, key, varying) -> _Relaunch | None:
@@ -690,8 +1055,9 @@ def copy_job_tables(ctx, jobs, stream: torch.cuda.Stream | None) -> tuple[torch.
 _COPIERS_LOADED: set[tuple] = set()
 
 
-def stage_chunk_copy(ctx, jobs, stream: torch.cuda.Stream | None, programs: int, dtype: torch.dtype,
-                     spin_limit: int = 0) -> None:
+def stage_chunk_copy(
+    ctx, jobs, stream: torch.cuda.Stream | None, programs: int, dtype: torch.dtype, spin_limit: int = 0
+) -> None:
     """Everything `launch_chunk_copy` needs that may synchronize, done before a fused kernel runs:
     the job tables, and the copier's first launch in this process (with no jobs), in which Triton
     compiles it and loads it onto the device. A module load is an implicit synchronization point
@@ -708,22 +1074,40 @@ def stage_chunk_copy(ctx, jobs, stream: torch.cuda.Stream | None, programs: int,
     _COPIERS_LOADED.add(variant)
 
 
-def launch_chunk_copy(ctx, stream: torch.cuda.Stream, jobs, programs: int, epoch: int, dtype: torch.dtype,
-                      spin_limit: int = 0) -> None:
+def launch_chunk_copy(
+    ctx, stream: torch.cuda.Stream, jobs, programs: int, epoch: int, dtype: torch.dtype, spin_limit: int = 0
+) -> None:
     """Run SM-driven chunk copies on `stream` with `programs` programs (see `chunk_copy_kernel`)."""
     if not jobs:
         return
-    _run_copier(ctx, stream, copy_job_tables(ctx, jobs, stream), len(jobs), programs, epoch, dtype, spin_limit)
+    _run_copier(
+        ctx, stream, copy_job_tables(ctx, jobs, stream), len(jobs), programs, epoch, dtype, spin_limit
+    )
 
 
-def _run_copier(ctx, stream, tables, num_jobs: int, programs: int, epoch: int, dtype: torch.dtype,
-                spin_limit: int) -> None:
+def _run_copier(
+    ctx, stream, tables, num_jobs: int, programs: int, epoch: int, dtype: torch.dtype, spin_limit: int
+) -> None:
     table, small = tables
     with torch.cuda.stream(stream) if ctx.device.type == "cuda" else contextlib.nullcontext():
         chunk_copy_kernel[(programs,)](
-            table[0], table[1], table[2], small[0], small[1], small[2], num_jobs,
-            ctx.signals.local, ctx.peer_signal_ptrs, ctx.signals.local[ENTERED_BASE:], ctx.counters[COPY_COUNTER_BASE:],
-            epoch, ctx.error, NUM_PROGRAMS=programs, BLOCK=COPY_BLOCK, ELEM=TL_DTYPES[dtype], MAX_SPIN=spin_limit,
+            table[0],
+            table[1],
+            table[2],
+            small[0],
+            small[1],
+            small[2],
+            num_jobs,
+            ctx.signals.local,
+            ctx.peer_signal_ptrs,
+            ctx.signals.local[ENTERED_BASE:],
+            ctx.counters[COPY_COUNTER_BASE:],
+            epoch,
+            ctx.error,
+            NUM_PROGRAMS=programs,
+            BLOCK=COPY_BLOCK,
+            ELEM=TL_DTYPES[dtype],
+            MAX_SPIN=spin_limit,
             num_warps=4,
         )
 
@@ -741,22 +1125,38 @@ def pull_aligned(src: int, dst: int, nbytes: int) -> bool:
 def pull_fits(src: torch.Tensor, dst: torch.Tensor) -> bool:
     """Whether `launch_pull` takes these tensors: contiguous, of one size, `pull_aligned`."""
     nbytes = src.numel() * src.element_size()
-    return (src.is_contiguous() and dst.is_contiguous() and nbytes == dst.numel() * dst.element_size()
-            and pull_aligned(src.data_ptr(), dst.data_ptr(), nbytes))
+    return (
+        src.is_contiguous()
+        and dst.is_contiguous()
+        and nbytes == dst.numel() * dst.element_size()
+        and pull_aligned(src.data_ptr(), dst.data_ptr(), nbytes)
+    )
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.int32)
 
 
-def launch_pull(ctx, stream: torch.cuda.Stream | None, src: torch.Tensor, dst: torch.Tensor, word: int, epoch: int,
-                spin_limit: int = 0) -> None:
+def launch_pull(
+    ctx,
+    stream: torch.cuda.Stream | None,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    word: int,
+    epoch: int,
+    spin_limit: int = 0,
+) -> None:
     """Enqueue on `stream` the SM copy of `src` (a peer's memory) into `dst` that starts once word
-    `word` of this rank's pad reaches `epoch` (`pull_kernel`). `pull_fits(src, dst)` must hold. A launch like an earlier one on
+    `word` of this rank's pad reaches `epoch` (`pull_kernel`). `pull_fits(src, dst)` must hold. A launch like
+    an earlier one on
     this context relaunches its compiled kernel with the new `dst` and epoch (`_Relaunch`)."""
     n = src.numel() * src.element_size() // 4
     cache = getattr(ctx, "cache", None)
-    with torch.cuda.stream(stream) if stream is not None and ctx.device.type == "cuda" else contextlib.nullcontext():
+    with (
+        torch.cuda.stream(stream)
+        if stream is not None and ctx.device.type == "cuda"
+        else contextlib.nullcontext()
+    ):
         key = None
         if cache is not None and _relaunch_on(dst):
             key = ("relaunch", "pull", src.data_ptr(), n, word, spin_limit, ctx.signals.local.data_ptr())
@@ -777,13 +1177,26 @@ def stage_pull(ctx) -> None:
     device, and in the middle of a call it would hold this rank while a peer's bounded wait for it
     runs out."""
     if ctx.device.type == "cuda":
-        pull_kernel[(1,)](ctx.scratch, ctx.scratch, 0, ctx.signals.local, 0, 0, ctx.error, -1, BLOCK=PULL_BLOCK,
-                          num_warps=4)
+        pull_kernel[(1,)](
+            ctx.scratch, ctx.scratch, 0, ctx.signals.local, 0, 0, ctx.error, -1, BLOCK=PULL_BLOCK, num_warps=4
+        )
 
 
 def launch_graph_entry(ctx, stream: torch.cuda.Stream | None) -> None:
     """Enqueue on `stream` the start of a call captured in a CUDA graph (`graph_entry_kernel`):
     the group meets, each rank clears its pad's words below MEET_BASE, and meets again."""
-    with torch.cuda.stream(stream) if stream is not None and ctx.device.type == "cuda" else contextlib.nullcontext():
-        graph_entry_kernel[(1,)](ctx.signals.local, ctx.peer_signal_ptrs, ctx.rank, MEET_BASE, WORLD=ctx.world_size,
-                                 CLEAR=MEET_BASE, BLOCK=1024, num_warps=4)
+    with (
+        torch.cuda.stream(stream)
+        if stream is not None and ctx.device.type == "cuda"
+        else contextlib.nullcontext()
+    ):
+        graph_entry_kernel[(1,)](
+            ctx.signals.local,
+            ctx.peer_signal_ptrs,
+            ctx.rank,
+            MEET_BASE,
+            WORLD=ctx.world_size,
+            CLEAR=MEET_BASE,
+            BLOCK=1024,
+            num_warps=4,
+        )

@@ -60,7 +60,11 @@ def _world(name: str) -> int:
     return dist.get_world_size(_group(name))
 
 
-OP_NAMES = {"ag_gemm": "all_gather_matmul", "gemm_rs": "matmul_reduce_scatter", "gemm_ar": "matmul_all_reduce"}
+OP_NAMES = {
+    "ag_gemm": "all_gather_matmul",
+    "gemm_rs": "matmul_reduce_scatter",
+    "gemm_ar": "matmul_all_reduce",
+}
 """The op of each kind, by its name in `syncopate.kernels.ops` and `torch.ops.syncopate`."""
 
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -75,8 +79,14 @@ def all_gather_rows(x: torch.Tensor, group) -> torch.Tensor:
     return full
 
 
-def unfused(kind: str, a: torch.Tensor, b: torch.Tensor, group, gathered: bool = False,
-            out: torch.Tensor | None = None):
+def unfused(
+    kind: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group,
+    gathered: bool = False,
+    out: torch.Tensor | None = None,
+):
     """The op of `kind` as torch's collective and matmul in sequence (the path the fused ops
     replace, and their template `unfused`); with `gathered`, an all-gather's output and its gathered
     A; with `out`, the output written there (its shape and dtype checked by the caller)."""
@@ -95,7 +105,9 @@ def unfused(kind: str, a: torch.Tensor, b: torch.Tensor, group, gathered: bool =
     return out
 
 
-def _run(kind: str, a: torch.Tensor, b: torch.Tensor, group_name: str, config: str | None, gathered: bool = False):
+def _run(
+    kind: str, a: torch.Tensor, b: torch.Tensor, group_name: str, config: str | None, gathered: bool = False
+):
     """The op of `kind` on `a` and `b`: the fused one on CUDA tensors, else `unfused`."""
     group = _group(group_name)
     if not a.is_cuda:
@@ -109,8 +121,11 @@ def _run(kind: str, a: torch.Tensor, b: torch.Tensor, group_name: str, config: s
 @functools.cache
 def register() -> None:
     """Define the ops (once a process); `torch.ops.syncopate` has them afterwards."""
+
     @torch.library.custom_op("syncopate::all_gather_matmul", mutates_args=())
-    def all_gather_matmul(a: torch.Tensor, b: torch.Tensor, group_name: str, config: str | None = None) -> torch.Tensor:
+    def all_gather_matmul(
+        a: torch.Tensor, b: torch.Tensor, group_name: str, config: str | None = None
+    ) -> torch.Tensor:
         return _run("ag_gemm", a, b, group_name, config)
 
     @all_gather_matmul.register_fake
@@ -118,8 +133,9 @@ def register() -> None:
         return a.new_empty((a.shape[0] * _world(group_name), b.shape[1]))
 
     @torch.library.custom_op("syncopate::all_gather_matmul_gathered", mutates_args=())
-    def all_gather_matmul_gathered(a: torch.Tensor, b: torch.Tensor, group_name: str,
-                                   config: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def all_gather_matmul_gathered(
+        a: torch.Tensor, b: torch.Tensor, group_name: str, config: str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return _run("ag_gemm", a, b, group_name, config, gathered=True)
 
     @all_gather_matmul_gathered.register_fake
@@ -128,8 +144,9 @@ def register() -> None:
         return a.new_empty((a.shape[0] * ws, b.shape[1])), a.new_empty((a.shape[0] * ws, a.shape[1]))
 
     @torch.library.custom_op("syncopate::matmul_reduce_scatter", mutates_args=())
-    def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group_name: str,
-                              config: str | None = None) -> torch.Tensor:
+    def matmul_reduce_scatter(
+        a: torch.Tensor, b: torch.Tensor, group_name: str, config: str | None = None
+    ) -> torch.Tensor:
         return _run("gemm_rs", a, b, group_name, config)
 
     @matmul_reduce_scatter.register_fake
@@ -137,7 +154,9 @@ def register() -> None:
         return a.new_empty((a.shape[0] // _world(group_name), b.shape[1]))
 
     @torch.library.custom_op("syncopate::matmul_all_reduce", mutates_args=())
-    def matmul_all_reduce(a: torch.Tensor, b: torch.Tensor, group_name: str, config: str | None = None) -> torch.Tensor:
+    def matmul_all_reduce(
+        a: torch.Tensor, b: torch.Tensor, group_name: str, config: str | None = None
+    ) -> torch.Tensor:
         return _run("gemm_ar", a, b, group_name, config)
 
     @matmul_all_reduce.register_fake

@@ -35,8 +35,14 @@ import torch.distributed as dist
 from syncopate.errors import ConfigError, describe
 from syncopate.kernels.context import OverlapContext, kept_allocations
 from syncopate.kernels.library import OP_NAMES, config_text, register
-from syncopate.kernels.templates import (CONTEXTS, CallProgram, CallSpec, fused_buffers, fused_context_key,
-                                         template_for)
+from syncopate.kernels.templates import (
+    CONTEXTS,
+    CallProgram,
+    CallSpec,
+    fused_buffers,
+    fused_context_key,
+    template_for,
+)
 from syncopate.platform import detect_topology
 from syncopate.search_space import (
     UNFUSED,
@@ -101,7 +107,9 @@ class ContextRegistry:
         if cand is None:
             from syncopate.results_db.lookups import lookup
 
-            result = lookup(workload.shape, self.topology(group), kind=workload.kind, dtype=workload.dtype, mode=mode)
+            result = lookup(
+                workload.shape, self.topology(group), kind=workload.kind, dtype=workload.dtype, mode=mode
+            )
             cand = result.candidate
             self._configs[key] = cand
             log.info("using %s for %s in %s mode (%s)", cand.short(), workload, mode, result.match)
@@ -163,7 +171,9 @@ def get_context(kind: str, group, shape: tuple[int, ...], dtype: torch.dtype) ->
     return CONTEXTS.get(group, fused_context_key(kind, m, cols, dtype), buffers)
 
 
-def call_context(kind: str, a, b, group=None, config: Candidate | dict | None = None) -> OverlapContext | None:
+def call_context(
+    kind: str, a, b, group=None, config: Candidate | dict | None = None
+) -> OverlapContext | None:
     """The context that calls of `kind` with operands like `a` and `b` and this config use, once one
     such call has been made (None before, and for template `unfused`, which needs none)."""
     key = _call_key(kind, a, b, group, config)
@@ -213,7 +223,9 @@ def _check_inputs(a: torch.Tensor, b: torch.Tensor, group, config=None) -> tuple
     if a.dtype != b.dtype:
         raise ConfigError(f"a has dtype {a.dtype} but b has {b.dtype}: they must match")
     if not a.is_contiguous():
-        raise ConfigError(f"a must be contiguous (row-major); got strides {a.stride()} for shape {tuple(a.shape)}")
+        raise ConfigError(
+            f"a must be contiguous (row-major); got strides {a.stride()} for shape {tuple(a.shape)}"
+        )
     if a.shape[1] != b.shape[0]:
         raise ConfigError(f"a is {tuple(a.shape)} and b is {tuple(b.shape)}: a's columns must equal b's rows")
     if not (b.is_contiguous() or (b.stride(0) == 1 and b.stride(1) == b.shape[0])):
@@ -228,7 +240,9 @@ def _check_inputs(a: torch.Tensor, b: torch.Tensor, group, config=None) -> tuple
     device = torch.device("cuda", torch.cuda.current_device())
     for name, t in (("a", a), ("b", b)):
         if t.device != device:
-            raise ConfigError(f"{name} is on {t.device} but this rank's device is {device}: call torch.cuda.set_device")
+            raise ConfigError(
+                f"{name} is on {t.device} but this rank's device is {device}: call torch.cuda.set_device"
+            )
     return group, dist.get_rank(group), dist.get_world_size(group)
 
 
@@ -281,7 +295,9 @@ def all_gather_matmul(
     program = _program("ag_gemm", a_shard, b, group, config, capturing)
     if return_gathered and not program.returns_gathered:  # nothing gathers A there: the direct plan does
         direct = dataclasses.replace(program.spec.candidate, template="direct")
-        return all_gather_matmul(a_shard, b, group, direct, return_gathered=True, out=out, spin_limit=spin_limit)
+        return all_gather_matmul(
+            a_shard, b, group, direct, return_gathered=True, out=out, spin_limit=spin_limit
+        )
     spec = program.spec
     if out is None:
         out = torch.empty(spec.out_shape, dtype=a_shard.dtype, device=a_shard.device)
@@ -297,8 +313,10 @@ def all_gather_matmul(
 
 def _check_out(out: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) -> None:
     if tuple(out.shape) != shape or out.dtype != dtype or not out.is_contiguous():
-        raise ConfigError(f"out must be a contiguous {dtype} tensor of shape {shape}, got {out.dtype} "
-                          f"{tuple(out.shape)}{'' if out.is_contiguous() else ' (not contiguous)'}")
+        raise ConfigError(
+            f"out must be a contiguous {dtype} tensor of shape {shape}, got {out.dtype} "
+            f"{tuple(out.shape)}{'' if out.is_contiguous() else ' (not contiguous)'}"
+        )
 
 
 def _traced(kind: str, a, b, group, config, out, spin_limit: int, gathered: bool = False):
@@ -307,8 +325,10 @@ def _traced(kind: str, a, b, group, config, out, spin_limit: int, gathered: bool
     place there)."""
     op = OP_NAMES[kind]
     if out is not None or spin_limit:
-        raise ConfigError(f"syncopate.{op} under torch.compile: out= and spin_limit are not supported there; "
-                          f"call it without them (the compiled graph allocates the output)")
+        raise ConfigError(
+            f"syncopate.{op} under torch.compile: out= and spin_limit are not supported there; "
+            f"call it without them (the compiled graph allocates the output)"
+        )
     name = (group or dist.group.WORLD).group_name
     traced = torch.ops.syncopate
     if gathered:
@@ -370,8 +390,14 @@ def gather_buffer(a_shard_shape: tuple[int, int], dtype: torch.dtype, group=None
     """
     group = _group(group)
     shape = tuple(a_shard_shape) if isinstance(a_shard_shape, (tuple, list, torch.Size)) else None
-    if shape is None or len(shape) != 2 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
-        raise ConfigError(f"a_shard_shape {a_shard_shape!r} must be (rows, columns) of the shard, two positive integers")
+    if (
+        shape is None
+        or len(shape) != 2
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
+    ):
+        raise ConfigError(
+            f"a_shard_shape {a_shard_shape!r} must be (rows, columns) of the shard, two positive integers"
+        )
     if dtype not in _DTYPES:
         raise ConfigError(f"dtype {dtype!r}: accepted are torch.bfloat16, torch.float16, torch.float32")
     ws, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -395,12 +421,17 @@ def _program(kind: str, a, b, group, config, capturing: bool) -> CallProgram:
         program = _REGISTRY.programs.get(key[:-1] + ("eager",)) if key is not None else None
         if program is not None and key not in _REGISTRY._warned_fallback:
             _REGISTRY._warned_fallback.add(key)
-            log.info("syncopate.%s captured with its eager-mode configuration %s: its warm-up ran in eager mode; "
-                     "call syncopate.set_mode('graph') before the warm-up to capture the graph-mode one",
-                     OP_NAMES[kind], program.spec.candidate.short())
+            log.info(
+                "syncopate.%s captured with its eager-mode configuration %s: its warm-up ran in eager mode; "
+                "call syncopate.set_mode('graph') before the warm-up to capture the graph-mode one",
+                OP_NAMES[kind],
+                program.spec.candidate.short(),
+            )
     if program is None:
         _refuse_first_capture(OP_NAMES[kind], capturing)
-        program = kept_allocations(lambda: _prepare(kind, a, b, group, config, mode or "eager"), _device_of(a))
+        program = kept_allocations(
+            lambda: _prepare(kind, a, b, group, config, mode or "eager"), _device_of(a)
+        )
         if key is not None:
             _REGISTRY.programs[key] = program
     return program
@@ -417,8 +448,17 @@ def _prepare(kind: str, a, b, group, config, mode: str = "eager") -> CallProgram
     workload = Workload(kind=kind, shape=shape, dtype=canonical_dtype(a.dtype))
     workload.check_world_size(ws)
     cand = _candidate(config, workload, group, mode)
-    spec = CallSpec(kind=kind, group=group, rank=rank, world_size=ws, a_shape=tuple(a.shape), b_shape=tuple(b.shape),
-                    dtype=a.dtype, device=a.device, candidate=cand)
+    spec = CallSpec(
+        kind=kind,
+        group=group,
+        rank=rank,
+        world_size=ws,
+        a_shape=tuple(a.shape),
+        b_shape=tuple(b.shape),
+        dtype=a.dtype,
+        device=a.device,
+        candidate=cand,
+    )
     return template_for(cand, kind).prepare(spec, b)
 
 
@@ -435,7 +475,9 @@ def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
     return out
 
 
-def matmul_reduce_scatter(a, b, group=None, config: Candidate | dict | None = None, *, out=None, spin_limit: int = 0):
+def matmul_reduce_scatter(
+    a, b, group=None, config: Candidate | dict | None = None, *, out=None, spin_limit: int = 0
+):
     """out = reduce_scatter(a @ b, dim 0): partial tiles leave for their owner as soon as they are done.
 
     a: A[M, K/ws], b: B[K/ws, N]; returns this rank's rows [M/ws, N] of the sum over ranks.
@@ -448,7 +490,9 @@ def matmul_reduce_scatter(a, b, group=None, config: Candidate | dict | None = No
     return _gemm_scatter("gemm_rs", a, b, group, config, out, spin_limit)
 
 
-def matmul_all_reduce(a, b, group=None, config: Candidate | dict | None = None, *, out=None, spin_limit: int = 0):
+def matmul_all_reduce(
+    a, b, group=None, config: Candidate | dict | None = None, *, out=None, spin_limit: int = 0
+):
     """out = all_reduce(a @ b): reduce-scatter of partial tiles, then every rank takes each reduced block.
 
     a: A[M, K/ws], b: B[K/ws, N]; returns [M, N], the sum over ranks.

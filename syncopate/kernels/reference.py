@@ -48,7 +48,9 @@ def gathered_rows(t: torch.Tensor, group) -> torch.Tensor:
     all-gather, or on any other group, through the CPU."""
     if not _is_nccl(group):
         return torch.cat(_gathered_cpu(t, group))
-    full = torch.empty((t.shape[0] * dist.get_world_size(group), *t.shape[1:]), dtype=t.dtype, device=t.device)
+    full = torch.empty(
+        (t.shape[0] * dist.get_world_size(group), *t.shape[1:]), dtype=t.dtype, device=t.device
+    )
     dist.all_gather_into_tensor(full, t.contiguous(), group=group)
     return full
 

@@ -51,9 +51,16 @@ class MemOp(ctypes.Structure):
     laid out as its `waitValue` / `writeValue` members are (operation, address, value, flags,
     alias)."""
 
-    _fields_ = [("operation", ctypes.c_uint32), ("_pad0", ctypes.c_uint32), ("address", ctypes.c_uint64),
-                ("value", ctypes.c_uint64), ("flags", ctypes.c_uint32), ("_pad1", ctypes.c_uint32),
-                ("alias", ctypes.c_uint64), ("_pad2", ctypes.c_uint64)]
+    _fields_ = [
+        ("operation", ctypes.c_uint32),
+        ("_pad0", ctypes.c_uint32),
+        ("address", ctypes.c_uint64),
+        ("value", ctypes.c_uint64),
+        ("flags", ctypes.c_uint32),
+        ("_pad1", ctypes.c_uint32),
+        ("alias", ctypes.c_uint64),
+        ("_pad2", ctypes.c_uint64),
+    ]
 
 
 MEM_OP_WAIT_VALUE_32, MEM_OP_WRITE_VALUE_32 = 1, 2
@@ -176,8 +183,12 @@ class Program:
             i = 0
             while i < len(self.ops):
                 j = i
-                while (j < len(self.ops) and j - i < MEM_OPS_A_BATCH and self.ops[j][0] in (_WRITE, _WAIT)
-                       and self.ops[j][1] == self.ops[i][1]):
+                while (
+                    j < len(self.ops)
+                    and j - i < MEM_OPS_A_BATCH
+                    and self.ops[j][0] in (_WRITE, _WAIT)
+                    and self.ops[j][1] == self.ops[i][1]
+                ):
                     j += 1
                 if j - i >= 2:
                     ops = (MemOp * (j - i))()

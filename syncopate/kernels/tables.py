@@ -66,12 +66,16 @@ PAD_WORDS = MEET_BASE + 2 * MAX_RANKS + 1
 
 
 @functools.lru_cache(maxsize=256)
-def plan_for(kind: str, candidate_template: str, world_size: int, rows: int, num_splits: int, align: int) -> ChunkPlan:
+def plan_for(
+    kind: str, candidate_template: str, world_size: int, rows: int, num_splits: int, align: int
+) -> ChunkPlan:
     collective = {"ag_gemm": "all_gather", "gemm_rs": "reduce_scatter", "gemm_ar": "all_reduce"}[kind]
     plan = build_plan(candidate_template, collective, world_size, rows, num_splits, align=align)
     for r in range(world_size):
         if plan.num_signals(r) > ARRIVAL_SLOTS or len(plan.sends(r)) > READY_WORDS:
-            raise ConfigError(f"plan with {plan.num_chunks} chunks needs more than {ARRIVAL_SLOTS} signal slots")
+            raise ConfigError(
+                f"plan with {plan.num_chunks} chunks needs more than {ARRIVAL_SLOTS} signal slots"
+            )
     if world_size > MAX_RANKS:
         raise ConfigError(f"world size {world_size} exceeds the {MAX_RANKS} ranks a signal pad holds")
     return plan
@@ -90,7 +94,10 @@ def recv_layout(plan: ChunkPlan) -> str:
 
 def recv_rows(plan: ChunkPlan) -> int:
     """Rows of the receive buffer each rank needs."""
-    block_rows = max(hi - lo for lo, hi in (block_bounds(plan.total_rows, plan.world_size, b) for b in range(plan.world_size)))
+    block_rows = max(
+        hi - lo
+        for lo, hi in (block_bounds(plan.total_rows, plan.world_size, b) for b in range(plan.world_size))
+    )
     return plan.world_size * block_rows if recv_layout(plan) == "by_source" else plan.total_rows
 
 
@@ -98,7 +105,10 @@ def recv_offset(plan: ChunkPlan, src: int, block: int, n_cols: int) -> int:
     """Element offset such that row `row` of the partial from `src` is at `recv + offset + row * n_cols`."""
     if recv_layout(plan) == "by_row":
         return 0
-    block_rows = max(hi - lo for lo, hi in (block_bounds(plan.total_rows, plan.world_size, b) for b in range(plan.world_size)))
+    block_rows = max(
+        hi - lo
+        for lo, hi in (block_bounds(plan.total_rows, plan.world_size, b) for b in range(plan.world_size))
+    )
     start = block_bounds(plan.total_rows, plan.world_size, block)[0]
     return (src * block_rows - start) * n_cols
 
@@ -166,19 +176,26 @@ def consumer_tables(plan: ChunkPlan, rank: int, n_cols: int, c: Candidate, devic
         own = ci // plan.num_splits == rank
         slots.append(LOCAL_BASE + ci % plan.num_splits if own else waits[0])
     r0, r1 = plan.chunk_bounds[rank][0][0], plan.chunk_bounds[rank][-1][1]
-    inside = [r0 <= tm * c.block_m and min((tm + 1) * c.block_m, plan.total_rows) <= r1 for tm in range(s.tiles_m)]
+    inside = [
+        r0 <= tm * c.block_m and min((tm + 1) * c.block_m, plan.total_rows) <= r1 for tm in range(s.tiles_m)
+    ]
     touches = [tm * c.block_m < r1 and (tm + 1) * c.block_m > r0 for tm in range(s.tiles_m)]
     own_tiles = 0
     while own_tiles < len(s.order) and inside[s.order[own_tiles] // s.tiles_n]:
         own_tiles += 1
     return ConsumerTables(
-        order=_i32(s.order, device), mtile_lo=_i32(s.mtile_chunk_lo, device),
-        mtile_hi=_i32(s.mtile_chunk_hi, device), chunk_slot=_i32(slots, device),
-        own_tiles=own_tiles, own_rows_later=any(touches[t // s.tiles_n] for t in s.order[own_tiles:]),
+        order=_i32(s.order, device),
+        mtile_lo=_i32(s.mtile_chunk_lo, device),
+        mtile_hi=_i32(s.mtile_chunk_hi, device),
+        chunk_slot=_i32(slots, device),
+        own_tiles=own_tiles,
+        own_rows_later=any(touches[t // s.tiles_n] for t in s.order[own_tiles:]),
     )
 
 
-def producer_tables(plan: ChunkPlan, rank: int, n_cols: int, c: Candidate, all_reduce: bool, device) -> ProducerTables:
+def producer_tables(
+    plan: ChunkPlan, rank: int, n_cols: int, c: Candidate, all_reduce: bool, device
+) -> ProducerTables:
     import torch
 
     s = producer_schedule(plan, rank, n_cols, c.block_m, c.block_n, c.group_m, c.tile_order)
@@ -209,10 +226,17 @@ def producer_tables(plan: ChunkPlan, rank: int, n_cols: int, c: Candidate, all_r
                     gather[plan.chunk_index(*t.chunk) * plan.world_size + p] = t.signal
     rows = [lo for lo, _ in plan.chunk_rows()] + [plan.total_rows]
     return ProducerTables(
-        order=_i32(s.order, device), entry_chunk=_i32(s.entry_chunk, device),
-        chunk_row=_i32(rows, device), inc_start=_i32(inc_start, device), inc_slot=_i32(inc_slot or [0], device),
-        inc_offset=torch.tensor(inc_offset or [0], dtype=torch.int64, device=device), chunk_ready=_i32(ready, device),
-        chunk_tiles=_i32(s.chunk_tiles, device), keep=_i32(keep, device), gather_slot=_i32(gather, device),
-        num_ready=num_ready, inc_max=max((len(e) for e in by_chunk), default=0),
+        order=_i32(s.order, device),
+        entry_chunk=_i32(s.entry_chunk, device),
+        chunk_row=_i32(rows, device),
+        inc_start=_i32(inc_start, device),
+        inc_slot=_i32(inc_slot or [0], device),
+        inc_offset=torch.tensor(inc_offset or [0], dtype=torch.int64, device=device),
+        chunk_ready=_i32(ready, device),
+        chunk_tiles=_i32(s.chunk_tiles, device),
+        keep=_i32(keep, device),
+        gather_slot=_i32(gather, device),
+        num_ready=num_ready,
+        inc_max=max((len(e) for e in by_chunk), default=0),
         whole_tiles=all(r % c.block_m == 0 or r == plan.total_rows for r in rows),
     )

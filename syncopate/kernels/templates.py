@@ -39,16 +39,30 @@ from syncopate.search_space import (
     A_STATIONARY,
     C_STATIONARY,
     DECOMPOSED,
-    TEMPLATES as PLAN_TEMPLATES,
     UNFUSED,
     Candidate,
     block_bounds,
 )
+from syncopate.search_space import (
+    TEMPLATES as PLAN_TEMPLATES,
+)
 
-__all__ = ["CONTEXTS", "CallProgram", "CallSpec", "Template", "TEMPLATES", "fused_buffers", "fused_context_key",
-           "template_for"]
+__all__ = [
+    "CONTEXTS",
+    "CallProgram",
+    "CallSpec",
+    "Template",
+    "TEMPLATES",
+    "fused_buffers",
+    "fused_context_key",
+    "template_for",
+]
 
-OP_NAMES = {"ag_gemm": "all_gather_matmul", "gemm_rs": "matmul_reduce_scatter", "gemm_ar": "matmul_all_reduce"}
+OP_NAMES = {
+    "ag_gemm": "all_gather_matmul",
+    "gemm_rs": "matmul_reduce_scatter",
+    "gemm_ar": "matmul_all_reduce",
+}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -100,8 +114,16 @@ class CallProgram(abc.ABC):
     """Whether an all-gather program also fills the gathered A (`gathered=`) itself."""
 
     @abc.abstractmethod
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, capturing: bool = False,
-                 spin_limit: int = 0, gathered: torch.Tensor | None = None) -> None:
+    def __call__(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        out: torch.Tensor,
+        *,
+        capturing: bool = False,
+        spin_limit: int = 0,
+        gathered: torch.Tensor | None = None,
+    ) -> None:
         """Enqueue one call on the caller's stream writing `out` (and, for an all-gather program
         that `returns_gathered`, `gathered`). `capturing`: the call is being captured in a CUDA
         graph. `spin_limit` > 0 bounds the kernels' waits (a tuning run's guard)."""
@@ -194,10 +216,13 @@ def b_layout_on_every_rank(b: torch.Tensor, group, op: str) -> bool:
         layouts = [None] * ws
         dist.all_gather_object(layouts, kmajor, group=group)
         if len(set(layouts)) > 1:
-            said = ", ".join(f"rank {q}: {'weight.t() (K-major)' if x else 'row-major'}"
-                             for q, x in enumerate(layouts))
-            raise ConfigError(f"{op}: b's layout differs between ranks ({said}); this config moves B between "
-                              f"ranks, so pass b the same way on every rank")
+            said = ", ".join(
+                f"rank {q}: {'weight.t() (K-major)' if x else 'row-major'}" for q, x in enumerate(layouts)
+            )
+            raise ConfigError(
+                f"{op}: b's layout differs between ranks ({said}); this config moves B between "
+                f"ranks, so pass b the same way on every rank"
+            )
     return kmajor
 
 
@@ -253,8 +278,9 @@ class FusedGatherProgram(CallProgram):
         m_local, k = spec.a_shape
         self.plan = plan_for("ag_gemm", c.template, spec.world_size, spec.m, c.num_splits, c.block_m)
         n_local = spec.b_shape[1]
-        self.tables = _kept(ctx, ("c", n_local, c),
-                            lambda: consumer_tables(self.plan, spec.rank, n_local, c, ctx.device))
+        self.tables = _kept(
+            ctx, ("c", n_local, c), lambda: consumer_tables(self.plan, spec.rank, n_local, c, ctx.device)
+        )
         self.backend = backend_for(c)
         self.a_full = ctx.buffers["a_full"]
         self.programs: dict = {}
@@ -286,8 +312,16 @@ class FusedGatherProgram(CallProgram):
         epoch = ctx.begin_call(main if capturing else None)
         streams = ctx.fork(main, 3)
         call = GatherCall(
-            ctx=ctx, plan=self.plan, candidate=self.spec.candidate, epoch=epoch, main=main, a_local=a,
-            a_full=self.a_full, r0=self.r0, row_bytes=self.row_bytes, spin_limit=spin_limit,
+            ctx=ctx,
+            plan=self.plan,
+            candidate=self.spec.candidate,
+            epoch=epoch,
+            main=main,
+            a_local=a,
+            a_full=self.a_full,
+            r0=self.r0,
+            row_bytes=self.row_bytes,
+            spin_limit=spin_limit,
             copy_own=(gathered is not None and not overlap) or tables.own_rows_later or own is None,
             programs=self.programs,
         )
@@ -297,8 +331,22 @@ class FusedGatherProgram(CallProgram):
         # kernel-first order has met an illegal-instruction fault (`benchmarks/probe_faults.py`
         # runs the ops one synchronized call at a time to find such faults).
         enqueue()
-        launch_consumer(self.a_full.local, b, out, tables, self.spec.candidate, epoch, ctx.signals.local, ctx.error,
-                        self.sms, spin_limit, cache=ctx.cache, a_own=own, own_row0=self.r0, memo=self.launches)
+        launch_consumer(
+            self.a_full.local,
+            b,
+            out,
+            tables,
+            self.spec.candidate,
+            epoch,
+            ctx.signals.local,
+            ctx.error,
+            self.sms,
+            spin_limit,
+            cache=ctx.cache,
+            a_own=own,
+            own_row0=self.r0,
+            memo=self.launches,
+        )
         if copy_out is not None:
             copy_out(gathered)  # after the kernel: its waits cannot hold the launch back
         ctx.join(main, streams)
@@ -316,8 +364,9 @@ class FusedScatterProgram(CallProgram):
         m, n = spec.m, spec.n
         self.all_reduce = spec.kind == "gemm_ar"
         self.plan = plan_for(spec.kind, c.template, spec.world_size, m, c.num_splits, c.block_m)
-        self.tables = _kept(ctx, ("p", n, c), lambda: producer_tables(self.plan, spec.rank, n, c, self.all_reduce,
-                                                                        ctx.device))
+        self.tables = _kept(
+            ctx, ("p", n, c), lambda: producer_tables(self.plan, spec.rank, n, c, self.all_reduce, ctx.device)
+        )
         self.send = _kept(ctx, ("send",), lambda: torch.empty((m, n), dtype=spec.dtype, device=spec.device))
         self.backend = backend_for(c)
         self.programs: dict = {}
@@ -335,15 +384,45 @@ class FusedScatterProgram(CallProgram):
         reduced = self.reduced
         # What may allocate is done before the kernel is launched; the waits for its chunks are
         # enqueued after it (they wait for words the kernel raises).
-        enqueue = self.backend.stage_scatter(ScatterCall(
-            ctx=ctx, plan=self.plan, candidate=spec.candidate, epoch=epoch, main=main, send=self.send,
-            recv=self.recv, n_cols=spec.n, elem=spec.dtype.itemsize, out=out, reduced=reduced,
-            spin_limit=spin_limit, programs=self.programs,
-        ), streams)
+        enqueue = self.backend.stage_scatter(
+            ScatterCall(
+                ctx=ctx,
+                plan=self.plan,
+                candidate=spec.candidate,
+                epoch=epoch,
+                main=main,
+                send=self.send,
+                recv=self.recv,
+                n_cols=spec.n,
+                elem=spec.dtype.itemsize,
+                out=out,
+                reduced=reduced,
+                spin_limit=spin_limit,
+                programs=self.programs,
+            ),
+            streams,
+        )
         launch_producer(
-            a, b, self.send, out, reduced.local if reduced is not None else None, self.recv.local, self.out_row0,
-            self.tables, spec.candidate, epoch, ctx.signals.local, ctx.counters, ctx.peer_signal_ptrs,
-            spec.world_size, spec.rank, ctx.error, self.sms, spin_limit, cache=ctx.cache, memo=self.launches,
+            a,
+            b,
+            self.send,
+            out,
+            reduced.local if reduced is not None else None,
+            self.recv.local,
+            self.out_row0,
+            self.tables,
+            spec.candidate,
+            epoch,
+            ctx.signals.local,
+            ctx.counters,
+            ctx.peer_signal_ptrs,
+            spec.world_size,
+            spec.rank,
+            ctx.error,
+            self.sms,
+            spin_limit,
+            cache=ctx.cache,
+            memo=self.launches,
         )
         enqueue()
         ctx.join(main, streams)
@@ -360,11 +439,18 @@ class FusedTemplate(Template):
     def context_key(self, spec):
         # Every chunked plan of a shape shares one context (their buffers are the same), and
         # `ops.gather_buffer` finds the all-gather's under this key too.
-        return fused_context_key(spec.kind, spec.m, spec.a_shape[1] if spec.kind == "ag_gemm" else spec.n, spec.dtype)
+        return fused_context_key(
+            spec.kind, spec.m, spec.a_shape[1] if spec.kind == "ag_gemm" else spec.n, spec.dtype
+        )
 
     def buffers(self, spec):
-        return fused_buffers(spec.kind, spec.m, spec.a_shape[1] if spec.kind == "ag_gemm" else spec.n, spec.dtype,
-                             spec.world_size)
+        return fused_buffers(
+            spec.kind,
+            spec.m,
+            spec.a_shape[1] if spec.kind == "ag_gemm" else spec.n,
+            spec.dtype,
+            spec.world_size,
+        )
 
     def prepare(self, spec, b):
         ctx = _context(self, spec)
@@ -399,8 +485,15 @@ class AStationaryTemplate(Template):
     def prepare(self, spec, b):
         ctx = _context(self, spec)
         m_local, k = spec.a_shape
-        plan = a_stationary.AStationaryPlan.of(spec.candidate, spec.rank, spec.world_size, m_local, spec.b_shape[1], k,
-                                               b_layout_on_every_rank(b, spec.group, spec.op))
+        plan = a_stationary.AStationaryPlan.of(
+            spec.candidate,
+            spec.rank,
+            spec.world_size,
+            m_local,
+            spec.b_shape[1],
+            k,
+            b_layout_on_every_rank(b, spec.group, spec.op),
+        )
         return _CublasProgram(spec, ctx, plan, a_stationary.run)
 
 
@@ -412,14 +505,23 @@ class CStationaryTemplate(Template):
     kinds = frozenset({"gemm_rs", "gemm_ar"})
 
     def buffers(self, spec):
-        return c_stationary.c_stationary_buffers(spec.world_size, spec.m, spec.n, spec.a_shape[1], spec.dtype,
-                                                 all_reduce=spec.kind == "gemm_ar")
+        return c_stationary.c_stationary_buffers(
+            spec.world_size, spec.m, spec.n, spec.a_shape[1], spec.dtype, all_reduce=spec.kind == "gemm_ar"
+        )
 
     def prepare(self, spec, b):
         ctx = _context(self, spec)
         kmajor = b_layout_on_every_rank(b, spec.group, spec.op)
-        plan = c_stationary.CStationaryPlan.of(spec.rank, spec.world_size, spec.m, spec.n, spec.a_shape[1],
-                                               spec.kind == "gemm_ar", spec.candidate.num_splits, kmajor)
+        plan = c_stationary.CStationaryPlan.of(
+            spec.rank,
+            spec.world_size,
+            spec.m,
+            spec.n,
+            spec.a_shape[1],
+            spec.kind == "gemm_ar",
+            spec.candidate.num_splits,
+            kmajor,
+        )
         return _CublasProgram(spec, ctx, plan, c_stationary.run)
 
 
@@ -443,12 +545,20 @@ class DecomposedTemplate(Template):
 
     def buffers(self, spec):
         if spec.kind == "ag_gemm":
-            return decomposed_gather.gather_buffers(spec.world_size, spec.a_shape[0], spec.a_shape[1], spec.dtype)
-        return decomposed.decomposed_buffers(spec.world_size, spec.m, spec.n, spec.dtype,
-                                             all_reduce=spec.kind == "gemm_ar")
+            return decomposed_gather.gather_buffers(
+                spec.world_size, spec.a_shape[0], spec.a_shape[1], spec.dtype
+            )
+        return decomposed.decomposed_buffers(
+            spec.world_size, spec.m, spec.n, spec.dtype, all_reduce=spec.kind == "gemm_ar"
+        )
 
     def context_key(self, spec):
-        return (spec.kind, self.name, spec.a_shape if spec.kind == "ag_gemm" else (spec.m, spec.n), spec.dtype)
+        return (
+            spec.kind,
+            self.name,
+            spec.a_shape if spec.kind == "ag_gemm" else (spec.m, spec.n),
+            spec.dtype,
+        )
 
     def prepare(self, spec, b):
         ctx = _context(self, spec)
@@ -456,15 +566,22 @@ class DecomposedTemplate(Template):
         if spec.kind == "ag_gemm":
             plan = decomposed_gather.GatherPlan.of(spec.rank, spec.world_size, spec.a_shape[0], c.num_splits)
             return _DecomposedGatherProgram(spec, ctx, plan, None)
-        plan = decomposed.DecomposedPlan.of(spec.rank, spec.world_size, spec.m, spec.n, spec.kind == "gemm_ar",
-                                            c.num_splits)
+        plan = decomposed.DecomposedPlan.of(
+            spec.rank, spec.world_size, spec.m, spec.n, spec.kind == "gemm_ar", c.num_splits
+        )
         decomposed.prepare(ctx, plan)
         return _DecomposedScatterProgram(spec, ctx, plan, None)
 
 
 TEMPLATES: dict[str, Template] = {
-    t.name: t for t in (*(FusedTemplate(name) for name in PLAN_TEMPLATES), AStationaryTemplate(),
-                        CStationaryTemplate(), DecomposedTemplate(), UnfusedTemplate())
+    t.name: t
+    for t in (
+        *(FusedTemplate(name) for name in PLAN_TEMPLATES),
+        AStationaryTemplate(),
+        CStationaryTemplate(),
+        DecomposedTemplate(),
+        UnfusedTemplate(),
+    )
 }
 """Every plan template a candidate may name, by name."""
 
@@ -475,6 +592,8 @@ def template_for(candidate: Candidate, kind: str) -> Template:
     if template is None:
         raise ConfigError(f"no runtime template {candidate.template!r}: accepted are {', '.join(TEMPLATES)}")
     if not template.supports(kind):
-        raise ConfigError(f"template {candidate.template!r} does not serve {kind}: it serves "
-                          f"{', '.join(sorted(template.kinds))}")
+        raise ConfigError(
+            f"template {candidate.template!r} does not serve {kind}: it serves "
+            f"{', '.join(sorted(template.kinds))}"
+        )
     return template

@@ -56,7 +56,11 @@ def _quantile(xs, q: float) -> float:
 
 
 def summarize(samples) -> dict[str, float]:
-    return {"median_us": statistics.median(samples), "p20_us": _quantile(samples, 0.2), "p80_us": _quantile(samples, 0.8)}
+    return {
+        "median_us": statistics.median(samples),
+        "p20_us": _quantile(samples, 0.2),
+        "p80_us": _quantile(samples, 0.8),
+    }
 
 
 class _Flusher:
@@ -110,7 +114,9 @@ def time_collective(
         fn()
         enqueue_us = (time.perf_counter() - t0) * 1e6
     torch.cuda.synchronize()
-    sleep_us = max(sleep_us, 2.0 * enqueue_us)  # the last warm-up's enqueue, twice: the GPU never waits for the host
+    sleep_us = max(
+        sleep_us, 2.0 * enqueue_us
+    )  # the last warm-up's enqueue, twice: the GPU never waits for the host
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repetitions)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repetitions)]
     host = []
@@ -123,7 +129,9 @@ def time_collective(
         host.append((time.perf_counter() - t0) * 1e6)
         ends[i].record()
     torch.cuda.synchronize()
-    local = torch.tensor([s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)], dtype=torch.float64, device=device)
+    local = torch.tensor(
+        [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)], dtype=torch.float64, device=device
+    )
     dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
     return Timing(samples_us=tuple(local.tolist()), host_us=statistics.median(host))
 
@@ -163,7 +171,8 @@ def time_eager(
             fn()
         ends[i].record()
         torch.cuda.synchronize()
-    local = torch.tensor([s.elapsed_time(e) * 1000.0 / calls for s, e in zip(starts, ends)], dtype=torch.float64,
-                         device=device)
+    local = torch.tensor(
+        [s.elapsed_time(e) * 1000.0 / calls for s, e in zip(starts, ends)], dtype=torch.float64, device=device
+    )
     dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
     return tuple(local.tolist())

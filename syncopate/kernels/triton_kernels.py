@@ -45,7 +45,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["consumer_kernel", "producer_kernel", "chunk_copy_kernel", "pull_kernel", "graph_entry_kernel", "POLL_PTX", "STORES_DONE_PTX"]
+__all__ = [
+    "consumer_kernel",
+    "producer_kernel",
+    "chunk_copy_kernel",
+    "pull_kernel",
+    "graph_entry_kernel",
+    "POLL_PTX",
+    "STORES_DONE_PTX",
+]
 
 POLL_PTX = tl.constexpr("""
 {
@@ -146,9 +154,27 @@ def _wait_slot(signal_ptr, slot, epoch, error_ptr, max_spin, ASM_WAIT: tl.conste
 
 
 @triton.jit
-def _load_ab(a_ptr, b_ptr, a_desc, b_desc, off_m, off_n, k, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
-             B_KMAJOR: tl.constexpr):
+def _load_ab(
+    a_ptr,
+    b_ptr,
+    a_desc,
+    b_desc,
+    off_m,
+    off_n,
+    k,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    B_KMAJOR: tl.constexpr,
+):
     if USE_TMA:
         a = a_desc.load([off_m, k])
         if B_KMAJOR:
@@ -159,16 +185,36 @@ def _load_ab(a_ptr, b_ptr, a_desc, b_desc, off_m, off_n, k, M, N, K, stride_am, 
         rows = off_m + tl.arange(0, BLOCK_M)
         cols = off_n + tl.arange(0, BLOCK_N)
         ks = k + tl.arange(0, BLOCK_K)
-        a = tl.load(a_ptr + rows[:, None] * stride_am + ks[None, :] * stride_ak,
-                    mask=(rows[:, None] < M) & (rows[:, None] >= 0) & (ks[None, :] < K), other=0.0)
-        b = tl.load(b_ptr + ks[:, None] * stride_bk + cols[None, :] * stride_bn,
-                    mask=(ks[:, None] < K) & (cols[None, :] < N), other=0.0)
+        a = tl.load(
+            a_ptr + rows[:, None] * stride_am + ks[None, :] * stride_ak,
+            mask=(rows[:, None] < M) & (rows[:, None] >= 0) & (ks[None, :] < K),
+            other=0.0,
+        )
+        b = tl.load(
+            b_ptr + ks[:, None] * stride_bk + cols[None, :] * stride_bn,
+            mask=(ks[:, None] < K) & (cols[None, :] < N),
+            other=0.0,
+        )
     return a, b
 
 
 @triton.jit
-def _tile_at(order_ptr, i, tiles_n, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, epoch, error_ptr, max_spin,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM_WAIT: tl.constexpr, WAIT: tl.constexpr):
+def _tile_at(
+    order_ptr,
+    i,
+    tiles_n,
+    mtile_lo_ptr,
+    mtile_hi_ptr,
+    chunk_slot_ptr,
+    signal_ptr,
+    epoch,
+    error_ptr,
+    max_spin,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ASM_WAIT: tl.constexpr,
+    WAIT: tl.constexpr,
+):
     """The output tile at position i of the consumer's order: its first row and column, and, with
     WAIT, once the chunk(s) its rows lie in have arrived, the wait's gate (0, to add to an offset
     so that the loads depend on the wait)."""
@@ -180,16 +226,52 @@ def _tile_at(order_ptr, i, tiles_n, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, 
         hi = tl.load(mtile_hi_ptr + tm)
         gate = _wait_slot(signal_ptr, tl.load(chunk_slot_ptr + lo), epoch, error_ptr, max_spin, ASM_WAIT)
         if hi - 1 != lo:
-            gate += _wait_slot(signal_ptr, tl.load(chunk_slot_ptr + hi - 1), epoch, error_ptr, max_spin, ASM_WAIT)
+            gate += _wait_slot(
+                signal_ptr, tl.load(chunk_slot_ptr + hi - 1), epoch, error_ptr, max_spin, ASM_WAIT
+            )
     return tm * BLOCK_M, (tile - tm * tiles_n) * BLOCK_N, gate
 
 
 @triton.jit
-def _consumer_tiles(a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc, a_row0, M_A, N, K, stride_am, stride_ak, stride_bk,
-                    stride_bn, stride_cm, stride_cn, order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr,
-                    epoch, error_ptr, max_spin, num_programs, first, count, tiles_n, k_tiles,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
-                    B_KMAJOR: tl.constexpr, ASM_WAIT: tl.constexpr, OUT_DTYPE: tl.constexpr, WAIT: tl.constexpr):
+def _consumer_tiles(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    a_desc,
+    b_desc,
+    c_desc,
+    a_row0,
+    M_A,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    order_ptr,
+    mtile_lo_ptr,
+    mtile_hi_ptr,
+    chunk_slot_ptr,
+    signal_ptr,
+    epoch,
+    error_ptr,
+    max_spin,
+    num_programs,
+    first,
+    count,
+    tiles_n,
+    k_tiles,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    B_KMAJOR: tl.constexpr,
+    ASM_WAIT: tl.constexpr,
+    OUT_DTYPE: tl.constexpr,
+    WAIT: tl.constexpr,
+):
     """Positions first, first + P, … (`count` of them) of the tile order, one flattened loop over
     (tile, k-step) pairs. Output row r reads row r - a_row0 of the A source (M_A rows); with WAIT,
     a tile first waits for the chunk(s) its rows lie in."""
@@ -203,11 +285,44 @@ def _consumer_tiles(a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc, a_row0, M_A, N,
         ki = tl.where(ki == k_tiles - 1, 0, ki + 1)
         if ki == 0:
             i += num_programs
-            off_m, off_n, gate = _tile_at(order_ptr, i, tiles_n, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr,
-                                          signal_ptr, epoch, error_ptr, max_spin, BLOCK_M, BLOCK_N, ASM_WAIT, WAIT)
+            off_m, off_n, gate = _tile_at(
+                order_ptr,
+                i,
+                tiles_n,
+                mtile_lo_ptr,
+                mtile_hi_ptr,
+                chunk_slot_ptr,
+                signal_ptr,
+                epoch,
+                error_ptr,
+                max_spin,
+                BLOCK_M,
+                BLOCK_N,
+                ASM_WAIT,
+                WAIT,
+            )
             a_row = off_m - a_row0 + gate
-        a, b = _load_ab(a_ptr, b_ptr, a_desc, b_desc, a_row, off_n, ki * BLOCK_K, M_A, N, K, stride_am, stride_ak,
-                        stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR)
+        a, b = _load_ab(
+            a_ptr,
+            b_ptr,
+            a_desc,
+            b_desc,
+            a_row,
+            off_n,
+            ki * BLOCK_K,
+            M_A,
+            N,
+            K,
+            stride_am,
+            stride_ak,
+            stride_bk,
+            stride_bn,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            USE_TMA,
+            B_KMAJOR,
+        )
         acc = tl.dot(a, b, acc)
         if ki == k_tiles - 1:
             if USE_TMA:
@@ -215,17 +330,53 @@ def _consumer_tiles(a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc, a_row0, M_A, N,
             else:
                 rows = off_m + tl.arange(0, BLOCK_M)
                 cols = off_n + tl.arange(0, BLOCK_N)
-                tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn, acc.to(OUT_DTYPE),
-                         mask=(rows[:, None] < M_A + a_row0) & (cols[None, :] < N))
+                tl.store(
+                    c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn,
+                    acc.to(OUT_DTYPE),
+                    mask=(rows[:, None] < M_A + a_row0) & (cols[None, :] < N),
+                )
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
 
 @triton.jit
-def _consumer_tail(a_ptr, b_ptr, c_ptr, a_desc, b_desc, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                   stride_cm, stride_cn, order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, epoch,
-                   error_ptr, max_spin, unit, tail_start, tail_split, tiles_n, k_tiles, part_ptr, flag_ptr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
-                   B_KMAJOR: tl.constexpr, ASM_WAIT: tl.constexpr, OUT_DTYPE: tl.constexpr):
+def _consumer_tail(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    a_desc,
+    b_desc,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    order_ptr,
+    mtile_lo_ptr,
+    mtile_hi_ptr,
+    chunk_slot_ptr,
+    signal_ptr,
+    epoch,
+    error_ptr,
+    max_spin,
+    unit,
+    tail_start,
+    tail_split,
+    tiles_n,
+    k_tiles,
+    part_ptr,
+    flag_ptr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    B_KMAJOR: tl.constexpr,
+    ASM_WAIT: tl.constexpr,
+    OUT_DTYPE: tl.constexpr,
+):
     """Part `unit % tail_split` of the K steps of tail tile `unit // tail_split` (position
     tail_start + that of the order). Every part stores its float32 sum in its slot of `part_ptr`;
     every part but the last then raises its word of `flag_ptr` (release), and the last waits for
@@ -234,12 +385,45 @@ def _consumer_tail(a_ptr, b_ptr, c_ptr, a_desc, b_desc, M, N, K, stride_am, stri
     SLICE: tl.constexpr = 32 if BLOCK_M >= 32 else BLOCK_M
     t = unit // tail_split
     q = unit - t * tail_split
-    off_m, off_n, gate = _tile_at(order_ptr, tail_start + t, tiles_n, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr,
-                                  signal_ptr, epoch, error_ptr, max_spin, BLOCK_M, BLOCK_N, ASM_WAIT, True)
+    off_m, off_n, gate = _tile_at(
+        order_ptr,
+        tail_start + t,
+        tiles_n,
+        mtile_lo_ptr,
+        mtile_hi_ptr,
+        chunk_slot_ptr,
+        signal_ptr,
+        epoch,
+        error_ptr,
+        max_spin,
+        BLOCK_M,
+        BLOCK_N,
+        ASM_WAIT,
+        True,
+    )
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for ki in range(q * k_tiles // tail_split, (q + 1) * k_tiles // tail_split):
-        a, b = _load_ab(a_ptr, b_ptr, a_desc, b_desc, off_m + gate, off_n, ki * BLOCK_K, M, N, K, stride_am,
-                        stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR)
+        a, b = _load_ab(
+            a_ptr,
+            b_ptr,
+            a_desc,
+            b_desc,
+            off_m + gate,
+            off_n,
+            ki * BLOCK_K,
+            M,
+            N,
+            K,
+            stride_am,
+            stride_ak,
+            stride_bk,
+            stride_bn,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            USE_TMA,
+            B_KMAJOR,
+        )
         acc = tl.dot(a, b, acc)
     first = t * tail_split
     cells = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
@@ -259,21 +443,59 @@ def _consumer_tail(a_ptr, b_ptr, c_ptr, a_desc, b_desc, M, N, K, stride_am, stri
             for p in range(0, tail_split):
                 total += tl.load(part_ptr + (first + p + g).to(tl.int64) * (BLOCK_M * BLOCK_N) + part_cells)
             rows = off_m + local
-            tl.store(c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn, total.to(OUT_DTYPE),
-                     mask=(rows[:, None] < M) & (cols[None, :] < N))
+            tl.store(
+                c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn,
+                total.to(OUT_DTYPE),
+                mask=(rows[:, None] < M) & (cols[None, :] < N),
+            )
         for p in range(0, tail_split - 1):
             tl.atomic_xchg(flag_ptr + first + p, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["epoch"])
 def consumer_kernel(
-    a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc,
-    M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-    order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr, epoch, error_ptr, max_spin, num_programs,
-    own_ptr, own_desc, own_rows, own_row0, stride_om, stride_ok, own_tiles,
-    tail_start, tail_split, part_ptr, flag_ptr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
-    B_KMAJOR: tl.constexpr, ASM_WAIT: tl.constexpr, OUT_DTYPE: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    a_desc,
+    b_desc,
+    c_desc,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    order_ptr,
+    mtile_lo_ptr,
+    mtile_hi_ptr,
+    chunk_slot_ptr,
+    signal_ptr,
+    epoch,
+    error_ptr,
+    max_spin,
+    num_programs,
+    own_ptr,
+    own_desc,
+    own_rows,
+    own_row0,
+    stride_om,
+    stride_ok,
+    own_tiles,
+    tail_start,
+    tail_split,
+    part_ptr,
+    flag_ptr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    B_KMAJOR: tl.constexpr,
+    ASM_WAIT: tl.constexpr,
+    OUT_DTYPE: tl.constexpr,
 ):
     """All-gather consumer: out[M, N] = A[M, K] @ B[K, N].
 
@@ -298,26 +520,147 @@ def consumer_kernel(
     whole = tl.where(tail_split > 1, tail_start, num_tiles)
     my_tiles = tl.cdiv(whole - pid, num_programs)
     my_own = tl.cdiv(tl.maximum(own_tiles - pid, 0), num_programs)
-    _consumer_tiles(own_ptr, b_ptr, c_ptr, own_desc, b_desc, c_desc, own_row0, own_rows, N, K, stride_om, stride_ok,
-                    stride_bk, stride_bn, stride_cm, stride_cn, order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr,
-                    signal_ptr, epoch, error_ptr, max_spin, num_programs, pid, my_own, tiles_n, k_tiles,
-                    BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR, ASM_WAIT, OUT_DTYPE, False)
-    _consumer_tiles(a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc, 0, M, N, K, stride_am, stride_ak, stride_bk,
-                    stride_bn, stride_cm, stride_cn, order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr, signal_ptr,
-                    epoch, error_ptr, max_spin, num_programs, pid + my_own * num_programs, my_tiles - my_own, tiles_n,
-                    k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR, ASM_WAIT, OUT_DTYPE, True)
+    _consumer_tiles(
+        own_ptr,
+        b_ptr,
+        c_ptr,
+        own_desc,
+        b_desc,
+        c_desc,
+        own_row0,
+        own_rows,
+        N,
+        K,
+        stride_om,
+        stride_ok,
+        stride_bk,
+        stride_bn,
+        stride_cm,
+        stride_cn,
+        order_ptr,
+        mtile_lo_ptr,
+        mtile_hi_ptr,
+        chunk_slot_ptr,
+        signal_ptr,
+        epoch,
+        error_ptr,
+        max_spin,
+        num_programs,
+        pid,
+        my_own,
+        tiles_n,
+        k_tiles,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        USE_TMA,
+        B_KMAJOR,
+        ASM_WAIT,
+        OUT_DTYPE,
+        False,
+    )
+    _consumer_tiles(
+        a_ptr,
+        b_ptr,
+        c_ptr,
+        a_desc,
+        b_desc,
+        c_desc,
+        0,
+        M,
+        N,
+        K,
+        stride_am,
+        stride_ak,
+        stride_bk,
+        stride_bn,
+        stride_cm,
+        stride_cn,
+        order_ptr,
+        mtile_lo_ptr,
+        mtile_hi_ptr,
+        chunk_slot_ptr,
+        signal_ptr,
+        epoch,
+        error_ptr,
+        max_spin,
+        num_programs,
+        pid + my_own * num_programs,
+        my_tiles - my_own,
+        tiles_n,
+        k_tiles,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        USE_TMA,
+        B_KMAJOR,
+        ASM_WAIT,
+        OUT_DTYPE,
+        True,
+    )
     if tail_split > 1:
         if pid < (num_tiles - tail_start) * tail_split:
-            _consumer_tail(a_ptr, b_ptr, c_ptr, a_desc, b_desc, M, N, K, stride_am, stride_ak, stride_bk,
-                           stride_bn, stride_cm, stride_cn, order_ptr, mtile_lo_ptr, mtile_hi_ptr, chunk_slot_ptr,
-                           signal_ptr, epoch, error_ptr, max_spin, pid, tail_start, tail_split, tiles_n, k_tiles,
-                           part_ptr, flag_ptr, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR, ASM_WAIT, OUT_DTYPE)
+            _consumer_tail(
+                a_ptr,
+                b_ptr,
+                c_ptr,
+                a_desc,
+                b_desc,
+                M,
+                N,
+                K,
+                stride_am,
+                stride_ak,
+                stride_bk,
+                stride_bn,
+                stride_cm,
+                stride_cn,
+                order_ptr,
+                mtile_lo_ptr,
+                mtile_hi_ptr,
+                chunk_slot_ptr,
+                signal_ptr,
+                epoch,
+                error_ptr,
+                max_spin,
+                pid,
+                tail_start,
+                tail_split,
+                tiles_n,
+                k_tiles,
+                part_ptr,
+                flag_ptr,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+                USE_TMA,
+                B_KMAJOR,
+                ASM_WAIT,
+                OUT_DTYPE,
+            )
 
 
 @triton.jit
-def _epilogue_chunk(acc, c, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
-                    inc_offset_ptr, recv_ptr, recv_signal_ptr, epoch, error_ptr, max_spin,
-                    INC_MAX: tl.constexpr, ASM_WAIT: tl.constexpr):
+def _epilogue_chunk(
+    acc,
+    c,
+    rows,
+    cols,
+    col_ok,
+    N,
+    OUT_ROW0,
+    chunk_row_ptr,
+    inc_start_ptr,
+    inc_slot_ptr,
+    inc_offset_ptr,
+    recv_ptr,
+    recv_signal_ptr,
+    epoch,
+    error_ptr,
+    max_spin,
+    INC_MAX: tl.constexpr,
+    ASM_WAIT: tl.constexpr,
+):
     """Add the partials received for the rows of chunk c in this tile."""
     r0 = tl.load(chunk_row_ptr + c)
     r1 = tl.load(chunk_row_ptr + c + 1)
@@ -326,9 +669,13 @@ def _epilogue_chunk(acc, c, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, inc_
     count = tl.load(inc_start_ptr + c + 1) - first
     for j in tl.static_range(INC_MAX):
         if j < count:
-            gate = _wait_slot(recv_signal_ptr, tl.load(inc_slot_ptr + first + j), epoch, error_ptr, max_spin, ASM_WAIT)
+            gate = _wait_slot(
+                recv_signal_ptr, tl.load(inc_slot_ptr + first + j), epoch, error_ptr, max_spin, ASM_WAIT
+            )
             base = recv_ptr + tl.load(inc_offset_ptr + first + j) + gate
-            part = tl.load(base + rows[:, None] * N + cols[None, :], mask=in_chunk[:, None] & col_ok, other=0.0)
+            part = tl.load(
+                base + rows[:, None] * N + cols[None, :], mask=in_chunk[:, None] & col_ok, other=0.0
+            )
             acc += part.to(tl.float32)
     return acc
 
@@ -340,29 +687,67 @@ def _column_halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _store_chunk(acc, c, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr,
-                 free_ptr, epoch, error_ptr, max_spin, RANK, WORLD: tl.constexpr, ALL_REDUCE: tl.constexpr,
-                 ASM_WAIT: tl.constexpr):
+def _store_chunk(
+    acc,
+    c,
+    rows,
+    cols,
+    col_ok,
+    N,
+    OUT_ROW0,
+    chunk_row_ptr,
+    keep_ptr,
+    send_ptr,
+    out_ptr,
+    reduced_ptr,
+    free_ptr,
+    epoch,
+    error_ptr,
+    max_spin,
+    RANK,
+    WORLD: tl.constexpr,
+    ALL_REDUCE: tl.constexpr,
+    ASM_WAIT: tl.constexpr,
+):
     """Store the rows of chunk c in this tile where they go: kept rows to out (and reduced), others to send."""
     r0 = tl.load(chunk_row_ptr + c)
     r1 = tl.load(chunk_row_ptr + c + 1)
     mask = ((rows >= r0) & (rows < r1))[:, None] & col_ok
     if tl.load(keep_ptr + c) != 0:
-        tl.store(out_ptr + (rows[:, None] - OUT_ROW0) * N + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            out_ptr + (rows[:, None] - OUT_ROW0) * N + cols[None, :],
+            acc.to(out_ptr.dtype.element_ty),
+            mask=mask,
+        )
         if ALL_REDUCE:
             gate = 0
             for p in tl.static_range(WORLD):
                 if p != RANK:
                     gate += _wait_slot(free_ptr, p, epoch, error_ptr, max_spin, ASM_WAIT)
-            tl.store(reduced_ptr + gate + rows[:, None] * N + cols[None, :], acc.to(reduced_ptr.dtype.element_ty),
-                     mask=mask)
+            tl.store(
+                reduced_ptr + gate + rows[:, None] * N + cols[None, :],
+                acc.to(reduced_ptr.dtype.element_ty),
+                mask=mask,
+            )
     else:
         tl.store(send_ptr + rows[:, None] * N + cols[None, :], acc.to(send_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _count_chunk(c, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
-                 peer_signal_ptrs, epoch, WORLD: tl.constexpr, ALL_REDUCE: tl.constexpr, tiles=1):
+def _count_chunk(
+    c,
+    counter_ptr,
+    chunk_tiles_ptr,
+    chunk_ready_ptr,
+    ready_ptr,
+    keep_ptr,
+    gather_slot_ptr,
+    peer_signal_ptrs,
+    epoch,
+    WORLD: tl.constexpr,
+    ALL_REDUCE: tl.constexpr,
+    tiles=1,
+):
     """Count `tiles` tiles in chunk c; the count that completes the chunk resets the counter and
     raises its signals.
 
@@ -387,18 +772,59 @@ def _count_chunk(c, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, ke
 
 @triton.jit(do_not_specialize=["epoch"])
 def producer_kernel(
-    a_ptr, b_ptr, a_desc, b_desc,
-    send_ptr, out_ptr, reduced_ptr, recv_ptr, send_desc, out_desc, reduced_desc, recv_desc,
-    M, N, K, OUT_ROW0, stride_am, stride_ak, stride_bk, stride_bn,
-    order_ptr, entry_chunk_ptr, num_entries, chunk_row_ptr,
-    inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
-    chunk_ready_ptr, chunk_tiles_ptr, counter_ptr, ready_ptr,
-    keep_ptr, peer_signal_ptrs, gather_slot_ptr, free_ptr, RANK,
-    recv_signal_ptr, epoch, error_ptr, max_spin, num_programs,
-    WORLD: tl.constexpr, INC_MAX: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_TMA: tl.constexpr, B_KMAJOR: tl.constexpr, ALL_REDUCE: tl.constexpr, ASM_WAIT: tl.constexpr,
-    EPI_SPLIT: tl.constexpr, TMA_EPI: tl.constexpr, OUT_DTYPE: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    a_desc,
+    b_desc,
+    send_ptr,
+    out_ptr,
+    reduced_ptr,
+    recv_ptr,
+    send_desc,
+    out_desc,
+    reduced_desc,
+    recv_desc,
+    M,
+    N,
+    K,
+    OUT_ROW0,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    order_ptr,
+    entry_chunk_ptr,
+    num_entries,
+    chunk_row_ptr,
+    inc_start_ptr,
+    inc_slot_ptr,
+    inc_offset_ptr,
+    chunk_ready_ptr,
+    chunk_tiles_ptr,
+    counter_ptr,
+    ready_ptr,
+    keep_ptr,
+    peer_signal_ptrs,
+    gather_slot_ptr,
+    free_ptr,
+    RANK,
+    recv_signal_ptr,
+    epoch,
+    error_ptr,
+    max_spin,
+    num_programs,
+    WORLD: tl.constexpr,
+    INC_MAX: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    B_KMAJOR: tl.constexpr,
+    ALL_REDUCE: tl.constexpr,
+    ASM_WAIT: tl.constexpr,
+    EPI_SPLIT: tl.constexpr,
+    TMA_EPI: tl.constexpr,
+    OUT_DTYPE: tl.constexpr,
 ):
     """Reduce-scatter / all-reduce producer.
 
@@ -440,50 +866,248 @@ def producer_kernel(
             c = tl.load(entry_chunk_ptr + i)
             tm = tile // tiles_n
             off_n = (tile - tm * tiles_n) * BLOCK_N
-        a, b = _load_ab(a_ptr, b_ptr, a_desc, b_desc, tm * BLOCK_M, off_n, ki * BLOCK_K, M, N, K, stride_am,
-                        stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, B_KMAJOR)
+        a, b = _load_ab(
+            a_ptr,
+            b_ptr,
+            a_desc,
+            b_desc,
+            tm * BLOCK_M,
+            off_n,
+            ki * BLOCK_K,
+            M,
+            N,
+            K,
+            stride_am,
+            stride_ak,
+            stride_bk,
+            stride_bn,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            USE_TMA,
+            B_KMAJOR,
+        )
         acc = tl.dot(a, b, acc)
         if ki == k_tiles - 1:
             if TMA_EPI:
                 nxt = i + num_programs
-                pending = _close_tile_tma(acc, tm * BLOCK_M, off_n, c, N, OUT_ROW0, inc_start_ptr, inc_slot_ptr,
-                                          inc_offset_ptr, recv_desc, recv_signal_ptr, keep_ptr, send_desc, out_desc,
-                                          reduced_desc, free_ptr, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr,
-                                          ready_ptr, peer_signal_ptrs, gather_slot_ptr, epoch, error_ptr, max_spin,
-                                          RANK, tl.load(entry_chunk_ptr + nxt, mask=nxt < num_entries, other=-1),
-                                          pending, BLOCK_M, BLOCK_N, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT, EPI_SPLIT,
-                                          OUT_DTYPE)
+                pending = _close_tile_tma(
+                    acc,
+                    tm * BLOCK_M,
+                    off_n,
+                    c,
+                    N,
+                    OUT_ROW0,
+                    inc_start_ptr,
+                    inc_slot_ptr,
+                    inc_offset_ptr,
+                    recv_desc,
+                    recv_signal_ptr,
+                    keep_ptr,
+                    send_desc,
+                    out_desc,
+                    reduced_desc,
+                    free_ptr,
+                    counter_ptr,
+                    chunk_tiles_ptr,
+                    chunk_ready_ptr,
+                    ready_ptr,
+                    peer_signal_ptrs,
+                    gather_slot_ptr,
+                    epoch,
+                    error_ptr,
+                    max_spin,
+                    RANK,
+                    tl.load(entry_chunk_ptr + nxt, mask=nxt < num_entries, other=-1),
+                    pending,
+                    BLOCK_M,
+                    BLOCK_N,
+                    WORLD,
+                    INC_MAX,
+                    ALL_REDUCE,
+                    ASM_WAIT,
+                    EPI_SPLIT,
+                    OUT_DTYPE,
+                )
             else:
                 rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
-                _close_chunk(acc, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
-                             inc_offset_ptr, recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr,
-                             free_ptr, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, peer_signal_ptrs,
-                             gather_slot_ptr, epoch, error_ptr, max_spin, RANK, BLOCK_M, BLOCK_N, WORLD, INC_MAX,
-                             ALL_REDUCE, ASM_WAIT, EPI_SPLIT)
+                _close_chunk(
+                    acc,
+                    rows,
+                    off_n,
+                    c,
+                    N,
+                    OUT_ROW0,
+                    chunk_row_ptr,
+                    inc_start_ptr,
+                    inc_slot_ptr,
+                    inc_offset_ptr,
+                    recv_ptr,
+                    recv_signal_ptr,
+                    keep_ptr,
+                    send_ptr,
+                    out_ptr,
+                    reduced_ptr,
+                    free_ptr,
+                    counter_ptr,
+                    chunk_tiles_ptr,
+                    chunk_ready_ptr,
+                    ready_ptr,
+                    peer_signal_ptrs,
+                    gather_slot_ptr,
+                    epoch,
+                    error_ptr,
+                    max_spin,
+                    RANK,
+                    BLOCK_M,
+                    BLOCK_N,
+                    WORLD,
+                    INC_MAX,
+                    ALL_REDUCE,
+                    ASM_WAIT,
+                    EPI_SPLIT,
+                )
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
 
 @triton.jit
-def _close_chunk(acc, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
-                 recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr, counter_ptr,
-                 chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, peer_signal_ptrs, gather_slot_ptr, epoch, error_ptr,
-                 max_spin, RANK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WORLD: tl.constexpr,
-                 INC_MAX: tl.constexpr, ALL_REDUCE: tl.constexpr, ASM_WAIT: tl.constexpr, EPI_SPLIT: tl.constexpr):
+def _close_chunk(
+    acc,
+    rows,
+    off_n,
+    c,
+    N,
+    OUT_ROW0,
+    chunk_row_ptr,
+    inc_start_ptr,
+    inc_slot_ptr,
+    inc_offset_ptr,
+    recv_ptr,
+    recv_signal_ptr,
+    keep_ptr,
+    send_ptr,
+    out_ptr,
+    reduced_ptr,
+    free_ptr,
+    counter_ptr,
+    chunk_tiles_ptr,
+    chunk_ready_ptr,
+    ready_ptr,
+    peer_signal_ptrs,
+    gather_slot_ptr,
+    epoch,
+    error_ptr,
+    max_spin,
+    RANK,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    WORLD: tl.constexpr,
+    INC_MAX: tl.constexpr,
+    ALL_REDUCE: tl.constexpr,
+    ASM_WAIT: tl.constexpr,
+    EPI_SPLIT: tl.constexpr,
+):
     """Finish the rows of chunk c in a tile (both column halves with EPI_SPLIT=2), then count the tile in c."""
     if EPI_SPLIT == 2:
         acc0, acc1 = _column_halves(acc, BLOCK_M, BLOCK_N)
-        _finish_chunk(acc0, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
-                      recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr, epoch, error_ptr,
-                      max_spin, RANK, BLOCK_N // 2, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT)
-        _finish_chunk(acc1, rows, off_n + BLOCK_N // 2, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
-                      inc_offset_ptr, recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr,
-                      epoch, error_ptr, max_spin, RANK, BLOCK_N // 2, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT)
+        _finish_chunk(
+            acc0,
+            rows,
+            off_n,
+            c,
+            N,
+            OUT_ROW0,
+            chunk_row_ptr,
+            inc_start_ptr,
+            inc_slot_ptr,
+            inc_offset_ptr,
+            recv_ptr,
+            recv_signal_ptr,
+            keep_ptr,
+            send_ptr,
+            out_ptr,
+            reduced_ptr,
+            free_ptr,
+            epoch,
+            error_ptr,
+            max_spin,
+            RANK,
+            BLOCK_N // 2,
+            WORLD,
+            INC_MAX,
+            ALL_REDUCE,
+            ASM_WAIT,
+        )
+        _finish_chunk(
+            acc1,
+            rows,
+            off_n + BLOCK_N // 2,
+            c,
+            N,
+            OUT_ROW0,
+            chunk_row_ptr,
+            inc_start_ptr,
+            inc_slot_ptr,
+            inc_offset_ptr,
+            recv_ptr,
+            recv_signal_ptr,
+            keep_ptr,
+            send_ptr,
+            out_ptr,
+            reduced_ptr,
+            free_ptr,
+            epoch,
+            error_ptr,
+            max_spin,
+            RANK,
+            BLOCK_N // 2,
+            WORLD,
+            INC_MAX,
+            ALL_REDUCE,
+            ASM_WAIT,
+        )
     else:
-        _finish_chunk(acc, rows, off_n, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
-                      recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr, epoch, error_ptr,
-                      max_spin, RANK, BLOCK_N, WORLD, INC_MAX, ALL_REDUCE, ASM_WAIT)
-    _count_chunk(c, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
-                 peer_signal_ptrs, epoch, WORLD, ALL_REDUCE)
+        _finish_chunk(
+            acc,
+            rows,
+            off_n,
+            c,
+            N,
+            OUT_ROW0,
+            chunk_row_ptr,
+            inc_start_ptr,
+            inc_slot_ptr,
+            inc_offset_ptr,
+            recv_ptr,
+            recv_signal_ptr,
+            keep_ptr,
+            send_ptr,
+            out_ptr,
+            reduced_ptr,
+            free_ptr,
+            epoch,
+            error_ptr,
+            max_spin,
+            RANK,
+            BLOCK_N,
+            WORLD,
+            INC_MAX,
+            ALL_REDUCE,
+            ASM_WAIT,
+        )
+    _count_chunk(
+        c,
+        counter_ptr,
+        chunk_tiles_ptr,
+        chunk_ready_ptr,
+        ready_ptr,
+        keep_ptr,
+        gather_slot_ptr,
+        peer_signal_ptrs,
+        epoch,
+        WORLD,
+        ALL_REDUCE,
+    )
 
 
 @triton.jit
@@ -503,9 +1127,25 @@ def _tma_stores_done():
 
 
 @triton.jit
-def _finish_tile_tma(acc, row0, col0, N, OUT_ROW0, first, count, inc_offset_ptr, recv_desc, keep, gate, send_desc,
-                     out_desc, reduced_desc, INC_MAX: tl.constexpr, ALL_REDUCE: tl.constexpr,
-                     OUT_DTYPE: tl.constexpr):
+def _finish_tile_tma(
+    acc,
+    row0,
+    col0,
+    N,
+    OUT_ROW0,
+    first,
+    count,
+    inc_offset_ptr,
+    recv_desc,
+    keep,
+    gate,
+    send_desc,
+    out_desc,
+    reduced_desc,
+    INC_MAX: tl.constexpr,
+    ALL_REDUCE: tl.constexpr,
+    OUT_DTYPE: tl.constexpr,
+):
     """`_finish_chunk` for a whole tile of a chunk (rows from row0, columns from col0) through TMA,
     once what it waits for is there (`gate`, 0 then, is added to the coordinates that depend on it):
     add the `count` partials received from `inc_offset[first]` on, store the rows where they go."""
@@ -522,12 +1162,44 @@ def _finish_tile_tma(acc, row0, col0, N, OUT_ROW0, first, count, inc_offset_ptr,
 
 
 @triton.jit
-def _close_tile_tma(acc, row0, off_n, c, N, OUT_ROW0, inc_start_ptr, inc_slot_ptr, inc_offset_ptr, recv_desc,
-                    recv_signal_ptr, keep_ptr, send_desc, out_desc, reduced_desc, free_ptr, counter_ptr,
-                    chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, peer_signal_ptrs, gather_slot_ptr, epoch, error_ptr,
-                    max_spin, RANK, next_chunk, pending, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    WORLD: tl.constexpr, INC_MAX: tl.constexpr, ALL_REDUCE: tl.constexpr, ASM_WAIT: tl.constexpr,
-                    EPI_SPLIT: tl.constexpr, OUT_DTYPE: tl.constexpr):
+def _close_tile_tma(
+    acc,
+    row0,
+    off_n,
+    c,
+    N,
+    OUT_ROW0,
+    inc_start_ptr,
+    inc_slot_ptr,
+    inc_offset_ptr,
+    recv_desc,
+    recv_signal_ptr,
+    keep_ptr,
+    send_desc,
+    out_desc,
+    reduced_desc,
+    free_ptr,
+    counter_ptr,
+    chunk_tiles_ptr,
+    chunk_ready_ptr,
+    ready_ptr,
+    peer_signal_ptrs,
+    gather_slot_ptr,
+    epoch,
+    error_ptr,
+    max_spin,
+    RANK,
+    next_chunk,
+    pending,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    WORLD: tl.constexpr,
+    INC_MAX: tl.constexpr,
+    ALL_REDUCE: tl.constexpr,
+    ASM_WAIT: tl.constexpr,
+    EPI_SPLIT: tl.constexpr,
+    OUT_DTYPE: tl.constexpr,
+):
     """`_close_chunk` for TMA_EPI: wait once for the tile's partials (and, for a kept chunk of an
     all-reduce, for every peer to have entered the call), finish the tile (in column halves with
     EPI_SPLIT=2); returns the tiles of chunk c this program has finished but not yet counted.
@@ -544,7 +1216,9 @@ def _close_tile_tma(acc, row0, off_n, c, N, OUT_ROW0, inc_start_ptr, inc_slot_pt
     gate = 0
     for j in tl.static_range(INC_MAX):
         if j < count:
-            gate += _wait_slot(recv_signal_ptr, tl.load(inc_slot_ptr + first + j), epoch, error_ptr, max_spin, ASM_WAIT)
+            gate += _wait_slot(
+                recv_signal_ptr, tl.load(inc_slot_ptr + first + j), epoch, error_ptr, max_spin, ASM_WAIT
+            )
     if ALL_REDUCE:
         if keep:
             for p in tl.static_range(WORLD):
@@ -552,41 +1226,180 @@ def _close_tile_tma(acc, row0, off_n, c, N, OUT_ROW0, inc_start_ptr, inc_slot_pt
                     gate += _wait_slot(free_ptr, p, epoch, error_ptr, max_spin, ASM_WAIT)
     if EPI_SPLIT == 2:
         acc0, acc1 = _column_halves(acc, BLOCK_M, BLOCK_N)
-        _finish_tile_tma(acc0, row0, off_n, N, OUT_ROW0, first, count, inc_offset_ptr, recv_desc, keep, gate,
-                         send_desc, out_desc, reduced_desc, INC_MAX, ALL_REDUCE, OUT_DTYPE)
-        _finish_tile_tma(acc1, row0, off_n + BLOCK_N // 2, N, OUT_ROW0, first, count, inc_offset_ptr, recv_desc, keep,
-                         gate, send_desc, out_desc, reduced_desc, INC_MAX, ALL_REDUCE, OUT_DTYPE)
+        _finish_tile_tma(
+            acc0,
+            row0,
+            off_n,
+            N,
+            OUT_ROW0,
+            first,
+            count,
+            inc_offset_ptr,
+            recv_desc,
+            keep,
+            gate,
+            send_desc,
+            out_desc,
+            reduced_desc,
+            INC_MAX,
+            ALL_REDUCE,
+            OUT_DTYPE,
+        )
+        _finish_tile_tma(
+            acc1,
+            row0,
+            off_n + BLOCK_N // 2,
+            N,
+            OUT_ROW0,
+            first,
+            count,
+            inc_offset_ptr,
+            recv_desc,
+            keep,
+            gate,
+            send_desc,
+            out_desc,
+            reduced_desc,
+            INC_MAX,
+            ALL_REDUCE,
+            OUT_DTYPE,
+        )
     else:
-        _finish_tile_tma(acc, row0, off_n, N, OUT_ROW0, first, count, inc_offset_ptr, recv_desc, keep, gate,
-                         send_desc, out_desc, reduced_desc, INC_MAX, ALL_REDUCE, OUT_DTYPE)
+        _finish_tile_tma(
+            acc,
+            row0,
+            off_n,
+            N,
+            OUT_ROW0,
+            first,
+            count,
+            inc_offset_ptr,
+            recv_desc,
+            keep,
+            gate,
+            send_desc,
+            out_desc,
+            reduced_desc,
+            INC_MAX,
+            ALL_REDUCE,
+            OUT_DTYPE,
+        )
     if next_chunk != c:
         if ASM_WAIT:
             _tma_stores_done()
-        _count_chunk(c, counter_ptr, chunk_tiles_ptr, chunk_ready_ptr, ready_ptr, keep_ptr, gather_slot_ptr,
-                     peer_signal_ptrs, epoch, WORLD, ALL_REDUCE, pending + 1)
+        _count_chunk(
+            c,
+            counter_ptr,
+            chunk_tiles_ptr,
+            chunk_ready_ptr,
+            ready_ptr,
+            keep_ptr,
+            gather_slot_ptr,
+            peer_signal_ptrs,
+            epoch,
+            WORLD,
+            ALL_REDUCE,
+            pending + 1,
+        )
     return tl.where(next_chunk == c, pending + 1, 0)
 
 
 @triton.jit
-def _finish_chunk(acc, rows, col0, c, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr, inc_offset_ptr,
-                  recv_ptr, recv_signal_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr, free_ptr, epoch, error_ptr,
-                  max_spin, RANK, WIDTH: tl.constexpr, WORLD: tl.constexpr, INC_MAX: tl.constexpr,
-                  ALL_REDUCE: tl.constexpr, ASM_WAIT: tl.constexpr):
+def _finish_chunk(
+    acc,
+    rows,
+    col0,
+    c,
+    N,
+    OUT_ROW0,
+    chunk_row_ptr,
+    inc_start_ptr,
+    inc_slot_ptr,
+    inc_offset_ptr,
+    recv_ptr,
+    recv_signal_ptr,
+    keep_ptr,
+    send_ptr,
+    out_ptr,
+    reduced_ptr,
+    free_ptr,
+    epoch,
+    error_ptr,
+    max_spin,
+    RANK,
+    WIDTH: tl.constexpr,
+    WORLD: tl.constexpr,
+    INC_MAX: tl.constexpr,
+    ALL_REDUCE: tl.constexpr,
+    ASM_WAIT: tl.constexpr,
+):
     """Epilogue of the rows of chunk c in `WIDTH` columns of a tile: add its received partials (the
     other chunk's rows are untouched), store the rows where they go."""
     cols = col0 + tl.arange(0, WIDTH)
     col_ok = cols[None, :] < N
-    acc = _epilogue_chunk(acc, c, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, inc_start_ptr, inc_slot_ptr,
-                          inc_offset_ptr, recv_ptr, recv_signal_ptr, epoch, error_ptr, max_spin, INC_MAX, ASM_WAIT)
-    _store_chunk(acc, c, rows, cols, col_ok, N, OUT_ROW0, chunk_row_ptr, keep_ptr, send_ptr, out_ptr, reduced_ptr,
-                 free_ptr, epoch, error_ptr, max_spin, RANK, WORLD, ALL_REDUCE, ASM_WAIT)
+    acc = _epilogue_chunk(
+        acc,
+        c,
+        rows,
+        cols,
+        col_ok,
+        N,
+        OUT_ROW0,
+        chunk_row_ptr,
+        inc_start_ptr,
+        inc_slot_ptr,
+        inc_offset_ptr,
+        recv_ptr,
+        recv_signal_ptr,
+        epoch,
+        error_ptr,
+        max_spin,
+        INC_MAX,
+        ASM_WAIT,
+    )
+    _store_chunk(
+        acc,
+        c,
+        rows,
+        cols,
+        col_ok,
+        N,
+        OUT_ROW0,
+        chunk_row_ptr,
+        keep_ptr,
+        send_ptr,
+        out_ptr,
+        reduced_ptr,
+        free_ptr,
+        epoch,
+        error_ptr,
+        max_spin,
+        RANK,
+        WORLD,
+        ALL_REDUCE,
+        ASM_WAIT,
+    )
 
 
 @triton.jit(do_not_specialize=["epoch", "NUM_JOBS"])
 def chunk_copy_kernel(
-    job_src_ptr, job_dst_ptr, job_elems_ptr, job_wait_ptr, job_signal_ptr, job_peer_ptr,
-    NUM_JOBS, local_signal_ptr, peer_signal_ptrs, free_ptr, counter_ptr, epoch, error_ptr,
-    NUM_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr, ELEM: tl.constexpr, MAX_SPIN: tl.constexpr,
+    job_src_ptr,
+    job_dst_ptr,
+    job_elems_ptr,
+    job_wait_ptr,
+    job_signal_ptr,
+    job_peer_ptr,
+    NUM_JOBS,
+    local_signal_ptr,
+    peer_signal_ptrs,
+    free_ptr,
+    counter_ptr,
+    epoch,
+    error_ptr,
+    NUM_PROGRAMS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ELEM: tl.constexpr,
+    MAX_SPIN: tl.constexpr,
 ):
     """SM-driven chunk copies: the `nvshmem` backend's communication programs.
 
@@ -658,8 +1471,9 @@ def _meet(pad_ptr, peer_pads_ptr, slot, RANK, WORLD: tl.constexpr):
 
 
 @triton.jit
-def graph_entry_kernel(pad_ptr, peer_pads_ptr, RANK, MEET_BASE, WORLD: tl.constexpr, CLEAR: tl.constexpr,
-                       BLOCK: tl.constexpr):
+def graph_entry_kernel(
+    pad_ptr, peer_pads_ptr, RANK, MEET_BASE, WORLD: tl.constexpr, CLEAR: tl.constexpr, BLOCK: tl.constexpr
+):
     """The start of a call captured in a CUDA graph, one program: every rank has ended its previous
     call (a meeting), this rank's pad words [0, CLEAR) are set to 0, and every rank has done so (a
     second meeting) before any rank goes on to raise a word of this call in a peer's pad.

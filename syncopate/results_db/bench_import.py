@@ -37,8 +37,16 @@ from syncopate.search_space import Candidate, Topology, Workload
 if TYPE_CHECKING:
     from syncopate.results_db.repository import ResultsDB
 
-__all__ = ["BenchImport", "PreparedBench", "bench_environment", "import_bench", "prepare_bench", "quantile",
-           "read_bench", "store_bench"]
+__all__ = [
+    "BenchImport",
+    "PreparedBench",
+    "bench_environment",
+    "import_bench",
+    "prepare_bench",
+    "quantile",
+    "read_bench",
+    "store_bench",
+]
 
 log = logging.getLogger(__name__)
 
@@ -254,8 +262,20 @@ def import_bench(
     The environment fields fill in what the file does not say (see :func:`bench_environment`);
     `topology` overrides the file's (which must then have the same world size).
     """
-    return store_bench(db, prepare_bench(path, syncopate=syncopate, torch=torch, triton=triton, cuda=cuda,
-                                         nccl=nccl, driver=driver, gpu_model=gpu_model, topology=topology))
+    return store_bench(
+        db,
+        prepare_bench(
+            path,
+            syncopate=syncopate,
+            torch=torch,
+            triton=triton,
+            cuda=cuda,
+            nccl=nccl,
+            driver=driver,
+            gpu_model=gpu_model,
+            topology=topology,
+        ),
+    )
 
 
 def prepare_bench(
@@ -319,8 +339,18 @@ def prepare_bench(
     if isinstance(doc.get("switches"), dict):  # the kernel switches the benchmark ran with (newer files)
         worker["switches"] = {str(k): str(v) for k, v in doc["switches"].items()}
     trials, baselines = _records(doc, path, topo, env, started, worker)
-    return PreparedBench(path=path, doc=doc, environment=env, topology=topo, name=name, digest=digest,
-                         started=started, finished=finished, trials=trials, baselines=baselines)
+    return PreparedBench(
+        path=path,
+        doc=doc,
+        environment=env,
+        topology=topo,
+        name=name,
+        digest=digest,
+        started=started,
+        finished=finished,
+        trials=trials,
+        baselines=baselines,
+    )
 
 
 def store_bench(db: ResultsDB, bench: PreparedBench) -> BenchImport:

@@ -33,7 +33,9 @@ def encode(value: Any, where: str = "value") -> Any:
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise ConfigError(f"{where} has key {k!r} of type {type(k).__name__}: JSON keys must be strings")
+                raise ConfigError(
+                    f"{where} has key {k!r} of type {type(k).__name__}: JSON keys must be strings"
+                )
             out[k] = encode(v, f"{where}.{k}")
         return out
     if isinstance(value, (list, tuple)):

@@ -94,7 +94,9 @@ def is_transient(error: BaseException | None) -> bool:
         return True
     if isinstance(error, OperationalError):
         text = str(orig).lower()
-        return "database is locked" in text or "database is busy" in text or "database table is locked" in text
+        return (
+            "database is locked" in text or "database is busy" in text or "database table is locked" in text
+        )
     return False
 
 

@@ -84,12 +84,22 @@ __all__ = ["MATCHES", "LookupResult", "clear_cache", "lookup", "shape_distance",
 
 log = logging.getLogger(__name__)
 
-MATCHES: tuple[str, ...] = ("exact", "nearest_shape", "other_environment", "other_topology", "cost_model", "default")
+MATCHES: tuple[str, ...] = (
+    "exact",
+    "nearest_shape",
+    "other_environment",
+    "other_topology",
+    "cost_model",
+    "default",
+)
 """The rungs of the ladder, best first."""
 
 _CACHE_LIMIT = 4096
 
-_GUARD_NAMES = {"default": "the untuned default", "unfused": "the unfused op (torch's matmul, then its collective)"}
+_GUARD_NAMES = {
+    "default": "the untuned default",
+    "unfused": "the unfused op (torch's matmul, then its collective)",
+}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -139,9 +149,15 @@ class LookupResult:
         and time_us; where a trial answered, its eager and host times, the shape (`measured_on`,
         MxNxK), topology and environment it was measured on, and the guard served if one was; for
         `cost_model` the prediction; for `cost_model` and `default` what the database holds."""
-        d: dict[str, Any] = {"candidate": self.candidate.to_dict(), "match": self.match, "mode": self.mode,
-                             "objective": self.objective, "reason": self.reason, "trial_id": self.trial_id,
-                             "time_us": self.time_us}
+        d: dict[str, Any] = {
+            "candidate": self.candidate.to_dict(),
+            "match": self.match,
+            "mode": self.mode,
+            "objective": self.objective,
+            "reason": self.reason,
+            "trial_id": self.trial_id,
+            "time_us": self.time_us,
+        }
         if self.trial_id is not None:
             d["eager_us"] = self.eager_us
             d["host_us"] = self.host_us
@@ -171,8 +187,12 @@ def topology_distance(asked: Topology, other: Topology) -> tuple[int, float, str
     interconnect after the same one, then the log-distance of the GPUs' bf16 rates, memory
     bandwidths and SM counts and of the links' bandwidths; the key breaks ties."""
     a, b = asked.spec, other.spec
-    pairs = ((a.bf16_tflops, b.bf16_tflops), (a.hbm_gbps, b.hbm_gbps), (asked.sm_count, other.sm_count),
-             (asked.link_gbps, other.link_gbps))
+    pairs = (
+        (a.bf16_tflops, b.bf16_tflops),
+        (a.hbm_gbps, b.hbm_gbps),
+        (asked.sm_count, other.sm_count),
+        (asked.link_gbps, other.link_gbps),
+    )
     far = sum(abs(math.log(x / y)) for x, y in pairs if x > 0 and y > 0)
     return (0 if other.interconnect == asked.interconnect else 1, far, other.key())
 
@@ -198,13 +218,21 @@ def _ranked(objective: str, median_us: float | None, eager_us: float | None) -> 
 class _Ladder:
     """One lookup's climb down the rungs."""
 
-    def __init__(self, source: BestSource, workload: Workload, topology: Topology, environment: Environment,
-                 mode: str) -> None:
+    def __init__(
+        self, source: BestSource, workload: Workload, topology: Topology, environment: Environment, mode: str
+    ) -> None:
         self.source, self.workload, self.topology, self.environment, self.mode = (
-            source, workload, topology, environment, mode)
+            source,
+            workload,
+            topology,
+            environment,
+            mode,
+        )
         target = workload.shape
-        self.refs = sorted(source.shapes(workload.kind, workload.dtype),
-                           key=lambda r: (shape_distance(r.shape, target), r.shape.as_tuple()))
+        self.refs = sorted(
+            source.shapes(workload.kind, workload.dtype),
+            key=lambda r: (shape_distance(r.shape, target), r.shape.as_tuple()),
+        )
 
     # -- the rungs ------------------------------------------------------------------------------
 
@@ -212,7 +240,9 @@ class _Ladder:
         topo, env_key = self.topology, self.environment.key()
         for ref in self.refs:
             served = self.source.served(ref, topo, env_key, environment="same", mode=self.mode)
-            found = self._answer(ref, served, topo, "exact" if ref.shape == self.workload.shape else "nearest_shape")
+            found = self._answer(
+                ref, served, topo, "exact" if ref.shape == self.workload.shape else "nearest_shape"
+            )
             if found is not None:
                 return found
         for ref in self.refs:
@@ -221,8 +251,13 @@ class _Ladder:
             if found is not None:
                 log.warning(
                     "lookup %s on %s: nothing measured under this environment (%s); serving trial %d of %s "
-                    "measured under another (%s)", self.workload, topo.key(), self.environment.short(),
-                    found.trial_id, ref.shape, found.environment.short(),
+                    "measured under another (%s)",
+                    self.workload,
+                    topo.key(),
+                    self.environment.short(),
+                    found.trial_id,
+                    ref.shape,
+                    found.environment.short(),
                 )
                 return found
         if self.refs:
@@ -234,29 +269,48 @@ class _Ladder:
                         log.warning("lookup %s on %s: %s", self.workload, topo.key(), found.reason)
                         return found
         holdings = self.source.holdings()
-        if self.refs:  # measured elsewhere, or only predicted here: a topology key that differs from the sweep's?
+        if (
+            self.refs
+        ):  # measured elsewhere, or only predicted here: a topology key that differs from the sweep's?
             log.warning(
                 "lookup %s on %s: %s holds %d %s %s shape(s) but no measured trial of them on %s or a topology "
                 "like it. If this job runs where a sweep ran, compare its topology key with this one (a "
-                "detected topology, or the key given)", self.workload, topo.key(), self.source.shown or "the database",
-                len(self.refs), self.workload.kind, self.workload.dtype, topo.key(),
+                "detected topology, or the key given)",
+                self.workload,
+                topo.key(),
+                self.source.shown or "the database",
+                len(self.refs),
+                self.workload.kind,
+                self.workload.dtype,
+                topo.key(),
             )
         modelled, why_not = self._cost_model(holdings)
         if modelled is not None:
             return modelled
         return LookupResult(
-            candidate=default_candidate(self.workload, topo), match="default", trial_id=None, time_us=None,
-            workload=self.workload, topology=topo, database=self.source.shown, mode=self.mode,
-            reason=(f"{self._nothing_measured()}, and the cost model cannot predict here ({why_not}): the "
-                    f"documented default; `syncopate tune` measures this workload. The database holds "
-                    f"{holdings.describe()}"),
+            candidate=default_candidate(self.workload, topo),
+            match="default",
+            trial_id=None,
+            time_us=None,
+            workload=self.workload,
+            topology=topo,
+            database=self.source.shown,
+            mode=self.mode,
+            reason=(
+                f"{self._nothing_measured()}, and the cost model cannot predict here ({why_not}): the "
+                f"documented default; `syncopate tune` measures this workload. The database holds "
+                f"{holdings.describe()}"
+            ),
             holdings=holdings,
         )
 
     def _nearby_topologies(self) -> list[Topology]:
         asked = self.topology
-        others = [t for t in self.source.topologies()
-                  if t.world_size == asked.world_size and t.nodes == asked.nodes and t.key() != asked.key()]
+        others = [
+            t
+            for t in self.source.topologies()
+            if t.world_size == asked.world_size and t.nodes == asked.nodes and t.key() != asked.key()
+        ]
         return sorted(others, key=lambda t: topology_distance(asked, t))
 
     # -- answers --------------------------------------------------------------------------------
@@ -270,24 +324,43 @@ class _Ladder:
             return unfused_candidate()
         return served.hit.candidate
 
-    def _answer(self, ref: ShapeRef, served: Served | None, measured_topology: Topology,
-                match: str) -> LookupResult | None:
+    def _answer(
+        self, ref: ShapeRef, served: Served | None, measured_topology: Topology, match: str
+    ) -> LookupResult | None:
         if served is None:
             return None
         candidate = self._served_candidate(served)
         try:
             check_candidate(candidate, self.workload, self.topology)
         except ConfigError as e:
-            log.debug("trial %d of %s on %s does not fit %s on %s: %s", served.hit.trial_id, ref.shape,
-                      measured_topology.key(), self.workload, self.topology.key(), e)
+            log.debug(
+                "trial %d of %s on %s does not fit %s on %s: %s",
+                served.hit.trial_id,
+                ref.shape,
+                measured_topology.key(),
+                self.workload,
+                self.topology.key(),
+                e,
+            )
             return None
         hit = served.hit
         measured_on = Workload(kind=self.workload.kind, shape=ref.shape, dtype=self.workload.dtype)
         return LookupResult(
-            candidate=candidate, match=match, trial_id=hit.trial_id, time_us=hit.median_us, workload=self.workload,
-            topology=self.topology, measured_on=measured_on, environment=hit.environment,
-            database=self.source.shown, mode=self.mode, objective=served.objective, eager_us=hit.eager_us,
-            host_us=hit.host_us, measured_topology=measured_topology, guard=served.guard,
+            candidate=candidate,
+            match=match,
+            trial_id=hit.trial_id,
+            time_us=hit.median_us,
+            workload=self.workload,
+            topology=self.topology,
+            measured_on=measured_on,
+            environment=hit.environment,
+            database=self.source.shown,
+            mode=self.mode,
+            objective=served.objective,
+            eager_us=hit.eager_us,
+            host_us=hit.host_us,
+            measured_topology=measured_topology,
+            guard=served.guard,
             reason=self._reason(match, ref, served, measured_topology),
         )
 
@@ -298,36 +371,60 @@ class _Ladder:
         if match == "exact":
             why = f"measured: trial {hit.trial_id} of this shape on {topo} under this environment"
         elif match == "nearest_shape":
-            why = (f"no trial of this shape on {topo} under this environment; nearest measured shape {shape} at "
-                   f"log-distance {distance:.2f}, trial {hit.trial_id}")
+            why = (
+                f"no trial of this shape on {topo} under this environment; nearest measured shape {shape} at "
+                f"log-distance {distance:.2f}, trial {hit.trial_id}"
+            )
         elif match == "other_environment":
-            where = "this shape" if ref.shape == self.workload.shape else f"nearest shape {shape} (log-distance {distance:.2f})"
-            why = (f"nothing measured on {topo} under this environment ({self.environment.short()}); trial "
-                   f"{hit.trial_id} of {where} measured under another ({hit.environment.short()})")
+            where = (
+                "this shape"
+                if ref.shape == self.workload.shape
+                else f"nearest shape {shape} (log-distance {distance:.2f})"
+            )
+            why = (
+                f"nothing measured on {topo} under this environment ({self.environment.short()}); trial "
+                f"{hit.trial_id} of {where} measured under another ({hit.environment.short()})"
+            )
         else:
             other = measured_topology
-            alike = ("same GPU count and interconnect" if other.interconnect == self.topology.interconnect
-                     else "same GPU count, another interconnect")
-            where = "this shape" if ref.shape == self.workload.shape else f"shape {shape} (log-distance {distance:.2f})"
-            why = (f"nothing measured on {topo}; closest measured topology {other.key()} ({alike}, {other.gpu_model} "
-                   f"GPUs): trial {hit.trial_id} of {where}, under {hit.environment.short()}")
+            alike = (
+                "same GPU count and interconnect"
+                if other.interconnect == self.topology.interconnect
+                else "same GPU count, another interconnect"
+            )
+            where = (
+                "this shape"
+                if ref.shape == self.workload.shape
+                else f"shape {shape} (log-distance {distance:.2f})"
+            )
+            why = (
+                f"nothing measured on {topo}; closest measured topology {other.key()} ({alike}, {other.gpu_model} "
+                f"GPUs): trial {hit.trial_id} of {where}, under {hit.environment.short()}"
+            )
         why += f"; {_ranked(served.objective, hit.median_us, hit.eager_us)}"
         if served.guard:
             guard = _GUARD_NAMES[served.guard]
             if served.tuned is None:
-                why += f"; {guard} is served: no tuned candidate measured there is as fast in mode {self.mode}"
+                why += (
+                    f"; {guard} is served: no tuned candidate measured there is as fast in mode {self.mode}"
+                )
             else:
                 t = served.tuned
-                why += (f"; {guard} is served: the fastest tuned candidate there (trial {t.trial_id}, "
-                        f"{_in_mode(served.objective, t.median_us, t.eager_us)}) is slower in mode {self.mode}")
+                why += (
+                    f"; {guard} is served: the fastest tuned candidate there (trial {t.trial_id}, "
+                    f"{_in_mode(served.objective, t.median_us, t.eager_us)}) is slower in mode {self.mode}"
+                )
         return why
 
     def _nothing_measured(self) -> str:
         topo = self.topology.key()
         if not self.refs:
-            return f"nothing of {self.workload.kind}/{self.workload.dtype} is measured in {self.source.shown or 'the database'}"
-        return (f"no measured trial of {self.workload.kind}/{self.workload.dtype} on {topo} or another topology of "
-                f"{self.topology.world_size} GPUs fits this shape")
+            where = self.source.shown or "the database"
+            return f"nothing of {self.workload.kind}/{self.workload.dtype} is measured in {where}"
+        return (
+            f"no measured trial of {self.workload.kind}/{self.workload.dtype} on {topo} or another topology of "
+            f"{self.topology.world_size} GPUs fits this shape"
+        )
 
     # -- the cost model -------------------------------------------------------------------------
 
@@ -347,8 +444,10 @@ class _Ladder:
             return None, str(e)
         model = CostModel(calibration)
         found: dict[str, Candidate] = {}
-        for c in [*guard_candidates(self.workload, self.topology).values(),
-                  *bench_grid(self.workload, self.topology, "tiny", BACKENDS)]:
+        for c in [
+            *guard_candidates(self.workload, self.topology).values(),
+            *bench_grid(self.workload, self.topology, "tiny", BACKENDS),
+        ]:
             found.setdefault(c.key(), c)
         scored = []
         for c in found.values():
@@ -366,13 +465,24 @@ class _Ladder:
             return None, f"no candidate of {len(found)} it ranks can run on {self.topology.key()}"
         score, best = min(scored, key=lambda sc: sc[0])
         objective = "device (predicted)" if self.mode == "graph" else "eager (predicted)"
-        reason = (f"{self._nothing_measured()}: the cost model's pick among {len(scored)} candidates (the `tiny` grid "
-                  f"and the references), predicted {score:.1f} µs {'on the device' if self.mode == 'graph' else 'eager'}"
-                  f" from the {calibration.describe()}. The database holds {holdings.describe()}")
+        reason = (
+            f"{self._nothing_measured()}: the cost model's pick among {len(scored)} candidates (the `tiny` grid "
+            f"and the references), predicted {score:.1f} µs {'on the device' if self.mode == 'graph' else 'eager'}"
+            f" from the {calibration.describe()}. The database holds {holdings.describe()}"
+        )
         return LookupResult(
-            candidate=best, match="cost_model", trial_id=None, time_us=None, workload=self.workload,
-            topology=self.topology, database=self.source.shown, mode=self.mode, objective=objective,
-            predicted_us=score, reason=reason, holdings=holdings,
+            candidate=best,
+            match="cost_model",
+            trial_id=None,
+            time_us=None,
+            workload=self.workload,
+            topology=self.topology,
+            database=self.source.shown,
+            mode=self.mode,
+            objective=objective,
+            predicted_us=score,
+            reason=reason,
+            holdings=holdings,
         ), ""
 
 
@@ -384,8 +494,11 @@ class _StoredCalibrations:
         self.url = url
 
     def calibrations(self, *, kind: str | None = None, topology: Topology | None = None) -> list[Any]:
-        return [_Stored(r) for r in self._records
-                if (kind is None or r.kind == kind) and (topology is None or r.topology.key() == topology.key())]
+        return [
+            _Stored(r)
+            for r in self._records
+            if (kind is None or r.kind == kind) and (topology is None or r.topology.key() == topology.key())
+        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,8 +511,9 @@ class TopologyUndetected(RuntimeUnavailableError):
     why, for a caller that words the remedy its own way (the CLI names `--topology`)."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(f"cannot detect the topology here ({reason}): pass topology=KEY, such as "
-                         f"topology='H200x2-nvlink'")
+        super().__init__(
+            f"cannot detect the topology here ({reason}): pass topology=KEY, such as topology='H200x2-nvlink'"
+        )
         self.reason = reason
 
 
@@ -422,12 +536,29 @@ class _Resolver:
         self._detected: Topology | None = None
         self._lock = threading.Lock()
 
-    def lookup(self, shape: Any, topology: Any, kind: str, dtype: Any, db: Any,
-               environment: Environment | None, mode: Any) -> LookupResult:
+    def lookup(
+        self,
+        shape: Any,
+        topology: Any,
+        kind: str,
+        dtype: Any,
+        db: Any,
+        environment: Environment | None,
+        mode: Any,
+    ) -> LookupResult:
         # the dims' types are part of the key: 8192.0 == 8192, but only 8192 is a dim
         dims = tuple((type(v), v) for v in shape) if isinstance(shape, tuple) else shape
-        raw = (dims, topology, kind, dtype, db, environment, mode, os.environ.get(ENV_VAR) if db is None else None,
-               os.environ.get(GLUON_VAR) if environment is None else None)  # this process's fingerprint
+        raw = (
+            dims,
+            topology,
+            kind,
+            dtype,
+            db,
+            environment,
+            mode,
+            os.environ.get(ENV_VAR) if db is None else None,
+            os.environ.get(GLUON_VAR) if environment is None else None,
+        )  # this process's fingerprint
         try:
             answer = self._answers.get(raw)
         except TypeError:  # an unhashable argument (a list shape): no fast path
@@ -442,8 +573,16 @@ class _Resolver:
                 self._answers[raw] = answer
         return answer
 
-    def _resolve(self, shape: Any, topology: Any, kind: str, dtype: Any, db: Any,
-                 environment: Environment | None, mode: Any) -> LookupResult:
+    def _resolve(
+        self,
+        shape: Any,
+        topology: Any,
+        kind: str,
+        dtype: Any,
+        db: Any,
+        environment: Environment | None,
+        mode: Any,
+    ) -> LookupResult:
         mode = check_mode(mode)
         workload = Workload(kind=kind, shape=Shape.of(shape), dtype=dtype)
         if topology is None:
@@ -476,9 +615,16 @@ class _Resolver:
 _resolver = _Resolver()
 
 
-def lookup(shape: Shape | tuple[int, int, int], topology: Topology | str | None = None, *,
-           kind: str = "ag_gemm", dtype: Any = "bf16", db: str | os.PathLike[str] | None = None,
-           environment: Environment | None = None, mode: str = DEFAULT_MODE) -> LookupResult:
+def lookup(
+    shape: Shape | tuple[int, int, int],
+    topology: Topology | str | None = None,
+    *,
+    kind: str = "ag_gemm",
+    dtype: Any = "bf16",
+    db: str | os.PathLike[str] | None = None,
+    environment: Environment | None = None,
+    mode: str = DEFAULT_MODE,
+) -> LookupResult:
     """The configuration to run for `shape` on `topology` (see the module docstring).
 
     shape: a Shape or (M, N, K), global GEMM dims. topology: a Topology, its key such as

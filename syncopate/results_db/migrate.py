@@ -85,7 +85,9 @@ def upgrade(location: DbLocation, engine: Engine | None = None) -> tuple[str | N
                 if before != HEAD:
                     from alembic import command
 
-                    log.info("upgrading %s from %s to %s", location.shown(), before or "an empty database", HEAD)
+                    log.info(
+                        "upgrading %s from %s to %s", location.shown(), before or "an empty database", HEAD
+                    )
                     command.upgrade(alembic_config(connection), "head")
             return before, HEAD
     except SQLAlchemyError as e:
@@ -115,9 +117,13 @@ def _create_sqlite(location: DbLocation, path: Path) -> bool:
                     log.info("creating %s at revision %s", shown, HEAD)
                     command.upgrade(alembic_config(connection), "head")
                 # everything into the file itself before it is linked: its WAL is not linked with it
-                busy = connection.connection.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                busy = connection.connection.driver_connection.execute(
+                    "PRAGMA wal_checkpoint(TRUNCATE)"
+                ).fetchone()
                 if busy is not None and busy[0]:
-                    raise DatabaseError(f"cannot create database {shown}: its new file {temporary} stayed busy")
+                    raise DatabaseError(
+                        f"cannot create database {shown}: its new file {temporary} stayed busy"
+                    )
         finally:
             engine.dispose()
         return sqlite_files.link_into_place(temporary, path)
@@ -127,4 +133,3 @@ def _create_sqlite(location: DbLocation, path: Path) -> bool:
         raise DatabaseError(f"cannot create database {shown}: {e.strerror or e}") from e
     finally:
         sqlite_files.remove_with_journals(temporary)
-

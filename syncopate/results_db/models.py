@@ -24,7 +24,17 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import CheckConstraint, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint, select
+from sqlalchemy import (
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    select,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from syncopate.errors import NotFoundError
@@ -164,20 +174,34 @@ class TrialModel(_Finders, Base):
     __tablename__ = "syncopate_trials"
     __table_args__ = (
         UniqueConstraint(
-            "workload_id", "topology_id", "environment_id", "sweep_id", "candidate_hash",
+            "workload_id",
+            "topology_id",
+            "environment_id",
+            "sweep_id",
+            "candidate_hash",
             name="uq_syncopate_trials_identity",
         ),
         # The exact and nearest-shape rungs of lookup: one index seek to the fastest ok measured row.
         Index(
             "ix_syncopate_trials_best",
-            "workload_id", "topology_id", "environment_id", "source", "status", "median_us",
+            "workload_id",
+            "topology_id",
+            "environment_id",
+            "source",
+            "status",
+            "median_us",
         ),
         # The other-environment rung.
         Index("ix_syncopate_trials_other_env", "workload_id", "topology_id", "source", "status", "median_us"),
         # The same rungs in mode eager (revision 0002).
         Index(
             "ix_syncopate_trials_best_eager",
-            "workload_id", "topology_id", "environment_id", "source", "status", "eager_us",
+            "workload_id",
+            "topology_id",
+            "environment_id",
+            "source",
+            "status",
+            "eager_us",
         ),
         Index(None, "sweep_id"),
         CheckConstraint(_in("status", TRIAL_STATUSES), name="status"),
@@ -211,7 +235,12 @@ class BaselineModel(_Finders, Base):
     __tablename__ = "syncopate_baselines"
     __table_args__ = (
         UniqueConstraint(
-            "workload_id", "topology_id", "environment_id", "sweep_id", "name", name="uq_syncopate_baselines_identity"
+            "workload_id",
+            "topology_id",
+            "environment_id",
+            "sweep_id",
+            "name",
+            name="uq_syncopate_baselines_identity",
         ),
         Index(None, "sweep_id"),
         CheckConstraint(_in("source", SOURCES), name="source"),
@@ -238,7 +267,9 @@ class BaselineModel(_Finders, Base):
 class CalibrationModel(_Finders, Base):
     __tablename__ = "syncopate_calibrations"
     __table_args__ = (
-        UniqueConstraint("kind", "topology_id", "environment_id", "key", name="uq_syncopate_calibrations_identity"),
+        UniqueConstraint(
+            "kind", "topology_id", "environment_id", "key", name="uq_syncopate_calibrations_identity"
+        ),
         CheckConstraint(_in("source", SOURCES), name="source"),
     )
     _noun: ClassVar[str] = "calibration"

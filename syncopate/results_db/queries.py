@@ -113,13 +113,26 @@ def _check(name: str, value: str | Iterable[str] | None, accepted: tuple[str, ..
 class Filters:
     """Optional filters resolved to row ids once per query (a value that is not stored matches nothing)."""
 
-    def __init__(self, session: Session, *, workload: Workload | None = None, topology: Topology | str | None = None,
-                 environment: Environment | None = None, kind: str | None = None) -> None:
+    def __init__(
+        self,
+        session: Session,
+        *,
+        workload: Workload | None = None,
+        topology: Topology | str | None = None,
+        environment: Environment | None = None,
+        kind: str | None = None,
+    ) -> None:
         _check("kind", kind, KINDS)
         self.nothing = False
         self.kind = kind
         self.workload_id = self._id(session, WorkloadModel, workload.key() if workload else None)
-        key = None if not topology else topology_key(topology) if isinstance(topology, str) else Topology.of(topology).key()
+        key = (
+            None
+            if not topology
+            else topology_key(topology)
+            if isinstance(topology, str)
+            else Topology.of(topology).key()
+        )
         self.topology_id = self._id(session, TopologyModel, key)
         self.environment_id = self._id(session, EnvironmentModel, environment.key() if environment else None)
 
@@ -140,7 +153,9 @@ class Filters:
         if self.environment_id is not None:
             stmt = stmt.where(cols.environment_id == self.environment_id)
         if self.kind is not None:
-            stmt = stmt.where(cols.workload_id.in_(select(WorkloadModel.id).where(WorkloadModel.kind == self.kind)))
+            stmt = stmt.where(
+                cols.workload_id.in_(select(WorkloadModel.id).where(WorkloadModel.kind == self.kind))
+            )
         return stmt
 
 
@@ -158,37 +173,76 @@ class _Dims:
         return self._cache[key]
 
     def workload(self, row_id: int) -> Workload:
-        return self._get(WorkloadModel, row_id, lambda r: Workload(
-            kind=r.kind, shape=Shape(m=r.m, n=r.n, k=r.k), dtype=r.dtype))
+        return self._get(
+            WorkloadModel,
+            row_id,
+            lambda r: Workload(kind=r.kind, shape=Shape(m=r.m, n=r.n, k=r.k), dtype=r.dtype),
+        )
 
     def topology(self, row_id: int) -> Topology:
-        return self._get(TopologyModel, row_id, lambda r: Topology(
-            world_size=r.world_size, gpu_model=r.gpu_model, interconnect=r.interconnect, nodes=r.nodes,
-            sm_count=r.sm_count, memory_gb=r.memory_gb, link_gbps=r.link_gbps))
+        return self._get(
+            TopologyModel,
+            row_id,
+            lambda r: Topology(
+                world_size=r.world_size,
+                gpu_model=r.gpu_model,
+                interconnect=r.interconnect,
+                nodes=r.nodes,
+                sm_count=r.sm_count,
+                memory_gb=r.memory_gb,
+                link_gbps=r.link_gbps,
+            ),
+        )
 
     def environment(self, row_id: int) -> Environment:
-        return self._get(EnvironmentModel, row_id, lambda r: Environment(
-            syncopate=r.syncopate, torch=r.torch, triton=r.triton, cuda=r.cuda, nccl=r.nccl, driver=r.driver,
-            gpu_model=r.gpu_model))
+        return self._get(
+            EnvironmentModel,
+            row_id,
+            lambda r: Environment(
+                syncopate=r.syncopate,
+                torch=r.torch,
+                triton=r.triton,
+                cuda=r.cuda,
+                nccl=r.nccl,
+                driver=r.driver,
+                gpu_model=r.gpu_model,
+            ),
+        )
 
 
 def _stored_trial(row: TrialModel, dims: _Dims) -> StoredTrial:
     eager, host = _times_of(row)
     record = TrialRecord(
-        workload=dims.workload(row.workload_id), topology=dims.topology(row.topology_id),
-        environment=dims.environment(row.environment_id), candidate=Candidate.from_dict(row.candidate),
-        status=row.status, source=row.source, median_us=row.median_us, p20_us=row.p20_us, p80_us=row.p80_us,
-        samples_us=tuple(row.samples_us), eager_us=eager, host_us=host, max_rel_error=row.max_rel_error,
+        workload=dims.workload(row.workload_id),
+        topology=dims.topology(row.topology_id),
+        environment=dims.environment(row.environment_id),
+        candidate=Candidate.from_dict(row.candidate),
+        status=row.status,
+        source=row.source,
+        median_us=row.median_us,
+        p20_us=row.p20_us,
+        p80_us=row.p80_us,
+        samples_us=tuple(row.samples_us),
+        eager_us=eager,
+        host_us=host,
+        max_rel_error=row.max_rel_error,
         error=row.error,
-        worker=dict(row.worker), strategy=row.strategy, created_at=row.created_at,
+        worker=dict(row.worker),
+        strategy=row.strategy,
+        created_at=row.created_at,
     )
     return StoredTrial(trial_id=row.id, sweep_id=row.sweep_id, record=record)
 
 
 def sweep_info(row: SweepModel) -> SweepInfo:
     return SweepInfo(
-        sweep_id=row.id, name=row.name, config=dict(row.config), status=row.status, host=row.host,
-        started_at=row.started_at, finished_at=row.finished_at,
+        sweep_id=row.id,
+        name=row.name,
+        config=dict(row.config),
+        status=row.status,
+        host=row.host,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
     )
 
 
@@ -200,9 +254,15 @@ def trial(session: Session, trial_id: int) -> StoredTrial:
     return _stored_trial(row, _Dims(session))
 
 
-def trials(session: Session, filters: Filters, *, sweep_id: int | None = None,
-           status: str | Iterable[str] | None = None, source: str | None = None,
-           limit: int | None = None) -> list[StoredTrial]:
+def trials(
+    session: Session,
+    filters: Filters,
+    *,
+    sweep_id: int | None = None,
+    status: str | Iterable[str] | None = None,
+    source: str | None = None,
+    limit: int | None = None,
+) -> list[StoredTrial]:
     """Stored trials matching every filter given, oldest first."""
     _check("status", status, TRIAL_STATUSES)
     _check("source", source, SOURCES)
@@ -222,7 +282,9 @@ def trials(session: Session, filters: Filters, *, sweep_id: int | None = None,
     return [_stored_trial(row, dims) for row in session.scalars(stmt)]
 
 
-def stored_keys(session: Session, filters: Filters, *, sweep_id: int | None, source: str | None) -> frozenset[str]:
+def stored_keys(
+    session: Session, filters: Filters, *, sweep_id: int | None, source: str | None
+) -> frozenset[str]:
     """Candidate hashes already stored (any status) for the filters' workload, topology, environment."""
     _check("source", source, SOURCES)
     if filters.nothing:
@@ -294,8 +356,15 @@ def picks(session: Session, filters: Filters, modes: Sequence[str] = MODES) -> l
     t = TrialModel.__table__
     eager = t.c.eager_us if _has_times(session) else literal(None).label("eager_us")
     stmt = filters.apply(
-        select(t.c.id, t.c.workload_id, t.c.topology_id, t.c.environment_id, t.c.candidate_hash, t.c.median_us, eager)
-        .where(t.c.source == "measured", t.c.status == "ok"),
+        select(
+            t.c.id,
+            t.c.workload_id,
+            t.c.topology_id,
+            t.c.environment_id,
+            t.c.candidate_hash,
+            t.c.median_us,
+            eager,
+        ).where(t.c.source == "measured", t.c.status == "ok"),
         t.c,
     )
     groups: dict[tuple[int, int, int], list[_Light]] = {}
@@ -305,28 +374,45 @@ def picks(session: Session, filters: Filters, modes: Sequence[str] = MODES) -> l
     dims = _Dims(session)
     chosen: list[tuple[tuple[int, int, int], str, Any]] = []
     for group, rows in groups.items():
-        names = {key: name for name, key in guard_keys(dims.workload(group[0]), dims.topology(group[1])).items()}
+        names = {
+            key: name for name, key in guard_keys(dims.workload(group[0]), dims.topology(group[1])).items()
+        }
         tuned = [r for r in rows if r.candidate_hash not in names]
         guard_rows: dict[str, list[_Light]] = {}
         for r in rows:
             if r.candidate_hash in names:
                 guard_rows.setdefault(names[r.candidate_hash], []).append(r)
         for mode in modes:
-            served = pick(mode, _fastest(tuned, mode), {name: _fastest(found, mode) for name, found in guard_rows.items()})
+            served = pick(
+                mode,
+                _fastest(tuned, mode),
+                {name: _fastest(found, mode) for name, found in guard_rows.items()},
+            )
             if served is not None:
                 chosen.append((group, mode, served))
     ids = {served.chosen.id for _, _, served in chosen}
     rows_by_id: dict[int, StoredTrial] = {}
     for start in range(0, len(ids), 400):
-        part = sorted(ids)[start:start + 400]
+        part = sorted(ids)[start : start + 400]
         stmt = _with_times(select(TrialModel).where(TrialModel.id.in_(part)), session)
         rows_by_id.update({row.id: _stored_trial(row, dims) for row in session.scalars(stmt)})
     out = [
-        ServedPick(trial=rows_by_id[served.chosen.id], mode=mode, objective=served.objective, guard=served.guard)
+        ServedPick(
+            trial=rows_by_id[served.chosen.id], mode=mode, objective=served.objective, guard=served.guard
+        )
         for _, mode, served in chosen
     ]
-    return sorted(out, key=lambda p: (p.trial.workload.kind, p.trial.workload.dtype, p.trial.workload.shape.as_tuple(),
-                                      p.trial.topology.key(), p.trial.environment.key(), MODES.index(p.mode)))
+    return sorted(
+        out,
+        key=lambda p: (
+            p.trial.workload.kind,
+            p.trial.workload.dtype,
+            p.trial.workload.shape.as_tuple(),
+            p.trial.topology.key(),
+            p.trial.environment.key(),
+            MODES.index(p.mode),
+        ),
+    )
 
 
 def best_configs(session: Session, filters: Filters, mode: str = "eager") -> list[StoredTrial]:
@@ -335,8 +421,9 @@ def best_configs(session: Session, filters: Filters, mode: str = "eager") -> lis
     return [p.trial for p in picks(session, filters, (mode,))]
 
 
-def baselines(session: Session, filters: Filters, *, sweep_id: int | None = None,
-              name: str | None = None) -> list[StoredBaseline]:
+def baselines(
+    session: Session, filters: Filters, *, sweep_id: int | None = None, name: str | None = None
+) -> list[StoredBaseline]:
     """Stored baselines matching every filter given, oldest first."""
     if filters.nothing:
         return []
@@ -350,17 +437,27 @@ def baselines(session: Session, filters: Filters, *, sweep_id: int | None = None
     for row in session.scalars(stmt.order_by(BaselineModel.id)):
         eager, host = _times_of(row)
         record = BaselineRecord(
-            workload=dims.workload(row.workload_id), topology=dims.topology(row.topology_id),
-            environment=dims.environment(row.environment_id), name=row.name, median_us=row.median_us,
-            p20_us=row.p20_us, p80_us=row.p80_us, samples_us=tuple(row.samples_us), eager_us=eager, host_us=host,
-            source=row.source, detail=row.detail, created_at=row.created_at,
+            workload=dims.workload(row.workload_id),
+            topology=dims.topology(row.topology_id),
+            environment=dims.environment(row.environment_id),
+            name=row.name,
+            median_us=row.median_us,
+            p20_us=row.p20_us,
+            p80_us=row.p80_us,
+            samples_us=tuple(row.samples_us),
+            eager_us=eager,
+            host_us=host,
+            source=row.source,
+            detail=row.detail,
+            created_at=row.created_at,
         )
         out.append(StoredBaseline(baseline_id=row.id, sweep_id=row.sweep_id, record=record))
     return out
 
 
-def calibrations(session: Session, filters: Filters, *, kind: str | None = None,
-                 key: str | None = None) -> list[StoredCalibration]:
+def calibrations(
+    session: Session, filters: Filters, *, kind: str | None = None, key: str | None = None
+) -> list[StoredCalibration]:
     """Stored calibrations matching every filter given, by kind then key."""
     if filters.nothing:
         return []
@@ -375,10 +472,17 @@ def calibrations(session: Session, filters: Filters, *, kind: str | None = None,
         stmt = stmt.where(CalibrationModel.key == key)
     dims = _Dims(session)
     out = []
-    for row in session.scalars(stmt.order_by(CalibrationModel.kind, CalibrationModel.key, CalibrationModel.id)):
+    for row in session.scalars(
+        stmt.order_by(CalibrationModel.kind, CalibrationModel.key, CalibrationModel.id)
+    ):
         record = CalibrationRecord(
-            kind=row.kind, topology=dims.topology(row.topology_id), environment=dims.environment(row.environment_id),
-            key=row.key, payload=dict(row.payload), source=row.source, created_at=row.created_at,
+            kind=row.kind,
+            topology=dims.topology(row.topology_id),
+            environment=dims.environment(row.environment_id),
+            key=row.key,
+            payload=dict(row.payload),
+            source=row.source,
+            created_at=row.created_at,
         )
         out.append(StoredCalibration(calibration_id=row.id, sweep_id=row.sweep_id, record=record))
     return out

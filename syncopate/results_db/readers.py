@@ -73,11 +73,13 @@ ENVIRONMENTS: tuple[str, ...] = ("same", "other", "any")
 
 SQL_TOPOLOGY = "SELECT id FROM syncopate_topologies WHERE key = :key"
 SQL_TOPOLOGIES = (
-    "SELECT key, world_size, gpu_model, interconnect, nodes, sm_count, memory_gb, link_gbps FROM syncopate_topologies"
+    "SELECT key, world_size, gpu_model, interconnect, nodes, sm_count, memory_gb, link_gbps "
+    "FROM syncopate_topologies"
 )
 SQL_ENVIRONMENT_ID = "SELECT id FROM syncopate_environments WHERE key = :key"
 SQL_ENVIRONMENT = (
-    "SELECT syncopate, torch, triton, cuda, nccl, driver, gpu_model FROM syncopate_environments WHERE id = :id"
+    "SELECT syncopate, torch, triton, cuda, nccl, driver, gpu_model "
+    "FROM syncopate_environments WHERE id = :id"
 )
 SQL_SHAPES = "SELECT id, m, n, k FROM syncopate_workloads WHERE kind = :kind AND dtype = :dtype"
 SQL_HOLDINGS = (
@@ -89,8 +91,11 @@ SQL_CALIBRATIONS = (
     "SELECT c.kind, c.key, c.payload, c.source, c.created_at, t.key, c.environment_id FROM syncopate_calibrations c "
     "JOIN syncopate_topologies t ON t.id = c.topology_id WHERE c.source = 'measured'"
 )
-_ENVIRONMENT_CLAUSE = {"same": "AND environment_id = :environment", "other": "AND environment_id <> :environment",
-                       "any": ""}
+_ENVIRONMENT_CLAUSE = {
+    "same": "AND environment_id = :environment",
+    "other": "AND environment_id <> :environment",
+    "any": "",
+}
 _ORDER = {"graph": "median_us, id", "eager": "eager_us IS NULL, eager_us, median_us, id"}
 
 
@@ -157,9 +162,16 @@ class Holdings:
     """Environment key → its versions in words."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"unit": self.unit, "total": self.total, "kinds": dict(self.kinds), "topologies": dict(self.topologies),
-                "environments": {k: {"count": n, "versions": self.environment_names.get(k, "")}
-                                 for k, n in self.environments.items()}}
+        return {
+            "unit": self.unit,
+            "total": self.total,
+            "kinds": dict(self.kinds),
+            "topologies": dict(self.topologies),
+            "environments": {
+                k: {"count": n, "versions": self.environment_names.get(k, "")}
+                for k, n in self.environments.items()
+            },
+        }
 
     def describe(self) -> str:
         """One sentence, such as `12 measured trials: ag_gemm/bf16 12; on H200x4-nvswitch 12; under 1
@@ -170,12 +182,16 @@ class Holdings:
         def counts(d: dict[str, int]) -> str:
             return ", ".join(f"{k} {n}" for k, n in sorted(d.items(), key=lambda kv: (-kv[1], kv[0])))
 
-        envs = "; ".join(f"{self.environment_names.get(k) or k}: {n}" for k, n in
-                         sorted(self.environments.items(), key=lambda kv: (-kv[1], kv[0])))
+        envs = "; ".join(
+            f"{self.environment_names.get(k) or k}: {n}"
+            for k, n in sorted(self.environments.items(), key=lambda kv: (-kv[1], kv[0]))
+        )
         plural = "s" if self.total != 1 else ""
         n_env = len(self.environments)
-        return (f"{self.total} {self.unit}{plural}: {counts(self.kinds)}; on {counts(self.topologies)}; under "
-                f"{n_env} environment{'s' if n_env != 1 else ''}: {envs}")
+        return (
+            f"{self.total} {self.unit}{plural}: {counts(self.kinds)}; on {counts(self.topologies)}; under "
+            f"{n_env} environment{'s' if n_env != 1 else ''}: {envs}"
+        )
 
 
 class BestSource(ABC):
@@ -193,8 +209,9 @@ class BestSource(ABC):
         """Every stored topology."""
 
     @abstractmethod
-    def served(self, shape: ShapeRef, topology: Topology, environment_key: str, *, environment: str,
-               mode: str) -> Served | None:
+    def served(
+        self, shape: ShapeRef, topology: Topology, environment_key: str, *, environment: str, mode: str
+    ) -> Served | None:
         """What is served in `mode` for `shape` on `topology`, under `environment_key`
         (environment `same`), under another environment (`other`: the fastest of them) or under any
         (`any`); None where nothing `ok` and `measured` is stored there."""
@@ -223,8 +240,9 @@ class _EmptySource(BestSource):
     def topologies(self) -> list[Topology]:
         return []
 
-    def served(self, shape: ShapeRef, topology: Topology, environment_key: str, *, environment: str,
-               mode: str) -> Served | None:
+    def served(
+        self, shape: ShapeRef, topology: Topology, environment_key: str, *, environment: str, mode: str
+    ) -> Served | None:
         return None
 
     def holdings(self) -> Holdings:
@@ -245,8 +263,7 @@ class _SqlSource(BestSource):
     """The SQL of both database sources; subclasses run a query and return its rows."""
 
     @abstractmethod
-    def _rows(self, sql: str, params: dict[str, Any]) -> list[tuple]:
-        ...
+    def _rows(self, sql: str, params: dict[str, Any]) -> list[tuple]: ...
 
     def __init__(self) -> None:
         self._ids: dict[tuple[str, str], int] = {}
@@ -267,8 +284,15 @@ class _SqlSource(BestSource):
         env = self._envs.get(env_id)
         if env is None:
             row = self._rows(SQL_ENVIRONMENT, {"id": env_id})[0]
-            env = self._envs[env_id] = Environment(syncopate=row[0], torch=row[1], triton=row[2], cuda=row[3],
-                                                   nccl=row[4], driver=row[5], gpu_model=row[6])
+            env = self._envs[env_id] = Environment(
+                syncopate=row[0],
+                torch=row[1],
+                triton=row[2],
+                cuda=row[3],
+                nccl=row[4],
+                driver=row[5],
+                gpu_model=row[6],
+            )
         return env
 
     def has_times(self) -> bool:
@@ -279,22 +303,47 @@ class _SqlSource(BestSource):
         return self._times
 
     def shapes(self, kind: str, dtype: str) -> list[ShapeRef]:
-        return [ShapeRef(row_id, Shape(m=m, n=n, k=k), Workload(kind=kind, shape=Shape(m=m, n=n, k=k), dtype=dtype))
-                for row_id, m, n, k in self._rows(SQL_SHAPES, {"kind": kind, "dtype": dtype})]
+        return [
+            ShapeRef(
+                row_id, Shape(m=m, n=n, k=k), Workload(kind=kind, shape=Shape(m=m, n=n, k=k), dtype=dtype)
+            )
+            for row_id, m, n, k in self._rows(SQL_SHAPES, {"kind": kind, "dtype": dtype})
+        ]
 
     def topologies(self) -> list[Topology]:
         out = []
-        for key, ws, gpu, ic, nodes, sms, memory, link in self._rows(SQL_TOPOLOGIES, {}):
+        for _key, ws, gpu, ic, nodes, sms, memory, link in self._rows(SQL_TOPOLOGIES, {}):
             try:
-                out.append(Topology(world_size=ws, gpu_model=gpu, interconnect=ic, nodes=nodes, sm_count=sms,
-                                    memory_gb=float(memory), link_gbps=float(link)))
+                out.append(
+                    Topology(
+                        world_size=ws,
+                        gpu_model=gpu,
+                        interconnect=ic,
+                        nodes=nodes,
+                        sm_count=sms,
+                        memory_gb=float(memory),
+                        link_gbps=float(link),
+                    )
+                )
             except ConfigError:  # a row this version cannot read as a topology is no answer
                 continue
         return out
 
-    def _fastest(self, shape: ShapeRef, topology_id: int, environment: str, environment_id: int, mode: str,
-                 hashes: list[str], among: bool) -> tuple | None:
-        params: dict[str, Any] = {"workload": shape.ref, "topology": topology_id, "environment": environment_id}
+    def _fastest(
+        self,
+        shape: ShapeRef,
+        topology_id: int,
+        environment: str,
+        environment_id: int,
+        mode: str,
+        hashes: list[str],
+        among: bool,
+    ) -> tuple | None:
+        params: dict[str, Any] = {
+            "workload": shape.ref,
+            "topology": topology_id,
+            "environment": environment_id,
+        }
         params.update({f"g{i}": h for i, h in enumerate(hashes)})
         rows = self._rows(_sql_fastest(environment, mode, self.has_times(), len(hashes), among), params)
         return rows[0] if rows else None
@@ -302,12 +351,18 @@ class _SqlSource(BestSource):
     def _hit(self, row: tuple) -> Hit:
         trial_id, candidate, median_us, eager_us, host_us, env_id, _ = row
         doc = codec.decode(json.loads(candidate) if isinstance(candidate, str) else candidate)
-        return Hit(trial_id=trial_id, candidate=Candidate.from_dict(doc), median_us=float(median_us),
-                   eager_us=None if eager_us is None else float(eager_us),
-                   host_us=None if host_us is None else float(host_us), environment=self._environment(env_id))
+        return Hit(
+            trial_id=trial_id,
+            candidate=Candidate.from_dict(doc),
+            median_us=float(median_us),
+            eager_us=None if eager_us is None else float(eager_us),
+            host_us=None if host_us is None else float(host_us),
+            environment=self._environment(env_id),
+        )
 
-    def served(self, shape: ShapeRef, topology: Topology, environment_key: str, *, environment: str,
-               mode: str) -> Served | None:
+    def served(
+        self, shape: ShapeRef, topology: Topology, environment_key: str, *, environment: str, mode: str
+    ) -> Served | None:
         _check_environment(environment)
         topology_id = self._id(SQL_TOPOLOGY, topology.key())
         if topology_id is None:
@@ -352,8 +407,13 @@ class _SqlSource(BestSource):
             topologies[topo] = topologies.get(topo, 0) + count
             environments[env.key()] = environments.get(env.key(), 0) + count
             names[env.key()] = env.short()
-        return Holdings(total=total, kinds=kinds, topologies=topologies, environments=environments,
-                        environment_names=names)
+        return Holdings(
+            total=total,
+            kinds=kinds,
+            topologies=topologies,
+            environments=environments,
+            environment_names=names,
+        )
 
     def calibration_records(self) -> list[CalibrationRecord]:
         by_key = {t.key(): t for t in self.topologies()}
@@ -364,8 +424,17 @@ class _SqlSource(BestSource):
                 continue
             doc = codec.decode(json.loads(payload) if isinstance(payload, str) else payload)
             try:
-                out.append(CalibrationRecord(kind=kind, topology=topology, environment=self._environment(env_id),
-                                             key=key, payload=doc, source=source, created_at=_time(created_at)))
+                out.append(
+                    CalibrationRecord(
+                        kind=kind,
+                        topology=topology,
+                        environment=self._environment(env_id),
+                        key=key,
+                        payload=doc,
+                        source=source,
+                        created_at=_time(created_at),
+                    )
+                )
             except (ConfigError, ValueError):  # a row this version cannot read is no calibration
                 continue
         return out
@@ -397,7 +466,9 @@ class SqliteSource(_SqlSource):
         try:
             return self._conn.execute(sql, params).fetchall()
         except sqlite3.Error as e:
-            raise DatabaseError(f"cannot read database {self.shown}: {e}{sqlite_files.damaged(self._path, e)}") from e
+            raise DatabaseError(
+                f"cannot read database {self.shown}: {e}{sqlite_files.damaged(self._path, e)}"
+            ) from e
 
     def revision(self) -> str | None:
         """Our schema revision, or None where the file holds none of our tables."""
@@ -461,27 +532,42 @@ class ExportSource(BestSource):
         self._entries = read_export(path)
 
     def shapes(self, kind: str, dtype: str) -> list[ShapeRef]:
-        found = {e.workload.key(): e.workload for e in self._entries
-                 if e.workload.kind == kind and e.workload.dtype == dtype}
+        found = {
+            e.workload.key(): e.workload
+            for e in self._entries
+            if e.workload.kind == kind and e.workload.dtype == dtype
+        }
         return [ShapeRef(key, w.shape, w) for key, w in found.items()]
 
     def topologies(self) -> list[Topology]:
         return list({e.topology.key(): e.topology for e in self._entries}.values())
 
-    def served(self, shape: ShapeRef, topology: Topology, environment_key: str, *, environment: str,
-               mode: str) -> Served | None:
+    def served(
+        self, shape: ShapeRef, topology: Topology, environment_key: str, *, environment: str, mode: str
+    ) -> Served | None:
         _check_environment(environment)
         found = [
-            e for e in self._entries
-            if e.workload.key() == shape.ref and e.topology.key() == topology.key() and mode in e.served_in
+            e
+            for e in self._entries
+            if e.workload.key() == shape.ref
+            and e.topology.key() == topology.key()
+            and mode in e.served_in
             and (environment == "any" or (e.environment.key() == environment_key) == (environment == "same"))
         ]
         if not found:
             return None
         e = min(found, key=lambda e: (e.rank_key(mode), e.trial_id))
-        hit = Hit(trial_id=e.trial_id, candidate=e.candidate, median_us=e.median_us, eager_us=e.eager_us,
-                  host_us=e.host_us, environment=e.environment)
-        return Served(hit=hit, objective=objective(mode, e.eager_us), guard=e.guards.get(mode, ""), tuned=None)
+        hit = Hit(
+            trial_id=e.trial_id,
+            candidate=e.candidate,
+            median_us=e.median_us,
+            eager_us=e.eager_us,
+            host_us=e.host_us,
+            environment=e.environment,
+        )
+        return Served(
+            hit=hit, objective=objective(mode, e.eager_us), guard=e.guards.get(mode, ""), tuned=None
+        )
 
     def holdings(self) -> Holdings:
         kinds: dict[str, int] = {}
@@ -494,8 +580,14 @@ class ExportSource(BestSource):
             topologies[e.topology.key()] = topologies.get(e.topology.key(), 0) + 1
             environments[e.environment.key()] = environments.get(e.environment.key(), 0) + 1
             names[e.environment.key()] = e.environment.short()
-        return Holdings(unit="exported configuration", total=len(self._entries), kinds=kinds, topologies=topologies,
-                        environments=environments, environment_names=names)
+        return Holdings(
+            unit="exported configuration",
+            total=len(self._entries),
+            kinds=kinds,
+            topologies=topologies,
+            environments=environments,
+            environment_names=names,
+        )
 
 
 def _is_export_file(path: Path) -> bool:

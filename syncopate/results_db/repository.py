@@ -15,7 +15,8 @@ with ResultsDB.open("postgresql+psycopg://tuner@db/syncopate") as db:   # or a p
 Every method runs in :meth:`ResultsDB.session_scope`, which commits, or rolls back and re-raises a
 driver error as :class:`~syncopate.errors.DatabaseError` naming the URL. A database at an older
 revision that this code reads as it is (:data:`~syncopate.results_db.schema.READ_COMPATIBLE`) opens
-for reading, its missing columns read as None; a write to it raises SchemaError saying what to run. Writes are retried on lock
+for reading, its missing columns read as None; a write to it raises SchemaError saying what to run. Writes are
+retried on lock
 contention ("database is locked", deadlocks) for up to :data:`RETRY_S` seconds. A trial's identity is
 (workload, topology, environment, sweep, candidate hash): recording it again keeps the first row
 and returns its id. Failed trials are stored like any other.
@@ -86,8 +87,9 @@ class ResultsDB:
     # ---- opening -------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, db: str | PathLike[str] | None = None, *, upgrade: bool | None = None,
-             read_only: bool = False) -> ResultsDB:
+    def open(
+        cls, db: str | PathLike[str] | None = None, *, upgrade: bool | None = None, read_only: bool = False
+    ) -> ResultsDB:
         """Open the database `db` (URL or SQLite path; None: SYNCOPATE_DB, else the per-user default).
 
         upgrade: True creates or upgrades the schema (as `syncopate db upgrade`); False never does;
@@ -195,8 +197,14 @@ class ResultsDB:
 
     # ---- sweeps --------------------------------------------------------------------------------
 
-    def start_sweep(self, name: str, config: dict[str, Any] | None = None, *, host: str | None = None,
-                    started_at: datetime | None = None) -> int:
+    def start_sweep(
+        self,
+        name: str,
+        config: dict[str, Any] | None = None,
+        *,
+        host: str | None = None,
+        started_at: datetime | None = None,
+    ) -> int:
         """Record the start of a sweep (status `running`); its id.
 
         host defaults to this machine's name and started_at to now; an import of results measured
@@ -209,15 +217,18 @@ class ResultsDB:
         started_at = started_at or utcnow()
 
         def work(session: Session) -> int:
-            row = SweepModel(name=name, config=doc, status="running", host=host, started_at=started_at,
-                             finished_at=None)
+            row = SweepModel(
+                name=name, config=doc, status="running", host=host, started_at=started_at, finished_at=None
+            )
             session.add(row)
             session.flush()
             return row.id
 
         return self._run(work)
 
-    def finish_sweep(self, sweep_id: int, status: str = "done", *, finished_at: datetime | None = None) -> None:
+    def finish_sweep(
+        self, sweep_id: int, status: str = "done", *, finished_at: datetime | None = None
+    ) -> None:
         """Mark a sweep finished: `done`, `stopped`, `failed` or `interrupted`, stamping the end time
         (now unless finished_at is given)."""
         if status not in SWEEP_STATUSES or status == "running":
@@ -321,86 +332,176 @@ class ResultsDB:
         """The trial `trial_id` (NotFoundError if there is none)."""
         return self._read(lambda s: queries.trial(s, trial_id))
 
-    def trials(self, *, workload: Workload | None = None, topology: Topology | str | None = None,
-               environment: Environment | None = None, sweep_id: int | None = None,
-               status: str | Iterable[str] | None = None, source: str | None = None,
-               kind: str | None = None, limit: int | None = None) -> list[StoredTrial]:
+    def trials(
+        self,
+        *,
+        workload: Workload | None = None,
+        topology: Topology | str | None = None,
+        environment: Environment | None = None,
+        sweep_id: int | None = None,
+        status: str | Iterable[str] | None = None,
+        source: str | None = None,
+        kind: str | None = None,
+        limit: int | None = None,
+    ) -> list[StoredTrial]:
         """Stored trials matching every filter given, in the order they were stored."""
-        return self._read(lambda s: queries.trials(
-            s, queries.Filters(s, workload=workload, topology=topology, environment=environment, kind=kind),
-            sweep_id=sweep_id, status=status, source=source, limit=limit))
+        return self._read(
+            lambda s: queries.trials(
+                s,
+                queries.Filters(s, workload=workload, topology=topology, environment=environment, kind=kind),
+                sweep_id=sweep_id,
+                status=status,
+                source=source,
+                limit=limit,
+            )
+        )
 
-    def measured_keys(self, workload: Workload, topology: Topology | str, environment: Environment, *,
-                      sweep_id: int | None = None, source: str | None = "measured") -> frozenset[str]:
+    def measured_keys(
+        self,
+        workload: Workload,
+        topology: Topology | str,
+        environment: Environment,
+        *,
+        sweep_id: int | None = None,
+        source: str | None = "measured",
+    ) -> frozenset[str]:
         """Candidate hashes (:meth:`Candidate.key`) already stored for this workload, topology and
         environment, whatever their status: what a resumed sweep need not measure again.
 
         sweep_id limits it to one sweep; source (default `measured`; None for any) to one source.
         """
-        return self._read(lambda s: queries.stored_keys(
-            s, queries.Filters(s, workload=workload, topology=topology, environment=environment),
-            sweep_id=sweep_id, source=source))
+        return self._read(
+            lambda s: queries.stored_keys(
+                s,
+                queries.Filters(s, workload=workload, topology=topology, environment=environment),
+                sweep_id=sweep_id,
+                source=source,
+            )
+        )
 
-    def best(self, workload: Workload, topology: Topology | str, environment: Environment, *,
-             mode: str = "eager") -> StoredTrial | None:
+    def best(
+        self, workload: Workload, topology: Topology | str, environment: Environment, *, mode: str = "eager"
+    ) -> StoredTrial | None:
         """The fastest `ok` trial of source `measured` in `mode` (see
         :func:`~syncopate.records.rank_key`) for this workload, topology and environment."""
-        return self._read(lambda s: queries.best(
-            s, queries.Filters(s, workload=workload, topology=topology, environment=environment), mode))
+        return self._read(
+            lambda s: queries.best(
+                s, queries.Filters(s, workload=workload, topology=topology, environment=environment), mode
+            )
+        )
 
-    def sweep_best(self, sweep_id: int, workload: Workload, topology: Topology | str,
-                   environment: Environment, *, mode: str = "eager") -> StoredTrial | None:
+    def sweep_best(
+        self,
+        sweep_id: int,
+        workload: Workload,
+        topology: Topology | str,
+        environment: Environment,
+        *,
+        mode: str = "eager",
+    ) -> StoredTrial | None:
         """The fastest `ok` trial in `mode` of sweep `sweep_id` for this workload, topology and
         environment, whatever its source: what that sweep found (a `fixture` sweep's is synthetic).
         Not what lookup serves: that is :meth:`picks`, from `measured` trials only."""
-        return self._read(lambda s: queries.sweep_best(
-            s, queries.Filters(s, workload=workload, topology=topology, environment=environment), sweep_id, mode))
+        return self._read(
+            lambda s: queries.sweep_best(
+                s,
+                queries.Filters(s, workload=workload, topology=topology, environment=environment),
+                sweep_id,
+                mode,
+            )
+        )
 
-    def picks(self, *, kind: str | None = None, topology: Topology | str | None = None,
-              environment: Environment | None = None, modes: tuple[str, ...] = MODES) -> list[ServedPick]:
+    def picks(
+        self,
+        *,
+        kind: str | None = None,
+        topology: Topology | str | None = None,
+        environment: Environment | None = None,
+        modes: tuple[str, ...] = MODES,
+    ) -> list[ServedPick]:
         """What is served in each of `modes` for every stored (workload, topology, environment),
         optionally filtered: the fastest tuned trial, or a guard's where it is faster
         (:func:`~syncopate.records.pick`)."""
-        return self._read(lambda s: queries.picks(
-            s, queries.Filters(s, topology=topology, environment=environment, kind=kind), modes))
+        return self._read(
+            lambda s: queries.picks(
+                s, queries.Filters(s, topology=topology, environment=environment, kind=kind), modes
+            )
+        )
 
-    def best_configs(self, *, kind: str | None = None, topology: Topology | str | None = None,
-                     environment: Environment | None = None, mode: str = "eager") -> list[StoredTrial]:
+    def best_configs(
+        self,
+        *,
+        kind: str | None = None,
+        topology: Topology | str | None = None,
+        environment: Environment | None = None,
+        mode: str = "eager",
+    ) -> list[StoredTrial]:
         """What is served in `mode` for every stored (workload, topology, environment), optionally
         filtered (see :meth:`picks`)."""
-        return self._read(lambda s: queries.best_configs(
-            s, queries.Filters(s, topology=topology, environment=environment, kind=kind), mode))
+        return self._read(
+            lambda s: queries.best_configs(
+                s, queries.Filters(s, topology=topology, environment=environment, kind=kind), mode
+            )
+        )
 
-    def baselines(self, *, workload: Workload | None = None, topology: Topology | str | None = None,
-                  environment: Environment | None = None, sweep_id: int | None = None,
-                  name: str | None = None) -> list[StoredBaseline]:
+    def baselines(
+        self,
+        *,
+        workload: Workload | None = None,
+        topology: Topology | str | None = None,
+        environment: Environment | None = None,
+        sweep_id: int | None = None,
+        name: str | None = None,
+    ) -> list[StoredBaseline]:
         """Stored baselines matching every filter given, in the order they were stored."""
-        return self._read(lambda s: queries.baselines(
-            s, queries.Filters(s, workload=workload, topology=topology, environment=environment),
-            sweep_id=sweep_id, name=name))
+        return self._read(
+            lambda s: queries.baselines(
+                s,
+                queries.Filters(s, workload=workload, topology=topology, environment=environment),
+                sweep_id=sweep_id,
+                name=name,
+            )
+        )
 
-    def calibration(self, kind: str, topology: Topology | str, environment: Environment,
-                    key: str) -> StoredCalibration | None:
+    def calibration(
+        self, kind: str, topology: Topology | str, environment: Environment, key: str
+    ) -> StoredCalibration | None:
         """The calibration of this kind and key on this topology and environment, or None."""
         found = self.calibrations(kind=kind, topology=topology, environment=environment, key=key)
         return found[0] if found else None
 
-    def calibrations(self, *, kind: str | None = None, topology: Topology | str | None = None,
-                     environment: Environment | None = None, key: str | None = None) -> list[StoredCalibration]:
+    def calibrations(
+        self,
+        *,
+        kind: str | None = None,
+        topology: Topology | str | None = None,
+        environment: Environment | None = None,
+        key: str | None = None,
+    ) -> list[StoredCalibration]:
         """Stored calibrations matching every filter given."""
-        return self._read(lambda s: queries.calibrations(
-            s, queries.Filters(s, topology=topology, environment=environment), kind=kind, key=key))
+        return self._read(
+            lambda s: queries.calibrations(
+                s, queries.Filters(s, topology=topology, environment=environment), kind=kind, key=key
+            )
+        )
 
     # ---- export / import -----------------------------------------------------------------------
 
-    def export_best(self, path: str | PathLike[str], *, kind: str | None = None,
-                    topology: Topology | str | None = None, environment: Environment | None = None) -> int:
+    def export_best(
+        self,
+        path: str | PathLike[str],
+        *,
+        kind: str | None = None,
+        topology: Topology | str | None = None,
+        environment: Environment | None = None,
+    ) -> int:
         """Write what is served in each mode to the JSON file `path` atomically; how many entries
         (trials) were written."""
         from syncopate.results_db.transfer import write_export
 
-        return write_export(Path(path), self.picks(kind=kind, topology=topology, environment=environment),
-                            database=self.url)
+        return write_export(
+            Path(path), self.picks(kind=kind, topology=topology, environment=environment), database=self.url
+        )
 
     def import_best(self, path: str | PathLike[str]) -> int:
         """Store the entries of an export file as trials of a sweep named after the file's content

@@ -70,8 +70,10 @@ TIMES_REVISION = "0002"
 
 def has_times(revision: str | None) -> bool:
     """Whether a database at `revision` has the `eager_us` and `host_us` columns."""
-    return revision is not None and revision in REVISIONS and REVISIONS.index(revision) >= REVISIONS.index(
-        TIMES_REVISION
+    return (
+        revision is not None
+        and revision in REVISIONS
+        and REVISIONS.index(revision) >= REVISIONS.index(TIMES_REVISION)
     )
 
 
@@ -89,7 +91,9 @@ def no_tables_error(where: DbLocation | str) -> SchemaError:
 
 def missing_error(where: DbLocation | str) -> SchemaError:
     subject, shown = _names(where)
-    folder = where.sqlite_path.parent if not isinstance(where, str) and where.sqlite_path is not None else None
+    folder = (
+        where.sqlite_path.parent if not isinstance(where, str) and where.sqlite_path is not None else None
+    )
     if folder is not None and not folder.is_dir():
         return SchemaError(
             f"database {subject} does not exist, nor does its folder {folder}: check the path, or create "
@@ -100,7 +104,9 @@ def missing_error(where: DbLocation | str) -> SchemaError:
     )
 
 
-def unreachable_error(where: DbLocation | str, reason: str, dialect: str, path: Path | None = None) -> DatabaseError:
+def unreachable_error(
+    where: DbLocation | str, reason: str, dialect: str, path: Path | None = None
+) -> DatabaseError:
     """The database cannot be opened at all: the driver's reason, and what to check or run. A SQLite
     file (`path`, else the location's) that exists and is damaged is not made anew by `syncopate db
     upgrade` on its path: the advice is then to move it aside."""
@@ -111,8 +117,10 @@ def unreachable_error(where: DbLocation | str, reason: str, dialect: str, path: 
     if damage:
         return DatabaseError(f"cannot open database {subject}: {reason}{damage}")
     if dialect == "postgresql":
-        fix = (f"check the URL and that the server runs; a new database is made with `createdb NAME` "
-               f"then `syncopate db upgrade --db {shown}`")
+        fix = (
+            f"check the URL and that the server runs; a new database is made with `createdb NAME` "
+            f"then `syncopate db upgrade --db {shown}`"
+        )
     else:
         fix = f"check the path; a new database is made with `syncopate db upgrade --db {shown}`"
     return DatabaseError(f"cannot open database {subject}: {reason} ({fix})")
@@ -138,7 +146,9 @@ def check_sqlite_file(location: DbLocation, *, create: bool = False) -> None:
     if path is None:
         return
     if path.is_dir():
-        raise DatabaseError(f"database {subject} is a directory: give a file in it, such as {path / 'results.db'}")
+        raise DatabaseError(
+            f"database {subject} is a directory: give a file in it, such as {path / 'results.db'}"
+        )
     try:
         with path.open("rb") as f:
             head = f.read(len(SQLITE_HEADER))

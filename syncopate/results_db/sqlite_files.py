@@ -101,8 +101,9 @@ def connect_read_only(path: Path, subject: str, *, timeout: float = 30.0) -> Rea
                     f"copy of both files) and use that copy"
                 )
     try:
-        connection = sqlite3.connect(_uri(path, immutable), uri=True, timeout=timeout, check_same_thread=False,
-                                     factory=ReadConnection)
+        connection = sqlite3.connect(
+            _uri(path, immutable), uri=True, timeout=timeout, check_same_thread=False, factory=ReadConnection
+        )
     except sqlite3.Error as e:
         raise DatabaseError(f"cannot open database {subject}: {e}{damaged(path, e)}") from e
     connection.immutable = immutable
@@ -145,8 +146,10 @@ def damaged(path: Path | None, error: BaseException | str) -> str:
     text = str(error).lower()
     if path is None or not path.is_file() or not any(word in text for word in _DAMAGED):
         return ""
-    return (f" (the file is damaged or not a results database: restore it from a copy, or move it aside and "
-            f"give a new file, e.g. `syncopate db upgrade --db {path.with_name('new-' + path.name)}`)")
+    return (
+        f" (the file is damaged or not a results database: restore it from a copy, or move it aside and "
+        f"give a new file, e.g. `syncopate db upgrade --db {path.with_name('new-' + path.name)}`)"
+    )
 
 
 def check_writable(path: Path, subject: str) -> None:
@@ -156,7 +159,9 @@ def check_writable(path: Path, subject: str) -> None:
     if problem is None:
         return
     if not path.exists():
-        raise DatabaseError(f"database {subject} cannot be created: {problem}; give a file in a writable folder")
+        raise DatabaseError(
+            f"database {subject} cannot be created: {problem}; give a file in a writable folder"
+        )
     raise DatabaseError(
         f"database {subject} cannot be written: {problem}. Reads (lookup, best, export, the dashboard) work as "
         f"it is; to write, give a file in a writable folder (a new one is created) or make it writable"

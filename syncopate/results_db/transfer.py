@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from syncopate.errors import ConfigError, LookupFailedError
-from syncopate.records import GUARDS, MODES, Environment, TrialRecord, rank_key, utcnow
 from syncopate.files import write_atomically
+from syncopate.records import GUARDS, MODES, Environment, TrialRecord, rank_key, utcnow
 from syncopate.results_db import codec
 from syncopate.search_space import Candidate, Topology, Workload
 
@@ -80,11 +80,20 @@ def _entry_dict(picked: list[ServedPick]) -> dict[str, Any]:
     t = picked[0].trial
     r = t.record
     return {
-        "workload": r.workload.to_dict(), "topology": r.topology.to_dict(), "environment": r.environment.to_dict(),
-        "candidate": r.candidate.to_dict(), "trial_id": t.trial_id, "sweep_id": t.sweep_id,
-        "median_us": r.median_us, "p20_us": r.p20_us, "p80_us": r.p80_us, "eager_us": r.eager_us,
-        "host_us": r.host_us, "created_at": r.created_at.isoformat(),
-        "served_in": [p.mode for p in picked], "guards": {p.mode: p.guard for p in picked if p.guard},
+        "workload": r.workload.to_dict(),
+        "topology": r.topology.to_dict(),
+        "environment": r.environment.to_dict(),
+        "candidate": r.candidate.to_dict(),
+        "trial_id": t.trial_id,
+        "sweep_id": t.sweep_id,
+        "median_us": r.median_us,
+        "p20_us": r.p20_us,
+        "p80_us": r.p80_us,
+        "eager_us": r.eager_us,
+        "host_us": r.host_us,
+        "created_at": r.created_at.isoformat(),
+        "served_in": [p.mode for p in picked],
+        "guards": {p.mode: p.guard for p in picked if p.guard},
     }
 
 
@@ -95,8 +104,13 @@ def write_export(path: Path, picks: list[ServedPick], *, database: str) -> int:
     for p in picks:
         by_trial.setdefault(p.trial.trial_id, []).append(p)
     doc = {
-        "format": FORMAT, "version": VERSION, "exported_at": utcnow().isoformat(), "database": database,
-        "entries": [_entry_dict(sorted(found, key=lambda p: MODES.index(p.mode))) for found in by_trial.values()],
+        "format": FORMAT,
+        "version": VERSION,
+        "exported_at": utcnow().isoformat(),
+        "database": database,
+        "entries": [
+            _entry_dict(sorted(found, key=lambda p: MODES.index(p.mode))) for found in by_trial.values()
+        ],
     }
     text = codec.dumps(doc, "export", indent=1) + "\n"
     write_atomically(path, text.encode("utf-8"))
@@ -123,7 +137,9 @@ def _modes(d: dict[str, Any], version: int) -> tuple[tuple[str, ...], dict[str, 
     guards = _field(d, "guards", dict, optional=True) or {}
     for mode, name in guards.items():
         if mode not in served or name not in GUARDS:
-            raise ConfigError(f"field 'guards'={guards!r} must map modes of 'served_in' to one of {', '.join(GUARDS)}")
+            raise ConfigError(
+                f"field 'guards'={guards!r} must map modes of 'served_in' to one of {', '.join(GUARDS)}"
+            )
     return tuple(m for m in MODES if m in served), dict(guards)
 
 
@@ -172,7 +188,7 @@ def read_export(path: Path) -> list[ExportEntry]:
             f"export file {path} is not valid JSON ({e}): write it again with `syncopate export`"
         ) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise LookupFailedError(f"{path} is not a Syncopate export file (no \"format\": \"{FORMAT}\")")
+        raise LookupFailedError(f'{path} is not a Syncopate export file (no "format": "{FORMAT}")')
     version = doc.get("version")
     if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise LookupFailedError(
@@ -181,7 +197,7 @@ def read_export(path: Path) -> list[ExportEntry]:
         )
     entries = doc.get("entries")
     if not isinstance(entries, list):
-        raise LookupFailedError(f"export file {path} has no list of \"entries\"")
+        raise LookupFailedError(f'export file {path} has no list of "entries"')
     out = []
     for i, d in enumerate(entries):
         try:
@@ -201,16 +217,33 @@ def import_export(db: ResultsDB, path: Path) -> int:
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
     name = f"import:{digest}"
     existing = db.latest_sweep(name)
-    sweep_id = existing.sweep_id if existing else db.start_sweep(name, {"imported_from": str(path), "sha256": digest})
-    db.record_trials(sweep_id, [
-        TrialRecord(
-            workload=e.workload, topology=e.topology, environment=e.environment, candidate=e.candidate,
-            status="ok", source="measured", median_us=e.median_us, p20_us=e.p20_us, p80_us=e.p80_us,
-            eager_us=e.eager_us, host_us=e.host_us, worker={"imported_from": str(path), "trial_id": e.trial_id, "sweep_id": e.sweep_id},
-            strategy="import", created_at=e.created_at or utcnow(),
-        )
-        for e in entries
-    ])
+    sweep_id = (
+        existing.sweep_id
+        if existing
+        else db.start_sweep(name, {"imported_from": str(path), "sha256": digest})
+    )
+    db.record_trials(
+        sweep_id,
+        [
+            TrialRecord(
+                workload=e.workload,
+                topology=e.topology,
+                environment=e.environment,
+                candidate=e.candidate,
+                status="ok",
+                source="measured",
+                median_us=e.median_us,
+                p20_us=e.p20_us,
+                p80_us=e.p80_us,
+                eager_us=e.eager_us,
+                host_us=e.host_us,
+                worker={"imported_from": str(path), "trial_id": e.trial_id, "sweep_id": e.sweep_id},
+                strategy="import",
+                created_at=e.created_at or utcnow(),
+            )
+            for e in entries
+        ],
+    )
     if existing is None:
         db.finish_sweep(sweep_id)
     return len(entries)

@@ -80,7 +80,7 @@ class DbLocation:
 
 
 def _sqlite_path(url: str) -> Path | None:
-    rest = url[len("sqlite://"):]
+    rest = url[len("sqlite://") :]
     if rest in ("", "/", "/:memory:") or rest.startswith("/:memory:") or rest.startswith("/file:"):
         return None
     path = rest[1:] if rest.startswith("/") else rest
@@ -102,10 +102,14 @@ def locate(db: str | os.PathLike[str] | None = None) -> DbLocation:
     given = os.fspath(db).strip()
     if "://" not in given:
         path = Path(given).expanduser().absolute()
-        return DbLocation(url=f"sqlite:///{path}", given=given, is_default=is_default, sqlite_path=path, origin=origin)
+        return DbLocation(
+            url=f"sqlite:///{path}", given=given, is_default=is_default, sqlite_path=path, origin=origin
+        )
     scheme = given.split("://", 1)[0].lower()
     if scheme == "sqlite":
-        return DbLocation(url=given, given=given, is_default=is_default, sqlite_path=_sqlite_path(given), origin=origin)
+        return DbLocation(
+            url=given, given=given, is_default=is_default, sqlite_path=_sqlite_path(given), origin=origin
+        )
     if given.lower().startswith(_POSTGRES_PREFIXES):
         url = "postgresql+psycopg://" + given.split("://", 1)[1]
         return DbLocation(url=url, given=given, is_default=False, sqlite_path=None, origin=origin)

@@ -72,13 +72,20 @@ class DimensionIds:
         return row_id
 
     def environment(self, session: Session, env: Environment) -> int:
-        return self._get_or_create(session, EnvironmentModel, env.key(), {**env.to_dict(), "created_at": utcnow()})
+        return self._get_or_create(
+            session, EnvironmentModel, env.key(), {**env.to_dict(), "created_at": utcnow()}
+        )
 
     def topology(self, session: Session, topo: Topology) -> int:
         values = {
-            "world_size": topo.world_size, "gpu_model": topo.gpu_model, "interconnect": topo.interconnect,
-            "nodes": topo.nodes, "sm_count": topo.sm_count, "memory_gb": topo.memory_gb,
-            "link_gbps": topo.link_gbps, "created_at": utcnow(),
+            "world_size": topo.world_size,
+            "gpu_model": topo.gpu_model,
+            "interconnect": topo.interconnect,
+            "nodes": topo.nodes,
+            "sm_count": topo.sm_count,
+            "memory_gb": topo.memory_gb,
+            "link_gbps": topo.link_gbps,
+            "created_at": utcnow(),
         }
         return self._get_or_create(session, TopologyModel, topo.key(), values)
 
@@ -98,17 +105,31 @@ class DimensionIds:
 
 def _trial_row(sweep_id: int, dims: tuple[int, int, int], t: TrialRecord) -> dict[str, Any]:
     return {
-        "sweep_id": sweep_id, "workload_id": dims[0], "topology_id": dims[1], "environment_id": dims[2],
-        "candidate_hash": t.candidate.key(), "candidate": t.candidate.to_dict(), "status": t.status,
-        "source": t.source, "median_us": t.median_us, "p20_us": t.p20_us, "p80_us": t.p80_us,
-        "samples_us": list(t.samples_us), "eager_us": t.eager_us, "host_us": t.host_us,
-        "max_rel_error": t.max_rel_error, "error": t.error,
-        "worker": codec.encode(dict(t.worker), "trial worker"), "strategy": t.strategy,
+        "sweep_id": sweep_id,
+        "workload_id": dims[0],
+        "topology_id": dims[1],
+        "environment_id": dims[2],
+        "candidate_hash": t.candidate.key(),
+        "candidate": t.candidate.to_dict(),
+        "status": t.status,
+        "source": t.source,
+        "median_us": t.median_us,
+        "p20_us": t.p20_us,
+        "p80_us": t.p80_us,
+        "samples_us": list(t.samples_us),
+        "eager_us": t.eager_us,
+        "host_us": t.host_us,
+        "max_rel_error": t.max_rel_error,
+        "error": t.error,
+        "worker": codec.encode(dict(t.worker), "trial worker"),
+        "strategy": t.strategy,
         "created_at": t.created_at,
     }
 
 
-def insert_trials(session: Session, dims: DimensionIds, sweep_id: int, trials: Sequence[TrialRecord]) -> list[int]:
+def insert_trials(
+    session: Session, dims: DimensionIds, sweep_id: int, trials: Sequence[TrialRecord]
+) -> list[int]:
     """Insert `trials` into sweep `sweep_id` (duplicates kept once); their row ids, in input order."""
     rows: dict[tuple[int, int, int, str], dict[str, Any]] = {}
     order: list[tuple[int, int, int, str]] = []
@@ -131,11 +152,14 @@ def insert_trials(session: Session, dims: DimensionIds, sweep_id: int, trials: S
     found: dict[tuple[int, int, int, str], int] = {}
     for (w, tp, e), hashes in by_dims.items():
         for start in range(0, len(hashes), _CHUNK):
-            chunk = hashes[start:start + _CHUNK]
+            chunk = hashes[start : start + _CHUNK]
             result = session.execute(
                 select(table.c.id, table.c.candidate_hash).where(
-                    table.c.sweep_id == sweep_id, table.c.workload_id == w, table.c.topology_id == tp,
-                    table.c.environment_id == e, table.c.candidate_hash.in_(chunk),
+                    table.c.sweep_id == sweep_id,
+                    table.c.workload_id == w,
+                    table.c.topology_id == tp,
+                    table.c.environment_id == e,
+                    table.c.candidate_hash.in_(chunk),
                 )
             )
             for row_id, h in result:
@@ -148,28 +172,53 @@ def insert_baseline(session: Session, dims: DimensionIds, sweep_id: int, b: Base
     w, tp, e = dims.of(session, b)
     table = BaselineModel.__table__
     session.execute(
-        _insert(session, table).values(
-            sweep_id=sweep_id, workload_id=w, topology_id=tp, environment_id=e, name=b.name, source=b.source,
-            median_us=b.median_us, p20_us=b.p20_us, p80_us=b.p80_us, samples_us=list(b.samples_us),
-            eager_us=b.eager_us, host_us=b.host_us, detail=b.detail, created_at=b.created_at,
-        ).on_conflict_do_nothing(index_elements=["workload_id", "topology_id", "environment_id", "sweep_id", "name"])
+        _insert(session, table)
+        .values(
+            sweep_id=sweep_id,
+            workload_id=w,
+            topology_id=tp,
+            environment_id=e,
+            name=b.name,
+            source=b.source,
+            median_us=b.median_us,
+            p20_us=b.p20_us,
+            p80_us=b.p80_us,
+            samples_us=list(b.samples_us),
+            eager_us=b.eager_us,
+            host_us=b.host_us,
+            detail=b.detail,
+            created_at=b.created_at,
+        )
+        .on_conflict_do_nothing(
+            index_elements=["workload_id", "topology_id", "environment_id", "sweep_id", "name"]
+        )
     )
     return session.scalar(
         select(table.c.id).where(
-            tuple_(table.c.workload_id, table.c.topology_id, table.c.environment_id, table.c.sweep_id, table.c.name)
+            tuple_(
+                table.c.workload_id,
+                table.c.topology_id,
+                table.c.environment_id,
+                table.c.sweep_id,
+                table.c.name,
+            )
             == tuple_(w, tp, e, sweep_id, b.name)
         )
     )
 
 
-def upsert_calibration(session: Session, dims: DimensionIds, c: CalibrationRecord, sweep_id: int | None) -> int:
+def upsert_calibration(
+    session: Session, dims: DimensionIds, c: CalibrationRecord, sweep_id: int | None
+) -> int:
     """Insert calibration `c`, or replace the payload of the one with the same kind, topology,
     environment and key; its row id."""
     tp = dims.topology(session, c.topology)
     e = dims.environment(session, c.environment)
     table = CalibrationModel.__table__
     values = {
-        "payload": codec.encode(c.payload, "calibration payload"), "source": c.source, "sweep_id": sweep_id,
+        "payload": codec.encode(c.payload, "calibration payload"),
+        "source": c.source,
+        "sweep_id": sweep_id,
         "created_at": c.created_at,
     }
     stmt = _insert(session, table).values(kind=c.kind, topology_id=tp, environment_id=e, key=c.key, **values)
@@ -180,6 +229,9 @@ def upsert_calibration(session: Session, dims: DimensionIds, c: CalibrationRecor
     session.execute(stmt)
     return session.scalar(
         select(table.c.id).where(
-            table.c.kind == c.kind, table.c.topology_id == tp, table.c.environment_id == e, table.c.key == c.key
+            table.c.kind == c.kind,
+            table.c.topology_id == tp,
+            table.c.environment_id == e,
+            table.c.key == c.key,
         )
     )

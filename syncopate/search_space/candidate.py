@@ -22,6 +22,7 @@ BACKENDS: tuple[str, ...] = ("copy_engine", "nvshmem", "nccl")
 """How chunks move: copy-engine copies on a side stream; SM-driven peer stores by `comm_sms`
 communication programs inside the fused kernel; chunked NCCL transfers on a side stream."""
 
+
 def check_pow2(name: str, value: Any, what: str) -> None:
     """Raise ConfigError unless `value` is a power of two in the range a candidate's field `name`
     accepts (block_m, block_n, block_k, group_m, num_warps); `what` names it in the message."""
@@ -77,7 +78,9 @@ class Candidate:
                 f"unknown plan template {self.template!r}: accepted are {', '.join(CANDIDATE_TEMPLATES)}"
             )
         if self.tile_order not in TILE_ORDERS:
-            raise ConfigError(f"unknown tile order {self.tile_order!r}: accepted are {', '.join(TILE_ORDERS)}")
+            raise ConfigError(
+                f"unknown tile order {self.tile_order!r}: accepted are {', '.join(TILE_ORDERS)}"
+            )
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
@@ -97,8 +100,10 @@ class Candidate:
             raise ConfigError(f"backend copy_engine spends no SM: comm_sms must be 0, got {self.comm_sms}")
         if self.template == UNFUSED:
             if self.backend != "nccl" or self.comm_sms != 0:
-                raise ConfigError(f"template unfused runs the group's collective after the matmul: it takes backend "
-                                  f"'nccl' with comm_sms=0, got {self.backend!r} with comm_sms={self.comm_sms}")
+                raise ConfigError(
+                    f"template unfused runs the group's collective after the matmul: it takes backend "
+                    f"'nccl' with comm_sms=0, got {self.backend!r} with comm_sms={self.comm_sms}"
+                )
         elif self.backend != "copy_engine" and self.comm_sms < 1:
             raise ConfigError(
                 f"backend {self.backend} needs comm_sms >= 1 (SMs for communication), got {self.comm_sms}"
@@ -112,7 +117,9 @@ class Candidate:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ConfigError(f"unknown candidate field(s) {', '.join(unknown)}: accepted are {', '.join(sorted(known))}")
+            raise ConfigError(
+                f"unknown candidate field(s) {', '.join(unknown)}: accepted are {', '.join(sorted(known))}"
+            )
         return cls(**d)
 
     def to_json(self) -> str:

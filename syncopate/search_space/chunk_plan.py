@@ -34,9 +34,29 @@ from dataclasses import dataclass, field
 from syncopate.errors import ConfigError
 
 __all__ = [
-    "A_STATIONARY", "C_STATIONARY", "STATIONARY_KINDS", "DECOMPOSED", "COPY_ENGINE_KINDS", "UNFUSED", "PLANLESS_KINDS", "CANDIDATE_TEMPLATES", "TEMPLATES", "COLLECTIVES", "Transfer", "ChunkPlan", "build_plan",
-    "block_bounds", "chunk_bounds", "gather_gemms", "gather_parts", "gather_splits_refusal", "gather_takes", "halves", "peers_ahead",
-    "peers_behind", "row_chunks",
+    "A_STATIONARY",
+    "C_STATIONARY",
+    "STATIONARY_KINDS",
+    "DECOMPOSED",
+    "COPY_ENGINE_KINDS",
+    "UNFUSED",
+    "PLANLESS_KINDS",
+    "CANDIDATE_TEMPLATES",
+    "TEMPLATES",
+    "COLLECTIVES",
+    "Transfer",
+    "ChunkPlan",
+    "build_plan",
+    "block_bounds",
+    "chunk_bounds",
+    "gather_gemms",
+    "gather_parts",
+    "gather_splits_refusal",
+    "gather_takes",
+    "halves",
+    "peers_ahead",
+    "peers_behind",
+    "row_chunks",
 ]
 
 TEMPLATES: tuple[str, ...] = ("direct", "ring", "bidirectional_ring")
@@ -55,7 +75,10 @@ of the block (`kernels/c_stationary.py`). It moves M/ws·K/ws + K/ws·N elements
 M/ws·N, less where K/ws is small beside N and M/ws; an all-reduce then gathers the blocks, in
 `num_splits` chunks each. No chunk plan."""
 
-STATIONARY_KINDS: dict[str, tuple[str, ...]] = {A_STATIONARY: ("ag_gemm",), C_STATIONARY: ("gemm_rs", "gemm_ar")}
+STATIONARY_KINDS: dict[str, tuple[str, ...]] = {
+    A_STATIONARY: ("ag_gemm",),
+    C_STATIONARY: ("gemm_rs", "gemm_ar"),
+}
 """The templates that move operands instead of chunks of the communicated tensor, and the kinds of
 op each is for."""
 
@@ -69,7 +92,10 @@ all-reduce's peers pull each reduced chunk once made). An all-gather matmul: eve
 shard to each peer in turn while its own rows' GEMM runs, then GEMMs over the peers' rows as they
 land, `num_splits` of them (:func:`gather_gemms`; `kernels/decomposed_gather.py`). No chunk plan."""
 
-COPY_ENGINE_KINDS: dict[str, tuple[str, ...]] = {**STATIONARY_KINDS, DECOMPOSED: ("ag_gemm", "gemm_rs", "gemm_ar")}
+COPY_ENGINE_KINDS: dict[str, tuple[str, ...]] = {
+    **STATIONARY_KINDS,
+    DECOMPOSED: ("ag_gemm", "gemm_rs", "gemm_ar"),
+}
 """The templates whose GEMMs are cuBLAS's and whose transfers are copy-engine copies, and the kinds
 of op each is for."""
 
@@ -124,15 +150,19 @@ def gather_splits_refusal(world_size: int, splits: int, m_local: int) -> str | N
     """Why a decomposed all-gather matmul cannot take `splits` (None where it can)."""
     peers = world_size - 1
     if not gather_takes(world_size, splits):
-        return (f"decomposed all-gather on {world_size} ranks takes num_splits 1 to {peers} (GEMMs over groups of "
-                f"the peers' shards) or a multiple of {peers} (each shard cut into num_splits/{peers} parts, a GEMM "
-                f"each), not {splits}")
+        return (
+            f"decomposed all-gather on {world_size} ranks takes num_splits 1 to {peers} (GEMMs over groups of "
+            f"the peers' shards) or a multiple of {peers} (each shard cut into num_splits/{peers} parts, a GEMM "
+            f"each), not {splits}"
+        )
     if gather_parts(world_size, splits) > m_local:
         return f"num_splits={splits} cuts each {m_local}-row shard into more parts than it has rows"
     return None
 
 
-def gather_gemms(world_size: int, rank: int, m_local: int, splits: int) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:
+def gather_gemms(
+    world_size: int, rank: int, m_local: int, splits: int
+) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:
     """The GEMMs a decomposed all-gather matmul runs over the peers' rows on `rank`, in order: (first
     row, end row, the (peer, part) pieces of shards it waits for). The shards land from the peer
     behind first (every rank pushes to the one ahead first): r-1, r-2, ... With one part a shard the
@@ -157,7 +187,10 @@ def gather_gemms(world_size: int, rank: int, m_local: int, splits: int) -> list[
                 else:
                     ranges.append([q * m_local + lo, q * m_local + hi, [(q, j)]])
             ranges.sort(key=lambda x: min(peers.index(q) for q, _ in x[2]))
-            out += [(first, end, tuple(sorted(pieces, key=lambda p: peers.index(p[0])))) for first, end, pieces in ranges]
+            out += [
+                (first, end, tuple(sorted(pieces, key=lambda p: peers.index(p[0]))))
+                for first, end, pieces in ranges
+            ]
     return out
 
 
@@ -193,6 +226,8 @@ def tail_copied_together(chunks: list[tuple[int, int]], world_size: int, all_red
     """Whether a decomposed block's last two own GEMMs' rows are copied into the output together,
     after the last GEMM (on two ranks, where the last chunk is cut: `kernels.decomposed._Layout`)."""
     return world_size == 2 and last_chunk_cut(chunks, all_reduce)
+
+
 """Chunk-plan templates."""
 
 COLLECTIVES: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
@@ -262,8 +297,10 @@ def chunk_bounds(
 ) -> dict[int, list[tuple[int, int]]]:
     """Block → its `num_splits` chunks (row_start, row_end), cut as :func:`build_plan` cuts them
     (inner boundaries at multiples of `align`); ConfigError where a block is too short for that."""
-    return {b: _split_bounds(*block_bounds(total_rows, world_size, b), num_splits, align)
-            for b in range(world_size)}
+    return {
+        b: _split_bounds(*block_bounds(total_rows, world_size, b), num_splits, align)
+        for b in range(world_size)
+    }
 
 
 def _clockwise_splits(template: str, num_splits: int) -> int:
@@ -332,7 +369,9 @@ def build_plan(
     if num_splits < 1:
         raise ConfigError(f"num_splits={num_splits} must be at least 1")
     if template == "bidirectional_ring" and num_splits < 2 and world_size > 1:
-        raise ConfigError("template bidirectional_ring needs num_splits >= 2 (half of the chunks go each way)")
+        raise ConfigError(
+            "template bidirectional_ring needs num_splits >= 2 (half of the chunks go each way)"
+        )
     if align < 1:
         raise ConfigError(f"align={align} must be at least 1")
     if total_rows < world_size:
@@ -367,7 +406,11 @@ def _assign_signals(transfers: list[Transfer], world_size: int) -> list[Transfer
     out = []
     for r in range(world_size):
         for slot, t in enumerate(sorted(by_dst[r], key=_arrival_key)):
-            out.append(Transfer(t.phase, t.src, t.dst, t.block, t.split, t.row_start, t.row_end, t.step, t.stream, slot))
+            out.append(
+                Transfer(
+                    t.phase, t.src, t.dst, t.block, t.split, t.row_start, t.row_end, t.step, t.stream, slot
+                )
+            )
     return out
 
 
@@ -394,7 +437,9 @@ class ChunkPlan:
         for t in self.transfers:
             recvs[t.dst].append(t)
             sends[t.src].append(t)
-        object.__setattr__(self, "_recvs", {r: tuple(sorted(v, key=lambda t: t.signal)) for r, v in recvs.items()})
+        object.__setattr__(
+            self, "_recvs", {r: tuple(sorted(v, key=lambda t: t.signal)) for r, v in recvs.items()}
+        )
         object.__setattr__(self, "_sends", {r: tuple(sorted(v, key=_arrival_key)) for r, v in sends.items()})
         object.__setattr__(self, "_starts", tuple(lo for block in self.chunk_bounds for lo, _ in block))
 
@@ -472,7 +517,9 @@ class ChunkPlan:
 
     def describe(self, rank: int) -> str:
         """A human-readable listing of what `rank` receives and sends."""
-        lines = [f"plan {self.template}/{self.collective} ws={self.world_size} splits={self.num_splits} rank {rank}"]
+        lines = [
+            f"plan {self.template}/{self.collective} ws={self.world_size} splits={self.num_splits} rank {rank}"
+        ]
         for t in self.recvs(rank):
             lines.append(
                 f"  recv step {t.step} stream {t.stream}: {t.phase} block {t.block}.{t.split} "

@@ -7,7 +7,6 @@ import itertools
 
 from syncopate.search_space.candidate import Candidate
 from syncopate.search_space.space import (
-    guard_candidates,
     NCCL_MIN_SMS,
     STATIONARY_MIN_ROWS,
     a_stationary_candidate,
@@ -15,6 +14,7 @@ from syncopate.search_space.space import (
     check_candidate,
     decomposed_candidate,
     decomposed_offered,
+    guard_candidates,
 )
 from syncopate.search_space.topology import Topology
 from syncopate.search_space.workload import Workload
@@ -43,11 +43,23 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
     # reduced chunks while the GEMM runs); check_candidate keeps it to the direct plan.
     orders = ["arrival"] if workload.kind == "ag_gemm" else ["arrival", "kept_interleaved"]
     out = []
-    for backend, template, s, (bm, bn, bk, w, st), order in itertools.product(backends, templates, splits, tiles,
-                                                                              orders):
+    for backend, template, s, (bm, bn, bk, w, st), order in itertools.product(
+        backends, templates, splits, tiles, orders
+    ):
         for sms in comm[backend]:
-            c = Candidate(backend=backend, template=template, num_splits=s, tile_order=order, comm_sms=sms,
-                          block_m=bm, block_n=bn, block_k=bk, group_m=8, num_warps=w, num_stages=st)
+            c = Candidate(
+                backend=backend,
+                template=template,
+                num_splits=s,
+                tile_order=order,
+                comm_sms=sms,
+                block_m=bm,
+                block_n=bn,
+                block_k=bk,
+                group_m=8,
+                num_warps=w,
+                num_stages=st,
+            )
             try:
                 check_candidate(c, workload, topology)
             except Exception:
@@ -56,14 +68,22 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
                 continue
             out.append(c)
     if workload.kind == "ag_gemm" and "copy_engine" in backends:  # B and the products moved instead of A
-        out += [a_stationary_candidate(s) for s in (1, 2) if workload.shape.m // ws // s >= STATIONARY_MIN_ROWS]
+        out += [
+            a_stationary_candidate(s) for s in (1, 2) if workload.shape.m // ws // s >= STATIONARY_MIN_ROWS
+        ]
     if workload.kind == "gemm_rs" and "copy_engine" in backends:  # A's rows and B moved instead of partials
         out.append(c_stationary_candidate())
     if workload.kind == "gemm_ar" and "copy_engine" in backends:
-        out += [c_stationary_candidate(s) for s in (2, 4) if workload.shape.m // ws // s >= STATIONARY_MIN_ROWS]
+        out += [
+            c_stationary_candidate(s) for s in (2, 4) if workload.shape.m // ws // s >= STATIONARY_MIN_ROWS
+        ]
     # cuBLAS GEMMs: a reduction's row chunks pushed once computed, an all-gather's shards as they land
     if "copy_engine" in backends and (workload.kind != "ag_gemm" or ws > 1):
         tried = (2, 4, 8) if workload.kind != "ag_gemm" else sorted({1, 2, 4, ws - 1, 2 * (ws - 1)})
-        out += [decomposed_candidate(s) for s in tried if decomposed_offered(workload.kind, ws, workload.shape.m // ws, s)]
+        out += [
+            decomposed_candidate(s)
+            for s in tried
+            if decomposed_offered(workload.kind, ws, workload.shape.m // ws, s)
+        ]
     guards = list(guard_candidates(workload, topology).values())
     return guards + [c for c in out if c not in guards]

@@ -141,8 +141,19 @@ def check_liveness(
         raise ConfigError(f"num_programs={num_programs} must be at least 1")
     if c.template in PLANLESS_KINDS:
         return _planless_report(kind, c, world_size, total_rows)
-    fields = (kind, c.template, c.num_splits, c.tile_order, c.block_m, c.block_n, c.group_m, world_size,
-              total_rows, n_cols, epilogue)
+    fields = (
+        kind,
+        c.template,
+        c.num_splits,
+        c.tile_order,
+        c.block_m,
+        c.block_n,
+        c.group_m,
+        world_size,
+        total_rows,
+        n_cols,
+        epilogue,
+    )
     call = _call(*fields) if schedule is None else _Call(*fields, schedule=schedule)
     model = _Model(call, c.backend, num_programs, shared_queue)
     model.run()
@@ -172,7 +183,9 @@ def _planless_report(kind: str, c: Candidate, world_size: int, total_rows: int) 
     shards, whose pushes wait only for entries. Every wait is on something raised without waiting
     for the waiter, so the call ends."""
     if kind not in PLANLESS_KINDS[c.template]:
-        raise ConfigError(f"template {c.template} is for {' and '.join(PLANLESS_KINDS[c.template])}, not {kind}")
+        raise ConfigError(
+            f"template {c.template} is for {' and '.join(PLANLESS_KINDS[c.template])}, not {kind}"
+        )
     case = f"{kind} {c.backend}/{c.template}/s{c.num_splits} ws={world_size} rows={total_rows}"
     return LivenessReport(live=True, case=case, entries_done=0, entries_total=0)
 
@@ -185,8 +198,19 @@ def queue_operations(
     `entered`: ARRIVAL slot, READY_BASE+i, LOCAL_BASE+j, ENTERED_BASE+p of that rank's pad) and
     `("batch", peers)` for an NCCL batch with those peers. Copies are left out (they never block)."""
     c = candidate if isinstance(candidate, Candidate) else Candidate.from_dict(dict(candidate))
-    call = _call(kind, c.template, c.num_splits, c.tile_order, c.block_m, c.block_n, c.group_m, world_size,
-                 total_rows, c.block_n, "leaving_first")
+    call = _call(
+        kind,
+        c.template,
+        c.num_splits,
+        c.tile_order,
+        c.block_m,
+        c.block_n,
+        c.group_m,
+        world_size,
+        total_rows,
+        c.block_n,
+        "leaving_first",
+    )
     out: dict[int, list[tuple]] = {}
     for name, _steps, ops in call.queues(c.backend, False):
         if name[1] != rank:
@@ -212,8 +236,21 @@ class _Call:
     per order entry; per (rank, chunk), the tiles that complete it and the signals it then raises;
     per backend, every rank's communication queues."""
 
-    def __init__(self, kind, template, splits, order, block_m, block_n, group_m, ws, rows, n_cols, epilogue,
-                 schedule=None):
+    def __init__(
+        self,
+        kind,
+        template,
+        splits,
+        order,
+        block_m,
+        block_n,
+        group_m,
+        ws,
+        rows,
+        n_cols,
+        epilogue,
+        schedule=None,
+    ):
         self.kind, self.ws, self.epilogue = kind, ws, epilogue
         self.all_reduce = kind == "gemm_ar"
         plan = self.plan = build_plan(template, _COLLECTIVE[kind], ws, rows, splits, align=block_m)
@@ -235,8 +272,12 @@ class _Call:
 
     def _consumer(self, r: int) -> list[tuple]:
         plan, s = self.plan, self.scheds[r]
-        slot = [_sig(r, _LOCAL, ci % plan.num_splits) if ci // plan.num_splits == r
-                else _sig(r, _ARRIVAL, waits[0]) for ci, waits in enumerate(s.chunk_wait)]
+        slot = [
+            _sig(r, _LOCAL, ci % plan.num_splits)
+            if ci // plan.num_splits == r
+            else _sig(r, _ARRIVAL, waits[0])
+            for ci, waits in enumerate(s.chunk_wait)
+        ]
         out = []
         for pos, tile in enumerate(s.order):
             tm = tile // s.tiles_n
@@ -260,13 +301,18 @@ class _Call:
             if ready[ci] >= 0:
                 done.append(_sig(r, _READY, ready[ci]))
             if self.all_reduce and keep[ci]:
-                done += [_sig(p, _ARRIVAL, t.signal) for p in range(ws) for t in plan.recvs(p, "gather")
-                         if t.src == r and plan.chunk_index(*t.chunk) == ci]
+                done += [
+                    _sig(p, _ARRIVAL, t.signal)
+                    for p in range(ws)
+                    for t in plan.recvs(p, "gather")
+                    if t.src == r and plan.chunk_index(*t.chunk) == ci
+                ]
         src = {t.signal: t.src for t in plan.recvs(r, "reduce")}
         waits = []
         for ci in range(nc):
-            ops = tuple((_WAIT, _sig(r, _ARRIVAL, slot), ("partial", r, ci, src[slot]))
-                        for slot in s.chunk_wait[ci])
+            ops = tuple(
+                (_WAIT, _sig(r, _ARRIVAL, slot), ("partial", r, ci, src[slot])) for slot in s.chunk_wait[ci]
+            )
             if self.all_reduce and keep[ci]:
                 ops += tuple((_WAIT, _sig(r, _ENTERED, p), ("free", r, ci, p)) for p in range(ws) if p != r)
             waits.append(ops)
@@ -297,8 +343,11 @@ class _Call:
         """Every rank's communication queues: (name, operations of each transfer, all operations)."""
         key = (backend, shared_queue)
         if key not in self._queues:
-            self._queues[key] = [(name, steps, list(chain.from_iterable(steps))) for r in range(self.ws)
-                                 for name, steps in self._communication(r, backend, shared_queue)]
+            self._queues[key] = [
+                (name, steps, list(chain.from_iterable(steps)))
+                for r in range(self.ws)
+                for name, steps in self._communication(r, backend, shared_queue)
+            ]
         return self._queues[key]
 
     def _communication(self, r: int, backend: str, shared_queue: bool) -> list[tuple[tuple, list[tuple]]]:
@@ -327,8 +376,10 @@ class _Call:
                     work.append((0 if copier else 2, ops))
         if shared_queue:
             return [(("queue", r, -1, backend), [ops for _, ops in work])]
-        return [(("queue", r, stream, backend), [ops for s, ops in work if s == stream])
-                for stream in sorted({s for s, _ in work})]
+        return [
+            (("queue", r, stream, backend), [ops for s, ops in work if s == stream])
+            for stream in sorted({s for s, _ in work})
+        ]
 
     def _sends(self, r: int, phase: str, copier: bool) -> list[tuple[int, tuple]]:
         """copy_engine (per stream) and nvshmem (one job list): wait for the peer's entry, for the
@@ -361,7 +412,7 @@ class _Call:
         for t in plan.recvs(r, phase):
             batches.setdefault((t.step, t.split), ([], []))[1].append(t)
         out = []
-        for (step, split) in sorted(batches):
+        for step, split in sorted(batches):
             sends, recvs = batches[(step, split)]
             ops = ()
             if self.kind != "ag_gemm":
@@ -373,8 +424,10 @@ class _Call:
                     ops += ((_WAIT, _sig(r, _READY, word), ("ready", t)),)
             b = _batch(phase, step, split)
             ops += ((_RAISE, _sig(r, _BATCH, b), ("batch", phase, step, split)),)
-            ops += tuple((_WAIT, _sig(q, _BATCH, b), ("peer", phase, step, split, q))
-                         for q in sorted({t.dst for t in sends} | {t.src for t in recvs}))
+            ops += tuple(
+                (_WAIT, _sig(q, _BATCH, b), ("peer", phase, step, split, q))
+                for q in sorted({t.dst for t in sends} | {t.src for t in recvs})
+            )
             if phase == "reduce" or self.kind == "ag_gemm":
                 ops += tuple((_RAISE, _sig(r, _ARRIVAL, t.signal), ("signal", t)) for t in recvs)
             out.append(ops)
@@ -449,13 +502,22 @@ class _Model:
         blocked = [a for a in range(len(self.ops)) if self.pos[a] < len(self.ops[a])]
         if not blocked:
             return LivenessReport(live=True, case=case, entries_done=total, entries_total=total)
-        left = sum(len(self.steps[a]) - self._entry_of(a, self.pos[a])
-                   for a in blocked if self.names[a][0] == "program")
+        left = sum(
+            len(self.steps[a]) - self._entry_of(a, self.pos[a])
+            for a in blocked
+            if self.names[a][0] == "program"
+        )
         stuck = tuple(self._waits(a) for a in blocked[:12])
         if len(blocked) > 12:
             stuck += (f"... and {len(blocked) - 12} more",)
-        return LivenessReport(live=False, case=case, entries_done=total - left, entries_total=total,
-                              stuck=stuck, cycle=self._cycle(blocked[0]))
+        return LivenessReport(
+            live=False,
+            case=case,
+            entries_done=total - left,
+            entries_total=total,
+            stuck=stuck,
+            cycle=self._cycle(blocked[0]),
+        )
 
     def _cycle(self, start: int) -> tuple[str, ...]:
         raisers: dict[int, int] = {}
@@ -482,8 +544,10 @@ class _Model:
             elif sig in done_by:
                 key = done_by[sig]
                 r, ci = divmod(key, nc)
-                line += (f"; raised once {self._chunk(ci)} of rank {r} is complete "
-                         f"({self.counts[key]} of {self.k.targets[key]} tiles counted)")
+                line += (
+                    f"; raised once {self._chunk(ci)} of rank {r} is complete "
+                    f"({self.counts[key]} of {self.k.targets[key]} tiles counted)"
+                )
                 if not counters[key]:
                     return tuple(hops + [line + ", which never happens"])
                 a, i = counters[key][0]
@@ -493,7 +557,7 @@ class _Model:
             else:
                 return tuple(hops + [line + "; nothing in this call raises it"])
             hops.append(line)
-        return tuple(hops[seen[a]:])
+        return tuple(hops[seen[a] :])
 
     def _entry_of(self, a: int, op: int) -> int:
         """Index of the entry (program) or transfer (queue) of actor a that holds its operation `op`."""
@@ -512,8 +576,10 @@ class _Model:
         if self.names[a][0] == "program":
             _, r, p, grid = self.names[a]
             pos = p + at * grid
-            return (f"rank {r} program {p} of {grid} (its entry {at + 1}, order position {pos}, "
-                    f"{self._tile(r, self.k.scheds[r].order[pos])})")
+            return (
+                f"rank {r} program {p} of {grid} (its entry {at + 1}, order position {pos}, "
+                f"{self._tile(r, self.k.scheds[r].order[pos])})"
+            )
         _, r, stream, backend = self.names[a]
         if stream < 0:
             what = "side streams sharing one hardware queue"
@@ -544,8 +610,12 @@ class _Model:
             return f": rows of {self._chunk(note[3])}"
         if what == "peer":
             return f": its own batch ({note[1]}, step {note[2]}, split {note[3]}) pairs with rank {note[4]}"
-        verb = {"ready": "before sending", "entered": "before sending", "forward": "before forwarding",
-                "gathered": "before copying in"}.get(what)
+        verb = {
+            "ready": "before sending",
+            "entered": "before sending",
+            "forward": "before forwarding",
+            "gathered": "before copying in",
+        }.get(what)
         return f": {verb} {self._transfer(note[1])}" if verb else ""
 
     def _signal(self, sig: int) -> str:

@@ -82,8 +82,14 @@ class TileConfig:
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k", "num_warps"):
             check_pow2(name, getattr(self, name), f"tile config {self.key()}: {name}")
-        if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
-            raise ConfigError(f"tile config {self.key()}: num_stages={self.num_stages!r} must be an integer in [1, 8]")
+        if (
+            isinstance(self.num_stages, bool)
+            or not isinstance(self.num_stages, int)
+            or not 1 <= self.num_stages <= 8
+        ):
+            raise ConfigError(
+                f"tile config {self.key()}: num_stages={self.num_stages!r} must be an integer in [1, 8]"
+            )
 
     def key(self) -> str:
         return f"{self.block_m}x{self.block_n}x{self.block_k}w{self.num_warps}s{self.num_stages}"
@@ -96,7 +102,9 @@ class TileConfig:
             bm, bn, bk = (int(x) for x in dims.split("x"))
             warps, stages = int(warps), int(stages)
         except ValueError:
-            raise ConfigError(f"tile config {key!r} does not parse: expected BMxBNxBKwWARPSsSTAGES such as 128x256x64w8s3") from None
+            raise ConfigError(
+                f"tile config {key!r} does not parse: expected BMxBNxBKwWARPSsSTAGES such as 128x256x64w8s3"
+            ) from None
         return cls(bm, bn, bk, warps, stages)
 
     @classmethod
@@ -145,28 +153,40 @@ class SpaceOptions:
     def __post_init__(self) -> None:
         for b in self.backends:
             if b not in BACKENDS:
-                raise ConfigError(f"unknown backend {b!r} in space.backends: accepted are {', '.join(BACKENDS)}")
+                raise ConfigError(
+                    f"unknown backend {b!r} in space.backends: accepted are {', '.join(BACKENDS)}"
+                )
         for t in self.templates:
             if t not in CANDIDATE_TEMPLATES:
-                raise ConfigError(f"unknown plan template {t!r} in space.templates: accepted are "
-                                  f"{', '.join(CANDIDATE_TEMPLATES)}")
+                raise ConfigError(
+                    f"unknown plan template {t!r} in space.templates: accepted are "
+                    f"{', '.join(CANDIDATE_TEMPLATES)}"
+                )
         known_orders = set(CONSUMER_ORDERS) | set(PRODUCER_ORDERS)
         for o in self.tile_orders:
             if o not in known_orders:
-                raise ConfigError(f"unknown tile order {o!r} in space.tile_orders: accepted are {', '.join(sorted(known_orders))}")
+                raise ConfigError(
+                    f"unknown tile order {o!r} in space.tile_orders: accepted are {', '.join(sorted(known_orders))}"
+                )
         for n in self.num_splits:
             if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
                 raise ConfigError(f"space.num_splits value {n!r} must be an integer in [1, 64]")
         for b, counts in self.comm_sms.items():
             if b not in BACKENDS:
-                raise ConfigError(f"unknown backend {b!r} in space.comm_sms: accepted are {', '.join(BACKENDS)}")
+                raise ConfigError(
+                    f"unknown backend {b!r} in space.comm_sms: accepted are {', '.join(BACKENDS)}"
+                )
             for n in counts:
                 if isinstance(n, bool) or not isinstance(n, int):
                     raise ConfigError(f"space.comm_sms.{b} value {n!r} must be an integer")
                 if b == "copy_engine" and n != 0:
-                    raise ConfigError(f"space.comm_sms.copy_engine value {n} must be 0: the copy engine spends no SM")
+                    raise ConfigError(
+                        f"space.comm_sms.copy_engine value {n} must be 0: the copy engine spends no SM"
+                    )
                 if b != "copy_engine" and not 1 <= n <= MAX_COMM_SMS:
-                    raise ConfigError(f"space.comm_sms.{b} value {n} must be an SM count in [1, {MAX_COMM_SMS}]")
+                    raise ConfigError(
+                        f"space.comm_sms.{b} value {n} must be an SM count in [1, {MAX_COMM_SMS}]"
+                    )
         for g in self.group_m:
             check_pow2("group_m", g, "space.group_m")
         if not self.tile_configs:
@@ -219,8 +239,9 @@ def a_stationary_candidate(num_splits: int) -> Candidate:
     """The all-gather matmul that moves B and the products instead of A (:data:`A_STATIONARY`),
     each product sent in `num_splits` row chunks. Its GEMMs are cuBLAS's: the tile fields keep
     :class:`Candidate`'s defaults."""
-    return Candidate(backend="copy_engine", template=A_STATIONARY, num_splits=num_splits,
-                     tile_order="arrival")
+    return Candidate(
+        backend="copy_engine", template=A_STATIONARY, num_splits=num_splits, tile_order="arrival"
+    )
 
 
 def c_stationary_candidate(num_splits: int = 1) -> Candidate:
@@ -228,7 +249,9 @@ def c_stationary_candidate(num_splits: int = 1) -> Candidate:
     products (:data:`C_STATIONARY`); an all-reduce gathers the blocks in `num_splits` chunks each (a
     reduce-scatter takes 1). Its GEMMs are cuBLAS's: the other fields keep :class:`Candidate`'s
     defaults."""
-    return Candidate(backend="copy_engine", template=C_STATIONARY, num_splits=num_splits, tile_order="arrival")
+    return Candidate(
+        backend="copy_engine", template=C_STATIONARY, num_splits=num_splits, tile_order="arrival"
+    )
 
 
 def decomposed_candidate(num_splits: int = 2) -> Candidate:
@@ -272,8 +295,10 @@ def decomposed_offered(kind: str, world_size: int, rows: int, splits: int) -> bo
     STATIONARY_MIN_ROWS rows or more, with splits the all-gather takes on that many ranks."""
     if kind != "ag_gemm":
         return rows // splits >= STATIONARY_MIN_ROWS
-    return (gather_splits_refusal(world_size, splits, rows) is None
-            and rows // gather_parts(world_size, splits) >= STATIONARY_MIN_ROWS)
+    return (
+        gather_splits_refusal(world_size, splits, rows) is None
+        and rows // gather_parts(world_size, splits) >= STATIONARY_MIN_ROWS
+    )
 
 
 def _check_planless(c: Candidate, workload: Workload) -> None:
@@ -290,8 +315,11 @@ def _check_planless(c: Candidate, workload: Workload) -> None:
         ref = decomposed_candidate(c.num_splits)
     else:
         ref = c_stationary_candidate(c.num_splits if workload.kind == "gemm_ar" else 1)
-    off = [f"{f.name}={getattr(c, f.name)!r}" for f in fields(Candidate)
-           if getattr(c, f.name) != getattr(ref, f.name)]
+    off = [
+        f"{f.name}={getattr(c, f.name)!r}"
+        for f in fields(Candidate)
+        if getattr(c, f.name) != getattr(ref, f.name)
+    ]
     if off:
         raise ConfigError(
             f"template {c.template} runs cuBLAS GEMMs: its fields keep {ref.to_dict()}; got {', '.join(off)}"
@@ -308,7 +336,11 @@ def check_candidate(candidate: Candidate, workload: Workload, topology: Topology
         _check_planless(c, workload)
         if c.num_splits > rows:
             raise ConfigError(f"num_splits={c.num_splits} exceeds the {rows} rows each rank's block has")
-        refusal = c.template == DECOMPOSED and workload.kind == "ag_gemm" and gather_splits_refusal(ws, c.num_splits, rows)
+        refusal = (
+            c.template == DECOMPOSED
+            and workload.kind == "ag_gemm"
+            and gather_splits_refusal(ws, c.num_splits, rows)
+        )
         if refusal:
             raise ConfigError(refusal)
         return
@@ -368,8 +400,10 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
     orders = [o for o in options.tile_orders if o in tile_orders_for(workload.kind)]
     limit = topology.spec.smem_per_block_kb * 1024
     tile_configs = [
-        tc for tc in options.tile_configs
-        if _smem_bytes(tc, workload.element_bytes) <= limit and tc.block_m * tc.block_n // (tc.num_warps * 32) <= 128
+        tc
+        for tc in options.tile_configs
+        if _smem_bytes(tc, workload.element_bytes) <= limit
+        and tc.block_m * tc.block_n // (tc.num_warps * 32) <= 128
     ]
     if A_STATIONARY in options.templates and workload.kind == "ag_gemm" and "copy_engine" in options.backends:
         for splits in options.num_splits:
@@ -402,9 +436,17 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
             groups = options.group_m if order in ("arrival", "swizzle") else (1,)
             for group_m in groups:
                 yield Candidate(
-                    backend=backend, template=template, num_splits=splits, tile_order=order, comm_sms=comm_sms,
-                    block_m=tc.block_m, block_n=tc.block_n, block_k=tc.block_k, group_m=group_m,
-                    num_warps=tc.num_warps, num_stages=tc.num_stages,
+                    backend=backend,
+                    template=template,
+                    num_splits=splits,
+                    tile_order=order,
+                    comm_sms=comm_sms,
+                    block_m=tc.block_m,
+                    block_n=tc.block_n,
+                    block_k=tc.block_k,
+                    group_m=group_m,
+                    num_warps=tc.num_warps,
+                    num_stages=tc.num_stages,
                 )
 
 
@@ -449,7 +491,9 @@ def empty_space_message(workload: Workload, topology: Topology, options: SpaceOp
     return f"no candidate fits {workload} on {topology}"
 
 
-def space_refusal(workload: Workload, topology: Topology, options: SpaceOptions, candidates: list[Candidate]) -> str | None:
+def space_refusal(
+    workload: Workload, topology: Topology, options: SpaceOptions, candidates: list[Candidate]
+) -> str | None:
     """Why a search over `candidates` (the space under `options`) should not start: none at all
     (:func:`empty_space_message`), or the `space:` section fencing off every fused candidate the
     default space has, leaving only the unfused one. None where the search can go on."""
@@ -512,12 +556,23 @@ def default_candidate(workload: Workload, topology: Topology) -> Candidate:
     block_bytes = rows * workload.comm_row_bytes()
     peers = max(1, topology.world_size - 1)
     splits = 4
-    while splits > 1 and (rows // splits < 128 or block_bytes / splits < MIN_CHUNK_BYTES[workload.kind]
-                          or splits * peers > MAX_DEFAULT_CHUNKS):
+    while splits > 1 and (
+        rows // splits < 128
+        or block_bytes / splits < MIN_CHUNK_BYTES[workload.kind]
+        or splits * peers > MAX_DEFAULT_CHUNKS
+    ):
         splits //= 2
     return Candidate(
-        backend="copy_engine", template="direct", num_splits=splits, tile_order="arrival", comm_sms=0,
-        block_m=tile.block_m, block_n=tile.block_n, block_k=tile.block_k, group_m=8, num_warps=tile.num_warps,
+        backend="copy_engine",
+        template="direct",
+        num_splits=splits,
+        tile_order="arrival",
+        comm_sms=0,
+        block_m=tile.block_m,
+        block_n=tile.block_n,
+        block_k=tile.block_k,
+        group_m=8,
+        num_warps=tile.num_warps,
         num_stages=tile.num_stages,
     )
 
@@ -541,7 +596,9 @@ def guard_candidates(workload: Workload, topology: Topology) -> dict[str, Candid
     return out
 
 
-def optuna_distributions(workload: Workload, topology: Topology, options: SpaceOptions | None = None) -> dict[str, Any]:
+def optuna_distributions(
+    workload: Workload, topology: Topology, options: SpaceOptions | None = None
+) -> dict[str, Any]:
     """Optuna distributions over the space's fields (categorical; combinations are checked by
     :func:`candidate_from_params`)."""
     from optuna.distributions import CategoricalDistribution
@@ -552,8 +609,12 @@ def optuna_distributions(workload: Workload, topology: Topology, options: SpaceO
     values: dict[str, set] = {}
     for c in cands:
         for name, v in (
-            ("backend", c.backend), ("template", c.template), ("num_splits", c.num_splits),
-            ("tile_order", c.tile_order), ("comm_sms", c.comm_sms), ("tile_config", TileConfig.of(c).key()),
+            ("backend", c.backend),
+            ("template", c.template),
+            ("num_splits", c.num_splits),
+            ("tile_order", c.tile_order),
+            ("comm_sms", c.comm_sms),
+            ("tile_config", TileConfig.of(c).key()),
             ("group_m", c.group_m),
         ):
             values.setdefault(name, set()).add(v)
@@ -564,7 +625,15 @@ def candidate_from_params(params: dict[str, Any]) -> Candidate:
     """The candidate named by a parameter dict as produced from :func:`optuna_distributions`."""
     tc = TileConfig.from_key(params["tile_config"])
     return Candidate(
-        backend=params["backend"], template=params["template"], num_splits=int(params["num_splits"]),
-        tile_order=params["tile_order"], comm_sms=int(params["comm_sms"]), block_m=tc.block_m, block_n=tc.block_n,
-        block_k=tc.block_k, group_m=int(params["group_m"]), num_warps=tc.num_warps, num_stages=tc.num_stages,
+        backend=params["backend"],
+        template=params["template"],
+        num_splits=int(params["num_splits"]),
+        tile_order=params["tile_order"],
+        comm_sms=int(params["comm_sms"]),
+        block_m=tc.block_m,
+        block_n=tc.block_n,
+        block_k=tc.block_k,
+        group_m=int(params["group_m"]),
+        num_warps=tc.num_warps,
+        num_stages=tc.num_stages,
     )

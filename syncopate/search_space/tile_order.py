@@ -86,8 +86,9 @@ def tail_split(tiles: int, programs: int, k_steps: int, own_tiles: int = 0) -> i
 
 def swizzle_group(tms: list[int], tiles_n: int, group_m: int) -> list[tuple[int, int]]:
     """GROUP_M swizzle over the given m-tiles: `group_m` m-tiles walk one column block together."""
-    return [(tm, tn) for g in range(0, len(tms), group_m) for tn in range(tiles_n)
-            for tm in tms[g : g + group_m]]
+    return [
+        (tm, tn) for g in range(0, len(tms), group_m) for tn in range(tiles_n) for tm in tms[g : g + group_m]
+    ]
 
 
 def _swizzle_ids(tms: list[int], tiles_n: int, group_m: int) -> list[int]:
@@ -194,8 +195,12 @@ def _kept_interleaved_keys(plan: ChunkPlan, rank: int, ready: list[int], keys: l
     the same structure, so the peers reach slot m when this rank does)."""
     if plan.template != "direct":
         raise ConfigError(f"tile order 'kept_interleaved' needs the direct plan, not {plan.template!r}")
-    slot = {(t.src, t.chunk): i for p in range(plan.world_size)
-            for i, t in enumerate(plan.sends(p, "reduce")) if t.dst == rank}
+    slot = {
+        (t.src, t.chunk): i
+        for p in range(plan.world_size)
+        for i, t in enumerate(plan.sends(p, "reduce"))
+        if t.dst == rank
+    }
     last: dict[int, int] = {}  # kept chunk -> the latest peer send slot of one of its partials
     for t in plan.recvs(rank, "reduce"):
         c = plan.chunk_index(*t.chunk)
@@ -235,7 +240,9 @@ def producer_schedule(
         # The rows of an m-tile that belong to one chunk make one row of entries (an m-tile with rows
         # of two chunks makes two, the chunk that leaves first first); swizzle groups start afresh
         # where the rows pass to another rank's block.
-        rows = [(tm, c) for tm in range(tiles_m) for c in sorted(range(lo[tm], hi[tm]), key=chunk_key.__getitem__)]
+        rows = [
+            (tm, c) for tm in range(tiles_m) for c in sorted(range(lo[tm], hi[tm]), key=chunk_key.__getitem__)
+        ]
         runs = [list(g) for _, g in itertools.groupby(rows, key=lambda row: row[1] // plan.num_splits)]
         entries = []
         for run in runs:

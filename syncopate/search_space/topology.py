@@ -42,12 +42,22 @@ class GpuSpec:
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
-        GpuSpec(name="H200", sm_count=132, memory_gb=141, smem_per_block_kb=227, bf16_tflops=989, hbm_gbps=4800),
-        GpuSpec(name="H100", sm_count=132, memory_gb=80, smem_per_block_kb=227, bf16_tflops=989, hbm_gbps=3350),
-        GpuSpec(name="H800", sm_count=132, memory_gb=80, smem_per_block_kb=227, bf16_tflops=989, hbm_gbps=3350),
+        GpuSpec(
+            name="H200", sm_count=132, memory_gb=141, smem_per_block_kb=227, bf16_tflops=989, hbm_gbps=4800
+        ),
+        GpuSpec(
+            name="H100", sm_count=132, memory_gb=80, smem_per_block_kb=227, bf16_tflops=989, hbm_gbps=3350
+        ),
+        GpuSpec(
+            name="H800", sm_count=132, memory_gb=80, smem_per_block_kb=227, bf16_tflops=989, hbm_gbps=3350
+        ),
         GpuSpec(name="H20", sm_count=78, memory_gb=96, smem_per_block_kb=227, bf16_tflops=148, hbm_gbps=4000),
-        GpuSpec(name="B200", sm_count=148, memory_gb=180, smem_per_block_kb=227, bf16_tflops=2250, hbm_gbps=8000),
-        GpuSpec(name="A100", sm_count=108, memory_gb=80, smem_per_block_kb=163, bf16_tflops=312, hbm_gbps=2039),
+        GpuSpec(
+            name="B200", sm_count=148, memory_gb=180, smem_per_block_kb=227, bf16_tflops=2250, hbm_gbps=8000
+        ),
+        GpuSpec(
+            name="A100", sm_count=108, memory_gb=80, smem_per_block_kb=163, bf16_tflops=312, hbm_gbps=2039
+        ),
         GpuSpec(name="L40S", sm_count=142, memory_gb=48, smem_per_block_kb=99, bf16_tflops=362, hbm_gbps=864),
     )
 }
@@ -69,8 +79,10 @@ def topology_key(key: str) -> str:
             f"H200x2-nvlink or H100x16-nvswitch-2n (interconnects: {', '.join(INTERCONNECTS)})"
         )
     if match["ic"] not in INTERCONNECTS:
-        raise ConfigError(f"unknown interconnect {match['ic']!r} in topology key {key!r}: accepted are "
-                          f"{', '.join(INTERCONNECTS)}")
+        raise ConfigError(
+            f"unknown interconnect {match['ic']!r} in topology key {key!r}: accepted are "
+            f"{', '.join(INTERCONNECTS)}"
+        )
     gpu = match["gpu"].upper() if match["gpu"].upper() in GPUS else match["gpu"]
     nodes = int(match["nodes"] or 1)
     return f"{gpu}x{int(match['ws'])}-{match['ic']}" + (f"-{nodes}n" if nodes > 1 else "")
@@ -98,7 +110,11 @@ class Topology:
     """World size over nodes."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or not 1 <= self.world_size <= 4096:
+        if (
+            isinstance(self.world_size, bool)
+            or not isinstance(self.world_size, int)
+            or not 1 <= self.world_size <= 4096
+        ):
             raise ConfigError(f"topology world_size={self.world_size!r} must be an integer in [1, 4096]")
         if not isinstance(self.nodes, int) or self.nodes < 1 or self.world_size % self.nodes:
             raise ConfigError(
@@ -110,13 +126,25 @@ class Topology:
             )
         if not re.fullmatch(r"[A-Za-z0-9]+", self.gpu_model or ""):
             raise ConfigError(f"GPU model {self.gpu_model!r} must be letters and digits, such as H200")
-        if isinstance(self.sm_count, bool) or not isinstance(self.sm_count, int) or not 0 <= self.sm_count <= 1024:
-            raise ConfigError(f"topology sm_count={self.sm_count!r} must be an integer in [1, 1024] (0: the model's)")
+        if (
+            isinstance(self.sm_count, bool)
+            or not isinstance(self.sm_count, int)
+            or not 0 <= self.sm_count <= 1024
+        ):
+            raise ConfigError(
+                f"topology sm_count={self.sm_count!r} must be an integer in [1, 1024] (0: the model's)"
+            )
         for name, most in (("memory_gb", 4096.0), ("link_gbps", 100000.0)):
             value = getattr(self, name)
-            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                    or not 0 <= value <= most):
-                raise ConfigError(f"topology {name}={value!r} must be a number in (0, {most:g}] (0: the nominal figure)")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or not 0 <= value <= most
+            ):
+                raise ConfigError(
+                    f"topology {name}={value!r} must be a number in (0, {most:g}] (0: the nominal figure)"
+                )
         spec = GPUS.get(self.gpu_model)
         if spec is None and (self.sm_count <= 0 or self.memory_gb <= 0):
             raise ConfigError(
@@ -138,8 +166,12 @@ class Topology:
         if known is not None:
             return known
         return GpuSpec(
-            name=self.gpu_model, sm_count=self.sm_count, memory_gb=self.memory_gb,
-            smem_per_block_kb=99, bf16_tflops=100.0, hbm_gbps=1000.0,
+            name=self.gpu_model,
+            sm_count=self.sm_count,
+            memory_gb=self.memory_gb,
+            smem_per_block_kb=99,
+            bf16_tflops=100.0,
+            hbm_gbps=1000.0,
         )
 
     def key(self) -> str:
@@ -158,7 +190,9 @@ class Topology:
             )
         gpu = match["gpu"].upper()
         if gpu not in GPUS:
-            raise ConfigError(f"topology key {key!r} names unknown GPU {match['gpu']!r}: known are {', '.join(GPUS)}")
+            raise ConfigError(
+                f"topology key {key!r} names unknown GPU {match['gpu']!r}: known are {', '.join(GPUS)}"
+            )
         return cls(
             world_size=int(match["ws"]),
             gpu_model=gpu,
@@ -197,8 +231,12 @@ class Topology:
         if missing:
             raise ConfigError(f"topology {d!r} lacks {' and '.join(missing)}: give world_size and gpu_model")
         return cls(
-            world_size=d["world_size"], gpu_model=d["gpu_model"], interconnect=d.get("interconnect", "nvlink"),
-            nodes=d.get("nodes", 1), sm_count=d.get("sm_count", 0), memory_gb=d.get("memory_gb", 0.0),
+            world_size=d["world_size"],
+            gpu_model=d["gpu_model"],
+            interconnect=d.get("interconnect", "nvlink"),
+            nodes=d.get("nodes", 1),
+            sm_count=d.get("sm_count", 0),
+            memory_gb=d.get("memory_gb", 0.0),
             link_gbps=d.get("link_gbps", 0.0),
         )
 

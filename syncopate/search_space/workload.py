@@ -17,7 +17,16 @@ from typing import Any
 
 from syncopate.errors import ConfigError
 
-__all__ = ["KINDS", "DTYPES", "MAX_DIM", "MAX_ELEMENTS", "Shape", "Workload", "canonical_dtype", "dtype_bytes"]
+__all__ = [
+    "KINDS",
+    "DTYPES",
+    "MAX_DIM",
+    "MAX_ELEMENTS",
+    "Shape",
+    "Workload",
+    "canonical_dtype",
+    "dtype_bytes",
+]
 
 KINDS: tuple[str, ...] = ("ag_gemm", "gemm_rs", "gemm_ar")
 """Op kinds Syncopate tunes."""
@@ -93,9 +102,15 @@ class Shape:
             if value <= 0:
                 raise ConfigError(f"shape dim {name.upper()}={value} must be positive")
             if value > MAX_DIM:
-                raise ConfigError(f"shape dim {name.upper()}={value} is larger than {MAX_DIM}, the largest accepted")
+                raise ConfigError(
+                    f"shape dim {name.upper()}={value} is larger than {MAX_DIM}, the largest accepted"
+                )
             object.__setattr__(self, name, value)
-        for label, rows, cols in (("A", self.m, self.k), ("B", self.k, self.n), ("the output", self.m, self.n)):
+        for label, rows, cols in (
+            ("A", self.m, self.k),
+            ("B", self.k, self.n),
+            ("the output", self.m, self.n),
+        ):
             if rows * cols > MAX_ELEMENTS:
                 raise ConfigError(
                     f"shape (M={self.m}, N={self.n}, K={self.k}): {label} would have {rows * cols} elements, "
@@ -131,7 +146,9 @@ class Shape:
         try:
             m, n, k = (int(p) for p in parts)
         except ValueError:
-            raise ConfigError(f"shape key {key!r} does not parse: expected MxNxK such as 8192x4096x8192") from None
+            raise ConfigError(
+                f"shape key {key!r} does not parse: expected MxNxK such as 8192x4096x8192"
+            ) from None
         return cls(m=m, n=n, k=k)
 
     def __str__(self) -> str:
@@ -211,7 +228,13 @@ class Workload:
         return cls(kind=parts[0], shape=Shape.from_key(parts[1]), dtype=parts[2])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "m": self.shape.m, "n": self.shape.n, "k": self.shape.k, "dtype": self.dtype}
+        return {
+            "kind": self.kind,
+            "m": self.shape.m,
+            "n": self.shape.n,
+            "k": self.shape.k,
+            "dtype": self.dtype,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Workload:

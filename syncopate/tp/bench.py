@@ -69,28 +69,39 @@ class LayerBench:
         if self.layer not in LAYERS:
             raise ConfigError(f"unknown layer {self.layer!r}: accepted are {', '.join(LAYERS)}")
         if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 0:
-            raise ConfigError(f"layer bench head_dim={self.head_dim!r} must be 0 (hidden / heads) or a positive integer")
+            raise ConfigError(
+                f"layer bench head_dim={self.head_dim!r} must be 0 (hidden / heads) or a positive integer"
+            )
         for name in ("hidden", "ffn", "heads", "kv_heads", "tokens", "tp", "repetitions"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"layer bench {name}={value!r} must be a positive integer")
         if self.tp < 2:
             raise ConfigError(f"layer bench tp={self.tp}: a tensor-parallel layer needs at least 2 ranks")
-        for field, given, accepted in (("impls", self.impls, IMPLS), ("modes", self.modes, MODES),
-                                       ("passes", self.passes, PASSES)):
+        for field, given, accepted in (
+            ("impls", self.impls, IMPLS),
+            ("modes", self.modes, MODES),
+            ("passes", self.passes, PASSES),
+        ):
             bad = [x for x in given if x not in accepted]
             if bad or not given:
                 raise ConfigError(f"layer bench {field}={list(given)}: accepted are {', '.join(accepted)}")
         if self.sequence_parallel and self.tokens % self.tp:
-            raise ConfigError(f"tokens={self.tokens} must be a multiple of tp={self.tp} with sequence parallelism "
-                              f"(each rank holds tokens/tp of them)")
+            raise ConfigError(
+                f"tokens={self.tokens} must be a multiple of tp={self.tp} with sequence parallelism "
+                f"(each rank holds tokens/tp of them)"
+            )
         if self.layer == "attention":
             if (not self.head_dim and self.hidden % self.heads) or self.heads % self.kv_heads:
-                raise ConfigError(f"attention: hidden={self.hidden} must be a multiple of heads={self.heads} (or give "
-                                  f"head_dim), and heads a multiple of kv_heads={self.kv_heads}")
+                raise ConfigError(
+                    f"attention: hidden={self.hidden} must be a multiple of heads={self.heads} (or give "
+                    f"head_dim), and heads a multiple of kv_heads={self.kv_heads}"
+                )
             if self.kv_heads % self.tp:
-                raise ConfigError(f"attention: kv_heads={self.kv_heads} must be a multiple of tp={self.tp} (each rank "
-                                  f"holds whole heads)")
+                raise ConfigError(
+                    f"attention: kv_heads={self.kv_heads} must be a multiple of tp={self.tp} (each rank "
+                    f"holds whole heads)"
+                )
         elif self.ffn % self.tp:
             raise ConfigError(f"mlp: ffn={self.ffn} must be a multiple of tp={self.tp}")
 
@@ -104,8 +115,12 @@ class LayerBench:
         col = 2 * self.ffn if self.layer == "mlp" else (self.heads + 2 * self.kv_heads) * self.head_width
         row = self.ffn if self.layer == "mlp" else self.heads * self.head_width
         if self.sequence_parallel:
-            return [("ag_gemm", (m, col, h)), ("gemm_rs", (m, h, row)),  # forward
-                    ("ag_gemm", (m, row, h)), ("gemm_rs", (m, h, col))]  # backward: row's input grad, column's
+            return [
+                ("ag_gemm", (m, col, h)),
+                ("gemm_rs", (m, h, row)),  # forward
+                ("ag_gemm", (m, row, h)),
+                ("gemm_rs", (m, h, col)),
+            ]  # backward: row's input grad, column's
         return [("gemm_ar", (m, h, row)), ("gemm_ar", (m, h, col))]
 
 
@@ -118,11 +133,15 @@ def _build(bench: LayerBench, impl: str, group, device, weights: dict, configs: 
     kind = "fused" if impl in ("syncopate", "default") else impl
     sp = bench.sequence_parallel
     col_cfg, row_cfg = configs if configs is not None else (None, None)
-    col = ColumnParallelLinear.from_linear(weights["col"], group, sequence_parallel=sp, impl=kind,
-                                           configs=col_cfg)
-    row = RowParallelLinear.from_linear(weights["row"], group, sequence_parallel=sp, impl=kind, configs=row_cfg)
+    col = ColumnParallelLinear.from_linear(
+        weights["col"], group, sequence_parallel=sp, impl=kind, configs=col_cfg
+    )
+    row = RowParallelLinear.from_linear(
+        weights["row"], group, sequence_parallel=sp, impl=kind, configs=row_cfg
+    )
     tp = bench.tp
     if bench.layer == "mlp":
+
         def forward(x):
             gate, up = col(x).chunk(2, dim=-1)
             return row(torch.nn.functional.silu(gate) * up)
@@ -138,6 +157,7 @@ def _build(bench: LayerBench, impl: str, group, device, weights: dict, configs: 
             v = v.view(1, tokens, kv, hd).transpose(1, 2)
             o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             return row(o.transpose(1, 2).reshape(tokens, heads * hd))
+
     return forward, [*col.parameters(), *row.parameters()]
 
 
@@ -152,8 +172,10 @@ def _default_configs(bench: LayerBench, topology) -> tuple[dict, dict]:
     ops = bench.ops()
     if bench.sequence_parallel:  # column: forward ag, backward rs; row: forward rs, backward ag
         (ag_col, s1), (rs_row, s2), (ag_row, s3), (rs_col, s4) = ops
-        return ({"ag_gemm": default(ag_col, s1), "gemm_rs": default(rs_col, s4)},
-                {"gemm_rs": default(rs_row, s2), "ag_gemm": default(ag_row, s3)})
+        return (
+            {"ag_gemm": default(ag_col, s1), "gemm_rs": default(rs_col, s4)},
+            {"gemm_rs": default(rs_row, s2), "ag_gemm": default(ag_row, s3)},
+        )
     (ar_row, s1), (ar_col, s2) = ops
     return {"gemm_ar": default(ar_col, s2)}, {"gemm_ar": default(ar_row, s1)}
 
@@ -201,7 +223,10 @@ def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
         col_w: Any = [gate, up]
     else:
         col_w = torch.nn.Linear(bench.hidden, col_out, bias=False, device=device, dtype=dtype)
-    weights = {"col": col_w, "row": torch.nn.Linear(row_in, bench.hidden, bias=False, device=device, dtype=dtype)}
+    weights = {
+        "col": col_w,
+        "row": torch.nn.Linear(row_in, bench.hidden, bias=False, device=device, dtype=dtype),
+    }
     rows = bench.tokens // world if bench.sequence_parallel else bench.tokens
     gen = torch.Generator(device=device).manual_seed(1 + rank if bench.sequence_parallel else 1)
     x = torch.randn(rows, bench.hidden, generator=gen, device=device, dtype=torch.float32).to(dtype)
@@ -245,9 +270,17 @@ def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
             dist.barrier()
     ops.close_contexts()
     if rank == 0:
-        queue.put({"bench": dataclasses.asdict(bench), "results": results, "topology": topology.key(),
-                   "gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "host": socket.gethostname(),
-                   "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        queue.put(
+            {
+                "bench": dataclasses.asdict(bench),
+                "results": results,
+                "topology": topology.key(),
+                "gpu": torch.cuda.get_device_name(device),
+                "torch": torch.__version__,
+                "host": socket.gethostname(),
+                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+        )
     dist.destroy_process_group()
 
 
@@ -264,9 +297,12 @@ def format_layer_table(result: dict) -> str:
     cols = [i for i in IMPLS if i in res]
     head = ["mode/pass", *cols, "torch/ours", "async/ours", "default/ours"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
-    keys = sorted({k for r in res.values() for k in r if "/" in k}, key=lambda k: (MODES.index(k.split("/")[0]),
-                                                                                   PASSES.index(k.split("/")[1])))
+    keys = sorted(
+        {k for r in res.values() for k in r if "/" in k},
+        key=lambda k: (MODES.index(k.split("/")[0]), PASSES.index(k.split("/")[1])),
+    )
     for key in keys:
+
         def t(impl):
             return res.get(impl, {}).get(key)
 
@@ -276,6 +312,15 @@ def format_layer_table(result: dict) -> str:
             other = t(impl)
             return f"{other / ours:.3f}" if other and ours else "–"
 
-        lines.append(" | ".join([key, *(f"{t(i):.1f}" if t(i) else "–" for i in cols),
-                                 ratio("torch"), ratio("async_tp"), ratio("default")]))
+        lines.append(
+            " | ".join(
+                [
+                    key,
+                    *(f"{t(i):.1f}" if t(i) else "–" for i in cols),
+                    ratio("torch"),
+                    ratio("async_tp"),
+                    ratio("default"),
+                ]
+            )
+        )
     return "\n".join(lines)

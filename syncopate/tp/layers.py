@@ -24,8 +24,9 @@ path a job would otherwise take, to A/B against, and one that runs on any device
 the CPU). `impl="ops"` calls the fused ops through their registration as `torch.ops.syncopate.*`,
 which is what a compiled model calls: the fused kernels on CUDA tensors, torch's collective then the
 matmul on others (so a model runs on the CPU through the ops' own path; eagerly on CUDA it pays the
-custom op's dispatch that `impl="fused"` skips). `impl="async_tp"` runs them on torch's own fused ops (`torch.ops.symm_mem.
-fused_all_gather_matmul` / `fused_matmul_reduce_scatter`, NCCL groups of one GPU a rank); torch has
+custom op's dispatch that `impl="fused"` skips). `impl="async_tp"` runs them on torch's own fused ops
+(`torch.ops.symm_mem.fused_all_gather_matmul` / `fused_matmul_reduce_scatter`, NCCL groups of one
+GPU a rank); torch has
 no fused matmul all-reduce, so there the layers without sequence parallelism take torch's path.
 
 Under `torch.compile` (`fullgraph=True` too) the fused ops are traced as `torch.ops.syncopate.*`
@@ -66,9 +67,11 @@ KINDS = ("ag_gemm", "gemm_rs", "gemm_ar")
 
 def _checked_impl(impl: str) -> str:
     if impl not in IMPLS:
-        raise ConfigError(f"impl {impl!r}: accepted are 'fused' (Syncopate's ops), 'torch' (torch's collectives and "
-                          f"matmuls), 'async_tp' (torch's fused symmetric-memory ops) and 'ops' (Syncopate's ops "
-                          f"as torch.ops.syncopate custom ops, which run torch's path on CPU tensors)")
+        raise ConfigError(
+            f"impl {impl!r}: accepted are 'fused' (Syncopate's ops), 'torch' (torch's collectives and "
+            f"matmuls), 'async_tp' (torch's fused symmetric-memory ops) and 'ops' (Syncopate's ops "
+            f"as torch.ops.syncopate custom ops, which run torch's path on CPU tensors)"
+        )
     return impl
 
 
@@ -76,7 +79,9 @@ def _checked_configs(configs: dict | None) -> dict:
     if configs is None:
         return {}
     if not isinstance(configs, dict):
-        raise ConfigError(f"configs must be a dict keyed by op kind ({', '.join(KINDS)}), got {describe(configs)}")
+        raise ConfigError(
+            f"configs must be a dict keyed by op kind ({', '.join(KINDS)}), got {describe(configs)}"
+        )
     unknown = sorted(set(configs) - set(KINDS))
     if unknown:
         raise ConfigError(f"configs has key(s) {unknown}: accepted are {', '.join(KINDS)}")
@@ -181,7 +186,9 @@ class _GatherLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, group, impl, configs, keep, save_gathered):
-        out, x_full = _gather_mm(x, weight.t(), group, impl, configs.get("ag_gemm"), gathered=keep and save_gathered)
+        out, x_full = _gather_mm(
+            x, weight.t(), group, impl, configs.get("ag_gemm"), gathered=keep and save_gathered
+        )
         out = _add_bias(out, bias)
         ctx.save_for_backward(x_full if save_gathered else x, weight)
         ctx.setup = (group, impl, configs, save_gathered)
@@ -271,7 +278,9 @@ def _operands(name: str, x, weight, bias, impl, configs):
         if not isinstance(t, torch.Tensor):
             raise ConfigError(f"{name}: {what} must be a torch.Tensor, got {describe(t)}")
     if weight.dim() != 2:
-        raise ConfigError(f"{name}: weight must be 2-D [out_features, in_features], got shape {tuple(weight.shape)}")
+        raise ConfigError(
+            f"{name}: weight must be 2-D [out_features, in_features], got shape {tuple(weight.shape)}"
+        )
     if x.dim() < 2 or x.shape[-1] != weight.shape[1]:
         raise ConfigError(
             f"{name}: x of shape {tuple(x.shape)} must be [..., {weight.shape[1]}] (at least 2-D, its last "
@@ -297,8 +306,16 @@ def _check_bias(name: str, bias, size: int) -> None:
         raise ConfigError(f"{name}: bias must have shape ({size},), got {tuple(bias.shape)}")
 
 
-def all_gather_linear(x, weight, bias=None, group=None, *, impl: str = "fused", configs: dict | None = None,
-                      save_gathered: bool = True):
+def all_gather_linear(
+    x,
+    weight,
+    bias=None,
+    group=None,
+    *,
+    impl: str = "fused",
+    configs: dict | None = None,
+    save_gathered: bool = True,
+):
     """all_gather(x, dim 0) @ weight.T + bias: a column-parallel linear with sequence parallelism.
 
     x: [s/ws, ..., in] this rank's block of the sequence; weight: [out/ws, in] this rank's rows of
@@ -316,7 +333,9 @@ def all_gather_linear(x, weight, bias=None, group=None, *, impl: str = "fused", 
     return out.view(x.shape[0] * ws, *x.shape[1:-1], weight.shape[0])
 
 
-def linear_reduce_scatter(x, weight, bias=None, group=None, *, impl: str = "fused", configs: dict | None = None):
+def linear_reduce_scatter(
+    x, weight, bias=None, group=None, *, impl: str = "fused", configs: dict | None = None
+):
     """reduce_scatter(x @ weight.T, dim 0) + bias: a row-parallel linear with sequence parallelism.
 
     x: [s, ..., in/ws]; weight: [out, in/ws] this rank's columns of the full weight; bias: [out] (the
@@ -349,7 +368,9 @@ def linear_all_reduce(x, weight, bias=None, group=None, *, impl: str = "fused", 
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-def linear_all_reduce_grad(x, weight, bias=None, group=None, *, impl: str = "fused", configs: dict | None = None):
+def linear_all_reduce_grad(
+    x, weight, bias=None, group=None, *, impl: str = "fused", configs: dict | None = None
+):
     """x @ weight.T + bias, local: a column-parallel linear without sequence parallelism.
 
     x: [..., in], the same on every rank; weight: [out/ws, in]; bias: [out/ws] or None. Returns
@@ -366,8 +387,19 @@ def linear_all_reduce_grad(x, weight, bias=None, group=None, *, impl: str = "fus
 
 
 class _ParallelLinear(torch.nn.Module):
-    def __init__(self, in_features: int, out_features: int, group, bias: bool, sequence_parallel: bool, impl: str,
-                 configs: dict | None, split: str, device, dtype) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        group,
+        bias: bool,
+        sequence_parallel: bool,
+        impl: str,
+        configs: dict | None,
+        split: str,
+        device,
+        dtype,
+    ) -> None:
         super().__init__()
         for what, v in (("in_features", in_features), ("out_features", out_features)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -404,8 +436,10 @@ class _ParallelLinear(torch.nn.Module):
         raise NotImplementedError
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"world_size={self.world_size}, sequence_parallel={self.sequence_parallel}, impl={self.impl!r}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"world_size={self.world_size}, sequence_parallel={self.sequence_parallel}, impl={self.impl!r}"
+        )
 
 
 class ColumnParallelLinear(_ParallelLinear):
@@ -418,10 +452,23 @@ class ColumnParallelLinear(_ParallelLinear):
     the backward (`all_gather_linear`).
     """
 
-    def __init__(self, in_features: int, out_features: int, group=None, *, bias: bool = True,
-                 sequence_parallel: bool = True, impl: str = "fused", configs: dict | None = None,
-                 save_gathered: bool = True, device=None, dtype=None) -> None:
-        super().__init__(in_features, out_features, group, bias, sequence_parallel, impl, configs, "out", device, dtype)
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        group=None,
+        *,
+        bias: bool = True,
+        sequence_parallel: bool = True,
+        impl: str = "fused",
+        configs: dict | None = None,
+        save_gathered: bool = True,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__(
+            in_features, out_features, group, bias, sequence_parallel, impl, configs, "out", device, dtype
+        )
         self.parts = (self.weight.shape[0],)  # a rank's output features of each layer it holds (from_linear)
         self.save_gathered = bool(save_gathered)
 
@@ -442,12 +489,19 @@ class ColumnParallelLinear(_ParallelLinear):
             raise ConfigError(f"from_linear takes an nn.Linear or a list of them, got {linear!r}")
         first = linears[0]
         for x in linears[1:]:
-            if x.in_features != first.in_features or (x.bias is None) != (first.bias is None) \
-                    or x.weight.dtype != first.weight.dtype or x.weight.device != first.weight.device:
+            if (
+                x.in_features != first.in_features
+                or (x.bias is None) != (first.bias is None)
+                or x.weight.dtype != first.weight.dtype
+                or x.weight.device != first.weight.device
+            ):
                 raise ConfigError(
                     "from_linear: the layers given together must share in_features, bias, dtype and device; got "
-                    + ", ".join(f"{y.in_features}/{'bias' if y.bias is not None else 'no bias'}/{y.weight.dtype}/"
-                                f"{y.weight.device}" for y in linears)
+                    + ", ".join(
+                        f"{y.in_features}/{'bias' if y.bias is not None else 'no bias'}/{y.weight.dtype}/"
+                        f"{y.weight.device}"
+                        for y in linears
+                    )
                 )
         ws = _world(group)
         for x in linears:
@@ -456,22 +510,44 @@ class ColumnParallelLinear(_ParallelLinear):
                     f"ColumnParallelLinear: out_features={x.out_features} of a layer given is not divisible by the "
                     f"group's size {ws}: each rank holds an equal share of each"
                 )
-        layer = cls(first.in_features, sum(x.out_features for x in linears), group, bias=first.bias is not None,
-                    device=first.weight.device, dtype=first.weight.dtype, **kwargs)
+        layer = cls(
+            first.in_features,
+            sum(x.out_features for x in linears),
+            group,
+            bias=first.bias is not None,
+            device=first.weight.device,
+            dtype=first.weight.dtype,
+            **kwargs,
+        )
         layer.parts = tuple(x.out_features // ws for x in linears)
         with torch.no_grad():
-            layer.weight.copy_(torch.cat([x.weight[layer.rank * n : (layer.rank + 1) * n]
-                                          for x, n in zip(linears, layer.parts)]))
+            layer.weight.copy_(
+                torch.cat(
+                    [x.weight[layer.rank * n : (layer.rank + 1) * n] for x, n in zip(linears, layer.parts)]
+                )
+            )
             if layer.bias is not None:
-                layer.bias.copy_(torch.cat([x.bias[layer.rank * n : (layer.rank + 1) * n]
-                                            for x, n in zip(linears, layer.parts)]))
+                layer.bias.copy_(
+                    torch.cat(
+                        [x.bias[layer.rank * n : (layer.rank + 1) * n] for x, n in zip(linears, layer.parts)]
+                    )
+                )
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.sequence_parallel:
-            return all_gather_linear(x, self.weight, self.bias, self.group, impl=self.impl, configs=self.configs,
-                                     save_gathered=self.save_gathered)
-        return linear_all_reduce_grad(x, self.weight, self.bias, self.group, impl=self.impl, configs=self.configs)
+            return all_gather_linear(
+                x,
+                self.weight,
+                self.bias,
+                self.group,
+                impl=self.impl,
+                configs=self.configs,
+                save_gathered=self.save_gathered,
+            )
+        return linear_all_reduce_grad(
+            x, self.weight, self.bias, self.group, impl=self.impl, configs=self.configs
+        )
 
 
 class RowParallelLinear(_ParallelLinear):
@@ -483,10 +559,22 @@ class RowParallelLinear(_ParallelLinear):
     whole on every rank, added after the sum, and starts at zero (as each rank draws its own).
     """
 
-    def __init__(self, in_features: int, out_features: int, group=None, *, bias: bool = True,
-                 sequence_parallel: bool = True, impl: str = "fused", configs: dict | None = None,
-                 device=None, dtype=None) -> None:
-        super().__init__(in_features, out_features, group, bias, sequence_parallel, impl, configs, "in", device, dtype)
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        group=None,
+        *,
+        bias: bool = True,
+        sequence_parallel: bool = True,
+        impl: str = "fused",
+        configs: dict | None = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__(
+            in_features, out_features, group, bias, sequence_parallel, impl, configs, "in", device, dtype
+        )
 
     def _reset_bias(self, bound: float) -> None:
         torch.nn.init.zeros_(self.bias)
@@ -494,8 +582,15 @@ class RowParallelLinear(_ParallelLinear):
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, group=None, **kwargs: Any) -> RowParallelLinear:
         """This rank's share of a whole nn.Linear (the same on every rank): its block of the columns."""
-        layer = cls(linear.in_features, linear.out_features, group, bias=linear.bias is not None,
-                    device=linear.weight.device, dtype=linear.weight.dtype, **kwargs)
+        layer = cls(
+            linear.in_features,
+            linear.out_features,
+            group,
+            bias=linear.bias is not None,
+            device=linear.weight.device,
+            dtype=linear.weight.dtype,
+            **kwargs,
+        )
         cols = slice(layer.rank * layer.weight.shape[1], (layer.rank + 1) * layer.weight.shape[1])
         with torch.no_grad():
             layer.weight.copy_(linear.weight[:, cols])

@@ -72,8 +72,11 @@ from syncopate.tp.layers import (
 
 __all__ = ["ColwiseParallel", "PrepareModuleInput", "RowwiseParallel", "SequenceParallel"]
 
-_FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-                if hasattr(torch, n))
+_FLOAT8 = tuple(
+    getattr(torch, n)
+    for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, n)
+)
 
 
 # --- argument checks ---------------------------------------------------------------------------------------
@@ -101,8 +104,10 @@ def _checked_bool(style: str, arg: str, value) -> bool:
 def _checked_mesh(style: str, mesh) -> DeviceMesh:
     if not isinstance(mesh, DeviceMesh) or mesh.ndim != 1:
         what = f"a {mesh.ndim}-D DeviceMesh" if isinstance(mesh, DeviceMesh) else repr(mesh)
-        raise ConfigError(f"{style}: the device mesh must be the 1-D tensor-parallel mesh (device_mesh['tp'] of a "
-                          f"larger one), got {what}")
+        raise ConfigError(
+            f"{style}: the device mesh must be the 1-D tensor-parallel mesh (device_mesh['tp'] of a "
+            f"larger one), got {what}"
+        )
     return mesh
 
 
@@ -119,8 +124,10 @@ def _checked_linear(style: str, module: nn.Module) -> None:
             f"accepted is a Linear whose forward is nn.Linear's, as the style computes it with Syncopate's ops"
         )
     if module.weight.dtype in _FLOAT8:
-        raise ConfigError(f"{style}: weight dtype {module.weight.dtype} is not supported: accepted are bf16, fp16 "
-                          f"and fp32 (float8 linears keep torchao's Float8 styles)")
+        raise ConfigError(
+            f"{style}: weight dtype {module.weight.dtype} is not supported: accepted are bf16, fp16 "
+            f"and fp32 (float8 linears keep torchao's Float8 styles)"
+        )
 
 
 def _resolved_impl(impl: str, weight: torch.Tensor) -> str:
@@ -161,15 +168,19 @@ def _rank_major(x: torch.Tensor, d: int, ws: int) -> torch.Tensor:
 def _seq_dim(style: str, placement: Shard, ndim: int) -> int:
     d = placement.dim + ndim if placement.dim < 0 else placement.dim
     if not 0 <= d < ndim - 1:
-        raise ConfigError(f"{style}: an input of {ndim} dims sharded as {placement!r} is sharded on its features: "
-                          f"accepted is Shard(d) of a sequence dim (0 <= d < {ndim - 1})")
+        raise ConfigError(
+            f"{style}: an input of {ndim} dims sharded as {placement!r} is sharded on its features: "
+            f"accepted is Shard(d) of a sequence dim (0 <= d < {ndim - 1})"
+        )
     return d
 
 
 def _check_divisible(style: str, size: int, d: int, ws: int) -> None:
     if size % ws:
-        raise ConfigError(f"{style}: the sequence dim {d} has {size} rows, not divisible by the group's size {ws}: "
-                          f"the fused ops take an equal block of it on every rank")
+        raise ConfigError(
+            f"{style}: the sequence dim {d} has {size} rows, not divisible by the group's size {ws}: "
+            f"the fused ops take an equal block of it on every rank"
+        )
 
 
 # --- the column-parallel linear ----------------------------------------------------------------------------
@@ -205,15 +216,28 @@ class _Plan:
 
     def merge_key(self, module: nn.Linear) -> tuple:
         """What linears must share to run as one op."""
-        return (module.in_features, module.bias is not None, self.impl, tuple(sorted(self.configs.items(), key=str)),
-                self.save_gathered, id(self.mesh))
+        return (
+            module.in_features,
+            module.bias is not None,
+            self.impl,
+            tuple(sorted(self.configs.items(), key=str)),
+            self.save_gathered,
+            id(self.mesh),
+        )
 
 
 def _gather_linear(plan: _Plan, local: torch.Tensor, d: int, weight, bias) -> torch.Tensor:
     """all_gather(local along d) @ weight.T + bias, as [..., s, ..., out/ws]."""
     rows = local.reshape(-1, local.shape[-1])
-    out = all_gather_linear(rows, weight, bias, plan.group, impl=_resolved_impl(plan.impl, weight),
-                            configs=plan.configs, save_gathered=plan.save_gathered)
+    out = all_gather_linear(
+        rows,
+        weight,
+        bias,
+        plan.group,
+        impl=_resolved_impl(plan.impl, weight),
+        configs=plan.configs,
+        save_gathered=plan.save_gathered,
+    )
     return _gathered(out, local.shape, d, plan.ws)
 
 
@@ -236,7 +260,9 @@ class _MergeGroup:
         plan = module._syncopate_tp
         if plan.merge is not None:
             return
-        if self.members and self.members[0]._syncopate_tp.merge_key(self.members[0]) != plan.merge_key(module):
+        if self.members and self.members[0]._syncopate_tp.merge_key(self.members[0]) != plan.merge_key(
+            module
+        ):
             return
         plan.merge, plan.merge_index = self, len(self.members)
         self.members.append(module)
@@ -252,7 +278,9 @@ class _MergeGroup:
             return out
         weights = [_local(m.weight) for m in self.members]
         if any(w.dtype != weights[0].dtype or w.device != weights[0].device for w in weights):
-            return _gather_linear(module._syncopate_tp, x.to_local(), d, _local(module.weight), _local(module.bias))
+            return _gather_linear(
+                module._syncopate_tp, x.to_local(), d, _local(module.weight), _local(module.bias)
+            )
         bias = None if module.bias is None else torch.cat([_local(m.bias) for m in self.members])
         out = _gather_linear(module._syncopate_tp, x.to_local(), d, torch.cat(weights), bias)
         outs = out.split([w.shape[0] for w in weights], dim=-1)
@@ -267,7 +295,9 @@ class _Colwise:
         x, layout = input, plan.input_layout
         if isinstance(x, DTensor):
             layout = x.placements[0]
-            if not (isinstance(layout, Replicate) or (isinstance(layout, Shard) and _seq_dim_ok(layout, x.ndim))):
+            if not (
+                isinstance(layout, Replicate) or (isinstance(layout, Shard) and _seq_dim_ok(layout, x.ndim))
+            ):
                 x, layout = x.redistribute(placements=(Replicate(),)), Replicate()  # as torch's style would
         if isinstance(layout, Shard):
             d = _seq_dim(plan.name, layout, x.ndim)
@@ -278,8 +308,9 @@ class _Colwise:
         elif isinstance(x, DTensor):  # replicated already: DTensor reduces the input gradient upstream
             out = nn.functional.linear(x.to_local(grad_placements=(Partial(),)), weight, bias)
         else:
-            out = linear_all_reduce_grad(x, weight, bias, plan.group, impl=_resolved_impl(plan.impl, weight),
-                                         configs=plan.configs)
+            out = linear_all_reduce_grad(
+                x, weight, bias, plan.group, impl=_resolved_impl(plan.impl, weight), configs=plan.configs
+            )
         if plan.use_local_output:
             return out
         return DTensor.from_local(out, plan.mesh, (Shard(out.ndim - 1),), run_check=False)
@@ -305,18 +336,39 @@ class ColwiseParallel(ParallelStyle):
     only its shard and gather it again in the backward).
     """
 
-    def __init__(self, *, input_layouts: Placement | None = None, output_layouts: Placement | None = None,
-                 use_local_output: bool = True, impl: str = "fused", configs: dict | None = None,
-                 save_gathered: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        input_layouts: Placement | None = None,
+        output_layouts: Placement | None = None,
+        use_local_output: bool = True,
+        impl: str = "fused",
+        configs: dict | None = None,
+        save_gathered: bool = True,
+    ) -> None:
         super().__init__()
         name = type(self).__name__
-        self.input_layouts = (_layout(name, "input_layouts", input_layouts, Replicate(),
-                                      "Replicate() and Shard(d) of a sequence dim d (not the features, -1)",
-                                      lambda p: isinstance(p, Replicate) or _sequence_dim(p)),)
-        self.output_layouts = (_layout(name, "output_layouts", output_layouts, Shard(-1),
-                                       "Shard(-1) (each rank's output features); gather or reduce them after the "
-                                       "module, or keep torch's ColwiseParallel for this module",
-                                       lambda p: p == Shard(-1)),)
+        self.input_layouts = (
+            _layout(
+                name,
+                "input_layouts",
+                input_layouts,
+                Replicate(),
+                "Replicate() and Shard(d) of a sequence dim d (not the features, -1)",
+                lambda p: isinstance(p, Replicate) or _sequence_dim(p),
+            ),
+        )
+        self.output_layouts = (
+            _layout(
+                name,
+                "output_layouts",
+                output_layouts,
+                Shard(-1),
+                "Shard(-1) (each rank's output features); gather or reduce them after the "
+                "module, or keep torch's ColwiseParallel for this module",
+                lambda p: p == Shard(-1),
+            ),
+        )
         self.desired_input_layouts = (Replicate(),)
         self.use_local_output = _checked_bool(name, "use_local_output", use_local_output)
         self.impl = _checked_impl(impl)
@@ -325,9 +377,13 @@ class ColwiseParallel(ParallelStyle):
 
     def _partition(self, name, module, mesh) -> None:
         for key, param in list(module.named_parameters(recurse=False)):
-            module.register_parameter(key, nn.Parameter(
-                distribute_tensor(param, mesh, [Shard(0)], src_data_rank=self.src_data_rank),
-                requires_grad=param.requires_grad))
+            module.register_parameter(
+                key,
+                nn.Parameter(
+                    distribute_tensor(param, mesh, [Shard(0)], src_data_rank=self.src_data_rank),
+                    requires_grad=param.requires_grad,
+                ),
+            )
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         name = type(self).__name__
@@ -335,8 +391,10 @@ class ColwiseParallel(ParallelStyle):
         _checked_linear(name, module)
         for what, size in (("out_features", module.out_features),):
             if size % mesh.size():
-                raise ConfigError(f"{name}: {what}={size} is not divisible by the mesh's size {mesh.size()}: each "
-                                  f"rank holds an equal block of the weight's rows")
+                raise ConfigError(
+                    f"{name}: {what}={size} is not divisible by the mesh's size {mesh.size()}: each "
+                    f"rank holds an equal block of the weight's rows"
+                )
         distribute_module(module, mesh, self._partition)
         module.__class__ = _swapped_class(_Colwise, type(module))
         module._syncopate_tp = _Plan(self, mesh)
@@ -346,8 +404,10 @@ class ColwiseParallel(ParallelStyle):
         return module
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(input_layouts={self.input_layouts}, output_layouts={self.output_layouts}, "
-                f"use_local_output={self.use_local_output}, impl={self.impl!r})")
+        return (
+            f"{type(self).__name__}(input_layouts={self.input_layouts}, output_layouts={self.output_layouts}, "
+            f"use_local_output={self.use_local_output}, impl={self.impl!r})"
+        )
 
 
 # --- the row-parallel linear -------------------------------------------------------------------------------
@@ -369,8 +429,9 @@ class _Rowwise:
         else:
             d = _seq_dim(plan.name, plan.output_layout, x.ndim)
             _check_divisible(plan.name, x.shape[d], d, plan.ws)
-            rows = linear_reduce_scatter(_rank_major(x, d, plan.ws), weight, bias, plan.group, impl=impl,
-                                         configs=plan.configs)
+            rows = linear_reduce_scatter(
+                _rank_major(x, d, plan.ws), weight, bias, plan.group, impl=impl, configs=plan.configs
+            )
             out = rows.view(*x.shape[:d], x.shape[d] // plan.ws, *x.shape[d + 1 : -1], rows.shape[-1])
             placement = Shard(d)
         if plan.use_local_output:
@@ -391,45 +452,79 @@ class RowwiseParallel(ParallelStyle):
     as for `ColwiseParallel`.
     """
 
-    def __init__(self, *, input_layouts: Placement | None = None, output_layouts: Placement | None = None,
-                 use_local_output: bool = True, impl: str = "fused", configs: dict | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        input_layouts: Placement | None = None,
+        output_layouts: Placement | None = None,
+        use_local_output: bool = True,
+        impl: str = "fused",
+        configs: dict | None = None,
+    ) -> None:
         super().__init__()
         name = type(self).__name__
-        self.input_layouts = (_layout(name, "input_layouts", input_layouts, Shard(-1),
-                                      "Shard(-1) (each rank's input features)", lambda p: p == Shard(-1)),)
-        self.output_layouts = (_layout(name, "output_layouts", output_layouts, Replicate(),
-                                       "Replicate() (all-reduced) and Shard(d) of a sequence dim d (reduce-"
-                                       "scattered; not the features, -1)",
-                                       lambda p: isinstance(p, Replicate) or _sequence_dim(p)),)
+        self.input_layouts = (
+            _layout(
+                name,
+                "input_layouts",
+                input_layouts,
+                Shard(-1),
+                "Shard(-1) (each rank's input features)",
+                lambda p: p == Shard(-1),
+            ),
+        )
+        self.output_layouts = (
+            _layout(
+                name,
+                "output_layouts",
+                output_layouts,
+                Replicate(),
+                "Replicate() (all-reduced) and Shard(d) of a sequence dim d (reduce-"
+                "scattered; not the features, -1)",
+                lambda p: isinstance(p, Replicate) or _sequence_dim(p),
+            ),
+        )
         self.desired_input_layouts = (Shard(-1),)
         self.use_local_output = _checked_bool(name, "use_local_output", use_local_output)
         self.impl = _checked_impl(impl)
         self.configs = _checked_configs(configs)
 
     def _partition(self, name, module, mesh) -> None:
-        module.register_parameter("weight", nn.Parameter(
-            distribute_tensor(module.weight, mesh, [Shard(1)], src_data_rank=self.src_data_rank),
-            requires_grad=module.weight.requires_grad))
+        module.register_parameter(
+            "weight",
+            nn.Parameter(
+                distribute_tensor(module.weight, mesh, [Shard(1)], src_data_rank=self.src_data_rank),
+                requires_grad=module.weight.requires_grad,
+            ),
+        )
         if module.bias is not None:
-            module.register_parameter("bias", nn.Parameter(
-                distribute_tensor(module.bias, mesh, [Replicate()], src_data_rank=self.src_data_rank),
-                requires_grad=module.bias.requires_grad))
+            module.register_parameter(
+                "bias",
+                nn.Parameter(
+                    distribute_tensor(module.bias, mesh, [Replicate()], src_data_rank=self.src_data_rank),
+                    requires_grad=module.bias.requires_grad,
+                ),
+            )
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         name = type(self).__name__
         mesh = _checked_mesh(name, device_mesh)
         _checked_linear(name, module)
         if module.in_features % mesh.size():
-            raise ConfigError(f"{name}: in_features={module.in_features} is not divisible by the mesh's size "
-                              f"{mesh.size()}: each rank holds an equal block of the weight's columns")
+            raise ConfigError(
+                f"{name}: in_features={module.in_features} is not divisible by the mesh's size "
+                f"{mesh.size()}: each rank holds an equal block of the weight's columns"
+            )
         distribute_module(module, mesh, self._partition)
         module.__class__ = _swapped_class(_Rowwise, type(module))
         module._syncopate_tp = _Plan(self, mesh)
         return module
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(input_layouts={self.input_layouts}, output_layouts={self.output_layouts}, "
-                f"use_local_output={self.use_local_output}, impl={self.impl!r})")
+        return (
+            f"{type(self).__name__}(input_layouts={self.input_layouts}, output_layouts={self.output_layouts}, "
+            f"use_local_output={self.use_local_output}, impl={self.impl!r})"
+        )
 
 
 # --- module inputs -----------------------------------------------------------------------------------------
@@ -447,8 +542,9 @@ def _placements(name: str, arg: str, value) -> tuple | None:
 def _kwarg_placements(name: str, arg: str, value) -> dict:
     if value is None:
         return {}
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(p, Placement)
-                                              for k, p in value.items()):
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(p, Placement) for k, p in value.items()
+    ):
         raise ConfigError(f"{name}: {arg}={value!r} must be a dict of argument names to Placements")
     return dict(value)
 
@@ -464,24 +560,37 @@ class PrepareModuleInput(ParallelStyle):
     use_local_output.
     """
 
-    def __init__(self, *, input_layouts=None, desired_input_layouts=None, input_kwarg_layouts=None,
-                 desired_input_kwarg_layouts=None, use_local_output: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        input_layouts=None,
+        desired_input_layouts=None,
+        input_kwarg_layouts=None,
+        desired_input_kwarg_layouts=None,
+        use_local_output: bool = False,
+    ) -> None:
         name = type(self).__name__
         self.input_layouts = _placements(name, "input_layouts", input_layouts)
         self.desired_input_layouts = _placements(name, "desired_input_layouts", desired_input_layouts)
         self.input_kwarg_layouts = _kwarg_placements(name, "input_kwarg_layouts", input_kwarg_layouts)
-        self.desired_input_kwarg_layouts = _kwarg_placements(name, "desired_input_kwarg_layouts",
-                                                             desired_input_kwarg_layouts)
+        self.desired_input_kwarg_layouts = _kwarg_placements(
+            name, "desired_input_kwarg_layouts", desired_input_kwarg_layouts
+        )
         self.use_local_output = _checked_bool(name, "use_local_output", use_local_output)
         self.with_kwargs = input_kwarg_layouts is not None
-        if self.input_layouts is not None and (self.desired_input_layouts is None
-                                               or len(self.input_layouts) != len(self.desired_input_layouts)):
-            raise ConfigError(f"{name}: input_layouts={self.input_layouts} and desired_input_layouts="
-                              f"{self.desired_input_layouts} must be tuples of the same length")
+        if self.input_layouts is not None and (
+            self.desired_input_layouts is None or len(self.input_layouts) != len(self.desired_input_layouts)
+        ):
+            raise ConfigError(
+                f"{name}: input_layouts={self.input_layouts} and desired_input_layouts="
+                f"{self.desired_input_layouts} must be tuples of the same length"
+            )
         if set(self.input_kwarg_layouts) != set(self.desired_input_kwarg_layouts):
-            raise ConfigError(f"{name}: input_kwarg_layouts names {sorted(self.input_kwarg_layouts)} but "
-                              f"desired_input_kwarg_layouts names {sorted(self.desired_input_kwarg_layouts)}: "
-                              f"they must name the same arguments")
+            raise ConfigError(
+                f"{name}: input_kwarg_layouts names {sorted(self.input_kwarg_layouts)} but "
+                f"desired_input_kwarg_layouts names {sorted(self.desired_input_kwarg_layouts)}: "
+                f"they must name the same arguments"
+            )
 
     def _defers(self, layout, desired) -> bool:
         return not self.use_local_output and _sequence_dim(layout) and isinstance(desired, Replicate)
@@ -490,11 +599,16 @@ class PrepareModuleInput(ParallelStyle):
         if layout is None:
             return x
         if not isinstance(x, torch.Tensor):
-            raise ConfigError(f"{type(self).__name__}: an input laid out as {layout!r} must be a tensor, got "
-                              f"{type(x).__name__}")
+            raise ConfigError(
+                f"{type(self).__name__}: an input laid out as {layout!r} must be a tensor, got "
+                f"{type(x).__name__}"
+            )
         dt = x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, (layout,), run_check=False)
-        if self._defers(layout, desired) and _seq_dim_ok(dt.placements[0], dt.ndim) \
-                and isinstance(dt.placements[0], Shard):
+        if (
+            self._defers(layout, desired)
+            and _seq_dim_ok(dt.placements[0], dt.ndim)
+            and isinstance(dt.placements[0], Shard)
+        ):
             return dt  # gathered by the column-parallel linears that read it
         if desired is not None and layout != desired:
             dt = dt.redistribute(placements=(desired,))
@@ -504,10 +618,14 @@ class PrepareModuleInput(ParallelStyle):
         if self.input_layouts is None:
             return inputs
         if len(inputs) != len(self.input_layouts):
-            raise ConfigError(f"{type(self).__name__}: the module got {len(inputs)} positional inputs but "
-                              f"input_layouts has {len(self.input_layouts)}: give one layout (or None) per input")
-        return tuple(self._prepare(x, mesh, layout, desired)
-                     for x, layout, desired in zip(inputs, self.input_layouts, self.desired_input_layouts))
+            raise ConfigError(
+                f"{type(self).__name__}: the module got {len(inputs)} positional inputs but "
+                f"input_layouts has {len(self.input_layouts)}: give one layout (or None) per input"
+            )
+        return tuple(
+            self._prepare(x, mesh, layout, desired)
+            for x, layout, desired in zip(inputs, self.input_layouts, self.desired_input_layouts)
+        )
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         mesh = _checked_mesh(type(self).__name__, device_mesh)
@@ -522,17 +640,25 @@ class PrepareModuleInput(ParallelStyle):
                         group.join(m)  # parallelized before its parent was
         if self.with_kwargs:
             module.register_forward_pre_hook(
-                lambda _, args, kwargs: (self._inputs(args, mesh), {
-                    k: self._prepare(v, mesh, self.input_kwarg_layouts.get(k), self.desired_input_kwarg_layouts.get(k))
-                    for k, v in kwargs.items()}),
-                with_kwargs=True)
+                lambda _, args, kwargs: (
+                    self._inputs(args, mesh),
+                    {
+                        k: self._prepare(
+                            v, mesh, self.input_kwarg_layouts.get(k), self.desired_input_kwarg_layouts.get(k)
+                        )
+                        for k, v in kwargs.items()
+                    },
+                ),
+                with_kwargs=True,
+            )
         else:
             module.register_forward_pre_hook(lambda _, args: self._inputs(args, mesh))
         return module
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(input_layouts={self.input_layouts}, desired_input_layouts="
-                f"{self.desired_input_layouts}, input_kwarg_layouts={self.input_kwarg_layouts}, "
-                f"desired_input_kwarg_layouts={self.desired_input_kwarg_layouts}, "
-                f"use_local_output={self.use_local_output})")
-
+        return (
+            f"{type(self).__name__}(input_layouts={self.input_layouts}, desired_input_layouts="
+            f"{self.desired_input_layouts}, input_kwarg_layouts={self.input_kwarg_layouts}, "
+            f"desired_input_kwarg_layouts={self.desired_input_kwarg_layouts}, "
+            f"use_local_output={self.use_local_output})"
+        )

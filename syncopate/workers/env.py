@@ -18,8 +18,15 @@ from collections.abc import Mapping
 from syncopate.environment import KERNEL_SWITCHES, kernel_switches
 from syncopate.platform import MULTICAST_OFF
 
-__all__ = ["ACTOR_ENV", "KERNEL_SWITCHES", "MULTICAST_OFF", "actor_runtime_env", "apply_to_current_process",
-           "child_env", "kernel_switches"]
+__all__ = [
+    "ACTOR_ENV",
+    "KERNEL_SWITCHES",
+    "MULTICAST_OFF",
+    "actor_runtime_env",
+    "apply_to_current_process",
+    "child_env",
+    "kernel_switches",
+]
 
 ACTOR_ENV: dict[str, str] = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", **MULTICAST_OFF}
 """Environment variables set in every gang actor's runtime_env."""

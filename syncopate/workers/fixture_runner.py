@@ -173,9 +173,13 @@ class FixtureRunner(Runner):
         for name, t in times.items():
             samples = self._samples(t, "baseline", name, workload.key())
             lead = baseline_host_us(name, self._world_size)
-            host = None if lead is None else lead * (0.9 + 0.2 * _unit("host", name, workload.key(), self._rank))
+            host = (
+                None if lead is None else lead * (0.9 + 0.2 * _unit("host", name, workload.key(), self._rank))
+            )
             eager = None if host is None else _eager(samples, host, name, workload.key(), self._rank)
-            out.append(BaselineOutcome(name=name, samples_us=samples, detail="fixture", eager_us=eager, host_us=host))
+            out.append(
+                BaselineOutcome(name=name, samples_us=samples, detail="fixture", eager_us=eager, host_us=host)
+            )
         if "torch_async_tp" not in times:
             out.append(
                 BaselineOutcome(
@@ -216,7 +220,9 @@ class FixtureRunner(Runner):
         samples = self._samples(candidate_time(workload, candidate, self._world_size), key, workload.key())
         host = candidate_host_time(workload, candidate, self._world_size, self._rank)
         eager = _eager(samples, host, key, workload.key(), self._rank)
-        return CandidateOutcome(status="ok", samples_us=samples, eager_us=eager, host_us=host, max_rel_error=0.0)
+        return CandidateOutcome(
+            status="ok", samples_us=samples, eager_us=eager, host_us=host, max_rel_error=0.0
+        )
 
     def close(self) -> None:
         self._group = None

@@ -107,8 +107,11 @@ class GpuRunner(Runner):
     def baselines(self, workload: Workload) -> list[BaselineOutcome]:
         return [
             BaselineOutcome(
-                name=b.name, samples_us=tuple(float(x) for x in b.samples_us), detail=str(b.detail or ""),
-                eager_us=b.eager_us, host_us=b.host_us,
+                name=b.name,
+                samples_us=tuple(float(x) for x in b.samples_us),
+                detail=str(b.detail or ""),
+                eager_us=b.eager_us,
+                host_us=b.host_us,
             )
             for b in self._harness_for(workload).measure_baselines()
         ]

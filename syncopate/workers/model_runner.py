@@ -52,7 +52,9 @@ class ModelRunner(Runner):
     def bind_device(self, rank: int, gpu_ids: Sequence[int]) -> DeviceInfo:
         self._rank = rank
         return DeviceInfo(
-            model=self.spec.topology.gpu_model, uuid=f"COSTMODEL-{socket.gethostname()}-{rank}", index=rank,
+            model=self.spec.topology.gpu_model,
+            uuid=f"COSTMODEL-{socket.gethostname()}-{rank}",
+            index=rank,
             name="cost model",
         )
 
@@ -69,19 +71,34 @@ class ModelRunner(Runner):
         out = []
         for name, us in self.model.baselines(workload, self.spec.topology).items():
             host = baseline_host_us(name, self.spec.topology.world_size)
-            out.append(BaselineOutcome(name=name, samples_us=(us,), detail=detail, host_us=host,
-                                       eager_us=None if host is None else eager_us(us, host)))
+            out.append(
+                BaselineOutcome(
+                    name=name,
+                    samples_us=(us,),
+                    detail=detail,
+                    host_us=host,
+                    eager_us=None if host is None else eager_us(us, host),
+                )
+            )
         out.append(BaselineOutcome(name="torch_async_tp", detail="torch's fused op is not modelled"))
         return out
 
     def run(self, workload: Workload, candidate: Candidate, deadline_s: float) -> CandidateOutcome:
         p = self.model.predict(workload, self.spec.topology, candidate)
         if not p.feasible:
-            return CandidateOutcome(status="compile_error", error=f"cannot run here: {p.reason}",
-                                    extra={"prediction": p.to_dict()})
+            return CandidateOutcome(
+                status="compile_error",
+                error=f"cannot run here: {p.reason}",
+                extra={"prediction": p.to_dict()},
+            )
         from syncopate.cost_model.host_time import candidate_host_us, eager_us
 
         host = candidate_host_us(workload, self.spec.topology.world_size, candidate)
-        return CandidateOutcome(status="ok", samples_us=(p.time_us,), eager_us=eager_us(p.time_us, host), host_us=host,
-                                max_rel_error=None,
-                                extra={"prediction": p.to_dict(), "calibration": self.calibration.source})
+        return CandidateOutcome(
+            status="ok",
+            samples_us=(p.time_us,),
+            eager_us=eager_us(p.time_us, host),
+            host_us=host,
+            max_rel_error=None,
+            extra={"prediction": p.to_dict(), "calibration": self.calibration.source},
+        )

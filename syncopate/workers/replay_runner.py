@@ -86,7 +86,10 @@ class StoredSweep:
 def write_sweep(path: str | os.PathLike[str], sweep: StoredSweep) -> None:
     """Write `sweep` as a JSON file (gzip-compressed when the name ends in `.gz`)."""
     doc = {
-        "format": FORMAT, "version": VERSION, "label": sweep.label, "synthetic": sweep.synthetic,
+        "format": FORMAT,
+        "version": VERSION,
+        "label": sweep.label,
+        "synthetic": sweep.synthetic,
         "topology": sweep.topology.to_dict(),
         "environment": sweep.environment.to_dict() if sweep.environment is not None else None,
         "workloads": [
@@ -95,10 +98,17 @@ def write_sweep(path: str | os.PathLike[str], sweep: StoredSweep) -> None:
                 "baselines": sweep.baselines.get(wk, {}),
                 **({"baselines_eager": sweep.baselines_eager[wk]} if sweep.baselines_eager.get(wk) else {}),
                 "trials": [
-                    {"candidate": t.candidate.to_dict(), "status": t.status, "median_us": t.median_us,
-                     "p20_us": t.p20_us, "p80_us": t.p80_us, "samples_us": list(t.samples_us),
-                     **({"eager_us": t.eager_us} if t.eager_us is not None else {}),
-                     **({"host_us": t.host_us} if t.host_us is not None else {}), "error": t.error}
+                    {
+                        "candidate": t.candidate.to_dict(),
+                        "status": t.status,
+                        "median_us": t.median_us,
+                        "p20_us": t.p20_us,
+                        "p80_us": t.p80_us,
+                        "samples_us": list(t.samples_us),
+                        **({"eager_us": t.eager_us} if t.eager_us is not None else {}),
+                        **({"host_us": t.host_us} if t.host_us is not None else {}),
+                        "error": t.error,
+                    }
                     for t in trials.values()
                 ],
             }
@@ -129,16 +139,26 @@ def load_sweep_file(path: str | os.PathLike[str]) -> StoredSweep:
     except (OSError, ValueError) as e:
         raise ConfigError(f"replay source {p} cannot be read as a sweep file: {e}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ConfigError(f"replay source {p} is not a {FORMAT} file (format {doc.get('format') if isinstance(doc, dict) else None!r})")
+        raise ConfigError(
+            f"replay source {p} is not a {FORMAT} file "
+            f"(format {doc.get('format') if isinstance(doc, dict) else None!r})"
+        )
     if doc.get("version") != VERSION:
-        raise ConfigError(f"replay source {p} has version {doc.get('version')!r}; this syncopate reads version {VERSION}")
+        raise ConfigError(
+            f"replay source {p} has version {doc.get('version')!r}; this syncopate reads version {VERSION}"
+        )
     try:
         topology = Topology.from_dict(doc["topology"])
         environment = Environment.from_dict(doc["environment"]) if doc.get("environment") else None
-        sweep = StoredSweep(label=str(doc.get("label", p.name)), topology=topology, environment=environment,
-                            synthetic=bool(doc.get("synthetic", False)))
-        env = environment or Environment(syncopate="?", torch="?", triton="?", cuda="?", nccl="?", driver="?",
-                                         gpu_model=topology.gpu_model)
+        sweep = StoredSweep(
+            label=str(doc.get("label", p.name)),
+            topology=topology,
+            environment=environment,
+            synthetic=bool(doc.get("synthetic", False)),
+        )
+        env = environment or Environment(
+            syncopate="?", torch="?", triton="?", cuda="?", nccl="?", driver="?", gpu_model=topology.gpu_model
+        )
         for entry in doc["workloads"]:
             w = Workload.from_dict(entry["workload"])
             sweep.baselines[w.key()] = {k: float(v) for k, v in entry.get("baselines", {}).items()}
@@ -149,9 +169,18 @@ def load_sweep_file(path: str | os.PathLike[str]) -> StoredSweep:
             for t in entry["trials"]:
                 c = Candidate.from_dict(t["candidate"])
                 table[c.key()] = TrialRecord(
-                    workload=w, topology=topology, environment=env, candidate=c, status=t["status"],
-                    source="fixture", median_us=t.get("median_us"), p20_us=t.get("p20_us"), p80_us=t.get("p80_us"),
-                    samples_us=tuple(t.get("samples_us") or ()), eager_us=t.get("eager_us"), host_us=t.get("host_us"),
+                    workload=w,
+                    topology=topology,
+                    environment=env,
+                    candidate=c,
+                    status=t["status"],
+                    source="fixture",
+                    median_us=t.get("median_us"),
+                    p20_us=t.get("p20_us"),
+                    p80_us=t.get("p80_us"),
+                    samples_us=tuple(t.get("samples_us") or ()),
+                    eager_us=t.get("eager_us"),
+                    host_us=t.get("host_us"),
                     error=t.get("error", ""),
                 )
     except (KeyError, TypeError, ValueError) as e:
@@ -159,7 +188,9 @@ def load_sweep_file(path: str | os.PathLike[str]) -> StoredSweep:
     return sweep
 
 
-def load_sweep_db(url: str, sweep: str | None, topology: Topology | None, source: str = "measured") -> StoredSweep:
+def load_sweep_db(
+    url: str, sweep: str | None, topology: Topology | None, source: str = "measured"
+) -> StoredSweep:
     """The trials of a sweep stored in a results database (rows of `source`, of any status)."""
     from syncopate.results_db import ResultsDB
 
@@ -174,11 +205,16 @@ def load_sweep_db(url: str, sweep: str | None, topology: Topology | None, source
         if not rows:
             raise ConfigError(
                 f"replay source {db.url} holds no {source} trial"
-                + (f" in sweep {sweep!r}" if sweep else "") + (f" on {topology.key()}" if topology else "")
+                + (f" in sweep {sweep!r}" if sweep else "")
+                + (f" on {topology.key()}" if topology else "")
             )
         first = rows[0].record
-        out = StoredSweep(label=f"{db.url} sweep {sweep or 'all'}", topology=first.topology,
-                          environment=first.environment, synthetic=False)
+        out = StoredSweep(
+            label=f"{db.url} sweep {sweep or 'all'}",
+            topology=first.topology,
+            environment=first.environment,
+            synthetic=False,
+        )
         for row in rows:
             out.trials.setdefault(row.workload.key(), {})[row.candidate.key()] = row.record
         for b in db.baselines(sweep_id=sweep_id, topology=first.topology):
@@ -236,8 +272,12 @@ class ReplayRunner(Runner):
             )
 
     def bind_device(self, rank: int, gpu_ids: Sequence[int]) -> DeviceInfo:
-        return DeviceInfo(model=self.stored.topology.gpu_model, uuid=f"REPLAY-{socket.gethostname()}-{rank}",
-                          index=rank, name=f"replay of {self.stored.label}")
+        return DeviceInfo(
+            model=self.stored.topology.gpu_model,
+            uuid=f"REPLAY-{socket.gethostname()}-{rank}",
+            index=rank,
+            name=f"replay of {self.stored.label}",
+        )
 
     def setup(self, rank: int, world_size: int, group: Any) -> None:
         return None
@@ -248,9 +288,15 @@ class ReplayRunner(Runner):
     def baselines(self, workload: Workload) -> list[BaselineOutcome]:
         stored = self.stored.baselines.get(workload.key(), {})
         eager = self.stored.baselines_eager.get(workload.key(), {})
-        return [BaselineOutcome(name=name, samples_us=(us,), detail=f"replayed from {self.stored.label}",
-                                eager_us=eager.get(name))
-                for name, us in stored.items()]
+        return [
+            BaselineOutcome(
+                name=name,
+                samples_us=(us,),
+                detail=f"replayed from {self.stored.label}",
+                eager_us=eager.get(name),
+            )
+            for name, us in stored.items()
+        ]
 
     def holds(self, workload: Workload, candidate: Candidate) -> bool:
         """Whether the replayed sweep has a trial of `candidate` on `workload`."""
@@ -261,13 +307,23 @@ class ReplayRunner(Runner):
         if t is None:
             self.unheld += 1
             return CandidateOutcome(
-                status="crash", healthy=True,
+                status="crash",
+                healthy=True,
                 error=f"candidate {candidate.key()} is not in the replayed sweep {self.stored.label}",
             )
         samples = t.samples_us or ((t.median_us,) if t.median_us is not None else ())
         eager, host = t.eager_us, t.host_us
         if self.noise and samples:
             samples = tuple(x * math.exp(self._rng.gauss(0.0, self.noise)) for x in samples)
-            eager, host = (None if v is None else v * math.exp(self._rng.gauss(0.0, self.noise)) for v in (eager, host))
-        return CandidateOutcome(status=t.status, samples_us=samples, eager_us=eager, host_us=host,
-                                max_rel_error=t.max_rel_error, error=t.error, extra={"replayed_from": self.stored.label})
+            eager, host = (
+                None if v is None else v * math.exp(self._rng.gauss(0.0, self.noise)) for v in (eager, host)
+            )
+        return CandidateOutcome(
+            status=t.status,
+            samples_us=samples,
+            eager_us=eager,
+            host_us=host,
+            max_rel_error=t.max_rel_error,
+            error=t.error,
+            extra={"replayed_from": self.stored.label},
+        )

@@ -39,8 +39,11 @@ from syncopate.search_space import (  # noqa: E402
     decomposed_candidate,
 )
 
-OPS = {"ag_gemm": syncopate.all_gather_matmul, "gemm_rs": syncopate.matmul_reduce_scatter,
-       "gemm_ar": syncopate.matmul_all_reduce}
+OPS = {
+    "ag_gemm": syncopate.all_gather_matmul,
+    "gemm_rs": syncopate.matmul_reduce_scatter,
+    "gemm_ar": syncopate.matmul_all_reduce,
+}
 SHAPES = {"ag_gemm": (1040, 768, 512), "gemm_rs": (1040, 512, 768), "gemm_ar": (1040, 512, 768)}
 """M/ws not a multiple of the tiles' rows at one, two and four ranks."""
 TOL = 1e-2
@@ -48,15 +51,27 @@ REPLAYS = 4
 
 
 def candidate(backend: str, splits: int = 2) -> Candidate:
-    return Candidate(backend=backend, num_splits=splits, comm_sms={"copy_engine": 0, "nvshmem": 16, "nccl": 64}[backend],
-                     block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
+    return Candidate(
+        backend=backend,
+        num_splits=splits,
+        comm_sms={"copy_engine": 0, "nvshmem": 16, "nccl": 64}[backend],
+        block_m=128,
+        block_n=128,
+        block_k=64,
+        group_m=8,
+        num_warps=8,
+        num_stages=3,
+    )
 
 
 def cases(nccl: bool) -> list[tuple[str, Candidate]]:
     """(kind, candidate) of every backend (NCCL only where the group has it) and cuBLAS template."""
     backends = ["copy_engine", "nvshmem"] + (["nccl"] if nccl else [])
-    cublas = {"ag_gemm": [a_stationary_candidate(2), decomposed_candidate(2)], "gemm_rs": [c_stationary_candidate(), decomposed_candidate(2)],
-              "gemm_ar": [c_stationary_candidate(2), decomposed_candidate(2)]}
+    cublas = {
+        "ag_gemm": [a_stationary_candidate(2), decomposed_candidate(2)],
+        "gemm_rs": [c_stationary_candidate(), decomposed_candidate(2)],
+        "gemm_ar": [c_stationary_candidate(2), decomposed_candidate(2)],
+    }
     return [(kind, c) for kind in OPS for c in [*(candidate(b) for b in backends), *cublas[kind]]]
 
 
@@ -137,7 +152,9 @@ def gathered(dev, group, world: int, gen) -> str:
             graph.replay()
             err = _error("ag_gemm", out, a, b, group)
             assert err <= TOL, f"{cand.short()}: rel err {err:.3g}"
-            assert torch.equal(full, gathered_rows(a, group)), f"{cand.short()}: the gathered A differs from the shards"
+            assert torch.equal(full, gathered_rows(a, group)), (
+                f"{cand.short()}: the gathered A differs from the shards"
+            )
     return "gathered A right in every replay (fused consumer, decomposed)"
 
 
@@ -162,17 +179,26 @@ def refused(dev, group, world: int, gen) -> str:
     return "refused with its ConfigError, right outside the capture"
 
 
-def run_all(dev, group, rank: int, world: int, nccl: bool,
-            templates: tuple[str, ...] | None = None) -> list[tuple[str, str | None, str]]:
+def run_all(
+    dev, group, rank: int, world: int, nccl: bool, templates: tuple[str, ...] | None = None
+) -> list[tuple[str, str | None, str]]:
     """(name, failure or None, detail) of every check, in the same order on every rank; with
     `templates`, only the replays of candidates of those templates."""
     gen = torch.Generator(device=dev)
     gen.manual_seed(11 + rank)
-    checks = [(f"{kind} {c.short()}: replays right", lambda kind=kind, c=c: replayed(kind, c, dev, group, world, gen))
-              for kind, c in cases(nccl) if templates is None or c.template in templates]
+    checks = [
+        (
+            f"{kind} {c.short()}: replays right",
+            lambda kind=kind, c=c: replayed(kind, c, dev, group, world, gen),
+        )
+        for kind, c in cases(nccl)
+        if templates is None or c.template in templates
+    ]
     if templates is None:
-        checks += [("ag_gemm return_gathered captured", lambda: gathered(dev, group, world, gen)),
-                   ("first call and bounded waits refused under capture", lambda: refused(dev, group, world, gen))]
+        checks += [
+            ("ag_gemm return_gathered captured", lambda: gathered(dev, group, world, gen)),
+            ("first call and bounded waits refused under capture", lambda: refused(dev, group, world, gen)),
+        ]
     results = []
     for name, check in checks:
         try:
@@ -198,10 +224,13 @@ def main() -> int:
     def check(detail):
         def run():
             raise AssertionError(detail)
+
         return run
 
-    return run_checks((name, check(detail)) if failure else (f"{name}: {detail}", lambda: None)
-                      for name, failure, detail in results)
+    return run_checks(
+        (name, check(detail)) if failure else (f"{name}: {detail}", lambda: None)
+        for name, failure, detail in results
+    )
 
 
 if __name__ == "__main__":

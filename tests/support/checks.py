@@ -21,8 +21,13 @@ def run_script(name: str, timeout: float) -> subprocess.CompletedProcess:
     CUDA started by the script itself."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, str(ROOT / "tests/support" / name)], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "tests/support" / name)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def run_checks(checks: Iterable[tuple[str, Callable[[], None]]]) -> int:

@@ -83,9 +83,20 @@ def consumer(c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1024, own=Fals
     lo, hi = block_bounds(m, 2, 0)
     if own and tables.own_tiles == 0:
         raise AssertionError("no tile of the order reads the shard")
-    launch.launch_consumer(a, b, out, tables, c, 3, torch.zeros(PAD_WORDS, dtype=torch.int32),
-                           torch.zeros(1, dtype=torch.int32), 132, 1 << 20, a_own=a[lo:hi].clone() if own else None,
-                           own_row0=lo)
+    launch.launch_consumer(
+        a,
+        b,
+        out,
+        tables,
+        c,
+        3,
+        torch.zeros(PAD_WORDS, dtype=torch.int32),
+        torch.zeros(1, dtype=torch.int32),
+        132,
+        1 << 20,
+        a_own=a[lo:hi].clone() if own else None,
+        own_row0=lo,
+    )
 
 
 def producer(kind: str, c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1536, ws=2):
@@ -98,30 +109,58 @@ def producer(kind: str, c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=153
     out = torch.empty(m if all_reduce else hi - lo, n, dtype=dtype)
     reduced = torch.empty(m, n, dtype=dtype) if all_reduce else None
     pad = torch.zeros(PAD_WORDS, dtype=torch.int32)
-    launch.launch_producer(a, b, send, out, reduced, recv, 0 if all_reduce else lo,
-                           producer_tables(plan, 0, n, c, all_reduce, CPU), c, 3, pad,
-                           torch.zeros(4096, dtype=torch.int64), torch.zeros(ws, dtype=torch.int64), ws, 0,
-                           torch.zeros(1, dtype=torch.int32), 132, 1 << 20)
+    launch.launch_producer(
+        a,
+        b,
+        send,
+        out,
+        reduced,
+        recv,
+        0 if all_reduce else lo,
+        producer_tables(plan, 0, n, c, all_reduce, CPU),
+        c,
+        3,
+        pad,
+        torch.zeros(4096, dtype=torch.int64),
+        torch.zeros(ws, dtype=torch.int64),
+        ws,
+        0,
+        torch.zeros(1, dtype=torch.int32),
+        132,
+        1 << 20,
+    )
 
 
 def copier(dtype):
     pad = torch.zeros(PAD_WORDS, dtype=torch.int32)
-    ctx = SimpleNamespace(device=CPU, signals=SimpleNamespace(local=pad), peer_signal_ptrs=torch.zeros(2, dtype=torch.int64),
-                          counters=torch.zeros(4096, dtype=torch.int64), error=torch.zeros(1, dtype=torch.int32))
+    ctx = SimpleNamespace(
+        device=CPU,
+        signals=SimpleNamespace(local=pad),
+        peer_signal_ptrs=torch.zeros(2, dtype=torch.int64),
+        counters=torch.zeros(4096, dtype=torch.int64),
+        error=torch.zeros(1, dtype=torch.int32),
+    )
     launch.launch_chunk_copy(ctx, None, [(0, 0, 1024, -1, 3, 1)], 32, 3, dtype, 1 << 20)
 
 
 def pull():
     pad = torch.zeros(PAD_WORDS, dtype=torch.int32)
-    ctx = SimpleNamespace(device=CPU, signals=SimpleNamespace(local=pad), cache={}, error=torch.zeros(1, dtype=torch.int32))
+    ctx = SimpleNamespace(
+        device=CPU, signals=SimpleNamespace(local=pad), cache={}, error=torch.zeros(1, dtype=torch.int32)
+    )
     src, dst = torch.zeros(512, 4096, dtype=torch.bfloat16), torch.zeros(512, 4096, dtype=torch.bfloat16)
     launch.launch_pull(ctx, None, src, dst, 600, 3, spin_limit=1 << 20)
 
 
 def graph_entry(world: int):
     pad = torch.zeros(PAD_WORDS, dtype=torch.int32)
-    ctx = SimpleNamespace(device=CPU, signals=SimpleNamespace(local=pad), rank=0, world_size=world,
-                          peer_signal_ptrs=torch.zeros(world, dtype=torch.int64))
+    ctx = SimpleNamespace(
+        device=CPU,
+        signals=SimpleNamespace(local=pad),
+        rank=0,
+        world_size=world,
+        peer_signal_ptrs=torch.zeros(world, dtype=torch.int64),
+    )
     launch.launch_graph_entry(ctx, None)
 
 
@@ -147,34 +186,91 @@ def variants():
     narrow = dict(block_m=128, block_n=16, block_k=64, group_m=8, num_warps=4, num_stages=3)
     bf16, fp16 = torch.bfloat16, torch.float16
     yield "consumer tma 128x256 bf16", True, lambda: consumer(Candidate(num_splits=2, **big), bf16, False)
-    yield "consumer tma 128x128 fp16 b k-major", True, lambda: consumer(Candidate(num_splits=4, **small), fp16, True)
-    yield "consumer pointers 128x128 bf16", False, lambda: consumer(Candidate(num_splits=1, **small), bf16, False)
+    yield (
+        "consumer tma 128x128 fp16 b k-major",
+        True,
+        lambda: consumer(Candidate(num_splits=4, **small), fp16, True),
+    )
+    yield (
+        "consumer pointers 128x128 bf16",
+        False,
+        lambda: consumer(Candidate(num_splits=1, **small), bf16, False),
+    )
     # 5632 rows in 128×256 tiles: 176 tiles, 44 left over for the last wave, cut in K in three
-    yield "consumer tma 128x256 bf16 tail cut in K", True, lambda: consumer(
-        Candidate(num_splits=2, **big), bf16, False, m=5632)
-    yield "consumer pointers 128x256 fp16 tail cut in K", False, lambda: consumer(
-        Candidate(num_splits=2, **big), fp16, True, m=5632)
-    yield "gemm_rs tma 128x256 (split epilogue) bf16", True, lambda: producer("gemm_rs", Candidate(num_splits=2, **big), bf16, False)
-    yield "gemm_rs pointers 128x128 fp16 b k-major", False, lambda: producer("gemm_rs", Candidate(num_splits=1, **small), fp16, True)
-    yield "gemm_ar tma 128x128 bf16", True, lambda: producer("gemm_ar", Candidate(num_splits=4, **small), bf16, False)
-    yield "gemm_rs pointers 128x16 whole-tile epilogue bf16", False, lambda: producer(
-        "gemm_rs", Candidate(num_splits=2, **narrow), bf16, False)
-    yield "gemm_rs tma 128x256 tma epilogue bf16", True, lambda: producer(
-        "gemm_rs", Candidate(num_splits=4, **big), bf16, False, m=4096)
-    yield "gemm_ar tma 128x128 tma epilogue fp16", True, lambda: producer(
-        "gemm_ar", Candidate(num_splits=2, **small), fp16, False, m=4096)
-    yield "gemm_ar tma 128x16 whole-tile tma epilogue bf16", True, lambda: producer(
-        "gemm_ar", Candidate(num_splits=2, **narrow), bf16, False, m=4096)
-    yield "gemm_rs gluon 128x256 bf16", True, lambda: gluon(
-        lambda: producer("gemm_rs", Candidate(num_splits=4, **big), bf16, False, m=4096))
-    yield "gemm_ar gluon 128x128 fp16 b k-major", True, lambda: gluon(
-        lambda: producer("gemm_ar", Candidate(num_splits=2, **small), fp16, True, m=4096))
-    yield "gemm_rs gluon 128x256 bf16 four ranks", True, lambda: gluon(
-        lambda: producer("gemm_rs", Candidate(num_splits=2, **big), bf16, False, m=4096, ws=4))
-    yield "consumer gluon 128x256 bf16 own shard", True, lambda: gluon(
-        lambda: consumer(Candidate(num_splits=2, **big), bf16, False, own=True), "gluon_consumer_kernel")
-    yield "consumer gluon 128x128 fp16 b k-major", True, lambda: gluon(
-        lambda: consumer(Candidate(num_splits=4, **small), fp16, True), "gluon_consumer_kernel")
+    yield (
+        "consumer tma 128x256 bf16 tail cut in K",
+        True,
+        lambda: consumer(Candidate(num_splits=2, **big), bf16, False, m=5632),
+    )
+    yield (
+        "consumer pointers 128x256 fp16 tail cut in K",
+        False,
+        lambda: consumer(Candidate(num_splits=2, **big), fp16, True, m=5632),
+    )
+    yield (
+        "gemm_rs tma 128x256 (split epilogue) bf16",
+        True,
+        lambda: producer("gemm_rs", Candidate(num_splits=2, **big), bf16, False),
+    )
+    yield (
+        "gemm_rs pointers 128x128 fp16 b k-major",
+        False,
+        lambda: producer("gemm_rs", Candidate(num_splits=1, **small), fp16, True),
+    )
+    yield (
+        "gemm_ar tma 128x128 bf16",
+        True,
+        lambda: producer("gemm_ar", Candidate(num_splits=4, **small), bf16, False),
+    )
+    yield (
+        "gemm_rs pointers 128x16 whole-tile epilogue bf16",
+        False,
+        lambda: producer("gemm_rs", Candidate(num_splits=2, **narrow), bf16, False),
+    )
+    yield (
+        "gemm_rs tma 128x256 tma epilogue bf16",
+        True,
+        lambda: producer("gemm_rs", Candidate(num_splits=4, **big), bf16, False, m=4096),
+    )
+    yield (
+        "gemm_ar tma 128x128 tma epilogue fp16",
+        True,
+        lambda: producer("gemm_ar", Candidate(num_splits=2, **small), fp16, False, m=4096),
+    )
+    yield (
+        "gemm_ar tma 128x16 whole-tile tma epilogue bf16",
+        True,
+        lambda: producer("gemm_ar", Candidate(num_splits=2, **narrow), bf16, False, m=4096),
+    )
+    yield (
+        "gemm_rs gluon 128x256 bf16",
+        True,
+        lambda: gluon(lambda: producer("gemm_rs", Candidate(num_splits=4, **big), bf16, False, m=4096)),
+    )
+    yield (
+        "gemm_ar gluon 128x128 fp16 b k-major",
+        True,
+        lambda: gluon(lambda: producer("gemm_ar", Candidate(num_splits=2, **small), fp16, True, m=4096)),
+    )
+    yield (
+        "gemm_rs gluon 128x256 bf16 four ranks",
+        True,
+        lambda: gluon(lambda: producer("gemm_rs", Candidate(num_splits=2, **big), bf16, False, m=4096, ws=4)),
+    )
+    yield (
+        "consumer gluon 128x256 bf16 own shard",
+        True,
+        lambda: gluon(
+            lambda: consumer(Candidate(num_splits=2, **big), bf16, False, own=True), "gluon_consumer_kernel"
+        ),
+    )
+    yield (
+        "consumer gluon 128x128 fp16 b k-major",
+        True,
+        lambda: gluon(
+            lambda: consumer(Candidate(num_splits=4, **small), fp16, True), "gluon_consumer_kernel"
+        ),
+    )
     yield "chunk copier bf16", False, lambda: copier(bf16)
     yield "captured call's entry, two ranks", False, lambda: graph_entry(2)
     yield "decomposed all-reduce's last pull", False, pull
@@ -192,7 +288,9 @@ def resources(cubin: bytes) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True
+        ).stdout
     regs = re.search(r"REG:(\d+)", out)
     stack = re.search(r"STACK:(\d+)", out)
     return f"{regs.group(1) if regs else '?'} registers, {stack.group(1) if stack else '?'} stack bytes"
@@ -209,8 +307,11 @@ def main() -> int:
             (kernel,) = compiled
             cubin, ptx = kernel.asm["cubin"], kernel.asm["ptx"]
             waits = ptx.count("ld.acquire") + ptx.count("ld.global.acquire")
-            print(f"ok    {name}: {len(cubin)} bytes of sm_90 code, {kernel.metadata.shared} B shared memory, "
-                  f"{waits} acquire loads, {resources(cubin)} ({time.perf_counter() - t0:.1f} s)", flush=True)
+            print(
+                f"ok    {name}: {len(cubin)} bytes of sm_90 code, {kernel.metadata.shared} B shared memory, "
+                f"{waits} acquire loads, {resources(cubin)} ({time.perf_counter() - t0:.1f} s)",
+                flush=True,
+            )
         except Exception:
             failed += 1
             print(f"FAIL  {name}\n{traceback.format_exc()}", flush=True)

@@ -40,7 +40,9 @@ def main() -> int:
     cases = [case for case in matrix(False, 2) if case[3]["template"] in templates]
     results, _ = run_cases(cases)
     failures = sorted(set().union(*results.values()))
-    print(f"matrix: {len(cases)} cases of {', '.join(templates)}, {len(failures)} failing", *failures, sep="\n")
+    print(
+        f"matrix: {len(cases)} cases of {', '.join(templates)}, {len(failures)} failing", *failures, sep="\n"
+    )
     reports = run_ranks(capture_worker, 2, (templates,), timeout=600)
     for rank, results in sorted(reports.items()):
         for name, failure, detail in results:

@@ -21,7 +21,11 @@ def main() -> None:
     p.add_argument("--paths", default="ours,torch,async_tp")
     p.add_argument("--no-close", action="store_true")
     args = p.parse_args()
-    for k, v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+    for k, v in (
+        ("NCCL_NVLS_ENABLE", "0"),
+        ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+        ("NVSHMEM_DISABLE_NVLS", "1"),
+    ):
         os.environ.setdefault(k, v)
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -42,8 +46,9 @@ def main() -> None:
         import torch.distributed._symmetric_memory as _symm_mem  # noqa: F401 — registers torch.ops.symm_mem
 
         enable_symm_mem(group.group_name)
-        calls["async_tp"] = lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [b], gather_dim=0,
-                                                                               group_name=group.group_name)
+        calls["async_tp"] = lambda: torch.ops.symm_mem.fused_all_gather_matmul(
+            a, [b], gather_dim=0, group_name=group.group_name
+        )
     for name in args.paths.split(","):
         fn = calls[name]
         side = torch.cuda.Stream()

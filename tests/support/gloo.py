@@ -64,7 +64,9 @@ def run_gloo(worker, ws: int, items: int | None = None, timeout: float = 180) ->
                     got.append(queue.get(timeout=2))
                 except Empty:
                     dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-                    assert not dead, f"rank processes ended with exit codes {dead} after {len(got)} of {items} results"
+                    assert not dead, (
+                        f"rank processes ended with exit codes {dead} after {len(got)} of {items} results"
+                    )
                     assert time.monotonic() < deadline, f"{len(got)} of {items} results after {timeout:.0f} s"
         finally:
             for p in procs:

@@ -17,6 +17,8 @@ def local_ray(num_gpus: int) -> Iterator[None]:
     import ray
 
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=2, num_gpus=num_gpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(
+        num_cpus=2, num_gpus=num_gpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR"
+    )
     yield
     ray.shutdown()

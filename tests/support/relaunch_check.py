@@ -40,7 +40,6 @@ from syncopate.search_space import Candidate, block_bounds  # noqa: E402
 TILE = dict(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
 
 
-
 def relaunches(cache):
     return [k for k in cache if isinstance(k, tuple) and k[:1] == ("relaunch",)]
 
@@ -68,8 +67,9 @@ def launched(cache, gluon: bool) -> None:
     kept = [v for k, v in cache.items() if k in relaunches(cache)]
     kinds = {type(v).__name__ for v in kept}
     assert kinds == {"_GluonRelaunch" if gluon else "_Relaunch"}, f"launched {kinds}"
-    assert all(v.direct is not None and v.direct_launches > 0 for v in kept), \
+    assert all(v.direct is not None and v.direct_launches > 0 for v in kept), (
         "a relaunch went through the compiled kernel's run"
+    )
 
 
 def consumer_check(gluon: bool = False, kmajor: bool = False, m: int = 2048, dtype=torch.bfloat16) -> None:
@@ -82,7 +82,9 @@ def consumer_check(gluon: bool = False, kmajor: bool = False, m: int = 2048, dty
     tables = consumer_tables(plan, 0, n, c, dev)
     signals = torch.zeros(PAD_WORDS, dtype=torch.int32, device=dev)
     error = torch.zeros(1, dtype=torch.int32, device=dev)
-    slots = torch.tensor([t.signal for t in plan.recvs(0, "gather")] + [LOCAL_BASE, LOCAL_BASE + 1], device=dev)
+    slots = torch.tensor(
+        [t.signal for t in plan.recvs(0, "gather")] + [LOCAL_BASE, LOCAL_BASE + 1], device=dev
+    )
     a_full = torch.empty(m, k, dtype=dtype, device=dev)
     cache = {}
     with gluon_kernels(gluon):
@@ -93,7 +95,9 @@ def consumer_check(gluon: bool = False, kmajor: bool = False, m: int = 2048, dty
                 b = b.t().contiguous().t()
             out = torch.full((m, n), float("nan"), dtype=dtype, device=dev)
             signals.index_fill_(0, slots, epoch)
-            launch.launch_consumer(a_full, b, out, tables, c, epoch, signals, error, 132, 1 << 20, cache=cache)
+            launch.launch_consumer(
+                a_full, b, out, tables, c, epoch, signals, error, 132, 1 << 20, cache=cache
+            )
             torch.cuda.synchronize()
             assert int(error.item()) == 0
             assert relative_error(out, a_full.float() @ b.float()) < 1e-2, f"call {epoch}"
@@ -138,10 +142,18 @@ def late_chunk_check() -> None:
             side.wait_stream(torch.cuda.current_stream())
             for j, (lo, hi, slot) in enumerate(peer):
                 if j == len(peer) - 1:
-                    streamops.copy_async(side.cuda_stream, scratch[1].data_ptr(), scratch[0].data_ptr(), 256 << 20)
-                    streamops.copy_async(side.cuda_stream, scratch[0].data_ptr(), scratch[1].data_ptr(), 256 << 20)
-                streamops.copy_async(side.cuda_stream, a_full.data_ptr() + lo * row, source.data_ptr() + lo * row,
-                                     (hi - lo) * row)
+                    streamops.copy_async(
+                        side.cuda_stream, scratch[1].data_ptr(), scratch[0].data_ptr(), 256 << 20
+                    )
+                    streamops.copy_async(
+                        side.cuda_stream, scratch[0].data_ptr(), scratch[1].data_ptr(), 256 << 20
+                    )
+                streamops.copy_async(
+                    side.cuda_stream,
+                    a_full.data_ptr() + lo * row,
+                    source.data_ptr() + lo * row,
+                    (hi - lo) * row,
+                )
                 streamops.write_value(side.cuda_stream, signals.data_ptr() + 4 * slot, epoch)
             launch.launch_consumer(a_full, b, out, tables, c, epoch, signals, error, 132, 1 << 26)
             torch.cuda.current_stream().wait_stream(side)
@@ -176,8 +188,21 @@ def _own_shard_check(gluon: bool) -> None:
         b = (torch.randn(k, n, device=dev) / k**0.5).to(torch.bfloat16)
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=dev)
         signals.index_fill_(0, slots, epoch)
-        launch.launch_consumer(a_full, b, out, tables, c, epoch, signals, error, 132, 1 << 20, cache=cache,
-                               a_own=shard, own_row0=0)
+        launch.launch_consumer(
+            a_full,
+            b,
+            out,
+            tables,
+            c,
+            epoch,
+            signals,
+            error,
+            132,
+            1 << 20,
+            cache=cache,
+            a_own=shard,
+            own_row0=0,
+        )
         torch.cuda.synchronize()
         assert int(error.item()) == 0
         ref = torch.cat([shard, a_full[m // 2 :]]).float() @ b.float()
@@ -207,7 +232,9 @@ def _producer_check(all_reduce: bool, gluon: bool, kmajor: bool) -> None:
     counters = torch.zeros(4096, dtype=torch.int64, device=dev)
     error = torch.zeros(1, dtype=torch.int32, device=dev)
     peers = torch.tensor([pad.data_ptr(), pad.data_ptr()], dtype=torch.int64, device=dev)
-    raised = torch.tensor([t.signal for t in plan.recvs(0, "reduce")] + [ENTERED_BASE, ENTERED_BASE + 1], device=dev)
+    raised = torch.tensor(
+        [t.signal for t in plan.recvs(0, "reduce")] + [ENTERED_BASE, ENTERED_BASE + 1], device=dev
+    )
     off = recv_offset(plan, 1, 0, n)
     cache = {}
     for epoch in range(1, 6):
@@ -220,8 +247,27 @@ def _producer_check(all_reduce: bool, gluon: bool, kmajor: bool) -> None:
         out = torch.full((m if all_reduce else hi - lo, n), float("nan"), dtype=torch.bfloat16, device=dev)
         send.fill_(float("nan"))
         pad.index_fill_(0, raised, epoch)
-        launch.launch_producer(a, b, send, out, reduced, recv, 0 if all_reduce else lo, tables, c, epoch, pad, counters,
-                               peers, 2, 0, error, 132, 1 << 20, cache=cache)
+        launch.launch_producer(
+            a,
+            b,
+            send,
+            out,
+            reduced,
+            recv,
+            0 if all_reduce else lo,
+            tables,
+            c,
+            epoch,
+            pad,
+            counters,
+            peers,
+            2,
+            0,
+            error,
+            132,
+            1 << 20,
+            cache=cache,
+        )
         torch.cuda.synchronize()
         full = a.float() @ b.float()
         mine = out[lo:hi] if all_reduce else out
@@ -231,8 +277,9 @@ def _producer_check(all_reduce: bool, gluon: bool, kmajor: bool) -> None:
         if all_reduce:
             assert torch.equal(reduced[lo:hi], mine)
         assert int(counters.abs().sum().item()) == 0
-        assert all(int(pad[READY_BASE + x].item()) == epoch for x in tables.chunk_ready.tolist() if x >= 0), \
+        assert all(int(pad[READY_BASE + x].item()) == epoch for x in tables.chunk_ready.tolist() if x >= 0), (
             f"call {epoch}: a chunk that leaves was not signalled"
+        )
     assert len(relaunches(cache)) == 1, "every call after the first relaunched the first one's kernel"
     launched(cache, gluon)
 
@@ -241,16 +288,23 @@ def main() -> int:
     if not triton.__version__.startswith(launch.RELAUNCH_TRITON):
         print(f"relaunching is used with Triton {launch.RELAUNCH_TRITON}, not {triton.__version__}")
         return 3
-    return run_checks([("consumer", consumer_check), ("consumer reading its own shard", own_shard_check),
-                       ("reduce-scatter producer", lambda: producer_check(False)),
-                       ("all-reduce producer", lambda: producer_check(True)),
-                       ("reduce-scatter producer in Gluon", lambda: producer_check(False, gluon=True)),
-                       ("all-reduce producer in Gluon, B k-major", lambda: producer_check(True, True, True)),
-                       ("consumer in Gluon", lambda: consumer_check(gluon=True)),
-                       ("consumer in Gluon, fp16, B k-major, 1000 rows a rank",
-                        lambda: consumer_check(True, True, 2000, torch.float16)),
-                       ("consumer in Gluon reading its own shard", lambda: own_shard_check(gluon=True)),
-                       ("consumer in Gluon, chunks landing late", late_chunk_check)])
+    return run_checks(
+        [
+            ("consumer", consumer_check),
+            ("consumer reading its own shard", own_shard_check),
+            ("reduce-scatter producer", lambda: producer_check(False)),
+            ("all-reduce producer", lambda: producer_check(True)),
+            ("reduce-scatter producer in Gluon", lambda: producer_check(False, gluon=True)),
+            ("all-reduce producer in Gluon, B k-major", lambda: producer_check(True, True, True)),
+            ("consumer in Gluon", lambda: consumer_check(gluon=True)),
+            (
+                "consumer in Gluon, fp16, B k-major, 1000 rows a rank",
+                lambda: consumer_check(True, True, 2000, torch.float16),
+            ),
+            ("consumer in Gluon reading its own shard", lambda: own_shard_check(gluon=True)),
+            ("consumer in Gluon, chunks landing late", late_chunk_check),
+        ]
+    )
 
 
 if __name__ == "__main__":

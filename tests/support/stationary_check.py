@@ -33,8 +33,13 @@ from syncopate.search_space import a_stationary_candidate, block_bounds, row_chu
 def _ranks(ws: int, buffers: dict, plan_of, dev):
     """Every rank's context (its pad, buffers and streams) and plan, and its caller's stream."""
     pads = [torch.zeros(PAD_WORDS, dtype=torch.int32, device=dev) for _ in range(ws)]
-    bufs = [{name: torch.full(shape, float("nan"), dtype=dtype, device=dev) for name, (shape, dtype) in
-             buffers.items()} for _ in range(ws)]
+    bufs = [
+        {
+            name: torch.full(shape, float("nan"), dtype=dtype, device=dev)
+            for name, (shape, dtype) in buffers.items()
+        }
+        for _ in range(ws)
+    ]
     ranks = []
     for r in range(ws):
         streams = [torch.cuda.Stream(device=dev) for _ in range(3)]
@@ -58,15 +63,27 @@ def _ranks(ws: int, buffers: dict, plan_of, dev):
                 main.wait_event(event)
 
         ctx = SimpleNamespace(
-            pads=pads, rank=r, world_size=ws, begin_call=begin, fork=fork, join=join, remote_writes=True,
+            pads=pads,
+            rank=r,
+            world_size=ws,
+            begin_call=begin,
+            fork=fork,
+            join=join,
+            remote_writes=True,
             sm_pulls=False,  # every rank on one GPU: a kernel spinning for a peer could hold its SMs
             current_stream=torch.cuda.current_stream,
-            buffers={name: SimpleNamespace(local=bufs[r][name], peer_ptrs=[bufs[q][name].data_ptr() for q in range(ws)])
-                     for name in bufs[r]},
+            buffers={
+                name: SimpleNamespace(
+                    local=bufs[r][name], peer_ptrs=[bufs[q][name].data_ptr() for q in range(ws)]
+                )
+                for name in bufs[r]
+            },
             signal_address=lambda q, word: pads[q].data_ptr() + 4 * word,
             write_signal=lambda stream, q, word, value: streamops.write_value(
-                stream.cuda_stream, pads[q].data_ptr() + 4 * word, value),
-            stamp=lambda stream: None, span=lambda label, chunk, rows, stream, start: None,  # no timeline
+                stream.cuda_stream, pads[q].data_ptr() + 4 * word, value
+            ),
+            stamp=lambda stream: None,
+            span=lambda label, chunk, rows, stream, start: None,  # no timeline
         )
         ranks.append((ctx, plan_of(r), torch.cuda.Stream(device=dev)))
     return ranks
@@ -137,18 +154,28 @@ def _b(k: int, n: int, dev, gen, scale: float, dtype, kmajor: bool) -> torch.Ten
     return (torch.randn(k, n, device=dev, generator=gen) * scale).to(dtype)
 
 
-def check_a(ws: int, splits: int, dtype=torch.bfloat16, calls: int = 20, m_local=512, n_local=384, k=640,
-            kmajor=False) -> None:
+def check_a(
+    ws: int, splits: int, dtype=torch.bfloat16, calls: int = 20, m_local=512, n_local=384, k=640, kmajor=False
+) -> None:
     dev = torch.device("cuda", 0)
-    ranks = _ranks(ws, a_stationary.a_stationary_buffers(ws, m_local, n_local, k, dtype),
-                   lambda r: a_stationary.AStationaryPlan.of(a_stationary_candidate(splits), r, ws, m_local,
-                                                             n_local, k, kmajor), dev)
+    ranks = _ranks(
+        ws,
+        a_stationary.a_stationary_buffers(ws, m_local, n_local, k, dtype),
+        lambda r: a_stationary.AStationaryPlan.of(
+            a_stationary_candidate(splits), r, ws, m_local, n_local, k, kmajor
+        ),
+        dev,
+    )
     rows = {m_local // 2, m_local - m_local // 2} | {hi - lo for lo, hi in row_chunks(m_local, splits)}
     _warm(ranks, [(x, n_local, k) for x in rows], dtype, dev)
     gen = torch.Generator(device=dev).manual_seed(ws * 100 + splits)
-    inputs = [([torch.randn(m_local, k, device=dev, generator=gen).to(dtype) for _ in range(ws)],
-               [_b(k, n_local, dev, gen, k**-0.5, dtype, kmajor) for _ in range(ws)])
-              for _ in range(calls)]
+    inputs = [
+        (
+            [torch.randn(m_local, k, device=dev, generator=gen).to(dtype) for _ in range(ws)],
+            [_b(k, n_local, dev, gen, k**-0.5, dtype, kmajor) for _ in range(ws)],
+        )
+        for _ in range(calls)
+    ]
     outs = _run_calls(ranks, a_stationary, inputs, (m_local * ws, n_local), dtype, dev)
     for i, ((a, b), got) in enumerate(zip(inputs, outs, strict=True)):
         full = torch.cat(a).float()
@@ -156,22 +183,45 @@ def check_a(ws: int, splits: int, dtype=torch.bfloat16, calls: int = 20, m_local
             _close(got[r], full @ b[r].float(), f"call {i}, rank {r}")
 
 
-def check_c(ws: int, dtype=torch.bfloat16, calls: int = 20, m=1536, n=384, k_local=320, all_reduce=False,
-            splits=1, kmajor=False) -> None:
+def check_c(
+    ws: int,
+    dtype=torch.bfloat16,
+    calls: int = 20,
+    m=1536,
+    n=384,
+    k_local=320,
+    all_reduce=False,
+    splits=1,
+    kmajor=False,
+) -> None:
     dev = torch.device("cuda", 0)
-    ranks = _ranks(ws, c_stationary.c_stationary_buffers(ws, m, n, k_local, dtype, all_reduce),
-                   lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, splits, kmajor), dev)
+    ranks = _ranks(
+        ws,
+        c_stationary.c_stationary_buffers(ws, m, n, k_local, dtype, all_reduce),
+        lambda r: c_stationary.CStationaryPlan.of(r, ws, m, n, k_local, all_reduce, splits, kmajor),
+        dev,
+    )
     blocks = {hi - lo for lo, hi in (block_bounds(m, ws, q) for q in range(ws))}
-    _warm(ranks, [(x, n, k_local) for x in blocks] + [(hi - lo, n, k_local) for x in blocks
-                                                      for lo, hi in row_chunks(x, splits)], dtype, dev)
+    _warm(
+        ranks,
+        [(x, n, k_local) for x in blocks]
+        + [(hi - lo, n, k_local) for x in blocks for lo, hi in row_chunks(x, splits)],
+        dtype,
+        dev,
+    )
     _check_sums(ranks, c_stationary, ws, dtype, calls, m, n, k_local, all_reduce, kmajor)
 
 
-def check_d(ws: int, dtype=torch.bfloat16, calls: int = 20, m=1536, n=384, k_local=320, all_reduce=False,
-            splits=2) -> None:
+def check_d(
+    ws: int, dtype=torch.bfloat16, calls: int = 20, m=1536, n=384, k_local=320, all_reduce=False, splits=2
+) -> None:
     dev = torch.device("cuda", 0)
-    ranks = _ranks(ws, decomposed.decomposed_buffers(ws, m, n, dtype, all_reduce),
-                   lambda r: decomposed.DecomposedPlan.of(r, ws, m, n, all_reduce, splits), dev)
+    ranks = _ranks(
+        ws,
+        decomposed.decomposed_buffers(ws, m, n, dtype, all_reduce),
+        lambda r: decomposed.DecomposedPlan.of(r, ws, m, n, all_reduce, splits),
+        dev,
+    )
     plan = ranks[0][1]
     rows = set()
     for q in range(ws):
@@ -186,14 +236,20 @@ def _check_sums(ranks, module, ws, dtype, calls, m, n, k_local, all_reduce, kmaj
     of A_q @ B_q (an all-reduce: all of it); `kmajor`: every B an nn.Linear weight's transpose."""
     dev = torch.device("cuda", 0)
     gen = torch.Generator(device=dev).manual_seed(ws * 1000 + m)
-    inputs = [([torch.randn(m, k_local, device=dev, generator=gen).to(dtype) for _ in range(ws)],
-               [_b(k_local, n, dev, gen, (k_local * ws) ** -0.5, dtype, kmajor) for _ in range(ws)])
-              for _ in range(calls)]
+    inputs = [
+        (
+            [torch.randn(m, k_local, device=dev, generator=gen).to(dtype) for _ in range(ws)],
+            [_b(k_local, n, dev, gen, (k_local * ws) ** -0.5, dtype, kmajor) for _ in range(ws)],
+        )
+        for _ in range(calls)
+    ]
     outs = _run_calls(ranks, module, inputs, (m if all_reduce else m // ws, n), dtype, dev)
     for i, ((a, b), got) in enumerate(zip(inputs, outs, strict=True)):
         total = sum(x.float() @ y.float() for x, y in zip(a, b, strict=True))
         for r in range(ws):
-            _close(got[r], total if all_reduce else total[r * m // ws : (r + 1) * m // ws], f"call {i}, rank {r}")
+            _close(
+                got[r], total if all_reduce else total[r * m // ws : (r + 1) * m // ws], f"call {i}, rank {r}"
+            )
 
 
 CHECKS = [
@@ -206,14 +262,22 @@ CHECKS = [
     ("c_stationary, 3 ranks, bf16", lambda: check_c(3)),
     ("c_stationary, 4 ranks, bf16", lambda: check_c(4)),
     ("c_stationary all-reduce, 2 ranks, 1 split, bf16", lambda: check_c(2, all_reduce=True)),
-    ("c_stationary all-reduce, 2 ranks, 4 splits, fp16", lambda: check_c(2, torch.float16, all_reduce=True, splits=4)),
+    (
+        "c_stationary all-reduce, 2 ranks, 4 splits, fp16",
+        lambda: check_c(2, torch.float16, all_reduce=True, splits=4),
+    ),
     ("c_stationary all-reduce, 3 ranks, 2 splits, bf16", lambda: check_c(3, all_reduce=True, splits=2)),
     ("c_stationary all-reduce, 4 ranks, 2 splits, bf16", lambda: check_c(4, all_reduce=True, splits=2)),
-    ("c_stationary all-reduce, 2 ranks, M=1537, 2 splits, bf16", lambda: check_c(2, m=1537, all_reduce=True, splits=2)),
+    (
+        "c_stationary all-reduce, 2 ranks, M=1537, 2 splits, bf16",
+        lambda: check_c(2, m=1537, all_reduce=True, splits=2),
+    ),
     ("a_stationary, 2 ranks, 2 splits, B k-major, bf16", lambda: check_a(2, 2, kmajor=True)),
     ("c_stationary, 3 ranks, B k-major, bf16", lambda: check_c(3, kmajor=True)),
-    ("c_stationary all-reduce, 2 ranks, 2 splits, B k-major, fp16",
-     lambda: check_c(2, torch.float16, all_reduce=True, splits=2, kmajor=True)),
+    (
+        "c_stationary all-reduce, 2 ranks, 2 splits, B k-major, fp16",
+        lambda: check_c(2, torch.float16, all_reduce=True, splits=2, kmajor=True),
+    ),
     ("decomposed, 2 ranks, 2 splits, bf16", lambda: check_d(2)),
     ("decomposed, 2 ranks, 1 split, fp16", lambda: check_d(2, torch.float16, splits=1)),
     ("decomposed, 3 ranks, 2 splits, bf16", lambda: check_d(3)),

@@ -54,9 +54,12 @@ def _id() -> sa.Column:
     return sa.Column("id", sa.Integer(), primary_key=True)
 
 
-def _fk(column: str, table: str, owner: str, ondelete: str | None = None, nullable: bool = False) -> sa.Column:
+def _fk(
+    column: str, table: str, owner: str, ondelete: str | None = None, nullable: bool = False
+) -> sa.Column:
     return sa.Column(
-        column, sa.Integer(),
+        column,
+        sa.Integer(),
         sa.ForeignKey(f"{table}.id", name=f"fk_{owner}_{column}", ondelete=ondelete),
         nullable=nullable,
     )
@@ -67,8 +70,10 @@ def upgrade() -> None:
         "syncopate_environments",
         _id(),
         sa.Column("key", sa.String(32), nullable=False),
-        *(sa.Column(name, sa.String(64), nullable=False)
-          for name in ("syncopate", "torch", "triton", "cuda", "nccl", "driver", "gpu_model")),
+        *(
+            sa.Column(name, sa.String(64), nullable=False)
+            for name in ("syncopate", "torch", "triton", "cuda", "nccl", "driver", "gpu_model")
+        ),
         sa.Column("created_at", _TIME, nullable=False),
         sa.PrimaryKeyConstraint("id", name="pk_syncopate_environments"),
         sa.UniqueConstraint("key", name="uq_syncopate_environments_key"),
@@ -112,7 +117,8 @@ def upgrade() -> None:
         sa.Column("finished_at", _TIME, nullable=True),
         sa.PrimaryKeyConstraint("id", name="pk_syncopate_sweeps"),
         sa.CheckConstraint(
-            "status IN ('running', 'done', 'stopped', 'failed', 'interrupted')", name="ck_syncopate_sweeps_status"
+            "status IN ('running', 'done', 'stopped', 'failed', 'interrupted')",
+            name="ck_syncopate_sweeps_status",
         ),
     )
     op.create_index("ix_syncopate_sweeps_name", "syncopate_sweeps", ["name"])
@@ -140,14 +146,19 @@ def upgrade() -> None:
         sa.Column("created_at", _TIME, nullable=False),
         sa.PrimaryKeyConstraint("id", name="pk_syncopate_trials"),
         sa.UniqueConstraint(
-            "workload_id", "topology_id", "environment_id", "sweep_id", "candidate_hash",
+            "workload_id",
+            "topology_id",
+            "environment_id",
+            "sweep_id",
+            "candidate_hash",
             name="uq_syncopate_trials_identity",
         ),
         sa.CheckConstraint(f"status IN ({_STATUSES})", name="ck_syncopate_trials_status"),
         sa.CheckConstraint(f"source IN ({_SOURCES})", name="ck_syncopate_trials_source"),
     )
     op.create_index(
-        "ix_syncopate_trials_best", t,
+        "ix_syncopate_trials_best",
+        t,
         ["workload_id", "topology_id", "environment_id", "source", "status", "median_us"],
     )
     op.create_index(
@@ -173,7 +184,12 @@ def upgrade() -> None:
         sa.Column("created_at", _TIME, nullable=False),
         sa.PrimaryKeyConstraint("id", name="pk_syncopate_baselines"),
         sa.UniqueConstraint(
-            "workload_id", "topology_id", "environment_id", "sweep_id", "name", name="uq_syncopate_baselines_identity"
+            "workload_id",
+            "topology_id",
+            "environment_id",
+            "sweep_id",
+            "name",
+            name="uq_syncopate_baselines_identity",
         ),
         sa.CheckConstraint(f"source IN ({_SOURCES})", name="ck_syncopate_baselines_source"),
     )
@@ -192,7 +208,9 @@ def upgrade() -> None:
         _fk("sweep_id", "syncopate_sweeps", c, ondelete="SET NULL", nullable=True),
         sa.Column("created_at", _TIME, nullable=False),
         sa.PrimaryKeyConstraint("id", name="pk_syncopate_calibrations"),
-        sa.UniqueConstraint("kind", "topology_id", "environment_id", "key", name="uq_syncopate_calibrations_identity"),
+        sa.UniqueConstraint(
+            "kind", "topology_id", "environment_id", "key", name="uq_syncopate_calibrations_identity"
+        ),
         sa.CheckConstraint(f"source IN ({_SOURCES})", name="ck_syncopate_calibrations_source"),
     )
     op.execute(BEST_VIEW_SQL)
@@ -201,7 +219,12 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP VIEW syncopate_best")
     for table in (
-        "syncopate_calibrations", "syncopate_baselines", "syncopate_trials", "syncopate_sweeps",
-        "syncopate_workloads", "syncopate_topologies", "syncopate_environments",
+        "syncopate_calibrations",
+        "syncopate_baselines",
+        "syncopate_trials",
+        "syncopate_sweeps",
+        "syncopate_workloads",
+        "syncopate_topologies",
+        "syncopate_environments",
     ):
         op.drop_table(table)

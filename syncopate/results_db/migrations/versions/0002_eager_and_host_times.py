@@ -30,7 +30,8 @@ def upgrade() -> None:
         op.add_column(table, sa.Column("eager_us", _FLOAT, nullable=True))
         op.add_column(table, sa.Column("host_us", _FLOAT, nullable=True))
     op.create_index(
-        "ix_syncopate_trials_best_eager", "syncopate_trials",
+        "ix_syncopate_trials_best_eager",
+        "syncopate_trials",
         ["workload_id", "topology_id", "environment_id", "source", "status", "eager_us"],
     )
 
