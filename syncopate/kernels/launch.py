@@ -437,23 +437,12 @@ def launch_consumer(
     if a_own is None:
         a_own = a_full
     memo_key = None
+    kept = None
     if memo is not None:
         memo_key = (spin_limit, own_tiles, b.data_ptr() % 16, out.data_ptr() % 16, a_own.data_ptr() % 16)
         kept = memo.get(memo_key)
-        if kept is not None:
-            again, kmajor = kept
-            again(
-                b_ptr=b,
-                c_ptr=out,
-                own_ptr=a_own,
-                epoch=epoch,
-                b_desc=b.t() if kmajor else b,
-                c_desc=out,
-                own_desc=a_own,
-            )
-            return
     key = None
-    if cache is not None and _relaunch_on(out):
+    if kept is None and cache is not None and _relaunch_on(out):
         key = (
             "relaunch",
             "consumer",
@@ -474,18 +463,21 @@ def launch_consumer(
         )
         again = cache.get(key)
         if again is not None:
-            again(
-                b_ptr=b,
-                c_ptr=out,
-                own_ptr=a_own,
-                epoch=epoch,
-                b_desc=b.t() if b_is_kmajor(b) else b,
-                c_desc=out,
-                own_desc=a_own,
-            )
+            kept = (again, b_is_kmajor(b))
             if memo_key is not None:
-                memo[memo_key] = (again, b_is_kmajor(b))
-            return
+                memo[memo_key] = kept
+    if kept is not None:
+        again, kmajor = kept
+        again(
+            b_ptr=b,
+            c_ptr=out,
+            own_ptr=a_own,
+            epoch=epoch,
+            b_desc=b.t() if kmajor else b,
+            c_desc=out,
+            own_desc=a_own,
+        )
+        return
     M, K = a_full.shape
     N = out.shape[1]
     kmajor = b_is_kmajor(b)
@@ -615,26 +607,12 @@ def launch_producer(
     With `memo` (a call program's), the relaunch is found by what still varies between its calls
     (as `launch_consumer`'s)."""
     memo_key = None
+    kept = None
     if memo is not None:
         memo_key = (spin_limit, a.data_ptr() % 16, b.data_ptr() % 16, out.data_ptr() % 16)
         kept = memo.get(memo_key)
-        if kept is not None:
-            again, kmajor = kept
-            reduced_or_out = reduced if reduced is not None else out
-            again(
-                a_ptr=a,
-                b_ptr=b,
-                out_ptr=out,
-                reduced_ptr=reduced_or_out,
-                epoch=epoch,
-                a_desc=a,
-                b_desc=b.t() if kmajor else b,
-                out_desc=out,
-                reduced_desc=reduced_or_out,
-            )
-            return
     key = None
-    if cache is not None and _relaunch_on(a):
+    if kept is None and cache is not None and _relaunch_on(a):
         key = (
             "relaunch",
             "producer",
@@ -662,21 +640,24 @@ def launch_producer(
         )
         again = cache.get(key)
         if again is not None:
-            reduced_or_out = reduced if reduced is not None else out
-            again(
-                a_ptr=a,
-                b_ptr=b,
-                out_ptr=out,
-                reduced_ptr=reduced_or_out,
-                epoch=epoch,
-                a_desc=a,
-                b_desc=b.t() if b_is_kmajor(b) else b,
-                out_desc=out,
-                reduced_desc=reduced_or_out,
-            )
+            kept = (again, b_is_kmajor(b))
             if memo_key is not None:
-                memo[memo_key] = (again, b_is_kmajor(b))
-            return
+                memo[memo_key] = kept
+    if kept is not None:
+        again, kmajor = kept
+        reduced_or_out = reduced if reduced is not None else out
+        again(
+            a_ptr=a,
+            b_ptr=b,
+            out_ptr=out,
+            reduced_ptr=reduced_or_out,
+            epoch=epoch,
+            a_desc=a,
+            b_desc=b.t() if kmajor else b,
+            out_desc=out,
+            reduced_desc=reduced_or_out,
+        )
+        return
     M, K = a.shape
     N = b.shape[1]
     kmajor = b_is_kmajor(b)
