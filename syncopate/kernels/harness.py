@@ -19,7 +19,7 @@ import torch.distributed as dist
 from syncopate.errors import CandidateTimeoutError, ConfigError
 from syncopate.kernels import ops
 from syncopate.kernels.reference import reference, relative_error
-from syncopate.kernels.timing import barrier, time_collective, time_eager
+from syncopate.kernels.timing import Timing, barrier, time_collective, time_eager
 from syncopate.search_space import Candidate, Workload
 
 __all__ = ["Harness", "BaselineResult", "CandidateResult", "TOLERANCE", "SPIN_LIMIT", "TimingSettings"]
@@ -127,29 +127,27 @@ class Harness:
 
     # Baselines ---------------------------------------------------------------------------------
 
-    def _time(self, fn) -> tuple[float, ...]:
-        t = time_collective(
+    def _timing(self, fn) -> Timing:
+        """`fn`'s device time by the one method (`time_collective`), with this harness's settings."""
+        return time_collective(
             fn,
             self.group,
             warmup=self.timing.warmup,
             repetitions=self.timing.repetitions,
             flush_l2=self.timing.flush_l2,
         )
-        return t.samples_us
 
-    def _baseline(self, name: str, fn, detail: str, eager: bool = True) -> BaselineResult:
-        """A baseline's device time and, with `eager`, its back-to-back eager time and host time."""
-        t = time_collective(
-            fn,
-            self.group,
-            warmup=self.timing.warmup,
-            repetitions=self.timing.repetitions,
-            flush_l2=self.timing.flush_l2,
-        )
-        if not eager:
-            return BaselineResult(name, t.samples_us, detail)
-        e = time_eager(fn, self.group, flush_l2=self.timing.flush_l2)
-        return BaselineResult(name, t.samples_us, detail, eager_us=statistics.median(e), host_us=t.host_us)
+    def _time(self, fn) -> tuple[float, ...]:
+        return self._timing(fn).samples_us
+
+    def _eager(self, fn) -> float:
+        """`fn`'s median time a call back to back, the host on the path (`time_eager`)."""
+        return statistics.median(time_eager(fn, self.group, flush_l2=self.timing.flush_l2))
+
+    def _baseline(self, name: str, fn, detail: str) -> BaselineResult:
+        """A baseline's device time, back-to-back eager time and host time."""
+        t = self._timing(fn)
+        return BaselineResult(name, t.samples_us, detail, eager_us=self._eager(fn), host_us=t.host_us)
 
     def measure_baselines(self) -> list[BaselineResult]:
         """torch_seq, torch_async_tp, gemm_alone, comm_alone (NCCL) and comm_alone_copy_engine."""
@@ -389,14 +387,8 @@ class Harness:
         fused = self.op(candidate, SPIN_LIMIT)
         a, b = self.a, self.b
         try:
-            timing = time_collective(
-                lambda: fused(a, b),
-                self.group,
-                warmup=self.timing.warmup,
-                repetitions=self.timing.repetitions,
-                flush_l2=self.timing.flush_l2,
-            )
-            eager = time_eager(lambda: fused(a, b), self.group, flush_l2=self.timing.flush_l2)
+            timing = self._timing(lambda: fused(a, b))
+            eager_us = self._eager(lambda: fused(a, b))
             self._context().check_error()
         except Exception as e:
             status, error = classify(e), f"{type(e).__name__}: {e}"
@@ -410,7 +402,7 @@ class Harness:
             samples_us=timing.samples_us,
             max_rel_error=rel,
             host_us=timing.host_us,
-            eager_us=statistics.median(eager),
+            eager_us=eager_us,
         )
 
     def close(self) -> None:

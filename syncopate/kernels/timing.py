@@ -74,6 +74,17 @@ class _Flusher:
 _flushers: dict[torch.device, _Flusher] = {}
 
 
+def _flush(device: torch.device, flush_l2: bool) -> Callable[[], None]:
+    """What empties L2 before a repetition on `device` (one buffer a device, made on first use), or
+    nothing without `flush_l2`."""
+    if not flush_l2:
+        return lambda: None
+    flusher = _flushers.get(device)
+    if flusher is None:
+        flusher = _flushers[device] = _Flusher(device)
+    return flusher
+
+
 def barrier(group, device: torch.device) -> None:
     """Every rank of `group` gets here before any leaves (an all-reduce on this rank's device, synced)."""
     token = torch.zeros(1, device=device)
@@ -107,7 +118,7 @@ def time_collective(
 ) -> Timing:
     """Time `fn` (a collective every rank calls) by DESIGN's method; samples are max over ranks."""
     device = torch.device("cuda", torch.cuda.current_device())
-    flush = _flushers.setdefault(device, _Flusher(device)) if flush_l2 else (lambda: None)
+    flush = _flush(device, flush_l2)
     enqueue_us = 0.0
     for _ in range(warmup):
         t0 = time.perf_counter()
@@ -157,7 +168,7 @@ def time_eager(
     call whose host time exceeds its device time makes the GPU wait for it. A repetition's time
     is (end - start) / calls, the largest over the ranks."""
     device = torch.device("cuda", torch.cuda.current_device())
-    flush = _flushers.setdefault(device, _Flusher(device)) if flush_l2 else (lambda: None)
+    flush = _flush(device, flush_l2)
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
