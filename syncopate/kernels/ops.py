@@ -176,9 +176,7 @@ def call_context(
 ) -> OverlapContext | None:
     """The context that calls of `kind` with operands like `a` and `b` and this config use, once one
     such call has been made (None before, and for template `unfused`, which needs none)."""
-    key = _call_key(kind, a, b, group, config)
-    if key is not None and config is None:
-        key += (_REGISTRY.mode,)
+    key = _call_key(kind, a, b, group, config, _REGISTRY.mode)
     program = _REGISTRY.programs.get(key) if key is not None else None
     return None if program is None else program.context
 
@@ -364,15 +362,28 @@ def _refuse_first_capture(op: str, capturing: bool) -> None:
         )
 
 
-def _call_key(kind: str, a, b, group, config) -> tuple | None:
-    """What makes two calls the same once validated; None where the inputs need checking anyway."""
+def _call_key(kind: str, a, b, group, config, mode: str) -> tuple | None:
+    """What makes two calls the same once validated, last the `mode` their configuration is looked
+    up for (None where a config is given: the same in every mode); None where the inputs need
+    checking anyway."""
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and dist.is_initialized()):
         return None
     if not a.is_contiguous() or not (group is None or isinstance(group, dist.ProcessGroup)):
         return None
     name = (group or dist.group.WORLD).group_name
     conf = tuple(sorted(config.items())) if isinstance(config, dict) else config
-    key = (kind, name, a.shape, a.dtype, a.device, b.shape, b.stride(), b.dtype, conf)
+    key = (
+        kind,
+        name,
+        a.shape,
+        a.dtype,
+        a.device,
+        b.shape,
+        b.stride(),
+        b.dtype,
+        conf,
+        mode if config is None else None,
+    )
     try:
         hash(key)
     except TypeError:  # a config dict with a list in it: checked (and refused) the long way
@@ -412,12 +423,10 @@ def _program(kind: str, a, b, group, config, capturing: bool) -> CallProgram:
     key holds the mode the configuration is looked up for: `graph` while capturing, else the
     `set_mode` one. A capture whose `graph` program was never prepared (its warm-up ran in `eager`
     mode) takes the `eager` one, said once: a first call cannot be captured."""
-    mode = ("graph" if capturing else _REGISTRY.mode) if config is None else None
-    key = _call_key(kind, a, b, group, config)
-    if key is not None and mode is not None:
-        key += (mode,)
+    mode = "graph" if capturing else _REGISTRY.mode
+    key = _call_key(kind, a, b, group, config, mode)
     program = _REGISTRY.programs.get(key) if key is not None else None
-    if program is None and capturing and mode == "graph":
+    if program is None and capturing and config is None:
         program = _REGISTRY.programs.get(key[:-1] + ("eager",)) if key is not None else None
         if program is not None and key not in _REGISTRY._warned_fallback:
             _REGISTRY._warned_fallback.add(key)
@@ -429,9 +438,7 @@ def _program(kind: str, a, b, group, config, capturing: bool) -> CallProgram:
             )
     if program is None:
         _refuse_first_capture(OP_NAMES[kind], capturing)
-        program = kept_allocations(
-            lambda: _prepare(kind, a, b, group, config, mode or "eager"), _device_of(a)
-        )
+        program = kept_allocations(lambda: _prepare(kind, a, b, group, config, mode), _device_of(a))
         if key is not None:
             _REGISTRY.programs[key] = program
     return program
