@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 import syncopate
+from syncopate.kernels.library import unfused
 from syncopate.kernels.local_ranks import free_port, join_group, spawn_ranks
 from syncopate.kernels.reference import reference, relative_error
 from syncopate.kernels.timing import barrier
@@ -79,22 +80,6 @@ def templates(what: str, ws: int) -> dict[str, Candidate | None]:
     return dict.fromkeys(kinds, CANDIDATE)
 
 
-def torch_path(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> torch.Tensor:
-    """The op as torch runs it unfused: NCCL's collective and cuBLAS's matmul in sequence."""
-    ws = dist.get_world_size(group)
-    if kind == "ag_gemm":
-        full = a.new_empty((a.shape[0] * ws, a.shape[1]))
-        dist.all_gather_into_tensor(full, a, group=group)
-        return full @ b
-    y = a @ b
-    if kind == "gemm_ar":
-        dist.all_reduce(y, group=group)
-        return y
-    out = y.new_empty((y.shape[0] // ws, y.shape[1]))
-    dist.reduce_scatter_tensor(out, y, group=group)
-    return out
-
-
 def case(
     kind: str,
     m: int,
@@ -119,7 +104,7 @@ def case(
 
     def op(a, b):
         if torch_only:
-            return torch_path(kind, a, b, group)
+            return unfused(kind, a, b, group)  # torch's collective and matmul, no Syncopate call
         return ops[kind](a, b, group, candidate)
 
     def inputs():

@@ -33,7 +33,7 @@ from syncopate.kernels.backends import GatherCall, ScatterCall, backend_for, sta
 from syncopate.kernels.c_stationary import b_moves_kmajor
 from syncopate.kernels.context import OverlapContext
 from syncopate.kernels.launch import launch_consumer, launch_producer, own_shard_readable
-from syncopate.kernels.library import all_gather_rows
+from syncopate.kernels.library import unfused
 from syncopate.kernels.tables import consumer_tables, plan_for, producer_tables
 from syncopate.search_space import (
     A_STATIONARY,
@@ -229,11 +229,9 @@ def b_layout_on_every_rank(b: torch.Tensor, group, op: str) -> bool:
 # unfused --------------------------------------------------------------------------------------------
 
 
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
-
-
 class UnfusedProgram(CallProgram):
-    """The group's collective and torch's matmul in sequence, written into the call's tensors."""
+    """The group's collective and torch's matmul in sequence (`library.unfused`), written into the
+    call's tensors; an all-gather that returns the gathered A gathers straight into it."""
 
     returns_gathered = True
 
@@ -241,17 +239,11 @@ class UnfusedProgram(CallProgram):
         self.spec = spec
 
     def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None) -> None:
-        group = self.spec.group
-        if self.spec.kind == "ag_gemm":
-            full = gathered if gathered is not None else all_gather_rows(a, group)
-            if gathered is not None:
-                dist.all_gather_into_tensor(gathered, a, group=group)
-            torch.matmul(full, b, out=out)
-        elif self.spec.kind == "gemm_ar":
-            torch.matmul(a, b, out=out)
-            dist.all_reduce(out, group=group)
-        else:
-            _REDUCE_SCATTER(out, a @ b, group=group)
+        if gathered is None:
+            unfused(self.spec.kind, a, b, self.spec.group, out=out)
+            return
+        dist.all_gather_into_tensor(gathered, a, group=self.spec.group)
+        torch.matmul(gathered, b, out=out)
 
 
 class UnfusedTemplate(Template):
