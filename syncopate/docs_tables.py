@@ -37,22 +37,46 @@ BLOCK = re.compile(r"<!-- generated: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- end
 
 KIND_LABELS = {"ag_gemm": "AG+GEMM", "gemm_rs": "GEMM+RS", "gemm_ar": "GEMM+AR"}
 
-TP2_RUNS = (
-    "bench-2026-11-27-h200x2-suite.json",
-    "bench-2026-11-27-h200x2-suite-2.json",
-    "bench-2026-11-27-h200x2-suite-ar.json",
-)
-"""The current runs of the TP=2 suite (configs/llama_tp2.yaml) on two H200s: two whole suites and
-the all-reduces alone."""
-TP4_RUNS = (
-    "bench-2026-11-27-h200x4-suite.json",
-    "bench-2026-11-27-h200x4-suite-ar.json",
-    "bench-2026-11-27-h200x4-suite-rs.json",
-)
-"""The current runs of the TP=4 suite (configs/llama_tp4.yaml) on four H200s: the whole suite, its
-all-reduces alone and its reduce-scatters alone."""
-SHORT_DB = "short_tp2-h100x2.db"
-STRATEGY_RUNS = (("TP=2", "strategies_llama_tp2.json"), ("TP=4", "strategies_llama_tp4.json"))
+SOURCES = "tables.json"
+"""The file under results/ that names which result files each table reads (`Sources`): which runs
+are current is data, changed when new results land, not code."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sources:
+    """The result files under results/ the tables read (`results/tables.json`)."""
+
+    tp2_suite: tuple[str, ...]
+    """Runs of the TP=2 suite (configs/llama_tp2.yaml); the first a whole suite, shown per shape."""
+    tp4_suite: tuple[str, ...]
+    """Runs of the TP=4 suite (configs/llama_tp4.yaml); the first a whole suite, shown per shape."""
+    short_tp2: str
+    """The results database of configs/short_tp2.yaml."""
+    strategies: tuple[tuple[str, str], ...]
+    """(label, file) of each `benchmarks/strategies.py` run."""
+    layers: str
+    """The `syncopate bench --layer` runs."""
+    train_step: tuple[str, ...]
+    """The `benchmarks/train_step.py` runs."""
+
+
+def sources(root: Path) -> Sources:
+    """The result files the tables under `root` read."""
+    doc = _read_json(root / "results" / SOURCES)
+    try:
+        return Sources(
+            tp2_suite=tuple(doc["tp2_suite"]),
+            tp4_suite=tuple(doc["tp4_suite"]),
+            short_tp2=doc["short_tp2"],
+            strategies=tuple((label, name) for label, name in doc["strategies"]),
+            layers=doc["layers"],
+            train_step=tuple(doc["train_step"]),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(
+            f"results/{SOURCES} does not name every table's files ({e!r}): it needs tp2_suite, "
+            f"tp4_suite, short_tp2, strategies, layers and train_step"
+        ) from None
 
 
 # ---- reading the result files ---------------------------------------------------------------------
@@ -168,7 +192,8 @@ def _files(names: Sequence[str]) -> str:
 def summary(root: Path) -> str:
     """Per machine and kind, the range over shapes and runs of each ratio to our best candidate."""
     out_rows = []
-    for runs in (TP2_RUNS, TP4_RUNS):
+    src = sources(root)
+    for runs in (src.tp2_suite, src.tp4_suite):
         by_kind: dict[str, list[BenchRow]] = {}
         topology = ""
         for name in runs:
@@ -193,7 +218,7 @@ def summary(root: Path) -> str:
     )
     return (
         f"{table}\n\nM = 8192, bf16; each ratio is from one run, the range is over the shapes and the runs "
-        f"of {_files(TP2_RUNS + TP4_RUNS)}. Above 1: ours is faster (for the bound: it overlaps better than "
+        f"of {_files(src.tp2_suite + src.tp4_suite)}. Above 1: ours is faster (for the bound: it overlaps better than "
         f"the slower of the GEMM alone and the fastest collective alone).\n"
     )
 
@@ -245,19 +270,20 @@ def _suite(root: Path, name: str) -> str:
 
 def suite_tp2(root: Path) -> str:
     """Every shape of one whole TP=2 suite run."""
-    return _suite(root, TP2_RUNS[0])
+    return _suite(root, sources(root).tp2_suite[0])
 
 
 def suite_tp4(root: Path) -> str:
     """Every shape of one whole TP=4 suite run."""
-    return _suite(root, TP4_RUNS[0])
+    return _suite(root, sources(root).tp4_suite[0])
 
 
 def winners(root: Path) -> str:
     """Which template gave each shape's best candidate, in the whole suite runs."""
     won: dict[str, dict[str, list[str]]] = {}
     columns = []
-    for name in (TP2_RUNS[0], TP4_RUNS[0]):
+    src = sources(root)
+    for name in (src.tp2_suite[0], src.tp4_suite[0]):
         doc, rows = bench_rows(root / "results" / name)
         column = f"{doc['topology']['key']} ({len(rows)} shapes)"
         columns.append(column)
@@ -267,13 +293,14 @@ def winners(root: Path) -> str:
     out_rows = [[f"`{t}`", *("; ".join(won[t].get(c, [])) or "–" for c in columns)] for t in sorted(won)]
     return (
         f"{_table(['template', *columns], out_rows)}\n\nShapes as N×K at M = 8192; from "
-        f"{_files((TP2_RUNS[0], TP4_RUNS[0]))}.\n"
+        f"{_files((src.tp2_suite[0], src.tp4_suite[0]))}.\n"
     )
 
 
 def short_tp2(root: Path) -> str:
     """Short GEMMs at TP=2: the best fused and the unfused candidate, measured side by side."""
-    with _connect(root / "results" / SHORT_DB) as db:
+    short = sources(root).short_tp2
+    with _connect(root / "results" / short) as db:
         best = db.execute(
             "SELECT w.kind, w.m, w.n, w.k, json_extract(t.candidate, '$.template') = 'unfused', min(t.median_us) "
             "FROM syncopate_trials t JOIN syncopate_workloads w ON w.id = t.workload_id "
@@ -314,13 +341,13 @@ def short_tp2(root: Path) -> str:
     return (
         f"{table}\n\n{topology}, N = {n}, K = {k}, bf16, µs: each the best median measured, over the sweep "
         f"and its confirmation; `served` is what `syncopate lookup` answers (the faster); from "
-        f"`results/{SHORT_DB}` (`configs/short_tp2.yaml`).\n"
+        f"`results/{short}` (`configs/short_tp2.yaml`).\n"
     )
 
 
 def _strategy_runs(root: Path) -> list[tuple[str, dict]]:
     runs = []
-    for label, name in STRATEGY_RUNS:
+    for label, name in sources(root).strategies:
         doc = _read_json(root / "results" / name)
         if doc["synthetic"]:
             raise ConfigError(
@@ -358,7 +385,7 @@ def strategies(root: Path) -> str:
         f"best, as a fraction of the exhaustive count (median over workloads and seeds; runs stop at "
         f"{first['cap']:.0%}); replayed from the measured sweeps "
         + ", ".join(f"`{doc['label'].split(' sweep ')[0].removeprefix('sqlite:///')}`" for _, doc in runs)
-        + f"; from {_files([n for _, n in STRATEGY_RUNS])}.\n"
+        + f"; from {_files([n for _, n in sources(root).strategies])}.\n"
     )
 
 
@@ -388,21 +415,15 @@ def cost_model(root: Path) -> str:
     return (
         f"{_table(head, out_rows)}\n\nThe cost model's predictions of every candidate of a measured "
         f"exhaustive sweep against the measurements: rank correlation, and how much slower than the best "
-        f"the candidate it ranks first measured; from {_files([n for _, n in STRATEGY_RUNS])}.\n"
+        f"the candidate it ranks first measured; from {_files([n for _, n in sources(root).strategies])}.\n"
     )
-
-
-LAYER_RUNS = "layers-2026-11-27-h100.json"
-"""`syncopate bench --layer` runs, each with the configurations of `results/layers-h100.db`."""
-
-TRAIN_RUNS = ("train-2026-11-27-h100x4.json",)
-"""`benchmarks/train_step.py` runs."""
 
 
 def layers(root: Path) -> str:
     """Tensor-parallel MLP layers as a job runs them: per mode and pass, each path's time an
     iteration and torch's, async-TP's and the untuned defaults' over the looked-up configurations'."""
-    doc = _read_json(root / "results" / LAYER_RUNS)
+    layer_runs = sources(root).layers
+    doc = _read_json(root / "results" / layer_runs)
     rows = []
     gpu = torch_version = ""
     for run in doc["runs"]:
@@ -458,7 +479,7 @@ def layers(root: Path) -> str:
     return (
         f"{table}\n\nSwiGLU MLP layers (gate and up in one column layer), sequence parallel, bf16; µs an "
         f"iteration (median of seven repetitions of ten back to back; `graph`: one iteration captured and "
-        f"replayed); {gpu}, torch {torch_version}; from `results/{LAYER_RUNS}`. Above 1: ours is faster.\n"
+        f"replayed); {gpu}, torch {torch_version}; from `results/{layer_runs}`. Above 1: ours is faster.\n"
     )
 
 
@@ -466,7 +487,7 @@ def train_step(root: Path) -> str:
     """Training steps of a transformers Llama model under tensor parallelism, torch's styles and ours."""
     rows = []
     notes = []
-    for name in TRAIN_RUNS:
+    for name in sources(root).train_step:
         doc = _read_json(root / "results" / name)
         m = doc["model"]
         torch_ms = next((v["step_ms"] for v in doc["variants"] if v["variant"] == "torch"), None)

@@ -1,14 +1,14 @@
 """The export file: what is served in each mode, as JSON, for jobs that cannot reach the database.
 
 ```json
-{"format": "syncopate-best", "version": 2, "exported_at": "2026-11-21T12:00:00+00:00",
+{"format": "syncopate-best", "version": 2, "exported_at": "<UTC time, ISO 8601>",
  "database": "sqlite:////home/me/.local/share/syncopate/results.db",
  "entries": [{"workload": {"kind": "ag_gemm", "m": 8192, "n": 4096, "k": 8192, "dtype": "bf16"},
               "topology": {"key": "H200x2-nvlink", "world_size": 2, …},
               "environment": {"syncopate": "0.1.0", "torch": "2.11.0", …},
               "candidate": {"backend": "copy_engine", …},
               "trial_id": 17, "sweep_id": 2, "median_us": 1523.4, "p20_us": 1519.0, "p80_us": 1530.2,
-              "eager_us": 1544.0, "host_us": 231.5, "created_at": "2026-11-21T11:58:03+00:00",
+              "eager_us": 1544.0, "host_us": 231.5, "created_at": "<UTC time, ISO 8601>",
               "served_in": ["eager", "graph"], "guards": {}}]}
 ```
 

@@ -162,8 +162,8 @@ def _mm_reduce(a, b, group, impl, config):
 
 def _add_bias(out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """out + bias: in place, but where torch.compile traces it (which fuses the addition anyway):
-    on torch 2.11 an autograd function whose forward changed its output in place got a zero
-    gradient in the compiled backward (one H100, 2026-11-25; torch 2.13 on the CPU did not)."""
+    torch 2.11's compiled backward gives an autograd function whose forward changed its output in
+    place a zero gradient (torch 2.13's does not)."""
     if bias is None:
         return out
     return out + bias if torch.compiler.is_compiling() else out.add_(bias)

@@ -3,7 +3,6 @@ and the view of the best trial per (workload, topology, environment).
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-21
 
 Types are spelled out as the storage types of :mod:`syncopate.results_db.types` (double precision,
 JSON/JSONB, timestamp with time zone), so this script keeps its meaning whatever those classes

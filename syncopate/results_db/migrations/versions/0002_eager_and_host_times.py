@@ -3,7 +3,6 @@ lookup's eager rungs.
 
 Revision ID: 0002
 Revises: 0001
-Create Date: 2026-11-28
 
 `eager_us` is the median time per call of back-to-back eager calls with the host on the path,
 `host_us` the median host time to enqueue one call; both nullable, NULL for every row measured
