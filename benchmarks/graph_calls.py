@@ -7,9 +7,10 @@ round timed with events from its first enqueue to its last kernel's end (the dev
 host where the host is slower), eagerly and as one replay of a graph holding the same 10 calls;
 medians, µs a call. The fused ops take the configuration `syncopate.lookup` gives a job here. One GPU a rank
 (`--ranks N`, default every visible GPU); rank 0 prints a table
-and writes the numbers as JSON (`--out`).
+and writes the numbers as JSON (`--out`). A last row, `entry`, times what a captured call adds
+before its work: the start that clears the signal pads with the group met (10 in a graph).
 
-    python benchmarks/graph_calls.py [--ranks N] [--out FILE]
+    python benchmarks/graph_calls.py [--ranks N] [--shape MxNxK ...] [--out FILE]
 """
 
 from __future__ import annotations
@@ -104,10 +105,33 @@ def case(kind: str, shape: tuple[int, int, int], group, dev) -> list[dict]:
     return rows
 
 
-def run_rank(rank: int, world: int, port: int, out: str | None, results) -> None:
+def entry_row(group, dev) -> dict:
+    """The captured calls' start alone (`OverlapContext.begin_call` under capture), CALLS of them in a
+    graph and eagerly, on the context of a call made before."""
+    from syncopate.kernels.templates import CONTEXTS
+
+    ctx = next(iter(CONTEXTS._contexts.values()))
+    stream = torch.cuda.current_stream(dev)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            ctx.begin_call(torch.cuda.current_stream(dev))
+
+    def eager():
+        for _ in range(CALLS):
+            ctx.begin_call(stream)
+
+    row = {"kind": "entry", "shape": [0, 0, 0], "ranks": dist.get_world_size(group), "impl": "fused"}
+    row.update(rel_err=0.0, eager_us=timed(eager, group, dev), graph_us=timed(graph.replay, group, dev))
+    del graph
+    return row
+
+
+def run_rank(rank: int, world: int, port: int, shapes, out: str | None, results) -> None:
     dev = join_group(rank, world, port)
     try:
-        rows = [row for kind in KINDS for shape in SHAPES for row in case(kind, shape, dist.group.WORLD, dev)]
+        rows = [row for kind in KINDS for shape in shapes for row in case(kind, shape, dist.group.WORLD, dev)]
+        rows.append(entry_row(dist.group.WORLD, dev))
         syncopate.close_contexts()
         if rank == 0:
             print_table(rows, torch.cuda.get_device_name(dev))
@@ -126,7 +150,7 @@ def print_table(rows: list[dict], device: str) -> None:
     torch_graph = {(r["kind"], tuple(r["shape"])): r["graph_us"] for r in rows if r["impl"] == "torch"}
     for r in rows:
         shape = "×".join(map(str, r["shape"]))
-        vs = torch_graph[(r["kind"], tuple(r["shape"]))] / r["graph_us"]
+        vs = torch_graph.get((r["kind"], tuple(r["shape"])), float("nan")) / r["graph_us"]
         print(
             f"| {r['kind']} | {shape} | {r['impl']} | {r['eager_us']:.1f} | {r['graph_us']:.1f} | "
             f"{r['eager_us'] / r['graph_us']:.2f} | {vs:.3f} | {r['rel_err']:.2e} |"
@@ -138,8 +162,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ranks", type=int, default=0, help="ranks, one GPU each (default: every visible GPU)"
     )
+    parser.add_argument(
+        "--shape",
+        action="append",
+        default=None,
+        help="global M×N×K (repeatable; default 256, 1024 and 4096 rows of 4096×4096)",
+    )
     parser.add_argument("--out", help="write every row as JSON here")
     args = parser.parse_args(argv)
+    try:
+        shapes = [tuple(int(x) for x in s.lower().replace("×", "x").split("x")) for s in args.shape or []]
+    except ValueError:
+        shapes = [()]
+    if any(len(s) != 3 or min(s) < 1 for s in shapes):
+        print(
+            f"graph_calls: --shape {args.shape}: give M×N×K as three positive integers, e.g. 8192x4096x4096",
+            file=sys.stderr,
+        )
+        return 2
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     ranks = args.ranks or gpus
     if gpus < 1:
@@ -148,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= ranks <= gpus:
         print(f"graph_calls: --ranks {args.ranks}: give 1 to {gpus}, one GPU a rank", file=sys.stderr)
         return 2
-    spawn_ranks(run_rank, ranks, (args.out,), what="graph_calls rank")
+    spawn_ranks(run_rank, ranks, (shapes or SHAPES, args.out), what="graph_calls rank")
     return 0
 
 

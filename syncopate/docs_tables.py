@@ -484,37 +484,51 @@ def layers(root: Path) -> str:
 
 
 def train_step(root: Path) -> str:
-    """Training steps of a transformers Llama model under tensor parallelism, torch's styles and ours."""
+    """Training steps of a transformers Llama model under tensor parallelism, torch's styles and ours:
+    each variant against torch's TP in its faster mode (eager or compiled) and against async-TP, both
+    from the same run."""
     rows = []
     notes = []
     for name in sources(root).train_step:
         doc = _read_json(root / "results" / name)
         m = doc["model"]
-        torch_ms = next((v["step_ms"] for v in doc["variants"] if v["variant"] == "torch"), None)
+        ms = {v["variant"]: v["step_ms"] for v in doc["variants"] if v.get("step_ms")}
+        torch_tp = [ms[v] for v in ("torch", "torch-compiled") if v in ms]
+        best_torch = min(torch_tp) if torch_tp else None
+        async_tp = ms.get("async-tp")
         for v in doc["variants"]:
-            speed = None if torch_ms is None or not v.get("step_ms") else torch_ms / v["step_ms"]
+            step = v.get("step_ms")
+            loss = v.get("max_loss_diff_vs_torch")
             rows.append(
                 [
                     m["name"],
                     str(m["layers"]),
+                    str(m["vocab"]),
                     f"TP={doc['world']}",
                     str(doc["tokens"]),
                     v["variant"],
-                    f"{v['step_ms']:.2f}",
-                    f"{v['tokens_per_s']:.0f}",
-                    f"{v['peak_bytes'] / 2**30:.2f}",
-                    f"{v['max_loss_diff_vs_torch']:.2e}",
-                    _r(speed),
+                    "–" if not step else f"{step:.2f}",
+                    "–" if not step else f"{v['tokens_per_s']:.0f}",
+                    "–" if not step else f"{v['peak_bytes'] / 2**30:.2f}",
+                    "–" if loss is None else f"{loss:.2e}",
+                    _r(None if not step or best_torch is None else best_torch / step),
+                    _r(None if not step or async_tp is None else async_tp / step),
                 ]
             )
         notes.append(
-            f"{doc['device']}, torch {doc['versions']['torch']}, transformers {doc['versions']['transformers']}, "
-            f"median of {doc['steps']} steps after {doc['warmup']}, `results/{name}`"
+            (
+                doc["device"],
+                doc["steps"],
+                doc["warmup"],
+                doc["versions"]["torch"],
+                doc["versions"]["transformers"],
+            )
         )
     table = _table(
         [
             "model",
             "layers",
+            "vocab",
             "TP",
             "tokens",
             "variant",
@@ -522,11 +536,17 @@ def train_step(root: Path) -> str:
             "tokens/s",
             "peak GiB",
             "max |Δloss| vs torch",
-            "torch / variant",
+            "torch TP (faster mode) / variant",
+            "async-TP / variant",
         ],
         rows,
     )
-    return f"{table}\n\n{'; '.join(notes)}.\n"
+    said = "; ".join(
+        f"{gpu}, median of {steps} steps after {warmup}, torch {t}, transformers {tf}"
+        for gpu, steps, warmup, t, tf in sorted(set(notes))
+    )
+    files = ", ".join(f"`results/{name}`" for name in sources(root).train_step)
+    return f"{table}\n\n{said}; from {files}.\n"
 
 
 TABLES: dict[str, Callable[[Path], str]] = {
