@@ -373,3 +373,27 @@ def test_the_command_says_its_answer_once(populated):
         text=True,
     )
     assert r.returncode == 0 and "other_environment" in r.stdout and r.stderr == "", (r.stdout, r.stderr)
+
+
+def test_the_cost_model_serves_a_fused_pick_only_from_a_calibration_measured_on_the_topology(tmp_path):
+    """From the default calibration's leads the model has erred by up to 2× on a machine it was not
+    calibrated on, so with nothing measured lookup serves unfused; the same figures stored as a
+    measured calibration of the topology let the model's fused pick through."""
+    from syncopate.cost_model.calibration_defaults import default_calibration
+
+    topo = Topology.from_key("H200x4-nvswitch")
+    shape, kind = (8192, 4096, 4096), "gemm_ar"
+    path = tmp_path / "cal.db"
+    with ResultsDB.open(path, upgrade=True):
+        pass
+    leads = lookup(shape, topo, kind=kind, db=path, environment=ENV)
+    assert leads.match == "cost_model" and leads.candidate.template == "unfused"
+    assert "is not measured on this topology" in leads.reason and " would be " in leads.reason
+    with ResultsDB.open(path) as db:
+        for r in default_calibration(topo).records(topo, ENV):
+            db.record_calibration(r)
+    clear_cache()
+    measured = lookup(shape, topo, kind=kind, db=path, environment=ENV)
+    assert measured.match == "cost_model" and measured.candidate.template != "unfused"
+    assert " would be " not in measured.reason
+    assert measured.predicted_us < leads.predicted_us

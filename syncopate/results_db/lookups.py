@@ -31,7 +31,10 @@ The ladder, first rung that answers wins (the result's `match` says which, `reas
 5. `cost_model`: the cost model's pick for the shape on the asked topology, among `syncopate
    bench`'s `tiny` grid and the guards, ranked in the mode (device time, or the larger of device
    and host time in mode eager), from the calibrations the database holds for the topology, else
-   the documented defaults. The model is imported on this rung only (numpy; no torch);
+   the documented defaults. Only a calibration measured on the topology (`syncopate calibrate`)
+   lets it serve a fused configuration: from leads of other machines its predictions have erred
+   by up to 2× (docs/search.md, "Where nothing is measured"), so it serves unfused, torch's own
+   path, which cannot be slower than torch. The model is imported on this rung only (numpy; no torch);
 6. `default`: :func:`~syncopate.search_space.default_candidate`, where nothing above answers (a
    GPU model the cost model has no figures for). Its result says what the database holds instead.
 
@@ -95,6 +98,7 @@ MATCHES: tuple[str, ...] = (
 """The rungs of the ladder, best first."""
 
 _CACHE_LIMIT = 4096
+
 
 _GUARD_NAMES = {
     "default": "the untuned default",
@@ -464,12 +468,22 @@ class _Ladder:
         if not scored:
             return None, f"no candidate of {len(found)} it ranks can run on {self.topology.key()}"
         score, best = min(scored, key=lambda sc: sc[0])
+        where = "on the device" if self.mode == "graph" else "eager"
+        among = f"the cost model's pick among {len(scored)} candidates (the `tiny` grid and the references)"
+        unfused = guard_candidates(self.workload, self.topology)["unfused"]
+        unfused_score = next((sc for sc, c in scored if c == unfused), None)
+        if best != unfused and unfused_score is not None and calibration.source != "measured":
+            pick = (
+                f"{among} would be {best.short()}, predicted {score:.1f} µs {where} against unfused's "
+                f"{unfused_score:.1f} µs, from the {calibration.describe()}; that calibration is not measured "
+                f"on this topology, so unfused, torch's own path, is served until `syncopate calibrate` or a "
+                f"tune measures it"
+            )
+            score, best = unfused_score, unfused
+        else:
+            pick = f"{among}, predicted {score:.1f} µs {where} from the {calibration.describe()}"
         objective = "device (predicted)" if self.mode == "graph" else "eager (predicted)"
-        reason = (
-            f"{self._nothing_measured()}: the cost model's pick among {len(scored)} candidates (the `tiny` grid "
-            f"and the references), predicted {score:.1f} µs {'on the device' if self.mode == 'graph' else 'eager'}"
-            f" from the {calibration.describe()}. The database holds {holdings.describe()}"
-        )
+        reason = f"{self._nothing_measured()}: {pick}. The database holds {holdings.describe()}"
         return LookupResult(
             candidate=best,
             match="cost_model",
