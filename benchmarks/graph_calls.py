@@ -26,9 +26,9 @@ import torch.distributed as dist
 
 import syncopate
 from syncopate.kernels.library import OP_NAMES, unfused
-from syncopate.kernels.local_ranks import join_group, spawn_ranks
-from syncopate.kernels.reference import reference, relative_error
-from syncopate.kernels.timing import barrier
+from syncopate.measure.local_ranks import join_group, spawn_ranks
+from syncopate.measure.reference import reference, relative_error
+from syncopate.measure.timing import barrier
 from syncopate.search_space import Workload
 
 SHAPES = [(m, 4096, 4096) for m in (256, 1024, 4096)]

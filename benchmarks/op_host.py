@@ -34,9 +34,9 @@ import torch.distributed as dist
 
 import syncopate
 from syncopate.kernels.library import unfused
-from syncopate.kernels.local_ranks import free_port, join_group, spawn_ranks
-from syncopate.kernels.reference import reference, relative_error
-from syncopate.kernels.timing import barrier
+from syncopate.measure.local_ranks import free_port, join_group, spawn_ranks
+from syncopate.measure.reference import reference, relative_error
+from syncopate.measure.timing import barrier
 from syncopate.search_space import (
     Candidate,
     Workload,

@@ -105,14 +105,14 @@ def cases():
 
 def worker(rank: int, world: int, port: int, args) -> None:
     faulthandler.dump_traceback_later(args.watchdog, exit=True)
-    from syncopate.kernels.local_ranks import join_group
+    from syncopate.measure.local_ranks import join_group
 
     dev = join_group(rank, world, port)
     import torch
     import torch.distributed as dist
 
     from syncopate.kernels import ops
-    from syncopate.kernels.reference import reference, relative_error
+    from syncopate.measure.reference import reference, relative_error
     from syncopate.search_space import Candidate, Workload
 
     g = dist.group.WORLD
@@ -191,7 +191,7 @@ def main() -> int:
     args = p.parse_args()
     import torch.multiprocessing as mp
 
-    from syncopate.kernels.local_ranks import free_port
+    from syncopate.measure.local_ranks import free_port
 
     mp.start_processes(worker, args=(2, free_port(), args), nprocs=2, start_method="spawn")
     return 0

@@ -10,7 +10,7 @@ the default tile `128x256x64w8s3` and `arrival` order) and environment settings 
 before each of its calls and taken away after (switches read at call time; one read at import
 takes the first variant's). One process per GPU; each variant is checked against float32 once
 (output poisoned first), then each round times every variant in turn by the project's method
-(kernels/timing.py: warm-up, L2 flush, ranks started together, events, max over ranks, median of
+(measure/timing.py: warm-up, L2 flush, ranks started together, events, max over ranks, median of
 the repetitions). Printed: each variant's median and least over the rounds, the GEMM alone timed
 the same way, the median host time to enqueue one call (the device sleep before each timed call,
 `--sleep-us`, is at least twice a warm-up call's), and every round's figure.
@@ -55,7 +55,7 @@ def _candidate(kind: str, template: str, splits: int):
 
 
 def worker(rank: int, world: int, port: int, args, queue) -> None:
-    from syncopate.kernels.local_ranks import join_group
+    from syncopate.measure.local_ranks import join_group
 
     dev = join_group(rank, world, port)
     import torch
@@ -63,8 +63,8 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
 
     from benchmarks.timeline import workload_operands
     from syncopate.kernels import ops
-    from syncopate.kernels.reference import reference, relative_error
-    from syncopate.kernels.timing import time_collective
+    from syncopate.measure.reference import reference, relative_error
+    from syncopate.measure.timing import time_collective
 
     torch.manual_seed(rank)
     fused, a, b, out = workload_operands(args, world, dev)
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.multiprocessing as mp
 
-    from syncopate.kernels.local_ranks import free_port
+    from syncopate.measure.local_ranks import free_port
 
     if torch.cuda.device_count() < args.gpus:
         print(

@@ -77,7 +77,7 @@ def workload_operands(args, world: int, dev):
 
 
 def worker(rank: int, world: int, port: int, args, queue) -> None:
-    from syncopate.kernels.local_ranks import join_group
+    from syncopate.measure.local_ranks import join_group
 
     dev = join_group(rank, world, port)
     import torch
@@ -85,8 +85,8 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
 
     from syncopate.kernels import ops
     from syncopate.kernels.context import Timeline
-    from syncopate.kernels.reference import reference, relative_error
-    from syncopate.kernels.timing import start_together
+    from syncopate.measure.reference import reference, relative_error
+    from syncopate.measure.timing import start_together
 
     c = candidate(args)
     g = dist.group.WORLD
@@ -136,7 +136,7 @@ def profiled_call(call, group, dev) -> list[dict]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from syncopate.kernels.timing import start_together
+    from syncopate.measure.timing import start_together
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         start_together(group, dev, 5000.0)  # the profiler slows the host: a longer sleep to enqueue under
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import torch.multiprocessing as mp
 
-    from syncopate.kernels.local_ranks import free_port
+    from syncopate.measure.local_ranks import free_port
 
     for k, v in {
         "NCCL_NVLS_ENABLE": "0",

@@ -333,7 +333,7 @@ def _cpu_rank(rank: int, world: int, port: int, args, queue) -> None:
 def _run_cpu(args) -> dict:
     import torch.multiprocessing as mp
 
-    from syncopate.kernels.local_ranks import free_port
+    from syncopate.measure.local_ranks import free_port
 
     port = free_port()
     ctx = mp.get_context("spawn")
@@ -435,7 +435,7 @@ def main(argv=None) -> int:
     else:
         import torch.distributed as dist
 
-        from syncopate.kernels.local_ranks import join_torchrun
+        from syncopate.measure.local_ranks import join_torchrun
 
         device = join_torchrun()
         try:

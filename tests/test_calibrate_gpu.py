@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.multigpu, pytest.mark.timeout(900)]
 
 
 def test_a_quick_calibration_is_measured_and_read_back(tmp_path):
-    from syncopate.kernels.calibrate import CalibrateOptions, run_calibration
+    from syncopate.measure.calibrate import CalibrateOptions, run_calibration
     from syncopate.results_db import ResultsDB
 
     options = CalibrateOptions(

@@ -18,7 +18,7 @@ decomposed for each reduction; two refusals."""
 
 
 def _rank_worker(rank, world, port, shared_gpu, queue):
-    from syncopate.kernels.local_ranks import join_group
+    from syncopate.measure.local_ranks import join_group
 
     dev = join_group(
         rank, world, port, shared_gpu

@@ -257,15 +257,15 @@ def matrix(quick: bool = False, world: int = 2):
 
 
 def _worker(rank, world, port, cases, shared_gpu, queue):
-    from syncopate.kernels.local_ranks import join_group
+    from syncopate.measure.local_ranks import join_group
 
     dev = join_group(rank, world, port, shared_gpu)
     import torch
     import torch.distributed as dist
 
     from syncopate.kernels import ops
-    from syncopate.kernels.reference import gathered_rows, reference, reference_unfused, relative_error
-    from syncopate.kernels.timing import barrier
+    from syncopate.measure.reference import gathered_rows, reference, reference_unfused, relative_error
+    from syncopate.measure.timing import barrier
     from syncopate.search_space import Candidate, Workload
 
     g = dist.group.WORLD
@@ -391,7 +391,7 @@ def run_ranks(target, world: int, args: tuple = (), timeout: float = 1800) -> di
     reporting, and after `timeout` seconds."""
     import torch.multiprocessing as mp
 
-    from syncopate.kernels.local_ranks import free_port
+    from syncopate.measure.local_ranks import free_port
 
     port = free_port()
     ctx = mp.get_context("spawn")

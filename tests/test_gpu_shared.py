@@ -73,14 +73,14 @@ def test_fused_ops_match_the_reference_with_ranks_sharing_one_gpu(quick, gluon, 
 def _late_peer_worker(rank, world, port, q):
     import time
 
-    from syncopate.kernels.local_ranks import join_group
+    from syncopate.measure.local_ranks import join_group
 
     dev = join_group(rank, world, port, shared_gpu=True)
     import torch
     import torch.distributed as dist
 
     from syncopate.kernels import ops
-    from syncopate.kernels.reference import reference, relative_error
+    from syncopate.measure.reference import reference, relative_error
     from syncopate.search_space import Candidate, Workload
 
     g = dist.group.WORLD
@@ -155,14 +155,14 @@ def _recovery_worker(rank, world, port, cases, q):
     calls with the tuning limit, checked. (rank, (cases run, timeouts flagged, wrong, crash))."""
     import time
 
-    from syncopate.kernels.local_ranks import join_group
+    from syncopate.measure.local_ranks import join_group
 
     dev = join_group(rank, world, port, shared_gpu=True)
     import torch
     import torch.distributed as dist
 
     from syncopate.kernels import ops
-    from syncopate.kernels.reference import reference, relative_error
+    from syncopate.measure.reference import reference, relative_error
     from syncopate.search_space import Candidate, Workload
 
     g = dist.group.WORLD

@@ -33,7 +33,7 @@ def _grads(forward, params: dict, x, g):
 
 def _tp_worker(rank, world, port, shared, tp, q):
     """tp: the tensor-parallel groups' size (every `tp` ranks in turn, each replica its own data)."""
-    from syncopate.kernels.local_ranks import join_group
+    from syncopate.measure.local_ranks import join_group
 
     dev = join_group(rank, world, port, shared_gpu=shared)
     import copy
@@ -43,7 +43,7 @@ def _tp_worker(rank, world, port, shared, tp, q):
     from torch.nn.functional import silu
 
     from syncopate.kernels import ops
-    from syncopate.kernels.reference import relative_error
+    from syncopate.measure.reference import relative_error
     from syncopate.search_space import Candidate
     from syncopate.tp import KINDS, ColumnParallelLinear, RowParallelLinear
 
@@ -195,7 +195,7 @@ def test_parallel_mlp_on_fused_ops_on_two_and_four_gpus(world):
 
 
 def _compile_worker(rank, world, port, q):
-    from syncopate.kernels.local_ranks import join_group
+    from syncopate.measure.local_ranks import join_group
 
     dev = join_group(rank, world, port)
     import torch
@@ -203,7 +203,7 @@ def _compile_worker(rank, world, port, q):
     from torch.utils.checkpoint import checkpoint
 
     from syncopate.kernels import ops
-    from syncopate.kernels.reference import relative_error
+    from syncopate.measure.reference import relative_error
     from syncopate.tp import ColumnParallelLinear, RowParallelLinear
 
     torch.manual_seed(0)

@@ -17,7 +17,7 @@ LOSS_TOL, GRAD_TOL = 1e-2, 5e-2
 
 
 def _worker(rank, world, port, q):
-    from syncopate.kernels.local_ranks import join_group
+    from syncopate.measure.local_ranks import join_group
 
     dev = join_group(rank, world, port)
     import torch
@@ -28,7 +28,7 @@ def _worker(rank, world, port, q):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from syncopate.kernels import ops
-    from syncopate.kernels.reference import relative_error
+    from syncopate.measure.reference import relative_error
 
     mesh = init_device_mesh("cuda", (world,))
     config = LlamaConfig(

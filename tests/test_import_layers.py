@@ -139,12 +139,26 @@ def test_the_packages_import_each_other_in_no_cycle():
     )
 
 
+def test_the_runtime_imports_nothing_of_the_measurement():
+    """A job imports the runtime (`kernels`) to call the ops; what checks and times them (`measure`:
+    the references, the harness, the timing method, `bench`, `calibrate`) stands on the runtime and
+    is never loaded by it. A runtime module that needs a measurement helper takes the helper down
+    into the runtime."""
+    edges = package_graph()
+    assert ("syncopate.kernels", "syncopate.measure") not in edges, (
+        f"the runtime imports the measurement package at "
+        f"{edges.get(('syncopate.kernels', 'syncopate.measure'))}: move what it needs into "
+        "syncopate/kernels/ (docs/architecture.md, Package map)"
+    )
+    assert ("syncopate.measure", "syncopate.kernels") in edges  # measurement runs the runtime's ops
+
+
 def test_lazy_imports_are_seen():
     """The walk sees what a module imports only inside a function: the command line imports the
-    runtime's `bench` and the dashboard on use, and the package's __init__ names its lazy
+    measurement's `bench` and the dashboard on use, and the package's __init__ names its lazy
     attributes in a table."""
     edges = package_graph()
-    assert ("syncopate.cli", "syncopate.kernels") in edges
+    assert ("syncopate.cli", "syncopate.measure") in edges
     assert ("syncopate.cli", "syncopate.dashboard") in edges
     assert ("syncopate", "syncopate.results_db") in edges
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from support import rank_targets
 
-from syncopate.kernels.local_ranks import spawn_ranks
+from syncopate.measure.local_ranks import spawn_ranks
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -57,7 +57,7 @@ def test_a_stopped_parent_ends_every_rank(tmp_path, signum):
         import signal, sys
         sys.path.insert(0, {str(REPO / "tests")!r})
         from syncopate.errors import Terminated
-        from syncopate.kernels.local_ranks import spawn_ranks
+        from syncopate.measure.local_ranks import spawn_ranks
         from support import rank_targets
 
         def stop(signum, frame):
@@ -94,7 +94,7 @@ def test_the_group_port_is_free_and_outside_the_ephemeral_range():
     to another process's connection before rank 0 listens; one already listened on is skipped."""
     import socket
 
-    from syncopate.kernels.local_ranks import free_port
+    from syncopate.measure.local_ranks import free_port
 
     ports = {free_port() for _ in range(20)}
     assert all(20000 <= p < 32000 for p in ports), ports
@@ -115,7 +115,7 @@ def test_a_torchrun_process_joins_on_its_local_gpu_with_multicast_off(monkeypatc
     import torch
     import torch.distributed as dist
 
-    from syncopate.kernels.local_ranks import join_torchrun
+    from syncopate.measure.local_ranks import join_torchrun
     from syncopate.workers.env import MULTICAST_OFF
 
     calls = []

@@ -19,7 +19,7 @@ from syncopate.kernels import ops
 def group():
     made = not dist.is_initialized()
     if made:
-        from syncopate.kernels.local_ranks import free_port
+        from syncopate.measure.local_ranks import free_port
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     yield dist.group.WORLD

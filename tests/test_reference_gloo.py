@@ -21,7 +21,7 @@ def _operands(m: int, n: int, k: int):
 
 
 def _worker(rank, ws, init, q):
-    from syncopate.kernels.reference import reference, reference_unfused
+    from syncopate.measure.reference import reference, reference_unfused
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
     try:

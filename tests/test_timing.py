@@ -1,9 +1,9 @@
-"""How a repetition's start is lined up across ranks (`syncopate.kernels.timing.start_together`)."""
+"""How a repetition's start is lined up across ranks (`syncopate.measure.timing.start_together`)."""
 
 import pytest
 import torch
 
-from syncopate.kernels import timing
+from syncopate.measure import timing
 
 
 @pytest.fixture

@@ -84,7 +84,7 @@ def test_liveness_has_nothing_to_wait_for():
 
 def _worker(rank, ws, init, q):
     from syncopate.kernels.library import unfused
-    from syncopate.kernels.reference import reference
+    from syncopate.measure.reference import reference
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
     try:

@@ -196,7 +196,7 @@ def bench_cmd(
     world = bench_world_size(topology, gpus, count, suite)
     for w in workloads:
         w.check_world_size(world)
-    from syncopate.kernels.bench import BenchOptions, format_table, run_bench
+    from syncopate.measure.bench import BenchOptions, format_table, run_bench
 
     result = run_bench(
         BenchOptions(

@@ -59,7 +59,7 @@ def calibrate_cmd(
         raise RuntimeUnavailableError(f"--gpus {world}: only {count} CUDA GPU(s) are visible")
     from syncopate.cost_model.calibration import records_from_measurements
     from syncopate.cost_model.calibration_defaults import default_calibration
-    from syncopate.kernels.calibrate import CalibrateOptions, run_calibration
+    from syncopate.measure.calibrate import CalibrateOptions, run_calibration
     from syncopate.results_db import ResultsDB
     from syncopate.search_space import TILE_CONFIGS, Topology
 

@@ -1,9 +1,10 @@
 """The runtime: fused Triton kernels, communication backends, symmetric-memory contexts.
 
 Public names (imported on first use; this package needs torch and triton):
-- :func:`all_gather_matmul`, :func:`matmul_reduce_scatter`, :func:`matmul_all_reduce`,
-  :func:`gather_buffer`, :func:`close_contexts` (:mod:`.ops`);
-- :class:`Harness` (:mod:`.harness`), used by the GPU workers and `syncopate bench`.
+:func:`all_gather_matmul`, :func:`matmul_reduce_scatter`, :func:`matmul_all_reduce`,
+:func:`gather_buffer`, :func:`close_contexts` (:mod:`.ops`). What times these calls lives in
+:mod:`syncopate.measure`, which imports this package and is never imported by it: a job runs the
+ops without the measurement code.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
-    "Harness",
     "all_gather_matmul",
     "close_contexts",
     "gather_buffer",
@@ -19,9 +19,7 @@ __all__ = [
     "matmul_reduce_scatter",
 ]
 
-_LAZY = {name: "syncopate.kernels.ops" for name in __all__ if name != "Harness"} | {
-    "Harness": "syncopate.kernels.harness"
-}
+_LAZY = dict.fromkeys(__all__, "syncopate.kernels.ops")
 
 
 def __getattr__(name: str) -> Any:

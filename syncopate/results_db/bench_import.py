@@ -1,6 +1,6 @@
 """Store a `syncopate bench` JSON file in the results database as measured trials and baselines.
 
-A bench file (written by :func:`syncopate.kernels.bench.run_bench`) holds the topology, the host,
+A bench file (written by :func:`syncopate.measure.bench.run_bench`) holds the topology, the host,
 the GPU's name, torch's version, the UTC time the run ended (`date`) and, per workload, the
 baselines (median, samples, what was run), every candidate tried (status, error, samples) and the
 seconds the workload took. It does not hold the rest of the environment fingerprint (triton, CUDA,

@@ -184,7 +184,7 @@ def _time_graph(step, group, calls: int, repetitions: int):
     """`step` captured in a CUDA graph once (after warm-up on a side stream), replayed back to back."""
     import torch
 
-    from syncopate.kernels.timing import time_eager
+    from syncopate.measure.timing import time_eager
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -201,15 +201,15 @@ def _time_graph(step, group, calls: int, repetitions: int):
 
 
 def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
-    from syncopate.kernels.local_ranks import join_group
+    from syncopate.measure.local_ranks import join_group
 
     device = join_group(rank, world, port)
     import torch
     import torch.distributed as dist
 
     from syncopate.kernels import ops
-    from syncopate.kernels.reference import relative_error
-    from syncopate.kernels.timing import EAGER_CALLS, time_eager
+    from syncopate.measure.reference import relative_error
+    from syncopate.measure.timing import EAGER_CALLS, time_eager
     from syncopate.platform import detect_topology
 
     group = dist.group.WORLD
@@ -286,7 +286,7 @@ def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
 
 def run_layer_bench(bench: LayerBench) -> dict:
     """Spawn `bench.tp` processes (one a GPU), run the benchmark, return rank 0's result."""
-    from syncopate.kernels.local_ranks import spawn_ranks
+    from syncopate.measure.local_ranks import spawn_ranks
 
     return spawn_ranks(_worker, bench.tp, (bench,), "layer benchmark")
 

@@ -4,7 +4,7 @@ Runs inside a gang actor whose environment carries `RAY_EXPERIMENTAL_NOSET_CUDA_
 (see :mod:`syncopate.workers.env`): every GPU of the node stays visible, and the rank selects the
 one Ray assigned with `torch.cuda.set_device(ray.get_gpu_ids()[0])` before NCCL starts.
 
-The harness (:class:`syncopate.kernels.harness.Harness`) allocates one workload's inputs, measures
+The harness (:class:`syncopate.measure.harness.Harness`) allocates one workload's inputs, measures
 its baselines and runs candidates (build, verify against the reference, time); it reduces across
 the group itself, so every rank returns the same result. One harness is kept per gang for the
 current workload and replaced when the workload changes.
@@ -47,7 +47,7 @@ def _device_uuid(torch: Any, index: int) -> str:
 
 
 class GpuRunner(Runner):
-    """Times candidates on this rank's GPU with :class:`syncopate.kernels.harness.Harness`."""
+    """Times candidates on this rank's GPU with :class:`syncopate.measure.harness.Harness`."""
 
     name = "gpu"
     source = "measured"
@@ -88,10 +88,10 @@ class GpuRunner(Runner):
 
     def setup(self, rank: int, world_size: int, group: Any) -> None:
         try:
-            from syncopate.kernels.harness import Harness
+            from syncopate.measure.harness import Harness
         except ImportError as e:
             raise RuntimeUnavailableError(
-                f"runner gpu needs syncopate.kernels.harness, which this installation lacks ({e}): "
+                f"runner gpu needs syncopate.measure.harness, which this installation lacks ({e}): "
                 f"install a build of syncopate that includes the kernels"
             ) from None
         self._harness_cls = Harness

@@ -29,8 +29,8 @@ from checks import run_checks  # noqa: E402
 
 import syncopate  # noqa: E402
 from syncopate.errors import ConfigError  # noqa: E402
-from syncopate.kernels.local_ranks import free_port, join_group  # noqa: E402
-from syncopate.kernels.reference import gathered_rows, reference, relative_error  # noqa: E402
+from syncopate.measure.local_ranks import free_port, join_group  # noqa: E402
+from syncopate.measure.reference import gathered_rows, reference, relative_error  # noqa: E402
 from syncopate.search_space import (  # noqa: E402
     Candidate,
     Workload,

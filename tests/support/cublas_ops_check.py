@@ -16,7 +16,7 @@ sys.path[:0] = [os.path.dirname(HERE), HERE]
 
 
 def capture_worker(rank, world, port, templates, queue) -> None:
-    from syncopate.kernels.local_ranks import join_group
+    from syncopate.measure.local_ranks import join_group
 
     dev = join_group(rank, world, port)
     import torch.distributed as dist

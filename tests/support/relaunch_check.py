@@ -24,7 +24,6 @@ import triton  # noqa: E402
 from checks import run_checks  # noqa: E402
 
 from syncopate.kernels import launch, streamops  # noqa: E402
-from syncopate.kernels.reference import relative_error  # noqa: E402
 from syncopate.kernels.tables import (  # noqa: E402
     ENTERED_BASE,
     LOCAL_BASE,
@@ -35,6 +34,7 @@ from syncopate.kernels.tables import (  # noqa: E402
     producer_tables,
     recv_offset,
 )
+from syncopate.measure.reference import relative_error  # noqa: E402
 from syncopate.search_space import Candidate, block_bounds  # noqa: E402
 
 TILE = dict(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)

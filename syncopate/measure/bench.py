@@ -3,7 +3,7 @@
 One process per GPU (spawned here, NCCL process group). For each workload: torch_seq,
 torch async-TP, the GEMM alone, the collective alone (NCCL and copy engine), the overlap bound
 max(GEMM alone, fastest collective alone), and every candidate of a small grid per backend, each
-verified then timed by the one method of `syncopate.kernels.timing`. Rank 0 prints the table and
+verified then timed by the one method of `syncopate.measure.timing`. Rank 0 prints the table and
 writes every number as JSON.
 """
 
@@ -40,13 +40,13 @@ class BenchOptions:
 
 
 def _worker(rank: int, world: int, port: int, options: BenchOptions, queue) -> None:
-    from syncopate.kernels.local_ranks import join_group
+    from syncopate.measure.local_ranks import join_group
 
     join_group(rank, world, port)
     import torch
     import torch.distributed as dist
 
-    from syncopate.kernels.harness import Harness
+    from syncopate.measure.harness import Harness
 
     group = dist.group.WORLD
     from syncopate.platform import detect_topology
@@ -241,7 +241,7 @@ def run_bench(options: BenchOptions, world_size: int | None = None) -> dict:
     """Spawn one process per GPU, run the benchmark, return rank 0's result (and write the JSON)."""
     import torch
 
-    from syncopate.kernels.local_ranks import spawn_ranks
+    from syncopate.measure.local_ranks import spawn_ranks
 
     world = world_size or torch.cuda.device_count()
     result = spawn_ranks(_worker, world, (options,), "benchmark")
@@ -251,5 +251,5 @@ def run_bench(options: BenchOptions, world_size: int | None = None) -> dict:
     return result
 
 
-if __name__ == "__main__":  # pragma: no cover - a convenience for `python -m syncopate.kernels.bench`
+if __name__ == "__main__":  # pragma: no cover - a convenience for `python -m syncopate.measure.bench`
     sys.exit("use `syncopate bench`")

@@ -1,7 +1,7 @@
 """`syncopate calibrate`: the microbenchmarks behind the cost model, on the GPUs at hand.
 
 One process per GPU (spawned here, NCCL process group), every measurement by the one method of
-:mod:`syncopate.kernels.timing` (warm-up, L2 flush, barrier, max over ranks, median). Rank r talks
+:mod:`syncopate.measure.timing` (warm-up, L2 flush, barrier, max over ranks, median). Rank r talks
 to rank (r + 1) mod ws, every rank at once, as the chunk plans do.
 
 | what                               | how                                                              | calibration record           |
@@ -53,7 +53,7 @@ class CalibrateOptions:
 
 
 def _median_us(fn, group, options: CalibrateOptions) -> float:
-    from syncopate.kernels.timing import time_collective
+    from syncopate.measure.timing import time_collective
 
     return statistics.median(
         time_collective(fn, group, warmup=options.warmup, repetitions=options.repetitions).samples_us
@@ -67,9 +67,9 @@ def _transfers(ctx, group, options: CalibrateOptions) -> dict[str, dict[str, Any
 
     from syncopate.kernels import streamops
     from syncopate.kernels.backends import announce_entry
-    from syncopate.kernels.harness import SPIN_LIMIT
     from syncopate.kernels.launch import launch_chunk_copy
     from syncopate.kernels.tables import ENTERED_BASE
+    from syncopate.measure.harness import SPIN_LIMIT
 
     rank, ws = ctx.rank, ctx.world_size
     peer = (rank + 1) % ws
@@ -271,7 +271,7 @@ def _op_costs(group, options: CalibrateOptions, defaults: dict[str, Any]) -> dic
 
 
 def _worker(rank: int, world: int, port: int, options: CalibrateOptions, queue) -> None:
-    from syncopate.kernels.local_ranks import join_group
+    from syncopate.measure.local_ranks import join_group
 
     join_group(rank, world, port)
     import torch
@@ -325,7 +325,7 @@ def _worker(rank: int, world: int, port: int, options: CalibrateOptions, queue) 
 
 def run_calibration(options: CalibrateOptions, world_size: int) -> dict[str, Any]:
     """Spawn one process per GPU, run every microbenchmark, return rank 0's payloads."""
-    from syncopate.kernels.local_ranks import spawn_ranks
+    from syncopate.measure.local_ranks import spawn_ranks
 
     result = spawn_ranks(_worker, world_size, (options,), "calibration")
     return result

@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from syncopate.errors import CandidateTimeoutError, ConfigError
 from syncopate.kernels import ops
-from syncopate.kernels.reference import reference, relative_error
-from syncopate.kernels.timing import Timing, barrier, time_collective, time_eager
+from syncopate.measure.reference import reference, relative_error
+from syncopate.measure.timing import Timing, barrier, time_collective, time_eager
 from syncopate.search_space import Candidate, Workload
 
 __all__ = ["Harness", "BaselineResult", "CandidateResult", "TOLERANCE", "SPIN_LIMIT", "TimingSettings"]
@@ -35,7 +35,7 @@ SPIN_LIMIT = 1 << 24
 
 class TimingSettings(Protocol):
     """What the harness reads of its timing settings: a sweep's `timing:` section (on the GPU
-    workers) or `syncopate bench`'s options (:class:`~syncopate.kernels.bench.BenchOptions`)."""
+    workers) or `syncopate bench`'s options (:class:`~syncopate.measure.bench.BenchOptions`)."""
 
     warmup: int
     """Untimed calls first."""
