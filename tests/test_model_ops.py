@@ -192,3 +192,57 @@ def test_tune_model_refuses_bad_arguments_and_stores_nothing(tmp_path, db, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("syncopate: error: ") and said in err[0], err
     assert not (tmp_path / "results.db").exists()
+
+
+def test_tune_layer_tunes_that_layers_ops_only(tmp_path, db, capsys):
+    out_config = tmp_path / "mlp.yaml"
+    args = ["tune", "--layer", "mlp", "--hidden", "512", "--ffn", "1024", "--tp", "2", "--tokens", "1024"]
+    args += ["--runner", "model", "--max-trials", "2", "--db", db, "--config-out", str(out_config)]
+    assert main(args) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "what lookup gives each op of a mlp-h512-f1024 mlp at TP=2, 1024 tokens" in text
+    assert "the mlp layer itself is timed on GPUs only" in text
+    spec = ModelSpec(name="x", hidden=512, ffn=1024, heads=32, kv_heads=8, head_dim=16)
+    want = {c.workload for c in layer_ops(spec, 2, 1024) if c.projection in ("gate_up", "down")}
+    assert set(load_sweep(out_config).workloads) == want and len(want) == 4
+    with ResultsDB.open(db) as d:
+        assert {t.workload for t in d.trials()} == want
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--hidden", "512", "--tp", "2"], "--hidden give a layer's widths: use them with --layer"),
+        (["--layer", "norm", "--tp", "2"], "--layer 'norm': accepted are mlp, attention"),
+        (["--layer", "mlp"], "--layer mlp needs --tp N"),
+        (["--layer", "mlp", "--model", "llama-3-8b", "--ffn", "512", "--tp", "2"], "leave out --ffn"),
+        (
+            ["--layer", "attention", "--hidden", "1000", "--heads", "32", "--tp", "2"],
+            "multiple of --heads 32",
+        ),
+        (["configs/quickstart.yaml", "--layer", "mlp", "--tp", "2"], "or --layer mlp, not both"),
+    ],
+)
+def test_tune_layer_refuses_bad_arguments_and_stores_nothing(tmp_path, db, capsys, args, said):
+    assert main(["tune", *args, "--runner", "model", "--db", db]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err
+    assert not (tmp_path / "results.db").exists()
+
+
+def test_the_layer_check_names_each_mode_and_pass_the_tuned_layer_loses():
+    from syncopate.cli.tune_model_cmds import layer_verdicts
+
+    result = {
+        "results": {
+            "torch": {"eager/forward": 100.0, "graph/forward": 90.0},
+            "default": {"eager/forward": 95.0, "graph/forward": 70.0},
+            "syncopate": {"eager/forward": 90.0, "graph/forward": 77.0},
+        }
+    }
+    lines = layer_verdicts(result)
+    assert lines == [
+        "graph/forward: the tuned layer takes 77.0 µs, 10.0% more than with the untuned defaults (70.0 µs)"
+    ]
+    result["results"]["syncopate"]["graph/forward"] = 60.0
+    assert "no slower" in layer_verdicts(result)[0]

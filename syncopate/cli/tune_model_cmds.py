@@ -1,5 +1,9 @@
 """`syncopate tune --model NAME --tp N --tokens T`: tune every fused op a model's tensor-parallel
-decoder layer calls, then show the configuration `lookup` will give each.
+decoder layer calls, then show the configuration `lookup` will give each. `syncopate tune --layer
+mlp|attention [--model NAME | --hidden H --ffn F --heads Q --kv-heads KV] --tp N --tokens T`: the
+same for one layer's ops, then, on GPUs, the layer itself timed with what lookup now serves against
+torch, async-TP and the untuned defaults (`syncopate bench --layer`), with a line for each mode and
+pass where the tuned layer is slower than the defaults or torch.
 
 The ops are those of `syncopate.models.layer_ops` (q/k/v and gate/up merged, o_proj and down, forward
 and backward, under sequence parallelism unless --no-sequence-parallel), written as a sweep config
@@ -27,7 +31,7 @@ from rich.table import Table
 from syncopate.cli import app, console, tune_cmds  # noqa: F401  (tune_cmds registers `tune`, extended here)
 from syncopate.errors import ConfigError
 
-__all__ = ["extend_tune", "model_sweep"]
+__all__ = ["check_layer", "extend_tune", "layer_verdicts", "model_sweep"]
 
 _OPTIONS = {
     "model": (
@@ -38,6 +42,28 @@ _OPTIONS = {
             help="Tune the fused ops of this model's tensor-parallel layers instead of a CONFIG: a "
             "known name (llama-3-8b, llama-3-70b, qwen3-8b, qwen3-14b, qwen3-32b) or a Hugging Face config.json.",
         ),
+    ),
+    "layer": (
+        str | None,
+        typer.Option(
+            None,
+            "--layer",
+            help="Tune only this layer's ops (mlp or attention), widths from --model or --hidden/--ffn/--heads/"
+            "--kv-heads, then time the layer (on GPUs).",
+        ),
+    ),
+    "hidden": (
+        int | None,
+        typer.Option(None, "--hidden", help="With --layer: the model width (default 4096)."),
+    ),
+    "ffn": (int | None, typer.Option(None, "--ffn", help="With --layer mlp: the MLP width (default 14336).")),
+    "heads": (
+        int | None,
+        typer.Option(None, "--heads", help="With --layer attention: query heads (default 32)."),
+    ),
+    "kv_heads": (
+        int | None,
+        typer.Option(None, "--kv-heads", help="With --layer attention: key/value heads (default 8)."),
     ),
     "tp": (int | None, typer.Option(None, "--tp", help="With --model: the tensor-parallel degree (ranks).")),
     "tokens": (
@@ -74,13 +100,27 @@ def default_topology(tp: int) -> str:
     return f"H200x{tp}-nvlink" if tp == 2 else f"H200x{tp}-nvswitch"
 
 
+LAYER_PROJECTIONS = {"mlp": ("gate_up", "down"), "attention": ("qkv", "o")}
+"""The projections of each layer `--layer` tunes."""
+
+
 def model_sweep(
-    spec, tp: int, tokens: int, *, topology: str, runner: str, sequence_parallel: bool = True
+    spec,
+    tp: int,
+    tokens: int,
+    *,
+    topology: str,
+    runner: str,
+    sequence_parallel: bool = True,
+    layer: str | None = None,
 ) -> tuple:
-    """(the sweep config's YAML text, the ops it tunes) for `spec` under TP `tp` at `tokens` tokens."""
+    """(the sweep config's YAML text, the ops it tunes) for `spec` under TP `tp` at `tokens` tokens:
+    every op of its decoder layer, or of its `layer` (`mlp` or `attention`) only."""
     from syncopate.models import layer_ops
 
     calls = layer_ops(spec, tp, tokens, sequence_parallel=sequence_parallel)
+    if layer is not None:
+        calls = [c for c in calls if c.projection in LAYER_PROJECTIONS[layer]]
     shapes: dict[str, list[list[int]]] = {}
     for c in calls:
         s = c.workload.shape
@@ -88,9 +128,11 @@ def model_sweep(
         if [s.m, s.n, s.k] not in entry:
             entry.append([s.m, s.n, s.k])
     sp = "sequence parallelism" if sequence_parallel else "no sequence parallelism"
+    part = f"{layer} layer" if layer else "decoder layer"
     data = {
-        "name": f"{spec.name.replace('/', '-')}-tp{tp}-{tokens}{'' if sequence_parallel else '-nosp'}",
-        "description": f"every fused op of a {spec.name} decoder layer, forward and backward, at TP={tp} with "
+        "name": f"{spec.name.replace('/', '-')}{'-' + layer if layer else ''}-tp{tp}-{tokens}"
+        f"{'' if sequence_parallel else '-nosp'}",
+        "description": f"every fused op of a {spec.name} {part}, forward and backward, at TP={tp} with "
         f"{sp}, {tokens} tokens a step",
         "topology": topology,
         "dtype": "bf16",
@@ -101,7 +143,7 @@ def model_sweep(
         "runner": runner,
         "timing": {"warmup": 5, "repetitions": 20, "deadline_s": 120},
     }
-    flag = "" if sequence_parallel else " --no-sequence-parallel"
+    flag = ("" if sequence_parallel else " --no-sequence-parallel") + (f" --layer {layer}" if layer else "")
     header = [
         f"# Derived by `syncopate tune --model {spec.name} --tp {tp} --tokens {tokens}{flag}`: "
         f"each shape is (M, N, K),",
@@ -113,7 +155,9 @@ def model_sweep(
     return "\n".join(header) + "\n" + yaml.safe_dump(data, sort_keys=False, default_flow_style=None), calls
 
 
-def _lookup_table(spec, tp: int, tokens: int, calls: list, topology: str | None, db: str | None) -> Table:
+def _lookup_table(
+    spec, tp: int, tokens: int, calls: list, topology: str | None, db: str | None, layer: str | None = None
+) -> Table:
     from syncopate.errors import RuntimeUnavailableError
     from syncopate.results_db.lookups import TopologyUndetected, lookup
 
@@ -128,7 +172,7 @@ def _lookup_table(spec, tp: int, tokens: int, calls: list, topology: str | None,
         "config",
         "match",
         "measured µs",
-        title=f"what lookup gives each op of a {spec.name} layer at TP={tp}, {tokens} tokens"
+        title=f"what lookup gives each op of a {spec.name} {layer or 'layer'} at TP={tp}, {tokens} tokens"
         f"{f' on {topology}' if topology else ''}",
     )
     try:
@@ -185,36 +229,83 @@ def extend_tune() -> None:
     tune_cmd.__annotations__ = {p.name: p.annotation for p in params}
     tune_cmd.__doc__ = (
         f"{(tune.__doc__ or '').strip()} Or, with --model NAME --tp N --tokens T: every fused op "
-        f"of that model's tensor-parallel decoder layer, then what lookup gives each."
+        f"of that model's tensor-parallel decoder layer, then what lookup gives each; with --layer mlp|attention, "
+        f"that layer's ops, then the layer timed on GPUs."
     )
     tune_cmd._with_model = True
     info.callback = tune_cmd
 
 
-def _tune(tune, kwargs: dict, *, model, tp, tokens, sequence_parallel, config_out) -> None:
+def _tune(
+    tune,
+    kwargs: dict,
+    *,
+    model,
+    layer,
+    hidden,
+    ffn,
+    heads,
+    kv_heads,
+    tp,
+    tokens,
+    sequence_parallel,
+    config_out,
+) -> None:
+    widths = {"--hidden": hidden, "--ffn": ffn, "--heads": heads, "--kv-heads": kv_heads}
     given = [
         f for f, v in (("--tp", tp), ("--tokens", tokens), ("--config-out", config_out)) if v is not None
     ]
     if not sequence_parallel:
         given.append("--no-sequence-parallel")
-    if model is None:
+    named_widths = [f for f, v in widths.items() if v is not None]
+    if layer is None and named_widths:
+        raise ConfigError(
+            f"{', '.join(named_widths)} give a layer's widths: use them with --layer mlp|attention"
+        )
+    if layer is not None and layer not in LAYER_PROJECTIONS:
+        raise ConfigError(f"--layer {layer!r}: accepted are {', '.join(LAYER_PROJECTIONS)}")
+    what = f"--model {model}" if model is not None else f"--layer {layer}" if layer is not None else None
+    if what is None:
         if kwargs["config"] is None:
-            raise ConfigError("give a sweep CONFIG (YAML), or --model NAME --tp N to tune a model's layers")
+            raise ConfigError(
+                "give a sweep CONFIG (YAML), or --model NAME --tp N (or --layer mlp|attention --tp N) to tune "
+                "a model's layers"
+            )
         if given:
             raise ConfigError(
-                f"{', '.join(given)} {'go' if len(given) > 1 else 'goes'} with --model: a sweep CONFIG "
+                f"{', '.join(given)} {'go' if len(given) > 1 else 'goes'} with --model or --layer: a sweep CONFIG "
                 f"names its own workloads"
             )
         tune(**kwargs)
         return
     if kwargs["config"] is not None:
-        raise ConfigError(f"give a sweep CONFIG ({kwargs['config']}) or --model {model}, not both")
+        raise ConfigError(f"give a sweep CONFIG ({kwargs['config']}) or {what}, not both")
     if tp is None:
-        raise ConfigError(f"--model {model} needs --tp N, the tensor-parallel degree")
-    from syncopate.models import model_spec
+        raise ConfigError(f"{what} needs --tp N, the tensor-parallel degree")
+    if model is not None and named_widths:
+        raise ConfigError(
+            f"--model {model} gives the widths: leave out {', '.join(named_widths)}, or --model"
+        )
+    from syncopate.models import ModelSpec, model_spec
     from syncopate.search_space import Topology
 
-    spec = model_spec(model)
+    if model is not None:
+        spec = model_spec(model)
+    else:
+        hidden, ffn = hidden or 4096, ffn or 14336
+        heads, kv_heads = heads or 32, kv_heads or 8
+        if hidden % heads:
+            raise ConfigError(
+                f"--hidden {hidden} must be a multiple of --heads {heads} (each head hidden/heads wide)"
+            )
+        spec = ModelSpec(
+            name=f"{layer}-h{hidden}" + (f"-f{ffn}" if layer == "mlp" else f"-q{heads}-kv{kv_heads}"),
+            hidden=hidden,
+            ffn=ffn,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=hidden // heads,
+        )
     tokens = _DEFAULT_TOKENS if tokens is None else tokens
     runner = kwargs["runner"] or "gpu"
     topology = kwargs["topology"]
@@ -222,7 +313,7 @@ def _tune(tune, kwargs: dict, *, model, tp, tokens, sequence_parallel, config_ou
     if topology is None:
         topology = default_topology(tp) if runner == "model" else "detect"
     text, calls = model_sweep(
-        spec, tp, tokens, topology=topology, runner=runner, sequence_parallel=sequence_parallel
+        spec, tp, tokens, topology=topology, runner=runner, sequence_parallel=sequence_parallel, layer=layer
     )
     if topology != "detect" and Topology.from_key(topology).world_size != tp:
         raise ConfigError(
@@ -252,7 +343,9 @@ def _tune(tune, kwargs: dict, *, model, tp, tokens, sequence_parallel, config_ou
     if config_out is not None:
         out.print(f"sweep config: {config_out}", highlight=False)
     out.print(
-        _lookup_table(spec, tp, tokens, calls, None if topology == "detect" else topology, kwargs["db"])
+        _lookup_table(
+            spec, tp, tokens, calls, None if topology == "detect" else topology, kwargs["db"], layer
+        )
     )
     if runner != "gpu":
         out.print(
@@ -260,6 +353,78 @@ def _tune(tune, kwargs: dict, *, model, tp, tokens, sequence_parallel, config_ou
             "another environment's, or the default (match column)",
             highlight=False,
         )
+        if layer is not None:
+            out.print(f"the {layer} layer itself is timed on GPUs only (runner gpu)", highlight=False)
+    elif layer is not None:
+        check_layer(spec, layer, tp, tokens, sequence_parallel, kwargs["db"])
+
+
+def check_layer(spec, layer: str, tp: int, tokens: int, sequence_parallel: bool, db: str | None) -> dict:
+    """Time the `layer` of `spec` with what lookup serves from `db` (`syncopate bench --layer`'s
+    benchmark) and print its table and a line for each mode and pass where the tuned layer is
+    slower than the untuned defaults or torch: ops tuned one by one can lose in the layer."""
+    import os
+
+    import torch
+
+    from syncopate.errors import RuntimeUnavailableError
+    from syncopate.tp.bench import LayerBench, format_layer_table, run_layer_bench
+
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible < tp:
+        raise RuntimeUnavailableError(
+            f"timing the {layer} layer needs {tp} CUDA GPUs on this host; {visible} visible (the ops are tuned "
+            f"and stored: `syncopate bench --layer {layer} --tp {tp}` times it where they are)"
+        )
+    bench = LayerBench(
+        layer=layer,
+        hidden=spec.hidden,
+        ffn=spec.ffn,
+        heads=spec.heads,
+        kv_heads=spec.kv_heads,
+        head_dim=spec.head_dim,
+        tokens=tokens,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+    )
+    saved = os.environ.get("SYNCOPATE_DB")
+    if db is not None:
+        os.environ["SYNCOPATE_DB"] = db  # the ranks' lookups read the tuned database
+    try:
+        result = run_layer_bench(bench)
+    finally:
+        if db is not None:
+            if saved is None:
+                os.environ.pop("SYNCOPATE_DB", None)
+            else:
+                os.environ["SYNCOPATE_DB"] = saved
+    out = console()
+    out.print(f"\nthe {layer} layer with what lookup serves now (µs an iteration):", highlight=False)
+    out.print(format_layer_table(result), highlight=False, markup=False)
+    for line in layer_verdicts(result):
+        out.print(line, highlight=False)
+    return result
+
+
+def layer_verdicts(result: dict) -> list[str]:
+    """A line for each mode/pass of a layer benchmark's result where the tuned layer (`syncopate`) is
+    slower than the untuned defaults or torch's path; one line saying so where it is slower than neither."""
+    res = result["results"]
+    ours = res.get("syncopate", {})
+    lines = []
+    for key, us in sorted(ours.items()):
+        if "/" not in key or not us:
+            continue
+        for impl, name in (("default", "the untuned defaults"), ("torch", "torch's path")):
+            other = res.get(impl, {}).get(key)
+            if other and us > other:
+                lines.append(
+                    f"{key}: the tuned layer takes {us:.1f} µs, {us / other - 1:.1%} more than with {name} "
+                    f"({other:.1f} µs)"
+                )
+    return lines or [
+        "the tuned layer is no slower than the untuned defaults or torch's path in any mode and pass"
+    ]
 
 
 extend_tune()
