@@ -70,7 +70,7 @@ def workloads() -> list[Workload]:
 def candidates(count: int) -> list[Candidate]:
     out = []
     grid = itertools.product(
-        (("copy_engine", 0), ("nvshmem", 16), ("nvshmem", 32), ("nccl", 16)),
+        (("copy_engine", 0), ("sm_copy", 16), ("sm_copy", 32), ("nccl", 16)),
         ("direct", "ring"),
         (1, 2, 4, 8),
         ("arrival", "arrival_colmajor", "swizzle", "row_major"),

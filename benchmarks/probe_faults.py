@@ -38,8 +38,8 @@ def cases():
         ("ag ce s2 128x128", "ag_gemm", ag, dict(ce, num_splits=2, **t128)),
         ("ag ce s2 128x128 st4", "ag_gemm", ag, dict(ce, num_splits=2, **t128s4)),
         ("rs ce s2 128x128", "gemm_rs", rs, dict(ce, num_splits=2, **t128)),
-        ("ag sm32 s2 128x256", "ag_gemm", ag, dict(ce, backend="nvshmem", comm_sms=32, num_splits=2, **t256)),
-        ("rs sm32 s2 128x256", "gemm_rs", rs, dict(ce, backend="nvshmem", comm_sms=32, num_splits=2, **t256)),
+        ("ag sm32 s2 128x256", "ag_gemm", ag, dict(ce, backend="sm_copy", comm_sms=32, num_splits=2, **t256)),
+        ("rs sm32 s2 128x256", "gemm_rs", rs, dict(ce, backend="sm_copy", comm_sms=32, num_splits=2, **t256)),
         ("rs nccl16 s2 128x256", "gemm_rs", rs, dict(ce, backend="nccl", comm_sms=16, num_splits=2, **t256)),
         ("rs nccl64 s2 128x256", "gemm_rs", rs, dict(ce, backend="nccl", comm_sms=64, num_splits=2, **t256)),
         (
@@ -70,7 +70,7 @@ def cases():
             "rs sm16 s4 128x128 M=4160",
             "gemm_rs",
             odd,
-            dict(ce, backend="nvshmem", comm_sms=16, num_splits=4, **t128),
+            dict(ce, backend="sm_copy", comm_sms=16, num_splits=4, **t128),
         ),
         ("ag nccl64 s2 128x256", "ag_gemm", ag, dict(ce, backend="nccl", comm_sms=64, num_splits=2, **t256)),
         ("ar nccl64 s2 128x256", "gemm_ar", rs, dict(ce, backend="nccl", comm_sms=64, num_splits=2, **t256)),
@@ -80,7 +80,7 @@ def cases():
             odd,
             dict(ce, backend="nccl", comm_sms=64, num_splits=4, **t128),
         ),
-        ("ar sm32 s2 128x256", "gemm_ar", rs, dict(ce, backend="nvshmem", comm_sms=32, num_splits=2, **t256)),
+        ("ar sm32 s2 128x256", "gemm_ar", rs, dict(ce, backend="sm_copy", comm_sms=32, num_splits=2, **t256)),
         (
             "ar ce s4 kept_interleaved 128x256",
             "gemm_ar",
@@ -97,7 +97,7 @@ def cases():
             "ar sm32 s4 kept_interleaved 128x128 M=4160",
             "gemm_ar",
             odd,
-            dict(ce, backend="nvshmem", comm_sms=32, num_splits=4, tile_order="kept_interleaved", **t128),
+            dict(ce, backend="sm_copy", comm_sms=32, num_splits=4, tile_order="kept_interleaved", **t128),
         ),
     ]
     return out

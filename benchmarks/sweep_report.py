@@ -29,7 +29,7 @@ from syncopate.search_space import Topology  # noqa: E402
 from syncopate.workers.replay_runner import ReplayOptions, load_stored_sweep, load_sweep_db  # noqa: E402
 
 TARGETS = {"ag_gemm": 0.95, "gemm_rs": 0.92, "gemm_ar": 0.90}
-BACKENDS = ("copy_engine", "nvshmem", "nccl")
+BACKENDS = ("copy_engine", "sm_copy", "nccl")
 
 
 def _f(x: float | None) -> str:
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         shape = "×".join(str(d) for d in (w.shape.m, w.shape.n, w.shape.k))
         lines.append(
             f"| {w.kind} | {shape} | {_f(seq)} | {_f(asyn)} | {_f(gemm)} | {_f(min(colls) if colls else None)} | "
-            f"{_f(bound)} | {_f(per_backend['copy_engine'])} | {_f(per_backend['nvshmem'])} | "
+            f"{_f(bound)} | {_f(per_backend['copy_engine'])} | {_f(per_backend['sm_copy'])} | "
             f"{_f(per_backend['nccl'])} | {_f(ours)} | {_r(ratio)} | {TARGETS[w.kind]:.2f} {'✓' if ok else '✗'} | "
             f"{_r(asyn / ours)} | {_r(seq / ours)} |"
         )

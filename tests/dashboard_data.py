@@ -48,8 +48,8 @@ T0 = datetime(2026, 11, 22, 8, 0, tzinfo=timezone.utc)
 
 CE2 = Candidate(backend="copy_engine", num_splits=2, tile_order="arrival")
 CE4 = Candidate(backend="copy_engine", num_splits=4, tile_order="swizzle")
-NV2 = Candidate(backend="nvshmem", num_splits=2, comm_sms=32, tile_order="arrival")
-NV4 = Candidate(backend="nvshmem", num_splits=4, comm_sms=32, tile_order="swizzle")
+SM2 = Candidate(backend="sm_copy", num_splits=2, comm_sms=32, tile_order="arrival")
+SM4 = Candidate(backend="sm_copy", num_splits=4, comm_sms=32, tile_order="swizzle")
 NC2 = Candidate(backend="nccl", num_splits=2, comm_sms=64, tile_order="row_major")
 NC4 = Candidate(backend="nccl", num_splits=4, comm_sms=64, tile_order="arrival")
 CE8 = Candidate(backend="copy_engine", num_splits=8, tile_order="arrival_colmajor")
@@ -110,11 +110,11 @@ def fill(url: str) -> str:
             [
                 _trial(W1, CE4, median=500.0, strategy="grid", minute=1),
                 _trial(W1, CE2, median=400.0, strategy="grid", minute=2),
-                _trial(W1, NV2, "oom", error=OOM_ERROR, strategy="grid", minute=3),
+                _trial(W1, SM2, "oom", error=OOM_ERROR, strategy="grid", minute=3),
                 _trial(W1, NC2, median=450.0, minute=4),
                 _trial(W1, NC4, "oom", error=OOM_ERROR, minute=5),
                 _trial(W1, CE8, "compile_error", error=COMPILE_ERROR, minute=6),
-                _trial(W1, NV4, median=350.0, source="predicted", strategy="cost_model", minute=7),
+                _trial(W1, SM4, median=350.0, source="predicted", strategy="cost_model", minute=7),
                 _trial(W2, CE2, median=340.0, minute=8),
                 _trial(W2, CE4, median=330.0, minute=9),
                 _trial(W3, CE2, median=800.0, minute=10),

@@ -121,12 +121,12 @@ def test_the_tiny_grid_tries_one_chunk_a_rank_for_all_gathers_on_four_ranks_and_
     from syncopate.search_space import Workload, bench_grid, guard_candidates
 
     workload, topo = Workload(kind=kind, shape=(8192, 8192, 8192)), Topology.from_key(topology)
-    grid = bench_grid(workload, topo, "tiny", ("copy_engine", "nvshmem", "nccl"))
+    grid = bench_grid(workload, topo, "tiny", ("copy_engine", "sm_copy", "nccl"))
     guards = list(guard_candidates(workload, topo).values())
     assert grid[: len(guards)] == guards and len(guards) == 2  # the default and unfused, measured first
     fused = [c for c in grid[len(guards) :] if c.template in ("direct", "ring", "bidirectional_ring")]
     assert {c.num_splits for c in fused} == splits
-    assert {c.backend for c in fused} == {"copy_engine", "nvshmem", "nccl"}
+    assert {c.backend for c in fused} == {"copy_engine", "sm_copy", "nccl"}
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ def test_a_quick_calibration_is_measured_and_read_back(tmp_path):
     kinds = {(r.kind, r.key) for r in rows}
     assert {
         ("transfer", "copy_engine/intra"),
-        ("transfer", "nvshmem/intra"),
+        ("transfer", "sm_copy/intra"),
         ("transfer", "nccl/intra"),
         ("gemm", TILE_CONFIGS[0].key()),
         ("op_costs", "op"),

@@ -61,7 +61,7 @@ def test_curve_rejects_bad_points(sizes, us, message):
 def test_transfer_model_interpolates_between_sm_counts():
     fast = Curve(sizes=(1 << 20,), us=(10.0,))
     slow = Curve(sizes=(1 << 20,), us=(20.0,))
-    t = TransferModel(backend="nvshmem", scope="intra", curves={16: slow, 32: fast}, call_us=5.0)
+    t = TransferModel(backend="sm_copy", scope="intra", curves={16: slow, 32: fast}, call_us=5.0)
     assert t.time_us(1 << 20, 32) == pytest.approx(10.0)
     assert t.time_us(1 << 20, 16) == pytest.approx(20.0)
     assert t.time_us(1 << 20, 24) == pytest.approx((1 << 20) / (((1 << 20) / 20 + (1 << 20) / 10) / 2))
@@ -83,10 +83,10 @@ def test_gemm_rate_gives_a_tile_time_from_the_per_program_rate():
 def test_default_calibration_is_marked_default_everywhere():
     cal = default_calibration(TOPO)
     assert cal.source == "default" and "default calibration" in cal.describe()
-    assert set(cal.transfers) == {"copy_engine/intra", "nccl/intra", "nvshmem/intra"}
+    assert set(cal.transfers) == {"copy_engine/intra", "nccl/intra", "sm_copy/intra"}
     assert all(o.startswith("default") for o in cal.origin.values())
     two_nodes = default_calibration(Topology.from_key("H200x16-nvswitch-2n"))
-    assert {"nccl/inter", "nvshmem/inter"} <= set(two_nodes.transfers)
+    assert {"nccl/inter", "sm_copy/inter"} <= set(two_nodes.transfers)
     assert not two_nodes.has_transfer("copy_engine", "inter")
 
 

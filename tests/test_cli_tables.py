@@ -30,7 +30,7 @@ WIDTHS = (80, 100, 120, 200)
 BOXES = "│┃─━┏┓┗┛┡┩└┘├┤┼╇"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
-LONG = Candidate(backend="nvshmem", num_splits=2, comm_sms=32, tile_order="arrival_colmajor")
+LONG = Candidate(backend="sm_copy", num_splits=2, comm_sms=32, tile_order="arrival_colmajor")
 """A configuration with a long short form (62 characters)."""
 TYPICAL = Candidate(backend="copy_engine", num_splits=1, tile_order="arrival", block_n=256, group_m=4)
 """What the quickstart's search finds (50 characters)."""

@@ -176,7 +176,7 @@ def test_chunks_let_compute_start_before_the_whole_shard_arrives():
 def test_sms_given_to_communication_are_taken_from_the_gemm():
     w = Workload(kind="ag_gemm", shape=(8192, 28672, 8192))
     model = CostModel(CAL)
-    few = Candidate(backend="nvshmem", comm_sms=16, num_splits=4, block_n=256, num_stages=3)
+    few = Candidate(backend="sm_copy", comm_sms=16, num_splits=4, block_n=256, num_stages=3)
     many = few.replace(comm_sms=64)
     assert model.predict(w, TOPO, few).programs == TOPO.sm_count - 16
     assert model.predict(w, TOPO, many).programs == TOPO.sm_count - 64
@@ -226,7 +226,7 @@ def test_prune_keeps_the_fastest_and_drops_the_hopeless():
 
 def test_an_invalid_candidate_is_refused():
     with pytest.raises(ConfigError, match="comm_sms"):
-        CostModel(CAL).predict(AG, TOPO, Candidate(backend="nvshmem", comm_sms=100))
+        CostModel(CAL).predict(AG, TOPO, Candidate(backend="sm_copy", comm_sms=100))
 
 
 def test_a_single_gpu_is_just_the_gemm():

@@ -137,7 +137,7 @@ def test_convergence_orders_trials_per_sweep_and_strategy(db):
     rand = trials[trials["strategy"] == "random"]
     assert list(rand["status"]) == ["ok", "oom", "compile_error"] and list(rand["best_so_far"]) == [450.0] * 3
     assert set(trials["series"]) == {"sweep 1 · grid", "sweep 1 · random"}
-    assert list(grid["backend"]) == ["copy_engine", "copy_engine", "nvshmem"]
+    assert list(grid["backend"]) == ["copy_engine", "copy_engine", "sm_copy"]
     assert list(grid["num_splits"]) == [4, 2, 2]
     assert not trials.attrs["thinned"] and trials.attrs["total"] == 6
 
@@ -161,7 +161,7 @@ def test_backend_splits_tile_orders_and_failures(db):
     assert found[("copy_engine", 2)] == (400.0, 1) and found[("copy_engine", 4)] == (500.0, 1)
     assert found[("nccl", 2)] == (450.0, 1) and math.isnan(found[("nccl", 4)][0])
     assert (
-        math.isnan(found[("nvshmem", 2)][0]) and ("nvshmem", 4) not in found
+        math.isnan(found[("sm_copy", 2)][0]) and ("sm_copy", 4) not in found
     )  # predicted: another selection
     orders = data.tile_orders(db, sel())
     arrival = row(orders, tile_order="arrival")

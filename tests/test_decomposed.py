@@ -147,7 +147,7 @@ def test_the_space_offers_it_for_reductions_over_the_copy_engine_only():
             decomposed_candidate(s) for s in (1, 2, 4, 8)
         ]
         assert DECOMPOSED not in {
-            c.template for c in space(w, TWO, SpaceOptions(backends=("nvshmem", "nccl")))
+            c.template for c in space(w, TWO, SpaceOptions(backends=("sm_copy", "nccl")))
         }
         assert check_liveness(kind, decomposed_candidate(4), 4, 8192, 4096, 132).live
     short = Workload(kind="gemm_rs", shape=(512, 4096, 4096))  # 256 rows a block: 128-row chunks at most 2

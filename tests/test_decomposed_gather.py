@@ -217,7 +217,7 @@ def test_the_space_offers_it_for_all_gather_matmuls_over_the_copy_engine_only():
     assert [c.num_splits for c in space(w, FOUR, four) if c.template == DECOMPOSED] == [1, 2, 3, 6]
     eight = Topology.from_key("H200x8-nvswitch")
     assert [c.num_splits for c in space(w, eight) if c.template == DECOMPOSED] == [1, 2, 4, 7]
-    assert DECOMPOSED not in {c.template for c in space(w, TWO, SpaceOptions(backends=("nvshmem", "nccl")))}
+    assert DECOMPOSED not in {c.template for c in space(w, TWO, SpaceOptions(backends=("sm_copy", "nccl")))}
     short = Workload(
         kind="ag_gemm", shape=(1024, 4096, 4096)
     )  # 512 rows a shard: parts of 128 rows at most 4

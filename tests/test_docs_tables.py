@@ -136,7 +136,7 @@ def test_a_bench_row_takes_the_fastest_verified_candidate_and_the_fastest_collec
             "trials": [
                 _trial("direct", "copy_engine", 2, 340.0),
                 _trial("a_stationary", "copy_engine", 1, 310.0),
-                _trial("ring", "nvshmem", 4, 200.0, status="wrong_result"),
+                _trial("ring", "sm_copy", 4, 200.0, status="wrong_result"),
             ],
         },
         {

@@ -69,7 +69,7 @@ def matrix(quick: bool = False, world: int = 2):
     if only:
         shapes = {k: v for k, v in shapes.items() if k in only.split(",")}
     for kind, backend, template, s, order, dtype in itertools.product(
-        shapes, ["copy_engine", "nvshmem", "nccl"], templates, splits, orders, dtypes
+        shapes, ["copy_engine", "sm_copy", "nccl"], templates, splits, orders, dtypes
     ):
         if template == "bidirectional_ring" and s < 2:
             continue
@@ -153,7 +153,7 @@ def matrix(quick: bool = False, world: int = 2):
     if "gemm_ar" in shapes:  # an all-reduce's M need not divide by the ranks: blocks of unequal rows
         for c in (c_stationary_candidate(2), decomposed_candidate(2)):
             cases.append(("gemm_ar", "bf16", (4161, 1024, 1536), c.to_dict(), 3))
-    for kind, backend in itertools.product(shapes, ["copy_engine", "nvshmem", "nccl"]):
+    for kind, backend in itertools.product(shapes, ["copy_engine", "sm_copy", "nccl"]):
         c = Candidate(
             backend=backend,
             num_splits=4,
@@ -169,7 +169,7 @@ def matrix(quick: bool = False, world: int = 2):
     # More tiles straddling the block boundary (140 columns of tiles) than programs: the liveness
     # model finds that the producer of commit 33175f5 deadlocked here (a program held two of them).
     for kind, backend in itertools.product(
-        [k for k in shapes if k != "ag_gemm"], ["copy_engine", "nvshmem", "nccl"]
+        [k for k in shapes if k != "ag_gemm"], ["copy_engine", "sm_copy", "nccl"]
     ):
         c = Candidate(
             backend=backend,
@@ -188,7 +188,7 @@ def matrix(quick: bool = False, world: int = 2):
     whole = {kind: (4096, 1024, 1536) for kind in ("gemm_rs", "gemm_ar") if kind in shapes}
     tiles = [(128, 256, 3)] if quick else [(128, 256, 3), (128, 128, 4)]
     for kind, backend, s, (bm, bn, st) in itertools.product(
-        whole, ["copy_engine", "nvshmem", "nccl"], splits[-2:], tiles
+        whole, ["copy_engine", "sm_copy", "nccl"], splits[-2:], tiles
     ):
         c = Candidate(
             backend=backend,
@@ -228,7 +228,7 @@ def matrix(quick: bool = False, world: int = 2):
     short = {"ag_gemm": (776, 1536, 1024), "gemm_rs": (776, 1024, 1536), "gemm_ar": (776, 1024, 1536)}
     tiles = [(64, 128)] if quick else [(64, 128), (128, 128)]
     for kind, backend, (bm, bn), dtype in itertools.product(
-        shapes, ["copy_engine", "nvshmem", "nccl"], tiles, dtypes
+        shapes, ["copy_engine", "sm_copy", "nccl"], tiles, dtypes
     ):
         c = Candidate(
             backend=backend,

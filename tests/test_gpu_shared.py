@@ -30,7 +30,7 @@ def _shared_cases(quick: bool, gluon: str = "0", world: int = 2):
         from syncopate.search_space import Candidate
 
         for kind, backend, splits in itertools.product(
-            ("gemm_rs", "gemm_ar"), ("copy_engine", "nvshmem"), (1, 2, 4)
+            ("gemm_rs", "gemm_ar"), ("copy_engine", "sm_copy"), (1, 2, 4)
         ):
             c = Candidate(
                 backend=backend,
@@ -94,7 +94,7 @@ def _late_peer_worker(rank, world, port, q):
     shapes = {"ag_gemm": (4160, 1536, 1024), "gemm_rs": (4160, 1024, 1536), "gemm_ar": (4160, 1024, 1536)}
     report = []
     for kind, backend, spin_limit in [
-        (k, b, s) for k in fused for b in ("copy_engine", "nvshmem") for s in (1 << 27, 1)
+        (k, b, s) for k in fused for b in ("copy_engine", "sm_copy") for s in (1 << 27, 1)
     ]:
         c = Candidate(
             backend=backend,

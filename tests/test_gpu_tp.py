@@ -52,11 +52,11 @@ def _tp_worker(rank, world, port, shared, tp, q):
     group, replica = groups[rank // tp], rank // tp
     me = dist.get_rank(group)
     setups = []
-    for backend in ("copy_engine", "nvshmem") + (() if shared else ("nccl",)):
+    for backend in ("copy_engine", "sm_copy") + (() if shared else ("nccl",)):
         c = Candidate(
             backend=backend,
             num_splits=2,
-            comm_sms={"copy_engine": 0, "nvshmem": 16, "nccl": 64}[backend],
+            comm_sms={"copy_engine": 0, "sm_copy": 16, "nccl": 64}[backend],
             block_m=128,
             block_n=128,
             block_k=64,
@@ -254,7 +254,7 @@ def _compile_worker(rank, world, port, q):
     from syncopate.search_space import Candidate
 
     sm = Candidate(
-        backend="nvshmem",
+        backend="sm_copy",
         comm_sms=16,
         num_splits=2,
         block_m=128,

@@ -575,7 +575,7 @@ def test_the_copier_is_staged_before_the_kernel_and_enqueued_without_allocating(
     call = ScatterCall(
         ctx=ctx,
         plan=plan,
-        candidate=cand(backend="nvshmem", comm_sms=3, num_splits=2),
+        candidate=cand(backend="sm_copy", comm_sms=3, num_splits=2),
         epoch=epoch,
         main=None,
         send=send,
@@ -584,7 +584,7 @@ def test_the_copier_is_staged_before_the_kernel_and_enqueued_without_allocating(
         elem=2,
         spin_limit=1 << 16,
     )
-    enqueue = BACKEND_IMPLS["nvshmem"].stage_scatter(call, [SimpleNamespace(cuda_stream=i) for i in range(3)])
+    enqueue = BACKEND_IMPLS["sm_copy"].stage_scatter(call, [SimpleNamespace(cuda_stream=i) for i in range(3)])
     pads[rank][READY_BASE : READY_BASE + 8] = epoch  # the kernel has made every leaving chunk ready
     pads[rank][ENTERED_BASE + 1] = epoch  # and the peer has entered the call
 

@@ -36,7 +36,7 @@ TEMPLATE_SPLITS = [
 ]
 ORDERS = ("arrival", "arrival_colmajor", "swizzle", "row_major")
 WORLD_SIZES = (2, 3, 4, 8)
-BACKENDS = (("copy_engine", 0), ("nvshmem", 16), ("nccl", 64))
+BACKENDS = (("copy_engine", 0), ("sm_copy", 16), ("nccl", 64))
 H200_SMS = 132
 
 
@@ -315,7 +315,7 @@ class _Trace:
 
 
 @pytest.mark.parametrize("kind", ["ag_gemm", "gemm_rs", "gemm_ar"])
-@pytest.mark.parametrize("backend", ["copy_engine", "nvshmem", "nccl"])
+@pytest.mark.parametrize("backend", ["copy_engine", "sm_copy", "nccl"])
 def test_the_model_enqueues_what_the_backends_enqueue(kind, backend, monkeypatch):
     import contextlib
     from types import SimpleNamespace

@@ -85,7 +85,7 @@ def test_a_sweep_stores_the_calibrations_measured_beside_it(db, topology):
         ("op_costs", "op", "measured", topology),
         ("transfer", "copy_engine/intra", "measured", topology),
         ("transfer", "nccl/intra", "measured", topology),
-        ("transfer", "nvshmem/intra", "measured", topology),
+        ("transfer", "sm_copy/intra", "measured", topology),
     ]
 
 

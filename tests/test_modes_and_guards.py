@@ -2,8 +2,8 @@
 calls, the host on the path; graph: calls replayed from CUDA graphs) and the guard (never serve a
 configuration slower in that mode than the untuned default or the unfused template): what lookup,
 `picks`, the export and the tuner's confirmation serve and rank by; the rungs that answer without
-a measured row of the shape's topology (other_topology, cost_model, default); migration 0002 and a
-database at revision 0001 read as it is."""
+a measured row of the shape's topology (other_topology, cost_model, default); migration 0002, a
+database at revision 0001 refused until upgraded, and a committed database read-only."""
 
 from __future__ import annotations
 
@@ -341,7 +341,7 @@ def test_an_export_file_of_version_1_serves_both_modes(tmp_path):
         assert result.candidate == fused and result.eager_us is None
 
 
-# -- migration 0002 and revision 0001 read as it is ---------------------------------------------
+# -- migration 0002, and revision 0001 refused until upgraded ---------------------------------------
 
 
 def _downgrade_to_0001(path: Path) -> None:
@@ -355,34 +355,30 @@ def _downgrade_to_0001(path: Path) -> None:
     engine.dispose()
 
 
-def test_a_database_at_revision_0001_is_read_as_it_is_then_upgraded_with_its_data(tmp_path):
+def test_a_database_at_revision_0001_is_refused_until_upgraded_then_read_with_its_data(tmp_path):
+    """Its rows name a backend by the name revision 0003 changed: read as it is, they would not say
+    what this code reads, so reads ask for the upgrade, as writes do, and nothing is written."""
     a, b = tuned()
     path = tmp_path / "old.db"
     ids = store(path, [trial(a, 120.0, 130.0), trial(b, 100.0, 400.0)])
     _downgrade_to_0001(path)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    older = r"revision 0001, older than this Syncopate's \d+: run `syncopate db upgrade --db"
+    with pytest.raises(SchemaError, match=older):
+        lookup(W.shape, H200X4, db=path, environment=ENV)
+    with pytest.raises(SchemaError, match=older):
+        ResultsDB.open(path, read_only=True)
+    with pytest.raises(SchemaError, match=older):
+        ResultsDB.open(path)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest  # refused: nothing written
+
+    assert upgrade(locate(path)) == ("0001", HEAD)
     old = lookup(W.shape, H200X4, db=path, environment=ENV)
     assert (old.trial_id, old.eager_us, old.objective) == (
         ids[b.key()],
         None,
         "device (no eager measurement)",
     )
-    with ResultsDB.open(path, read_only=True) as db:
-        assert db.revision == "0001" and not db.has_times
-        assert {t.trial_id: (t.median_us, t.eager_us) for t in db.trials()} == {
-            ids[a.key()]: (120.0, None),
-            ids[b.key()]: (100.0, None),
-        }
-        assert db.best(W, H200X4, ENV).trial_id == ids[b.key()]
-        assert len(db.picks()) == 2
-    with (
-        ResultsDB.open(path) as db,
-        pytest.raises(SchemaError, match=r"revision 0001, older .*`syncopate db upgrade --db"),
-    ):
-        db.record_trial(db.start_sweep("more"), trial(a, 1.0))
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest  # read, refused: nothing written
-
-    assert upgrade(locate(path)) == ("0001", HEAD)
     with ResultsDB.open(path) as db:
         assert {t.trial_id: (t.median_us, t.eager_us) for t in db.trials()} == {
             ids[a.key()]: (120.0, None),
@@ -427,7 +423,7 @@ def _committed_trial(path: Path) -> tuple[Workload, str, object, int]:
     )
 
 
-def test_a_committed_database_at_revision_0001_answers_lookup_read_only(tmp_path):
+def test_a_committed_database_answers_lookup_read_only(tmp_path):
     copy = tmp_path / "h200x2-tune.db"
     shutil.copy(REPO / "results" / "h200x2-tune.db", copy)
     copy.chmod(0o444)
@@ -442,10 +438,7 @@ def test_a_committed_database_at_revision_0001_answers_lookup_read_only(tmp_path
     assert hashlib.sha256(copy.read_bytes()).hexdigest() == digest
     copy.chmod(0o644)
     with ResultsDB.open(copy, read_only=True) as db:
-        before = [(t.trial_id, t.median_us) for t in db.trials()]
-    assert upgrade(locate(copy)) == ("0001", HEAD)
-    with ResultsDB.open(copy, read_only=True) as db:
-        assert [(t.trial_id, t.median_us) for t in db.trials()] == before
+        assert db.revision == HEAD
 
 
 def test_the_cli_lookup_takes_a_mode_and_refuses_an_unknown_one(tmp_path, capsys):

@@ -97,10 +97,10 @@ def test_the_nccl_backend_on_a_group_without_nccl_names_the_others(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
     try:
         group = dist.group.WORLD
-        with pytest.raises(ConfigError, match="uses 'gloo': choose backend copy_engine or nvshmem") as info:
+        with pytest.raises(ConfigError, match="uses 'gloo': choose backend copy_engine or sm_copy") as info:
             check_backend_group(Candidate(backend="nccl", comm_sms=32), group)
         assert "backend='nccl'" in str(info.value)
-        for backend, sms in (("copy_engine", 0), ("nvshmem", 16)):
+        for backend, sms in (("copy_engine", 0), ("sm_copy", 16)):
             check_backend_group(Candidate(backend=backend, comm_sms=sms), group)
     finally:
         dist.destroy_process_group()

@@ -354,7 +354,7 @@ class TestStorageConformance:
         served = lookup(W.shape, TOPO, db=db_url, environment=ENV)
         assert (served.trial_id, served.guard, served.candidate) == (guard, "unfused", CANDIDATES[unfused])
 
-    def test_a_database_at_revision_0001_is_read_as_it_is_and_upgraded_with_its_data(self, db, db_url):
+    def test_a_database_at_revision_0001_is_refused_until_upgraded_with_its_data(self, db, db_url):
         from alembic import command
 
         from syncopate.results_db.engine import make_engine
@@ -366,17 +366,14 @@ class TestStorageConformance:
         with engine.begin() as connection:
             command.downgrade(alembic_config(connection), "0001")
         engine.dispose()
-        with ResultsDB.open(db_url, read_only=True) as old:
-            assert old.revision == "0001"
-            assert {t.trial_id: (t.median_us, t.eager_us) for t in old.trials()} == {
-                ids[0]: (120.0, None),
-                ids[1]: (100.0, None),
-            }
-            with pytest.raises(SchemaError, match="syncopate db upgrade"):
-                old.start_sweep("more")
+        # its rows name a backend by the name revision 0003 changed: reads ask for the upgrade too
+        with pytest.raises(SchemaError, match="revision 0001, older .*syncopate db upgrade"):
+            ResultsDB.open(db_url, read_only=True)
+        with pytest.raises(SchemaError, match="revision 0001, older .*syncopate db upgrade"):
+            lookup(W.shape, TOPO, db=db_url, environment=ENV)
+        assert upgrade(locate(db_url)) == ("0001", HEAD)
         found = lookup(W.shape, TOPO, db=db_url, environment=ENV)
         assert (found.trial_id, found.objective) == (ids[1], "device (no eager measurement)")
-        assert upgrade(locate(db_url)) == ("0001", HEAD)
         with ResultsDB.open(db_url) as new:
             assert [(t.trial_id, t.median_us, t.eager_us) for t in new.trials()] == [
                 (ids[0], 120.0, None),

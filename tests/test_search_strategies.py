@@ -38,7 +38,7 @@ OPTIONS = SpaceOptions(
     num_splits=(1, 2, 4),
     tile_orders=("arrival", "row_major"),
     group_m=(8,),
-    comm_sms={"copy_engine": (0,), "nvshmem": (16, 64), "nccl": (64,)},
+    comm_sms={"copy_engine": (0,), "sm_copy": (16, 64), "nccl": (64,)},
     tile_configs=tuple(TileConfig.from_key(k) for k in ("128x256x64w8s3", "128x128x64w8s4", "64x128x64w4s4")),
 )
 STRATEGIES = sorted(AVAILABLE_STRATEGIES)
@@ -241,7 +241,7 @@ def test_seeded_measures_the_bench_grid_first_then_the_space_evenly(config):
         cands = space(w, topo, options)
         index = {c.key(): i for i, c in enumerate(cands)}
         held = set(index)
-        grid = bench_grid(w, topo, "tiny", ("copy_engine", "nvshmem", "nccl"))
+        grid = bench_grid(w, topo, "tiny", ("copy_engine", "sm_copy", "nccl"))
         tiny = [c.key() for c in grid]
         seeds = [k for k in tiny if k in held]
         cublas = {c.template for c in grid if c.key() in held} & set(COPY_ENGINE_KINDS)

@@ -38,7 +38,7 @@ def test_every_candidate_of_the_suite_is_valid_and_unique(suite):
         assert len(keys) == len(set(keys))
         for c in cands:
             check_candidate(c, w, H200x2)
-        assert {c.backend for c in cands} == {"copy_engine", "nvshmem", "nccl"}
+        assert {c.backend for c in cands} == {"copy_engine", "sm_copy", "nccl"}
 
 
 @pytest.mark.parametrize(
@@ -96,7 +96,7 @@ def test_nccl_gets_the_sms_its_kernels_need(kind):
 def test_comm_sms_must_leave_sms_for_the_gemm():
     w = Workload(kind="ag_gemm", shape=(8192, 4096, 4096))
     with pytest.raises(ConfigError, match="comm_sms=100 leaves too few of 132 SMs"):
-        check_candidate(Candidate(backend="nvshmem", comm_sms=100), w, H200x2)
+        check_candidate(Candidate(backend="sm_copy", comm_sms=100), w, H200x2)
 
 
 def test_a_shape_the_world_size_does_not_divide_has_no_space():
@@ -199,7 +199,7 @@ def test_the_tp4_and_tp8_suites_search_every_backend_template_and_split(config):
         assert len({c.key() for c in cands}) == len(cands) > 1000, w
         for c in cands[::7]:
             check_candidate(c, w, topo)
-        assert {c.backend for c in cands} == {"copy_engine", "nvshmem", "nccl"}
+        assert {c.backend for c in cands} == {"copy_engine", "sm_copy", "nccl"}
         routed = {"direct", "ring", "bidirectional_ring"}
         assert {c.template for c in cands} == routed | {t for t, k in PLANLESS_KINDS.items() if w.kind in k}
         fused_splits = {c.num_splits for c in cands if c.template not in PLANLESS_KINDS}

@@ -329,7 +329,7 @@ def test_the_space_offers_it_for_all_gather_matmuls_over_the_copy_engine_only():
     w = Workload(kind="ag_gemm", shape=(8192, 2048, 8192))
     found = [c for c in space(w, TWO) if c.template == A_STATIONARY]
     assert found == [a_stationary_candidate(s) for s in (1, 2, 4, 8)]
-    for options in (SpaceOptions(backends=("nvshmem", "nccl")), SpaceOptions(templates=("direct",))):
+    for options in (SpaceOptions(backends=("sm_copy", "nccl")), SpaceOptions(templates=("direct",))):
         assert A_STATIONARY not in {c.template for c in space(w, TWO, options)}
     for kind in ("gemm_rs", "gemm_ar"):
         producer = Workload(kind=kind, shape=(8192, 8192, 2048))

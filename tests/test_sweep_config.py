@@ -88,8 +88,8 @@ BASE = {
         ({"space": {"group_m": [0]}}, r"space.group_m=0 must be a power of two in \[1, 64\]"),
         ({"space": {"group_m": [8, 6]}}, "space.group_m=6 must be a power of two"),
         (
-            {"space": {"comm_sms": {"nvshmem": [-4]}}},
-            r"space.comm_sms.nvshmem value -4 must be an SM count in \[1, 128\]",
+            {"space": {"comm_sms": {"sm_copy": [-4]}}},
+            r"space.comm_sms.sm_copy value -4 must be an SM count in \[1, 128\]",
         ),
         ({"space": {"comm_sms": {"copy_engine": [8]}}}, "space.comm_sms.copy_engine value 8 must be 0"),
         (

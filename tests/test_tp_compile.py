@@ -122,7 +122,7 @@ def test_fused_layers_compile_whole_and_match_torchs_path(ws):
 
 
 def test_a_config_goes_through_its_text_unchanged():
-    c = Candidate(backend="nvshmem", comm_sms=16, num_splits=4, block_n=256, tile_order="swizzle")
+    c = Candidate(backend="sm_copy", comm_sms=16, num_splits=4, block_n=256, tile_order="swizzle")
     assert Candidate.from_dict(_config(config_text(c))) == c
     assert _config(config_text({"num_splits": 2, "backend": "nccl"})) == {"backend": "nccl", "num_splits": 2}
     assert config_text(None) is None and _config(None) is None

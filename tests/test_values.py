@@ -204,13 +204,13 @@ def test_candidate_hash_is_stable_across_processes():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"backend": "mpi"}, "unknown backend 'mpi': accepted are copy_engine, nvshmem, nccl"),
+        ({"backend": "mpi"}, "unknown backend 'mpi': accepted are copy_engine, sm_copy, nccl"),
         ({"template": "star"}, "unknown plan template 'star'"),
         ({"tile_order": "hilbert"}, "unknown tile order 'hilbert'"),
         ({"block_m": 96}, "block_m=96 must be a power of two"),
         ({"num_splits": 0}, "num_splits=0 must be in"),
         ({"comm_sms": 4}, "copy_engine spends no SM: comm_sms must be 0, got 4"),
-        ({"backend": "nvshmem"}, "nvshmem needs comm_sms >= 1"),
+        ({"backend": "sm_copy"}, "sm_copy needs comm_sms >= 1"),
         ({"template": "bidirectional_ring", "num_splits": 1}, "needs num_splits >= 2"),
         ({"num_warps": True}, "num_warps=True must be an integer"),
     ],

@@ -49,6 +49,7 @@ from syncopate.search_space import (
     Workload,
     canonical_dtype,
     model_shape,
+    unknown_backend,
 )
 
 __all__ = [
@@ -217,7 +218,7 @@ class SpaceEntry(_Strict):
     def _backends(cls, v):
         for b in v or []:
             if b not in BACKENDS:
-                raise ValueError(f"unknown backend {b!r}: accepted are {', '.join(BACKENDS)}")
+                raise ValueError(unknown_backend(b))
         return v
 
     @field_validator("templates")

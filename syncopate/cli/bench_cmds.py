@@ -146,7 +146,7 @@ def bench_cmd(
         )
         return
     from syncopate.autotuner.sweep import load_sweep
-    from syncopate.search_space import BACKENDS, GRIDS, KINDS, Shape, Workload
+    from syncopate.search_space import BACKENDS, GRIDS, KINDS, Shape, Workload, unknown_backend
 
     topology = None
     if suite is not None:
@@ -183,7 +183,7 @@ def bench_cmd(
     chosen = tuple(x.strip() for x in backends.split(",")) if backends else BACKENDS
     for b in chosen:
         if b not in BACKENDS:
-            raise ConfigError(f"unknown backend {b!r} in --backends: accepted are {', '.join(BACKENDS)}")
+            raise ConfigError(unknown_backend(b, " in --backends"))
     if grid not in GRIDS:
         raise ConfigError(f"unknown grid {grid!r}: accepted are {', '.join(GRIDS)}")
     if json_out is not None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from syncopate.errors import CalibrationError, ConfigError
 from syncopate.records import CalibrationRecord, Environment
-from syncopate.search_space import BACKENDS, TileConfig, Topology
+from syncopate.search_space import BACKENDS, TileConfig, Topology, unknown_backend
 
 __all__ = [
     "CALIBRATION_POLICIES",
@@ -152,9 +152,7 @@ class TransferModel:
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise ConfigError(
-                f"unknown backend {self.backend!r} in a transfer calibration: accepted are {', '.join(BACKENDS)}"
-            )
+            raise ConfigError(unknown_backend(self.backend, " in a transfer calibration"))
         if self.scope not in SCOPES:
             raise ConfigError(f"unknown transfer scope {self.scope!r}: accepted are {', '.join(SCOPES)}")
         if not self.curves:

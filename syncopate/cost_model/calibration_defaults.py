@@ -71,8 +71,8 @@ def _transfers(topology: Topology) -> dict[str, TransferModel]:
             call_us=10.0,
             curves={8: curve(8.0, 0.85 * 255.0, 2 * MiB), 16: curve(8.0, 255.0, 2 * MiB)},
         ),
-        "nvshmem/intra": TransferModel(
-            backend="nvshmem",
+        "sm_copy/intra": TransferModel(
+            backend="sm_copy",
             scope="intra",
             call_us=12.0,
             curves={
@@ -94,8 +94,8 @@ def _transfers(topology: Topology) -> dict[str, TransferModel]:
             call_us=15.0,
             curves={8: net(15.0, 40.0, 4 * MiB), 16: net(15.0, 40.0, 4 * MiB)},
         )
-        out["nvshmem/inter"] = TransferModel(
-            backend="nvshmem",
+        out["sm_copy/inter"] = TransferModel(
+            backend="sm_copy",
             scope="inter",
             call_us=15.0,
             curves={
@@ -134,7 +134,7 @@ def default_calibration(topology: Topology) -> Calibration:
         wait_us=0.8,
         local_copy_gbps=1600.0 * spec.hbm_gbps / GPUS["H200"].hbm_gbps,
         hbm_gbps=0.8 * spec.hbm_gbps,
-        overlap_slowdown={"copy_engine": 0.03, "nvshmem": 0.02, "nccl": 0.05},
+        overlap_slowdown={"copy_engine": 0.03, "sm_copy": 0.02, "nccl": 0.05},
     )
     transfers = _transfers(topology)
     gemm = _gemm(topology)

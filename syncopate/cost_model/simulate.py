@@ -9,7 +9,7 @@ Communication (:class:`TransferTable`), per backend as the kernels run it:
 | backend       | where transfers queue                                   | per chunk                          |
 |---------------|---------------------------------------------------------|------------------------------------|
 | `copy_engine` | one side stream per plan stream, in the plan's order    | its curve; streams of one rank share its egress where the links do |
-| `nvshmem`     | one job list per rank (the chunk-copy kernel), in order | its curve at `comm_sms`            |
+| `sm_copy`     | one job list per rank (the chunk-copy kernel), in order | its curve at `comm_sms`            |
 | `nccl`        | batches per (step, split), every rank in lock step      | its curve; a batch ends for all    |
 
 A transfer starts when its queue is free and its chunk is ready: a rank's own rows at once, a

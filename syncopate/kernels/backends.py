@@ -9,7 +9,7 @@ chosen by the candidate's `backend`:
 - `copy_engine`: copy-engine copies (`cuMemcpyDtoDAsync`) straight into the peers' symmetric
   buffers, each followed by a stream write of the epoch into the receiver's signal word. Only
   copies and stream memory operations go on the side streams, so no SM is needed.
-- `nvshmem` (SM-driven): `comm_sms` programs of `chunk_copy_kernel` store chunks into the peers'
+- `sm_copy` (SM-driven): `comm_sms` programs of `chunk_copy_kernel` store chunks into the peers'
   symmetric buffers and raise the receivers' signals from the GPU threads.
 - `nccl`: NCCL send/receive pairs per (step, split) on a side stream, each arrival followed by a
   stream write of its signal; the fused kernel leaves `comm_sms` SMs free for NCCL's kernels.
@@ -322,9 +322,9 @@ class CopyEngineBackend(CommBackend):
 
 
 class SmCopyBackend(CommBackend):
-    """SM-driven copies by `comm_sms` programs of the chunk-copy kernel (the `nvshmem` backend)."""
+    """SM-driven copies by `comm_sms` programs of the chunk-copy kernel (the `sm_copy` backend)."""
 
-    name = "nvshmem"
+    name = "sm_copy"
 
     def start_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> None:
         self.stage_gather(call, streams)()

@@ -259,7 +259,7 @@ def check_backend_group(cand: Candidate, group) -> None:
     if cand.backend == "nccl" and cand.template != UNFUSED and "nccl" not in backend:
         raise ConfigError(
             f"backend 'nccl' moves chunks with the group's NCCL collectives, but group {group.group_name!r} "
-            f"uses {backend!r}: choose backend copy_engine or nvshmem, or make the group with backend='nccl'"
+            f"uses {backend!r}: choose backend copy_engine or sm_copy, or make the group with backend='nccl'"
         )
 
 

@@ -1401,7 +1401,7 @@ def chunk_copy_kernel(
     ELEM: tl.constexpr,
     MAX_SPIN: tl.constexpr,
 ):
-    """SM-driven chunk copies: the `nvshmem` backend's communication programs.
+    """SM-driven chunk copies: the `sm_copy` backend's communication programs.
 
     Job j copies `job_elems[j]` elements of type ELEM from address `job_src[j]` to `job_dst[j]` (a
     peer's symmetric buffer, or a local one), all NUM_PROGRAMS programs sharing it in BLOCK-sized

@@ -35,7 +35,7 @@ class BenchOptions:
     repetitions: int = 20
     flush_l2: bool = True
     grid: str = "small"
-    backends: tuple[str, ...] = ("copy_engine", "nvshmem", "nccl")
+    backends: tuple[str, ...] = ("copy_engine", "sm_copy", "nccl")
     extra: list[Candidate] = field(default_factory=list)
 
 
@@ -219,7 +219,7 @@ def format_table(result: dict) -> str:
                     f(b.get("comm_alone_copy_engine")),
                     f(s["bound"]),
                     f(pb.get("copy_engine", {}).get("median_us")),
-                    f(pb.get("nvshmem", {}).get("median_us")),
+                    f(pb.get("sm_copy", {}).get("median_us")),
                     f(pb.get("nccl", {}).get("median_us")),
                     f(pb.get("cublas", {}).get("median_us")),
                     f(ours),

@@ -7,7 +7,7 @@ to rank (r + 1) mod ws, every rank at once, as the chunk plans do.
 | what                               | how                                                              | calibration record           |
 |------------------------------------|------------------------------------------------------------------|------------------------------|
 | copy engine, per chunk size        | `chunks` back-to-back copy-engine copies into the peer's symmetric buffer (`streamops.copy_async`) | `transfer` `copy_engine/intra` |
-| SM-driven copier, per size and SMs | the chunk-copy kernel (`launch_chunk_copy`) with `comm_sms` programs, `chunks` jobs | `transfer` `nvshmem/intra`     |
+| SM-driven copier, per size and SMs | the chunk-copy kernel (`launch_chunk_copy`) with `comm_sms` programs, `chunks` jobs | `transfer` `sm_copy/intra`     |
 | NCCL, per size                     | `chunks` batched send/receive pairs                              | `transfer` `nccl/intra`        |
 | fixed cost per call                | one call's entry handshake, fork and join with one small chunk, less that chunk's time | `call_us` of each          |
 | GEMM per tile configuration and SMs| the consumer kernel with every signal raised beforehand, on M×N×K and M×N×K/4: the slope gives the rate, the intercept the cost per tile | `gemm` TILE |
@@ -42,7 +42,7 @@ class CalibrateOptions:
     """Back-to-back transfers per timed repetition (their mean is the per-chunk time)."""
     comm_sms: tuple[int, ...] = (8, 16, 32, 64)
     """Programs of the SM-driven copier."""
-    backends: tuple[str, ...] = ("copy_engine", "nvshmem", "nccl")
+    backends: tuple[str, ...] = ("copy_engine", "sm_copy", "nccl")
     tile_configs: tuple[TileConfig, ...] = TILE_CONFIGS
     gemm_shape: tuple[int, int, int] = (8192, 8192, 4096)
     """M, N, K of the GEMM calibration (K/4 is measured too)."""
@@ -159,12 +159,12 @@ def _transfers(ctx, group, options: CalibrateOptions) -> dict[str, dict[str, Any
     if "copy_engine" in options.backends and streamops.available():
         c = curve(ce)
         out["copy_engine/intra"] = {"curves": {"0": c}, "call_us": call_cost(ce_call, c["us"][0])}
-    if "nvshmem" in options.backends:
+    if "sm_copy" in options.backends:
         curves = {}
         for programs in options.comm_sms:
             curves[str(programs)] = curve(lambda size, n, p=programs: sm(size, n, p))
         first = curves[str(options.comm_sms[-1])]
-        out["nvshmem/intra"] = {
+        out["sm_copy/intra"] = {
             "curves": curves,
             "call_us": call_cost(lambda size, n: sm(size, n, options.comm_sms[-1]), first["us"][0]),
         }

@@ -54,15 +54,18 @@ TABLES: tuple[str, ...] = (
 BEST_VIEW = "syncopate_best"
 """View: the fastest `ok`, `measured` trial per (workload, topology, environment)."""
 
-REVISIONS: tuple[str, ...] = ("0001", "0002")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003")
 """Every migration revision shipped, oldest first; a test checks it against the scripts."""
 
 HEAD = REVISIONS[-1]
 
-READ_COMPATIBLE: frozenset[str] = frozenset({"0001"})
-"""Older revisions this code reads as they are, without an upgrade: their tables lack only nullable
-columns of the head's, which read as NULL. Results files may sit on read-only mounts, so a lookup,
-an export or the dashboard works on them; only a write asks for `syncopate db upgrade`."""
+READ_COMPATIBLE: frozenset[str] = frozenset()
+"""Older revisions this code reads as they are, without an upgrade: their tables may lack only
+nullable columns of the head's, which read as NULL, and their rows must say what this code reads.
+Results files may sit on read-only mounts, so a lookup, an export or the dashboard works on such a
+revision; only a write asks for `syncopate db upgrade`. None at present: revision 0003 renamed the
+backend `nvshmem` `sm_copy` in stored rows, so a database at 0001 or 0002 is upgraded (a copy of it,
+where it is read-only) before it is read."""
 
 TIMES_REVISION = "0002"
 """The first revision whose trials and baselines have `eager_us` and `host_us`."""

@@ -3,7 +3,7 @@
 Pure Python: importing this package imports neither torch nor triton.
 """
 
-from syncopate.search_space.candidate import BACKENDS, Candidate
+from syncopate.search_space.candidate import BACKENDS, RENAMED_BACKENDS, Candidate, unknown_backend
 from syncopate.search_space.chunk_plan import (
     A_STATIONARY,
     C_STATIONARY,
@@ -84,6 +84,7 @@ __all__ = [
     "DECOMPOSED",
     "STATIONARY_KINDS",
     "PLANLESS_KINDS",
+    "RENAMED_BACKENDS",
     "UNFUSED",
     "COLLECTIVES",
     "CONSUMER_ORDERS",
@@ -145,4 +146,5 @@ __all__ = [
     "topology_key",
     "tile_orders_for",
     "too_short_for_tiles",
+    "unknown_backend",
 ]

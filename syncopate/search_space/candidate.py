@@ -16,11 +16,31 @@ from syncopate.errors import ConfigError, describe
 from syncopate.search_space.chunk_plan import CANDIDATE_TEMPLATES, PLANLESS_KINDS, UNFUSED
 from syncopate.search_space.tile_order import TILE_ORDERS
 
-__all__ = ["BACKENDS", "Candidate"]
+__all__ = ["BACKENDS", "RENAMED_BACKENDS", "Candidate", "unknown_backend"]
 
-BACKENDS: tuple[str, ...] = ("copy_engine", "nvshmem", "nccl")
-"""How chunks move: copy-engine copies on a side stream; SM-driven peer stores by `comm_sms`
-communication programs inside the fused kernel; chunked NCCL transfers on a side stream."""
+BACKENDS: tuple[str, ...] = ("copy_engine", "sm_copy", "nccl")
+"""How chunks move: copy-engine copies on a side stream; SM copies (`sm_copy`: stores into the
+peers' IPC-mapped symmetric memory by `comm_sms` programs of a Triton chunk-copy kernel, which raise
+the receivers' signal words from GPU threads); chunked NCCL transfers on a side stream."""
+
+RENAMED_BACKENDS: dict[str, tuple[str, str]] = {
+    "nvshmem": ("sm_copy", "this backend stores chunks with SM copies; no NVSHMEM is used"),
+}
+"""Earlier names of backends: old name → (new name, why). Input that gives an old name is refused
+with a message naming the new one, not read as it, so that the old name stays free for a backend
+that earns it. Stored rows were rewritten by migration 0003; `syncopate bench` files, which are
+never rewritten, are read under the new name (a backend that takes an old name again must first
+tell the files written before the rename apart)."""
+
+
+def unknown_backend(name: object, where: str = "") -> str:
+    """The message refusing backend `name`, not one of :data:`BACKENDS`; `where` (such as
+    `" in space.backends"`) says where it was given. An earlier name gets the new one."""
+    renamed = RENAMED_BACKENDS.get(name) if isinstance(name, str) else None
+    if renamed is not None:
+        new, why = renamed
+        return f"backend {name!r} was renamed {new!r} ({why}) — use {new!r}{where}"
+    return f"unknown backend {name!r}{where}: accepted are {', '.join(BACKENDS)}"
 
 
 def check_pow2(name: str, value: Any, what: str) -> None:
@@ -55,7 +75,7 @@ class Candidate:
     tile_order: str = "arrival"
     """One of :data:`~syncopate.search_space.tile_order.TILE_ORDERS`."""
     comm_sms: int = 0
-    """SMs given to communication: the communication programs (`nvshmem`), the SMs left free for
+    """SMs given to communication: the communication programs (`sm_copy`), the SMs left free for
     NCCL's kernels (`nccl`); always 0 for `copy_engine`, which spends no SM."""
     block_m: int = 128
     """Output tile rows."""
@@ -72,7 +92,7 @@ class Candidate:
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise ConfigError(f"unknown backend {self.backend!r}: accepted are {', '.join(BACKENDS)}")
+            raise ConfigError(unknown_backend(self.backend))
         if self.template not in CANDIDATE_TEMPLATES:
             raise ConfigError(
                 f"unknown plan template {self.template!r}: accepted are {', '.join(CANDIDATE_TEMPLATES)}"

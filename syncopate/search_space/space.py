@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from syncopate.errors import ConfigError
-from syncopate.search_space.candidate import BACKENDS, Candidate, check_pow2
+from syncopate.search_space.candidate import BACKENDS, Candidate, check_pow2, unknown_backend
 from syncopate.search_space.chunk_plan import (
     A_STATIONARY,
     C_STATIONARY,
@@ -142,7 +142,7 @@ class SpaceOptions:
     tile_orders: tuple[str, ...] = ("arrival", "arrival_colmajor", "swizzle", "row_major")
     """Tile orders (those that fit the kind's role are kept; `kept_interleaved` is opt-in)."""
     comm_sms: dict[str, tuple[int, ...]] = field(
-        default_factory=lambda: {"copy_engine": (0,), "nvshmem": (16, 32, 64), "nccl": (NCCL_MIN_SMS,)}
+        default_factory=lambda: {"copy_engine": (0,), "sm_copy": (16, 32, 64), "nccl": (NCCL_MIN_SMS,)}
     )
     """SMs given to communication, per backend."""
     tile_configs: tuple[TileConfig, ...] = TILE_CONFIGS
@@ -153,9 +153,7 @@ class SpaceOptions:
     def __post_init__(self) -> None:
         for b in self.backends:
             if b not in BACKENDS:
-                raise ConfigError(
-                    f"unknown backend {b!r} in space.backends: accepted are {', '.join(BACKENDS)}"
-                )
+                raise ConfigError(unknown_backend(b, " in space.backends"))
         for t in self.templates:
             if t not in CANDIDATE_TEMPLATES:
                 raise ConfigError(
@@ -173,9 +171,7 @@ class SpaceOptions:
                 raise ConfigError(f"space.num_splits value {n!r} must be an integer in [1, 64]")
         for b, counts in self.comm_sms.items():
             if b not in BACKENDS:
-                raise ConfigError(
-                    f"unknown backend {b!r} in space.comm_sms: accepted are {', '.join(BACKENDS)}"
-                )
+                raise ConfigError(unknown_backend(b, " in space.comm_sms"))
             for n in counts:
                 if isinstance(n, bool) or not isinstance(n, int):
                     raise ConfigError(f"space.comm_sms.{b} value {n!r} must be an integer")
@@ -231,7 +227,7 @@ def _deadlocking_order(kind: str, order: str, world_size: int, backend: str) -> 
         f"tile order {order!r} can deadlock {kind} ({why}): a program waits for partials while it "
         f"holds rows a peer waits for; accepted for {kind} are 'arrival' and 'arrival_colmajor' (and "
         f"'kept_interleaved' on direct plans), and "
-        f"{' and '.join(repr(o) for o in _ROW_ORDERS)} only on two ranks with backend copy_engine or nvshmem"
+        f"{' and '.join(repr(o) for o in _ROW_ORDERS)} only on two ranks with backend copy_engine or sm_copy"
     )
 
 

@@ -54,7 +54,7 @@ def candidate(backend: str, splits: int = 2) -> Candidate:
     return Candidate(
         backend=backend,
         num_splits=splits,
-        comm_sms={"copy_engine": 0, "nvshmem": 16, "nccl": 64}[backend],
+        comm_sms={"copy_engine": 0, "sm_copy": 16, "nccl": 64}[backend],
         block_m=128,
         block_n=128,
         block_k=64,
@@ -66,7 +66,7 @@ def candidate(backend: str, splits: int = 2) -> Candidate:
 
 def cases(nccl: bool) -> list[tuple[str, Candidate]]:
     """(kind, candidate) of every backend (NCCL only where the group has it) and cuBLAS template."""
-    backends = ["copy_engine", "nvshmem"] + (["nccl"] if nccl else [])
+    backends = ["copy_engine", "sm_copy"] + (["nccl"] if nccl else [])
     cublas = {
         "ag_gemm": [a_stationary_candidate(2), decomposed_candidate(2)],
         "gemm_rs": [c_stationary_candidate(), decomposed_candidate(2)],
