@@ -1,7 +1,8 @@
 """Layer: Ray on the CPU. `syncopate tune` end to end on one local Ray instance with declared GPU
 resources (`num_gpus=2`): gangs of actors with a gloo group, the cpu-fixture runner, the
 coordinator, its watchdog and the results database (SQLite files). Planted hangs, crashes and
-errors; what `syncopate best` and `lookup` serve afterwards."""
+errors; what `syncopate best` and `lookup` serve afterwards; and one plan run both on gangs and in
+this process, which must store the same."""
 
 from __future__ import annotations
 
@@ -399,3 +400,166 @@ def test_run_tune_raises_the_error_classes(tmp_path):
     config = fixture_sweep(tmp_path, topology="H200x4-nvlink")
     with pytest.raises(RuntimeUnavailableError, match="needs 4 GPUs on one node"):
         tune(config, tmp_path / "t.db")
+
+
+# -- one loop: a sweep on gangs and the same sweep in this process store the same ---------------
+
+TRIAL_FIELDS = (
+    "median_us",
+    "p20_us",
+    "p80_us",
+    "samples_us",
+    "eager_us",
+    "host_us",
+    "max_rel_error",
+    "error",
+)
+BASELINE_FIELDS = ("median_us", "p20_us", "p80_us", "samples_us", "eager_us")
+"""A stored sweep replays no baseline host time: `host_us` is the replay runner's, not the loop's."""
+LOOP_WORKER_KEYS = {"runner", "host", "finished_at", "elapsed_s", "coordinator"}
+"""What the loop writes into every trial's provenance, wherever the trial ran."""
+
+
+def filled(record, names) -> tuple[str, ...]:
+    return tuple(n for n in names if getattr(record, n) not in (None, (), ""))
+
+
+def stored_shape(url: str, name: str) -> dict:
+    """What a sweep stored, as which fields each row fills (the values are the runner's)."""
+    with ResultsDB.open(url) as rdb:
+        sweeps = {s.name: s.sweep_id for s in rdb.sweeps()}
+        trials = rdb.trials(sweep_id=sweeps[name])
+        again = rdb.trials(sweep_id=sweeps[f"{name}+confirm"])
+        baselines = rdb.baselines(sweep_id=sweeps[name])
+    for t in trials + again:
+        assert LOOP_WORKER_KEYS <= set(t.record.worker), sorted(t.record.worker)
+    return {
+        "sweeps": sorted(sweeps),
+        "trials": [
+            (t.workload.key(), t.candidate.key(), t.status, filled(t.record, TRIAL_FIELDS)) for t in trials
+        ],
+        "again": [(t.workload.key(), t.status, filled(t.record, TRIAL_FIELDS)) for t in again],
+        "baselines": sorted(
+            (b.record.workload.key(), b.name, filled(b.record, BASELINE_FIELDS)) for b in baselines
+        ),
+    }
+
+
+def result_shape(result) -> dict:
+    """What a TuneResult says, but for what names its runner."""
+    p = result.progress
+    assert len(p.trial_seconds) == p.measured and p.handling_ms and p.idle_gap_ms, (
+        len(p.trial_seconds),
+        p.measured,
+        len(p.handling_ms),
+        len(p.idle_gap_ms),
+    )
+    return {
+        "result": (result.status, result.resumed, result.topology, result.mode, result.environment),
+        "progress": (p.total, p.done, p.measured, dict(p.failures), p.rebuilds, p.stopping),
+        "summaries": [
+            (
+                s.workload,
+                s.planned,
+                s.stored_before,
+                s.measured,
+                s.failures,
+                s.objective,
+                s.best is not None,
+                s.verdict is not None and s.verdict.contenders,
+                s.torch_seq_us is not None,
+                s.bound_us is not None,
+            )
+            for s in result.summaries
+        ],
+    }
+
+
+def test_a_sweep_on_gangs_and_its_replay_in_this_process_store_the_same_fields(tmp_path, monkeypatch):
+    """The same plan both ways a task can run: the cpu-fixture runner on gangs, then a replay of
+    what it stored, in this process. The replay hands back the fixture's statuses, errors and
+    times, so whatever differs in what the two runs store is the loop's doing."""
+    common = dict(
+        name="same",
+        strategy="grid",
+        max_trials=5,
+        top_k_remeasure=1,
+        shapes=(("ag_gemm", (4096, 4096, 4096)), ("gemm_rs", (4096, 8192, 4096))),
+    )
+    keys = planned_keys(fixture_sweep(tmp_path, **common))
+    on_gangs = fixture_sweep(tmp_path, **common, fixture={"fail": {keys[2]: "wrong_result", keys[3]: "oom"}})
+    gangs_db = tmp_path / "gangs.db"
+    with monkeypatch.context() as m:  # stored as measured: a replay reads measured trials back
+        m.setattr(FixtureRunner, "source", "measured")
+        first = tune(on_gangs, gangs_db)
+    replayed = fixture_sweep(
+        tmp_path,
+        **common,
+        runner="replay",
+        replay={"source": url_of(gangs_db), "sweep": "same", "noise": 0.01},
+    )
+    local_db = tmp_path / "local.db"
+    second = tune(replayed, local_db)
+
+    assert (first.runner, second.runner) == ("cpu-fixture", "replay")
+    assert stored_shape(url_of(gangs_db), "same") == stored_shape(url_of(local_db), "same")
+    assert result_shape(first) == result_shape(second)
+
+
+def stored_values(url: str) -> dict:
+    """Everything a sweep stored but who measured it and when."""
+    with ResultsDB.open(url) as rdb:
+        trials = rdb.trials()
+        baselines = rdb.baselines()
+    return {
+        "trials": [
+            (
+                t.workload.key(),
+                t.candidate.key(),
+                t.record.source,
+                t.record.strategy,
+                t.record.environment,
+                *(getattr(t.record, n) for n in (*TRIAL_FIELDS, "status")),
+                {k: v for k, v in t.record.worker.items() if k in ("prediction", "calibration")},
+            )
+            for t in trials
+        ],
+        "baselines": [
+            (
+                b.record.workload.key(),
+                b.name,
+                b.record.source,
+                b.record.detail,
+                *(getattr(b.record, n) for n in BASELINE_FIELDS),
+                b.record.host_us,
+            )
+            for b in baselines
+        ],
+    }
+
+
+def test_the_model_runner_on_gangs_stores_what_it_stores_in_this_process(tmp_path, monkeypatch):
+    """One runner, one plan, both executors: the predictions are deterministic, so everything the
+    two sweeps store and sum up is equal, but who measured it and when."""
+    import syncopate.autotuner.tune as tune_module
+
+    config = fixture_sweep(
+        tmp_path,
+        name="predicted",
+        runner="model",
+        strategy="grid",
+        max_trials=4,
+        shapes=(("ag_gemm", (4096, 4096, 4096)), ("gemm_rs", (4096, 8192, 4096))),
+    )
+    here = tune(config, tmp_path / "here.db")
+    monkeypatch.setattr(tune_module, "IN_PROCESS_RUNNERS", ())  # the same runner, on the gangs
+    there = tune(config, tmp_path / "there.db")
+
+    assert here.progress.where and not there.progress.where and there.progress.gangs == 1
+    assert stored_values(url_of(tmp_path / "here.db")) == stored_values(url_of(tmp_path / "there.db"))
+    assert result_shape(here) == result_shape(there)
+    assert [(s.best.candidate, s.best_us, s.speedup, s.bound_us) for s in here.summaries] == [
+        (s.best.candidate, s.best_us, s.speedup, s.bound_us) for s in there.summaries
+    ]
+    workers = [t.record.worker for t in stored_trials(url_of(tmp_path / "there.db"))]
+    assert {(w["runner"], w["gang"], len(w["actor_ids"])) for w in workers} == {("model", 0, 2)}

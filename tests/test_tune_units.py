@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from syncopate.autotuner.cluster import Cluster, check_reachable, gang_capacity, gang_shape
-from syncopate.autotuner.coordinator import check_gang_members
+from syncopate.autotuner.gangs import check_gang_members
 from syncopate.autotuner.strategies import GridStrategy, SearchProblem, make_strategy
 from syncopate.autotuner.sweep import parse_sweep
 from syncopate.autotuner.tune import TuneOptions

@@ -1,13 +1,16 @@
-"""The coordinator: sweep configs, strategies, the store seam, dispatch to gangs, resume.
+"""The coordinator: sweep configs, strategies, the store seam, one sweep loop that runs its tasks
+on Ray gangs or in this process, resume.
 
-Importing this package imports neither torch nor ray; the coordinator imports ray when it connects.
+Importing this package imports neither torch nor ray; the gangs import ray when they connect.
 The strategies prune and seed with the cost model (:mod:`syncopate.cost_model`, whose main names are
 re-exported here); the Optuna strategies import Optuna when built.
 """
 
 from syncopate.autotuner.cluster import Cluster, check_reachable, connect, gang_capacity, gang_shape
 from syncopate.autotuner.confirm import Confirmation, Verdict
-from syncopate.autotuner.coordinator import Coordinator, SweepProgress, WorkloadRun, check_gang_members
+from syncopate.autotuner.coordinator import Coordinator, Executor, SweepProgress, WorkloadRun
+from syncopate.autotuner.gangs import GangExecutor, check_gang_members
+from syncopate.autotuner.in_process import LocalExecutor
 from syncopate.autotuner.store import SWEEP_STATUSES, ResultsDBStore, TrialStore, open_store
 from syncopate.autotuner.strategies import (
     AVAILABLE_STRATEGIES,
@@ -40,8 +43,11 @@ __all__ = [
     "Confirmation",
     "Coordinator",
     "CostModel",
+    "Executor",
     "FixtureConfig",
+    "GangExecutor",
     "GridStrategy",
+    "LocalExecutor",
     "Prediction",
     "RandomStrategy",
     "ResultsDBStore",

@@ -1,13 +1,18 @@
-"""The coordinator's loop: keep every gang busy, store every trial as it arrives, watch deadlines.
+"""The sweep loop: what to measure next, how every answer is stored, when to stop. One loop,
+whatever runs the tasks.
 
-One :class:`Coordinator` drives one sweep on formed gangs. Each idle gang gets the next piece of
-work, workloads in config order: the workload's baselines first (once; stored baselines of a
-resumed sweep are reused), then candidates from the workload's strategy, then the re-measurements
-of the best few (:mod:`syncopate.autotuner.confirm`; stored in the companion sweep). Every finished trial,
-failures included, is stored at once and told to the strategy. A gang that misses its deadline,
-loses a process, or reports a process it no longer trusts is killed and rebuilt in its placement
-group; the sweep goes on. A gang that fails to rebuild `max_rebuild_failures` times in a row is
-dropped.
+One :class:`Coordinator` drives one sweep through an :class:`Executor`, the one thing that differs
+between a sweep on Ray gangs (:class:`~syncopate.autotuner.gangs.GangExecutor`: many tasks at once,
+asynchronously, under a watchdog) and a sweep in this process
+(:class:`~syncopate.autotuner.in_process.LocalExecutor`: one task at a time, synchronously). Each
+idle slot of the executor gets the next piece of work, workloads in config order: the workload's
+baselines first (once; stored baselines of a resumed sweep are reused), then candidates from the
+workload's strategy (its guards first: the untuned default and `unfused`), then the
+re-measurements of the best few (:mod:`syncopate.autotuner.confirm`; stored in the companion
+sweep). Every finished trial, failures included, becomes a record by one rule
+(:meth:`Coordinator._trial_record`), is stored at once and told to the strategy. A task that leaves
+its slot unfit (a missed deadline, a lost process, a rank it no longer trusts) makes the executor
+restart the slot; the sweep goes on. Once the time budget is spent, no new work is handed out.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import os
 import socket
 import statistics
 import time
+from abc import ABC, abstractmethod
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -36,10 +43,10 @@ from syncopate.records import (
     objective,
     rank_key,
 )
-from syncopate.search_space import Topology, Workload
-from syncopate.workers import CandidateOutcome, Gang, GangTask, TaskBoard, failure_text, slowest, summarize
+from syncopate.search_space import Candidate, Topology, Workload
+from syncopate.workers import CandidateOutcome, GangTask, failure_text, slowest, summarize
 
-__all__ = ["WorkloadRun", "SweepProgress", "Coordinator", "check_gang_members"]
+__all__ = ["WorkloadRun", "SweepProgress", "Executor", "Coordinator"]
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +128,7 @@ class SweepProgress:
     topology: str
     runs: list[WorkloadRun]
     gangs: int
+    """Slots measuring at once: gangs still in use, or 1 in this process."""
     source: str = "measured"
     """The source label of the runner's results (`fixture`: synthetic times)."""
     started: float = field(default_factory=time.monotonic)
@@ -132,8 +140,10 @@ class SweepProgress:
     """Coordinator time per finished trial, from Ray reporting it ready to the next candidate
     submitted: fetching the answers, building and storing the record, the strategy, dispatch."""
     idle_gap_ms: list[float] = field(default_factory=list)
-    """Time a gang sat between two consecutive trials (its clock), Ray's round trip included."""
+    """Time a slot sat between two consecutive trials (its clock): the coordinator's handling, and
+    Ray's round trip on gangs."""
     rebuilds: int = 0
+    """Slots killed and started again (gangs after a hang, a lost process or an unfit rank)."""
     stopping: str = ""
     """Why no new work is dispatched, once that is so (`time budget`)."""
     ended: float | None = None
@@ -172,75 +182,114 @@ class SweepProgress:
         return remaining * statistics.fmean(self.trial_seconds) / self.gangs
 
 
-def check_gang_members(gangs: list[Gang], expected_model: str | None) -> None:
-    """Raise RuntimeUnavailableError unless every GPU of every gang is of one model (and of
-    `expected_model` when the topology names one)."""
-    seen = [(g.index, m) for g in gangs for m in g.members]
-    models = {m["gpu_model"] for _, m in seen}
-    if len(models) > 1:
-        listing = "; ".join(
-            f"gang {gi} rank {m['rank']}: {m['gpu_model']} ({m['gpu_uuid']} on {m['host']})" for gi, m in seen
-        )
-        raise RuntimeUnavailableError(
-            f"GPUs of mixed models ({', '.join(sorted(models))}): {listing}. A sweep measures one GPU model: "
-            f"run it on nodes with one model"
-        )
-    if expected_model is not None and models and models != {expected_model}:
-        raise RuntimeUnavailableError(
-            f"the sweep's topology names {expected_model} GPUs, but the gangs have {models.pop()}: "
-            f"set `topology: detect` or a key for these GPUs"
-        )
+class Executor(ABC):
+    """How the coordinator's tasks run: the one seam between a sweep on gangs and one in this
+    process.
+
+    A *slot* takes one task at a time (a gang of Ray actors, or this process). A task is a
+    :class:`~syncopate.workers.GangTask` whatever the slot: every rank's answer, the ranks' failures,
+    and whether the deadline passed; `task.gang` is its slot, whose `provenance()` says who
+    measured. The coordinator asks for :meth:`idle` slots, submits work to them, waits for tasks to
+    finish (:meth:`wait`), and calls :meth:`restart` where a finished task left its slot unfit.
+    """
+
+    where: str = ""
+    """What measures, for the progress display, where it is not gangs."""
+    measurable: Callable[[Workload, Candidate], bool] | None = None
+    """Which candidates the runner can measure at all (None: any; see
+    :attr:`~syncopate.autotuner.strategies.SearchProblem.measurable`)."""
+    calibration: Any = None
+    """The cost model's calibration the runner predicts with, for model-guided to share (None: the
+    strategy loads its own)."""
+    rebuilds: int = 0
+    """Slots restarted so far."""
+    woke_at: float = 0.0
+    """`time.perf_counter()` when the last :meth:`wait` returned: what follows is the coordinator's
+    own handling."""
+
+    @property
+    def note(self) -> str:
+        """What the numbers are where they are not measurements (stored with the sweep, printed
+        with its summary); empty for measurements."""
+        return ""
+
+    @property
+    @abstractmethod
+    def slots(self) -> list[Any]:
+        """The slots still in use (a gang that could not be rebuilt is dropped)."""
+
+    @abstractmethod
+    def idle(self) -> list[Any]:
+        """The slots ready for a task, in order."""
+
+    @abstractmethod
+    def submit_baselines(self, slot: Any, workload: Workload) -> GangTask:
+        """Measure the baselines of `workload` on the idle `slot`."""
+
+    @abstractmethod
+    def submit_trial(self, slot: Any, workload: Workload, candidate: Candidate) -> GangTask:
+        """Build, verify and time `candidate` on `workload` on the idle `slot`."""
+
+    @abstractmethod
+    def wait(self, max_wait_s: float) -> list[GangTask]:
+        """The submitted tasks that finished (answered, failed or expired) within about
+        `max_wait_s`, no longer in flight. The executor's own work (a gang forming again) is done
+        in here."""
+
+    @abstractmethod
+    def in_flight(self) -> bool:
+        """Whether anything is still running, the executor's own work included."""
+
+    def restart(self, slot: Any, why: str) -> None:
+        """A finished task left `slot` unfit (`why`): kill and start it again. Default: nothing to
+        restart."""
+
+    def abort(self) -> None:
+        """Stop watching everything in flight (Ctrl-C); the caller closes the slots."""
 
 
 class Coordinator:
-    """Runs one sweep's workloads on formed gangs; see the module docstring."""
+    """Runs one sweep's workloads through an executor; see the module docstring."""
 
     def __init__(
         self,
         *,
         sweep_id: int,
-        gangs: list[Gang],
+        executor: Executor,
         store: TrialStore,
         runs: list[WorkloadRun],
         topology: Topology,
         environment: Environment,
-        deadline_s: float,
         source: str,
         strategy_name: str,
         time_budget_s: float | None = None,
         progress: SweepProgress,
-        max_rebuild_failures: int = 3,
         sweep_name: str = "",
         resumed: bool = False,
     ) -> None:
         self.sweep_id = sweep_id
-        self.gangs = list(gangs)
+        self.executor = executor
         self.store = store
         self.runs = runs
         self.topology = topology
         self.environment = environment
-        self.deadline_s = deadline_s
         self.source = source
         self.strategy_name = strategy_name
         self.time_budget_s = time_budget_s
         self.progress = progress
-        self.max_rebuild_failures = max_rebuild_failures
-        self._board = TaskBoard()
-        self._busy: dict[Gang, GangTask] = {}
-        self._rebuild_failures: Counter = Counter()
-        self._last_finish: dict[Gang, float] = {}
-        self._coordinator = {"host": socket.gethostname(), "pid": os.getpid()}
         self.sweep_name = sweep_name
         self.resumed = resumed
         self.confirm_sweep_id: int | None = None
         """The companion sweep holding re-measurements, once one was stored."""
         self._confirming: set[GangTask] = set()
+        self._last_finish: dict[Any, float] = {}
+        self._coordinator = {"host": socket.gethostname(), "pid": os.getpid()}
 
     # -- the loop ---------------------------------------------------------------------------
 
     def run(self) -> str:
         """Run until every workload is finished (`done`), the time budget ran out (`stopped`), or
-        no gang is left (raises RuntimeUnavailableError)."""
+        no slot is left (raises RuntimeUnavailableError)."""
         try:
             return self._loop()
         finally:
@@ -248,20 +297,22 @@ class Coordinator:
 
     def _loop(self) -> str:
         self._dispatch()
-        while len(self._board):
-            finished = self._board.wait(max_wait_s=0.5)
-            woke = self._board.woke_at
+        while self.executor.in_flight():
+            finished = self.executor.wait(max_wait_s=0.5)
+            woke = self.executor.woke_at
             trials = 0
             for task in finished:
                 trials += task.kind == "trial"
                 self._finish(task)
+            self.progress.gangs = len(self.executor.slots)
+            self.progress.rebuilds = self.executor.rebuilds
             self._dispatch()
             if trials:
                 per_trial = (time.perf_counter() - woke) * 1e3 / trials
                 self.progress.handling_ms.extend([per_trial] * trials)
         if self.progress.stopping:
             return "stopped"
-        if not self.gangs and not all(r.finished for r in self.runs):
+        if not self.executor.slots and not all(r.finished for r in self.runs):
             raise RuntimeUnavailableError(
                 "every gang was lost (killed after hangs or crashes and could not be rebuilt); "
                 "the trials so far are stored: fix the workers and run again with --resume"
@@ -269,12 +320,10 @@ class Coordinator:
         return "done"
 
     def abort(self) -> None:
-        """Stop watching everything in flight (Ctrl-C); the caller shuts the gangs down."""
-        for task in self._board.tasks:
-            self._board.discard(task)
-        self._busy.clear()
+        """Stop watching everything in flight (Ctrl-C); the caller closes the slots."""
+        self.executor.abort()
 
-    # -- dispatch ---------------------------------------------------------------------------
+    # -- what next --------------------------------------------------------------------------
 
     def _over_budget(self) -> bool:
         if self.time_budget_s is not None and self.progress.elapsed_s >= self.time_budget_s:
@@ -288,37 +337,37 @@ class Coordinator:
         return False
 
     def _dispatch(self) -> None:
-        for gang in self.gangs:
-            if gang in self._busy or self._over_budget():
-                continue
-            task = self._next_task(gang)
-            if task is not None:
-                self._busy[gang] = task
-                self._board.add(task)
+        for slot in self.executor.idle():
+            if self._over_budget():
+                return
+            if not self._submit_next(slot):
+                return
 
-    def _next_task(self, gang: Gang) -> GangTask | None:
+    def _submit_next(self, slot: Any) -> bool:
+        """Hand `slot` the next piece of work, workloads in config order; False when there is none
+        for now."""
         for run in self.runs:
             if run.exhausted:
                 continue
             if run.baselines_state == "todo":
                 run.baselines_state = "measuring"
-                return gang.submit_baselines(run.workload, self.deadline_s)
+                self.executor.submit_baselines(slot, run.workload)
+                return True
             if run.baselines_state == "measuring":
                 continue
             asked = run.strategy.ask(1)
-            if not asked:
-                again = run.confirm.next() if run.confirm is not None and run.in_flight == 0 else None
-                if again is None:
-                    if run.confirm is None or run.in_flight == 0:
-                        run.exhausted = True
-                    continue
+            if asked:
                 run.in_flight += 1
-                task = gang.submit_trial(run.workload, again, self.deadline_s)
-                self._confirming.add(task)
-                return task
-            run.in_flight += 1
-            return gang.submit_trial(run.workload, asked[0], self.deadline_s)
-        return None
+                self.executor.submit_trial(slot, run.workload, asked[0])
+                return True
+            again = run.confirm.next() if run.confirm is not None and run.in_flight == 0 else None
+            if again is not None:
+                run.in_flight += 1
+                self._confirming.add(self.executor.submit_trial(slot, run.workload, again))
+                return True
+            if run.confirm is None or run.in_flight == 0:
+                run.exhausted = True
+        return False
 
     def confirm_sweep(self) -> int:
         """The companion sweep re-measurements are stored in (made, or resumed, on first use)."""
@@ -332,61 +381,10 @@ class Coordinator:
     # -- results ----------------------------------------------------------------------------
 
     def _finish(self, task: GangTask) -> None:
-        gang = task.gang
-        self._busy.pop(gang, None)
-        if task.kind == "form":
-            self._finish_form(task)
-        elif task.kind == "baselines":
+        if task.kind == "baselines":
             self._finish_baselines(task)
         else:
             self._finish_trial(task)
-
-    def _rebuild(self, gang: Gang, why: str) -> None:
-        log.warning("gang %d: %s; killing and rebuilding it", gang.index, why)
-        self._last_finish.pop(gang, None)
-        gang.kill()
-        self.progress.rebuilds += 1
-        task = gang.start()
-        self._busy[gang] = task
-        self._board.add(task)
-
-    def _finish_form(self, task: GangTask) -> None:
-        gang = task.gang
-        problem = None
-        if task.errors:
-            rank, exc = min(task.errors.items())
-            problem = f"rank {rank} could not start: {failure_text(exc)}"
-        elif task.expired:
-            problem = (
-                f"ranks {task.pending_ranks} did not form a process group within {task.deadline_s:.0f} s"
-            )
-        else:
-            gang.formed(list(task.values.values()))
-            envs = {Environment.from_dict(m["environment"]) for m in gang.members}
-            try:
-                check_gang_members([gang], self.topology.gpu_model)
-                if envs != {self.environment}:
-                    problem = f"rebuilt with another environment ({', '.join(e.short() for e in envs)})"
-            except RuntimeUnavailableError as e:
-                problem = str(e)
-        if problem is None:
-            self._rebuild_failures[gang] = 0
-            log.info("gang %d formed again (build %d)", gang.index, gang.builds)
-            return
-        self._rebuild_failures[gang] += 1
-        gang.kill()
-        if self._rebuild_failures[gang] >= self.max_rebuild_failures:
-            log.error(
-                "gang %d dropped after %d failed rebuilds: %s",
-                gang.index,
-                self._rebuild_failures[gang],
-                problem,
-            )
-            self.gangs.remove(gang)
-            gang.shutdown()
-            self.progress.gangs = len(self.gangs)
-            return
-        self._rebuild(gang, f"rebuild failed ({problem})")
 
     def _finish_baselines(self, task: GangTask) -> None:
         run = self._run_of(task.workload)
@@ -397,13 +395,10 @@ class Coordinator:
                 else f"no answer within {task.deadline_s:.0f} s"
             )
             log.warning(
-                "baselines of %s failed on gang %d (%s): its candidates are measured without them",
-                run.workload,
-                task.gang.index,
-                why,
+                "baselines of %s failed (%s): its candidates are measured without them", run.workload, why
             )
             run.baselines_state = "failed"
-            self._rebuild(task.gang, "baselines failed")
+            self._restart(task.gang, "baselines failed")
             return
         records = []
         for b in task.values[0]:
@@ -435,14 +430,19 @@ class Coordinator:
         run.baselines_state = "done"
 
     def _trial_record(self, task: GangTask) -> tuple[TrialRecord, str | None]:
-        """The trial a finished task stands for, and why its gang must be rebuilt (or None)."""
+        """The trial a finished task stands for, and why its slot must be restarted (or None).
+
+        The status is the first failing rank's (a rank's exception or lost process: `crash`; no
+        answer in time: `timeout`); times come from an `ok` trial only: the device samples of the
+        first rank (the max over ranks, each repetition), and the slowest rank's eager and host
+        times. A failed trial stores no times, so that it can never rank."""
         outcomes: list[CandidateOutcome] = [task.values[r] for r in sorted(task.values)]
         failed = [o for o in outcomes if o.status != "ok"]
-        rebuild: str | None = None
+        restart: str | None = None
         if task.errors:
             rank, exc = min(task.errors.items())
             status, error = "crash", f"rank {rank}: {failure_text(exc)}"
-            rebuild = f"rank {rank} failed"
+            restart = f"rank {rank} failed"
         elif task.expired:
             if failed:
                 status, error = failed[0].status, failed[0].error
@@ -452,31 +452,28 @@ class Coordinator:
                     f"no answer within the {task.deadline_s:g} s deadline from rank(s) "
                     f"{', '.join(map(str, task.pending_ranks))}; the gang was killed and rebuilt"
                 )
-            rebuild = f"candidate {task.candidate.key()} missed its {task.deadline_s:g} s deadline"
+            restart = f"candidate {task.candidate.key()} missed its {task.deadline_s:g} s deadline"
         else:
             chosen = failed[0] if failed else outcomes[0]
             status, error = chosen.status, chosen.error
             if any(not o.healthy for o in outcomes):
-                rebuild = f"candidate {task.candidate.key()} left a rank unfit ({status})"
+                restart = f"candidate {task.candidate.key()} left a rank unfit ({status})"
         if status not in TRIAL_STATUSES:
             status, error = "crash", f"the runner reported an unknown status {status!r}: {error}"
         lead = failed[0] if failed else (outcomes[0] if outcomes else None)
-        samples = lead.samples_us if lead is not None and lead.status == status else ()
+        samples = lead.samples_us if status == "ok" and lead is not None else ()
         stats = summarize(samples)
         if status == "ok" and stats is None:
             status, error = "crash", "the runner reported ok without timing samples"
-        median, p20, p80 = stats if stats else (None, None, None)
-        measured = [o for o in outcomes if o.status == "ok"] if status == "ok" else []
-        eager = slowest([o.eager_us for o in measured])
-        host = slowest([o.host_us for o in measured])
+        median, p20, p80 = stats if status == "ok" and stats else (None, None, None)
+        measured = outcomes if status == "ok" else []
         worker = {
+            **(lead.extra if lead is not None else {}),
             **task.gang.provenance(),
             "finished_at": datetime.now(timezone.utc).isoformat(),
             "elapsed_s": round(task.elapsed_s, 6),
             "coordinator": self._coordinator,
         }
-        if lead is not None and lead.extra:
-            worker["runner_extra"] = lead.extra
         trial = TrialRecord(
             workload=task.workload,
             topology=self.topology,
@@ -487,46 +484,49 @@ class Coordinator:
             median_us=median,
             p20_us=p20,
             p80_us=p80,
-            samples_us=samples,
-            eager_us=eager,
-            host_us=host,
+            samples_us=samples if status == "ok" else (),
+            eager_us=slowest([o.eager_us for o in measured]),
+            host_us=slowest([o.host_us for o in measured]),
             max_rel_error=lead.max_rel_error if lead is not None else None,
             error=error,
             worker=worker,
             strategy=self.strategy_name,
         )
-        return trial, rebuild
+        return trial, restart
 
     def _finish_trial(self, task: GangTask) -> None:
         run = self._run_of(task.workload)
         run.in_flight -= 1
-        trial, rebuild = self._trial_record(task)
+        trial, restart = self._trial_record(task)
         if task in self._confirming:
             self._confirming.discard(task)
             self.store.record_trial(self.confirm_sweep(), trial)
             run.confirm.record(trial)
             run.remeasured += 1
-            if rebuild is not None:
-                self._rebuild(task.gang, rebuild)
-            return
-        self.store.record_trial(self.sweep_id, trial)
-        run.strategy.tell(trial)
-        if run.confirm is not None:
-            run.confirm.observe(trial)
-        run.measured += 1
-        run.statuses[trial.status] += 1
-        run.offer(trial)
-        self.progress.latest = run
-        self.progress.trial_seconds.append(task.elapsed_s)
+        else:
+            self.store.record_trial(self.sweep_id, trial)
+            run.strategy.tell(trial)
+            if run.confirm is not None:
+                run.confirm.observe(trial)
+            run.measured += 1
+            run.statuses[trial.status] += 1
+            run.offer(trial)
+            self.progress.latest = run
+            self.progress.trial_seconds.append(task.elapsed_s)
+            if trial.status != "ok":
+                log.warning(
+                    "%s: candidate %s: %s: %s", run.workload, task.candidate.key(), trial.status, trial.error
+                )
         self._note_gap(task)
-        if trial.status != "ok":
-            log.warning(
-                "%s: candidate %s: %s: %s", run.workload, task.candidate.key(), trial.status, trial.error
-            )
-        if rebuild is not None:
-            self._rebuild(task.gang, rebuild)
+        if restart is not None:
+            self._restart(task.gang, restart)
+
+    def _restart(self, slot: Any, why: str) -> None:
+        self._last_finish.pop(slot, None)
+        self.executor.restart(slot, why)
 
     def _note_gap(self, task: GangTask) -> None:
+        """The slot's idle time between its previous trial and this one, by the ranks' clocks."""
         outcome: Any = task.values.get(0)
         if not isinstance(outcome, CandidateOutcome) or task.errors or task.expired:
             self._last_finish.pop(task.gang, None)

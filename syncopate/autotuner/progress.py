@@ -202,7 +202,8 @@ def overhead_line(progress: SweepProgress) -> str:
         )
     if progress.idle_gap_ms:
         g = sorted(progress.idle_gap_ms)
-        parts.append(
-            f"gang idle between trials (Ray round trip included): median {statistics.median(g):.2f} ms"
+        idle = (
+            "idle between trials" if progress.where else "gang idle between trials (Ray round trip included)"
         )
+        parts.append(f"{idle}: median {statistics.median(g):.2f} ms")
     return "; ".join(parts)

@@ -16,7 +16,9 @@ Order of work, so that bad input fails before anything is started or written:
 
 The `model` and `replay` runners need neither GPUs nor Ray: their sweeps run in this process
 (:mod:`syncopate.autotuner.in_process`), steps 1 and 2, then 5 to 7 (the cost model reads its
-calibrations from the database).
+calibrations from the database). Either way, steps 6 and 7 are one function, :func:`run_sweep`, and
+the sweep one loop (:class:`~syncopate.autotuner.coordinator.Coordinator`): what differs is only
+the executor that runs its tasks, gangs (:mod:`syncopate.autotuner.gangs`) or this process.
 
 The closing summary gives, per workload, the fastest `ok` trial of this sweep in its mode (trials
 stored before a resume included) and its speedup over the baselines of the same sweep; where the
@@ -43,23 +45,28 @@ from rich.console import Console
 
 from syncopate.autotuner import store as store_module
 from syncopate.autotuner.cluster import Cluster, check_local_gpus, connect, gang_capacity, gang_shape
-from syncopate.autotuner.coordinator import Coordinator, SweepProgress, WorkloadRun, check_gang_members
+from syncopate.autotuner.coordinator import Coordinator, Executor, SweepProgress
+from syncopate.autotuner.gangs import GangExecutor, check_gang_members, form_gangs, gangs_environment
 from syncopate.autotuner.progress import LiveProgress, WorkloadSummary
-from syncopate.autotuner.runs import build_runs, close_runs, restore_runs, stored_done, summarize_runs
+from syncopate.autotuner.runs import (
+    build_runs,
+    close_runs,
+    load_calibration,
+    restore_runs,
+    stored_done,
+    summarize_runs,
+)
 from syncopate.autotuner.store import StoredSweep, TrialStore
 from syncopate.autotuner.strategies import strategy_class
 from syncopate.autotuner.sweep import RUNNERS, SWEEP_FIELDS, Sweep, load_sweep, parse_sweep
-from syncopate.errors import ConfigError, RuntimeUnavailableError, SyncopateError
+from syncopate.errors import ConfigError
 from syncopate.records import DEFAULT_MODE, Environment, check_mode
 from syncopate.search_space import Topology
-from syncopate.workers import IN_PROCESS_RUNNERS, Gang, RunnerSpec, TaskBoard, failure_text, runner_class
+from syncopate.workers import IN_PROCESS_RUNNERS, Gang, RunnerSpec, runner_class
 
 __all__ = ["TuneOptions", "TuneResult", "run_tune"]
 
 log = logging.getLogger(__name__)
-
-RESERVE_TIMEOUT_S = 60.0
-"""How long Ray may take to reserve a gang's GPUs at start."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -279,41 +286,33 @@ def _section(value: Any) -> str:
     return "(none)" if value is None else json.dumps(value, sort_keys=True, default=str)
 
 
-def _form(gangs: list[Gang], timeout_s: float) -> None:
-    """Reserve and form every gang; at the first failure raise one error naming the gang and the
-    rank (the caller shuts every gang down)."""
-    for gang in gangs:
-        gang.reserve(RESERVE_TIMEOUT_S)
-    board = TaskBoard()
-    for gang in gangs:
-        board.add(gang.start())
-    while len(board):
-        for task in board.wait(max_wait_s=timeout_s):
-            index = task.gang.index
-            if task.errors:
-                rank, exc = min(task.errors.items())
-                cause = getattr(exc, "cause", None)
-                if isinstance(cause, SyncopateError):
-                    raise type(cause)(f"gang {index} could not start: {cause}")
-                raise RuntimeUnavailableError(
-                    f"gang {index} could not start: rank {rank}: {failure_text(exc)}"
-                )
-            if task.expired:
-                raise RuntimeUnavailableError(
-                    f"gang {index} could not start: ranks {task.pending_ranks} did not form a process group "
-                    f"within {timeout_s:.0f} s"
-                )
-            task.gang.formed(list(task.values.values()))
+def runner_spec(plan: _Plan) -> RunnerSpec:
+    """The runner `plan` names, as it is built wherever it runs (every rank of a gang, or this
+    process): the sweep's timing and topology, and the runner's own settings: the fixture's planted
+    faults, the stored sweep a replay answers from, the calibration the model predicts with."""
+    sweep = plan.sweep
+    options: Any = None
+    if plan.runner == "cpu-fixture":
+        options = sweep.fixture
+    elif plan.runner == "replay" and sweep.replay is not None:
+        options = sweep.replay.options()
+    elif plan.runner == "model" and plan.topology is not None:
+        options = load_calibration(plan.topology, None, plan.db, sweep.calibration)
+    return RunnerSpec(name=plan.runner, timing=sweep.timing, topology=plan.topology, options=options)
 
 
-def _environment(gangs: list[Gang]) -> Environment:
-    envs = {Environment.from_dict(m["environment"]) for g in gangs for m in g.members}
-    if len(envs) > 1:
-        raise RuntimeUnavailableError(
-            "the gangs run different environments (" + "; ".join(e.short() for e in envs) + "): "
-            "results must come from one environment; run the workers from one image"
-        )
-    return envs.pop()
+def _remeasures(plan: _Plan) -> bool:
+    """Whether the best few are measured again: GPU times and a noisy replay's vary from one
+    measurement to the next; the fixture's jitter does too, but it is measured again only where
+    the config sets `top_k_remeasure`; predictions never vary."""
+    sweep = plan.sweep
+    if plan.runner == "gpu":
+        return True
+    if plan.runner == "replay":
+        return sweep.replay is not None and sweep.replay.noise > 0
+    if plan.runner == "cpu-fixture":
+        return "top_k_remeasure" in sweep.strategy.model_fields_set
+    return False
 
 
 def _tune_on(
@@ -325,60 +324,28 @@ def _tune_on(
     console: Console,
 ) -> TuneResult:
     ws, nodes = gang_shape(plan.topology, cluster, plan.runner)
-    spec = RunnerSpec(
-        name=plan.runner, timing=plan.sweep.timing, topology=plan.topology, options=plan.sweep.fixture
-    )
+    spec = runner_spec(plan)
     count = gang_capacity(ws, nodes, cluster.gpus_by_node)
     gangs = [Gang(i, ws, spec, nodes=nodes, setup_timeout_s=options.form_timeout_s) for i in range(count)]
     idle = False
     try:
-        _form(gangs, options.form_timeout_s)
+        form_gangs(gangs, options.form_timeout_s)
         check_gang_members(gangs, plan.topology.gpu_model if plan.topology else None)
-        environment = _environment(gangs)
+        environment = gangs_environment(gangs)
         topology = plan.topology or gangs[0].detect_topology(options.form_timeout_s)
         for w in plan.sweep.workloads:
             w.check_world_size(topology.world_size)
         log.info("%d gang(s) of %s formed on %s", len(gangs), topology.key(), cluster.describe())
         store.prepare_writes()
-        result = _sweep(plan, store, gangs, topology, environment, previous, console)
+        executor = GangExecutor(
+            gangs, deadline_s=plan.sweep.timing.deadline_s, topology=topology, environment=environment
+        )
+        result = run_sweep(plan, store, executor, topology, environment, previous, console)
         idle = True
         return result
     finally:
         for gang in gangs:
             gang.shutdown(close_timeout_s=10.0 if idle else 0.0)
-
-
-def _sweep(
-    plan: _Plan,
-    store: TrialStore,
-    gangs: list[Gang],
-    topology: Topology,
-    environment: Environment,
-    previous: StoredSweep | None,
-    console: Console,
-) -> TuneResult:
-    sweep = plan.sweep
-    resumed = previous is not None
-    done = stored_done(store, previous, sweep, topology, environment)
-    # GPU times are noisy: re-measure the best few; the fixture does so only when the config asks
-    confirm = plan.runner == "gpu" or "top_k_remeasure" in sweep.strategy.model_fields_set
-    runs = build_runs(
-        sweep,
-        topology,
-        environment,
-        max_trials=plan.max_trials,
-        db=plan.db,
-        done=done,
-        confirm=confirm,
-        mode=plan.mode,
-    )
-    try:
-        sweep_id = open_sweep(plan, store, previous, topology, environment)
-        if previous is not None:
-            restore_runs(store, sweep_id, runs, topology, environment)
-        return _measure(plan, store, gangs, topology, environment, console, runs, sweep_id, resumed)
-    finally:
-        close_runs(runs)
 
 
 def interrupted_line(name: str, sweep_id: int) -> str:
@@ -397,9 +364,9 @@ def open_sweep(
     environment: Environment,
     note: str = "",
 ) -> int:
-    """The first write of a run, on gangs or in process: resume `previous`, or start a new sweep
-    whose config records the runner, the topology, the environment and the effective budgets (and
-    `note`, what its numbers are, where they are not measurements); its id."""
+    """The first write of a run: resume `previous`, or start a new sweep whose config records the
+    runner, the topology, the environment and the effective budgets (and `note`, what its numbers
+    are, where they are not measurements); its id."""
     if previous is not None:
         check_same_sweep(previous, plan, topology)
         store.resume_sweep(previous.sweep_id)
@@ -421,57 +388,83 @@ def open_sweep(
     return store.start_sweep(sweep.name, config)
 
 
-def _measure(
+def run_sweep(
     plan: _Plan,
     store: TrialStore,
-    gangs: list[Gang],
+    executor: Executor,
     topology: Topology,
     environment: Environment,
+    previous: StoredSweep | None,
     console: Console,
-    runs: list[WorkloadRun],
-    sweep_id: int,
-    resumed: bool,
 ) -> TuneResult:
+    """Steps 6 and 7, on gangs or in this process alike: build every workload's strategy, start
+    (or resume) the sweep, run the coordinator through `executor` with the live display on
+    `console`, mark the sweep with how it ended, and sum it up. The database is ready for writes
+    and `executor` ready for tasks."""
     sweep = plan.sweep
-    if resumed:
-        stored = sum(r.stored_before for r in runs)
-        console.print(
-            f"resuming sweep {sweep.name!r} (id {sweep_id}): {stored} trial(s) stored, "
-            f"{sum(r.strategy.remaining for r in runs)} to go",
-            highlight=False,
-        )
-    progress = SweepProgress(
-        sweep_name=sweep.name, topology=topology.key(), runs=runs, gangs=len(gangs), source=plan.source
+    resumed = previous is not None
+    runs = build_runs(
+        sweep,
+        topology,
+        environment,
+        max_trials=plan.max_trials,
+        db=plan.db,
+        done=stored_done(store, previous, sweep, topology, environment),
+        calibration=executor.calibration,
+        confirm=_remeasures(plan),
+        mode=plan.mode,
+        measurable=executor.measurable,
     )
-    coordinator = Coordinator(
-        sweep_id=sweep_id,
-        gangs=gangs,
-        store=store,
-        runs=runs,
-        topology=topology,
-        environment=environment,
-        deadline_s=sweep.timing.deadline_s,
-        source=plan.source,
-        strategy_name=sweep.strategy.name,
-        time_budget_s=plan.time_budget_s,
-        progress=progress,
-        sweep_name=sweep.name,
-        resumed=resumed,
-    )
-    status = "failed"
     try:
-        with LiveProgress(progress, console):
-            status = coordinator.run()
-    except KeyboardInterrupt:
-        status = "interrupted"
-        coordinator.abort()
-        console.print(interrupted_line(sweep.name, sweep_id), highlight=False)
-        raise
+        sweep_id = open_sweep(plan, store, previous, topology, environment, executor.note)
+        if resumed:
+            restore_runs(store, sweep_id, runs, topology, environment)
+        if executor.note:
+            console.print(executor.note, highlight=False)
+        if resumed:
+            console.print(
+                f"resuming sweep {sweep.name!r} (id {sweep_id}): {sum(r.stored_before for r in runs)} trial(s) "
+                f"stored, {sum(r.strategy.remaining for r in runs)} to go",
+                highlight=False,
+            )
+        progress = SweepProgress(
+            sweep_name=sweep.name,
+            topology=topology.key(),
+            runs=runs,
+            gangs=len(executor.slots),
+            source=plan.source,
+            where=executor.where,
+        )
+        coordinator = Coordinator(
+            sweep_id=sweep_id,
+            executor=executor,
+            store=store,
+            runs=runs,
+            topology=topology,
+            environment=environment,
+            source=plan.source,
+            strategy_name=sweep.strategy.name,
+            time_budget_s=plan.time_budget_s,
+            progress=progress,
+            sweep_name=sweep.name,
+            resumed=resumed,
+        )
+        status = "failed"
+        try:
+            with LiveProgress(progress, console):
+                status = coordinator.run()
+        except KeyboardInterrupt:
+            status = "interrupted"
+            coordinator.abort()
+            console.print(interrupted_line(sweep.name, sweep_id), highlight=False)
+            raise
+        finally:
+            store.finish_sweep(sweep_id, status)
+            if coordinator.confirm_sweep_id is not None:
+                store.finish_sweep(coordinator.confirm_sweep_id, status)
+        summaries = summarize_runs(store, sweep_id, runs, topology, environment)
     finally:
-        store.finish_sweep(sweep_id, status)
-        if coordinator.confirm_sweep_id is not None:
-            store.finish_sweep(coordinator.confirm_sweep_id, status)
-    summaries = summarize_runs(store, sweep_id, runs, topology, environment)
+        close_runs(runs)
     return TuneResult(
         sweep_id=sweep_id,
         sweep_name=sweep.name,
@@ -483,5 +476,6 @@ def _measure(
         source=plan.source,
         summaries=summaries,
         progress=progress,
+        note=executor.note,
         mode=plan.mode,
     )

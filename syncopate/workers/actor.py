@@ -18,9 +18,9 @@ from typing import Any
 from syncopate.errors import ConfigError
 from syncopate.search_space import Candidate, Workload
 from syncopate.workers.outcomes import BaselineOutcome, CandidateOutcome, classify_exception
-from syncopate.workers.runner import RunnerSpec, make_runner
+from syncopate.workers.runner import Runner, RunnerSpec, make_runner
 
-__all__ = ["GangWorker"]
+__all__ = ["GangWorker", "run_candidate"]
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,36 @@ log = logging.getLogger(__name__)
 def _format_exception(exc: BaseException) -> str:
     text = str(exc).strip() or repr(exc)
     return f"{type(exc).__name__}: {text}"
+
+
+def run_candidate(
+    runner: Runner, rank: int, workload: Workload, candidate: Candidate, deadline_s: float
+) -> CandidateOutcome:
+    """Build, verify and time one candidate on `runner`, as rank `rank`, stamped with the rank and
+    its wall-clock start and end. An exception becomes its classified status
+    (:func:`~syncopate.workers.outcomes.classify_exception`), not swallowed: the status and text are
+    stored with the trial. Every place a runner runs calls this, a gang actor or this process."""
+    started = time.time()
+    try:
+        outcome = runner.run(workload, candidate, deadline_s)
+    except Exception as exc:  # classified, not swallowed: the status and text are stored with the trial
+        status, healthy = classify_exception(exc)
+        if not healthy:
+            log.exception("rank %d: candidate %s raised", rank, candidate.key())
+        outcome = CandidateOutcome(status=status, error=_format_exception(exc), healthy=healthy)
+    return CandidateOutcome(
+        status=outcome.status,
+        samples_us=outcome.samples_us,
+        eager_us=outcome.eager_us,
+        host_us=outcome.host_us,
+        max_rel_error=outcome.max_rel_error,
+        error=outcome.error,
+        healthy=outcome.healthy,
+        started_at=started,
+        finished_at=time.time(),
+        rank=rank,
+        extra=outcome.extra,
+    )
 
 
 class GangWorker:
@@ -111,28 +141,8 @@ class GangWorker:
         return self.runner.baselines(workload)
 
     def run(self, workload: Workload, candidate: Candidate, deadline_s: float) -> CandidateOutcome:
-        """Build, verify and time one candidate; an exception becomes its classified status."""
-        started = time.time()
-        try:
-            outcome = self.runner.run(workload, candidate, deadline_s)
-        except Exception as exc:  # classified, not swallowed: the status and text are stored with the trial
-            status, healthy = classify_exception(exc)
-            if not healthy:
-                log.exception("rank %d: candidate %s raised", self.rank, candidate.key())
-            outcome = CandidateOutcome(status=status, error=_format_exception(exc), healthy=healthy)
-        return CandidateOutcome(
-            status=outcome.status,
-            samples_us=outcome.samples_us,
-            eager_us=outcome.eager_us,
-            host_us=outcome.host_us,
-            max_rel_error=outcome.max_rel_error,
-            error=outcome.error,
-            healthy=outcome.healthy,
-            started_at=started,
-            finished_at=time.time(),
-            rank=self.rank,
-            extra=outcome.extra,
-        )
+        """Build, verify and time one candidate (see :func:`run_candidate`)."""
+        return run_candidate(self.runner, self.rank, workload, candidate, deadline_s)
 
     def close(self) -> None:
         """Close the runner and leave the process group."""

@@ -10,6 +10,7 @@ caller kills and rebuilds the gang.
 from __future__ import annotations
 
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,11 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def failure_text(exc: BaseException) -> str:
-    """One line saying why a Ray call failed: the exception a rank raised, or how its process died."""
+    """One line saying why a Ray call failed: the exception a rank raised, or how its process died;
+    for any other exception (a runner's in this process), its type and text. Ray is not imported
+    for that: where it never was, no exception can be Ray's."""
+    if "ray.exceptions" not in sys.modules:
+        return f"{type(exc).__name__}: {str(exc).strip() or repr(exc)}"
     from ray.exceptions import ActorDiedError, GetTimeoutError, RayTaskError
 
     if isinstance(exc, RayTaskError):

@@ -23,9 +23,11 @@ def fixture_sweep(
     deadline_s: float = 20.0,
     fixture: dict[str, Any] | None = None,
     runner: str = "cpu-fixture",
+    top_k_remeasure: int | None = None,
     **extra: Any,
 ) -> Path:
-    """Write a sweep config for the fixture runner; return its path."""
+    """Write a sweep config for the fixture runner; return its path. `top_k_remeasure` set asks
+    the fixture, which re-measures only when told, to measure the best few again."""
     data = {
         "name": name,
         "topology": topology,
@@ -35,6 +37,8 @@ def fixture_sweep(
         "timing": {"warmup": 0, "repetitions": 5, "deadline_s": deadline_s},
         **extra,
     }
+    if top_k_remeasure is not None:
+        data["strategy"]["top_k_remeasure"] = top_k_remeasure
     if fixture is not None:
         data["fixture"] = fixture
     path = tmp_path / f"{name}.yaml"
