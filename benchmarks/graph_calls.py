@@ -7,7 +7,8 @@ round timed with events from its first enqueue to its last kernel's end (the dev
 host where the host is slower), eagerly and as one replay of a graph holding the same 10 calls;
 medians, µs a call. The fused ops take the configuration `syncopate.lookup` gives a job here. One GPU a rank
 (`--ranks N`, default every visible GPU); rank 0 prints a table
-and writes the numbers as JSON (`--out`). A last row, `entry`, times what a captured call adds
+and writes the numbers as JSON (`--out`: the GPU, the torch version and a row per case, with the
+configuration the fused op ran). A last row, `entry`, times what a captured call adds
 before its work: the start that clears the signal pads with the group met (10 in a graph).
 
     python benchmarks/graph_calls.py [--ranks N] [--shape MxNxK ...] [--out FILE]
@@ -53,6 +54,15 @@ def impls(kind: str, m: int, ws: int, group) -> dict:
     return out
 
 
+def served(kind: str, shape: tuple[int, int, int], group) -> str:
+    """The configuration the fused op's calls ran (what `syncopate.lookup` answers here, eager mode),
+    with the rung it came from."""
+    from syncopate.platform import detect_topology
+
+    r = syncopate.lookup(shape, detect_topology(group), kind=kind)
+    return f"{r.candidate.short()} ({r.match})"
+
+
 def timed(run, group, dev) -> float:
     """Median µs a call over ROUNDS rounds of `run()` (CALLS calls)."""
     times = []
@@ -96,6 +106,7 @@ def case(kind: str, shape: tuple[int, int, int], group, dev) -> list[dict]:
                 "shape": list(shape),
                 "ranks": ws,
                 "impl": name,
+                "config": served(kind, shape, group) if name == "fused" else name,
                 "rel_err": err,
                 "eager_us": timed(eager, group, dev),
                 "graph_us": timed(graph.replay, group, dev),
@@ -134,10 +145,13 @@ def run_rank(rank: int, world: int, port: int, shapes, out: str | None, results)
         rows.append(entry_row(dist.group.WORLD, dev))
         syncopate.close_contexts()
         if rank == 0:
-            print_table(rows, torch.cuda.get_device_name(dev))
+            gpu = torch.cuda.get_device_name(dev)
+            print_table(rows, gpu)
             if out:
                 with open(out, "w") as f:
-                    json.dump(rows, f, indent=1)
+                    json.dump(
+                        {"gpu": gpu, "ranks": world, "torch": torch.__version__, "rows": rows}, f, indent=1
+                    )
             results.put(rows)
     finally:
         dist.destroy_process_group()

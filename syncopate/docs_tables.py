@@ -58,6 +58,8 @@ class Sources:
     """The `syncopate bench --layer` runs."""
     train_step: tuple[str, ...]
     """The `benchmarks/train_step.py` runs."""
+    graph_calls: str
+    """A `benchmarks/graph_calls.py` run."""
 
 
 def sources(root: Path) -> Sources:
@@ -71,11 +73,12 @@ def sources(root: Path) -> Sources:
             strategies=tuple((label, name) for label, name in doc["strategies"]),
             layers=doc["layers"],
             train_step=tuple(doc["train_step"]),
+            graph_calls=doc["graph_calls"],
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(
             f"results/{SOURCES} does not name every table's files ({e!r}): it needs tp2_suite, "
-            f"tp4_suite, short_tp2, strategies, layers and train_step"
+            f"tp4_suite, short_tp2, strategies, layers, train_step and graph_calls"
         ) from None
 
 
@@ -549,6 +552,41 @@ def train_step(root: Path) -> str:
     return f"{table}\n\n{said}; from {files}.\n"
 
 
+def graph_calls(root: Path) -> str:
+    """The ops called one by one and replayed from a CUDA graph, each against torch's unfused path."""
+    name = sources(root).graph_calls
+    doc = _read_json(root / "results" / name)
+    torch_us = {
+        (r["kind"], tuple(r["shape"])): (r["eager_us"], r["graph_us"])
+        for r in doc["rows"]
+        if r["impl"] == "torch"
+    }
+    rows = []
+    for r in doc["rows"]:
+        shape = tuple(r["shape"])
+        base = torch_us.get((r["kind"], shape))
+        rows.append(
+            [
+                r["kind"],
+                "–" if not any(shape) else "×".join(map(str, shape)),
+                {"fused": "Syncopate", "torch": "torch", "async_tp": "async-TP"}.get(r["impl"], r["impl"]),
+                f"{r['eager_us']:.1f}",
+                f"{r['graph_us']:.1f}",
+                _r(None if base is None else base[0] / r["eager_us"]),
+                _r(None if base is None else base[1] / r["graph_us"]),
+            ]
+        )
+    table = _table(
+        ["op", "M×N×K", "path", "eager µs", "graph µs", "torch / path, eager", "torch / path, graph"], rows
+    )
+    return (
+        f"{table}\n\nµs a call, median of 15 rounds of 10 calls back to back, eagerly and replayed from one CUDA "
+        f"graph; {doc['ranks']} × {doc['gpu']}, torch {doc['torch']}, an empty results database (what `lookup` "
+        f"serves with nothing measured, at the time of the run); `entry`: what a captured call adds before its "
+        f"work, alone; from `results/{name}`.\n"
+    )
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "summary": summary,
     "suite-tp2": suite_tp2,
@@ -559,6 +597,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "cost-model": cost_model,
     "layers": layers,
     "train-step": train_step,
+    "graph-calls": graph_calls,
 }
 """Table name (as in `<!-- generated: NAME -->`) → its generator, given the repository root."""
 
