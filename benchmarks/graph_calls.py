@@ -118,10 +118,11 @@ def case(kind: str, shape: tuple[int, int, int], group, dev) -> list[dict]:
 
 def entry_row(group, dev) -> dict:
     """The captured calls' start alone (`OverlapContext.begin_call` under capture), CALLS of them in a
-    graph and eagerly, on the context of a call made before."""
-    from syncopate.kernels.templates import CONTEXTS
+    graph and eagerly, on a context of the fused templates (made here where no call made one: the
+    configurations served may all be unfused)."""
+    from syncopate.kernels.ops import get_context
 
-    ctx = next(iter(CONTEXTS._contexts.values()))
+    ctx = get_context("ag_gemm", group, (1024 * dist.get_world_size(group), 1024), torch.bfloat16)
     stream = torch.cuda.current_stream(dev)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
