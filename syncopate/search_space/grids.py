@@ -88,5 +88,5 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
         ]
     if workload.scaled:  # fp8 runs on the scaled-GEMM templates only
         out = [c for c in out if c.template in FP8_TEMPLATES]
-    guards = list(guard_candidates(workload, topology).values())
+    guards = list(dict.fromkeys(guard_candidates(workload, topology).values()))  # fp8's default is unfused
     return guards + [c for c in out if c not in guards]
