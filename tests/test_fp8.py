@@ -81,7 +81,9 @@ def test_the_cost_model_runs_fp8_gemms_at_twice_the_rate_and_moves_its_bytes():
         fp8 = Workload(kind=kind, shape=(8192, 8192, 8192), dtype="fp8")
         b16, b8 = model.baselines(bf16, TOPO), model.baselines(fp8, TOPO)
         launch = model.calibration.costs.launch_us
-        ratio = (b16["gemm_alone"] - launch) / (b8["gemm_alone"] - launch)  # a tile's fixed cost is not halved
+        ratio = (b16["gemm_alone"] - launch) / (
+            b8["gemm_alone"] - launch
+        )  # a tile's fixed cost is not halved
         assert 0.95 * FP8_GEMM_SPEEDUP < ratio <= FP8_GEMM_SPEEDUP
         if kind == "ag_gemm":
             assert b8["comm_alone"] < 0.6 * b16["comm_alone"], "the all-gather moves FP8 rows"
@@ -113,11 +115,11 @@ def _fp8(rows, cols, gen):
         (FP8, FP8, None, "t", None, r"a_scale is missing: float8_e4m3fn operands need a_scale and b_scale"),
         (FP8, FP8, "t", None, None, r"b_scale is missing: .* row-wise \(here a_scale \(8, 1\), b_scale \(1, 6\)\)"),
         (FP8, torch.bfloat16, "t", "t", None, r"a has dtype torch.float8_e4m3fn but b has torch.bfloat16"),
-        (FP8, FP8, torch.ones(8, 1, dtype=torch.float64), "t", None, r"a_scale has dtype torch.float64: accepted is torch.float32"),
+        (FP8, FP8, torch.ones(8, 1, dtype=torch.float64), "t", None, r"a_scale has dtype torch.float64: accepted"),
         (FP8, FP8, torch.ones(1, 8), "t", None, r"a_scale has shape \(1, 8\): accepted are one element .* or \(8, 1\)"),
         (FP8, FP8, "t", torch.ones(6, 1), None, r"b_scale has shape \(6, 1\): accepted are one element .* or \(1, 6\)"),
         (FP8, FP8, torch.ones(1, 16)[:, ::2].t(), "t", None, r"a_scale must be contiguous"),
-        (FP8, FP8, "t", "t", torch.float16, r"out_dtype=torch.float16 for float8_e4m3fn operands: accepted is torch.bfloat16"),
+        (FP8, FP8, "t", "t", torch.float16, r"out_dtype=torch.float16 for float8_e4m3fn operands: accepted"),
         (FP8, FP8, 0.5, "t", None, r"a_scale must be a torch.Tensor, got the number 0.5"),
         (torch.bfloat16, torch.bfloat16, "t", None, None, r"a_scale is given but a and b are torch.bfloat16"),
         (torch.bfloat16, torch.bfloat16, None, None, torch.float32, r"out_dtype=torch.float32 for torch.bfloat16"),
@@ -140,7 +142,9 @@ def test_good_scales_pass_and_the_ops_name_them_before_anything_else():
     for op in (all_gather_matmul, matmul_reduce_scatter, matmul_all_reduce):
         with pytest.raises(ConfigError, match="a_scale is missing"):
             op(a, b)  # before the process group is asked for
-        with pytest.raises(ConfigError, match="but b has torch.float32: fp8 takes both operands in torch.float8_e4m3fn"):
+        with pytest.raises(
+            ConfigError, match="but b has torch.float32: fp8 takes both operands in torch.float8"
+        ):
             op(a, b.float(), a_scale=torch.ones(1), b_scale=torch.ones(1))
 
 
