@@ -288,3 +288,39 @@ def test_the_unfused_fp8_ops_match_the_reference_of_the_same_fp8_operands_on_two
             assert dtype == torch.bfloat16, where
             assert err <= FP8_TOLERANCE, f"{where}: relative error {err:.3g}"
             assert unscaled > 10 * FP8_TOLERANCE, f"{where}: the scales must matter to the check"
+
+
+# `syncopate bench --dtype fp8` -------------------------------------------------------------------
+
+
+def test_bench_takes_dtype_fp8_up_to_the_gpus_it_needs(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    def bench(*args):
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "syncopate",
+                "bench",
+                "ag_gemm",
+                "--m",
+                "8192",
+                "--n",
+                "8192",
+                "--k",
+                "8192",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+            timeout=120,
+        )
+
+    r = bench("--dtype", "fp8", "--gpus", "2")
+    assert r.returncode == 1 and "needs 2 CUDA GPUs on this host; 0 visible" in r.stderr, r.stderr
+    r = bench("--dtype", "int8")
+    assert r.returncode == 2 and "unknown dtype 'int8'" in r.stderr and "fp8" in r.stderr, r.stderr
