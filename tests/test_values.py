@@ -66,7 +66,7 @@ def test_shard_divisibility_is_checked(kind, shape, ws, message):
             {"kind": "gemm_rs", "shape": (2**20, 2**20, 64)},
             r"the output would have 1099511627776 elements, more than 17179869184 \(2\^34\)",
         ),
-        ({"kind": "ag_gemm", "shape": (1, 1, 1), "dtype": "fp8"}, "unknown dtype 'fp8'"),
+        ({"kind": "ag_gemm", "shape": (1, 1, 1), "dtype": "int8"}, "unknown dtype 'int8'"),
     ],
 )
 def test_bad_workloads_name_the_value(kwargs, message):

@@ -61,7 +61,9 @@ def bench_cmd(
     m: int = typer.Option(None, help="Global M."),
     n: int = typer.Option(None, help="Global N."),
     k: int = typer.Option(None, help="Global K."),
-    dtype: str = typer.Option(None, help="bf16 (the default), fp16 or fp32."),
+    dtype: str = typer.Option(
+        None, help="bf16 (the default), fp16, fp32 or fp8 (e4m3 operands, bf16 output)."
+    ),
     suite: Path = typer.Option(
         None, help="A sweep config whose workloads to benchmark (e.g. configs/llama_tp2.yaml)."
     ),

@@ -26,7 +26,7 @@ def lookup_cmd(
     m: int = typer.Option(..., help="Global M (rows of A and of the output)."),
     n: int = typer.Option(..., help="Global N."),
     k: int = typer.Option(..., help="Global K."),
-    dtype: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
+    dtype: str = typer.Option("bf16", help="bf16, fp16, fp32 or fp8."),
     topology: str = typer.Option(
         None, help="Topology key such as H200x2-nvlink (default: detect this machine's)."
     ),

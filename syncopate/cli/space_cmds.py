@@ -21,7 +21,7 @@ def space_cmd(
     m: int = typer.Option(..., help="Global M (rows of A and of the output)."),
     n: int = typer.Option(..., help="Global N."),
     k: int = typer.Option(..., help="Global K."),
-    dtype: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
+    dtype: str = typer.Option("bf16", help="bf16, fp16, fp32 or fp8."),
     topology: str = typer.Option(..., help="Topology key such as H200x2-nvlink."),
     as_json: bool = typer.Option(
         False, "--json", help="Print the candidates as a JSON list (with --predict: the ranked predictions)."

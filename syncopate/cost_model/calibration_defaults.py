@@ -10,6 +10,8 @@ another. Where the constants come from:
 - the GPU table of :mod:`syncopate.search_space.topology`: other GPU models scale the H200's GEMM
   rates by their bf16 rate and SM count, the HBM figures by their bandwidth (a kernel reaching
   80 % of it); other interconnects scale the curves by their nominal bandwidth against NVLink's;
+- the FP8 GEMM rate: FP8_GEMM_SPEEDUP times the bf16 rate (the datasheets' dense FP8 figure is
+  twice the bf16 one; a lead, not measured);
 - leads to be measured: the other tiles' rates (smaller tiles reuse less of each load), the
   per-tile cost, the GEMM's slowdown while each backend communicates, NCCL with few SMs, and the
   inter-node figures (the copy engine cannot cross nodes).
@@ -23,7 +25,7 @@ from syncopate.cost_model.calibration import Calibration, Curve, GemmRate, OpCos
 from syncopate.errors import CalibrationError
 from syncopate.search_space import GPUS, INTERCONNECTS, TILE_CONFIGS, Topology
 
-__all__ = ["DEFAULT_ORIGIN", "CURVE_SIZES", "H200_TILE_TFLOPS", "default_calibration"]
+__all__ = ["DEFAULT_ORIGIN", "CURVE_SIZES", "FP8_GEMM_SPEEDUP", "H200_TILE_TFLOPS", "default_calibration"]
 
 MiB = 1 << 20
 
@@ -45,6 +47,11 @@ H200_TILE_TFLOPS: dict[str, float] = {
 }
 """TFLOP/s of the persistent GEMM on all 132 SMs of an H200, bf16, per tile configuration. The
 first is derived from a measured fused AG+GEMM; the others are leads."""
+
+FP8_GEMM_SPEEDUP = 2.0
+"""An FP8 (e4m3, `torch._scaled_mm`) GEMM's rate against the calibrated bf16 rate: a lead from the
+datasheets of Hopper GPUs (dense FP8 twice dense bf16), not measured; what moves is modelled as it
+is (1-byte rows of A with their scales, bf16 partials)."""
 
 _NVLINK_GBPS = INTERCONNECTS["nvlink"]
 _H200_BF16 = GPUS["H200"].bf16_tflops

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from syncopate.cost_model.calibration import Calibration
+from syncopate.cost_model.calibration_defaults import FP8_GEMM_SPEEDUP
 from syncopate.cost_model.simulate import (
     CommContext,
     Infeasible,
@@ -201,8 +202,10 @@ class CostModel:
         return [TileConfig.from_key(k) for k in sorted(self.calibration.gemm)]
 
     def _tile_us(self, tc: TileConfig, k: int, programs: int, dtype: str) -> float:
+        """A tile's time at the calibrated (16-bit) rate: half that rate in fp32, FP8_GEMM_SPEEDUP
+        times it in fp8 (a lead)."""
         rate = self.calibration.gemm_rate(tc)
-        scale = 0.5 if dtype == "fp32" else 1.0
+        scale = {"fp32": 0.5, "fp8": FP8_GEMM_SPEEDUP}.get(dtype, 1.0)
         return rate.tile_us(2.0 * tc.block_m * tc.block_n * k / scale, programs)
 
     def _plain_gemm_us(self, m: int, n: int, k: int, tc: TileConfig, topology: Topology, dtype: str) -> float:
@@ -422,7 +425,8 @@ def _decomposed_us(model: CostModel, w: Workload, topo: Topology, c: Candidate) 
     onward added at the HBM's rate; each reduced chunk copied into the output (on two ranks an
     all-reduce's last two together), and an all-reduce's pulled by every peer over one ingress (its
     last own chunk in two)."""
-    ws, rows, n, _, elem, link, extra, gemm = _cublas_timeline_inputs(model, w, topo)
+    ws, rows, n, _, _, link, extra, gemm = _cublas_timeline_inputs(model, w, topo)
+    out_bytes = w.output_bytes  # the partials move in the output's dtype (bf16 for fp8)
     costs = model.calibration.costs
     even = row_chunks(rows, c.num_splits)
     chunks = [hi - lo for lo, hi in even]
@@ -432,7 +436,7 @@ def _decomposed_us(model: CostModel, w: Workload, topo: Topology, c: Candidate) 
         for half in halves(len(chunks)):
             m = sum(chunks[j] for j in half)
             clock += gemm(m)
-            sent = max(sent, clock) + link.time_us(m * n * elem) + extra
+            sent = max(sent, clock) + link.time_us(m * n * out_bytes) + extra
             for j in half:
                 arrive[j] = max(arrive[j], sent)
     copied = pulled = 0.0
@@ -442,7 +446,7 @@ def _decomposed_us(model: CostModel, w: Workload, topo: Topology, c: Candidate) 
     held = 0  # the chunk before the last copied into the output with the last (`tail_copied_together`)
     for i, (lo, hi) in enumerate(own):
         j = bisect.bisect_right(starts, lo) - 1  # the even chunk it starts in: its partials' arrival
-        nbytes = (hi - lo) * n * elem
+        nbytes = (hi - lo) * n * out_bytes
         clock = max(clock, arrive[j]) + gemm(hi - lo) + (ws - 2) * 3 * nbytes / (costs.hbm_gbps * 1e3)
         if i == len(own) - 2 and tail_copied_together(even, ws, all_reduce):
             held = nbytes
@@ -461,12 +465,13 @@ def _decomposed_gather_us(
     finishes last: every rank pushes its shard's parts to each peer in turn over one egress (what
     lands from the peer `d` behind lands when this rank's `d`-th push ends) while its own rows' GEMM
     runs; then each GEMM of `gather_gemms` once the parts it reads are here."""
-    ws, m_local, _, k, elem, link, extra, gemm = _cublas_timeline_inputs(model, w, topo)
+    ws, m_local, _, _, _, link, extra, gemm = _cublas_timeline_inputs(model, w, topo)
+    row_bytes = w.comm_row_bytes()  # A's row (an fp8 row with its scale)
     parts = row_chunks(m_local, gather_parts(ws, c.num_splits))
     landed, t = {}, 0.0
     for d in range(1, ws):
         for j, (lo, hi) in enumerate(parts):
-            t += link.time_us((hi - lo) * k * elem) + extra
+            t += link.time_us((hi - lo) * row_bytes) + extra
             landed[d, j] = t
     end = 0.0
     for r in range(ws):
@@ -548,7 +553,7 @@ def _producer(model: CostModel, w, plan, ctx, group, programs, durations):
     start = costs.launch_us
     ws = plan.world_size
     slowdown = costs.overlap_slowdown.get(ctx.backend, 0.0) if ws > 1 else 0.0
-    tile_bytes = ctx.candidate.block_m * ctx.candidate.block_n * w.element_bytes
+    tile_bytes = ctx.candidate.block_m * ctx.candidate.block_n * w.output_bytes
     epilogue = padded(
         group.incoming_per_position * tile_bytes / (costs.hbm_gbps * 1e3 / programs), programs, 0.0
     )

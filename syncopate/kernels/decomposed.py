@@ -42,6 +42,11 @@ kernel could hold the SMs the peer's GEMM needs) or where a chunk is not whole 1
 aligned addresses: the stream path then. `benchmarks/timeline.py gemm_ar ... --template
 decomposed` shows the tail left after the last GEMM.
 
+FP8 operands (`scales`): every GEMM is a `torch._scaled_mm` of its rows of A with their scale
+rows (this rank's partial dequantized by its own scales), into bf16 partials, which move and are
+summed as in bf16; an own chunk's product goes into a scratch tensor and is added onto the
+accumulator (`_scaled_mm` has no beta: one more rounding than the fused addition).
+
 The caller's stream then waits for the side streams. A wait is for an entry, announced first, for a
 partial, which waits only for entries, or for a reduced chunk, which waits only for partials: a
 call always ends. Only for copy-engine candidates on one node. An all-reduce's M need not divide
@@ -57,6 +62,7 @@ import torch
 from syncopate.kernels import c_stationary, launch, streamops
 from syncopate.kernels.backends import announce_entry
 from syncopate.kernels.context import OverlapContext, record, wait
+from syncopate.kernels.scaled import Scales, chunk_scale, column_major, scaled_mm
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
 from syncopate.search_space import (
     block_bounds,
@@ -73,6 +79,7 @@ __all__ = [
     "PARTIAL",
     "DecomposedPlan",
     "add_partial",
+    "add_scaled_product",
     "decomposed_buffers",
     "prepare",
     "pull_last",
@@ -293,15 +300,34 @@ def run(
     out: torch.Tensor,
     captured: bool = False,
     spin_limit: int = 0,
+    scales: Scales | None = None,
 ) -> None:
     """Enqueue one call: out = this rank's rows [M/ws, N] (all-reduce: all [M, N]) of the sum over
     ranks of a @ b (a: [M, K/ws] contiguous, b: [K/ws, N]).
     `captured`: the call is being captured in a CUDA graph on the caller's stream. `spin_limit`
-    bounds the SM pulls' waits (their stream waits are not bounded)."""
+    bounds the SM pulls' waits (their stream waits are not bounded). `scales`: FP8 operands'
+    (a_scale, b_scale); `out` is then bf16."""
     main = ctx.current_stream()
     e = ctx.begin_call(main if captured else None)
+    if scales is not None:
+        a_scale, b_scale = scales
+        b = column_major(b)
+
+        def gemm(lo: int, hi: int, dst: torch.Tensor) -> None:
+            scaled_mm(a[lo:hi], b, chunk_scale(a_scale, lo, hi), b_scale, out=dst)
+
+        def add_gemm(acc: torch.Tensor, lo: int, hi: int) -> None:
+            add_scaled_product(acc, a[lo:hi], b, chunk_scale(a_scale, lo, hi), b_scale)
+    else:
+
+        def gemm(lo: int, hi: int, dst: torch.Tensor) -> None:
+            torch.matmul(a[lo:hi], b, out=dst)
+
+        def add_gemm(acc: torch.Tensor, lo: int, hi: int) -> None:
+            c_stationary.add_product(acc, a[lo:hi], b)
+
     if plan.world_size == 1:
-        torch.matmul(a, b, out=out)
+        gemm(0, a.shape[0], out)
         return
     layout = _layout(ctx, plan, plan.n * out.element_size())
     events = iter(ctx.kept_events(layout, layout.events))
@@ -319,7 +345,7 @@ def run(
         for lo, hi, send, peer_slot, nbytes, word, (computed, pushed, chunk, rows) in pieces:
             dst = out[lo:hi] if send is None else send
             t0 = ctx.stamp(main)
-            torch.matmul(a[lo:hi], b, out=dst)
+            gemm(lo, hi, dst)
             ctx.span(computed, chunk, rows, main, t0)
             done = next(events)
             record(done, main)
@@ -346,7 +372,7 @@ def run(
         if starts is not None:
             wait(main, arrived[starts, first])
         t0 = ctx.stamp(main)
-        c_stationary.add_product(acc, a[lo:hi], b)
+        add_gemm(acc, lo, hi)
         ctx.span("own rows", chunk, rows, main, t0)
         for (q, partial), (label, of) in zip(others, added):
             if starts is not None:
@@ -424,6 +450,14 @@ def pull_last(
     if view is None:
         view = ctx.cache[key] = partials.peer_view(q)
     launch.launch_pull(ctx, stream, view[slot, lo:hi], dst, word, epoch, spin_limit)
+
+
+def add_scaled_product(
+    acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor
+) -> None:
+    """acc += (a * a_scale) @ (b * b_scale) on the current stream, FP8 operands (b column-major):
+    the product in bf16, then added (`torch._scaled_mm` does not accumulate into its output)."""
+    acc.add_(scaled_mm(a, b, a_scale, b_scale))
 
 
 def add_partial(acc: torch.Tensor, partial: torch.Tensor) -> None:

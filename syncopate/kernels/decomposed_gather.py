@@ -24,6 +24,11 @@ One call, rank r, its rows [r0, r0 + m):
 - side stream 2 (only where the gathered A is asked for): copy the shard into its rows at once,
   then each part of a peer's shard from `a_full` once its event is there.
 
+FP8 operands (`scales`): A's bytes move as they are (`a_full` holds them as uint8) and each
+part's scale rows go with it, into the peer's `a_scale` rows of r before its word is raised (a
+tensor-wise scale is written on each of the shard's rows first, so that every rank's rows keep
+their own); every GEMM is a `torch._scaled_mm` with its rows' scales.
+
 The caller's stream then waits for the side streams. A wait is for an entry, announced first, or
 for a part of a shard, whose push waits only for entries: a call always ends. Only for
 copy-engine candidates on one node; B stays where it is, in either layout.
@@ -39,6 +44,7 @@ import torch
 from syncopate.kernels import streamops
 from syncopate.kernels.backends import announce_entry
 from syncopate.kernels.context import OverlapContext, record, wait
+from syncopate.kernels.scaled import FP8, Scales, column_major, scaled_mm
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
 from syncopate.search_space import (
     gather_gemms,
@@ -57,7 +63,10 @@ SHARD = 0
 
 def gather_buffers(ws: int, m_local: int, k: int, dtype: torch.dtype) -> dict:
     """Symmetric buffers of a decomposed all-gather context: the gathered A (this rank's own rows
-    unused: its GEMM reads the shard)."""
+    unused: its GEMM reads the shard); for FP8, its bytes (uint8) and its row-wise scale `a_scale`
+    [M, 1] (this rank's own rows the source of its pushes)."""
+    if dtype == FP8:
+        return {"a_full": ((ws * m_local, k), torch.uint8), "a_scale": ((ws * m_local, 1), torch.float32)}
     return {"a_full": ((ws * m_local, k), dtype)}
 
 
@@ -110,18 +119,40 @@ def run(
     out: torch.Tensor,
     captured: bool = False,
     gathered: torch.Tensor | None = None,
+    scales: Scales | None = None,
 ) -> None:
     """Enqueue one call: out [ws * m, N/ws] = all_gather(a) @ b (a: this rank's shard [m, K],
     contiguous; b: [K, N/ws], row-major or K-major).
     `captured`: the call is being captured in a CUDA graph on the caller's stream.
     `gathered` [ws * m, K], contiguous: also filled with all_gather(a), on a stream of its own while
-    the GEMMs run (the shard at once, each part of a peer's once it has landed)."""
+    the GEMMs run (the shard at once, each part of a peer's once it has landed).
+    `scales`: FP8 operands' (a_scale, b_scale); `gathered` is not taken with them."""
     main = ctx.current_stream()
     r, ws, m, e = plan.rank, plan.world_size, plan.m_local, ctx.begin_call(main if captured else None)
     r0 = r * m
     row_bytes = a.shape[1] * a.element_size()
+    if scales is not None:
+        a_scale, b_scale = scales
+        b = column_major(b)
+        if b_scale.numel() == 1:  # every GEMM below takes row-wise scales: B's widened once a call
+            b_scale = b_scale.reshape(1, 1).expand(1, b.shape[1]).contiguous()
+        scale_buf = ctx.buffers["a_scale"]
+        own_scale = scale_buf.local[r0 : r0 + m]
+        own_scale.copy_(a_scale.reshape(-1, 1) if a_scale.numel() > 1 else a_scale.reshape(1, 1).expand(m, 1))
+
+        def gemm(x, rows_scale, y):
+            scaled_mm(x, b, rows_scale, b_scale, out=y)
+
+        a_peers = ctx.buffers["a_full"].local.view(FP8)
+    else:
+        own_scale = scale_buf = None
+
+        def gemm(x, rows_scale, y):
+            torch.matmul(x, b, out=y)
+
+        a_peers = ctx.buffers["a_full"].local
     if ws == 1:
-        torch.matmul(a, b, out=out)
+        gemm(a, own_scale, out)
         if gathered is not None:
             gathered.copy_(a)
         return
@@ -142,10 +173,17 @@ def run(
                 a[lo:].data_ptr(),
                 (hi - lo) * row_bytes,
             )
+            if scale_buf is not None:  # the part's scale rows, before its word
+                streamops.copy_async(
+                    push.cuda_stream,
+                    scale_buf.peer_ptrs[p] + (r0 + lo) * 4,
+                    own_scale[lo:].data_ptr(),
+                    (hi - lo) * 4,
+                )
             ctx.span(f"shard to {p}", (p, j), hi - lo, push, t0)
             ctx.write_signal(push, p, SHARD + r * len(parts) + j, e)
     t0 = ctx.stamp(main)
-    torch.matmul(a, b, out=out[r0 : r0 + m])
+    gemm(a, own_scale, out[r0 : r0 + m])
     ctx.span("own rows", (r, 0), m, main, t0)
     # Enqueued after the own rows' GEMM and the pushes: where streams share a hardware queue, a wait
     # enqueued before them would hold back what the peers wait for.
@@ -169,6 +207,6 @@ def run(
         for piece in read:
             wait(main, landed[piece])
         t0 = ctx.stamp(main)
-        torch.matmul(a_full.local[lo:hi], b, out=out[lo:hi])
+        gemm(a_peers[lo:hi], None if scale_buf is None else scale_buf.local[lo:hi], out[lo:hi])
         ctx.span("peers' rows", read[0], hi - lo, main, t0)
     ctx.join(main, streams)

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from syncopate.search_space import Candidate
 
-__all__ = ["OP_NAMES", "all_gather_rows", "config_text", "register", "unfused"]
+__all__ = ["OP_NAMES", "all_gather_rows", "config_text", "register", "unfused", "unfused_scaled"]
 
 
 def config_text(config) -> str | None:
@@ -86,10 +86,14 @@ def unfused(
     group,
     gathered: bool = False,
     out: torch.Tensor | None = None,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ):
     """The op of `kind` as torch's collective and matmul in sequence (the path the fused ops
     replace, and their template `unfused`); with `gathered`, an all-gather's output and its gathered
-    A; with `out`, the output written there (its shape and dtype checked by the caller)."""
+    A; with `out`, the output written there (its shape and dtype checked by the caller). With
+    `scales` (a_scale, b_scale) of FP8 operands (checked by the caller), `unfused_scaled`."""
+    if scales is not None:
+        return unfused_scaled(kind, a, b, scales, group, out=out)
     if kind == "ag_gemm":
         full = all_gather_rows(a, group)
         y = full @ b if out is None else torch.matmul(full, b, out=out)
@@ -99,6 +103,38 @@ def unfused(
         dist.all_reduce(y, group=group)
         return y
     y = a @ b
+    if out is None:
+        out = y.new_empty((y.shape[0] // dist.get_world_size(group), y.shape[1]))
+    _REDUCE_SCATTER(out, y, group=group)
+    return out
+
+
+def unfused_scaled(
+    kind: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scales: tuple[torch.Tensor, torch.Tensor],
+    group,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The op of `kind` on FP8 operands with their scales (`syncopate.kernels.scaled`), bf16 out:
+    an all-gather moves A's FP8 bytes (as uint8: NCCL and gloo take no float8 tensors) and A's
+    scale row-wise (a tensor-wise one on each of the shard's rows, so that every rank's rows keep
+    their own), then one `torch._scaled_mm`; a reduce-scatter or all-reduce runs this rank's
+    `torch._scaled_mm` (its partial dequantized by its own scales) and reduces the bf16 partials."""
+    from syncopate.kernels.scaled import column_major, row_scales, scaled_mm
+
+    a_scale, b_scale = scales
+    b = column_major(b)
+    if kind == "ag_gemm":
+        full = all_gather_rows(a.view(torch.uint8), group).view(a.dtype)
+        full_scale = all_gather_rows(row_scales(a_scale, a.shape[0]), group)
+        return scaled_mm(full, b, full_scale, b_scale, out=out)
+    if kind == "gemm_ar":
+        y = scaled_mm(a, b, a_scale, b_scale, out=out)
+        dist.all_reduce(y, group=group)
+        return y
+    y = scaled_mm(a, b, a_scale, b_scale)
     if out is None:
         out = y.new_empty((y.shape[0] // dist.get_world_size(group), y.shape[1]))
     _REDUCE_SCATTER(out, y, group=group)

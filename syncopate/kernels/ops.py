@@ -7,7 +7,10 @@
 | `matmul_all_reduce`      | A[M, K/ws]     | B[K/ws, N]      | out[M, N]          |
 
 `b` may be row-major or the transpose of a row-major [N, K] matrix (`weight.t()` of an
-nn.Linear). With `config=None` an op asks `syncopate.lookup` once per (workload, group) and keeps
+nn.Linear). FP8 operands (torch.float8_e4m3fn, both) come with `a_scale=` and `b_scale=` (float32,
+tensor-wise or row-wise: `syncopate.kernels.scaled`) and give a bf16 output; templates `unfused`
+and `decomposed` run them (`torch._scaled_mm`), eagerly (not under torch.compile, and without
+`return_gathered`). With `config=None` an op asks `syncopate.lookup` once per (workload, group) and keeps
 the answer. A call's first use of its shapes, dtype, group and config prepares its call program
 (`syncopate.kernels.templates`: the template the config names, its context of symmetric buffers,
 signals and streams); every later such call finds the program and only binds its tensors.
@@ -35,6 +38,7 @@ import torch.distributed as dist
 from syncopate.errors import ConfigError, describe
 from syncopate.kernels.context import OverlapContext, kept_allocations
 from syncopate.kernels.library import OP_NAMES, config_text, register
+from syncopate.kernels.scaled import FP8, Scales, check_scales
 from syncopate.kernels.templates import (
     CONTEXTS,
     CallProgram,
@@ -73,6 +77,7 @@ log = logging.getLogger(__name__)
 register()  # torch.ops.syncopate: what torch.compile traces the ops as
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_OPERAND_DTYPES = (*_DTYPES, FP8)
 
 
 MODES = ("eager", "graph")
@@ -186,8 +191,10 @@ def _check_tensor(name: str, t: Any) -> None:
         raise ConfigError(f"{name} must be a torch.Tensor, got {describe(t)}")
     if t.dim() != 2:
         raise ConfigError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
-    if t.dtype not in _DTYPES:
-        raise ConfigError(f"{name} has dtype {t.dtype}: accepted are bfloat16, float16, float32")
+    if t.dtype not in _OPERAND_DTYPES:
+        raise ConfigError(
+            f"{name} has dtype {t.dtype}: accepted are bfloat16, float16, float32, float8_e4m3fn (with scales)"
+        )
 
 
 def _group(group) -> Any:
@@ -219,7 +226,8 @@ def _check_inputs(a: torch.Tensor, b: torch.Tensor, group, config=None) -> tuple
     _check_tensor("a", a)
     _check_tensor("b", b)
     if a.dtype != b.dtype:
-        raise ConfigError(f"a has dtype {a.dtype} but b has {b.dtype}: they must match")
+        fp8 = " (fp8 takes both in torch.float8_e4m3fn)" if FP8 in (a.dtype, b.dtype) else ""
+        raise ConfigError(f"a has dtype {a.dtype} but b has {b.dtype}: they must match{fp8}")
     if not a.is_contiguous():
         raise ConfigError(
             f"a must be contiguous (row-major); got strides {a.stride()} for shape {tuple(a.shape)}"
@@ -263,6 +271,24 @@ def check_backend_group(cand: Candidate, group) -> None:
         )
 
 
+def _scales(a, b, a_scale, b_scale, out_dtype) -> Scales | None:
+    """A call's (a_scale, b_scale), checked (`scaled.check_scales`) where `a` and `b` are 2-D tensors
+    (otherwise the operands' own check names what is wrong with them); None for unscaled operands."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == b.dim() == 2):
+        if a_scale is not None or b_scale is not None:
+            return a_scale, b_scale
+        return None
+    check_scales(a, b, a_scale, b_scale, out_dtype)
+    return None if a.dtype != FP8 else (a_scale, b_scale)
+
+
+def _refuse_scaled(op: str, scales: Scales | None, what: str) -> None:
+    if scales is not None:
+        raise ConfigError(
+            f"syncopate.{op}: {what} is not supported with float8_e4m3fn operands; call it without"
+        )
+
+
 def all_gather_matmul(
     a_shard: torch.Tensor,
     b: torch.Tensor,
@@ -272,6 +298,9 @@ def all_gather_matmul(
     return_gathered: bool = False,
     out: torch.Tensor | None = None,
     spin_limit: int = 0,
+    a_scale: torch.Tensor | None = None,
+    b_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ):
     """out = all_gather(a_shard, dim 0) @ b, with the GEMM consuming rows of A as their chunks arrive.
 
@@ -282,13 +311,19 @@ def all_gather_matmul(
     tensor, filled on a side stream while the GEMM runs.
     `spin_limit` > 0 bounds every wait (a tuning run's guard against hangs; the context then raises
     a timeout on `check_error()`).
+    FP8 operands: `a_scale` is this shard's ([M/ws, 1] row-wise), `b_scale` B's ([1, N/ws] row-wise);
+    the all-gather moves the FP8 rows and their scales; the output is bf16.
     The config's template decides what moves (`syncopate.kernels.templates`): `a_stationary` moves
     B and the products instead of A (with `return_gathered` the call takes the direct plan, which
     gathers A); `decomposed` pushes each shard while the own rows' cuBLAS GEMM runs, then cuBLAS
     GEMMs over the peers' rows as they land; `unfused` runs the group's all-gather, then the matmul.
     """
+    scales = _scales(a_shard, b, a_scale, b_scale, out_dtype)
     if torch.compiler.is_compiling():
+        _refuse_scaled("all_gather_matmul", scales, "torch.compile")
         return _traced("ag_gemm", a_shard, b, group, config, out, spin_limit, return_gathered)
+    if return_gathered:
+        _refuse_scaled("all_gather_matmul", scales, "return_gathered")
     capturing = _capturing(a_shard, "all_gather_matmul", spin_limit)
     program = _program("ag_gemm", a_shard, b, group, config, capturing)
     if return_gathered and not program.returns_gathered:  # nothing gathers A there: the direct plan does
@@ -298,11 +333,11 @@ def all_gather_matmul(
         )
     spec = program.spec
     if out is None:
-        out = torch.empty(spec.out_shape, dtype=a_shard.dtype, device=a_shard.device)
+        out = torch.empty(spec.out_shape, dtype=spec.out_dtype, device=a_shard.device)
     else:
-        _check_out(out, spec.out_shape, a_shard.dtype)
+        _check_out(out, spec.out_shape, spec.out_dtype)
     if not return_gathered:
-        program(a_shard, b, out, capturing=capturing, spin_limit=spin_limit)
+        program(a_shard, b, out, capturing=capturing, spin_limit=spin_limit, scales=scales)
         return out
     gathered = torch.empty((spec.m, spec.a_shape[1]), dtype=a_shard.dtype, device=a_shard.device)
     program(a_shard, b, out, capturing=capturing, spin_limit=spin_limit, gathered=gathered)
@@ -469,21 +504,32 @@ def _prepare(kind: str, a, b, group, config, mode: str = "eager") -> CallProgram
     return template_for(cand, kind).prepare(spec, b)
 
 
-def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int):
+def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int, a_scale, b_scale, out_dtype):
+    scales = _scales(a, b, a_scale, b_scale, out_dtype)
     if torch.compiler.is_compiling():
+        _refuse_scaled(OP_NAMES[kind], scales, "torch.compile")
         return _traced(kind, a, b, group, config, out, spin_limit)
     capturing = _capturing(a, OP_NAMES[kind], spin_limit)
     program = _program(kind, a, b, group, config, capturing)
     if out is None:
-        out = torch.empty(program.spec.out_shape, dtype=a.dtype, device=a.device)
+        out = torch.empty(program.spec.out_shape, dtype=program.spec.out_dtype, device=a.device)
     else:
-        _check_out(out, program.spec.out_shape, a.dtype)
-    program(a, b, out, capturing=capturing, spin_limit=spin_limit)
+        _check_out(out, program.spec.out_shape, program.spec.out_dtype)
+    program(a, b, out, capturing=capturing, spin_limit=spin_limit, scales=scales)
     return out
 
 
 def matmul_reduce_scatter(
-    a, b, group=None, config: Candidate | dict | None = None, *, out=None, spin_limit: int = 0
+    a,
+    b,
+    group=None,
+    config: Candidate | dict | None = None,
+    *,
+    out=None,
+    spin_limit: int = 0,
+    a_scale: torch.Tensor | None = None,
+    b_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ):
     """out = reduce_scatter(a @ b, dim 0): partial tiles leave for their owner as soon as they are done.
 
@@ -493,12 +539,23 @@ def matmul_reduce_scatter(
     Template `decomposed`: cuBLAS GEMMs in row chunks, each chunk's partial pushed by the copy
     engine once computed, the own rows summed onto the peers' partials.
     Template `unfused`: the matmul, then the group's reduce-scatter.
+    FP8 operands: `a_scale` [M, 1] row-wise (this rank's K slice), `b_scale` [1, N] row-wise; each
+    rank's partial is dequantized by its own scales and the bf16 partials are reduced.
     """
-    return _gemm_scatter("gemm_rs", a, b, group, config, out, spin_limit)
+    return _gemm_scatter("gemm_rs", a, b, group, config, out, spin_limit, a_scale, b_scale, out_dtype)
 
 
 def matmul_all_reduce(
-    a, b, group=None, config: Candidate | dict | None = None, *, out=None, spin_limit: int = 0
+    a,
+    b,
+    group=None,
+    config: Candidate | dict | None = None,
+    *,
+    out=None,
+    spin_limit: int = 0,
+    a_scale: torch.Tensor | None = None,
+    b_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ):
     """out = all_reduce(a @ b): reduce-scatter of partial tiles, then every rank takes each reduced block.
 
@@ -508,5 +565,6 @@ def matmul_all_reduce(
     Template `decomposed`: as for `matmul_reduce_scatter`, then every rank pulls each reduced chunk
     once made (the last ones by the SMs, whose waits `spin_limit` bounds; the stream waits it does not).
     Template `unfused`: the matmul, then the group's all-reduce.
+    FP8 operands: as `matmul_reduce_scatter`'s.
     """
-    return _gemm_scatter("gemm_ar", a, b, group, config, out, spin_limit)
+    return _gemm_scatter("gemm_ar", a, b, group, config, out, spin_limit, a_scale, b_scale, out_dtype)

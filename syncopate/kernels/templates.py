@@ -14,6 +14,9 @@ the program's first call, so that a call's host time is binding tensors and enqu
 | `decomposed`         | all three                  | shards / partials as each GEMM piece ends     | cuBLAS   |
 | `unfused`            | all three                  | the group's whole collective                  | cuBLAS   |
 
+FP8 operands (`syncopate.kernels.scaled`) run on `unfused` and `decomposed` only (check_candidate
+refuses the others): their GEMMs are `torch._scaled_mm` calls with each piece's scale rows.
+
 Every template passes the same conformance suite (`tests/test_templates.py` on the CPU,
 `tests/test_gpu_ops.py` on GPUs).
 """
@@ -34,6 +37,7 @@ from syncopate.kernels.c_stationary import b_moves_kmajor
 from syncopate.kernels.context import OverlapContext
 from syncopate.kernels.launch import launch_consumer, launch_producer, own_shard_readable
 from syncopate.kernels.library import unfused
+from syncopate.kernels.scaled import FP8, OUT_DTYPE, Scales
 from syncopate.kernels.tables import consumer_tables, plan_for, producer_tables
 from syncopate.search_space import (
     A_STATIONARY,
@@ -103,6 +107,11 @@ class CallSpec:
     def op(self) -> str:
         return OP_NAMES[self.kind]
 
+    @property
+    def out_dtype(self) -> torch.dtype:
+        """The output's dtype (and the reduced partials'): bf16 for FP8 operands, else theirs."""
+        return OUT_DTYPE if self.dtype == FP8 else self.dtype
+
 
 class CallProgram(abc.ABC):
     """One op's call with fixed shapes, dtype, group and config: a call binds its tensors."""
@@ -123,10 +132,12 @@ class CallProgram(abc.ABC):
         capturing: bool = False,
         spin_limit: int = 0,
         gathered: torch.Tensor | None = None,
+        scales: Scales | None = None,
     ) -> None:
         """Enqueue one call on the caller's stream writing `out` (and, for an all-gather program
         that `returns_gathered`, `gathered`). `capturing`: the call is being captured in a CUDA
-        graph. `spin_limit` > 0 bounds the kernels' waits (a tuning run's guard)."""
+        graph. `spin_limit` > 0 bounds the kernels' waits (a tuning run's guard). `scales`: FP8
+        operands' (a_scale, b_scale), checked (only the templates that run FP8 get them)."""
 
 
 class Template(abc.ABC):
@@ -238,9 +249,9 @@ class UnfusedProgram(CallProgram):
     def __init__(self, spec: CallSpec) -> None:
         self.spec = spec
 
-    def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None) -> None:
+    def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None, scales=None) -> None:
         if gathered is None:
-            unfused(self.spec.kind, a, b, self.spec.group, out=out)
+            unfused(self.spec.kind, a, b, self.spec.group, out=out, scales=scales)
             return
         dist.all_gather_into_tensor(gathered, a, group=self.spec.group)
         torch.matmul(gathered, b, out=out)
@@ -293,7 +304,7 @@ class FusedGatherProgram(CallProgram):
             readable = self._readable[key] = own_shard_readable(self.a_full.local, b, out, a)
         return a if readable else None
 
-    def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None) -> None:
+    def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None, scales=None) -> None:
         ctx, tables = self.context, self.tables
         own = self._own(a, b, out)
         # The gathered A goes out on a side stream while the GEMM runs, except with bounded waits
@@ -368,7 +379,7 @@ class FusedScatterProgram(CallProgram):
         self.recv = ctx.buffers["recv"]
         self.reduced = ctx.buffers.get("reduced")
 
-    def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None) -> None:
+    def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None, scales=None) -> None:
         ctx, spec = self.context, self.spec
         main = ctx.current_stream()
         epoch = ctx.begin_call(main if capturing else None)
@@ -460,7 +471,7 @@ class _CublasProgram(CallProgram):
     def __init__(self, spec: CallSpec, ctx: OverlapContext, plan, run) -> None:
         self.spec, self.context, self.plan, self._run = spec, ctx, plan, run
 
-    def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None) -> None:
+    def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None, scales=None) -> None:
         self._run(self.context, self.plan, a, b, out, capturing)
 
 
@@ -518,15 +529,15 @@ class CStationaryTemplate(Template):
 
 
 class _DecomposedScatterProgram(_CublasProgram):
-    def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None) -> None:
-        decomposed.run(self.context, self.plan, a, b, out, capturing, spin_limit)
+    def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None, scales=None) -> None:
+        decomposed.run(self.context, self.plan, a, b, out, capturing, spin_limit, scales=scales)
 
 
 class _DecomposedGatherProgram(_CublasProgram):
     returns_gathered = True
 
-    def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None) -> None:
-        decomposed_gather.run(self.context, self.plan, a, b, out, capturing, gathered=gathered)
+    def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None, scales=None) -> None:
+        decomposed_gather.run(self.context, self.plan, a, b, out, capturing, gathered=gathered, scales=scales)
 
 
 class DecomposedTemplate(Template):
@@ -540,8 +551,8 @@ class DecomposedTemplate(Template):
             return decomposed_gather.gather_buffers(
                 spec.world_size, spec.a_shape[0], spec.a_shape[1], spec.dtype
             )
-        return decomposed.decomposed_buffers(
-            spec.world_size, spec.m, spec.n, spec.dtype, all_reduce=spec.kind == "gemm_ar"
+        return decomposed.decomposed_buffers(  # the partials in the output's dtype (bf16 for FP8)
+            spec.world_size, spec.m, spec.n, spec.out_dtype, all_reduce=spec.kind == "gemm_ar"
         )
 
     def context_key(self, spec):

@@ -3,6 +3,13 @@
 Used by the Ray GPU workers (one `Harness` per rank, the same calls on every rank) and by
 `syncopate bench`. Every result is already agreed across ranks: times are the max over ranks per
 repetition, a failure on any rank is a failure everywhere.
+
+An `fp8` workload's inputs are float8 e4m3 with row-wise float32 scales (A per row, B per output
+column, B given as `weight.t()`); its baselines are torch's scaled paths: the collective on the
+FP8 bytes (and A's scales) or on the bf16 partials, and `torch._scaled_mm`, in sequence
+(`torch_seq`), and torch's fused scaled async-TP ops where the installed torch has them
+(`torch.ops.symm_mem.fused_all_gather_scaled_matmul`, `fused_scaled_matmul_reduce_scatter`;
+an all-reduce: `torch._scaled_mm` into symmetric memory, then its all-reduce).
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ import torch.distributed as dist
 
 from syncopate.errors import CandidateTimeoutError, ConfigError
 from syncopate.kernels import ops
-from syncopate.measure.reference import reference, relative_error
+from syncopate.kernels.scaled import FP8, OUT_DTYPE, scaled_mm
+from syncopate.measure.reference import FP8_TOLERANCE, reference, relative_error
 from syncopate.measure.timing import Timing, barrier, time_collective, time_eager
 from syncopate.search_space import Candidate, Workload
 
@@ -26,8 +34,9 @@ __all__ = ["Harness", "BaselineResult", "CandidateResult", "TOLERANCE", "SPIN_LI
 
 log = logging.getLogger(__name__)
 
-TOLERANCE = {"bf16": 1e-2, "fp16": 5e-3, "fp32": 2e-3}
-"""Largest accepted ‖out − ref‖/‖ref‖ against the float32 reference."""
+TOLERANCE = {"bf16": 1e-2, "fp16": 5e-3, "fp32": 2e-3, "fp8": FP8_TOLERANCE}
+"""Largest accepted ‖out − ref‖/‖ref‖ against the float32 reference (for fp8, of the same FP8
+operands and scales)."""
 
 SPIN_LIMIT = 1 << 24
 """Polls a wait may spend while tuning before it reports a timeout (seconds, not forever)."""
@@ -46,7 +55,7 @@ class TimingSettings(Protocol):
 
 
 _STATUS_CODES = {"ok": 0, "wrong_result": 1, "timeout": 2, "compile_error": 3, "oom": 4, "crash": 5}
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": FP8}
 
 
 @dataclass(frozen=True)
@@ -103,18 +112,28 @@ class Harness:
         self.ws = dist.get_world_size(group)
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = _DTYPES[workload.dtype]
+        self.scaled = workload.scaled
+        self.out_dtype = OUT_DTYPE if self.scaled else self.dtype
         workload.check_world_size(self.ws)
         self.shapes = workload.local_shapes(self.ws)
         self._gen = torch.Generator(device=self.device)
         self._gen.manual_seed(1234 + self.rank)
-        self.a, self.b = self.fresh_inputs()
+        self.a, self.b, self.scales = self.fresh_inputs()
 
-    def fresh_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """New random inputs (scaled so that outputs are O(1)); never zeros."""
+    def fresh_inputs(self) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """New random inputs (scaled so that outputs are O(1)); never zeros. For fp8, the operands
+        quantized row-wise (B as `weight.t()`) and their (a_scale, b_scale); else None for those."""
         (ma, ka), (kb, nb) = self.shapes["a"], self.shapes["b"]
         a = torch.randn((ma, ka), generator=self._gen, device=self.device, dtype=torch.float32)
         b = torch.randn((kb, nb), generator=self._gen, device=self.device, dtype=torch.float32)
-        return a.to(self.dtype), (b / (self.workload.shape.k**0.5)).to(self.dtype)
+        b = b / (self.workload.shape.k**0.5)
+        if not self.scaled:
+            return a.to(self.dtype), b.to(self.dtype), None
+        a_scale = (a.abs().amax(dim=1, keepdim=True) / 448.0).clamp_min(1e-12)
+        w = b.t().contiguous()  # [N, K] as a weight holds it
+        w_scale = (w.abs().amax(dim=1, keepdim=True) / 448.0).clamp_min(1e-12)
+        a8, w8 = (a / a_scale).to(FP8), (w / w_scale).to(FP8)
+        return a8, w8.t(), (a_scale, w_scale.reshape(1, -1).contiguous())
 
     def op(self, candidate: Candidate, spin_limit: int = 0) -> Callable[..., torch.Tensor]:
         kind = self.workload.kind
@@ -123,7 +142,19 @@ class Harness:
             "gemm_rs": ops.matmul_reduce_scatter,
             "gemm_ar": ops.matmul_all_reduce,
         }[kind]
-        return lambda a, b, out=None: fused(a, b, self.group, candidate, out=out, spin_limit=spin_limit)
+
+        def call(a, b, out=None, scales=None):
+            extra = {} if scales is None else {"a_scale": scales[0], "b_scale": scales[1]}
+            return fused(a, b, self.group, candidate, out=out, spin_limit=spin_limit, **extra)
+
+        return call
+
+    def _gemm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, a_scale=None):
+        """torch's GEMM of this workload's operands: torch.matmul, or for fp8 torch._scaled_mm with
+        the inputs' scales (`a_scale`: the gathered A's where given)."""
+        if not self.scaled:
+            return torch.matmul(a, b, out=out) if out is not None else a @ b
+        return scaled_mm(a, b, self.scales[0] if a_scale is None else a_scale, self.scales[1], out=out)
 
     # Baselines ---------------------------------------------------------------------------------
 
@@ -154,20 +185,31 @@ class Harness:
         kind, a, b, g = self.workload.kind, self.a, self.b, self.group
         results = []
         m_full = self.workload.shape.m
+        gemm_scale = None
         if kind == "ag_gemm":
             gathered = torch.empty((m_full, a.shape[1]), dtype=self.dtype, device=self.device)
+            if self.scaled:  # NCCL takes no float8 tensors: A's bytes as uint8, and A's scales
+                gathered_scale = torch.empty((m_full, 1), dtype=torch.float32, device=self.device)
+                a_bytes, gathered_bytes = a.view(torch.uint8), gathered.view(torch.uint8)
 
-            def comm():
-                dist.all_gather_into_tensor(gathered, a, group=g)
+                def comm():
+                    dist.all_gather_into_tensor(gathered_bytes, a_bytes, group=g)
+                    dist.all_gather_into_tensor(gathered_scale, self.scales[0], group=g)
+
+                gemm_scale = gathered_scale
+            else:
+
+                def comm():
+                    dist.all_gather_into_tensor(gathered, a, group=g)
 
             def seq():
                 comm()
-                return gathered @ b
+                return self._gemm(gathered, b, a_scale=gemm_scale)
 
             gemm_a = gathered
         else:
-            out_rs = torch.empty((m_full // self.ws, b.shape[1]), dtype=self.dtype, device=self.device)
-            partial = torch.empty((m_full, b.shape[1]), dtype=self.dtype, device=self.device)
+            out_rs = torch.empty((m_full // self.ws, b.shape[1]), dtype=self.out_dtype, device=self.device)
+            partial = torch.empty((m_full, b.shape[1]), dtype=self.out_dtype, device=self.device)
 
             def comm():
                 if kind == "gemm_rs":
@@ -176,13 +218,18 @@ class Harness:
                     dist.all_reduce(partial, group=g)
 
             def seq():
-                torch.matmul(a, b, out=partial)
+                self._gemm(a, b, out=partial)
                 comm()
 
             gemm_a = a
-        results.append(self._baseline("torch_seq", seq, "NCCL collective and torch.matmul in sequence"))
+        gemm_name = "torch._scaled_mm" if self.scaled else "torch.matmul"
+        results.append(self._baseline("torch_seq", seq, f"NCCL collective and {gemm_name} in sequence"))
         results.append(
-            BaselineResult("gemm_alone", self._time(lambda: torch.matmul(gemm_a, b)), "torch.matmul (cuBLAS)")
+            BaselineResult(
+                "gemm_alone",
+                self._time(lambda: self._gemm(gemm_a, b, a_scale=gemm_scale)),
+                f"{gemm_name} (cuBLAS)",
+            )
         )
         results.append(BaselineResult("comm_alone", self._time(comm), "NCCL collective alone"))
         async_tp = self._async_tp()
@@ -201,6 +248,8 @@ class Harness:
             from syncopate.kernels.context import enable_symm_mem
 
             enable_symm_mem(g.group_name)
+            if self.scaled and kind != "gemm_ar":
+                return self._scaled_async_tp()
             if kind == "ag_gemm":
 
                 def fn():
@@ -224,20 +273,49 @@ class Harness:
             log.warning("torch async-TP baseline unavailable for %s: %s", self.workload, e)
             return None
 
+    def _scaled_async_tp(self) -> BaselineResult | None:
+        """torch's fused scaled async-TP op of an fp8 all-gather or reduce-scatter, None (said in
+        the log) where the installed torch has none."""
+        kind, a, b, g = self.workload.kind, self.a, self.b, self.group
+        a_scale, b_scale = self.scales
+        name = "fused_all_gather_scaled_matmul" if kind == "ag_gemm" else "fused_scaled_matmul_reduce_scatter"
+        if not hasattr(torch.ops.symm_mem, name):
+            log.warning(
+                "torch async-TP baseline unavailable for %s: torch.ops.symm_mem.%s is missing",
+                self.workload,
+                name,
+            )
+            return None
+        if kind == "ag_gemm":
+
+            def fn():
+                return torch.ops.symm_mem.fused_all_gather_scaled_matmul(
+                    a, [b], a_scale, [b_scale], 0, g.group_name, [None], [None], [OUT_DTYPE], [False]
+                )
+        else:
+            shape = [a.shape[0], b.shape[1]]
+
+            def fn():
+                return torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(
+                    a, b, a_scale, b_scale, "sum", 0, 0, g.group_name, shape, out_dtype=OUT_DTYPE
+                )
+
+        return self._baseline("torch_async_tp", fn, f"torch.ops.symm_mem.{name}")
+
     def _symm_all_reduce(self, symm_mem) -> BaselineResult:
-        """The faster of torch's symmetric-memory all-reduces after torch.matmul into a symmetric
-        buffer: one-shot (every rank reads every peer's whole buffer) and two-shot (a reduce-scatter
-        then an all-gather, in place); the one-shot alone loses on large outputs."""
+        """The faster of torch's symmetric-memory all-reduces after torch's GEMM (`_gemm`) into a
+        symmetric buffer: one-shot (every rank reads every peer's whole buffer) and two-shot (a
+        reduce-scatter then an all-gather, in place); the one-shot alone loses on large outputs."""
         a, b, g = self.a, self.b, self.group
-        buf = symm_mem.empty((a.shape[0], b.shape[1]), dtype=self.dtype, device=self.device)
+        buf = symm_mem.empty((a.shape[0], b.shape[1]), dtype=self.out_dtype, device=self.device)
         symm_mem.rendezvous(buf, group=g.group_name)
 
         def one_shot():
-            torch.matmul(a, b, out=buf)
+            self._gemm(a, b, out=buf)
             return torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", g.group_name)
 
         def two_shot():
-            torch.matmul(a, b, out=buf)
+            self._gemm(a, b, out=buf)
             torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", g.group_name)
             return buf
 
@@ -272,7 +350,9 @@ class Harness:
         plan = plan_for(kind, "direct", self.ws, m, 1, 1)
         backend = backend_for(cand)
         if kind == "ag_gemm":
-            ctx = ops.get_context(kind, self.group, (m, a.shape[1]), self.dtype)
+            if self.scaled:  # A's FP8 bytes (its scales, 4 bytes a row, are left out)
+                a = a.view(torch.uint8)
+            ctx = ops.get_context(kind, self.group, (m, a.shape[1]), a.dtype)
 
             def fn():
                 e = ctx.begin_call()
@@ -295,8 +375,8 @@ class Harness:
                 ctx.join(main, streams)
         else:
             n = b.shape[1]
-            ctx = ops.get_context(kind, self.group, (m, n), self.dtype)
-            send = torch.randn((m, n), device=self.device).to(self.dtype)
+            ctx = ops.get_context(kind, self.group, (m, n), self.out_dtype)
+            send = torch.randn((m, n), device=self.device).to(self.out_dtype)
 
             def fn():
                 e = ctx.begin_call()
@@ -327,7 +407,10 @@ class Harness:
     # Candidates --------------------------------------------------------------------------------
 
     def _poison(self) -> None:
-        """Fill this workload's symmetric buffers with NaN so that a stale read shows."""
+        """Fill this workload's symmetric buffers with NaN so that a stale read shows (the fused
+        templates' context: none for fp8, which they do not run)."""
+        if self.scaled:
+            return
         kind, m = self.workload.kind, self.workload.shape.m
         shape = (m, self.a.shape[1]) if kind == "ag_gemm" else (m, self.b.shape[1])
         ctx = ops.get_context(kind, self.group, shape, self.dtype)
@@ -345,12 +428,15 @@ class Harness:
         worst = 0.0
         pending = []
         for _ in range(calls):
-            a, b = self.fresh_inputs()
+            a, b, scales = self.fresh_inputs()
             out_shape = self.shapes["out"]
-            out = torch.full(out_shape, float("nan"), dtype=self.dtype, device=self.device)
-            pending.append((fused(a, b, out), a, b))
-        for out, a, b in pending:
-            worst = max(worst, relative_error(out, reference(self.workload.kind, a, b, self.group)))
+            out = torch.full(out_shape, float("nan"), dtype=self.out_dtype, device=self.device)
+            pending.append((fused(a, b, out, scales), a, b, scales))
+        for out, a, b, scales in pending:
+            ref = reference(self.workload.kind, a, b, self.group, *(scales or ()))
+            worst = max(worst, relative_error(out, ref))
+        if self.scaled:
+            return worst
         ctx_error = self._context().error
         if int(ctx_error.item()):
             ctx_error.zero_()
@@ -385,11 +471,12 @@ class Harness:
         if status != "ok":
             return CandidateResult(status=status, max_rel_error=rel, error=error or "failed on another rank")
         fused = self.op(candidate, SPIN_LIMIT)
-        a, b = self.a, self.b
+        a, b, scales = self.a, self.b, self.scales
         try:
-            timing = self._timing(lambda: fused(a, b))
-            eager_us = self._eager(lambda: fused(a, b))
-            self._context().check_error()
+            timing = self._timing(lambda: fused(a, b, None, scales))
+            eager_us = self._eager(lambda: fused(a, b, None, scales))
+            if not self.scaled:  # the fused templates' context, which fp8 never makes
+                self._context().check_error()
         except Exception as e:
             status, error = classify(e), f"{type(e).__name__}: {e}"
             status = self._agree(status)

@@ -5,12 +5,42 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["gathered_rows", "reference", "reference_unfused", "relative_error"]
+__all__ = [
+    "FP8_TOLERANCE",
+    "dequantized",
+    "gathered_rows",
+    "reference",
+    "reference_unfused",
+    "relative_error",
+]
+
+FP8_TOLERANCE = 2e-2
+"""Largest accepted ‖out − ref‖/‖ref‖ of an op on FP8 operands against `reference` of the same FP8
+operands and scales: the reference dequantizes exactly, so what is left is the bf16 rounding of
+the output (and of the partials a reduction adds, one rounding a term) and the order of the
+accumulation; the FP8 quantization itself is not counted (it is in both)."""
 
 
-def reference(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> torch.Tensor:
-    """The float32 result of `kind` on this rank's inputs (collectives in float32)."""
+def reference(
+    kind: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group,
+    a_scale: torch.Tensor | None = None,
+    b_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The float32 result of `kind` on this rank's inputs (collectives in float32). With scales
+    (FP8 operands), of the dequantized operands: each rank's a * a_scale and b * b_scale."""
+    if a_scale is not None or b_scale is not None:
+        return reference_unfused(kind, dequantized(a, a_scale), dequantized(b, b_scale), group)
     return reference_unfused(kind, a.float(), b.float(), group)
+
+
+def dequantized(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """`t` * `scale` in float32: a one-element scale on every element, a row-wise one ([rows, 1] or
+    [1, columns]) broadcast along its length-1 dimension."""
+    s = scale.float().reshape(()) if scale.numel() == 1 else scale.float()
+    return t.float() * s
 
 
 def reference_unfused(kind: str, a: torch.Tensor, b: torch.Tensor, group) -> torch.Tensor:

@@ -644,7 +644,7 @@ def lookup(
     shape: a Shape or (M, N, K), global GEMM dims. topology: a Topology, its key such as
     `H200x2-nvlink`, or None to detect the current one. kind: `ag_gemm`, `gemm_rs` or `gemm_ar`.
     dtype: torch.bfloat16 (the default, also spelled `bf16`), torch.float16 / `fp16`,
-    torch.float32 / `fp32`. db: a database URL, a SQLite path or an export file (None:
+    torch.float32 / `fp32`, torch.float8_e4m3fn / `fp8`. db: a database URL, a SQLite path or an export file (None:
     SYNCOPATE_DB, else the per-user default). environment: the fingerprint to match (None: this
     process's, which imports torch). mode: `eager` (calls back to back, the host on the path; the
     default) or `graph` (calls replayed from CUDA graphs).

@@ -33,6 +33,7 @@ from syncopate.search_space.grids import GRIDS, bench_grid
 from syncopate.search_space.liveness import LivenessReport, check_liveness
 from syncopate.search_space.models import MODELS, model_shape
 from syncopate.search_space.space import (
+    FP8_TEMPLATES,
     TILE_CONFIGS,
     SpaceOptions,
     TileConfig,
@@ -65,6 +66,7 @@ from syncopate.search_space.tile_order import (
 from syncopate.search_space.topology import GPUS, INTERCONNECTS, GpuSpec, Topology, topology_key
 from syncopate.search_space.workload import (
     DTYPES,
+    FP8,
     KINDS,
     MAX_DIM,
     MAX_ELEMENTS,
@@ -72,6 +74,7 @@ from syncopate.search_space.workload import (
     Workload,
     canonical_dtype,
     dtype_bytes,
+    output_dtype,
 )
 
 __all__ = [
@@ -133,6 +136,9 @@ __all__ = [
     "guard_candidates",
     "empty_space_message",
     "dtype_bytes",
+    "output_dtype",
+    "FP8",
+    "FP8_TEMPLATES",
     "model_shape",
     "optuna_distributions",
     "producer_schedule",

@@ -7,6 +7,7 @@ import itertools
 
 from syncopate.search_space.candidate import Candidate
 from syncopate.search_space.space import (
+    FP8_TEMPLATES,
     NCCL_MIN_SMS,
     STATIONARY_MIN_ROWS,
     a_stationary_candidate,
@@ -29,7 +30,7 @@ won the LLaMA suites, plus the cuBLAS templates: what `seeded` searches first)."
 def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> list[Candidate]:
     """The candidates `syncopate bench` tries per workload: the guards first (the untuned default
     and `unfused`, which a served configuration must beat: `guard_candidates`), then a small grid
-    per backend."""
+    per backend (for `fp8`, the templates of FP8_TEMPLATES only)."""
     ws = topology.world_size
     templates = ["direct"] if ws <= 2 else ["direct", "ring"]
     splits = [1, 2, 4, 8] if grid != "tiny" else [2, 4]
@@ -85,5 +86,7 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
             for s in tried
             if decomposed_offered(workload.kind, ws, workload.shape.m // ws, s)
         ]
-    guards = list(guard_candidates(workload, topology).values())
+    if workload.scaled:  # fp8 runs on the scaled-GEMM templates only
+        out = [c for c in out if c.template in FP8_TEMPLATES]
+    guards = list(dict.fromkeys(guard_candidates(workload, topology).values()))  # fp8's default is unfused
     return guards + [c for c in out if c not in guards]

@@ -57,7 +57,12 @@ __all__ = [
     "decomposed_splits",
     "tile_orders_for",
     "NCCL_MIN_SMS",
+    "FP8_TEMPLATES",
 ]
+
+FP8_TEMPLATES: tuple[str, ...] = (DECOMPOSED, UNFUSED)
+"""The templates that run an `fp8` workload: their GEMMs are `torch._scaled_mm` calls (cuBLAS). The
+fused Triton kernels and the stationary templates take 16- and 32-bit operands only."""
 
 NCCL_MIN_SMS = 64
 """SMs the fused kernel leaves free for NCCL. NCCL's kernels need SMs of their own while the fused
@@ -328,6 +333,11 @@ def check_candidate(candidate: Candidate, workload: Workload, topology: Topology
     workload.check_world_size(ws)
     c = candidate
     rows = _rows_per_block(workload, ws)
+    if workload.scaled and c.template not in FP8_TEMPLATES:
+        raise ConfigError(
+            f"template {c.template!r} does not run fp8 operands (its kernels take bf16, fp16 and fp32); "
+            f"fp8 runs on templates {', '.join(FP8_TEMPLATES)} (torch._scaled_mm GEMMs)"
+        )
     if c.template in PLANLESS_KINDS:
         _check_planless(c, workload)
         if c.num_splits > rows:
@@ -401,6 +411,14 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
         if _smem_bytes(tc, workload.element_bytes) <= limit
         and tc.block_m * tc.block_n // (tc.num_warps * 32) <= 128
     ]
+    if workload.scaled:  # only the scaled-GEMM templates (FP8_TEMPLATES)
+        if DECOMPOSED in options.templates and "copy_engine" in options.backends:
+            for splits in decomposed_splits(workload.kind, ws, options.num_splits):
+                if decomposed_offered(workload.kind, ws, rows, splits):
+                    yield decomposed_candidate(splits)
+        if UNFUSED in options.templates:
+            yield unfused_candidate()
+        return
     if A_STATIONARY in options.templates and workload.kind == "ag_gemm" and "copy_engine" in options.backends:
         for splits in options.num_splits:
             if rows // splits >= STATIONARY_MIN_ROWS:
@@ -534,7 +552,9 @@ def default_candidate(workload: Workload, topology: Topology) -> Candidate:
     call would move more than MAX_DEFAULT_CHUNKS chunks; 128×256×64 tiles with 8 warps and 3 stages
     (128×128 with 4 stages where N is narrow), and where those tiles would not fill every SM once,
     the tile of SHORT_TILES whose waves over the SMs cost least (128×128 or 64×128 with 4 warps
-    and 4 stages at a few hundred rows)."""
+    and 4 stages at a few hundred rows). For `fp8`, which the fused kernels do not run, `unfused`."""
+    if workload.scaled:
+        return unfused_candidate()
     rows = _rows_per_block(workload, topology.world_size)
     m, n_cols, _ = workload.local_gemm(topology.world_size)
     sms = max(1, topology.sm_count)

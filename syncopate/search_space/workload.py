@@ -6,6 +6,10 @@
 | `gemm_rs` | A[M, K/ws], B[K/ws, N]           | partial out reduce-scattered on M   | out[M/ws, N]      |
 | `gemm_ar` | A[M, K/ws], B[K/ws, N]           | partial out all-reduced             | out[M, N]         |
 
+Dtype `fp8` is float8 e4m3 operands with float32 scales and a bf16 output: an all-gather moves A's
+FP8 rows (1 byte an element) and their scales, a reduce-scatter or all-reduce moves bf16 partials
+(each rank's partial dequantized by its own scales before the reduction).
+
 Pure Python: nothing here imports torch.
 """
 
@@ -20,19 +24,27 @@ from syncopate.errors import ConfigError
 __all__ = [
     "KINDS",
     "DTYPES",
+    "FP8",
     "MAX_DIM",
     "MAX_ELEMENTS",
     "Shape",
     "Workload",
     "canonical_dtype",
     "dtype_bytes",
+    "output_dtype",
 ]
 
 KINDS: tuple[str, ...] = ("ag_gemm", "gemm_rs", "gemm_ar")
 """Op kinds Syncopate tunes."""
 
-DTYPES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
-"""Canonical dtype names and their size in bytes."""
+DTYPES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+"""Canonical dtype names and the size in bytes of an operand's element."""
+
+FP8 = "fp8"
+"""float8 e4m3 operands with float32 scales, bf16 output (`torch._scaled_mm`'s conventions)."""
+
+_OUTPUT_DTYPES: dict[str, str] = {"fp8": "bf16"}
+"""The output dtype of a dtype whose output is not its operands' (the others: their own)."""
 
 MAX_DIM = 1 << 20
 """The largest global M, N or K Syncopate tunes (1048576)."""
@@ -53,24 +65,33 @@ _DTYPE_ALIASES: dict[str, str] = {
     "float": "fp32",
     "torch.float32": "fp32",
     "torch.float": "fp32",
+    "fp8": "fp8",
+    "float8_e4m3fn": "fp8",
+    "torch.float8_e4m3fn": "fp8",
 }
 
 
 def canonical_dtype(dtype: Any) -> str:
-    """Return the canonical name (`bf16`, `fp16`, `fp32`) of a dtype name or a torch dtype."""
+    """Return the canonical name (`bf16`, `fp16`, `fp32`, `fp8`) of a dtype name or a torch dtype."""
     name = str(dtype).strip().lower()
     try:
         return _DTYPE_ALIASES[name]
     except KeyError:
         raise ConfigError(
             f"unknown dtype {dtype!r}: accepted are {', '.join(DTYPES)} "
-            f"(or bfloat16, float16, float32, or the torch dtypes)"
+            f"(or bfloat16, float16, float32, float8_e4m3fn, or the torch dtypes)"
         ) from None
 
 
 def dtype_bytes(dtype: str) -> int:
-    """Size in bytes of one element of the canonical dtype `dtype`."""
+    """Size in bytes of one operand element of the canonical dtype `dtype`."""
     return DTYPES[canonical_dtype(dtype)]
+
+
+def output_dtype(dtype: str) -> str:
+    """The canonical dtype of the output (and of reduced partials) of operands in `dtype`."""
+    name = canonical_dtype(dtype)
+    return _OUTPUT_DTYPES.get(name, name)
 
 
 def _check_kind(kind: str) -> str:
@@ -164,7 +185,8 @@ class Workload:
     shape: Shape
     """Global GEMM dims."""
     dtype: str = "bf16"
-    """Element type of A, B and the output; canonicalised to `bf16`, `fp16` or `fp32`."""
+    """Element type of A and B, canonicalised to `bf16`, `fp16`, `fp32` or `fp8` (whose output is
+    bf16; the others' is their own)."""
 
     def __post_init__(self) -> None:
         _check_kind(self.kind)
@@ -178,7 +200,18 @@ class Workload:
 
     @property
     def element_bytes(self) -> int:
+        """Bytes of one element of A or B."""
         return DTYPES[self.dtype]
+
+    @property
+    def output_bytes(self) -> int:
+        """Bytes of one element of the output and of the partials a reduction moves."""
+        return DTYPES[output_dtype(self.dtype)]
+
+    @property
+    def scaled(self) -> bool:
+        """Whether the operands carry scales (`fp8`)."""
+        return self.dtype == FP8
 
     def check_world_size(self, world_size: int) -> None:
         """Raise ConfigError unless the dims this kind shards divide by `world_size`."""
@@ -213,9 +246,11 @@ class Workload:
         return (m, n, k // ws)
 
     def comm_row_bytes(self) -> int:
-        """Bytes of one row of the communicated tensor (A for ag_gemm, the partial output otherwise)."""
-        width = self.shape.k if self.kind == "ag_gemm" else self.shape.n
-        return width * self.element_bytes
+        """Bytes of one row of the communicated tensor: A's row for ag_gemm (with an fp8 A, its FP8
+        bytes and its float32 scale), the partial output's otherwise (bf16 for fp8)."""
+        if self.kind == "ag_gemm":
+            return self.shape.k * self.element_bytes + (4 if self.scaled else 0)
+        return self.shape.n * self.output_bytes
 
     def key(self) -> str:
         return f"{self.kind}/{self.shape.key()}/{self.dtype}"

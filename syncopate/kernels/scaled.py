@@ -1,0 +1,135 @@
+"""FP8 operands: their scales, checked, and the scaled GEMM (`torch._scaled_mm`) the templates run.
+
+| operand | dtype               | tensor-wise scale | row-wise scale              |
+|---------|---------------------|-------------------|-----------------------------|
+| a       | torch.float8_e4m3fn | one element       | [rows of a, 1]              |
+| b       | torch.float8_e4m3fn | one element       | [1, columns of b]           |
+
+Scales are float32 on the operands' device; the result is bf16 (`a_scale * a) @ (b * b_scale)`,
+each rank's operands with its own scales). `torch._scaled_mm` takes B column-major: pass
+`weight.t()` of a row-major [N, K] weight, which costs nothing; a row-major B is copied into that
+layout on every call (`column_major`). It takes both scales tensor-wise or both row-wise:
+where one is row-wise the other is widened to row-wise (`scaled_mm`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from syncopate.errors import ConfigError, describe
+
+__all__ = [
+    "FP8",
+    "OUT_DTYPE",
+    "Scales",
+    "check_scales",
+    "chunk_scale",
+    "column_major",
+    "row_scales",
+    "scaled_mm",
+]
+
+FP8 = torch.float8_e4m3fn
+"""The FP8 operand dtype the ops take."""
+OUT_DTYPE = torch.bfloat16
+"""The output (and reduced partials') dtype of FP8 operands."""
+
+Scales = tuple[torch.Tensor, torch.Tensor]
+"""(a_scale, b_scale) of one call."""
+
+
+def _tensor_wise(scale: torch.Tensor) -> bool:
+    return scale.numel() == 1
+
+
+def check_scales(a: torch.Tensor, b: torch.Tensor, a_scale: Any, b_scale: Any, out_dtype: Any = None) -> None:
+    """ConfigError unless `a_scale`, `b_scale` and `out_dtype` fit the operands: with FP8 operands,
+    float32 scales, each tensor-wise (one element) or row-wise (a: [rows, 1], b: [1, columns]),
+    contiguous, on the operands' device, and an output in bfloat16 (None: bfloat16); with other
+    operands, no scales and an `out_dtype` of None or the operands' dtype."""
+    if a.dtype != FP8 and b.dtype != FP8:
+        for name, value in (("a_scale", a_scale), ("b_scale", b_scale)):
+            if value is not None:
+                raise ConfigError(
+                    f"{name} is given but a and b are {a.dtype}: scales go with float8_e4m3fn operands only"
+                )
+        if out_dtype is not None and out_dtype != a.dtype:
+            raise ConfigError(
+                f"out_dtype={out_dtype} for {a.dtype} operands: the output is in the operands' dtype "
+                f"(out_dtype bfloat16 goes with float8_e4m3fn operands)"
+            )
+        return
+    if a.dtype != b.dtype:
+        raise ConfigError(
+            f"a has dtype {a.dtype} but b has {b.dtype}: fp8 takes both operands in torch.float8_e4m3fn"
+        )
+    if out_dtype is not None and out_dtype != OUT_DTYPE:
+        raise ConfigError(f"out_dtype={out_dtype} for float8_e4m3fn operands: accepted is torch.bfloat16")
+    rows, cols = a.shape[0], b.shape[1]
+    for name, scale, row_wise in (("a_scale", a_scale, (rows, 1)), ("b_scale", b_scale, (1, cols))):
+        if scale is None:
+            raise ConfigError(
+                f"{name} is missing: float8_e4m3fn operands need a_scale and b_scale, float32, each one "
+                f"element (tensor-wise) or row-wise (here a_scale {(rows, 1)}, b_scale {(1, cols)})"
+            )
+        if not isinstance(scale, torch.Tensor):
+            raise ConfigError(f"{name} must be a torch.Tensor, got {describe(scale)}")
+        if scale.dtype != torch.float32:
+            raise ConfigError(f"{name} has dtype {scale.dtype}: accepted is torch.float32")
+        if not (_tensor_wise(scale) or tuple(scale.shape) == row_wise):
+            raise ConfigError(
+                f"{name} has shape {tuple(scale.shape)}: accepted are one element (tensor-wise) or "
+                f"{row_wise} (row-wise, for {'a' if name == 'a_scale' else 'b'} of shape "
+                f"{tuple(a.shape) if name == 'a_scale' else tuple(b.shape)})"
+            )
+        if not scale.is_contiguous():
+            raise ConfigError(
+                f"{name} must be contiguous; got strides {scale.stride()} for {tuple(scale.shape)}"
+            )
+        if scale.device != a.device:
+            raise ConfigError(
+                f"{name} is on {scale.device} but a is on {a.device}: put it beside the operands"
+            )
+
+
+def column_major(b: torch.Tensor) -> torch.Tensor:
+    """`b` as `torch._scaled_mm` takes it, column-major: itself where it is already (`weight.t()`),
+    else a column-major copy (made on every call: B's values may change between calls)."""
+    if b.stride(0) == 1 and b.stride(1) == b.shape[0]:
+        return b
+    return b.t().contiguous().t()
+
+
+def row_scales(scale: torch.Tensor, rows: int) -> torch.Tensor:
+    """A's scale row-wise: itself where it is, else the tensor-wise value on each of `rows` rows."""
+    if not _tensor_wise(scale):
+        return scale
+    return scale.reshape(1, 1).expand(rows, 1).contiguous()
+
+
+def chunk_scale(scale: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """The scale of rows [lo, hi) of A: those rows of a row-wise scale, a tensor-wise one itself."""
+    return scale if _tensor_wise(scale) else scale[lo:hi]
+
+
+def scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(a * a_scale) @ (b * b_scale) in bf16 by `torch._scaled_mm`, into `out` where given. `b` must
+    be column-major (`column_major`). Both scales are passed tensor-wise (as 0-d) or row-wise: where
+    one is row-wise, the other is widened to row-wise (a small copy)."""
+    a_row, b_row = not _tensor_wise(a_scale), not _tensor_wise(b_scale)
+    if a_row or b_row:
+        if not a_row:
+            a_scale = row_scales(a_scale, a.shape[0])
+        if not b_row:
+            b_scale = b_scale.reshape(1, 1).expand(1, b.shape[1]).contiguous()
+    else:
+        a_scale, b_scale = a_scale.reshape(()), b_scale.reshape(())
+    return torch._scaled_mm(a, b, a_scale, b_scale, out_dtype=OUT_DTYPE, out=out)

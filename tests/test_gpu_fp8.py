@@ -1,0 +1,140 @@
+"""Layer: two GPUs on one host (multigpu). The FP8 ops through the public entry points against the
+float32 reference of the same FP8 operands and scales (`FP8_TOLERANCE`), and the harness's FP8
+baselines.
+
+Templates `unfused` and `decomposed` (num_splits 1, 2, 4), each kind, tensor-wise and row-wise
+scales, B as `weight.t()` and row-major; outputs poisoned with NaN before each call, fresh random
+inputs every call, three calls back to back before any is checked. Then the harness of an fp8
+workload: every baseline it reports (torch's fused scaled async-TP ops where the installed torch
+has them) and a verified, timed decomposed candidate. The cases run in one process a rank; a
+failure names every case that failed.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_gpu_ops import needs_gpus, run_ranks
+
+pytestmark = pytest.mark.multigpu
+
+
+def _quantized(x, row_wise: bool):
+    import torch
+
+    amax = x.abs().amax(dim=1, keepdim=True) if row_wise else x.abs().amax().reshape(())
+    scale = (amax / 448.0).clamp_min(1e-12).float()
+    return (x / scale).to(torch.float8_e4m3fn), scale
+
+
+def _operands(kind, rank, ws, m, n, k, row_wise, b_layout, device):
+    import torch
+
+    a_shape, b_shape = ((m // ws, k), (k, n // ws)) if kind == "ag_gemm" else ((m, k // ws), (k // ws, n))
+    a = torch.randn(a_shape, device=device) * (1.0 + rank)
+    a8, a_scale = _quantized(a, row_wise)
+    w = torch.randn(b_shape[::-1], device=device) / k**0.5
+    w8, w_scale = _quantized(w, row_wise)
+    b8 = w8.t() if b_layout == "weight_t" else w8.t().contiguous()
+    return a8, b8, a_scale, w_scale.reshape(1, -1).contiguous() if row_wise else w_scale
+
+
+def _ops_target(rank, world, port, q):
+    from syncopate.measure.local_ranks import join_group
+
+    device = join_group(rank, world, port)
+    import torch
+    import torch.distributed as dist
+
+    import syncopate
+    from syncopate.measure.reference import FP8_TOLERANCE, reference, relative_error
+    from syncopate.search_space import decomposed_candidate, unfused_candidate
+
+    ops = {
+        "ag_gemm": syncopate.all_gather_matmul,
+        "gemm_rs": syncopate.matmul_reduce_scatter,
+        "gemm_ar": syncopate.matmul_all_reduce,
+    }
+    g = dist.group.WORLD
+    torch.manual_seed(7 + rank)
+    failed = []
+    m, n, k = 2048, 1024, 1024
+    try:
+        for kind, config, row_wise, layout in (
+            (kind, config, row_wise, layout)
+            for kind in ops
+            for config in (unfused_candidate(), *(decomposed_candidate(s) for s in (1, 2, 4)))
+            for row_wise in (False, True)
+            for layout in ("weight_t", "row_major")
+        ):
+            if kind == "ag_gemm" and config.num_splits == 4 and world == 2:
+                config = decomposed_candidate(2)
+            case = f"{kind} {config.short()} {'row' if row_wise else 'tensor'}-wise b {layout}"
+            try:
+                pending = []
+                for _ in range(3):
+                    a8, b8, sa, sb = _operands(kind, rank, world, m, n, k, row_wise, layout, device)
+                    out = ops[kind](a8, b8, g, config, a_scale=sa, b_scale=sb)
+                    pending.append((out, a8, b8, sa, sb))
+                for out, a8, b8, sa, sb in pending:
+                    err = relative_error(out, reference(kind, a8, b8, g, sa, sb))
+                    if out.dtype != torch.bfloat16 or not err <= FP8_TOLERANCE:
+                        failed.append(f"{case}: {out.dtype}, relative error {err:.3g}")
+                        break
+            except Exception as e:  # noqa: BLE001 - named in the report
+                failed.append(f"{case}: {type(e).__name__}: {e}")
+        q.put((rank, failed))
+    finally:
+        syncopate.close_contexts()
+        dist.destroy_process_group()
+
+
+def test_fp8_ops_match_the_reference_of_the_same_fp8_operands_on_two_gpus():
+    needs_gpus(2)
+    reports = run_ranks(_ops_target, 2, timeout=900)
+    failed = sorted({f for r in reports.values() for f in r})
+    assert not failed, "\n".join(failed)
+
+
+def _harness_target(rank, world, port, q):
+    from syncopate.measure.local_ranks import join_group
+
+    join_group(rank, world, port)
+    import torch
+    import torch.distributed as dist
+
+    from syncopate.measure.bench import BenchOptions
+    from syncopate.measure.harness import Harness
+    from syncopate.search_space import Workload, decomposed_candidate, unfused_candidate
+
+    report = {}
+    try:
+        options = BenchOptions(workloads=[], warmup=2, repetitions=5)
+        for kind in ("ag_gemm", "gemm_rs", "gemm_ar"):
+            h = Harness(Workload(kind=kind, shape=(4096, 2048, 2048), dtype="fp8"), dist.group.WORLD, options)
+            base = {b.name: b for b in h.measure_baselines()}
+            results = {c.short(): h.run_candidate(c) for c in (unfused_candidate(), decomposed_candidate(2))}
+            report[kind] = (
+                {name: (len(b.samples_us), b.detail) for name, b in base.items()},
+                {name: (r.status, r.max_rel_error, r.error) for name, r in results.items()},
+                hasattr(torch.ops.symm_mem, "fused_all_gather_scaled_matmul"),
+            )
+            h.close()
+        q.put((rank, report))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_harness_measures_fp8_baselines_and_candidates_on_two_gpus():
+    needs_gpus(2)
+    from syncopate.measure.reference import FP8_TOLERANCE
+
+    reports = run_ranks(_harness_target, 2, timeout=900)
+    for kind, (base, results, has_scaled_async_tp) in reports[0].items():
+        assert {"torch_seq", "gemm_alone", "comm_alone"} <= set(base), (kind, base)
+        assert "_scaled_mm" in base["torch_seq"][1], base["torch_seq"]
+        if has_scaled_async_tp:
+            assert "torch_async_tp" in base, (kind, base)
+            if kind != "gemm_ar":
+                assert "scaled" in base["torch_async_tp"][1], base["torch_async_tp"]
+        for name, (status, err, error) in results.items():
+            assert status == "ok" and err <= FP8_TOLERANCE, (kind, name, status, err, error)
