@@ -68,7 +68,7 @@ def test_the_triton_templates_are_refused_naming_those_that_run_fp8(kind):
     offered = space(w, TOPO)
     assert offered and {c.template for c in offered} <= set(FP8_TEMPLATES)
     assert {c.template for c in offered} == set(FP8_TEMPLATES)
-    grid = bench_grid(w, TOPO, "tiny", ("copy_engine", "nvshmem", "nccl"))
+    grid = bench_grid(w, TOPO, "tiny", ("copy_engine", "sm_copy", "nccl"))
     assert {c.template for c in grid} <= set(FP8_TEMPLATES) and len(grid) == len(set(grid))
     assert default_candidate(w, TOPO) == unfused_candidate()
     assert set(guard_candidates(w, TOPO).values()) == {unfused_candidate()}
