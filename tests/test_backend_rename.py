@@ -1,7 +1,9 @@
 """Layer: pure CPU logic, over SQLite and PostgreSQL. The SM-copy backend is named `sm_copy`: input
 that gives its earlier name `nvshmem` is refused with a message naming the new one; migration 0003
 rewrites stored rows (candidates and their keys, sweep configs, calibrations) and its downgrade
-rewrites them back; the committed databases are at the head revision and name it the new way."""
+rewrites them back; the committed databases are at the head revision and name it the new way. A
+database at revision 0001 or 0002 is read as it is, the old name as the new one (lookup, the
+repository's reads, the export, the cost model's calibrations, the dashboard), and refuses writes."""
 
 from __future__ import annotations
 
@@ -14,16 +16,25 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from db_data import ENV, TOPO, trial
+from db_data import ENV, TOPO, W, trial
 
 from syncopate.cli import main
-from syncopate.errors import ConfigError
+from syncopate.errors import ConfigError, SchemaError
 from syncopate.records import CalibrationRecord
 from syncopate.results_db import ResultsDB, upgrade
+from syncopate.results_db.lookups import clear_cache, lookup
 from syncopate.results_db.migrate import alembic_config
 from syncopate.results_db.schema import HEAD
 from syncopate.results_db.urls import locate
-from syncopate.search_space import BACKENDS, Candidate, SpaceOptions
+from syncopate.search_space import (
+    BACKENDS,
+    Candidate,
+    SpaceOptions,
+    Topology,
+    check_candidate,
+    guard_candidates,
+    space,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 RENAMED = (
@@ -174,3 +185,160 @@ def test_the_committed_databases_are_at_the_head_and_name_the_backend_sm_copy():
                 if Candidate.from_json(doc).key() != h
             ]
             assert not bad, path
+
+
+# -- an older revision read as it is: the old name reads as the new one ----------------------------
+
+SM = next(c for c in space(W, TOPO) if c.backend == "sm_copy" and c.template == "direct")
+CE = next(
+    c
+    for c in space(W, TOPO)
+    if c.backend == "copy_engine" and c.template == "direct" and c not in guard_candidates(W, TOPO).values()
+)
+CURVE = {"curves": {"16": {"sizes": [65536, 1048576], "us": [6.5, 18.6]}}, "call_us": 5.0}
+COSTS = {
+    "launch_us": 6.0,
+    "wait_us": 1.0,
+    "local_copy_gbps": 2000.0,
+    "hbm_gbps": 4000.0,
+    "overlap_slowdown": {"copy_engine": 0.03, "sm_copy": 0.02},
+    "chunk_us": {"copy_engine": 5.0},
+}
+
+
+def test_a_stored_candidate_reads_the_old_name_as_the_new_one_while_input_is_refused():
+    doc = {**SM.to_dict(), "backend": "nvshmem"}
+    assert Candidate.from_stored(doc) == SM
+    assert Candidate.from_stored(CE.to_dict()) == CE
+    with pytest.raises(ConfigError, match=f"^{re.escape(RENAMED)}$"):
+        Candidate.from_dict(doc)
+    with pytest.raises(ConfigError, match="^unknown backend 'nvshmemx'"):
+        Candidate.from_stored({**doc, "backend": "nvshmemx"})
+
+
+def _old_database(db_url: str) -> list[int]:
+    """A database at revision 0002 whose fastest trial, a transfer curve and the op costs name
+    backend `sm_copy` the old way; the trials' ids (SM's, then CE's)."""
+    with ResultsDB.open(db_url, upgrade=True) as db:
+        sweep = db.start_sweep("s", {"name": "s", "space": {"backends": ["copy_engine", "sm_copy"]}})
+        ids = db.record_trials(
+            sweep,
+            [
+                dataclasses.replace(trial(0), candidate=SM, median_us=90.0, eager_us=95.0),
+                dataclasses.replace(trial(0), candidate=CE, median_us=120.0, eager_us=125.0),
+            ],
+        )
+        for kind, key, payload in (("transfer", "sm_copy/intra", CURVE), ("op_costs", "op", COSTS)):
+            db.record_calibration(
+                CalibrationRecord(kind=kind, topology=TOPO, environment=ENV, key=key, payload=payload)
+            )
+    _downgrade(db_url, "0002")
+    trials, _, calibrations = _stored(db_url)
+    assert [d["backend"] for _, _, d in trials] == ["nvshmem", "copy_engine"]
+    assert [k for _, k, _ in calibrations] == ["nvshmem/intra", "op"]
+    assert calibrations[1][2]["overlap_slowdown"] == {"copy_engine": 0.03, "nvshmem": 0.02}
+    return ids
+
+
+def test_a_database_at_revision_0002_serves_its_nvshmem_trial_as_sm_copy_and_refuses_writes(db_url):
+    ids = _old_database(db_url)
+    stored = _stored(db_url)
+    clear_cache()
+    served = lookup(W.shape, TOPO, db=db_url, environment=ENV)
+    assert (served.match, served.trial_id, served.candidate) == ("exact", ids[0], SM)
+    check_candidate(served.candidate, W, TOPO)
+    with ResultsDB.open(db_url, read_only=True) as db:
+        assert db.revision == "0002"
+        assert [t.record.candidate for t in db.trials()] == [SM, CE]
+        assert db.trial(ids[0]).record.candidate == SM
+        assert db.best(W, TOPO, ENV).record.candidate == SM
+        assert {(p.mode, p.trial.record.candidate) for p in db.picks()} == {("eager", SM), ("graph", SM)}
+        assert db.measured_keys(W, TOPO, ENV) == {SM.key(), CE.key()}
+        assert [(c.record.kind, c.record.key) for c in db.calibrations()] == [
+            ("op_costs", "op"),
+            ("transfer", "sm_copy/intra"),
+        ]
+        assert db.calibration("transfer", TOPO, ENV, "sm_copy/intra").record.payload == CURVE
+        assert db.calibration("transfer", TOPO, ENV, "nvshmem/intra") is None
+        assert db.calibration("op_costs", TOPO, ENV, "op").record.payload == COSTS
+    with ResultsDB.open(db_url) as db:
+        for write in (
+            lambda: db.start_sweep("more"),
+            lambda: db.record_calibration(
+                CalibrationRecord(
+                    kind="transfer", topology=TOPO, environment=ENV, key="sm_copy/intra", payload=CURVE
+                )
+            ),
+        ):
+            with pytest.raises(
+                SchemaError,
+                match=r"revision 0002, older than this Syncopate's \d+: run `syncopate db upgrade",
+            ):
+                write()
+    assert _stored(db_url) == stored  # read, refused: nothing written
+
+
+def test_an_export_of_a_database_at_revision_0002_and_its_lookup_name_sm_copy(tmp_path):
+    db_url = f"sqlite:///{tmp_path / 'old.db'}"
+    ids = _old_database(db_url)
+    out = tmp_path / "best.json"
+    with ResultsDB.open(db_url, read_only=True) as db:
+        assert db.export_best(out) == 1
+    entry = json.loads(out.read_text())["entries"][0]
+    assert (entry["trial_id"], entry["candidate"]) == (ids[0], SM.to_dict())
+    # an export file written before the rename names the old backend: it reads as the new one
+    old = tmp_path / "old.json"
+    doc = json.loads(out.read_text())
+    doc["entries"][0]["candidate"]["backend"] = "nvshmem"
+    old.write_text(json.dumps(doc))
+    clear_cache()
+    assert lookup(W.shape, TOPO, db=old, environment=ENV).candidate == SM
+
+
+def test_the_cost_model_reads_an_nvshmem_calibration_of_a_database_at_revision_0002(tmp_path):
+    """A measured calibration stored before the rename: its `nvshmem/intra` curve and op costs are
+    the cost model's, as after the upgrade, not the defaults'."""
+    from syncopate.cost_model.calibration_defaults import default_calibration
+
+    topo = Topology.from_key("H200x4-nvswitch")
+    shape, kind = (8192, 4096, 4096), "gemm_ar"
+    records = []
+    for r in default_calibration(topo).records(topo, ENV):
+        if r.key == "sm_copy/intra":  # SM copies five times the documented speed: the model's pick
+            curves = {s: {**c, "us": [u / 5 for u in c["us"]]} for s, c in r.payload["curves"].items()}
+            r = dataclasses.replace(r, payload={**r.payload, "curves": curves})
+        records.append(r)
+    path = tmp_path / "cal.db"
+    with ResultsDB.open(path, upgrade=True) as db:
+        for r in records:
+            db.record_calibration(r)
+    clear_cache()
+    head = lookup(shape, topo, kind=kind, db=path, environment=ENV)
+    assert head.match == "cost_model" and head.candidate.backend == "sm_copy"
+    _downgrade(f"sqlite:///{path}", "0002")
+    assert "nvshmem/intra" in {k for _, k, _ in _stored(f"sqlite:///{path}")[2]}
+    clear_cache()
+    old = lookup(shape, topo, kind=kind, db=path, environment=ENV)
+    assert (old.match, old.candidate, old.predicted_us, old.reason) == (
+        head.match,
+        head.candidate,
+        head.predicted_us,
+        head.reason,
+    )
+    assert f"from the measured calibration for {topo.key()}" in old.reason
+
+
+def test_the_dashboard_shows_the_backend_of_a_database_at_revision_0002_as_sm_copy(tmp_path):
+    from syncopate.dashboard import data
+
+    db_url = f"sqlite:///{tmp_path / 'old.db'}"
+    ids = _old_database(db_url)
+    with ResultsDB.open(db_url, read_only=True) as db:
+        overview = data.overview(db)
+        assert list(overview["best_trial_id"]) == [ids[0]]
+        assert list(overview["backend"]) == ["sm_copy"] and list(overview["config"]) == [SM.short()]
+        selection = data.Selection.of(overview.iloc[0])
+        assert list(data.convergence(db, selection)["backend"]) == ["sm_copy", "copy_engine"]
+        splits = data.backend_splits(db, selection)
+        assert sorted(splits["backend"]) == ["copy_engine", "sm_copy"]
+        assert splits.loc[splits["backend"] == "sm_copy", "best_us"].tolist() == [90.0]

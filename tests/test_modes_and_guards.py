@@ -3,7 +3,7 @@ calls, the host on the path; graph: calls replayed from CUDA graphs) and the gua
 configuration slower in that mode than the untuned default or the unfused template): what lookup,
 `picks`, the export and the tuner's confirmation serve and rank by; the rungs that answer without
 a measured row of the shape's topology (other_topology, cost_model, default); migration 0002, a
-database at revision 0001 refused until upgraded, and a committed database read-only."""
+database at revision 0001 read as it is, and a committed database at revision 0002 read-only."""
 
 from __future__ import annotations
 
@@ -341,44 +341,48 @@ def test_an_export_file_of_version_1_serves_both_modes(tmp_path):
         assert result.candidate == fused and result.eager_us is None
 
 
-# -- migration 0002, and revision 0001 refused until upgraded ---------------------------------------
+# -- migration 0002, and older revisions read as they are -----------------------------------------
 
 
-def _downgrade_to_0001(path: Path) -> None:
+def _downgrade(path: Path, revision: str) -> None:
     from alembic import command
 
     from syncopate.results_db.engine import make_engine
 
     engine = make_engine(locate(path))
     with engine.begin() as connection:
-        command.downgrade(alembic_config(connection), "0001")
+        command.downgrade(alembic_config(connection), revision)
     engine.dispose()
 
 
-def test_a_database_at_revision_0001_is_refused_until_upgraded_then_read_with_its_data(tmp_path):
-    """Its rows name a backend by the name revision 0003 changed: read as it is, they would not say
-    what this code reads, so reads ask for the upgrade, as writes do, and nothing is written."""
+def test_a_database_at_revision_0001_is_read_as_it_is_then_upgraded_with_its_data(tmp_path):
     a, b = tuned()
     path = tmp_path / "old.db"
     ids = store(path, [trial(a, 120.0, 130.0), trial(b, 100.0, 400.0)])
-    _downgrade_to_0001(path)
+    _downgrade(path, "0001")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    older = r"revision 0001, older than this Syncopate's \d+: run `syncopate db upgrade --db"
-    with pytest.raises(SchemaError, match=older):
-        lookup(W.shape, H200X4, db=path, environment=ENV)
-    with pytest.raises(SchemaError, match=older):
-        ResultsDB.open(path, read_only=True)
-    with pytest.raises(SchemaError, match=older):
-        ResultsDB.open(path)
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest  # refused: nothing written
-
-    assert upgrade(locate(path)) == ("0001", HEAD)
     old = lookup(W.shape, H200X4, db=path, environment=ENV)
     assert (old.trial_id, old.eager_us, old.objective) == (
         ids[b.key()],
         None,
         "device (no eager measurement)",
     )
+    with ResultsDB.open(path, read_only=True) as db:
+        assert db.revision == "0001" and not db.has_times
+        assert {t.trial_id: (t.median_us, t.eager_us) for t in db.trials()} == {
+            ids[a.key()]: (120.0, None),
+            ids[b.key()]: (100.0, None),
+        }
+        assert db.best(W, H200X4, ENV).trial_id == ids[b.key()]
+        assert len(db.picks()) == 2
+    with (
+        ResultsDB.open(path) as db,
+        pytest.raises(SchemaError, match=r"revision 0001, older .*`syncopate db upgrade --db"),
+    ):
+        db.record_trial(db.start_sweep("more"), trial(a, 1.0))
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest  # read, refused: nothing written
+
+    assert upgrade(locate(path)) == ("0001", HEAD)
     with ResultsDB.open(path) as db:
         assert {t.trial_id: (t.median_us, t.eager_us) for t in db.trials()} == {
             ids[a.key()]: (120.0, None),
@@ -423,9 +427,16 @@ def _committed_trial(path: Path) -> tuple[Workload, str, object, int]:
     )
 
 
-def test_a_committed_database_answers_lookup_read_only(tmp_path):
+def test_a_committed_database_at_revision_0002_answers_lookup_read_only(tmp_path):
+    """A results file written before revision 0003 on a read-only mount: lookup answers from it as
+    the upgraded file does, its `nvshmem` trials read as `sm_copy`, and nothing is written to it."""
+    head = REPO / "results" / "h200x2-tune.db"
     copy = tmp_path / "h200x2-tune.db"
-    shutil.copy(REPO / "results" / "h200x2-tune.db", copy)
+    shutil.copy(head, copy)
+    _downgrade(copy, "0002")
+    with sqlite3.connect(f"file:{copy}?mode=ro", uri=True) as c:
+        stored = c.execute("SELECT json_extract(candidate, '$.backend') FROM syncopate_trials").fetchall()
+    assert ("nvshmem",) in stored and ("sm_copy",) not in stored
     copy.chmod(0o444)
     digest = hashlib.sha256(copy.read_bytes()).hexdigest()
     workload, topo, env, fastest = _committed_trial(copy)
@@ -435,10 +446,23 @@ def test_a_committed_database_answers_lookup_read_only(tmp_path):
         workload.shape, topo, kind=workload.kind, dtype=workload.dtype, db=copy, environment=env, mode="graph"
     )
     assert result.trial_id == graph.trial_id == fastest  # no eager figure there: both rank by device time
+    clear_cache()
+    served = lookup(workload.shape, topo, kind=workload.kind, dtype=workload.dtype, db=head, environment=env)
+    assert (served.trial_id, served.candidate) == (result.trial_id, result.candidate)
+    assert hashlib.sha256(copy.read_bytes()).hexdigest() == digest
+    with ResultsDB.open(copy, read_only=True) as old, ResultsDB.open(head, read_only=True) as new:
+        assert old.revision == "0002" and new.revision == HEAD
+        before = [(t.trial_id, t.median_us, t.record.candidate) for t in old.trials()]
+        assert before == [(t.trial_id, t.median_us, t.record.candidate) for t in new.trials()]
+        assert "sm_copy" in {c.backend for _, _, c in before}
+        assert [(p.trial.trial_id, p.mode) for p in old.picks()] == [
+            (p.trial.trial_id, p.mode) for p in new.picks()
+        ]
     assert hashlib.sha256(copy.read_bytes()).hexdigest() == digest
     copy.chmod(0o644)
+    assert upgrade(locate(copy)) == ("0002", HEAD)
     with ResultsDB.open(copy, read_only=True) as db:
-        assert db.revision == HEAD
+        assert [(t.trial_id, t.median_us, t.record.candidate) for t in db.trials()] == before
 
 
 def test_the_cli_lookup_takes_a_mode_and_refuses_an_unknown_one(tmp_path, capsys):

@@ -3,6 +3,7 @@ real PostgreSQL (each test gets an empty database: a SQLite file, a PostgreSQL s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from datetime import datetime, timedelta, timezone
 
@@ -19,6 +20,7 @@ from syncopate.results_db.lookups import clear_cache, lookup
 from syncopate.results_db.models import Base
 from syncopate.results_db.schema import BEST_VIEW, HEAD, TABLES, VERSION_TABLE, include_object
 from syncopate.results_db.urls import locate
+from syncopate.search_space import Candidate
 
 
 @pytest.fixture(autouse=True)
@@ -354,30 +356,48 @@ class TestStorageConformance:
         served = lookup(W.shape, TOPO, db=db_url, environment=ENV)
         assert (served.trial_id, served.guard, served.candidate) == (guard, "unfused", CANDIDATES[unfused])
 
-    def test_a_database_at_revision_0001_is_refused_until_upgraded_with_its_data(self, db, db_url):
+    def test_a_database_at_revision_0001_is_read_as_it_is_and_upgraded_with_its_data(self, db, db_url):
+        """Its rows name backend `sm_copy` by its earlier name `nvshmem` (migration 0003 renamed it):
+        read as it is, they say `sm_copy`; a write asks for the upgrade."""
         from alembic import command
 
         from syncopate.results_db.engine import make_engine
         from syncopate.results_db.migrate import alembic_config
 
+        sm = Candidate(backend="sm_copy", comm_sms=16, num_splits=2)
         sweep = db.start_sweep("s")
-        ids = db.record_trials(sweep, [trial(0, median_us=120.0, eager_us=130.0), trial(1, median_us=100.0)])
+        ids = db.record_trials(
+            sweep,
+            [
+                trial(0, median_us=120.0, eager_us=130.0),
+                dataclasses.replace(trial(1, median_us=100.0), candidate=sm),
+            ],
+        )
         engine = make_engine(locate(db_url))
         with engine.begin() as connection:
             command.downgrade(alembic_config(connection), "0001")
         engine.dispose()
-        # its rows name a backend by the name revision 0003 changed: reads ask for the upgrade too
-        with pytest.raises(SchemaError, match="revision 0001, older .*syncopate db upgrade"):
-            ResultsDB.open(db_url, read_only=True)
-        with pytest.raises(SchemaError, match="revision 0001, older .*syncopate db upgrade"):
-            lookup(W.shape, TOPO, db=db_url, environment=ENV)
-        assert upgrade(locate(db_url)) == ("0001", HEAD)
+        with ResultsDB.open(db_url, read_only=True) as old:
+            assert old.revision == "0001"
+            assert {t.trial_id: (t.median_us, t.eager_us) for t in old.trials()} == {
+                ids[0]: (120.0, None),
+                ids[1]: (100.0, None),
+            }
+            assert [t.record.candidate for t in old.trials()] == [CANDIDATES[0], sm]
+            assert old.measured_keys(W, TOPO, ENV) == {CANDIDATES[0].key(), sm.key()}
+            with pytest.raises(SchemaError, match="revision 0001, older .*syncopate db upgrade"):
+                old.start_sweep("more")
         found = lookup(W.shape, TOPO, db=db_url, environment=ENV)
-        assert (found.trial_id, found.objective) == (ids[1], "device (no eager measurement)")
+        assert (found.trial_id, found.objective, found.candidate) == (
+            ids[1],
+            "device (no eager measurement)",
+            sm,
+        )
+        assert upgrade(locate(db_url)) == ("0001", HEAD)
         with ResultsDB.open(db_url) as new:
-            assert [(t.trial_id, t.median_us, t.eager_us) for t in new.trials()] == [
-                (ids[0], 120.0, None),
-                (ids[1], 100.0, None),
+            assert [(t.trial_id, t.median_us, t.eager_us, t.record.candidate) for t in new.trials()] == [
+                (ids[0], 120.0, None, CANDIDATES[0]),
+                (ids[1], 100.0, None, sm),
             ]
             assert len(new.sweeps()) == 1
 

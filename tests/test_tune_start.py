@@ -125,6 +125,30 @@ def test_another_applications_file_is_refused_before_ray_and_left_as_it_was(tmp_
     assert listing(tmp_path) == before  # its journal mode included
 
 
+def test_a_database_at_an_older_revision_is_refused_before_ray_with_the_upgrade_and_left_as_it_was(
+    tmp_path, no_ray
+):
+    """Read as it is by lookups (a file on a read-only mount), but a sweep writes: upgrade it first."""
+    from alembic import command
+
+    from syncopate.results_db.engine import make_engine
+    from syncopate.results_db.migrate import alembic_config
+    from syncopate.results_db.urls import locate
+
+    config = fixture_sweep(tmp_path)
+    db = tmp_path / "old.db"
+    ResultsDB.open(db, upgrade=True).close()
+    engine = make_engine(locate(db))
+    with engine.begin() as connection:
+        command.downgrade(alembic_config(connection), "0002")
+    engine.dispose()
+    before = listing(tmp_path)
+    line = one_error(*tune(config, "--db", db)[:2])
+    assert f"database {db} has schema revision 0002, older than" in line
+    assert f"run `syncopate db upgrade --db {db}`" in line
+    assert listing(tmp_path) == before
+
+
 # -- stopped while the database is made, then run again -------------------------------------------
 
 

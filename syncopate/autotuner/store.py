@@ -157,7 +157,13 @@ class ResultsDBStore(TrialStore):
         if path is not None and path.is_file():
             check_sqlite_file(location)
             check_writable(path, location.subject())  # before anything opens it: a reader may leave files
-        return cls(ResultsDB.open(url, upgrade=location.is_default))
+        db = ResultsDB.open(url, upgrade=location.is_default)
+        try:
+            db.check_writable()  # an older revision opens for reading; a sweep writes: the upgrade first
+        except BaseException:
+            db.close()
+            raise
+        return cls(db)
 
     def prepare_writes(self) -> None:
         if self._db is None:

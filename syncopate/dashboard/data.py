@@ -42,7 +42,7 @@ from syncopate.results_db.models import (
     WorkloadModel,
 )
 from syncopate.results_db.repository import ResultsDB
-from syncopate.search_space import KINDS, UNFUSED, canonical_dtype, topology_key
+from syncopate.search_space import KINDS, UNFUSED, canonical_dtype, stored_backend, topology_key
 
 __all__ = [
     "ENV_FIELDS",
@@ -167,7 +167,9 @@ def _json_field(conn: Connection, column: Any, name: str, integer: bool = False)
 
 def _route(conn: Connection, column: Any) -> Any:
     """The candidate's backend, or `unfused` for that template (it moves nothing itself: the group's
-    collective runs after the matmul), so that charts by backend do not count it as NCCL's."""
+    collective runs after the matmul), so that charts by backend do not count it as NCCL's. A row
+    stored before a backend was renamed names it by its earlier name: :func:`_backends` maps the
+    column of the frame it ends up in."""
     return case(
         (_json_field(conn, column, "template") == UNFUSED, UNFUSED),
         else_=_json_field(conn, column, "backend"),
@@ -178,7 +180,15 @@ def _route_of(d: Any) -> str | None:
     """`_route` of a decoded candidate dict."""
     if not isinstance(d, dict):
         return None
-    return UNFUSED if d.get("template") == UNFUSED else d.get("backend")
+    return UNFUSED if d.get("template") == UNFUSED else stored_backend(d.get("backend"))
+
+
+def _backends(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with its `backend` column under the current names (:func:`stored_backend`)."""
+    frame["backend"] = pd.Series(
+        [stored_backend(b) for b in frame["backend"]], index=frame.index, dtype=object
+    )
+    return frame
 
 
 def env_label(row: Any) -> str:
@@ -245,7 +255,7 @@ def _candidate_columns(frame: pd.DataFrame, column: str = "candidate") -> pd.Dat
         if not isinstance(d, dict):
             return ""
         try:
-            return Candidate.from_dict(d).short()
+            return Candidate.from_stored(d).short()
         except ConfigError:
             return str(d)
 
@@ -494,6 +504,7 @@ def convergence(db: ResultsDB, sel: Selection, *, max_points: int = 2000) -> pd.
                 or_((ordered.c.order - 1) % step == 0, ordered.c.median_us == ordered.c.best_so_far)
             )
         frame = _frame(conn, stmt)
+    frame = _backends(frame)
     for c in ("median_us", "p20_us", "p80_us", "best_so_far"):
         frame[c] = pd.to_numeric(frame[c], errors="coerce").astype(float)
     frame["strategy"] = frame["strategy"].replace("", "(none)")
@@ -523,7 +534,8 @@ def backend_splits(db: ResultsDB, sel: Selection) -> pd.DataFrame:
         )
         frame = _frame(conn, stmt)
     frame["best_us"] = pd.to_numeric(frame["best_us"], errors="coerce").astype(float)
-    return frame
+    # a database names a backend by one name, its earlier one only before the rename: no two cells merge
+    return _backends(frame)
 
 
 def tile_orders(db: ResultsDB, sel: Selection) -> pd.DataFrame:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from syncopate.environment import gluon_on, with_kernels
 from syncopate.errors import ConfigError
 from syncopate.records import BASELINES, BaselineRecord, Environment, TrialRecord
-from syncopate.search_space import RENAMED_BACKENDS, Candidate, Topology, Workload
+from syncopate.search_space import Candidate, Topology, Workload
 
 if TYPE_CHECKING:
     from syncopate.results_db.repository import ResultsDB
@@ -83,16 +83,6 @@ class PreparedBench:
     finished: datetime
     trials: list[Any]
     baselines: list[Any]
-
-
-def _candidate(d: Any) -> Candidate:
-    """A candidate of a bench file. A file written before a backend was renamed names it by its old
-    name (:data:`~syncopate.search_space.RENAMED_BACKENDS`): it is read under the new name, as the
-    backend that ran, so that the file reads as the trials stored from it before (its sweep is named
-    by the file's digest, so the file itself is never rewritten)."""
-    if isinstance(d, dict) and d.get("backend") in RENAMED_BACKENDS:
-        d = {**d, "backend": RENAMED_BACKENDS[d["backend"]][0]}
-    return Candidate.from_dict(d)
 
 
 def quantile(samples: list[float], q: float) -> float:
@@ -231,7 +221,9 @@ def _records(
                         workload=workload,
                         topology=topology,
                         environment=env,
-                        candidate=_candidate(t["candidate"]),
+                        # a file written before a backend was renamed reads under the new name (never rewritten:
+                        # its sweep is named by the file's digest)
+                        candidate=Candidate.from_stored(t["candidate"]),
                         status=t["status"],
                         source="measured",
                         median_us=float(median) if median is not None else None,

@@ -10,8 +10,12 @@ template's trial is faster in the mode. The view `syncopate_best` states the dev
 SQL for the dashboard; :func:`best` seeks it through the `ix_syncopate_trials_best` index (and
 `ix_syncopate_trials_best_eager` in mode eager).
 
-A database read at an older revision (:data:`~syncopate.results_db.schema.READ_COMPATIBLE`) has no
-`eager_us` / `host_us` columns: the session says so (:data:`TIMES_INFO`) and they read as None.
+A database read at an older revision (:data:`~syncopate.results_db.schema.READ_COMPATIBLE`) may lack
+the `eager_us` / `host_us` columns: the session says so (:data:`TIMES_INFO`) and they read as None.
+Its rows may name a backend by an earlier name: candidates and calibrations read under the current
+one (:meth:`~syncopate.search_space.Candidate.from_stored`,
+:func:`~syncopate.results_db.stored_names.stored_calibration`), and a trial's key is that of the
+candidate so read (the session says whether the stored hashes are: :data:`NAMES_INFO`).
 """
 
 from __future__ import annotations
@@ -45,9 +49,11 @@ from syncopate.results_db.models import (
     TrialModel,
     WorkloadModel,
 )
+from syncopate.results_db.stored_names import stored_calibration, stored_calibration_keys
 from syncopate.results_db.values import ServedPick, StoredBaseline, StoredCalibration, StoredTrial, SweepInfo
 from syncopate.search_space import (
     KINDS,
+    RENAMED_BACKENDS,
     Candidate,
     Shape,
     Topology,
@@ -57,6 +63,7 @@ from syncopate.search_space import (
 )
 
 __all__ = [
+    "NAMES_INFO",
     "TIMES_INFO",
     "Filters",
     "baselines",
@@ -76,8 +83,24 @@ TIMES_INFO = "syncopate_times"
 """`session.info` key: False where the database predates the `eager_us` / `host_us` columns."""
 
 
+NAMES_INFO = "syncopate_names"
+"""`session.info` key: False where the database's rows may name a backend by an earlier name
+(before :data:`~syncopate.results_db.schema.NAMES_REVISION`), their candidate hashes included."""
+
+
 def _has_times(session: Session) -> bool:
     return bool(session.info.get(TIMES_INFO, True))
+
+
+def _current_key(candidate_hash: str, doc: Any) -> str:
+    """The key of a stored trial's candidate under the current backend names: a row stored under an
+    earlier name holds the key of that name's document."""
+    if not isinstance(doc, dict) or doc.get("backend") not in RENAMED_BACKENDS:
+        return candidate_hash
+    try:
+        return Candidate.from_stored(doc).key()
+    except ConfigError:  # a document this version cannot read keeps its stored key
+        return candidate_hash
 
 
 def _with_times(stmt: Select, session: Session) -> Select:
@@ -216,7 +239,7 @@ def _stored_trial(row: TrialModel, dims: _Dims) -> StoredTrial:
         workload=dims.workload(row.workload_id),
         topology=dims.topology(row.topology_id),
         environment=dims.environment(row.environment_id),
-        candidate=Candidate.from_dict(row.candidate),
+        candidate=Candidate.from_stored(row.candidate),
         status=row.status,
         source=row.source,
         median_us=row.median_us,
@@ -294,7 +317,11 @@ def stored_keys(
         stmt = stmt.where(TrialModel.sweep_id == sweep_id)
     if source is not None:
         stmt = stmt.where(TrialModel.source == source)
-    return frozenset(session.scalars(stmt))
+    if session.info.get(NAMES_INFO, True):
+        return frozenset(session.scalars(stmt))
+    return frozenset(
+        _current_key(h, doc) for h, doc in session.execute(stmt.add_columns(TrialModel.candidate))
+    )
 
 
 def best(session: Session, filters: Filters, mode: str = "eager") -> StoredTrial | None:
@@ -469,20 +496,21 @@ def calibrations(
     if kind is not None:
         stmt = stmt.where(CalibrationModel.kind == kind)
     if key is not None:
-        stmt = stmt.where(CalibrationModel.key == key)
+        stmt = stmt.where(CalibrationModel.key.in_(stored_calibration_keys(key)))
     dims = _Dims(session)
     out = []
-    for row in session.scalars(
-        stmt.order_by(CalibrationModel.kind, CalibrationModel.key, CalibrationModel.id)
-    ):
+    for row in session.scalars(stmt):
+        name, payload = stored_calibration(row.kind, row.key, dict(row.payload))
+        if key is not None and name != key:
+            continue
         record = CalibrationRecord(
             kind=row.kind,
             topology=dims.topology(row.topology_id),
             environment=dims.environment(row.environment_id),
-            key=row.key,
-            payload=dict(row.payload),
+            key=name,
+            payload=payload,
             source=row.source,
             created_at=row.created_at,
         )
         out.append(StoredCalibration(calibration_id=row.id, sweep_id=row.sweep_id, record=record))
-    return out
+    return sorted(out, key=lambda c: (c.record.kind, c.record.key, c.calibration_id))

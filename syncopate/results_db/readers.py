@@ -22,7 +22,10 @@ Three sources, one contract (tests run the same ladder against each):
   is served in which mode.
 
 A database at an older revision this code reads (:data:`~syncopate.results_db.schema.READ_COMPATIBLE`)
-is read as it is: columns it lacks (`eager_us`, `host_us` before revision 0002) read as NULL.
+is read as it is: columns it lacks (`eager_us`, `host_us` before revision 0002) read as NULL, and a
+backend its rows name by an earlier name (before revision 0003) reads by the current one
+(:meth:`~syncopate.search_space.Candidate.from_stored`,
+:func:`~syncopate.results_db.stored_names.stored_calibration`).
 
 :func:`open_source` picks one for a `db` value and checks the schema revision first.
 """
@@ -52,6 +55,7 @@ from syncopate.results_db.schema import (
     no_tables_error,
     unreachable_error,
 )
+from syncopate.results_db.stored_names import stored_calibration
 from syncopate.results_db.urls import DbLocation, locate
 from syncopate.search_space import Candidate, Shape, Topology, Workload, guard_candidates
 
@@ -353,7 +357,7 @@ class _SqlSource(BestSource):
         doc = codec.decode(json.loads(candidate) if isinstance(candidate, str) else candidate)
         return Hit(
             trial_id=trial_id,
-            candidate=Candidate.from_dict(doc),
+            candidate=Candidate.from_stored(doc),
             median_us=float(median_us),
             eager_us=None if eager_us is None else float(eager_us),
             host_us=None if host_us is None else float(host_us),
@@ -423,6 +427,7 @@ class _SqlSource(BestSource):
             if topology is None:
                 continue
             doc = codec.decode(json.loads(payload) if isinstance(payload, str) else payload)
+            key, doc = stored_calibration(kind, key, doc)
             try:
                 out.append(
                     CalibrationRecord(

@@ -15,7 +15,8 @@ with ResultsDB.open("postgresql+psycopg://tuner@db/syncopate") as db:   # or a p
 Every method runs in :meth:`ResultsDB.session_scope`, which commits, or rolls back and re-raises a
 driver error as :class:`~syncopate.errors.DatabaseError` naming the URL. A database at an older
 revision that this code reads as it is (:data:`~syncopate.results_db.schema.READ_COMPATIBLE`) opens
-for reading, its missing columns read as None; a write to it raises SchemaError saying what to run. Writes are
+for reading, its missing columns read as None and a backend named by an earlier name as the current
+one; a write to it raises SchemaError saying what to run. Writes are
 retried on lock
 contention ("database is locked", deadlocks) for up to :data:`RETRY_S` seconds. A trial's identity is
 (workload, topology, environment, sweep, candidate hash): recording it again keeps the first row
@@ -53,6 +54,7 @@ from syncopate.results_db.schema import (
     VERSION_TABLE,
     check_revision,
     check_sqlite_file,
+    has_current_names,
     has_times,
     missing_error,
     no_tables_error,
@@ -161,6 +163,7 @@ class ResultsDB:
             self.check_writable()
         session = Session(bind=self._write_engine if write else self.engine, expire_on_commit=False)
         session.info[queries.TIMES_INFO] = self.has_times
+        session.info[queries.NAMES_INFO] = has_current_names(self.revision)
         try:
             yield session
             session.commit()

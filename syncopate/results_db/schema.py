@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BEST_VIEW",
     "HEAD",
+    "NAMES_REVISION",
     "READ_COMPATIBLE",
     "REVISIONS",
     "TABLES",
@@ -30,6 +31,7 @@ __all__ = [
     "VERSION_TABLE",
     "check_revision",
     "check_sqlite_file",
+    "has_current_names",
     "has_times",
     "include_object",
     "missing_error",
@@ -59,25 +61,38 @@ REVISIONS: tuple[str, ...] = ("0001", "0002", "0003")
 
 HEAD = REVISIONS[-1]
 
-READ_COMPATIBLE: frozenset[str] = frozenset()
-"""Older revisions this code reads as they are, without an upgrade: their tables may lack only
-nullable columns of the head's, which read as NULL, and their rows must say what this code reads.
-Results files may sit on read-only mounts, so a lookup, an export or the dashboard works on such a
-revision; only a write asks for `syncopate db upgrade`. None at present: revision 0003 renamed the
-backend `nvshmem` `sm_copy` in stored rows, so a database at 0001 or 0002 is upgraded (a copy of it,
-where it is read-only) before it is read."""
+READ_COMPATIBLE: frozenset[str] = frozenset({"0001", "0002"})
+"""Older revisions this code reads as they are, without an upgrade. Their tables lack only nullable
+columns of the head's, which read as NULL, and their rows name backend `sm_copy` by its earlier name
+`nvshmem` (before :data:`NAMES_REVISION`): every reader of stored candidates and calibrations reads
+it as `sm_copy`, as migration 0003 rewrites it. Results files may sit on read-only mounts, so a
+lookup, an export or the dashboard works on them; only a write asks for `syncopate db upgrade`
+(this code writes rows of the head's columns and names), and so does `--resume`, which parses the
+stored sweep config as it was written."""
 
 TIMES_REVISION = "0002"
 """The first revision whose trials and baselines have `eager_us` and `host_us`."""
 
+NAMES_REVISION = "0003"
+"""The first revision whose rows name every backend by its current name (0003 renamed `nvshmem`
+`sm_copy` in stored candidates, their keys, sweep configs and calibrations)."""
+
+
+def _since(revision: str | None, first: str) -> bool:
+    return (
+        revision is not None and revision in REVISIONS and REVISIONS.index(revision) >= REVISIONS.index(first)
+    )
+
 
 def has_times(revision: str | None) -> bool:
     """Whether a database at `revision` has the `eager_us` and `host_us` columns."""
-    return (
-        revision is not None
-        and revision in REVISIONS
-        and REVISIONS.index(revision) >= REVISIONS.index(TIMES_REVISION)
-    )
+    return _since(revision, TIMES_REVISION)
+
+
+def has_current_names(revision: str | None) -> bool:
+    """Whether the rows of a database at `revision` name every backend by its current name (a
+    trial's candidate_hash included)."""
+    return _since(revision, NAMES_REVISION)
 
 
 def _names(where: DbLocation | str) -> tuple[str, str]:

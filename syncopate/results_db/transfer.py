@@ -21,7 +21,9 @@ both modes.
 :func:`write_export` writes through a temporary file in the target folder renamed over the target,
 so a failure leaves nothing behind and a reader never sees half a file. :func:`read_export`
 checks every field and raises LookupFailedError naming the file and the entry. Non-finite floats are
-tagged as in :mod:`~syncopate.results_db.codec`.
+tagged as in :mod:`~syncopate.results_db.codec`. A file written before a backend was renamed names
+it by its earlier name: its candidates read under the new one
+(:meth:`~syncopate.search_space.Candidate.from_stored`).
 """
 
 from __future__ import annotations
@@ -152,7 +154,7 @@ def _entry(d: Any, version: int) -> ExportEntry:
         workload=Workload.from_dict(_field(d, "workload", dict)),
         topology=Topology.from_dict(_field(d, "topology", dict)),
         environment=Environment.from_dict(_field(d, "environment", dict)),
-        candidate=Candidate.from_dict(_field(d, "candidate", dict)),
+        candidate=Candidate.from_stored(_field(d, "candidate", dict)),
         trial_id=_field(d, "trial_id", int),
         sweep_id=_field(d, "sweep_id", int, optional=True),
         median_us=float(_field(d, "median_us", (int, float))),

@@ -3,7 +3,13 @@
 Pure Python: importing this package imports neither torch nor triton.
 """
 
-from syncopate.search_space.candidate import BACKENDS, RENAMED_BACKENDS, Candidate, unknown_backend
+from syncopate.search_space.candidate import (
+    BACKENDS,
+    RENAMED_BACKENDS,
+    Candidate,
+    stored_backend,
+    unknown_backend,
+)
 from syncopate.search_space.chunk_plan import (
     A_STATIONARY,
     C_STATIONARY,
@@ -149,6 +155,7 @@ __all__ = [
     "space",
     "space_refusal",
     "space_size",
+    "stored_backend",
     "topology_key",
     "tile_orders_for",
     "too_short_for_tiles",

@@ -16,7 +16,7 @@ from syncopate.errors import ConfigError, describe
 from syncopate.search_space.chunk_plan import CANDIDATE_TEMPLATES, PLANLESS_KINDS, UNFUSED
 from syncopate.search_space.tile_order import TILE_ORDERS
 
-__all__ = ["BACKENDS", "RENAMED_BACKENDS", "Candidate", "unknown_backend"]
+__all__ = ["BACKENDS", "RENAMED_BACKENDS", "Candidate", "stored_backend", "unknown_backend"]
 
 BACKENDS: tuple[str, ...] = ("copy_engine", "sm_copy", "nccl")
 """How chunks move: copy-engine copies on a side stream; SM copies (`sm_copy`: stores into the
@@ -28,9 +28,10 @@ RENAMED_BACKENDS: dict[str, tuple[str, str]] = {
 }
 """Earlier names of backends: old name → (new name, why). Input that gives an old name is refused
 with a message naming the new one, not read as it, so that the old name stays free for a backend
-that earns it. Stored rows were rewritten by migration 0003; `syncopate bench` files, which are
-never rewritten, are read under the new name (a backend that takes an old name again must first
-tell the files written before the rename apart)."""
+that earns it. What was stored before the rename is read under the new name
+(:func:`stored_backend`): rows of a database at a revision before 0003, which rewrote them, and
+export and `syncopate bench` files, which are never rewritten (a backend that takes an old name
+again must first tell what was stored before the rename apart)."""
 
 
 def unknown_backend(name: object, where: str = "") -> str:
@@ -41,6 +42,16 @@ def unknown_backend(name: object, where: str = "") -> str:
         new, why = renamed
         return f"backend {name!r} was renamed {new!r} ({why}) — use {new!r}{where}"
     return f"unknown backend {name!r}{where}: accepted are {', '.join(BACKENDS)}"
+
+
+def stored_backend(name: Any) -> Any:
+    """The backend that stored data names, by its current name: an earlier name
+    (:data:`RENAMED_BACKENDS`) reads as the new one, since the backend that ran is the renamed one;
+    anything else is returned as it is, for :class:`Candidate` to check. Only for what was stored
+    (database rows, export and bench files): input naming an old name is refused
+    (:func:`unknown_backend`)."""
+    renamed = RENAMED_BACKENDS.get(name) if isinstance(name, str) else None
+    return name if renamed is None else renamed[0]
 
 
 def check_pow2(name: str, value: Any, what: str) -> None:
@@ -141,6 +152,14 @@ class Candidate:
                 f"unknown candidate field(s) {', '.join(unknown)}: accepted are {', '.join(sorted(known))}"
             )
         return cls(**d)
+
+    @classmethod
+    def from_stored(cls, d: dict[str, Any]) -> Candidate:
+        """A candidate as stored (a database row, an export or bench file): :meth:`from_dict`, with
+        a backend's earlier name read as its new one (:func:`stored_backend`)."""
+        if isinstance(d, dict) and "backend" in d:
+            d = {**d, "backend": stored_backend(d["backend"])}
+        return cls.from_dict(d)
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no spaces; the input of :meth:`key`."""
