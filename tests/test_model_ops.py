@@ -246,3 +246,47 @@ def test_the_layer_check_names_each_mode_and_pass_the_tuned_layer_loses():
     ]
     result["results"]["syncopate"]["graph/forward"] = 60.0
     assert "no slower" in layer_verdicts(result)[0]
+
+
+def test_the_lookup_table_shows_the_time_the_answer_was_ranked_by(tmp_path, db):
+    """In mode eager the served trial's back-to-back eager time, in mode graph its device time."""
+    from rich.console import Console
+
+    from syncopate.cli.tune_model_cmds import _lookup_table
+    from syncopate.records import TrialRecord
+    from syncopate.results_db.lookups import clear_cache
+    from syncopate.search_space import Topology, space
+
+    topo = Topology.from_key("H200x2-nvlink")
+    spec = ModelSpec(name="x", hidden=512, ffn=1024, heads=8, kv_heads=8, head_dim=64)
+    calls = [c for c in layer_ops(spec, 2, 1024) if c.projection == "down" and c.direction == "forward"]
+    w = calls[0].workload
+    from syncopate.environment import current_environment
+
+    env = current_environment()
+    with ResultsDB.open(db, upgrade=True) as d:
+        d.record_trials(
+            d.start_sweep("s"),
+            [
+                TrialRecord(
+                    workload=w,
+                    topology=topo,
+                    environment=env,
+                    candidate=space(w, topo)[0],
+                    status="ok",
+                    median_us=111.1,
+                    eager_us=222.2,
+                    host_us=33.3,
+                )
+            ],
+        )
+
+    def shown(mode):
+        clear_cache()
+        out = Console(width=250, record=True)
+        out.print(_lookup_table(spec, 2, 1024, calls, topo.key(), db, "mlp", mode))
+        return out.export_text()
+
+    eager, graph = shown("eager"), shown("graph")
+    assert "measured µs (eager)" in eager and "222.2" in eager and "111.1" not in eager
+    assert "measured µs (graph)" in graph and "111.1" in graph and "222.2" not in graph

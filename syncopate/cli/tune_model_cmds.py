@@ -156,8 +156,18 @@ def model_sweep(
 
 
 def _lookup_table(
-    spec, tp: int, tokens: int, calls: list, topology: str | None, db: str | None, layer: str | None = None
+    spec,
+    tp: int,
+    tokens: int,
+    calls: list,
+    topology: str | None,
+    db: str | None,
+    layer: str | None = None,
+    mode: str = "eager",
 ) -> Table:
+    """What lookup gives each op in `mode`, with the measured time that answer was ranked by: the
+    back-to-back eager time in mode eager (device time where the trial has none), device time in
+    mode graph."""
     from syncopate.errors import RuntimeUnavailableError
     from syncopate.results_db.lookups import TopologyUndetected, lookup
 
@@ -171,14 +181,15 @@ def _lookup_table(
         "shape (MxNxK)",
         "config",
         "match",
-        "measured µs",
+        f"measured µs ({mode})",
         title=f"what lookup gives each op of a {spec.name} {layer or 'layer'} at TP={tp}, {tokens} tokens"
         f"{f' on {topology}' if topology else ''}",
     )
     try:
         for c in calls:
             w = c.workload
-            r = lookup(w.shape, topology, kind=w.kind, dtype=w.dtype, db=db)
+            r = lookup(w.shape, topology, kind=w.kind, dtype=w.dtype, db=db, mode=mode)
+            us = r.eager_us if mode == "eager" and r.eager_us is not None else r.time_us
             table.add_row(
                 c.projection,
                 c.direction,
@@ -186,7 +197,9 @@ def _lookup_table(
                 w.shape.key(),
                 r.candidate.short(),
                 r.match,
-                "–" if r.time_us is None else f"{r.time_us:.1f}",
+                "–"
+                if us is None
+                else f"{us:.1f}" + ("" if mode == "graph" or us == r.eager_us else " (device)"),
             )
     except TopologyUndetected as e:
         raise RuntimeUnavailableError(
