@@ -144,6 +144,20 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(f"usage: python benchmarks/first_call.py [child]\n\n{__doc__.strip()}")
+        sys.exit(0)
+    if sys.argv[1:] not in ([], ["child"]):
+        print(
+            f"first_call: unknown arguments {sys.argv[1:]}: give none (the matrix) or `child`",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("first_call: needs a CUDA GPU; none is visible", file=sys.stderr)
+        sys.exit(1)
     if sys.argv[1:] == ["child"]:
         print(json.dumps(child()))
     else:

@@ -785,7 +785,19 @@ def main():
         "gluon-consumer": gluon_consumer_matrix,
         "waves": waves_matrix,
     }
-    if len(sys.argv) == 2 and sys.argv[1] in modes:
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(f"usage: python benchmarks/gpu_single.py [{'|'.join(modes)}]\n\n{__doc__.strip()}")
+        return None
+    if len(sys.argv) > 2 or (len(sys.argv) == 2 and sys.argv[1] not in modes):
+        print(
+            f"gpu_single: unknown arguments {sys.argv[1:]}: give none or one of {', '.join(modes)}",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    if not torch.cuda.is_available():
+        print("gpu_single: needs a CUDA GPU; none is visible", file=sys.stderr)
+        sys.exit(1)
+    if len(sys.argv) == 2:
         return report(modes[sys.argv[1]]())
     for m, n, k in [(8192, 5504, 4096), (8192, 14336, 8192), (8192, 1024, 8192), (8192, 2048, 8192)]:
         for cfg in cfgs:
