@@ -70,10 +70,12 @@ from syncopate.search_space.tile_order import (
     tail_split,
 )
 from syncopate.search_space.topology import GPUS, INTERCONNECTS, GpuSpec, Topology, topology_key
+from syncopate.search_space.moe_workload import DISTRIBUTIONS, MoeWorkload, RoutingSpec
 from syncopate.search_space.workload import (
     DTYPES,
     FP8,
     KINDS,
+    MOE_KINDS,
     MAX_DIM,
     MAX_ELEMENTS,
     Shape,
@@ -101,6 +103,10 @@ __all__ = [
     "GPUS",
     "INTERCONNECTS",
     "KINDS",
+    "MOE_KINDS",
+    "DISTRIBUTIONS",
+    "MoeWorkload",
+    "RoutingSpec",
     "MAX_DIM",
     "MAX_ELEMENTS",
     "MODELS",
