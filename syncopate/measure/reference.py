@@ -136,7 +136,10 @@ def moe_dispatch_reference(
     local = experts // len(xs)
     out = []
     for r, w1 in enumerate(w1s):
-        rows = [xs[s][t].float() @ w1[expert_ids[s][t, k].item() - r * local].float() for s, t, k in moe_rows(expert_ids, experts, r)]
+        rows = [
+            xs[s][t].float() @ w1[expert_ids[s][t, k].item() - r * local].float()
+            for s, t, k in moe_rows(expert_ids, experts, r)
+        ]
         out.append(torch.stack(rows) if rows else torch.zeros(0, w1.shape[2]))
     return out
 

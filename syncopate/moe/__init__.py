@@ -9,11 +9,13 @@
 See docs/moe.md.
 """
 
+from syncopate.moe.layer import MoELayer
 from syncopate.moe.ops import all_to_all_rows, dispatch_gemm, exchange_layout, gemm_combine, grouped_mm
 from syncopate.moe.routing import ExpertLayout, Routing, draw_routing, expert_counts, expert_layout, inverse
 
 __all__ = [
     "ExpertLayout",
+    "MoELayer",
     "Routing",
     "all_to_all_rows",
     "dispatch_gemm",

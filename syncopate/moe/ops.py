@@ -1,10 +1,11 @@
 """The MoE ops under expert parallelism, unfused: torch's all-to-all and a grouped GEMM in sequence.
 
-| call | each rank gives | each rank gets |
-|------|-----------------|----------------|
-| `exchange_layout(ids, experts, group)` | ids [T, top_k] | its `ExpertLayout` (one all-to-all of counts) |
-| `dispatch_gemm(x, w1, layout, group)` (`a2a_gemm`) | x [T, H], W1 [El, H, N] | h [R, N], rows grouped by local expert |
-| `gemm_combine(h, w2, weights, layout, group)` (`gemm_a2a`) | h [R, F], W2 [El, F, H], gate weights [T, top_k] | out [T, H] |
+- `exchange_layout(ids, experts, group)`: ids [T, top_k] → this rank's `ExpertLayout` (one
+  all-to-all of counts);
+- `dispatch_gemm(x, w1, layout, group)` (`a2a_gemm`): x [T, H], W1 [El, H, N] → h [R, N], rows
+  grouped by local expert;
+- `gemm_combine(h, w2, weights, layout, group)` (`gemm_a2a`): h [R, F], W2 [El, F, H], gate weights
+  [T, top_k] → out [T, H].
 
 R is the rows the routing sends to this rank's El experts; N is 2F for a SwiGLU expert (gate and
 up projections side by side). Both ops carry autograd (the all-to-all's backward is the reverse
@@ -20,7 +21,14 @@ import torch.distributed as dist
 from syncopate.errors import ConfigError
 from syncopate.moe.routing import ExpertLayout, check_ids, expert_counts, expert_layout
 
-__all__ = ["all_to_all_rows", "dispatch_gemm", "exchange_layout", "gemm_combine", "grouped_mm", "uses_grouped_mm"]
+__all__ = [
+    "all_to_all_rows",
+    "dispatch_gemm",
+    "exchange_layout",
+    "gemm_combine",
+    "grouped_mm",
+    "uses_grouped_mm",
+]
 
 
 def uses_grouped_mm(a: torch.Tensor, w: torch.Tensor) -> bool:

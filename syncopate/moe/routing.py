@@ -64,7 +64,9 @@ class Routing:
         for ids, w in zip(self.expert_ids, self.gate_weights, strict=True):
             check_ids(ids, self.experts)
             if w.shape != ids.shape:
-                raise ConfigError(f"gate weights of shape {tuple(w.shape)} beside expert ids of {tuple(ids.shape)}")
+                raise ConfigError(
+                    f"gate weights of shape {tuple(w.shape)} beside expert ids of {tuple(ids.shape)}"
+                )
         if self.experts % self.world_size:
             raise ConfigError(
                 f"experts={self.experts} is not divisible by world size {self.world_size}: "
@@ -94,7 +96,9 @@ class Routing:
 def check_ids(ids: torch.Tensor, experts: int) -> None:
     """Raise ConfigError unless `ids` is [tokens, top_k] of integers in [0, experts), distinct in a row."""
     if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
-        raise ConfigError(f"expert ids must be a [tokens, top_k] integer tensor, got {tuple(ids.shape)} {ids.dtype}")
+        raise ConfigError(
+            f"expert ids must be a [tokens, top_k] integer tensor, got {tuple(ids.shape)} {ids.dtype}"
+        )
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= experts):
         raise ConfigError(
             f"expert ids span [{int(ids.min())}, {int(ids.max())}]: accepted are 0 to {experts - 1} ({experts} experts)"
@@ -102,7 +106,9 @@ def check_ids(ids: torch.Tensor, experts: int) -> None:
     if ids.shape[1] > 1 and ids.numel():
         s = ids.sort(dim=1).values
         if bool((s[:, 1:] == s[:, :-1]).any()):
-            raise ConfigError("expert ids repeat an expert within a token: a token's top_k experts are distinct")
+            raise ConfigError(
+                "expert ids repeat an expert within a token: a token's top_k experts are distinct"
+            )
 
 
 def draw_routing(*, world_size: int, tokens: int, experts: int, top_k: int, spec: RoutingSpec) -> Routing:
@@ -181,7 +187,9 @@ def expert_layout(ids: torch.Tensor, experts: int, recv_counts: torch.Tensor) ->
     check_ids(ids, experts)
     ws, el = recv_counts.shape
     if ws * el != experts:
-        raise ConfigError(f"receive counts of shape {tuple(recv_counts.shape)} for {experts} experts: expected [ws, E/ws]")
+        raise ConfigError(
+            f"receive counts of shape {tuple(recv_counts.shape)} for {experts} experts: expected [ws, E/ws]"
+        )
     tokens, top_k = ids.shape
     flat = ids.reshape(-1).to(torch.int64)
     order = torch.sort(flat, stable=True).indices

@@ -38,6 +38,7 @@ from syncopate.search_space.chunk_plan import (
 from syncopate.search_space.grids import GRIDS, bench_grid
 from syncopate.search_space.liveness import LivenessReport, check_liveness
 from syncopate.search_space.models import MODELS, model_shape
+from syncopate.search_space.moe_workload import DISTRIBUTIONS, MoeWorkload, RoutingSpec
 from syncopate.search_space.space import (
     FP8_TEMPLATES,
     TILE_CONFIGS,
@@ -70,14 +71,13 @@ from syncopate.search_space.tile_order import (
     tail_split,
 )
 from syncopate.search_space.topology import GPUS, INTERCONNECTS, GpuSpec, Topology, topology_key
-from syncopate.search_space.moe_workload import DISTRIBUTIONS, MoeWorkload, RoutingSpec
 from syncopate.search_space.workload import (
     DTYPES,
     FP8,
     KINDS,
-    MOE_KINDS,
     MAX_DIM,
     MAX_ELEMENTS,
+    MOE_KINDS,
     Shape,
     Workload,
     canonical_dtype,

@@ -1,9 +1,11 @@
 """Mixture-of-experts workloads under expert parallelism (EP): the two op kinds, their routing spec.
 
-| kind       | each rank holds                                  | communication                  | each rank returns         |
-|------------|--------------------------------------------------|--------------------------------|---------------------------|
-| `a2a_gemm` | x[T, H], routing (T × top_k expert ids), W1[E/ws, H, 2F] | rows to their experts' ranks (all-to-all) | h[R, 2F], R rows received |
-| `gemm_a2a` | h[R, F], W2[E/ws, F, H], the routing's gate weights | expert outputs back to their tokens' ranks (all-to-all) | out[T, H] |
+- `a2a_gemm` (dispatch): each rank holds x[T, H], its routing (each token's top_k expert ids) and
+  W1[E/ws, H, 2F]; every (token, expert) pair's row of x goes to its expert's rank (all-to-all), and
+  each local expert's W1 multiplies its received rows; each rank returns h[R, 2F].
+- `gemm_a2a` (combine): each rank holds h[R, F], W2[E/ws, F, H] and its tokens' gate weights; each
+  local expert's W2 multiplies its rows, every output row goes back to its token's rank
+  (all-to-all), and there a token's top_k rows are summed weighted by its gate weights: out[T, H].
 
 T tokens a rank, H hidden, F the experts' ffn width, E experts (rank r owns experts
 [r·E/ws, (r+1)·E/ws)), R the rows the routing sends to this rank's experts. W1 holds each expert's
@@ -131,7 +133,9 @@ class MoeWorkload:
         object.__setattr__(self, "experts", _positive_int("experts", self.experts, MAX_EXPERTS))
         top_k = _positive_int("top_k", self.top_k, MAX_EXPERTS)
         if top_k > self.experts:
-            raise ConfigError(f"top_k={top_k} is more than experts={self.experts}: a token has distinct experts")
+            raise ConfigError(
+                f"top_k={top_k} is more than experts={self.experts}: a token has distinct experts"
+            )
         object.__setattr__(self, "top_k", top_k)
         if isinstance(self.routing, dict):
             object.__setattr__(self, "routing", RoutingSpec.from_dict(self.routing))
@@ -200,7 +204,9 @@ class MoeWorkload:
         fields = {"kind", "tokens", "hidden", "ffn", "experts", "top_k", "routing", "dtype"}
         unknown = sorted(set(d) - fields)
         if unknown:
-            raise ConfigError(f"MoE workload has unknown key(s) {unknown}: accepted are {', '.join(sorted(fields))}")
+            raise ConfigError(
+                f"MoE workload has unknown key(s) {unknown}: accepted are {', '.join(sorted(fields))}"
+            )
         missing = sorted(fields - {"routing", "dtype"} - set(d))
         if missing:
             raise ConfigError(f"MoE workload {d!r} lacks key(s) {missing}")
