@@ -4,11 +4,14 @@ sizes, permutations) are consistent with one another and with the routing writte
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from syncopate.errors import ConfigError
 from syncopate.moe import draw_routing, expert_layout, inverse
+from syncopate.moe.bench_config import load_moe_config, moe_cases
 from syncopate.moe.routing import Routing, check_ids
 from syncopate.search_space import MoeWorkload, RoutingSpec, Shape, Workload
 
@@ -136,3 +139,27 @@ def test_an_empty_rank_and_bad_ids():
         check_ids(torch.tensor([[1, 1]]), 4)
     with pytest.raises(ConfigError, match="integer tensor"):
         check_ids(torch.tensor([[1.0]]), 4)
+
+
+def test_the_moe_benchmark_file_expands_into_cases(tmp_path):
+    cases = load_moe_config(Path(__file__).parents[1] / "configs" / "moe_ep.yaml")
+    assert len(cases) == 2 * 2 * 2 * 2 * 2  # models, EP sizes, tokens, routings, kinds
+    qwen = [c for c in cases if c.model == "qwen3_30b_a3b" and c.ep == 4 and c.workload.kind == "a2a_gemm"]
+    assert {c.workload.tokens for c in qwen} == {4096, 8192}
+    assert qwen[0].workload.local_shapes(4)["w"] == (32, 2048, 1536)
+    assert {c.workload.routing.distribution for c in cases} == {"uniform", "skewed"}
+    with pytest.raises(ConfigError, match="experts=6 is not divisible by world size 4"):
+        moe_cases(
+            {
+                "ep": [4],
+                "tokens": [8],
+                "routings": [{}],
+                "models": {"m": {"hidden": 8, "ffn": 8, "experts": 6, "top_k": 2}},
+            }
+        )
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['shapes'\]"):
+        moe_cases({"ep": [2], "tokens": [8], "routings": [{}], "models": {}, "shapes": []})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ep: [2]\ntokens: [8]\nroutings: [{distribution: zipf}]\nmodels: {}\n")
+    with pytest.raises(ConfigError, match="bad.yaml: unknown routing distribution 'zipf'"):
+        load_moe_config(bad)
