@@ -33,9 +33,11 @@ __all__ = [
 
 def uses_grouped_mm(a: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether `grouped_mm` runs `torch._grouped_mm`: bf16 operands whose row strides are multiples
-    of 16 bytes (its constraints on CUDA, and on the CPU builds that have it); else a matmul loop."""
+    of 16 bytes, on a GPU of compute capability 9.0 or newer (its constraints on CUDA) or the CPU
+    builds that have it; else a matmul loop."""
     return (
         hasattr(torch, "_grouped_mm")
+        and (a.device.type != "cuda" or torch.cuda.get_device_capability(a.device) >= (9, 0))
         and a.dtype == torch.bfloat16
         and w.dtype == torch.bfloat16
         and a.shape[1] % 8 == 0

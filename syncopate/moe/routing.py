@@ -43,10 +43,10 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class Routing:
     """Every rank's routing: `expert_ids[r]` [tokens, top_k] int64 and `gate_weights[r]` [tokens,
-    top_k] float32 (positive, each token's summing to 1)."""
+    top_k] float32 (positive, each token's summing to 1). Compared by identity (it holds tensors)."""
 
     experts: int
     """Experts of the layer, spread evenly over the ranks."""
@@ -154,7 +154,7 @@ def inverse(perm: torch.Tensor) -> torch.Tensor:
     return inv
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class ExpertLayout:
     """One rank's dispatch and combine tables (module docstring); index tensors on the ids' device,
     split sizes as Python lists (what `all_to_all_single` takes)."""
