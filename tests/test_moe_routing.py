@@ -45,6 +45,10 @@ def test_tuned_kinds_refuse_the_moe_kinds_by_name():
         Workload(kind="a2a_gemm", shape=Shape(m=8, n=8, k=8))
     with pytest.raises(ConfigError, match="unknown kind 'nope': accepted are ag_gemm"):
         Workload(kind="nope", shape=Shape(m=8, n=8, k=8))
+    from syncopate.autotuner.sweep import parse_sweep
+
+    with pytest.raises(ConfigError, match="workloads.0.kind: kind 'gemm_a2a' is a mixture-of-experts op"):
+        parse_sweep({"name": "x", "workloads": [{"kind": "gemm_a2a", "shapes": [[8, 8, 8]]}]})
 
 
 def _loop_counts(routing: Routing) -> list[list[int]]:
