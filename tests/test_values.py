@@ -53,8 +53,13 @@ def test_shard_divisibility_is_checked(kind, shape, ws, message):
     "kwargs, message",
     [
         (
+            {"kind": "gemm_xyz", "shape": (1, 1, 1)},
+            "unknown kind 'gemm_xyz': accepted are ag_gemm, gemm_rs, gemm_ar",
+        ),
+        (
             {"kind": "gemm_a2a", "shape": (1, 1, 1)},
-            "unknown kind 'gemm_a2a': accepted are ag_gemm, gemm_rs, gemm_ar",
+            "kind 'gemm_a2a' is a mixture-of-experts op that runs unfused only .* accepted here are "
+            "ag_gemm, gemm_rs, gemm_ar",
         ),
         ({"kind": "ag_gemm", "shape": (0, 1, 1)}, "M=0 must be positive"),
         ({"kind": "ag_gemm", "shape": (1, -4, 1)}, "N=-4 must be positive"),

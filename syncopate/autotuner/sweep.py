@@ -51,6 +51,7 @@ from syncopate.search_space import (
     model_shape,
     unknown_backend,
 )
+from syncopate.search_space.workload import kind_refusal
 
 __all__ = [
     "STRATEGIES",
@@ -87,7 +88,7 @@ class WorkloadEntry(_Strict):
     @classmethod
     def _kind(cls, v: str) -> str:
         if v not in KINDS:
-            raise ValueError(f"unknown kind {v!r}: accepted are {', '.join(KINDS)}")
+            raise ValueError(kind_refusal(v))
         return v
 
 

@@ -149,6 +149,7 @@ def bench_cmd(
         return
     from syncopate.autotuner.sweep import load_sweep
     from syncopate.search_space import BACKENDS, GRIDS, KINDS, Shape, Workload, unknown_backend
+    from syncopate.search_space.workload import kind_refusal
 
     topology = None
     if suite is not None:
@@ -169,7 +170,7 @@ def bench_cmd(
             wanted = [x.strip() for x in kinds.split(",")]
             for x in wanted:
                 if x not in KINDS:
-                    raise ConfigError(f"unknown kind {x!r} in --kinds: accepted are {', '.join(KINDS)}")
+                    raise ConfigError(f"--kinds: {kind_refusal(x)}")
             workloads = [w for w in workloads if w.kind in wanted]
             if not workloads:
                 raise ConfigError(

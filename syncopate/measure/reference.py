@@ -9,6 +9,10 @@ __all__ = [
     "FP8_TOLERANCE",
     "dequantized",
     "gathered_rows",
+    "moe_combine_reference",
+    "moe_dispatch_reference",
+    "moe_layer_reference",
+    "moe_rows",
     "reference",
     "reference_unfused",
     "relative_error",
@@ -107,3 +111,82 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
         return float("inf")
     r = ref.double()
     return float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r).clamp_min(1e-30))
+
+
+def moe_rows(expert_ids: list[torch.Tensor], experts: int, rank: int) -> list[tuple[int, int, int]]:
+    """The (source rank, token, slot) of each row rank `rank`'s experts receive, in the MoE ops'
+    row order: by local expert, then source rank, then token. Written out as loops, independent of
+    the tables `syncopate.moe.routing` derives."""
+    ws = len(expert_ids)
+    local = experts // ws
+    rows = []
+    for e in range(rank * local, (rank + 1) * local):
+        for s, ids in enumerate(expert_ids):
+            for t, row in enumerate(ids.tolist()):
+                if e in row:
+                    rows.append((s, t, row.index(e)))
+    return rows
+
+
+def moe_dispatch_reference(
+    xs: list[torch.Tensor], expert_ids: list[torch.Tensor], w1s: list[torch.Tensor], experts: int
+) -> list[torch.Tensor]:
+    """Every rank's `a2a_gemm` result in float32 from all ranks' inputs: for each received row
+    (`moe_rows`), its token's row of x times its expert's W1."""
+    local = experts // len(xs)
+    out = []
+    for r, w1 in enumerate(w1s):
+        rows = [
+            xs[s][t].float() @ w1[expert_ids[s][t, k].item() - r * local].float()
+            for s, t, k in moe_rows(expert_ids, experts, r)
+        ]
+        out.append(torch.stack(rows) if rows else torch.zeros(0, w1.shape[2]))
+    return out
+
+
+def moe_combine_reference(
+    hs: list[torch.Tensor],
+    w2s: list[torch.Tensor],
+    expert_ids: list[torch.Tensor],
+    gate_weights: list[torch.Tensor],
+    experts: int,
+) -> list[torch.Tensor]:
+    """Every rank's `gemm_a2a` result in float32 from all ranks' inputs: each token's sum over its
+    experts of the gate weight times that expert's row of h (in `moe_rows` order) times its W2."""
+    ws, local = len(hs), experts // len(hs)
+    hidden = w2s[0].shape[2]
+    out = [torch.zeros(ids.shape[0], hidden) for ids in expert_ids]
+    for r in range(ws):
+        for i, (s, t, k) in enumerate(moe_rows(expert_ids, experts, r)):
+            e = expert_ids[s][t, k].item() - r * local
+            out[s][t] += gate_weights[s][t, k].float() * (hs[r][i].float() @ w2s[r][e].float())
+    return out
+
+
+def moe_layer_reference(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    top_k: int,
+    gate: torch.Tensor | None = None,
+    scores: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A MoE layer with SwiGLU experts on one process, in x's dtype (float32 for a reference): the
+    router's probabilities softmax(scores) (scores = x @ gate.T when not given), each token's top_k
+    experts with their probabilities renormalised to sum to 1, and the weighted sum of their
+    silu(x W1_gate) * (x W1_up) W2. W1 [E, H, 2F] (gate's columns first), W2 [E, F, H]."""
+    if scores is None:
+        scores = x @ gate.t()
+    probs = torch.softmax(scores.float(), dim=-1)
+    weights, ids = probs.topk(top_k, dim=-1)
+    weights = weights / weights.sum(-1, keepdim=True)
+    ffn = w2.shape[1]
+    out = torch.zeros_like(x)
+    for e in range(w1.shape[0]):
+        token, slot = (ids == e).nonzero(as_tuple=True)
+        if token.numel() == 0:
+            continue
+        h = x[token] @ w1[e]
+        y = (torch.nn.functional.silu(h[:, :ffn]) * h[:, ffn:]) @ w2[e]
+        out = out.index_add(0, token, y * weights[token, slot].unsqueeze(-1).to(y.dtype))
+    return out

@@ -38,6 +38,7 @@ from syncopate.search_space.chunk_plan import (
 from syncopate.search_space.grids import GRIDS, bench_grid
 from syncopate.search_space.liveness import LivenessReport, check_liveness
 from syncopate.search_space.models import MODELS, model_shape
+from syncopate.search_space.moe_workload import DISTRIBUTIONS, MoeWorkload, RoutingSpec
 from syncopate.search_space.space import (
     FP8_TEMPLATES,
     TILE_CONFIGS,
@@ -76,6 +77,7 @@ from syncopate.search_space.workload import (
     KINDS,
     MAX_DIM,
     MAX_ELEMENTS,
+    MOE_KINDS,
     Shape,
     Workload,
     canonical_dtype,
@@ -101,6 +103,10 @@ __all__ = [
     "GPUS",
     "INTERCONNECTS",
     "KINDS",
+    "MOE_KINDS",
+    "DISTRIBUTIONS",
+    "MoeWorkload",
+    "RoutingSpec",
     "MAX_DIM",
     "MAX_ELEMENTS",
     "MODELS",

@@ -23,6 +23,7 @@ from syncopate.errors import ConfigError
 
 __all__ = [
     "KINDS",
+    "MOE_KINDS",
     "DTYPES",
     "FP8",
     "MAX_DIM",
@@ -31,11 +32,15 @@ __all__ = [
     "Workload",
     "canonical_dtype",
     "dtype_bytes",
+    "kind_refusal",
     "output_dtype",
 ]
 
 KINDS: tuple[str, ...] = ("ag_gemm", "gemm_rs", "gemm_ar")
 """Op kinds Syncopate tunes."""
+
+MOE_KINDS: tuple[str, ...] = ("a2a_gemm", "gemm_a2a")
+"""The mixture-of-experts kinds (`syncopate.search_space.moe_workload`): unfused only, not tuned."""
 
 DTYPES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 """Canonical dtype names and the size in bytes of an operand's element."""
@@ -94,9 +99,20 @@ def output_dtype(dtype: str) -> str:
     return _OUTPUT_DTYPES.get(name, name)
 
 
+def kind_refusal(kind: str) -> str:
+    """The message that refuses `kind` where a tuned kind (:data:`KINDS`) is needed."""
+    if kind in MOE_KINDS:
+        return (
+            f"kind {kind!r} is a mixture-of-experts op that runs unfused only (syncopate.moe, "
+            f"docs/moe.md): tuning, lookup and the results database do not take it yet; "
+            f"accepted here are {', '.join(KINDS)}"
+        )
+    return f"unknown kind {kind!r}: accepted are {', '.join(KINDS)}"
+
+
 def _check_kind(kind: str) -> str:
     if kind not in KINDS:
-        raise ConfigError(f"unknown kind {kind!r}: accepted are {', '.join(KINDS)}")
+        raise ConfigError(kind_refusal(kind))
     return kind
 
 

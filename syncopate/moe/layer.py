@@ -1,0 +1,91 @@
+"""`MoELayer`: a mixture-of-experts MLP under expert parallelism, on the unfused MoE ops.
+
+Each rank holds the router's gate (replicated: its gradient is this rank's tokens' share, to be
+summed over the data-parallel ranks as any replicated weight's) and its El = E / ws experts:
+W1 [El, H, 2F] (each expert's gate projection in columns [0, F), its up projection in [F, 2F)) and
+W2 [El, F, H]. Forward on this rank's tokens x [T, H]:
+
+    probs = softmax(scores)              scores given, or x @ gate.T
+    weights, ids = top_k(probs); weights /= weights.sum(-1)
+    layout = exchange_layout(ids)        one all-to-all of counts
+    h = dispatch_gemm(x, W1)             a2a_gemm
+    out = gemm_combine(silu(h[:, :F]) * h[:, F:], W2, weights)   gemm_a2a
+
+Gradients reach x, W1, W2, the gate (or the given scores) through the all-to-alls' reverse
+all-to-alls; every rank of the group must run backward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from syncopate.errors import ConfigError
+from syncopate.moe.ops import dispatch_gemm, exchange_layout, gemm_combine
+
+__all__ = ["MoELayer"]
+
+
+class MoELayer(nn.Module):
+    """A top-k routed SwiGLU MoE layer whose experts are spread over `group` (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        hidden: int,
+        ffn: int,
+        experts: int,
+        top_k: int,
+        group,
+        router: bool = True,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        import torch.distributed as dist
+
+        ws = dist.get_world_size(group)
+        if experts % ws:
+            raise ConfigError(
+                f"experts={experts} is not divisible by the group's {ws} ranks: experts are spread evenly"
+            )
+        if not 1 <= top_k <= experts:
+            raise ConfigError(f"top_k={top_k} must be between 1 and experts={experts}")
+        self.hidden, self.ffn, self.experts, self.top_k, self.group = hidden, ffn, experts, top_k, group
+        local = experts // ws
+        kw = {"dtype": dtype, "device": device}
+        self.gate = nn.Parameter(torch.empty(experts, hidden, **kw)) if router else None
+        self.w1 = nn.Parameter(torch.empty(local, hidden, 2 * ffn, **kw))
+        self.w2 = nn.Parameter(torch.empty(local, ffn, hidden, **kw))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for p in (self.gate, self.w1, self.w2):
+            if p is not None:
+                nn.init.normal_(p, std=p.shape[-2] ** -0.5)
+
+    def route(self, x: torch.Tensor, scores: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's top_k expert ids and gate weights (renormalised to sum to 1, float32)."""
+        if scores is None:
+            if self.gate is None:
+                raise ConfigError(
+                    "this MoELayer has no router (router=False): pass scores= [tokens, experts]"
+                )
+            scores = x @ self.gate.t()
+        if tuple(scores.shape) != (x.shape[0], self.experts):
+            raise ConfigError(
+                f"scores have shape {tuple(scores.shape)}: expected [{x.shape[0]}, {self.experts}]"
+            )
+        probs = torch.softmax(scores.float(), dim=-1)
+        weights, ids = probs.topk(self.top_k, dim=-1)
+        return ids, weights / weights.sum(-1, keepdim=True)
+
+    def forward(self, x: torch.Tensor, scores: torch.Tensor | None = None) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.hidden:
+            raise ConfigError(f"x has shape {tuple(x.shape)}: expected [tokens, {self.hidden}]")
+        ids, weights = self.route(x, scores)
+        layout = exchange_layout(ids, self.experts, self.group)
+        h = dispatch_gemm(x, self.w1, layout, self.group)
+        act = F.silu(h[:, : self.ffn]) * h[:, self.ffn :]
+        return gemm_combine(act, self.w2, weights, layout, self.group)

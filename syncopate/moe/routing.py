@@ -1,0 +1,215 @@
+"""Routings and the tables the all-to-alls and the grouped GEMM need.
+
+A routing gives each token of each rank its top_k distinct expert ids and gate weights. It is input
+to the MoE ops, never tuned: `draw_routing` draws one from a `RoutingSpec` (uniform or Zipf-like
+skewed, see its docstring), the same one on every process; a layer computes its own from the
+router's scores.
+
+Experts are spread evenly over the EP ranks: rank r owns experts [r·El, (r+1)·El), El = E / ws.
+A rank's (token, slot) pairs are numbered t·top_k + slot ("pairs"). `ExpertLayout` holds one rank's
+tables:
+
+| table | what it is |
+|-------|------------|
+| `order` | the pairs sorted by expert id (stable): grouped by destination rank, then expert, then token |
+| `order_inverse` | its inverse: `order_inverse[order[i]] == i` |
+| `send_splits` / `recv_splits` | rows sent to / received from each rank (`all_to_all_single`'s sizes) |
+| `recv_counts` | [ws, El]: rows each source rank sends to each of this rank's experts |
+| `expert_order` | the received rows (by source rank, then expert) sorted by local expert (stable) |
+| `expert_order_inverse` | its inverse |
+| `group_sizes` | rows of each local expert: the grouped GEMM's groups |
+
+The received rows, in `expert_order`, are grouped by local expert, then source rank, then the
+source's token order: the row order of the dispatch op's output and of the combine op's input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from syncopate.errors import ConfigError
+from syncopate.search_space.moe_workload import RoutingSpec
+
+__all__ = [
+    "ExpertLayout",
+    "Routing",
+    "check_ids",
+    "draw_routing",
+    "expert_counts",
+    "expert_layout",
+    "inverse",
+]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class Routing:
+    """Every rank's routing: `expert_ids[r]` [tokens, top_k] int64 and `gate_weights[r]` [tokens,
+    top_k] float32 (positive, each token's summing to 1). Compared by identity (it holds tensors)."""
+
+    experts: int
+    """Experts of the layer, spread evenly over the ranks."""
+    expert_ids: tuple[torch.Tensor, ...]
+    """Per rank: each token's distinct expert ids."""
+    gate_weights: tuple[torch.Tensor, ...]
+    """Per rank: each token's gate weight for each of its experts."""
+
+    def __post_init__(self) -> None:
+        if len(self.expert_ids) != len(self.gate_weights) or not self.expert_ids:
+            raise ConfigError(
+                f"routing has expert ids of {len(self.expert_ids)} ranks and gate weights of "
+                f"{len(self.gate_weights)}: give one of each a rank"
+            )
+        for ids, w in zip(self.expert_ids, self.gate_weights, strict=True):
+            check_ids(ids, self.experts)
+            if w.shape != ids.shape:
+                raise ConfigError(
+                    f"gate weights of shape {tuple(w.shape)} beside expert ids of {tuple(ids.shape)}"
+                )
+        if self.experts % self.world_size:
+            raise ConfigError(
+                f"experts={self.experts} is not divisible by world size {self.world_size}: "
+                "experts are spread evenly over the ranks"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return len(self.expert_ids)
+
+    @property
+    def top_k(self) -> int:
+        return self.expert_ids[0].shape[1]
+
+    def counts(self) -> torch.Tensor:
+        """[ws, E] int64: the pairs each source rank routes to each expert."""
+        return torch.stack([expert_counts(ids, self.experts) for ids in self.expert_ids])
+
+    def layout(self, rank: int) -> ExpertLayout:
+        """Rank `rank`'s tables, from the whole routing (no collective: `expert_layout` exchanges
+        the counts where a rank knows only its own routing)."""
+        el = self.experts // self.world_size
+        recv_counts = self.counts()[:, rank * el : (rank + 1) * el]
+        return expert_layout(self.expert_ids[rank], self.experts, recv_counts)
+
+
+def check_ids(ids: torch.Tensor, experts: int) -> None:
+    """Raise ConfigError unless `ids` is [tokens, top_k] of integers in [0, experts), distinct in a row."""
+    if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise ConfigError(
+            f"expert ids must be a [tokens, top_k] integer tensor, got {tuple(ids.shape)} {ids.dtype}"
+        )
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= experts):
+        raise ConfigError(
+            f"expert ids span [{int(ids.min())}, {int(ids.max())}]: accepted are 0 to {experts - 1} ({experts} experts)"
+        )
+    if ids.shape[1] > 1 and ids.numel():
+        s = ids.sort(dim=1).values
+        if bool((s[:, 1:] == s[:, :-1]).any()):
+            raise ConfigError(
+                "expert ids repeat an expert within a token: a token's top_k experts are distinct"
+            )
+
+
+def draw_routing(*, world_size: int, tokens: int, experts: int, top_k: int, spec: RoutingSpec) -> Routing:
+    """Draw every rank's routing from `spec` on the CPU, deterministically from its seed.
+
+    `uniform`: each token's experts are the top_k of i.i.d. uniform scores, i.e. drawn uniformly
+    without replacement. `skewed`: expert e has weight p_e ∝ 1 / (1 + π(e))^s (s = `spec.skew`, π a
+    seeded permutation of the experts), and each token's experts are drawn without replacement in
+    proportion to p (the top_k of log p_e plus Gumbel noise, which is that draw exactly); with s
+    around 2 and tokens · top_k not much above E, the tail experts often get no token. Gate
+    weights: a softmax of normal logits over the token's chosen experts.
+    """
+    if experts % world_size:
+        raise ConfigError(f"experts={experts} is not divisible by world size {world_size}")
+    if not 1 <= top_k <= experts:
+        raise ConfigError(f"top_k={top_k} must be between 1 and experts={experts}")
+    gen = torch.Generator().manual_seed(spec.seed)
+    if spec.distribution == "skewed":
+        position = torch.randperm(experts, generator=gen).double()
+        log_p = -spec.skew * torch.log1p(position)
+    else:
+        log_p = torch.zeros(experts, dtype=torch.float64)
+    ids, weights = [], []
+    for _ in range(world_size):
+        u = torch.rand(tokens, experts, generator=gen, dtype=torch.float64)  # in [0, 1)
+        gumbel = -torch.log(-torch.log(u))  # -inf where u is 0: that expert is drawn last
+        chosen = (log_p + gumbel).topk(top_k, dim=1).indices
+        logits = torch.randn(tokens, top_k, generator=gen)
+        ids.append(chosen.to(torch.int64))
+        weights.append(torch.softmax(logits, dim=1))
+    return Routing(experts=experts, expert_ids=tuple(ids), gate_weights=tuple(weights))
+
+
+def expert_counts(ids: torch.Tensor, experts: int) -> torch.Tensor:
+    """[experts] int64: how many of the pairs in `ids` go to each expert."""
+    return torch.bincount(ids.reshape(-1).to(torch.int64), minlength=experts)
+
+
+def inverse(perm: torch.Tensor) -> torch.Tensor:
+    """The inverse of the permutation `perm`: `inverse(perm)[perm[i]] == i`."""
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), dtype=perm.dtype, device=perm.device)
+    return inv
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class ExpertLayout:
+    """One rank's dispatch and combine tables (module docstring); index tensors on the ids' device,
+    split sizes as Python lists (what `all_to_all_single` takes)."""
+
+    experts: int
+    world_size: int
+    tokens: int
+    top_k: int
+    order: torch.Tensor
+    order_inverse: torch.Tensor
+    send_splits: list[int]
+    recv_splits: list[int]
+    recv_counts: torch.Tensor
+    expert_order: torch.Tensor
+    expert_order_inverse: torch.Tensor
+    group_sizes: torch.Tensor
+
+    @property
+    def local_experts(self) -> int:
+        return self.experts // self.world_size
+
+    @property
+    def rows_received(self) -> int:
+        return sum(self.recv_splits)
+
+
+def expert_layout(ids: torch.Tensor, experts: int, recv_counts: torch.Tensor) -> ExpertLayout:
+    """The tables of the rank that routes `ids` [tokens, top_k] and receives `recv_counts` [ws, El]
+    (the rows each source rank sends to each of this rank's experts)."""
+    check_ids(ids, experts)
+    ws, el = recv_counts.shape
+    if ws * el != experts:
+        raise ConfigError(
+            f"receive counts of shape {tuple(recv_counts.shape)} for {experts} experts: expected [ws, E/ws]"
+        )
+    tokens, top_k = ids.shape
+    flat = ids.reshape(-1).to(torch.int64)
+    order = torch.sort(flat, stable=True).indices
+    counts = expert_counts(flat, experts).cpu()
+    send_splits = counts.view(ws, el).sum(1).tolist()
+    recv_counts = recv_counts.to(torch.int64).cpu()
+    recv_splits = recv_counts.sum(1).tolist()
+    labels = torch.arange(el).repeat(ws).repeat_interleave(recv_counts.reshape(-1))
+    expert_order = torch.sort(labels, stable=True).indices.to(ids.device)
+    return ExpertLayout(
+        experts=experts,
+        world_size=ws,
+        tokens=tokens,
+        top_k=top_k,
+        order=order,
+        order_inverse=inverse(order),
+        send_splits=send_splits,
+        recv_splits=recv_splits,
+        recv_counts=recv_counts,
+        expert_order=expert_order,
+        expert_order_inverse=inverse(expert_order),
+        group_sizes=recv_counts.sum(0),
+    )
