@@ -72,89 +72,108 @@ def test_quantize_scales_each_row_or_column_by_its_amax_over_448():
 # The layers on two ranks ---------------------------------------------------------------------------
 
 
-def _step_inputs(step):
+def _step_inputs(step, m, k, n, device):
     """The whole input and output gradient of a step, the same on every rank (each takes its part):
     rows of unlike magnitudes, so that one scale per row matters."""
     gen = torch.Generator().manual_seed(1000 * step + 17)
-    x = torch.randn(M, K, generator=gen) * torch.linspace(0.2, 5.0, M).unsqueeze(1)
-    g = torch.randn(M, N, generator=gen) * torch.linspace(3.0, 0.1, M).unsqueeze(1)
-    x, g = x.bfloat16(), g.bfloat16()
-    return x, g
+    x = torch.randn(m, k, generator=gen) * torch.linspace(0.2, 5.0, m).unsqueeze(1)
+    g = torch.randn(m, n, generator=gen) * torch.linspace(3.0, 0.1, m).unsqueeze(1)
+    return x.bfloat16().to(device), g.bfloat16().to(device)
+
+
+def layer_report(rank, ws, impl="torch", configs=None, shape=(M, K, N), device="cpu") -> dict:
+    """{(kind, sp, step, output or gradient): (dtype, shape, the bf16 layer's shape, error against
+    (a), against (b), the bf16 layer's against (a))} of the FP8 column and row layers, with sequence
+    parallelism and without, two steps of fresh inputs each."""
+    from syncopate.tp import ColumnParallelLinear, RowParallelLinear
+
+    m, k_all, n_all = shape
+    report = {}
+    for kind in ("column", "row"):
+        for sp in (True, False):
+            torch.manual_seed(5)
+            whole = torch.nn.Linear(k_all, n_all, dtype=torch.bfloat16, device=device)
+            with torch.no_grad():
+                whole.bias.normal_()
+            cls = ColumnParallelLinear if kind == "column" else RowParallelLinear
+            fp8 = cls.from_linear(whole, sequence_parallel=sp, impl=impl, configs=configs, float8=True)
+            bf16 = cls.from_linear(whole, sequence_parallel=sp, impl="torch")
+            n, k = fp8.weight.shape
+            cols = slice(rank * n, (rank + 1) * n) if kind == "column" else slice(None)
+            kcols = slice(rank * k, (rank + 1) * k) if kind == "row" else slice(None)
+            blk = slice(rank * m // ws, (rank + 1) * m // ws)
+            w = whole.weight.detach()
+            for step in range(2):
+                x, g = _step_inputs(step, m, k_all, n_all, device)
+                got = {}
+                for name, layer in (("fp8", fp8), ("bf16", bf16)):
+                    layer.zero_grad(set_to_none=True)
+                    if kind == "column":
+                        x_mine = x[blk] if sp else x
+                        g_mine = g[:, cols]
+                    else:
+                        x_mine = x[:, kcols]
+                        g_mine = g[blk] if sp else g
+                    x_mine = x_mine.clone().requires_grad_(True)
+                    y = layer(x_mine)
+                    y.backward(g_mine)
+                    got[name] = {
+                        "y": y,
+                        "dx": x_mine.grad,
+                        "dW": layer.weight.grad,
+                        "db": layer.bias.grad,
+                    }
+                # (a) float32 from the same FP8 operands, each rank's partial with its own scales
+                if kind == "column":
+                    y_ref = _qmm(x, w[cols].t()) + whole.bias[cols].float()
+                    dx_ref = sum(_qmm(g[:, r * n : (r + 1) * n], w[r * n : (r + 1) * n]) for r in range(ws))
+                    dx_ref = dx_ref[blk] if sp else dx_ref
+                    dw_ref = _qmm(g[:, cols].t(), x)
+                    db_ref = g[:, cols].float().sum(0)
+                else:
+                    y_ref = (
+                        sum(_qmm(x[:, r * k : (r + 1) * k], w[:, r * k : (r + 1) * k].t()) for r in range(ws))
+                        + whole.bias.float()
+                    )
+                    y_ref = y_ref[blk] if sp else y_ref
+                    dx_ref = _qmm(g, w[:, kcols])
+                    dw_ref = _qmm(g.t(), x[:, kcols])
+                    db_ref = g.float().sum(0)
+                refs = {"y": y_ref, "dx": dx_ref, "dW": dw_ref, "db": db_ref}
+                for what, ref in refs.items():
+                    fp8_got, bf16_got = got["fp8"][what], got["bf16"][what]
+                    report[(kind, sp, step, what)] = (
+                        None if fp8_got is None else fp8_got.dtype,
+                        None if fp8_got is None else tuple(fp8_got.shape),
+                        tuple(bf16_got.shape),
+                        relative_error(fp8_got, ref) if fp8_got is not None else float("inf"),
+                        relative_error(fp8_got, bf16_got) if fp8_got is not None else float("inf"),
+                        relative_error(bf16_got, ref),  # how far the unquantized layer is from (a)
+                    )
+    return report
+
+
+def layer_failures(rank, report: dict, label: str = "") -> list[str]:
+    """What of a `layer_report` is off: a dtype or shape, (a) beyond TIGHT, (b) beyond LOOSE, or
+    (a) unable to tell FP8 from bf16 (the bf16 layer within 2 × TIGHT of it)."""
+    failures = []
+    for (kind, sp, step, what), (dtype, shape, want_shape, tight, loose, bf16_off) in report.items():
+        where = f"rank {rank}{label} {kind} sp={sp} step {step} {what}"
+        if dtype != torch.bfloat16 or shape != want_shape:
+            failures.append(f"{where}: {dtype} {shape} vs {want_shape}")
+        if not tight <= TIGHT:
+            failures.append(f"{where}: {tight:.3g} from float32 on the same FP8 operands")
+        if not loose <= LOOSE:
+            failures.append(f"{where}: {loose:.3g} from the bf16 layer")
+        if what != "db" and not bf16_off > 2 * TIGHT:  # the bias's gradient is a bf16 sum in both
+            failures.append(f"{where}: the FP8 rounding must be visible to (a) ({bf16_off:.3g})")
+    return failures
 
 
 def _layers_worker(rank, ws, init, q):
-    from syncopate.tp import ColumnParallelLinear, RowParallelLinear
-
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
     try:
-        report = {}
-        for kind in ("column", "row"):
-            for sp in (True, False):
-                torch.manual_seed(5)
-                whole = torch.nn.Linear(K, N, dtype=torch.bfloat16)
-                with torch.no_grad():
-                    whole.bias.normal_()
-                cls = ColumnParallelLinear if kind == "column" else RowParallelLinear
-                fp8 = cls.from_linear(whole, sequence_parallel=sp, impl="torch", float8=True)
-                bf16 = cls.from_linear(whole, sequence_parallel=sp, impl="torch")
-                n, k = fp8.weight.shape
-                cols = slice(rank * n, (rank + 1) * n) if kind == "column" else slice(None)
-                kcols = slice(rank * k, (rank + 1) * k) if kind == "row" else slice(None)
-                blk = slice(rank * M // ws, (rank + 1) * M // ws)
-                w = whole.weight.detach()
-                for step in range(2):
-                    x, g = _step_inputs(step)
-                    got = {}
-                    for name, layer in (("fp8", fp8), ("bf16", bf16)):
-                        layer.zero_grad(set_to_none=True)
-                        if kind == "column":
-                            x_mine = x[blk] if sp else x
-                            g_mine = g[:, cols]
-                        else:
-                            x_mine = x[:, kcols]
-                            g_mine = g[blk] if sp else g
-                        x_mine = x_mine.clone().requires_grad_(True)
-                        y = layer(x_mine)
-                        y.backward(g_mine)
-                        got[name] = {
-                            "y": y,
-                            "dx": x_mine.grad,
-                            "dW": layer.weight.grad,
-                            "db": layer.bias.grad,
-                        }
-                    # (a) float32 from the same FP8 operands, each rank's partial with its own scales
-                    if kind == "column":
-                        y_ref = _qmm(x, w[cols].t()) + whole.bias[cols].float()
-                        dx_ref = sum(
-                            _qmm(g[:, r * n : (r + 1) * n], w[r * n : (r + 1) * n]) for r in range(ws)
-                        )
-                        dx_ref = dx_ref[blk] if sp else dx_ref
-                        dw_ref = _qmm(g[:, cols].t(), x)
-                        db_ref = g[:, cols].float().sum(0)
-                    else:
-                        y_ref = (
-                            sum(
-                                _qmm(x[:, r * k : (r + 1) * k], w[:, r * k : (r + 1) * k].t())
-                                for r in range(ws)
-                            )
-                            + whole.bias.float()
-                        )
-                        y_ref = y_ref[blk] if sp else y_ref
-                        dx_ref = _qmm(g, w[:, kcols])
-                        dw_ref = _qmm(g.t(), x[:, kcols])
-                        db_ref = g.float().sum(0)
-                    refs = {"y": y_ref, "dx": dx_ref, "dW": dw_ref, "db": db_ref}
-                    for what, ref in refs.items():
-                        fp8_got, bf16_got = got["fp8"][what], got["bf16"][what]
-                        report[(kind, sp, step, what)] = (
-                            None if fp8_got is None else fp8_got.dtype,
-                            None if fp8_got is None else tuple(fp8_got.shape),
-                            tuple(bf16_got.shape),
-                            relative_error(fp8_got, ref) if fp8_got is not None else float("inf"),
-                            relative_error(fp8_got, bf16_got) if fp8_got is not None else float("inf"),
-                            relative_error(bf16_got, ref),  # how far the unquantized layer is from (a)
-                        )
-        q.put((rank, report))
+        q.put((rank, layer_report(rank, ws)))
     finally:
         dist.destroy_process_group()
 
@@ -162,17 +181,8 @@ def _layers_worker(rank, ws, init, q):
 def test_fp8_column_and_row_layers_match_their_fp8_reference_and_the_bf16_layer_on_two_ranks():
     for rank, report in run_gloo(_layers_worker, 2):
         assert len(report) == 2 * 2 * 2 * 4
-        for (kind, sp, step, what), (dtype, shape, want_shape, tight, loose, bf16_off) in report.items():
-            where = f"rank {rank} {kind} sp={sp} step {step} {what}"
-            assert dtype == torch.bfloat16 and shape == want_shape, (
-                f"{where}: {dtype} {shape} vs {want_shape}"
-            )
-            assert tight <= TIGHT, f"{where}: {tight:.3g} from float32 on the same FP8 operands"
-            assert loose <= LOOSE, f"{where}: {loose:.3g} from the bf16 layer"
-            if what != "db":  # the bias's gradient is a bf16 sum in both
-                assert bf16_off > 2 * TIGHT, (
-                    f"{where}: the FP8 rounding must be visible to (a) ({bf16_off:.3g})"
-                )
+        failures = layer_failures(rank, report)
+        assert not failures, "\n".join(failures)
 
 
 # The styles on a tiny model ------------------------------------------------------------------------
@@ -317,3 +327,79 @@ def test_what_float8_cannot_run_is_refused_naming_the_value():
             assert message is not None and re.search(pattern, message), (
                 f"rank {rank}: {message!r} !~ {pattern}"
             )
+
+
+# The styles on transformers' Llama (torchtitan's plan: q/k/v and gate/up merged into one op each) ---------
+
+
+def _llama_worker(rank, ws, init, q):
+    from test_tp_styles import _batches, _llama
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel as TorchColwise
+    from torch.distributed.tensor.parallel import RowwiseParallel as TorchRowwise
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from syncopate.tp import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    try:
+        mesh = init_device_mesh("cpu", (ws,))
+        losses, merged = {}, {}
+        for float8 in (False, True):
+            model = _llama().bfloat16()
+            parallelize_module(
+                model,
+                mesh,
+                {
+                    "model.embed_tokens": TorchRowwise(input_layouts=Replicate(), output_layouts=Shard(1)),
+                    "model.norm": SequenceParallel(),
+                    "lm_head": TorchColwise(input_layouts=Shard(1), output_layouts=Replicate()),
+                },
+            )
+            for layer in model.model.layers:
+                parallelize_module(
+                    layer,
+                    mesh,
+                    {
+                        "input_layernorm": SequenceParallel(),
+                        "self_attn": PrepareModuleInput(
+                            input_kwarg_layouts={"hidden_states": Shard(1)},
+                            desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                        ),
+                        "self_attn.q_proj": ColwiseParallel(float8=float8),
+                        "self_attn.k_proj": ColwiseParallel(float8=float8),
+                        "self_attn.v_proj": ColwiseParallel(float8=float8),
+                        "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1), float8=float8),
+                        "post_attention_layernorm": SequenceParallel(),
+                        "mlp": PrepareModuleInput(
+                            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                        ),
+                        "mlp.gate_proj": ColwiseParallel(float8=float8),
+                        "mlp.up_proj": ColwiseParallel(float8=float8),
+                        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1), float8=float8),
+                    },
+                )
+            attn = model.model.layers[0].self_attn
+            merged[float8] = len(attn.q_proj._syncopate_tp.merge.members)
+            opt = torch.optim.SGD(model.parameters(), lr=0.5)
+            for step, ids in enumerate(_batches(ws)):
+                opt.zero_grad()
+                positions = torch.arange(ids.shape[1]).unsqueeze(0)
+                loss = model(input_ids=ids, labels=ids, position_ids=positions).loss
+                loss.backward()
+                opt.step()
+                losses[(float8, step)] = loss.item()
+        q.put((rank, (losses, merged)))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_llama_with_the_fp8_styles_trains_two_steps_as_with_the_bf16_styles():
+    for rank, (losses, merged) in run_gloo(_llama_worker, 2):
+        assert merged == {False: 3, True: 3}, "q, k and v run as one op, in FP8 too"
+        for step in range(2):
+            bf16, fp8 = losses[(False, step)], losses[(True, step)]
+            assert abs(fp8 - bf16) <= LOSS_TOLERANCE * abs(bf16), f"rank {rank} step {step}: {fp8} vs {bf16}"
+            assert fp8 != bf16, f"rank {rank} step {step}: the FP8 model must have run in FP8"
