@@ -200,7 +200,7 @@ class _MLP(torch.nn.Module):
 
 def _styles_worker(rank, ws, init, q):
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor.parallel import parallelize_module
 
     from syncopate.tp import ColwiseParallel, RowwiseParallel
@@ -208,12 +208,18 @@ def _styles_worker(rank, ws, init, q):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
     try:
         mesh = init_device_mesh("cpu", (ws,))
+        gen = torch.Generator().manual_seed(50)
+        x = torch.randn(M, 2, K, generator=gen).bfloat16()  # [s, b, h]: one batch, two steps on it
+        t = torch.randn(M, 2, K, generator=gen).bfloat16()
+        blk = slice(rank * M // ws, (rank + 1) * M // ws)
         losses = {}
-        for sp in (True, False):
+        # sequence-parallel; a replicated local input; a replicated DTensor input (fc1 then computes
+        # locally and DTensor reduces the input's gradient)
+        for sp in ("sp", "local", "dtensor"):
             for float8 in (False, True):
                 torch.manual_seed(3)
                 model = _MLP()
-                if sp:
+                if sp == "sp":
                     plan = {
                         "fc1": ColwiseParallel(input_layouts=Shard(0), float8=float8),
                         "fc2": RowwiseParallel(output_layouts=Shard(0), float8=float8),
@@ -224,17 +230,15 @@ def _styles_worker(rank, ws, init, q):
                 assert ("float8=True" in repr(model)) == float8
                 opt = torch.optim.SGD(model.parameters(), lr=2.0)
                 for step in range(2):
-                    gen = torch.Generator().manual_seed(50)
-                    x = torch.randn(M, 2, K, generator=gen).bfloat16()  # [s, b, h], one batch each step
-                    t = torch.randn(M, 2, K, generator=gen).bfloat16()
-                    blk = slice(rank * M // ws, (rank + 1) * M // ws)
-                    x_mine, t_mine = (x[blk], t[blk]) if sp else (x, t)
+                    x_mine, t_mine = (x[blk], t[blk]) if sp == "sp" else (x, t)
+                    if sp == "dtensor":
+                        x_mine = DTensor.from_local(x_mine.clone().requires_grad_(True), mesh, (Replicate(),))
                     opt.zero_grad()
                     loss = ((model(x_mine).float() - t_mine.float()) ** 2).sum() / t.numel()
                     loss.backward()
                     opt.step()
                     total = loss.detach().clone()
-                    if sp:
+                    if sp == "sp":
                         dist.all_reduce(total)
                     losses[(sp, float8, step)] = float(total)
         q.put((rank, losses))
@@ -244,7 +248,7 @@ def _styles_worker(rank, ws, init, q):
 
 def test_a_model_with_the_fp8_styles_trains_two_steps_as_with_the_bf16_styles():
     for rank, losses in run_gloo(_styles_worker, 2):
-        for sp in (True, False):
+        for sp in ("sp", "local", "dtensor"):
             steps = [(losses[(sp, False, s)], losses[(sp, True, s)]) for s in range(2)]
             for s, (bf16, fp8) in enumerate(steps):
                 assert abs(fp8 - bf16) <= LOSS_TOLERANCE * abs(bf16), (
@@ -252,7 +256,8 @@ def test_a_model_with_the_fp8_styles_trains_two_steps_as_with_the_bf16_styles():
                 )
                 assert fp8 != bf16, f"rank {rank} sp={sp} step {s}: the FP8 model must have run in FP8"
             assert steps[1][1] < steps[0][1], f"rank {rank} sp={sp}: the FP8 model's loss must fall: {steps}"
-        assert losses[(True, True, 1)] == pytest.approx(losses[(False, True, 1)], rel=LOSS_TOLERANCE)
+        assert losses[("sp", True, 1)] == pytest.approx(losses[("local", True, 1)], rel=LOSS_TOLERANCE)
+        assert losses[("dtensor", True, 1)] == pytest.approx(losses[("local", True, 1)], rel=LOSS_TOLERANCE)
 
 
 # Refusals ------------------------------------------------------------------------------------------
