@@ -9,7 +9,8 @@ inputs. Their output and the input, weight and bias gradients are checked agains
     ≤ TIGHT, the bf16 rounding of the outputs and of the reduced partials;
 (b) the bf16 layer: relative error ≤ LOOSE, what FP8 (e4m3, 3 mantissa bits) costs on top.
 
-A tiny MLP parallelized with the styles (`ColwiseParallel(float8=True)`, `RowwiseParallel(...)`),
+Under torch.compile the FP8 linears run eagerly (a graph break each; fullgraph stops there, naming
+why). A tiny MLP parallelized with the styles (`ColwiseParallel(float8=True)`, `RowwiseParallel(...)`),
 sequence-parallel and not, trains two steps with losses within LOSS_TOLERANCE of the bf16 styles'.
 Arguments float8 cannot take are refused with a message naming the value. The fused ops' FP8 path on
 GPUs: tests/test_gpu_tp.py.
@@ -408,3 +409,45 @@ def test_llama_with_the_fp8_styles_trains_two_steps_as_with_the_bf16_styles():
             bf16, fp8 = losses[(False, step)], losses[(True, step)]
             assert abs(fp8 - bf16) <= LOSS_TOLERANCE * abs(bf16), f"rank {rank} step {step}: {fp8} vs {bf16}"
             assert fp8 != bf16, f"rank {rank} step {step}: the FP8 model must have run in FP8"
+
+
+# Under torch.compile -------------------------------------------------------------------------------
+
+
+def _compiled_worker(rank, ws, init, q):
+    from syncopate.tp import ColumnParallelLinear, RowParallelLinear
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    try:
+        torch.manual_seed(0)
+        col = ColumnParallelLinear(K, N, impl="torch", float8=True, dtype=torch.bfloat16)
+        row = RowParallelLinear(N, K, impl="torch", float8=True, dtype=torch.bfloat16)
+
+        def mlp(x):
+            return row(torch.nn.functional.gelu(col(x)))
+
+        x = torch.randn(M // ws, K, dtype=torch.bfloat16)
+        got = {}
+        for name, f in (("eager", mlp), ("compiled", torch.compile(mlp))):
+            xi = x.clone().requires_grad_(True)
+            col.zero_grad(set_to_none=True)
+            row.zero_grad(set_to_none=True)
+            y = f(xi)
+            y.float().square().sum().backward()
+            got[name] = [y.detach(), xi.grad, col.weight.grad, row.weight.grad]
+        same = [torch.equal(a, b) for a, b in zip(got["eager"], got["compiled"], strict=True)]
+        try:
+            torch.compile(mlp, fullgraph=True)(x)
+            stopped = None
+        except Exception as e:  # noqa: BLE001 - what stopped it is the check
+            stopped = str(e)
+        q.put((rank, (same, stopped)))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_under_torch_compile_the_fp8_layers_run_eagerly_and_fullgraph_stops_at_them():
+    for rank, (same, stopped) in run_gloo(_compiled_worker, 2):
+        assert same == [True] * 4, f"rank {rank}: compiled against eager, y, dx, dW1, dW2: {same}"
+        assert stopped is not None and "the FP8 linears run eagerly" in stopped, f"rank {rank}: {stopped}"

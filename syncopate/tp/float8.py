@@ -23,6 +23,9 @@ shard (m·K·2 bytes, as `save_gathered=False`) and all-gathers it in bf16 again
 row layer all-gathers the bf16 output gradient beside its FP8 `all_gather_matmul`. Outputs and
 gradients come back in the operands' dtype; a bias is added in it.
 
+Under torch.compile a float8 linear runs eagerly, a graph break around it (`torch.compiler.disable`;
+`fullgraph=True` stops there), as the fused ops take FP8 operands eagerly only.
+
 `torch._scaled_mm` on CUDA takes only dimensions that are multiples of 16: every dimension of
 these GEMMs (the local in and out features, and the tokens) is checked to be one, on any device,
 so that a model that runs here runs on GPUs.
@@ -102,18 +105,13 @@ def check_dims(name: str, **dims: int) -> None:
 
 
 def check(name: str, x: torch.Tensor, weight: torch.Tensor, impl: str, tokens: int) -> None:
-    """ConfigError unless a float8 call of these operands can run: its impl, dtype, the dimensions
-    of its GEMMs (`tokens`: the rows of the largest one) and not under torch.compile."""
+    """ConfigError unless a float8 call of these operands can run: its impl, dtype and the dimensions
+    of its GEMMs (`tokens`: the rows of the largest one)."""
     if impl not in ("fused", "torch"):
         raise ConfigError(
             f"{name}: float8=True runs with impl 'fused' (Syncopate's ops, FP8 operands) or 'torch' (torch's "
             f"collectives and torch._scaled_mm), got impl={impl!r}: torch.ops.syncopate's custom ops and "
             f"torch's symmetric-memory ops take no scales here"
-        )
-    if torch.compiler.is_compiling():
-        raise ConfigError(
-            f"{name}: float8=True is not supported under torch.compile (the fused ops run FP8 eagerly); "
-            f"compile the model without it, or leave these layers out of the compiled region"
         )
     if x.dtype not in DTYPES:
         raise ConfigError(
@@ -173,8 +171,10 @@ class Float8Linear(torch.autograd.Function):
         return dx, dw, db, None, None, None, None
 
 
+@torch.compiler.disable(reason="syncopate.tp float8: the FP8 linears run eagerly (a graph break each)")
 def apply(name: str, mode: str, rows, weight, bias, group, impl: str, configs: dict) -> torch.Tensor:
-    """`Float8Linear` of `mode` on 2-D rows, checked first (`check`) on every rank alike."""
+    """`Float8Linear` of `mode` on 2-D rows, checked first (`check`) on every rank alike. Eager
+    under torch.compile too (a graph break), as the fused ops take FP8 operands eagerly only."""
     ws = dist.get_world_size(group)
     tokens = rows.shape[0] * ws if mode == "gather" else rows.shape[0]
     check(name, rows, weight, impl, tokens)

@@ -35,7 +35,8 @@ from CUDA graphs. The forwards add the bias out of place while traced (`_add_bia
 
 `float8=True` (every function and layer) runs each GEMM, forward and backward, on FP8 operands
 quantized dynamically along its contracted dimension, as torchao's float8 "rowwise" recipe does,
-the weights kept in bf16 (`syncopate.tp.float8`); impl `fused` or `torch`, eagerly.
+the weights kept in bf16 (`syncopate.tp.float8`); impl `fused` or `torch`, eagerly (under
+torch.compile, a graph break around each).
 
 Each fused op looks its configuration up once per shape (`syncopate.lookup`) unless `configs`
 names one per op kind ({"ag_gemm": …, "gemm_rs": …, "gemm_ar": …}); a layer calls at most one op
