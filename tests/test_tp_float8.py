@@ -10,10 +10,11 @@ inputs. Their output and the input, weight and bias gradients are checked agains
 (b) the bf16 layer: relative error ≤ LOOSE, what FP8 (e4m3, 3 mantissa bits) costs on top.
 
 Under torch.compile the FP8 linears run eagerly (a graph break each; fullgraph stops there, naming
-why). A tiny MLP parallelized with the styles (`ColwiseParallel(float8=True)`, `RowwiseParallel(...)`),
-sequence-parallel and not, trains two steps with losses within LOSS_TOLERANCE of the bf16 styles'.
-Arguments float8 cannot take are refused with a message naming the value. The fused ops' FP8 path on
-GPUs: tests/test_gpu_tp.py.
+why). A tiny MLP parallelized with the styles (`ColwiseParallel(float8=True)`,
+`RowwiseParallel(float8=True)`), sequence-parallel, replicated and on a replicated DTensor input,
+and transformers' Llama under torchtitan's plan (q/k/v and gate/up merged), train two steps with
+losses within LOSS_TOLERANCE of the bf16 styles'. Arguments float8 cannot take are refused with a
+message naming the value. The fused ops' FP8 path on GPUs: tests/test_gpu_tp_float8.py.
 """
 
 from __future__ import annotations
