@@ -106,7 +106,7 @@ def check_dims(name: str, **dims: int) -> None:
 
 def check(name: str, x: torch.Tensor, weight: torch.Tensor, impl: str, tokens: int) -> None:
     """ConfigError unless a float8 call of these operands can run: its impl, dtype and the dimensions
-    of its GEMMs (`tokens`: the rows of the largest one)."""
+    of its GEMMs (`tokens`: M, the rows of the whole input, every rank's where the layer gathers it)."""
     if impl not in ("fused", "torch"):
         raise ConfigError(
             f"{name}: float8=True runs with impl 'fused' (Syncopate's ops, FP8 operands) or 'torch' (torch's "
