@@ -5,6 +5,8 @@
 - :mod:`syncopate.tp.styles`: `ColwiseParallel`, `RowwiseParallel`, `PrepareModuleInput` and
   `SequenceParallel` for torch's `parallelize_module`, drop-in for torch's own in a plan
   (docs/tp.md);
+- :mod:`syncopate.tp.float8`: FP8 training in both (`float8=True`): every GEMM on FP8 operands
+  scaled row-wise along its contracted dimension, as torchao's float8 "rowwise" recipe;
 - :mod:`syncopate.tp.bench`: `syncopate bench --layer`, a layer timed as a job runs it, against
   torch's paths.
 """

@@ -33,6 +33,11 @@ Under `torch.compile` (`fullgraph=True` too) the fused ops are traced as `torch.
 nodes (`syncopate.kernels.library`), forward and backward; `mode="reduce-overhead"` replays them
 from CUDA graphs. The forwards add the bias out of place while traced (`_add_bias`).
 
+`float8=True` (every function and layer) runs each GEMM, forward and backward, on FP8 operands
+quantized dynamically along its contracted dimension, as torchao's float8 "rowwise" recipe does,
+the weights kept in bf16 (`syncopate.tp.float8`); impl `fused` or `torch`, eagerly (under
+torch.compile, a graph break around each).
+
 Each fused op looks its configuration up once per shape (`syncopate.lookup`) unless `configs`
 names one per op kind ({"ag_gemm": …, "gemm_rs": …, "gemm_ar": …}); a layer calls at most one op
 of each kind, forward and backward together.
@@ -48,6 +53,8 @@ import torch.distributed as dist
 
 from syncopate.errors import ConfigError, describe
 from syncopate.kernels.library import OP_NAMES, all_gather_rows, config_text, register, unfused
+from syncopate.tp.float8 import apply as float8_apply
+from syncopate.tp.float8 import check_dims
 
 __all__ = [
     "ColumnParallelLinear",
@@ -86,6 +93,12 @@ def _checked_configs(configs: dict | None) -> dict:
     if unknown:
         raise ConfigError(f"configs has key(s) {unknown}: accepted are {', '.join(KINDS)}")
     return dict(configs)
+
+
+def _checked_float8(name: str, float8) -> bool:
+    if not isinstance(float8, bool):
+        raise ConfigError(f"{name}: float8 must be True or False, got {describe(float8)}")
+    return float8
 
 
 def _world(group) -> int:
@@ -315,6 +328,7 @@ def all_gather_linear(
     impl: str = "fused",
     configs: dict | None = None,
     save_gathered: bool = True,
+    float8: bool = False,
 ):
     """all_gather(x, dim 0) @ weight.T + bias: a column-parallel linear with sequence parallelism.
 
@@ -323,18 +337,29 @@ def all_gather_linear(
     reduce-scattered back to [s/ws, ..., in] (`matmul_reduce_scatter`). The weight's gradient needs
     the gathered x: kept from the forward (`save_gathered`, the default), or, to keep only the shard
     (ws times less activation memory), gathered again in the backward by the group's own all-gather,
-    after the input gradient's op.
+    after the input gradient's op. `float8`: its GEMMs on FP8 operands (`syncopate.tp.float8`; x's
+    shard kept, `save_gathered` aside).
     """
     rows, weight, bias, impl, configs = _operands("all_gather_linear", x, weight, bias, impl, configs)
     _check_bias("all_gather_linear", bias, weight.shape[0])
     ws = _world(group)
+    if _checked_float8("all_gather_linear", float8):
+        out = float8_apply("all_gather_linear", "gather", rows, weight, bias, group, impl, configs)
+        return out.view(x.shape[0] * ws, *x.shape[1:-1], weight.shape[0])
     keep = torch.is_grad_enabled() and weight.requires_grad
     out = _GatherLinear.apply(rows, weight, bias, group, impl, configs, keep, bool(save_gathered))
     return out.view(x.shape[0] * ws, *x.shape[1:-1], weight.shape[0])
 
 
 def linear_reduce_scatter(
-    x, weight, bias=None, group=None, *, impl: str = "fused", configs: dict | None = None
+    x,
+    weight,
+    bias=None,
+    group=None,
+    *,
+    impl: str = "fused",
+    configs: dict | None = None,
+    float8: bool = False,
 ):
     """reduce_scatter(x @ weight.T, dim 0) + bias: a row-parallel linear with sequence parallelism.
 
@@ -342,6 +367,7 @@ def linear_reduce_scatter(
     same on every rank) or None. Returns this rank's block [s/ws, ..., out] of the sum over ranks;
     s must divide by the group's size. Its input gradient takes the output gradient's blocks from
     every rank (`all_gather_matmul`), and the weight's and bias's gradients are over the whole sequence.
+    `float8`: its GEMMs on FP8 operands (`syncopate.tp.float8`).
     """
     rows, weight, bias, impl, configs = _operands("linear_reduce_scatter", x, weight, bias, impl, configs)
     _check_bias("linear_reduce_scatter", bias, weight.shape[0])
@@ -351,35 +377,62 @@ def linear_reduce_scatter(
             f"linear_reduce_scatter: x's first (sequence) dimension {x.shape[0]} is not divisible by the group's "
             f"size {ws}: each rank takes an equal block of it"
         )
-    out = _LinearScatter.apply(rows, weight, bias, group, impl, configs)
+    if _checked_float8("linear_reduce_scatter", float8):
+        out = float8_apply("linear_reduce_scatter", "scatter", rows, weight, bias, group, impl, configs)
+    else:
+        out = _LinearScatter.apply(rows, weight, bias, group, impl, configs)
     return out.view(x.shape[0] // ws, *x.shape[1:-1], weight.shape[0])
 
 
-def linear_all_reduce(x, weight, bias=None, group=None, *, impl: str = "fused", configs: dict | None = None):
+def linear_all_reduce(
+    x,
+    weight,
+    bias=None,
+    group=None,
+    *,
+    impl: str = "fused",
+    configs: dict | None = None,
+    float8: bool = False,
+):
     """all_reduce(x @ weight.T) + bias: a row-parallel linear without sequence parallelism.
 
     x: [..., in/ws]; weight: [out, in/ws]; bias: [out] (the same on every rank) or None. Returns
-    [..., out], the sum over ranks, on every rank. The gradients are local.
+    [..., out], the sum over ranks, on every rank. The gradients are local. `float8`: its GEMMs on
+    FP8 operands (`syncopate.tp.float8`).
     """
     rows, weight, bias, impl, configs = _operands("linear_all_reduce", x, weight, bias, impl, configs)
     _check_bias("linear_all_reduce", bias, weight.shape[0])
     _world(group)
-    out = _LinearReduce.apply(rows, weight, bias, group, impl, configs)
+    if _checked_float8("linear_all_reduce", float8):
+        out = float8_apply("linear_all_reduce", "reduce", rows, weight, bias, group, impl, configs)
+    else:
+        out = _LinearReduce.apply(rows, weight, bias, group, impl, configs)
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
 def linear_all_reduce_grad(
-    x, weight, bias=None, group=None, *, impl: str = "fused", configs: dict | None = None
+    x,
+    weight,
+    bias=None,
+    group=None,
+    *,
+    impl: str = "fused",
+    configs: dict | None = None,
+    float8: bool = False,
 ):
     """x @ weight.T + bias, local: a column-parallel linear without sequence parallelism.
 
     x: [..., in], the same on every rank; weight: [out/ws, in]; bias: [out/ws] or None. Returns
-    [..., out/ws]. Its input gradient is summed over ranks (`matmul_all_reduce`).
+    [..., out/ws]. Its input gradient is summed over ranks (`matmul_all_reduce`). `float8`: its
+    GEMMs on FP8 operands (`syncopate.tp.float8`).
     """
     rows, weight, bias, impl, configs = _operands("linear_all_reduce_grad", x, weight, bias, impl, configs)
     _check_bias("linear_all_reduce_grad", bias, weight.shape[0])
     _world(group)
-    out = _LinearReduceGrad.apply(rows, weight, bias, group, impl, configs)
+    if _checked_float8("linear_all_reduce_grad", float8):
+        out = float8_apply("linear_all_reduce_grad", "reduce_grad", rows, weight, bias, group, impl, configs)
+    else:
+        out = _LinearReduceGrad.apply(rows, weight, bias, group, impl, configs)
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -399,6 +452,7 @@ class _ParallelLinear(torch.nn.Module):
         split: str,
         device,
         dtype,
+        float8: bool = False,
     ) -> None:
         super().__init__()
         for what, v in (("in_features", in_features), ("out_features", out_features)):
@@ -419,6 +473,14 @@ class _ParallelLinear(torch.nn.Module):
         self.world_size = ws
         self.rank = dist.get_rank(group)
         shape = (out_features // ws, in_features) if split == "out" else (out_features, in_features // ws)
+        self.float8 = _checked_float8(type(self).__name__, float8)
+        if self.float8:
+            check_dims(type(self).__name__, local_out_features=shape[0], local_in_features=shape[1])
+            if self.impl not in ("fused", "torch"):
+                raise ConfigError(
+                    f"{type(self).__name__}: float8=True runs with impl 'fused' or 'torch', got impl={impl!r}: "
+                    f"torch.ops.syncopate's custom ops and torch's symmetric-memory ops take no scales here"
+                )
         self.weight = torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
         bias_size = out_features // ws if split == "out" else out_features
         self.bias = torch.nn.Parameter(torch.empty(bias_size, device=device, dtype=dtype)) if bias else None
@@ -439,6 +501,7 @@ class _ParallelLinear(torch.nn.Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
             f"world_size={self.world_size}, sequence_parallel={self.sequence_parallel}, impl={self.impl!r}"
+            + (", float8=True" if self.float8 else "")
         )
 
 
@@ -449,7 +512,8 @@ class ColumnParallelLinear(_ParallelLinear):
     gathered by the fused op as the GEMM consumes it; without, x is the whole input on every rank.
     Returns this rank's output features, [s, ..., out/ws]: the input of a `RowParallelLinear`.
     `save_gathered=False` keeps only x's shard for the weight's gradient and gathers it again in
-    the backward (`all_gather_linear`).
+    the backward (`all_gather_linear`). `float8=True` runs its GEMMs on FP8 operands, dynamically
+    scaled row-wise, the weight kept in its dtype (`syncopate.tp.float8`).
     """
 
     def __init__(
@@ -463,11 +527,22 @@ class ColumnParallelLinear(_ParallelLinear):
         impl: str = "fused",
         configs: dict | None = None,
         save_gathered: bool = True,
+        float8: bool = False,
         device=None,
         dtype=None,
     ) -> None:
         super().__init__(
-            in_features, out_features, group, bias, sequence_parallel, impl, configs, "out", device, dtype
+            in_features,
+            out_features,
+            group,
+            bias,
+            sequence_parallel,
+            impl,
+            configs,
+            "out",
+            device,
+            dtype,
+            float8,
         )
         self.parts = (self.weight.shape[0],)  # a rank's output features of each layer it holds (from_linear)
         self.save_gathered = bool(save_gathered)
@@ -544,9 +619,10 @@ class ColumnParallelLinear(_ParallelLinear):
                 impl=self.impl,
                 configs=self.configs,
                 save_gathered=self.save_gathered,
+                float8=self.float8,
             )
         return linear_all_reduce_grad(
-            x, self.weight, self.bias, self.group, impl=self.impl, configs=self.configs
+            x, self.weight, self.bias, self.group, impl=self.impl, configs=self.configs, float8=self.float8
         )
 
 
@@ -557,6 +633,7 @@ class RowParallelLinear(_ParallelLinear):
     `sequence_parallel` (the default) the products are reduce-scattered: this rank's block of the
     sequence, [s/ws, ..., out]; without, all-reduced: [s, ..., out] on every rank. The bias is
     whole on every rank, added after the sum, and starts at zero (as each rank draws its own).
+    `float8=True`: as for `ColumnParallelLinear`.
     """
 
     def __init__(
@@ -569,11 +646,22 @@ class RowParallelLinear(_ParallelLinear):
         sequence_parallel: bool = True,
         impl: str = "fused",
         configs: dict | None = None,
+        float8: bool = False,
         device=None,
         dtype=None,
     ) -> None:
         super().__init__(
-            in_features, out_features, group, bias, sequence_parallel, impl, configs, "in", device, dtype
+            in_features,
+            out_features,
+            group,
+            bias,
+            sequence_parallel,
+            impl,
+            configs,
+            "in",
+            device,
+            dtype,
+            float8,
         )
 
     def _reset_bias(self, bound: float) -> None:
@@ -600,7 +688,9 @@ class RowParallelLinear(_ParallelLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         f = linear_reduce_scatter if self.sequence_parallel else linear_all_reduce
-        return f(x, self.weight, self.bias, self.group, impl=self.impl, configs=self.configs)
+        return f(
+            x, self.weight, self.bias, self.group, impl=self.impl, configs=self.configs, float8=self.float8
+        )
 
 
 def sync_sequence_parallel_grads(params, group=None) -> None:

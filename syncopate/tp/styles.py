@@ -45,7 +45,8 @@ Each op takes its configuration from `syncopate.lookup` at its first call with a
 are not one block per rank; a batch folded into the sequence, or `[s, b, h]` with `Shard(0)`, needs
 none. `impl` (a Syncopate argument) picks the path as for the layers: `fused` (on CPU tensors the
 ops' own path, `torch.ops.syncopate.*`, which is torch's collective then the matmul), `torch`,
-`async_tp` or `ops`.
+`async_tp` or `ops`. `float8=True` (on `ColwiseParallel` and `RowwiseParallel`) runs every GEMM of
+the linear on FP8 operands as the layers do (`syncopate.tp.float8`), the weights kept in bf16.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 from torch.distributed.tensor.placement_types import Placement
 
 from syncopate.errors import ConfigError
+from syncopate.tp.float8 import check_dims
 from syncopate.tp.layers import (
     _checked_configs,
     _checked_impl,
@@ -130,10 +132,24 @@ def _checked_linear(style: str, module: nn.Module) -> None:
         )
 
 
-def _resolved_impl(impl: str, weight: torch.Tensor) -> str:
+def _resolved_impl(impl: str, weight: torch.Tensor, float8: bool = False) -> str:
     """`fused` on tensors off CUDA runs the ops' own path there (their custom ops: torch's collective,
-    then the matmul), which is what a compiled model calls."""
-    return "ops" if impl == "fused" and not weight.is_cuda else impl
+    then the matmul), which is what a compiled model calls; with float8, torch's collective then the
+    scaled matmul (the custom ops take no scales)."""
+    if impl == "fused" and not weight.is_cuda:
+        return "torch" if float8 else "ops"
+    return impl
+
+
+def _checked_float8(style: str, float8, impl: str) -> bool:
+    """float8 checked: a bool, and an impl that runs it."""
+    float8 = _checked_bool(style, "float8", float8)
+    if float8 and impl not in ("fused", "torch"):
+        raise ConfigError(
+            f"{style}: float8=True runs with impl 'fused' or 'torch', got impl={impl!r}: torch.ops.syncopate's "
+            f"custom ops and torch's symmetric-memory ops take no scales here"
+        )
+    return float8
 
 
 def _local(t):
@@ -191,6 +207,7 @@ class _Plan:
 
     __slots__ = (
         "configs",
+        "float8",
         "group",
         "impl",
         "input_layout",
@@ -211,6 +228,7 @@ class _Plan:
         self.input_layout, self.output_layout = style.input_layouts[0], style.output_layouts[0]
         self.use_local_output = style.use_local_output
         self.save_gathered = getattr(style, "save_gathered", True)
+        self.float8 = style.float8
         self.merge: _MergeGroup | None = None
         self.merge_index = 0
 
@@ -222,6 +240,7 @@ class _Plan:
             self.impl,
             tuple(sorted(self.configs.items(), key=str)),
             self.save_gathered,
+            self.float8,
             id(self.mesh),
         )
 
@@ -234,9 +253,10 @@ def _gather_linear(plan: _Plan, local: torch.Tensor, d: int, weight, bias) -> to
         weight,
         bias,
         plan.group,
-        impl=_resolved_impl(plan.impl, weight),
+        impl=_resolved_impl(plan.impl, weight, plan.float8),
         configs=plan.configs,
         save_gathered=plan.save_gathered,
+        float8=plan.float8,
     )
     return _gathered(out, local.shape, d, plan.ws)
 
@@ -306,17 +326,39 @@ class _Colwise:
             else:
                 out = _gather_linear(plan, _local(x), d, weight, bias)
         elif isinstance(x, DTensor):  # replicated already: DTensor reduces the input gradient upstream
-            out = nn.functional.linear(x.to_local(grad_placements=(Partial(),)), weight, bias)
+            local = x.to_local(grad_placements=(Partial(),))
+            if plan.float8:
+                out = _local_float8(plan, local, weight, bias)
+            else:
+                out = nn.functional.linear(local, weight, bias)
         else:
             out = linear_all_reduce_grad(
-                x, weight, bias, plan.group, impl=_resolved_impl(plan.impl, weight), configs=plan.configs
+                x,
+                weight,
+                bias,
+                plan.group,
+                impl=_resolved_impl(plan.impl, weight, plan.float8),
+                configs=plan.configs,
+                float8=plan.float8,
             )
         if plan.use_local_output:
             return out
         return DTensor.from_local(out, plan.mesh, (Shard(out.ndim - 1),), run_check=False)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, syncopate=colwise, impl={self._syncopate_tp.impl!r}"
+        plan = self._syncopate_tp
+        return f"{super().extra_repr()}, syncopate=colwise, impl={plan.impl!r}" + (
+            ", float8=True" if plan.float8 else ""
+        )
+
+
+def _local_float8(plan: _Plan, x: torch.Tensor, weight, bias) -> torch.Tensor:
+    """x @ weight.T + bias on FP8 GEMMs, local (its input gradient is DTensor's to reduce)."""
+    from syncopate.tp.float8 import apply
+
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    out = apply(plan.name, "local", rows, weight, bias, plan.group, "torch", {})
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 def _seq_dim_ok(p: Shard, ndim: int) -> bool:
@@ -333,7 +375,9 @@ class ColwiseParallel(ParallelStyle):
     output_layouts: `Shard(-1)` only (the default). use_local_output: a local tensor (the default) or
     a DTensor `Shard(-1)`. Syncopate's: impl (`fused`, `torch`, `async_tp`, `ops`), configs (one per
     op kind; None: looked up), save_gathered (keep the gathered input for the weight's gradient, or
-    only its shard and gather it again in the backward).
+    only its shard and gather it again in the backward), float8 (every GEMM on FP8 operands, scaled
+    row-wise as torchao's float8 "rowwise" recipe does, the weight kept in its dtype:
+    `syncopate.tp.float8`; the local and out features a rank holds multiples of 16).
     """
 
     def __init__(
@@ -345,6 +389,7 @@ class ColwiseParallel(ParallelStyle):
         impl: str = "fused",
         configs: dict | None = None,
         save_gathered: bool = True,
+        float8: bool = False,
     ) -> None:
         super().__init__()
         name = type(self).__name__
@@ -374,6 +419,7 @@ class ColwiseParallel(ParallelStyle):
         self.impl = _checked_impl(impl)
         self.configs = _checked_configs(configs)
         self.save_gathered = _checked_bool(name, "save_gathered", save_gathered)
+        self.float8 = _checked_float8(name, float8, self.impl)
 
     def _partition(self, name, module, mesh) -> None:
         for key, param in list(module.named_parameters(recurse=False)):
@@ -395,6 +441,12 @@ class ColwiseParallel(ParallelStyle):
                     f"{name}: {what}={size} is not divisible by the mesh's size {mesh.size()}: each "
                     f"rank holds an equal block of the weight's rows"
                 )
+        if self.float8:
+            check_dims(
+                name,
+                local_out_features=module.out_features // mesh.size(),
+                local_in_features=module.in_features,
+            )
         distribute_module(module, mesh, self._partition)
         module.__class__ = _swapped_class(_Colwise, type(module))
         module._syncopate_tp = _Plan(self, mesh)
@@ -406,7 +458,7 @@ class ColwiseParallel(ParallelStyle):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(input_layouts={self.input_layouts}, output_layouts={self.output_layouts}, "
-            f"use_local_output={self.use_local_output}, impl={self.impl!r})"
+            f"use_local_output={self.use_local_output}, impl={self.impl!r}, float8={self.float8})"
         )
 
 
@@ -422,15 +474,23 @@ class _Rowwise:
             if not (isinstance(x.placements[0], Shard) and x.placements[0].dim in (-1, x.ndim - 1)):
                 x = x.redistribute(placements=(Shard(x.ndim - 1),))  # as torch's style would
             x = x.to_local()
-        impl = _resolved_impl(plan.impl, weight)
+        impl = _resolved_impl(plan.impl, weight, plan.float8)
         if isinstance(plan.output_layout, Replicate):
-            out = linear_all_reduce(x, weight, bias, plan.group, impl=impl, configs=plan.configs)
+            out = linear_all_reduce(
+                x, weight, bias, plan.group, impl=impl, configs=plan.configs, float8=plan.float8
+            )
             placement = Replicate()
         else:
             d = _seq_dim(plan.name, plan.output_layout, x.ndim)
             _check_divisible(plan.name, x.shape[d], d, plan.ws)
             rows = linear_reduce_scatter(
-                _rank_major(x, d, plan.ws), weight, bias, plan.group, impl=impl, configs=plan.configs
+                _rank_major(x, d, plan.ws),
+                weight,
+                bias,
+                plan.group,
+                impl=impl,
+                configs=plan.configs,
+                float8=plan.float8,
             )
             out = rows.view(*x.shape[:d], x.shape[d] // plan.ws, *x.shape[d + 1 : -1], rows.shape[-1])
             placement = Shard(d)
@@ -439,7 +499,10 @@ class _Rowwise:
         return DTensor.from_local(out, plan.mesh, (placement,), run_check=False)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, syncopate=rowwise, impl={self._syncopate_tp.impl!r}"
+        plan = self._syncopate_tp
+        return f"{super().extra_repr()}, syncopate=rowwise, impl={plan.impl!r}" + (
+            ", float8=True" if plan.float8 else ""
+        )
 
 
 class RowwiseParallel(ParallelStyle):
@@ -448,8 +511,8 @@ class RowwiseParallel(ParallelStyle):
 
     input_layouts: `Shard(-1)` only (the default: each rank's input features, a column-parallel
     linear's output). output_layouts: `Replicate()` (the default: `matmul_all_reduce`) or `Shard(d)`
-    of a sequence dim (sequence parallelism: `matmul_reduce_scatter`). use_local_output, impl, configs:
-    as for `ColwiseParallel`.
+    of a sequence dim (sequence parallelism: `matmul_reduce_scatter`). use_local_output, impl, configs,
+    float8: as for `ColwiseParallel`.
     """
 
     def __init__(
@@ -460,6 +523,7 @@ class RowwiseParallel(ParallelStyle):
         use_local_output: bool = True,
         impl: str = "fused",
         configs: dict | None = None,
+        float8: bool = False,
     ) -> None:
         super().__init__()
         name = type(self).__name__
@@ -488,6 +552,7 @@ class RowwiseParallel(ParallelStyle):
         self.use_local_output = _checked_bool(name, "use_local_output", use_local_output)
         self.impl = _checked_impl(impl)
         self.configs = _checked_configs(configs)
+        self.float8 = _checked_float8(name, float8, self.impl)
 
     def _partition(self, name, module, mesh) -> None:
         module.register_parameter(
@@ -515,6 +580,12 @@ class RowwiseParallel(ParallelStyle):
                 f"{name}: in_features={module.in_features} is not divisible by the mesh's size "
                 f"{mesh.size()}: each rank holds an equal block of the weight's columns"
             )
+        if self.float8:
+            check_dims(
+                name,
+                local_out_features=module.out_features,
+                local_in_features=module.in_features // mesh.size(),
+            )
         distribute_module(module, mesh, self._partition)
         module.__class__ = _swapped_class(_Rowwise, type(module))
         module._syncopate_tp = _Plan(self, mesh)
@@ -523,7 +594,7 @@ class RowwiseParallel(ParallelStyle):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(input_layouts={self.input_layouts}, output_layouts={self.output_layouts}, "
-            f"use_local_output={self.use_local_output}, impl={self.impl!r})"
+            f"use_local_output={self.use_local_output}, impl={self.impl!r}, float8={self.float8})"
         )
 
 

@@ -1,0 +1,181 @@
+"""FP8 training in the tensor-parallel layers: torchao's float8 "rowwise" recipe on the fused ops.
+
+The weights stay in their own dtype (bf16: the master copy the optimizer updates). Each GEMM of a
+layer, forward and backward, quantizes both its operands dynamically to `torch.float8_e4m3fn`,
+each along the dimension the GEMM contracts, and runs scaled (`torch._scaled_mm`, bf16 out):
+
+    amax  = max |v| over the contracted dimension (one per row of A, one per column of B)
+    scale = max(amax, 1e-12) / 448        (float32; 448 = float8_e4m3fn's largest value)
+    v8    = clamp(v / scale, -448, 448) as float8_e4m3fn,   v ≈ v8 * scale
+
+| GEMM                      | A (scale per row, over) | B (scale per column, over) |
+|---------------------------|-------------------------|----------------------------|
+| out = x @ Wᵀ              | x (K, in_features)      | W's rows (K)               |
+| grad_x = grad_out @ W     | grad_out (N)            | W's columns (N)            |
+| grad_W = grad_outᵀ @ x    | grad_out's columns (M)  | x's columns (M, tokens)    |
+
+Where a GEMM's collective is a fused op, it is the op's FP8 form (`syncopate.kernels.ops` with
+`a_scale`/`b_scale`): an all-gather moves FP8 rows and their scales; a reduce-scatter or all-reduce
+sums the bf16 partials, each rank's dequantized by its own scales (a row-parallel layer's K is
+split, so each rank scales its own slice of it). The weight's gradient contracts the tokens, which
+the FP8 rows of the forward's all-gather are not scaled along: the column layer keeps x's bf16
+shard (m·K·2 bytes, as `save_gathered=False`) and all-gathers it in bf16 again in the backward; the
+row layer all-gathers the bf16 output gradient beside its FP8 `all_gather_matmul`. Outputs and
+gradients come back in the operands' dtype; a bias is added in it.
+
+Under torch.compile a float8 linear runs eagerly, a graph break around it (`torch.compiler.disable`;
+`fullgraph=True` stops there), as the fused ops take FP8 operands eagerly only.
+
+`torch._scaled_mm` on CUDA takes only dimensions that are multiples of 16: every dimension of
+these GEMMs (the local in and out features, and the tokens) is checked to be one, on any device,
+so that a model that runs here runs on GPUs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from syncopate.errors import ConfigError
+from syncopate.kernels.library import all_gather_rows, unfused
+from syncopate.kernels.scaled import FP8, column_major, scaled_mm
+
+__all__ = ["AMAX_EPS", "DIM_MULTIPLE", "E4M3_MAX", "MODES", "Float8Linear", "check_dims", "quantize"]
+
+E4M3_MAX = 448.0
+"""float8_e4m3fn's largest finite value: a scale maps the amax onto it."""
+AMAX_EPS = 1e-12
+"""The smallest amax a scale is made from: an all-zero row or column gets a finite scale."""
+DIM_MULTIPLE = 16
+"""`torch._scaled_mm` on CUDA takes dimensions that are multiples of this only."""
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+"""The operand dtypes a float8 layer quantizes from."""
+
+MODES = ("gather", "scatter", "reduce", "reduce_grad", "local")
+"""The layer a `Float8Linear` computes: `all_gather_linear`, `linear_reduce_scatter`,
+`linear_all_reduce`, `linear_all_reduce_grad`, and a local linear whose input gradient the caller
+reduces (a styles' column layer on a replicated DTensor)."""
+
+
+def quantize(v: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(v as float8_e4m3fn, its float32 scale) with one scale per slice along `dim` (the contracted
+    dimension): dim=1 gives a [rows, 1] scale, dim=0 a [1, columns] one. The FP8 tensor keeps v's
+    layout (a transposed view stays column-major)."""
+    amax = v.abs().amax(dim=dim, keepdim=True).float()
+    scale = amax.clamp_min(AMAX_EPS) / E4M3_MAX
+    v8 = (v.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
+    return v8, scale
+
+
+def _operands8(a: torch.Tensor, b: torch.Tensor):
+    """a [M, K] and b [K, N] quantized along K, as the scaled GEMM takes them: A row-major with a
+    [M, 1] scale, B column-major with a [1, N] one."""
+    a8, sa = quantize(a, 1)
+    b8, sb = quantize(b, 0)
+    return a8.contiguous(), column_major(b8), sa, sb
+
+
+def mm8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b, local, on FP8 operands quantized along the contracted dimension (bf16 out)."""
+    a8, b8, sa, sb = _operands8(a, b)
+    return scaled_mm(a8, b8, sa, sb)
+
+
+def op8(kind: str, a: torch.Tensor, b: torch.Tensor, group, impl: str, config) -> torch.Tensor:
+    """The op of `kind` on a and b quantized along K (bf16 out): the fused op (`impl="fused"`) or
+    torch's collective and the scaled GEMM (`impl="torch"`)."""
+    a8, b8, sa, sb = _operands8(a, b)
+    if impl == "fused":
+        from syncopate.kernels import ops
+        from syncopate.kernels.library import OP_NAMES
+
+        return getattr(ops, OP_NAMES[kind])(a8, b8, group, config, a_scale=sa, b_scale=sb)
+    return unfused(kind, a8, b8, group, scales=(sa, sb))
+
+
+def check_dims(name: str, **dims: int) -> None:
+    """ConfigError naming the first of `dims` that is not a multiple of 16."""
+    for what, size in dims.items():
+        if size % DIM_MULTIPLE:
+            raise ConfigError(
+                f"{name}: float8 needs every dimension of its GEMMs to be a multiple of {DIM_MULTIPLE} "
+                f"(torch._scaled_mm on CUDA), but {what.replace('_', ' ')} is {size}: pad it, or keep "
+                f"this layer in bf16 (float8=False)"
+            )
+
+
+def check(name: str, x: torch.Tensor, weight: torch.Tensor, impl: str, tokens: int) -> None:
+    """ConfigError unless a float8 call of these operands can run: its impl, dtype and the dimensions
+    of its GEMMs (`tokens`: M, the rows of the whole input, every rank's where the layer gathers it)."""
+    if impl not in ("fused", "torch"):
+        raise ConfigError(
+            f"{name}: float8=True runs with impl 'fused' (Syncopate's ops, FP8 operands) or 'torch' (torch's "
+            f"collectives and torch._scaled_mm), got impl={impl!r}: torch.ops.syncopate's custom ops and "
+            f"torch's symmetric-memory ops take no scales here"
+        )
+    if x.dtype not in DTYPES:
+        raise ConfigError(
+            f"{name}: float8=True quantizes bfloat16, float16 or float32 operands, got {x.dtype} (keep the "
+            f"weights in bf16: they are the master copy, quantized at every GEMM)"
+        )
+    out_f, in_f = weight.shape
+    check_dims(name, local_out_features=out_f, local_in_features=in_f, tokens=tokens)
+
+
+class Float8Linear(torch.autograd.Function):
+    """x @ Wᵀ + b of `mode` (MODES) on FP8 GEMMs, dynamically scaled; the module docstring says which
+    operand is scaled along which dimension and what each mode keeps for its backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, impl, configs, mode):
+        wt = weight.t()
+        if mode == "gather":
+            out = op8("ag_gemm", x, wt, group, impl, configs.get("ag_gemm"))
+        elif mode == "scatter":
+            out = op8("gemm_rs", x, wt, group, impl, configs.get("gemm_rs"))
+        elif mode == "reduce":
+            out = op8("gemm_ar", x, wt, group, impl, configs.get("gemm_ar"))
+        else:
+            out = mm8(x, wt)
+        out = out.to(x.dtype)
+        if bias is not None:
+            out = out.add_(bias)
+        ctx.save_for_backward(x, weight)
+        ctx.setup = (group, impl, configs, mode)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        group, impl, configs, mode = ctx.setup
+        dy = dy.contiguous()
+        dx = None
+        if ctx.needs_input_grad[0]:
+            if mode == "gather":
+                dx = op8("gemm_rs", dy, weight, group, impl, configs.get("gemm_rs"))
+            elif mode == "scatter":
+                dx = op8("ag_gemm", dy, weight, group, impl, configs.get("ag_gemm"))
+            elif mode == "reduce_grad":
+                dx = op8("gemm_ar", dy, weight, group, impl, configs.get("gemm_ar"))
+            else:
+                dx = mm8(dy, weight)
+            dx = dx.to(x.dtype)
+        dw = db = None
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            dy_rows = all_gather_rows(dy, group) if mode == "scatter" else dy
+            if ctx.needs_input_grad[1]:
+                x_rows = all_gather_rows(x, group) if mode == "gather" else x
+                dw = mm8(dy_rows.t(), x_rows).to(weight.dtype)
+            if ctx.needs_input_grad[2]:
+                db = dy_rows.sum(0)
+        return dx, dw, db, None, None, None, None
+
+
+@torch.compiler.disable(reason="syncopate.tp float8: the FP8 linears run eagerly (a graph break each)")
+def apply(name: str, mode: str, rows, weight, bias, group, impl: str, configs: dict) -> torch.Tensor:
+    """`Float8Linear` of `mode` on 2-D rows, checked first (`check`) on every rank alike. Eager
+    under torch.compile too (a graph break), as the fused ops take FP8 operands eagerly only."""
+    ws = dist.get_world_size(group)
+    tokens = rows.shape[0] * ws if mode == "gather" else rows.shape[0]
+    check(name, rows, weight, impl, tokens)
+    return Float8Linear.apply(rows, weight, bias, group, impl, configs, mode)
