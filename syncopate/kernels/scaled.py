@@ -21,12 +21,15 @@ import torch
 from syncopate.errors import ConfigError, describe
 
 __all__ = [
+    "AMAX_EPS",
+    "E4M3_MAX",
     "FP8",
     "OUT_DTYPE",
     "Scales",
     "check_scales",
     "chunk_scale",
     "column_major",
+    "quantize",
     "row_scales",
     "scaled_mm",
 ]
@@ -38,6 +41,20 @@ OUT_DTYPE = torch.bfloat16
 
 Scales = tuple[torch.Tensor, torch.Tensor]
 """(a_scale, b_scale) of one call."""
+E4M3_MAX = 448.0
+"""float8_e4m3fn's largest finite value: a scale maps the amax onto it."""
+AMAX_EPS = 1e-12
+"""The smallest amax a scale is made from: an all-zero row or column gets a finite scale."""
+
+
+def quantize(v: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(v as float8_e4m3fn, its float32 scale) with one scale per slice along `dim` (the contracted
+    dimension): dim=1 gives a [rows, 1] scale, dim=0 a [1, columns] one. The FP8 tensor keeps v's
+    layout (a transposed view stays column-major)."""
+    amax = v.abs().amax(dim=dim, keepdim=True).float()
+    scale = amax.clamp_min(AMAX_EPS) / E4M3_MAX
+    v8 = (v.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
+    return v8, scale
 
 
 def _tensor_wise(scale: torch.Tensor) -> bool:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from syncopate.errors import CandidateTimeoutError, ConfigError
 from syncopate.kernels import ops
-from syncopate.kernels.scaled import FP8, OUT_DTYPE, scaled_mm
+from syncopate.kernels.scaled import FP8, OUT_DTYPE, quantize, scaled_mm
 from syncopate.measure.reference import FP8_TOLERANCE, reference, relative_error
 from syncopate.measure.timing import Timing, barrier, time_collective, time_eager
 from syncopate.search_space import Candidate, Workload
@@ -129,10 +129,8 @@ class Harness:
         b = b / (self.workload.shape.k**0.5)
         if not self.scaled:
             return a.to(self.dtype), b.to(self.dtype), None
-        a_scale = (a.abs().amax(dim=1, keepdim=True) / 448.0).clamp_min(1e-12)
-        w = b.t().contiguous()  # [N, K] as a weight holds it
-        w_scale = (w.abs().amax(dim=1, keepdim=True) / 448.0).clamp_min(1e-12)
-        a8, w8 = (a / a_scale).to(FP8), (w / w_scale).to(FP8)
+        a8, a_scale = quantize(a, 1)
+        w8, w_scale = quantize(b.t().contiguous(), 1)  # [N, K] as a weight holds it
         return a8, w8.t(), (a_scale, w_scale.reshape(1, -1).contiguous())
 
     def op(self, candidate: Candidate, spin_limit: int = 0) -> Callable[..., torch.Tensor]:

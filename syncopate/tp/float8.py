@@ -38,14 +38,10 @@ import torch.distributed as dist
 
 from syncopate.errors import ConfigError
 from syncopate.kernels.library import all_gather_rows, unfused
-from syncopate.kernels.scaled import FP8, column_major, scaled_mm
+from syncopate.kernels.scaled import AMAX_EPS, E4M3_MAX, column_major, quantize, scaled_mm
 
 __all__ = ["AMAX_EPS", "DIM_MULTIPLE", "E4M3_MAX", "MODES", "Float8Linear", "check_dims", "quantize"]
 
-E4M3_MAX = 448.0
-"""float8_e4m3fn's largest finite value: a scale maps the amax onto it."""
-AMAX_EPS = 1e-12
-"""The smallest amax a scale is made from: an all-zero row or column gets a finite scale."""
 DIM_MULTIPLE = 16
 """`torch._scaled_mm` on CUDA takes dimensions that are multiples of this only."""
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -55,16 +51,6 @@ MODES = ("gather", "scatter", "reduce", "reduce_grad", "local")
 """The layer a `Float8Linear` computes: `all_gather_linear`, `linear_reduce_scatter`,
 `linear_all_reduce`, `linear_all_reduce_grad`, and a local linear whose input gradient the caller
 reduces (a styles' column layer on a replicated DTensor)."""
-
-
-def quantize(v: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(v as float8_e4m3fn, its float32 scale) with one scale per slice along `dim` (the contracted
-    dimension): dim=1 gives a [rows, 1] scale, dim=0 a [1, columns] one. The FP8 tensor keeps v's
-    layout (a transposed view stays column-major)."""
-    amax = v.abs().amax(dim=dim, keepdim=True).float()
-    scale = amax.clamp_min(AMAX_EPS) / E4M3_MAX
-    v8 = (v.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
-    return v8, scale
 
 
 def _operands8(a: torch.Tensor, b: torch.Tensor):
