@@ -447,9 +447,10 @@ class _Ladder:
         except CalibrationError as e:
             return None, str(e)
         model = CostModel(calibration)
+        guards = guard_candidates(self.workload, self.topology)
         found: dict[str, Candidate] = {}
         for c in [
-            *guard_candidates(self.workload, self.topology).values(),
+            *guards.values(),
             *bench_grid(self.workload, self.topology, "tiny", BACKENDS),
         ]:
             found.setdefault(c.key(), c)
@@ -470,7 +471,7 @@ class _Ladder:
         score, best = min(scored, key=lambda sc: sc[0])
         where = "on the device" if self.mode == "graph" else "eager"
         among = f"the cost model's pick among {len(scored)} candidates (the `tiny` grid and the references)"
-        unfused = guard_candidates(self.workload, self.topology)["unfused"]
+        unfused = guards["unfused"]
         unfused_score = next((sc for sc, c in scored if c == unfused), None)
         if best != unfused and unfused_score is not None and calibration.source != "measured":
             pick = (
