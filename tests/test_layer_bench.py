@@ -41,7 +41,7 @@ def test_attention_ops_use_the_head_widths():
         ),
         (
             {"impls": ("torch", "magic")},
-            r"impls=\['torch', 'magic'\]: accepted are torch, async_tp, syncopate, default",
+            r"impls=\['torch', 'magic'\]: accepted are torch, async_tp, syncopate, wgrad, default, bound",
         ),
         ({"hidden": 0}, "hidden=0 must be a positive integer"),
     ],
@@ -74,3 +74,62 @@ def test_attention_with_a_head_width_of_its_own():
     assert b.ops()[1] == ("gemm_rs", (4096, 5120, 64 * 128))
     with pytest.raises(ConfigError, match="head_dim=-1"):
         LayerBench(layer="attention", head_dim=-1)
+
+
+def test_the_bound_computes_each_rank_s_shapes_without_communicating():
+    """The bound's layers run the local matmuls of the real ones, forward and backward, with no
+    process group at all (a collective would raise), and give every gradient its shape."""
+    import types
+
+    import torch
+
+    from syncopate.tp.bench import _local_ops
+
+    bench = LayerBench(layer="mlp", hidden=8, ffn=16, tokens=12, tp=2)
+    col = types.SimpleNamespace(weight=torch.randn(16, 8, requires_grad=True), bias=None)
+    row = types.SimpleNamespace(weight=torch.randn(8, 8, requires_grad=True), bias=None)
+    col_fn, row_fn = _local_ops(bench, col, row)
+    x = torch.randn(6, 8, requires_grad=True)
+    gu = col_fn(x)
+    assert gu.shape == (12, 16)
+    gate, up = gu.chunk(2, dim=-1)
+    h = torch.nn.functional.silu(gate) * up
+    out = row_fn(h)
+    assert out.shape == (6, 8)
+    torch.testing.assert_close(out, (h @ row.weight.t())[:6])
+    out.backward(torch.randn_like(out))
+    assert x.grad.shape == (6, 8) and col.weight.grad.shape == (16, 8) and row.weight.grad.shape == (8, 8)
+
+    local = LayerBench(layer="mlp", hidden=8, ffn=16, tokens=12, tp=2, sequence_parallel=False)
+    col_fn, row_fn = _local_ops(local, col, row)
+    x = torch.randn(12, 8)
+    torch.testing.assert_close(col_fn(x), x @ col.weight.t())
+
+
+def test_table_adds_the_bound_columns_when_the_bound_is_measured():
+    result = {
+        "results": {
+            "torch": {"graph/forward": 300.0},
+            "syncopate": {"graph/forward": 250.0},
+            "bound": {"graph/forward": 200.0},
+        }
+    }
+    head, _, row = format_layer_table(result).splitlines()
+    assert head.split(" | ")[-2:] == ["bound/ours", "torch/bound"]
+    assert row.split(" | ")[-2:] == ["0.800", "1.500"]
+
+
+def test_profile_summary_sorts_device_time_into_classes_and_streams():
+    from syncopate.tp.bench import kernel_class, summarize_trace
+
+    assert kernel_class("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL") == "nccl"
+    assert kernel_class("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64") == "gemm"
+    assert kernel_class("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NTN") == "gemm"
+    assert kernel_class("Memcpy PtoP (Device -> Device)") == "copy"
+    assert kernel_class("_gemm_rs_kernel") == "syncopate"
+    assert kernel_class("void at::native::vectorized_elementwise_kernel<4, ...>") == "other"
+    events = [("nvjet_a", 7, 300.0), ("ncclDevKernel_X", 13, 120.0), ("nvjet_a", 7, 300.0), ("elem", 7, 60.0)]
+    s = summarize_trace(events, iterations=2)
+    assert s["by_class"]["gemm"] == 300.0 and s["by_class"]["nccl"] == 60.0 and s["by_class"]["other"] == 30.0
+    assert list(s["by_stream"]) == ["7", "13"] and s["by_stream"]["7"] == 330.0
+    assert s["top"][0] == ["nvjet_a", 300.0]

@@ -101,6 +101,11 @@ def bench_cmd(
         "--sp/--no-sp",
         help="With --layer: sequence parallel (all-gather, reduce-scatter) or not (all-reduce).",
     ),
+    profile: Path = typer.Option(
+        None,
+        help="With --layer: write a profiler trace of each implementation's eager forward + backward to this "
+        "folder and print where each spends its device time.",
+    ),
 ) -> None:
     """Time torch_seq, torch async-TP, GEMM alone, collective alone, the bound and the best candidate per backend.
 
@@ -145,6 +150,7 @@ def bench_cmd(
             sequence_parallel,
             repetitions,
             json_out,
+            profile,
         )
         return
     from syncopate.autotuner.sweep import load_sweep
@@ -219,11 +225,22 @@ def bench_cmd(
 
 
 def _bench_layer(
-    layer, hidden, ffn, heads, kv_heads, head_dim, tokens, tp, sequence_parallel, repetitions, json_out
+    layer,
+    hidden,
+    ffn,
+    heads,
+    kv_heads,
+    head_dim,
+    tokens,
+    tp,
+    sequence_parallel,
+    repetitions,
+    json_out,
+    profile,
 ) -> None:
     import json
 
-    from syncopate.tp.bench import LayerBench, format_layer_table
+    from syncopate.tp.bench import LayerBench, format_layer_table, format_profile
 
     if json_out is not None:
         from syncopate.files import check_writable
@@ -243,6 +260,7 @@ def _bench_layer(
         tp=tp or max(visible, 2),
         sequence_parallel=sequence_parallel,
         repetitions=min(repetitions, 7),
+        profile_dir=str(profile) if profile is not None else None,
     )
     if visible < bench.tp:
         raise RuntimeUnavailableError(
@@ -262,3 +280,6 @@ def _bench_layer(
         f"{result['date']} (us an iteration)"
     )
     print(format_layer_table(result))
+    if profile is not None:
+        print(f"\ndevice time of one eager forward + backward, rank 0 (traces in {profile}):")
+        print(format_profile(result))

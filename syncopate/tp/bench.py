@@ -4,11 +4,24 @@ The unit of speed is the layer, not the op: a layer's ops meet each other's entr
 skew and stream joins, and an eager job pays every call's host time. One process per GPU (spawned
 here, NCCL group). For each implementation — torch's collectives and matmuls in sequence
 (`torch`), torch's fused symmetric-memory ops (`async_tp`), Syncopate's fused ops with the
-configurations `lookup` serves (`syncopate`) and with the untuned defaults (`default`) — the same
-layer (same weights and input) is timed forward and forward + backward:
+configurations `lookup` serves (`syncopate`; `wgrad`: the same with the column layer's
+input-gradient collective run behind its weight-gradient GEMM, `grad_overlap="weight_grad"`) and
+with the untuned defaults (`default`) — the same layer (same weights and input) is timed forward and
+forward + backward:
 
 - `eager`: `EAGER_CALLS` iterations back to back with the host on the path (`time_eager`);
 - `graph`: one iteration captured in a CUDA graph, replayed back to back.
+
+`bound` is the same layer with its communication left out: the same torch matmuls, attention
+and activation on the shapes each rank computes, the gathered input and the scattered output's
+gradient read from buffers of their size. No overlap of the collectives with that work can make
+the layer faster than it, so `bound / ours` says how much of the communication Syncopate hides and
+`torch / bound` the most any overlap could gain over torch's path on these GPUs.
+
+`profile_dir` also records, for each implementation, a torch.profiler trace of a few eager
+forward + backward iterations (`{layer}-tp{tp}-{impl}-rank{r}.json`) and each rank's device time a
+iteration by kernel class (GEMMs, NCCL, Syncopate's kernels, copies, the rest) and by stream: where
+the layer spends the time its ops did not.
 
 | layer       | forward (sequence parallel)                                                    |
 |-------------|--------------------------------------------------------------------------------|
@@ -32,7 +45,7 @@ from syncopate.errors import ConfigError
 __all__ = ["LAYERS", "IMPLS", "LayerBench", "format_layer_table", "run_layer_bench"]
 
 LAYERS = ("mlp", "attention")
-IMPLS = ("torch", "async_tp", "syncopate", "default")
+IMPLS = ("torch", "async_tp", "syncopate", "wgrad", "default", "bound")
 MODES = ("eager", "graph")
 PASSES = ("forward", "forward_backward")
 
@@ -64,6 +77,8 @@ class LayerBench:
     passes: tuple[str, ...] = PASSES
     repetitions: int = 7
     """Timed repetitions of `EAGER_CALLS` back-to-back iterations each."""
+    profile_dir: str | None = None
+    """Where to write each implementation's profiler traces (None: no profile)."""
 
     def __post_init__(self) -> None:
         if self.layer not in LAYERS:
@@ -124,21 +139,73 @@ class LayerBench:
         return [("gemm_ar", (m, h, row)), ("gemm_ar", (m, h, col))]
 
 
+def _local_ops(bench: LayerBench, col, row):
+    """The bound's column and row layers: `col`'s and `row`'s weights in local matmuls, their
+    communication left out (with sequence parallelism: the gathered input read from a buffer of its
+    size, forward; the output's gathered gradient likewise, backward)."""
+    import torch
+
+    if bench.sequence_parallel:
+        rows = bench.tokens // bench.tp
+        weight = col.weight
+        gathered = torch.randn(bench.tokens, bench.hidden, device=weight.device, dtype=weight.dtype)
+        gathered_grad = torch.randn(bench.tokens, bench.hidden, device=weight.device, dtype=weight.dtype)
+
+        class _Gathered(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return gathered.view_as(gathered)
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad[:rows]
+
+        class _Scattered(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, y):
+                return y[:rows]
+
+            @staticmethod
+            def backward(ctx, grad):
+                return gathered_grad
+
+        def col_fn(x):
+            return torch.nn.functional.linear(_Gathered.apply(x), col.weight, col.bias)
+
+        def row_fn(h):
+            return _Scattered.apply(torch.nn.functional.linear(h, row.weight, row.bias))
+
+        return col_fn, row_fn
+
+    def col_fn(x):
+        return torch.nn.functional.linear(x, col.weight, col.bias)
+
+    def row_fn(h):
+        return torch.nn.functional.linear(h, row.weight, row.bias)
+
+    return col_fn, row_fn
+
+
 def _build(bench: LayerBench, impl: str, group, device, weights: dict, configs: dict | None):
-    """The layer of `impl` (syncopate.tp's layers on this rank's shards of `weights`) as a callable."""
+    """The layer of `impl` (syncopate.tp's layers on this rank's shards of `weights`) as a callable;
+    `bound`: torch's layer's shards in local matmuls, without communication (`_local_ops`)."""
     import torch
 
     from syncopate.tp.layers import ColumnParallelLinear, RowParallelLinear
 
-    kind = "fused" if impl in ("syncopate", "default") else impl
+    kind = {"syncopate": "fused", "wgrad": "fused", "default": "fused", "bound": "torch"}.get(impl, impl)
     sp = bench.sequence_parallel
     col_cfg, row_cfg = configs if configs is not None else (None, None)
+    overlap = "weight_grad" if impl == "wgrad" else "op"
     col = ColumnParallelLinear.from_linear(
-        weights["col"], group, sequence_parallel=sp, impl=kind, configs=col_cfg
+        weights["col"], group, sequence_parallel=sp, impl=kind, configs=col_cfg, grad_overlap=overlap
     )
     row = RowParallelLinear.from_linear(
         weights["row"], group, sequence_parallel=sp, impl=kind, configs=row_cfg
     )
+    params = [*col.parameters(), *row.parameters()]
+    if impl == "bound":
+        col, row = _local_ops(bench, col, row)
     tp = bench.tp
     if bench.layer == "mlp":
 
@@ -158,7 +225,7 @@ def _build(bench: LayerBench, impl: str, group, device, weights: dict, configs: 
             o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             return row(o.transpose(1, 2).reshape(tokens, heads * hd))
 
-    return forward, [*col.parameters(), *row.parameters()]
+    return forward, params
 
 
 def _default_configs(bench: LayerBench, topology) -> tuple[dict, dict]:
@@ -198,6 +265,65 @@ def _time_graph(step, group, calls: int, repetitions: int):
         step()
     torch.cuda.synchronize()
     return time_eager(graph.replay, group, calls=calls, repetitions=repetitions), graph
+
+
+KERNEL_CLASSES = ("gemm", "nccl", "syncopate", "copy", "other")
+
+
+def kernel_class(name: str) -> str:
+    """The class of a device activity by its name, for the profile's summary: cuBLAS/CUTLASS GEMMs,
+    NCCL's kernels, Syncopate's Triton kernels, memory copies and sets, the rest."""
+    low = name.lower()
+    if "nccl" in low:
+        return "nccl"
+    if low.startswith("memcpy") or low.startswith("memset") or "copy engine" in low:
+        return "copy"
+    if any(s in low for s in ("gemm", "cutlass", "nvjet", "xmma", "matmul", "sm90_", "cublas")):
+        return "syncopate" if low.startswith("_") and "kernel" in low else "gemm"
+    if low.startswith("_") or "syncopate" in low:
+        return "syncopate"
+    return "other"
+
+
+def summarize_trace(events, iterations: int) -> dict:
+    """Device µs an iteration by kernel class and by stream, and the busiest kernels, from a
+    profiler's device events (`(name, stream, duration_us)`)."""
+    by_class = dict.fromkeys(KERNEL_CLASSES, 0.0)
+    by_stream: dict[str, float] = {}
+    by_name: dict[str, float] = {}
+    for name, stream, dur in events:
+        by_class[kernel_class(name)] += dur / iterations
+        by_stream[str(stream)] = by_stream.get(str(stream), 0.0) + dur / iterations
+        by_name[name] = by_name.get(name, 0.0) + dur / iterations
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
+    return {
+        "by_class": {k: round(v, 1) for k, v in by_class.items()},
+        "by_stream": {k: round(v, 1) for k, v in sorted(by_stream.items(), key=lambda kv: -kv[1])},
+        "top": [[k[:120], round(v, 1)] for k, v in top],
+    }
+
+
+def _profile(step, group, path: str, iterations: int = 3) -> dict:
+    """`iterations` eager calls of `step` under torch.profiler (CUDA activities): the trace written
+    to `path`, its summary returned."""
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    dist.barrier(group)
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(iterations):
+            step()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+    events = []
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            events.append((e.name, getattr(e, "device_resource_id", 0), e.time_range.elapsed_us()))
+    return summarize_trace(events, iterations)
 
 
 def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
@@ -260,6 +386,12 @@ def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
                         with ops.mode("graph"):
                             samples, _graph = _time_graph(fn, group, EAGER_CALLS, bench.repetitions)
                     entry[f"{mode}/{name}"] = statistics.median(samples)
+            if bench.profile_dir:
+                import os
+
+                os.makedirs(bench.profile_dir, exist_ok=True)
+                path = os.path.join(bench.profile_dir, f"{bench.layer}-tp{world}-{impl}-rank{rank}.json")
+                entry["profile"] = _profile(step, group, path)
             results[impl] = entry
         except Exception as e:  # an impl this torch lacks (async-TP) or that fails here: said in its row
             results[impl] = {"error": f"{type(e).__name__}: {e}"}
@@ -292,10 +424,14 @@ def run_layer_bench(bench: LayerBench) -> dict:
 
 
 def format_layer_table(result: dict) -> str:
-    """µs an iteration per implementation, and torch's paths over Syncopate's, per mode and pass."""
+    """µs an iteration per implementation, and torch's paths over Syncopate's, per mode and pass;
+    with the `bound` measured, also bound / ours (how much of the communication ours hides) and
+    torch / bound (the most an overlap could gain over torch's path)."""
     res = result["results"]
     cols = [i for i in IMPLS if i in res]
+    bound = "bound" in res
     head = ["mode/pass", *cols, "torch/ours", "async/ours", "default/ours"]
+    head += ["bound/ours", "torch/bound"] if bound else []
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     keys = sorted(
         {k for r in res.values() for k in r if "/" in k},
@@ -306,21 +442,27 @@ def format_layer_table(result: dict) -> str:
         def t(impl):
             return res.get(impl, {}).get(key)
 
-        ours = t("syncopate")
+        def ratio(num, den="syncopate"):
+            a, b = t(num), t(den)
+            return f"{a / b:.3f}" if a and b else "–"
 
-        def ratio(impl):
-            other = t(impl)
-            return f"{other / ours:.3f}" if other and ours else "–"
+        cells = [key, *(f"{t(i):.1f}" if t(i) else "–" for i in cols)]
+        cells += [ratio("torch"), ratio("async_tp"), ratio("default")]
+        cells += [ratio("bound"), ratio("torch", "bound")] if bound else []
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
 
-        lines.append(
-            " | ".join(
-                [
-                    key,
-                    *(f"{t(i):.1f}" if t(i) else "–" for i in cols),
-                    ratio("torch"),
-                    ratio("async_tp"),
-                    ratio("default"),
-                ]
-            )
-        )
+
+def format_profile(result: dict) -> str:
+    """Each profiled implementation's device µs an eager forward + backward by kernel class (rank 0),
+    and its busiest kernels."""
+    lines = []
+    for impl, entry in result["results"].items():
+        prof = entry.get("profile")
+        if not prof:
+            continue
+        classes = ", ".join(f"{k} {v:.0f}" for k, v in prof["by_class"].items() if v)
+        streams = ", ".join(f"{k}: {v:.0f}" for k, v in prof["by_stream"].items())
+        lines.append(f"{impl}: {classes} µs (streams {streams})")
+        lines.extend(f"    {us:9.1f}  {name}" for name, us in prof["top"][:6])
     return "\n".join(lines)
