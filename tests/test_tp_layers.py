@@ -31,13 +31,13 @@ def _mlp_worker(rank, ws, init, q):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
     try:
         report = []
-        for sp, overlap in ((True, "op"), (False, "op"), (True, "weight_grad"), (False, "weight_grad")):
+        for sp in (True, False):
             torch.manual_seed(0)  # the same whole MLP on every rank
             hidden, ffn = 12, 8 * ws
             fc1 = torch.nn.Linear(hidden, ffn, dtype=torch.float64)
             fc2 = torch.nn.Linear(ffn, hidden, dtype=torch.float64)
             col = ColumnParallelLinear.from_linear(
-                fc1, sequence_parallel=sp, impl="torch", save_gathered=not sp or ws == 4, grad_overlap=overlap
+                fc1, sequence_parallel=sp, impl="torch", save_gathered=not sp or ws == 4
             )
             row = RowParallelLinear.from_linear(fc2, sequence_parallel=sp, impl="torch")
             for step in range(3):
@@ -71,7 +71,7 @@ def _mlp_worker(rank, ws, init, q):
                         or not torch.allclose(got, want, rtol=1e-10, atol=1e-10)
                     ):
                         report.append(
-                            f"sp={sp} {overlap} step {step} {name}: {None if got is None else tuple(got.shape)} "
+                            f"sp={sp} step {step} {name}: {None if got is None else tuple(got.shape)} "
                             f"vs {tuple(want.shape)}"
                         )
             # Frozen first layer (its weight's gradient not asked for) and a forward under no_grad.
@@ -87,7 +87,7 @@ def _mlp_worker(rank, ws, init, q):
                     row.weight.grad, fc2.weight.grad[:, rank * n2 : (rank + 1) * n2], rtol=1e-10, atol=1e-10
                 )
             ):
-                report.append(f"sp={sp} {overlap} frozen fc1: gradients differ")
+                report.append(f"sp={sp} frozen fc1: gradients differ")
             col.weight.requires_grad_(True)
             # Activation checkpointing: the forward's collectives run again inside the backward.
             from torch.utils.checkpoint import checkpoint
@@ -105,7 +105,7 @@ def _mlp_worker(rank, ws, init, q):
                     row.weight.grad, fc2.weight.grad[:, rank * n2 : (rank + 1) * n2], rtol=1e-10, atol=1e-10
                 )
             ):
-                report.append(f"sp={sp} {overlap} checkpointed: gradients differ")
+                report.append(f"sp={sp} checkpointed: gradients differ")
             with torch.no_grad():
                 y_nograd = row(torch.nn.functional.gelu(col(x.detach()[blk])))
             if y_nograd.requires_grad or not torch.allclose(
@@ -190,9 +190,6 @@ def _bad_input_worker(rank, ws, init, q):
             "features": lambda: RowParallelLinear(0, 6),
             "fused on cpu": lambda: all_gather_linear(torch.randn(2, 6), w),
             "parts": lambda: ColumnParallelLinear.from_linear([torch.nn.Linear(6, 4), torch.nn.Linear(5, 4)]),
-            "grad overlap": lambda: all_gather_linear(
-                torch.randn(2, 6), w, impl="torch", grad_overlap="wgrad"
-            ),
             "part split": lambda: ColumnParallelLinear.from_linear(
                 [torch.nn.Linear(6, 4), torch.nn.Linear(6, 3)]
             ),
@@ -247,7 +244,6 @@ def test_bad_arguments_are_refused_alike_on_every_rank():
         "must share in_features" in said["parts"] and "6/bias" in said["parts"] and "5/bias" in said["parts"]
     )
     assert "out_features=3 of a layer given is not divisible by the group's size 2" in said["part split"]
-    assert "grad_overlap='wgrad'" in said["grad overlap"] and "'weight_grad'" in said["grad overlap"]
 
 
 def test_layers_need_a_process_group():

@@ -182,48 +182,6 @@ def _add_bias(out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return out + bias if torch.compiler.is_compiling() else out.add_(bias)
 
 
-GRAD_OVERLAPS = ("op", "weight_grad")
-
-
-def _checked_grad_overlap(name: str, value) -> str:
-    if value not in GRAD_OVERLAPS:
-        raise ConfigError(
-            f"{name}: grad_overlap={value!r} is not one of {', '.join(map(repr, GRAD_OVERLAPS))} ('op': the input "
-            f"gradient's collective fused with its GEMM; 'weight_grad': run behind the weight gradient's GEMM)"
-        )
-    return value
-
-
-def _refuse_float8_overlap(name: str, overlap: str) -> None:
-    if overlap != "op":
-        raise ConfigError(
-            f"{name}: grad_overlap={overlap!r} is not taken with float8=True, whose weight gradient runs on FP8 "
-            f"operands of its own: use grad_overlap='op'"
-        )
-
-
-def _collective_behind(kind: str, partial: torch.Tensor, group) -> torch.Tensor:
-    """Start `partial`'s reduce-scatter over rows (`gemm_rs`) or all-reduce (`gemm_ar`) on the group's
-    communication stream and return its (not yet waited on) result: the caller enqueues other work,
-    then `_c10d_functional.wait_tensor`s it. Functional collectives, so that torch.compile's traced
-    backward holds the same overlap."""
-    group = group or dist.group.WORLD
-    if kind == "gemm_rs":
-        return torch.ops._c10d_functional.reduce_scatter_tensor(
-            partial, "sum", dist.get_world_size(group), group.group_name
-        )
-    return torch.ops._c10d_functional.all_reduce(partial, "sum", group.group_name)
-
-
-def _input_grad_behind_weight_grad(ctx, kind: str, dy, weight, x, group) -> tuple:
-    """(dx, dW, db) with dx's collective behind the weight's gradient: dy @ W first, its collective
-    started, then dW = dy.T @ x and db, then the wait. The communication overlaps a whole GEMM as
-    large as the input gradient's, with no fused kernel."""
-    started = _collective_behind(kind, dy @ weight, group)
-    grads = _weight_grads(ctx, dy, x)
-    return torch.ops._c10d_functional.wait_tensor(started), *grads
-
-
 # --- autograd functions on 2-D operands --------------------------------------------------------------------
 
 
@@ -240,27 +198,24 @@ class _GatherLinear(torch.autograd.Function):
     `save_gathered`: keep the gathered x for it (else keep the shard and gather it again then)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, impl, configs, keep, save_gathered, grad_overlap="op"):
+    def forward(ctx, x, weight, bias, group, impl, configs, keep, save_gathered):
         out, x_full = _gather_mm(
             x, weight.t(), group, impl, configs.get("ag_gemm"), gathered=keep and save_gathered
         )
         out = _add_bias(out, bias)
         ctx.save_for_backward(x_full if save_gathered else x, weight)
-        ctx.setup = (group, impl, configs, save_gathered, grad_overlap)
+        ctx.setup = (group, impl, configs, save_gathered)
         return out
 
     @staticmethod
     def backward(ctx, dy):
         x_saved, weight = ctx.saved_tensors
-        group, impl, configs, save_gathered, grad_overlap = ctx.setup
+        group, impl, configs, save_gathered = ctx.setup
         dy = dy.contiguous()
+        dx = _mm_scatter(dy, weight, group, impl, configs.get("gemm_rs")) if ctx.needs_input_grad[0] else None
         if ctx.needs_input_grad[1] and not save_gathered:
             x_saved = all_gather_rows(x_saved, group)
-        rest = (None,) * 6
-        if grad_overlap == "weight_grad" and ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:
-            return *_input_grad_behind_weight_grad(ctx, "gemm_rs", dy, weight, x_saved, group), *rest
-        dx = _mm_scatter(dy, weight, group, impl, configs.get("gemm_rs")) if ctx.needs_input_grad[0] else None
-        return dx, *_weight_grads(ctx, dy, x_saved), *rest
+        return dx, *_weight_grads(ctx, dy, x_saved), None, None, None, None, None
 
 
 class _LinearScatter(torch.autograd.Function):
@@ -310,22 +265,19 @@ class _LinearReduceGrad(torch.autograd.Function):
     """x @ W.T + b, local; dx = all_reduce(dy @ W)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, impl, configs, grad_overlap="op"):
+    def forward(ctx, x, weight, bias, group, impl, configs):
         out = torch.nn.functional.linear(x, weight, bias)
         ctx.save_for_backward(x, weight)
-        ctx.setup = (group, impl, configs, grad_overlap)
+        ctx.setup = (group, impl, configs)
         return out
 
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
-        group, impl, configs, grad_overlap = ctx.setup
+        group, impl, configs = ctx.setup
         dy = dy.contiguous()
-        rest = (None,) * 4
-        if grad_overlap == "weight_grad" and ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:
-            return *_input_grad_behind_weight_grad(ctx, "gemm_ar", dy, weight, x, group), *rest
         dx = _mm_reduce(dy, weight, group, impl, configs.get("gemm_ar")) if ctx.needs_input_grad[0] else None
-        return dx, *_weight_grads(ctx, dy, x), *rest
+        return dx, *_weight_grads(ctx, dy, x), None, None, None
 
 
 # --- public functions on sequence-first tensors ------------------------------------------------------------
@@ -377,7 +329,6 @@ def all_gather_linear(
     configs: dict | None = None,
     save_gathered: bool = True,
     float8: bool = False,
-    grad_overlap: str = "op",
 ):
     """all_gather(x, dim 0) @ weight.T + bias: a column-parallel linear with sequence parallelism.
 
@@ -387,21 +338,16 @@ def all_gather_linear(
     the gathered x: kept from the forward (`save_gathered`, the default), or, to keep only the shard
     (ws times less activation memory), gathered again in the backward by the group's own all-gather,
     after the input gradient's op. `float8`: its GEMMs on FP8 operands (`syncopate.tp.float8`; x's
-    shard kept, `save_gathered` aside). `grad_overlap`: how the input gradient's reduce-scatter
-    overlaps work (`GRAD_OVERLAPS`): `op`, fused with its GEMM (`matmul_reduce_scatter`);
-    `weight_grad`, the GEMM first, its reduce-scatter (the group's own) behind the weight gradient's
-    GEMM.
+    shard kept, `save_gathered` aside).
     """
     rows, weight, bias, impl, configs = _operands("all_gather_linear", x, weight, bias, impl, configs)
     _check_bias("all_gather_linear", bias, weight.shape[0])
     ws = _world(group)
-    overlap = _checked_grad_overlap("all_gather_linear", grad_overlap)
     if _checked_float8("all_gather_linear", float8):
-        _refuse_float8_overlap("all_gather_linear", overlap)
         out = float8_apply("all_gather_linear", "gather", rows, weight, bias, group, impl, configs)
         return out.view(x.shape[0] * ws, *x.shape[1:-1], weight.shape[0])
     keep = torch.is_grad_enabled() and weight.requires_grad
-    out = _GatherLinear.apply(rows, weight, bias, group, impl, configs, keep, bool(save_gathered), overlap)
+    out = _GatherLinear.apply(rows, weight, bias, group, impl, configs, keep, bool(save_gathered))
     return out.view(x.shape[0] * ws, *x.shape[1:-1], weight.shape[0])
 
 
@@ -473,24 +419,20 @@ def linear_all_reduce_grad(
     impl: str = "fused",
     configs: dict | None = None,
     float8: bool = False,
-    grad_overlap: str = "op",
 ):
     """x @ weight.T + bias, local: a column-parallel linear without sequence parallelism.
 
     x: [..., in], the same on every rank; weight: [out/ws, in]; bias: [out/ws] or None. Returns
     [..., out/ws]. Its input gradient is summed over ranks (`matmul_all_reduce`). `float8`: its
-    GEMMs on FP8 operands (`syncopate.tp.float8`). `grad_overlap`: as `all_gather_linear`'s, for
-    the input gradient's all-reduce.
+    GEMMs on FP8 operands (`syncopate.tp.float8`).
     """
     rows, weight, bias, impl, configs = _operands("linear_all_reduce_grad", x, weight, bias, impl, configs)
     _check_bias("linear_all_reduce_grad", bias, weight.shape[0])
     _world(group)
-    overlap = _checked_grad_overlap("linear_all_reduce_grad", grad_overlap)
     if _checked_float8("linear_all_reduce_grad", float8):
-        _refuse_float8_overlap("linear_all_reduce_grad", overlap)
         out = float8_apply("linear_all_reduce_grad", "reduce_grad", rows, weight, bias, group, impl, configs)
     else:
-        out = _LinearReduceGrad.apply(rows, weight, bias, group, impl, configs, overlap)
+        out = _LinearReduceGrad.apply(rows, weight, bias, group, impl, configs)
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -570,10 +512,8 @@ class ColumnParallelLinear(_ParallelLinear):
     gathered by the fused op as the GEMM consumes it; without, x is the whole input on every rank.
     Returns this rank's output features, [s, ..., out/ws]: the input of a `RowParallelLinear`.
     `save_gathered=False` keeps only x's shard for the weight's gradient and gathers it again in
-    the backward (`all_gather_linear`). `grad_overlap="weight_grad"` runs the input gradient's
-    collective behind the weight gradient's GEMM instead of in a fused op (`GRAD_OVERLAPS`).
-    `float8=True` runs its GEMMs on FP8 operands, dynamically scaled row-wise, the weight kept in its
-    dtype (`syncopate.tp.float8`).
+    the backward (`all_gather_linear`). `float8=True` runs its GEMMs on FP8 operands, dynamically
+    scaled row-wise, the weight kept in its dtype (`syncopate.tp.float8`).
     """
 
     def __init__(
@@ -588,7 +528,6 @@ class ColumnParallelLinear(_ParallelLinear):
         configs: dict | None = None,
         save_gathered: bool = True,
         float8: bool = False,
-        grad_overlap: str = "op",
         device=None,
         dtype=None,
     ) -> None:
@@ -607,9 +546,6 @@ class ColumnParallelLinear(_ParallelLinear):
         )
         self.parts = (self.weight.shape[0],)  # a rank's output features of each layer it holds (from_linear)
         self.save_gathered = bool(save_gathered)
-        self.grad_overlap = _checked_grad_overlap(type(self).__name__, grad_overlap)
-        if self.float8:
-            _refuse_float8_overlap(type(self).__name__, self.grad_overlap)
 
     def _reset_bias(self, bound: float) -> None:
         torch.nn.init.uniform_(self.bias, -bound, bound)
@@ -684,17 +620,9 @@ class ColumnParallelLinear(_ParallelLinear):
                 configs=self.configs,
                 save_gathered=self.save_gathered,
                 float8=self.float8,
-                grad_overlap=self.grad_overlap,
             )
         return linear_all_reduce_grad(
-            x,
-            self.weight,
-            self.bias,
-            self.group,
-            impl=self.impl,
-            configs=self.configs,
-            float8=self.float8,
-            grad_overlap=self.grad_overlap,
+            x, self.weight, self.bias, self.group, impl=self.impl, configs=self.configs, float8=self.float8
         )
 
 
