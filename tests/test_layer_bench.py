@@ -41,7 +41,7 @@ def test_attention_ops_use_the_head_widths():
         ),
         (
             {"impls": ("torch", "magic")},
-            r"impls=\['torch', 'magic'\]: accepted are torch, async_tp, syncopate, wgrad, default, bound",
+            r"impls=\['torch', 'magic'\]: accepted are torch, async_tp, syncopate, default, bound",
         ),
         ({"hidden": 0}, "hidden=0 must be a positive integer"),
     ],

@@ -4,10 +4,8 @@ The unit of speed is the layer, not the op: a layer's ops meet each other's entr
 skew and stream joins, and an eager job pays every call's host time. One process per GPU (spawned
 here, NCCL group). For each implementation — torch's collectives and matmuls in sequence
 (`torch`), torch's fused symmetric-memory ops (`async_tp`), Syncopate's fused ops with the
-configurations `lookup` serves (`syncopate`; `wgrad`: the same with the column layer's
-input-gradient collective run behind its weight-gradient GEMM, `grad_overlap="weight_grad"`) and
-with the untuned defaults (`default`) — the same layer (same weights and input) is timed forward and
-forward + backward:
+configurations `lookup` serves (`syncopate`) and with the untuned defaults (`default`) — the same
+layer (same weights and input) is timed forward and forward + backward:
 
 - `eager`: `EAGER_CALLS` iterations back to back with the host on the path (`time_eager`);
 - `graph`: one iteration captured in a CUDA graph, replayed back to back.
@@ -45,7 +43,7 @@ from syncopate.errors import ConfigError
 __all__ = ["LAYERS", "IMPLS", "LayerBench", "format_layer_table", "run_layer_bench"]
 
 LAYERS = ("mlp", "attention")
-IMPLS = ("torch", "async_tp", "syncopate", "wgrad", "default", "bound")
+IMPLS = ("torch", "async_tp", "syncopate", "default", "bound")
 MODES = ("eager", "graph")
 PASSES = ("forward", "forward_backward")
 
@@ -193,12 +191,11 @@ def _build(bench: LayerBench, impl: str, group, device, weights: dict, configs: 
 
     from syncopate.tp.layers import ColumnParallelLinear, RowParallelLinear
 
-    kind = {"syncopate": "fused", "wgrad": "fused", "default": "fused", "bound": "torch"}.get(impl, impl)
+    kind = {"syncopate": "fused", "default": "fused", "bound": "torch"}.get(impl, impl)
     sp = bench.sequence_parallel
     col_cfg, row_cfg = configs if configs is not None else (None, None)
-    overlap = "weight_grad" if impl == "wgrad" else "op"
     col = ColumnParallelLinear.from_linear(
-        weights["col"], group, sequence_parallel=sp, impl=kind, configs=col_cfg, grad_overlap=overlap
+        weights["col"], group, sequence_parallel=sp, impl=kind, configs=col_cfg
     )
     row = RowParallelLinear.from_linear(
         weights["row"], group, sequence_parallel=sp, impl=kind, configs=row_cfg
