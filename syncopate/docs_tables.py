@@ -60,6 +60,8 @@ class Sources:
     """The `benchmarks/train_step.py` runs."""
     graph_calls: str
     """A `benchmarks/graph_calls.py` run."""
+    layer_bound: str
+    """`syncopate bench --layer` runs with the layers' bound (their communication left out)."""
 
 
 def sources(root: Path) -> Sources:
@@ -74,11 +76,12 @@ def sources(root: Path) -> Sources:
             layers=doc["layers"],
             train_step=tuple(doc["train_step"]),
             graph_calls=doc["graph_calls"],
+            layer_bound=doc["layer_bound"],
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(
             f"results/{SOURCES} does not name every table's files ({e!r}): it needs tp2_suite, "
-            f"tp4_suite, short_tp2, strategies, layers, train_step and graph_calls"
+            f"tp4_suite, short_tp2, strategies, layers, train_step, graph_calls and layer_bound"
         ) from None
 
 
@@ -486,6 +489,72 @@ def layers(root: Path) -> str:
     )
 
 
+def layer_bound(root: Path) -> str:
+    """The layers beside their bound (the same layer without its communication): torch / bound, the
+    most any overlap can gain over torch's path there, and bound / ours, how much of the
+    communication ours hides."""
+    name = sources(root).layer_bound
+    doc = _read_json(root / "results" / name)
+    rows = []
+    gpu = torch_version = ""
+    for run in doc["runs"]:
+        b, res = run["bench"], run["results"]
+        gpu, torch_version = run["gpu"], run["torch"]
+        for key in ("eager/forward", "eager/forward_backward", "graph/forward", "graph/forward_backward"):
+
+            def t(impl, key=key):
+                return res.get(impl, {}).get(key)
+
+            def ratio(num, den, t=t):
+                a, d = t(num), t(den)
+                return None if a is None or not d else a / d
+
+            if t("syncopate") is None or t("bound") is None:
+                continue
+            rows.append(
+                [
+                    f"TP={b['tp']}",
+                    f"{b['hidden']}/{b['ffn']}",
+                    str(b["tokens"]),
+                    key.replace("_", "+"),
+                    _t(t("torch")),
+                    _t(t("async_tp")),
+                    _t(t("syncopate")),
+                    _t(t("bound")),
+                    _r(ratio("torch", "bound")),
+                    _r(ratio("async_tp", "bound")),
+                    _r(ratio("bound", "syncopate")),
+                    _r(ratio("torch", "syncopate")),
+                    _r(ratio("async_tp", "syncopate")),
+                ]
+            )
+    table = _table(
+        [
+            "TP",
+            "hidden/ffn",
+            "tokens",
+            "mode/pass",
+            "torch",
+            "async-TP",
+            "ours",
+            "bound",
+            "torch / bound",
+            "async-TP / bound",
+            "bound / ours",
+            "torch / ours",
+            "async-TP / ours",
+        ],
+        rows,
+    )
+    return (
+        f"{table}\n\nThe same SwiGLU MLP layers (sequence parallel, bf16, lookup's configurations) and `bound`: "
+        f"the layer with its communication left out (its matmuls and activation on each rank's shapes), which "
+        f"no overlap can beat. torch / bound is the most any overlap could gain over torch's path; bound / ours "
+        f"how close ours comes. µs an iteration, as above; {doc.get('machine', gpu)}, torch {torch_version}; "
+        f"from `results/{name}`.\n"
+    )
+
+
 def train_step(root: Path) -> str:
     """Training steps of a transformers Llama model under tensor parallelism, torch's styles and ours:
     each variant against torch's TP in its faster mode (eager or compiled) and against async-TP, both
@@ -596,6 +665,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "strategies": strategies,
     "cost-model": cost_model,
     "layers": layers,
+    "layer-bound": layer_bound,
     "train-step": train_step,
     "graph-calls": graph_calls,
 }
