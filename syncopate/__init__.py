@@ -32,11 +32,13 @@ __all__ = [
     "close_contexts",
     "detect_topology",
     "gather_buffer",
+    "get_launch",
     "get_mode",
     "lookup",
     "matmul_all_reduce",
     "matmul_reduce_scatter",
     "mode",
+    "set_launch",
     "set_mode",
 ]
 
@@ -54,6 +56,8 @@ _LAZY: dict[str, str] = {
     "gather_buffer": "syncopate.kernels.ops",
     "close_contexts": "syncopate.kernels.ops",
     "set_mode": "syncopate.kernels.ops",
+    "set_launch": "syncopate.kernels.ops",
+    "get_launch": "syncopate.kernels.ops",
     "get_mode": "syncopate.kernels.ops",
     "mode": "syncopate.kernels.ops",
 }

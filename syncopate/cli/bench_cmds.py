@@ -101,6 +101,14 @@ def bench_cmd(
         "--sp/--no-sp",
         help="With --layer: sequence parallel (all-gather, reduce-scatter) or not (all-reduce).",
     ),
+    launch: str = typer.Option(
+        "graph", help="With --layer: how Syncopate's eager calls are launched: graph (replayed) or direct."
+    ),
+    impls: str = typer.Option(
+        None,
+        help="With --layer: the implementations to time, comma-separated (default all: "
+        "torch,async_tp,syncopate,default,bound).",
+    ),
     profile: Path = typer.Option(
         None,
         help="With --layer: write a profiler trace of each implementation's eager forward + backward to this "
@@ -151,6 +159,8 @@ def bench_cmd(
             repetitions,
             json_out,
             profile,
+            launch,
+            impls,
         )
         return
     from syncopate.autotuner.sweep import load_sweep
@@ -237,6 +247,8 @@ def _bench_layer(
     repetitions,
     json_out,
     profile,
+    launch="graph",
+    impls=None,
 ) -> None:
     import json
 
@@ -261,6 +273,8 @@ def _bench_layer(
         sequence_parallel=sequence_parallel,
         repetitions=min(repetitions, 7),
         profile_dir=str(profile) if profile is not None else None,
+        launch=launch,
+        **({"impls": tuple(i.strip() for i in impls.split(",") if i.strip())} if impls else {}),
     )
     if visible < bench.tp:
         raise RuntimeUnavailableError(

@@ -39,6 +39,7 @@ __all__ = [
     "copy_job_tables",
     "stage_chunk_copy",
     "launch_graph_entry",
+    "warm_graph_entry",
     "pull_aligned",
     "pull_fits",
     "launch_pull",
@@ -1181,3 +1182,23 @@ def launch_graph_entry(ctx, stream: torch.cuda.Stream | None) -> None:
             BLOCK=1024,
             num_warps=4,
         )
+
+
+def warm_graph_entry(ctx) -> None:
+    """Compile `launch_graph_entry`'s kernel for `ctx` without launching it (once a context): a
+    graph captured on one rank alone must not compile it mid-capture, and launching it outside a
+    call would make that rank meet a group that is not there."""
+    if getattr(ctx, "_graph_entry_warm", False):
+        return
+    graph_entry_kernel.warmup(
+        ctx.signals.local,
+        ctx.peer_signal_ptrs,
+        ctx.rank,
+        MEET_BASE,
+        WORLD=ctx.world_size,
+        CLEAR=MEET_BASE,
+        BLOCK=1024,
+        num_warps=4,
+        grid=(1,),
+    )
+    ctx._graph_entry_warm = True

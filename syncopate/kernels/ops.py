@@ -38,6 +38,7 @@ import torch.distributed as dist
 from syncopate.errors import ConfigError, describe
 from syncopate.kernels.context import OverlapContext, kept_allocations
 from syncopate.kernels.library import OP_NAMES, config_text, register
+from syncopate.kernels.replay import LAUNCHES, ReplayedCalls, replayable
 from syncopate.kernels.scaled import FP8, Scales, check_scales
 from syncopate.kernels.templates import (
     CONTEXTS,
@@ -58,10 +59,13 @@ from syncopate.search_space import (
 )
 
 __all__ = [
+    "LAUNCHES",
     "MODES",
     "all_gather_matmul",
+    "get_launch",
     "get_mode",
     "mode",
+    "set_launch",
     "set_mode",
     "gather_buffer",
     "matmul_reduce_scatter",
@@ -91,6 +95,8 @@ class ContextRegistry:
     def __init__(self) -> None:
         self.mode = "eager"
         """The mode of calls made outside a CUDA graph capture (`set_mode`); captured calls are `graph`."""
+        self.launch = "graph"
+        """How fused calls outside a capture are launched (`set_launch`)."""
         self._warned_fallback: set[tuple] = set()
         self._configs: dict[tuple, Candidate] = {}
         self._topologies: dict[str, Topology] = {}
@@ -142,6 +148,35 @@ def set_mode(name: str) -> None:
 def get_mode() -> str:
     """The mode set by `set_mode` (`eager` unless set)."""
     return _REGISTRY.mode
+
+
+def set_launch(name: str) -> None:
+    """How fused calls made outside a CUDA graph capture are launched: `graph` (the default), each
+    replayed from a CUDA graph of its own kept per set of tensor addresses (`syncopate.kernels.replay`:
+    the host pays one graph launch a call, the device a meeting of the group at its start), or
+    `direct`, enqueued operation by operation (the host pays every stream operation, the device no
+    meeting). Every rank must set the same. Calls being captured by the caller are captured as
+    they are either way."""
+    if name not in LAUNCHES:
+        raise ConfigError(f"launch {name!r}: accepted are {', '.join(LAUNCHES)}")
+    _REGISTRY.launch = name
+
+
+def get_launch() -> str:
+    """The launch set by `set_launch` (`graph` unless set)."""
+    return _REGISTRY.launch
+
+
+def _run(program: CallProgram, a, b, out, capturing: bool, spin_limit: int, scales, gathered=None) -> None:
+    """Enqueue one call of `program`: replayed from its graph (`set_launch`) where it can be, else
+    operation by operation."""
+    if not capturing and _REGISTRY.launch == "graph" and replayable(program, scales, spin_limit):
+        replayed = program.__dict__.get("replayed")
+        if replayed is None:
+            replayed = program.replayed = ReplayedCalls(program)
+        replayed(a, b, out, gathered)
+        return
+    program(a, b, out, capturing=capturing, spin_limit=spin_limit, gathered=gathered, scales=scales)
 
 
 class mode:
@@ -337,10 +372,10 @@ def all_gather_matmul(
     else:
         _check_out(out, spec.out_shape, spec.out_dtype)
     if not return_gathered:
-        program(a_shard, b, out, capturing=capturing, spin_limit=spin_limit, scales=scales)
+        _run(program, a_shard, b, out, capturing, spin_limit, scales)
         return out
     gathered = torch.empty((spec.m, spec.a_shape[1]), dtype=a_shard.dtype, device=a_shard.device)
-    program(a_shard, b, out, capturing=capturing, spin_limit=spin_limit, gathered=gathered)
+    _run(program, a_shard, b, out, capturing, spin_limit, None, gathered)
     return out, gathered
 
 
@@ -515,7 +550,7 @@ def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int, a_scale,
         out = torch.empty(program.spec.out_shape, dtype=program.spec.out_dtype, device=a.device)
     else:
         _check_out(out, program.spec.out_shape, program.spec.out_dtype)
-    program(a, b, out, capturing=capturing, spin_limit=spin_limit, scales=scales)
+    _run(program, a, b, out, capturing, spin_limit, scales)
     return out
 
 

@@ -77,6 +77,8 @@ class LayerBench:
     """Timed repetitions of `EAGER_CALLS` back-to-back iterations each."""
     profile_dir: str | None = None
     """Where to write each implementation's profiler traces (None: no profile)."""
+    launch: str = "graph"
+    """How Syncopate's fused calls outside a capture are launched (`syncopate.set_launch`)."""
 
     def __post_init__(self) -> None:
         if self.layer not in LAYERS:
@@ -91,6 +93,10 @@ class LayerBench:
                 raise ConfigError(f"layer bench {name}={value!r} must be a positive integer")
         if self.tp < 2:
             raise ConfigError(f"layer bench tp={self.tp}: a tensor-parallel layer needs at least 2 ranks")
+        from syncopate.kernels.replay import LAUNCHES
+
+        if self.launch not in LAUNCHES:
+            raise ConfigError(f"layer bench launch={self.launch!r}: accepted are {', '.join(LAUNCHES)}")
         for field, given, accepted in (
             ("impls", self.impls, IMPLS),
             ("modes", self.modes, MODES),
@@ -336,6 +342,7 @@ def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
     from syncopate.platform import detect_topology
 
     group = dist.group.WORLD
+    ops.set_launch(bench.launch)
     torch.manual_seed(0)
     dtype = torch.bfloat16
     col_out = 2 * bench.ffn if bench.layer == "mlp" else (bench.heads + 2 * bench.kv_heads) * bench.head_width

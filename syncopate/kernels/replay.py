@@ -1,0 +1,117 @@
+"""Eager calls replayed from CUDA graphs of their own: a fused call's host time cut to one launch.
+
+A fused call enqueues dozens of driver operations (stream writes and waits, copy-engine copies,
+events on its side streams) and a kernel launch: its host time, not its device time, bounds an
+eager job whose calls are small (`benchmarks/op_host.py`, `syncopate bench --layer`). The same call
+captured in a CUDA graph costs the host one graph launch. A graph binds the addresses it was
+captured with, so a program keeps one graph per set of addresses its calls bind (the input, the
+weight, the output and the gathered copy): a job's steps allocate their activations in the same
+order each step, so the caching allocator hands out the same addresses and each step replays the
+graphs of the one before. A miss captures a new graph (`GRAPHS` kept a program, the oldest
+dropped); capturing executes nothing.
+
+Every call so replayed runs the captured-call protocol (`OverlapContext.begin_call`: the group
+meets, the signal pads are cleared, the group meets again), whether a rank replays a graph or has
+just captured it, so ranks that miss at different calls still run the same protocol together. A
+program's first call runs directly (it compiles the kernel and may allocate), on every rank alike.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+
+__all__ = ["GRAPHS", "LAUNCHES", "ReplayedCalls", "replayable"]
+
+GRAPHS = 8
+"""Graphs a program keeps, one per set of addresses; the least recently used goes first."""
+
+LAUNCHES = ("graph", "direct")
+"""How a fused call made outside a CUDA graph capture is launched (`syncopate.kernels.ops.set_launch`):
+replayed from a graph of its own (`graph`) or enqueued call by call (`direct`)."""
+
+
+def replayable(program, scales, spin_limit: int) -> bool:
+    """Whether this call of `program` may be replayed from a graph: a fused program on CUDA whose
+    transfers are not NCCL's (`unfused` and the `nccl` backend enqueue NCCL's collectives, whose
+    host cost torch's own path pays alike), with unbounded waits (a bounded wait's timeout is read
+    after the call, which a replay cannot report) and no FP8 scales."""
+    ctx = program.context
+    return (
+        ctx is not None
+        and ctx.device.type == "cuda"
+        and not spin_limit
+        and scales is None
+        and program.spec.candidate.backend != "nccl"
+    )
+
+
+class ReplayedCalls:
+    """One program's graphs, by the addresses of the tensors their call bound."""
+
+    __slots__ = ("program", "graphs", "ran", "captures", "stream")
+
+    def __init__(self, program) -> None:
+        self.program = program
+        self.graphs: collections.OrderedDict[tuple, torch.cuda.CUDAGraph] = collections.OrderedDict()
+        self.ran = False
+        """Whether the program's first (direct) call has been made."""
+        self.captures = 0
+        """Graphs captured so far (a job whose addresses never repeat captures every call)."""
+        self.stream: torch.cuda.Stream | None = None
+
+    def __call__(self, a, b, out, gathered=None) -> None:
+        """Make the call: directly the first time, else by replaying its graph (captured on a miss)."""
+        if not self.ran:
+            self.program(a, b, out, gathered=gathered)
+            self.ran = True
+            return
+        key = (a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if gathered is None else gathered.data_ptr())
+        graph = self.graphs.pop(key, None)
+        if graph is None:
+            graph = self._capture(a, b, out, gathered)
+            while len(self.graphs) >= GRAPHS:
+                self.graphs.popitem(last=False)  # a graph in flight is freed when it ends
+        self.graphs[key] = graph
+        graph.replay()
+
+    def _capture(self, a, b, out, gathered) -> torch.cuda.CUDAGraph:
+        """The call captured on a side stream (capturing runs nothing): what a replay enqueues on
+        the caller's stream. Thread-local capture mode: the backward pass captures on autograd's
+        thread while other threads (NCCL's watchdog) query events."""
+        ctx = self.program.context
+        _warm(ctx)  # compiled before the capture, never launched outside a call
+        if self.stream is None:
+            self.stream = _side_stream(ctx.device)
+        graph = _new_graph()
+        with torch.cuda.stream(self.stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                self.program(a, b, out, capturing=True, gathered=gathered)
+            except BaseException:
+                try:
+                    graph.capture_end()
+                except RuntimeError:  # the capture the failure left invalid: the failure is what to report
+                    pass
+                raise
+            graph.capture_end()
+        self.captures += 1
+        return graph
+
+    def clear(self) -> None:
+        self.graphs.clear()
+
+
+def _warm(ctx) -> None:
+    from syncopate.kernels.launch import warm_graph_entry
+
+    warm_graph_entry(ctx)
+
+
+def _side_stream(device) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device)
+
+
+def _new_graph() -> torch.cuda.CUDAGraph:
+    return torch.cuda.CUDAGraph()

@@ -1,0 +1,134 @@
+"""Unit: eager calls replayed from per-address CUDA graphs (`syncopate.kernels.replay`) — which call
+runs directly, which captures, which replays, and what a program keeps; with a recording stand-in
+for the CUDA graph (the GPU test, tests/test_gpu_replay.py, runs real ones)."""
+
+from __future__ import annotations
+
+import contextlib
+import types
+
+import pytest
+import torch
+
+from syncopate.errors import ConfigError
+from syncopate.kernels import replay
+
+
+class _Graph:
+    def __init__(self, log):
+        self.log = log
+        self.replays = 0
+
+    def capture_begin(self, capture_error_mode):
+        assert capture_error_mode == "thread_local"
+        self.log.append("begin")
+
+    def capture_end(self):
+        self.log.append("end")
+
+    def replay(self):
+        self.replays += 1
+        self.log.append("replay")
+
+
+class _Program:
+    def __init__(self, log, fail=False):
+        self.log = log
+        self.fail = fail
+        self.context = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"))
+
+    def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None, scales=None):
+        self.log.append(("capture" if capturing else "direct", a.data_ptr(), out.data_ptr()))
+        if self.fail and capturing:
+            raise RuntimeError("the kernel failed")
+
+
+@pytest.fixture
+def log(monkeypatch):
+    log = []
+    monkeypatch.setattr(replay, "_new_graph", lambda: _Graph(log))
+    monkeypatch.setattr(replay, "_side_stream", lambda device: None)
+    monkeypatch.setattr(replay, "_warm", lambda ctx: log.append("warm"))
+    monkeypatch.setattr(replay.torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    return log
+
+
+def _tensors(n):
+    return [torch.empty(4) for _ in range(n)]
+
+
+def test_the_first_call_is_direct_then_each_new_address_set_is_captured_once(log):
+    program = _Program(log)
+    calls = replay.ReplayedCalls(program)
+    a, b, out, other = _tensors(4)
+    calls(a, b, out)
+    assert log == [("direct", a.data_ptr(), out.data_ptr())]
+    log.clear()
+    calls(a, b, out)
+    assert log == ["warm", "begin", ("capture", a.data_ptr(), out.data_ptr()), "end", "replay"]
+    log.clear()
+    calls(a, b, out)
+    assert log == ["replay"]
+    log.clear()
+    calls(a, b, other)  # another output address: another graph
+    assert log[2] == ("capture", a.data_ptr(), other.data_ptr()) and log[-1] == "replay"
+    assert calls.captures == 2 and len(calls.graphs) == 2
+
+
+def test_a_program_keeps_its_most_recently_used_graphs(log):
+    program = _Program(log)
+    calls = replay.ReplayedCalls(program)
+    b = torch.empty(4)
+    inputs = _tensors(replay.GRAPHS + 1)
+    out = torch.empty(4)
+    calls(inputs[0], b, out)  # direct
+    for a in inputs:
+        calls(a, b, out)
+    assert len(calls.graphs) == replay.GRAPHS and calls.captures == replay.GRAPHS + 1
+    kept = {key[0] for key in calls.graphs}
+    assert inputs[0].data_ptr() not in kept and inputs[-1].data_ptr() in kept
+    calls(inputs[1], b, out)  # still kept: replayed, now the most recent
+    assert calls.captures == replay.GRAPHS + 1
+    assert next(reversed(calls.graphs))[0] == inputs[1].data_ptr()
+
+
+def test_a_failed_capture_reports_the_failure_and_keeps_no_graph(log):
+    program = _Program(log, fail=True)
+    calls = replay.ReplayedCalls(program)
+    a, b, out = _tensors(3)
+    calls(a, b, out)
+    with pytest.raises(RuntimeError, match="the kernel failed"):
+        calls(a, b, out)
+    assert log[-1] == "end" and not calls.graphs
+
+
+def _program_on(device: str, backend: str = "copy_engine"):
+    return types.SimpleNamespace(
+        context=types.SimpleNamespace(device=types.SimpleNamespace(type=device)),
+        spec=types.SimpleNamespace(candidate=types.SimpleNamespace(backend=backend)),
+    )
+
+
+def test_only_fused_cuda_calls_without_nccl_bounded_waits_or_scales_are_replayed():
+    cuda, cpu = _program_on("cuda"), _program_on("cpu")
+    unfused = types.SimpleNamespace(context=None)
+    assert not replay.replayable(_program_on("cuda", "nccl"), None, 0)
+    assert replay.replayable(_program_on("cuda", "sm_copy"), None, 0)
+    assert replay.replayable(cuda, None, 0)
+    assert not replay.replayable(cuda, None, 1000)
+    assert not replay.replayable(cuda, ("a_scale", "b_scale"), 0)
+    assert not replay.replayable(cpu, None, 0)
+    assert not replay.replayable(unfused, None, 0)
+
+
+def test_set_launch_takes_graph_or_direct():
+    from syncopate.kernels import ops
+
+    assert ops.get_launch() == "graph"
+    ops.set_launch("direct")
+    try:
+        assert ops.get_launch() == "direct"
+    finally:
+        ops.set_launch("graph")
+    with pytest.raises(ConfigError, match="launch 'graphs': accepted are graph, direct"):
+        ops.set_launch("graphs")
