@@ -1,9 +1,11 @@
-"""Layer: two and four GPUs. Eager calls replayed from their own CUDA graphs (`set_launch("graph")`,
-the default; `syncopate.kernels.replay`): for every kind with each backend that replays and each
+"""Layer: two and four GPUs. Eager calls replayed from their own CUDA graphs (`set_launch("graph")`;
+`syncopate.kernels.replay`): for every kind with each backend that replays and each
 stationary template, calls back to back whose tensors cycle through three sets of addresses with
 fresh inputs and poisoned outputs, right against float32; a program keeps one graph per address set
 (three captures, every later call a replay); calls launched directly (`set_launch("direct")`) and a
-caller's own CUDA graph of the op, between them, right too."""
+caller's own CUDA graph of the op, between them, right too. `auto` replays a program whose calls
+find the stream dry (a synchronize before each) and keeps one whose stream is always busy direct,
+with every call right."""
 
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ def _worker(rank, world, port, queue):
                         op(a, b, group, cand, out=out)
                         errors.append(_error(kind, out, a, b, group))
                 key = ops._call_key(kind, sets[0][0], b, group, cand, ops.get_mode())
-                replayed = ops._REGISTRY.programs[key].__dict__.get("replayed")
+                replayed = ops._REGISTRY.programs[key].__dict__.get("launch_graph")
                 captures = -1 if replayed is None else replayed.captures
                 ops.set_launch("direct")  # directly, between replays
                 a, out = x.a(), x.poisoned()
@@ -87,7 +89,7 @@ def _worker(rank, world, port, queue):
                     (f"{kind} {cand.short()}", failure, f"max rel err {max(errors):.3g}, {captures} captures")
                 )
     finally:
-        ops.set_launch("graph")
+        ops.set_launch("auto")
         syncopate.close_contexts()
         dist.destroy_process_group()
     queue.put((rank, report))
@@ -106,3 +108,66 @@ def test_eager_calls_replayed_from_their_graphs_are_right(world):
                 failures.append(f"rank {rank}: {name}: {failure}")
     assert not failures, "\n".join(failures)
     assert all(len(r) == 12 for r in reports.values())
+
+
+def _auto_worker(rank, world, port, queue):
+    from syncopate.measure.local_ranks import join_group
+
+    dev = join_group(rank, world, port)
+    import torch
+    import torch.distributed as dist
+    from support.capture_check import OPS, Inputs, _error, candidate
+
+    import syncopate
+    from syncopate.kernels import ops, replay
+
+    group = dist.group.WORLD
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(31 + rank)
+    report = []
+    try:
+        ops.set_launch("auto")
+        for kind in OPS:
+            for busy, shape in (
+                (False, None),
+                (True, (1056, 768, 512) if kind == "ag_gemm" else (1056, 512, 768)),
+            ):
+                x = Inputs(kind, world, dev, gen, shape=shape)
+                cand = candidate("copy_engine")
+                b = x.b()
+                errors = []
+                for _ in range(replay.WARM + replay.SAMPLES + 6):
+                    a, out = x.a(), x.poisoned()
+                    if busy:
+                        torch.cuda._sleep(20_000_000)  # the GPU has work queued: never dry
+                    else:
+                        torch.cuda.synchronize()  # the GPU waits for this host
+                    OPS[kind](a, b, group, cand, out=out)
+                    errors.append(_error(kind, out, a, b, group))
+                key = ops._call_key(kind, a, b, group, cand, ops.get_mode())
+                choice = ops._REGISTRY.programs[key].__dict__.get("launch_auto")
+                replays = choice is not None and choice.replayed is not None
+                failure = None
+                if max(errors) > 1e-2:
+                    failure = f"relative errors {[f'{e:.3g}' for e in errors]}"
+                elif replays == busy:
+                    failure = f"{'busy' if busy else 'dry'} stream: replayed={replays}"
+                report.append((f"{kind} {'busy' if busy else 'dry'}", failure, f"replayed={replays}"))
+    finally:
+        syncopate.close_contexts()
+        dist.destroy_process_group()
+    queue.put((rank, report))
+
+
+@pytest.mark.multigpu
+def test_auto_replays_where_the_stream_runs_dry_and_not_where_it_is_busy():
+    needs_gpus(2)
+    reports = run_ranks(_auto_worker, 2, (), timeout=600)
+    failures = []
+    for rank, results in sorted(reports.items()):
+        for name, failure, detail in results:
+            print(f"rank {rank} {'FAIL' if failure else 'ok  '} {name}: {failure or detail}")
+            if failure:
+                failures.append(f"rank {rank}: {name}: {failure}")
+    assert not failures, "\n".join(failures)
+    assert all(len(r) == 6 for r in reports.values())

@@ -44,7 +44,7 @@ def test_attention_ops_use_the_head_widths():
             r"impls=\['torch', 'magic'\]: accepted are torch, async_tp, syncopate, default, bound",
         ),
         ({"hidden": 0}, "hidden=0 must be a positive integer"),
-        ({"launch": "graphs"}, "launch='graphs': accepted are graph, direct"),
+        ({"launch": "graphs"}, "launch='graphs': accepted are auto, graph, direct"),
     ],
 )
 def test_bad_settings_are_refused_with_the_value(kwargs, message):

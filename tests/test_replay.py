@@ -121,14 +121,44 @@ def test_only_fused_cuda_calls_without_nccl_bounded_waits_or_scales_are_replayed
     assert not replay.replayable(unfused, None, 0)
 
 
-def test_set_launch_takes_graph_or_direct():
+def test_set_launch_takes_auto_graph_or_direct():
     from syncopate.kernels import ops
 
-    assert ops.get_launch() == "graph"
+    assert ops.get_launch() == "auto"
     ops.set_launch("direct")
     try:
         assert ops.get_launch() == "direct"
     finally:
-        ops.set_launch("graph")
-    with pytest.raises(ConfigError, match="launch 'graphs': accepted are graph, direct"):
+        ops.set_launch("auto")
+    with pytest.raises(ConfigError, match="launch 'graphs': accepted are auto, graph, direct"):
         ops.set_launch("graphs")
+
+
+def test_auto_samples_then_the_group_decides_once(log, monkeypatch):
+    """Direct calls through the warm-up and the samples; the group's largest share of dry samples
+    decides, once; above one half the program is replayed from then on, else stays direct."""
+    for dry_every, share_elsewhere, replays in ((1, 0.0, True), (4, 0.0, False), (4, 0.75, True)):
+        log.clear()
+        idle = iter(i % dry_every == 0 for i in range(1000))
+        shares = []
+
+        def group_share(program, share, shares=shares, other=share_elsewhere):
+            shares.append(share)
+            return max(share, other)
+
+        monkeypatch.setattr(replay, "_stream_idle", lambda device, idle=idle: next(idle))
+        monkeypatch.setattr(replay, "_group_share", group_share)
+        choice = replay.LaunchChoice(_Program(log))
+        a, b, out = _tensors(3)
+        for _ in range(replay.WARM + replay.SAMPLES):
+            choice(a, b, out)
+        assert all(entry[0] == "direct" for entry in log) and len(log) == replay.WARM + replay.SAMPLES
+        assert shares == [1.0 if dry_every == 1 else 0.25]
+        log.clear()
+        choice(a, b, out)
+        choice(a, b, out)
+        assert shares == [shares[0]]  # decided once
+        if replays:
+            assert log[-1] == "replay" and ("capture", a.data_ptr(), out.data_ptr()) in log
+        else:
+            assert log == [("direct", a.data_ptr(), out.data_ptr())] * 2

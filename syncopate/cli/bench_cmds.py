@@ -102,7 +102,9 @@ def bench_cmd(
         help="With --layer: sequence parallel (all-gather, reduce-scatter) or not (all-reduce).",
     ),
     launch: str = typer.Option(
-        "graph", help="With --layer: how Syncopate's eager calls are launched: graph (replayed) or direct."
+        "auto",
+        help="With --layer: how Syncopate's eager calls are launched: auto (replayed where the host is on "
+        "the path), graph (always replayed) or direct.",
     ),
     impls: str = typer.Option(
         None,

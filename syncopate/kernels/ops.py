@@ -38,7 +38,7 @@ import torch.distributed as dist
 from syncopate.errors import ConfigError, describe
 from syncopate.kernels.context import OverlapContext, kept_allocations
 from syncopate.kernels.library import OP_NAMES, config_text, register
-from syncopate.kernels.replay import LAUNCHES, ReplayedCalls, replayable
+from syncopate.kernels.replay import LAUNCHES, LaunchChoice, ReplayedCalls, replayable
 from syncopate.kernels.scaled import FP8, Scales, check_scales
 from syncopate.kernels.templates import (
     CONTEXTS,
@@ -95,7 +95,7 @@ class ContextRegistry:
     def __init__(self) -> None:
         self.mode = "eager"
         """The mode of calls made outside a CUDA graph capture (`set_mode`); captured calls are `graph`."""
-        self.launch = "graph"
+        self.launch = "auto"
         """How fused calls outside a capture are launched (`set_launch`)."""
         self._warned_fallback: set[tuple] = set()
         self._configs: dict[tuple, Candidate] = {}
@@ -151,30 +151,34 @@ def get_mode() -> str:
 
 
 def set_launch(name: str) -> None:
-    """How fused calls made outside a CUDA graph capture are launched: `graph` (the default), each
-    replayed from a CUDA graph of its own kept per set of tensor addresses (`syncopate.kernels.replay`:
-    the host pays one graph launch a call, the device a meeting of the group at its start), or
-    `direct`, enqueued operation by operation (the host pays every stream operation, the device no
-    meeting). Every rank must set the same. Calls being captured by the caller are captured as
-    they are either way."""
+    """How fused calls made outside a CUDA graph capture are launched (`syncopate.kernels.replay`):
+    `graph`, each replayed from a CUDA graph of its own kept per set of tensor addresses (the host
+    pays one graph launch a call, the device a meeting of the group at its start); `direct`,
+    enqueued operation by operation (the host pays every stream operation, the device no meeting);
+    `auto` (the default), direct until the job shows whether its GPU waits for its host, then
+    replayed where it does. Every rank must set the same. Calls being captured by the caller are
+    captured as they are either way."""
     if name not in LAUNCHES:
         raise ConfigError(f"launch {name!r}: accepted are {', '.join(LAUNCHES)}")
     _REGISTRY.launch = name
 
 
 def get_launch() -> str:
-    """The launch set by `set_launch` (`graph` unless set)."""
+    """The launch set by `set_launch` (`auto` unless set)."""
     return _REGISTRY.launch
 
 
 def _run(program: CallProgram, a, b, out, capturing: bool, spin_limit: int, scales, gathered=None) -> None:
-    """Enqueue one call of `program`: replayed from its graph (`set_launch`) where it can be, else
+    """Enqueue one call of `program`: as `set_launch` says where it can be replayed, else
     operation by operation."""
-    if not capturing and _REGISTRY.launch == "graph" and replayable(program, scales, spin_limit):
-        replayed = program.__dict__.get("replayed")
-        if replayed is None:
-            replayed = program.replayed = ReplayedCalls(program)
-        replayed(a, b, out, gathered)
+    launch = _REGISTRY.launch
+    if not capturing and launch != "direct" and replayable(program, scales, spin_limit):
+        name = f"launch_{launch}"
+        kept = program.__dict__.get(name)
+        if kept is None:
+            kept = ReplayedCalls(program) if launch == "graph" else LaunchChoice(program)
+            setattr(program, name, kept)
+        kept(a, b, out, gathered)
         return
     program(a, b, out, capturing=capturing, spin_limit=spin_limit, gathered=gathered, scales=scales)
 

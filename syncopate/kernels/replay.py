@@ -14,6 +14,13 @@ Every call so replayed runs the captured-call protocol (`OverlapContext.begin_ca
 meets, the signal pads are cleared, the group meets again), whether a rank replays a graph or has
 just captured it, so ranks that miss at different calls still run the same protocol together. A
 program's first call runs directly (it compiles the kernel and may allocate), on every rank alike.
+
+That meeting costs the device a few microseconds a call, which a job whose GPU is never short of
+work pays for nothing. So by default (`auto`) a program is launched directly until the job has
+shown which it is: after `WARM` calls, the next `SAMPLES` calls each ask, before enqueueing,
+whether the caller's stream has run dry (its GPU waiting for this host); then the group agrees
+(one all-reduce of the largest share over the ranks, once a program) and replays from then on
+where the stream ran dry on more than half of the samples on some rank.
 """
 
 from __future__ import annotations
@@ -22,14 +29,21 @@ import collections
 
 import torch
 
-__all__ = ["GRAPHS", "LAUNCHES", "ReplayedCalls", "replayable"]
+__all__ = ["GRAPHS", "LAUNCHES", "SAMPLES", "WARM", "LaunchChoice", "ReplayedCalls", "replayable"]
 
 GRAPHS = 8
 """Graphs a program keeps, one per set of addresses; the least recently used goes first."""
 
-LAUNCHES = ("graph", "direct")
+LAUNCHES = ("auto", "graph", "direct")
 """How a fused call made outside a CUDA graph capture is launched (`syncopate.kernels.ops.set_launch`):
-replayed from a graph of its own (`graph`) or enqueued call by call (`direct`)."""
+replayed from a graph of its own where the job's host is on the path (`auto`), always (`graph`),
+or enqueued operation by operation (`direct`)."""
+
+WARM = 8
+"""Calls of a program made before `auto` starts sampling (first calls compile, allocate, warm up)."""
+
+SAMPLES = 16
+"""Calls of a program `auto` samples before the group decides how it is launched."""
 
 
 def replayable(program, scales, spin_limit: int) -> bool:
@@ -115,3 +129,48 @@ def _side_stream(device) -> torch.cuda.Stream:
 
 def _new_graph() -> torch.cuda.CUDAGraph:
     return torch.cuda.CUDAGraph()
+
+
+class LaunchChoice:
+    """`auto`'s choice for one program: direct calls while it samples whether the caller's stream
+    runs dry, then the group's decision (`decide`), kept."""
+
+    __slots__ = ("program", "calls", "dry", "replayed", "decided")
+
+    def __init__(self, program) -> None:
+        self.program = program
+        self.calls = 0
+        self.dry = 0
+        """Sampled calls before which the caller's stream had nothing left to run."""
+        self.replayed: ReplayedCalls | None = None
+        self.decided = False
+
+    def __call__(self, a, b, out, gathered=None) -> None:
+        if self.replayed is not None:
+            self.replayed(a, b, out, gathered)
+            return
+        if not self.decided:
+            self.calls += 1
+            if self.calls > WARM:
+                self.dry += bool(_stream_idle(self.program.context.device))
+        self.program(a, b, out, gathered=gathered)
+        if not self.decided and self.calls >= WARM + SAMPLES:
+            self.decided = True
+            if _group_share(self.program, self.dry / SAMPLES) > 0.5:
+                self.replayed = ReplayedCalls(self.program)
+                self.replayed.ran = True
+
+
+def _stream_idle(device) -> bool:
+    """Whether the caller's stream has run everything enqueued on it (one driver query)."""
+    return torch.cuda.current_stream(device).query()
+
+
+def _group_share(program, share: float) -> float:
+    """The largest `share` over the program's group (a collective every rank makes at the same call
+    of the program: the same calls in the same order)."""
+    import torch.distributed as dist
+
+    t = torch.tensor([share], dtype=torch.float32, device=program.context.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=program.spec.group)
+    return float(t.item())

@@ -77,7 +77,7 @@ class LayerBench:
     """Timed repetitions of `EAGER_CALLS` back-to-back iterations each."""
     profile_dir: str | None = None
     """Where to write each implementation's profiler traces (None: no profile)."""
-    launch: str = "graph"
+    launch: str = "auto"
     """How Syncopate's fused calls outside a capture are launched (`syncopate.set_launch`)."""
 
     def __post_init__(self) -> None:
