@@ -2,13 +2,24 @@
 torchtitan plans Llama, with torch's styles and with syncopate.tp's, eager and compiled.
 
     torchrun --nproc-per-node 4 benchmarks/train_step.py [--model llama-3-8b] [--layers 4]
-        [--tokens 8192] [--batch 1] [--steps 20] [--warmup 5] [--variants ...] [--json FILE]
+        [--tokens 8192] [--batch 1] [--steps 20] [--warmup 5] [--variants ...] [--no-loss-parallel]
+        [--json FILE]
     python benchmarks/train_step.py --cpu --world 2 [--json FILE]      (gloo, tiny widths)
 
 Random weights at the model's widths (`syncopate.models`; `--layers` decoder layers), the same on
 every rank and in every variant (one seed), synthetic tokens (one seed), AdamW. One process a GPU;
 `--tokens` is what the tensor-parallel group processes a step (batch × sequence: 2048, 4096 or 8192
 at real widths), each rank holding tokens/tp of them between the attention and MLP blocks.
+
+The plan is torchtitan's for Llama, loss included. The embedding is row-parallel (its output
+sharded on the sequence), the norms sequence-parallel, q/k/v and gate/up column-parallel, o and
+down row-parallel back to the sequence shards. lm_head is column-parallel with its logits left
+sharded on the vocabulary, and the loss is torchtitan's: each sample is a sequence and one more
+token, split beforehand into inputs and labels (the next tokens); the model is called without
+labels, and `cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))` runs on the
+vocabulary shards inside torch's `loss_parallel()`, forward and backward. `--no-loss-parallel` is
+torchtitan's `disable_loss_parallel`: the logits all-gathered to every rank and the same loss
+computed on each whole. The result (`loss_parallel`) and the table's header say which plan ran.
 
 | variant            | styles    | mode                                                           |
 |--------------------|-----------|----------------------------------------------------------------|
@@ -23,8 +34,8 @@ at real widths), each rank holding tokens/tp of them between the attention and M
 Per variant: the step time (median over the steps after the warm-up, each step timed from a barrier
 to its end, device synchronized, the slowest rank's), tokens/s from it, peak device memory (the
 largest rank's, from after the model is built), and the loss curve's largest difference from
-`torch`'s over every step. The embedding, the final norm and lm_head (logits replicated) keep
-torch's styles in every variant; the fused ops take their configurations from `syncopate.lookup`
+`torch`'s over every step. The embedding, the final norm, lm_head and the loss are the same in every
+variant, torch's styles; the fused ops take their configurations from `syncopate.lookup`
 (SYNCOPATE_DB names the database of a sweep on this machine, e.g. one of
 `syncopate tune --model llama-3-8b --tp N --tokens T`).
 """
@@ -89,11 +100,14 @@ def build_model(spec, layers: int, vocab: int, device, dtype, seed: int):
     return model.to(dtype)
 
 
-def parallelize(model, mesh, styles: str):
+def parallelize(model, mesh, styles: str, loss_parallel: bool = True):
     """torchtitan's Llama plan in transformers' module names, with torch's styles or syncopate.tp's
     (`styles`: torch or syncopate) in the decoder layers; the embedding, final norm and lm_head take
-    torch's (syncopate.tp's styles parallelize nn.Linear only, and lm_head's replicated output is not
-    one of theirs)."""
+    torch's in every variant (syncopate.tp's styles parallelize nn.Linear only, and neither lm_head's
+    vocabulary-sharded DTensor output nor its replicated one is one of theirs). `loss_parallel`:
+    lm_head's logits stay sharded on the vocabulary, a DTensor for `cross_entropy` under torch's
+    `loss_parallel()`, as torchtitan leaves them by default; otherwise they are all-gathered, a plain
+    tensor every rank holds whole (torchtitan's `disable_loss_parallel`)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -116,7 +130,11 @@ def parallelize(model, mesh, styles: str):
                 input_layouts=Replicate(), output_layouts=Shard(1)
             ),
             "model.norm": torch_tp.SequenceParallel(),
-            "lm_head": torch_tp.ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+            "lm_head": torch_tp.ColwiseParallel(
+                input_layouts=Shard(1),
+                output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                use_local_output=not loss_parallel,
+            ),
         },
     )
     # A compiled layer's input must not be the embedding's to_local() view: with it (torch 2.13, torch's
@@ -144,6 +162,39 @@ def parallelize(model, mesh, styles: str):
             },
         )
     return model
+
+
+def next_tokens(tokens):
+    """`tokens` [b, s + 1] split as torchtitan's data loader splits a sample: the inputs [b, s] and
+    their labels, each position's next token, so that every input position has a label."""
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def cross_entropy(logits, labels):
+    """torchtitan's loss: the mean cross-entropy, in float32, of every position's logits [b, s, vocab]
+    against its label [b, s]. On logits sharded on the vocabulary it needs torch's `loss_parallel()`."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+def forward_backward(model, inputs, labels, positions, loss_parallel: bool):
+    """One step's forward and backward, the loss (a plain tensor) returned: the model called without
+    labels for its logits (of every position: `logits_to_keep` stays 0), `cross_entropy` of them and
+    its backward. With `loss_parallel` (lm_head planned so by `parallelize`) all of it runs inside
+    torch's `loss_parallel()`, as torchtitan's training step does: the cross-entropy's forward and its
+    backward both work on the vocabulary shards."""
+    import contextlib
+
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import loss_parallel as vocabulary_sharded_loss
+
+    with vocabulary_sharded_loss() if loss_parallel else contextlib.nullcontext():
+        logits = model(input_ids=inputs, position_ids=positions).logits
+        loss = cross_entropy(logits, labels)
+        loss.backward()
+    loss = loss.detach()
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
 # --- one variant -----------------------------------------------------------------------------------------------
@@ -176,6 +227,7 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches) -> dict:
             build_model(spec, args.layers, args.vocab, device, dtype, args.seed),
             mesh,
             "syncopate" if variant.startswith("syncopate") else "torch",
+            loss_parallel=args.loss_parallel,
         )
         if variant == "async-tp":
             from syncopate.kernels.context import enable_symm_mem
@@ -190,15 +242,14 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches) -> dict:
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        positions = torch.arange(batches[0].shape[1], device=device).unsqueeze(0)
+        positions = torch.arange(batches[0][0].shape[1], device=device).unsqueeze(0)
         losses, times = [], []
-        for ids in batches:
+        for inputs, labels in batches:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             dist.barrier()
             start = time.perf_counter()
-            loss = model(input_ids=ids, labels=ids, position_ids=positions).loss
-            loss.backward()
+            loss = forward_backward(model, inputs, labels, positions, args.loss_parallel)
             opt.step()
             opt.zero_grad(set_to_none=True)
             losses.append(loss.item())
@@ -255,7 +306,7 @@ def run_rank(args, device) -> dict | None:
     gen = torch.Generator().manual_seed(args.seed + 1)
     seq = args.tokens // args.batch
     batches = [
-        torch.randint(0, args.vocab, (args.batch, seq), generator=gen).to(device)
+        next_tokens(torch.randint(0, args.vocab, (args.batch, seq + 1), generator=gen).to(device))
         for _ in range(args.warmup + args.steps)
     ]
     rows = []
@@ -287,6 +338,7 @@ def run_rank(args, device) -> dict | None:
         "lr": args.lr,
         "seed": args.seed,
         "backend": args.backend,
+        "loss_parallel": args.loss_parallel,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "versions": {
             "torch": torch.__version__,
@@ -360,6 +412,14 @@ def _run_cpu(args) -> dict:
 # --- the table -------------------------------------------------------------------------------------------------
 
 
+_LOSS_PLANS = {
+    True: "loss parallel (logits sharded on the vocabulary)",
+    False: "logits replicated (all-gathered, loss on every rank)",
+}
+"""The loss plan as the table's header says it; a result without `loss_parallel` (written before the
+field was) ran with the logits replicated."""
+
+
 def table(result: dict) -> str:
     m = result["model"]
     lines = [
@@ -367,6 +427,7 @@ def table(result: dict) -> str:
             f"{m['name']} widths (hidden {m['hidden']}, ffn {m['ffn']}, {m['heads']} heads, {m['kv_heads']} kv "
             f"heads), {m['layers']} layers, vocab {m['vocab']}; TP={result['world']} on {result['device']}, "
             f"{result['tokens']} tokens a step ({result['batch']} × {result['sequence']}), {result['dtype']}; "
+            f"{_LOSS_PLANS[result.get('loss_parallel', False)]}; "
             f"median of {result['steps']} steps after {result['warmup']}; torch {result['versions']['torch']}, "
             f"transformers {result['versions']['transformers']}"
         ),
@@ -387,7 +448,9 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, its defaults filled in for the CPU or the GPUs; one that cannot run (a world
+    under 2, tokens that do not split into the ranks' sequence blocks, no torchrun) is refused, exit 2."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu", action="store_true", help="gloo on the CPU, tiny widths, --world processes")
     p.add_argument("--world", type=int, default=2, help="with --cpu: ranks (torchrun's otherwise)")
@@ -406,6 +469,13 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 20; 4 with --cpu)")
     p.add_argument("--warmup", type=int, default=None, help="steps before them (default 5; 2 with --cpu)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    p.add_argument(
+        "--loss-parallel",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="lm_head's logits sharded on the vocabulary and the loss computed on the shards, torchtitan's "
+        "default; --no-loss-parallel all-gathers the logits and computes the loss on every rank whole",
+    )
     p.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled variants")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
@@ -429,6 +499,12 @@ def main(argv=None) -> int:
         p.error(
             f"--tokens {args.tokens} must be --batch {args.batch} sequences of a length divisible by {world}"
         )
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    cpu = args.cpu
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if cpu:
         result = _run_cpu(args)

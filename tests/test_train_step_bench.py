@@ -1,18 +1,24 @@
 """Layer: gloo process groups on the CPU. benchmarks/train_step.py with --cpu: transformers' Llama at
 tiny widths trained by torch's styles and by syncopate.tp's on two ranks, its table and JSON (the
 same losses within float32 rounding, the variants that need CUDA said to be impossible in their
-rows), and its refusals of a world or a token count that do not split."""
+rows), and its refusals of a world or a token count that do not split. Its loss plans: torchtitan's
+loss parallelism (logits sharded on the vocabulary) and `--no-loss-parallel` (logits replicated) give
+one step the loss and gradients of each other and of the whole model's own loss (transformers'
+label shift, not the benchmark's), and the result and table say which plan ran."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.gloo import run_gloo
 
 REPO = Path(__file__).resolve().parents[1]
+VOCAB = 256
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -60,6 +66,8 @@ def test_the_cpu_run_trains_both_plans_and_reports_them(tmp_path):
         and rows["torch"]["tokens_per_s"] > 0
     )
     assert rows["syncopate"]["max_loss_diff_vs_torch"] < 1e-4
+    assert result["loss_parallel"] is True
+    assert "loss parallel (logits sharded on the vocabulary)" in out.stdout.splitlines()[0]
     assert "not possible on the CPU" in rows["async-tp"]["skipped"]
     assert "not possible on the CPU" in rows["syncopate-graphs"]["skipped"]
     lines = out.stdout.splitlines()
@@ -79,3 +87,153 @@ def test_the_cpu_run_trains_both_plans_and_reports_them(tmp_path):
 def test_what_does_not_split_is_refused(args, said):
     out = _run(*args)
     assert out.returncode == 2 and said in out.stderr
+
+
+def _bench():
+    """benchmarks/train_step.py as a module (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("train_step", REPO / "benchmarks" / "train_step.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _grads(model) -> dict:
+    """Every parameter's gradient as this rank holds it (a partial one summed) and its placements."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    out = {}
+    for key, p in model.named_parameters():
+        g = p.grad
+        if isinstance(g, DTensor):
+            whole = [Replicate() if isinstance(pl, Partial) else pl for pl in g.placements]
+            out[key] = (g.redistribute(placements=whole).to_local().clone(), tuple(g.placements))
+        else:
+            out[key] = (g.clone(), None)
+    return out
+
+
+def _grad_mismatches(plans: dict, whole_grads: dict, rank: int, ws: int) -> list[str]:
+    """Each plan's gradients against the replicated-logits plan's (values and placements) and against
+    the whole model's (this rank's block of it): a line for each that differs."""
+    import torch
+
+    replicated = plans[("torch", False)][2]
+    lines = []
+    for (styles, loss_parallel), (_, _, grads) in plans.items():
+        plan = f"rank {rank}, {styles}'s styles, loss_parallel={loss_parallel}"
+        for key, (g, placements) in grads.items():
+            want, want_placements = replicated[key]
+            whole = whole_grads[key]
+            if g.shape != whole.shape:  # this rank's shard: the whole model's in the same block
+                dim = next(i for i, (a, b) in enumerate(zip(g.shape, whole.shape)) if a != b)
+                whole = whole.chunk(ws, dim)[rank]
+            for name, ok in (
+                ("placements vs replicated logits'", placements == want_placements),
+                ("vs replicated logits'", torch.allclose(g, want, rtol=1e-4, atol=1e-6)),
+                ("vs the whole model's", torch.allclose(g, whole, rtol=1e-4, atol=1e-6)),
+            ):
+                if not ok:
+                    lines.append(f"{plan}: {key} {name}")
+    return lines
+
+
+def _loss_plans_worker(rank, ws, init, q):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor
+
+        from syncopate.models import ModelSpec
+
+        bench = _bench()
+        spec, cpu = ModelSpec(**bench.TINY), torch.device("cpu")
+        mesh = init_device_mesh("cpu", (ws,))
+        tokens = torch.randint(0, VOCAB, (2, 16 * ws + 1), generator=torch.Generator().manual_seed(1))
+        inputs, labels = bench.next_tokens(tokens)
+        positions = torch.arange(inputs.shape[1]).unsqueeze(0)
+
+        def build():
+            # lm_head ten times its initial scale: logits of spread 1 or so, not nearly uniform ones,
+            # so that the loss depends on which token is each position's label.
+            model = bench.build_model(spec, 2, VOCAB, cpu, torch.float32, seed=0)
+            with torch.no_grad():
+                model.lm_head.weight.mul_(10)
+            return model
+
+        # The whole model's own loss on the unsplit tokens: transformers shifts the labels itself and
+        # leaves the last position out, whose logits depend on no other position's (causal attention).
+        whole = build()
+        whole_loss = whole(input_ids=tokens, labels=tokens).loss
+        whole_loss.backward()
+        whole_grads = {k: p.grad.clone() for k, p in whole.named_parameters()}
+
+        plans = {}
+        for styles, loss_parallel in (("torch", True), ("torch", False), ("syncopate", True)):
+            model = bench.parallelize(build(), mesh, styles, loss_parallel=loss_parallel)
+            seen = []
+            model.lm_head.register_forward_hook(
+                lambda m, a, out, seen=seen: seen.append(
+                    (tuple(out.placements), tuple(out.to_local().shape))
+                    if isinstance(out, DTensor)
+                    else (None, tuple(out.shape))
+                )
+            )
+            loss = bench.forward_backward(model, inputs, labels, positions, loss_parallel)
+            plans[(styles, loss_parallel)] = (loss.item(), seen, _grads(model))
+
+        # The command line's plan into the result (the CLI test runs the default one end to end).
+        command = ["--cpu", "--world", str(ws), "--tokens", "32", "--steps", "1", "--warmup", "0"]
+        default = bench.parse_args(command).loss_parallel
+        replicated = bench.parse_args([*command, "--variants", "torch", "--no-loss-parallel"])
+        result = bench.run_rank(replicated, cpu)
+        q.put(
+            (
+                rank,
+                whole_loss.item(),
+                {plan: (loss, seen) for plan, (loss, seen, _) in plans.items()},
+                _grad_mismatches(plans, whole_grads, rank, ws),
+                (default, None if result is None else json.loads(json.dumps(result))),
+            )
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_loss_parallel_gives_the_replicated_logits_loss_and_gradients():
+    """Float32 on the CPU, where the plans differ only in the order of float sums (row-parallel
+    partial products all-reduced; the loss's log-sum-exp from each vocabulary shard's max and sum):
+    the losses agree within a float32 ulp or so (relative 1e-7), checked to relative 1e-5; the
+    gradients use a tenth of `allclose(rtol=1e-4, atol=1e-6)` (atol for the gradients near zero). A
+    wrong label changes a token's loss by about the logits' spread (of order 1, lm_head scaled up)
+    and every gradient: a label shift that is off in either plan fails both checks. The GPU runs'
+    bf16 is not checked here; the CPU path is float32."""
+    pytest.importorskip("transformers")
+    from torch.distributed.tensor import Shard
+
+    mismatches, results = [], []
+    ranks = sorted(run_gloo(_loss_plans_worker, 2, timeout=240))
+    for rank, whole_loss, plans, lines, (default, result) in ranks:
+        mismatches += lines
+        assert default is True, "loss parallelism is not the command line's default"
+        if result is not None:
+            results.append(result)
+        # lm_head's output, [2, 32, VOCAB] whole: a vocabulary shard under loss parallelism.
+        sharded = [((Shard(2),), (2, 32, VOCAB // 2))]
+        assert plans[("torch", True)][1] == plans[("syncopate", True)][1] == sharded
+        assert plans[("torch", False)][1] == [(None, (2, 32, VOCAB))]
+        replicated_loss = plans[("torch", False)][0]
+        for (styles, loss_parallel), (loss, _) in plans.items():
+            plan = f"rank {rank}, {styles}'s styles, loss_parallel={loss_parallel}"
+            assert loss == pytest.approx(whole_loss, rel=1e-5), f"{plan}: loss vs the whole model's"
+            assert loss == pytest.approx(replicated_loss, rel=1e-5), f"{plan}: loss vs replicated logits'"
+    assert not mismatches, "\n".join(mismatches)
+    [result] = results
+    assert result["loss_parallel"] is False and "losses" in result["variants"][0], result
+    table = _bench().table
+    assert "logits replicated (all-gathered, loss on every rank)" in table(result).splitlines()[0]
+    assert "loss parallel (logits sharded" in table({**result, "loss_parallel": True}).splitlines()[0]
+    old = {k: v for k, v in result.items() if k != "loss_parallel"}  # a result from before the switch
+    assert "logits replicated" in table(old).splitlines()[0]
