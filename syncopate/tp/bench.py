@@ -17,6 +17,13 @@ layer (same weights and input) is timed forward and forward + backward:
 
 Without sequence parallelism the column layer is local and the row layer `matmul_all_reduce`.
 Rank 0 prints the table and returns every number; outputs are compared with torch's path.
+
+`dtype="fp8"` trains every implementation's GEMMs in FP8 (`syncopate.tp.float8`: each GEMM's
+operands quantized row-wise along its contracted dimension, bf16 out, the weights and the
+activations between the GEMMs in bf16): `torch`, torch's collectives and `torch._scaled_mm` in
+sequence; `async_tp`, torch's fused scaled ops (`fused_all_gather_scaled_matmul`,
+`fused_scaled_matmul_reduce_scatter`); `syncopate` and `default`, the FP8 fused ops with the
+configurations looked up (or the untuned defaults) for the `fp8` workloads.
 """
 
 from __future__ import annotations
@@ -29,9 +36,10 @@ from typing import Any
 
 from syncopate.errors import ConfigError
 
-__all__ = ["LAYERS", "IMPLS", "LayerBench", "format_layer_table", "run_layer_bench"]
+__all__ = ["DTYPES", "LAYERS", "IMPLS", "LayerBench", "format_layer_table", "run_layer_bench"]
 
 LAYERS = ("mlp", "attention")
+DTYPES = ("bf16", "fp8")
 IMPLS = ("torch", "async_tp", "syncopate", "default")
 MODES = ("eager", "graph")
 PASSES = ("forward", "forward_backward")
@@ -64,6 +72,8 @@ class LayerBench:
     passes: tuple[str, ...] = PASSES
     repetitions: int = 7
     """Timed repetitions of `EAGER_CALLS` back-to-back iterations each."""
+    dtype: str = "bf16"
+    """`bf16`, or `fp8`: every GEMM on FP8 operands, as `float8=True` runs them (`syncopate.tp.float8`)."""
 
     def __post_init__(self) -> None:
         if self.layer not in LAYERS:
@@ -104,10 +114,40 @@ class LayerBench:
                 )
         elif self.ffn % self.tp:
             raise ConfigError(f"mlp: ffn={self.ffn} must be a multiple of tp={self.tp}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"layer bench dtype={self.dtype!r}: accepted are {', '.join(DTYPES)}")
+        if self.dtype == "fp8":
+            self._check_fp8_dims()
+
+    def _check_fp8_dims(self) -> None:
+        """ConfigError naming the first dimension of the layer's GEMMs that torch._scaled_mm cannot
+        take (a multiple of 16 on CUDA): the features a rank holds and the tokens."""
+        from syncopate.tp.float8 import DIM_MULTIPLE
+
+        col, row = self.local_features()
+        for what, size in (
+            ("hidden", self.hidden),
+            ("the column layer's out features a rank holds", col),
+            ("the row layer's in features a rank holds", row),
+            ("tokens", self.tokens),
+        ):
+            if size % DIM_MULTIPLE:
+                raise ConfigError(
+                    f"layer bench dtype=fp8: every dimension of the layer's GEMMs must be a multiple of "
+                    f"{DIM_MULTIPLE} (torch._scaled_mm on CUDA), but {what} is {size}: change the widths "
+                    f"or tokens, or bench the layer in bf16"
+                )
 
     @property
     def head_width(self) -> int:
         return self.head_dim or self.hidden // self.heads
+
+    def local_features(self) -> tuple[int, int]:
+        """(the column layer's out features, the row layer's in features) a rank holds."""
+        if self.layer == "mlp":
+            return 2 * self.ffn // self.tp, self.ffn // self.tp
+        hd = self.head_width
+        return (self.heads + 2 * self.kv_heads) * hd // self.tp, self.heads * hd // self.tp
 
     def ops(self) -> list[tuple[str, tuple[int, int, int]]]:
         """The fused ops the layer calls, forward then backward: (kind, global M×N×K)."""
@@ -132,12 +172,13 @@ def _build(bench: LayerBench, impl: str, group, device, weights: dict, configs: 
 
     kind = "fused" if impl in ("syncopate", "default") else impl
     sp = bench.sequence_parallel
+    float8 = bench.dtype == "fp8"
     col_cfg, row_cfg = configs if configs is not None else (None, None)
     col = ColumnParallelLinear.from_linear(
-        weights["col"], group, sequence_parallel=sp, impl=kind, configs=col_cfg
+        weights["col"], group, sequence_parallel=sp, impl=kind, configs=col_cfg, float8=float8
     )
     row = RowParallelLinear.from_linear(
-        weights["row"], group, sequence_parallel=sp, impl=kind, configs=row_cfg
+        weights["row"], group, sequence_parallel=sp, impl=kind, configs=row_cfg, float8=float8
     )
     tp = bench.tp
     if bench.layer == "mlp":
@@ -167,7 +208,7 @@ def _default_configs(bench: LayerBench, topology) -> tuple[dict, dict]:
     from syncopate.search_space import Workload, default_candidate
 
     def default(kind, shape):
-        return default_candidate(Workload(kind=kind, shape=shape, dtype="bf16"), topology)
+        return default_candidate(Workload(kind=kind, shape=shape, dtype=bench.dtype), topology)
 
     ops = bench.ops()
     if bench.sequence_parallel:  # column: forward ag, backward rs; row: forward rs, backward ag
@@ -295,7 +336,8 @@ def format_layer_table(result: dict) -> str:
     """µs an iteration per implementation, and torch's paths over Syncopate's, per mode and pass."""
     res = result["results"]
     cols = [i for i in IMPLS if i in res]
-    head = ["mode/pass", *cols, "torch/ours", "async/ours", "default/ours"]
+    dtype = result.get("bench", {}).get("dtype", "bf16")
+    head = [f"mode/pass ({dtype})", *cols, "torch/ours", "async/ours", "default/ours"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     keys = sorted(
         {k for r in res.values() for k in r if "/" in k},
