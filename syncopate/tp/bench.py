@@ -299,7 +299,10 @@ def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
                         samples = time_eager(fn, group, repetitions=bench.repetitions)
                     else:  # warmed up and captured with the configurations lookup serves for graphs
                         with ops.mode("graph"):
-                            samples, _graph = _time_graph(fn, group, EAGER_CALLS, bench.repetitions)
+                            samples, graph = _time_graph(fn, group, EAGER_CALLS, bench.repetitions)
+                        # dropped at once: while a graph of torch's NCCL collectives lives (an FP8
+                        # layer's backward gathers bf16 rows), destroy_process_group does not return
+                        del graph
                     entry[f"{mode}/{name}"] = statistics.median(samples)
             results[impl] = entry
         except Exception as e:  # an impl this torch lacks (async-TP) or that fails here: said in its row
