@@ -60,11 +60,11 @@ def quantize(v: torch.Tensor, dim: int, layout: str | None = None) -> tuple[torc
     `"row"` (row-major, as `torch._scaled_mm` takes A), `"column"` (column-major, as it takes B) or
     None (v's: a transposed view stays column-major).
 
-    Two passes over v: its amax (one reduction, no |v| copy), then v / scale cast to FP8 on the
-    store (no float32 copy; on CUDA the division casts in its own kernel), written in `layout`
-    (no copy into it after). No clamp to ±448: scale = amax / 448 puts every |v| / scale within a
+    Two passes over v: its amax (one reduction, no |v| copy), then v / scale computed in float32
+    and cast to FP8 as it is stored (on CUDA one kernel, no float32 copy), written in `layout` (no
+    copy into it after). No clamp to ±448: scale = amax / 448 puts every |v| / scale within a
     rounding of 448, far below 464, where e4m3 would round up to NaN, so clamping would change no
-    value."""
+    value (the bytes are those of clamp(v / scale, ±448) as float8)."""
     amax = torch.linalg.vector_norm(v, float("inf"), dim=dim, keepdim=True).float()
     scale = amax.clamp_min(AMAX_EPS) / E4M3_MAX
     if layout is None:
