@@ -324,3 +324,33 @@ def test_bench_takes_dtype_fp8_up_to_the_gpus_it_needs(tmp_path):
     assert r.returncode == 1 and "needs 2 CUDA GPUs on this host; 0 visible" in r.stderr, r.stderr
     r = bench("--dtype", "int8")
     assert r.returncode == 2 and "unknown dtype 'int8'" in r.stderr and "fp8" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_quantize_gives_the_formulas_bytes_in_the_layout_asked_for(dtype):
+    """`quantize` (two passes, no clamp) against the documented formula clamp(v / scale, ±448) as
+    float8: the same bytes, row by row and column by column, over magnitudes from 1e-4 to 1e4, zero
+    rows and columns, and each value at its slice's amax; written row-major, column-major or in
+    v's own layout (a transposed view's)."""
+    from syncopate.kernels.scaled import AMAX_EPS, E4M3_MAX, quantize
+
+    gen = torch.Generator().manual_seed(9)
+    v = torch.randn(48, 80, generator=gen) * torch.logspace(-4, 4, 48).unsqueeze(1)
+    v[5] = 0
+    v[:, 7] = 0
+    v[9, 3] = -v[9].abs().max() * 1.0001  # the amax on a negative value
+    v = v.to(dtype)
+    for src in (v, v.t()):
+        for dim in (0, 1):
+            scale = src.float().abs().amax(dim=dim, keepdim=True).clamp_min(AMAX_EPS) / E4M3_MAX
+            want = (src.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
+            for layout, strides in (
+                (None, src.stride()),
+                ("row", (src.shape[1], 1)),
+                ("column", (1, src.shape[0])),
+            ):
+                got, got_scale = quantize(src, dim, layout)
+                assert got.stride() == strides and torch.equal(got_scale, scale), (dim, layout)
+                assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (dtype, dim, layout)
+    with pytest.raises(ConfigError, match=r"layout='diagonal': accepted are 'row', 'column' and None"):
+        quantize(v, 1, "diagonal")

@@ -62,7 +62,7 @@ def test_table_gives_torch_paths_over_ours_per_mode_and_pass():
         }
     }
     table = format_layer_table(result).splitlines()
-    assert table[0].split(" | ")[:4] == ["mode/pass", "torch", "async_tp", "syncopate"]
+    assert table[0].split(" | ")[:4] == ["mode/pass (bf16)", "torch", "async_tp", "syncopate"]
     eager = table[2].split(" | ")
     assert eager[0] == "eager/forward" and eager[-3:] == ["1.200", "1.320", "–"]
     graph = table[3].split(" | ")

@@ -62,7 +62,9 @@ def bench_cmd(
     n: int = typer.Option(None, help="Global N."),
     k: int = typer.Option(None, help="Global K."),
     dtype: str = typer.Option(
-        None, help="bf16 (the default), fp16, fp32 or fp8 (e4m3 operands, bf16 output)."
+        None,
+        help="bf16 (the default), fp16, fp32 or fp8 (e4m3 operands, bf16 output); with --layer, bf16 or fp8 "
+        "(every GEMM of the layer in FP8, scaled row-wise, on every implementation).",
     ),
     suite: Path = typer.Option(
         None, help="A sweep config whose workloads to benchmark (e.g. configs/llama_tp2.yaml)."
@@ -163,6 +165,7 @@ def bench_cmd(
             profile,
             launch,
             impls,
+            dtype,
         )
         return
     from syncopate.autotuner.sweep import load_sweep
@@ -249,12 +252,16 @@ def _bench_layer(
     repetitions,
     json_out,
     profile,
-    launch="graph",
+    launch="auto",
     impls=None,
+    dtype=None,
 ) -> None:
     import json
 
+    from syncopate.search_space import canonical_dtype
     from syncopate.tp.bench import LayerBench, format_layer_table, format_profile
+
+    dtype = "bf16" if dtype is None else canonical_dtype(dtype)
 
     if json_out is not None:
         from syncopate.files import check_writable
@@ -276,6 +283,7 @@ def _bench_layer(
         repetitions=min(repetitions, 7),
         profile_dir=str(profile) if profile is not None else None,
         launch=launch,
+        dtype=dtype,
         **({"impls": tuple(i.strip() for i in impls.split(",") if i.strip())} if impls else {}),
     )
     if visible < bench.tp:
@@ -292,7 +300,7 @@ def _bench_layer(
     sp = "sequence parallel" if sequence_parallel else "all-reduce"
     print(
         f"\n{layer} hidden {hidden} {'ffn ' + str(ffn) if layer == 'mlp' else f'heads {heads}/{kv_heads}'} "
-        f"tokens {tokens} tp {bench.tp} ({sp}); {result['gpu']} on {result['host']}, torch {result['torch']}, "
+        f"tokens {tokens} tp {bench.tp} ({sp}, {dtype}); {result['gpu']} on {result['host']}, torch {result['torch']}, "
         f"{result['date']} (us an iteration)"
     )
     print(format_layer_table(result))

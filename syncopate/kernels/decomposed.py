@@ -43,9 +43,17 @@ aligned addresses: the stream path then. `benchmarks/timeline.py gemm_ar ... --t
 decomposed` shows the tail left after the last GEMM.
 
 FP8 operands (`scales`): every GEMM is a `torch._scaled_mm` of its rows of A with their scale
-rows (this rank's partial dequantized by its own scales), into bf16 partials, which move and are
-summed as in bf16; an own chunk's product goes into a scratch tensor and is added onto the
-accumulator (`_scaled_mm` has no beta: one more rounding than the fused addition).
+rows (this rank's partial dequantized by its own scales), into bf16 partials, which move as in
+bf16. `_scaled_mm` cannot add onto its output (no beta), so an own chunk's product is summed with
+the peers' partials by one more pass, and its GEMM, which needs none of them, runs first: only the
+sum waits for the partials. Where the sum goes is the plan's `scaled_sum` (`SCALED_SUMS`): `out`,
+a reduce-scatter's default, writes the product into the output's rows and adds the partials there
+(no copy into the output after, so nothing is left after the last sum); `accumulator`, an
+all-reduce's only way (the peers pull its reduced chunks from there), writes it into a scratch
+tensor added onto the accumulator. `side_add` runs a reduce-scatter's sums on a side stream, so
+that the next chunk's GEMM does not queue behind them; `fast_accum` runs every GEMM with Hopper's
+fast FP8 accumulation. Which is faster is the GPU's to say (`benchmarks/fp8_rs_variants.py` times
+them side by side).
 
 The caller's stream then waits for the side streams. A wait is for an entry, announced first, for a
 partial, which waits only for entries, or for a reduced chunk, which waits only for partials: a
@@ -55,10 +63,12 @@ by the ranks: the blocks are `block_bounds`'s, the largest sets the slots' size.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 
+from syncopate.errors import ConfigError
 from syncopate.kernels import c_stationary, launch, streamops
 from syncopate.kernels.backends import announce_entry
 from syncopate.kernels.context import OverlapContext, record, wait
@@ -77,19 +87,22 @@ from syncopate.search_space import (
 __all__ = [
     "GATHER",
     "PARTIAL",
+    "SCALED_SUMS",
     "DecomposedPlan",
     "add_partial",
-    "add_scaled_product",
     "decomposed_buffers",
     "prepare",
     "pull_last",
     "run",
+    "scaled_gemm",
 ]
 
 PARTIAL = 0
 """Pad word `PARTIAL + q * 2 + h`: half h of rank q's partial of this rank's block has landed."""
 GATHER = 512
 """Pad word `GATHER + q * (num_splits + 1) + j`: chunk j of rank q's reduced block is ready to pull."""
+SCALED_SUMS = ("out", "accumulator")
+"""Where an FP8 call sums an own chunk's product with the peers' partials (`DecomposedPlan.scaled_sum`)."""
 
 
 def decomposed_buffers(ws: int, m: int, n: int, dtype: torch.dtype, all_reduce: bool = False) -> dict:
@@ -113,6 +126,37 @@ class DecomposedPlan:
     n: int
     all_reduce: bool = False
     splits: int = 1
+    scaled_sum: str = ""
+    """FP8 calls: where an own chunk's product meets the peers' partials (`SCALED_SUMS`): `out` (its
+    GEMM into the output's rows, the partials added there; a reduce-scatter only) or `accumulator`
+    (into a scratch tensor added onto the accumulator, then copied out). Empty: `out` for a
+    reduce-scatter, `accumulator` for an all-reduce."""
+    side_add: bool = False
+    """FP8 calls with `scaled_sum="out"`: the sums on a side stream instead of the caller's."""
+    fast_accum: bool = False
+    """FP8 calls: every GEMM with Hopper's fast FP8 accumulation (`torch._scaled_mm`'s
+    `use_fast_accum`: faster, its sums rounded more coarsely)."""
+
+    def __post_init__(self) -> None:
+        if not self.scaled_sum:
+            object.__setattr__(self, "scaled_sum", "accumulator" if self.all_reduce else "out")
+        if self.scaled_sum not in SCALED_SUMS:
+            raise ConfigError(
+                f"decomposed: scaled_sum={self.scaled_sum!r}: accepted are {', '.join(SCALED_SUMS)}"
+            )
+        if self.all_reduce and self.scaled_sum == "out":
+            raise ConfigError(
+                "decomposed: scaled_sum='out' is for a reduce-scatter; an all-reduce sums in the accumulator, "
+                "from which the peers pull its reduced chunks"
+            )
+        if self.side_add and self.scaled_sum != "out":
+            raise ConfigError(
+                f"decomposed: side_add=True moves the sums into the output (scaled_sum='out') to a side stream; "
+                f"got scaled_sum={self.scaled_sum!r}"
+            )
+        for name in ("side_add", "fast_accum"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"decomposed: {name}={getattr(self, name)!r} must be True or False")
 
     @property
     def peers_sent(self) -> list[int]:
@@ -154,13 +198,14 @@ class DecomposedPlan:
 
     @classmethod
     def of(
-        cls, rank: int, ws: int, m: int, n: int, all_reduce: bool = False, splits: int = 1
+        cls, rank: int, ws: int, m: int, n: int, all_reduce: bool = False, splits: int = 1, **scaled
     ) -> DecomposedPlan:
+        """The plan of these dims; `scaled`: the FP8 fields (`scaled_sum`, `side_add`, `fast_accum`)."""
         if GATHER + ws * (splits + 1) > ARRIVAL_SLOTS:
             raise ValueError(f"decomposed: {ws} ranks x {splits} chunks do not fit the signal pad")
         if splits > m // ws:
             raise ValueError(f"decomposed: {splits} chunks exceed the {m // ws} rows of a block")
-        return cls(rank=rank, world_size=ws, m=m, n=n, all_reduce=all_reduce, splits=splits)
+        return cls(rank=rank, world_size=ws, m=m, n=n, all_reduce=all_reduce, splits=splits, **scaled)
 
 
 def prepare(ctx: OverlapContext, plan: DecomposedPlan) -> None:
@@ -222,6 +267,8 @@ class _Layout:
         self.copies = []
         """Each own chunk's copy into the output (output offset, accumulator address, bytes), or None
         where the next chunk's copy takes its rows too."""
+        self.out_rows = [slice(o0 + lo, o0 + hi) for lo, hi in own]
+        """Each own chunk's rows of the output."""
         for j, (lo, hi) in enumerate(own):
             acc = partials.local[self.first, lo:hi]
             words = [(p, GATHER + r * slots + j) for p in plan.peers_sent] if plan.all_reduce else []
@@ -312,12 +359,10 @@ def run(
     if scales is not None:
         a_scale, b_scale = scales
         b = column_major(b)
+        fast = plan.fast_accum
 
-        def gemm(lo: int, hi: int, dst: torch.Tensor) -> None:
-            scaled_mm(a[lo:hi], b, chunk_scale(a_scale, lo, hi), b_scale, out=dst)
-
-        def add_gemm(acc: torch.Tensor, lo: int, hi: int) -> None:
-            add_scaled_product(acc, a[lo:hi], b, chunk_scale(a_scale, lo, hi), b_scale)
+        def gemm(lo: int, hi: int, dst: torch.Tensor | None) -> torch.Tensor:
+            return scaled_gemm(a[lo:hi], b, chunk_scale(a_scale, lo, hi), b_scale, dst, fast)
     else:
 
         def gemm(lo: int, hi: int, dst: torch.Tensor) -> None:
@@ -368,18 +413,47 @@ def run(
         plan.all_reduce and layout.last_aligned and out_ptr % 16 == 0 and out.is_contiguous() and ctx.sm_pulls
     )
     first, last = layout.first, len(layout.own) - 1
+    into_out = scales is not None and plan.scaled_sum == "out"
     for j, (acc, lo, hi, starts, others, words, (chunk, rows, added)) in enumerate(layout.own):
-        if starts is not None:
-            wait(main, arrived[starts, first])
-        t0 = ctx.stamp(main)
-        add_gemm(acc, lo, hi)
-        ctx.span("own rows", chunk, rows, main, t0)
-        for (q, partial), (label, of) in zip(others, added):
-            if starts is not None:
-                wait(main, arrived[starts, q])
+        if scales is not None:
+            dst = out[layout.out_rows[j]] if into_out else None
             t0 = ctx.stamp(main)
-            add_partial(acc, partial)
-            ctx.span(label, of, rows, main, t0)
+            product = gemm(lo, hi, dst)
+            ctx.span("own rows", chunk, rows, main, t0)
+            adder = main
+            if plan.side_add:
+                done = next(events)
+                record(done, main)
+                wait(ready, done)
+                adder = ready
+            with torch.cuda.stream(adder) if plan.side_add else contextlib.nullcontext():
+                terms = [(first, acc), *others]
+                labels = [(f"partial of {first} added", (first, chunk[1])), *added]
+                for (q, partial), (label, of) in zip(terms, labels):
+                    if starts is not None:
+                        wait(adder, arrived[starts, q])
+                    t0 = ctx.stamp(adder)
+                    if into_out:
+                        add_partial(product, partial)
+                    elif q == first:
+                        add_partial(acc, product)
+                    else:
+                        add_partial(acc, partial)
+                    ctx.span(label, of, rows, adder, t0)
+            if into_out:  # a reduce-scatter: no words to raise, and the sum is in the output already
+                continue
+        else:
+            if starts is not None:
+                wait(main, arrived[starts, first])
+            t0 = ctx.stamp(main)
+            add_gemm(acc, lo, hi)
+            ctx.span("own rows", chunk, rows, main, t0)
+            for (q, partial), (label, of) in zip(others, added):
+                if starts is not None:
+                    wait(main, arrived[starts, q])
+                t0 = ctx.stamp(main)
+                add_partial(acc, partial)
+                ctx.span(label, of, rows, main, t0)
         # The words go from `ready` once it has the chunk's event. The last one is what the peers'
         # pulls, which the call ends on, wait for: where the chunk before's copy is merged into the
         # last's (`merged_tail`), `ready` is idle when the last GEMM ends and raises it at once, and
@@ -452,12 +526,17 @@ def pull_last(
     launch.launch_pull(ctx, stream, view[slot, lo:hi], dst, word, epoch, spin_limit)
 
 
-def add_scaled_product(
-    acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor
-) -> None:
-    """acc += (a * a_scale) @ (b * b_scale) on the current stream, FP8 operands (b column-major):
-    the product in bf16, then added (`torch._scaled_mm` does not accumulate into its output)."""
-    acc.add_(scaled_mm(a, b, a_scale, b_scale))
+def scaled_gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    out: torch.Tensor | None = None,
+    fast_accum: bool = False,
+) -> torch.Tensor:
+    """(a * a_scale) @ (b * b_scale) in bf16 into `out` (None: a new tensor), returned, on the
+    current stream: FP8 operands, b column-major (`scaled.scaled_mm`)."""
+    return scaled_mm(a, b, a_scale, b_scale, out=out, fast_accum=fast_accum)
 
 
 def add_partial(acc: torch.Tensor, partial: torch.Tensor) -> None:

@@ -24,7 +24,9 @@ __all__ = [
     "AMAX_EPS",
     "E4M3_MAX",
     "FP8",
+    "LAYOUTS",
     "OUT_DTYPE",
+    "SCALE_ALIGN",
     "Scales",
     "check_scales",
     "chunk_scale",
@@ -45,15 +47,35 @@ E4M3_MAX = 448.0
 """float8_e4m3fn's largest finite value: a scale maps the amax onto it."""
 AMAX_EPS = 1e-12
 """The smallest amax a scale is made from: an all-zero row or column gets a finite scale."""
+LAYOUTS = ("row", "column")
+"""The layouts `quantize` writes an FP8 tensor in besides its input's."""
+SCALE_ALIGN = 16
+"""Bytes a row-wise scale's address must be a multiple of: the row-wise kernels read it in 16-byte
+words (torch's own fused scaled ops copy a scale slice that is not)."""
 
 
-def quantize(v: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize(v: torch.Tensor, dim: int, layout: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(v as float8_e4m3fn, its float32 scale) with one scale per slice along `dim` (the contracted
-    dimension): dim=1 gives a [rows, 1] scale, dim=0 a [1, columns] one. The FP8 tensor keeps v's
-    layout (a transposed view stays column-major)."""
-    amax = v.abs().amax(dim=dim, keepdim=True).float()
+    dimension): dim=1 gives a [rows, 1] scale, dim=0 a [1, columns] one. `layout`: the FP8 tensor's,
+    `"row"` (row-major, as `torch._scaled_mm` takes A), `"column"` (column-major, as it takes B) or
+    None (v's: a transposed view stays column-major).
+
+    Two passes over v: its amax (one reduction, no |v| copy), then v / scale computed in float32
+    and cast to FP8 as it is stored (on CUDA one kernel, no float32 copy), written in `layout` (no
+    copy into it after). No clamp to ±448: scale = amax / 448 puts every |v| / scale within a
+    rounding of 448, far below 464, where e4m3 would round up to NaN, so clamping would change no
+    value (the bytes are those of clamp(v / scale, ±448) as float8)."""
+    amax = torch.linalg.vector_norm(v, float("inf"), dim=dim, keepdim=True).float()
     scale = amax.clamp_min(AMAX_EPS) / E4M3_MAX
-    v8 = (v.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
+    if layout is None:
+        v8 = torch.empty_like(v, dtype=FP8)
+    elif layout in LAYOUTS:
+        rows, cols = v.shape
+        strides = (cols, 1) if layout == "row" else (1, rows)
+        v8 = torch.empty_strided((rows, cols), strides, dtype=FP8, device=v.device)
+    else:
+        raise ConfigError(f"quantize: layout={layout!r}: accepted are 'row', 'column' and None (v's own)")
+    torch.div(v, scale, out=v8)
     return v8, scale
 
 
@@ -127,8 +149,12 @@ def row_scales(scale: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def chunk_scale(scale: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-    """The scale of rows [lo, hi) of A: those rows of a row-wise scale, a tensor-wise one itself."""
-    return scale if _tensor_wise(scale) else scale[lo:hi]
+    """The scale of rows [lo, hi) of A: those rows of a row-wise scale (a copy where they do not
+    start at a multiple of `SCALE_ALIGN` bytes: rows not a multiple of 4 in), a tensor-wise one itself."""
+    if _tensor_wise(scale):
+        return scale
+    rows = scale[lo:hi]
+    return rows if rows.data_ptr() % SCALE_ALIGN == 0 else rows.clone()
 
 
 def scaled_mm(
@@ -137,10 +163,12 @@ def scaled_mm(
     a_scale: torch.Tensor,
     b_scale: torch.Tensor,
     out: torch.Tensor | None = None,
+    fast_accum: bool = False,
 ) -> torch.Tensor:
     """(a * a_scale) @ (b * b_scale) in bf16 by `torch._scaled_mm`, into `out` where given. `b` must
     be column-major (`column_major`). Both scales are passed tensor-wise (as 0-d) or row-wise: where
-    one is row-wise, the other is widened to row-wise (a small copy)."""
+    one is row-wise, the other is widened to row-wise (a small copy). `fast_accum`: Hopper's fast
+    FP8 accumulation (`use_fast_accum`: faster, its sums rounded more coarsely)."""
     a_row, b_row = not _tensor_wise(a_scale), not _tensor_wise(b_scale)
     if a_row or b_row:
         if not a_row:
@@ -149,4 +177,4 @@ def scaled_mm(
             b_scale = b_scale.reshape(1, 1).expand(1, b.shape[1]).contiguous()
     else:
         a_scale, b_scale = a_scale.reshape(()), b_scale.reshape(())
-    return torch._scaled_mm(a, b, a_scale, b_scale, out_dtype=OUT_DTYPE, out=out)
+    return torch._scaled_mm(a, b, a_scale, b_scale, out_dtype=OUT_DTYPE, use_fast_accum=fast_accum, out=out)

@@ -28,6 +28,13 @@ the layer spends the time its ops did not.
 
 Without sequence parallelism the column layer is local and the row layer `matmul_all_reduce`.
 Rank 0 prints the table and returns every number; outputs are compared with torch's path.
+
+`dtype="fp8"` trains every implementation's GEMMs in FP8 (`syncopate.tp.float8`: each GEMM's
+operands quantized row-wise along its contracted dimension, bf16 out, the weights and the
+activations between the GEMMs in bf16): `torch`, torch's collectives and `torch._scaled_mm` in
+sequence; `async_tp`, torch's fused scaled ops (`fused_all_gather_scaled_matmul`,
+`fused_scaled_matmul_reduce_scatter`); `syncopate` and `default`, the FP8 fused ops with the
+configurations looked up (or the untuned defaults) for the `fp8` workloads.
 """
 
 from __future__ import annotations
@@ -40,9 +47,10 @@ from typing import Any
 
 from syncopate.errors import ConfigError
 
-__all__ = ["LAYERS", "IMPLS", "LayerBench", "format_layer_table", "run_layer_bench"]
+__all__ = ["DTYPES", "LAYERS", "IMPLS", "LayerBench", "format_layer_table", "run_layer_bench"]
 
 LAYERS = ("mlp", "attention")
+DTYPES = ("bf16", "fp8")
 IMPLS = ("torch", "async_tp", "syncopate", "default", "bound")
 MODES = ("eager", "graph")
 PASSES = ("forward", "forward_backward")
@@ -79,6 +87,8 @@ class LayerBench:
     """Where to write each implementation's profiler traces (None: no profile)."""
     launch: str = "auto"
     """How Syncopate's fused calls outside a capture are launched (`syncopate.set_launch`)."""
+    dtype: str = "bf16"
+    """`bf16`, or `fp8`: every GEMM on FP8 operands, as `float8=True` runs them (`syncopate.tp.float8`)."""
 
     def __post_init__(self) -> None:
         if self.layer not in LAYERS:
@@ -123,10 +133,40 @@ class LayerBench:
                 )
         elif self.ffn % self.tp:
             raise ConfigError(f"mlp: ffn={self.ffn} must be a multiple of tp={self.tp}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"layer bench dtype={self.dtype!r}: accepted are {', '.join(DTYPES)}")
+        if self.dtype == "fp8":
+            self._check_fp8_dims()
+
+    def _check_fp8_dims(self) -> None:
+        """ConfigError naming the first dimension of the layer's GEMMs that torch._scaled_mm cannot
+        take (a multiple of 16 on CUDA): the features a rank holds and the tokens."""
+        from syncopate.tp.float8 import DIM_MULTIPLE
+
+        col, row = self.local_features()
+        for what, size in (
+            ("hidden", self.hidden),
+            ("the column layer's out features a rank holds", col),
+            ("the row layer's in features a rank holds", row),
+            ("tokens", self.tokens),
+        ):
+            if size % DIM_MULTIPLE:
+                raise ConfigError(
+                    f"layer bench dtype=fp8: every dimension of the layer's GEMMs must be a multiple of "
+                    f"{DIM_MULTIPLE} (torch._scaled_mm on CUDA), but {what} is {size}: change the widths "
+                    f"or tokens, or bench the layer in bf16"
+                )
 
     @property
     def head_width(self) -> int:
         return self.head_dim or self.hidden // self.heads
+
+    def local_features(self) -> tuple[int, int]:
+        """(the column layer's out features, the row layer's in features) a rank holds."""
+        if self.layer == "mlp":
+            return 2 * self.ffn // self.tp, self.ffn // self.tp
+        hd = self.head_width
+        return (self.heads + 2 * self.kv_heads) * hd // self.tp, self.heads * hd // self.tp
 
     def ops(self) -> list[tuple[str, tuple[int, int, int]]]:
         """The fused ops the layer calls, forward then backward: (kind, global M×N×K)."""
@@ -199,15 +239,20 @@ def _build(bench: LayerBench, impl: str, group, device, weights: dict, configs: 
 
     kind = {"syncopate": "fused", "default": "fused", "bound": "torch"}.get(impl, impl)
     sp = bench.sequence_parallel
+    float8 = bench.dtype == "fp8"
     col_cfg, row_cfg = configs if configs is not None else (None, None)
     col = ColumnParallelLinear.from_linear(
-        weights["col"], group, sequence_parallel=sp, impl=kind, configs=col_cfg
+        weights["col"], group, sequence_parallel=sp, impl=kind, configs=col_cfg, float8=float8
     )
     row = RowParallelLinear.from_linear(
-        weights["row"], group, sequence_parallel=sp, impl=kind, configs=row_cfg
+        weights["row"], group, sequence_parallel=sp, impl=kind, configs=row_cfg, float8=float8
     )
     params = [*col.parameters(), *row.parameters()]
     if impl == "bound":
+        if float8:
+            raise ConfigError(
+                "the bound leaves bf16 matmuls, not an FP8 layer's scaled ones: it is measured in bf16"
+            )
         col, row = _local_ops(bench, col, row)
     tp = bench.tp
     if bench.layer == "mlp":
@@ -237,7 +282,7 @@ def _default_configs(bench: LayerBench, topology) -> tuple[dict, dict]:
     from syncopate.search_space import Workload, default_candidate
 
     def default(kind, shape):
-        return default_candidate(Workload(kind=kind, shape=shape, dtype="bf16"), topology)
+        return default_candidate(Workload(kind=kind, shape=shape, dtype=bench.dtype), topology)
 
     ops = bench.ops()
     if bench.sequence_parallel:  # column: forward ag, backward rs; row: forward rs, backward ag
@@ -388,7 +433,10 @@ def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
                         samples = time_eager(fn, group, repetitions=bench.repetitions)
                     else:  # warmed up and captured with the configurations lookup serves for graphs
                         with ops.mode("graph"):
-                            samples, _graph = _time_graph(fn, group, EAGER_CALLS, bench.repetitions)
+                            samples, graph = _time_graph(fn, group, EAGER_CALLS, bench.repetitions)
+                        # dropped at once: while a graph of torch's NCCL collectives lives (an FP8
+                        # layer's backward gathers bf16 rows), destroy_process_group does not return
+                        del graph
                     entry[f"{mode}/{name}"] = statistics.median(samples)
             if bench.profile_dir:
                 import os
@@ -434,7 +482,8 @@ def format_layer_table(result: dict) -> str:
     res = result["results"]
     cols = [i for i in IMPLS if i in res]
     bound = "bound" in res
-    head = ["mode/pass", *cols, "torch/ours", "async/ours", "default/ours"]
+    dtype = result.get("bench", {}).get("dtype", "bf16")
+    head = [f"mode/pass ({dtype})", *cols, "torch/ours", "async/ours", "default/ours"]
     head += ["bound/ours", "torch/bound"] if bound else []
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     keys = sorted(

@@ -23,8 +23,16 @@ shard (m·K·2 bytes, as `save_gathered=False`) and all-gathers it in bf16 again
 row layer all-gathers the bf16 output gradient beside its FP8 `all_gather_matmul`. Outputs and
 gradients come back in the operands' dtype; a bias is added in it.
 
+`impl` (`IMPLS`): `fused`, Syncopate's FP8 ops; `torch`, torch's collectives and `torch._scaled_mm`
+in sequence; `async_tp`, torch's fused scaled symmetric-memory ops (`fused_all_gather_scaled_matmul`,
+`fused_scaled_matmul_reduce_scatter`) on the same operands and scales, the all-reduce on torch's
+path (torch has no fused one, as in bf16).
+
 Under torch.compile a float8 linear runs eagerly, a graph break around it (`torch.compiler.disable`;
-`fullgraph=True` stops there), as the fused ops take FP8 operands eagerly only.
+`fullgraph=True` stops there), as the fused ops take FP8 operands eagerly only. Under a plain CUDA
+graph capture (`torch.cuda.graph`) it is captured: its scales stay on the device and nothing in a
+call waits for the host; as with every op, a call like it (same shapes) must have run before the
+capture, which makes the ops' buffers.
 
 `torch._scaled_mm` on CUDA takes only dimensions that are multiples of 16: every dimension of
 these GEMMs (the local in and out features, and the tokens) is checked to be one, on any device,
@@ -38,14 +46,27 @@ import torch.distributed as dist
 
 from syncopate.errors import ConfigError
 from syncopate.kernels.library import all_gather_rows, unfused
-from syncopate.kernels.scaled import AMAX_EPS, E4M3_MAX, column_major, quantize, scaled_mm
+from syncopate.kernels.scaled import AMAX_EPS, E4M3_MAX, OUT_DTYPE, quantize, scaled_mm
 
-__all__ = ["AMAX_EPS", "DIM_MULTIPLE", "E4M3_MAX", "MODES", "Float8Linear", "check_dims", "quantize"]
+__all__ = [
+    "AMAX_EPS",
+    "DIM_MULTIPLE",
+    "E4M3_MAX",
+    "IMPLS",
+    "MODES",
+    "Float8Linear",
+    "check_dims",
+    "check_impl",
+    "quantize",
+]
 
 DIM_MULTIPLE = 16
 """`torch._scaled_mm` on CUDA takes dimensions that are multiples of this only."""
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 """The operand dtypes a float8 layer quantizes from."""
+IMPLS = ("fused", "torch", "async_tp")
+"""The layers' impls that run float8: Syncopate's ops, torch's collectives and `torch._scaled_mm`,
+torch's fused scaled symmetric-memory ops (`async_tp8`). Not `ops`: the custom ops take no scales."""
 
 MODES = ("gather", "scatter", "reduce", "reduce_grad", "local")
 """The layer a `Float8Linear` computes: `all_gather_linear`, `linear_reduce_scatter`,
@@ -54,11 +75,11 @@ reduces (a styles' column layer on a replicated DTensor)."""
 
 
 def _operands8(a: torch.Tensor, b: torch.Tensor):
-    """a [M, K] and b [K, N] quantized along K, as the scaled GEMM takes them: A row-major with a
-    [M, 1] scale, B column-major with a [1, N] one."""
-    a8, sa = quantize(a, 1)
-    b8, sb = quantize(b, 0)
-    return a8.contiguous(), column_major(b8), sa, sb
+    """a [M, K] and b [K, N] quantized along K, written as the scaled GEMM takes them (whatever
+    their own layout: no copy after): A row-major with a [M, 1] scale, B column-major with a [1, N] one."""
+    a8, sa = quantize(a, 1, "row")
+    b8, sb = quantize(b, 0, "column")
+    return a8, b8, sa, sb
 
 
 def mm8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -68,15 +89,39 @@ def mm8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def op8(kind: str, a: torch.Tensor, b: torch.Tensor, group, impl: str, config) -> torch.Tensor:
-    """The op of `kind` on a and b quantized along K (bf16 out): the fused op (`impl="fused"`) or
-    torch's collective and the scaled GEMM (`impl="torch"`)."""
+    """The op of `kind` on a and b quantized along K (bf16 out): the fused op (`impl="fused"`),
+    torch's fused scaled op (`impl="async_tp"`) or torch's collective and the scaled GEMM
+    (`impl="torch"`, and `async_tp`'s all-reduce)."""
     a8, b8, sa, sb = _operands8(a, b)
     if impl == "fused":
         from syncopate.kernels import ops
         from syncopate.kernels.library import OP_NAMES
 
         return getattr(ops, OP_NAMES[kind])(a8, b8, group, config, a_scale=sa, b_scale=sb)
+    if impl == "async_tp" and kind != "gemm_ar":
+        return async_tp8(kind, a8, b8, sa, sb, group)
     return unfused(kind, a8, b8, group, scales=(sa, sb))
+
+
+def async_tp8(kind: str, a8, b8, sa, sb, group) -> torch.Tensor:
+    """The op of `kind` (`ag_gemm` or `gemm_rs`) on FP8 operands as torch's fused scaled async-TP
+    op: `torch.ops.symm_mem.fused_all_gather_scaled_matmul` (A's rows and their scales gathered
+    row-wise-sharded, each shard's `_scaled_mm` as it lands) or `fused_scaled_matmul_reduce_scatter`
+    (each block's `_scaled_mm` with its scale rows, the bf16 partials reduced); B column-major with
+    a [1, N] scale, bf16 out. torch has no fused all-reduce: `op8` runs torch's path for it."""
+    from syncopate.kernels.context import enable_symm_mem
+
+    name = (group or dist.group.WORLD).group_name
+    enable_symm_mem(name)  # first: the import that registers torch.ops.symm_mem's ops
+    if kind == "ag_gemm":
+        _, (out,) = torch.ops.symm_mem.fused_all_gather_scaled_matmul(
+            a8, [b8], sa, [sb], 0, name, [None], [None], [OUT_DTYPE], [False]
+        )
+        return out
+    shape = [a8.shape[0], b8.shape[1]]
+    return torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(
+        a8, b8, sa, sb, "sum", 0, 0, name, shape, out_dtype=OUT_DTYPE
+    )
 
 
 def check_dims(name: str, **dims: int) -> None:
@@ -90,15 +135,20 @@ def check_dims(name: str, **dims: int) -> None:
             )
 
 
+def check_impl(name: str, impl: str) -> None:
+    """ConfigError unless `impl` runs float8 (`IMPLS`)."""
+    if impl not in IMPLS:
+        raise ConfigError(
+            f"{name}: float8=True runs with impl 'fused' (Syncopate's ops, FP8 operands), 'torch' (torch's "
+            f"collectives and torch._scaled_mm) or 'async_tp' (torch's fused scaled symmetric-memory ops), "
+            f"got impl={impl!r}: torch.ops.syncopate's custom ops take no scales"
+        )
+
+
 def check(name: str, x: torch.Tensor, weight: torch.Tensor, impl: str, tokens: int) -> None:
     """ConfigError unless a float8 call of these operands can run: its impl, dtype and the dimensions
     of its GEMMs (`tokens`: M, the rows of the whole input, every rank's where the layer gathers it)."""
-    if impl not in ("fused", "torch"):
-        raise ConfigError(
-            f"{name}: float8=True runs with impl 'fused' (Syncopate's ops, FP8 operands) or 'torch' (torch's "
-            f"collectives and torch._scaled_mm), got impl={impl!r}: torch.ops.syncopate's custom ops and "
-            f"torch's symmetric-memory ops take no scales here"
-        )
+    check_impl(name, impl)
     if x.dtype not in DTYPES:
         raise ConfigError(
             f"{name}: float8=True quantizes bfloat16, float16 or float32 operands, got {x.dtype} (keep the "

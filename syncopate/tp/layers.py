@@ -35,8 +35,8 @@ from CUDA graphs. The forwards add the bias out of place while traced (`_add_bia
 
 `float8=True` (every function and layer) runs each GEMM, forward and backward, on FP8 operands
 quantized dynamically along its contracted dimension, as torchao's float8 "rowwise" recipe does,
-the weights kept in bf16 (`syncopate.tp.float8`); impl `fused` or `torch`, eagerly (under
-torch.compile, a graph break around each).
+the weights kept in bf16 (`syncopate.tp.float8`); impl `fused`, `torch` or `async_tp` (torch's
+fused scaled ops), eagerly (under torch.compile, a graph break around each).
 
 Each fused op looks its configuration up once per shape (`syncopate.lookup`) unless `configs`
 names one per op kind ({"ag_gemm": …, "gemm_rs": …, "gemm_ar": …}); a layer calls at most one op
@@ -54,7 +54,7 @@ import torch.distributed as dist
 from syncopate.errors import ConfigError, describe
 from syncopate.kernels.library import OP_NAMES, all_gather_rows, config_text, register, unfused
 from syncopate.tp.float8 import apply as float8_apply
-from syncopate.tp.float8 import check_dims
+from syncopate.tp.float8 import check_dims, check_impl
 
 __all__ = [
     "ColumnParallelLinear",
@@ -476,11 +476,7 @@ class _ParallelLinear(torch.nn.Module):
         self.float8 = _checked_float8(type(self).__name__, float8)
         if self.float8:
             check_dims(type(self).__name__, local_out_features=shape[0], local_in_features=shape[1])
-            if self.impl not in ("fused", "torch"):
-                raise ConfigError(
-                    f"{type(self).__name__}: float8=True runs with impl 'fused' or 'torch', got impl={impl!r}: "
-                    f"torch.ops.syncopate's custom ops and torch's symmetric-memory ops take no scales here"
-                )
+            check_impl(type(self).__name__, self.impl)
         self.weight = torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
         bias_size = out_features // ws if split == "out" else out_features
         self.bias = torch.nn.Parameter(torch.empty(bias_size, device=device, dtype=dtype)) if bias else None

@@ -62,7 +62,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 from torch.distributed.tensor.placement_types import Placement
 
 from syncopate.errors import ConfigError
-from syncopate.tp.float8 import check_dims
+from syncopate.tp.float8 import check_dims, check_impl
 from syncopate.tp.layers import (
     _checked_configs,
     _checked_impl,
@@ -144,11 +144,8 @@ def _resolved_impl(impl: str, weight: torch.Tensor, float8: bool = False) -> str
 def _checked_float8(style: str, float8, impl: str) -> bool:
     """float8 checked: a bool, and an impl that runs it."""
     float8 = _checked_bool(style, "float8", float8)
-    if float8 and impl not in ("fused", "torch"):
-        raise ConfigError(
-            f"{style}: float8=True runs with impl 'fused' or 'torch', got impl={impl!r}: torch.ops.syncopate's "
-            f"custom ops and torch's symmetric-memory ops take no scales here"
-        )
+    if float8:
+        check_impl(style, impl)
     return float8
 
 
