@@ -25,21 +25,35 @@ def test_a_candidate_round_trips_with_a_stable_key():
     c = MoeCandidate(template="pipelined", backend="copy_engine", chunks_per_source=4, order="pairwise")
     assert MoeCandidate.from_json(c.to_json()) == c
     assert MoeCandidate.from_dict(c.to_dict()) == c
-    assert c.to_json() == '{"backend":"copy_engine","chunks_per_source":4,"order":"pairwise","template":"pipelined"}'
+    assert (
+        c.to_json()
+        == '{"backend":"copy_engine","chunks_per_source":4,"order":"pairwise","template":"pipelined"}'
+    )
     assert c.key() == MoeCandidate.from_json(c.to_json()).key() and len(c.key()) == 16
     assert c.key() != c.replace(chunks_per_source=2).key()
     assert c.short() == "pipelined/copy_engine/c4/pairwise"
     assert MoeCandidate().short() == "unfused"
-    assert MoeCandidate() == MoeCandidate(template="unfused", backend="nccl", chunks_per_source=1, order="ring")
+    assert MoeCandidate() == MoeCandidate(
+        template="unfused", backend="nccl", chunks_per_source=1, order="ring"
+    )
 
 
 @pytest.mark.parametrize(
     "kw, words",
     [
         ({"template": "fused"}, "unknown MoE template 'fused': accepted are unfused, pipelined"),
-        ({"template": "pipelined", "backend": "nvshmem"}, "unknown MoE backend 'nvshmem': accepted are nccl, copy_engine"),
-        ({"template": "pipelined", "order": "zigzag"}, "unknown MoE piece order 'zigzag': accepted are ring, pairwise"),
-        ({"template": "pipelined", "chunks_per_source": 3}, "chunks_per_source=3 is not accepted: give one of 1, 2, 4, 8"),
+        (
+            {"template": "pipelined", "backend": "nvshmem"},
+            "unknown MoE backend 'nvshmem': accepted are nccl, copy_engine",
+        ),
+        (
+            {"template": "pipelined", "order": "zigzag"},
+            "unknown MoE piece order 'zigzag': accepted are ring, pairwise",
+        ),
+        (
+            {"template": "pipelined", "chunks_per_source": 3},
+            "chunks_per_source=3 is not accepted: give one of 1, 2, 4, 8",
+        ),
         ({"template": "pipelined", "chunks_per_source": True}, "chunks_per_source=True is not accepted"),
         ({"template": "pipelined", "chunks_per_source": "2"}, "chunks_per_source='2' is not accepted"),
         (
@@ -57,7 +71,10 @@ def test_bad_values_are_refused_by_name(kw, words):
 
 
 def test_bad_input_to_from_dict_and_from_json():
-    with pytest.raises(ConfigError, match="unknown MoE candidate field\\(s\\) splits: accepted are backend, chunks_per_source, order, template"):
+    words = (
+        "unknown MoE candidate field\\(s\\) splits: accepted are backend, chunks_per_source, order, template"
+    )
+    with pytest.raises(ConfigError, match=words):
         MoeCandidate.from_dict({"template": "pipelined", "splits": 2})
     with pytest.raises(ConfigError, match="a MoE candidate is a mapping, got a list of 1 item"):
         MoeCandidate.from_json("[1]")
@@ -98,7 +115,9 @@ def test_the_space_of_a_workload():
         "unfused",
         "pipelined/nccl/c8/ring",
     ]
-    with pytest.raises(ConfigError, match="unknown MoE backend 'sm_copy' in backends: accepted are nccl, copy_engine"):
+    with pytest.raises(
+        ConfigError, match="unknown MoE backend 'sm_copy' in backends: accepted are nccl, copy_engine"
+    ):
         moe_space(_workload(), 2, backends=("sm_copy",))
     with pytest.raises(ConfigError, match="chunks_per_source=3 in chunks is not accepted"):
         moe_space(_workload(), 2, chunks=(3,))

@@ -69,7 +69,9 @@ def _worker(rank, ws, init, q):
             ref_up = moe_dispatch_reference(xs, ids, w1s, experts)[rank]
             ref_down = moe_combine_reference(hs, w2s, ids, weights, experts)[rank]
             group_up = moe_dispatch_group_reference(xs[rank], ids[rank], w1s[rank], experts, g)
-            group_down = moe_combine_group_reference(hs[rank], w2s[rank], ids[rank], weights[rank], experts, g)
+            group_down = moe_combine_group_reference(
+                hs[rank], w2s[rank], ids[rank], weights[rank], experts, g
+            )
             results.append(
                 {
                     "case": (call, dtype_name, dist_name, tokens, top_k),
@@ -79,7 +81,9 @@ def _worker(rank, ws, init, q):
                     "empty_experts": int((routing.counts().sum(0) == 0).sum()),
                     "up_error": relative_error(got_up, ref_up) if ref_up.numel() else float(got_up.numel()),
                     "down_error": relative_error(got_down, ref_down),
-                    "group_up_error": relative_error(group_up, ref_up) if ref_up.numel() else float(group_up.numel()),
+                    "group_up_error": relative_error(group_up, ref_up)
+                    if ref_up.numel()
+                    else float(group_up.numel()),
                     "group_down_error": relative_error(group_down, ref_down),
                 }
             )

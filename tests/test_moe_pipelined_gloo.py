@@ -35,7 +35,9 @@ def _routing(name: str, ws: int, tokens: int, top_k: int, seed: int):
         return draw_routing(world_size=ws, tokens=tokens, experts=experts, top_k=top_k, spec=spec)
     gen = torch.Generator().manual_seed(seed)
     fed = experts - EXPERTS_A_RANK  # experts of every rank but the last
-    ids = [torch.stack([torch.randperm(fed, generator=gen)[:top_k] for _ in range(tokens)]) for _ in range(ws)]
+    ids = [
+        torch.stack([torch.randperm(fed, generator=gen)[:top_k] for _ in range(tokens)]) for _ in range(ws)
+    ]
     weights = [torch.softmax(torch.randn(tokens, top_k, generator=gen), 1) for _ in range(ws)]
     return Routing(experts=experts, expert_ids=tuple(ids), gate_weights=tuple(weights))
 
@@ -47,7 +49,8 @@ def _configs(ws: int):
 
     orders = ["ring", "pairwise", "ring"] if ws > 2 else ["ring"] * 3
     return [
-        MoeCandidate(template="pipelined", chunks_per_source=c, order=o) for c, o in zip((1, 2, 4), orders, strict=True)
+        MoeCandidate(template="pipelined", chunks_per_source=c, order=o)
+        for c, o in zip((1, 2, 4), orders, strict=True)
     ]
 
 
@@ -79,7 +82,9 @@ def _ops_worker(rank, ws, init, q):
             for again in range(2):  # back to back, fresh inputs each
                 gen = torch.Generator().manual_seed(1000 * call + 10 * again + 7)
                 xs = [torch.randn(tokens, HIDDEN, generator=gen).to(dtype) for _ in range(ws)]
-                w1s = [torch.randn(EXPERTS_A_RANK, HIDDEN, 2 * FFN, generator=gen).to(dtype) for _ in range(ws)]
+                w1s = [
+                    torch.randn(EXPERTS_A_RANK, HIDDEN, 2 * FFN, generator=gen).to(dtype) for _ in range(ws)
+                ]
                 w2s = [torch.randn(EXPERTS_A_RANK, FFN, HIDDEN, generator=gen).to(dtype) for _ in range(ws)]
                 hs = [torch.randn(lay.rows_received, FFN, generator=gen).to(dtype) for lay in layouts]
                 ref_up = moe_dispatch_reference(xs, ids, w1s, routing.experts)[rank]
@@ -89,14 +94,24 @@ def _ops_worker(rank, ws, init, q):
                     up = torch.full((layout.rows_received, 2 * FFN), float("nan"), dtype=dtype)
                     down = torch.full((tokens, HIDDEN), float("nan"), dtype=dtype)
                     got_up = dispatch_gemm(xs[rank], w1s[rank], layout, g, out=up, config=config)
-                    got_down = gemm_combine(hs[rank], w2s[rank], weights[rank], layout, g, out=down, config=config)
+                    got_down = gemm_combine(
+                        hs[rank], w2s[rank], weights[rank], layout, g, out=down, config=config
+                    )
                     assert got_up is up and got_down is down
                     # gradients, against the unfused ops' on the same inputs and output gradients
                     grads = None
                     if again == 0:
-                        grads = _grads(xs[rank], w1s[rank], hs[rank], w2s[rank], weights[rank], layout, g, config, seed)
+                        grads = _grads(
+                            xs[rank], w1s[rank], hs[rank], w2s[rank], weights[rank], layout, g, config, seed
+                        )
                     label = None if config is None else config.short()
-                    runs.setdefault(label, {})[again] = (_error(up, ref_up), _error(down, ref_down), up, down, grads)
+                    runs.setdefault(label, {})[again] = (
+                        _error(up, ref_up),
+                        _error(down, ref_down),
+                        up,
+                        down,
+                        grads,
+                    )
             for label, errors in runs.items():
                 results.append(((call, dtype_name, name), label, layout.rows_received, errors))
         data = io.BytesIO()
@@ -137,7 +152,9 @@ def _check(got, ws):
                 ref_up, ref_down, ref_grads = unfused[case, again]
                 # the same sums in the same order on the CPU: equal to the unfused ops' results
                 torch.testing.assert_close(up, ref_up, rtol=1e-6, atol=1e-6, msg=f"{rank} {case} {config}")
-                torch.testing.assert_close(down, ref_down, rtol=1e-6, atol=1e-6, msg=f"{rank} {case} {config}")
+                torch.testing.assert_close(
+                    down, ref_down, rtol=1e-6, atol=1e-6, msg=f"{rank} {case} {config}"
+                )
                 # gradients: float32 sums where the unfused autograd rounds each term to bf16
                 gtol = 2e-2 if case[1] == "bf16" else 1e-5
                 assert (grads is not None) == (again == 0)
@@ -169,7 +186,13 @@ def _layer_worker(rank, ws, init, q):
             for dtype in (torch.float32, torch.bfloat16):
                 x, gate, w1, w2, grad = _parameters(ws)
                 layer = MoELayer(
-                    hidden=HIDDEN, ffn=FFN, experts=4, top_k=2, group=dist.group.WORLD, dtype=dtype, config=dispatch_config
+                    hidden=HIDDEN,
+                    ffn=FFN,
+                    experts=4,
+                    top_k=2,
+                    group=dist.group.WORLD,
+                    dtype=dtype,
+                    config=dispatch_config,
                 )
                 layer.combine_config = combine_config
                 local = 4 // ws

@@ -92,7 +92,9 @@ def test_each_step_pairs_every_rank_with_one_peer(order):
                 if order == "pairwise":
                     assert sends[r] == recvs[r]
         for r in range(ws):
-            assert sorted(step_peers(r, ws, order, s)[0] for s in range(1, ws)) == [p for p in range(ws) if p != r]
+            assert sorted(step_peers(r, ws, order, s)[0] for s in range(1, ws)) == [
+                p for p in range(ws) if p != r
+            ]
     assert step_peers(1, 4, "ring", 1) == (2, 0)  # send ahead, receive from behind
     with pytest.raises(ConfigError, match="unknown MoE piece order 'zigzag': accepted are ring, pairwise"):
         step_peers(0, 2, "zigzag", 1)
@@ -169,7 +171,9 @@ def test_tables_move_every_row_to_its_place(ws, tokens, experts, top_k, spec, ch
 
 def _check_pieces(plan, layout, routing, rank, dispatch):
     el = routing.experts // routing.world_size
-    expert_of = [routing.expert_ids[s][t, k].item() - rank * el for s, t, k in _expert_side_by_loops(routing, rank)]
+    expert_of = [
+        routing.expert_ids[s][t, k].item() - rank * el for s, t, k in _expert_side_by_loops(routing, rank)
+    ]
     covered = sorted(itertools.chain.from_iterable(range(*p.rows) for p in plan.pieces))
     assert covered == list(range(layout.rows_received))
     for p in plan.pieces:
@@ -191,7 +195,9 @@ def _check_pieces(plan, layout, routing, rank, dispatch):
 
 def test_bad_plan_input_is_refused():
     with pytest.raises(ConfigError, match="unknown MoE kind 'ag_gemm': accepted are a2a_gemm, gemm_a2a"):
-        build_piece_plan("ag_gemm", rank=0, world_size=1, send_splits=[1], recv_counts=[[1]], chunks=1, order="ring")
+        build_piece_plan(
+            "ag_gemm", rank=0, world_size=1, send_splits=[1], recv_counts=[[1]], chunks=1, order="ring"
+        )
     with pytest.raises(ConfigError, match="1 send splits and 2 rows of receive counts for 2 ranks"):
         build_piece_plan(
             "a2a_gemm", rank=0, world_size=2, send_splits=[1], recv_counts=[[1], [1]], chunks=1, order="ring"

@@ -187,9 +187,10 @@ class _GroupRouting:
         self.experts = torch.empty(sum(self.recv), dtype=torch.int64, device=flat.device)
         dist.all_to_all_single(self.experts, local_expert, self.recv, self.send, group=group)
         # received rows (by source, then expert, then token) regrouped by expert, keeping that order
-        self.grouped = torch.argsort(self.experts * max(1, self.experts.numel()) + torch.arange(
-            self.experts.numel(), device=flat.device
-        ))
+        self.grouped = torch.argsort(
+            self.experts * max(1, self.experts.numel())
+            + torch.arange(self.experts.numel(), device=flat.device)
+        )
 
 
 def moe_dispatch_group_reference(
@@ -213,7 +214,12 @@ def moe_dispatch_group_reference(
 
 
 def moe_combine_group_reference(
-    h: torch.Tensor, w2: torch.Tensor, expert_ids: torch.Tensor, gate_weights: torch.Tensor, experts: int, group
+    h: torch.Tensor,
+    w2: torch.Tensor,
+    expert_ids: torch.Tensor,
+    gate_weights: torch.Tensor,
+    experts: int,
+    group,
 ) -> torch.Tensor:
     """This rank's `gemm_a2a` result in float32, computed by every rank of `group` together
     (collective): h's rows (in the ops' order: by local expert, then source, then token) times

@@ -13,30 +13,46 @@ all-to-all cut into pieces overlapped with the grouped GEMM), and `MoELayer` on 
 See docs/moe.md.
 """
 
-from syncopate.moe.exchange import close_moe_contexts
-from syncopate.moe.layer import MoELayer
-from syncopate.moe.ops import all_to_all_rows, dispatch_gemm, exchange_layout, gemm_combine, grouped_mm
-from syncopate.moe.plan import PiecePlan, build_piece_plan
-from syncopate.moe.routing import ExpertLayout, Routing, draw_routing, expert_counts, expert_layout, inverse
-from syncopate.search_space.moe_workload import MoeCandidate, check_moe_candidate, moe_space
+from __future__ import annotations
 
-__all__ = [
-    "ExpertLayout",
-    "MoELayer",
-    "MoeCandidate",
-    "PiecePlan",
-    "Routing",
-    "all_to_all_rows",
-    "build_piece_plan",
-    "check_moe_candidate",
-    "close_moe_contexts",
-    "dispatch_gemm",
-    "draw_routing",
-    "exchange_layout",
-    "expert_counts",
-    "expert_layout",
-    "gemm_combine",
-    "grouped_mm",
-    "inverse",
-    "moe_space",
-]
+from typing import Any
+
+_LAZY = {
+    "close_moe_contexts": "syncopate.moe.exchange",
+    "MoELayer": "syncopate.moe.layer",
+    "all_to_all_rows": "syncopate.moe.ops",
+    "dispatch_gemm": "syncopate.moe.ops",
+    "exchange_layout": "syncopate.moe.ops",
+    "gemm_combine": "syncopate.moe.ops",
+    "grouped_mm": "syncopate.moe.ops",
+    "PiecePlan": "syncopate.moe.plan",
+    "build_piece_plan": "syncopate.moe.plan",
+    "ExpertLayout": "syncopate.moe.routing",
+    "Routing": "syncopate.moe.routing",
+    "draw_routing": "syncopate.moe.routing",
+    "expert_counts": "syncopate.moe.routing",
+    "expert_layout": "syncopate.moe.routing",
+    "inverse": "syncopate.moe.routing",
+    "MoeCandidate": "syncopate.search_space.moe_workload",
+    "check_moe_candidate": "syncopate.search_space.moe_workload",
+    "moe_space": "syncopate.search_space.moe_workload",
+}
+"""Public name → the module that defines it, imported on first use: `syncopate.moe.bench_config`
+and the search values load without torch."""
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'syncopate.moe' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later accesses skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

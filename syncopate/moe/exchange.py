@@ -36,7 +36,14 @@ import torch.distributed as dist
 from syncopate.errors import ConfigError
 from syncopate.moe.plan import PiecePlan
 
-__all__ = ["BACKENDS", "CopyEngineExchange", "MoeContexts", "P2PExchange", "PieceExchange", "close_moe_contexts"]
+__all__ = [
+    "BACKENDS",
+    "CopyEngineExchange",
+    "MoeContexts",
+    "P2PExchange",
+    "PieceExchange",
+    "close_moe_contexts",
+]
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +98,9 @@ class P2PExchange(PieceExchange):
             self.main = torch.cuda.current_stream(device)
             self.side, self.events = contexts.side_stream(device, len(plan.exchanges) + 2)
             self.side.wait_stream(self.main)
-        self._peer = {p: dist.get_global_rank(group, p) for p in range(plan.world_size)} if group is not None else {}
+        self._peer = (
+            {p: dist.get_global_rank(group, p) for p in range(plan.world_size)} if group is not None else {}
+        )
 
     def buffer(self, rows: int) -> torch.Tensor:
         return torch.empty(rows, self.width, dtype=self.dtype, device=self.device)
@@ -105,7 +114,13 @@ class P2PExchange(PieceExchange):
             ops.append(dist.P2POp(dist.isend, send, self._peer[x.send_peer], self.group, tag))
         if x.receives:
             ops.append(
-                dist.P2POp(dist.irecv, recv[x.recv_rows[0] : x.recv_rows[1]], self._peer[x.recv_peer], self.group, tag)
+                dist.P2POp(
+                    dist.irecv,
+                    recv[x.recv_rows[0] : x.recv_rows[1]],
+                    self._peer[x.recv_peer],
+                    self.group,
+                    tag,
+                )
             )
         if not ops:
             return
@@ -183,12 +198,15 @@ class CopyEngineExchange(PieceExchange):
             ready.record(self.main)
             self.push.wait_event(ready)
             self.kept.append(send)
-            if x.send_peer not in self.entered:
-                so.wait_value(self.push.cuda_stream, ctx.signal_address(ctx.rank, self._entered + x.send_peer), self.epoch)
+            if x.send_peer not in self.entered:  # the peer has read what the last call put there
+                entered = ctx.signal_address(ctx.rank, self._entered + x.send_peer)
+                so.wait_value(self.push.cuda_stream, entered, self.epoch)
                 self.entered.add(x.send_peer)
             lo, hi = x.send_rows
             if not send.is_contiguous() or send.shape[0] != hi - lo:
-                raise ValueError(f"exchange {i} sends rows [{lo}, {hi}): got a tensor of shape {tuple(send.shape)}")
+                raise ValueError(
+                    f"exchange {i} sends rows [{lo}, {hi}): got a tensor of shape {tuple(send.shape)}"
+                )
             so.copy_async(
                 self.push.cuda_stream,
                 self.rows.peer_ptrs[x.send_peer] + x.send_at * self.row_bytes,
@@ -197,7 +215,8 @@ class CopyEngineExchange(PieceExchange):
             )
             ctx.write_signal(self.push, x.send_peer, self.word(ctx.rank, x.chunk), self.epoch)
         if x.receives:
-            so.wait_value(self.arrive.cuda_stream, ctx.signal_address(ctx.rank, self.word(x.recv_peer, x.chunk)), self.epoch)
+            landed = ctx.signal_address(ctx.rank, self.word(x.recv_peer, x.chunk))
+            so.wait_value(self.arrive.cuda_stream, landed, self.epoch)
             self.events[i].record(self.arrive)
             self.arrived.add(i)
 
@@ -288,7 +307,13 @@ def close_moe_contexts(group=None) -> None:
 
 
 def open_exchange(
-    backend: str, plan: PiecePlan, group, device: torch.device, width: int, dtype: torch.dtype, rows_needed: int
+    backend: str,
+    plan: PiecePlan,
+    group,
+    device: torch.device,
+    width: int,
+    dtype: torch.dtype,
+    rows_needed: int,
 ) -> PieceExchange:
     """The exchange of one call; `rows_needed`, the most rows any rank receives in it (copy engine)."""
     if backend == "nccl":

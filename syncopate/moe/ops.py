@@ -169,7 +169,9 @@ def _check_weight(label: str, w: torch.Tensor, layout: ExpertLayout, k: int) -> 
 
 
 def _check_out(out: torch.Tensor | None, shape: tuple[int, ...], like: torch.Tensor) -> None:
-    if out is not None and (tuple(out.shape) != shape or out.dtype != like.dtype or out.device != like.device):
+    if out is not None and (
+        tuple(out.shape) != shape or out.dtype != like.dtype or out.device != like.device
+    ):
         raise ConfigError(
             f"out= is {tuple(out.shape)} {out.dtype} on {out.device}: expected {shape} {like.dtype} on {like.device}"
         )

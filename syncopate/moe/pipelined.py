@@ -51,7 +51,9 @@ class Prepared:
     """The most rows any rank receives in a call of this kind (-1 where the layout has no counts)."""
 
 
-def prepared(layout: ExpertLayout, kind: str, rank: int, config: MoeCandidate, device: torch.device) -> Prepared:
+def prepared(
+    layout: ExpertLayout, kind: str, rank: int, config: MoeCandidate, device: torch.device
+) -> Prepared:
     """The tables of `kind` under `config` on rank `rank`, made once and kept in the layout's cache."""
     key = ("pipelined", kind, rank, config.chunks_per_source, config.order, str(device))
     prep = layout.cache.get(key)
@@ -134,7 +136,9 @@ def dispatch_rows(
     return h, received
 
 
-def combine_rows(h: torch.Tensor, w: torch.Tensor, layout: ExpertLayout, group, config: MoeCandidate) -> torch.Tensor:
+def combine_rows(
+    h: torch.Tensor, w: torch.Tensor, layout: ExpertLayout, group, config: MoeCandidate
+) -> torch.Tensor:
     """The pipelined combine's GEMM and transfers: each row of h [R, K] (the unfused layout) times
     its expert's W [El, K, N], back on its token's rank: [T·top_k, N] in send order (`layout.order`),
     before the top_k sum. The rows may be the copy-engine context's buffer: read them before the

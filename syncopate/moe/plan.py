@@ -3,10 +3,10 @@ over them in the order they run. Pure Python on the layout's split sizes and cou
 
 Two row spaces of one rank (the tables of :class:`~syncopate.moe.routing.ExpertLayout`):
 
-| space | rows | in it, rank by rank |
-|-------|------|---------------------|
-| token side | this rank's (token, expert) pairs in send order (`layout.order`) | `send_splits[d]` rows whose experts are on rank d, by expert, then token |
-| expert side | the rows this rank's experts receive, in all_to_all_single's order | `recv_splits[s]` rows from rank s, by local expert, then s's token order |
+| space | its rows | rank by rank |
+|-------|----------|--------------|
+| token side | this rank's pairs in send order (`layout.order`) | `send_splits[d]` rows for rank d, by expert, token |
+| expert side | the rows this rank's experts receive | `recv_splits[s]` rows from rank s, by local expert, token |
 
 Dispatch sends from the token side and receives into the expert side; combine computes on the
 expert side, sends from it and receives into the token side. Rank r's own rows need no transfer.
@@ -197,7 +197,11 @@ def build_piece_plan(
         if hi > lo:
             start = expert[source][0]
             groups = _groups(list(recv_counts[source]), lo - start, hi - start)
-            peers.append(Piece(source=source, chunk=x.chunk, rows=(lo, hi), groups=groups, exchange=i, token_rows=(0, 0)))
+            peers.append(
+                Piece(
+                    source=source, chunk=x.chunk, rows=(lo, hi), groups=groups, exchange=i, token_rows=(0, 0)
+                )
+            )
     ordered = ([own] + peers) if dispatch else (peers + [own])
     return PiecePlan(
         kind=kind,

@@ -358,7 +358,9 @@ def moe_space(
     workload.check_world_size(world_size)
     for b in backends:
         if b not in MOE_BACKENDS:
-            raise ConfigError(f"unknown MoE backend {b!r} in backends: accepted are {', '.join(MOE_BACKENDS)}")
+            raise ConfigError(
+                f"unknown MoE backend {b!r} in backends: accepted are {', '.join(MOE_BACKENDS)}"
+            )
     for c in chunks:
         if c not in MOE_CHUNKS:
             raise ConfigError(
@@ -373,5 +375,7 @@ def moe_space(
             if c > 1 and c > rows:
                 continue
             for order in orders:
-                out.append(MoeCandidate(template="pipelined", backend=backend, chunks_per_source=c, order=order))
+                out.append(
+                    MoeCandidate(template="pipelined", backend=backend, chunks_per_source=c, order=order)
+                )
     return out
