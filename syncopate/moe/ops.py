@@ -77,6 +77,8 @@ def grouped_mm(
             f"grouped GEMM of rows {tuple(a.shape)} with weights {tuple(w.shape)} in {len(sizes)} "
             "groups: expected rows [R, K], weights [groups, K, N]"
         )
+    if a.shape[0] == 0:  # a rank whose experts get no row: [0, N], its weights' gradient zero
+        return a @ w[0]
     if uses_grouped_mm(a, w):
         if offsets is None:
             offsets = to_device(torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(torch.int32), a.device)
