@@ -35,9 +35,9 @@ import torch.distributed as dist
 
 from syncopate.errors import ConfigError
 from syncopate.moe.plan import PiecePlan
+from syncopate.search_space.moe_workload import MOE_BACKENDS
 
 __all__ = [
-    "BACKENDS",
     "CopyEngineExchange",
     "MoeContexts",
     "P2PExchange",
@@ -242,9 +242,6 @@ class CopyEngineExchange(PieceExchange):
         self.kept.clear()
 
 
-BACKENDS = ("nccl", "copy_engine")
-
-
 def _capacity(rows: int) -> int:
     """Rows a symmetric buffer is made for: the next power of two (at least 1024), so that routings
     whose largest receive varies a little share one buffer."""
@@ -325,4 +322,4 @@ def open_exchange(
                 f"tensors on {device.type}; use backend 'nccl' there"
             )
         return CopyEngineExchange(plan, group, device, width, dtype, CONTEXTS, rows_needed)
-    raise ConfigError(f"unknown MoE backend {backend!r}: accepted are {', '.join(BACKENDS)}")
+    raise ConfigError(f"unknown MoE backend {backend!r}: accepted are {', '.join(MOE_BACKENDS)}")
