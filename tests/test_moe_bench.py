@@ -1,6 +1,8 @@
-"""Layer: gloo process groups on the CPU, and multi-GPU. benchmarks/moe_unfused.py: with --cpu on a
-shrunk case, both paths agree and the table and JSON come out; a bad file is refused with exit 2;
-on two GPUs (skipped here), the file's Qwen3 layer at EP=2 with fewer tokens."""
+"""Layer: gloo process groups on the CPU, and multi-GPU. benchmarks/moe_bench.py: with --cpu on a
+shrunk case, every candidate is checked and timed beside torch's path, the all-to-all and the
+GEMM alone, the layer beside torch's, and the table, the JSON and every rank's log come out; without
+a GPU it refuses in one line; a bad file is refused with exit 2; on two GPUs (skipped here), the
+file's Qwen3 layer at EP=2 with fewer tokens, spawned and under torchrun."""
 
 from __future__ import annotations
 
@@ -15,35 +17,64 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _run(tmp_path, *args: str) -> subprocess.CompletedProcess:
+def _run(
+    tmp_path, *args: str, launcher: tuple[str, ...] = (), env: dict | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "benchmarks/moe_unfused.py", *args],
+        [sys.executable, *launcher, "benchmarks/moe_bench.py", *args],
         cwd=REPO,
         capture_output=True,
         check=False,
         text=True,
-        timeout=240,
-        env={**os.environ, "OUT": str(tmp_path)},
+        timeout=480,
+        env={**os.environ, "OUT": str(tmp_path), **(env or {})},
     )
 
 
-def _check(tmp_path, out, cases: int) -> None:
+def _check(tmp_path, out, cases: int, backends: set[str]) -> dict:
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = json.loads((tmp_path / "moe_unfused.json").read_text())
+    result = json.loads((tmp_path / "moe_bench.json").read_text())
+    rows = result["ops"]
     assert len(rows) == cases
     assert {r["kind"] for r in rows} == {"a2a_gemm", "gemm_a2a"}
     for r in rows:
-        assert r["rel_error"] < 1e-2
-        assert r["times"]["syncopate_unfused"]["median_us"] > 0 and r["times"]["torch_plain"]["median_us"] > 0
-    assert "qwen3_30b_a3b" in out.stdout
+        assert r["torch_rel_error"] < 1e-2
+        t = r["times"]
+        assert min(t["torch"]["median_us"], t["a2a"]["median_us"], t["gemm"]["median_us"]) > 0
+        assert r["bound_us"] == max(t["a2a"]["median_us"], t["gemm"]["median_us"])
+        shorts = [c["short"] for c in r["candidates"]]
+        assert shorts[0] == "unfused" and len(shorts) > 1
+        assert {c["config"]["backend"] for c in r["candidates"][1:]} == backends
+        for c in r["candidates"]:
+            assert c["status"] == "ok" and c["rel_error"] < 1e-2 and c["times"]["median_us"] > 0, c
+        best = min(c["times"]["median_us"] for c in r["candidates"])
+        assert r["best_us"] == best and r["torch_over_ours"] == pytest.approx(t["torch"]["median_us"] / best)
+    for r in result["layers"]:
+        assert r["times"]["torch"]["median_us"] > 0
+        assert [c["config"] for c in r["configs"]][0] == "unfused"
+        assert all(c["status"] == "ok" and c["rel_error"] < 3e-2 for c in r["configs"]), r
+    assert "qwen3_30b_a3b" in out.stdout and "bound/ours" in out.stdout and "MoELayer" in out.stdout
+    assert result["environment"]["torch"]
+    return result
 
 
-def test_the_cpu_run_checks_and_times_both_paths(tmp_path):
+def test_the_cpu_run_checks_and_times_every_candidate(tmp_path):
     args = ("--cpu", "--models", "qwen3_30b_a3b", "--ep", "2", "--shrink", "64", "--tokens", "16")
-    _check(tmp_path, _run(tmp_path, *args, "--repetitions", "2"), cases=4)
+    out = _run(tmp_path, *args, "--repetitions", "2", "--routings", "skewed")
+    result = _check(tmp_path, out, cases=2, backends={"nccl"})
+    assert len(result["layers"]) == 1
+    log = (tmp_path / "moe_bench.log").read_text()
+    assert "pipelined/nccl/c2/ring: ok" in log and "rank0" in log
+    assert "rank1" in (tmp_path / "moe_bench.log.rank1").read_text()
 
 
-def test_a_bad_file_is_refused(tmp_path):
+def test_without_a_gpu_it_says_so_in_one_line(tmp_path):
+    out = _run(tmp_path, "--ep", "2", env={"CUDA_VISIBLE_DEVICES": ""})
+    err = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(err) == 1 and "needs a CUDA GPU" in err[0], out.stderr[-2000:]
+
+
+def test_bad_input_is_refused(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "ep: [3]\ntokens: [8]\nroutings: [{}]\nmodels: {m: {hidden: 8, ffn: 8, experts: 8, top_k: 2}}\n"
@@ -51,9 +82,33 @@ def test_a_bad_file_is_refused(tmp_path):
     out = _run(tmp_path, "--cpu", "--config", str(bad))
     assert out.returncode == 2
     assert "experts=8 is not divisible by world size 3" in out.stderr
+    out = _run(tmp_path, "--cpu", "--models", "nope")
+    assert out.returncode == 2 and "no case of" in out.stderr
+    out = _run(tmp_path, "--cpu", "--backends", "nvshmem")
+    assert out.returncode == 2 and "unknown backend(s) nvshmem: accepted are nccl, copy_engine" in out.stderr
+
+
+QWEN_EP2 = (
+    "--models",
+    "qwen3_30b_a3b",
+    "--ep",
+    "2",
+    "--tokens",
+    "1024",
+    "--repetitions",
+    "5",
+    "--grid",
+    "tiny",
+)
 
 
 @pytest.mark.multigpu
 def test_two_gpus_run_the_qwen_layer(tmp_path):
-    args = ("--models", "qwen3_30b_a3b", "--ep", "2", "--tokens", "1024", "--repetitions", "5")
-    _check(tmp_path, _run(tmp_path, *args), cases=4)
+    _check(tmp_path, _run(tmp_path, *QWEN_EP2), cases=4, backends={"nccl", "copy_engine"})
+
+
+@pytest.mark.multigpu
+def test_two_gpus_run_under_torchrun(tmp_path):
+    launcher = ("-m", "torch.distributed.run", "--nproc-per-node", "2")
+    out = _run(tmp_path, *QWEN_EP2, "--routings", "uniform", launcher=launcher)
+    _check(tmp_path, out, cases=2, backends={"nccl", "copy_engine"})

@@ -2,7 +2,8 @@
 `gemm_combine`) on 2 and 4 ranks against the float32 references computed from every rank's inputs:
 fresh routings (uniform, and skewed with experts that get no token), outputs poisoned with NaN
 before each call, calls back to back, bf16 through `torch._grouped_mm` and float32 through the
-matmul loop."""
+matmul loop. The references computed by the group together (`moe_*_group_reference`, for shapes
+too large for the loops) against the loops'."""
 
 from __future__ import annotations
 
@@ -22,7 +23,13 @@ HIDDEN, FFN, EXPERTS_A_RANK = 16, 8, 2
 
 
 def _worker(rank, ws, init, q):
-    from syncopate.measure.reference import moe_combine_reference, moe_dispatch_reference, relative_error
+    from syncopate.measure.reference import (
+        moe_combine_group_reference,
+        moe_combine_reference,
+        moe_dispatch_group_reference,
+        moe_dispatch_reference,
+        relative_error,
+    )
     from syncopate.moe import dispatch_gemm, draw_routing, exchange_layout, gemm_combine
     from syncopate.moe.ops import uses_grouped_mm
     from syncopate.search_space import RoutingSpec
@@ -61,6 +68,10 @@ def _worker(rank, ws, init, q):
             got_down = gemm_combine(hs[rank], w2s[rank], weights[rank], layout, g, out=down)
             ref_up = moe_dispatch_reference(xs, ids, w1s, experts)[rank]
             ref_down = moe_combine_reference(hs, w2s, ids, weights, experts)[rank]
+            group_up = moe_dispatch_group_reference(xs[rank], ids[rank], w1s[rank], experts, g)
+            group_down = moe_combine_group_reference(
+                hs[rank], w2s[rank], ids[rank], weights[rank], experts, g
+            )
             results.append(
                 {
                     "case": (call, dtype_name, dist_name, tokens, top_k),
@@ -70,6 +81,10 @@ def _worker(rank, ws, init, q):
                     "empty_experts": int((routing.counts().sum(0) == 0).sum()),
                     "up_error": relative_error(got_up, ref_up) if ref_up.numel() else float(got_up.numel()),
                     "down_error": relative_error(got_down, ref_down),
+                    "group_up_error": relative_error(group_up, ref_up)
+                    if ref_up.numel()
+                    else float(group_up.numel()),
+                    "group_down_error": relative_error(group_down, ref_down),
                 }
             )
         q.put((rank, results))
@@ -92,5 +107,6 @@ def test_unfused_moe_ops_match_the_reference(ws):
             assert res["grouped_mm"] == (case[1] == "bf16"), (rank, case)
             assert res["up_error"] < tolerance, (rank, case, res["up_error"])
             assert res["down_error"] < tolerance, (rank, case, res["down_error"])
+            assert res["group_up_error"] < 1e-6 and res["group_down_error"] < 1e-6, (rank, case, res)
             empties += res["empty_experts"]
     assert empties > 0  # the skewed cases route no token to some experts

@@ -41,7 +41,7 @@ def test_moe_workload_round_trips_and_refuses_bad_values():
 
 
 def test_tuned_kinds_refuse_the_moe_kinds_by_name():
-    with pytest.raises(ConfigError, match="'a2a_gemm' is a mixture-of-experts op that runs unfused only"):
+    with pytest.raises(ConfigError, match="'a2a_gemm' is a mixture-of-experts op, run by syncopate.moe"):
         Workload(kind="a2a_gemm", shape=Shape(m=8, n=8, k=8))
     with pytest.raises(ConfigError, match="unknown kind 'nope': accepted are ag_gemm"):
         Workload(kind="nope", shape=Shape(m=8, n=8, k=8))

@@ -58,7 +58,7 @@ def test_shard_divisibility_is_checked(kind, shape, ws, message):
         ),
         (
             {"kind": "gemm_a2a", "shape": (1, 1, 1)},
-            "kind 'gemm_a2a' is a mixture-of-experts op that runs unfused only .* accepted here are "
+            "kind 'gemm_a2a' is a mixture-of-experts op, run by syncopate.moe .* accepted here are "
             "ag_gemm, gemm_rs, gemm_ar",
         ),
         ({"kind": "ag_gemm", "shape": (0, 1, 1)}, "M=0 must be positive"),

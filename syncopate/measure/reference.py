@@ -9,7 +9,9 @@ __all__ = [
     "FP8_TOLERANCE",
     "dequantized",
     "gathered_rows",
+    "moe_combine_group_reference",
     "moe_combine_reference",
+    "moe_dispatch_group_reference",
     "moe_dispatch_reference",
     "moe_layer_reference",
     "moe_rows",
@@ -161,6 +163,83 @@ def moe_combine_reference(
             e = expert_ids[s][t, k].item() - r * local
             out[s][t] += gate_weights[s][t, k].float() * (hs[r][i].float() @ w2s[r][e].float())
     return out
+
+
+class _GroupRouting:
+    """A rank's routing as torch's collectives move it, derived here without the tables of
+    `syncopate.moe.routing`: its pairs sorted by (expert, pair) — every key distinct, so the sort
+    is the one order there is — the split sizes, and the expert of each row received."""
+
+    def __init__(self, expert_ids: torch.Tensor, experts: int, group) -> None:
+        ws = dist.get_world_size(group)
+        self.group, self.local = group, experts // ws
+        self.top_k = expert_ids.shape[1]
+        flat = expert_ids.reshape(-1).to(torch.int64)
+        pairs = flat.numel()
+        self.perm = torch.argsort(flat * pairs + torch.arange(pairs, device=flat.device))
+        owner = flat // self.local
+        self.send = [int(n) for n in torch.bincount(owner, minlength=ws).tolist()]
+        sizes = torch.tensor(self.send, device=flat.device)
+        got = torch.empty_like(sizes)
+        dist.all_to_all_single(got, sizes, group=group)
+        self.recv = [int(n) for n in got.tolist()]
+        local_expert = (flat[self.perm] % self.local).contiguous()
+        self.experts = torch.empty(sum(self.recv), dtype=torch.int64, device=flat.device)
+        dist.all_to_all_single(self.experts, local_expert, self.recv, self.send, group=group)
+        # received rows (by source, then expert, then token) regrouped by expert, keeping that order
+        self.grouped = torch.argsort(
+            self.experts * max(1, self.experts.numel())
+            + torch.arange(self.experts.numel(), device=flat.device)
+        )
+
+
+def moe_dispatch_group_reference(
+    x: torch.Tensor, expert_ids: torch.Tensor, w1: torch.Tensor, experts: int, group
+) -> torch.Tensor:
+    """This rank's `a2a_gemm` result in float32, computed by every rank of `group` together from
+    its own inputs (collective): torch's all_to_all_single of the pairs' rows sorted by expert, the
+    received rows regrouped by local expert, one float32 matmul an expert. For shapes where
+    `moe_dispatch_reference`'s loops over rows on one process take too long."""
+    r = _GroupRouting(expert_ids, experts, group)
+    rows = x.float()[r.perm // r.top_k].contiguous()
+    received = rows.new_empty((sum(r.recv), x.shape[1]))
+    dist.all_to_all_single(received, rows, r.recv, r.send, group=group)
+    received, ids = received[r.grouped], r.experts[r.grouped]
+    out = received.new_zeros((received.shape[0], w1.shape[2]))
+    for e in range(r.local):
+        mask = ids == e
+        if bool(mask.any()):
+            out[mask] = received[mask] @ w1[e].float()
+    return out
+
+
+def moe_combine_group_reference(
+    h: torch.Tensor,
+    w2: torch.Tensor,
+    expert_ids: torch.Tensor,
+    gate_weights: torch.Tensor,
+    experts: int,
+    group,
+) -> torch.Tensor:
+    """This rank's `gemm_a2a` result in float32, computed by every rank of `group` together
+    (collective): h's rows (in the ops' order: by local expert, then source, then token) times
+    their expert's W2 in float32, sent back by torch's all_to_all_single, each token's rows summed
+    weighted by its gate weights."""
+    r = _GroupRouting(expert_ids, experts, group)
+    ids = r.experts[r.grouped]
+    y = h.new_zeros((h.shape[0], w2.shape[2]), dtype=torch.float32)
+    for e in range(r.local):
+        mask = ids == e
+        if bool(mask.any()):
+            y[mask] = h[mask].float() @ w2[e].float()
+    arrived = torch.empty_like(y)
+    arrived[r.grouped] = y  # back in the order the rows arrived
+    back = y.new_empty((sum(r.send), y.shape[1]))
+    dist.all_to_all_single(back, arrived, r.send, r.recv, group=group)
+    tokens = expert_ids.shape[0]
+    weights = gate_weights.reshape(-1).float()[r.perm].unsqueeze(1)
+    out = back.new_zeros((tokens, y.shape[1]))
+    return out.index_add_(0, r.perm // r.top_k, back * weights)
 
 
 def moe_layer_reference(

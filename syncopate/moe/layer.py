@@ -12,7 +12,9 @@ W2 [El, F, H]. Forward on this rank's tokens x [T, H]:
     out = gemm_combine(silu(h[:, :F]) * h[:, F:], W2, weights)   gemm_a2a
 
 Gradients reach x, W1, W2, the gate (or the given scores) through the all-to-alls' reverse
-all-to-alls; every rank of the group must run backward.
+all-to-alls; every rank of the group must run backward. `config=` (a `MoeCandidate`, the same on
+every rank) picks the plan of both ops; `dispatch_config` and `combine_config` may differ, since
+both keep h in the unfused layout.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch import nn
 
 from syncopate.errors import ConfigError
 from syncopate.moe.ops import dispatch_gemm, exchange_layout, gemm_combine
+from syncopate.search_space.moe_workload import MoeCandidate
 
 __all__ = ["MoELayer"]
 
@@ -41,6 +44,7 @@ class MoELayer(nn.Module):
         router: bool = True,
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str | None = None,
+        config: MoeCandidate | None = None,
     ) -> None:
         super().__init__()
         import torch.distributed as dist
@@ -58,6 +62,10 @@ class MoELayer(nn.Module):
         self.gate = nn.Parameter(torch.empty(experts, hidden, **kw)) if router else None
         self.w1 = nn.Parameter(torch.empty(local, hidden, 2 * ffn, **kw))
         self.w2 = nn.Parameter(torch.empty(local, ffn, hidden, **kw))
+        self.dispatch_config: MoeCandidate | None = config
+        """The plan of the dispatch op (`a2a_gemm`); None: unfused."""
+        self.combine_config: MoeCandidate | None = config
+        """The plan of the combine op (`gemm_a2a`); None: unfused."""
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -86,6 +94,6 @@ class MoELayer(nn.Module):
             raise ConfigError(f"x has shape {tuple(x.shape)}: expected [tokens, {self.hidden}]")
         ids, weights = self.route(x, scores)
         layout = exchange_layout(ids, self.experts, self.group)
-        h = dispatch_gemm(x, self.w1, layout, self.group)
+        h = dispatch_gemm(x, self.w1, layout, self.group, config=self.dispatch_config)
         act = F.silu(h[:, : self.ffn]) * h[:, self.ffn :]
-        return gemm_combine(act, self.w2, weights, layout, self.group)
+        return gemm_combine(act, self.w2, weights, layout, self.group, config=self.combine_config)

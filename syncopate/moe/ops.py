@@ -1,7 +1,9 @@
-"""The MoE ops under expert parallelism, unfused: torch's all-to-all and a grouped GEMM in sequence.
+"""The MoE ops under expert parallelism: torch's all-to-all and a grouped GEMM in sequence
+(`unfused`), or the all-to-all cut into pieces that the grouped GEMM consumes or produces as they
+move (`pipelined`, :mod:`syncopate.moe.pipelined`), as the `config=` (a `MoeCandidate`) says.
 
 - `exchange_layout(ids, experts, group)`: ids [T, top_k] → this rank's `ExpertLayout` (one
-  all-to-all of counts);
+  all-gather of every rank's per-expert counts);
 - `dispatch_gemm(x, w1, layout, group)` (`a2a_gemm`): x [T, H], W1 [El, H, N] → h [R, N], rows
   grouped by local expert;
 - `gemm_combine(h, w2, weights, layout, group)` (`gemm_a2a`): h [R, F], W2 [El, F, H], gate weights
@@ -9,8 +11,9 @@
 
 R is the rows the routing sends to this rank's El experts; N is 2F for a SwiGLU expert (gate and
 up projections side by side). Both ops carry autograd (the all-to-all's backward is the reverse
-all-to-all), so a layer trains through them; with `out=` the result is written there instead.
-The fused plans will serve the same calls.
+all-to-all; a pipelined op's backward is the other kind's pipelined plan with the same config), so
+a layer trains through them; with `out=` the result is written there instead. With `config=None`
+an op runs `unfused`: tuning and `lookup` do not take the MoE kinds yet.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from syncopate.errors import ConfigError
-from syncopate.moe.routing import ExpertLayout, check_ids, expert_counts, expert_layout
+from syncopate.errors import ConfigError, describe
+from syncopate.moe.routing import ExpertLayout, check_ids, expert_counts, expert_layout, to_device
+from syncopate.search_space.moe_workload import MoeCandidate, check_moe_candidate
 
 __all__ = [
     "all_to_all_rows",
@@ -27,8 +31,11 @@ __all__ = [
     "exchange_layout",
     "gemm_combine",
     "grouped_mm",
+    "grouped_weight_grad",
     "uses_grouped_mm",
 ]
+
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def uses_grouped_mm(a: torch.Tensor, w: torch.Tensor) -> bool:
@@ -45,25 +52,71 @@ def uses_grouped_mm(a: torch.Tensor, w: torch.Tensor) -> bool:
     )
 
 
-def grouped_mm(a: torch.Tensor, w: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
-    """[R, K] rows grouped by expert (`group_sizes[e]` rows of expert e, in order) times each
-    expert's W[e] ([G, K, N]): [R, N] in a's dtype. Experts with no rows are skipped."""
-    if a.shape[1] != w.shape[1] or group_sizes.numel() != w.shape[0]:
+def _sizes(group_sizes) -> list[int]:
+    return group_sizes.tolist() if isinstance(group_sizes, torch.Tensor) else list(group_sizes)
+
+
+def _matrices(w: torch.Tensor) -> torch.Tensor:
+    """`w` as `torch._grouped_mm` takes it: each matrix row-major or column-major (a transposed
+    weight, as a backward passes it) as it is, anything else copied."""
+    if w.stride(-1) == 1 or w.stride(-2) == 1:
+        return w
+    return w.contiguous()
+
+
+def grouped_mm(
+    a: torch.Tensor, w: torch.Tensor, group_sizes, *, offsets: torch.Tensor | None = None
+) -> torch.Tensor:
+    """[R, K] rows grouped by expert (`group_sizes[e]` rows of expert e, in order; a tensor or a
+    list) times each expert's W[e] ([G, K, N]): [R, N] in a's dtype. Experts with no rows are
+    skipped. `offsets`: the groups' ends (int32 on a's device) where the caller keeps them, which
+    spares a copy to the device each call."""
+    sizes = _sizes(group_sizes)
+    if a.dim() != 2 or w.dim() != 3 or a.shape[1] != w.shape[1] or len(sizes) != w.shape[0]:
         raise ConfigError(
-            f"grouped GEMM of rows {tuple(a.shape)} with weights {tuple(w.shape)} in {group_sizes.numel()} "
+            f"grouped GEMM of rows {tuple(a.shape)} with weights {tuple(w.shape)} in {len(sizes)} "
             "groups: expected rows [R, K], weights [groups, K, N]"
         )
+    if a.shape[0] == 0:  # a rank whose experts get no row: [0, N], its weights' gradient zero
+        return a @ w[0]
     if uses_grouped_mm(a, w):
-        offs = torch.cumsum(group_sizes.to(device=a.device), 0).to(torch.int32)
-        return torch._grouped_mm(a.contiguous(), w.contiguous(), offs=offs)
+        if offsets is None:
+            offsets = to_device(torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(torch.int32), a.device)
+        return torch._grouped_mm(a.contiguous(), _matrices(w), offs=offsets)
     parts, start = [], 0
-    for e, rows in enumerate(group_sizes.tolist()):
+    for e, rows in enumerate(sizes):
         if rows:
             parts.append(a[start : start + rows] @ w[e])
         start += rows
     if not parts:
         return a.new_empty((0, w.shape[2]))
     return torch.cat(parts)
+
+
+def grouped_weight_grad(a: torch.Tensor, g: torch.Tensor, group_sizes) -> torch.Tensor:
+    """The weights' gradient of `grouped_mm(a, W, group_sizes)` given its output's gradient `g`
+    [R, N]: W_grad[e] = a[rows of e]^T @ g[rows of e], [G, K, N] in a's dtype; zero for an
+    expert with no row. One `torch._grouped_mm` over K-grouped operands (a transposed: the layout
+    that takes groups of any size) where `grouped_mm` uses it, over the experts that have rows."""
+    sizes = _sizes(group_sizes)
+    out_shape = (len(sizes), a.shape[1], g.shape[1])
+    if uses_grouped_mm(a, g.unsqueeze(0)):
+        full = [e for e, n in enumerate(sizes) if n]
+        if not full:
+            return a.new_zeros(out_shape)
+        ends = torch.tensor([sizes[e] for e in full], dtype=torch.int64).cumsum(0).to(torch.int32)
+        part = torch._grouped_mm(a.contiguous().t(), g.contiguous(), offs=to_device(ends, a.device))
+        if len(full) == len(sizes):
+            return part
+        out = a.new_zeros(out_shape)
+        out[to_device(torch.tensor(full), a.device)] = part
+        return out
+    out, start = a.new_zeros(out_shape), 0
+    for e, rows in enumerate(sizes):
+        if rows:
+            out[e] = a[start : start + rows].t() @ g[start : start + rows]
+        start += rows
+    return out
 
 
 class _AllToAll(torch.autograd.Function):
@@ -89,16 +142,19 @@ def all_to_all_rows(x: torch.Tensor, out_splits: list[int], in_splits: list[int]
 
 
 def exchange_layout(ids: torch.Tensor, experts: int, group) -> ExpertLayout:
-    """This rank's `ExpertLayout` for routing `ids` [T, top_k] (collective): one all-to-all of the
-    per-expert counts tells each rank what it receives."""
+    """This rank's `ExpertLayout` for routing `ids` [T, top_k] (collective): one all-gather of the
+    per-expert counts tells each rank what it receives, and every rank what every rank receives
+    (the copy-engine plans write rows where the peer keeps them)."""
     check_ids(ids, experts)
-    ws = dist.get_world_size(group)
+    ws, rank = dist.get_world_size(group), dist.get_rank(group)
     if experts % ws:
         raise ConfigError(f"experts={experts} is not divisible by world size {ws}: experts are spread evenly")
     counts = expert_counts(ids, experts)
-    recv = torch.empty_like(counts)
-    dist.all_to_all_single(recv, counts, group=group)
-    return expert_layout(ids, experts, recv.view(ws, experts // ws))
+    every = counts.new_empty((ws * experts,))
+    _ALL_GATHER(every, counts, group=group)
+    every = every.view(ws, experts).cpu()
+    el = experts // ws
+    return expert_layout(ids, experts, every[:, rank * el : (rank + 1) * el], counts=every)
 
 
 def _check_rows(label: str, t: torch.Tensor, rows: int, width: int) -> None:
@@ -114,27 +170,75 @@ def _check_weight(label: str, w: torch.Tensor, layout: ExpertLayout, k: int) -> 
         )
 
 
+def _check_out(out: torch.Tensor | None, shape: tuple[int, ...], like: torch.Tensor) -> None:
+    if out is not None and (
+        tuple(out.shape) != shape or out.dtype != like.dtype or out.device != like.device
+    ):
+        raise ConfigError(
+            f"out= is {tuple(out.shape)} {out.dtype} on {out.device}: expected {shape} {like.dtype} on {like.device}"
+        )
+
+
 def _written(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     if out is None:
         return result
-    if out.shape != result.shape or out.dtype != result.dtype:
-        raise ConfigError(
-            f"out= is {tuple(out.shape)} {out.dtype}: expected {tuple(result.shape)} {result.dtype}"
-        )
+    _check_out(out, tuple(result.shape), result)
     return out.copy_(result)
 
 
+def _config(config: MoeCandidate | None, group, x: torch.Tensor) -> MoeCandidate:
+    """The candidate a call runs: `config`, checked against the group and the tensors' device; None
+    runs `unfused`."""
+    if config is None:
+        return MoeCandidate()
+    if not isinstance(config, MoeCandidate):
+        raise ConfigError(f"config= takes a MoeCandidate (or None for unfused), got {describe(config)}")
+    check_moe_candidate(config, dist.get_world_size(group))
+    if config.backend == "copy_engine" and x.device.type != "cuda":
+        raise ConfigError(
+            f"backend copy_engine copies rows into CUDA symmetric memory: it needs CUDA tensors, got "
+            f"tensors on {x.device.type}; use backend 'nccl' there"
+        )
+    return config
+
+
+def _grad_wanted(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _token_rows(layout: ExpertLayout) -> torch.Tensor:
+    """Each pair's token in send order (`order // top_k`), made once per layout."""
+    rows = layout.cache.get("token rows")
+    if rows is None:
+        rows = layout.cache["token rows"] = layout.order // layout.top_k
+    return rows
+
+
 def dispatch_gemm(
-    x: torch.Tensor, w1: torch.Tensor, layout: ExpertLayout, group, out: torch.Tensor | None = None
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    layout: ExpertLayout,
+    group,
+    out: torch.Tensor | None = None,
+    config: MoeCandidate | None = None,
 ) -> torch.Tensor:
     """`a2a_gemm`: send each of this rank's (token, expert) pairs' row of x [T, H] to its expert's
     rank (all-to-all), then each local expert's W1 [El, H, N] on its received rows: [R, N], rows
-    grouped by local expert, then source rank, then the source's token order."""
+    grouped by local expert, then source rank, then the source's token order (every config)."""
     _check_rows("x", x, layout.tokens, x.shape[1] if x.dim() == 2 else -1)
     _check_weight("w1", w1, layout, x.shape[1])
-    send = x[layout.order // layout.top_k]
+    _check_out(out, (layout.rows_received, w1.shape[2]), x)
+    config = _config(config, group, x)
+    if config.template == "pipelined":
+        from syncopate.moe import pipelined
+
+        if _grad_wanted(x, w1):
+            return _written(pipelined.dispatch_autograd(x, w1, layout, group, config), out)
+        return pipelined.dispatch_rows(x, w1, layout, group, config, tokens=True, out=out)[0]
+    send = x[_token_rows(layout)]
     received = all_to_all_rows(send, layout.recv_splits, layout.send_splits, group)
-    return _written(grouped_mm(received[layout.expert_order], w1, layout.group_sizes), out)
+    h = grouped_mm(received[layout.expert_order], w1, layout.group_sizes, offsets=layout.offsets(x.device))
+    return _written(h, out)
 
 
 def gemm_combine(
@@ -144,6 +248,7 @@ def gemm_combine(
     layout: ExpertLayout,
     group,
     out: torch.Tensor | None = None,
+    config: MoeCandidate | None = None,
 ) -> torch.Tensor:
     """`gemm_a2a`: each local expert's W2 [El, F, H] on its rows of h [R, F] (dispatch's row order),
     every output row back to its token's rank (all-to-all), and there the sum over a token's top_k
@@ -154,7 +259,15 @@ def gemm_combine(
         raise ConfigError(
             f"gate weights have shape {tuple(gate_weights.shape)}: expected [{layout.tokens}, {layout.top_k}]"
         )
-    y = grouped_mm(h, w2, layout.group_sizes)[layout.expert_order_inverse]
+    _check_out(out, (layout.tokens, w2.shape[2]), h)
+    config = _config(config, group, h)
+    if config.template == "pipelined":
+        from syncopate.moe import pipelined
+
+        if _grad_wanted(h, w2, gate_weights):
+            return _written(pipelined.combine_autograd(h, w2, gate_weights, layout, group, config), out)
+        return pipelined.combine(h, w2, gate_weights, layout, group, config, out=out)
+    y = grouped_mm(h, w2, layout.group_sizes, offsets=layout.offsets(h.device))[layout.expert_order_inverse]
     back = all_to_all_rows(y, layout.send_splits, layout.recv_splits, group)
     pairs = back[layout.order_inverse].view(layout.tokens, layout.top_k, -1)
     result = (pairs.float() * gate_weights.float().unsqueeze(-1)).sum(1).to(h.dtype)

@@ -18,6 +18,8 @@ tables:
 | `expert_order` | the received rows (by source rank, then expert) sorted by local expert (stable) |
 | `expert_order_inverse` | its inverse |
 | `group_sizes` | rows of each local expert: the grouped GEMM's groups |
+| `counts` | [ws, E]: the pairs every rank routes to each expert (all ranks' counts; None where a
+layout was made from this rank's receive counts alone) |
 
 The received rows, in `expert_order`, are grouped by local expert, then source rank, then the
 source's token order: the row order of the dispatch op's output and of the combine op's input.
@@ -25,7 +27,7 @@ source's token order: the row order of the dispatch op's output and of the combi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -40,6 +42,7 @@ __all__ = [
     "expert_counts",
     "expert_layout",
     "inverse",
+    "to_device",
 ]
 
 
@@ -89,8 +92,9 @@ class Routing:
         """Rank `rank`'s tables, from the whole routing (no collective: `expert_layout` exchanges
         the counts where a rank knows only its own routing)."""
         el = self.experts // self.world_size
-        recv_counts = self.counts()[:, rank * el : (rank + 1) * el]
-        return expert_layout(self.expert_ids[rank], self.experts, recv_counts)
+        counts = self.counts()
+        recv_counts = counts[:, rank * el : (rank + 1) * el]
+        return expert_layout(self.expert_ids[rank], self.experts, recv_counts, counts=counts)
 
 
 def check_ids(ids: torch.Tensor, experts: int) -> None:
@@ -171,6 +175,10 @@ class ExpertLayout:
     expert_order: torch.Tensor
     expert_order_inverse: torch.Tensor
     group_sizes: torch.Tensor
+    counts: torch.Tensor | None = None
+    cache: dict = field(default_factory=dict, repr=False)
+    """What the ops derive from these tables once and use in every call with them: the grouped
+    GEMM's offsets on the device, the pipelined plans' piece tables (`syncopate.moe.pipelined`)."""
 
     @property
     def local_experts(self) -> int:
@@ -180,21 +188,50 @@ class ExpertLayout:
     def rows_received(self) -> int:
         return sum(self.recv_splits)
 
+    def rows_received_by(self, rank: int) -> int:
+        """Rows rank `rank`'s experts receive (from `counts`: every rank's layout agrees on it)."""
+        el = self.local_experts
+        return int(self.counts[:, rank * el : (rank + 1) * el].sum())
 
-def expert_layout(ids: torch.Tensor, experts: int, recv_counts: torch.Tensor) -> ExpertLayout:
+    def offsets(self, device: torch.device) -> torch.Tensor:
+        """int32 [El] on `device`: the end of each local expert's rows (the grouped GEMM's `offs`),
+        copied there once."""
+        key = ("offsets", str(device))
+        offs = self.cache.get(key)
+        if offs is None:
+            offs = self.cache[key] = to_device(torch.cumsum(self.group_sizes, 0).to(torch.int32), device)
+        return offs
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small CPU table on `device` without waiting for the device: from pinned memory,
+    non-blocking (a copy from pageable memory would wait for the work queued before it)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def expert_layout(
+    ids: torch.Tensor, experts: int, recv_counts: torch.Tensor, *, counts: torch.Tensor | None = None
+) -> ExpertLayout:
     """The tables of the rank that routes `ids` [tokens, top_k] and receives `recv_counts` [ws, El]
-    (the rows each source rank sends to each of this rank's experts)."""
+    (the rows each source rank sends to each of this rank's experts); `counts` [ws, E], every
+    rank's pairs per expert where known (the copy-engine plans need it)."""
     check_ids(ids, experts)
     ws, el = recv_counts.shape
     if ws * el != experts:
         raise ConfigError(
             f"receive counts of shape {tuple(recv_counts.shape)} for {experts} experts: expected [ws, E/ws]"
         )
+    if counts is not None:
+        counts = counts.to(torch.int64).cpu()
+        if tuple(counts.shape) != (ws, experts):
+            raise ConfigError(f"counts of shape {tuple(counts.shape)}: expected [{ws}, {experts}]")
     tokens, top_k = ids.shape
     flat = ids.reshape(-1).to(torch.int64)
     order = torch.sort(flat, stable=True).indices
-    counts = expert_counts(flat, experts).cpu()
-    send_splits = counts.view(ws, el).sum(1).tolist()
+    own = expert_counts(flat, experts).cpu()
+    send_splits = own.view(ws, el).sum(1).tolist()
     recv_counts = recv_counts.to(torch.int64).cpu()
     recv_splits = recv_counts.sum(1).tolist()
     labels = torch.arange(el).repeat(ws).repeat_interleave(recv_counts.reshape(-1))
@@ -212,4 +249,5 @@ def expert_layout(ids: torch.Tensor, experts: int, recv_counts: torch.Tensor) ->
         expert_order=expert_order,
         expert_order_inverse=inverse(expert_order),
         group_sizes=recv_counts.sum(0),
+        counts=counts,
     )

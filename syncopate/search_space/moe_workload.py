@@ -13,22 +13,39 @@ gate and up projections side by side (columns [0, F) the gate's, [F, 2F) the up'
 SwiGLU MLP's fused first GEMM. The routing is input, never tuned: a `RoutingSpec` says how a
 benchmark or a test draws it (`syncopate.moe.routing`).
 
-These kinds are not in :data:`~syncopate.search_space.workload.KINDS`: they run unfused only
-(`syncopate.moe`), and tuning, lookup and the results database do not take them yet.
+`MoeCandidate` is one configuration of these ops (`unfused`, or `pipelined`: the all-to-all cut
+into pieces that the grouped GEMM consumes or produces as they move) and `moe_space` the
+candidates a search tries for a workload. These kinds are not in
+:data:`~syncopate.search_space.workload.KINDS`: `syncopate.moe` runs them, and tuning, lookup and
+the results database do not take them yet.
 
 Pure Python: nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import operator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from syncopate.errors import ConfigError
+from syncopate.errors import ConfigError, describe
 from syncopate.search_space.workload import DTYPES, MAX_DIM, MOE_KINDS, canonical_dtype
 
-__all__ = ["DISTRIBUTIONS", "MOE_KINDS", "MoeWorkload", "RoutingSpec"]
+__all__ = [
+    "DISTRIBUTIONS",
+    "MOE_BACKENDS",
+    "MOE_CHUNKS",
+    "MOE_KINDS",
+    "MOE_ORDERS",
+    "MOE_TEMPLATES",
+    "MoeCandidate",
+    "MoeWorkload",
+    "RoutingSpec",
+    "check_moe_candidate",
+    "moe_space",
+]
 
 DISTRIBUTIONS: tuple[str, ...] = ("uniform", "skewed")
 """How a routing is drawn: `uniform` (every expert equally likely) or `skewed` (Zipf-like)."""
@@ -217,3 +234,148 @@ class MoeWorkload:
             f"{self.kind} T={self.tokens} H={self.hidden} F={self.ffn} E={self.experts} "
             f"top{self.top_k} {self.routing.key()} {self.dtype}"
         )
+
+
+MOE_TEMPLATES: tuple[str, ...] = ("unfused", "pipelined")
+"""`unfused`: torch's all_to_all_single, then one grouped GEMM (or the GEMM, then the all-to-all).
+`pipelined`: the all-to-all cut into pieces, one grouped GEMM a piece, each starting as soon as its
+rows are in (dispatch) or each piece sent as soon as its GEMM is done (combine)."""
+
+MOE_BACKENDS: tuple[str, ...] = ("nccl", "copy_engine")
+"""How a pipelined plan's pieces move: NCCL (or gloo) send/receive pairs on a side stream, or
+copy-engine copies into the peers' symmetric buffers (CUDA only)."""
+
+MOE_ORDERS: tuple[str, ...] = ("ring", "pairwise")
+"""The peers of a pipelined plan's exchanges, step s = 1 … ws-1 after the rank's own rows: `ring`
+(rank r sends to r+s and receives from r-s: every rank sends on one link and receives on another
+at each step) or `pairwise` (r exchanges with r xor s both ways: each step is ws/2 two-way pairs;
+a power-of-two world size only)."""
+
+MOE_CHUNKS: tuple[int, ...] = (1, 2, 4, 8)
+"""Pieces a peer's rows are cut into (`chunks_per_source`)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MoeCandidate:
+    """One configuration of the MoE ops (`a2a_gemm`, `gemm_a2a`): a frozen value that checks
+    itself, round-trips through JSON and has a stable `key()`, as
+    :class:`~syncopate.search_space.candidate.Candidate` does for the other kinds."""
+
+    template: str = "unfused"
+    """One of :data:`MOE_TEMPLATES`."""
+    backend: str = "nccl"
+    """One of :data:`MOE_BACKENDS`; `unfused` takes `nccl` (torch's collective)."""
+    chunks_per_source: int = 1
+    """Pieces each peer's rows are cut into, one of :data:`MOE_CHUNKS`; 1 for `unfused`."""
+    order: str = "ring"
+    """The peers' order, one of :data:`MOE_ORDERS`; `ring` for `unfused`."""
+
+    def __post_init__(self) -> None:
+        if self.template not in MOE_TEMPLATES:
+            raise ConfigError(
+                f"unknown MoE template {self.template!r}: accepted are {', '.join(MOE_TEMPLATES)}"
+            )
+        if self.backend not in MOE_BACKENDS:
+            raise ConfigError(f"unknown MoE backend {self.backend!r}: accepted are {', '.join(MOE_BACKENDS)}")
+        if self.order not in MOE_ORDERS:
+            raise ConfigError(f"unknown MoE piece order {self.order!r}: accepted are {', '.join(MOE_ORDERS)}")
+        c = self.chunks_per_source
+        if isinstance(c, bool) or not isinstance(c, int) or c not in MOE_CHUNKS:
+            raise ConfigError(
+                f"chunks_per_source={c!r} is not accepted: give one of {', '.join(map(str, MOE_CHUNKS))}"
+            )
+        if self.template == "unfused" and (self.backend, c, self.order) != ("nccl", 1, "ring"):
+            raise ConfigError(
+                f"template unfused runs torch's all_to_all_single and one grouped GEMM: it takes backend "
+                f"'nccl', chunks_per_source=1 and order 'ring', got backend {self.backend!r}, "
+                f"chunks_per_source={c} and order {self.order!r}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MoeCandidate:
+        if not isinstance(d, dict):
+            raise ConfigError(f"a MoE candidate is a mapping, got {describe(d)}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown MoE candidate field(s) {', '.join(unknown)}: accepted are {', '.join(sorted(known))}"
+            )
+        return cls(**d)
+
+    def to_json(self) -> str:
+        """Canonical JSON: sorted keys, no spaces; the input of :meth:`key`."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> MoeCandidate:
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"MoE candidate JSON does not parse: {e}") from None
+        return cls.from_dict(d)
+
+    def key(self) -> str:
+        """Stable hash: the first 16 hex digits of SHA-256 over the canonical JSON."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    def replace(self, **changes: Any) -> MoeCandidate:
+        return MoeCandidate.from_dict({**self.to_dict(), **changes})
+
+    def short(self) -> str:
+        """A one-line summary for tables."""
+        if self.template == "unfused":
+            return "unfused"
+        return f"pipelined/{self.backend}/c{self.chunks_per_source}/{self.order}"
+
+
+def check_moe_candidate(candidate: MoeCandidate, world_size: int) -> None:
+    """Raise ConfigError unless `candidate` can run on `world_size` ranks: `pairwise` pairs rank r
+    with r xor s, which is a rank of the group only where ws is a power of two."""
+    ws = world_size
+    if candidate.order == "pairwise" and (ws < 1 or ws & (ws - 1)):
+        raise ConfigError(
+            f"order 'pairwise' exchanges rank r's rows with rank r xor s: it needs a power-of-two world "
+            f"size, got {ws}; use order 'ring'"
+        )
+
+
+def moe_space(
+    workload: MoeWorkload,
+    world_size: int,
+    *,
+    backends: tuple[str, ...] = MOE_BACKENDS,
+    chunks: tuple[int, ...] = (1, 2, 4),
+) -> list[MoeCandidate]:
+    """The candidates a search tries for `workload` on `world_size` ranks: `unfused` first (the
+    path a served configuration must beat), then `pipelined` for each backend, chunk count and
+    order. `pairwise` only where it differs from `ring` (more than two ranks) and is possible (a
+    power of two); chunk counts above the rows a source sends a rank on average (T·top_k/ws) are
+    left out, since their pieces would mostly be empty."""
+    workload.check_world_size(world_size)
+    for b in backends:
+        if b not in MOE_BACKENDS:
+            raise ConfigError(
+                f"unknown MoE backend {b!r} in backends: accepted are {', '.join(MOE_BACKENDS)}"
+            )
+    for c in chunks:
+        if c not in MOE_CHUNKS:
+            raise ConfigError(
+                f"chunks_per_source={c!r} in chunks is not accepted: give values of {', '.join(map(str, MOE_CHUNKS))}"
+            )
+    ws = world_size
+    orders = ["ring"] + (["pairwise"] if ws > 2 and not ws & (ws - 1) else [])
+    rows = max(1, workload.tokens * workload.top_k // ws)
+    out = [MoeCandidate()]
+    for backend in backends:
+        for c in chunks:
+            if c > 1 and c > rows:
+                continue
+            for order in orders:
+                out.append(
+                    MoeCandidate(template="pipelined", backend=backend, chunks_per_source=c, order=order)
+                )
+    return out

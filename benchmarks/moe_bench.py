@@ -1,0 +1,736 @@
+"""The MoE ops of `syncopate.moe` (dispatch `a2a_gemm`, combine `gemm_a2a`), unfused and pipelined,
+against torch written plainly, on the expert layers of configs/moe_ep.yaml; and `MoELayer`'s
+forward and backward on them against the same layer written with torch.
+
+    torchrun --nproc-per-node 2 benchmarks/moe_bench.py [--models qwen3_30b_a3b] [--tokens 4096]
+    python benchmarks/moe_bench.py --ep 2,4          # spawns one process a GPU, each EP size in turn
+    python benchmarks/moe_bench.py --cpu --shrink 64 --tokens 16    # gloo ranks: checks the script
+
+Per case (model, EP size, tokens, routing) and kind, in one run, on one routing and one set of
+inputs:
+
+- `torch`: all_to_all_single, then torch._grouped_mm (combine: the grouped GEMM, then the
+  all-to-all and the weighted top-k sum), index tables made beforehand;
+- `a2a` alone and `gemm` alone (the same calls), and `bound` = max of the two: what a perfect
+  overlap of the two would take;
+- each candidate of the grid (`--grid`; `unfused`, then `pipelined` for each backend, chunk count
+  and order), first checked against the float32 reference computed by the group
+  (`moe_*_group_reference`) on two fresh routings, outputs poisoned with NaN, two calls back to
+  back with different inputs; a candidate off by more than 1e-2 is not timed.
+
+Times are device times by the project's method (measure/timing.py: warm-up, L2 flush, ranks
+started together, CUDA events, max over ranks, median with p20/p80). The table gives, per case and
+kind, the fastest candidate, bound/ours (at most about 1) and torch/ours (above 1: faster than
+torch). Then per case the layer: `MoELayer` (router, SwiGLU experts) forward and backward, called
+back to back with the host on the path (`time_eager`), with each layer config's ops against torch's
+layer, its output and input gradient checked against torch's layer first.
+
+`--json FILE` writes every row (every candidate's times and errors, the environment); `--log FILE`
+every rank's log (rank r > 0 to FILE.rank<r>); with OUT set they default to $OUT/moe_bench.json
+and $OUT/moe_bench.log. `--cpu` runs gloo ranks on the CPU with wall-clock times (it checks the
+script, not its figures; no copy-engine candidate there); `--shrink N` divides hidden, ffn and
+experts by N. Without a GPU and without --cpu it says so in one line and exits 1; it exits 1 too
+if a candidate or layer is wrong, 2 on a bad file or option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "moe_ep.yaml")
+TOLERANCE = 1e-2
+"""Largest relative error accepted against the float32 reference (bf16 operands)."""
+LAYER_TOLERANCE = 3e-2
+"""Largest relative error of a layer's output and input gradient against torch's layer (both bf16)."""
+
+log = logging.getLogger("moe_bench")
+
+
+# Timing ------------------------------------------------------------------------------------------
+
+
+def _wall(fn, group, repetitions: int, calls: int = 1) -> list[float]:
+    """Wall-clock µs a call (the CPU's stand-in for device times), max over ranks."""
+    import torch
+    import torch.distributed as dist
+
+    fn()
+    samples = []
+    for _ in range(repetitions):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) * 1e6 / calls)
+    worst = torch.tensor(samples, dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+    return worst.tolist()
+
+
+def _summary(samples) -> dict[str, float]:
+    xs = sorted(samples)
+    return {"median_us": statistics.median(xs), "p20_us": xs[len(xs) // 5], "p80_us": xs[(4 * len(xs)) // 5]}
+
+
+def time_op(fn, group, args) -> dict[str, float]:
+    if args.cpu:
+        return _summary(_wall(fn, group, args.repetitions))
+    from syncopate.measure.timing import time_collective
+
+    t = time_collective(fn, group, repetitions=args.repetitions)
+    return {**_summary(t.samples_us), "host_us": t.host_us}
+
+
+def time_layer(fn, group, args) -> dict[str, float]:
+    if args.cpu:
+        return _summary(_wall(fn, group, max(3, args.repetitions // 2), calls=2))
+    from syncopate.measure.timing import time_eager
+
+    return _summary(time_eager(fn, group, calls=args.layer_calls))
+
+
+# The grid ----------------------------------------------------------------------------------------
+
+
+def grid(workload, ws: int, args):
+    from syncopate.search_space.moe_workload import moe_space
+
+    backends = ("nccl",) if args.cpu else tuple(args.backends.split(","))
+    chunks = (2,) if args.grid == "tiny" else (1, 2, 4)
+    space = moe_space(workload, ws, backends=backends, chunks=chunks)
+    if args.grid == "tiny":
+        space = [c for c in space if c.order == "ring"]
+    return space
+
+
+def layer_configs(args):
+    from syncopate.search_space.moe_workload import MoeCandidate
+
+    backends = ("nccl",) if args.cpu else tuple(args.backends.split(","))
+    return [None] + [MoeCandidate(template="pipelined", backend=b, chunks_per_source=2) for b in backends]
+
+
+# One case ----------------------------------------------------------------------------------------
+
+
+def _dtype(name: str):
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
+class Case:
+    """One (model, EP, tokens, routing) on this rank: routings, layouts and inputs, made once."""
+
+    def __init__(self, cases, group, device, args) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from syncopate.moe import draw_routing, exchange_layout
+
+        self.cases = {c.workload.kind: c for c in cases}
+        w = next(iter(self.cases.values())).workload
+        self.w, self.group, self.device, self.args = w, group, device, args
+        self.rank, self.ws = dist.get_rank(group), dist.get_world_size(group)
+        self.dtype = _dtype(w.dtype)
+        self.local = w.experts // self.ws
+
+        def routed(spec):
+            r = draw_routing(world_size=self.ws, tokens=w.tokens, experts=w.experts, top_k=w.top_k, spec=spec)
+            ids, gates = r.expert_ids[self.rank].to(device), r.gate_weights[self.rank].to(device)
+            return ids, gates, exchange_layout(ids, w.experts, group)
+
+        self.ids, self.gates, self.layout = routed(w.routing)
+        fresh = [dataclasses.replace(w.routing, seed=w.routing.seed + 1 + i) for i in range(2)]
+        self.fresh = [routed(spec) for spec in fresh]
+        self.gen = torch.Generator(device=device).manual_seed(1000 + self.rank)
+        most = torch.tensor([self.layout.rows_received], device=device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=group)
+        self.most_rows = int(most.item())
+
+    def rand(self, *shape, scale: float = 1.0):
+        import torch
+
+        return (torch.randn(*shape, generator=self.gen, device=self.device) * scale).to(self.dtype)
+
+    def operands(self, kind: str, layout):
+        """(activation, weight) of `kind` on `layout`'s rows."""
+        w = self.w
+        if kind == "a2a_gemm":
+            return self.rand(w.tokens, w.hidden), self.rand(
+                self.local, w.hidden, 2 * w.ffn, scale=w.hidden**-0.5
+            )
+        return self.rand(layout.rows_received, w.ffn), self.rand(
+            self.local, w.ffn, w.hidden, scale=w.ffn**-0.5
+        )
+
+
+def _op(kind: str):
+    from syncopate.moe import dispatch_gemm, gemm_combine
+
+    if kind == "a2a_gemm":
+        return lambda a, wt, gates, layout, group, out, config: dispatch_gemm(
+            a, wt, layout, group, out=out, config=config
+        )
+    return lambda a, wt, gates, layout, group, out, config: gemm_combine(
+        a, wt, gates, layout, group, out=out, config=config
+    )
+
+
+def _out_shape(kind: str, w, layout) -> tuple[int, int]:
+    return (layout.rows_received, 2 * w.ffn) if kind == "a2a_gemm" else (w.tokens, w.hidden)
+
+
+def _reference(kind: str, case: Case, a, wt, ids, gates):
+    from syncopate.measure.reference import moe_combine_group_reference, moe_dispatch_group_reference
+
+    if kind == "a2a_gemm":
+        return moe_dispatch_group_reference(a, ids, wt, case.w.experts, case.group)
+    return moe_combine_group_reference(a, wt, ids, gates, case.w.experts, case.group)
+
+
+def _worst(value: float, case: Case) -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([value if value == value else float("inf")], dtype=torch.float64, device=case.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=case.group)
+    return float(t.item())
+
+
+def checks(kind: str, case: Case):
+    """Per fresh routing: (ids, gates, layout, [(a, w) of two calls], [their references])."""
+    out = []
+    for ids, gates, layout in case.fresh:
+        calls = [case.operands(kind, layout) for _ in range(2)]
+        refs = [_reference(kind, case, a, wt, ids, gates) for a, wt in calls]
+        out.append((ids, gates, layout, calls, refs))
+    return out
+
+
+def check(kind: str, config, case: Case, prepared) -> float:
+    """The largest relative error of `config`'s op over the fresh routings, two calls back to back
+    into outputs poisoned with NaN (max over ranks)."""
+    import torch
+
+    from syncopate.measure.reference import relative_error
+
+    op, worst = _op(kind), 0.0
+    for _, gates, layout, calls, refs in prepared:
+        outs = [
+            torch.full(_out_shape(kind, case.w, layout), float("nan"), dtype=case.dtype, device=case.device)
+        ]
+        outs.append(torch.full_like(outs[0], float("nan")))
+        for (a, wt), out in zip(calls, outs, strict=True):
+            op(a, wt, gates, layout, case.group, out, config)
+        for out, ref in zip(outs, refs, strict=True):
+            err = relative_error(out, ref) if ref.numel() else float(out.numel())
+            worst = max(worst, err)
+    return _worst(worst, case)
+
+
+def plain(kind: str, case: Case, a, wt):
+    """torch written plainly on the case's routing: (whole op, all-to-all alone, GEMM alone), each
+    a function of the output tensor."""
+    import torch
+    import torch.distributed as dist
+
+    lay, w, g = case.layout, case.w, case.group
+    offs = torch.cumsum(lay.group_sizes, 0).to(device=case.device, dtype=torch.int32)
+    send_rows = (lay.order // lay.top_k).to(case.device)
+    if kind == "a2a_gemm":
+        received = torch.empty(lay.rows_received, w.hidden, dtype=case.dtype, device=case.device)
+        send = a[send_rows]
+        ordered = received[lay.expert_order]
+
+        def whole(out):
+            dist.all_to_all_single(received, a[send_rows], lay.recv_splits, lay.send_splits, group=g)
+            return out.copy_(torch._grouped_mm(received[lay.expert_order], wt, offs=offs))
+
+        def a2a(out):
+            dist.all_to_all_single(received, send, lay.recv_splits, lay.send_splits, group=g)
+
+        def gemm(out):
+            return out.copy_(torch._grouped_mm(ordered, wt, offs=offs))
+
+        return whole, a2a, gemm
+    back = torch.empty(w.tokens * w.top_k, w.hidden, dtype=case.dtype, device=case.device)
+    y_rows = torch.empty(lay.rows_received, w.hidden, dtype=case.dtype, device=case.device).normal_()
+    gates = case.gates
+
+    def whole(out):
+        y = torch._grouped_mm(a, wt, offs=offs)[lay.expert_order_inverse]
+        dist.all_to_all_single(back, y, lay.send_splits, lay.recv_splits, group=g)
+        pairs = back[lay.order_inverse].view(w.tokens, w.top_k, w.hidden)
+        return out.copy_((pairs.float() * gates.float().unsqueeze(-1)).sum(1))
+
+    def a2a(out):
+        dist.all_to_all_single(back, y_rows, lay.send_splits, lay.recv_splits, group=g)
+
+    def gemm(out):
+        torch._grouped_mm(a, wt, offs=offs)
+
+    return whole, a2a, gemm
+
+
+def run_kind(kind: str, case: Case) -> dict:
+    """Baselines, then each candidate checked and timed; the row of the table (every rank's alike)."""
+    import torch
+
+    from syncopate.measure.reference import relative_error
+
+    w, args = case.cases[kind].workload, case.args
+    a, wt = case.operands(kind, case.layout)
+    whole, a2a, gemm = plain(kind, case, a, wt)
+    shape = _out_shape(kind, w, case.layout)
+    torch_out = torch.full(shape, float("nan"), dtype=case.dtype, device=case.device)
+    whole(torch_out)
+    ref = _reference(kind, case, a, wt, case.ids, case.gates)
+    torch_error = _worst(relative_error(torch_out, ref) if ref.numel() else 0.0, case)
+    times = {"torch": time_op(lambda: whole(torch_out), case.group, args)}
+    times["a2a"] = time_op(lambda: a2a(torch_out), case.group, args)
+    times["gemm"] = time_op(lambda: gemm(torch_out), case.group, args)
+    bound = max(times["a2a"]["median_us"], times["gemm"]["median_us"])
+    log.info(
+        "%s %s: torch %.1f µs (rel err %.2e), a2a %.1f, gemm %.1f",
+        w,
+        f"EP={case.ws}",
+        times["torch"]["median_us"],
+        torch_error,
+        times["a2a"]["median_us"],
+        times["gemm"]["median_us"],
+    )
+    prepared = checks(kind, case)
+    op, candidates = _op(kind), []
+    out = torch.full(shape, float("nan"), dtype=case.dtype, device=case.device)
+    for config in grid(w, case.ws, args):
+        row = {"config": config.to_dict(), "short": config.short()}
+        try:
+            row["rel_error"] = check(kind, config, case, prepared)
+            if row["rel_error"] < TOLERANCE:
+                row["times"] = time_op(
+                    lambda c=config: op(a, wt, case.gates, case.layout, case.group, out, c), case.group, args
+                )
+                row["status"] = "ok"
+            else:
+                row["status"] = "wrong_result"
+        except Exception as e:  # noqa: BLE001 — recorded, the others still measured
+            log.error("%s %s failed:\n%s", w, config.short(), traceback.format_exc())
+            row.update(status="error", error=f"{type(e).__name__}: {e}")
+        log.info(
+            "%s EP=%d %s: %s%s",
+            w,
+            case.ws,
+            config.short(),
+            row["status"],
+            f" {row['times']['median_us']:.1f} µs, rel err {row['rel_error']:.2e}" if "times" in row else "",
+        )
+        candidates.append(row)
+    timed = [c for c in candidates if c["status"] == "ok"]
+    best = min(timed, key=lambda c: c["times"]["median_us"]) if timed else None
+    ours = best["times"]["median_us"] if best else float("nan")
+    return {
+        "model": case.cases[kind].model,
+        "ep": case.ws,
+        "kind": kind,
+        "workload": w.key(),
+        "tokens": w.tokens,
+        "routing": w.routing.key(),
+        "most_rows_a_rank": case.most_rows,
+        "torch_rel_error": torch_error,
+        "times": times,
+        "bound_us": bound,
+        "candidates": candidates,
+        "best": best["short"] if best else None,
+        "best_us": ours,
+        "bound_over_ours": bound / ours if best else None,
+        "torch_over_ours": times["torch"]["median_us"] / ours if best else None,
+    }
+
+
+# The layer ---------------------------------------------------------------------------------------
+
+
+def _all_to_all_autograd():
+    """torch's all-to-all of rows with autograd: `all_to_all_single_autograd` of the functional
+    collectives (what torchtitan's expert parallelism calls), else torch.distributed.nn's."""
+    from torch.distributed import _functional_collectives as funcol
+
+    fn = getattr(funcol, "all_to_all_single_autograd", None)
+    if fn is not None:
+        return lambda rows, out_splits, in_splits, group: funcol.wait_tensor(
+            fn(rows, out_splits, in_splits, group)
+        )
+    import torch.distributed.nn.functional as dnn
+
+    return lambda rows, out_splits, in_splits, group: dnn.all_to_all_single(
+        rows.new_empty((sum(out_splits), *rows.shape[1:])), rows, out_splits, in_splits, group=group
+    )
+
+
+def torch_layer(layer, x, group):
+    """`layer`'s forward (router, SwiGLU experts) written with torch alone: the top-k, the counts'
+    all-to-all, the rows' all-to-all with autograd, torch._grouped_mm."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    ws = dist.get_world_size(group)
+    el, k, f = layer.experts // ws, layer.top_k, layer.ffn
+    probs = torch.softmax((x @ layer.gate.t()).float(), dim=-1)
+    weights, ids = probs.topk(k, dim=-1)
+    weights = weights / weights.sum(-1, keepdim=True)
+    flat = ids.reshape(-1)
+    perm = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=layer.experts)
+    got = torch.empty_like(counts)
+    dist.all_to_all_single(got, counts, group=group)
+    recv_counts = got.view(ws, el).cpu()
+    send_splits = counts.view(ws, el).sum(1).tolist()
+    recv_splits = recv_counts.sum(1).tolist()
+    labels = torch.arange(el).repeat(ws).repeat_interleave(recv_counts.reshape(-1)).to(x.device)
+    by_expert = torch.argsort(labels, stable=True)
+    offs = torch.cumsum(recv_counts.sum(0), 0).to(device=x.device, dtype=torch.int32)
+    a2a = _all_to_all_autograd()
+    received = a2a(x[perm // k], recv_splits, send_splits, group)
+    h = torch._grouped_mm(received[by_expert], layer.w1, offs=offs)
+    act = F.silu(h[:, :f]) * h[:, f:]
+    y = torch.empty_like(received)
+    y = y.index_copy(0, by_expert, torch._grouped_mm(act, layer.w2, offs=offs))
+    back = a2a(y, send_splits, recv_splits, group)
+    pairs = torch.empty_like(back).index_copy(0, perm, back).view(x.shape[0], k, -1)
+    return (pairs.float() * weights.unsqueeze(-1)).sum(1).to(x.dtype)
+
+
+def run_layer(case: Case) -> dict:
+    import torch
+
+    from syncopate.measure.reference import relative_error
+    from syncopate.moe import MoELayer
+
+    w, args = case.w, case.args
+    layer = MoELayer(
+        hidden=w.hidden,
+        ffn=w.ffn,
+        experts=w.experts,
+        top_k=w.top_k,
+        group=case.group,
+        dtype=case.dtype,
+        device=case.device,
+    )
+    with torch.no_grad():
+        layer.gate.copy_(case.rand(w.experts, w.hidden, scale=w.hidden**-0.5))
+    x = case.rand(w.tokens, w.hidden).requires_grad_()
+    grad = case.rand(w.tokens, w.hidden)
+
+    def step(forward):
+        x.grad = None
+        y = forward()
+        y.backward(grad)
+        return y
+
+    y_torch = step(lambda: torch_layer(layer, x, case.group)).detach()
+    gx_torch = x.grad.clone()
+    times = {"torch": time_layer(lambda: step(lambda: torch_layer(layer, x, case.group)), case.group, args)}
+    rows = []
+    for config in layer_configs(args):
+        name = "unfused" if config is None else config.short()
+        layer.dispatch_config = layer.combine_config = config
+        row = {"config": name}
+        try:
+            y = step(lambda: layer(x)).detach()
+            error = max(relative_error(y, y_torch), relative_error(x.grad, gx_torch))
+            row["rel_error"] = _worst(error, case)
+            if row["rel_error"] < LAYER_TOLERANCE:
+                row["times"] = time_layer(lambda: step(lambda: layer(x)), case.group, args)
+                row["torch_over_ours"] = times["torch"]["median_us"] / row["times"]["median_us"]
+                row["status"] = "ok"
+            else:
+                row["status"] = "wrong_result"
+        except Exception as e:  # noqa: BLE001
+            log.error("layer %s failed:\n%s", name, traceback.format_exc())
+            row.update(status="error", error=f"{type(e).__name__}: {e}")
+        log.info("layer %s EP=%d %s: %s", w, case.ws, name, row)
+        rows.append(row)
+    return {
+        "model": next(iter(case.cases.values())).model,
+        "ep": case.ws,
+        "tokens": w.tokens,
+        "routing": w.routing.key(),
+        "times": times,
+        "configs": rows,
+    }
+
+
+# Ranks -------------------------------------------------------------------------------------------
+
+
+def _logging(args, rank: int) -> None:
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    handlers[0].setLevel(logging.WARNING)
+    if args.log:
+        path = args.log if rank == 0 else f"{args.log}.rank{rank}"
+        file = logging.FileHandler(path, mode="w")
+        file.setLevel(logging.DEBUG)
+        file.setFormatter(logging.Formatter(f"%(asctime)s rank{rank} %(name)s %(levelname)s %(message)s"))
+        handlers.append(file)
+    logging.basicConfig(level=logging.DEBUG, handlers=handlers, force=True)
+
+
+def run_rank(cases, group, device, args) -> dict:
+    """Every case of this EP size on this rank: the op rows and the layer rows."""
+    import torch
+
+    from syncopate.environment import provenance
+
+    log.info("rank on %s: %s", device, provenance())
+    keys = list(dict.fromkeys((c.model, c.workload.tokens, c.workload.routing) for c in cases))
+    ops, layers = [], []
+    for key in keys:
+        group_cases = [c for c in cases if (c.model, c.workload.tokens, c.workload.routing) == key]
+        case = Case(group_cases, group, device, args)
+        for kind in case.cases:
+            ops.append(run_kind(kind, case))
+        if not args.no_layer:
+            layers.append(run_layer(case))
+        del case
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {"ops": ops, "layers": layers}
+
+
+def worker(rank, world, port, args, cases, queue):
+    """A spawned rank: its group (NCCL on its GPU, or gloo with --cpu), its cases."""
+    import torch
+    import torch.distributed as dist
+
+    _logging(args, rank)
+    if args.cpu:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    else:
+        from syncopate.measure.local_ranks import join_group
+
+        device = join_group(rank, world, port)
+    try:
+        result = run_rank(cases, dist.group.WORLD, device, args)
+        if rank == 0:
+            queue.put(result)
+    finally:
+        from syncopate.moe import close_moe_contexts
+
+        close_moe_contexts()
+        dist.destroy_process_group()
+
+
+# The table ---------------------------------------------------------------------------------------
+
+
+def _ratio(x) -> str:
+    return f"{x:6.2f}" if x is not None else "     -"
+
+
+def table(result: dict) -> str:
+    lines = [
+        f"{'model':20s} {'ep':>2s} {'kind':8s} {'tokens':>6s} {'routing':18s} {'rows':>7s} {'torch':>8s} "
+        f"{'a2a':>8s} {'gemm':>8s} {'bound':>8s} {'ours':>8s} {'bound/ours':>10s} {'torch/ours':>10s}  best"
+    ]
+    for r in result["ops"]:
+        t = r["times"]
+        lines.append(
+            f"{r['model']:20s} {r['ep']:2d} {r['kind']:8s} {r['tokens']:6d} {r['routing']:18s} "
+            f"{r['most_rows_a_rank']:7d} {t['torch']['median_us']:8.1f} {t['a2a']['median_us']:8.1f} "
+            f"{t['gemm']['median_us']:8.1f} {r['bound_us']:8.1f} {r['best_us']:8.1f} "
+            f"{_ratio(r['bound_over_ours']):>10s} {_ratio(r['torch_over_ours']):>10s}  {r['best']}"
+        )
+        bad = [c for c in r["candidates"] if c["status"] != "ok"]
+        for c in bad:
+            lines.append(f"    {c['short']}: {c['status']} {c.get('rel_error', c.get('error', ''))}")
+    if result["layers"]:
+        lines += ["", "MoELayer forward + backward, µs a call (calls back to back); torch/ours in ()"]
+        for r in result["layers"]:
+            parts = [f"torch {r['times']['torch']['median_us']:.1f}"]
+            for c in r["configs"]:
+                if c["status"] == "ok":
+                    parts.append(f"{c['config']} {c['times']['median_us']:.1f} ({c['torch_over_ours']:.2f})")
+                else:
+                    parts.append(f"{c['config']} {c['status']}")
+            lines.append(
+                f"{r['model']:20s} {r['ep']:2d} {r['tokens']:6d} {r['routing']:18s} " + ", ".join(parts)
+            )
+    return "\n".join(lines)
+
+
+def failures(result: dict) -> list[str]:
+    bad = [
+        f"{r['model']} EP={r['ep']} {r['kind']} {r['routing']}: {c['short']} {c['status']}"
+        for r in result["ops"]
+        for c in r["candidates"]
+        if c["status"] != "ok"
+    ]
+    bad += [
+        f"layer {r['model']} EP={r['ep']} {r['routing']}: {c['config']} {c['status']}"
+        for r in result["layers"]
+        for c in r["configs"]
+        if c["status"] != "ok"
+    ]
+    return bad
+
+
+# Main --------------------------------------------------------------------------------------------
+
+
+def _shrunk(case, n: int):
+    """`case` with hidden, ffn and experts divided by n (widths kept multiples of 8, experts a
+    multiple of the EP size and at least top_k)."""
+    w = case.workload
+    experts = max(w.experts // n, w.top_k, case.ep)
+    experts = -(-experts // case.ep) * case.ep
+    width = lambda d: max(8, d // n // 8 * 8)  # noqa: E731  (torch._grouped_mm: rows of 16 bytes)
+    small = dataclasses.replace(w, hidden=width(w.hidden), ffn=width(w.ffn), experts=experts)
+    return dataclasses.replace(case, workload=small)
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=CONFIG, help="the MoE benchmark file (configs/moe_ep.yaml)")
+    p.add_argument("--models", help="only these models, comma-separated")
+    p.add_argument("--ep", help="only these EP sizes, comma-separated (under torchrun: its world size)")
+    p.add_argument("--tokens", type=int, help="tokens a rank instead of the file's")
+    p.add_argument("--routings", help="only these distributions (uniform, skewed), comma-separated")
+    p.add_argument(
+        "--grid",
+        choices=("small", "tiny"),
+        default="small",
+        help="small: chunks 1, 2, 4 and both orders; tiny: chunks 2, ring",
+    )
+    p.add_argument("--backends", default="nccl,copy_engine", help="pipelined backends, comma-separated")
+    p.add_argument("--repetitions", type=int, default=20)
+    p.add_argument("--layer-calls", type=int, default=5, help="layer calls back to back a repetition")
+    p.add_argument("--no-layer", action="store_true", help="skip the MoELayer forward + backward")
+    p.add_argument("--cpu", action="store_true", help="gloo ranks on the CPU (checks the script)")
+    p.add_argument("--shrink", type=int, default=1, help="divide hidden, ffn and experts by this")
+    p.add_argument("--json", help="write every row here (default $OUT/moe_bench.json where OUT is set)")
+    p.add_argument("--log", help="every rank's log (default $OUT/moe_bench.log where OUT is set)")
+    args = p.parse_args(argv)
+    out = os.environ.get("OUT")
+    if out:
+        args.json = args.json or os.path.join(out, "moe_bench.json")
+        args.log = args.log or os.path.join(out, "moe_bench.log")
+    if args.repetitions < 1 or args.layer_calls < 1 or args.shrink < 1:
+        p.error("--repetitions, --layer-calls and --shrink take positive numbers")
+    from syncopate.search_space.moe_workload import MOE_BACKENDS
+
+    unknown = sorted(set(args.backends.split(",")) - set(MOE_BACKENDS))
+    if unknown:
+        p.error(f"unknown backend(s) {', '.join(unknown)}: accepted are {', '.join(MOE_BACKENDS)}")
+    return args
+
+
+def select(args, torchrun_world: int | None):
+    """The cases of the file after the filters; raises ConfigError on a bad file or filter."""
+    from syncopate.errors import ConfigError
+    from syncopate.moe.bench_config import load_moe_config
+
+    cases = load_moe_config(args.config)
+    if args.models:
+        cases = [c for c in cases if c.model in args.models.split(",")]
+    if torchrun_world is not None:
+        cases = [c for c in cases if c.ep == torchrun_world]
+    elif args.ep:
+        cases = [c for c in cases if str(c.ep) in args.ep.split(",")]
+    if args.routings:
+        cases = [c for c in cases if c.workload.routing.distribution in args.routings.split(",")]
+    if args.tokens:
+        cases = [
+            dataclasses.replace(c, workload=dataclasses.replace(c.workload, tokens=args.tokens))
+            for c in cases
+        ]
+    if args.shrink > 1:
+        cases = [_shrunk(c, args.shrink) for c in cases]
+    cases = list(dict.fromkeys(cases))
+    if not cases:
+        where = (
+            f"EP={torchrun_world} (torchrun's world size)"
+            if torchrun_world
+            else "--models / --ep / --routings"
+        )
+        raise ConfigError(f"no case of {args.config} is left after {where}")
+    return cases
+
+
+def report(result: dict, args) -> int:
+    print(table(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    bad = failures(result)
+    for line in bad:
+        print(f"moe_bench.py: {line}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    from syncopate.errors import ConfigError
+
+    under_torchrun = "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+    try:
+        cases = select(args, int(os.environ["WORLD_SIZE"]) if under_torchrun else None)
+    except ConfigError as e:
+        print(f"moe_bench.py: {e}", file=sys.stderr)
+        return 2
+
+    import torch
+
+    if under_torchrun:
+        import torch.distributed as dist
+
+        from syncopate.environment import provenance
+        from syncopate.measure.local_ranks import join_torchrun
+        from syncopate.moe import close_moe_contexts
+
+        device = join_torchrun()
+        rank = dist.get_rank()
+        _logging(args, rank)
+        try:
+            result = run_rank(cases, dist.group.WORLD, device, args)
+            result["environment"] = provenance()
+        finally:
+            close_moe_contexts()
+            dist.destroy_process_group()
+        return report(result, args) if rank == 0 else 0
+
+    gpus = 0 if args.cpu else (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    if not args.cpu and gpus == 0:
+        print(
+            "moe_bench.py: needs a CUDA GPU (one a rank), none is visible; --cpu runs gloo ranks",
+            file=sys.stderr,
+        )
+        return 1
+    from syncopate.environment import provenance
+    from syncopate.measure.local_ranks import spawn_ranks
+
+    result = {"ops": [], "layers": [], "environment": provenance()}
+    for ep in sorted({c.ep for c in cases}):
+        if not args.cpu and gpus < ep:
+            print(f"moe_bench.py: EP={ep} skipped: it needs {ep} CUDA GPUs, {gpus} present", file=sys.stderr)
+            continue
+        got = spawn_ranks(worker, ep, args=(args, [c for c in cases if c.ep == ep]), what="benchmark")
+        result["ops"] += got["ops"]
+        result["layers"] += got["layers"]
+    return report(result, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

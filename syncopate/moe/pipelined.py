@@ -1,0 +1,251 @@
+"""The `pipelined` MoE plans: the all-to-all cut into pieces, one grouped GEMM a piece.
+
+- Dispatch (`a2a_gemm`): the rank's pairs are gathered into send order (the token side), every
+  exchange of the plan (:mod:`syncopate.moe.plan`) is posted at once, and the grouped GEMMs run
+  on the caller's stream: the own rows' first, straight from the token side (no transfer), then
+  each source chunk's as soon as it is in. Each piece's output rows go to their places in h,
+  which keeps the unfused layout (by local expert, then source rank, then token): the rows of a
+  piece are scattered there (`index_copy_`, one a piece) instead of the received rows being
+  gathered before one GEMM.
+- Combine (`gemm_a2a`): each peer's piece (its rows of h, gathered by position) is multiplied by
+  W2 and posted as soon as that GEMM is enqueued, in exchange order; the own piece is computed
+  last, into the own rows of the token side, while the last exchanges move; once every row is in,
+  the top_k rows of each token are summed in float32, weighted by the gate weights, as the
+  unfused op does (the same sum in the same order: the results agree with it).
+
+The backward of each is the other's plan with the same config: the gradient of dispatch's rows
+is a combine (GEMM with W1ᵀ, then the rows back to their tokens, summed); that of combine's h a
+dispatch of the weighted output gradients (then a GEMM with W2ᵀ). The weights' gradients are one
+K-grouped GEMM each (`grouped_weight_grad`) on the rows the forward kept.
+
+The piece tables a call needs (the plan, each piece's group ends on the device, its rows' places
+in h) are made once per layout and config and kept in the layout's cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from syncopate.moe.exchange import open_exchange
+from syncopate.moe.ops import _token_rows, grouped_mm, grouped_weight_grad
+from syncopate.moe.plan import Piece, PiecePlan, build_piece_plan
+from syncopate.moe.routing import ExpertLayout, to_device
+from syncopate.search_space.moe_workload import MoeCandidate
+
+__all__ = ["combine", "combine_autograd", "combine_rows", "dispatch_autograd", "dispatch_rows", "prepared"]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What every call of one (layout, kind, config) on one rank needs."""
+
+    plan: PiecePlan
+    offsets: tuple[torch.Tensor, ...]
+    """Per piece of `plan.pieces`: its groups' ends (int32, on the device)."""
+    places: tuple[torch.Tensor, ...]
+    """Per piece: the rows of h its rows are (expert-side rows → h's layout)."""
+    rows_needed: int
+    """The most rows any rank receives in a call of this kind (-1 where the layout has no counts)."""
+
+
+def prepared(
+    layout: ExpertLayout, kind: str, rank: int, config: MoeCandidate, device: torch.device
+) -> Prepared:
+    """The tables of `kind` under `config` on rank `rank`, made once and kept in the layout's cache."""
+    key = ("pipelined", kind, rank, config.chunks_per_source, config.order, str(device))
+    prep = layout.cache.get(key)
+    if prep is not None:
+        return prep
+    counts = layout.counts.tolist() if layout.counts is not None else None
+    plan = build_piece_plan(
+        kind,
+        rank=rank,
+        world_size=layout.world_size,
+        send_splits=list(layout.send_splits),
+        recv_counts=layout.recv_counts.tolist(),
+        chunks=config.chunks_per_source,
+        order=config.order,
+        counts=counts,
+    )
+    ends = [torch.tensor(p.groups, dtype=torch.int64).cumsum(0).to(torch.int32) for p in plan.pieces]
+    flat = to_device(torch.cat(ends), device) if ends else torch.empty(0, dtype=torch.int32, device=device)
+    el = layout.local_experts
+    offsets = tuple(flat[i * el : (i + 1) * el] for i in range(len(ends)))
+    places = tuple(layout.expert_order_inverse[p.rows[0] : p.rows[1]] for p in plan.pieces)
+    if layout.counts is None:
+        needed = -1
+    elif kind == "a2a_gemm":
+        needed = max(layout.rows_received_by(q) for q in range(layout.world_size))
+    else:
+        needed = int(layout.counts.sum(1).max())
+    prep = Prepared(plan=plan, offsets=offsets, places=places, rows_needed=needed)
+    layout.cache[key] = prep
+    return prep
+
+
+def _group(group):
+    return group if group is not None else dist.group.WORLD
+
+
+def _gemm(prep: Prepared, index: int, piece: Piece, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return grouped_mm(a, w, piece.groups, offsets=prep.offsets[index])
+
+
+def dispatch_rows(
+    rows: torch.Tensor,
+    w: torch.Tensor,
+    layout: ExpertLayout,
+    group,
+    config: MoeCandidate,
+    *,
+    tokens: bool,
+    out: torch.Tensor | None = None,
+    keep_received: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The pipelined dispatch of `rows`: x [T, K] (`tokens`: each pair takes its token's row) or one
+    row a pair [T·top_k, K], times W [El, K, N]: (h [R, N] in the unfused layout, written into `out`
+    where given; with `keep_received`, the received rows [R, K] in arrival order, else None)."""
+    group = _group(group)
+    prep = prepared(layout, "a2a_gemm", dist.get_rank(group), config, rows.device)
+    plan = prep.plan
+    send = rows[_token_rows(layout)] if tokens else rows[layout.order]
+    width, r = rows.shape[1], layout.rows_received
+    ex = open_exchange(config.backend, plan, group, rows.device, width, rows.dtype, prep.rows_needed)
+    recv = ex.buffer(r)
+    received = None
+    if keep_received:
+        received = recv if ex.owns_buffer else torch.empty(r, width, dtype=rows.dtype, device=rows.device)
+    for i, x in enumerate(plan.exchanges):
+        ex.post(i, send[x.send_rows[0] : x.send_rows[1]] if x.sends else None, recv)
+        if received is not None and not ex.owns_buffer:
+            ex.copy_out(i, recv, received)
+    h = out if out is not None else torch.empty(r, w.shape[2], dtype=rows.dtype, device=rows.device)
+    for index, piece in enumerate(plan.pieces):
+        if piece.exchange is None:
+            a = send[piece.token_rows[0] : piece.token_rows[1]]
+            if received is not None:
+                received[piece.rows[0] : piece.rows[1]].copy_(a)
+        else:
+            ex.wait(piece.exchange)
+            a = recv[piece.rows[0] : piece.rows[1]]
+        h.index_copy_(0, prep.places[index], _gemm(prep, index, piece, a, w))
+    ex.finish()
+    return h, received
+
+
+def combine_rows(
+    h: torch.Tensor, w: torch.Tensor, layout: ExpertLayout, group, config: MoeCandidate
+) -> torch.Tensor:
+    """The pipelined combine's GEMM and transfers: each row of h [R, K] (the unfused layout) times
+    its expert's W [El, K, N], back on its token's rank: [T·top_k, N] in send order (`layout.order`),
+    before the top_k sum. The rows may be the copy-engine context's buffer: read them before the
+    next call of this kind."""
+    group = _group(group)
+    prep = prepared(layout, "gemm_a2a", dist.get_rank(group), config, h.device)
+    plan = prep.plan
+    width = w.shape[2]
+    ex = open_exchange(config.backend, plan, group, h.device, width, h.dtype, prep.rows_needed)
+    back = ex.buffer(layout.tokens * layout.top_k)
+    pieces = {p.exchange: (i, p) for i, p in enumerate(plan.pieces)}
+    for i, _ in enumerate(plan.exchanges):
+        y = None
+        if i in pieces:
+            index, piece = pieces[i]
+            y = _gemm(prep, index, piece, h.index_select(0, prep.places[index]), w)
+        ex.post(i, y, back)
+    if None in pieces:
+        index, piece = pieces[None]
+        y = _gemm(prep, index, piece, h.index_select(0, prep.places[index]), w)
+        back[piece.token_rows[0] : piece.token_rows[1]].copy_(y)
+    ex.finish()
+    return back
+
+
+def _pairs(back: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
+    return back[layout.order_inverse].view(layout.tokens, layout.top_k, -1)
+
+
+def _weighted_sum(pairs: torch.Tensor, gate_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Σ_k gate[t, k] · pairs[t, k] in float32, then `dtype`: the unfused op's sum."""
+    return (pairs.float() * gate_weights.float().unsqueeze(-1)).sum(1).to(dtype)
+
+
+def combine(
+    h: torch.Tensor,
+    w: torch.Tensor,
+    gate_weights: torch.Tensor,
+    layout: ExpertLayout,
+    group,
+    config: MoeCandidate,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The pipelined `gemm_a2a` without autograd: [T, H], written into `out` where given."""
+    result = _weighted_sum(_pairs(combine_rows(h, w, layout, group, config), layout), gate_weights, h.dtype)
+    return result if out is None else out.copy_(result)
+
+
+class _Dispatch(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, layout, group, config):
+        h, received = dispatch_rows(x, w, layout, group, config, tokens=True, keep_received=w.requires_grad)
+        ctx.save_for_backward(w, received if received is not None else x.new_empty(0))
+        ctx.meta = (layout, group, config)
+        return h
+
+    @staticmethod
+    def backward(ctx, grad_h):
+        w, received = ctx.saved_tensors
+        layout, group, config = ctx.meta
+        grad_h = grad_h.contiguous()
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            back = combine_rows(grad_h, w.transpose(1, 2), layout, group, config)
+            grad_x = _pairs(back, layout).float().sum(1).to(grad_h.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_w = grouped_weight_grad(received[layout.expert_order], grad_h, layout.group_sizes)
+        return grad_x, grad_w, None, None, None
+
+
+class _Combine(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, w, gate_weights, layout, group, config):
+        pairs = _pairs(combine_rows(h, w, layout, group, config), layout)
+        ctx.save_for_backward(h, w, gate_weights, pairs)
+        ctx.meta = (layout, group, config)
+        return _weighted_sum(pairs, gate_weights, h.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        h, w, gate_weights, pairs = ctx.saved_tensors
+        layout, group, config = ctx.meta
+        g = grad_out.float().unsqueeze(1)
+        grad_h = grad_w = grad_gates = None
+        if ctx.needs_input_grad[2]:
+            grad_gates = (g * pairs.float()).sum(-1).to(gate_weights.dtype)
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            grad_pairs = (g * gate_weights.float().unsqueeze(-1)).to(h.dtype).view(-1, grad_out.shape[1])
+            grad_h, grad_y = dispatch_rows(
+                grad_pairs,
+                w.transpose(1, 2),
+                layout,
+                group,
+                config,
+                tokens=False,
+                keep_received=ctx.needs_input_grad[1],
+            )
+            if ctx.needs_input_grad[1]:
+                grad_w = grouped_weight_grad(h, grad_y[layout.expert_order], layout.group_sizes)
+        return grad_h, grad_w, grad_gates, None, None, None
+
+
+def dispatch_autograd(x, w, layout, group, config) -> torch.Tensor:
+    """`dispatch_rows` of x's token rows with autograd (the backward: the combine plan with W1ᵀ)."""
+    return _Dispatch.apply(x, w, layout, group, config)
+
+
+def combine_autograd(h, w, gate_weights, layout, group, config) -> torch.Tensor:
+    """`combine` with autograd (the backward: the dispatch plan of the weighted gradients with W2ᵀ)."""
+    return _Combine.apply(h, w, gate_weights, layout, group, config)

@@ -1,0 +1,163 @@
+"""Layer: multi-GPU (skipped without two CUDA GPUs). The pipelined MoE plans with the CUDA backends
+(`nccl` on a side stream, `copy_engine` into symmetric memory), one process a GPU: results equal
+to the unfused ops' and close to the float32 group references, for uniform and skewed routings and
+a rank that receives nothing, outputs poisoned with NaN, calls back to back with fresh inputs, a
+routing that needs a larger symmetric buffer than the one before; `MoELayer`'s forward and
+backward on each backend against the unfused layer's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+TOL = 1e-2
+
+
+def _routings(ws: int, experts: int, tokens: int, top_k: int):
+    from syncopate.moe import Routing, draw_routing
+    from syncopate.search_space import RoutingSpec
+
+    out = [
+        draw_routing(world_size=ws, tokens=tokens, experts=experts, top_k=top_k, spec=RoutingSpec(seed=1)),
+        draw_routing(
+            world_size=ws,
+            tokens=tokens,
+            experts=experts,
+            top_k=top_k,
+            spec=RoutingSpec(distribution="skewed", skew=2.0, seed=2),
+        ),
+    ]
+    gen = torch.Generator().manual_seed(3)
+    fed = experts - experts // ws  # the last rank's experts get no row
+    ids = [
+        torch.stack([torch.randperm(fed, generator=gen)[:top_k] for _ in range(tokens)]) for _ in range(ws)
+    ]
+    weights = [torch.softmax(torch.randn(tokens, top_k, generator=gen), 1) for _ in range(ws)]
+    out.append(Routing(experts=experts, expert_ids=tuple(ids), gate_weights=tuple(weights)))
+    # four times the tokens: the copy-engine contexts grow their buffers
+    out.append(
+        draw_routing(world_size=ws, tokens=4 * tokens, experts=experts, top_k=top_k, spec=RoutingSpec(seed=4))
+    )
+    return out
+
+
+def _check_ops(rank, world, device, group) -> list[str]:
+    from syncopate.measure.reference import (
+        moe_combine_group_reference,
+        moe_dispatch_group_reference,
+        relative_error,
+    )
+    from syncopate.moe import dispatch_gemm, exchange_layout, gemm_combine
+    from syncopate.search_space.moe_workload import MoeCandidate
+
+    hidden, ffn, experts, top_k, tokens = 256, 128, 4 * world, 4, 384
+    configs = [
+        MoeCandidate(template="pipelined", backend=b, chunks_per_source=c, order=o)
+        for b in ("nccl", "copy_engine")
+        for c, o in ((1, "ring"), (4, "ring"), (2, "pairwise"))
+    ]
+    lines = []
+    gen = torch.Generator(device=device).manual_seed(rank)
+    for n, routing in enumerate(_routings(world, experts, tokens, top_k)):
+        ids, gates = routing.expert_ids[rank].to(device), routing.gate_weights[rank].to(device)
+        layout = exchange_layout(ids, experts, group)
+        local = experts // world
+        for config in configs:
+            calls = []
+            for _ in range(2):  # back to back, fresh inputs, poisoned outputs
+                x = torch.randn(ids.shape[0], hidden, generator=gen, device=device).bfloat16()
+                w1 = (
+                    torch.randn(local, hidden, 2 * ffn, generator=gen, device=device) / hidden**0.5
+                ).bfloat16()
+                h = torch.randn(layout.rows_received, ffn, generator=gen, device=device).bfloat16()
+                w2 = (torch.randn(local, ffn, hidden, generator=gen, device=device) / ffn**0.5).bfloat16()
+                up = torch.full(
+                    (layout.rows_received, 2 * ffn), float("nan"), device=device, dtype=torch.bfloat16
+                )
+                down = torch.full((ids.shape[0], hidden), float("nan"), device=device, dtype=torch.bfloat16)
+                dispatch_gemm(x, w1, layout, group, out=up, config=config)
+                gemm_combine(h, w2, gates, layout, group, out=down, config=config)
+                calls.append((x, w1, h, w2, up, down))
+            for x, w1, h, w2, up, down in calls:
+                unfused_up = dispatch_gemm(x, w1, layout, group)
+                unfused_down = gemm_combine(h, w2, gates, layout, group)
+                ref_up = moe_dispatch_group_reference(x, ids, w1, experts, group)
+                ref_down = moe_combine_group_reference(h, w2, ids, gates, experts, group)
+                errors = [
+                    relative_error(up, ref_up) if ref_up.numel() else float(up.numel()),
+                    relative_error(down, ref_down),
+                    relative_error(up, unfused_up.float()) if up.numel() else 0.0,
+                    relative_error(down, unfused_down.float()),
+                ]
+                if not max(errors) < TOL:
+                    lines.append(f"rank {rank} routing {n} {config.short()}: errors {errors}")
+    return lines
+
+
+def _check_layer(rank, world, device, group) -> list[str]:
+    from syncopate.measure.reference import relative_error
+    from syncopate.moe import MoELayer
+    from syncopate.search_space.moe_workload import MoeCandidate
+
+    lines = []
+    gen = torch.Generator(device=device).manual_seed(10 + rank)
+    x = torch.randn(512, 256, generator=gen, device=device).bfloat16()
+    grad = torch.randn(512, 256, generator=gen, device=device).bfloat16()
+    results = {}
+    for name in ("unfused", "nccl", "copy_engine"):
+        torch.manual_seed(7)  # the same parameters in every layer (and on every rank: the gate)
+        layer = MoELayer(hidden=256, ffn=128, experts=4 * world, top_k=4, group=group, device=device)
+        if name != "unfused":
+            layer.dispatch_config = layer.combine_config = MoeCandidate(
+                template="pipelined", backend=name, chunks_per_source=2
+            )
+        xr = x.clone().requires_grad_()
+        y = layer(xr)
+        y.backward(grad)
+        results[name] = [y.detach(), xr.grad, layer.w1.grad, layer.w2.grad, layer.gate.grad]
+    for name in ("nccl", "copy_engine"):
+        for label, a, b in zip(
+            ("y", "x", "w1", "w2", "gate"), results[name], results["unfused"], strict=True
+        ):
+            err = relative_error(a, b.float())
+            if not err < 3e-2:
+                lines.append(f"rank {rank} layer {name}: {label} off by {err:.3g}")
+    return lines
+
+
+def _worker(rank, world, port, queue):
+    import torch.distributed as dist
+
+    from syncopate.measure.local_ranks import join_group
+    from syncopate.moe import close_moe_contexts
+
+    device = join_group(rank, world, port)
+    try:
+        lines = _check_ops(rank, world, device, dist.group.WORLD)
+        lines += _check_layer(rank, world, device, dist.group.WORLD)
+        gathered = [None] * world
+        dist.all_gather_object(gathered, lines)
+        if rank == 0:
+            queue.put([line for part in gathered for line in part])
+    finally:
+        close_moe_contexts()
+        dist.destroy_process_group()
+
+
+def _run(world: int) -> None:
+    from syncopate.measure.local_ranks import spawn_ranks
+
+    failures = spawn_ranks(_worker, world, what="MoE check")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.multigpu
+def test_pipelined_moe_ops_on_two_gpus():
+    _run(2)
+
+
+@pytest.mark.multigpu
+def test_pipelined_moe_ops_on_four_gpus():
+    if torch.cuda.device_count() < 4:
+        pytest.skip(f"needs four CUDA GPUs on one host; {torch.cuda.device_count()} present")
+    _run(4)

@@ -1,0 +1,125 @@
+"""Layer: pure CPU logic. `MoeCandidate` checks itself and names the value and what is accepted,
+round-trips through JSON with a stable key; `check_moe_candidate` and `moe_space` for a workload
+and a world size."""
+
+from __future__ import annotations
+
+import pytest
+
+from syncopate.errors import ConfigError
+from syncopate.search_space.moe_workload import (
+    MOE_BACKENDS,
+    MoeCandidate,
+    MoeWorkload,
+    check_moe_candidate,
+    moe_space,
+)
+
+
+def _workload(**kw):
+    base = {"kind": "a2a_gemm", "tokens": 4096, "hidden": 2048, "ffn": 768, "experts": 128, "top_k": 8}
+    return MoeWorkload(**{**base, **kw})
+
+
+def test_a_candidate_round_trips_with_a_stable_key():
+    c = MoeCandidate(template="pipelined", backend="copy_engine", chunks_per_source=4, order="pairwise")
+    assert MoeCandidate.from_json(c.to_json()) == c
+    assert MoeCandidate.from_dict(c.to_dict()) == c
+    assert (
+        c.to_json()
+        == '{"backend":"copy_engine","chunks_per_source":4,"order":"pairwise","template":"pipelined"}'
+    )
+    assert c.key() == MoeCandidate.from_json(c.to_json()).key() and len(c.key()) == 16
+    assert c.key() != c.replace(chunks_per_source=2).key()
+    assert c.short() == "pipelined/copy_engine/c4/pairwise"
+    assert MoeCandidate().short() == "unfused"
+    assert MoeCandidate() == MoeCandidate(
+        template="unfused", backend="nccl", chunks_per_source=1, order="ring"
+    )
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        ({"template": "fused"}, "unknown MoE template 'fused': accepted are unfused, pipelined"),
+        (
+            {"template": "pipelined", "backend": "nvshmem"},
+            "unknown MoE backend 'nvshmem': accepted are nccl, copy_engine",
+        ),
+        (
+            {"template": "pipelined", "order": "zigzag"},
+            "unknown MoE piece order 'zigzag': accepted are ring, pairwise",
+        ),
+        (
+            {"template": "pipelined", "chunks_per_source": 3},
+            "chunks_per_source=3 is not accepted: give one of 1, 2, 4, 8",
+        ),
+        ({"template": "pipelined", "chunks_per_source": True}, "chunks_per_source=True is not accepted"),
+        ({"template": "pipelined", "chunks_per_source": "2"}, "chunks_per_source='2' is not accepted"),
+        (
+            {"backend": "copy_engine"},
+            "template unfused runs torch's all_to_all_single and one grouped GEMM: it takes backend 'nccl', "
+            "chunks_per_source=1 and order 'ring', got backend 'copy_engine', chunks_per_source=1 and order 'ring'",
+        ),
+        ({"chunks_per_source": 2}, "got backend 'nccl', chunks_per_source=2 and order 'ring'"),
+    ],
+)
+def test_bad_values_are_refused_by_name(kw, words):
+    with pytest.raises(ConfigError) as e:
+        MoeCandidate(**kw)
+    assert words in str(e.value)
+
+
+def test_bad_input_to_from_dict_and_from_json():
+    words = (
+        "unknown MoE candidate field\\(s\\) splits: accepted are backend, chunks_per_source, order, template"
+    )
+    with pytest.raises(ConfigError, match=words):
+        MoeCandidate.from_dict({"template": "pipelined", "splits": 2})
+    with pytest.raises(ConfigError, match="a MoE candidate is a mapping, got a list of 1 item"):
+        MoeCandidate.from_json("[1]")
+    with pytest.raises(ConfigError, match="MoE candidate JSON does not parse"):
+        MoeCandidate.from_json("{")
+    with pytest.raises(TypeError):
+        MoeCandidate("pipelined")  # keyword-only
+
+
+def test_pairwise_needs_a_power_of_two_world_size():
+    c = MoeCandidate(template="pipelined", order="pairwise")
+    for ws in (1, 2, 4, 8):
+        check_moe_candidate(c, ws)
+    with pytest.raises(ConfigError, match="needs a power-of-two world size, got 6; use order 'ring'"):
+        check_moe_candidate(c, 6)
+    check_moe_candidate(c.replace(order="ring"), 6)
+
+
+def test_the_space_of_a_workload():
+    space = moe_space(_workload(), 4)
+    assert space[0] == MoeCandidate()  # the guard first
+    assert len(space) == len(set(space))
+    fused = space[1:]
+    assert {c.template for c in fused} == {"pipelined"}
+    assert {c.backend for c in fused} == set(MOE_BACKENDS)
+    assert {c.chunks_per_source for c in fused} == {1, 2, 4}
+    assert {c.order for c in fused} == {"ring", "pairwise"}
+    assert len(fused) == 2 * 3 * 2
+    for c in space:
+        check_moe_candidate(c, 4)
+    # two ranks: pairwise is ring; three: no pairwise at all
+    assert {c.order for c in moe_space(_workload(), 2)} == {"ring"}
+    assert {c.order for c in moe_space(_workload(experts=120), 3)} == {"ring"}
+    # chunk counts above the rows a source sends a rank on average are left out
+    tiny = moe_space(_workload(tokens=1, top_k=2, experts=8), 2, backends=("nccl",))
+    assert [c.short() for c in tiny] == ["unfused", "pipelined/nccl/c1/ring"]
+    assert [c.short() for c in moe_space(_workload(), 2, backends=("nccl",), chunks=(8,))] == [
+        "unfused",
+        "pipelined/nccl/c8/ring",
+    ]
+    with pytest.raises(
+        ConfigError, match="unknown MoE backend 'sm_copy' in backends: accepted are nccl, copy_engine"
+    ):
+        moe_space(_workload(), 2, backends=("sm_copy",))
+    with pytest.raises(ConfigError, match="chunks_per_source=3 in chunks is not accepted"):
+        moe_space(_workload(), 2, chunks=(3,))
+    with pytest.raises(ConfigError, match="experts=128 is not divisible by world size 3"):
+        moe_space(_workload(), 3)
