@@ -25,7 +25,7 @@ torch). Then per case the layer: `MoELayer` (router, SwiGLU experts) forward and
 back to back with the host on the path (`time_eager`), with each layer config's ops against torch's
 layer, its output and input gradient checked against torch's layer first.
 
-`--json FILE` writes every row (every candidate's times and errors, the environment); `--log FILE`
+`--json FILE` writes every row (every candidate's times and errors, the environment); `--log-file FILE`
 every rank's log (rank r > 0 to FILE.rank<r>); with OUT set they default to $OUT/moe_bench.json
 and $OUT/moe_bench.log. `--cpu` runs gloo ranks on the CPU with wall-clock times (it checks the
 script, not its figures; no copy-engine candidate there); `--shrink N` divides hidden, ffn and
@@ -621,7 +621,9 @@ def parse(argv):
     p.add_argument("--cpu", action="store_true", help="gloo ranks on the CPU (checks the script)")
     p.add_argument("--shrink", type=int, default=1, help="divide hidden, ffn and experts by this")
     p.add_argument("--json", help="write every row here (default $OUT/moe_bench.json where OUT is set)")
-    p.add_argument("--log", help="every rank's log (default $OUT/moe_bench.log where OUT is set)")
+    p.add_argument(
+        "--log-file", dest="log", help="every rank's log (default $OUT/moe_bench.log where OUT is set)"
+    )
     args = p.parse_args(argv)
     out = os.environ.get("OUT")
     if out:

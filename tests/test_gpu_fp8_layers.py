@@ -221,8 +221,8 @@ def _capture_target(rank, world, port, q):
                     with torch.no_grad():
                         x.copy_(torch.randn(rows, bench.hidden, generator=gen, device=device))
                         dy.copy_(torch.randn(rows, bench.hidden, generator=gen, device=device))
-                        for t in static:
-                            t.fill_(float("nan"))
+                        for t in static:  # detached: torch's fused scaled ops return views of their buffers
+                            t.detach().fill_(float("nan"))
                     graph.replay()
                     torch.cuda.synchronize()
                     replayed = [t.clone() for t in static]
