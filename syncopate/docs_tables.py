@@ -60,7 +60,7 @@ class Sources:
     """The `benchmarks/train_step.py` runs."""
     graph_calls: str
     """A `benchmarks/graph_calls.py` run."""
-    layer_bound: str
+    layer_bound: tuple[str, ...]
     """`syncopate bench --layer` runs with the layers' bound (their communication left out)."""
 
 
@@ -76,7 +76,7 @@ def sources(root: Path) -> Sources:
             layers=doc["layers"],
             train_step=tuple(doc["train_step"]),
             graph_calls=doc["graph_calls"],
-            layer_bound=doc["layer_bound"],
+            layer_bound=tuple(doc["layer_bound"]),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(
@@ -493,44 +493,46 @@ def layer_bound(root: Path) -> str:
     """The layers beside their bound (the same layer without its communication): torch / bound, the
     most any overlap can gain over torch's path there, and bound / ours, how much of the
     communication ours hides."""
-    name = sources(root).layer_bound
-    doc = _read_json(root / "results" / name)
     rows = []
-    gpu = torch_version = ""
-    for run in doc["runs"]:
-        b, res = run["bench"], run["results"]
-        gpu, torch_version = run["gpu"], run["torch"]
-        for key in ("eager/forward", "eager/forward_backward", "graph/forward", "graph/forward_backward"):
+    notes = []
+    names = sources(root).layer_bound
+    for name in names:
+        doc = _read_json(root / "results" / name)
+        for run in doc["runs"]:
+            b, res = run["bench"], run["results"]
+            gpus = f"{b['tp']} × {run['gpu'].replace('NVIDIA ', '')}"
+            notes.append((run["gpu"], run["torch"]))
+            for key in ("eager/forward", "eager/forward_backward", "graph/forward", "graph/forward_backward"):
 
-            def t(impl, key=key):
-                return res.get(impl, {}).get(key)
+                def t(impl, key=key):
+                    return res.get(impl, {}).get(key)
 
-            def ratio(num, den, t=t):
-                a, d = t(num), t(den)
-                return None if a is None or not d else a / d
+                def ratio(num, den, t=t):
+                    a, d = t(num), t(den)
+                    return None if a is None or not d else a / d
 
-            if t("syncopate") is None or t("bound") is None:
-                continue
-            rows.append(
-                [
-                    f"TP={b['tp']}",
-                    f"{b['hidden']}/{b['ffn']}",
-                    str(b["tokens"]),
-                    key.replace("_", "+"),
-                    _t(t("torch")),
-                    _t(t("async_tp")),
-                    _t(t("syncopate")),
-                    _t(t("bound")),
-                    _r(ratio("torch", "bound")),
-                    _r(ratio("async_tp", "bound")),
-                    _r(ratio("bound", "syncopate")),
-                    _r(ratio("torch", "syncopate")),
-                    _r(ratio("async_tp", "syncopate")),
-                ]
-            )
+                if t("syncopate") is None or t("bound") is None:
+                    continue
+                rows.append(
+                    [
+                        gpus,
+                        f"{b['hidden']}/{b['ffn']}",
+                        str(b["tokens"]),
+                        key.replace("_", "+"),
+                        _t(t("torch")),
+                        _t(t("async_tp")),
+                        _t(t("syncopate")),
+                        _t(t("bound")),
+                        _r(ratio("torch", "bound")),
+                        _r(ratio("async_tp", "bound")),
+                        _r(ratio("bound", "syncopate")),
+                        _r(ratio("torch", "syncopate")),
+                        _r(ratio("async_tp", "syncopate")),
+                    ]
+                )
     table = _table(
         [
-            "TP",
+            "GPUs (TP)",
             "hidden/ffn",
             "tokens",
             "mode/pass",
@@ -546,12 +548,14 @@ def layer_bound(root: Path) -> str:
         ],
         rows,
     )
+    versions = "; ".join(f"{gpu}, torch {t}" for gpu, t in sorted(set(notes)))
+    files = ", ".join(f"`results/{name}`" for name in names)
     return (
-        f"{table}\n\nThe same SwiGLU MLP layers (sequence parallel, bf16, lookup's configurations) and `bound`: "
-        f"the layer with its communication left out (its matmuls and activation on each rank's shapes), which "
-        f"no overlap can beat. torch / bound is the most any overlap could gain over torch's path; bound / ours "
-        f"how close ours comes. µs an iteration, as above; {doc.get('machine', gpu)}, torch {torch_version}; "
-        f"from `results/{name}`.\n"
+        f"{table}\n\nSwiGLU MLP layers (sequence parallel, bf16, lookup's configurations, eager calls launched "
+        f"`auto`) and `bound`: the layer with its communication left out (its matmuls and activation on each "
+        f"rank's shapes), which no overlap can beat. torch / bound is the most any overlap could gain over "
+        f"torch's path; bound / ours how close ours comes. µs an iteration, as above; each row's implementations "
+        f"timed in one run; {versions}; from {files}.\n"
     )
 
 
@@ -576,7 +580,8 @@ def train_step(root: Path) -> str:
                     m["name"],
                     str(m["layers"]),
                     str(m["vocab"]),
-                    f"TP={doc['world']}",
+                    "sharded (loss parallel)" if doc.get("loss_parallel") else "replicated",
+                    f"{doc['world']} × {doc['device'].replace('NVIDIA ', '')}",
                     str(doc["tokens"]),
                     v["variant"],
                     "–" if not step else f"{step:.2f}",
@@ -601,7 +606,8 @@ def train_step(root: Path) -> str:
             "model",
             "layers",
             "vocab",
-            "TP",
+            "logits",
+            "GPUs (TP)",
             "tokens",
             "variant",
             "step ms",
