@@ -65,17 +65,11 @@ def _no_long_way(monkeypatch):
 
 
 CASES = [
-    # (name, call(a, b, group, config), a shape, b shape, torch's path)
-    ("ag_gemm", lambda a, b, g, c: ops.all_gather_matmul(a, b, g, c), (8, 4), (4, 6), "ag_gemm"),
-    (
-        "ag_gemm gathered",
-        lambda a, b, g, c: ops.all_gather_matmul(a, b, g, c, return_gathered=True),
-        (8, 4),
-        (4, 6),
-        "gathered",
-    ),
-    ("gemm_rs", lambda a, b, g, c: ops.matmul_reduce_scatter(a, b, g, c), (8, 4), (4, 6), "gemm_rs"),
-    ("gemm_ar", lambda a, b, g, c: ops.matmul_all_reduce(a, b, g, c), (8, 4), (4, 6), "gemm_ar"),
+    # (name, op, its keyword arguments, torch's path)
+    ("ag_gemm", ops.all_gather_matmul, {}, "ag_gemm"),
+    ("ag_gemm gathered", ops.all_gather_matmul, {"return_gathered": True}, "gathered"),
+    ("gemm_rs", ops.matmul_reduce_scatter, {}, "gemm_rs"),
+    ("gemm_ar", ops.matmul_all_reduce, {}, "gemm_ar"),
 ]
 
 
@@ -90,10 +84,14 @@ def _as_tuple(x):
 
 
 @pytest.mark.parametrize("config", [None, UNFUSED], ids=["looked-up", "given"])
-@pytest.mark.parametrize("name, call, a_shape, b_shape, kind", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name, op, kwargs, kind", CASES, ids=[c[0] for c in CASES])
 def test_a_later_call_takes_the_fast_path_and_gives_the_same_result(
-    group, monkeypatch, name, call, a_shape, b_shape, kind, config
+    group, monkeypatch, name, op, kwargs, kind, config
 ):
+    def call(a, b, group, config):
+        return op(a, b, group, config, **kwargs)
+
+    a_shape, b_shape = (8, 4), (4, 6)
     a = torch.randn(a_shape)
     weight = torch.randn(b_shape[::-1])
     for b in (torch.randn(b_shape), weight.t()):  # row-major B, and an nn.Linear weight's transpose
@@ -333,3 +331,79 @@ def test_a_traced_call_takes_the_traced_path(group, monkeypatch):
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     monkeypatch.setattr(ops, "_traced", lambda *args: traced.append(args[0]) or "traced")
     assert ops.matmul_all_reduce(a, b, group) == "traced" and traced == ["gemm_ar"]
+
+
+def test_a_program_bound_makes_its_outputs_and_passes_them(group):
+    """`CallProgram.bind` as the fused templates have it: a new output (and gathered A) a call, in
+    the spec's shapes and the operands' dtype and device, handed to the program's own call."""
+    from syncopate.kernels.templates import CallProgram, CallSpec
+
+    class Program(CallProgram):
+        def __init__(self, spec):
+            self.spec, self.seen = spec, []
+
+        def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None, scales=None):
+            self.seen.append((capturing, spin_limit, scales, gathered is not None))
+            if gathered is not None:
+                gathered.copy_(a)
+            torch.matmul(a, b, out=out)
+
+    spec = CallSpec(
+        kind="ag_gemm",
+        group=group,
+        rank=0,
+        world_size=1,
+        a_shape=(8, 4),
+        b_shape=(4, 6),
+        dtype=torch.float64,
+        device=torch.device("cpu"),
+        candidate=UNFUSED,
+    )
+    program = Program(spec)
+    a, b = torch.randn(8, 4, dtype=torch.float64), torch.randn(4, 6, dtype=torch.float64)
+    out = program.bind()(a, b)
+    again = program.bind()(a, b)
+    out2, full = program.bind(gathered=True)(a, b)
+    assert out.shape == (8, 6) and out.dtype == torch.float64 and out.data_ptr() != again.data_ptr()
+    torch.testing.assert_close(out, a @ b)
+    torch.testing.assert_close(out2, a @ b)
+    torch.testing.assert_close(full, a)
+    assert program.seen == [(False, 0, None, False)] * 2 + [(False, 0, None, True)]
+
+
+# --- on a GPU -------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("template", ["unfused", "direct"])
+def test_on_a_gpu_the_fast_path_gives_the_long_ways_result(tmp_path, monkeypatch, template):
+    """The real first call (every check, the context, the kernel's compile), then later calls on the
+    fast path with fresh inputs: the same as the long way (out=) gives, in an NCCL group of one rank."""
+    from syncopate.search_space import Candidate
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    config = UNFUSED if template == "unfused" else Candidate()
+    try:
+        for _, op, kwargs, _ in CASES:
+            gen = torch.Generator(device="cuda").manual_seed(0)
+
+            def operands():
+                return (
+                    torch.randn(512, 256, device="cuda", generator=gen).bfloat16(),
+                    (torch.randn(512, 256, device="cuda", generator=gen) / 16).bfloat16().t(),
+                )
+
+            a, b = operands()
+            op(a, b, None, config, **kwargs)
+            with monkeypatch.context() as m:
+                _no_long_way(m)
+                a, b = operands()
+                fast = _as_tuple(op(a, b, None, config, **kwargs))
+            long_way = _as_tuple(op(a, b, None, config, out=torch.empty_like(fast[0]), **kwargs))
+            torch.cuda.synchronize()
+            for f, w in zip(fast, long_way):
+                torch.testing.assert_close(f, w, rtol=0, atol=0)
+    finally:
+        ops.close_contexts()
+        dist.destroy_process_group()

@@ -147,13 +147,15 @@ class CallProgram(abc.ABC):
         bounded waits, no scales, not being captured): it makes the output (and, with `gathered`,
         the gathered A of an all-gather that `returns_gathered`) and enqueues the call, returning
         what the op returns. What `ops` keeps for the fast path of such calls, after one of them
-        has been checked; the tensors it is given have the spec's shapes, dtype and device."""
+        has been checked; the tensors it is given have the spec's shapes, dtype and device, and
+        their dtype is the output's (not FP8, whose calls always pass their scales)."""
         spec = self.spec
-        shape, dtype, device = spec.out_shape, spec.out_dtype, spec.device
+        assert spec.out_dtype == spec.dtype, "FP8 calls pass their scales: they have no bound call"
+        shape = spec.out_shape
         if not gathered:
 
             def call(a, b):
-                out = torch.empty(shape, dtype=dtype, device=device)
+                out = a.new_empty(shape)
                 self(a, b, out)
                 return out
 
@@ -161,8 +163,7 @@ class CallProgram(abc.ABC):
         full_shape = (spec.m, spec.a_shape[1])
 
         def call_gathered(a, b):
-            out = torch.empty(shape, dtype=dtype, device=device)
-            full = torch.empty(full_shape, dtype=spec.dtype, device=device)
+            out, full = a.new_empty(shape), a.new_empty(full_shape)
             self(a, b, out, gathered=full)
             return out, full
 
