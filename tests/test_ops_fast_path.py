@@ -325,6 +325,18 @@ def test_this_ranks_device_is_part_of_the_key(group, monkeypatch):
     assert ops._call_key("gemm_ar", a, b, group, None, "eager") != key
 
 
+def test_a_call_autograd_would_record_takes_the_long_way(group, monkeypatch):
+    """The ops are not differentiable: the unfused program's long way (its matmul into `out`)
+    refuses operands that require grad where grad is on, after a first call without them too."""
+    a, b = _primed(group, monkeypatch)
+    w = b.clone().requires_grad_(True)
+    with pytest.raises(RuntimeError, match="out=.* don't support automatic differentiation"):
+        ops.matmul_all_reduce(a, w, group)
+    with torch.no_grad(), monkeypatch.context() as m:
+        _no_long_way(m)
+        torch.testing.assert_close(ops.matmul_all_reduce(a, w, group), a @ b)
+
+
 def test_a_traced_call_takes_the_traced_path(group, monkeypatch):
     a, b = _primed(group, monkeypatch)
     traced = []

@@ -464,10 +464,16 @@ GATHERED = "ag_gemm+gathered"
 
 def _fast_call(kind: str, a, b, group, config) -> Callable | None:
     """The fast path of a plain call (no out=, no bounded waits, no scales, not traced, not being
-    captured): the function a checked call with the same key (`_call_key`) kept (`_keep_call`),
-    or None. Its tensors bound, it enqueues the call (for `unfused`, torch's collective and matmul)."""
+    captured, not recorded by autograd): the function a checked call with the same key
+    (`_call_key`) kept (`_keep_call`), or None. Its tensors bound, it enqueues the call (for
+    `unfused`, torch's collective and matmul). The ops are not differentiable: a call whose
+    operands autograd would record takes the long way, which writes into `out` as it always has."""
     key = _call_key(kind, a, b, group, config, _REGISTRY.mode)
-    if key is None or (key[-1] is not None and torch.cuda.is_current_stream_capturing()):
+    if (
+        key is None
+        or (key[-1] is not None and torch.cuda.is_current_stream_capturing())
+        or ((a.requires_grad or b.requires_grad) and torch.is_grad_enabled())
+    ):
         return None
     try:
         return _REGISTRY.calls.get(key)
