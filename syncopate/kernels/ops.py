@@ -11,10 +11,13 @@ nn.Linear). FP8 operands (torch.float8_e4m3fn, both) come with `a_scale=` and `b
 tensor-wise or row-wise: `syncopate.kernels.scaled`) and give a bf16 output; templates `unfused`
 and `decomposed` run them (`torch._scaled_mm`), eagerly (not under torch.compile, and without
 `return_gathered`). With `config=None` an op asks `syncopate.lookup` once per (workload, group) and keeps
-the answer. A call's first use of its shapes, dtype, group and config prepares its call program
-(`syncopate.kernels.templates`: the template the config names, its context of symmetric buffers,
-signals and streams); every later such call finds the program and only binds its tensors.
-Programs and contexts are kept until `close_contexts()`.
+the answer. A call's first use of its shapes, dtype, group and config checks every argument and
+prepares its call program (`syncopate.kernels.templates`: the template the config names, its
+context of symmetric buffers, signals and streams); every later such call finds the program and
+only binds its tensors. A later plain call (no out=, scales or bounded waits, not captured) finds
+it bound to (a, b) in one lookup keyed by what the checks depend on (`_call_key`), and for template
+`unfused` runs torch's collective and matmul straight away. Programs and contexts are kept until
+`close_contexts()`.
 
 Under `torch.compile` a call is traced as one node, `torch.ops.syncopate.*` (`fullgraph=True`
 works; `out=` and `spin_limit` are refused there). A call can be captured in a CUDA graph once one
@@ -453,7 +456,7 @@ def _program_key(kind: str, a, b, group, config, mode: str) -> tuple | None:
     key = _call_key(kind, a, b, group, config, mode)
     try:
         hash(key)
-    except TypeError:
+    except TypeError:  # a config dict with a list in it: checked (and refused) the long way
         return None
     return key
 
