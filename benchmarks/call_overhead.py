@@ -2,12 +2,13 @@
 for the same work, the served configuration being `unfused` (torch's collective, then the matmul).
 
 Operands are tiny, so that what is timed is the Python on a call's path rather than the work: a
-round times `--calls` calls back to back (time.perf_counter), the paths taking turns round after
+round times `--calls` calls back to back (`--clock`: this thread's CPU time on the CPU, so that
+other processes' load stays out; time.perf_counter on a GPU), the paths taking turns round after
 round; each column is the median over rounds of µs a call, each difference the median of the
 rounds' differences with its p20..p80. Columns: `bare`, torch's calls written out with nothing
 else (the floor); `torch`, torch's unfused path as a job calls it (`syncopate.kernels.library.unfused`,
 for a layer the same layer with impl="torch"); `ours`, the public op with its configuration looked
-up (served `unfused`), for a layer impl="fused".
+up (served `unfused`) or given, for a layer impl="fused".
 
 On the CPU (the default where no GPU is visible) everything runs in this process: in torch's fake
 process group of `--world` ranks (collectives that move nothing), or with `--group gloo` in a gloo
@@ -371,7 +372,12 @@ def main(argv: list[str] | None = None) -> int:
         "gloo (one rank), nccl (one rank, one GPU; the GPU's default)",
     )
     parser.add_argument("--world", type=int, default=2, help="ranks of the fake group (default 2)")
-    parser.add_argument("--calls", type=int, help="calls a round (default 200 on the CPU, 50 on a GPU)")
+    parser.add_argument(
+        "--calls",
+        type=int,
+        help="calls a round (default 200 on the CPU; 20 on a GPU, whose launch queue holds a round's "
+        "kernels behind the device sleep)",
+    )
     parser.add_argument("--rounds", type=int, default=31, help="rounds a path (default 31)")
     parser.add_argument(
         "--shape",
@@ -410,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    calls = args.calls or (50 if device.type == "cuda" else 200)
+    calls = args.calls or (20 if device.type == "cuda" else 200)
     clock = "wall" if device.type == "cuda" else args.clock or "thread"
     if device.type == "cuda":
         torch.cuda.set_device(0)
