@@ -11,10 +11,13 @@ nn.Linear). FP8 operands (torch.float8_e4m3fn, both) come with `a_scale=` and `b
 tensor-wise or row-wise: `syncopate.kernels.scaled`) and give a bf16 output; templates `unfused`
 and `decomposed` run them (`torch._scaled_mm`), eagerly (not under torch.compile, and without
 `return_gathered`). With `config=None` an op asks `syncopate.lookup` once per (workload, group) and keeps
-the answer. A call's first use of its shapes, dtype, group and config prepares its call program
-(`syncopate.kernels.templates`: the template the config names, its context of symmetric buffers,
-signals and streams); every later such call finds the program and only binds its tensors.
-Programs and contexts are kept until `close_contexts()`.
+the answer. A call's first use of its shapes, dtype, group and config checks every argument and
+prepares its call program (`syncopate.kernels.templates`: the template the config names, its
+context of symmetric buffers, signals and streams); every later such call finds the program and
+only binds its tensors. A later plain call (no out=, scales or bounded waits, not captured) finds
+it bound to (a, b) in one lookup keyed by what the checks depend on (`_call_key`), and for template
+`unfused` runs torch's collective and matmul straight away. Programs and contexts are kept until
+`close_contexts()`.
 
 Under `torch.compile` a call is traced as one node, `torch.ops.syncopate.*` (`fullgraph=True`
 works; `out=` and `spin_limit` are refused there). A call can be captured in a CUDA graph once one
@@ -30,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -101,7 +105,10 @@ class ContextRegistry:
         self._configs: dict[tuple, Candidate] = {}
         self._topologies: dict[str, Topology] = {}
         self.programs: dict[tuple, CallProgram] = {}
-        """Prepared calls: (kind, group, shapes, strides, dtype, device, config) → their program."""
+        """Prepared calls: their key (`_call_key`) → their program."""
+        self.calls: dict[tuple, Callable] = {}
+        """The fast path: the key of a plain call (`_call_key`, its kind `GATHERED` for an all-gather
+        that returns the gathered A) → its program bound as a function of (a, b) (`CallProgram.bind`)."""
         self._lock = threading.Lock()
 
     def topology(self, group) -> Topology:
@@ -130,6 +137,7 @@ class ContextRegistry:
         with self._lock:
             CONTEXTS.close(group)
             self.programs.clear()
+            self.calls.clear()
 
 
 _REGISTRY = ContextRegistry()
@@ -220,7 +228,7 @@ def call_context(
 ) -> OverlapContext | None:
     """The context that calls of `kind` with operands like `a` and `b` and this config use, once one
     such call has been made (None before, and for template `unfused`, which needs none)."""
-    key = _call_key(kind, a, b, group, config, _REGISTRY.mode)
+    key = _program_key(kind, a, b, group, config, _REGISTRY.mode)
     program = _REGISTRY.programs.get(key) if key is not None else None
     return None if program is None else program.context
 
@@ -279,6 +287,12 @@ def _check_inputs(a: torch.Tensor, b: torch.Tensor, group, config=None) -> tuple
         )
     group = _group(group)
     _parse_config(config)
+    _check_devices(a, b)
+    return group, dist.get_rank(group), dist.get_world_size(group)
+
+
+def _check_devices(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Both operands on this rank's CUDA device (the current one)."""
     for name, t in (("a", a), ("b", b)):
         if not t.is_cuda:
             raise ConfigError(f"{name} is on {t.device}: the fused ops need CUDA tensors")
@@ -288,7 +302,6 @@ def _check_inputs(a: torch.Tensor, b: torch.Tensor, group, config=None) -> tuple
             raise ConfigError(
                 f"{name} is on {t.device} but this rank's device is {device}: call torch.cuda.set_device"
             )
-    return group, dist.get_rank(group), dist.get_world_size(group)
 
 
 def _candidate(config: Candidate | dict | None, workload: Workload, group, mode: str = "eager") -> Candidate:
@@ -357,6 +370,11 @@ def all_gather_matmul(
     gathers A); `decomposed` pushes each shard while the own rows' cuBLAS GEMM runs, then cuBLAS
     GEMMs over the peers' rows as they land; `unfused` runs the group's all-gather, then the matmul.
     """
+    if out is None and not spin_limit and a_scale is None and b_scale is None and out_dtype is None:
+        if not torch.compiler.is_compiling():
+            call = _fast_call(GATHERED if return_gathered else "ag_gemm", a_shard, b, group, config)
+            if call is not None:
+                return call(a_shard, b)
     scales = _scales(a_shard, b, a_scale, b_scale, out_dtype)
     if torch.compiler.is_compiling():
         _refuse_scaled("all_gather_matmul", scales, "torch.compile")
@@ -367,20 +385,20 @@ def all_gather_matmul(
     program = _program("ag_gemm", a_shard, b, group, config, capturing)
     if return_gathered and not program.returns_gathered:  # nothing gathers A there: the direct plan does
         direct = dataclasses.replace(program.spec.candidate, template="direct")
-        return all_gather_matmul(
-            a_shard, b, group, direct, return_gathered=True, out=out, spin_limit=spin_limit
-        )
+        program = _program("ag_gemm", a_shard, b, group, direct, capturing)
     spec = program.spec
+    plain = out is None and scales is None and not (capturing or spin_limit)
     if out is None:
         out = torch.empty(spec.out_shape, dtype=spec.out_dtype, device=a_shard.device)
     else:
         _check_out(out, spec.out_shape, spec.out_dtype)
-    if not return_gathered:
-        _run(program, a_shard, b, out, capturing, spin_limit, scales)
-        return out
-    gathered = torch.empty((spec.m, spec.a_shape[1]), dtype=a_shard.dtype, device=a_shard.device)
-    _run(program, a_shard, b, out, capturing, spin_limit, None, gathered)
-    return out, gathered
+    gathered = None
+    if return_gathered:
+        gathered = torch.empty((spec.m, spec.a_shape[1]), dtype=a_shard.dtype, device=a_shard.device)
+    _run(program, a_shard, b, out, capturing, spin_limit, scales, gathered)
+    if plain:
+        _keep_call(GATHERED if return_gathered else "ag_gemm", a_shard, b, group, config, program)
+    return out if gathered is None else (out, gathered)
 
 
 def _check_out(out: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) -> None:
@@ -437,32 +455,109 @@ def _refuse_first_capture(op: str, capturing: bool) -> None:
 
 
 def _call_key(kind: str, a, b, group, config, mode: str) -> tuple | None:
-    """What makes two calls the same once validated, last the `mode` their configuration is looked
-    up for (None where a config is given: the same in every mode); None where the inputs need
-    checking anyway."""
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and dist.is_initialized()):
+    """What makes two calls the same once validated: the kind, the group, the config (None: look it
+    up, then also the `mode` it is looked up for), the operands' shapes, dtypes, devices and B's
+    strides, and this rank's CUDA device (A is contiguous: no key otherwise). Every check of
+    `_check_inputs` and of the config (`_candidate`) depends on these alone, so a call whose key a
+    checked call had passes them too. None where the inputs need checking anyway. A dict config
+    counts as its items (`_program_key`); here it makes the key unhashable, which `_fast_call` takes
+    as a miss."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or not a.is_contiguous():
         return None
-    if not a.is_contiguous() or not (group is None or isinstance(group, dist.ProcessGroup)):
+    world = dist.group.WORLD  # None before init_process_group (and after the default group is destroyed)
+    if world is None:
         return None
-    name = (group or dist.group.WORLD).group_name
-    conf = tuple(sorted(config.items())) if isinstance(config, dict) else config
-    key = (
+    return (
         kind,
-        name,
+        world if group is None else group,
+        config,
+        mode if config is None else None,
         a.shape,
         a.dtype,
         a.device,
         b.shape,
         b.stride(),
         b.dtype,
-        conf,
-        mode if config is None else None,
+        b.device,
+        torch.cuda.current_device() if a.is_cuda else None,
     )
+
+
+def _program_key(kind: str, a, b, group, config, mode: str) -> tuple | None:
+    """`_call_key` of a call that looks its program up, a dict config as its sorted items; None
+    where the key cannot be made (a config dict holding a list: checked, and refused, the long way)."""
+    if isinstance(config, dict):
+        config = tuple(sorted(config.items()))
+    elif not (config is None or isinstance(config, Candidate)):
+        return None
+    if not (group is None or isinstance(group, dist.ProcessGroup)):
+        return None
+    key = _call_key(kind, a, b, group, config, mode)
     try:
         hash(key)
     except TypeError:  # a config dict with a list in it: checked (and refused) the long way
         return None
     return key
+
+
+GATHERED = "ag_gemm+gathered"
+"""The kind under which `_REGISTRY.calls` keeps all-gathers that also return the gathered A."""
+
+
+def _fast_call(kind: str, a, b, group, config) -> Callable | None:
+    """The fast path of a plain call (no out=, no bounded waits, no scales, not traced, not being
+    captured, not recorded by autograd): the function a checked call with the same key
+    (`_call_key`) kept (`_keep_call`), or None. Its tensors bound, it enqueues the call (for
+    `unfused`, torch's collective and matmul). The ops are not differentiable: a call whose
+    operands autograd would record takes the long way, which writes into `out` as it always has."""
+    key = _call_key(kind, a, b, group, config, _REGISTRY.mode)
+    if (
+        key is None
+        or (key[-1] is not None and torch.cuda.is_current_stream_capturing())
+        or ((a.requires_grad or b.requires_grad) and torch.is_grad_enabled())
+    ):
+        return None
+    try:
+        return _REGISTRY.calls.get(key)
+    except TypeError:  # a dict config, or an unhashable group: the long way checks them
+        return None
+
+
+def _keep_call(kind: str, a, b, group, config, program: CallProgram) -> None:
+    """After a plain call has found its program the long way (its inputs checked, once per key):
+    keep the program bound (`CallProgram.bind`) for the later calls' fast path. Not for dict
+    configs (their key is their items, which a later call would have to sort again) nor FP8
+    operands (their scales are checked on every call)."""
+    if program.spec.dtype == FP8 or not (config is None or isinstance(config, Candidate)):
+        return
+    key = _call_key(kind, a, b, group, config, _REGISTRY.mode)
+    if key is not None:
+        _REGISTRY.calls[key] = _bound(program, kind == GATHERED)
+
+
+def _bound(program: CallProgram, gathered: bool) -> Callable:
+    """`program.bind`, but where its calls may be replayed (`_run`), the bound call launches them as
+    `set_launch` says."""
+    if not replayable(program, None, 0):
+        return program.bind(gathered=gathered)
+    spec = program.spec
+    shape = spec.out_shape
+    if not gathered:
+
+        def call(a, b):
+            out = a.new_empty(shape)
+            _run(program, a, b, out, False, 0, None)
+            return out
+
+        return call
+    full_shape = (spec.m, spec.a_shape[1])
+
+    def call_gathered(a, b):
+        out, full = a.new_empty(shape), a.new_empty(full_shape)
+        _run(program, a, b, out, False, 0, None, full)
+        return out, full
+
+    return call_gathered
 
 
 def gather_buffer(a_shard_shape: tuple[int, int], dtype: torch.dtype, group=None) -> torch.Tensor:
@@ -498,10 +593,11 @@ def _program(kind: str, a, b, group, config, capturing: bool) -> CallProgram:
     `set_mode` one. A capture whose `graph` program was never prepared (its warm-up ran in `eager`
     mode) takes the `eager` one, said once: a first call cannot be captured."""
     mode = "graph" if capturing else _REGISTRY.mode
-    key = _call_key(kind, a, b, group, config, mode)
+    key = _program_key(kind, a, b, group, config, mode)
     program = _REGISTRY.programs.get(key) if key is not None else None
     if program is None and capturing and config is None:
-        program = _REGISTRY.programs.get(key[:-1] + ("eager",)) if key is not None else None
+        eager = _program_key(kind, a, b, group, config, "eager")
+        program = _REGISTRY.programs.get(eager) if eager is not None else None
         if program is not None and key not in _REGISTRY._warned_fallback:
             _REGISTRY._warned_fallback.add(key)
             log.info(
@@ -544,17 +640,21 @@ def _prepare(kind: str, a, b, group, config, mode: str = "eager") -> CallProgram
 
 
 def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int, a_scale, b_scale, out_dtype):
+    """`matmul_reduce_scatter` or `matmul_all_reduce` past the fast path."""
     scales = _scales(a, b, a_scale, b_scale, out_dtype)
     if torch.compiler.is_compiling():
         _refuse_scaled(OP_NAMES[kind], scales, "torch.compile")
         return _traced(kind, a, b, group, config, out, spin_limit)
     capturing = _capturing(a, OP_NAMES[kind], spin_limit)
     program = _program(kind, a, b, group, config, capturing)
+    plain = out is None and scales is None and not (capturing or spin_limit)
     if out is None:
         out = torch.empty(program.spec.out_shape, dtype=program.spec.out_dtype, device=a.device)
     else:
         _check_out(out, program.spec.out_shape, program.spec.out_dtype)
     _run(program, a, b, out, capturing, spin_limit, scales)
+    if plain:
+        _keep_call(kind, a, b, group, config, program)
     return out
 
 
@@ -581,6 +681,11 @@ def matmul_reduce_scatter(
     FP8 operands: `a_scale` [M, 1] row-wise (this rank's K slice), `b_scale` [1, N] row-wise; each
     rank's partial is dequantized by its own scales and the bf16 partials are reduced.
     """
+    if out is None and not spin_limit and a_scale is None and b_scale is None and out_dtype is None:
+        if not torch.compiler.is_compiling():
+            call = _fast_call("gemm_rs", a, b, group, config)
+            if call is not None:
+                return call(a, b)
     return _gemm_scatter("gemm_rs", a, b, group, config, out, spin_limit, a_scale, b_scale, out_dtype)
 
 
@@ -606,4 +711,9 @@ def matmul_all_reduce(
     Template `unfused`: the matmul, then the group's all-reduce.
     FP8 operands: as `matmul_reduce_scatter`'s.
     """
+    if out is None and not spin_limit and a_scale is None and b_scale is None and out_dtype is None:
+        if not torch.compiler.is_compiling():
+            call = _fast_call("gemm_ar", a, b, group, config)
+            if call is not None:
+                return call(a, b)
     return _gemm_scatter("gemm_ar", a, b, group, config, out, spin_limit, a_scale, b_scale, out_dtype)

@@ -51,7 +51,7 @@ def replayable(program, scales, spin_limit: int) -> bool:
     transfers are not NCCL's (`unfused` and the `nccl` backend enqueue NCCL's collectives, whose
     host cost torch's own path pays alike), with unbounded waits (a bounded wait's timeout is read
     after the call, which a replay cannot report) and no FP8 scales."""
-    ctx = program.context
+    ctx = getattr(program, "context", None)
     return (
         ctx is not None
         and ctx.device.type == "cuda"

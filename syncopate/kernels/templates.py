@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -36,6 +37,8 @@ from syncopate.kernels.backends import GatherCall, ScatterCall, backend_for, sta
 from syncopate.kernels.c_stationary import b_moves_kmajor
 from syncopate.kernels.context import OverlapContext
 from syncopate.kernels.launch import launch_consumer, launch_producer, own_shard_readable
+from syncopate.kernels.library import _ALL_GATHER as ALL_GATHER
+from syncopate.kernels.library import _REDUCE_SCATTER as REDUCE_SCATTER
 from syncopate.kernels.library import unfused
 from syncopate.kernels.scaled import FP8, OUT_DTYPE, Scales
 from syncopate.kernels.tables import consumer_tables, plan_for, producer_tables
@@ -138,6 +141,33 @@ class CallProgram(abc.ABC):
         that `returns_gathered`, `gathered`). `capturing`: the call is being captured in a CUDA
         graph. `spin_limit` > 0 bounds the kernels' waits (a tuning run's guard). `scales`: FP8
         operands' (a_scale, b_scale), checked (only the templates that run FP8 get them)."""
+
+    def bind(self, gathered: bool = False) -> Callable[[torch.Tensor, torch.Tensor], Any]:
+        """The program as a function of (a, b) alone, for calls that pass nothing else (no `out`, no
+        bounded waits, no scales, not being captured): it makes the output (and, with `gathered`,
+        the gathered A of an all-gather that `returns_gathered`) and enqueues the call, returning
+        what the op returns. What `ops` keeps for the fast path of such calls, after one of them
+        has been checked; the tensors it is given have the spec's shapes, dtype and device, and
+        their dtype is the output's (not FP8, whose calls always pass their scales)."""
+        spec = self.spec
+        assert spec.out_dtype == spec.dtype, "FP8 calls pass their scales: they have no bound call"
+        shape = spec.out_shape
+        if not gathered:
+
+            def call(a, b):
+                out = a.new_empty(shape)
+                self(a, b, out)
+                return out
+
+            return call
+        full_shape = (spec.m, spec.a_shape[1])
+
+        def call_gathered(a, b):
+            out, full = a.new_empty(shape), a.new_empty(full_shape)
+            self(a, b, out, gathered=full)
+            return out, full
+
+        return call_gathered
 
 
 class Template(abc.ABC):
@@ -253,8 +283,48 @@ class UnfusedProgram(CallProgram):
         if gathered is None:
             unfused(self.spec.kind, a, b, self.spec.group, out=out, scales=scales)
             return
-        dist.all_gather_into_tensor(gathered, a, group=self.spec.group)
+        ALL_GATHER(gathered, a, group=self.spec.group)
         torch.matmul(gathered, b, out=out)
+
+    def bind(self, gathered=False):
+        """torch's collective and matmul with nothing in between but the output's allocation: the
+        shapes and the group are the spec's, worked out once (`library.unfused` on unscaled operands,
+        whose output these calls leave to the matmul or the collective)."""
+        spec, group = self.spec, self.spec.group
+        if spec.kind == "ag_gemm":
+            full_shape = (spec.m, spec.a_shape[1])
+            if gathered:
+
+                def gather_mm_gathered(a, b):
+                    full = a.new_empty(full_shape)
+                    ALL_GATHER(full, a, group=group)
+                    return full @ b, full
+
+                return gather_mm_gathered
+
+            def gather_mm(a, b):
+                full = a.new_empty(full_shape)
+                ALL_GATHER(full, a, group=group)
+                return full @ b
+
+            return gather_mm
+        if spec.kind == "gemm_rs":
+            out_shape = spec.out_shape
+
+            def mm_scatter(a, b):
+                partial = a @ b
+                out = partial.new_empty(out_shape)
+                REDUCE_SCATTER(out, partial, group=group)
+                return out
+
+            return mm_scatter
+
+        def mm_reduce(a, b):
+            out = a @ b
+            dist.all_reduce(out, group=group)
+            return out
+
+        return mm_reduce
 
 
 class UnfusedTemplate(Template):

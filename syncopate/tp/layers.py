@@ -70,6 +70,11 @@ register()  # torch.ops.syncopate, which impl="ops" calls (and torch.compile tra
 
 IMPLS = ("fused", "torch", "async_tp", "ops")
 KINDS = ("ag_gemm", "gemm_rs", "gemm_ar")
+_KIND_SET = frozenset(KINDS)
+
+_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
+"""Whether autocast is on for any device (torch's own cheap test, where it has it): only then is the
+operands' device type asked for its own."""
 
 
 def _checked_impl(impl: str) -> str:
@@ -89,8 +94,8 @@ def _checked_configs(configs: dict | None) -> dict:
         raise ConfigError(
             f"configs must be a dict keyed by op kind ({', '.join(KINDS)}), got {describe(configs)}"
         )
-    unknown = sorted(set(configs) - set(KINDS))
-    if unknown:
+    if not configs.keys() <= _KIND_SET:
+        unknown = sorted(set(configs) - _KIND_SET)
         raise ConfigError(f"configs has key(s) {unknown}: accepted are {', '.join(KINDS)}")
     return dict(configs)
 
@@ -284,38 +289,42 @@ class _LinearReduceGrad(torch.autograd.Function):
 
 
 def _operands(name: str, x, weight, bias, impl, configs):
-    """x, weight and bias checked, cast to the autocast dtype where autocast is on, x as 2-D rows."""
+    """x, weight and bias checked, cast to the autocast dtype where autocast is on, x as 2-D rows.
+    Every call checks them all (they are a handful of attribute reads; a call's tensors are new)."""
     impl = _checked_impl(impl)
     configs = _checked_configs(configs)
-    for what, t in (("x", x), ("weight", weight)):
-        if not isinstance(t, torch.Tensor):
-            raise ConfigError(f"{name}: {what} must be a torch.Tensor, got {describe(t)}")
+    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
+        what, t = ("x", x) if not isinstance(x, torch.Tensor) else ("weight", weight)
+        raise ConfigError(f"{name}: {what} must be a torch.Tensor, got {describe(t)}")
     if weight.dim() != 2:
         raise ConfigError(
             f"{name}: weight must be 2-D [out_features, in_features], got shape {tuple(weight.shape)}"
         )
-    if x.dim() < 2 or x.shape[-1] != weight.shape[1]:
+    dims = x.dim()
+    if dims < 2 or x.shape[-1] != weight.shape[1]:
         raise ConfigError(
             f"{name}: x of shape {tuple(x.shape)} must be [..., {weight.shape[1]}] (at least 2-D, its last "
             f"dimension the weight's in_features)"
         )
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise ConfigError(f"{name}: bias must be a torch.Tensor or None, got {describe(bias)}")
-    if torch.is_autocast_enabled(x.device.type):
+    if (_ANY_AUTOCAST is None or _ANY_AUTOCAST()) and torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight = x.to(dtype), weight.to(dtype)
         bias = bias.to(dtype) if bias is not None else None
-    for what, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != x.dtype:
-            raise ConfigError(
-                f"{name}: x has dtype {x.dtype} but {what} has {t.dtype}: cast one to the other, or call under "
-                f"torch.autocast"
-            )
-    return x.reshape(-1, x.shape[-1]).contiguous(), weight, bias, impl, configs
+    dtype = x.dtype
+    if weight.dtype != dtype or (bias is not None and bias.dtype != dtype):
+        what, t = ("weight", weight) if weight.dtype != dtype else ("bias", bias)
+        raise ConfigError(
+            f"{name}: x has dtype {dtype} but {what} has {t.dtype}: cast one to the other, or call under "
+            f"torch.autocast"
+        )
+    rows = x.contiguous() if dims == 2 else x.reshape(-1, x.shape[-1]).contiguous()
+    return rows, weight, bias, impl, configs
 
 
 def _check_bias(name: str, bias, size: int) -> None:
-    if bias is not None and tuple(bias.shape) != (size,):
+    if bias is not None and bias.shape != (size,):
         raise ConfigError(f"{name}: bias must have shape ({size},), got {tuple(bias.shape)}")
 
 
