@@ -62,6 +62,8 @@ class Sources:
     """A `benchmarks/graph_calls.py` run."""
     layer_bound: tuple[str, ...]
     """`syncopate bench --layer` runs with the layers' bound (their communication left out)."""
+    moe: str
+    """A `benchmarks/moe_bench.py` run."""
 
 
 def sources(root: Path) -> Sources:
@@ -77,11 +79,12 @@ def sources(root: Path) -> Sources:
             train_step=tuple(doc["train_step"]),
             graph_calls=doc["graph_calls"],
             layer_bound=tuple(doc["layer_bound"]),
+            moe=doc["moe"],
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(
             f"results/{SOURCES} does not name every table's files ({e!r}): it needs tp2_suite, "
-            f"tp4_suite, short_tp2, strategies, layers, train_step, graph_calls and layer_bound"
+            f"tp4_suite, short_tp2, strategies, layers, train_step, graph_calls, layer_bound and moe"
         ) from None
 
 
@@ -559,6 +562,84 @@ def layer_bound(root: Path) -> str:
     )
 
 
+def moe(root: Path) -> str:
+    """The MoE ops and layer against torch's path: each op's fastest verified candidate beside the
+    all-to-all alone, the grouped GEMM alone and their bound; the layer forward + backward."""
+    name = sources(root).moe
+    doc = _read_json(root / "results" / name)
+    rows = []
+    for op in doc["ops"]:
+        times = op["times"]
+        ok = [c for c in op["candidates"] if c.get("status") == "ok" and c.get("times")]
+        best = min(ok, key=lambda c: c["times"]["median_us"]) if ok else None
+        ours = best["times"]["median_us"] if best else None
+        torch_us = times["torch"]["median_us"]
+        rows.append(
+            [
+                op["model"],
+                str(op["ep"]),
+                op["kind"],
+                str(op["tokens"]),
+                op["routing"],
+                _t(torch_us),
+                _t(times["a2a"]["median_us"]),
+                _t(times["gemm"]["median_us"]),
+                _t(op["bound_us"]),
+                _t(ours),
+                _r(None if not ours else op["bound_us"] / ours),
+                _r(None if not ours else torch_us / ours),
+                best["short"] if best else "–",
+            ]
+        )
+    ops_table = _table(
+        [
+            "model",
+            "EP",
+            "kind",
+            "tokens a rank",
+            "routing",
+            "torch",
+            "all-to-all alone",
+            "grouped GEMM alone",
+            "bound",
+            "ours",
+            "bound / ours",
+            "torch / ours",
+            "fastest candidate",
+        ],
+        rows,
+    )
+    layer_rows = []
+    for layer in doc["layers"]:
+        torch_us = layer["times"]["torch"]["median_us"]
+        for c in layer["configs"]:
+            if c.get("status") != "ok":
+                continue
+            us = c["times"]["median_us"]
+            layer_rows.append(
+                [
+                    layer["model"],
+                    str(layer["ep"]),
+                    str(layer["tokens"]),
+                    layer["routing"],
+                    c["config"],
+                    _t(torch_us),
+                    _t(us),
+                    _r(torch_us / us),
+                ]
+            )
+    layers_table = _table(
+        ["model", "EP", "tokens a rank", "routing", "ours", "torch µs", "ours µs", "torch / ours"], layer_rows
+    )
+    env = doc["environment"]
+    return (
+        f"{ops_table}\n\n{layers_table}\n\nµs a call, medians; bf16; the op rows' `ours` is the fastest candidate "
+        f"verified against float32; the layer rows are `MoELayer` forward + backward, calls back to back. "
+        f"{env['gpu_model']} × {doc['ops'][0]['ep'] if doc['ops'] else '?'}, torch {env['torch']}, NCCL {env['nccl']}; "
+        f"from `results/{name}`.\n"
+    )
+
+
 def train_step(root: Path) -> str:
     """Training steps of a transformers Llama model under tensor parallelism, torch's styles and ours:
     each variant against torch's TP in its faster mode (eager or compiled) and against async-TP, both
@@ -672,6 +753,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "cost-model": cost_model,
     "layers": layers,
     "layer-bound": layer_bound,
+    "moe": moe,
     "train-step": train_step,
     "graph-calls": graph_calls,
 }
