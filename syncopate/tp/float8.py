@@ -117,11 +117,14 @@ def async_tp8(kind: str, a8, b8, sa, sb, group) -> torch.Tensor:
         _, (out,) = torch.ops.symm_mem.fused_all_gather_scaled_matmul(
             a8, [b8], sa, [sb], 0, name, [None], [None], [OUT_DTYPE], [False]
         )
-        return out
-    shape = [a8.shape[0], b8.shape[1]]
-    return torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(
-        a8, b8, sa, sb, "sum", 0, 0, name, shape, out_dtype=OUT_DTYPE
-    )
+    else:
+        shape = [a8.shape[0], b8.shape[1]]
+        out = torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(
+            a8, b8, sa, sb, "sum", 0, 0, name, shape, out_dtype=OUT_DTYPE
+        )
+    # torch's ops may return a view of a buffer of theirs; autograd forbids changing in place (an
+    # input's accumulated gradient) a view made inside a custom Function, so such a view is copied
+    return out if out._base is None else out.clone()
 
 
 def check_dims(name: str, **dims: int) -> None:
