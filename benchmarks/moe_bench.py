@@ -380,7 +380,8 @@ def _all_to_all_autograd():
 
 def torch_layer(layer, x, group):
     """`layer`'s forward (router, SwiGLU experts) written with torch alone: the top-k, the counts'
-    all-to-all, the rows' all-to-all with autograd, torch._grouped_mm."""
+    all-to-all, the rows' all-to-all with autograd, torch._grouped_mm, and the gate-weighted top-k
+    sum as `MoELayer` takes it (one batched matmul in x's dtype, accumulated in float32)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -409,7 +410,7 @@ def torch_layer(layer, x, group):
     y = y.index_copy(0, by_expert, torch._grouped_mm(act, layer.w2, offs=offs))
     back = a2a(y, send_splits, recv_splits, group)
     pairs = torch.empty_like(back).index_copy(0, perm, back).view(x.shape[0], k, -1)
-    return (pairs.float() * weights.unsqueeze(-1)).sum(1).to(x.dtype)
+    return torch.bmm(weights.to(x.dtype).unsqueeze(1), pairs).squeeze(1)
 
 
 def run_layer(case: Case) -> dict:

@@ -110,3 +110,32 @@ def test_unfused_moe_ops_match_the_reference(ws):
             assert res["group_up_error"] < 1e-6 and res["group_down_error"] < 1e-6, (rank, case, res)
             empties += res["empty_experts"]
     assert empties > 0  # the skewed cases route no token to some experts
+
+
+def _bad_ids_worker(rank, ws, init, q):
+    from syncopate.errors import ConfigError
+    from syncopate.moe import exchange_layout
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    try:
+        messages = []
+        for bad in (torch.tensor([[0, 9], [1, 2]]), torch.tensor([[0, 1], [3, 3]])):
+            ids = bad if rank == 1 else torch.tensor([[0, 1], [2, 3]])
+            try:
+                exchange_layout(ids, 4, dist.group.WORLD)
+                messages.append("accepted")
+            except ConfigError as e:
+                messages.append(str(e))
+        q.put((rank, messages))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_bad_ids_on_one_rank_are_refused_on_every_rank():
+    """The ids' checks travel with the counts: every rank raises, naming the rank whose ids are
+    bad, and none is left waiting in the collective."""
+    got = dict(run_gloo(_bad_ids_worker, 2, timeout=60))
+    for rank in range(2):
+        span, repeat = got[rank]
+        assert "rank 1's expert ids span [0, 9]: accepted are 0 to 3 (4 experts)" in span, (rank, span)
+        assert "rank 1's expert ids repeat an expert within a token" in repeat, (rank, repeat)

@@ -167,3 +167,34 @@ def test_the_moe_benchmark_file_expands_into_cases(tmp_path):
     bad.write_text("ep: [2]\ntokens: [8]\nroutings: [{distribution: zipf}]\nmodels: {}\n")
     with pytest.raises(ConfigError, match="bad.yaml: unknown routing distribution 'zipf'"):
         load_moe_config(bad)
+
+
+def test_expert_orders_and_pair_tables_equal_their_definitions():
+    """The expert-side permutations made from block shifts equal the stable sort of the received
+    rows by local expert; `sorted_pairs`'s counts and flags equal bincount, min, max and a row-wise
+    repeat test, for routings with empty experts and ranks."""
+    from syncopate.moe.routing import _expert_orders, sorted_pairs
+
+    gen = torch.Generator().manual_seed(5)
+    for ws, el in ((1, 1), (2, 3), (4, 2)):
+        for _ in range(4):
+            recv = torch.randint(0, 4, (ws, el), generator=gen) * (torch.rand(ws, el, generator=gen) > 0.3)
+            labels = torch.arange(el).repeat(ws).repeat_interleave(recv.reshape(-1))
+            want = torch.sort(labels, stable=True).indices
+            got, got_inverse = _expert_orders(recv, torch.device("cpu"))
+            assert got.tolist() == want.tolist(), recv
+            assert got_inverse.tolist() == inverse(want).tolist(), recv
+    for ids, experts in (
+        (torch.tensor([[3, 0], [0, 2], [3, 1]]), 4),
+        (torch.tensor([[2, 2], [0, 1]]), 3),
+        (torch.tensor([[5], [-1], [0]]), 4),
+        (torch.empty(0, 2, dtype=torch.int64), 4),
+    ):
+        order, counts, flags = sorted_pairs(ids, experts)
+        flat = ids.reshape(-1)
+        assert order.tolist() == torch.sort(flat, stable=True).indices.tolist()
+        inside = flat[(flat >= 0) & (flat < experts)]
+        assert counts.tolist() == torch.bincount(inside, minlength=experts).tolist()
+        if ids.numel():
+            repeats = bool((ids.sort(1).values[:, 1:] == ids.sort(1).values[:, :-1]).any())
+            assert flags.tolist() == [int(flat.min()), int(flat.max()), int(repeats)]

@@ -7,7 +7,7 @@ W2 [El, F, H]. Forward on this rank's tokens x [T, H]:
 
     probs = softmax(scores)              scores given, or x @ gate.T
     weights, ids = top_k(probs); weights /= weights.sum(-1)
-    layout = exchange_layout(ids)        one all-to-all of counts
+    layout = exchange_layout(ids)        one all-gather of counts, the host's one wait
     h = dispatch_gemm(x, W1)             a2a_gemm
     out = gemm_combine(silu(h[:, :F]) * h[:, F:], W2, weights)   gemm_a2a
 

@@ -22,7 +22,14 @@ import torch
 import torch.distributed as dist
 
 from syncopate.errors import ConfigError, describe
-from syncopate.moe.routing import ExpertLayout, check_ids, expert_counts, expert_layout, to_device
+from syncopate.moe.routing import (
+    ExpertLayout,
+    check_id_tensor,
+    id_problem,
+    layout_tables,
+    sorted_pairs,
+    to_device,
+)
 from syncopate.search_space.moe_workload import MoeCandidate, check_moe_candidate
 
 __all__ = [
@@ -144,17 +151,30 @@ def all_to_all_rows(x: torch.Tensor, out_splits: list[int], in_splits: list[int]
 def exchange_layout(ids: torch.Tensor, experts: int, group) -> ExpertLayout:
     """This rank's `ExpertLayout` for routing `ids` [T, top_k] (collective): one all-gather of the
     per-expert counts tells each rank what it receives, and every rank what every rank receives
-    (the copy-engine plans write rows where the peer keeps them)."""
-    check_ids(ids, experts)
+    (the copy-engine plans write rows where the peer keeps them).
+
+    The host waits for the device once a routing: the ids' checks (range, repeats) travel with the
+    counts, so that every rank reads them with the one copy it needs anyway, and every rank refuses
+    a bad routing together (none is left waiting in the collective)."""
+    check_id_tensor(ids)
     ws, rank = dist.get_world_size(group), dist.get_rank(group)
     if experts % ws:
         raise ConfigError(f"experts={experts} is not divisible by world size {ws}: experts are spread evenly")
-    counts = expert_counts(ids, experts)
-    every = counts.new_empty((ws * experts,))
-    _ALL_GATHER(every, counts, group=group)
-    every = every.view(ws, experts).cpu()
+    order, counts, flags = sorted_pairs(ids, experts)
+    mine = torch.cat([counts, flags])
+    every = mine.new_empty((ws * mine.numel(),))
+    _ALL_GATHER(every, mine, group=group)
+    every = every.view(ws, mine.numel()).cpu()
+    for r in range(ws):
+        low, high, repeats = every[r, experts:].tolist()
+        problem = id_problem(low, high, repeats, experts)
+        if problem:
+            raise ConfigError(f"rank {r}'s {problem}")
+    every = every[:, :experts]
     el = experts // ws
-    return expert_layout(ids, experts, every[:, rank * el : (rank + 1) * el], counts=every)
+    return layout_tables(
+        ids, experts, order, every[rank], every[:, rank * el : (rank + 1) * el], counts=every
+    )
 
 
 def _check_rows(label: str, t: torch.Tensor, rows: int, width: int) -> None:
@@ -214,6 +234,57 @@ def _token_rows(layout: ExpertLayout) -> torch.Tensor:
     return rows
 
 
+class _Permute(torch.autograd.Function):
+    """Rows `x[perm]` whose gradient is the gather by the inverse permutation (what `x[perm]`'s
+    autograd does with a zero-filled buffer and an accumulating scatter)."""
+
+    @staticmethod
+    def forward(ctx, x, perm, perm_inverse):
+        ctx.perm_inverse = perm_inverse
+        return x.index_select(0, perm)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.index_select(0, ctx.perm_inverse), None, None
+
+
+def permute_rows(x: torch.Tensor, perm: torch.Tensor, perm_inverse: torch.Tensor) -> torch.Tensor:
+    """`x[perm]` for a permutation `perm` of x's rows, with autograd through `perm_inverse`."""
+    return _Permute.apply(x, perm, perm_inverse)
+
+
+class _TokenRows(torch.autograd.Function):
+    """Each pair's token row in send order; its gradient is the top_k pairs' rows summed per token
+    (gathered into token order, then summed with float32 accumulation: no scatter)."""
+
+    @staticmethod
+    def forward(ctx, x, layout):
+        ctx.layout = layout
+        return x.index_select(0, _token_rows(layout))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return token_sum(grad, ctx.layout), None
+
+
+def token_sum(rows: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
+    """[T, N]: each token's top_k rows of `rows` [T·top_k, N] (send order) summed."""
+    return token_pairs(rows, layout).sum(1)
+
+
+def token_pairs(rows: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
+    """`rows` [T·top_k, N] in send order as [T, top_k, N] in pair order (no autograd)."""
+    return rows.index_select(0, layout.order_inverse).view(layout.tokens, layout.top_k, -1)
+
+
+def weighted_sum(pairs: torch.Tensor, gate_weights: torch.Tensor) -> torch.Tensor:
+    """Σ_k gate[t, k] · pairs[t, k]: [T, H] in pairs' dtype, one batched matmul of the weights (in
+    that dtype) by the rows, accumulated in float32 (no float32 copy of the [T, top_k, H] rows).
+    Its autograd is that of the matmul (both gradients are matmuls)."""
+    w = gate_weights.to(pairs.dtype).unsqueeze(1)
+    return torch.bmm(w, pairs).squeeze(1)
+
+
 def dispatch_gemm(
     x: torch.Tensor,
     w1: torch.Tensor,
@@ -235,9 +306,10 @@ def dispatch_gemm(
         if _grad_wanted(x, w1):
             return _written(pipelined.dispatch_autograd(x, w1, layout, group, config), out)
         return pipelined.dispatch_rows(x, w1, layout, group, config, tokens=True, out=out)[0]
-    send = x[_token_rows(layout)]
+    send = _TokenRows.apply(x, layout)
     received = all_to_all_rows(send, layout.recv_splits, layout.send_splits, group)
-    h = grouped_mm(received[layout.expert_order], w1, layout.group_sizes, offsets=layout.offsets(x.device))
+    by_expert = permute_rows(received, layout.expert_order, layout.expert_order_inverse)
+    h = grouped_mm(by_expert, w1, layout.group_sizes, offsets=layout.offsets(x.device))
     return _written(h, out)
 
 
@@ -252,7 +324,8 @@ def gemm_combine(
 ) -> torch.Tensor:
     """`gemm_a2a`: each local expert's W2 [El, F, H] on its rows of h [R, F] (dispatch's row order),
     every output row back to its token's rank (all-to-all), and there the sum over a token's top_k
-    rows weighted by its gate weights [T, top_k] (in float32, then the rows' dtype): [T, H]."""
+    rows weighted by its gate weights [T, top_k] (`weighted_sum`: a matmul in the rows' dtype,
+    accumulated in float32): [T, H]."""
     _check_rows("h", h, layout.rows_received, h.shape[1] if h.dim() == 2 else -1)
     _check_weight("w2", w2, layout, h.shape[1])
     if tuple(gate_weights.shape) != (layout.tokens, layout.top_k):
@@ -267,8 +340,8 @@ def gemm_combine(
         if _grad_wanted(h, w2, gate_weights):
             return _written(pipelined.combine_autograd(h, w2, gate_weights, layout, group, config), out)
         return pipelined.combine(h, w2, gate_weights, layout, group, config, out=out)
-    y = grouped_mm(h, w2, layout.group_sizes, offsets=layout.offsets(h.device))[layout.expert_order_inverse]
+    y = grouped_mm(h, w2, layout.group_sizes, offsets=layout.offsets(h.device))
+    y = permute_rows(y, layout.expert_order_inverse, layout.expert_order)
     back = all_to_all_rows(y, layout.send_splits, layout.recv_splits, group)
-    pairs = back[layout.order_inverse].view(layout.tokens, layout.top_k, -1)
-    result = (pairs.float() * gate_weights.float().unsqueeze(-1)).sum(1).to(h.dtype)
-    return _written(result, out)
+    pairs = permute_rows(back, layout.order_inverse, layout.order).view(layout.tokens, layout.top_k, -1)
+    return _written(weighted_sum(pairs, gate_weights), out)

@@ -10,8 +10,8 @@
 - Combine (`gemm_a2a`): each peer's piece (its rows of h, gathered by position) is multiplied by
   W2 and posted as soon as that GEMM is enqueued, in exchange order; the own piece is computed
   last, into the own rows of the token side, while the last exchanges move; once every row is in,
-  the top_k rows of each token are summed in float32, weighted by the gate weights, as the
-  unfused op does (the same sum in the same order: the results agree with it).
+  the top_k rows of each token are summed, weighted by the gate weights, by the unfused op's
+  `weighted_sum` (the same sum in the same order: the results agree with it).
 
 The backward of each is the other's plan with the same config: the gradient of dispatch's rows
 is a combine (GEMM with W1ᵀ, then the rows back to their tokens, summed); that of combine's h a
@@ -30,7 +30,14 @@ import torch
 import torch.distributed as dist
 
 from syncopate.moe.exchange import open_exchange
-from syncopate.moe.ops import _token_rows, grouped_mm, grouped_weight_grad
+from syncopate.moe.ops import (
+    _token_rows,
+    grouped_mm,
+    grouped_weight_grad,
+    token_pairs,
+    token_sum,
+    weighted_sum,
+)
 from syncopate.moe.plan import Piece, PiecePlan, build_piece_plan
 from syncopate.moe.routing import ExpertLayout, to_device
 from syncopate.search_space.moe_workload import MoeCandidate
@@ -164,15 +171,6 @@ def combine_rows(
     return back
 
 
-def _pairs(back: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
-    return back[layout.order_inverse].view(layout.tokens, layout.top_k, -1)
-
-
-def _weighted_sum(pairs: torch.Tensor, gate_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Σ_k gate[t, k] · pairs[t, k] in float32, then `dtype`: the unfused op's sum."""
-    return (pairs.float() * gate_weights.float().unsqueeze(-1)).sum(1).to(dtype)
-
-
 def combine(
     h: torch.Tensor,
     w: torch.Tensor,
@@ -183,7 +181,7 @@ def combine(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The pipelined `gemm_a2a` without autograd: [T, H], written into `out` where given."""
-    result = _weighted_sum(_pairs(combine_rows(h, w, layout, group, config), layout), gate_weights, h.dtype)
+    result = weighted_sum(token_pairs(combine_rows(h, w, layout, group, config), layout), gate_weights)
     return result if out is None else out.copy_(result)
 
 
@@ -203,7 +201,7 @@ class _Dispatch(torch.autograd.Function):
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
             back = combine_rows(grad_h, w.transpose(1, 2), layout, group, config)
-            grad_x = _pairs(back, layout).float().sum(1).to(grad_h.dtype)
+            grad_x = token_sum(back, layout)
         if ctx.needs_input_grad[1]:
             grad_w = grouped_weight_grad(received[layout.expert_order], grad_h, layout.group_sizes)
         return grad_x, grad_w, None, None, None
@@ -212,21 +210,24 @@ class _Dispatch(torch.autograd.Function):
 class _Combine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, w, gate_weights, layout, group, config):
-        pairs = _pairs(combine_rows(h, w, layout, group, config), layout)
+        pairs = token_pairs(combine_rows(h, w, layout, group, config), layout)
         ctx.save_for_backward(h, w, gate_weights, pairs)
         ctx.meta = (layout, group, config)
-        return _weighted_sum(pairs, gate_weights, h.dtype)
+        return weighted_sum(pairs, gate_weights)
 
     @staticmethod
     def backward(ctx, grad_out):
+        """`weighted_sum`'s matmul gradients (as the unfused op's autograd takes them), then the
+        dispatch plan of the weighted rows with W2ᵀ."""
         h, w, gate_weights, pairs = ctx.saved_tensors
         layout, group, config = ctx.meta
-        g = grad_out.float().unsqueeze(1)
+        g = grad_out.unsqueeze(1)
+        gates = gate_weights.to(pairs.dtype).unsqueeze(1)
         grad_h = grad_w = grad_gates = None
         if ctx.needs_input_grad[2]:
-            grad_gates = (g * pairs.float()).sum(-1).to(gate_weights.dtype)
+            grad_gates = torch.bmm(g, pairs.transpose(1, 2)).squeeze(1).to(gate_weights.dtype)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            grad_pairs = (g * gate_weights.float().unsqueeze(-1)).to(h.dtype).view(-1, grad_out.shape[1])
+            grad_pairs = torch.bmm(gates.transpose(1, 2), g).view(-1, grad_out.shape[1])
             grad_h, grad_y = dispatch_rows(
                 grad_pairs,
                 w.transpose(1, 2),

@@ -37,11 +37,15 @@ from syncopate.search_space.moe_workload import RoutingSpec
 __all__ = [
     "ExpertLayout",
     "Routing",
+    "check_id_tensor",
     "check_ids",
     "draw_routing",
     "expert_counts",
     "expert_layout",
+    "id_problem",
     "inverse",
+    "layout_tables",
+    "sorted_pairs",
     "to_device",
 ]
 
@@ -97,22 +101,50 @@ class Routing:
         return expert_layout(self.expert_ids[rank], self.experts, recv_counts, counts=counts)
 
 
-def check_ids(ids: torch.Tensor, experts: int) -> None:
-    """Raise ConfigError unless `ids` is [tokens, top_k] of integers in [0, experts), distinct in a row."""
+def check_id_tensor(ids: torch.Tensor) -> None:
+    """Raise ConfigError unless `ids` is a [tokens, top_k] integer tensor (its values unread)."""
     if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise ConfigError(
             f"expert ids must be a [tokens, top_k] integer tensor, got {tuple(ids.shape)} {ids.dtype}"
         )
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= experts):
-        raise ConfigError(
-            f"expert ids span [{int(ids.min())}, {int(ids.max())}]: accepted are 0 to {experts - 1} ({experts} experts)"
-        )
-    if ids.shape[1] > 1 and ids.numel():
-        s = ids.sort(dim=1).values
-        if bool((s[:, 1:] == s[:, :-1]).any()):
-            raise ConfigError(
-                "expert ids repeat an expert within a token: a token's top_k experts are distinct"
-            )
+
+
+def id_problem(low: int, high: int, repeats: bool, experts: int) -> str | None:
+    """What is wrong with ids whose smallest is `low`, largest `high`, where `repeats` says whether a
+    token names an expert twice (`sorted_pairs`'s flags); None when nothing is."""
+    if low < 0 or high >= experts:
+        return f"expert ids span [{low}, {high}]: accepted are 0 to {experts - 1} ({experts} experts)"
+    if repeats:
+        return "expert ids repeat an expert within a token: a token's top_k experts are distinct"
+    return None
+
+
+def check_ids(ids: torch.Tensor, experts: int) -> None:
+    """Raise ConfigError unless `ids` is [tokens, top_k] of integers in [0, experts), distinct in a row."""
+    check_id_tensor(ids)
+    if ids.numel():
+        _, _, flags = sorted_pairs(ids, experts)
+        problem = id_problem(*flags.tolist(), experts)
+        if problem:
+            raise ConfigError(problem)
+
+
+def sorted_pairs(ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(`order`, the pairs per expert [E], flags [3] = (smallest id, largest id, 1 where a token
+    names an expert twice)), int64 on ids' device, without waiting for it: one stable sort gives
+    all three (the counts are the sorted ids' run lengths; a token's repeat is two equal ids of one
+    token side by side), so the values can be checked with the counts' one transfer to the host.
+    Ids outside [0, E) are not counted."""
+    tokens, top_k = ids.shape
+    flat = ids.reshape(-1).to(torch.int64)
+    keys, order = torch.sort(flat, stable=True)
+    bounds = torch.arange(experts + 1, dtype=torch.int64, device=ids.device)
+    counts = torch.searchsorted(keys, bounds).diff()
+    if not flat.numel():
+        return order, counts, torch.zeros(3, dtype=torch.int64, device=ids.device)
+    token = order // top_k
+    repeats = ((keys[1:] == keys[:-1]) & (token[1:] == token[:-1])).any()
+    return order, counts, torch.stack([keys[0], keys[-1], repeats.to(torch.int64)])
 
 
 def draw_routing(*, world_size: int, tokens: int, experts: int, top_k: int, spec: RoutingSpec) -> Routing:
@@ -153,9 +185,8 @@ def expert_counts(ids: torch.Tensor, experts: int) -> torch.Tensor:
 
 def inverse(perm: torch.Tensor) -> torch.Tensor:
     """The inverse of the permutation `perm`: `inverse(perm)[perm[i]] == i`."""
-    inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(perm.numel(), dtype=perm.dtype, device=perm.device)
-    return inv
+    arange = torch.arange(perm.numel(), dtype=perm.dtype, device=perm.device)
+    return torch.empty_like(perm).scatter_(0, perm, arange)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -217,7 +248,27 @@ def expert_layout(
     """The tables of the rank that routes `ids` [tokens, top_k] and receives `recv_counts` [ws, El]
     (the rows each source rank sends to each of this rank's experts); `counts` [ws, E], every
     rank's pairs per expert where known (the copy-engine plans need it)."""
-    check_ids(ids, experts)
+    check_id_tensor(ids)
+    order, own, flags = sorted_pairs(ids, experts)
+    if ids.numel():
+        problem = id_problem(*flags.tolist(), experts)
+        if problem:
+            raise ConfigError(problem)
+    return layout_tables(ids, experts, order, own.cpu(), recv_counts, counts=counts)
+
+
+def layout_tables(
+    ids: torch.Tensor,
+    experts: int,
+    order: torch.Tensor,
+    own: torch.Tensor,
+    recv_counts: torch.Tensor,
+    *,
+    counts: torch.Tensor | None = None,
+) -> ExpertLayout:
+    """The layout from `sorted_pairs`'s `order` (on ids' device) and the host's counts: `own` [E]
+    (this rank's pairs per expert), `recv_counts` [ws, El], `counts` [ws, E] or None. Reads nothing
+    back from the device: the expert-side permutations are made there from a few block tables."""
     ws, el = recv_counts.shape
     if ws * el != experts:
         raise ConfigError(
@@ -228,14 +279,8 @@ def expert_layout(
         if tuple(counts.shape) != (ws, experts):
             raise ConfigError(f"counts of shape {tuple(counts.shape)}: expected [{ws}, {experts}]")
     tokens, top_k = ids.shape
-    flat = ids.reshape(-1).to(torch.int64)
-    order = torch.sort(flat, stable=True).indices
-    own = expert_counts(flat, experts).cpu()
-    send_splits = own.view(ws, el).sum(1).tolist()
     recv_counts = recv_counts.to(torch.int64).cpu()
-    recv_splits = recv_counts.sum(1).tolist()
-    labels = torch.arange(el).repeat(ws).repeat_interleave(recv_counts.reshape(-1))
-    expert_order = torch.sort(labels, stable=True).indices.to(ids.device)
+    expert_order, expert_order_inverse = _expert_orders(recv_counts, ids.device)
     return ExpertLayout(
         experts=experts,
         world_size=ws,
@@ -243,11 +288,35 @@ def expert_layout(
         top_k=top_k,
         order=order,
         order_inverse=inverse(order),
-        send_splits=send_splits,
-        recv_splits=recv_splits,
+        send_splits=own.view(ws, el).sum(1).tolist(),
+        recv_splits=recv_counts.sum(1).tolist(),
         recv_counts=recv_counts,
         expert_order=expert_order,
-        expert_order_inverse=inverse(expert_order),
+        expert_order_inverse=expert_order_inverse,
         group_sizes=recv_counts.sum(0),
         counts=counts,
     )
+
+
+def _exclusive(sizes: torch.Tensor) -> torch.Tensor:
+    return torch.cumsum(sizes, 0) - sizes
+
+
+def _expert_orders(recv_counts: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`expert_order`, its inverse) on `device`. The received rows come in ws·El blocks (source
+    rank, then local expert), moved whole: a row's place is its block's new start plus its offset in
+    the block. Only the blocks' shifts cross to the device (one small copy); each permutation is
+    one repeat_interleave of told output size and an arange there."""
+    ws, el = recv_counts.shape
+    sizes = recv_counts.reshape(-1)  # by source, then expert
+    rows = sum(sizes.tolist())
+    source_start = _exclusive(sizes).view(ws, el)
+    by_expert = recv_counts.t().reshape(-1)  # the blocks by expert, then source
+    expert_start = _exclusive(by_expert).view(el, ws).t()
+    shift = (expert_start - source_start).reshape(-1)
+    table = torch.stack([-shift.view(ws, el).t().reshape(-1), by_expert, shift, sizes])
+    table = to_device(table, device)
+    arange = torch.arange(rows, dtype=torch.int64, device=device)
+    forward = torch.repeat_interleave(table[0], table[1], output_size=rows) + arange
+    backward = torch.repeat_interleave(table[2], table[3], output_size=rows) + arange
+    return forward, backward
