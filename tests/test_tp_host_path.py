@@ -314,3 +314,15 @@ def test_the_kept_transposed_weight_follows_every_change_of_the_weight(group, im
             said.append("the transposed view is kept through a dtype conversion")
         _check_follows(layer, x.bfloat16(), said, "a conversion to bfloat16", 0.1)
     assert not said, "\n".join(said)
+
+
+def test_a_torch_func_transform_meets_the_autograd_function_not_the_kept_transpose(group):
+    """A transform's wrapped weight keeps no storage: the layer transposes it per call, and the call
+    reaches the autograd function (which torch.func refuses without setup_context), as it did."""
+    from torch.func import functional_call, grad
+
+    layer = RowParallelLinear(6, 4, impl="torch")
+    x = torch.randn(4, 6)
+    params = {k: v.detach() for k, v in layer.named_parameters()}
+    with pytest.raises(RuntimeError, match="setup_context"):
+        grad(lambda p: functional_call(layer, p, (x,)).sum())(params)

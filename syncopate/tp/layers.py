@@ -570,10 +570,14 @@ class _ParallelLinear(torch.nn.Module):
         in-place updates (an optimizer step, load_state_dict) show through it; made again once the
         weight is another tensor or its storage, shape, strides or dtype changed (a parameter
         replaced, `.data` assigned). None (the caller transposes) while torch.compile traces the
-        call, and for a weight that is not a plain tensor (a subclass may keep no storage)."""
+        call, and for a weight that is not a plain tensor or keeps no storage of its own (a subclass,
+        a torch.func transform's wrapper)."""
         if type(weight) not in _PLAIN or torch.compiler.is_compiling():
             return None
-        key = (id(weight), weight.data_ptr(), weight.shape, weight.stride(), weight.dtype)
+        try:
+            key = (id(weight), weight.data_ptr(), weight.shape, weight.stride(), weight.dtype)
+        except RuntimeError:  # "Cannot access data pointer of Tensor that doesn't have storage"
+            return None
         kept = self._kept_t
         if kept is not None and kept[0] == key:
             return kept[1]
