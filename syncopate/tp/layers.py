@@ -557,7 +557,7 @@ class _ParallelLinear(torch.nn.Module):
         """Draw the bias (each layer its own way)."""
         raise NotImplementedError
 
-    def _operands(self) -> tuple:
+    def _params(self) -> tuple:
         """(weight, bias) as a call reads them: from `_parameters` where they are (`self.weight`
         goes through Module.__getattr__), else as attributes (a parametrization, say)."""
         params = self._parameters
@@ -566,7 +566,7 @@ class _ParallelLinear(torch.nn.Module):
         return weight, bias
 
     def _weight_t(self, weight) -> torch.Tensor | None:
-        """weight.t() for the fused ops' B, kept between calls: a view of the weight's storage, so
+        """weight.t() for the ops' B, kept between calls: a view of the weight's storage, so
         in-place updates (an optimizer step, load_state_dict) show through it; made again once the
         weight is another tensor or its storage, shape, strides or dtype changed (a parameter
         replaced, `.data` assigned). None (the caller transposes) while torch.compile traces the
@@ -708,7 +708,7 @@ class ColumnParallelLinear(_ParallelLinear):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, bias = self._operands()
+        weight, bias = self._params()
         if self.sequence_parallel:
             return _gather_linear(
                 x,
@@ -719,7 +719,7 @@ class ColumnParallelLinear(_ParallelLinear):
                 self.configs,
                 self.save_gathered,
                 self.float8,
-                self._weight_t(weight),
+                None if self.float8 else self._weight_t(weight),
             )
         return linear_all_reduce_grad(
             x, weight, bias, self.group, impl=self.impl, configs=self.configs, float8=self.float8
@@ -787,9 +787,10 @@ class RowParallelLinear(_ParallelLinear):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, bias = self._operands()
+        weight, bias = self._params()
         f = _linear_scatter if self.sequence_parallel else _linear_reduce
-        return f(x, weight, bias, self.group, self.impl, self.configs, self.float8, self._weight_t(weight))
+        wt = None if self.float8 else self._weight_t(weight)
+        return f(x, weight, bias, self.group, self.impl, self.configs, self.float8, wt)
 
 
 def sync_sequence_parallel_grads(params, group=None) -> None:
