@@ -212,6 +212,44 @@ def layer_cases(group, device: torch.device, dtype: torch.dtype, mnk: tuple[int,
     cases.append(
         ("RowParallelLinear(sp=False), fwd+bwd", None, grad_step(ar_t, h, dr), grad_step(ar_f, h, dr))
     )
+    # 3-D input ([s, b, h]): the output a view of the op's rows
+    x3 = torch.randn(tokens // ws // 2, 2, hidden, device=device, dtype=dtype)
+    cases.append(("ColumnParallelLinear 3-D, no grad", None, no_grad(col_t, x3), no_grad(col_f, x3)))
+    cases += style_cases(group, device, dtype, mnk)
+    return cases
+
+
+def style_cases(group, device: torch.device, dtype: torch.dtype, mnk: tuple[int, int, int]) -> list:
+    """(name, None, torch, ours) of an nn.Linear parallelized by `syncopate.tp`'s styles, forward
+    only: the same style with impl="torch" and impl="fused" (on CPU tensors the ops' custom ops)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from syncopate.tp import ColwiseParallel, RowwiseParallel
+
+    ws = dist.get_world_size(group)
+    mesh = DeviceMesh(device.type, list(range(ws)))
+    tokens, hidden, ffn = mnk
+    cases = []
+    for name, style, fin, fout in (
+        ("ColwiseParallel, no grad", ColwiseParallel, hidden, ffn),
+        ("RowwiseParallel, no grad", RowwiseParallel, ffn, hidden),
+    ):
+        made = []
+        for impl in ("torch", "fused"):
+            torch.manual_seed(0)
+            linear = torch.nn.Linear(fin, fout, device=device, dtype=dtype)
+            made.append(parallelize_module(linear, mesh, style(impl=impl)))
+        x = torch.randn(tokens, fin // ws if style is RowwiseParallel else fin, device=device, dtype=dtype)
+
+        def forward(linear, x=x):
+            def call():
+                with torch.no_grad():
+                    return linear(x)
+
+            return call
+
+        cases.append((name, None, forward(made[0]), forward(made[1])))
     return cases
 
 

@@ -33,4 +33,7 @@ def test_the_call_overhead_benchmark_runs_on_the_cpu():
         "matmul_all_reduce",
         "ColumnParallelLinear, fwd+bwd",
         "RowParallelLinear(sp=False), fwd+bwd",
+        "ColumnParallelLinear 3-D, no grad",
+        "ColwiseParallel, no grad",
+        "RowwiseParallel, no grad",
     } <= rows, done.stdout

@@ -1,7 +1,8 @@
 """Layer: CPU, one process, a gloo group of one rank. The per-call checks of `syncopate.tp`'s
-functions (impl="torch"): each bad argument is named in one ConfigError, x of any rank and layout
-gives the linear's result and its gradients, and under autocast the operands are cast to its dtype
-first (the checks read the autocast state of the operands' device on every call)."""
+functions (impl="torch"): each bad argument is named in one ConfigError, with grad and under no_grad
+alike, x of any rank and layout gives the linear's result and its gradients, and under autocast the
+operands are cast to its dtype first (the checks read the autocast state of the operands' device on
+every call)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ def group(tmp_path):
     dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
 @pytest.mark.parametrize("f", FUNCTIONS, ids=lambda f: f.__name__)
-def test_each_bad_argument_is_named(group, f):
+def test_each_bad_argument_is_named(group, f, grad):
     x, w, b = torch.randn(4, 6), torch.randn(3, 6), torch.randn(3)
     name = f.__name__
     cases = {
@@ -44,7 +46,10 @@ def test_each_bad_argument_is_named(group, f):
         "configs must be a dict keyed by op kind": (x, w, b, {"configs": ["ag_gemm"]}),
     }
     for message, (xx, ww, bb, kwargs) in [*cases.items(), *unnamed.items()]:
-        with pytest.raises(ConfigError, match=f"^{name}: {message}" if message in cases else f"^{message}"):
+        with (
+            torch.set_grad_enabled(grad),  # a forward-only call skips the autograd function, not a check
+            pytest.raises(ConfigError, match=f"^{name}: {message}" if message in cases else f"^{message}"),
+        ):
             f(xx, ww, bb, group, **{"impl": "torch", **kwargs})
 
 

@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from syncopate.errors import ConfigError, describe
+from syncopate.kernels import ops
 from syncopate.kernels.library import OP_NAMES, all_gather_rows, config_text, register, unfused
 from syncopate.tp.float8 import apply as float8_apply
 from syncopate.tp.float8 import check_dims, check_impl
@@ -75,6 +76,10 @@ _KIND_SET = frozenset(KINDS)
 _ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
 """Whether autocast is on for any device (torch's own cheap test, where it has it): only then is the
 operands' device type asked for its own."""
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+"""The weight types whose transposed view a layer keeps between calls (`_ParallelLinear._weight_t`)."""
 
 
 def _checked_impl(impl: str) -> str:
@@ -140,8 +145,6 @@ def _gather_mm(x, b, group, impl, config, gathered: bool):
         result = _custom_op("ag_gemm", x, b, group, config, gathered)
         return tuple(result) if gathered else (result, None)
     if impl == "fused":
-        from syncopate.kernels import ops
-
         result = ops.all_gather_matmul(x, b, group, config, return_gathered=gathered)
         return result if gathered else (result, None)
     if impl == "async_tp":
@@ -158,8 +161,6 @@ def _mm_scatter(a, b, group, impl, config):
     if impl == "ops":
         return _custom_op("gemm_rs", a, b, group, config)
     if impl == "fused":
-        from syncopate.kernels import ops
-
         return ops.matmul_reduce_scatter(a, b, group, config)
     if impl == "async_tp":
         name = _symm_mem_group(group)
@@ -172,8 +173,6 @@ def _mm_reduce(a, b, group, impl, config):
     if impl == "ops":
         return _custom_op("gemm_ar", a, b, group, config)
     if impl == "fused":
-        from syncopate.kernels import ops
-
         return ops.matmul_all_reduce(a, b, group, config)
     return unfused("gemm_ar", a, b, group)
 
@@ -200,13 +199,13 @@ class _GatherLinear(torch.autograd.Function):
     """all_gather(x) @ W.T + b; dx = reduce_scatter(dy @ W), dW = dy.T @ all_gather(x).
 
     `keep`: the weight's gradient will be asked for (needs_input_grad says so under no_grad too);
-    `save_gathered`: keep the gathered x for it (else keep the shard and gather it again then)."""
+    `save_gathered`: keep the gathered x for it (else keep the shard and gather it again then);
+    `wt`: weight.t() where the caller keeps it (`_ParallelLinear._weight_t`), else None."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, impl, configs, keep, save_gathered):
-        out, x_full = _gather_mm(
-            x, weight.t(), group, impl, configs.get("ag_gemm"), gathered=keep and save_gathered
-        )
+    def forward(ctx, x, weight, bias, group, impl, configs, keep, save_gathered, wt=None):
+        b = weight.t() if wt is None else wt
+        out, x_full = _gather_mm(x, b, group, impl, configs.get("ag_gemm"), gathered=keep and save_gathered)
         out = _add_bias(out, bias)
         ctx.save_for_backward(x_full if save_gathered else x, weight)
         ctx.setup = (group, impl, configs, save_gathered)
@@ -220,15 +219,15 @@ class _GatherLinear(torch.autograd.Function):
         dx = _mm_scatter(dy, weight, group, impl, configs.get("gemm_rs")) if ctx.needs_input_grad[0] else None
         if ctx.needs_input_grad[1] and not save_gathered:
             x_saved = all_gather_rows(x_saved, group)
-        return dx, *_weight_grads(ctx, dy, x_saved), None, None, None, None, None
+        return dx, *_weight_grads(ctx, dy, x_saved), None, None, None, None, None, None
 
 
 class _LinearScatter(torch.autograd.Function):
     """reduce_scatter(x @ W.T) + b; dx = all_gather(dy) @ W, dW = all_gather(dy).T @ x, db = Σ all_gather(dy)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, impl, configs):
-        out = _mm_scatter(x, weight.t(), group, impl, configs.get("gemm_rs"))
+    def forward(ctx, x, weight, bias, group, impl, configs, wt=None):
+        out = _mm_scatter(x, weight.t() if wt is None else wt, group, impl, configs.get("gemm_rs"))
         out = _add_bias(out, bias)
         ctx.save_for_backward(x, weight)
         ctx.setup = (group, impl, configs)
@@ -245,15 +244,15 @@ class _LinearScatter(torch.autograd.Function):
             dx, dy_full = _gather_mm(dy, weight, group, impl, configs.get("ag_gemm"), gathered=keep)
         elif keep:
             dy_full = all_gather_rows(dy, group)
-        return dx, *_weight_grads(ctx, dy_full, x), None, None, None
+        return dx, *_weight_grads(ctx, dy_full, x), None, None, None, None
 
 
 class _LinearReduce(torch.autograd.Function):
     """all_reduce(x @ W.T) + b; the gradients are local."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, impl, configs):
-        out = _mm_reduce(x, weight.t(), group, impl, configs.get("gemm_ar"))
+    def forward(ctx, x, weight, bias, group, impl, configs, wt=None):
+        out = _mm_reduce(x, weight.t() if wt is None else wt, group, impl, configs.get("gemm_ar"))
         out = _add_bias(out, bias)
         ctx.save_for_backward(x, weight)
         return out
@@ -263,7 +262,7 @@ class _LinearReduce(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         dy = dy.contiguous()
         dx = dy @ weight if ctx.needs_input_grad[0] else None
-        return dx, *_weight_grads(ctx, dy, x), None, None, None
+        return dx, *_weight_grads(ctx, dy, x), None, None, None, None
 
 
 class _LinearReduceGrad(torch.autograd.Function):
@@ -288,8 +287,9 @@ class _LinearReduceGrad(torch.autograd.Function):
 # --- public functions on sequence-first tensors ------------------------------------------------------------
 
 
-def _operands(name: str, x, weight, bias, impl, configs):
-    """x, weight and bias checked, cast to the autocast dtype where autocast is on, x as 2-D rows.
+def _operands(name: str, x, weight, bias, impl, configs, wt=None):
+    """x, weight and bias checked, cast to the autocast dtype where autocast is on, x as 2-D rows;
+    `wt` (the weight transposed, kept by a layer) is dropped where autocast casts the weight.
     Every call checks them all (they are a handful of attribute reads; a call's tensors are new)."""
     impl = _checked_impl(impl)
     configs = _checked_configs(configs)
@@ -310,7 +310,7 @@ def _operands(name: str, x, weight, bias, impl, configs):
         raise ConfigError(f"{name}: bias must be a torch.Tensor or None, got {describe(bias)}")
     if (_ANY_AUTOCAST is None or _ANY_AUTOCAST()) and torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
-        x, weight = x.to(dtype), weight.to(dtype)
+        x, weight, wt = x.to(dtype), weight.to(dtype), None
         bias = bias.to(dtype) if bias is not None else None
     dtype = x.dtype
     if weight.dtype != dtype or (bias is not None and bias.dtype != dtype):
@@ -320,12 +320,24 @@ def _operands(name: str, x, weight, bias, impl, configs):
             f"torch.autocast"
         )
     rows = x.contiguous() if dims == 2 else x.reshape(-1, x.shape[-1]).contiguous()
-    return rows, weight, bias, impl, configs
+    return rows, weight, bias, impl, configs, wt
 
 
 def _check_bias(name: str, bias, size: int) -> None:
     if bias is not None and bias.shape != (size,):
         raise ConfigError(f"{name}: bias must have shape ({size},), got {tuple(bias.shape)}")
+
+
+def _untracked(x: torch.Tensor, weight: torch.Tensor, bias) -> bool:
+    """Whether autograd records nothing of a call (grad off, or none of its operands requires it)
+    and torch.compile is not tracing it. Such a call runs its op and adds the bias as its autograd
+    function's forward would, without the function around them (whose apply costs more host time
+    than the rest of a small call); a traced one keeps the function, as the compiled graphs expect."""
+    if torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    ):
+        return False
+    return not torch.compiler.is_compiling()
 
 
 def all_gather_linear(
@@ -349,14 +361,26 @@ def all_gather_linear(
     after the input gradient's op. `float8`: its GEMMs on FP8 operands (`syncopate.tp.float8`; x's
     shard kept, `save_gathered` aside).
     """
-    rows, weight, bias, impl, configs = _operands("all_gather_linear", x, weight, bias, impl, configs)
+    return _gather_linear(x, weight, bias, group, impl, configs, save_gathered, float8, None)
+
+
+def _gather_linear(x, weight, bias, group, impl, configs, save_gathered, float8, wt):
+    """`all_gather_linear`, `wt` weight.t() or None (the layers' path to it: arguments by position)."""
+    rows, weight, bias, impl, configs, wt = _operands("all_gather_linear", x, weight, bias, impl, configs, wt)
     _check_bias("all_gather_linear", bias, weight.shape[0])
     ws = _world(group)
     if _checked_float8("all_gather_linear", float8):
         out = float8_apply("all_gather_linear", "gather", rows, weight, bias, group, impl, configs)
-        return out.view(x.shape[0] * ws, *x.shape[1:-1], weight.shape[0])
-    keep = torch.is_grad_enabled() and weight.requires_grad
-    out = _GatherLinear.apply(rows, weight, bias, group, impl, configs, keep, bool(save_gathered))
+    elif _untracked(rows, weight, bias):
+        b = weight.t() if wt is None else wt
+        out = _gather_mm(rows, b, group, impl, configs.get("ag_gemm"), False)[0]
+        if bias is not None:
+            out.add_(bias)
+    else:
+        keep = torch.is_grad_enabled() and weight.requires_grad
+        out = _GatherLinear.apply(rows, weight, bias, group, impl, configs, keep, bool(save_gathered), wt)
+    if x.dim() == 2:
+        return out
     return out.view(x.shape[0] * ws, *x.shape[1:-1], weight.shape[0])
 
 
@@ -378,7 +402,14 @@ def linear_reduce_scatter(
     every rank (`all_gather_matmul`), and the weight's and bias's gradients are over the whole sequence.
     `float8`: its GEMMs on FP8 operands (`syncopate.tp.float8`).
     """
-    rows, weight, bias, impl, configs = _operands("linear_reduce_scatter", x, weight, bias, impl, configs)
+    return _linear_scatter(x, weight, bias, group, impl, configs, float8, None)
+
+
+def _linear_scatter(x, weight, bias, group, impl, configs, float8, wt):
+    """`linear_reduce_scatter`, `wt` weight.t() or None."""
+    rows, weight, bias, impl, configs, wt = _operands(
+        "linear_reduce_scatter", x, weight, bias, impl, configs, wt
+    )
     _check_bias("linear_reduce_scatter", bias, weight.shape[0])
     ws = _world(group)
     if x.shape[0] % ws:
@@ -388,8 +419,14 @@ def linear_reduce_scatter(
         )
     if _checked_float8("linear_reduce_scatter", float8):
         out = float8_apply("linear_reduce_scatter", "scatter", rows, weight, bias, group, impl, configs)
+    elif _untracked(rows, weight, bias):
+        out = _mm_scatter(rows, weight.t() if wt is None else wt, group, impl, configs.get("gemm_rs"))
+        if bias is not None:
+            out.add_(bias)
     else:
-        out = _LinearScatter.apply(rows, weight, bias, group, impl, configs)
+        out = _LinearScatter.apply(rows, weight, bias, group, impl, configs, wt)
+    if x.dim() == 2:
+        return out
     return out.view(x.shape[0] // ws, *x.shape[1:-1], weight.shape[0])
 
 
@@ -409,13 +446,24 @@ def linear_all_reduce(
     [..., out], the sum over ranks, on every rank. The gradients are local. `float8`: its GEMMs on
     FP8 operands (`syncopate.tp.float8`).
     """
-    rows, weight, bias, impl, configs = _operands("linear_all_reduce", x, weight, bias, impl, configs)
+    return _linear_reduce(x, weight, bias, group, impl, configs, float8, None)
+
+
+def _linear_reduce(x, weight, bias, group, impl, configs, float8, wt):
+    """`linear_all_reduce`, `wt` weight.t() or None."""
+    rows, weight, bias, impl, configs, wt = _operands("linear_all_reduce", x, weight, bias, impl, configs, wt)
     _check_bias("linear_all_reduce", bias, weight.shape[0])
     _world(group)
     if _checked_float8("linear_all_reduce", float8):
         out = float8_apply("linear_all_reduce", "reduce", rows, weight, bias, group, impl, configs)
+    elif _untracked(rows, weight, bias):
+        out = _mm_reduce(rows, weight.t() if wt is None else wt, group, impl, configs.get("gemm_ar"))
+        if bias is not None:
+            out.add_(bias)
     else:
-        out = _LinearReduce.apply(rows, weight, bias, group, impl, configs)
+        out = _LinearReduce.apply(rows, weight, bias, group, impl, configs, wt)
+    if x.dim() == 2:
+        return out
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -435,13 +483,17 @@ def linear_all_reduce_grad(
     [..., out/ws]. Its input gradient is summed over ranks (`matmul_all_reduce`). `float8`: its
     GEMMs on FP8 operands (`syncopate.tp.float8`).
     """
-    rows, weight, bias, impl, configs = _operands("linear_all_reduce_grad", x, weight, bias, impl, configs)
+    rows, weight, bias, impl, configs, _ = _operands("linear_all_reduce_grad", x, weight, bias, impl, configs)
     _check_bias("linear_all_reduce_grad", bias, weight.shape[0])
     _world(group)
     if _checked_float8("linear_all_reduce_grad", float8):
         out = float8_apply("linear_all_reduce_grad", "reduce_grad", rows, weight, bias, group, impl, configs)
+    elif _untracked(rows, weight, bias):
+        out = torch.nn.functional.linear(rows, weight, bias)
     else:
         out = _LinearReduceGrad.apply(rows, weight, bias, group, impl, configs)
+    if x.dim() == 2:
+        return out
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -449,6 +501,9 @@ def linear_all_reduce_grad(
 
 
 class _ParallelLinear(torch.nn.Module):
+    _kept_t: tuple | None = None
+    """(key, weight.t()) of the last call (`_weight_t`)."""
+
     def __init__(
         self,
         in_features: int,
@@ -501,6 +556,44 @@ class _ParallelLinear(torch.nn.Module):
     def _reset_bias(self, bound: float) -> None:
         """Draw the bias (each layer its own way)."""
         raise NotImplementedError
+
+    def _params(self) -> tuple:
+        """(weight, bias) as a call reads them: from `_parameters` where they are (`self.weight`
+        goes through Module.__getattr__), else as attributes (a parametrization, say)."""
+        params = self._parameters
+        weight = params["weight"] if "weight" in params else self.weight
+        bias = params["bias"] if "bias" in params else self.bias
+        return weight, bias
+
+    def _weight_t(self, weight) -> torch.Tensor | None:
+        """weight.t() for the ops' B, kept between calls: a view of the weight's storage, so
+        in-place updates (an optimizer step, load_state_dict) show through it; made again once the
+        weight is another tensor or its storage, shape, strides or dtype changed (a parameter
+        replaced, `.data` assigned). None (the caller transposes) while torch.compile traces the
+        call, and for a weight that is not a plain tensor or keeps no storage of its own (a subclass,
+        a torch.func transform's wrapper)."""
+        if type(weight) not in _PLAIN or torch.compiler.is_compiling():
+            return None
+        try:
+            key = (id(weight), weight.data_ptr(), weight.shape, weight.stride(), weight.dtype)
+        except RuntimeError:  # "Cannot access data pointer of Tensor that doesn't have storage"
+            return None
+        kept = self._kept_t
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        wt = weight.detach().t()
+        self.__dict__["_kept_t"] = (key, wt)
+        return wt
+
+    def register_parameter(self, name: str, param) -> None:
+        """Module's, dropping the kept weight.t() (which would otherwise hold the old storage)."""
+        self.__dict__["_kept_t"] = None
+        super().register_parameter(name, param)
+
+    def _apply(self, fn, recurse: bool = True):
+        """Module's (`to`, `half`, ...), dropping the kept weight.t() first."""
+        self.__dict__["_kept_t"] = None
+        return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
         return (
@@ -615,19 +708,21 @@ class ColumnParallelLinear(_ParallelLinear):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, bias = self._params()
         if self.sequence_parallel:
-            return all_gather_linear(
+            return _gather_linear(
                 x,
-                self.weight,
-                self.bias,
+                weight,
+                bias,
                 self.group,
-                impl=self.impl,
-                configs=self.configs,
-                save_gathered=self.save_gathered,
-                float8=self.float8,
+                self.impl,
+                self.configs,
+                self.save_gathered,
+                self.float8,
+                None if self.float8 else self._weight_t(weight),
             )
         return linear_all_reduce_grad(
-            x, self.weight, self.bias, self.group, impl=self.impl, configs=self.configs, float8=self.float8
+            x, weight, bias, self.group, impl=self.impl, configs=self.configs, float8=self.float8
         )
 
 
@@ -692,10 +787,10 @@ class RowParallelLinear(_ParallelLinear):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        f = linear_reduce_scatter if self.sequence_parallel else linear_all_reduce
-        return f(
-            x, self.weight, self.bias, self.group, impl=self.impl, configs=self.configs, float8=self.float8
-        )
+        weight, bias = self._params()
+        f = _linear_scatter if self.sequence_parallel else _linear_reduce
+        wt = None if self.float8 else self._weight_t(weight)
+        return f(x, weight, bias, self.group, self.impl, self.configs, self.float8, wt)
 
 
 def sync_sequence_parallel_grads(params, group=None) -> None:

@@ -153,6 +153,22 @@ def _local(t):
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def _local_params(module: nn.Module) -> tuple:
+    """(weight, bias) of a parallelized linear as this rank's local tensors. Read from `_parameters`
+    where they are (`module.weight` goes through Module.__getattr__); under no_grad, not traced, each
+    DTensor's own local tensor (what `to_local` gives there, less the fresh view it wraps a
+    parameter's in), else `to_local`, autograd's path back to the DTensor parameter."""
+    params = module._parameters
+    weight = params["weight"] if "weight" in params else module.weight
+    bias = params["bias"] if "bias" in params else module.bias
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return _local(weight), _local(bias)
+    return (
+        weight._local_tensor if isinstance(weight, DTensor) else weight,
+        bias._local_tensor if isinstance(bias, DTensor) else bias,
+    )
+
+
 @functools.cache
 def _swapped_class(mixin: type, cls: type) -> type:
     """The class a parallelized module takes: `cls` with the style's forward (as FSDP2's fully_shard
@@ -308,7 +324,7 @@ class _MergeGroup:
 class _Colwise:
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         plan: _Plan = self._syncopate_tp
-        weight, bias = _local(self.weight), _local(self.bias)
+        weight, bias = _local_params(self)
         x, layout = input, plan.input_layout
         if isinstance(x, DTensor):
             layout = x.placements[0]
@@ -465,7 +481,7 @@ class ColwiseParallel(ParallelStyle):
 class _Rowwise:
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         plan: _Plan = self._syncopate_tp
-        weight, bias = _local(self.weight), _local(self.bias)
+        weight, bias = _local_params(self)
         x = input
         if isinstance(x, DTensor):
             if not (isinstance(x.placements[0], Shard) and x.placements[0].dim in (-1, x.ndim - 1)):
