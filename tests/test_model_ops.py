@@ -248,6 +248,25 @@ def test_the_layer_check_names_each_mode_and_pass_the_tuned_layer_loses():
     assert "no slower" in layer_verdicts(result)[0]
 
 
+def test_the_layer_check_says_what_overlap_can_win_where_the_bound_is_measured():
+    from syncopate.cli.tune_model_cmds import bound_lines
+
+    result = {
+        "results": {
+            "torch": {"graph/forward_backward": 4373.5, "eager/forward": 1519.8},
+            "syncopate": {"graph/forward_backward": 4061.7, "eager/forward": 1263.3},
+            "bound": {"graph/forward_backward": 3855.7},
+        }
+    }
+    assert bound_lines(result) == [
+        "graph/forward_backward: without communication the layer takes 3855.7 µs: overlap can make it at most "
+        "1.134x torch's path; the tuned layer is at 0.949 of that bound"
+    ]
+    assert (
+        bound_lines({"results": {"torch": {"graph/forward": 1.0}, "syncopate": {"graph/forward": 1.0}}}) == []
+    )
+
+
 def test_the_lookup_table_shows_the_time_the_answer_was_ranked_by(tmp_path, db):
     """In mode eager the served trial's back-to-back eager time, in mode graph its device time."""
     from rich.console import Console

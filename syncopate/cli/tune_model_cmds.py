@@ -31,7 +31,7 @@ from rich.table import Table
 from syncopate.cli import app, console, tune_cmds  # noqa: F401  (tune_cmds registers `tune`, extended here)
 from syncopate.errors import ConfigError
 
-__all__ = ["check_layer", "extend_tune", "layer_verdicts", "model_sweep"]
+__all__ = ["bound_lines", "check_layer", "extend_tune", "layer_verdicts", "model_sweep"]
 
 _OPTIONS = {
     "model": (
@@ -414,9 +414,26 @@ def check_layer(spec, layer: str, tp: int, tokens: int, sequence_parallel: bool,
     out = console()
     out.print(f"\nthe {layer} layer with what lookup serves now (µs an iteration):", highlight=False)
     out.print(format_layer_table(result), highlight=False, markup=False)
-    for line in layer_verdicts(result):
+    for line in [*layer_verdicts(result), *bound_lines(result)]:
         out.print(line, highlight=False)
     return result
+
+
+def bound_lines(result: dict) -> list[str]:
+    """A line for each mode/pass with the layer's bound measured (the layer without its
+    communication): the most any overlap could gain over torch's path there, and how close the
+    tuned layer comes, so that a target above the first is seen to be out of overlap's reach."""
+    res = result["results"]
+    ours, bound, torch_path = (res.get(k, {}) for k in ("syncopate", "bound", "torch"))
+    lines = []
+    for key, us in sorted(bound.items()):
+        if "/" not in key or not us or not ours.get(key) or not torch_path.get(key):
+            continue
+        lines.append(
+            f"{key}: without communication the layer takes {us:.1f} µs: overlap can make it at most "
+            f"{torch_path[key] / us:.3f}x torch's path; the tuned layer is at {us / ours[key]:.3f} of that bound"
+        )
+    return lines
 
 
 def layer_verdicts(result: dict) -> list[str]:
