@@ -15,6 +15,7 @@ turns on the GPU). The shapes are global (M, N, K); rank 0 prints.
     python benchmarks/op_host.py --ranks 2              # two ranks, with transfers
     python benchmarks/op_host.py lookup --case ag_gemm:1024x4096x4096   # that op and shape, looked-up config
     python benchmarks/op_host.py torch --ranks 4        # torch's unfused path, for comparison
+    python benchmarks/op_host.py --ranks 4 --launch graph   # calls replayed from their own graphs
     OP_HOST_PROFILE=FILE python benchmarks/op_host.py   # also 20 calls a case under cProfile, into FILE
 """
 
@@ -141,7 +142,9 @@ def case(
             op(a, b)
         batches.append((time.perf_counter() - t0) / 20 * 1e6)
         torch.cuda.synchronize()
-    label = "torch" if torch_only else f"{candidate.template}/s{candidate.num_splits}"
+    label = (
+        "torch" if torch_only else f"{candidate.template}/s{candidate.num_splits} {syncopate.get_launch()}"
+    )
     profile_to = os.environ.get("OP_HOST_PROFILE")
     if profile_to:  # where a call's host time goes: 20 calls under cProfile, appended to that file
         profiler = cProfile.Profile()
@@ -184,8 +187,9 @@ def case(
     )
 
 
-def run_rank(rank: int, world: int, port: int, what: str, shared: bool, cases, results) -> None:
+def run_rank(rank: int, world: int, port: int, what: str, shared: bool, cases, launch: str, results) -> None:
     dev = join_group(rank, world, port, shared_gpu=shared)
+    syncopate.set_launch(launch)
     try:
         lines = []
         for kind, shape in cases:
@@ -222,6 +226,13 @@ def main(argv: list[str] | None = None) -> int:
         help="time this op and global shape instead of the default three (repeatable), "
         "e.g. ag_gemm:1024x4096x4096",
     )
+    parser.add_argument(
+        "--launch",
+        choices=["direct", "graph", "auto"],
+        default="direct",
+        help="how the fused calls are launched (syncopate.set_launch): operation by operation (default), "
+        "replayed from their own CUDA graphs, or auto",
+    )
     args = parser.parse_args(argv)
     cases = CASES
     if args.case:
@@ -244,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"op_host: --ranks {args.ranks}: give 1 or more", file=sys.stderr)
         return 2
     if args.ranks == 1:
-        run_rank(0, 1, free_port(), args.what, False, cases, queue.SimpleQueue())
+        run_rank(0, 1, free_port(), args.what, False, cases, args.launch, queue.SimpleQueue())
         return 0
     shared = torch.cuda.device_count() < args.ranks
     if shared:
@@ -252,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             f"op_host: {torch.cuda.device_count()} GPU(s) for {args.ranks} ranks: all on GPU 0, host time only",
             flush=True,
         )
-    spawn_ranks(run_rank, args.ranks, (args.what, shared, cases), what="op_host rank")
+    spawn_ranks(run_rank, args.ranks, (args.what, shared, cases, args.launch), what="op_host rank")
     return 0
 
 
