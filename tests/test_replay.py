@@ -75,7 +75,24 @@ def test_the_first_call_is_direct_then_each_new_address_set_is_captured_once(log
     assert calls.captures == 2 and len(calls.graphs) == 2
 
 
-def test_a_program_keeps_its_most_recently_used_graphs(log):
+def test_a_program_whose_addresses_never_repeat_is_told_to_launch_directly(log, monkeypatch, caplog):
+    monkeypatch.setattr(replay, "GRAPHS", 3)
+    calls = replay.ReplayedCalls(_Program(log))
+    b, out = torch.empty(4), torch.empty(4)
+    inputs = _tensors(6)
+    calls(inputs[0], b, out)  # direct
+    with caplog.at_level("WARNING", logger="syncopate.kernels.replay"):
+        for a in inputs[:3]:
+            calls(a, b, out)
+        assert not caplog.records
+        calls(inputs[3], b, out)
+        calls(inputs[4], b, out)
+    assert len(caplog.records) == 1 and "set_launch('direct')" in caplog.records[0].getMessage()
+    assert len(calls.graphs) == 3
+
+
+def test_a_program_keeps_its_most_recently_used_graphs(log, monkeypatch):
+    monkeypatch.setattr(replay, "GRAPHS", 8)
     program = _Program(log)
     calls = replay.ReplayedCalls(program)
     b = torch.empty(4)

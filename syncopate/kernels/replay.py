@@ -26,13 +26,19 @@ where the stream ran dry on more than half of the samples on some rank.
 from __future__ import annotations
 
 import collections
+import logging
 
 import torch
 
+log = logging.getLogger(__name__)
+
 __all__ = ["GRAPHS", "LAUNCHES", "SAMPLES", "WARM", "LaunchChoice", "ReplayedCalls", "replayable"]
 
-GRAPHS = 8
-"""Graphs a program keeps, one per set of addresses; the least recently used goes first."""
+GRAPHS = 256
+"""Graphs a program keeps, one per set of addresses; the least recently used goes first. A program
+serves every layer of its shapes (a model's layers share them), each layer's activations at
+addresses of their own, so a step needs about one graph a layer; a graph costs little memory (its
+calls allocate nothing) and one capture."""
 
 LAUNCHES = ("auto", "graph", "direct")
 """How a fused call made outside a CUDA graph capture is launched (`syncopate.kernels.ops.set_launch`):
@@ -85,8 +91,16 @@ class ReplayedCalls:
         graph = self.graphs.pop(key, None)
         if graph is None:
             graph = self._capture(a, b, out, gathered)
-            while len(self.graphs) >= GRAPHS:
-                self.graphs.popitem(last=False)  # a graph in flight is freed when it ends
+            if len(self.graphs) >= GRAPHS:
+                if self.captures == GRAPHS + 1:
+                    log.warning(
+                        "a fused call's program has captured %d graphs: the job's tensors keep landing at new "
+                        "addresses, so each call pays a capture; call syncopate.set_launch('direct') on every "
+                        "rank for such a job",
+                        GRAPHS + 1,
+                    )
+                while len(self.graphs) >= GRAPHS:
+                    self.graphs.popitem(last=False)  # a graph in flight is freed when it ends
         self.graphs[key] = graph
         graph.replay()
 
