@@ -179,3 +179,23 @@ def test_auto_samples_then_the_group_decides_once(log, monkeypatch):
             assert log[-1] == "replay" and ("capture", a.data_ptr(), out.data_ptr()) in log
         else:
             assert log == [("direct", a.data_ptr(), out.data_ptr())] * 2
+
+
+def _share_rank(rank, world, init, q):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        program = types.SimpleNamespace(
+            context=types.SimpleNamespace(device=torch.device("cpu")),
+            spec=types.SimpleNamespace(group=dist.group.WORLD),
+        )
+        q.put((rank, replay._group_share(program, [0.25, 0.75][rank])))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_group_agrees_on_the_largest_share():
+    from support.gloo import run_gloo
+
+    assert dict(run_gloo(_share_rank, 2)) == {0: 0.75, 1: 0.75}
