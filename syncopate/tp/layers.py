@@ -328,6 +328,12 @@ def _check_bias(name: str, bias, size: int) -> None:
         raise ConfigError(f"{name}: bias must have shape ({size},), got {tuple(bias.shape)}")
 
 
+def _shaped(out: torch.Tensor, x: torch.Tensor, first: int) -> torch.Tensor:
+    """A call's output rows [rows, out_features] as its input's shape was, dimension 0 `first`: the
+    rows themselves where the input was 2-D (no view to make)."""
+    return out if x.dim() == 2 else out.view(first, *x.shape[1:-1], out.shape[-1])
+
+
 def _untracked(x: torch.Tensor, weight: torch.Tensor, bias) -> bool:
     """Whether autograd records nothing of a call (grad off, or none of its operands requires it)
     and torch.compile is not tracing it. Such a call runs its op and adds the bias as its autograd
@@ -374,14 +380,11 @@ def _gather_linear(x, weight, bias, group, impl, configs, save_gathered, float8,
     elif _untracked(rows, weight, bias):
         b = weight.t() if wt is None else wt
         out = _gather_mm(rows, b, group, impl, configs.get("ag_gemm"), False)[0]
-        if bias is not None:
-            out.add_(bias)
+        out = _add_bias(out, bias)
     else:
         keep = torch.is_grad_enabled() and weight.requires_grad
         out = _GatherLinear.apply(rows, weight, bias, group, impl, configs, keep, bool(save_gathered), wt)
-    if x.dim() == 2:
-        return out
-    return out.view(x.shape[0] * ws, *x.shape[1:-1], weight.shape[0])
+    return _shaped(out, x, x.shape[0] * ws)
 
 
 def linear_reduce_scatter(
@@ -421,13 +424,10 @@ def _linear_scatter(x, weight, bias, group, impl, configs, float8, wt):
         out = float8_apply("linear_reduce_scatter", "scatter", rows, weight, bias, group, impl, configs)
     elif _untracked(rows, weight, bias):
         out = _mm_scatter(rows, weight.t() if wt is None else wt, group, impl, configs.get("gemm_rs"))
-        if bias is not None:
-            out.add_(bias)
+        out = _add_bias(out, bias)
     else:
         out = _LinearScatter.apply(rows, weight, bias, group, impl, configs, wt)
-    if x.dim() == 2:
-        return out
-    return out.view(x.shape[0] // ws, *x.shape[1:-1], weight.shape[0])
+    return _shaped(out, x, x.shape[0] // ws)
 
 
 def linear_all_reduce(
@@ -458,13 +458,10 @@ def _linear_reduce(x, weight, bias, group, impl, configs, float8, wt):
         out = float8_apply("linear_all_reduce", "reduce", rows, weight, bias, group, impl, configs)
     elif _untracked(rows, weight, bias):
         out = _mm_reduce(rows, weight.t() if wt is None else wt, group, impl, configs.get("gemm_ar"))
-        if bias is not None:
-            out.add_(bias)
+        out = _add_bias(out, bias)
     else:
         out = _LinearReduce.apply(rows, weight, bias, group, impl, configs, wt)
-    if x.dim() == 2:
-        return out
-    return out.view(*x.shape[:-1], weight.shape[0])
+    return _shaped(out, x, x.shape[0])
 
 
 def linear_all_reduce_grad(
@@ -492,9 +489,7 @@ def linear_all_reduce_grad(
         out = torch.nn.functional.linear(rows, weight, bias)
     else:
         out = _LinearReduceGrad.apply(rows, weight, bias, group, impl, configs)
-    if x.dim() == 2:
-        return out
-    return out.view(*x.shape[:-1], weight.shape[0])
+    return _shaped(out, x, x.shape[0])
 
 
 # --- modules -----------------------------------------------------------------------------------------------
