@@ -1172,16 +1172,8 @@ def launch_graph_entry(ctx, stream: torch.cuda.Stream | None) -> None:
         if stream is not None and ctx.device.type == "cuda"
         else contextlib.nullcontext()
     ):
-        graph_entry_kernel[(1,)](
-            ctx.signals.local,
-            ctx.peer_signal_ptrs,
-            ctx.rank,
-            MEET_BASE,
-            WORLD=ctx.world_size,
-            CLEAR=MEET_BASE,
-            BLOCK=1024,
-            num_warps=4,
-        )
+        args, kwargs = _graph_entry_args(ctx)
+        graph_entry_kernel[(1,)](*args, **kwargs)
 
 
 def warm_graph_entry(ctx) -> None:
@@ -1190,15 +1182,12 @@ def warm_graph_entry(ctx) -> None:
     call would make that rank meet a group that is not there."""
     if getattr(ctx, "_graph_entry_warm", False):
         return
-    graph_entry_kernel.warmup(
-        ctx.signals.local,
-        ctx.peer_signal_ptrs,
-        ctx.rank,
-        MEET_BASE,
-        WORLD=ctx.world_size,
-        CLEAR=MEET_BASE,
-        BLOCK=1024,
-        num_warps=4,
-        grid=(1,),
-    )
+    args, kwargs = _graph_entry_args(ctx)
+    graph_entry_kernel.warmup(*args, **kwargs, grid=(1,))
     ctx._graph_entry_warm = True
+
+
+def _graph_entry_args(ctx) -> tuple[tuple, dict]:
+    """`graph_entry_kernel`'s arguments for `ctx`: what a launch and its warm-up both pass."""
+    args = (ctx.signals.local, ctx.peer_signal_ptrs, ctx.rank, MEET_BASE)
+    return args, {"WORLD": ctx.world_size, "CLEAR": MEET_BASE, "BLOCK": 1024, "num_warps": 4}
