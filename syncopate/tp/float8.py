@@ -73,6 +73,11 @@ MODES = ("gather", "scatter", "reduce", "reduce_grad", "local")
 `linear_all_reduce`, `linear_all_reduce_grad`, and a local linear whose input gradient the caller
 reduces (a styles' column layer on a replicated DTensor)."""
 
+_FORWARD_OP = {"gather": "ag_gemm", "scatter": "gemm_rs", "reduce": "gemm_ar"}
+"""The fused op of each mode's forward (the others' GEMM is local)."""
+_INPUT_GRAD_OP = {"gather": "gemm_rs", "scatter": "ag_gemm", "reduce_grad": "gemm_ar"}
+"""The fused op of each mode's input gradient (the others' GEMM is local)."""
+
 
 def _operands8(a: torch.Tensor, b: torch.Tensor):
     """a [M, K] and b [K, N] quantized along K, written as the scaled GEMM takes them (whatever
@@ -168,14 +173,8 @@ class Float8Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, group, impl, configs, mode):
         wt = weight.t()
-        if mode == "gather":
-            out = op8("ag_gemm", x, wt, group, impl, configs.get("ag_gemm"))
-        elif mode == "scatter":
-            out = op8("gemm_rs", x, wt, group, impl, configs.get("gemm_rs"))
-        elif mode == "reduce":
-            out = op8("gemm_ar", x, wt, group, impl, configs.get("gemm_ar"))
-        else:
-            out = mm8(x, wt)
+        kind = _FORWARD_OP.get(mode)
+        out = mm8(x, wt) if kind is None else op8(kind, x, wt, group, impl, configs.get(kind))
         out = out.to(x.dtype)
         if bias is not None:
             out = out.add_(bias)
@@ -190,14 +189,8 @@ class Float8Linear(torch.autograd.Function):
         dy = dy.contiguous()
         dx = None
         if ctx.needs_input_grad[0]:
-            if mode == "gather":
-                dx = op8("gemm_rs", dy, weight, group, impl, configs.get("gemm_rs"))
-            elif mode == "scatter":
-                dx = op8("ag_gemm", dy, weight, group, impl, configs.get("ag_gemm"))
-            elif mode == "reduce_grad":
-                dx = op8("gemm_ar", dy, weight, group, impl, configs.get("gemm_ar"))
-            else:
-                dx = mm8(dy, weight)
+            kind = _INPUT_GRAD_OP.get(mode)
+            dx = mm8(dy, weight) if kind is None else op8(kind, dy, weight, group, impl, configs.get(kind))
             dx = dx.to(x.dtype)
         dw = db = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
