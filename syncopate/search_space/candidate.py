@@ -16,7 +16,7 @@ from syncopate.errors import ConfigError, describe
 from syncopate.search_space.chunk_plan import CANDIDATE_TEMPLATES, PLANLESS_KINDS, UNFUSED
 from syncopate.search_space.tile_order import TILE_ORDERS
 
-__all__ = ["BACKENDS", "RENAMED_BACKENDS", "Candidate", "stored_backend", "unknown_backend"]
+__all__ = ["BACKENDS", "RENAMED_BACKENDS", "CanonicalJson", "Candidate", "stored_backend", "unknown_backend"]
 
 BACKENDS: tuple[str, ...] = ("copy_engine", "sm_copy", "nccl")
 """How chunks move: copy-engine copies on a side stream; SM copies (`sm_copy`: stores into the
@@ -71,8 +71,26 @@ _POW2 = {
 }
 
 
+class CanonicalJson:
+    """A frozen config's fields as a dict, their canonical JSON, and the stable key hashed from it
+    (what the results database and the caches know a config by)."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        """Canonical JSON: sorted keys, no spaces; the input of :meth:`key`."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def key(self) -> str:
+        """Stable hash: the first 16 hex digits of SHA-256 over the canonical JSON."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Candidate:
+class Candidate(CanonicalJson):
     """Backend, chunk plan, tile order and tile configuration of one fused-kernel launch."""
 
     backend: str = "copy_engine"
@@ -140,9 +158,6 @@ class Candidate:
                 f"backend {self.backend} needs comm_sms >= 1 (SMs for communication), got {self.comm_sms}"
             )
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Candidate:
         known = {f.name for f in fields(cls)}
@@ -161,10 +176,6 @@ class Candidate:
             d = {**d, "backend": stored_backend(d["backend"])}
         return cls.from_dict(d)
 
-    def to_json(self) -> str:
-        """Canonical JSON: sorted keys, no spaces; the input of :meth:`key`."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-
     @classmethod
     def from_json(cls, text: str) -> Candidate:
         try:
@@ -174,10 +185,6 @@ class Candidate:
         if not isinstance(d, dict):
             raise ConfigError(f"candidate JSON must be an object, got {describe(d)}")
         return cls.from_dict(d)
-
-    def key(self) -> str:
-        """Stable hash: the first 16 hex digits of SHA-256 over the canonical JSON."""
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
     def replace(self, **changes: Any) -> Candidate:
         d = self.to_dict()

@@ -24,13 +24,13 @@ Pure Python: nothing here imports torch.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import operator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from syncopate.errors import ConfigError, describe
+from syncopate.search_space.candidate import CanonicalJson
 from syncopate.search_space.workload import DTYPES, MAX_DIM, MOE_KINDS, canonical_dtype
 
 __all__ = [
@@ -256,7 +256,7 @@ MOE_CHUNKS: tuple[int, ...] = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class MoeCandidate:
+class MoeCandidate(CanonicalJson):
     """One configuration of the MoE ops (`a2a_gemm`, `gemm_a2a`): a frozen value that checks
     itself, round-trips through JSON and has a stable `key()`, as
     :class:`~syncopate.search_space.candidate.Candidate` does for the other kinds."""
@@ -291,9 +291,6 @@ class MoeCandidate:
                 f"chunks_per_source={c} and order {self.order!r}"
             )
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MoeCandidate:
         if not isinstance(d, dict):
@@ -306,10 +303,6 @@ class MoeCandidate:
             )
         return cls(**d)
 
-    def to_json(self) -> str:
-        """Canonical JSON: sorted keys, no spaces; the input of :meth:`key`."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-
     @classmethod
     def from_json(cls, text: str) -> MoeCandidate:
         try:
@@ -317,10 +310,6 @@ class MoeCandidate:
         except json.JSONDecodeError as e:
             raise ConfigError(f"MoE candidate JSON does not parse: {e}") from None
         return cls.from_dict(d)
-
-    def key(self) -> str:
-        """Stable hash: the first 16 hex digits of SHA-256 over the canonical JSON."""
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
     def replace(self, **changes: Any) -> MoeCandidate:
         return MoeCandidate.from_dict({**self.to_dict(), **changes})
