@@ -428,6 +428,24 @@ def cost_model(root: Path) -> str:
     )
 
 
+LAYER_KEYS = ("eager/forward", "eager/forward_backward", "graph/forward", "graph/forward_backward")
+"""The mode/pass entries of a `syncopate bench --layer` result, in table order."""
+
+
+def _layer_times(res: dict, key: str):
+    """For one mode/pass of a layer result: `t(impl)`, that implementation's µs (None where not
+    measured), and `ratio(num, den)`, t(num) / t(den) (None where either is missing)."""
+
+    def t(impl):
+        return res.get(impl, {}).get(key)
+
+    def ratio(num, den):
+        a, d = t(num), t(den)
+        return None if a is None or not d else a / d
+
+    return t, ratio
+
+
 def layers(root: Path) -> str:
     """Tensor-parallel MLP layers as a job runs them: per mode and pass, each path's time an
     iteration and torch's, async-TP's and the untuned defaults' over the looked-up configurations'."""
@@ -438,22 +456,8 @@ def layers(root: Path) -> str:
     for run in doc["runs"]:
         b, res = run["bench"], run["results"]
         gpu, torch_version = run["gpu"], run["torch"]
-        keys = [
-            k
-            for k in ("eager/forward", "eager/forward_backward", "graph/forward", "graph/forward_backward")
-            if k in res.get("syncopate", {})
-        ]
-        for key in keys:
-
-            def t(impl, key=key):
-                return res.get(impl, {}).get(key)
-
-            ours = t("syncopate")
-
-            def ratio(impl, ours=ours, t=t):
-                other = t(impl)
-                return None if other is None or not ours else other / ours
-
+        for key in (k for k in LAYER_KEYS if k in res.get("syncopate", {})):
+            t, ratio = _layer_times(res, key)
             rows.append(
                 [
                     f"TP={b['tp']}",
@@ -462,11 +466,11 @@ def layers(root: Path) -> str:
                     key.replace("_", "+"),
                     _t(t("torch")),
                     _t(t("async_tp")),
-                    _t(ours),
+                    _t(t("syncopate")),
                     _t(t("default")),
-                    _r(ratio("torch")),
-                    _r(ratio("async_tp")),
-                    _r(ratio("default")),
+                    _r(ratio("torch", "syncopate")),
+                    _r(ratio("async_tp", "syncopate")),
+                    _r(ratio("default", "syncopate")),
                 ]
             )
     table = _table(
@@ -505,15 +509,8 @@ def layer_bound(root: Path) -> str:
             b, res = run["bench"], run["results"]
             gpus = f"{b['tp']} × {run['gpu'].replace('NVIDIA ', '')}"
             notes.append((run["gpu"], run["torch"]))
-            for key in ("eager/forward", "eager/forward_backward", "graph/forward", "graph/forward_backward"):
-
-                def t(impl, key=key):
-                    return res.get(impl, {}).get(key)
-
-                def ratio(num, den, t=t):
-                    a, d = t(num), t(den)
-                    return None if a is None or not d else a / d
-
+            for key in LAYER_KEYS:
+                t, ratio = _layer_times(res, key)
                 if t("syncopate") is None or t("bound") is None:
                     continue
                 rows.append(
