@@ -536,28 +536,14 @@ def _keep_call(kind: str, a, b, group, config, program: CallProgram) -> None:
 
 
 def _bound(program: CallProgram, gathered: bool) -> Callable:
-    """`program.bind`, but where its calls may be replayed (`_run`), the bound call launches them as
-    `set_launch` says."""
+    """`program.bind`, where its calls may be replayed (`_run`) enqueueing them as `set_launch` says."""
     if not replayable(program, None, 0):
         return program.bind(gathered=gathered)
-    spec = program.spec
-    shape = spec.out_shape
-    if not gathered:
 
-        def call(a, b):
-            out = a.new_empty(shape)
-            _run(program, a, b, out, False, 0, None)
-            return out
+    def enqueue(a, b, out, gathered=None):
+        _run(program, a, b, out, False, 0, None, gathered)
 
-        return call
-    full_shape = (spec.m, spec.a_shape[1])
-
-    def call_gathered(a, b):
-        out, full = a.new_empty(shape), a.new_empty(full_shape)
-        _run(program, a, b, out, False, 0, None, full)
-        return out, full
-
-    return call_gathered
+    return program.bind(gathered=gathered, enqueue=enqueue)
 
 
 def gather_buffer(a_shard_shape: tuple[int, int], dtype: torch.dtype, group=None) -> torch.Tensor:

@@ -142,21 +142,24 @@ class CallProgram(abc.ABC):
         graph. `spin_limit` > 0 bounds the kernels' waits (a tuning run's guard). `scales`: FP8
         operands' (a_scale, b_scale), checked (only the templates that run FP8 get them)."""
 
-    def bind(self, gathered: bool = False) -> Callable[[torch.Tensor, torch.Tensor], Any]:
+    def bind(self, gathered: bool = False, enqueue=None) -> Callable[[torch.Tensor, torch.Tensor], Any]:
         """The program as a function of (a, b) alone, for calls that pass nothing else (no `out`, no
         bounded waits, no scales, not being captured): it makes the output (and, with `gathered`,
         the gathered A of an all-gather that `returns_gathered`) and enqueues the call, returning
         what the op returns. What `ops` keeps for the fast path of such calls, after one of them
         has been checked; the tensors it is given have the spec's shapes, dtype and device, and
-        their dtype is the output's (not FP8, whose calls always pass their scales)."""
+        their dtype is the output's (not FP8, whose calls always pass their scales). `enqueue(a, b,
+        out, gathered=None)` enqueues the call (None: the program itself; `ops` passes its launch
+        choice)."""
         spec = self.spec
         assert spec.out_dtype == spec.dtype, "FP8 calls pass their scales: they have no bound call"
+        enqueue = self if enqueue is None else enqueue
         shape = spec.out_shape
         if not gathered:
 
             def call(a, b):
                 out = a.new_empty(shape)
-                self(a, b, out)
+                enqueue(a, b, out)
                 return out
 
             return call
@@ -164,7 +167,7 @@ class CallProgram(abc.ABC):
 
         def call_gathered(a, b):
             out, full = a.new_empty(shape), a.new_empty(full_shape)
-            self(a, b, out, gathered=full)
+            enqueue(a, b, out, gathered=full)
             return out, full
 
         return call_gathered
@@ -286,10 +289,11 @@ class UnfusedProgram(CallProgram):
         ALL_GATHER(gathered, a, group=self.spec.group)
         torch.matmul(gathered, b, out=out)
 
-    def bind(self, gathered=False):
+    def bind(self, gathered=False, enqueue=None):
         """torch's collective and matmul with nothing in between but the output's allocation: the
         shapes and the group are the spec's, worked out once (`library.unfused` on unscaled operands,
-        whose output these calls leave to the matmul or the collective)."""
+        whose output these calls leave to the matmul or the collective); never replayed, so
+        `enqueue` is not taken."""
         spec, group = self.spec, self.spec.group
         if spec.kind == "ag_gemm":
             full_shape = (spec.m, spec.a_shape[1])
