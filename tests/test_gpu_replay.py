@@ -10,6 +10,7 @@ with every call right."""
 from __future__ import annotations
 
 import pytest
+from test_gpu_capture import _assert_all_right
 from test_gpu_ops import needs_gpus, run_ranks
 
 pytestmark = pytest.mark.timeout(900)
@@ -99,15 +100,7 @@ def _worker(rank, world, port, queue):
 @pytest.mark.parametrize("world", [2, 4])
 def test_eager_calls_replayed_from_their_graphs_are_right(world):
     needs_gpus(world)
-    reports = run_ranks(_worker, world, (), timeout=880)
-    failures = []
-    for rank, results in sorted(reports.items()):
-        for name, failure, detail in results:
-            print(f"rank {rank} {'FAIL' if failure else 'ok  '} {name}: {failure or detail}")
-            if failure:
-                failures.append(f"rank {rank}: {name}: {failure}")
-    assert not failures, "\n".join(failures)
-    assert all(len(r) == 12 for r in reports.values())
+    _assert_all_right(run_ranks(_worker, world, (), timeout=880), 12)
 
 
 def _auto_worker(rank, world, port, queue):
@@ -162,12 +155,4 @@ def _auto_worker(rank, world, port, queue):
 @pytest.mark.multigpu
 def test_auto_replays_where_the_stream_runs_dry_and_not_where_it_is_busy():
     needs_gpus(2)
-    reports = run_ranks(_auto_worker, 2, (), timeout=600)
-    failures = []
-    for rank, results in sorted(reports.items()):
-        for name, failure, detail in results:
-            print(f"rank {rank} {'FAIL' if failure else 'ok  '} {name}: {failure or detail}")
-            if failure:
-                failures.append(f"rank {rank}: {name}: {failure}")
-    assert not failures, "\n".join(failures)
-    assert all(len(r) == 6 for r in reports.values())
+    _assert_all_right(run_ranks(_auto_worker, 2, (), timeout=600), 6)
