@@ -176,12 +176,16 @@ def get_launch() -> str:
     return _REGISTRY.launch
 
 
+_KEPT_LAUNCH = {"graph": "launch_graph", "auto": "launch_auto"}
+"""The attribute a program keeps each launch's state under (`_run`; a call's hot path)."""
+
+
 def _run(program: CallProgram, a, b, out, capturing: bool, spin_limit: int, scales, gathered=None) -> None:
     """Enqueue one call of `program`: as `set_launch` says where it can be replayed, else
     operation by operation."""
     launch = _REGISTRY.launch
     if not capturing and launch != "direct" and replayable(program, scales, spin_limit):
-        name = f"launch_{launch}"
+        name = _KEPT_LAUNCH[launch]
         kept = program.__dict__.get(name)
         if kept is None:
             kept = ReplayedCalls(program) if launch == "graph" else LaunchChoice(program)
