@@ -6,7 +6,9 @@ By default on one GPU in a group of one rank (no transfers; the rest of a call's
 context, the side streams, the local chunk copies and their signals, the kernel). With `--ranks N`
 in a group of N ranks: one GPU a rank where there are N, else all N on GPU 0 (buffers through CUDA
 IPC; the host time is a call's with its transfers, the device time is left out: the ranks take
-turns on the GPU). The shapes are global (M, N, K); rank 0 prints.
+turns on the GPU). The shapes are global (M, N, K); the times are the slowest rank's (each rank's
+median, then the largest); rank 0 prints. Several candidates sets and launches in one run end with
+a table of each op's host time over torch's unfused path's, timed in the same run.
 
     python benchmarks/op_host.py                        # kernels relaunched from the context's cache
     python benchmarks/op_host.py stationary             # the a_stationary / c_stationary templates
@@ -16,6 +18,8 @@ turns on the GPU). The shapes are global (M, N, K); rank 0 prints.
     python benchmarks/op_host.py lookup --case ag_gemm:1024x4096x4096   # that op and shape, looked-up config
     python benchmarks/op_host.py torch --ranks 4        # torch's unfused path, for comparison
     python benchmarks/op_host.py --ranks 4 --launch graph   # calls replayed from their own graphs
+    python benchmarks/op_host.py torch direct stationary decomposed --ranks 4 --launch direct graph \
+        --json FILE                                     # several in one run, a table against torch's
     OP_HOST_PROFILE=FILE python benchmarks/op_host.py   # also 20 calls a case under cProfile, into FILE
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import os
 import pstats
 import queue
@@ -34,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 import syncopate
+from syncopate.environment import provenance
 from syncopate.kernels.library import unfused
 from syncopate.measure.local_ranks import free_port, join_group, spawn_ranks
 from syncopate.measure.reference import reference, relative_error
@@ -180,29 +186,73 @@ def case(
         end.record()
         torch.cuda.synchronize()
         device_us.append(start.elapsed_time(end) * 1000)
-    device = f"{statistics.median(device_us):.1f}" if device_us else "- (ranks share the GPU)"
+    # the slowest rank's medians (a collective waits for its slowest rank)
+    mine = [statistics.median(batches), statistics.median(device_us) if device_us else 0.0, worst]
+    slowest = torch.tensor(mine, dtype=torch.float64, device=dev)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    host_us, dev_us, worst = slowest.tolist()
+    return {
+        "kind": kind,
+        "shape": [m, n, k],
+        "ranks": ws,
+        "label": label,
+        "rel_err": worst,
+        "host_us": host_us,
+        "device_us": dev_us if device_us else None,
+    }
+
+
+def line(row: dict) -> str:
+    m, n, k = row["shape"]
+    device = "- (ranks share the GPU)" if row["device_us"] is None else f"{row['device_us']:.1f}"
     return (
-        f"{kind} {m}x{n}x{k} ranks {ws} {label} rel_err {worst:.2e} "
-        f"host_us {statistics.median(batches):.1f} device_us {device}"
+        f"{row['kind']} {m}x{n}x{k} ranks {row['ranks']} {row['label']} rel_err {row['rel_err']:.2e} "
+        f"host_us {row['host_us']:.1f} device_us {device}"
     )
 
 
-def run_rank(rank: int, world: int, port: int, what: str, shared: bool, cases, launch: str, results) -> None:
+def table(rows: list[dict]) -> str:
+    """Each op's host time a call, and over torch's unfused path's timed in the same run."""
+    torch_us = {(r["kind"], tuple(r["shape"])): r["host_us"] for r in rows if r["label"] == "torch"}
+    out = [
+        "| op | shape | ranks | path | host µs | host / torch's | device µs |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ref = torch_us.get((r["kind"], tuple(r["shape"])))
+        ratio = f"{r['host_us'] / ref:.2f}" if ref else "-"
+        device = "-" if r["device_us"] is None else f"{r['device_us']:.1f}"
+        shape = "x".join(str(d) for d in r["shape"])
+        out.append(
+            f"| {r['kind']} | {shape} | {r['ranks']} | {r['label']} | {r['host_us']:.1f} | {ratio} | {device} |"
+        )
+    return "\n".join(out)
+
+
+def run_rank(rank: int, world: int, port: int, whats, shared: bool, cases, launches, results) -> None:
     dev = join_group(rank, world, port, shared_gpu=shared)
-    syncopate.set_launch(launch)
     try:
-        lines = []
-        for kind, shape in cases:
-            cand = templates(what, world)[kind]
-            line = case(
-                kind, *shape, dist.group.WORLD, dev, cand, device_time=not shared, torch_only=what == "torch"
-            )
-            if rank == 0:
-                print(line, flush=True)
-            lines.append(line)
-        syncopate.close_contexts()
+        rows = []
+        for what in whats:
+            for launch in ("direct",) if what == "torch" else launches:
+                syncopate.set_launch(launch)
+                for kind, shape in cases:
+                    cand = templates(what, world)[kind]
+                    row = case(
+                        kind,
+                        *shape,
+                        dist.group.WORLD,
+                        dev,
+                        cand,
+                        device_time=not shared,
+                        torch_only=what == "torch",
+                    )
+                    if rank == 0:
+                        print(line(row), flush=True)
+                    rows.append(row)
+                syncopate.close_contexts()
         if rank == 0:
-            results.put(lines)
+            results.put(rows)
     finally:
         dist.destroy_process_group()
 
@@ -211,9 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "what",
-        nargs="?",
+        nargs="*",
         choices=["direct", "stationary", "decomposed", "unfused", "torch", "lookup"],
-        default="direct",
+        default=["direct"],
         help="the candidates: the direct chunked plan (default), the stationary, decomposed or "
         "unfused templates, the configuration a job's lookup gives, or torch's own unfused "
         "path (no Syncopate call), to compare",
@@ -228,11 +278,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--launch",
+        nargs="+",
         choices=["direct", "graph", "auto"],
-        default="direct",
+        default=["direct"],
         help="how the fused calls are launched (syncopate.set_launch): operation by operation (default), "
-        "replayed from their own CUDA graphs, or auto",
+        "replayed from their own CUDA graphs, or auto; several: each in turn",
     )
+    parser.add_argument("--json", metavar="FILE", help="also write every row there, with the environment")
     args = parser.parse_args(argv)
     cases = CASES
     if args.case:
@@ -254,16 +306,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.ranks < 1:
         print(f"op_host: --ranks {args.ranks}: give 1 or more", file=sys.stderr)
         return 2
-    if args.ranks == 1:
-        run_rank(0, 1, free_port(), args.what, False, cases, args.launch, queue.SimpleQueue())
-        return 0
+    whats = list(dict.fromkeys(args.what))
+    launches = list(dict.fromkeys(args.launch))
     shared = torch.cuda.device_count() < args.ranks
-    if shared:
-        print(
-            f"op_host: {torch.cuda.device_count()} GPU(s) for {args.ranks} ranks: all on GPU 0, host time only",
-            flush=True,
-        )
-    spawn_ranks(run_rank, args.ranks, (args.what, shared, cases, args.launch), what="op_host rank")
+    if args.ranks == 1:
+        results = queue.SimpleQueue()
+        run_rank(0, 1, free_port(), whats, False, cases, launches, results)
+        rows = results.get()
+    else:
+        if shared:
+            print(
+                f"op_host: {torch.cuda.device_count()} GPU(s) for {args.ranks} ranks: all on GPU 0, host time only",
+                flush=True,
+            )
+        rows = spawn_ranks(run_rank, args.ranks, (whats, shared, cases, launches), what="op_host rank")
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"environment": provenance(), "shared_gpu": shared, "rows": rows}, f, indent=1)
     return 0
 
 
