@@ -1,14 +1,15 @@
 """The host time of the fused ops' calls, and their device time: results against float32 on fresh
 inputs, six calls, then the host time of a call (median over 7 batches of 20 calls enqueued back to
-back) and its device time (median of 20, each after a device sleep).
+back, each followed by a batch of torch's unfused path for the same op, timed alike) and its device
+time (median of 20, each after a device sleep).
 
 By default on one GPU in a group of one rank (no transfers; the rest of a call's path: the
 context, the side streams, the local chunk copies and their signals, the kernel). With `--ranks N`
 in a group of N ranks: one GPU a rank where there are N, else all N on GPU 0 (buffers through CUDA
 IPC; the host time is a call's with its transfers, the device time is left out: the ranks take
 turns on the GPU). The shapes are global (M, N, K); the times are the slowest rank's (each rank's
-median, then the largest); rank 0 prints. Several candidates sets and launches in one run end with
-a table of each op's host time over torch's unfused path's, timed in the same run.
+median, then the largest); rank 0 prints, and ends with a table of each op's host time over
+torch's unfused path's.
 
     python benchmarks/op_host.py                        # kernels relaunched from the context's cache
     python benchmarks/op_host.py stationary             # the a_stationary / c_stationary templates
@@ -140,14 +141,25 @@ def case(
     for _ in range(3):
         op(a, b)
     torch.cuda.synchronize()
-    batches = []
-    for _ in range(7):
+
+    def batch(fn) -> float:  # µs a call over 20 calls enqueued back to back, ranks started together
         barrier(group, dev)
         t0 = time.perf_counter()
         for _ in range(20):
-            op(a, b)
-        batches.append((time.perf_counter() - t0) / 20 * 1e6)
+            fn(a, b)
+        took = (time.perf_counter() - t0) / 20 * 1e6
         torch.cuda.synchronize()
+        return took
+
+    def torch_op(a, b):
+        return unfused(kind, a, b, group)
+
+    for _ in range(3):
+        torch_op(a, b)
+    batches, torch_batches = [], []
+    for _ in range(7):  # ours and torch's path in turn: both under the same conditions
+        batches.append(batch(op))
+        torch_batches.append(batch(torch_op))
     label = (
         "torch" if torch_only else f"{candidate.template}/s{candidate.num_splits} {syncopate.get_launch()}"
     )
@@ -187,10 +199,15 @@ def case(
         torch.cuda.synchronize()
         device_us.append(start.elapsed_time(end) * 1000)
     # the slowest rank's medians (a collective waits for its slowest rank)
-    mine = [statistics.median(batches), statistics.median(device_us) if device_us else 0.0, worst]
+    mine = [
+        statistics.median(batches),
+        statistics.median(torch_batches),
+        statistics.median(device_us) if device_us else 0.0,
+        worst,
+    ]
     slowest = torch.tensor(mine, dtype=torch.float64, device=dev)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-    host_us, dev_us, worst = slowest.tolist()
+    host_us, torch_host_us, dev_us, worst = slowest.tolist()
     return {
         "kind": kind,
         "shape": [m, n, k],
@@ -198,6 +215,7 @@ def case(
         "label": label,
         "rel_err": worst,
         "host_us": host_us,
+        "torch_host_us": torch_host_us,
         "device_us": dev_us if device_us else None,
     }
 
@@ -207,24 +225,24 @@ def line(row: dict) -> str:
     device = "- (ranks share the GPU)" if row["device_us"] is None else f"{row['device_us']:.1f}"
     return (
         f"{row['kind']} {m}x{n}x{k} ranks {row['ranks']} {row['label']} rel_err {row['rel_err']:.2e} "
-        f"host_us {row['host_us']:.1f} device_us {device}"
+        f"host_us {row['host_us']:.1f} torch_host_us {row['torch_host_us']:.1f} device_us {device}"
     )
 
 
 def table(rows: list[dict]) -> str:
-    """Each op's host time a call, and over torch's unfused path's timed in the same run."""
-    torch_us = {(r["kind"], tuple(r["shape"])): r["host_us"] for r in rows if r["label"] == "torch"}
+    """Each op's host time a call, and over torch's unfused path's, timed in turn with it."""
     out = [
-        "| op | shape | ranks | path | host µs | host / torch's | device µs |",
-        "|---|---|---|---|---|---|---|",
+        "| op | shape | ranks | path | host µs | torch's host µs | host / torch's | device µs |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        ref = torch_us.get((r["kind"], tuple(r["shape"])))
-        ratio = f"{r['host_us'] / ref:.2f}" if ref else "-"
+        ref = r["torch_host_us"]
+        ratio = f"{r['host_us'] / ref:.2f}"
         device = "-" if r["device_us"] is None else f"{r['device_us']:.1f}"
         shape = "x".join(str(d) for d in r["shape"])
         out.append(
-            f"| {r['kind']} | {shape} | {r['ranks']} | {r['label']} | {r['host_us']:.1f} | {ratio} | {device} |"
+            f"| {r['kind']} | {shape} | {r['ranks']} | {r['label']} | {r['host_us']:.1f} | {ref:.1f} | {ratio} "
+            f"| {device} |"
         )
     return "\n".join(out)
 
