@@ -397,17 +397,28 @@ def _tail_buffers(cache: dict | None, device: torch.device, slots: int, c: Candi
         return cache[key]
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return None
-    made = (
-        torch.empty(slots * c.block_m * c.block_n, dtype=torch.float32, device=device),
-        torch.zeros(slots, dtype=torch.int32, device=device),
+    made = _kept_empty(
+        ((slots * c.block_m * c.block_n,), torch.float32), ((slots,), torch.int32), device=device
     )
+    made[1].zero_()  # in stream order, before the kernel that uses the words
     if cache is not None:
         cache[key] = made
     return made
 
 
+def _kept_empty(
+    *specs: tuple[tuple[int, ...], torch.dtype], device: torch.device
+) -> tuple[torch.Tensor, ...]:
+    """Empty tensors of these (shape, dtype) that a call keeps for the calls after it, allocated
+    outside torch.compile's CUDA graph pool (`kept_allocations`: what a compiled model's first call
+    keeps must not come from the pool its graphs own). Nothing is enqueued (no synchronization)."""
+    return kept_allocations(
+        lambda: tuple(torch.empty(s, dtype=d, device=device) for s, d in specs), device, False
+    )
+
+
 _NO_PARTS: dict[torch.device, torch.Tensor] = {}
-"""A one-element float32 tensor a device, passed as the part buffer where no tile is cut."""
+"""A one-element float32 tensor a device, passed as the part buffer where no tile is cut (never read)."""
 
 
 def launch_consumer(
@@ -513,7 +524,7 @@ def launch_consumer(
     if buffers is None:
         split = 0
         if out.device not in _NO_PARTS:
-            _NO_PARTS[out.device] = torch.zeros(1, dtype=torch.float32, device=out.device)
+            (_NO_PARTS[out.device],) = _kept_empty(((1,), torch.float32), device=out.device)
         buffers = (_NO_PARTS[out.device], signals)
     tail_start = tiles - tiles % grid[0] if split else tiles
     parts, flags = buffers
