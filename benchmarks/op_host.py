@@ -35,6 +35,7 @@ import queue
 import statistics
 import sys
 import time
+from datetime import datetime, timezone
 
 import torch
 import torch.distributed as dist
@@ -341,7 +342,15 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"environment": provenance(), "shared_gpu": shared, "rows": rows}, f, indent=1)
+            json.dump(
+                {
+                    "environment": provenance(date=datetime.now(timezone.utc).isoformat(timespec="seconds")),
+                    "shared_gpu": shared,
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

@@ -64,6 +64,8 @@ class Sources:
     """`syncopate bench --layer` runs with the layers' bound (their communication left out)."""
     moe: str
     """A `benchmarks/moe_bench.py` run."""
+    op_host: tuple[str, ...]
+    """`benchmarks/op_host.py --json` runs: host time per call against torch's unfused path."""
 
 
 def sources(root: Path) -> Sources:
@@ -80,11 +82,12 @@ def sources(root: Path) -> Sources:
             graph_calls=doc["graph_calls"],
             layer_bound=tuple(doc["layer_bound"]),
             moe=doc["moe"],
+            op_host=tuple(doc["op_host"]),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(
             f"results/{SOURCES} does not name every table's files ({e!r}): it needs tp2_suite, "
-            f"tp4_suite, short_tp2, strategies, layers, train_step, graph_calls, layer_bound and moe"
+            f"tp4_suite, short_tp2, strategies, layers, train_step, graph_calls, layer_bound, moe and op_host"
         ) from None
 
 
@@ -740,6 +743,56 @@ def graph_calls(root: Path) -> str:
     )
 
 
+def op_host(root: Path) -> str:
+    """Host time per call of each template, launched directly and replayed from its own graph,
+    over torch's unfused path's for the same op (timed in turn with it, batch for batch)."""
+    rows, notes = [], set()
+    names = sources(root).op_host
+    for name in names:
+        doc = _read_json(root / "results" / name)
+        env = doc["environment"]
+        notes.add(f"{env['gpu_model']}, torch {env['torch']}, NCCL {env['nccl']}")
+        by = {}
+        for r in doc["rows"]:
+            template, _, launch = r["label"].rpartition(" ")
+            by.setdefault((r["ranks"], r["kind"], tuple(r["shape"]), template), {})[launch] = r
+        for (ranks, kind, shape, template), launches in by.items():
+            cells = []
+            for launch in ("direct", "graph"):
+                r = launches.get(launch)
+                cells += (
+                    ["–", "–"]
+                    if r is None
+                    else [
+                        f"{r['host_us']:.0f} / {r['torch_host_us']:.0f}",
+                        _r(r["host_us"] / r["torch_host_us"]),
+                    ]
+                )
+            rows.append([str(ranks), kind, "×".join(map(str, shape)), template, *cells])
+    table = _table(
+        [
+            "ranks",
+            "op",
+            "shape",
+            "template",
+            "direct: ours / torch µs",
+            "direct: ours / torch",
+            "replayed: ours / torch µs",
+            "replayed: ours / torch",
+        ],
+        rows,
+    )
+    files = ", ".join(f"`results/{name}`" for name in names)
+    return (
+        f"{table}\n\nHost time to enqueue one call (µs, 20 calls back to back with the GPU busy, median of 7 "
+        f"batches, the slowest rank), each template's batches alternating with batches of torch's unfused path "
+        f"(its collective and cuBLAS matmul) for the same op; `unfused` is never replayed (its row under "
+        f"replayed is a second direct run). {'; '.join(sorted(notes))}; from {files} "
+        f"(`python benchmarks/op_host.py direct stationary decomposed unfused --ranks N --launch direct graph "
+        f"--case …`).\n"
+    )
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "summary": summary,
     "suite-tp2": suite_tp2,
@@ -753,6 +806,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "moe": moe,
     "train-step": train_step,
     "graph-calls": graph_calls,
+    "op-host": op_host,
 }
 """Table name (as in `<!-- generated: NAME -->`) → its generator, given the repository root."""
 
