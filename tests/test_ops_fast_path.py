@@ -284,6 +284,7 @@ def fake_programs(monkeypatch):
     monkeypatch.setattr(ops, "_prepare", prepare)
     monkeypatch.setattr(ops, "kept_allocations", lambda fn, device, sync=True: fn())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(ops, "_cuda_device", lambda: 0)
     return made
 
 
@@ -299,29 +300,35 @@ def test_the_mode_picks_its_own_fast_call(group, fake_programs):
     assert fake_programs["graph"].ran == ["long", "fast"]
 
 
+def _capturing(monkeypatch, capturing: bool) -> None:
+    """Every capture query of the ops (torch's, and the fast path's own binding of it) answers `capturing`."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
+    monkeypatch.setattr(ops, "_stream_capturing", lambda: capturing)
+
+
 def test_a_captured_call_never_takes_the_fast_path(group, fake_programs, monkeypatch):
     a, b = torch.randn(8, 4).as_subclass(_OnCuda), torch.randn(4, 6)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    _capturing(monkeypatch, False)
     ops.matmul_reduce_scatter(a, b, group)
     assert ops.matmul_reduce_scatter(a, b, group) == "eager"
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    _capturing(monkeypatch, True)
     ops.matmul_reduce_scatter(a, b, group)  # no graph-mode program: the eager one, the long way
     assert fake_programs["eager"].ran == ["long", "fast", "long captured"]
     with ops.mode("graph"):
-        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+        _capturing(monkeypatch, False)
         ops.matmul_reduce_scatter(a, b, group)  # a warm-up in graph mode prepares its program
-        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+        _capturing(monkeypatch, True)
     ops.matmul_reduce_scatter(a, b, group)  # captured: the graph-mode program, the long way
     assert fake_programs["graph"].ran == ["long", "long captured"]
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    _capturing(monkeypatch, False)
     assert ops.matmul_reduce_scatter(a, b, group) == "eager"
 
 
 def test_this_ranks_device_is_part_of_the_key(group, monkeypatch):
     a, b = torch.randn(8, 4).as_subclass(_OnCuda), torch.randn(4, 6)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(ops, "_cuda_device", lambda: 0)
     key = ops._call_key("gemm_ar", a, b, group, None, "eager")
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(ops, "_cuda_device", lambda: 1)
     assert ops._call_key("gemm_ar", a, b, group, None, "eager") != key
 
 

@@ -458,6 +458,16 @@ def _refuse_first_capture(op: str, capturing: bool) -> None:
         )
 
 
+_cuda_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+"""The current CUDA device's index: torch's own query without `torch.cuda.current_device`'s lazy-init
+check, for a call's key (its operands are on a GPU already, so CUDA is initialized)."""
+
+_stream_capturing = (
+    getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
+)
+"""`torch.cuda.is_current_stream_capturing` without its Python frame (a plain call's fast path asks it)."""
+
+
 def _call_key(kind: str, a, b, group, config, mode: str) -> tuple | None:
     """What makes two calls the same once validated: the kind, the group, the config (None: look it
     up, then also the `mode` it is looked up for), the operands' shapes, dtypes, devices and B's
@@ -483,7 +493,7 @@ def _call_key(kind: str, a, b, group, config, mode: str) -> tuple | None:
         b.stride(),
         b.dtype,
         b.device,
-        torch.cuda.current_device() if a.is_cuda else None,
+        _cuda_device() if a.is_cuda else None,
     )
 
 
@@ -517,7 +527,7 @@ def _fast_call(kind: str, a, b, group, config) -> Callable | None:
     key = _call_key(kind, a, b, group, config, _REGISTRY.mode)
     if (
         key is None
-        or (key[-1] is not None and torch.cuda.is_current_stream_capturing())
+        or (key[-1] is not None and _stream_capturing())
         or ((a.requires_grad or b.requires_grad) and torch.is_grad_enabled())
     ):
         return None
