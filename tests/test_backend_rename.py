@@ -45,7 +45,10 @@ def test_nvshmem_is_the_nvshmem_backend_now_and_the_rename_applies_only_to_store
     assert {"sm_copy", "nvshmem"} <= set(BACKENDS)
     assert Candidate(backend="nvshmem", comm_sms=16).backend == "nvshmem"
     assert Candidate.from_json('{"backend": "nvshmem", "comm_sms": 16, "num_splits": 2}').backend == "nvshmem"
-    assert SpaceOptions(backends=("copy_engine", "nvshmem"), comm_sms={"nvshmem": (32,)}).backends[1] == "nvshmem"
+    assert (
+        SpaceOptions(backends=("copy_engine", "nvshmem"), comm_sms={"nvshmem": (32,)}).backends[1]
+        == "nvshmem"
+    )
     with pytest.raises(
         ConfigError, match="^unknown backend 'nvshmemx': accepted are copy_engine, sm_copy, nvshmem, nccl$"
     ):

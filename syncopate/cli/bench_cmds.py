@@ -70,10 +70,13 @@ def bench_cmd(
         None, help="A sweep config whose workloads to benchmark (e.g. configs/llama_tp2.yaml)."
     ),
     kinds: str = typer.Option(None, help="With --suite: only these kinds, comma-separated."),
-    backends: str = typer.Option(None, help=(
+    backends: str = typer.Option(
+        None,
+        help=(
             "Backends to try, comma-separated (default: copy_engine,sm_copy,nccl; nvshmem runs every rank with "
             "NVSHMEM symmetric memory, without the torch async-TP baseline)."
-        )),
+        ),
+    ),
     grid: str = typer.Option("small", help="Candidate grid per backend: small or tiny."),
     repetitions: int = typer.Option(20, min=1, help="Timed repetitions per measurement."),
     warmup: int = typer.Option(5, min=0, help="Untimed calls first."),

@@ -66,10 +66,10 @@ READ_COMPATIBLE: frozenset[str] = frozenset({"0001", "0002", "0003"})
 columns of the head's, which read as NULL, and their rows name backend `sm_copy` by its earlier name
 `nvshmem` (before :data:`NAMES_REVISION`): every reader of stored candidates and calibrations of
 such a database reads it as `sm_copy`, as migration 0003 rewrites it (from 0003 on, rows are read
-as they are: from 0004 on, `nvshmem` is the NVSHMEM backend, and 0003 has no row naming it). Results files may sit on read-only mounts, so a
-lookup, an export or the dashboard works on them; only a write asks for `syncopate db upgrade`
-(this code writes rows of the head's columns and names), and so does `--resume`, which parses the
-stored sweep config as it was written."""
+as they are: from 0004 on, `nvshmem` is the NVSHMEM backend, and 0003 has no row naming it).
+Results files may sit on read-only mounts, so a lookup, an export or the dashboard works on them;
+only a write asks for `syncopate db upgrade` (this code writes rows of the head's columns and
+names), and so does `--resume`, which parses the stored sweep config as it was written."""
 
 TIMES_REVISION = "0002"
 """The first revision whose trials and baselines have `eager_us` and `host_us`."""

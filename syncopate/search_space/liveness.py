@@ -16,10 +16,11 @@ A discrete-event model of one call on every rank at once, written from what the 
   `copy_engine`: one queue per side stream (0, 1, 2), each send waiting for the peer's entry (once
   per stream and peer), for its chunk (ready word, or its own arrival when forwarding), then
   signalling; `sm_copy` and `nvshmem` (one copier job list): stream 2 (own chunks), and stream 0:
-  the entry announcement, then the copier's jobs one after the other, each waiting for its peer's entry and its chunk; `nccl`:
-  stream 2 (own chunks) and stream 0: the announcement, then per (step, split) batch the ready
-  words of its sends, the batch, the arrival words of its receives (all-reduce: then the gather
-  phase the same way, its sends waiting for the kept chunks' ready words).
+  the entry announcement, then the copier's jobs one after the other, each waiting for its peer's
+  entry and its chunk; `nccl`: stream 2 (own chunks) and stream 0: the announcement, then per
+  (step, split) batch the ready words of its sends, the batch, the arrival words of its receives
+  (all-reduce: then the gather phase the same way, its sends waiting for the kept chunks' ready
+  words).
 - **NCCL batches** are a rendezvous: a batch ends only once the batch with the same key is running
   on every peer it sends to or receives from (stricter than NCCL, which lets a small send finish
   into the peer's buffer early).

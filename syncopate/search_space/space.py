@@ -18,7 +18,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from syncopate.errors import ConfigError
-from syncopate.search_space.candidate import BACKENDS, DEFAULT_BACKENDS, Candidate, check_pow2, unknown_backend
+from syncopate.search_space.candidate import (
+    BACKENDS,
+    DEFAULT_BACKENDS,
+    Candidate,
+    check_pow2,
+    unknown_backend,
+)
 from syncopate.search_space.chunk_plan import (
     A_STATIONARY,
     C_STATIONARY,

@@ -49,14 +49,18 @@ def _names_it(space: Any) -> bool:
         return False
     backends = space.get("backends")
     comm_sms = space.get("comm_sms")
-    return (isinstance(backends, list) and NAME in backends) or (isinstance(comm_sms, dict) and NAME in comm_sms)
+    return (isinstance(backends, list) and NAME in backends) or (
+        isinstance(comm_sms, dict) and NAME in comm_sms
+    )
 
 
 def rows_naming_it(bind) -> dict[str, list[int]]:
     """Ids of the rows that name backend `nvshmem`, by table (tables with none left out)."""
     found: dict[str, list[int]] = {}
     trials = bind.execute(
-        sa.select(_TRIALS.c.id).where(_TRIALS.c.candidate["backend"].as_string() == NAME).order_by(_TRIALS.c.id)
+        sa.select(_TRIALS.c.id)
+        .where(_TRIALS.c.candidate["backend"].as_string() == NAME)
+        .order_by(_TRIALS.c.id)
     )
     found["syncopate_trials"] = [row_id for (row_id,) in trials]
     found["syncopate_sweeps"] = [
