@@ -291,6 +291,14 @@ def test_the_cost_model_reads_an_nvshmem_calibration_of_a_database_at_revision_0
     shape, kind = (8192, 4096, 4096), "gemm_ar"
     records = []
     for r in default_calibration(topo).records(topo, ENV):
+        if "nvshmem" in r.key:  # a calibration stored before the rename knows no NVSHMEM backend
+            continue
+        if r.kind == "op_costs":
+            maps = {
+                m: {b: v for b, v in r.payload[m].items() if b != "nvshmem"}
+                for m in ("overlap_slowdown", "chunk_us")
+            }
+            r = dataclasses.replace(r, payload={**r.payload, **maps})
         if r.key == "sm_copy/intra":  # SM copies five times the documented speed: the model's pick
             curves = {s: {**c, "us": [u / 5 for u in c["us"]]} for s, c in r.payload["curves"].items()}
             r = dataclasses.replace(r, payload={**r.payload, "curves": curves})
@@ -301,7 +309,7 @@ def test_the_cost_model_reads_an_nvshmem_calibration_of_a_database_at_revision_0
             db.record_calibration(r)
     clear_cache()
     head = lookup(shape, topo, kind=kind, db=path, environment=ENV)
-    assert head.match == "cost_model" and head.candidate.backend == "sm_copy"
+    assert head.match == "cost_model" and head.candidate.backend == "sm_copy", (head.candidate, head.reason)
     _downgrade(f"sqlite:///{path}", "0002")
     assert "nvshmem/intra" in {k for _, k, _ in _stored(f"sqlite:///{path}")[2]}
     clear_cache()
