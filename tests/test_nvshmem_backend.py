@@ -93,10 +93,12 @@ def test_without_nvshmem_the_opt_in_and_the_backend_are_refused_with_the_fix(tmp
     """This torch has no NVSHMEM (`is_nvshmem_available()` is False): the real checks say so."""
     import torch.distributed as dist
 
+    import syncopate
     from syncopate.kernels.ops import check_backend_group
 
+    assert syncopate.use_nvshmem is symmetric_memory.use_nvshmem
     with pytest.raises(RuntimeUnavailableError, match="NVSHMEM is not available.*use backend 'sm_copy'"):
-        symmetric_memory.use_nvshmem()
+        syncopate.use_nvshmem()
     assert symmetric_memory.process_memory() == "cuda"
     why = symmetric_memory.process_refusal()
     assert (
