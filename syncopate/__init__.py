@@ -6,7 +6,9 @@ no torch, and nothing a command line that only reads the database does not need)
 - :func:`lookup` — the best known configuration for a shape and topology, at job start;
 - :class:`Topology`, :class:`Shape`, :class:`Workload`, :class:`Candidate`, and :func:`detect_topology`
   (the topology of this machine or process group);
-- the fused ops :func:`all_gather_matmul`, :func:`matmul_reduce_scatter`, :func:`matmul_all_reduce`.
+- the fused ops :func:`all_gather_matmul`, :func:`matmul_reduce_scatter`, :func:`matmul_all_reduce`;
+- :func:`use_nvshmem` — NVSHMEM symmetric memory for this process (backend `nvshmem`; opt-in,
+  before the first fused call: torch async-TP does not run in such a process).
 - :mod:`syncopate.tp`: tensor-parallel linear layers on the fused ops, with autograd.
 """
 
@@ -40,6 +42,7 @@ __all__ = [
     "mode",
     "set_launch",
     "set_mode",
+    "use_nvshmem",
 ]
 
 _LAZY: dict[str, str] = {
@@ -60,6 +63,7 @@ _LAZY: dict[str, str] = {
     "get_launch": "syncopate.kernels.ops",
     "get_mode": "syncopate.kernels.ops",
     "mode": "syncopate.kernels.ops",
+    "use_nvshmem": "syncopate.kernels.symmetric_memory",
 }
 
 

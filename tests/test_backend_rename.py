@@ -1,17 +1,19 @@
-"""Layer: pure CPU logic, over SQLite and PostgreSQL. The SM-copy backend is named `sm_copy`: input
-that gives its earlier name `nvshmem` is refused with a message naming the new one; migration 0003
-rewrites stored rows (candidates and their keys, sweep configs, calibrations) and its downgrade
-rewrites them back; the committed databases are at the head revision and name it the new way. A
+"""Layer: pure CPU logic, over SQLite and PostgreSQL. The SM-copy backend is named `sm_copy`, and
+`nvshmem` now names the NVSHMEM backend; migration 0003 rewrote stored rows (candidates and their
+keys, sweep configs, calibrations) from the old name to the new and its downgrade rewrites them
+back; migration 0004 marks that `nvshmem` has its new meaning and refuses to go below it while rows
+name it; the committed databases are at the head revision and name `sm_copy` the new way. A
 database at revision 0001 or 0002 is read as it is, the old name as the new one (lookup, the
-repository's reads, the export, the cost model's calibrations, the dashboard), and refuses writes."""
+repository's reads, the export, the cost model's calibrations, the dashboard), and refuses writes;
+a head database's `nvshmem` row reads as `nvshmem`."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
-import re
 import sqlite3
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -37,45 +39,29 @@ from syncopate.search_space import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-RENAMED = (
-    "backend 'nvshmem' was renamed 'sm_copy' (this backend stores chunks with SM copies; no NVSHMEM "
-    "is used) — use 'sm_copy'"
-)
 
 
-def test_the_backend_is_named_sm_copy_and_its_old_name_is_refused_with_the_new_one():
-    assert "sm_copy" in BACKENDS and "nvshmem" not in BACKENDS
-    with pytest.raises(ConfigError) as info:
-        Candidate(backend="nvshmem", comm_sms=16)
-    assert str(info.value) == RENAMED
-    with pytest.raises(ConfigError, match=f"^{re.escape(RENAMED)}$"):
-        Candidate.from_json('{"backend": "nvshmem", "comm_sms": 16, "num_splits": 2}')
-    with pytest.raises(ConfigError, match=f"^{re.escape(RENAMED)} in space.backends$"):
-        SpaceOptions(backends=("copy_engine", "nvshmem"))
-    with pytest.raises(ConfigError, match=f"^{re.escape(RENAMED)} in space.comm_sms$"):
-        SpaceOptions(comm_sms={"nvshmem": (32,)})
+def test_nvshmem_is_the_nvshmem_backend_now_and_the_rename_applies_only_to_stored_data():
+    assert {"sm_copy", "nvshmem"} <= set(BACKENDS)
+    assert Candidate(backend="nvshmem", comm_sms=16).backend == "nvshmem"
+    assert Candidate.from_json('{"backend": "nvshmem", "comm_sms": 16, "num_splits": 2}').backend == "nvshmem"
+    assert (
+        SpaceOptions(backends=("copy_engine", "nvshmem"), comm_sms={"nvshmem": (32,)}).backends[1]
+        == "nvshmem"
+    )
     with pytest.raises(
-        ConfigError, match="^unknown backend 'nvshmemx': accepted are copy_engine, sm_copy, nccl$"
+        ConfigError, match="^unknown backend 'nvshmemx': accepted are copy_engine, sm_copy, nvshmem, nccl$"
     ):
         Candidate(backend="nvshmemx", comm_sms=16)
 
 
-@pytest.mark.parametrize(
-    ("space", "where"),
-    [
-        ("backends: [copy_engine, nvshmem]", "space.backends: "),
-        ("comm_sms: {nvshmem: [32]}", ""),
-    ],
-)
-def test_a_sweep_config_naming_the_old_backend_is_refused_with_the_new_name(tmp_path, capsys, space, where):
-    config = tmp_path / "old.yaml"
+def test_a_sweep_config_naming_nvshmem_validates(tmp_path, capsys):
+    config = tmp_path / "nv.yaml"
     config.write_text(
-        "name: old\ntopology: H200x2-nvlink\nworkloads:\n  - kind: ag_gemm\n    shapes: [[8192, 4096, 8192]]\n"
-        f"space:\n  {space}\n"
+        "name: nv\ntopology: H200x2-nvlink\nworkloads:\n  - kind: ag_gemm\n    shapes: [[8192, 4096, 8192]]\n"
+        "space:\n  backends: [copy_engine, nvshmem]\n  comm_sms: {nvshmem: [32]}\n"
     )
-    assert main(["validate", str(config)]) == 2
-    err = capsys.readouterr().err
-    assert where + RENAMED in " ".join(err.split()), err
+    assert main(["validate", str(config)]) == 0, capsys.readouterr().err
 
 
 # -- migration 0003 --------------------------------------------------------------------------------
@@ -206,14 +192,14 @@ COSTS = {
 }
 
 
-def test_a_stored_candidate_reads_the_old_name_as_the_new_one_while_input_is_refused():
+def test_a_candidate_stored_before_the_rename_reads_the_old_name_as_the_new_one_and_only_then():
     doc = {**SM.to_dict(), "backend": "nvshmem"}
-    assert Candidate.from_stored(doc) == SM
-    assert Candidate.from_stored(CE.to_dict()) == CE
-    with pytest.raises(ConfigError, match=f"^{re.escape(RENAMED)}$"):
-        Candidate.from_dict(doc)
+    assert Candidate.from_stored(doc, renamed=True) == SM
+    assert Candidate.from_stored(CE.to_dict(), renamed=True) == CE
+    assert Candidate.from_stored(doc, renamed=False) == SM.replace(backend="nvshmem")
+    assert Candidate.from_dict(doc).backend == "nvshmem"
     with pytest.raises(ConfigError, match="^unknown backend 'nvshmemx'"):
-        Candidate.from_stored({**doc, "backend": "nvshmemx"})
+        Candidate.from_stored({**doc, "backend": "nvshmemx"}, renamed=True)
 
 
 def _old_database(db_url: str) -> list[int]:
@@ -286,9 +272,10 @@ def test_an_export_of_a_database_at_revision_0002_and_its_lookup_name_sm_copy(tm
         assert db.export_best(out) == 1
     entry = json.loads(out.read_text())["entries"][0]
     assert (entry["trial_id"], entry["candidate"]) == (ids[0], SM.to_dict())
-    # an export file written before the rename names the old backend: it reads as the new one
+    # an export file written before the rename (version 2) names the old backend: it reads as the new one
     old = tmp_path / "old.json"
     doc = json.loads(out.read_text())
+    doc["version"] = 2
     doc["entries"][0]["candidate"]["backend"] = "nvshmem"
     old.write_text(json.dumps(doc))
     clear_cache()
@@ -304,6 +291,14 @@ def test_the_cost_model_reads_an_nvshmem_calibration_of_a_database_at_revision_0
     shape, kind = (8192, 4096, 4096), "gemm_ar"
     records = []
     for r in default_calibration(topo).records(topo, ENV):
+        if "nvshmem" in r.key:  # a calibration stored before the rename knows no NVSHMEM backend
+            continue
+        if r.kind == "op_costs":
+            maps = {
+                m: {b: v for b, v in r.payload[m].items() if b != "nvshmem"}
+                for m in ("overlap_slowdown", "chunk_us")
+            }
+            r = dataclasses.replace(r, payload={**r.payload, **maps})
         if r.key == "sm_copy/intra":  # SM copies five times the documented speed: the model's pick
             curves = {s: {**c, "us": [u / 5 for u in c["us"]]} for s, c in r.payload["curves"].items()}
             r = dataclasses.replace(r, payload={**r.payload, "curves": curves})
@@ -314,7 +309,7 @@ def test_the_cost_model_reads_an_nvshmem_calibration_of_a_database_at_revision_0
             db.record_calibration(r)
     clear_cache()
     head = lookup(shape, topo, kind=kind, db=path, environment=ENV)
-    assert head.match == "cost_model" and head.candidate.backend == "sm_copy"
+    assert head.match == "cost_model" and head.candidate.backend == "sm_copy", (head.candidate, head.reason)
     _downgrade(f"sqlite:///{path}", "0002")
     assert "nvshmem/intra" in {k for _, k, _ in _stored(f"sqlite:///{path}")[2]}
     clear_cache()
@@ -342,3 +337,115 @@ def test_the_dashboard_shows_the_backend_of_a_database_at_revision_0002_as_sm_co
         splits = data.backend_splits(db, selection)
         assert sorted(splits["backend"]) == ["copy_engine", "sm_copy"]
         assert splits.loc[splits["backend"] == "sm_copy", "best_us"].tolist() == [90.0]
+
+
+# -- the NVSHMEM backend's rows: read as nvshmem at the head, and migration 0004 ----------------------
+
+NV = SM.replace(backend="nvshmem")
+
+
+def _head_database_with_nvshmem(db_url: str) -> list[int]:
+    """A head database whose fastest trial, a transfer curve and the op costs name the NVSHMEM
+    backend beside sm_copy; the trials' ids (NV's, then SM's)."""
+    nv_costs = {**COSTS, "overlap_slowdown": {**COSTS["overlap_slowdown"], "nvshmem": 0.02}}
+    with ResultsDB.open(db_url, upgrade=True) as db:
+        sweep = db.start_sweep("s", {"name": "s", "space": {"backends": ["sm_copy", "nvshmem"]}})
+        ids = db.record_trials(
+            sweep,
+            [
+                dataclasses.replace(trial(0), candidate=NV, median_us=80.0, eager_us=85.0),
+                dataclasses.replace(trial(0), candidate=SM, median_us=90.0, eager_us=95.0),
+            ],
+        )
+        for kind, key, payload in (
+            ("transfer", "nvshmem/intra", CURVE),
+            ("transfer", "sm_copy/intra", CURVE),
+            ("op_costs", "op", nv_costs),
+        ):
+            db.record_calibration(
+                CalibrationRecord(kind=kind, topology=TOPO, environment=ENV, key=key, payload=payload)
+            )
+    return ids
+
+
+def test_a_head_database_reads_its_nvshmem_rows_as_the_nvshmem_backend(db_url, tmp_path):
+    ids = _head_database_with_nvshmem(db_url)
+    with ResultsDB.open(db_url, read_only=True) as db:
+        assert db.revision == HEAD
+        assert [t.record.candidate for t in db.trials()] == [NV, SM]
+        assert db.best(W, TOPO, ENV).record.candidate == NV
+        assert db.measured_keys(W, TOPO, ENV) == {NV.key(), SM.key()}
+        assert db.calibration("transfer", TOPO, ENV, "nvshmem/intra").record.key == "nvshmem/intra"
+        assert db.calibration("transfer", TOPO, ENV, "sm_copy/intra").record.payload == CURVE
+        costs = db.calibration("op_costs", TOPO, ENV, "op").record.payload
+        assert costs["overlap_slowdown"] == {"copy_engine": 0.03, "sm_copy": 0.02, "nvshmem": 0.02}
+        out = tmp_path / "best.json"
+        assert db.export_best(out) == 1
+    exported = json.loads(out.read_text())
+    assert exported["version"] == 3 and exported["entries"][0]["candidate"] == NV.to_dict()
+    clear_cache()
+    assert lookup(W.shape, TOPO, db=db_url, environment=ENV).candidate == NV
+    clear_cache()
+    assert lookup(W.shape, TOPO, db=out, environment=ENV).candidate == NV
+    # the same file at version 2 was written before the rename: its nvshmem is sm_copy
+    exported["version"] = 2
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(exported))
+    clear_cache()
+    served = lookup(W.shape, TOPO, db=old, environment=ENV)
+    assert (served.trial_id, served.candidate) == (ids[0], SM)
+
+
+def test_a_database_at_revision_0003_is_read_as_it_is_and_refuses_writes(db_url):
+    with ResultsDB.open(db_url, upgrade=True) as db:
+        sweep = db.start_sweep("s", {"name": "s"})
+        db.record_trials(sweep, [dataclasses.replace(trial(0), candidate=SM)])
+    _downgrade(db_url, "0003")
+    with ResultsDB.open(db_url, read_only=True) as db:
+        assert db.revision == "0003"
+        assert [t.record.candidate for t in db.trials()] == [SM]
+    with ResultsDB.open(db_url) as db, pytest.raises(SchemaError, match="revision 0003, older than"):
+        db.start_sweep("more")
+
+
+def test_migration_0004_refuses_to_go_below_it_while_rows_name_nvshmem(db_url):
+    ids = _head_database_with_nvshmem(db_url)
+    stored = _stored(db_url)
+    with pytest.raises(Exception, match="cannot downgrade below revision 0004") as info:
+        _downgrade(db_url, "0003")
+    message = str(info.value)
+    assert f"syncopate_trials ids {ids[0]};" in message
+    assert "syncopate_sweeps ids 1;" in message and "syncopate_calibrations ids 1, 3)" in message
+    assert "delete those rows first" in message
+    assert _stored(db_url) == stored
+    with ResultsDB.open(db_url, read_only=True) as db:
+        assert db.revision == HEAD
+    # without them it goes down to 0003 and up again, nothing else touched
+    engine = sa.create_engine(db_url)
+    with engine.begin() as c:
+        c.execute(sa.delete(_TRIALS).where(_TRIALS.c.id == ids[0]))
+        c.execute(sa.delete(_SWEEPS).where(_SWEEPS.c.id == 1))
+        c.execute(sa.delete(_CALIBRATIONS).where(_CALIBRATIONS.c.id.in_((1, 3))))
+    engine.dispose()
+    left = _stored(db_url)
+    _downgrade(db_url, "0003")
+    assert _stored(db_url) == left
+    assert upgrade(locate(db_url)) == ("0003", HEAD)
+
+
+def test_a_bench_file_names_backends_the_current_way_only_where_it_says_so(tmp_path):
+    from syncopate.results_db.bench_import import _records
+    from syncopate.search_space import BACKEND_NAMES
+
+    row = {
+        "workload": W.to_dict(),
+        "baselines": {},
+        "trials": [{"candidate": NV.to_dict(), "status": "ok", "median_us": 80.0, "samples_us": [80.0]}],
+        "seconds": 1.0,
+    }
+    started = datetime(2026, 11, 27, tzinfo=timezone.utc)
+    marked = {"rows": [row], "backend_names": BACKEND_NAMES}
+    trials, _ = _records(marked, tmp_path / "b.json", TOPO, ENV, started, {})
+    assert [t.candidate for t in trials] == [NV]
+    trials, _ = _records({"rows": [row]}, tmp_path / "b.json", TOPO, ENV, started, {})
+    assert [t.candidate for t in trials] == [SM]

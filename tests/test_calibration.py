@@ -83,7 +83,7 @@ def test_gemm_rate_gives_a_tile_time_from_the_per_program_rate():
 def test_default_calibration_is_marked_default_everywhere():
     cal = default_calibration(TOPO)
     assert cal.source == "default" and "default calibration" in cal.describe()
-    assert set(cal.transfers) == {"copy_engine/intra", "nccl/intra", "sm_copy/intra"}
+    assert set(cal.transfers) == {"copy_engine/intra", "nccl/intra", "sm_copy/intra", "nvshmem/intra"}
     assert all(o.startswith("default") for o in cal.origin.values())
     two_nodes = default_calibration(Topology.from_key("H200x16-nvswitch-2n"))
     assert {"nccl/inter", "sm_copy/inter"} <= set(two_nodes.transfers)
@@ -257,3 +257,17 @@ def test_each_chunk_of_a_fused_call_pays_its_per_chunk_cost():
     with_cost = CommContext(cal, TOPO, c, w.comm_row_bytes()).transfer_us(t)
     without = CommContext(bare, TOPO, c, w.comm_row_bytes()).transfer_us(t)
     assert with_cost == pytest.approx(without + CHUNK_US["copy_engine"])
+
+
+def test_a_measured_calibration_without_nvshmem_curves_stays_measured():
+    """`nvshmem` is measured only in an NVSHMEM process: its default curve does not make the
+    calibration of the backends searched by default `mixed` (which would keep lookup's pick off)."""
+    cal = default_calibration(TOPO)
+    records = [r for r in cal.records(TOPO, ENV) if "nvshmem" not in r.key]
+    measured = cal.merged(records, "measured here")
+    assert measured.origin["transfer/nvshmem/intra"].startswith("default")
+    assert measured.source == "measured"
+    nv = next(r for r in cal.records(TOPO, ENV) if r.key == "nvshmem/intra")
+    assert measured.merged([nv], "measured here").source == "measured"
+    mixed = cal.merged([r for r in records if r.key != "sm_copy/intra"], "measured here")
+    assert mixed.source == "mixed"

@@ -259,6 +259,8 @@ class _Trace:
     def __init__(self, rank: int, ws: int, high_word: str) -> None:
         from types import SimpleNamespace
 
+        import torch
+
         self.rank, self.ws = rank, ws
         self.high_word = high_word  # what the words from READY_BASE on are: `local` (consumer) or `ready`
         self.ops: dict[int, list[tuple]] = {}
@@ -271,6 +273,9 @@ class _Trace:
             raise_signal=lambda program, stream, r, word: program.write(stream, (r, word)),
             signal_address=lambda r, word: (r, word),
             timeline=None,
+            memory="nvshmem",
+            cache={},
+            device=torch.device("cpu"),
         )
 
     def word(self, rank: int, word: int) -> tuple:
@@ -315,14 +320,14 @@ class _Trace:
 
 
 @pytest.mark.parametrize("kind", ["ag_gemm", "gemm_rs", "gemm_ar"])
-@pytest.mark.parametrize("backend", ["copy_engine", "sm_copy", "nccl"])
+@pytest.mark.parametrize("backend", ["copy_engine", "sm_copy", "nvshmem", "nccl"])
 def test_the_model_enqueues_what_the_backends_enqueue(kind, backend, monkeypatch):
     import contextlib
     from types import SimpleNamespace
 
     import torch
 
-    from syncopate.kernels import backends, streamops
+    from syncopate.kernels import backends, nvshmem_copy, streamops
     from syncopate.kernels.tables import plan_for
 
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
@@ -336,6 +341,21 @@ def test_the_model_enqueues_what_the_backends_enqueue(kind, backend, monkeypatch
             monkeypatch.setattr(streamops, "_driver", lambda trace=trace: trace)
             monkeypatch.setattr(backends, "launch_chunk_copy", trace.chunk_copy)
             monkeypatch.setattr(backends, "stage_chunk_copy", lambda *args: None)
+            monkeypatch.setattr(
+                nvshmem_copy,
+                "launch_nvshmem_copy",
+                lambda ctx, stream, jobs, programs, epoch, dtype, pes, spin_limit=0, trace=trace: (
+                    trace.chunk_copy(
+                        ctx,
+                        stream,
+                        [(j[0], j[1], j[2], j[4], j[5], j[6]) for j in jobs],
+                        programs,
+                        epoch,
+                        dtype,
+                    )
+                ),
+            )
+            monkeypatch.setattr(nvshmem_copy, "stage_nvshmem_copy", lambda *args: None)
             monkeypatch.setattr(
                 backends,
                 "dist",

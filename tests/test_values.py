@@ -209,7 +209,7 @@ def test_candidate_hash_is_stable_across_processes():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"backend": "mpi"}, "unknown backend 'mpi': accepted are copy_engine, sm_copy, nccl"),
+        ({"backend": "mpi"}, "unknown backend 'mpi': accepted are copy_engine, sm_copy, nvshmem, nccl"),
         ({"template": "star"}, "unknown plan template 'star'"),
         ({"tile_order": "hilbert"}, "unknown tile order 'hilbert'"),
         ({"block_m": 96}, "block_m=96 must be a power of two"),

@@ -70,7 +70,13 @@ def bench_cmd(
         None, help="A sweep config whose workloads to benchmark (e.g. configs/llama_tp2.yaml)."
     ),
     kinds: str = typer.Option(None, help="With --suite: only these kinds, comma-separated."),
-    backends: str = typer.Option(None, help="Backends to try, comma-separated (default: every backend)."),
+    backends: str = typer.Option(
+        None,
+        help=(
+            "Backends to try, comma-separated (default: copy_engine,sm_copy,nccl; nvshmem runs every rank with "
+            "NVSHMEM symmetric memory, without the torch async-TP baseline)."
+        ),
+    ),
     grid: str = typer.Option("small", help="Candidate grid per backend: small or tiny."),
     repetitions: int = typer.Option(20, min=1, help="Timed repetitions per measurement."),
     warmup: int = typer.Option(5, min=0, help="Untimed calls first."),
@@ -169,7 +175,15 @@ def bench_cmd(
         )
         return
     from syncopate.autotuner.sweep import load_sweep
-    from syncopate.search_space import BACKENDS, GRIDS, KINDS, Shape, Workload, unknown_backend
+    from syncopate.search_space import (
+        BACKENDS,
+        DEFAULT_BACKENDS,
+        GRIDS,
+        KINDS,
+        Shape,
+        Workload,
+        unknown_backend,
+    )
     from syncopate.search_space.workload import kind_refusal
 
     topology = None
@@ -204,7 +218,7 @@ def bench_cmd(
         if kind is None or None in (m, n, k):
             raise ConfigError("give KIND with --m, --n and --k, or --suite CONFIG")
         workloads = [Workload(kind=kind, shape=Shape(m=m, n=n, k=k), dtype=dtype or "bf16")]
-    chosen = tuple(x.strip() for x in backends.split(",")) if backends else BACKENDS
+    chosen = tuple(x.strip() for x in backends.split(",")) if backends else DEFAULT_BACKENDS
     for b in chosen:
         if b not in BACKENDS:
             raise ConfigError(unknown_backend(b, " in --backends"))

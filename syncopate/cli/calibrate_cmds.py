@@ -36,9 +36,15 @@ def calibrate_cmd(
         "(default: every tile config of the space; the cost model uses its defaults for the others).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the table's rows as JSON."),
+    nvshmem: bool = typer.Option(
+        False,
+        "--nvshmem",
+        help="Also measure the NVSHMEM copier (backend nvshmem): every rank's symmetric memory is then "
+        "NVSHMEM's (the other measurements run on it too).",
+    ),
 ) -> None:
     """Measure transfer time against chunk size per backend (and against comm_sms for the SM-driven
-    copier) and GEMM throughput per tile configuration and SM count, on the GPUs of this machine;
+    copiers) and GEMM throughput per tile configuration and SM count, on the GPUs of this machine;
     store them as calibrations of the detected topology and this environment."""
     from syncopate.search_space import TileConfig
 
@@ -74,6 +80,8 @@ def calibrate_cmd(
         )
     if tile_configs is not None:
         options = dataclasses.replace(options, tile_configs=tile_configs)
+    if nvshmem:
+        options = dataclasses.replace(options, backends=(*options.backends, "nvshmem"))
     out = console()
     with ResultsDB.open(db) as database:
         result = run_calibration(options, world)

@@ -26,7 +26,7 @@ from typing import Any
 
 from syncopate.errors import CalibrationError, ConfigError
 from syncopate.records import CalibrationRecord, Environment
-from syncopate.search_space import BACKENDS, TileConfig, Topology, unknown_backend
+from syncopate.search_space import BACKENDS, DEFAULT_BACKENDS, TileConfig, Topology, unknown_backend
 
 __all__ = [
     "CALIBRATION_POLICIES",
@@ -358,8 +358,11 @@ class Calibration:
 
     @property
     def source(self) -> str:
-        """`measured` when every part was measured, `default` when none was, else `mixed`."""
-        kinds = {o.split()[0] for o in self.origin.values()} or {"default"}
+        """`measured` when every part was measured, `default` when none was, else `mixed`. The
+        default transfer curves of a backend outside the default search (`nvshmem`, which only a
+        calibration run in an NVSHMEM process measures) do not count against `measured`."""
+        kinds = {o.split()[0] for k, o in self.origin.items() if not _opt_in_default(k, o)}
+        kinds = kinds or {o.split()[0] for o in self.origin.values()} or {"default"}
         return kinds.pop() if len(kinds) == 1 else "mixed"
 
     def describe(self) -> str:
@@ -480,6 +483,17 @@ def _newest(records: list[CalibrationRecord]) -> list[CalibrationRecord]:
         if k not in best or r.created_at > best[k].created_at:
             best[k] = r
     return list(best.values())
+
+
+def _opt_in_default(part: str, origin: str) -> bool:
+    """Whether calibration part `part` (such as `transfer/nvshmem/intra`) is a default curve of a
+    backend that is not searched by default."""
+    kind, _, key = part.partition("/")
+    return (
+        kind == "transfer"
+        and key.partition("/")[0] not in DEFAULT_BACKENDS
+        and not origin.startswith("measured")
+    )
 
 
 def resolve_calibration(

@@ -7,6 +7,9 @@ another. Where the constants come from:
 - the transfer curves (fixed cost, peak, size at half the peak) of the copy engine, NCCL and the
   SM-driven copier per SM count, and the 128×256×64 tile's GEMM rate: one machine of two H200s
   joined by NVLink, each collective timed alone and the best fused AG+GEMM's waves;
+- the NVSHMEM copier's peaks per SM count (`nvshmem/intra`): a probe of its puts with signals,
+  all-gathering 64 MiB a rank to three peers on four H100s over NVSwitch (bytes out of a rank per
+  second); its fixed cost and size at half the peak are the SM copier's;
 - the GPU table of :mod:`syncopate.search_space.topology`: other GPU models scale the H200's GEMM
   rates by their bf16 rate and SM count, the HBM figures by their bandwidth (a kernel reaching
   80 % of it); other interconnects scale the curves by their nominal bandwidth against NVLink's;
@@ -87,6 +90,15 @@ def _transfers(topology: Topology) -> dict[str, TransferModel]:
                 for sms, gbps in ((8, 52.0), (16, 104.0), (32, 180.0), (64, 315.0))
             },
         ),
+        "nvshmem/intra": TransferModel(
+            backend="nvshmem",
+            scope="intra",
+            call_us=12.0,
+            curves={
+                sms: curve(2.0, min(gbps, 380.0), 1 * MiB)
+                for sms, gbps in ((4, 72.0), (8, 135.0), (16, 245.0), (32, 264.0), (64, 264.0))
+            },
+        ),
     }
     if topology.nodes > 1:
 
@@ -101,14 +113,16 @@ def _transfers(topology: Topology) -> dict[str, TransferModel]:
             call_us=15.0,
             curves={8: net(15.0, 40.0, 4 * MiB), 16: net(15.0, 40.0, 4 * MiB)},
         )
-        out["sm_copy/inter"] = TransferModel(
-            backend="sm_copy",
-            scope="inter",
-            call_us=15.0,
-            curves={
-                sms: net(5.0, gbps, 2 * MiB) for sms, gbps in ((8, 20.0), (16, 30.0), (32, 38.0), (64, 40.0))
-            },
-        )
+        for backend in ("sm_copy", "nvshmem"):
+            out[f"{backend}/inter"] = TransferModel(
+                backend=backend,
+                scope="inter",
+                call_us=15.0,
+                curves={
+                    sms: net(5.0, gbps, 2 * MiB)
+                    for sms, gbps in ((8, 20.0), (16, 30.0), (32, 38.0), (64, 40.0))
+                },
+            )
     return out
 
 
@@ -141,7 +155,7 @@ def default_calibration(topology: Topology) -> Calibration:
         wait_us=0.8,
         local_copy_gbps=1600.0 * spec.hbm_gbps / GPUS["H200"].hbm_gbps,
         hbm_gbps=0.8 * spec.hbm_gbps,
-        overlap_slowdown={"copy_engine": 0.03, "sm_copy": 0.02, "nccl": 0.05},
+        overlap_slowdown={"copy_engine": 0.03, "sm_copy": 0.02, "nvshmem": 0.02, "nccl": 0.05},
     )
     transfers = _transfers(topology)
     gemm = _gemm(topology)

@@ -42,10 +42,10 @@ TEMPLATE_HOST_US: dict[str, tuple[float, float]] = {
 templates direct, ring and bidirectional_ring; `decomposed` apart for the all-gather and the
 reductions)."""
 
-CHUNK_HOST_US: dict[str, float] = {"copy_engine": 4.0, "nccl": 10.0, "sm_copy": 0.0}
+CHUNK_HOST_US: dict[str, float] = {"copy_engine": 4.0, "nccl": 10.0, "sm_copy": 0.0, "nvshmem": 0.0}
 """Host µs per chunk a fused Triton template enqueues, by backend: a copy and a stream write per
 chunk and peer for the copy engine, a collective call per chunk for NCCL, nothing for SM-driven
-transfers (the kernel moves them)."""
+transfers (`sm_copy`, `nvshmem`: the kernel moves them)."""
 
 BASELINE_HOST_US: dict[str, tuple[float, float]] = {
     "torch_seq": (130.0, 4.0),

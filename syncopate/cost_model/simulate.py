@@ -10,6 +10,7 @@ Communication (:class:`TransferTable`), per backend as the kernels run it:
 |---------------|---------------------------------------------------------|------------------------------------|
 | `copy_engine` | one side stream per plan stream, in the plan's order    | its curve; streams of one rank share its egress where the links do |
 | `sm_copy`     | one job list per rank (the chunk-copy kernel), in order | its curve at `comm_sms`            |
+| `nvshmem`     | as `sm_copy` (the NVSHMEM copier runs the same job list) | its own curve at `comm_sms`       |
 | `nccl`        | batches per (step, split), every rank in lock step      | its curve; a batch ends for all    |
 
 A transfer starts when its queue is free and its chunk is ready: a rank's own rows at once, a

@@ -42,6 +42,7 @@ from syncopate.results_db.models import (
     WorkloadModel,
 )
 from syncopate.results_db.repository import ResultsDB
+from syncopate.results_db.schema import has_current_names
 from syncopate.search_space import KINDS, UNFUSED, canonical_dtype, stored_backend, topology_key
 
 __all__ = [
@@ -176,17 +177,22 @@ def _route(conn: Connection, column: Any) -> Any:
     )
 
 
-def _route_of(d: Any) -> str | None:
-    """`_route` of a decoded candidate dict."""
+def _route_of(d: Any, renamed: bool) -> str | None:
+    """`_route` of a decoded candidate dict (`renamed`: stored before the backend rename)."""
     if not isinstance(d, dict):
         return None
-    return UNFUSED if d.get("template") == UNFUSED else stored_backend(d.get("backend"))
+    return UNFUSED if d.get("template") == UNFUSED else stored_backend(d.get("backend"), renamed=renamed)
 
 
-def _backends(frame: pd.DataFrame) -> pd.DataFrame:
+def _renamed(db: ResultsDB) -> bool:
+    """Whether `db`'s rows were stored before the backend rename (a revision before 0003)."""
+    return not has_current_names(db.revision)
+
+
+def _backends(frame: pd.DataFrame, renamed: bool) -> pd.DataFrame:
     """`frame` with its `backend` column under the current names (:func:`stored_backend`)."""
     frame["backend"] = pd.Series(
-        [stored_backend(b) for b in frame["backend"]], index=frame.index, dtype=object
+        [stored_backend(b, renamed=renamed) for b in frame["backend"]], index=frame.index, dtype=object
     )
     return frame
 
@@ -246,7 +252,7 @@ def _selection_where(conn: Connection, sel: Selection) -> list[Any]:
     return [_T.c[name] == value for name, value in ids.items()] + [_T.c.source == sel.source]
 
 
-def _candidate_columns(frame: pd.DataFrame, column: str = "candidate") -> pd.DataFrame:
+def _candidate_columns(frame: pd.DataFrame, renamed: bool, column: str = "candidate") -> pd.DataFrame:
     """Adds backend (`unfused` for that template), num_splits, tile_order and a one-line summary
     from decoded candidate dicts."""
     from syncopate.search_space import Candidate
@@ -255,12 +261,12 @@ def _candidate_columns(frame: pd.DataFrame, column: str = "candidate") -> pd.Dat
         if not isinstance(d, dict):
             return ""
         try:
-            return Candidate.from_stored(d).short()
+            return Candidate.from_stored(d, renamed=renamed).short()
         except ConfigError:
             return str(d)
 
     docs = frame[column] if column in frame else pd.Series([None] * len(frame), dtype=object)
-    frame["backend"] = [_route_of(d) for d in docs]
+    frame["backend"] = [_route_of(d, renamed) for d in docs]
     frame["num_splits"] = pd.array(
         [d.get("num_splits") if isinstance(d, dict) else None for d in docs], dtype="Int64"
     )
@@ -440,7 +446,7 @@ def overview(db: ResultsDB, filters: Filters = Filters()) -> pd.DataFrame:
     frame["shape"] = [f"{m}×{n}×{k}" for m, n, k in zip(frame["m"], frame["n"], frame["k"])]
     frame["ok"] = frame["ok"].astype(int)
     frame["failed"] = frame["trials"] - frame["ok"]
-    frame = _candidate_columns(frame)
+    frame = _candidate_columns(frame, _renamed(db))
     for c in ("best_trial_id", "sweep_id"):
         frame[c] = pd.array(frame[c], dtype="Int64")
     for c in (
@@ -504,7 +510,7 @@ def convergence(db: ResultsDB, sel: Selection, *, max_points: int = 2000) -> pd.
                 or_((ordered.c.order - 1) % step == 0, ordered.c.median_us == ordered.c.best_so_far)
             )
         frame = _frame(conn, stmt)
-    frame = _backends(frame)
+    frame = _backends(frame, _renamed(db))
     for c in ("median_us", "p20_us", "p80_us", "best_so_far"):
         frame[c] = pd.to_numeric(frame[c], errors="coerce").astype(float)
     frame["strategy"] = frame["strategy"].replace("", "(none)")
@@ -535,7 +541,7 @@ def backend_splits(db: ResultsDB, sel: Selection) -> pd.DataFrame:
         frame = _frame(conn, stmt)
     frame["best_us"] = pd.to_numeric(frame["best_us"], errors="coerce").astype(float)
     # a database names a backend by one name, its earlier one only before the rename: no two cells merge
-    return _backends(frame)
+    return _backends(frame, _renamed(db))
 
 
 def tile_orders(db: ResultsDB, sel: Selection) -> pd.DataFrame:

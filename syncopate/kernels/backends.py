@@ -3,7 +3,7 @@
 The op forks side streams from the caller's stream, launches its kernel on the caller's stream,
 then lets the backend enqueue the communication of the call on the side streams, and joins them.
 The kernel goes first on purpose: a stream wait for a signal the kernel raises, enqueued before
-the kernel, could otherwise hold the kernel back where two streams share one hardware queue. Three backends,
+the kernel, could otherwise hold the kernel back where two streams share one hardware queue. Four backends,
 chosen by the candidate's `backend`:
 
 - `copy_engine`: copy-engine copies (`cuMemcpyDtoDAsync`) straight into the peers' symmetric
@@ -11,6 +11,9 @@ chosen by the candidate's `backend`:
   copies and stream memory operations go on the side streams, so no SM is needed.
 - `sm_copy` (SM-driven): `comm_sms` programs of `chunk_copy_kernel` store chunks into the peers'
   symmetric buffers and raise the receivers' signals from the GPU threads.
+- `nvshmem`: the same job lists (`gather_jobs`, `scatter_jobs`), moved by `comm_sms` programs of
+  `nvshmem_copy_kernel` with NVSHMEM puts and gets and signalled with an NVSHMEM put of the word,
+  on buffers in NVSHMEM symmetric memory (`syncopate.use_nvshmem()`).
 - `nccl`: NCCL send/receive pairs per (step, split) on a side stream, each arrival followed by a
   stream write of its signal; the fused kernel leaves `comm_sms` SMs free for NCCL's kernels.
 
@@ -31,25 +34,30 @@ import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
+from syncopate.errors import ConfigError
 from syncopate.kernels import streamops
-from syncopate.kernels.context import OverlapContext
+from syncopate.kernels.context import OverlapContext, kept_allocations
 from syncopate.kernels.launch import launch_chunk_copy, stage_chunk_copy
 from syncopate.kernels.tables import ENTERED_BASE, LOCAL_BASE, READY_BASE, recv_offset
 from syncopate.search_space import Candidate, ChunkPlan, Transfer
 
 __all__ = [
     "CommBackend",
+    "CopyJob",
     "GatherCall",
     "ScatterCall",
     "BACKEND_IMPLS",
     "announce_entry",
     "backend_for",
+    "gather_jobs",
+    "scatter_jobs",
     "nccl_exchange",
+    "nvshmem_pes",
     "stage_gathered_copy",
 ]
 
@@ -105,6 +113,10 @@ class CommBackend(abc.ABC):
     def reserved_sms(self, candidate: Candidate) -> int:
         """SMs the fused kernel must leave free for this backend's communication."""
         return candidate.comm_sms
+
+    def check_context(self, ctx: OverlapContext) -> None:
+        """Raise ConfigError where this backend cannot move chunks between `ctx`'s buffers. Called
+        when a call program is made on `ctx`, before any of its calls enqueues anything."""
 
     @abc.abstractmethod
     def start_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> None:
@@ -321,6 +333,91 @@ class CopyEngineBackend(CommBackend):
                 _mark_copied(p, ctx, s, f"reduced from {t.src}", t)
 
 
+class CopyJob(NamedTuple):
+    """One job of a copier backend: `elems` elements from `src` to `dst` (addresses as this process
+    maps them: a peer's buffer at its peer-mapped address) once the peer has entered the call and,
+    unless `wait` is -1, word `wait` of this rank's pad has risen; then, unless `signal` is -1, word
+    `signal` of rank `peer`'s pad raised. `remote` is the rank whose memory one side lies in (-1:
+    both are this rank's), `pull` says it is the source (else the destination), and `buffer` is the
+    symmetric buffer that side lies in."""
+
+    src: int
+    dst: int
+    elems: int
+    wait: int
+    signal: int
+    peer: int
+    remote: int = -1
+    pull: bool = False
+    buffer: Any = None
+
+    def sm_copy(self) -> tuple[int, int, int, int, int, int]:
+        """The job as `chunk_copy_kernel` takes it."""
+        return (self.src, self.dst, self.elems, self.wait, self.signal, self.peer)
+
+    def nvshmem(self, rank: int, pes: list[int]) -> tuple[int, ...]:
+        """The job as `nvshmem_copy_kernel` takes it (rank `rank` of a group whose PEs are `pes`):
+        the remote side by its local symmetric address (the same offset in this rank's own copy of
+        its buffer), the PE it is on, and the distance to its peer-mapped address."""
+        from syncopate.kernels.nvshmem_copy import LOCAL, PULL, PUSH
+
+        if self.remote < 0 or self.remote == rank:
+            return (self.src, self.dst, self.elems, 0, self.wait, self.signal, self.peer, pes[rank], LOCAL)
+        delta = self.buffer.peer_ptrs[self.remote] - self.buffer.peer_ptrs[rank]
+        src, dst = (self.src - delta, self.dst) if self.pull else (self.src, self.dst - delta)
+        kind = PULL if self.pull else PUSH
+        return (src, dst, self.elems, delta, self.wait, self.signal, self.peer, pes[self.remote], kind)
+
+
+def gather_jobs(call: GatherCall) -> list[CopyJob]:
+    """A copier's jobs for the all-gather of `call`: each chunk this rank sends, in plan order, from
+    its shard (or, forwarding, from its gathered buffer once the chunk has arrived there) into the
+    receiver's gathered buffer, raising the chunk's arrival word there."""
+    ctx, plan = call.ctx, call.plan
+    arrived = _arrival_slot(plan, ctx.rank, "gather")
+    elem = call.a_local.element_size()
+    jobs = []
+    for t in plan.sends(ctx.rank, "gather"):
+        if t.block == ctx.rank:
+            src, wait = call.a_local.data_ptr() + (t.row_start - call.r0) * call.row_bytes, -1
+        else:
+            src, wait = call.a_full.peer_ptrs[ctx.rank] + t.row_start * call.row_bytes, arrived[t.chunk]
+        dst = call.a_full.peer_ptrs[t.dst] + t.row_start * call.row_bytes
+        jobs.append(
+            CopyJob(
+                src, dst, t.rows * call.row_bytes // elem, wait, t.signal, t.dst, t.dst, False, call.a_full
+            )
+        )
+    return jobs
+
+
+def scatter_jobs(call: ScatterCall) -> list[CopyJob]:
+    """A copier's jobs for the reduce-scatter of `call`: each partial chunk once the fused kernel
+    raised its ready word, into the receiver's receive buffer, raising its arrival word there; for
+    an all-reduce then each reduced chunk, pulled from its owner's buffer into the output once the
+    owner raised its word here."""
+    ctx, plan = call.ctx, call.plan
+    row_bytes = call.n_cols * call.elem
+    jobs = []
+    for i, t in enumerate(plan.sends(ctx.rank, "reduce")):
+        src = call.send.data_ptr() + t.row_start * row_bytes
+        dst = (
+            call.recv.peer_ptrs[t.dst]
+            + (recv_offset(plan, ctx.rank, t.block, call.n_cols) + t.row_start * call.n_cols) * call.elem
+        )
+        jobs.append(
+            CopyJob(src, dst, t.rows * call.n_cols, READY_BASE + i, t.signal, t.dst, t.dst, False, call.recv)
+        )
+    if call.reduced is not None:
+        for t in plan.recvs(ctx.rank, "gather"):
+            src = call.reduced.peer_ptrs[t.src] + t.row_start * row_bytes
+            dst = call.out.data_ptr() + t.row_start * row_bytes
+            jobs.append(
+                CopyJob(src, dst, t.rows * call.n_cols, t.signal, -1, ctx.rank, t.src, True, call.reduced)
+            )
+    return jobs
+
+
 class SmCopyBackend(CommBackend):
     """SM-driven copies by `comm_sms` programs of the chunk-copy kernel (the `sm_copy` backend)."""
 
@@ -332,71 +429,79 @@ class SmCopyBackend(CommBackend):
     def start_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> None:
         self.stage_scatter(call, streams)()
 
-    def stage_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
-        ctx, plan = call.ctx, call.plan
-        arrived = _arrival_slot(plan, ctx.rank, "gather")
-        elem = call.a_local.element_size()
-        jobs = []
-        for t in plan.sends(ctx.rank, "gather"):
-            if t.block == ctx.rank:
-                src, wait = call.a_local.data_ptr() + (t.row_start - call.r0) * call.row_bytes, -1
-            else:
-                src, wait = call.a_full.peer_ptrs[ctx.rank] + t.row_start * call.row_bytes, arrived[t.chunk]
-            dst = call.a_full.peer_ptrs[t.dst] + t.row_start * call.row_bytes
-            jobs.append((src, dst, t.rows * call.row_bytes // elem, wait, t.signal, t.dst))
-        stage_chunk_copy(ctx, jobs, streams[0], call.candidate.comm_sms, call.a_local.dtype, call.spin_limit)
+    def _stage_jobs(self, ctx: OverlapContext, jobs: list[CopyJob], stream, call) -> Callable[[], None]:
+        """Stage the copier for `jobs` (see `stage_chunk_copy`); return what launches it on `stream`."""
+        dtype, sms = _dtype(call), call.candidate.comm_sms
+        table = [j.sm_copy() for j in jobs]
+        stage_chunk_copy(ctx, table, stream, sms, dtype, call.spin_limit)
+        return functools.partial(
+            launch_chunk_copy, ctx, stream, table, sms, call.epoch, dtype, call.spin_limit
+        )
 
+    def stage_gather(self, call: GatherCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
+        copy = self._stage_jobs(call.ctx, gather_jobs(call), streams[0], call)
         own = _start_own(call, streams)
 
         def enqueue() -> None:
             own()
-            launch_chunk_copy(
-                ctx,
-                streams[0],
-                jobs,
-                call.candidate.comm_sms,
-                call.epoch,
-                call.a_local.dtype,
-                call.spin_limit,
-            )
+            copy()
 
         return enqueue
 
     def stage_scatter(self, call: ScatterCall, streams: list[torch.cuda.Stream]) -> Callable[[], None]:
-        ctx, plan = call.ctx, call.plan
-        row_bytes = call.n_cols * call.elem
-        jobs = []
-        for i, t in enumerate(plan.sends(ctx.rank, "reduce")):
-            src = call.send.data_ptr() + t.row_start * row_bytes
-            dst = (
-                call.recv.peer_ptrs[t.dst]
-                + (recv_offset(plan, ctx.rank, t.block, call.n_cols) + t.row_start * call.n_cols) * call.elem
-            )
-            jobs.append((src, dst, t.rows * call.n_cols, READY_BASE + i, t.signal, t.dst))
-        if call.reduced is not None:
-            for t in plan.recvs(ctx.rank, "gather"):
-                src = call.reduced.peer_ptrs[t.src] + t.row_start * row_bytes
-                jobs.append(
-                    (
-                        src,
-                        call.out.data_ptr() + t.row_start * row_bytes,
-                        t.rows * call.n_cols,
-                        t.signal,
-                        -1,
-                        ctx.rank,
-                    )
-                )
-        stage_chunk_copy(ctx, jobs, streams[0], call.candidate.comm_sms, call.send.dtype, call.spin_limit)
-
+        ctx = call.ctx
+        copy = self._stage_jobs(ctx, scatter_jobs(call), streams[0], call)
         entry = streamops.kept_program(call.programs, ("entry",), lambda p: _record_entry(p, ctx, streams[0]))
 
         def enqueue() -> None:
             entry.run(call.epoch)
-            launch_chunk_copy(
-                ctx, streams[0], jobs, call.candidate.comm_sms, call.epoch, call.send.dtype, call.spin_limit
-            )
+            copy()
 
         return enqueue
+
+
+class NvshmemBackend(SmCopyBackend):
+    """The SM copier's job lists (same plans, waits, signal words and epochs) moved by `comm_sms`
+    programs of `nvshmem_copy_kernel` with NVSHMEM puts and gets (the `nvshmem` backend). It needs
+    the context's buffers in NVSHMEM symmetric memory (`syncopate.use_nvshmem()`)."""
+
+    name = "nvshmem"
+
+    def check_context(self, ctx: OverlapContext) -> None:
+        from syncopate.kernels.symmetric_memory import nvshmem_refusal
+
+        why = nvshmem_refusal(ctx.memory)
+        if why is not None:
+            raise ConfigError(why)
+
+    def _stage_jobs(self, ctx: OverlapContext, jobs: list[CopyJob], stream, call) -> Callable[[], None]:
+        from syncopate.kernels.nvshmem_copy import launch_nvshmem_copy, stage_nvshmem_copy
+
+        self.check_context(ctx)
+        dtype, sms = _dtype(call), call.candidate.comm_sms
+        pes, pe_table = nvshmem_pes(ctx)
+        table = [j.nvshmem(ctx.rank, pes) for j in jobs]
+        stage_nvshmem_copy(ctx, table, stream, sms, dtype, pe_table, call.spin_limit)
+        return functools.partial(
+            launch_nvshmem_copy, ctx, stream, table, sms, call.epoch, dtype, pe_table, call.spin_limit
+        )
+
+
+def _dtype(call: GatherCall | ScatterCall) -> torch.dtype:
+    """The element type a call's chunks are moved as."""
+    return call.a_local.dtype if isinstance(call, GatherCall) else call.send.dtype
+
+
+def nvshmem_pes(ctx: OverlapContext) -> tuple[list[int], torch.Tensor]:
+    """The NVSHMEM PE of each rank of the context's group (its global rank), as a list and as the
+    device table the copier takes; made once a context (an allocation: before a call's kernel)."""
+    key = ("nvshmem_pes",)
+    found = ctx.cache.get(key)
+    if found is None:
+        pes = [dist.get_global_rank(ctx.group, r) for r in range(ctx.world_size)]
+        table = kept_allocations(lambda: torch.tensor(pes, dtype=torch.int32, device=ctx.device), ctx.device)
+        found = ctx.cache[key] = (pes, table)
+    return found
 
 
 def nccl_exchange(
@@ -553,7 +658,7 @@ class NcclBackend(CommBackend):
 
 
 BACKEND_IMPLS: dict[str, CommBackend] = {
-    b.name: b for b in (CopyEngineBackend(), SmCopyBackend(), NcclBackend())
+    b.name: b for b in (CopyEngineBackend(), SmCopyBackend(), NvshmemBackend(), NcclBackend())
 }
 
 

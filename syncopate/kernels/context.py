@@ -6,7 +6,8 @@ those shapes, and closed explicitly. Each call takes the next epoch with `begin_
 only grow, so no call resets anything. A call captured in a CUDA graph is the exception: its
 replays repeat the epoch it was captured with, so it takes GRAPH_EPOCH and starts by clearing the
 pads, with the group met before and after (`graph_entry_kernel`). Symmetric memory comes from torch's
-`torch.distributed._symmetric_memory` (CUDA backend); every rank maps every peer's buffers.
+`torch.distributed._symmetric_memory` (its CUDA backend, or NVSHMEM where the process opted in:
+`syncopate.kernels.symmetric_memory`); every rank maps every peer's buffers.
 Ranks that share one GPU (two processes on a one-GPU machine, to check the ops with transfers
 between processes; nothing overlaps there) exchange their buffers through CUDA IPC instead, which
 torch's symmetric memory refuses for overlapping devices.
@@ -228,6 +229,9 @@ class OverlapContext:
     scratch: torch.Tensor | None = None
     timeline: Timeline | None = None
     """When set, the copy-engine backend records an event around each chunk it moves (diagnostics)."""
+    memory: str = "cuda"
+    """What backs the buffers: `cuda` (torch's CUDA symmetric memory), `nvshmem` (NVSHMEM's, where
+    the process opted in) or `ipc` (ranks sharing a GPU)."""
     _events: list = field(default_factory=list)
     """`fork`'s event, then `join`'s, one a side stream."""
     _callers: dict = field(default_factory=dict)
@@ -260,6 +264,9 @@ class OverlapContext:
                     name,
                 )
         else:
+            from syncopate.kernels.symmetric_memory import apply_requested
+
+            apply_requested()  # SYNCOPATE_SYMMETRIC_MEMORY, before this process's first allocation
             enable_symm_mem(name)
 
         def alloc(shape, dtype) -> SymmetricBuffer:
@@ -291,6 +298,12 @@ class OverlapContext:
         )
         ctx.scratch = torch.zeros(64, dtype=torch.int32, device=device)
         ctx.sm_pulls = not shared_device
+        if shared_device:
+            ctx.memory = "ipc"
+        else:
+            from syncopate.kernels.symmetric_memory import process_memory
+
+            ctx.memory = process_memory()
         ctx.remote_writes = ctx._probe_remote_writes()
         ctx._enter_graph_call(None)  # compiled and loaded here, never first under a capture
         torch.cuda.synchronize(device)

@@ -1013,8 +1013,11 @@ COPY_TABLES_CACHED = 32
 """Job tables kept on the device per context (an all-reduce's tables name the caller's output)."""
 
 
-def copy_job_tables(ctx, jobs, stream: torch.cuda.Stream | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The device tables of `jobs` for `chunk_copy_kernel`, cached per context.
+def copy_job_tables(
+    ctx, jobs, stream: torch.cuda.Stream | None, wide: int = 3
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The device tables of `jobs` for `chunk_copy_kernel` (or another copier's: the first `wide`
+    fields of a job are int64 addresses and sizes, the rest int32), cached per context.
 
     Making them allocates (pinned host memory, device memory): an implicit synchronization point
     that must not fall between a fused kernel's launch and its communication (the communication
@@ -1027,8 +1030,8 @@ def copy_job_tables(ctx, jobs, stream: torch.cuda.Stream | None) -> tuple[torch.
     cols = list(zip(*jobs))
     pad = [0] * (-len(jobs) % COPY_TABLE_ALIGN)
     device = ctx.device
-    table = torch.tensor([list(cols[0]) + pad, list(cols[1]) + pad, list(cols[2]) + pad], dtype=torch.int64)
-    small = torch.tensor([list(cols[3]) + pad, list(cols[4]) + pad, list(cols[5]) + pad], dtype=torch.int32)
+    table = torch.tensor([list(c) + pad for c in cols[:wide]], dtype=torch.int64)
+    small = torch.tensor([list(c) + pad for c in cols[wide:]], dtype=torch.int32)
 
     def made():
         nonlocal table, small

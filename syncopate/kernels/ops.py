@@ -318,7 +318,14 @@ def _candidate(config: Candidate | dict | None, workload: Workload, group, mode:
 
 
 def check_backend_group(cand: Candidate, group) -> None:
-    """The `nccl` backend's chunks go through the group's own collectives: it needs NCCL there."""
+    """The `nccl` backend's chunks go through the group's own collectives: it needs NCCL there. The
+    `nvshmem` backend needs this process's symmetric memory to be NVSHMEM's (`syncopate.use_nvshmem()`)."""
+    if cand.backend == "nvshmem":
+        from syncopate.kernels.symmetric_memory import process_refusal
+
+        why = process_refusal()
+        if why is not None:
+            raise ConfigError(why)
     backend = str(dist.get_backend(group))
     if cand.backend == "nccl" and cand.template != UNFUSED and "nccl" not in backend:
         raise ConfigError(

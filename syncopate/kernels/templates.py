@@ -359,6 +359,7 @@ class FusedGatherProgram(CallProgram):
             ctx, ("c", n_local, c), lambda: consumer_tables(self.plan, spec.rank, n_local, c, ctx.device)
         )
         self.backend = backend_for(c)
+        self.backend.check_context(ctx)
         self.a_full = ctx.buffers["a_full"]
         self.programs: dict = {}
         """The stream programs the backend records for these calls (`streamops.kept_program`)."""
@@ -446,6 +447,7 @@ class FusedScatterProgram(CallProgram):
         )
         self.send = _kept(ctx, ("send",), lambda: torch.empty((m, n), dtype=spec.dtype, device=spec.device))
         self.backend = backend_for(c)
+        self.backend.check_context(ctx)
         self.programs: dict = {}
         self.launches: dict = {}
         self.sms = ctx.sm_count - self.backend.reserved_sms(c)

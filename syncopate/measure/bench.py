@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from syncopate.files import write_atomically
-from syncopate.search_space import COPY_ENGINE_KINDS, Candidate, Workload, bench_grid
+from syncopate.search_space import (
+    BACKEND_NAMES,
+    COPY_ENGINE_KINDS,
+    DEFAULT_BACKENDS,
+    Candidate,
+    Workload,
+    bench_grid,
+)
 
 __all__ = ["BenchOptions", "bench_grid", "run_bench", "format_table"]
 
@@ -35,7 +42,10 @@ class BenchOptions:
     repetitions: int = 20
     flush_l2: bool = True
     grid: str = "small"
-    backends: tuple[str, ...] = ("copy_engine", "sm_copy", "nccl")
+    backends: tuple[str, ...] = DEFAULT_BACKENDS
+    """Backends of the grid; with `nvshmem` among them (or among `extra`'s) every rank's symmetric
+    memory is NVSHMEM's (`syncopate.use_nvshmem`), and torch async-TP is left out: it does not run
+    there."""
     extra: list[Candidate] = field(default_factory=list)
 
 
@@ -47,6 +57,11 @@ def _worker(rank: int, world: int, port: int, options: BenchOptions, queue) -> N
     import torch.distributed as dist
 
     from syncopate.measure.harness import Harness
+
+    if "nvshmem" in options.backends or any(c.backend == "nvshmem" for c in options.extra):
+        from syncopate.kernels.symmetric_memory import use_nvshmem
+
+        use_nvshmem()  # before the first symmetric allocation of this process
 
     group = dist.group.WORLD
     from syncopate.platform import detect_topology
@@ -120,6 +135,7 @@ def _worker(rank: int, world: int, port: int, options: BenchOptions, queue) -> N
                     "git": git_revision(),
                     "switches": kernel_switches(),
                     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "backend_names": BACKEND_NAMES,
                 }
             )
     finally:
@@ -169,8 +185,8 @@ def summarize_row(row: dict) -> dict[str, Any]:
 def format_table(result: dict) -> str:
     """The benchmark table: device times in µs and the ratios bound/ours, async-TP/ours, seq/ours,
     best torch path/ours (the faster of seq and async-TP); then in eager mode (back-to-back calls,
-    host on the path) ours and best torch path/ours. CE, SM and NCCL are the best fused candidates
-    of each backend; cuBLAS the best of the templates whose GEMMs are cuBLAS's and whose transfers
+    host on the path) ours and best torch path/ours. CE, SM, NVSHMEM and NCCL are the best fused
+    candidates of each backend; cuBLAS the best of the templates whose GEMMs are cuBLAS's and whose transfers
     the copy engine's (a_stationary, c_stationary, decomposed)."""
     head = (
         "kind",
@@ -184,6 +200,7 @@ def format_table(result: dict) -> str:
         "bound",
         "CE",
         "SM",
+        "NVSHMEM",
         "NCCL",
         "cuBLAS",
         "ours",
@@ -220,6 +237,7 @@ def format_table(result: dict) -> str:
                     f(s["bound"]),
                     f(pb.get("copy_engine", {}).get("median_us")),
                     f(pb.get("sm_copy", {}).get("median_us")),
+                    f(pb.get("nvshmem", {}).get("median_us")),
                     f(pb.get("nccl", {}).get("median_us")),
                     f(pb.get("cublas", {}).get("median_us")),
                     f(ours),

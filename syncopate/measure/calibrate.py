@@ -8,6 +8,7 @@ to rank (r + 1) mod ws, every rank at once, as the chunk plans do.
 |------------------------------------|------------------------------------------------------------------|------------------------------|
 | copy engine, per chunk size        | `chunks` back-to-back copy-engine copies into the peer's symmetric buffer (`streamops.copy_async`) | `transfer` `copy_engine/intra` |
 | SM-driven copier, per size and SMs | the chunk-copy kernel (`launch_chunk_copy`) with `comm_sms` programs, `chunks` jobs | `transfer` `sm_copy/intra`     |
+| NVSHMEM copier, per size and SMs   | `launch_nvshmem_copy` with `comm_sms` programs, `chunks` jobs (only where `nvshmem` is among the backends: every rank's symmetric memory is then NVSHMEM's) | `transfer` `nvshmem/intra` |
 | NCCL, per size                     | `chunks` batched send/receive pairs                              | `transfer` `nccl/intra`        |
 | fixed cost per call                | one call's entry handshake, fork and join with one small chunk, less that chunk's time | `call_us` of each          |
 | GEMM per tile configuration and SMs| the consumer kernel with every signal raised beforehand, on M×N×K and M×N×K/4: the slope gives the rate, the intercept the cost per tile | `gemm` TILE |
@@ -25,7 +26,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from syncopate.search_space import TILE_CONFIGS, Candidate, TileConfig
+from syncopate.search_space import DEFAULT_BACKENDS, TILE_CONFIGS, Candidate, TileConfig
 
 __all__ = ["CalibrateOptions", "run_calibration"]
 
@@ -42,7 +43,9 @@ class CalibrateOptions:
     """Back-to-back transfers per timed repetition (their mean is the per-chunk time)."""
     comm_sms: tuple[int, ...] = (8, 16, 32, 64)
     """Programs of the SM-driven copier."""
-    backends: tuple[str, ...] = ("copy_engine", "sm_copy", "nccl")
+    backends: tuple[str, ...] = DEFAULT_BACKENDS
+    """Backends whose transfers are measured; with `nvshmem`, every rank opts into NVSHMEM symmetric
+    memory first (`syncopate.use_nvshmem`)."""
     tile_configs: tuple[TileConfig, ...] = TILE_CONFIGS
     gemm_shape: tuple[int, int, int] = (8192, 8192, 4096)
     """M, N, K of the GEMM calibration (K/4 is measured too)."""
@@ -121,6 +124,28 @@ def _transfers(ctx, group, options: CalibrateOptions) -> dict[str, dict[str, Any
 
         return fn
 
+    def nv(size: int, n: int, programs: int):
+        """`n` jobs of the NVSHMEM copier as its backend makes them: puts into the peer's buffer."""
+        from syncopate.kernels.backends import CopyJob, nvshmem_pes
+        from syncopate.kernels.nvshmem_copy import launch_nvshmem_copy, stage_nvshmem_copy
+
+        pes, pe_table = nvshmem_pes(ctx)
+        jobs = [
+            CopyJob(local, remote, size // 2, -1, i, peer, peer, False, buf).nvshmem(rank, pes)
+            for i in range(n)
+        ]
+        stage_nvshmem_copy(ctx, jobs, None, programs, torch.bfloat16, pe_table, SPIN_LIMIT)
+
+        def fn():
+            main = torch.cuda.current_stream()
+            streams = ctx.fork(main, 1)
+            epoch = ctx.begin_call()
+            announce_entry(streams[0], ctx, epoch)
+            launch_nvshmem_copy(ctx, streams[0], jobs, programs, epoch, torch.bfloat16, pe_table, SPIN_LIMIT)
+            ctx.join(main, streams)
+
+        return fn
+
     def nccl(size: int, n: int):
         send = buf.local[:size]
         recv = buf.local[half : half + size]
@@ -167,6 +192,15 @@ def _transfers(ctx, group, options: CalibrateOptions) -> dict[str, dict[str, Any
         out["sm_copy/intra"] = {
             "curves": curves,
             "call_us": call_cost(lambda size, n: sm(size, n, options.comm_sms[-1]), first["us"][0]),
+        }
+    if "nvshmem" in options.backends:
+        curves = {}
+        for programs in options.comm_sms:
+            curves[str(programs)] = curve(lambda size, n, p=programs: nv(size, n, p))
+        first = curves[str(options.comm_sms[-1])]
+        out["nvshmem/intra"] = {
+            "curves": curves,
+            "call_us": call_cost(lambda size, n: nv(size, n, options.comm_sms[-1]), first["us"][0]),
         }
     if "nccl" in options.backends:
         c = curve(nccl)
@@ -289,6 +323,10 @@ def _worker(rank: int, world: int, port: int, options: CalibrateOptions, queue) 
         sm_count = torch.cuda.get_device_properties(rank).multi_processor_count
         smem_kb = GPUS[topology.gpu_model].smem_per_block_kb if topology.gpu_model in GPUS else 99
         transfers: dict[str, Any] = {}
+        if "nvshmem" in options.backends:
+            from syncopate.kernels.symmetric_memory import use_nvshmem
+
+            use_nvshmem()  # before the context's symmetric allocations
         if world > 1:
             ctx = OverlapContext.create(group, {"buf": ((2 * max(options.sizes) + 2 * MiB,), torch.uint8)})
             try:

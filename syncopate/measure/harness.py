@@ -240,6 +240,15 @@ class Harness:
 
     def _async_tp(self) -> BaselineResult | None:
         kind, a, b, g = self.workload.kind, self.a, self.b, self.group
+        from syncopate.kernels.symmetric_memory import process_memory
+
+        if process_memory() == "nvshmem":
+            log.warning(
+                "torch async-TP baseline left out for %s: it does not run on NVSHMEM symmetric memory, "
+                "which this process opted into (backend nvshmem)",
+                self.workload,
+            )
+            return None
         try:
             import torch.distributed._symmetric_memory as symm_mem
 

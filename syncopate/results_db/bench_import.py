@@ -17,6 +17,9 @@ What is stored:
   per call (`host_us`, `eager_us`) where the file has them; its time stamp is the end of its
   workload's run (the file has no finer one);
 - every baseline under its name, with its detail text (and its `host_us`, `eager_us` where given).
+
+A file without `"backend_names": BACKEND_NAMES` was written before the backend rename: its
+`nvshmem` candidates are `sm_copy`'s.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from syncopate.environment import gluon_on, with_kernels
 from syncopate.errors import ConfigError
 from syncopate.records import BASELINES, BaselineRecord, Environment, TrialRecord
-from syncopate.search_space import Candidate, Topology, Workload
+from syncopate.search_space import BACKEND_NAMES, Candidate, Topology, Workload
 
 if TYPE_CHECKING:
     from syncopate.results_db.repository import ResultsDB
@@ -188,6 +191,7 @@ def _records(
     trials: list[TrialRecord] = []
     baselines: list[BaselineRecord] = []
     clock = started
+    renamed = doc.get("backend_names") != BACKEND_NAMES
     for i, row in enumerate(doc["rows"]):
         try:
             workload = Workload.from_dict(row["workload"])
@@ -223,7 +227,7 @@ def _records(
                         environment=env,
                         # a file written before a backend was renamed reads under the new name (never rewritten:
                         # its sweep is named by the file's digest)
-                        candidate=Candidate.from_stored(t["candidate"]),
+                        candidate=Candidate.from_stored(t["candidate"], renamed=renamed),
                         status=t["status"],
                         source="measured",
                         median_us=float(median) if median is not None else None,

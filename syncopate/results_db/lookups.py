@@ -71,7 +71,7 @@ from syncopate.records import (
 from syncopate.results_db.readers import BestSource, Holdings, Served, ShapeRef, open_source
 from syncopate.results_db.urls import ENV_VAR, locate
 from syncopate.search_space import (
-    BACKENDS,
+    DEFAULT_BACKENDS,
     Candidate,
     Shape,
     Topology,
@@ -451,7 +451,7 @@ class _Ladder:
         found: dict[str, Candidate] = {}
         for c in [
             *guards.values(),
-            *bench_grid(self.workload, self.topology, "tiny", BACKENDS),
+            *bench_grid(self.workload, self.topology, "tiny", DEFAULT_BACKENDS),
         ]:
             found.setdefault(c.key(), c)
         scored = []

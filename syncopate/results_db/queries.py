@@ -92,13 +92,18 @@ def _has_times(session: Session) -> bool:
     return bool(session.info.get(TIMES_INFO, True))
 
 
+def _renamed(session: Session) -> bool:
+    """Whether the session's rows were stored before the backend rename (:data:`NAMES_INFO`)."""
+    return not session.info.get(NAMES_INFO, True)
+
+
 def _current_key(candidate_hash: str, doc: Any) -> str:
-    """The key of a stored trial's candidate under the current backend names: a row stored under an
-    earlier name holds the key of that name's document."""
+    """The key of a trial's candidate, stored before the backend rename, under the current backend
+    names: a row stored under an earlier name holds the key of that name's document."""
     if not isinstance(doc, dict) or doc.get("backend") not in RENAMED_BACKENDS:
         return candidate_hash
     try:
-        return Candidate.from_stored(doc).key()
+        return Candidate.from_stored(doc, renamed=True).key()
     except ConfigError:  # a document this version cannot read keeps its stored key
         return candidate_hash
 
@@ -239,7 +244,7 @@ def _stored_trial(row: TrialModel, dims: _Dims) -> StoredTrial:
         workload=dims.workload(row.workload_id),
         topology=dims.topology(row.topology_id),
         environment=dims.environment(row.environment_id),
-        candidate=Candidate.from_stored(row.candidate),
+        candidate=Candidate.from_stored(row.candidate, renamed=_renamed(dims.session)),
         status=row.status,
         source=row.source,
         median_us=row.median_us,
@@ -317,7 +322,7 @@ def stored_keys(
         stmt = stmt.where(TrialModel.sweep_id == sweep_id)
     if source is not None:
         stmt = stmt.where(TrialModel.source == source)
-    if session.info.get(NAMES_INFO, True):
+    if not _renamed(session):
         return frozenset(session.scalars(stmt))
     return frozenset(
         _current_key(h, doc) for h, doc in session.execute(stmt.add_columns(TrialModel.candidate))
@@ -496,11 +501,11 @@ def calibrations(
     if kind is not None:
         stmt = stmt.where(CalibrationModel.kind == kind)
     if key is not None:
-        stmt = stmt.where(CalibrationModel.key.in_(stored_calibration_keys(key)))
+        stmt = stmt.where(CalibrationModel.key.in_(stored_calibration_keys(key, renamed=_renamed(session))))
     dims = _Dims(session)
     out = []
     for row in session.scalars(stmt):
-        name, payload = stored_calibration(row.kind, row.key, dict(row.payload))
+        name, payload = stored_calibration(row.kind, row.key, dict(row.payload), renamed=_renamed(session))
         if key is not None and name != key:
             continue
         record = CalibrationRecord(

@@ -23,7 +23,8 @@ Three sources, one contract (tests run the same ladder against each):
 
 A database at an older revision this code reads (:data:`~syncopate.results_db.schema.READ_COMPATIBLE`)
 is read as it is: columns it lacks (`eager_us`, `host_us` before revision 0002) read as NULL, and a
-backend its rows name by an earlier name (before revision 0003) reads by the current one
+backend its rows name by an earlier name (before revision 0003: `nvshmem` for `sm_copy`) reads by
+the current one, while a later row's `nvshmem` is the NVSHMEM backend
 (:meth:`~syncopate.search_space.Candidate.from_stored`,
 :func:`~syncopate.results_db.stored_names.stored_calibration`).
 
@@ -50,6 +51,7 @@ from syncopate.results_db.schema import (
     VERSION_TABLE,
     check_revision,
     check_sqlite_file,
+    has_current_names,
     has_times,
     missing_error,
     no_tables_error,
@@ -274,6 +276,7 @@ class _SqlSource(BestSource):
         self._envs: dict[int, Environment] = {}
         self._topologies: dict[str, Topology] | None = None
         self._times: bool | None = None
+        self._revision: tuple[str | None] | None = None
 
     def _id(self, sql: str, key: str) -> int | None:
         """The id of a topology or environment by key; ids found are remembered (rows never go)."""
@@ -299,12 +302,22 @@ class _SqlSource(BestSource):
             )
         return env
 
+    def _stored_revision(self) -> str | None:
+        if self._revision is None:
+            rows = self._rows(f"SELECT version_num FROM {VERSION_TABLE}", {})
+            self._revision = (rows[0][0] if rows else None,)
+        return self._revision[0]
+
     def has_times(self) -> bool:
         """Whether the trials here have `eager_us` and `host_us` (a database at revision 0002 on)."""
         if self._times is None:
-            rows = self._rows(f"SELECT version_num FROM {VERSION_TABLE}", {})
-            self._times = has_times(rows[0][0] if rows else None)
+            self._times = has_times(self._stored_revision())
         return self._times
+
+    def renamed(self) -> bool:
+        """Whether the rows here were stored before the backend rename (a revision before 0003):
+        they name `sm_copy` by its earlier name `nvshmem`."""
+        return not has_current_names(self._stored_revision())
 
     def shapes(self, kind: str, dtype: str) -> list[ShapeRef]:
         return [
@@ -357,7 +370,7 @@ class _SqlSource(BestSource):
         doc = codec.decode(json.loads(candidate) if isinstance(candidate, str) else candidate)
         return Hit(
             trial_id=trial_id,
-            candidate=Candidate.from_stored(doc),
+            candidate=Candidate.from_stored(doc, renamed=self.renamed()),
             median_us=float(median_us),
             eager_us=None if eager_us is None else float(eager_us),
             host_us=None if host_us is None else float(host_us),
@@ -427,7 +440,7 @@ class _SqlSource(BestSource):
             if topology is None:
                 continue
             doc = codec.decode(json.loads(payload) if isinstance(payload, str) else payload)
-            key, doc = stored_calibration(kind, key, doc)
+            key, doc = stored_calibration(kind, key, doc, renamed=self.renamed())
             try:
                 out.append(
                     CalibrationRecord(

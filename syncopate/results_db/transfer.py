@@ -1,7 +1,7 @@
 """The export file: what is served in each mode, as JSON, for jobs that cannot reach the database.
 
 ```json
-{"format": "syncopate-best", "version": 2, "exported_at": "<UTC time, ISO 8601>",
+{"format": "syncopate-best", "version": 3, "exported_at": "<UTC time, ISO 8601>",
  "database": "sqlite:////home/me/.local/share/syncopate/results.db",
  "entries": [{"workload": {"kind": "ag_gemm", "m": 8192, "n": 4096, "k": 8192, "dtype": "bf16"},
               "topology": {"key": "H200x2-nvlink", "world_size": 2, …},
@@ -16,14 +16,15 @@ One entry per trial served in some mode (:meth:`ResultsDB.picks`): `served_in` l
 is served in (both picks of a workload, topology and environment are in the file), `guards` maps
 a mode to the guard (`default`, `unfused`) it stands for there, where a guard was faster than every
 tuned candidate. A version 1 file (device time only, one entry a workload) reads as served in
-both modes.
+both modes. Files before version 3 were written before the backend rename: their `nvshmem` is
+`sm_copy`; from version 3 on, `nvshmem` is the NVSHMEM backend.
 
 :func:`write_export` writes through a temporary file in the target folder renamed over the target,
 so a failure leaves nothing behind and a reader never sees half a file. :func:`read_export`
 checks every field and raises LookupFailedError naming the file and the entry. Non-finite floats are
-tagged as in :mod:`~syncopate.results_db.codec`. A file written before a backend was renamed names
-it by its earlier name: its candidates read under the new one
-(:meth:`~syncopate.search_space.Candidate.from_stored`).
+tagged as in :mod:`~syncopate.results_db.codec`. A file written before a backend was renamed (a
+version before :data:`NAMES_VERSION`) names it by its earlier name: its candidates read under the
+new one (:meth:`~syncopate.search_space.Candidate.from_stored`).
 """
 
 from __future__ import annotations
@@ -48,9 +49,11 @@ if TYPE_CHECKING:
 __all__ = ["FORMAT", "VERSION", "ExportEntry", "import_export", "read_export", "write_export"]
 
 FORMAT = "syncopate-best"
-VERSION = 2
-READABLE_VERSIONS = (1, 2)
+VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 """Export versions this code reads."""
+NAMES_VERSION = 3
+"""The first export version written after the backend rename (its `nvshmem` is the NVSHMEM backend)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -154,7 +157,7 @@ def _entry(d: Any, version: int) -> ExportEntry:
         workload=Workload.from_dict(_field(d, "workload", dict)),
         topology=Topology.from_dict(_field(d, "topology", dict)),
         environment=Environment.from_dict(_field(d, "environment", dict)),
-        candidate=Candidate.from_stored(_field(d, "candidate", dict)),
+        candidate=Candidate.from_stored(_field(d, "candidate", dict), renamed=version < NAMES_VERSION),
         trial_id=_field(d, "trial_id", int),
         sweep_id=_field(d, "sweep_id", int, optional=True),
         median_us=float(_field(d, "median_us", (int, float))),

@@ -4,7 +4,10 @@ Pure Python: importing this package imports neither torch nor triton.
 """
 
 from syncopate.search_space.candidate import (
+    BACKEND_NAMES,
     BACKENDS,
+    COPIER_BACKENDS,
+    DEFAULT_BACKENDS,
     RENAMED_BACKENDS,
     Candidate,
     stored_backend,
@@ -88,6 +91,9 @@ from syncopate.search_space.workload import (
 __all__ = [
     "A_STATIONARY",
     "BACKENDS",
+    "BACKEND_NAMES",
+    "COPIER_BACKENDS",
+    "DEFAULT_BACKENDS",
     "CANDIDATE_TEMPLATES",
     "C_STATIONARY",
     "COPY_ENGINE_KINDS",

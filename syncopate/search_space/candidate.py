@@ -16,42 +16,62 @@ from syncopate.errors import ConfigError, describe
 from syncopate.search_space.chunk_plan import CANDIDATE_TEMPLATES, PLANLESS_KINDS, UNFUSED
 from syncopate.search_space.tile_order import TILE_ORDERS
 
-__all__ = ["BACKENDS", "RENAMED_BACKENDS", "CanonicalJson", "Candidate", "stored_backend", "unknown_backend"]
+__all__ = [
+    "BACKENDS",
+    "BACKEND_NAMES",
+    "COPIER_BACKENDS",
+    "DEFAULT_BACKENDS",
+    "RENAMED_BACKENDS",
+    "CanonicalJson",
+    "Candidate",
+    "stored_backend",
+    "unknown_backend",
+]
 
-BACKENDS: tuple[str, ...] = ("copy_engine", "sm_copy", "nccl")
+BACKENDS: tuple[str, ...] = ("copy_engine", "sm_copy", "nvshmem", "nccl")
 """How chunks move: copy-engine copies on a side stream; SM copies (`sm_copy`: stores into the
 peers' IPC-mapped symmetric memory by `comm_sms` programs of a Triton chunk-copy kernel, which raise
-the receivers' signal words from GPU threads); chunked NCCL transfers on a side stream."""
+the receivers' signal words from GPU threads); NVSHMEM transfers (`nvshmem`: the same job lists,
+moved by `comm_sms` programs with NVSHMEM puts and gets, in a process whose symmetric memory is
+NVSHMEM's: `syncopate.use_nvshmem()`); chunked NCCL transfers on a side stream."""
+
+DEFAULT_BACKENDS: tuple[str, ...] = ("copy_engine", "sm_copy", "nccl")
+"""The backends searched and benchmarked unless a config or `--backends` names others: `nvshmem`
+only runs in a process that opted into NVSHMEM symmetric memory, where torch async-TP (a baseline
+of every run) does not."""
+
+COPIER_BACKENDS: tuple[str, ...] = ("sm_copy", "nvshmem")
+"""Backends whose communication is one job list per rank run by `comm_sms` programs of a copier
+kernel (same plans, waits and signals; only how a job's bytes move differs)."""
 
 RENAMED_BACKENDS: dict[str, tuple[str, str]] = {
     "nvshmem": ("sm_copy", "this backend stores chunks with SM copies; no NVSHMEM is used"),
 }
-"""Earlier names of backends: old name → (new name, why). Input that gives an old name is refused
-with a message naming the new one, not read as it, so that the old name stays free for a backend
-that earns it. What was stored before the rename is read under the new name
-(:func:`stored_backend`): rows of a database at a revision before 0003, which rewrote them, and
-export and `syncopate bench` files, which are never rewritten (a backend that takes an old name
-again must first tell what was stored before the rename apart)."""
+"""Earlier names of backends in what was stored before a rename: old name → (new name, why).
+`nvshmem` named `sm_copy` until migration 0003; the name now belongs to the real NVSHMEM backend,
+so only data stored before the rename reads it as `sm_copy` (:func:`stored_backend` with
+`renamed=True`): rows of a database at a revision before 0003, which rewrote them, export files
+before version 3 and `syncopate bench` files without `backend_names` (never rewritten)."""
+
+
+BACKEND_NAMES = 2
+"""What `syncopate bench` files say (`"backend_names": 2`) to be read with the current names;
+a file without it was written before the rename (:data:`RENAMED_BACKENDS`)."""
 
 
 def unknown_backend(name: object, where: str = "") -> str:
     """The message refusing backend `name`, not one of :data:`BACKENDS`; `where` (such as
-    `" in space.backends"`) says where it was given. An earlier name gets the new one."""
-    renamed = RENAMED_BACKENDS.get(name) if isinstance(name, str) else None
-    if renamed is not None:
-        new, why = renamed
-        return f"backend {name!r} was renamed {new!r} ({why}) — use {new!r}{where}"
+    `" in space.backends"`) says where it was given."""
     return f"unknown backend {name!r}{where}: accepted are {', '.join(BACKENDS)}"
 
 
-def stored_backend(name: Any) -> Any:
-    """The backend that stored data names, by its current name: an earlier name
-    (:data:`RENAMED_BACKENDS`) reads as the new one, since the backend that ran is the renamed one;
-    anything else is returned as it is, for :class:`Candidate` to check. Only for what was stored
-    (database rows, export and bench files): input naming an old name is refused
-    (:func:`unknown_backend`)."""
-    renamed = RENAMED_BACKENDS.get(name) if isinstance(name, str) else None
-    return name if renamed is None else renamed[0]
+def stored_backend(name: Any, *, renamed: bool) -> Any:
+    """The backend that stored data names, by its current name. `renamed`: the data was stored
+    before the rename (see :data:`RENAMED_BACKENDS`), so an earlier name reads as the new one, the
+    backend that ran; otherwise, and for any other name, `name` as it is, for :class:`Candidate`
+    to check."""
+    new = RENAMED_BACKENDS.get(name) if renamed and isinstance(name, str) else None
+    return name if new is None else new[0]
 
 
 def check_pow2(name: str, value: Any, what: str) -> None:
@@ -104,7 +124,7 @@ class Candidate(CanonicalJson):
     tile_order: str = "arrival"
     """One of :data:`~syncopate.search_space.tile_order.TILE_ORDERS`."""
     comm_sms: int = 0
-    """SMs given to communication: the communication programs (`sm_copy`), the SMs left free for
+    """SMs given to communication: the communication programs (`sm_copy`, `nvshmem`), the SMs left free for
     NCCL's kernels (`nccl`); always 0 for `copy_engine`, which spends no SM."""
     block_m: int = 128
     """Output tile rows."""
@@ -169,11 +189,12 @@ class Candidate(CanonicalJson):
         return cls(**d)
 
     @classmethod
-    def from_stored(cls, d: dict[str, Any]) -> Candidate:
-        """A candidate as stored (a database row, an export or bench file): :meth:`from_dict`, with
-        a backend's earlier name read as its new one (:func:`stored_backend`)."""
-        if isinstance(d, dict) and "backend" in d:
-            d = {**d, "backend": stored_backend(d["backend"])}
+    def from_stored(cls, d: dict[str, Any], *, renamed: bool) -> Candidate:
+        """A candidate as stored (a database row, an export or bench file): :meth:`from_dict`; with
+        `renamed` (stored before the rename), a backend's earlier name read as its new one
+        (:func:`stored_backend`)."""
+        if renamed and isinstance(d, dict) and "backend" in d:
+            d = {**d, "backend": stored_backend(d["backend"], renamed=True)}
         return cls.from_dict(d)
 
     @classmethod

@@ -39,7 +39,7 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
         # overlap): the all-gather tries it too (results/llama_tp4-sweep.db has the comparison).
         splits = [1, *splits]
     tiles = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4)] if grid != "tiny" else [(128, 256, 64, 8, 3)]
-    comm = {"copy_engine": [0], "sm_copy": [32, 64], "nccl": [NCCL_MIN_SMS]}
+    comm = {"copy_engine": [0], "sm_copy": [32, 64], "nvshmem": [16, 32], "nccl": [NCCL_MIN_SMS]}
     # Producers also try kept chunks interleaved with the sent ones (an all-reduce then gathers
     # reduced chunks while the GEMM runs); check_candidate keeps it to the direct plan.
     orders = ["arrival"] if workload.kind == "ag_gemm" else ["arrival", "kept_interleaved"]

@@ -15,11 +15,12 @@ A discrete-event model of one call on every rank at once, written from what the 
 - **Communication**, per rank, as queues that run their operations strictly in enqueue order:
   `copy_engine`: one queue per side stream (0, 1, 2), each send waiting for the peer's entry (once
   per stream and peer), for its chunk (ready word, or its own arrival when forwarding), then
-  signalling; `sm_copy`: stream 2 (own chunks), and stream 0: the entry announcement, then the SM
-  copier's jobs one after the other, each waiting for its peer's entry and its chunk; `nccl`:
-  stream 2 (own chunks) and stream 0: the announcement, then per (step, split) batch the ready
-  words of its sends, the batch, the arrival words of its receives (all-reduce: then the gather
-  phase the same way, its sends waiting for the kept chunks' ready words).
+  signalling; `sm_copy` and `nvshmem` (one copier job list): stream 2 (own chunks), and stream 0:
+  the entry announcement, then the copier's jobs one after the other, each waiting for its peer's
+  entry and its chunk; `nccl`: stream 2 (own chunks) and stream 0: the announcement, then per
+  (step, split) batch the ready words of its sends, the batch, the arrival words of its receives
+  (all-reduce: then the gather phase the same way, its sends waiting for the kept chunks' ready
+  words).
 - **NCCL batches** are a rendezvous: a batch ends only once the batch with the same key is running
   on every peer it sends to or receives from (stricter than NCCL, which lets a small send finish
   into the peer's buffer early).
@@ -50,7 +51,7 @@ from itertools import chain
 from typing import Any
 
 from syncopate.errors import ConfigError
-from syncopate.search_space.candidate import Candidate
+from syncopate.search_space.candidate import COPIER_BACKENDS, Candidate
 from syncopate.search_space.chunk_plan import PLANLESS_KINDS, ChunkPlan, Transfer, build_plan
 from syncopate.search_space.tile_order import TileSchedule, consumer_schedule, producer_schedule
 
@@ -352,7 +353,7 @@ class _Call:
 
     def _communication(self, r: int, backend: str, shared_queue: bool) -> list[tuple[tuple, list[tuple]]]:
         """Rank r's side-stream work in enqueue order, as (stream, operations of one transfer)."""
-        copier = backend == "sm_copy"
+        copier = backend in COPIER_BACKENDS
         work: list[tuple[int, tuple]] = []
         if self.kind == "ag_gemm":
             work += [(2, ((_RAISE, _sig(r, _LOCAL, j), ("own", j)),)) for j in range(self.plan.num_splits)]
@@ -382,7 +383,7 @@ class _Call:
         ]
 
     def _sends(self, r: int, phase: str, copier: bool) -> list[tuple[int, tuple]]:
-        """copy_engine (per stream) and sm_copy (one job list): wait for the peer's entry, for the
+        """copy_engine (per stream) and the copiers (one job list): wait for the peer's entry, for the
         chunk (ready word, or its own arrival when forwarding a gathered chunk), copy, signal."""
         arrived = {t.chunk: t.signal for t in self.plan.recvs(r, "gather")}
         out, waited = [], set()
@@ -583,7 +584,7 @@ class _Model:
         _, r, stream, backend = self.names[a]
         if stream < 0:
             what = "side streams sharing one hardware queue"
-        elif backend == "sm_copy" and stream == 0:
+        elif backend in COPIER_BACKENDS and stream == 0:
             what = "stream 0 (entry, then the SM copier's jobs)"
         else:
             what = f"stream {stream}"

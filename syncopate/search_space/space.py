@@ -18,7 +18,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from syncopate.errors import ConfigError
-from syncopate.search_space.candidate import BACKENDS, Candidate, check_pow2, unknown_backend
+from syncopate.search_space.candidate import (
+    BACKENDS,
+    DEFAULT_BACKENDS,
+    Candidate,
+    check_pow2,
+    unknown_backend,
+)
 from syncopate.search_space.chunk_plan import (
     A_STATIONARY,
     C_STATIONARY,
@@ -135,8 +141,9 @@ TILE_CONFIGS: tuple[TileConfig, ...] = (
 class SpaceOptions:
     """Restrictions of the search space (the `space:` section of a sweep config)."""
 
-    backends: tuple[str, ...] = BACKENDS
-    """Backends to search."""
+    backends: tuple[str, ...] = DEFAULT_BACKENDS
+    """Backends to search (`nvshmem` only where named: its tuner workers must run with NVSHMEM
+    symmetric memory, where torch async-TP, a baseline, does not run)."""
     templates: tuple[str, ...] = CANDIDATE_TEMPLATES
     """Plan templates to search (`ring` is the same plan as `direct` on two GPUs and is skipped there;
     `a_stationary` only for ag_gemm over the copy engine; `unfused`, one candidate a workload, whatever
@@ -147,7 +154,12 @@ class SpaceOptions:
     tile_orders: tuple[str, ...] = ("arrival", "arrival_colmajor", "swizzle", "row_major")
     """Tile orders (those that fit the kind's role are kept; `kept_interleaved` is opt-in)."""
     comm_sms: dict[str, tuple[int, ...]] = field(
-        default_factory=lambda: {"copy_engine": (0,), "sm_copy": (16, 32, 64), "nccl": (NCCL_MIN_SMS,)}
+        default_factory=lambda: {
+            "copy_engine": (0,),
+            "sm_copy": (16, 32, 64),
+            "nvshmem": (16, 32, 64),
+            "nccl": (NCCL_MIN_SMS,),
+        }
     )
     """SMs given to communication, per backend."""
     tile_configs: tuple[TileConfig, ...] = TILE_CONFIGS
@@ -232,7 +244,7 @@ def _deadlocking_order(kind: str, order: str, world_size: int, backend: str) -> 
         f"tile order {order!r} can deadlock {kind} ({why}): a program waits for partials while it "
         f"holds rows a peer waits for; accepted for {kind} are 'arrival' and 'arrival_colmajor' (and "
         f"'kept_interleaved' on direct plans), and "
-        f"{' and '.join(repr(o) for o in _ROW_ORDERS)} only on two ranks with backend copy_engine or sm_copy"
+        f"{' and '.join(repr(o) for o in _ROW_ORDERS)} only on two ranks with backend copy_engine, sm_copy or nvshmem"
     )
 
 

@@ -15,7 +15,7 @@ Consumer orders (`ag_gemm`: tiles read rows of A that arrive in chunks):
 Producer orders (`gemm_rs`, `gemm_ar`: tiles write partial rows that leave in chunks):
 - `row_major`, `swizzle`: as above, ignoring when chunks leave (a swizzle group stays inside one
   rank's block). With more than two ranks, or NCCL's paired batches, they can deadlock:
-  `check_candidate` accepts them for producers only on two ranks with the copy engine or sm_copy.
+  `check_candidate` accepts them for producers only on two ranks with the copy engine or a copier (sm_copy, nvshmem).
 - `arrival`: tiles of the chunk that leaves first, first, GROUP_M swizzle inside a chunk; the rows
   the rank keeps come last, in the order their incoming partials arrive.
 - `arrival_colmajor`: the same chunk order, column-major inside a chunk.
