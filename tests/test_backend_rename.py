@@ -26,7 +26,7 @@ from syncopate.records import CalibrationRecord
 from syncopate.results_db import ResultsDB, upgrade
 from syncopate.results_db.lookups import clear_cache, lookup
 from syncopate.results_db.migrate import alembic_config
-from syncopate.results_db.schema import HEAD
+from syncopate.results_db.schema import HEAD, NAMES_REVISION, READ_COMPATIBLE
 from syncopate.results_db.urls import locate
 from syncopate.search_space import (
     BACKENDS,
@@ -151,11 +151,15 @@ def test_migration_0003_renames_the_backend_in_stored_rows_and_back(db_url):
         assert {c.record.key for c in db.calibrations()} == {"sm_copy/intra", "nccl/intra", "op"}
 
 
-def test_the_committed_databases_are_at_the_head_and_name_the_backend_sm_copy():
+def test_the_committed_databases_are_read_as_they_are_and_name_the_backend_sm_copy():
+    """Every committed database is at the head or a revision from the rename on (read as it is:
+    no row of it names the NVSHMEM backend), and none names the SM copier by its old name."""
     for path in sorted((REPO / "results").glob("*.db")):
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as c:
-            assert c.execute("SELECT version_num FROM syncopate_alembic_version").fetchall() == [(HEAD,)], (
-                path
+            ((revision,),) = c.execute("SELECT version_num FROM syncopate_alembic_version").fetchall()
+            assert revision == HEAD or (revision in READ_COMPATIBLE and revision >= NAMES_REVISION), (
+                path,
+                revision,
             )
             for table, column in (
                 ("syncopate_trials", "candidate"),
