@@ -246,7 +246,8 @@ def dispatch_rows(
     plan, prep = tables.prep.plan, tables.prep
     send = x.index_select(0, _token_rows(layout))
     width, r = x.shape[1], layout.rows_received
-    h = out if out is not None else torch.empty(r, w.shape[2], dtype=x.dtype, device=x.device)
+    direct = out is not None and out.stride(-1) == 1  # the kernel stores rows of unit column stride
+    h = out if direct else torch.empty(r, w.shape[2], dtype=x.dtype, device=x.device)
     ex = _DispatchExchange(plan, group, x.device, width, x.dtype, CONTEXTS, prep.rows_needed)
     recv = ex.buffer(r)
     received = None
@@ -278,6 +279,8 @@ def dispatch_rows(
                 ex.post(i, None, recv)  # the side stream waits for the rows, then copies them
                 ex.copy_out(i, recv, received)
     ex.finish()
+    if out is not None and not direct:
+        h = out.copy_(h)
     return h, received
 
 
@@ -294,6 +297,8 @@ def combine_rows(
     on its token's rank: [T·top_k, N] in send order, before the top_k sum. The rows are the
     copy-engine context's buffer: read them before the next call of this kind."""
     _check(h, w)
+    if h.stride(-1) != 1:
+        h = h.contiguous()
     group = _group(group)
     rank = dist.get_rank(group)
     tables = fused_tables(layout, "gemm_a2a", rank, config, h.device)
@@ -304,6 +309,10 @@ def combine_rows(
     ctx = ex.ctx
     dest = ctx.cache.get("moe fused destinations")
     if dest is None:
+        if any(p % 16 for p in ex.rows.peer_ptrs):
+            raise ConfigError(
+                f"receive buffers at {ex.rows.peer_ptrs}: the fused combine stores 16-byte vectors"
+            )
         dest = ctx.cache["moe fused destinations"] = to_device(
             torch.tensor(ex.rows.peer_ptrs, dtype=torch.int64), h.device
         )

@@ -28,7 +28,8 @@ rows a tile loads or stores, so that the compiler cannot move them before the wa
   send buffer, the others the receive buffer once their (source, chunk) word is raised; output rows
   go to h in the unfused layout (by local expert, then source, then token).
 - `combine_kernel`: row tile = (expert, rows of one destination piece); a tile computes its rows of
-  h·W2[e], waits until the destination rank has entered the call (its buffer is free), stores them
+  h·W2[e], waits until the destination rank has entered the call (its buffer is free; a program
+  waits once for each destination, as a dispatch program waits once a piece), stores them
   into that rank's receive buffer (a peer-mapped pointer), then counts itself in its piece; the
   count that completes a piece resets the counter and raises the piece's word in the destination's
   pad with a release store.
@@ -139,6 +140,7 @@ def dispatch_kernel(
     tiles_n = tl.cdiv(N, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
+    seen = -1  # the word this program last waited for: its next tiles of that piece need no wait
     for t in range(pid, row_tiles * tiles_n, programs):
         mt = t // tiles_n
         entry = tiles_ptr + mt * 6
@@ -148,7 +150,10 @@ def dispatch_kernel(
         rows = tl.load(entry + 3)
         word = tl.load(entry + 4)
         h_row = tl.load(entry + 5)
-        gate = _wait_word(pad_ptr, word, epoch, error_ptr, max_spin)
+        gate = 0
+        if word != seen:
+            gate = _wait_word(pad_ptr, word, epoch, error_ptr, max_spin)
+            seen = word
         offs_n = (t - mt * tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
         m_ok = offs_m < rows
         n_ok = offs_n < N
@@ -203,6 +208,7 @@ def combine_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
     elem = h_ptr.dtype.element_ty
+    seen = -1  # the entry word this program last waited for
     for t in range(pid, row_tiles * tiles_n, programs):
         mt = t // tiles_n
         entry = tiles_ptr + mt * 8
@@ -222,8 +228,11 @@ def combine_kernel(
         acc = _tile_product(
             a_ptrs, w_ptrs, m_ok, n_ok, offs_k, K, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES
         )
-        gate = _wait_word(pad_ptr, entered, epoch, error_ptr, max_spin)  # the destination's buffer is free
-        base = tl.load(dest_ptrs + dest).to(tl.pointer_type(elem))
+        gate = 0
+        if entered != seen:  # the destination's buffer is free
+            gate = _wait_word(pad_ptr, entered, epoch, error_ptr, max_spin)
+            seen = entered
+        base = tl.multiple_of(tl.load(dest_ptrs + dest).to(tl.pointer_type(elem)), 16)  # vector stores
         out_rows = (dest_row + gate + offs_m).to(tl.int64) * stride_dm
         tl.store(base + out_rows[:, None] + offs_n[None, :], acc.to(elem), mask=m_ok[:, None] & n_ok[None, :])
         if piece >= 0:
@@ -329,12 +338,17 @@ def launch_combine(
 ) -> None:
     """Run `combine_kernel` on the current stream over `tiles` ([Mt, COMBINE_WORDS] int32): h [R, K],
     W [El, K, N]; `dest_ptrs` [ws] int64, each rank's receive buffer (rows of N elements of h's type,
-    `dest_stride` apart) as mapped here; `piece_tiles` [pieces] int32, each piece's row tiles;
-    `counters` [pieces] int32 or int64, zero; `pad` this rank's signal words, `peer_pads` [ws] int64
-    every rank's pad as mapped here; at most `programs` programs."""
+    `dest_stride` apart) as mapped here, 16-byte aligned (the stores are vectors); `piece_tiles`
+    [pieces] int32, each piece's row tiles; `counters` [pieces] int32 or int64, zero; `pad` this
+    rank's signal words, `peer_pads` [ws] int64 every rank's pad as mapped here; at most
+    `programs` programs."""
     _check_operands(h, w, w.shape[2])
     if dest_ptrs.dtype != torch.int64 or peer_pads.dtype != torch.int64:
         raise ValueError("the destination and pad pointers are int64 tensors")
+    if (dest_stride * h.element_size()) % 16:
+        raise ValueError(
+            f"destination rows {dest_stride} elements apart: the stores take 16-byte aligned rows"
+        )
     row_tiles = tiles.shape[0]
     if row_tiles == 0:
         return
