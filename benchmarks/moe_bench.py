@@ -1,5 +1,5 @@
-"""The MoE ops of `syncopate.moe` (dispatch `a2a_gemm`, combine `gemm_a2a`), unfused and pipelined,
-against torch written plainly, on the expert layers of configs/moe_ep.yaml; and `MoELayer`'s
+"""The MoE ops of `syncopate.moe` (dispatch `a2a_gemm`, combine `gemm_a2a`), unfused, pipelined and
+fused, against torch written plainly, on the expert layers of configs/moe_ep.yaml; and `MoELayer`'s
 forward and backward on them against the same layer written with torch.
 
     torchrun --nproc-per-node 2 benchmarks/moe_bench.py [--models qwen3_30b_a3b] [--tokens 4096]
@@ -14,9 +14,11 @@ inputs:
 - `a2a` alone and `gemm` alone (the same calls), and `bound` = max of the two: what a perfect
   overlap of the two would take;
 - each candidate of the grid (`--grid`; `unfused`, then `pipelined` for each backend, chunk count
-  and order), first checked against the float32 reference computed by the group
-  (`moe_*_group_reference`) on two fresh routings, outputs poisoned with NaN, two calls back to
-  back with different inputs; a candidate off by more than 1e-2 is not timed.
+  and order, then `fused` for each chunk count, order and tile configuration where `copy_engine`
+  is among the backends; `--templates` keeps some templates only), first checked against the
+  float32 reference computed by the group (`moe_*_group_reference`) on two fresh routings, outputs
+  poisoned with NaN, two calls back to back with different inputs; a candidate off by more than
+  1e-2 is not timed.
 
 Times are device times by the project's method (measure/timing.py: warm-up, L2 flush, ranks
 started together, CUDA events, max over ranks, median with p20/p80). The table gives, per case and
@@ -110,14 +112,19 @@ def grid(workload, ws: int, args):
     space = moe_space(workload, ws, backends=backends, chunks=chunks)
     if args.grid == "tiny":
         space = [c for c in space if c.order == "ring"]
-    return space
+    templates = args.templates.split(",")
+    return [c for c in space if c.template in templates]
 
 
 def layer_configs(args):
     from syncopate.search_space.moe_workload import MoeCandidate
 
     backends = ("nccl",) if args.cpu else tuple(args.backends.split(","))
-    return [None] + [MoeCandidate(template="pipelined", backend=b, chunks_per_source=2) for b in backends]
+    configs = [None] + [MoeCandidate(template="pipelined", backend=b, chunks_per_source=2) for b in backends]
+    if "copy_engine" in backends:
+        configs.append(MoeCandidate(template="fused", backend="copy_engine", chunks_per_source=2))
+    templates = args.templates.split(",")
+    return [c for c in configs if (c.template if c is not None else "unfused") in templates]
 
 
 # One case ----------------------------------------------------------------------------------------
@@ -616,6 +623,11 @@ def parse(argv):
         help="small: chunks 1, 2, 4 and both orders; tiny: chunks 2, ring",
     )
     p.add_argument("--backends", default="nccl,copy_engine", help="pipelined backends, comma-separated")
+    p.add_argument(
+        "--templates",
+        default="unfused,pipelined,fused",
+        help="only candidates of these templates, comma-separated (fused takes backend copy_engine)",
+    )
     p.add_argument("--repetitions", type=int, default=20)
     p.add_argument("--layer-calls", type=int, default=5, help="layer calls back to back a repetition")
     p.add_argument("--no-layer", action="store_true", help="skip the MoELayer forward + backward")
@@ -632,11 +644,14 @@ def parse(argv):
         args.log = args.log or os.path.join(out, "moe_bench.log")
     if args.repetitions < 1 or args.layer_calls < 1 or args.shrink < 1:
         p.error("--repetitions, --layer-calls and --shrink take positive numbers")
-    from syncopate.search_space.moe_workload import MOE_BACKENDS
+    from syncopate.search_space.moe_workload import MOE_BACKENDS, MOE_TEMPLATES
 
     unknown = sorted(set(args.backends.split(",")) - set(MOE_BACKENDS))
     if unknown:
         p.error(f"unknown backend(s) {', '.join(unknown)}: accepted are {', '.join(MOE_BACKENDS)}")
+    unknown = sorted(set(args.templates.split(",")) - set(MOE_TEMPLATES))
+    if unknown:
+        p.error(f"unknown template(s) {', '.join(unknown)}: accepted are {', '.join(MOE_TEMPLATES)}")
     return args
 
 

@@ -86,6 +86,11 @@ def test_bad_input_is_refused(tmp_path):
     assert out.returncode == 2 and "no case of" in out.stderr
     out = _run(tmp_path, "--cpu", "--backends", "nvshmem")
     assert out.returncode == 2 and "unknown backend(s) nvshmem: accepted are nccl, copy_engine" in out.stderr
+    out = _run(tmp_path, "--cpu", "--templates", "pipelined,sparse")
+    assert (
+        out.returncode == 2
+        and "unknown template(s) sparse: accepted are unfused, pipelined, fused" in out.stderr
+    )
 
 
 QWEN_EP2 = (
@@ -104,7 +109,11 @@ QWEN_EP2 = (
 
 @pytest.mark.multigpu
 def test_two_gpus_run_the_qwen_layer(tmp_path):
-    _check(tmp_path, _run(tmp_path, *QWEN_EP2), cases=4, backends={"nccl", "copy_engine"})
+    result = _check(tmp_path, _run(tmp_path, *QWEN_EP2), cases=4, backends={"nccl", "copy_engine"})
+    for r in result["ops"]:  # the fused candidates were checked and timed beside the others
+        assert any(c["short"].startswith("fused/copy_engine/c2/ring/") for c in r["candidates"]), r
+    for r in result["layers"]:
+        assert any(c["config"].startswith("fused/") for c in r["configs"]), r
 
 
 @pytest.mark.multigpu

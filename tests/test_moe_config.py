@@ -41,7 +41,29 @@ def test_a_candidate_round_trips_with_a_stable_key():
 @pytest.mark.parametrize(
     "kw, words",
     [
-        ({"template": "fused"}, "unknown MoE template 'fused': accepted are unfused, pipelined"),
+        ({"template": "fusion"}, "unknown MoE template 'fusion': accepted are unfused, pipelined, fused"),
+        (
+            {"template": "fused"},
+            "template fused moves its pieces through the symmetric buffers of backend 'copy_engine', got "
+            "backend 'nccl'; use backend 'copy_engine' (or template 'pipelined' for 'nccl')",
+        ),
+        (
+            {"template": "fused", "backend": "copy_engine", "block_m": 48},
+            "block_m=48 is not accepted for template fused: give one of 16, 32, 64, 128, 256",
+        ),
+        (
+            {"template": "fused", "backend": "copy_engine", "num_warps": 16},
+            "num_warps=16 is not accepted for template fused: give one of 2, 4, 8",
+        ),
+        (
+            {"template": "fused", "backend": "copy_engine", "num_stages": True},
+            "num_stages=True is not accepted for template fused",
+        ),
+        (
+            {"template": "pipelined", "block_n": 64},
+            "template pipelined runs no Triton kernel of its own: block_n=64 applies to template 'fused' "
+            "only; leave the tile fields at their defaults",
+        ),
         (
             {"template": "pipelined", "backend": "nvshmem"},
             "unknown MoE backend 'nvshmem': accepted are nccl, copy_engine",
@@ -72,7 +94,8 @@ def test_bad_values_are_refused_by_name(kw, words):
 
 def test_bad_input_to_from_dict_and_from_json():
     words = (
-        "unknown MoE candidate field\\(s\\) splits: accepted are backend, chunks_per_source, order, template"
+        "unknown MoE candidate field\\(s\\) splits: accepted are backend, block_k, block_m, block_n, "
+        "chunks_per_source, num_stages, num_warps, order, template"
     )
     with pytest.raises(ConfigError, match=words):
         MoeCandidate.from_dict({"template": "pipelined", "splits": 2})
@@ -82,6 +105,41 @@ def test_bad_input_to_from_dict_and_from_json():
         MoeCandidate.from_json("{")
     with pytest.raises(TypeError):
         MoeCandidate("pipelined")  # keyword-only
+
+
+def test_a_fused_candidate_keeps_its_tiles_and_the_others_leave_them_out():
+    c = MoeCandidate(
+        template="fused",
+        backend="copy_engine",
+        chunks_per_source=2,
+        order="pairwise",
+        block_m=128,
+        num_warps=8,
+    )
+    assert MoeCandidate.from_json(c.to_json()) == c
+    assert c.to_dict() == {
+        "template": "fused",
+        "backend": "copy_engine",
+        "chunks_per_source": 2,
+        "order": "pairwise",
+        "block_m": 128,
+        "block_n": 128,
+        "block_k": 64,
+        "num_warps": 8,
+        "num_stages": 3,
+    }
+    assert c.key() != c.replace(block_m=64).key()
+    assert c.short() == "fused/copy_engine/c2/pairwise/128x128x64w8s3"
+    # its backward's plan: pipelined, the same backend, chunks and order, no tiles
+    assert c.as_pipelined() == MoeCandidate(
+        template="pipelined", backend="copy_engine", chunks_per_source=2, order="pairwise"
+    )
+    assert "block_m" not in c.as_pipelined().to_dict()
+    # the other templates' JSON and keys do not name the tile fields
+    assert "block_m" not in MoeCandidate().to_json()
+    assert MoeCandidate.from_dict({"template": "pipelined", "block_m": 64}) == MoeCandidate(
+        template="pipelined"
+    )
 
 
 def test_pairwise_needs_a_power_of_two_world_size():
@@ -97,12 +155,18 @@ def test_the_space_of_a_workload():
     space = moe_space(_workload(), 4)
     assert space[0] == MoeCandidate()  # the guard first
     assert len(space) == len(set(space))
-    fused = space[1:]
-    assert {c.template for c in fused} == {"pipelined"}
-    assert {c.backend for c in fused} == set(MOE_BACKENDS)
-    assert {c.chunks_per_source for c in fused} == {1, 2, 4}
-    assert {c.order for c in fused} == {"ring", "pairwise"}
-    assert len(fused) == 2 * 3 * 2
+    pipelined = space[1:13]
+    assert {c.template for c in pipelined} == {"pipelined"}
+    assert {c.backend for c in pipelined} == set(MOE_BACKENDS)
+    assert {c.chunks_per_source for c in pipelined} == {1, 2, 4}
+    assert {c.order for c in pipelined} == {"ring", "pairwise"}
+    assert len(pipelined) == 2 * 3 * 2
+    # fused after them: chunks × orders × the two tile configurations, copy_engine only
+    fused = space[13:]
+    assert {c.template for c in fused} == {"fused"} and {c.backend for c in fused} == {"copy_engine"}
+    assert len(fused) == 3 * 2 * 2
+    assert {(c.block_m, c.num_warps) for c in fused} == {(64, 4), (128, 8)}
+    assert [c.template for c in moe_space(_workload(), 4, backends=("nccl",))][-1] == "pipelined"
     for c in space:
         check_moe_candidate(c, 4)
     # two ranks: pairwise is ring; three: no pairwise at all
@@ -110,6 +174,9 @@ def test_the_space_of_a_workload():
     assert {c.order for c in moe_space(_workload(experts=120), 3)} == {"ring"}
     # chunk counts above the rows a source sends a rank on average are left out
     tiny = moe_space(_workload(tokens=1, top_k=2, experts=8), 2, backends=("nccl",))
+    assert [
+        c.short() for c in moe_space(_workload(tokens=1, top_k=2, experts=8), 2, backends=("copy_engine",))
+    ][2:] == ["fused/copy_engine/c1/ring/64x128x64w4s3", "fused/copy_engine/c1/ring/128x128x64w8s3"]
     assert [c.short() for c in tiny] == ["unfused", "pipelined/nccl/c1/ring"]
     assert [c.short() for c in moe_space(_workload(), 2, backends=("nccl",), chunks=(8,))] == [
         "unfused",

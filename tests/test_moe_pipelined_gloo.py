@@ -3,7 +3,8 @@ send/receive pairs here) on 2 and 4 ranks, every chunk count and order: the resu
 unfused ops' on the same inputs and the float32 references, for uniform and skewed routings with
 experts that get no row and a rank that receives nothing, outputs poisoned with NaN, calls back to
 back; the gradients of both ops equal the unfused ops'; `MoELayer` on pipelined plans against the
-one-process reference; the `copy_engine` backend and bad configs are refused by name."""
+one-process reference; the `copy_engine` backend (and the `fused` template on it) and bad configs
+are refused by name."""
 
 from __future__ import annotations
 
@@ -276,6 +277,14 @@ def _refusals(rank, ws, init, q):
             lambda: dispatch_gemm(
                 x, w1, layout, g, out=torch.empty(1, 8), config=MoeCandidate(template="pipelined")
             ),
+            lambda: gemm_combine(
+                h,
+                w2,
+                routing.gate_weights[rank],
+                layout,
+                g,
+                config=MoeCandidate(template="fused", backend="copy_engine"),
+            ),
         ):
             try:
                 call()
@@ -298,6 +307,7 @@ def test_the_copy_engine_backend_and_bad_configs_are_refused_on_the_cpu():
             "backend copy_engine copies rows into CUDA symmetric memory",
             "config= takes a MoeCandidate (or None for unfused), got a mapping",
             "out= is (1, 8) torch.float32 on cpu: expected (",
+            "backend copy_engine copies rows into CUDA symmetric memory: it needs CUDA tensors",
         ),
         strict=True,
     ):

@@ -1,6 +1,7 @@
 """Mixture-of-experts layers under expert parallelism (EP): the `a2a_gemm` (dispatch) and
-`gemm_a2a` (combine) ops, unfused (torch's all-to-all and a grouped GEMM) or pipelined (the
-all-to-all cut into pieces overlapped with the grouped GEMM), and `MoELayer` on them.
+`gemm_a2a` (combine) ops, unfused (torch's all-to-all and a grouped GEMM), pipelined (the
+all-to-all cut into pieces overlapped with the grouped GEMM) or fused (the same pieces consumed or
+produced tile by tile by one persistent Triton grouped GEMM), and `MoELayer` on them.
 
 - :mod:`syncopate.moe.routing`: routings (drawn from a `RoutingSpec` or computed by a router) and
   the tables the all-to-alls and the grouped GEMM need;
@@ -8,6 +9,7 @@ all-to-all cut into pieces overlapped with the grouped GEMM), and `MoELayer` on 
   `config=` a `MoeCandidate` (`syncopate.search_space.moe_workload`; `moe_space` lists a search's);
 - :mod:`syncopate.moe.plan`: the pipelined plans' piece tables; :mod:`syncopate.moe.pipelined`
   runs them, :mod:`syncopate.moe.exchange` moves their rows (`nccl`, `copy_engine`);
+  :mod:`syncopate.moe.fused` runs the fused plans on :mod:`syncopate.moe.kernels`;
 - :mod:`syncopate.moe.layer`: `MoELayer`, a router and SwiGLU experts, with autograd.
 
 See docs/moe.md.

@@ -1,6 +1,7 @@
 """The MoE ops under expert parallelism: torch's all-to-all and a grouped GEMM in sequence
 (`unfused`), or the all-to-all cut into pieces that the grouped GEMM consumes or produces as they
-move (`pipelined`, :mod:`syncopate.moe.pipelined`), as the `config=` (a `MoeCandidate`) says.
+move (`pipelined`, :mod:`syncopate.moe.pipelined`), or tile by tile in one persistent Triton
+grouped GEMM (`fused`, :mod:`syncopate.moe.fused`), as the `config=` (a `MoeCandidate`) says.
 
 - `exchange_layout(ids, experts, group)`: ids [T, top_k] → this rank's `ExpertLayout` (one
   all-gather of every rank's per-expert counts);
@@ -11,7 +12,8 @@ move (`pipelined`, :mod:`syncopate.moe.pipelined`), as the `config=` (a `MoeCand
 
 R is the rows the routing sends to this rank's El experts; N is 2F for a SwiGLU expert (gate and
 up projections side by side). Both ops carry autograd (the all-to-all's backward is the reverse
-all-to-all; a pipelined op's backward is the other kind's pipelined plan with the same config), so
+all-to-all; a pipelined or fused op's backward is the other kind's pipelined plan with the same
+backend, chunks and order), so
 a layer trains through them; with `out=` the result is written there instead. With `config=None`
 an op runs `unfused`: tuning and `lookup` do not take the MoE kinds yet.
 """
@@ -306,6 +308,12 @@ def dispatch_gemm(
         if _grad_wanted(x, w1):
             return _written(pipelined.dispatch_autograd(x, w1, layout, group, config), out)
         return pipelined.dispatch_rows(x, w1, layout, group, config, tokens=True, out=out)[0]
+    if config.template == "fused":
+        from syncopate.moe import fused
+
+        if _grad_wanted(x, w1):
+            return _written(fused.dispatch_autograd(x, w1, layout, group, config), out)
+        return fused.dispatch_rows(x, w1, layout, group, config, out=out)[0]
     send = _TokenRows.apply(x, layout)
     received = all_to_all_rows(send, layout.recv_splits, layout.send_splits, group)
     by_expert = permute_rows(received, layout.expert_order, layout.expert_order_inverse)
@@ -340,6 +348,12 @@ def gemm_combine(
         if _grad_wanted(h, w2, gate_weights):
             return _written(pipelined.combine_autograd(h, w2, gate_weights, layout, group, config), out)
         return pipelined.combine(h, w2, gate_weights, layout, group, config, out=out)
+    if config.template == "fused":
+        from syncopate.moe import fused
+
+        if _grad_wanted(h, w2, gate_weights):
+            return _written(fused.combine_autograd(h, w2, gate_weights, layout, group, config), out)
+        return fused.combine(h, w2, gate_weights, layout, group, config, out=out)
     y = grouped_mm(h, w2, layout.group_sizes, offsets=layout.offsets(h.device))
     y = permute_rows(y, layout.expert_order_inverse, layout.expert_order)
     back = all_to_all_rows(y, layout.send_splits, layout.recv_splits, group)

@@ -13,9 +13,10 @@ gate and up projections side by side (columns [0, F) the gate's, [F, 2F) the up'
 SwiGLU MLP's fused first GEMM. The routing is input, never tuned: a `RoutingSpec` says how a
 benchmark or a test draws it (`syncopate.moe.routing`).
 
-`MoeCandidate` is one configuration of these ops (`unfused`, or `pipelined`: the all-to-all cut
-into pieces that the grouped GEMM consumes or produces as they move) and `moe_space` the
-candidates a search tries for a workload. These kinds are not in
+`MoeCandidate` is one configuration of these ops (`unfused`; `pipelined`: the all-to-all cut
+into pieces, one grouped GEMM a piece; `fused`: the same pieces consumed or produced tile by tile
+by one persistent Triton grouped GEMM) and `moe_space` the candidates a search tries for a
+workload. These kinds are not in
 :data:`~syncopate.search_space.workload.KINDS`: `syncopate.moe` runs them, and tuning, lookup and
 the results database do not take them yet.
 
@@ -40,6 +41,7 @@ __all__ = [
     "MOE_KINDS",
     "MOE_ORDERS",
     "MOE_TEMPLATES",
+    "MOE_TILE_DEFAULTS",
     "MoeCandidate",
     "MoeWorkload",
     "RoutingSpec",
@@ -236,14 +238,39 @@ class MoeWorkload:
         )
 
 
-MOE_TEMPLATES: tuple[str, ...] = ("unfused", "pipelined")
+MOE_TEMPLATES: tuple[str, ...] = ("unfused", "pipelined", "fused")
 """`unfused`: torch's all_to_all_single, then one grouped GEMM (or the GEMM, then the all-to-all).
 `pipelined`: the all-to-all cut into pieces, one grouped GEMM a piece, each starting as soon as its
-rows are in (dispatch) or each piece sent as soon as its GEMM is done (combine)."""
+rows are in (dispatch) or each piece sent as soon as its GEMM is done (combine). `fused`: the same
+pieces, and one persistent Triton grouped GEMM a call whose tiles wait for their piece's rows
+(dispatch) or store their rows straight into the destination rank's buffer (combine)."""
 
 MOE_BACKENDS: tuple[str, ...] = ("nccl", "copy_engine")
-"""How a pipelined plan's pieces move: NCCL (or gloo) send/receive pairs on a side stream, or
-copy-engine copies into the peers' symmetric buffers (CUDA only)."""
+"""How a plan's pieces move: NCCL (or gloo) send/receive pairs on a side stream, or the symmetric
+buffers of every rank, written by copy-engine copies (and, in the `fused` combine, by the GEMM's
+own stores), each piece signalled in the receiver's pad (CUDA only)."""
+
+MOE_BLOCKS: tuple[int, ...] = (16, 32, 64, 128, 256)
+"""Tile sizes a `fused` candidate's block_m, block_n and block_k take."""
+
+MOE_WARPS: tuple[int, ...] = (2, 4, 8)
+MOE_STAGES: tuple[int, ...] = (1, 2, 3, 4, 5)
+
+MOE_TILE_DEFAULTS: dict[str, int] = {
+    "block_m": 64,
+    "block_n": 128,
+    "block_k": 64,
+    "num_warps": 4,
+    "num_stages": 3,
+}
+"""The Triton tile fields of a `fused` candidate and their defaults; the other templates keep them at
+these values and leave them out of their JSON (so their keys do not depend on them)."""
+
+MOE_TILE_CONFIGS: tuple[dict[str, int], ...] = (
+    MOE_TILE_DEFAULTS,
+    {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3},
+)
+"""The tile configurations `moe_space` tries for `fused`."""
 
 MOE_ORDERS: tuple[str, ...] = ("ring", "pairwise")
 """The peers of a pipelined plan's exchanges, step s = 1 … ws-1 after the rank's own rows: `ring`
@@ -269,6 +296,16 @@ class MoeCandidate(CanonicalJson):
     """Pieces each peer's rows are cut into, one of :data:`MOE_CHUNKS`; 1 for `unfused`."""
     order: str = "ring"
     """The peers' order, one of :data:`MOE_ORDERS`; `ring` for `unfused`."""
+    block_m: int = 64
+    """`fused`: rows of an output tile (within one expert's rows of one piece), one of :data:`MOE_BLOCKS`."""
+    block_n: int = 128
+    """`fused`: columns of an output tile, one of :data:`MOE_BLOCKS`."""
+    block_k: int = 64
+    """`fused`: the reduction step, one of :data:`MOE_BLOCKS`."""
+    num_warps: int = 4
+    """`fused`: warps a program, one of :data:`MOE_WARPS`."""
+    num_stages: int = 3
+    """`fused`: software-pipeline stages of the reduction loop, one of :data:`MOE_STAGES`."""
 
     def __post_init__(self) -> None:
         if self.template not in MOE_TEMPLATES:
@@ -290,6 +327,44 @@ class MoeCandidate(CanonicalJson):
                 f"'nccl', chunks_per_source=1 and order 'ring', got backend {self.backend!r}, "
                 f"chunks_per_source={c} and order {self.order!r}"
             )
+        self._check_tiles()
+
+    def _check_tiles(self) -> None:
+        tiles = {name: getattr(self, name) for name in MOE_TILE_DEFAULTS}
+        if self.template != "fused":
+            changed = {k: v for k, v in tiles.items() if v != MOE_TILE_DEFAULTS[k]}
+            if changed:
+                given = ", ".join(f"{k}={v!r}" for k, v in changed.items())
+                raise ConfigError(
+                    f"template {self.template} runs no Triton kernel of its own: {given} applies to "
+                    "template 'fused' only; leave the tile fields at their defaults"
+                )
+            return
+        if self.backend != "copy_engine":
+            raise ConfigError(
+                f"template fused moves its pieces through the symmetric buffers of backend 'copy_engine', "
+                f"got backend {self.backend!r}; use backend 'copy_engine' (or template 'pipelined' for 'nccl')"
+            )
+        for name, accepted in (
+            ("block_m", MOE_BLOCKS),
+            ("block_n", MOE_BLOCKS),
+            ("block_k", MOE_BLOCKS),
+            ("num_warps", MOE_WARPS),
+            ("num_stages", MOE_STAGES),
+        ):
+            v = tiles[name]
+            if isinstance(v, bool) or not isinstance(v, int) or v not in accepted:
+                raise ConfigError(
+                    f"{name}={v!r} is not accepted for template fused: give one of {', '.join(map(str, accepted))}"
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields; the tile fields only for `fused` (the other templates have none)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.template != "fused":
+            for name in MOE_TILE_DEFAULTS:
+                del d[name]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MoeCandidate:
@@ -318,7 +393,20 @@ class MoeCandidate(CanonicalJson):
         """A one-line summary for tables."""
         if self.template == "unfused":
             return "unfused"
-        return f"pipelined/{self.backend}/c{self.chunks_per_source}/{self.order}"
+        plan = f"{self.template}/{self.backend}/c{self.chunks_per_source}/{self.order}"
+        if self.template == "fused":
+            plan += f"/{self.block_m}x{self.block_n}x{self.block_k}w{self.num_warps}s{self.num_stages}"
+        return plan
+
+    def as_pipelined(self) -> MoeCandidate:
+        """The `pipelined` candidate with this one's backend, chunks and order (a `fused` op's
+        backward runs it)."""
+        return MoeCandidate(
+            template="pipelined",
+            backend=self.backend,
+            chunks_per_source=self.chunks_per_source,
+            order=self.order,
+        )
 
 
 def check_moe_candidate(candidate: MoeCandidate, world_size: int) -> None:
@@ -341,9 +429,10 @@ def moe_space(
 ) -> list[MoeCandidate]:
     """The candidates a search tries for `workload` on `world_size` ranks: `unfused` first (the
     path a served configuration must beat), then `pipelined` for each backend, chunk count and
-    order. `pairwise` only where it differs from `ring` (more than two ranks) and is possible (a
-    power of two); chunk counts above the rows a source sends a rank on average (T·top_k/ws) are
-    left out, since their pieces would mostly be empty."""
+    order, then, where `copy_engine` is among the backends, `fused` for each chunk count, order and
+    tile configuration of :data:`MOE_TILE_CONFIGS`. `pairwise` only where it differs from `ring`
+    (more than two ranks) and is possible (a power of two); chunk counts above the rows a source
+    sends a rank on average (T·top_k/ws) are left out, since their pieces would mostly be empty."""
     workload.check_world_size(world_size)
     for b in backends:
         if b not in MOE_BACKENDS:
@@ -367,4 +456,15 @@ def moe_space(
                 out.append(
                     MoeCandidate(template="pipelined", backend=backend, chunks_per_source=c, order=order)
                 )
+    if "copy_engine" in backends:
+        for c in chunks:
+            if c > 1 and c > rows:
+                continue
+            for order in orders:
+                for tiles in MOE_TILE_CONFIGS:
+                    out.append(
+                        MoeCandidate(
+                            template="fused", backend="copy_engine", chunks_per_source=c, order=order, **tiles
+                        )
+                    )
     return out

@@ -1,0 +1,388 @@
+"""The `fused` MoE plans: the pieces of the pipelined plans (:mod:`syncopate.moe.plan`), consumed or
+produced tile by tile by one persistent Triton grouped GEMM a call (:mod:`syncopate.moe.kernels`).
+CUDA only, backend `copy_engine` (the symmetric buffers, signal pads and epochs of
+:class:`~syncopate.moe.exchange.CopyEngineExchange`).
+
+- Dispatch (`a2a_gemm`): the pairs' rows are gathered into send order on the caller's stream; the
+  call enters (its side stream forks from the caller's stream and announces the entry in every
+  pad); the kernel is launched on the caller's stream; then every exchange's copy is enqueued on
+  the side stream (each after its peer has entered), each followed by a stream write of the epoch
+  into the peer's (source, chunk) word. The kernel's tiles come in the plan's piece order: the own
+  rows' first, read from the send buffer with no wait, then each source chunk's in exchange order,
+  each tile waiting for its word before it loads its rows from the receive buffer. Tiles store
+  straight into h's unfused layout (by local expert, then source, then token).
+- Combine (`gemm_a2a`): the call enters; the kernel is launched on the caller's stream over the
+  tiles of the peers' pieces in exchange order, then the own piece's; a tile's epilogue waits until
+  its destination rank has entered the call, stores its rows into that rank's receive buffer (at
+  the rows the pipelined plan's copy would have put them) and counts itself in its piece; the
+  count that completes a piece raises the piece's word in the destination's pad. A side stream
+  then waits for this rank's words of every piece it receives, the caller's stream joins it, and
+  the top_k rows of each token are summed by the unfused op's `weighted_sum`.
+
+The kernel goes on the caller's stream before any stream wait of the call (the rule of
+`syncopate.kernels.backends`): a wait enqueued first could hold the kernel back where two streams
+share one hardware queue, and the copies a dispatch kernel waits for never wait for the kernel
+(their side stream forked before it).
+
+The backward of each op is the `pipelined` plan with the same backend, chunks and order
+(`MoeCandidate.as_pipelined`), as the pipelined ops' own backward runs it; the weights' gradients
+are the same K-grouped GEMMs. The tile tables are made once per layout and configuration and kept
+in the layout's cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from syncopate.errors import ConfigError
+from syncopate.moe import pipelined
+from syncopate.moe.exchange import CONTEXTS, CopyEngineExchange, open_exchange
+from syncopate.moe.kernels import COMBINE_WORDS, DISPATCH_WORDS, launch_combine, launch_dispatch
+from syncopate.moe.ops import _token_rows, token_pairs, weighted_sum
+from syncopate.moe.plan import PiecePlan
+from syncopate.moe.routing import ExpertLayout, to_device
+from syncopate.search_space.moe_workload import MoeCandidate
+
+__all__ = [
+    "FusedTables",
+    "combine",
+    "combine_autograd",
+    "combine_rows",
+    "combine_tile_table",
+    "dispatch_autograd",
+    "dispatch_rows",
+    "dispatch_tile_table",
+    "fused_tables",
+]
+
+
+def _segments(recv_counts: list[list[int]]):
+    """(expert-side start of (source s, expert e), h's start of (e, s)) as two dicts: the expert
+    side is by source, then expert; h by expert, then source."""
+    ws, el = len(recv_counts), len(recv_counts[0])
+    side, pos = {}, 0
+    for s in range(ws):
+        for e in range(el):
+            side[s, e] = pos
+            pos += recv_counts[s][e]
+    in_h, pos = {}, 0
+    for e in range(el):
+        for s in range(ws):
+            in_h[s, e] = pos
+            pos += recv_counts[s][e]
+    return side, in_h
+
+
+def _row_tiles(plan: PiecePlan, recv_counts: list[list[int]], block_m: int):
+    """(piece index, piece, expert, first expert-side row, rows, h row) for each row tile, in the
+    plan's piece order, each tile within one expert's rows of one piece."""
+    side, in_h = _segments(recv_counts)
+    el = len(recv_counts[0])
+    for index, piece in enumerate(plan.pieces):
+        s, (lo, hi) = piece.source, piece.rows
+        for e in range(el):
+            start = side[s, e]
+            a, b = max(lo, start), min(hi, start + recv_counts[s][e])
+            for m0 in range(a, b, block_m):
+                yield index, piece, e, m0, min(block_m, b - m0), in_h[s, e] + m0 - start
+
+
+def dispatch_tile_table(plan: PiecePlan, recv_counts: list[list[int]], block_m: int) -> list[tuple[int, ...]]:
+    """The dispatch kernel's row tiles (`kernels.DISPATCH_WORDS` each): expert, A row, own, rows,
+    signal word, h row. The own piece's rows are read from the send buffer (its token side rows),
+    the others' from the receive buffer (expert side) once word `source · chunks + chunk` is raised."""
+    out = []
+    for _, piece, e, m0, rows, h_row in _row_tiles(plan, recv_counts, block_m):
+        if piece.exchange is None:
+            out.append((e, piece.token_rows[0] + m0 - piece.rows[0], 1, rows, -1, h_row))
+        else:
+            out.append((e, m0, 0, rows, piece.source * plan.chunks + piece.chunk, h_row))
+    return out
+
+
+def combine_tile_table(
+    plan: PiecePlan, recv_counts: list[list[int]], block_m: int, entered_base: int
+) -> tuple[list[tuple[int, ...]], list[int]]:
+    """(the combine kernel's row tiles, `kernels.COMBINE_WORDS` each: expert, h row, rows,
+    destination, destination row, piece, word, entry word; the row tiles of each counted piece).
+    A peer's piece lands where the pipelined plan's copy puts it (`Exchange.send_at`) and raises
+    word `rank · chunks + chunk` there; the own piece goes to the own rows of the token side,
+    counted by no one and waiting for no entry."""
+    table, counted, ids = [], [], {}
+    for index, piece, e, m0, rows, h_row in _row_tiles(plan, recv_counts, block_m):
+        lo = piece.rows[0]
+        if piece.exchange is None:
+            table.append((e, h_row, rows, plan.rank, piece.token_rows[0] + m0 - lo, -1, -1, -1))
+            continue
+        x = plan.exchanges[piece.exchange]
+        if x.send_at < 0:
+            raise ConfigError(
+                "template fused writes rows where the peer keeps them, which takes every rank's counts: "
+                "make the layout with exchange_layout (or Routing.layout)"
+            )
+        if index not in ids:
+            ids[index] = len(counted)
+            counted.append(0)
+        counted[ids[index]] += 1
+        word = plan.rank * plan.chunks + piece.chunk
+        table.append(
+            (e, h_row, rows, piece.source, x.send_at + m0 - lo, ids[index], word, entered_base + piece.source)
+        )
+    return table, counted
+
+
+@dataclass(frozen=True)
+class FusedTables:
+    """What every call of one (layout, kind, config) on one rank needs."""
+
+    prep: pipelined.Prepared
+    """The pipelined plan's tables (the plan, the most rows a rank receives)."""
+    tiles: torch.Tensor
+    """[Mt, DISPATCH_WORDS or COMBINE_WORDS] int32 on the device."""
+    piece_tiles: torch.Tensor | None
+    """Combine: the row tiles of each counted piece (int32 on the device)."""
+
+
+def fused_tables(
+    layout: ExpertLayout, kind: str, rank: int, config: MoeCandidate, device: torch.device
+) -> FusedTables:
+    """The tile tables of `kind` under `config` on rank `rank`, made once and kept in the layout's cache."""
+    key = ("fused", kind, rank, config.chunks_per_source, config.order, config.block_m, str(device))
+    found = layout.cache.get(key)
+    if found is not None:
+        return found
+    from syncopate.kernels.tables import ENTERED_BASE
+
+    prep = pipelined.prepared(layout, kind, rank, config.as_pipelined(), device)
+    counts = layout.recv_counts.tolist()
+    piece_tiles = None
+    if kind == "a2a_gemm":
+        rows, width = dispatch_tile_table(prep.plan, counts, config.block_m), DISPATCH_WORDS
+    else:
+        rows, counted = combine_tile_table(prep.plan, counts, config.block_m, ENTERED_BASE)
+        width = COMBINE_WORDS
+        piece_tiles = to_device(torch.tensor(counted + [0], dtype=torch.int32), device)
+    table = torch.tensor(rows, dtype=torch.int32).reshape(-1, width)
+    found = FusedTables(prep=prep, tiles=to_device(table, device), piece_tiles=piece_tiles)
+    layout.cache[key] = found
+    return found
+
+
+def _group(group):
+    return group if group is not None else dist.group.WORLD
+
+
+def _check(a: torch.Tensor, w: torch.Tensor) -> None:
+    if a.device.type != "cuda":
+        raise ConfigError(
+            f"template fused runs Triton kernels on CUDA symmetric memory: it needs CUDA tensors, got "
+            f"tensors on {a.device.type}; use template 'pipelined' with backend 'nccl' there"
+        )
+    if a.dtype not in (torch.bfloat16, torch.float16) or w.dtype != a.dtype:
+        raise ConfigError(
+            f"template fused multiplies 16-bit operands (bf16 or fp16, one type): got {a.dtype} rows and "
+            f"{w.dtype} weights; use template 'pipelined' for others"
+        )
+
+
+def _tiles(config: MoeCandidate) -> dict[str, int]:
+    return {
+        "block_m": config.block_m,
+        "block_n": config.block_n,
+        "block_k": config.block_k,
+        "num_warps": config.num_warps,
+        "num_stages": config.num_stages,
+    }
+
+
+class _DispatchExchange(CopyEngineExchange):
+    """The copy-engine exchange of a fused dispatch: copies that wait only for the call's entry
+    (made after the rows were gathered), never for the caller's stream after it, which the kernel
+    holds; receives that the kernel waits for itself."""
+
+    def send(self, i: int, rows: torch.Tensor) -> None:
+        """Copy exchange `i`'s rows (`rows`, exactly them) into its peer's buffer and raise its word."""
+        x, ctx, so = self.plan.exchanges[i], self.ctx, self._streamops
+        if x.send_at < 0:
+            raise ConfigError(
+                "backend copy_engine writes rows where the peer keeps them, which takes every rank's "
+                "counts: make the layout with exchange_layout (or Routing.layout)"
+            )
+        self.kept.append(rows)
+        if x.send_peer not in self.entered:  # the peer has read what the last call put there
+            so.wait_value(
+                self.push.cuda_stream, ctx.signal_address(ctx.rank, self._entered + x.send_peer), self.epoch
+            )
+            self.entered.add(x.send_peer)
+        so.copy_async(
+            self.push.cuda_stream,
+            self.rows.peer_ptrs[x.send_peer] + x.send_at * self.row_bytes,
+            rows.data_ptr(),
+            rows.shape[0] * self.row_bytes,
+        )
+        ctx.write_signal(self.push, x.send_peer, self.word(ctx.rank, x.chunk), self.epoch)
+
+
+def dispatch_rows(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    layout: ExpertLayout,
+    group,
+    config: MoeCandidate,
+    *,
+    out: torch.Tensor | None = None,
+    keep_received: bool = False,
+    spin_limit: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The fused dispatch of x [T, K] times W [El, K, N]: (h [R, N] in the unfused layout, written
+    into `out` where given; with `keep_received`, the received rows [R, K] in arrival order, else None)."""
+    _check(x, w)
+    group = _group(group)
+    rank = dist.get_rank(group)
+    tables = fused_tables(layout, "a2a_gemm", rank, config, x.device)
+    plan, prep = tables.prep.plan, tables.prep
+    send = x.index_select(0, _token_rows(layout))
+    width, r = x.shape[1], layout.rows_received
+    direct = out is not None and out.stride(-1) == 1  # the kernel stores rows of unit column stride
+    h = out if direct else torch.empty(r, w.shape[2], dtype=x.dtype, device=x.device)
+    ex = _DispatchExchange(plan, group, x.device, width, x.dtype, CONTEXTS, prep.rows_needed)
+    recv = ex.buffer(r)
+    received = None
+    own = next((p for p in plan.pieces if p.exchange is None), None)
+    if keep_received:
+        received = torch.empty(r, width, dtype=x.dtype, device=x.device)
+        if own is not None:
+            received[own.rows[0] : own.rows[1]].copy_(send[own.token_rows[0] : own.token_rows[1]])
+    ctx = ex.ctx
+    launch_dispatch(
+        send,
+        ex.rows.local,
+        w,
+        h,
+        tables.tiles,
+        ctx.signals.local,
+        ctx.error,
+        epoch=ex.epoch,
+        programs=ctx.sm_count,
+        spin_limit=spin_limit,
+        **_tiles(config),
+    )
+    for i, xc in enumerate(plan.exchanges):
+        if xc.sends:
+            ex.send(i, send[xc.send_rows[0] : xc.send_rows[1]])
+    if received is not None:
+        for i, xc in enumerate(plan.exchanges):
+            if xc.receives:
+                ex.post(i, None, recv)  # the side stream waits for the rows, then copies them
+                ex.copy_out(i, recv, received)
+    ex.finish()
+    if out is not None and not direct:
+        h = out.copy_(h)
+    return h, received
+
+
+def combine_rows(
+    h: torch.Tensor,
+    w: torch.Tensor,
+    layout: ExpertLayout,
+    group,
+    config: MoeCandidate,
+    *,
+    spin_limit: int = 0,
+) -> torch.Tensor:
+    """The fused combine's GEMM and transfers: each row of h [R, K] times its expert's W [El, K, N],
+    on its token's rank: [T·top_k, N] in send order, before the top_k sum. The rows are the
+    copy-engine context's buffer: read them before the next call of this kind."""
+    _check(h, w)
+    if h.stride(-1) != 1:
+        h = h.contiguous()
+    group = _group(group)
+    rank = dist.get_rank(group)
+    tables = fused_tables(layout, "gemm_a2a", rank, config, h.device)
+    plan, prep = tables.prep.plan, tables.prep
+    width = w.shape[2]
+    ex = open_exchange("copy_engine", plan, group, h.device, width, h.dtype, prep.rows_needed)
+    back = ex.buffer(layout.tokens * layout.top_k)
+    ctx = ex.ctx
+    dest = ctx.cache.get("moe fused destinations")
+    if dest is None:
+        if any(p % 16 for p in ex.rows.peer_ptrs):
+            raise ConfigError(
+                f"receive buffers at {ex.rows.peer_ptrs}: the fused combine stores 16-byte vectors"
+            )
+        dest = ctx.cache["moe fused destinations"] = to_device(
+            torch.tensor(ex.rows.peer_ptrs, dtype=torch.int64), h.device
+        )
+    pieces = tables.piece_tiles.shape[0]
+    if pieces > ctx.counters.shape[0]:
+        raise ConfigError(f"{pieces} pieces need more than the context's {ctx.counters.shape[0]} counters")
+    launch_combine(
+        h,
+        w,
+        dest,
+        ex.rows.local.stride(0),
+        tables.tiles,
+        tables.piece_tiles,
+        ctx.counters,
+        ctx.signals.local,
+        ctx.peer_signal_ptrs,
+        ctx.error,
+        epoch=ex.epoch,
+        programs=ctx.sm_count,
+        spin_limit=spin_limit,
+        **_tiles(config),
+    )
+    for i, xc in enumerate(plan.exchanges):
+        if xc.receives:
+            ex.post(i, None, back)  # the side stream waits for the piece's word
+    ex.finish()
+    return back
+
+
+def combine(
+    h: torch.Tensor,
+    w: torch.Tensor,
+    gate_weights: torch.Tensor,
+    layout: ExpertLayout,
+    group,
+    config: MoeCandidate,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The fused `gemm_a2a` without autograd: [T, H], written into `out` where given."""
+    result = weighted_sum(token_pairs(combine_rows(h, w, layout, group, config), layout), gate_weights)
+    return result if out is None else out.copy_(result)
+
+
+class _Dispatch(pipelined._Dispatch):
+    """Forward fused; the backward inherited: the pipelined combine plan with W1ᵀ."""
+
+    @staticmethod
+    def forward(ctx, x, w, layout, group, config):
+        h, received = dispatch_rows(x, w, layout, group, config, keep_received=w.requires_grad)
+        ctx.save_for_backward(w, received if received is not None else x.new_empty(0))
+        ctx.meta = (layout, group, config.as_pipelined())
+        return h
+
+
+class _Combine(pipelined._Combine):
+    """Forward fused; the backward inherited: the pipelined dispatch plan of the weighted gradients."""
+
+    @staticmethod
+    def forward(ctx, h, w, gate_weights, layout, group, config):
+        pairs = token_pairs(combine_rows(h, w, layout, group, config), layout)
+        ctx.save_for_backward(h, w, gate_weights, pairs)
+        ctx.meta = (layout, group, config.as_pipelined())
+        return weighted_sum(pairs, gate_weights)
+
+
+def dispatch_autograd(x, w, layout, group, config) -> torch.Tensor:
+    """`dispatch_rows` with autograd (the backward: the pipelined combine plan with W1ᵀ)."""
+    return _Dispatch.apply(x, w, layout, group, config)
+
+
+def combine_autograd(h, w, gate_weights, layout, group, config) -> torch.Tensor:
+    """`combine` with autograd (the backward: the pipelined dispatch plan with W2ᵀ)."""
+    return _Combine.apply(h, w, gate_weights, layout, group, config)

@@ -1,0 +1,383 @@
+"""Triton kernels of the `fused` MoE template: persistent grouped GEMMs that consume rows as they
+land (dispatch) or store their rows where the destination rank keeps them (combine).
+
+Shape symbols
+
+| symbol   | meaning                                                                         |
+|----------|---------------------------------------------------------------------------------|
+| El       | this rank's local experts                                                       |
+| R        | rows this rank's experts receive (h's rows)                                     |
+| K        | the reduction: H (dispatch) or F (combine)                                      |
+| N        | output columns: 2F (dispatch) or H (combine)                                    |
+| BM/BN/BK | BLOCK_M, BLOCK_N, BLOCK_K                                                       |
+| Mt       | row tiles of the call: each lies in one expert's rows of one piece (`TILE_WORDS`) |
+| P        | persistent programs (grid size, at most the SMs)                                |
+
+A call's output tiles are (row tile, column block) pairs, row-tile major, in the order of the row
+tile table: program p runs tiles p, p + P, …, each a loop over K in BK steps (fp32 accumulation,
+operands in their own 16-bit type). A row tile's rows are contiguous in A, in the output, and in the
+one piece they belong to, so a tile is a base row, a count and one signal word.
+
+Signals are int32 words that only grow: a piece of call `epoch` is there when its word is >= epoch
+(compared wrap-safe as a signed difference). A wait polls with an acquire atomic at system scope;
+`max_spin` > 0 bounds it, and a wait that runs out sets `error_ptr[0] = 1` and goes on (tests, and
+a search that must not hang); its result is 0 but depends on what was read, and is added to the
+rows a tile loads or stores, so that the compiler cannot move them before the wait.
+
+- `dispatch_kernel`: row tile = (expert, rows of one source piece); the own source's tiles read the
+  send buffer, the others the receive buffer once their (source, chunk) word is raised; output rows
+  go to h in the unfused layout (by local expert, then source, then token).
+- `combine_kernel`: row tile = (expert, rows of one destination piece); a tile computes its rows of
+  h·W2[e], waits until the destination rank has entered the call (its buffer is free; a program
+  waits once for each destination, as a dispatch program waits once a piece), stores them
+  into that rank's receive buffer (a peer-mapped pointer), then counts itself in its piece; the
+  count that completes a piece resets the counter and raises the piece's word in the destination's
+  pad with a release store.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = [
+    "COMBINE_WORDS",
+    "DISPATCH_WORDS",
+    "combine_kernel",
+    "dispatch_kernel",
+    "launch_combine",
+    "launch_dispatch",
+]
+
+DISPATCH_WORDS = 6
+"""int32 words of a dispatch row tile: expert, A row, own (1: the send buffer, 0: the receive
+buffer), rows, signal word (-1: no wait), h row."""
+
+COMBINE_WORDS = 8
+"""int32 words of a combine row tile: expert, h row, rows, destination rank, destination row,
+piece (-1: the own rows, counted by no one), the piece's word in the destination's pad, the entry
+word in this rank's pad to wait on first (-1: none)."""
+
+
+@triton.jit
+def _poll(ptr, epoch, max_spin):
+    """Read an int32 word (acquire, system scope) until `(int)(*ptr - epoch) >= 0`, or `max_spin`
+    reads when it is positive; returns the last value read."""
+    value = tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
+    spins = 1
+    while ((value - epoch) < 0) & ((spins < max_spin) | (max_spin <= 0)):
+        value = tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
+        spins += 1
+    return value
+
+
+@triton.jit
+def _wait_word(pad_ptr, word, epoch, error_ptr, max_spin):
+    """Wait for word `word` of the pad (nothing when word < 0); returns 0, also after a timeout,
+    computed from what was read (module docstring)."""
+    value = epoch
+    if word >= 0:
+        value = _poll(pad_ptr + word, epoch, max_spin)
+        if (value - epoch) < 0:
+            tl.atomic_xchg(error_ptr, 1)
+    return ((value - epoch) >> 31) & (max_spin >> 31)
+
+
+@triton.jit
+def _tile_product(
+    a_ptrs,
+    w_ptrs,
+    m_ok,
+    n_ok,
+    offs_k,
+    K,
+    stride_wk,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """Σ_k A[rows, k] · W[k, cols] in float32: A contiguous along K, W at stride `stride_wk`."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        k_ok = (offs_k + k) < K
+        a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K * stride_wk
+    return acc
+
+
+@triton.jit(do_not_specialize=["epoch", "max_spin"])
+def dispatch_kernel(
+    send_ptr,
+    recv_ptr,
+    w_ptr,
+    h_ptr,
+    tiles_ptr,
+    pad_ptr,
+    error_ptr,
+    epoch,
+    max_spin,
+    row_tiles,
+    N,
+    K,
+    stride_a,
+    stride_we,
+    stride_wk,
+    stride_wn,
+    stride_hm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """h[tile rows, cols] = A[tile rows] @ W[e][:, cols] for every tile of the table (module docstring)."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    seen = -1  # the word this program last waited for: its next tiles of that piece need no wait
+    for t in range(pid, row_tiles * tiles_n, programs):
+        mt = t // tiles_n
+        entry = tiles_ptr + mt * 6
+        e = tl.load(entry).to(tl.int64)
+        a_row = tl.load(entry + 1)
+        own = tl.load(entry + 2)
+        rows = tl.load(entry + 3)
+        word = tl.load(entry + 4)
+        h_row = tl.load(entry + 5)
+        gate = 0
+        if word != seen:
+            gate = _wait_word(pad_ptr, word, epoch, error_ptr, max_spin)
+            seen = word
+        offs_n = (t - mt * tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_ok = offs_m < rows
+        n_ok = offs_n < N
+        a_rows = (a_row + gate + offs_m).to(tl.int64) * stride_a
+        if own != 0:
+            a_ptrs = send_ptr + a_rows[:, None] + offs_k[None, :]
+        else:
+            a_ptrs = recv_ptr + a_rows[:, None] + offs_k[None, :]
+        w_ptrs = w_ptr + e * stride_we + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
+        acc = _tile_product(
+            a_ptrs, w_ptrs, m_ok, n_ok, offs_k, K, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES
+        )
+        out_rows = (h_row + offs_m).to(tl.int64) * stride_hm
+        tl.store(
+            h_ptr + out_rows[:, None] + offs_n[None, :],
+            acc.to(h_ptr.dtype.element_ty),
+            mask=m_ok[:, None] & n_ok[None, :],
+        )
+
+
+@triton.jit(do_not_specialize=["epoch", "max_spin"])
+def combine_kernel(
+    h_ptr,
+    w_ptr,
+    dest_ptrs,
+    tiles_ptr,
+    piece_tiles_ptr,
+    counter_ptr,
+    pad_ptr,
+    peer_pads_ptr,
+    error_ptr,
+    epoch,
+    max_spin,
+    row_tiles,
+    N,
+    K,
+    stride_hm,
+    stride_we,
+    stride_wk,
+    stride_wn,
+    stride_dm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """Each tile's rows of h @ W[e] stored into its destination rank's buffer; a piece's last tile
+    raises its word there (module docstring). `piece_tiles_ptr[p]`: row tiles of piece p."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    elem = h_ptr.dtype.element_ty
+    seen = -1  # the entry word this program last waited for
+    for t in range(pid, row_tiles * tiles_n, programs):
+        mt = t // tiles_n
+        entry = tiles_ptr + mt * 8
+        e = tl.load(entry).to(tl.int64)
+        h_row = tl.load(entry + 1)
+        rows = tl.load(entry + 2)
+        dest = tl.load(entry + 3)
+        dest_row = tl.load(entry + 4)
+        piece = tl.load(entry + 5)
+        word = tl.load(entry + 6)
+        entered = tl.load(entry + 7)
+        offs_n = (t - mt * tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_ok = offs_m < rows
+        n_ok = offs_n < N
+        a_ptrs = h_ptr + ((h_row + offs_m).to(tl.int64) * stride_hm)[:, None] + offs_k[None, :]
+        w_ptrs = w_ptr + e * stride_we + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
+        acc = _tile_product(
+            a_ptrs, w_ptrs, m_ok, n_ok, offs_k, K, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES
+        )
+        gate = 0
+        if entered != seen:  # the destination's buffer is free
+            gate = _wait_word(pad_ptr, entered, epoch, error_ptr, max_spin)
+            seen = entered
+        base = tl.multiple_of(tl.load(dest_ptrs + dest).to(tl.pointer_type(elem)), 16)  # vector stores
+        out_rows = (dest_row + gate + offs_m).to(tl.int64) * stride_dm
+        tl.store(base + out_rows[:, None] + offs_n[None, :], acc.to(elem), mask=m_ok[:, None] & n_ok[None, :])
+        if piece >= 0:
+            tl.debug_barrier()  # every thread's rows stored before the count below releases them
+            done = tl.atomic_add(counter_ptr + piece, 1, sem="acq_rel", scope="sys") + 1
+            if done == tl.load(piece_tiles_ptr + piece) * tiles_n:
+                tl.atomic_xchg(counter_ptr + piece, 0, sem="relaxed", scope="gpu")
+                peer_pad = tl.load(peer_pads_ptr + dest).to(tl.pointer_type(tl.int32))
+                tl.atomic_xchg(peer_pad + word, epoch, sem="release", scope="sys")
+
+
+def _programs(tiles: int, programs: int) -> int:
+    return max(1, min(tiles, programs))
+
+
+def _check_operands(a: torch.Tensor, w: torch.Tensor, out_width: int) -> None:
+    if a.dtype not in (torch.bfloat16, torch.float16) or w.dtype != a.dtype:
+        raise ValueError(
+            f"the fused MoE kernels take bf16 or fp16 operands of one type, got {a.dtype} and {w.dtype}"
+        )
+    if a.stride(-1) != 1:
+        raise ValueError(f"the fused MoE kernels read rows contiguous along K, got strides {a.stride()}")
+    if w.shape[2] != out_width:
+        raise ValueError(f"weights {tuple(w.shape)} give {w.shape[2]} columns, the output has {out_width}")
+
+
+def launch_dispatch(
+    send: torch.Tensor,
+    recv: torch.Tensor,
+    w: torch.Tensor,
+    h: torch.Tensor,
+    tiles: torch.Tensor,
+    pad: torch.Tensor,
+    error: torch.Tensor,
+    *,
+    epoch: int,
+    programs: int,
+    block_m: int,
+    block_n: int,
+    block_k: int,
+    num_warps: int,
+    num_stages: int,
+    spin_limit: int = 0,
+) -> None:
+    """Run `dispatch_kernel` on the current stream over `tiles` ([Mt, DISPATCH_WORDS] int32): send
+    [*, K] (this rank's rows, token side), recv [*, K] (the receive buffer, expert side), W [El, K, N],
+    h [R, N]; `pad` this rank's signal words; at most `programs` programs."""
+    _check_operands(send, w, h.shape[1])
+    if recv.stride(-1) != 1 or recv.stride(0) != send.stride(0) or recv.dtype != send.dtype:
+        raise ValueError("the send and receive buffers must hold rows of one width and type")
+    row_tiles = tiles.shape[0]
+    if row_tiles == 0:
+        return
+    n, k = w.shape[2], w.shape[1]
+    grid = (_programs(row_tiles * triton.cdiv(n, block_n), programs),)
+    dispatch_kernel[grid](
+        send,
+        recv,
+        w,
+        h,
+        tiles,
+        pad,
+        error,
+        epoch,
+        spin_limit,
+        row_tiles,
+        n,
+        k,
+        send.stride(0),
+        w.stride(0),
+        w.stride(1),
+        w.stride(2),
+        h.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        NUM_STAGES=num_stages,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+
+
+def launch_combine(
+    h: torch.Tensor,
+    w: torch.Tensor,
+    dest_ptrs: torch.Tensor,
+    dest_stride: int,
+    tiles: torch.Tensor,
+    piece_tiles: torch.Tensor,
+    counters: torch.Tensor,
+    pad: torch.Tensor,
+    peer_pads: torch.Tensor,
+    error: torch.Tensor,
+    *,
+    epoch: int,
+    programs: int,
+    block_m: int,
+    block_n: int,
+    block_k: int,
+    num_warps: int,
+    num_stages: int,
+    spin_limit: int = 0,
+) -> None:
+    """Run `combine_kernel` on the current stream over `tiles` ([Mt, COMBINE_WORDS] int32): h [R, K],
+    W [El, K, N]; `dest_ptrs` [ws] int64, each rank's receive buffer (rows of N elements of h's type,
+    `dest_stride` apart) as mapped here, 16-byte aligned (the stores are vectors); `piece_tiles`
+    [pieces] int32, each piece's row tiles; `counters` [pieces] int32 or int64, zero; `pad` this
+    rank's signal words, `peer_pads` [ws] int64 every rank's pad as mapped here; at most
+    `programs` programs."""
+    _check_operands(h, w, w.shape[2])
+    if dest_ptrs.dtype != torch.int64 or peer_pads.dtype != torch.int64:
+        raise ValueError("the destination and pad pointers are int64 tensors")
+    if (dest_stride * h.element_size()) % 16:
+        raise ValueError(
+            f"destination rows {dest_stride} elements apart: the stores take 16-byte aligned rows"
+        )
+    row_tiles = tiles.shape[0]
+    if row_tiles == 0:
+        return
+    n, k = w.shape[2], w.shape[1]
+    grid = (_programs(row_tiles * triton.cdiv(n, block_n), programs),)
+    combine_kernel[grid](
+        h,
+        w,
+        dest_ptrs,
+        tiles,
+        piece_tiles,
+        counters,
+        pad,
+        peer_pads,
+        error,
+        epoch,
+        spin_limit,
+        row_tiles,
+        n,
+        k,
+        h.stride(0),
+        w.stride(0),
+        w.stride(1),
+        w.stride(2),
+        dest_stride,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        NUM_STAGES=num_stages,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )

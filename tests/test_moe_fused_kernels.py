@@ -1,0 +1,347 @@
+"""Layer: Triton interpreter on the CPU (TRITON_INTERPRET=1). The `fused` MoE template's kernels
+(`syncopate.moe.kernels`) on the tile tables `syncopate.moe.fused` makes, every rank of a routing
+run in turn in one process, the transfers emulated:
+
+- dispatch: each rank's receive buffer holds what its peers' copies would put there (its own
+  block poisoned with NaN: the own rows come from the send buffer), the signal words raised; h is
+  checked row by row against the float32 reference, for uniform and skewed routings with empty
+  experts, 2 and 4 ranks, 1 to 4 chunks a source and tiles that end inside a segment; a word left
+  at the previous call's epoch makes a bounded wait report an error and no other row changes;
+- combine: the "peers'" receive buffers and pads are local tensors (the kernel only sees
+  pointers); every rank's kernel stores its rows there, and each rank's weighted top-k sum of its
+  buffer equals the float32 reference; each piece's word is raised in its destination's pad, the
+  counters are back at zero for the next call, a piece one count short raises nothing, a
+  destination that has not entered makes a bounded wait report an error.
+
+And the Triton compiler on the CPU, in a fresh process: both kernels compile for sm_90 with the
+tile configurations `moe_space` tries, their waits acquire loads at system scope, their products
+on the tensor cores.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest
+import torch
+
+from syncopate.kernels.tables import ENTERED_BASE, PAD_WORDS
+from syncopate.measure.reference import moe_combine_reference, moe_dispatch_reference, moe_rows
+from syncopate.moe import Routing, draw_routing
+from syncopate.moe.fused import fused_tables
+from syncopate.moe.kernels import launch_combine, launch_dispatch
+from syncopate.moe.ops import _token_rows, token_pairs, weighted_sum
+from syncopate.search_space import RoutingSpec
+from syncopate.search_space.moe_workload import MoeCandidate
+
+HIDDEN, FFN, EXPERTS = 64, 32, 8
+DTYPE = torch.float16
+"""The kernels take bf16 or fp16; the interpreter's `tl.dot` multiplies bf16 operands as integers
+(triton 3.9), so its tests run fp16 (the GPU tests run bf16)."""
+CPU = torch.device("cpu")
+TILES = {"block_m": 16, "block_n": 32, "block_k": 32, "num_warps": 4, "num_stages": 2}
+
+
+def _config(chunks: int, order: str = "ring", **tiles) -> MoeCandidate:
+    return MoeCandidate(
+        template="fused", backend="copy_engine", chunks_per_source=chunks, order=order, **{**TILES, **tiles}
+    )
+
+
+def _routing(ws: int, kind: str, tokens: int, top_k: int, seed: int) -> Routing:
+    if kind == "starved":  # the last rank's experts get no row
+        gen = torch.Generator().manual_seed(seed)
+        fed = EXPERTS - EXPERTS // ws
+        ids = [
+            torch.stack([torch.randperm(fed, generator=gen)[:top_k] for _ in range(tokens)])
+            for _ in range(ws)
+        ]
+        weights = [torch.softmax(torch.randn(tokens, top_k, generator=gen), 1) for _ in range(ws)]
+        return Routing(experts=EXPERTS, expert_ids=tuple(ids), gate_weights=tuple(weights))
+    spec = RoutingSpec(distribution=kind, skew=5.0, seed=seed)
+    return draw_routing(world_size=ws, tokens=tokens, experts=EXPERTS, top_k=top_k, spec=spec)
+
+
+def _rand(*shape, gen, scale=1.0):
+    return (torch.randn(*shape, generator=gen) * scale).to(DTYPE)
+
+
+def _offsets(sizes):
+    out, total = [], 0
+    for n in sizes:
+        out.append(total)
+        total += n
+    return out
+
+
+class Dispatch:
+    """Every rank's inputs and the buffers its peers' copies would fill."""
+
+    def __init__(self, ws, kind, tokens, top_k, seed=0):
+        self.ws, self.routing = ws, _routing(ws, kind, tokens, top_k, seed)
+        self.layouts = [self.routing.layout(q) for q in range(ws)]
+        gen = torch.Generator().manual_seed(100 + seed)
+        el = EXPERTS // ws
+        self.xs = [_rand(tokens, HIDDEN, gen=gen) for _ in range(ws)]
+        self.w1s = [_rand(el, HIDDEN, 2 * FFN, gen=gen, scale=HIDDEN**-0.5) for _ in range(ws)]
+        self.sends = [x[_token_rows(lay)] for x, lay in zip(self.xs, self.layouts)]
+        self.ref = moe_dispatch_reference(self.xs, list(self.routing.expert_ids), self.w1s, EXPERTS)
+
+    def received(self, r: int) -> torch.Tensor:
+        """Rank r's receive buffer as the copies leave it: source s's rows at s's expert-side block;
+        the own block (never copied) NaN, and NaN rows past the end."""
+        lay = self.layouts[r]
+        recv = torch.full((lay.rows_received + 8, HIDDEN), float("nan"), dtype=DTYPE)
+        at = _offsets(lay.recv_splits)
+        for s in range(self.ws):
+            if s != r:
+                start = _offsets(self.layouts[s].send_splits)[r]
+                recv[at[s] : at[s] + lay.recv_splits[s]] = self.sends[s][start : start + lay.recv_splits[s]]
+        return recv
+
+    def run(self, r, config, *, epoch=5, pad=None, spin_limit=0, programs=3, recv=None):
+        lay = self.layouts[r]
+        tables = fused_tables(lay, "a2a_gemm", r, config, CPU)
+        if pad is None:
+            pad = self.pad(r, config, epoch)
+        error = torch.zeros(1, dtype=torch.int32)
+        h = torch.full((lay.rows_received, 2 * FFN), float("nan"), dtype=DTYPE)
+        tiles = {k: getattr(config, k) for k in TILES}
+        launch_dispatch(
+            self.sends[r], self.received(r) if recv is None else recv, self.w1s[r], h, tables.tiles, pad, error,
+            epoch=epoch, programs=programs, spin_limit=spin_limit, **tiles,
+        )  # fmt: skip
+        return h, int(error.item()), tables
+
+    def pad(self, r, config, epoch):
+        pad = torch.zeros(PAD_WORDS, dtype=torch.int32)
+        pad[: self.ws * config.chunks_per_source] = epoch
+        return pad
+
+
+def _check_rows(h: torch.Tensor, ref: torch.Tensor, rows) -> None:
+    """h's rows `rows` against the float32 reference, one by one."""
+    assert h.shape[0] == ref.shape[0]
+    for i in rows:
+        torch.testing.assert_close(h[i].float(), ref[i], rtol=2e-2, atol=2e-2, msg=f"row {i}")
+
+
+@pytest.mark.parametrize(
+    "ws, kind, tokens, top_k, chunks, order",
+    [
+        (2, "uniform", 24, 2, 1, "ring"),
+        (2, "skewed", 20, 3, 2, "ring"),
+        (4, "skewed", 12, 2, 4, "pairwise"),
+        (4, "starved", 10, 2, 2, "ring"),
+    ],
+)
+def test_dispatch_computes_every_row_of_h_in_the_unfused_layout(ws, kind, tokens, top_k, chunks, order):
+    case = Dispatch(ws, kind, tokens, top_k, seed=ws + chunks)
+    config = _config(chunks, order)
+    sizes = []
+    for r in range(ws):
+        h, error, tables = case.run(r, config)
+        assert error == 0
+        _check_rows(h, case.ref[r], range(h.shape[0]))
+        # the table: own tiles first, every tile within one expert's rows, BLOCK_M rows at most
+        t = tables.tiles.tolist()
+        own = [row[2] for row in t]
+        assert own == sorted(own, reverse=True)
+        assert all(0 < row[3] <= config.block_m for row in t)
+        assert sum(row[3] for row in t) == case.layouts[r].rows_received
+        sizes += case.layouts[r].group_sizes.tolist()
+    # the routing had experts of several sizes, and (skewed, starved) empty ones
+    assert len(set(sizes)) > 2
+    if kind != "uniform":
+        assert 0 in sizes
+
+
+def test_dispatch_tiles_follow_the_pieces_in_arrival_order():
+    case = Dispatch(4, "uniform", 16, 2, seed=3)
+    config = _config(2, "ring", block_m=16)
+    r = 1
+    tables = fused_tables(case.layouts[r], "a2a_gemm", r, config, CPU)
+    words = [row[4] for row in tables.tiles.tolist()]
+    plan = tables.prep.plan
+    expected = [-1] + [
+        p.source * 2 + p.chunk for p in plan.pieces if p.exchange is not None
+    ]  # own piece, then sources in exchange order: ring steps 1, 2, 3 receive from ranks 0, 3, 2
+    seen = [w for i, w in enumerate(words) if i == 0 or w != words[i - 1]]
+    assert seen == expected
+    assert [p.source for p in plan.pieces[1:]][::2] == [0, 3, 2]
+
+
+def test_a_word_below_the_epoch_keeps_its_tiles_waiting_and_reports_it():
+    case = Dispatch(2, "uniform", 24, 2, seed=7)
+    config = _config(2)
+    r, epoch = 0, 9
+    lay = case.layouts[r]
+    pad = case.pad(r, config, epoch)
+    late = 1 * 2 + 1  # source 1, chunk 1: still the previous call's epoch
+    pad[late] = epoch - 1
+    tables = fused_tables(lay, "a2a_gemm", r, config, CPU)
+    piece = next(p for p in tables.prep.plan.pieces if (p.source, p.chunk) == (1, 1))
+    recv = case.received(r)
+    recv[piece.rows[0] : piece.rows[1]] = float("nan")  # the late chunk's rows have not landed
+    h, error, tables = case.run(r, config, epoch=epoch, pad=pad, spin_limit=50, recv=recv)
+    assert error == 1
+    t = tables.tiles.tolist()
+    waiting = {i for row in t if row[4] == late for i in range(row[5], row[5] + row[3])}
+    assert waiting, "the late chunk has rows"
+    _check_rows(h, case.ref[r], [i for i in range(lay.rows_received) if i not in waiting])
+    # the late rows were read after the bounded wait gave up: the poisoned buffer, not the data
+    assert all(torch.isnan(h[i]).all() for i in waiting)
+    pad[late] = epoch
+    h, error, _ = case.run(r, config, epoch=epoch, pad=pad, spin_limit=50)
+    assert error == 0
+    _check_rows(h, case.ref[r], range(lay.rows_received))
+
+
+class Combine:
+    """Every rank's h and W2, and every rank's receive buffer and pad as local tensors."""
+
+    def __init__(self, ws, kind, tokens, top_k, seed=0):
+        self.ws, self.routing = ws, _routing(ws, kind, tokens, top_k, seed)
+        self.layouts = [self.routing.layout(q) for q in range(ws)]
+        gen = torch.Generator().manual_seed(200 + seed)
+        el = EXPERTS // ws
+        self.hs = [_rand(lay.rows_received, FFN, gen=gen) for lay in self.layouts]
+        self.w2s = [_rand(el, FFN, HIDDEN, gen=gen, scale=FFN**-0.5) for _ in range(ws)]
+        rows = max(lay.tokens * lay.top_k for lay in self.layouts) + 8
+        self.buffers = [torch.full((rows, HIDDEN), float("nan"), dtype=DTYPE) for _ in range(ws)]
+        self.pads = [torch.zeros(PAD_WORDS, dtype=torch.int32) for _ in range(ws)]
+        self.counters = torch.zeros(64, dtype=torch.int64)
+        self.dest = torch.tensor([b.data_ptr() for b in self.buffers], dtype=torch.int64)
+        self.pad_ptrs = torch.tensor([p.data_ptr() for p in self.pads], dtype=torch.int64)
+
+    def enter(self, epoch, skip=()):
+        """Every rank has entered call `epoch` (but those of `skip`): the words in every pad."""
+        for pad in self.pads:
+            for q in range(self.ws):
+                if q not in skip:
+                    pad[ENTERED_BASE + q] = epoch
+
+    def run(self, r, config, *, epoch, spin_limit=0, programs=3, counters=None):
+        lay = self.layouts[r]
+        tables = fused_tables(lay, "gemm_a2a", r, config, CPU)
+        error = torch.zeros(1, dtype=torch.int32)
+        tiles = {k: getattr(config, k) for k in TILES}
+        launch_combine(
+            self.hs[r], self.w2s[r], self.dest, HIDDEN, tables.tiles, tables.piece_tiles,
+            self.counters if counters is None else counters, self.pads[r], self.pad_ptrs, error,
+            epoch=epoch, programs=programs, spin_limit=spin_limit, **tiles,
+        )  # fmt: skip
+        return int(error.item()), tables
+
+    def sums(self, q):
+        lay = self.layouts[q]
+        back = self.buffers[q][: lay.tokens * lay.top_k]
+        return weighted_sum(token_pairs(back, lay), self.routing.gate_weights[q]).float()
+
+    def reference(self):
+        return moe_combine_reference(
+            self.hs, self.w2s, list(self.routing.expert_ids), list(self.routing.gate_weights), EXPERTS
+        )
+
+
+def _sent_words(tables, r, chunks):
+    """(destination, word) of every piece rank r's plan sends."""
+    plan = tables.prep.plan
+    return {(p.source, r * chunks + p.chunk) for p in plan.pieces if p.exchange is not None}
+
+
+@pytest.mark.parametrize(
+    "ws, kind, tokens, top_k, chunks, order",
+    [
+        (2, "uniform", 24, 2, 1, "ring"),
+        (2, "skewed", 20, 3, 4, "ring"),
+        (4, "starved", 10, 2, 2, "pairwise"),
+    ],
+)
+def test_combine_stores_every_row_where_its_token_s_rank_sums_it(ws, kind, tokens, top_k, chunks, order):
+    case = Combine(ws, kind, tokens, top_k, seed=ws * chunks)
+    config = _config(chunks, order)
+    ref = case.reference()
+    for epoch in (3, 4):  # back to back: counters start at zero again, words take the new epoch
+        for b in case.buffers:
+            b.fill_(float("nan"))
+        case.enter(epoch)
+        sent = set()
+        for r in range(ws):
+            error, tables = case.run(r, config, epoch=epoch)
+            assert error == 0
+            assert int(case.counters.abs().sum()) == 0
+            sent |= {(q, w) for q, w in _sent_words(tables, r, chunks)}
+        for q in range(ws):
+            raised = {(q, w) for w in range(ws * chunks) if int(case.pads[q][w]) == epoch}
+            assert raised == {(d, w) for d, w in sent if d == q}
+            assert all(int(case.pads[q][w]) == 0 for w in range(ws * chunks) if (q, w) not in sent)
+            torch.testing.assert_close(case.sums(q), ref[q], rtol=2e-2, atol=2e-2, msg=f"rank {q}")
+
+
+def test_combine_rows_land_where_the_destination_keeps_them():
+    """Row by row: rank r's row i of h (by expert, source, token) times its expert's W2 at the row
+    of its source's token side that holds that (token, expert) pair."""
+    ws = 2
+    case = Combine(ws, "skewed", 16, 3, seed=11)
+    config = _config(2, block_m=16)
+    case.enter(1)
+    r = 1
+    error, _ = case.run(r, config, epoch=1)
+    assert error == 0
+    ids = list(case.routing.expert_ids)
+    local = EXPERTS // ws
+    for i, (s, t, k) in enumerate(moe_rows(ids, EXPERTS, r)):
+        e = ids[s][t, k].item() - r * local
+        expected = case.hs[r][i].float() @ case.w2s[r][e].float()
+        lay = case.layouts[s]
+        pair = t * lay.top_k + k
+        at = int(lay.order_inverse[pair])  # the pair's row in s's send order
+        torch.testing.assert_close(case.buffers[s][at].float(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_a_piece_one_count_short_raises_nothing():
+    case = Combine(2, "uniform", 24, 2, seed=5)
+    config = _config(2)
+    case.enter(2)
+    counters = torch.zeros(64, dtype=torch.int64)
+    counters[0] = -1  # as if a tile of the first piece had not been counted yet
+    error, tables = case.run(0, config, epoch=2, counters=counters)
+    assert error == 0
+    plan = tables.prep.plan
+    first = next(p for p in plan.pieces if p.exchange is not None)
+    assert int(case.pads[first.source][first.chunk]) == 0  # word 0 · chunks + chunk, not raised
+    total = int(tables.piece_tiles[0]) * (HIDDEN // TILES["block_n"])
+    assert int(counters[0]) == total - 1  # counted, not reset
+    others = [p for p in plan.pieces if p.exchange is not None and p is not first]
+    assert others and all(int(case.pads[p.source][p.chunk]) == 2 for p in others)
+    assert all(int(c) == 0 for c in counters[1 : tables.piece_tiles.shape[0]])
+
+
+def test_a_destination_that_has_not_entered_makes_the_wait_report_it():
+    case = Combine(2, "uniform", 24, 2, seed=6)
+    config = _config(1)
+    case.enter(7, skip=(1,))
+    for pad in case.pads:
+        pad[ENTERED_BASE + 1] = 6  # rank 1 is still in the previous call
+    error, _ = case.run(0, config, epoch=7, spin_limit=50)
+    assert error == 1
+    case.enter(7)
+    error, _ = case.run(0, config, epoch=7, spin_limit=50)
+    assert error == 0
+
+
+def test_the_kernels_compile_for_sm90():
+    script = Path(__file__).parent / "support" / "compile_moe_sm90.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(script.parents[2]), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    ok = [line for line in done.stdout.splitlines() if line.startswith("ok ")]
+    assert len(ok) == 4, done.stdout
+    assert all(" 0 acquire loads" not in line and " 0 wgmma" not in line for line in ok), done.stdout
