@@ -618,6 +618,40 @@ def test_copy_job_table_rows_start_16_byte_aligned_whatever_the_job_count(jobs):
         assert t[:, :jobs].tolist() == [[v] * jobs for v in ((1, 2, 3) if t is table else (4, 5, 6))]
 
 
+def test_job_tables_a_captured_call_uses_outlive_the_cache(monkeypatch):
+    """A CUDA graph's copier reads its job tables (and their pinned source) at every replay: tables
+    made or found under a capture stay referenced after later calls with other addresses have pushed
+    them out of the context's cache, so a replay never reads freed memory; tables of calls not
+    captured are let go."""
+    import gc
+    import weakref
+    from types import SimpleNamespace
+
+    from syncopate.kernels import launch
+
+    ctx = SimpleNamespace(device=CPU, cache={})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(launch, "_hold_if_captured", _held_on_cpu(launch._hold_if_captured))
+    captured = launch.copy_job_tables(ctx, [(1, 2, 3, 4, 5, 6)], None)
+    found = launch.copy_job_tables(ctx, [(1, 2, 3, 4, 5, 6)], None)  # found in the cache, captured again
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    direct = launch.copy_job_tables(ctx, [(7, 8, 9, 10, 11, 12)], None)
+    refs = [weakref.ref(t) for t in (*captured, *direct)]
+    assert found is captured
+    del captured, found, direct
+    for i in range(launch.COPY_TABLES_CACHED + 1):  # other addresses: the first tables leave the cache
+        launch.copy_job_tables(ctx, [(100 + i, 2, 3, 4, 5, 6)], None)
+    gc.collect()
+    assert ("copy_jobs", 3, ((1, 2, 3, 4, 5, 6),)) not in ctx.cache
+    assert [r() is not None for r in refs] == [True, True, False, False]
+    assert len(ctx.cache[launch.CAPTURED_TABLES]) == 2
+
+
+def _held_on_cpu(hold):
+    """`_hold_if_captured` as on a GPU: its CPU test's tables live on the CPU."""
+    return lambda cache, device, tables, host: hold(cache, torch.device("cuda"), tables, host)
+
+
 def test_a_timeline_reports_each_chunk_from_the_events_of_its_pool():
     """The copy-engine backend's diagnostics: events come from a pool made beforehand (none is
     created during a call); a chunk whose events the spent pool could not give is left out."""

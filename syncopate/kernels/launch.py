@@ -1024,9 +1024,11 @@ def copy_job_tables(
     would then wait for the kernel, which waits for it). Callers make them before the launch.
     """
     cache = getattr(ctx, "cache", None)
-    key = ("copy_jobs", tuple(jobs))
+    key = ("copy_jobs", wide, tuple(jobs))
     if cache is not None and key in cache:
-        return cache[key]
+        tables = cache[key]
+        _hold_if_captured(cache, ctx.device, tables, cache.get(("copy_jobs_host", wide, tuple(jobs))))
+        return tables
     cols = list(zip(*jobs))
     pad = [0] * (-len(jobs) % COPY_TABLE_ALIGN)
     device = ctx.device
@@ -1044,8 +1046,22 @@ def copy_job_tables(
     if cache is not None:
         _keep(cache, key, tables, COPY_TABLES_CACHED)
         # A copy captured in a CUDA graph reads its pinned source at every replay: kept with the tables.
-        _keep(cache, ("copy_jobs_host", tuple(jobs)), (table, small), COPY_TABLES_CACHED)
+        _keep(cache, ("copy_jobs_host", wide, tuple(jobs)), (table, small), COPY_TABLES_CACHED)
+        _hold_if_captured(cache, device, tables, (table, small))
     return tables
+
+
+CAPTURED_TABLES = ("captured copy jobs",)
+"""The context cache's list of the job tables (device and pinned host) that CUDA graphs captured."""
+
+
+def _hold_if_captured(cache: dict, device: torch.device, tables, host) -> None:
+    """Under a CUDA graph capture, keep `tables` and their pinned `host` source for as long as the
+    context lives: the graph's copier reads them at every replay, long after later calls with other
+    addresses have pushed them out of the cache's last COPY_TABLES_CACHED (a graph would then read
+    freed memory). Captures are few (one a captured call), so the list stays short."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        cache.setdefault(CAPTURED_TABLES, []).append((tables, host))
 
 
 _COPIERS_LOADED: set[tuple] = set()
