@@ -232,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             for shape in SHAPES[kind]:
                 results.append(run_case(kind, shape, group, device, args))
     finally:
+        syncopate.close_contexts()  # NVSHMEM buffers freed while the group can still meet
         dist.destroy_process_group()
     wrong = [
         f"{r['kind']} {tuple(r['shape'])} {c['short']}: {c['status']} {c.get('error', c.get('rel_error', ''))}"
