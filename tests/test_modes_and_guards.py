@@ -23,7 +23,7 @@ from syncopate.records import TrialRecord, pick
 from syncopate.results_db import ResultsDB, read_export
 from syncopate.results_db.lookups import clear_cache, lookup
 from syncopate.results_db.migrate import alembic_config, upgrade
-from syncopate.results_db.schema import HEAD
+from syncopate.results_db.schema import HEAD, NAMES_REVISION
 from syncopate.results_db.urls import locate
 from syncopate.search_space import (
     Topology,
@@ -451,7 +451,7 @@ def test_a_committed_database_at_revision_0002_answers_lookup_read_only(tmp_path
     assert (served.trial_id, served.candidate) == (result.trial_id, result.candidate)
     assert hashlib.sha256(copy.read_bytes()).hexdigest() == digest
     with ResultsDB.open(copy, read_only=True) as old, ResultsDB.open(head, read_only=True) as new:
-        assert old.revision == "0002" and new.revision == HEAD
+        assert old.revision == "0002" and new.revision == NAMES_REVISION  # committed files stay at 0003
         before = [(t.trial_id, t.median_us, t.record.candidate) for t in old.trials()]
         assert before == [(t.trial_id, t.median_us, t.record.candidate) for t in new.trials()]
         assert "sm_copy" in {c.backend for _, _, c in before}
