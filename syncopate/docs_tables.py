@@ -62,8 +62,8 @@ class Sources:
     """A `benchmarks/graph_calls.py` run."""
     layer_bound: tuple[str, ...]
     """`syncopate bench --layer` runs with the layers' bound (their communication left out)."""
-    moe: str
-    """A `benchmarks/moe_bench.py` run."""
+    moe: tuple[str, ...]
+    """`benchmarks/moe_bench.py` runs."""
     op_host: tuple[str, ...]
     """`benchmarks/op_host.py --json` runs: host time per call against torch's unfused path."""
 
@@ -81,7 +81,7 @@ def sources(root: Path) -> Sources:
             train_step=tuple(doc["train_step"]),
             graph_calls=doc["graph_calls"],
             layer_bound=tuple(doc["layer_bound"]),
-            moe=doc["moe"],
+            moe=tuple(doc["moe"]) if isinstance(doc["moe"], list) else (doc["moe"],),
             op_host=tuple(doc["op_host"]),
         )
     except (KeyError, TypeError, ValueError) as e:
@@ -564,37 +564,61 @@ def layer_bound(root: Path) -> str:
 
 def moe(root: Path) -> str:
     """The MoE ops and layer against torch's path: each op's fastest verified candidate beside the
-    all-to-all alone, the grouped GEMM alone and their bound; the layer forward + backward."""
-    name = sources(root).moe
-    doc = _read_json(root / "results" / name)
-    rows = []
-    for op in doc["ops"]:
-        times = op["times"]
-        ok = [c for c in op["candidates"] if c.get("status") == "ok" and c.get("times")]
-        best = min(ok, key=lambda c: c["times"]["median_us"]) if ok else None
-        ours = best["times"]["median_us"] if best else None
-        torch_us = times["torch"]["median_us"]
-        rows.append(
-            [
-                op["model"],
-                str(op["ep"]),
-                op["kind"],
-                str(op["tokens"]),
-                op["routing"],
-                _t(torch_us),
-                _t(times["a2a"]["median_us"]),
-                _t(times["gemm"]["median_us"]),
-                _t(op["bound_us"]),
-                _t(ours),
-                _r(None if not ours else op["bound_us"] / ours),
-                _r(None if not ours else torch_us / ours),
-                best["short"] if best else "–",
-            ]
-        )
+    all-to-all alone, the grouped GEMM alone and their bound; the layer forward + backward. One row
+    set a run (`moe` in tables.json: a file or a list of them), each with its GPUs."""
+    names = sources(root).moe
+    rows, layer_rows, notes = [], [], []
+    for name in names:
+        doc = _read_json(root / "results" / name)
+        env = doc["environment"]
+        ep = doc["ops"][0]["ep"] if doc["ops"] else (doc["layers"][0]["ep"] if doc["layers"] else "?")
+        gpus = f"{ep} × {env['gpu_model']}"
+        notes.append(f"{gpus}: torch {env['torch']}, NCCL {env['nccl']}, `results/{name}`")
+        for op in doc["ops"]:
+            times = op["times"]
+            ok = [c for c in op["candidates"] if c.get("status") == "ok" and c.get("times")]
+            best = min(ok, key=lambda c: c["times"]["median_us"]) if ok else None
+            ours = best["times"]["median_us"] if best else None
+            torch_us = times["torch"]["median_us"]
+            rows.append(
+                [
+                    gpus,
+                    op["model"],
+                    op["kind"],
+                    str(op["tokens"]),
+                    op["routing"],
+                    _t(torch_us),
+                    _t(times["a2a"]["median_us"]),
+                    _t(times["gemm"]["median_us"]),
+                    _t(op["bound_us"]),
+                    _t(ours),
+                    _r(None if not ours else op["bound_us"] / ours),
+                    _r(None if not ours else torch_us / ours),
+                    best["short"] if best else "–",
+                ]
+            )
+        for layer in doc["layers"]:
+            torch_us = layer["times"]["torch"]["median_us"]
+            for c in layer["configs"]:
+                if c.get("status") != "ok":
+                    continue
+                us = c["times"]["median_us"]
+                layer_rows.append(
+                    [
+                        gpus,
+                        layer["model"],
+                        str(layer["tokens"]),
+                        layer["routing"],
+                        c["config"],
+                        _t(torch_us),
+                        _t(us),
+                        _r(torch_us / us),
+                    ]
+                )
     ops_table = _table(
         [
+            "GPUs (EP)",
             "model",
-            "EP",
             "kind",
             "tokens a rank",
             "routing",
@@ -609,34 +633,15 @@ def moe(root: Path) -> str:
         ],
         rows,
     )
-    layer_rows = []
-    for layer in doc["layers"]:
-        torch_us = layer["times"]["torch"]["median_us"]
-        for c in layer["configs"]:
-            if c.get("status") != "ok":
-                continue
-            us = c["times"]["median_us"]
-            layer_rows.append(
-                [
-                    layer["model"],
-                    str(layer["ep"]),
-                    str(layer["tokens"]),
-                    layer["routing"],
-                    c["config"],
-                    _t(torch_us),
-                    _t(us),
-                    _r(torch_us / us),
-                ]
-            )
     layers_table = _table(
-        ["model", "EP", "tokens a rank", "routing", "ours", "torch µs", "ours µs", "torch / ours"], layer_rows
+        ["GPUs (EP)", "model", "tokens a rank", "routing", "ours", "torch µs", "ours µs", "torch / ours"],
+        layer_rows,
     )
-    env = doc["environment"]
     return (
         f"{ops_table}\n\n{layers_table}\n\nµs a call, medians; bf16; the op rows' `ours` is the fastest candidate "
-        f"verified against float32; the layer rows are `MoELayer` forward + backward, calls back to back. "
-        f"{env['gpu_model']} × {doc['ops'][0]['ep'] if doc['ops'] else '?'}, torch {env['torch']}, NCCL {env['nccl']}; "
-        f"from `results/{name}`.\n"
+        f"verified against float32 among those the run timed; the layer rows are `MoELayer` forward + backward, "
+        f"calls back to back; each run's rows timed in one run, H100 and H200 runs not to be compared. "
+        f"{'; '.join(notes)}.\n"
     )
 
 
