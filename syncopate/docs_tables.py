@@ -66,6 +66,8 @@ class Sources:
     """`benchmarks/moe_bench.py` runs."""
     op_host: tuple[str, ...]
     """`benchmarks/op_host.py --json` runs: host time per call against torch's unfused path."""
+    nvshmem: tuple[str, ...]
+    """`benchmarks/nvshmem_bench.py` runs: the backends side by side in an NVSHMEM process."""
 
 
 def sources(root: Path) -> Sources:
@@ -83,11 +85,12 @@ def sources(root: Path) -> Sources:
             layer_bound=tuple(doc["layer_bound"]),
             moe=tuple(doc["moe"]) if isinstance(doc["moe"], list) else (doc["moe"],),
             op_host=tuple(doc["op_host"]),
+            nvshmem=tuple(doc["nvshmem"]),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(
             f"results/{SOURCES} does not name every table's files ({e!r}): it needs tp2_suite, "
-            f"tp4_suite, short_tp2, strategies, layers, train_step, graph_calls, layer_bound, moe and op_host"
+            f"tp4_suite, short_tp2, strategies, layers, train_step, graph_calls, layer_bound, moe, op_host and nvshmem"
         ) from None
 
 
@@ -798,6 +801,68 @@ def op_host(root: Path) -> str:
     )
 
 
+def nvshmem(root: Path) -> str:
+    """The copiers side by side in one NVSHMEM process: each backend's device time per shape (the
+    copy engine; `sm_copy` and `nvshmem` at 16 and 32 communication programs), torch's unfused path
+    and the bound, and nvshmem's best over sm_copy's best."""
+    rows, notes = [], []
+    names = sources(root).nvshmem
+    for name in names:
+        doc = _read_json(root / "results" / name)
+        env = doc["environment"]
+        notes.append(
+            f"{doc['gpu'].replace('NVIDIA ', '')}, torch {env['torch']}, NCCL {env['nccl']}, `results/{name}`"
+        )
+        for r in doc["results"]:
+            by: dict[str, float] = {}
+            for c in r["candidates"]:
+                if c["status"] == "ok":
+                    cand = c["candidate"]
+                    label = cand["backend"] + (f" {cand['comm_sms']}" if cand["comm_sms"] else "")
+                    by[label] = min(by.get(label, float("inf")), c["us"])
+            best = {
+                b: min((v for k, v in by.items() if k.split()[0] == b), default=None)
+                for b in ("sm_copy", "nvshmem")
+            }
+            base = r["baselines"]
+            rows.append(
+                [
+                    str(r["world_size"]),
+                    r["kind"],
+                    "×".join(map(str, r["shape"])),
+                    _t(base["torch"]),
+                    _t(base["bound"]),
+                    *(
+                        _t(by.get(k))
+                        for k in ("copy_engine", "sm_copy 16", "sm_copy 32", "nvshmem 16", "nvshmem 32")
+                    ),
+                    _r(best["sm_copy"] / best["nvshmem"] if best["sm_copy"] and best["nvshmem"] else None),
+                ]
+            )
+    table = _table(
+        [
+            "ranks",
+            "op",
+            "shape",
+            "torch",
+            "bound",
+            "copy_engine",
+            "sm_copy 16",
+            "sm_copy 32",
+            "nvshmem 16",
+            "nvshmem 32",
+            "sm_copy / nvshmem (best of each)",
+        ],
+        rows,
+    )
+    return (
+        f"{table}\n\nµs a call (device time, median), the direct plan with two splits, tiles 128×256×64, every "
+        f"candidate checked against float32 first; `sm_copy N` / `nvshmem N`: N communication programs. All in "
+        f"one NVSHMEM process a rank (`torchrun --nproc-per-node 4 benchmarks/nvshmem_bench.py`). "
+        f"{'; '.join(notes)}.\n"
+    )
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "summary": summary,
     "suite-tp2": suite_tp2,
@@ -812,6 +877,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "train-step": train_step,
     "graph-calls": graph_calls,
     "op-host": op_host,
+    "nvshmem": nvshmem,
 }
 """Table name (as in `<!-- generated: NAME -->`) → its generator, given the repository root."""
 
