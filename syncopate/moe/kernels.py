@@ -19,7 +19,8 @@ operands in their own 16-bit type). A row tile's rows are contiguous in A, in th
 one piece they belong to, so a tile is a base row, a count and one signal word.
 
 Signals are int32 words that only grow: a piece of call `epoch` is there when its word is >= epoch
-(compared wrap-safe as a signed difference). A wait polls with an acquire atomic at system scope;
+(compared wrap-safe as a signed difference). A wait polls with an acquire atomic at system scope
+(the dense kernels' `_wait_slot`, in its loop form);
 `max_spin` > 0 bounds it, and a wait that runs out sets `error_ptr[0] = 1` and goes on (tests, and
 a search that must not hang); its result is 0 but depends on what was read, and is added to the
 rows a tile loads or stores, so that the compiler cannot move them before the wait.
@@ -41,6 +42,8 @@ import torch
 import triton
 import triton.language as tl
 
+from syncopate.kernels.triton_kernels import _wait_slot
+
 __all__ = [
     "COMBINE_WORDS",
     "DISPATCH_WORDS",
@@ -58,30 +61,6 @@ COMBINE_WORDS = 8
 """int32 words of a combine row tile: expert, h row, rows, destination rank, destination row,
 piece (-1: the own rows, counted by no one), the piece's word in the destination's pad, the entry
 word in this rank's pad to wait on first (-1: none)."""
-
-
-@triton.jit
-def _poll(ptr, epoch, max_spin):
-    """Read an int32 word (acquire, system scope) until `(int)(*ptr - epoch) >= 0`, or `max_spin`
-    reads when it is positive; returns the last value read."""
-    value = tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
-    spins = 1
-    while ((value - epoch) < 0) & ((spins < max_spin) | (max_spin <= 0)):
-        value = tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
-        spins += 1
-    return value
-
-
-@triton.jit
-def _wait_word(pad_ptr, word, epoch, error_ptr, max_spin):
-    """Wait for word `word` of the pad (nothing when word < 0); returns 0, also after a timeout,
-    computed from what was read (module docstring)."""
-    value = epoch
-    if word >= 0:
-        value = _poll(pad_ptr + word, epoch, max_spin)
-        if (value - epoch) < 0:
-            tl.atomic_xchg(error_ptr, 1)
-    return ((value - epoch) >> 31) & (max_spin >> 31)
 
 
 @triton.jit
@@ -152,7 +131,7 @@ def dispatch_kernel(
         h_row = tl.load(entry + 5)
         gate = 0
         if word != seen:
-            gate = _wait_word(pad_ptr, word, epoch, error_ptr, max_spin)
+            gate = _wait_slot(pad_ptr, word, epoch, error_ptr, max_spin, False)
             seen = word
         offs_n = (t - mt * tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
         m_ok = offs_m < rows
@@ -230,7 +209,7 @@ def combine_kernel(
         )
         gate = 0
         if entered != seen:  # the destination's buffer is free
-            gate = _wait_word(pad_ptr, entered, epoch, error_ptr, max_spin)
+            gate = _wait_slot(pad_ptr, entered, epoch, error_ptr, max_spin, False)
             seen = entered
         base = tl.multiple_of(tl.load(dest_ptrs + dest).to(tl.pointer_type(elem)), 16)  # vector stores
         out_rows = (dest_row + gate + offs_m).to(tl.int64) * stride_dm
