@@ -8,48 +8,12 @@ one line per variant and exits 1 if any fails.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import traceback
 
-if os.environ.get("TRITON_INTERPRET", "0") == "1":
-    sys.exit("compile_moe_sm90: unset TRITON_INTERPRET; it compiles for a GPU target")
-
 import torch
-import triton.runtime.jit as jit
-from triton.backends.compiler import GPUTarget
-from triton.runtime import driver
-
-
-class _Sm90:
-    """Just enough of a driver for Triton to compile (never launch) for an H100/H200."""
-
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_active_torch_device(self):
-        return torch.device("cpu")
-
-
-driver.set_active(_Sm90())
-_run = jit.JITFunction.run
-compiled = []
-
-
-def _compile_only(self, *args, grid, warmup, **kwargs):
-    kernel = _run(self, *args, grid=grid, warmup=True, **kwargs)
-    compiled.append(kernel)
-    return kernel
-
-
-jit.JITFunction.run = _compile_only
+from sm90_target import compiled
 
 from syncopate.moe.kernels import COMBINE_WORDS, DISPATCH_WORDS, launch_combine, launch_dispatch  # noqa: E402
 from syncopate.search_space.moe_workload import MOE_TILE_CONFIGS  # noqa: E402
