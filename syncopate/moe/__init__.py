@@ -21,6 +21,9 @@ from typing import Any
 
 _LAZY = {
     "close_moe_contexts": "syncopate.moe.exchange",
+    "MoeLookupResult": "syncopate.moe.lookup",
+    "clear_moe_cache": "syncopate.moe.lookup",
+    "lookup_moe": "syncopate.moe.lookup",
     "MoELayer": "syncopate.moe.layer",
     "all_to_all_rows": "syncopate.moe.ops",
     "dispatch_gemm": "syncopate.moe.ops",
