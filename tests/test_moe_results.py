@@ -187,3 +187,18 @@ def test_migration_0005_refuses_to_go_below_it_while_moe_workloads_are_stored(ur
     engine.dispose()
     _downgrade(url, "0004")
     assert upgrade(locate(url)) == ("0004", HEAD)
+
+
+def test_the_dashboard_lists_moe_trials_and_filters_by_a_moe_kind(url):
+    from syncopate.dashboard import data
+
+    with ResultsDB.open(url, upgrade=True) as db:
+        sweep = db.start_sweep("s", {"name": "s"})
+        db.record_trials(sweep, [moe_trial(MoeCandidate(), 12.0), moe_trial(PIPELINED, 9.0), trial(0)])
+    with ResultsDB.open(url, read_only=True) as db:
+        assert data.filter_options(db).kinds == ("a2a_gemm", "ag_gemm")
+        moe = data.overview(db, data.Filters(kinds=("a2a_gemm",)))
+        assert list(moe["workload"]) == [MW.key()] and list(moe["trials"]) == [2]
+        assert (moe.iloc[0]["m"], moe.iloc[0]["n"], moe.iloc[0]["k"]) == MW.gemm_dims()
+        assert len(data.overview(db)) == 2
+        assert data.sweeps(db).iloc[0]["trials"] == 3
