@@ -1,8 +1,8 @@
 """Layer: pure CPU, gloo ranks on the CPU, and Ray on the CPU. MoE layers in `syncopate tune`: the
 config's `moe:` section and its refusals; the MoE harness on 2 gloo ranks (baselines, candidates
-checked against the group reference, copy_engine refused on the CPU); the sweep end to end on
-Ray gangs with runner cpu, its trials and baselines stored; and the sweep loop in this process
-(LocalExecutor) on a 1-rank gloo group."""
+checked against the group reference, copy_engine refused on the CPU); and the sweep loop in this
+process (LocalExecutor) on a 1-rank gloo group, its trials and baselines stored
+(test_moe_tune_ray.py runs it on Ray gangs)."""
 
 from __future__ import annotations
 
@@ -222,48 +222,3 @@ def test_the_sweep_loop_runs_moe_workloads_in_this_process(tmp_path):
         (n,) for n in ("comm_alone", "comm_alone", "gemm_alone", "gemm_alone", "torch_seq", "torch_seq")
     ]
     assert all(s.best is not None and s.bound_us is not None for s in result.summaries)
-
-
-# -- the sweep on Ray gangs -------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-@pytest.mark.xdist_group("ray")
-def test_syncopate_tune_runs_a_moe_sweep_on_ray_gangs_with_runner_cpu(tmp_path):
-    from support.ray_cluster import local_ray
-
-    data = {
-        "name": "moe_ray",
-        "topology": TOPO,
-        "runner": "cpu",
-        "strategy": {"name": "grid"},
-        "timing": {"warmup": 1, "repetitions": 3, "deadline_s": 60},
-        "moe": [{**LAYER, "tokens": [16], "chunks": [1, 2]}],
-    }
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(data))
-    url = f"sqlite:///{tmp_path / 'r.db'}"
-    for _ in local_ray(2):
-        result = run_tune(
-            TuneOptions(config=path, db=url, form_timeout_s=120), console=Console(file=io.StringIO())
-        )
-        break
-    assert result.status == "done"
-    with sqlite3.connect(tmp_path / "r.db") as c:
-        trials = c.execute(
-            "SELECT w.kind, t.candidate, t.status, t.error, t.median_us FROM syncopate_trials t "
-            "JOIN syncopate_workloads w ON w.id = t.workload_id"
-        ).fetchall()
-        baselines = c.execute("SELECT COUNT(*), COUNT(DISTINCT name) FROM syncopate_baselines").fetchone()
-    w = MoeWorkload(kind="a2a_gemm", tokens=16, **LAYER)
-    assert len(trials) == 2 * len(moe_space(w, 2, chunks=(1, 2)))
-    import json
-
-    for kind, doc, status, error, median in trials:
-        c = MoeCandidate.from_dict(json.loads(doc))
-        if c.backend == "nccl":
-            assert status == "ok" and median > 0, (kind, c.short(), error)
-        else:
-            assert status == "compile_error" and "copy_engine" in error and median is None
-    assert baselines == (6, 3)
