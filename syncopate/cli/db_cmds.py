@@ -98,7 +98,7 @@ def _lookup_moe(
 ) -> None:
     """`syncopate lookup --kind a2a_gemm|gemm_a2a …`: :func:`syncopate.moe.lookup_moe`."""
     from syncopate.errors import RuntimeUnavailableError
-    from syncopate.moe.lookup import lookup_moe
+    from syncopate.results_db.moe_lookups import lookup_moe
     from syncopate.results_db.lookups import TopologyUndetected
     from syncopate.search_space import MoeWorkload, RoutingSpec
 
@@ -116,7 +116,7 @@ def _lookup_moe(
         routing=RoutingSpec(distribution=routing, skew=skew, seed=seed),
         dtype=dtype,
     )
-    quiet = logging.getLogger("syncopate.moe.lookup")
+    quiet = logging.getLogger("syncopate.results_db.moe_lookups")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:

@@ -17,7 +17,7 @@ every rank) picks the plan of both ops; `dispatch_config` and `combine_config` m
 both keep h in the unfused layout.
 
 Without `config=`, where a results database is configured (SYNCOPATE_DB), each op's plan is the
-one :func:`~syncopate.moe.lookup.lookup_moe` serves for this rank's token count, the layer's
+one :func:`~syncopate.results_db.moe_lookups.lookup_moe` serves for this rank's token count, the layer's
 shapes and dtype and `routing` (uniform by default; the `nearest_tokens` rung does not look at
 the seed), on `topology` (detected where None), looked up at the first call with that token
 count and kept; where the lookup cannot answer (no topology detected, a database it cannot read)
@@ -100,7 +100,7 @@ class MoELayer(nn.Module):
             return self.dispatch_config, self.combine_config
         found = self.lookups.get(tokens)
         if found is None:
-            from syncopate.moe.lookup import lookup_moe
+            from syncopate.results_db.moe_lookups import lookup_moe
 
             try:
                 found = tuple(

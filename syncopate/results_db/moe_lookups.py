@@ -1,5 +1,6 @@
-"""`syncopate.moe.lookup_moe`: the best measured configuration of a MoE op for a workload and
-topology, at job start.
+"""`syncopate.moe.lookup_moe` (defined here, beside :mod:`.lookups`, which it shares its sources
+and cache with): the best measured configuration of a MoE op for a workload and topology, at job
+start.
 
 ```python
 from syncopate.moe import lookup_moe
