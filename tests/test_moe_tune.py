@@ -149,7 +149,6 @@ def _harness_worker(rank, ws, init, q):
 
 def test_the_harness_checks_and_times_what_runs_on_gloo_and_refuses_copy_engine():
     got = dict(run_gloo(_harness_worker, 2))
-    assert got[0] == got[1] or {k: v[0] for k, v in got[0].items()} == {k: v[0] for k, v in got[1].items()}
     for kind, (baselines, results) in got[0].items():
         assert baselines == [("torch_seq", 3, True), ("comm_alone", 3, True), ("gemm_alone", 3, True)], kind
         for short, (status, rel, samples, error) in results.items():

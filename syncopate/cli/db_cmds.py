@@ -98,8 +98,8 @@ def _lookup_moe(
 ) -> None:
     """`syncopate lookup --kind a2a_gemm|gemm_a2a …`: :func:`syncopate.moe.lookup_moe`."""
     from syncopate.errors import RuntimeUnavailableError
-    from syncopate.results_db.moe_lookups import lookup_moe
     from syncopate.results_db.lookups import TopologyUndetected
+    from syncopate.results_db.moe_lookups import lookup_moe
     from syncopate.search_space import MoeWorkload, RoutingSpec
 
     given = {"--tokens": tokens, "--hidden": hidden, "--ffn": ffn, "--experts": experts, "--top-k": top_k}
