@@ -44,7 +44,6 @@ import logging
 import os
 import statistics
 import sys
-import time
 import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -57,26 +56,19 @@ LAYER_TOLERANCE = 3e-2
 
 log = logging.getLogger("moe_bench")
 
+from syncopate.measure.moe import (  # noqa: E402 — after the path insert above
+    MoeCase,
+    check_config,
+    fresh_checks,
+    moe_op,
+    moe_reference,
+    out_shape,
+    plain_ops,
+    wall_times,
+    worst_over_ranks,
+)
 
 # Timing ------------------------------------------------------------------------------------------
-
-
-def _wall(fn, group, repetitions: int, calls: int = 1) -> list[float]:
-    """Wall-clock µs a call (the CPU's stand-in for device times), max over ranks."""
-    import torch
-    import torch.distributed as dist
-
-    fn()
-    samples = []
-    for _ in range(repetitions):
-        dist.barrier(group=group)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) * 1e6 / calls)
-    worst = torch.tensor(samples, dtype=torch.float64)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
-    return worst.tolist()
 
 
 def _summary(samples) -> dict[str, float]:
@@ -86,7 +78,7 @@ def _summary(samples) -> dict[str, float]:
 
 def time_op(fn, group, args) -> dict[str, float]:
     if args.cpu:
-        return _summary(_wall(fn, group, args.repetitions))
+        return _summary(wall_times(fn, group, args.repetitions))
     from syncopate.measure.timing import time_collective
 
     t = time_collective(fn, group, repetitions=args.repetitions)
@@ -95,7 +87,7 @@ def time_op(fn, group, args) -> dict[str, float]:
 
 def time_layer(fn, group, args) -> dict[str, float]:
     if args.cpu:
-        return _summary(_wall(fn, group, max(3, args.repetitions // 2), calls=2))
+        return _summary(wall_times(fn, group, max(3, args.repetitions // 2), calls=2))
     from syncopate.measure.timing import time_eager
 
     return _summary(time_eager(fn, group, calls=args.layer_calls))
@@ -130,164 +122,13 @@ def layer_configs(args):
 # One case ----------------------------------------------------------------------------------------
 
 
-def _dtype(name: str):
-    import torch
-
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
-
-
-class Case:
-    """One (model, EP, tokens, routing) on this rank: routings, layouts and inputs, made once."""
+class Case(MoeCase):
+    """One (model, EP, tokens, routing) on this rank: its cases (one a kind) over one routing."""
 
     def __init__(self, cases, group, device, args) -> None:
-        import torch
-        import torch.distributed as dist
-
-        from syncopate.moe import draw_routing, exchange_layout
-
         self.cases = {c.workload.kind: c for c in cases}
-        w = next(iter(self.cases.values())).workload
-        self.w, self.group, self.device, self.args = w, group, device, args
-        self.rank, self.ws = dist.get_rank(group), dist.get_world_size(group)
-        self.dtype = _dtype(w.dtype)
-        self.local = w.experts // self.ws
-
-        def routed(spec):
-            r = draw_routing(world_size=self.ws, tokens=w.tokens, experts=w.experts, top_k=w.top_k, spec=spec)
-            ids, gates = r.expert_ids[self.rank].to(device), r.gate_weights[self.rank].to(device)
-            return ids, gates, exchange_layout(ids, w.experts, group)
-
-        self.ids, self.gates, self.layout = routed(w.routing)
-        fresh = [dataclasses.replace(w.routing, seed=w.routing.seed + 1 + i) for i in range(2)]
-        self.fresh = [routed(spec) for spec in fresh]
-        self.gen = torch.Generator(device=device).manual_seed(1000 + self.rank)
-        most = torch.tensor([self.layout.rows_received], device=device)
-        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=group)
-        self.most_rows = int(most.item())
-
-    def rand(self, *shape, scale: float = 1.0):
-        import torch
-
-        return (torch.randn(*shape, generator=self.gen, device=self.device) * scale).to(self.dtype)
-
-    def operands(self, kind: str, layout):
-        """(activation, weight) of `kind` on `layout`'s rows."""
-        w = self.w
-        if kind == "a2a_gemm":
-            return self.rand(w.tokens, w.hidden), self.rand(
-                self.local, w.hidden, 2 * w.ffn, scale=w.hidden**-0.5
-            )
-        return self.rand(layout.rows_received, w.ffn), self.rand(
-            self.local, w.ffn, w.hidden, scale=w.ffn**-0.5
-        )
-
-
-def _op(kind: str):
-    from syncopate.moe import dispatch_gemm, gemm_combine
-
-    if kind == "a2a_gemm":
-        return lambda a, wt, gates, layout, group, out, config: dispatch_gemm(
-            a, wt, layout, group, out=out, config=config
-        )
-    return lambda a, wt, gates, layout, group, out, config: gemm_combine(
-        a, wt, gates, layout, group, out=out, config=config
-    )
-
-
-def _out_shape(kind: str, w, layout) -> tuple[int, int]:
-    return (layout.rows_received, 2 * w.ffn) if kind == "a2a_gemm" else (w.tokens, w.hidden)
-
-
-def _reference(kind: str, case: Case, a, wt, ids, gates):
-    from syncopate.measure.reference import moe_combine_group_reference, moe_dispatch_group_reference
-
-    if kind == "a2a_gemm":
-        return moe_dispatch_group_reference(a, ids, wt, case.w.experts, case.group)
-    return moe_combine_group_reference(a, wt, ids, gates, case.w.experts, case.group)
-
-
-def _worst(value: float, case: Case) -> float:
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([value if value == value else float("inf")], dtype=torch.float64, device=case.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=case.group)
-    return float(t.item())
-
-
-def checks(kind: str, case: Case):
-    """Per fresh routing: (ids, gates, layout, [(a, w) of two calls], [their references])."""
-    out = []
-    for ids, gates, layout in case.fresh:
-        calls = [case.operands(kind, layout) for _ in range(2)]
-        refs = [_reference(kind, case, a, wt, ids, gates) for a, wt in calls]
-        out.append((ids, gates, layout, calls, refs))
-    return out
-
-
-def check(kind: str, config, case: Case, prepared) -> float:
-    """The largest relative error of `config`'s op over the fresh routings, two calls back to back
-    into outputs poisoned with NaN (max over ranks)."""
-    import torch
-
-    from syncopate.measure.reference import relative_error
-
-    op, worst = _op(kind), 0.0
-    for _, gates, layout, calls, refs in prepared:
-        outs = [
-            torch.full(_out_shape(kind, case.w, layout), float("nan"), dtype=case.dtype, device=case.device)
-        ]
-        outs.append(torch.full_like(outs[0], float("nan")))
-        for (a, wt), out in zip(calls, outs, strict=True):
-            op(a, wt, gates, layout, case.group, out, config)
-        for out, ref in zip(outs, refs, strict=True):
-            err = relative_error(out, ref) if ref.numel() else float(out.numel())
-            worst = max(worst, err)
-    return _worst(worst, case)
-
-
-def plain(kind: str, case: Case, a, wt):
-    """torch written plainly on the case's routing: (whole op, all-to-all alone, GEMM alone), each
-    a function of the output tensor."""
-    import torch
-    import torch.distributed as dist
-
-    lay, w, g = case.layout, case.w, case.group
-    offs = torch.cumsum(lay.group_sizes, 0).to(device=case.device, dtype=torch.int32)
-    send_rows = (lay.order // lay.top_k).to(case.device)
-    if kind == "a2a_gemm":
-        received = torch.empty(lay.rows_received, w.hidden, dtype=case.dtype, device=case.device)
-        send = a[send_rows]
-        ordered = received[lay.expert_order]
-
-        def whole(out):
-            dist.all_to_all_single(received, a[send_rows], lay.recv_splits, lay.send_splits, group=g)
-            return out.copy_(torch._grouped_mm(received[lay.expert_order], wt, offs=offs))
-
-        def a2a(out):
-            dist.all_to_all_single(received, send, lay.recv_splits, lay.send_splits, group=g)
-
-        def gemm(out):
-            return out.copy_(torch._grouped_mm(ordered, wt, offs=offs))
-
-        return whole, a2a, gemm
-    back = torch.empty(w.tokens * w.top_k, w.hidden, dtype=case.dtype, device=case.device)
-    y_rows = torch.empty(lay.rows_received, w.hidden, dtype=case.dtype, device=case.device).normal_()
-    gates = case.gates
-
-    def whole(out):
-        y = torch._grouped_mm(a, wt, offs=offs)[lay.expert_order_inverse]
-        dist.all_to_all_single(back, y, lay.send_splits, lay.recv_splits, group=g)
-        pairs = back[lay.order_inverse].view(w.tokens, w.top_k, w.hidden)
-        return out.copy_((pairs.float() * gates.float().unsqueeze(-1)).sum(1))
-
-    def a2a(out):
-        dist.all_to_all_single(back, y_rows, lay.send_splits, lay.recv_splits, group=g)
-
-    def gemm(out):
-        torch._grouped_mm(a, wt, offs=offs)
-
-    return whole, a2a, gemm
+        super().__init__(next(iter(self.cases.values())).workload, group, device)
+        self.args = args
 
 
 def run_kind(kind: str, case: Case) -> dict:
@@ -298,12 +139,12 @@ def run_kind(kind: str, case: Case) -> dict:
 
     w, args = case.cases[kind].workload, case.args
     a, wt = case.operands(kind, case.layout)
-    whole, a2a, gemm = plain(kind, case, a, wt)
-    shape = _out_shape(kind, w, case.layout)
+    whole, a2a, gemm = plain_ops(kind, case, a, wt)
+    shape = out_shape(kind, w, case.layout)
     torch_out = torch.full(shape, float("nan"), dtype=case.dtype, device=case.device)
     whole(torch_out)
-    ref = _reference(kind, case, a, wt, case.ids, case.gates)
-    torch_error = _worst(relative_error(torch_out, ref) if ref.numel() else 0.0, case)
+    ref = moe_reference(kind, case, a, wt, case.ids, case.gates)
+    torch_error = worst_over_ranks(relative_error(torch_out, ref) if ref.numel() else 0.0, case)
     times = {"torch": time_op(lambda: whole(torch_out), case.group, args)}
     times["a2a"] = time_op(lambda: a2a(torch_out), case.group, args)
     times["gemm"] = time_op(lambda: gemm(torch_out), case.group, args)
@@ -317,13 +158,13 @@ def run_kind(kind: str, case: Case) -> dict:
         times["a2a"]["median_us"],
         times["gemm"]["median_us"],
     )
-    prepared = checks(kind, case)
-    op, candidates = _op(kind), []
+    prepared = fresh_checks(kind, case)
+    op, candidates = moe_op(kind), []
     out = torch.full(shape, float("nan"), dtype=case.dtype, device=case.device)
     for config in grid(w, case.ws, args):
         row = {"config": config.to_dict(), "short": config.short()}
         try:
-            row["rel_error"] = check(kind, config, case, prepared)
+            row["rel_error"] = check_config(kind, config, case, prepared)
             if row["rel_error"] < TOLERANCE:
                 row["times"] = time_op(
                     lambda c=config: op(a, wt, case.gates, case.layout, case.group, out, c), case.group, args
@@ -458,7 +299,7 @@ def run_layer(case: Case) -> dict:
         try:
             y = step(lambda: layer(x)).detach()
             error = max(relative_error(y, y_torch), relative_error(x.grad, gx_torch))
-            row["rel_error"] = _worst(error, case)
+            row["rel_error"] = worst_over_ranks(error, case)
             if row["rel_error"] < LAYER_TOLERANCE:
                 row["times"] = time_layer(lambda: step(lambda: layer(x)), case.group, args)
                 row["torch_over_ours"] = times["torch"]["median_us"] / row["times"]["median_us"]

@@ -386,7 +386,7 @@ def test_a_head_database_reads_its_nvshmem_rows_as_the_nvshmem_backend(db_url, t
         out = tmp_path / "best.json"
         assert db.export_best(out) == 1
     exported = json.loads(out.read_text())
-    assert exported["version"] == 3 and exported["entries"][0]["candidate"] == NV.to_dict()
+    assert exported["version"] == 4 and exported["entries"][0]["candidate"] == NV.to_dict()
     clear_cache()
     assert lookup(W.shape, TOPO, db=db_url, environment=ENV).candidate == NV
     clear_cache()

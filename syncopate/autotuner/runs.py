@@ -134,6 +134,7 @@ def build_runs(
             calibration=calibration,
             model_top_k=sweep.strategy.model_top_k,
             measurable=measurable,
+            moe_space=sweep.moe_space.get(w.key()),
         )
         strategy = make_strategy(name, problem, max_trials=max_trials, seed=sweep.strategy.seed)
         run = WorkloadRun(

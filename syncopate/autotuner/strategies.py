@@ -28,6 +28,7 @@ from syncopate.records import Environment, TrialRecord
 from syncopate.search_space import (
     BACKENDS,
     Candidate,
+    MoeWorkload,
     SpaceOptions,
     Topology,
     Workload,
@@ -36,6 +37,7 @@ from syncopate.search_space import (
     space,
     space_refusal,
 )
+from syncopate.search_space.moe_workload import MOE_BACKENDS, moe_space
 
 __all__ = [
     "AVAILABLE_STRATEGIES",
@@ -71,9 +73,15 @@ class SearchProblem:
     measurable: Any = None
     """Which candidates the runner can measure at all, `(workload, candidate) -> bool` (a replay
     answers only what its stored sweep holds); None: any."""
+    moe_space: tuple[tuple[str, ...], tuple[int, ...]] | None = None
+    """A MoE workload's space: (backends, chunks) of :func:`~syncopate.search_space.moe_space`
+    (None: its defaults)."""
 
     def candidates(self) -> list[Candidate]:
         """The valid candidates, in the space's deterministic order."""
+        if isinstance(self.workload, MoeWorkload):
+            backends, chunks = self.moe_space or (MOE_BACKENDS, (1, 2, 4))
+            return moe_space(self.workload, self.topology.world_size, backends=backends, chunks=chunks)
         return space(self.workload, self.topology, self.options)
 
     def guards(self) -> list[Candidate]:
@@ -146,7 +154,10 @@ class _PlannedStrategy(Strategy):
     def __init__(self, problem: SearchProblem, *, max_trials: int | None, seed: int) -> None:
         super().__init__(problem, max_trials=max_trials, seed=seed)
         candidates = problem.candidates()
-        refusal = space_refusal(problem.workload, problem.topology, problem.options, candidates)
+        moe = isinstance(problem.workload, MoeWorkload)
+        refusal = (
+            None if moe else space_refusal(problem.workload, problem.topology, problem.options, candidates)
+        )
         if refusal:
             raise ConfigError(refusal)
         guards = problem.guards()
@@ -265,7 +276,13 @@ def strategy_class(name: str) -> type[Strategy]:
 
 
 def make_strategy(name: str, problem: SearchProblem, *, max_trials: int | None, seed: int) -> Strategy:
-    """Build strategy `name` for `problem`; ConfigError for a budget of zero or less."""
+    """Build strategy `name` for `problem`; ConfigError for a budget of zero or less. A MoE
+    workload's space is a few dozen candidates at most, with no cost model or tile grid to seed or
+    learn from: `random` shuffles it, every other strategy takes it in order (`grid`)."""
     if max_trials is not None and (isinstance(max_trials, bool) or max_trials <= 0):
         raise ConfigError(f"max_trials={max_trials!r} must be a positive number of trials")
+    if isinstance(problem.workload, MoeWorkload):
+        cls = RandomStrategy if name == "random" else GridStrategy
+        strategy_class(name)  # an unknown name is refused all the same
+        return cls(problem, max_trials=max_trials, seed=seed)
     return strategy_class(name)(problem, max_trials=max_trials, seed=seed)

@@ -12,13 +12,27 @@ workloads:
 strategy: {name: seeded, max_trials: 200, time_budget_s: 3600, seed: 0}
                                   # seeded | grid | random | optuna-tpe | model-guided
 space: {backends: [copy_engine, nccl], num_splits: [1, 2, 4]}
-runner: gpu                    # gpu | model | replay | cpu-fixture
+runner: gpu                    # gpu | model | replay | cpu-fixture | cpu (MoE kinds on gloo ranks)
 calibration: auto              # the cost model's: auto (measured where stored) | measured | default
 replay: {source: results/llama_tp2-sweep.db, sweep: llama_tp2_sweep, noise: 0.0}   # replay runner only
 db: sqlite:///results/h200.db  # optional; else --db, SYNCOPATE_DB, or the per-user default
 timing: {warmup: 5, repetitions: 20, deadline_s: 120}
 fixture: {hang: [KEY], crash: [KEY], fail: {KEY: oom}}   # cpu-fixture runner only: planted faults
+moe:                           # mixture-of-experts layers (kinds a2a_gemm, gemm_a2a), beside or instead of workloads
+  - kinds: [a2a_gemm, gemm_a2a]              # the default: both
+    models:                                  # configs/moe_ep.yaml's `models:` mapping, as it is
+      qwen3_30b_a3b: {hidden: 2048, ffn: 768, experts: 128, top_k: 8}
+    # or one layer: hidden: 2048, ffn: 768, experts: 128, top_k: 8
+    tokens: [4096, 8192]                     # tokens a rank
+    routings: [{distribution: uniform, seed: 0}, {distribution: skewed, skew: 1.2, seed: 0}]
+    backends: [nccl, copy_engine]            # moe_space's: the default both
+    chunks: [1, 2, 4]                        # chunks_per_source tried (the default)
 ```
+
+A MoE entry expands to one workload per model (or its one layer), kind, token count and routing;
+its candidates are :func:`~syncopate.search_space.moe_space`'s, its guard `unfused`. Strategies
+`grid` and `seeded` measure that space in its order, `random` in a seeded shuffle; the Optuna ones
+take the grid's order for MoE workloads (their spaces are a few dozen candidates at most).
 
 Loading validates everything: a bad file gives one ConfigError naming the file, the field, the
 value and what is accepted. A config is named by its path, or, for one shipped inside the package
@@ -51,6 +65,13 @@ from syncopate.search_space import (
     model_shape,
     unknown_backend,
 )
+from syncopate.search_space.moe_workload import (
+    MOE_BACKENDS,
+    MOE_CHUNKS,
+    MOE_KINDS,
+    MoeWorkload,
+    RoutingSpec,
+)
 from syncopate.search_space.workload import kind_refusal
 
 __all__ = [
@@ -70,7 +91,7 @@ __all__ = [
 ]
 
 STRATEGIES: tuple[str, ...] = ("grid", "seeded", "random", "optuna-tpe", "model-guided")
-RUNNERS: tuple[str, ...] = ("gpu", "model", "replay", "cpu-fixture")
+RUNNERS: tuple[str, ...] = ("gpu", "model", "replay", "cpu-fixture", "cpu")
 
 
 class _Strict(BaseModel):
@@ -87,9 +108,119 @@ class WorkloadEntry(_Strict):
     @field_validator("kind")
     @classmethod
     def _kind(cls, v: str) -> str:
+        if v in MOE_KINDS:
+            raise ValueError(
+                f"kind {v!r} is a mixture-of-experts op: list it under `moe:` with its layer (hidden, ffn, "
+                f"experts, top_k), tokens and routings, not under workloads"
+            )
         if v not in KINDS:
             raise ValueError(kind_refusal(v))
         return v
+
+
+_LAYER_FIELDS = ("hidden", "ffn", "experts", "top_k")
+
+
+class MoeLayerEntry(_Strict):
+    hidden: int
+    ffn: int
+    experts: int
+    top_k: int
+
+
+class MoeEntry(_Strict):
+    """One `moe:` entry: layers (`models`, or one layer's fields), kinds, tokens, routings, and the
+    backends and chunk counts of its space."""
+
+    kinds: list[str] = Field(default_factory=lambda: list(MOE_KINDS))
+    models: dict[str, MoeLayerEntry] = Field(default_factory=dict)
+    hidden: int | None = None
+    ffn: int | None = None
+    experts: int | None = None
+    top_k: int | None = None
+    tokens: list[int]
+    routings: list[dict[str, Any]] = Field(default_factory=lambda: [{"distribution": "uniform", "seed": 0}])
+    dtype: str | None = None
+    backends: list[str] = Field(default_factory=lambda: list(MOE_BACKENDS))
+    chunks: list[int] = Field(default_factory=lambda: [1, 2, 4])
+
+    @field_validator("kinds")
+    @classmethod
+    def _kinds(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError(f"kinds is empty: list one or both of {', '.join(MOE_KINDS)}")
+        for k in v:
+            if k not in MOE_KINDS:
+                raise ValueError(
+                    f"kind {k!r} is not a MoE kind: accepted here are {', '.join(MOE_KINDS)} (the dense kinds "
+                    f"go under workloads)"
+                )
+        return v
+
+    @field_validator("tokens")
+    @classmethod
+    def _tokens(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("tokens is empty: list the tokens a rank, such as [4096]")
+        return v
+
+    @field_validator("routings")
+    @classmethod
+    def _routings(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not v:
+            raise ValueError("routings is empty: list at least one, such as {distribution: uniform, seed: 0}")
+        return v
+
+    @field_validator("backends")
+    @classmethod
+    def _backends(cls, v: list[str]) -> list[str]:
+        for b in v:
+            if b not in MOE_BACKENDS:
+                raise ValueError(f"unknown MoE backend {b!r}: accepted are {', '.join(MOE_BACKENDS)}")
+        if not v:
+            raise ValueError(f"backends is empty: list one or both of {', '.join(MOE_BACKENDS)}")
+        return v
+
+    @field_validator("chunks")
+    @classmethod
+    def _chunks(cls, v: list[int]) -> list[int]:
+        for c in v:
+            if c not in MOE_CHUNKS:
+                raise ValueError(
+                    f"chunks_per_source {c!r} is not accepted: give values of {', '.join(map(str, MOE_CHUNKS))}"
+                )
+        if not v:
+            raise ValueError(f"chunks is empty: list values of {', '.join(map(str, MOE_CHUNKS))}")
+        return v
+
+    def layers(self) -> list[dict[str, int]]:
+        """The layers of the entry: each model's, or its own fields' (exactly one of the two)."""
+        own = {name: getattr(self, name) for name in _LAYER_FIELDS}
+        given = [name for name, value in own.items() if value is not None]
+        if self.models and given:
+            raise ConfigError(
+                f"gives both models and {', '.join(given)}: give the layers as models, or one layer's "
+                f"{', '.join(_LAYER_FIELDS)}"
+            )
+        if self.models:
+            return [layer.model_dump() for layer in self.models.values()]
+        missing = [name for name in _LAYER_FIELDS if own[name] is None]
+        if missing:
+            raise ConfigError(
+                f"lacks {', '.join(missing)}: give the layer's {', '.join(_LAYER_FIELDS)}, or models (a mapping "
+                f"of names to them, as configs/moe_ep.yaml's)"
+            )
+        return [own]
+
+    def workloads(self, dtype: str) -> list[MoeWorkload]:
+        routings = [RoutingSpec.from_dict(r) for r in self.routings]
+        return [
+            MoeWorkload(kind=kind, tokens=tokens, routing=routing, dtype=self.dtype or dtype, **layer)
+            for layer in self.layers()
+            for kind in self.kinds
+            for tokens in self.tokens
+            for routing in routings
+        ]
 
 
 class StrategyConfig(_Strict):
@@ -263,7 +394,8 @@ class SweepFile(_Strict):
     topology: str = "detect"
     dtype: str = "bf16"
     tokens: int = Field(default=8192, gt=0, le=MAX_DIM)
-    workloads: list[WorkloadEntry]
+    workloads: list[WorkloadEntry] = Field(default_factory=list)
+    moe: list[MoeEntry] = Field(default_factory=list)
     strategy: StrategyConfig = StrategyConfig()
     space: SpaceEntry = SpaceEntry()
     runner: str = "gpu"
@@ -307,13 +439,6 @@ class SweepFile(_Strict):
             raise ValueError(f"unknown runner {v!r}: accepted are {', '.join(RUNNERS)}")
         return v
 
-    @field_validator("workloads")
-    @classmethod
-    def _nonempty(cls, v):
-        if not v:
-            raise ValueError("workloads is empty: list at least one")
-        return v
-
 
 SWEEP_FIELDS: tuple[str, ...] = tuple(SweepFile.model_fields)
 """The fields a sweep config may have."""
@@ -329,10 +454,13 @@ class Sweep(BaseModel):
     source: str
     raw: dict[str, Any]
     topology_key: str
-    workloads: tuple[Workload, ...]
+    workloads: tuple[Workload | MoeWorkload, ...]
+    """The dense workloads, then the MoE ones, in config order."""
+    moe_space: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {}
+    """MoE workload key → the (backends, chunks) of its space."""
     strategy: StrategyConfig
     space: SpaceOptions
-    runner: Literal["gpu", "model", "replay", "cpu-fixture"]
+    runner: Literal["gpu", "model", "replay", "cpu-fixture", "cpu"]
     db: str | None
     timing: TimingConfig
     ray_address: str | None
@@ -405,6 +533,23 @@ def parse_sweep(data: Any, source: str = "<config>") -> Sweep:
                     w.check_world_size(topology.world_size)
                 if w not in workloads:
                     workloads.append(w)
+        moe_space: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {}
+        for i, entry in enumerate(f.moe):
+            try:
+                found = entry.workloads(dtype)
+                for w in found:
+                    if topology is not None:
+                        w.check_world_size(topology.world_size)
+            except ConfigError as e:
+                raise ConfigError(f"moe.{i}: {e}") from None
+            for w in found:
+                if w not in workloads:
+                    workloads.append(w)
+                    moe_space[w.key()] = (tuple(entry.backends), tuple(entry.chunks))
+        if not workloads:
+            raise ConfigError(
+                "workloads is empty, and there is no moe section: list at least one workload (or MoE layer)"
+            )
         options = f.space.options()
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
@@ -415,6 +560,7 @@ def parse_sweep(data: Any, source: str = "<config>") -> Sweep:
         raw=data,
         topology_key=f.topology,
         workloads=tuple(workloads),
+        moe_space=moe_space,
         strategy=f.strategy,
         space=options,
         runner=f.runner,

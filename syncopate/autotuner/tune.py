@@ -61,7 +61,7 @@ from syncopate.autotuner.strategies import strategy_class
 from syncopate.autotuner.sweep import RUNNERS, SWEEP_FIELDS, Sweep, load_sweep, parse_sweep
 from syncopate.errors import ConfigError
 from syncopate.records import DEFAULT_MODE, Environment, check_mode
-from syncopate.search_space import Topology
+from syncopate.search_space import MoeWorkload, Topology
 from syncopate.workers import IN_PROCESS_RUNNERS, Gang, RunnerSpec, runner_class
 
 __all__ = ["TuneOptions", "TuneResult", "run_tune"]
@@ -174,6 +174,25 @@ def _plan(options: TuneOptions) -> _Plan:
     if runner == "cpu-fixture":
         fixture_gpus = sweep.fixture.gpus if sweep.fixture is not None else None
         declared = fixture_gpus or (topology.world_size if topology is not None else 2)
+    moe = [str(w) for w in sweep.workloads if isinstance(w, MoeWorkload)]
+    if moe and runner in ("model", "replay", "cpu-fixture"):
+        raise ConfigError(
+            f"runner {runner} answers for the dense kinds only; the config lists MoE workloads ({', '.join(moe)}): "
+            f"measure them with runner gpu, or runner cpu (gloo ranks on the CPU, wall-clock times)"
+        )
+    if runner == "cpu":
+        dense = [str(w) for w in sweep.workloads if not isinstance(w, MoeWorkload)]
+        if dense:
+            raise ConfigError(
+                f"runner cpu measures the MoE kinds only (a `moe:` section); the config lists {', '.join(dense)}: "
+                f"use runner gpu for them, or cpu-fixture for synthetic times"
+            )
+        if topology is None:
+            raise ConfigError(
+                f"{sweep.source}: runner cpu measures on gloo ranks, one a rank of a named topology: set "
+                f"`topology:` to a key such as H200x2-nvlink (or pass --topology KEY), not `detect`"
+            )
+        declared = topology.world_size
     return _Plan(
         sweep=sweep,
         runner=runner,

@@ -22,11 +22,21 @@ _DB_HELP = "Database URL or SQLite path (default: $SYNCOPATE_DB, else the per-us
 
 @app.command("lookup")
 def lookup_cmd(
-    kind: str = typer.Option("ag_gemm", help="Op kind: ag_gemm, gemm_rs or gemm_ar."),
-    m: int = typer.Option(..., help="Global M (rows of A and of the output)."),
-    n: int = typer.Option(..., help="Global N."),
-    k: int = typer.Option(..., help="Global K."),
-    dtype: str = typer.Option("bf16", help="bf16, fp16, fp32 or fp8."),
+    kind: str = typer.Option(
+        "ag_gemm", help="Op kind: ag_gemm, gemm_rs, gemm_ar, or the MoE kinds a2a_gemm, gemm_a2a."
+    ),
+    m: int = typer.Option(None, help="Global M (rows of A and of the output); the dense kinds."),
+    n: int = typer.Option(None, help="Global N; the dense kinds."),
+    k: int = typer.Option(None, help="Global K; the dense kinds."),
+    tokens: int = typer.Option(None, "--tokens", help="MoE kinds: tokens a rank."),
+    hidden: int = typer.Option(None, "--hidden", help="MoE kinds: the hidden width."),
+    ffn: int = typer.Option(None, "--ffn", help="MoE kinds: each expert's ffn width."),
+    experts: int = typer.Option(None, "--experts", help="MoE kinds: experts of the layer."),
+    top_k: int = typer.Option(None, "--top-k", help="MoE kinds: experts a token is routed to."),
+    routing: str = typer.Option("uniform", "--routing", help="MoE kinds: uniform or skewed."),
+    skew: float = typer.Option(1.2, "--skew", help="MoE kinds: the Zipf exponent of a skewed routing."),
+    seed: int = typer.Option(0, "--seed", help="MoE kinds: the routing's seed."),
+    dtype: str = typer.Option("bf16", help="bf16, fp16, fp32 or fp8 (the MoE kinds: not fp8)."),
     topology: str = typer.Option(
         None, help="Topology key such as H200x2-nvlink (default: detect this machine's)."
     ),
@@ -46,10 +56,22 @@ def lookup_cmd(
     ),
 ) -> None:
     """The configuration to run for one workload, the rung of the ladder it came from (exact,
-    nearest_shape, other_environment, other_topology, cost_model, default) and why."""
+    nearest_shape, other_environment, other_topology, cost_model, default) and why. The MoE kinds
+    (a2a_gemm, gemm_a2a) take the layer's options instead of --m/--n/--k, and climb their own
+    ladder (syncopate.moe.lookup_moe: exact, nearest_tokens, other_environment, other_topology,
+    default)."""
     from syncopate.errors import RuntimeUnavailableError
     from syncopate.results_db.lookups import TopologyUndetected, lookup
-    from syncopate.search_space import Shape
+    from syncopate.search_space import MOE_KINDS, Shape
+
+    if kind in MOE_KINDS:
+        _lookup_moe(
+            kind, tokens, hidden, ffn, experts, top_k, routing, skew, seed, dtype, topology, db, mode, as_json
+        )
+        return
+    missing = [f"--{name}" for name, v in (("m", m), ("n", n), ("k", k)) if v is None]
+    if missing:
+        raise ConfigError(f"kind {kind} looks up a GEMM shape: give {', '.join(missing)}")
 
     # the lines printed below say what the lookups module warns of (another environment answered)
     quiet = logging.getLogger("syncopate.results_db.lookups")
@@ -69,6 +91,57 @@ def lookup_cmd(
         return
     for line in _lookup_lines(result):
         print(line)
+
+
+def _lookup_moe(
+    kind, tokens, hidden, ffn, experts, top_k, routing, skew, seed, dtype, topology, db, mode, as_json
+) -> None:
+    """`syncopate lookup --kind a2a_gemm|gemm_a2a …`: :func:`syncopate.moe.lookup_moe`."""
+    from syncopate.errors import RuntimeUnavailableError
+    from syncopate.results_db.lookups import TopologyUndetected
+    from syncopate.results_db.moe_lookups import lookup_moe
+    from syncopate.search_space import MoeWorkload, RoutingSpec
+
+    given = {"--tokens": tokens, "--hidden": hidden, "--ffn": ffn, "--experts": experts, "--top-k": top_k}
+    missing = [name for name, v in given.items() if v is None]
+    if missing:
+        raise ConfigError(f"kind {kind} is a MoE op: give {', '.join(missing)} (not --m/--n/--k)")
+    workload = MoeWorkload(
+        kind=kind,
+        tokens=tokens,
+        hidden=hidden,
+        ffn=ffn,
+        experts=experts,
+        top_k=top_k,
+        routing=RoutingSpec(distribution=routing, skew=skew, seed=seed),
+        dtype=dtype,
+    )
+    quiet = logging.getLogger("syncopate.results_db.moe_lookups")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        result = lookup_moe(workload, topology, db=db, mode=mode)
+    except TopologyUndetected as e:
+        raise RuntimeUnavailableError(
+            f"cannot detect this machine's topology ({e.reason}): pass --topology KEY, such as "
+            f"--topology H200x2-nvlink"
+        ) from None
+    finally:
+        quiet.setLevel(level)
+    if as_json:
+        print(json.dumps(result.to_dict()))
+        return
+    where = " (unfused, the default)"
+    if result.trial_id is not None:
+        where = f" from trial {result.trial_id} ({result.time_us:.1f} µs"
+        if result.measured_on != workload:
+            where += f" on {result.measured_on.key()}"
+        if result.measured_topology.key() != result.topology.key():
+            where += f" on {result.measured_topology.key()}"
+        where += ")" + (f", {result.guard} served" if result.guard else "")
+    print(f"{workload} on {result.topology.key()}: {result.match}{where}")
+    print(result.candidate.short())
+    print(f"why: {result.reason}")
 
 
 def _lookup_lines(result: Any) -> list[str]:

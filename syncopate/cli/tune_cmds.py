@@ -99,7 +99,8 @@ def tune_cmd(
         None,
         "--runner",
         help="gpu, model (the cost model predicts; no GPU needed), replay (a stored sweep answers, named by the "
-        "config's `replay:` section: see configs/replay_example.yaml) or cpu-fixture (overrides the config's runner).",
+        "config's `replay:` section: see configs/replay_example.yaml), cpu-fixture, or cpu (the MoE kinds on gloo "
+        "ranks, wall-clock times) (overrides the config's runner).",
     ),
     topology: str | None = typer.Option(
         None,
@@ -180,6 +181,7 @@ def tune_cmd(
 
 _LABELS = {
     "cpu-fixture": " (cpu-fixture: synthetic times, not measured, stored as source fixture)",
+    "cpu": " (cpu: wall-clock times on gloo ranks, no GPU's, stored as source fixture)",
     "replay": " (replay: replayed times, not measured, stored as source fixture)",
     "model": " (PREDICTED by the cost model, not measured: stored as source predicted)",
 }

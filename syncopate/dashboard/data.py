@@ -43,7 +43,7 @@ from syncopate.results_db.models import (
 )
 from syncopate.results_db.repository import ResultsDB
 from syncopate.results_db.schema import has_current_names
-from syncopate.search_space import KINDS, UNFUSED, canonical_dtype, stored_backend, topology_key
+from syncopate.search_space import KINDS, MOE_KINDS, UNFUSED, canonical_dtype, stored_backend, topology_key
 
 __all__ = [
     "ENV_FIELDS",
@@ -101,8 +101,10 @@ class Filters:
             if s not in SOURCES:
                 raise ConfigError(f"unknown source {s!r} in the filter: accepted are {', '.join(SOURCES)}")
         for k in self.kinds:
-            if k not in KINDS:
-                raise ConfigError(f"unknown kind {k!r} in the filter: accepted are {', '.join(KINDS)}")
+            if k not in KINDS + MOE_KINDS:
+                raise ConfigError(
+                    f"unknown kind {k!r} in the filter: accepted are {', '.join(KINDS + MOE_KINDS)}"
+                )
         object.__setattr__(self, "dtypes", tuple(canonical_dtype(d) for d in self.dtypes))
         object.__setattr__(self, "topologies", tuple(topology_key(t) for t in self.topologies))
 

@@ -21,6 +21,9 @@ from typing import Any
 
 _LAZY = {
     "close_moe_contexts": "syncopate.moe.exchange",
+    "MoeLookupResult": "syncopate.results_db.moe_lookups",
+    "clear_moe_cache": "syncopate.results_db.moe_lookups",
+    "lookup_moe": "syncopate.results_db.moe_lookups",
     "MoELayer": "syncopate.moe.layer",
     "all_to_all_rows": "syncopate.moe.ops",
     "dispatch_gemm": "syncopate.moe.ops",

@@ -1,7 +1,8 @@
 """The MoE benchmark's data file (configs/moe_ep.yaml): models' expert layers, EP sizes, token
 counts and routings, expanded into `MoeCase`s (one per model, EP size, tokens, routing and kind).
 
-Not a sweep file: `syncopate tune` does not take the MoE kinds yet (docs/moe.md).
+Not a sweep file: a sweep config takes the same `models:` mapping in its `moe:` section
+(docs/moe.md, "Tuning and lookup").
 """
 
 from __future__ import annotations

@@ -15,19 +15,35 @@ Gradients reach x, W1, W2, the gate (or the given scores) through the all-to-all
 all-to-alls; every rank of the group must run backward. `config=` (a `MoeCandidate`, the same on
 every rank) picks the plan of both ops; `dispatch_config` and `combine_config` may differ, since
 both keep h in the unfused layout.
+
+Without `config=`, where a results database is configured (SYNCOPATE_DB), each op's plan is the
+one :func:`~syncopate.results_db.moe_lookups.lookup_moe` serves for this rank's token count, the layer's
+shapes and dtype and `routing` (uniform by default; the `nearest_tokens` rung does not look at
+the seed), on `topology` (detected where None), looked up at the first call with that token
+count and kept; where the lookup cannot answer (no topology detected, a database it cannot read)
+the ops run unfused, as without a database. The ranks of a group read the same database and must
+call with the same token count, so that they pick the same plan.
 """
 
 from __future__ import annotations
+
+import logging
+import os
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from syncopate.errors import ConfigError
+from syncopate.errors import ConfigError, SyncopateError
 from syncopate.moe.ops import dispatch_gemm, exchange_layout, gemm_combine
-from syncopate.search_space.moe_workload import MoeCandidate
+from syncopate.results_db.urls import ENV_VAR as DB_VAR
+from syncopate.search_space import Topology
+from syncopate.search_space.moe_workload import MoeCandidate, MoeWorkload, RoutingSpec
 
 __all__ = ["MoELayer"]
+
+log = logging.getLogger(__name__)
 
 
 class MoELayer(nn.Module):
@@ -45,6 +61,8 @@ class MoELayer(nn.Module):
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str | None = None,
         config: MoeCandidate | None = None,
+        topology: Topology | str | None = None,
+        routing: RoutingSpec | None = None,
     ) -> None:
         super().__init__()
         import torch.distributed as dist
@@ -66,7 +84,46 @@ class MoELayer(nn.Module):
         """The plan of the dispatch op (`a2a_gemm`); None: unfused."""
         self.combine_config: MoeCandidate | None = config
         """The plan of the combine op (`gemm_a2a`); None: unfused."""
+        self.tuned = config is None and bool(os.environ.get(DB_VAR))
+        """Whether the plans are looked up in the results database (module docstring)."""
+        self.topology, self.routing = topology, routing or RoutingSpec()
+        self.lookups: dict[int, tuple[Any, Any]] = {}
+        """Token count → the (dispatch, combine) lookup results (tuned layers only)."""
+        self._dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(
+            dtype, "bf16"
+        )
         self.reset_parameters()
+
+    def _plans(self, tokens: int) -> tuple[MoeCandidate | None, MoeCandidate | None]:
+        """The (dispatch, combine) plans of a call on `tokens` tokens (module docstring)."""
+        if not self.tuned:
+            return self.dispatch_config, self.combine_config
+        found = self.lookups.get(tokens)
+        if found is None:
+            from syncopate.results_db.moe_lookups import lookup_moe
+
+            try:
+                found = tuple(
+                    lookup_moe(
+                        MoeWorkload(
+                            kind=kind,
+                            tokens=tokens,
+                            hidden=self.hidden,
+                            ffn=self.ffn,
+                            experts=self.experts,
+                            top_k=self.top_k,
+                            routing=self.routing,
+                            dtype=self._dtype,
+                        ),
+                        self.topology,
+                    )
+                    for kind in ("a2a_gemm", "gemm_a2a")
+                )
+            except (SyncopateError, OSError) as e:
+                log.warning("MoELayer: no configuration looked up (%s): the ops run unfused", e)
+                found = (None, None)
+            self.lookups[tokens] = found
+        return tuple(None if r is None else r.candidate for r in found)
 
     def reset_parameters(self) -> None:
         for p in (self.gate, self.w1, self.w2):
@@ -94,6 +151,7 @@ class MoELayer(nn.Module):
             raise ConfigError(f"x has shape {tuple(x.shape)}: expected [tokens, {self.hidden}]")
         ids, weights = self.route(x, scores)
         layout = exchange_layout(ids, self.experts, self.group)
-        h = dispatch_gemm(x, self.w1, layout, self.group, config=self.dispatch_config)
+        dispatch, combine = self._plans(x.shape[0])
+        h = dispatch_gemm(x, self.w1, layout, self.group, config=dispatch)
         act = F.silu(h[:, : self.ffn]) * h[:, self.ffn :]
-        return gemm_combine(act, self.w2, weights, layout, self.group, config=self.combine_config)
+        return gemm_combine(act, self.w2, weights, layout, self.group, config=combine)

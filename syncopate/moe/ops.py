@@ -15,7 +15,8 @@ up projections side by side). Both ops carry autograd (the all-to-all's backward
 all-to-all; a pipelined or fused op's backward is the other kind's pipelined plan with the same
 backend, chunks and order), so
 a layer trains through them; with `out=` the result is written there instead. With `config=None`
-an op runs `unfused`: tuning and `lookup` do not take the MoE kinds yet.
+an op runs `unfused` (`MoELayer` looks its plans up where a results database is configured:
+docs/moe.md, "Tuning and lookup").
 """
 
 from __future__ import annotations

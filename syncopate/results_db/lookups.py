@@ -654,5 +654,8 @@ def lookup(
 
 
 def clear_cache() -> None:
-    """Forget every cached answer and close the sources lookups have opened."""
+    """Forget every cached answer and close the sources lookups have opened (MoE lookups' too)."""
     _resolver.clear()
+    from syncopate.results_db.moe_lookups import clear_moe_cache
+
+    clear_moe_cache()

@@ -4,7 +4,7 @@
 |---|---|---|
 | `syncopate_environments` | environment fingerprint | `key` (:meth:`Environment.key`) |
 | `syncopate_topologies` | topology | `key` (`H200x2-nvlink`) |
-| `syncopate_workloads` | (kind, M, N, K, dtype) | `key` (`ag_gemm/8192x4096x8192/bf16`) |
+| `syncopate_workloads` | (kind, M, N, K, dtype), or a MoE workload's params | `key` (`ag_gemm/8192x4096x8192/bf16`) |
 | `syncopate_sweeps` | tuning run | id |
 | `syncopate_trials` | candidate measured in a sweep | (workload, topology, environment, sweep, candidate_hash) |
 | `syncopate_baselines` | reference time in a sweep | (workload, topology, environment, sweep, name) |
@@ -15,8 +15,11 @@ The view `syncopate_best` (made by the migrations) lists the fastest `ok` + `mea
 
 Trials and baselines carry `eager_us` and `host_us` from revision 0002 on (:data:`TIMES`): they are
 mapped in a deferred group, so that a database at revision 0001, read as it is, is queried without
-them (:mod:`.queries` loads them where the columns exist). Each model has `find_by_*` helpers returning None and
-`find_or_raise_by_*` helpers raising :class:`~syncopate.errors.NotFoundError` with the id.
+them (:mod:`.queries` loads them where the columns exist). Workloads carry `params` from revision
+0005 on, the parameters of a MoE workload (NULL for the dense kinds), deferred the same way: it is
+read for rows of a MoE kind only, which a database before 0005 does not hold (:mod:`.kinds`).
+Each model has `find_by_*` helpers returning None and `find_or_raise_by_*` helpers raising
+:class:`~syncopate.errors.NotFoundError` with the id.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from syncopate.records import SOURCES, TRIAL_STATUSES, utcnow
 from syncopate.results_db.types import ExactFloat, JSONDoc, UTCDateTime
 
 __all__ = [
+    "MOE_PARAMS",
     "SWEEP_STATUSES",
     "TIMES",
     "Base",
@@ -53,6 +57,9 @@ __all__ = [
     "TrialModel",
     "WorkloadModel",
 ]
+
+MOE_PARAMS = "moe_params"
+"""The deferred group of the column added by revision 0005 (`params` of workloads)."""
 
 TIMES = "times"
 """The deferred group of the columns added by revision 0002 (`eager_us`, `host_us`)."""
@@ -154,6 +161,11 @@ class WorkloadModel(_Keyed, Base):
     n: Mapped[int] = mapped_column(Integer)
     k: Mapped[int] = mapped_column(Integer)
     dtype: Mapped[str] = mapped_column(String(16))
+    params: Mapped[dict[str, Any] | None] = mapped_column(
+        JSONDoc, nullable=True, deferred=True, deferred_group=MOE_PARAMS
+    )
+    """A MoE workload's parameters (kind, tokens, hidden, ffn, experts, top_k, routing, dtype); NULL
+    for the dense kinds."""
 
 
 class SweepModel(_Finders, Base):

@@ -39,6 +39,7 @@ from syncopate.records import (
     pick,
     rank_key,
 )
+from syncopate.results_db.kinds import is_moe, stored_candidate, stored_workload
 from syncopate.results_db.models import (
     TIMES,
     BaselineModel,
@@ -53,9 +54,10 @@ from syncopate.results_db.stored_names import stored_calibration, stored_calibra
 from syncopate.results_db.values import ServedPick, StoredBaseline, StoredCalibration, StoredTrial, SweepInfo
 from syncopate.search_space import (
     KINDS,
+    MOE_KINDS,
     RENAMED_BACKENDS,
     Candidate,
-    Shape,
+    MoeWorkload,
     Topology,
     Workload,
     guard_candidates,
@@ -150,7 +152,7 @@ class Filters:
         environment: Environment | None = None,
         kind: str | None = None,
     ) -> None:
-        _check("kind", kind, KINDS)
+        _check("kind", kind, KINDS + MOE_KINDS)
         self.nothing = False
         self.kind = kind
         self.workload_id = self._id(session, WorkloadModel, workload.key() if workload else None)
@@ -200,11 +202,12 @@ class _Dims:
             self._cache[key] = convert(model.find_or_raise_by_id(self.session, row_id))
         return self._cache[key]
 
-    def workload(self, row_id: int) -> Workload:
+    def workload(self, row_id: int) -> Workload | MoeWorkload:
+        # `params` is read for a MoE row only: a database before revision 0005 has neither
         return self._get(
             WorkloadModel,
             row_id,
-            lambda r: Workload(kind=r.kind, shape=Shape(m=r.m, n=r.n, k=r.k), dtype=r.dtype),
+            lambda r: stored_workload(r.kind, r.m, r.n, r.k, r.dtype, r.params if is_moe(r.kind) else None),
         )
 
     def topology(self, row_id: int) -> Topology:
@@ -238,13 +241,19 @@ class _Dims:
         )
 
 
+def _dims_of(workload: Workload | MoeWorkload) -> tuple[int, int, int]:
+    """(M, N, K) a workload sorts by: its shape, or a MoE workload's GEMM-equivalent dims."""
+    return workload.gemm_dims() if isinstance(workload, MoeWorkload) else workload.shape.as_tuple()
+
+
 def _stored_trial(row: TrialModel, dims: _Dims) -> StoredTrial:
     eager, host = _times_of(row)
+    workload = dims.workload(row.workload_id)
     record = TrialRecord(
-        workload=dims.workload(row.workload_id),
+        workload=workload,
         topology=dims.topology(row.topology_id),
         environment=dims.environment(row.environment_id),
-        candidate=Candidate.from_stored(row.candidate, renamed=_renamed(dims.session)),
+        candidate=stored_candidate(workload.kind, row.candidate, renamed=_renamed(dims.session)),
         status=row.status,
         source=row.source,
         median_us=row.median_us,
@@ -439,7 +448,8 @@ def picks(session: Session, filters: Filters, modes: Sequence[str] = MODES) -> l
         key=lambda p: (
             p.trial.workload.kind,
             p.trial.workload.dtype,
-            p.trial.workload.shape.as_tuple(),
+            _dims_of(p.trial.workload),
+            p.trial.workload.key(),
             p.trial.topology.key(),
             p.trial.environment.key(),
             MODES.index(p.mode),

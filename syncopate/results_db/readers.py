@@ -45,10 +45,13 @@ from typing import Any, NamedTuple
 from syncopate.errors import ConfigError, DatabaseError, LookupFailedError
 from syncopate.records import CalibrationRecord, Environment, objective, pick
 from syncopate.results_db import codec, sqlite_files
+from syncopate.results_db.kinds import stored_candidate
 from syncopate.results_db.schema import (
+    MOE_REVISION,
     SQLITE_HEADER,
     TABLES,
     VERSION_TABLE,
+    _since,
     check_revision,
     check_sqlite_file,
     has_current_names,
@@ -59,7 +62,7 @@ from syncopate.results_db.schema import (
 )
 from syncopate.results_db.stored_names import stored_calibration
 from syncopate.results_db.urls import DbLocation, locate
-from syncopate.search_space import Candidate, Shape, Topology, Workload, guard_candidates
+from syncopate.search_space import Candidate, MoeWorkload, Shape, Topology, Workload, guard_candidates
 
 __all__ = [
     "ENVIRONMENTS",
@@ -88,6 +91,7 @@ SQL_ENVIRONMENT = (
     "FROM syncopate_environments WHERE id = :id"
 )
 SQL_SHAPES = "SELECT id, m, n, k FROM syncopate_workloads WHERE kind = :kind AND dtype = :dtype"
+SQL_MOE_WORKLOADS = "SELECT id, params FROM syncopate_workloads WHERE kind = :kind AND dtype = :dtype"
 SQL_HOLDINGS = (
     "SELECT w.kind, w.dtype, t.key, tr.environment_id, COUNT(*) FROM syncopate_trials tr "
     "JOIN syncopate_workloads w ON w.id = tr.workload_id JOIN syncopate_topologies t ON t.id = tr.topology_id "
@@ -119,11 +123,16 @@ def _sql_fastest(environment: str, mode: str, times: bool, guards: int, among: b
     )
 
 
+def _since_moe(revision: str | None) -> bool:
+    return _since(revision, MOE_REVISION)
+
+
 class ShapeRef(NamedTuple):
     """A stored workload of the kind and dtype asked for: its shape and the source's handle on it."""
 
     ref: Any
-    shape: Shape
+    shape: Shape | None
+    """None for a MoE workload (no GEMM shape: its parameters are `workload`)."""
     workload: Workload
 
 
@@ -228,6 +237,10 @@ class BestSource(ABC):
 
     def calibration_records(self) -> list[CalibrationRecord]:
         """Every measured cost-model calibration stored (none for an export file)."""
+        return []
+
+    def moe_workloads(self, kind: str, dtype: str) -> list[ShapeRef]:
+        """Every stored MoE workload of `kind` and `dtype` (their `shape` None)."""
         return []
 
     def close(self) -> None:
@@ -365,12 +378,26 @@ class _SqlSource(BestSource):
         rows = self._rows(_sql_fastest(environment, mode, self.has_times(), len(hashes), among), params)
         return rows[0] if rows else None
 
-    def _hit(self, row: tuple) -> Hit:
+    def moe_workloads(self, kind: str, dtype: str) -> list[ShapeRef]:
+        """Every stored MoE workload of `kind` and `dtype` (shape None); none before revision 0005,
+        whose workloads have no `params` column."""
+        if not _since_moe(self._stored_revision()):
+            return []
+        out = []
+        for row_id, params in self._rows(SQL_MOE_WORKLOADS, {"kind": kind, "dtype": dtype}):
+            doc = codec.decode(json.loads(params) if isinstance(params, str) else params)
+            try:
+                out.append(ShapeRef(row_id, None, MoeWorkload.from_dict(doc)))
+            except ConfigError:  # a row this version cannot read is no answer
+                continue
+        return out
+
+    def _hit(self, row: tuple, kind: str = "") -> Hit:
         trial_id, candidate, median_us, eager_us, host_us, env_id, _ = row
         doc = codec.decode(json.loads(candidate) if isinstance(candidate, str) else candidate)
         return Hit(
             trial_id=trial_id,
-            candidate=Candidate.from_stored(doc, renamed=self.renamed()),
+            candidate=stored_candidate(kind, doc, renamed=self.renamed()),
             median_us=float(median_us),
             eager_us=None if eager_us is None else float(eager_us),
             host_us=None if host_us is None else float(host_us),
@@ -406,8 +433,8 @@ class _SqlSource(BestSource):
         for name, h in guards.items():
             row = self._fastest(shape, topology_id, "same", env_of, mode, [h], among=True)
             if row is not None:
-                found[name] = self._hit(row)
-        tuned_hit = self._hit(tuned) if tuned is not None else None
+                found[name] = self._hit(row, shape.workload.kind)
+        tuned_hit = self._hit(tuned, shape.workload.kind) if tuned is not None else None
         chosen = pick(mode, tuned_hit, found)
         return Served(hit=chosen.chosen, objective=chosen.objective, guard=chosen.guard, tuned=tuned_hit)
 
@@ -556,6 +583,14 @@ class ExportSource(BestSource):
             if e.workload.kind == kind and e.workload.dtype == dtype
         }
         return [ShapeRef(key, w.shape, w) for key, w in found.items()]
+
+    def moe_workloads(self, kind: str, dtype: str) -> list[ShapeRef]:
+        found = {
+            e.workload.key(): e.workload
+            for e in self._entries
+            if isinstance(e.workload, MoeWorkload) and e.workload.kind == kind and e.workload.dtype == dtype
+        }
+        return [ShapeRef(key, None, w) for key, w in found.items()]
 
     def topologies(self) -> list[Topology]:
         return list({e.topology.key(): e.topology for e in self._entries}.values())

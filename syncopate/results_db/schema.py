@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BEST_VIEW",
     "HEAD",
+    "MOE_REVISION",
     "NAMES_REVISION",
     "READ_COMPATIBLE",
     "REVISIONS",
@@ -56,12 +57,12 @@ TABLES: tuple[str, ...] = (
 BEST_VIEW = "syncopate_best"
 """View: the fastest `ok`, `measured` trial per (workload, topology, environment)."""
 
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005")
 """Every migration revision shipped, oldest first; a test checks it against the scripts."""
 
 HEAD = REVISIONS[-1]
 
-READ_COMPATIBLE: frozenset[str] = frozenset({"0001", "0002", "0003"})
+READ_COMPATIBLE: frozenset[str] = frozenset({"0001", "0002", "0003", "0004"})
 """Older revisions this code reads as they are, without an upgrade. Their tables lack only nullable
 columns of the head's, which read as NULL, and their rows name backend `sm_copy` by its earlier name
 `nvshmem` (before :data:`NAMES_REVISION`): every reader of stored candidates and calibrations of
@@ -69,7 +70,9 @@ such a database reads it as `sm_copy`, as migration 0003 rewrites it (from 0003 
 as they are: from 0004 on, `nvshmem` is the NVSHMEM backend, and 0003 has no row naming it).
 Results files may sit on read-only mounts, so a lookup, an export or the dashboard works on them;
 only a write asks for `syncopate db upgrade` (this code writes rows of the head's columns and
-names), and so does `--resume`, which parses the stored sweep config as it was written."""
+names), and so does `--resume`, which parses the stored sweep config as it was written. Before
+revision 0005 workloads lack `params` and no row is of a MoE kind: readers read `params` only for
+MoE rows."""
 
 TIMES_REVISION = "0002"
 """The first revision whose trials and baselines have `eager_us` and `host_us`."""
@@ -78,6 +81,10 @@ NAMES_REVISION = "0003"
 """The first revision whose rows name every backend by its current name (0003 renamed `nvshmem`
 `sm_copy` in stored candidates, their keys, sweep configs and calibrations; 0004 gave the name
 `nvshmem` to the NVSHMEM backend)."""
+
+
+MOE_REVISION = "0005"
+"""The first revision whose workloads have `params`, and may be of a MoE kind."""
 
 
 def _since(revision: str | None, first: str) -> bool:

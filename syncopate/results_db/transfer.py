@@ -1,7 +1,7 @@
 """The export file: what is served in each mode, as JSON, for jobs that cannot reach the database.
 
 ```json
-{"format": "syncopate-best", "version": 3, "exported_at": "<UTC time, ISO 8601>",
+{"format": "syncopate-best", "version": 4, "exported_at": "<UTC time, ISO 8601>",
  "database": "sqlite:////home/me/.local/share/syncopate/results.db",
  "entries": [{"workload": {"kind": "ag_gemm", "m": 8192, "n": 4096, "k": 8192, "dtype": "bf16"},
               "topology": {"key": "H200x2-nvlink", "world_size": 2, …},
@@ -17,7 +17,9 @@ is served in (both picks of a workload, topology and environment are in the file
 a mode to the guard (`default`, `unfused`) it stands for there, where a guard was faster than every
 tuned candidate. A version 1 file (device time only, one entry a workload) reads as served in
 both modes. Files before version 3 were written before the backend rename: their `nvshmem` is
-`sm_copy`; from version 3 on, `nvshmem` is the NVSHMEM backend.
+`sm_copy`; from version 3 on, `nvshmem` is the NVSHMEM backend. From version 4 on, an entry may
+be of a MoE kind (`a2a_gemm`, `gemm_a2a`): its workload is the MoE workload's parameters (kind,
+tokens, hidden, ffn, experts, top_k, routing, dtype), its candidate a MoE candidate's fields.
 
 :func:`write_export` writes through a temporary file in the target folder renamed over the target,
 so a failure leaves nothing behind and a reader never sees half a file. :func:`read_export`
@@ -40,7 +42,9 @@ from syncopate.errors import ConfigError, LookupFailedError
 from syncopate.files import write_atomically
 from syncopate.records import GUARDS, MODES, Environment, TrialRecord, rank_key, utcnow
 from syncopate.results_db import codec
-from syncopate.search_space import Candidate, Topology, Workload
+from syncopate.results_db.kinds import stored_candidate, workload_from_dict
+from syncopate.search_space import Candidate, MoeWorkload, Topology, Workload
+from syncopate.search_space.moe_workload import MoeCandidate
 
 if TYPE_CHECKING:
     from syncopate.results_db.repository import ResultsDB
@@ -49,21 +53,26 @@ if TYPE_CHECKING:
 __all__ = ["FORMAT", "VERSION", "ExportEntry", "import_export", "read_export", "write_export"]
 
 FORMAT = "syncopate-best"
-VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 """Export versions this code reads."""
 NAMES_VERSION = 3
 """The first export version written after the backend rename (its `nvshmem` is the NVSHMEM backend)."""
+
+MOE_VERSION = 4
+"""The first export version that may hold MoE entries (a workload of kind `a2a_gemm` or `gemm_a2a`
+with its parameters, and a MoE candidate); a reader of version 3 refuses such a file whole instead
+of failing on its entries."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ExportEntry:
     """One best configuration read from an export file."""
 
-    workload: Workload
+    workload: Workload | MoeWorkload
     topology: Topology
     environment: Environment
-    candidate: Candidate
+    candidate: Candidate | MoeCandidate
     trial_id: int
     sweep_id: int | None
     median_us: float
@@ -153,11 +162,16 @@ def _entry(d: Any, version: int) -> ExportEntry:
         raise ConfigError("is not an object")
     created = _field(d, "created_at", str, optional=True)
     served_in, guards = _modes(d, version)
+    workload = workload_from_dict(_field(d, "workload", dict))
+    if isinstance(workload, MoeWorkload) and version < MOE_VERSION:
+        raise ConfigError(f"holds a {workload.kind} workload, which only version {MOE_VERSION} files hold")
     return ExportEntry(
-        workload=Workload.from_dict(_field(d, "workload", dict)),
+        workload=workload,
         topology=Topology.from_dict(_field(d, "topology", dict)),
         environment=Environment.from_dict(_field(d, "environment", dict)),
-        candidate=Candidate.from_stored(_field(d, "candidate", dict), renamed=version < NAMES_VERSION),
+        candidate=stored_candidate(
+            workload.kind, _field(d, "candidate", dict), renamed=version < NAMES_VERSION
+        ),
         trial_id=_field(d, "trial_id", int),
         sweep_id=_field(d, "sweep_id", int, optional=True),
         median_us=float(_field(d, "median_us", (int, float))),

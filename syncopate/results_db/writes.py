@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from syncopate.records import BaselineRecord, CalibrationRecord, Environment, TrialRecord, utcnow
 from syncopate.results_db import codec
+from syncopate.results_db.kinds import workload_values
 from syncopate.results_db.models import (
     BaselineModel,
     CalibrationModel,
@@ -26,7 +27,7 @@ from syncopate.results_db.models import (
     TrialModel,
     WorkloadModel,
 )
-from syncopate.search_space import Topology, Workload
+from syncopate.search_space import MoeWorkload, Topology, Workload
 
 __all__ = ["DimensionIds", "insert_baseline", "insert_trials", "upsert_calibration"]
 
@@ -89,10 +90,9 @@ class DimensionIds:
         }
         return self._get_or_create(session, TopologyModel, topo.key(), values)
 
-    def workload(self, session: Session, workload: Workload) -> int:
-        s = workload.shape
-        values = {"kind": workload.kind, "m": s.m, "n": s.n, "k": s.k, "dtype": workload.dtype}
-        return self._get_or_create(session, WorkloadModel, workload.key(), values)
+    def workload(self, session: Session, workload: Workload | MoeWorkload) -> int:
+        """A dense workload's row, or a MoE workload's with its parameters (:mod:`.kinds`)."""
+        return self._get_or_create(session, WorkloadModel, workload.key(), workload_values(workload))
 
     def of(self, session: Session, record: Any) -> tuple[int, int, int]:
         """(workload_id, topology_id, environment_id) of a trial or baseline record."""

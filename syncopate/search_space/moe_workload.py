@@ -16,9 +16,11 @@ benchmark or a test draws it (`syncopate.moe.routing`).
 `MoeCandidate` is one configuration of these ops (`unfused`; `pipelined`: the all-to-all cut
 into pieces, one grouped GEMM a piece; `fused`: the same pieces consumed or produced tile by tile
 by one persistent Triton grouped GEMM) and `moe_space` the candidates a search tries for a
-workload. These kinds are not in
-:data:`~syncopate.search_space.workload.KINDS`: `syncopate.moe` runs them, and tuning, lookup and
-the results database do not take them yet.
+workload. These kinds are not in :data:`~syncopate.search_space.workload.KINDS` (the dense kinds,
+whose workloads are a GEMM shape): `syncopate.moe` runs them, `syncopate tune` sweeps them
+(a config's `moe:` section), the results database stores them beside the dense kinds (the
+workload's parameters in a JSON column, its GEMM-equivalent dims in M, N, K:
+:meth:`MoeWorkload.gemm_dims`), and `syncopate.moe.lookup_moe` serves the best one.
 
 Pure Python: nothing here imports torch.
 """
@@ -46,6 +48,7 @@ __all__ = [
     "MoeWorkload",
     "RoutingSpec",
     "check_moe_candidate",
+    "moe_guards",
     "moe_space",
 ]
 
@@ -195,6 +198,22 @@ class MoeWorkload:
         n = 2 * self.ffn if self.kind == "a2a_gemm" else self.hidden
         k = self.hidden if self.kind == "a2a_gemm" else self.ffn
         return 2 * rows * n * k
+
+    def gemm_dims(self) -> tuple[int, int, int]:
+        """The grouped GEMM of one rank as one GEMM of mean rows (M, N, K): (T·top_k, 2F, H) for
+        the dispatch, (T·top_k, H, F) for the combine. What the results database stores in a MoE
+        workload's m, n, k, so that its readers of dense shapes (tables, the dashboard) show a
+        size; the workload itself is the `params` JSON beside them."""
+        rows = self.tokens * self.top_k
+        if self.kind == "a2a_gemm":
+            return rows, 2 * self.ffn, self.hidden
+        return rows, self.hidden, self.ffn
+
+    def expert_key(self) -> str:
+        """Everything of the key but the tokens: the workloads among which lookup's
+        `nearest_tokens` rung looks (same kind, expert shapes, routing distribution and dtype)."""
+        routing = self.routing.key().rsplit("-seed", 1)[0]
+        return f"{self.kind}/h{self.hidden}-f{self.ffn}-e{self.experts}-k{self.top_k}/{routing}/{self.dtype}"
 
     def comm_row_bytes(self) -> int:
         """Bytes of one row the all-to-all moves: a token's hidden row, both ways."""
@@ -418,6 +437,13 @@ def check_moe_candidate(candidate: MoeCandidate, world_size: int) -> None:
             f"order 'pairwise' exchanges rank r's rows with rank r xor s: it needs a power-of-two world "
             f"size, got {ws}; use order 'ring'"
         )
+
+
+def moe_guards() -> dict[str, MoeCandidate]:
+    """The references a MoE sweep measures first and a served configuration is never slower than,
+    by name: `unfused` (torch's all_to_all_single and one grouped GEMM). The dense kinds' `default`
+    has no MoE counterpart: `unfused` is the path `MoELayer` runs without a configuration."""
+    return {"unfused": MoeCandidate()}
 
 
 def moe_space(

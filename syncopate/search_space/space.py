@@ -39,6 +39,7 @@ from syncopate.search_space.chunk_plan import (
     gather_splits_refusal,
     gather_takes,
 )
+from syncopate.search_space.moe_workload import MoeWorkload, moe_guards
 from syncopate.search_space.tile_order import CONSUMER_ORDERS, PRODUCER_ORDERS
 from syncopate.search_space.topology import Topology
 from syncopate.search_space.workload import Workload
@@ -609,7 +610,10 @@ def guard_candidates(workload: Workload, topology: Topology) -> dict[str, Candid
     """The references every sweep measures first and a served configuration is never slower than,
     by name (`syncopate.records.GUARDS`): `default`, :func:`default_candidate`, and `unfused`,
     :func:`unfused_candidate`; each only where it is valid for the workload and topology, the
-    default only where its chunks hold a tile's rows (as the space asks of every tiled candidate)."""
+    default only where its chunks hold a tile's rows (as the space asks of every tiled candidate).
+    A MoE workload's: `unfused` only (:func:`~syncopate.search_space.moe_workload.moe_guards`)."""
+    if isinstance(workload, MoeWorkload):
+        return moe_guards()
     out = {}
     rows = _rows_per_block(workload, topology.world_size)
     for name, make in (("default", default_candidate), ("unfused", lambda w, t: unfused_candidate())):

@@ -40,7 +40,9 @@ KINDS: tuple[str, ...] = ("ag_gemm", "gemm_rs", "gemm_ar")
 """Op kinds Syncopate tunes."""
 
 MOE_KINDS: tuple[str, ...] = ("a2a_gemm", "gemm_a2a")
-"""The mixture-of-experts kinds (`syncopate.search_space.moe_workload`): run by `syncopate.moe`, not tuned."""
+"""The mixture-of-experts kinds (`syncopate.search_space.moe_workload`): run by `syncopate.moe`; their
+workloads are no GEMM shape, so they are tuned from a sweep's `moe:` section and looked up by
+`syncopate.moe.lookup_moe`."""
 
 DTYPES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 """Canonical dtype names and the size in bytes of an operand's element."""
@@ -103,9 +105,9 @@ def kind_refusal(kind: str) -> str:
     """The message that refuses `kind` where a tuned kind (:data:`KINDS`) is needed."""
     if kind in MOE_KINDS:
         return (
-            f"kind {kind!r} is a mixture-of-experts op, run by syncopate.moe (docs/moe.md): "
-            f"tuning, lookup and the results database do not take it yet; "
-            f"accepted here are {', '.join(KINDS)}"
+            f"kind {kind!r} is a mixture-of-experts op, run by syncopate.moe (docs/moe.md), whose "
+            f"workload is a layer, not a GEMM shape: tune it from a sweep's `moe:` section and look it "
+            f"up with syncopate.moe.lookup_moe; accepted here are {', '.join(KINDS)}"
         )
     return f"unknown kind {kind!r}: accepted are {', '.join(KINDS)}"
 

@@ -7,7 +7,13 @@ one Ray assigned with `torch.cuda.set_device(ray.get_gpu_ids()[0])` before NCCL 
 The harness (:class:`syncopate.measure.harness.Harness`) allocates one workload's inputs, measures
 its baselines and runs candidates (build, verify against the reference, time); it reduces across
 the group itself, so every rank returns the same result. One harness is kept per gang for the
-current workload and replaced when the workload changes.
+current workload and replaced when the workload changes. A MoE workload (kinds `a2a_gemm`,
+`gemm_a2a`) gets :class:`syncopate.measure.moe.MoeHarness` instead, with the same contract.
+
+:class:`CpuRunner` (`runner: cpu`) runs the MoE harness on gloo ranks on the CPU: the candidates
+that run there (`unfused`, `pipelined` on `nccl`, which is gloo there) are checked and timed by
+the wall clock, the others recorded as refused. It checks a MoE sweep end to end without a GPU;
+its times are no GPU's, so it stores them with source `fixture` (never served by lookup).
 """
 
 from __future__ import annotations
@@ -17,13 +23,13 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from syncopate.errors import RuntimeUnavailableError
+from syncopate.errors import ConfigError, RuntimeUnavailableError
 from syncopate.platform import detect_topology, gpu_model_of
-from syncopate.search_space import Candidate, Topology, Workload
+from syncopate.search_space import Candidate, MoeWorkload, Topology, Workload
 from syncopate.workers.outcomes import BaselineOutcome, CandidateOutcome, DeviceInfo
 from syncopate.workers.runner import Runner, RunnerSpec
 
-__all__ = ["GpuRunner"]
+__all__ = ["CpuRunner", "GpuRunner"]
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +103,15 @@ class GpuRunner(Runner):
         self._harness_cls = Harness
         self._group = group
 
-    def _harness_for(self, workload: Workload) -> Any:
+    def _harness_for(self, workload: Workload | MoeWorkload) -> Any:
         if self._workload != workload:
             self._close_harness()
-            self._harness = self._harness_cls(workload, self._group, self.spec.timing)
+            if isinstance(workload, MoeWorkload):
+                from syncopate.measure.moe import MoeHarness
+
+                self._harness = MoeHarness(workload, self._group, self.spec.timing)
+            else:
+                self._harness = self._harness_cls(workload, self._group, self.spec.timing)
             self._workload = workload
         return self._harness
 
@@ -142,3 +153,50 @@ class GpuRunner(Runner):
 
     def close(self) -> None:
         self._close_harness()
+
+
+class CpuRunner(GpuRunner):
+    """The MoE harness on gloo ranks on the CPU, wall-clock times (module docstring). Measures the
+    MoE kinds only: the dense kinds' kernels need a GPU, and `syncopate tune` refuses a sweep that
+    lists them with this runner before anything starts."""
+
+    name = "cpu"
+    source = "fixture"
+    dist_backend = "gloo"
+    cpus_per_rank = 0.0
+
+    def bind_device(self, rank: int, gpu_ids: Sequence[int]) -> DeviceInfo:
+        topology = self.spec.topology
+        index = int(gpu_ids[0]) if gpu_ids else rank
+        return DeviceInfo(
+            model=topology.gpu_model if topology is not None else "cpu",
+            uuid=f"CPU-{socket.gethostname()}-{index}",
+            index=index,
+            name="cpu",
+        )
+
+    def setup(self, rank: int, world_size: int, group: Any) -> None:
+        self._group = group
+
+    def _harness_for(self, workload: Workload | MoeWorkload) -> Any:
+        if not isinstance(workload, MoeWorkload):
+            raise ConfigError(
+                f"runner cpu measures the MoE kinds only (a2a_gemm, gemm_a2a), not {workload.kind}: use runner "
+                f"gpu, or cpu-fixture for synthetic times"
+            )
+        if self._workload != workload:
+            from syncopate.measure.moe import MoeHarness
+
+            self._close_harness()
+            self._harness = MoeHarness(workload, self._group, self.spec.timing, torch_device("cpu"))
+            self._workload = workload
+        return self._harness
+
+    def topology(self) -> Topology:
+        return Runner.topology(self)
+
+
+def torch_device(name: str) -> Any:
+    import torch
+
+    return torch.device(name)

@@ -33,6 +33,7 @@ __all__ = ["Runner", "RunnerSpec", "AVAILABLE_RUNNERS", "IN_PROCESS_RUNNERS", "r
 AVAILABLE_RUNNERS: dict[str, str] = {
     "gpu": "syncopate.workers.gpu_runner:GpuRunner",
     "cpu-fixture": "syncopate.workers.fixture_runner:FixtureRunner",
+    "cpu": "syncopate.workers.gpu_runner:CpuRunner",
     "model": "syncopate.workers.model_runner:ModelRunner",
     "replay": "syncopate.workers.replay_runner:ReplayRunner",
 }

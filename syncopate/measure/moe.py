@@ -1,0 +1,365 @@
+"""Checking and timing the MoE ops (kinds `a2a_gemm`, `gemm_a2a`) on one rank of an EP group: what
+`syncopate tune` (:class:`MoeHarness`, through the GPU and CPU runners) and
+benchmarks/moe_bench.py measure with.
+
+- :class:`MoeCase`: one workload's routing on this rank (drawn by its spec), its all-to-all layout,
+  two fresh routings for the checks, seeded inputs;
+- :func:`check_config`: a candidate's largest relative error against the float32 reference the
+  group computes (`moe_*_group_reference`), over the fresh routings, two calls back to back into
+  outputs poisoned with NaN, max over ranks;
+- :func:`plain_ops`: torch written plainly (all_to_all_single, then torch._grouped_mm; the combine
+  the other way round), the all-to-all alone and the grouped GEMM alone: the baselines;
+- :func:`time_device` / :func:`time_calls`: device time by the project's method on CUDA
+  (:func:`~syncopate.measure.timing.time_collective`, :func:`~syncopate.measure.timing.time_eager`);
+  on the CPU (gloo ranks), wall-clock time a call, max over ranks, a stand-in that checks the flow,
+  not a figure to compare with a GPU's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from syncopate.search_space.moe_workload import MoeCandidate, MoeWorkload, check_moe_candidate
+
+__all__ = [
+    "TOLERANCE",
+    "MoeCase",
+    "MoeHarness",
+    "check_config",
+    "fresh_checks",
+    "moe_op",
+    "moe_reference",
+    "out_shape",
+    "plain_ops",
+    "time_calls",
+    "time_device",
+    "wall_times",
+    "worst_over_ranks",
+]
+
+log = logging.getLogger(__name__)
+
+TOLERANCE = 1e-2
+"""Largest relative error accepted against the float32 reference (bf16 operands)."""
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def wall_times(fn, group, repetitions: int, calls: int = 1) -> list[float]:
+    """Wall-clock µs a call (the CPU's stand-in for device times), max over ranks."""
+    fn()
+    samples = []
+    for _ in range(repetitions):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) * 1e6 / calls)
+    worst = torch.tensor(samples, dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+    return worst.tolist()
+
+
+def time_device(fn, group, device: torch.device, *, warmup: int = 5, repetitions: int = 20, flush_l2=True):
+    """(samples µs, host µs or None): device times by `time_collective` on CUDA, wall-clock times
+    on the CPU (no host figure there)."""
+    if device.type != "cuda":
+        return tuple(wall_times(fn, group, repetitions)), None
+    from syncopate.measure.timing import time_collective
+
+    t = time_collective(fn, group, warmup=warmup, repetitions=repetitions, flush_l2=flush_l2)
+    return tuple(t.samples_us), t.host_us
+
+
+def time_calls(
+    fn, group, device: torch.device, *, calls: int | None = None, flush_l2: bool = True
+) -> list[float]:
+    """Per-call times of calls back to back with the host on the path: `time_eager` on CUDA,
+    wall-clock on the CPU."""
+    if device.type != "cuda":
+        return wall_times(fn, group, 3, calls=calls or 2)
+    from syncopate.measure.timing import time_eager
+
+    if calls is None:
+        return time_eager(fn, group, flush_l2=flush_l2)
+    return time_eager(fn, group, calls=calls, flush_l2=flush_l2)
+
+
+def _dtype(name: str):
+    return _DTYPES[name]
+
+
+class MoeCase:
+    """One workload's routing on this rank: routings, layouts and inputs, made once. The kind does
+    not change them: the dispatch and the combine of one layer share a case."""
+
+    def __init__(self, workload: MoeWorkload, group, device: torch.device) -> None:
+        from syncopate.moe import draw_routing, exchange_layout
+
+        w = workload
+        self.w, self.group, self.device = w, group, device
+        self.rank, self.ws = dist.get_rank(group), dist.get_world_size(group)
+        w.check_world_size(self.ws)
+        self.dtype = _dtype(w.dtype)
+        self.local = w.experts // self.ws
+
+        def routed(spec):
+            r = draw_routing(world_size=self.ws, tokens=w.tokens, experts=w.experts, top_k=w.top_k, spec=spec)
+            ids, gates = r.expert_ids[self.rank].to(device), r.gate_weights[self.rank].to(device)
+            return ids, gates, exchange_layout(ids, w.experts, group)
+
+        self.ids, self.gates, self.layout = routed(w.routing)
+        fresh = [dataclasses.replace(w.routing, seed=w.routing.seed + 1 + i) for i in range(2)]
+        self.fresh = [routed(spec) for spec in fresh]
+        self.gen = torch.Generator(device=device).manual_seed(1000 + self.rank)
+        most = torch.tensor([self.layout.rows_received], device=device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=group)
+        self.most_rows = int(most.item())
+
+    def rand(self, *shape, scale: float = 1.0):
+        return (torch.randn(*shape, generator=self.gen, device=self.device) * scale).to(self.dtype)
+
+    def operands(self, kind: str, layout):
+        """(activation, weight) of `kind` on `layout`'s rows."""
+        w = self.w
+        if kind == "a2a_gemm":
+            return self.rand(w.tokens, w.hidden), self.rand(
+                self.local, w.hidden, 2 * w.ffn, scale=w.hidden**-0.5
+            )
+        return self.rand(layout.rows_received, w.ffn), self.rand(
+            self.local, w.ffn, w.hidden, scale=w.ffn**-0.5
+        )
+
+
+def moe_op(kind: str):
+    """`kind`'s op as f(a, wt, gates, layout, group, out, config)."""
+    from syncopate.moe import dispatch_gemm, gemm_combine
+
+    if kind == "a2a_gemm":
+        return lambda a, wt, gates, layout, group, out, config: dispatch_gemm(
+            a, wt, layout, group, out=out, config=config
+        )
+    return lambda a, wt, gates, layout, group, out, config: gemm_combine(
+        a, wt, gates, layout, group, out=out, config=config
+    )
+
+
+def out_shape(kind: str, w: MoeWorkload, layout) -> tuple[int, int]:
+    return (layout.rows_received, 2 * w.ffn) if kind == "a2a_gemm" else (w.tokens, w.hidden)
+
+
+def moe_reference(kind: str, case: MoeCase, a, wt, ids, gates):
+    """The float32 reference of `kind`'s op, computed by the group together."""
+    from syncopate.measure.reference import moe_combine_group_reference, moe_dispatch_group_reference
+
+    if kind == "a2a_gemm":
+        return moe_dispatch_group_reference(a, ids, wt, case.w.experts, case.group)
+    return moe_combine_group_reference(a, wt, ids, gates, case.w.experts, case.group)
+
+
+def worst_over_ranks(value: float, case: MoeCase) -> float:
+    """The largest of every rank's `value` (NaN counts as infinite)."""
+    t = torch.tensor([value if value == value else float("inf")], dtype=torch.float64, device=case.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=case.group)
+    return float(t.item())
+
+
+def fresh_checks(kind: str, case: MoeCase):
+    """Per fresh routing: (ids, gates, layout, [(a, w) of two calls], [their references])."""
+    out = []
+    for ids, gates, layout in case.fresh:
+        calls = [case.operands(kind, layout) for _ in range(2)]
+        refs = [moe_reference(kind, case, a, wt, ids, gates) for a, wt in calls]
+        out.append((ids, gates, layout, calls, refs))
+    return out
+
+
+def check_config(kind: str, config, case: MoeCase, prepared) -> float:
+    """The largest relative error of `config`'s op over the fresh routings, two calls back to back
+    into outputs poisoned with NaN (max over ranks)."""
+    from syncopate.measure.reference import relative_error
+
+    op, worst = moe_op(kind), 0.0
+    for _, gates, layout, calls, refs in prepared:
+        outs = [
+            torch.full(out_shape(kind, case.w, layout), float("nan"), dtype=case.dtype, device=case.device)
+        ]
+        outs.append(torch.full_like(outs[0], float("nan")))
+        for (a, wt), out in zip(calls, outs, strict=True):
+            op(a, wt, gates, layout, case.group, out, config)
+        for out, ref in zip(outs, refs, strict=True):
+            err = relative_error(out, ref) if ref.numel() else float(out.numel())
+            worst = max(worst, err)
+    return worst_over_ranks(worst, case)
+
+
+def plain_ops(kind: str, case: MoeCase, a, wt):
+    """torch written plainly on the case's routing: (whole op, all-to-all alone, GEMM alone), each
+    a function of the output tensor."""
+    lay, w, g = case.layout, case.w, case.group
+    offs = torch.cumsum(lay.group_sizes, 0).to(device=case.device, dtype=torch.int32)
+    send_rows = (lay.order // lay.top_k).to(case.device)
+    if kind == "a2a_gemm":
+        received = torch.empty(lay.rows_received, w.hidden, dtype=case.dtype, device=case.device)
+        send = a[send_rows]
+        ordered = received[lay.expert_order]
+
+        def whole(out):
+            dist.all_to_all_single(received, a[send_rows], lay.recv_splits, lay.send_splits, group=g)
+            return out.copy_(torch._grouped_mm(received[lay.expert_order], wt, offs=offs))
+
+        def a2a(out):
+            dist.all_to_all_single(received, send, lay.recv_splits, lay.send_splits, group=g)
+
+        def gemm(out):
+            return out.copy_(torch._grouped_mm(ordered, wt, offs=offs))
+
+        return whole, a2a, gemm
+    back = torch.empty(w.tokens * w.top_k, w.hidden, dtype=case.dtype, device=case.device)
+    y_rows = torch.empty(lay.rows_received, w.hidden, dtype=case.dtype, device=case.device).normal_()
+    gates = case.gates
+
+    def whole(out):
+        y = torch._grouped_mm(a, wt, offs=offs)[lay.expert_order_inverse]
+        dist.all_to_all_single(back, y, lay.send_splits, lay.recv_splits, group=g)
+        pairs = back[lay.order_inverse].view(w.tokens, w.top_k, w.hidden)
+        return out.copy_((pairs.float() * gates.float().unsqueeze(-1)).sum(1))
+
+    def a2a(out):
+        dist.all_to_all_single(back, y_rows, lay.send_splits, lay.recv_splits, group=g)
+
+    def gemm(out):
+        torch._grouped_mm(a, wt, offs=offs)
+
+    return whole, a2a, gemm
+
+
+# The tuning harness ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MoeBaseline:
+    name: str
+    samples_us: tuple[float, ...]
+    detail: str = ""
+    eager_us: float | None = None
+    host_us: float | None = None
+
+
+@dataclass(frozen=True)
+class MoeResult:
+    status: str
+    samples_us: tuple[float, ...] = ()
+    max_rel_error: float | None = None
+    error: str = ""
+    host_us: float | None = None
+    eager_us: float | None = None
+
+
+_STATUS_CODES = {"ok": 0, "wrong_result": 1, "timeout": 2, "compile_error": 3, "oom": 4, "crash": 5}
+
+
+class MoeHarness:
+    """One MoE workload on this rank, as the runners of `syncopate tune` measure it: the baselines
+    (`torch_seq`: torch's all_to_all_single and grouped GEMM; `comm_alone`: the all-to-all alone;
+    `gemm_alone`: the grouped GEMM alone; the sweep's bound is the larger of the last two), and
+    each candidate checked against the float32 group reference on fresh routings into outputs
+    poisoned with NaN (:func:`check_config`), then timed: device time and back-to-back eager time
+    on CUDA, wall-clock on the CPU. Every failure becomes the trial's status, the worst over the
+    ranks (a candidate the ranks cannot run, such as `copy_engine` on the CPU, is a ConfigError:
+    `compile_error`); none is raised."""
+
+    def __init__(self, workload: MoeWorkload, group, timing: Any, device: torch.device | None = None) -> None:
+        self.workload, self.group, self.timing = workload, group, timing
+        if device is None:
+            device = (
+                torch.device("cuda", torch.cuda.current_device())
+                if torch.cuda.is_available()
+                else torch.device("cpu")
+            )
+        self.device = device
+        self.case = MoeCase(workload, group, device)
+        self.kind = workload.kind
+        self.a, self.wt = self.case.operands(self.kind, self.case.layout)
+        self._prepared = None
+
+    def _time(self, fn) -> tuple[tuple[float, ...], float | None, float]:
+        t = self.timing
+        samples, host = time_device(
+            fn,
+            self.group,
+            self.device,
+            warmup=getattr(t, "warmup", 5),
+            repetitions=getattr(t, "repetitions", 20),
+            flush_l2=getattr(t, "flush_l2", True),
+        )
+        eager = statistics.median(
+            time_calls(fn, self.group, self.device, flush_l2=getattr(t, "flush_l2", True))
+        )
+        return samples, host, eager
+
+    def measure_baselines(self) -> list[MoeBaseline]:
+        out = torch.empty(
+            out_shape(self.kind, self.workload, self.case.layout), dtype=self.case.dtype, device=self.device
+        )
+        whole, a2a, gemm = plain_ops(self.kind, self.case, self.a, self.wt)
+        found = []
+        for name, fn, detail in (
+            ("torch_seq", whole, "torch: all_to_all_single and torch._grouped_mm, written plainly"),
+            ("comm_alone", a2a, "the all-to-all alone (all_to_all_single)"),
+            ("gemm_alone", gemm, "the grouped GEMM alone (torch._grouped_mm)"),
+        ):
+            samples, host, eager = self._time(lambda f=fn: f(out))
+            found.append(MoeBaseline(name, samples, detail, eager_us=eager, host_us=host))
+        return found
+
+    def _agree(self, status: str) -> str:
+        code = torch.tensor([_STATUS_CODES[status]], device=self.device)
+        dist.all_reduce(code, op=dist.ReduceOp.MAX, group=self.group)
+        return {v: k for k, v in _STATUS_CODES.items()}[int(code.item())]
+
+    def run_candidate(self, candidate: MoeCandidate, deadline_s: float | None = None) -> MoeResult:
+        from syncopate.measure.harness import classify
+
+        status, error, rel = "ok", "", None
+        try:
+            check_moe_candidate(candidate, self.case.ws)
+            if self._prepared is None:
+                self._prepared = fresh_checks(self.kind, self.case)
+            rel = check_config(self.kind, candidate, self.case, self._prepared)
+            if not rel <= TOLERANCE:
+                status, error = "wrong_result", f"relative error {rel:.3g} exceeds {TOLERANCE}"
+        except Exception as e:
+            status, error = classify(e), f"{type(e).__name__}: {e}"
+            log.info("MoE candidate %s: %s", candidate.short(), error)
+        status = self._agree(status)
+        if status != "ok":
+            return MoeResult(status=status, max_rel_error=rel, error=error or "failed on another rank")
+        op, case = moe_op(self.kind), self.case
+        out = torch.empty(
+            out_shape(self.kind, self.workload, case.layout), dtype=case.dtype, device=self.device
+        )
+        try:
+            samples, host, eager = self._time(
+                lambda: op(self.a, self.wt, case.gates, case.layout, case.group, out, candidate)
+            )
+        except Exception as e:
+            status, error = classify(e), f"{type(e).__name__}: {e}"
+            return MoeResult(status=self._agree(status), max_rel_error=rel, error=error)
+        status = self._agree("ok")
+        if status != "ok":
+            return MoeResult(status=status, max_rel_error=rel, error="failed on another rank")
+        return MoeResult(status="ok", samples_us=samples, max_rel_error=rel, host_us=host, eager_us=eager)
+
+    def close(self) -> None:
+        from syncopate.moe import close_moe_contexts
+
+        close_moe_contexts(self.group)

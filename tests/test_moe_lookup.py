@@ -1,0 +1,205 @@
+"""Layer: pure CPU, SQLite files, and gloo ranks on the CPU. `syncopate.moe.lookup_moe` down its
+ladder (exact, nearest tokens, other environment, other topology, the unfused default), from a
+database and from an export file; `syncopate lookup --kind a2a_gemm`; and `MoELayer` without a
+config picking the looked-up plan where SYNCOPATE_DB is set."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch.distributed as dist
+from db_data import ENV, OTHER_ENV, OTHER_TOPO, TOPO
+from support.gloo import run_gloo
+
+from syncopate.cli import main
+from syncopate.errors import ConfigError
+from syncopate.records import TrialRecord
+from syncopate.results_db import ResultsDB
+from syncopate.results_db.lookups import clear_cache
+from syncopate.search_space import MoeWorkload, RoutingSpec, Topology
+from syncopate.search_space.moe_workload import MoeCandidate
+
+MW = MoeWorkload(kind="a2a_gemm", tokens=16, hidden=64, ffn=32, experts=8, top_k=2)
+PIPELINED = MoeCandidate(template="pipelined", chunks_per_source=2)
+H100X2 = Topology.from_key("H100x2-nvlink")
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    clear_cache()
+    yield
+    clear_cache()
+
+
+def record(candidate, us, *, workload=MW, topology=TOPO, environment=ENV, source="measured"):
+    return TrialRecord(
+        workload=workload,
+        topology=topology,
+        environment=environment,
+        candidate=candidate,
+        status="ok",
+        source=source,
+        median_us=us,
+        eager_us=us,
+    )
+
+
+def stored(tmp_path, *records, name="results.db"):
+    url = f"sqlite:///{tmp_path / name}"
+    with ResultsDB.open(url, upgrade=True) as db:
+        sweep = db.start_sweep("s", {"name": "s"})
+        db.record_trials(sweep, list(records))
+    return url
+
+
+def lookup(url, workload=MW, topology=TOPO, **kw):
+    from syncopate.moe import lookup_moe
+
+    return lookup_moe(workload, topology, db=url.removeprefix("sqlite:///"), environment=ENV, **kw)
+
+
+def test_exact_serves_the_fastest_measured_configuration(tmp_path):
+    url = stored(tmp_path, record(MoeCandidate(), 20.0), record(PIPELINED, 10.0))
+    r = lookup(url)
+    assert (r.match, r.candidate, r.time_us, r.guard) == ("exact", PIPELINED, 10.0, "")
+    assert r.measured_on == MW and "measured: trial" in r.reason
+
+
+def test_unfused_is_served_where_it_is_faster_than_every_tuned_candidate(tmp_path):
+    url = stored(tmp_path, record(MoeCandidate(), 8.0), record(PIPELINED, 10.0))
+    r = lookup(url)
+    assert (r.match, r.candidate, r.guard) == ("exact", MoeCandidate(), "unfused")
+
+
+def test_fixture_trials_are_never_served(tmp_path):
+    url = stored(tmp_path, record(PIPELINED, 10.0, source="fixture"))
+    assert lookup(url).match == "default"
+
+
+def test_nearest_tokens_with_the_same_experts_and_routing_distribution(tmp_path):
+    near = dataclasses.replace(MW, tokens=32, routing=RoutingSpec(seed=5))
+    far = dataclasses.replace(MW, tokens=256)
+    skewed = dataclasses.replace(MW, routing=RoutingSpec(distribution="skewed"))
+    wider = dataclasses.replace(MW, hidden=128)
+    url = stored(
+        tmp_path,
+        record(PIPELINED, 10.0, workload=near),
+        record(MoeCandidate(), 1.0, workload=far),
+        record(MoeCandidate(), 1.0, workload=skewed),
+        record(MoeCandidate(), 1.0, workload=wider),
+    )
+    r = lookup(url)
+    assert (r.match, r.candidate, r.measured_on) == ("nearest_tokens", PIPELINED, near)
+
+
+def test_other_environment_then_other_topology_then_default(tmp_path):
+    url = stored(tmp_path, record(PIPELINED, 10.0, environment=OTHER_ENV))
+    r = lookup(url)
+    assert (r.match, r.candidate, r.environment) == ("other_environment", PIPELINED, OTHER_ENV)
+    clear_cache()
+    url = stored(tmp_path, record(PIPELINED, 10.0, topology=H100X2), name="other.db")
+    r = lookup(url)
+    assert (r.match, r.candidate, r.measured_topology) == ("other_topology", PIPELINED, H100X2)
+    clear_cache()
+    url = stored(tmp_path, record(PIPELINED, 10.0, topology=OTHER_TOPO), name="eight.db")
+    r = lookup(url)  # 8 GPUs measured, 2 asked: no stand-in
+    assert (r.match, r.candidate, r.trial_id) == ("default", MoeCandidate(), None)
+    assert "same kind, expert shapes and routing distribution are stored" in r.reason
+
+
+def test_an_export_file_answers_as_the_database_does(tmp_path):
+    url = stored(tmp_path, record(MoeCandidate(), 20.0), record(PIPELINED, 10.0))
+    path = tmp_path / "best.json"
+    with ResultsDB.open(url) as db:
+        db.export_best(path)
+    from syncopate.moe import lookup_moe
+
+    r = lookup_moe(MW, TOPO, db=path, environment=ENV)
+    assert (r.match, r.candidate) == ("exact", PIPELINED)
+
+
+def test_bad_arguments_are_refused_before_any_database_is_read(tmp_path):
+    from syncopate.moe import lookup_moe
+
+    with pytest.raises(ConfigError, match="takes a MoeWorkload"):
+        lookup_moe((1, 2, 3), TOPO, db=tmp_path / "none.db")
+    with pytest.raises(ConfigError, match="not divisible by world size 3"):
+        lookup_moe(dataclasses.replace(MW, experts=8), Topology(world_size=3, gpu_model="H200"), db="x.db")
+
+
+def test_the_cli_looks_up_a_moe_workload(tmp_path, capsys):
+    url = stored(tmp_path, record(PIPELINED, 10.0))
+    args = [
+        "lookup",
+        "--kind",
+        "a2a_gemm",
+        "--tokens",
+        "16",
+        "--hidden",
+        "64",
+        "--ffn",
+        "32",
+        "--experts",
+        "8",
+    ]
+    args += ["--top-k", "2", "--topology", TOPO.key(), "--db", url, "--json"]
+    code = main(args)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["candidate"] == PIPELINED.to_dict() and doc["match"] in ("exact", "other_environment")
+    code = main(["lookup", "--kind", "a2a_gemm", "--tokens", "16", "--topology", TOPO.key(), "--db", url])
+    out, err = capsys.readouterr()
+    assert code == 2 and "--hidden" in err
+
+
+def _layer_worker(rank, ws, init, q):
+    import torch
+
+    from syncopate.moe import MoELayer
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    try:
+        layer = MoELayer(
+            hidden=64,
+            ffn=32,
+            experts=8,
+            top_k=2,
+            group=dist.group.WORLD,
+            dtype=torch.float32,
+            topology="H200x2-nvlink",
+        )
+        torch.manual_seed(rank)
+        out = layer(torch.randn(16, 64))
+        plain = MoELayer(
+            hidden=64,
+            ffn=32,
+            experts=8,
+            top_k=2,
+            group=dist.group.WORLD,
+            dtype=torch.float32,
+            config=MoeCandidate(),
+        )
+        q.put(
+            (rank, layer.tuned, [r.candidate.to_dict() for r in layer.lookups[16]], plain.tuned, out.shape[0])
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_moelayer_without_a_config_runs_the_looked_up_plan(tmp_path, monkeypatch):
+    fp32 = dataclasses.replace(MW, dtype="fp32")
+    combine = dataclasses.replace(fp32, kind="gemm_a2a")
+    url = stored(
+        tmp_path,
+        record(MoeCandidate(), 20.0, workload=fp32),
+        record(PIPELINED, 10.0, workload=fp32),
+        record(MoeCandidate(), 5.0, workload=combine),
+    )
+    monkeypatch.setenv("SYNCOPATE_DB", url)
+    got = sorted(run_gloo(_layer_worker, 2))
+    for _rank, tuned, plans, plain_tuned, rows in got:
+        assert tuned and not plain_tuned and rows == 16
+        assert plans == [PIPELINED.to_dict(), MoeCandidate().to_dict()]
