@@ -21,12 +21,12 @@ import dataclasses
 import logging
 import statistics
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from syncopate.measure.harness import _STATUS_CODES, BaselineResult, CandidateResult
 from syncopate.search_space.moe_workload import MoeCandidate, MoeWorkload, check_moe_candidate
 
 __all__ = [
@@ -245,28 +245,6 @@ def plain_ops(kind: str, case: MoeCase, a, wt):
 # The tuning harness ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class MoeBaseline:
-    name: str
-    samples_us: tuple[float, ...]
-    detail: str = ""
-    eager_us: float | None = None
-    host_us: float | None = None
-
-
-@dataclass(frozen=True)
-class MoeResult:
-    status: str
-    samples_us: tuple[float, ...] = ()
-    max_rel_error: float | None = None
-    error: str = ""
-    host_us: float | None = None
-    eager_us: float | None = None
-
-
-_STATUS_CODES = {"ok": 0, "wrong_result": 1, "timeout": 2, "compile_error": 3, "oom": 4, "crash": 5}
-
-
 class MoeHarness:
     """One MoE workload on this rank, as the runners of `syncopate tune` measure it: the baselines
     (`torch_seq`: torch's all_to_all_single and grouped GEMM; `comm_alone`: the all-to-all alone;
@@ -306,7 +284,7 @@ class MoeHarness:
         )
         return samples, host, eager
 
-    def measure_baselines(self) -> list[MoeBaseline]:
+    def measure_baselines(self) -> list[BaselineResult]:
         out = torch.empty(
             out_shape(self.kind, self.workload, self.case.layout), dtype=self.case.dtype, device=self.device
         )
@@ -318,7 +296,7 @@ class MoeHarness:
             ("gemm_alone", gemm, "the grouped GEMM alone (torch._grouped_mm)"),
         ):
             samples, host, eager = self._time(lambda f=fn: f(out))
-            found.append(MoeBaseline(name, samples, detail, eager_us=eager, host_us=host))
+            found.append(BaselineResult(name, samples, detail, eager_us=eager, host_us=host))
         return found
 
     def _agree(self, status: str) -> str:
@@ -326,7 +304,7 @@ class MoeHarness:
         dist.all_reduce(code, op=dist.ReduceOp.MAX, group=self.group)
         return {v: k for k, v in _STATUS_CODES.items()}[int(code.item())]
 
-    def run_candidate(self, candidate: MoeCandidate, deadline_s: float | None = None) -> MoeResult:
+    def run_candidate(self, candidate: MoeCandidate, deadline_s: float | None = None) -> CandidateResult:
         from syncopate.measure.harness import classify
 
         status, error, rel = "ok", "", None
@@ -342,7 +320,7 @@ class MoeHarness:
             log.info("MoE candidate %s: %s", candidate.short(), error)
         status = self._agree(status)
         if status != "ok":
-            return MoeResult(status=status, max_rel_error=rel, error=error or "failed on another rank")
+            return CandidateResult(status=status, max_rel_error=rel, error=error or "failed on another rank")
         op, case = moe_op(self.kind), self.case
         out = torch.empty(
             out_shape(self.kind, self.workload, case.layout), dtype=case.dtype, device=self.device
@@ -353,11 +331,13 @@ class MoeHarness:
             )
         except Exception as e:
             status, error = classify(e), f"{type(e).__name__}: {e}"
-            return MoeResult(status=self._agree(status), max_rel_error=rel, error=error)
+            return CandidateResult(status=self._agree(status), max_rel_error=rel, error=error)
         status = self._agree("ok")
         if status != "ok":
-            return MoeResult(status=status, max_rel_error=rel, error="failed on another rank")
-        return MoeResult(status="ok", samples_us=samples, max_rel_error=rel, host_us=host, eager_us=eager)
+            return CandidateResult(status=status, max_rel_error=rel, error="failed on another rank")
+        return CandidateResult(
+            status="ok", samples_us=samples, max_rel_error=rel, host_us=host, eager_us=eager
+        )
 
     def close(self) -> None:
         from syncopate.moe import close_moe_contexts
