@@ -109,6 +109,8 @@ def grid(workload, ws: int, args):
 
 
 def layer_configs(args):
+    """(config, backward) of each layer timed: unfused, then each pipelined and fused config with its
+    own plan's backward and with the unfused ops' backward (`MoELayer(backward=...)`)."""
     from syncopate.search_space.moe_workload import MoeCandidate
 
     backends = ("nccl",) if args.cpu else tuple(args.backends.split(","))
@@ -116,7 +118,10 @@ def layer_configs(args):
     if "copy_engine" in backends:
         configs.append(MoeCandidate(template="fused", backend="copy_engine", chunks_per_source=2))
     templates = args.templates.split(",")
-    return [c for c in configs if (c.template if c is not None else "unfused") in templates]
+    chosen = [c for c in configs if (c.template if c is not None else "unfused") in templates]
+    return [(None, "plan")] * (None in chosen) + [
+        (c, backward) for c in chosen if c is not None for backward in ("plan", "unfused")
+    ]
 
 
 # One case ----------------------------------------------------------------------------------------
@@ -292,9 +297,14 @@ def run_layer(case: Case) -> dict:
     gx_torch = x.grad.clone()
     times = {"torch": time_layer(lambda: step(lambda: torch_layer(layer, x, case.group)), case.group, args)}
     rows = []
-    for config in layer_configs(args):
-        name = "unfused" if config is None else config.short()
+    for config, backward in layer_configs(args):
+        name = (
+            "unfused"
+            if config is None
+            else config.short() + (", unfused backward" if backward == "unfused" else "")
+        )
         layer.dispatch_config = layer.combine_config = config
+        layer.backward = backward
         row = {"config": name}
         try:
             y = step(lambda: layer(x)).detach()

@@ -173,15 +173,25 @@ def test_pipelined_ops_equal_the_unfused_ones(ws):
 
 
 def _layer_worker(rank, ws, init, q):
+    from syncopate.moe import pipelined
     from syncopate.moe.layer import MoELayer
     from syncopate.search_space.moe_workload import MoeCandidate
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    unfused_calls = []  # which backward ran: the unfused rows' helpers count their calls
+    for name in ("unfused_combine_rows", "unfused_dispatch_rows"):
+        real = getattr(pipelined, name)
+        setattr(
+            pipelined,
+            name,
+            lambda *a, _real=real, _name=name, **k: unfused_calls.append(_name) or _real(*a, **k),
+        )
     try:
         out = {}
         configs = {
             "both": (MoeCandidate(template="pipelined", chunks_per_source=2),) * 2,
             "dispatch only": (MoeCandidate(template="pipelined", chunks_per_source=4, order="ring"), None),
+            "both, unfused backward": (MoeCandidate(template="pipelined", chunks_per_source=2),) * 2,
         }
         for label, (dispatch_config, combine_config) in configs.items():
             for dtype in (torch.float32, torch.bfloat16):
@@ -194,6 +204,7 @@ def _layer_worker(rank, ws, init, q):
                     group=dist.group.WORLD,
                     dtype=dtype,
                     config=dispatch_config,
+                    backward="unfused" if "unfused backward" in label else "plan",
                 )
                 layer.combine_config = combine_config
                 local = 4 // ws
@@ -203,9 +214,11 @@ def _layer_worker(rank, ws, init, q):
                     layer.w2.copy_(w2[rank * local : (rank + 1) * local])
                 rows = slice(rank * 6, (rank + 1) * 6)
                 xr = x[rows].to(dtype).requires_grad_()
+                unfused_calls.clear()
                 y = layer(xr)
                 y.backward(grad[rows].to(dtype))
                 out[label, str(dtype)] = {
+                    "unfused calls": sorted(unfused_calls),
                     "y": y.detach().float(),
                     "x": xr.grad.float(),
                     "w1": layer.w1.grad.float(),
@@ -235,7 +248,7 @@ def test_layer_gradients_through_pipelined_plans_match_the_reference():
     ws = 2
     got = {rank: torch.load(io.BytesIO(data)) for rank, data in run_gloo(_layer_worker, ws, timeout=120)}
     local = 4 // ws
-    for label in ("both", "dispatch only"):
+    for label in ("both", "dispatch only", "both, unfused backward"):
         for dtype, tol in (("torch.float32", 1e-5), ("torch.bfloat16", 5e-2)):
             x, gate, w1, w2, grad = _parameters(ws)
             if dtype == "torch.bfloat16":
@@ -245,6 +258,8 @@ def test_layer_gradients_through_pipelined_plans_match_the_reference():
             ref.backward(grad)
             for rank in range(ws):
                 res = got[rank][label, dtype]
+                unfused = ["unfused_combine_rows", "unfused_dispatch_rows"] if "unfused" in label else []
+                assert res["unfused calls"] == unfused, (label, res["unfused calls"])
                 rows = slice(rank * 6, (rank + 1) * 6)
                 experts = slice(rank * local, (rank + 1) * local)
                 torch.testing.assert_close(res["y"], ref[rows].detach(), rtol=tol, atol=tol)
@@ -285,6 +300,9 @@ def _refusals(rank, ws, init, q):
                 g,
                 config=MoeCandidate(template="fused", backend="copy_engine"),
             ),
+            lambda: dispatch_gemm(
+                x, w1, layout, g, config=MoeCandidate(template="pipelined"), backward="fused"
+            ),
         ):
             try:
                 call()
@@ -308,6 +326,7 @@ def test_the_copy_engine_backend_and_bad_configs_are_refused_on_the_cpu():
             "config= takes a MoeCandidate (or None for unfused), got a mapping",
             "out= is (1, 8) torch.float32 on cpu: expected (",
             "backend copy_engine copies rows into CUDA symmetric memory: it needs CUDA tensors",
+            "backward='fused': accepted are 'plan', 'unfused'",
         ),
         strict=True,
     ):

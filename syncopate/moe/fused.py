@@ -360,10 +360,10 @@ class _Dispatch(pipelined._Dispatch):
     """Forward fused; the backward inherited: the pipelined combine plan with W1ᵀ."""
 
     @staticmethod
-    def forward(ctx, x, w, layout, group, config):
+    def forward(ctx, x, w, layout, group, config, backward="plan"):
         h, received = dispatch_rows(x, w, layout, group, config, keep_received=w.requires_grad)
         ctx.save_for_backward(w, received if received is not None else x.new_empty(0))
-        ctx.meta = (layout, group, config.as_pipelined())
+        ctx.meta = (layout, group, config.as_pipelined(), backward)
         return h
 
 
@@ -371,18 +371,20 @@ class _Combine(pipelined._Combine):
     """Forward fused; the backward inherited: the pipelined dispatch plan of the weighted gradients."""
 
     @staticmethod
-    def forward(ctx, h, w, gate_weights, layout, group, config):
+    def forward(ctx, h, w, gate_weights, layout, group, config, backward="plan"):
         pairs = token_pairs(combine_rows(h, w, layout, group, config), layout)
         ctx.save_for_backward(h, w, gate_weights, pairs)
-        ctx.meta = (layout, group, config.as_pipelined())
+        ctx.meta = (layout, group, config.as_pipelined(), backward)
         return weighted_sum(pairs, gate_weights)
 
 
-def dispatch_autograd(x, w, layout, group, config) -> torch.Tensor:
-    """`dispatch_rows` with autograd (the backward: the pipelined combine plan with W1ᵀ)."""
-    return _Dispatch.apply(x, w, layout, group, config)
+def dispatch_autograd(x, w, layout, group, config, backward: str = "plan") -> torch.Tensor:
+    """`dispatch_rows` with autograd (the backward: the pipelined combine plan with W1ᵀ, or the
+    unfused one with `backward="unfused"`)."""
+    return _Dispatch.apply(x, w, layout, group, config, backward)
 
 
-def combine_autograd(h, w, gate_weights, layout, group, config) -> torch.Tensor:
-    """`combine` with autograd (the backward: the pipelined dispatch plan with W2ᵀ)."""
-    return _Combine.apply(h, w, gate_weights, layout, group, config)
+def combine_autograd(h, w, gate_weights, layout, group, config, backward: str = "plan") -> torch.Tensor:
+    """`combine` with autograd (the backward: the pipelined dispatch plan with W2ᵀ, or the unfused
+    one with `backward="unfused"`)."""
+    return _Combine.apply(h, w, gate_weights, layout, group, config, backward)

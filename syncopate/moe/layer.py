@@ -14,7 +14,9 @@ W2 [El, F, H]. Forward on this rank's tokens x [T, H]:
 Gradients reach x, W1, W2, the gate (or the given scores) through the all-to-alls' reverse
 all-to-alls; every rank of the group must run backward. `config=` (a `MoeCandidate`, the same on
 every rank) picks the plan of both ops; `dispatch_config` and `combine_config` may differ, since
-both keep h in the unfused layout.
+both keep h in the unfused layout. `backward="unfused"` runs the backward of pipelined or fused
+plans as the unfused ops' (torch's all-to-all and one grouped GEMM a transfer) instead of the
+other op's pipelined plan; the gradients are the same.
 
 Without `config=`, where a results database is configured (SYNCOPATE_DB), each op's plan is the
 one :func:`~syncopate.results_db.moe_lookups.lookup_moe` serves for this rank's token count, the layer's
@@ -36,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from syncopate.errors import ConfigError, SyncopateError
-from syncopate.moe.ops import dispatch_gemm, exchange_layout, gemm_combine
+from syncopate.moe.ops import check_backward, dispatch_gemm, exchange_layout, gemm_combine
 from syncopate.results_db.urls import ENV_VAR as DB_VAR
 from syncopate.search_space import Topology
 from syncopate.search_space.moe_workload import MoeCandidate, MoeWorkload, RoutingSpec
@@ -63,6 +65,7 @@ class MoELayer(nn.Module):
         config: MoeCandidate | None = None,
         topology: Topology | str | None = None,
         routing: RoutingSpec | None = None,
+        backward: str = "plan",
     ) -> None:
         super().__init__()
         import torch.distributed as dist
@@ -84,6 +87,8 @@ class MoELayer(nn.Module):
         """The plan of the dispatch op (`a2a_gemm`); None: unfused."""
         self.combine_config: MoeCandidate | None = config
         """The plan of the combine op (`gemm_a2a`); None: unfused."""
+        self.backward = check_backward(backward)
+        """What the ops' backward runs where their plan is pipelined or fused (`syncopate.moe.ops.BACKWARDS`)."""
         self.tuned = config is None and bool(os.environ.get(DB_VAR))
         """Whether the plans are looked up in the results database (module docstring)."""
         self.topology, self.routing = topology, routing or RoutingSpec()
@@ -152,6 +157,6 @@ class MoELayer(nn.Module):
         ids, weights = self.route(x, scores)
         layout = exchange_layout(ids, self.experts, self.group)
         dispatch, combine = self._plans(x.shape[0])
-        h = dispatch_gemm(x, self.w1, layout, self.group, config=dispatch)
+        h = dispatch_gemm(x, self.w1, layout, self.group, config=dispatch, backward=self.backward)
         act = F.silu(h[:, : self.ffn]) * h[:, self.ffn :]
-        return gemm_combine(act, self.w2, weights, layout, self.group, config=combine)
+        return gemm_combine(act, self.w2, weights, layout, self.group, config=combine, backward=self.backward)

@@ -13,7 +13,7 @@ grouped GEMM (`fused`, :mod:`syncopate.moe.fused`), as the `config=` (a `MoeCand
 R is the rows the routing sends to this rank's El experts; N is 2F for a SwiGLU expert (gate and
 up projections side by side). Both ops carry autograd (the all-to-all's backward is the reverse
 all-to-all; a pipelined or fused op's backward is the other kind's pipelined plan with the same
-backend, chunks and order), so
+backend, chunks and order, or with `backward="unfused"` the unfused ops'), so
 a layer trains through them; with `out=` the result is written there instead. With `config=None`
 an op runs `unfused` (`MoELayer` looks its plans up where a results database is configured:
 docs/moe.md, "Tuning and lookup").
@@ -288,6 +288,47 @@ def weighted_sum(pairs: torch.Tensor, gate_weights: torch.Tensor) -> torch.Tenso
     return torch.bmm(w, pairs).squeeze(1)
 
 
+BACKWARDS: tuple[str, ...] = ("plan", "unfused")
+"""What a pipelined or fused op's backward runs: its own plan (`plan`: the other op's plan with the
+same config), or torch's all-to-all and grouped GEMMs as the unfused ops' autograd does
+(`unfused`). Every plan keeps the same row layouts, so either gives the same gradients."""
+
+
+def check_backward(backward: str) -> str:
+    if backward not in BACKWARDS:
+        raise ConfigError(f"backward={backward!r}: accepted are {', '.join(map(repr, BACKWARDS))}")
+    return backward
+
+
+def unfused_dispatch_rows(
+    rows: torch.Tensor,
+    w: torch.Tensor,
+    layout: ExpertLayout,
+    group,
+    *,
+    tokens: bool,
+    keep_received: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The unfused dispatch of `rows` (x [T, K] with `tokens`, else one row a pair [T·top_k, K])
+    times W [El, K, N], without autograd: (h [R, N] in the unfused layout, and with `keep_received`
+    the received rows [R, K] in arrival order), as `pipelined.dispatch_rows` returns them."""
+    send = rows[_token_rows(layout)] if tokens else rows[layout.order]
+    received = rows.new_empty((layout.rows_received, rows.shape[1]))
+    dist.all_to_all_single(received, send, list(layout.recv_splits), list(layout.send_splits), group=group)
+    h = grouped_mm(received[layout.expert_order], w, layout.group_sizes, offsets=layout.offsets(rows.device))
+    return h, received if keep_received else None
+
+
+def unfused_combine_rows(h: torch.Tensor, w: torch.Tensor, layout: ExpertLayout, group) -> torch.Tensor:
+    """The unfused combine's rows before their weighted sum, without autograd: each local expert's W
+    on its rows of h, every row back to its token's rank: [T·top_k, N] in send order, as
+    `pipelined.combine_rows` returns them."""
+    y = grouped_mm(h, w, layout.group_sizes, offsets=layout.offsets(h.device))[layout.expert_order_inverse]
+    back = y.new_empty((layout.tokens * layout.top_k, y.shape[1]))
+    dist.all_to_all_single(back, y, list(layout.send_splits), list(layout.recv_splits), group=group)
+    return back
+
+
 def dispatch_gemm(
     x: torch.Tensor,
     w1: torch.Tensor,
@@ -295,25 +336,28 @@ def dispatch_gemm(
     group,
     out: torch.Tensor | None = None,
     config: MoeCandidate | None = None,
+    backward: str = "plan",
 ) -> torch.Tensor:
     """`a2a_gemm`: send each of this rank's (token, expert) pairs' row of x [T, H] to its expert's
     rank (all-to-all), then each local expert's W1 [El, H, N] on its received rows: [R, N], rows
-    grouped by local expert, then source rank, then the source's token order (every config)."""
+    grouped by local expert, then source rank, then the source's token order (every config).
+    `backward` (`BACKWARDS`): what a pipelined or fused config's backward runs."""
     _check_rows("x", x, layout.tokens, x.shape[1] if x.dim() == 2 else -1)
     _check_weight("w1", w1, layout, x.shape[1])
     _check_out(out, (layout.rows_received, w1.shape[2]), x)
+    check_backward(backward)
     config = _config(config, group, x)
     if config.template == "pipelined":
         from syncopate.moe import pipelined
 
         if _grad_wanted(x, w1):
-            return _written(pipelined.dispatch_autograd(x, w1, layout, group, config), out)
+            return _written(pipelined.dispatch_autograd(x, w1, layout, group, config, backward), out)
         return pipelined.dispatch_rows(x, w1, layout, group, config, tokens=True, out=out)[0]
     if config.template == "fused":
         from syncopate.moe import fused
 
         if _grad_wanted(x, w1):
-            return _written(fused.dispatch_autograd(x, w1, layout, group, config), out)
+            return _written(fused.dispatch_autograd(x, w1, layout, group, config, backward), out)
         return fused.dispatch_rows(x, w1, layout, group, config, out=out)[0]
     send = _TokenRows.apply(x, layout)
     received = all_to_all_rows(send, layout.recv_splits, layout.send_splits, group)
@@ -330,11 +374,12 @@ def gemm_combine(
     group,
     out: torch.Tensor | None = None,
     config: MoeCandidate | None = None,
+    backward: str = "plan",
 ) -> torch.Tensor:
     """`gemm_a2a`: each local expert's W2 [El, F, H] on its rows of h [R, F] (dispatch's row order),
     every output row back to its token's rank (all-to-all), and there the sum over a token's top_k
     rows weighted by its gate weights [T, top_k] (`weighted_sum`: a matmul in the rows' dtype,
-    accumulated in float32): [T, H]."""
+    accumulated in float32): [T, H]. `backward` as for `dispatch_gemm`."""
     _check_rows("h", h, layout.rows_received, h.shape[1] if h.dim() == 2 else -1)
     _check_weight("w2", w2, layout, h.shape[1])
     if tuple(gate_weights.shape) != (layout.tokens, layout.top_k):
@@ -342,18 +387,21 @@ def gemm_combine(
             f"gate weights have shape {tuple(gate_weights.shape)}: expected [{layout.tokens}, {layout.top_k}]"
         )
     _check_out(out, (layout.tokens, w2.shape[2]), h)
+    check_backward(backward)
     config = _config(config, group, h)
     if config.template == "pipelined":
         from syncopate.moe import pipelined
 
         if _grad_wanted(h, w2, gate_weights):
-            return _written(pipelined.combine_autograd(h, w2, gate_weights, layout, group, config), out)
+            return _written(
+                pipelined.combine_autograd(h, w2, gate_weights, layout, group, config, backward), out
+            )
         return pipelined.combine(h, w2, gate_weights, layout, group, config, out=out)
     if config.template == "fused":
         from syncopate.moe import fused
 
         if _grad_wanted(h, w2, gate_weights):
-            return _written(fused.combine_autograd(h, w2, gate_weights, layout, group, config), out)
+            return _written(fused.combine_autograd(h, w2, gate_weights, layout, group, config, backward), out)
         return fused.combine(h, w2, gate_weights, layout, group, config, out=out)
     y = grouped_mm(h, w2, layout.group_sizes, offsets=layout.offsets(h.device))
     y = permute_rows(y, layout.expert_order_inverse, layout.expert_order)

@@ -36,6 +36,8 @@ from syncopate.moe.ops import (
     grouped_weight_grad,
     token_pairs,
     token_sum,
+    unfused_combine_rows,
+    unfused_dispatch_rows,
     weighted_sum,
 )
 from syncopate.moe.plan import Piece, PiecePlan, build_piece_plan
@@ -187,32 +189,35 @@ def combine(
 
 class _Dispatch(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w, layout, group, config):
+    def forward(ctx, x, w, layout, group, config, backward="plan"):
         h, received = dispatch_rows(x, w, layout, group, config, tokens=True, keep_received=w.requires_grad)
         ctx.save_for_backward(w, received if received is not None else x.new_empty(0))
-        ctx.meta = (layout, group, config)
+        ctx.meta = (layout, group, config, backward)
         return h
 
     @staticmethod
     def backward(ctx, grad_h):
         w, received = ctx.saved_tensors
-        layout, group, config = ctx.meta
+        layout, group, config, how = ctx.meta
         grad_h = grad_h.contiguous()
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
-            back = combine_rows(grad_h, w.transpose(1, 2), layout, group, config)
+            if how == "unfused":
+                back = unfused_combine_rows(grad_h, w.transpose(1, 2), layout, group)
+            else:
+                back = combine_rows(grad_h, w.transpose(1, 2), layout, group, config)
             grad_x = token_sum(back, layout)
         if ctx.needs_input_grad[1]:
             grad_w = grouped_weight_grad(received[layout.expert_order], grad_h, layout.group_sizes)
-        return grad_x, grad_w, None, None, None
+        return grad_x, grad_w, None, None, None, None
 
 
 class _Combine(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, w, gate_weights, layout, group, config):
+    def forward(ctx, h, w, gate_weights, layout, group, config, backward="plan"):
         pairs = token_pairs(combine_rows(h, w, layout, group, config), layout)
         ctx.save_for_backward(h, w, gate_weights, pairs)
-        ctx.meta = (layout, group, config)
+        ctx.meta = (layout, group, config, backward)
         return weighted_sum(pairs, gate_weights)
 
     @staticmethod
@@ -220,7 +225,7 @@ class _Combine(torch.autograd.Function):
         """`weighted_sum`'s matmul gradients (as the unfused op's autograd takes them), then the
         dispatch plan of the weighted rows with W2ᵀ."""
         h, w, gate_weights, pairs = ctx.saved_tensors
-        layout, group, config = ctx.meta
+        layout, group, config, how = ctx.meta
         g = grad_out.unsqueeze(1)
         gates = gate_weights.to(pairs.dtype).unsqueeze(1)
         grad_h = grad_w = grad_gates = None
@@ -228,25 +233,37 @@ class _Combine(torch.autograd.Function):
             grad_gates = torch.bmm(g, pairs.transpose(1, 2)).squeeze(1).to(gate_weights.dtype)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             grad_pairs = torch.bmm(gates.transpose(1, 2), g).view(-1, grad_out.shape[1])
-            grad_h, grad_y = dispatch_rows(
-                grad_pairs,
-                w.transpose(1, 2),
-                layout,
-                group,
-                config,
-                tokens=False,
-                keep_received=ctx.needs_input_grad[1],
-            )
+            if how == "unfused":
+                grad_h, grad_y = unfused_dispatch_rows(
+                    grad_pairs,
+                    w.transpose(1, 2),
+                    layout,
+                    group,
+                    tokens=False,
+                    keep_received=ctx.needs_input_grad[1],
+                )
+            else:
+                grad_h, grad_y = dispatch_rows(
+                    grad_pairs,
+                    w.transpose(1, 2),
+                    layout,
+                    group,
+                    config,
+                    tokens=False,
+                    keep_received=ctx.needs_input_grad[1],
+                )
             if ctx.needs_input_grad[1]:
                 grad_w = grouped_weight_grad(h, grad_y[layout.expert_order], layout.group_sizes)
-        return grad_h, grad_w, grad_gates, None, None, None
+        return grad_h, grad_w, grad_gates, None, None, None, None
 
 
-def dispatch_autograd(x, w, layout, group, config) -> torch.Tensor:
-    """`dispatch_rows` of x's token rows with autograd (the backward: the combine plan with W1ᵀ)."""
-    return _Dispatch.apply(x, w, layout, group, config)
+def dispatch_autograd(x, w, layout, group, config, backward: str = "plan") -> torch.Tensor:
+    """`dispatch_rows` of x's token rows with autograd (the backward: the combine plan with W1ᵀ, or
+    with `backward="unfused"` the unfused combine's rows)."""
+    return _Dispatch.apply(x, w, layout, group, config, backward)
 
 
-def combine_autograd(h, w, gate_weights, layout, group, config) -> torch.Tensor:
-    """`combine` with autograd (the backward: the dispatch plan of the weighted gradients with W2ᵀ)."""
-    return _Combine.apply(h, w, gate_weights, layout, group, config)
+def combine_autograd(h, w, gate_weights, layout, group, config, backward: str = "plan") -> torch.Tensor:
+    """`combine` with autograd (the backward: the dispatch plan of the weighted gradients with W2ᵀ,
+    or with `backward="unfused"` the unfused dispatch's)."""
+    return _Combine.apply(h, w, gate_weights, layout, group, config, backward)
