@@ -547,6 +547,9 @@ class _Resolver:
 
     def __init__(self) -> None:
         self._answers: dict[Any, LookupResult] = {}
+        self.moe_answers: dict[Any, Any] = {}
+        """`lookup_moe`'s answers (`syncopate.results_db.moe_lookups`), which share the sources,
+        the detected topology and the lock."""
         self._sources: dict[str, BestSource] = {}
         self._detected: Topology | None = None
         self._lock = threading.Lock()
@@ -600,23 +603,29 @@ class _Resolver:
     ) -> LookupResult:
         mode = check_mode(mode)
         workload = Workload(kind=kind, shape=Shape.of(shape), dtype=dtype)
-        if topology is None:
-            if self._detected is None:
-                self._detected = _detect_topology()
-            topo = self._detected
-        else:
-            topo = Topology.of(topology)
+        topo = self.topology(topology)
         workload.check_world_size(topo.world_size)
         if environment is None:
             environment = Environment.current()
         elif not isinstance(environment, Environment):
             raise ConfigError(f"environment {environment!r} is not an Environment")
+        return _Ladder(self.source(db), workload, topo, environment, mode).climb()
+
+    def topology(self, topology: Any) -> Topology:
+        """`topology` as a Topology; None: this machine's, detected once."""
+        if topology is not None:
+            return Topology.of(topology)
+        if self._detected is None:
+            self._detected = _detect_topology()
+        return self._detected
+
+    def source(self, db: Any) -> BestSource:
+        """The opened source of `db`, one a location, kept until `clear` (the caller holds the lock)."""
         location = locate(db)
         source = self._sources.get(location.url)
         if source is None:
-            source = open_source(db)
-            self._sources[location.url] = source
-        return _Ladder(source, workload, topo, environment, mode).climb()
+            source = self._sources[location.url] = open_source(db)
+        return source
 
     def clear(self) -> None:
         with self._lock:
@@ -624,6 +633,7 @@ class _Resolver:
                 source.close()
             self._sources.clear()
             self._answers.clear()
+            self.moe_answers.clear()
             self._detected = None
 
 
@@ -654,8 +664,5 @@ def lookup(
 
 
 def clear_cache() -> None:
-    """Forget every cached answer and close the sources lookups have opened (MoE lookups' too)."""
+    """Forget every cached answer (MoE lookups' too) and close the sources lookups have opened."""
     _resolver.clear()
-    from syncopate.results_db.moe_lookups import clear_moe_cache
-
-    clear_moe_cache()

@@ -39,7 +39,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,11 +217,6 @@ class _MoeLadder:
         )
 
 
-_lock = threading.Lock()
-_answers: dict[Any, MoeLookupResult] = {}
-_sources: dict[str, Any] = {}
-
-
 def lookup_moe(
     workload: MoeWorkload,
     topology: Topology | str | None = None,
@@ -238,40 +232,30 @@ def lookup_moe(
     fingerprint to match (None: this process's). mode: `eager` (the default) or `graph`.
     """
     from syncopate.environment import GLUON_VAR
-    from syncopate.results_db.readers import open_source
-    from syncopate.results_db.urls import ENV_VAR, locate
+    from syncopate.results_db.lookups import _resolver
+    from syncopate.results_db.urls import ENV_VAR
 
     if not isinstance(workload, MoeWorkload):
         raise ConfigError(f"lookup_moe takes a MoeWorkload, got {describe(workload)}")
     mode = check_mode(mode)
-    if topology is None:
-        from syncopate.results_db.lookups import _detect_topology
-
-        topo = _detect_topology()
-    else:
-        topo = Topology.of(topology)
+    topo = _resolver.topology(topology)
     workload.check_world_size(topo.world_size)
     env = Environment.current() if environment is None else environment
     if not isinstance(env, Environment):
         raise ConfigError(f"environment {env!r} is not an Environment")
     raw = (workload, topo.key(), str(db) if db is not None else None, env.key(), mode)
     raw += (os.environ.get(ENV_VAR) if db is None else None, os.environ.get(GLUON_VAR))
-    with _lock:
-        found = _answers.get(raw)
-        if found is not None:
-            return found
-        location = locate(db)
-        source = _sources.get(location.url)
-        if source is None:
-            source = _sources[location.url] = open_source(db)
-        found = _answers[raw] = _MoeLadder(source, workload, topo, env, mode).climb()
+    with _resolver._lock:  # the dense lookups' sources, detected topology and lock
+        found = _resolver.moe_answers.get(raw)
+        if found is None:
+            found = _MoeLadder(_resolver.source(db), workload, topo, env, mode).climb()
+            _resolver.moe_answers[raw] = found
         return found
 
 
 def clear_moe_cache() -> None:
-    """Forget every cached answer and close the sources MoE lookups have opened."""
-    with _lock:
-        for source in _sources.values():
-            source.close()
-        _sources.clear()
-        _answers.clear()
+    """Forget every cached answer and close the sources lookups have opened (`clear_cache`: MoE and
+    dense lookups share them)."""
+    from syncopate.results_db.lookups import clear_cache
+
+    clear_cache()
