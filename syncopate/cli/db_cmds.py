@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +61,7 @@ def lookup_cmd(
     (a2a_gemm, gemm_a2a) take the layer's options instead of --m/--n/--k, and climb their own
     ladder (syncopate.moe.lookup_moe: exact, nearest_tokens, other_environment, other_topology,
     default)."""
-    from syncopate.errors import RuntimeUnavailableError
-    from syncopate.results_db.lookups import TopologyUndetected, lookup
+    from syncopate.results_db.lookups import lookup
     from syncopate.search_space import MOE_KINDS, Shape
 
     if kind in MOE_KINDS:
@@ -73,19 +73,10 @@ def lookup_cmd(
     if missing:
         raise ConfigError(f"kind {kind} looks up a GEMM shape: give {', '.join(missing)}")
 
-    # the lines printed below say what the lookups module warns of (another environment answered)
-    quiet = logging.getLogger("syncopate.results_db.lookups")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        result = lookup(Shape(m=m, n=n, k=k), topology, kind=kind, dtype=dtype, db=db, mode=mode)
-    except TopologyUndetected as e:
-        raise RuntimeUnavailableError(
-            f"cannot detect this machine's topology ({e.reason}): pass --topology KEY, such as "
-            f"--topology H200x2-nvlink"
-        ) from None
-    finally:
-        quiet.setLevel(level)
+    result = _quiet_lookup(
+        "syncopate.results_db.lookups",
+        lambda: lookup(Shape(m=m, n=n, k=k), topology, kind=kind, dtype=dtype, db=db, mode=mode),
+    )
     if as_json:
         print(json.dumps(result.to_dict()))
         return
@@ -97,8 +88,6 @@ def _lookup_moe(
     kind, tokens, hidden, ffn, experts, top_k, routing, skew, seed, dtype, topology, db, mode, as_json
 ) -> None:
     """`syncopate lookup --kind a2a_gemm|gemm_a2a …`: :func:`syncopate.moe.lookup_moe`."""
-    from syncopate.errors import RuntimeUnavailableError
-    from syncopate.results_db.lookups import TopologyUndetected
     from syncopate.results_db.moe_lookups import lookup_moe
     from syncopate.search_space import MoeWorkload, RoutingSpec
 
@@ -116,18 +105,9 @@ def _lookup_moe(
         routing=RoutingSpec(distribution=routing, skew=skew, seed=seed),
         dtype=dtype,
     )
-    quiet = logging.getLogger("syncopate.results_db.moe_lookups")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        result = lookup_moe(workload, topology, db=db, mode=mode)
-    except TopologyUndetected as e:
-        raise RuntimeUnavailableError(
-            f"cannot detect this machine's topology ({e.reason}): pass --topology KEY, such as "
-            f"--topology H200x2-nvlink"
-        ) from None
-    finally:
-        quiet.setLevel(level)
+    result = _quiet_lookup(
+        "syncopate.results_db.moe_lookups", lambda: lookup_moe(workload, topology, db=db, mode=mode)
+    )
     if as_json:
         print(json.dumps(result.to_dict()))
         return
@@ -142,6 +122,26 @@ def _lookup_moe(
     print(f"{workload} on {result.topology.key()}: {result.match}{where}")
     print(result.candidate.short())
     print(f"why: {result.reason}")
+
+
+def _quiet_lookup(logger: str, answer: Callable[[], Any]) -> Any:
+    """answer() with `logger`'s warnings held back (the lines printed say what they warn of: another
+    environment answered), and an undetected topology said as the option to pass."""
+    from syncopate.errors import RuntimeUnavailableError
+    from syncopate.results_db.lookups import TopologyUndetected
+
+    quiet = logging.getLogger(logger)
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return answer()
+    except TopologyUndetected as e:
+        raise RuntimeUnavailableError(
+            f"cannot detect this machine's topology ({e.reason}): pass --topology KEY, such as "
+            f"--topology H200x2-nvlink"
+        ) from None
+    finally:
+        quiet.setLevel(level)
 
 
 def _lookup_lines(result: Any) -> list[str]:
