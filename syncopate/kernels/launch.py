@@ -1025,30 +1025,29 @@ def copy_job_tables(
     """
     cache = getattr(ctx, "cache", None)
     key = ("copy_jobs", wide, tuple(jobs))
-    if cache is not None and key in cache:
-        tables = cache[key]
-        _hold_if_captured(cache, ctx.device, tables, cache.get(("copy_jobs_host", wide, tuple(jobs))))
-        return tables
-    cols = list(zip(*jobs))
-    pad = [0] * (-len(jobs) % COPY_TABLE_ALIGN)
-    device = ctx.device
-    table = torch.tensor([list(c) + pad for c in cols[:wide]], dtype=torch.int64)
-    small = torch.tensor([list(c) + pad for c in cols[wide:]], dtype=torch.int32)
+    kept = cache.get(key) if cache is not None else None
+    if kept is None:
+        cols = list(zip(*jobs))
+        pad = [0] * (-len(jobs) % COPY_TABLE_ALIGN)
+        device = ctx.device
+        table = torch.tensor([list(c) + pad for c in cols[:wide]], dtype=torch.int64)
+        small = torch.tensor([list(c) + pad for c in cols[wide:]], dtype=torch.int32)
 
-    def made():
-        nonlocal table, small
-        if device.type == "cuda":
-            table, small = table.pin_memory(), small.pin_memory()
-        with torch.cuda.stream(stream) if device.type == "cuda" else contextlib.nullcontext():
-            return (table.to(device, non_blocking=True), small.to(device, non_blocking=True))
+        def made():
+            nonlocal table, small
+            if device.type == "cuda":
+                table, small = table.pin_memory(), small.pin_memory()
+            with torch.cuda.stream(stream) if device.type == "cuda" else contextlib.nullcontext():
+                return (table.to(device, non_blocking=True), small.to(device, non_blocking=True))
 
-    tables = kept_allocations(made, device, sync=False)  # copies ordered on `stream`, before the copier
-    if cache is not None:
-        _keep(cache, key, tables, COPY_TABLES_CACHED)
+        tables = kept_allocations(made, device, sync=False)  # copies ordered on `stream`, before the copier
         # A copy captured in a CUDA graph reads its pinned source at every replay: kept with the tables.
-        _keep(cache, ("copy_jobs_host", wide, tuple(jobs)), (table, small), COPY_TABLES_CACHED)
-        _hold_if_captured(cache, device, tables, (table, small))
-    return tables
+        kept = (tables, (table, small))
+        if cache is not None:
+            _keep(cache, key, kept, COPY_TABLES_CACHED)
+    if cache is not None:
+        _hold_if_captured(cache, ctx.device, *kept)
+    return kept[0]
 
 
 CAPTURED_TABLES = ("captured copy jobs",)
