@@ -197,6 +197,81 @@ def forward_backward(model, inputs, labels, positions, loss_parallel: bool):
     return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
+# --- where a step's GPU time goes ------------------------------------------------------------------------------
+
+KERNEL_CATEGORIES = (
+    (
+        "syncopate",
+        (
+            "consumer_kernel",
+            "producer_kernel",
+            "chunk_copy_kernel",
+            "pull_kernel",
+            "graph_entry_kernel",
+            "nvshmem_copy_kernel",
+            "dispatch_kernel",
+            "combine_kernel",
+        ),
+    ),
+    ("attention", ("flash", "fmha", "attention", "attn")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "matmul", "sm90_", "sm100_")),
+    ("nccl", ("nccl",)),
+    ("copy", ("memcpy", "memset")),
+    ("optimizer", ("multi_tensor", "adam")),
+    ("compiled", ("triton_",)),
+)
+"""Kernel name fragments (lower case) of each category of `--profile`'s table, first match wins;
+`compiled`: inductor's generated kernels; everything else is `other` (torch's eager elementwise
+kernels, reductions, the loss)."""
+
+
+def kernel_category(name: str) -> str:
+    lowered = name.lower()
+    for category, fragments in KERNEL_CATEGORIES:
+        if any(f in lowered for f in fragments):
+            return category
+    return "other"
+
+
+def profile_summary(events, steps: int, top: int = 12) -> dict:
+    """GPU time a step by `kernel_category` and the `top` kernels, from a profiler's `key_averages()`
+    (`events`: objects with `key`, `count` and `device_time_total` or `cuda_time_total`, µs) over
+    `steps` steps. Kernels of several streams overlap, so the categories can sum to more than a step."""
+    totals: dict[str, float] = {}
+    kernels = []
+    for e in events:
+        us = getattr(e, "device_time_total", None)
+        if us is None:
+            us = getattr(e, "cuda_time_total", 0.0)
+        if not us or getattr(e, "device_type", None) is not None and "CUDA" not in str(e.device_type):
+            continue
+        category = kernel_category(e.key)
+        totals[category] = totals.get(category, 0.0) + us / steps
+        kernels.append((us / steps, e.key, e.count // max(1, steps), category))
+    kernels.sort(reverse=True)
+    return {
+        "steps": steps,
+        "category_us": dict(sorted(totals.items(), key=lambda kv: -kv[1])),
+        "top": [
+            {"kernel": name[:120], "us": us, "calls": calls, "category": c}
+            for us, name, calls, c in kernels[:top]
+        ],
+    }
+
+
+def profiled_steps(step, steps: int) -> dict:
+    """`step()` run `steps` times under torch's profiler (CUDA kernels only), summarized by
+    `profile_summary`."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    return profile_summary(prof.key_averages(), steps)
+
+
 # --- one variant -----------------------------------------------------------------------------------------------
 
 
@@ -266,8 +341,18 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches) -> dict:
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         timed = slowest.tolist()[args.warmup :]
         median = statistics.median(timed)
+        profiled = None
+        if args.profile and device.type == "cuda":
+            inputs, labels = batches[-1]
+
+            def step():
+                forward_backward(model, inputs, labels, positions, args.loss_parallel)
+                opt.zero_grad(set_to_none=True)
+
+            profiled = profiled_steps(step, args.profile)
         return {
             "variant": variant,
+            **({"profile": profiled} if profiled else {}),
             "step_ms": median * 1e3,
             "step_ms_all": [t * 1e3 for t in slowest.tolist()],
             "tokens_per_s": args.tokens / median,
@@ -448,6 +533,27 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def profile_table(result: dict) -> str:
+    """`--profile`'s GPU time a step by kernel category, a column per profiled variant (ms), then
+    each one's top kernels; empty when no variant was profiled."""
+    profiled = [r for r in result["variants"] if r.get("profile")]
+    if not profiled:
+        return ""
+    categories = list(dict.fromkeys(c for r in profiled for c in r["profile"]["category_us"]))
+    lines = [
+        "GPU time a step by kernel category, rank 0, ms (kernels of several streams overlap):",
+        f"{'category':<12} " + " ".join(f"{r['variant']:>20}" for r in profiled),
+    ]
+    for c in categories:
+        cells = (r["profile"]["category_us"].get(c, 0.0) / 1e3 for r in profiled)
+        lines.append(f"{c:<12} " + " ".join(f"{v:>20.2f}" for v in cells))
+    for r in profiled:
+        lines.append(f"top kernels of {r['variant']} (ms a step, calls a step):")
+        for k in r["profile"]["top"]:
+            lines.append(f"  {k['us'] / 1e3:8.3f} {k['calls']:>4}  {k['category']:<10} {k['kernel'][:90]}")
+    return "\n".join(lines)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     """The command line, its defaults filled in for the CPU or the GPUs; one that cannot run (a world
     under 2, tokens that do not split into the ranks' sequence blocks, no torchrun) is refused, exit 2."""
@@ -475,6 +581,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=True,
         help="lm_head's logits sharded on the vocabulary and the loss computed on the shards, torchtitan's "
         "default; --no-loss-parallel all-gathers the logits and computes the loss on every rank whole",
+    )
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="after the timed steps, profile STEPS more (no optimizer step) and report rank 0's GPU time a step "
+        "by kernel category and its top kernels (CUDA only)",
     )
     p.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled variants")
     p.add_argument("--lr", type=float, default=1e-4)
@@ -521,6 +635,9 @@ def main(argv=None) -> int:
         if result is None:
             return 0
     print(table(result))
+    profiles = profile_table(result)
+    if profiles:
+        print(profiles)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)

@@ -237,3 +237,50 @@ def test_loss_parallel_gives_the_replicated_logits_loss_and_gradients():
     assert "loss parallel (logits sharded" in table({**result, "loss_parallel": True}).splitlines()[0]
     old = {k: v for k, v in result.items() if k != "loss_parallel"}  # a result from before the switch
     assert "logits replicated" in table(old).splitlines()[0]
+
+
+def test_profile_summary_sorts_kernels_into_categories_a_step():
+    """--profile's summary: each kernel in the first category whose name fragment it holds, µs a step
+    (the profiler's totals over the profiled steps), the top kernels largest first; host-side events
+    (no device time) are left out."""
+    from types import SimpleNamespace as Event
+
+    bench = _bench()
+    events = [
+        Event(key="consumer_kernel", count=40, device_time_total=8000.0),
+        Event(key="nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NTT", count=20, device_time_total=6000.0),
+        Event(
+            key="void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>",
+            count=4,
+            device_time_total=3000.0,
+        ),
+        Event(key="ncclDevKernel_AllGather_RING_LL", count=2, device_time_total=500.0),
+        Event(key="Memcpy PtoP (Device -> Device)", count=12, device_time_total=400.0),
+        Event(key="triton_poi_fused_mul_silu_0", count=8, device_time_total=300.0),
+        Event(key="void at::native::vectorized_elementwise_kernel<4>", count=10, device_time_total=100.0),
+        Event(key="aten::mm", count=20, device_time_total=0.0),
+        Event(
+            key="void at::native::(anonymous)::multi_tensor_apply_kernel<Adam>",
+            count=6,
+            cuda_time_total=200.0,
+        ),
+    ]
+    for e in events:
+        if not hasattr(e, "device_time_total"):
+            e.device_time_total = None
+    out = bench.profile_summary(events, steps=2, top=3)
+    assert out["category_us"] == {
+        "syncopate": 4000.0,
+        "gemm": 3000.0,
+        "attention": 1500.0,
+        "nccl": 250.0,
+        "copy": 200.0,
+        "compiled": 150.0,
+        "optimizer": 100.0,
+        "other": 50.0,
+    }
+    assert [k["category"] for k in out["top"]] == ["syncopate", "gemm", "attention"]
+    assert out["top"][0] == {"kernel": "consumer_kernel", "us": 4000.0, "calls": 20, "category": "syncopate"}
+    text = bench.profile_table({"variants": [{"variant": "syncopate", "profile": out}, {"variant": "torch"}]})
+    assert "syncopate" in text and "4.00" in text and "consumer_kernel" in text
+    assert bench.profile_table({"variants": [{"variant": "torch"}]}) == ""
