@@ -108,9 +108,11 @@ def grid(workload, ws: int, args):
     return [c for c in space if c.template in templates]
 
 
-def layer_configs(args):
-    """(config, backward) of each layer timed: unfused, then each pipelined and fused config with its
-    own plan's backward and with the unfused ops' backward (`MoELayer(backward=...)`)."""
+def layer_configs(args, tuned=None):
+    """(name, dispatch config, combine config, backward) of each layer timed: unfused, then each
+    pipelined and fused config for both ops, then `tuned` (the fastest dispatch and combine of this
+    case's op rows, what a tuned database serves each op) where given, each with its own plan's
+    backward and with the unfused ops' backward (`MoELayer(backward=...)`)."""
     from syncopate.search_space.moe_workload import MoeCandidate
 
     backends = ("nccl",) if args.cpu else tuple(args.backends.split(","))
@@ -119,9 +121,30 @@ def layer_configs(args):
         configs.append(MoeCandidate(template="fused", backend="copy_engine", chunks_per_source=2))
     templates = args.templates.split(",")
     chosen = [c for c in configs if (c.template if c is not None else "unfused") in templates]
-    return [(None, "plan")] * (None in chosen) + [
-        (c, backward) for c in chosen if c is not None for backward in ("plan", "unfused")
+    pairs = [(c.short(), c, c) for c in chosen if c is not None]
+    if tuned is not None and None not in tuned:
+        dispatch, combine = tuned
+        pairs.append((f"tuned: {dispatch.short()} + {combine.short()}", dispatch, combine))
+    return [("unfused", None, None, "plan")] * (None in chosen) + [
+        (name + (", unfused backward" if backward == "unfused" else ""), d, c, backward)
+        for name, d, c in pairs
+        for backward in ("plan", "unfused")
     ]
+
+
+def fastest_configs(op_rows):
+    """(dispatch, combine): the fastest candidate of each kind among `op_rows` (one case's), or None
+    for a kind with none timed."""
+    from syncopate.search_space.moe_workload import MoeCandidate
+
+    best = {}
+    for r in op_rows:
+        timed = [c for c in r["candidates"] if c["status"] == "ok"]
+        if timed:
+            best[r["kind"]] = MoeCandidate.from_dict(
+                min(timed, key=lambda c: c["times"]["median_us"])["config"]
+            )
+    return best.get("a2a_gemm"), best.get("gemm_a2a")
 
 
 # One case ----------------------------------------------------------------------------------------
@@ -266,7 +289,7 @@ def torch_layer(layer, x, group):
     return torch.bmm(weights.to(x.dtype).unsqueeze(1), pairs).squeeze(1)
 
 
-def run_layer(case: Case) -> dict:
+def run_layer(case: Case, tuned=None) -> dict:
     import torch
 
     from syncopate.measure.reference import relative_error
@@ -297,13 +320,8 @@ def run_layer(case: Case) -> dict:
     gx_torch = x.grad.clone()
     times = {"torch": time_layer(lambda: step(lambda: torch_layer(layer, x, case.group)), case.group, args)}
     rows = []
-    for config, backward in layer_configs(args):
-        name = (
-            "unfused"
-            if config is None
-            else config.short() + (", unfused backward" if backward == "unfused" else "")
-        )
-        layer.dispatch_config = layer.combine_config = config
+    for name, dispatch, combine, backward in layer_configs(args, tuned):
+        layer.dispatch_config, layer.combine_config = dispatch, combine
         layer.backward = backward
         row = {"config": name}
         try:
@@ -358,10 +376,10 @@ def run_rank(cases, group, device, args) -> dict:
     for key in keys:
         group_cases = [c for c in cases if (c.model, c.workload.tokens, c.workload.routing) == key]
         case = Case(group_cases, group, device, args)
-        for kind in case.cases:
-            ops.append(run_kind(kind, case))
+        rows = [run_kind(kind, case) for kind in case.cases]
+        ops += rows
         if not args.no_layer:
-            layers.append(run_layer(case))
+            layers.append(run_layer(case, fastest_configs(rows)))
         del case
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -27,9 +27,11 @@ computed on each whole. The result (`loss_parallel`) and the table's header say 
 | torch-compiled     | torch's   | torch.compile of each decoder layer                            |
 | async-tp           | torch's   | compiled with torchtitan's switch: `_micro_pipeline_tp` and     |
 |                    |           | symmetric memory on the group (CUDA only)                      |
+| torch-graphs       | torch's   | compiled with mode="reduce-overhead" (CUDA graphs; CUDA only)  |
 | syncopate          | ours      | eager                                                          |
 | syncopate-compiled | ours      | torch.compile of each decoder layer                            |
-| syncopate-graphs   | ours      | compiled with mode="reduce-overhead" (CUDA graphs; CUDA only)  |
+| syncopate-graphs   | ours      | compiled with mode="reduce-overhead" (CUDA graphs; CUDA only), |
+|                    |           | warmed up after `syncopate.set_mode("graph")`                  |
 
 Per variant: the step time (median over the steps after the warm-up, each step timed from a barrier
 to its end, device synchronized, the slowest rank's), tokens/s from it, peak device memory (the
@@ -56,7 +58,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 log = logging.getLogger("train_step")
 
-VARIANTS = ("torch", "torch-compiled", "async-tp", "syncopate", "syncopate-compiled", "syncopate-graphs")
+VARIANTS = (
+    "torch",
+    "torch-compiled",
+    "async-tp",
+    "torch-graphs",
+    "syncopate",
+    "syncopate-compiled",
+    "syncopate-graphs",
+)
 TINY = {
     "name": "tiny",
     "hidden": 64,
@@ -280,7 +290,7 @@ def _not_here(variant: str, device) -> str | None:
         return None
     if variant == "async-tp":
         return "not possible on the CPU: torch's micro-pipeline pass fuses into its CUDA symmetric-memory ops"
-    if variant == "syncopate-graphs":
+    if variant.endswith("-graphs"):
         return "not possible on the CPU: mode='reduce-overhead' replays CUDA graphs"
     return None
 
@@ -297,6 +307,12 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches) -> dict:
     torch._dynamo.reset()
     inductor = torch._inductor.config
     pipeline = inductor._micro_pipeline_tp
+    ops_mode = None
+    if variant == "syncopate-graphs":  # reduce-overhead's first runs are its warm-up: prepare graph configs
+        import syncopate
+
+        ops_mode = syncopate.get_mode()
+        syncopate.set_mode("graph")
     try:
         model = parallelize(
             build_model(spec, args.layers, args.vocab, device, dtype, args.seed),
@@ -310,7 +326,7 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches) -> dict:
             enable_symm_mem(mesh.get_group().group_name)
             inductor._micro_pipeline_tp = True
         if variant not in ("torch", "syncopate"):
-            mode = "reduce-overhead" if variant == "syncopate-graphs" else None
+            mode = "reduce-overhead" if variant.endswith("-graphs") else None
             for layer in model.model.layers:
                 layer.compile(mode=mode, backend=args.backend)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -367,6 +383,8 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches) -> dict:
         }
     finally:
         inductor._micro_pipeline_tp = pipeline
+        if ops_mode is not None:
+            syncopate.set_mode(ops_mode)
         model = opt = None
         gc.collect()
         if device.type == "cuda":
@@ -424,6 +442,7 @@ def run_rank(args, device) -> dict | None:
         "seed": args.seed,
         "backend": args.backend,
         "loss_parallel": args.loss_parallel,
+        "configurations": _configurations(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "versions": {
             "torch": torch.__version__,
@@ -433,6 +452,15 @@ def run_rank(args, device) -> dict | None:
         "git": _git(),
         "variants": rows,
     }
+
+
+def _configurations() -> str:
+    """Where the fused ops' configurations came from: the results database `lookup` read
+    (SYNCOPATE_DB, its file name), or the per-user default database."""
+    from syncopate.results_db.urls import ENV_VAR
+
+    db = os.environ.get(ENV_VAR)
+    return f"lookup on {os.path.basename(db.split('///')[-1]) if db else 'the per-user default database'}"
 
 
 def _version(name: str) -> str | None:

@@ -56,8 +56,11 @@ class Sources:
     """(label, file) of each `benchmarks/strategies.py` run."""
     layers: str
     """The `syncopate bench --layer` runs."""
-    train_step: tuple[str, ...]
-    """The `benchmarks/train_step.py` runs."""
+    train_step: tuple[tuple[str, str], ...]
+    """(file, where its configurations came from) of each `benchmarks/train_step.py` run; tables.json
+    gives a file alone where the run says so itself (its `configurations`), or [file, label]."""
+    train_profile: str
+    """A `benchmarks/train_step.py --profile` run: GPU time a step by kernel category."""
     graph_calls: str
     """A `benchmarks/graph_calls.py` run."""
     layer_bound: tuple[str, ...]
@@ -80,7 +83,8 @@ def sources(root: Path) -> Sources:
             short_tp2=doc["short_tp2"],
             strategies=tuple((label, name) for label, name in doc["strategies"]),
             layers=doc["layers"],
-            train_step=tuple(doc["train_step"]),
+            train_step=tuple((e, "") if isinstance(e, str) else (e[0], e[1]) for e in doc["train_step"]),
+            train_profile=doc["train_profile"],
             graph_calls=doc["graph_calls"],
             layer_bound=tuple(doc["layer_bound"]),
             moe=tuple(doc["moe"]) if isinstance(doc["moe"], list) else (doc["moe"],),
@@ -90,7 +94,8 @@ def sources(root: Path) -> Sources:
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(
             f"results/{SOURCES} does not name every table's files ({e!r}): it needs tp2_suite, "
-            f"tp4_suite, short_tp2, strategies, layers, train_step, graph_calls, layer_bound, moe, op_host and nvshmem"
+            f"tp4_suite, short_tp2, strategies, layers, train_step, train_profile, graph_calls, layer_bound, "
+            f"moe, op_host and nvshmem"
         ) from None
 
 
@@ -654,11 +659,13 @@ def train_step(root: Path) -> str:
     from the same run."""
     rows = []
     notes = []
-    for name in sources(root).train_step:
+    runs = sources(root).train_step
+    for name, label in runs:
         doc = _read_json(root / "results" / name)
         m = doc["model"]
+        configurations = label or doc.get("configurations", "–")
         ms = {v["variant"]: v["step_ms"] for v in doc["variants"] if v.get("step_ms")}
-        torch_tp = [ms[v] for v in ("torch", "torch-compiled") if v in ms]
+        torch_tp = [ms[v] for v in TORCH_TP_VARIANTS if v in ms]
         best_torch = min(torch_tp) if torch_tp else None
         async_tp = ms.get("async-tp")
         for v in doc["variants"]:
@@ -673,6 +680,7 @@ def train_step(root: Path) -> str:
                     f"{doc['world']} × {doc['device'].replace('NVIDIA ', '')}",
                     str(doc["tokens"]),
                     v["variant"],
+                    configurations if v["variant"].startswith("syncopate") else "",
                     "–" if not step else f"{step:.2f}",
                     "–" if not step else f"{v['tokens_per_s']:.0f}",
                     "–" if not step else f"{v['peak_bytes'] / 2**30:.2f}",
@@ -699,11 +707,12 @@ def train_step(root: Path) -> str:
             "GPUs (TP)",
             "tokens",
             "variant",
+            "configurations",
             "step ms",
             "tokens/s",
             "peak GiB",
             "max |Δloss| vs torch",
-            "torch TP (faster mode) / variant",
+            "torch TP (fastest mode) / variant",
             "async-TP / variant",
         ],
         rows,
@@ -712,8 +721,37 @@ def train_step(root: Path) -> str:
         f"{gpu}, median of {steps} steps after {warmup}, torch {t}, transformers {tf}"
         for gpu, steps, warmup, t, tf in sorted(set(notes))
     )
-    files = ", ".join(f"`results/{name}`" for name in sources(root).train_step)
+    files = ", ".join(f"`results/{name}`" for name, _ in runs)
     return f"{table}\n\n{said}; from {files}.\n"
+
+
+TORCH_TP_VARIANTS = ("torch", "torch-compiled", "torch-graphs")
+"""The variants of torch's TP without async-TP: the train-step table sets each variant against the
+fastest of those its run timed."""
+
+
+def train_profile(root: Path) -> str:
+    """Where a training step's GPU time goes, per variant: `benchmarks/train_step.py --profile`'s
+    kernel categories (rank 0, ms a step) beside the step time."""
+    name = sources(root).train_profile
+    doc = _read_json(root / "results" / name)
+    label = dict(sources(root).train_step).get(name) or doc.get("configurations", "")
+    profiled = [v for v in doc["variants"] if v.get("profile")]
+    if not profiled:
+        raise ConfigError(f"results/{name} has no profiled variant: run train_step.py with --profile STEPS")
+    categories = list(dict.fromkeys(c for v in profiled for c in v["profile"]["category_us"]))
+    rows = [
+        [c] + [f"{v['profile']['category_us'].get(c, 0.0) / 1e3:.2f}" for v in profiled] for c in categories
+    ]
+    rows.append(["step (wall)"] + [f"{v['step_ms']:.2f}" for v in profiled])
+    table = _table(["kernels", *(v["variant"] for v in profiled)], rows)
+    m = doc["model"]
+    return (
+        f"{table}\n\nms a step on rank 0 ({profiled[0]['profile']['steps']} steps profiled after the timed ones); "
+        f"kernels on several streams overlap, so a column can sum to more than its step. {m['name']}, "
+        f"{m['layers']} layers, {doc['tokens']} tokens, TP={doc['world']} on {doc['device']}, torch "
+        f"{doc['versions']['torch']}; configurations: {label or '–'}; from `results/{name}`.\n"
+    )
 
 
 def graph_calls(root: Path) -> str:
@@ -875,6 +913,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "layer-bound": layer_bound,
     "moe": moe,
     "train-step": train_step,
+    "train-profile": train_profile,
     "graph-calls": graph_calls,
     "op-host": op_host,
     "nvshmem": nvshmem,

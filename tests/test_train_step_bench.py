@@ -51,6 +51,7 @@ def test_the_cpu_run_trains_both_plans_and_reports_them(tmp_path):
         "--variants",
         "torch",
         "async-tp",
+        "torch-graphs",
         "syncopate",
         "syncopate-graphs",
         "--json",
@@ -70,6 +71,8 @@ def test_the_cpu_run_trains_both_plans_and_reports_them(tmp_path):
     assert "loss parallel (logits sharded on the vocabulary)" in out.stdout.splitlines()[0]
     assert "not possible on the CPU" in rows["async-tp"]["skipped"]
     assert "not possible on the CPU" in rows["syncopate-graphs"]["skipped"]
+    assert "not possible on the CPU" in rows["torch-graphs"]["skipped"]
+    assert result["configurations"].startswith("lookup on ")
     lines = out.stdout.splitlines()
     assert any(line.startswith("syncopate ") for line in lines) and any(
         "async-tp" in line and "not possible" in line for line in lines
