@@ -274,6 +274,7 @@ def _compile_worker(rank, world, port, q):
         def mlp2(x):
             return row(torch.nn.functional.gelu(col(x)))
 
+        graph_before = {k for k in ops._REGISTRY.programs if k[3] == "graph"}
         graphed = torch.compile(mlp2, mode="reduce-overhead", fullgraph=True)
         rows = SEQ // 2 // world if configs is None else SEQ // 4 // world  # shapes no call has made yet
         xs = [torch.randn(rows, BATCH, HIDDEN, device=dev).bfloat16() for _ in range(4)]
@@ -281,6 +282,11 @@ def _compile_worker(rank, world, port, q):
             ys = [graphed(x).clone() for x in xs]
             for step, (x, y) in enumerate(zip(xs, ys, strict=True)):
                 report.append((label, True, step, [relative_error(y, mlp2(x))]))
+        if configs is None:  # its warm-up prepared graph-mode programs of both ops, which the capture took
+            warmed = {k[0] for k in ops._REGISTRY.programs if k[3] == "graph" and k not in graph_before}
+            report.append(
+                (f"{label}: graph-mode programs of {sorted(warmed)}", True, 0, [float(len(warmed) < 2)])
+            )
     ops.close_contexts()
     q.put((rank, report))
     dist.destroy_process_group()

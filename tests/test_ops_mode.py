@@ -5,6 +5,7 @@ Preparing a program needs a GPU, so `_prepare` is replaced here by one that reco
 
 from __future__ import annotations
 
+import sys
 import types
 
 import pytest
@@ -88,3 +89,53 @@ def test_unknown_mode_is_refused():
         ops.set_mode("fast")
     with pytest.raises(ConfigError, match="mode 'fast'"):
         ops.mode("fast")
+
+
+class _OnCuda(torch.Tensor):
+    """A CPU tensor that says it lives on cuda:0, for the mode choice alone (nothing runs on it)."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
+def test_the_warm_up_of_compiled_cuda_graphs_prepares_the_graph_program(group, prepared, monkeypatch):
+    """torch.compile's reduce-overhead mode runs a model's first calls eagerly (its cudagraph tree
+    warming up) and captures the next: those warm-up calls prepare the graph-mode program, which the
+    capture then finds, with no set_mode; they keep no eager fast path. Without a tree warming up
+    (none made, done warming up, or torch's internals answering otherwise) the process's mode holds."""
+    manager = types.SimpleNamespace(in_warmup=True)
+    answers = {"get": lambda index, create_if_none_exists=True: manager}
+    trees = types.SimpleNamespace(get_manager=lambda *a, **k: answers["get"](*a, **k))
+    monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", trees)
+    monkeypatch.setattr(ops, "_cuda_device", lambda: 0)
+    a, b = (t.as_subclass(_OnCuda) for t in _operands())
+
+    warm = ops._program("ag_gemm", a, b, group, None, capturing=False)
+    assert warm.mode == "graph" and prepared == ["graph"]
+    assert ops._program("ag_gemm", a, b, group, None, capturing=True) is warm
+    before = dict(ops._REGISTRY.calls)
+    warm.spec.dtype = torch.bfloat16
+    ops._keep_call("ag_gemm", a, b, group, None, warm)
+    assert ops._REGISTRY.calls == before
+    # a given config is that config in every mode
+    cand = ops.Candidate()
+    assert ops._program("gemm_rs", a, b, group, cand, capturing=False).mode == "eager"
+
+    manager.in_warmup = False
+    assert ops._program("ag_gemm", a, b, group, None, capturing=False).mode == "eager"
+    answers["get"] = lambda index, create_if_none_exists=True: None
+    assert ops._program("gemm_ar", a, b, group, None, capturing=False).mode == "eager"
+
+    def broken(index, create_if_none_exists=True):
+        raise AttributeError("another torch")
+
+    answers["get"] = broken
+    assert ops._program("gemm_rs", a, b, group, None, capturing=False).mode == "eager"
+    monkeypatch.delitem(sys.modules, "torch._inductor.cudagraph_trees")
+    assert ops._compiled_graph_warmup(a) is False
+    assert ops._compiled_graph_warmup(torch.zeros(2)) is False

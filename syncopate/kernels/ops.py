@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -551,6 +552,8 @@ def _keep_call(kind: str, a, b, group, config, program: CallProgram) -> None:
     operands (their scales are checked on every call)."""
     if program.spec.dtype == FP8 or not (config is None or isinstance(config, Candidate)):
         return
+    if config is None and _REGISTRY.mode != "graph" and _compiled_graph_warmup(a):
+        return  # its program is the graph-mode one (`_program`): not for later eager calls
     key = _call_key(kind, a, b, group, config, _REGISTRY.mode)
     if key is not None:
         _REGISTRY.calls[key] = _bound(program, kind == GATHERED)
@@ -593,13 +596,31 @@ def gather_buffer(a_shard_shape: tuple[int, int], dtype: torch.dtype, group=None
     return ctx.buffers["a_full"].local[rank * m_local : (rank + 1) * m_local]
 
 
+def _compiled_graph_warmup(a) -> bool:
+    """Whether this call runs in the warm-up of torch.compile's CUDA graphs (mode="reduce-overhead"):
+    the cudagraph tree of A's device is warming up, and its next run of the same code is captured.
+    False where torch.compile has made no such tree (its module not even imported) or where asking
+    fails (the tree is torch's internal API)."""
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is None or not (isinstance(a, torch.Tensor) and a.is_cuda):
+        return False
+    try:
+        manager = trees.get_manager(a.device.index, create_if_none_exists=False)
+        return bool(manager is not None and manager.in_warmup)
+    except Exception:  # noqa: BLE001 — another torch's internals: the process's mode then
+        return False
+
+
 def _program(kind: str, a, b, group, config, capturing: bool) -> CallProgram:
     """The call program of this call: found by the call's key, else prepared (collective: every
     rank makes its first call of a shape together), the inputs checked once. Without a config the
-    key holds the mode the configuration is looked up for: `graph` while capturing, else the
-    `set_mode` one. A capture whose `graph` program was never prepared (its warm-up ran in `eager`
-    mode) takes the `eager` one, said once: a first call cannot be captured."""
-    mode = "graph" if capturing else _REGISTRY.mode
+    key holds the mode the configuration is looked up for: `graph` while capturing or in the
+    warm-up of torch.compile's CUDA graphs (whose next run captures the call), else the `set_mode`
+    one. A capture whose `graph` program was never prepared (its warm-up ran in `eager` mode, e.g.
+    torch.cuda.graph's side-stream iterations without `set_mode("graph")`) takes the `eager` one,
+    said once: a first call cannot be captured."""
+    graph = capturing or (config is None and _REGISTRY.mode != "graph" and _compiled_graph_warmup(a))
+    mode = "graph" if graph else _REGISTRY.mode
     key = _program_key(kind, a, b, group, config, mode)
     program = _REGISTRY.programs.get(key) if key is not None else None
     if program is None and capturing and config is None:
