@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -59,79 +60,94 @@ __all__ = [
 ]
 
 
-def _segments(recv_counts: list[list[int]]):
-    """(expert-side start of (source s, expert e), h's start of (e, s)) as two dicts: the expert
-    side is by source, then expert; h by expert, then source."""
-    ws, el = len(recv_counts), len(recv_counts[0])
-    side, pos = {}, 0
-    for s in range(ws):
-        for e in range(el):
-            side[s, e] = pos
-            pos += recv_counts[s][e]
-    in_h, pos = {}, 0
-    for e in range(el):
-        for s in range(ws):
-            in_h[s, e] = pos
-            pos += recv_counts[s][e]
-    return side, in_h
+def _row_tiles(plan: PiecePlan, recv_counts: list[list[int]], block_m: int) -> dict[str, np.ndarray]:
+    """Every row tile of the plan, in its piece order, each within one expert's rows of one piece, as
+    int64 columns: `piece` (index in `plan.pieces`), `expert`, `m0` (first expert-side row), `rows`,
+    `h_row` (its first row in h). The expert side holds a piece's rows by source, then expert; h
+    by expert, then source. Array arithmetic, not a loop over tiles: a layer makes these tables
+    on every call, after its routing's host synchronization, where the host's time is the job's."""
+    counts = np.asarray(recv_counts, dtype=np.int64)  # [ws, El]
+    ws, el = counts.shape
+    flat = counts.reshape(-1)
+    side = (np.cumsum(flat) - flat).reshape(ws, el)  # expert-side start of (s, e)
+    by_expert = counts.T.reshape(-1)
+    in_h = (np.cumsum(by_expert) - by_expert).reshape(el, ws).T  # h's start of (s, e)
+    source = np.array([p.source for p in plan.pieces], dtype=np.int64)
+    lo = np.array([p.rows[0] for p in plan.pieces], dtype=np.int64)[:, None]
+    hi = np.array([p.rows[1] for p in plan.pieces], dtype=np.int64)[:, None]
+    start = side[source]  # [pieces, El]
+    a = np.maximum(lo, start)
+    b = np.minimum(hi, start + counts[source])
+    tiles = np.where(b > a, (b - a + block_m - 1) // block_m, 0).reshape(-1)
+    segment = np.repeat(np.arange(tiles.size), tiles)
+    within = np.arange(segment.size) - np.repeat(np.cumsum(tiles) - tiles, tiles)
+    m0 = a.reshape(-1)[segment] + within * block_m
+    return {
+        "piece": segment // el,
+        "expert": segment % el,
+        "m0": m0,
+        "rows": np.minimum(block_m, b.reshape(-1)[segment] - m0),
+        "h_row": (in_h[source] - start).reshape(-1)[segment] + m0,
+    }
 
 
-def _row_tiles(plan: PiecePlan, recv_counts: list[list[int]], block_m: int):
-    """(piece index, piece, expert, first expert-side row, rows, h row) for each row tile, in the
-    plan's piece order, each tile within one expert's rows of one piece."""
-    side, in_h = _segments(recv_counts)
-    el = len(recv_counts[0])
-    for index, piece in enumerate(plan.pieces):
-        s, (lo, hi) = piece.source, piece.rows
-        for e in range(el):
-            start = side[s, e]
-            a, b = max(lo, start), min(hi, start + recv_counts[s][e])
-            for m0 in range(a, b, block_m):
-                yield index, piece, e, m0, min(block_m, b - m0), in_h[s, e] + m0 - start
+def _piece_column(plan: PiecePlan, value) -> np.ndarray:
+    return np.array([value(p) for p in plan.pieces], dtype=np.int64)
 
 
-def dispatch_tile_table(plan: PiecePlan, recv_counts: list[list[int]], block_m: int) -> list[tuple[int, ...]]:
-    """The dispatch kernel's row tiles (`kernels.DISPATCH_WORDS` each): expert, A row, own, rows,
-    signal word, h row. The own piece's rows are read from the send buffer (its token side rows),
-    the others' from the receive buffer (expert side) once word `source · chunks + chunk` is raised."""
-    out = []
-    for _, piece, e, m0, rows, h_row in _row_tiles(plan, recv_counts, block_m):
-        if piece.exchange is None:
-            out.append((e, piece.token_rows[0] + m0 - piece.rows[0], 1, rows, -1, h_row))
-        else:
-            out.append((e, m0, 0, rows, piece.source * plan.chunks + piece.chunk, h_row))
-    return out
+def dispatch_tile_table(plan: PiecePlan, recv_counts: list[list[int]], block_m: int) -> np.ndarray:
+    """The dispatch kernel's row tiles, [tiles, `kernels.DISPATCH_WORDS`] int32: expert, A row, own,
+    rows, signal word, h row. The own piece's rows are read from the send buffer (its token side
+    rows), the others' from the receive buffer (expert side) once word `source · chunks + chunk` is
+    raised."""
+    t = _row_tiles(plan, recv_counts, block_m)
+    piece = t["piece"]
+    own = _piece_column(plan, lambda p: p.exchange is None)[piece]
+    shift = _piece_column(plan, lambda p: p.token_rows[0] - p.rows[0])[piece]
+    word = _piece_column(plan, lambda p: -1 if p.exchange is None else p.source * plan.chunks + p.chunk)[
+        piece
+    ]
+    a_row = np.where(own == 1, t["m0"] + shift, t["m0"])
+    return np.stack([t["expert"], a_row, own, t["rows"], word, t["h_row"]], axis=1).astype(np.int32)
 
 
 def combine_tile_table(
     plan: PiecePlan, recv_counts: list[list[int]], block_m: int, entered_base: int
-) -> tuple[list[tuple[int, ...]], list[int]]:
-    """(the combine kernel's row tiles, `kernels.COMBINE_WORDS` each: expert, h row, rows,
+) -> tuple[np.ndarray, list[int]]:
+    """(the combine kernel's row tiles, [tiles, `kernels.COMBINE_WORDS`] int32: expert, h row, rows,
     destination, destination row, piece, word, entry word; the row tiles of each counted piece).
     A peer's piece lands where the pipelined plan's copy puts it (`Exchange.send_at`) and raises
     word `rank · chunks + chunk` there; the own piece goes to the own rows of the token side,
     counted by no one and waiting for no entry."""
-    table, counted, ids = [], [], {}
-    for index, piece, e, m0, rows, h_row in _row_tiles(plan, recv_counts, block_m):
-        lo = piece.rows[0]
-        if piece.exchange is None:
-            table.append((e, h_row, rows, plan.rank, piece.token_rows[0] + m0 - lo, -1, -1, -1))
-            continue
-        x = plan.exchanges[piece.exchange]
-        if x.send_at < 0:
+    for p in plan.pieces:
+        if p.exchange is not None and plan.exchanges[p.exchange].send_at < 0:
             raise ConfigError(
                 "template fused writes rows where the peer keeps them, which takes every rank's counts: "
                 "make the layout with exchange_layout (or Routing.layout)"
             )
-        if index not in ids:
-            ids[index] = len(counted)
-            counted.append(0)
-        counted[ids[index]] += 1
-        word = plan.rank * plan.chunks + piece.chunk
-        table.append(
-            (e, h_row, rows, piece.source, x.send_at + m0 - lo, ids[index], word, entered_base + piece.source)
-        )
-    return table, counted
+    t = _row_tiles(plan, recv_counts, block_m)
+    piece = t["piece"]
+    own = _piece_column(plan, lambda p: p.exchange is None)[piece] == 1
+    # the counted pieces, numbered in the order their first tile comes
+    per_piece = np.bincount(piece, minlength=len(plan.pieces))
+    counted_pieces = [i for i, p in enumerate(plan.pieces) if p.exchange is not None and per_piece[i]]
+    number = np.full(len(plan.pieces), -1, dtype=np.int64)
+    number[counted_pieces] = np.arange(len(counted_pieces))
+    dest = _piece_column(plan, lambda p: plan.rank if p.exchange is None else p.source)[piece]
+    base = _piece_column(
+        plan,
+        lambda p: p.token_rows[0] if p.exchange is None else plan.exchanges[p.exchange].send_at,
+    )[piece]
+    word = _piece_column(plan, lambda p: -1 if p.exchange is None else plan.rank * plan.chunks + p.chunk)[
+        piece
+    ]
+    entry = _piece_column(plan, lambda p: -1 if p.exchange is None else entered_base + p.source)[piece]
+    lo = _piece_column(plan, lambda p: p.rows[0])[piece]
+    table = np.stack(
+        [t["expert"], t["h_row"], t["rows"], dest, base + t["m0"] - lo, number[piece], word, entry], axis=1
+    )
+    table[own, 5] = -1
+    return table.astype(np.int32), [int(per_piece[i]) for i in counted_pieces]
 
 
 @dataclass(frozen=True)
@@ -165,7 +181,7 @@ def fused_tables(
         rows, counted = combine_tile_table(prep.plan, counts, config.block_m, ENTERED_BASE)
         width = COMBINE_WORDS
         piece_tiles = to_device(torch.tensor(counted + [0], dtype=torch.int32), device)
-    table = torch.tensor(rows, dtype=torch.int32).reshape(-1, width)
+    table = torch.from_numpy(rows).reshape(-1, width)
     found = FusedTables(prep=prep, tiles=to_device(table, device), piece_tiles=piece_tiles)
     layout.cache[key] = found
     return found
