@@ -417,18 +417,28 @@ def run_rank(args, device) -> dict | None:
         if dist.get_rank() == 0:
             log.info("variant %s ...", v)
         rows.append(run_variant(v, args, spec, mesh, device, dtype, batches))
+        if dist.get_rank() == 0 and args.json:
+            # what has run so far, so that a run stopped at a time limit keeps its finished variants
+            write_json(args.json, result_of(args, spec, world, seq, dtype, device, rows))
     if device.type == "cuda":
         from syncopate import close_contexts
 
         close_contexts()
     if dist.get_rank() != 0:
         return None
+    return result_of(args, spec, world, seq, dtype, device, rows)
+
+
+def result_of(args, spec, world: int, seq: int, dtype, device, rows: list[dict]) -> dict:
+    """The run's result from the variants' rows so far: each variant's loss curve set against
+    `torch`'s (where that ran), the model, the plan and the environment."""
+    import torch
+    import transformers
+
     reference = next((r for r in rows if r["variant"] == "torch" and "losses" in r), None)
     for r in rows:
         if "losses" in r and reference is not None:
             r["max_loss_diff_vs_torch"] = max(abs(a - b) for a, b in zip(r["losses"], reference["losses"]))
-    import transformers
-
     return {
         "model": {**spec.to_dict(), "layers": args.layers, "vocab": args.vocab},
         "world": world,
@@ -452,6 +462,14 @@ def run_rank(args, device) -> dict | None:
         "git": _git(),
         "variants": rows,
     }
+
+
+def write_json(path: str, result: dict) -> None:
+    """`result` into `path` whole: written beside it, then moved over it."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(result, fh, indent=2)
+    os.replace(tmp, path)
 
 
 def _configurations() -> str:
@@ -667,8 +685,7 @@ def main(argv=None) -> int:
     if profiles:
         print(profiles)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
+        write_json(args.json, result)
         print(f"written: {args.json}")
     return 0
 
