@@ -162,6 +162,52 @@ def test_the_harness_checks_and_times_what_runs_on_gloo_and_refuses_copy_engine(
     }
 
 
+def _layer_call_worker(rank, ws, init, q):
+    import syncopate.moe as moe
+    from syncopate.measure.moe import MoeHarness
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    try:
+        made = []
+        exchange = moe.exchange_layout
+
+        def counted(*args, **kwargs):
+            made.append(exchange(*args, **kwargs))
+            return made[-1]
+
+        w = MoeWorkload(kind="a2a_gemm", tokens=12, routing=RoutingSpec(seed=3), **LAYER)
+        h = MoeHarness(w, dist.group.WORLD, SimpleNamespace(warmup=1, repetitions=2, flush_l2=False))
+        moe.exchange_layout = counted
+        seen = []
+        h._time(lambda layout: seen.append(layout))
+        moe.exchange_layout = exchange
+        case = h.case
+        fresh = [lay for lay in seen if lay is not case.layout]
+        q.put(
+            (
+                rank,
+                (
+                    len(made),
+                    len(fresh),
+                    len(seen) - len(fresh),
+                    all(a is b for a, b in zip(fresh, made, strict=True)),
+                    all(lay.recv_splits == case.layout.recv_splits for lay in fresh),
+                ),
+            )
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_eager_time_is_a_layers_call_on_a_layout_made_for_it():
+    """The device time runs the op on the case's layout; the eager time, as MoELayer calls it, on a
+    layout made for each call (its counts exchanged, the host waiting for them, the plan's tables
+    made anew), so that what a plan spends on the host after that wait is in its eager time."""
+    for rank, (made, fresh, on_case, same_objects, same_routing) in run_gloo(_layer_call_worker, 2):
+        assert made > 0 and fresh == made and on_case > 0, rank
+        assert same_objects and same_routing, rank
+
+
 # -- the sweep in this process, on a 1-rank gloo group --------------------------------------------
 
 

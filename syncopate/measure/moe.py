@@ -270,9 +270,12 @@ class MoeHarness:
         self._prepared = None
 
     def _time(self, fn) -> tuple[tuple[float, ...], float | None, float]:
+        """(device samples, host µs, eager µs) of `fn(layout)`: the device time on the case's layout,
+        made once; the eager time as a layer calls the op, each call on a layout made for it
+        (`layer_call`)."""
         t = self.timing
         samples, host = time_device(
-            fn,
+            lambda: fn(self.case.layout),
             self.group,
             self.device,
             warmup=getattr(t, "warmup", 5),
@@ -280,9 +283,23 @@ class MoeHarness:
             flush_l2=getattr(t, "flush_l2", True),
         )
         eager = statistics.median(
-            time_calls(fn, self.group, self.device, flush_l2=getattr(t, "flush_l2", True))
+            time_calls(self.layer_call(fn), self.group, self.device, flush_l2=getattr(t, "flush_l2", True))
         )
         return samples, host, eager
+
+    def layer_call(self, fn):
+        """`fn(layout)` as `MoELayer` calls its ops: after the routing's layout is made for this call
+        (`exchange_layout`: the counts' all-gather and the host's wait for them, then the tables;
+        a plan's own tables start empty), which torch's path pays as well (its split sizes read back
+        to the host). So an eager time counts what a plan spends on the host after that wait."""
+        from syncopate.moe import exchange_layout
+
+        case = self.case
+
+        def call():
+            fn(exchange_layout(case.ids, self.workload.experts, self.group))
+
+        return call
 
     def measure_baselines(self) -> list[BaselineResult]:
         out = torch.empty(
@@ -295,7 +312,7 @@ class MoeHarness:
             ("comm_alone", a2a, "the all-to-all alone (all_to_all_single)"),
             ("gemm_alone", gemm, "the grouped GEMM alone (torch._grouped_mm)"),
         ):
-            samples, host, eager = self._time(lambda f=fn: f(out))
+            samples, host, eager = self._time(lambda layout, f=fn: f(out))
             found.append(BaselineResult(name, samples, detail, eager_us=eager, host_us=host))
         return found
 
@@ -327,7 +344,7 @@ class MoeHarness:
         )
         try:
             samples, host, eager = self._time(
-                lambda: op(self.a, self.wt, case.gates, case.layout, case.group, out, candidate)
+                lambda layout: op(self.a, self.wt, case.gates, layout, case.group, out, candidate)
             )
         except Exception as e:
             status, error = classify(e), f"{type(e).__name__}: {e}"
