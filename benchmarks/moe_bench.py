@@ -23,9 +23,12 @@ inputs:
 Times are device times by the project's method (measure/timing.py: warm-up, L2 flush, ranks
 started together, CUDA events, max over ranks, median with p20/p80). The table gives, per case and
 kind, the fastest candidate, bound/ours (at most about 1) and torch/ours (above 1: faster than
-torch). Then per case the layer: `MoELayer` (router, SwiGLU experts) forward and backward, called
-back to back with the host on the path (`time_eager`), with each layer config's ops against torch's
-layer, its output and input gradient checked against torch's layer first.
+torch), and `eager t/o`: torch's path over the fastest candidate as a layer calls them, back to back
+with the host on the path, each call on a layout made for it (the routing's host wait, then the
+plan's tables; `syncopate.measure.moe.layer_call`). Then per case the layer: `MoELayer` (router,
+SwiGLU experts) forward and backward, called back to back with the host on the path
+(`time_eager`), with each layer config's ops against torch's layer, its output and input gradient
+checked against torch's layer first.
 
 `--json FILE` writes every row (every candidate's times and errors, the environment); `--log-file FILE`
 every rank's log (rank r > 0 to FILE.rank<r>); with OUT set they default to $OUT/moe_bench.json
@@ -60,6 +63,7 @@ from syncopate.measure.moe import (  # noqa: E402 — after the path insert abov
     MoeCase,
     check_config,
     fresh_checks,
+    layer_call,
     moe_op,
     moe_reference,
     out_shape,
@@ -189,7 +193,9 @@ def run_kind(kind: str, case: Case) -> dict:
     prepared = fresh_checks(kind, case)
     op, candidates = moe_op(kind), []
     out = torch.full(shape, float("nan"), dtype=case.dtype, device=case.device)
+    configs = {}
     for config in grid(w, case.ws, args):
+        configs[config.short()] = config
         row = {"config": config.to_dict(), "short": config.short()}
         try:
             row["rel_error"] = check_config(kind, config, case, prepared)
@@ -215,6 +221,18 @@ def run_kind(kind: str, case: Case) -> dict:
     timed = [c for c in candidates if c["status"] == "ok"]
     best = min(timed, key=lambda c: c["times"]["median_us"]) if timed else None
     ours = best["times"]["median_us"] if best else float("nan")
+    # torch's path, unfused and the fastest candidate as a layer calls them (calls back to back,
+    # each on a layout made for it: the routing's host wait, then the plan's tables)
+    eager = {"torch": time_layer(layer_call(lambda layout: whole(torch_out), case), case.group, args)}
+    for c in timed:
+        if c["short"] == "unfused" or c is best:
+            cfg = configs[c["short"]]
+            c["eager"] = time_layer(
+                layer_call(lambda layout, cfg=cfg: op(a, wt, case.gates, layout, case.group, out, cfg), case),
+                case.group,
+                args,
+            )
+            eager[c["short"]] = c["eager"]
     return {
         "model": case.cases[kind].model,
         "ep": case.ws,
@@ -231,6 +249,10 @@ def run_kind(kind: str, case: Case) -> dict:
         "best_us": ours,
         "bound_over_ours": bound / ours if best else None,
         "torch_over_ours": times["torch"]["median_us"] / ours if best else None,
+        "eager": eager,
+        "eager_torch_over_ours": (
+            eager["torch"]["median_us"] / best["eager"]["median_us"] if best and "eager" in best else None
+        ),
     }
 
 
@@ -420,7 +442,8 @@ def _ratio(x) -> str:
 def table(result: dict) -> str:
     lines = [
         f"{'model':20s} {'ep':>2s} {'kind':8s} {'tokens':>6s} {'routing':18s} {'rows':>7s} {'torch':>8s} "
-        f"{'a2a':>8s} {'gemm':>8s} {'bound':>8s} {'ours':>8s} {'bound/ours':>10s} {'torch/ours':>10s}  best"
+        f"{'a2a':>8s} {'gemm':>8s} {'bound':>8s} {'ours':>8s} {'bound/ours':>10s} {'torch/ours':>10s} "
+        f"{'eager t/o':>9s}  best"
     ]
     for r in result["ops"]:
         t = r["times"]
@@ -428,7 +451,8 @@ def table(result: dict) -> str:
             f"{r['model']:20s} {r['ep']:2d} {r['kind']:8s} {r['tokens']:6d} {r['routing']:18s} "
             f"{r['most_rows_a_rank']:7d} {t['torch']['median_us']:8.1f} {t['a2a']['median_us']:8.1f} "
             f"{t['gemm']['median_us']:8.1f} {r['bound_us']:8.1f} {r['best_us']:8.1f} "
-            f"{_ratio(r['bound_over_ours']):>10s} {_ratio(r['torch_over_ours']):>10s}  {r['best']}"
+            f"{_ratio(r['bound_over_ours']):>10s} {_ratio(r['torch_over_ours']):>10s} "
+            f"{_ratio(r.get('eager_torch_over_ours')):>9s}  {r['best']}"
         )
         bad = [c for c in r["candidates"] if c["status"] != "ok"]
         for c in bad:

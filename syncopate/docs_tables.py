@@ -602,6 +602,7 @@ def moe(root: Path) -> str:
                     _t(ours),
                     _r(None if not ours else op["bound_us"] / ours),
                     _r(None if not ours else torch_us / ours),
+                    _r(op.get("eager_torch_over_ours")),
                     best["short"] if best else "–",
                 ]
             )
@@ -637,6 +638,7 @@ def moe(root: Path) -> str:
             "ours",
             "bound / ours",
             "torch / ours",
+            "as a layer calls it: torch / ours",
             "fastest candidate",
         ],
         rows,
@@ -647,7 +649,9 @@ def moe(root: Path) -> str:
     )
     return (
         f"{ops_table}\n\n{layers_table}\n\nµs a call, medians; bf16; the op rows' `ours` is the fastest candidate "
-        f"verified against float32 among those the run timed; the layer rows are `MoELayer` forward + backward, "
+        f"verified against float32 among those the run timed (device time); `as a layer calls it`: the same two "
+        f"calls back to back with the host on the path, each on a routing layout made for it (runs before "
+        f"that column have none); the layer rows are `MoELayer` forward + backward, "
         f"calls back to back; each run's rows timed in one run, H100 and H200 runs not to be compared. "
         f"{'; '.join(notes)}.\n"
     )

@@ -49,6 +49,12 @@ def _check(tmp_path, out, cases: int, backends: set[str]) -> dict:
             assert c["status"] == "ok" and c["rel_error"] < 1e-2 and c["times"]["median_us"] > 0, c
         best = min(c["times"]["median_us"] for c in r["candidates"])
         assert r["best_us"] == best and r["torch_over_ours"] == pytest.approx(t["torch"]["median_us"] / best)
+        # torch's path, unfused and the fastest as a layer calls them
+        fastest = next(c for c in r["candidates"] if c["short"] == r["best"])
+        assert set(r["eager"]) == {"torch", "unfused", r["best"]}
+        assert r["eager_torch_over_ours"] == pytest.approx(
+            r["eager"]["torch"]["median_us"] / fastest["eager"]["median_us"]
+        )
     for r in result["layers"]:
         assert r["times"]["torch"]["median_us"] > 0
         assert [c["config"] for c in r["configs"]][0] == "unfused"

@@ -35,6 +35,7 @@ __all__ = [
     "MoeHarness",
     "check_config",
     "fresh_checks",
+    "layer_call",
     "moe_op",
     "moe_reference",
     "out_shape",
@@ -242,6 +243,19 @@ def plain_ops(kind: str, case: MoeCase, a, wt):
     return whole, a2a, gemm
 
 
+def layer_call(fn, case: MoeCase):
+    """`fn(layout)` as `MoELayer` calls its ops: after the routing's layout is made for this call
+    (`exchange_layout`: the counts' all-gather and the host's wait for them, then the tables; a
+    plan's own tables start empty), which torch's path pays as well (its split sizes read back to
+    the host). So an eager time counts what a plan spends on the host after that wait."""
+    from syncopate.moe import exchange_layout
+
+    def call():
+        fn(exchange_layout(case.ids, case.w.experts, case.group))
+
+    return call
+
+
 # The tuning harness ------------------------------------------------------------------------------
 
 
@@ -288,18 +302,8 @@ class MoeHarness:
         return samples, host, eager
 
     def layer_call(self, fn):
-        """`fn(layout)` as `MoELayer` calls its ops: after the routing's layout is made for this call
-        (`exchange_layout`: the counts' all-gather and the host's wait for them, then the tables;
-        a plan's own tables start empty), which torch's path pays as well (its split sizes read back
-        to the host). So an eager time counts what a plan spends on the host after that wait."""
-        from syncopate.moe import exchange_layout
-
-        case = self.case
-
-        def call():
-            fn(exchange_layout(case.ids, self.workload.experts, self.group))
-
-        return call
+        """`layer_call(fn, self.case)`."""
+        return layer_call(fn, self.case)
 
     def measure_baselines(self) -> list[BaselineResult]:
         out = torch.empty(
