@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -79,10 +80,14 @@ def prepared(
         order=config.order,
         counts=counts,
     )
-    ends = [torch.tensor(p.groups, dtype=torch.int64).cumsum(0).to(torch.int32) for p in plan.pieces]
-    flat = to_device(torch.cat(ends), device) if ends else torch.empty(0, dtype=torch.int32, device=device)
     el = layout.local_experts
-    offsets = tuple(flat[i * el : (i + 1) * el] for i in range(len(ends)))
+    ends = np.cumsum(np.asarray([p.groups for p in plan.pieces], dtype=np.int64).reshape(-1, el), axis=1)
+    flat = (
+        to_device(torch.from_numpy(ends.astype(np.int32).reshape(-1)), device)
+        if plan.pieces
+        else torch.empty(0, dtype=torch.int32, device=device)
+    )
+    offsets = tuple(flat[i * el : (i + 1) * el] for i in range(len(plan.pieces)))
     places = tuple(layout.expert_order_inverse[p.rows[0] : p.rows[1]] for p in plan.pieces)
     if layout.counts is None:
         needed = -1

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from syncopate.errors import ConfigError
 from syncopate.search_space.chunk_plan import row_chunks
 from syncopate.search_space.moe_workload import MOE_KINDS, MOE_ORDERS
@@ -119,11 +121,9 @@ def _offsets(sizes: list[int]) -> list[int]:
 
 def _groups(runs: list[int], lo: int, hi: int) -> tuple[int, ...]:
     """Rows of each run (consecutive runs of `runs[e]` rows from 0) that fall in [lo, hi)."""
-    out, start = [], 0
-    for n in runs:
-        out.append(max(0, min(hi, start + n) - max(lo, start)))
-        start += n
-    return tuple(out)
+    ends = np.cumsum(np.asarray(runs, dtype=np.int64))
+    rows = np.minimum(hi, ends) - np.maximum(lo, ends - np.asarray(runs, dtype=np.int64))
+    return tuple(np.maximum(rows, 0).tolist())
 
 
 def build_piece_plan(
