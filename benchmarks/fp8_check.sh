@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# FP8 on a host with two NVLink-connected GPUs, in about four minutes, each step under its own time
+# FP8 on a host with TP (default 2) NVLink-connected GPUs, in about four minutes, each step under its own time
 # limit so that one hang does not take the rest with it. Full logs and JSON go to $OUT (default
 # ./fp8-logs); a one-line verdict per step and the tables are printed last.
 #
-#   benchmarks/fp8_check.sh [STEP ...]   steps: tests variants ops layer bf16layer
+#   [TP=N] benchmarks/fp8_check.sh [STEP ...]   steps: tests variants ops layer bf16layer
 #                                         (default: tests variants ops layer)
 #
 #   tests     the FP8 ops and float8 layers against float32 products of their dequantized operands,
@@ -21,7 +21,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
+TP=${TP:-2}
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $((TP - 1)))}
 PY=${PYTHON:-python3}
 OUT=${OUT:-fp8-logs}
 mkdir -p "$OUT"
@@ -49,11 +50,11 @@ for s in "${steps[@]}"; do
             tests/test_gpu_fp8_layers.py \
             "tests/test_gpu_fp8.py::test_fp8_ops_match_the_reference_of_the_same_fp8_operands_on_two_gpus" \
             "tests/test_gpu_tp_float8.py::test_fp8_layers_on_the_fused_ops_match_their_fp8_reference_and_the_bf16_layer[2]" ;;
-        variants) step variants 90 "$PY" benchmarks/fp8_rs_variants.py --ranks 2 --out "$OUT/variants.json" ;;
+        variants) step variants 90 "$PY" benchmarks/fp8_rs_variants.py --ranks "$TP" --out "$OUT/variants.json" ;;
         ops)
-            cat >"$OUT/layers_tp2_fp8.yaml" <<'EOF'
-name: layers_tp2_fp8
-description: LLaMA-3-8B MLP layer's ops at TP=2 and 8192 tokens, forward and backward, fp8
+            cat >"$OUT/layers_fp8.yaml" <<'EOF'
+name: layers_fp8
+description: LLaMA-3-8B MLP layer's ops at 8192 tokens, forward and backward, fp8
 topology: detect
 dtype: fp8
 workloads:
@@ -71,14 +72,14 @@ timing:
   repetitions: 10
   deadline_s: 120
 EOF
-            step ops 120 "$PY" -m syncopate bench --suite "$OUT/layers_tp2_fp8.yaml" --grid tiny --repetitions 10 \
+            step ops 120 "$PY" -m syncopate bench --suite "$OUT/layers_fp8.yaml" --grid tiny --repetitions 10 \
                 --json "$OUT/ops.json"
             rm -f "$OUT/fp8.db"
             "$PY" -m syncopate db upgrade --db "$db" >/dev/null && "$PY" -m syncopate import-bench "$OUT/ops.json" --db "$db" ;;
         layer) step layer 120 env SYNCOPATE_DB="$db" "$PY" -m syncopate bench --layer mlp --model llama-3-8b \
-            --tokens 8192 --tp 2 --dtype fp8 --json "$OUT/layer-fp8.json" ;;
+            --tokens 8192 --tp "$TP" --dtype fp8 --json "$OUT/layer-fp8.json" ;;
         bf16layer) step bf16layer 120 "$PY" -m syncopate bench --layer mlp --model llama-3-8b \
-            --tokens 8192 --tp 2 --json "$OUT/layer-bf16.json" ;;
+            --tokens 8192 --tp "$TP" --json "$OUT/layer-bf16.json" ;;
         *) echo "unknown step $s: accepted are tests variants ops layer bf16layer" >&2
             exit 2 ;;
     esac
