@@ -149,3 +149,37 @@ def test_the_tiny_grid_gathers_in_one_gemm_a_group_of_shards_or_a_part_of_each(t
         Workload(kind="gemm_rs", shape=(8192, 8192, 8192)), topo, "tiny", ("copy_engine",)
     )
     assert {c.num_splits for c in reductions if c.template == DECOMPOSED} == {2, 4, 8}
+
+
+def test_a_models_decoder_layer_gives_the_workloads_tune_derives():
+    """`syncopate bench --model NAME --tp N --tokens T` benchmarks the ops `syncopate tune --model`
+    derives (each distinct once), in the given dtype; on a host without N GPUs it stops before any
+    work, saying how many it needs; a contradicting KIND/--suite or a missing --tp is refused."""
+    from syncopate.cli.bench_cmds import model_workloads
+    from syncopate.cli.tune_model_cmds import model_sweep
+    from syncopate.models import model_spec
+
+    got = model_workloads("llama-3-8b", 4, 8192, True, None)
+    _, calls = model_sweep(model_spec("llama-3-8b"), 4, 8192, topology="detect", runner="gpu")
+    assert got == list(dict.fromkeys(c.workload for c in calls)) and len(got) == 8
+    assert {(w.kind, w.shape.m, w.shape.n, w.shape.k) for w in got} >= {
+        ("ag_gemm", 8192, 28672, 4096),
+        ("gemm_rs", 8192, 4096, 14336),
+    }
+    assert {w.dtype for w in model_workloads("llama-3-8b", 2, 4096, True, "fp8")} == {"fp8"}
+    r = bench("--model", "llama-3-8b", "--tp", "4", "--tokens", "8192")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "syncopate bench --model llama-3-8b --tp 4 needs 4 CUDA GPUs on this host; 0 visible" in r.stderr
+    assert "--runner model" in r.stderr
+    for args, message in (
+        (["--model", "llama-3-8b", "--tokens", "8192"], "give --tp N"),
+        (
+            ["--model", "llama-3-8b", "--tp", "2", "--suite", "configs/llama_tp2.yaml"],
+            "--suite and --model exclude",
+        ),
+        (["--model", "llama-3-8b", "--tp", "3"], "not divisible by tp=3"),
+        (["--model", "llama-3-8b", "--tp", "2", "--gpus", "4"], "--gpus 4 contradicts --tp 2"),
+    ):
+        r = bench(*args)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+        assert message in r.stderr, (args, r.stderr)

@@ -95,15 +95,19 @@ def bench_cmd(
     ),
     model: str = typer.Option(
         None,
-        help="With --layer: take the widths of this model (a known name such as llama-3-8b or qwen3-14b, or a "
-        "Hugging Face config.json) instead of --hidden/--ffn/--heads/--kv-heads.",
+        help="A known model name (such as llama-3-8b or qwen3-14b) or a Hugging Face config.json: with --layer, "
+        "its widths instead of --hidden/--ffn/--heads/--kv-heads; without, benchmark every fused op of its "
+        "decoder layer, forward and backward, at --tokens on --tp GPUs (what `syncopate tune --model` tunes).",
     ),
     hidden: int = typer.Option(4096, help="With --layer: the model width."),
     ffn: int = typer.Option(14336, help="With --layer mlp: the MLP width (gate and up each)."),
     heads: int = typer.Option(32, help="With --layer attention: query heads."),
     kv_heads: int = typer.Option(8, help="With --layer attention: key/value heads."),
-    tokens: int = typer.Option(8192, help="With --layer: tokens of the whole layer (the ops' M)."),
-    tp: int = typer.Option(None, help="With --layer: tensor-parallel ranks (default: every visible GPU)."),
+    tokens: int = typer.Option(8192, help="With --layer or --model: tokens of the whole layer (the ops' M)."),
+    tp: int = typer.Option(
+        None,
+        help="With --layer: tensor-parallel ranks (default: every visible GPU); with --model alone: required.",
+    ),
     sequence_parallel: bool = typer.Option(
         True,
         "--sp/--no-sp",
@@ -130,8 +134,6 @@ def bench_cmd(
     With --layer: a tensor-parallel layer forward and forward + backward, eager and in CUDA graphs,
     Syncopate (configurations from lookup, and the untuned defaults) against torch and async-TP."""
 
-    if layer is None and model is not None:
-        raise ConfigError("--model gives a layer's widths: use it with --layer mlp or --layer attention")
     if layer is not None:
         given = [
             name
@@ -187,7 +189,23 @@ def bench_cmd(
     from syncopate.search_space.workload import kind_refusal
 
     topology = None
-    if suite is not None:
+    if model is not None:  # the ops of the model's decoder layer, forward and backward
+        given = [
+            name
+            for name, value in (("KIND", kind), ("--m", m), ("--n", n), ("--k", k), ("--suite", suite))
+            if value is not None
+        ]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} and --model exclude each other: --model benchmarks the ops of the "
+                f"model's decoder layer at --tokens and --tp; give either"
+            )
+        workloads = model_workloads(model, tp, tokens, sequence_parallel, dtype)
+        if gpus is not None and gpus != tp:
+            raise ConfigError(
+                f"--gpus {gpus} contradicts --tp {tp}: the model's ops run on --tp GPUs; leave out --gpus"
+            )
+    elif suite is not None:
         given = [
             name
             for name, value in (("KIND", kind), ("--m", m), ("--n", n), ("--k", k), ("--dtype", dtype))
@@ -231,7 +249,13 @@ def bench_cmd(
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    world = bench_world_size(topology, gpus, count, suite)
+    if model is not None and count < tp:
+        raise RuntimeUnavailableError(
+            f"syncopate bench --model {model} --tp {tp} needs {tp} CUDA GPUs on this host; {count} visible. "
+            f"Run it on a host with {tp} GPUs, or let the cost model predict the ops: "
+            f"`syncopate tune --model {model} --tp {tp} --tokens {tokens} --runner model`"
+        )
+    world = tp if model is not None else bench_world_size(topology, gpus, count, suite)
     for w in workloads:
         w.check_world_size(world)
     from syncopate.measure.bench import BenchOptions, format_table, run_bench
@@ -251,6 +275,27 @@ def bench_cmd(
         f"\n{result['gpu']} x{world} on {result['host']}, torch {result['torch']}, {result['date']} (times in us)"
     )
     print(format_table(result))
+
+
+def model_workloads(
+    model: str, tp: int | None, tokens: int, sequence_parallel: bool, dtype: str | None
+) -> list:
+    """The distinct workloads of one decoder layer of `model` (a known name or a config.json path),
+    forward and backward, under `tp` ranks at `tokens` tokens a step, in `dtype` (bf16 by default):
+    the ops `syncopate tune --model` derives."""
+    from syncopate.models import layer_ops, model_spec
+    from syncopate.search_space import canonical_dtype
+
+    if tp is None:
+        raise ConfigError("--model without --layer benchmarks the ops of its decoder layer: give --tp N")
+    calls = layer_ops(
+        model_spec(model),
+        tp,
+        tokens,
+        sequence_parallel=sequence_parallel,
+        dtype="bf16" if dtype is None else canonical_dtype(dtype),
+    )
+    return list(dict.fromkeys(c.workload for c in calls))
 
 
 def _bench_layer(
