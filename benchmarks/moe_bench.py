@@ -122,7 +122,16 @@ def layer_configs(args, tuned=None):
     backends = ("nccl",) if args.cpu else tuple(args.backends.split(","))
     configs = [None] + [MoeCandidate(template="pipelined", backend=b, chunks_per_source=2) for b in backends]
     if "copy_engine" in backends:
-        configs.append(MoeCandidate(template="fused", backend="copy_engine", chunks_per_source=2))
+        configs.append(
+            MoeCandidate(
+                template="fused",
+                backend="copy_engine",
+                chunks_per_source=2,
+                block_m=128,
+                block_n=128,
+                num_warps=8,
+            )
+        )
     templates = args.templates.split(",")
     chosen = [c for c in configs if (c.template if c is not None else "unfused") in templates]
     pairs = [(c.short(), c, c) for c in chosen if c is not None]
