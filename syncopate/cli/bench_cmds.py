@@ -134,17 +134,13 @@ def bench_cmd(
     With --layer: a tensor-parallel layer forward and forward + backward, eager and in CUDA graphs,
     Syncopate (configurations from lookup, and the untuned defaults) against torch and async-TP."""
 
+    op_options = (("KIND", kind), ("--m", m), ("--n", n), ("--k", k), ("--suite", suite))
     if layer is not None:
-        given = [
-            name
-            for name, value in (("KIND", kind), ("--m", m), ("--n", n), ("--k", k), ("--suite", suite))
-            if value is not None
-        ]
-        if given:
-            raise ConfigError(
-                f"{', '.join(given)} and --layer exclude each other: --layer times a layer of the "
-                f"widths --hidden/--ffn/--heads and --tokens; give either"
-            )
+        _refuse_given(
+            op_options,
+            "--layer exclude each other: --layer times a layer of the widths --hidden/--ffn/--heads and "
+            "--tokens; give either",
+        )
         if model is not None:
             from syncopate.models import model_spec
 
@@ -190,32 +186,22 @@ def bench_cmd(
 
     topology = None
     if model is not None:  # the ops of the model's decoder layer, forward and backward
-        given = [
-            name
-            for name, value in (("KIND", kind), ("--m", m), ("--n", n), ("--k", k), ("--suite", suite))
-            if value is not None
-        ]
-        if given:
-            raise ConfigError(
-                f"{', '.join(given)} and --model exclude each other: --model benchmarks the ops of the "
-                f"model's decoder layer at --tokens and --tp; give either"
-            )
+        _refuse_given(
+            op_options,
+            "--model exclude each other: --model benchmarks the ops of the model's decoder layer at "
+            "--tokens and --tp; give either",
+        )
         workloads = model_workloads(model, tp, tokens, sequence_parallel, dtype)
         if gpus is not None and gpus != tp:
             raise ConfigError(
                 f"--gpus {gpus} contradicts --tp {tp}: the model's ops run on --tp GPUs; leave out --gpus"
             )
     elif suite is not None:
-        given = [
-            name
-            for name, value in (("KIND", kind), ("--m", m), ("--n", n), ("--k", k), ("--dtype", dtype))
-            if value is not None
-        ]
-        if given:
-            raise ConfigError(
-                f"{', '.join(given)} and --suite exclude each other: the suite's workloads are benchmarked "
-                f"(narrow them with --kinds); give either KIND --m --n --k, or --suite CONFIG"
-            )
+        _refuse_given(
+            (*op_options[:4], ("--dtype", dtype)),
+            "--suite exclude each other: the suite's workloads are benchmarked (narrow them with --kinds); "
+            "give either KIND --m --n --k, or --suite CONFIG",
+        )
         sweep = load_sweep(suite)
         workloads = list(sweep.workloads)
         topology = None if sweep.detect_topology else sweep.topology()
@@ -275,6 +261,13 @@ def bench_cmd(
         f"\n{result['gpu']} x{world} on {result['host']}, torch {result['torch']}, {result['date']} (times in us)"
     )
     print(format_table(result))
+
+
+def _refuse_given(options, rest: str) -> None:
+    """ConfigError "<the given ones> and <rest>" where any of `options` ((name, value) pairs) was given."""
+    given = [name for name, value in options if value is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)} and {rest}")
 
 
 def model_workloads(
