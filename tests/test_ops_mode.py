@@ -113,6 +113,7 @@ def test_the_warm_up_of_compiled_cuda_graphs_prepares_the_graph_program(group, p
     trees = types.SimpleNamespace(get_manager=lambda *a, **k: answers["get"](*a, **k))
     monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", trees)
     monkeypatch.setattr(ops, "_cuda_device", lambda: 0)
+    monkeypatch.setattr(ops, "_stream_capturing", lambda: False)
     a, b = (t.as_subclass(_OnCuda) for t in _operands())
 
     warm = ops._program("ag_gemm", a, b, group, None, capturing=False)
@@ -122,6 +123,16 @@ def test_the_warm_up_of_compiled_cuda_graphs_prepares_the_graph_program(group, p
     warm.spec.dtype = torch.bfloat16
     ops._keep_call("ag_gemm", a, b, group, None, warm)
     assert ops._REGISTRY.calls == before
+    # an eager call of the shape kept before: not taken during the warm-up, taken after it
+    key = ops._call_key("ag_gemm", a, b, group, None, "eager")
+    ops._REGISTRY.calls[key] = kept = object()
+    try:
+        assert ops._fast_call("ag_gemm", a, b, group, None) is None
+        manager.in_warmup = False
+        assert ops._fast_call("ag_gemm", a, b, group, None) is kept
+        manager.in_warmup = True
+    finally:
+        del ops._REGISTRY.calls[key]
     # a given config is that config in every mode
     cand = ops.Candidate()
     assert ops._program("gemm_rs", a, b, group, cand, capturing=False).mode == "eager"

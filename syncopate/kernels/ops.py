@@ -540,9 +540,12 @@ def _fast_call(kind: str, a, b, group, config) -> Callable | None:
     ):
         return None
     try:
-        return _REGISTRY.calls.get(key)
+        call = _REGISTRY.calls.get(key)
     except TypeError:  # a dict config, or an unhashable group: the long way checks them
         return None
+    if call is not None and config is None and _REGISTRY.mode != "graph" and _compiled_graph_warmup(a):
+        return None  # an eager call's program kept; the warm-up prepares the graph-mode one (`_program`)
+    return call
 
 
 def _keep_call(kind: str, a, b, group, config, program: CallProgram) -> None:
