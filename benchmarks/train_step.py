@@ -562,8 +562,16 @@ def table(result: dict) -> str:
             f"median of {result['steps']} steps after {result['warmup']}; torch {result['versions']['torch']}, "
             f"transformers {result['versions']['transformers']}"
         ),
-        f"{'variant':<20} {'step ms':>10} {'tokens/s':>12} {'peak GiB':>9} {'max |Δloss|':>12}  note",
+        f"{'variant':<20} {'step ms':>10} {'tokens/s':>12} {'peak GiB':>9} {'max |Δloss|':>12} "
+        f"{'torch TP/':>10} {'async-TP/':>10}  note",
     ]
+    ms = {r["variant"]: r["step_ms"] for r in result["variants"] if r.get("step_ms")}
+    torch_tp = min((ms[v] for v in ("torch", "torch-compiled", "torch-graphs") if v in ms), default=None)
+    async_tp = ms.get("async-tp")
+
+    def over(base, step) -> str:
+        return "–" if base is None else f"{base / step:.3f}"
+
     for r in result["variants"]:
         if "step_ms" not in r:
             lines.append(
@@ -574,8 +582,13 @@ def table(result: dict) -> str:
         diff = r.get("max_loss_diff_vs_torch")
         lines.append(
             f"{r['variant']:<20} {r['step_ms']:>10.2f} {r['tokens_per_s']:>12.0f} {peak:>9} "
-            f"{'–' if diff is None else f'{diff:.2e}':>12}"
+            f"{'–' if diff is None else f'{diff:.2e}':>12} {over(torch_tp, r['step_ms']):>10} "
+            f"{over(async_tp, r['step_ms']):>10}"
         )
+    lines.append(
+        "torch TP/, async-TP/: the step of torch's fastest TP variant (eager, compiled or graphs), of async-TP, "
+        "over this one's"
+    )
     return "\n".join(lines)
 
 
