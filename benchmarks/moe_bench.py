@@ -146,14 +146,20 @@ def layer_configs(args, tuned=None):
 
 
 def fastest_configs(op_rows):
-    """(dispatch, combine): the fastest candidate of each kind among `op_rows` (one case's), or None
-    for a kind with none timed."""
+    """(dispatch, combine): what an eager lookup would serve each kind from `op_rows` (one case's):
+    of the candidates timed as a layer calls them (`eager`: unfused and the fastest on the device),
+    the fastest so; without those times, the fastest on the device; None for a kind with none timed."""
     from syncopate.search_space.moe_workload import MoeCandidate
 
     best = {}
     for r in op_rows:
         timed = [c for c in r["candidates"] if c["status"] == "ok"]
-        if timed:
+        as_layer = [c for c in timed if "eager" in c]
+        if as_layer:
+            best[r["kind"]] = MoeCandidate.from_dict(
+                min(as_layer, key=lambda c: c["eager"]["median_us"])["config"]
+            )
+        elif timed:
             best[r["kind"]] = MoeCandidate.from_dict(
                 min(timed, key=lambda c: c["times"]["median_us"])["config"]
             )
