@@ -94,28 +94,29 @@ def _check_ops(rank, world, device, group) -> list[str]:
     return lines
 
 
-def _check_layer(rank, world, device, group) -> list[str]:
+def layer_mismatches(rank, world, device, group, configs: dict, calls: int = 1) -> list[str]:
+    """`MoELayer` forward and backward on each of `configs` (name → plan, None: unfused), the same
+    parameters and inputs in each, `calls` times in a row (a later call reuses the buffers, tables
+    and counters of the first; the last one's output and gradients are kept): a line for each output
+    or gradient of a plan off the unfused layer's by more than 3e-2."""
     from syncopate.measure.reference import relative_error
     from syncopate.moe import MoELayer
-    from syncopate.search_space.moe_workload import MoeCandidate
 
-    lines = []
     gen = torch.Generator(device=device).manual_seed(10 + rank)
     x = torch.randn(512, 256, generator=gen, device=device).bfloat16()
     grad = torch.randn(512, 256, generator=gen, device=device).bfloat16()
     results = {}
-    for name in ("unfused", "nccl", "copy_engine"):
-        torch.manual_seed(7)  # the same parameters in every layer (and on every rank: the gate)
-        layer = MoELayer(hidden=256, ffn=128, experts=4 * world, top_k=4, group=group, device=device)
-        if name != "unfused":
-            layer.dispatch_config = layer.combine_config = MoeCandidate(
-                template="pipelined", backend=name, chunks_per_source=2
-            )
-        xr = x.clone().requires_grad_()
-        y = layer(xr)
-        y.backward(grad)
-        results[name] = [y.detach(), xr.grad, layer.w1.grad, layer.w2.grad, layer.gate.grad]
-    for name in ("nccl", "copy_engine"):
+    for name, config in {"unfused": None, **configs}.items():
+        for _ in range(calls):
+            torch.manual_seed(7)  # the same parameters in every layer (and on every rank: the gate)
+            layer = MoELayer(hidden=256, ffn=128, experts=4 * world, top_k=4, group=group, device=device)
+            layer.dispatch_config = layer.combine_config = config
+            xr = x.clone().requires_grad_()
+            y = layer(xr)
+            y.backward(grad)
+            results[name] = [y.detach(), xr.grad, layer.w1.grad, layer.w2.grad, layer.gate.grad]
+    lines = []
+    for name in configs:
         for label, a, b in zip(
             ("y", "x", "w1", "w2", "gate"), results[name], results["unfused"], strict=True
         ):
@@ -125,7 +126,17 @@ def _check_layer(rank, world, device, group) -> list[str]:
     return lines
 
 
-def _worker(rank, world, port, queue):
+def _check_layer(rank, world, device, group) -> list[str]:
+    from syncopate.search_space.moe_workload import MoeCandidate
+
+    configs = {
+        name: MoeCandidate(template="pipelined", backend=name, chunks_per_source=2)
+        for name in ("nccl", "copy_engine")
+    }
+    return layer_mismatches(rank, world, device, group, configs)
+
+
+def _worker(rank, world, port, checks, queue):
     import torch.distributed as dist
 
     from syncopate.measure.local_ranks import join_group
@@ -133,8 +144,7 @@ def _worker(rank, world, port, queue):
 
     device = join_group(rank, world, port)
     try:
-        lines = _check_ops(rank, world, device, dist.group.WORLD)
-        lines += _check_layer(rank, world, device, dist.group.WORLD)
+        lines = [line for check in checks for line in check(rank, world, device, dist.group.WORLD)]
         gathered = [None] * world
         dist.all_gather_object(gathered, lines)
         if rank == 0:
@@ -144,11 +154,17 @@ def _worker(rank, world, port, queue):
         dist.destroy_process_group()
 
 
-def _run(world: int) -> None:
+def run_checks(checks: tuple, world: int, what: str) -> None:
+    """Each of `checks` (f(rank, world, device, group) → failure lines) on `world` GPU ranks, one
+    process each; fails listing every rank's failures."""
     from syncopate.measure.local_ranks import spawn_ranks
 
-    failures = spawn_ranks(_worker, world, what="MoE check")
+    failures = spawn_ranks(_worker, world, args=(checks,), what=what)
     assert not failures, "\n".join(failures)
+
+
+def _run(world: int) -> None:
+    run_checks((_check_ops, _check_layer), world, "MoE check")
 
 
 @pytest.mark.multigpu

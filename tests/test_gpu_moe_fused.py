@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_gpu_moe import _routings
+from test_gpu_moe import _routings, layer_mismatches, run_checks
 
 TOL = 1e-2
 
@@ -75,56 +75,14 @@ def _check_ops(rank, world, device, group) -> list[str]:
 
 
 def _check_layer(rank, world, device, group) -> list[str]:
-    from syncopate.measure.reference import relative_error
-    from syncopate.moe import MoELayer
     from syncopate.search_space.moe_workload import MoeCandidate
 
-    lines = []
-    gen = torch.Generator(device=device).manual_seed(10 + rank)
-    x = torch.randn(512, 256, generator=gen, device=device).bfloat16()
-    grad = torch.randn(512, 256, generator=gen, device=device).bfloat16()
-    results = {}
     fused = MoeCandidate(template="fused", backend="copy_engine", chunks_per_source=2)
-    for name, config in (("unfused", None), ("fused", fused)):
-        for _ in range(2):  # the second call reuses the buffers, tables and counters
-            torch.manual_seed(7)  # the same parameters in every layer (and on every rank: the gate)
-            layer = MoELayer(hidden=256, ffn=128, experts=4 * world, top_k=4, group=group, device=device)
-            layer.dispatch_config = layer.combine_config = config
-            xr = x.clone().requires_grad_()
-            y = layer(xr)
-            y.backward(grad)
-            results[name] = [y.detach(), xr.grad, layer.w1.grad, layer.w2.grad, layer.gate.grad]
-    for label, a, b in zip(("y", "x", "w1", "w2", "gate"), results["fused"], results["unfused"], strict=True):
-        err = relative_error(a, b.float())
-        if not err < 3e-2:
-            lines.append(f"rank {rank} layer fused: {label} off by {err:.3g}")
-    return lines
-
-
-def _worker(rank, world, port, queue):
-    import torch.distributed as dist
-
-    from syncopate.measure.local_ranks import join_group
-    from syncopate.moe import close_moe_contexts
-
-    device = join_group(rank, world, port)
-    try:
-        lines = _check_ops(rank, world, device, dist.group.WORLD)
-        lines += _check_layer(rank, world, device, dist.group.WORLD)
-        gathered = [None] * world
-        dist.all_gather_object(gathered, lines)
-        if rank == 0:
-            queue.put([line for part in gathered for line in part])
-    finally:
-        close_moe_contexts()
-        dist.destroy_process_group()
+    return layer_mismatches(rank, world, device, group, {"fused": fused}, calls=2)
 
 
 def _run(world: int) -> None:
-    from syncopate.measure.local_ranks import spawn_ranks
-
-    failures = spawn_ranks(_worker, world, what="fused MoE check")
-    assert not failures, "\n".join(failures)
+    run_checks((_check_ops, _check_layer), world, "fused MoE check")
 
 
 @pytest.mark.multigpu
