@@ -49,7 +49,6 @@ from syncopate.search_space.moe_workload import MoeCandidate
 
 __all__ = [
     "FusedTables",
-    "combine",
     "combine_autograd",
     "combine_rows",
     "combine_tile_table",
@@ -187,10 +186,6 @@ def fused_tables(
     return found
 
 
-def _group(group):
-    return group if group is not None else dist.group.WORLD
-
-
 def _check(a: torch.Tensor, w: torch.Tensor) -> None:
     if a.device.type != "cuda":
         raise ConfigError(
@@ -256,7 +251,7 @@ def dispatch_rows(
     """The fused dispatch of x [T, K] times W [El, K, N]: (h [R, N] in the unfused layout, written
     into `out` where given; with `keep_received`, the received rows [R, K] in arrival order, else None)."""
     _check(x, w)
-    group = _group(group)
+    group = pipelined._group(group)
     rank = dist.get_rank(group)
     tables = fused_tables(layout, "a2a_gemm", rank, config, x.device)
     plan, prep = tables.prep.plan, tables.prep
@@ -315,7 +310,7 @@ def combine_rows(
     _check(h, w)
     if h.stride(-1) != 1:
         h = h.contiguous()
-    group = _group(group)
+    group = pipelined._group(group)
     rank = dist.get_rank(group)
     tables = fused_tables(layout, "gemm_a2a", rank, config, h.device)
     plan, prep = tables.prep.plan, tables.prep
@@ -356,20 +351,6 @@ def combine_rows(
             ex.post(i, None, back)  # the side stream waits for the piece's word
     ex.finish()
     return back
-
-
-def combine(
-    h: torch.Tensor,
-    w: torch.Tensor,
-    gate_weights: torch.Tensor,
-    layout: ExpertLayout,
-    group,
-    config: MoeCandidate,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The fused `gemm_a2a` without autograd: [T, H], written into `out` where given."""
-    result = weighted_sum(token_pairs(combine_rows(h, w, layout, group, config), layout), gate_weights)
-    return result if out is None else out.copy_(result)
 
 
 class _Dispatch(pipelined._Dispatch):

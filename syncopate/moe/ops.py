@@ -396,13 +396,15 @@ def gemm_combine(
             return _written(
                 pipelined.combine_autograd(h, w2, gate_weights, layout, group, config, backward), out
             )
-        return pipelined.combine(h, w2, gate_weights, layout, group, config, out=out)
+        rows = pipelined.combine_rows(h, w2, layout, group, config)
+        return _written(weighted_sum(token_pairs(rows, layout), gate_weights), out)
     if config.template == "fused":
         from syncopate.moe import fused
 
         if _grad_wanted(h, w2, gate_weights):
             return _written(fused.combine_autograd(h, w2, gate_weights, layout, group, config, backward), out)
-        return fused.combine(h, w2, gate_weights, layout, group, config, out=out)
+        rows = fused.combine_rows(h, w2, layout, group, config)
+        return _written(weighted_sum(token_pairs(rows, layout), gate_weights), out)
     y = grouped_mm(h, w2, layout.group_sizes, offsets=layout.offsets(h.device))
     y = permute_rows(y, layout.expert_order_inverse, layout.expert_order)
     back = all_to_all_rows(y, layout.send_splits, layout.recv_splits, group)

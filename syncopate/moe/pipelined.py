@@ -45,7 +45,7 @@ from syncopate.moe.plan import Piece, PiecePlan, build_piece_plan
 from syncopate.moe.routing import ExpertLayout, to_device
 from syncopate.search_space.moe_workload import MoeCandidate
 
-__all__ = ["combine", "combine_autograd", "combine_rows", "dispatch_autograd", "dispatch_rows", "prepared"]
+__all__ = ["combine_autograd", "combine_rows", "dispatch_autograd", "dispatch_rows", "prepared"]
 
 
 @dataclass(frozen=True)
@@ -176,20 +176,6 @@ def combine_rows(
         back[piece.token_rows[0] : piece.token_rows[1]].copy_(y)
     ex.finish()
     return back
-
-
-def combine(
-    h: torch.Tensor,
-    w: torch.Tensor,
-    gate_weights: torch.Tensor,
-    layout: ExpertLayout,
-    group,
-    config: MoeCandidate,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The pipelined `gemm_a2a` without autograd: [T, H], written into `out` where given."""
-    result = weighted_sum(token_pairs(combine_rows(h, w, layout, group, config), layout), gate_weights)
-    return result if out is None else out.copy_(result)
 
 
 class _Dispatch(torch.autograd.Function):
