@@ -9,11 +9,9 @@ one line per variant and exits 1 if any fails.
 from __future__ import annotations
 
 import sys
-import time
-import traceback
 
 import torch
-from sm90_target import compiled
+from sm90_target import compile_each
 
 from syncopate.moe.kernels import COMBINE_WORDS, DISPATCH_WORDS, launch_combine, launch_dispatch  # noqa: E402
 from syncopate.search_space.moe_workload import MOE_TILE_CONFIGS  # noqa: E402
@@ -51,27 +49,14 @@ def variants():
 
 
 def main() -> int:
-    failed = 0
-    for name, build in variants():
-        t0 = time.perf_counter()
-        try:
-            compiled.clear()
-            build()
-            (kernel,) = compiled
-            ptx = kernel.asm["ptx"]
-            print(
-                f"ok    {name}: {len(kernel.asm['cubin'])} bytes of sm_90 code, {kernel.metadata.shared} B "
-                f"shared memory, {ptx.count('ld.global.sys.acquire')} acquire loads, "
-                f"{ptx.count('wgmma.mma_async')} wgmma ({time.perf_counter() - t0:.1f} s)",
-                flush=True,
-            )
-        except Exception:
-            failed += 1
-            print(f"FAIL  {name}\n{traceback.format_exc()}", flush=True)
-    import triton
+    def describe(kernel) -> str:
+        ptx = kernel.asm["ptx"]
+        return (
+            f"{len(kernel.asm['cubin'])} bytes of sm_90 code, {kernel.metadata.shared} B shared memory, "
+            f"{ptx.count('ld.global.sys.acquire')} acquire loads, {ptx.count('wgmma.mma_async')} wgmma"
+        )
 
-    print(f"triton {triton.__version__}: {failed} of the variants failed to compile for sm_90")
-    return 1 if failed else 0
+    return compile_each(variants(), describe)
 
 
 if __name__ == "__main__":

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from sm90_target import compiled
+from sm90_target import compile_each, compiled
 
 from syncopate.kernels import launch  # noqa: E402
 from syncopate.kernels.tables import PAD_WORDS, consumer_tables, plan_for, producer_tables  # noqa: E402
@@ -258,28 +256,22 @@ def resources(cubin: bytes) -> str:
 
 
 def main() -> int:
-    failed = 0
-    for name, tma, build in variants():
-        tma_on["value"] = tma
-        t0 = time.perf_counter()
-        try:
-            compiled.clear()
+    def built(tma, build):
+        def run():
+            tma_on["value"] = tma
             build()
-            (kernel,) = compiled
-            cubin, ptx = kernel.asm["cubin"], kernel.asm["ptx"]
-            waits = ptx.count("ld.acquire") + ptx.count("ld.global.acquire")
-            print(
-                f"ok    {name}: {len(cubin)} bytes of sm_90 code, {kernel.metadata.shared} B shared memory, "
-                f"{waits} acquire loads, {resources(cubin)} ({time.perf_counter() - t0:.1f} s)",
-                flush=True,
-            )
-        except Exception:
-            failed += 1
-            print(f"FAIL  {name}\n{traceback.format_exc()}", flush=True)
-    import triton
 
-    print(f"triton {triton.__version__}: {failed} of the variants failed to compile for sm_90")
-    return 1 if failed else 0
+        return run
+
+    def describe(kernel) -> str:
+        cubin, ptx = kernel.asm["cubin"], kernel.asm["ptx"]
+        waits = ptx.count("ld.acquire") + ptx.count("ld.global.acquire")
+        return (
+            f"{len(cubin)} bytes of sm_90 code, {kernel.metadata.shared} B shared memory, "
+            f"{waits} acquire loads, {resources(cubin)}"
+        )
+
+    return compile_each(((name, built(tma, build)) for name, tma, build in variants()), describe)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+import traceback
 
 import torch
 
@@ -45,3 +47,24 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
 
 
 jit.JITFunction.run = _compile_only
+
+
+def compile_each(variants, describe) -> int:
+    """Compile each (name, build) of `variants` (`build()` launches one kernel, which compiles it):
+    a line per variant, `ok` with `describe(kernel)` or `FAIL` with the traceback, then how many
+    failed; the exit code, 1 if any did."""
+    failed = 0
+    for name, build in variants:
+        t0 = time.perf_counter()
+        try:
+            compiled.clear()
+            build()
+            (kernel,) = compiled
+            print(f"ok    {name}: {describe(kernel)} ({time.perf_counter() - t0:.1f} s)", flush=True)
+        except Exception:
+            failed += 1
+            print(f"FAIL  {name}\n{traceback.format_exc()}", flush=True)
+    import triton
+
+    print(f"triton {triton.__version__}: {failed} of the variants failed to compile for sm_90")
+    return 1 if failed else 0
