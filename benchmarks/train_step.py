@@ -465,11 +465,12 @@ def result_of(args, spec, world: int, seq: int, dtype, device, rows: list[dict])
 
 
 def write_json(path: str, result: dict) -> None:
-    """`result` into `path` whole: written beside it, then moved over it."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(result, fh, indent=2)
-    os.replace(tmp, path)
+    """`result` into `path` whole (`syncopate.files.write_atomically`)."""
+    from pathlib import Path
+
+    from syncopate.files import write_atomically
+
+    write_atomically(Path(path), json.dumps(result, indent=2).encode())
 
 
 def _configurations() -> str:
