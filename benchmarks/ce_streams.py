@@ -5,9 +5,9 @@
 Every rank copies `MiB` to each peer's symmetric buffer at once (an all-gather's pushes: what the
 `copy_engine` backend's direct plans enqueue), with the peers spread round-robin over `streams`
 side streams (1: every copy in a row on one stream, as the direct plans enqueue them). Beside it,
-NCCL's all-gather of the same bytes. Per case: the time from a start every rank enqueues after a
-barrier to its last copy's end (CUDA events, median of `--repetitions`, the slowest rank's), and
-the rate a rank sends at. One stream a peer lets copies run on several copy engines at once; the
+NCCL's all-gather of the same bytes. Per case: the time from a common start to the last copy's end
+(`time_collective`: L2 flushed, ranks started together, CUDA events; median of `--repetitions`, the
+slowest rank's), and the rate a rank sends at. One stream a peer lets copies run on several copy engines at once; the
 table says whether the GPUs' links give more that way.
 """
 
@@ -41,24 +41,11 @@ def parse_list(text: str, what: str) -> list[int]:
 
 
 def _time(enqueue, group, repetitions: int) -> float:
-    """Median µs from a common start to the end of what `enqueue()` puts on the current stream and
-    its side streams, the slowest rank's."""
-    import torch
-    import torch.distributed as dist
+    """Median µs of what `enqueue()` puts on the current stream and its side streams, the slowest
+    rank's, by the project's method (`time_collective`: ranks started together, CUDA events)."""
+    from syncopate.measure.timing import time_collective
 
-    samples = []
-    for _ in range(repetitions + 2):
-        torch.cuda.synchronize()
-        dist.barrier(group=group)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        enqueue()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3)
-    worst = torch.tensor(statistics.median(samples[2:]), dtype=torch.float64, device="cuda")
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
-    return float(worst.item())
+    return statistics.median(time_collective(enqueue, group, repetitions=repetitions).samples_us)
 
 
 def run(args) -> list[dict]:
