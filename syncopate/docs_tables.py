@@ -737,9 +737,10 @@ fastest of those its run timed."""
 def train_profile(root: Path) -> str:
     """Where a training step's GPU time goes, per variant: `benchmarks/train_step.py --profile`'s
     kernel categories (rank 0, ms a step) beside the step time."""
-    name = sources(root).train_profile
+    src = sources(root)
+    name = src.train_profile
     doc = _read_json(root / "results" / name)
-    label = dict(sources(root).train_step).get(name) or doc.get("configurations", "")
+    label = dict(src.train_step).get(name) or doc.get("configurations", "")
     profiled = [v for v in doc["variants"] if v.get("profile")]
     if not profiled:
         raise ConfigError(f"results/{name} has no profiled variant: run train_step.py with --profile STEPS")
