@@ -297,13 +297,11 @@ class MoeHarness:
             flush_l2=getattr(t, "flush_l2", True),
         )
         eager = statistics.median(
-            time_calls(self.layer_call(fn), self.group, self.device, flush_l2=getattr(t, "flush_l2", True))
+            time_calls(
+                layer_call(fn, self.case), self.group, self.device, flush_l2=getattr(t, "flush_l2", True)
+            )
         )
         return samples, host, eager
-
-    def layer_call(self, fn):
-        """`layer_call(fn, self.case)`."""
-        return layer_call(fn, self.case)
 
     def measure_baselines(self) -> list[BaselineResult]:
         out = torch.empty(
