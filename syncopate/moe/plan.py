@@ -121,8 +121,9 @@ def _offsets(sizes: list[int]) -> list[int]:
 
 def _groups(runs: list[int], lo: int, hi: int) -> tuple[int, ...]:
     """Rows of each run (consecutive runs of `runs[e]` rows from 0) that fall in [lo, hi)."""
-    ends = np.cumsum(np.asarray(runs, dtype=np.int64))
-    rows = np.minimum(hi, ends) - np.maximum(lo, ends - np.asarray(runs, dtype=np.int64))
+    sizes = np.asarray(runs, dtype=np.int64)
+    ends = np.cumsum(sizes)
+    rows = np.minimum(hi, ends) - np.maximum(lo, ends - sizes)
     return tuple(np.maximum(rows, 0).tolist())
 
 
