@@ -3,7 +3,7 @@ torchtitan plans Llama, with torch's styles and with syncopate.tp's, eager and c
 
     torchrun --nproc-per-node 4 benchmarks/train_step.py [--model llama-3-8b] [--layers 4]
         [--tokens 8192] [--batch 1] [--steps 20] [--warmup 5] [--variants ...] [--no-loss-parallel]
-        [--json FILE]
+        [--launch auto direct graph] [--profile STEPS] [--json FILE]
     python benchmarks/train_step.py --cpu --world 2 [--json FILE]      (gloo, tiny widths)
 
 Random weights at the model's widths (`syncopate.models`; `--layers` decoder layers), the same on
@@ -67,6 +67,9 @@ VARIANTS = (
     "syncopate-compiled",
     "syncopate-graphs",
 )
+_LAUNCHED = ("syncopate", "syncopate-compiled")
+"""The variants whose fused calls run outside CUDA graphs, where `--launch` chooses how."""
+
 TINY = {
     "name": "tiny",
     "hidden": 64,
@@ -295,15 +298,21 @@ def _not_here(variant: str, device) -> str | None:
     return None
 
 
-def run_variant(variant: str, args, spec, mesh, device, dtype, batches) -> dict:
+def run_variant(variant: str, args, spec, mesh, device, dtype, batches, launch: str = "auto") -> dict:
     import torch
     import torch._dynamo
     import torch._inductor.config
     import torch.distributed as dist
 
+    name = variant if launch == "auto" else f"{variant}/{launch}"
     skipped = _not_here(variant, device)
     if skipped:
-        return {"variant": variant, "skipped": skipped}
+        return {"variant": name, "skipped": skipped}
+    ours = variant.startswith("syncopate")
+    if ours and device.type == "cuda":
+        import syncopate
+
+        syncopate.set_launch(launch)  # on every rank; also drops the choices of the variant before
     torch._dynamo.reset()
     inductor = torch._inductor.config
     pipeline = inductor._micro_pipeline_tp
@@ -317,7 +326,7 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches) -> dict:
         model = parallelize(
             build_model(spec, args.layers, args.vocab, device, dtype, args.seed),
             mesh,
-            "syncopate" if variant.startswith("syncopate") else "torch",
+            "syncopate" if ours else "torch",
             loss_parallel=args.loss_parallel,
         )
         if variant == "async-tp":
@@ -367,7 +376,12 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches) -> dict:
 
             profiled = profiled_steps(step, args.profile)
         return {
-            "variant": variant,
+            "variant": name,
+            **(
+                {"launch": launch, "launch_choices": syncopate.launch_choices()}
+                if ours and device.type == "cuda"
+                else {}
+            ),
             **({"profile": profiled} if profiled else {}),
             "step_ms": median * 1e3,
             "step_ms_all": [t * 1e3 for t in slowest.tolist()],
@@ -378,7 +392,7 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches) -> dict:
     except Exception as e:  # noqa: BLE001  a variant that fails is reported, the others still run
         log.error("variant %s failed on rank %d:\n%s", variant, dist.get_rank(), traceback.format_exc())
         return {
-            "variant": variant,
+            "variant": name,
             "failed": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
         }
     finally:
@@ -413,10 +427,11 @@ def run_rank(args, device) -> dict | None:
         for _ in range(args.warmup + args.steps)
     ]
     rows = []
-    for v in args.variants:
+    runs = [(v, launch) for v in args.variants for launch in (args.launch if v in _LAUNCHED else ["auto"])]
+    for v, launch in runs:
         if dist.get_rank() == 0:
-            log.info("variant %s ...", v)
-        rows.append(run_variant(v, args, spec, mesh, device, dtype, batches))
+            log.info("variant %s%s ...", v, "" if launch == "auto" else f", launch {launch}")
+        rows.append(run_variant(v, args, spec, mesh, device, dtype, batches, launch))
         if dist.get_rank() == 0 and args.json:
             # what has run so far, so that a run stopped at a time limit keeps its finished variants
             write_json(args.json, result_of(args, spec, world, seq, dtype, device, rows))
@@ -584,13 +599,21 @@ def table(result: dict) -> str:
         lines.append(
             f"{r['variant']:<20} {r['step_ms']:>10.2f} {r['tokens_per_s']:>12.0f} {peak:>9} "
             f"{'–' if diff is None else f'{diff:.2e}':>12} {over(torch_tp, r['step_ms']):>10} "
-            f"{over(async_tp, r['step_ms']):>10}"
+            f"{over(async_tp, r['step_ms']):>10}  {_launch_note(r)}".rstrip()
         )
     lines.append(
         "torch TP/, async-TP/: the step of torch's fastest TP variant (eager, compiled or graphs), of async-TP, "
         "over this one's"
     )
     return "\n".join(lines)
+
+
+def _launch_note(row: dict) -> str:
+    """How the variant's fused calls outside graphs were launched, where it says."""
+    choices = row.get("launch_choices")
+    if not choices or not any(choices.values()):
+        return ""
+    return f"launch {row['launch']}: " + ", ".join(f"{n} {what}" for what, n in choices.items() if n)
 
 
 def profile_table(result: dict) -> str:
@@ -649,6 +672,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         metavar="STEPS",
         help="after the timed steps, profile STEPS more (no optimizer step) and report rank 0's GPU time a step "
         "by kernel category and its top kernels (CUDA only)",
+    )
+    p.add_argument(
+        "--launch",
+        nargs="+",
+        default=["auto"],
+        choices=("auto", "direct", "graph"),
+        help="how syncopate and syncopate-compiled launch the fused calls (syncopate.set_launch), each variant "
+        "once per value given; rows of another than auto are named VARIANT/LAUNCH",
     )
     p.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled variants")
     p.add_argument("--lr", type=float, default=1e-4)

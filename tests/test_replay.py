@@ -36,6 +36,12 @@ class _Program:
         self.log = log
         self.fail = fail
         self.context = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"))
+        self.spec = types.SimpleNamespace(
+            op="all_gather_matmul",
+            a_shape=(2048, 4096),
+            b_shape=(4096, 1536),
+            candidate=types.SimpleNamespace(short=lambda: "copy_engine/ring/s1"),
+        )
 
     def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None, scales=None):
         self.log.append(("capture" if capturing else "direct", a.data_ptr(), out.data_ptr()))
@@ -151,11 +157,14 @@ def test_set_launch_takes_auto_graph_or_direct():
         ops.set_launch("graphs")
 
 
-def test_auto_samples_then_the_group_decides_once(log, monkeypatch):
+def test_auto_samples_then_the_group_decides_once(log, monkeypatch, caplog):
     """Direct calls through the warm-up and the samples; the group's largest share of dry samples
-    decides, once; above one half the program is replayed from then on, else stays direct."""
+    decides, once, and says so; above one half the program is replayed from then on, else stays
+    direct."""
     for dry_every, share_elsewhere, replays in ((1, 0.0, True), (4, 0.0, False), (4, 0.75, True)):
         log.clear()
+        caplog.clear()
+        caplog.set_level("INFO", logger="syncopate.kernels.replay")
         idle = iter(i % dry_every == 0 for i in range(1000))
         shares = []
 
@@ -175,6 +184,14 @@ def test_auto_samples_then_the_group_decides_once(log, monkeypatch):
         choice(a, b, out)
         choice(a, b, out)
         assert shares == [shares[0]]  # decided once
+        said = [r.getMessage() for r in caplog.records if r.name == "syncopate.kernels.replay"]
+        how = "replayed from graphs of its own" if replays else "launched directly"
+        share = 100 * max(shares[0], share_elsewhere)
+        assert said == [
+            f"syncopate.all_gather_matmul (a 2048x4096, b 4096x1536, copy_engine/ring/s1) {how} from now on: "
+            f"the caller's stream ran dry before {share:.0f}% of {replay.SAMPLES} sampled calls on the group's "
+            "driest rank (syncopate.set_launch('direct' or 'graph') decides it instead)"
+        ]
         if replays:
             assert log[-1] == "replay" and ("capture", a.data_ptr(), out.data_ptr()) in log
         else:
@@ -199,3 +216,44 @@ def test_the_group_agrees_on_the_largest_share():
     from support.gloo import run_gloo
 
     assert dict(run_gloo(_share_rank, 2)) == {0: 0.75, 1: 0.75}
+
+
+def test_set_launch_drops_what_the_last_setting_kept_and_launch_choices_counts_the_choices(monkeypatch):
+    """A new setting drops each program's graphs and `auto`'s choice, so `auto` samples afresh;
+    `launch_choices` counts the replayable programs by how they are launched now."""
+    from syncopate.kernels import ops
+
+    def program(decided=None):
+        p = types.SimpleNamespace(
+            context=types.SimpleNamespace(device=types.SimpleNamespace(type="cuda")),
+            spec=types.SimpleNamespace(candidate=types.SimpleNamespace(backend="copy_engine")),
+        )
+        if decided is not None:
+            choice = replay.LaunchChoice(p)
+            choice.decided = decided != "sampling"
+            choice.replayed = object() if decided == "replayed" else None
+            p.launch_auto = choice
+        return p
+
+    kept = {
+        "a": program("replayed"),
+        "b": program("direct"),
+        "c": program("sampling"),
+        "d": program(),
+        "nccl": types.SimpleNamespace(
+            context=types.SimpleNamespace(device=types.SimpleNamespace(type="cuda")),
+            spec=types.SimpleNamespace(candidate=types.SimpleNamespace(backend="nccl")),
+        ),
+    }
+    kept["b"].launch_graph = object()
+    monkeypatch.setattr(ops._REGISTRY, "programs", kept)
+    assert ops.launch_choices() == {"replayed": 1, "direct": 1, "sampling": 2}
+    ops.set_launch("direct")
+    try:
+        assert not any(hasattr(p, "launch_auto") or hasattr(p, "launch_graph") for p in kept.values())
+        assert ops.launch_choices() == {"replayed": 0, "direct": 4, "sampling": 0}
+        ops.set_launch("graph")
+        assert ops.launch_choices() == {"replayed": 4, "direct": 0, "sampling": 0}
+    finally:
+        ops.set_launch("auto")
+    assert ops.launch_choices() == {"replayed": 0, "direct": 0, "sampling": 4}

@@ -54,6 +54,9 @@ def test_the_cpu_run_trains_both_plans_and_reports_them(tmp_path):
         "torch-graphs",
         "syncopate",
         "syncopate-graphs",
+        "--launch",
+        "auto",
+        "direct",
         "--json",
         str(tmp_path / "r.json"),
     )
@@ -67,6 +70,8 @@ def test_the_cpu_run_trains_both_plans_and_reports_them(tmp_path):
         and rows["torch"]["tokens_per_s"] > 0
     )
     assert rows["syncopate"]["max_loss_diff_vs_torch"] < 1e-4
+    assert rows["syncopate/direct"]["max_loss_diff_vs_torch"] < 1e-4  # --launch: once per launch
+    assert [r["variant"] for r in result["variants"]].count("syncopate-graphs") == 1
     assert result["loss_parallel"] is True
     assert "loss parallel (logits sharded on the vocabulary)" in out.stdout.splitlines()[0]
     assert "not possible on the CPU" in rows["async-tp"]["skipped"]

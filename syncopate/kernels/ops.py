@@ -69,6 +69,7 @@ __all__ = [
     "all_gather_matmul",
     "get_launch",
     "get_mode",
+    "launch_choices",
     "mode",
     "set_launch",
     "set_mode",
@@ -165,11 +166,36 @@ def set_launch(name: str) -> None:
     pays one graph launch a call, the device a meeting of the group at its start); `direct`,
     enqueued operation by operation (the host pays every stream operation, the device no meeting);
     `auto` (the default), direct until the job shows whether its GPU waits for its host, then
-    replayed where it does. Every rank must set the same. Calls being captured by the caller are
-    captured as they are either way."""
+    replayed where it does. Every rank must set the same, at the same point of the job: what the
+    previous setting kept (each program's graphs, `auto`'s choices) is dropped, so `auto` samples
+    afresh. Calls being captured by the caller are captured as they are either way."""
     if name not in LAUNCHES:
         raise ConfigError(f"launch {name!r}: accepted are {', '.join(LAUNCHES)}")
+    for program in _REGISTRY.programs.values():
+        for kept in _KEPT_LAUNCH.values():
+            program.__dict__.pop(kept, None)
     _REGISTRY.launch = name
+
+
+def launch_choices() -> dict[str, int]:
+    """How this process's fused programs are launched outside a capture so far: `replayed` (from
+    graphs of their own), `direct`, and `sampling` (`auto` still deciding; also programs not yet
+    called since `set_launch`)."""
+    counts = {"replayed": 0, "direct": 0, "sampling": 0}
+    for program in _REGISTRY.programs.values():
+        if not replayable(program, None, 0):
+            continue
+        if _REGISTRY.launch == "graph":
+            counts["replayed"] += 1
+        elif _REGISTRY.launch == "direct":
+            counts["direct"] += 1
+        else:
+            choice = program.__dict__.get(_KEPT_LAUNCH["auto"])
+            if choice is None or not choice.decided:
+                counts["sampling"] += 1
+            else:
+                counts["replayed" if choice.replayed is not None else "direct"] += 1
+    return counts
 
 
 def get_launch() -> str:

@@ -170,9 +170,23 @@ class LaunchChoice:
         self.program(a, b, out, gathered=gathered)
         if not self.decided and self.calls >= WARM + SAMPLES:
             self.decided = True
-            if _group_share(self.program, self.dry / SAMPLES) > 0.5:
+            share = _group_share(self.program, self.dry / SAMPLES)
+            if share > 0.5:
                 self.replayed = ReplayedCalls(self.program)
                 self.replayed.ran = True
+            spec = self.program.spec
+            log.info(
+                "syncopate.%s (a %s, b %s, %s) %s from now on: the caller's stream ran dry before %.0f%% of %d "
+                "sampled calls on the group's driest rank (syncopate.set_launch('direct' or 'graph') decides "
+                "it instead)",
+                spec.op,
+                "x".join(map(str, spec.a_shape)),
+                "x".join(map(str, spec.b_shape)),
+                spec.candidate.short(),
+                "replayed from graphs of its own" if self.replayed is not None else "launched directly",
+                100 * share,
+                SAMPLES,
+            )
 
 
 def _stream_idle(device) -> bool:
