@@ -59,8 +59,8 @@ class Sources:
     train_step: tuple[tuple[str, str], ...]
     """(file, where its configurations came from) of each `benchmarks/train_step.py` run; tables.json
     gives a file alone where the run says so itself (its `configurations`), or [file, label]."""
-    train_profile: str
-    """A `benchmarks/train_step.py --profile` run: GPU time a step by kernel category."""
+    train_profile: tuple[str, ...]
+    """`benchmarks/train_step.py --profile` runs: GPU time a step by kernel category, a table each."""
     graph_calls: str
     """A `benchmarks/graph_calls.py` run."""
     layer_bound: tuple[str, ...]
@@ -71,6 +71,13 @@ class Sources:
     """`benchmarks/op_host.py --json` runs: host time per call against torch's unfused path."""
     nvshmem: tuple[str, ...]
     """`benchmarks/nvshmem_bench.py` runs: the backends side by side in an NVSHMEM process."""
+    fp8: tuple[tuple[str, str], ...] = ()
+    """(ops, layer) of each `benchmarks/fp8_check.sh ops layer` run: the FP8 MLP layer's ops
+    (`syncopate bench --suite`) and the layer on their configurations (`syncopate bench --layer`)."""
+    model_ops: tuple[str, ...] = ()
+    """`syncopate bench --model` runs: a model's decoder-layer ops, forward and backward."""
+    ce_streams: tuple[str, ...] = ()
+    """`benchmarks/ce_streams.py --json` runs: a rank's copy-engine pushes on 1–3 streams."""
 
 
 def sources(root: Path) -> Sources:
@@ -84,12 +91,19 @@ def sources(root: Path) -> Sources:
             strategies=tuple((label, name) for label, name in doc["strategies"]),
             layers=doc["layers"],
             train_step=tuple((e, "") if isinstance(e, str) else (e[0], e[1]) for e in doc["train_step"]),
-            train_profile=doc["train_profile"],
+            train_profile=(
+                (doc["train_profile"],)
+                if isinstance(doc["train_profile"], str)
+                else tuple(doc["train_profile"])
+            ),
             graph_calls=doc["graph_calls"],
             layer_bound=tuple(doc["layer_bound"]),
             moe=tuple(doc["moe"]) if isinstance(doc["moe"], list) else (doc["moe"],),
             op_host=tuple(doc["op_host"]),
             nvshmem=tuple(doc["nvshmem"]),
+            fp8=tuple((ops, layer) for ops, layer in doc.get("fp8", ())),
+            model_ops=tuple(doc.get("model_ops", ())),
+            ce_streams=tuple(doc.get("ce_streams", ())),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(
@@ -245,6 +259,7 @@ def summary(root: Path) -> str:
 
 def _suite(root: Path, name: str) -> str:
     doc, rows = bench_rows(root / "results" / name)
+    dtypes = ", ".join(sorted({r["workload"]["dtype"] for r in doc["rows"]}))
     table = _table(
         [
             "op",
@@ -283,7 +298,7 @@ def _suite(root: Path, name: str) -> str:
     return (
         f"{table}\n\n{doc['topology']['key']} ({doc['gpu']}, torch {doc['environment']['torch']}, triton "
         f"{doc['environment']['triton']}, NCCL {doc['environment']['nccl']}), M = "
-        f"{', '.join(sorted({str(r.m) for r in rows}))}, bf16, µs (medians); comm alone is the fastest "
+        f"{', '.join(sorted({str(r.m) for r in rows}))}, {dtypes}, µs (medians); comm alone is the fastest "
         f"collective timed alone (NCCL or the copy engine); from `results/{name}`.\n"
     )
 
@@ -736,11 +751,14 @@ fastest of those its run timed."""
 
 def train_profile(root: Path) -> str:
     """Where a training step's GPU time goes, per variant: `benchmarks/train_step.py --profile`'s
-    kernel categories (rank 0, ms a step) beside the step time."""
+    kernel categories (rank 0, ms a step) beside the step time, a table a run."""
     src = sources(root)
-    name = src.train_profile
+    return "\n".join(_train_profile(root, name, dict(src.train_step).get(name)) for name in src.train_profile)
+
+
+def _train_profile(root: Path, name: str, label: str | None) -> str:
     doc = _read_json(root / "results" / name)
-    label = dict(src.train_step).get(name) or doc.get("configurations", "")
+    label = label or doc.get("configurations", "")
     profiled = [v for v in doc["variants"] if v.get("profile")]
     if not profiled:
         raise ConfigError(f"results/{name} has no profiled variant: run train_step.py with --profile STEPS")
@@ -906,6 +924,70 @@ def nvshmem(root: Path) -> str:
     )
 
 
+def fp8(root: Path) -> str:
+    """Each FP8 run: the MLP layer's ops per shape, then the layer forward and forward + backward
+    on their configurations against torch's FP8 path and async-TP's scaled ops."""
+    parts = []
+    for ops_name, layer_name in sources(root).fp8:
+        run = _read_json(root / "results" / layer_name)
+        b, res = run["bench"], run["results"]
+        rows = []
+        for key in (k for k in LAYER_KEYS if k in res.get("syncopate", {})):
+            t, ratio = _layer_times(res, key)
+            rows.append(
+                [
+                    key.replace("_", "+"),
+                    _t(t("torch")),
+                    _t(t("async_tp")),
+                    _t(t("syncopate")),
+                    _t(t("default")),
+                    _r(ratio("torch", "syncopate")),
+                    _r(ratio("async_tp", "syncopate")),
+                    _r(ratio("default", "syncopate")),
+                ]
+            )
+        layer_table = _table(
+            [
+                "mode+pass",
+                "torch",
+                "async-TP",
+                "ours",
+                "defaults",
+                "torch / ours",
+                "async-TP / ours",
+                "defaults / ours",
+            ],
+            rows,
+        )
+        parts.append(
+            f"{_suite(root, ops_name)}\n{layer_table}\n\nThe MLP layer (hidden {b['hidden']}, ffn {b['ffn']}, "
+            f"{b['tokens']} tokens, TP={b['tp']}, sequence parallel) with every GEMM in FP8 (row-wise scales), µs an "
+            f"iteration; ours on the configurations of the ops above; {run['gpu']}, torch {run['torch']}; from "
+            f"`results/{layer_name}`.\n"
+        )
+    return "\n".join(parts)
+
+
+def model_ops(root: Path) -> str:
+    """Each `syncopate bench --model` run: the decoder layer's ops per shape."""
+    return "\n".join(_suite(root, name) for name in sources(root).model_ops)
+
+
+def ce_streams(root: Path) -> str:
+    """A rank's copy-engine pushes to its peers spread over one, two or three streams, against
+    NCCL's all-gather of the same bytes."""
+    parts = []
+    for name in sources(root).ce_streams:
+        doc = _read_json(root / "results" / name)
+        rows = [
+            [r["what"], str(r["mib"]), _t(r["us"]), f"{r['gb_per_s']:.1f}", "yes" if r["landed"] else "no"]
+            for r in doc["rows"]
+        ]
+        table = _table(["transfer", "MiB to each peer", "µs", "GB/s a rank sends", "every byte landed"], rows)
+        parts.append(f"{table}\n\n{doc['device']}; median µs of a whole all-gather; from `results/{name}`.\n")
+    return "\n".join(parts)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "summary": summary,
     "suite-tp2": suite_tp2,
@@ -922,6 +1004,9 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "graph-calls": graph_calls,
     "op-host": op_host,
     "nvshmem": nvshmem,
+    "fp8": fp8,
+    "model-ops": model_ops,
+    "ce-streams": ce_streams,
 }
 """Table name (as in `<!-- generated: NAME -->`) → its generator, given the repository root."""
 
