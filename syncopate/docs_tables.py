@@ -78,6 +78,9 @@ class Sources:
     """`syncopate bench --model` runs: a model's decoder-layer ops, forward and backward."""
     ce_streams: tuple[str, ...] = ()
     """`benchmarks/ce_streams.py --json` runs: a rank's copy-engine pushes on 1–3 streams."""
+    step_ceiling: tuple[tuple[str, str], ...] = ()
+    """(database, train-step run) pairs: the step's ops measured alone at the run's token count
+    (the database) set against the step (the run)."""
 
 
 def sources(root: Path) -> Sources:
@@ -104,6 +107,7 @@ def sources(root: Path) -> Sources:
             fp8=tuple((ops, layer) for ops, layer in doc.get("fp8", ())),
             model_ops=tuple(doc.get("model_ops", ())),
             ce_streams=tuple(doc.get("ce_streams", ())),
+            step_ceiling=tuple((db, run) for db, run in doc.get("step_ceiling", ())),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(
@@ -973,6 +977,91 @@ def model_ops(root: Path) -> str:
     return "\n".join(_suite(root, name) for name in sources(root).model_ops)
 
 
+def _layer_op_sums(path: Path, m: int) -> tuple[int, float, float, float]:
+    """(ops, Σ torch seq, Σ ours, Σ bound) in µs over the workloads of M = `m` in a results database:
+    torch's collective and matmul in sequence, the fastest verified trial (device time), and
+    max(GEMM alone, the fastest collective alone)."""
+    with _connect(path) as db:
+        rows = db.execute(
+            "SELECT w.id, "
+            "MAX(CASE WHEN b.name = 'torch_seq' THEN b.median_us END), "
+            "MAX(CASE WHEN b.name = 'gemm_alone' THEN b.median_us END), "
+            "MIN(CASE WHEN b.name LIKE 'comm_alone%' THEN b.median_us END), "
+            "(SELECT MIN(t.median_us) FROM syncopate_trials t WHERE t.workload_id = w.id AND t.status = 'ok' "
+            "AND t.source = 'measured') "
+            "FROM syncopate_workloads w JOIN syncopate_baselines b ON b.workload_id = w.id WHERE w.m = ? GROUP BY w.id",
+            (m,),
+        ).fetchall()
+    rows = [r for r in rows if None not in r]
+    if not rows:
+        raise ConfigError(f"results database {str(path)!r} holds no measured op at M = {m}")
+    return (
+        len(rows),
+        sum(r[1] for r in rows),
+        sum(r[4] for r in rows),
+        sum(max(r[2], r[3]) for r in rows),
+    )
+
+
+def step_ceiling(root: Path) -> str:
+    """What a training step can gain from overlapping its ops, from the ops measured alone: the
+    step of torch's fastest TP variant less, for each layer, the ops' time saved by ours and by
+    the overlap bound, beside the step ours measured in the same run as torch's."""
+    rows = []
+    for db_name, run_name in sources(root).step_ceiling:
+        doc = _read_json(root / "results" / run_name)
+        layers, tokens = doc["model"]["layers"], doc["tokens"]
+        ops, seq, ours, bound = _layer_op_sums(root / "results" / db_name, tokens)
+        ms = {v["variant"]: v["step_ms"] for v in doc["variants"] if v.get("step_ms")}
+        torch_tp = min(ms[v] for v in TORCH_TP_VARIANTS if v in ms)
+        mine = min((t for v, t in ms.items() if v.startswith("syncopate")), default=None)
+        by_ours = torch_tp - layers * (seq - ours) / 1e3
+        by_bound = torch_tp - layers * (seq - bound) / 1e3
+        rows.append(
+            [
+                f"{doc['world']} × {doc['device'].replace('NVIDIA ', '')}",
+                str(tokens),
+                f"{ops} × {layers}",
+                f"{seq / 1e3:.2f}",
+                f"{ours / 1e3:.2f}",
+                f"{bound / 1e3:.2f}",
+                f"{torch_tp:.2f}",
+                f"{by_ours:.2f}",
+                f"{by_bound:.2f}",
+                "–" if mine is None else f"{mine:.2f}",
+                _r(torch_tp / by_ours),
+                _r(torch_tp / by_bound),
+                _r(None if mine is None else torch_tp / mine),
+            ]
+        )
+    table = _table(
+        [
+            "GPUs (TP)",
+            "tokens",
+            "ops × layers",
+            "Σ torch seq ms a layer",
+            "Σ ours",
+            "Σ bound",
+            "torch TP step ms",
+            "step, ops as ours",
+            "step, ops at the bound",
+            "ours, measured",
+            "torch / ops as ours",
+            "torch / bound (the ceiling)",
+            "torch / ours, measured",
+        ],
+        rows,
+    )
+    files = ", ".join(f"`results/{db}` with `results/{run}`" for db, run in sources(root).step_ceiling)
+    return (
+        f"{table}\n\nA layer's ops (forward and backward) each timed alone (device time, medians): torch's "
+        f"collective and matmul in sequence, our fastest verified configuration, and the overlap bound (the "
+        f"slower of the GEMM alone and the fastest collective alone). `step, ops as …`: the step of torch's "
+        f"fastest TP variant (eager, compiled or graphs) with each layer's ops' time replaced so; `ours, "
+        f"measured`: our fastest variant's step in the same run as torch's. From {files}.\n"
+    )
+
+
 def ce_streams(root: Path) -> str:
     """A rank's copy-engine pushes to its peers spread over one, two or three streams, against
     NCCL's all-gather of the same bytes."""
@@ -1007,6 +1096,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "fp8": fp8,
     "model-ops": model_ops,
     "ce-streams": ce_streams,
+    "step-ceiling": step_ceiling,
 }
 """Table name (as in `<!-- generated: NAME -->`) → its generator, given the repository root."""
 

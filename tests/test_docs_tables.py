@@ -164,3 +164,14 @@ def test_the_generator_reads_no_file_outside_results(tmp_path):
     shutil.copytree(REPO / "results", tmp_path / "results")
     for name, make in TABLES.items():
         assert make(tmp_path) == make(REPO), name
+
+
+def test_a_step_ceiling_refuses_a_database_without_the_runs_token_count(tmp_path):
+    """The ceiling sums a layer's ops at the step's token count: a database that holds none there is
+    named, not summed as zero."""
+    db = tmp_path / "ops.db"
+    shutil.copy(REPO / "results" / "llama-3-8b-tp2-h100.db", db)
+    ops, seq, ours, bound = docs_tables._layer_op_sums(db, 8192)
+    assert ops == 8 and seq > ours > 0 and seq > bound > 0
+    with pytest.raises(ConfigError, match="holds no measured op at M = 1024"):
+        docs_tables._layer_op_sums(db, 1024)
