@@ -476,6 +476,30 @@ def _layer_times(res: dict, key: str):
     return t, ratio
 
 
+LAYER_HEAD = (
+    "mode/pass",
+    "torch",
+    "async-TP",
+    "ours",
+    "defaults",
+    "torch / ours",
+    "async-TP / ours",
+    "defaults / ours",
+)
+"""The columns of `_layer_row`."""
+
+
+def _layer_row(res: dict, key: str) -> list[str]:
+    """One mode/pass of a `syncopate bench --layer` result: each path's µs and torch's, async-TP's
+    and the defaults' over ours."""
+    t, ratio = _layer_times(res, key)
+    return [
+        key.replace("_", "+"),
+        *(_t(t(impl)) for impl in ("torch", "async_tp", "syncopate", "default")),
+        *(_r(ratio(impl, "syncopate")) for impl in ("torch", "async_tp", "default")),
+    ]
+
+
 def layers(root: Path) -> str:
     """Tensor-parallel MLP layers as a job runs them: per mode and pass, each path's time an
     iteration and torch's, async-TP's and the untuned defaults' over the looked-up configurations'."""
@@ -487,38 +511,10 @@ def layers(root: Path) -> str:
         b, res = run["bench"], run["results"]
         gpu, torch_version = run["gpu"], run["torch"]
         for key in (k for k in LAYER_KEYS if k in res.get("syncopate", {})):
-            t, ratio = _layer_times(res, key)
             rows.append(
-                [
-                    f"TP={b['tp']}",
-                    f"{b['hidden']}/{b['ffn']}",
-                    str(b["tokens"]),
-                    key.replace("_", "+"),
-                    _t(t("torch")),
-                    _t(t("async_tp")),
-                    _t(t("syncopate")),
-                    _t(t("default")),
-                    _r(ratio("torch", "syncopate")),
-                    _r(ratio("async_tp", "syncopate")),
-                    _r(ratio("default", "syncopate")),
-                ]
+                [f"TP={b['tp']}", f"{b['hidden']}/{b['ffn']}", str(b["tokens"]), *_layer_row(res, key)]
             )
-    table = _table(
-        [
-            "TP",
-            "hidden/ffn",
-            "tokens",
-            "mode/pass",
-            "torch",
-            "async-TP",
-            "ours",
-            "defaults",
-            "torch / ours",
-            "async-TP / ours",
-            "defaults / ours",
-        ],
-        rows,
-    )
+    table = _table(["TP", "hidden/ffn", "tokens", *LAYER_HEAD], rows)
     return (
         f"{table}\n\nSwiGLU MLP layers (gate and up in one column layer), sequence parallel, bf16; µs an "
         f"iteration (median of seven repetitions of ten back to back; `graph`: one iteration captured and "
@@ -935,34 +931,8 @@ def fp8(root: Path) -> str:
     for ops_name, layer_name in sources(root).fp8:
         run = _read_json(root / "results" / layer_name)
         b, res = run["bench"], run["results"]
-        rows = []
-        for key in (k for k in LAYER_KEYS if k in res.get("syncopate", {})):
-            t, ratio = _layer_times(res, key)
-            rows.append(
-                [
-                    key.replace("_", "+"),
-                    _t(t("torch")),
-                    _t(t("async_tp")),
-                    _t(t("syncopate")),
-                    _t(t("default")),
-                    _r(ratio("torch", "syncopate")),
-                    _r(ratio("async_tp", "syncopate")),
-                    _r(ratio("default", "syncopate")),
-                ]
-            )
-        layer_table = _table(
-            [
-                "mode+pass",
-                "torch",
-                "async-TP",
-                "ours",
-                "defaults",
-                "torch / ours",
-                "async-TP / ours",
-                "defaults / ours",
-            ],
-            rows,
-        )
+        rows = [_layer_row(res, key) for key in LAYER_KEYS if key in res.get("syncopate", {})]
+        layer_table = _table(LAYER_HEAD, rows)
         parts.append(
             f"{_suite(root, ops_name)}\n{layer_table}\n\nThe MLP layer (hidden {b['hidden']}, ffn {b['ffn']}, "
             f"{b['tokens']} tokens, TP={b['tp']}, sequence parallel) with every GEMM in FP8 (row-wise scales), µs an "
