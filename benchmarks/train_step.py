@@ -446,15 +446,20 @@ def run_rank(args, device) -> dict | None:
 
 def result_of(args, spec, world: int, seq: int, dtype, device, rows: list[dict]) -> dict:
     """The run's result from the variants' rows so far: each variant's loss curve set against
-    `torch`'s (where that ran), the model, the plan and the environment."""
+    torch's TP (`torch`, else `torch-compiled`, else `torch-graphs`: the first of them that ran,
+    `loss_reference`), the model, the plan and the environment."""
     import torch
     import transformers
 
-    reference = next((r for r in rows if r["variant"] == "torch" and "losses" in r), None)
-    for r in rows:
-        if "losses" in r and reference is not None:
-            r["max_loss_diff_vs_torch"] = max(abs(a - b) for a, b in zip(r["losses"], reference["losses"]))
+    ran = {r["variant"]: r for r in rows if "losses" in r}
+    reference = next((v for v in ("torch", "torch-compiled", "torch-graphs") if v in ran), None)
+    for r in ran.values():
+        if reference is not None:
+            r["max_loss_diff_vs_torch"] = max(
+                abs(a - b) for a, b in zip(r["losses"], ran[reference]["losses"])
+            )
     return {
+        "loss_reference": reference,
         "model": {**spec.to_dict(), "layers": args.layers, "vocab": args.vocab},
         "world": world,
         "tokens": args.tokens,

@@ -687,9 +687,15 @@ def train_step(root: Path) -> str:
         torch_tp = [ms[v] for v in TORCH_TP_VARIANTS if v in ms]
         best_torch = min(torch_tp) if torch_tp else None
         async_tp = ms.get("async-tp")
+        curves = {v["variant"]: v["losses"] for v in doc["variants"] if v.get("losses")}
+        reference = next((curves[v] for v in TORCH_TP_VARIANTS if v in curves), None)
         for v in doc["variants"]:
             step = v.get("step_ms")
-            loss = v.get("max_loss_diff_vs_torch")
+            loss = (
+                None
+                if reference is None or v["variant"] not in curves
+                else max(abs(a - b) for a, b in zip(curves[v["variant"]], reference))
+            )
             rows.append(
                 [
                     m["name"],
@@ -730,7 +736,7 @@ def train_step(root: Path) -> str:
             "step ms",
             "tokens/s",
             "peak GiB",
-            "max |Δloss| vs torch",
+            "max |Δloss| vs torch TP",
             "torch TP (fastest mode) / variant",
             "async-TP / variant",
         ],
