@@ -244,7 +244,7 @@ def bench_cmd(
     world = tp if model is not None else bench_world_size(topology, gpus, count, suite)
     for w in workloads:
         w.check_world_size(world)
-    from syncopate.measure.bench import BenchOptions, format_table, run_bench
+    from syncopate.measure.bench import BenchOptions, format_layer_totals, format_table, run_bench
 
     result = run_bench(
         BenchOptions(
@@ -261,6 +261,10 @@ def bench_cmd(
         f"\n{result['gpu']} x{world} on {result['host']}, torch {result['torch']}, {result['date']} (times in us)"
     )
     print(format_table(result))
+    if model is not None:
+        totals = format_layer_totals(result)
+        if totals:
+            print(totals)
 
 
 def _refuse_given(options, rest: str) -> None:

@@ -255,6 +255,27 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def format_layer_totals(result: dict) -> str:
+    """The sums over the run's workloads, read as one layer's ops (`syncopate bench --model`):
+    torch's collective and matmul in sequence, async-TP, ours and the overlap bound (device time),
+    and what ours and the bound save a layer over torch's sequence. Empty where a workload lacks a
+    verified candidate or a baseline (its sum would mislead)."""
+    summaries = [summarize_row(row) for row in result["rows"]]
+    if not summaries or any(s["ours"] is None or "torch_seq" not in s["base"] for s in summaries):
+        return ""
+    seq = sum(s["base"]["torch_seq"] for s in summaries)
+    ours = sum(s["ours"] for s in summaries)
+    bound = sum(s["bound"] for s in summaries)
+    async_tp = [s["base"].get("torch_async_tp") for s in summaries]
+    async_text = f", async-TP {sum(async_tp):.1f}" if None not in async_tp else ""
+    return (
+        f"the layer's {len(summaries)} ops, forward and backward, summed (device time, us): torch seq {seq:.1f}"
+        f"{async_text}, ours {ours:.1f}, bound {bound:.1f}; ours saves {seq - ours:.1f} us a layer over torch's "
+        f"sequence, the bound {seq - bound:.1f} (what any overlap of these ops could save; a step of L layers "
+        f"gains at most L times that)"
+    )
+
+
 def run_bench(options: BenchOptions, world_size: int | None = None) -> dict:
     """Spawn one process per GPU, run the benchmark, return rank 0's result (and write the JSON)."""
     import torch
