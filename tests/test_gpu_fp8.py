@@ -138,3 +138,75 @@ def test_the_harness_measures_fp8_baselines_and_candidates_on_two_gpus():
                 assert "scaled" in base["torch_async_tp"][1], base["torch_async_tp"]
         for name, (status, err, error) in results.items():
             assert status == "ok" and err <= FP8_TOLERANCE, (kind, name, status, err, error)
+
+
+def _replay_target(rank, world, port, q):
+    """FP8 calls replayed from their own graphs (`set_launch("graph")`): three sets of addresses
+    (operands, scales, poisoned output), each refilled in place with fresh values before every
+    call; every call right against the reference of the operands and scales it was given, and one
+    graph captured per set (every later call a replay)."""
+    from syncopate.measure.local_ranks import join_group
+
+    device = join_group(rank, world, port)
+    import torch
+    import torch.distributed as dist
+
+    import syncopate
+    from syncopate.kernels import ops as ops_mod
+    from syncopate.measure.reference import FP8_TOLERANCE, reference, relative_error
+    from syncopate.search_space import decomposed_candidate
+
+    ops = {
+        "ag_gemm": syncopate.all_gather_matmul,
+        "gemm_rs": syncopate.matmul_reduce_scatter,
+        "gemm_ar": syncopate.matmul_all_reduce,
+    }
+    g = dist.group.WORLD
+    torch.manual_seed(11 + rank)
+    failed = []
+    m, n, k = 2048, 1024, 1024
+    config = decomposed_candidate(2)
+    try:
+        ops_mod.set_launch("graph")
+        for kind in ops:
+            for row_wise in (False, True):
+                case = f"{kind} {config.short()} {'row' if row_wise else 'tensor'}-wise, replayed"
+                sets = [_operands(kind, rank, world, m, n, k, row_wise, "weight_t", device) for _ in range(3)]
+                first = ops[kind](*sets[0][:2], g, config, a_scale=sets[0][2], b_scale=sets[0][3])
+                outs = [torch.full_like(first, float("nan")) for _ in sets]
+                program = next(
+                    p
+                    for p in ops_mod._REGISTRY.programs.values()
+                    if p.spec.kind == kind and p.spec.dtype == torch.float8_e4m3fn
+                )
+                kept = program.__dict__.get("launch_graph")
+                before = 0 if kept is None else kept.captures
+                errors = []
+                try:
+                    for _ in range(4):
+                        for (a8, b8, sa, sb), out in zip(sets, outs):
+                            fresh = _operands(kind, rank, world, m, n, k, row_wise, "weight_t", device)
+                            for t, new in zip((a8, sa, sb), (fresh[0], fresh[2], fresh[3])):
+                                t.copy_(new)
+                            out.fill_(float("nan"))
+                            ops[kind](a8, b8, g, config, out=out, a_scale=sa, b_scale=sb)
+                            errors.append(relative_error(out, reference(kind, a8, b8, g, sa, sb)))
+                    captures = program.__dict__["launch_graph"].captures - before
+                    if not max(errors) <= FP8_TOLERANCE:
+                        failed.append(f"{case}: relative errors {[f'{e:.3g}' for e in errors]}")
+                    elif captures != len(sets):
+                        failed.append(f"{case}: {captures} graphs captured for {len(sets)} address sets")
+                except Exception as e:  # noqa: BLE001 - named in the report
+                    failed.append(f"{case}: {type(e).__name__}: {e}")
+        q.put((rank, failed))
+    finally:
+        ops_mod.set_launch("auto")
+        syncopate.close_contexts()
+        dist.destroy_process_group()
+
+
+def test_fp8_calls_replayed_from_their_graphs_match_the_reference_on_two_gpus():
+    needs_gpus(2)
+    reports = run_ranks(_replay_target, 2, timeout=900)
+    failed = sorted({f for r in reports.values() for f in r})
+    assert not failed, "\n".join(failed)

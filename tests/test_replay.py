@@ -44,7 +44,8 @@ class _Program:
         )
 
     def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None, scales=None):
-        self.log.append(("capture" if capturing else "direct", a.data_ptr(), out.data_ptr()))
+        entry = ("capture" if capturing else "direct", a.data_ptr(), out.data_ptr())
+        self.log.append(entry if scales is None else (*entry, *(t.data_ptr() for t in scales)))
         if self.fail and capturing:
             raise RuntimeError("the kernel failed")
 
@@ -79,6 +80,42 @@ def test_the_first_call_is_direct_then_each_new_address_set_is_captured_once(log
     calls(a, b, other)  # another output address: another graph
     assert log[2] == ("capture", a.data_ptr(), other.data_ptr()) and log[-1] == "replay"
     assert calls.captures == 2 and len(calls.graphs) == 2
+
+
+def test_fp8_calls_pass_their_scales_and_a_graph_binds_the_scales_addresses_too(log):
+    """A scaled call is made and captured with its scales; other scales at other addresses are
+    another graph (a replay would read the old ones), the same addresses replay."""
+    calls = replay.ReplayedCalls(_Program(log))
+    a, b, out = _tensors(3)
+    scales, others = tuple(_tensors(2)), tuple(_tensors(2))
+    ptrs = tuple(t.data_ptr() for t in scales)
+    calls(a, b, out, None, scales)
+    assert log == [("direct", a.data_ptr(), out.data_ptr(), *ptrs)]
+    log.clear()
+    calls(a, b, out, None, scales)
+    assert log == ["warm", "begin", ("capture", a.data_ptr(), out.data_ptr(), *ptrs), "end", "replay"]
+    log.clear()
+    calls(a, b, out, None, scales)
+    assert log == ["replay"]
+    log.clear()
+    calls(a, b, out, None, others)
+    assert ("capture", a.data_ptr(), out.data_ptr(), *(t.data_ptr() for t in others)) in log
+    assert calls.captures == 2
+
+
+def test_auto_passes_the_scales_while_sampling_and_once_replaying(log, monkeypatch):
+    monkeypatch.setattr(replay, "_stream_idle", lambda device: True)
+    monkeypatch.setattr(replay, "_group_share", lambda program, share: share)
+    choice = replay.LaunchChoice(_Program(log))
+    a, b, out = _tensors(3)
+    scales = tuple(_tensors(2))
+    ptrs = tuple(t.data_ptr() for t in scales)
+    for _ in range(replay.WARM + replay.SAMPLES):
+        choice(a, b, out, None, scales)
+    assert set(log) == {("direct", a.data_ptr(), out.data_ptr(), *ptrs)}
+    log.clear()
+    choice(a, b, out, None, scales)
+    assert ("capture", a.data_ptr(), out.data_ptr(), *ptrs) in log and log[-1] == "replay"
 
 
 def test_a_program_whose_addresses_never_repeat_is_told_to_launch_directly(log, monkeypatch, caplog):
@@ -132,16 +169,15 @@ def _program_on(device: str, backend: str = "copy_engine"):
     )
 
 
-def test_only_fused_cuda_calls_without_nccl_bounded_waits_or_scales_are_replayed():
+def test_only_fused_cuda_calls_without_nccl_or_bounded_waits_are_replayed():
     cuda, cpu = _program_on("cuda"), _program_on("cpu")
     unfused = types.SimpleNamespace(context=None)
-    assert not replay.replayable(_program_on("cuda", "nccl"), None, 0)
-    assert replay.replayable(_program_on("cuda", "sm_copy"), None, 0)
-    assert replay.replayable(cuda, None, 0)
-    assert not replay.replayable(cuda, None, 1000)
-    assert not replay.replayable(cuda, ("a_scale", "b_scale"), 0)
-    assert not replay.replayable(cpu, None, 0)
-    assert not replay.replayable(unfused, None, 0)
+    assert not replay.replayable(_program_on("cuda", "nccl"), 0)
+    assert replay.replayable(_program_on("cuda", "sm_copy"), 0)
+    assert replay.replayable(cuda, 0)
+    assert not replay.replayable(cuda, 1000)
+    assert not replay.replayable(cpu, 0)
+    assert not replay.replayable(unfused, 0)
 
 
 def test_set_launch_takes_auto_graph_or_direct():
@@ -257,3 +293,16 @@ def test_set_launch_drops_what_the_last_setting_kept_and_launch_choices_counts_t
     finally:
         ops.set_launch("auto")
     assert ops.launch_choices() == {"replayed": 0, "direct": 0, "sampling": 4}
+
+
+def test_a_graph_of_tensor_wise_scales_is_not_replayed_for_row_wise_ones_at_the_same_address(log):
+    calls = replay.ReplayedCalls(_Program(log))
+    a, b, out = _tensors(3)
+    storage = torch.empty(8)
+    tensor_wise = (storage[:1], storage[4:5])
+    row_wise = (storage[:4], storage[4:8])  # at the same addresses, more elements
+    calls(a, b, out, None, tensor_wise)  # direct
+    calls(a, b, out, None, tensor_wise)  # captured
+    log.clear()
+    calls(a, b, out, None, row_wise)
+    assert "begin" in log and calls.captures == 2

@@ -183,7 +183,7 @@ def launch_choices() -> dict[str, int]:
     called since `set_launch`)."""
     counts = {"replayed": 0, "direct": 0, "sampling": 0}
     for program in _REGISTRY.programs.values():
-        if not replayable(program, None, 0):
+        if not replayable(program, 0):
             continue
         if _REGISTRY.launch == "graph":
             counts["replayed"] += 1
@@ -211,13 +211,13 @@ def _run(program: CallProgram, a, b, out, capturing: bool, spin_limit: int, scal
     """Enqueue one call of `program`: as `set_launch` says where it can be replayed, else
     operation by operation."""
     launch = _REGISTRY.launch
-    if not capturing and launch != "direct" and replayable(program, scales, spin_limit):
+    if not capturing and launch != "direct" and replayable(program, spin_limit):
         name = _KEPT_LAUNCH[launch]
         kept = program.__dict__.get(name)
         if kept is None:
             kept = ReplayedCalls(program) if launch == "graph" else LaunchChoice(program)
             setattr(program, name, kept)
-        kept(a, b, out, gathered)
+        kept(a, b, out, gathered, scales)
         return
     program(a, b, out, capturing=capturing, spin_limit=spin_limit, gathered=gathered, scales=scales)
 
@@ -590,7 +590,7 @@ def _keep_call(kind: str, a, b, group, config, program: CallProgram) -> None:
 
 def _bound(program: CallProgram, gathered: bool) -> Callable:
     """`program.bind`, where its calls may be replayed (`_run`) enqueueing them as `set_launch` says."""
-    if not replayable(program, None, 0):
+    if not replayable(program, 0):
         return program.bind(gathered=gathered)
 
     def enqueue(a, b, out, gathered=None):

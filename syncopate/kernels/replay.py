@@ -52,17 +52,17 @@ SAMPLES = 16
 """Calls of a program `auto` samples before the group decides how it is launched."""
 
 
-def replayable(program, scales, spin_limit: int) -> bool:
+def replayable(program, spin_limit: int) -> bool:
     """Whether this call of `program` may be replayed from a graph: a fused program on CUDA whose
     transfers are not NCCL's (`unfused` and the `nccl` backend enqueue NCCL's collectives, whose
     host cost torch's own path pays alike), with unbounded waits (a bounded wait's timeout is read
-    after the call, which a replay cannot report) and no FP8 scales."""
+    after the call, which a replay cannot report). FP8 calls too: their scales are bound like the
+    operands (a graph per set of addresses)."""
     ctx = getattr(program, "context", None)
     return (
         ctx is not None
         and ctx.device.type == "cuda"
         and not spin_limit
-        and scales is None
         and program.spec.candidate.backend != "nccl"
     )
 
@@ -81,16 +81,18 @@ class ReplayedCalls:
         """Graphs captured so far (a job whose addresses never repeat captures every call)."""
         self.stream: torch.cuda.Stream | None = None
 
-    def __call__(self, a, b, out, gathered=None) -> None:
+    def __call__(self, a, b, out, gathered=None, scales=None) -> None:
         """Make the call: directly the first time, else by replaying its graph (captured on a miss)."""
         if not self.ran:
-            self.program(a, b, out, gathered=gathered)
+            self.program(a, b, out, gathered=gathered, scales=scales)
             self.ran = True
             return
         key = (a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if gathered is None else gathered.data_ptr())
+        if scales is not None:  # a program takes tensor-wise and row-wise scales alike: their size too
+            key += tuple((s.data_ptr(), s.numel()) for s in scales)
         graph = self.graphs.pop(key, None)
         if graph is None:
-            graph = self._capture(a, b, out, gathered)
+            graph = self._capture(a, b, out, gathered, scales)
             if len(self.graphs) >= GRAPHS:
                 if self.captures == GRAPHS + 1:
                     log.warning(
@@ -104,7 +106,7 @@ class ReplayedCalls:
         self.graphs[key] = graph
         graph.replay()
 
-    def _capture(self, a, b, out, gathered) -> torch.cuda.CUDAGraph:
+    def _capture(self, a, b, out, gathered, scales=None) -> torch.cuda.CUDAGraph:
         """The call captured on a side stream (capturing runs nothing): what a replay enqueues on
         the caller's stream. Thread-local capture mode: the backward pass captures on autograd's
         thread while other threads (NCCL's watchdog) query events."""
@@ -116,7 +118,7 @@ class ReplayedCalls:
         with torch.cuda.stream(self.stream):
             graph.capture_begin(capture_error_mode="thread_local")
             try:
-                self.program(a, b, out, capturing=True, gathered=gathered)
+                self.program(a, b, out, capturing=True, gathered=gathered, scales=scales)
             except BaseException:
                 try:
                     graph.capture_end()
@@ -159,15 +161,15 @@ class LaunchChoice:
         self.replayed: ReplayedCalls | None = None
         self.decided = False
 
-    def __call__(self, a, b, out, gathered=None) -> None:
+    def __call__(self, a, b, out, gathered=None, scales=None) -> None:
         if self.replayed is not None:
-            self.replayed(a, b, out, gathered)
+            self.replayed(a, b, out, gathered, scales)
             return
         if not self.decided:
             self.calls += 1
             if self.calls > WARM:
                 self.dry += bool(_stream_idle(self.program.context.device))
-        self.program(a, b, out, gathered=gathered)
+        self.program(a, b, out, gathered=gathered, scales=scales)
         if not self.decided and self.calls >= WARM + SAMPLES:
             self.decided = True
             share = _group_share(self.program, self.dry / SAMPLES)
