@@ -306,3 +306,26 @@ def test_a_graph_of_tensor_wise_scales_is_not_replayed_for_row_wise_ones_at_the_
     log.clear()
     calls(a, b, out, None, row_wise)
     assert "begin" in log and calls.captures == 2
+
+
+def test_a_program_prepared_while_auto_samples_restarts_the_count(log, monkeypatch):
+    """A job's first step prepares its programs one after another: a preparation anywhere restarts
+    the count of a program still deciding, so its samples come after the warm-up; once decided, a
+    preparation changes nothing."""
+    monkeypatch.setattr(replay, "_stream_idle", lambda device: True)
+    shares = []
+    monkeypatch.setattr(replay, "_group_share", lambda program, share: shares.append(share) or share)
+    choice = replay.LaunchChoice(_Program(log))
+    a, b, out = _tensors(3)
+    for _ in range(replay.WARM + replay.SAMPLES - 1):
+        choice(a, b, out)
+    replay.note_prepared()  # another shape's first call, one call short of the decision
+    for _ in range(replay.WARM + replay.SAMPLES - 1):
+        choice(a, b, out)
+    assert not choice.decided and not shares
+    choice(a, b, out)
+    assert choice.decided and shares == [1.0]
+    replay.note_prepared()
+    log.clear()
+    choice(a, b, out)
+    assert log[-1] == "replay" and shares == [1.0]

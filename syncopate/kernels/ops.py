@@ -43,7 +43,7 @@ import torch.distributed as dist
 from syncopate.errors import ConfigError, describe
 from syncopate.kernels.context import OverlapContext, kept_allocations
 from syncopate.kernels.library import OP_NAMES, config_text, register
-from syncopate.kernels.replay import LAUNCHES, LaunchChoice, ReplayedCalls, replayable
+from syncopate.kernels.replay import LAUNCHES, LaunchChoice, ReplayedCalls, note_prepared, replayable
 from syncopate.kernels.scaled import FP8, Scales, check_scales
 from syncopate.kernels.templates import (
     CONTEXTS,
@@ -666,6 +666,7 @@ def _program(kind: str, a, b, group, config, capturing: bool) -> CallProgram:
     if program is None:
         _refuse_first_capture(OP_NAMES[kind], capturing)
         program = kept_allocations(lambda: _prepare(kind, a, b, group, config, mode), _device_of(a))
+        note_prepared()
         if key is not None:
             _REGISTRY.programs[key] = program
     return program

@@ -20,7 +20,12 @@ work pays for nothing. So by default (`auto`) a program is launched directly unt
 shown which it is: after `WARM` calls, the next `SAMPLES` calls each ask, before enqueueing,
 whether the caller's stream has run dry (its GPU waiting for this host); then the group agrees
 (one all-reduce of the largest share over the ranks, once a program) and replays from then on
-where the stream ran dry on more than half of the samples on some rank.
+where the stream ran dry on more than half of the samples on some rank. A program prepared
+anywhere in the process (`note_prepared`: a new shape's first call, which compiles and looks up)
+restarts the count of every program still deciding: a job's first step prepares its programs one
+after another, its host busy with that, and a deep model's early layers would otherwise be sampled
+there. Every rank prepares the same programs at the same calls, so the group still decides at the
+same call everywhere.
 """
 
 from __future__ import annotations
@@ -32,7 +37,16 @@ import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GRAPHS", "LAUNCHES", "SAMPLES", "WARM", "LaunchChoice", "ReplayedCalls", "replayable"]
+__all__ = [
+    "GRAPHS",
+    "LAUNCHES",
+    "SAMPLES",
+    "WARM",
+    "LaunchChoice",
+    "ReplayedCalls",
+    "note_prepared",
+    "replayable",
+]
 
 GRAPHS = 256
 """Graphs a program keeps, one per set of addresses; the least recently used goes first. A program
@@ -50,6 +64,15 @@ WARM = 8
 
 SAMPLES = 16
 """Calls of a program `auto` samples before the group decides how it is launched."""
+
+
+_PREPARED = [0]
+"""Programs prepared in this process so far (`note_prepared`)."""
+
+
+def note_prepared() -> None:
+    """A fused program has just been prepared: `auto`'s programs still deciding start counting again."""
+    _PREPARED[0] += 1
 
 
 def replayable(program, spin_limit: int) -> bool:
@@ -151,10 +174,12 @@ class LaunchChoice:
     """`auto`'s choice for one program: direct calls while it samples whether the caller's stream
     runs dry, then the group's decision (`decide`), kept."""
 
-    __slots__ = ("program", "calls", "dry", "replayed", "decided")
+    __slots__ = ("program", "calls", "dry", "replayed", "decided", "prepared")
 
     def __init__(self, program) -> None:
         self.program = program
+        self.prepared = _PREPARED[0]
+        """`_PREPARED` when the count last started."""
         self.calls = 0
         self.dry = 0
         """Sampled calls before which the caller's stream had nothing left to run."""
@@ -166,6 +191,8 @@ class LaunchChoice:
             self.replayed(a, b, out, gathered, scales)
             return
         if not self.decided:
+            if self.prepared != _PREPARED[0]:  # a program prepared since: the job is still warming up
+                self.prepared, self.calls, self.dry = _PREPARED[0], 0, 0
             self.calls += 1
             if self.calls > WARM:
                 self.dry += bool(_stream_idle(self.program.context.device))
