@@ -171,9 +171,14 @@ def set_launch(name: str) -> None:
     afresh. Calls being captured by the caller are captured as they are either way."""
     if name not in LAUNCHES:
         raise ConfigError(f"launch {name!r}: accepted are {', '.join(LAUNCHES)}")
-    for program in _REGISTRY.programs.values():
-        for kept in _KEPT_LAUNCH.values():
-            program.__dict__.pop(kept, None)
+    dropped = [
+        p.__dict__.pop(kept)
+        for p in _REGISTRY.programs.values()
+        for kept in _KEPT_LAUNCH.values()
+        if kept in p.__dict__
+    ]
+    if dropped and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # no graph of theirs still runs when its memory goes back to the pool
     _REGISTRY.launch = name
 
 
