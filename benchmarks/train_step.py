@@ -343,7 +343,7 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches, launch: 
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         positions = torch.arange(batches[0][0].shape[1], device=device).unsqueeze(0)
-        losses, times = [], []
+        losses, times, enqueued = [], [], []
         for inputs, labels in batches:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -352,12 +352,15 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches, launch: 
             loss = forward_backward(model, inputs, labels, positions, args.loss_parallel)
             opt.step()
             opt.zero_grad(set_to_none=True)
+            enqueued.append(time.perf_counter() - start)
             losses.append(loss.item())
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - start)
-        slowest = torch.tensor(times, dtype=torch.float64, device=device)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        mine = torch.tensor([times, enqueued], dtype=torch.float64, device=device)
+        ranks = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(ranks, mine)
+        slowest = torch.stack(ranks)[:, 0].amax(0)
         peak = torch.tensor(
             [torch.cuda.max_memory_allocated(device) if device.type == "cuda" else -1],
             dtype=torch.float64,
@@ -385,6 +388,10 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches, launch: 
             **({"profile": profiled} if profiled else {}),
             "step_ms": median * 1e3,
             "step_ms_all": [t * 1e3 for t in slowest.tolist()],
+            # each rank's steps and the host's time to enqueue each (to the optimizer's zero_grad,
+            # before the loss is read): a step whose enqueue takes about as long as the step is host-bound
+            "step_ms_by_rank": [[t * 1e3 for t in r[0].tolist()] for r in ranks],
+            "enqueue_ms_by_rank": [[t * 1e3 for t in r[1].tolist()] for r in ranks],
             "tokens_per_s": args.tokens / median,
             "peak_bytes": None if peak.item() < 0 else int(peak.item()),
             "losses": losses,
@@ -583,7 +590,7 @@ def table(result: dict) -> str:
             f"median of {result['steps']} steps after {result['warmup']}; torch {result['versions']['torch']}, "
             f"transformers {result['versions']['transformers']}"
         ),
-        f"{'variant':<20} {'step ms':>10} {'tokens/s':>12} {'peak GiB':>9} {'max |Δloss|':>12} "
+        f"{'variant':<20} {'step ms':>10} {'enqueue ms':>10} {'tokens/s':>12} {'peak GiB':>9} {'max |Δloss|':>12} "
         f"{'torch TP/':>10} {'async-TP/':>10}  note",
     ]
     ms = {r["variant"]: r["step_ms"] for r in result["variants"] if r.get("step_ms")}
@@ -596,21 +603,31 @@ def table(result: dict) -> str:
     for r in result["variants"]:
         if "step_ms" not in r:
             lines.append(
-                f"{r['variant']:<20} {'–':>10} {'–':>12} {'–':>9} {'–':>12}  {r.get('skipped') or r.get('failed')}"
+                f"{r['variant']:<20} {'–':>10} {'–':>10} {'–':>12} {'–':>9} {'–':>12}  "
+                f"{r.get('skipped') or r.get('failed')}"
             )
             continue
         peak = "–" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**30:.2f}"
         diff = r.get("max_loss_diff_vs_torch")
         lines.append(
-            f"{r['variant']:<20} {r['step_ms']:>10.2f} {r['tokens_per_s']:>12.0f} {peak:>9} "
+            f"{r['variant']:<20} {r['step_ms']:>10.2f} {_enqueue_ms(r, result['warmup']):>10} "
+            f"{r['tokens_per_s']:>12.0f} {peak:>9} "
             f"{'–' if diff is None else f'{diff:.2e}':>12} {over(torch_tp, r['step_ms']):>10} "
             f"{over(async_tp, r['step_ms']):>10}  {_launch_note(r)}".rstrip()
         )
     lines.append(
-        "torch TP/, async-TP/: the step of torch's fastest TP variant (eager, compiled or graphs), of async-TP, "
-        "over this one's"
+        "enqueue ms: the host's time to enqueue a step (the slowest rank's, median); torch TP/, async-TP/: the "
+        "step of torch's fastest TP variant (eager, compiled or graphs), of async-TP, over this one's"
     )
     return "\n".join(lines)
+
+
+def _enqueue_ms(row: dict, warmup: int) -> str:
+    """The median over the timed steps of the slowest rank's host time to enqueue the step."""
+    by_rank = row.get("enqueue_ms_by_rank")
+    if not by_rank:
+        return "–"
+    return f"{statistics.median(max(step) for step in list(zip(*by_rank))[warmup:]):.2f}"
 
 
 def _launch_note(row: dict) -> str:

@@ -72,6 +72,14 @@ def test_the_cpu_run_trains_both_plans_and_reports_them(tmp_path):
     assert rows["syncopate"]["max_loss_diff_vs_torch"] < 1e-4
     assert rows["syncopate/direct"]["max_loss_diff_vs_torch"] < 1e-4  # --launch: once per launch
     assert [r["variant"] for r in result["variants"]].count("syncopate-graphs") == 1
+    torch_row = rows["torch"]  # each rank's steps and enqueue times; the step is the slowest rank's
+    assert len(torch_row["step_ms_by_rank"]) == 2 and len(torch_row["enqueue_ms_by_rank"][1]) == 3
+    assert torch_row["step_ms_all"] == [max(s) for s in zip(*torch_row["step_ms_by_rank"])]
+    assert all(
+        e <= s
+        for r in range(2)
+        for e, s in zip(torch_row["enqueue_ms_by_rank"][r], torch_row["step_ms_by_rank"][r])
+    )
     assert result["loss_parallel"] is True
     assert "loss parallel (logits sharded on the vocabulary)" in out.stdout.splitlines()[0]
     assert "not possible on the CPU" in rows["async-tp"]["skipped"]
