@@ -38,6 +38,25 @@ def _operands(kind, rank, ws, m, n, k, row_wise, b_layout, device):
     return a8, b8, a_scale, w_scale.reshape(1, -1).contiguous() if row_wise else w_scale
 
 
+def _public_ops() -> dict:
+    """The three public ops by kind."""
+    import syncopate
+
+    return {
+        "ag_gemm": syncopate.all_gather_matmul,
+        "gemm_rs": syncopate.matmul_reduce_scatter,
+        "gemm_ar": syncopate.matmul_all_reduce,
+    }
+
+
+def _no_failures(target, timeout: int) -> None:
+    """`target` on two GPUs: every rank's failed cases, none expected."""
+    needs_gpus(2)
+    reports = run_ranks(target, 2, timeout=timeout)
+    failed = sorted({f for r in reports.values() for f in r})
+    assert not failed, "\n".join(failed)
+
+
 def _ops_target(rank, world, port, q):
     from syncopate.measure.local_ranks import join_group
 
@@ -49,11 +68,7 @@ def _ops_target(rank, world, port, q):
     from syncopate.measure.reference import FP8_TOLERANCE, reference, relative_error
     from syncopate.search_space import decomposed_candidate, unfused_candidate
 
-    ops = {
-        "ag_gemm": syncopate.all_gather_matmul,
-        "gemm_rs": syncopate.matmul_reduce_scatter,
-        "gemm_ar": syncopate.matmul_all_reduce,
-    }
+    ops = _public_ops()
     g = dist.group.WORLD
     torch.manual_seed(7 + rank)
     failed = []
@@ -89,10 +104,7 @@ def _ops_target(rank, world, port, q):
 
 
 def test_fp8_ops_match_the_reference_of_the_same_fp8_operands_on_two_gpus():
-    needs_gpus(2)
-    reports = run_ranks(_ops_target, 2, timeout=900)
-    failed = sorted({f for r in reports.values() for f in r})
-    assert not failed, "\n".join(failed)
+    _no_failures(_ops_target, 900)
 
 
 def _harness_target(rank, world, port, q):
@@ -156,11 +168,7 @@ def _replay_target(rank, world, port, q):
     from syncopate.measure.reference import FP8_TOLERANCE, reference, relative_error
     from syncopate.search_space import decomposed_candidate
 
-    ops = {
-        "ag_gemm": syncopate.all_gather_matmul,
-        "gemm_rs": syncopate.matmul_reduce_scatter,
-        "gemm_ar": syncopate.matmul_all_reduce,
-    }
+    ops = _public_ops()
     g = dist.group.WORLD
     torch.manual_seed(11 + rank)
     failed = []
@@ -206,7 +214,4 @@ def _replay_target(rank, world, port, q):
 
 
 def test_fp8_calls_replayed_from_their_graphs_match_the_reference_on_two_gpus():
-    needs_gpus(2)
-    reports = run_ranks(_replay_target, 2, timeout=900)
-    failed = sorted({f for r in reports.values() for f in r})
-    assert not failed, "\n".join(failed)
+    _no_failures(_replay_target, 900)
