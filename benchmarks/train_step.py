@@ -67,6 +67,8 @@ VARIANTS = (
     "syncopate-compiled",
     "syncopate-graphs",
 )
+TORCH_TP = ("torch", "torch-compiled", "torch-graphs")
+"""torch's TP variants without async-TP, in the order a loss curve's reference is taken from."""
 _LAUNCHED = ("syncopate", "syncopate-compiled")
 """The variants whose fused calls run outside CUDA graphs, where `--launch` chooses how."""
 
@@ -459,7 +461,7 @@ def result_of(args, spec, world: int, seq: int, dtype, device, rows: list[dict])
     import transformers
 
     ran = {r["variant"]: r for r in rows if "losses" in r}
-    reference = next((v for v in ("torch", "torch-compiled", "torch-graphs") if v in ran), None)
+    reference = next((v for v in TORCH_TP if v in ran), None)
     for r in ran.values():
         if reference is not None:
             r["max_loss_diff_vs_torch"] = max(
@@ -594,7 +596,7 @@ def table(result: dict) -> str:
         f"{'torch TP/':>10} {'async-TP/':>10}  note",
     ]
     ms = {r["variant"]: r["step_ms"] for r in result["variants"] if r.get("step_ms")}
-    torch_tp = min((ms[v] for v in ("torch", "torch-compiled", "torch-graphs") if v in ms), default=None)
+    torch_tp = min((ms[v] for v in TORCH_TP if v in ms), default=None)
     async_tp = ms.get("async-tp")
 
     def over(base, step) -> str:
@@ -751,8 +753,7 @@ def main(argv=None) -> int:
     profiles = profile_table(result)
     if profiles:
         print(profiles)
-    if args.json:
-        write_json(args.json, result)
+    if args.json:  # run_rank wrote it after the last variant
         print(f"written: {args.json}")
     return 0
 

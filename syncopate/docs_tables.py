@@ -683,9 +683,8 @@ def train_step(root: Path) -> str:
         doc = _read_json(root / "results" / name)
         m = doc["model"]
         configurations = label or doc.get("configurations", "–")
-        ms = {v["variant"]: v["step_ms"] for v in doc["variants"] if v.get("step_ms")}
-        torch_tp = [ms[v] for v in TORCH_TP_VARIANTS if v in ms]
-        best_torch = min(torch_tp) if torch_tp else None
+        ms = _step_ms(doc)
+        best_torch = _best_torch_tp(ms)
         async_tp = ms.get("async-tp")
         curves = {v["variant"]: v["losses"] for v in doc["variants"] if v.get("losses")}
         reference = next((curves[v] for v in TORCH_TP_VARIANTS if v in curves), None)
@@ -753,6 +752,16 @@ def train_step(root: Path) -> str:
 TORCH_TP_VARIANTS = ("torch", "torch-compiled", "torch-graphs")
 """The variants of torch's TP without async-TP: the train-step table sets each variant against the
 fastest of those its run timed."""
+
+
+def _step_ms(doc: dict) -> dict[str, float]:
+    """A train-step run's median step ms by variant, of the variants that ran."""
+    return {v["variant"]: v["step_ms"] for v in doc["variants"] if v.get("step_ms")}
+
+
+def _best_torch_tp(ms: dict[str, float]) -> float | None:
+    """The step of the fastest of torch's TP variants in `ms` (`_step_ms`), None where none ran."""
+    return min((ms[v] for v in TORCH_TP_VARIANTS if v in ms), default=None)
 
 
 def train_profile(root: Path) -> str:
@@ -988,8 +997,12 @@ def step_ceiling(root: Path) -> str:
         doc = _read_json(root / "results" / run_name)
         layers, tokens = doc["model"]["layers"], doc["tokens"]
         ops, seq, ours, bound = _layer_op_sums(root / "results" / db_name, tokens)
-        ms = {v["variant"]: v["step_ms"] for v in doc["variants"] if v.get("step_ms")}
-        torch_tp = min(ms[v] for v in TORCH_TP_VARIANTS if v in ms)
+        ms = _step_ms(doc)
+        torch_tp = _best_torch_tp(ms)
+        if torch_tp is None:
+            raise ConfigError(
+                f"results/{run_name} has no step of torch's TP ({', '.join(TORCH_TP_VARIANTS)})"
+            )
         mine = min((t for v, t in ms.items() if v.startswith("syncopate")), default=None)
         by_ours = torch_tp - layers * (seq - ours) / 1e3
         by_bound = torch_tp - layers * (seq - bound) / 1e3
