@@ -215,6 +215,7 @@ def forward_backward(model, inputs, labels, positions, loss_parallel: bool):
 # --- where a step's GPU time goes ------------------------------------------------------------------------------
 
 KERNEL_CATEGORIES = (
+    ("entry", ("graph_entry_kernel",)),
     (
         "syncopate",
         (
@@ -222,7 +223,6 @@ KERNEL_CATEGORIES = (
             "producer_kernel",
             "chunk_copy_kernel",
             "pull_kernel",
-            "graph_entry_kernel",
             "nvshmem_copy_kernel",
             "dispatch_kernel",
             "combine_kernel",
@@ -236,7 +236,8 @@ KERNEL_CATEGORIES = (
     ("compiled", ("triton_",)),
 )
 """Kernel name fragments (lower case) of each category of `--profile`'s table, first match wins;
-`compiled`: inductor's generated kernels; everything else is `other` (torch's eager elementwise
+`entry`: a captured fused call's start, where its group meets (its time is the wait for the slowest
+rank); `compiled`: inductor's generated kernels; everything else is `other` (torch's eager elementwise
 kernels, reductions, the loss)."""
 
 
