@@ -117,7 +117,9 @@ def layer_configs(args, tuned=None):
     pipelined config and the fused one (128×256 tiles, the fused dispatch's fastest on H100) for
     both ops, then `tuned` (the fastest dispatch and combine of this
     case's op rows, what a tuned database serves each op) where given, each with its own plan's
-    backward and with the unfused ops' backward (`MoELayer(backward=...)`)."""
+    backward and with the unfused ops' backward (`MoELayer(backward=...)`); last `tuned` as a tuned
+    layer runs it, checked against unfused on its first calls (`MoELayer(check_plans=...)`), which
+    keeps the faster."""
     from syncopate.search_space.moe_workload import MoeCandidate
 
     backends = ("nccl",) if args.cpu else tuple(args.backends.split(","))
@@ -136,14 +138,21 @@ def layer_configs(args, tuned=None):
     templates = args.templates.split(",")
     chosen = [c for c in configs if (c.template if c is not None else "unfused") in templates]
     pairs = [(c.short(), c, c) for c in chosen if c is not None]
+    checked = []
     if tuned is not None and None not in tuned:
         dispatch, combine = tuned
-        pairs.append((f"tuned: {dispatch.short()} + {combine.short()}", dispatch, combine))
-    return [("unfused", None, None, "plan")] * (None in chosen) + [
-        (name + (", unfused backward" if backward == "unfused" else ""), d, c, backward)
-        for name, d, c in pairs
-        for backward in ("plan", "unfused")
-    ]
+        name = f"tuned: {dispatch.short()} + {combine.short()}"
+        pairs.append((name, dispatch, combine))
+        checked.append((f"{name}, checked", dispatch, combine, "plan"))
+    return (
+        [("unfused", None, None, "plan")] * (None in chosen)
+        + [
+            (name + (", unfused backward" if backward == "unfused" else ""), d, c, backward)
+            for name, d, c in pairs
+            for backward in ("plan", "unfused")
+        ]
+        + checked
+    )
 
 
 def fastest_configs(op_rows):
@@ -332,6 +341,7 @@ def run_layer(case: Case, tuned=None) -> dict:
 
     from syncopate.measure.reference import relative_error
     from syncopate.moe import MoELayer
+    from syncopate.moe.layer import CHECK_SAMPLES, CHECK_WARMUP
 
     w, args = case.w, case.args
     layer = MoELayer(
@@ -361,9 +371,15 @@ def run_layer(case: Case, tuned=None) -> dict:
     for name, dispatch, combine, backward in layer_configs(args, tuned):
         layer.dispatch_config, layer.combine_config = dispatch, combine
         layer.backward = backward
+        layer.check_plans = name.endswith(", checked")
         row = {"config": name}
         try:
+            if layer.check_plans:  # its first calls time the plans against unfused, then keep one
+                for _ in range(2 * (CHECK_WARMUP + CHECK_SAMPLES)):
+                    step(lambda: layer(x))
             y = step(lambda: layer(x)).detach()
+            if layer.check_plans:
+                row["check"] = layer.choices.get(w.tokens)
             error = max(relative_error(y, y_torch), relative_error(x.grad, gx_torch))
             row["rel_error"] = worst_over_ranks(error, case)
             if row["rel_error"] < LAYER_TOLERANCE:

@@ -203,3 +203,84 @@ def test_moelayer_without_a_config_runs_the_looked_up_plan(tmp_path, monkeypatch
     for _rank, tuned, plans, plain_tuned, rows in got:
         assert tuned and not plain_tuned and rows == 16
         assert plans == [PIPELINED.to_dict(), MoeCandidate().to_dict()]
+
+
+def _checking_worker(rank, ws, init, q):
+    """A tuned layer's calls, forward and backward (forward alone with SLOW_NO_GRAD): each call's
+    dispatch plan seen, and the layer's choice. The dispatch sleeps where SLOW_<rank> names its
+    plan ("plan" or "unfused"), so that the ranks disagree and the slowest rank's figures decide."""
+    import os
+    import time
+
+    import torch
+
+    import syncopate.moe.layer as layer_module
+    from syncopate.moe import MoELayer
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    try:
+        slow = os.environ.get(f"SLOW_{rank}", "")
+        seen = []
+        dispatch = layer_module.dispatch_gemm
+
+        def timed_dispatch(*args, config=None, **kw):
+            seen.append("unfused" if config is None else config.template)
+            if slow == seen[-1] or (slow == "plan" and config is not None):
+                time.sleep(0.05)
+            return dispatch(*args, config=config, **kw)
+
+        layer_module.dispatch_gemm = timed_dispatch
+        layer = MoELayer(
+            hidden=64, ffn=32, experts=8, top_k=2, group=dist.group.WORLD, dtype=torch.float32, topology=TOPO
+        )
+        torch.manual_seed(rank)
+        x = torch.randn(16, 64, requires_grad=True)
+        calls = 2 * (layer_module.CHECK_WARMUP + layer_module.CHECK_SAMPLES) + 3
+        for _ in range(calls):
+            if os.environ.get("SLOW_NO_GRAD"):
+                with torch.no_grad():
+                    layer(x)
+            else:
+                layer(x).sum().backward()
+        q.put((rank, seen, layer.choices))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("slow", "no_grad", "kept"),
+    [
+        ({"SLOW_0": "unfused", "SLOW_1": ""}, False, "plans"),
+        ({"SLOW_0": "", "SLOW_1": "plan"}, False, "unfused"),
+        ({"SLOW_0": "plan", "SLOW_1": ""}, True, "unfused"),
+    ],
+)
+def test_a_tuned_moelayer_keeps_the_faster_of_its_looked_up_plans_and_unfused(
+    tmp_path, monkeypatch, slow, no_grad, kept
+):
+    """The looked-up pipelined dispatch against unfused on the layer's first calls, alternating;
+    one rank slow on one of them decides for both (the slowest rank's medians), and every later call
+    runs the kept plan. Without backwards the forwards decide."""
+    from syncopate.moe.layer import CHECK_SAMPLES, CHECK_WARMUP
+
+    fp32 = dataclasses.replace(MW, dtype="fp32")
+    url = stored(
+        tmp_path,
+        record(MoeCandidate(), 20.0, workload=fp32),
+        record(PIPELINED, 10.0, workload=fp32),
+        record(MoeCandidate(), 5.0, workload=dataclasses.replace(fp32, kind="gemm_a2a")),
+    )
+    monkeypatch.setenv("SYNCOPATE_DB", url)
+    for name, value in slow.items():
+        monkeypatch.setenv(name, value)
+    if no_grad:
+        monkeypatch.setenv("SLOW_NO_GRAD", "1")
+    got = sorted(run_gloo(_checking_worker, 2))
+    sampling = 2 * (CHECK_WARMUP + CHECK_SAMPLES)
+    later = "pipelined" if kept == "plans" else "unfused"
+    for _rank, seen, choices in got:
+        assert seen[:sampling] == ["pipelined", "unfused"] * (CHECK_WARMUP + CHECK_SAMPLES)
+        assert seen[sampling:] == [later] * (len(seen) - sampling)
+        assert choices[16]["kept"] == kept
+        assert choices[16]["timed"] == ("forward" if no_grad else "forward + backward")
+    assert got[0][2] == got[1][2]  # the same figures on both ranks: the all-reduced ones

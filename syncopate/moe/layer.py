@@ -25,12 +25,28 @@ the seed), on `topology` (detected where None), looked up at the first call with
 count and kept; where the lookup cannot answer (no topology detected, a database it cannot read)
 the ops run unfused, as without a database. The ranks of a group read the same database and must
 call with the same token count, so that they pick the same plan.
+
+Each op's plan is looked up on its own, and a plan that is fastest alone can make the layer slower
+(its host work, its meetings with the peers, what it leaves in the caches). So a tuned layer whose
+lookup serves a plan other than unfused (`check_plans=None`, the default; `True` checks configured
+plans too, `False` never checks) times those plans against the unfused ops on its first calls with
+each token count and plans, as the job makes them:
+CHECK_WARMUP calls of each, then CHECK_SAMPLES of each, alternating, each call's forward and, once
+autograd runs it, its backward (CUDA events on the caller's stream; the wall clock on the CPU).
+The next call with that token count takes the medians over the ranks' slowest (one all-reduce,
+the same call on every rank) and keeps the faster of the two for every later call (logged at
+INFO; `choices` holds the figures). Without backwards (inference, or any rank's sampled calls
+without one) the forwards decide. A CUDA graph being captured takes the plans
+unsampled. Every call of a group's ranks must be made in the same order, as for any collective.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
+import statistics
+import time
 from typing import Any
 
 import torch
@@ -43,9 +59,124 @@ from syncopate.results_db.urls import ENV_VAR as DB_VAR
 from syncopate.search_space import Topology
 from syncopate.search_space.moe_workload import MoeCandidate, MoeWorkload, RoutingSpec
 
-__all__ = ["MoELayer"]
+__all__ = ["CHECK_SAMPLES", "CHECK_WARMUP", "MoELayer"]
 
 log = logging.getLogger(__name__)
+
+CHECK_WARMUP = 1
+"""Calls of each plan a tuned layer makes before it times them (their first calls compile and
+prepare; module docstring)."""
+CHECK_SAMPLES = 3
+"""Timed calls of each, the plans and unfused, before a layer keeps the faster."""
+
+UNFUSED: tuple[None, None] = (None, None)
+
+
+class _Clock:
+    """Stamps on this device's timeline: CUDA events on the caller's stream, else the wall clock
+    (the CPU runs the ops as they are called)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def stamp(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def us(self, start, end) -> float:
+        if not self.cuda:
+            return (end - start) * 1e6
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3
+
+
+class _Sample:
+    """One sampled call's stamps: forward start and end, backward start and end (autograd's)."""
+
+    def __init__(self, plan: int, clock: _Clock) -> None:
+        self.plan, self.clock = plan, clock
+        self.forward: tuple[Any, Any] | None = None
+        self.backward_start = self.backward_end = None
+
+    def times(self) -> tuple[float, float | None]:
+        """(forward µs, backward µs or None where autograd has not run this call's backward)."""
+        fwd = self.clock.us(*self.forward)
+        if self.backward_start is None or self.backward_end is None:
+            return fwd, None
+        return fwd, self.clock.us(self.backward_start, self.backward_end)
+
+
+class _Stamp(torch.autograd.Function):
+    """The identity, whose backward stamps `sample`'s `field` (the layer's backward starts at its
+    output's gradient and ends at its input's)."""
+
+    @staticmethod
+    def forward(ctx, x, sample, field):
+        ctx.sample, ctx.field = sample, field
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        setattr(ctx.sample, ctx.field, ctx.sample.clock.stamp())
+        return grad, None, None
+
+
+class _PlanCheck:
+    """A layer's plans against the unfused ops at one token count and plans (module
+    docstring): which plan each sampling call runs, its stamps, and the choice."""
+
+    def __init__(self, looked_up: tuple[Any, Any], clock: _Clock) -> None:
+        self.plans = (looked_up, UNFUSED)
+        self.clock = clock
+        self.calls = 0
+        self.samples: list[_Sample] = []
+        self.chosen: tuple[Any, Any] | None = None
+        self.figures: dict[str, Any] = {}
+
+    def next_sample(self) -> _Sample | None:
+        """The sample this call records (its plan alternating), or None once every sampling call
+        has been made (the caller then decides)."""
+        if self.calls >= 2 * (CHECK_WARMUP + CHECK_SAMPLES):
+            return None
+        sample = _Sample(self.calls % 2, self.clock)
+        self.calls += 1
+        if self.calls > 2 * CHECK_WARMUP:
+            self.samples.append(sample)
+        return sample
+
+    def decide(self, group) -> tuple[Any, Any]:
+        """The faster plan by the medians of the sampled calls, the slowest rank's (one all-reduce
+        on every rank alike); the forwards alone where any rank lacks a sampled backward."""
+        import torch.distributed as dist
+
+        local = []
+        missing = 0.0
+        for plan in range(2):
+            times = [s.times() for s in self.samples if s.plan == plan]
+            local.append(statistics.median(t[0] for t in times))
+            backwards = [t[1] for t in times if t[1] is not None]
+            missing = max(missing, float(len(backwards) < len(times)))
+            local.append(statistics.median(backwards) if backwards else 0.0)
+        device = "cuda" if self.clock.cuda else "cpu"
+        worst = torch.tensor([*local, missing], dtype=torch.float64, device=device)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+        fwd_plan, bwd_plan, fwd_unfused, bwd_unfused, missing = worst.tolist()
+        with_backward = missing == 0.0
+        plan_us = fwd_plan + (bwd_plan if with_backward else 0.0)
+        unfused_us = fwd_unfused + (bwd_unfused if with_backward else 0.0)
+        keep = plan_us < unfused_us and math.isfinite(plan_us)
+        self.chosen = self.plans[0] if keep else UNFUSED
+        self.figures = {
+            "plans_us": plan_us,
+            "unfused_us": unfused_us,
+            "timed": "forward + backward" if with_backward else "forward",
+            "kept": "plans" if keep else "unfused",
+        }
+        self.samples = []
+        return self.chosen
 
 
 class MoELayer(nn.Module):
@@ -66,6 +197,7 @@ class MoELayer(nn.Module):
         topology: Topology | str | None = None,
         routing: RoutingSpec | None = None,
         backward: str = "plan",
+        check_plans: bool | None = None,
     ) -> None:
         super().__init__()
         import torch.distributed as dist
@@ -94,13 +226,55 @@ class MoELayer(nn.Module):
         self.topology, self.routing = topology, routing or RoutingSpec()
         self.lookups: dict[int, tuple[Any, Any]] = {}
         """Token count → the (dispatch, combine) lookup results (tuned layers only)."""
+        self.check_plans = check_plans
+        """Whether the plans are timed against unfused before they are kept (None: a tuned layer's)."""
+        self._checks: dict[tuple[int, tuple[Any, Any]], _PlanCheck] = {}
         self._dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(
             dtype, "bf16"
         )
         self.reset_parameters()
 
-    def _plans(self, tokens: int) -> tuple[MoeCandidate | None, MoeCandidate | None]:
-        """The (dispatch, combine) plans of a call on `tokens` tokens (module docstring)."""
+    @property
+    def choices(self) -> dict[int, dict[str, Any]]:
+        """Token count → what the check of its plans against unfused found (`check_plans`): each
+        one's median µs (the slowest rank's), what was timed, which is kept; the latest plans' where
+        the plans changed."""
+        return {t: dict(c.figures) for (t, _), c in self._checks.items() if c.figures}
+
+    def _plans(
+        self, tokens: int, x: torch.Tensor
+    ) -> tuple[MoeCandidate | None, MoeCandidate | None, _Sample | None]:
+        """The (dispatch, combine) plans of a call on `tokens` tokens (module docstring), and the
+        sample this call records where the plans are being checked."""
+        looked_up = self._looked_up(tokens)
+        checking = self.tuned if self.check_plans is None else self.check_plans
+        if not checking or all(p is None or p.template == "unfused" for p in looked_up):
+            return (*looked_up, None)
+        check = self._checks.get((tokens, looked_up))
+        if check is None:
+            check = self._checks[tokens, looked_up] = _PlanCheck(looked_up, _Clock(x.device))
+        if check.chosen is not None:
+            return (*check.chosen, None)
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return (*looked_up, None)
+        sample = check.next_sample()
+        if sample is None:
+            chosen = check.decide(self.group)
+            log.info(
+                "MoELayer at %d tokens: plans %s + %s %.1f us, unfused %.1f us (%s, the slowest "
+                "rank's medians): keeping %s",
+                tokens,
+                *(p.short() if p is not None else "unfused" for p in looked_up),
+                check.figures["plans_us"],
+                check.figures["unfused_us"],
+                check.figures["timed"],
+                check.figures["kept"],
+            )
+            return (*chosen, None)
+        return (*check.plans[sample.plan], sample)
+
+    def _looked_up(self, tokens: int) -> tuple[MoeCandidate | None, MoeCandidate | None]:
+        """The configured plans, or for a tuned layer the database's (module docstring)."""
         if not self.tuned:
             return self.dispatch_config, self.combine_config
         found = self.lookups.get(tokens)
@@ -154,9 +328,18 @@ class MoELayer(nn.Module):
     def forward(self, x: torch.Tensor, scores: torch.Tensor | None = None) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.hidden:
             raise ConfigError(f"x has shape {tuple(x.shape)}: expected [tokens, {self.hidden}]")
+        dispatch, combine, sample = self._plans(x.shape[0], x)
+        if sample is not None:
+            start = sample.clock.stamp()
+            if torch.is_grad_enabled() and x.requires_grad:
+                x = _Stamp.apply(x, sample, "backward_end")
         ids, weights = self.route(x, scores)
         layout = exchange_layout(ids, self.experts, self.group)
-        dispatch, combine = self._plans(x.shape[0])
         h = dispatch_gemm(x, self.w1, layout, self.group, config=dispatch, backward=self.backward)
         act = F.silu(h[:, : self.ffn]) * h[:, self.ffn :]
-        return gemm_combine(act, self.w2, weights, layout, self.group, config=combine, backward=self.backward)
+        y = gemm_combine(act, self.w2, weights, layout, self.group, config=combine, backward=self.backward)
+        if sample is not None:
+            sample.forward = (start, sample.clock.stamp())
+            if y.requires_grad:
+                y = _Stamp.apply(y, sample, "backward_start")
+        return y
