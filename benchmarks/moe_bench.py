@@ -117,9 +117,9 @@ def layer_configs(args, tuned=None):
     pipelined config and the fused one (128×256 tiles, the fused dispatch's fastest on H100) for
     both ops, then `tuned` (the fastest dispatch and combine of this
     case's op rows, what a tuned database serves each op) where given, each with its own plan's
-    backward and with the unfused ops' backward (`MoELayer(backward=...)`); last `tuned` as a tuned
-    layer runs it, checked against unfused on its first calls (`MoELayer(check_plans=...)`), which
-    keeps the faster."""
+    backward and with the unfused ops' backward (`MoELayer(backward=...)`); last each of those as a
+    tuned layer runs its plans, checked against unfused on its first calls (`MoELayer(check_plans=...)`),
+    which keeps the faster."""
     from syncopate.search_space.moe_workload import MoeCandidate
 
     backends = ("nccl",) if args.cpu else tuple(args.backends.split(","))
@@ -138,12 +138,9 @@ def layer_configs(args, tuned=None):
     templates = args.templates.split(",")
     chosen = [c for c in configs if (c.template if c is not None else "unfused") in templates]
     pairs = [(c.short(), c, c) for c in chosen if c is not None]
-    checked = []
     if tuned is not None and None not in tuned:
         dispatch, combine = tuned
-        name = f"tuned: {dispatch.short()} + {combine.short()}"
-        pairs.append((name, dispatch, combine))
-        checked.append((f"{name}, checked", dispatch, combine, "plan"))
+        pairs.append((f"tuned: {dispatch.short()} + {combine.short()}", dispatch, combine))
     return (
         [("unfused", None, None, "plan")] * (None in chosen)
         + [
@@ -151,7 +148,7 @@ def layer_configs(args, tuned=None):
             for name, d, c in pairs
             for backward in ("plan", "unfused")
         ]
-        + checked
+        + [(f"{name}, checked", d, c, "plan") for name, d, c in pairs]
     )
 
 

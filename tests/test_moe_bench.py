@@ -80,14 +80,15 @@ def test_the_cpu_run_checks_and_times_every_candidate(tmp_path):
     tuned = f"tuned: {best['a2a_gemm']} + {best['gemm_a2a']}"
     names = [c["config"] for c in result["layers"][0]["configs"]]
     assert tuned in names and f"{tuned}, unfused backward" in names
-    # and as a tuned layer runs it: checked against unfused on its first calls, then one kept
-    # (where both ops' fastest is unfused there is nothing to check)
-    checked = next(c for c in result["layers"][0]["configs"] if c["config"] == f"{tuned}, checked")
-    if tuned == "tuned: unfused + unfused":
-        assert checked["check"] is None
-    else:
-        assert checked["check"]["kept"] in ("plans", "unfused")
-        assert checked["check"]["timed"] == "forward + backward"
+    # and each as a tuned layer runs its plans: checked against unfused on its first calls, then
+    # one kept (where both ops' plan is unfused there is nothing to check)
+    for name in [n for n in names if not n.endswith((", checked", ", unfused backward"))][1:]:
+        checked = next(c for c in result["layers"][0]["configs"] if c["config"] == f"{name}, checked")
+        if name == "tuned: unfused + unfused":
+            assert checked["check"] is None
+        else:
+            assert checked["check"]["kept"] in ("plans", "unfused")
+            assert checked["check"]["timed"] == "forward + backward"
     log = (tmp_path / "moe_bench.log").read_text()
     assert "pipelined/nccl/c2/ring: ok" in log and "rank0" in log
     assert "rank1" in (tmp_path / "moe_bench.log.rank1").read_text()

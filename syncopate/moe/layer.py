@@ -237,9 +237,13 @@ class MoELayer(nn.Module):
     @property
     def choices(self) -> dict[int, dict[str, Any]]:
         """Token count → what the check of its plans against unfused found (`check_plans`): each
-        one's median µs (the slowest rank's), what was timed, which is kept; the latest plans' where
-        the plans changed."""
-        return {t: dict(c.figures) for (t, _), c in self._checks.items() if c.figures}
+        one's median µs (the slowest rank's), what was timed, which is kept; of the plans the layer
+        has now (a configured layer's plans may have been set anew since)."""
+        return {
+            t: dict(c.figures)
+            for (t, plans), c in self._checks.items()
+            if c.figures and plans == self._looked_up(t)
+        }
 
     def _plans(
         self, tokens: int, x: torch.Tensor
