@@ -452,3 +452,50 @@ def test_under_torch_compile_the_fp8_layers_run_eagerly_and_fullgraph_stops_at_t
     for rank, (same, stopped) in run_gloo(_compiled_worker, 2):
         assert same == [True] * 4, f"rank {rank}: compiled against eager, y, dx, dW1, dW2: {same}"
         assert stopped is not None and "the FP8 linears run eagerly" in stopped, f"rank {rank}: {stopped}"
+
+
+def _early_gather_worker(rank, ws, init, q):
+    """The FP8 column and row layers (sequence parallel) on impl "fused", whose backward issues the
+    weight gradient's all-gather before the input gradient's op and waits for it after, against
+    impl "torch" (in sequence). On the CPU, "fused"'s ops are the unfused ones (`op8` as for torch):
+    what differs is only when the all-gather is issued and waited for."""
+    import syncopate.tp.float8 as f8
+    from syncopate.tp import ColumnParallelLinear, RowParallelLinear
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    try:
+        op8 = f8.op8
+        f8.op8 = lambda kind, a, b, group, impl, config: op8(kind, a, b, group, "torch", config)
+        issued = []
+        gather = f8.all_gather_rows_async
+        f8.all_gather_rows_async = lambda t, group: issued.append(tuple(t.shape)) or gather(t, group)
+        same = []
+        for cls in (ColumnParallelLinear, RowParallelLinear):
+            torch.manual_seed(5)
+            whole = torch.nn.Linear(K, N, dtype=torch.bfloat16)
+            grads = {}
+            for impl in ("fused", "torch"):
+                layer = cls.from_linear(whole, sequence_parallel=True, impl=impl, float8=True)
+                x, g = _step_inputs(0, M, K, N, "cpu")
+                k = layer.weight.shape[1]
+                x = (
+                    x[rank * M // ws : (rank + 1) * M // ws]
+                    if cls is ColumnParallelLinear
+                    else x[:, rank * k : (rank + 1) * k]
+                )
+                x = x.clone().requires_grad_(True)
+                y = layer(x)
+                y.backward(torch.randn(y.shape, generator=torch.Generator().manual_seed(rank)).to(y.dtype))
+                grads[impl] = (x.grad, layer.weight.grad, layer.bias.grad)
+            same.append(all(torch.equal(a, b) for a, b in zip(grads["fused"], grads["torch"])))
+        q.put((rank, same, issued))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fused_fp8_backward_gathers_the_weight_gradient_rows_beside_the_input_gradient():
+    got = sorted(run_gloo(_early_gather_worker, 2))
+    for _rank, same, issued in got:
+        assert same == [True, True]  # the same gradients as in sequence
+        # the column layer's x shard, then the row layer's output gradient: issued early, once each
+        assert issued == [(M // 2, K), (M // 2, N)]

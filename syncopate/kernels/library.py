@@ -23,13 +23,22 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from syncopate.search_space import Candidate
 
-__all__ = ["OP_NAMES", "all_gather_rows", "config_text", "register", "unfused", "unfused_scaled"]
+__all__ = [
+    "OP_NAMES",
+    "all_gather_rows",
+    "all_gather_rows_async",
+    "config_text",
+    "register",
+    "unfused",
+    "unfused_scaled",
+]
 
 
 def config_text(config) -> str | None:
@@ -77,6 +86,14 @@ def all_gather_rows(x: torch.Tensor, group) -> torch.Tensor:
     full = x.new_empty((x.shape[0] * dist.get_world_size(group), x.shape[1]))
     _ALL_GATHER(full, x.contiguous(), group=group)
     return full
+
+
+def all_gather_rows_async(x: torch.Tensor, group) -> tuple[torch.Tensor, Any]:
+    """`all_gather_rows` issued without waiting for it: (the stacked rows, the collective's work,
+    whose `wait()` orders the caller's stream after it; until then the rows are not there)."""
+    full = x.new_empty((x.shape[0] * dist.get_world_size(group), x.shape[1]))
+    work = _ALL_GATHER(full, x.contiguous(), group=group, async_op=True)
+    return full, work
 
 
 def unfused(

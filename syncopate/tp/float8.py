@@ -20,7 +20,9 @@ sums the bf16 partials, each rank's dequantized by its own scales (a row-paralle
 split, so each rank scales its own slice of it). The weight's gradient contracts the tokens, which
 the FP8 rows of the forward's all-gather are not scaled along: the column layer keeps x's bf16
 shard (m·K·2 bytes, as `save_gathered=False`) and all-gathers it in bf16 again in the backward; the
-row layer all-gathers the bf16 output gradient beside its FP8 `all_gather_matmul`. Outputs and
+row layer all-gathers the bf16 output gradient beside its FP8 `all_gather_matmul`. On Syncopate's
+ops (`fused`) that all-gather is issued before the input gradient's op and waited for after it, so
+that the two move at once; the other impls run them in sequence. Outputs and
 gradients come back in the operands' dtype; a bias is added in it.
 
 `impl` (`IMPLS`): `fused`, Syncopate's FP8 ops; `torch`, torch's collectives and `torch._scaled_mm`
@@ -45,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from syncopate.errors import ConfigError
-from syncopate.kernels.library import all_gather_rows, unfused
+from syncopate.kernels.library import all_gather_rows, all_gather_rows_async, unfused
 from syncopate.kernels.scaled import AMAX_EPS, E4M3_MAX, OUT_DTYPE, quantize, scaled_mm
 
 __all__ = [
@@ -187,6 +189,14 @@ class Float8Linear(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         group, impl, configs, mode = ctx.setup
         dy = dy.contiguous()
+        # the weight gradient's all-gather (bf16 rows, module docstring): with Syncopate's ops issued
+        # first and waited for last, so that it moves beside the input gradient's op
+        early = impl == "fused" and ctx.needs_input_grad[0] and mode in _INPUT_GRAD_OP
+        gathered = {}
+        if early and (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]) and mode == "scatter":
+            gathered["dy"] = all_gather_rows_async(dy, group)
+        if early and ctx.needs_input_grad[1] and mode == "gather":
+            gathered["x"] = all_gather_rows_async(x, group)
         dx = None
         if ctx.needs_input_grad[0]:
             kind = _INPUT_GRAD_OP.get(mode)
@@ -194,13 +204,22 @@ class Float8Linear(torch.autograd.Function):
             dx = dx.to(x.dtype)
         dw = db = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            dy_rows = all_gather_rows(dy, group) if mode == "scatter" else dy
+            dy_rows = _rows(gathered, "dy", dy, group) if mode == "scatter" else dy
             if ctx.needs_input_grad[1]:
-                x_rows = all_gather_rows(x, group) if mode == "gather" else x
+                x_rows = _rows(gathered, "x", x, group) if mode == "gather" else x
                 dw = mm8(dy_rows.t(), x_rows).to(weight.dtype)
             if ctx.needs_input_grad[2]:
                 db = dy_rows.sum(0)
         return dx, dw, db, None, None, None, None
+
+
+def _rows(gathered: dict, name: str, t: torch.Tensor, group) -> torch.Tensor:
+    """Every rank's rows of `t`: the all-gather issued early under `name` once it is done, else one now."""
+    if name not in gathered:
+        return all_gather_rows(t, group)
+    rows, work = gathered[name]
+    work.wait()
+    return rows
 
 
 @torch.compiler.disable(reason="syncopate.tp float8: the FP8 linears run eagerly (a graph break each)")
