@@ -250,3 +250,41 @@ def test_layers_need_a_process_group():
     assert not dist.is_initialized()
     with pytest.raises(ConfigError, match="init_process_group"):
         ColumnParallelLinear(8, 8)
+
+
+def _regather_worker(rank, ws, init, q):
+    """The sequence-parallel column layer keeping only x's shard, on impl "fused" (its shard's
+    all-gather issued before the input gradient's reduce-scatter, waited for after it) against
+    impl "torch" (in sequence). On the CPU "fused"'s reduce-scatter is torch's (the fused op needs
+    CUDA): what differs is only when the all-gather is issued and waited for."""
+    import syncopate.tp.layers as layers
+    from syncopate.kernels.library import unfused
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    try:
+        layers.ops.matmul_reduce_scatter = lambda a, b, group, config: unfused("gemm_rs", a, b, group)
+        layers.ops.all_gather_matmul = lambda a, b, group, config, return_gathered=False: unfused(
+            "ag_gemm", a, b, group, return_gathered
+        )
+        issued = []
+        gather = layers.all_gather_rows_async
+        layers.all_gather_rows_async = lambda t, group: issued.append(tuple(t.shape)) or gather(t, group)
+        torch.manual_seed(0)
+        fc = torch.nn.Linear(12, 8 * ws, dtype=torch.float64)
+        x = torch.randn(4, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
+        g = torch.randn(4 * ws, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(10 + rank))
+        grads = {}
+        for impl in ("fused", "torch"):
+            col = ColumnParallelLinear.from_linear(fc, sequence_parallel=True, impl=impl, save_gathered=False)
+            xi = x.clone().requires_grad_(True)
+            col(xi).backward(g)
+            grads[impl] = (xi.grad, col.weight.grad, col.bias.grad)
+        q.put((rank, [torch.equal(a, b) for a, b in zip(grads["fused"], grads["torch"])], issued))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fused_column_layer_gathers_its_shard_again_beside_the_input_gradient():
+    for _rank, same, issued in sorted(run_gloo(_regather_worker, 2)):
+        assert same == [True, True, True]
+        assert issued == [(4, 12)]  # the fused layer's shard, issued early once; torch's in sequence

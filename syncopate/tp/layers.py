@@ -16,8 +16,10 @@ gathered input of its forward (`return_gathered`), the row layer's backward gath
 gradient with its input gradient's GEMM. Inputs are sequence-first (`[s, b, h]` or `[tokens, h]`):
 with sequence parallelism every rank holds a block of dimension 0, which the column layer gathers
 and the row layer scatters. `save_gathered=False` keeps only x's shard for the column layer's
-weight gradient (gathered again in the backward); the norms between the layers, which see only
-their rank's block, have their gradients summed over the group by `sync_sequence_parallel_grads`.
+weight gradient (gathered again in the backward; on `impl="fused"` issued before the input
+gradient's reduce-scatter and waited for after it, so that the two move at once); the norms
+between the layers, which see only their rank's block, have their gradients summed over the group
+by `sync_sequence_parallel_grads`.
 
 `impl="torch"` runs the same layers with torch's collectives and matmuls, one after the other: the
 path a job would otherwise take, to A/B against, and one that runs on any device and group (gloo on
@@ -53,7 +55,14 @@ import torch.distributed as dist
 
 from syncopate.errors import ConfigError, describe
 from syncopate.kernels import ops
-from syncopate.kernels.library import OP_NAMES, all_gather_rows, config_text, register, unfused
+from syncopate.kernels.library import (
+    OP_NAMES,
+    all_gather_rows,
+    all_gather_rows_async,
+    config_text,
+    register,
+    unfused,
+)
 from syncopate.tp.float8 import apply as float8_apply
 from syncopate.tp.float8 import check_dims, check_impl
 
@@ -216,8 +225,15 @@ class _GatherLinear(torch.autograd.Function):
         x_saved, weight = ctx.saved_tensors
         group, impl, configs, save_gathered = ctx.setup
         dy = dy.contiguous()
+        regather = ctx.needs_input_grad[1] and not save_gathered
+        # on Syncopate's ops the shard's all-gather is issued first and waited for last: it moves
+        # beside the reduce-scatter's transfers
+        pending = all_gather_rows_async(x_saved, group) if regather and impl == "fused" else None
         dx = _mm_scatter(dy, weight, group, impl, configs.get("gemm_rs")) if ctx.needs_input_grad[0] else None
-        if ctx.needs_input_grad[1] and not save_gathered:
+        if pending is not None:
+            x_saved, work = pending
+            work.wait()
+        elif regather:
             x_saved = all_gather_rows(x_saved, group)
         return dx, *_weight_grads(ctx, dy, x_saved), None, None, None, None, None, None
 
