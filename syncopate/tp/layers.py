@@ -227,8 +227,10 @@ class _GatherLinear(torch.autograd.Function):
         dy = dy.contiguous()
         regather = ctx.needs_input_grad[1] and not save_gathered
         # on Syncopate's ops the shard's all-gather is issued first and waited for last: it moves
-        # beside the reduce-scatter's transfers
-        pending = all_gather_rows_async(x_saved, group) if regather and impl == "fused" else None
+        # beside the reduce-scatter's transfers (not where torch.compile traces it: it takes no
+        # asynchronous collective, and orders the traced ones itself)
+        early = regather and impl == "fused" and not torch.compiler.is_compiling()
+        pending = all_gather_rows_async(x_saved, group) if early else None
         dx = _mm_scatter(dy, weight, group, impl, configs.get("gemm_rs")) if ctx.needs_input_grad[0] else None
         if pending is not None:
             x_saved, work = pending
