@@ -33,7 +33,12 @@ def _harness(monkeypatch, calls: list, fail_check: bool = False) -> Harness:
     def timing(fn):
         calls.append("timing")
         fn()
-        return types.SimpleNamespace(samples_us=(10.0, 11.0), host_us=7.0 if len(calls) > 2 else 70.0)
+        return types.SimpleNamespace(samples_us=(10.0, 11.0), host_us=70.0)
+
+    def host(fn):
+        calls.append("host")
+        fn()
+        return 7.0
 
     def eager(fn):
         calls.append("eager")
@@ -46,6 +51,7 @@ def _harness(monkeypatch, calls: list, fail_check: bool = False) -> Harness:
             raise CandidateTimeoutError("a wait ran out of its spin limit")
 
     h._timing = timing
+    h._host = host
     h._eager = eager
     h._context = lambda: types.SimpleNamespace(check_error=check_error)
     return h
@@ -61,12 +67,12 @@ def test_device_time_is_guarded_and_host_and_eager_times_are_a_jobs_call(monkeyp
         "timing",
         ("call", SPIN_LIMIT, None, "auto"),  # the device time: bounded waits
         "check_error",  # a wait that ran out is caught before any unbounded call
-        "timing",
+        "host",
         ("call", 0, None, "direct"),  # the host time: a job's call, launched directly
         "eager",
         ("call", 0, None, "direct"),
     ]
-    assert result.host_us == 7.0  # the job call's, not the bounded call's
+    assert result.host_us == 7.0  # the job call's (`time_host`), not the bounded call's
     assert ops.get_launch() == "auto"  # the launch setting is given back
 
 

@@ -27,7 +27,7 @@ from syncopate.errors import CandidateTimeoutError, ConfigError
 from syncopate.kernels import ops
 from syncopate.kernels.scaled import FP8, OUT_DTYPE, quantize, scaled_mm
 from syncopate.measure.reference import FP8_TOLERANCE, reference, relative_error
-from syncopate.measure.timing import Timing, barrier, time_collective, time_eager
+from syncopate.measure.timing import Timing, barrier, time_collective, time_eager, time_host
 from syncopate.search_space import Candidate, Workload
 
 __all__ = ["Harness", "BaselineResult", "CandidateResult", "TOLERANCE", "SPIN_LIMIT", "TimingSettings"]
@@ -67,7 +67,7 @@ class BaselineResult:
     eager_us: float | None = None
     """Median per-call time of back-to-back eager calls, host on the path (`time_eager`), where measured."""
     host_us: float | None = None
-    """Median host time to enqueue one call, where measured."""
+    """Median host time to enqueue one call (`time_host`), where measured."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class CandidateResult:
     max_rel_error: float | None = None
     error: str = ""
     host_us: float | None = None
-    """Median host time to enqueue one call, called as a job calls it (`Harness._as_a_job`)."""
+    """Median host time to enqueue one call (`time_host`), called as a job calls it (`Harness._as_a_job`)."""
     eager_us: float | None = None
     """Median per-call time of back-to-back eager calls with the host on the path (`time_eager`),
     called as a job calls it (`Harness._as_a_job`)."""
@@ -174,10 +174,17 @@ class Harness:
         """`fn`'s median time a call back to back, the host on the path (`time_eager`)."""
         return statistics.median(time_eager(fn, self.group, flush_l2=self.timing.flush_l2))
 
+    def _host(self, fn) -> float:
+        """`fn`'s host time to enqueue one call (`time_host`), the slowest rank's (a collective waits
+        for it): a baseline's and a candidate's by the one method."""
+        mine = torch.tensor([time_host(fn)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=self.group)
+        return float(mine.item())
+
     def _baseline(self, name: str, fn, detail: str) -> BaselineResult:
         """A baseline's device time, back-to-back eager time and host time."""
         t = self._timing(fn)
-        return BaselineResult(name, t.samples_us, detail, eager_us=self._eager(fn), host_us=t.host_us)
+        return BaselineResult(name, t.samples_us, detail, eager_us=self._eager(fn), host_us=self._host(fn))
 
     def measure_baselines(self) -> list[BaselineResult]:
         """torch_seq, torch_async_tp, gemm_alone, comm_alone (NCCL) and comm_alone_copy_engine."""
@@ -509,7 +516,7 @@ class Harness:
         launch = ops.get_launch()
         ops.set_launch("direct")
         try:
-            host_us = self._timing(lambda: call(a, b, None, scales)).host_us
+            host_us = self._host(lambda: call(a, b, None, scales))
             return host_us, self._eager(lambda: call(a, b, None, scales))
         finally:
             ops.set_launch(launch)

@@ -147,6 +147,37 @@ def time_collective(
     return Timing(samples_us=tuple(local.tolist()), host_us=statistics.median(host))
 
 
+HOST_CALLS = 10
+"""Calls a batch of `time_host` enqueues back to back."""
+
+
+def time_host(
+    fn: Callable[[], object], *, calls: int = HOST_CALLS, batches: int = 5, warmup: int = 2
+) -> float:
+    """This rank's host time to enqueue one call of `fn` (µs): `calls` calls enqueued back to back
+    under a device sleep that outlasts them (so that no launch waits for the GPU), the median of
+    `batches` batches. Every rank of a collective's group calls `fn` alike. Cheaper and steadier
+    than one call's host time a repetition (`time_collective`'s), which a rank's scheduling skews."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    per_call_us = (time.perf_counter() - t0) * 1e6
+    torch.cuda.synchronize()
+    per_batch = []
+    for _ in range(batches):
+        # at least twice the batch's enqueue at clocks up to 2 GHz, and never below a millisecond
+        torch.cuda._sleep(int(max(1000.0, 2.0 * per_call_us * calls) * 2.0e3))
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_batch.append((time.perf_counter() - t0) * 1e6 / calls)
+        per_call_us = max(per_call_us, per_batch[-1])
+        torch.cuda.synchronize()
+    return statistics.median(per_batch)
+
+
 EAGER_CALLS = 10
 """Calls a repetition of `time_eager` makes back to back."""
 
