@@ -264,6 +264,7 @@ def test_profile_summary_sorts_kernels_into_categories_a_step():
     bench = _bench()
     events = [
         Event(key="consumer_kernel", count=40, device_time_total=8000.0),
+        Event(key="graph_entry_kernel", count=8, device_time_total=160.0),
         Event(key="nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NTT", count=20, device_time_total=6000.0),
         Event(
             key="void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>",
@@ -293,6 +294,7 @@ def test_profile_summary_sorts_kernels_into_categories_a_step():
         "copy": 200.0,
         "compiled": 150.0,
         "optimizer": 100.0,
+        "entry": 80.0,  # a captured call's meeting, apart from the fused kernels
         "other": 50.0,
     }
     assert [k["category"] for k in out["top"]] == ["syncopate", "gemm", "attention"]
