@@ -103,6 +103,9 @@ def _refusals(rank, ws, init, q):
     messages = []
     try:
         g = dist.group.WORLD
+        # every case is refused before it communicates: without one collective a rank could finish
+        # and close its connections while its peer is still completing the group's
+        dist.barrier(g)
         for make, call in (
             (lambda: MoELayer(hidden=8, ffn=8, experts=3, top_k=1, group=g), None),
             (lambda: MoELayer(hidden=8, ffn=8, experts=4, top_k=5, group=g), None),

@@ -280,6 +280,9 @@ def _refusals(rank, ws, init, q):
     g = dist.group.WORLD
     messages = []
     try:
+        # every call below is refused before it communicates: without one collective a rank could
+        # finish and close its connections while its peer is still completing the group's
+        dist.barrier(g)
         routing = draw_routing(world_size=ws, tokens=4, experts=4, top_k=2, spec=RoutingSpec())
         layout = routing.layout(rank)
         x, w1 = torch.randn(4, 8), torch.randn(2, 8, 8)

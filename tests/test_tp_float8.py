@@ -281,6 +281,9 @@ def _refusals_worker(rank, ws, init, q):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
     try:
         mesh = init_device_mesh("cpu", (ws,))
+        # every case is refused before it communicates: without one collective a rank could finish
+        # and close its connections while its peer is still completing the group's
+        dist.barrier()
         said = []
         cases = [
             lambda: ColumnParallelLinear(24, 64, float8=True),
