@@ -35,6 +35,7 @@ __all__ = [
     "all_gather_rows",
     "all_gather_rows_async",
     "config_text",
+    "gathered_rows",
     "register",
     "unfused",
     "unfused_scaled",
@@ -94,6 +95,16 @@ def all_gather_rows_async(x: torch.Tensor, group) -> tuple[torch.Tensor, Any]:
     full = x.new_empty((x.shape[0] * dist.get_world_size(group), x.shape[1]))
     work = _ALL_GATHER(full, x.contiguous(), group=group, async_op=True)
     return full, work
+
+
+def gathered_rows(pending: tuple[torch.Tensor, Any] | None, x: torch.Tensor, group) -> torch.Tensor:
+    """Every rank's rows of `x`: those of `pending` (`all_gather_rows_async`'s) once its all-gather
+    is done, or, where none was issued, `all_gather_rows` now."""
+    if pending is None:
+        return all_gather_rows(x, group)
+    rows, work = pending
+    work.wait()
+    return rows
 
 
 def unfused(

@@ -156,8 +156,8 @@ def time_host(
 ) -> float:
     """This rank's host time to enqueue one call of `fn` (µs): `calls` calls enqueued back to back
     under a device sleep that outlasts them (so that no launch waits for the GPU), the median of
-    `batches` batches. Every rank of a collective's group calls `fn` alike. Cheaper and steadier
-    than one call's host time a repetition (`time_collective`'s), which a rank's scheduling skews."""
+    `batches` batches. Every rank of a collective's group calls `fn` alike. Batches, not one
+    call's host time a repetition (`time_collective`'s), which a rank's scheduling skews."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()

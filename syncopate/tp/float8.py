@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from syncopate.errors import ConfigError
-from syncopate.kernels.library import all_gather_rows, all_gather_rows_async, unfused
+from syncopate.kernels.library import all_gather_rows_async, gathered_rows, unfused
 from syncopate.kernels.scaled import AMAX_EPS, E4M3_MAX, OUT_DTYPE, quantize, scaled_mm
 
 __all__ = [
@@ -192,11 +192,11 @@ class Float8Linear(torch.autograd.Function):
         # the weight gradient's all-gather (bf16 rows, module docstring): with Syncopate's ops issued
         # first and waited for last, so that it moves beside the input gradient's op
         early = impl == "fused" and ctx.needs_input_grad[0] and mode in _INPUT_GRAD_OP
-        gathered = {}
+        dy_early = x_early = None
         if early and (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]) and mode == "scatter":
-            gathered["dy"] = all_gather_rows_async(dy, group)
+            dy_early = all_gather_rows_async(dy, group)
         if early and ctx.needs_input_grad[1] and mode == "gather":
-            gathered["x"] = all_gather_rows_async(x, group)
+            x_early = all_gather_rows_async(x, group)
         dx = None
         if ctx.needs_input_grad[0]:
             kind = _INPUT_GRAD_OP.get(mode)
@@ -204,22 +204,13 @@ class Float8Linear(torch.autograd.Function):
             dx = dx.to(x.dtype)
         dw = db = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            dy_rows = _rows(gathered, "dy", dy, group) if mode == "scatter" else dy
+            dy_rows = gathered_rows(dy_early, dy, group) if mode == "scatter" else dy
             if ctx.needs_input_grad[1]:
-                x_rows = _rows(gathered, "x", x, group) if mode == "gather" else x
+                x_rows = gathered_rows(x_early, x, group) if mode == "gather" else x
                 dw = mm8(dy_rows.t(), x_rows).to(weight.dtype)
             if ctx.needs_input_grad[2]:
                 db = dy_rows.sum(0)
         return dx, dw, db, None, None, None, None
-
-
-def _rows(gathered: dict, name: str, t: torch.Tensor, group) -> torch.Tensor:
-    """Every rank's rows of `t`: the all-gather issued early under `name` once it is done, else one now."""
-    if name not in gathered:
-        return all_gather_rows(t, group)
-    rows, work = gathered[name]
-    work.wait()
-    return rows
 
 
 @torch.compiler.disable(reason="syncopate.tp float8: the FP8 linears run eagerly (a graph break each)")

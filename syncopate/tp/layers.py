@@ -60,6 +60,7 @@ from syncopate.kernels.library import (
     all_gather_rows,
     all_gather_rows_async,
     config_text,
+    gathered_rows,
     register,
     unfused,
 )
@@ -232,11 +233,8 @@ class _GatherLinear(torch.autograd.Function):
         early = regather and impl == "fused" and not torch.compiler.is_compiling()
         pending = all_gather_rows_async(x_saved, group) if early else None
         dx = _mm_scatter(dy, weight, group, impl, configs.get("gemm_rs")) if ctx.needs_input_grad[0] else None
-        if pending is not None:
-            x_saved, work = pending
-            work.wait()
-        elif regather:
-            x_saved = all_gather_rows(x_saved, group)
+        if regather:
+            x_saved = gathered_rows(pending, x_saved, group)
         return dx, *_weight_grads(ctx, dy, x_saved), None, None, None, None, None, None
 
 
