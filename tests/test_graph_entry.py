@@ -17,6 +17,7 @@ import time
 
 import pytest
 import torch
+import triton
 from support.gloo import run_gloo
 
 from syncopate.kernels.tables import MEET_BASE, PAD_WORDS
@@ -30,7 +31,9 @@ JUNK = 700
 
 
 def _enter(pad: torch.Tensor, peers: torch.Tensor, rank: int, world: int) -> None:
-    graph_entry_kernel[(1,)](pad, peers, rank, MEET_BASE, WORLD=world, CLEAR=MEET_BASE, BLOCK=1024)
+    graph_entry_kernel[(1,)](
+        pad, peers, rank, MEET_BASE, WORLD=world, CLEAR=MEET_BASE, BLOCK=1024, LANES=triton.next_power_of_2(world)
+    )
 
 
 def _rank(pads, rank, world, init, queue):

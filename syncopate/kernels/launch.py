@@ -1219,4 +1219,5 @@ def warm_graph_entry(ctx) -> None:
 def _graph_entry_args(ctx) -> tuple[tuple, dict]:
     """`graph_entry_kernel`'s arguments for `ctx`: what a launch and its warm-up both pass."""
     args = (ctx.signals.local, ctx.peer_signal_ptrs, ctx.rank, MEET_BASE)
-    return args, {"WORLD": ctx.world_size, "CLEAR": MEET_BASE, "BLOCK": 1024, "num_warps": 4}
+    lanes = triton.next_power_of_2(ctx.world_size)
+    return args, {"WORLD": ctx.world_size, "CLEAR": MEET_BASE, "BLOCK": 1024, "LANES": lanes, "num_warps": 1}

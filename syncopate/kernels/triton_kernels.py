@@ -1455,24 +1455,37 @@ def pull_kernel(src_ptr, dst_ptr, n, pad_ptr, word, epoch, error_ptr, max_spin, 
 
 
 @triton.jit
-def _meet(pad_ptr, peer_pads_ptr, slot, RANK, WORLD: tl.constexpr):
+def _meet(pad_ptr, peer_pads_ptr, slot, RANK, WORLD: tl.constexpr, LANES: tl.constexpr):
     """Every rank of the group reaches this point: raise word `slot + RANK` of every pad, then wait
-    for word `slot + p` of this pad to be raised by each rank p and lower it again (one
-    compare-and-swap from 1 to 0, acquire-release at system scope), so that the next meeting on these
-    words finds them at 0. A rank raises a word of a meeting only after it has passed the meeting
-    before it, on the other words, which every rank enters only after lowering these."""
+    for word `slot + p` of this pad to be raised by each rank p and lower them all again, so that
+    the next meeting on these words finds them at 0. A rank raises a word of a meeting only after it
+    has passed the meeting before it, on the other words, which every rank enters only after
+    lowering these.
+
+    The raises go out to every pad at once, one lane a rank (LANES, a power of two >= WORLD), so a
+    meeting costs about one round trip across the links, not one a rank in turn; the polls read
+    this rank's own pad (release on the raises, acquire on the polls, at system scope)."""
+    lanes = tl.arange(0, LANES)
+    mask = lanes < WORLD
+    peers = tl.load(peer_pads_ptr + lanes, mask=mask, other=0).to(tl.pointer_type(tl.int32))
+    tl.atomic_xchg(peers + slot + RANK, tl.full([LANES], 1, tl.int32), mask=mask, sem="release", scope="sys")
     for p in range(WORLD):
-        peer = tl.load(peer_pads_ptr + p).to(tl.pointer_type(tl.int32))
-        tl.atomic_xchg(peer + slot + RANK, 1, sem="release", scope="sys")
-    for p in range(WORLD):
-        seen = tl.atomic_cas(pad_ptr + slot + p, 1, 0, sem="acq_rel", scope="sys")
-        while seen != 1:
-            seen = tl.atomic_cas(pad_ptr + slot + p, 1, 0, sem="acq_rel", scope="sys")
+        seen = tl.atomic_add(pad_ptr + slot + p, 0, sem="acquire", scope="sys")
+        while seen == 0:
+            seen = tl.atomic_add(pad_ptr + slot + p, 0, sem="acquire", scope="sys")
+    tl.store(pad_ptr + slot + lanes, tl.zeros([LANES], tl.int32), mask=mask)
 
 
 @triton.jit
 def graph_entry_kernel(
-    pad_ptr, peer_pads_ptr, RANK, MEET_BASE, WORLD: tl.constexpr, CLEAR: tl.constexpr, BLOCK: tl.constexpr
+    pad_ptr,
+    peer_pads_ptr,
+    RANK,
+    MEET_BASE,
+    WORLD: tl.constexpr,
+    CLEAR: tl.constexpr,
+    BLOCK: tl.constexpr,
+    LANES: tl.constexpr,
 ):
     """The start of a call captured in a CUDA graph, one program: every rank has ended its previous
     call (a meeting), this rank's pad words [0, CLEAR) are set to 0, and every rank has done so (a
@@ -1481,13 +1494,14 @@ def graph_entry_kernel(
     A replay repeats the epoch it was captured with (1), so the words a call waits on must start
     each call below it: the first meeting makes sure no peer still writes this pad (a rank's writes
     of a call are done when its next call starts, in stream order), the second that no peer raises
-    a word before its owner has cleared it. With WORLD = 1 there is nobody to meet."""
+    a word before its owner has cleared it. With WORLD = 1 there is nobody to meet. LANES: a power
+    of two >= WORLD (`_meet`'s lanes)."""
     if WORLD > 1:
-        _meet(pad_ptr, peer_pads_ptr, MEET_BASE, RANK, WORLD)
+        _meet(pad_ptr, peer_pads_ptr, MEET_BASE, RANK, WORLD, LANES)
         tl.debug_barrier()
     offs = tl.arange(0, BLOCK)
     for start in range(0, CLEAR, BLOCK):
         tl.store(pad_ptr + start + offs, tl.zeros([BLOCK], tl.int32), mask=start + offs < CLEAR)
     if WORLD > 1:
         tl.debug_barrier()  # every thread's stores come before the release that raises the meeting's words
-        _meet(pad_ptr, peer_pads_ptr, MEET_BASE + WORLD, RANK, WORLD)
+        _meet(pad_ptr, peer_pads_ptr, MEET_BASE + WORLD, RANK, WORLD, LANES)
