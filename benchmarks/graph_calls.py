@@ -5,18 +5,24 @@ symmetric-memory ops (async-TP), on shapes small enough for a call's host time t
 Per case: results against float32 after a replay; then 15 rounds of 10 calls back to back, each
 round timed with events from its first enqueue to its last kernel's end (the device waits for the
 host where the host is slower), eagerly and as one replay of a graph holding the same 10 calls;
-medians, µs a call. The fused ops take the configuration `syncopate.lookup` gives a job here. One GPU a rank
-(`--ranks N`, default every visible GPU); rank 0 prints a table
-and writes the numbers as JSON (`--out`: the GPU, the torch version and a row per case, with the
-configuration the fused op ran). A last row, `entry`, times what a captured call adds
-before its work: the start that clears the signal pads with the group met (10 in a graph).
+medians, µs a call. What a replay costs the host besides: the graph's nodes a call, by type
+(kernels, copies, stream memory operations, …), and the host's µs a call to launch the graph with
+the device kept busy (`time_host`; the slowest rank's). The fused ops take the configuration
+`syncopate.lookup` gives a job here, and each `--config` (a candidate as JSON, repeatable) besides.
+One GPU a rank (`--ranks N`, default every visible GPU); rank 0 prints a table and writes the
+numbers as JSON (`--out`: the GPU, the torch version and a row per case, with the configuration the
+fused op ran; written again after each case, `complete` once every case is in). A first row,
+`entry`, times what a captured call adds before its work: the start that clears the signal pads with
+the group met (10 in a graph).
 
-    python benchmarks/graph_calls.py [--ranks N] [--shape MxNxK ...] [--out FILE]
+    python benchmarks/graph_calls.py [--ranks N] [--shape MxNxK ...] [--config JSON ...] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import ctypes
 import importlib
 import json
 import statistics
@@ -26,11 +32,12 @@ import torch
 import torch.distributed as dist
 
 import syncopate
+from syncopate.errors import ConfigError
 from syncopate.kernels.library import OP_NAMES, unfused
 from syncopate.measure.local_ranks import join_group, spawn_ranks
 from syncopate.measure.reference import reference, relative_error
-from syncopate.measure.timing import barrier
-from syncopate.search_space import Workload
+from syncopate.measure.timing import barrier, time_host
+from syncopate.search_space import Candidate, Workload
 
 SHAPES = [(m, 4096, 4096) for m in (256, 1024, 4096)]
 KINDS = ("ag_gemm", "gemm_rs", "gemm_ar")
@@ -38,10 +45,50 @@ CALLS = 10
 ROUNDS = 15
 
 
-def impls(kind: str, m: int, ws: int, group) -> dict:
-    """name: fn(a, b) -> output, for this kind; the fused op with the configuration a job's lookup gives."""
+NODE_TYPES = {
+    0: "kernel",
+    1: "memcpy",
+    2: "memset",
+    3: "host",
+    4: "graph",
+    5: "empty",
+    6: "event_wait",
+    7: "event_record",
+    10: "mem_alloc",
+    11: "mem_free",
+    12: "mem_op",
+    13: "conditional",
+}
+"""CUgraphNodeType values by name (the driver API's enumeration; mem_op: batched stream memory
+operations, the waits and writes on signal words)."""
+
+
+def graph_nodes(graph: torch.cuda.CUDAGraph) -> dict[str, int]:
+    """How many nodes of each type `graph` (captured with keep_graph=True) holds, by the driver."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    raw = ctypes.c_void_p(graph.raw_cuda_graph())
+    count = ctypes.c_size_t(0)
+    if cuda.cuGraphGetNodes(raw, None, ctypes.byref(count)):
+        raise RuntimeError("cuGraphGetNodes failed")
+    nodes = (ctypes.c_void_p * count.value)()
+    if cuda.cuGraphGetNodes(raw, nodes, ctypes.byref(count)):
+        raise RuntimeError("cuGraphGetNodes failed")
+    kinds: collections.Counter = collections.Counter()
+    for node in nodes[: count.value]:
+        t = ctypes.c_int(-1)
+        if cuda.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(t)):
+            raise RuntimeError("cuGraphNodeGetType failed")
+        kinds[NODE_TYPES.get(t.value, f"type {t.value}")] += 1
+    return dict(sorted(kinds.items()))
+
+
+def impls(kind: str, m: int, ws: int, group, configs: tuple[Candidate, ...] = ()) -> dict:
+    """name: fn(a, b) -> output, for this kind; the fused op with the configuration a job's lookup
+    gives, and with each of `configs` (named by it)."""
     fused = getattr(syncopate, OP_NAMES[kind])
     out = {"fused": lambda a, b: fused(a, b, group), "torch": lambda a, b: unfused(kind, a, b, group)}
+    for cand in configs:
+        out[cand.short()] = lambda a, b, cand=cand: fused(a, b, group, config=cand)
     if ws > 1 and kind != "gemm_ar":  # torch has no fused matmul all-reduce
         importlib.import_module("torch.distributed._symmetric_memory")  # registers torch.ops.symm_mem
         name = group.group_name
@@ -77,21 +124,42 @@ def timed(run, group, dev) -> float:
     return statistics.median(times)
 
 
-def case(kind: str, shape: tuple[int, int, int], group, dev) -> list[dict]:
+def slowest(value: float, group, dev) -> float:
+    """The largest of every rank's `value`."""
+    t = torch.tensor([value], device=dev, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.item()
+
+
+def fits(kind: str, cand: Candidate, shape: tuple[int, int, int], ws: int) -> bool:
+    """Whether `cand` can run `kind` at `shape` on `ws` ranks (a --config names one kind's template)."""
+    from syncopate.search_space.chunk_plan import PLANLESS_KINDS, STATIONARY_KINDS
+
+    kinds = {**PLANLESS_KINDS, **STATIONARY_KINDS}.get(cand.template)
+    return kinds is None or kind in kinds
+
+
+def case(
+    kind: str, shape: tuple[int, int, int], group, dev, configs: tuple[Candidate, ...] = ()
+) -> list[dict]:
     ws = dist.get_world_size(group)
     m, n, k = shape
     local = Workload(kind=kind, shape=shape, dtype="bf16").local_shapes(ws)
     a = torch.randn(local["a"], device=dev).bfloat16()
     b = (torch.randn(local["b"], device=dev) / local["b"][0] ** 0.5).bfloat16()
     rows = []
-    for name, fn in impls(kind, m, ws, group).items():
+    configs = tuple(c for c in configs if fits(kind, c, shape, ws))
+    for name, fn in impls(kind, m, ws, group, configs).items():
+        if dist.get_rank(group) == 0:
+            print(f"{kind} {m}×{n}×{k} {name} …", flush=True)
         for _ in range(3):  # outside any capture first: contexts, kernels, NCCL's connections
             fn(a, b)
         torch.cuda.synchronize()
         barrier(group, dev)
-        graph = torch.cuda.CUDAGraph()
+        graph = torch.cuda.CUDAGraph(keep_graph=True)
         with torch.cuda.graph(graph):
             outs = [fn(a, b) for _ in range(CALLS)]
+        nodes = {t: c / CALLS for t, c in graph_nodes(graph).items()}
         graph.replay()
         torch.cuda.synchronize()
         err = max(relative_error(o, reference(kind, a, b, group)) for o in outs[-1:])
@@ -110,8 +178,12 @@ def case(kind: str, shape: tuple[int, int, int], group, dev) -> list[dict]:
                 "rel_err": err,
                 "eager_us": timed(eager, group, dev),
                 "graph_us": timed(graph.replay, group, dev),
+                "replay_host_us": slowest(time_host(graph.replay, calls=3) / CALLS, group, dev),
+                "nodes": nodes,
             }
         )
+        if dist.get_rank(group) == 0:
+            print_row(rows[-1], rows)
         del graph, outs
     return rows
 
@@ -124,10 +196,12 @@ def entry_row(group, dev) -> dict:
 
     ctx = get_context("ag_gemm", group, (1024 * dist.get_world_size(group), 1024), torch.bfloat16)
     stream = torch.cuda.current_stream(dev)
-    graph = torch.cuda.CUDAGraph()
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
     with torch.cuda.graph(graph):
         for _ in range(CALLS):
             ctx.begin_call(torch.cuda.current_stream(dev))
+    nodes = {t: c / CALLS for t, c in graph_nodes(graph).items()}
+    graph.replay()
 
     def eager():
         for _ in range(CALLS):
@@ -135,24 +209,34 @@ def entry_row(group, dev) -> dict:
 
     row = {"kind": "entry", "shape": [0, 0, 0], "ranks": dist.get_world_size(group), "impl": "fused"}
     row.update(rel_err=0.0, eager_us=timed(eager, group, dev), graph_us=timed(graph.replay, group, dev))
+    row.update(replay_host_us=slowest(time_host(graph.replay, calls=3) / CALLS, group, dev), nodes=nodes)
     del graph
     return row
 
 
-def run_rank(rank: int, world: int, port: int, shapes, out: str | None, results) -> None:
+def run_rank(rank: int, world: int, port: int, shapes, kinds, out: str | None, configs, results) -> None:
     dev = join_group(rank, world, port)
+    gpu = torch.cuda.get_device_name(dev)
+
+    def write(rows: list[dict], complete: bool) -> None:
+        """The rows so far as JSON (after each case: a run stopped midway keeps what it timed)."""
+        if rank == 0 and out:
+            doc = {"gpu": gpu, "ranks": world, "torch": torch.__version__, "complete": complete, "rows": rows}
+            with open(out, "w") as f:
+                json.dump(doc, f, indent=1)
+
     try:
-        rows = [row for kind in KINDS for shape in shapes for row in case(kind, shape, dist.group.WORLD, dev)]
-        rows.append(entry_row(dist.group.WORLD, dev))
+        rows = [entry_row(dist.group.WORLD, dev)]
+        if rank == 0:
+            print_row(rows[0], rows)
+        for kind in kinds:
+            for shape in shapes:
+                rows += case(kind, shape, dist.group.WORLD, dev, configs)
+                write(rows, complete=False)
         syncopate.close_contexts()
         if rank == 0:
-            gpu = torch.cuda.get_device_name(dev)
             print_table(rows, gpu)
-            if out:
-                with open(out, "w") as f:
-                    json.dump(
-                        {"gpu": gpu, "ranks": world, "torch": torch.__version__, "rows": rows}, f, indent=1
-                    )
+            write(rows, complete=True)
             results.put(rows)
     finally:
         dist.destroy_process_group()
@@ -160,16 +244,31 @@ def run_rank(rank: int, world: int, port: int, shapes, out: str | None, results)
 
 def print_table(rows: list[dict], device: str) -> None:
     print(f"\n{device}, {rows[0]['ranks']} rank(s), µs a call (median of {ROUNDS} rounds of {CALLS} calls)")
-    print("| op | M×N×K | impl | eager | graph | eager/graph | graph: torch/impl | rel err |")
-    print("|---|---|---|---|---|---|---|---|")
-    torch_graph = {(r["kind"], tuple(r["shape"])): r["graph_us"] for r in rows if r["impl"] == "torch"}
+    print(
+        "| op | M×N×K | impl | eager | graph | eager/graph | graph: torch/impl | replay host | "
+        "nodes a call | rel err |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        shape = "×".join(map(str, r["shape"]))
-        vs = torch_graph.get((r["kind"], tuple(r["shape"])), float("nan")) / r["graph_us"]
-        print(
-            f"| {r['kind']} | {shape} | {r['impl']} | {r['eager_us']:.1f} | {r['graph_us']:.1f} | "
-            f"{r['eager_us'] / r['graph_us']:.2f} | {vs:.3f} | {r['rel_err']:.2e} |"
-        )
+        print_row(r, rows)
+
+
+def print_row(r: dict, rows: list[dict]) -> None:
+    """One row of the table, its `graph: torch/impl` against torch's row of the same case in `rows`."""
+    shape = "×".join(map(str, r["shape"]))
+    torch_graph = {(t["kind"], tuple(t["shape"])): t["graph_us"] for t in rows if t["impl"] == "torch"}
+    vs = torch_graph.get((r["kind"], tuple(r["shape"])), float("nan")) / r["graph_us"]
+    print(
+        f"| {r['kind']} | {shape} | {r['impl']} | {r['eager_us']:.1f} | {r['graph_us']:.1f} | "
+        f"{r['eager_us'] / r['graph_us']:.2f} | {vs:.3f} | {r.get('replay_host_us', float('nan')):.1f} | "
+        f"{nodes_text(r.get('nodes', {}))} | {r['rel_err']:.2e} |",
+        flush=True,
+    )
+
+
+def nodes_text(nodes: dict[str, float]) -> str:
+    """`kernel 2, memcpy 3` from a row's nodes a call."""
+    return ", ".join(f"{t} {c:g}" for t, c in nodes.items()) or "–"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,8 +282,27 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="global M×N×K (repeatable; default 256, 1024 and 4096 rows of 4096×4096)",
     )
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        help="a candidate as JSON, timed beside the looked-up one (repeatable), e.g. "
+        '\'{"template": "ring", "backend": "copy_engine", "num_splits": 2}\'',
+    )
+    parser.add_argument(
+        "--kind",
+        action="append",
+        choices=KINDS,
+        default=None,
+        help="op kinds to time (repeatable; default all)",
+    )
     parser.add_argument("--out", help="write every row as JSON here")
     args = parser.parse_args(argv)
+    try:
+        configs = tuple(Candidate.from_json(text) for text in args.config)
+    except ConfigError as e:
+        print(f"graph_calls: --config: {e}", file=sys.stderr)
+        return 2
     try:
         shapes = [tuple(int(x) for x in s.lower().replace("×", "x").split("x")) for s in args.shape or []]
     except ValueError:
@@ -203,7 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= ranks <= gpus:
         print(f"graph_calls: --ranks {args.ranks}: give 1 to {gpus}, one GPU a rank", file=sys.stderr)
         return 2
-    spawn_ranks(run_rank, ranks, (shapes or SHAPES, args.out), what="graph_calls rank")
+    spawn_ranks(
+        run_rank,
+        ranks,
+        (shapes or SHAPES, tuple(args.kind or KINDS), args.out, configs),
+        what="graph_calls rank",
+    )
     return 0
 
 

@@ -42,3 +42,10 @@ def test_a_script_that_needs_a_gpu_says_so_in_one_line(script):
     done = _run(f"benchmarks/{script}")
     err = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(err) == 1 and "needs a CUDA GPU" in err[0], done.stderr[-2000:]
+
+
+def test_graph_calls_refuses_a_bad_config_before_looking_for_a_gpu():
+    done = _run("benchmarks/graph_calls.py", "--config", '{"template": "spiral"}')
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(err) == 1, done.stderr[-2000:]
+    assert "--config" in err[0] and "'spiral'" in err[0] and "direct" in err[0]
