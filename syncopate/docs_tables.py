@@ -61,8 +61,8 @@ class Sources:
     gives a file alone where the run says so itself (its `configurations`), or [file, label]."""
     train_profile: tuple[str, ...]
     """`benchmarks/train_step.py --profile` runs: GPU time a step by kernel category, a table each."""
-    graph_calls: str
-    """A `benchmarks/graph_calls.py` run."""
+    graph_calls: tuple[str, ...]
+    """`benchmarks/graph_calls.py` runs, a table each."""
     layer_bound: tuple[str, ...]
     """`syncopate bench --layer` runs with the layers' bound (their communication left out)."""
     moe: tuple[str, ...]
@@ -99,7 +99,9 @@ def sources(root: Path) -> Sources:
                 if isinstance(doc["train_profile"], str)
                 else tuple(doc["train_profile"])
             ),
-            graph_calls=doc["graph_calls"],
+            graph_calls=(
+                (doc["graph_calls"],) if isinstance(doc["graph_calls"], str) else tuple(doc["graph_calls"])
+            ),
             layer_bound=tuple(doc["layer_bound"]),
             moe=tuple(doc["moe"]) if isinstance(doc["moe"], list) else (doc["moe"],),
             op_host=tuple(doc["op_host"]),
@@ -793,8 +795,12 @@ def _train_profile(root: Path, name: str, label: str | None) -> str:
 
 
 def graph_calls(root: Path) -> str:
-    """The ops called one by one and replayed from a CUDA graph, each against torch's unfused path."""
-    name = sources(root).graph_calls
+    """The ops called one by one and replayed from a CUDA graph, each against torch's unfused path,
+    with what a replay costs the host; a table a run."""
+    return "\n".join(_graph_calls_run(root, name) for name in sources(root).graph_calls)
+
+
+def _graph_calls_run(root: Path, name: str) -> str:
     doc = _read_json(root / "results" / name)
     torch_us = {
         (r["kind"], tuple(r["shape"])): (r["eager_us"], r["graph_us"])
@@ -802,28 +808,45 @@ def graph_calls(root: Path) -> str:
         if r["impl"] == "torch"
     }
     rows = []
-    for r in doc["rows"]:
+    for r in sorted(doc["rows"], key=lambda r: r["kind"] != "entry"):  # the entry first, as runs now write it
         shape = tuple(r["shape"])
         base = torch_us.get((r["kind"], shape))
+        host = r.get("replay_host_us")
+        nodes = r.get("nodes")
         rows.append(
             [
                 r["kind"],
                 "–" if not any(shape) else "×".join(map(str, shape)),
-                {"fused": "Syncopate", "torch": "torch", "async_tp": "async-TP"}.get(r["impl"], r["impl"]),
+                {"fused": "Syncopate (lookup)", "torch": "torch", "async_tp": "async-TP"}.get(r["impl"], r["impl"]),
                 f"{r['eager_us']:.1f}",
                 f"{r['graph_us']:.1f}",
                 _r(None if base is None else base[0] / r["eager_us"]),
                 _r(None if base is None else base[1] / r["graph_us"]),
+                "–" if host is None else f"{host:.1f}",
+                "–" if not nodes else ", ".join(f"{t} {c:g}" for t, c in nodes.items()),
             ]
         )
     table = _table(
-        ["op", "M×N×K", "path", "eager µs", "graph µs", "torch / path, eager", "torch / path, graph"], rows
+        [
+            "op",
+            "M×N×K",
+            "path",
+            "eager µs",
+            "graph µs",
+            "torch / path, eager",
+            "torch / path, graph",
+            "replay host µs",
+            "graph nodes a call",
+        ],
+        rows,
     )
     return (
         f"{table}\n\nµs a call, median of 15 rounds of 10 calls back to back, eagerly and replayed from one CUDA "
-        f"graph; {doc['ranks']} × {doc['gpu']}, torch {doc['torch']}, an empty results database (what `lookup` "
-        f"serves with nothing measured, at the time of the run); `entry`: what a captured call adds before its "
-        f"work, alone; from `results/{name}`.\n"
+        f"graph; {doc['ranks']} × {doc['gpu']}, torch {doc['torch']}; `Syncopate (lookup)`: the configuration "
+        f"`lookup` serves with an empty results database, the other named paths a configuration given; "
+        f"`replay host µs`: the host's time a call to launch the replay (the graph's launch over its 10 calls, "
+        f"the device kept busy, the slowest rank's); `entry`: what a captured call adds before its work, "
+        f"alone; from `results/{name}`.\n"
     )
 
 
