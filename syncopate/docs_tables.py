@@ -817,7 +817,9 @@ def _graph_calls_run(root: Path, name: str) -> str:
             [
                 r["kind"],
                 "–" if not any(shape) else "×".join(map(str, shape)),
-                {"fused": "Syncopate (lookup)", "torch": "torch", "async_tp": "async-TP"}.get(r["impl"], r["impl"]),
+                {"fused": "Syncopate (lookup)", "torch": "torch", "async_tp": "async-TP"}.get(
+                    r["impl"], r["impl"]
+                ),
                 f"{r['eager_us']:.1f}",
                 f"{r['graph_us']:.1f}",
                 _r(None if base is None else base[0] / r["eager_us"]),

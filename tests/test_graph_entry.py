@@ -32,7 +32,14 @@ JUNK = 700
 
 def _enter(pad: torch.Tensor, peers: torch.Tensor, rank: int, world: int) -> None:
     graph_entry_kernel[(1,)](
-        pad, peers, rank, MEET_BASE, WORLD=world, CLEAR=MEET_BASE, BLOCK=1024, LANES=triton.next_power_of_2(world)
+        pad,
+        peers,
+        rank,
+        MEET_BASE,
+        WORLD=world,
+        CLEAR=MEET_BASE,
+        BLOCK=1024,
+        LANES=triton.next_power_of_2(world),
     )
 
 
