@@ -3,7 +3,7 @@ torchtitan plans Llama, with torch's styles and with syncopate.tp's, eager and c
 
     torchrun --nproc-per-node 4 benchmarks/train_step.py [--model llama-3-8b] [--layers 4]
         [--tokens 8192] [--batch 1] [--steps 20] [--warmup 5] [--variants ...] [--no-loss-parallel]
-        [--launch auto direct graph] [--profile STEPS] [--json FILE]
+        [--launch auto direct graph] [--profile STEPS] [--host-profile STEPS] [--json FILE]
     python benchmarks/train_step.py --cpu --world 2 [--json FILE]      (gloo, tiny widths)
 
 Random weights at the model's widths (`syncopate.models`; `--layers` decoder layers), the same on
@@ -40,6 +40,13 @@ largest rank's, from after the model is built), and the loss curve's largest dif
 variant, torch's styles; the fused ops take their configurations from `syncopate.lookup`
 (SYNCOPATE_DB names the database of a sweep on this machine, e.g. one of
 `syncopate tune --model llama-3-8b --tp N --tokens T`).
+
+Where the host paces a step: `enqueue ms` is the host's wall time to enqueue a step (to the
+optimizer's zero_grad, before the loss is read) and `enqueue cpu` the process's CPU time over it,
+every thread's (autograd runs the backward on a thread of its own on a GPU): a wall time well above
+it is the host waiting, not working. `--host-profile STEPS` runs STEPS more whole steps under
+cProfile and reports rank 0's functions with the most own time a step; cProfile sees the calling
+thread, where the backward shows as the wait inside autograd's `run_backward`.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ import statistics
 import sys
 import time
 import traceback
+from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -275,6 +283,54 @@ def profile_summary(events, steps: int, top: int = 12) -> dict:
     }
 
 
+def host_profiled_steps(step, steps: int, device, top: int = 15) -> dict:
+    """`step()` (a whole training step) run `steps` times under cProfile, each after the device has
+    finished the one before and the group has met, as a timed step starts: this rank's host wall
+    time and process CPU time a step, and the `top` functions of the calling thread by their own
+    time (ms a step, calls a step, cumulative ms a step), which says where a host-paced step's
+    enqueue goes."""
+    import cProfile
+    import pstats
+
+    import torch
+    import torch.distributed as dist
+
+    prof = cProfile.Profile()
+    wall = cpu = 0.0
+    for _ in range(steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dist.barrier()
+        start, busy = time.perf_counter(), time.process_time()
+        prof.enable()
+        try:
+            step()
+        finally:
+            prof.disable()
+        wall += time.perf_counter() - start
+        cpu += time.process_time() - busy
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    functions = []
+    for (path, line, name), (_, calls, own, cumulative, _) in pstats.Stats(prof).stats.items():
+        where = name if path == "~" else f"{'/'.join(Path(path).parts[-2:])}:{line}({name})"
+        functions.append(
+            {
+                "function": where,
+                "calls": calls / steps,
+                "own_ms": own * 1e3 / steps,
+                "cumulative_ms": cumulative * 1e3 / steps,
+            }
+        )
+    functions.sort(key=lambda f: -f["own_ms"])
+    return {
+        "steps": steps,
+        "wall_ms": wall * 1e3 / steps,
+        "cpu_ms": cpu * 1e3 / steps,
+        "top": functions[:top],
+    }
+
+
 def profiled_steps(step, steps: int) -> dict:
     """`step()` run `steps` times under torch's profiler (CUDA kernels only), summarized by
     `profile_summary`."""
@@ -346,21 +402,22 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches, launch: 
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         positions = torch.arange(batches[0][0].shape[1], device=device).unsqueeze(0)
-        losses, times, enqueued = [], [], []
+        losses, times, enqueued, busy = [], [], [], []
         for inputs, labels in batches:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             dist.barrier()
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             loss = forward_backward(model, inputs, labels, positions, args.loss_parallel)
             opt.step()
             opt.zero_grad(set_to_none=True)
             enqueued.append(time.perf_counter() - start)
+            busy.append(time.process_time() - cpu)
             losses.append(loss.item())
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - start)
-        mine = torch.tensor([times, enqueued], dtype=torch.float64, device=device)
+        mine = torch.tensor([times, enqueued, busy], dtype=torch.float64, device=device)
         ranks = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(ranks, mine)
         slowest = torch.stack(ranks)[:, 0].amax(0)
@@ -381,6 +438,17 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches, launch: 
                 opt.zero_grad(set_to_none=True)
 
             profiled = profiled_steps(step, args.profile)
+        host = None
+        if args.host_profile:
+            inputs, labels = batches[-1]
+
+            def full_step():
+                forward_backward(model, inputs, labels, positions, args.loss_parallel)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+            host = host_profiled_steps(full_step, args.host_profile, device)  # every rank steps alike
+            host = host if dist.get_rank() == 0 else None
         return {
             "variant": name,
             **(
@@ -389,12 +457,17 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches, launch: 
                 else {}
             ),
             **({"profile": profiled} if profiled else {}),
+            **({"host_profile": host} if host else {}),
             "step_ms": median * 1e3,
             "step_ms_all": [t * 1e3 for t in slowest.tolist()],
             # each rank's steps and the host's time to enqueue each (to the optimizer's zero_grad,
             # before the loss is read): a step whose enqueue takes about as long as the step is host-bound
             "step_ms_by_rank": [[t * 1e3 for t in r[0].tolist()] for r in ranks],
             "enqueue_ms_by_rank": [[t * 1e3 for t in r[1].tolist()] for r in ranks],
+            # the process's CPU time over the same span (every thread's: autograd's backward runs on its
+            # own): well below the enqueue's wall time, the host waited (a synchronization, a full
+            # launch queue) rather than worked
+            "enqueue_cpu_ms_by_rank": [[t * 1e3 for t in r[2].tolist()] for r in ranks],
             "tokens_per_s": args.tokens / median,
             "peak_bytes": None if peak.item() < 0 else int(peak.item()),
             "losses": losses,
@@ -496,8 +569,6 @@ def result_of(args, spec, world: int, seq: int, dtype, device, rows: list[dict])
 
 def write_json(path: str, result: dict) -> None:
     """`result` into `path` whole (`syncopate.files.write_atomically`)."""
-    from pathlib import Path
-
     from syncopate.files import write_atomically
 
     write_atomically(Path(path), json.dumps(result, indent=2).encode())
@@ -593,8 +664,8 @@ def table(result: dict) -> str:
             f"median of {result['steps']} steps after {result['warmup']}; torch {result['versions']['torch']}, "
             f"transformers {result['versions']['transformers']}"
         ),
-        f"{'variant':<20} {'step ms':>10} {'enqueue ms':>10} {'tokens/s':>12} {'peak GiB':>9} {'max |Δloss|':>12} "
-        f"{'torch TP/':>10} {'async-TP/':>10}  note",
+        f"{'variant':<20} {'step ms':>10} {'enqueue ms':>10} {'enqueue cpu':>11} {'tokens/s':>12} {'peak GiB':>9} "
+        f"{'max |Δloss|':>12} {'torch TP/':>10} {'async-TP/':>10}  note",
     ]
     ms = {r["variant"]: r["step_ms"] for r in result["variants"] if r.get("step_ms")}
     torch_tp = min((ms[v] for v in TORCH_TP if v in ms), default=None)
@@ -606,7 +677,7 @@ def table(result: dict) -> str:
     for r in result["variants"]:
         if "step_ms" not in r:
             lines.append(
-                f"{r['variant']:<20} {'–':>10} {'–':>10} {'–':>12} {'–':>9} {'–':>12}  "
+                f"{r['variant']:<20} {'–':>10} {'–':>10} {'–':>11} {'–':>12} {'–':>9} {'–':>12}  "
                 f"{r.get('skipped') or r.get('failed')}"
             )
             continue
@@ -614,23 +685,28 @@ def table(result: dict) -> str:
         diff = r.get("max_loss_diff_vs_torch")
         lines.append(
             f"{r['variant']:<20} {r['step_ms']:>10.2f} {_enqueue_ms(r, result['warmup']):>10} "
+            f"{_enqueue_ms(r, result['warmup'], 'enqueue_cpu_ms_by_rank'):>11} "
             f"{r['tokens_per_s']:>12.0f} {peak:>9} "
             f"{'–' if diff is None else f'{diff:.2e}':>12} {over(torch_tp, r['step_ms']):>10} "
             f"{over(async_tp, r['step_ms']):>10}  {_launch_note(r)}".rstrip()
         )
     lines.append(
-        "enqueue ms: the host's time to enqueue a step (the slowest rank's, median); torch TP/, async-TP/: the "
-        "step of torch's fastest TP variant (eager, compiled or graphs), of async-TP, over this one's"
+        "enqueue ms: the host's time to enqueue a step (the slowest rank's, median); enqueue cpu: the process's "
+        "CPU time over it (the same rank and step); torch TP/, async-TP/: the step of torch's fastest TP "
+        "variant (eager, compiled or graphs), of async-TP, over this one's"
     )
     return "\n".join(lines)
 
 
-def _enqueue_ms(row: dict, warmup: int) -> str:
-    """The median over the timed steps of the slowest rank's host time to enqueue the step."""
-    by_rank = row.get("enqueue_ms_by_rank")
-    if not by_rank:
+def _enqueue_ms(row: dict, warmup: int, key: str = "enqueue_ms_by_rank") -> str:
+    """The median over the timed steps of the slowest rank's host time to enqueue the step; with
+    `key` another per-rank series (the enqueue's CPU time), taken at that same rank each step."""
+    walls, series = row.get("enqueue_ms_by_rank"), row.get(key)
+    if not walls or not series:
         return "–"
-    return f"{statistics.median(max(step) for step in list(zip(*by_rank))[warmup:]):.2f}"
+    steps = list(zip(*walls))[warmup:]
+    values = list(zip(*series))[warmup:]
+    return f"{statistics.median(v[max(range(len(w)), key=w.__getitem__)] for w, v in zip(steps, values)):.2f}"
 
 
 def _launch_note(row: dict) -> str:
@@ -639,6 +715,24 @@ def _launch_note(row: dict) -> str:
     if not choices or not any(choices.values()):
         return ""
     return f"launch {row['launch']}: " + ", ".join(f"{n} {what}" for what, n in choices.items() if n)
+
+
+def host_profile_table(result: dict, top: int = 12) -> str:
+    """`--host-profile`'s rank 0 host time a step of each profiled variant and its `top` functions
+    by own time; empty when no variant was."""
+    profiled = [r for r in result["variants"] if r.get("host_profile")]
+    lines = []
+    for r in profiled:
+        h = r["host_profile"]
+        lines.append(
+            f"host a step of {r['variant']} (rank 0, {h['steps']} steps under cProfile): wall {h['wall_ms']:.2f} ms, "
+            f"CPU {h['cpu_ms']:.2f} ms; functions by own ms a step (calls a step, cumulative ms):"
+        )
+        for f in h["top"][:top]:
+            lines.append(
+                f"  {f['own_ms']:>9.3f} {f['calls']:>7.0f} {f['cumulative_ms']:>9.3f}  {f['function'][:100]}"
+            )
+    return "\n".join(lines)
 
 
 def profile_table(result: dict) -> str:
@@ -699,6 +793,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         "by kernel category and its top kernels (CUDA only)",
     )
     p.add_argument(
+        "--host-profile",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="after the timed steps, run STEPS more whole steps under cProfile and report rank 0's host wall and "
+        "CPU time a step and the functions with the most own time",
+    )
+    p.add_argument(
         "--launch",
         nargs="+",
         default=["auto"],
@@ -754,6 +856,9 @@ def main(argv=None) -> int:
     profiles = profile_table(result)
     if profiles:
         print(profiles)
+    hosts = host_profile_table(result)
+    if hosts:
+        print(hosts)
     if args.json:  # run_rank wrote it after the last variant
         print(f"written: {args.json}")
     return 0

@@ -57,6 +57,8 @@ def test_the_cpu_run_trains_both_plans_and_reports_them(tmp_path):
         "--launch",
         "auto",
         "direct",
+        "--host-profile",
+        "1",
         "--json",
         str(tmp_path / "r.json"),
     )
@@ -80,6 +82,17 @@ def test_the_cpu_run_trains_both_plans_and_reports_them(tmp_path):
         for r in range(2)
         for e, s in zip(torch_row["enqueue_ms_by_rank"][r], torch_row["step_ms_by_rank"][r])
     )
+    for r in range(2):  # the process's CPU time over each step's enqueue (its threads may run side by side)
+        assert (
+            len(torch_row["enqueue_cpu_ms_by_rank"][r]) == 3
+            and min(torch_row["enqueue_cpu_ms_by_rank"][r]) > 0
+        )
+    host = rows["syncopate"]["host_profile"]  # rank 0's whole steps under cProfile
+    assert host["steps"] == 1 and host["cpu_ms"] > 0 and host["wall_ms"] > 0
+    assert host["top"] and all(f["calls"] > 0 and f["cumulative_ms"] >= f["own_ms"] >= 0 for f in host["top"])
+    assert [f["own_ms"] for f in host["top"]] == sorted((f["own_ms"] for f in host["top"]), reverse=True)
+    assert "host a step of syncopate (rank 0, 1 steps under cProfile)" in out.stdout
+    assert "enqueue cpu" in out.stdout
     assert result["loss_parallel"] is True
     assert "loss parallel (logits sharded on the vocabulary)" in out.stdout.splitlines()[0]
     assert "not possible on the CPU" in rows["async-tp"]["skipped"]
