@@ -45,8 +45,8 @@ Where the host paces a step: `enqueue ms` is the host's wall time to enqueue a s
 optimizer's zero_grad, before the loss is read) and `enqueue cpu` the process's CPU time over it,
 every thread's (autograd runs the backward on a thread of its own on a GPU): a wall time well above
 it is the host waiting, not working. `--host-profile STEPS` runs STEPS more whole steps under
-cProfile and reports rank 0's functions with the most own time a step; cProfile sees the calling
-thread, where the backward shows as the wait inside autograd's `run_backward`.
+cProfile and reports rank 0's functions with the most own time a step (the backward run on the
+calling thread for it, autograd's multithreading off, so that cProfile sees its Python too).
 """
 
 from __future__ import annotations
@@ -286,9 +286,9 @@ def profile_summary(events, steps: int, top: int = 12) -> dict:
 def host_profiled_steps(step, steps: int, device, top: int = 15) -> dict:
     """`step()` (a whole training step) run `steps` times under cProfile, each after the device has
     finished the one before and the group has met, as a timed step starts: this rank's host wall
-    time and process CPU time a step, and the `top` functions of the calling thread by their own
-    time (ms a step, calls a step, cumulative ms a step), which says where a host-paced step's
-    enqueue goes."""
+    time and process CPU time a step, and the `top` functions by their own time (ms a step, calls a
+    step, cumulative ms a step), which says where a host-paced step's enqueue goes. The backward
+    runs on the calling thread here (autograd's multithreading off), so that cProfile sees it."""
     import cProfile
     import pstats
 
@@ -304,7 +304,8 @@ def host_profiled_steps(step, steps: int, device, top: int = 15) -> dict:
         start, busy = time.perf_counter(), time.process_time()
         prof.enable()
         try:
-            step()
+            with torch.autograd.set_multithreading_enabled(False):  # the backward's Python here too
+                step()
         finally:
             prof.disable()
         wall += time.perf_counter() - start
