@@ -37,7 +37,7 @@ from syncopate.kernels.library import OP_NAMES, unfused
 from syncopate.measure.local_ranks import join_group, spawn_ranks
 from syncopate.measure.reference import reference, relative_error
 from syncopate.measure.timing import barrier, time_host
-from syncopate.search_space import Candidate, Workload
+from syncopate.search_space import PLANLESS_KINDS, Candidate, Workload
 
 SHAPES = [(m, 4096, 4096) for m in (256, 1024, 4096)]
 KINDS = ("ag_gemm", "gemm_rs", "gemm_ar")
@@ -131,12 +131,19 @@ def slowest(value: float, group, dev) -> float:
     return t.item()
 
 
-def fits(kind: str, cand: Candidate, shape: tuple[int, int, int], ws: int) -> bool:
-    """Whether `cand` can run `kind` at `shape` on `ws` ranks (a --config names one kind's template)."""
-    from syncopate.search_space.chunk_plan import PLANLESS_KINDS, STATIONARY_KINDS
-
-    kinds = {**PLANLESS_KINDS, **STATIONARY_KINDS}.get(cand.template)
+def fits(kind: str, cand: Candidate) -> bool:
+    """Whether `cand`'s template runs `kind` (a --config may name a template of some kinds only)."""
+    kinds = PLANLESS_KINDS.get(cand.template)
     return kinds is None or kind in kinds
+
+
+def replay_costs(graph: torch.cuda.CUDAGraph, group, dev) -> dict:
+    """What a call replayed from `graph` (CALLS calls, captured with keep_graph=True) costs the host:
+    the slowest rank's µs a call to launch the replay, and the graph's nodes a call by type."""
+    return {
+        "replay_host_us": slowest(time_host(graph.replay, calls=3) / CALLS, group, dev),
+        "nodes": {t: c / CALLS for t, c in graph_nodes(graph).items()},
+    }
 
 
 def case(
@@ -148,7 +155,7 @@ def case(
     a = torch.randn(local["a"], device=dev).bfloat16()
     b = (torch.randn(local["b"], device=dev) / local["b"][0] ** 0.5).bfloat16()
     rows = []
-    configs = tuple(c for c in configs if fits(kind, c, shape, ws))
+    configs = tuple(c for c in configs if fits(kind, c))
     for name, fn in impls(kind, m, ws, group, configs).items():
         if dist.get_rank(group) == 0:
             print(f"{kind} {m}×{n}×{k} {name} …", flush=True)
@@ -159,7 +166,6 @@ def case(
         graph = torch.cuda.CUDAGraph(keep_graph=True)
         with torch.cuda.graph(graph):
             outs = [fn(a, b) for _ in range(CALLS)]
-        nodes = {t: c / CALLS for t, c in graph_nodes(graph).items()}
         graph.replay()
         torch.cuda.synchronize()
         err = max(relative_error(o, reference(kind, a, b, group)) for o in outs[-1:])
@@ -178,8 +184,7 @@ def case(
                 "rel_err": err,
                 "eager_us": timed(eager, group, dev),
                 "graph_us": timed(graph.replay, group, dev),
-                "replay_host_us": slowest(time_host(graph.replay, calls=3) / CALLS, group, dev),
-                "nodes": nodes,
+                **replay_costs(graph, group, dev),
             }
         )
         if dist.get_rank(group) == 0:
@@ -200,7 +205,6 @@ def entry_row(group, dev) -> dict:
     with torch.cuda.graph(graph):
         for _ in range(CALLS):
             ctx.begin_call(torch.cuda.current_stream(dev))
-    nodes = {t: c / CALLS for t, c in graph_nodes(graph).items()}
     graph.replay()
 
     def eager():
@@ -209,7 +213,7 @@ def entry_row(group, dev) -> dict:
 
     row = {"kind": "entry", "shape": [0, 0, 0], "ranks": dist.get_world_size(group), "impl": "fused"}
     row.update(rel_err=0.0, eager_us=timed(eager, group, dev), graph_us=timed(graph.replay, group, dev))
-    row.update(replay_host_us=slowest(time_host(graph.replay, calls=3) / CALLS, group, dev), nodes=nodes)
+    row.update(replay_costs(graph, group, dev))
     del graph
     return row
 

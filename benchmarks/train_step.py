@@ -403,15 +403,21 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches, launch: 
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         positions = torch.arange(batches[0][0].shape[1], device=device).unsqueeze(0)
+
+        def train(inputs, labels):
+            """One training step, as timed: forward and backward, the optimizer's step; the loss."""
+            loss = forward_backward(model, inputs, labels, positions, args.loss_parallel)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
         losses, times, enqueued, busy = [], [], [], []
         for inputs, labels in batches:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             dist.barrier()
             start, cpu = time.perf_counter(), time.process_time()
-            loss = forward_backward(model, inputs, labels, positions, args.loss_parallel)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            loss = train(inputs, labels)
             enqueued.append(time.perf_counter() - start)
             busy.append(time.process_time() - cpu)
             losses.append(loss.item())
@@ -441,14 +447,9 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches, launch: 
             profiled = profiled_steps(step, args.profile)
         host = None
         if args.host_profile:
-            inputs, labels = batches[-1]
-
-            def full_step():
-                forward_backward(model, inputs, labels, positions, args.loss_parallel)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-
-            host = host_profiled_steps(full_step, args.host_profile, device)  # every rank steps alike
+            host = host_profiled_steps(
+                lambda: train(*batches[-1]), args.host_profile, device
+            )  # every rank alike
             host = host if dist.get_rank() == 0 else None
         return {
             "variant": name,
