@@ -7,7 +7,8 @@ torchtitan plans Llama, with torch's styles and with syncopate.tp's, eager and c
     python benchmarks/train_step.py --cpu --world 2 [--json FILE]      (gloo, tiny widths)
 
 Random weights at the model's widths (`syncopate.models`; `--layers` decoder layers), the same on
-every rank and in every variant (one seed), synthetic tokens (one seed), AdamW. One process a GPU;
+every rank and in every variant (one seed), synthetic tokens (one seed), AdamW (fused, as torchtitan
+runs it; `--optimizer` picks another implementation). One process a GPU;
 `--tokens` is what the tensor-parallel group processes a step (batch × sequence: 2048, 4096 or 8192
 at real widths), each rank holding tokens/tp of them between the attention and MLP blocks.
 
@@ -46,12 +47,16 @@ optimizer's zero_grad, before the loss is read) and `enqueue cpu` the process's 
 every thread's (autograd runs the backward on a thread of its own on a GPU): a wall time well above
 it is the host waiting, not working. `--host-profile STEPS` runs STEPS more whole steps under
 cProfile and reports rank 0's functions with the most own time a step (the backward run on the
-calling thread for it, autograd's multithreading off, so that cProfile sees its Python too).
+calling thread for it, autograd's multithreading off, so that cProfile sees its Python too) and
+the lines where those steps made the host wait for the device (torch's sync debug mode): after such
+a wait the device idles until the host has enqueued work again.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import gc
 import json
 import logging
@@ -60,6 +65,7 @@ import statistics
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -297,6 +303,7 @@ def host_profiled_steps(step, steps: int, device, top: int = 15) -> dict:
 
     prof = cProfile.Profile()
     wall = cpu = 0.0
+    syncs: collections.Counter = collections.Counter()
     for _ in range(steps):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -304,8 +311,8 @@ def host_profiled_steps(step, steps: int, device, top: int = 15) -> dict:
         start, busy = time.perf_counter(), time.process_time()
         prof.enable()
         try:
-            with torch.autograd.set_multithreading_enabled(False):  # the backward's Python here too
-                step()
+            with torch.autograd.set_multithreading_enabled(False), _syncs_seen(device, syncs):
+                step()  # the backward's Python on this thread too
         finally:
             prof.disable()
         wall += time.perf_counter() - start
@@ -329,6 +336,61 @@ def host_profiled_steps(step, steps: int, device, top: int = 15) -> dict:
         "wall_ms": wall * 1e3 / steps,
         "cpu_ms": cpu * 1e3 / steps,
         "top": functions[:top],
+        # where the step made the host wait for the device (torch's sync debug mode): calls a step
+        "syncs": [{"where": w, "calls": n / steps} for w, n in syncs.most_common()],
+    }
+
+
+@contextlib.contextmanager
+def _syncs_seen(device, seen: collections.Counter):
+    """Count, by the Python line that made it, each synchronization of the host with the device in
+    the block (torch's sync debug mode in `warn`, its warnings caught rather than printed)."""
+    import torch
+
+    if device.type != "cuda":
+        yield
+        return
+    before = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(before)
+    for w in caught:  # the mode's own notice that it is a prototype is not a synchronization
+        if "synchroniz" in str(w.message) and "debug mode is a prototype" not in str(w.message):
+            seen[
+                f"{'/'.join(Path(w.filename).parts[-2:])}:{w.lineno}: {str(w.message).splitlines()[0][:80]}"
+            ] += 1
+
+
+def cudagraph_state(device) -> dict:
+    """What reduce-overhead's CUDA-graph trees hold on `device` and what compilation counted so far:
+    the graphs recorded (nodes of the trees), the runs done without a graph (warm-up nodes), and
+    dynamo's and inductor's counters about graphs (unique graphs, graph breaks, cudagraph skips and
+    re-recordings). A count that still grows over the timed steps is a step not replayed."""
+    from torch._dynamo.utils import counters
+
+    recorded = warmups = 0
+    if device.type == "cuda":
+        from torch._inductor import cudagraph_trees
+
+        manager = cudagraph_trees.get_manager(device.index or 0, create_if_none_exists=False)
+        if manager is not None and manager.roots is not None:
+            nodes = list(manager.get_roots())
+            while nodes:
+                node = nodes.pop()
+                recorded += 1
+                nodes.extend(n for children in node.children.values() for n in children)
+            # itertools.count(start=-1, step=-1): its repr carries the next value
+            warmups = -int(repr(manager.warmup_node_counter).split("(")[1].split(",")[0]) - 1
+    return {
+        "recorded_graphs": recorded,
+        "warmup_runs": warmups,
+        "unique_graphs": counters["stats"]["unique_graphs"],
+        "graph_breaks": sum(counters["graph_break"].values()),
+        **{k: v for k, v in counters["inductor"].items() if "cudagraph" in k},
     }
 
 
@@ -374,6 +436,7 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches, launch: 
 
         syncopate.set_launch(launch)  # on every rank; also drops the choices of the variant before
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     inductor = torch._inductor.config
     pipeline = inductor._micro_pipeline_tp
     ops_mode = None
@@ -398,7 +461,11 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches, launch: 
             mode = "reduce-overhead" if variant.endswith("-graphs") else None
             for layer in model.model.layers:
                 layer.compile(mode=mode, backend=args.backend)
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        opt = torch.optim.AdamW(
+            model.parameters(),
+            lr=args.lr,
+            **({"fused": True} if args.optimizer == "fused" else {"foreach": args.optimizer == "foreach"}),
+        )
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
@@ -411,7 +478,7 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches, launch: 
             opt.zero_grad(set_to_none=True)
             return loss
 
-        losses, times, enqueued, busy = [], [], [], []
+        losses, times, enqueued, busy, graphs = [], [], [], [], []
         for inputs, labels in batches:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -424,6 +491,7 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches, launch: 
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - start)
+            graphs.append(cudagraph_state(device))
         mine = torch.tensor([times, enqueued, busy], dtype=torch.float64, device=device)
         ranks = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(ranks, mine)
@@ -470,6 +538,8 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches, launch: 
             # own): well below the enqueue's wall time, the host waited (a synchronization, a full
             # launch queue) rather than worked
             "enqueue_cpu_ms_by_rank": [[t * 1e3 for t in r[2].tolist()] for r in ranks],
+            # rank 0's CUDA-graph trees and compile counters after each step (warm-up steps included)
+            "cudagraph_by_step": graphs,
             "tokens_per_s": args.tokens / median,
             "peak_bytes": None if peak.item() < 0 else int(peak.item()),
             "losses": losses,
@@ -554,6 +624,7 @@ def result_of(args, spec, world: int, seq: int, dtype, device, rows: list[dict])
         "steps": args.steps,
         "warmup": args.warmup,
         "lr": args.lr,
+        "optimizer": args.optimizer,
         "seed": args.seed,
         "backend": args.backend,
         "loss_parallel": args.loss_parallel,
@@ -692,12 +763,26 @@ def table(result: dict) -> str:
             f"{'–' if diff is None else f'{diff:.2e}':>12} {over(torch_tp, r['step_ms']):>10} "
             f"{over(async_tp, r['step_ms']):>10}  {_launch_note(r)}".rstrip()
         )
+    for r in result["variants"]:
+        states = r.get("cudagraph_by_step") or []
+        if len(states) > result["warmup"] and states[-1]["recorded_graphs"] + states[-1]["warmup_runs"]:
+            lines.append(f"{r['variant']}: {cudagraph_growth(states, result['warmup'])}")
     lines.append(
         "enqueue ms: the host's time to enqueue a step (the slowest rank's, median); enqueue cpu: the process's "
         "CPU time over it (the same rank and step); torch TP/, async-TP/: the step of torch's fastest TP "
         "variant (eager, compiled or graphs), of async-TP, over this one's"
     )
     return "\n".join(lines)
+
+
+def cudagraph_growth(states: list[dict], warmup: int) -> str:
+    """The CUDA-graph trees after the warm-up steps and what grew over the timed ones (rank 0)."""
+    before, after = states[warmup - 1] if warmup else {}, states[-1]
+    grown = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    held = ", ".join(f"{k} {v}" for k, v in after.items() if v)
+    return f"CUDA graphs and compiles {held}; over the timed steps " + (
+        ", ".join(f"{k} +{v}" for k, v in grown.items()) if grown else "nothing new (every step replayed)"
+    )
 
 
 def _enqueue_ms(row: dict, warmup: int, key: str = "enqueue_ms_by_rank") -> str:
@@ -733,6 +818,10 @@ def host_profile_table(result: dict, top: int = 12) -> str:
         for f in h["top"][:top]:
             lines.append(
                 f"  {f['own_ms']:>9.3f} {f['calls']:>7.0f} {f['cumulative_ms']:>9.3f}  {f['function'][:100]}"
+            )
+        for sync in h.get("syncs", []):
+            lines.append(
+                f"  the host waited for the device {sync['calls']:g} times a step at {sync['where']}"
             )
     return "\n".join(lines)
 
@@ -812,6 +901,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled variants")
     p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument(
+        "--optimizer",
+        choices=("fused", "foreach", "for-loop"),
+        default="fused",
+        help="AdamW's implementation (torchtitan's default is fused: one kernel a parameter group, the "
+        "least host time a step)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)

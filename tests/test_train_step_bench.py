@@ -91,7 +91,11 @@ def test_the_cpu_run_trains_both_plans_and_reports_them(tmp_path):
     assert host["steps"] == 1 and host["cpu_ms"] > 0 and host["wall_ms"] > 0
     assert host["top"] and all(f["calls"] > 0 and f["cumulative_ms"] >= f["own_ms"] >= 0 for f in host["top"])
     assert [f["own_ms"] for f in host["top"]] == sorted((f["own_ms"] for f in host["top"]), reverse=True)
+    assert host["syncs"] == []  # a CPU step has no device to wait for
     assert "host a step of syncopate (rank 0, 1 steps under cProfile)" in out.stdout
+    assert result["optimizer"] == "fused"  # torchtitan's AdamW
+    states = torch_row["cudagraph_by_step"]  # a step's CUDA-graph trees and compile counters, per step
+    assert len(states) == 3 and all(s["recorded_graphs"] == s["warmup_runs"] == 0 for s in states)
     assert "enqueue cpu" in out.stdout
     assert result["loss_parallel"] is True
     assert "loss parallel (logits sharded on the vocabulary)" in out.stdout.splitlines()[0]
@@ -315,3 +319,14 @@ def test_profile_summary_sorts_kernels_into_categories_a_step():
     text = bench.profile_table({"variants": [{"variant": "syncopate", "profile": out}, {"variant": "torch"}]})
     assert "syncopate" in text and "4.00" in text and "consumer_kernel" in text
     assert bench.profile_table({"variants": [{"variant": "torch"}]}) == ""
+
+
+def test_cudagraph_growth_says_what_the_timed_steps_recorded_again():
+    bench = _bench()
+    held = {"recorded_graphs": 16, "warmup_runs": 16, "unique_graphs": 8}
+    assert bench.cudagraph_growth([{}, held, held, held], warmup=2).endswith(
+        "over the timed steps nothing new (every step replayed)"
+    )
+    grown = {**held, "recorded_graphs": 18, "cudagraph_skips": 1}
+    said = bench.cudagraph_growth([{}, held, held, grown], warmup=2)
+    assert "recorded_graphs 18" in said and said.endswith("recorded_graphs +2, cudagraph_skips +1")
