@@ -407,6 +407,105 @@ def profiled_steps(step, steps: int) -> dict:
     return profile_summary(prof.key_averages(), steps)
 
 
+def traced_step(step, path: str | None, device) -> dict:
+    """One `step()` (a whole training step) under torch's profiler, host and device; the chrome
+    trace written to `path` (gzip) where given, and its `timeline_summary`."""
+    import gzip
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(raw)
+        with open(raw, "rb") as f:
+            data = f.read()
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with gzip.open(path, "wb") as f:
+            f.write(data)
+    return timeline_summary(json.loads(data))
+
+
+_DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def timeline_summary(trace: dict, top: int = 8, gap_us: float = 20.0) -> dict:
+    """Where a traced step's device was idle and what the host was doing then, from a chrome trace
+    of torch's profiler (`traceEvents`: device events of categories kernel, gpu_memcpy and gpu_memset;
+    host events cpu_op, and cuda_runtime and cuda_driver calls linked to the device's by
+    `args.correlation`).
+
+    The device's busy time is the union of its events over every stream; a gap is a stretch of
+    `gap_us` or more with nothing running. Each of the `top` longest gaps is reported with the
+    device work that ended it and where the host was when it launched that work (the innermost
+    host ops around the launch): a gap whose launch came late is the host's, one whose launch came
+    early is a wait on the device (another rank, a stream join)."""
+    events = trace.get("traceEvents", [])
+    device = sorted(
+        (e for e in events if e.get("cat") in _DEVICE_CATEGORIES and e.get("dur") is not None),
+        key=lambda e: e["ts"],
+    )
+    if not device:
+        return {"span_ms": 0.0, "busy_ms": 0.0, "idle_ms": 0.0, "gaps": []}
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    }
+    ops = sorted(
+        (e for e in events if e.get("cat") == "cpu_op" and e.get("dur") is not None), key=lambda e: e["ts"]
+    )
+    start, end = device[0]["ts"], max(e["ts"] + e["dur"] for e in device)
+    busy, gaps, reach = 0.0, [], start
+    for e in device:
+        if e["ts"] > reach:
+            if e["ts"] - reach >= gap_us:
+                gaps.append((e["ts"] - reach, reach, e))
+        lo, hi = max(e["ts"], reach), e["ts"] + e["dur"]
+        if hi > lo:
+            busy += hi - lo
+        reach = max(reach, hi)
+    gaps.sort(key=lambda g: -g[0])
+
+    def host_at(launch) -> str:
+        inside = [
+            o
+            for o in ops
+            if o.get("tid") == launch.get("tid") and o["ts"] <= launch["ts"] <= o["ts"] + o["dur"]
+        ]
+        inside.sort(key=lambda o: o["dur"])  # innermost first
+        return " < ".join(o["name"][:60] for o in inside[:3]) or "(no op)"
+
+    reported = []
+    for length, at, after in gaps[:top]:
+        launch = launches.get(after.get("args", {}).get("correlation"))
+        reported.append(
+            {
+                "at_ms": (at - start) / 1e3,
+                "us": length,
+                "next": after["name"][:80],
+                # the launch's time after the gap opened: near the gap's length, the host was late
+                "launched_us_into_gap": None if launch is None else launch["ts"] - at,
+                "host": None if launch is None else host_at(launch),
+            }
+        )
+    return {
+        "span_ms": (end - start) / 1e3,
+        "busy_ms": busy / 1e3,
+        "idle_ms": (end - start - busy) / 1e3,
+        "gaps_over_us": gap_us,
+        "gap_count": len(gaps),
+        "gap_ms": sum(g[0] for g in gaps) / 1e3,
+        "gaps": reported,
+    }
+
+
 # --- one variant -----------------------------------------------------------------------------------------------
 
 
@@ -513,6 +612,13 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches, launch: 
                 opt.zero_grad(set_to_none=True)
 
             profiled = profiled_steps(step, args.profile)
+        timeline = None
+        if args.trace and device.type == "cuda":
+            path = os.path.join(args.trace, f"trace-{name.replace('/', '-')}.json.gz")
+            timeline = traced_step(
+                lambda: train(*batches[-1]), path if dist.get_rank() == 0 else None, device
+            )
+            timeline = timeline if dist.get_rank() == 0 else None
         host = None
         if args.host_profile:
             host = host_profiled_steps(
@@ -528,6 +634,7 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches, launch: 
             ),
             **({"profile": profiled} if profiled else {}),
             **({"host_profile": host} if host else {}),
+            **({"timeline": timeline} if timeline else {}),
             "step_ms": median * 1e3,
             "step_ms_all": [t * 1e3 for t in slowest.tolist()],
             # each rank's steps and the host's time to enqueue each (to the optimizer's zero_grad,
@@ -826,6 +933,27 @@ def host_profile_table(result: dict, top: int = 12) -> str:
     return "\n".join(lines)
 
 
+def timeline_table(result: dict) -> str:
+    """`--trace`'s traced step of each variant: the device's span, busy and idle time, and its
+    longest idle gaps with the host's place at the launch that ended each; empty when none was traced."""
+    lines = []
+    for r in result["variants"]:
+        t = r.get("timeline")
+        if not t:
+            continue
+        lines.append(
+            f"traced step of {r['variant']} (rank 0): device span {t['span_ms']:.2f} ms, busy {t['busy_ms']:.2f}, "
+            f"idle {t['idle_ms']:.2f} ({t['gap_count']} gaps of {t['gaps_over_us']:g} µs or more: "
+            f"{t['gap_ms']:.2f} ms); longest gaps (at ms, µs, launched µs into the gap, next, host at launch):"
+        )
+        for g in t["gaps"]:
+            late = "–" if g["launched_us_into_gap"] is None else f"{g['launched_us_into_gap']:.0f}"
+            lines.append(
+                f"  {g['at_ms']:8.2f} {g['us']:8.0f} {late:>8}  {g['next'][:50]:<50}  {g['host'] or '–'}"
+            )
+    return "\n".join(lines)
+
+
 def profile_table(result: dict) -> str:
     """`--profile`'s GPU time a step by kernel category, a column per profiled variant (ms), then
     each one's top kernels; empty when no variant was profiled."""
@@ -892,6 +1020,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         "CPU time a step and the functions with the most own time",
     )
     p.add_argument(
+        "--trace",
+        default=None,
+        metavar="DIR",
+        help="after the timed steps, trace one more whole step (host and device) and write rank 0's chrome "
+        "trace to DIR/trace-VARIANT.json.gz; the table reports the device's idle gaps and where the host was "
+        "(CUDA only)",
+    )
+    p.add_argument(
         "--launch",
         nargs="+",
         default=["auto"],
@@ -954,9 +1090,9 @@ def main(argv=None) -> int:
     profiles = profile_table(result)
     if profiles:
         print(profiles)
-    hosts = host_profile_table(result)
-    if hosts:
-        print(hosts)
+    for text in (host_profile_table(result), timeline_table(result)):
+        if text:
+            print(text)
     if args.json:  # run_rank wrote it after the last variant
         print(f"written: {args.json}")
     return 0

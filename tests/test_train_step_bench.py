@@ -330,3 +330,42 @@ def test_cudagraph_growth_says_what_the_timed_steps_recorded_again():
     grown = {**held, "recorded_graphs": 18, "cudagraph_skips": 1}
     said = bench.cudagraph_growth([{}, held, held, grown], warmup=2)
     assert "recorded_graphs 18" in said and said.endswith("recorded_graphs +2, cudagraph_skips +1")
+
+
+def test_timeline_summary_finds_the_device_idle_and_where_the_host_was():
+    bench = _bench()
+
+    def dev(cat, name, ts, dur, corr, stream=7):
+        return {"cat": cat, "name": name, "ts": ts, "dur": dur, "tid": stream, "args": {"correlation": corr}}
+
+    trace = {
+        "traceEvents": [
+            dev("kernel", "gemm", 1000, 100, 1),
+            dev("gpu_memcpy", "Memcpy PtoP", 1050, 100, 2, stream=9),  # overlaps the GEMM on another stream
+            dev("kernel", "late", 1300, 50, 3),  # 150 µs with nothing running before it
+            dev("kernel", "soon", 1360, 10, 4),  # 10 µs: under the threshold
+            {
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "ts": 1290,
+                "dur": 5,
+                "tid": 1,
+                "args": {"correlation": 3},
+            },
+            {"cat": "cpu_op", "name": "step", "ts": 900, "dur": 1000, "tid": 1},
+            {"cat": "cpu_op", "name": "aten::mm", "ts": 1280, "dur": 20, "tid": 1},
+            {"cat": "cpu_op", "name": "elsewhere", "ts": 1285, "dur": 20, "tid": 2},  # another thread
+        ]
+    }
+    t = bench.timeline_summary(trace)
+    assert t["span_ms"] == pytest.approx(0.370) and t["busy_ms"] == pytest.approx(0.210)
+    assert (
+        t["idle_ms"] == pytest.approx(0.160) and t["gap_count"] == 1 and t["gap_ms"] == pytest.approx(0.150)
+    )
+    (gap,) = t["gaps"]
+    assert gap["at_ms"] == pytest.approx(0.150) and gap["us"] == 150 and gap["next"] == "late"
+    assert gap["launched_us_into_gap"] == 140 and gap["host"] == "aten::mm < step"
+    assert bench.timeline_summary({"traceEvents": []})["gaps"] == []
+    text = bench.timeline_table({"variants": [{"variant": "v", "timeline": t}]})
+    assert "traced step of v (rank 0): device span 0.37 ms, busy 0.21, idle 0.16 (1 gaps" in text
+    assert "aten::mm < step" in text
