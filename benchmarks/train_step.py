@@ -445,14 +445,24 @@ def timeline_summary(trace: dict, top: int = 8, gap_us: float = 20.0) -> dict:
     `gap_us` or more with nothing running. Each of the `top` longest gaps is reported with the
     device work that ended it and where the host was when it launched that work (the innermost
     host ops around the launch): a gap whose launch came late is the host's, one whose launch came
-    early is a wait on the device (another rank, a stream join)."""
+    early is a wait on the device (another rank, a stream join). The host's time in CUDA's calls
+    (`host_calls`: a graph's launch, a kernel's, a synchronization) comes with them."""
     events = trace.get("traceEvents", [])
     device = sorted(
         (e for e in events if e.get("cat") in _DEVICE_CATEGORIES and e.get("dur") is not None),
         key=lambda e: e["ts"],
     )
     if not device:
-        return {"span_ms": 0.0, "busy_ms": 0.0, "idle_ms": 0.0, "gaps": []}
+        return {
+            "span_ms": 0.0,
+            "busy_ms": 0.0,
+            "idle_ms": 0.0,
+            "gaps_over_us": gap_us,
+            "gap_count": 0,
+            "gap_ms": 0.0,
+            "gaps": [],
+            "host_calls": [],
+        }
     launches = {
         e["args"]["correlation"]: e
         for e in events
@@ -495,6 +505,12 @@ def timeline_summary(trace: dict, top: int = 8, gap_us: float = 20.0) -> dict:
                 "host": None if launch is None else host_at(launch),
             }
         )
+    calls: dict[str, list] = {}
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("dur") is not None:
+            c = calls.setdefault(e["name"], [0, 0.0])
+            c[0] += 1
+            c[1] += e["dur"]
     return {
         "span_ms": (end - start) / 1e3,
         "busy_ms": busy / 1e3,
@@ -503,6 +519,11 @@ def timeline_summary(trace: dict, top: int = 8, gap_us: float = 20.0) -> dict:
         "gap_count": len(gaps),
         "gap_ms": sum(g[0] for g in gaps) / 1e3,
         "gaps": reported,
+        # the host's time in CUDA's runtime and driver calls, by call, the costliest first (µs a step)
+        "host_calls": [
+            {"call": name, "calls": n, "us": us}
+            for name, (n, us) in sorted(calls.items(), key=lambda c: -c[1][1])[:top]
+        ],
     }
 
 

@@ -81,6 +81,8 @@ class Sources:
     step_ceiling: tuple[tuple[str, str], ...] = ()
     """(database, train-step run) pairs: the step's ops measured alone at the run's token count
     (the database) set against the step (the run)."""
+    train_timeline: tuple[str, ...] = ()
+    """`benchmarks/train_step.py --trace` runs: a traced step's device idle time and host calls."""
 
 
 def sources(root: Path) -> Sources:
@@ -99,6 +101,7 @@ def sources(root: Path) -> Sources:
                 if isinstance(doc["train_profile"], str)
                 else tuple(doc["train_profile"])
             ),
+            train_timeline=tuple(doc.get("train_timeline", ())),
             graph_calls=(
                 (doc["graph_calls"],) if isinstance(doc["graph_calls"], str) else tuple(doc["graph_calls"])
             ),
@@ -708,6 +711,7 @@ def train_step(root: Path) -> str:
                     v["variant"],
                     configurations if v["variant"].startswith("syncopate") else "",
                     "–" if not step else f"{step:.2f}",
+                    _enqueue(v, doc["warmup"]),
                     "–" if not step else f"{v['tokens_per_s']:.0f}",
                     "–" if not step else f"{v['peak_bytes'] / 2**30:.2f}",
                     "–" if loss is None else f"{loss:.2e}",
@@ -722,6 +726,7 @@ def train_step(root: Path) -> str:
                 doc["warmup"],
                 doc["versions"]["torch"],
                 doc["versions"]["transformers"],
+                doc.get("optimizer", "foreach"),
             )
         )
     table = _table(
@@ -735,6 +740,7 @@ def train_step(root: Path) -> str:
             "variant",
             "configurations",
             "step ms",
+            "enqueue ms",
             "tokens/s",
             "peak GiB",
             "max |Δloss| vs torch TP",
@@ -744,11 +750,22 @@ def train_step(root: Path) -> str:
         rows,
     )
     said = "; ".join(
-        f"{gpu}, median of {steps} steps after {warmup}, torch {t}, transformers {tf}"
-        for gpu, steps, warmup, t, tf in sorted(set(notes))
+        f"{gpu}, median of {steps} steps after {warmup}, AdamW {opt}, torch {t}, transformers {tf}"
+        for gpu, steps, warmup, t, tf, opt in sorted(set(notes))
     )
     files = ", ".join(f"`results/{name}`" for name, _ in runs)
-    return f"{table}\n\n{said}; from {files}.\n"
+    return (
+        f"{table}\n\n{said}; `enqueue ms`: the host's time to enqueue a step (the slowest rank's, median), "
+        f"near the step's own where the host paces it; from {files}.\n"
+    )
+
+
+def _enqueue(variant: dict, warmup: int) -> str:
+    """A train-step variant's median over its timed steps of the slowest rank's enqueue time, ms."""
+    ranks = variant.get("enqueue_ms_by_rank")
+    if not ranks:
+        return "–"
+    return f"{statistics.median(max(step) for step in list(zip(*ranks))[warmup:]):.2f}"
 
 
 TORCH_TP_VARIANTS = ("torch", "torch-compiled", "torch-graphs")
@@ -791,6 +808,59 @@ def _train_profile(root: Path, name: str, label: str | None) -> str:
         f"kernels on several streams overlap, so a column can sum to more than its step. {m['name']}, "
         f"{m['layers']} layers, {doc['tokens']} tokens, TP={doc['world']} on {doc['device']}, torch "
         f"{doc['versions']['torch']}; configurations: {label or '–'}; from `results/{name}`.\n"
+    )
+
+
+def train_timeline(root: Path) -> str:
+    """A traced training step per variant (`benchmarks/train_step.py --trace`, rank 0): how much of
+    the step its GPU was busy, its idle gaps, and the host's time in CUDA's calls that launch work."""
+    rows, notes = [], []
+    for name in sources(root).train_timeline:
+        doc = _read_json(root / "results" / name)
+        traced = [v for v in doc["variants"] if v.get("timeline")]
+        if not traced:
+            raise ConfigError(f"results/{name} has no traced variant: run train_step.py with --trace DIR")
+        for v in traced:
+            t = v["timeline"]
+            calls = {c["call"]: c for c in t.get("host_calls", ())}
+            launch = calls.get("cudaGraphLaunch")
+            kernels = [calls[c]["us"] for c in ("cudaLaunchKernel", "cuLaunchKernelEx") if c in calls]
+            rows.append(
+                [
+                    f"{doc['world']} × {doc['device'].replace('NVIDIA ', '')}",
+                    str(doc["tokens"]),
+                    v["variant"],
+                    f"{v['step_ms']:.2f}",
+                    f"{t['span_ms']:.2f}",
+                    f"{t['busy_ms']:.2f}",
+                    f"{t['idle_ms']:.2f}",
+                    f"{t['gap_count']} / {t['gap_ms']:.2f}",
+                    "–" if launch is None else f"{launch['calls']} / {launch['us'] / 1e3:.2f}",
+                    f"{sum(kernels) / 1e3:.2f}" if kernels else "–",
+                ]
+            )
+        notes.append(f"`results/{name}`")
+    table = _table(
+        [
+            "GPUs (TP)",
+            "tokens",
+            "variant",
+            "step ms (timed)",
+            "traced step: GPU span ms",
+            "busy",
+            "idle",
+            "gaps ≥ 20 µs: count / ms",
+            "graph launches: calls / host ms",
+            "kernel launches: host ms",
+        ],
+        rows,
+    )
+    return (
+        f"{table}\n\nOne step after the timed ones under torch's profiler (host and device), rank 0: the span "
+        f"from its first device work to its last, busy the union of every stream's kernels, copies and "
+        f"memsets (a kernel that waits for a peer counts as busy), idle the rest; the host's time in "
+        f"`cudaGraphLaunch` and in kernel launches over the step (the profiler adds to both); from "
+        f"{', '.join(notes)}.\n"
     )
 
 
@@ -1104,6 +1174,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "moe": moe,
     "train-step": train_step,
     "train-profile": train_profile,
+    "train-timeline": train_timeline,
     "graph-calls": graph_calls,
     "op-host": op_host,
     "nvshmem": nvshmem,

@@ -365,6 +365,7 @@ def test_timeline_summary_finds_the_device_idle_and_where_the_host_was():
     (gap,) = t["gaps"]
     assert gap["at_ms"] == pytest.approx(0.150) and gap["us"] == 150 and gap["next"] == "late"
     assert gap["launched_us_into_gap"] == 140 and gap["host"] == "aten::mm < step"
+    assert t["host_calls"] == [{"call": "cudaLaunchKernel", "calls": 1, "us": 5}]
     assert bench.timeline_summary({"traceEvents": []})["gaps"] == []
     text = bench.timeline_table({"variants": [{"variant": "v", "timeline": t}]})
     assert "traced step of v (rank 0): device span 0.37 ms, busy 0.21, idle 0.16 (1 gaps" in text
