@@ -124,6 +124,11 @@ def timed(run, group, dev) -> float:
     return statistics.median(times)
 
 
+def stage(group, what: str) -> None:
+    """Say on stderr, from every rank, which stage of a case it starts (a stalled case says where)."""
+    print(f"  rank {dist.get_rank(group)}: {what}", file=sys.stderr, flush=True)
+
+
 def slowest(value: float, group, dev) -> float:
     """The largest of every rank's `value`."""
     t = torch.tensor([value], device=dev, dtype=torch.float64)
@@ -159,15 +164,19 @@ def case(
     for name, fn in impls(kind, m, ws, group, configs).items():
         if dist.get_rank(group) == 0:
             print(f"{kind} {m}×{n}×{k} {name} …", flush=True)
+        stage(group, "warm-up (eager)")
         for _ in range(3):  # outside any capture first: contexts, kernels, NCCL's connections
             fn(a, b)
         torch.cuda.synchronize()
         barrier(group, dev)
+        stage(group, "capture")
         graph = torch.cuda.CUDAGraph(keep_graph=True)
         with torch.cuda.graph(graph):
             outs = [fn(a, b) for _ in range(CALLS)]
+        stage(group, "first replay")
         graph.replay()
         torch.cuda.synchronize()
+        stage(group, "timing")
         err = max(relative_error(o, reference(kind, a, b, group)) for o in outs[-1:])
 
         def eager(fn=fn):
