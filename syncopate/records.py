@@ -103,6 +103,13 @@ def check_mode(mode: object) -> str:
     return mode
 
 
+def replays_in_graph(candidate: Any) -> bool:
+    """Whether mode `graph` may serve `candidate`: a dense candidate whose call replays from a CUDA
+    graph (:attr:`~syncopate.search_space.Candidate.replays_in_graph`); a MoE candidate, whose layer
+    decides what it captures, always."""
+    return candidate.replays_in_graph if isinstance(candidate, Candidate) else True
+
+
 def rank_key(mode: str, median_us: float | None, eager_us: float | None) -> tuple[int, float]:
     """The sort key of a time in `mode`, fastest first: `graph` ranks by device time; `eager` by
     eager time, every time with an eager figure before every one without (those, measured before

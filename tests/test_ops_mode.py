@@ -150,3 +150,42 @@ def test_the_warm_up_of_compiled_cuda_graphs_prepares_the_graph_program(group, p
     monkeypatch.delitem(sys.modules, "torch._inductor.cudagraph_trees")
     assert ops._compiled_graph_warmup(a) is False
     assert ops._compiled_graph_warmup(torch.zeros(2)) is False
+
+
+def test_a_configuration_whose_replay_stalls_is_refused_under_capture(group, prepared, monkeypatch):
+    """The nccl backend's chunk plans do not replay from a CUDA graph: a capture of such a call is
+    refused before anything is enqueued, given or looked up (here in eager mode, the warm-up's), and
+    so is a capture through the fast path of a call kept outside one."""
+    nccl = ops.Candidate(backend="nccl", template="direct", comm_sms=64)
+
+    def fake_prepare(kind, a, b, group, config, mode="eager"):
+        prepared.append(mode)
+        return types.SimpleNamespace(
+            mode=mode, spec=types.SimpleNamespace(candidate=config or nccl, kind=kind)
+        )
+
+    monkeypatch.setattr(ops, "_prepare", fake_prepare)
+    a, b = _operands()
+    assert ops._program("ag_gemm", a, b, group, nccl, capturing=False).spec.candidate == nccl
+    with pytest.raises(
+        ConfigError, match=r"nccl/direct.*cannot be captured in a CUDA graph.*copy_engine or sm_copy"
+    ):
+        ops._program("ag_gemm", a, b, group, nccl, capturing=True)
+    ops._program("gemm_rs", a, b, group, None, capturing=False)  # looked up in eager mode
+    with pytest.raises(ConfigError, match=r"set_mode\('graph'\) before the warm-up"):
+        ops._program("gemm_rs", a, b, group, None, capturing=True)
+    unfused = ops.Candidate(backend="nccl", template="unfused")
+    assert ops._program("gemm_ar", a, b, group, unfused, capturing=False) is ops._program(
+        "gemm_ar", a, b, group, unfused, capturing=True
+    )
+
+    program = types.SimpleNamespace(
+        spec=types.SimpleNamespace(candidate=nccl, kind="gemm_rs"),
+        bind=lambda gathered=False: lambda a, b: "enqueued",
+    )
+    call = ops._bound(program, False)
+    monkeypatch.setattr(ops, "_stream_capturing", lambda: False)
+    assert call(a, b) == "enqueued"
+    monkeypatch.setattr(ops, "_stream_capturing", lambda: True)
+    with pytest.raises(ConfigError, match="syncopate.matmul_reduce_scatter: configuration nccl/direct"):
+        call(a, b)

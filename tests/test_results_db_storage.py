@@ -356,6 +356,38 @@ class TestStorageConformance:
         served = lookup(W.shape, TOPO, db=db_url, environment=ENV)
         assert (served.trial_id, served.guard, served.candidate) == (guard, "unfused", CANDIDATES[unfused])
 
+    def test_graph_mode_serves_only_what_replays_from_a_cuda_graph(self, db, db_url, tmp_path):
+        """The nccl backend's chunk plans stall when replayed from a CUDA graph: mode graph passes
+        over them (to the fastest tuned trial that replays), mode eager does not."""
+        nccl = Candidate(backend="nccl", template="direct", comm_sms=64, num_splits=1)
+        assert not nccl.replays_in_graph and CANDIDATES[8].replays_in_graph  # unfused replays
+        sweep = db.start_sweep("s")
+        ids = db.record_trials(
+            sweep,
+            [
+                dataclasses.replace(trial(0, median_us=90.0, eager_us=100.0), candidate=nccl),
+                trial(1, median_us=120.0, eager_us=130.0),
+                trial(2, median_us=140.0, eager_us=150.0),
+            ],
+        )
+        for mode, expected in (("graph", ids[1]), ("eager", ids[0])):
+            clear_cache()
+            found = lookup(W.shape, TOPO, db=db_url, environment=ENV, mode=mode)
+            assert (found.match, found.trial_id, found.guard) == ("exact", expected, ""), mode
+        assert {p.mode: p.trial.trial_id for p in db.picks()} == {"eager": ids[0], "graph": ids[1]}
+        path = tmp_path / "best.json"
+        db.export_best(path)
+        clear_cache()
+        assert lookup(W.shape, TOPO, db=path, environment=ENV, mode="graph").trial_id == ids[1]
+        only = tmp_path / "only.db"  # nothing else measured: graph mode answers from the next rung
+        with ResultsDB.open(only, upgrade=True) as alone:
+            alone.record_trial(
+                alone.start_sweep("s"), dataclasses.replace(trial(0, median_us=90.0), candidate=nccl)
+            )
+        clear_cache()
+        answer = lookup(W.shape, TOPO, db=only, environment=ENV, mode="graph")
+        assert answer.match != "exact" and answer.candidate.replays_in_graph
+
     def test_a_database_at_revision_0001_is_read_as_it_is_and_upgraded_with_its_data(self, db, db_url):
         """Its rows name backend `sm_copy` by its earlier name `nvshmem` (migration 0003 renamed it):
         read as it is, they say `sm_copy`; a write asks for the upgrade."""

@@ -594,7 +594,18 @@ def _keep_call(kind: str, a, b, group, config, program: CallProgram) -> None:
 
 
 def _bound(program: CallProgram, gathered: bool) -> Callable:
-    """`program.bind`, where its calls may be replayed (`_run`) enqueueing them as `set_launch` says."""
+    """`program.bind`, where its calls may be replayed (`_run`) enqueueing them as `set_launch` says;
+    a program whose calls do not replay from a CUDA graph refuses a call being captured."""
+    cand = program.spec.candidate
+    if not cand.replays_in_graph:
+        call = program.bind(gathered=gathered)
+
+        def refusing(a, b):
+            if _stream_capturing():
+                _refuse_in_graph(OP_NAMES[program.spec.kind], cand, False)
+            return call(a, b)
+
+        return refusing
     if not replayable(program, 0):
         return program.bind(gathered=gathered)
 
@@ -674,7 +685,27 @@ def _program(kind: str, a, b, group, config, capturing: bool) -> CallProgram:
         note_prepared()
         if key is not None:
             _REGISTRY.programs[key] = program
+    if capturing:
+        _refuse_in_graph(OP_NAMES[kind], program.spec.candidate, config is None)
     return program
+
+
+def _refuse_in_graph(op: str, cand: Candidate, looked_up: bool) -> None:
+    """A call whose configuration does not replay from a CUDA graph (`Candidate.replays_in_graph`),
+    refused under a capture before anything is enqueued: its replay would stall, not fail."""
+    if cand.replays_in_graph:
+        return
+    how = (
+        "lookup served it in eager mode: call syncopate.set_mode('graph') before the warm-up, so that "
+        "lookup serves a configuration that replays"
+        if looked_up
+        else "capture a configuration on backend copy_engine or sm_copy, or template unfused (the "
+        "group's collective, then the matmul)"
+    )
+    raise ConfigError(
+        f"syncopate.{op}: configuration {cand.short()} cannot be captured in a CUDA graph (a replay of the "
+        f"nccl backend's chunk sends and receives stalls); {how}, or make this call outside the graph"
+    )
 
 
 def _prepare(kind: str, a, b, group, config, mode: str = "eager") -> CallProgram:

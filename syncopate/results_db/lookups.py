@@ -40,6 +40,8 @@ The ladder, first rung that answers wins (the result's `match` says which, `reas
 
 A stored configuration is only served if it is valid for the shape asked for
 (:func:`~syncopate.search_space.check_candidate`); an invalid one moves the search to the next shape.
+Mode `graph` serves, on every rung, only configurations whose calls replay from a CUDA graph
+(:attr:`~syncopate.search_space.Candidate.replays_in_graph`: not the `nccl` backend's chunk plans).
 
 Every answer is cached for the life of the process, per mode (a repeat lookup costs microseconds; a
 changed database is seen by a new process, or after :func:`clear_cache`). Bad arguments raise
@@ -456,6 +458,8 @@ class _Ladder:
             found.setdefault(c.key(), c)
         scored = []
         for c in found.values():
+            if self.mode == "graph" and not c.replays_in_graph:
+                continue
             try:
                 p = model.predict(self.workload, self.topology, c)
             except (ConfigError, CalibrationError) as e:

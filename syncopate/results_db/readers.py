@@ -7,7 +7,8 @@ A :class:`BestSource` answers what the lookup ladder asks:
 - `served(shape_ref, topology, environment_key, environment=…, mode=…)`: what is served in a mode
   for that shape on that topology, under that environment, under any other, or under any
   (:func:`~syncopate.records.pick`: the fastest `ok`, `measured` tuned trial, unless the untuned
-  default's or the unfused template's trial under the same environment is faster in the mode);
+  default's or the unfused template's trial under the same environment is faster in the mode; in
+  `graph`, of the trials whose calls replay from a CUDA graph, :func:`~syncopate.records.replays_in_graph`);
 - `holdings()`: what it holds in all (for a lookup that nothing measured answers);
 - `calibration_records()`: the measured cost-model calibrations it holds.
 
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from syncopate.errors import ConfigError, DatabaseError, LookupFailedError
-from syncopate.records import CalibrationRecord, Environment, objective, pick
+from syncopate.records import CalibrationRecord, Environment, objective, pick, replays_in_graph
 from syncopate.results_db import codec, sqlite_files
 from syncopate.results_db.kinds import stored_candidate
 from syncopate.results_db.schema import (
@@ -422,6 +423,13 @@ class _SqlSource(BestSource):
         guards = {name: c.key() for name, c in guard_candidates(shape.workload, stored).items()}
         hashes = list(guards.values())
         tuned = self._fastest(shape, topology_id, environment, environment_id, mode, hashes, among=False)
+        if mode == "graph":  # the fastest tuned trial whose call replays from a CUDA graph
+            passed = list(hashes)
+            while tuned is not None and not replays_in_graph(self._hit(tuned, shape.workload.kind).candidate):
+                passed.append(tuned[6])
+                tuned = self._fastest(
+                    shape, topology_id, environment, environment_id, mode, passed, among=False
+                )
         if tuned is None:  # only guards measured here: the fastest of them decides the environment
             first = self._fastest(shape, topology_id, environment, environment_id, mode, hashes, among=True)
             if first is None:
@@ -606,6 +614,7 @@ class ExportSource(BestSource):
             and e.topology.key() == topology.key()
             and mode in e.served_in
             and (environment == "any" or (e.environment.key() == environment_key) == (environment == "same"))
+            and (mode != "graph" or replays_in_graph(e.candidate))
         ]
         if not found:
             return None

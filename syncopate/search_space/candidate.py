@@ -212,6 +212,13 @@ class Candidate(CanonicalJson):
         d.update(changes)
         return Candidate.from_dict(d)
 
+    @property
+    def replays_in_graph(self) -> bool:
+        """Whether a call on this candidate may be captured in a CUDA graph and replayed: all but
+        the `nccl` backend's chunk plans, whose replay stalls (its send/receive pairs per chunk beside
+        the fused kernel); `unfused`, the group's whole collective then the matmul, replays."""
+        return self.backend != "nccl" or self.template == UNFUSED
+
     def short(self) -> str:
         """A one-line summary for tables."""
         sms = f" sms={self.comm_sms}" if self.comm_sms else ""

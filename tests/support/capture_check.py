@@ -3,7 +3,8 @@
 compiles the kernel), then a graph of two calls with different inputs, replayed with fresh inputs
 and poisoned outputs, an uncaptured call with its own tensors between replays, and replays back to
 back with inputs changed between them in stream order; every output against float32. The first call
-of a shape and a bounded wait are refused under capture with their ConfigError.
+of a shape, a bounded wait and a configuration whose replay stalls (the nccl backend's chunk plans)
+are refused under capture with their ConfigError.
 
 One GPU, a group of one rank (tests/test_gpu_capture.py runs it so, in a fresh process without
 TRITON_INTERPRET): it prints one line per check and exits 1 if one fails.
@@ -103,6 +104,16 @@ def replayed(kind: str, cand: Candidate, dev, group, world: int, gen) -> str:
     out1, out2 = x.poisoned(), x.poisoned()
     op(a1, b, group, cand, out=out1)  # outside the capture: the context, the kernel
     torch.cuda.synchronize()
+    if not cand.replays_in_graph:  # its replay would stall: refused under capture, right outside
+        try:
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                op(a1, b, group, cand, out=out1)
+        except ConfigError as e:
+            assert "cannot be captured in a CUDA graph" in str(e), e
+        else:
+            raise AssertionError(f"{cand.short()} captured")
+        assert _error(kind, out1, a1, b, group) <= TOL
+        return "refused under capture with its ConfigError, right outside it"
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         op(a1, b, group, cand, out=out1)
