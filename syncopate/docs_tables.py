@@ -266,6 +266,48 @@ def summary(root: Path) -> str:
     )
 
 
+def step_summary(root: Path) -> str:
+    """A training step per run of the train-step table: torch's fastest TP variant, our fastest, and
+    async-TP, all from the same run."""
+    rows, devices = [], set()
+    runs = sources(root).train_step
+    for name, _ in runs:
+        doc = _read_json(root / "results" / name)
+        ms = _step_ms(doc)
+        torch_tp = min((v for v in TORCH_TP_VARIANTS if v in ms), key=ms.get, default=None)
+        ours = min((v for v in ms if v.startswith("syncopate")), key=ms.get, default=None)
+        if torch_tp is None or ours is None:
+            continue
+        devices.add(doc["device"])
+        async_tp = ms.get("async-tp")
+        rows.append(
+            [
+                str(doc["world"]),
+                str(doc["tokens"]),
+                f"{torch_tp} {ms[torch_tp]:.1f}",
+                f"{ours} {ms[ours]:.1f}",
+                _r(ms[torch_tp] / ms[ours]),
+                _r(None if async_tp is None else async_tp / ms[ours]),
+            ]
+        )
+    table = _table(
+        [
+            "TP",
+            "tokens",
+            "torch TP, fastest mode: ms",
+            "ours, fastest mode: ms",
+            "torch TP / ours",
+            "async-TP / ours",
+        ],
+        rows,
+    )
+    return (
+        f"{table}\n\nA training step of Llama-3-8B's widths (8 decoder layers, transformers' model on torchtitan's "
+        f"plan, AdamW fused), ms a step; each row one run on {', '.join(sorted(devices))}, every variant "
+        f"of it in [docs/results.md](docs/results.md); from {_files(tuple(name for name, _ in runs))}.\n"
+    )
+
+
 def _suite(root: Path, name: str) -> str:
     doc, rows = bench_rows(root / "results" / name)
     dtypes = ", ".join(sorted({r["workload"]["dtype"] for r in doc["rows"]}))
@@ -1163,6 +1205,7 @@ def ce_streams(root: Path) -> str:
 
 TABLES: dict[str, Callable[[Path], str]] = {
     "summary": summary,
+    "step-summary": step_summary,
     "suite-tp2": suite_tp2,
     "suite-tp4": suite_tp4,
     "winners": winners,
