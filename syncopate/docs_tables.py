@@ -302,9 +302,8 @@ def step_summary(root: Path) -> str:
         rows,
     )
     return (
-        f"{table}\n\nA training step of Llama-3-8B's widths (8 decoder layers, transformers' model on torchtitan's "
-        f"plan, AdamW fused), ms a step; each row one run on {', '.join(sorted(devices))}, every variant "
-        f"of it in [docs/results.md](docs/results.md); from {_files(tuple(name for name, _ in runs))}.\n"
+        f"{table}\n\nLlama-3-8B's widths, 8 layers, AdamW fused; each row one run on {', '.join(sorted(devices))}; "
+        f"every variant and the runs' files in [docs/results.md](docs/results.md).\n"
     )
 
 
