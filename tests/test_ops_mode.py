@@ -154,8 +154,8 @@ def test_the_warm_up_of_compiled_cuda_graphs_prepares_the_graph_program(group, p
 
 def test_a_configuration_whose_replay_stalls_is_refused_under_capture(group, prepared, monkeypatch):
     """The nccl backend's chunk plans do not replay from a CUDA graph: a capture of such a call is
-    refused before anything is enqueued, given or looked up (here in eager mode, the warm-up's), and
-    so is a capture through the fast path of a call kept outside one."""
+    refused before anything is enqueued, given or looked up (here in eager mode, the warm-up's); a
+    captured call never takes the fast path of a call kept outside the capture, so none escapes."""
     nccl = ops.Candidate(backend="nccl", template="direct", comm_sms=64)
 
     def fake_prepare(kind, a, b, group, config, mode="eager"):
@@ -179,13 +179,15 @@ def test_a_configuration_whose_replay_stalls_is_refused_under_capture(group, pre
         "gemm_ar", a, b, group, unfused, capturing=True
     )
 
-    program = types.SimpleNamespace(
-        spec=types.SimpleNamespace(candidate=nccl, kind="gemm_rs"),
-        bind=lambda gathered=False: lambda a, b: "enqueued",
-    )
-    call = ops._bound(program, False)
-    monkeypatch.setattr(ops, "_stream_capturing", lambda: False)
-    assert call(a, b) == "enqueued"
-    monkeypatch.setattr(ops, "_stream_capturing", lambda: True)
-    with pytest.raises(ConfigError, match="syncopate.matmul_reduce_scatter: configuration nccl/direct"):
-        call(a, b)
+    # a call being captured never takes the fast path (`_fast_call`), so `_program` refuses it too
+    monkeypatch.setattr(ops, "_cuda_device", lambda: 0)
+    cuda_a, cuda_b = a.as_subclass(_OnCuda), b.as_subclass(_OnCuda)
+    key = ops._call_key("ag_gemm", cuda_a, cuda_b, group, nccl, "eager")
+    ops._REGISTRY.calls[key] = kept = object()
+    try:
+        monkeypatch.setattr(ops, "_stream_capturing", lambda: False)
+        assert ops._fast_call("ag_gemm", cuda_a, cuda_b, group, nccl) is kept
+        monkeypatch.setattr(ops, "_stream_capturing", lambda: True)
+        assert ops._fast_call("ag_gemm", cuda_a, cuda_b, group, nccl) is None
+    finally:
+        del ops._REGISTRY.calls[key]

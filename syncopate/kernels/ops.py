@@ -594,18 +594,7 @@ def _keep_call(kind: str, a, b, group, config, program: CallProgram) -> None:
 
 
 def _bound(program: CallProgram, gathered: bool) -> Callable:
-    """`program.bind`, where its calls may be replayed (`_run`) enqueueing them as `set_launch` says;
-    a program whose calls do not replay from a CUDA graph refuses a call being captured."""
-    cand = program.spec.candidate
-    if not cand.replays_in_graph:
-        call = program.bind(gathered=gathered)
-
-        def refusing(a, b):
-            if _stream_capturing():
-                _refuse_in_graph(OP_NAMES[program.spec.kind], cand, False)
-            return call(a, b)
-
-        return refusing
+    """`program.bind`, where its calls may be replayed (`_run`) enqueueing them as `set_launch` says."""
     if not replayable(program, 0):
         return program.bind(gathered=gathered)
 
