@@ -407,9 +407,10 @@ def profiled_steps(step, steps: int) -> dict:
     return profile_summary(prof.key_averages(), steps)
 
 
-def traced_step(step, path: str | None, device) -> dict:
-    """One `step()` (a whole training step) under torch's profiler, host and device; the chrome
-    trace written to `path` (gzip) where given, and its `timeline_summary`."""
+def traced_step(step, path: str | None, device, keep: bool = True) -> dict | None:
+    """One `step()` (a whole training step) under torch's profiler, host and device; with `keep`,
+    the chrome trace written to `path` (gzip) where given, and its `timeline_summary` (None without:
+    a rank that only takes part in the step)."""
     import gzip
     import tempfile
 
@@ -420,6 +421,8 @@ def traced_step(step, path: str | None, device) -> dict:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize(device)
+    if not keep:
+        return None
     with tempfile.TemporaryDirectory() as tmp:
         raw = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(raw)
@@ -463,20 +466,24 @@ def timeline_summary(trace: dict, top: int = 8, gap_us: float = 20.0) -> dict:
             "gaps": [],
             "host_calls": [],
         }
-    launches = {
-        e["args"]["correlation"]: e
-        for e in events
-        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
-    }
+    launches, calls = {}, {}  # CUDA calls by correlation (those that launch device work), totals by name
+    for e in events:
+        if e.get("cat") not in ("cuda_runtime", "cuda_driver"):
+            continue
+        if "correlation" in e.get("args", {}):
+            launches[e["args"]["correlation"]] = e
+        if e.get("dur") is not None:
+            total = calls.setdefault(e["name"], [0, 0.0])
+            total[0] += 1
+            total[1] += e["dur"]
     ops = sorted(
         (e for e in events if e.get("cat") == "cpu_op" and e.get("dur") is not None), key=lambda e: e["ts"]
     )
     start, end = device[0]["ts"], max(e["ts"] + e["dur"] for e in device)
     busy, gaps, reach = 0.0, [], start
     for e in device:
-        if e["ts"] > reach:
-            if e["ts"] - reach >= gap_us:
-                gaps.append((e["ts"] - reach, reach, e))
+        if e["ts"] - reach >= gap_us:
+            gaps.append((e["ts"] - reach, reach, e))
         lo, hi = max(e["ts"], reach), e["ts"] + e["dur"]
         if hi > lo:
             busy += hi - lo
@@ -505,12 +512,6 @@ def timeline_summary(trace: dict, top: int = 8, gap_us: float = 20.0) -> dict:
                 "host": None if launch is None else host_at(launch),
             }
         )
-    calls: dict[str, list] = {}
-    for e in events:
-        if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("dur") is not None:
-            c = calls.setdefault(e["name"], [0, 0.0])
-            c[0] += 1
-            c[1] += e["dur"]
     return {
         "span_ms": (end - start) / 1e3,
         "busy_ms": busy / 1e3,
@@ -636,10 +637,7 @@ def run_variant(variant: str, args, spec, mesh, device, dtype, batches, launch: 
         timeline = None
         if args.trace and device.type == "cuda":
             path = os.path.join(args.trace, f"trace-{name.replace('/', '-')}.json.gz")
-            timeline = traced_step(
-                lambda: train(*batches[-1]), path if dist.get_rank() == 0 else None, device
-            )
-            timeline = timeline if dist.get_rank() == 0 else None
+            timeline = traced_step(lambda: train(*batches[-1]), path, device, keep=dist.get_rank() == 0)
         host = None
         if args.host_profile:
             host = host_profiled_steps(
