@@ -105,13 +105,9 @@ def replayed(kind: str, cand: Candidate, dev, group, world: int, gen) -> str:
     op(a1, b, group, cand, out=out1)  # outside the capture: the context, the kernel
     torch.cuda.synchronize()
     if not cand.replays_in_graph:  # its replay would stall: refused under capture, right outside
-        try:
-            with torch.cuda.graph(torch.cuda.CUDAGraph()):
-                op(a1, b, group, cand, out=out1)
-        except ConfigError as e:
-            assert "cannot be captured in a CUDA graph" in str(e), e
-        else:
-            raise AssertionError(f"{cand.short()} captured")
+        _refused_in_capture(
+            lambda: op(a1, b, group, cand, out=out1), "cannot be captured in a CUDA graph", cand.short()
+        )
         assert _error(kind, out1, a1, b, group) <= TOL
         return "refused under capture with its ConfigError, right outside it"
     graph = torch.cuda.CUDAGraph()
@@ -169,20 +165,29 @@ def gathered(dev, group, world: int, gen) -> str:
     return "gathered A right in every replay (fused consumer, decomposed)"
 
 
+def _refused_in_capture(call, words: str, what: str) -> None:
+    """`call()` under a CUDA graph capture raises ConfigError saying `words`; AssertionError naming
+    `what` where it was captured instead."""
+    try:
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            call()
+    except ConfigError as e:
+        assert words in str(e), e
+    else:
+        raise AssertionError(f"captured {what}")
+
+
 def refused(dev, group, world: int, gen) -> str:
     """The first call of a shape, and a bounded wait, under capture: ConfigError, nothing captured."""
     x = Inputs("gemm_rs", world, dev, gen, shape=(1056, 512, 768))
     a, b = x.a(), x.b()
     cand = candidate("copy_engine")
     for kwargs, words in (({}, "first call with these shapes"), ({"spin_limit": 1 << 20}, "spin_limit=")):
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                syncopate.matmul_reduce_scatter(a, b, group, cand, **kwargs)
-        except ConfigError as e:
-            assert words in str(e), e
-        else:
-            raise AssertionError(f"captured with {kwargs}")
+        _refused_in_capture(
+            lambda kwargs=kwargs: syncopate.matmul_reduce_scatter(a, b, group, cand, **kwargs),
+            words,
+            f"with {kwargs}",
+        )
         if not kwargs:  # now made outside the capture, it is right
             out = x.poisoned()
             syncopate.matmul_reduce_scatter(a, b, group, cand, out=out)
