@@ -202,3 +202,22 @@ def test_bad_plan_input_is_refused():
         build_piece_plan(
             "a2a_gemm", rank=0, world_size=2, send_splits=[1], recv_counts=[[1], [1]], chunks=1, order="ring"
         )
+
+
+def test_a_row_range_splits_into_its_runs_as_rows_counted_one_by_one():
+    import random
+
+    from syncopate.moe.plan import _groups
+
+    rng = random.Random(5)
+    for _ in range(300):
+        runs = [rng.choice([0, 0, 1, 2, 5, 17]) for _ in range(rng.randint(1, 9))]
+        total = sum(runs)
+        if not total:
+            continue
+        owner = [e for e, n in enumerate(runs) for _ in range(n)]  # the run of each row
+        ends = list(itertools.accumulate(runs))
+        lo = rng.randrange(total)
+        hi = rng.randint(lo + 1, total)
+        expected = tuple(sum(1 for row in range(lo, hi) if owner[row] == e) for e in range(len(runs)))
+        assert _groups(runs, ends, lo, hi) == expected, (runs, lo, hi)

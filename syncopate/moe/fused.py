@@ -171,17 +171,23 @@ def fused_tables(
         return found
     from syncopate.kernels.tables import ENTERED_BASE
 
-    prep = pipelined.prepared(layout, kind, rank, config.as_pipelined(), device)
-    counts = layout.recv_counts.tolist()
-    piece_tiles = None
-    if kind == "a2a_gemm":
-        rows, width = dispatch_tile_table(prep.plan, counts, config.block_m), DISPATCH_WORDS
-    else:
-        rows, counted = combine_tile_table(prep.plan, counts, config.block_m, ENTERED_BASE)
-        width = COMBINE_WORDS
-        piece_tiles = to_device(torch.tensor(counted + [0], dtype=torch.int32), device)
-    table = torch.from_numpy(rows).reshape(-1, width)
-    found = FusedTables(prep=prep, tiles=to_device(table, device), piece_tiles=piece_tiles)
+    counts = layout.host_recv_counts()
+
+    def tile_tables(plan: PiecePlan) -> list[torch.Tensor]:
+        if kind == "a2a_gemm":
+            return [
+                torch.from_numpy(dispatch_tile_table(plan, counts, config.block_m)).reshape(
+                    -1, DISPATCH_WORDS
+                )
+            ]
+        rows, counted = combine_tile_table(plan, counts, config.block_m, ENTERED_BASE)
+        return [
+            torch.from_numpy(rows).reshape(-1, COMBINE_WORDS),
+            torch.tensor(counted + [0], dtype=torch.int32),
+        ]
+
+    prep, tables = pipelined.prepared(layout, kind, rank, config.as_pipelined(), device, more=tile_tables)
+    found = FusedTables(prep=prep, tiles=tables[0], piece_tiles=tables[1] if len(tables) > 1 else None)
     layout.cache[key] = found
     return found
 

@@ -42,6 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
+from syncopate.kernels import launch as _launch
 from syncopate.kernels.triton_kernels import _wait_slot
 
 __all__ = [
@@ -223,8 +224,52 @@ def combine_kernel(
                 tl.atomic_xchg(peer_pad + word, epoch, sem="release", scope="sys")
 
 
+_DISPATCH_ARGS = tuple(dispatch_kernel.arg_names[: dispatch_kernel.arg_names.index("BLOCK_M")])
+_COMBINE_ARGS = tuple(combine_kernel.arg_names[: combine_kernel.arg_names.index("BLOCK_M")])
+
+
 def _programs(tiles: int, programs: int) -> int:
     return max(1, min(tiles, programs))
+
+
+_RELAUNCHES: dict = {}
+"""Compiled MoE kernels kept for relaunch (`_run`), by everything a launch fixes."""
+
+_PER_CALL = ("epoch", "row_tiles")
+"""The integer arguments that change from call to call: relaunched with the new value."""
+
+
+def _run(kernel, name: str, grid: tuple[int], names: tuple[str, ...], args: tuple, kwargs: dict) -> None:
+    """`kernel[grid](*args, **kwargs)`, or the compiled kernel of an earlier launch that fixed the
+    same choices, launched again with its tensors and per-call integers replaced
+    (`syncopate.kernels.launch._Relaunch`: Triton's dispatch binds and specializes every argument,
+    which on a busy host costs a call about a hundred microseconds on its path; an MoE call comes
+    right after the host has waited for its routing, when the device has nothing else to run).
+
+    The key holds every other argument's value, and of the replaced ones what Triton specializes
+    on: a tensor's dtype and 16-byte alignment, an integer's being 1, a multiple of 16, or beyond
+    32 bits."""
+    first = args[0]
+    if not _launch._relaunch_on(first):
+        kernel[grid](*args, **kwargs)
+        return
+    varying, key = [], [name, grid, first.device.index, _launch._settings(), tuple(sorted(kwargs.items()))]
+    for arg_name, value in zip(names, args, strict=True):
+        if isinstance(value, torch.Tensor):
+            varying.append(arg_name)
+            key.append((value.dtype, value.data_ptr() % 16 == 0))
+        elif arg_name in _PER_CALL:
+            varying.append(arg_name)
+            key.append((value == 1, value % 16 == 0, -(2**31) <= value < 2**31))
+        else:
+            key.append(value)
+    key = tuple(key)
+    again = _RELAUNCHES.get(key)
+    if again is not None:
+        again(**dict(zip(names, args, strict=True)))
+        return
+    compiled = kernel[grid](*args, **kwargs)
+    _launch._remember(_RELAUNCHES, key, kernel, compiled, grid, args, kwargs, tuple(varying))
 
 
 def _check_operands(a: torch.Tensor, w: torch.Tensor, out_width: int) -> None:
@@ -267,30 +312,38 @@ def launch_dispatch(
         return
     n, k = w.shape[2], w.shape[1]
     grid = (_programs(row_tiles * triton.cdiv(n, block_n), programs),)
-    dispatch_kernel[grid](
-        send,
-        recv,
-        w,
-        h,
-        tiles,
-        pad,
-        error,
-        epoch,
-        spin_limit,
-        row_tiles,
-        n,
-        k,
-        send.stride(0),
-        w.stride(0),
-        w.stride(1),
-        w.stride(2),
-        h.stride(0),
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        NUM_STAGES=num_stages,
-        num_warps=num_warps,
-        num_stages=num_stages,
+    _run(
+        dispatch_kernel,
+        "dispatch",
+        grid,
+        _DISPATCH_ARGS,
+        (
+            send,
+            recv,
+            w,
+            h,
+            tiles,
+            pad,
+            error,
+            epoch,
+            spin_limit,
+            row_tiles,
+            n,
+            k,
+            send.stride(0),
+            w.stride(0),
+            w.stride(1),
+            w.stride(2),
+            h.stride(0),
+        ),
+        dict(
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            NUM_STAGES=num_stages,
+            num_warps=num_warps,
+            num_stages=num_stages,
+        ),
     )
 
 
@@ -333,30 +386,38 @@ def launch_combine(
         return
     n, k = w.shape[2], w.shape[1]
     grid = (_programs(row_tiles * triton.cdiv(n, block_n), programs),)
-    combine_kernel[grid](
-        h,
-        w,
-        dest_ptrs,
-        tiles,
-        piece_tiles,
-        counters,
-        pad,
-        peer_pads,
-        error,
-        epoch,
-        spin_limit,
-        row_tiles,
-        n,
-        k,
-        h.stride(0),
-        w.stride(0),
-        w.stride(1),
-        w.stride(2),
-        dest_stride,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        NUM_STAGES=num_stages,
-        num_warps=num_warps,
-        num_stages=num_stages,
+    _run(
+        combine_kernel,
+        "combine",
+        grid,
+        _COMBINE_ARGS,
+        (
+            h,
+            w,
+            dest_ptrs,
+            tiles,
+            piece_tiles,
+            counters,
+            pad,
+            peer_pads,
+            error,
+            epoch,
+            spin_limit,
+            row_tiles,
+            n,
+            k,
+            h.stride(0),
+            w.stride(0),
+            w.stride(1),
+            w.stride(2),
+            dest_stride,
+        ),
+        dict(
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            NUM_STAGES=num_stages,
+            num_warps=num_warps,
+            num_stages=num_stages,
+        ),
     )

@@ -24,9 +24,10 @@ in h) are made once per layout and config and kept in the layout's cache.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -42,7 +43,7 @@ from syncopate.moe.ops import (
     weighted_sum,
 )
 from syncopate.moe.plan import Piece, PiecePlan, build_piece_plan
-from syncopate.moe.routing import ExpertLayout, to_device
+from syncopate.moe.routing import ExpertLayout, to_device_all
 from syncopate.search_space.moe_workload import MoeCandidate
 
 __all__ = ["combine_autograd", "combine_rows", "dispatch_autograd", "dispatch_rows", "prepared"]
@@ -62,42 +63,48 @@ class Prepared:
 
 
 def prepared(
-    layout: ExpertLayout, kind: str, rank: int, config: MoeCandidate, device: torch.device
-) -> Prepared:
-    """The tables of `kind` under `config` on rank `rank`, made once and kept in the layout's cache."""
+    layout: ExpertLayout,
+    kind: str,
+    rank: int,
+    config: MoeCandidate,
+    device: torch.device,
+    more: Callable[[PiecePlan], list[torch.Tensor]] | None = None,
+) -> tuple[Prepared, list[torch.Tensor]]:
+    """The tables of `kind` under `config` on rank `rank`, made once and kept in the layout's cache;
+    with `more`, the further int32 tables it makes from the plan (on the CPU), moved to the device in
+    the same copy as the plan's (each copy costs the host tens of microseconds, after the routing's
+    wait for the device, when nothing else is queued there), else []."""
     key = ("pipelined", kind, rank, config.chunks_per_source, config.order, str(device))
     prep = layout.cache.get(key)
     if prep is not None:
-        return prep
-    counts = layout.counts.tolist() if layout.counts is not None else None
+        return prep, to_device_all(more(prep.plan), device) if more is not None else []
+    counts = layout.host_counts()
     plan = build_piece_plan(
         kind,
         rank=rank,
         world_size=layout.world_size,
         send_splits=list(layout.send_splits),
-        recv_counts=layout.recv_counts.tolist(),
+        recv_counts=layout.host_recv_counts(),
         chunks=config.chunks_per_source,
         order=config.order,
         counts=counts,
     )
     el = layout.local_experts
-    ends = np.cumsum(np.asarray([p.groups for p in plan.pieces], dtype=np.int64).reshape(-1, el), axis=1)
-    flat = (
-        to_device(torch.from_numpy(ends.astype(np.int32).reshape(-1)), device)
-        if plan.pieces
-        else torch.empty(0, dtype=torch.int32, device=device)
+    ends = torch.tensor(
+        [end for p in plan.pieces for end in itertools.accumulate(p.groups)], dtype=torch.int32
     )
+    flat, *extra = to_device_all([ends, *(more(plan) if more is not None else [])], device)
     offsets = tuple(flat[i * el : (i + 1) * el] for i in range(len(plan.pieces)))
     places = tuple(layout.expert_order_inverse[p.rows[0] : p.rows[1]] for p in plan.pieces)
-    if layout.counts is None:
+    if counts is None:
         needed = -1
     elif kind == "a2a_gemm":
         needed = max(layout.rows_received_by(q) for q in range(layout.world_size))
     else:
-        needed = int(layout.counts.sum(1).max())
+        needed = max(sum(row) for row in counts)
     prep = Prepared(plan=plan, offsets=offsets, places=places, rows_needed=needed)
     layout.cache[key] = prep
-    return prep
+    return prep, extra
 
 
 def _group(group):
@@ -123,7 +130,7 @@ def dispatch_rows(
     row a pair [T·top_k, K], times W [El, K, N]: (h [R, N] in the unfused layout, written into `out`
     where given; with `keep_received`, the received rows [R, K] in arrival order, else None)."""
     group = _group(group)
-    prep = prepared(layout, "a2a_gemm", dist.get_rank(group), config, rows.device)
+    prep, _ = prepared(layout, "a2a_gemm", dist.get_rank(group), config, rows.device)
     plan = prep.plan
     send = rows[_token_rows(layout)] if tokens else rows[layout.order]
     width, r = rows.shape[1], layout.rows_received
@@ -158,7 +165,7 @@ def combine_rows(
     before the top_k sum. The rows may be the copy-engine context's buffer: read them before the
     next call of this kind."""
     group = _group(group)
-    prep = prepared(layout, "gemm_a2a", dist.get_rank(group), config, h.device)
+    prep, _ = prepared(layout, "gemm_a2a", dist.get_rank(group), config, h.device)
     plan = prep.plan
     width = w.shape[2]
     ex = open_exchange(config.backend, plan, group, h.device, width, h.dtype, prep.rows_needed)

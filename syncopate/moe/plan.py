@@ -27,9 +27,9 @@ the last exchange's transfer.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import dataclass
-
-import numpy as np
 
 from syncopate.errors import ConfigError
 from syncopate.search_space.chunk_plan import row_chunks
@@ -112,19 +112,20 @@ class PiecePlan:
 
 
 def _offsets(sizes: list[int]) -> list[int]:
-    out, total = [], 0
-    for n in sizes:
-        out.append(total)
-        total += n
-    return out
+    return [0, *itertools.accumulate(sizes)][: len(sizes)]
 
 
-def _groups(runs: list[int], lo: int, hi: int) -> tuple[int, ...]:
-    """Rows of each run (consecutive runs of `runs[e]` rows from 0) that fall in [lo, hi)."""
-    sizes = np.asarray(runs, dtype=np.int64)
-    ends = np.cumsum(sizes)
-    rows = np.minimum(hi, ends) - np.maximum(lo, ends - sizes)
-    return tuple(np.maximum(rows, 0).tolist())
+def _groups(runs: list[int], ends: list[int], lo: int, hi: int) -> tuple[int, ...]:
+    """Rows of each run (consecutive runs of `runs[e]` rows from 0, ending at `ends[e]`) that fall
+    in [lo, hi), 0 <= lo < hi <= ends[-1]. Plain Python and two bisections: a few dozen runs, on
+    the host's path at every call of a routing."""
+    first = bisect.bisect_right(ends, lo)  # the run holding row lo
+    last = bisect.bisect_left(ends, hi)  # the run holding row hi - 1
+    if first == last:
+        middle = [hi - lo]
+    else:
+        middle = [ends[first] - lo, *runs[first + 1 : last], hi - ends[last - 1]]
+    return (0,) * first + tuple(middle) + (0,) * (len(runs) - last - 1)
 
 
 def build_piece_plan(
@@ -151,56 +152,63 @@ def build_piece_plan(
     el = len(recv_counts[0])
     recv_splits = [sum(row) for row in recv_counts]
     send_off, recv_off = _offsets(send_splits), _offsets(recv_splits)
-    token = {d: (send_off[d], send_splits[d]) for d in range(ws)}
-    expert = {s: (recv_off[s], recv_splits[s]) for s in range(ws)}
-    # what rank q's buffers look like, for where this rank's rows land there
-    if counts is not None:
-        to_rank = [[sum(counts[q][d * el : (d + 1) * el]) for d in range(ws)] for q in range(ws)]
-        landing_token = [_offsets(to_rank[q]) for q in range(ws)]  # q's token side: by expert rank
-        landing_expert = [_offsets([to_rank[s][q] for s in range(ws)]) for q in range(ws)]  # by source
     dispatch = kind == "a2a_gemm"
-    send_side, recv_side = (token, expert) if dispatch else (expert, token)
+    if dispatch:  # sent from the token side (by destination rank), received into the expert side (by source)
+        send_start, send_size, recv_start, recv_size = send_off, send_splits, recv_off, recv_splits
+    else:
+        send_start, send_size, recv_start, recv_size = recv_off, recv_splits, send_off, send_splits
+
+    def landing(peer: int) -> int:
+        """Where this rank's rows start in `peer`'s receive buffer: its expert side (by source
+        rank) in dispatch, its token side (by expert rank) in combine."""
+        if dispatch:
+            return sum(sum(counts[s][peer * el : (peer + 1) * el]) for s in range(rank))
+        return sum(counts[peer][: rank * el])
+
     exchanges: list[Exchange] = []
     for step in range(1, ws):
         out_peer, in_peer = step_peers(rank, ws, order, step)
-        out_start, out_rows = send_side[out_peer]
-        in_start, in_rows = recv_side[in_peer]
+        out_start, out_rows = send_start[out_peer], send_size[out_peer]
+        in_start, in_rows = recv_start[in_peer], recv_size[in_peer]
+        base = landing(out_peer) if counts is not None else -1
         for j, ((a, b), (c, d)) in enumerate(zip(row_chunks(out_rows, chunks), row_chunks(in_rows, chunks))):
             if b == a and d == c:
                 continue
-            at = -1
-            if counts is not None:
-                base = landing_expert[out_peer][rank] if dispatch else landing_token[out_peer][rank]
-                at = base + a
             exchanges.append(
                 Exchange(
                     step=step,
                     chunk=j,
                     send_peer=out_peer,
                     send_rows=(out_start + a, out_start + b),
-                    send_at=at,
+                    send_at=base + a if counts is not None else -1,
                     recv_peer=in_peer,
                     recv_rows=(in_start + c, in_start + d),
                 )
             )
-    own_start, own_rows = expert[rank]
     own = Piece(
         source=rank,
         chunk=0,
-        rows=(own_start, own_start + own_rows),
+        rows=(recv_off[rank], recv_off[rank] + recv_splits[rank]),
         groups=tuple(recv_counts[rank]),
         exchange=None,
-        token_rows=(token[rank][0], token[rank][0] + token[rank][1]),
+        token_rows=(send_off[rank], send_off[rank] + send_splits[rank]),
     )
-    peers = []
+    peers, ends = [], {}
     for i, x in enumerate(exchanges):
         source, (lo, hi) = (x.recv_peer, x.recv_rows) if dispatch else (x.send_peer, x.send_rows)
         if hi > lo:
-            start = expert[source][0]
-            groups = _groups(list(recv_counts[source]), lo - start, hi - start)
+            runs = recv_counts[source]
+            if source not in ends:
+                ends[source] = list(itertools.accumulate(runs))
+            start = recv_off[source]
             peers.append(
                 Piece(
-                    source=source, chunk=x.chunk, rows=(lo, hi), groups=groups, exchange=i, token_rows=(0, 0)
+                    source=source,
+                    chunk=x.chunk,
+                    rows=(lo, hi),
+                    groups=_groups(runs, ends[source], lo - start, hi - start),
+                    exchange=i,
+                    token_rows=(0, 0),
                 )
             )
     ordered = ([own] + peers) if dispatch else (peers + [own])

@@ -47,6 +47,7 @@ __all__ = [
     "layout_tables",
     "sorted_pairs",
     "to_device",
+    "to_device_all",
 ]
 
 
@@ -222,7 +223,24 @@ class ExpertLayout:
     def rows_received_by(self, rank: int) -> int:
         """Rows rank `rank`'s experts receive (from `counts`: every rank's layout agrees on it)."""
         el = self.local_experts
-        return int(self.counts[:, rank * el : (rank + 1) * el].sum())
+        return sum(sum(row[rank * el : (rank + 1) * el]) for row in self.host_counts())
+
+    def host_recv_counts(self) -> list[list[int]]:
+        """`recv_counts` as Python lists [ws][El], read once (the plans' tables are made from them
+        on every call of a routing, on the host's path)."""
+        found = self.cache.get("recv_counts list")
+        if found is None:
+            found = self.cache["recv_counts list"] = self.recv_counts.tolist()
+        return found
+
+    def host_counts(self) -> list[list[int]] | None:
+        """`counts` as Python lists [ws][E] (None where the layout has none), read once."""
+        if self.counts is None:
+            return None
+        found = self.cache.get("counts list")
+        if found is None:
+            found = self.cache["counts list"] = self.counts.tolist()
+        return found
 
     def offsets(self, device: torch.device) -> torch.Tensor:
         """int32 [El] on `device`: the end of each local expert's rows (the grouped GEMM's `offs`),
@@ -240,6 +258,19 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def to_device_all(tables: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Small CPU tables of one dtype on `device` with one copy (`to_device`): views of one buffer,
+    each of its table's shape."""
+    if len(tables) < 2:
+        return [to_device(t, device) for t in tables]
+    moved = to_device(torch.cat([t.reshape(-1) for t in tables]), device)
+    out, at = [], 0
+    for t in tables:
+        out.append(moved[at : at + t.numel()].view(t.shape))
+        at += t.numel()
+    return out
 
 
 def expert_layout(
