@@ -228,6 +228,18 @@ _DISPATCH_ARGS = tuple(dispatch_kernel.arg_names[: dispatch_kernel.arg_names.ind
 _COMBINE_ARGS = tuple(combine_kernel.arg_names[: combine_kernel.arg_names.index("BLOCK_M")])
 
 
+def _meta(block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int) -> dict:
+    """A grouped GEMM kernel's tile sizes and launch options, as its launch takes them."""
+    return dict(
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        NUM_STAGES=num_stages,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+
+
 def _programs(tiles: int, programs: int) -> int:
     return max(1, min(tiles, programs))
 
@@ -336,14 +348,7 @@ def launch_dispatch(
             w.stride(2),
             h.stride(0),
         ),
-        dict(
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            BLOCK_K=block_k,
-            NUM_STAGES=num_stages,
-            num_warps=num_warps,
-            num_stages=num_stages,
-        ),
+        _meta(block_m, block_n, block_k, num_warps, num_stages),
     )
 
 
@@ -412,12 +417,5 @@ def launch_combine(
             w.stride(2),
             dest_stride,
         ),
-        dict(
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            BLOCK_K=block_k,
-            NUM_STAGES=num_stages,
-            num_warps=num_warps,
-            num_stages=num_stages,
-        ),
+        _meta(block_m, block_n, block_k, num_warps, num_stages),
     )
