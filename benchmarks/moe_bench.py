@@ -28,7 +28,10 @@ with the host on the path, each call on a layout made for it (the routing's host
 plan's tables; `syncopate.measure.moe.layer_call`). Then per case the layer: `MoELayer` (router,
 SwiGLU experts) forward and backward, called back to back with the host on the path
 (`time_eager`), with each layer config's ops against torch's layer, its output and input gradient
-checked against torch's layer first.
+checked against torch's layer first. `--phases` adds where each configuration's call spends its
+time (`phase_times`): per phase of the forward (route, layout, dispatch, act, combine) and the
+backward, the host's time to enqueue it and the span it takes on the device; where the two are
+near each other the host paced that phase.
 
 `--json FILE` writes every row (every candidate's times and errors, the environment); `--log-file FILE`
 every rank's log (rank r > 0 to FILE.rank<r>); with OUT set they default to $OUT/moe_bench.json
@@ -95,6 +98,50 @@ def time_layer(fn, group, args) -> dict[str, float]:
     from syncopate.measure.timing import time_eager
 
     return _summary(time_eager(fn, group, calls=args.layer_calls))
+
+
+def phase_times(call, group, cuda: bool, calls: int = 5) -> dict[str, dict[str, float]]:
+    """Where one layer call's time goes: `call(stamp)` (the layer's forward with `stamp`, then its
+    backward) made `calls` times back to back, each stamped as every phase
+    of its forward has been enqueued (`MoELayer.PHASES`) and after its backward, on the host (the
+    wall clock) and on the device (CUDA events on the caller's stream; on the CPU the wall clock
+    again). Per phase, the median over calls of the slowest rank's µs: host time is what the host
+    spent enqueueing the phase (waits for the device included), device time the span between the
+    phase's stamps on the device, which a host behind the device stretches too."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from syncopate.moe.layer import PHASES
+
+    names = (*PHASES, "backward")
+    per_call = []
+    for _ in range(calls):
+        marks = []
+
+        def mark(phase: str) -> None:
+            event = None
+            if cuda:
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+            marks.append((phase, time.perf_counter(), event))
+
+        mark("start")
+        call(mark)
+        mark("backward")
+        if cuda:
+            marks[-1][2].synchronize()
+        spans = []
+        for (_, h0, e0), (_, h1, e1) in zip(marks, marks[1:], strict=False):
+            host = (h1 - h0) * 1e6
+            spans += [host, e0.elapsed_time(e1) * 1e3 if cuda else host]
+        per_call.append(spans)
+    medians = [statistics.median(call[i] for call in per_call) for i in range(2 * len(names))]
+    worst = torch.tensor(medians, dtype=torch.float64, device="cuda" if cuda else "cpu")
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+    values = worst.tolist()
+    return {name: {"host_us": values[2 * i], "device_us": values[2 * i + 1]} for i, name in enumerate(names)}
 
 
 # The grid ----------------------------------------------------------------------------------------
@@ -382,6 +429,10 @@ def run_layer(case: Case, tuned=None) -> dict:
             if row["rel_error"] < LAYER_TOLERANCE:
                 row["times"] = time_layer(lambda: step(lambda: layer(x)), case.group, args)
                 row["torch_over_ours"] = times["torch"]["median_us"] / row["times"]["median_us"]
+                if args.phases:
+                    row["phases"] = phase_times(
+                        lambda stamp: step(lambda: layer(x, stamp=stamp)), case.group, x.is_cuda
+                    )
                 row["status"] = "ok"
             else:
                 row["status"] = "wrong_result"
@@ -498,6 +549,19 @@ def table(result: dict) -> str:
             lines.append(
                 f"{r['model']:20s} {r['ep']:2d} {r['tokens']:6d} {r['routing']:18s} " + ", ".join(parts)
             )
+    phased = [(r, c) for r in result["layers"] for c in r["configs"] if "phases" in c]
+    if phased:
+        names = list(phased[0][1]["phases"])
+        lines += [
+            "",
+            "MoELayer phases, host / device µs a call (median of 5, the slowest rank): a phase whose "
+            "host time is near its device time was paced by the host",
+            f"{'case, config':64s} " + " ".join(f"{n:>13s}" for n in names),
+        ]
+        for r, c in phased:
+            case = f"EP={r['ep']} {r['tokens']} {r['routing']}, {c['config']}"
+            cells = [f"{p['host_us']:.0f}/{p['device_us']:.0f}".rjust(13) for p in c["phases"].values()]
+            lines.append(f"{case[:64]:64s} " + " ".join(cells))
     return "\n".join(lines)
 
 
@@ -553,6 +617,12 @@ def parse(argv):
     p.add_argument("--repetitions", type=int, default=20)
     p.add_argument("--layer-calls", type=int, default=5, help="layer calls back to back a repetition")
     p.add_argument("--no-layer", action="store_true", help="skip the MoELayer forward + backward")
+    p.add_argument(
+        "--phases",
+        action="store_true",
+        help="also time each layer configuration's phases, host and device (route, layout, dispatch, "
+        "act, combine, backward)",
+    )
     p.add_argument("--cpu", action="store_true", help="gloo ranks on the CPU (checks the script)")
     p.add_argument("--shrink", type=int, default=1, help="divide hidden, ffn and experts by this")
     p.add_argument("--json", help="write every row here (default $OUT/moe_bench.json where OUT is set)")

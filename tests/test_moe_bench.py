@@ -1,8 +1,8 @@
 """Layer: gloo process groups on the CPU, and multi-GPU. benchmarks/moe_bench.py: with --cpu on a
 shrunk case, every candidate is checked and timed beside torch's path, the all-to-all and the
-GEMM alone, the layer beside torch's, and the table, the JSON and every rank's log come out; without
-a GPU it refuses in one line; a bad file is refused with exit 2; on two GPUs (skipped here), the
-file's Qwen3 layer at EP=2 with fewer tokens, spawned and under torchrun."""
+GEMM alone, the layer beside torch's and its phases, and the table, the JSON and every rank's log
+come out; without a GPU it refuses in one line; a bad file is refused with exit 2; on two GPUs
+(skipped here), the file's Qwen3 layer at EP=2 with fewer tokens, spawned and under torchrun."""
 
 from __future__ import annotations
 
@@ -66,9 +66,14 @@ def _check(tmp_path, out, cases: int, backends: set[str]) -> dict:
 
 def test_the_cpu_run_checks_and_times_every_candidate(tmp_path):
     args = ("--cpu", "--models", "qwen3_30b_a3b", "--ep", "2", "--shrink", "64", "--tokens", "16")
-    out = _run(tmp_path, *args, "--repetitions", "2", "--routings", "skewed")
+    out = _run(tmp_path, *args, "--repetitions", "2", "--routings", "skewed", "--phases")
     result = _check(tmp_path, out, cases=2, backends={"nccl"})
     assert len(result["layers"]) == 1
+    # each layer configuration's phases, host and device, in the order a call runs them
+    for c in result["layers"][0]["configs"]:
+        assert list(c["phases"]) == ["route", "layout", "dispatch", "act", "combine", "backward"], c
+        assert all(p["host_us"] > 0 and p["device_us"] > 0 for p in c["phases"].values()), c
+    assert "MoELayer phases, host / device" in out.stdout
     # the layer with each op's candidate an eager lookup serves: the faster of unfused and the
     # fastest on the device, both timed as a layer calls them
     best = {

@@ -47,6 +47,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -59,7 +60,7 @@ from syncopate.results_db.urls import ENV_VAR as DB_VAR
 from syncopate.search_space import Topology
 from syncopate.search_space.moe_workload import MoeCandidate, MoeWorkload, RoutingSpec
 
-__all__ = ["CHECK_SAMPLES", "CHECK_WARMUP", "MoELayer"]
+__all__ = ["CHECK_SAMPLES", "CHECK_WARMUP", "PHASES", "MoELayer"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,11 @@ CHECK_SAMPLES = 3
 """Timed calls of each, the plans and unfused, before a layer keeps the faster."""
 
 UNFUSED: tuple[None, None] = (None, None)
+
+PHASES: tuple[str, ...] = ("route", "layout", "dispatch", "act", "combine")
+"""The phases of a forward that `MoELayer.forward`'s `stamp` marks, in order: the router's top-k,
+the routing's layout (the counts' all-gather and the host's wait for them), the dispatch op,
+the experts' activation, the combine op."""
 
 
 class _Clock:
@@ -329,19 +335,34 @@ class MoELayer(nn.Module):
         weights, ids = probs.topk(self.top_k, dim=-1)
         return ids, weights / weights.sum(-1, keepdim=True)
 
-    def forward(self, x: torch.Tensor, scores: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        scores: torch.Tensor | None = None,
+        *,
+        stamp: Callable[[str], None] | None = None,
+    ) -> torch.Tensor:
+        """The layer on this rank's tokens x [T, H] (`scores` [T, E]: the router's, given). `stamp`,
+        where given, is called with each of `PHASES` as that phase has been enqueued (a profile of
+        the layer's host and device time per phase: `benchmarks/moe_bench.py --phases`)."""
         if x.dim() != 2 or x.shape[1] != self.hidden:
             raise ConfigError(f"x has shape {tuple(x.shape)}: expected [tokens, {self.hidden}]")
+        mark = stamp or (lambda phase: None)
         dispatch, combine, sample = self._plans(x.shape[0], x)
         if sample is not None:
             start = sample.clock.stamp()
             if torch.is_grad_enabled() and x.requires_grad:
                 x = _Stamp.apply(x, sample, "backward_end")
         ids, weights = self.route(x, scores)
+        mark("route")
         layout = exchange_layout(ids, self.experts, self.group)
+        mark("layout")
         h = dispatch_gemm(x, self.w1, layout, self.group, config=dispatch, backward=self.backward)
+        mark("dispatch")
         act = F.silu(h[:, : self.ffn]) * h[:, self.ffn :]
+        mark("act")
         y = gemm_combine(act, self.w2, weights, layout, self.group, config=combine, backward=self.backward)
+        mark("combine")
         if sample is not None:
             sample.forward = (start, sample.clock.stamp())
             if y.requires_grad:
