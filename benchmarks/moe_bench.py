@@ -102,12 +102,12 @@ def time_layer(fn, group, args) -> dict[str, float]:
 
 def phase_times(call, group, cuda: bool, calls: int = 5) -> dict[str, dict[str, float]]:
     """Where one layer call's time goes: `call(stamp)` (the layer's forward with `stamp`, then its
-    backward) made `calls` times back to back, each stamped as every phase
-    of its forward has been enqueued (`MoELayer.PHASES`) and after its backward, on the host (the
-    wall clock) and on the device (CUDA events on the caller's stream; on the CPU the wall clock
-    again). Per phase, the median over calls of the slowest rank's µs: host time is what the host
-    spent enqueueing the phase (waits for the device included), device time the span between the
-    phase's stamps on the device, which a host behind the device stretches too."""
+    backward) made `calls` times back to back, each stamped as every phase of its forward has been
+    enqueued (`MoELayer.PHASES`) and after its backward, on the host (the wall clock) and on the
+    device (CUDA events on the caller's stream; on the CPU the wall clock again). Per phase, the
+    median over calls of the slowest rank's µs: host time is what the host spent enqueueing the
+    phase (waits for the device included), device time the span between the phase's stamps on the
+    device, which a host behind the device stretches too."""
     import time
 
     import torch
@@ -137,7 +137,7 @@ def phase_times(call, group, cuda: bool, calls: int = 5) -> dict[str, dict[str, 
             host = (h1 - h0) * 1e6
             spans += [host, e0.elapsed_time(e1) * 1e3 if cuda else host]
         per_call.append(spans)
-    medians = [statistics.median(call[i] for call in per_call) for i in range(2 * len(names))]
+    medians = [statistics.median(spans[i] for spans in per_call) for i in range(2 * len(names))]
     worst = torch.tensor(medians, dtype=torch.float64, device="cuda" if cuda else "cpu")
     dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
     values = worst.tolist()
@@ -652,6 +652,8 @@ def select(args, torchrun_world: int | None):
     from syncopate.errors import ConfigError
     from syncopate.moe.bench_config import load_moe_config
 
+    if args.phases and args.no_layer:
+        raise ConfigError("--phases times the layer's phases: it does not go with --no-layer")
     cases = load_moe_config(args.config)
     if args.models:
         cases = [c for c in cases if c.model in args.models.split(",")]

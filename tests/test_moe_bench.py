@@ -113,6 +113,8 @@ def test_bad_input_is_refused(tmp_path):
     out = _run(tmp_path, "--cpu", "--config", str(bad))
     assert out.returncode == 2
     assert "experts=8 is not divisible by world size 3" in out.stderr
+    out = _run(tmp_path, "--cpu", "--phases", "--no-layer")
+    assert out.returncode == 2 and "--phases times the layer's phases" in out.stderr
     out = _run(tmp_path, "--cpu", "--models", "nope")
     assert out.returncode == 2 and "no case of" in out.stderr
     out = _run(tmp_path, "--cpu", "--backends", "nvshmem")
