@@ -85,6 +85,11 @@ class Sources:
     """`benchmarks/train_step.py --trace` runs: a traced step's device idle time and host calls."""
 
 
+def _names(entry) -> tuple[str, ...]:
+    """A sources entry that names one file or a list of them, as a tuple of names."""
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
 def sources(root: Path) -> Sources:
     """The result files the tables under `root` read."""
     doc = _read_json(root / "results" / SOURCES)
@@ -96,17 +101,11 @@ def sources(root: Path) -> Sources:
             strategies=tuple((label, name) for label, name in doc["strategies"]),
             layers=doc["layers"],
             train_step=tuple((e, "") if isinstance(e, str) else (e[0], e[1]) for e in doc["train_step"]),
-            train_profile=(
-                (doc["train_profile"],)
-                if isinstance(doc["train_profile"], str)
-                else tuple(doc["train_profile"])
-            ),
+            train_profile=_names(doc["train_profile"]),
             train_timeline=tuple(doc.get("train_timeline", ())),
-            graph_calls=(
-                (doc["graph_calls"],) if isinstance(doc["graph_calls"], str) else tuple(doc["graph_calls"])
-            ),
+            graph_calls=_names(doc["graph_calls"]),
             layer_bound=tuple(doc["layer_bound"]),
-            moe=tuple(doc["moe"]) if isinstance(doc["moe"], list) else (doc["moe"],),
+            moe=_names(doc["moe"]),
             op_host=tuple(doc["op_host"]),
             nvshmem=tuple(doc["nvshmem"]),
             fp8=tuple((ops, layer) for ops, layer in doc.get("fp8", ())),
@@ -274,7 +273,7 @@ def step_summary(root: Path) -> str:
     for name, _ in runs:
         doc = _read_json(root / "results" / name)
         ms = _step_ms(doc)
-        torch_tp = min((v for v in TORCH_TP_VARIANTS if v in ms), key=ms.get, default=None)
+        torch_tp = _best_torch_tp_variant(ms)
         ours = min((v for v in ms if v.startswith("syncopate")), key=ms.get, default=None)
         if torch_tp is None or ours is None:
             continue
@@ -819,9 +818,15 @@ def _step_ms(doc: dict) -> dict[str, float]:
     return {v["variant"]: v["step_ms"] for v in doc["variants"] if v.get("step_ms")}
 
 
+def _best_torch_tp_variant(ms: dict[str, float]) -> str | None:
+    """The fastest of torch's TP variants in `ms` (`_step_ms`), None where none ran."""
+    return min((v for v in TORCH_TP_VARIANTS if v in ms), key=ms.get, default=None)
+
+
 def _best_torch_tp(ms: dict[str, float]) -> float | None:
     """The step of the fastest of torch's TP variants in `ms` (`_step_ms`), None where none ran."""
-    return min((ms[v] for v in TORCH_TP_VARIANTS if v in ms), default=None)
+    best = _best_torch_tp_variant(ms)
+    return None if best is None else ms[best]
 
 
 def train_profile(root: Path) -> str:
