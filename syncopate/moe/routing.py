@@ -228,18 +228,17 @@ class ExpertLayout:
     def host_recv_counts(self) -> list[list[int]]:
         """`recv_counts` as Python lists [ws][El], read once (the plans' tables are made from them
         on every call of a routing, on the host's path)."""
-        found = self.cache.get("recv_counts list")
-        if found is None:
-            found = self.cache["recv_counts list"] = self.recv_counts.tolist()
-        return found
+        return self._listed("recv_counts")
 
     def host_counts(self) -> list[list[int]] | None:
         """`counts` as Python lists [ws][E] (None where the layout has none), read once."""
-        if self.counts is None:
-            return None
-        found = self.cache.get("counts list")
+        return None if self.counts is None else self._listed("counts")
+
+    def _listed(self, name: str) -> list:
+        """Table `name`'s `tolist()`, made once and kept in the cache."""
+        found = self.cache.get((name, "list"))
         if found is None:
-            found = self.cache["counts list"] = self.counts.tolist()
+            found = self.cache[name, "list"] = getattr(self, name).tolist()
         return found
 
     def offsets(self, device: torch.device) -> torch.Tensor:
