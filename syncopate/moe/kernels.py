@@ -419,3 +419,132 @@ def launch_combine(
         ),
         _meta(block_m, block_n, block_k, num_warps, num_stages),
     )
+
+
+# The gate-weighted top-k sum of the combine's rows, read in place ---------------------------------
+
+
+@triton.jit
+def gathered_sum_kernel(
+    rows_ptr, index_ptr, gate_ptr, out_ptr, H, stride_r, stride_o, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr
+):
+    """out[t] = Σ_j gate[t, j] · rows[index[t·TOP_K + j]] over columns [BLOCK_H·b, BLOCK_H·(b+1)),
+    float32 accumulation in j's order; program (t, b)."""
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = offs < H
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        row = tl.load(index_ptr + t * TOP_K + j).to(tl.int64)
+        gate = tl.load(gate_ptr + t * TOP_K + j).to(tl.float32)
+        acc += gate * tl.load(rows_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * stride_o + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gathered_sum_rows_grad_kernel(
+    grad_ptr, order_ptr, gate_ptr, out_ptr, H, stride_g, stride_o, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr
+):
+    """The rows' gradient of `gathered_sum_kernel`, in the rows' order: out[i] = gate[p] · grad[p //
+    TOP_K] for the pair p = order[i] that row i is (order: the inverse of the sum's index)."""
+    i = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = offs < H
+    pair = tl.load(order_ptr + i).to(tl.int64)
+    gate = tl.load(gate_ptr + pair).to(tl.float32)
+    g = tl.load(grad_ptr + (pair // TOP_K) * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + i * stride_o + offs, (gate * g).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gathered_sum_gates_grad_kernel(
+    grad_ptr, rows_ptr, index_ptr, out_ptr, H, stride_g, stride_r, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr
+):
+    """The gates' gradient of `gathered_sum_kernel`: out[t, j] = <grad[t], rows[index[t·TOP_K + j]]>,
+    float32; program t."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_H)
+    for j in tl.static_range(TOP_K):
+        row = tl.load(index_ptr + t * TOP_K + j).to(tl.int64)
+        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for h0 in range(0, H, BLOCK_H):
+            offs = h0 + cols
+            mask = offs < H
+            g = tl.load(grad_ptr + t * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(rows_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
+            acc += g * x
+        tl.store(out_ptr + t * TOP_K + j, tl.sum(acc, axis=0))
+
+
+_SUM_ARGS = tuple(gathered_sum_kernel.arg_names[: gathered_sum_kernel.arg_names.index("TOP_K")])
+_SUM_ROWS_ARGS = tuple(
+    gathered_sum_rows_grad_kernel.arg_names[: gathered_sum_rows_grad_kernel.arg_names.index("TOP_K")]
+)
+_SUM_GATES_ARGS = tuple(
+    gathered_sum_gates_grad_kernel.arg_names[: gathered_sum_gates_grad_kernel.arg_names.index("TOP_K")]
+)
+SUM_BLOCK = 1024
+"""Columns a program of the gathered-sum kernels takes at a time."""
+
+
+def _sum_block(h: int) -> int:
+    return min(SUM_BLOCK, triton.next_power_of_2(max(1, h)))
+
+
+def launch_gathered_sum(
+    rows: torch.Tensor, index: torch.Tensor, gates: torch.Tensor, out: torch.Tensor
+) -> None:
+    """out [T, H] = Σ_j gates[t, j] · rows[index[t·top_k + j]]: rows [*, H] with unit column stride,
+    index [T·top_k] int64, gates [T, top_k] contiguous (any float type), out [T, H]."""
+    tokens, top_k = gates.shape
+    h = rows.shape[1]
+    if tokens == 0 or h == 0:
+        return
+    block = _sum_block(h)
+    _run(
+        gathered_sum_kernel,
+        "gathered_sum",
+        (tokens, triton.cdiv(h, block)),
+        _SUM_ARGS,
+        (rows, index, gates, out, h, rows.stride(0), out.stride(0)),
+        dict(TOP_K=top_k, BLOCK_H=block, num_warps=4),
+    )
+
+
+def launch_gathered_sum_grads(
+    grad: torch.Tensor,
+    rows: torch.Tensor,
+    index: torch.Tensor,
+    order: torch.Tensor,
+    gates: torch.Tensor,
+    grad_rows: torch.Tensor | None,
+    grad_gates: torch.Tensor | None,
+) -> None:
+    """The gradients of `launch_gathered_sum` given its output's `grad` [T, H] (unit column stride):
+    into `grad_rows` [T·top_k, H] (rows' order; `order` the inverse of `index`) and `grad_gates`
+    [T, top_k] float32, each where given."""
+    tokens, top_k = gates.shape
+    h = rows.shape[1]
+    if tokens == 0 or h == 0:
+        if grad_gates is not None:
+            grad_gates.zero_()
+        return
+    block = _sum_block(h)
+    if grad_rows is not None:
+        _run(
+            gathered_sum_rows_grad_kernel,
+            "gathered_sum_rows",
+            (tokens * top_k, triton.cdiv(h, block)),
+            _SUM_ROWS_ARGS,
+            (grad, order, gates, grad_rows, h, grad.stride(0), grad_rows.stride(0)),
+            dict(TOP_K=top_k, BLOCK_H=block, num_warps=4),
+        )
+    if grad_gates is not None:
+        _run(
+            gathered_sum_gates_grad_kernel,
+            "gathered_sum_gates",
+            (tokens,),
+            _SUM_GATES_ARGS,
+            (grad, rows, index, grad_gates, h, grad.stride(0), rows.stride(0)),
+            dict(TOP_K=top_k, BLOCK_H=block, num_warps=4),
+        )

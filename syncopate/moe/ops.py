@@ -39,6 +39,7 @@ __all__ = [
     "all_to_all_rows",
     "dispatch_gemm",
     "exchange_layout",
+    "gathered_weighted_sum",
     "gemm_combine",
     "grouped_mm",
     "grouped_weight_grad",
@@ -288,6 +289,65 @@ def weighted_sum(pairs: torch.Tensor, gate_weights: torch.Tensor) -> torch.Tenso
     return torch.bmm(w, pairs).squeeze(1)
 
 
+def _sums_in_place(rows: torch.Tensor, gate_weights: torch.Tensor) -> bool:
+    """Whether `gathered_weighted_sum` runs its kernels: 16-bit rows of unit column stride on a GPU."""
+    return (
+        rows.is_cuda
+        and rows.dtype in (torch.bfloat16, torch.float16)
+        and rows.stride(-1) == 1
+        and gate_weights.is_cuda
+    )
+
+
+class _GatheredSum(torch.autograd.Function):
+    """Σ_k gate[t, k] · rows[the row of pair (t, k)] with its gradients, each one kernel that reads
+    the rows where they are (`syncopate.moe.kernels`: no [T, top_k, N] copy in pair order, no
+    batched matmul of one-row matrices)."""
+
+    @staticmethod
+    def forward(ctx, rows, gate_weights, layout):
+        from syncopate.moe.kernels import launch_gathered_sum
+
+        gates = gate_weights.contiguous()
+        out = rows.new_empty((layout.tokens, rows.shape[1]))
+        launch_gathered_sum(rows, layout.order_inverse, gates, out)
+        ctx.save_for_backward(rows, gates)
+        ctx.layout = layout
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        from syncopate.moe.kernels import launch_gathered_sum_grads
+
+        rows, gates = ctx.saved_tensors
+        layout = ctx.layout
+        grad = grad if grad.stride(-1) == 1 else grad.contiguous()
+        grad_rows = torch.empty_like(rows) if ctx.needs_input_grad[0] else None
+        grad_gates = (
+            torch.empty(gates.shape, dtype=torch.float32, device=gates.device)
+            if ctx.needs_input_grad[1]
+            else None
+        )
+        launch_gathered_sum_grads(
+            grad, rows, layout.order_inverse, layout.order, gates, grad_rows, grad_gates
+        )
+        if grad_gates is not None:
+            grad_gates = grad_gates.to(gates.dtype)
+        return grad_rows, grad_gates, None
+
+
+def gathered_weighted_sum(
+    rows: torch.Tensor, gate_weights: torch.Tensor, layout: ExpertLayout
+) -> torch.Tensor:
+    """[T, N]: each token's top_k rows of `rows` [T·top_k, N] (send order) summed, weighted by its
+    gate weights [T, top_k], accumulated in float32, with autograd: `weighted_sum` of the rows in
+    pair order. On a GPU with 16-bit rows its kernels read the rows in place (`_GatheredSum`)."""
+    if _sums_in_place(rows, gate_weights):
+        return _GatheredSum.apply(rows, gate_weights, layout)
+    pairs = permute_rows(rows, layout.order_inverse, layout.order).view(layout.tokens, layout.top_k, -1)
+    return weighted_sum(pairs, gate_weights)
+
+
 BACKWARDS: tuple[str, ...] = ("plan", "unfused")
 """What a pipelined or fused op's backward runs: its own plan (`plan`: the other op's plan with the
 same config), or torch's all-to-all and grouped GEMMs as the unfused ops' autograd does
@@ -408,5 +468,4 @@ def gemm_combine(
     y = grouped_mm(h, w2, layout.group_sizes, offsets=layout.offsets(h.device))
     y = permute_rows(y, layout.expert_order_inverse, layout.expert_order)
     back = all_to_all_rows(y, layout.send_splits, layout.recv_splits, group)
-    pairs = permute_rows(back, layout.order_inverse, layout.order).view(layout.tokens, layout.top_k, -1)
-    return _written(weighted_sum(pairs, gate_weights), out)
+    return _written(gathered_weighted_sum(back, gate_weights, layout), out)

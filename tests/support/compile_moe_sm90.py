@@ -1,7 +1,7 @@
 """Compile the `fused` MoE kernels (`syncopate.moe.kernels`) for a Hopper GPU (sm_90) on a machine
 without one, at the shapes and tile configurations `moe_space` tries (Qwen3-30B-A3B's expert layer:
-hidden 2048, expert ffn 768), bf16. Run it in a fresh process without TRITON_INTERPRET; it prints
-one line per variant and exits 1 if any fails.
+hidden 2048, expert ffn 768), bf16, and the gathered top-k sum's three kernels. Run it in a fresh
+process without TRITON_INTERPRET; it prints one line per variant and exits 1 if any fails.
 
     python tests/support/compile_moe_sm90.py
 """
@@ -13,7 +13,14 @@ import sys
 import torch
 from sm90_target import compile_each
 
-from syncopate.moe.kernels import COMBINE_WORDS, DISPATCH_WORDS, launch_combine, launch_dispatch  # noqa: E402
+from syncopate.moe.kernels import (  # noqa: E402
+    COMBINE_WORDS,
+    DISPATCH_WORDS,
+    launch_combine,
+    launch_dispatch,
+    launch_gathered_sum,
+    launch_gathered_sum_grads,
+)
 from syncopate.search_space.moe_workload import MOE_TILE_CONFIGS  # noqa: E402
 
 HIDDEN, FFN, EL = 2048, 768, 32
@@ -41,11 +48,27 @@ def combine(tiles: dict) -> None:
     )  # fmt: skip
 
 
+def gathered_sum(which: str) -> None:
+    tokens, top_k = 4096, 8
+    rows = torch.empty(tokens * top_k, HIDDEN, dtype=BF16)
+    index = torch.zeros(tokens * top_k, dtype=torch.int64)
+    gates = torch.empty(tokens, top_k, dtype=torch.float32)
+    grad = torch.empty(tokens, HIDDEN, dtype=BF16)
+    if which == "sum":
+        launch_gathered_sum(rows, index, gates, grad)
+    elif which == "rows":
+        launch_gathered_sum_grads(grad, rows, index, index, gates, torch.empty_like(rows), None)
+    else:
+        launch_gathered_sum_grads(grad, rows, index, index, gates, None, torch.empty_like(gates))
+
+
 def variants():
     for tiles in MOE_TILE_CONFIGS:
         label = "{block_m}x{block_n}x{block_k} w{num_warps} s{num_stages}".format(**tiles)
         yield f"dispatch {label}", lambda tiles=tiles: dispatch(tiles)
         yield f"combine {label}", lambda tiles=tiles: combine(tiles)
+    for which in ("sum", "rows", "gates"):
+        yield f"gathered-sum {which}", lambda which=which: gathered_sum(which)
 
 
 def main() -> int:
