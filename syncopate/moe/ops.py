@@ -272,7 +272,16 @@ class _TokenRows(torch.autograd.Function):
 
 
 def token_sum(rows: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
-    """[T, N]: each token's top_k rows of `rows` [T·top_k, N] (send order) summed."""
+    """[T, N]: each token's top_k rows of `rows` [T·top_k, N] (send order) summed with float32
+    accumulation (no autograd); on a GPU with 16-bit rows by the gathered sum's kernel with unit weights, which
+    reads the rows in place (no [T, top_k, N] copy in pair order)."""
+    if _sums_in_place(rows, rows):
+        from syncopate.moe.kernels import launch_gathered_sum
+
+        out = rows.new_empty((layout.tokens, rows.shape[1]))
+        ones = torch.ones(layout.tokens, layout.top_k, dtype=torch.float32, device=rows.device)
+        launch_gathered_sum(rows, layout.order_inverse, ones, out)
+        return out
     return token_pairs(rows, layout).sum(1)
 
 
@@ -290,7 +299,8 @@ def weighted_sum(pairs: torch.Tensor, gate_weights: torch.Tensor) -> torch.Tenso
 
 
 def _sums_in_place(rows: torch.Tensor, gate_weights: torch.Tensor) -> bool:
-    """Whether `gathered_weighted_sum` runs its kernels: 16-bit rows of unit column stride on a GPU."""
+    """Whether `gathered_weighted_sum` and `token_sum` run the gathered sum's kernels: 16-bit rows
+    of unit column stride on a GPU."""
     return (
         rows.is_cuda
         and rows.dtype in (torch.bfloat16, torch.float16)
