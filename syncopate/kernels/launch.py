@@ -195,7 +195,9 @@ class _Relaunch:
         self.passed = [name for name in self.slots if self.tma.get(name, True)]
         """The replaced arguments a call passes: descriptors only where this launch holds one."""
         self.describe = describe or _descriptor
-        self.compiled, self.grid = compiled, grid
+        if not 1 <= len(grid) <= 3:
+            raise ValueError(f"grid {grid}: a launch takes one to three dimensions")
+        self.compiled, self.grid = compiled, tuple(grid) + (1,) * (3 - len(grid))
         from triton.runtime import driver
 
         self.device = torch.cuda.current_device()
@@ -223,9 +225,7 @@ class _Relaunch:
                 else:
                     args[at] = given[name]
             direct.launch(
-                self.grid[0],
-                1,
-                1,
+                *self.grid,
                 self.stream(self.device),
                 direct.function,
                 direct.cooperative,
@@ -246,9 +246,7 @@ class _Relaunch:
         k = self.compiled
         stream = self.stream(self.device)
         k.run(
-            self.grid[0],
-            1,
-            1,
+            *self.grid,
             stream,
             k.function,
             k.packed_metadata,

@@ -3,7 +3,8 @@ computes what a launch through Triton's dispatch computes, with the caller's ten
 fresh inputs and outputs every call, outputs poisoned, against the float32 reference, and a tensor
 whose address changes alignment takes the full launch again. The consumer and the producers are
 checked in Triton and in Gluon (`gluon_kernels.py`, SYNCOPATE_GLUON=1), there with a K-major B too,
-and the Gluon consumer with chunks that land while it runs.
+and the Gluon consumer with chunks that land while it runs; the MoE combine's gathered sum and its
+gradients, whose grids are two-dimensional.
 
 Run in a fresh process without TRITON_INTERPRET (tests/test_gpu_relaunch.py does): it prints one
 line per check and exits 1 if one fails, 3 where this Triton release is not relaunched.
@@ -284,6 +285,43 @@ def _producer_check(all_reduce: bool, gluon: bool, kmajor: bool) -> None:
     launched(cache, gluon)
 
 
+def gathered_sum_check() -> None:
+    """The gathered sum and its gradients (`syncopate.moe.kernels`), grids of several column blocks,
+    three calls back to back (the second and third relaunched) with fresh inputs into poisoned
+    outputs, against float32."""
+    from syncopate.moe import kernels as moe_kernels
+    from syncopate.moe.routing import inverse
+
+    tokens, top_k, width = 300, 8, 2 * moe_kernels.SUM_BLOCK + 72
+    dev = torch.device("cuda")
+    for call in range(3):
+        gen = torch.Generator(device=dev).manual_seed(call)
+        rows = torch.randn(tokens * top_k, width, generator=gen, device=dev).to(torch.bfloat16)
+        order = torch.randperm(tokens * top_k, generator=gen, device=dev)
+        index = inverse(order)
+        gates = torch.rand(tokens, top_k, generator=gen, device=dev) + 0.1
+        grad = torch.randn(tokens, width, generator=gen, device=dev).to(torch.bfloat16)
+        out = torch.full((tokens, width), float("nan"), dtype=torch.bfloat16, device=dev)
+        grad_rows = torch.full_like(rows, float("nan"))
+        grad_gates = torch.full((tokens, top_k), float("nan"), device=dev)
+        moe_kernels.launch_gathered_sum(rows, index, gates, out)
+        moe_kernels.launch_gathered_sum_grads(grad, rows, index, order, gates, grad_rows, grad_gates)
+        pairs = rows.float()[index].view(tokens, top_k, width)
+        want = (gates.unsqueeze(-1) * pairs).sum(1)
+        want_rows = torch.empty(rows.shape, device=dev)
+        want_rows[index] = gates.reshape(-1, 1) * grad.float().repeat_interleave(top_k, 0)
+        want_gates = (pairs * grad.float().unsqueeze(1)).sum(-1)
+        for name, got, ref, tol in (
+            ("sum", out, want, 1e-2),
+            ("rows' gradient", grad_rows, want_rows, 1e-2),
+            ("gates' gradient", grad_gates, want_gates, 1e-4),
+        ):
+            err = relative_error(got.float(), ref)
+            assert err < tol, f"call {call}: the {name} is off by {err:.2e}"
+    kept = [k for k in moe_kernels._RELAUNCHES if k[0].startswith("gathered_sum")]
+    assert len(kept) == 3, f"the sum and its two gradients each kept for relaunch, got {kept}"
+
+
 def main() -> int:
     if not triton.__version__.startswith(launch.RELAUNCH_TRITON):
         print(f"relaunching is used with Triton {launch.RELAUNCH_TRITON}, not {triton.__version__}")
@@ -303,6 +341,7 @@ def main() -> int:
             ),
             ("consumer in Gluon reading its own shard", lambda: own_shard_check(gluon=True)),
             ("consumer in Gluon, chunks landing late", late_chunk_check),
+            ("MoE gathered sum and its gradients, two-dimensional grids", gathered_sum_check),
         ]
     )
 
