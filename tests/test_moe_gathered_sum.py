@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from syncopate.moe.kernels import SUM_BLOCK, launch_gathered_sum, launch_gathered_sum_grads
-from syncopate.moe.ops import _GatheredSum, weighted_sum
+from syncopate.moe.ops import _GatheredSum, summed_rows, summed_rows_grads, weighted_sum
 from syncopate.moe.routing import inverse
 
 
@@ -82,3 +82,26 @@ def test_the_autograd_function_matches_the_unfused_path():
     for got, want in zip(ours, plain, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
         _close(got, want.float(), 2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows_grad, gates_grad", [(True, True), (True, False), (False, True)])
+def test_summed_rows_and_the_gradients_asked_for(dtype, rows_grad, gates_grad):
+    """bf16 rows take the kernels, float32 rows the gather into pair order; either way the sum and
+    only the gradients asked for, in send order and the gates' dtype."""
+    tokens, top_k, width = 9, 4, 72
+    rows, order, index, gates, grad = _case(tokens, top_k, width, 4)
+    rows, grad = rows.to(dtype), grad.to(dtype)
+    layout = SimpleNamespace(tokens=tokens, top_k=top_k, order=order, order_inverse=index, cache={})
+    want_out, want_rows, want_gates = _reference(rows, index, gates, grad)
+    _close(summed_rows(rows, gates, layout), want_out, 1e-2)
+    got_rows, got_gates = summed_rows_grads(
+        grad, rows if gates_grad else None, gates, layout, rows_grad=rows_grad, gates_grad=gates_grad
+    )
+    assert (got_rows is not None) == rows_grad and (got_gates is not None) == gates_grad
+    if rows_grad:
+        assert got_rows.dtype == dtype
+        _close(got_rows, want_rows, 1e-2)
+    if gates_grad:
+        assert got_gates.dtype == gates.dtype
+        _close(got_gates, want_gates, 1e-2)

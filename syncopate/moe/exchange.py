@@ -43,6 +43,7 @@ __all__ = [
     "P2PExchange",
     "PieceExchange",
     "close_moe_contexts",
+    "owns_buffer",
 ]
 
 log = logging.getLogger(__name__)
@@ -301,6 +302,12 @@ CONTEXTS = MoeContexts()
 def close_moe_contexts(group=None) -> None:
     """Release the pipelined MoE ops' symmetric buffers and streams (of `group`, or all)."""
     CONTEXTS.close(group)
+
+
+def owns_buffer(backend: str) -> bool:
+    """Whether the rows a call of `backend` receives are its own (else the context's buffer, which
+    the next call of the same kind overwrites)."""
+    return {"nccl": P2PExchange, "copy_engine": CopyEngineExchange}[backend].owns_buffer
 
 
 def open_exchange(

@@ -17,7 +17,7 @@ CUDA only, backend `copy_engine` (the symmetric buffers, signal pads and epochs 
   the rows the pipelined plan's copy would have put them) and counts itself in its piece; the
   count that completes a piece raises the piece's word in the destination's pad. A side stream
   then waits for this rank's words of every piece it receives, the caller's stream joins it, and
-  the top_k rows of each token are summed by the unfused op's `weighted_sum`.
+  the top_k rows of each token are summed by the unfused op's `summed_rows`.
 
 The kernel goes on the caller's stream before any stream wait of the call (the rule of
 `syncopate.kernels.backends`): a wait enqueued first could hold the kernel back where two streams
@@ -42,7 +42,7 @@ from syncopate.errors import ConfigError
 from syncopate.moe import pipelined
 from syncopate.moe.exchange import CONTEXTS, CopyEngineExchange, open_exchange
 from syncopate.moe.kernels import COMBINE_WORDS, DISPATCH_WORDS, launch_combine, launch_dispatch
-from syncopate.moe.ops import _token_rows, token_pairs, weighted_sum
+from syncopate.moe.ops import _token_rows, summed_rows
 from syncopate.moe.plan import PiecePlan
 from syncopate.moe.routing import ExpertLayout, to_device
 from syncopate.search_space.moe_workload import MoeCandidate
@@ -375,10 +375,12 @@ class _Combine(pipelined._Combine):
 
     @staticmethod
     def forward(ctx, h, w, gate_weights, layout, group, config, backward="plan"):
-        pairs = token_pairs(combine_rows(h, w, layout, group, config), layout)
-        ctx.save_for_backward(h, w, gate_weights, pairs)
+        rows = combine_rows(h, w, layout, group, config)
+        out = summed_rows(rows, gate_weights, layout)
+        # the gates' gradient reads the rows, which are the context's buffer (reused by the next call)
+        ctx.save_for_backward(h, w, gate_weights, rows.clone() if ctx.needs_input_grad[2] else None)
         ctx.meta = (layout, group, config.as_pipelined(), backward)
-        return weighted_sum(pairs, gate_weights)
+        return out
 
 
 def dispatch_autograd(x, w, layout, group, config, backward: str = "plan") -> torch.Tensor:

@@ -276,12 +276,8 @@ def token_sum(rows: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
     accumulation (no autograd); on a GPU with 16-bit rows by the gathered sum's kernel with unit weights, which
     reads the rows in place (no [T, top_k, N] copy in pair order)."""
     if _sums_in_place(rows, rows):
-        from syncopate.moe.kernels import launch_gathered_sum
-
-        out = rows.new_empty((layout.tokens, rows.shape[1]))
         ones = torch.ones(layout.tokens, layout.top_k, dtype=torch.float32, device=rows.device)
-        launch_gathered_sum(rows, layout.order_inverse, ones, out)
-        return out
+        return summed_rows(rows, ones, layout)
     return token_pairs(rows, layout).sum(1)
 
 
@@ -299,59 +295,95 @@ def weighted_sum(pairs: torch.Tensor, gate_weights: torch.Tensor) -> torch.Tenso
 
 
 def _sums_in_place(rows: torch.Tensor, gate_weights: torch.Tensor) -> bool:
-    """Whether `gathered_weighted_sum` and `token_sum` run the gathered sum's kernels: 16-bit rows
-    of unit column stride on a GPU."""
+    """Whether `summed_rows` and its gradients run the gathered sum's kernels: 16-bit rows of unit
+    column stride on a GPU, or on the CPU under Triton's interpreter (TRITON_INTERPRET=1)."""
+    from syncopate.kernels.launch import interpreting
+
     return (
-        rows.is_cuda
-        and rows.dtype in (torch.bfloat16, torch.float16)
+        rows.dtype in (torch.bfloat16, torch.float16)
         and rows.stride(-1) == 1
-        and gate_weights.is_cuda
+        and rows.device == gate_weights.device
+        and (rows.is_cuda or interpreting())
     )
 
 
+def summed_rows(rows: torch.Tensor, gate_weights: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
+    """[T, N]: each token's top_k rows of `rows` [T·top_k, N] (send order) summed, weighted by its
+    gate weights [T, top_k], accumulated in float32, without autograd. On a GPU with 16-bit rows one
+    kernel reads the rows in place (`syncopate.moe.kernels.launch_gathered_sum`); elsewhere the rows
+    are gathered into pair order and summed by `weighted_sum`."""
+    if not _sums_in_place(rows, gate_weights):
+        return weighted_sum(token_pairs(rows, layout), gate_weights)
+    from syncopate.moe.kernels import launch_gathered_sum
+
+    out = rows.new_empty((layout.tokens, rows.shape[1]))
+    launch_gathered_sum(rows, layout.order_inverse, gate_weights.contiguous(), out)
+    return out
+
+
+def summed_rows_grads(
+    grad: torch.Tensor,
+    rows: torch.Tensor | None,
+    gate_weights: torch.Tensor,
+    layout: ExpertLayout,
+    *,
+    rows_grad: bool,
+    gates_grad: bool,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The gradients of `summed_rows` given its output's `grad` [T, N]: the rows' [T·top_k, N] in
+    send order (where `rows_grad`) and the gate weights' [T, top_k] in their dtype (where
+    `gates_grad`, which reads `rows`)."""
+    grad = grad if grad.stride(-1) == 1 else grad.contiguous()
+    if not _sums_in_place(grad, gate_weights):
+        grad_rows = grad_gates = None
+        if rows_grad:
+            gates = gate_weights.reshape(-1).index_select(0, layout.order).to(grad.dtype)
+            grad_rows = grad.index_select(0, _token_rows(layout)) * gates.unsqueeze(1)
+        if gates_grad:
+            pairs = token_pairs(rows, layout)
+            grad_gates = torch.bmm(pairs, grad.unsqueeze(-1)).squeeze(-1).to(gate_weights.dtype)
+        return grad_rows, grad_gates
+    from syncopate.moe.kernels import launch_gathered_sum_grads
+
+    gates = gate_weights.contiguous()
+    grad_rows = grad.new_empty((layout.tokens * layout.top_k, grad.shape[1])) if rows_grad else None
+    grad_gates = torch.empty(gates.shape, dtype=torch.float32, device=grad.device) if gates_grad else None
+    launch_gathered_sum_grads(
+        grad, rows if gates_grad else grad, layout.order_inverse, layout.order, gates, grad_rows, grad_gates
+    )
+    return grad_rows, None if grad_gates is None else grad_gates.to(gate_weights.dtype)
+
+
 class _GatheredSum(torch.autograd.Function):
-    """Σ_k gate[t, k] · rows[the row of pair (t, k)] with its gradients, each one kernel that reads
-    the rows where they are (`syncopate.moe.kernels`: no [T, top_k, N] copy in pair order, no
-    batched matmul of one-row matrices)."""
+    """`summed_rows` with autograd: each gradient one kernel on a GPU (no [T, top_k, N] copy in
+    pair order, no batched matmul of one-row matrices)."""
 
     @staticmethod
     def forward(ctx, rows, gate_weights, layout):
-        from syncopate.moe.kernels import launch_gathered_sum
-
-        gates = gate_weights.contiguous()
-        out = rows.new_empty((layout.tokens, rows.shape[1]))
-        launch_gathered_sum(rows, layout.order_inverse, gates, out)
-        ctx.save_for_backward(rows, gates)
+        ctx.save_for_backward(rows, gate_weights)
         ctx.layout = layout
-        return out
+        return summed_rows(rows, gate_weights, layout)
 
     @staticmethod
     def backward(ctx, grad):
-        from syncopate.moe.kernels import launch_gathered_sum_grads
-
         rows, gates = ctx.saved_tensors
-        layout = ctx.layout
-        grad = grad if grad.stride(-1) == 1 else grad.contiguous()
-        grad_rows = torch.empty_like(rows) if ctx.needs_input_grad[0] else None
-        grad_gates = (
-            torch.empty(gates.shape, dtype=torch.float32, device=gates.device)
-            if ctx.needs_input_grad[1]
-            else None
+        grad_rows, grad_gates = summed_rows_grads(
+            grad,
+            rows,
+            gates,
+            ctx.layout,
+            rows_grad=ctx.needs_input_grad[0],
+            gates_grad=ctx.needs_input_grad[1],
         )
-        launch_gathered_sum_grads(
-            grad, rows, layout.order_inverse, layout.order, gates, grad_rows, grad_gates
-        )
-        if grad_gates is not None:
-            grad_gates = grad_gates.to(gates.dtype)
         return grad_rows, grad_gates, None
 
 
 def gathered_weighted_sum(
     rows: torch.Tensor, gate_weights: torch.Tensor, layout: ExpertLayout
 ) -> torch.Tensor:
-    """[T, N]: each token's top_k rows of `rows` [T·top_k, N] (send order) summed, weighted by its
-    gate weights [T, top_k], accumulated in float32, with autograd: `weighted_sum` of the rows in
-    pair order. On a GPU with 16-bit rows its kernels read the rows in place (`_GatheredSum`)."""
+    """`summed_rows` with autograd. On a GPU with 16-bit rows its kernels read the rows in place
+    (`_GatheredSum`); elsewhere the rows are permuted into pair order and summed by `weighted_sum`
+    with torch's autograd."""
     if _sums_in_place(rows, gate_weights):
         return _GatheredSum.apply(rows, gate_weights, layout)
     pairs = permute_rows(rows, layout.order_inverse, layout.order).view(layout.tokens, layout.top_k, -1)
@@ -379,10 +411,10 @@ def unfused_dispatch_rows(
     tokens: bool,
     keep_received: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The unfused dispatch of `rows` (x [T, K] with `tokens`, else one row a pair [T·top_k, K])
+    """The unfused dispatch of `rows` (x [T, K] with `tokens`, else one row a pair in send order [T·top_k, K])
     times W [El, K, N], without autograd: (h [R, N] in the unfused layout, and with `keep_received`
     the received rows [R, K] in arrival order), as `pipelined.dispatch_rows` returns them."""
-    send = rows[_token_rows(layout)] if tokens else rows[layout.order]
+    send = rows[_token_rows(layout)] if tokens else rows
     received = rows.new_empty((layout.rows_received, rows.shape[1]))
     dist.all_to_all_single(received, send, list(layout.recv_splits), list(layout.send_splits), group=group)
     h = grouped_mm(received[layout.expert_order], w, layout.group_sizes, offsets=layout.offsets(rows.device))
@@ -467,14 +499,14 @@ def gemm_combine(
                 pipelined.combine_autograd(h, w2, gate_weights, layout, group, config, backward), out
             )
         rows = pipelined.combine_rows(h, w2, layout, group, config)
-        return _written(weighted_sum(token_pairs(rows, layout), gate_weights), out)
+        return _written(summed_rows(rows, gate_weights, layout), out)
     if config.template == "fused":
         from syncopate.moe import fused
 
         if _grad_wanted(h, w2, gate_weights):
             return _written(fused.combine_autograd(h, w2, gate_weights, layout, group, config, backward), out)
         rows = fused.combine_rows(h, w2, layout, group, config)
-        return _written(weighted_sum(token_pairs(rows, layout), gate_weights), out)
+        return _written(summed_rows(rows, gate_weights, layout), out)
     y = grouped_mm(h, w2, layout.group_sizes, offsets=layout.offsets(h.device))
     y = permute_rows(y, layout.expert_order_inverse, layout.expert_order)
     back = all_to_all_rows(y, layout.send_splits, layout.recv_splits, group)

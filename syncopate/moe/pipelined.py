@@ -11,7 +11,7 @@
   W2 and posted as soon as that GEMM is enqueued, in exchange order; the own piece is computed
   last, into the own rows of the token side, while the last exchanges move; once every row is in,
   the top_k rows of each token are summed, weighted by the gate weights, by the unfused op's
-  `weighted_sum` (the same sum in the same order: the results agree with it).
+  `summed_rows` (the same sum in the same order: the results agree with it).
 
 The backward of each is the other's plan with the same config: the gradient of dispatch's rows
 is a combine (GEMM with W1ᵀ, then the rows back to their tokens, summed); that of combine's h a
@@ -31,16 +31,16 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from syncopate.moe.exchange import open_exchange
+from syncopate.moe.exchange import open_exchange, owns_buffer
 from syncopate.moe.ops import (
     _token_rows,
     grouped_mm,
     grouped_weight_grad,
-    token_pairs,
+    summed_rows,
+    summed_rows_grads,
     token_sum,
     unfused_combine_rows,
     unfused_dispatch_rows,
-    weighted_sum,
 )
 from syncopate.moe.plan import Piece, PiecePlan, build_piece_plan
 from syncopate.moe.routing import ExpertLayout, to_device_all
@@ -127,12 +127,12 @@ def dispatch_rows(
     keep_received: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The pipelined dispatch of `rows`: x [T, K] (`tokens`: each pair takes its token's row) or one
-    row a pair [T·top_k, K], times W [El, K, N]: (h [R, N] in the unfused layout, written into `out`
+    row a pair in send order [T·top_k, K], times W [El, K, N]: (h [R, N] in the unfused layout, written into `out`
     where given; with `keep_received`, the received rows [R, K] in arrival order, else None)."""
     group = _group(group)
     prep, _ = prepared(layout, "a2a_gemm", dist.get_rank(group), config, rows.device)
     plan = prep.plan
-    send = rows[_token_rows(layout)] if tokens else rows[layout.order]
+    send = rows[_token_rows(layout)] if tokens else rows
     width, r = rows.shape[1], layout.rows_received
     ex = open_exchange(config.backend, plan, group, rows.device, width, rows.dtype, prep.rows_needed)
     recv = ex.buffer(r)
@@ -213,27 +213,34 @@ class _Dispatch(torch.autograd.Function):
 class _Combine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, w, gate_weights, layout, group, config, backward="plan"):
-        pairs = token_pairs(combine_rows(h, w, layout, group, config), layout)
-        ctx.save_for_backward(h, w, gate_weights, pairs)
+        rows = combine_rows(h, w, layout, group, config)
+        out = summed_rows(rows, gate_weights, layout)
+        if ctx.needs_input_grad[2]:  # the gates' gradient reads the rows; a context's buffer is reused
+            rows = rows if owns_buffer(config.backend) else rows.clone()
+        else:
+            rows = None
+        ctx.save_for_backward(h, w, gate_weights, rows)
         ctx.meta = (layout, group, config, backward)
-        return weighted_sum(pairs, gate_weights)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        """`weighted_sum`'s matmul gradients (as the unfused op's autograd takes them), then the
-        dispatch plan of the weighted rows with W2ᵀ."""
-        h, w, gate_weights, pairs = ctx.saved_tensors
+        """`summed_rows`'s gradients, then the dispatch plan of the weighted rows with W2ᵀ."""
+        h, w, gate_weights, rows = ctx.saved_tensors
         layout, group, config, how = ctx.meta
-        g = grad_out.unsqueeze(1)
-        gates = gate_weights.to(pairs.dtype).unsqueeze(1)
-        grad_h = grad_w = grad_gates = None
-        if ctx.needs_input_grad[2]:
-            grad_gates = torch.bmm(g, pairs.transpose(1, 2)).squeeze(1).to(gate_weights.dtype)
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            grad_pairs = torch.bmm(gates.transpose(1, 2), g).view(-1, grad_out.shape[1])
+        grad_h = grad_w = None
+        grad_rows, grad_gates = summed_rows_grads(
+            grad_out,
+            rows,
+            gate_weights,
+            layout,
+            rows_grad=ctx.needs_input_grad[0] or ctx.needs_input_grad[1],
+            gates_grad=ctx.needs_input_grad[2],
+        )
+        if grad_rows is not None:
             if how == "unfused":
                 grad_h, grad_y = unfused_dispatch_rows(
-                    grad_pairs,
+                    grad_rows,
                     w.transpose(1, 2),
                     layout,
                     group,
@@ -242,7 +249,7 @@ class _Combine(torch.autograd.Function):
                 )
             else:
                 grad_h, grad_y = dispatch_rows(
-                    grad_pairs,
+                    grad_rows,
                     w.transpose(1, 2),
                     layout,
                     group,
