@@ -2,7 +2,8 @@
 every op, backend and stationary template replayed right with fresh inputs, between uncaptured
 calls and back to back; the first call of a shape and bounded waits refused under capture. In a
 group of one rank (a fresh process without TRITON_INTERPRET, which the interpreter tests set in
-this one), two ranks sharing one GPU (no NCCL there), and two GPUs."""
+this one), two ranks sharing one GPU (no NCCL there), and two GPUs, there also with NCCL
+registering no captured buffer."""
 
 from __future__ import annotations
 
@@ -66,6 +67,15 @@ def test_captured_calls_replay_right_with_two_ranks_sharing_one_gpu():
 def test_captured_calls_replay_right_on_two_and_four_gpus(world):
     needs_gpus(world)
     _assert_all_right(run_ranks(_rank_worker, world, (False,), timeout=880), CHECKS_ONE_RANK)
+
+
+@pytest.mark.multigpu
+def test_nccl_chunk_plans_replay_right_where_nccl_registers_no_captured_buffer(monkeypatch):
+    """With NCCL_GRAPH_REGISTER=0 in the ranks' environment the nccl backend's chunk plans are
+    captured and checked like the others (without it, a graph of two calls stalls)."""
+    needs_gpus(2)
+    monkeypatch.setenv("NCCL_GRAPH_REGISTER", "0")
+    _assert_all_right(run_ranks(_rank_worker, 2, (False,), timeout=880), CHECKS_ONE_RANK)
 
 
 @pytest.mark.multigpu

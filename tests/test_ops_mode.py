@@ -153,8 +153,9 @@ def test_the_warm_up_of_compiled_cuda_graphs_prepares_the_graph_program(group, p
 
 
 def test_a_configuration_whose_replay_stalls_is_refused_under_capture(group, prepared, monkeypatch):
-    """The nccl backend's chunk plans do not replay from a CUDA graph: a capture of such a call is
-    refused before anything is enqueued, given or looked up (here in eager mode, the warm-up's); a
+    """The nccl backend's chunk plans do not replay from a CUDA graph while NCCL registers captured
+    buffers: a capture of such a call is refused before anything is enqueued, given or looked up
+    (here in eager mode, the warm-up's), and the message names the setting that lets it replay; a
     captured call never takes the fast path of a call kept outside the capture, so none escapes."""
     nccl = ops.Candidate(backend="nccl", template="direct", comm_sms=64)
 
@@ -167,10 +168,17 @@ def test_a_configuration_whose_replay_stalls_is_refused_under_capture(group, pre
     monkeypatch.setattr(ops, "_prepare", fake_prepare)
     a, b = _operands()
     assert ops._program("ag_gemm", a, b, group, nccl, capturing=False).spec.candidate == nccl
+    monkeypatch.delenv("NCCL_GRAPH_REGISTER", raising=False)
     with pytest.raises(
-        ConfigError, match=r"nccl/direct.*cannot be captured in a CUDA graph.*copy_engine or sm_copy"
+        ConfigError,
+        match=r"nccl/direct.*cannot be captured in a CUDA graph.*copy_engine or sm_copy.*"
+        r"NCCL_GRAPH_REGISTER=0 in its environment",
     ):
         ops._program("ag_gemm", a, b, group, nccl, capturing=True)
+    monkeypatch.setenv("NCCL_GRAPH_REGISTER", "0")  # NCCL registers no captured buffer: it replays
+    assert ops._program("ag_gemm", a, b, group, nccl, capturing=True).spec.candidate == nccl
+    assert not nccl.replays_in_graph  # a given config only: lookup's graph mode still passes it over
+    monkeypatch.setenv("NCCL_GRAPH_REGISTER", "1")
     ops._program("gemm_rs", a, b, group, None, capturing=False)  # looked up in eager mode
     with pytest.raises(ConfigError, match=r"set_mode\('graph'\) before the warm-up"):
         ops._program("gemm_rs", a, b, group, None, capturing=True)

@@ -55,12 +55,14 @@ from syncopate.kernels.templates import (
 )
 from syncopate.platform import detect_topology
 from syncopate.search_space import (
+    NCCL_CAPTURE_SETTING,
     UNFUSED,
     Candidate,
     Topology,
     Workload,
     canonical_dtype,
     check_candidate,
+    nccl_chunks_replay,
 )
 
 __all__ = [
@@ -681,8 +683,10 @@ def _program(kind: str, a, b, group, config, capturing: bool) -> CallProgram:
 
 def _refuse_in_graph(op: str, cand: Candidate, looked_up: bool) -> None:
     """A call whose configuration does not replay from a CUDA graph (`Candidate.replays_in_graph`),
-    refused under a capture before anything is enqueued: its replay would stall, not fail."""
-    if cand.replays_in_graph:
+    refused under a capture before anything is enqueued: its replay would stall, not fail. In a
+    process whose NCCL registers no captured buffer (`nccl_chunks_replay`) the nccl chunk plans
+    replay, and are captured."""
+    if cand.replays_in_graph or nccl_chunks_replay():
         return
     how = (
         "lookup served it in eager mode: call syncopate.set_mode('graph') before the warm-up, so that "
@@ -691,9 +695,11 @@ def _refuse_in_graph(op: str, cand: Candidate, looked_up: bool) -> None:
         else "capture a configuration on backend copy_engine or sm_copy, or template unfused (the "
         "group's collective, then the matmul)"
     )
+    name, value = NCCL_CAPTURE_SETTING
     raise ConfigError(
         f"syncopate.{op}: configuration {cand.short()} cannot be captured in a CUDA graph (a replay of the "
-        f"nccl backend's chunk sends and receives stalls); {how}, or make this call outside the graph"
+        f"nccl backend's chunk sends and receives stalls while NCCL registers captured buffers); {how}, "
+        f"or start the job with {name}={value} in its environment, or make this call outside the graph"
     )
 
 

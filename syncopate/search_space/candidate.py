@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -21,12 +23,28 @@ __all__ = [
     "BACKEND_NAMES",
     "COPIER_BACKENDS",
     "DEFAULT_BACKENDS",
+    "NCCL_CAPTURE_SETTING",
     "RENAMED_BACKENDS",
     "CanonicalJson",
     "Candidate",
+    "nccl_chunks_replay",
     "stored_backend",
     "unknown_backend",
 ]
+
+NCCL_CAPTURE_SETTING = ("NCCL_GRAPH_REGISTER", "0")
+"""The environment setting under which the `nccl` backend's chunk plans replay from a CUDA graph:
+NCCL's registration of a captured send's or receive's buffer off. With it on, a graph of two calls
+of one chunk plan stalls in its first replay (on H100s, NCCL 2.28)."""
+
+
+def nccl_chunks_replay(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process's NCCL replays the `nccl` backend's chunk plans from a CUDA graph:
+    `NCCL_CAPTURE_SETTING` in `env` (default: the process's environment, which NCCL reads when it
+    starts, so it must be set before the job's first collective)."""
+    name, value = NCCL_CAPTURE_SETTING
+    return (os.environ if env is None else env).get(name) == value
+
 
 BACKENDS: tuple[str, ...] = ("copy_engine", "sm_copy", "nvshmem", "nccl")
 """How chunks move: copy-engine copies on a side stream; SM copies (`sm_copy`: stores into the
@@ -214,9 +232,12 @@ class Candidate(CanonicalJson):
 
     @property
     def replays_in_graph(self) -> bool:
-        """Whether a call on this candidate may be captured in a CUDA graph and replayed: all but
-        the `nccl` backend's chunk plans, whose replay stalls (its send/receive pairs per chunk beside
-        the fused kernel); `unfused`, the group's whole collective then the matmul, replays."""
+        """Whether a call on this candidate may be captured in a CUDA graph and replayed under any
+        NCCL setting: all but the `nccl` backend's chunk plans, whose replay stalls (its send/receive
+        pairs per chunk beside the fused kernel) unless NCCL registers no captured buffer
+        (`nccl_chunks_replay`, which lets a given configuration be captured but is no property of
+        the candidate: lookup's graph mode passes over these plans); `unfused`, the group's whole
+        collective then the matmul, replays."""
         return self.backend != "nccl" or self.template == UNFUSED
 
     def short(self) -> str:

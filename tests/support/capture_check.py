@@ -3,8 +3,9 @@
 compiles the kernel), then a graph of two calls with different inputs, replayed with fresh inputs
 and poisoned outputs, an uncaptured call with its own tensors between replays, and replays back to
 back with inputs changed between them in stream order; every output against float32. The first call
-of a shape, a bounded wait and a configuration whose replay stalls (the nccl backend's chunk plans)
-are refused under capture with their ConfigError.
+of a shape, a bounded wait and a configuration whose replay stalls (the nccl backend's chunk plans,
+unless NCCL registers no captured buffer: NCCL_GRAPH_REGISTER=0) are refused under capture with
+their ConfigError.
 
 One GPU, a group of one rank (tests/test_gpu_capture.py runs it so, in a fresh process without
 TRITON_INTERPRET): it prints one line per check and exits 1 if one fails.
@@ -38,6 +39,7 @@ from syncopate.search_space import (  # noqa: E402
     a_stationary_candidate,
     c_stationary_candidate,
     decomposed_candidate,
+    nccl_chunks_replay,
 )
 
 OPS = {
@@ -104,7 +106,7 @@ def replayed(kind: str, cand: Candidate, dev, group, world: int, gen) -> str:
     out1, out2 = x.poisoned(), x.poisoned()
     op(a1, b, group, cand, out=out1)  # outside the capture: the context, the kernel
     torch.cuda.synchronize()
-    if not cand.replays_in_graph:  # its replay would stall: refused under capture, right outside
+    if not (cand.replays_in_graph or nccl_chunks_replay()):  # it would stall: refused under capture
         _refused_in_capture(
             lambda: op(a1, b, group, cand, out=out1), "cannot be captured in a CUDA graph", cand.short()
         )
