@@ -273,8 +273,8 @@ class _TokenRows(torch.autograd.Function):
 
 def token_sum(rows: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
     """[T, N]: each token's top_k rows of `rows` [T·top_k, N] (send order) summed with float32
-    accumulation (no autograd); on a GPU with 16-bit rows by the gathered sum's kernel with unit weights, which
-    reads the rows in place (no [T, top_k, N] copy in pair order)."""
+    accumulation (no autograd); on a GPU with 16-bit rows by the gathered sum's kernel with unit
+    weights, which reads the rows in place (no [T, top_k, N] copy in pair order)."""
     if _sums_in_place(rows, rows):
         ones = torch.ones(layout.tokens, layout.top_k, dtype=torch.float32, device=rows.device)
         return summed_rows(rows, ones, layout)
@@ -411,9 +411,10 @@ def unfused_dispatch_rows(
     tokens: bool,
     keep_received: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The unfused dispatch of `rows` (x [T, K] with `tokens`, else one row a pair in send order [T·top_k, K])
-    times W [El, K, N], without autograd: (h [R, N] in the unfused layout, and with `keep_received`
-    the received rows [R, K] in arrival order), as `pipelined.dispatch_rows` returns them."""
+    """The unfused dispatch of `rows` (x [T, K] with `tokens`, else one row a pair in send order
+    [T·top_k, K]) times W [El, K, N], without autograd: (h [R, N] in the unfused layout, and with
+    `keep_received` the received rows [R, K] in arrival order), as `pipelined.dispatch_rows` returns
+    them."""
     send = rows[_token_rows(layout)] if tokens else rows
     received = rows.new_empty((layout.rows_received, rows.shape[1]))
     dist.all_to_all_single(received, send, list(layout.recv_splits), list(layout.send_splits), group=group)

@@ -127,8 +127,9 @@ def dispatch_rows(
     keep_received: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The pipelined dispatch of `rows`: x [T, K] (`tokens`: each pair takes its token's row) or one
-    row a pair in send order [T·top_k, K], times W [El, K, N]: (h [R, N] in the unfused layout, written into `out`
-    where given; with `keep_received`, the received rows [R, K] in arrival order, else None)."""
+    row a pair in send order [T·top_k, K], times W [El, K, N]: (h [R, N] in the unfused layout,
+    written into `out` where given; with `keep_received`, the received rows [R, K] in arrival order,
+    else None)."""
     group = _group(group)
     prep, _ = prepared(layout, "a2a_gemm", dist.get_rank(group), config, rows.device)
     plan = prep.plan
