@@ -131,9 +131,9 @@ def stage(group, what: str) -> None:
 
 def slowest(value: float, group, dev) -> float:
     """The largest of every rank's `value`."""
-    t = torch.tensor([value], device=dev, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.item()
+    from syncopate.kernels.ranks import slowest as each_slowest
+
+    return each_slowest([value], group, dev)[0]
 
 
 def fits(kind: str, cand: Candidate) -> bool:

@@ -111,7 +111,6 @@ def phase_times(call, group, cuda: bool, calls: int = 5) -> dict[str, dict[str, 
     import time
 
     import torch
-    import torch.distributed as dist
 
     from syncopate.moe.layer import PHASES
 
@@ -138,9 +137,9 @@ def phase_times(call, group, cuda: bool, calls: int = 5) -> dict[str, dict[str, 
             spans += [host, e0.elapsed_time(e1) * 1e3 if cuda else host]
         per_call.append(spans)
     medians = [statistics.median(spans[i] for spans in per_call) for i in range(2 * len(names))]
-    worst = torch.tensor(medians, dtype=torch.float64, device="cuda" if cuda else "cpu")
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
-    values = worst.tolist()
+    from syncopate.kernels.ranks import slowest
+
+    values = slowest(medians, group, "cuda" if cuda else "cpu")
     return {name: {"host_us": values[2 * i], "device_us": values[2 * i + 1]} for i, name in enumerate(names)}
 
 

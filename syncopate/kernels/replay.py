@@ -228,8 +228,8 @@ def _group_share(program, share: float) -> float:
     of the program: the same calls in the same order)."""
     import torch.distributed as dist
 
+    from syncopate.kernels.ranks import slowest
+
     group = program.spec.group
     nccl = dist.get_backend(group) == "nccl"  # else gloo (ranks sharing a GPU): a CPU tensor
-    t = torch.tensor([share], dtype=torch.float32, device=program.context.device if nccl else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return float(t.item())
+    return slowest([share], group, program.context.device if nccl else "cpu")[0]

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from syncopate.errors import CandidateTimeoutError, ConfigError
 from syncopate.kernels import ops
+from syncopate.kernels.ranks import slowest
 from syncopate.kernels.scaled import FP8, OUT_DTYPE, quantize, scaled_mm
 from syncopate.measure.reference import FP8_TOLERANCE, reference, relative_error
 from syncopate.measure.timing import Timing, barrier, time_collective, time_eager, time_host
@@ -177,9 +178,7 @@ class Harness:
     def _host(self, fn) -> float:
         """`fn`'s host time to enqueue one call (`time_host`), the slowest rank's (a collective waits
         for it): a baseline's and a candidate's by the one method."""
-        mine = torch.tensor([time_host(fn)], dtype=torch.float64, device=self.device)
-        dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=self.group)
-        return float(mine.item())
+        return slowest([time_host(fn)], self.group, self.device)[0]
 
     def _baseline(self, name: str, fn, detail: str) -> BaselineResult:
         """A baseline's device time, back-to-back eager time and host time."""

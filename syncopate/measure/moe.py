@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from syncopate.kernels.ranks import slowest
 from syncopate.measure.harness import _STATUS_CODES, BaselineResult, CandidateResult
 from syncopate.search_space.moe_workload import MoeCandidate, MoeWorkload, check_moe_candidate
 
@@ -64,9 +65,7 @@ def wall_times(fn, group, repetitions: int, calls: int = 1) -> list[float]:
         for _ in range(calls):
             fn()
         samples.append((time.perf_counter() - t0) * 1e6 / calls)
-    worst = torch.tensor(samples, dtype=torch.float64)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
-    return worst.tolist()
+    return slowest(samples, group)
 
 
 def time_device(fn, group, device: torch.device, *, warmup: int = 5, repetitions: int = 20, flush_l2=True):
@@ -168,9 +167,7 @@ def moe_reference(kind: str, case: MoeCase, a, wt, ids, gates):
 
 def worst_over_ranks(value: float, case: MoeCase) -> float:
     """The largest of every rank's `value` (NaN counts as infinite)."""
-    t = torch.tensor([value if value == value else float("inf")], dtype=torch.float64, device=case.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=case.group)
-    return float(t.item())
+    return slowest([value], case.group, case.device)[0]
 
 
 def fresh_checks(kind: str, case: MoeCase):

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from syncopate.kernels.ranks import slowest
+
 __all__ = ["Timing", "time_collective", "time_eager", "summarize", "barrier", "start_together"]
 
 _FLUSH_BYTES = 256 * 1024 * 1024
@@ -140,11 +142,8 @@ def time_collective(
         host.append((time.perf_counter() - t0) * 1e6)
         ends[i].record()
     torch.cuda.synchronize()
-    local = torch.tensor(
-        [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)], dtype=torch.float64, device=device
-    )
-    dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
-    return Timing(samples_us=tuple(local.tolist()), host_us=statistics.median(host))
+    local = [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
+    return Timing(samples_us=tuple(slowest(local, group, device)), host_us=statistics.median(host))
 
 
 HOST_CALLS = 10
@@ -213,8 +212,4 @@ def time_eager(
             fn()
         ends[i].record()
         torch.cuda.synchronize()
-    local = torch.tensor(
-        [s.elapsed_time(e) * 1000.0 / calls for s, e in zip(starts, ends)], dtype=torch.float64, device=device
-    )
-    dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
-    return tuple(local.tolist())
+    return tuple(slowest([s.elapsed_time(e) * 1000.0 / calls for s, e in zip(starts, ends)], group, device))

@@ -156,7 +156,7 @@ class _PlanCheck:
     def decide(self, group) -> tuple[Any, Any]:
         """The faster plan by the medians of the sampled calls, the slowest rank's (one all-reduce
         on every rank alike); the forwards alone where any rank lacks a sampled backward."""
-        import torch.distributed as dist
+        from syncopate.kernels.ranks import slowest
 
         local = []
         missing = 0.0
@@ -167,9 +167,7 @@ class _PlanCheck:
             missing = max(missing, float(len(backwards) < len(times)))
             local.append(statistics.median(backwards) if backwards else 0.0)
         device = "cuda" if self.clock.cuda else "cpu"
-        worst = torch.tensor([*local, missing], dtype=torch.float64, device=device)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
-        fwd_plan, bwd_plan, fwd_unfused, bwd_unfused, missing = worst.tolist()
+        fwd_plan, bwd_plan, fwd_unfused, bwd_unfused, missing = slowest([*local, missing], group, device)
         with_backward = missing == 0.0
         plan_us = fwd_plan + (bwd_plan if with_backward else 0.0)
         unfused_us = fwd_unfused + (bwd_unfused if with_backward else 0.0)

@@ -156,16 +156,11 @@ class FixtureRunner(Runner):
         return Topology(world_size=self._world_size, nodes=nodes, gpu_model=model, interconnect="nvlink")
 
     def _samples(self, base_us: float, *salt: object) -> tuple[float, ...]:
-        import torch
-        import torch.distributed as dist
+        from syncopate.kernels.ranks import slowest
 
         reps = int(self.spec.timing.repetitions)
-        local = torch.tensor(
-            [base_us * (1 + 0.02 * (_unit(*salt, rep, self._rank) - 0.5)) for rep in range(reps)],
-            dtype=torch.float64,
-        )
-        dist.all_reduce(local, op=dist.ReduceOp.MAX, group=self._group)
-        return tuple(float(x) for x in local.tolist())
+        local = [base_us * (1 + 0.02 * (_unit(*salt, rep, self._rank) - 0.5)) for rep in range(reps)]
+        return tuple(slowest(local, self._group))
 
     def baselines(self, workload: Workload) -> list[BaselineOutcome]:
         times = fixture_times(workload, self._world_size)
