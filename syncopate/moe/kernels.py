@@ -224,8 +224,13 @@ def combine_kernel(
                 tl.atomic_xchg(peer_pad + word, epoch, sem="release", scope="sys")
 
 
-_DISPATCH_ARGS = tuple(dispatch_kernel.arg_names[: dispatch_kernel.arg_names.index("BLOCK_M")])
-_COMBINE_ARGS = tuple(combine_kernel.arg_names[: combine_kernel.arg_names.index("BLOCK_M")])
+def _args_before(kernel, constexpr: str) -> tuple[str, ...]:
+    """The names of `kernel`'s arguments before its first constant `constexpr`: what `_run` binds."""
+    return tuple(kernel.arg_names[: kernel.arg_names.index(constexpr)])
+
+
+_DISPATCH_ARGS = _args_before(dispatch_kernel, "BLOCK_M")
+_COMBINE_ARGS = _args_before(combine_kernel, "BLOCK_M")
 
 
 def _meta(block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int) -> dict:
@@ -476,13 +481,9 @@ def gathered_sum_gates_grad_kernel(
         tl.store(out_ptr + t * TOP_K + j, tl.sum(acc, axis=0))
 
 
-_SUM_ARGS = tuple(gathered_sum_kernel.arg_names[: gathered_sum_kernel.arg_names.index("TOP_K")])
-_SUM_ROWS_ARGS = tuple(
-    gathered_sum_rows_grad_kernel.arg_names[: gathered_sum_rows_grad_kernel.arg_names.index("TOP_K")]
-)
-_SUM_GATES_ARGS = tuple(
-    gathered_sum_gates_grad_kernel.arg_names[: gathered_sum_gates_grad_kernel.arg_names.index("TOP_K")]
-)
+_SUM_ARGS = _args_before(gathered_sum_kernel, "TOP_K")
+_SUM_ROWS_ARGS = _args_before(gathered_sum_rows_grad_kernel, "TOP_K")
+_SUM_GATES_ARGS = _args_before(gathered_sum_gates_grad_kernel, "TOP_K")
 SUM_BLOCK = 1024
 """Columns a program of the gathered-sum kernels takes at a time."""
 

@@ -355,7 +355,7 @@ def summed_rows_grads(
 
 
 class _GatheredSum(torch.autograd.Function):
-    """`summed_rows` with autograd: each gradient one kernel on a GPU (no [T, top_k, N] copy in
+    """`summed_rows` with autograd: on a GPU each gradient one kernel (no [T, top_k, N] copy in
     pair order, no batched matmul of one-row matrices)."""
 
     @staticmethod
@@ -381,13 +381,9 @@ class _GatheredSum(torch.autograd.Function):
 def gathered_weighted_sum(
     rows: torch.Tensor, gate_weights: torch.Tensor, layout: ExpertLayout
 ) -> torch.Tensor:
-    """`summed_rows` with autograd. On a GPU with 16-bit rows its kernels read the rows in place
-    (`_GatheredSum`); elsewhere the rows are permuted into pair order and summed by `weighted_sum`
-    with torch's autograd."""
-    if _sums_in_place(rows, gate_weights):
-        return _GatheredSum.apply(rows, gate_weights, layout)
-    pairs = permute_rows(rows, layout.order_inverse, layout.order).view(layout.tokens, layout.top_k, -1)
-    return weighted_sum(pairs, gate_weights)
+    """`summed_rows` with autograd (`_GatheredSum`): on a GPU with 16-bit rows its kernels read the
+    rows in place; elsewhere `summed_rows` and `summed_rows_grads` take torch's ops."""
+    return _GatheredSum.apply(rows, gate_weights, layout)
 
 
 BACKWARDS: tuple[str, ...] = ("plan", "unfused")
