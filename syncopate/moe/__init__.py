@@ -30,6 +30,7 @@ _LAZY = {
     "exchange_layout": "syncopate.moe.ops",
     "gemm_combine": "syncopate.moe.ops",
     "grouped_mm": "syncopate.moe.ops",
+    "swiglu": "syncopate.moe.ops",
     "PiecePlan": "syncopate.moe.plan",
     "build_piece_plan": "syncopate.moe.plan",
     "ExpertLayout": "syncopate.moe.routing",

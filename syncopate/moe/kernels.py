@@ -52,6 +52,8 @@ __all__ = [
     "dispatch_kernel",
     "launch_combine",
     "launch_dispatch",
+    "launch_swiglu",
+    "launch_swiglu_grad",
 ]
 
 DISPATCH_WORDS = 6
@@ -549,3 +551,68 @@ def launch_gathered_sum_grads(
             (grad, rows, index, grad_gates, h, grad.stride(0), rows.stride(0)),
             dict(TOP_K=top_k, BLOCK_H=block, num_warps=4),
         )
+
+
+# The experts' SwiGLU activation, fused ------------------------------------------------------------
+
+
+@triton.jit
+def swiglu_kernel(h_ptr, out_ptr, F, stride_h, stride_o, BLOCK_F: tl.constexpr):
+    """out[r, c] = silu(h[r, c]) · h[r, F + c] over columns [BLOCK_F·b, BLOCK_F·(b+1)), in float32;
+    program (r, b)."""
+    r = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    mask = offs < F
+    row = h_ptr + r * stride_h
+    gate = tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(row + F + offs, mask=mask, other=0.0).to(tl.float32)
+    y = gate * tl.sigmoid(gate) * up
+    tl.store(out_ptr + r * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def swiglu_grad_kernel(g_ptr, h_ptr, out_ptr, F, stride_g, stride_h, stride_o, BLOCK_F: tl.constexpr):
+    """The gradient of `swiglu_kernel` given its output's g: out[r, c] = g · up · σ(gate) · (1 +
+    gate · (1 − σ(gate))) and out[r, F + c] = g · silu(gate), in float32; program (r, b)."""
+    r = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    mask = offs < F
+    row = h_ptr + r * stride_h
+    gate = tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(row + F + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + r * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
+    s = tl.sigmoid(gate)
+    out = out_ptr + r * stride_o
+    kind = out_ptr.dtype.element_ty
+    tl.store(out + offs, (g * up * s * (1.0 + gate * (1.0 - s))).to(kind), mask=mask)
+    tl.store(out + F + offs, (g * gate * s).to(kind), mask=mask)
+
+
+SWIGLU_BLOCK = 1024
+"""Columns a program of the SwiGLU kernels takes at a time."""
+
+
+def _swiglu_grid(rows: int, f: int) -> tuple[tuple[int, int], int]:
+    block = min(SWIGLU_BLOCK, triton.next_power_of_2(max(1, f)))
+    return (rows, triton.cdiv(f, block)), block
+
+
+def launch_swiglu(h: torch.Tensor, out: torch.Tensor) -> None:
+    """out [R, F] = silu(h[:, :F]) · h[:, F:] for h [R, 2F]; both of unit column stride."""
+    rows, f = out.shape
+    if rows == 0 or f == 0:
+        return
+    grid, block = _swiglu_grid(rows, f)
+    swiglu_kernel[grid](h, out, f, h.stride(0), out.stride(0), BLOCK_F=block, num_warps=4)
+
+
+def launch_swiglu_grad(grad: torch.Tensor, h: torch.Tensor, grad_h: torch.Tensor) -> None:
+    """grad_h [R, 2F], the gradient of `launch_swiglu` at h [R, 2F] given its output's grad [R, F];
+    all of unit column stride."""
+    rows, f = grad.shape
+    if rows == 0 or f == 0:
+        return
+    grid, block = _swiglu_grid(rows, f)
+    swiglu_grad_kernel[grid](
+        grad, h, grad_h, f, grad.stride(0), h.stride(0), grad_h.stride(0), BLOCK_F=block, num_warps=4
+    )

@@ -9,7 +9,7 @@ W2 [El, F, H]. Forward on this rank's tokens x [T, H]:
     weights, ids = top_k(probs); weights /= weights.sum(-1)
     layout = exchange_layout(ids)        one all-gather of counts, the host's one wait
     h = dispatch_gemm(x, W1)             a2a_gemm
-    out = gemm_combine(silu(h[:, :F]) * h[:, F:], W2, weights)   gemm_a2a
+    out = gemm_combine(swiglu(h), W2, weights)   gemm_a2a; swiglu(h) = silu(h[:, :F]) * h[:, F:]
 
 Gradients reach x, W1, W2, the gate (or the given scores) through the all-to-alls' reverse
 all-to-alls; every rank of the group must run backward. `config=` (a `MoeCandidate`, the same on
@@ -51,11 +51,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from syncopate.errors import ConfigError, SyncopateError
-from syncopate.moe.ops import check_backward, dispatch_gemm, exchange_layout, gemm_combine
+from syncopate.moe.ops import check_backward, dispatch_gemm, exchange_layout, gemm_combine, swiglu
 from syncopate.results_db.urls import ENV_VAR as DB_VAR
 from syncopate.search_space import Topology
 from syncopate.search_space.moe_workload import MoeCandidate, MoeWorkload, RoutingSpec
@@ -357,7 +356,7 @@ class MoELayer(nn.Module):
         mark("layout")
         h = dispatch_gemm(x, self.w1, layout, self.group, config=dispatch, backward=self.backward)
         mark("dispatch")
-        act = F.silu(h[:, : self.ffn]) * h[:, self.ffn :]
+        act = swiglu(h, self.ffn)
         mark("act")
         y = gemm_combine(act, self.w2, weights, layout, self.group, config=combine, backward=self.backward)
         mark("combine")

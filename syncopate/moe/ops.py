@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from syncopate.errors import ConfigError, describe
 from syncopate.moe.routing import (
@@ -43,6 +44,7 @@ __all__ = [
     "gemm_combine",
     "grouped_mm",
     "grouped_weight_grad",
+    "swiglu",
     "uses_grouped_mm",
 ]
 
@@ -275,7 +277,7 @@ def token_sum(rows: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
     """[T, N]: each token's top_k rows of `rows` [T·top_k, N] (send order) summed with float32
     accumulation (no autograd); on a GPU with 16-bit rows by the gathered sum's kernel with unit
     weights, which reads the rows in place (no [T, top_k, N] copy in pair order)."""
-    if _sums_in_place(rows, rows):
+    if _row_kernels_run(rows, rows):
         ones = torch.ones(layout.tokens, layout.top_k, dtype=torch.float32, device=rows.device)
         return summed_rows(rows, ones, layout)
     return token_pairs(rows, layout).sum(1)
@@ -294,15 +296,16 @@ def weighted_sum(pairs: torch.Tensor, gate_weights: torch.Tensor) -> torch.Tenso
     return torch.bmm(w, pairs).squeeze(1)
 
 
-def _sums_in_place(rows: torch.Tensor, gate_weights: torch.Tensor) -> bool:
-    """Whether `summed_rows` and its gradients run the gathered sum's kernels: 16-bit rows of unit
-    column stride on a GPU, or on the CPU under Triton's interpreter (TRITON_INTERPRET=1)."""
+def _row_kernels_run(rows: torch.Tensor, other: torch.Tensor) -> bool:
+    """Whether the row kernels (`summed_rows`' gathered sum and its gradients, `swiglu`'s) run on
+    `rows` (and `other`, on the same device): 16-bit rows of unit column stride on a GPU, or on the
+    CPU under Triton's interpreter (TRITON_INTERPRET=1)."""
     from syncopate.kernels.launch import interpreting
 
     return (
         rows.dtype in (torch.bfloat16, torch.float16)
         and rows.stride(-1) == 1
-        and rows.device == gate_weights.device
+        and rows.device == other.device
         and (rows.is_cuda or interpreting())
     )
 
@@ -312,7 +315,7 @@ def summed_rows(rows: torch.Tensor, gate_weights: torch.Tensor, layout: ExpertLa
     gate weights [T, top_k], accumulated in float32, without autograd. On a GPU with 16-bit rows one
     kernel reads the rows in place (`syncopate.moe.kernels.launch_gathered_sum`); elsewhere the rows
     are gathered into pair order and summed by `weighted_sum`."""
-    if not _sums_in_place(rows, gate_weights):
+    if not _row_kernels_run(rows, gate_weights):
         return weighted_sum(token_pairs(rows, layout), gate_weights)
     from syncopate.moe.kernels import launch_gathered_sum
 
@@ -334,7 +337,7 @@ def summed_rows_grads(
     send order (where `rows_grad`) and the gate weights' [T, top_k] in their dtype (where
     `gates_grad`, which reads `rows`)."""
     grad = grad if grad.stride(-1) == 1 else grad.contiguous()
-    if not _sums_in_place(grad, gate_weights):
+    if not _row_kernels_run(grad, gate_weights):
         grad_rows = grad_gates = None
         if rows_grad:
             gates = gate_weights.reshape(-1).index_select(0, layout.order).to(grad.dtype)
@@ -384,6 +387,40 @@ def gathered_weighted_sum(
     """`summed_rows` with autograd (`_GatheredSum`): on a GPU with 16-bit rows its kernels read the
     rows in place; elsewhere `summed_rows` and `summed_rows_grads` take torch's ops."""
     return _GatheredSum.apply(rows, gate_weights, layout)
+
+
+class _SwiGLU(torch.autograd.Function):
+    """silu(h[:, :F]) · h[:, F:] by one kernel, and its gradient by one more (`syncopate.moe.kernels`),
+    both in float32 with one rounding; only h is kept for the backward."""
+
+    @staticmethod
+    def forward(ctx, h, ffn):
+        from syncopate.moe.kernels import launch_swiglu
+
+        out = h.new_empty((h.shape[0], ffn))
+        launch_swiglu(h, out)
+        ctx.save_for_backward(h)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        from syncopate.moe.kernels import launch_swiglu_grad
+
+        (h,) = ctx.saved_tensors
+        grad_h = torch.empty_like(h)
+        launch_swiglu_grad(grad if grad.stride(-1) == 1 else grad.contiguous(), h, grad_h)
+        return grad_h, None
+
+
+def swiglu(h: torch.Tensor, ffn: int) -> torch.Tensor:
+    """The experts' activation on h [R, 2·ffn] (gate columns first): silu(gate) · up, [R, ffn], with
+    autograd. On a GPU with 16-bit rows (or under Triton's interpreter) one kernel each way (no
+    intermediate tensors); elsewhere torch's ops."""
+    if h.dim() != 2 or h.shape[1] != 2 * ffn:
+        raise ConfigError(f"h has shape {tuple(h.shape)}: expected [rows, {2 * ffn}] (gate and up)")
+    if _row_kernels_run(h, h):
+        return _SwiGLU.apply(h, ffn)
+    return F.silu(h[:, :ffn]) * h[:, ffn:]
 
 
 BACKWARDS: tuple[str, ...] = ("plan", "unfused")

@@ -1,7 +1,8 @@
 """Compile the `fused` MoE kernels (`syncopate.moe.kernels`) for a Hopper GPU (sm_90) on a machine
 without one, at the shapes and tile configurations `moe_space` tries (Qwen3-30B-A3B's expert layer:
-hidden 2048, expert ffn 768), bf16, and the gathered top-k sum's three kernels. Run it in a fresh
-process without TRITON_INTERPRET; it prints one line per variant and exits 1 if any fails.
+hidden 2048, expert ffn 768), bf16, the gathered top-k sum's three kernels and the SwiGLU's two.
+Run it in a fresh process without TRITON_INTERPRET; it prints one line per variant and exits 1 if
+any fails.
 
     python tests/support/compile_moe_sm90.py
 """
@@ -20,6 +21,8 @@ from syncopate.moe.kernels import (  # noqa: E402
     launch_dispatch,
     launch_gathered_sum,
     launch_gathered_sum_grads,
+    launch_swiglu,
+    launch_swiglu_grad,
 )
 from syncopate.search_space.moe_workload import MOE_TILE_CONFIGS  # noqa: E402
 
@@ -62,6 +65,14 @@ def gathered_sum(which: str) -> None:
         launch_gathered_sum_grads(grad, rows, index, index, gates, None, torch.empty_like(gates))
 
 
+def swiglu(which: str) -> None:
+    h = torch.empty(4096, 2 * FFN, dtype=BF16)
+    if which == "forward":
+        launch_swiglu(h, torch.empty(4096, FFN, dtype=BF16))
+    else:
+        launch_swiglu_grad(torch.empty(4096, FFN, dtype=BF16), h, torch.empty_like(h))
+
+
 def variants():
     for tiles in MOE_TILE_CONFIGS:
         label = "{block_m}x{block_n}x{block_k} w{num_warps} s{num_stages}".format(**tiles)
@@ -69,6 +80,8 @@ def variants():
         yield f"combine {label}", lambda tiles=tiles: combine(tiles)
     for which in ("sum", "rows", "gates"):
         yield f"gathered-sum {which}", lambda which=which: gathered_sum(which)
+    for which in ("forward", "backward"):
+        yield f"swiglu {which}", lambda which=which: swiglu(which)
 
 
 def main() -> int:
