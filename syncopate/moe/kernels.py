@@ -557,15 +557,23 @@ def launch_gathered_sum_grads(
 
 
 @triton.jit
-def swiglu_kernel(h_ptr, out_ptr, F, stride_h, stride_o, BLOCK_F: tl.constexpr):
-    """out[r, c] = silu(h[r, c]) · h[r, F + c] over columns [BLOCK_F·b, BLOCK_F·(b+1)), in float32;
-    program (r, b)."""
+def _gate_up(h_ptr, F, stride_h, BLOCK_F: tl.constexpr):
+    """Program (r, b)'s row r, its columns [BLOCK_F·b, BLOCK_F·(b+1)) below F, and h's gate and up
+    values there in float32."""
     r = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     mask = offs < F
     row = h_ptr + r * stride_h
     gate = tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(row + F + offs, mask=mask, other=0.0).to(tl.float32)
+    return r, offs, mask, gate, up
+
+
+@triton.jit
+def swiglu_kernel(h_ptr, out_ptr, F, stride_h, stride_o, BLOCK_F: tl.constexpr):
+    """out[r, c] = silu(h[r, c]) · h[r, F + c] over columns [BLOCK_F·b, BLOCK_F·(b+1)), in float32;
+    program (r, b)."""
+    r, offs, mask, gate, up = _gate_up(h_ptr, F, stride_h, BLOCK_F)
     y = gate * tl.sigmoid(gate) * up
     tl.store(out_ptr + r * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -574,12 +582,7 @@ def swiglu_kernel(h_ptr, out_ptr, F, stride_h, stride_o, BLOCK_F: tl.constexpr):
 def swiglu_grad_kernel(g_ptr, h_ptr, out_ptr, F, stride_g, stride_h, stride_o, BLOCK_F: tl.constexpr):
     """The gradient of `swiglu_kernel` given its output's g: out[r, c] = g · up · σ(gate) · (1 +
     gate · (1 − σ(gate))) and out[r, F + c] = g · silu(gate), in float32; program (r, b)."""
-    r = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-    mask = offs < F
-    row = h_ptr + r * stride_h
-    gate = tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(row + F + offs, mask=mask, other=0.0).to(tl.float32)
+    r, offs, mask, gate, up = _gate_up(h_ptr, F, stride_h, BLOCK_F)
     g = tl.load(g_ptr + r * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
     s = tl.sigmoid(gate)
     out = out_ptr + r * stride_o
