@@ -607,7 +607,11 @@ def parse(argv):
         default="small",
         help="small: chunks 1, 2, 4 and both orders; tiny: chunks 2, ring",
     )
-    p.add_argument("--backends", default="nccl,copy_engine", help="pipelined backends, comma-separated")
+    p.add_argument(
+        "--backends",
+        default="nccl,copy_engine",
+        help="pipelined backends, comma-separated (nvshmem: every rank's symmetric memory is NVSHMEM's)",
+    )
     p.add_argument(
         "--templates",
         default="unfused,pipelined,fused",
@@ -640,6 +644,8 @@ def parse(argv):
     unknown = sorted(set(args.backends.split(",")) - set(MOE_BACKENDS))
     if unknown:
         p.error(f"unknown backend(s) {', '.join(unknown)}: accepted are {', '.join(MOE_BACKENDS)}")
+    if args.cpu and "nvshmem" in args.backends.split(","):
+        p.error("backend nvshmem puts rows between GPUs: it does not go with --cpu (gloo ranks run nccl)")
     unknown = sorted(set(args.templates.split(",")) - set(MOE_TEMPLATES))
     if unknown:
         p.error(f"unknown template(s) {', '.join(unknown)}: accepted are {', '.join(MOE_TEMPLATES)}")
@@ -704,6 +710,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    if "nvshmem" in args.backends.split(","):
+        # Every rank's symmetric memory NVSHMEM's, applied at Syncopate's first context (the spawned
+        # ranks inherit the setting); the other backends and torch's baselines run on it too.
+        from syncopate.kernels.symmetric_memory import MEMORY_VAR
+
+        os.environ[MEMORY_VAR] = "nvshmem"
     if under_torchrun:
         import torch.distributed as dist
 

@@ -3,7 +3,8 @@
 to the unfused ops' and close to the float32 group references, for uniform and skewed routings and
 a rank that receives nothing, outputs poisoned with NaN, calls back to back with fresh inputs, a
 routing that needs a larger symmetric buffer than the one before; `MoELayer`'s forward and
-backward on each backend against the unfused layer's."""
+backward on each backend against the unfused layer's; backend `nvshmem` refused in a process
+without NVSHMEM memory, naming the fix."""
 
 from __future__ import annotations
 
@@ -41,7 +42,9 @@ def _routings(ws: int, experts: int, tokens: int, top_k: int):
     return out
 
 
-def _check_ops(rank, world, device, group) -> list[str]:
+def check_ops(rank, world, device, group, backends=("nccl", "copy_engine")) -> list[str]:
+    """The pipelined ops on each of `backends` at three (chunks, order) plans (`nvshmem` at 8, 32
+    and 16 copier programs) against the unfused ops and the float32 references: a line a miss."""
     from syncopate.measure.reference import (
         moe_combine_group_reference,
         moe_dispatch_group_reference,
@@ -52,9 +55,15 @@ def _check_ops(rank, world, device, group) -> list[str]:
 
     hidden, ffn, experts, top_k, tokens = 256, 128, 4 * world, 4, 384
     configs = [
-        MoeCandidate(template="pipelined", backend=b, chunks_per_source=c, order=o)
-        for b in ("nccl", "copy_engine")
-        for c, o in ((1, "ring"), (4, "ring"), (2, "pairwise"))
+        MoeCandidate(
+            template="pipelined",
+            backend=b,
+            chunks_per_source=c,
+            order=o,
+            **({"comm_sms": n} if b == "nvshmem" else {}),
+        )
+        for b in backends
+        for c, o, n in ((1, "ring", 8), (4, "ring", 32), (2, "pairwise", 16))
     ]
     lines = []
     gen = torch.Generator(device=device).manual_seed(rank)
@@ -126,14 +135,39 @@ def layer_mismatches(rank, world, device, group, configs: dict, calls: int = 1) 
     return lines
 
 
-def _check_layer(rank, world, device, group) -> list[str]:
+def check_layer(rank, world, device, group, backends=("nccl", "copy_engine")) -> list[str]:
     from syncopate.search_space.moe_workload import MoeCandidate
 
     configs = {
-        name: MoeCandidate(template="pipelined", backend=name, chunks_per_source=2)
-        for name in ("nccl", "copy_engine")
+        name: MoeCandidate(template="pipelined", backend=name, chunks_per_source=2) for name in backends
     }
     return layer_mismatches(rank, world, device, group, configs)
+
+
+def check_refusal(rank, world, device, group) -> list[str]:
+    """In a process whose symmetric memory is not NVSHMEM's, backend `nvshmem` is refused before
+    anything moves, naming the fix; the next call on `copy_engine` is right."""
+    from syncopate.errors import ConfigError
+    from syncopate.moe import dispatch_gemm, exchange_layout
+    from syncopate.search_space.moe_workload import MoeCandidate
+
+    gen = torch.Generator(device=device).manual_seed(rank)
+    ids = torch.stack([torch.randperm(4 * world, device=device, generator=gen)[:2] for _ in range(64)])
+    layout = exchange_layout(ids, 4 * world, group)
+    x = torch.randn(64, 32, device=device, generator=gen).bfloat16()
+    w = torch.randn(4, 32, 16, device=device, generator=gen).bfloat16()
+    lines = []
+    try:
+        dispatch_gemm(x, w, layout, group, config=MoeCandidate(template="pipelined", backend="nvshmem"))
+        lines.append(f"rank {rank}: backend nvshmem ran without NVSHMEM memory")
+    except ConfigError as e:
+        if not (str(e).startswith("backend 'nvshmem' needs NVSHMEM") and "'copy_engine'" in str(e)):
+            lines.append(f"rank {rank}: the refusal does not name the fix: {e}")
+    plan = MoeCandidate(template="pipelined", backend="copy_engine", chunks_per_source=2)
+    got = dispatch_gemm(x, w, layout, group, config=plan)
+    if not torch.equal(got, dispatch_gemm(x, w, layout, group)):
+        lines.append(f"rank {rank}: copy_engine after the refusal differs from unfused")
+    return lines
 
 
 def _worker(rank, world, port, checks, queue):
@@ -164,7 +198,7 @@ def run_checks(checks: tuple, world: int, what: str) -> None:
 
 
 def _run(world: int) -> None:
-    run_checks((_check_ops, _check_layer), world, "MoE check")
+    run_checks((check_ops, check_layer, check_refusal), world, "MoE check")
 
 
 @pytest.mark.multigpu

@@ -117,8 +117,16 @@ def test_bad_input_is_refused(tmp_path):
     assert out.returncode == 2 and "--phases times the layer's phases" in out.stderr
     out = _run(tmp_path, "--cpu", "--models", "nope")
     assert out.returncode == 2 and "no case of" in out.stderr
-    out = _run(tmp_path, "--cpu", "--backends", "nvshmem")
-    assert out.returncode == 2 and "unknown backend(s) nvshmem: accepted are nccl, copy_engine" in out.stderr
+    out = _run(tmp_path, "--cpu", "--backends", "sm_copy")
+    assert (
+        out.returncode == 2
+        and "unknown backend(s) sm_copy: accepted are nccl, copy_engine, nvshmem" in out.stderr
+    )
+    out = _run(tmp_path, "--cpu", "--backends", "nccl,nvshmem")
+    assert (
+        out.returncode == 2
+        and "backend nvshmem puts rows between GPUs: it does not go with --cpu" in out.stderr
+    )
     out = _run(tmp_path, "--cpu", "--templates", "pipelined,sparse")
     assert (
         out.returncode == 2

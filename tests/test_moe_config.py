@@ -8,7 +8,7 @@ import pytest
 
 from syncopate.errors import ConfigError
 from syncopate.search_space.moe_workload import (
-    MOE_BACKENDS,
+    MOE_DEFAULT_BACKENDS,
     MoeCandidate,
     MoeWorkload,
     check_moe_candidate,
@@ -65,8 +65,8 @@ def test_a_candidate_round_trips_with_a_stable_key():
             "only; leave the tile fields at their defaults",
         ),
         (
-            {"template": "pipelined", "backend": "nvshmem"},
-            "unknown MoE backend 'nvshmem': accepted are nccl, copy_engine",
+            {"template": "pipelined", "backend": "sm_copy"},
+            "unknown MoE backend 'sm_copy': accepted are nccl, copy_engine, nvshmem",
         ),
         (
             {"template": "pipelined", "order": "zigzag"},
@@ -95,7 +95,7 @@ def test_bad_values_are_refused_by_name(kw, words):
 def test_bad_input_to_from_dict_and_from_json():
     words = (
         "unknown MoE candidate field\\(s\\) splits: accepted are backend, block_k, block_m, block_n, "
-        "chunks_per_source, num_stages, num_warps, order, template"
+        "chunks_per_source, comm_sms, num_stages, num_warps, order, template"
     )
     with pytest.raises(ConfigError, match=words):
         MoeCandidate.from_dict({"template": "pipelined", "splits": 2})
@@ -157,7 +157,7 @@ def test_the_space_of_a_workload():
     assert len(space) == len(set(space))
     pipelined = space[1:13]
     assert {c.template for c in pipelined} == {"pipelined"}
-    assert {c.backend for c in pipelined} == set(MOE_BACKENDS)
+    assert {c.backend for c in pipelined} == set(MOE_DEFAULT_BACKENDS)
     assert {c.chunks_per_source for c in pipelined} == {1, 2, 4}
     assert {c.order for c in pipelined} == {"ring", "pairwise"}
     assert len(pipelined) == 2 * 3 * 2

@@ -37,7 +37,7 @@ from syncopate.search_space import (
     space,
     space_refusal,
 )
-from syncopate.search_space.moe_workload import MOE_BACKENDS, moe_space
+from syncopate.search_space.moe_workload import MOE_DEFAULT_BACKENDS, moe_space
 
 __all__ = [
     "AVAILABLE_STRATEGIES",
@@ -80,7 +80,7 @@ class SearchProblem:
     def candidates(self) -> list[Candidate]:
         """The valid candidates, in the space's deterministic order."""
         if isinstance(self.workload, MoeWorkload):
-            backends, chunks = self.moe_space or (MOE_BACKENDS, (1, 2, 4))
+            backends, chunks = self.moe_space or (MOE_DEFAULT_BACKENDS, (1, 2, 4))
             return moe_space(self.workload, self.topology.world_size, backends=backends, chunks=chunks)
         return space(self.workload, self.topology, self.options)
 

@@ -25,7 +25,7 @@ moe:                           # mixture-of-experts layers (kinds a2a_gemm, gemm
     # or one layer: hidden: 2048, ffn: 768, experts: 128, top_k: 8
     tokens: [4096, 8192]                     # tokens a rank
     routings: [{distribution: uniform, seed: 0}, {distribution: skewed, skew: 1.2, seed: 0}]
-    backends: [nccl, copy_engine]            # moe_space's: the default both
+    backends: [nccl, copy_engine]            # moe_space's default; nvshmem where the workers opt in
     chunks: [1, 2, 4]                        # chunks_per_source tried (the default)
 ```
 
@@ -68,6 +68,7 @@ from syncopate.search_space import (
 from syncopate.search_space.moe_workload import (
     MOE_BACKENDS,
     MOE_CHUNKS,
+    MOE_DEFAULT_BACKENDS,
     MOE_KINDS,
     MoeWorkload,
     RoutingSpec,
@@ -141,7 +142,7 @@ class MoeEntry(_Strict):
     tokens: list[int]
     routings: list[dict[str, Any]] = Field(default_factory=lambda: [{"distribution": "uniform", "seed": 0}])
     dtype: str | None = None
-    backends: list[str] = Field(default_factory=lambda: list(MOE_BACKENDS))
+    backends: list[str] = Field(default_factory=lambda: list(MOE_DEFAULT_BACKENDS))
     chunks: list[int] = Field(default_factory=lambda: [1, 2, 4])
 
     @field_validator("kinds")
@@ -178,7 +179,7 @@ class MoeEntry(_Strict):
             if b not in MOE_BACKENDS:
                 raise ValueError(f"unknown MoE backend {b!r}: accepted are {', '.join(MOE_BACKENDS)}")
         if not v:
-            raise ValueError(f"backends is empty: list one or both of {', '.join(MOE_BACKENDS)}")
+            raise ValueError(f"backends is empty: list one or more of {', '.join(MOE_BACKENDS)}")
         return v
 
     @field_validator("chunks")

@@ -368,6 +368,47 @@ def _remember(
     return again
 
 
+def run_kept(
+    cache: dict,
+    kernel,
+    name: str,
+    grid: tuple[int, ...],
+    names: tuple[str, ...],
+    args: tuple,
+    kwargs: dict,
+    per_call: tuple[str, ...],
+) -> None:
+    """`kernel[grid](*args, **kwargs)` (`names`: the names of `args`, the first a CUDA tensor), or the
+    compiled kernel of an earlier launch that fixed the same choices, launched again from `cache`
+    with its tensors and the integers named in `per_call` replaced (`_Relaunch`). `kernel` is a
+    JITFunction or a wrapper over one (`jit_func`, as torch's NVSHMEM kernels are).
+
+    The key holds every other argument's value, and of the replaced ones what Triton specializes
+    on: a tensor's dtype and 16-byte alignment, an integer's being 1, a multiple of 16, or beyond
+    32 bits."""
+    first = args[0]
+    if not _relaunch_on(first):
+        kernel[grid](*args, **kwargs)
+        return
+    varying, key = [], [name, grid, first.device.index, _settings(), tuple(sorted(kwargs.items()))]
+    for arg_name, value in zip(names, args, strict=True):
+        if isinstance(value, torch.Tensor):
+            varying.append(arg_name)
+            key.append((value.dtype, value.data_ptr() % 16 == 0))
+        elif arg_name in per_call:
+            varying.append(arg_name)
+            key.append((value == 1, value % 16 == 0, -(2**31) <= value < 2**31))
+        else:
+            key.append(value)
+    key = tuple(key)
+    again = cache.get(key)
+    if again is not None:
+        again(**dict(zip(names, args, strict=True)))
+        return
+    compiled = kernel[grid](*args, **kwargs)
+    _remember(cache, key, getattr(kernel, "jit_func", kernel), compiled, grid, args, kwargs, tuple(varying))
+
+
 def _keep(cache: dict, key: tuple, value, limit: int) -> None:
     """`cache[key] = value`, dropping the oldest entries whose keys start like `key` (same first
     item) beyond `limit` of them."""

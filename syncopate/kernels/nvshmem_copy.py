@@ -43,6 +43,7 @@ from syncopate.kernels.launch import (
     TL_DTYPES,
     compiled_for_gpu,
     copy_job_tables,
+    run_kept,
 )
 from syncopate.kernels.tables import ENTERED_BASE
 from syncopate.kernels.triton_kernels import _wait_at_least
@@ -53,7 +54,10 @@ __all__ = [
     "PULL",
     "PUSH",
     "launch_nvshmem_copy",
+    "launch_nvshmem_put",
+    "stage_nvshmem_put",
     "nvshmem_copy_kernel",
+    "nvshmem_put_kernel",
     "stage_nvshmem_copy",
 ]
 
@@ -193,40 +197,119 @@ def nvshmem_copy_kernel(
         dst = tl.load(job_dst_ptr + j)
         n = tl.load(job_elems_ptr + j)
         kind = tl.load(job_kind_ptr + j)
-        share = (n + NUM_PROGRAMS - 1) // NUM_PROGRAMS
-        share = (share + BLOCK - 1) // BLOCK * BLOCK
-        lo = tl.minimum(pid * share, n)
-        hi = tl.minimum(lo + share, n)
-        if NVSHMEM:
-            if hi > lo:
-                if kind == _LOCAL:
-                    _copy_range(src, dst, lo, hi, ELEM, BLOCK)
-                else:
-                    pe = tl.load(job_pe_ptr + j)
-                    offset = lo * ELEM_BYTES
-                    nbytes = (hi - lo) * ELEM_BYTES
-                    if kind == _PUSH:
-                        _putmem_block(dst + offset, src + offset, nbytes, pe)
-                    else:
-                        _getmem_block(dst + offset, src + offset, nbytes, pe)
-            _quiet()
-        else:
-            delta = tl.load(job_delta_ptr + j)
-            src += delta * (kind == _PULL).to(tl.int64)
-            dst += delta * (kind == _PUSH).to(tl.int64)
-            if hi > lo:
+        pe = tl.load(job_pe_ptr + j)
+        delta = tl.load(job_delta_ptr + j)
+        _move_share(src, dst, n, delta, kind, pe, pid, NUM_PROGRAMS, BLOCK, ELEM, ELEM_BYTES, NVSHMEM)
+        signal = tl.load(job_signal_ptr + j)
+        peer_pad = tl.load(peer_signal_ptrs + peer)
+        _count_then_signal(
+            counter_ptr + j,
+            signal,
+            local_signal_ptr.to(tl.int64),
+            peer_pad,
+            tl.load(peer_pes_ptr + peer),
+            epoch,
+            NUM_PROGRAMS,
+            NVSHMEM,
+        )
+
+
+@triton.jit
+def _move_share(src, dst, n, delta, kind, pe, pid, NUM_PROGRAMS, BLOCK, ELEM, ELEM_BYTES, NVSHMEM):
+    """Program `pid`'s contiguous share of a job of `n` elements from `src` to `dst` (the remote
+    side, by kind, at its local symmetric address on PE `pe`; plain mode: at that plus `delta`),
+    complete at the destination when it returns."""
+    share = (n + NUM_PROGRAMS - 1) // NUM_PROGRAMS
+    share = (share + BLOCK - 1) // BLOCK * BLOCK
+    lo = tl.minimum(pid * share, n)
+    hi = tl.minimum(lo + share, n)
+    if NVSHMEM:
+        if hi > lo:
+            if kind == _LOCAL:
                 _copy_range(src, dst, lo, hi, ELEM, BLOCK)
-        done = tl.atomic_add(counter_ptr + j, 1, sem="acq_rel", scope="sys") + 1
-        if done == NUM_PROGRAMS:
-            tl.atomic_xchg(counter_ptr + j, 0, sem="relaxed", scope="gpu")
-            signal = tl.load(job_signal_ptr + j)
-            if signal >= 0:
-                if NVSHMEM:
-                    _fence()
-                    _int_p((local_signal_ptr + signal).to(tl.int64), epoch, tl.load(peer_pes_ptr + peer))
+            else:
+                offset = lo.to(tl.int64) * ELEM_BYTES  # NVSHMEM takes 64-bit sizes
+                nbytes = (hi - lo).to(tl.int64) * ELEM_BYTES
+                if kind == _PUSH:
+                    _putmem_block(dst + offset, src + offset, nbytes, pe)
                 else:
-                    sig = tl.load(peer_signal_ptrs + peer).to(tl.pointer_type(tl.int32))
-                    tl.atomic_xchg(sig + signal, epoch, sem="release", scope="sys")
+                    _getmem_block(dst + offset, src + offset, nbytes, pe)
+        _quiet()
+    else:
+        src += delta * (kind == _PULL).to(tl.int64)
+        dst += delta * (kind == _PUSH).to(tl.int64)
+        if hi > lo:
+            _copy_range(src, dst, lo, hi, ELEM, BLOCK)
+
+
+@triton.jit
+def _count_then_signal(counter, signal, local_pad, peer_pad, peer_pe, epoch, NUM_PROGRAMS, NVSHMEM):
+    """Count this program in the job's `counter`; the last one resets it and, unless `signal` is
+    -1, sets word `signal` of the receiver's pad to `epoch`: an NVSHMEM put to the word at its local
+    symmetric address (`local_pad`, int64) on PE `peer_pe`, or a release store at the receiver's
+    peer-mapped pad `peer_pad` (int64) in plain mode."""
+    done = tl.atomic_add(counter, 1, sem="acq_rel", scope="sys") + 1
+    if done == NUM_PROGRAMS:
+        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+        if signal >= 0:
+            if NVSHMEM:
+                _fence()
+                _int_p(local_pad + signal * 4, epoch, peer_pe)
+            else:
+                sig = peer_pad.to(tl.pointer_type(tl.int32))
+                tl.atomic_xchg(sig + signal, epoch, sem="release", scope="sys")
+
+
+@triton.jit(
+    do_not_specialize=[
+        "src",
+        "dst",
+        "elems",
+        "delta",
+        "pe",
+        "entered_addr",
+        "signal",
+        "local_pad",
+        "peer_pad",
+        "epoch",
+    ]
+)
+def nvshmem_put_kernel(
+    counter_ptr,
+    error_ptr,
+    src,
+    dst,
+    elems,
+    delta,
+    pe,
+    entered_addr,
+    signal,
+    local_pad,
+    peer_pad,
+    epoch,
+    NUM_PROGRAMS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ELEM: tl.constexpr,
+    ELEM_BYTES: tl.constexpr,
+    MAX_SPIN: tl.constexpr,
+    NVSHMEM: tl.constexpr,
+):
+    """One push job from scalar arguments (no job table): `elems` elements of ELEM from address
+    `src` to the local symmetric address `dst` on PE `pe` (plain mode: at `dst + delta`), once the
+    int32 word at `entered_addr` is at least `epoch` (the receiver has entered the call); then word
+    `signal` of the receiver's pad (`local_pad`: this rank's own pad, whose address NVSHMEM
+    translates; `peer_pad`: the receiver's, peer-mapped, for plain mode) is set to `epoch`, as
+    `nvshmem_copy_kernel` does for each of its jobs. `counter_ptr` is one word, zero between calls
+    (launches that share it run in order on one stream)."""
+    pid = tl.program_id(0)
+    # Integers small enough come as 32-bit values (a null source of an empty put, a short delta):
+    # addresses and distances are 64-bit here.
+    src, dst, delta = src.to(tl.int64), dst.to(tl.int64), delta.to(tl.int64)
+    local_pad, peer_pad = local_pad.to(tl.int64), peer_pad.to(tl.int64)
+    _wait_at_least(entered_addr.to(tl.int64).to(tl.pointer_type(tl.int32)), epoch, error_ptr, MAX_SPIN)
+    push = tl.full((), _PUSH, tl.int32)  # a value, as a job table's kind is
+    _move_share(src, dst, elems, delta, push, pe, pid, NUM_PROGRAMS, BLOCK, ELEM, ELEM_BYTES, NVSHMEM)
+    _count_then_signal(counter_ptr, signal, local_pad, peer_pad, pe, epoch, NUM_PROGRAMS, NVSHMEM)
 
 
 @functools.cache
@@ -236,6 +319,110 @@ def _linked():
     from torch.distributed._symmetric_memory import _nvshmem_triton
 
     return _nvshmem_triton.requires_nvshmem(nvshmem_copy_kernel)
+
+
+@functools.cache
+def _linked_put():
+    """`nvshmem_put_kernel` linked against NVSHMEM's device library (as `_linked`)."""
+    from torch.distributed._symmetric_memory import _nvshmem_triton
+
+    return _nvshmem_triton.requires_nvshmem(nvshmem_put_kernel)
+
+
+_PUT_ARGS = (
+    "counter_ptr",
+    "error_ptr",
+    "src",
+    "dst",
+    "elems",
+    "delta",
+    "pe",
+    "entered_addr",
+    "signal",
+    "local_pad",
+    "peer_pad",
+    "epoch",
+)
+_PUT_RELAUNCHES: dict = {}
+"""Compiled puts kept for relaunch (`launch.run_kept`): every integer of a put changes per call."""
+
+
+def launch_nvshmem_put(
+    ctx,
+    stream: torch.cuda.Stream | None,
+    send: torch.Tensor,
+    dst: int,
+    peer: int,
+    pe: int,
+    signal: int,
+    epoch: int,
+    programs: int,
+    spin_limit: int = 0,
+) -> None:
+    """Put `send` (contiguous) with `programs` programs of `nvshmem_put_kernel` on `stream`, to the
+    local symmetric address `dst` of a buffer of the context, on the PE `pe` of the group's rank
+    `peer`, once that rank has entered call `epoch` (its entry word in this rank's pad); then raise
+    word `signal` of its pad to `epoch`. NVSHMEM puts where the context's memory is NVSHMEM's (on a
+    GPU), else plain stores at the peer-mapped address (the interpreter). `dst` must lie in a buffer
+    of the context (its peer-mapped address is found by the buffer's offset)."""
+    nvshmem = compiled_for_gpu(ctx.signals.local)
+    delta = _peer_delta(ctx, dst, peer)
+    pads = ctx.signals.peer_ptrs
+    args = (
+        ctx.counters[COPY_COUNTER_BASE:],
+        ctx.error,
+        send.data_ptr(),
+        dst,
+        send.numel(),
+        delta,
+        pe,
+        pads[ctx.rank] + 4 * (ENTERED_BASE + peer),
+        signal,
+        pads[ctx.rank],
+        pads[peer],
+        epoch,
+    )
+    kwargs = dict(
+        NUM_PROGRAMS=programs,
+        BLOCK=COPY_BLOCK,
+        ELEM=TL_DTYPES[send.dtype],
+        ELEM_BYTES=send.element_size(),
+        MAX_SPIN=spin_limit,
+        NVSHMEM=nvshmem,
+        num_warps=NVSHMEM_WARPS,
+    )
+    kernel = _linked_put() if nvshmem else nvshmem_put_kernel
+    with torch.cuda.stream(stream) if ctx.device.type == "cuda" else contextlib.nullcontext():
+        run_kept(_PUT_RELAUNCHES, kernel, "put", (programs,), _PUT_ARGS, args, kwargs, _PUT_ARGS[2:])
+
+
+_PUTS_LOADED: set[tuple] = set()
+"""Variants of the put loaded in this process (`stage_nvshmem_put`)."""
+
+
+def stage_nvshmem_put(ctx, stream: torch.cuda.Stream | None, dtype: torch.dtype, programs: int) -> None:
+    """The put's first launch in this process for (device, dtype, programs), with nothing to move,
+    made before a call enqueues any wait: Triton compiles it, loads it and NVSHMEM initializes its
+    module there. A module load waits for the device; one made after a call had enqueued a wait for
+    a peer's rows would wait for that peer, which may be loading its own put and waiting for this
+    rank's rows."""
+    variant = (ctx.device.index, dtype, programs)
+    if ctx.device.type != "cuda" or variant in _PUTS_LOADED:
+        return
+    (buf, *_) = ctx.buffers.values()
+    empty = torch.empty(0, dtype=dtype, device=ctx.device)
+    launch_nvshmem_put(ctx, stream, empty, buf.peer_ptrs[ctx.rank], ctx.rank, 0, -1, 0, programs)
+    _PUTS_LOADED.add(variant)
+
+
+def _peer_delta(ctx, address: int, peer: int) -> int:
+    """The distance from a local address inside one of the context's buffers to the same place in
+    rank `peer`'s copy of that buffer."""
+    for buf in ctx.buffers.values():
+        lo = buf.peer_ptrs[ctx.rank]
+        if lo <= address < lo + buf.local.numel() * buf.local.element_size():
+            return buf.peer_ptrs[peer] - lo
+    raise ValueError(f"address {address:#x} lies in none of the context's buffers")
 
 
 _LOADED: set[tuple] = set()

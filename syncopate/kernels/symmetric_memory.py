@@ -48,11 +48,13 @@ _CHOSEN: set[str] = set()
 :func:`process_memory` goes by where torch cannot be asked (a torch without `get_backend`). It
 mirrors torch's own process-wide setting, which cannot be undone either."""
 
-FIX = (
-    "call syncopate.use_nvshmem() on every rank before the first fused call (or set "
-    f"{MEMORY_VAR}=nvshmem), or choose backend 'sm_copy'"
+_OPT_IN = (
+    f"call syncopate.use_nvshmem() on every rank before the first fused call (or set {MEMORY_VAR}=nvshmem)"
 )
-"""How a process gets NVSHMEM symmetric memory, or does without: the end of every refusal."""
+
+FIX = f"{_OPT_IN}, or choose backend 'sm_copy'"
+"""How a process gets NVSHMEM symmetric memory, or does without: the end of every refusal (the MoE
+ops name backend 'copy_engine' instead)."""
 
 
 def _symm_mem():
@@ -125,20 +127,21 @@ def process_memory() -> str:
     return "nvshmem" if "nvshmem" in _CHOSEN else "cuda"
 
 
-def process_refusal(environ=os.environ) -> str | None:
+def process_refusal(environ=os.environ, instead: str = "sm_copy") -> str | None:
     """Why backend `nvshmem` cannot run in this process, None where it can: NVSHMEM missing, or the
     process's symmetric memory not NVSHMEM's and not asked to be (:data:`MEMORY_VAR`, applied when
-    the first context is made). Asks no collective and allocates nothing."""
+    the first context is made); the message names backend `instead` as the one to choose
+    otherwise. Asks no collective and allocates nothing."""
     symm_mem = _symm_mem()
     if not symm_mem.is_nvshmem_available():
         return (
             f"backend 'nvshmem' needs NVSHMEM, which this torch ({torch.__version__}) or this machine lacks "
-            f"(torch.distributed._symmetric_memory.is_nvshmem_available() is False): choose backend 'sm_copy'"
+            f"(torch.distributed._symmetric_memory.is_nvshmem_available() is False): choose backend {instead!r}"
         )
     memory = process_memory()
     if memory == "nvshmem" or (requested_memory(environ) == "nvshmem" and current_memory() is None):
         return None
-    return nvshmem_refusal(memory)
+    return nvshmem_refusal(memory, instead)
 
 
 def requested_memory(environ=os.environ) -> str:
@@ -159,14 +162,18 @@ def apply_requested(environ=os.environ) -> None:
         use_nvshmem()
 
 
-def nvshmem_refusal(memory: str) -> str | None:
+def nvshmem_refusal(memory: str, instead: str = "sm_copy") -> str | None:
     """Why backend `nvshmem` cannot move chunks between buffers of kind `memory` (a context's
-    `memory`: `nvshmem`, `cuda`, `ipc`), None where it can."""
+    `memory`: `nvshmem`, `cuda`, `ipc`), None where it can; the message names backend `instead` as
+    the one to choose otherwise."""
     if memory == "nvshmem":
         return None
     if memory == "ipc":
         return (
             "backend 'nvshmem' needs one GPU a rank, but ranks of this group share a GPU (their buffers go "
-            "through CUDA IPC, not NVSHMEM): choose backend 'sm_copy'"
+            f"through CUDA IPC, not NVSHMEM): choose backend {instead!r}"
         )
-    return f"backend 'nvshmem' needs NVSHMEM symmetric memory, but this process's is {memory!r}: {FIX}"
+    return (
+        f"backend 'nvshmem' needs NVSHMEM symmetric memory, but this process's is {memory!r}: {_OPT_IN}, "
+        f"or choose backend {instead!r}"
+    )

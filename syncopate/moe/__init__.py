@@ -8,7 +8,8 @@ produced tile by tile by one persistent Triton grouped GEMM), and `MoELayer` on 
 - :mod:`syncopate.moe.ops`: `exchange_layout`, `dispatch_gemm`, `gemm_combine`, `grouped_mm`;
   `config=` a `MoeCandidate` (`syncopate.search_space.moe_workload`; `moe_space` lists a search's);
 - :mod:`syncopate.moe.plan`: the pipelined plans' piece tables; :mod:`syncopate.moe.pipelined`
-  runs them, :mod:`syncopate.moe.exchange` moves their rows (`nccl`, `copy_engine`);
+  runs them, :mod:`syncopate.moe.exchange` moves their rows (`nccl`, `copy_engine`,
+  `nvshmem`);
   :mod:`syncopate.moe.fused` runs the fused plans on :mod:`syncopate.moe.kernels`;
 - :mod:`syncopate.moe.layer`: `MoELayer`, a router and SwiGLU experts, with autograd.
 

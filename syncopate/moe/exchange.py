@@ -18,6 +18,12 @@ and ends with `finish` (the caller's stream, or the host on the CPU, waits for e
   previous call has read its buffer): the entry protocol of the fused ops
   (`syncopate.kernels.backends`). Only copies and stream memory operations go on the side
   streams: no SM is spent on communication.
+- `nvshmem` (:class:`NvshmemExchange`, CUDA only, in a process whose symmetric memory is NVSHMEM's):
+  the same buffers, rows, signal words, entry protocol and waits as `copy_engine`; a piece is moved
+  by `comm_sms` programs of an NVSHMEM copier on the first side stream (each a contiguous share by
+  a block put, then a quiet), the last of which raises the receiver's word with an NVSHMEM put.
+  The copier runs beside the caller's GEMMs on SMs of its own; the side stream waits for the
+  peer's entry before it starts, so no program spins for it.
 
 Buffers and tensors a transfer reads are kept referenced until `finish`, after which the caller's
 stream is ordered after every transfer, so the caching allocator never hands their memory to the
@@ -40,9 +46,11 @@ from syncopate.search_space.moe_workload import MOE_BACKENDS
 __all__ = [
     "CopyEngineExchange",
     "MoeContexts",
+    "NvshmemExchange",
     "P2PExchange",
     "PieceExchange",
     "close_moe_contexts",
+    "cuda_only",
     "owns_buffer",
 ]
 
@@ -208,18 +216,23 @@ class CopyEngineExchange(PieceExchange):
                 raise ValueError(
                     f"exchange {i} sends rows [{lo}, {hi}): got a tensor of shape {tuple(send.shape)}"
                 )
-            so.copy_async(
-                self.push.cuda_stream,
-                self.rows.peer_ptrs[x.send_peer] + x.send_at * self.row_bytes,
-                send.data_ptr(),
-                (hi - lo) * self.row_bytes,
-            )
-            ctx.write_signal(self.push, x.send_peer, self.word(ctx.rank, x.chunk), self.epoch)
+            self._move(send, x.send_peer, x.send_at, self.word(ctx.rank, x.chunk))
         if x.receives:
             landed = ctx.signal_address(ctx.rank, self.word(x.recv_peer, x.chunk))
             so.wait_value(self.arrive.cuda_stream, landed, self.epoch)
             self.events[i].record(self.arrive)
             self.arrived.add(i)
+
+    def _move(self, send: torch.Tensor, peer: int, row: int, word: int) -> None:
+        """On the push stream: `send`'s rows into rank `peer`'s buffer from its row `row` on, then
+        word `word` of its pad raised to the call's epoch."""
+        self._streamops.copy_async(
+            self.push.cuda_stream,
+            self.rows.peer_ptrs[peer] + row * self.row_bytes,
+            send.data_ptr(),
+            send.shape[0] * self.row_bytes,
+        )
+        self.ctx.write_signal(self.push, peer, word, self.epoch)
 
     def wait(self, i: int) -> None:
         if i in self.arrived:
@@ -241,6 +254,48 @@ class CopyEngineExchange(PieceExchange):
     def finish(self) -> None:
         self.ctx.join(self.main, [self.push, self.arrive])
         self.kept.clear()
+
+
+_NVSHMEM_SEEN = False
+"""Whether a context of this process has had NVSHMEM memory (the process check is then skipped)."""
+
+
+class NvshmemExchange(CopyEngineExchange):
+    """`nvshmem`: `copy_engine`'s exchange with each piece put by an NVSHMEM copier kernel."""
+
+    def __init__(
+        self, plan, group, device, width, dtype, contexts: MoeContexts, rows_needed: int, comm_sms: int
+    ):
+        from syncopate.kernels.backends import nvshmem_pes
+        from syncopate.kernels.nvshmem_copy import launch_nvshmem_put, stage_nvshmem_put
+        from syncopate.kernels.symmetric_memory import nvshmem_refusal, process_refusal
+
+        global _NVSHMEM_SEEN
+        if not _NVSHMEM_SEEN:  # before the call begins on any buffer; a process's memory stays
+            why = process_refusal(instead="copy_engine")
+            if why is not None:
+                raise ConfigError(why)
+        super().__init__(plan, group, device, width, dtype, contexts, rows_needed)
+        why = nvshmem_refusal(self.ctx.memory, instead="copy_engine")  # ranks sharing a GPU
+        if why is not None:
+            raise ConfigError(why)
+        _NVSHMEM_SEEN = True
+        self._put, self.comm_sms = launch_nvshmem_put, comm_sms
+        stage_nvshmem_put(self.ctx, self.push, dtype, comm_sms)  # before the call enqueues a wait
+        self.pes = nvshmem_pes(self.ctx)[0]
+
+    def _move(self, send: torch.Tensor, peer: int, row: int, word: int) -> None:
+        self._put(
+            self.ctx,
+            self.push,
+            send,
+            self.rows.peer_ptrs[self.ctx.rank] + row * self.row_bytes,
+            peer,
+            self.pes[peer],
+            word,
+            self.epoch,
+            self.comm_sms,
+        )
 
 
 def _capacity(rows: int) -> int:
@@ -307,7 +362,18 @@ def close_moe_contexts(group=None) -> None:
 def owns_buffer(backend: str) -> bool:
     """Whether the rows a call of `backend` receives are its own (else the context's buffer, which
     the next call of the same kind overwrites)."""
-    return {"nccl": P2PExchange, "copy_engine": CopyEngineExchange}[backend].owns_buffer
+    return {"nccl": P2PExchange, "copy_engine": CopyEngineExchange, "nvshmem": NvshmemExchange}[
+        backend
+    ].owns_buffer
+
+
+def cuda_only(backend: str, device: torch.device) -> str:
+    """Why backend `backend` (`copy_engine`, `nvshmem`) cannot move rows of tensors on `device`."""
+    how = "copies rows" if backend == "copy_engine" else "puts rows"
+    return (
+        f"backend {backend} {how} into CUDA symmetric memory: it needs CUDA tensors, got tensors on "
+        f"{device.type}; use backend 'nccl' there"
+    )
 
 
 def open_exchange(
@@ -318,15 +384,16 @@ def open_exchange(
     width: int,
     dtype: torch.dtype,
     rows_needed: int,
+    comm_sms: int = 16,
 ) -> PieceExchange:
-    """The exchange of one call; `rows_needed`, the most rows any rank receives in it (copy engine)."""
+    """The exchange of one call; `rows_needed`, the most rows any rank receives in it (the symmetric
+    buffers' backends), `comm_sms` the copier's programs (`nvshmem`)."""
     if backend == "nccl":
         return P2PExchange(plan, group, device, width, dtype, CONTEXTS)
+    if backend in ("copy_engine", "nvshmem") and device.type != "cuda":
+        raise ConfigError(cuda_only(backend, device))
     if backend == "copy_engine":
-        if device.type != "cuda":
-            raise ConfigError(
-                f"backend copy_engine copies rows into CUDA symmetric memory: it needs CUDA tensors, got "
-                f"tensors on {device.type}; use backend 'nccl' there"
-            )
         return CopyEngineExchange(plan, group, device, width, dtype, CONTEXTS, rows_needed)
+    if backend == "nvshmem":
+        return NvshmemExchange(plan, group, device, width, dtype, CONTEXTS, rows_needed, comm_sms)
     raise ConfigError(f"unknown MoE backend {backend!r}: accepted are {', '.join(MOE_BACKENDS)}")

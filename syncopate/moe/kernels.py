@@ -261,34 +261,10 @@ _PER_CALL = ("epoch", "row_tiles")
 def _run(kernel, name: str, grid: tuple[int], names: tuple[str, ...], args: tuple, kwargs: dict) -> None:
     """`kernel[grid](*args, **kwargs)`, or the compiled kernel of an earlier launch that fixed the
     same choices, launched again with its tensors and per-call integers replaced
-    (`syncopate.kernels.launch._Relaunch`: Triton's dispatch binds and specializes every argument,
+    (`syncopate.kernels.launch.run_kept`: Triton's dispatch binds and specializes every argument,
     which on a busy host costs a call about a hundred microseconds on its path; an MoE call comes
-    right after the host has waited for its routing, when the device has nothing else to run).
-
-    The key holds every other argument's value, and of the replaced ones what Triton specializes
-    on: a tensor's dtype and 16-byte alignment, an integer's being 1, a multiple of 16, or beyond
-    32 bits."""
-    first = args[0]
-    if not _launch._relaunch_on(first):
-        kernel[grid](*args, **kwargs)
-        return
-    varying, key = [], [name, grid, first.device.index, _launch._settings(), tuple(sorted(kwargs.items()))]
-    for arg_name, value in zip(names, args, strict=True):
-        if isinstance(value, torch.Tensor):
-            varying.append(arg_name)
-            key.append((value.dtype, value.data_ptr() % 16 == 0))
-        elif arg_name in _PER_CALL:
-            varying.append(arg_name)
-            key.append((value == 1, value % 16 == 0, -(2**31) <= value < 2**31))
-        else:
-            key.append(value)
-    key = tuple(key)
-    again = _RELAUNCHES.get(key)
-    if again is not None:
-        again(**dict(zip(names, args, strict=True)))
-        return
-    compiled = kernel[grid](*args, **kwargs)
-    _launch._remember(_RELAUNCHES, key, kernel, compiled, grid, args, kwargs, tuple(varying))
+    right after the host has waited for its routing, when the device has nothing else to run)."""
+    _launch.run_kept(_RELAUNCHES, kernel, name, grid, names, args, kwargs, _PER_CALL)
 
 
 def _check_operands(a: torch.Tensor, w: torch.Tensor, out_width: int) -> None:

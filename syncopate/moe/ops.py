@@ -220,11 +220,10 @@ def _config(config: MoeCandidate | None, group, x: torch.Tensor) -> MoeCandidate
     if not isinstance(config, MoeCandidate):
         raise ConfigError(f"config= takes a MoeCandidate (or None for unfused), got {describe(config)}")
     check_moe_candidate(config, dist.get_world_size(group))
-    if config.backend == "copy_engine" and x.device.type != "cuda":
-        raise ConfigError(
-            f"backend copy_engine copies rows into CUDA symmetric memory: it needs CUDA tensors, got "
-            f"tensors on {x.device.type}; use backend 'nccl' there"
-        )
+    if config.backend != "nccl" and x.device.type != "cuda":
+        from syncopate.moe.exchange import cuda_only
+
+        raise ConfigError(cuda_only(config.backend, x.device))
     return config
 
 

@@ -135,7 +135,9 @@ def dispatch_rows(
     plan = prep.plan
     send = rows[_token_rows(layout)] if tokens else rows
     width, r = rows.shape[1], layout.rows_received
-    ex = open_exchange(config.backend, plan, group, rows.device, width, rows.dtype, prep.rows_needed)
+    ex = open_exchange(
+        config.backend, plan, group, rows.device, width, rows.dtype, prep.rows_needed, config.comm_sms
+    )
     recv = ex.buffer(r)
     received = None
     if keep_received:
@@ -169,7 +171,9 @@ def combine_rows(
     prep, _ = prepared(layout, "gemm_a2a", dist.get_rank(group), config, h.device)
     plan = prep.plan
     width = w.shape[2]
-    ex = open_exchange(config.backend, plan, group, h.device, width, h.dtype, prep.rows_needed)
+    ex = open_exchange(
+        config.backend, plan, group, h.device, width, h.dtype, prep.rows_needed, config.comm_sms
+    )
     back = ex.buffer(layout.tokens * layout.top_k)
     pieces = {p.exchange: (i, p) for i, p in enumerate(plan.pieces)}
     for i, _ in enumerate(plan.exchanges):

@@ -40,6 +40,9 @@ __all__ = [
     "DISTRIBUTIONS",
     "MOE_BACKENDS",
     "MOE_CHUNKS",
+    "MOE_COMM_SMS",
+    "MOE_COMM_SMS_DEFAULT",
+    "MOE_DEFAULT_BACKENDS",
     "MOE_KINDS",
     "MOE_ORDERS",
     "MOE_TEMPLATES",
@@ -264,10 +267,23 @@ rows are in (dispatch) or each piece sent as soon as its GEMM is done (combine).
 pieces, and one persistent Triton grouped GEMM a call whose tiles wait for their piece's rows
 (dispatch) or store their rows straight into the destination rank's buffer (combine)."""
 
-MOE_BACKENDS: tuple[str, ...] = ("nccl", "copy_engine")
-"""How a plan's pieces move: NCCL (or gloo) send/receive pairs on a side stream, or the symmetric
+MOE_BACKENDS: tuple[str, ...] = ("nccl", "copy_engine", "nvshmem")
+"""How a plan's pieces move: NCCL (or gloo) send/receive pairs on a side stream; or the symmetric
 buffers of every rank, written by copy-engine copies (and, in the `fused` combine, by the GEMM's
-own stores), each piece signalled in the receiver's pad (CUDA only)."""
+own stores), each piece signalled in the receiver's pad (CUDA only); or the same buffers written
+by `comm_sms` programs of an NVSHMEM copier (block puts, the signal an NVSHMEM put), in a process
+whose symmetric memory is NVSHMEM's (`syncopate.use_nvshmem()`; CUDA only, `pipelined` only)."""
+
+MOE_DEFAULT_BACKENDS: tuple[str, ...] = ("nccl", "copy_engine")
+"""The backends a MoE search tries unless told: `nvshmem` is an opt-in of the process, as it is
+for the dense kinds, so a sweep names it."""
+
+MOE_COMM_SMS: tuple[int, ...] = (8, 16, 32, 64)
+"""Programs of the `nvshmem` backend's copier (`comm_sms`), each on an SM beside the GEMMs."""
+
+MOE_COMM_SMS_DEFAULT = 16
+"""`comm_sms` of a candidate that does not name it; the only value of the other backends, which
+spend no program of their own, and left out of their JSON."""
 
 MOE_BLOCKS: tuple[int, ...] = (16, 32, 64, 128, 256)
 """Tile sizes a `fused` candidate's block_m, block_n and block_k take."""
@@ -327,6 +343,8 @@ class MoeCandidate(CanonicalJson):
     """`fused`: warps a program, one of :data:`MOE_WARPS`."""
     num_stages: int = 3
     """`fused`: software-pipeline stages of the reduction loop, one of :data:`MOE_STAGES`."""
+    comm_sms: int = MOE_COMM_SMS_DEFAULT
+    """`nvshmem`: the copier's programs, one of :data:`MOE_COMM_SMS`."""
 
     def __post_init__(self) -> None:
         if self.template not in MOE_TEMPLATES:
@@ -348,7 +366,27 @@ class MoeCandidate(CanonicalJson):
                 f"'nccl', chunks_per_source=1 and order 'ring', got backend {self.backend!r}, "
                 f"chunks_per_source={c} and order {self.order!r}"
             )
+        self._check_comm_sms()
         self._check_tiles()
+
+    def _check_comm_sms(self) -> None:
+        n = self.comm_sms
+        if self.backend != "nvshmem":
+            if n != MOE_COMM_SMS_DEFAULT:
+                raise ConfigError(
+                    f"comm_sms={n!r} applies to backend 'nvshmem' only (its copier's programs); backend "
+                    f"{self.backend!r} spends no program on communication: leave comm_sms at its default"
+                )
+            return
+        if self.template != "pipelined":
+            raise ConfigError(
+                f"backend nvshmem moves the pieces of template 'pipelined' only, got template "
+                f"{self.template!r}; use template 'pipelined' (or backend 'copy_engine' for 'fused')"
+            )
+        if isinstance(n, bool) or not isinstance(n, int) or n not in MOE_COMM_SMS:
+            raise ConfigError(
+                f"comm_sms={n!r} is not accepted for backend nvshmem: give one of {', '.join(map(str, MOE_COMM_SMS))}"
+            )
 
     def _check_tiles(self) -> None:
         tiles = {name: getattr(self, name) for name in MOE_TILE_DEFAULTS}
@@ -380,11 +418,14 @@ class MoeCandidate(CanonicalJson):
                 )
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields; the tile fields only for `fused` (the other templates have none)."""
+        """The fields; the tile fields only for `fused` (the other templates have none), `comm_sms`
+        only for `nvshmem`."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         if self.template != "fused":
             for name in MOE_TILE_DEFAULTS:
                 del d[name]
+        if self.backend != "nvshmem":
+            del d["comm_sms"]
         return d
 
     @classmethod
@@ -415,6 +456,8 @@ class MoeCandidate(CanonicalJson):
         if self.template == "unfused":
             return "unfused"
         plan = f"{self.template}/{self.backend}/c{self.chunks_per_source}/{self.order}"
+        if self.backend == "nvshmem":
+            plan += f"/sm{self.comm_sms}"
         if self.template == "fused":
             plan += f"/{self.block_m}x{self.block_n}x{self.block_k}w{self.num_warps}s{self.num_stages}"
         return plan
@@ -427,6 +470,7 @@ class MoeCandidate(CanonicalJson):
             backend=self.backend,
             chunks_per_source=self.chunks_per_source,
             order=self.order,
+            comm_sms=self.comm_sms,
         )
 
 
@@ -452,15 +496,17 @@ def moe_space(
     workload: MoeWorkload,
     world_size: int,
     *,
-    backends: tuple[str, ...] = MOE_BACKENDS,
+    backends: tuple[str, ...] = MOE_DEFAULT_BACKENDS,
     chunks: tuple[int, ...] = (1, 2, 4),
+    comm_sms: tuple[int, ...] = (16, 32),
 ) -> list[MoeCandidate]:
     """The candidates a search tries for `workload` on `world_size` ranks: `unfused` first (the
     path a served configuration must beat), then `pipelined` for each backend, chunk count and
-    order, then, where `copy_engine` is among the backends, `fused` for each chunk count, order and
-    tile configuration of :data:`MOE_TILE_CONFIGS`. `pairwise` only where it differs from `ring`
-    (more than two ranks) and is possible (a power of two); chunk counts above the rows a source
-    sends a rank on average (T·top_k/ws) are left out, since their pieces would mostly be empty."""
+    order (and, for `nvshmem`, each of `comm_sms`), then, where `copy_engine` is among the
+    backends, `fused` for each chunk count, order and tile configuration of
+    :data:`MOE_TILE_CONFIGS`. `pairwise` only where it differs from `ring` (more than two ranks)
+    and is possible (a power of two); chunk counts above the rows a source sends a rank on average
+    (T·top_k/ws) are left out, since their pieces would mostly be empty."""
     workload.check_world_size(world_size)
     for b in backends:
         if b not in MOE_BACKENDS:
@@ -472,6 +518,11 @@ def moe_space(
             raise ConfigError(
                 f"chunks_per_source={c!r} in chunks is not accepted: give values of {', '.join(map(str, MOE_CHUNKS))}"
             )
+    for n in comm_sms:
+        if n not in MOE_COMM_SMS:
+            raise ConfigError(
+                f"comm_sms={n!r} in comm_sms is not accepted: give values of {', '.join(map(str, MOE_COMM_SMS))}"
+            )
     ws = world_size
     orders = ["ring"] + (["pairwise"] if ws > 2 and not ws & (ws - 1) else [])
     rows = max(1, workload.tokens * workload.top_k // ws)
@@ -481,9 +532,16 @@ def moe_space(
             if c > 1 and c > rows:
                 continue
             for order in orders:
-                out.append(
-                    MoeCandidate(template="pipelined", backend=backend, chunks_per_source=c, order=order)
-                )
+                for n in comm_sms if backend == "nvshmem" else (MOE_COMM_SMS_DEFAULT,):
+                    out.append(
+                        MoeCandidate(
+                            template="pipelined",
+                            backend=backend,
+                            chunks_per_source=c,
+                            order=order,
+                            comm_sms=n,
+                        )
+                    )
     if "copy_engine" in backends:
         for c in chunks:
             if c > 1 and c > rows:

@@ -1,6 +1,8 @@
 """Compile the `fused` MoE kernels (`syncopate.moe.kernels`) for a Hopper GPU (sm_90) on a machine
 without one, at the shapes and tile configurations `moe_space` tries (Qwen3-30B-A3B's expert layer:
-hidden 2048, expert ffn 768), bf16, the gathered top-k sum's three kernels and the SwiGLU's two.
+hidden 2048, expert ffn 768), bf16, the gathered top-k sum's three kernels, the SwiGLU's two, and
+the `nvshmem` backend's put and copier in plain mode (their NVSHMEM mode links NVSHMEM's device
+library, which only a GPU machine has).
 Run it in a fresh process without TRITON_INTERPRET; it prints one line per variant and exits 1 if
 any fails.
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import sys
 
 import torch
+import triton.language as tl
 from sm90_target import compile_each
 
 from syncopate.moe.kernels import (  # noqa: E402
@@ -73,6 +76,35 @@ def swiglu(which: str) -> None:
         launch_swiglu_grad(torch.empty(4096, FFN, dtype=BF16), h, torch.empty_like(h))
 
 
+def nvshmem_put() -> None:
+    from types import SimpleNamespace
+
+    from syncopate.kernels.nvshmem_copy import launch_nvshmem_put
+
+    rows, pad = torch.empty(4096, HIDDEN, dtype=BF16), torch.zeros(2048, dtype=torch.int32)
+    buf = SimpleNamespace(local=rows, peer_ptrs=[rows.data_ptr()] * 2)
+    ctx = SimpleNamespace(
+        device=torch.device("cpu"),
+        rank=0,
+        buffers={"rows": buf},
+        signals=SimpleNamespace(local=pad, peer_ptrs=[pad.data_ptr()] * 2),
+        counters=torch.zeros(4096, dtype=torch.int64),
+        error=torch.zeros(1, dtype=torch.int32),
+    )
+    launch_nvshmem_put(ctx, None, rows[:512], rows.data_ptr(), 1, 1, signal=3, epoch=5, programs=16)
+
+
+def nvshmem_copier() -> None:
+    from syncopate.kernels.nvshmem_copy import NVSHMEM_WARPS, nvshmem_copy_kernel
+
+    i64, i32 = torch.zeros(16, dtype=torch.int64), torch.zeros(16, dtype=torch.int32)
+    nvshmem_copy_kernel[(16,)](
+        i64, i64, i64, i64, i32, i32, i32, i32, i32, 4, i32, i64, i32, i32, i64, 5, i32,
+        NUM_PROGRAMS=16, BLOCK=4096, ELEM=tl.bfloat16, ELEM_BYTES=2, MAX_SPIN=0, NVSHMEM=False,
+        num_warps=NVSHMEM_WARPS,
+    )  # fmt: skip
+
+
 def variants():
     for tiles in MOE_TILE_CONFIGS:
         label = "{block_m}x{block_n}x{block_k} w{num_warps} s{num_stages}".format(**tiles)
@@ -82,6 +114,8 @@ def variants():
         yield f"gathered-sum {which}", lambda which=which: gathered_sum(which)
     for which in ("forward", "backward"):
         yield f"swiglu {which}", lambda which=which: swiglu(which)
+    yield "nvshmem put (plain)", nvshmem_put
+    yield "nvshmem copier (plain)", nvshmem_copier
 
 
 def main() -> int:
