@@ -83,6 +83,9 @@ class Sources:
     (the database) set against the step (the run)."""
     train_timeline: tuple[str, ...] = ()
     """`benchmarks/train_step.py --trace` runs: a traced step's device idle time and host calls."""
+    moe_backends: tuple[str, ...] = ()
+    """`benchmarks/moe_bench.py --backends copy_engine,nvshmem` runs: the pipelined plans' backends
+    side by side in an NVSHMEM process."""
 
 
 def _names(entry) -> tuple[str, ...]:
@@ -112,6 +115,7 @@ def sources(root: Path) -> Sources:
             model_ops=tuple(doc.get("model_ops", ())),
             ce_streams=tuple(doc.get("ce_streams", ())),
             step_ceiling=tuple((db, run) for db, run in doc.get("step_ceiling", ())),
+            moe_backends=tuple(doc.get("moe_backends", ())),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(
@@ -1207,6 +1211,71 @@ def ce_streams(root: Path) -> str:
     return "\n".join(parts)
 
 
+def moe_backends(root: Path) -> str:
+    """The pipelined MoE plans' backends side by side (`moe_backends` in tables.json): each op's
+    pipelined candidates with the same chunks and order, one column a backend (and copier program
+    count), beside the all-to-all alone and the grouped GEMM alone; then the layer forward +
+    backward on each backend's pipelined plan."""
+    parts = []
+    for name in sources(root).moe_backends:
+        doc = _read_json(root / "results" / name)
+        env = doc["environment"]
+        plans = sorted(
+            {c["short"] for op in doc["ops"] for c in op["candidates"] if c["short"].startswith("pipelined/")}
+        )
+        rows = []
+        for op in doc["ops"]:
+            got = {c["short"]: c for c in op["candidates"] if c.get("status") == "ok" and c.get("times")}
+            times = [got[p]["times"]["median_us"] if p in got else None for p in plans]
+            ce = [t for p, t in zip(plans, times, strict=True) if "/copy_engine/" in p and t]
+            nv = [t for p, t in zip(plans, times, strict=True) if "/nvshmem/" in p and t]
+            rows.append(
+                [op["model"], op["kind"], str(op["tokens"]), op["routing"]]
+                + [_t(op["times"]["a2a"]["median_us"]), _t(op["times"]["gemm"]["median_us"])]
+                + [_t(t) for t in times]
+                + [_r(min(nv) / min(ce) if ce and nv else None)]
+            )
+        ops_table = _table(
+            ["model", "kind", "tokens a rank", "routing", "all-to-all alone", "grouped GEMM alone"]
+            + [f"`{p}`" for p in plans]
+            + ["nvshmem / copy_engine (best of each)"],
+            rows,
+        )
+        layer_rows = []
+        for layer in doc["layers"]:
+            torch_us = layer["times"]["torch"]["median_us"]
+            for c in layer["configs"]:
+                if (
+                    c.get("status") == "ok"
+                    and c["config"].startswith("pipelined/")
+                    and ", " not in c["config"]
+                ):
+                    us = c["times"]["median_us"]
+                    layer_rows.append(
+                        [
+                            layer["model"],
+                            str(layer["tokens"]),
+                            layer["routing"],
+                            c["config"],
+                            _t(torch_us),
+                            _t(us),
+                        ]
+                        + [_r(torch_us / us)]
+                    )
+        layer_table = _table(
+            ["model", "tokens a rank", "routing", "layer's plans", "torch µs", "ours µs", "torch / ours"],
+            layer_rows,
+        )
+        ep = doc["ops"][0]["ep"] if doc["ops"] else "?"
+        parts.append(
+            f"{ops_table}\n\n{layer_table}\n\nµs, medians; ops timed by the project's method, the layer "
+            f"forward + backward in calls back to back; every column of a table timed in one run, in processes "
+            f"whose symmetric memory is NVSHMEM's; {ep} × {env['gpu_model']}, torch {env['torch']}, "
+            f"NCCL {env['nccl']}; from `results/{name}`.\n"
+        )
+    return "\n".join(parts)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "summary": summary,
     "step-summary": step_summary,
@@ -1219,6 +1288,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "layers": layers,
     "layer-bound": layer_bound,
     "moe": moe,
+    "moe-backends": moe_backends,
     "train-step": train_step,
     "train-profile": train_profile,
     "train-timeline": train_timeline,
