@@ -634,6 +634,29 @@ def layer_bound(root: Path) -> str:
     )
 
 
+def _moe_layer_rows(doc: dict, keep=lambda config: True) -> list[list[str]]:
+    """(model, tokens, routing, configuration, torch µs, ours µs, torch / ours) of each layer
+    configuration of a `benchmarks/moe_bench.py` run that ran and that `keep` accepts."""
+    rows = []
+    for layer in doc["layers"]:
+        torch_us = layer["times"]["torch"]["median_us"]
+        for c in layer["configs"]:
+            if c.get("status") == "ok" and keep(c["config"]):
+                us = c["times"]["median_us"]
+                rows.append(
+                    [
+                        layer["model"],
+                        str(layer["tokens"]),
+                        layer["routing"],
+                        c["config"],
+                        _t(torch_us),
+                        _t(us),
+                    ]
+                    + [_r(torch_us / us)]
+                )
+    return rows
+
+
 def moe(root: Path) -> str:
     """The MoE ops and layer against torch's path: each op's fastest verified candidate beside the
     all-to-all alone, the grouped GEMM alone and their bound; the layer forward + backward. One row
@@ -670,24 +693,7 @@ def moe(root: Path) -> str:
                     best["short"] if best else "–",
                 ]
             )
-        for layer in doc["layers"]:
-            torch_us = layer["times"]["torch"]["median_us"]
-            for c in layer["configs"]:
-                if c.get("status") != "ok":
-                    continue
-                us = c["times"]["median_us"]
-                layer_rows.append(
-                    [
-                        gpus,
-                        layer["model"],
-                        str(layer["tokens"]),
-                        layer["routing"],
-                        c["config"],
-                        _t(torch_us),
-                        _t(us),
-                        _r(torch_us / us),
-                    ]
-                )
+        layer_rows += [[gpus, *row] for row in _moe_layer_rows(doc)]
     ops_table = _table(
         [
             "GPUs (EP)",
@@ -1241,27 +1247,9 @@ def moe_backends(root: Path) -> str:
             + ["nvshmem / copy_engine (best of each)"],
             rows,
         )
-        layer_rows = []
-        for layer in doc["layers"]:
-            torch_us = layer["times"]["torch"]["median_us"]
-            for c in layer["configs"]:
-                if (
-                    c.get("status") == "ok"
-                    and c["config"].startswith("pipelined/")
-                    and ", " not in c["config"]
-                ):
-                    us = c["times"]["median_us"]
-                    layer_rows.append(
-                        [
-                            layer["model"],
-                            str(layer["tokens"]),
-                            layer["routing"],
-                            c["config"],
-                            _t(torch_us),
-                            _t(us),
-                        ]
-                        + [_r(torch_us / us)]
-                    )
+        layer_rows = _moe_layer_rows(
+            doc, lambda config: config.startswith("pipelined/") and ", " not in config
+        )
         layer_table = _table(
             ["model", "tokens a rank", "routing", "layer's plans", "torch µs", "ours µs", "torch / ours"],
             layer_rows,

@@ -260,20 +260,25 @@ def _count_then_signal(counter, signal, local_pad, peer_pad, peer_pe, epoch, NUM
                 tl.atomic_xchg(sig + signal, epoch, sem="release", scope="sys")
 
 
-@triton.jit(
-    do_not_specialize=[
-        "src",
-        "dst",
-        "elems",
-        "delta",
-        "pe",
-        "entered_addr",
-        "signal",
-        "local_pad",
-        "peer_pad",
-        "epoch",
-    ]
+_PUT_ARGS = (
+    "counter_ptr",
+    "error_ptr",
+    "src",
+    "dst",
+    "elems",
+    "delta",
+    "pe",
+    "entered_addr",
+    "signal",
+    "local_pad",
+    "peer_pad",
+    "epoch",
 )
+"""`nvshmem_put_kernel`'s arguments before its constants: two tensors, then integers that change
+from call to call (none specialized on, every one replaced at a relaunch)."""
+
+
+@triton.jit(do_not_specialize=list(_PUT_ARGS[2:]))
 def nvshmem_put_kernel(
     counter_ptr,
     error_ptr,
@@ -313,36 +318,14 @@ def nvshmem_put_kernel(
 
 
 @functools.cache
-def _linked():
-    """The kernel linked against NVSHMEM's device library, its modules initialized for NVSHMEM as
-    Triton loads them (torch's `requires_nvshmem`): made at the first launch on a GPU."""
+def _linked(kernel):
+    """`kernel` linked against NVSHMEM's device library, its modules initialized for NVSHMEM as
+    Triton loads them (torch's `requires_nvshmem`): made at its first launch on a GPU."""
     from torch.distributed._symmetric_memory import _nvshmem_triton
 
-    return _nvshmem_triton.requires_nvshmem(nvshmem_copy_kernel)
+    return _nvshmem_triton.requires_nvshmem(kernel)
 
 
-@functools.cache
-def _linked_put():
-    """`nvshmem_put_kernel` linked against NVSHMEM's device library (as `_linked`)."""
-    from torch.distributed._symmetric_memory import _nvshmem_triton
-
-    return _nvshmem_triton.requires_nvshmem(nvshmem_put_kernel)
-
-
-_PUT_ARGS = (
-    "counter_ptr",
-    "error_ptr",
-    "src",
-    "dst",
-    "elems",
-    "delta",
-    "pe",
-    "entered_addr",
-    "signal",
-    "local_pad",
-    "peer_pad",
-    "epoch",
-)
 _PUT_RELAUNCHES: dict = {}
 """Compiled puts kept for relaunch (`launch.run_kept`): every integer of a put changes per call."""
 
@@ -391,7 +374,7 @@ def launch_nvshmem_put(
         NVSHMEM=nvshmem,
         num_warps=NVSHMEM_WARPS,
     )
-    kernel = _linked_put() if nvshmem else nvshmem_put_kernel
+    kernel = _linked(nvshmem_put_kernel) if nvshmem else nvshmem_put_kernel
     with torch.cuda.stream(stream) if ctx.device.type == "cuda" else contextlib.nullcontext():
         run_kept(_PUT_RELAUNCHES, kernel, "put", (programs,), _PUT_ARGS, args, kwargs, _PUT_ARGS[2:])
 
@@ -474,7 +457,7 @@ def launch_nvshmem_copy(
 def _run(ctx, stream, tables, num_jobs: int, programs: int, epoch: int, dtype, pes, spin_limit: int) -> None:
     table, small = tables
     nvshmem = compiled_for_gpu(ctx.signals.local)
-    kernel = _linked() if nvshmem else nvshmem_copy_kernel
+    kernel = _linked(nvshmem_copy_kernel) if nvshmem else nvshmem_copy_kernel
     with torch.cuda.stream(stream) if ctx.device.type == "cuda" else contextlib.nullcontext():
         kernel[(programs,)](
             table[0],
