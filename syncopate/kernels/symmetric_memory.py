@@ -51,10 +51,8 @@ mirrors torch's own process-wide setting, which cannot be undone either."""
 _OPT_IN = (
     f"call syncopate.use_nvshmem() on every rank before the first fused call (or set {MEMORY_VAR}=nvshmem)"
 )
-
-FIX = f"{_OPT_IN}, or choose backend 'sm_copy'"
-"""How a process gets NVSHMEM symmetric memory, or does without: the end of every refusal (the MoE
-ops name backend 'copy_engine' instead)."""
+"""How a process gets NVSHMEM symmetric memory: the end of every refusal, before the backend to
+choose otherwise (`sm_copy` for the dense kinds, `copy_engine` for the MoE ops)."""
 
 
 def _symm_mem():
