@@ -326,14 +326,36 @@ def test_bench_takes_dtype_fp8_up_to_the_gpus_it_needs(tmp_path):
     assert r.returncode == 2 and "unknown dtype 'int8'" in r.stderr and "fp8" in r.stderr, r.stderr
 
 
+def _interpret_quantize(monkeypatch) -> None:
+    """Run `quantize`'s Triton kernels under the interpreter (CPU tensors), where they were made
+    for it: a process that imported them for a GPU runs them compiled (tests/test_gpu_fp8.py)."""
+    from syncopate.kernels import fp8_cast
+
+    if "Interpreted" not in type(fp8_cast.amax_kernel).__name__:
+        pytest.skip(
+            "fp8_cast's kernels were compiled for a GPU in this process: tests/test_gpu_fp8.py checks them"
+        )
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["triton-kernels", "torch-ops"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_quantize_gives_the_formulas_bytes_in_the_layout_asked_for(dtype):
+def test_quantize_gives_the_formulas_bytes_in_the_layout_asked_for(dtype, kernels, monkeypatch):
     """`quantize` (two passes, no clamp) against the documented formula clamp(v / scale, ±448) as
     float8: the same bytes, row by row and column by column, over magnitudes from 1e-4 to 1e4, zero
     rows and columns, and each value at its slice's amax; written row-major, column-major or in
-    v's own layout (a transposed view's)."""
+    v's own layout (a transposed view's). Both ways it runs: the Triton kernels (here under the
+    interpreter, which leaves the last rounding to torch: `fp8_cast`) and torch's ops."""
+    from syncopate.kernels import fp8_cast
     from syncopate.kernels.scaled import AMAX_EPS, E4M3_MAX, quantize
 
+    if kernels:
+        _interpret_quantize(monkeypatch)
+        calls = []
+        launch = fp8_cast.launch_quantize
+        monkeypatch.setattr(fp8_cast, "launch_quantize", lambda *a: calls.append(1) or launch(*a))
+    else:
+        monkeypatch.setattr(fp8_cast, "fits", lambda v: False)
     gen = torch.Generator().manual_seed(9)
     v = torch.randn(48, 80, generator=gen) * torch.logspace(-4, 4, 48).unsqueeze(1)
     v[5] = 0
@@ -342,7 +364,7 @@ def test_quantize_gives_the_formulas_bytes_in_the_layout_asked_for(dtype):
     v = v.to(dtype)
     for src in (v, v.t()):
         for dim in (0, 1):
-            scale = src.float().abs().amax(dim=dim, keepdim=True).clamp_min(AMAX_EPS) / E4M3_MAX
+            scale = src.float().abs().amax(dim=dim, keepdim=True).clamp_min(AMAX_EPS) * (1 / E4M3_MAX)
             want = (src.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
             for layout, strides in (
                 (None, src.stride()),
@@ -352,5 +374,29 @@ def test_quantize_gives_the_formulas_bytes_in_the_layout_asked_for(dtype):
                 got, got_scale = quantize(src, dim, layout)
                 assert got.stride() == strides and torch.equal(got_scale, scale), (dim, layout)
                 assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (dtype, dim, layout)
+    assert not kernels or len(calls) == 12
     with pytest.raises(ConfigError, match=r"layout='diagonal': accepted are 'row', 'column' and None"):
         quantize(v, 1, "diagonal")
+
+
+@pytest.mark.parametrize("shape", [(1100, 70), (70, 1100), (300, 300)])
+def test_the_quantize_kernels_split_long_reductions_across_programs(shape, monkeypatch):
+    """The amax kernel splits a reduced dimension longer than its programs' spans over several
+    programs whose maxima meet by atomics (the tokens of a weight gradient's operands): the scales
+    and bytes of every split (the largest value in the first, the middle or the last span, one
+    span longer than the rest) are those of one reduction."""
+    from syncopate.kernels import fp8_cast
+    from syncopate.kernels.scaled import AMAX_EPS, E4M3_MAX, quantize
+
+    _interpret_quantize(monkeypatch)
+    monkeypatch.setattr(fp8_cast, "AMAX_TARGET_PROGRAMS", 64)
+    gen = torch.Generator().manual_seed(3)
+    for where in (0, shape[0] // 2, shape[0] - 1):
+        v = torch.randn(*shape, generator=gen).to(torch.bfloat16)
+        v[where] *= 50
+        for src in (v, v.t()):
+            for dim in (0, 1):
+                scale = src.float().abs().amax(dim=dim, keepdim=True).clamp_min(AMAX_EPS) * (1 / E4M3_MAX)
+                got, got_scale = quantize(src, dim, "row")
+                assert torch.equal(got_scale, scale), (shape, where, dim)
+                assert torch.equal(got.float(), (src.float() / scale).to(FP8).float()), (shape, where, dim)

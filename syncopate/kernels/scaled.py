@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from syncopate.errors import ConfigError, describe
+from syncopate.kernels import fp8_cast
 
 __all__ = [
     "AMAX_EPS",
@@ -60,13 +61,15 @@ def quantize(v: torch.Tensor, dim: int, layout: str | None = None) -> tuple[torc
     `"row"` (row-major, as `torch._scaled_mm` takes A), `"column"` (column-major, as it takes B) or
     None (v's: a transposed view stays column-major).
 
-    Two passes over v: its amax (one reduction, no |v| copy), then v / scale computed in float32
-    and cast to FP8 as it is stored (on CUDA one kernel, no float32 copy), written in `layout` (no
-    copy into it after). No clamp to ±448: scale = amax / 448 puts every |v| / scale within a
+    scale = max(amax, AMAX_EPS) · (1 / E4M3_MAX) in float32 (the reciprocal's product, as torch
+    divides by a number on a GPU, on every device and path alike).
+
+    Two passes over v: its amax, then v / scale computed in float32 and cast to FP8 as it is
+    stored, written in `layout` (no copy into it after): on a GPU two Triton kernels
+    (`syncopate.kernels.fp8_cast`, coalesced whatever the two layouts), elsewhere torch's reduction
+    and division. No clamp to ±448: scale = amax / 448 puts every |v| / scale within a
     rounding of 448, far below 464, where e4m3 would round up to NaN, so clamping would change no
     value (the bytes are those of clamp(v / scale, ±448) as float8)."""
-    amax = torch.linalg.vector_norm(v, float("inf"), dim=dim, keepdim=True).float()
-    scale = amax.clamp_min(AMAX_EPS) / E4M3_MAX
     if layout is None:
         v8 = torch.empty_like(v, dtype=FP8)
     elif layout in LAYOUTS:
@@ -75,6 +78,13 @@ def quantize(v: torch.Tensor, dim: int, layout: str | None = None) -> tuple[torc
         v8 = torch.empty_strided((rows, cols), strides, dtype=FP8, device=v.device)
     else:
         raise ConfigError(f"quantize: layout={layout!r}: accepted are 'row', 'column' and None (v's own)")
+    if dim in (0, 1) and fp8_cast.fits(v):
+        shape = (v.shape[0], 1) if dim == 1 else (1, v.shape[1])
+        scale = torch.empty(shape, dtype=torch.float32, device=v.device)
+        fp8_cast.launch_quantize(v, dim, v8, scale, AMAX_EPS, E4M3_MAX)
+        return v8, scale
+    amax = torch.linalg.vector_norm(v, float("inf"), dim=dim, keepdim=True).float()
+    scale = amax.clamp_min(AMAX_EPS) * (1 / E4M3_MAX)
     torch.div(v, scale, out=v8)
     return v8, scale
 

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import torch
 from sm90_target import compile_each, compiled
 
-from syncopate.kernels import launch  # noqa: E402
+from syncopate.kernels import fp8_cast, launch  # noqa: E402
 from syncopate.kernels.tables import PAD_WORDS, consumer_tables, plan_for, producer_tables  # noqa: E402
 from syncopate.search_space import Candidate, block_bounds  # noqa: E402
 
@@ -121,6 +121,26 @@ def graph_entry(world: int):
         peer_signal_ptrs=torch.zeros(world, dtype=torch.int64),
     )
     launch.launch_graph_entry(ctx, None)
+
+
+def fp8_amax(reduce_contiguous: bool):
+    """The quantization's amax kernel, reducing along a row-major tensor's rows or its columns."""
+    v = torch.zeros(8192, 4096, dtype=torch.bfloat16)
+    keep, red = (8192, 4096) if reduce_contiguous else (4096, 8192)
+    strides = (4096, 1) if reduce_contiguous else (1, 4096)
+    bk, br = fp8_cast._amax_tiles(*strides)
+    amax = torch.zeros(keep, dtype=torch.int32)
+    fp8_cast.amax_kernel[(1,)](v, amax, keep, red, *strides, 256, BK=bk, BR=br, num_warps=4)
+
+
+def fp8_cast_tiles(per_row: bool, out_strides: tuple[int, int]):
+    """The quantization's cast kernel on a row-major bf16 tensor, into FP8 of `out_strides`."""
+    v = torch.zeros(8192, 4096, dtype=torch.bfloat16)
+    out = torch.empty_strided((8192, 4096), out_strides, dtype=torch.float8_e4m3fn)
+    amax = torch.zeros(8192 if per_row else 4096, dtype=torch.int32)
+    scale = torch.zeros(amax.shape, dtype=torch.float32)
+    args = (v, out, amax, scale, 8192, 4096, 4096, 1, *out_strides, 1e-12, 448.0)
+    fp8_cast.cast_kernel[(1,)](*args, PER_ROW=per_row, BLOCK=fp8_cast._CAST_BLOCK, num_warps=4)
 
 
 def gluon(build, kernel="gluon_producer_kernel"):
@@ -233,6 +253,10 @@ def variants():
     yield "chunk copier bf16", False, lambda: copier(bf16)
     yield "captured call's entry, two ranks", False, lambda: graph_entry(2)
     yield "decomposed all-reduce's last pull", False, pull
+    yield "fp8 quantize amax along rows", False, lambda: fp8_amax(True)
+    yield "fp8 quantize amax along columns", False, lambda: fp8_amax(False)
+    yield "fp8 quantize cast row-wise, same layout", False, lambda: fp8_cast_tiles(True, (4096, 1))
+    yield "fp8 quantize cast column-wise, transposed", False, lambda: fp8_cast_tiles(False, (1, 8192))
 
 
 def resources(cubin: bytes) -> str:
