@@ -167,25 +167,39 @@ def _layers_worker(rank, ws, init, q):
                     forward(x)
                 except ConfigError as e:
                     said[impl] = str(e)
+            bounds = {}
+            for dtype in ("fp8", "bf16"):  # the bound: the layer's local GEMMs on the same buffers
+                bench = LayerBench(layer=layer, dtype=dtype, sequence_parallel=sp, **TINY)
+                torch.manual_seed(7)
+                forward, params = _build(bench, "bound", group, torch.device("cpu"), _weights(layer), None)
+                xi = x.clone().requires_grad_(True)
+                y = forward(xi)
+                y.backward(dy)
+                bounds[dtype] = [y.detach(), xi.grad, *(p.grad for p in params)]
             fp8, atp, bf16 = got[("fp8", "torch")], got[("fp8", "async_tp")], got[("bf16", "torch")]
             report[f"{layer} sp={sp}"] = (
                 [torch.equal(a, b) for a, b in zip(fp8, atp, strict=True)],
                 [relative_error(a, b) for a, b in zip(fp8, bf16, strict=True)],
                 [t.dtype for t in fp8],
                 said,
+                [relative_error(a, b) for a, b in zip(bounds["fp8"], bounds["bf16"], strict=True)],
             )
         q.put((rank, report))
     finally:
         dist.destroy_process_group()
 
 
-def test_each_impl_builds_the_fp8_layer_on_two_gloo_ranks():
+def test_each_impl_and_the_bound_build_the_fp8_layer_on_two_gloo_ranks():
     for rank, report in run_gloo(_layers_worker, 2):
-        for layer, (same, off, dtypes, said) in report.items():
+        for layer, (same, off, dtypes, said, bound_off) in report.items():
             where = f"rank {rank} {layer}"
             assert same == [True] * len(same), f"{where}: async_tp against torch, y, dx, dW: {same}"
             assert dtypes == [torch.bfloat16] * len(dtypes), f"{where}: {dtypes}"
             assert all(1e-3 < e < 8e-2 for e in off), f"{where}: FP8 against the bf16 layer: {off}"
+            # the FP8 bound runs scaled GEMMs: FP8's error against the bf16 bound, no more
+            assert all(1e-3 < e < 8e-2 for e in bound_off), (
+                f"{where}: the FP8 bound against bf16's: {bound_off}"
+            )
             refused = "a is on cpu: the fused ops need CUDA tensors"
             for impl in ("syncopate", "default"):
                 assert refused in said.get(impl, ""), (where, impl, said)

@@ -186,8 +186,18 @@ class LayerBench:
 def _local_ops(bench: LayerBench, col, row):
     """The bound's column and row layers: `col`'s and `row`'s weights in local matmuls, their
     communication left out (with sequence parallelism: the gathered input read from a buffer of its
-    size, forward; the output's gathered gradient likewise, backward)."""
+    size, forward; the output's gathered gradient likewise, backward). In FP8 (`bench.dtype`) the
+    matmuls are float8 linears of mode `local`: the same quantizations and scaled GEMMs, forward and
+    backward, as the layers'."""
     import torch
+
+    if bench.dtype == "fp8":
+        from syncopate.tp.float8 import Float8Linear
+
+        def linear(x, weight, bias):
+            return Float8Linear.apply(x, weight, bias, None, "torch", {}, "local")
+    else:
+        linear = torch.nn.functional.linear
 
     if bench.sequence_parallel:
         rows = bench.tokens // bench.tp
@@ -214,18 +224,18 @@ def _local_ops(bench: LayerBench, col, row):
                 return gathered_grad
 
         def col_fn(x):
-            return torch.nn.functional.linear(_Gathered.apply(x), col.weight, col.bias)
+            return linear(_Gathered.apply(x), col.weight, col.bias)
 
         def row_fn(h):
-            return _Scattered.apply(torch.nn.functional.linear(h, row.weight, row.bias))
+            return _Scattered.apply(linear(h, row.weight, row.bias))
 
         return col_fn, row_fn
 
     def col_fn(x):
-        return torch.nn.functional.linear(x, col.weight, col.bias)
+        return linear(x, col.weight, col.bias)
 
     def row_fn(h):
-        return torch.nn.functional.linear(h, row.weight, row.bias)
+        return linear(h, row.weight, row.bias)
 
     return col_fn, row_fn
 
@@ -249,10 +259,6 @@ def _build(bench: LayerBench, impl: str, group, device, weights: dict, configs: 
     )
     params = [*col.parameters(), *row.parameters()]
     if impl == "bound":
-        if float8:
-            raise ConfigError(
-                "the bound leaves bf16 matmuls, not an FP8 layer's scaled ones: it is measured in bf16"
-            )
         col, row = _local_ops(bench, col, row)
     tp = bench.tp
     if bench.layer == "mlp":
