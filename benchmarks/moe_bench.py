@@ -69,6 +69,8 @@ from syncopate.measure.moe import (  # noqa: E402 — after the path insert abov
     layer_call,
     moe_op,
     moe_reference,
+    nvshmem_ops,
+    nvshmem_refusal,
     out_shape,
     plain_ops,
     wall_times,
@@ -248,7 +250,17 @@ def run_kind(kind: str, case: Case) -> dict:
     times = {"torch": time_op(lambda: whole(torch_out), case.group, args)}
     times["a2a"] = time_op(lambda: a2a(torch_out), case.group, args)
     times["gemm"] = time_op(lambda: gemm(torch_out), case.group, args)
-    bound = max(times["a2a"]["median_us"], times["gemm"]["median_us"])
+    # torch's NVSHMEM all-to-all in place of NCCL's, where this process's symmetric memory is NVSHMEM's
+    nvshmem_error, why_not = None, nvshmem_refusal(case)
+    if why_not is None:
+        nv_whole, nv_a2a = nvshmem_ops(kind, case, a, wt)
+        nv_out = torch.full(shape, float("nan"), dtype=case.dtype, device=case.device)
+        nv_whole(nv_out)
+        nvshmem_error = worst_over_ranks(relative_error(nv_out, ref) if ref.numel() else 0.0, case)
+        times["torch_nvshmem"] = time_op(lambda: nv_whole(nv_out), case.group, args)
+        times["a2a_nvshmem"] = time_op(lambda: nv_a2a(nv_out), case.group, args)
+    comm = min(times[k]["median_us"] for k in ("a2a", "a2a_nvshmem") if k in times)
+    bound = max(comm, times["gemm"]["median_us"])
     log.info(
         "%s %s: torch %.1f µs (rel err %.2e), a2a %.1f, gemm %.1f",
         w,
@@ -258,6 +270,15 @@ def run_kind(kind: str, case: Case) -> dict:
         times["a2a"]["median_us"],
         times["gemm"]["median_us"],
     )
+    if why_not is None:
+        log.info(
+            "%s %s: torch with NVSHMEM's all-to-all %.1f µs (rel err %.2e), its a2a %.1f",
+            w,
+            f"EP={case.ws}",
+            times["torch_nvshmem"]["median_us"],
+            nvshmem_error,
+            times["a2a_nvshmem"]["median_us"],
+        )
     prepared = fresh_checks(kind, case)
     op, candidates = moe_op(kind), []
     out = torch.full(shape, float("nan"), dtype=case.dtype, device=case.device)
@@ -317,6 +338,11 @@ def run_kind(kind: str, case: Case) -> dict:
         "best_us": ours,
         "bound_over_ours": bound / ours if best else None,
         "torch_over_ours": times["torch"]["median_us"] / ours if best else None,
+        "torch_nvshmem_rel_error": nvshmem_error,
+        "torch_nvshmem_over_ours": (
+            times["torch_nvshmem"]["median_us"] / ours if best and "torch_nvshmem" in times else None
+        ),
+        "torch_nvshmem": why_not or "measured",
         "eager": eager,
         "eager_torch_over_ours": (
             eager["torch"]["median_us"] / best["eager"]["median_us"] if best and "eager" in best else None
@@ -533,6 +559,11 @@ def table(result: dict) -> str:
             f"{_ratio(r['bound_over_ours']):>10s} {_ratio(r['torch_over_ours']):>10s} "
             f"{_ratio(r.get('eager_torch_over_ours')):>9s}  {r['best']}"
         )
+        if "torch_nvshmem" in t:
+            lines.append(
+                f"    torch with NVSHMEM's all-to-all {t['torch_nvshmem']['median_us']:.1f}, its a2a "
+                f"{t['a2a_nvshmem']['median_us']:.1f}; torch-nvshmem/ours {_ratio(r['torch_nvshmem_over_ours'])}"
+            )
         bad = [c for c in r["candidates"] if c["status"] != "ok"]
         for c in bad:
             lines.append(f"    {c['short']}: {c['status']} {c.get('rel_error', c.get('error', ''))}")

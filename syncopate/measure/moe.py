@@ -39,6 +39,8 @@ __all__ = [
     "layer_call",
     "moe_op",
     "moe_reference",
+    "nvshmem_ops",
+    "nvshmem_refusal",
     "out_shape",
     "plain_ops",
     "time_calls",
@@ -238,6 +240,92 @@ def plain_ops(kind: str, case: MoeCase, a, wt):
         torch._grouped_mm(a, wt, offs=offs)
 
     return whole, a2a, gemm
+
+
+def nvshmem_refusal(case: MoeCase) -> str | None:
+    """Why torch's NVSHMEM all-to-all (`torch.ops.symm_mem.all_to_all_vdev`) cannot be a baseline
+    here, None where it can: it needs CUDA ranks whose symmetric memory is NVSHMEM's
+    (`syncopate.use_nvshmem()`, SYNCOPATE_SYMMETRIC_MEMORY=nvshmem, which moe_bench's `--backends
+    ...,nvshmem` sets) and a torch that has it."""
+    from syncopate.kernels.symmetric_memory import apply_requested, process_memory
+
+    if case.device.type != "cuda":
+        return "torch's NVSHMEM all-to-all runs on CUDA ranks only"
+    if not hasattr(torch.ops.symm_mem, "all_to_all_vdev"):
+        return f"torch {torch.__version__} has no torch.ops.symm_mem.all_to_all_vdev"
+    apply_requested()  # SYNCOPATE_SYMMETRIC_MEMORY=nvshmem, before anything allocates
+    if process_memory() != "nvshmem":
+        return (
+            "this process's symmetric memory is not NVSHMEM's (syncopate.use_nvshmem() on every rank first)"
+        )
+    return None
+
+
+def nvshmem_ops(kind: str, case: MoeCase, a, wt):
+    """torch's path with its NVSHMEM all-to-all in place of NCCL's (`all_to_all_vdev`, device-side
+    splits, rows landing by source rank as all_to_all_single lands them) on the case's routing:
+    (whole op, all-to-all alone), each a function of the output tensor, as `plain_ops`. The rows go
+    through symmetric buffers (one size on every rank) of the most any routing of the workload can
+    put there (a rank's tokens · top_k pairs; on an expert rank, every rank's), flattened, so that
+    the splits count elements whichever unit a torch's op counts them in along dim 0."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    from syncopate.kernels.context import enable_symm_mem
+
+    lay, w, g = case.layout, case.w, case.group
+    name = g.group_name
+    enable_symm_mem(name)
+    sent = w.tokens * w.top_k * w.hidden  # a rank's pairs; an expert rank can hold every rank's
+    most = (sent, sent * case.ws) if kind == "a2a_gemm" else (sent * case.ws, sent)
+    send_buf = symm_mem.empty(most[0], dtype=case.dtype, device=case.device)
+    recv_buf = symm_mem.empty(most[1], dtype=case.dtype, device=case.device)
+    # torch's op takes (input, out, in_out_splits [3, W], group) or, later, (input, out, in_splits [W],
+    # out_splits_offsets [2, W], group): 3·W words either way, the first W the sent splits
+    four = len(torch.ops.symm_mem.all_to_all_vdev.default._schema.arguments) == 4
+    meta = symm_mem.empty(3 * case.ws, dtype=torch.int64, device=case.device)
+    for t in (send_buf, recv_buf, meta):
+        symm_mem.rendezvous(t, name)
+    sent_splits = lay.send_splits if kind == "a2a_gemm" else lay.recv_splits
+    meta[: case.ws].copy_(torch.tensor([n * w.hidden for n in sent_splits], dtype=torch.int64))
+
+    def exchange(recv_rows: int):
+        if four:
+            torch.ops.symm_mem.all_to_all_vdev(send_buf, recv_buf, meta.view(3, case.ws), name)
+        else:
+            splits, landed = meta[: case.ws], meta[case.ws :].view(2, case.ws)
+            torch.ops.symm_mem.all_to_all_vdev(send_buf, recv_buf, splits, landed, name)
+        return recv_buf[: recv_rows * w.hidden].view(recv_rows, w.hidden)
+
+    offs = torch.cumsum(lay.group_sizes, 0).to(device=case.device, dtype=torch.int32)
+    if kind == "a2a_gemm":
+        send_rows = (lay.order // lay.top_k).to(case.device)
+        rows_out = send_buf[: lay.order.numel() * w.hidden].view(-1, w.hidden)
+
+        def whole(out):
+            torch.index_select(a, 0, send_rows, out=rows_out)
+            received = exchange(lay.rows_received)
+            return out.copy_(torch._grouped_mm(received[lay.expert_order], wt, offs=offs))
+
+        def a2a(out):
+            exchange(lay.rows_received)
+
+        return whole, a2a
+    gates = case.gates
+    rows_out = send_buf[: lay.rows_received * w.hidden].view(-1, w.hidden)
+    back_rows = w.tokens * w.top_k
+    back_order = lay.expert_order_inverse.to(case.device)
+
+    def whole(out):
+        y = torch._grouped_mm(a, wt, offs=offs)
+        torch.index_select(y, 0, back_order, out=rows_out)
+        back = exchange(back_rows)
+        pairs = back[lay.order_inverse].view(w.tokens, w.top_k, w.hidden)
+        return out.copy_((pairs.float() * gates.float().unsqueeze(-1)).sum(1))
+
+    def a2a(out):
+        exchange(back_rows)
+
+    return whole, a2a
 
 
 def layer_call(fn, case: MoeCase):
