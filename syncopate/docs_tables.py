@@ -549,6 +549,13 @@ def _layer_row(res: dict, key: str) -> list[str]:
     ]
 
 
+def _bound_cells(res: dict, key: str) -> list[str]:
+    """The layer's bound (its communication left out) and torch's path over it: the most overlap
+    can win there."""
+    t, ratio = _layer_times(res, key)
+    return [_t(t("bound")), _r(ratio("torch", "bound"))]
+
+
 def layers(root: Path) -> str:
     """Tensor-parallel MLP layers as a job runs them: per mode and pass, each path's time an
     iteration and torch's, async-TP's and the untuned defaults' over the looked-up configurations'."""
@@ -1092,13 +1099,18 @@ def nvshmem(root: Path) -> str:
 
 def fp8(root: Path) -> str:
     """Each FP8 run: the MLP layer's ops per shape, then the layer forward and forward + backward
-    on their configurations against torch's FP8 path and async-TP's scaled ops."""
+    on their configurations against torch's FP8 path and async-TP's scaled ops (and the layer's
+    FP8 bound, where the run measured it)."""
     parts = []
     for ops_name, layer_name in sources(root).fp8:
         run = _read_json(root / "results" / layer_name)
         b, res = run["bench"], run["results"]
-        rows = [_layer_row(res, key) for key in LAYER_KEYS if key in res.get("syncopate", {})]
-        layer_table = _table(LAYER_HEAD, rows)
+        keys = [key for key in LAYER_KEYS if key in res.get("syncopate", {})]
+        if all(key in res.get("bound", {}) for key in keys):  # the FP8 bound, where the run has it
+            rows = [[*_layer_row(res, key), *_bound_cells(res, key)] for key in keys]
+            layer_table = _table((*LAYER_HEAD, "bound", "torch / bound"), rows)
+        else:
+            layer_table = _table(LAYER_HEAD, [_layer_row(res, key) for key in keys])
         parts.append(
             f"{_suite(root, ops_name)}\n{layer_table}\n\nThe MLP layer (hidden {b['hidden']}, ffn {b['ffn']}, "
             f"{b['tokens']} tokens, TP={b['tp']}, sequence parallel) with every GEMM in FP8 (row-wise scales), µs an "
