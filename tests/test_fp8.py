@@ -382,14 +382,16 @@ def test_quantize_gives_the_formulas_bytes_in_the_layout_asked_for(dtype, kernel
 @pytest.mark.parametrize("shape", [(1100, 70), (70, 1100), (300, 300)])
 def test_the_quantize_kernels_split_long_reductions_across_programs(shape, monkeypatch):
     """The amax kernel splits a reduced dimension longer than its programs' spans over several
-    programs whose maxima meet by atomics (the tokens of a weight gradient's operands): the scales
-    and bytes of every split (the largest value in the first, the middle or the last span, one
-    span longer than the rest) are those of one reduction."""
+    programs whose maxima meet by atomics (the tokens of a weight gradient's operands), and the
+    slice kernel reads a slice longer than its chunk in chunks, twice: the scales and bytes of
+    every split (the largest value in the first, the middle or the last span or chunk, one shorter
+    than the rest) are those of one reduction."""
     from syncopate.kernels import fp8_cast
     from syncopate.kernels.scaled import AMAX_EPS, E4M3_MAX, quantize
 
     _interpret_quantize(monkeypatch)
     monkeypatch.setattr(fp8_cast, "AMAX_TARGET_PROGRAMS", 64)
+    monkeypatch.setattr(fp8_cast, "SLICE_CHUNK", 128)
     gen = torch.Generator().manual_seed(3)
     for where in (0, shape[0] // 2, shape[0] - 1):
         v = torch.randn(*shape, generator=gen).to(torch.bfloat16)
@@ -397,6 +399,8 @@ def test_the_quantize_kernels_split_long_reductions_across_programs(shape, monke
         for src in (v, v.t()):
             for dim in (0, 1):
                 scale = src.float().abs().amax(dim=dim, keepdim=True).clamp_min(AMAX_EPS) * (1 / E4M3_MAX)
-                got, got_scale = quantize(src, dim, "row")
-                assert torch.equal(got_scale, scale), (shape, where, dim)
-                assert torch.equal(got.float(), (src.float() / scale).to(FP8).float()), (shape, where, dim)
+                for layout in ("row", "column"):
+                    got, got_scale = quantize(src, dim, layout)
+                    assert torch.equal(got_scale, scale), (shape, where, dim, layout)
+                    want = (src.float() / scale).to(FP8).float()
+                    assert torch.equal(got.float(), want), (shape, where, dim, layout)

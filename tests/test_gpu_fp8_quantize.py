@@ -14,4 +14,4 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 def test_the_quantize_kernels_give_torchs_scales_and_bytes_on_a_gpu():
     done = run_script("quantize_check.py", timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("ok    ") == 10, done.stdout
+    assert done.stdout.count("ok    ") == 12, done.stdout

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+import triton
 from sm90_target import compile_each, compiled
 
 from syncopate.kernels import fp8_cast, launch  # noqa: E402
@@ -131,6 +132,16 @@ def fp8_amax(reduce_contiguous: bool):
     bk, br = fp8_cast._amax_tiles(*strides)
     amax = torch.zeros(keep, dtype=torch.int32)
     fp8_cast.amax_kernel[(1,)](v, amax, keep, red, *strides, 256, BK=bk, BR=br, num_warps=4)
+
+
+def fp8_slices(cols: int):
+    """The quantization's one-pass kernel on a row-major bf16 tensor's rows of `cols` elements."""
+    v = torch.zeros(64, cols, dtype=torch.bfloat16)
+    out = torch.empty(64, cols, dtype=torch.float8_e4m3fn)
+    scale = torch.zeros(64, dtype=torch.float32)
+    chunk = min(fp8_cast.SLICE_CHUNK, triton.next_power_of_2(cols))
+    meta = {"CHUNK": chunk, "ONE_CHUNK": cols <= chunk, "num_warps": 8}
+    fp8_cast.slice_kernel[(1,)](v, out, scale, cols, cols, cols, 1e-12, 1 / 448, **meta)
 
 
 def fp8_cast_tiles(per_row: bool, out_strides: tuple[int, int]):
@@ -253,6 +264,8 @@ def variants():
     yield "chunk copier bf16", False, lambda: copier(bf16)
     yield "captured call's entry, two ranks", False, lambda: graph_entry(2)
     yield "decomposed all-reduce's last pull", False, pull
+    yield "fp8 quantize slices of 7168", False, lambda: fp8_slices(7168)
+    yield "fp8 quantize slices of 14336, in chunks", False, lambda: fp8_slices(14336)
     yield "fp8 quantize amax along rows", False, lambda: fp8_amax(True)
     yield "fp8 quantize amax along columns", False, lambda: fp8_amax(False)
     yield "fp8 quantize cast row-wise, same layout", False, lambda: fp8_cast_tiles(True, (4096, 1))

@@ -24,9 +24,9 @@ from checks import run_checks  # noqa: E402
 from syncopate.kernels import fp8_cast  # noqa: E402
 from syncopate.kernels.scaled import AMAX_EPS, E4M3_MAX, FP8, quantize  # noqa: E402
 
-SHAPES = [(8192, 7168), (8192, 4096), (4096, 3584), (2048, 4096), (1000, 1100), (17, 4099)]
+SHAPES = [(8192, 7168), (8192, 4096), (4096, 3584), (2048, 4096), (1000, 1100), (17, 4099), (640, 14344)]
 """The layer's operands (gate+up output rows, gathered activations, the down weight, a rank's
-rows) and two odd ones (partial tiles, a reduction split unevenly)."""
+rows) and odd ones (partial tiles, a reduction split unevenly, slices longer than a chunk)."""
 LAYOUTS = (None, "row", "column")
 
 
@@ -79,7 +79,7 @@ def timings() -> None:
     print(
         f"{'operand':>22} {'dim':>3} {'layout':>6} {'kernels us':>10} {'torch us':>9} {'torch/kernels':>13}"
     )
-    for rows, cols in SHAPES[:4]:
+    for rows, cols in [*SHAPES[:4], (8192, 14336)]:
         v = torch.randn(rows, cols, device=dev).to(torch.bfloat16)
         for name, src in ((f"{rows}x{cols}", v), (f"({rows}x{cols}).t()", v.t())):
             for dim, layout in ((1, "row"), (0, "column")):
