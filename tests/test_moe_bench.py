@@ -42,6 +42,13 @@ def _check(tmp_path, out, cases: int, backends: set[str]) -> dict:
         t = r["times"]
         assert min(t["torch"]["median_us"], t["a2a"]["median_us"], t["gemm"]["median_us"]) > 0
         assert r["bound_us"] == max(t["a2a"]["median_us"], t["gemm"]["median_us"])
+        # torch's NVSHMEM all-to-all runs where the ranks' symmetric memory is NVSHMEM's: not in
+        # these runs (gloo ranks, or CUDA ranks of CUDA memory), and the row says why
+        assert r["torch_nvshmem"] in (
+            "torch's NVSHMEM all-to-all runs on CUDA ranks only",
+            "this process's symmetric memory is not NVSHMEM's (syncopate.use_nvshmem() on every rank first)",
+        ), r["torch_nvshmem"]
+        assert "torch_nvshmem" not in t and r["torch_nvshmem_over_ours"] is None
         shorts = [c["short"] for c in r["candidates"]]
         assert shorts[0] == "unfused" and len(shorts) > 1
         assert {c["config"]["backend"] for c in r["candidates"][1:]} == backends
