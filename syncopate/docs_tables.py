@@ -641,27 +641,38 @@ def layer_bound(root: Path) -> str:
     )
 
 
+def _moe_gpus(doc: dict) -> str:
+    """A `benchmarks/moe_bench.py` run's GPUs: its EP (its ops', else its layers') × the GPU model."""
+    ep = doc["ops"][0]["ep"] if doc["ops"] else (doc["layers"][0]["ep"] if doc["layers"] else "?")
+    return f"{ep} × {doc['environment']['gpu_model']}"
+
+
+def _moe_layer_times(doc: dict, keep=lambda config: True) -> list[tuple[dict, str, float, float]]:
+    """(layer, configuration, torch µs, ours µs) of each layer configuration of a
+    `benchmarks/moe_bench.py` run that ran and that `keep` accepts."""
+    return [
+        (layer, c["config"], layer["times"]["torch"]["median_us"], c["times"]["median_us"])
+        for layer in doc["layers"]
+        for c in layer["configs"]
+        if c.get("status") == "ok" and keep(c["config"])
+    ]
+
+
 def _moe_layer_rows(doc: dict, keep=lambda config: True) -> list[list[str]]:
     """(model, tokens, routing, configuration, torch µs, ours µs, torch / ours) of each layer
     configuration of a `benchmarks/moe_bench.py` run that ran and that `keep` accepts."""
-    rows = []
-    for layer in doc["layers"]:
-        torch_us = layer["times"]["torch"]["median_us"]
-        for c in layer["configs"]:
-            if c.get("status") == "ok" and keep(c["config"]):
-                us = c["times"]["median_us"]
-                rows.append(
-                    [
-                        layer["model"],
-                        str(layer["tokens"]),
-                        layer["routing"],
-                        c["config"],
-                        _t(torch_us),
-                        _t(us),
-                    ]
-                    + [_r(torch_us / us)]
-                )
-    return rows
+    return [
+        [
+            layer["model"],
+            str(layer["tokens"]),
+            layer["routing"],
+            config,
+            _t(torch_us),
+            _t(us),
+            _r(torch_us / us),
+        ]
+        for layer, config, torch_us, us in _moe_layer_times(doc, keep)
+    ]
 
 
 def moe(root: Path) -> str:
@@ -673,8 +684,7 @@ def moe(root: Path) -> str:
     for name in names:
         doc = _read_json(root / "results" / name)
         env = doc["environment"]
-        ep = doc["ops"][0]["ep"] if doc["ops"] else (doc["layers"][0]["ep"] if doc["layers"] else "?")
-        gpus = f"{ep} × {env['gpu_model']}"
+        gpus = _moe_gpus(doc)
         notes.append(f"{gpus}: torch {env['torch']}, NCCL {env['nccl']}, `results/{name}`")
         for op in doc["ops"]:
             times = op["times"]
@@ -1229,29 +1239,62 @@ def ce_streams(root: Path) -> str:
     return "\n".join(parts)
 
 
+MOE_OPS = {"a2a_gemm": "dispatch", "gemm_a2a": "combine"}
+"""The MoE op kinds and the names docs/moe.md gives them."""
+
+
+def _programs(plan: str) -> int | None:
+    """The copier programs of an `nvshmem` plan's short name (its `/smN`); None for another plan."""
+    found = re.search(r"/nvshmem/.*/sm(\d+)$", plan)
+    return int(found[1]) if found else None
+
+
+def _pipelined_alone(config: str) -> bool:
+    """A layer configuration that is one pipelined plan for both ops, neither checked against the
+    unfused ops nor with the unfused backward."""
+    return config.startswith("pipelined/") and ", " not in config
+
+
 def moe_backends(root: Path) -> str:
-    """The pipelined MoE plans' backends side by side (`moe_backends` in tables.json): each op's
-    pipelined candidates with the same chunks and order, one column a backend (and copier program
-    count), beside the all-to-all alone and the grouped GEMM alone; then the layer forward +
-    backward on each backend's pipelined plan."""
-    parts = []
-    for name in sources(root).moe_backends:
-        doc = _read_json(root / "results" / name)
+    """The pipelined MoE plans' backends side by side (`moe_backends` in tables.json): first, per
+    run, the ranges over its cases of nvshmem against copy_engine on each op, of nvshmem's most
+    copier programs against its fewest, and of the layer against torch's on each backend; then
+    per run each op's pipelined candidates with the same chunks and order, one column a backend
+    (and copier program count), beside the all-to-all alone and the grouped GEMM alone, and the
+    layer forward + backward on each backend's pipelined plan."""
+    runs = [(name, _read_json(root / "results" / name)) for name in sources(root).moe_backends]
+    programs = sorted(
+        {n for _, doc in runs for op in doc["ops"] for c in op["candidates"] if (n := _programs(c["short"]))}
+    )
+    fewest, most = (programs[0], programs[-1]) if programs else (None, None)
+    parts, ranges = [], []
+    for name, doc in runs:
         env = doc["environment"]
         plans = sorted(
             {c["short"] for op in doc["ops"] for c in op["candidates"] if c["short"].startswith("pipelined/")}
         )
         rows = []
+        nv_over_ce: dict[str, list[float]] = {kind: [] for kind in MOE_OPS}
+        most_over_fewest = []
         for op in doc["ops"]:
             got = {c["short"]: c for c in op["candidates"] if c.get("status") == "ok" and c.get("times")}
             times = [got[p]["times"]["median_us"] if p in got else None for p in plans]
             ce = [t for p, t in zip(plans, times, strict=True) if "/copy_engine/" in p and t]
             nv = [t for p, t in zip(plans, times, strict=True) if "/nvshmem/" in p and t]
+            ratio = min(nv) / min(ce) if ce and nv else None
+            if ratio is not None:
+                nv_over_ce.setdefault(op["kind"], []).append(ratio)
+            on: dict[int, float] = {}
+            for p, t in zip(plans, times, strict=True):
+                if t and (n := _programs(p)):
+                    on[n] = min(on.get(n, t), t)
+            if most != fewest and most in on and fewest in on:
+                most_over_fewest.append(on[most] / on[fewest])
             rows.append(
                 [op["model"], op["kind"], str(op["tokens"]), op["routing"]]
                 + [_t(op["times"]["a2a"]["median_us"]), _t(op["times"]["gemm"]["median_us"])]
                 + [_t(t) for t in times]
-                + [_r(min(nv) / min(ce) if ce and nv else None)]
+                + [_r(ratio)]
             )
         ops_table = _table(
             ["model", "kind", "tokens a rank", "routing", "all-to-all alone", "grouped GEMM alone"]
@@ -1259,21 +1302,42 @@ def moe_backends(root: Path) -> str:
             + ["nvshmem / copy_engine (best of each)"],
             rows,
         )
-        layer_rows = _moe_layer_rows(
-            doc, lambda config: config.startswith("pipelined/") and ", " not in config
-        )
         layer_table = _table(
             ["model", "tokens a rank", "routing", "layer's plans", "torch µs", "ours µs", "torch / ours"],
-            layer_rows,
+            _moe_layer_rows(doc, _pipelined_alone),
         )
-        ep = doc["ops"][0]["ep"] if doc["ops"] else "?"
+        layer_ratios: dict[str, list[float]] = {"copy_engine": [], "nvshmem": []}
+        for _, config, torch_us, us in _moe_layer_times(doc, _pipelined_alone):
+            layer_ratios.setdefault(config.split("/")[1], []).append(torch_us / us)
+        gpus = _moe_gpus(doc)
+        ranges.append(
+            [gpus]
+            + [_span(nv_over_ce[kind]) for kind in MOE_OPS]
+            + [_span(most_over_fewest), _span(layer_ratios["copy_engine"]), _span(layer_ratios["nvshmem"])]
+        )
         parts.append(
             f"{ops_table}\n\n{layer_table}\n\nµs, medians; ops timed by the project's method, the layer "
             f"forward + backward in calls back to back; every column of a table timed in one run, in processes "
-            f"whose symmetric memory is NVSHMEM's; {ep} × {env['gpu_model']}, torch {env['torch']}, "
+            f"whose symmetric memory is NVSHMEM's; {gpus}, torch {env['torch']}, "
             f"NCCL {env['nccl']}; from `results/{name}`.\n"
         )
-    return "\n".join(parts)
+    ranges_table = _table(
+        ["GPUs (EP)"]
+        + [f"{label} (`{kind}`): nvshmem / copy_engine" for kind, label in MOE_OPS.items()]
+        + [
+            f"`sm{most}` / `sm{fewest}`",
+            "layer on copy_engine: torch / ours",
+            "layer on nvshmem: torch / ours",
+        ],
+        ranges,
+    )
+    return (
+        f"{ranges_table}\n\nThe range of each ratio over a run's cases (tokens a rank and routing) in the tables "
+        f"below it: an op's best `nvshmem` plan over its `copy_engine` plan (above 1: `nvshmem` slower); an op's "
+        f"`nvshmem` plan on {most} copier programs over {fewest} (below 1: more programs faster); torch's layer "
+        f"forward + backward over ours with each backend's pipelined plan on both ops (above 1: ours faster).\n\n"
+        + "\n".join(parts)
+    )
 
 
 TABLES: dict[str, Callable[[Path], str]] = {
