@@ -1274,6 +1274,8 @@ def moe_backends(root: Path) -> str:
             {c["short"] for op in doc["ops"] for c in op["candidates"] if c["short"].startswith("pipelined/")}
         )
         rows = []
+        # torch's path on its NVSHMEM all-to-all, where the run timed it (moe_bench in NVSHMEM processes)
+        nvshmem_torch = all("torch_nvshmem" in op["times"] for op in doc["ops"])
         nv_over_ce: dict[str, list[float]] = {kind: [] for kind in MOE_OPS}
         most_over_fewest = []
         for op in doc["ops"]:
@@ -1290,14 +1292,21 @@ def moe_backends(root: Path) -> str:
                     on[n] = min(on.get(n, t), t)
             if most != fewest and most in on and fewest in on:
                 most_over_fewest.append(on[most] / on[fewest])
+            t = op["times"]
             rows.append(
                 [op["model"], op["kind"], str(op["tokens"]), op["routing"]]
-                + [_t(op["times"]["a2a"]["median_us"]), _t(op["times"]["gemm"]["median_us"])]
+                + [_t(t["a2a"]["median_us"]), _t(t["gemm"]["median_us"])]
+                + (
+                    [_t(t["torch"]["median_us"]), _t(t["torch_nvshmem"]["median_us"])]
+                    if nvshmem_torch
+                    else []
+                )
                 + [_t(t) for t in times]
                 + [_r(ratio)]
             )
         ops_table = _table(
             ["model", "kind", "tokens a rank", "routing", "all-to-all alone", "grouped GEMM alone"]
+            + (["torch (NCCL all-to-all)", "torch (NVSHMEM all-to-all)"] if nvshmem_torch else [])
             + [f"`{p}`" for p in plans]
             + ["nvshmem / copy_engine (best of each)"],
             rows,
