@@ -201,22 +201,21 @@ def launch_quantize(
         args = (v, target, scale, n_red, s_keep, o_keep, eps, 1.0 / top)
         meta = {"CHUNK": chunk, "ONE_CHUNK": n_red <= chunk, "num_warps": 8 if chunk >= 4096 else 4}
         run_kept(_LAUNCHES, slice_kernel, "slice", (n_keep,), _SLICE_ARGS, args, meta, ())
-        if target is not out:
-            out.copy_(target)
-        return
-    bk, br = _amax_tiles(s_keep, s_red)
-    keep_blocks = triton.cdiv(n_keep, bk)
-    red_blocks = triton.cdiv(n_red, br)
-    spans = max(1, min(red_blocks, triton.cdiv(AMAX_TARGET_PROGRAMS, keep_blocks)))
-    span = triton.cdiv(red_blocks, spans) * br
-    amax = torch.zeros(n_keep, dtype=torch.int32, device=v.device)
-    grid = (keep_blocks, triton.cdiv(n_red, span))
-    args = (v, amax, n_keep, n_red, s_keep, s_red, span)
-    run_kept(_LAUNCHES, amax_kernel, "amax", grid, _AMAX_ARGS, args, {"BK": bk, "BR": br, "num_warps": 4}, ())
-    grid = (triton.cdiv(rows, _CAST_BLOCK), triton.cdiv(cols, _CAST_BLOCK))
-    strides = (v.stride(0), v.stride(1), target.stride(0), target.stride(1))
-    args = (v, target, amax, scale, rows, cols, *strides, eps, 1.0 / top)
-    kwargs = {"PER_ROW": per_row, "BLOCK": _CAST_BLOCK, "num_warps": 4}
-    run_kept(_LAUNCHES, cast_kernel, "cast", grid, _CAST_ARGS, args, kwargs, ())
+    else:  # two passes: the amax over spans of the reduced dimension, then the tiled cast
+        bk, br = _amax_tiles(s_keep, s_red)
+        keep_blocks = triton.cdiv(n_keep, bk)
+        red_blocks = triton.cdiv(n_red, br)
+        spans = max(1, min(red_blocks, triton.cdiv(AMAX_TARGET_PROGRAMS, keep_blocks)))
+        span = triton.cdiv(red_blocks, spans) * br
+        amax = torch.zeros(n_keep, dtype=torch.int32, device=v.device)
+        grid = (keep_blocks, triton.cdiv(n_red, span))
+        args = (v, amax, n_keep, n_red, s_keep, s_red, span)
+        meta = {"BK": bk, "BR": br, "num_warps": 4}
+        run_kept(_LAUNCHES, amax_kernel, "amax", grid, _AMAX_ARGS, args, meta, ())
+        grid = (triton.cdiv(rows, _CAST_BLOCK), triton.cdiv(cols, _CAST_BLOCK))
+        strides = (v.stride(0), v.stride(1), target.stride(0), target.stride(1))
+        args = (v, target, amax, scale, rows, cols, *strides, eps, 1.0 / top)
+        meta = {"PER_ROW": per_row, "BLOCK": _CAST_BLOCK, "num_warps": 4}
+        run_kept(_LAUNCHES, cast_kernel, "cast", grid, _CAST_ARGS, args, meta, ())
     if target is not out:
         out.copy_(target)

@@ -64,12 +64,13 @@ def quantize(v: torch.Tensor, dim: int, layout: str | None = None) -> tuple[torc
     scale = max(amax, AMAX_EPS) · (1 / E4M3_MAX) in float32 (the reciprocal's product, as torch
     divides by a number on a GPU, on every device and path alike).
 
-    Two passes over v: its amax, then v / scale computed in float32 and cast to FP8 as it is
-    stored, written in `layout` (no copy into it after): on a GPU two Triton kernels
-    (`syncopate.kernels.fp8_cast`, coalesced whatever the two layouts), elsewhere torch's reduction
-    and division. No clamp to ±448: scale = amax / 448 puts every |v| / scale within a
-    rounding of 448, far below 464, where e4m3 would round up to NaN, so clamping would change no
-    value (the bytes are those of clamp(v / scale, ±448) as float8)."""
+    v's amax, then v / scale computed in float32 and cast to FP8 as it is stored, written in
+    `layout` (no copy into it after): on a GPU by Triton kernels (`syncopate.kernels.fp8_cast`: one
+    pass where each scale's slice has unit stride in and out, else two, coalesced whatever the two
+    layouts), elsewhere torch's reduction and division. No clamp to ±448: scale = amax / 448 puts
+    every |v| / scale within a rounding of 448, far below 464, where e4m3 would round up to NaN,
+    so clamping would change no value (the bytes are those of clamp(v / scale, ±448) as
+    float8)."""
     if layout is None:
         v8 = torch.empty_like(v, dtype=FP8)
     elif layout in LAYOUTS:
