@@ -205,7 +205,7 @@ def plain_ops(kind: str, case: MoeCase, a, wt):
     """torch written plainly on the case's routing: (whole op, all-to-all alone, GEMM alone), each
     a function of the output tensor."""
     lay, w, g = case.layout, case.w, case.group
-    offs = torch.cumsum(lay.group_sizes, 0).to(device=case.device, dtype=torch.int32)
+    offs = _group_ends(case)
     send_rows = (lay.order // lay.top_k).to(case.device)
     if kind == "a2a_gemm":
         received = torch.empty(lay.rows_received, w.hidden, dtype=case.dtype, device=case.device)
@@ -225,13 +225,11 @@ def plain_ops(kind: str, case: MoeCase, a, wt):
         return whole, a2a, gemm
     back = torch.empty(w.tokens * w.top_k, w.hidden, dtype=case.dtype, device=case.device)
     y_rows = torch.empty(lay.rows_received, w.hidden, dtype=case.dtype, device=case.device).normal_()
-    gates = case.gates
 
     def whole(out):
         y = torch._grouped_mm(a, wt, offs=offs)[lay.expert_order_inverse]
         dist.all_to_all_single(back, y, lay.send_splits, lay.recv_splits, group=g)
-        pairs = back[lay.order_inverse].view(w.tokens, w.top_k, w.hidden)
-        return out.copy_((pairs.float() * gates.float().unsqueeze(-1)).sum(1))
+        return _summed_back(case, back, out)
 
     def a2a(out):
         dist.all_to_all_single(back, y_rows, lay.send_splits, lay.recv_splits, group=g)
@@ -240,6 +238,20 @@ def plain_ops(kind: str, case: MoeCase, a, wt):
         torch._grouped_mm(a, wt, offs=offs)
 
     return whole, a2a, gemm
+
+
+def _group_ends(case: MoeCase) -> torch.Tensor:
+    """The ends of the local experts' row groups (int32, on the device), as `torch._grouped_mm`
+    takes them."""
+    return torch.cumsum(case.layout.group_sizes, 0).to(device=case.device, dtype=torch.int32)
+
+
+def _summed_back(case: MoeCase, back: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The combine's end on torch's path: the rows back on their tokens' rank (`back`, send order)
+    summed over each token's top_k, weighted by its gates, in float32, into `out`."""
+    w = case.w
+    pairs = back[case.layout.order_inverse].view(w.tokens, w.top_k, w.hidden)
+    return out.copy_((pairs.float() * case.gates.float().unsqueeze(-1)).sum(1))
 
 
 def nvshmem_refusal(case: MoeCase) -> str | None:
@@ -296,7 +308,7 @@ def nvshmem_ops(kind: str, case: MoeCase, a, wt):
             torch.ops.symm_mem.all_to_all_vdev(send_buf, recv_buf, splits, landed, name)
         return recv_buf[: recv_rows * w.hidden].view(recv_rows, w.hidden)
 
-    offs = torch.cumsum(lay.group_sizes, 0).to(device=case.device, dtype=torch.int32)
+    offs = _group_ends(case)
     if kind == "a2a_gemm":
         send_rows = (lay.order // lay.top_k).to(case.device)
         rows_out = send_buf[: lay.order.numel() * w.hidden].view(-1, w.hidden)
@@ -310,7 +322,6 @@ def nvshmem_ops(kind: str, case: MoeCase, a, wt):
             exchange(lay.rows_received)
 
         return whole, a2a
-    gates = case.gates
     rows_out = send_buf[: lay.rows_received * w.hidden].view(-1, w.hidden)
     back_rows = w.tokens * w.top_k
     back_order = lay.expert_order_inverse.to(case.device)
@@ -318,9 +329,7 @@ def nvshmem_ops(kind: str, case: MoeCase, a, wt):
     def whole(out):
         y = torch._grouped_mm(a, wt, offs=offs)
         torch.index_select(y, 0, back_order, out=rows_out)
-        back = exchange(back_rows)
-        pairs = back[lay.order_inverse].view(w.tokens, w.top_k, w.hidden)
-        return out.copy_((pairs.float() * gates.float().unsqueeze(-1)).sum(1))
+        return _summed_back(case, exchange(back_rows), out)
 
     def a2a(out):
         exchange(back_rows)
