@@ -203,7 +203,7 @@ def check_config(kind: str, config, case: MoeCase, prepared) -> float:
 
 def plain_ops(kind: str, case: MoeCase, a, wt):
     """torch written plainly on the case's routing: (whole op, all-to-all alone, GEMM alone), each
-    a function of the output tensor."""
+    f(out=None): the op's result, copied into `out` only where one is given (a check)."""
     lay, w, g = case.layout, case.w, case.group
     offs = _group_ends(case)
     send_rows = (lay.order // lay.top_k).to(case.device)
@@ -212,30 +212,30 @@ def plain_ops(kind: str, case: MoeCase, a, wt):
         send = a[send_rows]
         ordered = received[lay.expert_order]
 
-        def whole(out):
+        def whole(out=None):
             dist.all_to_all_single(received, a[send_rows], lay.recv_splits, lay.send_splits, group=g)
-            return out.copy_(torch._grouped_mm(received[lay.expert_order], wt, offs=offs))
+            return _into(out, torch._grouped_mm(received[lay.expert_order], wt, offs=offs))
 
-        def a2a(out):
+        def a2a(out=None):
             dist.all_to_all_single(received, send, lay.recv_splits, lay.send_splits, group=g)
 
-        def gemm(out):
-            return out.copy_(torch._grouped_mm(ordered, wt, offs=offs))
+        def gemm(out=None):
+            return _into(out, torch._grouped_mm(ordered, wt, offs=offs))
 
         return whole, a2a, gemm
     back = torch.empty(w.tokens * w.top_k, w.hidden, dtype=case.dtype, device=case.device)
     y_rows = torch.empty(lay.rows_received, w.hidden, dtype=case.dtype, device=case.device).normal_()
 
-    def whole(out):
+    def whole(out=None):
         y = torch._grouped_mm(a, wt, offs=offs)[lay.expert_order_inverse]
         dist.all_to_all_single(back, y, lay.send_splits, lay.recv_splits, group=g)
         return _summed_back(case, back, out)
 
-    def a2a(out):
+    def a2a(out=None):
         dist.all_to_all_single(back, y_rows, lay.send_splits, lay.recv_splits, group=g)
 
-    def gemm(out):
-        torch._grouped_mm(a, wt, offs=offs)
+    def gemm(out=None):
+        return torch._grouped_mm(a, wt, offs=offs)
 
     return whole, a2a, gemm
 
@@ -246,12 +246,20 @@ def _group_ends(case: MoeCase) -> torch.Tensor:
     return torch.cumsum(case.layout.group_sizes, 0).to(device=case.device, dtype=torch.int32)
 
 
-def _summed_back(case: MoeCase, back: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def _into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:
+    """`result`, copied into `out` where one is given (a check's poisoned output); a timed call passes
+    none, so that torch's path is not charged a copy it would not make."""
+    return result if out is None else out.copy_(result)
+
+
+def _summed_back(case: MoeCase, back: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """The combine's end on torch's path: the rows back on their tokens' rank (`back`, send order)
-    summed over each token's top_k, weighted by its gates, in float32, into `out`."""
+    summed over each token's top_k, weighted by its gates, in float32, in the rows' type (into
+    `out` where given)."""
     w = case.w
     pairs = back[case.layout.order_inverse].view(w.tokens, w.top_k, w.hidden)
-    return out.copy_((pairs.float() * case.gates.float().unsqueeze(-1)).sum(1))
+    summed = (pairs.float() * case.gates.float().unsqueeze(-1)).sum(1)
+    return summed.to(back.dtype) if out is None else out.copy_(summed)
 
 
 def nvshmem_refusal(case: MoeCase) -> str | None:
@@ -276,7 +284,7 @@ def nvshmem_refusal(case: MoeCase) -> str | None:
 def nvshmem_ops(kind: str, case: MoeCase, a, wt):
     """torch's path with its NVSHMEM all-to-all in place of NCCL's (`all_to_all_vdev`, device-side
     splits, rows landing by source rank as all_to_all_single lands them) on the case's routing:
-    (whole op, all-to-all alone), each a function of the output tensor, as `plain_ops`. The rows go
+    (whole op, all-to-all alone), each f(out=None) as `plain_ops`'s. The rows go
     through symmetric buffers (one size on every rank) of the most any routing of the workload can
     put there (a rank's tokens · top_k pairs; on an expert rank, every rank's), flattened, so that
     the splits count elements whichever unit a torch's op counts them in along dim 0."""
@@ -313,12 +321,12 @@ def nvshmem_ops(kind: str, case: MoeCase, a, wt):
         send_rows = (lay.order // lay.top_k).to(case.device)
         rows_out = send_buf[: lay.order.numel() * w.hidden].view(-1, w.hidden)
 
-        def whole(out):
+        def whole(out=None):
             torch.index_select(a, 0, send_rows, out=rows_out)
             received = exchange(lay.rows_received)
-            return out.copy_(torch._grouped_mm(received[lay.expert_order], wt, offs=offs))
+            return _into(out, torch._grouped_mm(received[lay.expert_order], wt, offs=offs))
 
-        def a2a(out):
+        def a2a(out=None):
             exchange(lay.rows_received)
 
         return whole, a2a
@@ -326,12 +334,12 @@ def nvshmem_ops(kind: str, case: MoeCase, a, wt):
     back_rows = w.tokens * w.top_k
     back_order = lay.expert_order_inverse.to(case.device)
 
-    def whole(out):
+    def whole(out=None):
         y = torch._grouped_mm(a, wt, offs=offs)
         torch.index_select(y, 0, back_order, out=rows_out)
         return _summed_back(case, exchange(back_rows), out)
 
-    def a2a(out):
+    def a2a(out=None):
         exchange(back_rows)
 
     return whole, a2a
@@ -398,9 +406,6 @@ class MoeHarness:
         return samples, host, eager
 
     def measure_baselines(self) -> list[BaselineResult]:
-        out = torch.empty(
-            out_shape(self.kind, self.workload, self.case.layout), dtype=self.case.dtype, device=self.device
-        )
         whole, a2a, gemm = plain_ops(self.kind, self.case, self.a, self.wt)
         found = []
         for name, fn, detail in (
@@ -408,7 +413,7 @@ class MoeHarness:
             ("comm_alone", a2a, "the all-to-all alone (all_to_all_single)"),
             ("gemm_alone", gemm, "the grouped GEMM alone (torch._grouped_mm)"),
         ):
-            samples, host, eager = self._time(lambda layout, f=fn: f(out))
+            samples, host, eager = self._time(lambda layout, f=fn: f())
             found.append(BaselineResult(name, samples, detail, eager_us=eager, host_us=host))
         return found
 
