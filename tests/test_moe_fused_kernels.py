@@ -3,7 +3,7 @@
 run in turn in one process, the transfers emulated:
 
 - dispatch: each rank's receive buffer holds what its peers' copies would put there (its own
-  block poisoned with NaN: the own rows come from the send buffer), the signal words raised; h is
+  block poisoned with NaN: the own rows come from x, read at their tokens), the signal words raised; h is
   checked row by row against the float32 reference, for uniform and skewed routings with empty
   experts, 2 and 4 ranks, 1 to 4 chunks a source and tiles that end inside a segment; a word left
   at the previous call's epoch makes a bounded wait report an error and no other row changes;
@@ -113,8 +113,8 @@ class Dispatch:
         h = torch.full((lay.rows_received, 2 * FFN), float("nan"), dtype=DTYPE)
         tiles = {k: getattr(config, k) for k in TILES}
         launch_dispatch(
-            self.sends[r], self.received(r) if recv is None else recv, self.w1s[r], h, tables.tiles, pad, error,
-            epoch=epoch, programs=programs, spin_limit=spin_limit, **tiles,
+            self.xs[r], _token_rows(lay), self.received(r) if recv is None else recv, self.w1s[r], h,
+            tables.tiles, pad, error, epoch=epoch, programs=programs, spin_limit=spin_limit, **tiles,
         )  # fmt: skip
         return h, int(error.item()), tables
 
@@ -343,7 +343,7 @@ def test_the_kernels_compile_for_sm90():
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     ok = [line for line in done.stdout.splitlines() if line.startswith("ok ")]
-    row_kernels = 3 + 2 + 2  # the gathered sum's three, the SwiGLU's two, the NVSHMEM put and copier
+    row_kernels = 3 + 1 + 2 + 2  # the gathered sum's three, the row scatter, the SwiGLU's two, the NVSHMEM put and copier
     assert len(ok) == 2 * len(MOE_TILE_CONFIGS) + row_kernels, done.stdout
     copiers = [line for line in ok if line.split()[1] == "nvshmem"]
     assert len(copiers) == 2 and all(" 0 acquire loads" not in line for line in copiers), done.stdout

@@ -2,7 +2,9 @@
 read in place (`syncopate.moe.kernels.launch_gathered_sum` and its gradients, `ops._GatheredSum`):
 against float32 references on fresh random rows, permutations and gates, outputs poisoned with
 NaN, two calls back to back; column counts below, at and beyond one program's block, top_k 1 to 5;
-and the autograd function against the unfused path (rows permuted into pair order, `weighted_sum`)."""
+own rows read from a tensor of their own (the rows' buffer poisoned there); the autograd function
+against the unfused path (rows permuted into pair order, `weighted_sum`); and the row scatter
+(`ops.scatter_rows`) against `index_copy_`."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import pytest
 import torch
 
 from syncopate.moe.kernels import SUM_BLOCK, launch_gathered_sum, launch_gathered_sum_grads
-from syncopate.moe.ops import _GatheredSum, summed_rows, summed_rows_grads, weighted_sum
+from syncopate.moe.ops import _GatheredSum, scatter_rows, summed_rows, summed_rows_grads, token_sum, weighted_sum
 from syncopate.moe.routing import inverse
 
 
@@ -105,3 +107,44 @@ def test_summed_rows_and_the_gradients_asked_for(dtype, rows_grad, gates_grad):
     if gates_grad:
         assert got_gates.dtype == gates.dtype
         _close(got_gates, want_gates, 1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("lo, n", [(0, 6), (5, 7), (21, 6), (8, 0)])
+def test_own_rows_kept_apart_are_read_where_they_are(dtype, lo, n):
+    """`own` = (kept, lo): rows [lo, lo + n) of the send order come from kept; the rows' buffer is
+    NaN there. The sum, token_sum and the gates' gradient equal those of the rows put in place;
+    bf16 takes the kernels, float32 the gather (which copies the own rows into place first)."""
+    tokens, top_k, width = 9, 3, SUM_BLOCK + 40
+    rows, order, index, gates, grad = _case(tokens, top_k, width, 5)
+    rows, grad = rows.to(dtype), grad.to(dtype)
+    layout = SimpleNamespace(tokens=tokens, top_k=top_k, order=order, order_inverse=index, cache={})
+    want_out, _, want_gates = _reference(rows, index, gates, grad)
+    want_sum = rows.float()[index].view(tokens, top_k, -1).sum(1)
+    for seed in (6, 7):  # back to back, each into a fresh poisoned buffer
+        apart = rows.clone()
+        kept = rows[lo : lo + n].clone()
+        apart[lo : lo + n] = float("nan")
+        out = torch.full((tokens, width), float("nan"), dtype=dtype)
+        got = summed_rows(apart.clone(), gates, layout, own=(kept, lo), out=out)
+        assert got is out
+        _close(out, want_out, 1e-2)
+        _close(token_sum(apart.clone(), layout, own=(kept, lo)), want_sum, 1e-2)
+        _, got_gates = summed_rows_grads(
+            grad, apart.clone(), gates, layout, rows_grad=False, gates_grad=True, own=(kept, lo)
+        )
+        _close(got_gates, want_gates, 1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows, width", [(1, 8), (13, 40), (7, SUM_BLOCK), (5, SUM_BLOCK + 72), (0, 16)])
+def test_scatter_rows_matches_index_copy(dtype, rows, width):
+    gen = torch.Generator().manual_seed(rows + width)
+    for _ in range(2):  # back to back, fresh rows and places, poisoned destinations
+        src = torch.randn(rows, width, generator=gen).to(dtype)
+        index = torch.randperm(2 * rows + 3, generator=gen)[:rows]
+        dst = torch.full((2 * rows + 3, width), float("nan"), dtype=dtype)
+        want = dst.clone().index_copy_(0, index, src)
+        scatter_rows(dst, index, src)
+        assert torch.equal(dst.isnan(), want.isnan())
+        assert torch.equal(dst.nan_to_num(), want.nan_to_num())

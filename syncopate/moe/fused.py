@@ -3,14 +3,15 @@ produced tile by tile by one persistent Triton grouped GEMM a call (:mod:`syncop
 CUDA only, backend `copy_engine` (the symmetric buffers, signal pads and epochs of
 :class:`~syncopate.moe.exchange.CopyEngineExchange`).
 
-- Dispatch (`a2a_gemm`): the pairs' rows are gathered into send order on the caller's stream; the
-  call enters (its side stream forks from the caller's stream and announces the entry in every
-  pad); the kernel is launched on the caller's stream; then every exchange's copy is enqueued on
-  the side stream (each after its peer has entered), each followed by a stream write of the epoch
-  into the peer's (source, chunk) word. The kernel's tiles come in the plan's piece order: the own
-  rows' first, read from the send buffer with no wait, then each source chunk's in exchange order,
-  each tile waiting for its word before it loads its rows from the receive buffer. Tiles store
-  straight into h's unfused layout (by local expert, then source, then token).
+- Dispatch (`a2a_gemm`): the rows the peers get are gathered into send order on the caller's
+  stream (the own rows are not: the kernel reads them from x at their tokens); the call enters
+  (its side stream forks from the caller's stream and announces the entry in every pad); the
+  kernel is launched on the caller's stream; then every exchange's copy is enqueued on the side
+  stream (each after its peer has entered), each followed by a stream write of the epoch into the
+  peer's (source, chunk) word. The kernel's tiles come in the plan's piece order: the own rows'
+  first, read from x with no wait, then each source chunk's in exchange order, each tile waiting
+  for its word before it loads its rows from the receive buffer. Tiles store straight into h's
+  unfused layout (by local expert, then source, then token).
 - Combine (`gemm_a2a`): the call enters; the kernel is launched on the caller's stream over the
   tiles of the peers' pieces in exchange order, then the own piece's; a tile's epilogue waits until
   its destination rank has entered the call, stores its rows into that rank's receive buffer (at
@@ -96,9 +97,9 @@ def _piece_column(plan: PiecePlan, value) -> np.ndarray:
 
 def dispatch_tile_table(plan: PiecePlan, recv_counts: list[list[int]], block_m: int) -> np.ndarray:
     """The dispatch kernel's row tiles, [tiles, `kernels.DISPATCH_WORDS`] int32: expert, A row, own,
-    rows, signal word, h row. The own piece's rows are read from the send buffer (its token side
-    rows), the others' from the receive buffer (expert side) once word `source · chunks + chunk` is
-    raised."""
+    rows, signal word, h row. The own piece's A rows are token side rows (the kernel reads each from x
+    at its token), the others' rows of the receive buffer (expert side), read once word
+    `source · chunks + chunk` is raised."""
     t = _row_tiles(plan, recv_counts, block_m)
     piece = t["piece"]
     own = _piece_column(plan, lambda p: p.exchange is None)[piece]
@@ -261,21 +262,30 @@ def dispatch_rows(
     rank = dist.get_rank(group)
     tables = fused_tables(layout, "a2a_gemm", rank, config, x.device)
     plan, prep = tables.prep.plan, tables.prep
-    send = x.index_select(0, _token_rows(layout))
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    token_rows = _token_rows(layout)
+    own = next((p for p in plan.pieces if p.exchange is None), None)
+    # the rows the copies send, gathered into send order; the own rows are read from x by the kernel
+    send = x.new_empty((token_rows.numel(), x.shape[1]))
+    lo, hi = own.token_rows if own is not None else (0, 0)
+    for a, b in ((0, lo), (hi, token_rows.numel())):
+        if b > a:
+            torch.index_select(x, 0, token_rows[a:b], out=send[a:b])
     width, r = x.shape[1], layout.rows_received
     direct = out is not None and out.stride(-1) == 1  # the kernel stores rows of unit column stride
     h = out if direct else torch.empty(r, w.shape[2], dtype=x.dtype, device=x.device)
     ex = _DispatchExchange(plan, group, x.device, width, x.dtype, CONTEXTS, prep.rows_needed)
     recv = ex.buffer(r)
     received = None
-    own = next((p for p in plan.pieces if p.exchange is None), None)
     if keep_received:
         received = torch.empty(r, width, dtype=x.dtype, device=x.device)
         if own is not None:
-            received[own.rows[0] : own.rows[1]].copy_(send[own.token_rows[0] : own.token_rows[1]])
+            torch.index_select(x, 0, token_rows[lo:hi], out=received[own.rows[0] : own.rows[1]])
     ctx = ex.ctx
     launch_dispatch(
-        send,
+        x,
+        token_rows,
         ex.rows.local,
         w,
         h,
@@ -378,7 +388,8 @@ class _Combine(pipelined._Combine):
         rows = combine_rows(h, w, layout, group, config)
         out = summed_rows(rows, gate_weights, layout)
         # the gates' gradient reads the rows, which are the context's buffer (reused by the next call)
-        ctx.save_for_backward(h, w, gate_weights, rows.clone() if ctx.needs_input_grad[2] else None)
+        ctx.save_for_backward(h, w, gate_weights, rows.clone() if ctx.needs_input_grad[2] else None, None)
+        ctx.own_lo = 0
         ctx.meta = (layout, group, config.as_pipelined(), backward)
         return out
 

@@ -25,9 +25,10 @@ Signals are int32 words that only grow: a piece of call `epoch` is there when it
 a search that must not hang); its result is 0 but depends on what was read, and is added to the
 rows a tile loads or stores, so that the compiler cannot move them before the wait.
 
-- `dispatch_kernel`: row tile = (expert, rows of one source piece); the own source's tiles read the
-  send buffer, the others the receive buffer once their (source, chunk) word is raised; output rows
-  go to h in the unfused layout (by local expert, then source, then token).
+- `dispatch_kernel`: row tile = (expert, rows of one source piece); the own source's tiles read
+  their tokens' rows of x (no gather before the kernel), the others the receive buffer once their
+  (source, chunk) word is raised; output rows go to h in the unfused layout (by local expert, then
+  source, then token).
 - `combine_kernel`: row tile = (expert, rows of one destination piece); a tile computes its rows of
   h·W2[e], waits until the destination rank has entered the call (its buffer is free; a program
   waits once for each destination, as a dispatch program waits once a piece), stores them
@@ -52,12 +53,13 @@ __all__ = [
     "dispatch_kernel",
     "launch_combine",
     "launch_dispatch",
+    "launch_scatter_rows",
     "launch_swiglu",
     "launch_swiglu_grad",
 ]
 
 DISPATCH_WORDS = 6
-"""int32 words of a dispatch row tile: expert, A row, own (1: the send buffer, 0: the receive
+"""int32 words of a dispatch row tile: expert, A row, own (1: x's tokens, 0: the receive
 buffer), rows, signal word (-1: no wait), h row."""
 
 COMBINE_WORDS = 8
@@ -94,7 +96,8 @@ def _tile_product(
 
 @triton.jit(do_not_specialize=["epoch", "max_spin"])
 def dispatch_kernel(
-    send_ptr,
+    x_ptr,
+    token_ptr,
     recv_ptr,
     w_ptr,
     h_ptr,
@@ -106,6 +109,7 @@ def dispatch_kernel(
     row_tiles,
     N,
     K,
+    stride_x,
     stride_a,
     stride_we,
     stride_wk,
@@ -116,7 +120,9 @@ def dispatch_kernel(
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
-    """h[tile rows, cols] = A[tile rows] @ W[e][:, cols] for every tile of the table (module docstring)."""
+    """h[tile rows, cols] = A[tile rows] @ W[e][:, cols] for every tile of the table (module docstring).
+    An own tile's rows are tokens of x: its A rows are token-side rows, each read from x at its
+    token (`token_ptr`); the others' are rows of the receive buffer."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -139,10 +145,11 @@ def dispatch_kernel(
         offs_n = (t - mt * tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
         m_ok = offs_m < rows
         n_ok = offs_n < N
-        a_rows = (a_row + gate + offs_m).to(tl.int64) * stride_a
         if own != 0:
-            a_ptrs = send_ptr + a_rows[:, None] + offs_k[None, :]
+            tokens = tl.load(token_ptr + a_row + offs_m, mask=m_ok, other=0).to(tl.int64)
+            a_ptrs = x_ptr + (tokens * stride_x)[:, None] + offs_k[None, :]
         else:
+            a_rows = (a_row + gate + offs_m).to(tl.int64) * stride_a
             a_ptrs = recv_ptr + a_rows[:, None] + offs_k[None, :]
         w_ptrs = w_ptr + e * stride_we + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
         acc = _tile_product(
@@ -279,7 +286,8 @@ def _check_operands(a: torch.Tensor, w: torch.Tensor, out_width: int) -> None:
 
 
 def launch_dispatch(
-    send: torch.Tensor,
+    x: torch.Tensor,
+    token_rows: torch.Tensor,
     recv: torch.Tensor,
     w: torch.Tensor,
     h: torch.Tensor,
@@ -296,12 +304,13 @@ def launch_dispatch(
     num_stages: int,
     spin_limit: int = 0,
 ) -> None:
-    """Run `dispatch_kernel` on the current stream over `tiles` ([Mt, DISPATCH_WORDS] int32): send
-    [*, K] (this rank's rows, token side), recv [*, K] (the receive buffer, expert side), W [El, K, N],
-    h [R, N]; `pad` this rank's signal words; at most `programs` programs."""
-    _check_operands(send, w, h.shape[1])
-    if recv.stride(-1) != 1 or recv.stride(0) != send.stride(0) or recv.dtype != send.dtype:
-        raise ValueError("the send and receive buffers must hold rows of one width and type")
+    """Run `dispatch_kernel` on the current stream over `tiles` ([Mt, DISPATCH_WORDS] int32): x [T, K]
+    (this rank's tokens) and token_rows [T·top_k] (each token-side row's token: the own tiles' rows),
+    recv [*, K] (the receive buffer, expert side), W [El, K, N], h [R, N]; `pad` this rank's signal
+    words; at most `programs` programs."""
+    _check_operands(x, w, h.shape[1])
+    if recv.stride(-1) != 1 or recv.shape[1] != x.shape[1] or recv.dtype != x.dtype:
+        raise ValueError("the tokens and the receive buffer must hold rows of one width and type")
     row_tiles = tiles.shape[0]
     if row_tiles == 0:
         return
@@ -313,7 +322,8 @@ def launch_dispatch(
         grid,
         _DISPATCH_ARGS,
         (
-            send,
+            x,
+            token_rows,
             recv,
             w,
             h,
@@ -325,7 +335,8 @@ def launch_dispatch(
             row_tiles,
             n,
             k,
-            send.stride(0),
+            x.stride(0),
+            recv.stride(0),
             w.stride(0),
             w.stride(1),
             w.stride(2),
@@ -408,11 +419,33 @@ def launch_combine(
 
 
 @triton.jit
+def _landed_row(rows_ptr, own_ptr, row, own_lo, own_hi, stride_r, stride_own):
+    """Where row `row` of the send order is: in `own_ptr` (at row - own_lo) for rows in [own_lo,
+    own_hi), the rows a rank computed for itself and kept where its GEMM wrote them; else in
+    `rows_ptr`."""
+    mine = (row >= own_lo) & (row < own_hi)
+    return tl.where(mine, own_ptr + (row - own_lo) * stride_own, rows_ptr + row * stride_r)
+
+
+@triton.jit
 def gathered_sum_kernel(
-    rows_ptr, index_ptr, gate_ptr, out_ptr, H, stride_r, stride_o, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr
+    rows_ptr,
+    own_ptr,
+    index_ptr,
+    gate_ptr,
+    out_ptr,
+    H,
+    own_lo,
+    own_hi,
+    stride_r,
+    stride_own,
+    stride_o,
+    TOP_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     """out[t] = Σ_j gate[t, j] · rows[index[t·TOP_K + j]] over columns [BLOCK_H·b, BLOCK_H·(b+1)),
-    float32 accumulation in j's order; program (t, b)."""
+    float32 accumulation in j's order; program (t, b). Rows [own_lo, own_hi) are read from
+    `own_ptr` (`_landed_row`)."""
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = offs < H
@@ -420,7 +453,8 @@ def gathered_sum_kernel(
     for j in tl.static_range(TOP_K):
         row = tl.load(index_ptr + t * TOP_K + j).to(tl.int64)
         gate = tl.load(gate_ptr + t * TOP_K + j).to(tl.float32)
-        acc += gate * tl.load(rows_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
+        src = _landed_row(rows_ptr, own_ptr, row, own_lo, own_hi, stride_r, stride_own)
+        acc += gate * tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + t * stride_o + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -441,20 +475,33 @@ def gathered_sum_rows_grad_kernel(
 
 @triton.jit
 def gathered_sum_gates_grad_kernel(
-    grad_ptr, rows_ptr, index_ptr, out_ptr, H, stride_g, stride_r, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr
+    grad_ptr,
+    rows_ptr,
+    own_ptr,
+    index_ptr,
+    out_ptr,
+    H,
+    own_lo,
+    own_hi,
+    stride_g,
+    stride_r,
+    stride_own,
+    TOP_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     """The gates' gradient of `gathered_sum_kernel`: out[t, j] = <grad[t], rows[index[t·TOP_K + j]]>,
-    float32; program t."""
+    float32; program t. Rows [own_lo, own_hi) are read from `own_ptr`, as the sum reads them."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
     for j in tl.static_range(TOP_K):
         row = tl.load(index_ptr + t * TOP_K + j).to(tl.int64)
+        src = _landed_row(rows_ptr, own_ptr, row, own_lo, own_hi, stride_r, stride_own)
         acc = tl.zeros([BLOCK_H], dtype=tl.float32)
         for h0 in range(0, H, BLOCK_H):
             offs = h0 + cols
             mask = offs < H
             g = tl.load(grad_ptr + t * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
-            x = tl.load(rows_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
             acc += g * x
         tl.store(out_ptr + t * TOP_K + j, tl.sum(acc, axis=0))
 
@@ -470,22 +517,41 @@ def _sum_block(h: int) -> int:
     return min(SUM_BLOCK, triton.next_power_of_2(max(1, h)))
 
 
+def _own_args(rows: torch.Tensor, own: tuple[torch.Tensor, int] | None) -> tuple:
+    """(own rows, first row, end row, row stride) as the kernels take them; no own rows: an empty range."""
+    if own is None:
+        return rows, 0, 0, rows.stride(0)
+    kept, lo = own
+    if kept.stride(-1) != 1 or kept.dtype != rows.dtype or kept.shape[1] != rows.shape[1]:
+        raise ValueError(
+            f"own rows {tuple(kept.shape)} {kept.dtype} stride {kept.stride()} must be rows like "
+            f"{tuple(rows.shape)} {rows.dtype} with unit column stride"
+        )
+    return kept, lo, lo + kept.shape[0], kept.stride(0)
+
+
 def launch_gathered_sum(
-    rows: torch.Tensor, index: torch.Tensor, gates: torch.Tensor, out: torch.Tensor
+    rows: torch.Tensor,
+    index: torch.Tensor,
+    gates: torch.Tensor,
+    out: torch.Tensor,
+    own: tuple[torch.Tensor, int] | None = None,
 ) -> None:
     """out [T, H] = Σ_j gates[t, j] · rows[index[t·top_k + j]]: rows [*, H] with unit column stride,
-    index [T·top_k] int64, gates [T, top_k] contiguous (any float type), out [T, H]."""
+    index [T·top_k] int64, gates [T, top_k] contiguous (any float type), out [T, H] with unit column
+    stride. `own` = (kept [n, H], lo): rows [lo, lo + n) are read from kept instead."""
     tokens, top_k = gates.shape
     h = rows.shape[1]
     if tokens == 0 or h == 0:
         return
     block = _sum_block(h)
+    kept, lo, hi, stride_own = _own_args(rows, own)
     _run(
         gathered_sum_kernel,
         "gathered_sum",
         (tokens, triton.cdiv(h, block)),
         _SUM_ARGS,
-        (rows, index, gates, out, h, rows.stride(0), out.stride(0)),
+        (rows, kept, index, gates, out, h, lo, hi, rows.stride(0), stride_own, out.stride(0)),
         dict(TOP_K=top_k, BLOCK_H=block, num_warps=4),
     )
 
@@ -498,10 +564,11 @@ def launch_gathered_sum_grads(
     gates: torch.Tensor,
     grad_rows: torch.Tensor | None,
     grad_gates: torch.Tensor | None,
+    own: tuple[torch.Tensor, int] | None = None,
 ) -> None:
     """The gradients of `launch_gathered_sum` given its output's `grad` [T, H] (unit column stride):
     into `grad_rows` [T·top_k, H] (rows' order; `order` the inverse of `index`) and `grad_gates`
-    [T, top_k] float32, each where given."""
+    [T, top_k] float32, each where given; `own` as the sum took it."""
     tokens, top_k = gates.shape
     h = rows.shape[1]
     if tokens == 0 or h == 0:
@@ -519,14 +586,50 @@ def launch_gathered_sum_grads(
             dict(TOP_K=top_k, BLOCK_H=block, num_warps=4),
         )
     if grad_gates is not None:
+        kept, lo, hi, stride_own = _own_args(rows, own)
         _run(
             gathered_sum_gates_grad_kernel,
             "gathered_sum_gates",
             (tokens,),
             _SUM_GATES_ARGS,
-            (grad, rows, index, grad_gates, h, grad.stride(0), rows.stride(0)),
+            (grad, rows, kept, index, grad_gates, h, lo, hi, grad.stride(0), rows.stride(0), stride_own),
             dict(TOP_K=top_k, BLOCK_H=block, num_warps=4),
         )
+
+
+# Rows put where an index says --------------------------------------------------------------------
+
+
+@triton.jit
+def scatter_rows_kernel(src_ptr, index_ptr, dst_ptr, N, stride_s, stride_d, BLOCK_N: tl.constexpr):
+    """dst[index[i], cols] = src[i, cols] over columns [BLOCK_N·b, BLOCK_N·(b+1)); program (i, b).
+    Each program moves a contiguous piece of one row (torch's `index_copy_` moves elements one by
+    one, at a third of the bandwidth on rows a few kilobytes wide)."""
+    i = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = offs < N
+    row = tl.load(index_ptr + i).to(tl.int64)
+    tl.store(dst_ptr + row * stride_d + offs, tl.load(src_ptr + i * stride_s + offs, mask=mask), mask=mask)
+
+
+_SCATTER_ARGS = _args_before(scatter_rows_kernel, "BLOCK_N")
+
+
+def launch_scatter_rows(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> None:
+    """dst[index[i]] = src[i] for every row i of src [M, N] (unit column stride, dst's type and
+    width); index [M] int64 or int32, each row of dst at most once."""
+    rows, n = src.shape
+    if rows == 0 or n == 0:
+        return
+    block = _sum_block(n)
+    _run(
+        scatter_rows_kernel,
+        "scatter_rows",
+        (rows, triton.cdiv(n, block)),
+        _SCATTER_ARGS,
+        (src, index, dst, n, src.stride(0), dst.stride(0)),
+        dict(BLOCK_N=block, num_warps=4),
+    )
 
 
 # The experts' SwiGLU activation, fused ------------------------------------------------------------

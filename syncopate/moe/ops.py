@@ -272,14 +272,15 @@ class _TokenRows(torch.autograd.Function):
         return token_sum(grad, ctx.layout), None
 
 
-def token_sum(rows: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
-    """[T, N]: each token's top_k rows of `rows` [T·top_k, N] (send order) summed with float32
-    accumulation (no autograd); on a GPU with 16-bit rows by the gathered sum's kernel with unit
-    weights, which reads the rows in place (no [T, top_k, N] copy in pair order)."""
+def token_sum(rows: torch.Tensor, layout: ExpertLayout, own: Own | None = None) -> torch.Tensor:
+    """[T, N]: each token's top_k rows of `rows` [T·top_k, N] (send order; `own` as `summed_rows`
+    takes it) summed with float32 accumulation (no autograd); on a GPU with 16-bit rows by the
+    gathered sum's kernel with unit weights, which reads the rows in place (no [T, top_k, N] copy in
+    pair order)."""
     if _row_kernels_run(rows, rows):
         ones = torch.ones(layout.tokens, layout.top_k, dtype=torch.float32, device=rows.device)
-        return summed_rows(rows, ones, layout)
-    return token_pairs(rows, layout).sum(1)
+        return summed_rows(rows, ones, layout, own)
+    return token_pairs(_landed(rows, own), layout).sum(1)
 
 
 def token_pairs(rows: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
@@ -293,6 +294,17 @@ def weighted_sum(pairs: torch.Tensor, gate_weights: torch.Tensor) -> torch.Tenso
     Its autograd is that of the matmul (both gradients are matmuls)."""
     w = gate_weights.to(pairs.dtype).unsqueeze(1)
     return torch.bmm(w, pairs).squeeze(1)
+
+
+def scatter_rows(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> None:
+    """dst[index[i]] = src[i] (`index_copy_` along rows, no autograd): on a GPU with 16-bit rows one
+    Triton kernel moving each row whole (`syncopate.moe.kernels.launch_scatter_rows`)."""
+    if not (_row_kernels_run(src, dst) and dst.stride(-1) == 1 and dst.dtype == src.dtype):
+        dst.index_copy_(0, index, src)
+        return
+    from syncopate.moe.kernels import launch_scatter_rows
+
+    launch_scatter_rows(dst, index, src)
 
 
 def _row_kernels_run(rows: torch.Tensor, other: torch.Tensor) -> bool:
@@ -309,17 +321,37 @@ def _row_kernels_run(rows: torch.Tensor, other: torch.Tensor) -> bool:
     )
 
 
-def summed_rows(rows: torch.Tensor, gate_weights: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
-    """[T, N]: each token's top_k rows of `rows` [T·top_k, N] (send order) summed, weighted by its
-    gate weights [T, top_k], accumulated in float32, without autograd. On a GPU with 16-bit rows one
-    kernel reads the rows in place (`syncopate.moe.kernels.launch_gathered_sum`); elsewhere the rows
-    are gathered into pair order and summed by `weighted_sum`."""
-    if not _row_kernels_run(rows, gate_weights):
-        return weighted_sum(token_pairs(rows, layout), gate_weights)
+Own = tuple[torch.Tensor, int]
+"""(kept [n, N], lo): rows [lo, lo + n) of a combine's rows in send order, which a rank computed for
+itself and left where its GEMM wrote them instead of copying them into the rows' buffer."""
+
+
+def _landed(rows: torch.Tensor, own: Own | None) -> torch.Tensor:
+    """`rows` with the own rows copied into their place (the paths that read the rows as one tensor)."""
+    if own is not None:
+        kept, lo = own
+        rows[lo : lo + kept.shape[0]].copy_(kept)
+    return rows
+
+
+def summed_rows(
+    rows: torch.Tensor,
+    gate_weights: torch.Tensor,
+    layout: ExpertLayout,
+    own: Own | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """[T, N]: each token's top_k rows of `rows` [T·top_k, N] (send order; rows `own` says read from
+    there) summed, weighted by its gate weights [T, top_k], accumulated in float32, without autograd,
+    into `out` where given. On a GPU with 16-bit rows one kernel reads the rows in place
+    (`syncopate.moe.kernels.launch_gathered_sum`); elsewhere the rows are gathered into pair order
+    and summed by `weighted_sum`."""
+    if not _row_kernels_run(rows, gate_weights) or (out is not None and out.stride(-1) != 1):
+        return _written(weighted_sum(token_pairs(_landed(rows, own), layout), gate_weights), out)
     from syncopate.moe.kernels import launch_gathered_sum
 
-    out = rows.new_empty((layout.tokens, rows.shape[1]))
-    launch_gathered_sum(rows, layout.order_inverse, gate_weights.contiguous(), out)
+    out = rows.new_empty((layout.tokens, rows.shape[1])) if out is None else out
+    launch_gathered_sum(rows, layout.order_inverse, gate_weights.contiguous(), out, own)
     return out
 
 
@@ -331,10 +363,11 @@ def summed_rows_grads(
     *,
     rows_grad: bool,
     gates_grad: bool,
+    own: Own | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The gradients of `summed_rows` given its output's `grad` [T, N]: the rows' [T·top_k, N] in
     send order (where `rows_grad`) and the gate weights' [T, top_k] in their dtype (where
-    `gates_grad`, which reads `rows`)."""
+    `gates_grad`, which reads `rows` and `own` as the sum did)."""
     grad = grad if grad.stride(-1) == 1 else grad.contiguous()
     if not _row_kernels_run(grad, gate_weights):
         grad_rows = grad_gates = None
@@ -342,7 +375,7 @@ def summed_rows_grads(
             gates = gate_weights.reshape(-1).index_select(0, layout.order).to(grad.dtype)
             grad_rows = grad.index_select(0, _token_rows(layout)) * gates.unsqueeze(1)
         if gates_grad:
-            pairs = token_pairs(rows, layout)
+            pairs = token_pairs(_landed(rows, own), layout)
             grad_gates = torch.bmm(pairs, grad.unsqueeze(-1)).squeeze(-1).to(gate_weights.dtype)
         return grad_rows, grad_gates
     from syncopate.moe.kernels import launch_gathered_sum_grads
@@ -351,7 +384,14 @@ def summed_rows_grads(
     grad_rows = grad.new_empty((layout.tokens * layout.top_k, grad.shape[1])) if rows_grad else None
     grad_gates = torch.empty(gates.shape, dtype=torch.float32, device=grad.device) if gates_grad else None
     launch_gathered_sum_grads(
-        grad, rows if gates_grad else grad, layout.order_inverse, layout.order, gates, grad_rows, grad_gates
+        grad,
+        rows if gates_grad else grad,
+        layout.order_inverse,
+        layout.order,
+        gates,
+        grad_rows,
+        grad_gates,
+        own if gates_grad else None,
     )
     return grad_rows, None if grad_gates is None else grad_gates.to(gate_weights.dtype)
 
@@ -531,15 +571,15 @@ def gemm_combine(
             return _written(
                 pipelined.combine_autograd(h, w2, gate_weights, layout, group, config, backward), out
             )
-        rows = pipelined.combine_rows(h, w2, layout, group, config)
-        return _written(summed_rows(rows, gate_weights, layout), out)
+        rows, own = pipelined.combine_rows(h, w2, layout, group, config)
+        return summed_rows(rows, gate_weights, layout, own, out)
     if config.template == "fused":
         from syncopate.moe import fused
 
         if _grad_wanted(h, w2, gate_weights):
             return _written(fused.combine_autograd(h, w2, gate_weights, layout, group, config, backward), out)
         rows = fused.combine_rows(h, w2, layout, group, config)
-        return _written(summed_rows(rows, gate_weights, layout), out)
+        return summed_rows(rows, gate_weights, layout, out=out)
     y = grouped_mm(h, w2, layout.group_sizes, offsets=layout.offsets(h.device))
     y = permute_rows(y, layout.expert_order_inverse, layout.expert_order)
     back = all_to_all_rows(y, layout.send_splits, layout.recv_splits, group)

@@ -5,11 +5,11 @@
   on the caller's stream: the own rows' first, straight from the token side (no transfer), then
   each source chunk's as soon as it is in. Each piece's output rows go to their places in h,
   which keeps the unfused layout (by local expert, then source rank, then token): the rows of a
-  piece are scattered there (`index_copy_`, one a piece) instead of the received rows being
+  piece are scattered there (`scatter_rows`, one a piece) instead of the received rows being
   gathered before one GEMM.
 - Combine (`gemm_a2a`): each peer's piece (its rows of h, gathered by position) is multiplied by
   W2 and posted as soon as that GEMM is enqueued, in exchange order; the own piece is computed
-  last, into the own rows of the token side, while the last exchanges move; once every row is in,
+  last, while the last exchanges move, and left where its GEMM wrote it; once every row is in,
   the top_k rows of each token are summed, weighted by the gate weights, by the unfused op's
   `summed_rows` (the same sum in the same order: the results agree with it).
 
@@ -33,8 +33,10 @@ import torch.distributed as dist
 
 from syncopate.moe.exchange import open_exchange, owns_buffer
 from syncopate.moe.ops import (
+    Own,
     _token_rows,
     grouped_mm,
+    scatter_rows,
     grouped_weight_grad,
     summed_rows,
     summed_rows_grads,
@@ -155,18 +157,19 @@ def dispatch_rows(
         else:
             ex.wait(piece.exchange)
             a = recv[piece.rows[0] : piece.rows[1]]
-        h.index_copy_(0, prep.places[index], _gemm(prep, index, piece, a, w))
+        scatter_rows(h, prep.places[index], _gemm(prep, index, piece, a, w))
     ex.finish()
     return h, received
 
 
 def combine_rows(
     h: torch.Tensor, w: torch.Tensor, layout: ExpertLayout, group, config: MoeCandidate
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, Own | None]:
     """The pipelined combine's GEMM and transfers: each row of h [R, K] (the unfused layout) times
-    its expert's W [El, K, N], back on its token's rank: [T·top_k, N] in send order (`layout.order`),
-    before the top_k sum. The rows may be the copy-engine context's buffer: read them before the
-    next call of this kind."""
+    its expert's W [El, K, N], back on its token's rank: (rows [T·top_k, N] in send order
+    (`layout.order`), before the top_k sum; the own rows (`ops.Own`), left where their GEMM wrote
+    them, in place of that range of the rows: no copy on the path to the sum). The rows may be the
+    copy-engine context's buffer: read them before the next call of this kind."""
     group = _group(group)
     prep, _ = prepared(layout, "gemm_a2a", dist.get_rank(group), config, h.device)
     plan = prep.plan
@@ -182,12 +185,12 @@ def combine_rows(
             index, piece = pieces[i]
             y = _gemm(prep, index, piece, h.index_select(0, prep.places[index]), w)
         ex.post(i, y, back)
+    own = None
     if None in pieces:
         index, piece = pieces[None]
-        y = _gemm(prep, index, piece, h.index_select(0, prep.places[index]), w)
-        back[piece.token_rows[0] : piece.token_rows[1]].copy_(y)
+        own = (_gemm(prep, index, piece, h.index_select(0, prep.places[index]), w), piece.token_rows[0])
     ex.finish()
-    return back
+    return back, own
 
 
 class _Dispatch(torch.autograd.Function):
@@ -206,10 +209,10 @@ class _Dispatch(torch.autograd.Function):
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
             if how == "unfused":
-                back = unfused_combine_rows(grad_h, w.transpose(1, 2), layout, group)
+                back, own = unfused_combine_rows(grad_h, w.transpose(1, 2), layout, group), None
             else:
-                back = combine_rows(grad_h, w.transpose(1, 2), layout, group, config)
-            grad_x = token_sum(back, layout)
+                back, own = combine_rows(grad_h, w.transpose(1, 2), layout, group, config)
+            grad_x = token_sum(back, layout, own)
         if ctx.needs_input_grad[1]:
             grad_w = grouped_weight_grad(received[layout.expert_order], grad_h, layout.group_sizes)
         return grad_x, grad_w, None, None, None, None
@@ -218,20 +221,23 @@ class _Dispatch(torch.autograd.Function):
 class _Combine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, w, gate_weights, layout, group, config, backward="plan"):
-        rows = combine_rows(h, w, layout, group, config)
-        out = summed_rows(rows, gate_weights, layout)
+        rows, own = combine_rows(h, w, layout, group, config)
+        out = summed_rows(rows, gate_weights, layout, own)
+        kept = None
         if ctx.needs_input_grad[2]:  # the gates' gradient reads the rows; a context's buffer is reused
             rows = rows if owns_buffer(config.backend) else rows.clone()
+            kept = own[0] if own is not None else None
         else:
             rows = None
-        ctx.save_for_backward(h, w, gate_weights, rows)
+        ctx.save_for_backward(h, w, gate_weights, rows, kept)
+        ctx.own_lo = own[1] if own is not None else 0
         ctx.meta = (layout, group, config, backward)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         """`summed_rows`'s gradients, then the dispatch plan of the weighted rows with W2ᵀ."""
-        h, w, gate_weights, rows = ctx.saved_tensors
+        h, w, gate_weights, rows, kept = ctx.saved_tensors
         layout, group, config, how = ctx.meta
         grad_h = grad_w = None
         grad_rows, grad_gates = summed_rows_grads(
@@ -241,6 +247,7 @@ class _Combine(torch.autograd.Function):
             layout,
             rows_grad=ctx.needs_input_grad[0] or ctx.needs_input_grad[1],
             gates_grad=ctx.needs_input_grad[2],
+            own=None if kept is None else (kept, ctx.own_lo),
         )
         if grad_rows is not None:
             if how == "unfused":

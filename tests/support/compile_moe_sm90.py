@@ -1,8 +1,8 @@
 """Compile the `fused` MoE kernels (`syncopate.moe.kernels`) for a Hopper GPU (sm_90) on a machine
 without one, at the shapes and tile configurations `moe_space` tries (Qwen3-30B-A3B's expert layer:
-hidden 2048, expert ffn 768), bf16, the gathered top-k sum's three kernels, the SwiGLU's two, and
-the `nvshmem` backend's put and copier in plain mode (their NVSHMEM mode links NVSHMEM's device
-library, which only a GPU machine has).
+hidden 2048, expert ffn 768), bf16, the gathered top-k sum's three kernels (own rows read apart),
+the row scatter, the SwiGLU's two, and the `nvshmem` backend's put and copier in plain mode (their
+NVSHMEM mode links NVSHMEM's device library, which only a GPU machine has).
 Run it in a fresh process without TRITON_INTERPRET; it prints one line per variant and exits 1 if
 any fails.
 
@@ -24,6 +24,7 @@ from syncopate.moe.kernels import (  # noqa: E402
     launch_dispatch,
     launch_gathered_sum,
     launch_gathered_sum_grads,
+    launch_scatter_rows,
     launch_swiglu,
     launch_swiglu_grad,
 )
@@ -39,7 +40,8 @@ def dispatch(tiles: dict) -> None:
     h = torch.empty(4096, 2 * FFN, dtype=BF16)
     table = torch.zeros(64, DISPATCH_WORDS, dtype=torch.int32)
     pad, error = torch.zeros(2048, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
-    launch_dispatch(send, send, w, h, table, pad, error, epoch=3, programs=132, **tiles)
+    tokens = torch.zeros(4096, dtype=torch.int64)
+    launch_dispatch(send, tokens, send, w, h, table, pad, error, epoch=3, programs=132, **tiles)
 
 
 def combine(tiles: dict) -> None:
@@ -60,12 +62,18 @@ def gathered_sum(which: str) -> None:
     index = torch.zeros(tokens * top_k, dtype=torch.int64)
     gates = torch.empty(tokens, top_k, dtype=torch.float32)
     grad = torch.empty(tokens, HIDDEN, dtype=BF16)
+    own = (torch.empty(1024, HIDDEN, dtype=BF16), 2048)
     if which == "sum":
-        launch_gathered_sum(rows, index, gates, grad)
+        launch_gathered_sum(rows, index, gates, grad, own)
     elif which == "rows":
         launch_gathered_sum_grads(grad, rows, index, index, gates, torch.empty_like(rows), None)
     else:
-        launch_gathered_sum_grads(grad, rows, index, index, gates, None, torch.empty_like(gates))
+        launch_gathered_sum_grads(grad, rows, index, index, gates, None, torch.empty_like(gates), own)
+
+
+def scatter_rows() -> None:
+    rows = torch.empty(4096, 2 * FFN, dtype=BF16)
+    launch_scatter_rows(torch.empty_like(rows), torch.zeros(4096, dtype=torch.int64), rows)
 
 
 def swiglu(which: str) -> None:
@@ -112,6 +120,7 @@ def variants():
         yield f"combine {label}", lambda tiles=tiles: combine(tiles)
     for which in ("sum", "rows", "gates"):
         yield f"gathered-sum {which}", lambda which=which: gathered_sum(which)
+    yield "scatter rows", scatter_rows
     for which in ("forward", "backward"):
         yield f"swiglu {which}", lambda which=which: swiglu(which)
     yield "nvshmem put (plain)", nvshmem_put
