@@ -343,6 +343,7 @@ def run_kind(kind: str, case: Case) -> dict:
             times["torch_nvshmem"]["median_us"] / ours if best and "torch_nvshmem" in times else None
         ),
         "torch_nvshmem": why_not or "measured",
+        "torch_copies_output": False,  # torch's path and the GEMM alone return their result, uncopied
         "eager": eager,
         "eager_torch_over_ours": (
             eager["torch"]["median_us"] / best["eager"]["median_us"] if best and "eager" in best else None

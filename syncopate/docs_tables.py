@@ -647,6 +647,18 @@ def _moe_gpus(doc: dict) -> str:
     return f"{ep} × {doc['environment']['gpu_model']}"
 
 
+def _moe_copy_note(doc: dict) -> str:
+    """What to read a `benchmarks/moe_bench.py` run's torch and GEMM-alone times with: runs that do
+    not say `torch_copies_output` timed torch's dispatch and the grouped GEMM alone with a copy of
+    the result into the output, which raises both (and a dispatch's bound) by that copy's time."""
+    if all("torch_copies_output" in op for op in doc["ops"]):
+        return ""
+    return (
+        " (torch's dispatch and the grouped GEMM alone timed with a copy of their result into the output, "
+        "which later runs leave out: their torch / ours and bound / ours read high)"
+    )
+
+
 def _moe_layer_times(doc: dict, keep=lambda config: True) -> list[tuple[dict, str, float, float]]:
     """(layer, configuration, torch µs, ours µs) of each layer configuration of a
     `benchmarks/moe_bench.py` run that ran and that `keep` accepts."""
@@ -685,7 +697,7 @@ def moe(root: Path) -> str:
         doc = _read_json(root / "results" / name)
         env = doc["environment"]
         gpus = _moe_gpus(doc)
-        notes.append(f"{gpus}: torch {env['torch']}, NCCL {env['nccl']}, `results/{name}`")
+        notes.append(f"{gpus}: torch {env['torch']}, NCCL {env['nccl']}, `results/{name}`{_moe_copy_note(doc)}")
         for op in doc["ops"]:
             times = op["times"]
             ok = [c for c in op["candidates"] if c.get("status") == "ok" and c.get("times")]
@@ -1328,7 +1340,7 @@ def moe_backends(root: Path) -> str:
             f"{ops_table}\n\n{layer_table}\n\nµs, medians; ops timed by the project's method, the layer "
             f"forward + backward in calls back to back; every column of a table timed in one run, in processes "
             f"whose symmetric memory is NVSHMEM's; {gpus}, torch {env['torch']}, "
-            f"NCCL {env['nccl']}; from `results/{name}`.\n"
+            f"NCCL {env['nccl']}; from `results/{name}`{_moe_copy_note(doc)}.\n"
         )
     ranges_table = _table(
         ["GPUs (EP)"]
