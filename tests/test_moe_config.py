@@ -161,14 +161,15 @@ def test_the_space_of_a_workload():
     assert {c.chunks_per_source for c in pipelined} == {1, 2, 4}
     assert {c.order for c in pipelined} == {"ring", "pairwise"}
     assert len(pipelined) == 2 * 3 * 2
-    # fused after them: chunks × orders × the three tile configurations, copy_engine only
+    # fused after them: chunks × orders × the four tile configurations, copy_engine only
     fused = space[13:]
     assert {c.template for c in fused} == {"fused"} and {c.backend for c in fused} == {"copy_engine"}
-    assert len(fused) == 3 * 2 * 3
-    assert {(c.block_m, c.block_n, c.num_warps) for c in fused} == {
-        (64, 128, 4),
-        (128, 128, 8),
-        (128, 256, 8),
+    assert len(fused) == 3 * 2 * 4
+    assert {(c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages) for c in fused} == {
+        (64, 128, 64, 4, 3),
+        (128, 128, 64, 8, 4),
+        (128, 256, 64, 8, 4),
+        (128, 256, 32, 8, 5),
     }
     assert [c.template for c in moe_space(_workload(), 4, backends=("nccl",))][-1] == "pipelined"
     for c in space:
@@ -182,8 +183,9 @@ def test_the_space_of_a_workload():
         c.short() for c in moe_space(_workload(tokens=1, top_k=2, experts=8), 2, backends=("copy_engine",))
     ][2:] == [
         "fused/copy_engine/c1/ring/64x128x64w4s3",
-        "fused/copy_engine/c1/ring/128x128x64w8s3",
-        "fused/copy_engine/c1/ring/128x256x64w8s3",
+        "fused/copy_engine/c1/ring/128x128x64w8s4",
+        "fused/copy_engine/c1/ring/128x256x64w8s4",
+        "fused/copy_engine/c1/ring/128x256x32w8s5",
     ]
     assert [c.short() for c in tiny] == ["unfused", "pipelined/nccl/c1/ring"]
     assert [c.short() for c in moe_space(_workload(), 2, backends=("nccl",), chunks=(8,))] == [

@@ -303,11 +303,14 @@ these values and leave them out of their JSON (so their keys do not depend on th
 
 MOE_TILE_CONFIGS: tuple[dict[str, int], ...] = (
     MOE_TILE_DEFAULTS,
-    {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3},
-    {"block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3},
+    {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
+    {"block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 4},
+    {"block_m": 128, "block_n": 256, "block_k": 32, "num_warps": 8, "num_stages": 5},
 )
 """The tile configurations `moe_space` tries for `fused`: wider tiles do more of a tile's work a
-load (the dense kernels' tuned winners are mostly 128×256)."""
+load, and 4 to 5 stages of loads in flight keep the tensor cores fed (the kernels load through
+pointers, so their pipeline depth is what hides the loads' latency; 3 stages left the 128×256
+tiles slower on every expert layer of configs/moe_ep.yaml)."""
 
 MOE_ORDERS: tuple[str, ...] = ("ring", "pairwise")
 """The peers of a pipelined plan's exchanges, step s = 1 … ws-1 after the rank's own rows: `ring`
