@@ -162,8 +162,8 @@ def grid(workload, ws: int, args):
 
 def layer_configs(args, tuned=None):
     """(name, dispatch config, combine config, backward) of each layer timed: unfused, then each
-    pipelined config and the fused one (128×256 tiles, the fused dispatch's fastest on H100) for
-    both ops, then `tuned` (the fastest dispatch and combine of this
+    pipelined config and the fused one (128×256×64 tiles on 4 stages, the fused GEMM's fastest tile
+    on H200) for both ops, then `tuned` (the fastest dispatch and combine of this
     case's op rows, what a tuned database serves each op) where given, each with its own plan's
     backward and with the unfused ops' backward (`MoELayer(backward=...)`); last each of those as a
     tuned layer runs its plans, checked against unfused on its first calls (`MoELayer(check_plans=...)`),
@@ -181,6 +181,7 @@ def layer_configs(args, tuned=None):
                 block_m=128,
                 block_n=256,
                 num_warps=8,
+                num_stages=4,
             )
         )
     templates = args.templates.split(",")
