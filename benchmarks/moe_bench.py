@@ -11,8 +11,10 @@ inputs:
 
 - `torch`: all_to_all_single, then torch._grouped_mm (combine: the grouped GEMM, then the
   all-to-all and the weighted top-k sum), index tables made beforehand;
-- `a2a` alone and `gemm` alone (the same calls), and `bound` = max of the two: what a perfect
-  overlap of the two would take;
+- `a2a` alone and `gemm` alone (the same calls), where copy-engine candidates are timed the copy
+  engine's transfers alone too (`a2a_copy_engine`: the pipelined plan's copies, one piece a peer,
+  no GEMM), and `bound` = max of the GEMM alone and the fastest all-to-all alone: what a perfect
+  overlap would take;
 - each candidate of the grid (`--grid`; `unfused`, then `pipelined` for each backend, chunk count
   and order, then `fused` for each chunk count, order and tile configuration where `copy_engine`
   is among the backends; `--templates` keeps some templates only), first checked against the
@@ -65,6 +67,7 @@ log = logging.getLogger("moe_bench")
 from syncopate.measure.moe import (  # noqa: E402 — after the path insert above
     MoeCase,
     check_config,
+    copy_engine_a2a,
     fresh_checks,
     layer_call,
     moe_op,
@@ -260,7 +263,11 @@ def run_kind(kind: str, case: Case) -> dict:
         nvshmem_error = worst_over_ranks(relative_error(nv_out, ref) if ref.numel() else 0.0, case)
         times["torch_nvshmem"] = time_op(lambda: nv_whole(), case.group, args)
         times["a2a_nvshmem"] = time_op(lambda: nv_a2a(), case.group, args)
-    comm = min(times[k]["median_us"] for k in ("a2a", "a2a_nvshmem") if k in times)
+    # the copy engine's transfers alone (no GEMM), where copy-engine candidates are timed
+    ce_a2a = copy_engine_a2a(kind, case, a) if "copy_engine" in args.backends.split(",") else None
+    if ce_a2a is not None:
+        times["a2a_copy_engine"] = time_op(ce_a2a, case.group, args)
+    comm = min(times[k]["median_us"] for k in ("a2a", "a2a_nvshmem", "a2a_copy_engine") if k in times)
     bound = max(comm, times["gemm"]["median_us"])
     log.info(
         "%s %s: torch %.1f µs (rel err %.2e), a2a %.1f, gemm %.1f",

@@ -697,7 +697,9 @@ def moe(root: Path) -> str:
         doc = _read_json(root / "results" / name)
         env = doc["environment"]
         gpus = _moe_gpus(doc)
-        notes.append(f"{gpus}: torch {env['torch']}, NCCL {env['nccl']}, `results/{name}`{_moe_copy_note(doc)}")
+        notes.append(
+            f"{gpus}: torch {env['torch']}, NCCL {env['nccl']}, `results/{name}`{_moe_copy_note(doc)}"
+        )
         for op in doc["ops"]:
             times = op["times"]
             ok = [c for c in op["candidates"] if c.get("status") == "ok" and c.get("times")]
@@ -713,6 +715,7 @@ def moe(root: Path) -> str:
                     op["routing"],
                     _t(torch_us),
                     _t(times["a2a"]["median_us"]),
+                    _t(times["a2a_copy_engine"]["median_us"]) if "a2a_copy_engine" in times else "–",
                     _t(times["gemm"]["median_us"]),
                     _t(op["bound_us"]),
                     _t(ours),
@@ -732,6 +735,7 @@ def moe(root: Path) -> str:
             "routing",
             "torch",
             "all-to-all alone",
+            "copy engine alone",
             "grouped GEMM alone",
             "bound",
             "ours",
@@ -747,7 +751,10 @@ def moe(root: Path) -> str:
         layer_rows,
     )
     return (
-        f"{ops_table}\n\n{layers_table}\n\nµs a call, medians; bf16; the op rows' `ours` is the fastest candidate "
+        f"{ops_table}\n\n{layers_table}\n\nµs a call, medians; bf16; `all-to-all alone`: torch's "
+        f"all_to_all_single; `copy engine alone`: the copy engine's transfers of the pipelined plan with no GEMM "
+        f"(runs before that column have none); the bound: the larger of the grouped GEMM alone and the faster "
+        f"all-to-all alone; the op rows' `ours` is the fastest candidate "
         f"verified against float32 among those the run timed (device time); `as a layer calls it`: the same two "
         f"calls back to back with the host on the path, each on a routing layout made for it (runs before "
         f"that column have none); the layer rows are `MoELayer` forward + backward, "

@@ -2,7 +2,8 @@
 (`nccl` on a side stream, `copy_engine` into symmetric memory), one process a GPU: results equal
 to the unfused ops' and close to the float32 group references, for uniform and skewed routings and
 a rank that receives nothing, outputs poisoned with NaN, calls back to back with fresh inputs, a
-routing that needs a larger symmetric buffer than the one before; `MoELayer`'s forward and
+routing that needs a larger symmetric buffer than the one before; the plans' transfers alone (the
+bound's all-to-all on a backend) against all_to_all_single; `MoELayer`'s forward and
 backward on each backend against the unfused layer's; backend `nvshmem` refused in a process
 without NVSHMEM memory, naming the fix."""
 
@@ -170,6 +171,44 @@ def check_refusal(rank, world, device, group) -> list[str]:
     return lines
 
 
+def check_exchange_alone(rank, world, device, group) -> list[str]:
+    """`pipelined.exchange_alone` (the bound's all-to-all alone on a backend): the peers' rows land
+    where all_to_all_single puts them, both kinds, two backends, 1 and 2 pieces a peer, twice."""
+    import torch.distributed as dist
+
+    from syncopate.moe import exchange_layout
+    from syncopate.moe.pipelined import exchange_alone
+    from syncopate.search_space.moe_workload import MoeCandidate
+
+    lines = []
+    experts, top_k, tokens, width = 4 * world, 4, 384, 256
+    for routing in _routings(world, experts, tokens, top_k)[:3]:
+        ids = routing.expert_ids[rank].to(device)
+        layout = exchange_layout(ids, experts, group)
+        for kind in ("a2a_gemm", "gemm_a2a"):
+            sent, got = (
+                (layout.send_splits, layout.recv_splits)
+                if kind == "a2a_gemm"
+                else (layout.recv_splits, layout.send_splits)
+            )
+            for backend in ("nccl", "copy_engine"):
+                for chunks in (1, 2):
+                    config = MoeCandidate(template="pipelined", backend=backend, chunks_per_source=chunks)
+                    for call in range(2):
+                        rows = torch.randn(sum(sent), width, device=device).to(torch.bfloat16)
+                        want = torch.empty(sum(got), width, device=device, dtype=torch.bfloat16)
+                        dist.all_to_all_single(want, rows, got, sent, group=group)
+                        recv = exchange_alone(rows, layout, group, config, kind)
+                        starts = [sum(got[:q]) for q in range(world)]
+                        for q in range(world):
+                            lo, hi = starts[q], starts[q] + got[q]
+                            if q != rank and not torch.equal(recv[lo:hi], want[lo:hi]):
+                                lines.append(
+                                    f"rank {rank} {kind} {backend} c{chunks} call {call}: rows from {q} differ"
+                                )
+    return lines
+
+
 def _worker(rank, world, port, checks, queue):
     import torch.distributed as dist
 
@@ -198,7 +237,7 @@ def run_checks(checks: tuple, world: int, what: str) -> None:
 
 
 def _run(world: int) -> None:
-    run_checks((check_ops, check_layer, check_refusal), world, "MoE check")
+    run_checks((check_ops, check_exchange_alone, check_layer, check_refusal), world, "MoE check")
 
 
 @pytest.mark.multigpu

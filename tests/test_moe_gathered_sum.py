@@ -17,7 +17,14 @@ import pytest
 import torch
 
 from syncopate.moe.kernels import SUM_BLOCK, launch_gathered_sum, launch_gathered_sum_grads
-from syncopate.moe.ops import _GatheredSum, scatter_rows, summed_rows, summed_rows_grads, token_sum, weighted_sum
+from syncopate.moe.ops import (
+    _GatheredSum,
+    scatter_rows,
+    summed_rows,
+    summed_rows_grads,
+    token_sum,
+    weighted_sum,
+)
 from syncopate.moe.routing import inverse
 
 
@@ -116,12 +123,12 @@ def test_own_rows_kept_apart_are_read_where_they_are(dtype, lo, n):
     NaN there. The sum, token_sum and the gates' gradient equal those of the rows put in place;
     bf16 takes the kernels, float32 the gather (which copies the own rows into place first)."""
     tokens, top_k, width = 9, 3, SUM_BLOCK + 40
-    rows, order, index, gates, grad = _case(tokens, top_k, width, 5)
-    rows, grad = rows.to(dtype), grad.to(dtype)
-    layout = SimpleNamespace(tokens=tokens, top_k=top_k, order=order, order_inverse=index, cache={})
-    want_out, _, want_gates = _reference(rows, index, gates, grad)
-    want_sum = rows.float()[index].view(tokens, top_k, -1).sum(1)
-    for seed in (6, 7):  # back to back, each into a fresh poisoned buffer
+    for seed in (6, 7):  # back to back, fresh inputs, each into a fresh poisoned buffer
+        rows, order, index, gates, grad = _case(tokens, top_k, width, seed)
+        rows, grad = rows.to(dtype), grad.to(dtype)
+        layout = SimpleNamespace(tokens=tokens, top_k=top_k, order=order, order_inverse=index, cache={})
+        want_out, _, want_gates = _reference(rows, index, gates, grad)
+        want_sum = rows.float()[index].view(tokens, top_k, -1).sum(1)
         apart = rows.clone()
         kept = rows[lo : lo + n].clone()
         apart[lo : lo + n] = float("nan")

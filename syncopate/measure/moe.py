@@ -35,6 +35,7 @@ __all__ = [
     "MoeCase",
     "MoeHarness",
     "check_config",
+    "copy_engine_a2a",
     "fresh_checks",
     "layer_call",
     "moe_op",
@@ -240,6 +241,33 @@ def plain_ops(kind: str, case: MoeCase, a, wt):
     return whole, a2a, gemm
 
 
+COPY_ENGINE_ALONE = "copy-engine transfers of the pipelined plan (one piece a peer), no GEMM"
+"""What the copy-engine all-to-all alone times (`copy_engine_a2a`)."""
+
+
+def copy_engine_a2a(kind: str, case: MoeCase, a):
+    """The all-to-all alone on the copy engine: the transfers of `kind`'s pipelined copy-engine plan
+    with one piece a peer and no GEMM (`pipelined.exchange_alone`), on rows like `plain_ops`'s
+    all-to-all's, as f(out=None); None where the copy engine cannot run (not CUDA). Its own rows
+    are not moved, as no plan of ours moves them, where NCCL's all-to-all copies them too."""
+    if case.device.type != "cuda":
+        return None
+    from syncopate.moe.pipelined import exchange_alone
+    from syncopate.search_space.moe_workload import MoeCandidate
+
+    lay, w = case.layout, case.w
+    config = MoeCandidate(template="pipelined", backend="copy_engine", chunks_per_source=1)
+    if kind == "a2a_gemm":
+        rows = a[(lay.order // lay.top_k).to(case.device)]
+    else:
+        rows = torch.empty(lay.rows_received, w.hidden, dtype=case.dtype, device=case.device).normal_()
+
+    def a2a(out=None):
+        return exchange_alone(rows, lay, case.group, config, kind)
+
+    return a2a
+
+
 def _group_ends(case: MoeCase) -> torch.Tensor:
     """The ends of the local experts' row groups (int32, on the device), as `torch._grouped_mm`
     takes them."""
@@ -364,7 +392,9 @@ def layer_call(fn, case: MoeCase):
 class MoeHarness:
     """One MoE workload on this rank, as the runners of `syncopate tune` measure it: the baselines
     (`torch_seq`: torch's all_to_all_single and grouped GEMM; `comm_alone`: the all-to-all alone;
-    `gemm_alone`: the grouped GEMM alone; the sweep's bound is the larger of the last two), and
+    on CUDA `comm_alone_copy_engine`: the copy engine's transfers alone (`copy_engine_a2a`);
+    `gemm_alone`: the grouped GEMM alone; the sweep's bound is the larger of the GEMM alone and the
+    faster all-to-all alone), and
     each candidate checked against the float32 group reference on fresh routings into outputs
     poisoned with NaN (:func:`check_config`), then timed: device time and back-to-back eager time
     on CUDA, wall-clock on the CPU. Every failure becomes the trial's status, the worst over the
@@ -407,13 +437,23 @@ class MoeHarness:
 
     def measure_baselines(self) -> list[BaselineResult]:
         whole, a2a, gemm = plain_ops(self.kind, self.case, self.a, self.wt)
-        found = []
-        for name, fn, detail in (
+        timed = [
             ("torch_seq", whole, "torch: all_to_all_single and torch._grouped_mm, written plainly"),
             ("comm_alone", a2a, "the all-to-all alone (all_to_all_single)"),
             ("gemm_alone", gemm, "the grouped GEMM alone (torch._grouped_mm)"),
-        ):
-            samples, host, eager = self._time(lambda layout, f=fn: f())
+        ]
+        ce = copy_engine_a2a(self.kind, self.case, self.a)
+        if ce is not None:
+            timed.append(("comm_alone_copy_engine", ce, COPY_ENGINE_ALONE))
+        found = []
+        for name, fn, detail in timed:
+            try:
+                samples, host, eager = self._time(lambda layout, f=fn: f())
+            except Exception as e:  # noqa: BLE001 — a baseline that cannot run is left out, the sweep goes on
+                if name != "comm_alone_copy_engine":
+                    raise
+                log.warning("MoE baseline %s left out: %s: %s", name, type(e).__name__, e)
+                continue
             found.append(BaselineResult(name, samples, detail, eager_us=eager, host_us=host))
         return found
 

@@ -36,8 +36,8 @@ from syncopate.moe.ops import (
     Own,
     _token_rows,
     grouped_mm,
-    scatter_rows,
     grouped_weight_grad,
+    scatter_rows,
     summed_rows,
     summed_rows_grads,
     token_sum,
@@ -48,7 +48,14 @@ from syncopate.moe.plan import Piece, PiecePlan, build_piece_plan
 from syncopate.moe.routing import ExpertLayout, to_device_all
 from syncopate.search_space.moe_workload import MoeCandidate
 
-__all__ = ["combine_autograd", "combine_rows", "dispatch_autograd", "dispatch_rows", "prepared"]
+__all__ = [
+    "combine_autograd",
+    "combine_rows",
+    "dispatch_autograd",
+    "dispatch_rows",
+    "exchange_alone",
+    "prepared",
+]
 
 
 @dataclass(frozen=True)
@@ -191,6 +198,28 @@ def combine_rows(
         own = (_gemm(prep, index, piece, h.index_select(0, prep.places[index]), w), piece.token_rows[0])
     ex.finish()
     return back, own
+
+
+def exchange_alone(
+    rows: torch.Tensor, layout: ExpertLayout, group, config: MoeCandidate, kind: str
+) -> torch.Tensor:
+    """The transfers of `kind`'s pipelined plan under `config`, with no GEMM: `rows` in the sender's
+    order (dispatch: one row a pair in send order [T·top_k, K]; combine: the expert side [R, K])
+    moved where the plan moves them; returns the receive buffer (the receiver's order: the expert
+    side, or the token side), the peers' rows in it once the caller's stream gets there. The own
+    rows are not moved (no plan moves them). What the bound's all-to-all alone takes on `config`'s
+    backend."""
+    group = _group(group)
+    prep, _ = prepared(layout, kind, dist.get_rank(group), config, rows.device)
+    plan = prep.plan
+    ex = open_exchange(
+        config.backend, plan, group, rows.device, rows.shape[1], rows.dtype, prep.rows_needed, config.comm_sms
+    )
+    recv = ex.buffer(layout.rows_received if kind == "a2a_gemm" else layout.tokens * layout.top_k)
+    for i, x in enumerate(plan.exchanges):
+        ex.post(i, rows[x.send_rows[0] : x.send_rows[1]] if x.sends else None, recv)
+    ex.finish()
+    return recv
 
 
 class _Dispatch(torch.autograd.Function):
