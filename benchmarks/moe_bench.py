@@ -155,7 +155,7 @@ def grid(workload, ws: int, args):
     from syncopate.search_space.moe_workload import moe_space
 
     backends = ("nccl",) if args.cpu else tuple(args.backends.split(","))
-    chunks = (2,) if args.grid == "tiny" else (1, 2, 4)
+    chunks = (1, 2) if args.grid == "tiny" else (1, 2, 4)
     space = moe_space(workload, ws, backends=backends, chunks=chunks)
     if args.grid == "tiny":
         space = [c for c in space if c.order == "ring"]
@@ -645,7 +645,7 @@ def parse(argv):
         "--grid",
         choices=("small", "tiny"),
         default="small",
-        help="small: chunks 1, 2, 4 and both orders; tiny: chunks 2, ring",
+        help="small: chunks 1, 2, 4 and both orders; tiny: chunks 1 and 2, ring",
     )
     p.add_argument(
         "--backends",
