@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from support import rank_targets
+from support.signals import default_stops
 
 from syncopate.measure.local_ranks import spawn_ranks
 
@@ -73,7 +74,9 @@ def test_a_stopped_parent_ends_every_rank(tmp_path, signum):
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))),
     }
-    parent = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], env=env, start_new_session=True, preexec_fn=default_stops
+    )
     try:
         ranks = _pids(tmp_path, 2)
         parent.send_signal(signum)

@@ -402,6 +402,8 @@ def test_a_signal_stops_a_sweep_as_interrupted_and_it_resumes(tmp_path, signum, 
     import sys
     import time
 
+    from support.signals import default_stops
+
     url = f"sqlite:///{tmp_path / 'results.db'}"
     shapes = [[262144, 8192, 8192], [262144, 16384, 8192], [262144, 8192, 16384]]  # about 40 s in all
     big = config(
@@ -421,6 +423,7 @@ def test_a_signal_stops_a_sweep_as_interrupted_and_it_resumes(tmp_path, signum, 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_stops,
     )
     try:
         deadline = time.monotonic() + 120

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.signals import default_stops
 from support.sweeps import fixture_sweep
 from support.unprivileged import captured, listing, shared_folder, unprivileged
 
@@ -248,6 +249,7 @@ def test_a_signal_while_ray_starts_stops_with_one_line_and_leaves_no_ray_process
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=default_stops,
     )
     left: dict[int, list[str]] = {}
     try:
