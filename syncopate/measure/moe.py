@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from syncopate.kernels.ranks import slowest
 from syncopate.measure.harness import _STATUS_CODES, BaselineResult, CandidateResult
+from syncopate.moe.ops import _token_rows
 from syncopate.search_space.moe_workload import MoeCandidate, MoeWorkload, check_moe_candidate
 
 __all__ = [
@@ -207,7 +208,7 @@ def plain_ops(kind: str, case: MoeCase, a, wt):
     f(out=None): the op's result, copied into `out` only where one is given (a check)."""
     lay, w, g = case.layout, case.w, case.group
     offs = _group_ends(case)
-    send_rows = (lay.order // lay.top_k).to(case.device)
+    send_rows = _token_rows(lay)
     if kind == "a2a_gemm":
         received = torch.empty(lay.rows_received, w.hidden, dtype=case.dtype, device=case.device)
         send = a[send_rows]
@@ -258,7 +259,7 @@ def copy_engine_a2a(kind: str, case: MoeCase, a):
     lay, w = case.layout, case.w
     config = MoeCandidate(template="pipelined", backend="copy_engine", chunks_per_source=1)
     if kind == "a2a_gemm":
-        rows = a[(lay.order // lay.top_k).to(case.device)]
+        rows = a[_token_rows(lay)]
     else:
         rows = torch.empty(lay.rows_received, w.hidden, dtype=case.dtype, device=case.device).normal_()
 
@@ -346,7 +347,7 @@ def nvshmem_ops(kind: str, case: MoeCase, a, wt):
 
     offs = _group_ends(case)
     if kind == "a2a_gemm":
-        send_rows = (lay.order // lay.top_k).to(case.device)
+        send_rows = _token_rows(lay)
         rows_out = send_buf[: lay.order.numel() * w.hidden].view(-1, w.hidden)
 
         def whole(out=None):
