@@ -143,26 +143,29 @@ def _check_rows(h: torch.Tensor, ref: torch.Tensor, rows) -> None:
 def test_dispatch_computes_every_row_of_h_in_the_unfused_layout(ws, kind, tokens, top_k, chunks, order):
     case = Dispatch(ws, kind, tokens, top_k, seed=ws + chunks)
     config = _config(chunks, order)
-    sizes = []
+    sizes, split_tiles = [], 0
     for r in range(ws):
         h, error, tables = case.run(r, config)
         assert error == 0
         _check_rows(h, case.ref[r], range(h.shape[0]))
-        # the table: own tiles first, every tile within one expert's rows, BLOCK_M rows at most
+        # the table: the tiles of no wait first, BLOCK_M rows at most, every row of h once
         t = tables.tiles.tolist()
-        own = [row[2] for row in t]
-        assert own == sorted(own, reverse=True)
-        assert all(0 < row[3] <= config.block_m for row in t)
-        assert sum(row[3] for row in t) == case.layouts[r].rows_received
+        waits = [row[4] >= 0 for row in t]
+        assert waits == sorted(waits)
+        assert all(0 < row[3] <= config.block_m and 0 < row[6] <= row[3] for row in t)
+        covered = sorted(i for row in t for i in range(row[5], row[5] + row[3]))
+        assert covered == list(range(case.layouts[r].rows_received))
+        split_tiles += sum(row[6] < row[3] for row in t)
         sizes += case.layouts[r].group_sizes.tolist()
     # the routing had experts of several sizes, and (skewed, starved) empty ones
     assert len(set(sizes)) > 2
     if kind != "uniform":
         assert 0 in sizes
+    assert split_tiles > 0  # tiles that read the own rows' edge from x and the partner's from the buffer
 
 
 def test_dispatch_tiles_follow_the_pieces_in_arrival_order():
-    case = Dispatch(4, "uniform", 16, 2, seed=3)
+    case = Dispatch(4, "uniform", 128, 2, seed=3)  # ~32 rows a source an expert: the own rows fill tiles
     config = _config(2, "ring", block_m=16)
     r = 1
     tables = fused_tables(case.layouts[r], "a2a_gemm", r, config, CPU)
@@ -170,10 +173,27 @@ def test_dispatch_tiles_follow_the_pieces_in_arrival_order():
     plan = tables.prep.plan
     expected = [-1] + [
         p.source * 2 + p.chunk for p in plan.pieces if p.exchange is not None
-    ]  # own piece, then sources in exchange order: ring steps 1, 2, 3 receive from ranks 0, 3, 2
+    ]  # no wait first, then sources in exchange order: ring steps 1, 2, 3 receive from ranks 0, 3, 2
     seen = [w for i, w in enumerate(words) if i == 0 or w != words[i - 1]]
     assert seen == expected
     assert [p.source for p in plan.pieces[1:]][::2] == [0, 3, 2]
+
+
+def _h_rows(layout, source: int, rows: tuple[int, int]) -> set[int]:
+    """The rows of h that expert-side rows [lo, hi) of `source` become (h: by expert, then source)."""
+    counts = layout.host_recv_counts()
+    ws, el = len(counts), len(counts[0])
+    side = sum(sum(counts[s]) for s in range(source))
+    out, at = set(), 0
+    for e in range(el):
+        for s in range(ws):
+            if s == source:
+                for i in range(counts[s][e]):
+                    if rows[0] <= side + i < rows[1]:
+                        out.add(at + i)
+                side += counts[s][e]
+            at += counts[s][e]
+    return out
 
 
 def test_a_word_below_the_epoch_keeps_its_tiles_waiting_and_reports_it():
@@ -190,12 +210,11 @@ def test_a_word_below_the_epoch_keeps_its_tiles_waiting_and_reports_it():
     recv[piece.rows[0] : piece.rows[1]] = float("nan")  # the late chunk's rows have not landed
     h, error, tables = case.run(r, config, epoch=epoch, pad=pad, spin_limit=50, recv=recv)
     assert error == 1
-    t = tables.tiles.tolist()
-    waiting = {i for row in t if row[4] == late for i in range(row[5], row[5] + row[3])}
-    assert waiting, "the late chunk has rows"
-    _check_rows(h, case.ref[r], [i for i in range(lay.rows_received) if i not in waiting])
+    late_rows = _h_rows(lay, 1, piece.rows)
+    assert late_rows, "the late chunk has rows"
+    _check_rows(h, case.ref[r], [i for i in range(lay.rows_received) if i not in late_rows])
     # the late rows were read after the bounded wait gave up: the poisoned buffer, not the data
-    assert all(torch.isnan(h[i]).all() for i in waiting)
+    assert all(torch.isnan(h[i]).all() for i in late_rows)
     pad[late] = epoch
     h, error, _ = case.run(r, config, epoch=epoch, pad=pad, spin_limit=50)
     assert error == 0

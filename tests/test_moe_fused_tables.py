@@ -40,13 +40,55 @@ def _walk(plan, recv_counts, block_m):
 
 
 def _dispatch(plan, recv_counts, block_m):
+    """The dispatch tiles, one at a time: each expert's rows in h cut into tiles within groups of
+    sources (every peer alone, the own rows with the neighbour in h that arrives first), from the
+    own rows' outer edge; each tile waits for the piece of its last peer row."""
+    ws, el, r = len(recv_counts), len(recv_counts[0]), plan.rank
+    side, in_h, pos = {}, {}, 0
+    for s in range(ws):
+        for e in range(el):
+            side[s, e], pos = pos, pos + recv_counts[s][e]
+    pos = 0
+    for e in range(el):
+        for s in range(ws):
+            in_h[s, e], pos = pos, pos + recv_counts[s][e]
+    arrives = {}
+    for i, x in enumerate(plan.exchanges):
+        if x.receives and x.recv_peer not in arrives:
+            arrives[x.recv_peer] = i
+    partner = None
+    for s in (r - 1, r + 1):
+        if 0 <= s < ws and (partner is None or arrives.get(s, 99) < arrives.get(partner, 99)):
+            partner = s
+    own = next(p for p in plan.pieces if p.exchange is None)
+    groups = [[s] for s in range(ws) if s not in (r, partner)]
+    groups.append([r] if partner is None else sorted([r, partner]))
     out = []
-    for _, piece, e, m0, rows, h_row in _walk(plan, recv_counts, block_m):
-        if piece.exchange is None:
-            out.append((e, piece.token_rows[0] + m0 - piece.rows[0], 1, rows, -1, h_row))
-        else:
-            out.append((e, m0, 0, rows, piece.source * plan.chunks + piece.chunk, h_row))
-    return out
+    for sources in groups:
+        for e in range(el):
+            rows = []  # (source, A row, expert-side row, h row) of each row in h order
+            for s in sources:
+                for i in range(recv_counts[s][e]):
+                    m = side[s, e] + i
+                    a = m + own.token_rows[0] - own.rows[0] if s == r else m
+                    rows.append((s, a, m, in_h[s, e] + i))
+            cuts = list(range(0, len(rows), block_m))
+            if sources[-1] == r and len(sources) == 2:  # from the end
+                cuts = sorted({max(0, n) for n in range(len(rows) - block_m, -block_m, -block_m)})
+            for c0 in cuts:
+                c1 = next((c for c in cuts if c > c0), len(rows))
+                tile = rows[c0:c1]
+                split = next((i for i, row in enumerate(tile) if row[0] != tile[0][0]), len(tile))
+                second = tile[split][1] if split < len(tile) else tile[0][1]
+                word = key = -1
+                peer_rows = [row for row in tile if row[0] != r]
+                if peer_rows:
+                    s, m = peer_rows[-1][0], peer_rows[-1][2]
+                    piece = next(p for p in plan.pieces if p.source == s and p.rows[0] <= m < p.rows[1])
+                    word, key = s * plan.chunks + piece.chunk, piece.exchange
+                row = (e, tile[0][1], int(tile[0][0] == r), len(tile), word, tile[0][3], split, second)
+                out.append((key, row))
+    return [row for _, row in sorted(out, key=lambda kr: kr[0])]
 
 
 def _combine(plan, recv_counts, block_m):
@@ -100,7 +142,7 @@ def test_tile_tables_match_a_tile_by_tile_walk(ws, distribution):
                     for block_m in (1, 4, 16, 64):
                         if kind == "a2a_gemm":
                             got = dispatch_tile_table(plan, recv_counts, block_m)
-                            assert got.dtype == np.int32 and got.shape[1] == 6
+                            assert got.dtype == np.int32 and got.shape[1] == 8
                             assert [tuple(r) for r in got.tolist()] == _dispatch(plan, recv_counts, block_m)
                         else:
                             got, counted = combine_tile_table(plan, recv_counts, block_m, ENTERED_BASE)

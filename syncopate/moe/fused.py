@@ -8,10 +8,11 @@ CUDA only, backend `copy_engine` (the symmetric buffers, signal pads and epochs 
   (its side stream forks from the caller's stream and announces the entry in every pad); the
   kernel is launched on the caller's stream; then every exchange's copy is enqueued on the side
   stream (each after its peer has entered), each followed by a stream write of the epoch into the
-  peer's (source, chunk) word. The kernel's tiles come in the plan's piece order: the own rows'
-  first, read from x with no wait, then each source chunk's in exchange order, each tile waiting
-  for its word before it loads its rows from the receive buffer. Tiles store straight into h's
-  unfused layout (by local expert, then source, then token).
+  peer's (source, chunk) word. The kernel's tiles cut each expert's rows, not each piece's
+  (`dispatch_tile_table`): the own rows' tiles first, read from x with no wait, then the tiles
+  of each source chunk in exchange order, each waiting for its word before it loads its rows from
+  the receive buffer; one tile an expert holds the own rows' edge beside a peer's. Tiles store
+  straight into h's unfused layout (by local expert, then source, then token).
 - Combine (`gemm_a2a`): the call enters; the kernel is launched on the caller's stream over the
   tiles of the peers' pieces in exchange order, then the own piece's; a tile's epilogue waits until
   its destination rank has entered the call, stores its rows into that rank's receive buffer (at
@@ -61,7 +62,7 @@ __all__ = [
 
 
 def _row_tiles(plan: PiecePlan, recv_counts: list[list[int]], block_m: int) -> dict[str, np.ndarray]:
-    """Every row tile of the plan, in its piece order, each within one expert's rows of one piece, as
+    """Every row tile of the plan (the combine's), in its piece order, each within one expert's rows of one piece, as
     int64 columns: `piece` (index in `plan.pieces`), `expert`, `m0` (first expert-side row), `rows`,
     `h_row` (its first row in h). The expert side holds a piece's rows by source, then expert; h
     by expert, then source. Array arithmetic, not a loop over tiles: a layer makes these tables
@@ -95,20 +96,99 @@ def _piece_column(plan: PiecePlan, value) -> np.ndarray:
     return np.array([value(p) for p in plan.pieces], dtype=np.int64)
 
 
+def _partner(plan: PiecePlan) -> int | None:
+    """The peer whose rows share the own rows' boundary tiles in the dispatch: of the sources next to
+    this rank in h (rank - 1 and rank + 1, by source within each expert), the one whose rows come
+    first; None with one rank."""
+    first: dict[int, int] = {}
+    for i, x in enumerate(plan.exchanges):
+        if x.receives:
+            first.setdefault(x.recv_peer, i)
+    near = [s for s in (plan.rank - 1, plan.rank + 1) if 0 <= s < plan.world_size]
+    if not near:
+        return None
+    return min(near, key=lambda s: first.get(s, len(plan.exchanges)))
+
+
 def dispatch_tile_table(plan: PiecePlan, recv_counts: list[list[int]], block_m: int) -> np.ndarray:
     """The dispatch kernel's row tiles, [tiles, `kernels.DISPATCH_WORDS`] int32: expert, A row, own,
-    rows, signal word, h row. The own piece's A rows are token side rows (the kernel reads each from x
-    at its token), the others' rows of the receive buffer (expert side), read once word
-    `source · chunks + chunk` is raised."""
-    t = _row_tiles(plan, recv_counts, block_m)
-    piece = t["piece"]
-    own = _piece_column(plan, lambda p: p.exchange is None)[piece]
-    shift = _piece_column(plan, lambda p: p.token_rows[0] - p.rows[0])[piece]
-    word = _piece_column(plan, lambda p: -1 if p.exchange is None else p.source * plan.chunks + p.chunk)[
-        piece
-    ]
-    a_row = np.where(own == 1, t["m0"] + shift, t["m0"])
-    return np.stack([t["expert"], a_row, own, t["rows"], word, t["h_row"]], axis=1).astype(np.int32)
+    rows, signal word, h row, split, second A row.
+
+    Each expert's rows in h (by source) are cut into tiles of `block_m` rows per group of sources:
+    every peer is a group of its own, except the peer next to this rank in h whose rows come first
+    (`_partner`), which shares one group with the own rows. A group's tiles start at its own rows'
+    outer edge, so that the own rows fill whole tiles and one tile holds the own rows' last (or
+    first) rows beside the partner's: an expert takes as many tiles as its rows fill, where tiles cut
+    at every piece took one more for each piece boundary inside an expert.
+
+    A tile's first `split` rows are of one source, the rest (if any) of the other; `own` says
+    whether the first part is the own rows (the second part is then the partner's, and the other
+    way round). The own rows' A rows are token side rows (the kernel reads each from x at its
+    token), the peers' rows of the receive buffer (expert side). A tile with peer rows waits for
+    the word `source · chunks + chunk` of the last piece its rows reach: one source's pieces land
+    in order (its copies follow each other on one stream), so the rows of the earlier ones are
+    there too. Tiles come in order of the exchange they wait for, those of no wait first, then by
+    group, expert and row. Array arithmetic, not a loop over tiles: a layer makes these tables on
+    every call, after its routing's host synchronization, where the host's time is the job's."""
+    counts = np.asarray(recv_counts, dtype=np.int64)  # [ws, El]
+    ws, el = counts.shape
+    rank = plan.rank
+    flat = counts.reshape(-1)
+    side = (np.cumsum(flat) - flat).reshape(ws, el)  # expert-side start of (s, e)
+    by_expert = counts.T.reshape(-1)
+    in_h = (np.cumsum(by_expert) - by_expert).reshape(el, ws).T  # h's start of (s, e)
+    own_piece = next((p for p in plan.pieces if p.exchange is None), None)
+    shift = own_piece.token_rows[0] - own_piece.rows[0] if own_piece is not None else 0
+    partner = _partner(plan)
+    pairs = [(s, -1) for s in range(ws) if s not in (rank, partner)]
+    pairs.append((rank, -1) if partner is None else (min(rank, partner), max(rank, partner)))
+    first = np.array([a for a, _ in pairs], dtype=np.int64)
+    second = np.array([b for _, b in pairs], dtype=np.int64)
+    n1 = counts[first]  # [groups, El]
+    n2 = np.where(second[:, None] >= 0, counts[np.maximum(second, 0)], 0)
+    start, n = in_h[first], n1 + n2
+    tiles = (n + block_m - 1) // block_m
+    segment = np.repeat(np.arange(tiles.size), tiles.reshape(-1))
+    group, expert = segment // el, segment % el
+    j = np.arange(segment.size) - np.repeat(
+        np.cumsum(tiles.reshape(-1)) - tiles.reshape(-1), tiles.reshape(-1)
+    )
+    g_start, g_n, g_tiles = start.reshape(-1)[segment], n.reshape(-1)[segment], tiles.reshape(-1)[segment]
+    from_end = second[group] == rank  # the own rows come second: tiles start at the group's end
+    hb = np.where(from_end, g_start + g_n - (g_tiles - 1 - j) * block_m, 0)
+    ha = np.where(from_end, np.maximum(g_start, hb - block_m), g_start + j * block_m)
+    hb = np.where(from_end, hb, np.minimum(g_start + g_n, ha + block_m))
+    rows = hb - ha
+    cut = g_start + n1.reshape(-1)[segment]  # h row where the second source's rows start
+    split = np.clip(cut - ha, 0, rows)
+    src0 = np.where(split > 0, first[group], second[group])  # a tile all of the second source
+    split = np.where(split > 0, split, rows)
+    src1 = np.where(split < rows, second[group], src0)
+
+    def a_rows(src: np.ndarray, at: np.ndarray) -> np.ndarray:
+        s = np.maximum(src, 0)
+        return side[s, expert] + at - in_h[s, expert] + np.where(s == rank, shift, 0)
+
+    # the peer part's last row (expert side), and the piece that brings it
+    peer_last = np.where(
+        src1 != rank,
+        side[np.maximum(src1, 0), expert] + hb - 1 - in_h[np.maximum(src1, 0), expert],
+        np.where(src0 != rank, side[src0, expert] + ha + split - 1 - in_h[src0, expert], -1),
+    )
+    peers = [p for p in plan.pieces if p.exchange is not None]
+    word, key = np.full(rows.size, -1, dtype=np.int64), np.full(rows.size, -1, dtype=np.int64)
+    if peers:
+        peers.sort(key=lambda p: p.rows[0])
+        los = np.array([p.rows[0] for p in peers], dtype=np.int64)
+        p_word = np.array([p.source * plan.chunks + p.chunk for p in peers], dtype=np.int64)
+        p_key = np.array([p.exchange for p in peers], dtype=np.int64)
+        waits = peer_last >= 0
+        at = np.searchsorted(los, peer_last[waits], side="right") - 1
+        word[waits], key[waits] = p_word[at], p_key[at]
+    a0 = a_rows(src0, ha)
+    a1 = np.where(split < rows, a_rows(src1, np.maximum(ha, cut)), a0)  # one part: its own A row
+    table = np.stack([expert, a0, src0 == rank, rows, word, ha, split, a1], axis=1)
+    return table[np.argsort(key, kind="stable")].astype(np.int32)
 
 
 def combine_tile_table(

@@ -10,13 +10,13 @@ Shape symbols
 | K        | the reduction: H (dispatch) or F (combine)                                      |
 | N        | output columns: 2F (dispatch) or H (combine)                                    |
 | BM/BN/BK | BLOCK_M, BLOCK_N, BLOCK_K                                                       |
-| Mt       | row tiles of the call: each lies in one expert's rows of one piece (`TILE_WORDS`) |
+| Mt       | row tiles of the call, each in one expert's rows (`DISPATCH_WORDS`, `COMBINE_WORDS`) |
 | P        | persistent programs (grid size, at most the SMs)                                |
 
 A call's output tiles are (row tile, column block) pairs, row-tile major, in the order of the row
 tile table: program p runs tiles p, p + P, …, each a loop over K in BK steps (fp32 accumulation,
-operands in their own 16-bit type). A row tile's rows are contiguous in A, in the output, and in the
-one piece they belong to, so a tile is a base row, a count and one signal word.
+operands in their own 16-bit type). A row tile's rows are contiguous in the output and lie in at
+most two runs of A, so a tile is a base row, a count, a split and one signal word.
 
 Signals are int32 words that only grow: a piece of call `epoch` is there when its word is >= epoch
 (compared wrap-safe as a signed difference). A wait polls with an acquire atomic at system scope
@@ -25,10 +25,11 @@ Signals are int32 words that only grow: a piece of call `epoch` is there when it
 a search that must not hang); its result is 0 but depends on what was read, and is added to the
 rows a tile loads or stores, so that the compiler cannot move them before the wait.
 
-- `dispatch_kernel`: row tile = (expert, rows of one source piece); the own source's tiles read
-  their tokens' rows of x (no gather before the kernel), the others the receive buffer once their
-  (source, chunk) word is raised; output rows go to h in the unfused layout (by local expert, then
-  source, then token).
+- `dispatch_kernel`: row tile = up to BM rows of one expert in h, from one source or from the own
+  rows and the one peer beside them (`syncopate.moe.fused.dispatch_tile_table`); the own rows are
+  read from x at their tokens (no gather before the kernel), the peers' from the receive buffer
+  once the word of the last piece they reach is raised; output rows go to h in the unfused layout
+  (by local expert, then source, then token).
 - `combine_kernel`: row tile = (expert, rows of one destination piece); a tile computes its rows of
   h·W2[e], waits until the destination rank has entered the call (its buffer is free; a program
   waits once for each destination, as a dispatch program waits once a piece), stores them
@@ -58,9 +59,10 @@ __all__ = [
     "launch_swiglu_grad",
 ]
 
-DISPATCH_WORDS = 6
-"""int32 words of a dispatch row tile: expert, A row, own (1: x's tokens, 0: the receive
-buffer), rows, signal word (-1: no wait), h row."""
+DISPATCH_WORDS = 8
+"""int32 words of a dispatch row tile: expert, A row, own (1: the first part's rows are x's
+tokens, 0: rows of the receive buffer), rows, signal word (-1: no wait), h row, split (rows of
+the first part; the rest are of the other kind), the second part's A row."""
 
 COMBINE_WORDS = 8
 """int32 words of a combine row tile: expert, h row, rows, destination rank, destination row,
@@ -121,8 +123,9 @@ def dispatch_kernel(
     NUM_STAGES: tl.constexpr,
 ):
     """h[tile rows, cols] = A[tile rows] @ W[e][:, cols] for every tile of the table (module docstring).
-    An own tile's rows are tokens of x: its A rows are token-side rows, each read from x at its
-    token (`token_ptr`); the others' are rows of the receive buffer."""
+    The own rows are tokens of x: their A rows are token-side rows, each read from x at its token
+    (`token_ptr`); the peers' are rows of the receive buffer. A tile split in two reads each row
+    from its part's place."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -131,13 +134,14 @@ def dispatch_kernel(
     seen = -1  # the word this program last waited for: its next tiles of that piece need no wait
     for t in range(pid, row_tiles * tiles_n, programs):
         mt = t // tiles_n
-        entry = tiles_ptr + mt * 6
+        entry = tiles_ptr + mt * 8
         e = tl.load(entry).to(tl.int64)
         a_row = tl.load(entry + 1)
         own = tl.load(entry + 2)
         rows = tl.load(entry + 3)
         word = tl.load(entry + 4)
         h_row = tl.load(entry + 5)
+        split = tl.load(entry + 6)
         gate = 0
         if word != seen:
             gate = _wait_slot(pad_ptr, word, epoch, error_ptr, max_spin, False)
@@ -145,7 +149,15 @@ def dispatch_kernel(
         offs_n = (t - mt * tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
         m_ok = offs_m < rows
         n_ok = offs_n < N
-        if own != 0:
+        if split < rows:  # the own rows' edge beside the partner's: each row from its own place
+            first = offs_m < split
+            row = tl.where(first, a_row + offs_m, tl.load(entry + 7) + offs_m - split)
+            from_x = first == (own != 0)
+            tokens = tl.load(token_ptr + row, mask=m_ok & from_x, other=0).to(tl.int64)
+            x_ptrs = x_ptr + (tokens * stride_x)[:, None] + offs_k[None, :]
+            r_ptrs = recv_ptr + ((row + gate).to(tl.int64) * stride_a)[:, None] + offs_k[None, :]
+            a_ptrs = tl.where(from_x[:, None], x_ptrs, r_ptrs)
+        elif own != 0:
             tokens = tl.load(token_ptr + a_row + offs_m, mask=m_ok, other=0).to(tl.int64)
             a_ptrs = x_ptr + (tokens * stride_x)[:, None] + offs_k[None, :]
         else:
