@@ -290,12 +290,14 @@ def test_combine_stores_every_row_where_its_token_s_rank_sums_it(ws, kind, token
         for b in case.buffers:
             b.fill_(float("nan"))
         case.enter(epoch)
-        sent = set()
+        sent, split_tiles = set(), 0
         for r in range(ws):
             error, tables = case.run(r, config, epoch=epoch)
             assert error == 0
             assert int(case.counters.abs().sum()) == 0
             sent |= {(q, w) for q, w in _sent_words(tables, r, chunks)}
+            split_tiles += int((tables.tiles[:, 8] < tables.tiles[:, 2]).sum())
+        assert split_tiles > 0  # tiles that store to two ranks
         for q in range(ws):
             raised = {(q, w) for w in range(ws * chunks) if int(case.pads[q][w]) == epoch}
             assert raised == {(d, w) for d, w in sent if d == q}

@@ -61,53 +61,67 @@ __all__ = [
 ]
 
 
-def _row_tiles(plan: PiecePlan, recv_counts: list[list[int]], block_m: int) -> dict[str, np.ndarray]:
-    """Every row tile of the plan (the combine's), in its piece order, each within one expert's rows of one piece, as
-    int64 columns: `piece` (index in `plan.pieces`), `expert`, `m0` (first expert-side row), `rows`,
-    `h_row` (its first row in h). The expert side holds a piece's rows by source, then expert; h
-    by expert, then source. Array arithmetic, not a loop over tiles: a layer makes these tables
-    on every call, after its routing's host synchronization, where the host's time is the job's."""
-    counts = np.asarray(recv_counts, dtype=np.int64)  # [ws, El]
+def _partner(plan: PiecePlan) -> int | None:
+    """The peer whose rows share tiles with the own rows: of the sources next to this rank in h
+    (rank - 1 and rank + 1, by source within each expert), the one whose rows move first (dispatch:
+    are received first; combine: are sent first); None with one rank."""
+    dispatch = plan.kind == "a2a_gemm"
+    first: dict[int, int] = {}
+    for i, x in enumerate(plan.exchanges):
+        if x.receives if dispatch else x.sends:
+            first.setdefault(x.recv_peer if dispatch else x.send_peer, i)
+    near = [s for s in (plan.rank - 1, plan.rank + 1) if 0 <= s < plan.world_size]
+    if not near:
+        return None
+    return min(near, key=lambda s: first.get(s, len(plan.exchanges)))
+
+
+@dataclass(frozen=True)
+class _Groups:
+    """Each expert's rows in h by group of sources (every peer alone, the own rows with `_partner`):
+    [groups] `first` and `second` source (-1: none); [groups, El] `start` (first row in h), `n1`
+    (rows of the first source) and `n` (all); [ws, El] `side` and `in_h`, the expert-side and h
+    start of (source, expert)."""
+
+    first: np.ndarray
+    second: np.ndarray
+    start: np.ndarray
+    n1: np.ndarray
+    n: np.ndarray
+    side: np.ndarray
+    in_h: np.ndarray
+
+
+def _groups(plan: PiecePlan, counts: np.ndarray) -> _Groups:
     ws, el = counts.shape
     flat = counts.reshape(-1)
     side = (np.cumsum(flat) - flat).reshape(ws, el)  # expert-side start of (s, e)
     by_expert = counts.T.reshape(-1)
     in_h = (np.cumsum(by_expert) - by_expert).reshape(el, ws).T  # h's start of (s, e)
-    source = np.array([p.source for p in plan.pieces], dtype=np.int64)
-    lo = np.array([p.rows[0] for p in plan.pieces], dtype=np.int64)[:, None]
-    hi = np.array([p.rows[1] for p in plan.pieces], dtype=np.int64)[:, None]
-    start = side[source]  # [pieces, El]
-    a = np.maximum(lo, start)
-    b = np.minimum(hi, start + counts[source])
-    tiles = np.where(b > a, (b - a + block_m - 1) // block_m, 0).reshape(-1)
+    rank, partner = plan.rank, _partner(plan)
+    pairs = [(s, -1) for s in range(ws) if s not in (rank, partner)]
+    pairs.append((rank, -1) if partner is None else (min(rank, partner), max(rank, partner)))
+    first = np.array([a for a, _ in pairs], dtype=np.int64)
+    second = np.array([b for _, b in pairs], dtype=np.int64)
+    n1 = counts[first]
+    n2 = np.where(second[:, None] >= 0, counts[np.maximum(second, 0)], 0)
+    return _Groups(first, second, in_h[first], n1, n1 + n2, side, in_h)
+
+
+def _tiles_of(lo: np.ndarray, hi: np.ndarray, block_m: int, from_end: np.ndarray | None = None):
+    """(segment, first row, end row) of every tile of `block_m` rows cutting each segment [lo, hi)
+    of rows, from its start, or from its end where `from_end` says so."""
+    tiles = (hi - lo + block_m - 1) // block_m
     segment = np.repeat(np.arange(tiles.size), tiles)
-    within = np.arange(segment.size) - np.repeat(np.cumsum(tiles) - tiles, tiles)
-    m0 = a.reshape(-1)[segment] + within * block_m
-    return {
-        "piece": segment // el,
-        "expert": segment % el,
-        "m0": m0,
-        "rows": np.minimum(block_m, b.reshape(-1)[segment] - m0),
-        "h_row": (in_h[source] - start).reshape(-1)[segment] + m0,
-    }
-
-
-def _piece_column(plan: PiecePlan, value) -> np.ndarray:
-    return np.array([value(p) for p in plan.pieces], dtype=np.int64)
-
-
-def _partner(plan: PiecePlan) -> int | None:
-    """The peer whose rows share the own rows' boundary tiles in the dispatch: of the sources next to
-    this rank in h (rank - 1 and rank + 1, by source within each expert), the one whose rows come
-    first; None with one rank."""
-    first: dict[int, int] = {}
-    for i, x in enumerate(plan.exchanges):
-        if x.receives:
-            first.setdefault(x.recv_peer, i)
-    near = [s for s in (plan.rank - 1, plan.rank + 1) if 0 <= s < plan.world_size]
-    if not near:
-        return None
-    return min(near, key=lambda s: first.get(s, len(plan.exchanges)))
+    j = np.arange(segment.size) - np.repeat(np.cumsum(tiles) - tiles, tiles)
+    a, b, t = lo[segment], hi[segment], tiles[segment]
+    ha = a + j * block_m
+    hb = np.minimum(b, ha + block_m)
+    if from_end is not None:
+        end = from_end[segment]
+        eb = b - (t - 1 - j) * block_m
+        ha, hb = np.where(end, np.maximum(a, eb - block_m), ha), np.where(end, eb, hb)
+    return segment, ha, hb
 
 
 def dispatch_tile_table(plan: PiecePlan, recv_counts: list[list[int]], block_m: int) -> np.ndarray:
@@ -131,39 +145,20 @@ def dispatch_tile_table(plan: PiecePlan, recv_counts: list[list[int]], block_m: 
     group, expert and row. Array arithmetic, not a loop over tiles: a layer makes these tables on
     every call, after its routing's host synchronization, where the host's time is the job's."""
     counts = np.asarray(recv_counts, dtype=np.int64)  # [ws, El]
-    ws, el = counts.shape
-    rank = plan.rank
-    flat = counts.reshape(-1)
-    side = (np.cumsum(flat) - flat).reshape(ws, el)  # expert-side start of (s, e)
-    by_expert = counts.T.reshape(-1)
-    in_h = (np.cumsum(by_expert) - by_expert).reshape(el, ws).T  # h's start of (s, e)
+    el, rank = counts.shape[1], plan.rank
+    g = _groups(plan, counts)
+    side, in_h = g.side, g.in_h
     own_piece = next((p for p in plan.pieces if p.exchange is None), None)
     shift = own_piece.token_rows[0] - own_piece.rows[0] if own_piece is not None else 0
-    partner = _partner(plan)
-    pairs = [(s, -1) for s in range(ws) if s not in (rank, partner)]
-    pairs.append((rank, -1) if partner is None else (min(rank, partner), max(rank, partner)))
-    first = np.array([a for a, _ in pairs], dtype=np.int64)
-    second = np.array([b for _, b in pairs], dtype=np.int64)
-    n1 = counts[first]  # [groups, El]
-    n2 = np.where(second[:, None] >= 0, counts[np.maximum(second, 0)], 0)
-    start, n = in_h[first], n1 + n2
-    tiles = (n + block_m - 1) // block_m
-    segment = np.repeat(np.arange(tiles.size), tiles.reshape(-1))
+    from_end = np.repeat(g.second == rank, el)  # the own rows come second: tiles start at the end
+    segment, ha, hb = _tiles_of(g.start.reshape(-1), (g.start + g.n).reshape(-1), block_m, from_end)
     group, expert = segment // el, segment % el
-    j = np.arange(segment.size) - np.repeat(
-        np.cumsum(tiles.reshape(-1)) - tiles.reshape(-1), tiles.reshape(-1)
-    )
-    g_start, g_n, g_tiles = start.reshape(-1)[segment], n.reshape(-1)[segment], tiles.reshape(-1)[segment]
-    from_end = second[group] == rank  # the own rows come second: tiles start at the group's end
-    hb = np.where(from_end, g_start + g_n - (g_tiles - 1 - j) * block_m, 0)
-    ha = np.where(from_end, np.maximum(g_start, hb - block_m), g_start + j * block_m)
-    hb = np.where(from_end, hb, np.minimum(g_start + g_n, ha + block_m))
     rows = hb - ha
-    cut = g_start + n1.reshape(-1)[segment]  # h row where the second source's rows start
+    cut = g.start.reshape(-1)[segment] + g.n1.reshape(-1)[segment]  # the second source's first h row
     split = np.clip(cut - ha, 0, rows)
-    src0 = np.where(split > 0, first[group], second[group])  # a tile all of the second source
+    src0 = np.where(split > 0, g.first[group], g.second[group])  # a tile all of the second source
     split = np.where(split > 0, split, rows)
-    src1 = np.where(split < rows, second[group], src0)
+    src1 = np.where(split < rows, g.second[group], src0)
 
     def a_rows(src: np.ndarray, at: np.ndarray) -> np.ndarray:
         s = np.maximum(src, 0)
@@ -195,39 +190,100 @@ def combine_tile_table(
     plan: PiecePlan, recv_counts: list[list[int]], block_m: int, entered_base: int
 ) -> tuple[np.ndarray, list[int]]:
     """(the combine kernel's row tiles, [tiles, `kernels.COMBINE_WORDS`] int32: expert, h row, rows,
-    destination, destination row, piece, word, entry word; the row tiles of each counted piece).
-    A peer's piece lands where the pipelined plan's copy puts it (`Exchange.send_at`) and raises
-    word `rank · chunks + chunk` there; the own piece goes to the own rows of the token side,
-    counted by no one and waiting for no entry."""
+    destination, destination row, piece, word, entry word, split, second destination, its row, the
+    piece's rank; the row tiles of each counted piece).
+
+    Tiles cut each expert's rows in h per group of sources as the dispatch's do
+    (`dispatch_tile_table`), from the group's start, and also where a peer's piece starts inside
+    an expert's rows: a tile's rows go to at most two destinations, its first `split` rows to the
+    first, and its peer rows lie in one piece. A peer's rows land where the pipelined plan's copy
+    puts them (`Exchange.send_at`); the tile counts itself in their piece, whose last count raises
+    word `rank · chunks + chunk` there, and waits first for that peer's entry word. The own rows go
+    to the token side here, counted by no one. Tiles come in the exchange order of their piece,
+    the tiles of the own rows alone last."""
     for p in plan.pieces:
         if p.exchange is not None and plan.exchanges[p.exchange].send_at < 0:
             raise ConfigError(
                 "template fused writes rows where the peer keeps them, which takes every rank's counts: "
                 "make the layout with exchange_layout (or Routing.layout)"
             )
-    t = _row_tiles(plan, recv_counts, block_m)
-    piece = t["piece"]
-    own = _piece_column(plan, lambda p: p.exchange is None)[piece] == 1
-    # the counted pieces, numbered in the order their first tile comes
-    per_piece = np.bincount(piece, minlength=len(plan.pieces))
-    counted_pieces = [i for i, p in enumerate(plan.pieces) if p.exchange is not None and per_piece[i]]
-    number = np.full(len(plan.pieces), -1, dtype=np.int64)
-    number[counted_pieces] = np.arange(len(counted_pieces))
-    dest = _piece_column(plan, lambda p: plan.rank if p.exchange is None else p.source)[piece]
-    base = _piece_column(
-        plan,
-        lambda p: p.token_rows[0] if p.exchange is None else plan.exchanges[p.exchange].send_at,
-    )[piece]
-    word = _piece_column(plan, lambda p: -1 if p.exchange is None else plan.rank * plan.chunks + p.chunk)[
-        piece
-    ]
-    entry = _piece_column(plan, lambda p: -1 if p.exchange is None else entered_base + p.source)[piece]
-    lo = _piece_column(plan, lambda p: p.rows[0])[piece]
+    counts = np.asarray(recv_counts, dtype=np.int64)  # [ws, El]
+    el, rank = counts.shape[1], plan.rank
+    g = _groups(plan, counts)
+    side, in_h = g.side, g.in_h
+    lo, hi = g.start.reshape(-1), (g.start + g.n).reshape(-1)
+    peers = sorted((p for p in plan.pieces if p.exchange is not None), key=lambda p: p.rows[0])
+    # a peer's piece that starts inside an expert's rows cuts that expert's tiles there
+    group_of = {int(x): i for i, x in enumerate(g.first)}
+    group_of.update({int(x): i for i, x in enumerate(g.second) if x >= 0})
+    cut_segment, cut_at = [], []
+    for p in peers:
+        src, b = p.source, p.rows[0]
+        e = int(np.searchsorted(side[src], b, side="right")) - 1
+        if side[src, e] < b < side[src, e] + counts[src, e]:
+            cut_segment.append(group_of[src] * el + e)
+            cut_at.append(in_h[src, e] + b - side[src, e])
+    seg = np.arange(lo.size)
+    if cut_segment:
+        seg = np.concatenate([seg, np.array(cut_segment, dtype=np.int64)])
+        starts = np.concatenate([lo, np.array(cut_at, dtype=np.int64)])
+        order = np.lexsort((starts, seg))
+        seg, starts = seg[order], starts[order]
+        same = np.append(seg[1:] == seg[:-1], False)
+        ends = np.where(same, np.append(starts[1:], 0), hi[seg])
+    else:
+        starts, ends = lo, hi
+    sub, ha, hb = _tiles_of(starts, ends, block_m)
+    segment = seg[sub]
+    group, expert = segment // el, segment % el
+    rows = hb - ha
+    cut = g.start.reshape(-1)[segment] + g.n1.reshape(-1)[segment]  # the second source's first h row
+    split = np.clip(cut - ha, 0, rows)
+    src0 = np.where(split > 0, g.first[group], g.second[group])
+    split = np.where(split > 0, split, rows)
+    src1 = np.where(split < rows, g.second[group], src0)
+    m0 = side[src0, expert] + ha - in_h[src0, expert]  # expert-side first row of each part
+    s1 = np.maximum(src1, 0)
+    m1 = side[s1, expert] + np.maximum(ha, cut) - in_h[s1, expert]
+    peer_m = np.where(src0 != rank, m0, np.where(src1 != rank, m1, -1))
+    has_peer = peer_m >= 0
+    piece = np.full(rows.size, -1, dtype=np.int64)
+    key = np.full(rows.size, len(plan.exchanges), dtype=np.int64)  # the own rows alone: last
+    word = np.full(rows.size, -1, dtype=np.int64)
+    entry = np.full(rows.size, -1, dtype=np.int64)
+    dest_row0, dest_row1 = np.zeros_like(m0), np.zeros_like(m1)
+    own = next((p for p in plan.pieces if p.exchange is None), None)
+    if own is not None:
+        to_own = own.token_rows[0] - own.rows[0]
+        dest_row0 = np.where(src0 == rank, m0 + to_own, dest_row0)
+        dest_row1 = np.where(src1 == rank, m1 + to_own, dest_row1)
+    counted: list[int] = []
+    if peers:
+        p_lo = np.array([p.rows[0] for p in peers], dtype=np.int64)
+        p_at = np.array([plan.exchanges[p.exchange].send_at for p in peers], dtype=np.int64)
+        p_key = np.array([p.exchange for p in peers], dtype=np.int64)
+        p_word = np.array([rank * plan.chunks + p.chunk for p in peers], dtype=np.int64)
+        p_src = np.array([p.source for p in peers], dtype=np.int64)
+        at = np.searchsorted(p_lo, peer_m[has_peer], side="right") - 1
+        key[has_peer], word[has_peer] = p_key[at], p_word[at]
+        entry[has_peer] = entered_base + p_src[at]
+        # the counted pieces, numbered in the order their first tile comes (exchange order)
+        per_piece = np.bincount(at, minlength=len(peers))
+        used = [i for i in np.argsort(p_key, kind="stable") if per_piece[i]]
+        number = np.full(len(peers), -1, dtype=np.int64)
+        number[used] = np.arange(len(used))
+        piece[has_peer] = number[at]
+        counted = [int(per_piece[i]) for i in used]
+        landing = np.full(rows.size, 0, dtype=np.int64)
+        landing[has_peer] = p_at[at] - p_lo[at]  # send_at + m - piece start
+        dest_row0 = np.where(src0 != rank, m0 + landing, dest_row0)
+        dest_row1 = np.where((src1 != rank) & (split < rows), m1 + landing, dest_row1)
+    dest_row1 = np.where(split < rows, dest_row1, dest_row0)
+    peer = np.where(has_peer, np.where(src0 != rank, src0, src1), -1)
     table = np.stack(
-        [t["expert"], t["h_row"], t["rows"], dest, base + t["m0"] - lo, number[piece], word, entry], axis=1
+        [expert, ha, rows, src0, dest_row0, piece, word, entry, split, src1, dest_row1, peer], axis=1
     )
-    table[own, 5] = -1
-    return table.astype(np.int32), [int(per_piece[i]) for i in counted_pieces]
+    return table[np.argsort(key, kind="stable")].astype(np.int32), counted
 
 
 @dataclass(frozen=True)

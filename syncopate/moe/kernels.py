@@ -30,10 +30,11 @@ rows a tile loads or stores, so that the compiler cannot move them before the wa
   read from x at their tokens (no gather before the kernel), the peers' from the receive buffer
   once the word of the last piece they reach is raised; output rows go to h in the unfused layout
   (by local expert, then source, then token).
-- `combine_kernel`: row tile = (expert, rows of one destination piece); a tile computes its rows of
-  h·W2[e], waits until the destination rank has entered the call (its buffer is free; a program
+- `combine_kernel`: row tile = up to BM rows of one expert in h, going to at most two ranks (the own
+  rows' edge beside a peer's), its peer rows in one piece; a tile computes its rows of
+  h·W2[e], waits until the peer has entered the call (its buffer is free; a program
   waits once for each destination, as a dispatch program waits once a piece), stores them
-  into that rank's receive buffer (a peer-mapped pointer), then counts itself in its piece; the
+  into each rank's receive buffer (a peer-mapped pointer), then counts itself in its piece; the
   count that completes a piece resets the counter and raises the piece's word in the destination's
   pad with a release store.
 """
@@ -64,10 +65,12 @@ DISPATCH_WORDS = 8
 tokens, 0: rows of the receive buffer), rows, signal word (-1: no wait), h row, split (rows of
 the first part; the rest are of the other kind), the second part's A row."""
 
-COMBINE_WORDS = 8
+COMBINE_WORDS = 12
 """int32 words of a combine row tile: expert, h row, rows, destination rank, destination row,
-piece (-1: the own rows, counted by no one), the piece's word in the destination's pad, the entry
-word in this rank's pad to wait on first (-1: none)."""
+piece (-1: the own rows alone, counted by no one), the piece's word in the pad of the piece's
+rank (the last word), the entry word in this rank's pad to wait on first (-1: none), split (rows
+that go to the first destination; the rest go to the second), second destination rank, its row,
+the piece's rank."""
 
 
 @triton.jit
@@ -212,7 +215,7 @@ def combine_kernel(
     seen = -1  # the entry word this program last waited for
     for t in range(pid, row_tiles * tiles_n, programs):
         mt = t // tiles_n
-        entry = tiles_ptr + mt * 8
+        entry = tiles_ptr + mt * 12
         e = tl.load(entry).to(tl.int64)
         h_row = tl.load(entry + 1)
         rows = tl.load(entry + 2)
@@ -221,6 +224,7 @@ def combine_kernel(
         piece = tl.load(entry + 5)
         word = tl.load(entry + 6)
         entered = tl.load(entry + 7)
+        split = tl.load(entry + 8)
         offs_n = (t - mt * tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
         m_ok = offs_m < rows
         n_ok = offs_n < N
@@ -235,13 +239,26 @@ def combine_kernel(
             seen = entered
         base = tl.multiple_of(tl.load(dest_ptrs + dest).to(tl.pointer_type(elem)), 16)  # vector stores
         out_rows = (dest_row + gate + offs_m).to(tl.int64) * stride_dm
-        tl.store(base + out_rows[:, None] + offs_n[None, :], acc.to(elem), mask=m_ok[:, None] & n_ok[None, :])
+        out = acc.to(elem)
+        if split < rows:  # the own rows' edge beside a peer's: two stores, each to its rank
+            first = offs_m < split
+            tl.store(
+                base + out_rows[:, None] + offs_n[None, :], out, mask=(m_ok & first)[:, None] & n_ok[None, :]
+            )
+            base = tl.load(dest_ptrs + tl.load(entry + 9)).to(tl.pointer_type(elem))
+            base = tl.multiple_of(base, 16)
+            out_rows = (tl.load(entry + 10) - split + gate + offs_m).to(tl.int64) * stride_dm
+            tl.store(
+                base + out_rows[:, None] + offs_n[None, :], out, mask=(m_ok & ~first)[:, None] & n_ok[None, :]
+            )
+        else:
+            tl.store(base + out_rows[:, None] + offs_n[None, :], out, mask=m_ok[:, None] & n_ok[None, :])
         if piece >= 0:
             tl.debug_barrier()  # every thread's rows stored before the count below releases them
             done = tl.atomic_add(counter_ptr + piece, 1, sem="acq_rel", scope="sys") + 1
             if done == tl.load(piece_tiles_ptr + piece) * tiles_n:
                 tl.atomic_xchg(counter_ptr + piece, 0, sem="relaxed", scope="gpu")
-                peer_pad = tl.load(peer_pads_ptr + dest).to(tl.pointer_type(tl.int32))
+                peer_pad = tl.load(peer_pads_ptr + tl.load(entry + 11)).to(tl.pointer_type(tl.int32))
                 tl.atomic_xchg(peer_pad + word, epoch, sem="release", scope="sys")
 
 
