@@ -76,23 +76,19 @@ def _partner(plan: PiecePlan) -> int | None:
     return min(near, key=lambda s: first.get(s, len(plan.exchanges)))
 
 
-@dataclass(frozen=True)
-class _Groups:
-    """Each expert's rows in h by group of sources (every peer alone, the own rows with `_partner`):
-    [groups] `first` and `second` source (-1: none); [groups, El] `start` (first row in h), `n1`
-    (rows of the first source) and `n` (all); [ws, El] `side` and `in_h`, the expert-side and h
-    start of (source, expert)."""
-
-    first: np.ndarray
-    second: np.ndarray
-    start: np.ndarray
-    n1: np.ndarray
-    n: np.ndarray
-    side: np.ndarray
-    in_h: np.ndarray
+_LO, _START, _END, _CUT, _BASE1, _BASE2, _SRC1, _SRC2, _EXPERT = range(9)
+"""The columns of a segment (`_segments`)."""
 
 
-def _groups(plan: PiecePlan, counts: np.ndarray) -> _Groups:
+def _segments(plan: PiecePlan, counts: np.ndarray, shift: int, block_m: int, from_end: bool) -> np.ndarray:
+    """Each expert's rows in h by group of sources (every peer alone, the own rows with `_partner`),
+    one int64 row a (group, expert), group-major: where its tiles count from (`_LO`), its first and
+    end row in h, the first row of its second source (`_CUT`; the end where it has one), what turns
+    an h row of each source into its A row (`_BASE1`, `_BASE2`: the expert-side row, the own rows'
+    moved by `shift`), the two sources (-1: none) and the expert. Tiles count from the start, or
+    with `from_end` where the own rows come second, from the end (`_LO` before the start), so that
+    the own rows fill whole tiles. One small array per column a group: the host makes these on
+    every call of a routing, after its host synchronization, where its time is the job's."""
     ws, el = counts.shape
     flat = counts.reshape(-1)
     side = (np.cumsum(flat) - flat).reshape(ws, el)  # expert-side start of (s, e)
@@ -101,27 +97,77 @@ def _groups(plan: PiecePlan, counts: np.ndarray) -> _Groups:
     rank, partner = plan.rank, _partner(plan)
     pairs = [(s, -1) for s in range(ws) if s not in (rank, partner)]
     pairs.append((rank, -1) if partner is None else (min(rank, partner), max(rank, partner)))
-    first = np.array([a for a, _ in pairs], dtype=np.int64)
-    second = np.array([b for _, b in pairs], dtype=np.int64)
-    n1 = counts[first]
-    n2 = np.where(second[:, None] >= 0, counts[np.maximum(second, 0)], 0)
-    return _Groups(first, second, in_h[first], n1, n1 + n2, side, in_h)
+    base = side - in_h
+    base[rank] += shift
+    out = np.empty((9, len(pairs), el), dtype=np.int64)
+    for g, (a, b) in enumerate(pairs):
+        col = out[:, g]
+        col[_START] = in_h[a]
+        col[_CUT] = in_h[a] + counts[a]
+        col[_END] = col[_CUT] + counts[b] if b >= 0 else col[_CUT]
+        col[_BASE1], col[_BASE2] = base[a], base[b] if b >= 0 else 0
+        col[_SRC1], col[_SRC2] = a, b
+        col[_LO] = col[_START]
+        if from_end and b == rank:
+            col[_LO] -= (col[_START] - col[_END]) % block_m
+    out[_EXPERT] = np.arange(el)
+    return out.reshape(9, -1).T
 
 
-def _tiles_of(lo: np.ndarray, hi: np.ndarray, block_m: int, from_end: np.ndarray | None = None):
-    """(segment, first row, end row) of every tile of `block_m` rows cutting each segment [lo, hi)
-    of rows, from its start, or from its end where `from_end` says so."""
-    tiles = (hi - lo + block_m - 1) // block_m
-    segment = np.repeat(np.arange(tiles.size), tiles)
-    j = np.arange(segment.size) - np.repeat(np.cumsum(tiles) - tiles, tiles)
-    a, b, t = lo[segment], hi[segment], tiles[segment]
-    ha = a + j * block_m
-    hb = np.minimum(b, ha + block_m)
-    if from_end is not None:
-        end = from_end[segment]
-        eb = b - (t - 1 - j) * block_m
-        ha, hb = np.where(end, np.maximum(a, eb - block_m), ha), np.where(end, eb, hb)
-    return segment, ha, hb
+@dataclass(frozen=True)
+class _Tiles:
+    """Every row tile of some segments (`_segments`), `block_m` rows from each segment's `_LO`:
+    its segment's row (`seg`), first row in h and rows; its two parts (the first `split` rows of
+    one source, the rest of the other): their sources and A rows (the second's the first's where a
+    tile has one part)."""
+
+    seg: np.ndarray
+    ha: np.ndarray
+    rows: np.ndarray
+    split: np.ndarray
+    src0: np.ndarray
+    src1: np.ndarray
+    a0: np.ndarray
+    a1: np.ndarray
+
+
+def _cut_tiles(seg: np.ndarray, block_m: int) -> _Tiles:
+    count = (seg[:, _END] - seg[:, _LO] + block_m - 1) // block_m
+    t = np.repeat(seg, count, axis=0)
+    j = np.arange(t.shape[0]) - np.repeat(np.cumsum(count) - count, count)
+    lo = t[:, _LO] + j * block_m
+    ha = np.maximum(t[:, _START], lo)
+    rows = np.minimum(t[:, _END], lo + block_m) - ha
+    cut = t[:, _CUT]
+    split = np.clip(cut - ha, 0, rows)
+    second_only = split == 0
+    split[second_only] = rows[second_only]
+    src0 = np.where(second_only, t[:, _SRC2], t[:, _SRC1])
+    a0 = np.where(second_only, t[:, _BASE2], t[:, _BASE1]) + ha
+    both = split < rows
+    return _Tiles(
+        seg=t,
+        ha=ha,
+        rows=rows,
+        split=split,
+        src0=src0,
+        src1=np.where(both, t[:, _SRC2], src0),
+        a0=a0,
+        a1=np.where(both, t[:, _BASE2] + cut, a0),
+    )
+
+
+def _table(key: np.ndarray, *columns: np.ndarray) -> np.ndarray:
+    """The int32 table of `columns`, its rows in the (stable) order of `key`."""
+    order = np.argsort(key, kind="stable")
+    table = np.empty((order.size, len(columns)), dtype=np.int32)
+    for i, column in enumerate(columns):
+        table[:, i] = column[order]
+    return table
+
+
+def _peer_pieces(plan: PiecePlan) -> list:
+    return sorted((p for p in plan.pieces if p.exchange is not None), key=lambda p: p.rows[0])
 
 
 def dispatch_tile_table(plan: PiecePlan, recv_counts: list[list[int]], block_m: int) -> np.ndarray:
@@ -142,48 +188,26 @@ def dispatch_tile_table(plan: PiecePlan, recv_counts: list[list[int]], block_m: 
     the word `source · chunks + chunk` of the last piece its rows reach: one source's pieces land
     in order (its copies follow each other on one stream), so the rows of the earlier ones are
     there too. Tiles come in order of the exchange they wait for, those of no wait first, then by
-    group, expert and row. Array arithmetic, not a loop over tiles: a layer makes these tables on
-    every call, after its routing's host synchronization, where the host's time is the job's."""
+    group, expert and row."""
     counts = np.asarray(recv_counts, dtype=np.int64)  # [ws, El]
-    el, rank = counts.shape[1], plan.rank
-    g = _groups(plan, counts)
-    side, in_h = g.side, g.in_h
-    own_piece = next((p for p in plan.pieces if p.exchange is None), None)
-    shift = own_piece.token_rows[0] - own_piece.rows[0] if own_piece is not None else 0
-    from_end = np.repeat(g.second == rank, el)  # the own rows come second: tiles start at the end
-    segment, ha, hb = _tiles_of(g.start.reshape(-1), (g.start + g.n).reshape(-1), block_m, from_end)
-    group, expert = segment // el, segment % el
-    rows = hb - ha
-    cut = g.start.reshape(-1)[segment] + g.n1.reshape(-1)[segment]  # the second source's first h row
-    split = np.clip(cut - ha, 0, rows)
-    src0 = np.where(split > 0, g.first[group], g.second[group])  # a tile all of the second source
-    split = np.where(split > 0, split, rows)
-    src1 = np.where(split < rows, g.second[group], src0)
-
-    def a_rows(src: np.ndarray, at: np.ndarray) -> np.ndarray:
-        s = np.maximum(src, 0)
-        return side[s, expert] + at - in_h[s, expert] + np.where(s == rank, shift, 0)
-
-    # the peer part's last row (expert side), and the piece that brings it
+    rank = plan.rank
+    own = next((p for p in plan.pieces if p.exchange is None), None)
+    shift = own.token_rows[0] - own.rows[0] if own is not None else 0
+    t = _cut_tiles(_segments(plan, counts, shift, block_m, from_end=True), block_m)
+    # the last peer row (expert side): of the first part where it is a peer's, else of the second
     peer_last = np.where(
-        src1 != rank,
-        side[np.maximum(src1, 0), expert] + hb - 1 - in_h[np.maximum(src1, 0), expert],
-        np.where(src0 != rank, side[src0, expert] + ha + split - 1 - in_h[src0, expert], -1),
+        t.src0 != rank, t.a0 + t.split - 1, np.where(t.split < t.rows, t.a1 + t.rows - t.split - 1, -1)
     )
-    peers = [p for p in plan.pieces if p.exchange is not None]
-    word, key = np.full(rows.size, -1, dtype=np.int64), np.full(rows.size, -1, dtype=np.int64)
+    word = np.full(t.rows.size, -1, dtype=np.int64)
+    key = np.full(t.rows.size, -1, dtype=np.int64)
+    peers = _peer_pieces(plan)
     if peers:
-        peers.sort(key=lambda p: p.rows[0])
-        los = np.array([p.rows[0] for p in peers], dtype=np.int64)
-        p_word = np.array([p.source * plan.chunks + p.chunk for p in peers], dtype=np.int64)
-        p_key = np.array([p.exchange for p in peers], dtype=np.int64)
+        lo = np.array([p.rows[0] for p in peers], dtype=np.int64)
         waits = peer_last >= 0
-        at = np.searchsorted(los, peer_last[waits], side="right") - 1
-        word[waits], key[waits] = p_word[at], p_key[at]
-    a0 = a_rows(src0, ha)
-    a1 = np.where(split < rows, a_rows(src1, np.maximum(ha, cut)), a0)  # one part: its own A row
-    table = np.stack([expert, a0, src0 == rank, rows, word, ha, split, a1], axis=1)
-    return table[np.argsort(key, kind="stable")].astype(np.int32)
+        at = np.searchsorted(lo, peer_last[waits], side="right") - 1
+        word[waits] = np.array([p.source * plan.chunks + p.chunk for p in peers], dtype=np.int64)[at]
+        key[waits] = np.array([p.exchange for p in peers], dtype=np.int64)[at]
+    return _table(key, t.seg[:, _EXPERT], t.a0, t.src0 == rank, t.rows, word, t.ha, t.split, t.a1)
 
 
 def combine_tile_table(
@@ -208,82 +232,61 @@ def combine_tile_table(
                 "make the layout with exchange_layout (or Routing.layout)"
             )
     counts = np.asarray(recv_counts, dtype=np.int64)  # [ws, El]
-    el, rank = counts.shape[1], plan.rank
-    g = _groups(plan, counts)
-    side, in_h = g.side, g.in_h
-    lo, hi = g.start.reshape(-1), (g.start + g.n).reshape(-1)
-    peers = sorted((p for p in plan.pieces if p.exchange is not None), key=lambda p: p.rows[0])
+    rank = plan.rank
+    seg = _segments(plan, counts, 0, block_m, from_end=False)
+    peers = _peer_pieces(plan)
     # a peer's piece that starts inside an expert's rows cuts that expert's tiles there
-    group_of = {int(x): i for i, x in enumerate(g.first)}
-    group_of.update({int(x): i for i, x in enumerate(g.second) if x >= 0})
-    cut_segment, cut_at = [], []
+    extra = []
     for p in peers:
-        src, b = p.source, p.rows[0]
-        e = int(np.searchsorted(side[src], b, side="right")) - 1
-        if side[src, e] < b < side[src, e] + counts[src, e]:
-            cut_segment.append(group_of[src] * el + e)
-            cut_at.append(in_h[src, e] + b - side[src, e])
-    seg = np.arange(lo.size)
-    if cut_segment:
-        seg = np.concatenate([seg, np.array(cut_segment, dtype=np.int64)])
-        starts = np.concatenate([lo, np.array(cut_at, dtype=np.int64)])
-        order = np.lexsort((starts, seg))
-        seg, starts = seg[order], starts[order]
-        same = np.append(seg[1:] == seg[:-1], False)
-        ends = np.where(same, np.append(starts[1:], 0), hi[seg])
-    else:
-        starts, ends = lo, hi
-    sub, ha, hb = _tiles_of(starts, ends, block_m)
-    segment = seg[sub]
-    group, expert = segment // el, segment % el
-    rows = hb - ha
-    cut = g.start.reshape(-1)[segment] + g.n1.reshape(-1)[segment]  # the second source's first h row
-    split = np.clip(cut - ha, 0, rows)
-    src0 = np.where(split > 0, g.first[group], g.second[group])
-    split = np.where(split > 0, split, rows)
-    src1 = np.where(split < rows, g.second[group], src0)
-    m0 = side[src0, expert] + ha - in_h[src0, expert]  # expert-side first row of each part
-    s1 = np.maximum(src1, 0)
-    m1 = side[s1, expert] + np.maximum(ha, cut) - in_h[s1, expert]
-    peer_m = np.where(src0 != rank, m0, np.where(src1 != rank, m1, -1))
+        first = seg[:, _SRC1] == p.source
+        m = p.rows[0] - np.where(
+            first, seg[:, _BASE1], seg[:, _BASE2]
+        )  # its first row's h row, were it there
+        inside = np.where(first, seg[:, _START], seg[:, _CUT]) < m
+        inside &= m < np.where(first, seg[:, _CUT], seg[:, _END])
+        inside &= first | (seg[:, _SRC2] == p.source)
+        for i in np.flatnonzero(inside):  # one expert's rows at most
+            row = seg[i].copy()
+            row[_LO] = row[_START] = m[i]
+            extra.append((i, row))
+    if extra:
+        ids = np.concatenate([np.arange(seg.shape[0]), [i for i, _ in extra]])
+        seg = np.concatenate([seg, np.stack([row for _, row in extra])])
+        order = np.lexsort((seg[:, _START], ids))
+        ids, seg = ids[order], seg[order]
+        same = ids[1:] == ids[:-1]
+        seg[:-1, _END] = np.where(same, seg[1:, _START], seg[:-1, _END])
+    t = _cut_tiles(seg, block_m)
+    both = t.split < t.rows
+    peer_m = np.where(t.src0 != rank, t.a0, np.where(both, t.a1, -1))
     has_peer = peer_m >= 0
-    piece = np.full(rows.size, -1, dtype=np.int64)
-    key = np.full(rows.size, len(plan.exchanges), dtype=np.int64)  # the own rows alone: last
-    word = np.full(rows.size, -1, dtype=np.int64)
-    entry = np.full(rows.size, -1, dtype=np.int64)
-    dest_row0, dest_row1 = np.zeros_like(m0), np.zeros_like(m1)
+    n = t.rows.size
+    piece, word, entry, peer = (np.full(n, -1, dtype=np.int64) for _ in range(4))
+    key = np.full(n, len(plan.exchanges), dtype=np.int64)  # the own rows alone: last
     own = next((p for p in plan.pieces if p.exchange is None), None)
-    if own is not None:
-        to_own = own.token_rows[0] - own.rows[0]
-        dest_row0 = np.where(src0 == rank, m0 + to_own, dest_row0)
-        dest_row1 = np.where(src1 == rank, m1 + to_own, dest_row1)
+    to_own = own.token_rows[0] - own.rows[0] if own is not None else 0
+    landing = np.zeros(n, dtype=np.int64)
     counted: list[int] = []
     if peers:
-        p_lo = np.array([p.rows[0] for p in peers], dtype=np.int64)
-        p_at = np.array([plan.exchanges[p.exchange].send_at for p in peers], dtype=np.int64)
-        p_key = np.array([p.exchange for p in peers], dtype=np.int64)
-        p_word = np.array([rank * plan.chunks + p.chunk for p in peers], dtype=np.int64)
-        p_src = np.array([p.source for p in peers], dtype=np.int64)
-        at = np.searchsorted(p_lo, peer_m[has_peer], side="right") - 1
-        key[has_peer], word[has_peer] = p_key[at], p_word[at]
-        entry[has_peer] = entered_base + p_src[at]
+        lo = np.array([p.rows[0] for p in peers], dtype=np.int64)
+        at = np.searchsorted(lo, peer_m[has_peer], side="right") - 1
+        exchange = np.array([p.exchange for p in peers], dtype=np.int64)
+        key[has_peer] = exchange[at]
+        word[has_peer] = np.array([rank * plan.chunks + p.chunk for p in peers], dtype=np.int64)[at]
+        peer[has_peer] = np.array([p.source for p in peers], dtype=np.int64)[at]
+        entry[has_peer] = entered_base + peer[has_peer]
+        landing[has_peer] = (np.array([plan.exchanges[p.exchange].send_at for p in peers]) - lo)[at]
         # the counted pieces, numbered in the order their first tile comes (exchange order)
         per_piece = np.bincount(at, minlength=len(peers))
-        used = [i for i in np.argsort(p_key, kind="stable") if per_piece[i]]
+        used = [i for i in np.argsort(exchange, kind="stable") if per_piece[i]]
         number = np.full(len(peers), -1, dtype=np.int64)
         number[used] = np.arange(len(used))
         piece[has_peer] = number[at]
         counted = [int(per_piece[i]) for i in used]
-        landing = np.full(rows.size, 0, dtype=np.int64)
-        landing[has_peer] = p_at[at] - p_lo[at]  # send_at + m - piece start
-        dest_row0 = np.where(src0 != rank, m0 + landing, dest_row0)
-        dest_row1 = np.where((src1 != rank) & (split < rows), m1 + landing, dest_row1)
-    dest_row1 = np.where(split < rows, dest_row1, dest_row0)
-    peer = np.where(has_peer, np.where(src0 != rank, src0, src1), -1)
-    table = np.stack(
-        [expert, ha, rows, src0, dest_row0, piece, word, entry, split, src1, dest_row1, peer], axis=1
-    )
-    return table[np.argsort(key, kind="stable")].astype(np.int32), counted
+    row0 = t.a0 + np.where(t.src0 == rank, to_own, landing)
+    row1 = np.where(both, t.a1 + np.where(t.src1 == rank, to_own, landing), row0)
+    columns = (t.seg[:, _EXPERT], t.ha, t.rows, t.src0, row0, piece, word, entry, t.split, t.src1, row1, peer)
+    return _table(key, *columns), counted
 
 
 @dataclass(frozen=True)
