@@ -137,19 +137,17 @@ def _cut_tiles(seg: np.ndarray, block_m: int) -> _Tiles:
     j = np.arange(t.shape[0]) - np.repeat(np.cumsum(count) - count, count)
     lo = t[:, _LO] + j * block_m
     ha = np.maximum(t[:, _START], lo)
-    rows = np.minimum(t[:, _END], lo + block_m) - ha
+    hb = np.minimum(t[:, _END], lo + block_m)
     cut = t[:, _CUT]
-    split = np.clip(cut - ha, 0, rows)
-    second_only = split == 0
-    split[second_only] = rows[second_only]
-    src0 = np.where(second_only, t[:, _SRC2], t[:, _SRC1])
-    a0 = np.where(second_only, t[:, _BASE2], t[:, _BASE1]) + ha
-    both = split < rows
+    first = ha < cut  # the tile starts in the first source's rows
+    both = first & (cut < hb)
+    a0 = np.where(first, t[:, _BASE1], t[:, _BASE2]) + ha
+    src0 = np.where(first, t[:, _SRC1], t[:, _SRC2])
     return _Tiles(
         seg=t,
         ha=ha,
-        rows=rows,
-        split=split,
+        rows=hb - ha,
+        split=np.where(both, cut, hb) - ha,
         src0=src0,
         src1=np.where(both, t[:, _SRC2], src0),
         a0=a0,
@@ -198,15 +196,11 @@ def dispatch_tile_table(plan: PiecePlan, recv_counts: list[list[int]], block_m: 
     peer_last = np.where(
         t.src0 != rank, t.a0 + t.split - 1, np.where(t.split < t.rows, t.a1 + t.rows - t.split - 1, -1)
     )
-    word = np.full(t.rows.size, -1, dtype=np.int64)
-    key = np.full(t.rows.size, -1, dtype=np.int64)
+    # the piece of each tile's last peer row: 0 for none (-1 lies before every piece), else 1 + its index
     peers = _peer_pieces(plan)
-    if peers:
-        lo = np.array([p.rows[0] for p in peers], dtype=np.int64)
-        waits = peer_last >= 0
-        at = np.searchsorted(lo, peer_last[waits], side="right") - 1
-        word[waits] = np.array([p.source * plan.chunks + p.chunk for p in peers], dtype=np.int64)[at]
-        key[waits] = np.array([p.exchange for p in peers], dtype=np.int64)[at]
+    at = np.searchsorted(np.array([p.rows[0] for p in peers], dtype=np.int64), peer_last, side="right")
+    word = np.array([-1, *(p.source * plan.chunks + p.chunk for p in peers)], dtype=np.int64)[at]
+    key = np.array([-1, *(p.exchange for p in peers)], dtype=np.int64)[at]
     return _table(key, t.seg[:, _EXPERT], t.a0, t.src0 == rank, t.rows, word, t.ha, t.split, t.a1)
 
 
@@ -235,9 +229,12 @@ def combine_tile_table(
     rank = plan.rank
     seg = _segments(plan, counts, 0, block_m, from_end=False)
     peers = _peer_pieces(plan)
-    # a peer's piece that starts inside an expert's rows cuts that expert's tiles there
+    # a peer's piece that starts inside an expert's rows cuts that expert's tiles there (a source's
+    # first piece starts at its first row, inside no expert's)
     extra = []
     for p in peers:
+        if p.chunk == 0:
+            continue
         first = seg[:, _SRC1] == p.source
         m = p.rows[0] - np.where(
             first, seg[:, _BASE1], seg[:, _BASE2]
@@ -258,35 +255,35 @@ def combine_tile_table(
         seg[:-1, _END] = np.where(same, seg[1:, _START], seg[:-1, _END])
     t = _cut_tiles(seg, block_m)
     both = t.split < t.rows
+    # the piece of each tile's peer rows: 0 for none (-1 lies before every piece), else 1 + its index
     peer_m = np.where(t.src0 != rank, t.a0, np.where(both, t.a1, -1))
-    has_peer = peer_m >= 0
-    n = t.rows.size
-    piece, word, entry, peer = (np.full(n, -1, dtype=np.int64) for _ in range(4))
-    key = np.full(n, len(plan.exchanges), dtype=np.int64)  # the own rows alone: last
+    at = np.searchsorted(np.array([p.rows[0] for p in peers], dtype=np.int64), peer_m, side="right")
+    exchange = [p.exchange for p in peers]
+    per_piece = np.bincount(at, minlength=len(peers) + 1)[1:]
+    # the counted pieces, numbered in the order their first tile comes (exchange order)
+    used = [i for i in sorted(range(len(peers)), key=exchange.__getitem__) if per_piece[i]]
+    number = [-1] * len(peers)
+    for n, i in enumerate(used):
+        number[i] = n
+    source = [p.source for p in peers]
+    columns = np.array(
+        [
+            [len(plan.exchanges), *exchange],  # the own rows alone: last
+            [-1, *number],
+            [-1, *(rank * plan.chunks + p.chunk for p in peers)],
+            [-1, *(entered_base + s for s in source)],
+            [-1, *source],
+            [0, *(plan.exchanges[p.exchange].send_at - p.rows[0] for p in peers)],
+        ],
+        dtype=np.int64,
+    )[:, at]
+    key, piece, word, entry, peer, landing = columns
     own = next((p for p in plan.pieces if p.exchange is None), None)
     to_own = own.token_rows[0] - own.rows[0] if own is not None else 0
-    landing = np.zeros(n, dtype=np.int64)
-    counted: list[int] = []
-    if peers:
-        lo = np.array([p.rows[0] for p in peers], dtype=np.int64)
-        at = np.searchsorted(lo, peer_m[has_peer], side="right") - 1
-        exchange = np.array([p.exchange for p in peers], dtype=np.int64)
-        key[has_peer] = exchange[at]
-        word[has_peer] = np.array([rank * plan.chunks + p.chunk for p in peers], dtype=np.int64)[at]
-        peer[has_peer] = np.array([p.source for p in peers], dtype=np.int64)[at]
-        entry[has_peer] = entered_base + peer[has_peer]
-        landing[has_peer] = (np.array([plan.exchanges[p.exchange].send_at for p in peers]) - lo)[at]
-        # the counted pieces, numbered in the order their first tile comes (exchange order)
-        per_piece = np.bincount(at, minlength=len(peers))
-        used = [i for i in np.argsort(exchange, kind="stable") if per_piece[i]]
-        number = np.full(len(peers), -1, dtype=np.int64)
-        number[used] = np.arange(len(used))
-        piece[has_peer] = number[at]
-        counted = [int(per_piece[i]) for i in used]
     row0 = t.a0 + np.where(t.src0 == rank, to_own, landing)
     row1 = np.where(both, t.a1 + np.where(t.src1 == rank, to_own, landing), row0)
     columns = (t.seg[:, _EXPERT], t.ha, t.rows, t.src0, row0, piece, word, entry, t.split, t.src1, row1, peer)
-    return _table(key, *columns), counted
+    return _table(key, *columns), [int(per_piece[i]) for i in used]
 
 
 @dataclass(frozen=True)

@@ -254,17 +254,44 @@ class ExpertLayout:
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A small CPU table on `device` without waiting for the device: from pinned memory,
     non-blocking (a copy from pageable memory would wait for the work queued before it)."""
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
+    return to_device_all([t], device)[0]
+
+
+_STAGING_SLOTS = 4
+_STAGING: dict = {}
+"""Pinned host buffers `to_device_all` stages its tables in, by (device, dtype): a ring of
+`_STAGING_SLOTS` [buffer, event] (None until used), and the next slot's index."""
+
+
+def _staging(n: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.cuda.Event]:
+    """A pinned buffer of at least n elements and the event its last copy recorded, once that copy
+    is done (a slot is reused `_STAGING_SLOTS` calls later: long done)."""
+    ring = _STAGING.setdefault((str(device), dtype), [[None] * _STAGING_SLOTS, 0])
+    slots, i = ring
+    ring[1] = (i + 1) % _STAGING_SLOTS
+    slot = slots[i]
+    if slot is not None:
+        slot[1].synchronize()
+    if slot is None or slot[0].numel() < n:
+        size = max(n, 4096, 2 * slot[0].numel() if slot is not None else 0)
+        slot = slots[i] = [torch.empty(size, dtype=dtype, pin_memory=True), torch.cuda.Event()]
+    return slot[0], slot[1]
 
 
 def to_device_all(tables: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """Small CPU tables of one dtype on `device` with one copy (`to_device`): views of one buffer,
-    each of its table's shape."""
-    if len(tables) < 2:
-        return [to_device(t, device) for t in tables]
-    moved = to_device(torch.cat([t.reshape(-1) for t in tables]), device)
+    """Small CPU tables of one dtype on `device` with one copy, without waiting for the device
+    (from pinned memory, non-blocking: a copy from pageable memory would wait for the work queued
+    before it): views of one buffer, each of its table's shape. On CUDA the tables are gathered
+    straight into a pinned buffer of a small ring (no pinned allocation a call: the host's time
+    here is on a layer's path)."""
+    if device.type == "cuda":
+        n = sum(t.numel() for t in tables)
+        staged, done = _staging(n, tables[0].dtype, device)
+        torch.cat([t.reshape(-1) for t in tables], out=staged[:n])
+        moved = staged[:n].to(device, non_blocking=True)
+        done.record(torch.cuda.current_stream(device))
+    else:
+        moved = torch.cat([t.reshape(-1) for t in tables]).to(device)
     out, at = [], 0
     for t in tables:
         out.append(moved[at : at + t.numel()].view(t.shape))
