@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -58,17 +57,39 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
 class Prepared:
-    """What every call of one (layout, kind, config) on one rank needs."""
+    """What every call of one (layout, kind, config) on one rank needs: the plan and the most rows a
+    rank receives (`rows_needed`, -1 where the layout has no counts), then per piece of
+    `plan.pieces` its groups' ends on the device (`offsets`) and the rows of h its rows are
+    (`places`: expert-side rows → h's layout), made at first use (the fused plans, which make their
+    own tables, never use them in their forward: their host time there is after the routing's
+    wait)."""
 
-    plan: PiecePlan
-    offsets: tuple[torch.Tensor, ...]
-    """Per piece of `plan.pieces`: its groups' ends (int32, on the device)."""
-    places: tuple[torch.Tensor, ...]
-    """Per piece: the rows of h its rows are (expert-side rows → h's layout)."""
-    rows_needed: int
-    """The most rows any rank receives in a call of this kind (-1 where the layout has no counts)."""
+    __slots__ = ("_device", "_experts", "_offsets", "_order", "_places", "plan", "rows_needed")
+
+    def __init__(self, plan: PiecePlan, rows_needed: int, layout: ExpertLayout, device: torch.device) -> None:
+        self.plan, self.rows_needed = plan, rows_needed
+        # the layout's tables, not the layout, whose cache keeps this
+        self._experts, self._order, self._device = layout.local_experts, layout.expert_order_inverse, device
+        self._offsets: tuple[torch.Tensor, ...] | None = None
+        self._places: tuple[torch.Tensor, ...] | None = None
+
+    @property
+    def offsets(self) -> tuple[torch.Tensor, ...]:
+        if self._offsets is None:
+            el, pieces = self._experts, self.plan.pieces
+            ends = torch.tensor(
+                [end for p in pieces for end in itertools.accumulate(p.groups)], dtype=torch.int32
+            )
+            flat = to_device_all([ends], self._device)[0]
+            self._offsets = tuple(flat[i * el : (i + 1) * el] for i in range(len(pieces)))
+        return self._offsets
+
+    @property
+    def places(self) -> tuple[torch.Tensor, ...]:
+        if self._places is None:
+            self._places = tuple(self._order[p.rows[0] : p.rows[1]] for p in self.plan.pieces)
+        return self._places
 
 
 def prepared(
@@ -79,41 +100,32 @@ def prepared(
     device: torch.device,
     more: Callable[[PiecePlan], list[torch.Tensor]] | None = None,
 ) -> tuple[Prepared, list[torch.Tensor]]:
-    """The tables of `kind` under `config` on rank `rank`, made once and kept in the layout's cache;
-    with `more`, the further int32 tables it makes from the plan (on the CPU), moved to the device in
-    the same copy as the plan's (each copy costs the host tens of microseconds, after the routing's
-    wait for the device, when nothing else is queued there), else []."""
+    """The plan of `kind` under `config` on rank `rank`, made once and kept in the layout's cache;
+    with `more`, the further int32 tables it makes from the plan (on the CPU), moved to the device
+    in one copy (each copy costs the host tens of microseconds, after the routing's wait for the
+    device, when nothing else is queued there), else []."""
     key = ("pipelined", kind, rank, config.chunks_per_source, config.order, str(device))
     prep = layout.cache.get(key)
-    if prep is not None:
-        return prep, to_device_all(more(prep.plan), device) if more is not None else []
-    counts = layout.host_counts()
-    plan = build_piece_plan(
-        kind,
-        rank=rank,
-        world_size=layout.world_size,
-        send_splits=list(layout.send_splits),
-        recv_counts=layout.host_recv_counts(),
-        chunks=config.chunks_per_source,
-        order=config.order,
-        counts=counts,
-    )
-    el = layout.local_experts
-    ends = torch.tensor(
-        [end for p in plan.pieces for end in itertools.accumulate(p.groups)], dtype=torch.int32
-    )
-    flat, *extra = to_device_all([ends, *(more(plan) if more is not None else [])], device)
-    offsets = tuple(flat[i * el : (i + 1) * el] for i in range(len(plan.pieces)))
-    places = tuple(layout.expert_order_inverse[p.rows[0] : p.rows[1]] for p in plan.pieces)
-    if counts is None:
-        needed = -1
-    elif kind == "a2a_gemm":
-        needed = max(layout.rows_received_by(q) for q in range(layout.world_size))
-    else:
-        needed = max(sum(row) for row in counts)
-    prep = Prepared(plan=plan, offsets=offsets, places=places, rows_needed=needed)
-    layout.cache[key] = prep
-    return prep, extra
+    if prep is None:
+        counts = layout.host_counts()
+        plan = build_piece_plan(
+            kind,
+            rank=rank,
+            world_size=layout.world_size,
+            send_splits=list(layout.send_splits),
+            recv_counts=layout.host_recv_counts(),
+            chunks=config.chunks_per_source,
+            order=config.order,
+            counts=counts,
+        )
+        if counts is None:
+            needed = -1
+        elif kind == "a2a_gemm":
+            needed = max(layout.rows_received_by(q) for q in range(layout.world_size))
+        else:
+            needed = max(sum(row) for row in counts)
+        prep = layout.cache[key] = Prepared(plan, needed, layout, device)
+    return prep, to_device_all(more(prep.plan), device) if more is not None else []
 
 
 def _group(group):

@@ -284,6 +284,8 @@ def to_device_all(tables: list[torch.Tensor], device: torch.device) -> list[torc
     before it): views of one buffer, each of its table's shape. On CUDA the tables are gathered
     straight into a pinned buffer of a small ring (no pinned allocation a call: the host's time
     here is on a layer's path)."""
+    if not tables:
+        return []
     if device.type == "cuda":
         n = sum(t.numel() for t in tables)
         staged, done = _staging(n, tables[0].dtype, device)
