@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from syncopate.errors import ConfigError
@@ -357,24 +358,21 @@ def layout_tables(
     )
 
 
-def _exclusive(sizes: torch.Tensor) -> torch.Tensor:
-    return torch.cumsum(sizes, 0) - sizes
-
-
 def _expert_orders(recv_counts: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(`expert_order`, its inverse) on `device`. The received rows come in ws·El blocks (source
     rank, then local expert), moved whole: a row's place is its block's new start plus its offset in
     the block. Only the blocks' shifts cross to the device (one small copy); each permutation is
     one repeat_interleave of told output size and an arange there."""
     ws, el = recv_counts.shape
-    sizes = recv_counts.reshape(-1)  # by source, then expert
-    rows = sum(sizes.tolist())
-    source_start = _exclusive(sizes).view(ws, el)
-    by_expert = recv_counts.t().reshape(-1)  # the blocks by expert, then source
-    expert_start = _exclusive(by_expert).view(el, ws).t()
-    shift = (expert_start - source_start).reshape(-1)
-    table = torch.stack([-shift.view(ws, el).t().reshape(-1), by_expert, shift, sizes])
-    table = to_device(table, device)
+    counts = recv_counts.numpy()  # numpy: a few small steps on the host's path, each cheaper than torch's
+    sizes = counts.reshape(-1)  # by source, then expert
+    rows = int(sizes.sum())
+    source_start = (np.cumsum(sizes) - sizes).reshape(ws, el)
+    by_expert = counts.T.reshape(-1)  # the blocks by expert, then source
+    expert_start = (np.cumsum(by_expert) - by_expert).reshape(el, ws).T
+    shift = expert_start - source_start
+    table = np.stack([-shift.T.reshape(-1), by_expert, shift.reshape(-1), sizes])
+    table = to_device(torch.from_numpy(table), device)
     arange = torch.arange(rows, dtype=torch.int64, device=device)
     forward = torch.repeat_interleave(table[0], table[1], output_size=rows) + arange
     backward = torch.repeat_interleave(table[2], table[3], output_size=rows) + arange
