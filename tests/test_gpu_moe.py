@@ -171,6 +171,34 @@ def check_refusal(rank, world, device, group) -> list[str]:
     return lines
 
 
+def check_routing_stats(rank, world, device, group) -> list[str]:
+    """The pair counts and checks of a routing on the GPU (one Triton kernel) equal the CPU's torch
+    steps, for distinct, repeated and out-of-range ids; a routing with a repeat on one rank is
+    refused on every rank, naming that rank."""
+    from syncopate.errors import ConfigError
+    from syncopate.moe import exchange_layout
+    from syncopate.moe.routing import pair_stats
+
+    experts, lines = 4 * world, []
+    gen = torch.Generator().manual_seed(rank)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:3] for _ in range(3000)])
+    repeated, outside = ids.clone(), ids.clone()
+    repeated[1500, 2] = repeated[1500, 0]
+    outside[7, 1] = experts
+    for name, case in (("distinct", ids), ("repeated", repeated), ("outside", outside)):
+        want = pair_stats(case, experts)
+        got = pair_stats(case.to(device), experts)
+        if got[0].tolist() != want[0].tolist() or got[1].tolist() != want[1].tolist():
+            lines.append(f"rank {rank}: {name} ids: GPU stats {got[1].tolist()} != CPU {want[1].tolist()}")
+    try:
+        exchange_layout((repeated if rank == world - 1 else ids).to(device), experts, group)
+        lines.append(f"rank {rank}: a repeated expert on rank {world - 1} was accepted")
+    except ConfigError as e:
+        if f"rank {world - 1}'s" not in str(e) or "repeat" not in str(e):
+            lines.append(f"rank {rank}: the refusal does not say which rank and what: {e}")
+    return lines
+
+
 def check_exchange_alone(rank, world, device, group) -> list[str]:
     """`pipelined.exchange_alone` (the bound's all-to-all alone on a backend): the peers' rows land
     where all_to_all_single puts them, both kinds, two backends, 1 and 2 pieces a peer, twice."""
@@ -237,7 +265,9 @@ def run_checks(checks: tuple, world: int, what: str) -> None:
 
 
 def _run(world: int) -> None:
-    run_checks((check_ops, check_exchange_alone, check_layer, check_refusal), world, "MoE check")
+    run_checks(
+        (check_ops, check_routing_stats, check_exchange_alone, check_layer, check_refusal), world, "MoE check"
+    )
 
 
 @pytest.mark.multigpu

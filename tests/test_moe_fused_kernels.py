@@ -357,6 +357,29 @@ def test_a_destination_that_has_not_entered_makes_the_wait_report_it():
     assert error == 0
 
 
+@pytest.mark.parametrize("tokens, top_k, experts", [(1, 1, 3), (300, 4, 12), (700, 3, 128)])
+def test_pair_stats_equal_the_torch_steps(tokens, top_k, experts):
+    """`launch_pair_stats` (the CUDA path of `routing.pair_stats`) against the torch steps of the
+    CPU path, on routings drawn distinct a token, with a repeat planted, and with ids outside
+    [0, experts); more keys than one program's block."""
+    from syncopate.moe.kernels import launch_pair_stats
+    from syncopate.moe.routing import pair_stats
+
+    gen = torch.Generator().manual_seed(tokens)
+    distinct = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+    repeated = distinct.clone()
+    if top_k > 1:
+        repeated[tokens // 2, 1] = repeated[tokens // 2, 0]
+    outside = distinct.clone()
+    outside[0, 0], outside[-1, -1] = -2, experts + 1
+    for ids in (distinct, repeated, outside):
+        order, want = pair_stats(ids, experts)  # on the CPU: torch's steps
+        keys = ids.reshape(-1)[order]
+        got = launch_pair_stats(keys, order, top_k, experts)
+        assert got.tolist() == want.tolist()
+    assert int(pair_stats(repeated, experts)[1][-1]) == int(top_k > 1)
+
+
 def test_the_kernels_compile_for_sm90():
     script = Path(__file__).parent / "support" / "compile_moe_sm90.py"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -364,8 +387,8 @@ def test_the_kernels_compile_for_sm90():
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     ok = [line for line in done.stdout.splitlines() if line.startswith("ok ")]
-    # the gathered sum's three, the row scatter, the SwiGLU's two, the NVSHMEM put and copier
-    row_kernels = 3 + 1 + 2 + 2
+    # the gathered sum's three, the row scatter, the pair stats, the SwiGLU's two, the NVSHMEM put and copier
+    row_kernels = 3 + 1 + 1 + 2 + 2
     assert len(ok) == 2 * len(MOE_TILE_CONFIGS) + row_kernels, done.stdout
     copiers = [line for line in ok if line.split()[1] == "nvshmem"]
     assert len(copiers) == 2 and all(" 0 acquire loads" not in line for line in copiers), done.stdout

@@ -727,3 +727,68 @@ def launch_swiglu_grad(grad: torch.Tensor, h: torch.Tensor, grad_h: torch.Tensor
     swiglu_grad_kernel[grid](
         grad, h, grad_h, f, grad.stride(0), h.stride(0), grad_h.stride(0), BLOCK_F=block, num_warps=4
     )
+
+
+# A routing's pair counts and checks ---------------------------------------------------------------
+
+
+@triton.jit
+def pair_stats_kernel(
+    keys_ptr, order_ptr, out_ptr, n, experts, top_k, steps, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr
+):
+    """From a routing's expert ids sorted stably (`keys` [n], `order` [n]: each key's pair index):
+    out[e] = the pairs of expert e (e < `experts`; ids outside [0, experts) are counted by no
+    one), out[E] and out[E + 1] the smallest and largest id, out[E + 2] 1 where a token names an
+    expert twice (two equal keys side by side of one token, pair // top_k), else left as it is
+    (zero). Program 0 counts (a binary search of every expert's first and end key, `steps` rounds)
+    and reads the extremes; every program tests its BLOCK keys for repeats."""
+    pid = tl.program_id(0)
+    i = pid * BLOCK + tl.arange(0, BLOCK)
+    later = (i >= 1) & (i < n)
+    key = tl.load(keys_ptr + i, mask=later, other=0)
+    before = tl.load(keys_ptr + i - 1, mask=later, other=1)
+    token = tl.load(order_ptr + i, mask=later, other=0) // top_k
+    token_before = tl.load(order_ptr + i - 1, mask=later, other=0) // top_k
+    repeat = tl.max((later & (key == before) & (token == token_before)).to(tl.int64), 0)
+    if repeat > 0:
+        tl.atomic_max(out_ptr + experts + 2, repeat)
+    if pid == 0:
+        e = tl.arange(0, BLOCK_E).to(tl.int64)
+        lo = tl.zeros([BLOCK_E], dtype=tl.int64)  # first key >= e
+        hi = tl.zeros([BLOCK_E], dtype=tl.int64) + n
+        lo_end = tl.zeros([BLOCK_E], dtype=tl.int64)  # first key >= e + 1
+        hi_end = tl.zeros([BLOCK_E], dtype=tl.int64) + n
+        for _ in range(steps):
+            mid = (lo + hi) // 2
+            right = (lo < hi) & (tl.load(keys_ptr + mid, mask=mid < n, other=0) < e)
+            hi = tl.where((lo < hi) & ~right, mid, hi)
+            lo = tl.where(right, mid + 1, lo)
+            mid = (lo_end + hi_end) // 2
+            right = (lo_end < hi_end) & (tl.load(keys_ptr + mid, mask=mid < n, other=0) < e + 1)
+            hi_end = tl.where((lo_end < hi_end) & ~right, mid, hi_end)
+            lo_end = tl.where(right, mid + 1, lo_end)
+        tl.store(out_ptr + e, lo_end - lo, mask=e < experts)
+        tl.store(out_ptr + experts, tl.load(keys_ptr))
+        tl.store(out_ptr + experts + 1, tl.load(keys_ptr + n - 1))
+
+
+_PAIR_STATS_ARGS = _args_before(pair_stats_kernel, "BLOCK_E")
+
+
+def launch_pair_stats(keys: torch.Tensor, order: torch.Tensor, top_k: int, experts: int) -> torch.Tensor:
+    """[experts + 3] int64 on keys' device, by `pair_stats_kernel` from a routing's sorted ids
+    `keys` [n] (n >= 1) and their pair indices `order` [n], both int64: the pairs per expert, the
+    smallest and largest id, 1 where a token names an expert twice. Two launches (the zeroed
+    output, the kernel), where the same from torch's ops takes about ten."""
+    n = keys.numel()
+    out = torch.zeros(experts + 3, dtype=torch.int64, device=keys.device)
+    block = 1024
+    _run(
+        pair_stats_kernel,
+        "pair_stats",
+        (triton.cdiv(n, block),),
+        _PAIR_STATS_ARGS,
+        (keys, order, out, n, experts, top_k, max(1, n.bit_length())),
+        dict(BLOCK_E=triton.next_power_of_2(experts), BLOCK=block, num_warps=4),
+    )
+    return out

@@ -31,7 +31,7 @@ from syncopate.moe.routing import (
     check_id_tensor,
     id_problem,
     layout_tables,
-    sorted_pairs,
+    pair_stats,
     to_device,
 )
 from syncopate.search_space.moe_workload import MoeCandidate, check_moe_candidate
@@ -166,8 +166,7 @@ def exchange_layout(ids: torch.Tensor, experts: int, group) -> ExpertLayout:
     ws, rank = dist.get_world_size(group), dist.get_rank(group)
     if experts % ws:
         raise ConfigError(f"experts={experts} is not divisible by world size {ws}: experts are spread evenly")
-    order, counts, flags = sorted_pairs(ids, experts)
-    mine = torch.cat([counts, flags])
+    order, mine = pair_stats(ids, experts)  # the counts, then the ids' checks
     every = mine.new_empty((ws * mine.numel(),))
     _ALL_GATHER(every, mine, group=group)
     every = every.view(ws, mine.numel()).cpu()

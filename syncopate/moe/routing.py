@@ -46,6 +46,7 @@ __all__ = [
     "id_problem",
     "inverse",
     "layout_tables",
+    "pair_stats",
     "sorted_pairs",
     "to_device",
     "to_device_all",
@@ -131,22 +132,35 @@ def check_ids(ids: torch.Tensor, experts: int) -> None:
             raise ConfigError(problem)
 
 
-def sorted_pairs(ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(`order`, the pairs per expert [E], flags [3] = (smallest id, largest id, 1 where a token
-    names an expert twice)), int64 on ids' device, without waiting for it: one stable sort gives
-    all three (the counts are the sorted ids' run lengths; a token's repeat is two equal ids of one
-    token side by side), so the values can be checked with the counts' one transfer to the host.
-    Ids outside [0, E) are not counted."""
+def pair_stats(ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`order`, stats [E + 3] = the pairs per expert, then the smallest id, the largest and 1
+    where a token names an expert twice), int64 on ids' device, without waiting for it: one stable
+    sort gives all of them (the counts are the sorted ids' run lengths; a token's repeat is two
+    equal ids of one token side by side), so the values can be checked with the counts' one
+    transfer to the host. Ids outside [0, E) are not counted. On CUDA the stats are one Triton
+    kernel (`syncopate.moe.kernels.launch_pair_stats`): this runs on every call of a routing,
+    where each launch is host time on the layer's path."""
     tokens, top_k = ids.shape
     flat = ids.reshape(-1).to(torch.int64)
     keys, order = torch.sort(flat, stable=True)
+    if not flat.numel():
+        return order, torch.zeros(experts + 3, dtype=torch.int64, device=ids.device)
+    if ids.is_cuda:
+        from syncopate.moe.kernels import launch_pair_stats
+
+        return order, launch_pair_stats(keys, order, top_k, experts)
     bounds = torch.arange(experts + 1, dtype=torch.int64, device=ids.device)
     counts = torch.searchsorted(keys, bounds).diff()
-    if not flat.numel():
-        return order, counts, torch.zeros(3, dtype=torch.int64, device=ids.device)
     token = order // top_k
     repeats = ((keys[1:] == keys[:-1]) & (token[1:] == token[:-1])).any()
-    return order, counts, torch.stack([keys[0], keys[-1], repeats.to(torch.int64)])
+    return order, torch.cat([counts, torch.stack([keys[0], keys[-1], repeats.to(torch.int64)])])
+
+
+def sorted_pairs(ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(`order`, the pairs per expert [E], flags [3] = (smallest id, largest id, 1 where a token
+    names an expert twice)): `pair_stats`, its stats split."""
+    order, stats = pair_stats(ids, experts)
+    return order, stats[:experts], stats[experts:]
 
 
 def draw_routing(*, world_size: int, tokens: int, experts: int, top_k: int, spec: RoutingSpec) -> Routing:

@@ -1,8 +1,9 @@
 """Compile the `fused` MoE kernels (`syncopate.moe.kernels`) for a Hopper GPU (sm_90) on a machine
 without one, at the shapes and tile configurations `moe_space` tries (Qwen3-30B-A3B's expert layer:
 hidden 2048, expert ffn 768), bf16, the gathered top-k sum's three kernels (own rows read apart),
-the row scatter, the SwiGLU's two, and the `nvshmem` backend's put and copier in plain mode (their
-NVSHMEM mode links NVSHMEM's device library, which only a GPU machine has).
+the row scatter, the routing's pair stats, the SwiGLU's two, and the `nvshmem` backend's put and
+copier in plain mode (their NVSHMEM mode links NVSHMEM's device library, which only a GPU machine
+has).
 Run it in a fresh process without TRITON_INTERPRET; it prints one line per variant and exits 1 if
 any fails.
 
@@ -24,6 +25,7 @@ from syncopate.moe.kernels import (  # noqa: E402
     launch_dispatch,
     launch_gathered_sum,
     launch_gathered_sum_grads,
+    launch_pair_stats,
     launch_scatter_rows,
     launch_swiglu,
     launch_swiglu_grad,
@@ -84,6 +86,11 @@ def swiglu(which: str) -> None:
         launch_swiglu_grad(torch.empty(4096, FFN, dtype=BF16), h, torch.empty_like(h))
 
 
+def pair_stats() -> None:
+    keys = torch.zeros(4096 * 8, dtype=torch.int64)
+    launch_pair_stats(keys, keys, 8, 128)
+
+
 def nvshmem_put() -> None:
     from types import SimpleNamespace
 
@@ -121,6 +128,7 @@ def variants():
     for which in ("sum", "rows", "gates"):
         yield f"gathered-sum {which}", lambda which=which: gathered_sum(which)
     yield "scatter rows", scatter_rows
+    yield "pair stats", pair_stats
     for which in ("forward", "backward"):
         yield f"swiglu {which}", lambda which=which: swiglu(which)
     yield "nvshmem put (plain)", nvshmem_put
