@@ -173,8 +173,8 @@ def check_refusal(rank, world, device, group) -> list[str]:
 
 def check_routing_stats(rank, world, device, group) -> list[str]:
     """The pair counts and checks of a routing on the GPU (one Triton kernel) equal the CPU's torch
-    steps, for distinct, repeated and out-of-range ids; a routing with a repeat on one rank is
-    refused on every rank, naming that rank."""
+    steps, for distinct, repeated and out-of-range ids, and so do the layout's expert-side
+    permutations; a routing with a repeat on one rank is refused on every rank, naming that rank."""
     from syncopate.errors import ConfigError
     from syncopate.moe import exchange_layout
     from syncopate.moe.routing import pair_stats
@@ -190,6 +190,16 @@ def check_routing_stats(rank, world, device, group) -> list[str]:
         got = pair_stats(case.to(device), experts)
         if got[0].tolist() != want[0].tolist() or got[1].tolist() != want[1].tolist():
             lines.append(f"rank {rank}: {name} ids: GPU stats {got[1].tolist()} != CPU {want[1].tolist()}")
+    from syncopate.moe.routing import _expert_orders
+
+    layout = exchange_layout(ids.to(device), experts, group)
+    for name, got, want in zip(
+        ("expert order", "its inverse"),
+        (layout.expert_order, layout.expert_order_inverse),
+        _expert_orders(layout.recv_counts, torch.device("cpu")),
+    ):
+        if got.tolist() != want.tolist():
+            lines.append(f"rank {rank}: the layout's {name} on the GPU differs from the CPU's")
     try:
         exchange_layout((repeated if rank == world - 1 else ids).to(device), experts, group)
         lines.append(f"rank {rank}: a repeated expert on rank {world - 1} was accepted")

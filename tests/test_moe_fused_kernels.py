@@ -380,6 +380,22 @@ def test_pair_stats_equal_the_torch_steps(tokens, top_k, experts):
     assert int(pair_stats(repeated, experts)[1][-1]) == int(top_k > 1)
 
 
+def test_expert_orders_equal_the_torch_steps():
+    """`launch_expert_orders` (the CUDA path of the layout's expert-side permutations) against the
+    CPU path's repeat_interleave, on receive counts with empty blocks, empty experts and ranks, and
+    more rows than one program's block."""
+    from syncopate.moe.kernels import launch_expert_orders
+    from syncopate.moe.routing import _expert_orders, _order_blocks
+
+    gen = torch.Generator().manual_seed(9)
+    for ws, el, most in ((1, 1, 5), (2, 3, 7), (2, 64, 60), (4, 5, 300)):
+        recv = torch.randint(0, most, (ws, el), generator=gen) * (torch.rand(ws, el, generator=gen) > 0.25)
+        rows, blocks = _order_blocks(recv)
+        got = launch_expert_orders(torch.from_numpy(blocks[[0, 1, 3, 4]]), rows)
+        want = _expert_orders(recv, CPU)
+        assert [g.tolist() for g in got] == [w.tolist() for w in want], recv
+
+
 def test_the_kernels_compile_for_sm90():
     script = Path(__file__).parent / "support" / "compile_moe_sm90.py"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -387,8 +403,9 @@ def test_the_kernels_compile_for_sm90():
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     ok = [line for line in done.stdout.splitlines() if line.startswith("ok ")]
-    # the gathered sum's three, the row scatter, the pair stats, the SwiGLU's two, the NVSHMEM put and copier
-    row_kernels = 3 + 1 + 1 + 2 + 2
+    # the gathered sum's three, the row scatter, the pair stats, the expert orders, the SwiGLU's two,
+    # the NVSHMEM put and copier
+    row_kernels = 3 + 1 + 1 + 1 + 2 + 2
     assert len(ok) == 2 * len(MOE_TILE_CONFIGS) + row_kernels, done.stdout
     copiers = [line for line in ok if line.split()[1] == "nvshmem"]
     assert len(copiers) == 2 and all(" 0 acquire loads" not in line for line in copiers), done.stdout

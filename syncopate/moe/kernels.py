@@ -792,3 +792,59 @@ def launch_pair_stats(keys: torch.Tensor, order: torch.Tensor, top_k: int, exper
         dict(BLOCK_E=triton.next_power_of_2(experts), BLOCK=block, num_warps=4),
     )
     return out
+
+
+# A layout's expert-side permutations --------------------------------------------------------------
+
+
+@triton.jit
+def _block_of(starts_ptr, i, blocks, steps, BLOCK: tl.constexpr):
+    """The last block whose start is <= i, for each of `i` (starts ascending, the first 0; an
+    empty block shares its start with the next, which is taken): `steps` rounds of bisection."""
+    lo = tl.zeros([BLOCK], dtype=tl.int64)
+    hi = tl.zeros([BLOCK], dtype=tl.int64) + blocks
+    for _ in range(steps):
+        mid = (lo + hi) // 2
+        open_ = hi - lo > 1
+        take = open_ & (tl.load(starts_ptr + mid, mask=open_, other=0) <= i)
+        hi = tl.where(open_ & ~take, mid, hi)
+        lo = tl.where(take, mid, lo)
+    return lo
+
+
+@triton.jit
+def expert_orders_kernel(table_ptr, forward_ptr, backward_ptr, rows, blocks, steps, BLOCK: tl.constexpr):
+    """forward[i] = i + table[0][b] for i in block b of the starts table[1] (the blocks by expert,
+    then source); backward[j] = j + table[2][b] for j in block b of table[3] (by source, then
+    expert): each row's place is its block's new start plus its offset in the block."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < rows
+    b = _block_of(table_ptr + blocks, i, blocks, steps, BLOCK)
+    tl.store(forward_ptr + i, i + tl.load(table_ptr + b), mask=ok)
+    b = _block_of(table_ptr + 3 * blocks, i, blocks, steps, BLOCK)
+    tl.store(backward_ptr + i, i + tl.load(table_ptr + 2 * blocks + b), mask=ok)
+
+
+_ORDERS_ARGS = _args_before(expert_orders_kernel, "BLOCK")
+
+
+def launch_expert_orders(table: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(forward, backward) [rows] int64 on table's device by `expert_orders_kernel`, from `table`
+    [4, blocks] int64: the forward shifts and starts (blocks by expert, then source), the backward
+    shifts and starts (by source, then expert). One launch, where repeat_interleave and an arange
+    take five."""
+    forward = torch.empty(rows, dtype=torch.int64, device=table.device)
+    backward = torch.empty_like(forward)
+    if rows == 0:
+        return forward, backward
+    blocks = table.shape[1]
+    block = 1024
+    _run(
+        expert_orders_kernel,
+        "expert_orders",
+        (triton.cdiv(rows, block),),
+        _ORDERS_ARGS,
+        (table, forward, backward, rows, blocks, max(1, blocks.bit_length())),
+        dict(BLOCK=block, num_warps=4),
+    )
+    return forward, backward

@@ -372,21 +372,40 @@ def layout_tables(
     )
 
 
+def _order_blocks(recv_counts: torch.Tensor) -> tuple[int, np.ndarray]:
+    """(the rows received, [6, ws·El] int64: the expert order's shift, start and size of each block,
+    by expert then source, then its inverse's, by source then expert). numpy: a few small steps on
+    the host's path, each cheaper than torch's."""
+    ws, el = recv_counts.shape
+    counts = recv_counts.numpy()
+    sizes = counts.reshape(-1)  # by source, then expert
+    source_start = np.cumsum(sizes) - sizes
+    by_expert = counts.T.reshape(-1)  # the blocks by expert, then source
+    expert_start = (np.cumsum(by_expert) - by_expert).reshape(el, ws).T
+    shift = expert_start - source_start.reshape(ws, el)
+    table = [
+        -shift.T.reshape(-1),
+        expert_start.T.reshape(-1),
+        by_expert,
+        shift.reshape(-1),
+        source_start,
+        sizes,
+    ]
+    return int(sizes.sum()), np.stack(table)
+
+
 def _expert_orders(recv_counts: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(`expert_order`, its inverse) on `device`. The received rows come in ws·El blocks (source
     rank, then local expert), moved whole: a row's place is its block's new start plus its offset in
     the block. Only the blocks' shifts cross to the device (one small copy); each permutation is
-    one repeat_interleave of told output size and an arange there."""
-    ws, el = recv_counts.shape
-    counts = recv_counts.numpy()  # numpy: a few small steps on the host's path, each cheaper than torch's
-    sizes = counts.reshape(-1)  # by source, then expert
-    rows = int(sizes.sum())
-    source_start = (np.cumsum(sizes) - sizes).reshape(ws, el)
-    by_expert = counts.T.reshape(-1)  # the blocks by expert, then source
-    expert_start = (np.cumsum(by_expert) - by_expert).reshape(el, ws).T
-    shift = expert_start - source_start
-    table = np.stack([-shift.T.reshape(-1), by_expert, shift.reshape(-1), sizes])
-    table = to_device(torch.from_numpy(table), device)
+    one repeat_interleave of told output size and an arange there (on CUDA both are one Triton
+    kernel over the blocks' starts: this runs on every call of a routing, on the host's path)."""
+    rows, blocks = _order_blocks(recv_counts)
+    if device.type == "cuda":
+        from syncopate.moe.kernels import launch_expert_orders
+
+        return launch_expert_orders(to_device(torch.from_numpy(blocks[[0, 1, 3, 4]]), device), rows)
+    table = to_device(torch.from_numpy(blocks[[0, 2, 3, 5]]), device)
     arange = torch.arange(rows, dtype=torch.int64, device=device)
     forward = torch.repeat_interleave(table[0], table[1], output_size=rows) + arange
     backward = torch.repeat_interleave(table[2], table[3], output_size=rows) + arange

@@ -1,9 +1,9 @@
 """Compile the `fused` MoE kernels (`syncopate.moe.kernels`) for a Hopper GPU (sm_90) on a machine
 without one, at the shapes and tile configurations `moe_space` tries (Qwen3-30B-A3B's expert layer:
 hidden 2048, expert ffn 768), bf16, the gathered top-k sum's three kernels (own rows read apart),
-the row scatter, the routing's pair stats, the SwiGLU's two, and the `nvshmem` backend's put and
-copier in plain mode (their NVSHMEM mode links NVSHMEM's device library, which only a GPU machine
-has).
+the row scatter, the routing's pair stats and expert orders, the SwiGLU's two, and the `nvshmem`
+backend's put and copier in plain mode (their NVSHMEM mode links NVSHMEM's device library, which
+only a GPU machine has).
 Run it in a fresh process without TRITON_INTERPRET; it prints one line per variant and exits 1 if
 any fails.
 
@@ -23,6 +23,7 @@ from syncopate.moe.kernels import (  # noqa: E402
     DISPATCH_WORDS,
     launch_combine,
     launch_dispatch,
+    launch_expert_orders,
     launch_gathered_sum,
     launch_gathered_sum_grads,
     launch_pair_stats,
@@ -91,6 +92,10 @@ def pair_stats() -> None:
     launch_pair_stats(keys, keys, 8, 128)
 
 
+def expert_orders() -> None:
+    launch_expert_orders(torch.zeros(4, 64, dtype=torch.int64), 32768)
+
+
 def nvshmem_put() -> None:
     from types import SimpleNamespace
 
@@ -129,6 +134,7 @@ def variants():
         yield f"gathered-sum {which}", lambda which=which: gathered_sum(which)
     yield "scatter rows", scatter_rows
     yield "pair stats", pair_stats
+    yield "expert orders", expert_orders
     for which in ("forward", "backward"):
         yield f"swiglu {which}", lambda which=which: swiglu(which)
     yield "nvshmem put (plain)", nvshmem_put
