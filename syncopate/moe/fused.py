@@ -13,11 +13,12 @@ CUDA only, backend `copy_engine` (the symmetric buffers, signal pads and epochs 
   of each source chunk in exchange order, each waiting for its word before it loads its rows from
   the receive buffer; one tile an expert holds the own rows' edge beside a peer's. Tiles store
   straight into h's unfused layout (by local expert, then source, then token).
-- Combine (`gemm_a2a`): the call enters; the kernel is launched on the caller's stream over the
-  tiles of the peers' pieces in exchange order, then the own piece's; a tile's epilogue waits until
-  its destination rank has entered the call, stores its rows into that rank's receive buffer (at
-  the rows the pipelined plan's copy would have put them) and counts itself in its piece; the
-  count that completes a piece raises the piece's word in the destination's pad. A side stream
+- Combine (`gemm_a2a`): the call enters; the kernel is launched on the caller's stream over its
+  tiles, cut by expert as the dispatch's (`combine_tile_table`), in the exchange order of the piece
+  their peer rows are in, the own rows' alone last; a tile's epilogue waits until that peer has
+  entered the call, stores its rows into their ranks' receive buffers (a peer's where the pipelined
+  plan's copy would have put them) and counts itself in its piece; the count that completes a
+  piece raises the piece's word in the peer's pad. A side stream
   then waits for this rank's words of every piece it receives, the caller's stream joins it, and
   the top_k rows of each token are summed by the unfused op's `summed_rows`.
 
