@@ -47,7 +47,7 @@ from syncopate.moe.exchange import CONTEXTS, CopyEngineExchange, open_exchange
 from syncopate.moe.kernels import COMBINE_WORDS, DISPATCH_WORDS, launch_combine, launch_dispatch
 from syncopate.moe.ops import _token_rows, summed_rows
 from syncopate.moe.plan import PiecePlan
-from syncopate.moe.routing import ExpertLayout, to_device
+from syncopate.moe.routing import ExpertLayout, _block_starts, to_device
 from syncopate.search_space.moe_workload import MoeCandidate
 
 __all__ = [
@@ -91,10 +91,7 @@ def _segments(plan: PiecePlan, counts: np.ndarray, shift: int, block_m: int, fro
     the own rows fill whole tiles. One small array per column a group: the host makes these on
     every call of a routing, after its host synchronization, where its time is the job's."""
     ws, el = counts.shape
-    flat = counts.reshape(-1)
-    side = (np.cumsum(flat) - flat).reshape(ws, el)  # expert-side start of (s, e)
-    by_expert = counts.T.reshape(-1)
-    in_h = (np.cumsum(by_expert) - by_expert).reshape(el, ws).T  # h's start of (s, e)
+    side, in_h = _block_starts(counts)  # the expert-side and h start of (s, e)
     rank, partner = plan.rank, _partner(plan)
     pairs = [(s, -1) for s in range(ws) if s not in (rank, partner)]
     pairs.append((rank, -1) if partner is None else (min(rank, partner), max(rank, partner)))
@@ -165,6 +162,12 @@ def _table(key: np.ndarray, *columns: np.ndarray) -> np.ndarray:
     return table
 
 
+def _own_shift(plan: PiecePlan) -> int:
+    """What turns an own row's expert-side row into its token-side row."""
+    own = plan.own
+    return own.token_rows[0] - own.rows[0] if own is not None else 0
+
+
 def _peer_pieces(plan: PiecePlan) -> list:
     return sorted((p for p in plan.pieces if p.exchange is not None), key=lambda p: p.rows[0])
 
@@ -190,9 +193,7 @@ def dispatch_tile_table(plan: PiecePlan, recv_counts: list[list[int]], block_m: 
     group, expert and row."""
     counts = np.asarray(recv_counts, dtype=np.int64)  # [ws, El]
     rank = plan.rank
-    own = next((p for p in plan.pieces if p.exchange is None), None)
-    shift = own.token_rows[0] - own.rows[0] if own is not None else 0
-    t = _cut_tiles(_segments(plan, counts, shift, block_m, from_end=True), block_m)
+    t = _cut_tiles(_segments(plan, counts, _own_shift(plan), block_m, from_end=True), block_m)
     # the last peer row (expert side): of the first part where it is a peer's, else of the second
     peer_last = np.where(
         t.src0 != rank, t.a0 + t.split - 1, np.where(t.split < t.rows, t.a1 + t.rows - t.split - 1, -1)
@@ -228,7 +229,7 @@ def combine_tile_table(
             )
     counts = np.asarray(recv_counts, dtype=np.int64)  # [ws, El]
     rank = plan.rank
-    seg = _segments(plan, counts, 0, block_m, from_end=False)
+    seg = _segments(plan, counts, _own_shift(plan), block_m, from_end=False)  # own rows: token side
     peers = _peer_pieces(plan)
     # a peer's piece that starts inside an expert's rows cuts that expert's tiles there (a source's
     # first piece starts at its first row, inside no expert's)
@@ -279,10 +280,8 @@ def combine_tile_table(
         dtype=np.int64,
     )[:, at]
     key, piece, word, entry, peer, landing = columns
-    own = next((p for p in plan.pieces if p.exchange is None), None)
-    to_own = own.token_rows[0] - own.rows[0] if own is not None else 0
-    row0 = t.a0 + np.where(t.src0 == rank, to_own, landing)
-    row1 = np.where(both, t.a1 + np.where(t.src1 == rank, to_own, landing), row0)
+    row0 = t.a0 + np.where(t.src0 == rank, 0, landing)
+    row1 = np.where(both, t.a1 + np.where(t.src1 == rank, 0, landing), row0)
     columns = (t.seg[:, _EXPERT], t.ha, t.rows, t.src0, row0, piece, word, entry, t.split, t.src1, row1, peer)
     return _table(key, *columns), [int(per_piece[i]) for i in used]
 
@@ -402,7 +401,7 @@ def dispatch_rows(
     if x.stride(-1) != 1:
         x = x.contiguous()
     token_rows = _token_rows(layout)
-    own = next((p for p in plan.pieces if p.exchange is None), None)
+    own = plan.own
     # the rows the copies send, gathered into send order; the own rows are read from x by the kernel
     send = x.new_empty((token_rows.numel(), x.shape[1]))
     lo, hi = own.token_rows if own is not None else (0, 0)

@@ -103,8 +103,13 @@ class PiecePlan:
     pieces: tuple[Piece, ...]
     """In the order their GEMMs run; pieces of no row are left out."""
 
-    def piece_of(self, exchange: int) -> Piece | None:
-        """The piece whose rows exchange `exchange` moves, if it has any."""
+    @property
+    def own(self) -> Piece | None:
+        """The own rows' piece, if it has any rows."""
+        return self.piece_of(None)
+
+    def piece_of(self, exchange: int | None) -> Piece | None:
+        """The piece whose rows exchange `exchange` moves (None: the own rows), if it has any."""
         for p in self.pieces:
             if p.exchange == exchange:
                 return p

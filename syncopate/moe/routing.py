@@ -372,26 +372,32 @@ def layout_tables(
     )
 
 
+def _block_starts(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each (source, local expert) block of received rows starts, [ws, El] int64 each: on the
+    expert side (by source, then expert) and in h (by expert, then source), from `counts` [ws, El]."""
+    ws, el = counts.shape
+    sizes = counts.reshape(-1)  # by source, then expert
+    by_expert = counts.T.reshape(-1)  # the blocks by expert, then source
+    side = (np.cumsum(sizes) - sizes).reshape(ws, el)
+    return side, (np.cumsum(by_expert) - by_expert).reshape(el, ws).T
+
+
 def _order_blocks(recv_counts: torch.Tensor) -> tuple[int, np.ndarray]:
     """(the rows received, [6, ws·El] int64: the expert order's shift, start and size of each block,
     by expert then source, then its inverse's, by source then expert). numpy: a few small steps on
     the host's path, each cheaper than torch's."""
-    ws, el = recv_counts.shape
     counts = recv_counts.numpy()
-    sizes = counts.reshape(-1)  # by source, then expert
-    source_start = np.cumsum(sizes) - sizes
-    by_expert = counts.T.reshape(-1)  # the blocks by expert, then source
-    expert_start = (np.cumsum(by_expert) - by_expert).reshape(el, ws).T
-    shift = expert_start - source_start.reshape(ws, el)
+    source_start, expert_start = _block_starts(counts)
+    shift = expert_start - source_start
     table = [
         -shift.T.reshape(-1),
         expert_start.T.reshape(-1),
-        by_expert,
+        counts.T.reshape(-1),
         shift.reshape(-1),
-        source_start,
-        sizes,
+        source_start.reshape(-1),
+        counts.reshape(-1),
     ]
-    return int(sizes.sum()), np.stack(table)
+    return int(counts.sum()), np.stack(table)
 
 
 def _expert_orders(recv_counts: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
