@@ -733,6 +733,21 @@ def launch_swiglu_grad(grad: torch.Tensor, h: torch.Tensor, grad_h: torch.Tensor
 
 
 @triton.jit
+def _count_below(sorted_ptr, v, n, steps, BLOCK: tl.constexpr):
+    """For each of `v` [BLOCK]: how many of the n ascending values at `sorted_ptr` are below it,
+    by `steps` rounds of bisection (at least n's bit length)."""
+    lo = tl.zeros([BLOCK], dtype=tl.int64)
+    hi = tl.zeros([BLOCK], dtype=tl.int64) + n
+    for _ in range(steps):
+        mid = (lo + hi) // 2
+        open_ = lo < hi
+        below = open_ & (tl.load(sorted_ptr + mid, mask=open_, other=0) < v)
+        hi = tl.where(open_ & ~below, mid, hi)
+        lo = tl.where(below, mid + 1, lo)
+    return lo
+
+
+@triton.jit
 def pair_stats_kernel(
     keys_ptr, order_ptr, out_ptr, n, experts, top_k, steps, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr
 ):
@@ -754,20 +769,9 @@ def pair_stats_kernel(
         tl.atomic_max(out_ptr + experts + 2, repeat)
     if pid == 0:
         e = tl.arange(0, BLOCK_E).to(tl.int64)
-        lo = tl.zeros([BLOCK_E], dtype=tl.int64)  # first key >= e
-        hi = tl.zeros([BLOCK_E], dtype=tl.int64) + n
-        lo_end = tl.zeros([BLOCK_E], dtype=tl.int64)  # first key >= e + 1
-        hi_end = tl.zeros([BLOCK_E], dtype=tl.int64) + n
-        for _ in range(steps):
-            mid = (lo + hi) // 2
-            right = (lo < hi) & (tl.load(keys_ptr + mid, mask=mid < n, other=0) < e)
-            hi = tl.where((lo < hi) & ~right, mid, hi)
-            lo = tl.where(right, mid + 1, lo)
-            mid = (lo_end + hi_end) // 2
-            right = (lo_end < hi_end) & (tl.load(keys_ptr + mid, mask=mid < n, other=0) < e + 1)
-            hi_end = tl.where((lo_end < hi_end) & ~right, mid, hi_end)
-            lo_end = tl.where(right, mid + 1, lo_end)
-        tl.store(out_ptr + e, lo_end - lo, mask=e < experts)
+        first = _count_below(keys_ptr, e, n, steps, BLOCK_E)  # expert e's first key
+        end = _count_below(keys_ptr, e + 1, n, steps, BLOCK_E)
+        tl.store(out_ptr + e, end - first, mask=e < experts)
         tl.store(out_ptr + experts, tl.load(keys_ptr))
         tl.store(out_ptr + experts + 1, tl.load(keys_ptr + n - 1))
 
@@ -798,30 +802,17 @@ def launch_pair_stats(keys: torch.Tensor, order: torch.Tensor, top_k: int, exper
 
 
 @triton.jit
-def _block_of(starts_ptr, i, blocks, steps, BLOCK: tl.constexpr):
-    """The last block whose start is <= i, for each of `i` (starts ascending, the first 0; an
-    empty block shares its start with the next, which is taken): `steps` rounds of bisection."""
-    lo = tl.zeros([BLOCK], dtype=tl.int64)
-    hi = tl.zeros([BLOCK], dtype=tl.int64) + blocks
-    for _ in range(steps):
-        mid = (lo + hi) // 2
-        open_ = hi - lo > 1
-        take = open_ & (tl.load(starts_ptr + mid, mask=open_, other=0) <= i)
-        hi = tl.where(open_ & ~take, mid, hi)
-        lo = tl.where(take, mid, lo)
-    return lo
-
-
-@triton.jit
 def expert_orders_kernel(table_ptr, forward_ptr, backward_ptr, rows, blocks, steps, BLOCK: tl.constexpr):
     """forward[i] = i + table[0][b] for i in block b of the starts table[1] (the blocks by expert,
     then source); backward[j] = j + table[2][b] for j in block b of table[3] (by source, then
     expert): each row's place is its block's new start plus its offset in the block."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < rows
-    b = _block_of(table_ptr + blocks, i, blocks, steps, BLOCK)
+    # row i's block: the last whose start is <= i (starts ascending from 0; an empty block shares its
+    # start with the next, which is taken)
+    b = _count_below(table_ptr + blocks, i + 1, blocks, steps, BLOCK) - 1
     tl.store(forward_ptr + i, i + tl.load(table_ptr + b), mask=ok)
-    b = _block_of(table_ptr + 3 * blocks, i, blocks, steps, BLOCK)
+    b = _count_below(table_ptr + 3 * blocks, i + 1, blocks, steps, BLOCK) - 1
     tl.store(backward_ptr + i, i + tl.load(table_ptr + 2 * blocks + b), mask=ok)
 
 
