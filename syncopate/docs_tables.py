@@ -1059,8 +1059,8 @@ def op_host(root: Path) -> str:
         f"batches, the slowest rank), each template's batches alternating with batches of torch's unfused path "
         f"(its collective and cuBLAS matmul) for the same op; `unfused` is never replayed (its row under "
         f"replayed is a second direct run). {'; '.join(sorted(notes))}; from {files} "
-        f"(`python benchmarks/op_host.py direct stationary decomposed unfused --ranks N --launch direct graph "
-        f"--case …`).\n"
+        f"(`python benchmarks/op_host.py direct stationary decomposed unfused --ranks N --launch direct graph`, "
+        f"each op at the shape the table gives).\n"
     )
 
 
