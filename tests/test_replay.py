@@ -15,9 +15,10 @@ from syncopate.kernels import replay
 
 
 class _Graph:
-    def __init__(self, log):
+    def __init__(self, log, clock=None):
         self.log = log
         self.replays = 0
+        self.clock = clock
 
     def capture_begin(self, capture_error_mode):
         assert capture_error_mode == "thread_local"
@@ -29,12 +30,15 @@ class _Graph:
     def replay(self):
         self.replays += 1
         self.log.append("replay")
+        if self.clock is not None:
+            self.clock.now += self.clock.replayed_us
 
 
 class _Program:
-    def __init__(self, log, fail=False):
+    def __init__(self, log, fail=False, clock=None):
         self.log = log
         self.fail = fail
+        self.clock = clock
         self.context = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"))
         self.spec = types.SimpleNamespace(
             op="all_gather_matmul",
@@ -48,6 +52,19 @@ class _Program:
         self.log.append(entry if scales is None else (*entry, *(t.data_ptr() for t in scales)))
         if self.fail and capturing:
             raise RuntimeError("the kernel failed")
+        if self.clock is not None and not capturing:
+            self.clock.now += self.clock.direct_us
+
+
+class _Clock:
+    """Stand-in for the CUDA events `auto` times calls with: a direct call moves it by `direct_us`,
+    a replay by `replayed_us`, a capture not at all."""
+
+    def __init__(self, monkeypatch, log, direct_us, replayed_us):
+        self.direct_us, self.replayed_us, self.now = direct_us, replayed_us, 0.0
+        monkeypatch.setattr(replay, "_stamp", lambda device: self.now)
+        monkeypatch.setattr(replay, "_elapsed_us", lambda start, end: end - start)
+        monkeypatch.setattr(replay, "_new_graph", lambda: _Graph(log, self))
 
 
 @pytest.fixture
@@ -104,18 +121,19 @@ def test_fp8_calls_pass_their_scales_and_a_graph_binds_the_scales_addresses_too(
 
 
 def test_auto_passes_the_scales_while_sampling_and_once_replaying(log, monkeypatch):
-    monkeypatch.setattr(replay, "_stream_idle", lambda device: True)
-    monkeypatch.setattr(replay, "_group_share", lambda program, share: share)
-    choice = replay.LaunchChoice(_Program(log))
+    clock = _Clock(monkeypatch, log, direct_us=50.0, replayed_us=20.0)
+    monkeypatch.setattr(replay, "_group_slowest", lambda program, values: values)
+    choice = replay.LaunchChoice(_Program(log, clock=clock))
     a, b, out = _tensors(3)
     scales = tuple(_tensors(2))
     ptrs = tuple(t.data_ptr() for t in scales)
     for _ in range(replay.WARM + replay.SAMPLES):
         choice(a, b, out, None, scales)
-    assert set(log) == {("direct", a.data_ptr(), out.data_ptr(), *ptrs)}
+    assert ("direct", a.data_ptr(), out.data_ptr(), *ptrs) in log
+    assert ("capture", a.data_ptr(), out.data_ptr(), *ptrs) in log
     log.clear()
     choice(a, b, out, None, scales)
-    assert ("capture", a.data_ptr(), out.data_ptr(), *ptrs) in log and log[-1] == "replay"
+    assert log == ["replay"]
 
 
 def test_a_program_whose_addresses_never_repeat_is_told_to_launch_directly(log, monkeypatch, caplog):
@@ -193,45 +211,70 @@ def test_set_launch_takes_auto_graph_or_direct():
         ops.set_launch("graphs")
 
 
-def test_auto_samples_then_the_group_decides_once(log, monkeypatch, caplog):
-    """Direct calls through the warm-up and the samples; the group's largest share of dry samples
-    decides, once, and says so; above one half the program is replayed from then on, else stays
-    direct."""
-    for dry_every, share_elsewhere, replays in ((1, 0.0, True), (4, 0.0, False), (4, 0.75, True)):
+def test_auto_times_both_ways_in_turn_then_the_group_decides_once(log, monkeypatch, caplog):
+    """Direct calls through the warm-up, then direct calls and replays in turn, each timed; a replay
+    that captured is not counted; the group's slowest medians decide, once, and say so: replays
+    where they are faster there, else direct calls (the graphs dropped)."""
+    for direct_us, replayed_us, elsewhere, replays in (
+        (50.0, 20.0, None, True),
+        (20.0, 50.0, None, False),
+        (50.0, 20.0, (40.0, 60.0), False),  # another rank's replays are slower: the group's say
+    ):
         log.clear()
         caplog.clear()
         caplog.set_level("INFO", logger="syncopate.kernels.replay")
-        idle = iter(i % dry_every == 0 for i in range(1000))
-        shares = []
+        clock = _Clock(monkeypatch, log, direct_us, replayed_us)
+        asked = []
 
-        def group_share(program, share, shares=shares, other=share_elsewhere):
-            shares.append(share)
-            return max(share, other)
+        def group(program, values, asked=asked, elsewhere=elsewhere):
+            asked.append(list(values))
+            return values if elsewhere is None else [max(v, o) for v, o in zip(values, elsewhere)]
 
-        monkeypatch.setattr(replay, "_stream_idle", lambda device, idle=idle: next(idle))
-        monkeypatch.setattr(replay, "_group_share", group_share)
-        choice = replay.LaunchChoice(_Program(log))
+        monkeypatch.setattr(replay, "_group_slowest", group)
+        choice = replay.LaunchChoice(_Program(log, clock=clock))
         a, b, out = _tensors(3)
-        for _ in range(replay.WARM + replay.SAMPLES):
+        for _ in range(replay.WARM):
             choice(a, b, out)
-        assert all(entry[0] == "direct" for entry in log) and len(log) == replay.WARM + replay.SAMPLES
-        assert shares == [1.0 if dry_every == 1 else 0.25]
+        assert log == [("direct", a.data_ptr(), out.data_ptr())] * replay.WARM
+        log.clear()
+        for _ in range(replay.SAMPLES):
+            choice(a, b, out)
+        # in turn: a direct call, then a replay (the first one captures its graph first)
+        assert log[0] == ("direct", a.data_ptr(), out.data_ptr())
+        assert log[1:6] == ["warm", "begin", ("capture", a.data_ptr(), out.data_ptr()), "end", "replay"]
+        assert log.count("replay") == replay.SAMPLES // 2
+        assert asked == [[direct_us, replayed_us]]  # the capture's call left out of the replays' times
         log.clear()
         choice(a, b, out)
         choice(a, b, out)
-        assert shares == [shares[0]]  # decided once
+        assert len(asked) == 1 and choice.decided  # decided once
         said = [r.getMessage() for r in caplog.records if r.name == "syncopate.kernels.replay"]
         how = "replayed from graphs of its own" if replays else "launched directly"
-        share = 100 * max(shares[0], share_elsewhere)
+        figures = [direct_us, replayed_us] if elsewhere is None else [max(direct_us, 40.0), 60.0]
         assert said == [
             f"syncopate.all_gather_matmul (a 2048x4096, b 4096x1536, copy_engine/ring/s1) {how} from now on: "
-            f"the caller's stream ran dry before {share:.0f}% of {replay.SAMPLES} sampled calls on the group's "
-            "driest rank (syncopate.set_launch('direct' or 'graph') decides it instead)"
+            f"{figures[0]:.1f} us a call launched directly, {figures[1]:.1f} us replayed (the medians of "
+            f"{replay.SAMPLES} calls timed in turn, the group's slowest rank; syncopate.set_launch('direct' or "
+            "'graph') decides it instead)"
         ]
+        assert choice.figures == tuple(figures)
         if replays:
-            assert log[-1] == "replay" and ("capture", a.data_ptr(), out.data_ptr()) in log
+            assert log == ["replay", "replay"]
         else:
-            assert log == [("direct", a.data_ptr(), out.data_ptr())] * 2
+            assert log == [("direct", a.data_ptr(), out.data_ptr())] * 2 and choice.replayed is None
+
+
+def test_a_program_whose_replays_all_capture_stays_direct(log, monkeypatch):
+    """New addresses at every replayed call: every replay captures, none is timed, and the program
+    stays direct (its replays count as infinitely slow)."""
+    clock = _Clock(monkeypatch, log, direct_us=50.0, replayed_us=20.0)
+    asked = []
+    monkeypatch.setattr(replay, "_group_slowest", lambda program, values: asked.append(values) or values)
+    choice = replay.LaunchChoice(_Program(log, clock=clock))
+    b = torch.empty(4)
+    for _ in range(replay.WARM + replay.SAMPLES):
+        choice(torch.empty(4), b, torch.empty(4))
+    assert asked == [[50.0, float("inf")]] and choice.replayed is None
 
 
 def _share_rank(rank, world, init, q):
@@ -243,15 +286,15 @@ def _share_rank(rank, world, init, q):
             context=types.SimpleNamespace(device=torch.device("cpu")),
             spec=types.SimpleNamespace(group=dist.group.WORLD),
         )
-        q.put((rank, replay._group_share(program, [0.25, 0.75][rank])))
+        q.put((rank, replay._group_slowest(program, [[0.25, 3.0], [0.75, 1.0]][rank])))
     finally:
         dist.destroy_process_group()
 
 
-def test_the_group_agrees_on_the_largest_share():
+def test_the_group_agrees_on_the_slowest_ranks_times():
     from support.gloo import run_gloo
 
-    assert dict(run_gloo(_share_rank, 2)) == {0: 0.75, 1: 0.75}
+    assert dict(run_gloo(_share_rank, 2)) == {0: [0.75, 3.0], 1: [0.75, 3.0]}
 
 
 def test_set_launch_drops_what_the_last_setting_kept_and_launch_choices_counts_the_choices(monkeypatch):
@@ -310,22 +353,22 @@ def test_a_graph_of_tensor_wise_scales_is_not_replayed_for_row_wise_ones_at_the_
 
 def test_a_program_prepared_while_auto_samples_restarts_the_count(log, monkeypatch):
     """A job's first step prepares its programs one after another: a preparation anywhere restarts
-    the count of a program still deciding, so its samples come after the warm-up; once decided, a
-    preparation changes nothing."""
-    monkeypatch.setattr(replay, "_stream_idle", lambda device: True)
-    shares = []
-    monkeypatch.setattr(replay, "_group_share", lambda program, share: shares.append(share) or share)
-    choice = replay.LaunchChoice(_Program(log))
+    the count of a program still deciding, so its timed calls come after the warm-up; once decided,
+    a preparation changes nothing."""
+    clock = _Clock(monkeypatch, log, direct_us=50.0, replayed_us=20.0)
+    asked = []
+    monkeypatch.setattr(replay, "_group_slowest", lambda program, values: asked.append(values) or values)
+    choice = replay.LaunchChoice(_Program(log, clock=clock))
     a, b, out = _tensors(3)
     for _ in range(replay.WARM + replay.SAMPLES - 1):
         choice(a, b, out)
     replay.note_prepared()  # another shape's first call, one call short of the decision
     for _ in range(replay.WARM + replay.SAMPLES - 1):
         choice(a, b, out)
-    assert not choice.decided and not shares
+    assert not choice.decided and not asked
     choice(a, b, out)
-    assert choice.decided and shares == [1.0]
+    assert choice.decided and asked == [[50.0, 20.0]]
     replay.note_prepared()
     log.clear()
     choice(a, b, out)
-    assert log[-1] == "replay" and shares == [1.0]
+    assert log == ["replay"] and len(asked) == 1

@@ -167,8 +167,8 @@ def set_launch(name: str) -> None:
     `graph`, each replayed from a CUDA graph of its own kept per set of tensor addresses (the host
     pays one graph launch a call, the device a meeting of the group at its start); `direct`,
     enqueued operation by operation (the host pays every stream operation, the device no meeting);
-    `auto` (the default), direct until the job shows whether its GPU waits for its host, then
-    replayed where it does. Every rank must set the same, at the same point of the job: what the
+    `auto` (the default), direct through a warm-up, then timed in the job both ways in turn and
+    launched the faster way from then on. Every rank must set the same, at the same point of the job: what the
     previous setting kept (each program's graphs, `auto`'s choices) is dropped, so `auto` samples
     afresh. Calls being captured by the caller are captured as they are either way."""
     if name not in LAUNCHES:

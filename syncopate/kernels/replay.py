@@ -15,23 +15,28 @@ meets, the signal pads are cleared, the group meets again), whether a rank repla
 just captured it, so ranks that miss at different calls still run the same protocol together. A
 program's first call runs directly (it compiles the kernel and may allocate), on every rank alike.
 
-That meeting costs the device a few microseconds a call, which a job whose GPU is never short of
-work pays for nothing. So by default (`auto`) a program is launched directly until the job has
-shown which it is: after `WARM` calls, the next `SAMPLES` calls each ask, before enqueueing,
-whether the caller's stream has run dry (its GPU waiting for this host); then the group agrees
-(one all-reduce of the largest share over the ranks, once a program) and replays from then on
-where the stream ran dry on more than half of the samples on some rank. A program prepared
-anywhere in the process (`note_prepared`: a new shape's first call, which compiles and looks up)
-restarts the count of every program still deciding: a job's first step prepares its programs one
-after another, its host busy with that, and a deep model's early layers would otherwise be sampled
-there. Every rank prepares the same programs at the same calls, so the group still decides at the
-same call everywhere.
+That meeting costs the device a few microseconds a call, and a call launched directly costs the
+host every stream operation, which an eager job whose host is on the path pays on the device's
+timeline too. Which costs a job more is the job's to show, so by default (`auto`) a program is
+launched directly for `WARM` calls, then its next `SAMPLES` calls alternate between a direct launch
+and a replay, each timed on the caller's stream (CUDA events: the time the call holds the stream,
+its host's enqueueing included where the GPU waits for it; a replay that had to capture its graph
+first is not counted); then the group takes each way's median on its slowest rank (one all-reduce,
+once a program) and launches the faster from then on, a program whose replays all captured
+directly. A program prepared anywhere in the process (`note_prepared`: a new shape's first call,
+which compiles and looks up) restarts the count of every program still deciding: a job's first
+step prepares its programs one after another, its host busy with that, and a deep model's early
+layers would otherwise be sampled there. Every rank prepares the same programs at the same calls,
+so the group still decides at the same call everywhere.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import math
+import statistics
+from typing import Any
 
 import torch
 
@@ -56,14 +61,15 @@ calls allocate nothing) and one capture."""
 
 LAUNCHES = ("auto", "graph", "direct")
 """How a fused call made outside a CUDA graph capture is launched (`syncopate.kernels.ops.set_launch`):
-replayed from a graph of its own where the job's host is on the path (`auto`), always (`graph`),
-or enqueued operation by operation (`direct`)."""
+replayed from a graph of its own where that is faster in the job (`auto`), always (`graph`), or
+enqueued operation by operation (`direct`)."""
 
 WARM = 8
-"""Calls of a program made before `auto` starts sampling (first calls compile, allocate, warm up)."""
+"""Calls of a program made before `auto` starts timing (first calls compile, allocate, warm up)."""
 
 SAMPLES = 16
-"""Calls of a program `auto` samples before the group decides how it is launched."""
+"""Calls of a program `auto` times, alternately launched directly and replayed, before the group
+decides how it is launched."""
 
 
 _PREPARED = [0]
@@ -171,65 +177,111 @@ def _new_graph() -> torch.cuda.CUDAGraph:
 
 
 class LaunchChoice:
-    """`auto`'s choice for one program: direct calls while it samples whether the caller's stream
-    runs dry, then the group's decision (`decide`), kept."""
+    """`auto`'s choice for one program (module docstring): direct calls through the warm-up, then
+    direct and replayed calls in turn, each timed, then the group's decision (`decide`), kept."""
 
-    __slots__ = ("program", "calls", "dry", "replayed", "decided", "prepared")
+    __slots__ = ("program", "calls", "samples", "replayed", "decided", "prepared", "figures")
 
     def __init__(self, program) -> None:
         self.program = program
         self.prepared = _PREPARED[0]
         """`_PREPARED` when the count last started."""
         self.calls = 0
-        self.dry = 0
-        """Sampled calls before which the caller's stream had nothing left to run."""
+        self.samples: list[tuple[bool, Any, Any]] = []
+        """Timed calls: (replayed, start stamp, end stamp)."""
         self.replayed: ReplayedCalls | None = None
+        """The program's graphs: made when the first replayed sample comes, kept if replays win."""
         self.decided = False
+        self.figures: tuple[float, float] | None = None
+        """(direct µs, replayed µs): the medians the group decided on, its slowest rank's."""
 
     def __call__(self, a, b, out, gathered=None, scales=None) -> None:
-        if self.replayed is not None:
-            self.replayed(a, b, out, gathered, scales)
+        if self.decided:
+            if self.replayed is not None:
+                self.replayed(a, b, out, gathered, scales)
+            else:
+                self.program(a, b, out, gathered=gathered, scales=scales)
             return
-        if not self.decided:
-            if self.prepared != _PREPARED[0]:  # a program prepared since: the job is still warming up
-                self.prepared, self.calls, self.dry = _PREPARED[0], 0, 0
-            self.calls += 1
-            if self.calls > WARM:
-                self.dry += bool(_stream_idle(self.program.context.device))
-        self.program(a, b, out, gathered=gathered, scales=scales)
-        if not self.decided and self.calls >= WARM + SAMPLES:
-            self.decided = True
-            share = _group_share(self.program, self.dry / SAMPLES)
-            if share > 0.5:
+        if self.prepared != _PREPARED[0]:  # a program prepared since: the job is still warming up
+            self.prepared, self.calls, self.samples = _PREPARED[0], 0, []
+        self.calls += 1
+        if self.calls <= WARM:
+            self.program(a, b, out, gathered=gathered, scales=scales)
+            return
+        replay = self.calls % 2 == 0  # in turn, at the same calls on every rank
+        device = self.program.context.device
+        if replay:
+            if self.replayed is None:
                 self.replayed = ReplayedCalls(self.program)
-                self.replayed.ran = True
-            spec = self.program.spec
-            log.info(
-                "syncopate.%s (a %s, b %s, %s) %s from now on: the caller's stream ran dry before %.0f%% of %d "
-                "sampled calls on the group's driest rank (syncopate.set_launch('direct' or 'graph') decides "
-                "it instead)",
-                spec.op,
-                "x".join(map(str, spec.a_shape)),
-                "x".join(map(str, spec.b_shape)),
-                spec.candidate.short(),
-                "replayed from graphs of its own" if self.replayed is not None else "launched directly",
-                100 * share,
-                SAMPLES,
-            )
+                self.replayed.ran = True  # the program's first call was made (the warm-up's)
+            captures = self.replayed.captures
+            start = _stamp(device)
+            self.replayed(a, b, out, gathered, scales)
+            end = _stamp(device)
+            if self.replayed.captures == captures:  # a capture's host time is not a replay's
+                self.samples.append((True, start, end))
+        else:
+            start = _stamp(device)
+            self.program(a, b, out, gathered=gathered, scales=scales)
+            self.samples.append((False, start, _stamp(device)))
+        if self.calls >= WARM + SAMPLES:
+            self.decide()
+
+    def decide(self) -> None:
+        """The group's choice, once: each way's median time on the slowest rank (a way a rank has no
+        sample of counts as infinite there); replays where they are faster, else direct calls."""
+        self.decided = True
+        local = []
+        for replay in (False, True):
+            times = [_elapsed_us(start, end) for r, start, end in self.samples if r == replay]
+            local.append(statistics.median(times) if times else math.inf)
+        self.samples = []
+        direct_us, replayed_us = _group_slowest(self.program, local)
+        self.figures = (direct_us, replayed_us)
+        if not replayed_us < direct_us:
+            if self.replayed is not None:
+                self.replayed.clear()
+            self.replayed = None
+        spec = self.program.spec
+        log.info(
+            "syncopate.%s (a %s, b %s, %s) %s from now on: %s a call launched directly, %s replayed (the "
+            "medians of %d calls timed in turn, the group's slowest rank; syncopate.set_launch('direct' or "
+            "'graph') decides it instead)",
+            spec.op,
+            "x".join(map(str, spec.a_shape)),
+            "x".join(map(str, spec.b_shape)),
+            spec.candidate.short(),
+            "replayed from graphs of its own" if self.replayed is not None else "launched directly",
+            _us(direct_us),
+            _us(replayed_us),
+            SAMPLES,
+        )
 
 
-def _stream_idle(device) -> bool:
-    """Whether the caller's stream has run everything enqueued on it (one driver query)."""
-    return torch.cuda.current_stream(device).query()
+def _us(t: float) -> str:
+    return f"{t:.1f} us" if math.isfinite(t) else "no time"
 
 
-def _group_share(program, share: float) -> float:
-    """The largest `share` over the program's group (a collective every rank makes at the same call
-    of the program: the same calls in the same order)."""
+def _stamp(device):
+    """A timing event recorded on the caller's stream of `device`."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+def _elapsed_us(start, end) -> float:
+    """µs between two `_stamp`s (waits for the second)."""
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
+def _group_slowest(program, values: list[float]) -> list[float]:
+    """Each of `values` at its largest over the program's group (a collective every rank makes at the
+    same call of the program: the same calls in the same order)."""
     import torch.distributed as dist
 
     from syncopate.kernels.ranks import slowest
 
     group = program.spec.group
     nccl = dist.get_backend(group) == "nccl"  # else gloo (ranks sharing a GPU): a CPU tensor
-    return slowest([share], group, program.context.device if nccl else "cpu")[0]
+    return slowest(values, group, program.context.device if nccl else "cpu")
