@@ -134,3 +134,34 @@ def test_profile_summary_sorts_device_time_into_classes_and_streams():
     assert s["by_class"]["gemm"] == 300.0 and s["by_class"]["nccl"] == 60.0 and s["by_class"]["other"] == 30.0
     assert list(s["by_stream"]) == ["7", "13"] and s["by_stream"]["7"] == 330.0
     assert s["top"][0] == ["nvjet_a", 300.0]
+
+
+def test_the_launch_of_each_program_is_printed_with_its_figures():
+    from syncopate.tp.bench import format_launch
+
+    result = {
+        "launch": [
+            {
+                "op": "all_gather_matmul",
+                "a": [512, 4096],
+                "b": [4096, 7168],
+                "config": "copy_engine/direct/s2",
+                "launch": "replayed",
+                "direct_us": 181.25,
+                "replayed_us": 120.5,
+            },
+            {
+                "op": "matmul_reduce_scatter",
+                "a": [2048, 3584],
+                "b": [3584, 4096],
+                "config": "x",
+                "launch": "sampling",
+            },
+        ]
+    }
+    assert format_launch(result).splitlines() == [
+        "all_gather_matmul 512x4096 @ 4096x7168 copy_engine/direct/s2: replayed (timed: direct 181.2 us, "
+        "replayed 120.5 us)",
+        "matmul_reduce_scatter 2048x3584 @ 3584x4096 x: sampling",
+    ]
+    assert format_launch({}) == "" and format_launch({"launch": []}) == ""

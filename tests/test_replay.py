@@ -372,3 +372,52 @@ def test_a_program_prepared_while_auto_samples_restarts_the_count(log, monkeypat
     log.clear()
     choice(a, b, out)
     assert log == ["replay"] and len(asked) == 1
+
+
+def test_launch_report_says_how_each_program_is_launched_and_on_what_figures(monkeypatch):
+    """One row a replayable program: its op, shapes and configuration, how `auto` launches it, and
+    the medians it decided on; `graph` and `direct` name their launch for every program."""
+    from syncopate.kernels import ops
+
+    def program(op, decided=None, figures=None, backend="copy_engine"):
+        p = types.SimpleNamespace(
+            context=types.SimpleNamespace(device=types.SimpleNamespace(type="cuda")),
+            spec=types.SimpleNamespace(
+                op=op,
+                a_shape=(512, 4096),
+                b_shape=(4096, 7168),
+                candidate=types.SimpleNamespace(backend=backend, short=lambda: f"{backend}/direct/s1"),
+            ),
+        )
+        if decided is not None:
+            choice = replay.LaunchChoice(p)
+            choice.decided = decided != "sampling"
+            choice.replayed = object() if decided == "replayed" else None
+            choice.figures = figures
+            p.launch_auto = choice
+        return p
+
+    kept = {
+        "a": program("all_gather_matmul", "replayed", (180.0, 120.5)),
+        "b": program("matmul_reduce_scatter", "direct", (90.0, 95.0)),
+        "c": program("matmul_all_reduce", "sampling"),
+        "nccl": program("all_gather_matmul", backend="nccl"),
+    }
+    monkeypatch.setattr(ops._REGISTRY, "programs", kept)
+    report = ops.launch_report()
+    assert [r["launch"] for r in report] == ["replayed", "direct", "sampling"]
+    assert report[0] == {
+        "op": "all_gather_matmul",
+        "a": [512, 4096],
+        "b": [4096, 7168],
+        "config": "copy_engine/direct/s1",
+        "launch": "replayed",
+        "direct_us": 180.0,
+        "replayed_us": 120.5,
+    }
+    assert "direct_us" not in report[2]
+    ops.set_launch("graph")
+    try:
+        assert [r["launch"] for r in ops.launch_report()] == ["replayed"] * 3
+    finally:
+        ops.set_launch("auto")

@@ -315,7 +315,7 @@ def _bench_layer(
     import json
 
     from syncopate.search_space import canonical_dtype
-    from syncopate.tp.bench import LayerBench, format_layer_table, format_profile
+    from syncopate.tp.bench import LayerBench, format_launch, format_layer_table, format_profile
 
     dtype = "bf16" if dtype is None else canonical_dtype(dtype)
 
@@ -360,6 +360,10 @@ def _bench_layer(
         f"{result['date']} (us an iteration)"
     )
     print(format_layer_table(result))
+    launched = format_launch(result)
+    if launched:
+        print(f"\neager calls launched ({bench.launch}), rank 0:")
+        print(launched)
     if profile is not None:
         print(f"\ndevice time of one eager forward + backward, rank 0 (traces in {profile}):")
         print(format_profile(result))

@@ -72,6 +72,7 @@ __all__ = [
     "get_launch",
     "get_mode",
     "launch_choices",
+    "launch_report",
     "mode",
     "set_launch",
     "set_mode",
@@ -203,6 +204,35 @@ def launch_choices() -> dict[str, int]:
             else:
                 counts["replayed" if choice.replayed is not None else "direct"] += 1
     return counts
+
+
+def launch_report() -> list[dict[str, Any]]:
+    """Each replayable fused program of this process and how `auto` launches it: its op, operand
+    shapes and configuration, `launch` (`replayed`, `direct` or `sampling`), and where `auto` has
+    decided, the medians it decided on (`direct_us`, `replayed_us`: the group's slowest rank's);
+    under `graph` or `direct`, that launch for every program, with no figures."""
+    report = []
+    for program in _REGISTRY.programs.values():
+        if not replayable(program, 0):
+            continue
+        spec = program.spec
+        row: dict[str, Any] = {
+            "op": spec.op,
+            "a": list(spec.a_shape),
+            "b": list(spec.b_shape),
+            "config": spec.candidate.short(),
+        }
+        if _REGISTRY.launch != "auto":
+            row["launch"] = "replayed" if _REGISTRY.launch == "graph" else "direct"
+        else:
+            choice = program.__dict__.get(_KEPT_LAUNCH["auto"])
+            if choice is None or not choice.decided:
+                row["launch"] = "sampling"
+            else:
+                row["launch"] = "replayed" if choice.replayed is not None else "direct"
+                row["direct_us"], row["replayed_us"] = choice.figures
+        report.append(row)
+    return report
 
 
 def get_launch() -> str:

@@ -458,12 +458,14 @@ def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
         finally:
             torch.cuda.synchronize()
             dist.barrier()
+    launch = ops.launch_report()  # how each fused program's eager calls were launched, every impl's
     ops.close_contexts()
     if rank == 0:
         queue.put(
             {
                 "bench": dataclasses.asdict(bench),
                 "results": results,
+                "launch": launch,
                 "topology": topology.key(),
                 "gpu": torch.cuda.get_device_name(device),
                 "torch": torch.__version__,
@@ -509,6 +511,19 @@ def format_layer_table(result: dict) -> str:
         cells += [ratio("torch"), ratio("async_tp"), ratio("default")]
         cells += [ratio("bound"), ratio("torch", "bound")] if bound else []
         lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def format_launch(result: dict) -> str:
+    """How each fused program's eager calls were launched (`ops.launch_report`, rank 0's), one line
+    a program: empty where the run has no such record or no replayable program."""
+    lines = []
+    for row in result.get("launch") or []:
+        figures = ""
+        if "direct_us" in row:
+            figures = f" (timed: direct {row['direct_us']:.1f} us, replayed {row['replayed_us']:.1f} us)"
+        shapes = "x".join(map(str, row["a"])) + " @ " + "x".join(map(str, row["b"]))
+        lines.append(f"{row['op']} {shapes} {row['config']}: {row['launch']}{figures}")
     return "\n".join(lines)
 
 
