@@ -146,6 +146,22 @@ def test_good_scales_pass_and_the_ops_name_them_before_anything_else():
             ConfigError, match="but b has torch.float32: fp8 takes both operands in torch.float8"
         ):
             op(a, b.float(), a_scale=torch.ones(1), b_scale=torch.ones(1))
+        with pytest.raises(
+            ConfigError, match=r"fast_accum=True applies to float8_e4m3fn operands .* got torch.float32"
+        ):
+            op(a.float(), b.float(), fast_accum=True)  # before the process group is asked for
+        with pytest.raises(ConfigError, match=r"fast_accum='yes': give True or False"):
+            op(a, b, a_scale=torch.ones(1), b_scale=torch.ones(1), fast_accum="yes")
+
+
+def test_a_pair_of_scales_or_scales_asking_for_fast_accumulation():
+    from syncopate.kernels.scaled import Scales, fast_accumulation
+
+    t = torch.ones(1)
+    assert not fast_accumulation((t, t)) and not fast_accumulation(Scales(t, t))
+    assert fast_accumulation(Scales(t, t, True))
+    a_scale, b_scale, fast = Scales(t, t, True)
+    assert a_scale is t and fast is True
 
 
 def test_scale_rows_of_a_chunk_and_the_scaled_gemm():
@@ -230,11 +246,20 @@ def _operands(kind, rank, ws, gen, row_wise, b_layout):
 
 
 def _worker(rank, ws, init, q):
+    from syncopate.kernels import scaled
     from syncopate.kernels.library import unfused
     from syncopate.kernels.templates import TEMPLATES, CallSpec
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
     try:
+        flags = []
+        real = scaled.scaled_mm
+
+        def recording(*args, fast_accum=False, **kwargs):
+            flags.append(fast_accum)
+            return real(*args, fast_accum=fast_accum, **kwargs)
+
+        scaled.scaled_mm = recording  # what the unfused path's scaled GEMMs call
         g = dist.group.WORLD
         gen = torch.Generator().manual_seed(100 + rank)
         got = []
@@ -255,10 +280,16 @@ def _worker(rank, ws, init, q):
                     )
                     program = TEMPLATES["unfused"].prepare(spec, b8)
                     pending = []
-                    for _ in range(2):  # two calls back to back, fresh inputs, outputs poisoned
+                    for fast in (False, True):  # two calls back to back, fresh inputs, outputs poisoned
                         a8, b8, a_scale, b_scale = _operands(kind, rank, ws, gen, row_wise, b_layout)
                         out = torch.full(spec.out_shape, float("nan"), dtype=spec.out_dtype)
-                        program(a8, b8, out, scales=(a_scale, b_scale))
+                        # the first as a plain pair, the second asking for fast accumulation
+                        program(
+                            a8,
+                            b8,
+                            out,
+                            scales=scaled.Scales(a_scale, b_scale, True) if fast else (a_scale, b_scale),
+                        )
                         pending.append((out, a8, b8, a_scale, b_scale))
                     lib = unfused(kind, a8, b8, g, scales=(a_scale, b_scale))
                     for out, a8, b8, a_scale, b_scale in pending:
@@ -275,13 +306,15 @@ def _worker(rank, ws, init, q):
                             )
                         )
                     got.append((kind, row_wise, "library", lib.dtype, relative_error(lib, ref), 1.0))
-        q.put((rank, got))
+        q.put((rank, (got, flags)))
     finally:
         dist.destroy_process_group()
 
 
 def test_the_unfused_fp8_ops_match_the_reference_of_the_same_fp8_operands_on_two_ranks():
-    for rank, got in run_gloo(_worker, 2, timeout=120):
+    for rank, (got, flags) in run_gloo(_worker, 2, timeout=120):
+        # each case's scaled GEMMs: the plain call, the one asking for fast accumulation, the library's
+        assert flags == [False, True, False] * (3 * 2 * 2), f"rank {rank}: fast accumulation {flags}"
         assert len(got) == 3 * 2 * 2 * 3  # kinds, scalings, layouts: two calls and the library path
         for kind, row_wise, layout, dtype, err, unscaled in got:
             where = f"rank {rank} {kind} {'row' if row_wise else 'tensor'}-wise, b {layout}"

@@ -49,7 +49,7 @@ class _Program:
 
     def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None, scales=None):
         entry = ("capture" if capturing else "direct", a.data_ptr(), out.data_ptr())
-        self.log.append(entry if scales is None else (*entry, *(t.data_ptr() for t in scales)))
+        self.log.append(entry if scales is None else (*entry, *(t.data_ptr() for t in scales[:2])))
         if self.fail and capturing:
             raise RuntimeError("the kernel failed")
         if self.clock is not None and not capturing:
@@ -421,3 +421,17 @@ def test_launch_report_says_how_each_program_is_launched_and_on_what_figures(mon
         assert [r["launch"] for r in ops.launch_report()] == ["replayed"] * 3
     finally:
         ops.set_launch("auto")
+
+
+def test_a_graph_without_fast_accumulation_is_not_replayed_for_a_call_asking_for_it(log):
+    from syncopate.kernels.scaled import Scales
+
+    calls = replay.ReplayedCalls(_Program(log))
+    a, b, out = _tensors(3)
+    a_scale, b_scale = _tensors(2)
+    calls(a, b, out, None, (a_scale, b_scale))  # direct
+    calls(a, b, out, None, (a_scale, b_scale))  # captured
+    calls(a, b, out, None, Scales(a_scale, b_scale))  # the same call: replayed
+    assert calls.captures == 1
+    calls(a, b, out, None, Scales(a_scale, b_scale, True))  # the same addresses, fast accumulation
+    assert calls.captures == 2

@@ -468,7 +468,9 @@ def _early_gather_worker(rank, ws, init, q):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
     try:
         op8 = f8.op8
-        f8.op8 = lambda kind, a, b, group, impl, config: op8(kind, a, b, group, "torch", config)
+        f8.op8 = lambda kind, a, b, group, impl, config, fast_accum=False: op8(
+            kind, a, b, group, "torch", config, fast_accum
+        )
         issued = []
         gather = f8.all_gather_rows_async
         f8.all_gather_rows_async = lambda t, group: issued.append(tuple(t.shape)) or gather(t, group)
@@ -502,3 +504,50 @@ def test_fused_fp8_backward_gathers_the_weight_gradient_rows_beside_the_input_gr
         assert same == [True, True]  # the same gradients as in sequence
         # the column layer's x shard, then the row layer's output gradient: issued early, once each
         assert issued == [(M // 2, K), (M // 2, N)]
+
+
+def _fast_flags_worker(rank, ws, init, q):
+    """Every scaled GEMM of a float8 layer's forward and backward, with its fast-accumulation flag,
+    on `impl="torch"` (the `unfused` path's scaled GEMMs) and on the `local` mode."""
+    from syncopate.kernels import scaled
+    from syncopate.tp import float8
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
+    try:
+        seen = []
+        real = scaled.scaled_mm
+
+        def recording(a, b, a_scale, b_scale, out=None, fast_accum=False):
+            seen.append(fast_accum)
+            return real(a, b, a_scale, b_scale, out=out, fast_accum=fast_accum)
+
+        scaled.scaled_mm = recording  # library.unfused_scaled imports it from there at each call
+        float8.scaled_mm = recording  # mm8's
+        got = {}
+        for mode in ("gather", "scatter", "reduce", "local"):
+            seen.clear()
+            gen = torch.Generator().manual_seed(3 + rank)
+            rows = M // ws if mode == "gather" else M
+            in_f = K // ws if mode in ("scatter", "reduce") else K
+            x = torch.randn(rows, in_f, generator=gen).bfloat16().requires_grad_(True)
+            w = torch.randn(N, in_f, generator=gen).bfloat16().requires_grad_(True)
+            y = float8.Float8Linear.apply(x, w, None, dist.group.WORLD, "torch", {}, mode)
+            forward = list(seen)
+            seen.clear()
+            y.float().sum().backward()
+            got[mode] = (forward, list(seen))
+        q.put((rank, got))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_forward_gemm_accumulates_fast_and_the_gradients_gemms_do_not():
+    """As torchao's recipes configure them: the output's GEMM with fast accumulation
+    (`FAST_OUTPUT`), the input and weight gradients' without, whichever collective goes with them."""
+    from syncopate.tp.float8 import FAST_OUTPUT
+
+    assert FAST_OUTPUT is True
+    for rank, got in run_gloo(_fast_flags_worker, 2, timeout=120):
+        for mode, (forward, backward) in got.items():
+            assert forward == [True], f"rank {rank}, {mode}: forward GEMMs {forward}"
+            assert backward == [False, False], f"rank {rank}, {mode}: gradient GEMMs {backward}"

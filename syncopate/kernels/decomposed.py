@@ -72,7 +72,7 @@ from syncopate.errors import ConfigError
 from syncopate.kernels import c_stationary, launch, streamops
 from syncopate.kernels.backends import announce_entry
 from syncopate.kernels.context import OverlapContext, record, wait
-from syncopate.kernels.scaled import Scales, chunk_scale, column_major, scaled_mm
+from syncopate.kernels.scaled import Scales, chunk_scale, column_major, fast_accumulation, scaled_mm
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
 from syncopate.search_space import (
     block_bounds,
@@ -357,9 +357,9 @@ def run(
     main = ctx.current_stream()
     e = ctx.begin_call(main if captured else None)
     if scales is not None:
-        a_scale, b_scale = scales
+        a_scale, b_scale = scales[0], scales[1]
         b = column_major(b)
-        fast = plan.fast_accum
+        fast = plan.fast_accum or fast_accumulation(scales)
 
         def gemm(lo: int, hi: int, dst: torch.Tensor | None) -> torch.Tensor:
             return scaled_gemm(a[lo:hi], b, chunk_scale(a_scale, lo, hi), b_scale, dst, fast)

@@ -44,7 +44,7 @@ import torch
 from syncopate.kernels import streamops
 from syncopate.kernels.backends import announce_entry
 from syncopate.kernels.context import OverlapContext, record, wait
-from syncopate.kernels.scaled import FP8, Scales, column_major, scaled_mm
+from syncopate.kernels.scaled import FP8, Scales, column_major, fast_accumulation, scaled_mm
 from syncopate.kernels.tables import ARRIVAL_SLOTS, ENTERED_BASE
 from syncopate.search_space import (
     gather_gemms,
@@ -132,7 +132,8 @@ def run(
     r0 = r * m
     row_bytes = a.shape[1] * a.element_size()
     if scales is not None:
-        a_scale, b_scale = scales
+        a_scale, b_scale = scales[0], scales[1]
+        fast = fast_accumulation(scales)
         b = column_major(b)
         if b_scale.numel() == 1:  # every GEMM below takes row-wise scales: B's widened once a call
             b_scale = b_scale.reshape(1, 1).expand(1, b.shape[1]).contiguous()
@@ -141,7 +142,7 @@ def run(
         own_scale.copy_(a_scale.reshape(-1, 1) if a_scale.numel() > 1 else a_scale.reshape(1, 1).expand(m, 1))
 
         def gemm(x, rows_scale, y):
-            scaled_mm(x, b, rows_scale, b_scale, out=y)
+            scaled_mm(x, b, rows_scale, b_scale, out=y, fast_accum=fast)
 
         a_peers = ctx.buffers["a_full"].local.view(FP8)
     else:

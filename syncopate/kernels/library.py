@@ -141,7 +141,7 @@ def unfused_scaled(
     kind: str,
     a: torch.Tensor,
     b: torch.Tensor,
-    scales: tuple[torch.Tensor, torch.Tensor],
+    scales,
     group,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -149,20 +149,21 @@ def unfused_scaled(
     an all-gather moves A's FP8 bytes (as uint8: NCCL and gloo take no float8 tensors) and A's
     scale row-wise (a tensor-wise one on each of the shard's rows, so that every rank's rows keep
     their own), then one `torch._scaled_mm`; a reduce-scatter or all-reduce runs this rank's
-    `torch._scaled_mm` (its partial dequantized by its own scales) and reduces the bf16 partials."""
-    from syncopate.kernels.scaled import column_major, row_scales, scaled_mm
+    `torch._scaled_mm` (its partial dequantized by its own scales) and reduces the bf16 partials.
+    `scales`: (a_scale, b_scale), or a `scaled.Scales` that may ask for fast accumulation."""
+    from syncopate.kernels.scaled import column_major, fast_accumulation, row_scales, scaled_mm
 
-    a_scale, b_scale = scales
+    a_scale, b_scale, fast = scales[0], scales[1], fast_accumulation(scales)
     b = column_major(b)
     if kind == "ag_gemm":
         full = all_gather_rows(a.view(torch.uint8), group).view(a.dtype)
         full_scale = all_gather_rows(row_scales(a_scale, a.shape[0]), group)
-        return scaled_mm(full, b, full_scale, b_scale, out=out)
+        return scaled_mm(full, b, full_scale, b_scale, out=out, fast_accum=fast)
     if kind == "gemm_ar":
-        y = scaled_mm(a, b, a_scale, b_scale, out=out)
+        y = scaled_mm(a, b, a_scale, b_scale, out=out, fast_accum=fast)
         dist.all_reduce(y, group=group)
         return y
-    y = scaled_mm(a, b, a_scale, b_scale)
+    y = scaled_mm(a, b, a_scale, b_scale, fast_accum=fast)
     if out is None:
         out = y.new_empty((y.shape[0] // dist.get_world_size(group), y.shape[1]))
     _REDUCE_SCATTER(out, y, group=group)

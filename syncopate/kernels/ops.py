@@ -398,15 +398,25 @@ def check_backend_group(cand: Candidate, group) -> None:
         )
 
 
-def _scales(a, b, a_scale, b_scale, out_dtype) -> Scales | None:
-    """A call's (a_scale, b_scale), checked (`scaled.check_scales`) where `a` and `b` are 2-D tensors
-    (otherwise the operands' own check names what is wrong with them); None for unscaled operands."""
+def _scales(a, b, a_scale, b_scale, out_dtype, fast_accum=False) -> Scales | None:
+    """A call's `Scales`, checked (`scaled.check_scales`) where `a` and `b` are 2-D tensors
+    (otherwise the operands' own check names what is wrong with them); None for unscaled operands.
+    `fast_accum` (FP8 operands only): every GEMM of the call accumulates fast."""
+    if fast_accum is not False and fast_accum is not True:
+        raise ConfigError(f"fast_accum={fast_accum!r}: give True or False")
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == b.dim() == 2):
         if a_scale is not None or b_scale is not None:
-            return a_scale, b_scale
+            return Scales(a_scale, b_scale, fast_accum)
         return None
     check_scales(a, b, a_scale, b_scale, out_dtype)
-    return None if a.dtype != FP8 else (a_scale, b_scale)
+    if a.dtype != FP8:
+        if fast_accum:
+            raise ConfigError(
+                f"fast_accum=True applies to float8_e4m3fn operands (the scaled GEMM's accumulation), got "
+                f"{a.dtype}: leave it False"
+            )
+        return None
+    return Scales(a_scale, b_scale, fast_accum)
 
 
 def _refuse_scaled(op: str, scales: Scales | None, what: str) -> None:
@@ -428,6 +438,7 @@ def all_gather_matmul(
     a_scale: torch.Tensor | None = None,
     b_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    fast_accum: bool = False,
 ):
     """out = all_gather(a_shard, dim 0) @ b, with the GEMM consuming rows of A as their chunks arrive.
 
@@ -439,18 +450,21 @@ def all_gather_matmul(
     `spin_limit` > 0 bounds every wait (a tuning run's guard against hangs; the context then raises
     a timeout on `check_error()`).
     FP8 operands: `a_scale` is this shard's ([M/ws, 1] row-wise), `b_scale` B's ([1, N/ws] row-wise);
-    the all-gather moves the FP8 rows and their scales; the output is bf16.
+    the all-gather moves the FP8 rows and their scales; the output is bf16. `fast_accum=True` runs
+    its GEMMs with the scaled GEMM's fast accumulation (`torch._scaled_mm`'s `use_fast_accum`:
+    faster, each sum rounded more coarsely; torchao's float8 recipes use it for a layer's output).
     The config's template decides what moves (`syncopate.kernels.templates`): `a_stationary` moves
     B and the products instead of A (with `return_gathered` the call takes the direct plan, which
     gathers A); `decomposed` pushes each shard while the own rows' cuBLAS GEMM runs, then cuBLAS
     GEMMs over the peers' rows as they land; `unfused` runs the group's all-gather, then the matmul.
     """
-    if out is None and not spin_limit and a_scale is None and b_scale is None and out_dtype is None:
+    plain_args = a_scale is None and b_scale is None and out_dtype is None and fast_accum is False
+    if out is None and not spin_limit and plain_args:
         if not torch.compiler.is_compiling():
             call = _fast_call(GATHERED if return_gathered else "ag_gemm", a_shard, b, group, config)
             if call is not None:
                 return call(a_shard, b)
-    scales = _scales(a_shard, b, a_scale, b_scale, out_dtype)
+    scales = _scales(a_shard, b, a_scale, b_scale, out_dtype, fast_accum)
     if torch.compiler.is_compiling():
         _refuse_scaled("all_gather_matmul", scales, "torch.compile")
         return _traced("ag_gemm", a_shard, b, group, config, out, spin_limit, return_gathered)
@@ -758,9 +772,11 @@ def _prepare(kind: str, a, b, group, config, mode: str = "eager") -> CallProgram
     return template_for(cand, kind).prepare(spec, b)
 
 
-def _gemm_scatter(kind: str, a, b, group, config, out, spin_limit: int, a_scale, b_scale, out_dtype):
+def _gemm_scatter(
+    kind: str, a, b, group, config, out, spin_limit: int, a_scale, b_scale, out_dtype, fast_accum
+):
     """`matmul_reduce_scatter` or `matmul_all_reduce` past the fast path."""
-    scales = _scales(a, b, a_scale, b_scale, out_dtype)
+    scales = _scales(a, b, a_scale, b_scale, out_dtype, fast_accum)
     if torch.compiler.is_compiling():
         _refuse_scaled(OP_NAMES[kind], scales, "torch.compile")
         return _traced(kind, a, b, group, config, out, spin_limit)
@@ -788,6 +804,7 @@ def matmul_reduce_scatter(
     a_scale: torch.Tensor | None = None,
     b_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    fast_accum: bool = False,
 ):
     """out = reduce_scatter(a @ b, dim 0): partial tiles leave for their owner as soon as they are done.
 
@@ -798,14 +815,17 @@ def matmul_reduce_scatter(
     engine once computed, the own rows summed onto the peers' partials.
     Template `unfused`: the matmul, then the group's reduce-scatter.
     FP8 operands: `a_scale` [M, 1] row-wise (this rank's K slice), `b_scale` [1, N] row-wise; each
-    rank's partial is dequantized by its own scales and the bf16 partials are reduced.
+    rank's partial is dequantized by its own scales and the bf16 partials are reduced;
+    `fast_accum` as for `all_gather_matmul`.
     """
     if out is None and not spin_limit and a_scale is None and b_scale is None and out_dtype is None:
-        if not torch.compiler.is_compiling():
+        if fast_accum is False and not torch.compiler.is_compiling():
             call = _fast_call("gemm_rs", a, b, group, config)
             if call is not None:
                 return call(a, b)
-    return _gemm_scatter("gemm_rs", a, b, group, config, out, spin_limit, a_scale, b_scale, out_dtype)
+    return _gemm_scatter(
+        "gemm_rs", a, b, group, config, out, spin_limit, a_scale, b_scale, out_dtype, fast_accum
+    )
 
 
 def matmul_all_reduce(
@@ -819,6 +839,7 @@ def matmul_all_reduce(
     a_scale: torch.Tensor | None = None,
     b_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    fast_accum: bool = False,
 ):
     """out = all_reduce(a @ b): reduce-scatter of partial tiles, then every rank takes each reduced block.
 
@@ -831,8 +852,10 @@ def matmul_all_reduce(
     FP8 operands: as `matmul_reduce_scatter`'s.
     """
     if out is None and not spin_limit and a_scale is None and b_scale is None and out_dtype is None:
-        if not torch.compiler.is_compiling():
+        if fast_accum is False and not torch.compiler.is_compiling():
             call = _fast_call("gemm_ar", a, b, group, config)
             if call is not None:
                 return call(a, b)
-    return _gemm_scatter("gemm_ar", a, b, group, config, out, spin_limit, a_scale, b_scale, out_dtype)
+    return _gemm_scatter(
+        "gemm_ar", a, b, group, config, out, spin_limit, a_scale, b_scale, out_dtype, fast_accum
+    )

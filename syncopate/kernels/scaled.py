@@ -14,7 +14,7 @@ where one is row-wise the other is widened to row-wise (`scaled_mm`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -29,6 +29,7 @@ __all__ = [
     "OUT_DTYPE",
     "SCALE_ALIGN",
     "Scales",
+    "fast_accumulation",
     "check_scales",
     "chunk_scale",
     "column_major",
@@ -42,8 +43,18 @@ FP8 = torch.float8_e4m3fn
 OUT_DTYPE = torch.bfloat16
 """The output (and reduced partials') dtype of FP8 operands."""
 
-Scales = tuple[torch.Tensor, torch.Tensor]
-"""(a_scale, b_scale) of one call."""
+class Scales(NamedTuple):
+    """A call's FP8 scales, and whether its GEMMs accumulate fast (`scaled_mm`'s `fast_accum`); a
+    plain (a_scale, b_scale) pair is taken wherever one of these is."""
+
+    a_scale: torch.Tensor
+    b_scale: torch.Tensor
+    fast_accum: bool = False
+
+
+def fast_accumulation(scales) -> bool:
+    """Whether `scales` (a `Scales`, or a plain (a_scale, b_scale) pair: no) ask for fast accumulation."""
+    return len(scales) > 2 and bool(scales[2])
 E4M3_MAX = 448.0
 """float8_e4m3fn's largest finite value: a scale maps the amax onto it."""
 AMAX_EPS = 1e-12

@@ -2,7 +2,10 @@
 
 The weights stay in their own dtype (bf16: the master copy the optimizer updates). Each GEMM of a
 layer, forward and backward, quantizes both its operands dynamically to `torch.float8_e4m3fn`,
-each along the dimension the GEMM contracts, and runs scaled (`torch._scaled_mm`, bf16 out):
+each along the dimension the GEMM contracts, and runs scaled (`torch._scaled_mm`, bf16 out); the
+forward's GEMM with the scaled GEMM's fast accumulation (`FAST_OUTPUT`; `use_fast_accum`: faster,
+each sum rounded more coarsely), the gradients' GEMMs without, as torchao's recipes configure them
+(`Float8LinearConfig.gemm_config_output`), on every impl:
 
     amax  = max |v| over the contracted dimension (one per row of A, one per column of B)
     scale = max(amax, 1e-12) / 448        (float32; 448 = float8_e4m3fn's largest value)
@@ -48,12 +51,13 @@ import torch.distributed as dist
 
 from syncopate.errors import ConfigError
 from syncopate.kernels.library import all_gather_rows_async, gathered_rows, unfused
-from syncopate.kernels.scaled import AMAX_EPS, E4M3_MAX, OUT_DTYPE, quantize, scaled_mm
+from syncopate.kernels.scaled import AMAX_EPS, E4M3_MAX, OUT_DTYPE, Scales, quantize, scaled_mm
 
 __all__ = [
     "AMAX_EPS",
     "DIM_MULTIPLE",
     "E4M3_MAX",
+    "FAST_OUTPUT",
     "IMPLS",
     "MODES",
     "Float8Linear",
@@ -62,6 +66,9 @@ __all__ = [
     "quantize",
 ]
 
+FAST_OUTPUT = True
+"""Whether the forward's GEMM (the layer's output) accumulates fast, on every impl; the gradients'
+GEMMs never do (module docstring)."""
 DIM_MULTIPLE = 16
 """`torch._scaled_mm` on CUDA takes dimensions that are multiples of this only."""
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -89,13 +96,16 @@ def _operands8(a: torch.Tensor, b: torch.Tensor):
     return a8, b8, sa, sb
 
 
-def mm8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b, local, on FP8 operands quantized along the contracted dimension (bf16 out)."""
+def mm8(a: torch.Tensor, b: torch.Tensor, fast_accum: bool = False) -> torch.Tensor:
+    """a @ b, local, on FP8 operands quantized along the contracted dimension (bf16 out); with
+    `fast_accum`, the scaled GEMM's fast accumulation."""
     a8, b8, sa, sb = _operands8(a, b)
-    return scaled_mm(a8, b8, sa, sb)
+    return scaled_mm(a8, b8, sa, sb, fast_accum=fast_accum)
 
 
-def op8(kind: str, a: torch.Tensor, b: torch.Tensor, group, impl: str, config) -> torch.Tensor:
+def op8(
+    kind: str, a: torch.Tensor, b: torch.Tensor, group, impl: str, config, fast_accum: bool = False
+) -> torch.Tensor:
     """The op of `kind` on a and b quantized along K (bf16 out): the fused op (`impl="fused"`),
     torch's fused scaled op (`impl="async_tp"`) or torch's collective and the scaled GEMM
     (`impl="torch"`, and `async_tp`'s all-reduce)."""
@@ -104,13 +114,15 @@ def op8(kind: str, a: torch.Tensor, b: torch.Tensor, group, impl: str, config) -
         from syncopate.kernels import ops
         from syncopate.kernels.library import OP_NAMES
 
-        return getattr(ops, OP_NAMES[kind])(a8, b8, group, config, a_scale=sa, b_scale=sb)
+        return getattr(ops, OP_NAMES[kind])(
+            a8, b8, group, config, a_scale=sa, b_scale=sb, fast_accum=fast_accum
+        )
     if impl == "async_tp" and kind != "gemm_ar":
-        return async_tp8(kind, a8, b8, sa, sb, group)
-    return unfused(kind, a8, b8, group, scales=(sa, sb))
+        return async_tp8(kind, a8, b8, sa, sb, group, fast_accum)
+    return unfused(kind, a8, b8, group, scales=Scales(sa, sb, fast_accum))
 
 
-def async_tp8(kind: str, a8, b8, sa, sb, group) -> torch.Tensor:
+def async_tp8(kind: str, a8, b8, sa, sb, group, fast_accum: bool = False) -> torch.Tensor:
     """The op of `kind` (`ag_gemm` or `gemm_rs`) on FP8 operands as torch's fused scaled async-TP
     op: `torch.ops.symm_mem.fused_all_gather_scaled_matmul` (A's rows and their scales gathered
     row-wise-sharded, each shard's `_scaled_mm` as it lands) or `fused_scaled_matmul_reduce_scatter`
@@ -122,12 +134,12 @@ def async_tp8(kind: str, a8, b8, sa, sb, group) -> torch.Tensor:
     enable_symm_mem(name)  # first: the import that registers torch.ops.symm_mem's ops
     if kind == "ag_gemm":
         _, (out,) = torch.ops.symm_mem.fused_all_gather_scaled_matmul(
-            a8, [b8], sa, [sb], 0, name, [None], [None], [OUT_DTYPE], [False]
+            a8, [b8], sa, [sb], 0, name, [None], [None], [OUT_DTYPE], [fast_accum]
         )
     else:
         shape = [a8.shape[0], b8.shape[1]]
         out = torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(
-            a8, b8, sa, sb, "sum", 0, 0, name, shape, out_dtype=OUT_DTYPE
+            a8, b8, sa, sb, "sum", 0, 0, name, shape, out_dtype=OUT_DTYPE, use_fast_accum=fast_accum
         )
     # torch's ops may return a view of a buffer of theirs; autograd forbids changing in place (an
     # input's accumulated gradient) a view made inside a custom Function, so such a view is copied
@@ -176,7 +188,10 @@ class Float8Linear(torch.autograd.Function):
     def forward(ctx, x, weight, bias, group, impl, configs, mode):
         wt = weight.t()
         kind = _FORWARD_OP.get(mode)
-        out = mm8(x, wt) if kind is None else op8(kind, x, wt, group, impl, configs.get(kind))
+        if kind is None:
+            out = mm8(x, wt, fast_accum=FAST_OUTPUT)
+        else:
+            out = op8(kind, x, wt, group, impl, configs.get(kind), fast_accum=FAST_OUTPUT)
         out = out.to(x.dtype)
         if bias is not None:
             out = out.add_(bias)
