@@ -43,6 +43,7 @@ FP8 = torch.float8_e4m3fn
 OUT_DTYPE = torch.bfloat16
 """The output (and reduced partials') dtype of FP8 operands."""
 
+
 class Scales(NamedTuple):
     """A call's FP8 scales, and whether its GEMMs accumulate fast (`scaled_mm`'s `fast_accum`); a
     plain (a_scale, b_scale) pair is taken wherever one of these is."""
@@ -55,6 +56,8 @@ class Scales(NamedTuple):
 def fast_accumulation(scales) -> bool:
     """Whether `scales` (a `Scales`, or a plain (a_scale, b_scale) pair: no) ask for fast accumulation."""
     return len(scales) > 2 and bool(scales[2])
+
+
 E4M3_MAX = 448.0
 """float8_e4m3fn's largest finite value: a scale maps the amax onto it."""
 AMAX_EPS = 1e-12
