@@ -31,4 +31,7 @@ for layer in "${layers[@]}"; do
     echo "layer tp$tp $layer: rc=$?"
 done
 grep -h -A 14 "^ag_gemm\|kind | N" "$out/ops-tp$tp.log" | tail -16
-for layer in "${layers[@]}"; do IFS=: read -r hidden ffn tokens <<<"$layer"; tail -7 "$out/layer-tp$tp-$hidden-$ffn-$tokens.log"; done
+for layer in "${layers[@]}"; do  # each layer's table and how its fused calls were launched
+    IFS=: read -r hidden ffn tokens <<<"$layer"
+    sed -n '/^mlp hidden /,$p' "$out/layer-tp$tp-$hidden-$ffn-$tokens.log"
+done
