@@ -191,19 +191,20 @@ def launch_choices() -> dict[str, int]:
     called since `set_launch`)."""
     counts = {"replayed": 0, "direct": 0, "sampling": 0}
     for program in _REGISTRY.programs.values():
-        if not replayable(program, 0):
-            continue
-        if _REGISTRY.launch == "graph":
-            counts["replayed"] += 1
-        elif _REGISTRY.launch == "direct":
-            counts["direct"] += 1
-        else:
-            choice = program.__dict__.get(_KEPT_LAUNCH["auto"])
-            if choice is None or not choice.decided:
-                counts["sampling"] += 1
-            else:
-                counts["replayed" if choice.replayed is not None else "direct"] += 1
+        if replayable(program, 0):
+            counts[_launch_of(program)] += 1
     return counts
+
+
+def _launch_of(program) -> str:
+    """How a replayable program's calls outside a capture are launched now: `replayed`, `direct`,
+    or `sampling` (`auto` still deciding, or not called since `set_launch`)."""
+    if _REGISTRY.launch != "auto":
+        return "replayed" if _REGISTRY.launch == "graph" else "direct"
+    choice = program.__dict__.get(_KEPT_LAUNCH["auto"])
+    if choice is None or not choice.decided:
+        return "sampling"
+    return "replayed" if choice.replayed is not None else "direct"
 
 
 def launch_report() -> list[dict[str, Any]]:
@@ -221,16 +222,11 @@ def launch_report() -> list[dict[str, Any]]:
             "a": list(spec.a_shape),
             "b": list(spec.b_shape),
             "config": spec.candidate.short(),
+            "launch": _launch_of(program),
         }
-        if _REGISTRY.launch != "auto":
-            row["launch"] = "replayed" if _REGISTRY.launch == "graph" else "direct"
-        else:
-            choice = program.__dict__.get(_KEPT_LAUNCH["auto"])
-            if choice is None or not choice.decided:
-                row["launch"] = "sampling"
-            else:
-                row["launch"] = "replayed" if choice.replayed is not None else "direct"
-                row["direct_us"], row["replayed_us"] = choice.figures
+        choice = program.__dict__.get(_KEPT_LAUNCH["auto"])
+        if _REGISTRY.launch == "auto" and choice is not None and choice.decided:
+            row["direct_us"], row["replayed_us"] = choice.figures
         report.append(row)
     return report
 
@@ -818,8 +814,9 @@ def matmul_reduce_scatter(
     rank's partial is dequantized by its own scales and the bf16 partials are reduced;
     `fast_accum` as for `all_gather_matmul`.
     """
-    if out is None and not spin_limit and a_scale is None and b_scale is None and out_dtype is None:
-        if fast_accum is False and not torch.compiler.is_compiling():
+    plain_args = a_scale is None and b_scale is None and out_dtype is None and fast_accum is False
+    if out is None and not spin_limit and plain_args:
+        if not torch.compiler.is_compiling():
             call = _fast_call("gemm_rs", a, b, group, config)
             if call is not None:
                 return call(a, b)
@@ -851,8 +848,9 @@ def matmul_all_reduce(
     Template `unfused`: the matmul, then the group's all-reduce.
     FP8 operands: as `matmul_reduce_scatter`'s.
     """
-    if out is None and not spin_limit and a_scale is None and b_scale is None and out_dtype is None:
-        if fast_accum is False and not torch.compiler.is_compiling():
+    plain_args = a_scale is None and b_scale is None and out_dtype is None and fast_accum is False
+    if out is None and not spin_limit and plain_args:
+        if not torch.compiler.is_compiling():
             call = _fast_call("gemm_ar", a, b, group, config)
             if call is not None:
                 return call(a, b)

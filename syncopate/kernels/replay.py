@@ -40,6 +40,8 @@ from typing import Any
 
 import torch
 
+from syncopate.kernels.scaled import fast_accumulation
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -118,7 +120,7 @@ class ReplayedCalls:
             return
         key = (a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if gathered is None else gathered.data_ptr())
         if scales is not None:  # a program takes tensor-wise and row-wise scales alike: their size too
-            key += (*((s.data_ptr(), s.numel()) for s in scales[:2]), len(scales) > 2 and bool(scales[2]))
+            key += (*((s.data_ptr(), s.numel()) for s in scales[:2]), fast_accumulation(scales))
         graph = self.graphs.pop(key, None)
         if graph is None:
             graph = self._capture(a, b, out, gathered, scales)
