@@ -16,7 +16,8 @@ from syncopate.measure.harness import SPIN_LIMIT, Harness
 from syncopate.search_space import Candidate, Shape, Workload
 
 
-def _harness(monkeypatch, calls: list, fail_check: bool = False) -> Harness:
+def _harness(monkeypatch, calls: list, fail_check: bool = False, eager_us=None) -> Harness:
+    eager_us = eager_us or {"direct": 12.0, "graph": 13.0}
     h = object.__new__(Harness)
     h.workload = Workload(kind="gemm_rs", shape=Shape(m=64, n=32, k=16), dtype="bf16")
     h.scaled = False
@@ -38,12 +39,12 @@ def _harness(monkeypatch, calls: list, fail_check: bool = False) -> Harness:
     def host(fn):
         calls.append("host")
         fn()
-        return 7.0
+        return {"direct": 7.0, "graph": 3.0}[ops.get_launch()]
 
     def eager(fn):
         calls.append("eager")
         fn()
-        return 12.0
+        return eager_us[ops.get_launch()]
 
     def check_error():
         calls.append("check_error")
@@ -71,9 +72,28 @@ def test_device_time_is_guarded_and_host_and_eager_times_are_a_jobs_call(monkeyp
         ("call", 0, None, "direct"),  # the host time: a job's call, launched directly
         "eager",
         ("call", 0, None, "direct"),
+        "host",
+        ("call", 0, None, "graph"),  # and replayed from a graph of its own
+        "eager",
+        ("call", 0, None, "graph"),
     ]
-    assert result.host_us == 7.0  # the job call's (`time_host`), not the bounded call's
+    assert result.host_us == 7.0  # the job call's (`time_host`), not the bounded call's; the faster way's
     assert ops.get_launch() == "auto"  # the launch setting is given back
+
+
+def test_the_eager_time_is_the_faster_ways_and_nccl_candidates_are_only_launched_directly(monkeypatch):
+    calls: list = []
+    h = _harness(monkeypatch, calls, eager_us={"direct": 12.0, "graph": 9.0})
+    result = h.run_candidate(Candidate.from_dict({"backend": "copy_engine", "template": "direct"}))
+    assert (result.eager_us, result.host_us) == (9.0, 3.0)  # replayed: its eager and host times
+    for cand in (
+        Candidate.from_dict({"backend": "nccl", "template": "direct", "comm_sms": 8}),
+        Candidate.from_dict({"backend": "nccl", "template": "unfused"}),
+    ):
+        calls.clear()
+        result = h.run_candidate(cand)
+        assert (result.eager_us, result.host_us) == (12.0, 7.0)
+        assert [c[3] for c in calls if isinstance(c, tuple) and c[1] == 0] == ["direct", "direct"]
 
 
 def test_a_wait_that_ran_out_is_a_timeout_and_no_unbounded_call_is_made(monkeypatch):

@@ -149,6 +149,8 @@ def test_the_launch_of_each_program_is_printed_with_its_figures():
                 "launch": "replayed",
                 "direct_us": 181.25,
                 "replayed_us": 120.5,
+                "direct_host_us": 300.0,
+                "replayed_host_us": 21.0,
             },
             {
                 "op": "matmul_reduce_scatter",
@@ -160,8 +162,8 @@ def test_the_launch_of_each_program_is_printed_with_its_figures():
         ]
     }
     assert format_launch(result).splitlines() == [
-        "all_gather_matmul 512x4096 @ 4096x7168 copy_engine/direct/s2: replayed (timed: direct 181.2 us, "
-        "replayed 120.5 us)",
+        "all_gather_matmul 512x4096 @ 4096x7168 copy_engine/direct/s2: replayed (timed, direct / replayed: "
+        "181.2 / 120.5 us on the stream, 300.0 / 21.0 us of host time)",
         "matmul_reduce_scatter 2048x3584 @ 3584x4096 x: sampling",
     ]
     assert format_launch({}) == "" and format_launch({"launch": []}) == ""

@@ -32,6 +32,7 @@ class _Graph:
         self.log.append("replay")
         if self.clock is not None:
             self.clock.now += self.clock.replayed_us
+            self.clock.host += self.clock.replayed_host_us
 
 
 class _Program:
@@ -54,16 +55,20 @@ class _Program:
             raise RuntimeError("the kernel failed")
         if self.clock is not None and not capturing:
             self.clock.now += self.clock.direct_us
+            self.clock.host += self.clock.direct_host_us
 
 
 class _Clock:
     """Stand-in for the CUDA events `auto` times calls with: a direct call moves it by `direct_us`,
-    a replay by `replayed_us`, a capture not at all."""
+    a replay by `replayed_us`, a capture not at all; and for the host's clock, which a direct call
+    moves by `direct_host_us`, a replay by `replayed_host_us`."""
 
-    def __init__(self, monkeypatch, log, direct_us, replayed_us):
+    def __init__(self, monkeypatch, log, direct_us, replayed_us, direct_host_us=300.0, replayed_host_us=20.0):
         self.direct_us, self.replayed_us, self.now = direct_us, replayed_us, 0.0
+        self.direct_host_us, self.replayed_host_us, self.host = direct_host_us, replayed_host_us, 0.0
         monkeypatch.setattr(replay, "_stamp", lambda device: self.now)
         monkeypatch.setattr(replay, "_elapsed_us", lambda start, end: end - start)
+        monkeypatch.setattr(replay, "_now_us", lambda: self.host)
         monkeypatch.setattr(replay, "_new_graph", lambda: _Graph(log, self))
 
 
@@ -223,12 +228,18 @@ def test_auto_times_both_ways_in_turn_then_the_group_decides_once(log, monkeypat
         log.clear()
         caplog.clear()
         caplog.set_level("INFO", logger="syncopate.kernels.replay")
-        clock = _Clock(monkeypatch, log, direct_us, replayed_us)
+        clock = _Clock(
+            monkeypatch, log, direct_us, replayed_us, direct_host_us=5.0
+        )  # the device sets the pace
         asked = []
 
         def group(program, values, asked=asked, elsewhere=elsewhere):
             asked.append(list(values))
-            return values if elsewhere is None else [max(v, o) for v, o in zip(values, elsewhere)]
+            return (
+                values
+                if elsewhere is None
+                else [max(v, o) for v, o in zip(values, [*elsewhere, *values[2:]])]
+            )
 
         monkeypatch.setattr(replay, "_group_slowest", group)
         choice = replay.LaunchChoice(_Program(log, clock=clock))
@@ -243,7 +254,8 @@ def test_auto_times_both_ways_in_turn_then_the_group_decides_once(log, monkeypat
         assert log[0] == ("direct", a.data_ptr(), out.data_ptr())
         assert log[1:6] == ["warm", "begin", ("capture", a.data_ptr(), out.data_ptr()), "end", "replay"]
         assert log.count("replay") == replay.SAMPLES // 2
-        assert asked == [[direct_us, replayed_us]]  # the capture's call left out of the replays' times
+        # the capture's call left out of the replays' times
+        assert asked == [[direct_us, replayed_us, 5.0, 20.0]]
         log.clear()
         choice(a, b, out)
         choice(a, b, out)
@@ -253,15 +265,36 @@ def test_auto_times_both_ways_in_turn_then_the_group_decides_once(log, monkeypat
         figures = [direct_us, replayed_us] if elsewhere is None else [max(direct_us, 40.0), 60.0]
         assert said == [
             f"syncopate.all_gather_matmul (a 2048x4096, b 4096x1536, copy_engine/ring/s1) {how} from now on: "
-            f"{figures[0]:.1f} us a call launched directly, {figures[1]:.1f} us replayed (the medians of "
-            f"{replay.SAMPLES} calls timed in turn, the group's slowest rank; syncopate.set_launch('direct' or "
-            "'graph') decides it instead)"
+            f"{figures[0]:.1f} us a call launched directly (5.0 us of host time), {figures[1]:.1f} us "
+            f"replayed (20.0 us of host time; the medians of {replay.SAMPLES} calls timed in turn, the group's "
+            "slowest rank; syncopate.set_launch('direct' or 'graph') decides it instead)"
         ]
-        assert choice.figures == tuple(figures)
+        assert [choice.figures["direct_us"], choice.figures["replayed_us"]] == figures
         if replays:
             assert log == ["replay", "replay"]
         else:
             assert log == [("direct", a.data_ptr(), out.data_ptr())] * 2 and choice.replayed is None
+
+
+def test_auto_replays_where_a_direct_call_takes_the_host_half_the_calls_time_or_more(log, monkeypatch):
+    """Direct calls that hold the stream less are kept only while their host time stays under
+    `HOST_SHARE` of the faster way's time on the stream: past it the host sets a job's pace (and
+    the group's, every rank waiting for the slowest host), which one rank's stream does not show."""
+    monkeypatch.setattr(replay, "_group_slowest", lambda program, values: values)
+    for direct_host_us, replays in ((40.0, False), (49.5, False), (50.0, True), (300.0, True)):
+        log.clear()
+        clock = _Clock(monkeypatch, log, direct_us=100.0, replayed_us=110.0, direct_host_us=direct_host_us)
+        choice = replay.LaunchChoice(_Program(log, clock=clock))
+        a, b, out = _tensors(3)
+        for _ in range(replay.WARM + replay.SAMPLES):
+            choice(a, b, out)
+        assert choice.decided and (choice.replayed is not None) == replays, direct_host_us
+        assert choice.figures == {
+            "direct_us": 100.0,
+            "replayed_us": 110.0,
+            "direct_host_us": pytest.approx(direct_host_us),
+            "replayed_host_us": 20.0,
+        }
 
 
 def test_a_program_whose_replays_all_capture_stays_direct(log, monkeypatch):
@@ -274,7 +307,7 @@ def test_a_program_whose_replays_all_capture_stays_direct(log, monkeypatch):
     b = torch.empty(4)
     for _ in range(replay.WARM + replay.SAMPLES):
         choice(torch.empty(4), b, torch.empty(4))
-    assert asked == [[50.0, float("inf")]] and choice.replayed is None
+    assert asked[0][:2] == [50.0, float("inf")] and choice.replayed is None
 
 
 def _share_rank(rank, world, init, q):
@@ -367,7 +400,7 @@ def test_a_program_prepared_while_auto_samples_restarts_the_count(log, monkeypat
         choice(a, b, out)
     assert not choice.decided and not asked
     choice(a, b, out)
-    assert choice.decided and asked == [[50.0, 20.0]]
+    assert choice.decided and [v[:2] for v in asked] == [[50.0, 20.0]]
     replay.note_prepared()
     log.clear()
     choice(a, b, out)
@@ -398,8 +431,12 @@ def test_launch_report_says_how_each_program_is_launched_and_on_what_figures(mon
         return p
 
     kept = {
-        "a": program("all_gather_matmul", "replayed", (180.0, 120.5)),
-        "b": program("matmul_reduce_scatter", "direct", (90.0, 95.0)),
+        "a": program(
+            "all_gather_matmul", "replayed", dict(zip(replay.FIGURES, (180.0, 120.5, 300, 20, 0, 40, 0.5)))
+        ),
+        "b": program(
+            "matmul_reduce_scatter", "direct", dict(zip(replay.FIGURES, (90.0, 95.0, 300, 20, 90, 80, 0)))
+        ),
         "c": program("matmul_all_reduce", "sampling"),
         "nccl": program("all_gather_matmul", backend="nccl"),
     }
@@ -414,6 +451,8 @@ def test_launch_report_says_how_each_program_is_launched_and_on_what_figures(mon
         "launch": "replayed",
         "direct_us": 180.0,
         "replayed_us": 120.5,
+        "direct_host_us": 300.0,
+        "replayed_host_us": 20.0,
     }
     assert "direct_us" not in report[2]
     ops.set_launch("graph")

@@ -210,7 +210,7 @@ def _launch_of(program) -> str:
 def launch_report() -> list[dict[str, Any]]:
     """Each replayable fused program of this process and how `auto` launches it: its op, operand
     shapes and configuration, `launch` (`replayed`, `direct` or `sampling`), and where `auto` has
-    decided, the medians it decided on (`direct_us`, `replayed_us`: the group's slowest rank's);
+    decided, what it measured (`replay.FIGURES`: each way's medians, the group's slowest rank's);
     under `graph` or `direct`, that launch for every program, with no figures."""
     report = []
     for program in _REGISTRY.programs.values():
@@ -226,7 +226,7 @@ def launch_report() -> list[dict[str, Any]]:
         }
         choice = program.__dict__.get(_KEPT_LAUNCH["auto"])
         if _REGISTRY.launch == "auto" and choice is not None and choice.decided:
-            row["direct_us"], row["replayed_us"] = choice.figures
+            row.update(choice.figures)
         report.append(row)
     return report
 

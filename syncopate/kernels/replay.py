@@ -17,17 +17,21 @@ program's first call runs directly (it compiles the kernel and may allocate), on
 
 That meeting costs the device a few microseconds a call, and a call launched directly costs the
 host every stream operation, which an eager job whose host is on the path pays on the device's
-timeline too. Which costs a job more is the job's to show, so by default (`auto`) a program is
-launched directly for `WARM` calls, then its next `SAMPLES` calls alternate between a direct launch
-and a replay, each timed on the caller's stream (CUDA events: the time the call holds the stream,
-its host's enqueueing included where the GPU waits for it; a replay that had to capture its graph
-first is not counted); then the group takes each way's median on its slowest rank (one all-reduce,
-once a program) and launches the faster from then on, a program whose replays all captured
-directly. A program prepared anywhere in the process (`note_prepared`: a new shape's first call,
-which compiles and looks up) restarts the count of every program still deciding: a job's first
-step prepares its programs one after another, its host busy with that, and a deep model's early
-layers would otherwise be sampled there. Every rank prepares the same programs at the same calls,
-so the group still decides at the same call everywhere.
+timeline too, on every rank: each fused call meets the group, so every rank's device waits for the
+slowest rank's host. Which costs a job more is the job's to show, so by default (`auto`) a program
+is launched directly for `WARM` calls, then its next `SAMPLES` calls alternate between a direct
+launch and a replay, each timed on the caller's stream (CUDA events: the time the call holds the
+stream, its host's enqueueing and the group's waits included where the device waits for them) and
+on the host (a replay that had to capture its graph first is not counted); then the group takes
+each way's medians on its slowest rank (one all-reduce, once a program) and replays from then on
+where replays held the stream less, or where a direct call takes the host at least `HOST_SHARE` of
+the call's time on the stream (the host then sets the job's pace, which one rank's stream does not
+show), and launches directly otherwise, a program whose replays all captured directly. A program
+prepared anywhere in the process (`note_prepared`: a new shape's first call, which compiles and
+looks up) restarts the count of every program still deciding: a job's first step prepares its
+programs one after another, its host busy with that, and a deep model's early layers would
+otherwise be sampled there. Every rank prepares the same programs at the same calls, so the group
+still decides at the same call everywhere.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import collections
 import logging
 import math
 import statistics
-from typing import Any
+import time
 
 import torch
 
@@ -45,7 +49,9 @@ from syncopate.kernels.scaled import fast_accumulation
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "FIGURES",
     "GRAPHS",
+    "HOST_SHARE",
     "LAUNCHES",
     "SAMPLES",
     "WARM",
@@ -72,6 +78,14 @@ WARM = 8
 SAMPLES = 16
 """Calls of a program `auto` times, alternately launched directly and replayed, before the group
 decides how it is launched."""
+
+
+HOST_SHARE = 0.5
+"""`auto` replays a program whose direct calls take the host at least this share of the call's time
+on the stream (the faster way's median), whatever the two ways' times on the stream say: a job
+made of such calls and of torch's ops around them (whose host time grows alike as the tokens
+shrink) keeps its device waiting for its host, and in a group every rank's device waits for the
+slowest host, which a call's time on one rank's stream does not show."""
 
 
 _PREPARED = [0]
@@ -189,13 +203,13 @@ class LaunchChoice:
         self.prepared = _PREPARED[0]
         """`_PREPARED` when the count last started."""
         self.calls = 0
-        self.samples: list[tuple[bool, Any, Any]] = []
-        """Timed calls: (replayed, start stamp, end stamp)."""
+        self.samples: list[_Sample] = []
+        """Timed calls."""
         self.replayed: ReplayedCalls | None = None
         """The program's graphs: made when the first replayed sample comes, kept if replays win."""
         self.decided = False
-        self.figures: tuple[float, float] | None = None
-        """(direct µs, replayed µs): the medians the group decided on, its slowest rank's."""
+        self.figures: dict[str, float] | None = None
+        """What the group decided on (`FIGURES`), once decided."""
 
     def __call__(self, a, b, out, gathered=None, scales=None) -> None:
         if self.decided:
@@ -217,47 +231,68 @@ class LaunchChoice:
                 self.replayed = ReplayedCalls(self.program)
                 self.replayed.ran = True  # the program's first call was made (the warm-up's)
             captures = self.replayed.captures
-            start = _stamp(device)
+            began, start = _now_us(), _stamp(device)
             self.replayed(a, b, out, gathered, scales)
             end = _stamp(device)
             if self.replayed.captures == captures:  # a capture's host time is not a replay's
-                self.samples.append((True, start, end))
+                self.samples.append(_Sample(True, start, end, _now_us() - began))
         else:
-            start = _stamp(device)
+            began, start = _now_us(), _stamp(device)
             self.program(a, b, out, gathered=gathered, scales=scales)
-            self.samples.append((False, start, _stamp(device)))
+            end = _stamp(device)
+            self.samples.append(_Sample(False, start, end, _now_us() - began))
         if self.calls >= WARM + SAMPLES:
             self.decide()
 
     def decide(self) -> None:
-        """The group's choice, once: each way's median time on the slowest rank (a way a rank has no
-        sample of counts as infinite there); replays where they are faster, else direct calls."""
+        """The group's choice, once, on each way's medians on the slowest rank (a way a rank has no
+        sample of counts as infinite there): replays where they hold the stream less or where a direct
+        call takes the host `HOST_SHARE` of the call's time or more, else direct calls."""
         self.decided = True
-        local = []
-        for replay in (False, True):
-            times = [_elapsed_us(start, end) for r, start, end in self.samples if r == replay]
-            local.append(statistics.median(times) if times else math.inf)
-        self.samples = []
-        direct_us, replayed_us = _group_slowest(self.program, local)
-        self.figures = (direct_us, replayed_us)
-        if not replayed_us < direct_us:
+        samples, self.samples = self.samples, []
+        ways = [[s for s in samples if s.replayed == replay] for replay in (False, True)]
+        local = [_median([_elapsed_us(s.start, s.end) for s in way]) for way in ways]
+        local += [_median([s.host_us for s in way]) for way in ways]
+        self.figures = dict(zip(FIGURES, _group_slowest(self.program, local)))
+        direct_us, replayed_us = self.figures["direct_us"], self.figures["replayed_us"]
+        host_bound = self.figures["direct_host_us"] >= HOST_SHARE * min(direct_us, replayed_us)
+        if not (math.isfinite(replayed_us) and (replayed_us < direct_us or host_bound)):
             if self.replayed is not None:
                 self.replayed.clear()
             self.replayed = None
         spec = self.program.spec
         log.info(
-            "syncopate.%s (a %s, b %s, %s) %s from now on: %s a call launched directly, %s replayed (the "
-            "medians of %d calls timed in turn, the group's slowest rank; syncopate.set_launch('direct' or "
-            "'graph') decides it instead)",
+            "syncopate.%s (a %s, b %s, %s) %s from now on: %s a call launched directly (%s of host time), %s "
+            "replayed (%s of host time; the medians of %d calls timed in turn, the group's slowest rank; "
+            "syncopate.set_launch('direct' or 'graph') decides it instead)",
             spec.op,
             "x".join(map(str, spec.a_shape)),
             "x".join(map(str, spec.b_shape)),
             spec.candidate.short(),
             "replayed from graphs of its own" if self.replayed is not None else "launched directly",
             _us(direct_us),
+            _us(self.figures["direct_host_us"]),
             _us(replayed_us),
+            _us(self.figures["replayed_host_us"]),
             SAMPLES,
         )
+
+
+FIGURES = ("direct_us", "replayed_us", "direct_host_us", "replayed_host_us")
+"""What `auto` measured of a program, each way's median over its sampled calls, the group's slowest
+rank's: the time a call held the caller's stream (`_us`: CUDA events, the host's enqueueing included
+where the device waited for it) and the host's time to make the call (`_host_us`)."""
+
+
+class _Sample(collections.namedtuple("_Sample", "replayed start end host_us")):
+    """One timed call: replayed or direct, its start and end stamps on the caller's stream, and the
+    host's time to make it (µs)."""
+
+    __slots__ = ()
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.inf
 
 
 def _us(t: float) -> str:
@@ -269,6 +304,11 @@ def _stamp(device):
     event = torch.cuda.Event(enable_timing=True)
     event.record(torch.cuda.current_stream(device))
     return event
+
+
+def _now_us() -> float:
+    """The host's clock, µs."""
+    return time.perf_counter() * 1e6
 
 
 def _elapsed_us(start, end) -> float:

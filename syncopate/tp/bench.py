@@ -521,7 +521,10 @@ def format_launch(result: dict) -> str:
     for row in result.get("launch") or []:
         figures = ""
         if "direct_us" in row:
-            figures = f" (timed: direct {row['direct_us']:.1f} us, replayed {row['replayed_us']:.1f} us)"
+            figures = (
+                f" (timed, direct / replayed: {row['direct_us']:.1f} / {row['replayed_us']:.1f} us on the "
+                f"stream, {row['direct_host_us']:.1f} / {row['replayed_host_us']:.1f} us of host time)"
+            )
         shapes = "x".join(map(str, row["a"])) + " @ " + "x".join(map(str, row["b"]))
         lines.append(f"{row['op']} {shapes} {row['config']}: {row['launch']}{figures}")
     return "\n".join(lines)
