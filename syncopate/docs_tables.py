@@ -565,6 +565,8 @@ def layers(root: Path) -> str:
     gpu = torch_version = ""
     for run in doc["runs"]:
         b, res = run["bench"], run["results"]
+        if b.get("launch", "auto") != "auto":  # `layer-launch` sets the launches side by side
+            continue
         gpu, torch_version = run["gpu"], run["torch"]
         for key in (k for k in LAYER_KEYS if k in res.get("syncopate", {})):
             rows.append(
@@ -574,8 +576,56 @@ def layers(root: Path) -> str:
     return (
         f"{table}\n\nSwiGLU MLP layers (gate and up in one column layer), sequence parallel, bf16; µs an "
         f"iteration (median of seven repetitions of ten back to back; `graph`: one iteration captured and "
-        f"replayed); {gpu}, torch {torch_version}; from `results/{layer_runs}`. Above 1: ours is faster.\n"
+        f"replayed; eager calls launched `auto`); {gpu}, torch {torch_version}; from `results/{layer_runs}`. "
+        f"Above 1: ours is faster.\n"
     )
+
+
+def layer_launch(root: Path) -> str:
+    """The layers' eager iterations with Syncopate's calls launched each way (`syncopate.set_launch`),
+    torch's path timed in the same run, and how `auto` launched the layer's programs."""
+    layer_runs = sources(root).layers
+    doc = _read_json(root / "results" / layer_runs)
+    by_layer: dict[tuple, dict[str, dict]] = {}
+    for run in doc["runs"]:
+        b = run["bench"]
+        by_layer.setdefault((b["tp"], b["hidden"], b["ffn"], b["tokens"]), {})[b.get("launch", "auto")] = run
+    rows = []
+    for (tp, hidden, ffn, tokens), runs in by_layer.items():
+        if len(runs) < 2:
+            continue
+        auto = [row for row in runs.get("auto", {}).get("launch") or [] if row["launch"] != "sampling"]
+        replayed = sum(row["launch"] == "replayed" for row in auto)
+        for key in ("eager/forward", "eager/forward_backward"):
+            cells = []
+            for launch in LAUNCH_COLUMNS:
+                res = runs.get(launch, {}).get("results", {})
+                t, ratio = _layer_times(res, key)
+                cells += [_t(t("syncopate")), _r(ratio("torch", "syncopate"))]
+            rows.append(
+                [
+                    f"TP={tp}",
+                    f"{hidden}/{ffn}",
+                    str(tokens),
+                    key.replace("_", "+"),
+                    *cells,
+                    f"{replayed} of {len(auto)}",
+                ]
+            )
+    head = ["TP", "hidden/ffn", "tokens", "mode/pass"]
+    for launch in LAUNCH_COLUMNS:
+        head += [f"ours, {launch}", f"torch / ours, {launch}"]
+    table = _table([*head, "replayed by auto"], rows)  # ours' programs and the defaults' alike
+    return (
+        f"{table}\n\nThe layers above, eager, with Syncopate's calls launched `auto`, always replayed (`graph`) and "
+        f"never (`direct`), one run each, torch's path timed in each run; µs an iteration; the last column counts "
+        f"the fused programs `auto` replays of those it launched eagerly in the run (ours and the defaults'); from "
+        f"`results/{layer_runs}`.\n"
+    )
+
+
+LAUNCH_COLUMNS = ("auto", "graph", "direct")
+"""The launches `layer_launch` sets side by side."""
 
 
 def layer_bound(root: Path) -> str:
@@ -1379,6 +1429,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "cost-model": cost_model,
     "layers": layers,
     "layer-bound": layer_bound,
+    "layer-launch": layer_launch,
     "moe": moe,
     "moe-backends": moe_backends,
     "train-step": train_step,

@@ -431,13 +431,10 @@ def test_launch_report_says_how_each_program_is_launched_and_on_what_figures(mon
         return p
 
     kept = {
-        "a": program(
-            "all_gather_matmul", "replayed", dict(zip(replay.FIGURES, (180.0, 120.5, 300, 20, 0, 40, 0.5)))
-        ),
-        "b": program(
-            "matmul_reduce_scatter", "direct", dict(zip(replay.FIGURES, (90.0, 95.0, 300, 20, 90, 80, 0)))
-        ),
+        "a": program("all_gather_matmul", "replayed", dict(zip(replay.FIGURES, (180.0, 120.5, 300.0, 20.0)))),
+        "b": program("matmul_reduce_scatter", "direct", dict(zip(replay.FIGURES, (90.0, 95.0, 30.0, 20.0)))),
         "c": program("matmul_all_reduce", "sampling"),
+        "captured": program("all_gather_matmul"),  # never called outside a capture: no row under auto
         "nccl": program("all_gather_matmul", backend="nccl"),
     }
     monkeypatch.setattr(ops._REGISTRY, "programs", kept)
@@ -457,7 +454,7 @@ def test_launch_report_says_how_each_program_is_launched_and_on_what_figures(mon
     assert "direct_us" not in report[2]
     ops.set_launch("graph")
     try:
-        assert [r["launch"] for r in ops.launch_report()] == ["replayed"] * 3
+        assert [r["launch"] for r in ops.launch_report()] == ["replayed"] * 4
     finally:
         ops.set_launch("auto")
 

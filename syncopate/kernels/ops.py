@@ -208,13 +208,17 @@ def _launch_of(program) -> str:
 
 
 def launch_report() -> list[dict[str, Any]]:
-    """Each replayable fused program of this process and how `auto` launches it: its op, operand
-    shapes and configuration, `launch` (`replayed`, `direct` or `sampling`), and where `auto` has
-    decided, what it measured (`replay.FIGURES`: each way's medians, the group's slowest rank's);
-    under `graph` or `direct`, that launch for every program, with no figures."""
+    """Each replayable fused program of this process and how it is launched: under `auto`, those
+    called outside a capture since `set_launch`, each with its op, operand shapes and configuration,
+    `launch` (`replayed`, `direct` or `sampling`) and, once decided, what `auto` measured
+    (`replay.FIGURES`: each way's medians, the group's slowest rank's); under `graph` or `direct`,
+    every program with that launch and no figures."""
     report = []
     for program in _REGISTRY.programs.values():
         if not replayable(program, 0):
+            continue
+        choice = program.__dict__.get(_KEPT_LAUNCH["auto"])
+        if _REGISTRY.launch == "auto" and choice is None:  # no eager call since set_launch (captured only)
             continue
         spec = program.spec
         row: dict[str, Any] = {
@@ -224,8 +228,7 @@ def launch_report() -> list[dict[str, Any]]:
             "config": spec.candidate.short(),
             "launch": _launch_of(program),
         }
-        choice = program.__dict__.get(_KEPT_LAUNCH["auto"])
-        if _REGISTRY.launch == "auto" and choice is not None and choice.decided:
+        if _REGISTRY.launch == "auto" and choice.decided:
             row.update(choice.figures)
         report.append(row)
     return report
