@@ -272,7 +272,7 @@ def summary(root: Path) -> str:
 def step_summary(root: Path) -> str:
     """A training step per run of the train-step table: torch's fastest TP variant, our fastest, and
     async-TP, all from the same run."""
-    rows, devices = [], set()
+    rows = []
     runs = sources(root).train_step
     for name, _ in runs:
         doc = _read_json(root / "results" / name)
@@ -281,11 +281,10 @@ def step_summary(root: Path) -> str:
         ours = min((v for v in ms if v.startswith("syncopate")), key=ms.get, default=None)
         if torch_tp is None or ours is None:
             continue
-        devices.add(doc["device"])
         async_tp = ms.get("async-tp")
         rows.append(
             [
-                str(doc["world"]),
+                f"{doc['world']} × {doc['device'].replace('NVIDIA ', '')}",
                 str(doc["tokens"]),
                 f"{torch_tp} {ms[torch_tp]:.1f}",
                 f"{ours} {ms[ours]:.1f}",
@@ -295,7 +294,7 @@ def step_summary(root: Path) -> str:
         )
     table = _table(
         [
-            "TP",
+            "GPUs (TP)",
             "tokens",
             "torch TP, fastest mode: ms",
             "ours, fastest mode: ms",
@@ -305,8 +304,9 @@ def step_summary(root: Path) -> str:
         rows,
     )
     return (
-        f"{table}\n\nLlama-3-8B's widths, 8 layers, AdamW fused; each row one run on {', '.join(sorted(devices))}; "
-        f"every variant and the runs' files in [docs/results.md](docs/results.md).\n"
+        f"{table}\n\nLlama-3-8B's widths, 8 layers, AdamW fused; each row one run, its variants side by side on the "
+        f"same GPUs (H100 and H200 rows are not to be compared with each other); every variant and the runs' files "
+        f"in [docs/results.md](docs/results.md).\n"
     )
 
 
