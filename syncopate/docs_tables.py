@@ -583,49 +583,18 @@ def layers(root: Path) -> str:
 
 def layer_launch(root: Path) -> str:
     """The layers' eager iterations with Syncopate's calls launched each way (`syncopate.set_launch`),
-    torch's path timed in the same run, and how `auto` launched the layer's programs."""
+    torch's path timed in the same run, and how `auto` launched the layer's programs
+    (`syncopate.tp.bench.launch_rows`)."""
+    from syncopate.tp.bench import launch_rows
+
     layer_runs = sources(root).layers
-    doc = _read_json(root / "results" / layer_runs)
-    by_layer: dict[tuple, dict[str, dict]] = {}
-    for run in doc["runs"]:
-        b = run["bench"]
-        by_layer.setdefault((b["tp"], b["hidden"], b["ffn"], b["tokens"]), {})[b.get("launch", "auto")] = run
-    rows = []
-    for (tp, hidden, ffn, tokens), runs in by_layer.items():
-        if len(runs) < 2:
-            continue
-        auto = [row for row in runs.get("auto", {}).get("launch") or [] if row["launch"] != "sampling"]
-        replayed = sum(row["launch"] == "replayed" for row in auto)
-        for key in ("eager/forward", "eager/forward_backward"):
-            cells = []
-            for launch in LAUNCH_COLUMNS:
-                res = runs.get(launch, {}).get("results", {})
-                t, ratio = _layer_times(res, key)
-                cells += [_t(t("syncopate")), _r(ratio("torch", "syncopate"))]
-            rows.append(
-                [
-                    f"TP={tp}",
-                    f"{hidden}/{ffn}",
-                    str(tokens),
-                    key.replace("_", "+"),
-                    *cells,
-                    f"{replayed} of {len(auto)}",
-                ]
-            )
-    head = ["TP", "hidden/ffn", "tokens", "mode/pass"]
-    for launch in LAUNCH_COLUMNS:
-        head += [f"ours, {launch}", f"torch / ours, {launch}"]
-    table = _table([*head, "replayed by auto"], rows)  # ours' programs and the defaults' alike
+    head, rows = launch_rows(_read_json(root / "results" / layer_runs)["runs"])
     return (
-        f"{table}\n\nThe layers above, eager, with Syncopate's calls launched `auto`, always replayed (`graph`) and "
-        f"never (`direct`), one run each, torch's path timed in each run; µs an iteration; the last column counts "
-        f"the fused programs `auto` replays of those it launched eagerly in the run (ours and the defaults'); from "
-        f"`results/{layer_runs}`.\n"
+        f"{_table(head, rows)}\n\nThe layers above, eager, with Syncopate's calls launched `auto`, always replayed "
+        f"(`graph`) and never (`direct`), one run each, torch's path timed in each run; µs an iteration; the last "
+        f"column counts the fused programs `auto` replays of those it launched eagerly in the run (ours and the "
+        f"defaults'); from `results/{layer_runs}`.\n"
     )
-
-
-LAUNCH_COLUMNS = ("auto", "graph", "direct")
-"""The launches `layer_launch` sets side by side."""
 
 
 def layer_bound(root: Path) -> str:

@@ -167,3 +167,108 @@ def test_the_launch_of_each_program_is_printed_with_its_figures():
         "matmul_reduce_scatter 2048x3584 @ 3584x4096 x: sampling",
     ]
     assert format_launch({}) == "" and format_launch({"launch": []}) == ""
+
+
+def _run(launch, torch_us, ours_us, launched=(), tp=4, tokens=2048, passes=("forward", "forward_backward")):
+    """A `run_layer_bench` result of one launch: eager torch and ours µs per pass."""
+    results = {
+        "torch": {f"eager/{p}": t for p, t in zip(passes, torch_us)},
+        "syncopate": {f"eager/{p}": o for p, o in zip(passes, ours_us)},
+    }
+    bench = {"layer": "mlp", "hidden": 4096, "ffn": 14336, "heads": 32, "kv_heads": 8, "tokens": tokens}
+    bench.update(tp=tp, launch=launch, dtype="bf16")
+    return {"bench": bench, "results": results, "launch": [{"launch": how} for how in launched]}
+
+
+def test_the_launches_of_a_layer_are_set_side_by_side_each_against_torch_in_its_own_run():
+    from syncopate.tp.bench import format_launches, launch_rows
+
+    runs = [
+        _run("auto", (440.0, 1700.0), (400.0, 1250.0), ("replayed", "replayed", "direct", "sampling")),
+        _run("graph", (575.0, 1930.0), (388.0, 1370.0)),
+        _run("direct", (437.0, 1650.0), (607.5, 1987.0)),
+        _run("auto", (1500.0, 4300.0), (1260.0, 3980.0), tokens=8192),  # one launch only: no row
+    ]
+    head, rows = launch_rows(runs)
+    assert head == [
+        "TP",
+        "layer",
+        "tokens",
+        "mode/pass",
+        "ours, auto",
+        "torch / ours, auto",
+        "ours, graph",
+        "torch / ours, graph",
+        "ours, direct",
+        "torch / ours, direct",
+        "replayed by auto",
+    ]
+    assert rows == [
+        [
+            "TP=4",
+            "mlp 4096/14336",
+            "2048",
+            "eager/forward",
+            "400.0",
+            "1.100",
+            "388.0",
+            "1.482",
+            "607.5",
+            "0.719",
+            "2 of 3",
+        ],
+        [
+            "TP=4",
+            "mlp 4096/14336",
+            "2048",
+            "eager/forward+backward",
+            "1250.0",
+            "1.360",
+            "1370.0",
+            "1.409",
+            "1987.0",
+            "0.830",
+            "2 of 3",
+        ],
+    ]
+    table = format_launches(runs).splitlines()
+    assert table[0] == " | ".join(head) and len(table) == 4
+    assert format_launches(runs[3:]) == "" and format_launches([]) == ""
+
+
+def test_a_launch_a_layer_did_not_run_reads_as_a_dash():
+    from syncopate.tp.bench import launch_rows
+
+    fwd = ("forward",)
+    runs = [
+        _run("auto", (440.0,), (400.0,), passes=fwd),
+        _run("direct", (437.0,), (607.5,), passes=fwd),
+        _run("auto", (1500.0,), (1250.0,), passes=fwd, tokens=8192),
+        _run("graph", (1500.0,), (1200.0,), passes=fwd, tokens=8192),
+    ]
+    _, rows = launch_rows(runs)
+    assert [row[4:] for row in rows] == [
+        ["400.0", "1.100", "–", "–", "607.5", "0.719", "–"],  # auto reported no program: a dash too
+        ["1250.0", "1.200", "1200.0", "1.250", "–", "–", "–"],
+    ]
+
+
+@pytest.mark.parametrize(
+    "launch, impls, message",
+    [
+        ("auto,graphs", None, "--launch 'auto,graphs': give one of auto, graph, direct, or several of them"),
+        ("auto,auto", None, "each once"),
+        (
+            "auto,graph",
+            "syncopate,async_tp",
+            "--impls must include torch and syncopate, got syncopate,async_tp",
+        ),
+    ],
+)
+def test_several_launches_are_checked_before_any_gpu_work(tmp_path, launch, impls, message):
+    from syncopate.cli.bench_cmds import _bench_layer
+
+    out = tmp_path / "layer.json"
+    with pytest.raises(ConfigError, match=message):
+        _bench_layer("mlp", 4096, 14336, 32, 8, 0, 8192, 2, True, 7, out, None, launch=launch, impls=impls)
+    assert not out.exists()

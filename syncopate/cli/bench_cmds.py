@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -116,7 +117,9 @@ def bench_cmd(
     launch: str = typer.Option(
         "auto",
         help="With --layer: how Syncopate's eager calls are launched: auto (replayed where the host is on "
-        "the path), graph (always replayed) or direct.",
+        "the path), graph (always replayed) or direct; or several, comma-separated (auto,graph,direct): the "
+        "layer runs with the first as asked, then eagerly with torch and ours under each other launch, and a "
+        "table sets the launches side by side.",
     ),
     impls: str = typer.Option(
         None,
@@ -315,9 +318,16 @@ def _bench_layer(
     import json
 
     from syncopate.search_space import canonical_dtype
-    from syncopate.tp.bench import LayerBench, format_launch, format_layer_table, format_profile
+    from syncopate.tp.bench import (
+        LayerBench,
+        format_launch,
+        format_launches,
+        format_layer_table,
+        format_profile,
+    )
 
     dtype = "bf16" if dtype is None else canonical_dtype(dtype)
+    launches = _launches(launch)
 
     if json_out is not None:
         from syncopate.files import check_writable
@@ -338,10 +348,15 @@ def _bench_layer(
         sequence_parallel=sequence_parallel,
         repetitions=min(repetitions, 7),
         profile_dir=str(profile) if profile is not None else None,
-        launch=launch,
+        launch=launches[0],
         dtype=dtype,
         **({"impls": tuple(i.strip() for i in impls.split(",") if i.strip())} if impls else {}),
     )
+    if len(launches) > 1 and not {"torch", "syncopate"} <= set(bench.impls):
+        raise ConfigError(
+            f"--launch {launch}: several launches set Syncopate's eager calls beside torch's under each; "
+            f"--impls must include torch and syncopate, got {','.join(bench.impls)}"
+        )
     if visible < bench.tp:
         raise RuntimeUnavailableError(
             f"syncopate bench --layer needs {bench.tp} CUDA GPUs on this host (--tp "
@@ -351,8 +366,15 @@ def _bench_layer(
     from syncopate.tp.bench import run_layer_bench
 
     result = run_layer_bench(bench)
+    runs = [result]
+    for other in launches[1:]:  # the launch changes only ours' eager calls
+        eager = dataclasses.replace(
+            bench, launch=other, impls=("torch", "syncopate"), modes=("eager",), profile_dir=None
+        )
+        runs.append(run_layer_bench(eager))
     if json_out is not None:
-        write_atomically(json_out, json.dumps(result, indent=1).encode())
+        doc = result if len(runs) == 1 else {"runs": runs}
+        write_atomically(json_out, json.dumps(doc, indent=1).encode())
     sp = "sequence parallel" if sequence_parallel else "all-reduce"
     print(
         f"\n{layer} hidden {hidden} {'ffn ' + str(ffn) if layer == 'mlp' else f'heads {heads}/{kv_heads}'} "
@@ -367,3 +389,20 @@ def _bench_layer(
     if profile is not None:
         print(f"\ndevice time of one eager forward + backward, rank 0 (traces in {profile}):")
         print(format_profile(result))
+    if len(runs) > 1:
+        print(f"\neager, each launch its own run with torch's path beside it (us an iteration): {launch}")
+        print(format_launches(runs))
+
+
+def _launches(launch: str) -> list[str]:
+    """`--launch`'s value as a list of distinct launches (`syncopate.set_launch`'s), checked."""
+    from syncopate.kernels.replay import LAUNCHES
+
+    names = [name.strip() for name in str(launch).split(",")]
+    bad = [name for name in names if name not in LAUNCHES]
+    if bad or len(set(names)) != len(names):
+        raise ConfigError(
+            f"--launch {launch!r}: give one of {', '.join(LAUNCHES)}, or several of them comma-separated, "
+            f"each once"
+        )
+    return names

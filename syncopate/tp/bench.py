@@ -530,6 +530,56 @@ def format_launch(result: dict) -> str:
     return "\n".join(lines)
 
 
+def launch_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """(head, rows) of a layer's eager iterations with Syncopate's calls launched each way: one row a
+    layer and eager pass of `runs` (`run_layer_bench` results) that has more than one launch, our µs
+    and torch / ours for each launch (torch timed in the same run), and how many of the fused
+    programs `auto` launched eagerly it replays (ours' and the defaults' alike)."""
+    from syncopate.kernels.replay import LAUNCHES
+
+    by_layer: dict[tuple, dict[str, dict]] = {}
+    for run in runs:
+        b = run["bench"]
+        widths = (
+            f"{b['hidden']}/{b['ffn']}"
+            if b["layer"] == "mlp"
+            else f"{b['hidden']}, heads {b['heads']}/{b['kv_heads']}"
+        )
+        key = (b["tp"], f"{b['layer']} {widths}", b["tokens"], b.get("dtype", "bf16"))
+        by_layer.setdefault(key, {})[b.get("launch", "auto")] = run
+    launches = [launch for launch in LAUNCHES if any(launch in runs for runs in by_layer.values())]
+    head = ["TP", "layer", "tokens", "mode/pass"]
+    for launch in launches:
+        head += [f"ours, {launch}", f"torch / ours, {launch}"]
+    head.append("replayed by auto")
+    rows = []
+    for (tp, layer, tokens, dtype), by_launch in by_layer.items():
+        if len(by_launch) < 2:
+            continue
+        auto = [r for r in by_launch.get("auto", {}).get("launch") or [] if r["launch"] != "sampling"]
+        replayed = f"{sum(r['launch'] == 'replayed' for r in auto)} of {len(auto)}" if auto else "–"
+        for key in ("eager/forward", "eager/forward_backward"):
+            cells = []
+            for launch in launches:
+                res = by_launch.get(launch, {}).get("results", {})
+                ours, torch_us = res.get("syncopate", {}).get(key), res.get("torch", {}).get(key)
+                cells.append("–" if ours is None else f"{ours:.1f}")
+                cells.append("–" if not (ours and torch_us) else f"{torch_us / ours:.3f}")
+            if any(c != "–" for c in cells):
+                label = key.replace("_", "+") + ("" if dtype == "bf16" else f" ({dtype})")
+                rows.append([f"TP={tp}", layer, str(tokens), label, *cells, replayed])
+    return head, rows
+
+
+def format_launches(runs: list[dict]) -> str:
+    """`launch_rows` as a table, or empty where no layer ran under more than one launch."""
+    head, rows = launch_rows(runs)
+    if not rows:
+        return ""
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    return "\n".join([*lines, *(" | ".join(row) for row in rows)])
+
+
 def format_profile(result: dict) -> str:
     """Each profiled implementation's device µs an eager forward + backward by kernel class (rank 0),
     and its busiest kernels."""
