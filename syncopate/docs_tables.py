@@ -653,7 +653,8 @@ def layer_bound(root: Path) -> str:
     files = ", ".join(f"`results/{name}`" for name in names)
     return (
         f"{table}\n\nSwiGLU MLP layers (sequence parallel, bf16, lookup's configurations, eager calls launched "
-        f"`auto`) and `bound`: the layer with its communication left out (its matmuls and activation on each "
+        f"`auto` as the code of each run chose, `results/README.md`) and `bound`: the layer with its communication "
+        f"left out (its matmuls and activation on each "
         f"rank's shapes), which no overlap can beat. torch / bound is the most any overlap could gain over "
         f"torch's path; bound / ours how close ours comes. µs an iteration, as above; each row's implementations "
         f"timed in one run; {versions}; from {files}.\n"
