@@ -183,3 +183,22 @@ def test_a_models_decoder_layer_gives_the_workloads_tune_derives():
         r = bench(*args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
         assert message in r.stderr, (args, r.stderr)
+
+
+@pytest.mark.parametrize(
+    "kind, shape, narrow",
+    [
+        ("ag_gemm", (2048, 14336, 4096), True),  # 16 x 14 tiles of 128x256 a rank: under two waves of 132 SMs
+        ("ag_gemm", (2048, 28672, 4096), False),  # 16 x 28
+        ("gemm_rs", (2048, 4096, 14336), True),  # 16 x 16 partial tiles
+        ("gemm_rs", (8192, 4096, 14336), False),  # 64 x 16
+    ],
+)
+def test_the_tiny_grid_tries_the_narrower_tile_where_the_wide_one_leaves_sms_idle(kind, shape, narrow):
+    from syncopate.search_space import Workload, bench_grid
+
+    grid = bench_grid(
+        Workload(kind=kind, shape=shape), Topology.from_key("H200x4-nvswitch"), "tiny", ("copy_engine",)
+    )
+    tiles = {(c.block_m, c.block_n) for c in grid if c.template in ("direct", "ring")}
+    assert tiles == ({(128, 256), (128, 128)} if narrow else {(128, 256)})

@@ -24,7 +24,8 @@ __all__ = ["GRIDS", "bench_grid"]
 
 GRIDS: tuple[str, ...] = ("small", "tiny")
 """The grids by name: `small` (1-8 splits, two tile configurations) and `tiny` (the part of it that
-won the LLaMA suites, plus the cuBLAS templates: what `seeded` searches first)."""
+won the LLaMA suites, plus the cuBLAS templates: what `seeded` searches first; its second tile
+configuration too where the first's tiles fill fewer than two waves of the GPU's SMs)."""
 
 
 def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> list[Candidate]:
@@ -39,6 +40,9 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
         # overlap): the all-gather tries it too (results/llama_tp4-sweep.db has the comparison).
         splits = [1, *splits]
     tiles = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4)] if grid != "tiny" else [(128, 256, 64, 8, 3)]
+    if grid == "tiny" and _tile_waves(workload, topology, 128, 256) < 2:
+        # so few 128x256 tiles that SMs sit idle (few tokens, many ranks): the narrower tile too
+        tiles.append((128, 128, 64, 8, 4))
     comm = {"copy_engine": [0], "sm_copy": [32, 64], "nvshmem": [16, 32], "nccl": [NCCL_MIN_SMS]}
     # Producers also try kept chunks interleaved with the sent ones (an all-reduce then gathers
     # reduced chunks while the GEMM runs); check_candidate keeps it to the direct plan.
@@ -90,3 +94,12 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
         out = [c for c in out if c.template in FP8_TEMPLATES]
     guards = list(dict.fromkeys(guard_candidates(workload, topology).values()))  # fp8's default is unfused
     return guards + [c for c in out if c not in guards]
+
+
+def _tile_waves(workload: Workload, topology: Topology, block_m: int, block_n: int) -> float:
+    """Waves of the GPU's SMs a rank's fused GEMM fills with block_m x block_n output tiles: its
+    output is [M, N / ws] for an all-gather's GEMM, [M, N] (the partial sums) for a reduction's."""
+    shape = workload.shape
+    cols = shape.n // topology.world_size if workload.kind == "ag_gemm" else shape.n
+    tiles = -(-shape.m // block_m) * -(-cols // block_n)
+    return tiles / topology.spec.sm_count
