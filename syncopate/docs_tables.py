@@ -86,6 +86,8 @@ class Sources:
     moe_backends: tuple[str, ...] = ()
     """`benchmarks/moe_bench.py --backends copy_engine,nvshmem` runs: the pipelined plans' backends
     side by side in an NVSHMEM process."""
+    step_summary: tuple[str, ...] = ()
+    """The train-step runs the README's step summary shows (empty: every run of `train_step`)."""
 
 
 def _names(entry) -> tuple[str, ...]:
@@ -116,6 +118,7 @@ def sources(root: Path) -> Sources:
             ce_streams=tuple(doc.get("ce_streams", ())),
             step_ceiling=tuple((db, run) for db, run in doc.get("step_ceiling", ())),
             moe_backends=tuple(doc.get("moe_backends", ())),
+            step_summary=tuple(doc.get("step_summary", ())),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(
@@ -270,17 +273,18 @@ def summary(root: Path) -> str:
 
 
 def step_summary(root: Path) -> str:
-    """A training step per run of the train-step table: torch's fastest TP variant, our fastest, and
-    async-TP, all from the same run."""
-    rows = []
-    runs = sources(root).train_step
-    for name, _ in runs:
+    """A training step per run of `step_summary` (else of the train-step table): torch's fastest TP
+    variant, our fastest, and async-TP, all from the same run."""
+    rows, devices = [], set()
+    src = sources(root)
+    for name in src.step_summary or [name for name, _ in src.train_step]:
         doc = _read_json(root / "results" / name)
         ms = _step_ms(doc)
         torch_tp = _best_torch_tp_variant(ms)
         ours = min((v for v in ms if v.startswith("syncopate")), key=ms.get, default=None)
         if torch_tp is None or ours is None:
             continue
+        devices.add(doc["device"])
         async_tp = ms.get("async-tp")
         rows.append(
             [
@@ -304,9 +308,9 @@ def step_summary(root: Path) -> str:
         rows,
     )
     return (
-        f"{table}\n\nLlama-3-8B's widths, 8 layers, AdamW fused; each row one run, its variants side by side on the "
-        f"same GPUs (H100 and H200 rows are not to be compared with each other); every variant and the runs' files "
-        f"in [docs/results.md](docs/results.md).\n"
+        f"{table}\n\nLlama-3-8B's widths, 8 layers, AdamW fused; each row one run on {', '.join(sorted(devices))}, "
+        f"its variants side by side; every variant, other machines' runs and the files in "
+        f"[docs/results.md](docs/results.md).\n"
     )
 
 
