@@ -57,6 +57,7 @@ __all__ = [
     "WARM",
     "LaunchChoice",
     "ReplayedCalls",
+    "candidate_replays",
     "note_prepared",
     "replayable",
 ]
@@ -108,8 +109,14 @@ def replayable(program, spin_limit: int) -> bool:
         ctx is not None
         and ctx.device.type == "cuda"
         and not spin_limit
-        and program.spec.candidate.backend != "nccl"
+        and candidate_replays(program.spec.candidate)
     )
+
+
+def candidate_replays(candidate) -> bool:
+    """Whether a configuration's eager calls can be replayed from graphs of their own (`replayable`):
+    its transfers are not NCCL's (template `unfused` takes backend `nccl` too)."""
+    return candidate.backend != "nccl"
 
 
 class ReplayedCalls:
@@ -226,21 +233,18 @@ class LaunchChoice:
             return
         replay = self.calls % 2 == 0  # in turn, at the same calls on every rank
         device = self.program.context.device
+        if replay and self.replayed is None:
+            self.replayed = ReplayedCalls(self.program)
+            self.replayed.ran = True  # the program's first call was made (the warm-up's)
+        captures = self.replayed.captures if replay else 0
+        began, start = _now_us(), _stamp(device)
         if replay:
-            if self.replayed is None:
-                self.replayed = ReplayedCalls(self.program)
-                self.replayed.ran = True  # the program's first call was made (the warm-up's)
-            captures = self.replayed.captures
-            began, start = _now_us(), _stamp(device)
             self.replayed(a, b, out, gathered, scales)
-            end = _stamp(device)
-            if self.replayed.captures == captures:  # a capture's host time is not a replay's
-                self.samples.append(_Sample(True, start, end, _now_us() - began))
         else:
-            began, start = _now_us(), _stamp(device)
             self.program(a, b, out, gathered=gathered, scales=scales)
-            end = _stamp(device)
-            self.samples.append(_Sample(False, start, end, _now_us() - began))
+        end = _stamp(device)
+        if not replay or self.replayed.captures == captures:  # a capture's host time is not a replay's
+            self.samples.append(_Sample(replay, start, end, _now_us() - began))
         if self.calls >= WARM + SAMPLES:
             self.decide()
 

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from syncopate.errors import CandidateTimeoutError, ConfigError
 from syncopate.kernels import ops
 from syncopate.kernels.ranks import slowest
+from syncopate.kernels.replay import candidate_replays
 from syncopate.kernels.scaled import FP8, OUT_DTYPE, quantize, scaled_mm
 from syncopate.measure.reference import FP8_TOLERANCE, reference, relative_error
 from syncopate.measure.timing import Timing, barrier, time_collective, time_eager, time_host
@@ -490,7 +491,7 @@ class Harness:
             timing = self._timing(lambda: fused(a, b, None, scales))
             if not self.scaled:  # the fused templates' context, which fp8 never makes
                 self._context().check_error()
-            host_us, eager_us = self._as_a_job(self.op(candidate), a, b, scales, _replays(candidate))
+            host_us, eager_us = self._as_a_job(self.op(candidate), a, b, scales, candidate_replays(candidate))
         except Exception as e:
             status, error = classify(e), f"{type(e).__name__}: {e}"
             status = self._agree(status)
@@ -527,9 +528,3 @@ class Harness:
 
     def close(self) -> None:
         ops.close_contexts(self.group)
-
-
-def _replays(candidate: Candidate) -> bool:
-    """Whether a job's eager calls of `candidate` can be replayed from graphs of their own
-    (`syncopate.kernels.replay.replayable`: a fused template whose transfers are not NCCL's)."""
-    return candidate.backend != "nccl" and candidate.template != "unfused"

@@ -493,7 +493,7 @@ def format_layer_table(result: dict) -> str:
     dtype = result.get("bench", {}).get("dtype", "bf16")
     head = [f"mode/pass ({dtype})", *cols, "torch/ours", "async/ours", "default/ours"]
     head += ["bound/ours", "torch/bound"] if bound else []
-    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    rows = []
     keys = sorted(
         {k for r in res.values() for k in r if "/" in k},
         key=lambda k: (MODES.index(k.split("/")[0]), PASSES.index(k.split("/")[1])),
@@ -510,8 +510,13 @@ def format_layer_table(result: dict) -> str:
         cells = [key, *(f"{t(i):.1f}" if t(i) else "–" for i in cols)]
         cells += [ratio("torch"), ratio("async_tp"), ratio("default")]
         cells += [ratio("bound"), ratio("torch", "bound")] if bound else []
-        lines.append(" | ".join(cells))
-    return "\n".join(lines)
+        rows.append(cells)
+    return _text_table(head, rows)
+
+
+def _text_table(head: list[str], rows: list[list[str]]) -> str:
+    """A table as the bench prints it: the head, a rule, a line a row, cells between ` | `."""
+    return "\n".join(" | ".join(cells) for cells in [head, ["---"] * len(head), *rows])
 
 
 def format_launch(result: dict) -> str:
@@ -547,7 +552,7 @@ def launch_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
         )
         key = (b["tp"], f"{b['layer']} {widths}", b["tokens"], b.get("dtype", "bf16"))
         by_layer.setdefault(key, {})[b.get("launch", "auto")] = run
-    launches = [launch for launch in LAUNCHES if any(launch in runs for runs in by_layer.values())]
+    launches = [launch for launch in LAUNCHES if any(launch in ran for ran in by_layer.values())]
     head = ["TP", "layer", "tokens", "mode/pass"]
     for launch in launches:
         head += [f"ours, {launch}", f"torch / ours, {launch}"]
@@ -574,10 +579,7 @@ def launch_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
 def format_launches(runs: list[dict]) -> str:
     """`launch_rows` as a table, or empty where no layer ran under more than one launch."""
     head, rows = launch_rows(runs)
-    if not rows:
-        return ""
-    lines = [" | ".join(head), " | ".join("---" for _ in head)]
-    return "\n".join([*lines, *(" | ".join(row) for row in rows)])
+    return _text_table(head, rows) if rows else ""
 
 
 def format_profile(result: dict) -> str:
