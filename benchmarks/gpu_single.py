@@ -15,7 +15,8 @@ peer's chunks landing at the two-H200 link's pace, its own rows copied, in place
 `gluon` the producer in Gluon against the Triton producer, `gluon-paced` the same with the peer's
 partials landing while they run, `gluon-ranks` both for rank 0 of four ranks, `gluon-consumer` the
 consumer in Gluon against the Triton consumer, chunks there and paced, `waves` the consumer on
-per-rank GEMMs that fill a whole number of waves or not.
+per-rank GEMMs that fill a whole number of waves or not, `small` both kernels in Triton and in Gluon
+per tile configuration on the per-rank GEMMs of TP=4 layers at 2048–4096 tokens.
 """
 
 from __future__ import annotations
@@ -763,6 +764,44 @@ def waves_matrix():
     return cases
 
 
+def small_matrix():
+    """The consumer (two-rank all-gather, own rows read from the shard, the peer's chunks there) and
+    the producer (rank 0 of a four-rank direct reduce-scatter, the partials there), in Triton and in
+    Gluon, per tile configuration, beside cuBLAS, on the per-rank GEMMs of TP=4 MLP layers at few
+    tokens a rank, where one wave of 128x256 tiles is most of the GEMM: hidden 4096 / ffn 14336 at
+    2048 tokens (forward and the backward's all-gather and reduce-scatter), 5120/17408 at 4096,
+    and 6144/16384 at 3072 (a shape no suite holds)."""
+    cfgs = [
+        (128, 256, 64, 8, 3),
+        (128, 256, 64, 8, 4),
+        (128, 128, 64, 8, 4),
+        (128, 128, 64, 4, 4),
+        (256, 128, 64, 8, 3),
+    ]
+    cases = []
+    for m, n, k in [(2048, 7168, 4096), (2048, 3584, 4096), (4096, 8704, 5120), (3072, 8192, 6144)]:
+        for cfg in cfgs:
+            for g in ("0", "1"):
+                cases.append(
+                    with_env(
+                        "SYNCOPATE_GLUON",
+                        g,
+                        lambda m=m, n=n, k=k, cfg=cfg: consumer_case(m, n, k, cfg, 2, own="shard"),
+                    )
+                )
+    for m, n, k in [(2048, 4096, 3584), (2048, 4096, 7168), (4096, 5120, 4352), (3072, 6144, 4096)]:
+        for cfg in cfgs:
+            for g in ("0", "1"):
+                cases.append(
+                    with_env(
+                        "SYNCOPATE_GLUON",
+                        g,
+                        lambda m=m, n=n, k=k, cfg=cfg: producer_case(m, n, k, cfg, 2, ws=4),
+                    )
+                )
+    return cases
+
+
 def main():
     cfgs = [
         (128, 256, 64, 8, 3),
@@ -784,6 +823,7 @@ def main():
         "gluon-ranks": gluon_ranks_matrix,
         "gluon-consumer": gluon_consumer_matrix,
         "waves": waves_matrix,
+        "small": small_matrix,
     }
     if sys.argv[1:] in (["-h"], ["--help"]):
         print(f"usage: python benchmarks/gpu_single.py [{'|'.join(modes)}]\n\n{__doc__.strip()}")
