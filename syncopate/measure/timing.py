@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,15 +23,7 @@ import torch.distributed as dist
 
 from syncopate.kernels.ranks import slowest
 
-__all__ = [
-    "Timing",
-    "barrier",
-    "start_together",
-    "summarize",
-    "time_collective",
-    "time_eager",
-    "time_eager_side_by_side",
-]
+__all__ = ["Timing", "time_collective", "time_eager", "summarize", "barrier", "start_together"]
 
 _FLUSH_BYTES = 256 * 1024 * 1024
 
@@ -205,43 +197,19 @@ def time_eager(
     event, enqueues the calls one after another while the GPU runs them, and records the end: a
     call whose host time exceeds its device time makes the GPU wait for it. A repetition's time
     is (end - start) / calls, the largest over the ranks."""
-    return time_eager_side_by_side(
-        {"": fn}, group, calls=calls, warmup=warmup, repetitions=repetitions, flush_l2=flush_l2
-    )[""]
-
-
-def time_eager_side_by_side(
-    fns: Mapping[str, Callable[[], object]],
-    group,
-    *,
-    calls: int = EAGER_CALLS,
-    warmup: int = 3,
-    repetitions: int = 7,
-    flush_l2: bool = True,
-) -> dict[str, tuple[float, ...]]:
-    """`time_eager` of several functions (every rank passes the same names in the same order),
-    their repetitions interleaved: round r times one repetition of each, the order turned by r
-    places, so that whatever drifts over a run (a GPU's clocks under its power limit) weighs on
-    every function alike rather than on whichever ran last. Every function's warm-up calls come
-    before the first round."""
     device = torch.device("cuda", torch.cuda.current_device())
     flush = _flush(device, flush_l2)
-    names = list(fns)
-    for name in names:
-        for _ in range(warmup):
-            fns[name]()
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize()
-    local: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repetitions):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            fn = fns[name]
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            flush()
-            barrier(group, device)
-            start.record()
-            for _ in range(calls):
-                fn()
-            end.record()
-            torch.cuda.synchronize()
-            local[name].append(start.elapsed_time(end) * 1000.0 / calls)
-    return {name: tuple(slowest(local[name], group, device)) for name in names}
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repetitions)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repetitions)]
+    for i in range(repetitions):
+        flush()
+        barrier(group, device)
+        starts[i].record()
+        for _ in range(calls):
+            fn()
+        ends[i].record()
+        torch.cuda.synchronize()
+    return tuple(slowest([s.elapsed_time(e) * 1000.0 / calls for s, e in zip(starts, ends)], group, device))

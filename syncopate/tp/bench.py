@@ -7,12 +7,8 @@ here, NCCL group). For each implementation — torch's collectives and matmuls i
 configurations `lookup` serves (`syncopate`) and with the untuned defaults (`default`) — the same
 layer (same weights and input) is timed forward and forward + backward:
 
-- `eager`: `EAGER_CALLS` iterations back to back with the host on the path;
+- `eager`: `EAGER_CALLS` iterations back to back with the host on the path (`time_eager`);
 - `graph`: one iteration captured in a CUDA graph, replayed back to back.
-
-The implementations of one mode and pass are timed side by side (`time_eager_side_by_side`): a
-repetition of each in turn, round after round, so that a drift over the run (the GPUs' clocks)
-weighs on all of them alike.
 
 `bound` is the same layer with its communication left out: the same torch matmuls, attention
 and activation on the shapes each rank computes, the gathered input and the scattered output's
@@ -305,9 +301,11 @@ def _default_configs(bench: LayerBench, topology) -> tuple[dict, dict]:
     return {"gemm_ar": default(ar_col, s2)}, {"gemm_ar": default(ar_row, s1)}
 
 
-def _captured(step):
-    """`step` captured in a CUDA graph once, after warm-up on a side stream."""
+def _time_graph(step, group, calls: int, repetitions: int):
+    """`step` captured in a CUDA graph once (after warm-up on a side stream), replayed back to back."""
     import torch
+
+    from syncopate.measure.timing import time_eager
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -320,7 +318,7 @@ def _captured(step):
     with torch.cuda.graph(graph):
         step()
     torch.cuda.synchronize()
-    return graph
+    return time_eager(graph.replay, group, calls=calls, repetitions=repetitions), graph
 
 
 KERNEL_CLASSES = ("gemm", "nccl", "syncopate", "copy", "other")
@@ -382,41 +380,6 @@ def _profile(step, group, path: str, iterations: int = 3) -> dict:
     return summarize_trace(events, iterations)
 
 
-def _failed(results: dict, impl: str, e: Exception, rank: int) -> None:
-    """An implementation that failed: its row says why (and keeps no figures)."""
-    results[impl] = {"error": f"{type(e).__name__}: {e}"}
-    if rank == 0:
-        print(f"{impl}: {type(e).__name__}: {e}", flush=True)
-
-
-def _side_by_side(fns: dict, group, repetitions: int, results: dict, built: dict, rank: int) -> dict:
-    """`time_eager_side_by_side` of `fns`; where that fails, each implementation alone, so that one
-    failing implementation (said in its row, dropped from `built`) costs the others nothing."""
-    import torch
-    import torch.distributed as dist
-
-    from syncopate.measure.timing import EAGER_CALLS, time_eager_side_by_side
-
-    try:
-        return time_eager_side_by_side(fns, group, calls=EAGER_CALLS, repetitions=repetitions)
-    except Exception:
-        torch.cuda.synchronize()
-        dist.barrier()
-    samples = {}
-    for impl, fn in fns.items():
-        try:
-            samples.update(
-                time_eager_side_by_side({impl: fn}, group, calls=EAGER_CALLS, repetitions=repetitions)
-            )
-        except Exception as e:
-            _failed(results, impl, e, rank)
-            built.pop(impl, None)
-        finally:
-            torch.cuda.synchronize()
-            dist.barrier()
-    return samples
-
-
 def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
     from syncopate.measure.local_ranks import join_group
 
@@ -426,6 +389,7 @@ def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
 
     from syncopate.kernels import ops
     from syncopate.measure.reference import relative_error
+    from syncopate.measure.timing import EAGER_CALLS, time_eager
     from syncopate.platform import detect_topology
 
     group = dist.group.WORLD
@@ -451,7 +415,6 @@ def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
     topology = detect_topology(group)
     results: dict[str, Any] = {}
     reference = None
-    built: dict[str, tuple] = {}  # impl -> (forward without autograd, forward + backward)
     for impl in bench.impls:
         configs = _default_configs(bench, topology) if impl == "default" else None
         try:
@@ -468,47 +431,31 @@ def _worker(rank: int, world: int, port: int, bench: LayerBench, queue) -> None:
             out = fwd().float()
             if reference is None:
                 reference = out
-            results[impl] = {"rel_diff_from_first": relative_error(out, reference)}
-            built[impl] = (fwd, step)
-        except Exception as e:  # an impl this torch lacks (async-TP) or that fails here: said in its row
-            _failed(results, impl, e, rank)
-        finally:
-            torch.cuda.synchronize()
-            dist.barrier()
-    # every (mode, pass) times the implementations side by side, their repetitions interleaved
-    for mode in bench.modes:
-        for name in bench.passes:
-            fns = {impl: fwd if name == "forward" else step for impl, (fwd, step) in built.items()}
-            graphs = {}
-            try:
-                if mode == "graph":  # warmed up and captured with the configurations lookup serves for graphs
-                    with ops.mode("graph"):
-                        for impl, fn in list(fns.items()):
-                            try:
-                                graphs[impl] = _captured(fn)
-                            except Exception as e:
-                                _failed(results, impl, e, rank)
-                                del built[impl]
-                            finally:
-                                torch.cuda.synchronize()
-                                dist.barrier()
-                    fns = {impl: graph.replay for impl, graph in graphs.items()}
-                for impl, times in _side_by_side(fns, group, bench.repetitions, results, built, rank).items():
-                    results[impl][f"{mode}/{name}"] = statistics.median(times)
-            finally:
-                # dropped at once: while a graph of torch's NCCL collectives lives (an FP8 layer's
-                # backward gathers bf16 rows), destroy_process_group does not return
-                graphs.clear()
-                fns.clear()  # the replays' bound methods hold their graphs too
-                torch.cuda.synchronize()
-                dist.barrier()
-    if bench.profile_dir:
-        import os
+            entry: dict[str, Any] = {"rel_diff_from_first": relative_error(out, reference)}
+            for mode in bench.modes:
+                for name in bench.passes:
+                    fn = fwd if name == "forward" else step
+                    if mode == "eager":
+                        samples = time_eager(fn, group, repetitions=bench.repetitions)
+                    else:  # warmed up and captured with the configurations lookup serves for graphs
+                        with ops.mode("graph"):
+                            samples, graph = _time_graph(fn, group, EAGER_CALLS, bench.repetitions)
+                        # dropped at once: while a graph of torch's NCCL collectives lives (an FP8
+                        # layer's backward gathers bf16 rows), destroy_process_group does not return
+                        del graph
+                    entry[f"{mode}/{name}"] = statistics.median(samples)
+            if bench.profile_dir:
+                import os
 
-        os.makedirs(bench.profile_dir, exist_ok=True)
-        for impl, (_, step) in built.items():
-            path = os.path.join(bench.profile_dir, f"{bench.layer}-tp{world}-{impl}-rank{rank}.json")
-            results[impl]["profile"] = _profile(step, group, path)
+                os.makedirs(bench.profile_dir, exist_ok=True)
+                path = os.path.join(bench.profile_dir, f"{bench.layer}-tp{world}-{impl}-rank{rank}.json")
+                entry["profile"] = _profile(step, group, path)
+            results[impl] = entry
+        except Exception as e:  # an impl this torch lacks (async-TP) or that fails here: said in its row
+            results[impl] = {"error": f"{type(e).__name__}: {e}"}
+            if rank == 0:
+                print(f"{impl}: {type(e).__name__}: {e}", flush=True)
+        finally:
             torch.cuda.synchronize()
             dist.barrier()
     launch = ops.launch_report()  # how each fused program's eager calls were launched, every impl's
