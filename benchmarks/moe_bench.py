@@ -1,5 +1,5 @@
-"""The MoE ops of `syncopate.moe` (dispatch `a2a_gemm`, combine `gemm_a2a`), unfused, pipelined and
-fused, against torch written plainly, on the expert layers of configs/moe_ep.yaml; and `MoELayer`'s
+"""The MoE ops of `syncopate.moe` (dispatch `a2a_gemm`, combine `gemm_a2a`), unfused, dedup,
+pipelined and fused, against torch written plainly, on the expert layers of configs/moe_ep.yaml; and `MoELayer`'s
 forward and backward on them against the same layer written with torch.
 
     torchrun --nproc-per-node 2 benchmarks/moe_bench.py [--models qwen3_30b_a3b] [--tokens 4096]
@@ -14,13 +14,13 @@ inputs:
 - `a2a` alone and `gemm` alone (the same calls), where copy-engine candidates are timed the copy
   engine's transfers alone too (`a2a_copy_engine`: the pipelined plan's copies, one piece a peer,
   no GEMM), and `bound` = max of the GEMM alone and the fastest all-to-all alone: what a perfect
-  overlap would take;
-- each candidate of the grid (`--grid`; `unfused`, then `pipelined` for each backend, chunk count
-  and order, then `fused` for each chunk count, order and tile configuration where `copy_engine`
-  is among the backends; `--templates` keeps some templates only), first checked against the
-  float32 reference computed by the group (`moe_*_group_reference`) on two fresh routings, outputs
-  poisoned with NaN, two calls back to back with different inputs; a candidate off by more than
-  1e-2 is not timed.
+  overlap of a row a pair would take (`dedup` moves fewer rows and can come in under it);
+- each candidate of the grid (`--grid`; `unfused`, `dedup` where `nccl` is among the backends,
+  then `pipelined` for each backend, chunk count and order, then `fused` for each chunk count,
+  order and tile configuration where `copy_engine` is among the backends; `--templates` keeps
+  some templates only), first checked against the float32 reference computed by the group
+  (`moe_*_group_reference`) on two fresh routings, outputs poisoned with NaN, two calls back to
+  back with different inputs; a candidate off by more than 1e-2 is not timed.
 
 Times are device times by the project's method (measure/timing.py: warm-up, L2 flush, ranks
 started together, CUDA events, max over ranks, median with p20/p80). The table gives, per case and
@@ -164,8 +164,8 @@ def grid(workload, ws: int, args):
 
 
 def layer_configs(args, tuned=None):
-    """(name, dispatch config, combine config, backward) of each layer timed: unfused, then each
-    pipelined config and the fused one (128×256×64 tiles on 4 stages, the fused GEMM's fastest tile
+    """(name, dispatch config, combine config, backward) of each layer timed: unfused, then dedup,
+    each pipelined config and the fused one (128×256×64 tiles on 4 stages, the fused GEMM's fastest tile
     on H200) for both ops, then `tuned` (the fastest dispatch and combine of this
     case's op rows, what a tuned database serves each op) where given, each with its own plan's
     backward and with the unfused ops' backward (`MoELayer(backward=...)`); last each of those as a
@@ -174,7 +174,9 @@ def layer_configs(args, tuned=None):
     from syncopate.search_space.moe_workload import MoeCandidate
 
     backends = ("nccl",) if args.cpu else tuple(args.backends.split(","))
-    configs = [None] + [MoeCandidate(template="pipelined", backend=b, chunks_per_source=2) for b in backends]
+    configs = [None, MoeCandidate(template="dedup")] + [
+        MoeCandidate(template="pipelined", backend=b, chunks_per_source=2) for b in backends
+    ]
     if "copy_engine" in backends:
         configs.append(
             MoeCandidate(
@@ -654,7 +656,7 @@ def parse(argv):
     )
     p.add_argument(
         "--templates",
-        default="unfused,pipelined,fused",
+        default="unfused,dedup,pipelined,fused",
         help="only candidates of these templates, comma-separated (fused takes backend copy_engine)",
     )
     p.add_argument("--repetitions", type=int, default=20)

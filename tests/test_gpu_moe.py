@@ -45,7 +45,8 @@ def _routings(ws: int, experts: int, tokens: int, top_k: int):
 
 def check_ops(rank, world, device, group, backends=("nccl", "copy_engine")) -> list[str]:
     """The pipelined ops on each of `backends` at three (chunks, order) plans (`nvshmem` at 8, 32
-    and 16 copier programs) against the unfused ops and the float32 references: a line a miss."""
+    and 16 copier programs), and `dedup` where `nccl` is among them, against the unfused ops and
+    the float32 references: a line a miss."""
     from syncopate.measure.reference import (
         moe_combine_group_reference,
         moe_dispatch_group_reference,
@@ -65,7 +66,7 @@ def check_ops(rank, world, device, group, backends=("nccl", "copy_engine")) -> l
         )
         for b in backends
         for c, o, n in ((1, "ring", 8), (4, "ring", 32), (2, "pairwise", 16))
-    ]
+    ] + [MoeCandidate(template="dedup")] * ("nccl" in backends)
     lines = []
     gen = torch.Generator(device=device).manual_seed(rank)
     for n, routing in enumerate(_routings(world, experts, tokens, top_k)):
@@ -142,6 +143,8 @@ def check_layer(rank, world, device, group, backends=("nccl", "copy_engine")) ->
     configs = {
         name: MoeCandidate(template="pipelined", backend=name, chunks_per_source=2) for name in backends
     }
+    if "nccl" in backends:
+        configs["dedup"] = MoeCandidate(template="dedup")
     return layer_mismatches(rank, world, device, group, configs)
 
 

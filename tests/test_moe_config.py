@@ -41,7 +41,10 @@ def test_a_candidate_round_trips_with_a_stable_key():
 @pytest.mark.parametrize(
     "kw, words",
     [
-        ({"template": "fusion"}, "unknown MoE template 'fusion': accepted are unfused, pipelined, fused"),
+        (
+            {"template": "fusion"},
+            "unknown MoE template 'fusion': accepted are unfused, pipelined, fused, dedup",
+        ),
         (
             {"template": "fused"},
             "template fused moves its pieces through the symmetric buffers of backend 'copy_engine', got "
@@ -84,6 +87,15 @@ def test_a_candidate_round_trips_with_a_stable_key():
             "chunks_per_source=1 and order 'ring', got backend 'copy_engine', chunks_per_source=1 and order 'ring'",
         ),
         ({"chunks_per_source": 2}, "got backend 'nccl', chunks_per_source=2 and order 'ring'"),
+        (
+            {"template": "dedup", "backend": "copy_engine", "chunks_per_source": 2},
+            "template dedup runs torch's all_to_all_single and one grouped GEMM: it takes backend 'nccl', "
+            "chunks_per_source=1 and order 'ring', got backend 'copy_engine', chunks_per_source=2",
+        ),
+        (
+            {"template": "dedup", "block_m": 128},
+            "template dedup runs no Triton kernel of its own: block_m=128 applies to template 'fused' only",
+        ),
     ],
 )
 def test_bad_values_are_refused_by_name(kw, words):
@@ -154,15 +166,16 @@ def test_pairwise_needs_a_power_of_two_world_size():
 def test_the_space_of_a_workload():
     space = moe_space(_workload(), 4)
     assert space[0] == MoeCandidate()  # the guard first
+    assert space[1] == MoeCandidate(template="dedup")  # torch's all-to-all, a token's row once a rank
     assert len(space) == len(set(space))
-    pipelined = space[1:13]
+    pipelined = space[2:14]
     assert {c.template for c in pipelined} == {"pipelined"}
     assert {c.backend for c in pipelined} == set(MOE_DEFAULT_BACKENDS)
     assert {c.chunks_per_source for c in pipelined} == {1, 2, 4}
     assert {c.order for c in pipelined} == {"ring", "pairwise"}
     assert len(pipelined) == 2 * 3 * 2
     # fused after them: chunks × orders × the four tile configurations, copy_engine only
-    fused = space[13:]
+    fused = space[14:]
     assert {c.template for c in fused} == {"fused"} and {c.backend for c in fused} == {"copy_engine"}
     assert len(fused) == 3 * 2 * 4
     assert {(c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages) for c in fused} == {
@@ -187,9 +200,10 @@ def test_the_space_of_a_workload():
         "fused/copy_engine/c1/ring/128x256x64w8s4",
         "fused/copy_engine/c1/ring/128x256x32w8s5",
     ]
-    assert [c.short() for c in tiny] == ["unfused", "pipelined/nccl/c1/ring"]
+    assert [c.short() for c in tiny] == ["unfused", "dedup", "pipelined/nccl/c1/ring"]
     assert [c.short() for c in moe_space(_workload(), 2, backends=("nccl",), chunks=(8,))] == [
         "unfused",
+        "dedup",
         "pipelined/nccl/c8/ring",
     ]
     with pytest.raises(

@@ -1,6 +1,7 @@
 """Layer: gloo process groups on the CPU. `MoELayer` on 2 ranks against the same layer in float32 on
 one process (`moe_layer_reference`): outputs, and the gradients of the inputs, the experts' weights
-and the router (the gate's, summed over the ranks; or the given scores')."""
+and the router (the gate's, summed over the ranks; or the given scores'); on the unfused ops and on
+the `dedup` template's."""
 
 from __future__ import annotations
 
@@ -24,16 +25,32 @@ def _parameters(seed: int):
     return x, gate, w1, w2, scores, grad
 
 
+CASES = (
+    (False, torch.float32, None),
+    (True, torch.float32, None),
+    (False, torch.bfloat16, None),
+    (False, torch.float32, "dedup"),
+    (True, torch.bfloat16, "dedup"),
+)
+
+
 def _worker(rank, ws, init, q):
+    from syncopate.moe import MoeCandidate
     from syncopate.moe.layer import MoELayer
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
     try:
         out = {}
-        for given_scores, dtype in ((False, torch.float32), (True, torch.float32), (False, torch.bfloat16)):
+        for given_scores, dtype, template in CASES:
             x, gate, w1, w2, scores, grad = _parameters(3)
             layer = MoELayer(
-                hidden=HIDDEN, ffn=FFN, experts=EXPERTS, top_k=TOP_K, group=dist.group.WORLD, dtype=dtype
+                hidden=HIDDEN,
+                ffn=FFN,
+                experts=EXPERTS,
+                top_k=TOP_K,
+                group=dist.group.WORLD,
+                dtype=dtype,
+                config=MoeCandidate(template=template) if template else None,
             )
             local = EXPERTS // ws
             with torch.no_grad():
@@ -45,7 +62,7 @@ def _worker(rank, ws, init, q):
             sr = scores[rows].clone().requires_grad_() if given_scores else None
             y = layer(xr, scores=sr)
             y.backward(grad[rows].to(dtype))
-            out[(given_scores, str(dtype))] = {
+            out[(given_scores, str(dtype), template)] = {
                 "y": y.detach().float(),
                 "x": xr.grad.float(),
                 "w1": layer.w1.grad.float(),
@@ -67,11 +84,9 @@ def test_moe_layer_matches_one_process_reference():
 
     got = {rank: torch.load(io.BytesIO(data)) for rank, data in run_gloo(_worker, WS, timeout=120)}
     local = EXPERTS // WS
-    for given_scores, dtype, tol in (
-        (False, "torch.float32", 1e-5),
-        (True, "torch.float32", 1e-5),
-        (False, "torch.bfloat16", 5e-2),
-    ):
+    for given_scores, torch_dtype, template in CASES:
+        dtype = str(torch_dtype)
+        tol = 5e-2 if torch_dtype == torch.bfloat16 else 1e-5
         x, gate, w1, w2, scores, grad = _parameters(3)
         if dtype == "torch.bfloat16":  # the reference of the same rounded operands
             x, gate, w1, w2 = (t.bfloat16().float() for t in (x, gate, w1, w2))
@@ -80,7 +95,7 @@ def test_moe_layer_matches_one_process_reference():
         ref = moe_layer_reference(xl, w1l, w2l, TOP_K, gate=gl, scores=sl if given_scores else None)
         ref.backward(grad)
         for rank in range(WS):
-            res = got[rank][(given_scores, dtype)]
+            res = got[rank][(given_scores, dtype, template)]
             rows = slice(rank * TOKENS, (rank + 1) * TOKENS)
             experts = slice(rank * local, (rank + 1) * local)
             torch.testing.assert_close(res["y"], ref[rows].detach(), rtol=tol, atol=tol)
@@ -90,7 +105,7 @@ def test_moe_layer_matches_one_process_reference():
             if given_scores:
                 torch.testing.assert_close(res["scores"], sl.grad[rows], rtol=tol, atol=tol)
         if not given_scores:
-            summed = sum(got[rank][(given_scores, dtype)]["gate"] for rank in range(WS))
+            summed = sum(got[rank][(given_scores, dtype, template)]["gate"] for rank in range(WS))
             torch.testing.assert_close(summed, gl.grad, rtol=tol, atol=tol)
             assert gl.grad.abs().max() > 0
 

@@ -152,7 +152,7 @@ def test_the_harness_checks_and_times_what_runs_on_gloo_and_refuses_copy_engine(
     for kind, (baselines, results) in got[0].items():
         assert baselines == [("torch_seq", 3, True), ("comm_alone", 3, True), ("gemm_alone", 3, True)], kind
         for short, (status, rel, samples, error) in results.items():
-            if short == "unfused" or short.startswith("pipelined/nccl"):
+            if short in ("unfused", "dedup") or short.startswith("pipelined/nccl"):
                 assert status == "ok" and rel < 1e-2 and samples == 3, (kind, short, error)
             else:
                 assert status == "compile_error" and "copy_engine" in error and samples == 0, (kind, short)
@@ -259,9 +259,9 @@ def test_the_sweep_loop_runs_moe_workloads_in_this_process(tmp_path):
             "JOIN syncopate_workloads w ON w.id = t.workload_id"
         ).fetchall()
         baselines = c.execute("SELECT name FROM syncopate_baselines ORDER BY name").fetchall()
-    # unfused and pipelined/nccl at 1 and 2 chunks, both kinds; each verified and timed
+    # unfused, dedup and pipelined/nccl at 1 and 2 chunks, both kinds; each verified and timed
     assert sorted(trials) == sorted(
-        [(k, "ok", "fixture") for k in ("a2a_gemm", "gemm_a2a") for _ in range(3)]
+        [(k, "ok", "fixture") for k in ("a2a_gemm", "gemm_a2a") for _ in range(4)]
     )
     assert baselines == [
         (n,) for n in ("comm_alone", "comm_alone", "gemm_alone", "gemm_alone", "torch_seq", "torch_seq")

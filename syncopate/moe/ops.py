@@ -1,7 +1,9 @@
 """The MoE ops under expert parallelism: torch's all-to-all and a grouped GEMM in sequence
 (`unfused`), or the all-to-all cut into pieces that the grouped GEMM consumes or produces as they
 move (`pipelined`, :mod:`syncopate.moe.pipelined`), or tile by tile in one persistent Triton
-grouped GEMM (`fused`, :mod:`syncopate.moe.fused`), as the `config=` (a `MoeCandidate`) says.
+grouped GEMM (`fused`, :mod:`syncopate.moe.fused`), or torch's all-to-all moving a token's row once
+a rank rather than once a pair (`dedup`, :mod:`syncopate.moe.dedup`), as the `config=` (a
+`MoeCandidate`) says.
 
 - `exchange_layout(ids, experts, group)`: ids [T, top_k] → this rank's `ExpertLayout` (one
   all-gather of every rank's per-expert counts);
@@ -533,6 +535,10 @@ def dispatch_gemm(
         if _grad_wanted(x, w1):
             return _written(fused.dispatch_autograd(x, w1, layout, group, config, backward), out)
         return fused.dispatch_rows(x, w1, layout, group, config, out=out)[0]
+    if config.template == "dedup":
+        from syncopate.moe import dedup
+
+        return _written(dedup.dispatch(x, w1, layout, group), out)
     send = _TokenRows.apply(x, layout)
     received = all_to_all_rows(send, layout.recv_splits, layout.send_splits, group)
     by_expert = permute_rows(received, layout.expert_order, layout.expert_order_inverse)
@@ -579,6 +585,10 @@ def gemm_combine(
             return _written(fused.combine_autograd(h, w2, gate_weights, layout, group, config, backward), out)
         rows = fused.combine_rows(h, w2, layout, group, config)
         return summed_rows(rows, gate_weights, layout, out=out)
+    if config.template == "dedup":
+        from syncopate.moe import dedup
+
+        return _written(dedup.combine(h, w2, gate_weights, layout, group), out)
     y = grouped_mm(h, w2, layout.group_sizes, offsets=layout.offsets(h.device))
     y = permute_rows(y, layout.expert_order_inverse, layout.expert_order)
     back = all_to_all_rows(y, layout.send_splits, layout.recv_splits, group)

@@ -260,12 +260,15 @@ class MoeWorkload:
         )
 
 
-MOE_TEMPLATES: tuple[str, ...] = ("unfused", "pipelined", "fused")
+MOE_TEMPLATES: tuple[str, ...] = ("unfused", "pipelined", "fused", "dedup")
 """`unfused`: torch's all_to_all_single, then one grouped GEMM (or the GEMM, then the all-to-all).
 `pipelined`: the all-to-all cut into pieces, one grouped GEMM a piece, each starting as soon as its
 rows are in (dispatch) or each piece sent as soon as its GEMM is done (combine). `fused`: the same
 pieces, and one persistent Triton grouped GEMM a call whose tiles wait for their piece's rows
-(dispatch) or store their rows straight into the destination rank's buffer (combine)."""
+(dispatch) or store their rows straight into the destination rank's buffer (combine). `dedup`: as
+`unfused`, but a token's row crosses to a rank once however many of its experts are there (the
+rank reads it once per expert; the combine sums a token's rows on the expert's rank, weighted by
+its gates, before they go back)."""
 
 MOE_BACKENDS: tuple[str, ...] = ("nccl", "copy_engine", "nvshmem")
 """How a plan's pieces move: NCCL (or gloo) send/receive pairs on a side stream; or the symmetric
@@ -363,9 +366,9 @@ class MoeCandidate(CanonicalJson):
             raise ConfigError(
                 f"chunks_per_source={c!r} is not accepted: give one of {', '.join(map(str, MOE_CHUNKS))}"
             )
-        if self.template == "unfused" and (self.backend, c, self.order) != ("nccl", 1, "ring"):
+        if self.template in ("unfused", "dedup") and (self.backend, c, self.order) != ("nccl", 1, "ring"):
             raise ConfigError(
-                f"template unfused runs torch's all_to_all_single and one grouped GEMM: it takes backend "
+                f"template {self.template} runs torch's all_to_all_single and one grouped GEMM: it takes backend "
                 f"'nccl', chunks_per_source=1 and order 'ring', got backend {self.backend!r}, "
                 f"chunks_per_source={c} and order {self.order!r}"
             )
@@ -456,8 +459,8 @@ class MoeCandidate(CanonicalJson):
 
     def short(self) -> str:
         """A one-line summary for tables."""
-        if self.template == "unfused":
-            return "unfused"
+        if self.template in ("unfused", "dedup"):
+            return self.template
         plan = f"{self.template}/{self.backend}/c{self.chunks_per_source}/{self.order}"
         if self.backend == "nvshmem":
             plan += f"/sm{self.comm_sms}"
@@ -504,7 +507,8 @@ def moe_space(
     comm_sms: tuple[int, ...] = (16, 32),
 ) -> list[MoeCandidate]:
     """The candidates a search tries for `workload` on `world_size` ranks: `unfused` first (the
-    path a served configuration must beat), then `pipelined` for each backend, chunk count and
+    path a served configuration must beat), `dedup` where `nccl` is among the backends (torch's
+    all-to-all moves its rows too), then `pipelined` for each backend, chunk count and
     order (and, for `nvshmem`, each of `comm_sms`), then, where `copy_engine` is among the
     backends, `fused` for each chunk count, order and tile configuration of
     :data:`MOE_TILE_CONFIGS`. `pairwise` only where it differs from `ring` (more than two ranks)
@@ -530,6 +534,8 @@ def moe_space(
     orders = ["ring"] + (["pairwise"] if ws > 2 and not ws & (ws - 1) else [])
     rows = max(1, workload.tokens * workload.top_k // ws)
     out = [MoeCandidate()]
+    if "nccl" in backends:
+        out.append(MoeCandidate(template="dedup"))
     for backend in backends:
         for c in chunks:
             if c > 1 and c > rows:

@@ -1,0 +1,157 @@
+"""The `dedup` MoE template: a token's row crosses to a rank once, however many of its experts live
+there.
+
+A token routes its top_k rows to top_k experts, and several of them often live on one rank (a
+Qwen3-like layer, 8 of 128 experts, puts about four of a token's experts on each of two ranks). The
+`unfused` ops move one row a (token, expert) pair; these move one row a (token, rank):
+
+- dispatch (`a2a_gemm`): each rank sends each token once to every rank its experts are on (torch's
+  all_to_all_single), and the receiving rank reads the row once for each of its experts that the
+  token chose (a gather into the grouped GEMM's rows);
+- combine (`gemm_a2a`): the expert rank sums a token's rows of its experts, each weighted by the
+  token's gate weight, in float32, and sends the one sum back; the token's rank adds up the sums
+  of the ranks (at most ws of them, in float32).
+
+Both keep the unfused ops' row layouts (h in the unfused order), so a layer mixes them with every
+other template; their autograd is torch's, through the gathers and sums below, whose backwards
+accumulate in float32. The combine rounds each rank's sum to the rows' dtype before it moves (as a
+reduce-scatter in that dtype does), where `unfused` sums every pair's row in one float32 sum.
+
+The tables (`DedupTables`) are made once per layout, on first use, and kept in its cache: one sort
+of the pairs' (rank, token) keys on the device, and two small all-to-alls (the row counts, one
+int64 a pair), which the host waits for once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from syncopate.moe.ops import all_to_all_rows, grouped_mm
+from syncopate.moe.routing import ExpertLayout
+
+__all__ = ["DedupTables", "combine", "dedup_tables", "dispatch"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DedupTables:
+    """One rank's tables of the `dedup` template for one layout."""
+
+    send_tokens: torch.Tensor
+    """[S] int64: the token of each row this rank sends, by destination rank, then token."""
+    send_splits: list[int]
+    """Rows sent to each rank: the tokens with at least one expert there."""
+    recv_splits: list[int]
+    """Rows received from each rank."""
+    pair_rows: torch.Tensor
+    """[R] int64: for each row of h (the unfused order: by local expert, source rank, token), the
+    received row that is its token's."""
+
+
+def dedup_tables(layout: ExpertLayout, group) -> DedupTables:
+    """This rank's `DedupTables` for `layout` (collective on first use: every rank of `group` makes
+    its first call of a layout together, as with every MoE op), kept in the layout's cache."""
+    tables = layout.cache.get("dedup")
+    if tables is not None:
+        return tables
+    ws, tokens, top_k = layout.world_size, layout.tokens, layout.top_k
+    device = layout.order.device
+    ranks = torch.arange(ws, dtype=torch.int64, device=device)
+    pairs = tokens * top_k
+    # the send order groups the pairs by destination rank: a pair's rank and token make its row's key
+    dest = torch.repeat_interleave(
+        ranks, torch.tensor(layout.send_splits, dtype=torch.int64, device=device), output_size=pairs
+    )
+    keys = dest * max(tokens, 1) + layout.order // top_k
+    unique, row_of_pair = torch.unique(keys, sorted=True, return_inverse=True)
+    counts = torch.bincount(unique // max(tokens, 1), minlength=ws)
+    starts = torch.cumsum(counts, 0) - counts
+    local = row_of_pair - starts[dest]  # a pair's row among those sent to its rank
+    recv_counts = torch.empty_like(counts)
+    dist.all_to_all_single(recv_counts, counts, group=group)
+    local_recv = torch.empty(layout.rows_received, dtype=torch.int64, device=device)
+    dist.all_to_all_single(local_recv, local, list(layout.recv_splits), list(layout.send_splits), group=group)
+    splits = torch.cat([counts, recv_counts]).tolist()  # the host's one wait
+    send_splits, recv_splits = splits[:ws], splits[ws:]
+    recv_starts = torch.tensor(recv_splits, dtype=torch.int64).cumsum(0) - torch.tensor(recv_splits)
+    source = torch.repeat_interleave(
+        ranks,
+        torch.tensor(layout.recv_splits, dtype=torch.int64, device=device),
+        output_size=layout.rows_received,
+    )
+    expert_side = local_recv + recv_starts.to(device)[source]  # by source rank, expert, token
+    tables = DedupTables(
+        send_tokens=unique % max(tokens, 1),
+        send_splits=send_splits,
+        recv_splits=recv_splits,
+        pair_rows=expert_side.index_select(0, layout.expert_order),
+    )
+    layout.cache["dedup"] = tables
+    return tables
+
+
+class _SumRows(torch.autograd.Function):
+    """out[r] = Σ_{i: index[i] = r} w[i] · rows[i] ([n, N] in rows' dtype, summed in float32; w None
+    for unit weights); its gradients: rows[i] ← w[i] · grad[index[i]], w[i] ← rows[i] · grad[index[i]]."""
+
+    @staticmethod
+    def forward(ctx, rows, weights, index, n):
+        ctx.save_for_backward(rows if weights is not None else None, weights, index)
+        terms = rows.float() if weights is None else rows.float() * weights.float().unsqueeze(1)
+        out = torch.zeros((n, rows.shape[1]), dtype=torch.float32, device=rows.device)
+        return out.index_add_(0, index, terms).to(rows.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows, weights, index = ctx.saved_tensors
+        spread = grad.float().index_select(0, index)
+        grad_rows = grad_weights = None
+        if ctx.needs_input_grad[0]:
+            grad_rows = (spread if weights is None else spread * weights.float().unsqueeze(1)).to(grad.dtype)
+        if weights is not None and ctx.needs_input_grad[1]:
+            grad_weights = (spread * rows.float()).sum(1).to(weights.dtype)
+        return grad_rows, grad_weights, None, None
+
+
+class _GatherRows(torch.autograd.Function):
+    """rows[index] (a row may be read several times); its gradient sums each row's reads in float32."""
+
+    @staticmethod
+    def forward(ctx, rows, index):
+        ctx.save_for_backward(index)
+        ctx.n = rows.shape[0]
+        return rows.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        out = torch.zeros((ctx.n, grad.shape[1]), dtype=torch.float32, device=grad.device)
+        return out.index_add_(0, index, grad.float()).to(grad.dtype), None
+
+
+def dispatch(x: torch.Tensor, w1: torch.Tensor, layout: ExpertLayout, group) -> torch.Tensor:
+    """`a2a_gemm` of x [T, H] and W1 [El, H, N] with a row a (token, rank): h [R, N] in the unfused
+    layout, with autograd."""
+    t = dedup_tables(layout, group)
+    sent = _GatherRows.apply(x, t.send_tokens)
+    received = all_to_all_rows(sent, t.recv_splits, t.send_splits, group)
+    rows = _GatherRows.apply(received, t.pair_rows)
+    return grouped_mm(rows, w1, layout.group_sizes, offsets=layout.offsets(x.device))
+
+
+def combine(
+    h: torch.Tensor, w2: torch.Tensor, gate_weights: torch.Tensor, layout: ExpertLayout, group
+) -> torch.Tensor:
+    """`gemm_a2a` of h [R, F] (the unfused layout), W2 [El, F, H] and the gate weights [T, top_k]
+    with a row a (token, rank): [T, H] in h's dtype, with autograd. Each pair's gate weight moves to
+    its expert's rank (one all-to-all of a float a pair)."""
+    t = dedup_tables(layout, group)
+    y = grouped_mm(h, w2, layout.group_sizes, offsets=layout.offsets(h.device))
+    gates = gate_weights.reshape(-1, 1).index_select(0, layout.order)  # send order
+    gates = all_to_all_rows(gates, layout.recv_splits, layout.send_splits, group)
+    gates = gates.index_select(0, layout.expert_order).squeeze(1)  # h's order
+    summed = _SumRows.apply(y, gates, t.pair_rows, sum(t.recv_splits))
+    back = all_to_all_rows(summed, t.send_splits, t.recv_splits, group)
+    return _SumRows.apply(back, None, t.send_tokens, layout.tokens)
