@@ -403,9 +403,9 @@ def test_the_kernels_compile_for_sm90():
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     ok = [line for line in done.stdout.splitlines() if line.startswith("ok ")]
-    # the gathered sum's three, the row scatter, the pair stats, the expert orders, the SwiGLU's two,
-    # the NVSHMEM put and copier
-    row_kernels = 3 + 1 + 1 + 1 + 2 + 2
+    # the gathered sum's three, the row scatter, the segment sum's two, the pair stats, the expert
+    # orders, the SwiGLU's two, the NVSHMEM put and copier
+    row_kernels = 3 + 1 + 2 + 1 + 1 + 2 + 2
     assert len(ok) == 2 * len(MOE_TILE_CONFIGS) + row_kernels, done.stdout
     copiers = [line for line in ok if line.split()[1] == "nvshmem"]
     assert len(copiers) == 2 and all(" 0 acquire loads" not in line for line in copiers), done.stdout

@@ -14,8 +14,10 @@ Qwen3-like layer, 8 of 128 experts, puts about four of a token's experts on each
 
 Both keep the unfused ops' row layouts (h in the unfused order), so a layer mixes them with every
 other template; their autograd is torch's, through the gathers and sums below, whose backwards
-accumulate in float32. The combine rounds each rank's sum to the rows' dtype before it moves (as a
-reduce-scatter in that dtype does), where `unfused` sums every pair's row in one float32 sum.
+accumulate in float32. Every sum is one by segment (`segment_sum`: on a GPU one Triton kernel that
+reads each segment's rows once), and the gather's gradient is one too. The combine rounds each
+rank's sum to the rows' dtype before it moves (as a reduce-scatter in that dtype does), where
+`unfused` sums every pair's row in one float32 sum.
 
 The tables (`DedupTables`) are made once per layout, on first use, and kept in its cache: one sort
 of the pairs' (rank, token) keys on the device, and two small all-to-alls (the row counts, one
@@ -29,25 +31,48 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from syncopate.moe.ops import all_to_all_rows, grouped_mm
+from syncopate.moe.ops import _row_kernels_run, all_to_all_rows, grouped_mm
 from syncopate.moe.routing import ExpertLayout
 
-__all__ = ["DedupTables", "combine", "dedup_tables", "dispatch"]
+__all__ = ["DedupTables", "Segments", "combine", "dedup_tables", "dispatch", "segment_sum", "segments"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Segments:
+    """Rows grouped by the segment each belongs to, for sums by segment: `index` [R] the segment
+    of each row, `order` [R] the rows by segment (stable), `starts` [n + 1] where each segment's
+    rows begin in `order`."""
+
+    index: torch.Tensor
+    order: torch.Tensor
+    starts: torch.Tensor
+    n: int
+    most: int
+    """At most this many rows in a segment (a bound known without reading the tables back)."""
+
+
+def segments(index: torch.Tensor, n: int, most: int) -> Segments:
+    """The `Segments` of rows whose segments (in [0, n)) `index` gives, at most `most` rows each."""
+    order = torch.argsort(index, stable=True)
+    counts = torch.bincount(index, minlength=n)
+    starts = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+    return Segments(index=index, order=order, starts=starts, n=n, most=most)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class DedupTables:
     """One rank's tables of the `dedup` template for one layout."""
 
-    send_tokens: torch.Tensor
-    """[S] int64: the token of each row this rank sends, by destination rank, then token."""
+    send_tokens: Segments
+    """The token of each row this rank sends (by destination rank, then token), as segments of the
+    token's rank's final sum: `send_tokens.index` [S] int64."""
     send_splits: list[int]
     """Rows sent to each rank: the tokens with at least one expert there."""
     recv_splits: list[int]
     """Rows received from each rank."""
-    pair_rows: torch.Tensor
-    """[R] int64: for each row of h (the unfused order: by local expert, source rank, token), the
-    received row that is its token's."""
+    pair_rows: Segments
+    """For each row of h (the unfused order: by local expert, source rank, token), the received row
+    that is its token's (`pair_rows.index` [R] int64), as segments of the combine's sums."""
 
 
 def dedup_tables(layout: ExpertLayout, group) -> DedupTables:
@@ -82,53 +107,75 @@ def dedup_tables(layout: ExpertLayout, group) -> DedupTables:
         output_size=layout.rows_received,
     )
     expert_side = local_recv + recv_starts.to(device)[source]  # by source rank, expert, token
+    # a token comes back from at most min(ws, top_k) ranks; a received row is read by at most
+    # min(top_k, El) of its rank's experts
     tables = DedupTables(
-        send_tokens=unique % max(tokens, 1),
+        send_tokens=segments(unique % max(tokens, 1), tokens, min(ws, top_k)),
         send_splits=send_splits,
         recv_splits=recv_splits,
-        pair_rows=expert_side.index_select(0, layout.expert_order),
+        pair_rows=segments(
+            expert_side.index_select(0, layout.expert_order),
+            sum(recv_splits),
+            min(top_k, layout.local_experts),
+        ),
     )
     layout.cache["dedup"] = tables
     return tables
 
 
+def segment_sum(rows: torch.Tensor, weights: torch.Tensor | None, seg: Segments) -> torch.Tensor:
+    """[seg.n, N] in rows' dtype: each segment's rows of `rows` [R, N] summed, weighted by
+    `weights` [R] where given, in float32 (no autograd). On a GPU with 16-bit rows (or under
+    Triton's interpreter) one kernel reads each segment's rows once
+    (`syncopate.moe.kernels.launch_segment_sum`); elsewhere torch's `index_add_`."""
+    out = rows.new_empty((seg.n, rows.shape[1]))
+    if _row_kernels_run(rows, seg.index) and out.numel():
+        from syncopate.moe.kernels import launch_segment_sum
+
+        rows = rows if rows.stride(-1) == 1 else rows.contiguous()
+        launch_segment_sum(rows, seg.order, seg.starts, seg.most, weights, out)
+        return out
+    terms = rows.float() if weights is None else rows.float() * weights.float().unsqueeze(1)
+    summed = torch.zeros((seg.n, rows.shape[1]), dtype=torch.float32, device=rows.device)
+    return out.copy_(summed.index_add_(0, seg.index, terms))
+
+
 class _SumRows(torch.autograd.Function):
-    """out[r] = Σ_{i: index[i] = r} w[i] · rows[i] ([n, N] in rows' dtype, summed in float32; w None
-    for unit weights); its gradients: rows[i] ← w[i] · grad[index[i]], w[i] ← rows[i] · grad[index[i]]."""
+    """`segment_sum` with autograd: its gradients are rows[i] ← w[i] · grad[index[i]] and
+    w[i] ← rows[i] · grad[index[i]]."""
 
     @staticmethod
-    def forward(ctx, rows, weights, index, n):
-        ctx.save_for_backward(rows if weights is not None else None, weights, index)
-        terms = rows.float() if weights is None else rows.float() * weights.float().unsqueeze(1)
-        out = torch.zeros((n, rows.shape[1]), dtype=torch.float32, device=rows.device)
-        return out.index_add_(0, index, terms).to(rows.dtype)
+    def forward(ctx, rows, weights, seg):
+        ctx.save_for_backward(rows if weights is not None else None, weights)
+        ctx.seg = seg
+        return segment_sum(rows, weights, seg)
 
     @staticmethod
     def backward(ctx, grad):
-        rows, weights, index = ctx.saved_tensors
-        spread = grad.float().index_select(0, index)
+        rows, weights = ctx.saved_tensors
+        spread = grad.index_select(0, ctx.seg.index)
         grad_rows = grad_weights = None
         if ctx.needs_input_grad[0]:
-            grad_rows = (spread if weights is None else spread * weights.float().unsqueeze(1)).to(grad.dtype)
+            grad_rows = (
+                spread if weights is None else (spread.float() * weights.float().unsqueeze(1)).to(grad.dtype)
+            )
         if weights is not None and ctx.needs_input_grad[1]:
-            grad_weights = (spread * rows.float()).sum(1).to(weights.dtype)
-        return grad_rows, grad_weights, None, None
+            grad_weights = (spread.float() * rows.float()).sum(1).to(weights.dtype)
+        return grad_rows, grad_weights, None
 
 
 class _GatherRows(torch.autograd.Function):
-    """rows[index] (a row may be read several times); its gradient sums each row's reads in float32."""
+    """rows[seg.index] (a row may be read several times); its gradient sums each row's reads
+    (`segment_sum`, float32)."""
 
     @staticmethod
-    def forward(ctx, rows, index):
-        ctx.save_for_backward(index)
-        ctx.n = rows.shape[0]
-        return rows.index_select(0, index)
+    def forward(ctx, rows, seg):
+        ctx.seg = seg
+        return rows.index_select(0, seg.index)
 
     @staticmethod
     def backward(ctx, grad):
-        (index,) = ctx.saved_tensors
-        out = torch.zeros((ctx.n, grad.shape[1]), dtype=torch.float32, device=grad.device)
-        return out.index_add_(0, index, grad.float()).to(grad.dtype), None
+        return segment_sum(grad, None, ctx.seg), None
 
 
 def dispatch(x: torch.Tensor, w1: torch.Tensor, layout: ExpertLayout, group) -> torch.Tensor:
@@ -152,6 +199,6 @@ def combine(
     gates = gate_weights.reshape(-1, 1).index_select(0, layout.order)  # send order
     gates = all_to_all_rows(gates, layout.recv_splits, layout.send_splits, group)
     gates = gates.index_select(0, layout.expert_order).squeeze(1)  # h's order
-    summed = _SumRows.apply(y, gates, t.pair_rows, sum(t.recv_splits))
+    summed = _SumRows.apply(y, gates, t.pair_rows)
     back = all_to_all_rows(summed, t.send_splits, t.recv_splits, group)
-    return _SumRows.apply(back, None, t.send_tokens, layout.tokens)
+    return _SumRows.apply(back, None, t.send_tokens)

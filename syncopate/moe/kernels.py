@@ -56,6 +56,7 @@ __all__ = [
     "launch_combine",
     "launch_dispatch",
     "launch_scatter_rows",
+    "launch_segment_sum",
     "launch_swiglu",
     "launch_swiglu_grad",
 ]
@@ -658,6 +659,88 @@ def launch_scatter_rows(dst: torch.Tensor, index: torch.Tensor, src: torch.Tenso
         _SCATTER_ARGS,
         (src, index, dst, n, src.stride(0), dst.stride(0)),
         dict(BLOCK_N=block, num_warps=4),
+    )
+
+
+# Rows summed by segment (the dedup template's sums) ---------------------------------------------
+
+
+@triton.jit
+def segment_sum_kernel(
+    rows_ptr,
+    order_ptr,
+    starts_ptr,
+    weight_ptr,
+    out_ptr,
+    R,
+    N,
+    stride_r,
+    stride_o,
+    MOST: tl.constexpr,
+    WEIGHTED: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """out[s, cols] = Σ_{i in [starts[s], starts[s+1])} w[order[i]] · rows[order[i], cols] (w = 1
+    without WEIGHTED) over columns [BLOCK_N·b, BLOCK_N·(b+1)), float32 accumulation in `order`'s
+    order; program (s, b); a segment has at most MOST rows. Each program reads its segment's rows
+    once, whole pieces of rows (torch's `index_add_` adds element by element, with atomics on a
+    GPU)."""
+    s = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = offs < N
+    lo = tl.load(starts_ptr + s)
+    hi = tl.load(starts_ptr + s + 1)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for j in range(0, MOST):
+        # past the segment's end: a row of `order` that exists (R > 0), read by no column
+        row = tl.load(order_ptr + tl.minimum(lo + j, R - 1)).to(tl.int64)
+        take = mask & ((offs * 0 + lo + j) < hi)
+        x = tl.load(rows_ptr + row * stride_r + offs, mask=take, other=0.0).to(tl.float32)
+        if WEIGHTED:
+            x = x * tl.load(weight_ptr + row).to(tl.float32)
+        acc += x
+    tl.store(out_ptr + s * stride_o + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+_SEGMENT_ARGS = _args_before(segment_sum_kernel, "MOST")
+
+
+def launch_segment_sum(
+    rows: torch.Tensor,
+    order: torch.Tensor,
+    starts: torch.Tensor,
+    most: int,
+    weights: torch.Tensor | None,
+    out: torch.Tensor,
+) -> None:
+    """out [n, N] = per segment s, the sum of rows[order[i]] (weighted by weights[order[i]] where
+    given) over i in [starts[s], starts[s+1]), at most `most` of them: rows [R, N] and out with unit
+    column stride, order [R] and starts [n + 1] int64, weights [R] of any float type; float32
+    accumulation."""
+    n, width = out.shape
+    if n == 0 or width == 0:
+        return
+    if rows.shape[0] == 0:  # every segment empty
+        out.zero_()
+        return
+    block = _sum_block(width)
+    _run(
+        segment_sum_kernel,
+        "segment_sum",
+        (n, triton.cdiv(width, block)),
+        _SEGMENT_ARGS,
+        (
+            rows,
+            order,
+            starts,
+            rows if weights is None else weights,
+            out,
+            rows.shape[0],
+            width,
+            rows.stride(0),
+            out.stride(0),
+        ),
+        dict(MOST=max(1, most), WEIGHTED=weights is not None, BLOCK_N=block, num_warps=4),
     )
 
 

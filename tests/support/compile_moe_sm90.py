@@ -1,9 +1,9 @@
 """Compile the `fused` MoE kernels (`syncopate.moe.kernels`) for a Hopper GPU (sm_90) on a machine
 without one, at the shapes and tile configurations `moe_space` tries (Qwen3-30B-A3B's expert layer:
 hidden 2048, expert ffn 768), bf16, the gathered top-k sum's three kernels (own rows read apart),
-the row scatter, the routing's pair stats and expert orders, the SwiGLU's two, and the `nvshmem`
-backend's put and copier in plain mode (their NVSHMEM mode links NVSHMEM's device library, which
-only a GPU machine has).
+the row scatter, the `dedup` template's segment sum (weighted and not), the routing's pair stats
+and expert orders, the SwiGLU's two, and the `nvshmem` backend's put and copier in plain mode
+(their NVSHMEM mode links NVSHMEM's device library, which only a GPU machine has).
 Run it in a fresh process without TRITON_INTERPRET; it prints one line per variant and exits 1 if
 any fails.
 
@@ -28,6 +28,7 @@ from syncopate.moe.kernels import (  # noqa: E402
     launch_gathered_sum_grads,
     launch_pair_stats,
     launch_scatter_rows,
+    launch_segment_sum,
     launch_swiglu,
     launch_swiglu_grad,
 )
@@ -77,6 +78,14 @@ def gathered_sum(which: str) -> None:
 def scatter_rows() -> None:
     rows = torch.empty(4096, 2 * FFN, dtype=BF16)
     launch_scatter_rows(torch.empty_like(rows), torch.zeros(4096, dtype=torch.int64), rows)
+
+
+def segment_sum(weighted: bool) -> None:
+    rows = torch.empty(4096 * 8, HIDDEN, dtype=BF16)
+    order = torch.zeros(4096 * 8, dtype=torch.int64)
+    starts = torch.zeros(8193, dtype=torch.int64)
+    weights = torch.empty(4096 * 8, dtype=torch.float32) if weighted else None
+    launch_segment_sum(rows, order, starts, 8, weights, torch.empty(8192, HIDDEN, dtype=BF16))
 
 
 def swiglu(which: str) -> None:
@@ -133,6 +142,11 @@ def variants():
     for which in ("sum", "rows", "gates"):
         yield f"gathered-sum {which}", lambda which=which: gathered_sum(which)
     yield "scatter rows", scatter_rows
+    for weighted in (True, False):
+        yield (
+            f"segment sum {'weighted' if weighted else 'unit'}",
+            lambda weighted=weighted: segment_sum(weighted),
+        )
     yield "pair stats", pair_stats
     yield "expert orders", expert_orders
     for which in ("forward", "backward"):
