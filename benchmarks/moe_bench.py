@@ -14,7 +14,8 @@ inputs:
 - `a2a` alone and `gemm` alone (the same calls), where copy-engine candidates are timed the copy
   engine's transfers alone too (`a2a_copy_engine`: the pipelined plan's copies, one piece a peer,
   no GEMM), and `bound` = max of the GEMM alone and the fastest all-to-all alone: what a perfect
-  overlap of a row a pair would take (`dedup` moves fewer rows and can come in under it);
+  overlap of a row a pair would take (`dedup` moves fewer rows and can come in under it: where its
+  template is timed, its all-to-all alone is too, `a2a_dedup`, a row a token and rank);
 - each candidate of the grid (`--grid`; `unfused`, `dedup` where `nccl` is among the backends,
   then `pipelined` for each backend, chunk count and order, then `fused` for each chunk count,
   order and tile configuration where `copy_engine` is among the backends; `--templates` keeps
@@ -68,6 +69,7 @@ from syncopate.measure.moe import (  # noqa: E402 — after the path insert abov
     MoeCase,
     check_config,
     copy_engine_a2a,
+    dedup_a2a,
     fresh_checks,
     layer_call,
     moe_op,
@@ -269,6 +271,9 @@ def run_kind(kind: str, case: Case) -> dict:
     ce_a2a = copy_engine_a2a(kind, case, a) if "copy_engine" in args.backends.split(",") else None
     if ce_a2a is not None:
         times["a2a_copy_engine"] = time_op(ce_a2a, case.group, args)
+    # the dedup template's all-to-all alone (a row a token and rank): beside the bound, not in it
+    if "dedup" in args.templates.split(",") and (args.cpu or "nccl" in args.backends.split(",")):
+        times["a2a_dedup"] = time_op(dedup_a2a(kind, case), case.group, args)
     comm = min(times[k]["median_us"] for k in ("a2a", "a2a_nvshmem", "a2a_copy_engine") if k in times)
     bound = max(comm, times["gemm"]["median_us"])
     log.info(

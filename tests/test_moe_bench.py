@@ -42,6 +42,10 @@ def _check(tmp_path, out, cases: int, backends: set[str]) -> dict:
         t = r["times"]
         assert min(t["torch"]["median_us"], t["a2a"]["median_us"], t["gemm"]["median_us"]) > 0
         assert r["bound_us"] == max(t["a2a"]["median_us"], t["gemm"]["median_us"])
+        # the dedup template's transfer alone, beside the bound (nccl among the backends)
+        assert ("a2a_dedup" in t) == ("nccl" in backends) and t.get("a2a_dedup", {"median_us": 1})[
+            "median_us"
+        ] > 0
         # torch's NVSHMEM all-to-all runs where the ranks' symmetric memory is NVSHMEM's: not in
         # these runs (gloo ranks, or CUDA ranks of CUDA memory), and the row says why
         assert r["torch_nvshmem"] in (
@@ -51,6 +55,7 @@ def _check(tmp_path, out, cases: int, backends: set[str]) -> dict:
         assert "torch_nvshmem" not in t and r["torch_nvshmem_over_ours"] is None
         shorts = [c["short"] for c in r["candidates"]]
         assert shorts[0] == "unfused" and len(shorts) > 1
+        assert ("dedup" in shorts) == ("nccl" in backends)
         assert {c["config"]["backend"] for c in r["candidates"][1:]} == backends
         for c in r["candidates"]:
             assert c["status"] == "ok" and c["rel_error"] < 1e-2 and c["times"]["median_us"] > 0, c

@@ -37,6 +37,7 @@ __all__ = [
     "MoeHarness",
     "check_config",
     "copy_engine_a2a",
+    "dedup_a2a",
     "fresh_checks",
     "layer_call",
     "moe_op",
@@ -265,6 +266,30 @@ def copy_engine_a2a(kind: str, case: MoeCase, a):
 
     def a2a(out=None):
         return exchange_alone(rows, lay, case.group, config, kind)
+
+    return a2a
+
+
+DEDUP_ALONE = "all_to_all_single of a row a (token, rank), the dedup template's transfer, no GEMM"
+"""What the dedup all-to-all alone times (`dedup_a2a`)."""
+
+
+def dedup_a2a(kind: str, case: MoeCase):
+    """The all-to-all alone of the `dedup` template (`syncopate.moe.dedup`): torch's
+    all_to_all_single of one row of the layer's width a (token, rank), the dispatch's way or the
+    combine's (back), no GEMM and no sum, as f(out=None). Collective: makes the layout's dedup
+    tables on first use."""
+    from syncopate.moe.dedup import dedup_tables
+
+    t = dedup_tables(case.layout, case.group)
+    sent, received = (t.send_splits, t.recv_splits) if kind == "a2a_gemm" else (t.recv_splits, t.send_splits)
+    width = case.w.hidden
+    src = torch.empty(sum(sent), width, dtype=case.dtype, device=case.device).normal_()
+    dst = torch.empty(sum(received), width, dtype=case.dtype, device=case.device)
+
+    def a2a(out=None):
+        dist.all_to_all_single(dst, src, list(received), list(sent), group=case.group)
+        return dst
 
     return a2a
 
