@@ -26,7 +26,7 @@ def _run(
         capture_output=True,
         check=False,
         text=True,
-        timeout=480,
+        timeout=720,
         env={**os.environ, "OUT": str(tmp_path), **(env or {})},
     )
 
