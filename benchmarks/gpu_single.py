@@ -772,27 +772,21 @@ def small_matrix():
     2048 tokens (forward and the backward's all-gather and reduce-scatter), 5120/17408 at 4096,
     and 6144/16384 at 3072 (a shape no suite holds)."""
     cfgs = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (256, 128, 64, 8, 3)]
+    consumer = [(2048, 7168, 4096), (2048, 3584, 4096), (4096, 8704, 5120), (3072, 8192, 6144)]
+    producer = [(2048, 4096, 3584), (2048, 4096, 7168), (4096, 5120, 4352), (3072, 6144, 4096)]
     cases = []
-    for m, n, k in [(2048, 7168, 4096), (2048, 3584, 4096), (4096, 8704, 5120), (3072, 8192, 6144)]:
-        for cfg in cfgs:
-            for g in ("0", "1"):
-                cases.append(
-                    with_env(
-                        "SYNCOPATE_GLUON",
-                        g,
-                        lambda m=m, n=n, k=k, cfg=cfg: consumer_case(m, n, k, cfg, 2, own="shard"),
+    for make, shapes in (
+        (lambda m, n, k, cfg: consumer_case(m, n, k, cfg, 2, own="shard"), consumer),
+        (lambda m, n, k, cfg: producer_case(m, n, k, cfg, 2, ws=4), producer),
+    ):
+        for m, n, k in shapes:
+            for cfg in cfgs:
+                for g in ("0", "1"):
+                    cases.append(
+                        with_env(
+                            "SYNCOPATE_GLUON", g, lambda make=make, m=m, n=n, k=k, cfg=cfg: make(m, n, k, cfg)
+                        )
                     )
-                )
-    for m, n, k in [(2048, 4096, 3584), (2048, 4096, 7168), (4096, 5120, 4352), (3072, 6144, 4096)]:
-        for cfg in cfgs:
-            for g in ("0", "1"):
-                cases.append(
-                    with_env(
-                        "SYNCOPATE_GLUON",
-                        g,
-                        lambda m=m, n=n, k=k, cfg=cfg: producer_case(m, n, k, cfg, 2, ws=4),
-                    )
-                )
     return cases
 
 

@@ -273,8 +273,10 @@ def run_kind(kind: str, case: Case) -> dict:
     ce_a2a = copy_engine_a2a(kind, case, a) if "copy_engine" in args.backends.split(",") else None
     if ce_a2a is not None:
         times["a2a_copy_engine"] = time_op(ce_a2a, case.group, args)
-    # the dedup template's all-to-all alone (a row a token and rank): beside the bound, not in it
-    if "dedup" in args.templates.split(",") and (args.cpu or "nccl" in args.backends.split(",")):
+    # the dedup template's all-to-all alone (a row a token and rank), where the grid times dedup:
+    # beside the bound, not in it
+    space = grid(w, case.ws, args)
+    if any(c.template == "dedup" for c in space):
         times["a2a_dedup"] = time_op(dedup_a2a(kind, case), case.group, args)
     comm = min(times[k]["median_us"] for k in ("a2a", "a2a_nvshmem", "a2a_copy_engine") if k in times)
     bound = max(comm, times["gemm"]["median_us"])
@@ -300,7 +302,7 @@ def run_kind(kind: str, case: Case) -> dict:
     op, candidates = moe_op(kind), []
     out = torch.full(shape, float("nan"), dtype=case.dtype, device=case.device)
     configs = {}
-    for config in grid(w, case.ws, args):
+    for config in space:
         configs[config.short()] = config
         row = {"config": config.to_dict(), "short": config.short()}
         try:

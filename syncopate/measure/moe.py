@@ -270,10 +270,6 @@ def copy_engine_a2a(kind: str, case: MoeCase, a):
     return a2a
 
 
-DEDUP_ALONE = "all_to_all_single of a row a (token, rank), the dedup template's transfer, no GEMM"
-"""What the dedup all-to-all alone times (`dedup_a2a`)."""
-
-
 def dedup_a2a(kind: str, case: MoeCase):
     """The all-to-all alone of the `dedup` template (`syncopate.moe.dedup`): torch's
     all_to_all_single of one row of the layer's width a (token, rank), the dispatch's way or the
