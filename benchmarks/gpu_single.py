@@ -297,6 +297,8 @@ def consumer_case(
     t_host = host_us(call)
     t_torch = bench(lambda: a @ b)
     mode = " live" if live else ""
+    if launch.gluon_consumer(c, k, a_full, b, out, own_rows if own == "shard" else a_full):
+        mode += " gluon"
     if pace_gbps is not None:
         mode = f" paced {pace_gbps:g}GB/s entry {entry_us:g}us due {dues} landed {arrived}"
     return {

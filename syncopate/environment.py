@@ -1,10 +1,11 @@
 """The environment fingerprint (:class:`Environment`, a value) and how this process reads its own,
 and the provenance stamp of a measurement.
 
-One environment variable changes which kernel code the fused ops run: `SYNCOPATE_GLUON=1` (the
-Gluon kernels where they apply, `syncopate.kernels.launch`). It is part of the fingerprint (the
-`triton` field reads e.g. `3.6.0+gluon`), so a trial measured with the Gluon kernels is stored
-under a fingerprint of its own and a lookup from a job without them never matches it exactly.
+Which kernel code a fused op runs is a field of its configuration (a candidate's `kernel`), except
+for one environment variable that overrides it: `SYNCOPATE_GLUON=1` (the Gluon kernels for every
+candidate where they apply, `syncopate.kernels.launch`). The override is part of the fingerprint
+(the `triton` field reads e.g. `3.6.0+gluon`), so a trial measured under it is stored under a
+fingerprint of its own and a lookup from a job without it never matches it exactly.
 """
 
 from __future__ import annotations

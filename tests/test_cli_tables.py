@@ -238,7 +238,7 @@ def test_tune_json_carries_every_number_and_the_continued_study():
 
 def test_validate_and_space_predict_print_json(capsys, monkeypatch):
     doc = json.loads(_cli(capsys, monkeypatch, None, "validate", "configs/quickstart.yaml", "--json"))
-    assert doc["name"] == "quickstart" and [w["candidates"] for w in doc["workloads"]] == [487, 487]
+    assert doc["name"] == "quickstart" and [w["candidates"] for w in doc["workloads"]] == [967, 967]
     ranked = json.loads(
         _cli(
             capsys,

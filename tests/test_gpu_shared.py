@@ -47,6 +47,29 @@ def _shared_cases(quick: bool, gluon: str = "0", world: int = 2):
     return cases
 
 
+def _gluon_candidate_cases(world: int):
+    """The quick matrix's fused cases and the whole-tile producers of `_shared_cases`, each as a
+    candidate of kernel `gluon` (SYNCOPATE_GLUON unset: the candidate alone asks for the Gluon
+    kernels)."""
+    from syncopate.search_space import PLANLESS_KINDS, Candidate
+
+    out = []
+    for case in _shared_cases(True, "1", world):
+        c = Candidate.from_dict(case[3])
+        if c.template not in PLANLESS_KINDS:
+            out.append((*case[:3], c.replace(kernel="gluon").to_dict(), *case[4:]))
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4], ids=["ws2", "ws4"])
+def test_candidates_of_kernel_gluon_run_the_gluon_kernels(world, monkeypatch):
+    monkeypatch.setenv("SYNCOPATE_GLUON", "0")
+    results, compiled = run_cases(_gluon_candidate_cases(world), world=world, shared_gpu=True)
+    failures = sorted(set().union(*results.values()))
+    assert not failures, f"{len(failures)} failing case(s):\n" + "\n".join(failures)
+    assert compiled.get("gluon consumer") and compiled.get("gluon producer"), compiled
+
+
 @pytest.mark.parametrize(
     "quick, gluon, world",
     [

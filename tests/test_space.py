@@ -176,6 +176,7 @@ def test_optuna_distributions_cover_the_space():
             "comm_sms": c.comm_sms,
             "tile_config": TileConfig.of(c).key(),
             "group_m": c.group_m,
+            "kernel": c.kernel,
         }
         for name, value in params.items():
             assert value in dists[name].choices

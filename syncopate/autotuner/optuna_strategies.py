@@ -10,7 +10,8 @@ changes nothing.
 
 The space is sampled define-by-run, so that no parameter is drawn where it means nothing:
 `backend`, then `comm_sms_{backend}` (not for the copy engine), `template`, `num_splits`,
-`tile_config`, `tile_order`, then `group_m` for the swizzled orders. A draw the space does not hold
+`tile_config`, `tile_order`, `group_m` for the swizzled orders, then `kernel` (where the space
+has Gluon twins). A draw the space does not hold
 (too many splits for a tile height, say) or one already tried is told as failed, and its nearest
 untried neighbour is measured instead.
 
@@ -72,6 +73,7 @@ def candidate_params(c: Candidate) -> dict[str, Any]:
     )
     if c.tile_order in _SWIZZLED:
         params["group_m"] = c.group_m
+    params["kernel"] = c.kernel
     return params
 
 
@@ -101,6 +103,7 @@ class _Choices:
             pick("tile_order"),
         )
         group_m = pick("group_m") if order in _SWIZZLED and "group_m" in self.values else 1
+        kernel = pick("kernel")
         tc = TileConfig.from_key(tile)
         try:
             return Candidate(
@@ -115,6 +118,7 @@ class _Choices:
                 group_m=group_m,
                 num_warps=tc.num_warps,
                 num_stages=tc.num_stages,
+                kernel=kernel,
             )
         except ConfigError:
             return None
@@ -376,9 +380,9 @@ class OptunaTPEStrategy(Strategy):
 
 
 def _diverse_top(ranked: list, k: int) -> list:
-    """The model's `k` seeds: the best prediction of each family (backend, SMs, tile configuration)
-    in order of that prediction, among families predicted within 1.5× of the best; then the next
-    best of each, and so on. Calibration errors tend to move whole families, so the seeds measure
+    """The model's `k` seeds: the best prediction of each family (backend, SMs, tile configuration,
+    kernel) in order of that prediction, among families predicted within 1.5× of the best; then the
+    next best of each, and so on. Calibration errors tend to move whole families, so the seeds measure
     each promising family before TPE chooses between them."""
     if not ranked:
         return []
@@ -386,7 +390,7 @@ def _diverse_top(ranked: list, k: int) -> list:
     for p in ranked:
         c = p.candidate
         families.setdefault(
-            (c.backend, c.comm_sms, c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages), []
+            (c.backend, c.comm_sms, c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.kernel), []
         ).append(p)
     limit = ranked[0].time_us * 1.5
     groups = [g for g in families.values() if g[0].time_us <= limit]

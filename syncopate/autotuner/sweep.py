@@ -345,6 +345,7 @@ class SpaceEntry(_Strict):
     comm_sms: dict[str, list[int]] | None = None
     tile_configs: list[str] | None = None
     group_m: list[int] | None = None
+    kernels: list[str] | None = None
 
     @field_validator("backends")
     @classmethod
@@ -374,7 +375,7 @@ class SpaceEntry(_Strict):
 
     def options(self) -> SpaceOptions:
         kw: dict[str, Any] = {}
-        for name in ("backends", "templates", "num_splits", "tile_orders", "group_m"):
+        for name in ("backends", "templates", "num_splits", "tile_orders", "group_m", "kernels"):
             value = getattr(self, name)
             if value is not None:
                 kw[name] = tuple(value)

@@ -28,6 +28,7 @@ from syncopate.kernels.triton_kernels import (
     pull_kernel,
 )
 from syncopate.search_space import Candidate
+from syncopate.search_space.candidate import gluon_tile_ok
 
 __all__ = [
     "interpreting",
@@ -832,21 +833,34 @@ GLUON_PARTIAL_LEAD = 4
 """K steps before a tile's end at which the Gluon producer polls for the tile's partial and loads it."""
 
 
+def gluon_asked(c: Candidate) -> bool:
+    """Whether a launch of candidate `c` asks for the Gluon kernels: its `kernel` is `gluon`, or
+    SYNCOPATE_GLUON=1 (a user setting recorded in the environment fingerprint,
+    `syncopate.environment`) asks for them wherever they fit."""
+    return c.kernel == "gluon" or getenv(GLUON_VAR, "0") == "1"
+
+
+def gluon_runs_here(a: torch.Tensor) -> bool:
+    """Whether this process can run the Gluon kernels on `a`'s device: compiled for a GPU (not the
+    interpreter), by a Triton with Gluon's Hopper API."""
+    return gluon_kernels.AVAILABLE and compiled_for_gpu(a)
+
+
 def _gluon_fits(c: Candidate, K: int, a: torch.Tensor) -> bool:
-    """What both Gluon kernels need: asked for (SYNCOPATE_GLUON=1, a user setting recorded in the
-    environment fingerprint, `syncopate.environment`; off by default), compiled for a GPU with
-    Gluon's Hopper API, 16-bit operands, a tile the kernels' wgmma layout takes (block_m of 64–256
+    """What both Gluon kernels need: asked for (`gluon_asked`), a process that runs them
+    (`gluon_runs_here`), 16-bit operands, a tile the kernels' wgmma layout takes (block_m of 64–256
     rows, at least 16 a warp), num_stages operand buffers plus the staging tile in shared memory,
-    and K of at least num_stages - 1 steps."""
-    if getenv(GLUON_VAR, "0") != "1" or not gluon_kernels.AVAILABLE or not compiled_for_gpu(a):
+    and K of at least num_stages - 1 steps. Elsewhere a candidate of kernel `gluon` runs the Triton
+    kernels, which compute the same tiles (the search space offers `gluon` only where it fits)."""
+    if not gluon_asked(c) or not gluon_runs_here(a):
         return False
     if a.dtype not in (torch.bfloat16, torch.float16):
         return False
-    if c.block_m not in (64, 128, 256) or c.block_m < 16 * c.num_warps or c.num_warps not in (4, 8):
+    if not gluon_tile_ok(c.block_m, c.num_warps, c.num_stages):
         return False
     elem = a.element_size()
     smem = c.num_stages * (c.block_m + c.block_n) * c.block_k * elem + c.block_m * c.block_n * elem
-    return c.num_stages >= 2 and smem <= GLUON_SMEM and -(-K // c.block_k) >= c.num_stages - 1
+    return smem <= GLUON_SMEM and -(-K // c.block_k) >= c.num_stages - 1
 
 
 def gluon_producer(
@@ -1022,8 +1036,9 @@ def _run_gluon(kernel, role: str, grid, args, kwargs, cache, key, varying) -> _R
         compiled = kernel[grid](*args, **kwargs)
     except triton.compiler.errors.CompilationError as e:
         raise RuntimeUnavailableError(
-            f"the Gluon {role} ({GLUON_VAR}=1) does not compile with triton {triton.__version__} "
-            f"(checked with 3.6 and 3.9): unset {GLUON_VAR} to use the Triton kernels"
+            f"the Gluon {role} does not compile with triton {triton.__version__} (checked with 3.6 "
+            f"and 3.9): unset {GLUON_VAR} and serve configurations of kernel 'triton' to use the "
+            f"Triton kernels"
         ) from e
     if cache is not None and key is not None and compiled is not None and hasattr(compiled, "run"):
         again = _GluonRelaunch(kernel, compiled, grid, args, kwargs, varying)

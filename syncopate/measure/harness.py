@@ -22,9 +22,10 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
+import triton
 
 from syncopate.errors import CandidateTimeoutError, ConfigError
-from syncopate.kernels import ops
+from syncopate.kernels import launch, ops
 from syncopate.kernels.ranks import slowest
 from syncopate.kernels.replay import candidate_replays
 from syncopate.kernels.scaled import FP8, OUT_DTYPE, quantize, scaled_mm
@@ -473,6 +474,7 @@ class Harness:
         """Build, verify against the float32 reference, then time one candidate."""
         status, error, rel = "ok", "", None
         try:
+            self._check_kernel(candidate)
             rel = self.verify(candidate)
             if not rel <= TOLERANCE[self.workload.dtype]:
                 status, error = (
@@ -506,6 +508,16 @@ class Harness:
             host_us=host_us,
             eager_us=eager_us,
         )
+
+    def _check_kernel(self, candidate: Candidate) -> None:
+        """A `gluon` candidate is measured only where its Gluon kernels run (on the interpreter the
+        Triton kernels stand in: the same tiles, no timing that counts): elsewhere the Triton
+        kernels would be timed under its name."""
+        if candidate.kernel == "gluon" and not launch.interpreting() and not launch.gluon_runs_here(self.a):
+            raise ConfigError(
+                f"kernel 'gluon' needs triton's Gluon Hopper API, which triton {triton.__version__} "
+                f"lacks here: measure kernel 'triton' candidates (space kernels: [triton])"
+            )
 
     def _as_a_job(self, call, a, b, scales, replays: bool = False) -> tuple[float, float]:
         """(host µs, eager µs) a call as a job makes it: unbounded waits, no `out=`, so after the first

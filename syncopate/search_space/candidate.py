@@ -23,6 +23,7 @@ __all__ = [
     "BACKEND_NAMES",
     "COPIER_BACKENDS",
     "DEFAULT_BACKENDS",
+    "KERNELS",
     "NCCL_CAPTURE_SETTING",
     "RENAMED_BACKENDS",
     "CanonicalJson",
@@ -70,6 +71,24 @@ RENAMED_BACKENDS: dict[str, tuple[str, str]] = {
 so only data stored before the rename reads it as `sm_copy` (:func:`stored_backend` with
 `renamed=True`): rows of a database at a revision before 0003, which rewrote them, export files
 before version 3 and `syncopate bench` files without `backend_names` (never rewritten)."""
+
+
+KERNELS: tuple[str, ...] = ("triton", "gluon")
+"""The code a fused candidate's GEMM runs: `triton`, the Triton kernels (every GPU, the
+interpreter), or `gluon`, the Gluon kernels (Hopper only: the pipeline written out across tiles,
+the partials' loads issued ahead of the epilogue). The cuBLAS templates run neither."""
+
+GLUON_TILE_RULE = (
+    "a gluon candidate takes 64, 128 or 256 rows a tile, 4 or 8 warps with at least 16 rows each, "
+    "and 2 stages or more"
+)
+"""What the Gluon kernels' wgmma layout and operand ring take of a tile configuration."""
+
+
+def gluon_tile_ok(block_m: int, num_warps: int, num_stages: int) -> bool:
+    """Whether the Gluon kernels take a tile of `block_m` rows, `num_warps` warps, `num_stages`
+    operand buffers (:data:`GLUON_TILE_RULE`)."""
+    return block_m in (64, 128, 256) and num_warps in (4, 8) and block_m >= 16 * num_warps and num_stages >= 2
 
 
 BACKEND_NAMES = 2
@@ -156,6 +175,9 @@ class Candidate(CanonicalJson):
     """Warps per program."""
     num_stages: int = 3
     """Software-pipelining depth of the K loop."""
+    kernel: str = "triton"
+    """One of :data:`KERNELS`. Left out of :meth:`to_dict` (so of the JSON and the key) where it is
+    `triton`: a candidate stored before the field existed keeps its key."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -178,6 +200,19 @@ class Candidate(CanonicalJson):
             raise ConfigError(f"candidate field num_splits={self.num_splits} must be in [1, 64]")
         if not 1 <= self.num_stages <= 8:
             raise ConfigError(f"candidate field num_stages={self.num_stages} must be in [1, 8]")
+        if self.kernel not in KERNELS:
+            raise ConfigError(f"unknown kernel {self.kernel!r}: accepted are {', '.join(KERNELS)}")
+        if self.kernel == "gluon":
+            if self.template in PLANLESS_KINDS:
+                raise ConfigError(
+                    f"template {self.template} runs cuBLAS, not a fused kernel: its kernel is 'triton' "
+                    f"(the default), not 'gluon'"
+                )
+            if not gluon_tile_ok(self.block_m, self.num_warps, self.num_stages):
+                raise ConfigError(
+                    f"{GLUON_TILE_RULE}; got block_m={self.block_m}, num_warps={self.num_warps}, "
+                    f"num_stages={self.num_stages}"
+                )
         if self.template == "bidirectional_ring" and self.num_splits < 2:
             raise ConfigError(
                 f"template bidirectional_ring needs num_splits >= 2 (got {self.num_splits}): half of "
@@ -195,6 +230,12 @@ class Candidate(CanonicalJson):
             raise ConfigError(
                 f"backend {self.backend} needs comm_sms >= 1 (SMs for communication), got {self.comm_sms}"
             )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if d["kernel"] == "triton":
+            del d["kernel"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Candidate:
@@ -245,7 +286,8 @@ class Candidate(CanonicalJson):
         sms = f" sms={self.comm_sms}" if self.comm_sms else ""
         if self.template in PLANLESS_KINDS:  # no fused kernel: its tile fields are unused
             return f"{self.backend}/{self.template}/s{self.num_splits} cuBLAS"
+        gluon = " gluon" if self.kernel == "gluon" else ""
         return (
             f"{self.backend}/{self.template}/s{self.num_splits}/{self.tile_order}{sms} "
-            f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} st{self.num_stages}"
+            f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} w{self.num_warps} st{self.num_stages}{gluon}"
         )

@@ -15,6 +15,7 @@ from syncopate.search_space.space import (
     check_candidate,
     decomposed_candidate,
     decomposed_offered,
+    gluon_refusal,
     guard_candidates,
 )
 from syncopate.search_space.topology import Topology
@@ -31,7 +32,8 @@ configuration too where the first's tiles fill fewer than two waves of the GPU's
 def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> list[Candidate]:
     """The candidates `syncopate bench` tries per workload: the guards first (the untuned default
     and `unfused`, which a served configuration must beat: `guard_candidates`), then a small grid
-    per backend (for `fp8`, the templates of FP8_TEMPLATES only)."""
+    per backend, each fused one also in the Gluon kernels where they run it (for `fp8`, the
+    templates of FP8_TEMPLATES only)."""
     ws = topology.world_size
     templates = ["direct"] if ws <= 2 else ["direct", "ring"]
     splits = [1, 2, 4, 8] if grid != "tiny" else [2, 4]
@@ -72,6 +74,8 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
             if workload.shape.m // ws // s < bm:
                 continue
             out.append(c)
+            if gluon_refusal(c, workload, topology) is None:  # the same tiles in the Gluon kernels
+                out.append(c.replace(kernel="gluon"))
     if workload.kind == "ag_gemm" and "copy_engine" in backends:  # B and the products moved instead of A
         out += [
             a_stationary_candidate(s) for s in (1, 2) if workload.shape.m // ws // s >= STATIONARY_MIN_ROWS

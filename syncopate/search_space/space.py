@@ -21,8 +21,10 @@ from syncopate.errors import ConfigError
 from syncopate.search_space.candidate import (
     BACKENDS,
     DEFAULT_BACKENDS,
+    KERNELS,
     Candidate,
     check_pow2,
+    gluon_tile_ok,
     unknown_backend,
 )
 from syncopate.search_space.chunk_plan import (
@@ -65,6 +67,7 @@ __all__ = [
     "tile_orders_for",
     "NCCL_MIN_SMS",
     "FP8_TEMPLATES",
+    "gluon_refusal",
 ]
 
 FP8_TEMPLATES: tuple[str, ...] = (DECOMPOSED, UNFUSED)
@@ -167,8 +170,15 @@ class SpaceOptions:
     """Tile configurations."""
     group_m: tuple[int, ...] = (4, 8)
     """GROUP_M values for the swizzled orders (the others use 1)."""
+    kernels: tuple[str, ...] = KERNELS
+    """Kernel code of the fused candidates (`gluon` only where :func:`gluon_refusal` has nothing
+    against it: on Hopper, 16-bit operands, a tile the Gluon kernels take)."""
 
     def __post_init__(self) -> None:
+        if not self.kernels or any(k not in KERNELS for k in self.kernels):
+            raise ConfigError(
+                f"space.kernels={list(self.kernels)!r}: give one or more of {', '.join(KERNELS)}"
+            )
         for b in self.backends:
             if b not in BACKENDS:
                 raise ConfigError(unknown_backend(b, " in space.backends"))
@@ -340,6 +350,25 @@ def _check_planless(c: Candidate, workload: Workload) -> None:
         )
 
 
+def gluon_refusal(c: Candidate, workload: Workload, topology: Topology) -> str | None:
+    """Why the Gluon kernels cannot run candidate `c`'s tiles on this workload and topology (None
+    where they can): they are Hopper code (sm_90), take 16-bit operands and a tile their wgmma
+    layout takes, and fill num_stages - 1 K steps ahead (their shared memory, the operand buffers
+    and the output tile, is what :func:`check_candidate` allows every fused candidate)."""
+    if topology.spec.arch != 90:
+        return f"the Gluon kernels run on Hopper GPUs (sm_90), not on {topology.gpu_model}"
+    if workload.scaled or workload.element_bytes != 2:
+        return f"the Gluon kernels take bf16 and fp16 operands, not {workload.dtype}"
+    if not gluon_tile_ok(c.block_m, c.num_warps, c.num_stages):
+        return f"the Gluon kernels do not take tile {TileConfig.of(c).key()}"
+    k = workload.local_gemm(topology.world_size)[2]
+    if -(-k // c.block_k) < c.num_stages - 1:
+        return (
+            f"K={k} is shorter than the {c.num_stages - 1} steps of {c.block_k} the Gluon kernels load ahead"
+        )
+    return None
+
+
 def check_candidate(candidate: Candidate, workload: Workload, topology: Topology) -> None:
     """Raise ConfigError naming the first rule `candidate` breaks for this workload and topology."""
     ws = topology.world_size
@@ -403,6 +432,10 @@ def check_candidate(candidate: Candidate, workload: Workload, topology: Topology
     refusal = _deadlocking_order(workload.kind, c.tile_order, ws, c.backend)
     if refusal:
         raise ConfigError(refusal)
+    if c.kernel == "gluon":
+        refusal = gluon_refusal(c, workload, topology)
+        if refusal:
+            raise ConfigError(f"kernel 'gluon': {refusal}; kernel 'triton' runs everywhere")
 
 
 def _templates_for(options: SpaceOptions, world_size: int) -> list[str]:
@@ -462,7 +495,7 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
                 continue
             groups = options.group_m if order in ("arrival", "swizzle") else (1,)
             for group_m in groups:
-                yield Candidate(
+                c = Candidate(
                     backend=backend,
                     template=template,
                     num_splits=splits,
@@ -475,6 +508,16 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
                     num_warps=tc.num_warps,
                     num_stages=tc.num_stages,
                 )
+                yield from _kernels_of(c, workload, topology, options.kernels)
+
+
+def _kernels_of(c: Candidate, workload: Workload, topology: Topology, kernels) -> list[Candidate]:
+    """A fused candidate in each kernel code of `kernels` that runs it (`gluon` where
+    :func:`gluon_refusal` has nothing against it)."""
+    out = [c] if "triton" in kernels else []
+    if "gluon" in kernels and gluon_refusal(c, workload, topology) is None:
+        out.append(c.replace(kernel="gluon"))
+    return out
 
 
 def space(workload: Workload, topology: Topology, options: SpaceOptions | None = None) -> list[Candidate]:
@@ -648,6 +691,7 @@ def optuna_distributions(
             ("comm_sms", c.comm_sms),
             ("tile_config", TileConfig.of(c).key()),
             ("group_m", c.group_m),
+            ("kernel", c.kernel),
         ):
             values.setdefault(name, set()).add(v)
     return {name: CategoricalDistribution(sorted(v, key=str)) for name, v in values.items()}
@@ -668,4 +712,5 @@ def candidate_from_params(params: dict[str, Any]) -> Candidate:
         group_m=int(params["group_m"]),
         num_warps=tc.num_warps,
         num_stages=tc.num_stages,
+        kernel=params.get("kernel", "triton"),
     )

@@ -37,28 +37,76 @@ class GpuSpec:
     """Dense bf16 matrix rate, TFLOP/s."""
     hbm_gbps: float
     """Device memory bandwidth, GB/s."""
+    arch: int = 0
+    """Compute capability as major * 10 + minor (90: Hopper's sm_90); 0 where unknown."""
 
 
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
         GpuSpec(
-            name="H200", sm_count=132, memory_gb=141, smem_per_block_kb=227, bf16_tflops=989, hbm_gbps=4800
+            name="H200",
+            sm_count=132,
+            memory_gb=141,
+            smem_per_block_kb=227,
+            bf16_tflops=989,
+            hbm_gbps=4800,
+            arch=90,
         ),
         GpuSpec(
-            name="H100", sm_count=132, memory_gb=80, smem_per_block_kb=227, bf16_tflops=989, hbm_gbps=3350
+            name="H100",
+            sm_count=132,
+            memory_gb=80,
+            smem_per_block_kb=227,
+            bf16_tflops=989,
+            hbm_gbps=3350,
+            arch=90,
         ),
         GpuSpec(
-            name="H800", sm_count=132, memory_gb=80, smem_per_block_kb=227, bf16_tflops=989, hbm_gbps=3350
+            name="H800",
+            sm_count=132,
+            memory_gb=80,
+            smem_per_block_kb=227,
+            bf16_tflops=989,
+            hbm_gbps=3350,
+            arch=90,
         ),
-        GpuSpec(name="H20", sm_count=78, memory_gb=96, smem_per_block_kb=227, bf16_tflops=148, hbm_gbps=4000),
         GpuSpec(
-            name="B200", sm_count=148, memory_gb=180, smem_per_block_kb=227, bf16_tflops=2250, hbm_gbps=8000
+            name="H20",
+            sm_count=78,
+            memory_gb=96,
+            smem_per_block_kb=227,
+            bf16_tflops=148,
+            hbm_gbps=4000,
+            arch=90,
         ),
         GpuSpec(
-            name="A100", sm_count=108, memory_gb=80, smem_per_block_kb=163, bf16_tflops=312, hbm_gbps=2039
+            name="B200",
+            sm_count=148,
+            memory_gb=180,
+            smem_per_block_kb=227,
+            bf16_tflops=2250,
+            hbm_gbps=8000,
+            arch=100,
         ),
-        GpuSpec(name="L40S", sm_count=142, memory_gb=48, smem_per_block_kb=99, bf16_tflops=362, hbm_gbps=864),
+        GpuSpec(
+            name="A100",
+            sm_count=108,
+            memory_gb=80,
+            smem_per_block_kb=163,
+            bf16_tflops=312,
+            hbm_gbps=2039,
+            arch=80,
+        ),
+        GpuSpec(
+            name="L40S",
+            sm_count=142,
+            memory_gb=48,
+            smem_per_block_kb=99,
+            bf16_tflops=362,
+            hbm_gbps=864,
+            arch=89,
+        ),
     )
 }
 """Known GPU models, by the name used in topology keys."""
