@@ -214,7 +214,8 @@ class SeededStrategy(_PlannedStrategy):
     """`syncopate bench`'s `tiny` grid first (those of its candidates the space holds: a tile
     configuration per backend, one to four splits, the cuBLAS templates), then the rest of the
     space as `grid` takes it, evenly spaced over what is left of `max_trials`; with a budget
-    smaller than the seeds, that many of them, evenly spaced.
+    smaller than the seeds, the grid's Triton candidates first (evenly spaced where even they are
+    too many), then its Gluon twins, evenly spaced over what is left.
 
     The seeds are the grid the suites were measured with, the cuBLAS templates among them: evenly
     spaced candidates of a large space can leave out a whole template or split count, and a run cut
@@ -229,13 +230,16 @@ class SeededStrategy(_PlannedStrategy):
             key = c.key()
             if key in by_key:
                 seeds.setdefault(key, by_key[key])
-        first = list(seeds.values())
+        triton = [c for c in seeds.values() if c.kernel == "triton"]
+        twins = [c for c in seeds.values() if c.kernel != "triton"]
         rest = [c for key, c in by_key.items() if key not in seeds]
         if self._budget is None:
-            return first + rest
-        if len(first) >= self._budget:
-            return _evenly(first, self._budget)
-        return first + _evenly(rest, self._budget - len(first))
+            return triton + twins + rest
+        if len(triton) >= self._budget:
+            return _evenly(triton, self._budget)
+        if len(triton) + len(twins) >= self._budget:
+            return triton + _evenly(twins, self._budget - len(triton))
+        return triton + twins + _evenly(rest, self._budget - len(triton) - len(twins))
 
 
 class RandomStrategy(_PlannedStrategy):
