@@ -132,7 +132,7 @@ def _late_peer_worker(rank, world, port, q):
         )
         m, n, k = shapes[kind]
         local = Workload(kind=kind, shape=(m, n, k), dtype="bf16").local_shapes(world)
-        errors, timeouts = [], 0
+        errors, timeouts, said = [], 0, set()
         for i in range(
             4
         ):  # call 0 compiles this spin limit's kernels (Triton specializes a 1) and is not counted
@@ -146,12 +146,14 @@ def _late_peer_worker(rank, world, port, q):
                 time.sleep(0.05)  # enqueued 50 ms after rank 0's kernel started waiting for it
             fused[kind](a, b, g, c, out=out, spin_limit=spin_limit)
             err = relative_error(out, reference(kind, a, b, g))
-            timed_out = bool(int(ctx.error.item()))
+            code = int(ctx.error.item())
             ctx.error.zero_()
             if i:
                 errors.append(err)
-                timeouts += timed_out
-        report.append((kind, backend, spin_limit, max(errors), timeouts))
+                timeouts += bool(code)
+                if code:
+                    said.add(ctx.waited_for(code))
+        report.append((kind, backend, spin_limit, max(errors), timeouts, sorted(said)))
         if spin_limit == 1:  # copies of the given-up calls may still be landing: a fresh context next
             torch.cuda.synchronize()
             ops.close_contexts()
@@ -162,15 +164,20 @@ def _late_peer_worker(rank, world, port, q):
 
 def test_a_late_peer_is_waited_for_and_a_short_spin_limit_says_so():
     reports = run_ranks(_late_peer_worker, 2, timeout=600)
-    for kind, backend, spin_limit, err, timeouts in reports[0]:  # rank 0 waits for rank 1, which is late
+    for kind, backend, spin_limit, err, timeouts, said in reports[
+        0
+    ]:  # rank 0 waits for rank 1, which is late
         print(
             f"rank 0 {kind:8s} {backend:12s} spin limit {spin_limit:>10d}: "
-            f"rel err {err:.3g}, timed out {timeouts}/3"
+            f"rel err {err:.3g}, timed out {timeouts}/3 {said}"
         )
         if spin_limit > 1:
             assert err <= TOL["bf16"] and timeouts == 0, (kind, backend, err, timeouts)
         else:
             assert timeouts == 3, f"{kind} {backend}: a one-turn spin limit timed out {timeouts} of 3 calls"
+            # each timeout names the word: of a signal pad (the late rank's entry, a chunk it
+            # sends) or a consumer's last-wave part words (whose writers waited for chunks)
+            assert said and all("signal pad (" in w or "part words" in w for w in said), said
 
 
 def _recovery_worker(rank, world, port, cases, q):

@@ -159,7 +159,7 @@ def test_a_chunk_that_never_arrives_times_out_instead_of_hanging(which):
     plan = plan_for("ag_gemm", "direct", 2, 128, 2, 32)
     slot = plan.recvs(0, "gather")[-1].signal if which == "remote" else LOCAL_BASE + 1
     _, _, err = run_consumer(2, 0, 128, 32, 32, c, missing_slot=slot, spin_limit=20)
-    assert err == 1
+    assert err & 1  # the waited-for word's address, its lowest bit set (`_timed_out`)
     _, _, err = run_consumer(2, 0, 128, 32, 32, c, spin_limit=20)
     assert err == 0
 
@@ -210,7 +210,7 @@ def test_a_tail_tile_whose_chunk_never_arrives_times_out():
     plan = plan_for("ag_gemm", "direct", 2, 192, 2, 32)
     slot = plan.recvs(0, "gather")[-1].signal  # the last chunk to arrive: the tail's tiles read it
     _, _, err = run_consumer(2, 0, 192, 64, 96, c, missing_slot=slot, spin_limit=20, programs=5)
-    assert err == 1
+    assert err & 1
 
 
 def _guarded(rows, n):
@@ -496,7 +496,48 @@ def test_a_pull_whose_word_never_comes_up_times_out_instead_of_hanging():
     ctx.signals.local[40] = 4  # the call before's
     src, dst = torch.randn(4, 8), torch.zeros(4, 8)
     launch_pull(ctx, None, src, dst, 40, 5, spin_limit=50)
-    assert int(ctx.error.item()) == 1
+    code = int(ctx.error.item())
+    assert code & 1 and (code & 0xFFFFFFFE) == (ctx.signals.local.data_ptr() + 4 * 40) & 0xFFFFFFFF
+
+
+def test_a_timeout_names_the_word_it_waited_for():
+    """The error word holds the waited-for word's address (low 32 bits, lowest bit set); the context
+    names the pad, the word, what it holds and reads now, and the rank's epoch."""
+    from types import SimpleNamespace
+
+    from syncopate.errors import CandidateTimeoutError
+    from syncopate.kernels.context import OverlapContext
+    from syncopate.kernels.launch import launch_pull
+
+    pads = [torch.zeros(PAD_WORDS, dtype=torch.int32) for _ in range(2)]
+    ctx = _pull_context()
+    ctx.signals = SimpleNamespace(
+        local=pads[0], peer_ptrs=[p.data_ptr() for p in pads], peer_view=lambda r: pads[r]
+    )
+    ctx.rank, ctx.epoch = 0, 5
+    for word, name in (
+        (ENTERED_BASE + 1, "rank 1's entry into the call"),
+        (7, "the arrival of the chunk of slot 7"),
+    ):
+        pads[1][word] = 4  # still the call before's
+        launch_pull(ctx, None, torch.ones(4, 8), torch.zeros(4, 8), word, 5, spin_limit=50)
+        code = int(ctx.error.item())
+        ctx.error.zero_()
+        # a pull waits on its own pad; the code names whichever pad holds the word
+        assert "rank 0's signal pad" in OverlapContext.waited_for(ctx, code)
+        peer = (pads[1].data_ptr() + 4 * word) & 0xFFFFFFFF | 1
+        said = OverlapContext.waited_for(ctx, peer)
+        assert f"word {word} of rank 1's signal pad ({name}" in said and "reads 4 now" in said
+        assert "against rank 0's epoch 5 (its writer has not reached this call)" in said
+    assert "in no signal pad" in OverlapContext.waited_for(ctx, (pads[0].data_ptr() - 64) & 0xFFFFFFFF | 1)
+    assert OverlapContext.waited_for(ctx, 1) == "a chunk that never arrived"
+    code = ((pads[1].data_ptr() + 4 * 7) & 0xFFFFFFFF) | 1
+    ctx.error.fill_(code - (1 << 32) if code >= 1 << 31 else code)  # as the int32 word holds it
+    ctx.check_error = OverlapContext.check_error.__get__(ctx)
+    ctx.waited_for = OverlapContext.waited_for.__get__(ctx)
+    with pytest.raises(CandidateTimeoutError, match="spin limit for word 7 of rank 1's signal pad"):
+        ctx.check_error()
+    assert int(ctx.error.item()) == 0
 
 
 def test_pull_takes_whole_aligned_16_byte_words_only():
@@ -895,7 +936,7 @@ def test_a_partial_that_never_arrives_ends_the_wait_with_an_error_not_a_hang(mon
 
     monkeypatch.setattr(launch, "use_tma", lambda *tensors: tma)
     results, *_ = run_producer(kind, "direct", 2, 128, 32, 32, 2, withheld=True, spin_limit=20)
-    assert results[0]["error"] == 1, "rank 0 reports the partial it waited for in vain"
+    assert results[0]["error"] & 1, "rank 0 reports the partial it waited for in vain"
     assert results[1]["error"] == 0
     for r in results:
         assert all((g == 7).all() for g in r["guards"]), "a wait that gave up wrote outside its buffers"
@@ -910,8 +951,11 @@ def test_an_all_reduce_whose_peers_never_enter_stays_inside_its_buffers(monkeypa
     from syncopate.kernels import launch
 
     monkeypatch.setattr(launch, "use_tma", lambda *tensors: tma)
-    results, *_ = run_producer("gemm_ar", "direct", 2, 128, 32, 32, 2, withheld="entered", spin_limit=20)
-    assert results[0]["error"] == 1, "rank 0 reports the peers it waited for in vain"
+    results, _, _, pads, _ = run_producer(
+        "gemm_ar", "direct", 2, 128, 32, 32, 2, withheld="entered", spin_limit=20
+    )
+    entered = (pads[0].data_ptr() + 4 * (ENTERED_BASE + 1)) & 0xFFFFFFFF | 1
+    assert results[0]["error"] & 0xFFFFFFFF == entered, "rank 0 names the peer's entry it waited for in vain"
     assert results[1]["error"] == 0
     for r, res in enumerate(results):
         assert all((g == 7).all() for g in res["guards"]), f"rank {r} wrote outside its buffers"

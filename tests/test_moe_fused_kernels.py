@@ -209,7 +209,7 @@ def test_a_word_below_the_epoch_keeps_its_tiles_waiting_and_reports_it():
     recv = case.received(r)
     recv[piece.rows[0] : piece.rows[1]] = float("nan")  # the late chunk's rows have not landed
     h, error, tables = case.run(r, config, epoch=epoch, pad=pad, spin_limit=50, recv=recv)
-    assert error == 1
+    assert error & 1  # the waited-for word named (`_timed_out`)
     late_rows = _h_rows(lay, 1, piece.rows)
     assert late_rows, "the late chunk has rows"
     _check_rows(h, case.ref[r], [i for i in range(lay.rows_received) if i not in late_rows])
@@ -351,7 +351,7 @@ def test_a_destination_that_has_not_entered_makes_the_wait_report_it():
     for pad in case.pads:
         pad[ENTERED_BASE + 1] = 6  # rank 1 is still in the previous call
     error, _ = case.run(0, config, epoch=7, spin_limit=50)
-    assert error == 1
+    assert error & 1  # the waited-for word named (`_timed_out`)
     case.enter(7)
     error, _ = case.run(0, config, epoch=7, spin_limit=50)
     assert error == 0

@@ -334,4 +334,4 @@ def test_a_bounded_wait_for_a_chunk_that_never_comes_reports_an_error():
     dst = world.buffer((100,), seed=4)
     job = CopyJob(src.data_ptr(), dst.peer_ptrs[1], 100, 17, 5, 1, 1, False, dst).nvshmem(0, [0, 1])
     launch_nvshmem_copy(ctx, None, [job], 2, 3, torch.float16, torch.tensor([0, 1], dtype=torch.int32), 50)
-    assert int(ctx.error.item()) == 1
+    assert int(ctx.error.item()) & 1  # the waited-for word named (`_timed_out`)

@@ -438,12 +438,49 @@ class OverlapContext:
         return stream
 
     def check_error(self) -> None:
-        """Raise CandidateTimeoutError if a bounded wait ran out (synchronises the device)."""
-        if int(self.error.item()):
+        """Raise CandidateTimeoutError if a bounded wait ran out, naming the word it waited for
+        (synchronises the device)."""
+        code = int(self.error.item())
+        if code:
             self.error.zero_()
             raise CandidateTimeoutError(
-                "a fused kernel waited longer than its spin limit for a chunk that never arrived"
+                f"a fused kernel waited longer than its spin limit for {self.waited_for(code)}"
             )
+
+    def waited_for(self, code: int) -> str:
+        """The word a timed-out wait stood on, from the error word's `code` (the low 32 bits of the
+        word's address with the lowest bit set: `_timed_out` in triton_kernels.py): which rank's
+        signal pad, which word and what it holds, what it reads now, and this rank's epoch."""
+        from syncopate.kernels.tables import PAD_WORDS, pad_word_meaning
+
+        low = code & 0xFFFFFFFE
+        if code & 1 and low:
+            for rank, base in enumerate(self.signals.peer_ptrs):
+                offset = (low - base) & 0xFFFFFFFF
+                if offset < 4 * PAD_WORDS:
+                    word = offset // 4
+                    now = int(self.signals.peer_view(rank).view(torch.int32).view(-1)[word].item())
+                    late = (
+                        "its writer has not reached this call"
+                        if now < self.epoch
+                        else "it has come up since: its writer was late, not absent"
+                    )
+                    return (
+                        f"word {word} of rank {rank}'s signal pad ({pad_word_meaning(word)}), which "
+                        f"reads {now} now against rank {self.rank}'s epoch {self.epoch} ({late})"
+                    )
+            for key, kept in self.cache.items():
+                if isinstance(key, tuple) and key[:1] == ("tail",):
+                    flags = kept[1]
+                    offset = (low - flags.data_ptr()) & 0xFFFFFFFF
+                    if offset < 4 * flags.numel():
+                        return (
+                            f"word {offset // 4} of the last wave's part words (a tile of the last "
+                            f"wave cut in K: the program summing its parts waits for the others, "
+                            f"which were waiting for a chunk themselves)"
+                        )
+            return f"a word at an address ending 0x{low:08x}, in no signal pad of this context"
+        return "a chunk that never arrived"
 
     def close(self) -> None:
         """Release the buffers (collective: every rank closes its context)."""

@@ -80,13 +80,18 @@ if AVAILABLE:
         )
 
     @gluon.jit
+    def _timed_out(error_ptr, word_ptr):
+        """`_timed_out` of triton_kernels.py: the waited-for word's address, low 32 bits, lowest bit set."""
+        gl.atomic_xchg(error_ptr, ((word_ptr.to(gl.int64) & 0xFFFFFFFF) | 1).to(gl.int32))
+
+    @gluon.jit
     def _wait_word(ptr, epoch, error_ptr, max_spin):
         """Wait for `*ptr >= epoch`; 0, also after a bounded wait gave up (which sets the error flag:
         what follows reads stale data inside its buffers). The result depends on what was read and
         is added to the coordinates of what must follow the wait (`_wait_slot` in triton_kernels)."""
         value = _poll(ptr, epoch, max_spin)
         if (value - epoch) < 0:
-            gl.atomic_xchg(error_ptr, 1)
+            _timed_out(error_ptr, ptr)
         return ((value - epoch) >> 31) & (max_spin >> 31)
 
     @gluon.jit
@@ -429,14 +434,18 @@ if AVAILABLE:
         (1: a look; a bound that runs out sets the error flag only when `spins` > 1)."""
         lo = gl.load(mtile_lo_ptr + tm)
         hi = gl.load(mtile_hi_ptr + tm)
-        there = (_poll(signal_ptr + gl.load(chunk_slot_ptr + lo), epoch, spins) - epoch) >= 0
+        first = signal_ptr + gl.load(chunk_slot_ptr + lo)
+        last = signal_ptr + gl.load(chunk_slot_ptr + hi - 1)
+        there = (_poll(first, epoch, spins) - epoch) >= 0
+        missing = first
         if hi - 1 != lo:
-            there = there & (
-                (_poll(signal_ptr + gl.load(chunk_slot_ptr + hi - 1), epoch, spins) - epoch) >= 0
-            )
+            there_last = (_poll(last, epoch, spins) - epoch) >= 0
+            if there:
+                missing = last
+            there = there & there_last
         if spins != 1:
             if not there:
-                gl.atomic_xchg(error_ptr, 1)
+                _timed_out(error_ptr, missing)
         return there.to(gl.int32)
 
     @gluon.jit

@@ -44,6 +44,7 @@ __all__ = [
     "MEET_BASE",
     "PAD_WORDS",
     "READY_WORDS",
+    "pad_word_meaning",
     "ConsumerTables",
     "ProducerTables",
     "plan_for",
@@ -63,6 +64,23 @@ READY_WORDS = 1024
 MEET_BASE = READY_BASE + READY_WORDS
 MAX_RANKS = READY_BASE - ENTERED_BASE
 PAD_WORDS = MEET_BASE + 2 * MAX_RANKS + 1
+
+
+def pad_word_meaning(word: int) -> str:
+    """What word `word` of a signal pad holds (the module docstring's layout), for messages."""
+    if 0 <= word < ARRIVAL_SLOTS:
+        return f"the arrival of the chunk of slot {word}"
+    if ENTERED_BASE <= word < READY_BASE:
+        return f"rank {word - ENTERED_BASE}'s entry into the call"
+    if READY_BASE <= word < MEET_BASE:
+        return (
+            f"word {word - READY_BASE} of the ready words (a producer's chunk {word - READY_BASE} in "
+            f"send order ready to leave, or a consumer's own chunk copied)"
+        )
+    if MEET_BASE <= word < MEET_BASE + 2 * MAX_RANKS:
+        meeting, rank = divmod(word - MEET_BASE, MAX_RANKS)
+        return f"rank {rank} at the {('first', 'second')[meeting]} meeting of a captured call's start"
+    return "the spare word"
 
 
 @functools.lru_cache(maxsize=256)

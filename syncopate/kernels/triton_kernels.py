@@ -89,6 +89,14 @@ accesses and meets the other threads (`_tma_stores_done`, and the Gluon producer
 
 
 @triton.jit
+def _timed_out(error_ptr, word_ptr):
+    """A bounded wait for `word_ptr` ran out: the error word takes the low 32 bits of that word's
+    address with its lowest bit set (a word is 4-byte aligned, so the code is never 0), from which
+    the host names the word (`OverlapContext.check_error`)."""
+    tl.atomic_xchg(error_ptr, ((word_ptr.to(tl.int64) & 0xFFFFFFFF) | 1).to(tl.int32))
+
+
+@triton.jit
 def _wait_at_least(ptr, epoch, error_ptr, MAX_SPIN: tl.constexpr):
     """Poll an int32 signal (acquire, system scope) until it reaches `epoch`; loops (interpreter, copier)."""
     value = tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
@@ -98,7 +106,7 @@ def _wait_at_least(ptr, epoch, error_ptr, MAX_SPIN: tl.constexpr):
             value = tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
             spins += 1
         if (value - epoch) < 0:
-            tl.atomic_xchg(error_ptr, 1)
+            _timed_out(error_ptr, ptr)
     else:
         while (value - epoch) < 0:
             value = tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
@@ -139,7 +147,7 @@ def _wait_slot(signal_ptr, slot, epoch, error_ptr, max_spin, ASM_WAIT: tl.conste
 
     The result is data-dependent on what was read, so callers add it to load and store coordinates:
     the compiler then cannot issue those before the wait. A bounded wait that gives up (max_spin >
-    0) sets the error flag and still returns 0: what follows reads stale data, but stays inside its
+    0) sets the error word (`_timed_out`) and still returns 0: what follows reads stale data, but stays inside its
     buffers (a -1 there would store a partial one element before the all-reduce's buffer).
     """
     value = epoch
@@ -149,7 +157,7 @@ def _wait_slot(signal_ptr, slot, epoch, error_ptr, max_spin, ASM_WAIT: tl.conste
         else:
             value = _poll_loop(signal_ptr + slot, epoch, max_spin)
         if (value - epoch) < 0:
-            tl.atomic_xchg(error_ptr, 1)
+            _timed_out(error_ptr, signal_ptr + slot)
     return ((value - epoch) >> 31) & (max_spin >> 31)
 
 

@@ -453,10 +453,13 @@ class Harness:
             worst = max(worst, relative_error(out, ref))
         if self.scaled:
             return worst
-        ctx_error = self._context().error
-        if int(ctx_error.item()):
-            ctx_error.zero_()
-            raise CandidateTimeoutError("a wait ran out of its spin limit during verification")
+        ctx = self._context()
+        code = int(ctx.error.item())
+        if code:
+            ctx.error.zero_()
+            raise CandidateTimeoutError(
+                f"a wait ran out of its spin limit during verification: it waited for {ctx.waited_for(code)}"
+            )
         return worst
 
     def _context(self):
