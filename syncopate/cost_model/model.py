@@ -29,6 +29,7 @@ Pure Python and numpy: no torch.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import math
 from collections.abc import Iterable
@@ -129,12 +130,18 @@ class CostModel:
 
     def predict(self, workload: Workload, topology: Topology, candidate: Candidate) -> Prediction:
         """The predicted time of `candidate` on `workload` and `topology`; ConfigError when the
-        candidate is not valid for them."""
+        candidate is not valid for them. The model knows no difference between a candidate's
+        kernels: a `gluon` candidate is predicted as its `triton` twin."""
         key = (workload.key(), topology.key(), candidate.key())
         found = self._memo.get(key)
         if found is not None:
             return found
         check_candidate(candidate, workload, topology)
+        if candidate.kernel != "triton":
+            twin = self.predict(workload, topology, dataclasses.replace(candidate, kernel="triton"))
+            p = dataclasses.replace(twin, candidate=candidate)
+            self._memo[key] = p
+            return p
         try:
             p = self._simulate(workload, topology, candidate)
         except Infeasible as e:

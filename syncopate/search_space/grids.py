@@ -3,6 +3,7 @@ starts from: a few tile configurations, splits and comm SMs per backend, and the
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 from syncopate.search_space.candidate import Candidate
@@ -75,7 +76,7 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
                 continue
             out.append(c)
             if gluon_refusal(c, workload, topology) is None:  # the same tiles in the Gluon kernels
-                out.append(c.replace(kernel="gluon"))
+                out.append(dataclasses.replace(c, kernel="gluon"))
     if workload.kind == "ag_gemm" and "copy_engine" in backends:  # B and the products moved instead of A
         out += [
             a_stationary_candidate(s) for s in (1, 2) if workload.shape.m // ws // s >= STATIONARY_MIN_ROWS

@@ -13,6 +13,8 @@ Pure Python: Optuna is imported only by :func:`optuna_distributions`.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -355,17 +357,20 @@ def gluon_refusal(c: Candidate, workload: Workload, topology: Topology) -> str |
     where they can): they are Hopper code (sm_90), take 16-bit operands and a tile their wgmma
     layout takes, and fill num_stages - 1 K steps ahead (their shared memory, the operand buffers
     and the output tile, is what :func:`check_candidate` allows every fused candidate)."""
+    return _gluon_refusal(TileConfig.of(c), workload, topology)
+
+
+@functools.lru_cache(maxsize=4096)
+def _gluon_refusal(tc: TileConfig, workload: Workload, topology: Topology) -> str | None:
     if topology.spec.arch != 90:
         return f"the Gluon kernels run on Hopper GPUs (sm_90), not on {topology.gpu_model}"
     if workload.scaled or workload.element_bytes != 2:
         return f"the Gluon kernels take bf16 and fp16 operands, not {workload.dtype}"
-    if not gluon_tile_ok(c.block_m, c.num_warps, c.num_stages):
-        return f"the Gluon kernels do not take tile {TileConfig.of(c).key()}"
+    if not gluon_tile_ok(tc.block_m, tc.num_warps, tc.num_stages):
+        return f"the Gluon kernels do not take tile {tc.key()}"
     k = workload.local_gemm(topology.world_size)[2]
-    if -(-k // c.block_k) < c.num_stages - 1:
-        return (
-            f"K={k} is shorter than the {c.num_stages - 1} steps of {c.block_k} the Gluon kernels load ahead"
-        )
+    if -(-k // tc.block_k) < tc.num_stages - 1:
+        return f"K={k} is shorter than the {tc.num_stages - 1} steps of {tc.block_k} the Gluon kernels load ahead"
     return None
 
 
@@ -479,6 +484,10 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
                 yield decomposed_candidate(splits)
     if UNFUSED in options.templates:
         yield unfused_candidate()
+    gluon = {
+        tc: "gluon" in options.kernels and _gluon_refusal(tc, workload, topology) is None
+        for tc in tile_configs
+    }
     for backend in options.backends:
         sms = options.comm_sms.get(backend, (0,) if backend == "copy_engine" else (8,))
         sms = [s for s in sms if (s == 0) == (backend == "copy_engine") and s <= topology.sm_count // 2]
@@ -508,16 +517,11 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
                     num_warps=tc.num_warps,
                     num_stages=tc.num_stages,
                 )
-                yield from _kernels_of(c, workload, topology, options.kernels)
-
-
-def _kernels_of(c: Candidate, workload: Workload, topology: Topology, kernels) -> list[Candidate]:
-    """A fused candidate in each kernel code of `kernels` that runs it (`gluon` where
-    :func:`gluon_refusal` has nothing against it)."""
-    out = [c] if "triton" in kernels else []
-    if "gluon" in kernels and gluon_refusal(c, workload, topology) is None:
-        out.append(c.replace(kernel="gluon"))
-    return out
+                # in each kernel code of the options that runs it (`gluon`: see gluon_refusal)
+                if "triton" in options.kernels:
+                    yield c
+                if gluon[tc]:
+                    yield dataclasses.replace(c, kernel="gluon")
 
 
 def space(workload: Workload, topology: Topology, options: SpaceOptions | None = None) -> list[Candidate]:
