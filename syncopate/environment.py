@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from syncopate.errors import ConfigError
 from syncopate.platform import cpu_torch_build, gpu_model_of
 from syncopate.version import __version__
 
@@ -30,10 +31,12 @@ __all__ = [
     "GLUON_SUFFIX",
     "GLUON_VAR",
     "KERNEL_SWITCHES",
+    "SPIN_LIMIT_VAR",
     "Environment",
     "current_environment",
     "git_revision",
     "gluon_on",
+    "job_spin_limit",
     "kernel_switches",
     "provenance",
     "with_kernels",
@@ -41,6 +44,11 @@ __all__ = [
 
 GLUON_VAR = "SYNCOPATE_GLUON"
 """`1`: the fused ops run the Gluon kernels where they apply (opt-in; anything else: the Triton ones)."""
+
+SPIN_LIMIT_VAR = "SYNCOPATE_SPIN_LIMIT"
+"""A positive integer: every eager call of the fused ops bounds its kernels' waits to that many
+polls and checks them after the call, raising a timeout that names the word a wait ran out on
+instead of hanging (a diagnosis setting: each call then synchronizes). Unset or 0: unbounded."""
 
 GLUON_SUFFIX = "+gluon"
 """Appended to the fingerprint's `triton` field where the Gluon kernels are on."""
@@ -115,6 +123,20 @@ def _environment_without_torch() -> Environment | None:
         driver="none",
         gpu_model="cpu",
     )
+
+
+def job_spin_limit(env: Mapping[str, str] | None = None) -> int:
+    """:data:`SPIN_LIMIT_VAR` of `env` (default: this process's environment) as a poll count, 0 where
+    unset; ConfigError for anything but a non-negative integer."""
+    raw = (os.environ if env is None else env).get(SPIN_LIMIT_VAR, "").strip()
+    if not raw:
+        return 0
+    if not raw.isdigit() or int(raw) >= 1 << 31:
+        raise ConfigError(
+            f"{SPIN_LIMIT_VAR}={raw!r}: give a number of polls, a whole number below 2^31 such as "
+            f"16777216 (seconds a wait, as a tuning run bounds them), or 0 or nothing for unbounded waits"
+        )
+    return int(raw)
 
 
 def gluon_on(env: Mapping[str, str] | None = None) -> bool:

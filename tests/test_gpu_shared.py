@@ -180,6 +180,76 @@ def test_a_late_peer_is_waited_for_and_a_short_spin_limit_says_so():
             assert said and all("signal pad (" in w or "part words" in w for w in said), said
 
 
+def _job_spin_worker(rank, world, port, q):
+    """A job's eager calls with SYNCOPATE_SPIN_LIMIT set: rank 1 enqueues each call 50 ms late; with
+    a limit of 64 polls rank 0's call raises the timeout naming its word; with the tuning limit and
+    with the variable unset, every call is right. (rank, [(kind, limit, error text or "", rel err)])"""
+    import os
+    import time
+
+    from syncopate.measure.local_ranks import join_group
+
+    dev = join_group(rank, world, port, shared_gpu=True)
+    import torch
+    import torch.distributed as dist
+
+    from syncopate.errors import CandidateTimeoutError
+    from syncopate.kernels import ops
+    from syncopate.measure.reference import reference, relative_error
+    from syncopate.search_space import Candidate, Workload
+
+    g = dist.group.WORLD
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(5 + rank)
+    fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter}
+    shapes = {"ag_gemm": (4096, 1536, 1024), "gemm_rs": (4096, 1024, 1536)}
+    c = Candidate(backend="sm_copy", num_splits=2, comm_sms=16, block_m=128, block_n=128, block_k=64)
+    report = []
+    # 64 polls, not 1: Triton compiles a kernel of its own for an argument of 1, which would take
+    # longer than the late rank is late; 64 shares the tuning limit's (both multiples of 16)
+    for kind, limit in [(k, lim) for k in fused for lim in ("", "16777216", "64", "")]:
+        os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)
+        m, n, k = shapes[kind]
+        local = Workload(kind=kind, shape=(m, n, k), dtype="bf16").local_shapes(world)
+        a = torch.randn(local["a"], generator=gen, device=dev).bfloat16()
+        b = (torch.randn(local["b"], generator=gen, device=dev) / k**0.5).bfloat16()
+        fused[kind](a, b, g, c)  # compiled, the context made, outside the timing of the late rank
+        torch.cuda.synchronize()
+        dist.barrier(group=g)
+        os.environ["SYNCOPATE_SPIN_LIMIT"] = limit  # read by every call
+        if rank == 1 and limit == "64":
+            time.sleep(0.05)
+        said, out = "", None
+        try:
+            out = fused[kind](a, b, g, c)
+        except CandidateTimeoutError as e:
+            said = str(e)
+        torch.cuda.synchronize()
+        dist.barrier(group=g)
+        os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)
+        ref = reference(kind, a, b, g)  # every rank, whatever its call did
+        report.append((kind, limit, said, float("nan") if out is None else relative_error(out, ref)))
+        if limit == "64":
+            ops.close_contexts()  # copies of a given-up call may still have landed late: fresh ones
+        torch.cuda.synchronize()
+        dist.barrier(group=g)
+    os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)
+    ops.close_contexts()
+    q.put((rank, report))
+    dist.destroy_process_group()
+
+
+def test_a_job_with_a_spin_limit_set_gets_a_named_timeout_not_a_hang():
+    reports = run_ranks(_job_spin_worker, 2, timeout=600)
+    for kind, limit, said, err in reports[0]:
+        print(f"rank 0 {kind} SYNCOPATE_SPIN_LIMIT={limit!r}: {said or f'rel err {err:.3g}'}")
+        if limit == "64":
+            assert "SYNCOPATE_SPIN_LIMIT=64" in said and "signal pad (" in said, said
+            assert "output is not valid" in said
+        else:
+            assert not said and err <= TOL["bf16"], (kind, limit, said, err)
+
+
 def _recovery_worker(rank, world, port, cases, q):
     """Each case: one call with rank 1 late and a spin limit of 64 polls, then three back-to-back
     calls with the tuning limit, checked. (rank, (cases run, timeouts flagged, wrong, crash))."""

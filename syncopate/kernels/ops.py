@@ -40,7 +40,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from syncopate.errors import ConfigError, describe
+from syncopate.environment import SPIN_LIMIT_VAR, job_spin_limit
+from syncopate.errors import CandidateTimeoutError, ConfigError, describe
 from syncopate.kernels.context import OverlapContext, kept_allocations
 from syncopate.kernels.library import OP_NAMES, config_text, register
 from syncopate.kernels.replay import LAUNCHES, LaunchChoice, ReplayedCalls, note_prepared, replayable
@@ -457,6 +458,8 @@ def all_gather_matmul(
     gathers A); `decomposed` pushes each shard while the own rows' cuBLAS GEMM runs, then cuBLAS
     GEMMs over the peers' rows as they land; `unfused` runs the group's all-gather, then the matmul.
     """
+    checked = _checked_spin(a_shard, spin_limit)
+    spin_limit = spin_limit or checked
     plain_args = a_scale is None and b_scale is None and out_dtype is None and fast_accum is False
     if out is None and not spin_limit and plain_args:
         if not torch.compiler.is_compiling():
@@ -484,9 +487,37 @@ def all_gather_matmul(
     if return_gathered:
         gathered = torch.empty((spec.m, spec.a_shape[1]), dtype=a_shard.dtype, device=a_shard.device)
     _run(program, a_shard, b, out, capturing, spin_limit, scales, gathered)
+    if checked:
+        _check_waits(program, "all_gather_matmul", checked)
     if plain:
         _keep_call(GATHERED if return_gathered else "ag_gemm", a_shard, b, group, config, program)
     return out if gathered is None else (out, gathered)
+
+
+def _checked_spin(a, spin_limit: int) -> int:
+    """The spin limit SYNCOPATE_SPIN_LIMIT (`job_spin_limit`) sets this call, which then checks its
+    waits after it (`_check_waits`); 0 where the caller bounds the waits itself (`spin_limit`), the
+    variable is unset, or the call is traced or captured (nothing could read its timeout there)."""
+    if spin_limit or not (isinstance(a, torch.Tensor) and a.is_cuda):
+        return 0
+    limit = job_spin_limit()
+    if not limit or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        return 0
+    return limit
+
+
+def _check_waits(program, op: str, limit: int) -> None:
+    """After a call bounded by SYNCOPATE_SPIN_LIMIT: raise the timeout of a wait that ran out,
+    naming its word (synchronizes the device)."""
+    try:
+        program.context.check_error()
+    except CandidateTimeoutError as e:
+        raise CandidateTimeoutError(
+            f"syncopate.{op} ({SPIN_LIMIT_VAR}={limit}): {e}; the call's output is not valid. A word "
+            f"below the epoch is one its writer has not reached: that rank is slower than the limit "
+            f"allows (raise it), or is making other calls (the ranks of a group must make the same "
+            f"fused calls in the same order)"
+        ) from None
 
 
 def _check_out(out: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) -> None:
@@ -775,6 +806,8 @@ def _gemm_scatter(
     kind: str, a, b, group, config, out, spin_limit: int, a_scale, b_scale, out_dtype, fast_accum
 ):
     """`matmul_reduce_scatter` or `matmul_all_reduce` past the fast path."""
+    checked = _checked_spin(a, spin_limit)
+    spin_limit = spin_limit or checked
     scales = _scales(a, b, a_scale, b_scale, out_dtype, fast_accum)
     if torch.compiler.is_compiling():
         _refuse_scaled(OP_NAMES[kind], scales, "torch.compile")
@@ -787,6 +820,8 @@ def _gemm_scatter(
     else:
         _check_out(out, program.spec.out_shape, program.spec.out_dtype)
     _run(program, a, b, out, capturing, spin_limit, scales)
+    if checked:
+        _check_waits(program, OP_NAMES[kind], checked)
     if plain:
         _keep_call(kind, a, b, group, config, program)
     return out
@@ -818,7 +853,7 @@ def matmul_reduce_scatter(
     `fast_accum` as for `all_gather_matmul`.
     """
     plain_args = a_scale is None and b_scale is None and out_dtype is None and fast_accum is False
-    if out is None and not spin_limit and plain_args:
+    if out is None and not spin_limit and plain_args and not _checked_spin(a, 0):
         if not torch.compiler.is_compiling():
             call = _fast_call("gemm_rs", a, b, group, config)
             if call is not None:
@@ -852,7 +887,7 @@ def matmul_all_reduce(
     FP8 operands: as `matmul_reduce_scatter`'s.
     """
     plain_args = a_scale is None and b_scale is None and out_dtype is None and fast_accum is False
-    if out is None and not spin_limit and plain_args:
+    if out is None and not spin_limit and plain_args and not _checked_spin(a, 0):
         if not torch.compiler.is_compiling():
             call = _fast_call("gemm_ar", a, b, group, config)
             if call is not None:
