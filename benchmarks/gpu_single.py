@@ -15,8 +15,9 @@ peer's chunks landing at the two-H200 link's pace, its own rows copied, in place
 `gluon` the producer in Gluon against the Triton producer, `gluon-paced` the same with the peer's
 partials landing while they run, `gluon-ranks` both for rank 0 of four ranks, `gluon-consumer` the
 consumer in Gluon against the Triton consumer, chunks there and paced, `waves` the consumer on
-per-rank GEMMs that fill a whole number of waves or not, `small` both kernels in Triton and in Gluon
-per tile configuration on the per-rank GEMMs of TP=4 layers at 2048–4096 tokens.
+per-rank GEMMs that fill a whole number of waves or not, `small` both kernels as candidates of
+kernel `triton` and `gluon` per tile configuration on the per-rank GEMMs of TP=4 layers at
+2048–4096 tokens.
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ def consumer_case(
     entry_us=21.0,
     order="arrival",
     own="copied",
+    kernel="triton",
 ):
     """Rank 0's consumer of a two-rank all-gather. `live`: chunks copied in from a side stream while
     the kernel runs; `pace_gbps`: and the peer's chunks land as they would over a link of that
@@ -164,6 +166,7 @@ def consumer_case(
         num_stages=st,
         group_m=group_m,
         tile_order=order,
+        kernel=kernel,
     )
     plan = plan_for("ag_gemm", "direct", 2, m, splits, bm)
     a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
@@ -314,7 +317,9 @@ def consumer_case(
     }
 
 
-def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1, pace_gbps=None, entry_us=30.0, ws=2):
+def producer_case(
+    m, n, k, cfg, splits=4, all_reduce=False, per_sm=1, pace_gbps=None, entry_us=30.0, ws=2, kernel="triton"
+):
     """Rank 0's producer of a `ws`-rank direct reduce-scatter (or all-reduce, its reduced rows stored
     to a second buffer too), the peers' entry already there and their partials too, or, with `pace_gbps`,
     landing while the kernel runs: chunk j copied in from a side stream `entry_us` + (j + 1) chunk
@@ -322,7 +327,9 @@ def producer_case(m, n, k, cfg, splits=4, all_reduce=False, per_sm=1, pace_gbps=
     its word raised; the receive buffer is poisoned before every checked call, so a tile that read
     its partial before the word said it was there comes out NaN."""
     bm, bn, bk, w, st = cfg
-    c = Candidate(num_splits=splits, block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st)
+    c = Candidate(
+        num_splits=splits, block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st, kernel=kernel
+    )
     kind = "gemm_ar" if all_reduce else "gemm_rs"
     plan = plan_for(kind, "direct", ws, m, splits, bm)
     a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
@@ -768,25 +775,29 @@ def waves_matrix():
 
 def small_matrix():
     """The consumer (two-rank all-gather, own rows read from the shard, the peer's chunks there) and
-    the producer (rank 0 of a four-rank direct reduce-scatter, the partials there), in Triton and in
-    Gluon, per tile configuration, beside cuBLAS, on the per-rank GEMMs of TP=4 MLP layers at few
-    tokens a rank, where one wave of 128x256 tiles is most of the GEMM: hidden 4096 / ffn 14336 at
-    2048 tokens (forward and the backward's all-gather and reduce-scatter), 5120/17408 at 4096,
-    and 6144/16384 at 3072 (a shape no suite holds)."""
+    the producer (rank 0 of a four-rank direct reduce-scatter, the partials there), each candidate
+    of kernel `triton` and of kernel `gluon`, per tile configuration, beside cuBLAS, on the per-rank
+    GEMMs of TP=4 MLP layers at few tokens a rank, where one wave of 128x256 tiles is most of the
+    GEMM: hidden 4096 / ffn 14336 at 2048 tokens (forward and the backward's all-gather and
+    reduce-scatter), 5120/17408 at 4096, and 6144/16384 at 3072 (a shape no suite holds)."""
     cfgs = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (256, 128, 64, 8, 3)]
     consumer = [(2048, 7168, 4096), (2048, 3584, 4096), (4096, 8704, 5120), (3072, 8192, 6144)]
     producer = [(2048, 4096, 3584), (2048, 4096, 7168), (4096, 5120, 4352), (3072, 6144, 4096)]
     cases = []
     for make, shapes in (
-        (lambda m, n, k, cfg: consumer_case(m, n, k, cfg, 2, own="shard"), consumer),
-        (lambda m, n, k, cfg: producer_case(m, n, k, cfg, 2, ws=4), producer),
+        (lambda m, n, k, cfg, kernel: consumer_case(m, n, k, cfg, 2, own="shard", kernel=kernel), consumer),
+        (lambda m, n, k, cfg, kernel: producer_case(m, n, k, cfg, 2, ws=4, kernel=kernel), producer),
     ):
         for m, n, k in shapes:
             for cfg in cfgs:
-                for g in ("0", "1"):
+                for kernel in ("triton", "gluon"):
                     cases.append(
                         with_env(
-                            "SYNCOPATE_GLUON", g, lambda make=make, m=m, n=n, k=k, cfg=cfg: make(m, n, k, cfg)
+                            "SYNCOPATE_GLUON",
+                            "0",  # the candidate's field alone chooses
+                            lambda make=make, m=m, n=n, k=k, cfg=cfg, kernel=kernel: make(
+                                m, n, k, cfg, kernel
+                            ),
                         )
                     )
     return cases
