@@ -5,9 +5,12 @@ operands gathered through the CPU, the `nccl` backend left out (NCCL takes one G
 the Triton kernels and with the Gluon ones (SYNCOPATE_GLUON=1, where they apply). Correctness
 only: the processes take turns on the GPU, nothing overlaps.
 
-A peer that comes late (it enqueues each call 50 ms after rank 0) is waited for: outputs right with
-the tuning spin limit, and with a spin limit of one turn every bounded wait gives up and says so
-(the wait is real, and a timeout is reported, not a wrong output passed off as right). And every
+Candidates of kernel `gluon` run the Gluon kernels with SYNCOPATE_GLUON unset (the field alone
+asks for them). A peer that comes late (it enqueues each call 50 ms after rank 0) is waited for:
+outputs right with the tuning spin limit, and with a spin limit of one turn every bounded wait
+gives up and says so, naming the word it waited for (the wait is real, and a timeout is reported,
+not a wrong output passed off as right); a job's calls under SYNCOPATE_SPIN_LIMIT raise that
+timeout themselves. And every
 candidate of the matrix with bounded waits, run into a timeout that way, leaves its context fit
 for the next calls, as a sweep needs: three back-to-back calls after it are right.
 """
