@@ -803,11 +803,21 @@ def _prepare(kind: str, a, b, group, config, mode: str = "eager") -> CallProgram
 
 
 def _gemm_scatter(
-    kind: str, a, b, group, config, out, spin_limit: int, a_scale, b_scale, out_dtype, fast_accum
+    kind: str,
+    a,
+    b,
+    group,
+    config,
+    out,
+    spin_limit: int,
+    checked: int,
+    a_scale,
+    b_scale,
+    out_dtype,
+    fast_accum,
 ):
-    """`matmul_reduce_scatter` or `matmul_all_reduce` past the fast path."""
-    checked = _checked_spin(a, spin_limit)
-    spin_limit = spin_limit or checked
+    """`matmul_reduce_scatter` or `matmul_all_reduce` past the fast path (`checked`: the spin limit
+    SYNCOPATE_SPIN_LIMIT set, `_checked_spin`)."""
     scales = _scales(a, b, a_scale, b_scale, out_dtype, fast_accum)
     if torch.compiler.is_compiling():
         _refuse_scaled(OP_NAMES[kind], scales, "torch.compile")
@@ -852,14 +862,16 @@ def matmul_reduce_scatter(
     rank's partial is dequantized by its own scales and the bf16 partials are reduced;
     `fast_accum` as for `all_gather_matmul`.
     """
+    checked = _checked_spin(a, spin_limit)
+    spin_limit = spin_limit or checked
     plain_args = a_scale is None and b_scale is None and out_dtype is None and fast_accum is False
-    if out is None and not spin_limit and plain_args and not _checked_spin(a, 0):
+    if out is None and not spin_limit and plain_args:
         if not torch.compiler.is_compiling():
             call = _fast_call("gemm_rs", a, b, group, config)
             if call is not None:
                 return call(a, b)
     return _gemm_scatter(
-        "gemm_rs", a, b, group, config, out, spin_limit, a_scale, b_scale, out_dtype, fast_accum
+        "gemm_rs", a, b, group, config, out, spin_limit, checked, a_scale, b_scale, out_dtype, fast_accum
     )
 
 
@@ -886,12 +898,14 @@ def matmul_all_reduce(
     Template `unfused`: the matmul, then the group's all-reduce.
     FP8 operands: as `matmul_reduce_scatter`'s.
     """
+    checked = _checked_spin(a, spin_limit)
+    spin_limit = spin_limit or checked
     plain_args = a_scale is None and b_scale is None and out_dtype is None and fast_accum is False
-    if out is None and not spin_limit and plain_args and not _checked_spin(a, 0):
+    if out is None and not spin_limit and plain_args:
         if not torch.compiler.is_compiling():
             call = _fast_call("gemm_ar", a, b, group, config)
             if call is not None:
                 return call(a, b)
     return _gemm_scatter(
-        "gemm_ar", a, b, group, config, out, spin_limit, a_scale, b_scale, out_dtype, fast_accum
+        "gemm_ar", a, b, group, config, out, spin_limit, checked, a_scale, b_scale, out_dtype, fast_accum
     )

@@ -453,13 +453,10 @@ class Harness:
             worst = max(worst, relative_error(out, ref))
         if self.scaled:
             return worst
-        ctx = self._context()
-        code = int(ctx.error.item())
-        if code:
-            ctx.error.zero_()
-            raise CandidateTimeoutError(
-                f"a wait ran out of its spin limit during verification: it waited for {ctx.waited_for(code)}"
-            )
+        try:
+            self._context().check_error()
+        except CandidateTimeoutError as e:
+            raise CandidateTimeoutError(f"during verification, {e}") from None
         return worst
 
     def _context(self):
