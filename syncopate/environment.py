@@ -47,8 +47,9 @@ GLUON_VAR = "SYNCOPATE_GLUON"
 
 SPIN_LIMIT_VAR = "SYNCOPATE_SPIN_LIMIT"
 """A positive integer: every eager call of the fused ops bounds its kernels' waits to that many
-polls and checks them after the call, raising a timeout that names the word a wait ran out on
-instead of hanging (a diagnosis setting: each call then synchronizes). Unset or 0: unbounded."""
+polls, and its streams' waits to that many microseconds of the host's waiting for the call, and
+checks them after the call, raising a timeout that names the word a wait ran out on instead of
+hanging (a diagnosis setting: each call then synchronizes). Unset or 0: unbounded."""
 
 GLUON_SUFFIX = "+gluon"
 """Appended to the fingerprint's `triton` field where the Gluon kernels are on."""

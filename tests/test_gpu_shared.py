@@ -10,7 +10,7 @@ asks for them). A peer that comes late (it enqueues each call 50 ms after rank 0
 outputs right with the tuning spin limit, and with a spin limit of one turn every bounded wait
 gives up and says so, naming the word it waited for (the wait is real, and a timeout is reported,
 not a wrong output passed off as right); a job's calls under SYNCOPATE_SPIN_LIMIT raise that
-timeout themselves. And every
+timeout themselves, the cuBLAS templates too, whose streams wait (and are released). And every
 candidate of the matrix with bounded waits, run into a timeout that way, leaves its context fit
 for the next calls, as a sweep needs: three back-to-back calls after it are right.
 """
@@ -185,8 +185,11 @@ def test_a_late_peer_is_waited_for_and_a_short_spin_limit_says_so():
 
 def _job_spin_worker(rank, world, port, q):
     """A job's eager calls with SYNCOPATE_SPIN_LIMIT set: rank 1 enqueues each call 50 ms late; with
-    a limit of 64 polls rank 0's call raises the timeout naming its word; with the tuning limit and
-    with the variable unset, every call is right. (rank, [(kind, limit, error text or "", rel err)])"""
+    a limit of 64 (polls for a kernel's wait, microseconds for a stream's) rank 0's call raises the
+    timeout naming its word; with the tuning limit and with the variable unset, every call is
+    right. The templates: one whose kernels wait (sm_copy) and ones whose streams wait (the cuBLAS
+    templates, which the copy engine's stream waits hold). (rank, [(kind, template, limit, error
+    text or "", rel err)])"""
     import os
     import time
 
@@ -199,18 +202,24 @@ def _job_spin_worker(rank, world, port, q):
     from syncopate.errors import CandidateTimeoutError
     from syncopate.kernels import ops
     from syncopate.measure.reference import reference, relative_error
-    from syncopate.search_space import Candidate, Workload
+    from syncopate.search_space import Candidate, Workload, c_stationary_candidate, decomposed_candidate
 
     g = dist.group.WORLD
     gen = torch.Generator(device=dev)
     gen.manual_seed(5 + rank)
     fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter}
     shapes = {"ag_gemm": (4096, 1536, 1024), "gemm_rs": (4096, 1024, 1536)}
-    c = Candidate(backend="sm_copy", num_splits=2, comm_sms=16, block_m=128, block_n=128, block_k=64)
+
+    kernels = Candidate(backend="sm_copy", num_splits=2, comm_sms=16, block_m=128, block_n=128, block_k=64)
+    templates = {
+        "ag_gemm": [kernels, decomposed_candidate(2)],
+        "gemm_rs": [kernels, decomposed_candidate(2), c_stationary_candidate(1)],
+    }
     report = []
     # 64 polls, not 1: Triton compiles a kernel of its own for an argument of 1, which would take
     # longer than the late rank is late; 64 shares the tuning limit's (both multiples of 16)
-    for kind, limit in [(k, lim) for k in fused for lim in ("", "16777216", "64", "")]:
+    runs = [(k, c, lim) for k in fused for c in templates[k] for lim in ("", "16777216", "64", "")]
+    for kind, c, limit in runs:
         os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)
         m, n, k = shapes[kind]
         local = Workload(kind=kind, shape=(m, n, k), dtype="bf16").local_shapes(world)
@@ -231,7 +240,8 @@ def _job_spin_worker(rank, world, port, q):
         dist.barrier(group=g)
         os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)
         ref = reference(kind, a, b, g)  # every rank, whatever its call did
-        report.append((kind, limit, said, float("nan") if out is None else relative_error(out, ref)))
+        err = float("nan") if out is None else relative_error(out, ref)
+        report.append((kind, c.template, limit, said, err))
         if limit == "64":
             ops.close_contexts()  # copies of a given-up call may still have landed late: fresh ones
         torch.cuda.synchronize()
@@ -244,13 +254,15 @@ def _job_spin_worker(rank, world, port, q):
 
 def test_a_job_with_a_spin_limit_set_gets_a_named_timeout_not_a_hang():
     reports = run_ranks(_job_spin_worker, 2, timeout=600)
-    for kind, limit, said, err in reports[0]:
-        print(f"rank 0 {kind} SYNCOPATE_SPIN_LIMIT={limit!r}: {said or f'rel err {err:.3g}'}")
+    for kind, template, limit, said, err in reports[0]:
+        print(f"rank 0 {kind} {template} SYNCOPATE_SPIN_LIMIT={limit!r}: {said or f'rel err {err:.3g}'}")
         if limit == "64":
             assert "SYNCOPATE_SPIN_LIMIT=64" in said and "signal pad (" in said, said
             assert "output is not valid" in said
+            if template != "direct":  # the cuBLAS templates: their streams wait, and are released
+                assert "a stream of the call waited longer than 64 µs" in said, said
         else:
-            assert not said and err <= TOL["bf16"], (kind, limit, said, err)
+            assert not said and err <= TOL["bf16"], (kind, template, limit, said, err)
 
 
 def _recovery_worker(rank, world, port, cases, q):

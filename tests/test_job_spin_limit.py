@@ -1,5 +1,7 @@
 """Layer: pure CPU. SYNCOPATE_SPIN_LIMIT: read as a poll count, refused with what it takes; a call
-it bounds raises the timeout of its context with the op, the setting and what to make of it."""
+it bounds raises the timeout of its context with the op, the setting and what to make of it, and
+one whose streams are still held by their waits after the limit (as microseconds) names the words
+and releases them before it raises."""
 
 from __future__ import annotations
 
@@ -38,8 +40,55 @@ def test_a_bounded_call_raises_its_contexts_timeout_with_the_op_and_the_setting(
 
     program = SimpleNamespace(context=SimpleNamespace(check_error=timed_out))
     with pytest.raises(CandidateTimeoutError) as e:
-        ops._check_waits(program, "matmul_reduce_scatter", 64)
+        ops._check_waits(program, "matmul_reduce_scatter", 64, [])
     said = str(e.value)
     assert said.startswith(f"syncopate.matmul_reduce_scatter ({SPIN_LIMIT_VAR}=64): a fused kernel waited")
     assert "output is not valid" in said and "must make the same fused calls in the same order" in said
-    ops._check_waits(SimpleNamespace(context=SimpleNamespace(check_error=lambda: None)), "x", 64)
+    ops._check_waits(SimpleNamespace(context=SimpleNamespace(check_error=lambda: None)), "x", 64, [])
+
+
+class Call:
+    """A call's end as the host sees it: not done until its held words are released, and then
+    only after `slow` more queries."""
+
+    def __init__(self, held: list[str], slow: int = 0) -> None:
+        self.held, self.slow = held, slow
+        self.released = self.synced = self.checked = 0
+
+    def query(self) -> bool:
+        if self.held:
+            return False
+        self.slow -= 1
+        return self.slow < 0
+
+    def synchronize(self) -> None:
+        assert not self.held, "synchronized while a stream is held: the job would hang here"
+        self.synced += 1
+
+    def release_waits(self, waits):
+        self.released += 1
+        held, self.held = self.held, []
+        return held
+
+    def check_error(self) -> None:
+        self.checked += 1
+
+
+def test_a_call_whose_streams_are_held_past_the_limit_names_the_words_and_releases_them():
+    call = Call(["word 3 of rank 1's signal pad (...)", "word 4 of rank 1's signal pad (...)"])
+    with pytest.raises(CandidateTimeoutError) as e:
+        ops._check_waits(SimpleNamespace(context=call), "all_gather_matmul", 64, [(0x10, 5)], done=call)
+    said = str(e.value)
+    assert said.startswith(f"syncopate.all_gather_matmul ({SPIN_LIMIT_VAR}=64): a stream of the call waited")
+    assert "longer than 64 µs for word 3 of rank 1's signal pad" in said and "1 more word(s)" in said
+    assert "output is not valid" in said
+    assert call.released == 1 and call.synced == 1  # released, then the device drained
+
+
+def test_a_call_that_is_slow_but_not_held_is_waited_for_and_its_kernels_checked():
+    call = Call([], slow=50)
+    ops._check_waits(SimpleNamespace(context=call), "matmul_reduce_scatter", 1, [(0x10, 5)], done=call)
+    assert call.released >= 1 and call.slow < 0 and call.checked == 1
+    call = Call(["word 3"])  # no stream waits (a kernel template): nothing to release, the kernels checked
+    ops._check_waits(SimpleNamespace(context=call), "matmul_reduce_scatter", 1, [], done=call)
+    assert call.released == 0 and call.checked == 1

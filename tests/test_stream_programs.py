@@ -383,3 +383,37 @@ def test_the_gathered_a_is_copied_out_once_every_chunk_is_in(monkeypatch):
         assert torch.equal(gathered[64:128], shard) and torch.equal(gathered[:64], full[:64])
         assert torch.equal(gathered[128:], full[128:])
     assert list(programs) == [("gathered",)]
+
+
+def test_inside_watching_every_stream_wait_is_recorded_with_its_value(monkeypatch):
+    """A bounded call (SYNCOPATE_SPIN_LIMIT) learns which words its streams wait for: the waits it
+    enqueues directly and those its programs replay, batched or not, each with the call's value."""
+    p = streamops.Program()
+    p.write(stream(0), 0x100)
+    p.wait(stream(0), 0x200)  # batched with the write where the driver batches
+    p.copy(stream(0), 0x1000, 0x2000, 64)
+    p.wait(stream(1), 0x204)
+
+    class Plain(HostDriver):
+        def write(self, stream, address, value, flags):
+            return 0
+
+        def copy(self, dst, src, nbytes, stream):
+            return 0
+
+    class Batching(Plain):
+        def mem_ops(self, stream, count, ops, flags):
+            return 0
+
+    for driver in (Plain(), Batching()):
+        monkeypatch.setattr(streamops, "_driver", lambda d=driver: d)
+        p.run(3)  # not watched: nothing kept
+        with streamops.watching() as outer:
+            streamops.wait_value(5, 0x300, 2**32 + 7)
+            with streamops.watching() as inner:
+                p.run(2**32 + 8)
+            assert inner == [(0x200, 8), (0x204, 8)]
+        assert outer == [(0x300, 7), (0x200, 8), (0x204, 8)]  # an inner watch's waits are the outer's too
+        with streamops.watching() as again:
+            pass
+        assert again == []

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from syncopate.errors import CandidateTimeoutError, RuntimeUnavailableError
-from syncopate.kernels.tables import PAD_WORDS
+from syncopate.kernels.tables import PAD_WORDS, pad_word_meaning
 
 __all__ = [
     "GRAPH_EPOCH",
@@ -451,24 +451,13 @@ class OverlapContext:
         """The word a timed-out wait stood on, from the error word's `code` (the low 32 bits of the
         word's address with the lowest bit set: `_timed_out` in triton_kernels.py): which rank's
         signal pad, which word and what it holds, what it reads now, and this rank's epoch."""
-        from syncopate.kernels.tables import PAD_WORDS, pad_word_meaning
-
         low = code & 0xFFFFFFFE
         if code & 1 and low:
-            for rank, base in enumerate(self.signals.peer_ptrs):
-                offset = (low - base) & 0xFFFFFFFF
-                if offset < 4 * PAD_WORDS:
-                    word = offset // 4
-                    now = int(self.signals.peer_view(rank).view(torch.int32).view(-1)[word].item())
-                    late = (
-                        "its writer has not reached this call"
-                        if now < self.epoch
-                        else "it has come up since: its writer was late, not absent"
-                    )
-                    return (
-                        f"word {word} of rank {rank}'s signal pad ({pad_word_meaning(word)}), which "
-                        f"reads {now} now against rank {self.rank}'s epoch {self.epoch} ({late})"
-                    )
+            found = _pad_word(self.signals, low, 0xFFFFFFFF)
+            if found is not None:
+                rank, word = found
+                now = int(self.signals.peer_view(rank).view(torch.int32).view(-1)[word].item())
+                return _said_of_word(rank, word, now, self.epoch, self.rank)
             for key, kept in self.cache.items():
                 if isinstance(key, tuple) and key[:1] == ("tail",):
                     flags = kept[1]
@@ -482,6 +471,36 @@ class OverlapContext:
             return f"a word at an address ending 0x{low:08x}, in no signal pad of this context"
         return "a chunk that never arrived"
 
+    def release_waits(self, waits: list[tuple[int, int]]) -> list[str]:
+        """The stream waits of `waits` (address, value: `streamops.watching`) whose word is still
+        below its value, each named as `waited_for` names a word, and released: the value written
+        to the word, so that the streams waiting on it go on (a late writer writes the same value
+        again). Reads and writes go on a fresh stream, past any stream held by a wait."""
+        from syncopate.kernels import streamops
+
+        words: dict[int, tuple[int, int, int]] = {}  # address: (value, rank, word), first wait's
+        for address, value in waits:
+            found = _pad_word(self.signals, address, (1 << 64) - 1)
+            if found is not None and address not in words:
+                words[address] = (value, *found)
+        if not words:
+            return []
+        stream = torch.cuda.Stream(self.device)
+        now = torch.empty(len(words), dtype=torch.int32, pin_memory=True)
+        with torch.cuda.stream(stream):  # a pageable copy or .item() could queue behind a held stream
+            for i, (_, rank, word) in enumerate(words.values()):
+                pad = self.signals.peer_view(rank).view(torch.int32).view(-1)
+                now[i : i + 1].copy_(pad[word : word + 1], non_blocking=True)
+        stream.synchronize()
+        said = []
+        for (address, (value, rank, word)), read in zip(words.items(), now.tolist()):
+            if ((read - value) & 0xFFFFFFFF) < 1 << 31:  # (int32)(read - value) >= 0: not held
+                continue
+            said.append(_said_of_word(rank, word, read, value, self.rank))
+            streamops.write_value(stream.cuda_stream, address, value)
+        stream.synchronize()
+        return said
+
     def close(self) -> None:
         """Release the buffers (collective: every rank closes its context)."""
         if self.closed:
@@ -491,3 +510,26 @@ class OverlapContext:
         self.cache.clear()
         self._kept.clear()
         self.closed = True
+
+
+def _pad_word(signals, address: int, mask: int) -> tuple[int, int] | None:
+    """(rank, word) of the signal-pad word at `address` (compared under `mask`), or None."""
+    for rank, base in enumerate(signals.peer_ptrs):
+        offset = (address - base) & mask
+        if offset < 4 * PAD_WORDS:
+            return rank, offset // 4
+    return None
+
+
+def _said_of_word(rank: int, word: int, now: int, epoch: int, own_rank: int) -> str:
+    """Word `word` of rank `rank`'s pad, reading `now`, as a wait of rank `own_rank` for `epoch`
+    names it."""
+    late = (
+        "its writer has not reached this call"
+        if ((now - epoch) & 0xFFFFFFFF) >= 1 << 31
+        else "it has come up since: its writer was late, not absent"
+    )
+    return (
+        f"word {word} of rank {rank}'s signal pad ({pad_word_meaning(word)}), which reads {now} "
+        f"now against rank {own_rank}'s epoch {epoch} ({late})"
+    )

@@ -34,6 +34,7 @@ import dataclasses
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,7 @@ import torch.distributed as dist
 
 from syncopate.environment import SPIN_LIMIT_VAR, job_spin_limit
 from syncopate.errors import CandidateTimeoutError, ConfigError, describe
+from syncopate.kernels import streamops
 from syncopate.kernels.context import OverlapContext, kept_allocations
 from syncopate.kernels.library import OP_NAMES, config_text, register
 from syncopate.kernels.replay import LAUNCHES, LaunchChoice, ReplayedCalls, note_prepared, replayable
@@ -486,9 +488,10 @@ def all_gather_matmul(
     gathered = None
     if return_gathered:
         gathered = torch.empty((spec.m, spec.a_shape[1]), dtype=a_shard.dtype, device=a_shard.device)
-    _run(program, a_shard, b, out, capturing, spin_limit, scales, gathered)
     if checked:
-        _check_waits(program, "all_gather_matmul", checked)
+        _run_checked(program, "all_gather_matmul", checked, a_shard, b, out, scales, gathered)
+    else:
+        _run(program, a_shard, b, out, capturing, spin_limit, scales, gathered)
     if plain:
         _keep_call(GATHERED if return_gathered else "ag_gemm", a_shard, b, group, config, program)
     return out if gathered is None else (out, gathered)
@@ -506,18 +509,66 @@ def _checked_spin(a, spin_limit: int) -> int:
     return limit
 
 
-def _check_waits(program, op: str, limit: int) -> None:
-    """After a call bounded by SYNCOPATE_SPIN_LIMIT: raise the timeout of a wait that ran out,
-    naming its word (synchronizes the device)."""
+def _run_checked(program: CallProgram, op: str, limit: int, a, b, out, scales, gathered=None) -> None:
+    """One eager call bounded by SYNCOPATE_SPIN_LIMIT=`limit`, then `_check_waits`."""
+    with streamops.watching() as waits:
+        _run(program, a, b, out, False, limit, scales, gathered)
+    _check_waits(program, op, limit, waits)
+
+
+def _check_waits(program, op: str, limit: int, waits: list[tuple[int, int]], done=None) -> None:
+    """After a call bounded by SYNCOPATE_SPIN_LIMIT=`limit`, whose kernels' waits were bounded to
+    `limit` polls: bound its stream waits `waits` (`streamops.watching`; on the device they cannot
+    time out) to `limit` microseconds of the host's waiting for the call to finish (`done`, an
+    event recorded after it by default). A wait that ran out raises CandidateTimeoutError naming
+    its word, the stream waits released first, so that the device is not left holding them
+    (synchronizes the device)."""
+    ctx = program.context
+    held = _held_streams(ctx, waits, limit * 1e-6, done)
+    if held:
+        raise CandidateTimeoutError(
+            f"syncopate.{op} ({SPIN_LIMIT_VAR}={limit}): a stream of the call waited longer than "
+            f"{limit} µs for {held[0]}"
+            + (f" (and for {len(held) - 1} more word(s), released with it)" if len(held) > 1 else "")
+            + f"; the call's output is not valid. {_LATE_RANK}"
+        )
     try:
-        program.context.check_error()
+        ctx.check_error()
     except CandidateTimeoutError as e:
         raise CandidateTimeoutError(
-            f"syncopate.{op} ({SPIN_LIMIT_VAR}={limit}): {e}; the call's output is not valid. A word "
-            f"below the epoch is one its writer has not reached: that rank is slower than the limit "
-            f"allows (raise it), or is making other calls (the ranks of a group must make the same "
-            f"fused calls in the same order)"
+            f"syncopate.{op} ({SPIN_LIMIT_VAR}={limit}): {e}; the call's output is not valid. {_LATE_RANK}"
         ) from None
+
+
+_LATE_RANK = (
+    "A word below the epoch is one its writer has not reached: that rank is slower than the limit "
+    "allows (raise it), or is making other calls (the ranks of a group must make the same fused "
+    "calls in the same order)"
+)
+
+
+def _held_streams(ctx, waits: list[tuple[int, int]], seconds: float, done=None) -> list[str]:
+    """Wait for `done` (default: an event recorded now on the caller's stream, after the call);
+    where it has not come after `seconds`, the stream waits of `waits` still held, named and
+    released (`OverlapContext.release_waits`), then `done` waited for. Empty where nothing was held
+    (also a call that is slow, not held: it is then waited for as long as it takes)."""
+    if not waits:
+        return []
+    if done is None:
+        done = torch.cuda.Event()
+        done.record()
+    deadline = time.monotonic() + seconds
+    pause = 1e-5
+    while not done.query():
+        if time.monotonic() >= deadline:
+            held = ctx.release_waits(waits)
+            if held:
+                done.synchronize()
+                return held
+            deadline = time.monotonic() + seconds
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
+    return []
 
 
 def _check_out(out: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) -> None:
@@ -829,9 +880,10 @@ def _gemm_scatter(
         out = torch.empty(program.spec.out_shape, dtype=program.spec.out_dtype, device=a.device)
     else:
         _check_out(out, program.spec.out_shape, program.spec.out_dtype)
-    _run(program, a, b, out, capturing, spin_limit, scales)
     if checked:
-        _check_waits(program, OP_NAMES[kind], checked)
+        _run_checked(program, OP_NAMES[kind], checked, a, b, out, scales)
+    else:
+        _run(program, a, b, out, capturing, spin_limit, scales)
     if plain:
         _keep_call(kind, a, b, group, config, program)
     return out

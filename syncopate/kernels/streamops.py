@@ -7,17 +7,23 @@ symmetric memory mapped into this process. The driver is called through ctypes, 
 wait or copy costs the host microseconds, which matters when a fused op enqueues dozens of them
 (`benchmarks/op_host.py` measures a call's host time): a `Program` records a call's once and runs
 them again each call, its writes and waits in a row on one stream in one `cuStreamBatchMemOp`.
+
+A stream wait cannot time out. Inside `watching()` every wait enqueued is also recorded, so a
+caller that bounds a call (SYNCOPATE_SPIN_LIMIT) can tell, when the call has not finished in time,
+which words its streams still wait for, and release them (`syncopate.kernels.ops`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 from syncopate.errors import RuntimeUnavailableError
 
-__all__ = ["Program", "kept_program", "write_value", "wait_value", "copy_async", "available"]
+__all__ = ["Program", "kept_program", "write_value", "wait_value", "copy_async", "available", "watching"]
 
 _WAIT_GEQ = 0x0
 _WRITE_DEFAULT = 0x0
@@ -87,6 +93,25 @@ def available() -> bool:
         return False
 
 
+_watch = threading.local()
+"""`waits`: the list `watching` records this thread's stream waits in, or None."""
+
+
+@contextlib.contextmanager
+def watching() -> Iterator[list[tuple[int, int]]]:
+    """Record every stream wait this thread enqueues inside, as (address, value), in the list
+    yielded, in the order enqueued."""
+    outer = getattr(_watch, "waits", None)
+    waits: list[tuple[int, int]] = []
+    _watch.waits = waits
+    try:
+        yield waits
+    finally:
+        _watch.waits = outer
+        if outer is not None:
+            outer.extend(waits)
+
+
 def _check(err: int, what: str) -> None:
     if err != 0:
         raise RuntimeError(f"{what} failed with CUDA driver error {err}")
@@ -100,6 +125,9 @@ def write_value(stream: int, address: int, value: int) -> None:
 def wait_value(stream: int, address: int, value: int) -> None:
     """Enqueue a wait on `stream` until `(int32)(*address - value) >= 0`."""
     _check(_driver().wait(stream, address, value & 0xFFFFFFFF, _WAIT_GEQ), "cuStreamWaitValue32")
+    waits = getattr(_watch, "waits", None)
+    if waits is not None:
+        waits.append((address, value & 0xFFFFFFFF))
 
 
 def copy_async(stream: int, dst: int, src: int, nbytes: int) -> None:
@@ -128,6 +156,7 @@ class Program:
     def __init__(self) -> None:
         self.ops: list[tuple] = []
         self._batched: list[tuple] | None = None
+        self._waits: tuple[int, ...] | None = None
 
     def write(self, stream, address) -> None:
         """`*(int32*)address = epoch` on `stream` (any object with `cuda_stream`)."""
@@ -147,6 +176,14 @@ class Program:
     def _add(self, op: tuple) -> None:
         self.ops.append(op)
         self._batched = None
+        self._waits = None
+
+    @property
+    def waits(self) -> tuple[int, ...]:
+        """The addresses the program's waits stand on, in order."""
+        if self._waits is None:
+            self._waits = tuple(op[2] for op in self.ops if op[0] == _WAIT)
+        return self._waits
 
     def run(self, epoch: int, a: int = 0, out: int = 0) -> None:
         """Enqueue the program for the call of `epoch`, its input at `a` and its output at `out`."""
@@ -172,6 +209,9 @@ class Program:
                 continue
             if err != 0:
                 raise RuntimeError(f"{_CALLS[kind]} failed with CUDA driver error {err}")
+        watched = getattr(_watch, "waits", None)
+        if watched is not None:
+            watched.extend((address, value) for address in self.waits)
 
     def _steps(self, driver) -> list[tuple]:
         """The operations as `run` makes them: where the driver batches stream memory operations,
