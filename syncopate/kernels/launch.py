@@ -28,7 +28,7 @@ from syncopate.kernels.triton_kernels import (
     pull_kernel,
 )
 from syncopate.search_space import Candidate
-from syncopate.search_space.candidate import gluon_tile_ok
+from syncopate.search_space.candidate import gluon_refusal_of
 
 __all__ = [
     "interpreting",
@@ -852,15 +852,14 @@ def _gluon_fits(c: Candidate, K: int, a: torch.Tensor) -> bool:
     rows, at least 16 a warp), num_stages operand buffers plus the staging tile in shared memory,
     and K of at least num_stages - 1 steps. Elsewhere a candidate of kernel `gluon` runs the Triton
     kernels, which compute the same tiles (the search space offers `gluon` only where it fits)."""
-    if not gluon_asked(c) or not gluon_runs_here(a):
+    if not gluon_asked(c) or not gluon_runs_here(a) or a.dtype not in (torch.bfloat16, torch.float16):
         return False
-    if a.dtype not in (torch.bfloat16, torch.float16):
-        return False
-    if not gluon_tile_ok(c.block_m, c.num_warps, c.num_stages):
+    if gluon_refusal_of(c.block_m, c.block_k, c.num_warps, c.num_stages, K, a.element_size()):
         return False
     elem = a.element_size()
-    smem = c.num_stages * (c.block_m + c.block_n) * c.block_k * elem + c.block_m * c.block_n * elem
-    return smem <= GLUON_SMEM and -(-K // c.block_k) >= c.num_stages - 1
+    return (
+        c.num_stages * (c.block_m + c.block_n) * c.block_k * elem + c.block_m * c.block_n * elem <= GLUON_SMEM
+    )
 
 
 def gluon_producer(

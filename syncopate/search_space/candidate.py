@@ -91,6 +91,25 @@ def gluon_tile_ok(block_m: int, num_warps: int, num_stages: int) -> bool:
     return block_m in (64, 128, 256) and num_warps in (4, 8) and block_m >= 16 * num_warps and num_stages >= 2
 
 
+def gluon_refusal_of(
+    block_m: int, block_k: int, num_warps: int, num_stages: int, k: int, element_bytes: int
+) -> str | None:
+    """Why the Gluon kernels cannot compute tiles of this configuration over a local K of `k` with
+    operands of `element_bytes` (None where they can): 16-bit operands, :data:`GLUON_TILE_RULE`,
+    and K of at least the num_stages - 1 steps their operand ring loads ahead. What the search space
+    (`space.gluon_refusal`) and a launch (`launch._gluon_fits`) both ask."""
+    if element_bytes != 2:
+        return f"the Gluon kernels take bf16 and fp16 operands, not {element_bytes}-byte elements"
+    if not gluon_tile_ok(block_m, num_warps, num_stages):
+        return (
+            f"the Gluon kernels do not take {block_m} rows, {num_warps} warps, {num_stages} stages: "
+            f"{GLUON_TILE_RULE}"
+        )
+    if -(-k // block_k) < num_stages - 1:
+        return f"K={k} is shorter than the {num_stages - 1} steps of {block_k} the Gluon kernels load ahead"
+    return None
+
+
 BACKEND_NAMES = 2
 """What `syncopate bench` files say (`"backend_names": 2`) to be read with the current names;
 a file without it was written before the rename (:data:`RENAMED_BACKENDS`)."""

@@ -26,7 +26,7 @@ from syncopate.search_space.candidate import (
     KERNELS,
     Candidate,
     check_pow2,
-    gluon_tile_ok,
+    gluon_refusal_of,
     unknown_backend,
 )
 from syncopate.search_space.chunk_plan import (
@@ -366,12 +366,8 @@ def _gluon_refusal(tc: TileConfig, workload: Workload, topology: Topology) -> st
         return f"the Gluon kernels run on Hopper GPUs (sm_90), not on {topology.gpu_model}"
     if workload.scaled or workload.element_bytes != 2:
         return f"the Gluon kernels take bf16 and fp16 operands, not {workload.dtype}"
-    if not gluon_tile_ok(tc.block_m, tc.num_warps, tc.num_stages):
-        return f"the Gluon kernels do not take tile {tc.key()}"
     k = workload.local_gemm(topology.world_size)[2]
-    if -(-k // tc.block_k) < tc.num_stages - 1:
-        return f"K={k} is shorter than the {tc.num_stages - 1} steps of {tc.block_k} the Gluon kernels load ahead"
-    return None
+    return gluon_refusal_of(tc.block_m, tc.block_k, tc.num_warps, tc.num_stages, k, workload.element_bytes)
 
 
 def check_candidate(candidate: Candidate, workload: Workload, topology: Topology) -> None:
