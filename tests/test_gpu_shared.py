@@ -265,6 +265,92 @@ def test_a_job_with_a_spin_limit_set_gets_a_named_timeout_not_a_hang():
             assert not said and err <= TOL["bf16"], (kind, template, limit, said, err)
 
 
+def _moe_spin_worker(rank, world, port, q):
+    """The MoE ops' eager calls with SYNCOPATE_SPIN_LIMIT set, as `_job_spin_worker` makes the dense
+    ops': the pipelined copy-engine plan (stream waits) and the fused one (kernel and stream waits),
+    dispatch and combine, rank 1 late by 50 ms with a limit of 64. (rank, [(op, template, limit,
+    error text or "", rel err)])"""
+    import os
+    import time
+
+    from syncopate.measure.local_ranks import join_group
+
+    dev = join_group(rank, world, port, shared_gpu=True)
+    import torch
+    import torch.distributed as dist
+
+    from syncopate.errors import CandidateTimeoutError
+    from syncopate.measure.reference import (
+        moe_combine_group_reference,
+        moe_dispatch_group_reference,
+        relative_error,
+    )
+    from syncopate.moe import close_moe_contexts, dispatch_gemm, exchange_layout, gemm_combine
+    from syncopate.search_space.moe_workload import MoeCandidate
+
+    g = dist.group.WORLD
+    hidden, ffn, experts, top_k, tokens = 256, 128, 8, 2, 512
+    gen = torch.Generator(device=dev).manual_seed(7 + rank)
+    ids = torch.stack([torch.randperm(experts, device=dev, generator=gen)[:top_k] for _ in range(tokens)])
+    gates = torch.softmax(torch.randn(tokens, top_k, device=dev, generator=gen), 1)
+    layout = exchange_layout(ids, experts, g)
+    local = experts // world
+    x = torch.randn(tokens, hidden, generator=gen, device=dev).bfloat16()
+    w1 = (torch.randn(local, hidden, 2 * ffn, generator=gen, device=dev) / hidden**0.5).bfloat16()
+    h = torch.randn(layout.rows_received, ffn, generator=gen, device=dev).bfloat16()
+    w2 = (torch.randn(local, ffn, hidden, generator=gen, device=dev) / ffn**0.5).bfloat16()
+    refs = {  # float32, through the CPU (gloo)
+        "dispatch": moe_dispatch_group_reference(x.cpu(), ids.cpu(), w1.cpu(), experts, g),
+        "combine": moe_combine_group_reference(h.cpu(), w2.cpu(), ids.cpu(), gates.cpu(), experts, g),
+    }
+    calls = {
+        "dispatch": lambda c: dispatch_gemm(x, w1, layout, g, config=c),
+        "combine": lambda c: gemm_combine(h, w2, gates, layout, g, config=c),
+    }
+    configs = [
+        MoeCandidate(template="pipelined", backend="copy_engine", chunks_per_source=2, order="ring"),
+        MoeCandidate(template="fused", backend="copy_engine", chunks_per_source=2, order="ring"),
+    ]
+    report = []
+    for op, c, limit in [(o, c, lim) for o in calls for c in configs for lim in ("", "16777216", "64", "")]:
+        os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)
+        calls[op](c)  # compiled, the context made, outside the timing of the late rank
+        torch.cuda.synchronize()
+        dist.barrier(group=g)
+        os.environ["SYNCOPATE_SPIN_LIMIT"] = limit
+        if rank == 1 and limit == "64":
+            time.sleep(0.05)
+        said, out = "", None
+        try:
+            out = calls[op](c)
+        except CandidateTimeoutError as e:
+            said = str(e)
+        torch.cuda.synchronize()
+        dist.barrier(group=g)
+        os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)
+        err = float("nan") if out is None else relative_error(out.cpu(), refs[op])
+        report.append((op, c.template, limit, said, err))
+        if limit == "64":
+            close_moe_contexts()  # copies of a given-up call may still land late: fresh contexts
+        torch.cuda.synchronize()
+        dist.barrier(group=g)
+    close_moe_contexts()
+    q.put((rank, report))
+    dist.destroy_process_group()
+
+
+def test_an_moe_job_with_a_spin_limit_set_gets_a_named_timeout_not_a_hang():
+    reports = run_ranks(_moe_spin_worker, 2, timeout=600)
+    for op, template, limit, said, err in reports[0]:
+        print(f"rank 0 {op} {template} SYNCOPATE_SPIN_LIMIT={limit!r}: {said or f'rel err {err:.3g}'}")
+        if limit == "64":
+            assert f"syncopate.moe.{'dispatch_gemm' if op == 'dispatch' else 'gemm_combine'}" in said, said
+            assert "SYNCOPATE_SPIN_LIMIT=64" in said and "signal pad (" in said, said
+            assert "output is not valid" in said
+        else:
+            assert not said and err <= TOL["bf16"], (op, template, limit, said, err)
+
+
 def _recovery_worker(rank, world, port, cases, q):
     """Each case: one call with rank 1 late and a spin limit of 64 polls, then three back-to-back
     calls with the tuning limit, checked. (rank, (cases run, timeouts flagged, wrong, crash))."""

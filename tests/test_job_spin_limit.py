@@ -40,11 +40,11 @@ def test_a_bounded_call_raises_its_contexts_timeout_with_the_op_and_the_setting(
 
     program = SimpleNamespace(context=SimpleNamespace(check_error=timed_out))
     with pytest.raises(CandidateTimeoutError) as e:
-        ops._check_waits(program, "matmul_reduce_scatter", 64, [])
+        ops.check_waits(program.context, "syncopate.matmul_reduce_scatter", 64, [])
     said = str(e.value)
     assert said.startswith(f"syncopate.matmul_reduce_scatter ({SPIN_LIMIT_VAR}=64): a fused kernel waited")
     assert "output is not valid" in said and "must make the same fused calls in the same order" in said
-    ops._check_waits(SimpleNamespace(context=SimpleNamespace(check_error=lambda: None)), "x", 64, [])
+    ops.check_waits(SimpleNamespace(check_error=lambda: None), "syncopate.x", 64, [])
 
 
 class Call:
@@ -77,7 +77,7 @@ class Call:
 def test_a_call_whose_streams_are_held_past_the_limit_names_the_words_and_releases_them():
     call = Call(["word 3 of rank 1's signal pad (...)", "word 4 of rank 1's signal pad (...)"])
     with pytest.raises(CandidateTimeoutError) as e:
-        ops._check_waits(SimpleNamespace(context=call), "all_gather_matmul", 64, [(0x10, 5)], done=call)
+        ops.check_waits(call, "syncopate.all_gather_matmul", 64, [(0x10, 5)], done=call)
     said = str(e.value)
     assert said.startswith(f"syncopate.all_gather_matmul ({SPIN_LIMIT_VAR}=64): a stream of the call waited")
     assert "longer than 64 µs for word 3 of rank 1's signal pad" in said and "1 more word(s)" in said
@@ -87,8 +87,67 @@ def test_a_call_whose_streams_are_held_past_the_limit_names_the_words_and_releas
 
 def test_a_call_that_is_slow_but_not_held_is_waited_for_and_its_kernels_checked():
     call = Call([], slow=50)
-    ops._check_waits(SimpleNamespace(context=call), "matmul_reduce_scatter", 1, [(0x10, 5)], done=call)
+    ops.check_waits(call, "syncopate.matmul_reduce_scatter", 1, [(0x10, 5)], done=call)
     assert call.released >= 1 and call.slow < 0 and call.checked == 1
     call = Call(["word 3"])  # no stream waits (a kernel template): nothing to release, the kernels checked
-    ops._check_waits(SimpleNamespace(context=call), "matmul_reduce_scatter", 1, [], done=call)
+    ops.check_waits(call, "syncopate.matmul_reduce_scatter", 1, [], done=call)
     assert call.released == 0 and call.checked == 1
+
+
+def test_an_moe_call_is_bounded_where_its_plan_waits_on_signal_words(monkeypatch):
+    from syncopate.moe import ops as moe_ops
+    from syncopate.search_space.moe_workload import MoeCandidate
+
+    monkeypatch.setenv(SPIN_LIMIT_VAR, "64")
+    cpu = torch.zeros(2)
+    assert moe_ops._job_spin(cpu, MoeCandidate(template="fused", backend="copy_engine")) == 0  # on the CPU
+    gpu = SimpleNamespace(device=torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    for config, bounded in [
+        (MoeCandidate(template="fused", backend="copy_engine"), True),
+        (MoeCandidate(template="pipelined", backend="copy_engine"), True),
+        (MoeCandidate(template="pipelined", backend="nccl"), False),  # NCCL's waits: its own watchdog
+        (MoeCandidate(), False),  # unfused
+    ]:
+        assert moe_ops._job_spin(gpu, config) == (64 if bounded else 0), config
+
+
+def test_an_moe_call_bounds_its_kernels_and_checks_its_groups_contexts(monkeypatch):
+    from syncopate.kernels import ops as dense_ops
+    from syncopate.kernels import streamops
+    from syncopate.moe import exchange
+    from syncopate.moe import ops as moe_ops
+
+    class Context:
+        def __init__(self, error: str = "") -> None:
+            self.error, self.read = error, 0
+
+        def release_waits(self, waits):
+            return []
+
+        def check_error(self) -> None:
+            self.read += 1
+            if self.error:
+                raise CandidateTimeoutError(self.error)
+
+    contexts = [Context(), Context("a fused kernel waited ... word 3"), Context("... word 4")]
+    monkeypatch.setattr(exchange.CONTEXTS, "of", lambda group: contexts)
+    monkeypatch.setattr(streamops, "_driver", lambda: SimpleNamespace(wait=lambda *a: 0))
+    seen = {}
+
+    def checked(ctx, op, limit, waits, done=None):
+        seen.update(ctx=ctx, op=op, limit=limit, waits=list(waits))
+
+    monkeypatch.setattr(dense_ops, "check_waits", checked)
+
+    def call():
+        seen["bound"] = exchange.job_bound.limit  # what the fused kernels are launched with
+        streamops.wait_value(0, 0x40, 6)
+        return "rows"
+
+    assert moe_ops._bounded("syncopate.moe.gemm_combine", object(), 64, call) == "rows"
+    assert seen["bound"] == 64 and exchange.job_bound.limit == 0  # set for the call only
+    assert seen["op"] == "syncopate.moe.gemm_combine" and seen["limit"] == 64 and seen["waits"] == [(0x40, 6)]
+    with pytest.raises(CandidateTimeoutError, match="word 3"):
+        seen["ctx"].check_error()
+    assert [c.read for c in contexts] == [1, 1, 1] and not seen["ctx"].release_waits([])  # every one read

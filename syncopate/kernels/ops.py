@@ -499,7 +499,7 @@ def all_gather_matmul(
 
 def _checked_spin(a, spin_limit: int) -> int:
     """The spin limit SYNCOPATE_SPIN_LIMIT (`job_spin_limit`) sets this call, which then checks its
-    waits after it (`_check_waits`); 0 where the caller bounds the waits itself (`spin_limit`), the
+    waits after it (`check_waits`); 0 where the caller bounds the waits itself (`spin_limit`), the
     variable is unset, or the call is traced or captured (nothing could read its timeout there)."""
     if spin_limit or not (isinstance(a, torch.Tensor) and a.is_cuda):
         return 0
@@ -510,24 +510,24 @@ def _checked_spin(a, spin_limit: int) -> int:
 
 
 def _run_checked(program: CallProgram, op: str, limit: int, a, b, out, scales, gathered=None) -> None:
-    """One eager call bounded by SYNCOPATE_SPIN_LIMIT=`limit`, then `_check_waits`."""
+    """One eager call bounded by SYNCOPATE_SPIN_LIMIT=`limit`, then `check_waits`."""
     with streamops.watching() as waits:
         _run(program, a, b, out, False, limit, scales, gathered)
-    _check_waits(program, op, limit, waits)
+    check_waits(program.context, f"syncopate.{op}", limit, waits)
 
 
-def _check_waits(program, op: str, limit: int, waits: list[tuple[int, int]], done=None) -> None:
+def check_waits(ctx, op: str, limit: int, waits: list[tuple[int, int]], done=None) -> None:
     """After a call bounded by SYNCOPATE_SPIN_LIMIT=`limit`, whose kernels' waits were bounded to
     `limit` polls: bound its stream waits `waits` (`streamops.watching`; on the device they cannot
     time out) to `limit` microseconds of the host's waiting for the call to finish (`done`, an
     event recorded after it by default). A wait that ran out raises CandidateTimeoutError naming
     its word, the stream waits released first, so that the device is not left holding them
-    (synchronizes the device)."""
-    ctx = program.context
+    (synchronizes the device). `ctx`: the call's context (its `release_waits` and `check_error`);
+    `op`: the call as the error names it."""
     held = _held_streams(ctx, waits, limit * 1e-6, done)
     if held:
         raise CandidateTimeoutError(
-            f"syncopate.{op} ({SPIN_LIMIT_VAR}={limit}): a stream of the call waited longer than "
+            f"{op} ({SPIN_LIMIT_VAR}={limit}): a stream of the call waited longer than "
             f"{limit} µs for {held[0]}"
             + (f" (and for {len(held) - 1} more word(s), released with it)" if len(held) > 1 else "")
             + f"; the call's output is not valid. {_LATE_RANK}"
@@ -536,7 +536,7 @@ def _check_waits(program, op: str, limit: int, waits: list[tuple[int, int]], don
         ctx.check_error()
     except CandidateTimeoutError as e:
         raise CandidateTimeoutError(
-            f"syncopate.{op} ({SPIN_LIMIT_VAR}={limit}): {e}; the call's output is not valid. {_LATE_RANK}"
+            f"{op} ({SPIN_LIMIT_VAR}={limit}): {e}; the call's output is not valid. {_LATE_RANK}"
         ) from None
 
 

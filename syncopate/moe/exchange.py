@@ -340,6 +340,10 @@ class MoeContexts:
         self._contexts[key] = ctx
         return ctx
 
+    def of(self, group) -> list:
+        """The open symmetric contexts of `group`."""
+        return [c for k, c in self._contexts.items() if k[0] == group.group_name and not c.closed]
+
     def close(self, group=None) -> None:
         """Release the symmetric contexts (of `group`, or all) and the side streams (collective for
         the contexts: every rank of a group closes them together)."""
@@ -349,6 +353,14 @@ class MoeContexts:
         if group is None:
             self._streams.clear()
 
+
+class _JobBound(threading.local):
+    limit = 0
+
+
+job_bound = _JobBound()
+"""`limit`: the spin limit SYNCOPATE_SPIN_LIMIT sets the fused kernels of this thread's MoE call in
+flight (`syncopate.moe.ops`), 0 outside one."""
 
 CONTEXTS = MoeContexts()
 """The process's MoE contexts (`close_moe_contexts` releases them)."""

@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from syncopate.errors import ConfigError
 from syncopate.moe import pipelined
-from syncopate.moe.exchange import CONTEXTS, CopyEngineExchange, open_exchange
+from syncopate.moe.exchange import CONTEXTS, CopyEngineExchange, job_bound, open_exchange
 from syncopate.moe.kernels import COMBINE_WORDS, DISPATCH_WORDS, launch_combine, launch_dispatch
 from syncopate.moe.ops import _token_rows, summed_rows
 from syncopate.moe.plan import PiecePlan
@@ -430,7 +430,7 @@ def dispatch_rows(
         ctx.error,
         epoch=ex.epoch,
         programs=ctx.sm_count,
-        spin_limit=spin_limit,
+        spin_limit=spin_limit or job_bound.limit,
         **_tiles(config),
     )
     for i, xc in enumerate(plan.exchanges):
@@ -495,7 +495,7 @@ def combine_rows(
         ctx.error,
         epoch=ex.epoch,
         programs=ctx.sm_count,
-        spin_limit=spin_limit,
+        spin_limit=spin_limit or job_bound.limit,
         **_tiles(config),
     )
     for i, xc in enumerate(plan.exchanges):

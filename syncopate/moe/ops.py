@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from syncopate.errors import ConfigError, describe
+from syncopate.environment import job_spin_limit
+from syncopate.errors import CandidateTimeoutError, ConfigError, describe
 from syncopate.moe.routing import (
     ExpertLayout,
     check_id_tensor,
@@ -523,6 +524,18 @@ def dispatch_gemm(
     _check_out(out, (layout.rows_received, w1.shape[2]), x)
     check_backward(backward)
     config = _config(config, group, x)
+    limit = _job_spin(x, config)
+    if limit:
+        return _bounded(
+            "syncopate.moe.dispatch_gemm",
+            group,
+            limit,
+            lambda: _dispatch(x, w1, layout, group, out, config, backward),
+        )
+    return _dispatch(x, w1, layout, group, out, config, backward)
+
+
+def _dispatch(x, w1, layout, group, out, config, backward) -> torch.Tensor:
     if config.template == "pipelined":
         from syncopate.moe import pipelined
 
@@ -569,6 +582,18 @@ def gemm_combine(
     _check_out(out, (layout.tokens, w2.shape[2]), h)
     check_backward(backward)
     config = _config(config, group, h)
+    limit = _job_spin(h, config)
+    if limit:
+        return _bounded(
+            "syncopate.moe.gemm_combine",
+            group,
+            limit,
+            lambda: _combine(h, w2, gate_weights, layout, group, out, config, backward),
+        )
+    return _combine(h, w2, gate_weights, layout, group, out, config, backward)
+
+
+def _combine(h, w2, gate_weights, layout, group, out, config, backward) -> torch.Tensor:
     if config.template == "pipelined":
         from syncopate.moe import pipelined
 
@@ -593,3 +618,57 @@ def gemm_combine(
     y = permute_rows(y, layout.expert_order_inverse, layout.expert_order)
     back = all_to_all_rows(y, layout.send_splits, layout.recv_splits, group)
     return _written(gathered_weighted_sum(back, gate_weights, layout), out)
+
+
+def _job_spin(a: torch.Tensor, config: MoeCandidate) -> int:
+    """The spin limit SYNCOPATE_SPIN_LIMIT sets an MoE call (`_bounded`): a forward call on the GPU,
+    eager (not captured, not traced), of a plan whose transfers wait on signal words (`fused`, and
+    `pipelined` off NCCL, whose waits are NCCL's); 0 elsewhere."""
+    if a.device.type != "cuda" or not (
+        config.template == "fused" or (config.template == "pipelined" and config.backend != "nccl")
+    ):
+        return 0
+    if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        return 0
+    return job_spin_limit()
+
+
+class _GroupContexts:
+    """The MoE contexts of a group, as `kernels.ops.check_waits` asks a call's context."""
+
+    def __init__(self, contexts: list) -> None:
+        self.contexts = contexts
+
+    def release_waits(self, waits) -> list[str]:
+        return [said for ctx in self.contexts for said in ctx.release_waits(waits)]
+
+    def check_error(self) -> None:
+        """Each context's timeout read and cleared; the first raised."""
+        first = None
+        for ctx in self.contexts:
+            try:
+                ctx.check_error()
+            except CandidateTimeoutError as e:
+                first = first or e
+        if first is not None:
+            raise first
+
+
+def _bounded(op: str, group, limit: int, call):
+    """`call()` with its fused kernels' waits bounded to `limit` polls and its streams' waits to
+    `limit` microseconds, then checked as the dense ops check theirs (`kernels.ops.check_waits`:
+    a wait that ran out raises CandidateTimeoutError naming its word, held streams released)."""
+    from syncopate.kernels import streamops
+    from syncopate.kernels.ops import check_waits
+    from syncopate.moe.exchange import CONTEXTS, job_bound
+    from syncopate.moe.pipelined import _group
+
+    outer = job_bound.limit
+    job_bound.limit = limit
+    try:
+        with streamops.watching() as waits:
+            result = call()
+    finally:
+        job_bound.limit = outer
+    check_waits(_GroupContexts(CONTEXTS.of(_group(group))), op, limit, waits)
+    return result
