@@ -268,8 +268,8 @@ def test_a_job_with_a_spin_limit_set_gets_a_named_timeout_not_a_hang():
 def _moe_spin_worker(rank, world, port, q):
     """The MoE ops' eager calls with SYNCOPATE_SPIN_LIMIT set, as `_job_spin_worker` makes the dense
     ops': the pipelined copy-engine plan (stream waits) and the fused one (kernel and stream waits),
-    dispatch and combine, rank 1 late by 50 ms with a limit of 64. (rank, [(op, template, limit,
-    error text or "", rel err)])"""
+    dispatch and combine, their backwards (the other kind's pipelined plan) and forwards, rank 1
+    late by 50 ms with a limit of 64. (rank, [(op, template, limit, error text or "", rel err)])"""
     import os
     import time
 
@@ -311,7 +311,47 @@ def _moe_spin_worker(rank, world, port, q):
         MoeCandidate(template="pipelined", backend="copy_engine", chunks_per_source=2, order="ring"),
         MoeCandidate(template="fused", backend="copy_engine", chunks_per_source=2, order="ring"),
     ]
+    # the backward's plans (the other kind's pipelined plan), against unfused on the CPU (gloo)
+    gy = {"dispatch": torch.randn(layout.rows_received, 2 * ffn, generator=gen, device=dev).bfloat16()}
+    gy["combine"] = torch.randn(tokens, hidden, generator=gen, device=dev).bfloat16()
+    cpu_layout = exchange_layout(ids.cpu(), experts, g)
+    xc, hc = x.cpu().requires_grad_(), h.cpu().requires_grad_()
+    dispatch_gemm(xc, w1.cpu(), cpu_layout, g).backward(gy["dispatch"].cpu())
+    gemm_combine(hc, w2.cpu(), gates.cpu(), cpu_layout, g).backward(gy["combine"].cpu())
+    grad_refs = {"dispatch": xc.grad.float(), "combine": hc.grad.float()}
+
+    def backward(op, c):
+        leaf = (x if op == "dispatch" else h).detach().requires_grad_()
+        y = (
+            dispatch_gemm(leaf, w1, layout, g, config=c)
+            if op == "dispatch"
+            else gemm_combine(leaf, w2, gates, layout, g, config=c)
+        )
+        torch.cuda.synchronize()
+        dist.barrier(group=g)  # the forward done on both ranks before the backward is late
+        return y, leaf
+
     report = []
+    for op, c, limit in [(o, c, lim) for o in calls for c in configs for lim in ("", "16777216", "64", "")]:
+        os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)
+        y, leaf = backward(op, c)
+        os.environ["SYNCOPATE_SPIN_LIMIT"] = limit
+        if rank == 1 and limit == "64":
+            time.sleep(0.05)
+        said = ""
+        try:
+            y.backward(gy[op])
+        except CandidateTimeoutError as e:
+            said = str(e)
+        torch.cuda.synchronize()
+        dist.barrier(group=g)
+        os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)
+        err = float("nan") if said else relative_error(leaf.grad.cpu(), grad_refs[op])
+        report.append((f"{op} backward", c.template, limit, said, err))
+        if limit == "64":
+            close_moe_contexts()
+        torch.cuda.synchronize()
+        dist.barrier(group=g)
     for op, c, limit in [(o, c, lim) for o in calls for c in configs for lim in ("", "16777216", "64", "")]:
         os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)
         calls[op](c)  # compiled, the context made, outside the timing of the late rank
@@ -344,7 +384,8 @@ def test_an_moe_job_with_a_spin_limit_set_gets_a_named_timeout_not_a_hang():
     for op, template, limit, said, err in reports[0]:
         print(f"rank 0 {op} {template} SYNCOPATE_SPIN_LIMIT={limit!r}: {said or f'rel err {err:.3g}'}")
         if limit == "64":
-            assert f"syncopate.moe.{'dispatch_gemm' if op == 'dispatch' else 'gemm_combine'}" in said, said
+            assert f"syncopate.moe.{'dispatch_gemm' if op.startswith('dispatch') else 'gemm_combine'}" in said
+            assert ("backward" in said) == op.endswith("backward"), said
             assert "SYNCOPATE_SPIN_LIMIT=64" in said and "signal pad (" in said, said
             assert "output is not valid" in said
         else:

@@ -524,15 +524,13 @@ def dispatch_gemm(
     _check_out(out, (layout.rows_received, w1.shape[2]), x)
     check_backward(backward)
     config = _config(config, group, x)
-    limit = _job_spin(x, config)
-    if limit:
-        return _bounded(
-            "syncopate.moe.dispatch_gemm",
-            group,
-            limit,
-            lambda: _dispatch(x, w1, layout, group, out, config, backward),
-        )
-    return _dispatch(x, w1, layout, group, out, config, backward)
+    return job_bounded(
+        "syncopate.moe.dispatch_gemm",
+        group,
+        x,
+        config,
+        lambda: _dispatch(x, w1, layout, group, out, config, backward),
+    )
 
 
 def _dispatch(x, w1, layout, group, out, config, backward) -> torch.Tensor:
@@ -582,15 +580,13 @@ def gemm_combine(
     _check_out(out, (layout.tokens, w2.shape[2]), h)
     check_backward(backward)
     config = _config(config, group, h)
-    limit = _job_spin(h, config)
-    if limit:
-        return _bounded(
-            "syncopate.moe.gemm_combine",
-            group,
-            limit,
-            lambda: _combine(h, w2, gate_weights, layout, group, out, config, backward),
-        )
-    return _combine(h, w2, gate_weights, layout, group, out, config, backward)
+    return job_bounded(
+        "syncopate.moe.gemm_combine",
+        group,
+        h,
+        config,
+        lambda: _combine(h, w2, gate_weights, layout, group, out, config, backward),
+    )
 
 
 def _combine(h, w2, gate_weights, layout, group, out, config, backward) -> torch.Tensor:
@@ -620,9 +616,16 @@ def _combine(h, w2, gate_weights, layout, group, out, config, backward) -> torch
     return _written(gathered_weighted_sum(back, gate_weights, layout), out)
 
 
+def job_bounded(op: str, group, a: torch.Tensor, config: MoeCandidate, call):
+    """`call()`, bounded by SYNCOPATE_SPIN_LIMIT where `_job_spin` says (`_bounded`), as `op`
+    (a forward op, or a backward's plan: `syncopate.moe.pipelined`)."""
+    limit = _job_spin(a, config)
+    return _bounded(op, group, limit, call) if limit else call()
+
+
 def _job_spin(a: torch.Tensor, config: MoeCandidate) -> int:
-    """The spin limit SYNCOPATE_SPIN_LIMIT sets an MoE call (`_bounded`): a forward call on the GPU,
-    eager (not captured, not traced), of a plan whose transfers wait on signal words (`fused`, and
+    """The spin limit SYNCOPATE_SPIN_LIMIT sets an MoE call (`_bounded`): a call on the GPU, eager
+    (not captured, not traced), of a plan whose transfers wait on signal words (`fused`, and
     `pipelined` off NCCL, whose waits are NCCL's); 0 elsewhere."""
     if a.device.type != "cuda" or not (
         config.template == "fused" or (config.template == "pipelined" and config.backend != "nccl")

@@ -36,6 +36,7 @@ from syncopate.moe.ops import (
     _token_rows,
     grouped_mm,
     grouped_weight_grad,
+    job_bounded,
     scatter_rows,
     summed_rows,
     summed_rows_grads,
@@ -252,7 +253,13 @@ class _Dispatch(torch.autograd.Function):
             if how == "unfused":
                 back, own = unfused_combine_rows(grad_h, w.transpose(1, 2), layout, group), None
             else:
-                back, own = combine_rows(grad_h, w.transpose(1, 2), layout, group, config)
+                back, own = job_bounded(
+                    "syncopate.moe.dispatch_gemm's backward (the combine plan)",
+                    group,
+                    grad_h,
+                    config,
+                    lambda: combine_rows(grad_h, w.transpose(1, 2), layout, group, config),
+                )
             grad_x = token_sum(back, layout, own)
         if ctx.needs_input_grad[1]:
             grad_w = grouped_weight_grad(received[layout.expert_order], grad_h, layout.group_sizes)
@@ -301,14 +308,20 @@ class _Combine(torch.autograd.Function):
                     keep_received=ctx.needs_input_grad[1],
                 )
             else:
-                grad_h, grad_y = dispatch_rows(
-                    grad_rows,
-                    w.transpose(1, 2),
-                    layout,
+                grad_h, grad_y = job_bounded(
+                    "syncopate.moe.gemm_combine's backward (the dispatch plan)",
                     group,
+                    grad_rows,
                     config,
-                    tokens=False,
-                    keep_received=ctx.needs_input_grad[1],
+                    lambda: dispatch_rows(
+                        grad_rows,
+                        w.transpose(1, 2),
+                        layout,
+                        group,
+                        config,
+                        tokens=False,
+                        keep_received=ctx.needs_input_grad[1],
+                    ),
                 )
             if ctx.needs_input_grad[1]:
                 grad_w = grouped_weight_grad(h, grad_y[layout.expert_order], layout.group_sizes)
