@@ -183,6 +183,39 @@ def test_a_late_peer_is_waited_for_and_a_short_spin_limit_says_so():
             assert said and all("signal pad (" in w or "part words" in w for w in said), said
 
 
+_LIMITS = ("", "16777216", "64", "")
+"""SYNCOPATE_SPIN_LIMIT for each call of a case: unset, the tuning limit, 64 with rank 1 late
+(`_call_late`), unset again (the calls after a timeout are right). 64 polls, not 1: Triton compiles
+a kernel of its own for an argument of 1, which would take longer than the late rank is late; 64
+shares the tuning limit's (both multiples of 16)."""
+
+
+def _call_late(rank, group, limit: str, call):
+    """`call()` with SYNCOPATE_SPIN_LIMIT=`limit` (read by every call), rank 1 entering it 50 ms late
+    where the limit is 64: (its result or None, the timeout's text or ""), then the device
+    synchronized, the ranks met and the variable unset."""
+    import os
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from syncopate.errors import CandidateTimeoutError
+
+    os.environ["SYNCOPATE_SPIN_LIMIT"] = limit
+    if rank == 1 and limit == "64":
+        time.sleep(0.05)
+    out, said = None, ""
+    try:
+        out = call()
+    except CandidateTimeoutError as e:
+        said = str(e)
+    torch.cuda.synchronize()
+    dist.barrier(group=group)
+    os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)
+    return out, said
+
+
 def _job_spin_worker(rank, world, port, q):
     """A job's eager calls with SYNCOPATE_SPIN_LIMIT set: rank 1 enqueues each call 50 ms late; with
     a limit of 64 (polls for a kernel's wait, microseconds for a stream's) rank 0's call raises the
@@ -191,7 +224,6 @@ def _job_spin_worker(rank, world, port, q):
     templates, which the copy engine's stream waits hold). (rank, [(kind, template, limit, error
     text or "", rel err)])"""
     import os
-    import time
 
     from syncopate.measure.local_ranks import join_group
 
@@ -199,7 +231,6 @@ def _job_spin_worker(rank, world, port, q):
     import torch
     import torch.distributed as dist
 
-    from syncopate.errors import CandidateTimeoutError
     from syncopate.kernels import ops
     from syncopate.measure.reference import reference, relative_error
     from syncopate.search_space import Candidate, Workload, c_stationary_candidate, decomposed_candidate
@@ -216,11 +247,9 @@ def _job_spin_worker(rank, world, port, q):
         "gemm_rs": [kernels, decomposed_candidate(2), c_stationary_candidate(1)],
     }
     report = []
-    # 64 polls, not 1: Triton compiles a kernel of its own for an argument of 1, which would take
-    # longer than the late rank is late; 64 shares the tuning limit's (both multiples of 16)
-    runs = [(k, c, lim) for k in fused for c in templates[k] for lim in ("", "16777216", "64", "")]
+    runs = [(k, c, lim) for k in fused for c in templates[k] for lim in _LIMITS]
+    os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)  # each case's first call unbounded
     for kind, c, limit in runs:
-        os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)
         m, n, k = shapes[kind]
         local = Workload(kind=kind, shape=(m, n, k), dtype="bf16").local_shapes(world)
         a = torch.randn(local["a"], generator=gen, device=dev).bfloat16()
@@ -228,17 +257,7 @@ def _job_spin_worker(rank, world, port, q):
         fused[kind](a, b, g, c)  # compiled, the context made, outside the timing of the late rank
         torch.cuda.synchronize()
         dist.barrier(group=g)
-        os.environ["SYNCOPATE_SPIN_LIMIT"] = limit  # read by every call
-        if rank == 1 and limit == "64":
-            time.sleep(0.05)
-        said, out = "", None
-        try:
-            out = fused[kind](a, b, g, c)
-        except CandidateTimeoutError as e:
-            said = str(e)
-        torch.cuda.synchronize()
-        dist.barrier(group=g)
-        os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)
+        out, said = _call_late(rank, g, limit, lambda: fused[kind](a, b, g, c))
         ref = reference(kind, a, b, g)  # every rank, whatever its call did
         err = float("nan") if out is None else relative_error(out, ref)
         report.append((kind, c.template, limit, said, err))
@@ -246,7 +265,6 @@ def _job_spin_worker(rank, world, port, q):
             ops.close_contexts()  # copies of a given-up call may still have landed late: fresh ones
         torch.cuda.synchronize()
         dist.barrier(group=g)
-    os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)
     ops.close_contexts()
     q.put((rank, report))
     dist.destroy_process_group()
@@ -270,8 +288,8 @@ def _moe_spin_worker(rank, world, port, q):
     ops': the pipelined copy-engine plan (stream waits) and the fused one (kernel and stream waits),
     dispatch and combine, their backwards (the other kind's pipelined plan) and forwards, rank 1
     late by 50 ms with a limit of 64. (rank, [(op, template, limit, error text or "", rel err)])"""
+
     import os
-    import time
 
     from syncopate.measure.local_ranks import join_group
 
@@ -279,7 +297,6 @@ def _moe_spin_worker(rank, world, port, q):
     import torch
     import torch.distributed as dist
 
-    from syncopate.errors import CandidateTimeoutError
     from syncopate.measure.reference import (
         moe_combine_group_reference,
         moe_dispatch_group_reference,
@@ -332,42 +349,22 @@ def _moe_spin_worker(rank, world, port, q):
         return y, leaf
 
     report = []
-    for op, c, limit in [(o, c, lim) for o in calls for c in configs for lim in ("", "16777216", "64", "")]:
-        os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)
+    runs = [(o, c, lim) for o in calls for c in configs for lim in _LIMITS]
+    os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)  # each case's first call unbounded
+    for op, c, limit in runs:
         y, leaf = backward(op, c)
-        os.environ["SYNCOPATE_SPIN_LIMIT"] = limit
-        if rank == 1 and limit == "64":
-            time.sleep(0.05)
-        said = ""
-        try:
-            y.backward(gy[op])
-        except CandidateTimeoutError as e:
-            said = str(e)
-        torch.cuda.synchronize()
-        dist.barrier(group=g)
-        os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)
+        _, said = _call_late(rank, g, limit, lambda: y.backward(gy[op]))
         err = float("nan") if said else relative_error(leaf.grad.cpu(), grad_refs[op])
         report.append((f"{op} backward", c.template, limit, said, err))
         if limit == "64":
             close_moe_contexts()
         torch.cuda.synchronize()
         dist.barrier(group=g)
-    for op, c, limit in [(o, c, lim) for o in calls for c in configs for lim in ("", "16777216", "64", "")]:
-        os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)
+    for op, c, limit in runs:
         calls[op](c)  # compiled, the context made, outside the timing of the late rank
         torch.cuda.synchronize()
         dist.barrier(group=g)
-        os.environ["SYNCOPATE_SPIN_LIMIT"] = limit
-        if rank == 1 and limit == "64":
-            time.sleep(0.05)
-        said, out = "", None
-        try:
-            out = calls[op](c)
-        except CandidateTimeoutError as e:
-            said = str(e)
-        torch.cuda.synchronize()
-        dist.barrier(group=g)
-        os.environ.pop("SYNCOPATE_SPIN_LIMIT", None)
+        out, said = _call_late(rank, g, limit, lambda: calls[op](c))
         err = float("nan") if out is None else relative_error(out.cpu(), refs[op])
         report.append((op, c.template, limit, said, err))
         if limit == "64":

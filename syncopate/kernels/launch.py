@@ -854,9 +854,9 @@ def _gluon_fits(c: Candidate, K: int, a: torch.Tensor) -> bool:
     kernels, which compute the same tiles (the search space offers `gluon` only where it fits)."""
     if not gluon_asked(c) or not gluon_runs_here(a) or a.dtype not in (torch.bfloat16, torch.float16):
         return False
-    if gluon_refusal_of(c.block_m, c.block_k, c.num_warps, c.num_stages, K, a.element_size()):
-        return False
     elem = a.element_size()
+    if gluon_refusal_of(c.block_m, c.block_k, c.num_warps, c.num_stages, K, elem):
+        return False
     return (
         c.num_stages * (c.block_m + c.block_n) * c.block_k * elem + c.block_m * c.block_n * elem <= GLUON_SMEM
     )
