@@ -10,7 +10,8 @@ asks for them). A peer that comes late (it enqueues each call 50 ms after rank 0
 outputs right with the tuning spin limit, and with a spin limit of one turn every bounded wait
 gives up and says so, naming the word it waited for (the wait is real, and a timeout is reported,
 not a wrong output passed off as right); a job's calls under SYNCOPATE_SPIN_LIMIT raise that
-timeout themselves, the cuBLAS templates too, whose streams wait (and are released). And every
+timeout themselves, the cuBLAS templates too, whose streams wait (and are released), and so does
+the tuner's harness, verifying a candidate with a late rank. And every
 candidate of the matrix with bounded waits, run into a timeout that way, leaves its context fit
 for the next calls, as a sweep needs: three back-to-back calls after it are right.
 """
@@ -281,6 +282,67 @@ def test_a_job_with_a_spin_limit_set_gets_a_named_timeout_not_a_hang():
                 assert "a stream of the call waited longer than 64 µs" in said, said
         else:
             assert not said and err <= TOL["bf16"], (kind, template, limit, said, err)
+
+
+def _harness_late_worker(rank, world, port, q):
+    """The tuner's harness on ranks sharing the GPU: each candidate (one whose kernels wait, one
+    whose streams wait) verified once, then measured with the harness's spin limit at 64 while rank
+    1 makes its first verification call 50 ms late, then verified again with the limit restored.
+    (rank, [(template, first rel err, late status, late error, after rel err)])"""
+    import time
+
+    from syncopate.measure.local_ranks import join_group
+
+    join_group(rank, world, port, shared_gpu=True)
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+
+    from syncopate.kernels import ops
+    from syncopate.measure import harness as hm
+    from syncopate.search_space import Candidate, Workload, decomposed_candidate
+
+    g = dist.group.WORLD
+    h = hm.Harness(
+        Workload(kind="gemm_rs", shape=(4096, 1024, 1536), dtype="bf16"),
+        g,
+        SimpleNamespace(warmup=1, repetitions=2, flush_l2=False),
+    )
+    inputs = h.fresh_inputs
+    report = []
+    kernels = Candidate(backend="sm_copy", num_splits=2, comm_sms=16, block_m=128, block_n=128, block_k=64)
+    for c in (kernels, decomposed_candidate(2)):
+        first = h.verify(c)  # compiled, the contexts made
+        late = [rank == 1]
+
+        def fresh():
+            if late[0]:
+                late[0] = False
+                time.sleep(0.05)
+            return inputs()
+
+        h.fresh_inputs, hm.SPIN_LIMIT = fresh, 64
+        result = h.run_candidate(c)
+        h.fresh_inputs, hm.SPIN_LIMIT = inputs, 1 << 24
+        torch.cuda.synchronize()
+        dist.barrier(group=g)
+        report.append((c.template, first, result.status, result.error, h.verify(c)))
+    h.close()
+    ops.close_contexts()
+    q.put((rank, report))
+    dist.destroy_process_group()
+
+
+def test_the_tuners_harness_names_a_late_ranks_wait_and_measures_the_next_call_right():
+    reports = run_ranks(_harness_late_worker, 2, timeout=300)
+    for template, first, status, error, after in reports[0]:
+        print(f"rank 0 {template}: first {first:.3g}, late: {status} {error[:300]!r}, after {after:.3g}")
+        assert first <= TOL["bf16"] and after <= TOL["bf16"], (template, first, after)
+        assert status == "timeout" and "during verification" in error and "signal pad (" in error, error
+        if template != "direct":  # the cuBLAS template: its streams wait, and are released
+            assert "(the tuner's spin limit, 64): a stream of the call waited longer than 64 µs" in error
+    assert [r[2] for r in reports[1]] == ["timeout", "timeout"]  # the ranks agree
 
 
 def _moe_spin_worker(rank, world, port, q):

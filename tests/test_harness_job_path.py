@@ -54,7 +54,8 @@ def _harness(monkeypatch, calls: list, fail_check: bool = False, eager_us=None) 
     h._timing = timing
     h._host = host
     h._eager = eager
-    h._context = lambda: types.SimpleNamespace(check_error=check_error)
+    monkeypatch.setattr(ops, "call_context", lambda *a: types.SimpleNamespace(check_error=check_error))
+    monkeypatch.setattr(ops, "close_contexts", lambda group=None: calls.append("close_contexts"))
     return h
 
 
@@ -103,6 +104,7 @@ def test_a_wait_that_ran_out_is_a_timeout_and_no_unbounded_call_is_made(monkeypa
     result = h.run_candidate(cand)
     assert result.status == "timeout" and "spin limit" in result.error
     assert all(c[1] == SPIN_LIMIT for c in calls if isinstance(c, tuple))
+    assert calls[-1] == "close_contexts"  # the next candidate starts on fresh contexts
     assert ops.get_launch() == "auto"
 
 

@@ -1,7 +1,8 @@
 """Layer: pure CPU. SYNCOPATE_SPIN_LIMIT: read as a poll count, refused with what it takes; a call
 it bounds raises the timeout of its context with the op, the setting and what to make of it, and
 one whose streams are still held by their waits after the limit (as microseconds) names the words
-and releases them before it raises."""
+and releases them before it raises. The tuner's verification bounds its candidates' stream waits
+the same way, by its own spin limit, and starts the next candidate on fresh contexts."""
 
 from __future__ import annotations
 
@@ -151,3 +152,80 @@ def test_an_moe_call_bounds_its_kernels_and_checks_its_groups_contexts(monkeypat
     with pytest.raises(CandidateTimeoutError, match="word 3"):
         seen["ctx"].check_error()
     assert [c.read for c in contexts] == [1, 1, 1] and not seen["ctx"].release_waits([])  # every one read
+
+
+def _verifying_harness(monkeypatch, held: list[str]):
+    """A dense-op Harness on the CPU whose candidate's calls each enqueue a stream wait (the
+    driver faked) and whose context (`ops.call_context`) is a `Call` holding `held` words; the
+    references are the outputs themselves, and the ranks agree with this one."""
+    from syncopate.kernels import streamops
+    from syncopate.measure import harness as hm
+    from syncopate.search_space import Workload
+
+    call = Call(held)
+    call.record = lambda: None
+    monkeypatch.setattr(streamops, "_driver", lambda: SimpleNamespace(wait=lambda *a: 0))
+    monkeypatch.setattr(torch.cuda, "Event", lambda: call)  # the calls' end as the host waits for it
+    monkeypatch.setattr(ops, "call_context", lambda *a: call)
+    closed = []
+    monkeypatch.setattr(ops, "close_contexts", lambda group=None: closed.append(group))
+    references = []
+
+    def reference(kind, a, b, group, *scales):
+        references.append(kind)  # collective: every rank makes them, timed out or not
+        return a.float() @ b.float()
+
+    monkeypatch.setattr(hm, "reference", reference)
+
+    h = object.__new__(hm.Harness)
+    h.workload, h.group, h.scaled = Workload(kind="gemm_ar", shape=(8, 4, 4), dtype="bf16"), "g", False
+    h.device, h.out_dtype = torch.device("cpu"), torch.bfloat16
+    h.shapes = {"out": (8, 4)}
+    h.a, h.b, h.scales = torch.ones(8, 4, dtype=torch.bfloat16), torch.ones(4, 4, dtype=torch.bfloat16), None
+    h.fresh_inputs = lambda: (h.a, h.b, None)
+    h._poison = lambda: None
+    h._agree = lambda status: status
+
+    def op(candidate, spin_limit=0):
+        def fused(a, b, out=None, scales=None):
+            streamops.wait_value(0, 0x40, 7)  # a copy-engine stream waits for a peer's word
+            return (a @ b) if out is None else out.copy_(a @ b)
+
+        return fused
+
+    def timing(fn):
+        fn()
+        return SimpleNamespace(samples_us=(10.0,))
+
+    h.op, h._timing = op, timing
+    h._as_a_job = lambda *a: (1.0, 11.0)
+    call.references = references
+    return h, call, closed
+
+
+def test_the_tuners_verification_bounds_its_stream_waits_and_the_next_candidate_starts_fresh(monkeypatch):
+    from syncopate.measure.harness import SPIN_LIMIT
+    from syncopate.search_space import decomposed_candidate
+
+    word = "word 1025 of rank 0's signal pad (rank 1's entry into the call), which reads 5 now"
+    h, call, closed = _verifying_harness(monkeypatch, [word])
+    cand = decomposed_candidate(2)
+    result = h.run_candidate(cand)
+    assert result.status == "timeout" and not result.samples_us
+    assert result.error.startswith(
+        f"CandidateTimeoutError: during verification, candidate {cand.short()} (the tuner's spin limit, "
+        f"{SPIN_LIMIT}): a stream of the call waited longer than {SPIN_LIMIT} µs for {word}"
+    ), result.error
+    assert "the sweep goes on" in result.error and SPIN_LIMIT_VAR not in result.error
+    assert call.released == 1 and call.synced == 1  # released before anything waited on the device
+    assert len(call.references) == 3  # and the references made as on a rank that did not time out
+    assert closed == ["g"]  # the next candidate gets fresh contexts: late copies cannot reach it
+
+
+def test_the_tuners_verification_and_timing_check_the_candidates_own_context(monkeypatch):
+    from syncopate.search_space import decomposed_candidate
+
+    h, call, closed = _verifying_harness(monkeypatch, [])
+    result = h.run_candidate(decomposed_candidate(2))
+    assert result.status == "ok" and result.max_rel_error == 0 and result.samples_us == (10.0,)
+    assert call.checked == 2 and closed == []  # after the verification, and after the timed calls

@@ -516,27 +516,37 @@ def _run_checked(program: CallProgram, op: str, limit: int, a, b, out, scales, g
     check_waits(program.context, f"syncopate.{op}", limit, waits)
 
 
-def check_waits(ctx, op: str, limit: int, waits: list[tuple[int, int]], done=None) -> None:
+def check_waits(
+    ctx,
+    op: str,
+    limit: int,
+    waits: list[tuple[int, int]],
+    done=None,
+    setting: str | None = None,
+    advice: str | None = None,
+) -> None:
     """After a call bounded by SYNCOPATE_SPIN_LIMIT=`limit`, whose kernels' waits were bounded to
     `limit` polls: bound its stream waits `waits` (`streamops.watching`; on the device they cannot
     time out) to `limit` microseconds of the host's waiting for the call to finish (`done`, an
     event recorded after it by default). A wait that ran out raises CandidateTimeoutError naming
     its word, the stream waits released first, so that the device is not left holding them
     (synchronizes the device). `ctx`: the call's context (its `release_waits` and `check_error`);
-    `op`: the call as the error names it."""
+    `op`: the call as the error names it; `setting`: what set the limit and `advice`: what to do,
+    as the error says them (default: a job's, the variable)."""
+    setting = setting or f"{SPIN_LIMIT_VAR}={limit}"
+    advice = advice or _LATE_RANK
     held = _held_streams(ctx, waits, limit * 1e-6, done)
     if held:
         raise CandidateTimeoutError(
-            f"{op} ({SPIN_LIMIT_VAR}={limit}): a stream of the call waited longer than "
-            f"{limit} µs for {held[0]}"
+            f"{op} ({setting}): a stream of the call waited longer than {limit} µs for {held[0]}"
             + (f" (and for {len(held) - 1} more word(s), released with it)" if len(held) > 1 else "")
-            + f"; the call's output is not valid. {_LATE_RANK}"
+            + f"; the call's output is not valid. {advice}"
         )
     try:
         ctx.check_error()
     except CandidateTimeoutError as e:
         raise CandidateTimeoutError(
-            f"{op} ({SPIN_LIMIT_VAR}={limit}): {e}; the call's output is not valid. {_LATE_RANK}"
+            f"{op} ({setting}): {e}; the call's output is not valid. {advice}"
         ) from None
 
 

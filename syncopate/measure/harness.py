@@ -25,7 +25,7 @@ import torch.distributed as dist
 import triton
 
 from syncopate.errors import CandidateTimeoutError, ConfigError
-from syncopate.kernels import launch, ops
+from syncopate.kernels import launch, ops, streamops
 from syncopate.kernels.ranks import slowest
 from syncopate.kernels.replay import candidate_replays
 from syncopate.kernels.scaled import FP8, OUT_DTYPE, quantize, scaled_mm
@@ -43,6 +43,13 @@ operands and scales)."""
 
 SPIN_LIMIT = 1 << 24
 """Polls a wait may spend while tuning before it reports a timeout (seconds, not forever)."""
+
+
+_LATE_RANK = (
+    "A word below the epoch is one its writer has not reached: a rank of the gang fell that far "
+    "behind (a slow host, a faulty GPU), or the ranks did not make the same calls; the trial is "
+    "recorded as a timeout and the sweep goes on"
+)
 
 
 class TimingSettings(Protocol):
@@ -438,31 +445,45 @@ class Harness:
         barrier(self.group, self.device)
 
     def verify(self, candidate: Candidate, calls: int = 3) -> float:
-        """Worst relative error over `calls` back-to-back calls on fresh inputs, outputs poisoned."""
+        """Worst relative error over `calls` back-to-back calls on fresh inputs, outputs poisoned.
+        Every wait of the calls is bounded: a kernel's to `SPIN_LIMIT` polls, a stream's (the copy
+        engine's, the cuBLAS templates') to `SPIN_LIMIT` µs of this host's waiting for the calls
+        (`ops.check_waits`, which releases it), so that a candidate whose ranks stop meeting ends
+        in a timeout naming the word it waited for, not in its gang's deadline."""
         fused = self.op(candidate, SPIN_LIMIT)
         self._poison()
-        worst = 0.0
         pending = []
-        for _ in range(calls):
-            a, b, scales = self.fresh_inputs()
-            out_shape = self.shapes["out"]
-            out = torch.full(out_shape, float("nan"), dtype=self.out_dtype, device=self.device)
-            pending.append((fused(a, b, out, scales), a, b, scales))
-        for out, a, b, scales in pending:
+        with streamops.watching() as waits:
+            for _ in range(calls):
+                a, b, scales = self.fresh_inputs()
+                out = torch.full(self.shapes["out"], float("nan"), dtype=self.out_dtype, device=self.device)
+                pending.append((fused(a, b, out, scales), a, b, scales))
+        timed_out = None
+        try:
+            self._check_waits(candidate, waits)
+        except CandidateTimeoutError as e:
+            timed_out = e
+        worst = 0.0
+        for out, a, b, scales in pending:  # on every rank, timed out or not: the references are collective
             ref = reference(self.workload.kind, a, b, self.group, *(scales or ()))
             worst = max(worst, relative_error(out, ref))
-        if self.scaled:
-            return worst
-        try:
-            self._context().check_error()
-        except CandidateTimeoutError as e:
-            raise CandidateTimeoutError(f"during verification, {e}") from None
+        if timed_out is not None:
+            raise CandidateTimeoutError(f"during verification, {timed_out}") from None
         return worst
 
-    def _context(self):
-        kind, m = self.workload.kind, self.workload.shape.m
-        shape = (m, self.a.shape[1]) if kind == "ag_gemm" else (m, self.b.shape[1])
-        return ops.get_context(kind, self.group, shape, self.dtype)
+    def _check_waits(self, candidate: Candidate, waits: list[tuple[int, int]] | None = None) -> None:
+        """The candidate's calls so far checked (`ops.check_waits`): its stream waits `waits`
+        bounded, then its context's kernel timeouts (none where its template needs no context)."""
+        ctx = ops.call_context(self.workload.kind, self.a, self.b, self.group, candidate)
+        if ctx is not None:
+            ops.check_waits(
+                ctx,
+                f"candidate {candidate.short()}",
+                SPIN_LIMIT,
+                waits or [],
+                setting=f"the tuner's spin limit, {SPIN_LIMIT}",
+                advice=_LATE_RANK,
+            )
 
     def _agree(self, status: str) -> str:
         """The worst status over the ranks."""
@@ -471,7 +492,9 @@ class Harness:
         return {v: k for k, v in _STATUS_CODES.items()}[int(code.item())]
 
     def run_candidate(self, candidate: Candidate, deadline_s: float | None = None) -> CandidateResult:
-        """Build, verify against the float32 reference, then time one candidate."""
+        """Build, verify against the float32 reference, then time one candidate. Every rank makes
+        the same collective calls whatever fails where: after each stage the ranks agree on the
+        worst status (`_agreed_failure`) before the next stage's collectives."""
         status, error, rel = "ok", "", None
         try:
             self._check_kernel(candidate)
@@ -484,23 +507,26 @@ class Harness:
         except Exception as e:
             status, error = classify(e), f"{type(e).__name__}: {e}"
             log.info("candidate %s: %s", candidate.short(), error)
-        status = self._agree(status)
-        if status != "ok":
-            return CandidateResult(status=status, max_rel_error=rel, error=error or "failed on another rank")
+        failed = self._agreed_failure(status, rel, error)
+        if failed is not None:
+            return failed
         fused = self.op(candidate, SPIN_LIMIT)
         a, b, scales = self.a, self.b, self.scales
         try:
             timing = self._timing(lambda: fused(a, b, None, scales))
-            if not self.scaled:  # the fused templates' context, which fp8 never makes
-                self._context().check_error()
+            self._check_waits(candidate)
+        except Exception as e:
+            status, error = classify(e), f"{type(e).__name__}: {e}"
+        failed = self._agreed_failure(status, rel, error)
+        if failed is not None:
+            return failed
+        try:
             host_us, eager_us = self._as_a_job(self.op(candidate), a, b, scales, candidate_replays(candidate))
         except Exception as e:
             status, error = classify(e), f"{type(e).__name__}: {e}"
-            status = self._agree(status)
-            return CandidateResult(status=status, max_rel_error=rel, error=error)
-        status = self._agree("ok")
-        if status != "ok":
-            return CandidateResult(status=status, max_rel_error=rel, error="failed on another rank")
+        failed = self._agreed_failure(status, rel, error)
+        if failed is not None:
+            return failed
         return CandidateResult(
             status="ok",
             samples_us=timing.samples_us,
@@ -508,6 +534,23 @@ class Harness:
             host_us=host_us,
             eager_us=eager_us,
         )
+
+    def _agreed_failure(self, status: str, rel: float | None, error: str) -> CandidateResult | None:
+        """The ranks' worst status (`_agree`, collective) after a stage that ended in `status` here:
+        None where every rank's is `ok`, else the candidate's result (after a timeout, the
+        contexts closed: `_after_timeout`)."""
+        status = self._agree(status)
+        if status == "ok":
+            return None
+        self._after_timeout(status)
+        return CandidateResult(status=status, max_rel_error=rel, error=error or "failed on another rank")
+
+    def _after_timeout(self, status: str) -> None:
+        """After a candidate that timed out on some rank (`status`, agreed): every context closed
+        (collective), so that copies of its given-up calls that land late cannot reach the next
+        candidate's buffers; the next call makes fresh ones."""
+        if status == "timeout":
+            ops.close_contexts(self.group)
 
     def _check_kernel(self, candidate: Candidate) -> None:
         """A `gluon` candidate is measured only where its Gluon kernels run (on the interpreter the
