@@ -11,7 +11,7 @@ outputs right with the tuning spin limit, and with a spin limit of one turn ever
 gives up and says so, naming the word it waited for (the wait is real, and a timeout is reported,
 not a wrong output passed off as right); a job's calls under SYNCOPATE_SPIN_LIMIT raise that
 timeout themselves, the cuBLAS templates too, whose streams wait (and are released), and so does
-the tuner's harness, verifying a candidate with a late rank. And every
+the tuner's harnesses (dense and MoE), verifying a candidate with a late rank. And every
 candidate of the matrix with bounded waits, run into a timeout that way, leaves its context fit
 for the next calls, as a sweep needs: three back-to-back calls after it are right.
 """
@@ -343,6 +343,75 @@ def test_the_tuners_harness_names_a_late_ranks_wait_and_measures_the_next_call_r
         if template != "direct":  # the cuBLAS template: its streams wait, and are released
             assert "(the tuner's spin limit, 64): a stream of the call waited longer than 64 µs" in error
     assert [r[2] for r in reports[1]] == ["timeout", "timeout"]  # the ranks agree
+
+
+def _moe_harness_late_worker(rank, world, port, q):
+    """The tuner's MoE harness on ranks sharing the GPU, as `_harness_late_worker` runs the dense
+    one: each plan that waits on signal words (pipelined on the copy engine, fused), dispatch and
+    combine, measured once, then with the harness's spin limit at 64 while rank 1 makes its first
+    verification call 50 ms late, then again with the limit restored. (rank, [(kind, template,
+    first status, first rel err, late status, late error, after status, after rel err)])"""
+    import time
+
+    from syncopate.measure.local_ranks import join_group
+
+    join_group(rank, world, port, shared_gpu=True)
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+
+    from syncopate.measure import harness as hm
+    from syncopate.measure import moe as measure_moe
+    from syncopate.search_space.moe_workload import MoeCandidate, MoeWorkload
+
+    g = dist.group.WORLD
+    moe_op = measure_moe.moe_op
+    report = []
+    for kind in ("a2a_gemm", "gemm_a2a"):
+        workload = MoeWorkload(kind=kind, tokens=512, hidden=256, ffn=128, experts=8, top_k=2)
+        h = measure_moe.MoeHarness(workload, g, SimpleNamespace(warmup=1, repetitions=2, flush_l2=False))
+        for template in ("pipelined", "fused"):
+            c = MoeCandidate(template=template, backend="copy_engine", chunks_per_source=2)
+            first = h.run_candidate(c)  # compiled, the contexts made
+            late = [rank == 1]
+
+            def late_op(kind, late=late):
+                op = moe_op(kind)
+
+                def call(*args, **kwargs):
+                    if late[0]:
+                        late[0] = False
+                        time.sleep(0.05)
+                    return op(*args, **kwargs)
+
+                return call
+
+            measure_moe.moe_op, hm.SPIN_LIMIT = late_op, 64
+            late_result = h.run_candidate(c)
+            measure_moe.moe_op, hm.SPIN_LIMIT = moe_op, 1 << 24
+            torch.cuda.synchronize()
+            dist.barrier(group=g)
+            after = h.run_candidate(c)
+            report.append(
+                (kind, template, first.status, first.max_rel_error, late_result.status, late_result.error,
+                 after.status, after.max_rel_error)
+            )  # fmt: skip
+        h.close()
+    q.put((rank, report))
+    dist.destroy_process_group()
+
+
+def test_the_tuners_moe_harness_names_a_late_ranks_wait_and_measures_the_next_call_right():
+    reports = run_ranks(_moe_harness_late_worker, 2, timeout=300)
+    for kind, template, first, first_err, late, said, after, after_err in reports[0]:
+        print(
+            f"rank 0 {kind} {template}: first {first} {first_err:.3g}, late: {late} {said[:300]!r}, after {after}"
+        )
+        assert first == after == "ok" and first_err <= 1e-2 and after_err <= 1e-2, (kind, template)
+        assert late == "timeout" and "during verification" in said and "signal pad (" in said, said
+        assert "(the tuner's spin limit, 64)" in said, said
+    assert [r[4] for r in reports[1]] == ["timeout"] * 4  # the ranks agree
 
 
 def _moe_spin_worker(rank, world, port, q):

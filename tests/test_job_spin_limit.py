@@ -229,3 +229,55 @@ def test_the_tuners_verification_and_timing_check_the_candidates_own_context(mon
     result = h.run_candidate(decomposed_candidate(2))
     assert result.status == "ok" and result.max_rel_error == 0 and result.samples_us == (10.0,)
     assert call.checked == 2 and closed == []  # after the verification, and after the timed calls
+
+
+def test_the_tuners_moe_verification_bounds_each_call_and_makes_every_call_before_it_raises(monkeypatch):
+    from syncopate.measure import moe as measure_moe
+    from syncopate.search_space.moe_workload import MoeCandidate
+
+    made, seen, agreed = [], [], []
+
+    def op(a, wt, gates, layout, group, out, config):
+        made.append(config)
+        out.fill_(1.0)
+
+    def bounded(op, group, limit, call, **said):
+        seen.append((op, limit, said["setting"]))
+        call()
+        if len(seen) == 2:  # the first routing's second call ran out
+            raise CandidateTimeoutError(
+                "candidate …: a stream of the call waited longer than 64 µs for word 3"
+            )
+
+    monkeypatch.setattr(measure_moe, "moe_op", lambda kind: op)
+    monkeypatch.setattr(measure_moe, "waits_on_words", lambda a, config: True)  # as a GPU call's plan
+    monkeypatch.setattr(measure_moe, "_bounded", bounded)
+    monkeypatch.setattr(measure_moe, "out_shape", lambda kind, w, layout: (2, 2))
+    monkeypatch.setattr(measure_moe, "worst_over_ranks", lambda value, case: agreed.append(value) or value)
+    monkeypatch.setattr(measure_moe.tuning, "SPIN_LIMIT", 64)
+    case = SimpleNamespace(w=None, dtype=torch.float32, device=torch.device("cpu"), group="g")
+    routing = (None, None, None, [(torch.zeros(1), None)] * 2, [torch.ones(2, 2)] * 2)
+    config = MoeCandidate(template="fused", backend="copy_engine")
+    with pytest.raises(CandidateTimeoutError) as e:
+        measure_moe.check_config("a2a_gemm", config, case, [routing, routing], 64)
+    assert str(e.value).startswith("during verification, candidate …: a stream of the call waited")
+    # every call made (the other ranks wait for them), each bounded, and the worst error agreed first
+    assert len(made) == 4 and [s[1] for s in seen] == [64] * 4 and agreed == [0.0]
+    assert seen[0][0] == f"candidate {config.short()}" and seen[0][2] == "the tuner's spin limit, 64"
+
+
+def test_an_moe_candidate_that_timed_out_leaves_fresh_contexts_for_the_next(monkeypatch):
+    from syncopate.measure import moe as measure_moe
+    from syncopate.search_space.moe_workload import MoeCandidate
+
+    def timed_out(*a):
+        raise CandidateTimeoutError("during verification, candidate …: … word 3")
+
+    monkeypatch.setattr(measure_moe, "check_config", timed_out)
+    monkeypatch.setattr(measure_moe, "check_moe_candidate", lambda c, ws: None)
+    h = object.__new__(measure_moe.MoeHarness)
+    closed = []
+    h.kind, h._prepared, h.case = "a2a_gemm", [], SimpleNamespace(ws=2)
+    h._agree, h.close = (lambda status: status), (lambda: closed.append(True))
+    result = h.run_candidate(MoeCandidate(template="fused", backend="copy_engine"))
+    assert result.status == "timeout" and "word 3" in result.error and closed == [True]

@@ -52,6 +52,12 @@ _LATE_RANK = (
 )
 
 
+def tuner_bound() -> dict[str, str]:
+    """What a timeout of a tuner's check says (`ops.check_waits`' `setting` and `advice`): the
+    harness's spin limit bounded the call, and the sweep goes on."""
+    return {"setting": f"the tuner's spin limit, {SPIN_LIMIT}", "advice": _LATE_RANK}
+
+
 class TimingSettings(Protocol):
     """What the harness reads of its timing settings: a sweep's `timing:` section (on the GPU
     workers) or `syncopate bench`'s options (:class:`~syncopate.measure.bench.BenchOptions`)."""
@@ -476,14 +482,7 @@ class Harness:
         bounded, then its context's kernel timeouts (none where its template needs no context)."""
         ctx = ops.call_context(self.workload.kind, self.a, self.b, self.group, candidate)
         if ctx is not None:
-            ops.check_waits(
-                ctx,
-                f"candidate {candidate.short()}",
-                SPIN_LIMIT,
-                waits or [],
-                setting=f"the tuner's spin limit, {SPIN_LIMIT}",
-                advice=_LATE_RANK,
-            )
+            ops.check_waits(ctx, f"candidate {candidate.short()}", SPIN_LIMIT, waits or [], **tuner_bound())
 
     def _agree(self, status: str) -> str:
         """The worst status over the ranks."""

@@ -26,9 +26,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from syncopate.errors import CandidateTimeoutError
 from syncopate.kernels.ranks import slowest
+from syncopate.measure import harness as tuning
 from syncopate.measure.harness import _STATUS_CODES, BaselineResult, CandidateResult
-from syncopate.moe.ops import _token_rows
+from syncopate.moe.ops import _bounded, _token_rows, waits_on_words
 from syncopate.search_space.moe_workload import MoeCandidate, MoeWorkload, check_moe_candidate
 
 __all__ = [
@@ -185,23 +187,42 @@ def fresh_checks(kind: str, case: MoeCase):
     return out
 
 
-def check_config(kind: str, config, case: MoeCase, prepared) -> float:
+def check_config(kind: str, config, case: MoeCase, prepared, spin_limit: int = 0) -> float:
     """The largest relative error of `config`'s op over the fresh routings, two calls back to back
-    into outputs poisoned with NaN (max over ranks)."""
+    into outputs poisoned with NaN (max over ranks). With `spin_limit` (the tuner's: `harness.
+    SPIN_LIMIT`), each call of a plan that waits on signal words is bounded as SYNCOPATE_SPIN_LIMIT
+    bounds a job's (`moe.ops._bounded`); one that ran out raises CandidateTimeoutError, once every
+    call is made and the ranks' worst error agreed (what the other ranks wait for in the meantime)."""
     from syncopate.measure.reference import relative_error
 
-    op, worst = moe_op(kind), 0.0
+    op, worst, timed_out = moe_op(kind), 0.0, None
     for _, gates, layout, calls, refs in prepared:
         outs = [
             torch.full(out_shape(kind, case.w, layout), float("nan"), dtype=case.dtype, device=case.device)
         ]
         outs.append(torch.full_like(outs[0], float("nan")))
         for (a, wt), out in zip(calls, outs, strict=True):
-            op(a, wt, gates, layout, case.group, out, config)
+            try:
+                _checked_call(
+                    config, case, a, spin_limit, lambda: op(a, wt, gates, layout, case.group, out, config)
+                )
+            except CandidateTimeoutError as e:
+                timed_out = timed_out or e
         for out, ref in zip(outs, refs, strict=True):
             err = relative_error(out, ref) if ref.numel() else float(out.numel())
             worst = max(worst, err)
-    return worst_over_ranks(worst, case)
+    worst = worst_over_ranks(worst, case)
+    if timed_out is not None:
+        raise CandidateTimeoutError(f"during verification, {timed_out}") from None
+    return worst
+
+
+def _checked_call(config, case: MoeCase, a, spin_limit: int, call) -> None:
+    """`call()`, bounded by `spin_limit` where its plan waits on signal words (`waits_on_words`)."""
+    if not (spin_limit and waits_on_words(a, config)):
+        call()
+        return
+    _bounded(f"candidate {config.short()}", case.group, spin_limit, call, **tuning.tuner_bound())
 
 
 def plain_ops(kind: str, case: MoeCase, a, wt):
@@ -485,21 +506,21 @@ class MoeHarness:
         return {v: k for k, v in _STATUS_CODES.items()}[int(code.item())]
 
     def run_candidate(self, candidate: MoeCandidate, deadline_s: float | None = None) -> CandidateResult:
-        from syncopate.measure.harness import classify
-
         status, error, rel = "ok", "", None
         try:
             check_moe_candidate(candidate, self.case.ws)
             if self._prepared is None:
                 self._prepared = fresh_checks(self.kind, self.case)
-            rel = check_config(self.kind, candidate, self.case, self._prepared)
+            rel = check_config(self.kind, candidate, self.case, self._prepared, tuning.SPIN_LIMIT)
             if not rel <= TOLERANCE:
                 status, error = "wrong_result", f"relative error {rel:.3g} exceeds {TOLERANCE}"
         except Exception as e:
-            status, error = classify(e), f"{type(e).__name__}: {e}"
+            status, error = tuning.classify(e), f"{type(e).__name__}: {e}"
             log.info("MoE candidate %s: %s", candidate.short(), error)
         status = self._agree(status)
         if status != "ok":
+            if status == "timeout":  # copies of the given-up calls that land late reach no later call
+                self.close()
             return CandidateResult(status=status, max_rel_error=rel, error=error or "failed on another rank")
         op, case = moe_op(self.kind), self.case
         out = torch.empty(
@@ -510,7 +531,7 @@ class MoeHarness:
                 lambda layout: op(self.a, self.wt, case.gates, layout, case.group, out, candidate)
             )
         except Exception as e:
-            status, error = classify(e), f"{type(e).__name__}: {e}"
+            status, error = tuning.classify(e), f"{type(e).__name__}: {e}"
             return CandidateResult(status=self._agree(status), max_rel_error=rel, error=error)
         status = self._agree("ok")
         if status != "ok":

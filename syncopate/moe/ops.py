@@ -623,17 +623,21 @@ def job_bounded(op: str, group, a: torch.Tensor, config: MoeCandidate, call):
     return _bounded(op, group, limit, call) if limit else call()
 
 
-def _job_spin(a: torch.Tensor, config: MoeCandidate) -> int:
-    """The spin limit SYNCOPATE_SPIN_LIMIT sets an MoE call (`_bounded`): a call on the GPU, eager
-    (not captured, not traced), of a plan whose transfers wait on signal words (`fused`, and
-    `pipelined` off NCCL, whose waits are NCCL's); 0 elsewhere."""
+def waits_on_words(a: torch.Tensor, config: MoeCandidate) -> bool:
+    """Whether a call on `a` with `config` waits on signal words, which a spin limit can bound: a
+    call on the GPU, eager (not captured, not traced), of a plan whose transfers wait on them
+    (`fused`, and `pipelined` off NCCL, whose waits are NCCL's)."""
     if a.device.type != "cuda" or not (
         config.template == "fused" or (config.template == "pipelined" and config.backend != "nccl")
     ):
-        return 0
-    if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
-        return 0
-    return job_spin_limit()
+        return False
+    return not (torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing())
+
+
+def _job_spin(a: torch.Tensor, config: MoeCandidate) -> int:
+    """The spin limit SYNCOPATE_SPIN_LIMIT sets an MoE call (`_bounded`) where it waits on signal
+    words (`waits_on_words`); 0 elsewhere."""
+    return job_spin_limit() if waits_on_words(a, config) else 0
 
 
 class _GroupContexts:
@@ -657,10 +661,11 @@ class _GroupContexts:
             raise first
 
 
-def _bounded(op: str, group, limit: int, call):
+def _bounded(op: str, group, limit: int, call, **said):
     """`call()` with its fused kernels' waits bounded to `limit` polls and its streams' waits to
     `limit` microseconds, then checked as the dense ops check theirs (`kernels.ops.check_waits`:
-    a wait that ran out raises CandidateTimeoutError naming its word, held streams released)."""
+    a wait that ran out raises CandidateTimeoutError naming its word, held streams released;
+    `said`: its `setting` and `advice`, where not SYNCOPATE_SPIN_LIMIT's)."""
     from syncopate.kernels import streamops
     from syncopate.kernels.ops import check_waits
     from syncopate.moe.exchange import CONTEXTS, job_bound
@@ -673,5 +678,5 @@ def _bounded(op: str, group, limit: int, call):
             result = call()
     finally:
         job_bound.limit = outer
-    check_waits(_GroupContexts(CONTEXTS.of(_group(group))), op, limit, waits)
+    check_waits(_GroupContexts(CONTEXTS.of(_group(group))), op, limit, waits, **said)
     return result
