@@ -305,6 +305,26 @@ def test_combine_stores_every_row_where_its_token_s_rank_sums_it(ws, kind, token
             torch.testing.assert_close(case.sums(q), ref[q], rtol=2e-2, atol=2e-2, msg=f"rank {q}")
 
 
+@pytest.mark.parametrize("block_k", [64, 128])
+def test_tiles_that_overhang_k_and_n_mask_their_loads_and_give_the_same_rows(block_k):
+    """Tiles 128 columns wide over W's 64 (dispatch) and 64 rows deep over its 32 (combine), or
+    128 deep over either: the kernels' loads masked along N and K, the rows as with tiles that fit."""
+    config = _config(2, block_n=128, block_k=block_k)
+    case = Dispatch(2, "skewed", 20, 3, seed=7)
+    for r in range(2):
+        h, error, _ = case.run(r, config)
+        assert error == 0
+        _check_rows(h, case.ref[r], range(h.shape[0]))
+    case = Combine(2, "skewed", 20, 3, seed=7)
+    ref = case.reference()
+    case.enter(3)
+    for r in range(2):
+        error, _ = case.run(r, config, epoch=3)
+        assert error == 0
+    for q in range(2):
+        torch.testing.assert_close(case.sums(q), ref[q], rtol=2e-2, atol=2e-2, msg=f"rank {q}")
+
+
 def test_combine_rows_land_where_the_destination_keeps_them():
     """Row by row: rank r's row i of h (by expert, source, token) times its expert's W2 at the row
     of its source's token side that holds that (token, expert) pair."""

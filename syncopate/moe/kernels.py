@@ -87,13 +87,24 @@ def _tile_product(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    EVEN_N: tl.constexpr,
 ):
-    """Σ_k A[rows, k] · W[k, cols] in float32: A contiguous along K, W at stride `stride_wk`."""
+    """Σ_k A[rows, k] · W[k, cols] in float32: A contiguous along K, W at stride `stride_wk`.
+    `EVEN_K` / `EVEN_N`: K is a multiple of BLOCK_K / N of BLOCK_N, so no load of a K step (of W's
+    columns) is masked there (the grouped GEMMs of the layers served are all even)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-        k_ok = (offs_k + k) < K
-        a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        b = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=m_ok[:, None], other=0.0)
+            if EVEN_N:
+                b = tl.load(w_ptrs)
+            else:
+                b = tl.load(w_ptrs, mask=n_ok[None, :], other=0.0)
+        else:
+            k_ok = (offs_k + k) < K
+            a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K * stride_wk
@@ -125,6 +136,8 @@ def dispatch_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    EVEN_N: tl.constexpr,
 ):
     """h[tile rows, cols] = A[tile rows] @ W[e][:, cols] for every tile of the table (module docstring).
     The own rows are tokens of x: their A rows are token-side rows, each read from x at its token
@@ -169,7 +182,19 @@ def dispatch_kernel(
             a_ptrs = recv_ptr + a_rows[:, None] + offs_k[None, :]
         w_ptrs = w_ptr + e * stride_we + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
         acc = _tile_product(
-            a_ptrs, w_ptrs, m_ok, n_ok, offs_k, K, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES
+            a_ptrs,
+            w_ptrs,
+            m_ok,
+            n_ok,
+            offs_k,
+            K,
+            stride_wk,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            NUM_STAGES,
+            EVEN_K,
+            EVEN_N,
         )
         out_rows = (h_row + offs_m).to(tl.int64) * stride_hm
         tl.store(
@@ -204,6 +229,8 @@ def combine_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    EVEN_N: tl.constexpr,
 ):
     """Each tile's rows of h @ W[e] stored into its destination rank's buffer; a piece's last tile
     raises its word there (module docstring). `piece_tiles_ptr[p]`: row tiles of piece p."""
@@ -232,7 +259,19 @@ def combine_kernel(
         a_ptrs = h_ptr + ((h_row + offs_m).to(tl.int64) * stride_hm)[:, None] + offs_k[None, :]
         w_ptrs = w_ptr + e * stride_we + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
         acc = _tile_product(
-            a_ptrs, w_ptrs, m_ok, n_ok, offs_k, K, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES
+            a_ptrs,
+            w_ptrs,
+            m_ok,
+            n_ok,
+            offs_k,
+            K,
+            stride_wk,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            NUM_STAGES,
+            EVEN_K,
+            EVEN_N,
         )
         gate = 0
         if entered != seen:  # the destination's buffer is free
@@ -272,13 +311,16 @@ _DISPATCH_ARGS = _args_before(dispatch_kernel, "BLOCK_M")
 _COMBINE_ARGS = _args_before(combine_kernel, "BLOCK_M")
 
 
-def _meta(block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int) -> dict:
-    """A grouped GEMM kernel's tile sizes and launch options, as its launch takes them."""
+def _meta(block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int, n: int, k: int) -> dict:
+    """A grouped GEMM kernel's tile sizes and launch options, as its launch takes them, for W's
+    [K, N] `k`, `n` (whether its loads need masks along them)."""
     return dict(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         NUM_STAGES=num_stages,
+        EVEN_K=k % block_k == 0,
+        EVEN_N=n % block_n == 0,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -372,7 +414,7 @@ def launch_dispatch(
             w.stride(2),
             h.stride(0),
         ),
-        _meta(block_m, block_n, block_k, num_warps, num_stages),
+        _meta(block_m, block_n, block_k, num_warps, num_stages, n, k),
     )
 
 
@@ -441,7 +483,7 @@ def launch_combine(
             w.stride(2),
             dest_stride,
         ),
-        _meta(block_m, block_n, block_k, num_warps, num_stages),
+        _meta(block_m, block_n, block_k, num_warps, num_stages, n, k),
     )
 
 
