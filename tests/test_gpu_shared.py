@@ -10,7 +10,7 @@ asks for them). A peer that comes late (it enqueues each call 50 ms after rank 0
 outputs right with the tuning spin limit, and with a spin limit of one turn every bounded wait
 gives up and says so, naming the word it waited for (the wait is real, and a timeout is reported,
 not a wrong output passed off as right); a job's calls under SYNCOPATE_SPIN_LIMIT raise that
-timeout themselves, the cuBLAS templates too, whose streams wait (and are released), and so does
+timeout themselves, the cuBLAS templates too, whose streams wait (and are released), and so do
 the tuner's harnesses (dense and MoE), verifying a candidate with a late rank. And every
 candidate of the matrix with bounded waits, run into a timeout that way, leaves its context fit
 for the next calls, as a sweep needs: three back-to-back calls after it are right.

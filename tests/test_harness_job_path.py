@@ -121,3 +121,15 @@ def test_the_callers_launch_setting_survives_a_measurement(monkeypatch, launch):
     finally:
         ops.set_launch("auto")
     assert harness_mod.SPIN_LIMIT > 0
+
+
+def test_a_rank_that_timed_out_while_timing_stops_every_rank_before_the_jobs_calls(monkeypatch):
+    """This rank's timed calls went well; another's ran out (the agreed status says so): no rank
+    goes on to the job's calls (host and eager times, collective), the contexts are closed."""
+    calls: list = []
+    h = _harness(monkeypatch, calls)
+    agreed = iter(["ok", "timeout"])  # after verifying, after the timed calls
+    h._agree = lambda status: next(agreed)
+    result = h.run_candidate(Candidate.from_dict({"backend": "copy_engine", "template": "direct"}))
+    assert result.status == "timeout" and result.error == "failed on another rank"
+    assert "host" not in calls and "eager" not in calls and calls[-1] == "close_contexts"

@@ -50,21 +50,22 @@ def test_a_bounded_call_raises_its_contexts_timeout_with_the_op_and_the_setting(
 
 class Call:
     """A call's end as the host sees it: not done until its held words are released, and then
-    only after `slow` more queries."""
+    only after `slow` more queries (`drained` once it is done). Nothing may block on it."""
 
     def __init__(self, held: list[str], slow: int = 0) -> None:
         self.held, self.slow = held, slow
-        self.released = self.synced = self.checked = 0
+        self.released = self.checked = 0
+        self.drained = False
 
     def query(self) -> bool:
         if self.held:
             return False
         self.slow -= 1
-        return self.slow < 0
+        self.drained = self.slow < 0
+        return self.drained
 
     def synchronize(self) -> None:
-        assert not self.held, "synchronized while a stream is held: the job would hang here"
-        self.synced += 1
+        raise AssertionError("blocked on the call: a stream still held would hang the job here")
 
     def release_waits(self, waits):
         self.released += 1
@@ -83,7 +84,17 @@ def test_a_call_whose_streams_are_held_past_the_limit_names_the_words_and_releas
     assert said.startswith(f"syncopate.all_gather_matmul ({SPIN_LIMIT_VAR}=64): a stream of the call waited")
     assert "longer than 64 µs for word 3 of rank 1's signal pad" in said and "1 more word(s)" in said
     assert "output is not valid" in said
-    assert call.released == 1 and call.synced == 1  # released, then the device drained
+    assert call.released == 1 and call.drained  # released, then the device drained
+
+
+def test_the_calls_waiting_on_one_word_are_released_by_its_latest_value():
+    from syncopate.kernels.context import _waited_words
+
+    signals = SimpleNamespace(peer_ptrs=[0x1000, 0x9000])
+    waits = [(0x100C, 5), (0x9008, 2), (0x100C, 7), (0x100C, 6), (0x5000, 9)]  # three calls' epochs on word 3
+    assert _waited_words(signals, waits) == {0x100C: (7, 0, 3), 0x9008: (2, 1, 2)}  # not in a pad: left
+    wrapped = [(0x100C, 0xFFFFFFFF), (0x100C, 0), (0x100C, 1)]  # the epoch wraps: 1 is the latest
+    assert _waited_words(signals, wrapped) == {0x100C: (1, 0, 3)}
 
 
 def test_a_call_that_is_slow_but_not_held_is_waited_for_and_its_kernels_checked():
@@ -166,7 +177,8 @@ def _verifying_harness(monkeypatch, held: list[str]):
     call.record = lambda: None
     monkeypatch.setattr(streamops, "_driver", lambda: SimpleNamespace(wait=lambda *a: 0))
     monkeypatch.setattr(torch.cuda, "Event", lambda: call)  # the calls' end as the host waits for it
-    monkeypatch.setattr(ops, "call_context", lambda *a: call)
+    looked_up = []
+    monkeypatch.setattr(ops, "call_context", lambda *a: looked_up.append(a) or call)
     closed = []
     monkeypatch.setattr(ops, "close_contexts", lambda group=None: closed.append(group))
     references = []
@@ -186,9 +198,11 @@ def _verifying_harness(monkeypatch, held: list[str]):
     h._poison = lambda: None
     h._agree = lambda status: status
 
+    epochs = iter(range(7, 100))
+
     def op(candidate, spin_limit=0):
         def fused(a, b, out=None, scales=None):
-            streamops.wait_value(0, 0x40, 7)  # a copy-engine stream waits for a peer's word
+            streamops.wait_value(0, 0x40, next(epochs))  # a copy-engine stream waits for a peer's word
             return (a @ b) if out is None else out.copy_(a @ b)
 
         return fused
@@ -199,7 +213,7 @@ def _verifying_harness(monkeypatch, held: list[str]):
 
     h.op, h._timing = op, timing
     h._as_a_job = lambda *a: (1.0, 11.0)
-    call.references = references
+    call.references, call.looked_up = references, looked_up
     return h, call, closed
 
 
@@ -217,7 +231,7 @@ def test_the_tuners_verification_bounds_its_stream_waits_and_the_next_candidate_
         f"{SPIN_LIMIT}): a stream of the call waited longer than {SPIN_LIMIT} µs for {word}"
     ), result.error
     assert "the sweep goes on" in result.error and SPIN_LIMIT_VAR not in result.error
-    assert call.released == 1 and call.synced == 1  # released before anything waited on the device
+    assert call.released == 1 and call.drained  # released before anything waited on the device
     assert len(call.references) == 3  # and the references made as on a rank that did not time out
     assert closed == ["g"]  # the next candidate gets fresh contexts: late copies cannot reach it
 
@@ -226,12 +240,17 @@ def test_the_tuners_verification_and_timing_check_the_candidates_own_context(mon
     from syncopate.search_space import decomposed_candidate
 
     h, call, closed = _verifying_harness(monkeypatch, [])
-    result = h.run_candidate(decomposed_candidate(2))
+    cand = decomposed_candidate(2)
+    result = h.run_candidate(cand)
     assert result.status == "ok" and result.max_rel_error == 0 and result.samples_us == (10.0,)
     assert call.checked == 2 and closed == []  # after the verification, and after the timed calls
+    assert call.looked_up == [("gemm_ar", h.a, h.b, "g", cand)] * 2  # the candidate's own calls' context
 
 
-def test_the_tuners_moe_verification_bounds_each_call_and_makes_every_call_before_it_raises(monkeypatch):
+@pytest.mark.parametrize("second", ["timeout", "oom"])
+def test_the_tuners_moe_verification_bounds_each_call_and_makes_every_call_before_it_raises(
+    monkeypatch, second
+):
     from syncopate.measure import moe as measure_moe
     from syncopate.search_space.moe_workload import MoeCandidate
 
@@ -244,9 +263,11 @@ def test_the_tuners_moe_verification_bounds_each_call_and_makes_every_call_befor
     def bounded(op, group, limit, call, **said):
         seen.append((op, limit, said["setting"]))
         call()
-        if len(seen) == 2:  # the first routing's second call ran out
+        if len(seen) == 2:  # the first routing's second call ran out, or raised
+            if second == "oom":
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory")
             raise CandidateTimeoutError(
-                "candidate …: a stream of the call waited longer than 64 µs for word 3"
+                "candidate …: a stream of the call waited longer than 1000 µs for word 3"
             )
 
     monkeypatch.setattr(measure_moe, "moe_op", lambda kind: op)
@@ -254,16 +275,19 @@ def test_the_tuners_moe_verification_bounds_each_call_and_makes_every_call_befor
     monkeypatch.setattr(measure_moe, "_bounded", bounded)
     monkeypatch.setattr(measure_moe, "out_shape", lambda kind, w, layout: (2, 2))
     monkeypatch.setattr(measure_moe, "worst_over_ranks", lambda value, case: agreed.append(value) or value)
-    monkeypatch.setattr(measure_moe.tuning, "SPIN_LIMIT", 64)
     case = SimpleNamespace(w=None, dtype=torch.float32, device=torch.device("cpu"), group="g")
     routing = (None, None, None, [(torch.zeros(1), None)] * 2, [torch.ones(2, 2)] * 2)
     config = MoeCandidate(template="fused", backend="copy_engine")
-    with pytest.raises(CandidateTimeoutError) as e:
-        measure_moe.check_config("a2a_gemm", config, case, [routing, routing], 64)
-    assert str(e.value).startswith("during verification, candidate …: a stream of the call waited")
-    # every call made (the other ranks wait for them), each bounded, and the worst error agreed first
-    assert len(made) == 4 and [s[1] for s in seen] == [64] * 4 and agreed == [0.0]
-    assert seen[0][0] == f"candidate {config.short()}" and seen[0][2] == "the tuner's spin limit, 64"
+    with pytest.raises((CandidateTimeoutError, torch.cuda.OutOfMemoryError)) as e:
+        measure_moe.check_config("a2a_gemm", config, case, [routing, routing], 1000)
+    if second == "timeout":
+        assert str(e.value).startswith("during verification, candidate …: a stream of the call waited")
+    else:
+        assert isinstance(e.value, torch.cuda.OutOfMemoryError)
+    # every call made (the other ranks wait for them), those after the failure given up at once,
+    # and the worst error agreed first
+    assert len(made) == 4 and [s[1] for s in seen] == [1000, 1000, 64, 64] and agreed == [0.0]
+    assert seen[0][0] == f"candidate {config.short()}" and seen[0][2] == "the tuner's spin limit, 1000"
 
 
 def test_an_moe_candidate_that_timed_out_leaves_fresh_contexts_for_the_next(monkeypatch):

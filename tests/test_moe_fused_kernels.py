@@ -308,7 +308,9 @@ def test_combine_stores_every_row_where_its_token_s_rank_sums_it(ws, kind, token
 @pytest.mark.parametrize("block_k", [64, 128])
 def test_tiles_that_overhang_k_and_n_mask_their_loads_and_give_the_same_rows(block_k):
     """Tiles 128 columns wide over W's 64 (dispatch) and 64 rows deep over its 32 (combine), or
-    128 deep over either: the kernels' loads masked along N and K, the rows as with tiles that fit."""
+    128 deep over either: the kernels' loads masked along K (and N), the rows as with tiles that
+    fit. (A column past N is dropped at the store whatever its load read: only a GPU's memory
+    checker would see a missing N mask.)"""
     config = _config(2, block_n=128, block_k=block_k)
     case = Dispatch(2, "skewed", 20, 3, seed=7)
     for r in range(2):

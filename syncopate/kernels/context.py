@@ -478,11 +478,7 @@ class OverlapContext:
         again). Reads and writes go on a fresh stream, past any stream held by a wait."""
         from syncopate.kernels import streamops
 
-        words: dict[int, tuple[int, int, int]] = {}  # address: (value, rank, word), first wait's
-        for address, value in waits:
-            found = _pad_word(self.signals, address, (1 << 64) - 1)
-            if found is not None and address not in words:
-                words[address] = (value, *found)
+        words = _waited_words(self.signals, waits)
         if not words:
             return []
         stream = torch.cuda.Stream(self.device)
@@ -510,6 +506,21 @@ class OverlapContext:
         self.cache.clear()
         self._kept.clear()
         self.closed = True
+
+
+def _waited_words(signals, waits: list[tuple[int, int]]) -> dict[int, tuple[int, int, int]]:
+    """{address: (value, rank, word)} of the signal-pad words of `signals` that `waits` (address,
+    value) wait on, each with the latest value waited for (int32 order, wrapping): where several
+    calls wait on one word (epochs e, e + 1, …), writing the latest releases them all."""
+    words: dict[int, tuple[int, int, int]] = {}
+    for address, value in waits:
+        found = _pad_word(signals, address, (1 << 64) - 1)
+        if found is None:
+            continue
+        kept = words.get(address)
+        if kept is None or ((value - kept[0]) & 0xFFFFFFFF) < 1 << 31:
+            words[address] = (value, *found)
+    return words
 
 
 def _pad_word(signals, address: int, mask: int) -> tuple[int, int] | None:

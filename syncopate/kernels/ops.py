@@ -559,26 +559,24 @@ _LATE_RANK = (
 
 def _held_streams(ctx, waits: list[tuple[int, int]], seconds: float, done=None) -> list[str]:
     """Wait for `done` (default: an event recorded now on the caller's stream, after the call);
-    where it has not come after `seconds`, the stream waits of `waits` still held, named and
-    released (`OverlapContext.release_waits`), then `done` waited for. Empty where nothing was held
-    (also a call that is slow, not held: it is then waited for as long as it takes)."""
+    each time it has not come after another `seconds`, the stream waits of `waits` still held,
+    named and released (`OverlapContext.release_waits`). The words named, in the order released;
+    empty where nothing was held (also a call that is slow, not held: it is then waited for as long
+    as it takes)."""
     if not waits:
         return []
     if done is None:
         done = torch.cuda.Event()
         done.record()
     deadline = time.monotonic() + seconds
-    pause = 1e-5
+    pause, held = 1e-5, []
     while not done.query():
         if time.monotonic() >= deadline:
-            held = ctx.release_waits(waits)
-            if held:
-                done.synchronize()
-                return held
+            held += ctx.release_waits(waits)
             deadline = time.monotonic() + seconds
         time.sleep(pause)
         pause = min(2 * pause, 1e-3)
-    return []
+    return held
 
 
 def _check_out(out: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) -> None:

@@ -45,17 +45,20 @@ SPIN_LIMIT = 1 << 24
 """Polls a wait may spend while tuning before it reports a timeout (seconds, not forever)."""
 
 
-_LATE_RANK = (
-    "A word below the epoch is one its writer has not reached: a rank of the gang fell that far "
-    "behind (a slow host, a faulty GPU), or the ranks did not make the same calls; the trial is "
-    "recorded as a timeout and the sweep goes on"
+_TUNER_ADVICE = (
+    "The word's writer did not come in time: a rank of the gang fell that far behind (a slow host, "
+    "a faulty GPU), or the candidate's plan never writes that word; the trial is recorded as a "
+    "timeout and the sweep goes on"
 )
 
 
-def tuner_bound() -> dict[str, str]:
+def tuner_bound(limit: int | None = None) -> dict[str, str]:
     """What a timeout of a tuner's check says (`ops.check_waits`' `setting` and `advice`): the
-    harness's spin limit bounded the call, and the sweep goes on."""
-    return {"setting": f"the tuner's spin limit, {SPIN_LIMIT}", "advice": _LATE_RANK}
+    harness's spin limit (`limit`, default `SPIN_LIMIT`) bounded the call, and the sweep goes on."""
+    return {
+        "setting": f"the tuner's spin limit, {SPIN_LIMIT if limit is None else limit}",
+        "advice": _TUNER_ADVICE,
+    }
 
 
 class TimingSettings(Protocol):
@@ -455,26 +458,35 @@ class Harness:
         Every wait of the calls is bounded: a kernel's to `SPIN_LIMIT` polls, a stream's (the copy
         engine's, the cuBLAS templates') to `SPIN_LIMIT` µs of this host's waiting for the calls
         (`ops.check_waits`, which releases it), so that a candidate whose ranks stop meeting ends
-        in a timeout naming the word it waited for, not in its gang's deadline."""
+        in a timeout naming the word it waited for, not in its gang's deadline. Whatever fails
+        here, the references (collective) are made for every call before it is raised."""
         fused = self.op(candidate, SPIN_LIMIT)
         self._poison()
-        pending = []
+        inputs = [self.fresh_inputs() for _ in range(calls)]
+        outs, failed = [], None
         with streamops.watching() as waits:
-            for _ in range(calls):
-                a, b, scales = self.fresh_inputs()
-                out = torch.full(self.shapes["out"], float("nan"), dtype=self.out_dtype, device=self.device)
-                pending.append((fused(a, b, out, scales), a, b, scales))
-        timed_out = None
+            for a, b, scales in inputs:
+                outs.append(
+                    torch.full(self.shapes["out"], float("nan"), dtype=self.out_dtype, device=self.device)
+                )
+                if failed is None:
+                    try:
+                        fused(a, b, outs[-1], scales)
+                    except Exception as e:  # noqa: BLE001 — raised below, once the references are made
+                        failed = e
         try:
             self._check_waits(candidate, waits)
-        except CandidateTimeoutError as e:
-            timed_out = e
+        except Exception as e:  # noqa: BLE001 — as above
+            failed = failed or e
         worst = 0.0
-        for out, a, b, scales in pending:  # on every rank, timed out or not: the references are collective
-            ref = reference(self.workload.kind, a, b, self.group, *(scales or ()))
-            worst = max(worst, relative_error(out, ref))
-        if timed_out is not None:
-            raise CandidateTimeoutError(f"during verification, {timed_out}") from None
+        for out, (a, b, scales) in zip(outs, inputs, strict=True):
+            worst = max(
+                worst, relative_error(out, reference(self.workload.kind, a, b, self.group, *(scales or ())))
+            )
+        if isinstance(failed, CandidateTimeoutError):
+            raise CandidateTimeoutError(f"during verification, {failed}") from None
+        if failed is not None:
+            raise failed
         return worst
 
     def _check_waits(self, candidate: Candidate, waits: list[tuple[int, int]] | None = None) -> None:
@@ -485,10 +497,7 @@ class Harness:
             ops.check_waits(ctx, f"candidate {candidate.short()}", SPIN_LIMIT, waits or [], **tuner_bound())
 
     def _agree(self, status: str) -> str:
-        """The worst status over the ranks."""
-        code = torch.tensor([_STATUS_CODES[status]], device=self.device)
-        dist.all_reduce(code, op=dist.ReduceOp.MAX, group=self.group)
-        return {v: k for k, v in _STATUS_CODES.items()}[int(code.item())]
+        return agreed_status(status, self.group, self.device)
 
     def run_candidate(self, candidate: Candidate, deadline_s: float | None = None) -> CandidateResult:
         """Build, verify against the float32 reference, then time one candidate. Every rank makes
@@ -514,6 +523,8 @@ class Harness:
         try:
             timing = self._timing(lambda: fused(a, b, None, scales))
             self._check_waits(candidate)
+        except CandidateTimeoutError as e:
+            status, error = "timeout", f"CandidateTimeoutError: while timing, {e}"
         except Exception as e:
             status, error = classify(e), f"{type(e).__name__}: {e}"
         failed = self._agreed_failure(status, rel, error)
@@ -535,21 +546,7 @@ class Harness:
         )
 
     def _agreed_failure(self, status: str, rel: float | None, error: str) -> CandidateResult | None:
-        """The ranks' worst status (`_agree`, collective) after a stage that ended in `status` here:
-        None where every rank's is `ok`, else the candidate's result (after a timeout, the
-        contexts closed: `_after_timeout`)."""
-        status = self._agree(status)
-        if status == "ok":
-            return None
-        self._after_timeout(status)
-        return CandidateResult(status=status, max_rel_error=rel, error=error or "failed on another rank")
-
-    def _after_timeout(self, status: str) -> None:
-        """After a candidate that timed out on some rank (`status`, agreed): every context closed
-        (collective), so that copies of its given-up calls that land late cannot reach the next
-        candidate's buffers; the next call makes fresh ones."""
-        if status == "timeout":
-            ops.close_contexts(self.group)
+        return agreed_failure(self._agree, self.close, status, rel, error)
 
     def _check_kernel(self, candidate: Candidate) -> None:
         """A `gluon` candidate is measured only where its Gluon kernels run (on the interpreter the
@@ -567,7 +564,8 @@ class Harness:
         replayed), launched directly and, where the candidate can be (`replays`), replayed from a
         graph of its own (`syncopate.kernels.replay`): the way with the lower eager time, as `auto`
         launches a job's calls back to back. The device time is the bounded calls' (`_timing`): the
-        same kernels, and a wait that never ends is caught there."""
+        same kernels, and a kernel's wait that runs out is caught there (the timed calls' stream
+        waits are not bounded: a call held for ever meets the sweep's deadline)."""
         launch = ops.get_launch()
         ways = []
         try:
@@ -582,3 +580,29 @@ class Harness:
 
     def close(self) -> None:
         ops.close_contexts(self.group)
+
+
+CLOSED_AFTER = ("timeout", "oom")
+"""Agreed statuses after which the harness closes its contexts: a rank's calls may have been given
+up (or left off) there, and their copies, landing late, must not reach the next candidate's
+buffers; the next call makes fresh ones."""
+
+
+def agreed_status(status: str, group, device: torch.device) -> str:
+    """The worst of every rank's `status` (collective)."""
+    code = torch.tensor([_STATUS_CODES[status]], device=device)
+    dist.all_reduce(code, op=dist.ReduceOp.MAX, group=group)
+    return {v: k for k, v in _STATUS_CODES.items()}[int(code.item())]
+
+
+def agreed_failure(agree, close, status: str, rel: float | None, error: str) -> CandidateResult | None:
+    """After a stage of a candidate that ended in `status` on this rank: the ranks' worst status
+    (`agree(status)`, collective), None where it is `ok`, else the candidate's result, the contexts
+    closed first (`close()`, collective) after a status of `CLOSED_AFTER`. Every rank calls it
+    after every stage, so that no rank goes on to the next stage's collectives alone."""
+    status = agree(status)
+    if status == "ok":
+        return None
+    if status in CLOSED_AFTER:
+        close()
+    return CandidateResult(status=status, max_rel_error=rel, error=error or "failed on another rank")

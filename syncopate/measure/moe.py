@@ -29,7 +29,7 @@ import torch.distributed as dist
 from syncopate.errors import CandidateTimeoutError
 from syncopate.kernels.ranks import slowest
 from syncopate.measure import harness as tuning
-from syncopate.measure.harness import _STATUS_CODES, BaselineResult, CandidateResult
+from syncopate.measure.harness import BaselineResult, CandidateResult
 from syncopate.moe.ops import _bounded, _token_rows, waits_on_words
 from syncopate.search_space.moe_workload import MoeCandidate, MoeWorkload, check_moe_candidate
 
@@ -187,15 +187,22 @@ def fresh_checks(kind: str, case: MoeCase):
     return out
 
 
+AFTER_FAILURE_LIMIT = 64
+"""The spin limit of the calls `check_config` still makes after one failed: they need only be made
+(the other ranks' calls wait for them), not be right, so each gives up at once where its peers do
+not come."""
+
+
 def check_config(kind: str, config, case: MoeCase, prepared, spin_limit: int = 0) -> float:
     """The largest relative error of `config`'s op over the fresh routings, two calls back to back
     into outputs poisoned with NaN (max over ranks). With `spin_limit` (the tuner's: `harness.
     SPIN_LIMIT`), each call of a plan that waits on signal words is bounded as SYNCOPATE_SPIN_LIMIT
-    bounds a job's (`moe.ops._bounded`); one that ran out raises CandidateTimeoutError, once every
-    call is made and the ranks' worst error agreed (what the other ranks wait for in the meantime)."""
+    bounds a job's (`moe.ops._bounded`); a call that ran out (or raised anything else) is raised
+    once every call is made (those after it bounded by `AFTER_FAILURE_LIMIT`) and the ranks' worst
+    error agreed: the other ranks wait for those."""
     from syncopate.measure.reference import relative_error
 
-    op, worst, timed_out = moe_op(kind), 0.0, None
+    op, worst, failed, limit = moe_op(kind), 0.0, None, spin_limit
     for _, gates, layout, calls, refs in prepared:
         outs = [
             torch.full(out_shape(kind, case.w, layout), float("nan"), dtype=case.dtype, device=case.device)
@@ -204,16 +211,19 @@ def check_config(kind: str, config, case: MoeCase, prepared, spin_limit: int = 0
         for (a, wt), out in zip(calls, outs, strict=True):
             try:
                 _checked_call(
-                    config, case, a, spin_limit, lambda: op(a, wt, gates, layout, case.group, out, config)
+                    config, case, a, limit, lambda: op(a, wt, gates, layout, case.group, out, config)
                 )
-            except CandidateTimeoutError as e:
-                timed_out = timed_out or e
+            except Exception as e:  # noqa: BLE001 — raised below, once every call is made
+                failed = failed or e
+                limit = min(limit, AFTER_FAILURE_LIMIT)
         for out, ref in zip(outs, refs, strict=True):
             err = relative_error(out, ref) if ref.numel() else float(out.numel())
             worst = max(worst, err)
     worst = worst_over_ranks(worst, case)
-    if timed_out is not None:
-        raise CandidateTimeoutError(f"during verification, {timed_out}") from None
+    if isinstance(failed, CandidateTimeoutError):
+        raise CandidateTimeoutError(f"during verification, {failed}") from None
+    if failed is not None:
+        raise failed
     return worst
 
 
@@ -222,7 +232,7 @@ def _checked_call(config, case: MoeCase, a, spin_limit: int, call) -> None:
     if not (spin_limit and waits_on_words(a, config)):
         call()
         return
-    _bounded(f"candidate {config.short()}", case.group, spin_limit, call, **tuning.tuner_bound())
+    _bounded(f"candidate {config.short()}", case.group, spin_limit, call, **tuning.tuner_bound(spin_limit))
 
 
 def plain_ops(kind: str, case: MoeCase, a, wt):
@@ -501,11 +511,12 @@ class MoeHarness:
         return found
 
     def _agree(self, status: str) -> str:
-        code = torch.tensor([_STATUS_CODES[status]], device=self.device)
-        dist.all_reduce(code, op=dist.ReduceOp.MAX, group=self.group)
-        return {v: k for k, v in _STATUS_CODES.items()}[int(code.item())]
+        return tuning.agreed_status(status, self.group, self.device)
 
     def run_candidate(self, candidate: MoeCandidate, deadline_s: float | None = None) -> CandidateResult:
+        """Check, then time one candidate; after each stage the ranks agree on the worst status
+        (`harness.agreed_failure`: the contexts closed after a timeout) before the next stage's
+        collectives."""
         status, error, rel = "ok", "", None
         try:
             check_moe_candidate(candidate, self.case.ws)
@@ -517,11 +528,9 @@ class MoeHarness:
         except Exception as e:
             status, error = tuning.classify(e), f"{type(e).__name__}: {e}"
             log.info("MoE candidate %s: %s", candidate.short(), error)
-        status = self._agree(status)
-        if status != "ok":
-            if status == "timeout":  # copies of the given-up calls that land late reach no later call
-                self.close()
-            return CandidateResult(status=status, max_rel_error=rel, error=error or "failed on another rank")
+        failed = tuning.agreed_failure(self._agree, self.close, status, rel, error)
+        if failed is not None:
+            return failed
         op, case = moe_op(self.kind), self.case
         out = torch.empty(
             out_shape(self.kind, self.workload, case.layout), dtype=case.dtype, device=self.device
@@ -532,10 +541,9 @@ class MoeHarness:
             )
         except Exception as e:
             status, error = tuning.classify(e), f"{type(e).__name__}: {e}"
-            return CandidateResult(status=self._agree(status), max_rel_error=rel, error=error)
-        status = self._agree("ok")
-        if status != "ok":
-            return CandidateResult(status=status, max_rel_error=rel, error="failed on another rank")
+        failed = tuning.agreed_failure(self._agree, self.close, status, rel, error)
+        if failed is not None:
+            return failed
         return CandidateResult(
             status="ok", samples_us=samples, max_rel_error=rel, host_us=host, eager_us=eager
         )
