@@ -191,6 +191,26 @@ a kernel of its own for an argument of 1, which would take longer than the late 
 shares the tuning limit's (both multiples of 16)."""
 
 
+KERNEL_WAITS = dict(backend="sm_copy", num_splits=2, comm_sms=16, block_m=128, block_n=128, block_k=64)
+"""A candidate whose waits are its kernels' (the SM-driven copier's), beside the cuBLAS templates
+whose streams wait."""
+
+
+def _late_once(rank, fn):
+    """`fn`, which on rank 1 enters its first call 50 ms late."""
+    import time
+
+    late = [rank == 1]
+
+    def call(*args, **kwargs):
+        if late[0]:
+            late[0] = False
+            time.sleep(0.05)
+        return fn(*args, **kwargs)
+
+    return call
+
+
 def _call_late(rank, group, limit: str, call):
     """`call()` with SYNCOPATE_SPIN_LIMIT=`limit` (read by every call), rank 1 entering it 50 ms late
     where the limit is 64: (its result or None, the timeout's text or ""), then the device
@@ -242,7 +262,7 @@ def _job_spin_worker(rank, world, port, q):
     fused = {"ag_gemm": ops.all_gather_matmul, "gemm_rs": ops.matmul_reduce_scatter}
     shapes = {"ag_gemm": (4096, 1536, 1024), "gemm_rs": (4096, 1024, 1536)}
 
-    kernels = Candidate(backend="sm_copy", num_splits=2, comm_sms=16, block_m=128, block_n=128, block_k=64)
+    kernels = Candidate(**KERNEL_WAITS)
     templates = {
         "ag_gemm": [kernels, decomposed_candidate(2)],
         "gemm_rs": [kernels, decomposed_candidate(2), c_stationary_candidate(1)],
@@ -289,7 +309,6 @@ def _harness_late_worker(rank, world, port, q):
     whose streams wait) verified once, then measured with the harness's spin limit at 64 while rank
     1 makes its first verification call 50 ms late, then verified again with the limit restored.
     (rank, [(template, first rel err, late status, late error, after rel err)])"""
-    import time
 
     from syncopate.measure.local_ranks import join_group
 
@@ -311,18 +330,9 @@ def _harness_late_worker(rank, world, port, q):
     )
     inputs = h.fresh_inputs
     report = []
-    kernels = Candidate(backend="sm_copy", num_splits=2, comm_sms=16, block_m=128, block_n=128, block_k=64)
-    for c in (kernels, decomposed_candidate(2)):
+    for c in (Candidate(**KERNEL_WAITS), decomposed_candidate(2)):
         first = h.verify(c)  # compiled, the contexts made
-        late = [rank == 1]
-
-        def fresh():
-            if late[0]:
-                late[0] = False
-                time.sleep(0.05)
-            return inputs()
-
-        h.fresh_inputs, hm.SPIN_LIMIT = fresh, 64
+        h.fresh_inputs, hm.SPIN_LIMIT = _late_once(rank, inputs), 64
         result = h.run_candidate(c)
         h.fresh_inputs, hm.SPIN_LIMIT = inputs, 1 << 24
         torch.cuda.synchronize()
@@ -351,7 +361,6 @@ def _moe_harness_late_worker(rank, world, port, q):
     combine, measured once, then with the harness's spin limit at 64 while rank 1 makes its first
     verification call 50 ms late, then again with the limit restored. (rank, [(kind, template,
     first status, first rel err, late status, late error, after status, after rel err)])"""
-    import time
 
     from syncopate.measure.local_ranks import join_group
 
@@ -374,20 +383,7 @@ def _moe_harness_late_worker(rank, world, port, q):
         for template in ("pipelined", "fused"):
             c = MoeCandidate(template=template, backend="copy_engine", chunks_per_source=2)
             first = h.run_candidate(c)  # compiled, the contexts made
-            late = [rank == 1]
-
-            def late_op(kind, late=late):
-                op = moe_op(kind)
-
-                def call(*args, **kwargs):
-                    if late[0]:
-                        late[0] = False
-                        time.sleep(0.05)
-                    return op(*args, **kwargs)
-
-                return call
-
-            measure_moe.moe_op, hm.SPIN_LIMIT = late_op, 64
+            measure_moe.moe_op, hm.SPIN_LIMIT = (lambda kind: _late_once(rank, moe_op(kind))), 64
             late_result = h.run_candidate(c)
             measure_moe.moe_op, hm.SPIN_LIMIT = moe_op, 1 << 24
             torch.cuda.synchronize()

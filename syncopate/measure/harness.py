@@ -483,10 +483,7 @@ class Harness:
             worst = max(
                 worst, relative_error(out, reference(self.workload.kind, a, b, self.group, *(scales or ())))
             )
-        if isinstance(failed, CandidateTimeoutError):
-            raise CandidateTimeoutError(f"during verification, {failed}") from None
-        if failed is not None:
-            raise failed
+        raise_held(failed)
         return worst
 
     def _check_waits(self, candidate: Candidate, waits: list[tuple[int, int]] | None = None) -> None:
@@ -580,6 +577,15 @@ class Harness:
 
     def close(self) -> None:
         ops.close_contexts(self.group)
+
+
+def raise_held(failed: Exception | None) -> None:
+    """Raise what a verification held back until every rank's collective calls were made (None:
+    nothing failed); a timeout says it was one during verification."""
+    if isinstance(failed, CandidateTimeoutError):
+        raise CandidateTimeoutError(f"during verification, {failed}") from None
+    if failed is not None:
+        raise failed
 
 
 CLOSED_AFTER = ("timeout", "oom")

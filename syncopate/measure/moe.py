@@ -26,7 +26,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from syncopate.errors import CandidateTimeoutError
 from syncopate.kernels.ranks import slowest
 from syncopate.measure import harness as tuning
 from syncopate.measure.harness import BaselineResult, CandidateResult
@@ -220,10 +219,7 @@ def check_config(kind: str, config, case: MoeCase, prepared, spin_limit: int = 0
             err = relative_error(out, ref) if ref.numel() else float(out.numel())
             worst = max(worst, err)
     worst = worst_over_ranks(worst, case)
-    if isinstance(failed, CandidateTimeoutError):
-        raise CandidateTimeoutError(f"during verification, {failed}") from None
-    if failed is not None:
-        raise failed
+    tuning.raise_held(failed)
     return worst
 
 
