@@ -17,11 +17,16 @@ from syncopate.kernels.scaled import FP8, check_scales, chunk_scale, column_majo
 from syncopate.measure.reference import FP8_TOLERANCE, reference, relative_error
 from syncopate.search_space import (
     FP8_TEMPLATES,
+    FP8_TILE_CONFIGS,
     KINDS,
     Candidate,
+    SpaceOptions,
+    TileConfig,
     Topology,
     Workload,
+    a_stationary_candidate,
     bench_grid,
+    c_stationary_candidate,
     canonical_dtype,
     check_candidate,
     default_candidate,
@@ -54,24 +59,50 @@ def test_fp8_moves_one_byte_rows_with_their_scale_and_bf16_partials():
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_triton_templates_are_refused_naming_those_that_run_fp8(kind):
+def test_the_fused_and_scaled_gemm_templates_run_fp8_and_the_stationary_ones_are_refused(kind):
     w = Workload(kind=kind, shape=(8192, 4096, 4096), dtype="fp8")
-    fused = Candidate(backend="copy_engine", template="direct", num_splits=2)
-    check_candidate(fused, w.__class__(kind=kind, shape=w.shape), TOPO)  # fine in bf16
+    fused = Candidate(backend="copy_engine", template="direct", num_splits=2, block_k=128)
     for template in ("direct", "ring", "bidirectional_ring"):
-        with pytest.raises(
-            ConfigError,
-            match=rf"template '{template}' does not run fp8 operands .*; fp8 runs on templates decomposed, unfused",
-        ):
-            check_candidate(fused.replace(template=template), w, TOPO)
+        check_candidate(fused.replace(template=template), w, TOPO)
+    stationary = a_stationary_candidate(1) if kind == "ag_gemm" else c_stationary_candidate()
+    check_candidate(stationary, w.__class__(kind=kind, shape=w.shape), TOPO)  # fine in bf16
+    with pytest.raises(
+        ConfigError,
+        match=rf"template '{stationary.template}' does not run fp8 operands .*; fp8 runs on templates "
+        rf"direct, ring, bidirectional_ring, decomposed, unfused",
+    ):
+        check_candidate(stationary, w, TOPO)
     check_candidate(unfused_candidate(), w, TOPO)
     offered = space(w, TOPO)
-    assert offered and {c.template for c in offered} <= set(FP8_TEMPLATES)
-    assert {c.template for c in offered} == set(FP8_TEMPLATES)
+    assert {c.template for c in offered} == set(FP8_TEMPLATES) - ({"ring"} if TOPO.world_size <= 2 else set())
+    fused_tiles = {TileConfig.of(c) for c in offered if c.template == "direct"}
+    assert fused_tiles and fused_tiles <= set(FP8_TILE_CONFIGS), "FP8 tiles step 2x deeper in K"
     grid = bench_grid(w, TOPO, "tiny", ("copy_engine", "sm_copy", "nccl"))
     assert {c.template for c in grid} <= set(FP8_TEMPLATES) and len(grid) == len(set(grid))
+    assert {c.block_k for c in grid if c.template == "direct"} == {128}
+    backends = {c.backend for c in grid if c.template == "direct"}
+    assert backends == ({"copy_engine"} if kind == "ag_gemm" else {"copy_engine", "sm_copy", "nccl"})
     assert default_candidate(w, TOPO) == unfused_candidate()
     assert set(guard_candidates(w, TOPO).values()) == {unfused_candidate()}
+
+
+def test_an_fp8_all_gather_moves_its_scales_on_the_copy_engine_only():
+    w = Workload(kind="ag_gemm", shape=(8192, 4096, 4096), dtype="fp8")
+    c = Candidate(backend="sm_copy", template="direct", num_splits=2, comm_sms=32, block_k=128)
+    check_candidate(c, w.__class__(kind="ag_gemm", shape=w.shape), TOPO)
+    with pytest.raises(
+        ConfigError,
+        match=r"backend 'sm_copy' does not move an fp8 all-gather's row scales in template 'direct': "
+        r"accepted are copy_engine \(or template decomposed or unfused\)",
+    ):
+        check_candidate(c, w, TOPO)
+    check_candidate(c, Workload(kind="gemm_rs", shape=(8192, 4096, 4096), dtype="fp8"), TOPO)
+
+
+def test_fp8_tiles_given_in_the_space_section_are_taken_as_given():
+    w = Workload(kind="gemm_rs", shape=(8192, 4096, 4096), dtype="fp8")
+    mine = SpaceOptions(tile_configs=(TileConfig(128, 128, 64, 4, 4),), templates=("direct",))
+    assert {TileConfig.of(c) for c in space(w, TOPO, mine)} == {TileConfig(128, 128, 64, 4, 4)}
 
 
 def test_the_cost_model_runs_fp8_gemms_at_twice_the_rate_and_moves_its_bytes():

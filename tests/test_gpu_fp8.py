@@ -2,12 +2,14 @@
 float32 reference of the same FP8 operands and scales (`FP8_TOLERANCE`), and the harness's FP8
 baselines.
 
-Templates `unfused` and `decomposed` (num_splits 1, 2, 4), each kind, tensor-wise and row-wise
+Templates `unfused` and `decomposed` (num_splits 1, 2, 4) and the fused Triton templates (FP8
+tiles; copy engine, and SM copies for the reductions), each kind, tensor-wise and row-wise
 scales, B as `weight.t()` and row-major; outputs poisoned with NaN before each call, fresh random
 inputs every call, three calls back to back before any is checked. Then the harness of an fp8
 workload: every baseline it reports (torch's fused scaled async-TP ops where the installed torch
 has them) and a verified, timed decomposed candidate. The cases run in one process a rank; a
-failure names every case that failed.
+failure names every case that failed. The fused templates' cases also run with two ranks sharing
+one GPU (a gloo group, correctness only: `gpu`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,25 @@ from __future__ import annotations
 import pytest
 from test_gpu_ops import needs_gpus, run_ranks
 
-pytestmark = pytest.mark.multigpu
+
+def fused_configs(kind: str, world: int) -> list:
+    """The fused templates' FP8 candidates the cases run: direct on the copy engine with whole
+    128x256 tiles (TMA epilogue) and with 128x128 ones (a tail cut in K where it applies), a
+    reduction also with SM copies and its kept chunks interleaved, and a ring from three ranks."""
+    from syncopate.search_space import Candidate
+
+    wide = dict(block_m=128, block_n=256, block_k=128, num_warps=8, num_stages=3, group_m=8)
+    narrow = dict(block_m=128, block_n=128, block_k=128, num_warps=4, num_stages=4, group_m=8)
+    out = [
+        Candidate(backend="copy_engine", template="direct", num_splits=2, **wide),
+        Candidate(backend="copy_engine", template="direct", num_splits=1, **narrow),
+    ]
+    if kind != "ag_gemm":
+        out.append(Candidate(backend="sm_copy", template="direct", num_splits=2, comm_sms=16, **narrow))
+        out.append(Candidate(template="direct", num_splits=2, tile_order="kept_interleaved", **narrow))
+    if world > 2:
+        out.append(Candidate(backend="copy_engine", template="ring", num_splits=2, **narrow))
+    return out
 
 
 def _quantized(x, row_wise: bool):
@@ -49,18 +69,19 @@ def _public_ops() -> dict:
     }
 
 
-def _no_failures(target, timeout: int) -> None:
-    """`target` on two GPUs: every rank's failed cases, none expected."""
-    needs_gpus(2)
-    reports = run_ranks(target, 2, timeout=timeout)
+def _no_failures(target, timeout: int, shared_gpu: bool = False) -> None:
+    """`target` on two GPUs (or two ranks sharing one: `shared_gpu`): every rank's failed cases, none expected."""
+    if not shared_gpu:
+        needs_gpus(2)
+    reports = run_ranks(target, 2, (shared_gpu,), timeout=timeout)
     failed = sorted({f for r in reports.values() for f in r})
     assert not failed, "\n".join(failed)
 
 
-def _ops_target(rank, world, port, q):
+def _ops_target(rank, world, port, shared_gpu, q):
     from syncopate.measure.local_ranks import join_group
 
-    device = join_group(rank, world, port)
+    device = join_group(rank, world, port, shared_gpu=shared_gpu)
     import torch
     import torch.distributed as dist
 
@@ -73,11 +94,12 @@ def _ops_target(rank, world, port, q):
     torch.manual_seed(7 + rank)
     failed = []
     m, n, k = 2048, 1024, 1024
+    cublas = () if shared_gpu else (unfused_candidate(), *(decomposed_candidate(s) for s in (1, 2, 4)))
     try:
         for kind, config, row_wise, layout in (
             (kind, config, row_wise, layout)
-            for kind in ops
-            for config in (unfused_candidate(), *(decomposed_candidate(s) for s in (1, 2, 4)))
+            for op_kind in ops
+            for kind, config in ((op_kind, c) for c in (*cublas, *fused_configs(op_kind, world)))
             for row_wise in (False, True)
             for layout in ("weight_t", "row_major")
         ):
@@ -103,8 +125,14 @@ def _ops_target(rank, world, port, q):
         dist.destroy_process_group()
 
 
+@pytest.mark.multigpu
 def test_fp8_ops_match_the_reference_of_the_same_fp8_operands_on_two_gpus():
     _no_failures(_ops_target, 900)
+
+
+@pytest.mark.gpu
+def test_the_fused_fp8_templates_match_the_reference_with_two_ranks_sharing_one_gpu():
+    _no_failures(_ops_target, 900, shared_gpu=True)
 
 
 def _harness_target(rank, world, port, q):
@@ -136,6 +164,7 @@ def _harness_target(rank, world, port, q):
         dist.destroy_process_group()
 
 
+@pytest.mark.multigpu
 def test_the_harness_measures_fp8_baselines_and_candidates_on_two_gpus():
     needs_gpus(2)
     from syncopate.measure.reference import FP8_TOLERANCE
@@ -152,14 +181,53 @@ def test_the_harness_measures_fp8_baselines_and_candidates_on_two_gpus():
             assert status == "ok" and err <= FP8_TOLERANCE, (kind, name, status, err, error)
 
 
-def _replay_target(rank, world, port, q):
+def _fused_harness_target(rank, world, port, q):
+    """The tuner's harness on two ranks sharing the GPU: the fused templates' FP8 candidates of
+    each kind verified against the reference and timed, as a sweep runs them."""
+    from syncopate.measure.local_ranks import join_group
+
+    join_group(rank, world, port, shared_gpu=True)
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    import syncopate
+    from syncopate.measure.harness import Harness
+    from syncopate.search_space import Workload
+
+    report = {}
+    try:
+        options = SimpleNamespace(warmup=1, repetitions=2, flush_l2=False)
+        for kind in ("ag_gemm", "gemm_rs", "gemm_ar"):
+            h = Harness(Workload(kind=kind, shape=(4096, 1024, 1536), dtype="fp8"), dist.group.WORLD, options)
+            for c in fused_configs(kind, world)[:2]:
+                r = h.run_candidate(c)
+                report[f"{kind} {c.short()}"] = (r.status, r.max_rel_error, r.error, len(r.samples_us))
+            h.close()
+        q.put((rank, report))
+    finally:
+        syncopate.close_contexts()
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+def test_the_harness_verifies_and_times_the_fused_fp8_candidates_with_two_ranks_sharing_one_gpu():
+    from syncopate.measure.reference import FP8_TOLERANCE
+
+    reports = run_ranks(_fused_harness_target, 2, timeout=600)
+    assert len(reports[0]) == 6
+    for case, (status, err, error, samples) in reports[0].items():
+        assert status == "ok" and err <= FP8_TOLERANCE and samples, (case, status, err, error)
+
+
+def _replay_target(rank, world, port, shared_gpu, q):
     """FP8 calls replayed from their own graphs (`set_launch("graph")`): three sets of addresses
     (operands, scales, poisoned output), each refilled in place with fresh values before every
     call; every call right against the reference of the operands and scales it was given, and one
     graph captured per set (every later call a replay)."""
     from syncopate.measure.local_ranks import join_group
 
-    device = join_group(rank, world, port)
+    device = join_group(rank, world, port, shared_gpu=shared_gpu)
     import torch
     import torch.distributed as dist
 
@@ -173,10 +241,14 @@ def _replay_target(rank, world, port, q):
     torch.manual_seed(11 + rank)
     failed = []
     m, n, k = 2048, 1024, 1024
-    config = decomposed_candidate(2)
     try:
         ops_mod.set_launch("graph")
-        for kind in ops:
+        for kind, config in (
+            (op_kind, config)
+            for op_kind in ops
+            for config in ((decomposed_candidate(2),) if not shared_gpu else ())
+            + (fused_configs(op_kind, world)[0],)
+        ):
             for row_wise in (False, True):
                 case = f"{kind} {config.short()} {'row' if row_wise else 'tensor'}-wise, replayed"
                 sets = [_operands(kind, rank, world, m, n, k, row_wise, "weight_t", device) for _ in range(3)]
@@ -185,7 +257,9 @@ def _replay_target(rank, world, port, q):
                 program = next(
                     p
                     for p in ops_mod._REGISTRY.programs.values()
-                    if p.spec.kind == kind and p.spec.dtype == torch.float8_e4m3fn
+                    if p.spec.kind == kind
+                    and p.spec.dtype == torch.float8_e4m3fn
+                    and p.spec.candidate == config
                 )
                 kept = program.__dict__.get("launch_graph")
                 before = 0 if kept is None else kept.captures
@@ -213,5 +287,11 @@ def _replay_target(rank, world, port, q):
         dist.destroy_process_group()
 
 
+@pytest.mark.multigpu
 def test_fp8_calls_replayed_from_their_graphs_match_the_reference_on_two_gpus():
     _no_failures(_replay_target, 900)
+
+
+@pytest.mark.gpu
+def test_fused_fp8_calls_replayed_from_their_graphs_with_two_ranks_sharing_one_gpu():
+    _no_failures(_replay_target, 900, shared_gpu=True)

@@ -43,6 +43,20 @@ def rand(*shape, seed):
     return (torch.randn(*shape, generator=g) / 4).to(torch.float16)
 
 
+FP8 = torch.float8_e4m3fn
+
+
+def fp8_operand(rows, cols, seed, scaled, dim):
+    """(FP8 values, their float32 scale, the dequantized float32 operand): the scale per row
+    (`dim=1`, [rows, 1]) or per column (`dim=0`, [1, cols]) for `scaled="row"`, one element for
+    `"tensor"`; scales between 0.5 and 2, so that a scale read from the wrong row shows."""
+    g = torch.Generator().manual_seed(seed)
+    v = (torch.randn(rows, cols, generator=g) * 8).to(FP8)
+    shape = (1,) if scaled == "tensor" else ((rows, 1) if dim == 1 else (1, cols))
+    scale = torch.rand(shape, generator=g) * 1.5 + 0.5
+    return v, scale, v.float() * scale
+
+
 def run_consumer(
     ws,
     rank,
@@ -58,13 +72,24 @@ def run_consumer(
     own=False,
     programs=3,
     cache=None,
+    scaled=None,
 ):
     """One rank's consumer with every chunk there. `own`: the rank's shard passed apart, its rows of
     the gathered buffer poisoned, and its own chunks' words raised only where a tile reads them
-    from the gathered buffer (`tables.own_rows_later`)."""
+    from the gathered buffer (`tables.own_rows_later`). `scaled` ("row" or "tensor": B's scale):
+    FP8 operands, A's scales by gathered row, a bf16 output."""
     plan = plan_for("ag_gemm", c.template, ws, m, c.num_splits, c.block_m)
-    a = rand(m, k, seed=seed)
-    b = rand(n, k, seed=seed + 1).t() if b_kmajor else rand(k, n, seed=seed + 1)
+    scales = None
+    if scaled:
+        a, sa, a_ref = fp8_operand(m, k, seed, "row", 1)
+        b, sb, b_ref = fp8_operand(n, k, seed + 1, scaled, 1)
+        b, sb, b_ref = (b.t(), sb.t(), b_ref.t()) if b_kmajor else (b.t().contiguous(), sb.t(), b_ref.t())
+        scales = (sa, sb.contiguous())
+        ref = a_ref @ b_ref
+    else:
+        a = rand(m, k, seed=seed)
+        b = rand(n, k, seed=seed + 1).t() if b_kmajor else rand(k, n, seed=seed + 1)
+        ref = a.float() @ b.float()
     a_full = a.clone()  # every chunk, own ones included, has arrived
     tables = consumer_tables(plan, rank, n, c, CPU)
     r0, r1 = plan.chunk_bounds[rank][0][0], plan.chunk_bounds[rank][-1][1]
@@ -77,7 +102,7 @@ def run_consumer(
     for slot in slots:
         signals[slot] = epoch if slot != missing_slot else epoch - 1
     error = torch.zeros(1, dtype=torch.int32)
-    out = torch.full((m, n), float("nan"), dtype=torch.float16)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16 if scaled else torch.float16)
     launch_consumer(
         a_full,
         b,
@@ -92,8 +117,9 @@ def run_consumer(
         a_own=a[r0:r1].clone() if own else None,
         own_row0=r0,
         cache=cache,
+        scales=scales,
     )
-    return out, (a.float() @ b.float()), int(error.item())
+    return out, ref, int(error.item())
 
 
 @pytest.mark.parametrize("order", ["arrival", "arrival_colmajor", "swizzle", "row_major"])
@@ -213,9 +239,9 @@ def test_a_tail_tile_whose_chunk_never_arrives_times_out():
     assert err & 1
 
 
-def _guarded(rows, n):
-    """A NaN-filled [rows, n] float16 tensor with a guard row of 7s before and after it in memory."""
-    block = torch.full((rows + 2, n), 7.0, dtype=torch.float16)
+def _guarded(rows, n, dtype=torch.float16):
+    """A NaN-filled [rows, n] tensor with a guard row of 7s before and after it in memory."""
+    block = torch.full((rows + 2, n), 7.0, dtype=dtype)
     block[1:-1] = float("nan")
     return block[1:-1], block
 
@@ -234,24 +260,37 @@ def run_producer(
     spin_limit=0,
     programs=4,
     block_n=32,
+    scaled=None,
 ):
     """Run every rank's producer with the partials it would receive already in place (but for rank
     0's last one with `withheld`: its signal stays at the previous call's epoch; `withheld="entered"`:
     rank 0's peers have not entered the call, so its all-reduce's buffer is not free). The output,
-    send and all-reduce buffers have guard rows around them (`results[r]["guards"]`)."""
+    send and all-reduce buffers have guard rows around them (`results[r]["guards"]`). `scaled`
+    ("row" or "tensor"): FP8 operands with scales of that kind, bf16 partials."""
     c = cand(template=template, num_splits=splits, tile_order=order, block_n=block_n)
     plan = plan_for(kind, template, ws, m, splits, c.block_m)
     all_reduce = kind == "gemm_ar"
-    a = [rand(m, k, seed=100 + r) for r in range(ws)]
-    b = [rand(k, n, seed=200 + r) for r in range(ws)]
-    partial = [(a[r].float() @ b[r].float()) for r in range(ws)]
+    scales = [None] * ws
+    dtype = torch.bfloat16 if scaled else torch.float16
+    if scaled:
+        ops = [
+            (fp8_operand(m, k, 100 + r, scaled, 1), fp8_operand(n, k, 200 + r, scaled, 1)) for r in range(ws)
+        ]
+        a = [x[0] for x, _ in ops]
+        b = [w[0].t() for _, w in ops]  # K-major, as the fused programs pass an FP8 B
+        scales = [(x[1], w[1].reshape(1, -1).contiguous() if scaled == "row" else w[1]) for x, w in ops]
+        partial = [x[2] @ w[2].t() for x, w in ops]
+    else:
+        a = [rand(m, k, seed=100 + r) for r in range(ws)]
+        b = [rand(k, n, seed=200 + r) for r in range(ws)]
+        partial = [(a[r].float() @ b[r].float()) for r in range(ws)]
     total = sum(partial)
     pads = [torch.zeros(PAD_WORDS, dtype=torch.int32) for _ in range(ws)]
     peer_ptrs = torch.tensor([p.data_ptr() for p in pads], dtype=torch.int64)
     results = []
     for r in range(ws):
         # What rank r receives: for a ring, the running sum of the ranks before it; for direct, each partial.
-        recv = torch.full((recv_rows(plan), n), float("nan"), dtype=torch.float16)
+        recv = torch.full((recv_rows(plan), n), float("nan"), dtype=dtype)
         held = {(q, ci): {q} for q in range(ws) for ci in range(plan.num_chunks)}
         for step in range(1, plan.num_steps + 1):
             moves = [t for t in plan.transfers if t.phase == "reduce" and t.step == step]
@@ -263,7 +302,7 @@ def run_producer(
                     flat = recv.view(-1)
                     off = recv_offset(plan, t.src, t.block, n) + t.row_start * n
                     flat[off : off + t.rows * n] = (
-                        sum(partial[q][rows] for q in contributors).half().reshape(-1)
+                        sum(partial[q][rows] for q in contributors).to(dtype).reshape(-1)
                     )
         pad = pads[r]
         for t in plan.recvs(r, "reduce"):
@@ -276,9 +315,9 @@ def run_producer(
             pad[ENTERED_BASE + r] = epoch
         tables = producer_tables(plan, r, n, c, all_reduce, CPU)
         lo, hi = block_bounds(m, ws, r)
-        out, out_block = _guarded(m if all_reduce else hi - lo, n)
-        send, send_block = _guarded(m, n)
-        reduced, reduced_block = _guarded(m, n) if all_reduce else (None, None)
+        out, out_block = _guarded(m if all_reduce else hi - lo, n, dtype)
+        send, send_block = _guarded(m, n, dtype)
+        reduced, reduced_block = _guarded(m, n, dtype) if all_reduce else (None, None)
         blocks = [block for block in (out_block, send_block, reduced_block) if block is not None]
         counters = torch.zeros(4096, dtype=torch.int64)
         error = torch.zeros(1, dtype=torch.int32)
@@ -301,6 +340,7 @@ def run_producer(
             error,
             programs,
             spin_limit,
+            scales=scales[r],
         )
         results.append(
             dict(
@@ -996,3 +1036,92 @@ def test_consumer_tables_say_which_tiles_read_the_shard_and_whether_the_copy_is_
     plan = plan_for("ag_gemm", "direct", ws, m, 1, c.block_m)
     tables = consumer_tables(plan, rank, 64, c, CPU)
     assert (tables.own_tiles, tables.own_rows_later) == (own_tiles, later)
+
+
+# FP8 operands: every tile's sum scaled as torch._scaled_mm scales it ------------------------------
+
+
+@pytest.mark.parametrize("scaled", ["row", "tensor"])
+@pytest.mark.parametrize(
+    "template, ws, m, splits, own, b_kmajor",
+    [
+        ("direct", 2, 192, 2, False, True),
+        ("ring", 3, 288, 1, True, True),
+        ("direct", 3, 120, 1, True, False),  # tiles across the shards' edges
+    ],
+)
+def test_fp8_consumer_scales_each_row_by_its_gathered_scale(scaled, template, ws, m, splits, own, b_kmajor):
+    c = cand(template=template, num_splits=splits, tile_order="arrival")
+    for rank in range(ws):
+        out, ref, err = run_consumer(
+            ws, rank, m, 64, 64, c, seed=50 + rank, own=own, b_kmajor=b_kmajor, scaled=scaled, spin_limit=200
+        )
+        assert err == 0 and out.dtype == torch.bfloat16
+        assert torch.isfinite(out).all(), f"rank {rank}: a tile was not written"
+        assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item()), (
+            f"rank {rank}: {(out.float() - ref).abs().max().item()} off"
+        )
+
+
+@pytest.mark.parametrize("tma", [False, True])
+def test_fp8_consumer_scales_the_parts_of_its_last_wave_and_its_tma_loads(monkeypatch, tma):
+    from syncopate.kernels import launch
+
+    if tma:
+        monkeypatch.setattr(launch, "use_tma", lambda *tensors: True)
+    c = cand(template="direct", num_splits=2, tile_order="arrival")
+    assert tail_split(12, 5, 96 // 32) == 2
+    cache = {}
+    for epoch in (3, 4):  # back to back
+        out, ref, err = run_consumer(
+            2, 1, 192, 64, 96, c, epoch=epoch, seed=60 + epoch, programs=5, cache=cache, scaled="row",
+            b_kmajor=True, spin_limit=200,
+        )  # fmt: skip
+        assert err == 0 and torch.isfinite(out).all()
+        assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("scaled", ["row", "tensor"])
+@pytest.mark.parametrize("kind", ["gemm_rs", "gemm_ar"])
+@pytest.mark.parametrize(
+    "template, ws, splits, m, order",
+    [
+        ("direct", 2, 2, 128, "arrival"),
+        ("ring", 4, 1, 256, "swizzle"),
+        ("bidirectional_ring", 3, 2, 144, "arrival"),
+    ],
+)
+def test_fp8_producers_send_scaled_bf16_partials(scaled, kind, template, ws, splits, m, order):
+    results, partial, total, pads, plan = run_producer(
+        kind, template, ws, m, 48, 64, splits, order, scaled=scaled
+    )
+    assert all(r["send"].dtype == torch.bfloat16 for r in results)
+    scale = max(p.abs().max().item() for p in partial)  # FP8 products: compare to their size
+    results_scaled = [dict(r) for r in results]
+    for r in results_scaled:
+        for name in ("out", "send", "reduced"):
+            if r[name] is not None:
+                r[name] = r[name].float() / scale
+    partial = [p / scale for p in partial]
+    if kind == "gemm_rs":
+        _check_reduce_scatter(results_scaled, partial, total / scale, pads, plan)
+    else:
+        _check_all_reduce(results_scaled, total / scale, pads, plan, ws)
+
+
+@pytest.mark.parametrize("kind", ["gemm_rs", "gemm_ar"])
+def test_fp8_producers_with_the_tma_epilogue(monkeypatch, kind):
+    from syncopate.kernels import launch
+
+    monkeypatch.setattr(launch, "use_tma", lambda *tensors: True)
+    results, partial, total, pads, plan = run_producer(kind, "direct", 2, 128, 48, 64, 2, scaled="row")
+    scale = max(p.abs().max().item() for p in partial)
+    for r in results:
+        for name in ("out", "send", "reduced"):
+            if r[name] is not None:
+                r[name] = r[name].float() / scale
+    partial = [p / scale for p in partial]
+    if kind == "gemm_rs":
+        _check_reduce_scatter(results, partial, total / scale, pads, plan)
+    else:
+        _check_all_reduce(results, total / scale, pads, plan, 2)

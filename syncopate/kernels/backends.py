@@ -62,6 +62,10 @@ __all__ = [
 ]
 
 
+SCALE_BYTES = 4
+"""Bytes of one row's FP8 scale (float32) in a gathered A's scale buffer."""
+
+
 @dataclass
 class GatherCall:
     """One all-gather of rows of A: this rank's shard `a_local` (rows [r0, r1)) into `a_full` everywhere."""
@@ -83,6 +87,9 @@ class GatherCall:
     programs: dict | None = None
     """Where the backend keeps the stream programs it records for calls like this one (a prepared
     call's); None: recorded for this call only."""
+    scale: Any = None  # SymmetricBuffer
+    """FP8 rows' scales ([M, 1] float32, this rank's rows in place before the call's sends): each
+    transfer's scale rows go to the peer before its rows' word is raised (copy engine only)."""
 
 
 @dataclass
@@ -287,6 +294,13 @@ class CopyEngineBackend(CommBackend):
                 p.wait(s, ctx.signal_address(ctx.rank, arrived[t.chunk]))
                 src, src_base = call.a_full.peer_ptrs[ctx.rank] + t.row_start * call.row_bytes, 0
             _mark_ready(p, ctx, s)
+            if call.scale is not None:  # the rows' scales, from this rank's (own, or arrived with the chunk)
+                p.copy(
+                    s,
+                    call.scale.peer_ptrs[t.dst] + t.row_start * SCALE_BYTES,
+                    call.scale.peer_ptrs[ctx.rank] + t.row_start * SCALE_BYTES,
+                    t.rows * SCALE_BYTES,
+                )
             p.copy(
                 s,
                 call.a_full.peer_ptrs[t.dst] + t.row_start * call.row_bytes,

@@ -352,6 +352,22 @@ def _direct_launch(compiled, values: list, slots: dict[str, int]) -> _Direct | N
     )
 
 
+def _scale_args(scales, placeholder: torch.Tensor) -> tuple:
+    """The kernels' (sa_ptr, sb_ptr, stride_sa, stride_sb) of FP8 `scales` (A's by output row, B's
+    by column; each row-wise or one element, read with stride 0), or placeholders without them."""
+    if scales is None:
+        return placeholder, placeholder, 0, 0
+    sa, sb = scales
+    return sa, sb, int(sa.numel() > 1), int(sb.numel() > 1)
+
+
+def _scales_memo(scales) -> tuple:
+    """What a memoized launch depends on of `scales`: which are row-wise, their alignment."""
+    if scales is None:
+        return ()
+    return tuple((s.numel() > 1, s.data_ptr() % 16) for s in scales)
+
+
 def _tables_key(tables) -> tuple:
     """The device tables' addresses (unique while a cached relaunch holds them) and their scalars."""
     return tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in vars(tables).values())
@@ -476,8 +492,12 @@ def launch_consumer(
     a_own: torch.Tensor | None = None,
     own_row0: int = 0,
     memo: dict | None = None,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """out[M, N] = A[M, K] @ B[K, N] with A from the gathered buffer, tiles in `tables.order`.
+
+    `scales` (float8 A and B): A's scales by row of the gathered A ([M, 1]) and B's ([1, N], or one
+    element each); the output is scaled as `torch._scaled_mm` scales it.
 
     With `a_own` (this rank's shard, rows [own_row0, own_row0 + len) of A), the leading
     `tables.own_tiles` positions read it instead of the gathered buffer, with no wait.
@@ -491,7 +511,14 @@ def launch_consumer(
     memo_key = None
     kept = None
     if memo is not None:
-        memo_key = (spin_limit, own_tiles, b.data_ptr() % 16, out.data_ptr() % 16, a_own.data_ptr() % 16)
+        memo_key = (
+            spin_limit,
+            own_tiles,
+            b.data_ptr() % 16,
+            out.data_ptr() % 16,
+            a_own.data_ptr() % 16,
+            _scales_memo(scales),
+        )
         kept = memo.get(memo_key)
     key = None
     if kept is None and cache is not None and _relaunch_on(out):
@@ -511,6 +538,7 @@ def launch_consumer(
             _shape_key(a_own),
             own_row0,
             own_tiles,
+            *(_shape_key(s) for s in scales or ()),
             _settings(),
         )
         again = cache.get(key)
@@ -518,12 +546,15 @@ def launch_consumer(
             kept = (again, b_is_kmajor(b))
             if memo_key is not None:
                 memo[memo_key] = kept
+    sa, sb, stride_sa, stride_sb = _scale_args(scales, error)
     if kept is not None:
         again, kmajor = kept
         again(
             b_ptr=b,
             c_ptr=out,
             own_ptr=a_own,
+            sa_ptr=sa,
+            sb_ptr=sb,
             epoch=epoch,
             b_desc=b.t() if kmajor else b,
             c_desc=out,
@@ -535,7 +566,7 @@ def launch_consumer(
     kmajor = b_is_kmajor(b)
     b_mat = b.t() if kmajor else b
     grid = _grid(tables.order.numel(), num_programs)
-    if gluon_consumer(c, K, a_full, b_mat, out, a_own):
+    if scales is None and gluon_consumer(c, K, a_full, b_mat, out, a_own):
         again = _launch_gluon_consumer(
             a_full,
             b_mat,
@@ -604,6 +635,10 @@ def launch_consumer(
         split,
         parts,
         flags,
+        sa,
+        sb,
+        stride_sa,
+        stride_sb,
     )
     kwargs = dict(
         BLOCK_M=c.block_m,
@@ -613,20 +648,15 @@ def launch_consumer(
         B_KMAJOR=kmajor,
         ASM_WAIT=compiled_for_gpu(out),
         OUT_DTYPE=TL_DTYPES[out.dtype],
+        SCALED=scales is not None,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )
     compiled = consumer_kernel[grid](*args, **kwargs)
-    again = _remember(
-        cache,
-        key,
-        consumer_kernel,
-        compiled,
-        grid,
-        args,
-        kwargs,
-        ("b_ptr", "c_ptr", "own_ptr", "epoch", "b_desc", "c_desc", "own_desc"),
-    )
+    varying = ["b_ptr", "c_ptr", "own_ptr", "epoch", "b_desc", "c_desc", "own_desc"]
+    if scales is not None:
+        varying += ["sa_ptr", "sb_ptr"]
+    again = _remember(cache, key, consumer_kernel, compiled, grid, args, kwargs, varying)
     if again is not None and memo_key is not None:
         memo[memo_key] = (again, kmajor)
 
@@ -652,8 +682,12 @@ def launch_producer(
     spin_limit: int = 0,
     cache: dict | None = None,
     memo: dict | None = None,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Partial products of A[M, K] @ B[K, N] in send order; received partials added in the epilogue.
+
+    `scales` (float8 A and B): A's ([M, 1]) and B's ([1, N]), each row-wise or one element; every
+    tile's sum is scaled as `torch._scaled_mm` scales it before its partials are added.
 
     With `cache` (a context's), a launch like an earlier one relaunches its compiled kernel (`_Relaunch`).
     With `memo` (a call program's), the relaunch is found by what still varies between its calls
@@ -661,7 +695,13 @@ def launch_producer(
     memo_key = None
     kept = None
     if memo is not None:
-        memo_key = (spin_limit, a.data_ptr() % 16, b.data_ptr() % 16, out.data_ptr() % 16)
+        memo_key = (
+            spin_limit,
+            a.data_ptr() % 16,
+            b.data_ptr() % 16,
+            out.data_ptr() % 16,
+            _scales_memo(scales),
+        )
         kept = memo.get(memo_key)
     key = None
     if kept is None and cache is not None and _relaunch_on(a):
@@ -688,6 +728,7 @@ def launch_producer(
             _shape_key(out),
             _shape_key(reduced),
             _shape_key(recv),
+            *(_shape_key(s) for s in scales or ()),
             _settings(),
         )
         again = cache.get(key)
@@ -695,12 +736,15 @@ def launch_producer(
             kept = (again, b_is_kmajor(b))
             if memo_key is not None:
                 memo[memo_key] = kept
+    sa, sb, stride_sa, stride_sb = _scale_args(scales, error)
     if kept is not None:
         again, kmajor = kept
         reduced_or_out = reduced if reduced is not None else out
         again(
             a_ptr=a,
             b_ptr=b,
+            sa_ptr=sa,
+            sb_ptr=sb,
             out_ptr=out,
             reduced_ptr=reduced_or_out,
             epoch=epoch,
@@ -717,7 +761,9 @@ def launch_producer(
     entries = tables.order.numel()
     grid = _grid(entries, num_programs)
     recv_rows = recv.view(-1, N) if recv.is_contiguous() and recv.numel() % N == 0 else recv
-    if gluon_producer(c, tables, K, a, b_mat, send, out, reduced if reduced is not None else out, recv_rows):
+    if scales is None and gluon_producer(
+        c, tables, K, a, b_mat, send, out, reduced if reduced is not None else out, recv_rows
+    ):
         again = _launch_gluon_producer(
             a,
             b_mat,
@@ -788,6 +834,10 @@ def launch_producer(
         error,
         _spin(spin_limit),
         grid[0],
+        sa,
+        sb,
+        stride_sa,
+        stride_sb,
     )
     kwargs = dict(
         WORLD=world,
@@ -802,11 +852,14 @@ def launch_producer(
         EPI_SPLIT=split,
         TMA_EPI=tma_epi,
         OUT_DTYPE=TL_DTYPES[send.dtype],
+        SCALED=scales is not None,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )
     compiled = producer_kernel[grid](*args, **kwargs)
     varying = ["a_ptr", "b_ptr", "out_ptr", "epoch", "a_desc", "b_desc", "out_desc"]
+    if scales is not None:
+        varying += ["sa_ptr", "sb_ptr"]
     if reduced is None:
         varying += ["reduced_ptr", "reduced_desc"]
     again = _remember(cache, key, producer_kernel, compiled, grid, args, kwargs, varying)

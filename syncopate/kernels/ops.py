@@ -6,18 +6,18 @@
 | `matmul_reduce_scatter`  | A[M, K/ws]     | B[K/ws, N]      | out[M/ws, N]       |
 | `matmul_all_reduce`      | A[M, K/ws]     | B[K/ws, N]      | out[M, N]          |
 
-`b` may be row-major or the transpose of a row-major [N, K] matrix (`weight.t()` of an
-nn.Linear). FP8 operands (torch.float8_e4m3fn, both) come with `a_scale=` and `b_scale=` (float32,
-tensor-wise or row-wise: `syncopate.kernels.scaled`) and give a bf16 output; templates `unfused`
-and `decomposed` run them (`torch._scaled_mm`), eagerly (not under torch.compile, and without
-`return_gathered`). With `config=None` an op asks `syncopate.lookup` once per (workload, group) and keeps
-the answer. A call's first use of its shapes, dtype, group and config checks every argument and
-prepares its call program (`syncopate.kernels.templates`: the template the config names, its
-context of symmetric buffers, signals and streams); every later such call finds the program and
-only binds its tensors. A later plain call (no out=, scales or bounded waits, not captured) finds
-it bound to (a, b) in one lookup keyed by what the checks depend on (`_call_key`), and for template
-`unfused` runs torch's collective and matmul straight away. Programs and contexts are kept until
-`close_contexts()`.
+`b` may be row-major or the transpose of a row-major [N, K] matrix (`weight.t()` of an nn.Linear).
+FP8 operands (torch.float8_e4m3fn, both) come with `a_scale=` and `b_scale=` (float32, tensor-wise
+or row-wise: `syncopate.kernels.scaled`) and give a bf16 output; the fused templates (FP8 tiles in
+Triton) and `unfused` and `decomposed` (`torch._scaled_mm`) run them, eagerly (not under
+torch.compile, and without `return_gathered`). With `config=None` an op asks `syncopate.lookup` once
+per (workload, group) and keeps the answer. A call's first use of its shapes, dtype, group and
+config checks every argument and prepares its call program (`syncopate.kernels.templates`: the
+template the config names, its context of symmetric buffers, signals and streams); every later such
+call finds the program and only binds its tensors. A later plain call (no out=, scales or bounded
+waits, not captured) finds it bound to (a, b) in one lookup keyed by what the checks depend on
+(`_call_key`), and for template `unfused` runs torch's collective and matmul straight away. Programs
+and contexts are kept until `close_contexts()`.
 
 Under `torch.compile` a call is traced as one node, `torch.ops.syncopate.*` (`fullgraph=True`
 works; `out=` and `spin_limit` are refused there). A call can be captured in a CUDA graph once one

@@ -14,8 +14,10 @@ the program's first call, so that a call's host time is binding tensors and enqu
 | `decomposed`         | all three                  | shards / partials as each GEMM piece ends     | cuBLAS   |
 | `unfused`            | all three                  | the group's whole collective                  | cuBLAS   |
 
-FP8 operands (`syncopate.kernels.scaled`) run on `unfused` and `decomposed` only (check_candidate
-refuses the others): their GEMMs are `torch._scaled_mm` calls with each piece's scale rows.
+FP8 operands (`syncopate.kernels.scaled`) run on the fused templates (the kernels' tiles in FP8,
+each tile's sum scaled; an all-gather's scale rows go with its rows, on the copy engine) and on
+`unfused` and `decomposed` (`torch._scaled_mm` calls with each piece's scale rows); check_candidate
+refuses the stationary templates.
 
 Every template passes the same conformance suite (`tests/test_templates.py` on the CPU,
 `tests/test_gpu_ops.py` on GPUs).
@@ -40,7 +42,7 @@ from syncopate.kernels.launch import launch_consumer, launch_producer, own_shard
 from syncopate.kernels.library import _ALL_GATHER as ALL_GATHER
 from syncopate.kernels.library import _REDUCE_SCATTER as REDUCE_SCATTER
 from syncopate.kernels.library import unfused
-from syncopate.kernels.scaled import FP8, OUT_DTYPE, Scales
+from syncopate.kernels.scaled import FP8, OUT_DTYPE, Scales, column_major
 from syncopate.kernels.tables import consumer_tables, plan_for, producer_tables
 from syncopate.search_space import (
     A_STATIONARY,
@@ -230,9 +232,12 @@ def fused_context_key(kind: str, m: int, cols: int, dtype: torch.dtype) -> tuple
 
 
 def fused_buffers(kind: str, m: int, cols: int, dtype: torch.dtype, ws: int) -> dict:
-    """The fused templates' symmetric buffers: the gathered A [M, K] of an all-gather; the received
-    partials (M rounded up to ws blocks, N) of the others, and an all-reduce's reduced rows [M, N]."""
+    """The fused templates' symmetric buffers: the gathered A [M, K] of an all-gather (FP8: its
+    bytes, uint8, and its rows' scales `a_scale` [M, 1]); the received partials (M rounded up to ws
+    blocks, N) of the others, and an all-reduce's reduced rows [M, N]."""
     if kind == "ag_gemm":
+        if dtype == FP8:
+            return {"a_full": ((m, cols), torch.uint8), "a_scale": ((m, 1), torch.float32)}
         return {"a_full": ((m, cols), dtype)}
     bufs = {"recv": ((ws * -(-m // ws), cols), dtype)}
     if kind == "gemm_ar":
@@ -361,6 +366,16 @@ class FusedGatherProgram(CallProgram):
         self.backend = backend_for(c)
         self.backend.check_context(ctx)
         self.a_full = ctx.buffers["a_full"]
+        self.rows = self.a_full.local  # the gathered A as the kernel reads it
+        self.scale = ctx.buffers.get("a_scale")
+        """FP8: the gathered rows' scales, [M, 1] float32 (moved with the rows by the copy engine)."""
+        if self.scale is not None:
+            self.rows = self.rows.view(FP8)
+            if self.backend.name != "copy_engine":
+                raise ConfigError(
+                    f"backend {self.backend.name!r} does not move an FP8 all-gather's scales: "
+                    f"the fused templates gather FP8 rows on backend 'copy_engine'"
+                )
         self.programs: dict = {}
         """The stream programs the backend records for these calls (`streamops.kept_program`)."""
         self.launches: dict = {}
@@ -376,11 +391,16 @@ class FusedGatherProgram(CallProgram):
         key = (a.data_ptr() % 16, b.data_ptr() % 16, out.data_ptr() % 16)
         readable = self._readable.get(key)
         if readable is None:
-            readable = self._readable[key] = own_shard_readable(self.a_full.local, b, out, a)
+            readable = self._readable[key] = own_shard_readable(self.rows, b, out, a)
         return a if readable else None
 
     def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None, scales=None) -> None:
         ctx, tables = self.context, self.tables
+        if scales is not None:
+            b = column_major(b)  # the kernel reads an FP8 B K-major, as torch._scaled_mm does
+            own_scale = self.scale.local[self.r0 : self.r0 + a.shape[0]]
+            own_scale.copy_(scales[0].reshape(-1, 1).expand(own_scale.shape))  # before the sends read it
+            scales = (self.scale.local, scales[1])
         own = self._own(a, b, out)
         # The gathered A goes out on a side stream while the GEMM runs, except with bounded waits
         # (a stream wait is not bounded, and a chunk that never comes would hold it): then from the
@@ -402,6 +422,7 @@ class FusedGatherProgram(CallProgram):
             spin_limit=spin_limit,
             copy_own=(gathered is not None and not overlap) or tables.own_rows_later or own is None,
             programs=self.programs,
+            scale=self.scale,
         )
         enqueue = self.backend.stage_gather(call, streams)  # what may allocate, before the kernel runs
         copy_out = stage_gathered_copy(call, streams[2]) if overlap else None
@@ -410,7 +431,7 @@ class FusedGatherProgram(CallProgram):
         # runs the ops one synchronized call at a time to find such faults).
         enqueue()
         launch_consumer(
-            self.a_full.local,
+            self.rows,
             b,
             out,
             tables,
@@ -424,12 +445,13 @@ class FusedGatherProgram(CallProgram):
             a_own=own,
             own_row0=self.r0,
             memo=self.launches,
+            scales=scales,
         )
         if copy_out is not None:
             copy_out(gathered)  # after the kernel: its waits cannot hold the launch back
         ctx.join(main, streams)
         if gathered is not None and copy_out is None:
-            gathered.copy_(self.a_full.local)
+            gathered.copy_(self.rows)
 
 
 class FusedScatterProgram(CallProgram):
@@ -445,7 +467,10 @@ class FusedScatterProgram(CallProgram):
         self.tables = _kept(
             ctx, ("p", n, c), lambda: producer_tables(self.plan, spec.rank, n, c, self.all_reduce, ctx.device)
         )
-        self.send = _kept(ctx, ("send",), lambda: torch.empty((m, n), dtype=spec.dtype, device=spec.device))
+        # the partial products, in the output's dtype (bf16 for FP8 operands)
+        self.send = _kept(
+            ctx, ("send",), lambda: torch.empty((m, n), dtype=spec.out_dtype, device=spec.device)
+        )
         self.backend = backend_for(c)
         self.backend.check_context(ctx)
         self.programs: dict = {}
@@ -457,6 +482,9 @@ class FusedScatterProgram(CallProgram):
 
     def __call__(self, a, b, out, *, capturing=False, spin_limit=0, gathered=None, scales=None) -> None:
         ctx, spec = self.context, self.spec
+        if scales is not None:  # the kernel reads an FP8 B K-major, as torch._scaled_mm does
+            b = column_major(b)
+            scales = (scales[0], scales[1])
         main = ctx.current_stream()
         epoch = ctx.begin_call(main if capturing else None)
         streams = ctx.fork(main, 3)
@@ -473,7 +501,7 @@ class FusedScatterProgram(CallProgram):
                 send=self.send,
                 recv=self.recv,
                 n_cols=spec.n,
-                elem=spec.dtype.itemsize,
+                elem=spec.out_dtype.itemsize,
                 out=out,
                 reduced=reduced,
                 spin_limit=spin_limit,
@@ -502,6 +530,7 @@ class FusedScatterProgram(CallProgram):
             spin_limit,
             cache=ctx.cache,
             memo=self.launches,
+            scales=scales,
         )
         enqueue()
         ctx.join(main, streams)
@@ -523,13 +552,10 @@ class FusedTemplate(Template):
         )
 
     def buffers(self, spec):
-        return fused_buffers(
-            spec.kind,
-            spec.m,
-            spec.a_shape[1] if spec.kind == "ag_gemm" else spec.n,
-            spec.dtype,
-            spec.world_size,
-        )
+        if spec.kind == "ag_gemm":
+            return fused_buffers(spec.kind, spec.m, spec.a_shape[1], spec.dtype, spec.world_size)
+        # a reduction's buffers hold partial products, in the output's dtype
+        return fused_buffers(spec.kind, spec.m, spec.n, spec.out_dtype, spec.world_size)
 
     def prepare(self, spec, b):
         ctx = _context(self, spec)

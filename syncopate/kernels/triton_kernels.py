@@ -38,6 +38,10 @@ order their chunks leave; the epilogue adds the partials received for the chunk'
 rank keeps), and the last tile of a chunk raises the chunk's ready signal with release semantics.
 A tile with rows of two chunks is two entries, each computing the tile, so that no entry waits for
 one chunk's partials while it holds a count that another rank waits for.
+
+FP8 operands (SCALED): the same loops on float8 tiles, and each tile's float32 sum scaled by its
+rows' and columns' scales (`_dequantized`) before anything is stored or added to it: a
+reduction's partials are bf16, as `torch._scaled_mm`'s outputs would be.
 """
 
 from __future__ import annotations
@@ -207,6 +211,29 @@ def _load_ab(
 
 
 @triton.jit
+def _dequantized(
+    acc,
+    sa_ptr,
+    sb_ptr,
+    stride_sa,
+    stride_sb,
+    off_m,
+    off_n,
+    M,
+    N,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """An FP8 tile's float32 sum scaled as `torch._scaled_mm` scales it: row r by `sa[r * stride_sa]`,
+    column j by `sb[j * stride_sb]` (stride 0: a tensor-wise scale)."""
+    rows = off_m + tl.arange(0, BLOCK_M)
+    cols = off_n + tl.arange(0, BLOCK_N)
+    sa = tl.load(sa_ptr + rows * stride_sa, mask=(rows >= 0) & (rows < M), other=0.0)
+    sb = tl.load(sb_ptr + cols * stride_sb, mask=cols < N, other=0.0)
+    return acc * sa[:, None] * sb[None, :]
+
+
+@triton.jit
 def _tile_at(
     order_ptr,
     i,
@@ -279,6 +306,11 @@ def _consumer_tiles(
     ASM_WAIT: tl.constexpr,
     OUT_DTYPE: tl.constexpr,
     WAIT: tl.constexpr,
+    sa_ptr,
+    sb_ptr,
+    stride_sa,
+    stride_sb,
+    SCALED: tl.constexpr,
 ):
     """Positions first, first + P, … (`count` of them) of the tile order, one flattened loop over
     (tile, k-step) pairs. Output row r reads row r - a_row0 of the A source (M_A rows); with WAIT,
@@ -333,6 +365,10 @@ def _consumer_tiles(
         )
         acc = tl.dot(a, b, acc)
         if ki == k_tiles - 1:
+            if SCALED:
+                acc = _dequantized(
+                    acc, sa_ptr, sb_ptr, stride_sa, stride_sb, off_m, off_n, M_A + a_row0, N, BLOCK_M, BLOCK_N
+                )
             if USE_TMA:
                 c_desc.store([off_m, off_n], acc.to(OUT_DTYPE))
             else:
@@ -384,6 +420,11 @@ def _consumer_tail(
     B_KMAJOR: tl.constexpr,
     ASM_WAIT: tl.constexpr,
     OUT_DTYPE: tl.constexpr,
+    sa_ptr,
+    sb_ptr,
+    stride_sa,
+    stride_sb,
+    SCALED: tl.constexpr,
 ):
     """Part `unit % tail_split` of the K steps of tail tile `unit // tail_split` (position
     tail_start + that of the order). Every part stores its float32 sum in its slot of `part_ptr`;
@@ -433,6 +474,8 @@ def _consumer_tail(
             B_KMAJOR,
         )
         acc = tl.dot(a, b, acc)
+    if SCALED:  # each part scaled: their sum is the scaled sum
+        acc = _dequantized(acc, sa_ptr, sb_ptr, stride_sa, stride_sb, off_m, off_n, M, N, BLOCK_M, BLOCK_N)
     first = t * tail_split
     cells = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     tl.store(part_ptr + (first + q).to(tl.int64) * (BLOCK_M * BLOCK_N) + cells, acc)
@@ -497,6 +540,10 @@ def consumer_kernel(
     tail_split,
     part_ptr,
     flag_ptr,
+    sa_ptr,
+    sb_ptr,
+    stride_sa,
+    stride_sb,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -504,6 +551,7 @@ def consumer_kernel(
     B_KMAJOR: tl.constexpr,
     ASM_WAIT: tl.constexpr,
     OUT_DTYPE: tl.constexpr,
+    SCALED: tl.constexpr,
 ):
     """All-gather consumer: out[M, N] = A[M, K] @ B[K, N].
 
@@ -520,6 +568,9 @@ def consumer_kernel(
     whole tiles (`_consumer_tail`; float32 parts in `part_ptr`, tail_split slots a tile, their words
     in `flag_ptr`), so that
     the last wave is as short as a part rather than a tile.
+
+    With SCALED (float8 operands), every sum is scaled by `_dequantized` before it is stored: row r
+    of the output by `sa[r * stride_sa]`, column j by `sb[j * stride_sb]`.
     """
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -566,6 +617,11 @@ def consumer_kernel(
         ASM_WAIT,
         OUT_DTYPE,
         False,
+        sa_ptr,
+        sb_ptr,
+        stride_sa,
+        stride_sb,
+        SCALED,
     )
     _consumer_tiles(
         a_ptr,
@@ -605,6 +661,11 @@ def consumer_kernel(
         ASM_WAIT,
         OUT_DTYPE,
         True,
+        sa_ptr,
+        sb_ptr,
+        stride_sa,
+        stride_sb,
+        SCALED,
     )
     if tail_split > 1:
         if pid < (num_tiles - tail_start) * tail_split:
@@ -645,6 +706,11 @@ def consumer_kernel(
                 B_KMAJOR,
                 ASM_WAIT,
                 OUT_DTYPE,
+                sa_ptr,
+                sb_ptr,
+                stride_sa,
+                stride_sb,
+                SCALED,
             )
 
 
@@ -821,6 +887,10 @@ def producer_kernel(
     error_ptr,
     max_spin,
     num_programs,
+    sa_ptr,
+    sb_ptr,
+    stride_sa,
+    stride_sb,
     WORLD: tl.constexpr,
     INC_MAX: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -833,6 +903,7 @@ def producer_kernel(
     EPI_SPLIT: tl.constexpr,
     TMA_EPI: tl.constexpr,
     OUT_DTYPE: tl.constexpr,
+    SCALED: tl.constexpr,
 ):
     """Reduce-scatter / all-reduce producer.
 
@@ -846,7 +917,8 @@ def producer_kernel(
     `chunk_tiles[c]` tiles is stored (its counter, which it resets to 0 for the next call, reaches
     the count), `ready[chunk_ready[c]]` is raised (none where -1); for an all-reduce a kept chunk also
     raises, on every peer p, `peer_signal[p][gather_slot[c * WORLD + p]]`. With EPI_SPLIT=2 the
-    epilogue works on the two column halves of the tile in turn (half the registers).
+    epilogue works on the two column halves of the tile in turn (half the registers). With SCALED
+    (float8 operands), a tile's sum is scaled by `_dequantized` before anything else.
 
     With TMA_EPI (every chunk boundary a multiple of BLOCK_M, so an entry is a whole tile of one
     chunk), the epilogue reads the partials and writes its rows through TMA descriptors over `recv`
@@ -897,6 +969,10 @@ def producer_kernel(
         )
         acc = tl.dot(a, b, acc)
         if ki == k_tiles - 1:
+            if SCALED:
+                acc = _dequantized(
+                    acc, sa_ptr, sb_ptr, stride_sa, stride_sb, tm * BLOCK_M, off_n, M, N, BLOCK_M, BLOCK_N
+                )
             if TMA_EPI:
                 nxt = i + num_programs
                 pending = _close_tile_tma(

@@ -46,7 +46,9 @@ from syncopate.search_space.liveness import LivenessReport, check_liveness
 from syncopate.search_space.models import MODELS, model_shape
 from syncopate.search_space.moe_workload import DISTRIBUTIONS, MoeWorkload, RoutingSpec
 from syncopate.search_space.space import (
+    FP8_GATHER_BACKENDS,
     FP8_TEMPLATES,
+    FP8_TILE_CONFIGS,
     TILE_CONFIGS,
     SpaceOptions,
     TileConfig,
@@ -165,6 +167,8 @@ __all__ = [
     "output_dtype",
     "FP8",
     "FP8_TEMPLATES",
+    "FP8_GATHER_BACKENDS",
+    "FP8_TILE_CONFIGS",
     "model_shape",
     "optuna_distributions",
     "producer_schedule",

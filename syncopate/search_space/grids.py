@@ -33,8 +33,8 @@ configuration too where the first's tiles fill fewer than two waves of the GPU's
 def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> list[Candidate]:
     """The candidates `syncopate bench` tries per workload: the guards first (the untuned default
     and `unfused`, which a served configuration must beat: `guard_candidates`), then a small grid
-    per backend, each fused one also in the Gluon kernels where they run it (for `fp8`, the
-    templates of FP8_TEMPLATES only)."""
+    per backend, each fused one also in the Gluon kernels where they run it (for `fp8`, FP8 tiles
+    and the templates of FP8_TEMPLATES only)."""
     ws = topology.world_size
     templates = ["direct"] if ws <= 2 else ["direct", "ring"]
     splits = [1, 2, 4, 8] if grid != "tiny" else [2, 4]
@@ -42,10 +42,13 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
         # With four ranks and more, one chunk a rank is already a pipeline (ws - 1 transfers to
         # overlap): the all-gather tries it too (results/llama_tp4-sweep.db has the comparison).
         splits = [1, *splits]
-    tiles = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4)] if grid != "tiny" else [(128, 256, 64, 8, 3)]
+    wide, narrow = (128, 256, 64, 8, 3), (128, 128, 64, 8, 4)
+    if workload.scaled:  # FP8 tiles step twice as deep in K (FP8_TILE_CONFIGS)
+        wide, narrow = (128, 256, 128, 8, 3), (128, 128, 128, 4, 4)
+    tiles = [wide, narrow] if grid != "tiny" else [wide]
     if grid == "tiny" and _tile_waves(workload, topology, 128, 256) < 2:
         # so few 128x256 tiles that SMs sit idle (few tokens, many ranks): the narrower tile too
-        tiles.append((128, 128, 64, 8, 4))
+        tiles.append(narrow)
     comm = {"copy_engine": [0], "sm_copy": [32, 64], "nvshmem": [16, 32], "nccl": [NCCL_MIN_SMS]}
     # Producers also try kept chunks interleaved with the sent ones (an all-reduce then gathers
     # reduced chunks while the GEMM runs); check_candidate keeps it to the direct plan.
@@ -95,7 +98,7 @@ def bench_grid(workload: Workload, topology: Topology, grid: str, backends) -> l
             for s in tried
             if decomposed_offered(workload.kind, ws, workload.shape.m // ws, s)
         ]
-    if workload.scaled:  # fp8 runs on the scaled-GEMM templates only
+    if workload.scaled:  # fp8 runs on the fused and the scaled-GEMM templates only
         out = [c for c in out if c.template in FP8_TEMPLATES]
     guards = list(dict.fromkeys(guard_candidates(workload, topology).values()))  # fp8's default is unfused
     return guards + [c for c in out if c not in guards]

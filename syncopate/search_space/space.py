@@ -43,6 +43,9 @@ from syncopate.search_space.chunk_plan import (
     gather_splits_refusal,
     gather_takes,
 )
+from syncopate.search_space.chunk_plan import (
+    TEMPLATES as PLAN_TEMPLATES,
+)
 from syncopate.search_space.moe_workload import MoeWorkload, moe_guards
 from syncopate.search_space.tile_order import CONSUMER_ORDERS, PRODUCER_ORDERS
 from syncopate.search_space.topology import Topology
@@ -69,12 +72,19 @@ __all__ = [
     "tile_orders_for",
     "NCCL_MIN_SMS",
     "FP8_TEMPLATES",
+    "FP8_GATHER_BACKENDS",
+    "FP8_TILE_CONFIGS",
     "gluon_refusal",
 ]
 
-FP8_TEMPLATES: tuple[str, ...] = (DECOMPOSED, UNFUSED)
-"""The templates that run an `fp8` workload: their GEMMs are `torch._scaled_mm` calls (cuBLAS). The
-fused Triton kernels and the stationary templates take 16- and 32-bit operands only."""
+FP8_TEMPLATES: tuple[str, ...] = (*PLAN_TEMPLATES, DECOMPOSED, UNFUSED)
+"""The templates that run an `fp8` workload: the fused Triton kernels (FP8 tiles, each tile's sum
+scaled as `torch._scaled_mm` scales it) and the cuBLAS templates whose GEMMs are `torch._scaled_mm`
+calls. The stationary templates take 16- and 32-bit operands only."""
+
+FP8_GATHER_BACKENDS: tuple[str, ...] = ("copy_engine",)
+"""The backends that move an FP8 all-gather's rows in the fused templates: each chunk's scale rows
+go beside its rows, before its word is raised (a reduction moves bf16 partials, on every backend)."""
 
 NCCL_MIN_SMS = 64
 """SMs the fused kernel leaves free for NCCL. NCCL's kernels need SMs of their own while the fused
@@ -141,6 +151,19 @@ TILE_CONFIGS: tuple[TileConfig, ...] = (
     TileConfig(64, 128, 64, 4, 4),
 )
 """Tile configurations searched by default: shapes that keep Hopper's tensor cores busy."""
+
+FP8_TILE_CONFIGS: tuple[TileConfig, ...] = (
+    TileConfig(128, 256, 128, 8, 3),
+    TileConfig(256, 128, 128, 8, 3),
+    TileConfig(128, 128, 128, 4, 4),
+    TileConfig(128, 128, 128, 8, 4),
+    TileConfig(128, 256, 64, 8, 5),
+    TileConfig(128, 128, 256, 8, 3),
+    TileConfig(128, 64, 128, 4, 4),
+    TileConfig(64, 128, 128, 4, 4),
+)
+"""Tile configurations an `fp8` workload searches where `space.tile_configs` is left at its default:
+a K step of twice the bf16 tiles' elements (the same bytes; Hopper's FP8 MMA steps 32 deep)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -224,9 +247,11 @@ def tile_orders_for(kind: str) -> tuple[str, ...]:
     return CONSUMER_ORDERS if kind == "ag_gemm" else PRODUCER_ORDERS
 
 
-def _smem_bytes(tc: TileConfig, elem: int) -> int:
+def _smem_bytes(tc: TileConfig, elem: int, out_elem: int | None = None) -> int:
+    """Shared memory of a fused kernel's tile: its operand pipeline (`elem` bytes an element) and
+    its output tile (`out_elem`, default `elem`)."""
     pipeline = tc.num_stages * (tc.block_m + tc.block_n) * tc.block_k * elem
-    epilogue = tc.block_m * tc.block_n * elem
+    epilogue = tc.block_m * tc.block_n * (out_elem or elem)
     return pipeline + epilogue
 
 
@@ -378,8 +403,18 @@ def check_candidate(candidate: Candidate, workload: Workload, topology: Topology
     rows = _rows_per_block(workload, ws)
     if workload.scaled and c.template not in FP8_TEMPLATES:
         raise ConfigError(
-            f"template {c.template!r} does not run fp8 operands (its kernels take bf16, fp16 and fp32); "
-            f"fp8 runs on templates {', '.join(FP8_TEMPLATES)} (torch._scaled_mm GEMMs)"
+            f"template {c.template!r} does not run fp8 operands (its cuBLAS GEMMs take bf16, fp16 and fp32); "
+            f"fp8 runs on templates {', '.join(FP8_TEMPLATES)}"
+        )
+    if (
+        workload.scaled
+        and workload.kind == "ag_gemm"
+        and c.template in PLAN_TEMPLATES
+        and c.backend not in FP8_GATHER_BACKENDS
+    ):
+        raise ConfigError(
+            f"backend {c.backend!r} does not move an fp8 all-gather's row scales in template {c.template!r}: "
+            f"accepted are {', '.join(FP8_GATHER_BACKENDS)} (or template decomposed or unfused)"
         )
     if c.template in PLANLESS_KINDS:
         _check_planless(c, workload)
@@ -400,7 +435,7 @@ def check_candidate(candidate: Candidate, workload: Workload, topology: Topology
     except ConfigError as e:
         raise ConfigError(f"chunks are cut at multiples of block_m={c.block_m} rows: {e}") from None
     tc = TileConfig.of(c)
-    smem = _smem_bytes(tc, workload.element_bytes)
+    smem = _smem_bytes(tc, workload.element_bytes, workload.output_bytes)
     limit = topology.spec.smem_per_block_kb * 1024
     if smem > limit:
         raise ConfigError(
@@ -452,25 +487,31 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
     rows = _rows_per_block(workload, ws)
     orders = [o for o in options.tile_orders if o in tile_orders_for(workload.kind)]
     limit = topology.spec.smem_per_block_kb * 1024
+    given = options.tile_configs
+    if workload.scaled and given == TILE_CONFIGS:
+        given = FP8_TILE_CONFIGS
     tile_configs = [
         tc
-        for tc in options.tile_configs
-        if _smem_bytes(tc, workload.element_bytes) <= limit
+        for tc in given
+        if _smem_bytes(tc, workload.element_bytes, workload.output_bytes) <= limit
         and tc.block_m * tc.block_n // (tc.num_warps * 32) <= 128
     ]
-    if workload.scaled:  # only the scaled-GEMM templates (FP8_TEMPLATES)
-        if DECOMPOSED in options.templates and "copy_engine" in options.backends:
-            for splits in decomposed_splits(workload.kind, ws, options.num_splits):
-                if decomposed_offered(workload.kind, ws, rows, splits):
-                    yield decomposed_candidate(splits)
-        if UNFUSED in options.templates:
-            yield unfused_candidate()
-        return
-    if A_STATIONARY in options.templates and workload.kind == "ag_gemm" and "copy_engine" in options.backends:
+    stationary = not workload.scaled  # the stationary templates' GEMMs take no FP8
+    if (
+        stationary
+        and A_STATIONARY in options.templates
+        and workload.kind == "ag_gemm"
+        and "copy_engine" in options.backends
+    ):
         for splits in options.num_splits:
             if rows // splits >= STATIONARY_MIN_ROWS:
                 yield a_stationary_candidate(splits)
-    if C_STATIONARY in options.templates and workload.kind != "ag_gemm" and "copy_engine" in options.backends:
+    if (
+        stationary
+        and C_STATIONARY in options.templates
+        and workload.kind != "ag_gemm"
+        and "copy_engine" in options.backends
+    ):
         for splits in options.num_splits if workload.kind == "gemm_ar" else (1,):
             if rows // splits >= STATIONARY_MIN_ROWS:
                 yield c_stationary_candidate(splits)
@@ -485,6 +526,8 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
         for tc in tile_configs
     }
     for backend in options.backends:
+        if workload.scaled and workload.kind == "ag_gemm" and backend not in FP8_GATHER_BACKENDS:
+            continue
         sms = options.comm_sms.get(backend, (0,) if backend == "copy_engine" else (8,))
         sms = [s for s in sms if (s == 0) == (backend == "copy_engine") and s <= topology.sm_count // 2]
         for template, splits, order, tc, comm_sms in itertools.product(
@@ -608,7 +651,8 @@ def default_candidate(workload: Workload, topology: Topology) -> Candidate:
     call would move more than MAX_DEFAULT_CHUNKS chunks; 128×256×64 tiles with 8 warps and 3 stages
     (128×128 with 4 stages where N is narrow), and where those tiles would not fill every SM once,
     the tile of SHORT_TILES whose waves over the SMs cost least (128×128 or 64×128 with 4 warps
-    and 4 stages at a few hundred rows). For `fp8`, which the fused kernels do not run, `unfused`."""
+    and 4 stages at a few hundred rows). For `fp8`, `unfused`: torch's own scaled path, which a
+    tuned configuration must beat."""
     if workload.scaled:
         return unfused_candidate()
     rows = _rows_per_block(workload, topology.world_size)

@@ -28,17 +28,25 @@ from syncopate.kernels.tables import PAD_WORDS, consumer_tables, plan_for, produ
 from syncopate.search_space import Candidate, block_bounds  # noqa: E402
 
 CPU = torch.device("cpu")
+FP8, OUT = torch.float8_e4m3fn, torch.bfloat16
 tma_on = {"value": True}
 launch.use_tma = lambda *tensors: tma_on["value"]
 launch.compiled_for_gpu = lambda t: True
 
 
-def consumer(c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1024, own=False):
+def _scales(dtype, rows: int, cols: int, tensor_wise: bool = False):
+    """FP8 launches' (A's [rows, 1], B's [1, cols]) scales (B's one element with `tensor_wise`); None otherwise."""
+    if dtype != FP8:
+        return None
+    return torch.ones(rows, 1), torch.ones(1 if tensor_wise else (1, cols))
+
+
+def consumer(c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1024, own=False, tensor_wise=False):
     """A consumer launch; `own`: rank 0's leading tiles read its shard."""
     plan = plan_for("ag_gemm", c.template, 2, m, c.num_splits, c.block_m)
     a = torch.empty(m, k, dtype=dtype)
     b = torch.empty(n, k, dtype=dtype).t() if kmajor else torch.empty(k, n, dtype=dtype)
-    out = torch.empty(m, n, dtype=dtype)
+    out = torch.empty(m, n, dtype=OUT if dtype == FP8 else dtype)
     tables = consumer_tables(plan, 0, n, c, CPU)
     lo, hi = block_bounds(m, 2, 0)
     if own and tables.own_tiles == 0:
@@ -56,18 +64,20 @@ def consumer(c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1024, own=Fals
         1 << 20,
         a_own=a[lo:hi].clone() if own else None,
         own_row0=lo,
+        scales=_scales(dtype, m, n, tensor_wise),
     )
 
 
-def producer(kind: str, c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1536, ws=2):
+def producer(kind: str, c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=1536, ws=2, tensor_wise=False):
     all_reduce = kind == "gemm_ar"
     plan = plan_for(kind, c.template, ws, m, c.num_splits, c.block_m)
     lo, hi = block_bounds(m, ws, 0)
     a = torch.empty(m, k, dtype=dtype)
     b = torch.empty(n, k, dtype=dtype).t() if kmajor else torch.empty(k, n, dtype=dtype)
-    send, recv = torch.empty(m, n, dtype=dtype), torch.empty(m, n, dtype=dtype)
-    out = torch.empty(m if all_reduce else hi - lo, n, dtype=dtype)
-    reduced = torch.empty(m, n, dtype=dtype) if all_reduce else None
+    part = OUT if dtype == FP8 else dtype  # the partials' dtype
+    send, recv = torch.empty(m, n, dtype=part), torch.empty(m, n, dtype=part)
+    out = torch.empty(m if all_reduce else hi - lo, n, dtype=part)
+    reduced = torch.empty(m, n, dtype=part) if all_reduce else None
     pad = torch.zeros(PAD_WORDS, dtype=torch.int32)
     launch.launch_producer(
         a,
@@ -88,6 +98,7 @@ def producer(kind: str, c: Candidate, dtype, kmajor: bool, m=4160, n=1024, k=153
         torch.zeros(1, dtype=torch.int32),
         132,
         1 << 20,
+        scales=_scales(dtype, m, n, tensor_wise),
     )
 
 
@@ -260,6 +271,39 @@ def variants():
         lambda: gluon(
             lambda: consumer(Candidate(num_splits=4, **small), fp16, True), "gluon_consumer_kernel"
         ),
+    )
+    f8 = dict(block_m=128, block_n=256, block_k=128, group_m=8, num_warps=8, num_stages=3)
+    f8_small = dict(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=4)
+    yield "consumer tma 128x256x128 fp8", True, lambda: consumer(Candidate(num_splits=2, **f8), FP8, True)
+    yield (
+        "consumer tma 128x256x128 fp8 own shard, tail cut in K, b tensor-wise",
+        True,
+        lambda: consumer(Candidate(num_splits=2, **f8), FP8, True, m=5632, own=True, tensor_wise=True),
+    )
+    yield (
+        "consumer pointers 128x128x128 fp8",
+        False,
+        lambda: consumer(Candidate(num_splits=1, **f8_small), FP8, True),
+    )
+    yield (
+        "gemm_rs tma 128x256x128 tma epilogue fp8",
+        True,
+        lambda: producer("gemm_rs", Candidate(num_splits=4, **f8), FP8, True, m=4096),
+    )
+    yield (
+        "gemm_rs tma 128x128x128 (split epilogue) fp8 b tensor-wise",
+        True,
+        lambda: producer("gemm_rs", Candidate(num_splits=2, **f8_small), FP8, True, tensor_wise=True),
+    )
+    yield (
+        "gemm_ar tma 128x256x128 tma epilogue fp8 four ranks",
+        True,
+        lambda: producer("gemm_ar", Candidate(num_splits=2, **f8), FP8, True, m=4096, ws=4),
+    )
+    yield (
+        "gemm_rs pointers 128x128x128 fp8",
+        False,
+        lambda: producer("gemm_rs", Candidate(num_splits=1, **f8_small), FP8, True),
     )
     yield "chunk copier bf16", False, lambda: copier(bf16)
     yield "captured call's entry, two ranks", False, lambda: graph_entry(2)
