@@ -2,8 +2,8 @@
 
 The interpreter tests run the kernels' logic; this one runs what only the compiler sees (TMA
 descriptors, the PTX acquire waits, the producer's pointer and TMA epilogues, in column halves and
-on whole tiles, the consumer and producer in Gluon, which no interpreter runs, the copier, the last
-pull) in a fresh process, so that a kernel Triton cannot compile fails here rather than at the
+on whole tiles, on FP8 tiles, the consumer and producer in Gluon, which no interpreter runs, the
+copier, the last pull) in a fresh process, so that a kernel Triton cannot compile fails here rather than at the
 start of a GPU run.
 """
 
@@ -24,9 +24,11 @@ def test_every_launched_kernel_variant_compiles_for_sm90():
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     ok = [line for line in lines if line.startswith("ok ")]
-    assert len(ok) == 26, done.stdout
-    assert sum("tail cut in K" in line for line in ok) == 2, done.stdout
-    assert sum("tma epilogue" in line for line in ok) == 3, done.stdout
+    assert len(ok) == 33, done.stdout
+    assert sum("tail cut in K" in line for line in ok) == 3, done.stdout
+    assert sum("tma epilogue" in line for line in ok) == 5, done.stdout
+    fused_fp8 = [line for line in ok if " fp8" in line and "quantize" not in line]
+    assert len(fused_fp8) == 7, done.stdout  # the fused kernels on FP8 tiles
     assert sum("whole-tile" in line for line in ok) == 2, done.stdout  # tiles of 16 columns: no column halves
     # In Gluon: the producer (both kinds, four ranks) and the consumer (its shard, a K-major B).
     assert sum(" gluon " in line for line in ok) == 5, done.stdout
