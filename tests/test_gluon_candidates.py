@@ -93,8 +93,13 @@ def test_check_candidate_says_why_gluon_does_not_fit():
     with pytest.raises(ConfigError, match="Hopper GPUs .*not on A100.*kernel 'triton' runs everywhere"):
         check_candidate(g.replace(block_n=128), RS, A100x2)
     small = g.replace(block_m=64, block_n=64, num_warps=4, num_stages=2)
-    with pytest.raises(ConfigError, match="bf16 and fp16 operands, not fp32"):
+    with pytest.raises(ConfigError, match="bf16, fp16 and fp8 operands, not fp32"):
         check_candidate(small, Workload(kind="gemm_rs", shape=(8192, 4096, 4096), dtype="fp32"), H200x2)
+    fp8 = g.replace(block_k=128)
+    for kind in ("gemm_rs", "gemm_ar"):  # the reductions' Gluon kernel takes FP8 tiles
+        check_candidate(fp8, Workload(kind=kind, shape=(8192, 4096, 4096), dtype="fp8"), H200x2)
+    with pytest.raises(ConfigError, match="Gluon all-gather kernel takes bf16 and fp16 operands, not fp8"):
+        check_candidate(fp8, Workload(kind="ag_gemm", shape=(8192, 4096, 4096), dtype="fp8"), H200x2)
     short = Workload(kind="ag_gemm", shape=(8192, 4096, 64))
     with pytest.raises(ConfigError, match="K=64 is shorter"):
         check_candidate(Candidate(**FUSED, kernel="gluon"), short, H200x2)

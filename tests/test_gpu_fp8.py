@@ -21,7 +21,8 @@ from test_gpu_ops import needs_gpus, run_ranks
 def fused_configs(kind: str, world: int) -> list:
     """The fused templates' FP8 candidates the cases run: direct on the copy engine with whole
     128x256 tiles (TMA epilogue) and with 128x128 ones (a tail cut in K where it applies), a
-    reduction also with SM copies and its kept chunks interleaved, and a ring from three ranks."""
+    reduction also with SM copies, its kept chunks interleaved and in the Gluon kernel, and a ring
+    from three ranks."""
     from syncopate.search_space import Candidate
 
     wide = dict(block_m=128, block_n=256, block_k=128, num_warps=8, num_stages=3, group_m=8)
@@ -33,6 +34,7 @@ def fused_configs(kind: str, world: int) -> list:
     if kind != "ag_gemm":
         out.append(Candidate(backend="sm_copy", template="direct", num_splits=2, comm_sms=16, **narrow))
         out.append(Candidate(template="direct", num_splits=2, tile_order="kept_interleaved", **narrow))
+        out.append(Candidate(template="direct", num_splits=2, kernel="gluon", **wide))
     if world > 2:
         out.append(Candidate(backend="copy_engine", template="ring", num_splits=2, **narrow))
     return out

@@ -220,25 +220,34 @@ if AVAILABLE:
         epoch,
         error_ptr,
         max_spin,
+        sa_ptr,
+        sb_ptr,
+        stride_sa,
+        stride_sb,
         WORLD: gl.constexpr,
         ALL_REDUCE: gl.constexpr,
         B_KMAJOR: gl.constexpr,
         NUM_BUF: gl.constexpr,
         PARTIAL_LEAD: gl.constexpr,
+        SCALED: gl.constexpr,
         num_warps: gl.constexpr,
     ):
         """Reduce-scatter / all-reduce producer, `producer_kernel`'s TMA-epilogue semantics (module
-        docstring); K at least NUM_BUF - 1 steps."""
+        docstring); K at least NUM_BUF - 1 steps. With SCALED (float8 operands, B K-major), each
+        tile's sum is scaled as `producer_kernel` scales it before its partials are added."""
         BLOCK_M: gl.constexpr = send_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = send_desc.block_type.shape[1]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         dtype: gl.constexpr = a_desc.dtype
+        out_dtype: gl.constexpr = send_desc.dtype
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
+            version=[3, 0],
+            warps_per_cta=[num_warps, 1],
+            instr_shape=[16, BLOCK_N, 256 // dtype.primitive_bitwidth],  # K 16 (16-bit), 32 (FP8)
         )
         a_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF] + a_desc.block_type.shape, a_desc.layout)
         b_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF] + b_desc.block_type.shape, b_desc.layout)
-        c_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], send_desc.layout)
+        c_smem = gl.allocate_shared_memory(out_dtype, [BLOCK_M, BLOCK_N], send_desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
         p_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         for stage in gl.static_range(NUM_BUF):
@@ -362,6 +371,12 @@ if AVAILABLE:
                 )
                 job += 1
             acc = warpgroup_mma_wait(0, deps=(acc,))
+            if SCALED:
+                rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+                cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+                sa = gl.load(sa_ptr + rows * stride_sa)  # whole tiles: every row is A's
+                sb = gl.load(sb_ptr + cols * stride_sb, mask=cols < N, other=0.0)
+                acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
             if incoming > 0:
                 mbarrier.wait(p_bar.index(0), partials & 1)
                 partials += 1
@@ -391,7 +406,7 @@ if AVAILABLE:
                     _cta_barrier()
             else:
                 tma.store_wait(0)
-            c_smem.store(acc.to(dtype))
+            c_smem.store(acc.to(out_dtype))
             fence_async_shared()
             if keep:
                 _tma_store(out_desc, [row0 - OUT_ROW0, col0], c_smem)

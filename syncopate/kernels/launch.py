@@ -761,7 +761,7 @@ def launch_producer(
     entries = tables.order.numel()
     grid = _grid(entries, num_programs)
     recv_rows = recv.view(-1, N) if recv.is_contiguous() and recv.numel() % N == 0 else recv
-    if scales is None and gluon_producer(
+    if (scales is None or kmajor) and gluon_producer(
         c, tables, K, a, b_mat, send, out, reduced if reduced is not None else out, recv_rows
     ):
         again = _launch_gluon_producer(
@@ -786,6 +786,7 @@ def launch_producer(
             spin_limit,
             cache,
             key,
+            (sa, sb, stride_sa, stride_sb) if scales is not None else None,
         )
         if again is not None and memo_key is not None:
             memo[memo_key] = (again, kmajor)
@@ -899,19 +900,26 @@ def gluon_runs_here(a: torch.Tensor) -> bool:
     return gluon_kernels.AVAILABLE and compiled_for_gpu(a)
 
 
+_GLUON_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+"""Operand dtypes the Gluon kernels take (float8 in the producer only: the consumer's launch takes
+no scales)."""
+
+
 def _gluon_fits(c: Candidate, K: int, a: torch.Tensor) -> bool:
     """What both Gluon kernels need: asked for (`gluon_asked`), a process that runs them
-    (`gluon_runs_here`), 16-bit operands, a tile the kernels' wgmma layout takes (block_m of 64–256
+    (`gluon_runs_here`), 16-bit or FP8 operands, a tile the kernels' wgmma layout takes (block_m of 64–256
     rows, at least 16 a warp), num_stages operand buffers plus the staging tile in shared memory,
     and K of at least num_stages - 1 steps. Elsewhere a candidate of kernel `gluon` runs the Triton
     kernels, which compute the same tiles (the search space offers `gluon` only where it fits)."""
-    if not gluon_asked(c) or not gluon_runs_here(a) or a.dtype not in (torch.bfloat16, torch.float16):
+    if not gluon_asked(c) or not gluon_runs_here(a) or a.dtype not in _GLUON_DTYPES:
         return False
     elem = a.element_size()
     if gluon_refusal_of(c.block_m, c.block_k, c.num_warps, c.num_stages, K, elem):
         return False
+    staged = 2  # the output tile's elements: bf16 or fp16 (FP8 operands: bf16)
     return (
-        c.num_stages * (c.block_m + c.block_n) * c.block_k * elem + c.block_m * c.block_n * elem <= GLUON_SMEM
+        c.num_stages * (c.block_m + c.block_n) * c.block_k * elem + c.block_m * c.block_n * staged
+        <= GLUON_SMEM
     )
 
 
@@ -937,7 +945,9 @@ def gluon_consumer(
 def _gl_layout(block: tuple[int, ...], dtype: torch.dtype):
     from triton.experimental.gluon import language as gl
 
-    element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+    element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}[
+        dtype
+    ]
     return gl.NVMMASharedLayout.get_default_for(list(block), element)
 
 
@@ -975,7 +985,10 @@ def _launch_gluon_producer(
     spin_limit,
     cache,
     key,
+    scaled=None,
 ):
+    """`gluon_kernels.gluon_producer_kernel`'s launch; `scaled`: an FP8 launch's (sa, sb, stride_sa,
+    stride_sb), as `_scale_args` gives them."""
     N = send.shape[1]
     box = [c.block_m, c.block_n]
     out_desc = _gl_descriptor(out, box)
@@ -1008,6 +1021,7 @@ def _launch_gluon_producer(
         epoch,
         error,
         _spin(spin_limit),
+        *(scaled or (error, error, 0, 0)),
     )
     kwargs = dict(
         WORLD=world,
@@ -1015,17 +1029,14 @@ def _launch_gluon_producer(
         B_KMAJOR=kmajor,
         NUM_BUF=c.num_stages,
         PARTIAL_LEAD=GLUON_PARTIAL_LEAD,
+        SCALED=scaled is not None,
         num_warps=c.num_warps,
     )
+    varying = ["a_desc", "b_desc", "out_desc", "epoch"] + (["reduced_desc"] if reduced is None else [])
+    if scaled is not None:
+        varying += ["sa_ptr", "sb_ptr"]
     return _run_gluon(
-        gluon_kernels.gluon_producer_kernel,
-        "producer",
-        grid,
-        args,
-        kwargs,
-        cache,
-        key,
-        ["a_desc", "b_desc", "out_desc", "epoch"] + (["reduced_desc"] if reduced is None else []),
+        gluon_kernels.gluon_producer_kernel, "producer", grid, args, kwargs, cache, key, varying
     )
 
 

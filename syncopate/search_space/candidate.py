@@ -95,11 +95,12 @@ def gluon_refusal_of(
     block_m: int, block_k: int, num_warps: int, num_stages: int, k: int, element_bytes: int
 ) -> str | None:
     """Why the Gluon kernels cannot compute tiles of this configuration over a local K of `k` with
-    operands of `element_bytes` (None where they can): 16-bit operands, :data:`GLUON_TILE_RULE`,
-    and K of at least the num_stages - 1 steps their operand ring loads ahead. What the search space
+    operands of `element_bytes` (None where they can): 16-bit or FP8 operands (FP8 in the producer
+    only: `space.gluon_refusal` says so for an all-gather), :data:`GLUON_TILE_RULE`, and K of at
+    least the num_stages - 1 steps their operand ring loads ahead. What the search space
     (`space.gluon_refusal`) and a launch (`launch._gluon_fits`) both ask."""
-    if element_bytes != 2:
-        return f"the Gluon kernels take bf16 and fp16 operands, not {element_bytes}-byte elements"
+    if element_bytes not in (1, 2):
+        return f"the Gluon kernels take bf16, fp16 and fp8 operands, not {element_bytes}-byte elements"
     if not gluon_tile_ok(block_m, num_warps, num_stages):
         return (
             f"the Gluon kernels do not take {block_m} rows, {num_warps} warps, {num_stages} stages: "

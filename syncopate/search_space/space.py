@@ -379,7 +379,8 @@ def _check_planless(c: Candidate, workload: Workload) -> None:
 
 def gluon_refusal(c: Candidate, workload: Workload, topology: Topology) -> str | None:
     """Why the Gluon kernels cannot run candidate `c`'s tiles on this workload and topology (None
-    where they can): they are Hopper code (sm_90), take 16-bit operands and a tile their wgmma
+    where they can): they are Hopper code (sm_90), take 16-bit operands (and FP8 in the reductions'
+    kernel) and a tile their wgmma
     layout takes, and fill num_stages - 1 K steps ahead (their shared memory, the operand buffers
     and the output tile, is what :func:`check_candidate` allows every fused candidate)."""
     return _gluon_refusal(TileConfig.of(c), workload, topology)
@@ -389,8 +390,10 @@ def gluon_refusal(c: Candidate, workload: Workload, topology: Topology) -> str |
 def _gluon_refusal(tc: TileConfig, workload: Workload, topology: Topology) -> str | None:
     if topology.spec.arch != 90:
         return f"the Gluon kernels run on Hopper GPUs (sm_90), not on {topology.gpu_model}"
-    if workload.scaled or workload.element_bytes != 2:
-        return f"the Gluon kernels take bf16 and fp16 operands, not {workload.dtype}"
+    if workload.scaled and workload.kind == "ag_gemm":
+        return "the Gluon all-gather kernel takes bf16 and fp16 operands, not fp8 (its gemm_rs and gemm_ar kernel does)"
+    if not workload.scaled and workload.element_bytes != 2:
+        return f"the Gluon kernels take bf16, fp16 and fp8 operands, not {workload.dtype}"
     k = workload.local_gemm(topology.world_size)[2]
     return gluon_refusal_of(tc.block_m, tc.block_k, tc.num_warps, tc.num_stages, k, workload.element_bytes)
 

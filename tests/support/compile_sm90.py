@@ -305,6 +305,20 @@ def variants():
         False,
         lambda: producer("gemm_rs", Candidate(num_splits=1, **f8_small), FP8, True),
     )
+    yield (
+        "gemm_rs gluon 128x256x128 fp8",
+        True,
+        lambda: gluon(lambda: producer("gemm_rs", Candidate(num_splits=4, **f8), FP8, True, m=4096)),
+    )
+    yield (
+        "gemm_ar gluon 128x128x128 fp8 b tensor-wise four ranks",
+        True,
+        lambda: gluon(
+            lambda: producer(
+                "gemm_ar", Candidate(num_splits=2, **f8_small), FP8, True, m=4096, ws=4, tensor_wise=True
+            )
+        ),
+    )
     yield "chunk copier bf16", False, lambda: copier(bf16)
     yield "captured call's entry, two ranks", False, lambda: graph_entry(2)
     yield "decomposed all-reduce's last pull", False, pull
