@@ -138,9 +138,10 @@ def test_a_contexts_signal_write_is_recorded_once_and_writes_each_calls_value(re
     assert len(ctx._kept) == 3 and int(pads[1][2]) == 7 and int(pads[1][3]) == 8
 
 
-def _gather_call(programs, a_local, rank=0, ws=2):
-    """A copy-engine all-gather call of rank 0 whose addresses are made up (nothing is run)."""
-    plan = plan_for("ag_gemm", "direct", ws, 256, 2, 32)
+def _gather_call(programs, a_local, rank=0, ws=2, template="direct", scale=None):
+    """A copy-engine all-gather call of rank 0 whose addresses are made up (nothing is run);
+    `scale`: an FP8 call's scale buffer."""
+    plan = plan_for("ag_gemm", template, ws, 256, 2, 32)
     ctx = SimpleNamespace(
         rank=rank,
         world_size=ws,
@@ -149,7 +150,7 @@ def _gather_call(programs, a_local, rank=0, ws=2):
         signal_address=lambda r, word: 1000 * r + word,
     )
     c = Candidate(backend="copy_engine", num_splits=2, block_m=32, block_n=64, block_k=32)
-    buf = SimpleNamespace(peer_ptrs=[1 << 20, 2 << 20])
+    buf = SimpleNamespace(peer_ptrs=[(r + 1) << 20 for r in range(ws)])
     return backends.GatherCall(
         ctx=ctx,
         plan=plan,
@@ -162,7 +163,42 @@ def _gather_call(programs, a_local, rank=0, ws=2):
         row_bytes=64,
         copy_own=False,
         programs=programs,
+        scale=scale,
     )
+
+
+@pytest.mark.parametrize("template, ws", [("direct", 2), ("ring", 3), ("bidirectional_ring", 4)])
+def test_an_fp8_gather_copies_each_transfers_scale_rows_before_its_rows_and_its_word(
+    template, ws, monkeypatch
+):
+    """Each transfer's scale rows go from this rank's scale buffer (its own rows, or a forwarded
+    chunk's, there since its word was waited for) to the same rows of the peer's, on the transfer's
+    stream, before its rows; the word that says the chunk is there is raised after both."""
+    log: list = []
+    driver = SimpleNamespace(
+        write=lambda s, address, value, flags: log.append(("write", s, address)) or 0,
+        wait=lambda s, address, value, flags: log.append(("wait", s, address)) or 0,
+        copy=lambda dst, src, n, s: log.append(("copy", s, dst, src, n)) or 0,
+    )
+    monkeypatch.setattr(streamops, "_driver", lambda: driver)
+    scale = SimpleNamespace(peer_ptrs=[(r + 1) << 30 for r in range(ws)])
+    call = _gather_call(
+        {}, torch.zeros(256 // ws, 16, dtype=torch.int32), ws=ws, template=template, scale=scale
+    )
+    backends.BACKEND_IMPLS["copy_engine"].stage_gather(call, [stream(i) for i in range(3)])()
+    sends = call.plan.sends(0, "gather")
+    copies = [i for i, op in enumerate(log) if op[0] == "copy"]
+    assert len(copies) == 2 * len(sends)
+    for t, (i, j) in zip(sends, zip(copies[::2], copies[1::2]), strict=True):
+        scales, rows = log[i], log[j]
+        assert scales[1] == rows[1] == t.stream, "on the transfer's stream"
+        assert scales[2:] == (
+            scale.peer_ptrs[t.dst] + t.row_start * 4,
+            scale.peer_ptrs[0] + t.row_start * 4,
+            t.rows * 4,
+        ), "the transfer's scale rows, from this rank's buffer to the same rows of the peer's"
+        assert rows[2] == call.a_full.peer_ptrs[t.dst] + t.row_start * 64 and j == i + 1
+        assert log[j + 1] == ("write", rows[1], 1000 * t.dst + t.signal), "the word after both"
 
 
 def test_the_copy_engine_records_a_call_once_and_enqueues_it_with_each_calls_shard(monkeypatch):
