@@ -21,6 +21,8 @@ torch's unfused path's.
     python benchmarks/op_host.py --ranks 4 --launch graph   # calls replayed from their own graphs
     python benchmarks/op_host.py torch direct stationary decomposed --ranks 4 --launch direct graph \
         --json FILE                                     # several in one run, a table against torch's
+    python benchmarks/op_host.py direct decomposed unfused --dtype fp8   # FP8 operands (row-wise
+                                                        # scales) against torch's scaled path
     OP_HOST_PROFILE=FILE python benchmarks/op_host.py   # also 20 calls a case under cProfile, into FILE
 """
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import json
 import os
 import pstats
@@ -43,6 +46,7 @@ import torch.distributed as dist
 import syncopate
 from syncopate.environment import provenance
 from syncopate.kernels.library import unfused
+from syncopate.kernels.scaled import quantize
 from syncopate.measure.local_ranks import free_port, join_group, spawn_ranks
 from syncopate.measure.reference import reference, relative_error
 from syncopate.measure.timing import barrier
@@ -99,6 +103,7 @@ def case(
     candidate: Candidate | None = CANDIDATE,
     device_time: bool = True,
     torch_only: bool = False,
+    dtype: str = "bf16",
 ) -> str:
     ops = {
         "ag_gemm": syncopate.all_gather_matmul,
@@ -107,23 +112,45 @@ def case(
     }
     ws, rank = dist.get_world_size(group), dist.get_rank(group)
     if candidate is None and not torch_only:  # the configuration a job's lookup gives
-        candidate = syncopate.lookup((m, n, k), syncopate.detect_topology(group), kind=kind).candidate
+        candidate = syncopate.lookup(
+            (m, n, k), syncopate.detect_topology(group), kind=kind, dtype=dtype
+        ).candidate
     shapes = Workload(kind=kind, shape=(m, n, k), dtype="bf16").local_shapes(ws)
     k_local = shapes["b"][0]
+    fp8 = dtype == "fp8"
+    if fp8 and candidate is not None and candidate.template in ("direct", "ring", "bidirectional_ring"):
+        candidate = dataclasses.replace(candidate, block_k=128)  # an FP8 tile
+    scales = {}  # FP8: the operands' row-wise scales, made with them
 
     def op(a, b):
         if torch_only:
-            return unfused(kind, a, b, group)  # torch's collective and matmul, no Syncopate call
+            return torch_op(a, b)  # torch's collective and matmul, no Syncopate call
+        if fp8:
+            return ops[kind](a, b, group, candidate, a_scale=scales["a"], b_scale=scales["b"])
         return ops[kind](a, b, group, candidate)
 
     def inputs():
-        return (
-            torch.randn(shapes["a"], device=dev).to(torch.bfloat16),
-            (torch.randn(shapes["b"], device=dev) / k_local**0.5).to(torch.bfloat16),
-        )
+        a = torch.randn(shapes["a"], device=dev)
+        w = torch.randn(shapes["b"][::-1], device=dev) / k_local**0.5
+        if not fp8:
+            return a.to(torch.bfloat16), w.t().to(torch.bfloat16)
+        a8, scales["a"] = quantize(a, 1)
+        w8, sw = quantize(w, 1)  # B = w8.t(), column-major as torch._scaled_mm takes it
+        scales["b"] = sw.reshape(1, -1).contiguous()
+        return a8, w8.t()
+
+    def check(out, a, b) -> float:
+        if fp8:
+            return relative_error(out, reference(kind, a, b, group, scales["a"], scales["b"]))
+        return relative_error(out, reference(kind, a, b, group))
+
+    def torch_op(a, b):
+        if fp8:
+            return unfused(kind, a, b, group, scales=(scales["a"], scales["b"]))
+        return unfused(kind, a, b, group)
 
     if (
-        kind == "ag_gemm" and not torch_only
+        kind == "ag_gemm" and not torch_only and not fp8
     ):  # the gathered A too (a stationary candidate takes the direct plan for it)
         a, b = inputs()
         out, gathered = syncopate.all_gather_matmul(a, b, group, candidate, return_gathered=True)
@@ -137,7 +164,7 @@ def case(
         a, b = inputs()
         out = op(a, b)
         torch.cuda.synchronize()
-        worst = max(worst, relative_error(out, reference(kind, a, b, group)))
+        worst = max(worst, check(out, a, b))
     a, b = inputs()
     for _ in range(3):
         op(a, b)
@@ -152,9 +179,6 @@ def case(
         torch.cuda.synchronize()
         return took
 
-    def torch_op(a, b):
-        return unfused(kind, a, b, group)
-
     for _ in range(3):
         torch_op(a, b)
     batches, torch_batches = [], []
@@ -163,7 +187,7 @@ def case(
         torch_batches.append(batch(torch_op))
     label = (
         "torch" if torch_only else f"{candidate.template}/s{candidate.num_splits} {syncopate.get_launch()}"
-    )
+    ) + (" fp8" if fp8 else "")
     profile_to = os.environ.get("OP_HOST_PROFILE")
     if profile_to:  # where a call's host time goes: 20 calls under cProfile, appended to that file
         profiler = cProfile.Profile()
@@ -248,7 +272,9 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def run_rank(rank: int, world: int, port: int, whats, shared: bool, cases, launches, results) -> None:
+def run_rank(
+    rank: int, world: int, port: int, whats, shared: bool, cases, launches, dtype: str, results
+) -> None:
     dev = join_group(rank, world, port, shared_gpu=shared)
     try:
         rows = []
@@ -265,6 +291,7 @@ def run_rank(rank: int, world: int, port: int, whats, shared: bool, cases, launc
                         cand,
                         device_time=not shared,
                         torch_only=what == "torch",
+                        dtype=dtype,
                     )
                     if rank == 0:
                         print(line(row), flush=True)
@@ -303,6 +330,13 @@ def main(argv: list[str] | None = None) -> int:
         help="how the fused calls are launched (syncopate.set_launch): operation by operation (default), "
         "replayed from their own CUDA graphs, or auto; several: each in turn",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=["bf16", "fp8"],
+        default="bf16",
+        help="the operands: bf16 (default) or fp8 (e4m3, row-wise scales, bf16 out; torch's path is "
+        "its collective on the FP8 bytes and torch._scaled_mm)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write every row there, with the environment")
     args = parser.parse_args(argv)
     cases = CASES
@@ -330,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     shared = torch.cuda.device_count() < args.ranks
     if args.ranks == 1:
         results = queue.SimpleQueue()
-        run_rank(0, 1, free_port(), whats, False, cases, launches, results)
+        run_rank(0, 1, free_port(), whats, False, cases, launches, args.dtype, results)
         rows = results.get()
     else:
         if shared:
@@ -338,7 +372,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"op_host: {torch.cuda.device_count()} GPU(s) for {args.ranks} ranks: all on GPU 0, host time only",
                 flush=True,
             )
-        rows = spawn_ranks(run_rank, args.ranks, (whats, shared, cases, launches), what="op_host rank")
+        rows = spawn_ranks(
+            run_rank, args.ranks, (whats, shared, cases, launches, args.dtype), what="op_host rank"
+        )
     print(table(rows))
     if args.json:
         with open(args.json, "w") as f:

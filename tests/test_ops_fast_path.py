@@ -238,6 +238,47 @@ def test_a_call_with_more_than_its_operands_takes_the_long_way(group, monkeypatc
     assert len(calls) == 1
 
 
+def _fp8(rows, cols, row_wise, seed):
+    """FP8 values and their scale: [rows, 1] row-wise, else one element."""
+    g = torch.Generator().manual_seed(seed)
+    v = (torch.randn(rows, cols, generator=g) * 4).to(torch.float8_e4m3fn)
+    return v, (torch.rand(rows, 1, generator=g) + 0.5) if row_wise else torch.tensor([0.75])
+
+
+@pytest.mark.parametrize(
+    "op, kind", [(c[1], c[3]) for c in CASES if not c[2]], ids=["ag_gemm", "gemm_rs", "gemm_ar"]
+)
+def test_a_later_fp8_call_with_scales_like_the_checked_ones_takes_the_fast_path(group, monkeypatch, op, kind):
+    """An FP8 call's key holds its scales' shapes, dtypes, devices and layout besides the operands':
+    a later call with new scales like them goes straight to the program with its own scales; one
+    with scales of another kind (tensor-wise for row-wise) or of a shape the op refuses misses it,
+    the latter refused by the full checks."""
+    a, sa = _fp8(16, 32, True, 1)
+    w, sw = _fp8(8, 32, True, 2)  # B = w.t(), column-major, with a [1, N] scale
+    b, sb = w.t(), sw.reshape(1, -1).contiguous()
+    with first_call(monkeypatch):
+        first = op(a, b, group, UNFUSED, a_scale=sa, b_scale=sb)
+    with monkeypatch.context() as m:
+        _no_long_way(m)
+        sa2, sb2 = sa * 2, sb.clone()
+        later = op(a, b, group, UNFUSED, a_scale=sa2, b_scale=sb2)
+        again = op(a, b, group, UNFUSED, a_scale=sa, b_scale=sb, out_dtype=torch.bfloat16)
+    assert later.dtype == torch.bfloat16 and later.data_ptr() != first.data_ptr()
+    torch.testing.assert_close(later, unfused(kind, a, b, group, scales=(sa2, sb2)), rtol=0, atol=0)
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    calls = []
+    real = ops._scales
+    monkeypatch.setattr(ops, "_scales", lambda *args: calls.append(args) or real(*args))
+    with first_call(monkeypatch):
+        op(a, b, group, UNFUSED, a_scale=torch.tensor([0.5]), b_scale=sb)  # tensor-wise: its own key
+    assert len(calls) == 1
+    with pytest.raises(ConfigError, match="a_scale has shape"):
+        op(a, b, group, UNFUSED, a_scale=torch.ones(16, 2), b_scale=sb)
+    with pytest.raises(ConfigError, match="out_dtype=torch.float16 for float8_e4m3fn operands"):
+        op(a, b, group, UNFUSED, a_scale=sa, b_scale=sb, out_dtype=torch.float16)
+    assert len(calls) == 3
+
+
 # --- mode and capture, with programs that say which configuration they run ----------------------------
 
 
@@ -257,7 +298,7 @@ class _Program:
     def __call__(self, a, b, out, **kwargs):
         self.ran.append("long" + (" captured" if kwargs.get("capturing") else ""))
 
-    def bind(self, gathered=False):
+    def bind(self, gathered=False, scaled=False):
         def call(a, b):
             self.ran.append("fast")
             return self.mode

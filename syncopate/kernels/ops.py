@@ -14,9 +14,10 @@ torch.compile, and without `return_gathered`). With `config=None` an op asks `sy
 per (workload, group) and keeps the answer. A call's first use of its shapes, dtype, group and
 config checks every argument and prepares its call program (`syncopate.kernels.templates`: the
 template the config names, its context of symmetric buffers, signals and streams); every later such
-call finds the program and only binds its tensors. A later plain call (no out=, scales or bounded
-waits, not captured) finds it bound to (a, b) in one lookup keyed by what the checks depend on
-(`_call_key`), and for template `unfused` runs torch's collective and matmul straight away. Programs
+call finds the program and only binds its tensors. A later plain call (no out= or bounded waits,
+not captured) finds it bound to (a, b) in one lookup keyed by what the checks depend on
+(`_call_key`; for FP8 operands, and their scales' shapes, dtypes and layout, `_scale_key`), and
+for template `unfused` runs torch's collective and matmul straight away. Programs
 and contexts are kept until `close_contexts()`.
 
 Under `torch.compile` a call is traced as one node, `torch.ops.syncopate.*` (`fullgraph=True`
@@ -47,7 +48,7 @@ from syncopate.kernels import streamops
 from syncopate.kernels.context import OverlapContext, kept_allocations
 from syncopate.kernels.library import OP_NAMES, config_text, register
 from syncopate.kernels.replay import LAUNCHES, LaunchChoice, ReplayedCalls, note_prepared, replayable
-from syncopate.kernels.scaled import FP8, Scales, check_scales
+from syncopate.kernels.scaled import FP8, OUT_DTYPE, Scales, check_scales, fast_accumulation
 from syncopate.kernels.templates import (
     CONTEXTS,
     CallProgram,
@@ -116,7 +117,8 @@ class ContextRegistry:
         """Prepared calls: their key (`_call_key`) → their program."""
         self.calls: dict[tuple, Callable] = {}
         """The fast path: the key of a plain call (`_call_key`, its kind `GATHERED` for an all-gather
-        that returns the gathered A) → its program bound as a function of (a, b) (`CallProgram.bind`)."""
+        that returns the gathered A; an FP8 call's with its `_scale_key`) → its program bound as a
+        function of (a, b), or of (a, b, scales) (`CallProgram.bind`)."""
         self._lock = threading.Lock()
 
     def topology(self, group) -> Topology:
@@ -463,11 +465,15 @@ def all_gather_matmul(
     checked = _checked_spin(a_shard, spin_limit)
     spin_limit = spin_limit or checked
     plain_args = a_scale is None and b_scale is None and out_dtype is None and fast_accum is False
-    if out is None and not spin_limit and plain_args:
-        if not torch.compiler.is_compiling():
+    if out is None and not spin_limit and not torch.compiler.is_compiling():
+        if plain_args:
             call = _fast_call(GATHERED if return_gathered else "ag_gemm", a_shard, b, group, config)
             if call is not None:
                 return call(a_shard, b)
+        elif out_dtype in _SCALED_OUT and not return_gathered:
+            call = _fast_call("ag_gemm", a_shard, b, group, config, _scale_key(a_scale, b_scale, fast_accum))
+            if call is not None:
+                return call(a_shard, b, Scales(a_scale, b_scale, fast_accum))
     scales = _scales(a_shard, b, a_scale, b_scale, out_dtype, fast_accum)
     if torch.compiler.is_compiling():
         _refuse_scaled("all_gather_matmul", scales, "torch.compile")
@@ -480,7 +486,7 @@ def all_gather_matmul(
         direct = dataclasses.replace(program.spec.candidate, template="direct")
         program = _program("ag_gemm", a_shard, b, group, direct, capturing)
     spec = program.spec
-    plain = out is None and scales is None and not (capturing or spin_limit)
+    plain = out is None and not (capturing or spin_limit)
     if out is None:
         out = torch.empty(spec.out_shape, dtype=spec.out_dtype, device=a_shard.device)
     else:
@@ -493,7 +499,7 @@ def all_gather_matmul(
     else:
         _run(program, a_shard, b, out, capturing, spin_limit, scales, gathered)
     if plain:
-        _keep_call(GATHERED if return_gathered else "ag_gemm", a_shard, b, group, config, program)
+        _keep_call(GATHERED if return_gathered else "ag_gemm", a_shard, b, group, config, program, scales)
     return out if gathered is None else (out, gathered)
 
 
@@ -688,23 +694,29 @@ def _program_key(kind: str, a, b, group, config, mode: str) -> tuple | None:
     return key
 
 
+_SCALED_OUT = (None, OUT_DTYPE)
+"""The `out_dtype` an FP8 call's fast path takes (the only accepted one, or none given)."""
+
 GATHERED = "ag_gemm+gathered"
 """The kind under which `_REGISTRY.calls` keeps all-gathers that also return the gathered A."""
 
 
-def _fast_call(kind: str, a, b, group, config) -> Callable | None:
-    """The fast path of a plain call (no out=, no bounded waits, no scales, not traced, not being
-    captured, not recorded by autograd): the function a checked call with the same key
-    (`_call_key`) kept (`_keep_call`), or None. Its tensors bound, it enqueues the call (for
-    `unfused`, torch's collective and matmul). The ops are not differentiable: a call whose
-    operands autograd would record takes the long way, which writes into `out` as it always has."""
+def _fast_call(kind: str, a, b, group, config, scaled: tuple | None = ()) -> Callable | None:
+    """The fast path of a plain call (no out=, no bounded waits, not traced, not being captured,
+    not recorded by autograd): the function a checked call with the same key (`_call_key`, and for
+    FP8 operands `scaled`, their scales' `_scale_key`; None: no fast path) kept (`_keep_call`), or
+    None. Its tensors bound, it enqueues the call (for `unfused`, torch's collective and matmul).
+    The ops are not differentiable: a call whose operands autograd would record takes the long way,
+    which writes into `out` as it always has."""
     key = _call_key(kind, a, b, group, config, _REGISTRY.mode)
     if (
         key is None
+        or scaled is None
         or (key[-1] is not None and _stream_capturing())
         or ((a.requires_grad or b.requires_grad) and torch.is_grad_enabled())
     ):
         return None
+    key += scaled
     try:
         call = _REGISTRY.calls.get(key)
     except TypeError:  # a dict config, or an unhashable group: the long way checks them
@@ -714,29 +726,58 @@ def _fast_call(kind: str, a, b, group, config) -> Callable | None:
     return call
 
 
-def _keep_call(kind: str, a, b, group, config, program: CallProgram) -> None:
+def _scale_key(a_scale, b_scale, fast_accum) -> tuple | None:
+    """What an FP8 call's scale checks (`scaled.check_scales`, with its operands' `_call_key`)
+    depend on: each scale's shape, dtype, device and contiguity, and `fast_accum`; None where the
+    scales are not both tensors (the long way says what is wrong)."""
+    if (
+        not (isinstance(a_scale, torch.Tensor) and isinstance(b_scale, torch.Tensor))
+        or type(fast_accum) is not bool
+    ):
+        return None
+    return (
+        "scaled",
+        a_scale.shape,
+        a_scale.dtype,
+        a_scale.device,
+        a_scale.is_contiguous(),
+        b_scale.shape,
+        b_scale.dtype,
+        b_scale.device,
+        b_scale.is_contiguous(),
+        fast_accum,
+    )
+
+
+def _keep_call(kind: str, a, b, group, config, program: CallProgram, scales: Scales | None = None) -> None:
     """After a plain call has found its program the long way (its inputs checked, once per key):
-    keep the program bound (`CallProgram.bind`) for the later calls' fast path. Not for dict
-    configs (their key is their items, which a later call would have to sort again) nor FP8
-    operands (their scales are checked on every call)."""
-    if program.spec.dtype == FP8 or not (config is None or isinstance(config, Candidate)):
+    keep the program bound (`CallProgram.bind`) for the later calls' fast path, an FP8 call's under
+    its scales' `_scale_key` too. Not for dict configs (their key is their items, which a later call
+    would have to sort again)."""
+    if not (config is None or isinstance(config, Candidate)):
         return
     if config is None and _REGISTRY.mode != "graph" and _compiled_graph_warmup(a):
         return  # its program is the graph-mode one (`_program`): not for later eager calls
     key = _call_key(kind, a, b, group, config, _REGISTRY.mode)
-    if key is not None:
-        _REGISTRY.calls[key] = _bound(program, kind == GATHERED)
+    if key is None:
+        return
+    if scales is not None:
+        scaled = _scale_key(scales[0], scales[1], fast_accumulation(scales))
+        if scaled is None:
+            return
+        key += scaled
+    _REGISTRY.calls[key] = _bound(program, kind == GATHERED, scales is not None)
 
 
-def _bound(program: CallProgram, gathered: bool) -> Callable:
+def _bound(program: CallProgram, gathered: bool, scaled: bool = False) -> Callable:
     """`program.bind`, where its calls may be replayed (`_run`) enqueueing them as `set_launch` says."""
     if not replayable(program, 0):
-        return program.bind(gathered=gathered)
+        return program.bind(gathered=gathered, scaled=scaled)
 
-    def enqueue(a, b, out, gathered=None):
-        _run(program, a, b, out, False, 0, None, gathered)
+    def enqueue(a, b, out, gathered=None, scales=None):
+        _run(program, a, b, out, False, 0, scales, gathered)
 
-    return program.bind(gathered=gathered, enqueue=enqueue)
+    return program.bind(gathered=gathered, enqueue=enqueue, scaled=scaled)
 
 
 def gather_buffer(a_shard_shape: tuple[int, int], dtype: torch.dtype, group=None) -> torch.Tensor:
@@ -883,7 +924,7 @@ def _gemm_scatter(
         return _traced(kind, a, b, group, config, out, spin_limit)
     capturing = _capturing(a, OP_NAMES[kind], spin_limit)
     program = _program(kind, a, b, group, config, capturing)
-    plain = out is None and scales is None and not (capturing or spin_limit)
+    plain = out is None and not (capturing or spin_limit)
     if out is None:
         out = torch.empty(program.spec.out_shape, dtype=program.spec.out_dtype, device=a.device)
     else:
@@ -893,7 +934,7 @@ def _gemm_scatter(
     else:
         _run(program, a, b, out, capturing, spin_limit, scales)
     if plain:
-        _keep_call(kind, a, b, group, config, program)
+        _keep_call(kind, a, b, group, config, program, scales)
     return out
 
 
@@ -925,11 +966,15 @@ def matmul_reduce_scatter(
     checked = _checked_spin(a, spin_limit)
     spin_limit = spin_limit or checked
     plain_args = a_scale is None and b_scale is None and out_dtype is None and fast_accum is False
-    if out is None and not spin_limit and plain_args:
-        if not torch.compiler.is_compiling():
+    if out is None and not spin_limit and not torch.compiler.is_compiling():
+        if plain_args:
             call = _fast_call("gemm_rs", a, b, group, config)
             if call is not None:
                 return call(a, b)
+        elif out_dtype in _SCALED_OUT:
+            call = _fast_call("gemm_rs", a, b, group, config, _scale_key(a_scale, b_scale, fast_accum))
+            if call is not None:
+                return call(a, b, Scales(a_scale, b_scale, fast_accum))
     return _gemm_scatter(
         "gemm_rs", a, b, group, config, out, spin_limit, checked, a_scale, b_scale, out_dtype, fast_accum
     )
@@ -961,11 +1006,15 @@ def matmul_all_reduce(
     checked = _checked_spin(a, spin_limit)
     spin_limit = spin_limit or checked
     plain_args = a_scale is None and b_scale is None and out_dtype is None and fast_accum is False
-    if out is None and not spin_limit and plain_args:
-        if not torch.compiler.is_compiling():
+    if out is None and not spin_limit and not torch.compiler.is_compiling():
+        if plain_args:
             call = _fast_call("gemm_ar", a, b, group, config)
             if call is not None:
                 return call(a, b)
+        elif out_dtype in _SCALED_OUT:
+            call = _fast_call("gemm_ar", a, b, group, config, _scale_key(a_scale, b_scale, fast_accum))
+            if call is not None:
+                return call(a, b, Scales(a_scale, b_scale, fast_accum))
     return _gemm_scatter(
         "gemm_ar", a, b, group, config, out, spin_limit, checked, a_scale, b_scale, out_dtype, fast_accum
     )

@@ -144,19 +144,27 @@ class CallProgram(abc.ABC):
         graph. `spin_limit` > 0 bounds the kernels' waits (a tuning run's guard). `scales`: FP8
         operands' (a_scale, b_scale), checked (only the templates that run FP8 get them)."""
 
-    def bind(self, gathered: bool = False, enqueue=None) -> Callable[[torch.Tensor, torch.Tensor], Any]:
+    def bind(self, gathered: bool = False, enqueue=None, scaled: bool = False) -> Callable[..., Any]:
         """The program as a function of (a, b) alone, for calls that pass nothing else (no `out`, no
-        bounded waits, no scales, not being captured): it makes the output (and, with `gathered`,
-        the gathered A of an all-gather that `returns_gathered`) and enqueues the call, returning
-        what the op returns. What `ops` keeps for the fast path of such calls, after one of them
-        has been checked; the tensors it is given have the spec's shapes, dtype and device, and
-        their dtype is the output's (not FP8, whose calls always pass their scales). `enqueue(a, b,
-        out, gathered=None)` enqueues the call (None: the program itself; `ops` passes its launch
-        choice)."""
+        bounded waits, not being captured), and with `scaled`, of (a, b, scales) for FP8 operands:
+        it makes the output (and, with `gathered`, the gathered A of an all-gather that
+        `returns_gathered`) and enqueues the call, returning what the op returns. What `ops` keeps
+        for the fast path of such calls, after one of them has been checked; the tensors it is
+        given have the spec's shapes, dtypes and device (and the scales those of the checked
+        call's). `enqueue(a, b, out, gathered=None, scales=None)` enqueues the call (None: the
+        program itself; `ops` passes its launch choice)."""
         spec = self.spec
-        assert spec.out_dtype == spec.dtype, "FP8 calls pass their scales: they have no bound call"
         enqueue = self if enqueue is None else enqueue
         shape = spec.out_shape
+        if scaled:
+            out_dtype = spec.out_dtype
+
+            def call_scaled(a, b, scales):
+                out = a.new_empty(shape, dtype=out_dtype)
+                enqueue(a, b, out, scales=scales)
+                return out
+
+            return call_scaled
         if not gathered:
 
             def call(a, b):
@@ -294,12 +302,19 @@ class UnfusedProgram(CallProgram):
         ALL_GATHER(gathered, a, group=self.spec.group)
         torch.matmul(gathered, b, out=out)
 
-    def bind(self, gathered=False, enqueue=None):
+    def bind(self, gathered=False, enqueue=None, scaled=False):
         """torch's collective and matmul with nothing in between but the output's allocation: the
         shapes and the group are the spec's, worked out once (`library.unfused` on unscaled operands,
-        whose output these calls leave to the matmul or the collective); never replayed, so
-        `enqueue` is not taken."""
+        whose output these calls leave to the matmul or the collective; with `scaled`, FP8 operands,
+        `library.unfused` with the call's scales); never replayed, so `enqueue` is not taken."""
         spec, group = self.spec, self.spec.group
+        if scaled:
+            kind = spec.kind
+
+            def scaled_call(a, b, scales):
+                return unfused(kind, a, b, group, scales=scales)
+
+            return scaled_call
         if spec.kind == "ag_gemm":
             full_shape = (spec.m, spec.a_shape[1])
             if gathered:
@@ -399,7 +414,8 @@ class FusedGatherProgram(CallProgram):
         if scales is not None:
             b = column_major(b)  # the kernel reads an FP8 B K-major, as torch._scaled_mm does
             own_scale = self.scale.local[self.r0 : self.r0 + a.shape[0]]
-            own_scale.copy_(scales[0].reshape(-1, 1).expand(own_scale.shape))  # before the sends read it
+            sa = scales[0]  # row-wise as it is, a tensor-wise one on every row; before the sends read it
+            own_scale.copy_(sa if sa.shape == own_scale.shape else sa.reshape(1, 1).expand(own_scale.shape))
             scales = (self.scale.local, scales[1])
         own = self._own(a, b, out)
         # The gathered A goes out on a side stream while the GEMM runs, except with bounded waits
