@@ -72,7 +72,7 @@ timing:
   repetitions: 10
   deadline_s: 120
 EOF
-            step ops 120 "$PY" -m syncopate bench --suite "$OUT/layers_fp8.yaml" --grid tiny --repetitions 10 \
+            step ops 300 "$PY" -m syncopate bench --suite "$OUT/layers_fp8.yaml" --grid tiny --repetitions 10 \
                 --json "$OUT/ops.json"
             rm -f "$OUT/fp8.db"
             "$PY" -m syncopate db upgrade --db "$db" >/dev/null && "$PY" -m syncopate import-bench "$OUT/ops.json" --db "$db" ;;
