@@ -173,10 +173,31 @@ def test_tune_model_predicts_every_op_and_shows_what_lookup_gives(tmp_path, db, 
         assert {t.record.source for t in d.trials()} == {"predicted"}
 
 
+def test_tune_model_in_fp8_tunes_the_fp8_ops_the_fused_templates_included(tmp_path, db, capsys):
+    out_config = tmp_path / "llama-fp8.yaml"
+    args = ["tune", "--model", "llama-3-8b", "--tp", "4", "--dtype", "float8_e4m3fn", "--runner", "model"]
+    args += ["--max-trials", "4", "--db", db, "--config-out", str(out_config)]
+    assert main(args) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "sweep 'llama-3-8b-tp4-8192-fp8'" in text
+    sweep = load_sweep(out_config)
+    want = {c.workload for c in layer_ops(MODEL_SPECS["llama-3-8b"], 4, 8192, dtype="fp8")}
+    assert set(sweep.workloads) == want and {w.dtype for w in want} == {"fp8"}
+    with ResultsDB.open(db) as d:
+        trials = d.trials()
+        assert {t.workload for t in trials} == want
+        assert {t.candidate.template for t in trials} & {"direct", "ring"}, (
+            "the fused templates take FP8 tiles"
+        )
+
+
 @pytest.mark.parametrize(
     "args, said",
     [
         ([], "give a sweep CONFIG (YAML), or --model NAME --tp N"),
+        (["--model", "llama-3-8b", "--tp", "2", "--dtype", "fp16"], "--dtype 'fp16': accepted are bf16, fp8"),
+        (["--model", "llama-3-8b", "--tp", "2", "--dtype", "int4"], "--dtype 'int4': accepted are bf16, fp8"),
+        (["configs/quickstart.yaml", "--dtype", "fp8"], "--dtype goes with --model"),
         (["--model", "llama-3-8b"], "--model llama-3-8b needs --tp N"),
         (["configs/quickstart.yaml", "--model", "llama-3-8b", "--tp", "2"], "not both"),
         (["configs/quickstart.yaml", "--tp", "2", "--tokens", "4096"], "--tp, --tokens go with --model"),

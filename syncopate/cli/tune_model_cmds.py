@@ -83,6 +83,15 @@ _OPTIONS = {
             help="With --model: the plan's sequence parallelism (all-gather / reduce-scatter ops) or not (all-reduce).",
         ),
     ),
+    "dtype": (
+        str | None,
+        typer.Option(
+            None,
+            "--dtype",
+            help="With --model or --layer: the ops' operands, bf16 (the default) or fp8 (e4m3, row-wise "
+            "scales, bf16 out: as syncopate.tp's FP8 layers call them).",
+        ),
+    ),
     "config_out": (
         Path | None,
         typer.Option(
@@ -113,12 +122,13 @@ def model_sweep(
     runner: str,
     sequence_parallel: bool = True,
     layer: str | None = None,
+    dtype: str = "bf16",
 ) -> tuple:
     """(the sweep config's YAML text, the ops it tunes) for `spec` under TP `tp` at `tokens` tokens:
-    every op of its decoder layer, or of its `layer` (`mlp` or `attention`) only."""
+    every op of its decoder layer, or of its `layer` (`mlp` or `attention`) only, on `dtype` operands."""
     from syncopate.models import layer_ops
 
-    calls = layer_ops(spec, tp, tokens, sequence_parallel=sequence_parallel)
+    calls = layer_ops(spec, tp, tokens, sequence_parallel=sequence_parallel, dtype=dtype)
     if layer is not None:
         calls = [c for c in calls if c.projection in LAYER_PROJECTIONS[layer]]
     shapes: dict[str, list[list[int]]] = {}
@@ -131,11 +141,11 @@ def model_sweep(
     part = f"{layer} layer" if layer else "decoder layer"
     data = {
         "name": f"{spec.name.replace('/', '-')}{'-' + layer if layer else ''}-tp{tp}-{tokens}"
-        f"{'' if sequence_parallel else '-nosp'}",
+        f"{'' if sequence_parallel else '-nosp'}{'' if dtype == 'bf16' else '-' + dtype}",
         "description": f"every fused op of a {spec.name} {part}, forward and backward, at TP={tp} with "
-        f"{sp}, {tokens} tokens a step",
+        f"{sp}, {tokens} tokens a step, {dtype} operands",
         "topology": topology,
-        "dtype": "bf16",
+        "dtype": dtype,
         "tokens": tokens,
         "workloads": [{"kind": kind, "shapes": s} for kind, s in shapes.items()],
         "strategy": {"name": "seeded", "max_trials": 64, "seed": 0},
@@ -144,6 +154,7 @@ def model_sweep(
         "timing": {"warmup": 5, "repetitions": 20, "deadline_s": 120},
     }
     flag = ("" if sequence_parallel else " --no-sequence-parallel") + (f" --layer {layer}" if layer else "")
+    flag += "" if dtype == "bf16" else f" --dtype {dtype}"
     header = [
         f"# Derived by `syncopate tune --model {spec.name} --tp {tp} --tokens {tokens}{flag}`: "
         f"each shape is (M, N, K),",
@@ -263,10 +274,13 @@ def _tune(
     tokens,
     sequence_parallel,
     config_out,
+    dtype,
 ) -> None:
     widths = {"--hidden": hidden, "--ffn": ffn, "--heads": heads, "--kv-heads": kv_heads}
     given = [
-        f for f, v in (("--tp", tp), ("--tokens", tokens), ("--config-out", config_out)) if v is not None
+        f
+        for f, v in (("--tp", tp), ("--tokens", tokens), ("--dtype", dtype), ("--config-out", config_out))
+        if v is not None
     ]
     if not sequence_parallel:
         given.append("--no-sequence-parallel")
@@ -320,13 +334,21 @@ def _tune(
             head_dim=hidden // heads,
         )
     tokens = _DEFAULT_TOKENS if tokens is None else tokens
+    dtype = _layer_dtype(dtype)
     runner = kwargs["runner"] or "gpu"
     topology = kwargs["topology"]
     chosen = topology is None and runner == "model"
     if topology is None:
         topology = default_topology(tp) if runner == "model" else "detect"
     text, calls = model_sweep(
-        spec, tp, tokens, topology=topology, runner=runner, sequence_parallel=sequence_parallel, layer=layer
+        spec,
+        tp,
+        tokens,
+        topology=topology,
+        runner=runner,
+        sequence_parallel=sequence_parallel,
+        layer=layer,
+        dtype=dtype,
     )
     if topology != "detect" and Topology.from_key(topology).world_size != tp:
         raise ConfigError(
@@ -369,10 +391,31 @@ def _tune(
         if layer is not None:
             out.print(f"the {layer} layer itself is timed on GPUs only (runner gpu)", highlight=False)
     elif layer is not None:
-        check_layer(spec, layer, tp, tokens, sequence_parallel, kwargs["db"])
+        check_layer(spec, layer, tp, tokens, sequence_parallel, kwargs["db"], dtype)
 
 
-def check_layer(spec, layer: str, tp: int, tokens: int, sequence_parallel: bool, db: str | None) -> dict:
+LAYER_DTYPES = ("bf16", "fp8")
+"""The operands `--dtype` takes for a model's ops: those `syncopate.tp`'s layers call them with."""
+
+
+def _layer_dtype(dtype: str | None) -> str:
+    """`--dtype` as its canonical name (None: bf16); ConfigError naming the accepted ones."""
+    from syncopate.search_space import canonical_dtype
+
+    if dtype is None:
+        return "bf16"
+    try:
+        name = canonical_dtype(dtype)
+    except ConfigError:
+        name = None
+    if name not in LAYER_DTYPES:
+        raise ConfigError(f"--dtype {dtype!r}: accepted are {', '.join(LAYER_DTYPES)} (the layers' operands)")
+    return name
+
+
+def check_layer(
+    spec, layer: str, tp: int, tokens: int, sequence_parallel: bool, db: str | None, dtype: str = "bf16"
+) -> dict:
     """Time the `layer` of `spec` with what lookup serves from `db` (`syncopate bench --layer`'s
     benchmark) and print its table and a line for each mode and pass where the tuned layer is
     slower than the untuned defaults or torch: ops tuned one by one can lose in the layer."""
@@ -399,6 +442,7 @@ def check_layer(spec, layer: str, tp: int, tokens: int, sequence_parallel: bool,
         tokens=tokens,
         tp=tp,
         sequence_parallel=sequence_parallel,
+        dtype=dtype,
     )
     saved = os.environ.get("SYNCOPATE_DB")
     if db is not None:
