@@ -18,11 +18,11 @@ import pytest
 from test_gpu_ops import needs_gpus, run_ranks
 
 
-def fused_configs(kind: str, world: int) -> list:
+def fused_configs(kind: str, world: int, nccl: bool = False) -> list:
     """The fused templates' FP8 candidates the cases run: direct on the copy engine with whole
     128x256 tiles (TMA epilogue) and with 128x128 ones (a tail cut in K where it applies), a
-    reduction also with SM copies, its kept chunks interleaved and in the Gluon kernel, and a ring
-    from three ranks."""
+    reduction also with SM copies, its kept chunks interleaved and in the Gluon kernel (and with
+    `nccl`, one GPU a rank, on NCCL's sends), and a ring from three ranks."""
     from syncopate.search_space import Candidate
 
     wide = dict(block_m=128, block_n=256, block_k=128, num_warps=8, num_stages=3, group_m=8)
@@ -35,6 +35,8 @@ def fused_configs(kind: str, world: int) -> list:
         out.append(Candidate(backend="sm_copy", template="direct", num_splits=2, comm_sms=16, **narrow))
         out.append(Candidate(template="direct", num_splits=2, tile_order="kept_interleaved", **narrow))
         out.append(Candidate(template="direct", num_splits=2, kernel="gluon", **wide))
+        if nccl:
+            out.append(Candidate(backend="nccl", template="direct", num_splits=2, comm_sms=64, **narrow))
     if world > 2:
         out.append(Candidate(backend="copy_engine", template="ring", num_splits=2, **narrow))
     return out
@@ -101,7 +103,9 @@ def _ops_target(rank, world, port, shared_gpu, q):
         for kind, config, row_wise, layout in (
             (kind, config, row_wise, layout)
             for op_kind in ops
-            for kind, config in ((op_kind, c) for c in (*cublas, *fused_configs(op_kind, world)))
+            for kind, config in (
+                (op_kind, c) for c in (*cublas, *fused_configs(op_kind, world, not shared_gpu))
+            )
             for row_wise in (False, True)
             for layout in ("weight_t", "row_major")
         ):
