@@ -447,6 +447,14 @@ def _check_all_reduce(results, total, pads, plan, ws):
         assert res["tables"].num_ready == len(plan.sends(r, "reduce")) + plan.num_splits
 
 
+def _check_producer(kind, results, partial, total, pads, plan, ws):
+    """`_check_reduce_scatter` or `_check_all_reduce`, as `kind` is."""
+    if kind == "gemm_rs":
+        _check_reduce_scatter(results, partial, total, pads, plan)
+    else:
+        _check_all_reduce(results, total, pads, plan, ws)
+
+
 @pytest.mark.parametrize("ws, m, splits", [(2, 128, 2), (3, 144, 1)], ids=["aligned", "blocks-of-48-rows"])
 def test_all_reduce_producer_stores_reduced_rows_and_raises_peer_signals(ws, m, splits):
     results, partial, total, pads, plan = run_producer("gemm_ar", "direct", ws, m, 64, 32, splits)
@@ -459,10 +467,7 @@ def test_producers_with_kept_chunks_interleaved(kind):
     results, partial, total, pads, plan = run_producer(
         kind, "direct", 2, 2 * (4 * 32 + 16), 48, 32, 4, "kept_interleaved"
     )
-    if kind == "gemm_rs":
-        _check_reduce_scatter(results, partial, total, pads, plan)
-    else:
-        _check_all_reduce(results, total, pads, plan, 2)
+    _check_producer(kind, results, partial, total, pads, plan, 2)
 
 
 @pytest.mark.parametrize("template, ws", [("direct", 2)] + TUNED_WORLDS + [("direct", 4)])
@@ -601,10 +606,7 @@ def test_producer_epilogue_on_whole_tiles_and_in_column_halves(monkeypatch, kind
     monkeypatch.setattr(launch, "epilogue_split", lambda c: splits.append(real(c)) or splits[-1])
     results, partial, total, pads, plan = run_producer(kind, "direct", 2, 128, 64, 32, 2, block_n=block_n)
     assert splits and set(splits) == {1 if block_n < 32 else 2}
-    if kind == "gemm_rs":
-        _check_reduce_scatter(results, partial, total, pads, plan)
-    else:
-        _check_all_reduce(results, total, pads, plan, 2)
+    _check_producer(kind, results, partial, total, pads, plan, 2)
 
 
 def test_producer_epilogue_split_default():
@@ -788,10 +790,7 @@ def test_producers_with_the_tma_epilogue(monkeypatch, kind, template, ws, splits
         kind, template, ws, m, n, 32, splits, order, block_n=block_n
     )
     assert chosen and all(chosen), "every rank's producer took the TMA epilogue"
-    if kind == "gemm_rs":
-        _check_reduce_scatter(results, partial, total, pads, plan)
-    else:
-        _check_all_reduce(results, total, pads, plan, ws)
+    _check_producer(kind, results, partial, total, pads, plan, ws)
 
 
 @pytest.mark.parametrize("kind", ["gemm_rs", "gemm_ar"])
@@ -811,10 +810,7 @@ def test_tma_epilogue_counts_a_program_s_run_of_tiles_of_one_chunk_at_once(
     results, partial, total, pads, plan = run_producer(
         kind, template, ws, 64 * ws, 64, 32, 2, programs=programs
     )
-    if kind == "gemm_rs":
-        _check_reduce_scatter(results, partial, total, pads, plan)
-    else:
-        _check_all_reduce(results, total, pads, plan, ws)
+    _check_producer(kind, results, partial, total, pads, plan, ws)
 
 
 def test_the_gluon_producer_is_taken_only_where_it_applies(monkeypatch):
@@ -1081,6 +1077,18 @@ def test_fp8_consumer_scales_the_parts_of_its_last_wave_and_its_tma_loads(monkey
         assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
 
 
+def _check_fp8_producer(kind, results, partial, total, pads, plan, ws):
+    """`_check_producer` on FP8 products measured against their size (the largest partial's):
+    the checks' tolerances are for values of about one."""
+    scale = max(p.abs().max().item() for p in partial)
+    measured = [dict(r) for r in results]
+    for r in measured:
+        for name in ("out", "send", "reduced"):
+            if r[name] is not None:
+                r[name] = r[name].float() / scale
+    _check_producer(kind, measured, [p / scale for p in partial], total / scale, pads, plan, ws)
+
+
 @pytest.mark.parametrize("scaled", ["row", "tensor"])
 @pytest.mark.parametrize("kind", ["gemm_rs", "gemm_ar"])
 @pytest.mark.parametrize(
@@ -1096,17 +1104,7 @@ def test_fp8_producers_send_scaled_bf16_partials(scaled, kind, template, ws, spl
         kind, template, ws, m, 48, 64, splits, order, scaled=scaled
     )
     assert all(r["send"].dtype == torch.bfloat16 for r in results)
-    scale = max(p.abs().max().item() for p in partial)  # FP8 products: compare to their size
-    results_scaled = [dict(r) for r in results]
-    for r in results_scaled:
-        for name in ("out", "send", "reduced"):
-            if r[name] is not None:
-                r[name] = r[name].float() / scale
-    partial = [p / scale for p in partial]
-    if kind == "gemm_rs":
-        _check_reduce_scatter(results_scaled, partial, total / scale, pads, plan)
-    else:
-        _check_all_reduce(results_scaled, total / scale, pads, plan, ws)
+    _check_fp8_producer(kind, results, partial, total, pads, plan, ws)
 
 
 @pytest.mark.parametrize("kind", ["gemm_rs", "gemm_ar"])
@@ -1115,13 +1113,4 @@ def test_fp8_producers_with_the_tma_epilogue(monkeypatch, kind):
 
     monkeypatch.setattr(launch, "use_tma", lambda *tensors: True)
     results, partial, total, pads, plan = run_producer(kind, "direct", 2, 128, 48, 64, 2, scaled="row")
-    scale = max(p.abs().max().item() for p in partial)
-    for r in results:
-        for name in ("out", "send", "reduced"):
-            if r[name] is not None:
-                r[name] = r[name].float() / scale
-    partial = [p / scale for p in partial]
-    if kind == "gemm_rs":
-        _check_reduce_scatter(results, partial, total / scale, pads, plan)
-    else:
-        _check_all_reduce(results, total / scale, pads, plan, 2)
+    _check_fp8_producer(kind, results, partial, total, pads, plan, 2)

@@ -247,12 +247,25 @@ def tile_orders_for(kind: str) -> tuple[str, ...]:
     return CONSUMER_ORDERS if kind == "ag_gemm" else PRODUCER_ORDERS
 
 
-def _smem_bytes(tc: TileConfig, elem: int, out_elem: int | None = None) -> int:
+def _smem_bytes(tc: TileConfig, elem: int, out_elem: int) -> int:
     """Shared memory of a fused kernel's tile: its operand pipeline (`elem` bytes an element) and
-    its output tile (`out_elem`, default `elem`)."""
+    its output tile (`out_elem` bytes an element)."""
     pipeline = tc.num_stages * (tc.block_m + tc.block_n) * tc.block_k * elem
-    epilogue = tc.block_m * tc.block_n * (out_elem or elem)
+    epilogue = tc.block_m * tc.block_n * out_elem
     return pipeline + epilogue
+
+
+def _fp8_gather_refusal(workload: Workload, template: str, backend: str) -> str | None:
+    """Why a fused template cannot gather `workload`'s FP8 rows on `backend` (None where it can, or
+    where the workload is no FP8 all-gather): only FP8_GATHER_BACKENDS move their row scales."""
+    if not workload.scaled or workload.kind != "ag_gemm" or template not in PLAN_TEMPLATES:
+        return None
+    if backend in FP8_GATHER_BACKENDS:
+        return None
+    return (
+        f"backend {backend!r} does not move an fp8 all-gather's row scales in template {template!r}: "
+        f"accepted are {', '.join(FP8_GATHER_BACKENDS)} (or template decomposed or unfused)"
+    )
 
 
 def _rows_per_block(workload: Workload, world_size: int) -> int:
@@ -409,16 +422,9 @@ def check_candidate(candidate: Candidate, workload: Workload, topology: Topology
             f"template {c.template!r} does not run fp8 operands (its cuBLAS GEMMs take bf16, fp16 and fp32); "
             f"fp8 runs on templates {', '.join(FP8_TEMPLATES)}"
         )
-    if (
-        workload.scaled
-        and workload.kind == "ag_gemm"
-        and c.template in PLAN_TEMPLATES
-        and c.backend not in FP8_GATHER_BACKENDS
-    ):
-        raise ConfigError(
-            f"backend {c.backend!r} does not move an fp8 all-gather's row scales in template {c.template!r}: "
-            f"accepted are {', '.join(FP8_GATHER_BACKENDS)} (or template decomposed or unfused)"
-        )
+    refusal = _fp8_gather_refusal(workload, c.template, c.backend)
+    if refusal:
+        raise ConfigError(refusal)
     if c.template in PLANLESS_KINDS:
         _check_planless(c, workload)
         if c.num_splits > rows:
@@ -529,7 +535,7 @@ def _iter_space(workload: Workload, topology: Topology, options: SpaceOptions):
         for tc in tile_configs
     }
     for backend in options.backends:
-        if workload.scaled and workload.kind == "ag_gemm" and backend not in FP8_GATHER_BACKENDS:
+        if _fp8_gather_refusal(workload, "direct", backend):  # every fused template alike
             continue
         sms = options.comm_sms.get(backend, (0,) if backend == "copy_engine" else (8,))
         sms = [s for s in sms if (s == 0) == (backend == "copy_engine") and s <= topology.sm_count // 2]
