@@ -17,8 +17,9 @@ inputs:
   overlap of a row a pair would take (`dedup` moves fewer rows and can come in under it: where its
   template is timed, its all-to-all alone is too, `a2a_dedup`, a row a token and rank);
 - each candidate of the grid (`--grid`; `unfused`, `dedup` where `nccl` is among the backends,
-  then `pipelined` for each backend, chunk count and order, then `fused` for each chunk count,
-  order and tile configuration where `copy_engine` is among the backends; `--templates` keeps
+  then `pipelined` for each backend, chunk count and order, then `dedup` on the copy engine for
+  each order and `fused` for each chunk count, order and tile configuration where `copy_engine` is
+  among the backends; `--templates` keeps
   some templates only), first checked against the float32 reference computed by the group
   (`moe_*_group_reference`) on two fresh routings, outputs poisoned with NaN, two calls back to
   back with different inputs; a candidate off by more than 1e-2 is not timed.
@@ -167,8 +168,8 @@ def grid(workload, ws: int, args):
 
 def layer_configs(args, tuned=None):
     """(name, dispatch config, combine config, backward) of each layer timed: unfused, then dedup,
-    each pipelined config and the fused one (128×256×64 tiles on 4 stages, the fused GEMM's fastest tile
-    on H200) for both ops, then `tuned` (the fastest dispatch and combine of this
+    each pipelined config, dedup on the copy engine and the fused one (128×256×64 tiles on 4
+    stages, the fused GEMM's fastest tile on H200) for both ops, then `tuned` (the fastest dispatch and combine of this
     case's op rows, what a tuned database serves each op) where given, each with its own plan's
     backward and with the unfused ops' backward (`MoELayer(backward=...)`); last each of those as a
     tuned layer runs its plans, checked against unfused on its first calls (`MoELayer(check_plans=...)`),
@@ -180,6 +181,7 @@ def layer_configs(args, tuned=None):
         MoeCandidate(template="pipelined", backend=b, chunks_per_source=2) for b in backends
     ]
     if "copy_engine" in backends:
+        configs.append(MoeCandidate(template="dedup", backend="copy_engine"))
         configs.append(
             MoeCandidate(
                 template="fused",

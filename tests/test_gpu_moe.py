@@ -45,8 +45,9 @@ def _routings(ws: int, experts: int, tokens: int, top_k: int):
 
 def check_ops(rank, world, device, group, backends=("nccl", "copy_engine")) -> list[str]:
     """The pipelined ops on each of `backends` at three (chunks, order) plans (`nvshmem` at 8, 32
-    and 16 copier programs), and `dedup` where `nccl` is among them, against the unfused ops and
-    the float32 references: a line a miss."""
+    and 16 copier programs), and `dedup` on each of `nccl` and `copy_engine` that is among them
+    (both orders on the copy engine), against the unfused ops and the float32 references: a line a
+    miss."""
     from syncopate.measure.reference import (
         moe_combine_group_reference,
         moe_dispatch_group_reference,
@@ -67,6 +68,10 @@ def check_ops(rank, world, device, group, backends=("nccl", "copy_engine")) -> l
         for b in backends
         for c, o, n in ((1, "ring", 8), (4, "ring", 32), (2, "pairwise", 16))
     ] + [MoeCandidate(template="dedup")] * ("nccl" in backends)
+    if "copy_engine" in backends:
+        configs += [
+            MoeCandidate(template="dedup", backend="copy_engine", order=o) for o in ("ring", "pairwise")
+        ]
     lines = []
     gen = torch.Generator(device=device).manual_seed(rank)
     for n, routing in enumerate(_routings(world, experts, tokens, top_k)):
@@ -145,7 +150,9 @@ def check_layer(rank, world, device, group, backends=("nccl", "copy_engine")) ->
     }
     if "nccl" in backends:
         configs["dedup"] = MoeCandidate(template="dedup")
-    return layer_mismatches(rank, world, device, group, configs)
+    if "copy_engine" in backends:
+        configs["dedup/copy_engine"] = MoeCandidate(template="dedup", backend="copy_engine")
+    return layer_mismatches(rank, world, device, group, configs, calls=2)
 
 
 def check_refusal(rank, world, device, group) -> list[str]:
@@ -250,13 +257,13 @@ def check_exchange_alone(rank, world, device, group) -> list[str]:
     return lines
 
 
-def _worker(rank, world, port, checks, queue):
+def _worker(rank, world, port, checks, shared_gpu, queue):
     import torch.distributed as dist
 
     from syncopate.measure.local_ranks import join_group
     from syncopate.moe import close_moe_contexts
 
-    device = join_group(rank, world, port)
+    device = join_group(rank, world, port, shared_gpu=shared_gpu)
     try:
         lines = [line for check in checks for line in check(rank, world, device, dist.group.WORLD)]
         gathered = [None] * world
@@ -268,12 +275,13 @@ def _worker(rank, world, port, checks, queue):
         dist.destroy_process_group()
 
 
-def run_checks(checks: tuple, world: int, what: str) -> None:
+def run_checks(checks: tuple, world: int, what: str, shared_gpu: bool = False) -> None:
     """Each of `checks` (f(rank, world, device, group) → failure lines) on `world` GPU ranks, one
-    process each; fails listing every rank's failures."""
+    process each (all on GPU 0 in a gloo group with `shared_gpu`); fails listing every rank's
+    failures."""
     from syncopate.measure.local_ranks import spawn_ranks
 
-    failures = spawn_ranks(_worker, world, args=(checks,), what=what)
+    failures = spawn_ranks(_worker, world, args=(checks, shared_gpu), what=what)
     assert not failures, "\n".join(failures)
 
 
@@ -293,3 +301,21 @@ def test_pipelined_moe_ops_on_four_gpus():
     if torch.cuda.device_count() < 4:
         pytest.skip(f"needs four CUDA GPUs on one host; {torch.cuda.device_count()} present")
     _run(4)
+
+
+def _copy_engine_ops(rank, world, device, group) -> list[str]:
+    return check_ops(rank, world, device, group, backends=("copy_engine",))
+
+
+def _copy_engine_layer(rank, world, device, group) -> list[str]:
+    return check_layer(rank, world, device, group, backends=("copy_engine",))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_copy_engine_moe_ops_with_ranks_sharing_one_gpu(world):
+    """The copy-engine plans (`pipelined` and `dedup`) on ranks sharing GPU 0: the same checks as
+    on a GPU a rank, where one GPU is all there is."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    run_checks((_copy_engine_ops, _copy_engine_layer), world, "MoE check, one GPU", shared_gpu=True)

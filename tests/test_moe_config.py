@@ -89,8 +89,18 @@ def test_a_candidate_round_trips_with_a_stable_key():
         ({"chunks_per_source": 2}, "got backend 'nccl', chunks_per_source=2 and order 'ring'"),
         (
             {"template": "dedup", "backend": "copy_engine", "chunks_per_source": 2},
-            "template dedup runs torch's all_to_all_single and one grouped GEMM: it takes backend 'nccl', "
-            "chunks_per_source=1 and order 'ring', got backend 'copy_engine', chunks_per_source=2",
+            "template dedup moves one piece a source rank (a token's rows there are summed in one "
+            "place): it takes chunks_per_source=1, got 2",
+        ),
+        (
+            {"template": "dedup", "order": "pairwise"},
+            "template dedup on backend 'nccl' runs torch's all_to_all_single and one grouped GEMM: it "
+            "takes chunks_per_source=1 and order 'ring', got chunks_per_source=1 and order 'pairwise' "
+            "(backend 'copy_engine' pipelines it by source rank, in either order)",
+        ),
+        (
+            {"template": "dedup", "backend": "nvshmem"},
+            "backend nvshmem moves the pieces of template 'pipelined' only",
         ),
         (
             {"template": "dedup", "block_m": 128},
@@ -174,8 +184,10 @@ def test_the_space_of_a_workload():
     assert {c.chunks_per_source for c in pipelined} == {1, 2, 4}
     assert {c.order for c in pipelined} == {"ring", "pairwise"}
     assert len(pipelined) == 2 * 3 * 2
+    # then dedup on the copy engine, a piece a source rank, in each order
+    assert [c.short() for c in space[14:16]] == ["dedup/copy_engine/ring", "dedup/copy_engine/pairwise"]
     # fused after them: chunks × orders × the four tile configurations, copy_engine only
-    fused = space[14:]
+    fused = space[16:]
     assert {c.template for c in fused} == {"fused"} and {c.backend for c in fused} == {"copy_engine"}
     assert len(fused) == 3 * 2 * 4
     assert {(c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages) for c in fused} == {
@@ -195,6 +207,7 @@ def test_the_space_of_a_workload():
     assert [
         c.short() for c in moe_space(_workload(tokens=1, top_k=2, experts=8), 2, backends=("copy_engine",))
     ][2:] == [
+        "dedup/copy_engine/ring",
         "fused/copy_engine/c1/ring/64x128x64w4s3",
         "fused/copy_engine/c1/ring/128x128x64w8s4",
         "fused/copy_engine/c1/ring/128x256x64w8s4",

@@ -3,7 +3,9 @@ the float32 references computed from every rank's inputs, and its gradients agai
 ops' on the same inputs: uniform routings, skewed ones with experts that get no token, every
 expert of a rank chosen by every token (top_k = experts), one rank's experts only; outputs written
 into NaN-poisoned `out=`, calls back to back; float32 through the matmul loop, bf16 through
-`torch._grouped_mm`. Each rank checks that it sends a token's row once a rank."""
+`torch._grouped_mm`. Each rank checks that it sends a token's row once a rank. The same for the
+pipelined plans of `syncopate.moe.dedup_pipelined` (a piece a source rank, in both orders), run on
+the send/receive exchange that gloo moves."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ CASES = [
     ("fp32", "local", 0.0, 7, 2, 2),  # every token's experts on one rank (its own)
 ]
 HIDDEN, FFN = 16, 8
+ORDERS = ("ring", "pairwise")
 
 
 def _routing(ws, dist_name, skew, tokens, top_k, experts, seed):
@@ -47,8 +50,8 @@ def _routing(ws, dist_name, skew, tokens, top_k, experts, seed):
 
 def _worker(rank, ws, init, q):
     from syncopate.measure.reference import moe_combine_reference, moe_dispatch_reference, relative_error
-    from syncopate.moe import MoeCandidate, dispatch_gemm, exchange_layout, gemm_combine
-    from syncopate.moe.dedup import dedup_tables
+    from syncopate.moe import MoeCandidate, dedup_pipelined, dispatch_gemm, exchange_layout, gemm_combine
+    from syncopate.moe.dedup import dedup_tables, expert_gates
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ws)
     g = dist.group.WORLD
@@ -76,16 +79,34 @@ def _worker(rank, ws, init, q):
             ref_up = moe_dispatch_reference(xs, ids, w1s, experts)[rank]
             ref_down = moe_combine_reference(hs, w2s, ids, weights, experts)[rank]
 
+            # the pipelined dedup plans (syncopate.moe.dedup_pipelined) on the P2P exchange, which
+            # gloo runs: the copy engine's plan, moved by send/receive pairs
+            pieces = {}
+            for order in ORDERS:
+                plan = MoeCandidate(template="pipelined", backend="nccl", order=order)
+                up2 = torch.full((layout.rows_received, 2 * FFN), float("nan"), dtype=dtype)
+                dedup_pipelined.dispatch_rows(xs[rank], w1s[rank], layout, g, plan, out=up2)
+                down2 = torch.full((tokens, HIDDEN), float("nan"), dtype=dtype)
+                gates = expert_gates(weights[rank], layout, g)
+                dedup_pipelined.combine_rows(hs[rank], w2s[rank], gates, layout, g, plan, out=down2)
+                pieces[order] = (up2, down2)
+
             # gradients against the unfused ops' on the same inputs and output gradients
             grads = {}
-            for name, config in (("dedup", dedup), ("unfused", None)):
+            runs = [("dedup", dedup), ("unfused", None)] + [(order, order) for order in ORDERS]
+            for name, config in runs:
                 x = xs[rank].clone().requires_grad_(True)
                 w1 = w1s[rank].clone().requires_grad_(True)
                 h = hs[rank].clone().requires_grad_(True)
                 w2 = w2s[rank].clone().requires_grad_(True)
                 gate = weights[rank].clone().requires_grad_(True)
-                a = dispatch_gemm(x, w1, layout, g, config=config)
-                b = gemm_combine(h, w2, gate, layout, g, config=config)
+                if name in ORDERS:
+                    plan = MoeCandidate(template="pipelined", backend="nccl", order=config)
+                    a = dedup_pipelined.dispatch(x, w1, layout, g, plan)
+                    b = dedup_pipelined.combine(h, w2, gate, layout, g, plan)
+                else:
+                    a = dispatch_gemm(x, w1, layout, g, config=config)
+                    b = gemm_combine(h, w2, gate, layout, g, config=config)
                 seed = torch.Generator().manual_seed(call)
                 (a.float() * torch.randn(a.shape, generator=seed)).sum().backward()
                 (b.float() * torch.randn(b.shape, generator=seed)).sum().backward()
@@ -104,7 +125,16 @@ def _worker(rank, ws, init, q):
                     "down_error": relative_error(got_down, ref_down),
                     "grad_errors": [
                         relative_error(d, u) if u.numel() else 0.0
-                        for d, u in zip(grads["dedup"], grads["unfused"], strict=True)
+                        for name in ("dedup", *ORDERS)
+                        for d, u in zip(grads[name], grads["unfused"], strict=True)
+                    ],
+                    "pipelined_errors": [
+                        err
+                        for up2, down2 in pieces.values()
+                        for err in (
+                            relative_error(up2, ref_up) if ref_up.numel() else float(up2.numel()),
+                            relative_error(down2, ref_down),
+                        )
                     ],
                     "send_splits": tables.send_splits,
                     "expected_splits": sent_pairs.sum(1).tolist(),
@@ -130,6 +160,7 @@ def test_dedup_moe_ops_match_the_reference_and_the_unfused_gradients(ws):
             assert res["up_error"] < tolerance, (rank, case, res["up_error"])
             assert res["down_error"] < tolerance, (rank, case, res["down_error"])
             assert max(res["grad_errors"]) < tolerance, (rank, case, res["grad_errors"])
+            assert max(res["pipelined_errors"]) < tolerance, (rank, case, res["pipelined_errors"])
             # a token's row goes once to each rank holding one of its experts
             assert res["send_splits"] == res["expected_splits"], (rank, case, res)
             assert all(s <= p for s, p in zip(res["send_splits"], res["pair_splits"], strict=True))

@@ -1,8 +1,9 @@
 """Mixture-of-experts layers under expert parallelism (EP): the `a2a_gemm` (dispatch) and
 `gemm_a2a` (combine) ops, unfused (torch's all-to-all and a grouped GEMM), pipelined (the
 all-to-all cut into pieces overlapped with the grouped GEMM), fused (the same pieces consumed or
-produced tile by tile by one persistent Triton grouped GEMM) or dedup (torch's all-to-all moving a
-token's row once a rank), and `MoELayer` on them.
+produced tile by tile by one persistent Triton grouped GEMM) or dedup (a token's row moved once a
+rank: by torch's all-to-all, or in pieces beside the grouped GEMMs on the copy engine), and
+`MoELayer` on them.
 
 - :mod:`syncopate.moe.routing`: routings (drawn from a `RoutingSpec` or computed by a router) and
   the tables the all-to-alls and the grouped GEMM need;
@@ -12,7 +13,8 @@ token's row once a rank), and `MoELayer` on them.
   runs them, :mod:`syncopate.moe.exchange` moves their rows (`nccl`, `copy_engine`,
   `nvshmem`);
   :mod:`syncopate.moe.fused` runs the fused plans on :mod:`syncopate.moe.kernels`;
-  :mod:`syncopate.moe.dedup` the `dedup` template (a token's row sent once a rank);
+  :mod:`syncopate.moe.dedup` the `dedup` template (a token's row sent once a rank), and
+  :mod:`syncopate.moe.dedup_pipelined` its pieces on the copy engine;
 - :mod:`syncopate.moe.layer`: `MoELayer`, a router and SwiGLU experts, with autograd.
 
 See docs/moe.md.

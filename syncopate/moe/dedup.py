@@ -20,8 +20,11 @@ rank's sum to the rows' dtype before it moves (as a reduce-scatter in that dtype
 `unfused` sums every pair's row in one float32 sum.
 
 The tables (`DedupTables`) are made once per layout, on first use, and kept in its cache: one sort
-of the pairs' (rank, token) keys on the device, and two small all-to-alls (the row counts, one
-int64 a pair), which the host waits for once.
+of the pairs' (rank, token) keys on the device, an all-gather of every rank's row counts and an
+all-to-all of one int64 a pair, which the host waits for once.
+
+With backend `copy_engine` the same rows move in pieces overlapped with the grouped GEMMs
+(:mod:`syncopate.moe.dedup_pipelined`).
 """
 
 from __future__ import annotations
@@ -31,10 +34,19 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from syncopate.moe.ops import _row_kernels_run, all_to_all_rows, grouped_mm
+from syncopate.moe.ops import _ALL_GATHER, _row_kernels_run, all_to_all_rows, grouped_mm
 from syncopate.moe.routing import ExpertLayout
 
-__all__ = ["DedupTables", "Segments", "combine", "dedup_tables", "dispatch", "segment_sum", "segments"]
+__all__ = [
+    "DedupTables",
+    "Segments",
+    "combine",
+    "dedup_tables",
+    "dispatch",
+    "expert_gates",
+    "segment_sum",
+    "segments",
+]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -70,6 +82,9 @@ class DedupTables:
     """Rows sent to each rank: the tokens with at least one expert there."""
     recv_splits: list[int]
     """Rows received from each rank."""
+    matrix: list[list[int]]
+    """`matrix[q][r]`: the rows rank q sends rank r (every rank's `send_splits`), which tell a
+    rank where its rows land in a peer's buffer (`syncopate.moe.dedup_pipelined`)."""
     pair_rows: Segments
     """For each row of h (the unfused order: by local expert, source rank, token), the received row
     that is its token's (`pair_rows.index` [R] int64), as segments of the combine's sums."""
@@ -94,12 +109,13 @@ def dedup_tables(layout: ExpertLayout, group) -> DedupTables:
     counts = torch.bincount(unique // max(tokens, 1), minlength=ws)
     starts = torch.cumsum(counts, 0) - counts
     local = row_of_pair - starts[dest]  # a pair's row among those sent to its rank
-    recv_counts = torch.empty_like(counts)
-    dist.all_to_all_single(recv_counts, counts, group=group)
+    every = counts.new_empty((ws * ws,))
+    _ALL_GATHER(every, counts, group=group)
+    rank = dist.get_rank(group)
     local_recv = torch.empty(layout.rows_received, dtype=torch.int64, device=device)
     dist.all_to_all_single(local_recv, local, list(layout.recv_splits), list(layout.send_splits), group=group)
-    splits = torch.cat([counts, recv_counts]).tolist()  # the host's one wait
-    send_splits, recv_splits = splits[:ws], splits[ws:]
+    matrix = every.view(ws, ws).tolist()  # the host's one wait
+    send_splits, recv_splits = matrix[rank], [row[rank] for row in matrix]
     recv_starts = torch.tensor(recv_splits, dtype=torch.int64).cumsum(0) - torch.tensor(recv_splits)
     source = torch.repeat_interleave(
         ranks,
@@ -113,6 +129,7 @@ def dedup_tables(layout: ExpertLayout, group) -> DedupTables:
         send_tokens=segments(unique % max(tokens, 1), tokens, min(ws, top_k)),
         send_splits=send_splits,
         recv_splits=recv_splits,
+        matrix=matrix,
         pair_rows=segments(
             expert_side.index_select(0, layout.expert_order),
             sum(recv_splits),
@@ -123,12 +140,16 @@ def dedup_tables(layout: ExpertLayout, group) -> DedupTables:
     return tables
 
 
-def segment_sum(rows: torch.Tensor, weights: torch.Tensor | None, seg: Segments) -> torch.Tensor:
+def segment_sum(
+    rows: torch.Tensor, weights: torch.Tensor | None, seg: Segments, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """[seg.n, N] in rows' dtype: each segment's rows of `rows` [R, N] summed, weighted by
-    `weights` [R] where given, in float32 (no autograd). On a GPU with 16-bit rows (or under
-    Triton's interpreter) one kernel reads each segment's rows once
-    (`syncopate.moe.kernels.launch_segment_sum`); elsewhere torch's `index_add_`."""
-    out = rows.new_empty((seg.n, rows.shape[1]))
+    `weights` [R] where given, in float32 (no autograd), written into `out` where given (rows of
+    unit column stride). On a GPU with 16-bit rows (or under Triton's interpreter) one kernel reads
+    each segment's rows once (`syncopate.moe.kernels.launch_segment_sum`); elsewhere torch's
+    `index_add_`."""
+    if out is None:
+        out = rows.new_empty((seg.n, rows.shape[1]))
     if _row_kernels_run(rows, seg.index) and out.numel():
         from syncopate.moe.kernels import launch_segment_sum
 
@@ -138,6 +159,14 @@ def segment_sum(rows: torch.Tensor, weights: torch.Tensor | None, seg: Segments)
     terms = rows.float() if weights is None else rows.float() * weights.float().unsqueeze(1)
     summed = torch.zeros((seg.n, rows.shape[1]), dtype=torch.float32, device=rows.device)
     return out.copy_(summed.index_add_(0, seg.index, terms))
+
+
+def expert_gates(gate_weights: torch.Tensor, layout: ExpertLayout, group) -> torch.Tensor:
+    """Each pair's gate weight ([T, top_k] on the token's rank) on its expert's rank, [R] in h's
+    order (one all-to-all of a float a pair), with autograd."""
+    gates = gate_weights.reshape(-1, 1).index_select(0, layout.order)  # send order
+    gates = all_to_all_rows(gates, layout.recv_splits, layout.send_splits, group)
+    return gates.index_select(0, layout.expert_order).squeeze(1)
 
 
 class _SumRows(torch.autograd.Function):
@@ -196,9 +225,6 @@ def combine(
     its expert's rank (one all-to-all of a float a pair)."""
     t = dedup_tables(layout, group)
     y = grouped_mm(h, w2, layout.group_sizes, offsets=layout.offsets(h.device))
-    gates = gate_weights.reshape(-1, 1).index_select(0, layout.order)  # send order
-    gates = all_to_all_rows(gates, layout.recv_splits, layout.send_splits, group)
-    gates = gates.index_select(0, layout.expert_order).squeeze(1)  # h's order
-    summed = _SumRows.apply(y, gates, t.pair_rows)
+    summed = _SumRows.apply(y, expert_gates(gate_weights, layout, group), t.pair_rows)
     back = all_to_all_rows(summed, t.send_splits, t.recv_splits, group)
     return _SumRows.apply(back, None, t.send_tokens)

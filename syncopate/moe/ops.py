@@ -1,8 +1,9 @@
 """The MoE ops under expert parallelism: torch's all-to-all and a grouped GEMM in sequence
 (`unfused`), or the all-to-all cut into pieces that the grouped GEMM consumes or produces as they
 move (`pipelined`, :mod:`syncopate.moe.pipelined`), or tile by tile in one persistent Triton
-grouped GEMM (`fused`, :mod:`syncopate.moe.fused`), or torch's all-to-all moving a token's row once
-a rank rather than once a pair (`dedup`, :mod:`syncopate.moe.dedup`), as the `config=` (a
+grouped GEMM (`fused`, :mod:`syncopate.moe.fused`), or a token's row moved once a rank rather than
+once a pair (`dedup`: by torch's all-to-all, :mod:`syncopate.moe.dedup`, or on the copy engine in
+pieces beside the grouped GEMMs, :mod:`syncopate.moe.dedup_pipelined`), as the `config=` (a
 `MoeCandidate`) says.
 
 - `exchange_layout(ids, experts, group)`: ids [T, top_k] → this rank's `ExpertLayout` (one
@@ -546,6 +547,12 @@ def _dispatch(x, w1, layout, group, out, config, backward) -> torch.Tensor:
         if _grad_wanted(x, w1):
             return _written(fused.dispatch_autograd(x, w1, layout, group, config, backward), out)
         return fused.dispatch_rows(x, w1, layout, group, config, out=out)[0]
+    if config.template == "dedup" and config.backend != "nccl":
+        from syncopate.moe import dedup_pipelined
+
+        if _grad_wanted(x, w1):
+            return _written(dedup_pipelined.dispatch(x, w1, layout, group, config), out)
+        return dedup_pipelined.dispatch_rows(x, w1, layout, group, config, out=out)[0]
     if config.template == "dedup":
         from syncopate.moe import dedup
 
@@ -606,6 +613,13 @@ def _combine(h, w2, gate_weights, layout, group, out, config, backward) -> torch
             return _written(fused.combine_autograd(h, w2, gate_weights, layout, group, config, backward), out)
         rows = fused.combine_rows(h, w2, layout, group, config)
         return summed_rows(rows, gate_weights, layout, out=out)
+    if config.template == "dedup" and config.backend != "nccl":
+        from syncopate.moe import dedup, dedup_pipelined
+
+        if _grad_wanted(h, w2, gate_weights):
+            return _written(dedup_pipelined.combine(h, w2, gate_weights, layout, group, config), out)
+        gates = dedup.expert_gates(gate_weights, layout, group)
+        return dedup_pipelined.combine_rows(h, w2, gates, layout, group, config, out=out)
     if config.template == "dedup":
         from syncopate.moe import dedup
 
@@ -626,9 +640,9 @@ def job_bounded(op: str, group, a: torch.Tensor, config: MoeCandidate, call):
 def waits_on_words(a: torch.Tensor, config: MoeCandidate) -> bool:
     """Whether a call on `a` with `config` waits on signal words, which a spin limit can bound: a
     call on the GPU, eager (not captured, not traced), of a plan whose transfers wait on them
-    (`fused`, and `pipelined` off NCCL, whose waits are NCCL's)."""
+    (`fused`, and `pipelined` or `dedup` off NCCL, whose waits are NCCL's)."""
     if a.device.type != "cuda" or not (
-        config.template == "fused" or (config.template == "pipelined" and config.backend != "nccl")
+        config.template == "fused" or (config.template in ("pipelined", "dedup") and config.backend != "nccl")
     ):
         return False
     return not (torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing())

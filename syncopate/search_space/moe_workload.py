@@ -268,7 +268,8 @@ pieces, and one persistent Triton grouped GEMM a call whose tiles wait for their
 (dispatch) or store their rows straight into the destination rank's buffer (combine). `dedup`: as
 `unfused`, but a token's row crosses to a rank once however many of its experts are there (the
 rank reads it once per expert; the combine sums a token's rows on the expert's rank, weighted by
-its gates, before they go back)."""
+its gates, before they go back): on `nccl` by torch's all-to-all, on `copy_engine` in one piece a
+source rank, overlapped with the grouped GEMMs as `pipelined` is."""
 
 MOE_BACKENDS: tuple[str, ...] = ("nccl", "copy_engine", "nvshmem")
 """How a plan's pieces move: NCCL (or gloo) send/receive pairs on a side stream; or the symmetric
@@ -366,11 +367,22 @@ class MoeCandidate(CanonicalJson):
             raise ConfigError(
                 f"chunks_per_source={c!r} is not accepted: give one of {', '.join(map(str, MOE_CHUNKS))}"
             )
-        if self.template in ("unfused", "dedup") and (self.backend, c, self.order) != ("nccl", 1, "ring"):
+        if self.template == "unfused" and (self.backend, c, self.order) != ("nccl", 1, "ring"):
             raise ConfigError(
-                f"template {self.template} runs torch's all_to_all_single and one grouped GEMM: it takes backend "
+                f"template unfused runs torch's all_to_all_single and one grouped GEMM: it takes backend "
                 f"'nccl', chunks_per_source=1 and order 'ring', got backend {self.backend!r}, "
                 f"chunks_per_source={c} and order {self.order!r}"
+            )
+        if self.template == "dedup" and self.backend == "nccl" and (c, self.order) != (1, "ring"):
+            raise ConfigError(
+                f"template dedup on backend 'nccl' runs torch's all_to_all_single and one grouped GEMM: it "
+                f"takes chunks_per_source=1 and order 'ring', got chunks_per_source={c} and order "
+                f"{self.order!r} (backend 'copy_engine' pipelines it by source rank, in either order)"
+            )
+        if self.template == "dedup" and c != 1:
+            raise ConfigError(
+                f"template dedup moves one piece a source rank (a token's rows there are summed in one "
+                f"place): it takes chunks_per_source=1, got {c}"
             )
         self._check_comm_sms()
         self._check_tiles()
@@ -459,8 +471,10 @@ class MoeCandidate(CanonicalJson):
 
     def short(self) -> str:
         """A one-line summary for tables."""
-        if self.template in ("unfused", "dedup"):
+        if self.template == "unfused" or (self.template == "dedup" and self.backend == "nccl"):
             return self.template
+        if self.template == "dedup":
+            return f"dedup/{self.backend}/{self.order}"
         plan = f"{self.template}/{self.backend}/c{self.chunks_per_source}/{self.order}"
         if self.backend == "nvshmem":
             plan += f"/sm{self.comm_sms}"
@@ -510,7 +524,8 @@ def moe_space(
     path a served configuration must beat), `dedup` where `nccl` is among the backends (torch's
     all-to-all moves its rows too), then `pipelined` for each backend, chunk count and
     order (and, for `nvshmem`, each of `comm_sms`), then, where `copy_engine` is among the
-    backends, `fused` for each chunk count, order and tile configuration of
+    backends, `dedup` on it for each order and `fused` for each chunk count, order and tile
+    configuration of
     :data:`MOE_TILE_CONFIGS`. `pairwise` only where it differs from `ring` (more than two ranks)
     and is possible (a power of two); chunk counts above the rows a source sends a rank on average
     (T·top_k/ws) are left out, since their pieces would mostly be empty."""
@@ -552,6 +567,7 @@ def moe_space(
                         )
                     )
     if "copy_engine" in backends:
+        out.extend(MoeCandidate(template="dedup", backend="copy_engine", order=o) for o in orders)
         for c in chunks:
             if c > 1 and c > rows:
                 continue
