@@ -787,6 +787,62 @@ def moe(root: Path) -> str:
     )
 
 
+def moe_model(root: Path) -> str:
+    """The MoE cost model (`syncopate.cost_model.moe`, default calibration of each run's GPUs) against
+    every op case of the MoE runs: its device-time pick's measured time against the measured best."""
+    from syncopate.cost_model import default_calibration
+    from syncopate.cost_model.moe import MoeCostModel, against_measurements
+    from syncopate.search_space import Topology
+
+    rows, pooled, gaps = [], [], []
+    names = sources(root).moe
+    for name in names:
+        doc = _read_json(root / "results" / name)
+        gpu = doc["environment"]["gpu_model"]
+        for op in doc["ops"]:
+            model = MoeCostModel(default_calibration(Topology(world_size=op["ep"], gpu_model=gpu)))
+            case = against_measurements(model, op)
+            pooled += case.ratios
+            gaps.append(case.best_us / case.pick_us)
+            rows.append(
+                [
+                    f"{op['ep']} × {gpu}",
+                    op["model"],
+                    op["kind"],
+                    str(op["tokens"]),
+                    op["routing"],
+                    case.best.short(),
+                    _t(case.best_us),
+                    case.pick.short(),
+                    _t(case.pick_us),
+                    _r(case.best_us / case.pick_us),
+                    _r(case.spearman),
+                ]
+            )
+    head = [
+        "GPUs (EP)",
+        "model",
+        "kind",
+        "tokens a rank",
+        "routing",
+        "fastest measured",
+        "µs",
+        "model's pick",
+        "its measured µs",
+        "best / pick",
+        "Spearman",
+    ]
+    return (
+        f"{_table(head, rows)}\n\nThe MoE cost model's device-time ranking of each case's verified candidates "
+        f"(its default calibration for the run's GPUs) against their measurements: the fastest measured, the "
+        f"model's pick and what it measured, and the rank correlation of predictions and measurements; best / "
+        f"pick {_span(gaps)} (median {_r(statistics.median(gaps))}); predicted over measured device time, every "
+        f"candidate, median {_r(statistics.median(pooled))}, from {_r(min(pooled))} to {_r(max(pooled))}. The "
+        f"model's leads were read off these runs: this holds it to them, it is no test elsewhere. From "
+        f"{_files(names)}.\n"
+    )
+
+
 def train_step(root: Path) -> str:
     """Training steps of a transformers Llama model under tensor parallelism, torch's styles and ours:
     each variant against torch's TP in its faster mode (eager or compiled) and against async-TP, both
@@ -1406,6 +1462,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "layer-launch": layer_launch,
     "moe": moe,
     "moe-backends": moe_backends,
+    "moe-model": moe_model,
     "train-step": train_step,
     "train-profile": train_profile,
     "train-timeline": train_timeline,

@@ -11,6 +11,7 @@ from syncopate.search_space.moe_workload import (
     MOE_DEFAULT_BACKENDS,
     MoeCandidate,
     MoeWorkload,
+    RoutingSpec,
     check_moe_candidate,
     moe_space,
 )
@@ -227,3 +228,19 @@ def test_the_space_of_a_workload():
         moe_space(_workload(), 2, chunks=(3,))
     with pytest.raises(ConfigError, match="experts=128 is not divisible by world size 3"):
         moe_space(_workload(), 3)
+
+
+def test_a_workload_parses_back_from_its_key():
+    skewed = RoutingSpec(distribution="skewed", skew=1.2, seed=3)
+    for w in (
+        _workload(),
+        MoeWorkload(
+            kind="gemm_a2a", tokens=16, hidden=64, ffn=32, experts=8, top_k=2, routing=skewed, dtype="fp16"
+        ),
+    ):
+        assert MoeWorkload.from_key(w.key()) == w
+    for bad in ("a2a_gemm/t16-h64/uniform-seed0/bf16", "x", 7):
+        with pytest.raises(ConfigError, match="does not parse: expected KIND/tT-hH-fF-eE-kK/ROUTING/DTYPE"):
+            MoeWorkload.from_key(bad)
+    with pytest.raises(ConfigError, match="unknown MoE kind 'ag_gemm'"):
+        MoeWorkload.from_key("ag_gemm/t16-h64-f32-e8-k2/uniform-seed0/bf16")

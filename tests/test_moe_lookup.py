@@ -1,6 +1,6 @@
 """Layer: pure CPU, SQLite files, and gloo ranks on the CPU. `syncopate.moe.lookup_moe` down its
-ladder (exact, nearest tokens, other environment, other topology, the unfused default), from a
-database and from an export file; `syncopate lookup --kind a2a_gemm`; and `MoELayer` without a
+ladder (exact, nearest tokens, other environment, other topology, the cost model's pick, the
+unfused default), from a database and from an export file; `syncopate lookup --kind a2a_gemm`; and `MoELayer` without a
 config picking the looked-up plan where SYNCOPATE_DB is set."""
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def test_unfused_is_served_where_it_is_faster_than_every_tuned_candidate(tmp_pat
 
 def test_fixture_trials_are_never_served(tmp_path):
     url = stored(tmp_path, record(PIPELINED, 10.0, source="fixture"))
-    assert lookup(url).match == "default"
+    r = lookup(url)
+    assert (r.match, r.candidate, r.trial_id) == ("cost_model", MoeCandidate(), None)
 
 
 def test_nearest_tokens_with_the_same_experts_and_routing_distribution(tmp_path):
@@ -94,7 +95,7 @@ def test_nearest_tokens_with_the_same_experts_and_routing_distribution(tmp_path)
     assert (r.match, r.candidate, r.measured_on) == ("nearest_tokens", PIPELINED, near)
 
 
-def test_other_environment_then_other_topology_then_default(tmp_path):
+def test_other_environment_then_other_topology_then_the_cost_model(tmp_path):
     url = stored(tmp_path, record(PIPELINED, 10.0, environment=OTHER_ENV))
     r = lookup(url)
     assert (r.match, r.candidate, r.environment) == ("other_environment", PIPELINED, OTHER_ENV)
@@ -105,8 +106,51 @@ def test_other_environment_then_other_topology_then_default(tmp_path):
     clear_cache()
     url = stored(tmp_path, record(PIPELINED, 10.0, topology=OTHER_TOPO), name="eight.db")
     r = lookup(url)  # 8 GPUs measured, 2 asked: no stand-in
+    assert (r.match, r.candidate, r.trial_id) == ("cost_model", MoeCandidate(), None)
+    assert "MoE cost model's pick" in r.reason and r.predicted_us > 0
+    assert r.to_dict()["predicted_us"] == r.predicted_us
+
+
+QWEN3 = MoeWorkload(kind="gemm_a2a", tokens=4096, hidden=2048, ffn=768, experts=128, top_k=8)
+
+
+def test_the_cost_model_serves_a_plan_only_from_a_calibration_measured_on_the_topology(tmp_path):
+    """With nothing measured for the workload, the MoE cost model answers; from the default
+    calibration's leads it serves unfused and says what it would pick, from the same figures stored
+    as a measured calibration of the topology its pick (a plan, for Qwen3-30B-A3B's combine on the
+    device) is served."""
+    from syncopate.cost_model.calibration_defaults import default_calibration
+
+    path = tmp_path / "cal.db"
+    with ResultsDB.open(path, upgrade=True):
+        pass
+    url = f"sqlite:///{path}"
+    leads = lookup(url, workload=QWEN3, mode="graph")
+    assert (leads.match, leads.candidate, leads.objective) == (
+        "cost_model",
+        MoeCandidate(),
+        "device (predicted)",
+    )
+    assert "is not measured on this topology" in leads.reason and " would be " in leads.reason
+    with ResultsDB.open(path) as db:
+        for r in default_calibration(TOPO).records(TOPO, ENV):
+            db.record_calibration(r)
+    clear_cache()
+    measured = lookup(url, workload=QWEN3, mode="graph")
+    assert measured.match == "cost_model" and measured.candidate.template != "unfused"
+    assert " would be " not in measured.reason and "measured calibration" in measured.reason
+    assert measured.predicted_us < leads.predicted_us
+
+
+def test_the_default_answers_where_the_cost_model_ranks_nothing(tmp_path, monkeypatch):
+    from syncopate.cost_model import moe
+
+    monkeypatch.setattr(moe.MoeCostModel, "rank", lambda *a, **k: [])
+    url = stored(tmp_path, record(PIPELINED, 10.0, topology=OTHER_TOPO))
+    r = lookup(url)
     assert (r.match, r.candidate, r.trial_id) == ("default", MoeCandidate(), None)
     assert "same kind, expert shapes and routing distribution are stored" in r.reason
+    assert "the cost model ranks" in r.reason
 
 
 def test_an_export_file_answers_as_the_database_does(tmp_path):

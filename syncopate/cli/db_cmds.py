@@ -60,7 +60,7 @@ def lookup_cmd(
     nearest_shape, other_environment, other_topology, cost_model, default) and why. The MoE kinds
     (a2a_gemm, gemm_a2a) take the layer's options instead of --m/--n/--k, and climb their own
     ladder (syncopate.moe.lookup_moe: exact, nearest_tokens, other_environment, other_topology,
-    default)."""
+    cost_model, default)."""
     from syncopate.results_db.lookups import lookup
     from syncopate.search_space import MOE_KINDS, Shape
 
@@ -112,7 +112,9 @@ def _lookup_moe(
         print(json.dumps(result.to_dict()))
         return
     where = " (unfused, the default)"
-    if result.trial_id is not None:
+    if result.match == "cost_model":
+        where = f" (predicted {result.predicted_us:.1f} µs, {result.objective})"
+    elif result.trial_id is not None:
         where = f" from trial {result.trial_id} ({result.time_us:.1f} µs"
         if result.measured_on != workload:
             where += f" on {result.measured_on.key()}"

@@ -26,11 +26,19 @@ mode, unless `unfused`'s trial there is faster). The ladder, first rung that ans
    as a warning);
 4. `other_topology`: the closest stored topology of the same GPU count and nodes
    (:func:`~syncopate.results_db.lookups.topology_distance`), any environment (logged);
-5. `default`: `unfused` (torch's all_to_all_single and grouped GEMM), where nothing measured answers.
+5. `cost_model`: the MoE cost model's pick (:mod:`syncopate.cost_model.moe`) among the candidates
+   of :func:`~syncopate.search_space.moe_workload.moe_space` on the default backends, ranked in the
+   mode (device time, or the larger of device and host time in mode eager), from the calibrations
+   the database holds for the topology, else the documented defaults. As on the dense ladder, only
+   a calibration measured on the topology (`syncopate calibrate`) lets it serve a plan other than
+   `unfused`: otherwise its result serves `unfused` and says what the model would have picked;
+6. `default`: `unfused` (torch's all_to_all_single and grouped GEMM), where nothing above answers
+   (a GPU model the cost model has no figures for).
 
 A stored configuration is served only where it can run on the asked world size
-(:func:`~syncopate.search_space.moe_workload.check_moe_candidate`). There is no cost-model rung:
-the cost model has no MoE terms. Answers are cached for the life of the process (see
+(:func:`~syncopate.search_space.moe_workload.check_moe_candidate`). `MoELayer` checks a served
+plan other than `unfused` against `unfused` on its first calls and keeps the faster. Answers are
+cached for the life of the process (see
 :func:`~syncopate.results_db.lookups.clear_cache`, which clears these too).
 """
 
@@ -45,13 +53,25 @@ from typing import Any
 from syncopate.errors import ConfigError, describe
 from syncopate.records import DEFAULT_MODE, Environment, check_mode
 from syncopate.search_space import MoeWorkload, Topology
-from syncopate.search_space.moe_workload import MoeCandidate, check_moe_candidate
+from syncopate.search_space.moe_workload import (
+    MOE_DEFAULT_BACKENDS,
+    MoeCandidate,
+    check_moe_candidate,
+    moe_space,
+)
 
 __all__ = ["MOE_MATCHES", "MoeLookupResult", "clear_moe_cache", "lookup_moe"]
 
 log = logging.getLogger(__name__)
 
-MOE_MATCHES: tuple[str, ...] = ("exact", "nearest_tokens", "other_environment", "other_topology", "default")
+MOE_MATCHES: tuple[str, ...] = (
+    "exact",
+    "nearest_tokens",
+    "other_environment",
+    "other_topology",
+    "cost_model",
+    "default",
+)
 """The rungs of the MoE ladder, best first."""
 
 
@@ -76,6 +96,8 @@ class MoeLookupResult:
     guard: str = ""
     database: str = ""
     reason: str = ""
+    predicted_us: float | None = None
+    """The cost model's prediction of the candidate in the mode, µs (`cost_model` only)."""
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -97,6 +119,8 @@ class MoeLookupResult:
             d["environment"] = self.environment.key()
         if self.guard:
             d["guard"] = self.guard
+        if self.predicted_us is not None:
+            d["predicted_us"] = self.predicted_us
         return d
 
 
@@ -147,6 +171,9 @@ class _MoeLadder:
                         log.warning("lookup_moe %s on %s: %s", self.workload, topo.key(), found.reason)
                         return found
         where = self.source.shown or "the database"
+        modelled, why_not = self._cost_model()
+        if modelled is not None:
+            return modelled
         held = (
             f"{len(self.refs)} workload(s) of the same kind, expert shapes and routing distribution are stored, "
             f"but no measured trial of them on {topo.key()} or a topology of {topo.world_size} GPUs runs here"
@@ -162,8 +189,60 @@ class _MoeLadder:
             topology=topo,
             mode=self.mode,
             database=self.source.shown,
-            reason=f"{held}: unfused, torch's own path; `syncopate tune` with a `moe:` section measures this workload",
+            reason=f"{held}: unfused, torch's own path ({why_not}); `syncopate tune` with a `moe:` section "
+            "measures this workload",
         )
+
+    def _cost_model(self) -> tuple[MoeLookupResult | None, str]:
+        """The MoE cost model's answer (module docstring), or None and why it cannot answer."""
+        from syncopate.errors import CalibrationError
+
+        try:
+            from syncopate.cost_model.calibration import resolve_calibration
+            from syncopate.cost_model.moe import MoeCostModel
+            from syncopate.results_db.lookups import _StoredCalibrations
+        except ImportError as e:
+            return None, f"the cost model is not available: {e}"
+        records = self.source.calibration_records()
+        stored = _StoredCalibrations(records, self.source.shown) if records else None
+        try:
+            calibration = resolve_calibration(self.topology, self.env, stored, "auto")
+        except CalibrationError as e:
+            return None, f"no cost model answers: {e}"
+        ws = self.topology.world_size
+        space = moe_space(self.workload, ws, backends=MOE_DEFAULT_BACKENDS)
+        ranked = MoeCostModel(calibration).rank(self.workload, space, ws, self.mode)
+        if not ranked:
+            return None, f"no candidate of {len(space)} the cost model ranks can run on {ws} ranks"
+        best, predicted = ranked[0]
+        unfused = next(((c, p) for c, p in ranked if c == MoeCandidate()), None)
+        where = "on the device" if self.mode == "graph" else "eager"
+        score = predicted.time_us(self.mode)
+        among = f"the MoE cost model's pick among {len(ranked)} candidates"
+        if best != MoeCandidate() and unfused is not None and calibration.source != "measured":
+            pick = (
+                f"{among} would be {best.short()}, predicted {score:.1f} µs {where} against unfused's "
+                f"{unfused[1].time_us(self.mode):.1f} µs, from the {calibration.describe()}; that calibration "
+                f"is not measured on this topology, so unfused, torch's own path, is served until `syncopate "
+                f"calibrate` or a tune measures it"
+            )
+            best, score = unfused[0], unfused[1].time_us(self.mode)
+        else:
+            pick = f"{among}, predicted {score:.1f} µs {where} from the {calibration.describe()}"
+        return MoeLookupResult(
+            candidate=best,
+            match="cost_model",
+            trial_id=None,
+            time_us=None,
+            workload=self.workload,
+            topology=self.topology,
+            mode=self.mode,
+            objective="device (predicted)" if self.mode == "graph" else "eager (predicted)",
+            database=self.source.shown,
+            reason=f"nothing of {self.workload.kind} with these expert shapes and routing is measured for "
+            f"{self.topology.key()}: {pick}",
+            predicted_us=score,
+        ), ""
 
     def _answer(self, ref: Any, topology: Topology, env_key: str, environment: str, match: str):
         served = self.source.served(ref, topology, env_key, environment=environment, mode=self.mode)

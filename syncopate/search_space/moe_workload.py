@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import operator
+import re
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -253,12 +254,41 @@ class MoeWorkload:
             raise ConfigError(f"MoE workload {d!r} lacks key(s) {missing}")
         return cls(**d)
 
+    @classmethod
+    def from_key(cls, key: str) -> MoeWorkload:
+        """The workload whose `key()` is `key` (`a2a_gemm/t4096-h2048-f768-e128-k8/uniform-seed0/bf16`)."""
+        found = _KEY.fullmatch(key) if isinstance(key, str) else None
+        if found is None:
+            raise ConfigError(
+                f"MoE workload key {key!r} does not parse: expected KIND/tT-hH-fF-eE-kK/ROUTING/DTYPE, such as "
+                f"a2a_gemm/t4096-h2048-f768-e128-k8/uniform-seed0/bf16 (ROUTING: uniform-seedS or skewedX-seedS)"
+            )
+        kind, t, h, f, e, k, skew, seed, dtype = found.groups()
+        routing = (
+            RoutingSpec(seed=int(seed))
+            if skew is None
+            else RoutingSpec(distribution="skewed", skew=float(skew), seed=int(seed))
+        )
+        return cls(
+            kind=kind,
+            tokens=int(t),
+            hidden=int(h),
+            ffn=int(f),
+            experts=int(e),
+            top_k=int(k),
+            routing=routing,
+            dtype=dtype,
+        )
+
     def __str__(self) -> str:
         return (
             f"{self.kind} T={self.tokens} H={self.hidden} F={self.ffn} E={self.experts} "
             f"top{self.top_k} {self.routing.key()} {self.dtype}"
         )
 
+
+_KEY = re.compile(r"(\w+)/t(\d+)-h(\d+)-f(\d+)-e(\d+)-k(\d+)/(?:uniform|skewed([0-9.e+-]+))-seed(\d+)/(\w+)")
+"""What `MoeWorkload.key()` writes."""
 
 MOE_TEMPLATES: tuple[str, ...] = ("unfused", "pipelined", "fused", "dedup")
 """`unfused`: torch's all_to_all_single, then one grouped GEMM (or the GEMM, then the all-to-all).
