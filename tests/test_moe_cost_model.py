@@ -79,6 +79,15 @@ def test_every_candidate_of_the_space_is_predicted():
             assert p.time_us("graph") == p.device_us and p.time_us("eager") == p.eager_us
 
 
+def test_one_rank_moves_nothing():
+    model = _model("H200x1-nvlink")
+    w = dataclasses.replace(QWEN3, kind="gemm_a2a")
+    for c in moe_space(w, 1):
+        p = model.predict(w, c, 1)
+        assert p.comm_us == 0 and p.device_us >= p.gemm_us > 0, c.short()
+    assert routing_stats(w, 1).pair_rows_out == routing_stats(w, 1).dedup_rows_out == 0
+
+
 def test_the_parts_move_the_right_way():
     model = _model()
     for c in (

@@ -309,6 +309,9 @@ class MoeCostModel:
         pieces = (ws - 1) * chunks
         elem = w.element_bytes
         own_share = 1.0 / ws
+        if pieces == 0:  # one rank: its own rows' GEMM, nothing moves
+            g = self.gemm_us(s.expert_rows, k_dim, n_dim)
+            return g + 2 * self.costs.launch_us, 0.0, g
         own_rows = [r * own_share for r in s.expert_rows]
         piece_rows = [r * (1 - own_share) / pieces for r in s.expert_rows]
         g_own = self.gemm_us(own_rows, k_dim, n_dim)
@@ -358,7 +361,7 @@ class MoeCostModel:
             s.expert_rows, w.hidden if dispatch else w.ffn, 2 * w.ffn if dispatch else w.hidden, tile
         )
         comm = self.a2a_us(c.backend, s.pair_rows_out * moved)
-        last = g * (1 - 1.0 / ws) / pieces  # the GEMM share of the last piece's rows
+        last = g * (1 - 1.0 / ws) / max(pieces, 1)  # the GEMM share of the last piece's rows
         if dispatch:
             device = max(g * slow, comm + last)
         else:
