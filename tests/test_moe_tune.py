@@ -96,7 +96,29 @@ def test_a_moe_kind_under_workloads_points_to_the_moe_section():
         parse_sweep({"name": "m", "workloads": [{"kind": "a2a_gemm", "shapes": [[1, 2, 3]]}]}, "c.yaml")
 
 
-@pytest.mark.parametrize("runner", ["model", "replay", "cpu-fixture"])
+def test_runner_model_predicts_a_moe_sweep_and_stores_it_as_predicted(tmp_path):
+    """The MoE cost model answers every candidate of both kinds and the harness's baselines, stored
+    as source `predicted`, which lookup never serves."""
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config()))
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    run_tune(TuneOptions(config=path, db=url, runner="model"), console=Console(file=io.StringIO()))
+    with sqlite3.connect(tmp_path / "r.db") as c:
+        trials = c.execute(
+            "SELECT w.kind, t.status, t.source FROM syncopate_trials t "
+            "JOIN syncopate_workloads w ON w.id = t.workload_id"
+        ).fetchall()
+        baselines = {row[0] for row in c.execute("SELECT name FROM syncopate_baselines")}
+    space = moe_space(MoeWorkload(kind="a2a_gemm", tokens=16, **LAYER), 2)
+    assert sorted(trials) == sorted((k, "ok", "predicted") for k in ("a2a_gemm", "gemm_a2a") for _ in space)
+    assert baselines == {"torch_seq", "comm_alone", "comm_alone_copy_engine", "gemm_alone"}
+    from syncopate.moe import lookup_moe
+
+    found = lookup_moe(MoeWorkload(kind="a2a_gemm", tokens=16, **LAYER), TOPO, db=tmp_path / "r.db")
+    assert found.match == "cost_model" and found.trial_id is None
+
+
+@pytest.mark.parametrize("runner", ["replay", "cpu-fixture"])
 def test_runners_that_cannot_answer_for_moe_refuse_it_before_anything_starts(tmp_path, runner):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config()))

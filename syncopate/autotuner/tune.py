@@ -175,10 +175,11 @@ def _plan(options: TuneOptions) -> _Plan:
         fixture_gpus = sweep.fixture.gpus if sweep.fixture is not None else None
         declared = fixture_gpus or (topology.world_size if topology is not None else 2)
     moe = [str(w) for w in sweep.workloads if isinstance(w, MoeWorkload)]
-    if moe and runner in ("model", "replay", "cpu-fixture"):
+    if moe and runner in ("replay", "cpu-fixture"):
         raise ConfigError(
             f"runner {runner} answers for the dense kinds only; the config lists MoE workloads ({', '.join(moe)}): "
-            f"measure them with runner gpu, or runner cpu (gloo ranks on the CPU, wall-clock times)"
+            f"measure them with runner gpu, runner cpu (gloo ranks on the CPU, wall-clock times), or predict "
+            f"them with runner model"
         )
     if runner == "cpu":
         dense = [str(w) for w in sweep.workloads if not isinstance(w, MoeWorkload)]

@@ -5,7 +5,10 @@ measurements (`best` and `lookup` read measured rows only). Beside the device ti
 the host time to enqueue a call (:mod:`syncopate.cost_model.host_time`, a lead per template) and
 the eager time of back-to-back calls, max(device, host). A candidate the topology cannot run
 (the copy engine across nodes) comes back as `compile_error` with the reason. Its options are the
-:class:`~syncopate.cost_model.calibration.Calibration` to predict from.
+:class:`~syncopate.cost_model.calibration.Calibration` to predict from. The MoE kinds (`a2a_gemm`,
+`gemm_a2a`) are predicted by :class:`~syncopate.cost_model.moe.MoeCostModel` from the same
+calibration, their baselines the harness's (`torch_seq` as `unfused`, the all-to-all alone on NCCL
+and on the copy engine, the grouped GEMM alone).
 
 It needs no GPU and no process group; `syncopate tune --runner model` runs it in the coordinator's
 process (:mod:`syncopate.autotuner.offline`), and it also runs in a gang of CPU actors like the
@@ -19,7 +22,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from syncopate.errors import ConfigError
-from syncopate.search_space import Candidate, Topology, Workload
+from syncopate.search_space import Candidate, MoeWorkload, Topology, Workload
+from syncopate.search_space.moe_workload import MoeCandidate
 from syncopate.workers.outcomes import BaselineOutcome, CandidateOutcome, DeviceInfo
 from syncopate.workers.runner import Runner, RunnerSpec
 
@@ -44,9 +48,11 @@ class ModelRunner(Runner):
         if spec.options is None:
             raise ConfigError("runner model needs a calibration (RunnerSpec.options)")
         from syncopate.cost_model.model import CostModel
+        from syncopate.cost_model.moe import MoeCostModel
 
         self.calibration: Any = spec.options
         self.model = CostModel(spec.options)
+        self.moe_model = MoeCostModel(spec.options)
         self._rank = 0
 
     def bind_device(self, rank: int, gpu_ids: Sequence[int]) -> DeviceInfo:
@@ -68,6 +74,8 @@ class ModelRunner(Runner):
         from syncopate.cost_model.host_time import baseline_host_us, eager_us
 
         detail = f"predicted by the cost model ({self.calibration.describe()})"
+        if isinstance(workload, MoeWorkload):
+            return self._moe_baselines(workload, detail)
         out = []
         for name, us in self.model.baselines(workload, self.spec.topology).items():
             host = baseline_host_us(name, self.spec.topology.world_size)
@@ -83,7 +91,61 @@ class ModelRunner(Runner):
         out.append(BaselineOutcome(name="torch_async_tp", detail="torch's fused op is not modelled"))
         return out
 
+    def _moe_baselines(self, workload: MoeWorkload, detail: str) -> list[BaselineOutcome]:
+        from syncopate.cost_model.moe import routing_stats
+
+        ws = self.spec.topology.world_size
+        model = self.moe_model
+        s = routing_stats(workload, ws)
+        k, n = (
+            (workload.hidden, 2 * workload.ffn)
+            if workload.kind == "a2a_gemm"
+            else (workload.ffn, workload.hidden)
+        )
+        out_bytes = s.pair_rows_out * workload.hidden * workload.element_bytes
+        torch_seq = model.predict(workload, MoeCandidate(), ws)
+        times = {
+            "torch_seq": (torch_seq.device_us, torch_seq.host_us),
+            "comm_alone": (model.a2a_us("nccl", out_bytes), None),
+            "gemm_alone": (model.gemm_us(s.expert_rows, k, n), None),
+        }
+        if self.calibration.has_transfer("copy_engine") and self.spec.topology.nodes == 1:
+            times["comm_alone_copy_engine"] = (model.a2a_us("copy_engine", out_bytes), None)
+        return [
+            BaselineOutcome(
+                name=name,
+                samples_us=(us,),
+                detail=detail,
+                host_us=host,
+                eager_us=None if host is None else max(us, host),
+            )
+            for name, (us, host) in times.items()
+        ]
+
+    def _run_moe(self, workload: MoeWorkload, candidate: MoeCandidate) -> CandidateOutcome:
+        topo = self.spec.topology
+        if candidate.backend != "nccl" and topo.nodes > 1:
+            return CandidateOutcome(
+                status="compile_error",
+                error=f"cannot run here: backend {candidate.backend} moves rows within one node, {topo.key()} has "
+                f"{topo.nodes}",
+            )
+        try:
+            p = self.moe_model.predict(workload, candidate, topo.world_size)
+        except ConfigError as e:
+            return CandidateOutcome(status="compile_error", error=f"cannot run here: {e}")
+        return CandidateOutcome(
+            status="ok",
+            samples_us=(p.device_us,),
+            eager_us=p.eager_us,
+            host_us=p.host_us,
+            max_rel_error=None,
+            extra={"prediction": p.to_dict(), "calibration": self.calibration.source},
+        )
+
     def run(self, workload: Workload, candidate: Candidate, deadline_s: float) -> CandidateOutcome:
+        if isinstance(workload, MoeWorkload):
+            return self._run_moe(workload, candidate)
         p = self.model.predict(workload, self.spec.topology, candidate)
         if not p.feasible:
             return CandidateOutcome(
