@@ -18,8 +18,8 @@ inputs:
   template is timed, its all-to-all alone is too, `a2a_dedup`, a row a token and rank);
 - each candidate of the grid (`--grid`; `unfused`, `dedup` where `nccl` is among the backends,
   then `pipelined` for each backend, chunk count and order, then `dedup` on the copy engine for
-  each order and `fused` for each chunk count, order and tile configuration where `copy_engine` is
-  among the backends; `--templates` keeps
+  each order, `fused` for each chunk count, order and tile configuration and (dispatch)
+  `fused_dedup` for each order and tile configuration where `copy_engine` is among the backends; `--templates` keeps
   some templates only), first checked against the float32 reference computed by the group
   (`moe_*_group_reference`) on two fresh routings, outputs poisoned with NaN, two calls back to
   back with different inputs; a candidate off by more than 1e-2 is not timed.
@@ -168,12 +168,12 @@ def grid(workload, ws: int, args):
 
 def layer_configs(args, tuned=None):
     """(name, dispatch config, combine config, backward) of each layer timed: unfused, then dedup,
-    each pipelined config, dedup on the copy engine and the fused one (128×256×64 tiles on 4
-    stages, the fused GEMM's fastest tile on H200) for both ops, then `tuned` (the fastest dispatch and combine of this
-    case's op rows, what a tuned database serves each op) where given, each with its own plan's
-    backward and with the unfused ops' backward (`MoELayer(backward=...)`); last each of those as a
-    tuned layer runs its plans, checked against unfused on its first calls (`MoELayer(check_plans=...)`),
-    which keeps the faster."""
+    each pipelined config, dedup on the copy engine, and the fused and fused_dedup ones (128×256×64
+    tiles on 4 stages, the fused GEMM's fastest tile on H200) for both ops, then `tuned` (the
+    fastest dispatch and combine of this case's op rows, what a tuned database serves each op)
+    where given, each with its own plan's backward and with the unfused ops' backward
+    (`MoELayer(backward=...)`); last each of those as a tuned layer runs its plans, checked against
+    unfused on its first calls (`MoELayer(check_plans=...)`), which keeps the faster."""
     from syncopate.search_space.moe_workload import MoeCandidate
 
     backends = ("nccl",) if args.cpu else tuple(args.backends.split(","))
@@ -182,6 +182,16 @@ def layer_configs(args, tuned=None):
     ]
     if "copy_engine" in backends:
         configs.append(MoeCandidate(template="dedup", backend="copy_engine"))
+        configs.append(
+            MoeCandidate(
+                template="fused_dedup",
+                backend="copy_engine",
+                block_m=128,
+                block_n=256,
+                num_warps=8,
+                num_stages=4,
+            )
+        )
         configs.append(
             MoeCandidate(
                 template="fused",
@@ -205,8 +215,8 @@ def layer_configs(args, tuned=None):
             (name + (", unfused backward" if backward == "unfused" else ""), d, c, backward)
             for name, d, c in pairs
             for backward in ("plan", "unfused")
-            # dedup's backward is its own autograd either way
-            if backward == "plan" or "dedup" not in (d.template, c.template)
+            # dedup's (and fused_dedup's) backward is its own autograd either way
+            if backward == "plan" or not ({d.template, c.template} & {"dedup", "fused_dedup"})
         ]
         + [(f"{name}, checked", d, c, "plan") for name, d, c in pairs]
     )

@@ -46,8 +46,8 @@ def _routings(ws: int, experts: int, tokens: int, top_k: int):
 def check_ops(rank, world, device, group, backends=("nccl", "copy_engine")) -> list[str]:
     """The pipelined ops on each of `backends` at three (chunks, order) plans (`nvshmem` at 8, 32
     and 16 copier programs), and `dedup` on each of `nccl` and `copy_engine` that is among them
-    (both orders on the copy engine), against the unfused ops and the float32 references: a line a
-    miss."""
+    (both orders on the copy engine) and `fused_dedup` where `copy_engine` is, against the unfused
+    ops and the float32 references: a line a miss."""
     from syncopate.measure.reference import (
         moe_combine_group_reference,
         moe_dispatch_group_reference,
@@ -71,6 +71,12 @@ def check_ops(rank, world, device, group, backends=("nccl", "copy_engine")) -> l
     if "copy_engine" in backends:
         configs += [
             MoeCandidate(template="dedup", backend="copy_engine", order=o) for o in ("ring", "pairwise")
+        ]
+        configs += [
+            MoeCandidate(template="fused_dedup", backend="copy_engine", order="pairwise"),
+            MoeCandidate(
+                template="fused_dedup", backend="copy_engine", block_m=128, block_n=128, num_warps=8
+            ),
         ]
     lines = []
     gen = torch.Generator(device=device).manual_seed(rank)
@@ -152,6 +158,7 @@ def check_layer(rank, world, device, group, backends=("nccl", "copy_engine")) ->
         configs["dedup"] = MoeCandidate(template="dedup")
     if "copy_engine" in backends:
         configs["dedup/copy_engine"] = MoeCandidate(template="dedup", backend="copy_engine")
+        configs["fused_dedup"] = MoeCandidate(template="fused_dedup", backend="copy_engine")
     return layer_mismatches(rank, world, device, group, configs, calls=2)
 
 

@@ -4,7 +4,9 @@ and combine against the float32 group references and the unfused ops, on 2 and 4
 and skewed routings, experts and a rank that get no row, and a routing that grows the symmetric
 buffers; outputs poisoned with NaN, calls back to back with fresh inputs, fused calls between
 pipelined ones on the same buffers (the epochs go on); `MoELayer` forward and backward on a fused
-configuration (its backward the pipelined plan) against the unfused layer's."""
+configuration (its backward the pipelined plan) against the unfused layer's. The same for
+`fused_dedup` (the dispatch on deduplicated rows read by index). `gpu`: the same with the ranks
+sharing one GPU."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ def _configs():
         MoeCandidate(**fused, chunks_per_source=2, order="pairwise", block_m=128, num_warps=8),
         MoeCandidate(**fused, chunks_per_source=4, order="ring", block_m=32, block_n=64, num_stages=4),
         MoeCandidate(template="pipelined", backend="copy_engine", chunks_per_source=2),  # between fused calls
+        MoeCandidate(template="fused_dedup", backend="copy_engine", order="ring", block_m=128, num_warps=8),
     ]
 
 
@@ -78,7 +81,8 @@ def _check_layer(rank, world, device, group) -> list[str]:
     from syncopate.search_space.moe_workload import MoeCandidate
 
     fused = MoeCandidate(template="fused", backend="copy_engine", chunks_per_source=2)
-    return layer_mismatches(rank, world, device, group, {"fused": fused}, calls=2)
+    fused_dedup = MoeCandidate(template="fused_dedup", backend="copy_engine", order="pairwise")
+    return layer_mismatches(rank, world, device, group, {"fused": fused, "fused_dedup": fused_dedup}, calls=2)
 
 
 def _run(world: int) -> None:
@@ -88,6 +92,15 @@ def _run(world: int) -> None:
 @pytest.mark.multigpu
 def test_fused_moe_ops_on_two_gpus():
     _run(2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_fused_moe_ops_with_ranks_sharing_one_gpu(world):
+    """The same checks with every rank on GPU 0, where one GPU is all there is."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    run_checks((_check_ops, _check_layer), world, "fused MoE check, one GPU", shared_gpu=True)
 
 
 @pytest.mark.multigpu

@@ -65,8 +65,16 @@ def test_a_candidate_round_trips_with_a_stable_key():
         ),
         (
             {"template": "pipelined", "block_n": 64},
-            "template pipelined runs no Triton kernel of its own: block_n=64 applies to template 'fused' "
-            "only; leave the tile fields at their defaults",
+            "template pipelined runs no Triton kernel of its own: block_n=64 applies to templates 'fused' "
+            "and 'fused_dedup' only; leave the tile fields at their defaults",
+        ),
+        (
+            {"template": "fused_dedup", "backend": "nccl"},
+            "template fused_dedup moves its pieces through the symmetric buffers of backend 'copy_engine'",
+        ),
+        (
+            {"template": "fused_dedup", "backend": "copy_engine", "chunks_per_source": 2},
+            "template fused_dedup moves one piece a source rank",
         ),
         (
             {"template": "pipelined", "backend": "sm_copy"},
@@ -105,7 +113,8 @@ def test_a_candidate_round_trips_with_a_stable_key():
         ),
         (
             {"template": "dedup", "block_m": 128},
-            "template dedup runs no Triton kernel of its own: block_m=128 applies to template 'fused' only",
+            "template dedup runs no Triton kernel of its own: block_m=128 applies to templates 'fused' and "
+            "'fused_dedup' only",
         ),
     ],
 )
@@ -187,10 +196,14 @@ def test_the_space_of_a_workload():
     assert len(pipelined) == 2 * 3 * 2
     # then dedup on the copy engine, a piece a source rank, in each order
     assert [c.short() for c in space[14:16]] == ["dedup/copy_engine/ring", "dedup/copy_engine/pairwise"]
-    # fused after them: chunks × orders × the four tile configurations, copy_engine only
-    fused = space[16:]
+    # fused after them: chunks × orders × the four tile configurations, copy_engine only; then
+    # fused_dedup (the dispatch only), each order × the tile configurations
+    fused, fused_dedup = space[16:40], space[40:]
     assert {c.template for c in fused} == {"fused"} and {c.backend for c in fused} == {"copy_engine"}
     assert len(fused) == 3 * 2 * 4
+    assert {c.template for c in fused_dedup} == {"fused_dedup"} and len(fused_dedup) == 2 * 4
+    assert {(c.chunks_per_source, c.backend) for c in fused_dedup} == {(1, "copy_engine")}
+    assert "fused_dedup" not in {c.template for c in moe_space(_workload(kind="gemm_a2a"), 4)}
     assert {(c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages) for c in fused} == {
         (64, 128, 64, 4, 3),
         (128, 128, 64, 8, 4),
@@ -213,6 +226,10 @@ def test_the_space_of_a_workload():
         "fused/copy_engine/c1/ring/128x128x64w8s4",
         "fused/copy_engine/c1/ring/128x256x64w8s4",
         "fused/copy_engine/c1/ring/128x256x32w8s5",
+        "fused_dedup/copy_engine/ring/64x128x64w4s3",
+        "fused_dedup/copy_engine/ring/128x128x64w8s4",
+        "fused_dedup/copy_engine/ring/128x256x64w8s4",
+        "fused_dedup/copy_engine/ring/128x256x32w8s5",
     ]
     assert [c.short() for c in tiny] == ["unfused", "dedup", "pipelined/nccl/c1/ring"]
     assert [c.short() for c in moe_space(_workload(), 2, backends=("nccl",), chunks=(8,))] == [

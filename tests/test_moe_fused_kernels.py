@@ -164,6 +164,60 @@ def test_dispatch_computes_every_row_of_h_in_the_unfused_layout(ws, kind, tokens
     assert split_tiles > 0  # tiles that read the own rows' edge from x and the partner's from the buffer
 
 
+def _deduplicated(case: Dispatch, r: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank r's receive buffer as `dedup`'s copies leave it (source s's tokens that chose one of r's
+    experts, once each, by source then token; NaN rows past the end) and the row there of each
+    expert-side row (what `fused_dedup` passes the kernel as `recv_index`)."""
+    lay = case.layouts[r]
+    at = _offsets(lay.recv_splits)
+    rows, index = [], torch.empty(lay.rows_received, dtype=torch.int32)
+    base = 0
+    for s in range(case.ws):
+        start = _offsets(case.layouts[s].send_splits)[r]
+        pairs = _token_rows(case.layouts[s])[start : start + lay.recv_splits[s]]  # each pair's token
+        tokens = torch.unique(pairs)
+        if s != r:
+            rows.append(case.xs[s][tokens])
+        else:
+            rows.append(torch.full((tokens.numel(), HIDDEN), float("nan"), dtype=DTYPE))  # read from x
+        index[at[s] : at[s] + pairs.numel()] = base + torch.searchsorted(tokens, pairs).to(torch.int32)
+        base += tokens.numel()
+    rows.append(torch.full((8, HIDDEN), float("nan"), dtype=DTYPE))
+    return torch.cat(rows), index
+
+
+@pytest.mark.parametrize(
+    "ws, kind, order", [(2, "uniform", "ring"), (4, "skewed", "pairwise"), (4, "starved", "ring")]
+)
+def test_dispatch_reads_deduplicated_rows_through_the_index(ws, kind, order):
+    """`fused_dedup`'s dispatch: the peers' rows land once a token and rank, and each expert-side
+    row is read through `recv_index`; h is the same. Without the index the same buffer gives wrong
+    rows (the test can fail)."""
+    case = Dispatch(ws, kind, 20, 3, seed=ws + 11)
+    config = _config(1, order)
+    for r in range(ws):
+        lay = case.layouts[r]
+        recv, index = _deduplicated(case, r)
+        tables = fused_tables(lay, "a2a_gemm", r, config, CPU)
+        h = torch.full((lay.rows_received, 2 * FFN), float("nan"), dtype=DTYPE)
+        error = torch.zeros(1, dtype=torch.int32)
+        tiles = {k: getattr(config, k) for k in TILES}
+        run = dict(epoch=5, programs=3, **tiles)
+        launch_dispatch(
+            case.xs[r], _token_rows(lay), recv, case.w1s[r], h, tables.tiles, case.pad(r, config, 5), error,
+            recv_index=index, **run,
+        )  # fmt: skip
+        assert int(error.item()) == 0
+        _check_rows(h, case.ref[r], range(h.shape[0]))
+        if recv.shape[0] - 8 < lay.rows_received:  # fewer rows than pairs: read plainly, some are wrong
+            plain = torch.full_like(h, float("nan"))
+            launch_dispatch(
+                case.xs[r], _token_rows(lay), recv, case.w1s[r], plain, tables.tiles, case.pad(r, config, 5),
+                error, **run,
+            )  # fmt: skip
+            assert not torch.allclose(plain.float(), case.ref[r], rtol=2e-2, atol=2e-2, equal_nan=False)
+
+
 def test_dispatch_tiles_follow_the_pieces_in_arrival_order():
     case = Dispatch(4, "uniform", 128, 2, seed=3)  # ~32 rows a source an expert: the own rows fill tiles
     config = _config(2, "ring", block_m=16)

@@ -51,8 +51,10 @@ def test_syncopate_tune_runs_a_moe_sweep_on_ray_gangs_with_runner_cpu(tmp_path):
             "JOIN syncopate_workloads w ON w.id = t.workload_id"
         ).fetchall()
         baselines = c.execute("SELECT COUNT(*), COUNT(DISTINCT name) FROM syncopate_baselines").fetchone()
-    w = MoeWorkload(kind="a2a_gemm", tokens=16, **LAYER)
-    assert len(trials) == 2 * len(moe_space(w, 2, chunks=(1, 2)))
+    spaces = [
+        moe_space(MoeWorkload(kind=k, tokens=16, **LAYER), 2, chunks=(1, 2)) for k in ("a2a_gemm", "gemm_a2a")
+    ]
+    assert len(trials) == sum(map(len, spaces))
     for kind, doc, status, error, median in trials:
         c = MoeCandidate.from_dict(json.loads(doc))
         if c.backend == "nccl":

@@ -27,7 +27,8 @@ The parts, each from the calibration (:mod:`syncopate.cost_model.calibration`):
 - row passes (gathers, permutations, the top-k and segment sums): bytes read and written at the
   calibrated HBM rate;
 - overlap: a pipelined or fused plan's GEMMs run slower by the backend's `overlap_slowdown` while
-  its transfers move, pieces wait for their rows (dispatch) or leave when their GEMM is done
+  its transfers move (`fused_dedup`'s dispatch in proportion to its fewer bytes; its combine is
+  `dedup`'s), pieces wait for their rows (dispatch) or leave when their GEMM is done
   (combine), the own rows need no transfer;
 - the host: a fixed cost per template and one per exchange it enqueues (`MOE_HOST_US`, leads from
   the same measurements); eager time is the slower of device and host time
@@ -274,13 +275,13 @@ class MoeCostModel:
                 back = (s.dedup_rows_out + tokens) if dedup else tokens * workload.top_k
                 passes = self.pass_us(2 * rows * row_out + back * moved + tokens * moved)
             device = gemm + comm + passes + 2 * launch
-        elif template in ("pipelined", "dedup"):
+        elif template in ("pipelined", "dedup") or (template == "fused_dedup" and not dispatch):
             device, comm, gemm = self._pieces(workload, candidate, s, dispatch, k_dim, n_dim, moved)
-        elif template == "fused":
+        elif template in ("fused", "fused_dedup"):
             device, comm = self._fused(workload, candidate, s, dispatch, gemm, moved)
         else:
             raise ConfigError(f"the MoE cost model has no template {template!r}")
-        host = self._host_us(candidate, world_size)
+        host = self._host_us(candidate, world_size, dispatch)
         return MoePrediction(
             device_us=device, host_us=host, eager_us=eager_us(device, host), gemm_us=gemm, comm_us=comm
         )
@@ -304,7 +305,7 @@ class MoeCostModel:
         the own rows' GEMM and the peers' pieces in exchange order, each waiting for its rows
         (dispatch) or sending them once its GEMM is done (combine)."""
         ws = s.world_size
-        dedup = c.template == "dedup"
+        dedup = c.template in ("dedup", "fused_dedup")
         chunks = 1 if dedup else c.chunks_per_source
         pieces = (ws - 1) * chunks
         elem = w.element_bytes
@@ -355,12 +356,16 @@ class MoeCostModel:
         the last piece leaves with its tiles, then the top-k sum)."""
         ws = s.world_size
         pieces = (ws - 1) * c.chunks_per_source
+        rows_out = s.pair_rows_out
         slow = 1.0 + FUSED_SLOWDOWN[w.kind]
+        if c.template == "fused_dedup":  # a row a token and rank: less traffic beside the tiles
+            rows_out = s.dedup_rows_out
+            slow = 1.0 + FUSED_SLOWDOWN[w.kind] * rows_out / max(s.pair_rows_out, 1.0)
         tile = f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}"
         g = self.gemm_us(
             s.expert_rows, w.hidden if dispatch else w.ffn, 2 * w.ffn if dispatch else w.hidden, tile
         )
-        comm = self.a2a_us(c.backend, s.pair_rows_out * moved)
+        comm = self.a2a_us(c.backend, rows_out * moved)
         last = g * (1 - 1.0 / ws) / max(pieces, 1)  # the GEMM share of the last piece's rows
         if dispatch:
             device = max(g * slow, comm + last)
@@ -368,17 +373,17 @@ class MoeCostModel:
             device = max(g * slow, comm) + self.pass_us(w.tokens * w.top_k * moved + w.tokens * moved)
         return device + 2 * self.costs.launch_us, comm
 
-    def _host_us(self, c: MoeCandidate, world_size: int) -> float:
+    def _host_us(self, c: MoeCandidate, world_size: int, dispatch: bool) -> float:
         if c.template == "unfused" or (c.template == "dedup" and c.backend == "nccl"):
             return MOE_HOST_US[c.template][0]
-        if c.template == "fused":
+        if c.template == "fused" or (c.template == "fused_dedup" and dispatch):
             key = "fused"
-        elif c.template == "dedup":
+        elif c.template in ("dedup", "fused_dedup"):
             key = "dedup/copy_engine"
         else:
             key = f"pipelined/{c.backend}"
         fixed, per = MOE_HOST_US[key]
-        chunks = 1 if c.template == "dedup" else c.chunks_per_source
+        chunks = 1 if c.template in ("dedup", "fused_dedup") else c.chunks_per_source
         return fixed + per * chunks * (world_size - 1)
 
 

@@ -208,7 +208,14 @@ def combine_rows(
 class _Dispatch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, layout, group, config):
-        h, received = dispatch_rows(x, w, layout, group, config, keep_received=w.requires_grad)
+        if config.template == "fused_dedup":
+            from syncopate.moe import fused
+
+            h, received = fused.dedup_dispatch_rows(
+                x, w, layout, group, config, keep_received=w.requires_grad
+            )
+        else:
+            h, received = dispatch_rows(x, w, layout, group, config, keep_received=w.requires_grad)
         ctx.save_for_backward(w, received if received is not None else x.new_empty(0))
         ctx.meta = (layout, group)
         return h
@@ -274,7 +281,8 @@ class _Combine(torch.autograd.Function):
 def dispatch(
     x: torch.Tensor, w1: torch.Tensor, layout: ExpertLayout, group, config: MoeCandidate
 ) -> torch.Tensor:
-    """`dispatch_rows` of x with autograd (the backward: the unpipelined `dedup` template's)."""
+    """`dispatch_rows` of x with autograd (`fused_dedup`: `fused.dedup_dispatch_rows`; the backward:
+    the unpipelined `dedup` template's)."""
     return _Dispatch.apply(x, w1, layout, group, config)
 
 

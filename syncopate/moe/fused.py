@@ -447,6 +447,80 @@ def dispatch_rows(
     return h, received
 
 
+def dedup_dispatch_rows(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    layout: ExpertLayout,
+    group,
+    config: MoeCandidate,
+    *,
+    out: torch.Tensor | None = None,
+    keep_received: bool = False,
+    spin_limit: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`fused_dedup`'s dispatch of x [T, K] times W [El, K, N]: each token's row goes once to every
+    rank its experts are on (`dedup`'s exchanges, one piece a source), and the fused kernel's tiles
+    (the pair plan's, one chunk a source) read each landed row once for each of its experts
+    (`recv_index`). Returns (h [R, N] in the unfused layout, written into `out` where given; with
+    `keep_received`, the deduplicated rows received, the own ones included, [Σ recv_splits, K] by
+    source then token, as `dedup_pipelined.dispatch_rows` returns them, else None)."""
+    from syncopate.moe import dedup_pipelined
+    from syncopate.moe.dedup import dedup_tables
+
+    _check(x, w)
+    group = pipelined._group(group)
+    rank = dist.get_rank(group)
+    t = dedup_tables(layout, group)
+    plan = dedup_pipelined.tables(layout, "a2a_gemm", group, config, x.device)
+    tiles = fused_tables(layout, "a2a_gemm", rank, config.replace(template="fused"), x.device).tiles
+    index = layout.cache.get(("fused_dedup index", str(x.device)))
+    if index is None:
+        index = layout.cache[("fused_dedup index", str(x.device))] = t.pair_rows.index.index_select(
+            0, layout.expert_order_inverse
+        ).to(device=x.device, dtype=torch.int32)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    send = x.index_select(0, t.send_tokens.index)  # by destination rank, then token
+    width = x.shape[1]
+    direct = out is not None and out.stride(-1) == 1
+    h = out if direct else torch.empty(layout.rows_received, w.shape[2], dtype=x.dtype, device=x.device)
+    ex = _DispatchExchange(plan.plan, group, x.device, width, x.dtype, CONTEXTS, plan.rows_needed)
+    received = None
+    if keep_received:
+        received = torch.empty(sum(t.recv_splits), width, dtype=x.dtype, device=x.device)
+        at, sent_at, n = sum(t.recv_splits[:rank]), sum(t.send_splits[:rank]), t.recv_splits[rank]
+        received[at : at + n].copy_(send[sent_at : sent_at + n])
+    ctx = ex.ctx
+    launch_dispatch(
+        x,
+        _token_rows(layout),
+        ex.rows.local,
+        w,
+        h,
+        tiles,
+        ctx.signals.local,
+        ctx.error,
+        epoch=ex.epoch,
+        programs=ctx.sm_count,
+        spin_limit=spin_limit or job_bound.limit,
+        recv_index=index,
+        **_tiles(config),
+    )
+    for i, xc in enumerate(plan.plan.exchanges):
+        if xc.sends:
+            ex.send(i, send[xc.send_rows[0] : xc.send_rows[1]])
+    if received is not None:
+        recv = ex.buffer(sum(t.recv_splits))
+        for i, xc in enumerate(plan.plan.exchanges):
+            if xc.receives:
+                ex.post(i, None, recv)  # the side stream waits for the rows, then copies them
+                ex.copy_out(i, recv, received)
+    ex.finish()
+    if out is not None and not direct:
+        h = out.copy_(h)
+    return h, received
+
+
 def combine_rows(
     h: torch.Tensor,
     w: torch.Tensor,

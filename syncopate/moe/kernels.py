@@ -116,6 +116,7 @@ def dispatch_kernel(
     x_ptr,
     token_ptr,
     recv_ptr,
+    recv_index_ptr,
     w_ptr,
     h_ptr,
     tiles_ptr,
@@ -138,11 +139,13 @@ def dispatch_kernel(
     NUM_STAGES: tl.constexpr,
     EVEN_K: tl.constexpr,
     EVEN_N: tl.constexpr,
+    GATHER: tl.constexpr,
 ):
     """h[tile rows, cols] = A[tile rows] @ W[e][:, cols] for every tile of the table (module docstring).
     The own rows are tokens of x: their A rows are token-side rows, each read from x at its token
-    (`token_ptr`); the peers' are rows of the receive buffer. A tile split in two reads each row
-    from its part's place."""
+    (`token_ptr`); the peers' are rows of the receive buffer, with GATHER each at the row
+    `recv_index[row]` of it (a token's row received once a rank and read once for each of its
+    experts there). A tile split in two reads each row from its part's place."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -172,14 +175,19 @@ def dispatch_kernel(
             from_x = first == (own != 0)
             tokens = tl.load(token_ptr + row, mask=m_ok & from_x, other=0).to(tl.int64)
             x_ptrs = x_ptr + (tokens * stride_x)[:, None] + offs_k[None, :]
+            if GATHER:
+                row = tl.load(recv_index_ptr + row, mask=m_ok & ~from_x, other=0)
             r_ptrs = recv_ptr + ((row + gate).to(tl.int64) * stride_a)[:, None] + offs_k[None, :]
             a_ptrs = tl.where(from_x[:, None], x_ptrs, r_ptrs)
         elif own != 0:
             tokens = tl.load(token_ptr + a_row + offs_m, mask=m_ok, other=0).to(tl.int64)
             a_ptrs = x_ptr + (tokens * stride_x)[:, None] + offs_k[None, :]
         else:
-            a_rows = (a_row + gate + offs_m).to(tl.int64) * stride_a
-            a_ptrs = recv_ptr + a_rows[:, None] + offs_k[None, :]
+            if GATHER:
+                a_rows = (tl.load(recv_index_ptr + a_row + offs_m, mask=m_ok, other=0) + gate).to(tl.int64)
+            else:
+                a_rows = (a_row + gate + offs_m).to(tl.int64)
+            a_ptrs = recv_ptr + (a_rows * stride_a)[:, None] + offs_k[None, :]
         w_ptrs = w_ptr + e * stride_we + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
         acc = _tile_product(
             a_ptrs,
@@ -375,11 +383,13 @@ def launch_dispatch(
     num_warps: int,
     num_stages: int,
     spin_limit: int = 0,
+    recv_index: torch.Tensor | None = None,
 ) -> None:
     """Run `dispatch_kernel` on the current stream over `tiles` ([Mt, DISPATCH_WORDS] int32): x [T, K]
     (this rank's tokens) and token_rows [T·top_k] (each token-side row's token: the own tiles' rows),
-    recv [*, K] (the receive buffer, expert side), W [El, K, N], h [R, N]; `pad` this rank's signal
-    words; at most `programs` programs."""
+    recv [*, K] (the receive buffer, expert side; with `recv_index` [R] int32, each expert-side
+    row's row in it), W [El, K, N], h [R, N]; `pad` this rank's signal words; at most `programs`
+    programs."""
     _check_operands(x, w, h.shape[1])
     if recv.stride(-1) != 1 or recv.shape[1] != x.shape[1] or recv.dtype != x.dtype:
         raise ValueError("the tokens and the receive buffer must hold rows of one width and type")
@@ -397,6 +407,7 @@ def launch_dispatch(
             x,
             token_rows,
             recv,
+            token_rows if recv_index is None else recv_index,
             w,
             h,
             tiles,
@@ -414,7 +425,7 @@ def launch_dispatch(
             w.stride(2),
             h.stride(0),
         ),
-        _meta(block_m, block_n, block_k, num_warps, num_stages, n, k),
+        {**_meta(block_m, block_n, block_k, num_warps, num_stages, n, k), "GATHER": recv_index is not None},
     )
 
 

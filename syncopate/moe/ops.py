@@ -547,11 +547,13 @@ def _dispatch(x, w1, layout, group, out, config, backward) -> torch.Tensor:
         if _grad_wanted(x, w1):
             return _written(fused.dispatch_autograd(x, w1, layout, group, config, backward), out)
         return fused.dispatch_rows(x, w1, layout, group, config, out=out)[0]
-    if config.template == "dedup" and config.backend != "nccl":
-        from syncopate.moe import dedup_pipelined
+    if config.template == "fused_dedup" or (config.template == "dedup" and config.backend != "nccl"):
+        from syncopate.moe import dedup_pipelined, fused
 
         if _grad_wanted(x, w1):
             return _written(dedup_pipelined.dispatch(x, w1, layout, group, config), out)
+        if config.template == "fused_dedup":
+            return fused.dedup_dispatch_rows(x, w1, layout, group, config, out=out)[0]
         return dedup_pipelined.dispatch_rows(x, w1, layout, group, config, out=out)[0]
     if config.template == "dedup":
         from syncopate.moe import dedup
@@ -613,7 +615,7 @@ def _combine(h, w2, gate_weights, layout, group, out, config, backward) -> torch
             return _written(fused.combine_autograd(h, w2, gate_weights, layout, group, config, backward), out)
         rows = fused.combine_rows(h, w2, layout, group, config)
         return summed_rows(rows, gate_weights, layout, out=out)
-    if config.template == "dedup" and config.backend != "nccl":
+    if config.template == "fused_dedup" or (config.template == "dedup" and config.backend != "nccl"):
         from syncopate.moe import dedup, dedup_pipelined
 
         if _grad_wanted(h, w2, gate_weights):
@@ -642,7 +644,8 @@ def waits_on_words(a: torch.Tensor, config: MoeCandidate) -> bool:
     call on the GPU, eager (not captured, not traced), of a plan whose transfers wait on them
     (`fused`, and `pipelined` or `dedup` off NCCL, whose waits are NCCL's)."""
     if a.device.type != "cuda" or not (
-        config.template == "fused" or (config.template in ("pipelined", "dedup") and config.backend != "nccl")
+        config.template in ("fused", "fused_dedup")
+        or (config.template in ("pipelined", "dedup") and config.backend != "nccl")
     ):
         return False
     return not (torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing())

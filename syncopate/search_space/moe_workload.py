@@ -47,6 +47,7 @@ __all__ = [
     "MOE_KINDS",
     "MOE_ORDERS",
     "MOE_TEMPLATES",
+    "FUSED_TEMPLATES",
     "MOE_TILE_DEFAULTS",
     "MoeCandidate",
     "MoeWorkload",
@@ -290,7 +291,7 @@ class MoeWorkload:
 _KEY = re.compile(r"(\w+)/t(\d+)-h(\d+)-f(\d+)-e(\d+)-k(\d+)/(?:uniform|skewed([0-9.e+-]+))-seed(\d+)/(\w+)")
 """What `MoeWorkload.key()` writes."""
 
-MOE_TEMPLATES: tuple[str, ...] = ("unfused", "pipelined", "fused", "dedup")
+MOE_TEMPLATES: tuple[str, ...] = ("unfused", "pipelined", "fused", "dedup", "fused_dedup")
 """`unfused`: torch's all_to_all_single, then one grouped GEMM (or the GEMM, then the all-to-all).
 `pipelined`: the all-to-all cut into pieces, one grouped GEMM a piece, each starting as soon as its
 rows are in (dispatch) or each piece sent as soon as its GEMM is done (combine). `fused`: the same
@@ -299,7 +300,14 @@ pieces, and one persistent Triton grouped GEMM a call whose tiles wait for their
 `unfused`, but a token's row crosses to a rank once however many of its experts are there (the
 rank reads it once per expert; the combine sums a token's rows on the expert's rank, weighted by
 its gates, before they go back): on `nccl` by torch's all-to-all, on `copy_engine` in one piece a
-source rank, overlapped with the grouped GEMMs as `pipelined` is."""
+source rank, overlapped with the grouped GEMMs as `pipelined` is. `fused_dedup`: the dispatch of
+`fused` on `dedup`'s rows (the kernel reads each landed row once for each of its experts), the
+combine `dedup`'s on the copy engine (a token's rows are summed before they leave, which a tile
+cannot do)."""
+
+FUSED_TEMPLATES: tuple[str, ...] = ("fused", "fused_dedup")
+"""The templates that run a persistent Triton grouped GEMM of their own, which the tile fields
+configure."""
 
 MOE_BACKENDS: tuple[str, ...] = ("nccl", "copy_engine", "nvshmem")
 """How a plan's pieces move: NCCL (or gloo) send/receive pairs on a side stream; or the symmetric
@@ -409,10 +417,10 @@ class MoeCandidate(CanonicalJson):
                 f"takes chunks_per_source=1 and order 'ring', got chunks_per_source={c} and order "
                 f"{self.order!r} (backend 'copy_engine' pipelines it by source rank, in either order)"
             )
-        if self.template == "dedup" and c != 1:
+        if self.template in ("dedup", "fused_dedup") and c != 1:
             raise ConfigError(
-                f"template dedup moves one piece a source rank (a token's rows there are summed in one "
-                f"place): it takes chunks_per_source=1, got {c}"
+                f"template {self.template} moves one piece a source rank (a token's rows there are summed in "
+                f"one place): it takes chunks_per_source=1, got {c}"
             )
         self._check_comm_sms()
         self._check_tiles()
@@ -438,19 +446,20 @@ class MoeCandidate(CanonicalJson):
 
     def _check_tiles(self) -> None:
         tiles = {name: getattr(self, name) for name in MOE_TILE_DEFAULTS}
-        if self.template != "fused":
+        if self.template not in FUSED_TEMPLATES:
             changed = {k: v for k, v in tiles.items() if v != MOE_TILE_DEFAULTS[k]}
             if changed:
                 given = ", ".join(f"{k}={v!r}" for k, v in changed.items())
                 raise ConfigError(
                     f"template {self.template} runs no Triton kernel of its own: {given} applies to "
-                    "template 'fused' only; leave the tile fields at their defaults"
+                    "templates 'fused' and 'fused_dedup' only; leave the tile fields at their defaults"
                 )
             return
         if self.backend != "copy_engine":
             raise ConfigError(
-                f"template fused moves its pieces through the symmetric buffers of backend 'copy_engine', "
-                f"got backend {self.backend!r}; use backend 'copy_engine' (or template 'pipelined' for 'nccl')"
+                f"template {self.template} moves its pieces through the symmetric buffers of backend "
+                f"'copy_engine', got backend {self.backend!r}; use backend 'copy_engine' (or template "
+                f"'pipelined' for 'nccl')"
             )
         for name, accepted in (
             ("block_m", MOE_BLOCKS),
@@ -462,14 +471,15 @@ class MoeCandidate(CanonicalJson):
             v = tiles[name]
             if isinstance(v, bool) or not isinstance(v, int) or v not in accepted:
                 raise ConfigError(
-                    f"{name}={v!r} is not accepted for template fused: give one of {', '.join(map(str, accepted))}"
+                    f"{name}={v!r} is not accepted for template {self.template}: give one of "
+                    f"{', '.join(map(str, accepted))}"
                 )
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields; the tile fields only for `fused` (the other templates have none), `comm_sms`
-        only for `nvshmem`."""
+        """The fields; the tile fields only for `fused` and `fused_dedup` (the other templates have
+        none), `comm_sms` only for `nvshmem`."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
-        if self.template != "fused":
+        if self.template not in FUSED_TEMPLATES:
             for name in MOE_TILE_DEFAULTS:
                 del d[name]
         if self.backend != "nvshmem":
@@ -505,10 +515,13 @@ class MoeCandidate(CanonicalJson):
             return self.template
         if self.template == "dedup":
             return f"dedup/{self.backend}/{self.order}"
+        if self.template == "fused_dedup":
+            tiles = f"{self.block_m}x{self.block_n}x{self.block_k}w{self.num_warps}s{self.num_stages}"
+            return f"fused_dedup/{self.backend}/{self.order}/{tiles}"
         plan = f"{self.template}/{self.backend}/c{self.chunks_per_source}/{self.order}"
         if self.backend == "nvshmem":
             plan += f"/sm{self.comm_sms}"
-        if self.template == "fused":
+        if self.template in FUSED_TEMPLATES:
             plan += f"/{self.block_m}x{self.block_n}x{self.block_k}w{self.num_warps}s{self.num_stages}"
         return plan
 
@@ -554,8 +567,8 @@ def moe_space(
     path a served configuration must beat), `dedup` where `nccl` is among the backends (torch's
     all-to-all moves its rows too), then `pipelined` for each backend, chunk count and
     order (and, for `nvshmem`, each of `comm_sms`), then, where `copy_engine` is among the
-    backends, `dedup` on it for each order and `fused` for each chunk count, order and tile
-    configuration of
+    backends, `dedup` on it for each order, `fused` for each chunk count, order and tile
+    configuration and, for the dispatch, `fused_dedup` for each order and tile configuration of
     :data:`MOE_TILE_CONFIGS`. `pairwise` only where it differs from `ring` (more than two ranks)
     and is possible (a power of two); chunk counts above the rows a source sends a rank on average
     (T·top_k/ws) are left out, since their pieces would mostly be empty."""
@@ -607,5 +620,11 @@ def moe_space(
                         MoeCandidate(
                             template="fused", backend="copy_engine", chunks_per_source=c, order=order, **tiles
                         )
+                    )
+        if workload.kind == "a2a_gemm":  # the combine of fused_dedup is dedup's, tried above
+            for order in orders:
+                for tiles in MOE_TILE_CONFIGS:
+                    out.append(
+                        MoeCandidate(template="fused_dedup", backend="copy_engine", order=order, **tiles)
                     )
     return out

@@ -1,6 +1,7 @@
 """Compile the `fused` MoE kernels (`syncopate.moe.kernels`) for a Hopper GPU (sm_90) on a machine
 without one, at the shapes and tile configurations `moe_space` tries (Qwen3-30B-A3B's expert layer:
-hidden 2048, expert ffn 768), bf16, the gathered top-k sum's three kernels (own rows read apart),
+hidden 2048, expert ffn 768), bf16, the dispatch also reading its peers' rows by index
+(`fused_dedup`), the gathered top-k sum's three kernels (own rows read apart),
 the row scatter, the `dedup` template's segment sum (weighted and not), the routing's pair stats
 and expert orders, the SwiGLU's two, and the `nvshmem` backend's put and copier in plain mode
 (their NVSHMEM mode links NVSHMEM's device library, which only a GPU machine has).
@@ -38,14 +39,17 @@ HIDDEN, FFN, EL = 2048, 768, 32
 BF16 = torch.bfloat16
 
 
-def dispatch(tiles: dict) -> None:
+def dispatch(tiles: dict, gather: bool = False) -> None:
     send = torch.empty(4096, HIDDEN, dtype=BF16)
     w = torch.empty(EL, HIDDEN, 2 * FFN, dtype=BF16)
     h = torch.empty(4096, 2 * FFN, dtype=BF16)
     table = torch.zeros(64, DISPATCH_WORDS, dtype=torch.int32)
     pad, error = torch.zeros(2048, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
     tokens = torch.zeros(4096, dtype=torch.int64)
-    launch_dispatch(send, tokens, send, w, h, table, pad, error, epoch=3, programs=132, **tiles)
+    index = torch.zeros(4096, dtype=torch.int32) if gather else None  # fused_dedup: rows read by index
+    launch_dispatch(
+        send, tokens, send, w, h, table, pad, error, epoch=3, programs=132, recv_index=index, **tiles
+    )
 
 
 def combine(tiles: dict) -> None:
@@ -138,6 +142,7 @@ def variants():
     for tiles in MOE_TILE_CONFIGS:
         label = "{block_m}x{block_n}x{block_k} w{num_warps} s{num_stages}".format(**tiles)
         yield f"dispatch {label}", lambda tiles=tiles: dispatch(tiles)
+        yield f"dispatch gather {label}", lambda tiles=tiles: dispatch(tiles, gather=True)
         yield f"combine {label}", lambda tiles=tiles: combine(tiles)
     for which in ("sum", "rows", "gates"):
         yield f"gathered-sum {which}", lambda which=which: gathered_sum(which)
