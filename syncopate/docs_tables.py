@@ -86,6 +86,9 @@ class Sources:
     moe_backends: tuple[str, ...] = ()
     """`benchmarks/moe_bench.py --backends copy_engine,nvshmem` runs: the pipelined plans' backends
     side by side in an NVSHMEM process."""
+    moe_kernel: tuple[str, ...] = ()
+    """`benchmarks/moe_kernel.py --json` runs: the fused MoE dispatch kernel alone beside torch's
+    grouped GEMM."""
     step_summary: tuple[str, ...] = ()
     """The train-step runs the README's step summary shows (empty: every run of `train_step`)."""
 
@@ -118,6 +121,7 @@ def sources(root: Path) -> Sources:
             ce_streams=tuple(doc.get("ce_streams", ())),
             step_ceiling=tuple((db, run) for db, run in doc.get("step_ceiling", ())),
             moe_backends=tuple(doc.get("moe_backends", ())),
+            moe_kernel=tuple(doc.get("moe_kernel", ())),
             step_summary=tuple(doc.get("step_summary", ())),
         )
     except (KeyError, TypeError, ValueError) as e:
@@ -843,6 +847,56 @@ def moe_model(root: Path) -> str:
     )
 
 
+def moe_kernel(root: Path) -> str:
+    """The fused MoE dispatch kernel alone (`benchmarks/moe_kernel.py`): on pair rows and on
+    deduplicated rows read by index, against torch's grouped GEMM over the same rows."""
+    rows, notes = [], []
+    names = sources(root).moe_kernel
+    for name in names:
+        doc = _read_json(root / "results" / name)
+        notes.append(f"{doc['device']}, torch {doc['torch']}, triton {doc['triton']}, `results/{name}`")
+        for case in doc["cases"]:
+            gmm = case["grouped_mm_us"]
+            by = {(k["template"], k["tiles"]): k for k in case["kernels"]}
+            for tiles in dict.fromkeys(k["tiles"] for k in case["kernels"]):
+                pair, once = by[("fused", tiles)], by[("fused_dedup", tiles)]
+                rows.append(
+                    [
+                        f"EP={case['ep']}",
+                        case["model"],
+                        str(case["tokens"]),
+                        case["routing"],
+                        f"{case['peer_pair_rows']} / {case['peer_dedup_rows']}",
+                        _t(gmm),
+                        tiles,
+                        _t(pair["us"]),
+                        _t(once["us"]),
+                        _r(gmm / pair["us"]),
+                        _r(gmm / once["us"]),
+                    ]
+                )
+    head = [
+        "EP",
+        "model",
+        "tokens a rank",
+        "routing",
+        "peer rows: pairs / tokens",
+        "torch._grouped_mm",
+        "tiles",
+        "fused",
+        "fused_dedup",
+        "grouped_mm / fused",
+        "grouped_mm / fused_dedup",
+    ]
+    return (
+        f"{_table(head, rows)}\n\nThe fused dispatch kernel of rank 0 alone, every peer's rows landed and "
+        f"their words raised (no transfer beside it): on the pair rows `fused` receives and on the "
+        f"deduplicated rows `fused_dedup` receives, read through its index; `peer rows`: how many rows "
+        f"each way brings from the peers; µs, medians of 20 calls, L2 flushed; every output equal to "
+        f"torch's. {'; '.join(notes)}.\n"
+    )
+
+
 def train_step(root: Path) -> str:
     """Training steps of a transformers Llama model under tensor parallelism, torch's styles and ours:
     each variant against torch's TP in its faster mode (eager or compiled) and against async-TP, both
@@ -1463,6 +1517,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "moe": moe,
     "moe-backends": moe_backends,
     "moe-model": moe_model,
+    "moe-kernel": moe_kernel,
     "train-step": train_step,
     "train-profile": train_profile,
     "train-timeline": train_timeline,

@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(p.name for p in (REPO / "benchmarks").glob("*.py"))
-GPU_ONLY = ("first_call.py", "gpu_single.py", "graph_calls.py")
+GPU_ONLY = ("first_call.py", "gpu_single.py", "graph_calls.py", "moe_kernel.py")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

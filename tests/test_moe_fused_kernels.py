@@ -6,16 +6,18 @@ run in turn in one process, the transfers emulated:
   block poisoned with NaN: the own rows come from x, read at their tokens), the signal words raised; h is
   checked row by row against the float32 reference, for uniform and skewed routings with empty
   experts, 2 and 4 ranks, 1 to 4 chunks a source and tiles that end inside a segment; a word left
-  at the previous call's epoch makes a bounded wait report an error and no other row changes;
+  at the previous call's epoch makes a bounded wait report an error and no other row changes; with
+  the peers' rows landed once a token and rank and read through an index (`fused_dedup`), h is the
+  same, where reading the same buffer plainly is not;
 - combine: the "peers'" receive buffers and pads are local tensors (the kernel only sees
   pointers); every rank's kernel stores its rows there, and each rank's weighted top-k sum of its
   buffer equals the float32 reference; each piece's word is raised in its destination's pad, the
   counters are back at zero for the next call, a piece one count short raises nothing, a
   destination that has not entered makes a bounded wait report an error.
 
-And the Triton compiler on the CPU, in a fresh process: both kernels compile for sm_90 with the
-tile configurations `moe_space` tries, their waits acquire loads at system scope, their products
-on the tensor cores.
+And the Triton compiler on the CPU, in a fresh process: both kernels (the dispatch also reading its
+peer rows by index) compile for sm_90 with the tile configurations `moe_space` tries, their waits
+acquire loads at system scope, their products on the tensor cores.
 """
 
 from __future__ import annotations
@@ -482,9 +484,9 @@ def test_the_kernels_compile_for_sm90():
     # the gathered sum's three, the row scatter, the segment sum's two, the pair stats, the expert
     # orders, the SwiGLU's two, the NVSHMEM put and copier
     row_kernels = 3 + 1 + 2 + 1 + 1 + 2 + 2
-    assert len(ok) == 2 * len(MOE_TILE_CONFIGS) + row_kernels, done.stdout
+    assert len(ok) == 3 * len(MOE_TILE_CONFIGS) + row_kernels, done.stdout  # dispatch, gathered, combine
     copiers = [line for line in ok if line.split()[1] == "nvshmem"]
     assert len(copiers) == 2 and all(" 0 acquire loads" not in line for line in copiers), done.stdout
     gemms = [line for line in ok if line.split()[1] in ("dispatch", "combine")]
-    assert len(gemms) == 2 * len(MOE_TILE_CONFIGS), done.stdout
+    assert len(gemms) == 3 * len(MOE_TILE_CONFIGS), done.stdout
     assert all(" 0 acquire loads" not in line and " 0 wgmma" not in line for line in gemms), done.stdout
