@@ -5,7 +5,8 @@
 #
 #   benchmarks/gpu_checks.sh [STEP[=SECONDS] ...]   steps: smoke matrix shared shared48 tune rs ar suite
 #                                                    gluon suite-gluon probe sweep stationary sweep4 suite4 tune4 matrix48 suite8 tune8
-#                                                    calib tp tp4 graph misses short cublas reductions (default: matrix
+#                                                    calib tp tp4 graph misses short cublas reductions
+#                                                    moe moe4 moe1 (default: matrix
 #                                                    tune rs ar suite; SECONDS overrides the limit; a
 #                                                    step run twice keeps both logs: suite.log, suite-2.log, ...)
 #
@@ -55,6 +56,12 @@
 #   cublas  tests/support/stationary_check.py: the cuBLAS templates' enqueued work, every rank on GPU 0;
 #           then tests/support/cublas_ops_check.py: their matrix and capture cases on two GPUs
 #   reductions  configs/llama_tp2.yaml's gemm_rs and gemm_ar, grid `tiny`
+#   moe     the MoE ops on two GPUs: tests/test_gpu_moe.py and test_gpu_moe_fused.py (pipelined, dedup,
+#           fused, fused_dedup against the float32 references and their layer), then
+#           benchmarks/moe_bench.py --ep 2 --grid tiny --backends copy_engine, one run a model of
+#           configs/moe_ep.yaml (their JSON under $OUT: the rows of docs/moe.md's tables)
+#   moe4    the same on four GPUs
+#   moe1    one GPU: the copy-engine MoE plans with ranks sharing it, and benchmarks/moe_kernel.py
 #
 # Triton's cache lives in $TRITON_CACHE_DIR (default /tmp/syncopate-triton-cache); it starts from
 # .tcache/triton-cache.tgz when that exists and is packed into $OUT/triton-cache.tgz at the end, so
@@ -181,7 +188,18 @@ for arg in "${steps[@]}"; do
         reductions) name=$(fresh reductions); step "$name" 420 python3 -m syncopate bench --suite \
             configs/llama_tp2.yaml --grid tiny --kinds gemm_rs,gemm_ar --repetitions 10 --json "$OUT/$name.json" ;;
         short) step short 300 python3 -m syncopate tune configs/short_tp2.yaml --db "sqlite:///$OUT/short.db" ;;
-        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune rs ar suite gluon suite-gluon probe sweep stationary sweep4 suite4 tune4 matrix48 suite8 tune8 calib tp tp4 graph misses short cublas reductions" >&2
+        moe | moe4) ep=2; which=two_gpus
+            [ "$s" = moe4 ] && ep=4 && which=four_gpus
+            step "$s-test" 420 python3 -m pytest -s -q -p no:cacheprovider -m multigpu tests/test_gpu_moe.py \
+                tests/test_gpu_moe_fused.py -k "$which"
+            for model in qwen3_30b_a3b deepseek_v3_scaled; do
+                step "$s-$model" 540 torchrun --nproc-per-node "$ep" benchmarks/moe_bench.py --ep "$ep" --grid tiny \
+                    --repetitions 10 --backends copy_engine --models "$model" --json "$OUT/$s-$model.json"
+            done ;;
+        moe1) step moe1-shared 420 python3 -m pytest -s -q -p no:cacheprovider -m gpu tests/test_gpu_moe.py \
+                tests/test_gpu_moe_fused.py -k sharing_one_gpu
+            step moe1-kernel 200 python3 benchmarks/moe_kernel.py --json "$OUT/moe-kernel.json" ;;
+        *) echo "unknown step $s: accepted are smoke matrix shared shared48 tune rs ar suite gluon suite-gluon probe sweep stationary sweep4 suite4 tune4 matrix48 suite8 tune8 calib tp tp4 graph misses short cublas reductions moe moe4 moe1" >&2
             exit 2 ;;
     esac
 done
