@@ -234,6 +234,12 @@ def test_no_gpus_or_too_few_in_the_cluster():
         RuntimeUnavailableError, match=r"no GPUs on this machine \(Ray found none\): runner gpu needs 2"
     ):
         gang_shape(TOPO, none, "gpu")
+    with pytest.raises(RuntimeUnavailableError, match="use --runner cpu-fixture for a test run$"):
+        gang_shape(TOPO, none, "gpu")
+    with pytest.raises(
+        RuntimeUnavailableError, match=r"use --runner cpu for a test run of the MoE layers \(gloo"
+    ):
+        gang_shape(TOPO, none, "gpu", moe=True)  # cpu-fixture answers for the dense kinds only
     one = Cluster(address="10.0.0.1:6379", owned=False, gpus_by_node=(("10.0.0.1", 1), ("10.0.0.2", 1)))
     with pytest.raises(RuntimeUnavailableError, match="needs 2 GPUs on one node; the cluster has 2 GPU"):
         gang_shape(TOPO, one, "gpu")

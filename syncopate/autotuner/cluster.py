@@ -202,7 +202,7 @@ def local_gpu_count() -> int | None:
     return min(count, len(visible)) if visible is not None else count
 
 
-def check_local_gpus(topology: Topology | None, runner: str) -> None:
+def check_local_gpus(topology: Topology | None, runner: str, moe: bool = False) -> None:
     """Before a local cluster starts for `runner`: raise RuntimeUnavailableError, as
     :func:`gang_shape` does once it runs, where this machine's GPUs hold no gang of `topology`.
     A process already connected to Ray keeps that cluster (:func:`connect`): nothing to check here."""
@@ -213,7 +213,10 @@ def check_local_gpus(topology: Topology | None, runner: str) -> None:
     count = local_gpu_count()
     if count is not None:
         gang_shape(
-            topology, Cluster(address="local", owned=False, gpus_by_node=(("this machine", count),)), runner
+            topology,
+            Cluster(address="local", owned=False, gpus_by_node=(("this machine", count),)),
+            runner,
+            moe=moe,
         )
 
 
@@ -268,9 +271,12 @@ def gang_capacity(world_size: int, nodes: int, gpus_by_node: tuple[tuple[str, in
     return gangs
 
 
-def gang_shape(topology: Topology | None, cluster: Cluster, runner: str) -> tuple[int, int]:
+def gang_shape(
+    topology: Topology | None, cluster: Cluster, runner: str, *, moe: bool = False
+) -> tuple[int, int]:
     """(world size, nodes) of one gang of `topology` (detected: all GPUs of the largest node);
-    raises RuntimeUnavailableError unless the cluster holds at least one such gang."""
+    raises RuntimeUnavailableError unless the cluster holds at least one such gang (`moe`: the
+    sweep lists MoE layers, whose test run without GPUs is runner cpu's)."""
     where = (
         "on this machine (Ray found none)"
         if cluster.address == "local"
@@ -278,10 +284,15 @@ def gang_shape(topology: Topology | None, cluster: Cluster, runner: str) -> tupl
     )
     if cluster.gpus == 0:
         need = topology.world_size if topology is not None else "at least one"
+        test_run = (
+            "--runner cpu for a test run of the MoE layers (gloo ranks on the CPU)"
+            if moe
+            else "--runner cpu-fixture for a test run"
+        )
         raise RuntimeUnavailableError(
             f"no GPUs {where}: runner {runner} needs {need}; run on GPU nodes, or let the cost model "
             f"predict instead with --runner model (no GPU needed; its numbers are predictions), "
-            f"or use --runner cpu-fixture for a test run"
+            f"or use {test_run}"
         )
     if topology is None:
         return max(g for _, g in cluster.gpus_by_node), 1

@@ -225,7 +225,7 @@ def run_tune(
 
             return run_in_process(plan, previous, store, console or Console(stderr=True))
         if plan.declared_gpus is None and plan.ray_address is None and not os.environ.get("RAY_ADDRESS"):
-            check_local_gpus(plan.topology, plan.runner)
+            check_local_gpus(plan.topology, plan.runner, moe=_has_moe(plan))
         cluster = connect(plan.ray_address, declared_gpus=plan.declared_gpus, verbose=options.verbose)
         try:
             return _tune_on(cluster, plan, options, store, previous, console or Console(stderr=True))
@@ -335,6 +335,11 @@ def _remeasures(plan: _Plan) -> bool:
     return False
 
 
+def _has_moe(plan: _Plan) -> bool:
+    """Whether the sweep lists MoE layers (`moe:`)."""
+    return any(isinstance(w, MoeWorkload) for w in plan.sweep.workloads)
+
+
 def _tune_on(
     cluster: Cluster,
     plan: _Plan,
@@ -343,7 +348,7 @@ def _tune_on(
     previous: StoredSweep | None,
     console: Console,
 ) -> TuneResult:
-    ws, nodes = gang_shape(plan.topology, cluster, plan.runner)
+    ws, nodes = gang_shape(plan.topology, cluster, plan.runner, moe=_has_moe(plan))
     spec = runner_spec(plan)
     count = gang_capacity(ws, nodes, cluster.gpus_by_node)
     gangs = [Gang(i, ws, spec, nodes=nodes, setup_timeout_s=options.form_timeout_s) for i in range(count)]
