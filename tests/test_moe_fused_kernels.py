@@ -34,7 +34,7 @@ import torch
 
 from syncopate.kernels.tables import ENTERED_BASE, PAD_WORDS
 from syncopate.measure.reference import moe_combine_reference, moe_dispatch_reference, moe_rows
-from syncopate.moe import Routing, draw_routing
+from syncopate.moe import Routing, draw_routing, kernels
 from syncopate.moe.fused import fused_tables
 from syncopate.moe.kernels import launch_combine, launch_dispatch
 from syncopate.moe.ops import _token_rows, token_pairs, weighted_sum
@@ -142,7 +142,13 @@ def _check_rows(h: torch.Tensor, ref: torch.Tensor, rows) -> None:
         (4, "starved", 10, 2, 2, "ring"),
     ],
 )
-def test_dispatch_computes_every_row_of_h_in_the_unfused_layout(ws, kind, tokens, top_k, chunks, order):
+@pytest.mark.parametrize("group_m", [1, 3, 4])
+def test_dispatch_computes_every_row_of_h_in_the_unfused_layout(
+    ws, kind, tokens, top_k, chunks, order, group_m, monkeypatch
+):
+    monkeypatch.setattr(
+        kernels, "DISPATCH_GROUP_M", group_m
+    )  # row tiles taken together (3: a group cut short)
     case = Dispatch(ws, kind, tokens, top_k, seed=ws + chunks)
     config = _config(chunks, order)
     sizes, split_tiles = [], 0
