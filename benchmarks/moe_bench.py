@@ -348,7 +348,11 @@ def run_kind(kind: str, case: Case) -> dict:
         if c["short"] == "unfused" or c is best:
             cfg = configs[c["short"]]
             c["eager"] = time_layer(
-                layer_call(lambda layout, cfg=cfg: op(a, wt, case.gates, layout, case.group, out, cfg), case),
+                layer_call(
+                    lambda layout, cfg=cfg: op(a, wt, case.gates, layout, case.group, out, cfg),
+                    case,
+                    cfg is not None and cfg.template in ("dedup", "fused_dedup"),
+                ),
                 case.group,
                 args,
             )

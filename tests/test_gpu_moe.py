@@ -326,3 +326,46 @@ def test_copy_engine_moe_ops_with_ranks_sharing_one_gpu(world):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     run_checks((_copy_engine_ops, _copy_engine_layer), world, "MoE check, one GPU", shared_gpu=True)
+
+
+def _dedup_waits_for_nothing(rank, world, device, group) -> list[str]:
+    """After a layout that carries every rank's rows a rank (`exchange_layout(dedup=True)`), the
+    dedup tables, the pipelined dedup plans' and a dedup call read nothing back from the device:
+    torch's sync debug mode raises at any host wait."""
+    from syncopate.moe import dedup_pipelined, exchange_layout, gemm_combine
+    from syncopate.moe.dedup import dedup_tables
+    from syncopate.search_space.moe_workload import MoeCandidate
+
+    hidden, ffn, experts, top_k, tokens = 256, 128, 4 * world, 4, 384
+    from syncopate.moe import draw_routing
+    from syncopate.search_space import RoutingSpec
+
+    routing = draw_routing(
+        world_size=world, tokens=tokens, experts=experts, top_k=top_k, spec=RoutingSpec(seed=1)
+    )
+    ids, gates = routing.expert_ids[rank].to(device), routing.gate_weights[rank].to(device)
+    layout = exchange_layout(ids, experts, group, dedup=True)
+    gen = torch.Generator(device=device).manual_seed(rank)
+    h = torch.randn(layout.rows_received, ffn, generator=gen, device=device).bfloat16()
+    w2 = (torch.randn(experts // world, ffn, hidden, generator=gen, device=device) / ffn**0.5).bfloat16()
+    config = MoeCandidate(template="dedup")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        dedup_tables(layout, group)
+        dedup_pipelined.tables(
+            layout, "gemm_a2a", group, MoeCandidate(template="dedup", backend="copy_engine"), device
+        )
+        gemm_combine(h, w2, gates, layout, group, config=config)
+    except RuntimeError as e:
+        return [f"rank {rank}: a host wait after the layout: {e}"]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return []
+
+
+@pytest.mark.gpu
+def test_dedup_tables_wait_for_nothing_after_a_layout_that_carries_their_counts():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    run_checks((_dedup_waits_for_nothing,), 1, "dedup host waits, one GPU")

@@ -113,6 +113,19 @@ def _worker(rank, ws, init, q):
                 grads[name] = [t.grad for t in (x, w1, h, w2, gate)]
 
             tables = dedup_tables(layout, g)
+            # the same tables from a layout that carries every rank's rows a rank (no second wait)
+            carried = exchange_layout(ids[rank], experts, g, dedup=True)
+            same = dedup_tables(carried, g)
+            carried_equal = "dedup rows" in carried.cache and all(
+                torch.equal(getattr(tables, name).index, getattr(same, name).index)
+                and torch.equal(getattr(tables, name).starts, getattr(same, name).starts)
+                for name in ("send_tokens", "pair_rows")
+            )
+            carried_equal &= (same.matrix, same.send_splits, same.recv_splits) == (
+                tables.matrix,
+                tables.send_splits,
+                tables.recv_splits,
+            )
             sent_pairs = torch.zeros(ws, tokens, dtype=torch.bool)
             dests = ids[rank] // el
             for t in range(tokens):
@@ -140,6 +153,7 @@ def _worker(rank, ws, init, q):
                     "expected_splits": sent_pairs.sum(1).tolist(),
                     "pair_splits": list(layout.send_splits),
                     "cached": dedup_tables(layout, g) is tables,
+                    "carried_equal": carried_equal,
                 }
             )
         q.put((rank, results))
@@ -163,6 +177,7 @@ def test_dedup_moe_ops_match_the_reference_and_the_unfused_gradients(ws):
             assert max(res["pipelined_errors"]) < tolerance, (rank, case, res["pipelined_errors"])
             # a token's row goes once to each rank holding one of its experts
             assert res["send_splits"] == res["expected_splits"], (rank, case, res)
+            assert res["carried_equal"], (rank, case)
             assert all(s <= p for s, p in zip(res["send_splits"], res["pair_splits"], strict=True))
             assert res["cached"]
             if case[4] == "all":  # every token to every rank, once

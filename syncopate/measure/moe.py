@@ -422,7 +422,7 @@ def nvshmem_ops(kind: str, case: MoeCase, a, wt):
     return whole, a2a
 
 
-def layer_call(fn, case: MoeCase):
+def layer_call(fn, case: MoeCase, dedup: bool = False):
     """`fn(layout)` as `MoELayer` calls its ops: after the routing's layout is made for this call
     (`exchange_layout`: the counts' all-gather and the host's wait for them, then the tables; a
     plan's own tables start empty), which torch's path pays as well (its split sizes read back to
@@ -430,7 +430,7 @@ def layer_call(fn, case: MoeCase):
     from syncopate.moe import exchange_layout
 
     def call():
-        fn(exchange_layout(case.ids, case.w.experts, case.group))
+        fn(exchange_layout(case.ids, case.w.experts, case.group, dedup=dedup))
 
     return call
 
@@ -464,10 +464,10 @@ class MoeHarness:
         self.a, self.wt = self.case.operands(self.kind, self.case.layout)
         self._prepared = None
 
-    def _time(self, fn) -> tuple[tuple[float, ...], float | None, float]:
+    def _time(self, fn, dedup: bool = False) -> tuple[tuple[float, ...], float | None, float]:
         """(device samples, host µs, eager µs) of `fn(layout)`: the device time on the case's layout,
         made once; the eager time as a layer calls the op, each call on a layout made for it
-        (`layer_call`)."""
+        (`layer_call`; `dedup`: as a layer running a `dedup` plan makes it)."""
         t = self.timing
         samples, host = time_device(
             lambda: fn(self.case.layout),
@@ -479,7 +479,10 @@ class MoeHarness:
         )
         eager = statistics.median(
             time_calls(
-                layer_call(fn, self.case), self.group, self.device, flush_l2=getattr(t, "flush_l2", True)
+                layer_call(fn, self.case, dedup),
+                self.group,
+                self.device,
+                flush_l2=getattr(t, "flush_l2", True),
             )
         )
         return samples, host, eager
@@ -533,7 +536,8 @@ class MoeHarness:
         )
         try:
             samples, host, eager = self._time(
-                lambda layout: op(self.a, self.wt, case.gates, layout, case.group, out, candidate)
+                lambda layout: op(self.a, self.wt, case.gates, layout, case.group, out, candidate),
+                dedup=candidate.template in ("dedup", "fused_dedup"),
             )
         except Exception as e:
             status, error = tuning.classify(e), f"{type(e).__name__}: {e}"

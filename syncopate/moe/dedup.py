@@ -20,8 +20,9 @@ rank's sum to the rows' dtype before it moves (as a reduce-scatter in that dtype
 `unfused` sums every pair's row in one float32 sum.
 
 The tables (`DedupTables`) are made once per layout, on first use, and kept in its cache: one sort
-of the pairs' (rank, token) keys on the device, an all-gather of every rank's row counts and an
-all-to-all of one int64 a pair, which the host waits for once.
+of the pairs' (rank, token) keys on the device, every rank's row counts a rank and an all-to-all of
+one int64 a pair. The counts come with the layout where `exchange_layout(..., dedup=True)` made it
+(the host then waits for nothing here), else from an all-gather of their own that the host reads.
 
 With backend `copy_engine` the same rows move in pieces overlapped with the grouped GEMMs
 (:mod:`syncopate.moe.dedup_pipelined`).
@@ -35,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from syncopate.moe.ops import _ALL_GATHER, _row_kernels_run, all_to_all_rows, grouped_mm
-from syncopate.moe.routing import ExpertLayout
+from syncopate.moe.routing import ExpertLayout, to_device, to_device_all
 
 __all__ = [
     "DedupTables",
@@ -64,9 +65,12 @@ class Segments:
 
 
 def segments(index: torch.Tensor, n: int, most: int) -> Segments:
-    """The `Segments` of rows whose segments (in [0, n)) `index` gives, at most `most` rows each."""
+    """The `Segments` of rows whose segments (in [0, n)) `index` gives, at most `most` rows each.
+    Sizes known on the host: nothing read back from the device."""
     order = torch.argsort(index, stable=True)
-    counts = torch.bincount(index, minlength=n)
+    counts = torch.zeros(n, dtype=torch.int64, device=index.device).scatter_add_(
+        0, index, torch.ones_like(index)
+    )
     starts = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
     return Segments(index=index, order=order, starts=starts, n=n, most=most)
 
@@ -90,39 +94,62 @@ class DedupTables:
     that is its token's (`pair_rows.index` [R] int64), as segments of the combine's sums."""
 
 
+def _unique(keys: torch.Tensor, n: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the distinct values of `keys`, sorted; each key's index among them), as `torch.unique`
+    gives them; with `n` (how many there are, known on the host) without reading anything back
+    from the device."""
+    if n is None:
+        return torch.unique(keys, sorted=True, return_inverse=True)
+    ordered, perm = torch.sort(keys, stable=True)
+    new = torch.ones_like(ordered, dtype=torch.bool)
+    new[1:] = ordered[1:] != ordered[:-1]
+    at = torch.cumsum(new.to(torch.int64), 0) - 1
+    return ordered.new_empty(n).scatter_(0, at, ordered), torch.empty_like(at).scatter_(0, perm, at)
+
+
 def dedup_tables(layout: ExpertLayout, group) -> DedupTables:
     """This rank's `DedupTables` for `layout` (collective on first use: every rank of `group` makes
-    its first call of a layout together, as with every MoE op), kept in the layout's cache."""
+    its first call of a layout together, as with every MoE op), kept in the layout's cache. Where
+    the layout carries every rank's rows a rank (`exchange_layout(dedup=True)`), the host waits for
+    nothing here; else one all-gather of them is read back."""
     tables = layout.cache.get("dedup")
     if tables is not None:
         return tables
     ws, tokens, top_k = layout.world_size, layout.tokens, layout.top_k
     device = layout.order.device
+    rank = dist.get_rank(group)
+    matrix = layout.cache.get("dedup rows")  # [q][r]: the rows rank q sends rank r
     ranks = torch.arange(ws, dtype=torch.int64, device=device)
     pairs = tokens * top_k
-    # the send order groups the pairs by destination rank: a pair's rank and token make its row's key
-    dest = torch.repeat_interleave(
-        ranks, torch.tensor(layout.send_splits, dtype=torch.int64, device=device), output_size=pairs
+    send_pairs, recv_pairs = to_device_all(
+        [
+            torch.tensor(layout.send_splits, dtype=torch.int64),
+            torch.tensor(layout.recv_splits, dtype=torch.int64),
+        ],
+        device,
     )
+    # the send order groups the pairs by destination rank: a pair's rank and token make its row's key
+    dest = torch.repeat_interleave(ranks, send_pairs, output_size=pairs)
     keys = dest * max(tokens, 1) + layout.order // top_k
-    unique, row_of_pair = torch.unique(keys, sorted=True, return_inverse=True)
-    counts = torch.bincount(unique // max(tokens, 1), minlength=ws)
+    unique, row_of_pair = _unique(keys, None if matrix is None else sum(matrix[rank]))
+    counts = torch.zeros(ws, dtype=torch.int64, device=device).scatter_add_(
+        0, unique // max(tokens, 1), torch.ones_like(unique)
+    )
     starts = torch.cumsum(counts, 0) - counts
     local = row_of_pair - starts[dest]  # a pair's row among those sent to its rank
-    every = counts.new_empty((ws * ws,))
-    _ALL_GATHER(every, counts, group=group)
-    rank = dist.get_rank(group)
+    if matrix is None:
+        every = counts.new_empty((ws * ws,))
+        _ALL_GATHER(every, counts, group=group)
     local_recv = torch.empty(layout.rows_received, dtype=torch.int64, device=device)
     dist.all_to_all_single(local_recv, local, list(layout.recv_splits), list(layout.send_splits), group=group)
-    matrix = every.view(ws, ws).tolist()  # the host's one wait
+    if matrix is None:
+        matrix = every.view(ws, ws).tolist()  # the host's one wait
     send_splits, recv_splits = matrix[rank], [row[rank] for row in matrix]
-    recv_starts = torch.tensor(recv_splits, dtype=torch.int64).cumsum(0) - torch.tensor(recv_splits)
-    source = torch.repeat_interleave(
-        ranks,
-        torch.tensor(layout.recv_splits, dtype=torch.int64, device=device),
-        output_size=layout.rows_received,
+    recv_starts = to_device(
+        torch.tensor([sum(recv_splits[:s]) for s in range(ws)], dtype=torch.int64), device
     )
-    expert_side = local_recv + recv_starts.to(device)[source]  # by source rank, expert, token
+    source = torch.repeat_interleave(ranks, recv_pairs, output_size=layout.rows_received)
+    expert_side = local_recv + recv_starts[source]  # by source rank, expert, token
     # a token comes back from at most min(ws, top_k) ranks; a received row is read by at most
     # min(top_k, El) of its rank's experts
     tables = DedupTables(

@@ -158,32 +158,42 @@ def all_to_all_rows(x: torch.Tensor, out_splits: list[int], in_splits: list[int]
     return _AllToAll.apply(x, list(out_splits), list(in_splits), group)
 
 
-def exchange_layout(ids: torch.Tensor, experts: int, group) -> ExpertLayout:
+def exchange_layout(ids: torch.Tensor, experts: int, group, *, dedup: bool = False) -> ExpertLayout:
     """This rank's `ExpertLayout` for routing `ids` [T, top_k] (collective): one all-gather of the
     per-expert counts tells each rank what it receives, and every rank what every rank receives
     (the copy-engine plans write rows where the peer keeps them).
 
     The host waits for the device once a routing: the ids' checks (range, repeats) travel with the
     counts, so that every rank reads them with the one copy it needs anyway, and every rank refuses
-    a bad routing together (none is left waiting in the collective)."""
+    a bad routing together (none is left waiting in the collective). With `dedup` (a `dedup` or
+    `fused_dedup` plan will run on it), each rank's tokens per destination rank travel too, so that
+    the plan's tables need no second wait (`syncopate.moe.dedup.dedup_tables`)."""
     check_id_tensor(ids)
     ws, rank = dist.get_world_size(group), dist.get_rank(group)
     if experts % ws:
         raise ConfigError(f"experts={experts} is not divisible by world size {ws}: experts are spread evenly")
     order, mine = pair_stats(ids, experts)  # the counts, then the ids' checks
+    if dedup:  # then the tokens that pick an expert of each rank (ids out of range are refused below)
+        ranks = ids.to(torch.int64).clamp(0, experts - 1) // (experts // ws)
+        reach = torch.zeros(ids.shape[0], ws, dtype=torch.int64, device=ids.device).scatter_(1, ranks, 1)
+        mine = torch.cat([mine, reach.sum(0)])
     every = mine.new_empty((ws * mine.numel(),))
     _ALL_GATHER(every, mine, group=group)
     every = every.view(ws, mine.numel()).cpu()
     for r in range(ws):
-        low, high, repeats = every[r, experts:].tolist()
+        low, high, repeats = every[r, experts : experts + 3].tolist()
         problem = id_problem(low, high, repeats, experts)
         if problem:
             raise ConfigError(f"rank {r}'s {problem}")
+    matrix = every[:, experts + 3 :].tolist() if dedup else None
     every = every[:, :experts]
     el = experts // ws
-    return layout_tables(
+    layout = layout_tables(
         ids, experts, order, every[rank], every[:, rank * el : (rank + 1) * el], counts=every
     )
+    if matrix is not None:
+        layout.cache["dedup rows"] = matrix
+    return layout
 
 
 def _check_rows(label: str, t: torch.Tensor, rows: int, width: int) -> None:
