@@ -181,28 +181,10 @@ def layer_configs(args, tuned=None):
         MoeCandidate(template="pipelined", backend=b, chunks_per_source=2) for b in backends
     ]
     if "copy_engine" in backends:
+        tiles = {"block_m": 128, "block_n": 256, "num_warps": 8, "num_stages": 4}
         configs.append(MoeCandidate(template="dedup", backend="copy_engine"))
-        configs.append(
-            MoeCandidate(
-                template="fused_dedup",
-                backend="copy_engine",
-                block_m=128,
-                block_n=256,
-                num_warps=8,
-                num_stages=4,
-            )
-        )
-        configs.append(
-            MoeCandidate(
-                template="fused",
-                backend="copy_engine",
-                chunks_per_source=2,
-                block_m=128,
-                block_n=256,
-                num_warps=8,
-                num_stages=4,
-            )
-        )
+        configs.append(MoeCandidate(template="fused_dedup", backend="copy_engine", **tiles))
+        configs.append(MoeCandidate(template="fused", backend="copy_engine", chunks_per_source=2, **tiles))
     templates = args.templates.split(",")
     chosen = [c for c in configs if (c.template if c is not None else "unfused") in templates]
     pairs = [(c.short(), c, c) for c in chosen if c is not None]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 CASES = [
@@ -34,37 +33,13 @@ TILES = [
 ]
 
 
-def _bench(torch, fn, flush, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        torch.cuda._sleep(1_000_000)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
-
-
-def _offsets(sizes):
-    out, total = [], 0
-    for n in sizes:
-        out.append(total)
-        total += n
-    return out
-
-
-def run_case(torch, flush, model, ws, tokens, hidden, ffn, experts, top_k, routing) -> dict:
+def run_case(torch, bench, model, ws, tokens, hidden, ffn, experts, top_k, routing) -> dict:
     from syncopate.kernels.tables import PAD_WORDS
     from syncopate.moe import draw_routing
     from syncopate.moe.fused import fused_tables
     from syncopate.moe.kernels import launch_dispatch
     from syncopate.moe.ops import _token_rows
+    from syncopate.moe.plan import _offsets
     from syncopate.search_space import RoutingSpec
     from syncopate.search_space.moe_workload import MoeCandidate
 
@@ -104,7 +79,7 @@ def run_case(torch, flush, model, ws, tokens, hidden, ffn, experts, top_k, routi
         "rows": layout.rows_received,
         "peer_pair_rows": layout.rows_received - layout.recv_splits[0],
         "peer_dedup_rows": peer_once,
-        "grouped_mm_us": _bench(torch, lambda: torch._grouped_mm(h_rows, w, offs=ends), flush),
+        "grouped_mm_us": bench(lambda: torch._grouped_mm(h_rows, w, offs=ends)),
         "kernels": [],
     }
     token_rows = _token_rows(layout).to(dev)
@@ -129,7 +104,7 @@ def run_case(torch, flush, model, ws, tokens, hidden, ffn, experts, top_k, routi
                 {
                     "template": template,
                     "tiles": "{block_m}x{block_n}x{block_k}w{num_warps}s{num_stages}".format(**tiles),
-                    "us": _bench(torch, call, flush),
+                    "us": bench(call),
                     "rel_error": rel,
                     "error_flag": int(error.item()),
                 }
@@ -149,10 +124,11 @@ def main(argv=None) -> int:
     path = args.json or (
         os.path.join(os.environ["OUT"], "moe_kernel.json") if os.environ.get("OUT") else None
     )
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    from gpu_single import bench  # the one-GPU benchmarks' timer: L2 flushed, host kept off the path
+
     results = []
     for case in CASES:
-        results.append(run_case(torch, flush, *case))
+        results.append(run_case(torch, bench, *case))
         r = results[-1]
         cells = " | ".join(
             f"{k['template']} {k['tiles']} {k['us']:.1f} (err {k['rel_error']:.1e})" for k in r["kernels"]

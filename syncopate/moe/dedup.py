@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from syncopate.moe.ops import _ALL_GATHER, _row_kernels_run, all_to_all_rows, grouped_mm
+from syncopate.moe.plan import _offsets
 from syncopate.moe.routing import ExpertLayout, to_device, to_device_all
 
 __all__ = [
@@ -145,9 +146,7 @@ def dedup_tables(layout: ExpertLayout, group) -> DedupTables:
     if matrix is None:
         matrix = every.view(ws, ws).tolist()  # the host's one wait
     send_splits, recv_splits = matrix[rank], [row[rank] for row in matrix]
-    recv_starts = to_device(
-        torch.tensor([sum(recv_splits[:s]) for s in range(ws)], dtype=torch.int64), device
-    )
+    recv_starts = to_device(torch.tensor(_offsets(recv_splits), dtype=torch.int64), device)
     source = torch.repeat_interleave(ranks, recv_pairs, output_size=layout.rows_received)
     expert_side = local_recv + recv_starts[source]  # by source rank, expert, token
     # a token comes back from at most min(ws, top_k) ranks; a received row is read by at most

@@ -33,7 +33,7 @@ from syncopate.moe import pipelined
 from syncopate.moe.dedup import dedup_tables, expert_gates, segment_sum, segments
 from syncopate.moe.exchange import open_exchange
 from syncopate.moe.ops import grouped_mm, grouped_weight_grad, scatter_rows
-from syncopate.moe.plan import PiecePlan, build_piece_plan
+from syncopate.moe.plan import PiecePlan, _offsets, build_piece_plan
 from syncopate.moe.routing import ExpertLayout
 from syncopate.search_space.moe_workload import MoeCandidate
 
@@ -52,14 +52,6 @@ class _Tables:
     def __init__(self, plan: PiecePlan, rows_needed: int, gemm: pipelined.Prepared, rows, segs, exchange_of):
         self.plan, self.rows_needed, self.gemm = plan, rows_needed, gemm
         self.rows, self.segs, self.exchange_of = rows, segs, exchange_of
-
-
-def _offsets(sizes: list[int]) -> list[int]:
-    out, at = [], 0
-    for n in sizes:
-        out.append(at)
-        at += n
-    return out
 
 
 def tables(layout: ExpertLayout, kind: str, group, config: MoeCandidate, device: torch.device) -> _Tables:

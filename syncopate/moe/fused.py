@@ -409,15 +409,38 @@ def dispatch_rows(
         if b > a:
             torch.index_select(x, 0, token_rows[a:b], out=send[a:b])
     width, r = x.shape[1], layout.rows_received
-    direct = out is not None and out.stride(-1) == 1  # the kernel stores rows of unit column stride
-    h = out if direct else torch.empty(r, w.shape[2], dtype=x.dtype, device=x.device)
     ex = _DispatchExchange(plan, group, x.device, width, x.dtype, CONTEXTS, prep.rows_needed)
-    recv = ex.buffer(r)
     received = None
     if keep_received:
         received = torch.empty(r, width, dtype=x.dtype, device=x.device)
         if own is not None:
             torch.index_select(x, 0, token_rows[lo:hi], out=received[own.rows[0] : own.rows[1]])
+    h = _run_dispatch(ex, x, token_rows, w, tables.tiles, config, send, r, r, out, received, spin_limit)
+    return h, received
+
+
+def _run_dispatch(
+    ex: _DispatchExchange,
+    x: torch.Tensor,
+    token_rows: torch.Tensor,
+    w: torch.Tensor,
+    tiles: torch.Tensor,
+    config: MoeCandidate,
+    send: torch.Tensor,
+    recv_rows: int,
+    h_rows: int,
+    out: torch.Tensor | None,
+    received: torch.Tensor | None,
+    spin_limit: int,
+    recv_index: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A fused dispatch once its exchange `ex` has entered the call: the kernel over `tiles` on the
+    caller's stream (the peers' rows read from the receive buffer, through `recv_index` where
+    given), then every exchange's copy of its rows of `send` (send order), and with `received` each
+    landed piece copied there from the first `recv_rows` rows of the buffer. Returns h [h_rows, N],
+    written into `out` where given."""
+    direct = out is not None and out.stride(-1) == 1  # the kernel stores rows of unit column stride
+    h = out if direct else torch.empty(h_rows, w.shape[2], dtype=x.dtype, device=x.device)
     ctx = ex.ctx
     launch_dispatch(
         x,
@@ -425,26 +448,29 @@ def dispatch_rows(
         ex.rows.local,
         w,
         h,
-        tables.tiles,
+        tiles,
         ctx.signals.local,
         ctx.error,
         epoch=ex.epoch,
         programs=ctx.sm_count,
         spin_limit=spin_limit or job_bound.limit,
+        recv_index=recv_index,
         **_tiles(config),
     )
-    for i, xc in enumerate(plan.exchanges):
+    exchanges = ex.plan.exchanges
+    for i, xc in enumerate(exchanges):
         if xc.sends:
             ex.send(i, send[xc.send_rows[0] : xc.send_rows[1]])
     if received is not None:
-        for i, xc in enumerate(plan.exchanges):
+        recv = ex.buffer(recv_rows)
+        for i, xc in enumerate(exchanges):
             if xc.receives:
                 ex.post(i, None, recv)  # the side stream waits for the rows, then copies them
                 ex.copy_out(i, recv, received)
     ex.finish()
     if out is not None and not direct:
         h = out.copy_(h)
-    return h, received
+    return h
 
 
 def dedup_dispatch_rows(
@@ -481,43 +507,28 @@ def dedup_dispatch_rows(
     if x.stride(-1) != 1:
         x = x.contiguous()
     send = x.index_select(0, t.send_tokens.index)  # by destination rank, then token
-    width = x.shape[1]
-    direct = out is not None and out.stride(-1) == 1
-    h = out if direct else torch.empty(layout.rows_received, w.shape[2], dtype=x.dtype, device=x.device)
+    width, total = x.shape[1], sum(t.recv_splits)
     ex = _DispatchExchange(plan.plan, group, x.device, width, x.dtype, CONTEXTS, plan.rows_needed)
     received = None
     if keep_received:
-        received = torch.empty(sum(t.recv_splits), width, dtype=x.dtype, device=x.device)
+        received = torch.empty(total, width, dtype=x.dtype, device=x.device)
         at, sent_at, n = sum(t.recv_splits[:rank]), sum(t.send_splits[:rank]), t.recv_splits[rank]
         received[at : at + n].copy_(send[sent_at : sent_at + n])
-    ctx = ex.ctx
-    launch_dispatch(
+    h = _run_dispatch(
+        ex,
         x,
         _token_rows(layout),
-        ex.rows.local,
         w,
-        h,
         tiles,
-        ctx.signals.local,
-        ctx.error,
-        epoch=ex.epoch,
-        programs=ctx.sm_count,
-        spin_limit=spin_limit or job_bound.limit,
-        recv_index=index,
-        **_tiles(config),
+        config,
+        send,
+        total,
+        layout.rows_received,
+        out,
+        received,
+        spin_limit,
+        index,
     )
-    for i, xc in enumerate(plan.plan.exchanges):
-        if xc.sends:
-            ex.send(i, send[xc.send_rows[0] : xc.send_rows[1]])
-    if received is not None:
-        recv = ex.buffer(sum(t.recv_splits))
-        for i, xc in enumerate(plan.plan.exchanges):
-            if xc.receives:
-                ex.post(i, None, recv)  # the side stream waits for the rows, then copies them
-                ex.copy_out(i, recv, received)
-    ex.finish()
-    if out is not None and not direct:
-        h = out.copy_(h)
     return h, received
 
 

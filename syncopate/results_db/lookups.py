@@ -437,15 +437,12 @@ class _Ladder:
     def _cost_model(self, holdings: Holdings) -> tuple[LookupResult | None, str]:
         """The cost model's pick, or None and why it cannot answer."""
         try:
-            from syncopate.cost_model.calibration import resolve_calibration
             from syncopate.cost_model.host_time import candidate_host_us, eager_us
             from syncopate.cost_model.model import CostModel
         except ImportError as e:
             return None, f"the cost model is not available: {e}"
-        records = self.source.calibration_records()
-        stored = _StoredCalibrations(records, self.source.shown) if records else None
         try:
-            calibration = resolve_calibration(self.topology, self.environment, stored, "auto")
+            calibration = source_calibration(self.source, self.topology, self.environment)
         except CalibrationError as e:
             return None, str(e)
         model = CostModel(calibration)
@@ -473,20 +470,12 @@ class _Ladder:
         if not scored:
             return None, f"no candidate of {len(found)} it ranks can run on {self.topology.key()}"
         score, best = min(scored, key=lambda sc: sc[0])
-        where = "on the device" if self.mode == "graph" else "eager"
         among = f"the cost model's pick among {len(scored)} candidates (the `tiny` grid and the references)"
         unfused = guards["unfused"]
         unfused_score = next((sc for sc, c in scored if c == unfused), None)
-        if best != unfused and unfused_score is not None and calibration.source != "measured":
-            pick = (
-                f"{among} would be {best.short()}, predicted {score:.1f} µs {where} against unfused's "
-                f"{unfused_score:.1f} µs, from the {calibration.describe()}; that calibration is not measured "
-                f"on this topology, so unfused, torch's own path, is served until `syncopate calibrate` or a "
-                f"tune measures it"
-            )
-            score, best = unfused_score, unfused
-        else:
-            pick = f"{among}, predicted {score:.1f} µs {where} from the {calibration.describe()}"
+        best, score, pick = guarded_pick(
+            among, self.mode, calibration, (best, score), (unfused, unfused_score)
+        )
         objective = "device (predicted)" if self.mode == "graph" else "eager (predicted)"
         reason = f"{self._nothing_measured()}: {pick}. The database holds {holdings.describe()}"
         return LookupResult(
@@ -503,6 +492,37 @@ class _Ladder:
             reason=reason,
             holdings=holdings,
         ), ""
+
+
+def source_calibration(source: Any, topology: Topology, environment: Environment):
+    """The calibration the cost-model rungs predict from: the parts `source` holds measured for
+    `topology`, the documented defaults for the rest (CalibrationError where neither answers)."""
+    from syncopate.cost_model.calibration import resolve_calibration
+
+    records = source.calibration_records()
+    stored = _StoredCalibrations(records, source.shown) if records else None
+    return resolve_calibration(topology, environment, stored, "auto")
+
+
+def guarded_pick(
+    among: str, mode: str, calibration: Any, best: tuple[Any, float], unfused: tuple[Any, float | None]
+) -> tuple[Any, float, str]:
+    """(candidate, its predicted µs in `mode`, the sentence that says why) a cost-model rung serves:
+    the model's `best` (candidate, µs), except where `calibration` is not measured on the topology
+    and the pick is not `unfused` (candidate, µs or None where unranked): then unfused, torch's own
+    path, the sentence naming what the model would have picked. `among` opens the sentence."""
+    (pick, score), (plain, plain_score) = best, unfused
+    where = "on the device" if mode == "graph" else "eager"
+    if pick != plain and plain_score is not None and calibration.source != "measured":
+        return (
+            plain,
+            plain_score,
+            f"{among} would be {pick.short()}, predicted {score:.1f} µs {where} against unfused's "
+            f"{plain_score:.1f} µs, from the {calibration.describe()}; that calibration is not measured "
+            f"on this topology, so unfused, torch's own path, is served until `syncopate calibrate` or a "
+            f"tune measures it",
+        )
+    return pick, score, f"{among}, predicted {score:.1f} µs {where} from the {calibration.describe()}"
 
 
 class _StoredCalibrations:

@@ -198,15 +198,13 @@ class _MoeLadder:
         from syncopate.errors import CalibrationError
 
         try:
-            from syncopate.cost_model.calibration import resolve_calibration
             from syncopate.cost_model.moe import MoeCostModel
-            from syncopate.results_db.lookups import _StoredCalibrations
         except ImportError as e:
             return None, f"the cost model is not available: {e}"
-        records = self.source.calibration_records()
-        stored = _StoredCalibrations(records, self.source.shown) if records else None
+        from syncopate.results_db.lookups import guarded_pick, source_calibration
+
         try:
-            calibration = resolve_calibration(self.topology, self.env, stored, "auto")
+            calibration = source_calibration(self.source, self.topology, self.env)
         except CalibrationError as e:
             return None, f"no cost model answers: {e}"
         ws = self.topology.world_size
@@ -215,20 +213,11 @@ class _MoeLadder:
         if not ranked:
             return None, f"no candidate of {len(space)} the cost model ranks can run on {ws} ranks"
         best, predicted = ranked[0]
-        unfused = next(((c, p) for c, p in ranked if c == MoeCandidate()), None)
-        where = "on the device" if self.mode == "graph" else "eager"
-        score = predicted.time_us(self.mode)
+        unfused = next((p.time_us(self.mode) for c, p in ranked if c == MoeCandidate()), None)
         among = f"the MoE cost model's pick among {len(ranked)} candidates"
-        if best != MoeCandidate() and unfused is not None and calibration.source != "measured":
-            pick = (
-                f"{among} would be {best.short()}, predicted {score:.1f} µs {where} against unfused's "
-                f"{unfused[1].time_us(self.mode):.1f} µs, from the {calibration.describe()}; that calibration "
-                f"is not measured on this topology, so unfused, torch's own path, is served until `syncopate "
-                f"calibrate` or a tune measures it"
-            )
-            best, score = unfused[0], unfused[1].time_us(self.mode)
-        else:
-            pick = f"{among}, predicted {score:.1f} µs {where} from the {calibration.describe()}"
+        best, score, pick = guarded_pick(
+            among, self.mode, calibration, (best, predicted.time_us(self.mode)), (MoeCandidate(), unfused)
+        )
         return MoeLookupResult(
             candidate=best,
             match="cost_model",
